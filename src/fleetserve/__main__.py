@@ -1,0 +1,3 @@
+from fleetserve.cli.app import main
+
+main()

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP surface shared by the engine and the router: errors, request parsing, streaming."""

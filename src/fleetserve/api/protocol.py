@@ -1,0 +1,221 @@
+"""Parse and check OpenAI request bodies; every rejection names the parameter and what is allowed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetserve.api.errors import APIError, invalid
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_STOP_SEQUENCES = 4
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens (benchmarks, tests)
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """What the engine needs from a chat or completion request."""
+
+    kind: str  # "chat" or "completion"
+    model: str | None
+    stream: bool
+    include_usage: bool
+    sampling: SamplingParams
+    messages: list[dict[str, str]] = field(default_factory=list)
+    prompt: str | list[int] | None = None
+    echo: bool = False
+    cache_salt: str | None = None
+
+
+def parse_json_body(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        raise APIError(400, "request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise invalid(name, f"must be a number between {lo} and {hi}, got {json.dumps(value)}", "invalid_type")
+    if not lo <= value <= hi:
+        raise invalid(name, f"must be between {lo} and {hi}, got {value}")
+    return float(value)
+
+
+def _int(body: dict, name: str, lo: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(name, f"must be an integer, got {json.dumps(value)}", "invalid_type")
+    if lo is not None and value < lo:
+        raise invalid(name, f"must be >= {lo}, got {value}")
+    return value
+
+
+def _bool(body: dict, name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(name, f"must be true or false, got {json.dumps(value)}", "invalid_type")
+    return value
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise invalid("stop", "must be a string or a list of strings", "invalid_type")
+    if len(value) > MAX_STOP_SEQUENCES:
+        raise invalid("stop", f"at most {MAX_STOP_SEQUENCES} sequences, got {len(value)}")
+    if any(s == "" for s in value):
+        raise invalid("stop", "stop sequences must not be empty")
+    return tuple(value)
+
+
+def _sampling(body: dict) -> SamplingParams:
+    max_tokens = _int(body, "max_completion_tokens", lo=1)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", lo=1)
+    n = _int(body, "n", lo=1)
+    if n not in (None, 1):
+        raise invalid("n", f"only n=1 is supported, got {n}", "unsupported_value")
+    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
+        raise invalid("logprobs", "log probabilities are not supported by this engine", "unsupported_value")
+    if body.get("best_of") not in (None, 1):
+        raise invalid("best_of", "only best_of=1 is supported", "unsupported_value")
+    top_p = _number(body, "top_p", 0.0, 1.0, 1.0)
+    if top_p == 0.0:
+        raise invalid("top_p", "must be greater than 0 and at most 1, got 0")
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
+        top_p=top_p,
+        stop=_stop(body),
+        seed=_int(body, "seed"),
+        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, 0.0),
+        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, 0.0),
+        ignore_eos=_bool(body, "ignore_eos"),
+    )
+
+
+def _content_text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise invalid(f"{where}[{i}]", "only text content parts ({'type': 'text', 'text': ...}) are supported")
+            parts.append(part["text"])
+        return "".join(parts)
+    if content is None:
+        return ""
+    raise invalid(where, "must be a string or a list of text parts", "invalid_type")
+
+
+def _messages(body: dict) -> list[dict[str, str]]:
+    if "messages" not in body:
+        raise invalid("messages", "is required", "missing_required_parameter")
+    messages = body["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages", "must be a non-empty array of {role, content} objects", "invalid_type")
+    out = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise invalid(f"messages[{i}]", "must be an object with role and content", "invalid_type")
+        role = msg.get("role")
+        if role not in ROLES:
+            raise invalid(f"messages[{i}].role", f"got {json.dumps(role)}; allowed values: {', '.join(ROLES)}")
+        out.append({"role": role, "content": _content_text(msg.get("content"), f"messages[{i}].content")})
+    return out
+
+
+def _prompt(body: dict) -> str | list[int]:
+    if "prompt" not in body:
+        raise invalid("prompt", "is required", "missing_required_parameter")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    raise invalid("prompt", "must be a string or one array of token ids (batches of prompts are not supported)",
+                  "invalid_type")
+
+
+def _model(body: dict) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise invalid("model", "must be a string", "invalid_type")
+    return model
+
+
+def _stream_options(body: dict, stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise invalid("stream_options", "must be an object", "invalid_type")
+    if not stream:
+        raise invalid("stream_options", "is only allowed when stream is true")
+    return _bool(options, "include_usage")
+
+
+def _cache_salt(body: dict) -> str | None:
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise invalid("cache_salt", "must be a non-empty string", "invalid_type")
+    return salt
+
+
+def parse_chat(body: dict) -> ParsedRequest:
+    stream = _bool(body, "stream")
+    return ParsedRequest(
+        kind="chat",
+        model=_model(body),
+        stream=stream,
+        include_usage=_stream_options(body, stream),
+        sampling=_sampling(body),
+        messages=_messages(body),
+        cache_salt=_cache_salt(body),
+    )
+
+
+def parse_completion(body: dict) -> ParsedRequest:
+    stream = _bool(body, "stream")
+    return ParsedRequest(
+        kind="completion",
+        model=_model(body),
+        stream=stream,
+        include_usage=_stream_options(body, stream),
+        sampling=_sampling(body),
+        prompt=_prompt(body),
+        echo=_bool(body, "echo"),
+        cache_salt=_cache_salt(body),
+    )

@@ -1,0 +1,266 @@
+"""The `fleetserve` command line. Bad input exits 2 with a message naming the field or option."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from fleetserve import __version__
+
+app = typer.Typer(
+    name="fleetserve",
+    help="Open, portable inference operations for LLMs: one spec, a local fleet, a cache-aware gateway.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+model_app = typer.Typer(help="Prepare models: import the demo model, make tiny test models.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+out = Console(soft_wrap=True, highlight=False)
+err = Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    err.print("[red]error:[/red] ", end="")
+    err.print(message, markup=False)
+    return typer.Exit(code)
+
+
+def _say(message: str) -> None:
+    err.print(message, markup=False)
+
+EXIT_USAGE = 2
+
+
+def _load(path: str):
+    from fleetserve.spec import SpecError, load_spec
+
+    try:
+        return load_spec(path)
+    except SpecError as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+
+
+def _print_warnings(loaded) -> None:
+    for w in loaded.warnings:
+        err.print("[yellow]warning:[/yellow] ", end="")
+        err.print(str(w), markup=False)
+
+
+@app.command()
+def version() -> None:
+    """Print the fleetserve version."""
+    out.print(__version__)
+
+
+@app.command()
+def validate(
+    spec: Annotated[str, typer.Argument(help="Endpoint spec (fleetserve.io/v1 or HyperPod InferenceEndpointConfig)")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the normalised spec as JSON")] = False,
+) -> None:
+    """Check a spec: field errors exit 2; settings without local effect are listed as warnings."""
+    loaded = _load(spec)
+    _print_warnings(loaded)
+    if as_json:
+        print(json.dumps({"format": loaded.source_format,
+                          "endpoint": loaded.endpoint.model_dump(mode="json", by_alias=True),
+                          "warnings": [str(w) for w in loaded.warnings]}, indent=2))
+        return
+    e = loaded.endpoint
+    out.print("[green]valid[/green] ", end="")
+    out.print(f"{loaded.source_format} spec: endpoint {e.metadata.namespace}/{e.metadata.name}, "
+              f"model {e.served_model_name} ({e.spec.model.source}), engine {e.spec.engine.kind}, "
+              f"{e.spec.replicas} replica(s), routing {e.spec.routing.strategy}", markup=False)
+
+
+@app.command()
+def up(
+    spec: Annotated[str, typer.Argument(help="Endpoint spec file")],
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once the fleet is ready")] = False,
+    quiet_warnings: Annotated[bool, typer.Option("--quiet-warnings", hidden=True)] = False,
+) -> None:
+    """Start the spec's engine replicas and router on this machine; Ctrl-C stops everything."""
+    from fleetserve.fleet.control import FleetError, ensure_not_running, start_detached
+    from fleetserve.fleet.supervisor import Supervisor
+
+    loaded = _load(spec)
+    if not quiet_warnings:
+        _print_warnings(loaded)
+    name = loaded.endpoint.metadata.name
+    try:
+        if detach:
+            with err.status(f"starting fleet {name} ..."):
+                state = start_detached(spec, name, loaded.endpoint.spec.engine.startup_timeout_seconds + 120)
+            _announce(state)
+            out.print(f"stop it with: fleetserve down {name}")
+            return
+        ensure_not_running(name)
+    except FleetError as exc:
+        raise _fail(str(exc), 1) from None
+
+    def ready(state) -> None:
+        _announce(state)
+        out.print("press Ctrl-C to stop")
+
+    code = Supervisor(loaded, spec, say=_say).run(on_ready=ready)
+    raise typer.Exit(code)
+
+
+def _announce(state) -> None:
+    out.print(f"fleet [bold]{escape(state.name)}[/bold] ready: {len(state.replicas)} replica(s), "
+              f"routing {state.strategy}")
+    out.print(f"endpoint: {state.url}", markup=False)
+    out.print(f"model: {state.model}", markup=False)
+
+
+@app.command()
+def status(
+    name: Annotated[str | None, typer.Argument(help="Fleet name (default: all)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+) -> None:
+    """Show fleets, their replicas and states."""
+    from fleetserve.fleet.state import list_fleets, pid_alive
+
+    fleets = [f for f in list_fleets() if name is None or f.name == name]
+    for f in fleets:
+        if not pid_alive(f.supervisor_pid) and f.status not in ("stopped", "failed"):
+            f.status = "dead"  # the supervisor vanished without writing its end
+    if as_json:
+        print(json.dumps([f.to_json() for f in fleets], indent=2))
+        return
+    if not fleets:
+        out.print("no fleets" + (f" named {name}" if name else ""))
+        raise typer.Exit(1 if name else 0)
+    for f in fleets:
+        out.print(f"[bold]{escape(f.name)}[/bold] ({f.namespace}) {f.status} {escape(f.url)} "
+                  f"model {escape(f.model)} routing {f.strategy}")
+        if f.error:
+            out.print(f"  error: {f.error}", markup=False)
+        table = Table("replica", "url", "state", "pid", "restarts")
+        for r in f.replicas:
+            table.add_row(r.id, r.url, r.state, str(r.pid or "-"), str(r.restarts))
+        out.print(table)
+
+
+@app.command()
+def down(
+    name: Annotated[str | None, typer.Argument(help="Fleet name (default: the only running one)")] = None,
+) -> None:
+    """Stop a detached fleet and all its processes."""
+    from fleetserve.fleet.control import FleetError, pick_fleet, stop_fleet
+
+    try:
+        state = pick_fleet(name)
+    except FleetError as exc:
+        raise _fail(str(exc), 1) from None
+    stop_fleet(state)
+    out.print(f"fleet {state.name} stopped")
+
+
+@app.command()
+def engine(
+    model: Annotated[str, typer.Option(help="Model directory or source (builtin:NAME, hf:org/name, path)")],
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    served_model_name: Annotated[str | None, typer.Option(help="Name clients use (default: directory name)")] = None,
+    model_version: Annotated[str, typer.Option()] = "1",
+    namespace: Annotated[str, typer.Option()] = "default",
+    instance_type: Annotated[str, typer.Option()] = "local",
+    replica: Annotated[str, typer.Option(help="Replica id for metric labels")] = "r0",
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads")] = None,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16")] = "auto",
+    context_length: Annotated[int | None, typer.Option(min=1)] = None,
+    max_tokens_default: Annotated[int, typer.Option(min=1, help="max_tokens when a request gives none")] = 512,
+    max_waiting: Annotated[int, typer.Option(min=1, help="Queue bound; beyond it requests get 503")] = 256,
+    revision: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Run the built-in engine: an OpenAI-compatible server for one model replica."""
+    from fleetserve.engine.demo import ModelSourceError
+    from fleetserve.engine.main import run_engine
+
+    if dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise typer.BadParameter(f"{dtype!r}; allowed values: auto, float32, bfloat16, float16", param_hint="--dtype")
+    try:
+        run_engine(model=model, host=host, port=port, served_model_name=served_model_name,
+                   model_version=model_version, namespace=namespace, instance_type=instance_type, replica=replica,
+                   threads=threads, dtype=dtype, context_length=context_length,
+                   max_tokens_default=max_tokens_default, max_waiting=max_waiting, revision=revision)
+    except ModelSourceError as exc:
+        raise _fail(f"--model: {exc}", EXIT_USAGE) from None
+
+
+@app.command()
+def router(
+    backend: Annotated[list[str], typer.Option(help="Backend base URL (repeat for each replica)")] = None,
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8080,
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    strategy: Annotated[str, typer.Option(help="Routing strategy")] = "leastload",
+    health_path: Annotated[str, typer.Option()] = "/health",
+    max_attempts: Annotated[int, typer.Option(min=1, help="Replicas tried before the first byte")] = 3,
+    health_interval: Annotated[float, typer.Option(min=0.05, help="Seconds between health probes")] = 1.0,
+) -> None:
+    """Run the OpenAI-compatible gateway in front of engine replicas."""
+    from fleetserve.router.policies import registered_policies
+    from fleetserve.router.server import RouterSettings, run_router
+
+    if strategy not in registered_policies():
+        raise typer.BadParameter(f"{strategy!r}; allowed values: {', '.join(registered_policies())}",
+                                 param_hint="--strategy")
+    for url in backend or []:
+        if not url.startswith(("http://", "https://")):
+            raise typer.BadParameter(f"{url!r} must start with http:// or https://", param_hint="--backend")
+    settings = RouterSettings(strategy=strategy, max_attempts=max_attempts, health_interval=health_interval)
+    run_router(list(backend or []), host, port, settings, health_path)
+
+
+@model_app.command("prepare")
+def model_prepare(
+    source: Annotated[str, typer.Argument(help="builtin:NAME, hf:org/name or a local path")],
+    revision: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Resolve a model source to a local directory (importing the demo model once); prints the path."""
+    from fleetserve.engine.demo import ModelSourceError
+    from fleetserve.engine.sources import resolve_source
+
+    try:
+        print(resolve_source(source, revision))
+    except ModelSourceError as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+
+
+@model_app.command("tiny")
+def model_tiny(
+    path: Annotated[str, typer.Argument(help="Directory to write the model to")],
+    hidden_size: Annotated[int, typer.Option(min=8)] = 64,
+    layers: Annotated[int, typer.Option(min=1)] = 2,
+    heads: Annotated[int, typer.Option(min=1)] = 4,
+    kv_heads: Annotated[int, typer.Option(min=1)] = 2,
+    context_length: Annotated[int, typer.Option(min=16)] = 2048,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Create a tiny random-initialised Llama with a byte-level tokenizer (for tests)."""
+    from fleetserve.engine.tiny import create_tiny_model
+
+    if hidden_size % heads or heads % kv_heads:
+        raise typer.BadParameter("hidden-size must be a multiple of heads, heads a multiple of kv-heads",
+                                 param_hint="--hidden-size/--heads/--kv-heads")
+    print(create_tiny_model(path, hidden_size=hidden_size, layers=layers, heads=heads, kv_heads=kv_heads,
+                            context_length=context_length, seed=seed))
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Model runner: loads an HF-format causal LM with its tokenizer and generates token by token.
+
+v0 decodes one sequence at a time on a transformers DynamicCache; continuous batching and the tiered prefix
+cache replace the loop in `generate` without changing its contract (ids in, token callbacks out).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetserve.api.protocol import SamplingParams
+from fleetserve.engine.sources import check_model_dir
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    finish_reason: str  # "stop", "length" or "cancelled"
+    completion_tokens: int
+
+
+class ModelRunner:
+    """Owns the model and tokenizer of one replica. Not thread-safe: one scheduler thread calls `generate`."""
+
+    def __init__(self, path: str | Path, *, dtype: str = "auto", threads: int | None = None,
+                 context_length: int | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.path = check_model_dir(Path(path))
+        if threads:
+            torch.set_num_threads(threads)
+        torch_dtype = getattr(torch, _DTYPES[dtype]) if dtype in _DTYPES else torch.float32
+        self.dtype = str(torch_dtype).removeprefix("torch.")
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+        self.model = AutoModelForCausalLM.from_pretrained(self.path, dtype=torch_dtype).eval()
+        config = self.model.config
+        native = getattr(config, "max_position_embeddings", None) or 2048
+        self.context_length = min(context_length or native, native)
+        self.eos_ids = self._eos_ids()
+        self._torch = torch
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model.generation_config, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif isinstance(source, list):
+                ids.update(source)
+        end_of_turn = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(end_of_turn, int) and end_of_turn != self.tokenizer.unk_token_id:
+            ids.add(end_of_turn)
+        return frozenset(ids)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        if self.has_chat_template:
+            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if isinstance(out, dict) or hasattr(out, "input_ids"):
+                out = out["input_ids"]
+            return list(out)
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+        return self.encode(text)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_new_tokens: int,
+        on_token: Callable[[int], bool],
+        cancelled: threading.Event,
+    ) -> GenerationResult:
+        """Generate up to `max_new_tokens`; `on_token` returns False to stop (a stop string was seen)."""
+        from fleetserve.engine.sampling import choose_token
+
+        torch = self._torch
+        from transformers import DynamicCache
+
+        generator = None
+        if sampling.seed is not None:
+            generator = torch.Generator().manual_seed(sampling.seed)
+        counts: dict[int, int] = {}
+        cache = DynamicCache(config=self.model.config)
+        inputs = torch.tensor([prompt_ids], dtype=torch.long)
+        produced = 0
+        with torch.inference_mode():
+            while produced < max_new_tokens:
+                if cancelled.is_set():
+                    return GenerationResult("cancelled", produced)
+                out = self.model(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1)
+                cache = out.cache
+                token = choose_token(out.logits[0, -1], sampling, generator, counts)
+                if token in self.eos_ids and not sampling.ignore_eos:
+                    return GenerationResult("stop", produced)
+                produced += 1
+                counts[token] = counts.get(token, 0) + 1
+                if not on_token(token):
+                    return GenerationResult("stop", produced)
+                inputs = torch.tensor([[token]], dtype=torch.long)
+        return GenerationResult("length", produced)
+
+
+def describe(path: Path) -> dict:
+    """Small facts about a model directory without loading it (for /v1/models and logs)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {
+        "architecture": (config.get("architectures") or ["?"])[0],
+        "context_length": config.get("max_position_embeddings"),
+        "vocab_size": config.get("vocab_size"),
+    }

@@ -1,0 +1,96 @@
+"""Request scheduling for the engine: a bounded waiting queue and one generation thread.
+
+The asyncio server never blocks on the model: jobs go to the generation thread, whose tokens come back as
+events on the job's asyncio queue. Cancelling a job (client gone) stops it at the next token step; a job
+cancelled while waiting never starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fleetserve.api.errors import APIError
+from fleetserve.api.protocol import SamplingParams
+from fleetserve.engine.runner import ModelRunner
+from fleetserve.engine.textstream import TextStream
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    max_new_tokens: int
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    enqueued_at: float = field(default_factory=time.monotonic)
+
+    def post(self, *event) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+class SerialScheduler:
+    """One sequence at a time; `running`/`waiting` feed the vLLM-named gauges."""
+
+    def __init__(self, runner: ModelRunner, max_waiting: int = 256, on_token: Callable[[], None] | None = None):
+        self.runner = runner
+        self._count_token = on_token or (lambda: None)
+        self.max_waiting = max_waiting
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name="generation", daemon=True)
+        self.running = 0
+
+    @property
+    def waiting(self) -> int:
+        return self._queue.qsize()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def submit(self, job: Job) -> None:
+        if self.waiting >= self.max_waiting:
+            raise APIError(503, f"engine queue is full ({self.max_waiting} waiting); retry later",
+                           code="overloaded", headers={"Retry-After": "1"})
+        self._queue.put(job)
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            if job.cancelled.is_set():
+                continue
+            self.running = 1
+            try:
+                self._run(job)
+            except Exception as exc:  # the server must answer, whatever the model did
+                log.exception("generation failed")
+                job.post("error", f"generation failed: {type(exc).__name__}: {exc}")
+            finally:
+                self.running = 0
+
+    def _run(self, job: Job) -> None:
+        stream = TextStream(self.runner.decode, job.sampling.stop)
+
+        def on_token(token: int) -> bool:
+            self._count_token()
+            delta = stream.push(token)
+            job.post("token", delta)
+            return not stream.stopped
+
+        result = self.runner.generate(job.prompt_ids, job.sampling, job.max_new_tokens, on_token, job.cancelled)
+        tail = stream.finish()
+        if tail:
+            job.post("token", tail)
+        job.post("done", result.finish_reason, len(job.prompt_ids), result.completion_tokens)

@@ -1,0 +1,300 @@
+"""The engine's OpenAI-compatible HTTP server (Starlette on uvicorn)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, until_disconnect
+from fleetserve.api.errors import APIError
+from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
+from fleetserve.engine.runner import ModelRunner
+from fleetserve.engine.scheduler import Job, SerialScheduler
+from fleetserve.observe.metrics import EngineMetrics, ModelIdentity, exposition
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    served_model_name: str
+    identity: ModelIdentity
+    max_tokens_default: int = 512
+    max_waiting: int = 256
+
+
+class _Outcome:
+    """What a finished job reported."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.finish_reason = "stop"
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _sse(payload: dict | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n".encode()
+
+
+class Engine:
+    def __init__(self, runner: ModelRunner, settings: EngineSettings):
+        self.runner = runner
+        self.settings = settings
+        self.metrics = EngineMetrics(settings.identity)
+        self.scheduler = SerialScheduler(runner, max_waiting=settings.max_waiting,
+                                         on_token=self.metrics.vllm(self.metrics.generation_tokens).inc)
+        self.created = int(time.time())
+
+    # --- request preparation -------------------------------------------------------------------------
+
+    def _check_model(self, parsed: ParsedRequest) -> None:
+        if parsed.model is not None and parsed.model != self.settings.served_model_name:
+            raise APIError(
+                404,
+                f"model {parsed.model!r} does not exist; this endpoint serves {self.settings.served_model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    def _prompt_ids(self, parsed: ParsedRequest) -> list[int]:
+        if parsed.kind == "chat":
+            return self.runner.chat_ids(parsed.messages)
+        if isinstance(parsed.prompt, list):
+            vocab = self.runner.vocab_size()
+            bad = next((t for t in parsed.prompt if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise APIError(400, f"prompt: token id {bad} is outside the vocabulary [0, {vocab})",
+                               param="prompt", code="invalid_value")
+            return list(parsed.prompt)
+        ids = self.runner.encode(parsed.prompt or "")
+        if not ids:
+            raise APIError(400, "prompt: must not be empty", param="prompt", code="invalid_value")
+        return ids
+
+    def _budget(self, prompt_len: int, requested: int | None) -> int:
+        limit = self.runner.context_length
+        if prompt_len >= limit:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your prompt has {prompt_len} "
+                "tokens. Shorten the prompt.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        if requested is None:
+            return min(self.settings.max_tokens_default, limit - prompt_len)
+        if prompt_len + requested > limit:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the completion). "
+                "Reduce the prompt or max_tokens.",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return requested
+
+    # --- handlers ----------------------------------------------------------------------------------------
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._serve(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._serve(request, "completion")
+
+    async def _serve(self, request: Request, kind: str) -> Response:
+        started = time.monotonic()
+        m = self.metrics
+        m.model(m.invocations).inc()
+        try:
+            body = parse_json_body(await request.body())
+            parsed = parse_chat(body) if kind == "chat" else parse_completion(body)
+            self._check_model(parsed)
+            prompt_ids = self._prompt_ids(parsed)
+            max_new = self._budget(len(prompt_ids), parsed.sampling.max_tokens)
+            job = Job(prompt_ids, parsed.sampling, max_new, asyncio.get_running_loop())
+            self.scheduler.submit(job)
+        except APIError as err:
+            m.error(err.status)
+            return err.response()
+        m.model(m.concurrent).inc()
+        m.vllm(m.prompt_tokens).inc(len(prompt_ids))
+        request_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        if parsed.stream:
+
+            def close() -> None:
+                job.cancelled.set()
+                m.model(m.concurrent).dec()
+
+            return WatchedStreamingResponse(
+                self._stream(job, parsed, request_id, started),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                on_close=close,
+            )
+        try:
+            outcome = await until_disconnect(request, self._collect(job, started))
+        except ClientGone:
+            return Response(status_code=499)
+        except APIError as err:
+            m.error(err.status)
+            return err.response()
+        finally:
+            job.cancelled.set()
+            m.model(m.concurrent).dec()
+        return JSONResponse(self._final_body(kind, parsed, request_id, outcome))
+
+    def _observe_first_token(self, started: float) -> None:
+        waited = time.monotonic() - started
+        self.metrics.model(self.metrics.ttfb_ms).observe(waited * 1000)
+        self.metrics.vllm(self.metrics.ttft_s).observe(waited)
+
+    def _observe_done(self, started: float) -> None:
+        took = time.monotonic() - started
+        self.metrics.model(self.metrics.latency_ms).observe(took * 1000)
+        self.metrics.vllm(self.metrics.e2e_s).observe(took)
+
+    async def _events(self, job: Job, started: float) -> AsyncIterator[tuple]:
+        first = True
+        while True:
+            event = await job.events.get()
+            if event[0] == "token" and first:
+                first = False
+                self._observe_first_token(started)
+            if event[0] == "error":
+                raise APIError(500, event[1], code="generation_failed")
+            yield event
+            if event[0] == "done":
+                if first:
+                    self._observe_first_token(started)
+                self._observe_done(started)
+                return
+
+    async def _collect(self, job: Job, started: float) -> _Outcome:
+        outcome = _Outcome()
+        async for event in self._events(job, started):
+            if event[0] == "token":
+                outcome.text.append(event[1])
+            else:
+                _, outcome.finish_reason, outcome.prompt_tokens, outcome.completion_tokens = event
+        return outcome
+
+    def _final_body(self, kind: str, parsed: ParsedRequest, request_id: str, outcome: _Outcome) -> dict:
+        text = "".join(outcome.text)
+        base = {"id": request_id, "created": int(time.time()), "model": self.settings.served_model_name}
+        usage = _usage(outcome.prompt_tokens, outcome.completion_tokens)
+        if kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": outcome.finish_reason}
+            return {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
+        if parsed.echo and isinstance(parsed.prompt, str):
+            text = parsed.prompt + text
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": outcome.finish_reason}
+        return {**base, "object": "text_completion", "choices": [choice], "usage": usage}
+
+    async def _stream(self, job: Job, parsed: ParsedRequest, request_id: str, started: float):
+        chat = parsed.kind == "chat"
+        base = {"id": request_id, "created": int(time.time()), "model": self.settings.served_model_name,
+                "object": "chat.completion.chunk" if chat else "text_completion"}
+
+        def chunk(delta: str | None, finish: str | None = None, role: bool = False) -> bytes:
+            if chat:
+                d = {"role": "assistant", "content": ""} if role else ({"content": delta} if delta else {})
+                choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
+            return _sse({**base, "choices": [choice]})
+
+        try:
+            # Nothing is sent before the first token: until then the router may still retry elsewhere.
+            opened = False
+            async for event in self._events(job, started):
+                if not opened:
+                    opened = True
+                    if chat:
+                        yield chunk(None, role=True)
+                    elif parsed.echo and isinstance(parsed.prompt, str):
+                        yield chunk(parsed.prompt)
+                if event[0] == "token":
+                    if event[1]:
+                        yield chunk(event[1])
+                    continue
+                _, finish, prompt_tokens, completion_tokens = event
+                yield chunk(None, finish=finish)
+                if parsed.include_usage:
+                    yield _sse({**base, "choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
+            yield _sse("[DONE]")
+        except APIError as err:
+            self.metrics.error(err.status)
+            yield _sse(err.body())
+            yield _sse("[DONE]")
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self.model_card()]})
+
+    def model_card(self) -> dict:
+        return {
+            "id": self.settings.served_model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "fleetserve",
+            "root": str(self.runner.path),
+            "max_model_len": self.runner.context_length,
+        }
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": self.settings.served_model_name,
+                             "running": self.scheduler.running, "waiting": self.scheduler.waiting})
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        m = self.metrics
+        m.vllm(m.running).set(self.scheduler.running)
+        m.vllm(m.waiting).set(self.scheduler.waiting)
+        data, content_type = exposition(m.registry)
+        return Response(data, media_type=content_type)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                    code="not_found" if exc.status_code == 404 else None).response()
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error").response()
+
+
+def build_app(engine: Engine) -> Starlette:
+    routes = [
+        Route("/v1/chat/completions", engine.chat_completions, methods=["POST"]),
+        Route("/v1/completions", engine.completions, methods=["POST"]),
+        Route("/v1/models", engine.models, methods=["GET"]),
+        Route("/health", engine.health, methods=["GET"]),
+        Route("/ping", engine.health, methods=["GET"]),
+        Route("/metrics", engine.metrics_endpoint, methods=["GET"]),
+    ]
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        engine.scheduler.start()
+        yield
+        engine.scheduler.stop()
+
+    return Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: _http_error, Exception: _server_error},
+        lifespan=lifespan,
+    )

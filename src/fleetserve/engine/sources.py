@@ -1,0 +1,64 @@
+"""Resolve a `model.source` to a local HF-format directory: local path (also an FSx mount), `hf:` from the
+local Hugging Face cache (offline), `builtin:` demo models. `s3://` sources arrive with the tiered cache work.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fleetserve.engine.demo import DEMO_NAME, ModelSourceError, demo_model_dir
+
+BUILTIN = {DEMO_NAME: demo_model_dir}
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def check_model_dir(path: Path) -> Path:
+    """A clear error for a missing or incomplete model directory."""
+    if not path.exists():
+        raise ModelSourceError(f"model directory {path} does not exist")
+    if not path.is_dir():
+        raise ModelSourceError(f"model path {path} is not a directory")
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("config.json")
+    if not any((path / f).is_file() for f in WEIGHT_FILES):
+        missing.append("weights (" + " or ".join(WEIGHT_FILES) + ")")
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
+        missing.append("tokenizer (tokenizer.json)")
+    if missing:
+        raise ModelSourceError(f"model directory {path} is incomplete: missing {', '.join(missing)}")
+    return path
+
+
+def _hf_cache_dir(repo_id: str, revision: str | None) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = snapshot_download(repo_id, revision=revision, local_files_only=True)
+    except Exception as exc:  # huggingface_hub raises several types for "not in the cache"
+        raise ModelSourceError(
+            f"hf:{repo_id} is not in the local Hugging Face cache "
+            f"({os.environ.get('HF_HUB_CACHE', '~/.cache/huggingface/hub')}); "
+            f"fleetserve never downloads at run time: fetch it first (hf download {repo_id}) ({type(exc).__name__})"
+        ) from None
+    return Path(folder)
+
+
+def resolve_source(source: str, revision: str | None = None) -> Path:
+    """The local directory holding the model named by `source`, or ModelSourceError saying what is wrong."""
+    if source.startswith("builtin:"):
+        name = source.removeprefix("builtin:")
+        if name not in BUILTIN:
+            raise ModelSourceError(f"unknown builtin model {name!r}; allowed: {', '.join(sorted(BUILTIN))}")
+        return check_model_dir(BUILTIN[name]())
+    if source.startswith("hf:"):
+        return check_model_dir(_hf_cache_dir(source.removeprefix("hf:"), revision))
+    if source.startswith("s3://"):
+        raise ModelSourceError(
+            f"{source}: s3:// model sources are not supported by the built-in engine yet; "
+            "copy the model to a local directory (or mounted filesystem) and use its path"
+        )
+    if source.startswith("catalog:"):
+        raise ModelSourceError(f"{source}: the model catalog is not available yet; use builtin:{DEMO_NAME}")
+    return check_model_dir(Path(source).expanduser().resolve())

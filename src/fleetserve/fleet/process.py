@@ -1,0 +1,102 @@
+"""Child processes that cannot outlive their supervisor.
+
+Each child gets its own process group (a terminal's Ctrl-C reaches only the supervisor, which then stops
+children in order) and PR_SET_PDEATHSIG, so that even a SIGKILLed supervisor leaves no orphan behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the supervisor's own shutdown path still stops children
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def fleetserve_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fleetserve", *args]
+
+
+class Child:
+    """One supervised process with its log file."""
+
+    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str] | None = None):
+        self.name = name
+        self.cmd = cmd
+        self.log_path = log_path
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(self.env or {})},
+                process_group=0,
+                preexec_fn=_die_with_parent,
+                close_fds=True,
+            )
+        finally:
+            log.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def exit_code(self) -> int | None:
+        """None while running (or never started), else the exit status."""
+        return self.proc.poll() if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout`; always reaps."""
+        if self.proc is None:
+            return
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.alive():
+            self.signal(signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""

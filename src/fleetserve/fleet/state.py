@@ -1,0 +1,98 @@
+"""The fleet's state file: how `status` and `down` find a detached fleet, written atomically by its supervisor."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from fleetserve.engine.paths import home
+
+
+@dataclass
+class ReplicaState:
+    id: str
+    url: str
+    pid: int | None = None
+    state: str = "starting"  # starting | ready | restarting | failed | stopped
+    restarts: int = 0
+    last_exit: int | None = None
+
+
+@dataclass
+class FleetState:
+    name: str
+    namespace: str
+    model: str
+    spec_path: str
+    supervisor_pid: int
+    status: str = "starting"  # starting | ready | stopping | stopped | failed
+    url: str = ""
+    router_pid: int | None = None
+    strategy: str = ""
+    replicas: list[ReplicaState] = field(default_factory=list)
+    error: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> FleetState:
+        data = dict(data)
+        data["replicas"] = [ReplicaState(**r) for r in data.get("replicas", [])]
+        return cls(**data)
+
+
+def runs_dir() -> Path:
+    return home() / "run"
+
+
+def fleet_dir(name: str) -> Path:
+    return runs_dir() / name
+
+
+def write_state(state: FleetState) -> None:
+    folder = fleet_dir(state.name)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".state-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(state.to_json(), f, indent=2)
+    os.replace(tmp, folder / "state.json")
+
+
+def read_state(name: str) -> FleetState | None:
+    try:
+        return FleetState.from_json(json.loads((fleet_dir(name) / "state.json").read_text()))
+    except (OSError, json.JSONDecodeError, TypeError):
+        return None
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return True
+
+
+def list_fleets() -> list[FleetState]:
+    folder = runs_dir()
+    if not folder.is_dir():
+        return []
+    states = [read_state(p.name) for p in sorted(folder.iterdir()) if p.is_dir()]
+    return [s for s in states if s is not None]
+
+
+def running_fleets() -> list[FleetState]:
+    return [s for s in list_fleets() if pid_alive(s.supervisor_pid) and s.status not in ("stopped", "failed")]

@@ -1,0 +1,68 @@
+"""Metric definitions in one place, so names and labels stay consistent across servers.
+
+Label design from day one (the third pitfall): every model metric carries namespace, model_name,
+model_version, instance_type and replica, which separate cost and cause in any dashboard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+MODEL_LABELS = ("namespace", "model_name", "model_version", "instance_type", "replica")
+LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000)
+SECONDS_BUCKETS = tuple(b / 1000 for b in LATENCY_BUCKETS_MS)
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    namespace: str = "default"
+    model_name: str = "model"
+    model_version: str = "1"
+    instance_type: str = "local"
+    replica: str = "r0"
+
+    def labels(self) -> dict[str, str]:
+        return {name: getattr(self, name) for name in MODEL_LABELS}
+
+
+class EngineMetrics:
+    """Per-replica engine metrics; gauges of the scheduler are sampled at scrape time."""
+
+    def __init__(self, identity: ModelIdentity, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        self.identity = identity
+        r, labels = self.registry, list(MODEL_LABELS)
+        vllm_labels = ["model_name"]
+        self.invocations = Counter("model_invocations", "Model invocations", labels, registry=r)
+        self.errors = Counter("model_errors", "Model invocations that failed", labels + ["status"], registry=r)
+        self.concurrent = Gauge("model_concurrent_requests", "Requests in flight", labels, registry=r)
+        self.latency_ms = Histogram("model_latency_milliseconds", "End-to-end latency", labels,
+                                    buckets=LATENCY_BUCKETS_MS, registry=r)
+        self.ttfb_ms = Histogram("model_ttfb_milliseconds", "Time to first byte (token)", labels,
+                                 buckets=LATENCY_BUCKETS_MS, registry=r)
+        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch", vllm_labels, registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to run", vllm_labels, registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed", vllm_labels, registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated", vllm_labels, registry=r)
+        self.ttft_s = Histogram("vllm:time_to_first_token_seconds", "Time to first token", vllm_labels,
+                                buckets=SECONDS_BUCKETS, registry=r)
+        self.e2e_s = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency", vllm_labels,
+                               buckets=SECONDS_BUCKETS, registry=r)
+        self._labels = identity.labels()
+        self._vllm = {"model_name": identity.model_name}
+
+    def model(self, metric):
+        return metric.labels(**self._labels)
+
+    def vllm(self, metric):
+        return metric.labels(**self._vllm)
+
+    def error(self, status: int) -> None:
+        self.errors.labels(**self._labels, status=str(status)).inc()
+
+
+def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
+    return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,1 @@
+"""Gateway: routing policies, backend health, proxy."""

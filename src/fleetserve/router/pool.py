@@ -1,0 +1,114 @@
+"""The router's view of its backends: health (active probes and passive failures) and load counters."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import httpx
+
+from fleetserve.router.policies import FleetSnapshot, ReplicaView
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Backend:
+    id: str
+    url: str
+    healthy: bool = False
+    in_flight: int = 0
+    running: int = 0
+    waiting: int = 0
+    failures: int = 0
+    last_error: str = ""
+
+    def view(self) -> ReplicaView:
+        return ReplicaView(self.id, self.url, self.healthy, self.in_flight, self.waiting, self.running)
+
+
+class BackendPool:
+    """Backends in, health out.
+
+    A backend is taken out after `unhealthy_after` failed probes in a row, or at once when a request cannot
+    connect to it; one successful probe puts it back. Probes run every `interval` seconds.
+    """
+
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        health_path: str = "/health",
+        interval: float = 1.0,
+        timeout: float = 2.0,
+        unhealthy_after: int = 2,
+    ):
+        self.backends: dict[str, Backend] = {}
+        self.health_path = health_path
+        self.interval = interval
+        self.unhealthy_after = unhealthy_after
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False)
+        self.set_backends(urls)
+
+    def set_backends(self, urls: list[str]) -> None:
+        """Replace the backend list, keeping the state of backends that stay."""
+        kept = {}
+        for url in urls:
+            url = url.rstrip("/")
+            backend_id = url.split("://", 1)[-1]  # host:port, stable across restarts on the same port
+            kept[backend_id] = self.backends.get(backend_id) or Backend(backend_id, url)
+        self.backends = kept
+
+    def snapshot(self) -> FleetSnapshot:
+        return FleetSnapshot(tuple(b.view() for b in self.backends.values()))
+
+    def get(self, backend_id: str) -> Backend:
+        return self.backends[backend_id]
+
+    def healthy(self) -> list[Backend]:
+        return [b for b in self.backends.values() if b.healthy]
+
+    def mark_unreachable(self, backend: Backend, error: str) -> None:
+        """A request could not reach the backend: take it out now, the probes will bring it back."""
+        if backend.healthy:
+            log.warning("backend %s out: %s", backend.url, error)
+        backend.healthy = False
+        backend.failures += 1
+        backend.last_error = error
+
+    async def probe(self, backend: Backend) -> None:
+        try:
+            resp = await self._client.get(backend.url + self.health_path)
+            ok = resp.status_code == 200
+            error = "" if ok else f"health check returned {resp.status_code}"
+            if ok:
+                try:
+                    data = resp.json()
+                    backend.running = int(data.get("running", 0))
+                    backend.waiting = int(data.get("waiting", 0))
+                except (ValueError, AttributeError, TypeError):
+                    pass
+        except httpx.HTTPError as exc:
+            ok, error = False, f"health check failed: {type(exc).__name__}"
+        if ok:
+            if not backend.healthy:
+                log.info("backend %s healthy", backend.url)
+            backend.healthy, backend.failures, backend.last_error = True, 0, ""
+            return
+        backend.failures += 1
+        backend.last_error = error
+        if backend.healthy and backend.failures >= self.unhealthy_after:
+            log.warning("backend %s out: %s", backend.url, error)
+            backend.healthy = False
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(b) for b in list(self.backends.values())))
+
+    async def run(self) -> None:
+        while True:
+            await self.probe_all()
+            await asyncio.sleep(self.interval)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

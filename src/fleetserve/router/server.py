@@ -1,0 +1,279 @@
+"""The OpenAI-compatible gateway: choose a replica, proxy, retry before the first byte, stream through.
+
+A request is committed to a replica only once that replica has produced its first body bytes; until then a
+connection failure or an overloaded answer (502/503/504) sends it to another replica. After the first byte,
+a failure ends an SSE stream with an OpenAI error event, never with a silent cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, until_disconnect
+from fleetserve.api.errors import APIError
+from fleetserve.api.protocol import parse_json_body
+from fleetserve.observe.metrics import LATENCY_BUCKETS_MS, exposition
+from fleetserve.router.policies import RouteRequest, RoutingPolicy, create_policy
+from fleetserve.router.pool import Backend, BackendPool
+
+log = logging.getLogger(__name__)
+
+HOP_BY_HOP = {
+    "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
+    "proxy-authorization", "proxy-authenticate", "accept-encoding",
+}
+RETRYABLE_STATUS = {502, 503, 504}
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    strategy: str = "leastload"
+    max_attempts: int = 3
+    upstream_read_timeout: float = 300.0
+    health_interval: float = 1.0
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("fleetserve_router_requests", "Requests answered", ["path", "code"], registry=r)
+        self.retries = Counter("fleetserve_router_retries", "Attempts moved to another replica", ["reason"],
+                               registry=r)
+        self.decisions = Counter("fleetserve_router_routing_decisions", "Routing decisions",
+                                 ["policy", "branch"], registry=r)
+        self.healthy = Gauge("fleetserve_router_backend_healthy", "1 if the backend takes traffic", ["backend"],
+                             registry=r)
+        self.in_flight = Gauge("fleetserve_router_backend_in_flight", "Requests outstanding", ["backend"],
+                               registry=r)
+        self.ttfb_ms = Histogram("fleetserve_router_ttfb_milliseconds", "Time to first byte through the router",
+                                 buckets=LATENCY_BUCKETS_MS, registry=r)
+        self.latency_ms = Histogram("fleetserve_router_latency_milliseconds", "Latency through the router",
+                                    buckets=LATENCY_BUCKETS_MS, registry=r)
+
+
+class _Attempt:
+    """One upstream response whose first chunk has arrived; owns the backend's in-flight slot."""
+
+    def __init__(self, backend: Backend, response: httpx.Response, first: bytes, iterator: AsyncIterator[bytes]):
+        self.backend = backend
+        self.response = response
+        self.first = first
+        self.iterator = iterator
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.backend.in_flight -= 1
+
+    async def aclose(self) -> None:
+        self.release()
+        await self.response.aclose()
+
+
+class Gateway:
+    def __init__(self, pool: BackendPool, settings: RouterSettings):
+        self.pool = pool
+        self.settings = settings
+        self.policy: RoutingPolicy = create_policy(settings.strategy)
+        self.metrics = RouterMetrics()
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=3.0, read=settings.upstream_read_timeout, write=30.0, pool=None),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            trust_env=False,
+        )
+        self._health_task: asyncio.Task | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.pool.probe_all()
+        self._health_task = asyncio.create_task(self.pool.run())
+
+    async def stop(self) -> None:
+        if self._health_task:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        await self.client.aclose()
+        await self.pool.aclose()
+
+    # --- proxying ------------------------------------------------------------------------------------------
+
+    def _forward_headers(self, request: Request, request_id: str) -> dict[str, str]:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers["x-request-id"] = request_id
+        if request.client:
+            headers["x-forwarded-for"] = request.client.host
+        return headers
+
+    async def _try(self, backend: Backend, method: str, path: str, raw: bytes, headers: dict) -> _Attempt | str:
+        """Send to one backend; an _Attempt once its first bytes arrived, else the reason to try another."""
+        backend.in_flight += 1
+        response = None
+        try:
+            upstream = self.client.build_request(method, backend.url + path, content=raw, headers=headers)
+            response = await self.client.send(upstream, stream=True)
+            if response.status_code in RETRYABLE_STATUS:
+                await response.aclose()
+                backend.in_flight -= 1
+                return f"status_{response.status_code}"
+            iterator = response.aiter_raw()
+            try:
+                first = await anext(iterator)
+            except StopAsyncIteration:
+                first = b""
+            return _Attempt(backend, response, first, iterator)
+        except httpx.TransportError as exc:
+            backend.in_flight -= 1
+            if response is not None:
+                await response.aclose()
+            self.pool.mark_unreachable(backend, f"{type(exc).__name__}: {exc}")
+            return "unreachable"
+        except BaseException:
+            backend.in_flight -= 1
+            if response is not None:
+                await response.aclose()
+            raise
+
+    async def _dispatch(self, request: Request, path: str, raw: bytes, body: dict, request_id: str) -> _Attempt:
+        headers = self._forward_headers(request, request_id)
+        route = RouteRequest(path=path, body=body, headers=dict(request.headers))
+        excluded: set[str] = set()
+        last_reason = ""
+        for _ in range(self.settings.max_attempts):
+            route = RouteRequest(route.path, route.body, route.headers, route.tenant, frozenset(excluded))
+            replica = self.policy.choose(route, self.pool.snapshot())
+            if replica is None:
+                break
+            self.metrics.decisions.labels(self.policy.name, "retry" if excluded else "first").inc()
+            outcome = await self._try(self.pool.get(replica.id), request.method, path, raw, headers)
+            if isinstance(outcome, _Attempt):
+                return outcome
+            last_reason = outcome
+            excluded.add(replica.id)
+            self.metrics.retries.labels(outcome).inc()
+        if not self.pool.healthy():
+            raise APIError(503, "no healthy model replica is available; retry shortly", code="no_replica",
+                           headers={"Retry-After": "2"})
+        raise APIError(502, f"all attempts failed (last: {last_reason or 'no eligible replica'})",
+                       code="upstream_failed", headers={"Retry-After": "1"})
+
+    async def proxy(self, request: Request) -> Response:
+        started = time.monotonic()
+        path = request.url.path
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        try:
+            raw = await request.body()
+            body = parse_json_body(raw) if request.method == "POST" else {}
+            attempt = await until_disconnect(request, self._dispatch(request, path, raw, body, request_id))
+        except ClientGone:
+            self.metrics.requests.labels(path, "499").inc()
+            return Response(status_code=499)
+        except APIError as err:
+            self.metrics.requests.labels(path, str(err.status)).inc()
+            err.headers["x-request-id"] = request_id
+            return err.response()
+        self.metrics.ttfb_ms.observe((time.monotonic() - started) * 1000)
+        self.metrics.requests.labels(path, str(attempt.response.status_code)).inc()
+        headers = {k: v for k, v in attempt.response.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers["x-request-id"] = request_id
+        headers["x-fleetserve-replica"] = attempt.backend.id
+        sse = attempt.response.headers.get("content-type", "").startswith("text/event-stream")
+
+        def done() -> None:
+            attempt.release()
+            self.metrics.latency_ms.observe((time.monotonic() - started) * 1000)
+
+        return WatchedStreamingResponse(
+            self._relay(attempt, sse), status_code=attempt.response.status_code, headers=headers, on_close=done
+        )
+
+    async def _relay(self, attempt: _Attempt, sse: bool) -> AsyncIterator[bytes]:
+        try:
+            if attempt.first:
+                yield attempt.first
+            async for chunk in attempt.iterator:
+                yield chunk
+        except httpx.HTTPError as exc:
+            self.pool.mark_unreachable(attempt.backend, f"failed mid-response: {type(exc).__name__}")
+            log.warning("backend %s failed mid-response: %s", attempt.backend.url, exc)
+            if sse:
+                error = APIError(502, f"the model replica failed mid-stream ({type(exc).__name__}); "
+                                      "the response is incomplete", code="upstream_failed")
+                yield f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n".encode()
+        finally:
+            await attempt.aclose()
+
+    # --- other endpoints -----------------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        backends = [
+            {"id": b.id, "url": b.url, "healthy": b.healthy, "in_flight": b.in_flight, "error": b.last_error}
+            for b in self.pool.backends.values()
+        ]
+        ok = any(b["healthy"] for b in backends)
+        return JSONResponse({"status": "ok" if ok else "no healthy replica", "strategy": self.policy.name,
+                             "backends": backends}, status_code=200 if ok else 503)
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        for b in self.pool.backends.values():
+            self.metrics.healthy.labels(b.id).set(1 if b.healthy else 0)
+            self.metrics.in_flight.labels(b.id).set(b.in_flight)
+        data, content_type = exposition(self.metrics.registry)
+        return Response(data, media_type=content_type)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}").response()
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    log.exception("router error")
+    return APIError(500, f"internal router error: {type(exc).__name__}", code="internal_error").response()
+
+
+def build_app(gateway: Gateway) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await gateway.start()
+        yield
+        await gateway.stop()
+
+    routes = [
+        Route("/v1/chat/completions", gateway.proxy, methods=["POST"]),
+        Route("/v1/completions", gateway.proxy, methods=["POST"]),
+        Route("/v1/models", gateway.proxy, methods=["GET"]),
+        Route("/health", gateway.health, methods=["GET"]),
+        Route("/ping", gateway.health, methods=["GET"]),
+        Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={HTTPException: _http_error, Exception: _server_error})
+
+
+def run_router(backends: list[str], host: str, port: int, settings: RouterSettings,
+               health_path: str = "/health") -> None:
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    pool = BackendPool(backends, health_path=health_path, interval=settings.health_interval)
+    gateway = Gateway(pool, settings)
+    log.info("router on http://%s:%d, strategy %s, backends %s", host, port, settings.strategy, backends)
+    uvicorn.run(build_app(gateway), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

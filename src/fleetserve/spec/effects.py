@@ -1,0 +1,54 @@
+"""Settings that are parsed but not acted on (yet) by the local fleet: each one becomes a visible warning.
+
+When a component starts to honour a setting, its line goes from this table; a setting never vanishes silently.
+"""
+
+from __future__ import annotations
+
+from fleetserve.spec.endpoint import Endpoint
+from fleetserve.spec.errors import SpecProblem
+
+
+def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
+    from fleetserve.router.policies import registered_policies
+
+    spec = endpoint.spec
+    notes: list[SpecProblem] = []
+
+    def note(path: str, message: str) -> None:
+        notes.append(SpecProblem(path, message))
+
+    if spec.routing.strategy not in registered_policies():
+        note(
+            "spec.routing.strategy",
+            f"{spec.routing.strategy!r} is not implemented by the router yet; it uses 'leastload' "
+            f"(implemented: {', '.join(registered_policies())})",
+        )
+    if spec.routing.session_key:
+        note("spec.routing.sessionKey", "session routing is not implemented yet; ignored")
+    if spec.autoscaling is not None and spec.autoscaling.enabled:
+        note("spec.autoscaling", f"autoscaling is not acted on yet; the fleet runs spec.replicas={spec.replicas}")
+    if spec.placement.instance_types or spec.placement.node_affinity:
+        note("spec.placement", "instance types and node affinity apply to Kubernetes rendering; locally ignored")
+    if spec.kv_cache.l2.enabled:
+        note("spec.kvCache.l2", "the L2 (Redis) KV tier is not implemented yet; ignored")
+    if "kv_cache" in spec.model_fields_set and spec.kv_cache.l1.enabled:
+        note("spec.kvCache.l1", "the L1 (CPU) KV tier is not implemented yet; ignored")
+    limits = spec.request_limits
+    if limits.max_concurrent_requests is not None or limits.max_queue_size is not None:
+        note("spec.requestLimits", "request limits are not enforced yet; ignored")
+    if spec.tls.enabled:
+        note("spec.tls", "TLS termination is not implemented yet; the router serves plain HTTP")
+    if spec.auth.enabled:
+        note("spec.auth", "API-key auth is not implemented yet; the router accepts every request")
+    if spec.engine.kind in ("vllm", "sglang"):
+        note("spec.engine.kind", f"{spec.engine.kind} needs a GPU; `fleetserve up` cannot start it on this machine")
+    if spec.engine.image:
+        note("spec.engine.image", "container images apply to Kubernetes rendering only")
+    if spec.engine.gpus:
+        note("spec.engine.gpus", "GPU requests apply to Kubernetes rendering only")
+    if not spec.metrics.enabled:
+        note("spec.metrics.enabled", "metrics stay on locally (/metrics is cheap); false only affects Kubernetes")
+    if spec.model.prefetch:
+        note("spec.model.prefetch", "weights are loaded from the local cache at start; prefetch is implicit")
+    return notes

@@ -1,0 +1,259 @@
+"""fleetserve's own endpoint spec (`apiVersion: fleetserve.io/v1`, `kind: Endpoint`).
+
+One declarative document describes a served model: where the weights come from, which engine runs them, how
+many replicas, where they are placed, how they scale, the KV cache tiers, routing, limits, metrics, TLS and
+auth. Every component reads its section from here; nothing else carries configuration.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from fleetserve.spec.base import SpecModel
+
+API_VERSION = "fleetserve.io/v1"
+KIND = "Endpoint"
+
+#: HyperPod's four strategy names plus leastload; the router registry says which ones it implements.
+ROUTING_STRATEGIES = ("prefixaware", "kvaware", "session", "roundrobin", "leastload")
+ENGINE_KINDS = ("builtin", "vllm", "sglang", "external")
+SOURCE_SCHEMES = ("local path", "s3://bucket/prefix", "hf:org/name", "builtin:NAME", "catalog:NAME")
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class Metadata(SpecModel):
+    name: str = Field(min_length=1, max_length=63)
+    namespace: str = "default"
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name", "namespace")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        if not _DNS_LABEL.match(value):
+            raise ValueError(
+                f"{value!r} is not a DNS label: use lower-case letters, digits and '-', starting and ending "
+                "with a letter or digit"
+            )
+        return value
+
+
+class ModelSection(SpecModel):
+    """The model to serve and where its weights live."""
+
+    source: str = Field(min_length=1, description="local path, s3://, hf:, builtin: or catalog: source")
+    name: str | None = Field(default=None, description="served model name (default: metadata.name)")
+    version: str = "1"
+    revision: str | None = None
+    context_length: int | None = Field(default=None, gt=0)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    prefetch: bool = False
+    s3_region: str | None = None
+
+    @field_validator("source")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        if "://" in value and not value.startswith("s3://"):
+            raise ValueError(f"unsupported source {value!r}; allowed: {', '.join(SOURCE_SCHEMES)}")
+        if value.startswith("s3://") and len(value) <= len("s3://"):
+            raise ValueError("s3 source needs a bucket: s3://bucket/prefix")
+        for prefix in ("hf:", "builtin:", "catalog:"):
+            if value.startswith(prefix) and len(value) == len(prefix):
+                raise ValueError(f"source {value!r} names nothing after {prefix!r}")
+        return value
+
+
+class EngineSection(SpecModel):
+    """Which server runs the model on each replica."""
+
+    kind: Literal["builtin", "vllm", "sglang", "external"] = "builtin"
+    urls: list[str] = Field(default_factory=list, description="backends for kind=external")
+    image: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    port: int | None = Field(default=None, ge=1, le=65535)
+    health_path: str = "/health"
+    threads: int | None = Field(default=None, ge=1, description="torch threads per builtin replica")
+    startup_timeout_seconds: float = Field(default=600.0, gt=0)
+    gpus: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _external_needs_urls(self) -> EngineSection:
+        if self.kind == "external" and not self.urls:
+            raise ValueError("engine.kind 'external' needs engine.urls (one URL per backend)")
+        if self.kind != "external" and self.urls:
+            raise ValueError(f"engine.urls is only for engine.kind 'external', not {self.kind!r}")
+        for url in self.urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"engine.urls entry {url!r} must start with http:// or https://")
+        return self
+
+
+class PlacementSection(SpecModel):
+    """Where replicas may run: an instance-type priority list or Kubernetes node affinity."""
+
+    instance_types: list[str] = Field(default_factory=list)
+    node_affinity: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _exclusive(self) -> PlacementSection:
+        if self.instance_types and self.node_affinity:
+            raise ValueError("placement.instanceTypes and placement.nodeAffinity are mutually exclusive")
+        if len(set(self.instance_types)) != len(self.instance_types):
+            raise ValueError("placement.instanceTypes lists a type twice")
+        return self
+
+
+class ScalingTrigger(SpecModel):
+    """One KEDA-style trigger: a metric, its per-replica target and the 0<->1 activation threshold."""
+
+    metric: Literal["concurrency", "queue_depth", "request_rate", "ttft_p95", "prometheus"]
+    target: float = Field(gt=0)
+    activation_target: float = Field(default=0.0, ge=0)
+    query: str | None = None
+    server_address: str | None = None
+
+    @model_validator(mode="after")
+    def _prometheus_needs_query(self) -> ScalingTrigger:
+        if self.metric == "prometheus" and not (self.query and self.server_address):
+            raise ValueError("a prometheus trigger needs both query and serverAddress")
+        return self
+
+
+class ScheduleFloor(SpecModel):
+    """A time-of-day floor: between `start` and `end` (cron, in `timezone`) keep at least `minReplicas`."""
+
+    name: str
+    timezone: str = "UTC"
+    start: str
+    end: str
+    min_replicas: int = Field(ge=0)
+
+
+class ScalingFallback(SpecModel):
+    failure_threshold: int = Field(default=3, ge=1)
+    replicas: int = Field(default=1, ge=0)
+
+
+class AutoscalingSection(SpecModel):
+    """KEDA ScaledObject semantics, with KEDA's and HyperPod's defaults."""
+
+    enabled: bool = True
+    min_replica_count: int = Field(default=1, ge=0)
+    max_replica_count: int = Field(default=5, ge=0)
+    polling_interval: float = Field(default=30, gt=0)
+    cooldown_period: float = Field(default=300, ge=0)
+    initial_cooldown_period: float = Field(default=300, ge=0)
+    scale_up_stabilization_time: float = Field(default=0, ge=0)
+    scale_down_stabilization_time: float = Field(default=300, ge=0)
+    triggers: list[ScalingTrigger] = Field(default_factory=list)
+    schedules: list[ScheduleFloor] = Field(default_factory=list)
+    fallback: ScalingFallback | None = None
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSection:
+        if self.max_replica_count < self.min_replica_count:
+            raise ValueError(
+                f"maxReplicaCount ({self.max_replica_count}) is below minReplicaCount ({self.min_replica_count})"
+            )
+        return self
+
+
+class L1Section(SpecModel):
+    enabled: bool = True
+    max_bytes: int = Field(default=2 << 30, gt=0)
+
+
+class L2Section(SpecModel):
+    enabled: bool = False
+    backend: Literal["redis"] = "redis"
+    url: str | None = Field(default=None, description="redis://host:port/db; empty: fleetserve starts Redis")
+    max_bytes: int = Field(default=4 << 30, gt=0)
+    tenant_urls: dict[str, str] = Field(default_factory=dict, description="hard isolation: a Redis per tenant")
+
+
+class KVCacheSection(SpecModel):
+    block_size: int = Field(default=256, gt=0)
+    l1: L1Section = Field(default_factory=L1Section)
+    l2: L2Section = Field(default_factory=L2Section)
+
+
+class RoutingSection(SpecModel):
+    strategy: Literal["prefixaware", "kvaware", "session", "roundrobin", "leastload"] = "prefixaware"
+    session_key: str | None = Field(default=None, description="header or body key for session routing")
+
+
+class RequestLimitsSection(SpecModel):
+    max_concurrent_requests: int | None = Field(default=None, ge=1)
+    max_queue_size: int | None = Field(default=None, ge=0)
+    overflow_status_code: int = Field(default=429, ge=400, le=599)
+
+
+class MetricsSection(SpecModel):
+    enabled: bool = True
+    scrape_interval_seconds: int = Field(default=15, ge=5, le=300)
+
+
+class TLSSection(SpecModel):
+    enabled: bool = False
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> TLSSection:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("tls.certFile and tls.keyFile go together (or neither, for a self-signed one)")
+        return self
+
+
+class APIKey(SpecModel):
+    tenant: str = Field(min_length=1)
+    key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    key_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> APIKey:
+        if bool(self.key_sha256) == bool(self.key_env):
+            raise ValueError("an API key needs exactly one of keySha256 or keyEnv")
+        return self
+
+
+class AuthSection(SpecModel):
+    enabled: bool = False
+    api_keys: list[APIKey] = Field(default_factory=list)
+
+
+class RouterSection(SpecModel):
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535, description="0: a free port")
+
+
+class EndpointSpec(SpecModel):
+    model: ModelSection
+    engine: EngineSection = Field(default_factory=EngineSection)
+    replicas: int = Field(default=1, ge=0, le=256)
+    placement: PlacementSection = Field(default_factory=PlacementSection)
+    autoscaling: AutoscalingSection | None = None
+    kv_cache: KVCacheSection = Field(default_factory=KVCacheSection)
+    routing: RoutingSection = Field(default_factory=RoutingSection)
+    request_limits: RequestLimitsSection = Field(default_factory=RequestLimitsSection)
+    metrics: MetricsSection = Field(default_factory=MetricsSection)
+    tls: TLSSection = Field(default_factory=TLSSection)
+    auth: AuthSection = Field(default_factory=AuthSection)
+    router: RouterSection = Field(default_factory=RouterSection)
+
+
+class Endpoint(SpecModel):
+    """The whole document."""
+
+    api_version: Literal["fleetserve.io/v1"] = Field(alias="apiVersion")
+    kind: Literal["Endpoint"]
+    metadata: Metadata
+    spec: EndpointSpec
+
+    @property
+    def served_model_name(self) -> str:
+        return self.spec.model.name or self.metadata.name

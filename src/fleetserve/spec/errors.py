@@ -1,0 +1,98 @@
+"""Spec errors that name the field path, the bad value and the allowed values."""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ValidationError
+
+
+@dataclass(frozen=True)
+class SpecProblem:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class SpecError(ValueError):
+    """A spec that cannot be accepted; `problems` lists every offending field."""
+
+    def __init__(self, problems: list[SpecProblem], source: str | None = None):
+        self.problems = problems
+        self.source = source
+        head = f"invalid endpoint spec{f' {source}' if source else ''}"
+        super().__init__(head + ":\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def format_path(loc: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _unwrap(annotation: object) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as `X | None` or `list[X]`, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType, list, tuple, dict):
+        for arg in typing.get_args(annotation):
+            found = _unwrap(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _model_at(root: type[BaseModel], loc: tuple[str | int, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = root
+    for part in loc:
+        if model is None:
+            return None
+        if isinstance(part, int):
+            continue
+        field = next(
+            (f for name, f in model.model_fields.items() if part in (name, f.alias)),
+            None,
+        )
+        if field is None:
+            return None
+        model = _unwrap(field.annotation)
+    return model
+
+
+def _allowed_fields(model: type[BaseModel]) -> str:
+    return ", ".join(sorted(f.alias or name for name, f in model.model_fields.items()))
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def problems_from_validation(
+    error: ValidationError, root: type[BaseModel], prefix: tuple[str | int, ...] = ()
+) -> list[SpecProblem]:
+    problems = []
+    for item in error.errors(include_url=False):
+        loc = prefix + tuple(item["loc"])
+        kind = item["type"]
+        msg = item["msg"]
+        if kind == "extra_forbidden":
+            parent = _model_at(root, tuple(item["loc"])[:-1])
+            allowed = f"; allowed fields: {_allowed_fields(parent)}" if parent else ""
+            msg = f"unknown field{allowed}"
+        elif kind == "missing":
+            msg = "required field is missing"
+        elif kind == "literal_error":
+            msg = f"got {_short(item.get('input'))}; allowed values: {item['ctx']['expected']}"
+        elif kind == "value_error":
+            msg = msg.removeprefix("Value error, ")
+        else:
+            msg = f"{msg} (got {_short(item.get('input'))})"
+        problems.append(SpecProblem(format_path(loc), msg))
+    return problems

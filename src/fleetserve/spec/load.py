@@ -1,0 +1,70 @@
+"""Read a spec file (ours or HyperPod's), validate it and collect the warnings a user must see."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from fleetserve.spec import hyperpod
+from fleetserve.spec.effects import inert_settings
+from fleetserve.spec.endpoint import API_VERSION, Endpoint
+from fleetserve.spec.errors import SpecError, SpecProblem, problems_from_validation
+
+ACCEPTED = {
+    API_VERSION: "Endpoint",
+    hyperpod.API_VERSION: hyperpod.KIND,
+}
+
+
+@dataclass(frozen=True)
+class LoadedSpec:
+    endpoint: Endpoint
+    source_format: str  # "fleetserve" or "hyperpod"
+    warnings: list[SpecProblem] = field(default_factory=list)
+
+
+def load_spec_text(text: str, source: str | None = None) -> LoadedSpec:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError([SpecProblem("", f"not valid YAML: {exc}")], source) from None
+    return load_spec_data(data, source)
+
+
+def load_spec(path: str | Path) -> LoadedSpec:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SpecError([SpecProblem("", f"cannot read {p}: {exc.strerror}")], str(p)) from None
+    return load_spec_text(text, str(p))
+
+
+def load_spec_data(data: Any, source: str | None = None) -> LoadedSpec:
+    if not isinstance(data, dict):
+        raise SpecError([SpecProblem("", "the document must be a YAML mapping with apiVersion, kind, spec")], source)
+    api_version, kind = data.get("apiVersion"), data.get("kind")
+    allowed = ", ".join(f"{v}/{k}" for v, k in ACCEPTED.items())
+    if api_version not in ACCEPTED:
+        raise SpecError([SpecProblem("apiVersion", f"got {api_version!r}; allowed values: {allowed}")], source)
+    if kind != ACCEPTED[api_version]:
+        raise SpecError(
+            [SpecProblem("kind", f"got {kind!r}; allowed value for {api_version}: {ACCEPTED[api_version]!r}")], source
+        )
+    notes: list[SpecProblem] = []
+    fmt = "fleetserve"
+    if api_version == hyperpod.API_VERSION:
+        try:
+            data, notes = hyperpod.parse(data)
+        except SpecError as exc:
+            raise SpecError(exc.problems, source) from None
+        fmt = "hyperpod"
+    try:
+        endpoint = Endpoint.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(problems_from_validation(exc, Endpoint), source) from None
+    return LoadedSpec(endpoint, fmt, notes + inert_settings(endpoint))

@@ -1,0 +1,72 @@
+import pytest
+
+from fleetserve.api.errors import APIError
+from fleetserve.api.protocol import parse_chat, parse_completion, parse_json_body
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def error_of(fn, body) -> APIError:
+    with pytest.raises(APIError) as info:
+        fn(body)
+    return info.value
+
+
+@pytest.mark.parametrize("raw", [b"", b"{bad", b"[1, 2]", b"\xff\xfe"])
+def test_malformed_json_is_400(raw):
+    err = error_of(parse_json_body, raw)
+    assert err.status == 400 and err.code == "invalid_json"
+
+
+@pytest.mark.parametrize(
+    "change, param",
+    [
+        ({"messages": None}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"max_tokens": "ten"}, "max_tokens"),
+        ({"temperature": 3}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"n": 2}, "n"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"model": 7}, "model"),
+        ({"seed": 1.5}, "seed"),
+    ],
+)
+def test_bad_chat_parameters_name_the_parameter(change, param):
+    body = {**CHAT, **change}
+    if change.get("messages") is None and "messages" in change:
+        del body["messages"]
+    err = error_of(parse_chat, body)
+    assert err.status == 400
+    assert err.param == param
+    assert err.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_chat_defaults_and_text_parts():
+    parsed = parse_chat({**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                              {"type": "text", "text": "b"}]}]})
+    assert parsed.messages == [{"role": "user", "content": "ab"}]
+    assert parsed.sampling.temperature == 1.0 and parsed.sampling.max_tokens is None and not parsed.stream
+
+
+def test_max_completion_tokens_wins_and_stop_string():
+    parsed = parse_chat({**CHAT, "max_tokens": 5, "max_completion_tokens": 7, "stop": "\n"})
+    assert parsed.sampling.max_tokens == 7 and parsed.sampling.stop == ("\n",)
+
+
+def test_stream_usage_option():
+    parsed = parse_chat({**CHAT, "stream": True, "stream_options": {"include_usage": True}})
+    assert parsed.stream and parsed.include_usage
+
+
+def test_completion_prompt_forms():
+    assert parse_completion({"prompt": "hi"}).prompt == "hi"
+    assert parse_completion({"prompt": ["hi"]}).prompt == "hi"
+    assert parse_completion({"prompt": [1, 2, 3]}).prompt == [1, 2, 3]
+    assert error_of(parse_completion, {}).param == "prompt"
+    assert error_of(parse_completion, {"prompt": ["a", "b"]}).param == "prompt"

@@ -1,0 +1,66 @@
+"""The command line: exit codes and messages for bad input."""
+
+from pathlib import Path
+
+from tests.helpers import fleetserve
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def test_help_lists_commands():
+    result = fleetserve("--help")
+    assert result.returncode == 0
+    for command in ("up", "down", "status", "validate", "engine", "router", "model"):
+        assert command in result.stdout
+
+
+def test_validate_examples():
+    result = fleetserve("validate", str(EXAMPLES / "quickstart.yaml"))
+    assert result.returncode == 0 and "valid fleetserve spec" in result.stdout
+    result = fleetserve("validate", str(EXAMPLES / "hyperpod.yaml"))
+    assert result.returncode == 0 and "valid hyperpod spec" in result.stdout
+    assert "warning: spec.endpointName" in result.stderr
+
+
+def test_validate_wrong_field_prints_path_and_exits_2(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text((EXAMPLES / "quickstart.yaml").read_text().replace("strategy: leastload", "strategy: fastest"))
+    result = fleetserve("validate", str(spec))
+    assert result.returncode == 2
+    assert "spec.routing.strategy" in result.stderr and "'fastest'" in result.stderr
+    assert "leastload" in result.stderr
+
+
+def test_validate_json_output(tmp_path):
+    import json
+
+    result = fleetserve("validate", str(EXAMPLES / "hyperpod.yaml"), "--json")
+    data = json.loads(result.stdout)
+    assert data["format"] == "hyperpod" and data["endpoint"]["spec"]["routing"]["strategy"] == "prefixaware"
+
+
+def test_validate_missing_file_exits_2(tmp_path):
+    result = fleetserve("validate", str(tmp_path / "none.yaml"))
+    assert result.returncode == 2 and "cannot read" in result.stderr
+
+
+def test_up_with_invalid_spec_exits_2(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {name: x}\nspec: {replicas: 1}\n")
+    result = fleetserve("up", str(spec))
+    assert result.returncode == 2 and "spec.model: required field is missing" in result.stderr
+
+
+def test_router_rejects_unknown_strategy():
+    result = fleetserve("router", "--strategy", "fastest", "--backend", "http://127.0.0.1:1")
+    assert result.returncode == 2 and "roundrobin" in result.stderr and "leastload" in result.stderr
+
+
+def test_engine_with_missing_model_exits_2(tmp_path):
+    result = fleetserve("engine", "--model", str(tmp_path / "missing"), "--port", "1")
+    assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+def test_model_prepare_unknown_builtin():
+    result = fleetserve("model", "prepare", "builtin:gpt-9")
+    assert result.returncode == 2 and "smollm2-135m" in result.stderr

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import Server
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fleetserve_home(tmp_path_factory) -> Path:
+    """Every test run gets its own FLEETSERVE_HOME (fleet state, model cache) unless the demo cache is reused."""
+    home = tmp_path_factory.mktemp("fleetserve-home")
+    os.environ["FLEETSERVE_HOME"] = str(home)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    demo = Path.home() / ".cache" / "fleetserve" / "models" / "smollm2-135m"
+    if demo.is_dir():  # reuse an imported demo model instead of importing it again (15 s)
+        (home / "models").mkdir(parents=True, exist_ok=True)
+        (home / "models" / "smollm2-135m").symlink_to(demo)
+    return home
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from fleetserve.engine.tiny import create_tiny_model
+
+    return create_tiny_model(tmp_path_factory.mktemp("models") / "tiny", context_length=512)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model, tmp_path_factory):
+    server = Server(["engine", "--model", str(tiny_model), "--served-model-name", "tiny", "--threads", "1"],
+                    tmp_path_factory.mktemp("logs") / "engine.log").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def slow_model(tmp_path_factory) -> Path:
+    """Slow enough (several ms a token) that 3,000 tokens take seconds: streams can be cut mid-way."""
+    from fleetserve.engine.tiny import create_tiny_model
+
+    return create_tiny_model(tmp_path_factory.mktemp("models") / "slow", hidden_size=256, layers=4, heads=4,
+                             kv_heads=4, context_length=4096)

@@ -1,0 +1,133 @@
+"""The built-in engine as a real process, driven by the official openai client and raw HTTP."""
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers import Server, wait_until
+from tests.metrics_text import sample
+
+
+@pytest.fixture(scope="module")
+def client(tiny_engine):
+    return openai.OpenAI(base_url=tiny_engine.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_models_lists_served_name(client):
+    (model,) = client.models.list().data
+    assert model.id == "tiny"
+
+
+def test_chat_completion_with_usage(client):
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=8)
+    assert r.object == "chat.completion" and r.model == "tiny"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 8 and r.usage.prompt_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_streaming_chat_yields_chunks_and_final_usage(client):
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=12, temperature=0,
+        stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage is not None and chunks[-1].choices == []
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finishes) == 1
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    whole = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
+                                           max_tokens=12, temperature=0)
+    assert streamed == whole.choices[0].message.content  # greedy: streaming changes nothing but delivery
+
+
+def test_completions_stream_and_echo(client):
+    r = client.completions.create(model="tiny", prompt="abc", max_tokens=4, echo=True, temperature=0)
+    assert r.choices[0].text.startswith("abc")
+    chunks = list(client.completions.create(model="tiny", prompt="abc", max_tokens=4, stream=True))
+    assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_seed_reproduces_sampling(client):
+    def run():
+        return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                              max_tokens=16, temperature=1.0, top_p=0.9, seed=123
+                                              ).choices[0].message.content
+    assert run() == run()
+
+
+def test_stop_sequence_is_not_returned(client):
+    base = client.completions.create(model="tiny", prompt="abc", max_tokens=20, temperature=0).choices[0].text
+    if len(base) < 4:
+        pytest.skip("tiny model ended too early for a stop test")
+    stop = base[2:4]
+    r = client.completions.create(model="tiny", prompt="abc", max_tokens=20, temperature=0, stop=[stop])
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == base[: base.index(stop)]
+
+
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ({"model": "tiny"}, 400, "messages"),
+        ({"model": "tiny", "messages": "hi"}, 400, "messages"),
+        ({"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": -5}, 400, "max_tokens"),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400, "temperature"),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "x" * 600}]}, 400, "messages"),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}, 400, "max_tokens"),
+    ],
+)
+def test_bad_requests_get_openai_errors(tiny_engine, body, status, param):
+    r = httpx.post(tiny_engine.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == status
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"]
+
+
+def test_malformed_json_and_unknown_path(tiny_engine):
+    r = httpx.post(tiny_engine.url + "/v1/chat/completions", content=b"{not json", timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = httpx.get(tiny_engine.url + "/v1/nothing", timeout=30)
+    assert r.status_code == 404 and "error" in r.json()
+
+
+def test_openai_client_raises_typed_errors(client):
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="context length"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "y" * 600}])
+
+
+def test_metrics_use_vllm_and_hyperpod_names(tiny_engine, client):
+    client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "m"}], max_tokens=2)
+    labels = {"model_name": "tiny", "namespace": "default", "model_version": "1", "instance_type": "local",
+              "replica": "r0"}
+    assert sample(tiny_engine.url, "model_invocations_total", **labels) >= 1
+    assert sample(tiny_engine.url, "model_ttfb_milliseconds_count", **labels) >= 1
+    assert sample(tiny_engine.url, "model_latency_milliseconds_count", **labels) >= 1
+    assert sample(tiny_engine.url, "vllm:num_requests_running", model_name="tiny") == 0
+    assert sample(tiny_engine.url, "vllm:generation_tokens_total", model_name="tiny") >= 1
+    assert sample(tiny_engine.url, "model_errors_total", status="404", **labels) >= 0
+
+
+def test_client_disconnect_cancels_generation(slow_model, tmp_path_factory):
+    server = Server(["engine", "--model", str(slow_model), "--served-model-name", "slow", "--threads", "1"],
+                    tmp_path_factory.mktemp("logs") / "slow.log").start()
+    try:
+        body = {"model": "slow", "prompt": "a", "max_tokens": 3000, "stream": True, "temperature": 0,
+                "ignore_eos": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()  # keep the iterator referenced: closing it would close the stream
+            first = next(line for line in lines if line.startswith("data: {"))
+            assert json.loads(first[6:])["object"] == "text_completion"
+            assert sample(server.url, "vllm:num_requests_running", model_name="slow") == 1
+        # the connection is closed here; the engine must stop generating long before 3,000 tokens
+        wait_until(lambda: sample(server.url, "vllm:num_requests_running", model_name="slow") == 0, 60,
+                   what="generation to stop")
+        assert sample(server.url, "model_concurrent_requests", model_name="slow") == 0
+        assert sample(server.url, "vllm:generation_tokens_total", model_name="slow") < 3000
+    finally:
+        server.stop()

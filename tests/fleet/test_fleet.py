@@ -1,0 +1,132 @@
+"""`fleetserve up/status/down` with real child processes; nothing may be left behind in any path."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import openai
+import pytest
+
+from tests.helpers import fleetserve, processes_with_env, wait_until
+
+SPEC = """
+apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {{name: {name}}}
+spec:
+  model: {{name: tiny, source: "{source}"}}
+  engine: {{kind: builtin, threads: 1, startupTimeoutSeconds: 120{extra_engine}}}
+  replicas: {replicas}
+  routing: {{strategy: roundrobin}}
+"""
+
+
+@pytest.fixture()
+def home(tmp_path):
+    """A FLEETSERVE_HOME of this test's own: leftovers are found by it in /proc/*/environ."""
+    path = tmp_path / "home"
+    path.mkdir()
+    yield {"FLEETSERVE_HOME": str(path)}
+    for pid in processes_with_env("FLEETSERVE_HOME", str(path)):  # never leak into other tests
+        os.kill(pid, signal.SIGKILL)
+
+
+def write_spec(tmp_path, source, name="t", replicas=2, extra_engine=""):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(SPEC.format(name=name, source=source, replicas=replicas, extra_engine=extra_engine))
+    return str(path)
+
+
+def status(home, name=None):
+    result = fleetserve("status", *([name] if name else []), "--json", env=home, check=True)
+    return json.loads(result.stdout)
+
+
+def leftovers(home):
+    return processes_with_env("FLEETSERVE_HOME", home["FLEETSERVE_HOME"])
+
+
+def test_up_detach_serves_restarts_crashed_replica_and_down_cleans_up(tmp_path, tiny_model, home):
+    spec = write_spec(tmp_path, tiny_model)
+    up = fleetserve("up", spec, "--detach", env=home)
+    assert up.returncode == 0, up.stderr
+    assert "endpoint: http://127.0.0.1:" in up.stdout and "model: tiny" in up.stdout
+    (state,) = status(home)
+    assert state["status"] == "ready" and [r["state"] for r in state["replicas"]] == ["ready", "ready"]
+    client = openai.OpenAI(base_url=state["url"], api_key="x", max_retries=0)
+    reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=5)
+    assert reply.usage.completion_tokens <= 5
+
+    victim = state["replicas"][0]
+    os.kill(victim["pid"], signal.SIGKILL)
+    for _ in range(5):  # the router keeps answering while the replica is down
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+
+    def restarted():
+        r = status(home)[0]["replicas"][0]
+        return r["restarts"] >= 1 and r["state"] == "ready"
+
+    wait_until(restarted, 120, interval=0.5, what="crashed replica restarted")
+    assert status(home)[0]["replicas"][0]["last_exit"] == -signal.SIGKILL
+
+    again = fleetserve("up", spec, "--detach", env=home)
+    assert again.returncode == 1 and "already running" in again.stderr
+
+    down = fleetserve("down", env=home)
+    assert down.returncode == 0, down.stderr
+    assert leftovers(home) == []
+    assert status(home)[0]["status"] == "stopped"
+
+
+def test_failed_start_reports_the_cause_and_leaves_nothing(tmp_path, home):
+    spec = write_spec(tmp_path, tmp_path / "no-such-model", name="broken")
+    up = fleetserve("up", spec, "--detach", env=home)
+    assert up.returncode == 1
+    assert "no-such-model" in up.stderr and "does not exist" in up.stderr
+    assert leftovers(home) == []
+    assert status(home)[0]["status"] == "failed"
+
+
+def test_replica_crashing_at_start_fails_the_fleet_with_its_log(tmp_path, tiny_model, home):
+    spec = write_spec(tmp_path, tiny_model, name="crash", extra_engine=", args: [--no-such-flag]")
+    up = fleetserve("up", spec, "--detach", env=home)
+    assert up.returncode == 1
+    assert "exited with code" in up.stderr and "no-such-flag" in up.stderr
+    assert leftovers(home) == []
+
+
+def test_foreground_up_stops_everything_on_sigterm(tmp_path, tiny_model, home):
+    spec = write_spec(tmp_path, tiny_model, name="fg", replicas=1)
+    proc = subprocess.Popen([sys.executable, "-m", "fleetserve", "up", spec], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **home})
+    try:
+        for line in proc.stdout:
+            if line.startswith("endpoint:"):
+                break
+        assert status(home, "fg")[0]["status"] == "ready"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert leftovers(home) == []
+    finally:
+        proc.kill()
+
+
+def test_killed_supervisor_takes_its_children_along(tmp_path, tiny_model, home):
+    spec = write_spec(tmp_path, tiny_model, name="orphan", replicas=1)
+    assert fleetserve("up", spec, "--detach", env=home).returncode == 0
+    (state,) = status(home)
+    os.kill(state["supervisor_pid"], signal.SIGKILL)
+    wait_until(lambda: leftovers(home) == [], 30, what="children to die with their supervisor")
+    assert status(home)[0]["status"] == "dead"
+
+
+def test_down_without_fleet_and_status_unknown_name(home):
+    down = fleetserve("down", env=home)
+    assert down.returncode == 1 and "no fleet is running" in down.stderr
+    missing = fleetserve("status", "nope", env=home)
+    assert missing.returncode == 1
+
+

@@ -1,0 +1,92 @@
+"""Test helpers: real child processes on free loopback ports, waited for by polling (never by sleeping)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from fleetserve.fleet.process import free_port
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 60.0, interval: float = 0.1, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+def http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def fleetserve(*args: str, env: dict | None = None, timeout: float = 300, check: bool = False
+               ) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fleetserve", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout, check=check)
+
+
+class Server:
+    """A fleetserve server (engine or router) as a real child process."""
+
+    def __init__(self, args: list[str], log_path: Path, port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = [*args, "--port", str(self.port)]
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, ready_path: str = "/health", timeout: float = 120.0) -> Server:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "fleetserve", *self.args], stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        if ready_path:
+            wait_until(lambda: self.proc.poll() is not None or http_ok(self.url + ready_path), timeout,
+                       what=f"{self.args[0]} on {self.url}")
+            assert self.proc.poll() is None, f"server exited: {self.log()}"
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def processes_with_env(key: str, value: str) -> list[int]:
+    """PIDs of live processes whose environment has key=value (how tests find leftovers of one fleet)."""
+    needle = f"{key}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                stat = (entry / "stat").read_text()
+                if stat.split(") ", 1)[1][0] != "Z":
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

@@ -1,0 +1,158 @@
+"""The router in front of real engine processes: distribution, streaming, failures, disconnects."""
+
+import json
+import signal
+from collections import Counter
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers import Server, http_ok, wait_until
+from tests.metrics_text import sample
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def engine(model, logs, name="tiny", port=None):
+    return Server(["engine", "--model", str(model), "--served-model-name", name, "--threads", "1"],
+                  logs / f"engine-{name}-{port or 'x'}.log", port=port)
+
+
+def router(backends, logs, strategy="roundrobin"):
+    args = ["router", "--strategy", strategy, "--health-interval", "0.2"]
+    for b in backends:
+        args += ["--backend", b.url]
+    return Server(args, logs / f"router-{strategy}.log")
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory):
+    return tmp_path_factory.mktemp("router-logs")
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model, logs):
+    engines = [engine(tiny_model, logs, port=None).start() for _ in range(2)]
+    gw = router(engines, logs).start()
+    yield gw, engines
+    gw.stop()
+    for e in engines:
+        e.stop()
+
+
+def replica_of(response: httpx.Response) -> str:
+    return response.headers["x-fleetserve-replica"]
+
+
+def test_roundrobin_spreads_and_openai_client_works(pair):
+    gw, engines = pair
+    picks = Counter(replica_of(httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=30))
+                    for _ in range(6))
+    assert set(picks) == {e.url.split("://")[1] for e in engines} and set(picks.values()) == {3}
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+    assert client.models.list().data[0].id == "tiny"
+    chunks = list(client.chat.completions.create(model="tiny", messages=CHAT["messages"], max_tokens=6,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert len(chunks) >= 3 and chunks[-1].usage.completion_tokens <= 6
+
+
+def test_request_id_propagates(pair):
+    gw, _ = pair
+    r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers={"x-request-id": "abc-123"}, timeout=30)
+    assert r.status_code == 200 and r.headers["x-request-id"] == "abc-123"
+    assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=30).headers["x-request-id"]
+
+
+def test_errors_pass_through_in_openai_shape(pair):
+    gw, _ = pair
+    r = httpx.post(gw.url + "/v1/chat/completions", content=b"{oops", timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "model": "other"}, timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "tiny"}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+
+
+def test_router_metrics(pair):
+    gw, _ = pair
+    httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=30)
+    assert sample(gw.url, "fleetserve_router_requests_total", path="/v1/chat/completions", code="200") >= 1
+    assert sample(gw.url, "fleetserve_router_routing_decisions_total", policy="roundrobin") >= 1
+    assert sample(gw.url, "fleetserve_router_backend_healthy") == 2
+
+
+def test_dead_backend_is_ejected_retried_and_readmitted(tiny_model, logs):
+    engines = [engine(tiny_model, logs, name="tiny").start() for _ in range(2)]
+    gw = router(engines, logs, strategy="roundrobin").start()
+    try:
+        victim = engines[0]
+        victim.kill(signal.SIGKILL)
+        # every request is answered: before the router notices, a refused connection moves it to the other one
+        for _ in range(6):
+            r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=30)
+            assert r.status_code == 200 and replica_of(r) == engines[1].url.split("://")[1]
+        health = httpx.get(gw.url + "/health", timeout=5).json()
+        assert [b["healthy"] for b in health["backends"]] == [False, True]
+        # the replica comes back on the same port and gets traffic again
+        engines.append(engine(tiny_model, logs, name="tiny", port=victim.port).start())
+        wait_until(lambda: all(b["healthy"] for b in httpx.get(gw.url + "/health", timeout=5).json()["backends"]),
+                   30, what="backend readmitted")
+        picks = {replica_of(httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=30)) for _ in range(4)}
+        assert victim.url.split("://")[1] in picks
+    finally:
+        gw.stop()
+        for e in engines:
+            e.stop()
+
+
+def test_no_healthy_backend_is_503_with_retry_after(tiny_model, logs):
+    e = engine(tiny_model, logs).start()
+    gw = router([e], logs, strategy="leastload").start()
+    try:
+        e.kill()
+        wait_until(lambda: not http_ok(gw.url + "/health"), 30, what="router to see no healthy backend")
+        r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        assert r.status_code == 503 and r.headers["retry-after"]
+        assert r.json()["error"]["code"] == "no_replica"
+    finally:
+        gw.stop()
+
+
+@pytest.fixture()
+def slow_pair(slow_model, logs):
+    e = engine(slow_model, logs, name="slow").start()
+    gw = router([e], logs, strategy="leastload").start()
+    yield gw, e
+    gw.stop()
+    e.stop()
+
+
+SLOW = {"model": "slow", "prompt": "a", "max_tokens": 3000, "stream": True, "temperature": 0, "ignore_eos": True}
+
+
+def test_stream_is_relayed_chunk_by_chunk_and_disconnect_cancels_upstream(slow_pair):
+    gw, e = slow_pair
+    with httpx.stream("POST", gw.url + "/v1/completions", json=SLOW, timeout=60) as r:
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: {"))
+        assert json.loads(first[6:])["object"] == "text_completion"
+        # the first chunk arrived while the engine is still generating: nothing was buffered
+        assert sample(e.url, "vllm:num_requests_running", model_name="slow") == 1
+    wait_until(lambda: sample(e.url, "vllm:num_requests_running", model_name="slow") == 0, 60,
+               what="upstream generation to stop after the client left")
+    assert sample(e.url, "vllm:generation_tokens_total", model_name="slow") < 3000
+    wait_until(lambda: httpx.get(gw.url + "/health", timeout=5).json()["backends"][0]["in_flight"] == 0, 30,
+               what="router to release the slot")
+
+
+def test_backend_dying_mid_stream_gives_a_clean_error(slow_pair):
+    gw, e = slow_pair
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+    stream = client.completions.create(**{k: v for k, v in SLOW.items() if k != "ignore_eos"},
+                                       extra_body={"ignore_eos": True})
+    assert next(iter(stream)).choices
+    e.kill(signal.SIGKILL)
+    with pytest.raises(openai.APIError, match="failed mid-stream"):
+        for _ in stream:
+            pass

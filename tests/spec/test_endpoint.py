@@ -1,0 +1,91 @@
+import pytest
+
+from fleetserve.spec import SpecError, load_spec_text
+
+GOOD = """
+apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {name: chat, namespace: team-a}
+spec:
+  model: {source: builtin:smollm2-135m, name: smollm2, version: "3"}
+  replicas: 2
+  routing: {strategy: roundrobin}
+"""
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        load_spec_text(text)
+    return [str(p) for p in info.value.problems]
+
+
+def test_valid_spec_with_defaults():
+    loaded = load_spec_text(GOOD)
+    e = loaded.endpoint
+    assert loaded.source_format == "fleetserve"
+    assert e.served_model_name == "smollm2"
+    assert e.spec.replicas == 2 and e.spec.engine.kind == "builtin"
+    assert e.spec.metrics.enabled is True  # observability on by default
+    assert e.spec.kv_cache.block_size == 256
+    assert loaded.warnings == []
+
+
+def test_unknown_field_names_path_and_allowed_fields():
+    (msg,) = problems(GOOD.replace("replicas: 2", "replicas: 2\n  replica: 3"))
+    assert msg.startswith("spec.replica: unknown field")
+    assert "replicas" in msg and "routing" in msg
+
+
+def test_bad_enum_names_allowed_values():
+    (msg,) = problems(GOOD.replace("roundrobin", "fastest"))
+    assert msg.startswith("spec.routing.strategy:")
+    assert "'fastest'" in msg
+    for name in ("prefixaware", "kvaware", "session", "roundrobin", "leastload"):
+        assert name in msg
+
+
+def test_nested_and_multiple_errors_are_all_reported():
+    text = GOOD.replace("replicas: 2", "replicas: -1\n  kvCache: {l1: {maxBytes: many}}")
+    msgs = problems(text)
+    assert any(m.startswith("spec.replicas:") and "-1" in m for m in msgs)
+    assert any(m.startswith("spec.kvCache.l1.maxBytes:") for m in msgs)
+
+
+def test_wrong_api_version_and_kind():
+    (msg,) = problems(GOOD.replace("fleetserve.io/v1", "v2"))
+    assert msg.startswith("apiVersion:") and "fleetserve.io/v1" in msg and "inference.sagemaker" in msg
+    (msg,) = problems(GOOD.replace("kind: Endpoint", "kind: Deployment"))
+    assert msg.startswith("kind:") and "'Endpoint'" in msg
+
+
+def test_missing_model_source():
+    (msg,) = problems(GOOD.replace("source: builtin:smollm2-135m, ", ""))
+    assert msg == "spec.model.source: required field is missing"
+
+
+def test_unsupported_source_scheme():
+    (msg,) = problems(GOOD.replace("builtin:smollm2-135m", "gs://bucket/model"))
+    assert msg.startswith("spec.model.source:") and "s3://" in msg
+
+
+def test_cross_field_rules():
+    msgs = problems(GOOD.replace("replicas: 2", "replicas: 2\n  autoscaling: {minReplicaCount: 3, maxReplicaCount: 2}"))
+    assert any("maxReplicaCount (2) is below minReplicaCount (3)" in m for m in msgs)
+    msgs = problems(GOOD.replace("replicas: 2", "replicas: 2\n  engine: {kind: external}"))
+    assert any("engine.urls" in m for m in msgs)
+
+
+def test_metadata_name_must_be_dns_label():
+    (msg,) = problems(GOOD.replace("name: chat", "name: Chat_1"))
+    assert msg.startswith("metadata.name:") and "DNS label" in msg
+
+
+def test_not_yaml_and_not_mapping():
+    assert "not valid YAML" in problems("a: [")[0]
+    assert "mapping" in problems("- 1\n- 2")[0]
+
+
+def test_settings_without_effect_are_warned():
+    text = GOOD.replace("roundrobin", "prefixaware") + "  tls: {enabled: true}\n  kvCache: {l2: {enabled: true}}\n"
+    warnings = {w.path for w in load_spec_text(text).warnings}
+    assert {"spec.routing.strategy", "spec.tls", "spec.kvCache.l2"} <= warnings
