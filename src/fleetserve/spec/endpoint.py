@@ -151,6 +151,7 @@ class AutoscalingSection(SpecModel):
     scale_down_stabilization_time: float = Field(default=300, ge=0)
     triggers: list[ScalingTrigger] = Field(default_factory=list)
     schedules: list[ScheduleFloor] = Field(default_factory=list)
+    schedule_lead_time: float = Field(default=0, ge=0, description="raise floors this early (>= cold start)")
     fallback: ScalingFallback | None = None
 
     @model_validator(mode="after")
@@ -159,6 +160,14 @@ class AutoscalingSection(SpecModel):
             raise ValueError(
                 f"maxReplicaCount ({self.max_replica_count}) is below minReplicaCount ({self.min_replica_count})"
             )
+        if self.max_replica_count == 0:
+            raise ValueError("maxReplicaCount must be at least 1")
+        from fleetserve.autoscale.schedule import Schedule, ScheduleError
+
+        try:
+            Schedule.from_spec(self.schedules)
+        except ScheduleError as exc:
+            raise ValueError(str(exc).removeprefix("spec.autoscaling.")) from None
         return self
 
 

@@ -1,0 +1,245 @@
+"""The scaling policy, pure: `decide(policy, state, metrics, now) -> ScaleDecision`.
+
+KEDA semantics in one function, so that the live controller, the simulator and the Kubernetes rendering
+share it:
+- activation (0<->1): a trigger is active when its value is strictly greater than its activationTarget, or
+  when requests are buffered at the router; scale to 0 only after `cooldownPeriod` without activity (its
+  countdown starts no earlier than `initialCooldownPeriod` after creation) and only when no floor holds;
+- scaling (1<->N), HPA maths: AverageValue `ceil(total / target)`, Value `ceil(current * value / target)`,
+  no change within a tolerance of 0.1, the highest desired count over triggers, stabilization windows
+  (scale-up: lowest recommendation in the window; scale-down: highest) and rate policies (up: +100% or
+  +4 pods per 15 s, whichever is larger; down: -100% per 15 s);
+- `fallback`: after more than `failureThreshold` consecutive failed reads, hold `fallback.replicas`;
+  a failed read below the threshold never scales down. No data at zero traffic is zero load, not a failure;
+- time-of-day floors from `Schedule`, never below `minReplicaCount`.
+The state is a frozen value that round-trips through JSON; decisions carry a reason string.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+
+from fleetserve.autoscale.schedule import Schedule
+
+TOLERANCE = 0.1
+#: metric name -> HPA metric type: fleet totals are AverageValue, latencies are Value.
+METRIC_KIND = {"concurrency": "average", "queue_depth": "average", "request_rate": "average",
+               "ttft_p95": "value", "prometheus": "average"}
+
+
+@dataclass(frozen=True)
+class RatePolicy:
+    kind: str  # "percent" or "pods"
+    value: float
+    period: float = 15.0
+
+
+@dataclass(frozen=True)
+class Trigger:
+    metric: str
+    target: float
+    activation_target: float = 0.0
+
+    @property
+    def kind(self) -> str:
+        return METRIC_KIND[self.metric]
+
+
+@dataclass(frozen=True)
+class ScalingPolicy:
+    min_replicas: int = 1
+    max_replicas: int = 5
+    polling_interval: float = 30.0
+    cooldown: float = 300.0
+    initial_cooldown: float = 300.0
+    up_window: float = 0.0
+    down_window: float = 300.0
+    triggers: tuple[Trigger, ...] = ()
+    schedule: Schedule = field(default_factory=lambda: Schedule([]))
+    schedule_lead: float = 0.0  # floors rise this early, so replicas are ready when the window opens
+    fallback_threshold: int | None = None
+    fallback_replicas: int = 0
+    tolerance: float = TOLERANCE
+    up_policies: tuple[RatePolicy, ...] = (RatePolicy("percent", 100), RatePolicy("pods", 4))
+    down_policies: tuple[RatePolicy, ...] = (RatePolicy("percent", 100),)
+
+    @classmethod
+    def from_spec(cls, section) -> ScalingPolicy:
+        """From the spec's `autoscaling` section (fleetserve.spec.endpoint.AutoscalingSection)."""
+        return cls(
+            min_replicas=section.min_replica_count,
+            max_replicas=section.max_replica_count,
+            polling_interval=section.polling_interval,
+            cooldown=section.cooldown_period,
+            initial_cooldown=section.initial_cooldown_period,
+            up_window=section.scale_up_stabilization_time,
+            down_window=section.scale_down_stabilization_time,
+            triggers=tuple(Trigger(t.metric, t.target, t.activation_target) for t in section.triggers)
+            or (Trigger("concurrency", 4.0, 0.0),),
+            schedule=Schedule.from_spec(section.schedules),
+            schedule_lead=section.schedule_lead_time,
+            fallback_threshold=section.fallback.failure_threshold if section.fallback else None,
+            fallback_replicas=section.fallback.replicas if section.fallback else 0,
+        )
+
+    def floor(self, now: float) -> int:
+        scheduled = 0
+        if self.schedule.windows:
+            scheduled = max(self.schedule.floor(datetime.fromtimestamp(now, UTC)),
+                            self.schedule.floor(datetime.fromtimestamp(now + self.schedule_lead, UTC)))
+        return min(self.max_replicas, max(self.min_replicas, scheduled))
+
+
+@dataclass(frozen=True)
+class ScalingMetrics:
+    """One poll: a value per trigger (None when the read failed) and the requests buffered at zero."""
+
+    values: tuple[float | None, ...]
+    pending: int = 0
+
+
+@dataclass(frozen=True)
+class ScalingState:
+    current: int  # the replica count last decided (the scale target)
+    created: float
+    last_active: float | None = None
+    failures: int = 0
+    recommendations: tuple[tuple[float, int], ...] = ()
+    events: tuple[tuple[float, int], ...] = ()  # (time, change in replicas)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> ScalingState:
+        return cls(
+            current=int(data["current"]),
+            created=float(data["created"]),
+            last_active=data.get("last_active"),
+            failures=int(data.get("failures", 0)),
+            recommendations=tuple((float(t), int(r)) for t, r in data.get("recommendations", ())),
+            events=tuple((float(t), int(d)) for t, d in data.get("events", ())),
+        )
+
+    @classmethod
+    def initial(cls, policy: ScalingPolicy, replicas: int, now: float) -> ScalingState:
+        return cls(current=min(policy.max_replicas, max(policy.floor(now), replicas)), created=now)
+
+
+@dataclass(frozen=True)
+class ScaleDecision:
+    desired: int
+    reason: str
+    active: bool
+    floor: int
+    state: ScalingState
+
+
+def _recommend(policy: ScalingPolicy, current: int, values: tuple[float | None, ...]) -> tuple[int, str]:
+    """HPA: the highest per-trigger desired count, within tolerance no change. Failed reads are skipped."""
+    best, why = None, "no readable trigger"
+    base = max(current, 1)
+    for trig, value in zip(policy.triggers, values, strict=True):
+        if value is None:
+            continue
+        if trig.kind == "average":
+            ratio = value / (trig.target * base)
+            want = base if abs(ratio - 1.0) <= policy.tolerance else math.ceil(value / trig.target)
+        else:
+            ratio = value / trig.target
+            want = base if abs(ratio - 1.0) <= policy.tolerance else math.ceil(base * ratio)
+        if best is None or want > best:
+            best, why = want, f"{trig.metric}={value:g} (target {trig.target:g}/replica)" if trig.kind == "average" \
+                else f"{trig.metric}={value:g} (target {trig.target:g})"
+    return (base if best is None else best), why
+
+
+def _stabilize(policy: ScalingPolicy, state: ScalingState, raw: int, now: float) -> tuple[int, tuple]:
+    keep = max(policy.up_window, policy.down_window)
+    recs = tuple((t, r) for t, r in state.recommendations if now - t < keep) + ((now, raw),)
+    up = min([r for t, r in recs if now - t <= policy.up_window] or [raw])
+    down = max([r for t, r in recs if now - t <= policy.down_window] or [raw])
+    result = state.current
+    if result < up:
+        result = up
+    if result > down:
+        result = down
+    return result, recs
+
+
+def _rate_limit(policy: ScalingPolicy, state: ScalingState, desired: int, now: float) -> int:
+    current = state.current
+    if desired == current:
+        return desired
+    policies = policy.up_policies if desired > current else policy.down_policies
+    limits = []
+    for p in policies:
+        added = sum(d for t, d in state.events if now - t < p.period and d > 0)
+        removed = -sum(d for t, d in state.events if now - t < p.period and d < 0)
+        start = current - added + removed
+        if desired > current:
+            limits.append(math.ceil(start * (1 + p.value / 100)) if p.kind == "percent" else start + int(p.value))
+        else:
+            limits.append(math.floor(start * (1 - p.value / 100)) if p.kind == "percent" else start - int(p.value))
+    if not limits:
+        return desired
+    return min(desired, max(limits)) if desired > current else max(desired, min(limits))
+
+
+def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, now: float) -> ScaleDecision:
+    floor = policy.floor(now)
+    failed = any(v is None for v in metrics.values)
+    failures = state.failures + 1 if failed else 0
+    fired = [t for t, v in zip(policy.triggers, metrics.values, strict=True)
+             if v is not None and v > t.activation_target]
+    active = metrics.pending > 0 or bool(fired)
+    last_active = now if active else state.last_active
+    state = replace(state, failures=failures, last_active=last_active)
+    current = state.current
+
+    def done(desired: int, reason: str, recs: tuple | None = None) -> ScaleDecision:
+        desired = max(0, min(policy.max_replicas, desired))
+        events = tuple((t, d) for t, d in state.events if now - t < 600)
+        if desired != current:
+            events += ((now, desired - current),)
+        new = replace(state, current=desired, events=events,
+                      recommendations=state.recommendations if recs is None else recs)
+        return ScaleDecision(desired, reason, active, floor, new)
+
+    if policy.fallback_threshold is not None and failures > policy.fallback_threshold:
+        target = max(floor, policy.fallback_replicas)
+        return done(target, f"fallback: {failures} failed metric reads in a row (> {policy.fallback_threshold}); "
+                            f"holding {target} replica(s)")
+
+    if current == 0:
+        if not active:
+            return done(floor, f"idle at {'floor' if floor else 'zero'}")
+        raw, why = _recommend(policy, 1, metrics.values)
+        cause = f"{metrics.pending} request(s) waiting" if metrics.pending else why
+        return done(max(1, floor, raw), f"activated from zero: {cause}")
+
+    raw, why = _recommend(policy, current, metrics.values)
+    if failed:
+        raw = max(raw, current)  # HPA: a metric error never drives a scale-down
+        why += "; a trigger failed, no scale-down"
+    if not active and floor == 0:
+        countdown_from = max(last_active if last_active is not None else state.created,
+                             state.created + policy.initial_cooldown)
+        idle = now - countdown_from
+        if idle >= policy.cooldown:
+            return done(0, f"no activity for {idle:.0f}s >= cooldownPeriod {policy.cooldown:.0f}s")
+    raw = max(raw, floor, 1)
+    stabilized, recs = _stabilize(policy, state, raw, now)
+    limited = _rate_limit(policy, state, stabilized, now)
+    desired = max(floor, 1, min(limited, policy.max_replicas))
+    if desired == current:
+        reason = f"steady at {current}: {why}"
+        if raw != current:
+            reason += f" (wants {raw}, held by stabilization window)"
+    else:
+        reason = f"{'scale up' if desired > current else 'scale down'} {current} -> {desired}: {why}"
+        if floor > 1 and desired == floor:
+            reason += f" (floor {floor})"
+    return done(desired, reason, recs)

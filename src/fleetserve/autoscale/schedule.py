@@ -1,0 +1,167 @@
+"""Time-of-day floors: KEDA-cron-style windows (5-field cron start/end, IANA time zone, floor replicas).
+
+A window is active when its most recent `start` fired more recently than its most recent `end`. Local wall
+times are turned into instants through zoneinfo, so DST changes move the window with the clock on the wall
+(09:00 stays 09:00 local), and comparisons happen in UTC instants. Pure functions of `now`: no clock read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 7))
+_NAMES = {
+    3: {m: i + 1 for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split())},
+    4: {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())},
+}
+_LOOKBACK_DAYS = 400
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot be used; the message names the field."""
+
+
+def _parse_field(text: str, index: int) -> frozenset[int]:
+    name, lo, hi = _FIELDS[index]
+    values: set[int] = set()
+    for part in text.lower().split(","):
+        step = 1
+        if "/" in part:
+            part, step_text = part.split("/", 1)
+            if not step_text.isdigit() or int(step_text) == 0:
+                raise ScheduleError(f"{name}: bad step {step_text!r}")
+            step = int(step_text)
+        if part in ("*", ""):
+            start, end = lo, hi
+        elif "-" in part:
+            a, b = part.split("-", 1)
+            start, end = _value(a, index), _value(b, index)
+        else:
+            start = _value(part, index)
+            end = hi if step > 1 else start
+        if not (lo <= start <= hi and lo <= end <= hi) or start > end:
+            raise ScheduleError(f"{name}: {part!r} is outside {lo}-{hi}")
+        values.update(range(start, end + 1, step))
+    if index == 4 and 7 in values:  # both 0 and 7 mean Sunday
+        values.discard(7)
+        values.add(0)
+    return frozenset(values)
+
+
+def _value(text: str, index: int) -> int:
+    if text.isdigit():
+        return int(text)
+    try:
+        return _NAMES[index][text[:3]]
+    except KeyError:
+        raise ScheduleError(f"{_FIELDS[index][0]}: {text!r} is not a number or name") from None
+
+
+@dataclass(frozen=True)
+class Cron:
+    """A parsed 5-field cron expression (minute hour day-of-month month day-of-week)."""
+
+    text: str
+    minutes: frozenset[int]
+    hours: frozenset[int]
+    days: frozenset[int]
+    months: frozenset[int]
+    weekdays: frozenset[int]  # 0 = Sunday
+    dom_any: bool
+    dow_any: bool
+
+    @classmethod
+    def parse(cls, text: str) -> Cron:
+        parts = text.split()
+        if len(parts) != 5:
+            raise ScheduleError(f"cron {text!r} needs 5 fields (minute hour day-of-month month day-of-week)")
+        fields = [_parse_field(p, i) for i, p in enumerate(parts)]
+        return cls(text, *fields, dom_any=parts[2] == "*", dow_any=parts[4] == "*")
+
+    def _day_matches(self, d: date) -> bool:
+        if d.month not in self.months:
+            return False
+        dom = d.day in self.days
+        dow = (d.isoweekday() % 7) in self.weekdays
+        if self.dom_any or self.dow_any:  # cron: when both are restricted, either matching is enough
+            return dom and dow
+        return dom or dow
+
+    def previous(self, now: datetime, tz: ZoneInfo) -> datetime | None:
+        """The latest firing instant at or before `now` (aware), or None within the look-back."""
+        local = now.astimezone(tz)
+        for back in range(_LOOKBACK_DAYS):
+            day = local.date() - timedelta(days=back)
+            if not self._day_matches(day):
+                continue
+            for hour in sorted(self.hours, reverse=True):
+                for minute in sorted(self.minutes, reverse=True):
+                    instant = datetime(day.year, day.month, day.day, hour, minute, tzinfo=tz)
+                    # a wall time skipped by a DST jump fires at the shifted instant, like cron daemons do
+                    if instant.astimezone(UTC) <= now.astimezone(UTC):
+                        return instant
+        return None
+
+
+@dataclass(frozen=True)
+class Window:
+    name: str
+    start: Cron
+    end: Cron
+    tz: ZoneInfo
+    floor: int
+
+    def active(self, now: datetime) -> bool:
+        started = self.start.previous(now, self.tz)
+        if started is None:
+            return False
+        ended = self.end.previous(now, self.tz)
+        return ended is None or started.astimezone(UTC) > ended.astimezone(UTC)
+
+
+class Schedule:
+    """All floors of an endpoint; `floor(now)` is the highest active one (0 when none is active)."""
+
+    def __init__(self, windows: list[Window]):
+        self.windows = windows
+
+    @classmethod
+    def from_spec(cls, floors) -> Schedule:
+        windows = []
+        for i, f in enumerate(floors):
+            where = f"spec.autoscaling.schedules[{i}]"
+            try:
+                tz = ZoneInfo(f.timezone)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise ScheduleError(f"{where}.timezone: {f.timezone!r} is not an IANA time zone "
+                                    "(e.g. Asia/Seoul, Europe/Berlin, UTC)") from None
+            try:
+                start, end = Cron.parse(f.start), Cron.parse(f.end)
+            except ScheduleError as exc:
+                raise ScheduleError(f"{where}: {exc}") from None
+            if f.start.split() == f.end.split():
+                raise ScheduleError(f"{where}: start and end must differ")
+            windows.append(Window(f.name, start, end, tz, f.min_replicas))
+        schedule = cls(windows)
+        schedule.check_overlaps()
+        return schedule
+
+    def floor(self, now: datetime) -> int:
+        return max((w.floor for w in self.windows if w.active(now)), default=0)
+
+    def active_names(self, now: datetime) -> list[str]:
+        return [w.name for w in self.windows if w.active(now)]
+
+    def check_overlaps(self, start: datetime | None = None, days: int = 8, step_minutes: int = 5) -> None:
+        """Reject windows that are active at the same time (checked over `days` at `step_minutes`)."""
+        if len(self.windows) < 2:
+            return
+        t = (start or datetime(2026, 1, 5, tzinfo=UTC)).astimezone(UTC)
+        for _ in range(days * 24 * 60 // step_minutes):
+            names = self.active_names(t)
+            if len(names) > 1:
+                raise ScheduleError(f"spec.autoscaling.schedules: windows {names[0]!r} and {names[1]!r} overlap "
+                                    f"(both active at {t.isoformat()}); give each hour one floor")
+            t += timedelta(minutes=step_minutes)

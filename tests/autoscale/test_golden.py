@@ -1,0 +1,200 @@
+"""Golden scenarios of the scaling policy, in virtual time (no clock is read, nothing sleeps)."""
+
+import json
+import math
+import random
+from datetime import UTC, datetime
+
+from fleetserve.autoscale.policy import (
+    ScalingMetrics,
+    ScalingPolicy,
+    ScalingState,
+    Trigger,
+    decide,
+)
+from fleetserve.autoscale.schedule import Schedule
+from fleetserve.spec.endpoint import ScheduleFloor
+
+
+class VirtualFleet:
+    """Replicas that become ready `cold_start` seconds after the policy asks for them."""
+
+    def __init__(self, policy: ScalingPolicy, now: float, replicas: int, cold_start: float = 60.0):
+        self.policy = policy
+        self.state = ScalingState.initial(policy, replicas, now)
+        self.cold_start = cold_start
+        self.ready_at: list[float] = [now] * self.state.current
+        self.history: list[tuple[float, int, str]] = []
+
+    def poll(self, now: float, *values, pending: int = 0):
+        decision = decide(self.policy, self.state, ScalingMetrics(tuple(values), pending), now)
+        self.state = decision.state
+        while len(self.ready_at) < decision.desired:
+            self.ready_at.append(now + self.cold_start)
+        del self.ready_at[decision.desired:]
+        self.history.append((now, decision.desired, decision.reason))
+        return decision
+
+    def ready(self, now: float) -> int:
+        return sum(1 for t in self.ready_at if t <= now)
+
+
+CONCURRENCY = (Trigger("concurrency", target=4.0, activation_target=0.0),)
+
+
+def changes(history) -> int:
+    return sum(1 for a, b in zip(history, history[1:], strict=False) if a[1] != b[1])
+
+
+def test_no_two_one_oscillation_under_steady_load_near_threshold():
+    policy = ScalingPolicy(min_replicas=1, max_replicas=5, polling_interval=15, triggers=CONCURRENCY)
+    fleet = VirtualFleet(policy, 0.0, replicas=1)
+    rng = random.Random(7)
+    for step in range(240):  # one hour, a poll every 15 s; load hovers around 1 replica's worth (4)
+        fleet.poll(step * 15.0, rng.uniform(3.6, 4.8))
+    assert changes(fleet.history) <= 2, [h[1] for h in fleet.history]
+    # without the scale-down window the same series flips 1 <-> 2 many times
+    eager = VirtualFleet(ScalingPolicy(min_replicas=1, max_replicas=5, triggers=CONCURRENCY, down_window=0),
+                         0.0, replicas=1)
+    rng = random.Random(7)
+    for step in range(240):
+        eager.poll(step * 15.0, rng.uniform(3.6, 4.8))
+    assert changes(eager.history) > 10
+
+
+def test_burst_during_cold_start_does_not_overshoot():
+    policy = ScalingPolicy(min_replicas=1, max_replicas=20, polling_interval=15, triggers=CONCURRENCY)
+    fleet = VirtualFleet(policy, 0.0, replicas=1, cold_start=120.0)
+    peak = 40  # 40 concurrent requests -> 10 replicas of target 4
+    for step in range(40):
+        now = step * 15.0
+        # while replicas are cold, load stays at the burst level; the total does not shrink
+        fleet.poll(now, float(peak))
+    desired = [h[1] for h in fleet.history]
+    assert max(desired) == math.ceil(peak / 4)
+    assert desired == sorted(desired)  # monotone: never up-down-up while replicas start
+    # rate policy: at most max(+100%, +4) per 15 s
+    assert desired[0] == 5 and desired[1] == 10
+
+
+def test_burst_at_zero_activates_on_buffered_requests_at_once():
+    policy = ScalingPolicy(min_replicas=0, max_replicas=4, triggers=CONCURRENCY, cooldown=300)
+    fleet = VirtualFleet(policy, 0.0, replicas=0)
+    assert fleet.poll(0.0, 0.0).desired == 0
+    d = fleet.poll(30.0, 0.0, pending=3)  # requests wait in the router: that alone activates
+    assert d.desired == 1 and d.active and "3 request(s) waiting" in d.reason
+
+
+def test_activation_is_strictly_greater_than():
+    policy = ScalingPolicy(min_replicas=0, max_replicas=4, triggers=(Trigger("concurrency", 4.0, 1.0),))
+    fleet = VirtualFleet(policy, 0.0, replicas=0)
+    assert fleet.poll(0.0, 1.0).desired == 0  # equal to activationTarget: stays asleep
+    assert fleet.poll(30.0, 1.5).desired == 1
+
+
+def test_traffic_falling_to_zero_waits_for_cooldown():
+    policy = ScalingPolicy(min_replicas=0, max_replicas=5, cooldown=300, initial_cooldown=0, triggers=CONCURRENCY)
+    fleet = VirtualFleet(policy, 0.0, replicas=3)
+    fleet.poll(0.0, 12.0)  # last activity at t=0
+    for now in range(30, 300, 30):
+        d = fleet.poll(float(now), 0.0)
+        assert d.desired >= 1, (now, d.reason)
+    d = fleet.poll(300.0, 0.0)
+    assert d.desired == 0 and "cooldownPeriod" in d.reason
+
+
+def test_traffic_falling_keeps_the_floor():
+    policy = ScalingPolicy(min_replicas=2, max_replicas=5, cooldown=60, triggers=CONCURRENCY)
+    fleet = VirtualFleet(policy, 0.0, replicas=4)
+    fleet.poll(0.0, 16.0)  # busy, then nothing
+    for now in range(30, 3600, 30):
+        d = fleet.poll(float(now), 0.0)
+    assert d.desired == 2
+    # scale-down waited for the 300 s stabilization window
+    first_down = next(t for t, r, _ in fleet.history if r < 4)
+    assert first_down >= 300
+
+
+def _seoul_schedule():
+    floors = [ScheduleFloor(name="business-hours", timezone="Asia/Seoul", start="0 9 * * 1-5", end="0 18 * * 1-5",
+                            min_replicas=2)]
+    return Schedule.from_spec(floors)
+
+
+def test_nightly_zero_then_0900_ramp_with_floor_ready_before_0900():
+    cold_start = 120.0
+    policy = ScalingPolicy(min_replicas=0, max_replicas=6, cooldown=300, initial_cooldown=0, triggers=CONCURRENCY,
+                           schedule=_seoul_schedule(), schedule_lead=300.0)
+    # Monday 2026-11-30 17:00 Seoul = 08:00 UTC; run through the night to Tuesday 09:30 Seoul
+    start = datetime(2026, 11, 30, 8, 0, tzinfo=UTC).timestamp()
+    fleet = VirtualFleet(policy, start, replicas=2, cold_start=cold_start)
+    nine_tuesday = datetime(2026, 12, 1, 0, 0, tzinfo=UTC).timestamp()  # 09:00 Seoul
+    night_zero_seen = False
+    for step in range(int((nine_tuesday + 1800 - start) // 30)):
+        now = start + step * 30
+        load = 3.0 if now < start + 3600 else 0.0  # traffic until 18:00 Seoul, then none
+        d = fleet.poll(now, load)
+        if now < start + 3600:
+            assert d.desired >= 2
+        if start + 3600 + 300 + 60 < now < nine_tuesday - 600:
+            assert d.desired == 0, d.reason  # night: zero, after the cooldown
+            night_zero_seen = True
+    assert night_zero_seen
+    assert fleet.ready(nine_tuesday) >= 2  # the floor is ready when the window opens
+    ramp = next(t for t, r, _ in fleet.history if t > start + 7200 and r >= 2)
+    assert ramp <= nine_tuesday - cold_start
+
+
+def test_schedule_is_dst_correct():
+    floors = [ScheduleFloor(name="ny", timezone="America/New_York", start="0 9 * * *", end="0 17 * * *",
+                            min_replicas=3)]
+    schedule = Schedule.from_spec(floors)
+    # 09:30 New York is 14:30 UTC in winter (EST) and 13:30 UTC in summer (EDT)
+    assert schedule.floor(datetime(2026, 1, 15, 14, 30, tzinfo=UTC)) == 3
+    assert schedule.floor(datetime(2026, 1, 15, 13, 30, tzinfo=UTC)) == 0
+    assert schedule.floor(datetime(2026, 7, 15, 13, 30, tzinfo=UTC)) == 3
+    # the Sunday of the spring change (2026-03-08): 09:30 EDT = 13:30 UTC
+    assert schedule.floor(datetime(2026, 3, 8, 13, 30, tzinfo=UTC)) == 3
+
+
+def test_overlapping_windows_are_rejected():
+    import pytest
+
+    from fleetserve.autoscale.schedule import ScheduleError
+
+    floors = [
+        ScheduleFloor(name="day", timezone="UTC", start="0 8 * * *", end="0 18 * * *", min_replicas=2),
+        ScheduleFloor(name="late", timezone="UTC", start="0 17 * * *", end="0 22 * * *", min_replicas=1),
+    ]
+    with pytest.raises(ScheduleError, match="'day' and 'late' overlap"):
+        Schedule.from_spec(floors)
+
+
+def test_metrics_source_down_triggers_fallback():
+    policy = ScalingPolicy(min_replicas=1, max_replicas=8, triggers=CONCURRENCY, fallback_threshold=3,
+                           fallback_replicas=4)
+    fleet = VirtualFleet(policy, 0.0, replicas=2)
+    fleet.poll(0.0, 8.0)
+    reasons = [fleet.poll(15.0 * i, None) for i in range(1, 6)]
+    assert [d.desired for d in reasons[:3]] == [2, 2, 2]  # failures below the threshold: hold, never scale down
+    assert reasons[3].desired == 4 and "fallback" in reasons[3].reason
+    back = fleet.poll(100.0, 8.0)  # the source recovers: normal scaling again
+    assert "fallback" not in back.reason and back.state.failures == 0
+
+
+def test_no_data_at_zero_traffic_is_zero_load_not_a_failure():
+    policy = ScalingPolicy(min_replicas=0, max_replicas=3, triggers=CONCURRENCY, fallback_threshold=1,
+                           fallback_replicas=2, cooldown=60, initial_cooldown=0)
+    fleet = VirtualFleet(policy, 0.0, replicas=1)
+    for i in range(10):
+        d = fleet.poll(30.0 * i, 0.0)
+    assert d.desired == 0 and d.state.failures == 0
+
+
+def test_state_round_trips_through_json():
+    policy = ScalingPolicy(triggers=CONCURRENCY)
+    fleet = VirtualFleet(policy, 0.0, replicas=1)
+    fleet.poll(0.0, 9.0)
+    fleet.poll(15.0, 2.0)
+    state = fleet.state
+    assert ScalingState.from_json(json.loads(json.dumps(state.to_json()))) == state
