@@ -1,0 +1,1 @@
+"""Capacity: instance catalog and prices, priority-list placement with fallback, providers, consolidation, cost."""

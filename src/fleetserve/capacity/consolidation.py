@@ -1,0 +1,81 @@
+"""Consolidation, pure: which nodes to remove now, Karpenter's words and budgets.
+
+- `WhenEmpty`: nodes without replicas, idle for `consolidateAfter` (the timer restarts on any replica
+  change on the node);
+- `WhenEmptyOrUnderutilized`: also nodes whose replicas fit in the free slots of the others, but only when
+  the remaining replicas can absorb the load: load_ratio x N / (N - k) <= 1 (the consolidation-aware
+  scale-down check), where load_ratio is the fleet's load over its target;
+- budgets: `nodes: "10%"` or `"2"`: allowed = ceil(total x pct) - deleting - notready; the most restrictive
+  active budget wins; a budget may be limited to a cron window in a time zone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from fleetserve.autoscale.schedule import Cron
+from fleetserve.capacity.providers import Node
+
+
+@dataclass(frozen=True)
+class Budget:
+    nodes: str = "10%"
+    schedule: Cron | None = None
+    duration: float = 0.0  # seconds the budget holds after each schedule firing
+    timezone: str = "UTC"
+
+    def active(self, now: float) -> bool:
+        if self.schedule is None:
+            return True
+        from zoneinfo import ZoneInfo
+
+        moment = datetime.fromtimestamp(now, UTC)
+        fired = self.schedule.previous(moment, ZoneInfo(self.timezone))
+        return fired is not None and moment - fired.astimezone(UTC) < timedelta(seconds=self.duration)
+
+    def allowed(self, total: int, deleting: int, not_ready: int) -> int:
+        if self.nodes.endswith("%"):
+            cap = math.ceil(total * float(self.nodes[:-1]) / 100)
+        else:
+            cap = int(self.nodes)
+        return max(0, cap - deleting - not_ready)
+
+
+@dataclass(frozen=True)
+class ConsolidationPolicy:
+    policy: str = "WhenEmptyOrUnderutilized"  # or "WhenEmpty"
+    consolidate_after: float = 0.0
+    budgets: tuple[Budget, ...] = (Budget(),)
+
+
+@dataclass(frozen=True)
+class Removal:
+    node_id: str
+    reason: str  # "Empty" or "Underutilized"
+
+
+def consolidate(nodes: list[Node], policy: ConsolidationPolicy, now: float, load_ratio: float = 0.0,
+                deleting: int = 0) -> list[Removal]:
+    ready = [n for n in nodes if n.ready(now) and n.interrupt_at is None]
+    not_ready = len(nodes) - len(ready)
+    budgets = [b for b in policy.budgets if b.active(now)] or [Budget("100%")]
+    allowed = min(b.allowed(len(nodes), deleting, not_ready) for b in budgets)
+    settled = [n for n in ready if now - n.last_change >= policy.consolidate_after]
+    out = [Removal(n.id, "Empty") for n in settled if n.used == 0]
+    if policy.policy == "WhenEmptyOrUnderutilized":
+        replicas = sum(n.used for n in nodes)
+        moved = 0
+        for n in sorted((n for n in settled if n.used > 0), key=lambda n: (n.used / n.slots, n.price_per_hour)):
+            removing = {r.node_id for r in out} | {n.id}
+            free_elsewhere = sum(m.free for m in ready if m.id not in removing)
+            if free_elsewhere < n.used:
+                continue
+            # its replicas move to the free slots; while they restart the others carry the load
+            survivors = replicas - moved - n.used
+            if survivors <= 0 or load_ratio * replicas / survivors > 1.0:
+                continue
+            moved += n.used
+            out.append(Removal(n.id, "Underutilized"))
+    return out[:allowed]

@@ -1,0 +1,90 @@
+"""Cost accounting: dollars per node, replica, namespace and model version, from node prices over time.
+
+A replica pays its node's price divided by the node's slots for as long as it runs there; slots nobody
+uses are booked as the node's idle cost (that is the money scale-down and consolidation can save).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Span:
+    start: float
+    end: float | None = None
+
+    def hours(self, now: float) -> float:
+        return max(0.0, ((self.end if self.end is not None else now) - self.start) / 3600)
+
+
+@dataclass
+class _NodeRecord:
+    price: float
+    slots: int
+    instance_type: str
+    capacity_type: str
+    span: _Span
+
+
+@dataclass
+class _ReplicaRecord:
+    node_id: str
+    namespace: str
+    model_version: str
+    span: _Span
+
+
+@dataclass
+class CostLedger:
+    nodes: dict[str, _NodeRecord] = field(default_factory=dict)
+    replicas: dict[str, list[_ReplicaRecord]] = field(default_factory=lambda: defaultdict(list))
+
+    def node_started(self, node_id: str, price: float, slots: int, instance_type: str, capacity_type: str,
+                     now: float) -> None:
+        self.nodes[node_id] = _NodeRecord(price, slots, instance_type, capacity_type, _Span(now))
+
+    def node_stopped(self, node_id: str, now: float) -> None:
+        record = self.nodes.get(node_id)
+        if record and record.span.end is None:
+            record.span.end = now
+
+    def replica_started(self, replica_id: str, node_id: str, namespace: str, model_version: str, now: float) -> None:
+        self.replicas[replica_id].append(_ReplicaRecord(node_id, namespace, model_version, _Span(now)))
+
+    def replica_stopped(self, replica_id: str, now: float) -> None:
+        for record in self.replicas.get(replica_id, []):
+            if record.span.end is None:
+                record.span.end = now
+
+    def per_hour(self) -> float:
+        """What the running nodes cost per hour right now."""
+        return sum(n.price for n in self.nodes.values() if n.span.end is None)
+
+    def totals(self, now: float) -> dict:
+        by_node = {nid: round(n.price * n.span.hours(now), 6) for nid, n in self.nodes.items()}
+        by_replica: dict[str, float] = defaultdict(float)
+        by_namespace: dict[str, float] = defaultdict(float)
+        by_version: dict[str, float] = defaultdict(float)
+        used: dict[str, float] = defaultdict(float)
+        for rid, records in self.replicas.items():
+            for r in records:
+                node = self.nodes.get(r.node_id)
+                if node is None:
+                    continue
+                dollars = node.price / max(node.slots, 1) * r.span.hours(now)
+                by_replica[rid] += dollars
+                by_namespace[r.namespace] += dollars
+                by_version[r.model_version] += dollars
+                used[r.node_id] += dollars
+        idle = {nid: round(total - used.get(nid, 0.0), 6) for nid, total in by_node.items()}
+        return {
+            "total": round(sum(by_node.values()), 6),
+            "per_hour": round(self.per_hour(), 6),
+            "by_node": by_node,
+            "idle_by_node": idle,
+            "by_replica": {k: round(v, 6) for k, v in by_replica.items()},
+            "by_namespace": {k: round(v, 6) for k, v in by_namespace.items()},
+            "by_model_version": {k: round(v, 6) for k, v in by_version.items()},
+        }

@@ -1,0 +1,112 @@
+"""Capacity for one endpoint: slots on nodes, placement with immediate fall-through, consolidation, cost.
+
+Shared by the local fleet (with the local or the simulated-cloud provider) and the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetserve.capacity.catalog import Catalog
+from fleetserve.capacity.consolidation import ConsolidationPolicy, Removal, consolidate
+from fleetserve.capacity.cost import CostLedger
+from fleetserve.capacity.placement import (
+    Availability,
+    InsufficientCapacity,
+    Placement,
+    ReplicaRequest,
+    Tier,
+    place,
+)
+from fleetserve.capacity.providers import InsufficientCapacityError, Node, NodeEvent, Provider
+
+
+@dataclass(frozen=True)
+class Slot:
+    node: Node
+    placement: Placement | None  # None when an existing node had room
+
+
+class CapacityManager:
+    def __init__(self, provider: Provider, catalog: Catalog, tiers: list[Tier], request: ReplicaRequest,
+                 *, availability: Availability | None = None, allow_larger: bool = False,
+                 local_slots: int = 1, consolidation: ConsolidationPolicy | None = None,
+                 namespace: str = "default", model_version: str = "1"):
+        self.provider = provider
+        self.catalog = catalog
+        self.tiers = tiers
+        self.request = request
+        self.availability = availability or Availability()
+        self.allow_larger = allow_larger
+        self.local_slots = local_slots
+        self.consolidation = consolidation or ConsolidationPolicy()
+        self.ledger = CostLedger()
+        self.labels = (namespace, model_version)
+        self.log: list[str] = []  # placement and fall-through notes, newest last
+
+    def _slots_for(self, instance_type: str) -> int:
+        if instance_type == "local":
+            return self.local_slots
+        t = self.catalog.get(instance_type)
+        return max(1, t.gpus // self.request.gpus) if self.request.gpus else 1
+
+    def acquire(self, replica_id: str, now: float) -> Slot | InsufficientCapacity:
+        """A slot for a new replica: an existing node with room (fullest first), else a new node."""
+        roomy = [n for n in self.provider.nodes() if n.free > 0 and n.interrupt_at is None]
+        if roomy:
+            node = max(roomy, key=lambda n: (n.used, -n.price_per_hour))
+            return self._take(node, replica_id, None, now)
+        while True:
+            choice = place(self.request, self.tiers, self.catalog, self.availability, now, self.allow_larger)
+            if isinstance(choice, InsufficientCapacity):
+                self.log.append(f"insufficient capacity: {choice.reason}")
+                return choice
+            try:
+                node = self.provider.create(choice.offering, self._slots_for(choice.offering.instance_type), now)
+            except InsufficientCapacityError as exc:
+                self.availability.mark_unavailable(exc.offering, now)
+                self.log.append(f"{exc}; offering unavailable for {self.availability.ttl:.0f}s, trying the next")
+                continue
+            for note in choice.notes:
+                self.log.append(note)
+            self.log.append(f"new node {node.id}: {node.offering.instance_type} {node.offering.capacity_type} "
+                            f"${node.price_per_hour:.3f}/h (tier {choice.tier})")
+            self.ledger.node_started(node.id, node.price_per_hour, node.slots, node.offering.instance_type,
+                                     node.offering.capacity_type, now)
+            return self._take(node, replica_id, choice, now)
+
+    def _take(self, node: Node, replica_id: str, placement: Placement | None, now: float) -> Slot:
+        node.used += 1
+        node.last_change = now
+        self.ledger.replica_started(replica_id, node.id, *self.labels, now)
+        return Slot(node, placement)
+
+    def release(self, replica_id: str, node_id: str, now: float) -> None:
+        for node in self.provider.nodes():
+            if node.id == node_id:
+                node.used = max(0, node.used - 1)
+                node.last_change = now
+        self.ledger.replica_stopped(replica_id, now)
+
+    def poll(self, now: float) -> list[NodeEvent]:
+        events = self.provider.poll(now)
+        for e in events:
+            if e.kind == "terminated":
+                self.ledger.node_stopped(e.node_id, e.at)
+        return events
+
+    def consolidate(self, now: float, load_ratio: float) -> list[Removal]:
+        """Remove the nodes consolidation allows (only empty ones are deleted here; moves are the caller's)."""
+        removals = consolidate(self.provider.nodes(), self.consolidation, now, load_ratio)
+        for r in removals:
+            if r.reason == "Empty" and self.provider.name != "local":
+                self.provider.delete(r.node_id, now)
+                self.ledger.node_stopped(r.node_id, now)
+                self.log.append(f"consolidation removed empty node {r.node_id}")
+        return removals
+
+    def nodes(self) -> list[Node]:
+        return self.provider.nodes()
+
+    def cost_per_hour(self) -> float:
+        return self.ledger.per_hour()

@@ -1,0 +1,147 @@
+"""Placement, pure: `place(request, tiers, catalog, availability, now) -> Placement | InsufficientCapacity`.
+
+Tiers come from the endpoint's `instanceTypes` priority list (one tier per entry) or from `nodeAffinity`
+(preferred terms by descending weight, each narrowed by the required terms, then the required terms alone).
+Within a tier the cheapest fitting offering wins, spot before on-demand when both are allowed. An offering
+that failed with insufficient capacity is skipped until its TTL ends, so the next tier is tried at once.
+A type with more GPUs than a replica asks for is never chosen unless `allow_larger` says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fleetserve.capacity.catalog import CAPACITY_TYPES, Catalog, InstanceType
+
+DEFAULT_UNAVAILABLE_TTL = 180.0  # Karpenter's unavailable-offerings cache: 3 minutes
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
+
+
+@dataclass(frozen=True)
+class ReplicaRequest:
+    gpus: int = 0
+    gpu_memory_gb: float = 0.0
+    vcpu: float = 0.0
+    memory_gb: float = 0.0
+
+
+@dataclass(frozen=True)
+class Offering:
+    instance_type: str
+    capacity_type: str  # "spot" | "on-demand"
+    zone: str = "any"
+
+
+@dataclass(frozen=True)
+class Tier:
+    instance_types: tuple[str, ...]
+    capacity_types: tuple[str, ...] = ("on-demand",)
+
+
+@dataclass(frozen=True)
+class Placement:
+    offering: Offering
+    price_per_hour: float
+    tier: int
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class InsufficientCapacity:
+    reason: str
+    tried: tuple[Offering, ...] = ()
+
+
+@dataclass
+class Availability:
+    """Offerings known to be out of capacity, each until an expiry time (an ICE cache)."""
+
+    ttl: float = DEFAULT_UNAVAILABLE_TTL
+    until: dict[Offering, float] = field(default_factory=dict)
+
+    def mark_unavailable(self, offering: Offering, now: float) -> None:
+        self.until[offering] = now + self.ttl
+
+    def available(self, offering: Offering, now: float) -> bool:
+        expiry = self.until.get(offering)
+        if expiry is not None and now >= expiry:
+            del self.until[offering]
+            return True
+        return expiry is None
+
+
+def fits(t: InstanceType, req: ReplicaRequest, allow_larger: bool) -> bool:
+    if req.gpus and (t.gpus < req.gpus or (t.gpus > req.gpus and not allow_larger)):
+        return False
+    if req.gpu_memory_gb and t.gpu_memory_gb * (req.gpus or 1) / max(t.gpus, 1) < req.gpu_memory_gb:
+        return False
+    return t.vcpu >= req.vcpu and t.memory_gb >= req.memory_gb
+
+
+def place(req: ReplicaRequest, tiers: list[Tier], catalog: Catalog, availability: Availability, now: float,
+          allow_larger: bool = False) -> Placement | InsufficientCapacity:
+    tried: list[Offering] = []
+    notes: list[str] = []
+    for index, tier in enumerate(tiers):
+        fitting = [catalog.get(n) for n in tier.instance_types if n in catalog]
+        fitting = [t for t in fitting if fits(t, req, allow_larger)]
+        if len(fitting) == 1 and len(tier.instance_types) > 1:
+            notes.append(f"tier {index} collapses to the single type {fitting[0].name}: no fallback inside it")
+        order = sorted(CAPACITY_TYPES, key=lambda c: CAPACITY_TYPES.index(c))
+        offers = [(t.price(c), t.name, c) for t in fitting for c in order if c in tier.capacity_types]
+        for price, name, capacity in sorted(offers, key=lambda o: (order.index(o[2]), o[0], o[1])):
+            offering = Offering(name, capacity)
+            if availability.available(offering, now):
+                return Placement(offering, price, index, tuple(notes))
+            tried.append(offering)
+    wanted = ", ".join("/".join(t.instance_types) for t in tiers) or "no instance types"
+    return InsufficientCapacity(f"no available offering fits {req} in tiers [{wanted}]", tuple(tried))
+
+
+def tiers_from_spec(placement, catalog: Catalog, capacity_types: tuple[str, ...]) -> list[Tier]:
+    """Tiers from the spec's placement section (instanceTypes or nodeAffinity)."""
+    if placement.instance_types:
+        return [Tier((catalog.canonical(n),), capacity_types) for n in placement.instance_types]
+    if placement.node_affinity:
+        return _affinity_tiers(placement.node_affinity, catalog, capacity_types)
+    return [Tier(("local",), capacity_types)]
+
+
+def _matches(expr: dict, instance: str, capacity: str) -> bool:
+    key, op, values = expr.get("key"), expr.get("operator", "In"), expr.get("values") or []
+    value = {INSTANCE_TYPE_LABEL: instance, CAPACITY_TYPE_LABEL: capacity}.get(key)
+    if value is None:
+        return op in ("NotIn", "DoesNotExist")  # labels we do not model do not constrain
+    canon = [Catalog.canonical(v) for v in values] if key == INSTANCE_TYPE_LABEL else values
+    if op == "In":
+        return value in canon
+    if op == "NotIn":
+        return value not in canon
+    return op == "Exists"
+
+
+def _term_allows(term: dict, instance: str, capacity: str) -> bool:
+    return all(_matches(e, instance, capacity) for e in term.get("matchExpressions", []))
+
+
+def _affinity_tiers(affinity: dict, catalog: Catalog, capacity_types: tuple[str, ...]) -> list[Tier]:
+    required = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    preferred = sorted(affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or [],
+                       key=lambda p: -int(p.get("weight", 0)))
+    names = [n for n in catalog.names() if n != "local"]
+
+    def allowed(name: str, cap: str) -> bool:
+        return not required or any(_term_allows(t, name, cap) for t in required)
+
+    tiers = []
+    for pref in preferred:
+        term = pref.get("preference") or {}
+        types = tuple(n for n in names if any(allowed(n, c) and _term_allows(term, n, c) for c in capacity_types))
+        caps = tuple(c for c in capacity_types if any(allowed(n, c) and _term_allows(term, n, c) for n in types))
+        if types:
+            tiers.append(Tier(types, caps))
+    rest = tuple(n for n in names if any(allowed(n, c) for c in capacity_types))
+    if rest:
+        tiers.append(Tier(rest, tuple(c for c in capacity_types if any(allowed(n, c) for n in rest))))
+    return tiers

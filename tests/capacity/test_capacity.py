@@ -1,0 +1,169 @@
+import pytest
+
+from fleetserve.capacity.catalog import Catalog
+from fleetserve.capacity.consolidation import Budget, ConsolidationPolicy, consolidate
+from fleetserve.capacity.manager import CapacityManager
+from fleetserve.capacity.placement import (
+    Availability,
+    InsufficientCapacity,
+    Offering,
+    ReplicaRequest,
+    Tier,
+    place,
+    tiers_from_spec,
+)
+from fleetserve.capacity.providers import (
+    InsufficientCapacityError,
+    LocalProvider,
+    Node,
+    RecordingProvider,
+    Shortage,
+    SimulatedCloud,
+)
+from fleetserve.spec.endpoint import PlacementSection
+
+CATALOG = Catalog.builtin()
+ONE_GPU = ReplicaRequest(gpus=1)
+
+
+def test_catalog_has_prices_sources_and_ml_aliases():
+    g5 = CATALOG.get("ml.g5.xlarge")
+    assert g5.gpus == 1 and g5.on_demand == pytest.approx(1.006) and 0 < g5.spot < g5.on_demand
+    assert "aws-list" in CATALOG.sources
+    with pytest.raises(KeyError, match="known:"):
+        CATALOG.get("x1.huge")
+
+
+def test_priority_list_cheapest_within_tier_spot_first():
+    tiers = [Tier(("g5.2xlarge", "g5.xlarge"), ("spot", "on-demand")), Tier(("g6e.xlarge",), ("on-demand",))]
+    p = place(ONE_GPU, tiers, CATALOG, Availability(), 0.0)
+    assert p.offering == Offering("g5.xlarge", "spot") and p.tier == 0
+
+
+def test_shortage_on_first_type_falls_through_to_second_at_once():
+    provider = RecordingProvider(CATALOG, fail={Offering("g5.xlarge", "on-demand")})
+    tiers = tiers_from_spec(PlacementSection(instance_types=["ml.g5.xlarge", "ml.g6e.xlarge"]), CATALOG,
+                            ("on-demand",))
+    manager = CapacityManager(provider, CATALOG, tiers, ONE_GPU)
+    slot = manager.acquire("r0", now=100.0)
+    assert slot.node.offering.instance_type == "g6e.xlarge"
+    # both attempts happened in the same instant: no waiting before the fallback
+    assert [(c[0], c[1].instance_type, c[3]) for c in provider.calls] == [
+        ("create", "g5.xlarge", 100.0), ("create", "g6e.xlarge", 100.0)]
+    assert any("unavailable for 180s" in line for line in manager.log)
+    # the failed offering is skipped for its TTL, then tried again
+    provider.fail.clear()
+    assert manager.acquire("r1", now=150.0).node.offering.instance_type == "g6e.xlarge"
+    assert manager.acquire("r2", now=281.0).node.offering.instance_type == "g5.xlarge"
+
+
+def test_never_a_larger_node_unless_allowed():
+    tiers = [Tier(("g5.12xlarge",), ("on-demand",))]  # 4 GPUs for a 1-GPU replica
+    assert isinstance(place(ONE_GPU, tiers, CATALOG, Availability(), 0.0), InsufficientCapacity)
+    assert place(ONE_GPU, tiers, CATALOG, Availability(), 0.0, allow_larger=True).offering.instance_type == \
+        "g5.12xlarge"
+
+
+def test_single_sku_tier_is_noted():
+    tiers = [Tier(("g5.xlarge", "g5.12xlarge"), ("on-demand",))]
+    p = place(ONE_GPU, tiers, CATALOG, Availability(), 0.0)
+    assert any("collapses to the single type g5.xlarge" in n for n in p.notes)
+
+
+def test_node_affinity_tiers_required_and_preferred():
+    affinity = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "node.kubernetes.io/instance-type", "operator": "In",
+             "values": ["ml.g5.xlarge", "ml.g6.xlarge", "ml.g6e.xlarge"]}]}]},
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "preference": {"matchExpressions": [
+                {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["ml.g6e.xlarge"]}]}},
+            {"weight": 50, "preference": {"matchExpressions": [
+                {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]}]}},
+        ],
+    }
+    tiers = tiers_from_spec(PlacementSection(node_affinity=affinity), CATALOG, ("spot", "on-demand"))
+    assert tiers[0].capacity_types == ("spot",) and set(tiers[0].instance_types) == {"g5.xlarge", "g6.xlarge",
+                                                                                      "g6e.xlarge"}
+    assert tiers[1].instance_types == ("g6e.xlarge",)
+    assert place(ONE_GPU, tiers, CATALOG, Availability(), 0).offering == Offering("g6.xlarge", "spot")
+
+
+def _node(i, used, slots=1, last_change=0.0, ready_at=0.0):
+    return Node(f"n{i}", Offering("g5.xlarge", "on-demand"), 1.0, slots, 0.0, ready_at, used=used,
+                last_change=last_change)
+
+
+def test_consolidation_when_empty_waits_for_consolidate_after_and_resets():
+    policy = ConsolidationPolicy("WhenEmpty", consolidate_after=60, budgets=(Budget("100%"),))
+    nodes = [_node(1, 0, last_change=0.0), _node(2, 1)]
+    assert consolidate(nodes, policy, now=59.0) == []
+    assert [r.node_id for r in consolidate(nodes, policy, now=60.0)] == ["n1"]
+    nodes[0].last_change = 50.0  # a replica came and went: the timer restarts
+    assert consolidate(nodes, policy, now=100.0) == []
+
+
+def test_consolidation_budget_limits_disruptions():
+    nodes = [_node(i, 0) for i in range(10)]
+    assert len(consolidate(nodes, ConsolidationPolicy("WhenEmpty"), now=1.0)) == 1  # default 10%
+    assert len(consolidate(nodes, ConsolidationPolicy("WhenEmpty", budgets=(Budget("3"),)), now=1.0)) == 3
+    # a budget of 0 nodes during a window (09:00-17:00 Seoul = 00:00-08:00 UTC) blocks disruption then
+    from fleetserve.autoscale.schedule import Cron
+
+    quiet = Budget("0", schedule=Cron.parse("0 9 * * *"), duration=8 * 3600, timezone="Asia/Seoul")
+    policy = ConsolidationPolicy("WhenEmpty", budgets=(Budget("100%"), quiet))
+    monday_10_seoul = 1796000400.0  # 2026-11-30 01:00 UTC
+    assert consolidate(nodes, policy, now=monday_10_seoul) == []
+    assert len(consolidate(nodes, policy, now=monday_10_seoul + 9 * 3600)) == 10
+
+
+def test_underutilized_only_when_the_rest_absorbs_the_load():
+    nodes = [_node(1, 1, slots=4), _node(2, 3, slots=4)]
+    policy = ConsolidationPolicy("WhenEmptyOrUnderutilized", budgets=(Budget("100%"),))
+    assert [r.node_id for r in consolidate(nodes, policy, now=1.0, load_ratio=0.5)] == ["n1"]
+    assert consolidate(nodes, policy, now=1.0, load_ratio=0.9) == []  # 0.9 x 4/3 > 1
+
+
+def test_simulated_cloud_delays_shortages_and_spot_interruptions():
+    cloud = SimulatedCloud(CATALOG, limits={"g5.xlarge": 1}, provisioning_delay=90,
+                           shortages=[Shortage("g6.xlarge", 0, 600)])
+    node = cloud.create(Offering("g5.xlarge", "spot"), 1, now=0.0)
+    assert not node.ready(89.0) and node.ready(90.0)
+    with pytest.raises(InsufficientCapacityError, match="limit"):
+        cloud.create(Offering("g5.xlarge", "on-demand"), 1, now=1.0)
+    with pytest.raises(InsufficientCapacityError):
+        cloud.create(Offering("g6.xlarge", "on-demand"), 1, now=10.0)
+    assert [e.kind for e in cloud.poll(100.0)] == ["ready"]
+    cloud.interrupt(node.id, now=200.0)  # spot notice: 120 s
+    assert cloud.poll(250.0) == []
+    assert [(e.kind, e.node_id) for e in cloud.poll(320.0)] == [("terminated", node.id)]
+    later = cloud.create(Offering("g6.xlarge", "on-demand"), 1, now=600.0)  # the shortage is over
+    assert [(e.kind, e.node_id) for e in cloud.poll(700.0)] == [("ready", later.id)]
+
+
+def test_cost_ledger_splits_by_replica_namespace_version_and_idle():
+    manager = CapacityManager(RecordingProvider(CATALOG), CATALOG, [Tier(("g5.12xlarge",), ("on-demand",))],
+                              ONE_GPU, allow_larger=True, namespace="team-a", model_version="7")
+    a = manager.acquire("r0", now=0.0)
+    b = manager.acquire("r1", now=0.0)
+    assert a.node.id == b.node.id and a.node.slots == 4  # bin-packed on one 4-GPU node
+    manager.release("r1", b.node.id, now=1800.0)
+    totals = manager.ledger.totals(now=3600.0)
+    price = CATALOG.get("g5.12xlarge").on_demand
+    assert totals["total"] == pytest.approx(price)
+    assert totals["by_replica"]["r0"] == pytest.approx(price / 4)
+    assert totals["by_replica"]["r1"] == pytest.approx(price / 8)
+    assert totals["by_namespace"]["team-a"] == pytest.approx(price * 3 / 8)
+    assert totals["by_model_version"]["7"] == pytest.approx(price * 3 / 8)
+    assert totals["idle_by_node"][a.node.id] == pytest.approx(price * 5 / 8)
+    assert manager.cost_per_hour() == pytest.approx(price)
+
+
+def test_local_provider_is_one_node_with_slots():
+    manager = CapacityManager(LocalProvider(slots=2), CATALOG, [Tier(("local",))], ReplicaRequest(), local_slots=2)
+    assert manager.acquire("r0", 0.0).node.id == "local"
+    assert manager.acquire("r1", 0.0).node.id == "local"
+    full = manager.acquire("r2", 0.0)
+    assert isinstance(full, InsufficientCapacity)
+    manager.release("r0", "local", 1.0)
+    assert manager.acquire("r2", 2.0).node.id == "local"
