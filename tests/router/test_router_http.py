@@ -19,8 +19,8 @@ def engine(model, logs, name="tiny", port=None):
                   logs / f"engine-{name}-{port or 'x'}.log", port=port)
 
 
-def router(backends, logs, strategy="roundrobin"):
-    args = ["router", "--strategy", strategy, "--health-interval", "0.2"]
+def router(backends, logs, strategy="roundrobin", *extra):
+    args = ["router", "--strategy", strategy, "--health-interval", "0.2", *extra]
     for b in backends:
         args += ["--backend", b.url]
     return Server(args, logs / f"router-{strategy}.log")
@@ -106,17 +106,55 @@ def test_dead_backend_is_ejected_retried_and_readmitted(tiny_model, logs):
             e.stop()
 
 
-def test_no_healthy_backend_is_503_with_retry_after(tiny_model, logs):
+def test_no_replica_holds_requests_then_503_with_retry_after(tiny_model, logs):
     e = engine(tiny_model, logs).start()
-    gw = router([e], logs, strategy="leastload").start()
+    gw = router([e], logs, "leastload", "--buffer-timeout", "0.5").start()
+    full = router([e], logs, "leastload", "--buffer-size", "0").start()
     try:
         e.kill()
-        wait_until(lambda: not http_ok(gw.url + "/health"), 30, what="router to see no healthy backend")
+        for g in (gw, full):
+            wait_until(lambda g=g: not http_ok(g.url + "/health"), 30, what="router to see no healthy backend")
         r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=30)
         assert r.status_code == 503 and r.headers["retry-after"]
-        assert r.json()["error"]["code"] == "no_replica"
+        assert r.json()["error"]["code"] == "cold_start_timeout"
+        r = httpx.post(full.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "buffer_full" and r.headers["retry-after"]
     finally:
         gw.stop()
+        full.stop()
+
+
+def test_held_requests_are_released_when_a_replica_comes_up(tiny_model, logs):
+    from concurrent.futures import ThreadPoolExecutor
+
+    future_engine = engine(tiny_model, logs)  # not started yet: the fleet is at zero
+    gw = router([future_engine], logs, "leastload").start(ready_path="/metrics")
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            calls = [pool.submit(httpx.post, gw.url + "/v1/chat/completions", json=CHAT, timeout=120)
+                     for _ in range(6)]
+            wait_until(lambda: httpx.get(gw.url + "/admin/load", timeout=5).json()["pending"] == 6, 30,
+                       what="all requests held")
+            future_engine.start()
+            statuses = [c.result().status_code for c in calls]
+        assert statuses == [200] * 6
+        assert sample(gw.url, "fleetserve_router_buffer_wait_seconds_count") >= 6
+    finally:
+        gw.stop()
+        future_engine.stop()
+
+
+def test_admin_backends_replaces_and_drains(pair, tiny_model, logs):
+    gw, engines = pair
+    urls = [e.url for e in engines]
+    body = {"backends": [{"url": urls[0], "state": "ready"}, {"url": urls[1], "state": "draining"}]}
+    assert httpx.put(gw.url + "/admin/backends", json=body, timeout=5).status_code == 200
+    picks = {replica_of(httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=30)) for _ in range(4)}
+    assert picks == {urls[0].split("://")[1]}  # nothing new goes to the draining one
+    bad = httpx.put(gw.url + "/admin/backends", json={"backends": [{"url": urls[0], "state": "gone"}]}, timeout=5)
+    assert bad.status_code == 400 and "allowed values" in bad.json()["error"]["message"]
+    body = {"backends": [{"url": u, "state": "ready"} for u in urls]}
+    assert httpx.put(gw.url + "/admin/backends", json=body, timeout=5).status_code == 200
 
 
 @pytest.fixture()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated
 
@@ -205,6 +206,8 @@ def router(
     health_path: Annotated[str, typer.Option()] = "/health",
     max_attempts: Annotated[int, typer.Option(min=1, help="Replicas tried before the first byte")] = 3,
     health_interval: Annotated[float, typer.Option(min=0.05, help="Seconds between health probes")] = 1.0,
+    buffer_size: Annotated[int, typer.Option(min=0, help="Requests held while no replica is ready")] = 256,
+    buffer_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a held request waits")] = 600.0,
 ) -> None:
     """Run the OpenAI-compatible gateway in front of engine replicas."""
     from fleetserve.router.policies import registered_policies
@@ -216,7 +219,9 @@ def router(
     for url in backend or []:
         if not url.startswith(("http://", "https://")):
             raise typer.BadParameter(f"{url!r} must start with http:// or https://", param_hint="--backend")
-    settings = RouterSettings(strategy=strategy, max_attempts=max_attempts, health_interval=health_interval)
+    settings = RouterSettings(strategy=strategy, max_attempts=max_attempts, health_interval=health_interval,
+                              buffer_size=buffer_size, buffer_timeout=buffer_timeout,
+                              admin_token=os.environ.get("FLEETSERVE_ADMIN_TOKEN") or None)
     run_router(list(backend or []), host, port, settings, health_path)
 
 

@@ -23,9 +23,14 @@ class Backend:
     waiting: int = 0
     failures: int = 0
     last_error: str = ""
+    draining: bool = False  # takes no new requests; in-flight ones finish
+
+    @property
+    def eligible(self) -> bool:
+        return self.healthy and not self.draining
 
     def view(self) -> ReplicaView:
-        return ReplicaView(self.id, self.url, self.healthy, self.in_flight, self.waiting, self.running)
+        return ReplicaView(self.id, self.url, self.eligible, self.in_flight, self.waiting, self.running)
 
 
 class BackendPool:
@@ -49,16 +54,41 @@ class BackendPool:
         self.interval = interval
         self.unhealthy_after = unhealthy_after
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False)
+        self._ready = asyncio.Event()
         self.set_backends(urls)
 
-    def set_backends(self, urls: list[str]) -> None:
-        """Replace the backend list, keeping the state of backends that stay."""
+    def set_backends(self, urls: list[str], ready: set[str] | None = None, draining: set[str] | None = None) -> None:
+        """Replace the backend list, keeping the state of backends that stay.
+
+        URLs in `ready` were just checked by the supervisor and take traffic at once; those in `draining`
+        get no new requests while their in-flight ones finish.
+        """
         kept = {}
         for url in urls:
             url = url.rstrip("/")
             backend_id = url.split("://", 1)[-1]  # host:port, stable across restarts on the same port
-            kept[backend_id] = self.backends.get(backend_id) or Backend(backend_id, url)
+            backend = self.backends.get(backend_id) or Backend(backend_id, url)
+            backend.draining = url in (draining or set())
+            if url in (ready or set()) and not backend.healthy:
+                backend.healthy, backend.failures, backend.last_error = True, 0, ""
+            kept[backend_id] = backend
         self.backends = kept
+        self._signal()
+
+    def _signal(self) -> None:
+        """Wake requests waiting for capacity when some backend can take traffic."""
+        if any(b.eligible for b in self.backends.values()):
+            self._ready.set()
+        else:
+            self._ready.clear()
+
+    async def wait_eligible(self, timeout: float) -> bool:
+        """Wait until some backend takes traffic; False on timeout."""
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
 
     def snapshot(self) -> FleetSnapshot:
         return FleetSnapshot(tuple(b.view() for b in self.backends.values()))
@@ -67,7 +97,7 @@ class BackendPool:
         return self.backends[backend_id]
 
     def healthy(self) -> list[Backend]:
-        return [b for b in self.backends.values() if b.healthy]
+        return [b for b in self.backends.values() if b.eligible]
 
     def mark_unreachable(self, backend: Backend, error: str) -> None:
         """A request could not reach the backend: take it out now, the probes will bring it back."""
@@ -76,6 +106,7 @@ class BackendPool:
         backend.healthy = False
         backend.failures += 1
         backend.last_error = error
+        self._signal()
 
     async def probe(self, backend: Backend) -> None:
         try:
@@ -95,12 +126,14 @@ class BackendPool:
             if not backend.healthy:
                 log.info("backend %s healthy", backend.url)
             backend.healthy, backend.failures, backend.last_error = True, 0, ""
+            self._signal()
             return
         backend.failures += 1
         backend.last_error = error
         if backend.healthy and backend.failures >= self.unhealthy_after:
             log.warning("backend %s out: %s", backend.url, error)
             backend.healthy = False
+            self._signal()
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(b) for b in list(self.backends.values())))

@@ -8,7 +8,9 @@ a failure ends an SSE stream with an OpenAI error event, never with a silent cut
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import hmac
 import json
 import logging
 import time
@@ -46,6 +48,9 @@ class RouterSettings:
     max_attempts: int = 3
     upstream_read_timeout: float = 300.0
     health_interval: float = 1.0
+    buffer_size: int = 256  # requests held while no replica is ready (scale from zero)
+    buffer_timeout: float = 600.0  # longer than a cold start; then 503 with Retry-After
+    admin_token: str | None = None  # required on /admin/* when set; else loopback clients only
 
 
 class RouterMetrics:
@@ -62,6 +67,10 @@ class RouterMetrics:
                                registry=r)
         self.ttfb_ms = Histogram("fleetserve_router_ttfb_milliseconds", "Time to first byte through the router",
                                  buckets=LATENCY_BUCKETS_MS, registry=r)
+        self.pending = Gauge("fleetserve_router_pending_requests", "Requests held until a replica is ready",
+                             registry=r)
+        self.buffer_wait_s = Histogram("fleetserve_router_buffer_wait_seconds", "Time requests waited for a replica",
+                                       buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600), registry=r)
         self.latency_ms = Histogram("fleetserve_router_latency_milliseconds", "Latency through the router",
                                     buckets=LATENCY_BUCKETS_MS, registry=r)
 
@@ -98,6 +107,9 @@ class Gateway:
             trust_env=False,
         )
         self._health_task: asyncio.Task | None = None
+        self.pending = 0
+        self.requests_total = 0
+        self._ttfb: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -151,7 +163,28 @@ class Gateway:
                 await response.aclose()
             raise
 
+    async def _await_replica(self) -> None:
+        """Hold the request while no replica can take it (scale from zero); bounded in count and time."""
+        if self.pool.healthy():
+            return
+        if self.pending >= self.settings.buffer_size:
+            raise APIError(503, f"no replica is ready and the wait buffer is full ({self.settings.buffer_size} "
+                                "requests); retry later", code="buffer_full", headers={"Retry-After": "5"})
+        self.pending += 1
+        self.metrics.pending.set(self.pending)
+        started = time.monotonic()
+        try:
+            ready = await self.pool.wait_eligible(self.settings.buffer_timeout)
+        finally:
+            self.pending -= 1
+            self.metrics.pending.set(self.pending)
+            self.metrics.buffer_wait_s.observe(time.monotonic() - started)
+        if not ready:
+            raise APIError(503, f"no replica became ready within {self.settings.buffer_timeout:.0f}s",
+                           code="cold_start_timeout", headers={"Retry-After": "10"})
+
     async def _dispatch(self, request: Request, path: str, raw: bytes, body: dict, request_id: str) -> _Attempt:
+        await self._await_replica()
         headers = self._forward_headers(request, request_id)
         route = RouteRequest(path=path, body=body, headers=dict(request.headers))
         excluded: set[str] = set()
@@ -178,6 +211,8 @@ class Gateway:
         started = time.monotonic()
         path = request.url.path
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        if request.method == "POST":
+            self.requests_total += 1
         try:
             raw = await request.body()
             body = parse_json_body(raw) if request.method == "POST" else {}
@@ -189,7 +224,9 @@ class Gateway:
             self.metrics.requests.labels(path, str(err.status)).inc()
             err.headers["x-request-id"] = request_id
             return err.response()
-        self.metrics.ttfb_ms.observe((time.monotonic() - started) * 1000)
+        ttfb_ms = (time.monotonic() - started) * 1000
+        self.metrics.ttfb_ms.observe(ttfb_ms)
+        self._ttfb.append((time.monotonic(), ttfb_ms))
         self.metrics.requests.labels(path, str(attempt.response.status_code)).inc()
         headers = {k: v for k, v in attempt.response.headers.items() if k.lower() not in HOP_BY_HOP}
         headers["x-request-id"] = request_id
@@ -224,12 +261,61 @@ class Gateway:
 
     async def health(self, request: Request) -> Response:
         backends = [
-            {"id": b.id, "url": b.url, "healthy": b.healthy, "in_flight": b.in_flight, "error": b.last_error}
+            {"id": b.id, "url": b.url, "healthy": b.healthy, "draining": b.draining, "in_flight": b.in_flight,
+             "error": b.last_error}
             for b in self.pool.backends.values()
         ]
-        ok = any(b["healthy"] for b in backends)
+        ok = bool(self.pool.healthy())
         return JSONResponse({"status": "ok" if ok else "no healthy replica", "strategy": self.policy.name,
                              "backends": backends}, status_code=200 if ok else 503)
+
+    def _admin_allowed(self, request: Request) -> bool:
+        token = self.settings.admin_token
+        if token:
+            return hmac.compare_digest(request.headers.get("x-fleetserve-admin", ""), token)
+        return request.client is not None and request.client.host in ("127.0.0.1", "::1", "localhost")
+
+    def ttft_p95_ms(self, window: float = 60.0) -> float:
+        cutoff = time.monotonic() - window
+        recent = sorted(v for t, v in self._ttfb if t >= cutoff)
+        if not recent:
+            return 0.0  # no traffic is no latency problem: zero load, not missing data
+        return recent[min(len(recent) - 1, int(0.95 * len(recent)))]
+
+    async def admin_load(self, request: Request) -> Response:
+        """What the autoscaler reads each poll: buffered and in-flight requests, per-backend load, TTFT p95."""
+        if not self._admin_allowed(request):
+            return APIError(403, "admin API: wrong or missing x-fleetserve-admin token").response()
+        backends = [{"url": b.url, "healthy": b.healthy, "draining": b.draining, "in_flight": b.in_flight,
+                     "running": b.running, "waiting": b.waiting} for b in self.pool.backends.values()]
+        pool = list(self.pool.backends.values())
+        return JSONResponse({"pending": self.pending, "in_flight": sum(b.in_flight for b in pool),
+                             "waiting": sum(b.waiting for b in pool),
+                             "requests_total": self.requests_total, "ttft_p95_ms": self.ttft_p95_ms(),
+                             "backends": backends})
+
+    async def admin_backends(self, request: Request) -> Response:
+        """Replace the backend set: {"backends": [{"url": ..., "state": "ready" | "starting" | "draining"}]}."""
+        if not self._admin_allowed(request):
+            return APIError(403, "admin API: wrong or missing x-fleetserve-admin token").response()
+        try:
+            body = parse_json_body(await request.body())
+            entries = body["backends"]
+            urls = [e["url"] for e in entries]
+            states = [e.get("state", "starting") for e in entries]
+        except (KeyError, TypeError):
+            return APIError(400, 'backends: expected {"backends": [{"url": "http://...", "state": "ready"}]}',
+                            param="backends").response()
+        except APIError as err:
+            return err.response()
+        bad = [st for st in states if st not in ("ready", "starting", "draining")]
+        if bad:
+            return APIError(400, f"backends[].state: got {bad[0]!r}; allowed values: ready, starting, draining",
+                            param="backends[].state").response()
+        self.pool.set_backends(urls, ready={u.rstrip("/") for u, st in zip(urls, states, strict=True) if st == "ready"},
+                               draining={u.rstrip("/") for u, st in zip(urls, states, strict=True)
+                                         if st == "draining"})
+        return JSONResponse({"backends": len(urls)})
 
     async def metrics_endpoint(self, request: Request) -> Response:
         for b in self.pool.backends.values():
@@ -262,6 +348,8 @@ def build_app(gateway: Gateway) -> Starlette:
         Route("/health", gateway.health, methods=["GET"]),
         Route("/ping", gateway.health, methods=["GET"]),
         Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
+        Route("/admin/load", gateway.admin_load, methods=["GET"]),
+        Route("/admin/backends", gateway.admin_backends, methods=["PUT"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={HTTPException: _http_error, Exception: _server_error})
