@@ -125,7 +125,9 @@ class ScalingState:
 
     @classmethod
     def initial(cls, policy: ScalingPolicy, replicas: int, now: float) -> ScalingState:
-        return cls(current=min(policy.max_replicas, max(policy.floor(now), replicas)), created=now)
+        """The starting count is the first recommendation: it holds for the scale-down window."""
+        current = min(policy.max_replicas, max(policy.floor(now), replicas))
+        return cls(current=current, created=now, recommendations=((now, current),))
 
 
 @dataclass(frozen=True)
@@ -157,10 +159,12 @@ def _recommend(policy: ScalingPolicy, current: int, values: tuple[float | None, 
 
 
 def _stabilize(policy: ScalingPolicy, state: ScalingState, raw: int, now: float) -> tuple[int, tuple]:
+    # like the HPA: a past recommendation counts while it is strictly inside the window
+    past = state.recommendations
+    up = min([r for t, r in past if now - t < policy.up_window] + [raw])
+    down = max([r for t, r in past if now - t < policy.down_window] + [raw])
     keep = max(policy.up_window, policy.down_window)
-    recs = tuple((t, r) for t, r in state.recommendations if now - t < keep) + ((now, raw),)
-    up = min([r for t, r in recs if now - t <= policy.up_window] or [raw])
-    down = max([r for t, r in recs if now - t <= policy.down_window] or [raw])
+    recs = tuple((t, r) for t, r in past if now - t < keep) + ((now, raw),)
     result = state.current
     if result < up:
         result = up

@@ -5,6 +5,7 @@ Shared by the local fleet (with the local or the simulated-cloud provider) and t
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 
 from fleetserve.capacity.catalog import Catalog
@@ -42,7 +43,11 @@ class CapacityManager:
         self.consolidation = consolidation or ConsolidationPolicy()
         self.ledger = CostLedger()
         self.labels = (namespace, model_version)
-        self.log: list[str] = []  # placement and fall-through notes, newest last
+        self.log: collections.deque[str] = collections.deque(maxlen=100)  # placement notes, newest last
+
+    def _note(self, line: str) -> None:
+        if not self.log or self.log[-1] != line:
+            self.log.append(line)
 
     def _slots_for(self, instance_type: str) -> int:
         if instance_type == "local":
@@ -59,7 +64,7 @@ class CapacityManager:
         while True:
             choice = place(self.request, self.tiers, self.catalog, self.availability, now, self.allow_larger)
             if isinstance(choice, InsufficientCapacity):
-                self.log.append(f"insufficient capacity: {choice.reason}")
+                self._note(f"insufficient capacity: {choice.reason}")
                 return choice
             try:
                 node = self.provider.create(choice.offering, self._slots_for(choice.offering.instance_type), now)

@@ -140,14 +140,32 @@ def status(
         out.print("no fleets" + (f" named {name}" if name else ""))
         raise typer.Exit(1 if name else 0)
     for f in fleets:
-        out.print(f"[bold]{escape(f.name)}[/bold] ({f.namespace}) {f.status} {escape(f.url)} "
-                  f"model {escape(f.model)} routing {f.strategy}")
-        if f.error:
-            out.print(f"  error: {f.error}", markup=False)
-        table = Table("replica", "url", "state", "pid", "restarts")
-        for r in f.replicas:
-            table.add_row(r.id, r.url, r.state, str(r.pid or "-"), str(r.restarts))
-        out.print(table)
+        _print_fleet(f)
+
+
+def _print_fleet(f) -> None:
+    out.print(f"[bold]{escape(f.name)}[/bold] ({f.namespace}) {f.status} {escape(f.url)} "
+              f"model {escape(f.model)} routing {f.strategy}")
+    out.print(f"  replicas: desired {f.desired}, ready {f.ready}; cost ${f.cost_per_hour:.3f}/h, "
+              f"${f.cost_total:.4f} so far", markup=False)
+    if f.last_decision:
+        out.print(f"  last decision: {f.last_decision['desired']} replica(s): {f.last_decision['reason']}",
+                  markup=False)
+    if f.error:
+        out.print(f"  error: {f.error}", markup=False)
+    table = Table("replica", "url", "state", "node", "pid", "restarts", "cold start")
+    for r in f.replicas:
+        cold = f"{r.cold_start_s:.1f}s" if r.cold_start_s is not None else "-"
+        table.add_row(r.id, r.url, r.state, f"{r.node} {r.instance_type}".strip(), str(r.pid or "-"),
+                      str(r.restarts), cold)
+    out.print(table)
+    if f.nodes:
+        nodes = Table("node", "instance type", "capacity", "$/h", "replicas", "ready")
+        for n in f.nodes:
+            ready = ("yes" if n.ready else "provisioning") + (" (interrupting)" if n.interrupting else "")
+            nodes.add_row(n.id, n.instance_type, n.capacity_type, f"{n.price_per_hour:.3f}", f"{n.used}/{n.slots}",
+                          ready)
+        out.print(nodes)
 
 
 @app.command()

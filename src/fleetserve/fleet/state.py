@@ -16,9 +16,24 @@ class ReplicaState:
     id: str
     url: str
     pid: int | None = None
-    state: str = "starting"  # starting | ready | restarting | failed | stopped
+    state: str = "starting"  # pending | starting | ready | restarting | draining | stopped
     restarts: int = 0
     last_exit: int | None = None
+    node: str = ""
+    instance_type: str = ""
+    cold_start_s: float | None = None
+
+
+@dataclass
+class NodeState:
+    id: str
+    instance_type: str
+    capacity_type: str
+    price_per_hour: float
+    slots: int
+    used: int
+    ready: bool
+    interrupting: bool = False
 
 
 @dataclass
@@ -35,6 +50,16 @@ class FleetState:
     replicas: list[ReplicaState] = field(default_factory=list)
     error: str = ""
     warnings: list[str] = field(default_factory=list)
+    desired: int = 0
+    ready: int = 0
+    last_decision: dict | None = None
+    scaling_state: dict | None = None
+    nodes: list[NodeState] = field(default_factory=list)
+    cost_per_hour: float = 0.0
+    cost_total: float = 0.0
+    cost_by_replica: dict[str, float] = field(default_factory=dict)
+    capacity_log: list[str] = field(default_factory=list)
+    metrics_url: str = ""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -43,6 +68,7 @@ class FleetState:
     def from_json(cls, data: dict) -> FleetState:
         data = dict(data)
         data["replicas"] = [ReplicaState(**r) for r in data.get("replicas", [])]
+        data["nodes"] = [NodeState(**n) for n in data.get("nodes", [])]
         return cls(**data)
 
 

@@ -1,15 +1,23 @@
-"""`fleetserve up`: start a spec's engine replicas and router as child processes and keep them running.
+"""`fleetserve up`: run a spec's router and engine replicas as child processes and keep them as desired.
 
-Start order: resolve the model once (a child process, so the supervisor stays small), start every replica,
-wait until each answers /health, start the router, wait until it answers. A crashed replica is restarted on
-the same port with exponential backoff while the router's health checks keep traffic away from it. Any stop
-(signal, failed start, error) stops the router first, then the replicas; nothing outlives the supervisor.
+Start order: resolve the model once (a child process, so the supervisor never loads torch), start the
+router (it holds requests while no replica is ready), then launch the initial replicas and wait for them.
+From then on one loop, every `poll_interval`:
+- replicas move through pending (waiting for a node) -> starting -> ready; a new replica counts only once
+  its /health answers, and the router learns about it at once (cold start is measured and exported);
+- a crashed replica restarts on the same port with exponential backoff; the router keeps traffic away;
+- the autoscale controller decides (KEDA semantics) and the supervisor applies: launch through capacity
+  placement, or drain (no new requests, in-flight ones finish, then stop);
+- capacity events: spot interruption notices drain the node's replicas (replacements launch), empty nodes
+  are consolidated, cost is accounted.
+Any stop (signal, failed start, error) stops the router first, then the replicas; nothing outlives it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -18,14 +26,20 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from fleetserve.autoscale.controller import Controller
+from fleetserve.autoscale.policy import ScalingPolicy, ScalingState
+from fleetserve.capacity.placement import InsufficientCapacity
+from fleetserve.fleet.capacity import build_capacity
+from fleetserve.fleet.metrics import SupervisorMetrics
 from fleetserve.fleet.process import Child, fleetserve_command, free_port
-from fleetserve.fleet.state import FleetState, ReplicaState, fleet_dir, write_state
+from fleetserve.fleet.state import FleetState, NodeState, ReplicaState, fleet_dir, write_state
 from fleetserve.router.policies import registered_policies
 from fleetserve.spec.load import LoadedSpec
 
 log = logging.getLogger(__name__)
 
 RESTART_BACKOFF_MAX = 30.0
+DRAIN_TIMEOUT = 120.0
 
 
 class StartupError(Exception):
@@ -39,24 +53,36 @@ class Interrupted(Exception):
 @dataclass
 class Replica:
     state: ReplicaState
-    child: Child
+    port: int
+    node_id: str
+    requested_at: float  # monotonic: when the controller asked for it (cold start starts here)
+    child: Child | None = None
+    started_at: float = 0.0
     restart_at: float | None = None
     crash_times: list[float] = field(default_factory=list)
+    drain_deadline: float | None = None
 
 
 class Supervisor:
     def __init__(self, loaded: LoadedSpec, spec_path: str, *, say: Callable[[str], None] = print,
-                 poll_interval: float = 0.2):
+                 poll_interval: float = 0.2, clock: Callable[[], float] = time.time):
         self.endpoint = loaded.endpoint
         self.spec = loaded.endpoint.spec
         self.name = loaded.endpoint.metadata.name
         self.dir = fleet_dir(self.name)
         self.say = say
         self.poll_interval = poll_interval
+        self.clock = clock
         self._stop = False
         self.replicas: list[Replica] = []
+        self._ids = 0
+        self.model_dir = ""
         self.router: Child | None = None
         self.router_url = ""
+        self.admin_token = secrets.token_hex(16)
+        self.capacity = build_capacity(self.spec, self.endpoint.metadata.namespace, clock())
+        self.controller: Controller | None = None
+        self.metrics = SupervisorMetrics()
         self.state = FleetState(
             name=self.name,
             namespace=self.endpoint.metadata.namespace,
@@ -66,6 +92,7 @@ class Supervisor:
             warnings=[str(w) for w in loaded.warnings],
         )
         self._http = httpx.Client(timeout=1.0, trust_env=False)
+        self._pushed: list | None = None
 
     # --- public --------------------------------------------------------------------------------------------
 
@@ -95,19 +122,44 @@ class Supervisor:
             log.exception("supervisor failed")
             self.state.status, self.state.error = "failed", f"{type(exc).__name__}: {exc}"
             self._save()
+            self.say(f"error: {self.state.error}")
             code = 1
         finally:
             self._shutdown()
         return code
 
-    # --- start ---------------------------------------------------------------------------------------------
+    # --- state ---------------------------------------------------------------------------------------------
 
     def _save(self) -> None:
-        write_state(self.state)
+        s = self.state
+        s.replicas = [r.state for r in self.replicas]
+        s.ready = sum(1 for r in self.replicas if r.state.state == "ready")
+        s.desired = self._desired()
+        if self.controller and self.controller.last:
+            d = self.controller.last
+            s.last_decision = {"desired": d.desired, "reason": d.reason, "active": d.active, "floor": d.floor,
+                               "at": self.clock()}
+            s.scaling_state = self.controller.state.to_json()
+        now = self.clock()
+        s.nodes = [NodeState(n.id, n.offering.instance_type, n.offering.capacity_type, n.price_per_hour, n.slots,
+                             n.used, n.ready(now), n.interrupt_at is not None) for n in self.capacity.nodes()]
+        totals = self.capacity.ledger.totals(now)
+        s.cost_per_hour, s.cost_total = totals["per_hour"], totals["total"]
+        s.cost_by_replica = totals["by_replica"]
+        s.capacity_log = list(self.capacity.log)[-10:]
+        self.metrics.update(s)
+        write_state(s)
 
     def _check_stop(self) -> None:
         if self._stop:
             raise Interrupted()
+
+    def _desired(self) -> int:
+        if self.controller is not None:
+            return self.controller.desired
+        return self.spec.replicas if self.spec.engine.kind == "builtin" else 0
+
+    # --- start ---------------------------------------------------------------------------------------------
 
     def _prepare_model(self) -> str:
         """Resolve the model source once, in a child process, and return the local directory."""
@@ -116,8 +168,7 @@ class Supervisor:
         if model.revision:
             cmd += ["--revision", model.revision]
         self.say(f"preparing model {model.source} ...")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=False)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + self.spec.engine.startup_timeout_seconds
         while proc.poll() is None:
             if self._stop or time.monotonic() > deadline:
@@ -128,41 +179,13 @@ class Supervisor:
             time.sleep(0.1)
         out, err = proc.communicate()
         if proc.returncode != 0:
-            raise StartupError(f"cannot prepare model {model.source}: {(err or out).strip().splitlines()[-1:]}")
+            last = (err or out).strip().splitlines()[-1:] or ["no output"]
+            raise StartupError(f"cannot prepare model {model.source}: {last[0]}")
         return out.strip().splitlines()[-1]
-
-    def _engine_command(self, model_dir: str, replica_id: str, port: int) -> list[str]:
-        spec, meta = self.spec, self.endpoint.metadata
-        threads = spec.engine.threads or max(1, (os.cpu_count() or 1) // max(1, spec.replicas))
-        cmd = fleetserve_command(
-            "engine", "--model", model_dir, "--host", "127.0.0.1", "--port", str(port),
-            "--served-model-name", self.endpoint.served_model_name, "--model-version", spec.model.version,
-            "--namespace", meta.namespace, "--instance-type", "local", "--replica", replica_id,
-            "--threads", str(threads), "--dtype", spec.model.dtype,
-        )
-        if spec.model.context_length:
-            cmd += ["--context-length", str(spec.model.context_length)]
-        return cmd + list(spec.engine.args)
-
-    def _wait_healthy(self, url: str, child: Child, what: str, timeout: float, path: str = "/health") -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            self._check_stop()
-            code = child.exit_code()
-            if code is not None:
-                raise StartupError(f"{what} exited with code {code} during start-up; last log lines "
-                                   f"({child.log_path}):\n{child.log_tail()}")
-            try:
-                if self._http.get(url + path).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise StartupError(f"{what} was not ready after {timeout:.0f}s; see {child.log_path}")
-            time.sleep(self.poll_interval)
 
     def _start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.state.metrics_url = self.metrics.serve()
         self._save()
         kind = self.spec.engine.kind
         if kind in ("vllm", "sglang"):
@@ -170,29 +193,33 @@ class Supervisor:
                 f"engine.kind {kind!r} runs the {kind} server, which needs a GPU; this machine has none. "
                 "Use engine.kind builtin here, or deploy with `fleetserve render k8s`."
             )
-        backends: list[str] = []
-        if kind == "external":
-            backends = list(self.spec.engine.urls)
-        elif self.spec.replicas > 0:
-            model_dir = self._prepare_model()
-            for i in range(self.spec.replicas):
-                port = free_port()
-                rid = f"r{i}"
-                url = f"http://127.0.0.1:{port}"
-                child = Child(rid, self._engine_command(model_dir, rid, port), self.dir / "logs" / f"{rid}.log")
-                child.start()
-                replica = Replica(ReplicaState(rid, url, child.pid), child)
-                self.replicas.append(replica)
-                self.state.replicas.append(replica.state)
-            self._save()
-            self.say(f"starting {len(self.replicas)} engine replica(s) ...")
-            for r in self.replicas:
-                self._wait_healthy(r.state.url, r.child, f"replica {r.state.id}",
-                                   self.spec.engine.startup_timeout_seconds, self.spec.engine.health_path)
-                r.state.state = "ready"
-                self._save()
-            backends = [r.state.url for r in self.replicas]
-        self._start_router(backends)
+        if kind == "builtin":
+            self.model_dir = self._prepare_model()
+        self._start_router(list(self.spec.engine.urls) if kind == "external" else [])
+        if kind != "builtin":
+            return
+        autoscaling = self.spec.autoscaling
+        if autoscaling is not None and autoscaling.enabled:
+            policy = ScalingPolicy.from_spec(autoscaling)
+            queries = tuple((t.server_address, t.query) if t.metric == "prometheus" else None
+                            for t in autoscaling.triggers)
+            self.controller = Controller(policy, ScalingState.initial(policy, self.spec.replicas, self.clock()),
+                                         self._router_load, queries)
+        initial = self._desired()
+        if initial:
+            self.say(f"starting {initial} engine replica(s) ...")
+        deadline = time.monotonic() + self.spec.engine.startup_timeout_seconds + \
+            self.spec.capacity.simulated.provisioning_delay_seconds
+        while True:
+            self._check_stop()
+            self._reconcile(time.monotonic(), starting_up=True)
+            ready = sum(1 for r in self.replicas if r.state.state == "ready")
+            if ready >= initial:
+                return
+            if time.monotonic() > deadline:
+                raise StartupError(f"{ready} of {initial} replica(s) ready after "
+                                   f"{self.spec.engine.startup_timeout_seconds:.0f}s; see {self.dir / 'logs'}")
+            time.sleep(self.poll_interval)
 
     def _start_router(self, backends: list[str]) -> None:
         strategy = self.spec.routing.strategy
@@ -201,61 +228,219 @@ class Supervisor:
         host = self.spec.router.host
         port = self.spec.router.port or free_port(host)
         cmd = fleetserve_command("router", "--host", host, "--port", str(port), "--strategy", strategy,
-                                 "--health-path", self.spec.engine.health_path)
+                                 "--health-path", self.spec.engine.health_path,
+                                 "--buffer-size", str(self.spec.router.buffer_size),
+                                 "--buffer-timeout", str(self.spec.router.buffer_timeout_seconds))
         for url in backends:
             cmd += ["--backend", url]
-        self.router = Child("router", cmd, self.dir / "logs" / "router.log")
+        self.router = Child("router", cmd, self.dir / "logs" / "router.log",
+                            env={"FLEETSERVE_ADMIN_TOKEN": self.admin_token})
         self.router.start()
         self.router_url = f"http://{host}:{port}"
         self.state.router_pid, self.state.strategy = self.router.pid, strategy
         self.state.url = f"{self.router_url}/v1"
         self._save()
-        # With no backend the router answers 503 on /health; wait only for it to listen then.
-        path = "/health" if backends else "/metrics"
-        self._wait_healthy(self.router_url, self.router, "router", 60.0, path)
+        deadline = time.monotonic() + 60
+        while True:
+            self._check_stop()
+            if self.router.exit_code() is not None:
+                raise StartupError(f"router exited with code {self.router.exit_code()} during start-up; "
+                                   f"last log lines ({self.router.log_path}):\n{self.router.log_tail()}")
+            if self._get(self.router_url + "/metrics") is not None:
+                return
+            if time.monotonic() > deadline:
+                raise StartupError(f"router was not ready after 60s; see {self.router.log_path}")
+            time.sleep(self.poll_interval)
+
+    # --- router I/O ----------------------------------------------------------------------------------------
+
+    def _get(self, url: str, headers: dict | None = None) -> httpx.Response | None:
+        try:
+            r = self._http.get(url, headers=headers)
+            return r if r.status_code == 200 else None
+        except httpx.HTTPError:
+            return None
+
+    def _router_load(self) -> dict | None:
+        r = self._get(self.router_url + "/admin/load", {"x-fleetserve-admin": self.admin_token})
+        return r.json() if r is not None else None
+
+    def _push_backends(self) -> None:
+        mapping = {"ready": "ready", "draining": "draining"}
+        entries = [{"url": r.state.url, "state": mapping.get(r.state.state, "starting")}
+                   for r in self.replicas if r.state.state not in ("pending", "stopped")]
+        if entries == self._pushed:
+            return
+        try:
+            self._http.put(self.router_url + "/admin/backends", json={"backends": entries},
+                           headers={"x-fleetserve-admin": self.admin_token}).raise_for_status()
+            self._pushed = entries
+        except httpx.HTTPError as exc:
+            log.warning("could not update the router's backends: %s", exc)
+            self._pushed = None
+
+    # --- replicas ------------------------------------------------------------------------------------------
+
+    def _engine_command(self, replica_id: str, port: int, instance_type: str) -> list[str]:
+        spec, meta = self.spec, self.endpoint.metadata
+        slots = max(1, self._desired(), spec.replicas)
+        threads = spec.engine.threads or max(1, (os.cpu_count() or 1) // slots)
+        cmd = fleetserve_command(
+            "engine", "--model", self.model_dir, "--host", "127.0.0.1", "--port", str(port),
+            "--served-model-name", self.endpoint.served_model_name, "--model-version", spec.model.version,
+            "--namespace", meta.namespace, "--instance-type", instance_type, "--replica", replica_id,
+            "--threads", str(threads), "--dtype", spec.model.dtype,
+        )
+        if spec.model.context_length:
+            cmd += ["--context-length", str(spec.model.context_length)]
+        return cmd + list(spec.engine.args)
+
+    def _launch(self, mono: float) -> bool:
+        """Ask capacity for a slot and create a replica on it; False when there is no capacity now."""
+        rid = f"r{self._ids}"
+        slot = self.capacity.acquire(rid, self.clock())
+        if isinstance(slot, InsufficientCapacity):
+            self.state.error = f"cannot place a replica: {slot.reason}"
+            return False
+        self._ids += 1
+        self.state.error = ""
+        port = free_port()
+        node = slot.node
+        state = ReplicaState(rid, f"http://127.0.0.1:{port}", state="pending", node=node.id,
+                             instance_type=node.offering.instance_type)
+        self.replicas.append(Replica(state, port, node.id, requested_at=mono))
+        return True
+
+    def _spawn(self, r: Replica, mono: float) -> None:
+        if r.child is None:
+            r.child = Child(r.state.id, self._engine_command(r.state.id, r.port, r.state.instance_type),
+                            self.dir / "logs" / f"{r.state.id}.log")
+        r.child.start()
+        r.started_at = mono
+        r.state.pid, r.state.state = r.child.pid, "starting"
+
+    def _crashed(self, r: Replica, code: int | None, mono: float, why: str, starting_up: bool) -> None:
+        if starting_up:
+            tail = r.child.log_tail() if r.child else ""
+            raise StartupError(f"replica {r.state.id} {why} during start-up; last log lines "
+                               f"({r.child.log_path if r.child else '-'}):\n{tail}")
+        r.crash_times = [t for t in r.crash_times if mono - t < 300] + [mono]
+        delay = min(RESTART_BACKOFF_MAX, 2.0 ** (len(r.crash_times) - 1))
+        r.restart_at = mono + delay
+        r.state.state, r.state.last_exit, r.state.pid = "restarting", code, None
+        self.say(f"replica {r.state.id} {why}; restarting in {delay:.0f}s")
+
+    def _tend(self, r: Replica, mono: float, starting_up: bool) -> None:
+        s = r.state
+        if s.state == "pending":
+            node = next((n for n in self.capacity.nodes() if n.id == r.node_id), None)
+            if node is None:
+                self._remove(r)  # its node went away before the replica started
+            elif node.ready(self.clock()):
+                self._spawn(r, mono)
+            return
+        if s.state == "restarting":
+            if r.restart_at is not None and mono >= r.restart_at:
+                r.restart_at = None
+                s.restarts += 1
+                self._spawn(r, mono)
+            return
+        code = r.child.exit_code() if r.child else None
+        if s.state in ("starting", "ready") and code is not None:
+            self._crashed(r, code, mono, f"exited with code {code}", starting_up)
+            return
+        if s.state == "starting":
+            if self._get(s.url + self.spec.engine.health_path) is not None:
+                s.state = "ready"
+                cold = mono - r.requested_at
+                s.cold_start_s = round(cold, 3)
+                self.metrics.cold_start.observe(cold)
+                if s.restarts:
+                    self.say(f"replica {s.id} is ready again")
+            elif mono - r.started_at > self.spec.engine.startup_timeout_seconds:
+                r.child.stop(timeout=5)
+                self._crashed(r, None, mono, "did not become ready in time", starting_up)
+
+    def _drain(self, r: Replica, mono: float) -> None:
+        if r.state.state in ("pending", "restarting") or r.child is None:
+            self._remove(r)
+            return
+        r.state.state = "draining"
+        r.drain_deadline = mono + DRAIN_TIMEOUT
+
+    def _finish_drains(self, mono: float, load: dict | None) -> None:
+        in_flight = {b["url"]: b["in_flight"] for b in (load or {}).get("backends", [])}
+        for r in [r for r in self.replicas if r.state.state == "draining"]:
+            idle = self._pushed is not None and in_flight.get(r.state.url) == 0
+            if idle or (r.drain_deadline is not None and mono >= r.drain_deadline):
+                self._remove(r)
+
+    def _remove(self, r: Replica) -> None:
+        if r.child is not None:
+            r.child.stop(timeout=10)
+        r.state.state, r.state.pid = "stopped", None
+        self.capacity.release(r.state.id, r.node_id, self.clock())
+        self.replicas.remove(r)
+
+    def _scale_to(self, desired: int, mono: float) -> None:
+        active = [r for r in self.replicas if r.state.state != "draining"]
+        if len(active) < desired:
+            for _ in range(desired - len(active)):
+                if not self._launch(mono):
+                    break
+        elif len(active) > desired:
+            rank = {"pending": 0, "restarting": 1, "starting": 2, "ready": 3}
+            used = {n.id: n.used for n in self.capacity.nodes()}
+            victims = sorted(active, key=lambda r: (rank.get(r.state.state, 0), used.get(r.node_id, 0),
+                                                    -int(r.state.id[1:])))
+            for r in victims[: len(active) - desired]:
+                self._drain(r, mono)
+
+    def _capacity_events(self, mono: float) -> None:
+        for event in self.capacity.poll(self.clock()):
+            on_node = [r for r in self.replicas if r.node_id == event.node_id]
+            if event.kind == "interruption-notice":
+                self.say(f"spot interruption notice for node {event.node_id}: draining {len(on_node)} replica(s)")
+                for r in on_node:
+                    self._drain(r, mono)
+            elif event.kind == "terminated":
+                for r in on_node:
+                    self._remove(r)
+
+    def _reconcile(self, mono: float, starting_up: bool = False) -> None:
+        self._capacity_events(mono)
+        load = self._router_load() if self.router else None
+        if self.controller is not None and not starting_up:
+            pending = int(load["pending"]) if load else 0
+            if self.controller.due(self.clock(), pending):
+                decision = self.controller.tick(self.clock(), load)
+                self.metrics.decisions.labels(reason=decision.reason.split(":")[0][:40]).inc()
+        self._scale_to(self._desired(), mono)
+        for r in list(self.replicas):
+            self._tend(r, mono, starting_up)
+        self._finish_drains(mono, load)
+        ready = [r for r in self.replicas if r.state.state == "ready"]
+        if load is not None and ready:
+            target = max(1.0, self.controller.policy.triggers[0].target if self.controller else 4.0)
+            load_ratio = (load["in_flight"] + load["pending"]) / (target * len(ready))
+        else:
+            load_ratio = 0.0
+        self.capacity.consolidate(self.clock(), load_ratio)
+        self._push_backends()
+        self._save()
 
     # --- supervise -----------------------------------------------------------------------------------------
 
     def _supervise(self) -> None:
         while not self._stop:
-            now = time.monotonic()
-            changed = False
-            for r in self.replicas:
-                changed |= self._tend(r, now)
+            mono = time.monotonic()
+            self._reconcile(mono)
             if self.router and self.router.exit_code() is not None and not self._stop:
                 self.say(f"router exited with code {self.router.exit_code()}; restarting")
                 self.router.start()
                 self.state.router_pid = self.router.pid
-                changed = True
-            if changed:
-                self._save()
+                self._pushed = None
             time.sleep(self.poll_interval)
-
-    def _tend(self, r: Replica, now: float) -> bool:
-        """Advance one replica's life cycle; True if its state changed."""
-        s = r.state
-        code = r.child.exit_code()
-        if code is not None and r.restart_at is None:
-            r.crash_times = [t for t in r.crash_times if now - t < 300] + [now]
-            delay = min(RESTART_BACKOFF_MAX, 2.0 ** (len(r.crash_times) - 1))
-            r.restart_at = now + delay
-            s.state, s.last_exit, s.pid = "restarting", code, None
-            self.say(f"replica {s.id} exited with code {code}; restarting in {delay:.0f}s")
-            return True
-        if r.restart_at is not None and now >= r.restart_at:
-            r.restart_at = None
-            r.child.start()
-            s.pid, s.state, s.restarts = r.child.pid, "starting", s.restarts + 1
-            return True
-        if s.state == "starting" and code is None:
-            try:
-                if self._http.get(s.url + self.spec.engine.health_path).status_code == 200:
-                    s.state = "ready"
-                    self.say(f"replica {s.id} is ready again")
-                    return True
-            except httpx.HTTPError:
-                pass
-        return False
 
     # --- stop ----------------------------------------------------------------------------------------------
 
@@ -263,15 +448,18 @@ class Supervisor:
         if self.state.status != "failed":
             self.state.status = "stopping"
             self._save()
-        children = ([self.router] if self.router else []) + [r.child for r in self.replicas]
+        children = ([self.router] if self.router else []) + [r.child for r in self.replicas if r.child]
         for child in children:
             child.signal(signal.SIGTERM)
         for child in children:
             child.stop(timeout=10.0)
+        now = self.clock()
         for r in self.replicas:
             r.state.state, r.state.pid = "stopped", None
+            self.capacity.release(r.state.id, r.node_id, now)
         self.state.router_pid = None
         if self.state.status != "failed":
             self.state.status = "stopped"
         self._save()
+        self.metrics.stop()
         self._http.close()

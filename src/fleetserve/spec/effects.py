@@ -26,10 +26,11 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         )
     if spec.routing.session_key:
         note("spec.routing.sessionKey", "session routing is not implemented yet; ignored")
-    if spec.autoscaling is not None and spec.autoscaling.enabled:
-        note("spec.autoscaling", f"autoscaling is not acted on yet; the fleet runs spec.replicas={spec.replicas}")
-    if spec.placement.instance_types or spec.placement.node_affinity:
-        note("spec.placement", "instance types and node affinity apply to Kubernetes rendering; locally ignored")
+    if spec.autoscaling is not None and not spec.autoscaling.enabled:
+        note("spec.autoscaling.enabled", f"false: the fleet keeps spec.replicas={spec.replicas}")
+    if (spec.placement.instance_types or spec.placement.node_affinity) and spec.capacity.provider == "local":
+        note("spec.placement", "capacity.provider is 'local': this machine is the only node, instance types "
+                               "apply to the simulated provider and to Kubernetes rendering")
     if spec.kv_cache.l2.enabled:
         note("spec.kvCache.l2", "the L2 (Redis) KV tier is not implemented yet; ignored")
     if "kv_cache" in spec.model_fields_set and spec.kv_cache.l1.enabled:

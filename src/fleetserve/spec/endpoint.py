@@ -238,6 +238,57 @@ class AuthSection(SpecModel):
 class RouterSection(SpecModel):
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535, description="0: a free port")
+    buffer_size: int = Field(default=256, ge=0, description="requests held while no replica is ready")
+    buffer_timeout_seconds: float = Field(default=600, gt=0, description="longer than the cold start")
+
+
+class BudgetSpec(SpecModel):
+    """A Karpenter disruption budget; unlike Karpenter's, its schedule may name a time zone."""
+
+    nodes: str = Field(default="10%", pattern=r"^\d+%?$")
+    schedule: str | None = None
+    duration_seconds: float = Field(default=0, ge=0)
+    timezone: str = "UTC"
+
+    @model_validator(mode="after")
+    def _schedule_with_duration(self) -> BudgetSpec:
+        if bool(self.schedule) != bool(self.duration_seconds):
+            raise ValueError("budget schedule and durationSeconds go together")
+        return self
+
+
+class ConsolidationSection(SpecModel):
+    policy: Literal["WhenEmpty", "WhenEmptyOrUnderutilized"] = "WhenEmptyOrUnderutilized"
+    consolidate_after: float = Field(default=0, ge=0)
+    budgets: list[BudgetSpec] = Field(default_factory=lambda: [BudgetSpec()])
+
+
+class ShortageSpec(SpecModel):
+    instance_type: str
+    start_seconds: float = Field(ge=0, description="after the fleet starts")
+    end_seconds: float = Field(gt=0)
+    capacity_type: Literal["spot", "on-demand"] | None = None
+
+
+class SimulatedCloudSection(SpecModel):
+    """A cloud in the loop for local runs: nodes are virtual, replicas are real processes."""
+
+    provisioning_delay_seconds: float = Field(default=5, ge=0)
+    limits: dict[str, int] = Field(default_factory=dict)
+    shortages: list[ShortageSpec] = Field(default_factory=list)
+    spot_interruption_rate_per_hour: float = Field(default=0, ge=0)
+    seed: int = 0
+
+
+class CapacitySection(SpecModel):
+    provider: Literal["local", "simulated"] = "local"
+    local_slots: int | None = Field(default=None, ge=1, description="replicas this machine holds")
+    local_price_per_hour: float = Field(default=0, ge=0)
+    capacity_types: list[Literal["spot", "on-demand"]] = Field(default_factory=lambda: ["on-demand"], min_length=1)
+    allow_larger_instances: bool = False
+    unavailable_offering_ttl: float = Field(default=180, ge=0)
+    consolidation: ConsolidationSection = Field(default_factory=ConsolidationSection)
+    simulated: SimulatedCloudSection = Field(default_factory=SimulatedCloudSection)
 
 
 class EndpointSpec(SpecModel):
@@ -253,6 +304,22 @@ class EndpointSpec(SpecModel):
     tls: TLSSection = Field(default_factory=TLSSection)
     auth: AuthSection = Field(default_factory=AuthSection)
     router: RouterSection = Field(default_factory=RouterSection)
+    capacity: CapacitySection = Field(default_factory=CapacitySection)
+
+    @model_validator(mode="after")
+    def _instance_types_known(self) -> EndpointSpec:
+        if self.capacity.provider != "simulated":
+            return self
+        from fleetserve.capacity.catalog import Catalog
+
+        catalog = Catalog.builtin()
+        for i, name in enumerate(self.placement.instance_types):
+            if name not in catalog:
+                raise ValueError(f"placement.instanceTypes[{i}]: unknown instance type {name!r}; known: "
+                                 f"{', '.join(catalog.names())}")
+        if not self.placement.instance_types and not self.placement.node_affinity:
+            raise ValueError("capacity.provider 'simulated' needs placement.instanceTypes or nodeAffinity")
+        return self
 
 
 class Endpoint(SpecModel):

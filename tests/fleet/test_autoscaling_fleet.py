@@ -1,0 +1,127 @@
+"""Autoscaling with real processes: scale from zero loses nothing, idle fleets return to their floor,
+placement falls through a shortage on the simulated cloud."""
+
+import json
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers import fleetserve, processes_with_env, wait_until
+from tests.metrics_text import sample
+
+
+@pytest.fixture()
+def home(tmp_path):
+    path = tmp_path / "home"
+    path.mkdir()
+    yield {"FLEETSERVE_HOME": str(path)}
+    for pid in processes_with_env("FLEETSERVE_HOME", str(path)):
+        os.kill(pid, signal.SIGKILL)
+
+
+def status(home):
+    return json.loads(fleetserve("status", "--json", env=home, check=True).stdout)[0]
+
+
+ZERO = """
+apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {{name: zero}}
+spec:
+  model: {{name: tiny, source: "{source}"}}
+  engine: {{threads: 1}}
+  replicas: 0
+  routing: {{strategy: leastload}}
+  autoscaling:
+    minReplicaCount: 0
+    maxReplicaCount: 2
+    pollingInterval: 1
+    cooldownPeriod: 4
+    initialCooldownPeriod: 0
+    scaleDownStabilizationTime: 2
+    triggers: [{{metric: concurrency, target: 4}}]
+"""
+
+
+def test_scale_from_zero_answers_every_request_then_returns_to_zero(tmp_path, tiny_model, home):
+    spec = tmp_path / "zero.yaml"
+    spec.write_text(ZERO.format(source=tiny_model))
+    up = fleetserve("up", str(spec), "--detach", env=home)
+    assert up.returncode == 0, up.stderr
+    s = status(home)
+    assert (s["desired"], s["ready"], s["replicas"]) == (0, 0, [])
+    client = openai.OpenAI(base_url=s["url"], api_key="x", max_retries=0, timeout=120)
+
+    def ask(i):
+        return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"q{i}"}],
+                                              max_tokens=4)
+
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(ask, range(8)))
+    assert len(replies) == 8 and all(r.choices[0].finish_reason in ("stop", "length") for r in replies)
+    s = status(home)
+    assert s["ready"] >= 1 and "activated from zero" in json.dumps(s) or s["last_decision"]
+    colds = [r["cold_start_s"] for r in s["replicas"] if r["cold_start_s"] is not None]
+    assert colds and all(c > 0 for c in colds)
+    assert sample(s["metrics_url"].removesuffix("/metrics"), "fleetserve_replica_cold_start_seconds_count") >= 1
+
+    # idle: after the cooldown the fleet drains back to zero and stops the replica processes
+    wait_until(lambda: (lambda st: st["desired"] == 0 and st["replicas"] == [])(status(home)), 90, interval=0.5,
+               what="scale back to zero")
+    assert "cooldownPeriod" in status(home)["last_decision"]["reason"]
+    assert fleetserve("down", env=home).returncode == 0
+    assert processes_with_env("FLEETSERVE_HOME", home["FLEETSERVE_HOME"]) == []
+
+
+SIMULATED = """
+apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {{name: cloud}}
+spec:
+  model: {{name: tiny, source: "{source}"}}
+  engine: {{threads: 1}}
+  replicas: 2
+  placement: {{instanceTypes: [ml.g5.xlarge, ml.g6e.xlarge]}}
+  capacity:
+    provider: simulated
+    simulated:
+      provisioningDelaySeconds: 1
+      shortages: [{{instanceType: ml.g5.xlarge, startSeconds: 0, endSeconds: 3600}}]
+    consolidation: {{policy: WhenEmpty, consolidateAfter: 0, budgets: [{{nodes: "100%"}}]}}
+  autoscaling:
+    minReplicaCount: 1
+    maxReplicaCount: 3
+    pollingInterval: 1
+    cooldownPeriod: 2
+    initialCooldownPeriod: 0
+    scaleDownStabilizationTime: 15
+    triggers: [{{metric: concurrency, target: 4}}]
+"""
+
+
+def test_shortage_falls_through_and_idle_fleet_returns_to_floor(tmp_path, tiny_model, home):
+    spec = tmp_path / "cloud.yaml"
+    spec.write_text(SIMULATED.format(source=tiny_model))
+    up = fleetserve("up", str(spec), "--detach", env=home)
+    assert up.returncode == 0, up.stderr
+    s = status(home)
+    assert s["ready"] == 2
+    assert {n["instance_type"] for n in s["nodes"]} == {"g6e.xlarge"}  # g5 is short: the second tier at once
+    assert any("insufficient capacity for g5.xlarge" in line for line in s["capacity_log"])
+    assert s["cost_per_hour"] == pytest.approx(2 * 1.861)
+    r = httpx.post(s["url"] + "/chat/completions", json={"model": "tiny", "messages": [
+        {"role": "user", "content": "hi"}], "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200
+
+    # idle: back to the floor of 1 replica, and the emptied node is consolidated away
+    wait_until(lambda: (lambda st: st["desired"] == 1 and len(st["replicas"]) == 1 and len(st["nodes"]) == 1)(
+        status(home)), 90, interval=0.5, what="scale down to the floor and consolidate")
+    s = status(home)
+    assert s["cost_per_hour"] == pytest.approx(1.861) and s["cost_total"] > 0
+    shown = fleetserve("status", env=home).stdout
+    assert "g6e.xlarge" in shown and "last decision" in shown and "$1.861/h" in shown
+    assert fleetserve("down", env=home).returncode == 0
