@@ -64,3 +64,9 @@ def test_engine_with_missing_model_exits_2(tmp_path):
 def test_model_prepare_unknown_builtin():
     result = fleetserve("model", "prepare", "builtin:gpt-9")
     assert result.returncode == 2 and "smollm2-135m" in result.stderr
+
+
+def test_every_example_validates():
+    for spec in sorted(EXAMPLES.glob("*.yaml")):
+        result = fleetserve("validate", str(spec))
+        assert result.returncode == 0, (spec.name, result.stderr)

@@ -23,6 +23,8 @@ app = typer.Typer(
 )
 model_app = typer.Typer(help="Prepare models: import the demo model, make tiny test models.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
+bench_app = typer.Typer(help="Benchmarks with real processes; figures as JSON.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
 
 out = Console(soft_wrap=True, highlight=False)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -276,6 +278,29 @@ def model_tiny(
                                  param_hint="--hidden-size/--heads/--kv-heads")
     print(create_tiny_model(path, hidden_size=hidden_size, layers=layers, heads=heads, kv_heads=kv_heads,
                             context_length=context_length, seed=seed))
+
+
+@bench_app.command("scale-from-zero")
+def bench_scale_from_zero(
+    model: Annotated[str, typer.Option(help="tiny (random test model), demo (SmolLM2) or a model source")] = "tiny",
+    requests: Annotated[int, typer.Option(min=1, max=256, help="Concurrent requests in the burst")] = 8,
+    max_tokens: Annotated[int, typer.Option(min=1)] = 8,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
+) -> None:
+    """A fleet at zero replicas gets a burst: cold start, first response, lost requests (must be 0)."""
+    from fleetserve.bench.scale_from_zero import run
+
+    try:
+        result = run(model, requests, max_tokens)
+    except RuntimeError as exc:
+        raise _fail(str(exc), 1) from None
+    if not as_json:
+        out.print(f"cold start {result['cold_start_s']}s, first response {result['first_response_s']}s "
+                  f"(warm {result['warm']['first_response_s']}s), {result['requests']} requests, "
+                  f"{result['lost']} lost", markup=False)
+    print(json.dumps(result, indent=2))
+    if result["lost"]:
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""Benchmarks: real processes, figures as JSON, ratios measured side by side in one run."""
