@@ -1,7 +1,11 @@
+"""Routing policies in isolation: frozen snapshots in, choices out, no I/O and no clock."""
+
 from collections import Counter
 
 import pytest
 
+from fleetserve.kvcache.blocks import chain_keys
+from fleetserve.router.kvindex import KVIndex
 from fleetserve.router.policies import (
     FleetSnapshot,
     ReplicaView,
@@ -11,40 +15,148 @@ from fleetserve.router.policies import (
 )
 
 
-def snap(*replicas):
-    return FleetSnapshot(tuple(replicas))
+def snap(*replicas, now=0.0, kv=None):
+    return FleetSnapshot(tuple(replicas), now, kv)
+
+
+def R(rid, **kw):
+    return ReplicaView(rid, f"http://{rid}", **kw)
+
+
+def req(tokens=(), block=16, **kw):
+    tokens = list(tokens)
+    return RouteRequest("/v1/completions", blocks=tuple(chain_keys(tokens, block)), block_tokens=block,
+                        prompt_tokens=len(tokens), **kw)
 
 
 def test_registry_lists_names_and_rejects_unknown():
-    assert {"roundrobin", "leastload"} <= set(registered_policies())
+    assert set(registered_policies()) == {"roundrobin", "leastload", "session", "prefixaware", "kvaware"}
     with pytest.raises(ValueError, match="allowed: .*roundrobin"):
         create_policy("fastest")
 
 
 def test_roundrobin_rotates_over_healthy_only():
     policy = create_policy("roundrobin")
-    s = snap(ReplicaView("a", "u"), ReplicaView("b", "u", healthy=False), ReplicaView("c", "u"))
-    picks = Counter(policy.choose(RouteRequest("/"), s).id for _ in range(10))
+    s = snap(R("a"), R("b", healthy=False), R("c"))
+    picks = Counter(policy.choose(RouteRequest("/"), s).replica.id for _ in range(10))
     assert picks == {"a": 5, "c": 5}
 
 
 def test_leastload_prefers_idle_and_uses_reported_queue():
     policy = create_policy("leastload")
-    s = snap(ReplicaView("a", "u", in_flight=3), ReplicaView("b", "u", in_flight=0, waiting=5),
-             ReplicaView("c", "u", in_flight=1))
-    assert policy.choose(RouteRequest("/"), s).id == "c"
+    s = snap(R("a", in_flight=3), R("b", in_flight=0, waiting=5), R("c", in_flight=1))
+    assert policy.choose(RouteRequest("/"), s).replica.id == "c"
 
 
-def test_leastload_spreads_ties():
-    policy = create_policy("leastload")
-    s = snap(ReplicaView("a", "u"), ReplicaView("b", "u"))
-    assert {policy.choose(RouteRequest("/"), s).id for _ in range(4)} == {"a", "b"}
-
-
-@pytest.mark.parametrize("name", ["roundrobin", "leastload"])
+@pytest.mark.parametrize("name", ["roundrobin", "leastload", "session", "prefixaware", "kvaware"])
 def test_excluded_and_empty(name):
     policy = create_policy(name)
-    s = snap(ReplicaView("a", "u"), ReplicaView("b", "u"))
-    assert policy.choose(RouteRequest("/", excluded=frozenset({"a"})), s).id == "b"
+    s = snap(R("a"), R("b"))
+    assert policy.choose(RouteRequest("/", excluded=frozenset({"a"})), s).replica.id == "b"
     assert policy.choose(RouteRequest("/", excluded=frozenset({"a", "b"})), s) is None
     assert policy.choose(RouteRequest("/"), snap()) is None
+
+
+def session_req(user, **kw):
+    return RouteRequest("/v1/chat/completions", body={"user": user}, **kw)
+
+
+def test_session_sticks_and_spreads_users():
+    policy = create_policy("session")
+    s = snap(R("a"), R("b"), R("c"))
+    homes = {u: policy.choose(session_req(u), s).replica.id for u in (f"user{i}" for i in range(60))}
+    assert all(policy.choose(session_req(u), s).replica.id == home for u, home in homes.items())
+    assert set(Counter(homes.values())) == {"a", "b", "c"}
+    assert policy.choose(session_req("user1"), s).branch == "sticky"
+
+
+def test_session_key_from_configured_header():
+    policy = create_policy("session", session_key="x-tenant-session")
+    s = snap(R("a"), R("b"))
+    one = policy.choose(RouteRequest("/", headers={"x-tenant-session": "s1"}), s)
+    assert all(policy.choose(RouteRequest("/", headers={"x-tenant-session": "s1"}), s).replica.id == one.replica.id
+               for _ in range(5))
+    assert policy.choose(RouteRequest("/"), s).branch == "no_key"
+
+
+def test_session_falls_back_when_sticky_replica_dies_and_only_its_sessions_move():
+    policy = create_policy("session")
+    full = snap(R("a"), R("b"), R("c"))
+    homes = {f"u{i}": policy.choose(session_req(f"u{i}"), full).replica.id for i in range(90)}
+    without_b = snap(R("a"), R("b", healthy=False), R("c"))
+    moved = {u: policy.choose(session_req(u), without_b) for u in homes}
+    for user, choice in moved.items():
+        if homes[user] == "b":
+            assert choice.replica.id in ("a", "c") and choice.branch == "reassigned"
+        else:
+            assert choice.replica.id == homes[user] and choice.branch == "sticky"  # others do not move
+
+
+def test_session_reassigns_when_sticky_replica_is_overloaded():
+    policy = create_policy("session", overload_abs=4, overload_rel=2.0)
+    calm = snap(R("a"), R("b"))
+    user = next(u for u in (f"u{i}" for i in range(50)) if policy.choose(session_req(u), calm).replica.id == "a")
+    busy = snap(R("a", in_flight=10), R("b", in_flight=0))
+    choice = policy.choose(session_req(user), busy)
+    assert choice.replica.id == "b" and choice.branch == "overload_fallback"
+
+
+def test_prefixaware_follows_the_prefix_and_spreads_misses():
+    policy = create_policy("prefixaware")
+    s = snap(R("a"), R("b"), R("c"), R("d"))
+    doc = list(range(1000, 1000 + 16 * 20))
+    first = policy.choose(req(doc + [1, 2]), s)
+    assert first.branch == "miss"
+    again = policy.choose(req(doc + [3, 4]), s)
+    assert again.replica.id == first.replica.id and again.branch == "hit"
+    assert again.prefill_tokens == 2  # only the unshared tail is expected to be computed
+    # cold prompts spread over replicas instead of piling on one
+    misses = Counter(policy.choose(req(list(range(k * 1000, k * 1000 + 64))), s).replica.id for k in range(40))
+    assert len(misses) == 4
+
+
+def test_prefixaware_spreads_a_hot_prefix_when_its_replica_is_backed_up():
+    policy = create_policy("prefixaware")
+    doc = list(range(16 * 8))
+    s = snap(R("a"), R("b"))
+    home = policy.choose(req(doc), s).replica.id
+    other = "b" if home == "a" else "a"
+    backed_up = snap(R(home, prefill_backlog=10_000, in_flight=20), R(other))
+    choice = policy.choose(req(doc), backed_up)
+    assert choice.replica.id == other and choice.branch == "load_over_hit"
+
+
+def test_prefixaware_index_memory_is_bounded():
+    policy = create_policy("prefixaware")
+    s = snap(R("a", cache_blocks=100), R("b", cache_blocks=100))
+    import random
+
+    rng = random.Random(1)
+    for _ in range(2000):  # a long random trace: every prompt new
+        policy.choose(req([rng.randrange(10**9) for _ in range(64)]), s)
+    assert policy.index_size() <= 200
+
+
+def test_kvaware_uses_engine_events_with_tier_credit_and_speculation():
+    index = KVIndex(speculative_ttl=2.0)
+    tokens = list(range(16 * 10))
+    keys = chain_keys(tokens, 16)
+    index.stored("b", keys, "engine")
+    index.stored("c", keys, "l2")
+    policy = create_policy("kvaware")
+    s = snap(R("a"), R("b"), R("c"), now=10.0, kv=index)
+    choice = policy.choose(req(tokens + [7]), s)
+    assert choice.replica.id == "b" and choice.branch == "hit" and choice.prefill_tokens == 1
+    index.removed("b", keys)
+    choice = policy.choose(req(tokens + [7]), snap(R("a"), R("b"), R("c"), now=10.5, kv=index))
+    # b's events say gone, but the router just sent this prefix to b: the speculative entry still counts
+    assert choice.replica.id == "b"
+    later = snap(R("a"), R("b"), R("c"), now=20.0, kv=index)
+    choice = policy.choose(req(tokens + [7]), later)
+    assert choice.replica.id == "c"  # speculation expired; the L2 copy gets partial credit
+
+
+def test_kvaware_without_events_falls_back_to_router_index():
+    policy = create_policy("kvaware")
+    choice = policy.choose(req(list(range(64))), snap(R("a"), R("b")))
+    assert choice.branch.startswith("no_events_")

@@ -187,7 +187,13 @@ def down(
 
 @app.command()
 def engine(
-    model: Annotated[str, typer.Option(help="Model directory or source (builtin:NAME, hf:org/name, path)")],
+    model: Annotated[str | None, typer.Option(help="Model directory or source (builtin:NAME, hf:org/name, path)")
+                     ] = None,
+    simulate: Annotated[str | None, typer.Option(help="Run a simulated engine with this performance profile "
+                                                      "(fast, a10g-8b, h100-8b) instead of a model")] = None,
+    cache_blocks: Annotated[int | None, typer.Option(min=1, help="Simulated KV capacity in blocks")] = None,
+    block_size: Annotated[int | None, typer.Option(min=1, help="Simulated KV block size in tokens")] = None,
+    speedup: Annotated[float, typer.Option(min=0.001, help="Simulated engine runs this many times faster")] = 1.0,
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     served_model_name: Annotated[str | None, typer.Option(help="Name clients use (default: directory name)")] = None,
@@ -202,10 +208,27 @@ def engine(
     max_waiting: Annotated[int, typer.Option(min=1, help="Queue bound; beyond it requests get 503")] = 256,
     revision: Annotated[str | None, typer.Option()] = None,
 ) -> None:
-    """Run the built-in engine: an OpenAI-compatible server for one model replica."""
+    """Run the built-in engine: an OpenAI-compatible server for one model replica (or a simulated one)."""
+    from dataclasses import replace
+
     from fleetserve.engine.demo import ModelSourceError
     from fleetserve.engine.main import run_engine
 
+    if simulate is not None:
+        from fleetserve.engine.simulated import run_simulated_engine
+        from fleetserve.sim.perf import profile
+
+        try:
+            perf = profile(simulate)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--simulate") from None
+        perf = replace(perf.scaled(speedup), cache_blocks=cache_blocks or perf.cache_blocks,
+                       block_size=block_size or perf.block_size)
+        run_simulated_engine(perf, host, port, served_model_name or f"sim-{simulate}")
+        return
+    if model is None:
+        raise typer.BadParameter("give --model (a model source) or --simulate (a performance profile)",
+                                 param_hint="--model")
     if dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise typer.BadParameter(f"{dtype!r}; allowed values: auto, float32, bfloat16, float16", param_hint="--dtype")
     try:
@@ -228,6 +251,7 @@ def router(
     health_interval: Annotated[float, typer.Option(min=0.05, help="Seconds between health probes")] = 1.0,
     buffer_size: Annotated[int, typer.Option(min=0, help="Requests held while no replica is ready")] = 256,
     buffer_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a held request waits")] = 600.0,
+    session_key: Annotated[str | None, typer.Option(help="Header or body key for session routing")] = None,
 ) -> None:
     """Run the OpenAI-compatible gateway in front of engine replicas."""
     from fleetserve.router.policies import registered_policies
@@ -240,7 +264,7 @@ def router(
         if not url.startswith(("http://", "https://")):
             raise typer.BadParameter(f"{url!r} must start with http:// or https://", param_hint="--backend")
     settings = RouterSettings(strategy=strategy, max_attempts=max_attempts, health_interval=health_interval,
-                              buffer_size=buffer_size, buffer_timeout=buffer_timeout,
+                              buffer_size=buffer_size, buffer_timeout=buffer_timeout, session_key=session_key,
                               admin_token=os.environ.get("FLEETSERVE_ADMIN_TOKEN") or None)
     run_router(list(backend or []), host, port, settings, health_path)
 

@@ -233,6 +233,8 @@ class Supervisor:
                                  "--buffer-timeout", str(self.spec.router.buffer_timeout_seconds))
         for url in backends:
             cmd += ["--backend", url]
+        if self.spec.routing.session_key:
+            cmd += ["--session-key", self.spec.routing.session_key]
         self.router = Child("router", cmd, self.dir / "logs" / "router.log",
                             env={"FLEETSERVE_ADMIN_TOKEN": self.admin_token})
         self.router.start()

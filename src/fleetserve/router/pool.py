@@ -24,13 +24,16 @@ class Backend:
     failures: int = 0
     last_error: str = ""
     draining: bool = False  # takes no new requests; in-flight ones finish
+    prefill_backlog: int = 0  # prompt tokens sent to it that have not produced a first byte yet
+    cache_blocks: int = 0
 
     @property
     def eligible(self) -> bool:
         return self.healthy and not self.draining
 
     def view(self) -> ReplicaView:
-        return ReplicaView(self.id, self.url, self.eligible, self.in_flight, self.waiting, self.running)
+        return ReplicaView(self.id, self.url, self.eligible, self.in_flight, self.waiting, self.running,
+                           self.prefill_backlog, self.cache_blocks)
 
 
 class BackendPool:

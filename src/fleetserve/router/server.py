@@ -13,6 +13,7 @@ import contextlib
 import hmac
 import json
 import logging
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -30,7 +31,9 @@ from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, unti
 from fleetserve.api.errors import APIError
 from fleetserve.api.protocol import parse_json_body
 from fleetserve.observe.metrics import LATENCY_BUCKETS_MS, exposition
-from fleetserve.router.policies import RouteRequest, RoutingPolicy, create_policy
+from fleetserve.router.features import KVLayout, request_features
+from fleetserve.router.kvindex import KVIndex
+from fleetserve.router.policies import Choice, FleetSnapshot, RouteRequest, RoutingPolicy, create_policy
 from fleetserve.router.pool import Backend, BackendPool
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,7 @@ RETRYABLE_STATUS = {502, 503, 504}
 @dataclass(frozen=True)
 class RouterSettings:
     strategy: str = "leastload"
+    session_key: str | None = None  # header or body key for session routing
     max_attempts: int = 3
     upstream_read_timeout: float = 300.0
     health_interval: float = 1.0
@@ -99,7 +103,11 @@ class Gateway:
     def __init__(self, pool: BackendPool, settings: RouterSettings):
         self.pool = pool
         self.settings = settings
-        self.policy: RoutingPolicy = create_policy(settings.strategy)
+        self.policy: RoutingPolicy = create_policy(settings.strategy, session_key=settings.session_key)
+        self.layout = KVLayout()
+        self._layout_known = False
+        self.kv_index: KVIndex | None = None
+        self._kv_tasks: dict[str, asyncio.Task] = {}
         self.metrics = RouterMetrics()
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=3.0, read=settings.upstream_read_timeout, write=30.0, pool=None),
@@ -115,9 +123,75 @@ class Gateway:
 
     async def start(self) -> None:
         await self.pool.probe_all()
-        self._health_task = asyncio.create_task(self.pool.run())
+        self._health_task = asyncio.create_task(self._maintain())
+
+    async def _maintain(self) -> None:
+        """Health probes, the engines' KV layout, and (kvaware) one KV event subscription per backend."""
+        while True:
+            await self.pool.probe_all()
+            if not self._layout_known:
+                await self._learn_layout()
+            if self.policy.name == "kvaware":
+                for b in self.pool.backends.values():
+                    task = self._kv_tasks.get(b.id)
+                    if b.healthy and (task is None or task.done()):
+                        self._kv_tasks[b.id] = asyncio.create_task(self._follow_kv_events(b))
+                for gone in [bid for bid in self._kv_tasks if bid not in self.pool.backends]:
+                    self._kv_tasks.pop(gone).cancel()
+                    if self.kv_index is not None:
+                        self.kv_index.forget(gone)
+            await asyncio.sleep(self.pool.interval)
+
+    async def _learn_layout(self) -> None:
+        for b in self.pool.healthy():
+            try:
+                r = await self.client.get(b.url + "/get_model_info", timeout=2.0)
+                if r.status_code != 200:
+                    continue
+                info = r.json()
+                self.layout = KVLayout(int(info.get("block_size", 256)), str(info.get("kv_model", "")),
+                                       str(info.get("kv_version", "1")), str(info.get("kv_dtype", "")))
+                for other in self.pool.backends.values():
+                    other.cache_blocks = other.cache_blocks or int(info.get("num_gpu_blocks", 0))
+                self._layout_known = True
+                return
+            except (httpx.HTTPError, ValueError, TypeError):
+                continue
+
+    async def _follow_kv_events(self, backend: Backend) -> None:
+        """Long-poll the backend's KV events into the index; resynchronise from /kv/blocks when behind."""
+        seq = -1
+        try:
+            while True:
+                if seq < 0:
+                    r = await self.client.get(backend.url + "/kv/blocks", timeout=10.0)
+                    if r.status_code == 404:
+                        return  # this engine publishes no events
+                    data = r.json()
+                    if self.kv_index is None:
+                        self.kv_index = KVIndex()
+                    self.kv_index.replace(backend.id, {k: data.get("tier", "engine") for k in data["keys"]})
+                    seq = int(data["seq"])
+                    continue
+                r = await self.client.get(backend.url + "/kv/events", params={"since": seq, "wait": 10},
+                                          timeout=15.0)
+                data = r.json()
+                if data.get("resync"):
+                    seq = -1
+                    continue
+                for event in data.get("events", []):
+                    keys = [int(k) for k in event.get("keys", [])]
+                    if event.get("type") == "stored":
+                        self.kv_index.stored(backend.id, keys, event.get("tier", "engine"))
+                    elif event.get("type") == "removed":
+                        self.kv_index.removed(backend.id, keys, event.get("tier"))
+                seq = int(data.get("seq", seq))
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            log.info("KV events of %s interrupted (%s); will resubscribe", backend.url, type(exc).__name__)
 
     async def stop(self) -> None:
+        for task in self._kv_tasks.values():
+            task.cancel()
         if self._health_task:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -134,9 +208,20 @@ class Gateway:
             headers["x-forwarded-for"] = request.client.host
         return headers
 
-    async def _try(self, backend: Backend, method: str, path: str, raw: bytes, headers: dict) -> _Attempt | str:
-        """Send to one backend; an _Attempt once its first bytes arrived, else the reason to try another."""
+    async def _try(self, backend: Backend, method: str, path: str, raw: bytes, headers: dict,
+                   prefill: int = 0) -> _Attempt | str:
+        """Send to one backend; an _Attempt once its first bytes arrived, else the reason to try another.
+
+        `prefill` tokens count as the backend's prefill backlog until its first byte (or failure).
+        """
         backend.in_flight += 1
+        backend.prefill_backlog += prefill
+        try:
+            return await self._send(backend, method, path, raw, headers)
+        finally:
+            backend.prefill_backlog -= prefill
+
+    async def _send(self, backend: Backend, method: str, path: str, raw: bytes, headers: dict) -> _Attempt | str:
         response = None
         try:
             upstream = self.client.build_request(method, backend.url + path, content=raw, headers=headers)
@@ -186,16 +271,23 @@ class Gateway:
     async def _dispatch(self, request: Request, path: str, raw: bytes, body: dict, request_id: str) -> _Attempt:
         await self._await_replica()
         headers = self._forward_headers(request, request_id)
-        route = RouteRequest(path=path, body=body, headers=dict(request.headers))
+        salt = request.headers.get("x-fleetserve-tenant") or body.get("cache_salt")
+        blocks, prompt_tokens, block_tokens = request_features(body, self.layout, salt)
         excluded: set[str] = set()
         last_reason = ""
-        for _ in range(self.settings.max_attempts):
-            route = RouteRequest(route.path, route.body, route.headers, route.tenant, frozenset(excluded))
-            replica = self.policy.choose(route, self.pool.snapshot())
-            if replica is None:
+        for attempt in range(self.settings.max_attempts):
+            if attempt:
+                await asyncio.sleep(min(2.0, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.5))  # backoff + jitter
+            route = RouteRequest(path, body, dict(request.headers), salt, frozenset(excluded), blocks,
+                                 block_tokens, prompt_tokens)
+            snapshot = FleetSnapshot(self.pool.snapshot().replicas, time.monotonic(), self.kv_index)
+            choice: Choice | None = self.policy.choose(route, snapshot)
+            if choice is None:
                 break
-            self.metrics.decisions.labels(self.policy.name, "retry" if excluded else "first").inc()
-            outcome = await self._try(self.pool.get(replica.id), request.method, path, raw, headers)
+            replica = choice.replica
+            self.metrics.decisions.labels(self.policy.name, choice.branch if not excluded else "retry").inc()
+            outcome = await self._try(self.pool.get(replica.id), request.method, path, raw, headers,
+                                      choice.prefill_tokens)
             if isinstance(outcome, _Attempt):
                 return outcome
             last_reason = outcome

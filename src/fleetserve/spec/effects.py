@@ -24,8 +24,8 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
             f"{spec.routing.strategy!r} is not implemented by the router yet; it uses 'leastload' "
             f"(implemented: {', '.join(registered_policies())})",
         )
-    if spec.routing.session_key:
-        note("spec.routing.sessionKey", "session routing is not implemented yet; ignored")
+    if spec.routing.session_key and spec.routing.strategy != "session":
+        note("spec.routing.sessionKey", f"only the session strategy uses it, not {spec.routing.strategy!r}")
     if spec.autoscaling is not None and not spec.autoscaling.enabled:
         note("spec.autoscaling.enabled", f"false: the fleet keeps spec.replicas={spec.replicas}")
     if (spec.placement.instance_types or spec.placement.node_affinity) and spec.capacity.provider == "local":

@@ -1,17 +1,18 @@
-"""Routing policies: one narrow method over a frozen snapshot, registered by name.
+"""The policy interface: one narrow method over a frozen snapshot, registered by name.
 
-    choose(request, snapshot) -> ReplicaView | None
+    choose(request, snapshot) -> Choice | None
 
-The same objects run in the live router and in the simulator; they hold no I/O and read no clock. A policy
-returns None only when no replica is eligible.
+The same objects run in the live router and in the simulator; they do no I/O and read no clock (the
+snapshot carries `now`). A policy returns None only when no replica is eligible. A Choice names the
+branch taken (decisions are counted by policy and branch) and the prefill tokens the policy expects the
+replica to compute, which the router books as that replica's backlog until the first byte.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,8 @@ class ReplicaView:
     in_flight: int = 0  # requests this router has outstanding on it
     waiting: int = 0  # the replica's own reported queue (vllm:num_requests_waiting)
     running: int = 0  # the replica's own reported running count
+    prefill_backlog: int = 0  # tokens routed to it that have not produced a first byte yet
+    cache_blocks: int = 0  # its KV cache capacity in blocks (0: unknown)
 
     @property
     def load(self) -> int:
@@ -34,6 +37,8 @@ class ReplicaView:
 @dataclass(frozen=True)
 class FleetSnapshot:
     replicas: tuple[ReplicaView, ...]
+    now: float = 0.0
+    kv_index: Any = None  # fleetserve.router.kvindex.KVIndex when engines publish KV events
 
     def eligible(self, excluded: frozenset[str] = frozenset()) -> list[ReplicaView]:
         return [r for r in self.replicas if r.healthy and r.id not in excluded]
@@ -48,12 +53,22 @@ class RouteRequest:
     headers: dict[str, str] = field(default_factory=dict)
     tenant: str | None = None
     excluded: frozenset[str] = frozenset()  # replicas already tried for this request
+    blocks: tuple[int, ...] = ()  # chained prefix keys of the prompt
+    block_tokens: int = 256  # tokens per block (for text chunks: the estimate)
+    prompt_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Choice:
+    replica: ReplicaView
+    branch: str
+    prefill_tokens: int = 0
 
 
 class RoutingPolicy(Protocol):
     name: str
 
-    def choose(self, request: RouteRequest, snapshot: FleetSnapshot) -> ReplicaView | None: ...
+    def choose(self, request: RouteRequest, snapshot: FleetSnapshot) -> Choice | None: ...
 
 
 _REGISTRY: dict[str, Callable[..., RoutingPolicy]] = {}
@@ -78,33 +93,3 @@ def create_policy(name: str, **options) -> RoutingPolicy:
     except KeyError:
         raise ValueError(f"unknown routing strategy {name!r}; allowed: {', '.join(_REGISTRY)}") from None
     return factory(**options)
-
-
-@register("roundrobin")
-class RoundRobin:
-    """Each eligible replica in turn; the rotation skips replicas that are out."""
-
-    def __init__(self) -> None:
-        self._counter = itertools.count()
-
-    def choose(self, request: RouteRequest, snapshot: FleetSnapshot) -> ReplicaView | None:
-        eligible = snapshot.eligible(request.excluded)
-        if not eligible:
-            return None
-        return eligible[next(self._counter) % len(eligible)]
-
-
-@register("leastload")
-class LeastLoad:
-    """The replica with the least outstanding work; ties rotate so equal replicas share evenly."""
-
-    def __init__(self) -> None:
-        self._counter = itertools.count()
-
-    def choose(self, request: RouteRequest, snapshot: FleetSnapshot) -> ReplicaView | None:
-        eligible = snapshot.eligible(request.excluded)
-        if not eligible:
-            return None
-        low = min(r.load for r in eligible)
-        tied = [r for r in eligible if r.load == low]
-        return tied[next(self._counter) % len(tied)]

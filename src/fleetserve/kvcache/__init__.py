@@ -1,0 +1,1 @@
+"""KV cache blocks: chained, tenant-salted block keys shared by engines and the router."""

@@ -1,0 +1,55 @@
+"""What the router extracts from a request body for cache-aware policies: prefix keys and prompt size.
+
+Token-id prompts (completions with `prompt: [ids]`) are cut into the engines' blocks and keyed exactly as
+the engines key them (same chain hash, same namespace), so router keys and engine KV events agree. Text is
+keyed in fixed character chunks (no tokenizer in the router), about 4 characters per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetserve.kvcache.blocks import chain_keys, namespace_key, text_chunk_keys
+
+CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How the engines key their blocks (from /get_model_info); defaults when no engine says."""
+
+    block_size: int = 256
+    model: str = ""
+    version: str = "1"
+    dtype: str = ""
+
+    def root(self, salt: str | None) -> int:
+        return namespace_key(self.model, self.version, self.dtype, salt) if self.model else 0
+
+
+def _text(body: dict) -> str:
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        parts = []
+        for m in messages:
+            if isinstance(m, dict):
+                content = m.get("content")
+                if isinstance(content, list):
+                    content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+                parts.append(f"{m.get('role')}: {content}\n")
+        return "".join(parts)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else ""
+
+
+def request_features(body: dict, layout: KVLayout, salt: str | None = None) -> tuple[tuple[int, ...], int, int]:
+    """(prefix keys, prompt tokens, tokens per key)."""
+    prompt = body.get("prompt")
+    root = layout.root(salt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return tuple(chain_keys(prompt, layout.block_size, root)), len(prompt), layout.block_size
+    text = _text(body)
+    chunk_chars = layout.block_size * CHARS_PER_TOKEN
+    return tuple(text_chunk_keys(text, chunk_chars, root)), len(text) // CHARS_PER_TOKEN, layout.block_size

@@ -1,0 +1,16 @@
+"""Routing policies behind `choose(request, snapshot) -> Choice | None`, registered by name."""
+
+from fleetserve.router.policies import prefix, session, simple  # noqa: F401  (registration)
+from fleetserve.router.policies.base import (
+    Choice,
+    FleetSnapshot,
+    ReplicaView,
+    RouteRequest,
+    RoutingPolicy,
+    create_policy,
+    register,
+    registered_policies,
+)
+
+__all__ = ["Choice", "FleetSnapshot", "ReplicaView", "RouteRequest", "RoutingPolicy", "create_policy", "register",
+           "registered_policies"]
