@@ -10,3 +10,25 @@ def test_scale_from_zero_bench_prints_figures_and_loses_nothing():
     assert figures["requests"] == 4 and figures["lost"] == 0
     assert figures["cold_start_s"] > 0 and figures["first_response_s"] > 0
     assert figures["ratio"]["first_response_cold_vs_warm"] > 0
+
+
+def test_routing_bench_prints_the_keys_per_strategy():
+    from pathlib import Path
+
+    trace = Path(__file__).parents[1] / "data" / "mooncake_sample.jsonl"
+    result = fleetserve("bench", "routing", "--trace", str(trace), "--replicas", "2", "--limit", "30",
+                        "--duration", "3", "--strategies", "roundrobin,kvaware", "--json", timeout=600)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert 0 <= figures["oracle_hit_rate"] <= 1
+    for name in ("roundrobin", "kvaware"):
+        row = figures["strategies"][name]
+        assert row["lost"] == 0
+        assert {"hit_rate", "load_skew", "utilization"} <= set(row)
+        assert row["ttft_ms"]["p50"] is not None and row["ttft_ms"]["p95"] is not None
+    assert "ttft_p95_vs_roundrobin" in figures["ratio"]
+
+
+def test_routing_bench_rejects_unknown_strategy():
+    result = fleetserve("bench", "routing", "--trace", "x.jsonl", "--strategies", "fastest")
+    assert result.returncode == 2 and "prefixaware" in result.stderr

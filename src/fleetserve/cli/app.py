@@ -327,6 +327,61 @@ def bench_scale_from_zero(
         raise typer.Exit(1)
 
 
+@bench_app.command("routing")
+def bench_routing(
+    trace: Annotated[str, typer.Option(help="Trace file (Mooncake JSONL, Azure CSV, prompt log)")],
+    replicas: Annotated[int, typer.Option(min=1, max=32)] = 4,
+    strategies: Annotated[str, typer.Option(help="Comma-separated strategies")] =
+        "roundrobin,leastload,session,prefixaware,kvaware",
+    limit: Annotated[int, typer.Option(min=1, help="First N requests of the trace")] = 600,
+    duration: Annotated[float, typer.Option(min=1, help="Wall-clock seconds per strategy (time compression)")] = 60,
+    profile: Annotated[str, typer.Option(help="Simulated engine profile")] = "h100-8b",
+    max_output: Annotated[int, typer.Option(min=1, help="Cap on output tokens per request")] = 256,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
+) -> None:
+    """Routing strategies side by side on one trace against simulated engines: hit rate, TTFT, load skew."""
+    from fleetserve.bench.routing import run
+    from fleetserve.router.policies import registered_policies
+    from fleetserve.traces.load import TraceError
+
+    names = tuple(n.strip() for n in strategies.split(",") if n.strip())
+    bad = [n for n in names if n not in registered_policies()]
+    if bad or not names:
+        raise typer.BadParameter(f"{bad[0] if bad else strategies!r}; allowed values: "
+                                 f"{', '.join(registered_policies())}", param_hint="--strategies")
+    try:
+        result = run(trace, replicas, names, limit, duration, profile_name=profile, max_output=max_output,
+                     progress=None if as_json else _say)
+    except (TraceError, ValueError) as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+    print(json.dumps(result, indent=2))
+
+
+@bench_app.command("replay")
+def bench_replay(
+    url: Annotated[str, typer.Option(help="Gateway base URL (without /v1)")],
+    trace: Annotated[str, typer.Option(help="Trace file (Mooncake JSONL, Azure CSV, prompt log)")],
+    model: Annotated[str, typer.Option(help="Model name to send")],
+    speedup: Annotated[float, typer.Option(min=0.001, help="Replay this many times faster than recorded")] = 1.0,
+    limit: Annotated[int | None, typer.Option(min=1, help="First N requests")] = None,
+    stream: Annotated[bool, typer.Option(help="Stream (client-side TTFT/ITL)")] = True,
+    max_output: Annotated[int | None, typer.Option(min=1, help="Cap on output tokens")] = None,
+) -> None:
+    """Replay a trace against a running endpoint; prints TTFT, TPOT, ITL, E2E percentiles and hit rates."""
+    import asyncio
+
+    from fleetserve.bench.replay import replay, summarize
+    from fleetserve.traces.load import TraceError, load_trace
+
+    try:
+        requests = load_trace(trace, limit)
+    except TraceError as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+    records = asyncio.run(replay(url.rstrip("/"), requests, model=model, speedup=speedup, stream=stream,
+                                 max_output=max_output))
+    print(json.dumps(summarize(records), indent=2))
+
+
 def main() -> None:
     try:
         app()

@@ -71,6 +71,10 @@ class RouterMetrics:
                                registry=r)
         self.ttfb_ms = Histogram("fleetserve_router_ttfb_milliseconds", "Time to first byte through the router",
                                  buckets=LATENCY_BUCKETS_MS, registry=r)
+        self.kv_subscriptions = Gauge("fleetserve_router_kv_subscriptions", "Backends whose KV events are followed",
+                                      registry=r)
+        self.index_blocks = Gauge("fleetserve_router_index_blocks", "Blocks in the router's prefix/KV index",
+                                  registry=r)
         self.pending = Gauge("fleetserve_router_pending_requests", "Requests held until a replica is ready",
                              registry=r)
         self.buffer_wait_s = Histogram("fleetserve_router_buffer_wait_seconds", "Time requests waited for a replica",
@@ -108,6 +112,7 @@ class Gateway:
         self._layout_known = False
         self.kv_index: KVIndex | None = None
         self._kv_tasks: dict[str, asyncio.Task] = {}
+        self._subscribed: set[str] = set()
         self.metrics = RouterMetrics()
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=3.0, read=settings.upstream_read_timeout, write=30.0, pool=None),
@@ -172,6 +177,7 @@ class Gateway:
                         self.kv_index = KVIndex()
                     self.kv_index.replace(backend.id, {k: data.get("tier", "engine") for k in data["keys"]})
                     seq = int(data["seq"])
+                    self._subscribed.add(backend.id)
                     continue
                 r = await self.client.get(backend.url + "/kv/events", params={"since": seq, "wait": 10},
                                           timeout=15.0)
@@ -188,6 +194,8 @@ class Gateway:
                 seq = int(data.get("seq", seq))
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             log.info("KV events of %s interrupted (%s); will resubscribe", backend.url, type(exc).__name__)
+        finally:
+            self._subscribed.discard(backend.id)
 
     async def stop(self) -> None:
         for task in self._kv_tasks.values():
@@ -410,6 +418,9 @@ class Gateway:
         return JSONResponse({"backends": len(urls)})
 
     async def metrics_endpoint(self, request: Request) -> Response:
+        self.metrics.kv_subscriptions.set(len(self._subscribed))
+        index_size = getattr(self.policy, "index_size", None)
+        self.metrics.index_blocks.set(self.kv_index.size() if self.kv_index else (index_size() if index_size else 0))
         for b in self.pool.backends.values():
             self.metrics.healthy.labels(b.id).set(1 if b.healthy else 0)
             self.metrics.in_flight.labels(b.id).set(b.in_flight)

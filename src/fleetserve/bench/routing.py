@@ -1,0 +1,166 @@
+"""`fleetserve bench routing`: every strategy on the same trace, the same simulated engines, in one run.
+
+Per strategy: a fresh set of simulated engines (their caches sized so that together they hold
+`cache_fraction` of the trace's unique blocks) behind a fresh router; the trace is replayed time-compressed;
+the engines' speed is calibrated so that roundrobin keeps them about `target_utilization` busy. Reported per
+strategy: hit_rate, ttft_ms (p50/p95/p99), e2e_ms, load_skew (max/mean busy time), utilization, lost; and
+once: oracle_hit_rate (one LRU with the fleet's total capacity, fed the trace in order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from fleetserve.bench.replay import replay, summarize
+from fleetserve.fleet.process import Child, fleetserve_command, free_port
+from fleetserve.kvcache.blocks import chain_keys, namespace_key
+from fleetserve.sim.perf import profile as perf_profile
+from fleetserve.traces.load import load_trace
+
+MODEL = "bench-sim"
+
+
+def _keys(requests, block_size: int) -> list[list[int]]:
+    root = namespace_key(MODEL, "1", "sim", None)
+    return [chain_keys(r.token_ids(unique_seed=i), block_size, root) for i, r in enumerate(requests)]
+
+
+def lru_hits(key_lists: list[list[int]], capacity: int, assign=None, caches: int = 1) -> list[int]:
+    """Matched (prefix-contiguous) blocks per request for `caches` LRU caches; `assign(i)` picks the cache."""
+    lrus = [collections.OrderedDict() for _ in range(caches)]
+    hits = []
+    for i, keys in enumerate(key_lists):
+        lru = lrus[assign(i) if assign else 0]
+        n = 0
+        for k in keys:
+            if k not in lru:
+                break
+            n += 1
+        hits.append(n)
+        for k in keys:
+            lru[k] = None
+            lru.move_to_end(k)
+        while len(lru) > capacity:
+            lru.popitem(last=False)
+    return hits
+
+
+def _wait_ready(url: str, child: Child, timeout: float = 60.0, path: str = "/health") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child.exit_code() is not None:
+            raise RuntimeError(f"{child.name} exited: {child.log_tail()}")
+        try:
+            if httpx.get(url + path, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{child.name} not ready after {timeout}s")
+
+
+def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] = ("roundrobin", "leastload", "session",
+        "prefixaware", "kvaware"), limit: int | None = 600, duration: float = 60.0, cache_fraction: float = 1 / 3,
+        target_utilization: float = 0.65, profile_name: str = "h100-8b", max_output: int | None = 256,
+        progress=None) -> dict:
+    requests = load_trace(trace, limit)
+    base = perf_profile(profile_name)
+    block = base.block_size
+    key_lists = _keys(requests, block)
+    prompt_tokens = [min(r.input_tokens, len(r.token_ids(unique_seed=i))) for i, r in enumerate(requests)]
+    unique = len({k for keys in key_lists for k in keys})
+    cap = max(1, round(unique * cache_fraction / replicas))
+    total_prompt = sum(prompt_tokens)
+    oracle = sum(min(h * block, p) for h, p in zip(lru_hits(key_lists, cap * replicas), prompt_tokens,
+                                                     strict=True)) / total_prompt
+    span = max(r.arrival_s for r in requests) or 1.0
+    trace_speedup = max(1.0, span / duration)
+    # calibrate the engines: roundrobin's uncached prefill (+ decode) keeps them target_utilization busy
+    rr = lru_hits(key_lists, cap, assign=lambda i: i % replicas, caches=replicas)
+    uncached_rr = sum(p - min(h * block, p) for h, p in zip(rr, prompt_tokens, strict=True))
+    outputs = sum(min(r.output_tokens, max_output or r.output_tokens) for r in requests)
+    work = (uncached_rr * base.prefill_per_token_s + len(requests) * base.prefill_base_s
+            + outputs * (base.decode_base_s / 4 + base.decode_per_seq_s))
+    engine_speedup = work / (target_utilization * replicas * span / trace_speedup)
+    result = {
+        "benchmark": "routing", "trace": Path(trace).name, "requests": len(requests), "replicas": replicas,
+        "profile": profile_name, "block_size": block, "unique_blocks": unique, "cache_blocks_per_replica": cap,
+        "trace_speedup": round(trace_speedup, 2), "engine_speedup": round(engine_speedup, 3),
+        "oracle_hit_rate": round(oracle, 4), "note": "ttft_ms is measured by the engines (queue + prefill)",
+        "strategies": {},
+    }
+    for strategy in strategies:
+        if progress:
+            progress(f"{strategy} ...")
+        result["strategies"][strategy] = _run_strategy(strategy, requests, replicas, cap, engine_speedup,
+                                                       trace_speedup, profile_name, max_output)
+    rows = result["strategies"]
+    if "roundrobin" in rows:
+        rr_p95 = rows["roundrobin"]["ttft_ms"]["p95"]
+        cache_aware = [s for s in ("prefixaware", "kvaware") if s in rows]
+        if cache_aware and rr_p95:
+            best = max(cache_aware, key=lambda s: rows[s]["hit_rate"])
+            result["ratio"] = {
+                "best_cache_aware": best,
+                "hit_rate_vs_oracle": round(rows[best]["hit_rate"] / oracle, 3) if oracle else None,
+                "ttft_p95_vs_roundrobin": round(rows[best]["ttft_ms"]["p95"] / rr_p95, 3),
+                "load_skew": rows[best]["load_skew"],
+            }
+    return result
+
+
+def _run_strategy(strategy: str, requests, replicas: int, cap: int, engine_speedup: float, trace_speedup: float,
+                  profile_name: str, max_output: int | None) -> dict:
+    with tempfile.TemporaryDirectory(prefix="fleetserve-bench-routing-") as tmp:
+        engines = []
+        children: list[Child] = []
+        try:
+            for i in range(replicas):
+                port = free_port()
+                child = Child(f"sim{i}", fleetserve_command(
+                    "engine", "--simulate", profile_name, "--cache-blocks", str(cap), "--speedup",
+                    str(engine_speedup), "--port", str(port), "--served-model-name", MODEL),
+                    Path(tmp) / f"sim{i}.log")
+                child.start()
+                children.append(child)
+                engines.append(f"http://127.0.0.1:{port}")
+            for url, child in zip(engines, children, strict=True):
+                _wait_ready(url, child)
+            port = free_port()
+            cmd = fleetserve_command("router", "--port", str(port), "--strategy", strategy,
+                                     "--health-interval", "0.5")
+            for url in engines:
+                cmd += ["--backend", url]
+            router = Child("router", cmd, Path(tmp) / "router.log")
+            router.start()
+            children.append(router)
+            gateway = f"http://127.0.0.1:{port}"
+            _wait_ready(gateway, router)
+            time.sleep(1.0)  # let kvaware subscribe to every engine's events
+            started = time.monotonic()
+            records = asyncio.run(replay(gateway, requests, model=MODEL, speedup=trace_speedup,
+                                         max_output=max_output))
+            wall = time.monotonic() - started
+            busy = [httpx.get(u + "/get_load", timeout=5).json()["busy_seconds"] for u in engines]
+        finally:
+            for child in children:
+                child.stop(timeout=5)
+    summary = summarize(records)
+    mean_busy = sum(busy) / len(busy)
+    return {
+        "hit_rate": summary["hit_rate"],
+        "ttft_ms": summary["ttft_ms"],
+        "e2e_ms": summary["e2e_ms"],
+        "load_skew": round(max(busy) / mean_busy, 3) if mean_busy else None,
+        "utilization": round(mean_busy / wall, 3),
+        "answered": summary["answered"],
+        "lost": summary["lost"],
+        "errors": summary["errors"],
+        "per_replica_hit_rate": {k: v["hit_rate"] for k, v in sorted(summary["per_replica"].items())},
+    }

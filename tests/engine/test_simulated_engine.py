@@ -1,0 +1,86 @@
+"""The simulated engine as a real process: same HTTP surface, prefix cache, KV events, probes."""
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers import Server
+from tests.metrics_text import sample
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    server = Server(["engine", "--simulate", "fast", "--served-model-name", "sim", "--cache-blocks", "8",
+                     "--block-size", "4"], tmp_path_factory.mktemp("sim") / "sim.log").start()
+    yield server
+    server.stop()
+
+
+def complete(url, prompt, **kw):
+    r = httpx.post(url + "/v1/completions", json={"model": "sim", "prompt": prompt, "max_tokens": 3, **kw},
+                   timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_openai_client_chat_and_stream(sim):
+    client = openai.OpenAI(base_url=sim.url + "/v1", api_key="x", max_retries=0)
+    r = client.chat.completions.create(model="sim", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert r.usage.completion_tokens == 4 and r.choices[0].message.content
+    chunks = list(client.completions.create(model="sim", prompt="abc", max_tokens=5, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert len([c for c in chunks if c.choices]) == 5 and chunks[-1].usage.completion_tokens == 5
+
+
+def test_repeated_prefix_is_cached_and_events_are_published(sim):
+    seq = httpx.get(sim.url + "/kv/blocks", timeout=5).json()["seq"]
+    prompt = list(range(100, 112))  # 3 blocks of 4 tokens
+    first = complete(sim.url, prompt + [1])
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    second = complete(sim.url, prompt + [2, 3])
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 12
+    assert second["fleetserve_timing"]["prefill_ms"] < first["fleetserve_timing"]["prefill_ms"] + 1e-9
+    events = httpx.get(sim.url + "/kv/events", params={"since": seq, "wait": 0}, timeout=5).json()
+    stored = [k for e in events["events"] if e["type"] == "stored" for k in e["keys"]]
+    assert len(stored) >= 3
+    blocks = httpx.get(sim.url + "/kv/blocks", timeout=5).json()
+    assert set(stored) & set(blocks["keys"])
+
+
+def test_lru_capacity_evicts_and_publishes_removals(sim):
+    seq = httpx.get(sim.url + "/kv/blocks", timeout=5).json()["seq"]
+    for start in range(0, 200, 40):  # 5 prompts x 3 blocks > 8 blocks of capacity
+        complete(sim.url, list(range(5000 + start, 5000 + start + 12)))
+    events = httpx.get(sim.url + "/kv/events", params={"since": seq, "wait": 0}, timeout=5).json()["events"]
+    assert any(e["type"] == "removed" for e in events)
+    assert len(httpx.get(sim.url + "/kv/blocks", timeout=5).json()["keys"]) <= 8
+
+
+def test_tenant_salt_separates_cache(sim):
+    prompt = list(range(900, 912))
+    complete(sim.url, prompt, cache_salt="tenant-a")
+    other = httpx.post(sim.url + "/v1/completions", json={"model": "sim", "prompt": prompt, "max_tokens": 2},
+                       headers={"x-fleetserve-tenant": "tenant-b"}, timeout=30).json()
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    again = complete(sim.url, prompt, cache_salt="tenant-a")
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 12
+
+
+def test_peer_router_probes_and_vllm_metrics(sim):
+    for path in ("/get_load", "/v1/loads", "/get_model_info", "/get_server_info", "/model_info", "/server_info",
+                 "/version", "/health", "/v1/models"):
+        assert httpx.get(sim.url + path, timeout=5).status_code == 200, path
+    info = httpx.get(sim.url + "/get_model_info", timeout=5).json()
+    assert info["block_size"] == 4 and info["num_gpu_blocks"] == 8
+    assert httpx.post(sim.url + "/tokenize", json={"prompt": "abc"}, timeout=5).json()["count"] == 3
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:gpu_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
+        sample(sim.url, name)
+    assert sample(sim.url, "vllm:cache_config_info", block_size="4", num_gpu_blocks="8") == 1
+
+
+def test_bad_requests(sim):
+    r = httpx.post(sim.url + "/v1/completions", json={"model": "other", "prompt": "x"}, timeout=5)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    r = httpx.post(sim.url + "/v1/completions", json={"model": "sim"}, timeout=5)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
