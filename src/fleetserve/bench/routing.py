@@ -148,6 +148,7 @@ def _run_strategy(strategy: str, requests, replicas: int, cap: int, engine_speed
                                          max_output=max_output))
             wall = time.monotonic() - started
             busy = [httpx.get(u + "/get_load", timeout=5).json()["busy_seconds"] for u in engines]
+            branches = _branches(gateway, strategy)
         finally:
             for child in children:
                 child.stop(timeout=5)
@@ -163,4 +164,17 @@ def _run_strategy(strategy: str, requests, replicas: int, cap: int, engine_speed
         "lost": summary["lost"],
         "errors": summary["errors"],
         "per_replica_hit_rate": {k: v["hit_rate"] for k, v in sorted(summary["per_replica"].items())},
+        "decisions": branches,
     }
+
+
+def _branches(gateway: str, strategy: str) -> dict[str, int]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, int] = {}
+    text = httpx.get(gateway + "/metrics", timeout=5).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "fleetserve_router_routing_decisions_total" and sample.labels["policy"] == strategy:
+                out[sample.labels["branch"]] = int(sample.value)
+    return out

@@ -121,6 +121,8 @@ def _announce(state) -> None:
               f"routing {state.strategy}")
     out.print(f"endpoint: {state.url}", markup=False)
     out.print(f"model: {state.model}", markup=False)
+    if state.tls_cert:
+        out.print(f"TLS certificate (trust it in clients): {state.tls_cert}", markup=False)
 
 
 @app.command()
@@ -252,6 +254,19 @@ def router(
     buffer_size: Annotated[int, typer.Option(min=0, help="Requests held while no replica is ready")] = 256,
     buffer_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a held request waits")] = 600.0,
     session_key: Annotated[str | None, typer.Option(help="Header or body key for session routing")] = None,
+    max_concurrent_per_replica: Annotated[int | None, typer.Option(min=1, help="Requests in flight per replica")
+                                          ] = None,
+    max_queue: Annotated[int | None, typer.Option(min=0, help="Requests waiting for a slot; beyond: overflow")
+                         ] = None,
+    overflow_status: Annotated[int, typer.Option(min=400, max=599, help="Status when the queue is full")] = 429,
+    unhealthy_after: Annotated[int, typer.Option(min=1, help="Failed probes before a backend is out")] = 2,
+    healthy_after: Annotated[int, typer.Option(min=1, help="Good probes before it is back")] = 1,
+    auth_file: Annotated[str | None, typer.Option(help="JSON {keys: {sha256-of-key: tenant}}; enables auth")
+                         ] = None,
+    tls_cert: Annotated[str | None, typer.Option(help="PEM certificate (with --tls-key)")] = None,
+    tls_key: Annotated[str | None, typer.Option(help="PEM private key")] = None,
+    tls_self_signed: Annotated[str | None, typer.Option(help="Folder for a self-signed certificate, made once")
+                               ] = None,
 ) -> None:
     """Run the OpenAI-compatible gateway in front of engine replicas."""
     from fleetserve.router.policies import registered_policies
@@ -263,10 +278,32 @@ def router(
     for url in backend or []:
         if not url.startswith(("http://", "https://")):
             raise typer.BadParameter(f"{url!r} must start with http:// or https://", param_hint="--backend")
+    from fleetserve.router.auth import KeyRing
+
+    keyring = None
+    if auth_file:
+        try:
+            keyring = KeyRing.from_file(auth_file)
+        except (OSError, ValueError, KeyError) as exc:
+            raise typer.BadParameter(f"cannot read API keys from {auth_file}: {exc}",
+                                     param_hint="--auth-file") from None
+    if bool(tls_cert) != bool(tls_key):
+        raise typer.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert/--tls-key")
+    tls = (tls_cert, tls_key) if tls_cert else None
+    if tls_self_signed and not tls:
+        from pathlib import Path
+
+        from fleetserve.router.tls import ensure_self_signed
+
+        cert, key = ensure_self_signed(Path(tls_self_signed))
+        tls = (str(cert), str(key))
     settings = RouterSettings(strategy=strategy, max_attempts=max_attempts, health_interval=health_interval,
+                              keyring=keyring,
                               buffer_size=buffer_size, buffer_timeout=buffer_timeout, session_key=session_key,
+                              max_concurrent_per_replica=max_concurrent_per_replica, max_queue=max_queue,
+                              overflow_status=overflow_status,
                               admin_token=os.environ.get("FLEETSERVE_ADMIN_TOKEN") or None)
-    run_router(list(backend or []), host, port, settings, health_path)
+    run_router(list(backend or []), host, port, settings, health_path, unhealthy_after, healthy_after, tls)
 
 
 @model_app.command("prepare")

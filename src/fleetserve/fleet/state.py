@@ -60,6 +60,7 @@ class FleetState:
     cost_by_replica: dict[str, float] = field(default_factory=dict)
     capacity_log: list[str] = field(default_factory=list)
     metrics_url: str = ""
+    tls_cert: str = ""  # the certificate clients should trust (https endpoints)
 
     def to_json(self) -> dict:
         return asdict(self)

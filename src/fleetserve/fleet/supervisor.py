@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import signal
+import ssl
 import subprocess
 import time
 from collections.abc import Callable
@@ -33,7 +34,9 @@ from fleetserve.fleet.capacity import build_capacity
 from fleetserve.fleet.metrics import SupervisorMetrics
 from fleetserve.fleet.process import Child, fleetserve_command, free_port
 from fleetserve.fleet.state import FleetState, NodeState, ReplicaState, fleet_dir, write_state
+from fleetserve.router.auth import key_digest, write_key_file
 from fleetserve.router.policies import registered_policies
+from fleetserve.router.tls import ensure_self_signed
 from fleetserve.spec.load import LoadedSpec
 
 log = logging.getLogger(__name__)
@@ -227,6 +230,7 @@ class Supervisor:
             strategy = "leastload"
         host = self.spec.router.host
         port = self.spec.router.port or free_port(host)
+        security = self._security_args()
         cmd = fleetserve_command("router", "--host", host, "--port", str(port), "--strategy", strategy,
                                  "--health-path", self.spec.engine.health_path,
                                  "--buffer-size", str(self.spec.router.buffer_size),
@@ -235,10 +239,18 @@ class Supervisor:
             cmd += ["--backend", url]
         if self.spec.routing.session_key:
             cmd += ["--session-key", self.spec.routing.session_key]
+        limits = self.spec.request_limits
+        if limits.max_concurrent_requests:
+            cmd += ["--max-concurrent-per-replica", str(limits.max_concurrent_requests),
+                    "--overflow-status", str(limits.overflow_status_code)]
+        if limits.max_queue_size is not None:
+            cmd += ["--max-queue", str(limits.max_queue_size)]
+        cmd += security
         self.router = Child("router", cmd, self.dir / "logs" / "router.log",
                             env={"FLEETSERVE_ADMIN_TOKEN": self.admin_token})
         self.router.start()
-        self.router_url = f"http://{host}:{port}"
+        scheme = "https" if self.spec.tls.enabled else "http"
+        self.router_url = f"{scheme}://{host}:{port}"
         self.state.router_pid, self.state.strategy = self.router.pid, strategy
         self.state.url = f"{self.router_url}/v1"
         self._save()
@@ -253,6 +265,39 @@ class Supervisor:
             if time.monotonic() > deadline:
                 raise StartupError(f"router was not ready after 60s; see {self.router.log_path}")
             time.sleep(self.poll_interval)
+
+    def _security_args(self) -> list[str]:
+        """Router flags for API keys (hashed into a 0600 file) and TLS (given or self-signed, made here)."""
+        args: list[str] = []
+        auth = self.spec.auth
+        if auth.enabled:
+            digests = {}
+            for i, key in enumerate(auth.api_keys):
+                if key.key_sha256:
+                    digests[key.key_sha256] = key.tenant
+                    continue
+                secret = os.environ.get(key.key_env or "")
+                if not secret:
+                    raise StartupError(f"spec.auth.apiKeys[{i}].keyEnv: environment variable {key.key_env!r} "
+                                       "is not set")
+                digests[key_digest(secret)] = key.tenant
+            if not digests:
+                raise StartupError("spec.auth.enabled is true but spec.auth.apiKeys is empty")
+            path = self.dir / "auth.json"
+            write_key_file(path, digests)
+            args += ["--auth-file", str(path)]
+        tls = self.spec.tls
+        if tls.enabled:
+            if tls.cert_file and tls.key_file:
+                cert, key = tls.cert_file, tls.key_file
+            else:
+                cert_path, key_path = ensure_self_signed(self.dir / "tls", (self.spec.router.host, "localhost"))
+                cert, key = str(cert_path), str(key_path)
+            args += ["--tls-cert", cert, "--tls-key", key]
+            self.state.tls_cert = cert
+            self._http.close()
+            self._http = httpx.Client(timeout=1.0, trust_env=False, verify=ssl.create_default_context(cafile=cert))
+        return args
 
     # --- router I/O ----------------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 import httpx
@@ -22,18 +23,30 @@ class Backend:
     running: int = 0
     waiting: int = 0
     failures: int = 0
+    successes: int = 0
     last_error: str = ""
     draining: bool = False  # takes no new requests; in-flight ones finish
     prefill_backlog: int = 0  # prompt tokens sent to it that have not produced a first byte yet
     cache_blocks: int = 0
+    # circuit breaker: request failures in a row open it for a while, then successes close it again
+    request_failures: int = 0
+    open_until: float = 0.0
+    half_open_successes: int = 0
 
     @property
     def eligible(self) -> bool:
-        return self.healthy and not self.draining
+        return self.healthy and not self.draining and time.monotonic() >= self.open_until
 
     def view(self) -> ReplicaView:
         return ReplicaView(self.id, self.url, self.eligible, self.in_flight, self.waiting, self.running,
                            self.prefill_backlog, self.cache_blocks)
+
+
+@dataclass(frozen=True)
+class BreakerSettings:
+    failures_to_open: int = 10
+    open_seconds: float = 60.0
+    successes_to_close: int = 3
 
 
 class BackendPool:
@@ -51,11 +64,15 @@ class BackendPool:
         interval: float = 1.0,
         timeout: float = 2.0,
         unhealthy_after: int = 2,
+        healthy_after: int = 1,
+        breaker: BreakerSettings | None = None,
     ):
         self.backends: dict[str, Backend] = {}
         self.health_path = health_path
         self.interval = interval
         self.unhealthy_after = unhealthy_after
+        self.healthy_after = healthy_after
+        self.breaker = breaker or BreakerSettings()
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False)
         self._ready = asyncio.Event()
         self.set_backends(urls)
@@ -102,6 +119,21 @@ class BackendPool:
     def healthy(self) -> list[Backend]:
         return [b for b in self.backends.values() if b.eligible]
 
+    def request_failed(self, backend: Backend, error: str) -> None:
+        """A request failed on the backend (5xx or broken connection): count toward opening its breaker."""
+        backend.request_failures += 1
+        backend.half_open_successes = 0
+        if backend.request_failures >= self.breaker.failures_to_open and time.monotonic() >= backend.open_until:
+            backend.open_until = time.monotonic() + self.breaker.open_seconds
+            backend.request_failures = 0
+            log.warning("circuit breaker open for %s (%.0fs): %s", backend.url, self.breaker.open_seconds, error)
+            self._signal()
+
+    def request_succeeded(self, backend: Backend) -> None:
+        backend.half_open_successes += 1
+        if backend.half_open_successes >= self.breaker.successes_to_close:
+            backend.request_failures = 0
+
     def mark_unreachable(self, backend: Backend, error: str) -> None:
         """A request could not reach the backend: take it out now, the probes will bring it back."""
         if backend.healthy:
@@ -126,11 +158,14 @@ class BackendPool:
         except httpx.HTTPError as exc:
             ok, error = False, f"health check failed: {type(exc).__name__}"
         if ok:
-            if not backend.healthy:
+            backend.successes += 1
+            if not backend.healthy and backend.successes >= self.healthy_after:
                 log.info("backend %s healthy", backend.url)
-            backend.healthy, backend.failures, backend.last_error = True, 0, ""
+                backend.healthy, backend.last_error = True, ""
+            backend.failures = 0
             self._signal()
             return
+        backend.successes = 0
         backend.failures += 1
         backend.last_error = error
         if backend.healthy and backend.failures >= self.unhealthy_after:

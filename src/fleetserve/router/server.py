@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -31,6 +32,7 @@ from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, unti
 from fleetserve.api.errors import APIError
 from fleetserve.api.protocol import parse_json_body
 from fleetserve.observe.metrics import LATENCY_BUCKETS_MS, exposition
+from fleetserve.router.auth import TENANT_HEADER, KeyRing
 from fleetserve.router.features import KVLayout, request_features
 from fleetserve.router.kvindex import KVIndex
 from fleetserve.router.policies import Choice, FleetSnapshot, RouteRequest, RoutingPolicy, create_policy
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 HOP_BY_HOP = {
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
     "proxy-authorization", "proxy-authenticate", "accept-encoding",
+    "authorization", TENANT_HEADER,  # the key stays at the gateway; the tenant header is ours to set
 }
 RETRYABLE_STATUS = {502, 503, 504}
 
@@ -55,12 +58,18 @@ class RouterSettings:
     buffer_size: int = 256  # requests held while no replica is ready (scale from zero)
     buffer_timeout: float = 600.0  # longer than a cold start; then 503 with Retry-After
     admin_token: str | None = None  # required on /admin/* when set; else loopback clients only
+    max_concurrent_per_replica: int | None = None  # HyperPod requestLimits.maxConcurrentRequests
+    max_queue: int | None = None  # requests waiting for a free slot (HyperPod maxQueueSize)
+    overflow_status: int = 429
+    keyring: KeyRing | None = None  # API keys -> tenants; None: no auth
 
 
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("fleetserve_router_requests", "Requests answered", ["path", "code"], registry=r)
+        self.tenant_requests = Counter("fleetserve_router_tenant_requests", "Requests by tenant",
+                                       ["tenant", "code"], registry=r)
         self.retries = Counter("fleetserve_router_retries", "Attempts moved to another replica", ["reason"],
                                registry=r)
         self.decisions = Counter("fleetserve_router_routing_decisions", "Routing decisions",
@@ -75,6 +84,8 @@ class RouterMetrics:
                                       registry=r)
         self.index_blocks = Gauge("fleetserve_router_index_blocks", "Blocks in the router's prefix/KV index",
                                   registry=r)
+        self.queued = Gauge("fleetserve_router_queued_requests", "Requests waiting for a replica slot (limits)",
+                            registry=r)
         self.pending = Gauge("fleetserve_router_pending_requests", "Requests held until a replica is ready",
                              registry=r)
         self.buffer_wait_s = Histogram("fleetserve_router_buffer_wait_seconds", "Time requests waited for a replica",
@@ -86,17 +97,20 @@ class RouterMetrics:
 class _Attempt:
     """One upstream response whose first chunk has arrived; owns the backend's in-flight slot."""
 
-    def __init__(self, backend: Backend, response: httpx.Response, first: bytes, iterator: AsyncIterator[bytes]):
+    def __init__(self, backend: Backend, response: httpx.Response, first: bytes, iterator: AsyncIterator[bytes],
+                 freed):
         self.backend = backend
         self.response = response
         self.first = first
         self.iterator = iterator
+        self._freed = freed
         self._released = False
 
     def release(self) -> None:
         if not self._released:
             self._released = True
             self.backend.in_flight -= 1
+            self._freed()
 
     async def aclose(self) -> None:
         self.release()
@@ -121,6 +135,8 @@ class Gateway:
         )
         self._health_task: asyncio.Task | None = None
         self.pending = 0
+        self.queued = 0
+        self._slot_free = asyncio.Event()
         self.requests_total = 0
         self._ttfb: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)
 
@@ -209,9 +225,11 @@ class Gateway:
 
     # --- proxying ------------------------------------------------------------------------------------------
 
-    def _forward_headers(self, request: Request, request_id: str) -> dict[str, str]:
+    def _forward_headers(self, request: Request, request_id: str, tenant: str | None) -> dict[str, str]:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         headers["x-request-id"] = request_id
+        if tenant:
+            headers[TENANT_HEADER] = tenant
         if request.client:
             headers["x-forwarded-for"] = request.client.host
         return headers
@@ -236,25 +254,69 @@ class Gateway:
             response = await self.client.send(upstream, stream=True)
             if response.status_code in RETRYABLE_STATUS:
                 await response.aclose()
-                backend.in_flight -= 1
+                self._release(backend)
+                self.pool.request_failed(backend, f"status {response.status_code}")
                 return f"status_{response.status_code}"
             iterator = response.aiter_raw()
             try:
                 first = await anext(iterator)
             except StopAsyncIteration:
                 first = b""
-            return _Attempt(backend, response, first, iterator)
+            if response.status_code < 500:
+                self.pool.request_succeeded(backend)
+            return _Attempt(backend, response, first, iterator, self._notify_slot)
         except httpx.TransportError as exc:
-            backend.in_flight -= 1
+            self._release(backend)
             if response is not None:
                 await response.aclose()
             self.pool.mark_unreachable(backend, f"{type(exc).__name__}: {exc}")
+            self.pool.request_failed(backend, type(exc).__name__)
             return "unreachable"
         except BaseException:
-            backend.in_flight -= 1
+            self._release(backend)
             if response is not None:
                 await response.aclose()
             raise
+
+    def _release(self, backend: Backend) -> None:
+        backend.in_flight -= 1
+        self._notify_slot()
+
+    def _notify_slot(self) -> None:
+        self._slot_free.set()
+        self._slot_free = asyncio.Event()
+
+    def _snapshot(self) -> FleetSnapshot:
+        views = self.pool.snapshot().replicas
+        limit = self.settings.max_concurrent_per_replica
+        if limit:
+            views = tuple(dataclasses.replace(v, healthy=v.healthy and v.in_flight < limit) for v in views)
+        return FleetSnapshot(views, time.monotonic(), self.kv_index)
+
+    async def _await_slot(self) -> None:
+        """With per-replica limits, wait in a bounded queue for a free slot; beyond it, the overflow status."""
+        limit = self.settings.max_concurrent_per_replica
+        if not limit or any(v.healthy for v in self._snapshot().replicas):
+            return
+        if self.settings.max_queue is not None and self.queued >= self.settings.max_queue:
+            raise APIError(self.settings.overflow_status,
+                           f"all replicas are at their limit of {limit} concurrent requests and the queue is full "
+                           f"({self.settings.max_queue}); retry later", code="overloaded",
+                           headers={"Retry-After": "1"})
+        self.queued += 1
+        self.metrics.queued.set(self.queued)
+        deadline = time.monotonic() + self.settings.buffer_timeout
+        try:
+            while not any(v.healthy for v in self._snapshot().replicas):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise APIError(self.settings.overflow_status, "no replica slot became free in time",
+                                   code="overloaded", headers={"Retry-After": "1"})
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slot_free.wait(), remaining)
+        finally:
+            self.queued -= 1
+            self.metrics.queued.set(self.queued)
 
     async def _await_replica(self) -> None:
         """Hold the request while no replica can take it (scale from zero); bounded in count and time."""
@@ -276,10 +338,12 @@ class Gateway:
             raise APIError(503, f"no replica became ready within {self.settings.buffer_timeout:.0f}s",
                            code="cold_start_timeout", headers={"Retry-After": "10"})
 
-    async def _dispatch(self, request: Request, path: str, raw: bytes, body: dict, request_id: str) -> _Attempt:
+    async def _dispatch(self, request: Request, path: str, raw: bytes, body: dict, request_id: str,
+                        tenant: str | None) -> _Attempt:
         await self._await_replica()
-        headers = self._forward_headers(request, request_id)
-        salt = request.headers.get("x-fleetserve-tenant") or body.get("cache_salt")
+        await self._await_slot()
+        headers = self._forward_headers(request, request_id, tenant)
+        salt = tenant or body.get("cache_salt")
         blocks, prompt_tokens, block_tokens = request_features(body, self.layout, salt)
         excluded: set[str] = set()
         last_reason = ""
@@ -288,8 +352,11 @@ class Gateway:
                 await asyncio.sleep(min(2.0, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.5))  # backoff + jitter
             route = RouteRequest(path, body, dict(request.headers), salt, frozenset(excluded), blocks,
                                  block_tokens, prompt_tokens)
-            snapshot = FleetSnapshot(self.pool.snapshot().replicas, time.monotonic(), self.kv_index)
+            snapshot = self._snapshot()
             choice: Choice | None = self.policy.choose(route, snapshot)
+            if choice is None and not excluded and self.pool.healthy() and self.settings.max_concurrent_per_replica:
+                await self._await_slot()  # another request took the slot we waited for: wait again
+                choice = self.policy.choose(route, self._snapshot())
             if choice is None:
                 break
             replica = choice.replica
@@ -313,17 +380,22 @@ class Gateway:
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         if request.method == "POST":
             self.requests_total += 1
+        tenant = None
         try:
+            if self.settings.keyring is not None:
+                tenant = self.settings.keyring.tenant(request.headers.get("authorization"))
             raw = await request.body()
             body = parse_json_body(raw) if request.method == "POST" else {}
-            attempt = await until_disconnect(request, self._dispatch(request, path, raw, body, request_id))
+            attempt = await until_disconnect(request, self._dispatch(request, path, raw, body, request_id, tenant))
         except ClientGone:
             self.metrics.requests.labels(path, "499").inc()
             return Response(status_code=499)
         except APIError as err:
             self.metrics.requests.labels(path, str(err.status)).inc()
+            self.metrics.tenant_requests.labels(tenant or "-", str(err.status)).inc()
             err.headers["x-request-id"] = request_id
             return err.response()
+        self.metrics.tenant_requests.labels(tenant or "-", str(attempt.response.status_code)).inc()
         ttfb_ms = (time.monotonic() - started) * 1000
         self.metrics.ttfb_ms.observe(ttfb_ms)
         self._ttfb.append((time.monotonic(), ttfb_ms))
@@ -349,6 +421,7 @@ class Gateway:
                 yield chunk
         except httpx.HTTPError as exc:
             self.pool.mark_unreachable(attempt.backend, f"failed mid-response: {type(exc).__name__}")
+            self.pool.request_failed(attempt.backend, "failed mid-response")
             log.warning("backend %s failed mid-response: %s", attempt.backend.url, exc)
             if sse:
                 error = APIError(502, f"the model replica failed mid-stream ({type(exc).__name__}); "
@@ -459,12 +532,15 @@ def build_app(gateway: Gateway) -> Starlette:
 
 
 def run_router(backends: list[str], host: str, port: int, settings: RouterSettings,
-               health_path: str = "/health") -> None:
+               health_path: str = "/health", unhealthy_after: int = 2, healthy_after: int = 1,
+               tls: tuple[str, str] | None = None) -> None:
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    pool = BackendPool(backends, health_path=health_path, interval=settings.health_interval)
+    pool = BackendPool(backends, health_path=health_path, interval=settings.health_interval,
+                       unhealthy_after=unhealthy_after, healthy_after=healthy_after)
     gateway = Gateway(pool, settings)
     log.info("router on http://%s:%d, strategy %s, backends %s", host, port, settings.strategy, backends)
-    uvicorn.run(build_app(gateway), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    ssl = {"ssl_certfile": tls[0], "ssl_keyfile": tls[1]} if tls else {}
+    uvicorn.run(build_app(gateway), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5, **ssl)

@@ -36,12 +36,8 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if "kv_cache" in spec.model_fields_set and spec.kv_cache.l1.enabled:
         note("spec.kvCache.l1", "the L1 (CPU) KV tier is not implemented yet; ignored")
     limits = spec.request_limits
-    if limits.max_concurrent_requests is not None or limits.max_queue_size is not None:
-        note("spec.requestLimits", "request limits are not enforced yet; ignored")
-    if spec.tls.enabled:
-        note("spec.tls", "TLS termination is not implemented yet; the router serves plain HTTP")
-    if spec.auth.enabled:
-        note("spec.auth", "API-key auth is not implemented yet; the router accepts every request")
+    if limits.max_queue_size is not None and limits.max_concurrent_requests is None:
+        note("spec.requestLimits.maxQueueSize", "has no effect without maxConcurrentRequests")
     if spec.engine.kind in ("vllm", "sglang"):
         note("spec.engine.kind", f"{spec.engine.kind} needs a GPU; `fleetserve up` cannot start it on this machine")
     if spec.engine.image:

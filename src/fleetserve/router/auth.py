@@ -1,0 +1,44 @@
+"""API keys to tenants. Keys are stored as sha256 hex digests only; the tenant travels to the engines as
+the KV cache salt (header x-fleetserve-tenant, set by the router, never trusted from clients)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from fleetserve.api.errors import APIError
+
+TENANT_HEADER = "x-fleetserve-tenant"
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class KeyRing:
+    def __init__(self, digests: dict[str, str]):
+        self._tenants = {d.lower(): t for d, t in digests.items()}
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> KeyRing:
+        data = json.loads(Path(path).read_text())
+        return cls(data["keys"])
+
+    def tenant(self, authorization: str | None) -> str:
+        """The tenant of a `Bearer KEY` header, or a 401 the openai client reports as AuthenticationError."""
+        if not authorization or not authorization.lower().startswith("bearer "):
+            raise APIError(401, "missing API key: send Authorization: Bearer <key>", code="invalid_api_key")
+        tenant = self._tenants.get(key_digest(authorization[7:].strip()))
+        if tenant is None:
+            raise APIError(401, "incorrect API key provided", code="invalid_api_key")
+        return tenant
+
+
+def write_key_file(path: Path, digests: dict[str, str]) -> None:
+    """The router's key file (digest -> tenant), readable by the owner only."""
+    import os
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"keys": digests}, f)

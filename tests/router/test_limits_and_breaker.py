@@ -1,0 +1,52 @@
+"""Request limits (HyperPod's requestLimits) and the circuit breaker."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from fleetserve.router.pool import Backend, BackendPool, BreakerSettings
+from tests.helpers import Server, wait_until
+
+
+def test_limits_queue_then_overflow_with_retry_after(tmp_path):
+    engine = Server(["engine", "--simulate", "fast", "--served-model-name", "sim", "--speedup", "0.02"],
+                    tmp_path / "sim.log").start()
+    gw = Server(["router", "--backend", engine.url, "--max-concurrent-per-replica", "1", "--max-queue", "1"],
+                tmp_path / "router.log").start()
+    body = {"model": "sim", "prompt": "x", "max_tokens": 40}
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            first = pool.submit(httpx.post, gw.url + "/v1/completions", json=body, timeout=60)
+            wait_until(lambda: httpx.get(gw.url + "/health", timeout=5).json()["backends"][0]["in_flight"] == 1, 30)
+            second = pool.submit(httpx.post, gw.url + "/v1/completions", json=body, timeout=60)
+            wait_until(lambda: httpx.get(gw.url + "/admin/load", timeout=5).json()["pending"] == 0 and
+                       _queued(gw) == 1, 30, what="second request queued")
+            third = httpx.post(gw.url + "/v1/completions", json=body, timeout=60)
+            assert third.status_code == 429 and third.headers["retry-after"]
+            assert third.json()["error"]["code"] == "overloaded"
+            assert first.result().status_code == 200 and second.result().status_code == 200
+    finally:
+        gw.stop()
+        engine.stop()
+
+
+def _queued(gw) -> int:
+    from tests.metrics_text import sample
+
+    return int(sample(gw.url, "fleetserve_router_queued_requests"))
+
+
+def test_circuit_breaker_opens_after_failures_and_closes_after_successes():
+    pool = BackendPool([], breaker=BreakerSettings(failures_to_open=3, open_seconds=3600, successes_to_close=2))
+    backend = Backend("b", "http://b", healthy=True)
+    pool.backends = {"b": backend}
+    pool.request_failed(backend, "boom")
+    pool.request_failed(backend, "boom")
+    assert backend.eligible
+    pool.request_failed(backend, "boom")
+    assert not backend.eligible  # open: no traffic even though its health probe may pass
+    backend.open_until = 0.0  # the open period is over: half-open, traffic again
+    assert backend.eligible
+    pool.request_succeeded(backend)
+    pool.request_succeeded(backend)
+    assert backend.request_failures == 0

@@ -1,0 +1,92 @@
+"""API keys to tenants, tenant-salted caches, TLS with a self-signed certificate."""
+
+import json
+import os
+import signal
+import ssl
+
+import httpx
+import openai
+import pytest
+
+from fleetserve.router.auth import key_digest
+from tests.helpers import Server, fleetserve, processes_with_env
+from tests.metrics_text import sample
+
+
+def test_keys_map_to_tenants_and_tenants_do_not_share_cache(tmp_path):
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": {key_digest("alpha-key"): "alpha", key_digest("beta-key"): "beta"}}))
+    engine = Server(["engine", "--simulate", "fast", "--served-model-name", "sim", "--block-size", "4"],
+                    tmp_path / "sim.log").start()
+    gw = Server(["router", "--backend", engine.url, "--auth-file", str(keys)], tmp_path / "router.log").start()
+    body = {"model": "sim", "prompt": list(range(40)), "max_tokens": 2}
+    try:
+        assert httpx.post(gw.url + "/v1/completions", json=body, timeout=30).status_code == 401
+        wrong = httpx.post(gw.url + "/v1/completions", json=body, headers={"authorization": "Bearer nope"}, timeout=30)
+        assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=gw.url + "/v1", api_key="nope", max_retries=0).models.list()
+
+        def cached(key, spoof=None):
+            headers = {"authorization": f"Bearer {key}"}
+            if spoof:
+                headers["x-fleetserve-tenant"] = spoof  # a client cannot choose its tenant
+            r = httpx.post(gw.url + "/v1/completions", json=body, headers=headers, timeout=30)
+            assert r.status_code == 200
+            return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+        assert cached("alpha-key") == 0
+        assert cached("alpha-key") == 40
+        assert cached("beta-key", spoof="alpha") == 0  # same prompt, other tenant: no sharing
+        assert sample(gw.url, "fleetserve_router_tenant_requests_total", tenant="alpha", code="200") == 2
+        assert sample(gw.url, "fleetserve_router_tenant_requests_total", tenant="-", code="401") >= 2
+    finally:
+        gw.stop()
+        engine.stop()
+
+
+SPEC = """
+apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {{name: secure}}
+spec:
+  model: {{name: tiny, source: "{source}"}}
+  engine: {{threads: 1}}
+  replicas: 1
+  routing: {{strategy: leastload}}
+  tls: {{enabled: true}}
+  auth:
+    enabled: true
+    apiKeys: [{{tenant: team-a, keyEnv: TEAM_A_KEY}}, {{tenant: team-b, keySha256: "{digest}"}}]
+"""
+
+
+def test_fleet_with_tls_self_signed_and_api_keys(tmp_path, tiny_model):
+    home = {"FLEETSERVE_HOME": str(tmp_path / "home"), "TEAM_A_KEY": "secret-a"}
+    spec = tmp_path / "secure.yaml"
+    spec.write_text(SPEC.format(source=tiny_model, digest=key_digest("secret-b")))
+    try:
+        up = fleetserve("up", str(spec), "--detach", env=home)
+        assert up.returncode == 0, up.stderr
+        state = json.loads(fleetserve("status", "--json", env=home).stdout)[0]
+        assert state["url"].startswith("https://") and os.path.isfile(state["tls_cert"])
+        assert "TLS certificate" in up.stdout
+        with httpx.Client(verify=ssl.create_default_context(cafile=state["tls_cert"])) as http:
+            client = openai.OpenAI(base_url=state["url"], api_key="secret-a", http_client=http, max_retries=0)
+            reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                   max_tokens=2)
+            assert reply.choices
+            client_b = openai.OpenAI(base_url=state["url"], api_key="secret-b", http_client=http, max_retries=0)
+            assert client_b.models.list().data[0].id == "tiny"
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=state["url"], api_key="wrong", http_client=http,
+                              max_retries=0).models.list()
+        with pytest.raises(httpx.ConnectError):  # an unverified client refuses the self-signed certificate
+            httpx.get(state["url"] + "/models", timeout=5)
+        auth_file = tmp_path / "home" / "run" / "secure" / "auth.json"
+        assert "secret-a" not in auth_file.read_text() and oct(auth_file.stat().st_mode & 0o777) == "0o600"
+    finally:
+        fleetserve("down", env=home)
+        for pid in processes_with_env("FLEETSERVE_HOME", home["FLEETSERVE_HOME"]):
+            os.kill(pid, signal.SIGKILL)
