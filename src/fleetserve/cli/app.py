@@ -394,6 +394,19 @@ def bench_routing(
     print(json.dumps(result, indent=2))
 
 
+@bench_app.command("router-overhead")
+def bench_router_overhead(
+    requests: Annotated[int, typer.Option(min=10, help="Sequential requests per side")] = 500,
+    concurrency: Annotated[int, typer.Option(min=1, help="Clients for the throughput phase")] = 32,
+    seconds: Annotated[float, typer.Option(min=1, help="Length of the throughput phase")] = 5.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
+) -> None:
+    """Added latency (p50, p99) of the router over direct calls to a zero-delay backend, and its req/s."""
+    from fleetserve.bench.router_overhead import run
+
+    print(json.dumps(run(requests, concurrency, seconds), indent=2))
+
+
 @bench_app.command("replay")
 def bench_replay(
     url: Annotated[str, typer.Option(help="Gateway base URL (without /v1)")],

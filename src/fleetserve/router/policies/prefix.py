@@ -38,8 +38,8 @@ def _branch(uncached: int, best_possible: int, prompt_tokens: int) -> str:
 
 @register("prefixaware")
 class PrefixAware:
-    def __init__(self, seed: int = 0, decode_weight: float = 64.0, **_options):
-        self.weights = CostWeights(decode_weight=decode_weight)
+    def __init__(self, seed: int = 0, decode_weight: float = 64.0, affinity: float = 6.0, **_options):
+        self.weights = CostWeights(decode_weight=decode_weight, affinity=affinity)
         self.rng = random.Random(seed)
         self.index: dict[str, OrderedDict[int, None]] = {}
 
@@ -57,7 +57,7 @@ class PrefixAware:
         for r in eligible:
             hit = _matched(self.index.get(r.id, OrderedDict()), request.blocks)
             candidates.append((r, max(0, request.prompt_tokens - hit * request.block_tokens)))
-        replica, uncached = cheapest(candidates, self.weights, self.rng)
+        replica, uncached = cheapest(candidates, self.weights, self.rng, request.prompt_tokens)
         best_possible = min(u for _, u in candidates)
         branch = _branch(uncached, best_possible, request.prompt_tokens)
         self._remember(replica.id, request.blocks, replica.cache_blocks or DEFAULT_CACHE_BLOCKS, len(live))
@@ -75,10 +75,10 @@ class PrefixAware:
 
 @register("kvaware")
 class KVAware:
-    def __init__(self, seed: int = 0, decode_weight: float = 64.0, **_options):
-        self.weights = CostWeights(decode_weight=decode_weight)
+    def __init__(self, seed: int = 0, decode_weight: float = 64.0, affinity: float = 6.0, **_options):
+        self.weights = CostWeights(decode_weight=decode_weight, affinity=affinity)
         self.rng = random.Random(seed)
-        self.fallback = PrefixAware(seed=seed, decode_weight=decode_weight)
+        self.fallback = PrefixAware(seed=seed, decode_weight=decode_weight, affinity=affinity)
 
     def choose(self, request: RouteRequest, snapshot: FleetSnapshot) -> Choice | None:
         index = snapshot.kv_index
@@ -92,7 +92,7 @@ class KVAware:
         for r in eligible:
             credit = index.credit(r.id, request.blocks, snapshot.now)
             candidates.append((r, max(0, int(request.prompt_tokens - credit * request.block_tokens))))
-        replica, uncached = cheapest(candidates, self.weights, self.rng)
+        replica, uncached = cheapest(candidates, self.weights, self.rng, request.prompt_tokens)
         best_possible = min(u for _, u in candidates)
         branch = _branch(uncached, best_possible, request.prompt_tokens)
         index.speculate(replica.id, request.blocks, snapshot.now)
