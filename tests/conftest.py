@@ -43,3 +43,40 @@ def slow_model(tmp_path_factory) -> Path:
 
     return create_tiny_model(tmp_path_factory.mktemp("models") / "slow", hidden_size=256, layers=4, heads=4,
                              kv_heads=4, context_length=4096)
+
+
+@pytest.fixture()
+def redis_server(tmp_path):
+    """A real redis-server on a free loopback port, evicting least recently used keys at its memory cap."""
+    import shutil
+    import subprocess
+
+    from fleetserve.fleet.process import free_port
+    from tests.helpers import wait_until
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (scripts/setup.sh installs it as root)")
+    port = free_port()
+
+    def start():
+        proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                 "--appendonly", "no", "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru",
+                                 "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+
+        client = redis.Redis(port=port)
+
+        def up():
+            try:
+                return client.ping()
+            except redis.RedisError:
+                return False
+
+        wait_until(up, 30, what="redis-server")
+        return proc
+
+    server = {"url": f"redis://127.0.0.1:{port}/0", "proc": start()}
+    server["restart"] = lambda: server.__setitem__("proc", start())
+    yield server
+    server["proc"].kill()
+    server["proc"].wait()

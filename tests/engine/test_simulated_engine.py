@@ -27,7 +27,7 @@ def test_openai_client_chat_and_stream(sim):
     client = openai.OpenAI(base_url=sim.url + "/v1", api_key="x", max_retries=0)
     r = client.chat.completions.create(model="sim", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert r.usage.completion_tokens == 4 and r.choices[0].message.content
-    chunks = list(client.completions.create(model="sim", prompt="abc", max_tokens=5, stream=True,
+    chunks = list(client.completions.create(model="sim", prompt="a b c", max_tokens=5, stream=True,
                                             stream_options={"include_usage": True}))
     assert len([c for c in chunks if c.choices]) == 5 and chunks[-1].usage.completion_tokens == 5
 
@@ -72,7 +72,7 @@ def test_peer_router_probes_and_vllm_metrics(sim):
         assert httpx.get(sim.url + path, timeout=5).status_code == 200, path
     info = httpx.get(sim.url + "/get_model_info", timeout=5).json()
     assert info["block_size"] == 4 and info["num_gpu_blocks"] == 8
-    assert httpx.post(sim.url + "/tokenize", json={"prompt": "abc"}, timeout=5).json()["count"] == 3
+    assert httpx.post(sim.url + "/tokenize", json={"prompt": "one two three"}, timeout=5).json()["count"] == 3
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:gpu_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
         sample(sim.url, name)

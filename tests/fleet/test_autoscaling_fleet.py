@@ -2,8 +2,6 @@
 placement falls through a shortage on the simulated cloud."""
 
 import json
-import os
-import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -12,15 +10,6 @@ import pytest
 
 from tests.helpers import fleetserve, processes_with_env, wait_until
 from tests.metrics_text import sample
-
-
-@pytest.fixture()
-def home(tmp_path):
-    path = tmp_path / "home"
-    path.mkdir()
-    yield {"FLEETSERVE_HOME": str(path)}
-    for pid in processes_with_env("FLEETSERVE_HOME", str(path)):
-        os.kill(pid, signal.SIGKILL)
 
 
 def status(home):

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import openai
-import pytest
 
 from tests.helpers import fleetserve, processes_with_env, wait_until
 
@@ -21,16 +20,6 @@ spec:
   replicas: {replicas}
   routing: {{strategy: roundrobin}}
 """
-
-
-@pytest.fixture()
-def home(tmp_path):
-    """A FLEETSERVE_HOME of this test's own: leftovers are found by it in /proc/*/environ."""
-    path = tmp_path / "home"
-    path.mkdir()
-    yield {"FLEETSERVE_HOME": str(path)}
-    for pid in processes_with_env("FLEETSERVE_HOME", str(path)):  # never leak into other tests
-        os.kill(pid, signal.SIGKILL)
 
 
 def write_spec(tmp_path, source, name="t", replicas=2, extra_engine=""):

@@ -35,7 +35,8 @@ class Record:
     streamed: bool = False  # the first byte reached the client
 
 
-def _body(req: TraceRequest, i: int, model: str, max_output: int | None, stream: bool) -> dict:
+def _body(req: TraceRequest, i: int, model: str, max_output: int | None, stream: bool,
+          prompt_format: str = "tokens") -> dict:
     out = min(req.output_tokens, max_output) if max_output else req.output_tokens
     body: dict = {"model": model, "max_tokens": max(1, out), "temperature": 0, "ignore_eos": True,
                   "stream": stream}
@@ -45,6 +46,8 @@ def _body(req: TraceRequest, i: int, model: str, max_output: int | None, stream:
         body["messages"] = list(req.messages)
     elif req.prompt is not None:
         body["prompt"] = req.prompt
+    elif prompt_format == "text":  # one word per token, for routers that only take text prompts
+        body["prompt"] = " ".join(f"w{t}" for t in req.token_ids(unique_seed=i))
     else:
         body["prompt"] = req.token_ids(unique_seed=i)
     return body
@@ -108,7 +111,8 @@ async def _one(client: httpx.AsyncClient, url: str, path: str, body: dict, rec: 
 
 
 async def replay(url: str, requests: list[TraceRequest], *, model: str, speedup: float = 1.0,
-                 stream: bool = False, max_output: int | None = None, timeout: float = 600.0) -> list[Record]:
+                 stream: bool = False, max_output: int | None = None, timeout: float = 600.0,
+                 prompt_format: str = "tokens") -> list[Record]:
     """Replay `requests` against an OpenAI endpoint (base URL without /v1)."""
     records = [Record(i, r.arrival_s) for i, r in enumerate(requests)]
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
@@ -121,8 +125,8 @@ async def replay(url: str, requests: list[TraceRequest], *, model: str, speedup:
                 await asyncio.sleep(delay)
             path = "/v1/chat/completions" if req.messages is not None else "/v1/completions"
             headers = {"x-session-id": req.session} if req.session else {}
-            tasks.append(asyncio.create_task(_one(client, url, path, _body(req, i, model, max_output, stream),
-                                                  records[i], headers)))
+            body = _body(req, i, model, max_output, stream, prompt_format)
+            tasks.append(asyncio.create_task(_one(client, url, path, body, records[i], headers)))
         await asyncio.gather(*tasks)
     return records
 

@@ -24,6 +24,19 @@ from fleetserve.sim.perf import profile as perf_profile
 from fleetserve.traces.load import load_trace
 
 MODEL = "bench-sim"
+SGLANG = "sglang_cache_aware"
+
+
+def find_sglang_python(explicit: str | None = None) -> str | None:
+    """A Python that can run sglang_router (FLEETSERVE_SGLANG_PYTHON, or this one if it has it)."""
+    import importlib.util
+    import os
+    import sys
+
+    candidate = explicit or os.environ.get("FLEETSERVE_SGLANG_PYTHON")
+    if candidate:
+        return candidate
+    return sys.executable if importlib.util.find_spec("sglang_router") else None
 
 
 def _keys(requests, block_size: int) -> list[list[int]]:
@@ -68,7 +81,7 @@ def _wait_ready(url: str, child: Child, timeout: float = 60.0, path: str = "/hea
 def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] = ("roundrobin", "leastload", "session",
         "prefixaware", "kvaware"), limit: int | None = 600, duration: float = 60.0, cache_fraction: float = 1 / 3,
         target_utilization: float = 0.65, profile_name: str = "h100-8b", max_output: int | None = 256,
-        progress=None) -> dict:
+        progress=None, prompt_format: str = "tokens", sglang_python: str | None = None) -> dict:
     requests = load_trace(trace, limit)
     base = perf_profile(profile_name)
     block = base.block_size
@@ -92,14 +105,15 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] = ("roundrobi
         "benchmark": "routing", "trace": Path(trace).name, "requests": len(requests), "replicas": replicas,
         "profile": profile_name, "block_size": block, "unique_blocks": unique, "cache_blocks_per_replica": cap,
         "trace_speedup": round(trace_speedup, 2), "engine_speedup": round(engine_speedup, 3),
-        "oracle_hit_rate": round(oracle, 4), "note": "ttft_ms is measured by the engines (queue + prefill)",
-        "strategies": {},
+        "oracle_hit_rate": round(oracle, 4), "prompt_format": prompt_format,
+        "note": "ttft_ms is measured by the engines (queue + prefill)", "strategies": {},
     }
     for strategy in strategies:
         if progress:
             progress(f"{strategy} ...")
         result["strategies"][strategy] = _run_strategy(strategy, requests, replicas, cap, engine_speedup,
-                                                       trace_speedup, profile_name, max_output)
+                                                       trace_speedup, profile_name, max_output, prompt_format,
+                                                       sglang_python)
     rows = result["strategies"]
     if "roundrobin" in rows:
         rr_p95 = rows["roundrobin"]["ttft_ms"]["p95"]
@@ -112,11 +126,32 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] = ("roundrobi
                 "ttft_p95_vs_roundrobin": round(rows[best]["ttft_ms"]["p95"] / rr_p95, 3),
                 "load_skew": rows[best]["load_skew"],
             }
+            if SGLANG in rows and rows[SGLANG]["ttft_ms"]["p95"]:
+                result["ratio"]["ttft_p95_vs_sglang_cache_aware"] = round(
+                    rows[best]["ttft_ms"]["p95"] / rows[SGLANG]["ttft_ms"]["p95"], 3)
+                result["ratio"]["sglang_ttft_p95_vs_roundrobin"] = round(rows[SGLANG]["ttft_ms"]["p95"] / rr_p95, 3)
     return result
 
 
+def _router_child(strategy: str, engines: list[str], port: int, tmp: str, sglang_python: str | None) -> Child:
+    if strategy == SGLANG:
+        if not sglang_python:
+            raise ValueError("sglang_cache_aware needs sglang-router: pip install sglang-router==0.3.2 (or set "
+                             "FLEETSERVE_SGLANG_PYTHON to a Python that has it)")
+        # no model path is advertised and the hub is off: it must not try to download a tokenizer
+        cmd = [sglang_python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+               "--policy", "cache_aware", "--worker-urls", *engines]
+        return Child("sglang-router", cmd, Path(tmp) / "sglang.log",
+                     env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_PROXY": "*"})
+    cmd = fleetserve_command("router", "--port", str(port), "--strategy", strategy, "--health-interval", "0.5")
+    for url in engines:
+        cmd += ["--backend", url]
+    return Child("router", cmd, Path(tmp) / "router.log")
+
+
 def _run_strategy(strategy: str, requests, replicas: int, cap: int, engine_speedup: float, trace_speedup: float,
-                  profile_name: str, max_output: int | None) -> dict:
+                  profile_name: str, max_output: int | None, prompt_format: str = "tokens",
+                  sglang_python: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="fleetserve-bench-routing-") as tmp:
         engines = []
         children: list[Child] = []
@@ -133,11 +168,7 @@ def _run_strategy(strategy: str, requests, replicas: int, cap: int, engine_speed
             for url, child in zip(engines, children, strict=True):
                 _wait_ready(url, child)
             port = free_port()
-            cmd = fleetserve_command("router", "--port", str(port), "--strategy", strategy,
-                                     "--health-interval", "0.5")
-            for url in engines:
-                cmd += ["--backend", url]
-            router = Child("router", cmd, Path(tmp) / "router.log")
+            router = _router_child(strategy, engines, port, tmp, sglang_python)
             router.start()
             children.append(router)
             gateway = f"http://127.0.0.1:{port}"
@@ -145,10 +176,10 @@ def _run_strategy(strategy: str, requests, replicas: int, cap: int, engine_speed
             time.sleep(1.0)  # let kvaware subscribe to every engine's events
             started = time.monotonic()
             records = asyncio.run(replay(gateway, requests, model=MODEL, speedup=trace_speedup,
-                                         max_output=max_output))
+                                         max_output=max_output, prompt_format=prompt_format))
             wall = time.monotonic() - started
             busy = [httpx.get(u + "/get_load", timeout=5).json()["busy_seconds"] for u in engines]
-            branches = _branches(gateway, strategy)
+            branches = _branches(gateway, strategy) if strategy != SGLANG else {}
         finally:
             for child in children:
                 child.stop(timeout=5)

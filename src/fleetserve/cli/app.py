@@ -194,7 +194,12 @@ def engine(
     simulate: Annotated[str | None, typer.Option(help="Run a simulated engine with this performance profile "
                                                       "(fast, a10g-8b, h100-8b) instead of a model")] = None,
     cache_blocks: Annotated[int | None, typer.Option(min=1, help="Simulated KV capacity in blocks")] = None,
-    block_size: Annotated[int | None, typer.Option(min=1, help="Simulated KV block size in tokens")] = None,
+    block_size: Annotated[int | None, typer.Option(min=1, help="KV block size in tokens (default 256)")] = None,
+    kv_cache: Annotated[bool, typer.Option(help="Prefix KV cache (reuse computed prefixes)")] = True,
+    engine_cache_bytes: Annotated[int, typer.Option(min=1, help="Bytes of KV blocks kept ready in the engine")
+                                  ] = 512 << 20,
+    l1_bytes: Annotated[int, typer.Option(min=0, help="L1 tier: CPU bytes for offloaded blocks (0: off)")] = 0,
+    l2_url: Annotated[str | None, typer.Option(help="L2 tier: redis://host:port/db (none: off)")] = None,
     speedup: Annotated[float, typer.Option(min=0.001, help="Simulated engine runs this many times faster")] = 1.0,
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
@@ -237,7 +242,9 @@ def engine(
         run_engine(model=model, host=host, port=port, served_model_name=served_model_name,
                    model_version=model_version, namespace=namespace, instance_type=instance_type, replica=replica,
                    threads=threads, dtype=dtype, context_length=context_length,
-                   max_tokens_default=max_tokens_default, max_waiting=max_waiting, revision=revision)
+                   max_tokens_default=max_tokens_default, max_waiting=max_waiting, revision=revision,
+                   block_size=block_size or 256, kv_cache=kv_cache, engine_cache_bytes=engine_cache_bytes,
+                   l1_bytes=l1_bytes, l2_url=l2_url)
     except ModelSourceError as exc:
         raise _fail(f"--model: {exc}", EXIT_USAGE) from None
 
@@ -374,21 +381,35 @@ def bench_routing(
     duration: Annotated[float, typer.Option(min=1, help="Wall-clock seconds per strategy (time compression)")] = 60,
     profile: Annotated[str, typer.Option(help="Simulated engine profile")] = "h100-8b",
     max_output: Annotated[int, typer.Option(min=1, help="Cap on output tokens per request")] = 256,
+    prompt_format: Annotated[str, typer.Option(help="tokens (exact KV keys) or text (for text-only routers)")
+                             ] = "tokens",
+    sglang_python: Annotated[str | None, typer.Option(help="Python with sglang-router, for the "
+                                                           "sglang_cache_aware row")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
 ) -> None:
-    """Routing strategies side by side on one trace against simulated engines: hit rate, TTFT, load skew."""
-    from fleetserve.bench.routing import run
+    """Routing strategies side by side on one trace against simulated engines: hit rate, TTFT, load skew.
+
+    Add `sglang_cache_aware` to --strategies (with --prompt-format text: sglang-router takes text prompts
+    only) to compare with sglang-router's cache_aware policy on the same engines and trace."""
+    from fleetserve.bench.routing import SGLANG, find_sglang_python, run
     from fleetserve.router.policies import registered_policies
     from fleetserve.traces.load import TraceError
 
     names = tuple(n.strip() for n in strategies.split(",") if n.strip())
-    bad = [n for n in names if n not in registered_policies()]
+    allowed = (*registered_policies(), SGLANG)
+    bad = [n for n in names if n not in allowed]
     if bad or not names:
-        raise typer.BadParameter(f"{bad[0] if bad else strategies!r}; allowed values: "
-                                 f"{', '.join(registered_policies())}", param_hint="--strategies")
+        raise typer.BadParameter(f"{bad[0] if bad else strategies!r}; allowed values: {', '.join(allowed)}",
+                                 param_hint="--strategies")
+    if prompt_format not in ("tokens", "text"):
+        raise typer.BadParameter(f"{prompt_format!r}; allowed values: tokens, text", param_hint="--prompt-format")
+    if SGLANG in names and prompt_format != "text":
+        raise typer.BadParameter("sglang-router accepts text prompts only: add --prompt-format text",
+                                 param_hint="--prompt-format")
     try:
         result = run(trace, replicas, names, limit, duration, profile_name=profile, max_output=max_output,
-                     progress=None if as_json else _say)
+                     progress=None if as_json else _say, prompt_format=prompt_format,
+                     sglang_python=find_sglang_python(sglang_python))
     except (TraceError, ValueError) as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
     print(json.dumps(result, indent=2))

@@ -12,6 +12,27 @@ from fleetserve.engine.sources import resolve_source
 from fleetserve.observe.metrics import ModelIdentity
 
 
+def attach_prefix_cache(engine: Engine, block_size: int, engine_cache_bytes: int, l1_bytes: int,
+                        l2_url: str | None) -> None:
+    """Give the engine its prefix KV cache: working set, optional L1 (CPU bytes) and L2 (Redis URL)."""
+    from fleetserve.engine.prefix_cache import PrefixCache
+    from fleetserve.kvcache.tiers import L1Store, RedisStore
+    from fleetserve.observe.metrics import PrefixCacheCollector
+
+    runner = engine.runner
+    runner.block_size = block_size
+    shape = runner.block_shape(block_size)
+    block_bytes = runner.torch_dtype.itemsize
+    for dim in shape:
+        block_bytes *= dim
+    cache = PrefixCache(shape, runner.torch_dtype, max(1, engine_cache_bytes // block_bytes),
+                        l1=L1Store(l1_bytes) if l1_bytes else None,
+                        l2=RedisStore(l2_url, prefix=f"fleetserve:kv:{engine.settings.served_model_name}:")
+                        if l2_url else None)
+    runner.prefix_cache = cache
+    engine.metrics.registry.register(PrefixCacheCollector(cache, engine.settings.served_model_name))
+
+
 def run_engine(
     *,
     model: str,
@@ -28,12 +49,19 @@ def run_engine(
     max_tokens_default: int = 512,
     max_waiting: int = 256,
     revision: str | None = None,
+    block_size: int = 256,
+    kv_cache: bool = True,
+    engine_cache_bytes: int = 512 << 20,
+    l1_bytes: int = 0,
+    l2_url: str | None = None,
 ) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine[" + replica + "] %(levelname)s %(message)s")
     path = resolve_source(model, revision)
     runner = ModelRunner(path, dtype=dtype, threads=threads, context_length=context_length)
     name = served_model_name or path.name
     identity = ModelIdentity(namespace, name, model_version, instance_type, replica)
-    engine = Engine(runner, EngineSettings(name, identity, max_tokens_default, max_waiting))
+    engine = Engine(runner, EngineSettings(name, identity, max_tokens_default, max_waiting, runner.dtype))
+    if kv_cache:
+        attach_prefix_cache(engine, block_size, engine_cache_bytes, l1_bytes, l2_url)
     logging.getLogger(__name__).info("serving %s (%s) on http://%s:%d", name, path, host, port)
     uvicorn.run(build_app(engine), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

@@ -25,6 +25,7 @@ _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 class GenerationResult:
     finish_reason: str  # "stop", "length" or "cancelled"
     completion_tokens: int
+    cached_tokens: int = 0
 
 
 class ModelRunner:
@@ -47,6 +48,36 @@ class ModelRunner:
         self.context_length = min(context_length or native, native)
         self.eos_ids = self._eos_ids()
         self._torch = torch
+        self.torch_dtype = torch_dtype
+        self.prefix_cache = None  # fleetserve.engine.prefix_cache.PrefixCache, when the KV cache is on
+        self.block_size = 256
+
+    def block_shape(self, block_size: int) -> tuple[int, ...]:
+        c = self.model.config
+        kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return (c.num_hidden_layers, 2, kv_heads, block_size, head_dim)
+
+    def _cache_from_blocks(self, blocks):
+        from transformers import DynamicCache
+
+        torch = self._torch
+        layers = []
+        for layer in range(blocks[0].shape[0]):
+            keys = torch.cat([b[layer, 0] for b in blocks], dim=1).unsqueeze(0)
+            values = torch.cat([b[layer, 1] for b in blocks], dim=1).unsqueeze(0)
+            layers.append((keys, values))
+        return DynamicCache(ddp_cache_data=layers, config=self.model.config)
+
+    def _blocks_from_cache(self, cache, first: int, count: int) -> list:
+        torch = self._torch
+        b = self.block_size
+        out = []
+        for i in range(first, first + count):
+            per_layer = [torch.stack([layer.keys[0, :, i * b:(i + 1) * b], layer.values[0, :, i * b:(i + 1) * b]])
+                         for layer in cache.layers]
+            out.append(torch.stack(per_layer).clone())
+        return out
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()
@@ -89,9 +120,15 @@ class ModelRunner:
         max_new_tokens: int,
         on_token: Callable[[int], bool],
         cancelled: threading.Event,
+        root: int = 0,
     ) -> GenerationResult:
-        """Generate up to `max_new_tokens`; `on_token` returns False to stop (a stop string was seen)."""
+        """Generate up to `max_new_tokens`; `on_token` returns False to stop (a stop string was seen).
+
+        With a prefix cache, the longest cached prefix (engine -> L1 -> L2) is loaded and only the rest of the
+        prompt is computed; `root` namespaces the block keys (model build and tenant salt).
+        """
         from fleetserve.engine.sampling import choose_token
+        from fleetserve.kvcache.blocks import chain_keys
 
         torch = self._torch
         from transformers import DynamicCache
@@ -101,23 +138,36 @@ class ModelRunner:
             generator = torch.Generator().manual_seed(sampling.seed)
         counts: dict[int, int] = {}
         cache = DynamicCache(config=self.model.config)
-        inputs = torch.tensor([prompt_ids], dtype=torch.long)
+        cached_tokens = 0
+        keys: list[int] = []
+        if self.prefix_cache is not None:
+            keys = chain_keys(prompt_ids, self.block_size, root)
+            usable = keys[: (len(prompt_ids) - 1) // self.block_size]  # at least one token is computed
+            found = self.prefix_cache.lookup(usable)
+            if found:
+                cache = self._cache_from_blocks([block for _, block in found])
+                cached_tokens = len(found) * self.block_size
+        inputs = torch.tensor([prompt_ids[cached_tokens:]], dtype=torch.long)
         produced = 0
         with torch.inference_mode():
             while produced < max_new_tokens:
                 if cancelled.is_set():
-                    return GenerationResult("cancelled", produced)
+                    return GenerationResult("cancelled", produced, cached_tokens)
                 out = self.model(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1)
                 cache = out.cache
+                if produced == 0 and self.prefix_cache is not None:
+                    done = cached_tokens // self.block_size
+                    new = self._blocks_from_cache(cache, done, len(keys) - done)
+                    self.prefix_cache.store(list(zip(keys[done:], new, strict=True)))
                 token = choose_token(out.logits[0, -1], sampling, generator, counts)
                 if token in self.eos_ids and not sampling.ignore_eos:
-                    return GenerationResult("stop", produced)
+                    return GenerationResult("stop", produced, cached_tokens)
                 produced += 1
                 counts[token] = counts.get(token, 0) + 1
                 if not on_token(token):
-                    return GenerationResult("stop", produced)
+                    return GenerationResult("stop", produced, cached_tokens)
                 inputs = torch.tensor([[token]], dtype=torch.long)
-        return GenerationResult("length", produced)
+        return GenerationResult("length", produced, cached_tokens)
 
 
 def describe(path: Path) -> dict:

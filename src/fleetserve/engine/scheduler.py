@@ -32,6 +32,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     enqueued_at: float = field(default_factory=time.monotonic)
+    root: int = 0  # block-key namespace: model build and tenant salt
 
     def post(self, *event) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -89,8 +90,9 @@ class SerialScheduler:
             job.post("token", delta)
             return not stream.stopped
 
-        result = self.runner.generate(job.prompt_ids, job.sampling, job.max_new_tokens, on_token, job.cancelled)
+        result = self.runner.generate(job.prompt_ids, job.sampling, job.max_new_tokens, on_token, job.cancelled,
+                                      job.root)
         tail = stream.finish()
         if tail:
             job.post("token", tail)
-        job.post("done", result.finish_reason, len(job.prompt_ids), result.completion_tokens)
+        job.post("done", result.finish_reason, len(job.prompt_ids), result.completion_tokens, result.cached_tokens)

@@ -30,6 +30,7 @@ class EngineSettings:
     identity: ModelIdentity
     max_tokens_default: int = 512
     max_waiting: int = 256
+    dtype: str = "float32"
 
 
 class _Outcome:
@@ -40,10 +41,12 @@ class _Outcome:
         self.finish_reason = "stop"
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cached_tokens = 0
 
 
-def _usage(prompt: int, completion: int) -> dict:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def _usage(prompt: int, completion: int, cached: int = 0) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _sse(payload: dict | str) -> bytes:
@@ -59,6 +62,12 @@ class Engine:
         self.scheduler = SerialScheduler(runner, max_waiting=settings.max_waiting,
                                          on_token=self.metrics.vllm(self.metrics.generation_tokens).inc)
         self.created = int(time.time())
+
+    def kv_root(self, salt: str | None) -> int:
+        from fleetserve.kvcache.blocks import namespace_key
+
+        s = self.settings
+        return namespace_key(s.served_model_name, s.identity.model_version, s.dtype, salt)
 
     # --- request preparation -------------------------------------------------------------------------
 
@@ -127,7 +136,8 @@ class Engine:
             self._check_model(parsed)
             prompt_ids = self._prompt_ids(parsed)
             max_new = self._budget(len(prompt_ids), parsed.sampling.max_tokens)
-            job = Job(prompt_ids, parsed.sampling, max_new, asyncio.get_running_loop())
+            salt = request.headers.get("x-fleetserve-tenant") or parsed.cache_salt
+            job = Job(prompt_ids, parsed.sampling, max_new, asyncio.get_running_loop(), root=self.kv_root(salt))
             self.scheduler.submit(job)
         except APIError as err:
             m.error(err.status)
@@ -191,13 +201,14 @@ class Engine:
             if event[0] == "token":
                 outcome.text.append(event[1])
             else:
-                _, outcome.finish_reason, outcome.prompt_tokens, outcome.completion_tokens = event
+                (_, outcome.finish_reason, outcome.prompt_tokens, outcome.completion_tokens,
+                 outcome.cached_tokens) = event
         return outcome
 
     def _final_body(self, kind: str, parsed: ParsedRequest, request_id: str, outcome: _Outcome) -> dict:
         text = "".join(outcome.text)
         base = {"id": request_id, "created": int(time.time()), "model": self.settings.served_model_name}
-        usage = _usage(outcome.prompt_tokens, outcome.completion_tokens)
+        usage = _usage(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
         if kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
                       "logprobs": None, "finish_reason": outcome.finish_reason}
@@ -234,10 +245,10 @@ class Engine:
                     if event[1]:
                         yield chunk(event[1])
                     continue
-                _, finish, prompt_tokens, completion_tokens = event
+                _, finish, prompt_tokens, completion_tokens, cached = event
                 yield chunk(None, finish=finish)
                 if parsed.include_usage:
-                    yield _sse({**base, "choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
+                    yield _sse({**base, "choices": [], "usage": _usage(prompt_tokens, completion_tokens, cached)})
             yield _sse("[DONE]")
         except APIError as err:
             self.metrics.error(err.status)
@@ -256,6 +267,51 @@ class Engine:
             "root": str(self.runner.path),
             "max_model_len": self.runner.context_length,
         }
+
+    async def model_info(self, request: Request) -> Response:
+        """What routers probe (/get_model_info): the KV layout lets them key prefixes like this engine."""
+        cache = self.runner.prefix_cache
+        return JSONResponse({
+            "model_path": str(self.runner.path), "served_model_name": self.settings.served_model_name,
+            "is_generation": True, "max_model_len": self.runner.context_length,
+            "block_size": self.runner.block_size if cache else 0,
+            "num_gpu_blocks": cache.engine_blocks if cache else 0,
+            "kv_model": self.settings.served_model_name, "kv_version": self.settings.identity.model_version,
+            "kv_dtype": self.settings.dtype, "kv_events": "/kv/events" if cache else None,
+        })
+
+    async def kv_events(self, request: Request) -> Response:
+        cache = self.runner.prefix_cache
+        if cache is None:
+            return APIError(404, "this engine runs without a prefix KV cache", code="not_found").response()
+        try:
+            since = int(request.query_params.get("since", "0"))
+            wait = min(30.0, float(request.query_params.get("wait", "10")))
+        except ValueError:
+            return APIError(400, "since and wait must be numbers", param="since").response()
+        return JSONResponse(await cache.events.wait_since(since, wait))
+
+    async def kv_blocks(self, request: Request) -> Response:
+        cache = self.runner.prefix_cache
+        if cache is None:
+            return APIError(404, "this engine runs without a prefix KV cache", code="not_found").response()
+        return JSONResponse(cache.snapshot())
+
+    async def kv_clear(self, request: Request) -> Response:
+        """Drop cache tiers (benchmarks measure each tier alone): ?tiers=engine,l1,l2. Loopback only."""
+        cache = self.runner.prefix_cache
+        if request.client is None or request.client.host not in ("127.0.0.1", "::1"):
+            return APIError(403, "admin API: loopback clients only").response()
+        if cache is None:
+            return APIError(404, "this engine runs without a prefix KV cache", code="not_found").response()
+        tiers = {t for t in request.query_params.get("tiers", "").split(",") if t}
+        bad = tiers - {"engine", "l1", "l2"}
+        if bad or not tiers:
+            return APIError(400, f"tiers: got {sorted(bad) or 'nothing'}; allowed values: engine, l1, l2",
+                            param="tiers").response()
+        cache.flush()
+        cache.clear(tiers)
+        return JSONResponse({"cleared": sorted(tiers)})
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": self.settings.served_model_name,
@@ -286,6 +342,10 @@ def build_app(engine: Engine) -> Starlette:
         Route("/health", engine.health, methods=["GET"]),
         Route("/ping", engine.health, methods=["GET"]),
         Route("/metrics", engine.metrics_endpoint, methods=["GET"]),
+        Route("/get_model_info", engine.model_info, methods=["GET"]),
+        Route("/kv/events", engine.kv_events, methods=["GET"]),
+        Route("/kv/blocks", engine.kv_blocks, methods=["GET"]),
+        Route("/admin/kv/clear", engine.kv_clear, methods=["POST"]),
     ]
     @contextlib.asynccontextmanager
     async def lifespan(app):

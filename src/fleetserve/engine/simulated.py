@@ -18,6 +18,7 @@ import contextlib
 import json
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -35,6 +36,11 @@ from fleetserve.observe.metrics import SECONDS_BUCKETS, exposition
 from fleetserve.sim.perf import PerfProfile
 
 MAX_EVENTS = 20_000
+
+
+def text_tokens(text: str) -> list[int]:
+    """The simulated tokenizer: one token per whitespace-separated word, a stable id per word."""
+    return [zlib.crc32(word.encode()) % 32000 for word in text.split()]
 
 
 @dataclass
@@ -185,11 +191,10 @@ class SimulatedEngine:
 
     def _tokens(self, parsed: ParsedRequest) -> list[int]:
         if parsed.kind == "chat":
-            text = "".join(f"{m['role']}: {m['content']}\n" for m in parsed.messages)
-            return list(text.encode())
+            return text_tokens("".join(f"{m['role']}: {m['content']}\n" for m in parsed.messages))
         if isinstance(parsed.prompt, list):
             return list(parsed.prompt)
-        return list((parsed.prompt or "").encode())
+        return text_tokens(parsed.prompt or "")
 
     async def serve(self, request: Request, kind: str) -> Response:
         try:
@@ -344,7 +349,7 @@ def build_simulated_app(engine: SimulatedEngine) -> Starlette:
         except APIError as err:
             return err.response()
         text = body.get("prompt") or "".join(m.get("content", "") for m in body.get("messages", []))
-        tokens = list(str(text).encode())
+        tokens = text_tokens(str(text))
         return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": 1_000_000})
 
     async def metrics(request):

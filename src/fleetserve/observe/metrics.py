@@ -66,3 +66,49 @@ class EngineMetrics:
 
 def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
     return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+class PrefixCacheCollector:
+    """vLLM's prefix-cache counters and fleetserve's per-tier ones, read from the cache at scrape time."""
+
+    def __init__(self, cache, model_name: str):
+        self.cache = cache
+        self.model_name = model_name
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        c = self.cache
+        block = c.block_shape[3]
+        queries = CounterMetricFamily("vllm:prefix_cache_queries", "Prompt tokens looked up", labels=["model_name"])
+        queries.add_metric([self.model_name], c.queries * block)
+        hits = CounterMetricFamily("vllm:prefix_cache_hits", "Prompt tokens found cached", labels=["model_name"])
+        hits.add_metric([self.model_name], sum(c.hits.values()) * block)
+        yield queries
+        yield hits
+        usage = GaugeMetricFamily("vllm:kv_cache_usage_perc", "Engine KV working set used (0-1)",
+                                  labels=["model_name"])
+        usage.add_metric([self.model_name], len(c._blocks) / max(c.engine_blocks, 1))
+        yield usage
+        tier_hits = CounterMetricFamily("fleetserve_kv_tier_hits", "Blocks found per tier", labels=["tier"])
+        for tier, n in c.hits.items():
+            tier_hits.add_metric([tier], n)
+        yield tier_hits
+        for store in (c.l1, c.l2):
+            if store is None:
+                continue
+            st = store.stats
+            for name, value in (("misses", st.misses), ("evictions", st.evictions), ("bytes_in", st.bytes_in),
+                                ("bytes_out", st.bytes_out), ("failures", st.failures),
+                                ("rejected", st.rejected)):
+                fam = CounterMetricFamily(f"fleetserve_kv_tier_{name}", f"Tier {name}", labels=["tier"])
+                fam.add_metric([store.name], value)
+                yield fam
+            for kind, samples in (("get", st.get_seconds), ("put", st.put_seconds)):
+                buckets = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+                counts = [sum(1 for x in samples if x <= b) for b in buckets]
+                hist = HistogramMetricFamily(f"fleetserve_kv_tier_{kind}_seconds",
+                                             f"Tier {kind} latency (recent operations)", labels=["tier"])
+                hist.add_metric([store.name], [(str(b), n) for b, n in zip(buckets, counts, strict=True)]
+                                + [("+Inf", len(samples))], sum_value=sum(samples))
+                yield hist

@@ -44,12 +44,14 @@ def _text(body: dict) -> str:
     return prompt if isinstance(prompt, str) else ""
 
 
-def request_features(body: dict, layout: KVLayout, salt: str | None = None) -> tuple[tuple[int, ...], int, int]:
-    """(prefix keys, prompt tokens, tokens per key)."""
+def request_features(body: dict, layout: KVLayout, salt: str | None = None
+                     ) -> tuple[tuple[int, ...], int, int, bool]:
+    """(prefix keys, prompt tokens, tokens per key, whether the keys are the engines' exact block keys)."""
     prompt = body.get("prompt")
     root = layout.root(salt)
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return tuple(chain_keys(prompt, layout.block_size, root)), len(prompt), layout.block_size
+        return tuple(chain_keys(prompt, layout.block_size, root)), len(prompt), layout.block_size, True
     text = _text(body)
     chunk_chars = layout.block_size * CHARS_PER_TOKEN
-    return tuple(text_chunk_keys(text, chunk_chars, root)), len(text) // CHARS_PER_TOKEN, layout.block_size
+    keys = tuple(text_chunk_keys(text, chunk_chars, root))
+    return keys, len(text) // CHARS_PER_TOKEN, layout.block_size, False

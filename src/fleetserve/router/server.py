@@ -191,7 +191,11 @@ class Gateway:
                     data = r.json()
                     if self.kv_index is None:
                         self.kv_index = KVIndex()
-                    self.kv_index.replace(backend.id, {k: data.get("tier", "engine") for k in data["keys"]})
+                    if "blocks" in data:  # the built-in engine: every tier
+                        entries = {int(b["key"]): b["tier"] for b in data["blocks"]}
+                    else:  # the simulated engine: one tier
+                        entries = {int(k): data.get("tier", "engine") for k in data["keys"]}
+                    self.kv_index.replace(backend.id, entries)
                     seq = int(data["seq"])
                     self._subscribed.add(backend.id)
                     continue
@@ -344,14 +348,14 @@ class Gateway:
         await self._await_slot()
         headers = self._forward_headers(request, request_id, tenant)
         salt = tenant or body.get("cache_salt")
-        blocks, prompt_tokens, block_tokens = request_features(body, self.layout, salt)
+        blocks, prompt_tokens, block_tokens, exact = request_features(body, self.layout, salt)
         excluded: set[str] = set()
         last_reason = ""
         for attempt in range(self.settings.max_attempts):
             if attempt:
                 await asyncio.sleep(min(2.0, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.5))  # backoff + jitter
             route = RouteRequest(path, body, dict(request.headers), salt, frozenset(excluded), blocks,
-                                 block_tokens, prompt_tokens)
+                                 block_tokens, prompt_tokens, exact)
             snapshot = self._snapshot()
             choice: Choice | None = self.policy.choose(route, snapshot)
             if choice is None and not excluded and self.pool.healthy() and self.settings.max_concurrent_per_replica:

@@ -56,6 +56,7 @@ class RouteRequest:
     blocks: tuple[int, ...] = ()  # chained prefix keys of the prompt
     block_tokens: int = 256  # tokens per block (for text chunks: the estimate)
     prompt_tokens: int = 0
+    exact_keys: bool = True  # keys are the engines' own block keys (token ids), not text-chunk estimates
 
 
 @dataclass(frozen=True)

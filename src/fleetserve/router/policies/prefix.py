@@ -60,7 +60,10 @@ class PrefixAware:
         replica, uncached = cheapest(candidates, self.weights, self.rng, request.prompt_tokens)
         best_possible = min(u for _, u in candidates)
         branch = _branch(uncached, best_possible, request.prompt_tokens)
-        self._remember(replica.id, request.blocks, replica.cache_blocks or DEFAULT_CACHE_BLOCKS, len(live))
+        capacity = replica.cache_blocks or DEFAULT_CACHE_BLOCKS
+        if not request.exact_keys:
+            capacity *= 2  # text chunks hold fewer tokens than engine blocks: forgetting too early loses hits
+        self._remember(replica.id, request.blocks, capacity, len(live))
         return Choice(replica, branch, uncached)
 
     def _remember(self, replica: str, keys: tuple[int, ...], capacity: int, replicas: int) -> None:

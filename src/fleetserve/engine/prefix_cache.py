@@ -1,0 +1,157 @@
+"""The engine's prefix KV cache: its working set of blocks, then L1 (CPU) and L2 (Redis) below it.
+
+Lookup is prefix-contiguous across tiers: engine blocks first, then one batched L1 read, then one batched
+L2 read for what is still missing, stopping at the first miss. Blocks found below the engine are promoted
+into it. New blocks enter the working set at once and are written to L1/L2 by a background thread, so the
+decode loop never waits for Redis. Every change is published as a KV event per tier.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from fleetserve.kvcache.events import KVEventLog
+from fleetserve.kvcache.tiers import L1Store, RedisStore, pack_block, unpack_block
+
+log = logging.getLogger(__name__)
+
+
+class PrefixCache:
+    def __init__(self, block_shape: tuple[int, ...], dtype: torch.dtype, engine_blocks: int,
+                 l1: L1Store | None = None, l2: RedisStore | None = None, events: KVEventLog | None = None):
+        self.block_shape = block_shape  # (layers, 2, kv_heads, block_size, head_dim)
+        self.dtype = dtype
+        self.engine_blocks = engine_blocks
+        self.l1 = l1
+        self.l2 = l2
+        self.events = events or KVEventLog()
+        self._blocks: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self._writes: queue.Queue = queue.Queue(maxsize=1024)
+        self._writer = threading.Thread(target=self._write_loop, name="kv-writer", daemon=True)
+        self._writer.start()
+        self.hits = {"engine": 0, "l1": 0, "l2": 0}
+        self.queries = 0
+        self.dropped_writes = 0
+
+    # --- (de)serialisation ---------------------------------------------------------------------------------
+
+    def _to_bytes(self, block: torch.Tensor) -> bytes:
+        return block.contiguous().view(torch.uint8).numpy().tobytes()
+
+    def _from_bytes(self, payload: bytes) -> torch.Tensor | None:
+        expected = int(np.prod(self.block_shape)) * torch.empty((), dtype=self.dtype).element_size()
+        if len(payload) != expected:
+            return None
+        raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        return raw.view(self.dtype).reshape(self.block_shape)
+
+    # --- lookup and store ----------------------------------------------------------------------------------
+
+    def lookup(self, keys: list[int]) -> list[tuple[str, torch.Tensor]]:
+        """The longest cached prefix of `keys`, as (tier, block) pairs."""
+        self.queries += len(keys)
+        found: list[tuple[str, torch.Tensor]] = []
+        for key in keys:
+            block = self._blocks.get(key)
+            if block is None:
+                break
+            self._blocks.move_to_end(key)
+            found.append(("engine", block))
+        for store in (self.l1, self.l2):
+            rest = keys[len(found):]
+            if store is None or not rest:
+                continue
+            promoted = []
+            for key, value in zip(rest, store.get_many(rest), strict=True):
+                payload = unpack_block(key, value) if value is not None else None
+                block = self._from_bytes(payload) if payload is not None else None
+                if block is None:
+                    if value is not None:
+                        store.stats.rejected += 1  # someone else's block under this key: never use it
+                    store.stats.misses += 1
+                    break
+                store.stats.hits += 1
+                found.append((store.name, block))
+                promoted.append((key, block))
+            self._admit(promoted)
+        for tier, _ in found:
+            self.hits[tier] += 1
+        return found
+
+    def _admit(self, items: list[tuple[int, torch.Tensor]]) -> None:
+        stored = []
+        for key, block in items:
+            if key not in self._blocks:
+                stored.append(key)
+            self._blocks[key] = block
+            self._blocks.move_to_end(key)
+        self.events.publish("stored", stored, "engine")
+        removed = []
+        while len(self._blocks) > self.engine_blocks:
+            key, _ = self._blocks.popitem(last=False)
+            removed.append(key)
+        self.events.publish("removed", removed, "engine")
+
+    def store(self, items: list[tuple[int, torch.Tensor]]) -> None:
+        """New blocks: into the working set now, into L1/L2 in the background."""
+        if not items:
+            return
+        self._admit(items)
+        if self.l1 is None and self.l2 is None:
+            return
+        try:
+            self._writes.put_nowait(items)
+        except queue.Full:
+            self.dropped_writes += 1  # never block the decode loop on a slow tier
+
+    def _write_loop(self) -> None:
+        while True:
+            items = self._writes.get()
+            if items is None:
+                return
+            values = [(key, pack_block(key, self._to_bytes(block))) for key, block in items]
+            for store in (self.l1, self.l2):
+                if store is None:
+                    continue
+                try:
+                    stored = store.put_many(values)
+                    self.events.publish("stored", stored, store.name)
+                    if isinstance(store, L1Store) and store.evicted:
+                        evicted, store.evicted = store.evicted, []
+                        self.events.publish("removed", evicted, store.name)
+                except Exception:  # a tier failure must never take the engine down
+                    log.exception("writing KV blocks to %s failed", store.name)
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Wait until queued background writes are done (tests, benchmarks)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not self._writes.empty() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+
+    def clear(self, tiers: set[str]) -> None:
+        """Drop tiers (benchmarks measure each tier alone this way)."""
+        if "engine" in tiers:
+            self.events.publish("removed", list(self._blocks), "engine")
+            self._blocks.clear()
+        if "l1" in tiers and self.l1 is not None:
+            self.events.publish("removed", self.l1.keys(), "l1")
+            self.l1.clear()
+            self.l1.evicted.clear()
+        if "l2" in tiers and self.l2 is not None:
+            self.l2.clear()
+
+    def snapshot(self) -> dict:
+        entries = {k: "engine" for k in self._blocks}
+        if self.l1 is not None:
+            for k in self.l1.keys():
+                entries.setdefault(k, "l1")
+        return {"seq": self.events.seq, "blocks": [{"key": k, "tier": t} for k, t in entries.items()]}

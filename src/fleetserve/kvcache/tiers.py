@@ -1,0 +1,190 @@
+"""KV block tiers below the engine's working set: L1 (CPU memory, LRU by bytes) and L2 (Redis).
+
+A block value carries its own key in a header and is checked on load, so a foreign or corrupted value is
+never used (a reordered block would still give plausible logits; identity is what proves reuse is right).
+L2 keeps one Redis value per block (never two keys that can disagree), reads with one MGET, writes with one
+pipeline, has per-operation timeouts, and when Redis is down it is skipped for a back-off period and
+retried by itself: the engine keeps serving from L1 and recompute.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"FSKV1"
+_HEADER = struct.Struct(">5sQI")  # magic, block key, payload length
+
+
+def pack_block(key: int, payload: bytes) -> bytes:
+    return _HEADER.pack(MAGIC, key, len(payload)) + payload
+
+
+def unpack_block(key: int, value: bytes) -> bytes | None:
+    """The payload if `value` is the block stored under `key`, else None (foreign, torn or corrupt)."""
+    if len(value) < _HEADER.size:
+        return None
+    magic, stored_key, length = _HEADER.unpack_from(value)
+    if magic != MAGIC or stored_key != key or len(value) - _HEADER.size != length:
+        return None
+    return value[_HEADER.size:]
+
+
+@dataclass
+class TierStats:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    failures: int = 0
+    rejected: int = 0  # values whose header did not match the key
+    get_seconds: list[float] = field(default_factory=list)
+    put_seconds: list[float] = field(default_factory=list)
+
+    def timing(self, kind: str, seconds: float) -> None:
+        target = self.get_seconds if kind == "get" else self.put_seconds
+        target.append(seconds)
+        if len(target) > 1024:
+            del target[:512]
+
+
+class L1Store:
+    """CPU memory, least recently used first out, bounded in bytes. Thread-safe."""
+
+    name = "l1"
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._blocks: OrderedDict[int, bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.stats = TierStats()
+        self.evicted: list[int] = []  # keys evicted since the last drain (for KV events)
+
+    def get_many(self, keys: list[int]) -> list[bytes | None]:
+        out = []
+        with self._lock:
+            for key in keys:
+                value = self._blocks.get(key)
+                if value is not None:
+                    self._blocks.move_to_end(key)
+                out.append(value)
+        return out
+
+    def put_many(self, items: list[tuple[int, bytes]]) -> list[int]:
+        stored = []
+        with self._lock:
+            for key, value in items:
+                if len(value) > self.max_bytes:
+                    continue
+                old = self._blocks.pop(key, None)
+                if old is not None:
+                    self._bytes -= len(old)
+                else:
+                    stored.append(key)
+                self._blocks[key] = value
+                self._bytes += len(value)
+                self.stats.bytes_in += len(value)
+                while self._bytes > self.max_bytes:
+                    evicted_key, evicted = self._blocks.popitem(last=False)
+                    self._bytes -= len(evicted)
+                    self.stats.evictions += 1
+                    self.evicted.append(evicted_key)
+        return stored
+
+    def keys(self) -> list[int]:
+        with self._lock:
+            return list(self._blocks)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.evicted.extend(self._blocks)
+            self._blocks.clear()
+            self._bytes = 0
+
+    @property
+    def used_bytes(self) -> int:
+        return self._bytes
+
+
+class RedisStore:
+    """L2 in Redis: one value per block under `prefix + key`, batched, with timeouts and back-off."""
+
+    name = "l2"
+
+    def __init__(self, url: str, prefix: str = "fleetserve:kv:", timeout: float = 0.5, backoff: float = 2.0):
+        import redis
+
+        self.url = url
+        self.prefix = prefix
+        self.backoff = backoff
+        self._client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                            health_check_interval=0, max_connections=16)
+        self._down_until = 0.0
+        self.stats = TierStats()
+
+    def _k(self, key: int) -> str:
+        return f"{self.prefix}{key:016x}"
+
+    @property
+    def available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _failed(self, exc: Exception) -> None:
+        self.stats.failures += 1
+        if self.available:
+            log.warning("L2 Redis at %s unavailable (%s); serving from L1 and recompute for %.0fs", self.url,
+                        type(exc).__name__, self.backoff)
+        self._down_until = time.monotonic() + self.backoff
+
+    def get_many(self, keys: list[int]) -> list[bytes | None]:
+        if not keys or not self.available:
+            return [None] * len(keys)
+        import redis
+
+        started = time.perf_counter()
+        try:
+            values = self._client.mget([self._k(k) for k in keys])
+        except (redis.RedisError, OSError) as exc:
+            self._failed(exc)
+            return [None] * len(keys)
+        self.stats.timing("get", time.perf_counter() - started)
+        for v in values:
+            if v is not None:
+                self.stats.bytes_out += len(v)
+        return list(values)
+
+    def put_many(self, items: list[tuple[int, bytes]]) -> list[int]:
+        if not items or not self.available:
+            return []
+        import redis
+
+        started = time.perf_counter()
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for key, value in items:
+                pipe.set(self._k(key), value)
+            pipe.execute()
+        except (redis.RedisError, OSError) as exc:
+            self._failed(exc)
+            return []
+        self.stats.timing("put", time.perf_counter() - started)
+        self.stats.bytes_in += sum(len(v) for _, v in items)
+        return [k for k, _ in items]
+
+    def clear(self) -> None:
+        import redis
+
+        try:
+            keys = list(self._client.scan_iter(match=self.prefix + "*", count=1000))
+            if keys:
+                self._client.delete(*keys)
+        except (redis.RedisError, OSError) as exc:
+            self._failed(exc)

@@ -1,0 +1,146 @@
+"""The engine's tiered prefix cache: exact reuse, block identity, tenants, Redis failures."""
+
+import httpx
+import pytest
+import torch
+
+from fleetserve.engine.prefix_cache import PrefixCache
+from fleetserve.kvcache.blocks import chain_keys
+from fleetserve.kvcache.tiers import L1Store, pack_block
+from tests.helpers import Server, wait_until
+from tests.metrics_text import sample
+
+PROMPT = "Once upon a time in a land of tiny models, a router met an engine. " * 4
+
+
+def engine(tiny_model, tmp_path, *extra, name="kv"):
+    return Server(["engine", "--model", str(tiny_model), "--served-model-name", "tiny", "--threads", "1",
+                   "--block-size", "16", *extra], tmp_path / f"{name}.log").start()
+
+
+def ask(url, prompt=PROMPT, salt=None, headers=None):
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}
+    if salt:
+        body["cache_salt"] = salt
+    r = httpx.post(url + "/v1/completions", json=body, headers=headers or {}, timeout=60)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    return data["choices"][0]["text"], data["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def clear(url, tiers):
+    r = httpx.post(url + "/admin/kv/clear", params={"tiers": tiers}, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def test_reuse_from_every_tier_gives_identical_greedy_output(tiny_model, tmp_path, redis_server):
+    plain = engine(tiny_model, tmp_path, "--no-kv-cache", name="plain")
+    cached = engine(tiny_model, tmp_path, "--l1-bytes", str(64 << 20), "--l2-url", redis_server["url"])
+    try:
+        reference, none = ask(plain.url)
+        assert none == 0
+        cold, hit = ask(cached.url)
+        assert cold == reference and hit == 0
+        from_engine, hit = ask(cached.url)
+        assert from_engine == reference and hit > 0
+        clear(cached.url, "engine")
+        from_l1, hit_l1 = ask(cached.url)
+        assert from_l1 == reference and hit_l1 == hit
+        clear(cached.url, "engine,l1")
+        from_l2, hit_l2 = ask(cached.url)
+        assert from_l2 == reference and hit_l2 == hit
+        for tier in ("engine", "l1", "l2"):
+            assert sample(cached.url, "fleetserve_kv_tier_hits_total", tier=tier) > 0
+        assert sample(cached.url, "vllm:prefix_cache_hits_total", model_name="tiny") > 0
+    finally:
+        plain.stop()
+        cached.stop()
+
+
+def test_two_tenants_never_share_and_one_tenant_hits(tiny_model, tmp_path):
+    e = engine(tiny_model, tmp_path)
+    try:
+        _, first = ask(e.url, salt="tenant-a")
+        _, again = ask(e.url, salt="tenant-a")
+        _, other = ask(e.url, headers={"x-fleetserve-tenant": "tenant-b"})
+        assert first == 0 and again > 0 and other == 0
+    finally:
+        e.stop()
+
+
+def test_redis_killed_mid_run_then_restarted(tiny_model, tmp_path, redis_server):
+    e = engine(tiny_model, tmp_path, "--l2-url", redis_server["url"])
+    try:
+        ask(e.url, prompt=PROMPT + "one")
+        redis_server["proc"].kill()
+        redis_server["proc"].wait()
+        for i in range(3):  # requests keep succeeding without L2
+            ask(e.url, prompt=PROMPT + f"two {i}")
+        assert sample(e.url, "fleetserve_kv_tier_failures_total", tier="l2") >= 1
+        redis_server["restart"]()
+        marker = PROMPT + "three " * 10
+
+        def l2_hit():
+            ask(e.url, prompt=marker)  # writes (again) once L2 is back
+            clear(e.url, "engine")
+            return ask(e.url, prompt=marker)[1] > 0
+
+        wait_until(l2_hit, 60, interval=1.0, what="L2 hits to resume after Redis restarted")
+    finally:
+        e.stop()
+
+
+def test_kv_events_and_model_info_for_routers(tiny_model, tmp_path):
+    e = engine(tiny_model, tmp_path)
+    try:
+        info = httpx.get(e.url + "/get_model_info", timeout=5).json()
+        assert info["block_size"] == 16 and info["kv_model"] == "tiny"
+        seq = httpx.get(e.url + "/kv/blocks", timeout=5).json()["seq"]
+        ask(e.url)
+        events = httpx.get(e.url + "/kv/events", params={"since": seq, "wait": 0}, timeout=5).json()
+        assert any(ev["type"] == "stored" and ev["tier"] == "engine" for ev in events["events"])
+        blocks = httpx.get(e.url + "/kv/blocks", timeout=5).json()["blocks"]
+        assert blocks and all(b["tier"] == "engine" for b in blocks)
+    finally:
+        e.stop()
+
+
+def test_foreign_or_reordered_blocks_are_never_used():
+    shape = (2, 2, 1, 4, 8)
+    l1 = L1Store(1 << 20)
+    cache = PrefixCache(shape, torch.float32, engine_blocks=16, l1=l1)
+    keys = chain_keys(list(range(12)), 4)
+    blocks = [torch.full(shape, float(i)) for i in range(3)]
+    raw = [cache._to_bytes(b) for b in blocks]
+    # block 1's value stored under block 0's key (as a reorder or a colliding writer would): rejected
+    l1.put_many([(keys[0], pack_block(keys[1], raw[1])), (keys[1], pack_block(keys[1], raw[1]))])
+    assert cache.lookup(keys) == []
+    assert l1.stats.rejected == 1
+    # correct values: used, in chain order
+    l1.put_many([(k, pack_block(k, r)) for k, r in zip(keys, raw, strict=True)])
+    found = cache.lookup(keys)
+    assert [t for t, _ in found] == ["l1", "l1", "l1"]
+    assert [float(b[0, 0, 0, 0, 0]) for _, b in found] == [0.0, 1.0, 2.0]
+    # a chain key depends on everything before it: the same block after another prefix has another key
+    assert chain_keys(list(range(4, 8)), 4)[0] != keys[1]
+
+
+def test_block_keys_are_namespaced_and_deterministic():
+    from fleetserve.kvcache.blocks import namespace_key
+
+    tokens = list(range(64))
+    a = chain_keys(tokens, 16, namespace_key("m", "1", "float32", "tenant-a"))
+    b = chain_keys(tokens, 16, namespace_key("m", "1", "float32", "tenant-b"))
+    c = chain_keys(tokens, 16, namespace_key("m", "2", "float32", "tenant-a"))
+    assert a == chain_keys(tokens, 16, namespace_key("m", "1", "float32", "tenant-a"))
+    assert not set(a) & set(b) and not set(a) & set(c)
+
+
+@pytest.mark.parametrize("tiers", ["gpu", ""])
+def test_clear_rejects_unknown_tiers(tiny_model, tmp_path, tiers):
+    e = engine(tiny_model, tmp_path)
+    try:
+        r = httpx.post(e.url + "/admin/kv/clear", params={"tiers": tiers}, timeout=5)
+        assert r.status_code == 400 and "allowed values: engine, l1, l2" in r.json()["error"]["message"]
+    finally:
+        e.stop()
