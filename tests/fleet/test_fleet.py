@@ -119,3 +119,27 @@ def test_down_without_fleet_and_status_unknown_name(home):
     assert missing.returncode == 1
 
 
+
+
+def test_fleet_starts_its_own_redis_for_l2_and_stops_it(tmp_path, tiny_model, home):
+    import shutil
+
+    import httpx
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    spec = write_spec(tmp_path, tiny_model, name="tiers", replicas=1)
+    with open(spec, "a") as f:
+        f.write("  kvCache: {blockSize: 16, l1: {enabled: true, maxBytes: 67108864}, "
+                "l2: {enabled: true, maxBytes: 134217728}}\n")
+    up = fleetserve("up", spec, "--detach", env=home)
+    assert up.returncode == 0, up.stderr
+    (state,) = status(home)
+    assert state["l2_url"].startswith("redis://127.0.0.1:")
+    body = {"model": "tiny", "prompt": "a shared prefix that is long enough to fill blocks " * 4, "max_tokens": 2}
+    first = httpx.post(state["url"] + "/completions", json=body, timeout=60).json()
+    again = httpx.post(state["url"] + "/completions", json=body, timeout=60).json()
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert fleetserve("down", env=home).returncode == 0
+    assert leftovers(home) == []  # redis-server included

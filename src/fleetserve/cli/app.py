@@ -428,6 +428,18 @@ def bench_router_overhead(
     print(json.dumps(run(requests, concurrency, seconds), indent=2))
 
 
+@bench_app.command("kvcache")
+def bench_kvcache(
+    model: Annotated[str, typer.Option(help="tiny (random, 4 layers), demo (SmolLM2) or a model source")] = "tiny",
+    repeats: Annotated[int, typer.Option(min=1, help="Measurements per figure (median)")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
+) -> None:
+    """TTFT with a 2,048-token prefix cold / in the engine / in L1 / in L2, and decode throughput b1 vs b8."""
+    from fleetserve.bench.kvcache import run
+
+    print(json.dumps(run(model, repeats), indent=2))
+
+
 @bench_app.command("replay")
 def bench_replay(
     url: Annotated[str, typer.Option(help="Gateway base URL (without /v1)")],

@@ -61,6 +61,7 @@ class FleetState:
     capacity_log: list[str] = field(default_factory=list)
     metrics_url: str = ""
     tls_cert: str = ""  # the certificate clients should trust (https endpoints)
+    l2_url: str = ""  # the Redis the fleet started for the L2 tier
 
     def to_json(self) -> dict:
         return asdict(self)

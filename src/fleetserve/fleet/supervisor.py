@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
 import signal
 import ssl
 import subprocess
@@ -83,6 +84,8 @@ class Supervisor:
         self.router: Child | None = None
         self.router_url = ""
         self.admin_token = secrets.token_hex(16)
+        self.redis: Child | None = None
+        self.l2_url = ""
         self.capacity = build_capacity(self.spec, self.endpoint.metadata.namespace, clock())
         self.controller: Controller | None = None
         self.metrics = SupervisorMetrics()
@@ -198,6 +201,7 @@ class Supervisor:
             )
         if kind == "builtin":
             self.model_dir = self._prepare_model()
+            self._start_redis()
         self._start_router(list(self.spec.engine.urls) if kind == "external" else [])
         if kind != "builtin":
             return
@@ -340,7 +344,45 @@ class Supervisor:
         )
         if spec.model.context_length:
             cmd += ["--context-length", str(spec.model.context_length)]
+        kv = spec.kv_cache
+        cmd += ["--block-size", str(kv.block_size)]
+        if kv.l1.enabled:
+            cmd += ["--l1-bytes", str(kv.l1.max_bytes)]
+        if self.l2_url:
+            cmd += ["--l2-url", self.l2_url]
         return cmd + list(spec.engine.args)
+
+    def _start_redis(self) -> None:
+        """The L2 tier: the spec's Redis URL, or a redis-server of our own that evicts LRU at its cap."""
+        l2 = self.spec.kv_cache.l2
+        if not l2.enabled:
+            return
+        if l2.url:
+            self.l2_url = l2.url
+            return
+        if not shutil.which("redis-server"):
+            raise StartupError("spec.kvCache.l2.enabled needs redis-server (apt-get install redis-server) "
+                               "or spec.kvCache.l2.url pointing at a Redis")
+        port = free_port()
+        self.redis = Child("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                     "--appendonly", "no", "--maxmemory", str(l2.max_bytes),
+                                     "--maxmemory-policy", "allkeys-lru", "--dir", str(self.dir)],
+                           self.dir / "logs" / "redis.log")
+        self.redis.start()
+        self.l2_url = f"redis://127.0.0.1:{port}/0"
+        self.state.l2_url = self.l2_url
+        deadline = time.monotonic() + 30
+        import socket
+
+        while True:
+            if self.redis.exit_code() is not None:
+                raise StartupError(f"redis-server exited during start-up:\n{self.redis.log_tail()}")
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            if time.monotonic() > deadline:
+                raise StartupError("redis-server did not listen within 30s")
+            time.sleep(0.1)
 
     def _launch(self, mono: float) -> bool:
         """Ask capacity for a slot and create a replica on it; False when there is no capacity now."""
@@ -496,6 +538,7 @@ class Supervisor:
             self.state.status = "stopping"
             self._save()
         children = ([self.router] if self.router else []) + [r.child for r in self.replicas if r.child]
+        children += [self.redis] if self.redis else []  # last: replicas may still write to it while stopping
         for child in children:
             child.signal(signal.SIGTERM)
         for child in children:

@@ -31,10 +31,9 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if (spec.placement.instance_types or spec.placement.node_affinity) and spec.capacity.provider == "local":
         note("spec.placement", "capacity.provider is 'local': this machine is the only node, instance types "
                                "apply to the simulated provider and to Kubernetes rendering")
-    if spec.kv_cache.l2.enabled:
-        note("spec.kvCache.l2", "the L2 (Redis) KV tier is not implemented yet; ignored")
-    if "kv_cache" in spec.model_fields_set and spec.kv_cache.l1.enabled:
-        note("spec.kvCache.l1", "the L1 (CPU) KV tier is not implemented yet; ignored")
+    if spec.kv_cache.l2.tenant_urls:
+        note("spec.kvCache.l2.tenantUrls", "a Redis per tenant is not implemented yet; tenants share the L2 "
+                                           "Redis, separated by salted keys")
     limits = spec.request_limits
     if limits.max_queue_size is not None and limits.max_concurrent_requests is None:
         note("spec.requestLimits.maxQueueSize", "has no effect without maxConcurrentRequests")

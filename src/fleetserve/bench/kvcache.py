@@ -1,0 +1,142 @@
+"""`fleetserve bench kvcache`: TTFT with a 2,048-token shared prefix from each tier, and decode throughput.
+
+One run, one engine process (with L1 and, when redis-server is installed, L2): the same prompt family is
+measured cold (a fresh tenant salt), with the prefix in the engine, in L1 only (engine set cleared) and in
+L2 only (engine and L1 cleared); then decode throughput at batch 1 and with 8 concurrent requests.
+TTFT is the time to the first streamed token at the client. Each figure is the median of `repeats`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from fleetserve.bench.routing import _wait_ready
+from fleetserve.fleet.process import Child, fleetserve_command, free_port
+
+PREFIX_TOKENS = 2048
+
+
+def _ttft(url: str, prompt: list[int], salt: str) -> float:
+    body = {"model": "bench", "prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True,
+            "cache_salt": salt, "ignore_eos": True}
+    start = time.perf_counter()
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                return (time.perf_counter() - start) * 1000
+    raise RuntimeError("no token streamed")
+
+
+def _decode(url: str, prompt: list[int], tokens: int) -> tuple[float, float]:
+    """(seconds, ms to the first token) for one request generating exactly `tokens` tokens."""
+    body = {"model": "bench", "prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    start = time.perf_counter()
+    first = None
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=900) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {") and first is None:
+                first = time.perf_counter()
+    return time.perf_counter() - start, ((first or start) - start) * 1000
+
+
+def _clear(url: str, tiers: str) -> None:
+    httpx.post(url + "/admin/kv/clear", params={"tiers": tiers}, timeout=60).raise_for_status()
+
+
+def _model(kind: str, folder: Path) -> tuple[str, int]:
+    """(model source, vocabulary size) for `tiny`, `demo` or a path."""
+    if kind == "tiny":
+        from fleetserve.engine.tiny import create_tiny_model
+
+        path = create_tiny_model(folder / "bench-tiny", hidden_size=256, layers=4, heads=4, kv_heads=2,
+                                 context_length=4096)
+        return str(path), 250
+    if kind == "demo":
+        return "builtin:smollm2-135m", 49152
+    return kind, 1000
+
+
+def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32) -> dict:
+    with tempfile.TemporaryDirectory(prefix="fleetserve-bench-kv-") as tmp:
+        children: list[Child] = []
+        redis_url = None
+        try:
+            if shutil.which("redis-server"):
+                rport = free_port()
+                redis = Child("redis", ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+                                        "--appendonly", "no", "--maxmemory", "2gb",
+                                        "--maxmemory-policy", "allkeys-lru"], Path(tmp) / "redis.log")
+                redis.start()
+                children.append(redis)
+                redis_url = f"redis://127.0.0.1:{rport}/0"
+            source, vocab = _model(model, Path(tmp))
+            port = free_port()
+            cmd = fleetserve_command("engine", "--model", source, "--port", str(port), "--served-model-name",
+                                     "bench", "--block-size", "256", "--l1-bytes", str(2 << 30),
+                                     "--engine-cache-bytes", str(1 << 30))
+            if redis_url:
+                cmd += ["--l2-url", redis_url]
+            engine = Child("engine", cmd, Path(tmp) / "engine.log")
+            engine.start()
+            children.append(engine)
+            url = f"http://127.0.0.1:{port}"
+            _wait_ready(url, engine, timeout=600)
+            ttft: dict[str, list[float]] = {"cold": [], "engine": [], "l1": [], "l2": []}
+            for i in range(repeats):
+                prefix = [(7 * j + 13 * i) % (vocab - 3) + 1 for j in range(PREFIX_TOKENS)]
+                salt = f"bench-{i}-{time.time_ns()}"
+
+                def prompt(k: int, prefix=prefix) -> list[int]:
+                    return prefix + [(k * 31 + 5) % (vocab - 3) + 1 for _ in range(16)]
+
+                ttft["cold"].append(_ttft(url, prompt(1), salt))
+                ttft["engine"].append(_ttft(url, prompt(2), salt))
+                time.sleep(0.3)  # background writes to L1/L2 finish
+                _clear(url, "engine")
+                ttft["l1"].append(_ttft(url, prompt(3), salt))
+                if redis_url:
+                    _clear(url, "engine,l1")
+                    ttft["l2"].append(_ttft(url, prompt(4), salt))
+            short = [1, 2, 3, 4, 5, 6, 7, 8]
+            b1_seconds, _ = _decode(url, short, decode_tokens)
+            with ThreadPoolExecutor(8) as pool:
+                started = time.perf_counter()
+                list(pool.map(lambda k: _decode(url, [k + 1] + short, decode_tokens), range(8)))
+                b8_seconds = time.perf_counter() - started
+            long_prefill_ms = _ttft(url, [(11 * j) % (vocab - 3) + 1 for j in range(PREFIX_TOKENS)],
+                                    f"prefill-{time.time_ns()}")
+        finally:
+            for child in children:
+                child.stop(timeout=10)
+    med = {k: round(statistics.median(v), 2) if v else None for k, v in ttft.items()}
+    b1 = decode_tokens / b1_seconds
+    b8 = 8 * decode_tokens / b8_seconds
+    result = {
+        "benchmark": "kvcache",
+        "model": model,
+        "prefix_tokens": PREFIX_TOKENS,
+        "ttft_ms": med,
+        "ratio": {
+            "l1_vs_cold": round(med["l1"] / med["cold"], 3),
+            "l2_vs_cold": round(med["l2"] / med["cold"], 3) if med["l2"] else None,
+            "engine_vs_cold": round(med["engine"] / med["cold"], 3),
+            "batch8_vs_batch1": round(b8 / b1, 3),
+        },
+        "throughput": {"b1": round(b1, 2), "b8": round(b8, 2), "unit": "tokens/s"},
+        "decode_ms_per_token": {"b1": round(1000 * b1_seconds / decode_tokens, 2)},
+        "prefill_ms": {"2048": round(long_prefill_ms, 1)},
+        "l2": "redis" if redis_url else "not measured: redis-server is not installed",
+        "note": "the built-in engine decodes one sequence at a time today: batch-8 throughput equals batch-1",
+    }
+    return result
+
