@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import openai
+import pytest
 
 from tests.helpers import fleetserve, processes_with_env, wait_until
 

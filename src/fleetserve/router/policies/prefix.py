@@ -85,7 +85,8 @@ class KVAware:
 
     def choose(self, request: RouteRequest, snapshot: FleetSnapshot) -> Choice | None:
         index = snapshot.kv_index
-        if index is None:  # no engine publishes events: the router-side index stands in
+        if index is None or not request.exact_keys:  # no events, or text the router cannot key like the
+            # engines (no tokenizer here): the router-side index stands in
             choice = self.fallback.choose(request, snapshot)
             return Choice(choice.replica, "no_events_" + choice.branch, choice.prefill_tokens) if choice else None
         eligible = snapshot.eligible(request.excluded)
