@@ -32,3 +32,13 @@ def test_routing_bench_prints_the_keys_per_strategy():
 def test_routing_bench_rejects_unknown_strategy():
     result = fleetserve("bench", "routing", "--trace", "x.jsonl", "--strategies", "fastest")
     assert result.returncode == 2 and "prefixaware" in result.stderr
+
+
+def test_kvcache_bench_prints_every_tier_and_ratio():
+    result = fleetserve("bench", "kvcache", "--repeats", "1", "--json", timeout=900)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    for key in ("cold", "engine", "l1"):
+        assert figures["ttft_ms"][key] > 0
+    assert {"l1_vs_cold", "l2_vs_cold", "batch8_vs_batch1"} <= set(figures["ratio"])
+    assert figures["throughput"]["b1"] > 0 and figures["throughput"]["b8"] > 0

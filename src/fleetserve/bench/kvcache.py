@@ -49,6 +49,10 @@ def _decode(url: str, prompt: list[int], tokens: int) -> tuple[float, float]:
     return time.perf_counter() - start, ((first or start) - start) * 1000
 
 
+def _flush(url: str) -> None:
+    httpx.post(url + "/admin/kv/flush", timeout=120).raise_for_status()
+
+
 def _clear(url: str, tiers: str) -> None:
     httpx.post(url + "/admin/kv/clear", params={"tiers": tiers}, timeout=60).raise_for_status()
 
@@ -100,8 +104,9 @@ def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32) -> dict:
                     return prefix + [(k * 31 + 5) % (vocab - 3) + 1 for _ in range(16)]
 
                 ttft["cold"].append(_ttft(url, prompt(1), salt))
+                _flush(url)  # background writes to L1/L2 would compete for the cores
                 ttft["engine"].append(_ttft(url, prompt(2), salt))
-                time.sleep(0.3)  # background writes to L1/L2 finish
+                _flush(url)
                 _clear(url, "engine")
                 ttft["l1"].append(_ttft(url, prompt(3), salt))
                 if redis_url:

@@ -115,27 +115,32 @@ class PrefixCache:
             items = self._writes.get()
             if items is None:
                 return
-            values = [(key, pack_block(key, self._to_bytes(block))) for key, block in items]
-            for store in (self.l1, self.l2):
-                if store is None:
-                    continue
-                try:
-                    stored = store.put_many(values)
-                    self.events.publish("stored", stored, store.name)
-                    if isinstance(store, L1Store) and store.evicted:
-                        evicted, store.evicted = store.evicted, []
-                        self.events.publish("removed", evicted, store.name)
-                except Exception:  # a tier failure must never take the engine down
-                    log.exception("writing KV blocks to %s failed", store.name)
+            try:
+                self._write(items)
+            finally:
+                self._writes.task_done()
 
-    def flush(self, timeout: float = 10.0) -> None:
+    def _write(self, items: list[tuple[int, torch.Tensor]]) -> None:
+        values = [(key, pack_block(key, self._to_bytes(block))) for key, block in items]
+        for store in (self.l1, self.l2):
+            if store is None:
+                continue
+            try:
+                stored = store.put_many(values)
+                self.events.publish("stored", stored, store.name)
+                if isinstance(store, L1Store) and store.evicted:
+                    evicted, store.evicted = store.evicted, []
+                    self.events.publish("removed", evicted, store.name)
+            except Exception:  # a tier failure must never take the engine down
+                log.exception("writing KV blocks to %s failed", store.name)
+
+    def flush(self, timeout: float = 30.0) -> None:
         """Wait until queued background writes are done (tests, benchmarks)."""
         import time
 
         deadline = time.monotonic() + timeout
-        while not self._writes.empty() and time.monotonic() < deadline:
+        while (self._writes.unfinished_tasks or not self._writes.empty()) and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.05)
 
     def clear(self, tiers: set[str]) -> None:
         """Drop tiers (benchmarks measure each tier alone this way)."""

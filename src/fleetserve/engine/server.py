@@ -297,6 +297,14 @@ class Engine:
             return APIError(404, "this engine runs without a prefix KV cache", code="not_found").response()
         return JSONResponse(cache.snapshot())
 
+    async def kv_flush(self, request: Request) -> Response:
+        """Wait until background writes to L1/L2 are done (benchmarks measure each tier in quiet)."""
+        cache = self.runner.prefix_cache
+        if cache is None:
+            return APIError(404, "this engine runs without a prefix KV cache", code="not_found").response()
+        await asyncio.get_running_loop().run_in_executor(None, cache.flush)
+        return JSONResponse({"flushed": True})
+
     async def kv_clear(self, request: Request) -> Response:
         """Drop cache tiers (benchmarks measure each tier alone): ?tiers=engine,l1,l2. Loopback only."""
         cache = self.runner.prefix_cache
@@ -346,6 +354,7 @@ def build_app(engine: Engine) -> Starlette:
         Route("/kv/events", engine.kv_events, methods=["GET"]),
         Route("/kv/blocks", engine.kv_blocks, methods=["GET"]),
         Route("/admin/kv/clear", engine.kv_clear, methods=["POST"]),
+        Route("/admin/kv/flush", engine.kv_flush, methods=["POST"]),
     ]
     @contextlib.asynccontextmanager
     async def lifespan(app):
