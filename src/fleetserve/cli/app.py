@@ -23,6 +23,9 @@ app = typer.Typer(
 )
 model_app = typer.Typer(help="Prepare models: import the demo model, make tiny test models.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
+models_app = typer.Typer(help="The model catalog: presets usable as model.source: catalog:NAME.",
+                         no_args_is_help=True)
+app.add_typer(models_app, name="models")
 bench_app = typer.Typer(help="Benchmarks with real processes; figures as JSON.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
@@ -311,6 +314,23 @@ def router(
                               overflow_status=overflow_status,
                               admin_token=os.environ.get("FLEETSERVE_ADMIN_TOKEN") or None)
     run_router(list(backend or []), host, port, settings, health_path, unhealthy_after, healthy_after, tls)
+
+
+@models_app.command("list")
+def models_list(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False) -> None:
+    """List the catalog's presets: source, engine, context length, instance types."""
+    from dataclasses import asdict
+
+    from fleetserve.engine.catalog import CATALOG
+
+    if as_json:
+        print(json.dumps([asdict(p) for p in CATALOG.values()], indent=2))
+        return
+    table = Table("name", "source", "engine", "context", "gpus", "instance types", "license")
+    for p in CATALOG.values():
+        table.add_row(p.name, p.source, p.engine, str(p.context_length), str(p.gpus), ", ".join(p.instance_types),
+                      p.license)
+    out.print(table)
 
 
 @model_app.command("prepare")

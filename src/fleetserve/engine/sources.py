@@ -60,5 +60,11 @@ def resolve_source(source: str, revision: str | None = None) -> Path:
             "copy the model to a local directory (or mounted filesystem) and use its path"
         )
     if source.startswith("catalog:"):
-        raise ModelSourceError(f"{source}: the model catalog is not available yet; use builtin:{DEMO_NAME}")
+        from fleetserve.engine.catalog import preset
+
+        try:
+            entry = preset(source.removeprefix("catalog:"))
+        except KeyError as exc:
+            raise ModelSourceError(str(exc.args[0])) from None
+        return resolve_source(entry.source, revision)
     return check_model_dir(Path(source).expanduser().resolve())

@@ -45,6 +45,13 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         note("spec.engine.gpus", "GPU requests apply to Kubernetes rendering only")
     if not spec.metrics.enabled:
         note("spec.metrics.enabled", "metrics stay on locally (/metrics is cheap); false only affects Kubernetes")
+    if spec.model.source.startswith("catalog:"):
+        from fleetserve.engine.catalog import CATALOG
+
+        entry = CATALOG[spec.model.source.removeprefix("catalog:")]
+        if entry.engine != spec.engine.kind:
+            note("spec.engine.kind", f"catalog model {entry.name!r} is meant for engine {entry.engine!r}, "
+                                     f"not {spec.engine.kind!r}")
     if spec.model.prefetch:
         note("spec.model.prefetch", "weights are loaded from the local cache at start; prefetch is implicit")
     return notes

@@ -63,6 +63,12 @@ class ModelSection(SpecModel):
         for prefix in ("hf:", "builtin:", "catalog:"):
             if value.startswith(prefix) and len(value) == len(prefix):
                 raise ValueError(f"source {value!r} names nothing after {prefix!r}")
+        if value.startswith("catalog:"):
+            from fleetserve.engine.catalog import CATALOG
+
+            if value.removeprefix("catalog:") not in CATALOG:
+                raise ValueError(f"unknown catalog model {value.removeprefix('catalog:')!r}; allowed: "
+                                 f"{', '.join(sorted(CATALOG))} (fleetserve models list)")
         return value
 
 

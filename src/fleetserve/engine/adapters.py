@@ -1,0 +1,75 @@
+"""Command lines for GPU engines (vLLM, SGLang): what a replica runs when `engine.kind` is not builtin.
+
+The same spec drives them: served model name, context length, port, extra args and environment; for vLLM
+the KV tiers map onto LMCache (L1: CPU offload of `l1.maxBytes`, L2: its Redis remote backend, chunk size =
+`kvCache.blockSize`), and PYTHONHASHSEED is pinned so every replica derives the same cache keys. Health
+and metrics: both serve /health and Prometheus /metrics (vLLM's `vllm:*` names, SGLang's `sglang:*`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+LMCACHE_CONNECTOR = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    health_path: str = "/health"
+    metrics_path: str = "/metrics"
+
+
+def _gib(n: int) -> str:
+    return f"{max(n / (1 << 30), 0.001):g}"
+
+
+def vllm_launch(spec, model_path: str, port: int, host: str = "0.0.0.0", l2_url: str | None = None) -> EngineLaunch:
+    """`vllm serve` for the spec, with prefix caching on and LMCache wired to the spec's KV tiers."""
+    argv = ["vllm", "serve", model_path, "--host", host, "--port", str(port),
+            "--served-model-name", spec.model.name or model_path, "--enable-prefix-caching"]
+    if spec.model.context_length:
+        argv += ["--max-model-len", str(spec.model.context_length)]
+    if spec.engine.gpus > 1:
+        argv += ["--tensor-parallel-size", str(spec.engine.gpus)]
+    if spec.model.dtype != "auto":
+        argv += ["--dtype", spec.model.dtype]
+    env = dict(spec.engine.env)
+    kv = spec.kv_cache
+    url = l2_url or kv.l2.url
+    if kv.l1.enabled or (kv.l2.enabled and url):
+        argv += ["--kv-transfer-config", json.dumps(LMCACHE_CONNECTOR, separators=(",", ":"))]
+        env.update({"LMCACHE_CHUNK_SIZE": str(kv.block_size), "PYTHONHASHSEED": "0"})
+        env["LMCACHE_LOCAL_CPU"] = "True" if kv.l1.enabled else "False"
+        if kv.l1.enabled:
+            env["LMCACHE_MAX_LOCAL_CPU_SIZE"] = _gib(kv.l1.max_bytes)
+        if kv.l2.enabled and url:
+            env["LMCACHE_REMOTE_URL"] = url if url.startswith("redis://") else f"redis://{url}"
+            env["LMCACHE_REMOTE_SERDE"] = "naive"
+    return EngineLaunch(argv + list(spec.engine.args), env, spec.engine.health_path)
+
+
+def sglang_launch(spec, model_path: str, port: int, host: str = "0.0.0.0") -> EngineLaunch:
+    """`python -m sglang.launch_server` for the spec; L1 maps onto SGLang's hierarchical (host memory) cache."""
+    argv = ["python3", "-m", "sglang.launch_server", "--model-path", model_path, "--host", host,
+            "--port", str(port), "--served-model-name", spec.model.name or model_path, "--enable-metrics"]
+    if spec.model.context_length:
+        argv += ["--context-length", str(spec.model.context_length)]
+    if spec.engine.gpus > 1:
+        argv += ["--tp-size", str(spec.engine.gpus)]
+    if spec.model.dtype != "auto":
+        argv += ["--dtype", spec.model.dtype]
+    if spec.kv_cache.l1.enabled:
+        argv += ["--enable-hierarchical-cache", "--hicache-size", _gib(spec.kv_cache.l1.max_bytes)]
+    return EngineLaunch(argv + list(spec.engine.args), dict(spec.engine.env), spec.engine.health_path)
+
+
+def launch_for(spec, model_path: str, port: int, l2_url: str | None = None) -> EngineLaunch:
+    kind = spec.engine.kind
+    if kind == "vllm":
+        return vllm_launch(spec, model_path, port, l2_url=l2_url)
+    if kind == "sglang":
+        return sglang_launch(spec, model_path, port)
+    raise ValueError(f"no GPU engine adapter for engine.kind {kind!r}; allowed: vllm, sglang")
