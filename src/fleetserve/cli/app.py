@@ -335,15 +335,17 @@ def models_list(as_json: Annotated[bool, typer.Option("--json", help="Machine-re
 
 @model_app.command("prepare")
 def model_prepare(
-    source: Annotated[str, typer.Argument(help="builtin:NAME, hf:org/name or a local path")],
+    source: Annotated[str, typer.Argument(help="builtin:NAME, hf:org/name, s3://bucket/prefix, catalog:NAME "
+                                                "or a local path")],
     revision: Annotated[str | None, typer.Option()] = None,
+    region: Annotated[str | None, typer.Option(help="S3 region")] = None,
 ) -> None:
-    """Resolve a model source to a local directory (importing the demo model once); prints the path."""
+    """Resolve a model source to a local directory (importing or fetching it once); prints the path."""
     from fleetserve.engine.demo import ModelSourceError
     from fleetserve.engine.sources import resolve_source
 
     try:
-        print(resolve_source(source, revision))
+        print(resolve_source(source, revision, region, progress=sys.stderr.isatty()))
     except ModelSourceError as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
 

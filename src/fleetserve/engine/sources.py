@@ -1,5 +1,6 @@
 """Resolve a `model.source` to a local HF-format directory: local path (also an FSx mount), `hf:` from the
-local Hugging Face cache (offline), `builtin:` demo models. `s3://` sources arrive with the tiered cache work.
+local Hugging Face cache (offline), `builtin:` demo models, `s3://` copied once into the model cache (fsspec),
+`catalog:` presets.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def _hf_cache_dir(repo_id: str, revision: str | None) -> Path:
     return Path(folder)
 
 
-def resolve_source(source: str, revision: str | None = None) -> Path:
+def resolve_source(source: str, revision: str | None = None, region: str | None = None,
+                   progress: bool = False) -> Path:
     """The local directory holding the model named by `source`, or ModelSourceError saying what is wrong."""
     if source.startswith("builtin:"):
         name = source.removeprefix("builtin:")
@@ -55,10 +57,9 @@ def resolve_source(source: str, revision: str | None = None) -> Path:
     if source.startswith("hf:"):
         return check_model_dir(_hf_cache_dir(source.removeprefix("hf:"), revision))
     if source.startswith("s3://"):
-        raise ModelSourceError(
-            f"{source}: s3:// model sources are not supported by the built-in engine yet; "
-            "copy the model to a local directory (or mounted filesystem) and use its path"
-        )
+        from fleetserve.engine.s3source import fetch_s3
+
+        return check_model_dir(fetch_s3(source, region, progress=progress))
     if source.startswith("catalog:"):
         from fleetserve.engine.catalog import preset
 
@@ -66,5 +67,5 @@ def resolve_source(source: str, revision: str | None = None) -> Path:
             entry = preset(source.removeprefix("catalog:"))
         except KeyError as exc:
             raise ModelSourceError(str(exc.args[0])) from None
-        return resolve_source(entry.source, revision)
+        return resolve_source(entry.source, revision, region, progress)
     return check_model_dir(Path(source).expanduser().resolve())

@@ -173,6 +173,8 @@ class Supervisor:
         cmd = fleetserve_command("model", "prepare", model.source)
         if model.revision:
             cmd += ["--revision", model.revision]
+        if model.s3_region:
+            cmd += ["--region", model.s3_region]
         self.say(f"preparing model {model.source} ...")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + self.spec.engine.startup_timeout_seconds
