@@ -203,6 +203,8 @@ def engine(
                                   ] = 512 << 20,
     l1_bytes: Annotated[int, typer.Option(min=0, help="L1 tier: CPU bytes for offloaded blocks (0: off)")] = 0,
     l2_url: Annotated[str | None, typer.Option(help="L2 tier: redis://host:port/db (none: off)")] = None,
+    max_batch: Annotated[int, typer.Option(min=1, max=256, help="Sequences decoded together (1: serial)")] = 8,
+    prefill_chunk: Annotated[int, typer.Option(min=16, help="Prompt tokens per prefill step")] = 256,
     speedup: Annotated[float, typer.Option(min=0.001, help="Simulated engine runs this many times faster")] = 1.0,
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
@@ -247,7 +249,7 @@ def engine(
                    threads=threads, dtype=dtype, context_length=context_length,
                    max_tokens_default=max_tokens_default, max_waiting=max_waiting, revision=revision,
                    block_size=block_size or 256, kv_cache=kv_cache, engine_cache_bytes=engine_cache_bytes,
-                   l1_bytes=l1_bytes, l2_url=l2_url)
+                   l1_bytes=l1_bytes, l2_url=l2_url, max_batch=max_batch, prefill_chunk=prefill_chunk)
     except ModelSourceError as exc:
         raise _fail(f"--model: {exc}", EXIT_USAGE) from None
 

@@ -54,13 +54,16 @@ def run_engine(
     engine_cache_bytes: int = 512 << 20,
     l1_bytes: int = 0,
     l2_url: str | None = None,
+    max_batch: int = 8,
+    prefill_chunk: int = 256,
 ) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine[" + replica + "] %(levelname)s %(message)s")
     path = resolve_source(model, revision)
     runner = ModelRunner(path, dtype=dtype, threads=threads, context_length=context_length)
     name = served_model_name or path.name
     identity = ModelIdentity(namespace, name, model_version, instance_type, replica)
-    engine = Engine(runner, EngineSettings(name, identity, max_tokens_default, max_waiting, runner.dtype))
+    engine = Engine(runner, EngineSettings(name, identity, max_tokens_default, max_waiting, runner.dtype,
+                                           max_batch, prefill_chunk))
     if kv_cache:
         attach_prefix_cache(engine, block_size, engine_cache_bytes, l1_bytes, l2_url)
     logging.getLogger(__name__).info("serving %s (%s) on http://%s:%d", name, path, host, port)

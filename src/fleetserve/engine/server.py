@@ -31,6 +31,8 @@ class EngineSettings:
     max_tokens_default: int = 512
     max_waiting: int = 256
     dtype: str = "float32"
+    max_batch: int = 8  # 1: one sequence at a time
+    prefill_chunk: int = 256
 
 
 class _Outcome:
@@ -59,8 +61,14 @@ class Engine:
         self.runner = runner
         self.settings = settings
         self.metrics = EngineMetrics(settings.identity)
-        self.scheduler = SerialScheduler(runner, max_waiting=settings.max_waiting,
-                                         on_token=self.metrics.vllm(self.metrics.generation_tokens).inc)
+        count = self.metrics.vllm(self.metrics.generation_tokens).inc
+        if settings.max_batch > 1:
+            from fleetserve.engine.batching import BatchScheduler
+
+            self.scheduler = BatchScheduler(runner, settings.max_waiting, count, settings.max_batch,
+                                            settings.prefill_chunk)
+        else:
+            self.scheduler = SerialScheduler(runner, max_waiting=settings.max_waiting, on_token=count)
         self.created = int(time.time())
 
     def kv_root(self, salt: str | None) -> int:
