@@ -456,12 +456,15 @@ def bench_router_overhead(
 def bench_kvcache(
     model: Annotated[str, typer.Option(help="tiny (random, 4 layers), demo (SmolLM2) or a model source")] = "tiny",
     repeats: Annotated[int, typer.Option(min=1, help="Measurements per figure (median)")] = 3,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
 ) -> None:
     """TTFT with a 2,048-token prefix cold / in the engine / in L1 / in L2, and decode throughput b1 vs b8."""
     from fleetserve.bench.kvcache import run
 
-    print(json.dumps(run(model, repeats), indent=2))
+    if dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise typer.BadParameter(f"{dtype!r}; allowed values: auto, float32, bfloat16, float16", param_hint="--dtype")
+    print(json.dumps(run(model, repeats, dtype=dtype), indent=2))
 
 
 @bench_app.command("replay")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import uvicorn
 
@@ -58,6 +59,9 @@ def run_engine(
     prefill_chunk: int = 256,
 ) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine[" + replica + "] %(levelname)s %(message)s")
+    # The generation thread and the event loop share the GIL; the default 5 ms switch interval adds up to
+    # several ms per token while the loop waits to deliver it (measured: 38.7 -> 28.8 ms/token at 0.2 ms).
+    sys.setswitchinterval(0.0002)
     path = resolve_source(model, revision)
     runner = ModelRunner(path, dtype=dtype, threads=threads, context_length=context_length)
     name = served_model_name or path.name
