@@ -58,12 +58,12 @@ def redis_server(tmp_path):
         pytest.skip("redis-server is not installed (scripts/setup.sh installs it as root)")
     port = free_port()
 
+    import redis
+
     def start():
         proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                  "--appendonly", "no", "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru",
                                  "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        import redis
-
         client = redis.Redis(port=port)
 
         def up():
@@ -72,7 +72,11 @@ def redis_server(tmp_path):
             except redis.RedisError:
                 return False
 
-        wait_until(up, 30, what="redis-server")
+        try:
+            wait_until(up, 30, what="redis-server")
+        except BaseException:
+            proc.kill()  # never leave a server behind
+            raise
         return proc
 
     server = {"url": f"redis://127.0.0.1:{port}/0", "proc": start()}
