@@ -56,3 +56,18 @@ def test_missing_and_incomplete_s3_models_are_clear_errors(s3, tiny_model):
     with pytest.raises(ModelSourceError, match="incomplete: missing weights"):
         resolve_source("s3://models/half")
     assert os.environ["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
+
+
+def test_hf_source_comes_from_the_local_cache_only(tmp_path, monkeypatch, tiny_model):
+    import shutil
+
+    hub = tmp_path / "hub"
+    snapshot = hub / "models--acme--tiny" / "snapshots" / ("a" * 40)
+    shutil.copytree(tiny_model, snapshot)
+    (hub / "models--acme--tiny" / "refs").mkdir(parents=True)
+    (hub / "models--acme--tiny" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert resolve_source("hf:acme/tiny") == snapshot
+    with pytest.raises(ModelSourceError, match="not in the local Hugging Face cache"):
+        resolve_source("hf:acme/missing")

@@ -144,3 +144,26 @@ def test_clear_rejects_unknown_tiers(tiny_model, tmp_path, tiers):
         assert r.status_code == 400 and "allowed values: engine, l1, l2" in r.json()["error"]["message"]
     finally:
         e.stop()
+
+
+def test_a_tenant_with_its_own_l2_never_writes_to_the_shared_one(tiny_model, tmp_path, redis_server):
+    import redis
+
+    shared = redis_server["url"]  # logical database 0
+    own = shared[: shared.rindex("/")] + "/1"  # the vip tenant's database
+    e = engine(tiny_model, tmp_path, "--l2-url", shared, "--l2-tenant", f"vip={own}")
+    try:
+        ask(e.url, prompt=PROMPT + " vip", headers={"x-fleetserve-tenant": "vip"})
+        httpx.post(e.url + "/admin/kv/flush", timeout=30)
+        db0 = redis.Redis.from_url(shared)
+        db1 = redis.Redis.from_url(own)
+        assert db1.dbsize() > 0 and db0.dbsize() == 0
+        ask(e.url, prompt=PROMPT + " standard", headers={"x-fleetserve-tenant": "standard"})
+        httpx.post(e.url + "/admin/kv/flush", timeout=30)
+        assert db0.dbsize() > 0
+        clear(e.url, "engine")
+        _, hit = ask(e.url, prompt=PROMPT + " vip", headers={"x-fleetserve-tenant": "vip"})
+        assert hit > 0  # served from the vip tenant's own L2
+        assert sample(e.url, "fleetserve_kv_tier_bytes_in_total", tier="l2:vip") > 0
+    finally:
+        e.stop()

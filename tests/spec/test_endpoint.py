@@ -86,7 +86,7 @@ def test_not_yaml_and_not_mapping():
 
 
 def test_settings_without_effect_are_warned():
-    text = GOOD.replace("roundrobin", "prefixaware") + "  kvCache: {l2: {enabled: true, tenantUrls: {a: redis://x}}}\n"
+    text = GOOD.replace("roundrobin", "prefixaware") + "  kvCache: {l2: {enabled: true, tenantUrls: {a: \"redis://x\"}}}\n"
     warnings = {w.path for w in load_spec_text(text).warnings}
     assert {"spec.kvCache.l2.tenantUrls"} <= warnings
     assert "spec.routing.strategy" not in warnings  # every routing strategy is implemented

@@ -203,6 +203,8 @@ def engine(
                                   ] = 512 << 20,
     l1_bytes: Annotated[int, typer.Option(min=0, help="L1 tier: CPU bytes for offloaded blocks (0: off)")] = 0,
     l2_url: Annotated[str | None, typer.Option(help="L2 tier: redis://host:port/db (none: off)")] = None,
+    l2_tenant: Annotated[list[str] | None, typer.Option(help="TENANT=redis://... : a tenant's own L2 (repeat)")
+                         ] = None,
     max_batch: Annotated[int, typer.Option(min=1, max=256, help="Sequences decoded together (1: serial)")] = 8,
     prefill_chunk: Annotated[int, typer.Option(min=16, help="Prompt tokens per prefill step")] = 256,
     speedup: Annotated[float, typer.Option(min=0.001, help="Simulated engine runs this many times faster")] = 1.0,
@@ -241,6 +243,12 @@ def engine(
     if model is None:
         raise typer.BadParameter("give --model (a model source) or --simulate (a performance profile)",
                                  param_hint="--model")
+    tenant_l2 = {}
+    for item in l2_tenant or []:
+        tenant, _, url = item.partition("=")
+        if not tenant or not url.startswith("redis://"):
+            raise typer.BadParameter(f"{item!r}: expected TENANT=redis://host:port/db", param_hint="--l2-tenant")
+        tenant_l2[tenant] = url
     if dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise typer.BadParameter(f"{dtype!r}; allowed values: auto, float32, bfloat16, float16", param_hint="--dtype")
     try:
@@ -249,7 +257,8 @@ def engine(
                    threads=threads, dtype=dtype, context_length=context_length,
                    max_tokens_default=max_tokens_default, max_waiting=max_waiting, revision=revision,
                    block_size=block_size or 256, kv_cache=kv_cache, engine_cache_bytes=engine_cache_bytes,
-                   l1_bytes=l1_bytes, l2_url=l2_url, max_batch=max_batch, prefill_chunk=prefill_chunk)
+                   l1_bytes=l1_bytes, l2_url=l2_url, max_batch=max_batch, prefill_chunk=prefill_chunk,
+                   tenant_l2=tenant_l2)
     except ModelSourceError as exc:
         raise _fail(f"--model: {exc}", EXIT_USAGE) from None
 

@@ -247,7 +247,7 @@ class BatchScheduler:
         keys: list[int] = []
         if runner.prefix_cache is not None:
             keys = chain_keys(job.prompt_ids, runner.block_size, job.root)
-            found = runner.prefix_cache.lookup(keys[: (len(job.prompt_ids) - 1) // runner.block_size])
+            found = runner.prefix_cache.lookup(keys[: (len(job.prompt_ids) - 1) // runner.block_size], job.tenant)
             if found:
                 cache = runner._cache_from_blocks([b for _, b in found])
                 cached = len(found) * runner.block_size
@@ -268,7 +268,7 @@ class BatchScheduler:
         if runner.prefix_cache is not None:
             first = p.cached_tokens // runner.block_size
             new = runner._blocks_from_cache(p.cache, first, len(p.keys) - first)
-            runner.prefix_cache.store(list(zip(p.keys[first:], new, strict=True)))
+            runner.prefix_cache.store(list(zip(p.keys[first:], new, strict=True)), p.job.tenant)
         job = p.job
         row = Row(job, TextStream(runner.decode, job.sampling.stop), len(ids), 0, 0, p.cached_tokens)
         if job.sampling.seed is not None:

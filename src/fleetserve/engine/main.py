@@ -14,7 +14,7 @@ from fleetserve.observe.metrics import ModelIdentity
 
 
 def attach_prefix_cache(engine: Engine, block_size: int, engine_cache_bytes: int, l1_bytes: int,
-                        l2_url: str | None) -> None:
+                        l2_url: str | None, tenant_l2: dict[str, str] | None = None) -> None:
     """Give the engine its prefix KV cache: working set, optional L1 (CPU bytes) and L2 (Redis URL)."""
     from fleetserve.engine.prefix_cache import PrefixCache
     from fleetserve.kvcache.tiers import L1Store, RedisStore
@@ -29,7 +29,9 @@ def attach_prefix_cache(engine: Engine, block_size: int, engine_cache_bytes: int
     cache = PrefixCache(shape, runner.torch_dtype, max(1, engine_cache_bytes // block_bytes),
                         l1=L1Store(l1_bytes) if l1_bytes else None,
                         l2=RedisStore(l2_url, prefix=f"fleetserve:kv:{engine.settings.served_model_name}:")
-                        if l2_url else None)
+                        if l2_url else None,
+                        tenant_l2={t: RedisStore(u, prefix=f"fleetserve:kv:{engine.settings.served_model_name}:")
+                                   for t, u in (tenant_l2 or {}).items()})
     runner.prefix_cache = cache
     engine.metrics.registry.register(PrefixCacheCollector(cache, engine.settings.served_model_name))
 
@@ -57,6 +59,7 @@ def run_engine(
     l2_url: str | None = None,
     max_batch: int = 8,
     prefill_chunk: int = 256,
+    tenant_l2: dict[str, str] | None = None,
 ) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine[" + replica + "] %(levelname)s %(message)s")
     # The generation thread and the event loop share the GIL; the default 5 ms switch interval adds up to
@@ -69,6 +72,6 @@ def run_engine(
     engine = Engine(runner, EngineSettings(name, identity, max_tokens_default, max_waiting, runner.dtype,
                                            max_batch, prefill_chunk))
     if kv_cache:
-        attach_prefix_cache(engine, block_size, engine_cache_bytes, l1_bytes, l2_url)
+        attach_prefix_cache(engine, block_size, engine_cache_bytes, l1_bytes, l2_url, tenant_l2)
     logging.getLogger(__name__).info("serving %s (%s) on http://%s:%d", name, path, host, port)
     uvicorn.run(build_app(engine), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

@@ -24,12 +24,14 @@ log = logging.getLogger(__name__)
 
 class PrefixCache:
     def __init__(self, block_shape: tuple[int, ...], dtype: torch.dtype, engine_blocks: int,
-                 l1: L1Store | None = None, l2: RedisStore | None = None, events: KVEventLog | None = None):
+                 l1: L1Store | None = None, l2: RedisStore | None = None, events: KVEventLog | None = None,
+                 tenant_l2: dict[str, RedisStore] | None = None):
         self.block_shape = block_shape  # (layers, 2, kv_heads, block_size, head_dim)
         self.dtype = dtype
         self.engine_blocks = engine_blocks
         self.l1 = l1
         self.l2 = l2
+        self.tenant_l2 = tenant_l2 or {}  # hard separation: these tenants' blocks live in their own Redis
         self.events = events or KVEventLog()
         self._blocks: OrderedDict[int, torch.Tensor] = OrderedDict()
         self._writes: queue.Queue = queue.Queue(maxsize=1024)
@@ -53,7 +55,10 @@ class PrefixCache:
 
     # --- lookup and store ----------------------------------------------------------------------------------
 
-    def lookup(self, keys: list[int]) -> list[tuple[str, torch.Tensor]]:
+    def l2_for(self, tenant: str | None) -> RedisStore | None:
+        return self.tenant_l2.get(tenant, self.l2) if tenant else self.l2
+
+    def lookup(self, keys: list[int], tenant: str | None = None) -> list[tuple[str, torch.Tensor]]:
         """The longest cached prefix of `keys`, as (tier, block) pairs."""
         self.queries += len(keys)
         found: list[tuple[str, torch.Tensor]] = []
@@ -63,7 +68,7 @@ class PrefixCache:
                 break
             self._blocks.move_to_end(key)
             found.append(("engine", block))
-        for store in (self.l1, self.l2):
+        for store in (self.l1, self.l2_for(tenant)):
             rest = keys[len(found):]
             if store is None or not rest:
                 continue
@@ -98,31 +103,31 @@ class PrefixCache:
             removed.append(key)
         self.events.publish("removed", removed, "engine")
 
-    def store(self, items: list[tuple[int, torch.Tensor]]) -> None:
+    def store(self, items: list[tuple[int, torch.Tensor]], tenant: str | None = None) -> None:
         """New blocks: into the working set now, into L1/L2 in the background."""
         if not items:
             return
         self._admit(items)
-        if self.l1 is None and self.l2 is None:
+        if self.l1 is None and self.l2_for(tenant) is None:
             return
         try:
-            self._writes.put_nowait(items)
+            self._writes.put_nowait((items, tenant))
         except queue.Full:
             self.dropped_writes += 1  # never block the decode loop on a slow tier
 
     def _write_loop(self) -> None:
         while True:
-            items = self._writes.get()
-            if items is None:
+            work = self._writes.get()
+            if work is None:
                 return
             try:
-                self._write(items)
+                self._write(*work)
             finally:
                 self._writes.task_done()
 
-    def _write(self, items: list[tuple[int, torch.Tensor]]) -> None:
+    def _write(self, items: list[tuple[int, torch.Tensor]], tenant: str | None) -> None:
         values = [(key, pack_block(key, self._to_bytes(block))) for key, block in items]
-        for store in (self.l1, self.l2):
+        for store in (self.l1, self.l2_for(tenant)):
             if store is None:
                 continue
             try:
@@ -151,8 +156,10 @@ class PrefixCache:
             self.events.publish("removed", self.l1.keys(), "l1")
             self.l1.clear()
             self.l1.evicted.clear()
-        if "l2" in tiers and self.l2 is not None:
-            self.l2.clear()
+        if "l2" in tiers:
+            for store in [self.l2, *self.tenant_l2.values()]:
+                if store is not None:
+                    store.clear()
 
     def snapshot(self) -> dict:
         entries = {k: "engine" for k in self._blocks}

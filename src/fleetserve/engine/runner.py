@@ -132,6 +132,7 @@ class ModelRunner:
         on_token: Callable[[int], bool],
         cancelled: threading.Event,
         root: int = 0,
+        tenant: str | None = None,
     ) -> GenerationResult:
         """Generate up to `max_new_tokens`; `on_token` returns False to stop (a stop string was seen).
 
@@ -154,7 +155,7 @@ class ModelRunner:
         if self.prefix_cache is not None:
             keys = chain_keys(prompt_ids, self.block_size, root)
             usable = keys[: (len(prompt_ids) - 1) // self.block_size]  # at least one token is computed
-            found = self.prefix_cache.lookup(usable)
+            found = self.prefix_cache.lookup(usable, tenant)
             if found:
                 cache = self._cache_from_blocks([block for _, block in found])
                 cached_tokens = len(found) * self.block_size
@@ -169,7 +170,7 @@ class ModelRunner:
                 if produced == 0 and self.prefix_cache is not None:
                     done = cached_tokens // self.block_size
                     new = self._blocks_from_cache(cache, done, len(keys) - done)
-                    self.prefix_cache.store(list(zip(keys[done:], new, strict=True)))
+                    self.prefix_cache.store(list(zip(keys[done:], new, strict=True)), tenant)
                 token = choose_token(out.logits[0, -1], sampling, generator, counts)
                 if token in self.eos_ids and not sampling.ignore_eos:
                     return GenerationResult("stop", produced, cached_tokens)

@@ -33,6 +33,7 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     enqueued_at: float = field(default_factory=time.monotonic)
     root: int = 0  # block-key namespace: model build and tenant salt
+    tenant: str | None = None  # the router-authenticated tenant (selects a tenant's own L2, if it has one)
 
     def post(self, *event) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -91,7 +92,7 @@ class SerialScheduler:
             return not stream.stopped
 
         result = self.runner.generate(job.prompt_ids, job.sampling, job.max_new_tokens, on_token, job.cancelled,
-                                      job.root)
+                                      job.root, job.tenant)
         tail = stream.finish()
         if tail:
             job.post("token", tail)

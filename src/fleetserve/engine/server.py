@@ -144,8 +144,9 @@ class Engine:
             self._check_model(parsed)
             prompt_ids = self._prompt_ids(parsed)
             max_new = self._budget(len(prompt_ids), parsed.sampling.max_tokens)
-            salt = request.headers.get("x-fleetserve-tenant") or parsed.cache_salt
-            job = Job(prompt_ids, parsed.sampling, max_new, asyncio.get_running_loop(), root=self.kv_root(salt))
+            tenant = request.headers.get("x-fleetserve-tenant")
+            job = Job(prompt_ids, parsed.sampling, max_new, asyncio.get_running_loop(),
+                      root=self.kv_root(tenant or parsed.cache_salt), tenant=tenant)
             self.scheduler.submit(job)
         except APIError as err:
             m.error(err.status)

@@ -36,7 +36,9 @@ def _hf_cache_dir(repo_id: str, revision: str | None) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        folder = snapshot_download(repo_id, revision=revision, local_files_only=True)
+        # the cache location is read at call time (huggingface_hub reads its environment once, at import)
+        folder = snapshot_download(repo_id, revision=revision, local_files_only=True,
+                                   cache_dir=os.environ.get("HF_HUB_CACHE") or None)
     except Exception as exc:  # huggingface_hub raises several types for "not in the cache"
         raise ModelSourceError(
             f"hf:{repo_id} is not in the local Hugging Face cache "

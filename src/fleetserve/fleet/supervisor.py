@@ -352,6 +352,9 @@ class Supervisor:
             cmd += ["--l1-bytes", str(kv.l1.max_bytes)]
         if self.l2_url:
             cmd += ["--l2-url", self.l2_url]
+        if kv.l2.enabled:
+            for tenant, url in kv.l2.tenant_urls.items():
+                cmd += ["--l2-tenant", f"{tenant}={url}"]
         return cmd + list(spec.engine.args)
 
     def _start_redis(self) -> None:

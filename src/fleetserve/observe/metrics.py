@@ -94,21 +94,21 @@ class PrefixCacheCollector:
         for tier, n in c.hits.items():
             tier_hits.add_metric([tier], n)
         yield tier_hits
-        for store in (c.l1, c.l2):
-            if store is None:
-                continue
+        stores = [(s.name, s) for s in (c.l1, c.l2) if s is not None]
+        stores += [(f"l2:{tenant}", s) for tenant, s in c.tenant_l2.items()]
+        for tier, store in stores:
             st = store.stats
             for name, value in (("misses", st.misses), ("evictions", st.evictions), ("bytes_in", st.bytes_in),
                                 ("bytes_out", st.bytes_out), ("failures", st.failures),
                                 ("rejected", st.rejected)):
                 fam = CounterMetricFamily(f"fleetserve_kv_tier_{name}", f"Tier {name}", labels=["tier"])
-                fam.add_metric([store.name], value)
+                fam.add_metric([tier], value)
                 yield fam
             for kind, samples in (("get", st.get_seconds), ("put", st.put_seconds)):
                 buckets = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
                 counts = [sum(1 for x in samples if x <= b) for b in buckets]
                 hist = HistogramMetricFamily(f"fleetserve_kv_tier_{kind}_seconds",
                                              f"Tier {kind} latency (recent operations)", labels=["tier"])
-                hist.add_metric([store.name], [(str(b), n) for b, n in zip(buckets, counts, strict=True)]
+                hist.add_metric([tier], [(str(b), n) for b, n in zip(buckets, counts, strict=True)]
                                 + [("+Inf", len(samples))], sum_value=sum(samples))
                 yield hist

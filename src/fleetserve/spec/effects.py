@@ -31,9 +31,9 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if (spec.placement.instance_types or spec.placement.node_affinity) and spec.capacity.provider == "local":
         note("spec.placement", "capacity.provider is 'local': this machine is the only node, instance types "
                                "apply to the simulated provider and to Kubernetes rendering")
-    if spec.kv_cache.l2.tenant_urls:
-        note("spec.kvCache.l2.tenantUrls", "a Redis per tenant is not implemented yet; tenants share the L2 "
-                                           "Redis, separated by salted keys")
+    if spec.kv_cache.l2.tenant_urls and not spec.auth.enabled:
+        note("spec.kvCache.l2.tenantUrls", "tenants come from API keys: without auth.enabled no request has a "
+                                           "tenant, so these Redis servers are never used")
     limits = spec.request_limits
     if limits.max_queue_size is not None and limits.max_concurrent_requests is None:
         note("spec.requestLimits.maxQueueSize", "has no effect without maxConcurrentRequests")

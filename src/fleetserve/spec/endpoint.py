@@ -189,6 +189,14 @@ class L2Section(SpecModel):
     max_bytes: int = Field(default=4 << 30, gt=0)
     tenant_urls: dict[str, str] = Field(default_factory=dict, description="hard isolation: a Redis per tenant")
 
+    @field_validator("tenant_urls")
+    @classmethod
+    def _redis_urls(cls, value: dict[str, str]) -> dict[str, str]:
+        for tenant, url in value.items():
+            if not url.startswith("redis://"):
+                raise ValueError(f"tenantUrls[{tenant}]: {url!r} must be a redis:// URL")
+        return value
+
 
 class KVCacheSection(SpecModel):
     block_size: int = Field(default=256, gt=0)
