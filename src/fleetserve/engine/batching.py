@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fleetserve.api.errors import APIError
 from fleetserve.engine.runner import ModelRunner
 from fleetserve.engine.sampling import choose_token
-from fleetserve.engine.scheduler import Job
+from fleetserve.engine.scheduler import Job, JobQueue
 from fleetserve.engine.textstream import TextStream
 
 log = logging.getLogger(__name__)
@@ -152,7 +151,7 @@ class Prefill:
     keys: list[int]
 
 
-class BatchScheduler:
+class BatchScheduler(JobQueue):
     """Same interface as SerialScheduler: submit jobs, `running`/`waiting` for the gauges."""
 
     def __init__(self, runner: ModelRunner, max_waiting: int = 256, on_token: Callable[[], None] | None = None,
@@ -176,10 +175,6 @@ class BatchScheduler:
     def running(self) -> int:
         return len(self.rows) + (1 if self.prefill else 0)
 
-    @property
-    def waiting(self) -> int:
-        return self._queue.qsize()
-
     def start(self) -> None:
         self._thread.start()
 
@@ -188,12 +183,6 @@ class BatchScheduler:
         self._queue.put(None)
         if self._thread.is_alive():
             self._thread.join(timeout=10)
-
-    def submit(self, job: Job) -> None:
-        if self.waiting >= self.max_waiting:
-            raise APIError(503, f"engine queue is full ({self.max_waiting} waiting); retry later",
-                           code="overloaded", headers={"Retry-After": "1"})
-        self._queue.put(job)
 
     # --- the loop ------------------------------------------------------------------------------------------
 
@@ -308,11 +297,8 @@ class BatchScheduler:
         row.job.post("done", reason, len(row.job.prompt_ids), row.produced, row.cached_tokens)
 
     def _finish(self, index: int, reason: str) -> None:
-        row = self.rows.pop(index)
-        # the slot of row `index` is refilled by the last row: keep `rows` in slot order
-        self.slots.remove(index)
-        if index < len(self.rows):
-            self.rows.insert(index, self.rows.pop())
+        row = self.rows[index]
+        self._finish_silent(index)
         if reason != "cancelled":
             self._done(row, reason)
 
@@ -334,8 +320,9 @@ class BatchScheduler:
             self._finish_silent(i)
 
     def _finish_silent(self, index: int) -> None:
-        """Free a row whose job was already told it is done."""
+        """Free a row whose job was already told it is done (or gone)."""
         self.rows.pop(index)
+        # the slot of row `index` is refilled by the last row: keep `rows` in slot order
         self.slots.remove(index)
         if index < len(self.rows):
             self.rows.insert(index, self.rows.pop())

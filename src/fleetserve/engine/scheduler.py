@@ -39,8 +39,25 @@ class Job:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
-class SerialScheduler:
-    """One sequence at a time; `running`/`waiting` feed the vLLM-named gauges."""
+class JobQueue:
+    """The bounded waiting queue every scheduler shares: beyond `max_waiting`, 503 with Retry-After."""
+
+    max_waiting: int
+    _queue: queue.Queue
+
+    @property
+    def waiting(self) -> int:
+        return self._queue.qsize()
+
+    def submit(self, job: Job) -> None:
+        if self.waiting >= self.max_waiting:
+            raise APIError(503, f"engine queue is full ({self.max_waiting} waiting); retry later",
+                           code="overloaded", headers={"Retry-After": "1"})
+        self._queue.put(job)
+
+
+class SerialScheduler(JobQueue):
+    """One sequence at a time (`--max-batch 1`); `running`/`waiting` feed the vLLM-named gauges."""
 
     def __init__(self, runner: ModelRunner, max_waiting: int = 256, on_token: Callable[[], None] | None = None):
         self.runner = runner
@@ -50,21 +67,11 @@ class SerialScheduler:
         self._thread = threading.Thread(target=self._work, name="generation", daemon=True)
         self.running = 0
 
-    @property
-    def waiting(self) -> int:
-        return self._queue.qsize()
-
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._queue.put(None)
-
-    def submit(self, job: Job) -> None:
-        if self.waiting >= self.max_waiting:
-            raise APIError(503, f"engine queue is full ({self.max_waiting} waiting); retry later",
-                           code="overloaded", headers={"Retry-After": "1"})
-        self._queue.put(job)
 
     def _work(self) -> None:
         while True:
