@@ -42,3 +42,11 @@ def test_kvcache_bench_prints_every_tier_and_ratio():
         assert figures["ttft_ms"][key] > 0
     assert {"l1_vs_cold", "l2_vs_cold", "batch8_vs_batch1"} <= set(figures["ratio"])
     assert figures["throughput"]["b1"] > 0 and figures["throughput"]["b8"] > 0
+
+
+def test_router_overhead_bench_prints_added_latency_and_throughput():
+    result = fleetserve("bench", "router-overhead", "--requests", "50", "--seconds", "1", "--json", timeout=300)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert {"p50", "p99"} <= set(figures["added_ms"])
+    assert figures["throughput_rps"]["router"] > 0 and figures["throughput_rps"]["errors"] == 0

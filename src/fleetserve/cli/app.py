@@ -453,12 +453,15 @@ def bench_router_overhead(
     requests: Annotated[int, typer.Option(min=10, help="Sequential requests per side")] = 500,
     concurrency: Annotated[int, typer.Option(min=1, help="Clients for the throughput phase")] = 32,
     seconds: Annotated[float, typer.Option(min=1, help="Length of the throughput phase")] = 5.0,
+    sglang_python: Annotated[str | None, typer.Option(help="Python with sglang-router, to measure it beside")
+                             ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
 ) -> None:
     """Added latency (p50, p99) of the router over direct calls to a zero-delay backend, and its req/s."""
     from fleetserve.bench.router_overhead import run
+    from fleetserve.bench.routing import find_sglang_python
 
-    print(json.dumps(run(requests, concurrency, seconds), indent=2))
+    print(json.dumps(run(requests, concurrency, seconds, find_sglang_python(sglang_python)), indent=2))
 
 
 @bench_app.command("kvcache")
