@@ -165,14 +165,15 @@ def _print_fleet(f) -> None:
         cold = f"{r.cold_start_s:.1f}s" if r.cold_start_s is not None else "-"
         table.add_row(r.id, r.url, r.state, f"{r.node} {r.instance_type}".strip(), str(r.pid or "-"),
                       str(r.restarts), cold)
-    out.print(table)
+    width = None if out.is_terminal else 160  # piped output: do not squeeze URLs into 80 columns
+    out.print(table, width=width)
     if f.nodes:
         nodes = Table("node", "instance type", "capacity", "$/h", "replicas", "ready")
         for n in f.nodes:
             ready = ("yes" if n.ready else "provisioning") + (" (interrupting)" if n.interrupting else "")
             nodes.add_row(n.id, n.instance_type, n.capacity_type, f"{n.price_per_hour:.3f}", f"{n.used}/{n.slots}",
                           ready)
-        out.print(nodes)
+        out.print(nodes, width=width)
 
 
 @app.command()
