@@ -32,10 +32,9 @@ from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, unti
 from fleetserve.api.errors import APIError
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
 from fleetserve.kvcache.blocks import chain_keys, namespace_key
+from fleetserve.kvcache.events import KVEventLog
 from fleetserve.observe.metrics import SECONDS_BUCKETS, exposition
 from fleetserve.sim.perf import PerfProfile
-
-MAX_EVENTS = 20_000
 
 
 def text_tokens(text: str) -> list[int]:
@@ -69,9 +68,7 @@ class SimulatedEngine:
         self.running: list[SimRequest] = []
         self.busy_s = 0.0
         self.prefill_tokens_waiting = 0
-        self.event_log: collections.deque[tuple[int, dict]] = collections.deque(maxlen=MAX_EVENTS)
-        self.event_seq = 0
-        self._event_ready = asyncio.Event()
+        self.events = KVEventLog()
         self._work = asyncio.Event()
         self._task: asyncio.Task | None = None
         r = self.registry = CollectorRegistry()
@@ -98,12 +95,7 @@ class SimulatedEngine:
         return namespace_key(self.model_name, self.model_version, "sim", salt)
 
     def _publish(self, kind: str, keys: list[int]) -> None:
-        if not keys:
-            return
-        self.event_seq += 1
-        self.event_log.append((self.event_seq, {"type": kind, "keys": keys, "tier": "engine"}))
-        self._event_ready.set()
-        self._event_ready = asyncio.Event()
+        self.events.publish(kind, keys, "engine")
 
     def _lookup(self, keys: list[int]) -> int:
         n = 0
@@ -292,17 +284,10 @@ class SimulatedEngine:
             wait = min(30.0, float(request.query_params.get("wait", "10")))
         except ValueError:
             return APIError(400, "since and wait must be numbers", param="since").response()
-        if since >= self.event_seq:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event_ready.wait(), wait)
-        oldest = self.event_log[0][0] if self.event_log else self.event_seq + 1
-        if since + 1 < oldest and since < self.event_seq:
-            return JSONResponse({"resync": True, "seq": self.event_seq})
-        events = [e for seq, e in self.event_log if seq > since]
-        return JSONResponse({"seq": self.event_seq, "events": events})
+        return JSONResponse(await self.events.wait_since(since, wait))
 
     async def kv_blocks(self, request: Request) -> Response:
-        return JSONResponse({"seq": self.event_seq, "tier": "engine", "keys": list(self.cache.keys())})
+        return JSONResponse({"seq": self.events.seq, "tier": "engine", "keys": list(self.cache.keys())})
 
     def metrics_text(self) -> tuple[bytes, str]:
         self.m_running.labels(**self._lbl).set(len(self.running))

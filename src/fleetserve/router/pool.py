@@ -176,10 +176,5 @@ class BackendPool:
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(b) for b in list(self.backends.values())))
 
-    async def run(self) -> None:
-        while True:
-            await self.probe_all()
-            await asyncio.sleep(self.interval)
-
     async def aclose(self) -> None:
         await self._client.aclose()
