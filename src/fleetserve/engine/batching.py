@@ -226,20 +226,7 @@ class BatchScheduler(JobQueue):
             self.prefill = None
 
     def _start_prefill(self, job: Job) -> None:
-        from transformers import DynamicCache
-
-        from fleetserve.kvcache.blocks import chain_keys
-
-        runner = self.runner
-        cache = DynamicCache(config=runner.model.config)
-        cached = 0
-        keys: list[int] = []
-        if runner.prefix_cache is not None:
-            keys = chain_keys(job.prompt_ids, runner.block_size, job.root)
-            found = runner.prefix_cache.lookup(keys[: (len(job.prompt_ids) - 1) // runner.block_size], job.tenant)
-            if found:
-                cache = runner._cache_from_blocks([b for _, b in found])
-                cached = len(found) * runner.block_size
+        cache, cached, keys = self.runner.cached_prefix(job.prompt_ids, job.root, job.tenant)
         self.prefill = Prefill(job, cache, cached, cached, keys)
 
     def _prefill_chunk(self) -> None:
@@ -254,10 +241,7 @@ class BatchScheduler(JobQueue):
         if end < len(ids):
             return
         self.prefill = None
-        if runner.prefix_cache is not None:
-            first = p.cached_tokens // runner.block_size
-            new = runner._blocks_from_cache(p.cache, first, len(p.keys) - first)
-            runner.prefix_cache.store(list(zip(p.keys[first:], new, strict=True)), p.job.tenant)
+        runner.store_new_blocks(p.cache, p.keys, p.cached_tokens, p.job.tenant)
         job = p.job
         row = Row(job, TextStream(runner.decode, job.sampling.stop), len(ids), 0, 0, p.cached_tokens)
         if job.sampling.seed is not None:

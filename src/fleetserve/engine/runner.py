@@ -80,6 +80,29 @@ class ModelRunner:
             layers.append((keys, values))
         return DynamicCache(ddp_cache_data=layers, config=self.model.config)
 
+    def cached_prefix(self, prompt_ids: list[int], root: int, tenant: str | None):
+        """(cache, cached tokens, block keys): the longest cached prefix (engine -> L1 -> L2) loaded into a
+        fresh cache; at least one prompt token is always left to compute. Without a prefix cache: empty."""
+        from transformers import DynamicCache
+
+        from fleetserve.kvcache.blocks import chain_keys
+
+        if self.prefix_cache is None:
+            return DynamicCache(config=self.model.config), 0, []
+        keys = chain_keys(prompt_ids, self.block_size, root)
+        found = self.prefix_cache.lookup(keys[: (len(prompt_ids) - 1) // self.block_size], tenant)
+        if not found:
+            return DynamicCache(config=self.model.config), 0, keys
+        return self._cache_from_blocks([block for _, block in found]), len(found) * self.block_size, keys
+
+    def store_new_blocks(self, cache, keys: list[int], cached_tokens: int, tenant: str | None) -> None:
+        """After a prefill: hand the prompt's full blocks that were not cached yet to the prefix cache."""
+        if self.prefix_cache is None:
+            return
+        first = cached_tokens // self.block_size
+        new = self._blocks_from_cache(cache, first, len(keys) - first)
+        self.prefix_cache.store(list(zip(keys[first:], new, strict=True)), tenant)
+
     def _blocks_from_cache(self, cache, first: int, count: int) -> list:
         torch = self._torch
         b = self.block_size
@@ -140,25 +163,13 @@ class ModelRunner:
         prompt is computed; `root` namespaces the block keys (model build and tenant salt).
         """
         from fleetserve.engine.sampling import choose_token
-        from fleetserve.kvcache.blocks import chain_keys
 
         torch = self._torch
-        from transformers import DynamicCache
-
         generator = None
         if sampling.seed is not None:
             generator = torch.Generator().manual_seed(sampling.seed)
         counts: dict[int, int] = {}
-        cache = DynamicCache(config=self.model.config)
-        cached_tokens = 0
-        keys: list[int] = []
-        if self.prefix_cache is not None:
-            keys = chain_keys(prompt_ids, self.block_size, root)
-            usable = keys[: (len(prompt_ids) - 1) // self.block_size]  # at least one token is computed
-            found = self.prefix_cache.lookup(usable, tenant)
-            if found:
-                cache = self._cache_from_blocks([block for _, block in found])
-                cached_tokens = len(found) * self.block_size
+        cache, cached_tokens, keys = self.cached_prefix(prompt_ids, root, tenant)
         inputs = torch.tensor([prompt_ids[cached_tokens:]], dtype=torch.long)
         produced = 0
         with torch.inference_mode():
@@ -167,10 +178,8 @@ class ModelRunner:
                     return GenerationResult("cancelled", produced, cached_tokens)
                 out = self.model(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1)
                 cache = out.cache
-                if produced == 0 and self.prefix_cache is not None:
-                    done = cached_tokens // self.block_size
-                    new = self._blocks_from_cache(cache, done, len(keys) - done)
-                    self.prefix_cache.store(list(zip(keys[done:], new, strict=True)), tenant)
+                if produced == 0:
+                    self.store_new_blocks(cache, keys, cached_tokens, tenant)
                 token = choose_token(out.logits[0, -1], sampling, generator, counts)
                 if token in self.eos_ids and not sampling.ignore_eos:
                     return GenerationResult("stop", produced, cached_tokens)
