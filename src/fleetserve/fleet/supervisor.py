@@ -99,6 +99,8 @@ class Supervisor:
         )
         self._http = httpx.Client(timeout=1.0, trust_env=False)
         self._pushed: list | None = None
+        self._written: tuple | None = None
+        self._written_at = 0.0
 
     # --- public --------------------------------------------------------------------------------------------
 
@@ -154,7 +156,14 @@ class Supervisor:
         s.cost_by_replica = totals["by_replica"]
         s.capacity_log = list(self.capacity.log)[-10:]
         self.metrics.update(s)
-        write_state(s)
+        # the loop runs every 0.2 s: write the file when something other than the running cost changed,
+        # or once a second for the cost
+        snapshot = {**s.to_json(), "cost_total": None, "cost_by_replica": None, "last_decision": None}
+        decision = (s.last_decision or {}).get("reason"), (s.last_decision or {}).get("desired")
+        now = time.monotonic()
+        if (snapshot, decision) != self._written or now - self._written_at >= 1.0:
+            write_state(s)
+            self._written, self._written_at = (snapshot, decision), now
 
     def _check_stop(self) -> None:
         if self._stop:
