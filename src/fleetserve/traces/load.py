@@ -2,7 +2,9 @@
 
 - Mooncake JSONL: {"timestamp": ms, "input_length", "output_length", "hash_ids": [...]} (512 tokens per id);
 - Azure CSV: TIMESTAMP,ContextTokens,GeneratedTokens (wall-clock timestamps; no prefixes);
-- prompt logs (ours): JSONL {"timestamp": s, "messages": [...] | "prompt": "...", "max_tokens", "session"}.
+- prompt logs (ours): JSONL {"timestamp": s, "messages": [...] | "prompt": "...", "max_tokens", "session"};
+- ServeGen rate files (arrivals only): a per-client chunk CSV, the aggregate CSV, a folder or the .tar.gz
+  (see `servegen.py`; options `model`, `seed`, `start_s`, `duration_s`, `input_tokens`, `output_tokens`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from datetime import datetime
 from pathlib import Path
 
 from fleetserve.traces.model import TraceRequest
+from fleetserve.traces.servegen import ServeGenError, is_servegen, load_servegen
+
+FORMATS = ("mooncake", "azure", "prompts", "servegen")
 
 
 class TraceError(ValueError):
@@ -20,6 +25,8 @@ class TraceError(ValueError):
 
 
 def detect_format(path: Path) -> str:
+    if is_servegen(path):
+        return "servegen"
     if path.suffix == ".csv":
         return "azure"
     with open(path) as f:
@@ -31,15 +38,23 @@ def detect_format(path: Path) -> str:
     raise TraceError(f"{path}: cannot tell the trace format from its first line")
 
 
-def load_trace(path: str | Path, limit: int | None = None, fmt: str | None = None) -> list[TraceRequest]:
+def load_trace(path: str | Path, limit: int | None = None, fmt: str | None = None, **options) -> list[TraceRequest]:
+    """Requests in arrival order. `options` go to the ServeGen loader (the other formats take none)."""
     p = Path(path)
-    if not p.is_file():
+    if not p.is_file() and not (p.is_dir() and fmt in (None, "servegen")):
         raise TraceError(f"trace file {p} does not exist")
+    if fmt is not None and fmt not in FORMATS:
+        raise TraceError(f"unknown trace format {fmt!r}; allowed: {', '.join(FORMATS)}")
     fmt = fmt or detect_format(p)
-    loader = {"mooncake": _mooncake, "azure": _azure, "prompts": _prompts}.get(fmt)
-    if loader is None:
-        raise TraceError(f"unknown trace format {fmt!r}; allowed: mooncake, azure, prompts")
-    out = loader(p, limit)
+    if fmt == "servegen":
+        try:
+            out = load_servegen(p, limit=limit, **options)
+        except ServeGenError as exc:
+            raise TraceError(str(exc)) from None
+    else:
+        if options:
+            raise TraceError(f"options {', '.join(sorted(options))} apply to ServeGen rate files only")
+        out = {"mooncake": _mooncake, "azure": _azure, "prompts": _prompts}[fmt](p, limit)
     if not out:
         raise TraceError(f"{p}: no requests")
     return out
@@ -62,7 +77,7 @@ def _mooncake(p: Path, limit: int | None) -> list[TraceRequest]:
     for n, row in _lines(p, limit):
         try:
             out.append(TraceRequest(row["timestamp"] / 1000.0, int(row["input_length"]), int(row["output_length"]),
-                                    tuple(int(h) for h in row.get("hash_ids", ()))))
+                                    tuple(int(h) for h in row.get("hash_ids", ())), session=row.get("session")))
         except (KeyError, TypeError, ValueError) as exc:
             raise TraceError(f"{p}:{n}: missing or bad field ({exc})") from None
     return out

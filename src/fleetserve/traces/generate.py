@@ -1,0 +1,239 @@
+"""Workload generators: who sends what, when. Deterministic by seed.
+
+A workload is an arrival process (`arrivals.py`) and a content model:
+
+- independent: every prompt is new (no reuse; the control case);
+- chat: multi-turn sessions; each turn resends the whole conversation (system prompt, earlier user turns and
+  the assistant's answers) plus a new user message, after a think time;
+- system-prompt: a few long system prompts shared by many users (Zipf popularity), each with its own question;
+- rag: retrieved documents (Zipf popularity, `docs_per_request` of them, most relevant first) after a shared
+  instruction, then the user's question.
+
+A prompt is a list of segments (a system prompt, a document, a user turn); a segment id always stands for
+the same text, so equal segment sequences are equal prefixes. Each request carries both forms the project
+reads: Mooncake-style `hash_ids` (512-token blocks; a block's id is shared exactly when the whole prefix up to
+its end is) and chat `messages` whose text is built from the same segments (one common English word per
+token for BPE tokenizers), so one generation can be written as a hash trace or as a prompt log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from fleetserve.traces import arrivals as arrival_processes
+from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest
+
+CONTENTS = ("independent", "chat", "system-prompt", "rag")
+# KIND (the CLI's word) -> the arrival process and content model it stands for
+KINDS = {
+    "diurnal": ("diurnal", "independent"),
+    "bursts": ("bursts", "independent"),
+    "chat": ("poisson", "chat"),
+    "system-prompt": ("poisson", "system-prompt"),
+    "rag": ("poisson", "rag"),
+}
+
+_WORDS = (
+    "the of and to in is was for on that with as by at from it an be this are or his which were has have had not "
+    "but they their one all there been can more its who also new first two after time other some would when "
+    "only into these may most over such than under years between many state system city world school during "
+    "year people three both well while where part used early known since later work number each under because "
+    "through name before same group water place around still small large high long several local second "
+    "however found form area house began public family great common order power game river music point line "
+    "light paper market report model service energy value data table field route cache block token queue"
+).split()
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Every knob of a generated workload; the defaults are a small, realistic chat-sized service."""
+
+    arrivals: str = "poisson"  # poisson, diurnal, bursts
+    content: str = "independent"  # independent, chat, system-prompt, rag
+    duration_s: float = 600.0
+    rate: float = 2.0  # mean requests per second
+    seed: int = 0
+    input_tokens: int = 512  # mean new tokens per request (independent prompts, user turns, questions)
+    output_tokens: int = 128  # mean output tokens
+    # diurnal
+    period_s: float = 86400.0
+    peak_to_trough: float = 3.0
+    peak_at_s: float = 14 * 3600.0
+    # bursts
+    burst_factor: float = 8.0
+    burst_every_s: float = 300.0
+    burst_s: float = 20.0
+    # chat
+    turns: float = 4.0  # mean turns per session (geometric)
+    think_s: float = 20.0  # mean think time between turns (exponential)
+    system_tokens: int = 1024  # chat and system-prompt: system prompt length
+    # system-prompt
+    system_prompts: int = 8
+    # rag
+    documents: int = 200
+    doc_tokens: int = 1024
+    docs_per_request: int = 3
+    zipf: float = 1.1  # popularity skew of system prompts and documents
+
+    @classmethod
+    def for_kind(cls, kind: str, **overrides) -> WorkloadSpec:
+        if kind not in KINDS:
+            raise ValueError(f"unknown workload kind {kind!r}; allowed: {', '.join(KINDS)}")
+        process, content = KINDS[kind]
+        given = {k: v for k, v in overrides.items() if v is not None}
+        unknown = set(given) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown workload setting(s) {', '.join(sorted(unknown))}")
+        return cls(**{"arrivals": process, "content": content, **given})
+
+    def check(self) -> None:
+        if self.arrivals not in arrival_processes.ARRIVALS:
+            raise ValueError(f"unknown arrival process {self.arrivals!r}; allowed: "
+                             f"{', '.join(arrival_processes.ARRIVALS)}")
+        if self.content not in CONTENTS:
+            raise ValueError(f"unknown content model {self.content!r}; allowed: {', '.join(CONTENTS)}")
+        for name in ("duration_s", "rate", "input_tokens", "output_tokens", "turns", "system_prompts", "documents",
+                     "doc_tokens", "docs_per_request", "period_s", "peak_to_trough", "burst_factor",
+                     "burst_every_s", "burst_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    arrival_s: float
+    messages: tuple[tuple[str, tuple[int, ...]], ...]  # (role, segment ids)
+    output_tokens: int
+    session: str | None = None
+
+
+class _Segments:
+    """Segment ids -> token lengths; text on demand, the same for the same id."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.lengths: list[int] = []
+
+    def new(self, tokens: int) -> int:
+        self.lengths.append(max(1, int(tokens)))
+        return len(self.lengths) - 1
+
+    def text(self, sid: int) -> str:
+        rng = np.random.default_rng([self.seed, sid])
+        return " ".join(_WORDS[i] for i in rng.integers(0, len(_WORDS), self.lengths[sid]))
+
+
+def _lognormal(rng: np.random.Generator, mean: float, n: int | None = None, sigma: float = 0.6):
+    """Lengths with the given mean and a realistic right tail."""
+    return np.maximum(1, rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, n)).astype(int)
+
+
+def _zipf_choice(rng: np.random.Generator, n: int, s: float, size: int):
+    """`size` independent picks of 0..n-1, rank r with probability proportional to 1/(r+1)^s."""
+    weights = 1.0 / np.arange(1, n + 1) ** s
+    return rng.choice(n, size=size, p=weights / weights.sum())
+
+
+def generate(spec: WorkloadSpec, with_text: bool = True) -> list[TraceRequest]:
+    """The workload's requests in arrival order (same spec, same requests). Without text only lengths and
+    hash ids are filled in (a day of traffic as text is gigabytes)."""
+    spec.check()
+    rng = np.random.default_rng(spec.seed)
+    segs = _Segments(spec.seed)
+    options = {}
+    if spec.arrivals == "diurnal":
+        options = {"period_s": spec.period_s, "peak_to_trough": spec.peak_to_trough, "peak_at_s": spec.peak_at_s}
+    elif spec.arrivals == "bursts":
+        options = {"factor": spec.burst_factor, "every_s": spec.burst_every_s, "burst_s": spec.burst_s}
+    rate = spec.rate / spec.turns if spec.content == "chat" else spec.rate  # chat: sessions start at rate/turns
+    times = arrival_processes.arrivals(spec.arrivals, rate, spec.duration_s, rng, **options)
+    prompts = {"independent": _independent, "chat": _chat, "system-prompt": _system_prompt, "rag": _rag}[
+        spec.content](spec, times, rng, segs)
+    prompts = sorted((p for p in prompts if p.arrival_s < spec.duration_s), key=lambda p: p.arrival_s)
+    return _to_requests(prompts, segs, with_text)
+
+
+def _independent(spec, times, rng, segs):
+    ins, outs = _lognormal(rng, spec.input_tokens, len(times)), _lognormal(rng, spec.output_tokens, len(times))
+    return [_Prompt(float(t), (("user", (segs.new(i),)),), int(o)) for t, i, o in zip(times, ins, outs, strict=True)]
+
+
+def _chat(spec, times, rng, segs):
+    system = segs.new(spec.system_tokens)
+    out = []
+    for n, start in enumerate(times):
+        turns = int(rng.geometric(1.0 / spec.turns))
+        history: list[tuple[str, tuple[int, ...]]] = [("system", (system,))]
+        t = float(start)
+        for _ in range(turns):
+            history.append(("user", (segs.new(_lognormal(rng, spec.input_tokens)),)))
+            output = int(_lognormal(rng, spec.output_tokens))
+            reply = segs.new(output)
+            out.append(_Prompt(t, tuple(history), output, session=f"chat-{spec.seed}-{n}"))
+            history.append(("assistant", (reply,)))
+            t += float(rng.exponential(spec.think_s)) + 0.001
+    return out
+
+
+def _system_prompt(spec, times, rng, segs):
+    systems = [segs.new(spec.system_tokens) for _ in range(spec.system_prompts)]
+    picks = _zipf_choice(rng, spec.system_prompts, spec.zipf, len(times))
+    ins, outs = _lognormal(rng, spec.input_tokens, len(times)), _lognormal(rng, spec.output_tokens, len(times))
+    return [_Prompt(float(t), (("system", (systems[k],)), ("user", (segs.new(i),))), int(o))
+            for t, k, i, o in zip(times, picks, ins, outs, strict=True)]
+
+
+def _rag(spec, times, rng, segs):
+    instruction = segs.new(64)
+    docs = [segs.new(spec.doc_tokens) for _ in range(spec.documents)]
+    k = min(spec.docs_per_request, spec.documents)
+    weights = 1.0 / np.arange(1, spec.documents + 1) ** spec.zipf
+    weights /= weights.sum()
+    out = []
+    for t in times:
+        picked = rng.choice(spec.documents, size=k, replace=False, p=weights)  # in order of relevance
+        question = segs.new(_lognormal(rng, spec.input_tokens))
+        out.append(_Prompt(float(t), (("system", (instruction,)),
+                                      ("user", (*(docs[d] for d in picked), question))),
+                           int(_lognormal(rng, spec.output_tokens))))
+    return out
+
+
+def _to_requests(prompts: list[_Prompt], segs: _Segments, with_text: bool) -> list[TraceRequest]:
+    ids: dict[tuple, int] = {}
+    texts: dict[int, str] = {}
+
+    def text(sid: int) -> str:
+        if sid not in texts:
+            texts[sid] = segs.text(sid)
+        return texts[sid]
+
+    out = []
+    for p in prompts:
+        flat = [sid for _, group in p.messages for sid in group]
+        total = sum(segs.lengths[s] for s in flat)
+        out.append(TraceRequest(
+            arrival_s=round(p.arrival_s, 3), input_tokens=total, output_tokens=p.output_tokens,
+            hash_ids=_block_ids(flat, segs.lengths, total, ids), session=p.session,
+            messages=tuple({"role": role, "content": "\n\n".join(text(s) for s in group)}
+                           for role, group in p.messages) if with_text else None))
+    return out
+
+
+def _block_ids(flat: list[int], lengths: list[int], total: int, ids: dict[tuple, int]) -> tuple[int, ...]:
+    """Mooncake-style ids: block i's identity is (its end, the segments that cover tokens up to its end)."""
+    out = []
+    covered: list[int] = []
+    pos = 0  # tokens covered by `covered`
+    it = iter(flat)
+    for start in range(0, total, MOONCAKE_BLOCK_TOKENS):
+        end = min(start + MOONCAKE_BLOCK_TOKENS, total)
+        while pos < end:
+            sid = next(it)
+            covered.append(sid)
+            pos += lengths[sid]
+        key = (end, tuple(covered))
+        out.append(ids.setdefault(key, len(ids)))
+    return tuple(out)

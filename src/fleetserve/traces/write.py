@@ -1,0 +1,61 @@
+"""Trace writers, the inverse of `load.py`: what `load_trace` reads back is what was written.
+
+- mooncake: {"timestamp": ms, "input_length", "output_length", "hash_ids"} (+ "session" when known; the
+  Mooncake files have none, our loader keeps it);
+- prompts: our prompt log, {"timestamp": s, "messages", "max_tokens"} (+ "session");
+- azure: TIMESTAMP,ContextTokens,GeneratedTokens with wall-clock stamps from `start` (lengths only).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from fleetserve.traces.model import TraceRequest
+
+WRITE_FORMATS = ("mooncake", "prompts", "azure")
+AZURE_EPOCH = datetime(2023, 11, 16, 18, 0, 0)
+
+
+def write_trace(requests: list[TraceRequest], path: str | Path, fmt: str) -> Path:
+    p = Path(path)
+    if fmt not in WRITE_FORMATS:
+        raise ValueError(f"unknown output format {fmt!r}; allowed: {', '.join(WRITE_FORMATS)}")
+    if fmt == "prompts" and any(r.messages is None and r.prompt is None for r in requests):
+        raise ValueError("a prompt log needs prompt text; this trace has lengths or hash ids only "
+                         "(write it as mooncake or azure)")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "azure":
+        with open(p, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
+            for r in requests:
+                stamp = (AZURE_EPOCH + timedelta(seconds=r.arrival_s)).strftime("%Y-%m-%d %H:%M:%S.%f") + "0"
+                w.writerow([stamp, r.input_tokens, r.output_tokens])
+        return p
+    with open(p, "w") as f:
+        for r in requests:
+            f.write(json.dumps(_mooncake(r) if fmt == "mooncake" else _prompt(r)) + "\n")
+    return p
+
+
+def _mooncake(r: TraceRequest) -> dict:
+    row = {"timestamp": round(r.arrival_s * 1000), "input_length": r.input_tokens,
+           "output_length": r.output_tokens, "hash_ids": list(r.hash_ids)}
+    if r.session is not None:
+        row["session"] = r.session
+    return row
+
+
+def _prompt(r: TraceRequest) -> dict:
+    row: dict = {"timestamp": round(r.arrival_s, 3)}
+    if r.messages is not None:
+        row["messages"] = list(r.messages)
+    else:
+        row["prompt"] = r.prompt
+    row["max_tokens"] = r.output_tokens
+    if r.session is not None:
+        row["session"] = r.session
+    return row

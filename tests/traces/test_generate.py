@@ -1,0 +1,105 @@
+import numpy as np
+import pytest
+
+from fleetserve.traces import arrivals
+from fleetserve.traces.generate import KINDS, WorkloadSpec, generate
+from fleetserve.traces.load import load_trace
+from fleetserve.traces.write import write_trace
+
+
+def ideal(requests) -> float:
+    seen, hits, total = set(), 0, 0
+    for r in requests:
+        hits += sum(h in seen for h in r.hash_ids)
+        total += len(r.hash_ids)
+        seen.update(r.hash_ids)
+    return hits / total
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_same_seed_same_workload_other_seed_other_workload(kind):
+    spec = WorkloadSpec.for_kind(kind, duration_s=120, rate=2, seed=7)
+    a, b = generate(spec), generate(spec)
+    assert a == b and len(a) > 20
+    assert generate(WorkloadSpec.for_kind(kind, duration_s=120, rate=2, seed=8)) != a
+    assert all(len(r.hash_ids) == -(-r.input_tokens // 512) for r in a)
+    assert [r.arrival_s for r in a] == sorted(r.arrival_s for r in a)
+
+
+def test_independent_prompts_share_nothing_and_shared_content_does():
+    assert ideal(generate(WorkloadSpec.for_kind("bursts", duration_s=300, seed=1))) == 0.0
+    for kind in ("chat", "system-prompt", "rag"):
+        assert ideal(generate(WorkloadSpec.for_kind(kind, duration_s=300, seed=1))) > 0.2, kind
+
+
+def test_chat_turns_resend_the_conversation():
+    reqs = generate(WorkloadSpec.for_kind("chat", duration_s=300, rate=3, turns=5, seed=2))
+    sessions: dict[str, list] = {}
+    for r in reqs:
+        sessions.setdefault(r.session, []).append(r)
+    multi = [turns for turns in sessions.values() if len(turns) >= 3]
+    assert multi
+    for turns in multi:
+        for prev, nxt in zip(turns, turns[1:], strict=False):
+            assert nxt.arrival_s > prev.arrival_s
+            assert nxt.messages[: len(prev.messages)] == prev.messages  # text: the whole history again
+            full = prev.input_tokens // 512
+            assert nxt.hash_ids[:full] == prev.hash_ids[:full]  # ids: the same prefix blocks
+            assert nxt.messages[len(prev.messages)]["role"] == "assistant"
+
+
+def test_system_prompts_are_shared_prefixes_with_zipf_popularity():
+    reqs = generate(WorkloadSpec.for_kind("system-prompt", duration_s=600, rate=4, system_prompts=4,
+                                          system_tokens=1024, seed=3))
+    firsts = [r.hash_ids[:2] for r in reqs]  # 1024 system tokens: two whole blocks
+    counts = sorted((firsts.count(f) for f in set(firsts)), reverse=True)
+    assert len(counts) == 4 and counts[0] > 1.5 * counts[-1]
+    by_system = {}
+    for r in reqs:
+        by_system.setdefault(r.messages[0]["content"], set()).add(r.hash_ids[:2])
+    assert all(len(ids) == 1 for ids in by_system.values())  # same text, same ids
+
+
+def test_rag_documents_come_back_in_later_prompts():
+    reqs = generate(WorkloadSpec.for_kind("rag", duration_s=300, rate=2, documents=20, docs_per_request=2,
+                                          doc_tokens=512, seed=4))
+    docs = [r.messages[1]["content"].split("\n\n")[0] for r in reqs]  # the most relevant document first
+    assert len(set(docs)) < len(docs) / 3
+
+
+def test_arrival_processes_keep_their_rate_shape():
+    rng = np.random.default_rng(0)
+    day = arrivals.diurnal(1.0, 86400, rng, peak_to_trough=3.0, peak_at_s=14 * 3600)
+    hourly = np.histogram(day, bins=24, range=(0, 86400))[0]
+    assert abs(len(day) / 86400 - 1.0) < 0.02
+    assert int(np.argmax(hourly)) in (13, 14) and int(np.argmin(hourly)) in (1, 2)
+    assert 2.3 < hourly.max() / hourly.min() < 3.8
+    b = arrivals.bursts(2.0, 3600, np.random.default_rng(1), factor=8, every_s=300, burst_s=20)
+    per_10s = np.histogram(b, bins=360, range=(0, 3600))[0]
+    assert 0.7 < len(b) / 7200 < 1.3
+    assert per_10s.max() > 4 * per_10s.mean()
+    flat = arrivals.poisson(2.0, 3600, np.random.default_rng(1))
+    assert np.histogram(flat, bins=360, range=(0, 3600))[0].max() < 3 * 20
+
+
+def test_written_workloads_read_back(tmp_path):
+    reqs = generate(WorkloadSpec.for_kind("chat", duration_s=60, rate=2, seed=5))
+    hashes = load_trace(write_trace(reqs, tmp_path / "chat.jsonl", "mooncake"))
+    assert [(r.hash_ids, r.input_tokens, r.session) for r in hashes] == [
+        (r.hash_ids, r.input_tokens, r.session) for r in reqs]
+    log = load_trace(write_trace(reqs, tmp_path / "chat-log.jsonl", "prompts"))
+    assert [r.messages for r in log] == [r.messages for r in reqs]
+    azure = load_trace(write_trace(reqs, tmp_path / "chat.csv", "azure"))
+    assert [r.input_tokens for r in azure] == [r.input_tokens for r in reqs]
+    assert azure[-1].arrival_s == pytest.approx(reqs[-1].arrival_s - reqs[0].arrival_s, abs=1e-3)
+
+
+def test_bad_settings_name_the_setting():
+    with pytest.raises(ValueError, match="allowed: diurnal, bursts, chat, system-prompt, rag"):
+        WorkloadSpec.for_kind("weekly")
+    with pytest.raises(ValueError, match="rate must be positive"):
+        generate(WorkloadSpec.for_kind("chat", rate=0))
+    with pytest.raises(ValueError, match="allowed: poisson, diurnal, bursts"):
+        generate(WorkloadSpec.for_kind("chat", arrivals="spiky"))
+    with pytest.raises(ValueError, match="prompt text"):
+        write_trace(generate(WorkloadSpec.for_kind("chat", duration_s=30), with_text=False), "/tmp/x", "prompts")

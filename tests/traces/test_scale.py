@@ -1,0 +1,52 @@
+from pathlib import Path
+
+import pytest
+
+from fleetserve.traces.generate import WorkloadSpec, generate
+from fleetserve.traces.load import load_trace
+from fleetserve.traces.scale import compress, scale_rate, scale_time, window
+from tests.traces.test_generate import ideal
+
+DATA = Path(__file__).parents[1] / "data"
+
+
+def test_scale_time_stretches_and_compress_undoes_it():
+    reqs = load_trace(DATA / "azure_code_sample.csv")
+    slow = scale_time(reqs, 4.0)
+    assert [r.arrival_s for r in slow] == [4.0 * r.arrival_s for r in reqs]
+    assert [r.input_tokens for r in slow] == [r.input_tokens for r in reqs]
+    back = compress(slow, 4.0)
+    assert [r.arrival_s for r in back] == pytest.approx([r.arrival_s for r in reqs])
+
+
+def test_scale_rate_multiplies_requests_over_the_same_span():
+    reqs = load_trace(DATA / "azure_code_sample.csv")
+    span = reqs[-1].arrival_s - reqs[0].arrival_s
+    big = scale_rate(reqs, 100, seed=1)
+    assert len(big) == 100 * len(reqs)
+    assert big[0].arrival_s >= reqs[0].arrival_s and big[-1].arrival_s <= reqs[0].arrival_s + span * 1.1
+    assert [r.arrival_s for r in big] == sorted(r.arrival_s for r in big)
+    assert scale_rate(reqs, 100, seed=1) == big  # deterministic by seed
+    half = scale_rate(reqs * 20, 0.5, seed=2)
+    assert 0.35 * 20 * len(reqs) < len(half) < 0.65 * 20 * len(reqs)
+    with pytest.raises(ValueError, match="positive"):
+        scale_rate(reqs, 0)
+
+
+def test_rate_scaled_copies_keep_the_reuse_structure_without_inflating_it():
+    reqs = load_trace(DATA / "mooncake_sample.jsonl")
+    tripled = scale_rate(reqs, 3, seed=0)
+    assert len(tripled) == 3 * len(reqs)
+    assert ideal(tripled) == pytest.approx(ideal(reqs), abs=0.02)
+    chat = generate(WorkloadSpec.for_kind("chat", duration_s=120, seed=1))
+    copies = scale_rate(chat, 2, seed=0)
+    assert len({r.session for r in copies}) == 2 * len({r.session for r in chat})
+    texts = {r.messages[0]["content"] for r in copies}
+    assert any(t.startswith("[copy 1] ") for t in texts)
+
+
+def test_window_rebases():
+    reqs = load_trace(DATA / "mooncake_sample.jsonl")
+    part = window(reqs, 10.0, 20.0)
+    assert part and all(0 <= r.arrival_s < 10.0 for r in part)
+    assert len(part) == sum(10.0 <= r.arrival_s < 20.0 for r in reqs)

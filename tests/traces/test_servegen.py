@@ -1,0 +1,47 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fleetserve.traces.load import TraceError, detect_format, load_trace
+from fleetserve.traces.servegen import RateWindow, read_clients, window_arrivals
+
+DATA = Path(__file__).parent / "data" / "servegen"
+CLIENT = DATA / "reason" / "deepseek-r1" / "chunk-1-trace.csv"
+
+
+def test_one_client_follows_its_windows_rates():
+    windows = read_clients(CLIENT)[0]
+    reqs = load_trace(CLIENT, seed=3)
+    assert detect_format(CLIENT) == "servegen"
+    times = np.array([r.arrival_s for r in reqs])
+    for w in windows[:12]:
+        n = int(((times >= w.start_s) & (times < w.start_s + 600)).sum())
+        assert n == int(np.ceil(w.rate_rps * 600))  # ServeGen's count per window
+    assert load_trace(CLIENT, seed=3) == reqs and load_trace(CLIENT, seed=4) != reqs
+
+
+def test_window_distribution_sets_burstiness():
+    rng = np.random.default_rng(0)
+    bursty = np.diff(window_arrivals(RateWindow(0, 2.0, 3.5, "Gamma", 0.08, 6.0), rng))
+    smooth = np.diff(window_arrivals(RateWindow(0, 2.0, 1.0, "Weibull", 1.1, 0.5), rng))
+    assert bursty.std() / bursty.mean() > 2.0 > 1.3 > smooth.std() / smooth.mean()
+
+
+def test_folder_superposes_clients_and_slices_time():
+    reqs = load_trace(DATA, model="deepseek-r1", start_s=3600, duration_s=3600, input_tokens=2000)
+    expected = sum(np.ceil(w.rate_rps * 600) for c in read_clients(DATA) for w in c if 3600 <= w.start_s < 7200)
+    assert len(reqs) == expected and all(0 <= r.arrival_s < 3600 and r.input_tokens == 2000 for r in reqs)
+    assert len(load_trace(DATA, limit=10)) == 10
+    with pytest.raises(TraceError, match="allowed: reason/deepseek-r1"):
+        load_trace(DATA, model="m-large")
+
+
+def test_aggregate_file(tmp_path):
+    agg = tmp_path / "agg.csv"
+    agg.write_text("model,window_start_s,total_rate_rps,active_clients\na/x,0,1.0,3\na/x,600,3.0,3\nb/y,0,5,1\n")
+    with pytest.raises(TraceError, match="allowed: a/x, b/y"):
+        load_trace(agg)
+    reqs = load_trace(agg, model="a/x")
+    first = sum(r.arrival_s < 600 for r in reqs)
+    assert 500 < first < 700 and 1600 < len(reqs) - first < 2000
