@@ -10,6 +10,10 @@ from fleetserve.api.errors import APIError, invalid
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP_SEQUENCES = 4
+# Integer bounds at the API boundary: nothing unbounded reaches torch (whose seeds are 64-bit) or the scheduler.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+MAX_TOKENS_LIMIT = 2**31 - 1
+TOKEN_ID_LIMIT = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -56,20 +60,20 @@ def _number(body: dict, name: str, lo: float, hi: float, default: float) -> floa
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise invalid(name, f"must be a number between {lo} and {hi}, got {json.dumps(value)}", "invalid_type")
+        raise invalid(name, f"must be a number between {lo} and {hi}, got {json.dumps(value)[:80]}", "invalid_type")
     if not lo <= value <= hi:
         raise invalid(name, f"must be between {lo} and {hi}, got {value}")
     return float(value)
 
 
-def _int(body: dict, name: str, lo: int | None = None) -> int | None:
+def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(name, f"must be an integer, got {json.dumps(value)}", "invalid_type")
-    if lo is not None and value < lo:
-        raise invalid(name, f"must be >= {lo}, got {value}")
+        raise invalid(name, f"must be an integer, got {json.dumps(value)[:80]}", "invalid_type")
+    if not lo <= value <= hi:
+        raise invalid(name, f"must be between {lo} and {hi}, got {str(value)[:80]}")
     return value
 
 
@@ -78,8 +82,18 @@ def _bool(body: dict, name: str, default: bool = False) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise invalid(name, f"must be true or false, got {json.dumps(value)}", "invalid_type")
+        raise invalid(name, f"must be true or false, got {json.dumps(value)[:80]}", "invalid_type")
     return value
+
+
+def _utf8(text: str, where: str) -> str:
+    """JSON may carry lone surrogates ("\\ud800") that no tokenizer or UTF-8 response can hold: reject them here."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise invalid(where, f"contains a character that is not valid Unicode text at position {exc.start} "
+                             "(a lone surrogate); send UTF-8 text") from None
+    return text
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -94,14 +108,14 @@ def _stop(body: dict) -> tuple[str, ...]:
         raise invalid("stop", f"at most {MAX_STOP_SEQUENCES} sequences, got {len(value)}")
     if any(s == "" for s in value):
         raise invalid("stop", "stop sequences must not be empty")
-    return tuple(value)
+    return tuple(_utf8(s, "stop") for s in value)
 
 
 def _sampling(body: dict) -> SamplingParams:
-    max_tokens = _int(body, "max_completion_tokens", lo=1)
+    max_tokens = _int(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT)
     if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", lo=1)
-    n = _int(body, "n", lo=1)
+        max_tokens = _int(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
+    n = _int(body, "n", 1, 128)
     if n not in (None, 1):
         raise invalid("n", f"only n=1 is supported, got {n}", "unsupported_value")
     if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
@@ -116,7 +130,7 @@ def _sampling(body: dict) -> SamplingParams:
         temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
         top_p=top_p,
         stop=_stop(body),
-        seed=_int(body, "seed"),
+        seed=_int(body, "seed", SEED_MIN, SEED_MAX),
         presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, 0.0),
         frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, 0.0),
         ignore_eos=_bool(body, "ignore_eos"),
@@ -125,13 +139,13 @@ def _sampling(body: dict) -> SamplingParams:
 
 def _content_text(content: Any, where: str) -> str:
     if isinstance(content, str):
-        return content
+        return _utf8(content, where)
     if isinstance(content, list):
         parts = []
         for i, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise invalid(f"{where}[{i}]", "only text content parts ({'type': 'text', 'text': ...}) are supported")
-            parts.append(part["text"])
+            parts.append(_utf8(part["text"], f"{where}[{i}].text"))
         return "".join(parts)
     if content is None:
         return ""
@@ -162,8 +176,11 @@ def _prompt(body: dict) -> str | list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return prompt
+        return _utf8(prompt, "prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        bad = next((t for t in prompt if not 0 <= t <= TOKEN_ID_LIMIT), None)
+        if bad is not None:
+            raise invalid("prompt", f"token ids must be between 0 and {TOKEN_ID_LIMIT}, got {str(bad)[:80]}")
         return prompt
     raise invalid("prompt", "must be a string or one array of token ids (batches of prompts are not supported)",
                   "invalid_type")
@@ -191,7 +208,7 @@ def _cache_salt(body: dict) -> str | None:
     salt = body.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
         raise invalid("cache_salt", "must be a non-empty string", "invalid_type")
-    return salt
+    return _utf8(salt, "cache_salt") if salt is not None else None
 
 
 def parse_chat(body: dict) -> ParsedRequest:

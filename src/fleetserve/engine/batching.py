@@ -194,9 +194,9 @@ class BatchScheduler(JobQueue):
                 except Exception as exc:  # fail the affected requests, keep serving
                     log.exception("batch step failed")
                     for row in self.rows:
-                        row.job.post("error", f"generation failed: {type(exc).__name__}: {exc}")
+                        row.job.post("error", f"generation failed: {type(exc).__name__}")
                     if self.prefill:
-                        self.prefill.job.post("error", f"generation failed: {type(exc).__name__}: {exc}")
+                        self.prefill.job.post("error", f"generation failed: {type(exc).__name__}")
                     self.rows, self.prefill = [], None
                     self.slots.rows, self.slots.pos = 0, 0
                     self.slots.valid.zero_()
@@ -212,11 +212,23 @@ class BatchScheduler(JobQueue):
             if job is None and idle:
                 return  # stop() woke us
             if job is not None and not job.cancelled.is_set():
-                self._start_prefill(job)
+                self._isolated(job, self._start_prefill, job)
         if self.prefill is not None:
-            self._prefill_chunk()
+            self._isolated(self.prefill.job, self._prefill_chunk)
         if self.rows:
             self._decode_step()
+
+    def _isolated(self, job: Job, step: Callable, *args) -> None:
+        """Run one request's own work (prefix lookup, prefill, first sample); a failure fails that request only.
+
+        Only the shared decode step can fail the whole batch (and `_loop` handles that)."""
+        try:
+            step(*args)
+        except Exception as exc:
+            log.exception("request failed in prefill")
+            if self.prefill is not None and self.prefill.job is job:
+                self.prefill = None
+            job.post("error", f"generation failed: {type(exc).__name__}")
 
     def _drop_cancelled(self) -> None:
         for i in range(len(self.rows) - 1, -1, -1):
@@ -240,13 +252,14 @@ class BatchScheduler(JobQueue):
         p.cache, p.done = out.cache, end
         if end < len(ids):
             return
-        self.prefill = None
-        runner.store_new_blocks(p.cache, p.keys, p.cached_tokens, p.job.tenant)
         job = p.job
         row = Row(job, TextStream(runner.decode, job.sampling.stop), len(ids), 0, 0, p.cached_tokens)
         if job.sampling.seed is not None:
             row.generator = torch.Generator().manual_seed(job.sampling.seed)
-        if not self._accept(row, out.logits[0, -1]):
+        runner.store_new_blocks(p.cache, p.keys, p.cached_tokens, p.job.tenant)
+        accepted = self._accept(row, out.logits[0, -1])
+        self.prefill = None  # only now: a failure above is this request's alone (see _isolated)
+        if not accepted:
             return
         keys = [layer.keys[0] for layer in p.cache.layers]
         values = [layer.values[0] for layer in p.cache.layers]

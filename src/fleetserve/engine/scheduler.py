@@ -85,7 +85,7 @@ class SerialScheduler(JobQueue):
                 self._run(job)
             except Exception as exc:  # the server must answer, whatever the model did
                 log.exception("generation failed")
-                job.post("error", f"generation failed: {type(exc).__name__}: {exc}")
+                job.post("error", f"generation failed: {type(exc).__name__}")
             finally:
                 self.running = 0
 

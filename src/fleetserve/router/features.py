@@ -27,16 +27,22 @@ class KVLayout:
         return namespace_key(self.model, self.version, self.dtype, salt) if self.model else 0
 
 
+def _content(content: object) -> str:
+    """Total over any JSON: the engine validates content; routing only needs the text that is there."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
 def _text(body: dict) -> str:
     messages = body.get("messages")
     if isinstance(messages, list):
         parts = []
         for m in messages:
             if isinstance(m, dict):
-                content = m.get("content")
-                if isinstance(content, list):
-                    content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-                parts.append(f"{m.get('role')}: {content}\n")
+                parts.append(f"{m.get('role')}: {_content(m.get('content'))}\n")
         return "".join(parts)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):

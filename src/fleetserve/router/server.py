@@ -269,6 +269,14 @@ class Gateway:
             if response.status_code < 500:
                 self.pool.request_succeeded(backend)
             return _Attempt(backend, response, first, iterator, self._notify_slot)
+        except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
+            # The replica took the request and went silent: sending it elsewhere could poison the next replica
+            # too (the request may be what stalls it). Answer 504; health probes judge the replica.
+            self._release(backend)
+            if response is not None:
+                await response.aclose()
+            self.pool.request_failed(backend, type(exc).__name__)
+            return "timeout"
         except httpx.TransportError as exc:
             self._release(backend)
             if response is not None:
@@ -369,6 +377,10 @@ class Gateway:
                                       choice.prefill_tokens)
             if isinstance(outcome, _Attempt):
                 return outcome
+            if outcome == "timeout":
+                self.metrics.retries.labels("timeout_not_retried").inc()
+                raise APIError(504, f"the model replica did not answer within {self.settings.upstream_read_timeout:g}s; "
+                                    "the request was not retried elsewhere", code="upstream_timeout")
             last_reason = outcome
             excluded.add(replica.id)
             self.metrics.retries.labels(outcome).inc()
