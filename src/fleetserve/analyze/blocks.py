@@ -1,0 +1,90 @@
+"""A trace as the KV blocks its prompts touch, in arrival order.
+
+Mooncake traces already are: `hash_ids`, 512 tokens each (equal id = equal prefix). Prompt logs are tokenized
+with the model's own tokenizer (its chat template for `messages`, as the engine does) and cut into the
+engine's chained block keys (`kvcache.blocks.chain_keys`), so a shared block here is a shared block there.
+Traces without prompt content (Azure) cannot be analysed: their lengths say nothing about reuse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetserve.kvcache.blocks import chain_keys
+from fleetserve.traces.load import detect_format, load_trace
+from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest
+
+ANALYZABLE = ("mooncake", "prompts")
+
+
+class AnalyzeInputError(ValueError):
+    """Input that cannot be analysed; the message names the parameter and what is allowed."""
+
+
+@dataclass(frozen=True)
+class BlockTrace:
+    requests: list[TraceRequest]  # in arrival order
+    keys: list[tuple[int, ...]]  # per request: its prompt's block ids, in prompt order
+    prompt_tokens: list[int]
+    block_tokens: int
+    fmt: str
+    bodies: list[dict] | None = None  # prompt logs: the request bodies a router would see
+
+
+def load_blocks(path: str | Path, model: str | None = None, block_tokens: int = 256,
+                limit: int | None = None) -> BlockTrace:
+    p = Path(path)
+    fmt = detect_format(p) if p.is_file() else None
+    if fmt not in ANALYZABLE:
+        raise AnalyzeInputError(f"FILE {p}: format {fmt or 'unknown'} has no prompt content to analyse; allowed: "
+                                "Mooncake hash traces (hash_ids) or prompt logs (messages/prompt)")
+    requests = sorted(load_trace(p, limit), key=lambda r: r.arrival_s)  # stable: file order breaks ties
+    if fmt == "mooncake":
+        if not any(r.hash_ids for r in requests):
+            raise AnalyzeInputError(f"FILE {p}: no hash_ids in this Mooncake-format trace; nothing to analyse")
+        return BlockTrace(requests, [r.hash_ids for r in requests],
+                          [r.input_tokens for r in requests], MOONCAKE_BLOCK_TOKENS, fmt)
+    if model is None:
+        raise AnalyzeInputError("--model is needed to tokenize a prompt log (e.g. builtin:smollm2-135m or a "
+                                "model directory)")
+    tokenizer = load_tokenizer(model)
+    ids = [prompt_ids(tokenizer, r) for r in requests]
+    bodies = [_body(r) for r in requests]
+    return BlockTrace(requests, [tuple(chain_keys(t, block_tokens)) for t in ids], [len(t) for t in ids],
+                      block_tokens, fmt, bodies)
+
+
+def load_tokenizer(model: str):
+    from transformers import AutoTokenizer
+
+    from fleetserve.engine.demo import ModelSourceError
+    from fleetserve.engine.sources import resolve_source
+
+    try:
+        path = resolve_source(model)
+    except ModelSourceError as exc:
+        raise AnalyzeInputError(f"--model: {exc}") from None
+    return AutoTokenizer.from_pretrained(path)
+
+
+def prompt_ids(tokenizer, r: TraceRequest) -> list[int]:
+    """The prompt's token ids as the engine builds them (chat template when the tokenizer has one)."""
+    if r.messages is not None:
+        messages = [{"role": m.get("role", "user"), "content": str(m.get("content", ""))} for m in r.messages]
+        if getattr(tokenizer, "chat_template", None):
+            out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if isinstance(out, dict) or hasattr(out, "input_ids"):
+                out = out["input_ids"]
+            return list(out)
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+    else:
+        text = r.prompt or ""
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _body(r: TraceRequest) -> dict:
+    body: dict = {"messages": list(r.messages)} if r.messages is not None else {"prompt": r.prompt}
+    if r.session is not None:
+        body["user"] = r.session
+    return body

@@ -1,0 +1,65 @@
+"""From reuse figures to advice: which cache tiers, which routing strategy, or that caching will not pay.
+
+    caching will not pay   when even an unbounded cache reuses < 10% of blocks, or the whole tiered cache
+                           of the fleet would reuse < 5%;
+    L1+L2                  when the shared L2 adds >= 5 points of hit rate over engine memory + L1;
+    L1 only                otherwise (CPU memory is cheap; the reasons say how much it adds).
+    strategy               the cache-aware strategy with the best hit rate (prefixaware unless another beats
+                           it by > 1 point); leastload when routing by cache wins < 2 points over roundrobin.
+
+The capacities are the fleet's: replicas x (engine blocks + L1 blocks), plus one shared L2.
+"""
+
+from __future__ import annotations
+
+NOT_WORTH_IDEAL = 0.10
+NOT_WORTH_REACHABLE = 0.05
+L2_GAIN = 0.05
+STRATEGY_MARGIN = 0.01
+ROUTING_GAIN = 0.02
+CACHE_AWARE = ("prefixaware", "kvaware", "session")
+
+
+def recommend(ideal: float, tiers: dict, strategies: dict) -> dict:
+    reasons = []
+    engine, l1, l2 = tiers["engine"]["hit_rate"], tiers["engine+l1"]["hit_rate"], tiers["engine+l1+l2"]["hit_rate"]
+    if ideal < NOT_WORTH_IDEAL or l2 < NOT_WORTH_REACHABLE:
+        if ideal < NOT_WORTH_IDEAL:
+            reasons.append(f"even an unbounded cache would reuse only {ideal:.1%} of prompt blocks "
+                           f"(below {NOT_WORTH_IDEAL:.0%}): prompts share too little")
+        else:
+            reasons.append(f"the fleet's whole tiered cache would reuse only {l2:.1%} of blocks (ideal {ideal:.1%}): "
+                           "reuse is too far apart in time for any affordable cache")
+        reasons.append("route by load (leastload) and spend the memory on batch size instead")
+        return {"summary": "caching will not pay", "tiers": "none", "strategy": "leastload", "reasons": reasons}
+    reasons.append(f"ideal (unbounded) hit rate {ideal:.1%}; engine memory alone reaches {engine:.1%}, "
+                   f"with L1 {l1:.1%}, with L1 and L2 {l2:.1%}")
+    if l2 - l1 >= L2_GAIN:
+        tier = "L1+L2"
+        reasons.append(f"a shared L2 adds {l2 - l1:.1%} of hit rate over L1: reuse spans more than the replicas' "
+                       "own memory holds")
+    else:
+        tier = "L1 only"
+        reasons.append(f"L1 adds {l1 - engine:.1%} over engine memory; an L2 would add only {l2 - l1:.1%} "
+                       f"(below {L2_GAIN:.0%}): not worth a Redis")
+    strategy, why = _strategy(strategies)
+    reasons.append(why)
+    return {"summary": f"{tier} with {strategy} routing", "tiers": tier, "strategy": strategy, "reasons": reasons}
+
+
+def _strategy(strategies: dict) -> tuple[str, str]:
+    rates = {n: s["hit_rate"] for n, s in strategies.items() if s.get("hit_rate") is not None}
+    aware = {n: rates[n] for n in CACHE_AWARE if n in rates}
+    if not aware:
+        return "leastload", "no cache-aware strategy could act on this trace"
+    best = max(aware, key=lambda n: aware[n])
+    if "prefixaware" in aware and aware[best] - aware["prefixaware"] <= STRATEGY_MARGIN:
+        best = "prefixaware"
+    baseline = max((rates[n] for n in ("roundrobin", "leastload") if n in rates), default=0.0)
+    if aware[best] - baseline < ROUTING_GAIN:
+        return "leastload", (f"cache-aware routing gains only {aware[best] - baseline:.1%} of hit rate over load-only "
+                             "routing here: balance load instead")
+    skipped = [n for n, s in strategies.items() if s.get("hit_rate") is None]
+    note = f" ({', '.join(skipped)} could not act on this trace)" if skipped else ""
+    return best, (f"{best} reaches {aware[best]:.1%} hit rate against {baseline:.1%} for load-only routing"
+                  f"{note}")

@@ -1,0 +1,82 @@
+"""`fleetserve analyze`: one dict of figures for a trace, and its rendering as text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fleetserve.analyze.blocks import load_blocks
+from fleetserve.analyze.recommend import recommend
+from fleetserve.analyze.reuse import HitCurve, ideal_reuse, stack_distances
+from fleetserve.analyze.routing import strategy_hit_rates
+from fleetserve.sim import profiles
+
+GIB = 1 << 30
+
+
+def analyze(path: str | Path, model: str | None = None, replicas: int = 4, profile: str = "h100-llama-8b",
+            cache_blocks: int | None = None, l1_gib: float = 32.0, l2_gib: float = 256.0, block_tokens: int = 256,
+            mode: str = "blind", limit: int | None = None, seed: int = 0) -> dict:
+    """Reuse figures, the LRU curve, per-strategy hit rates and a recommendation (keys in docs/analyze.md).
+
+    Capacities are in the trace's blocks: `cache_blocks` per replica (default: the profile's KV memory),
+    L1 per replica and one shared L2 from their GiB and the profile's KV bytes per token."""
+    perf = profiles.resolve(profile)
+    trace = load_blocks(path, model=model, block_tokens=block_tokens, limit=limit)
+    ideal = ideal_reuse(trace.keys, trace.prompt_tokens, trace.block_tokens)
+    curve = HitCurve(stack_distances(trace.keys))
+    block_bytes = profiles.kv_bytes_per_token(profile) * trace.block_tokens
+    engine = cache_blocks or max(1, perf.cache_blocks * perf.block_size // trace.block_tokens)
+    l1 = int(l1_gib * GIB // block_bytes)
+    l2 = int(l2_gib * GIB // block_bytes)
+    tiers = {
+        "engine": {"blocks": replicas * engine, "hit_rate": round(curve.hit_rate(replicas * engine), 4)},
+        "engine+l1": {"blocks": replicas * (engine + l1), "hit_rate": round(curve.hit_rate(replicas * (engine + l1)), 4)},
+        "engine+l1+l2": {"blocks": replicas * (engine + l1) + l2,
+                         "hit_rate": round(curve.hit_rate(replicas * (engine + l1) + l2), 4)},
+    }
+    by_mode = {m: strategy_hit_rates(trace, replicas, engine, perf, mode=m, seed=seed) for m in ("blind", "informed")}
+    chosen = by_mode[mode]
+    return {
+        "trace": str(path),
+        "format": trace.fmt,
+        "requests": len(trace.requests),
+        "blocks": ideal.blocks,
+        "unique_blocks": ideal.unique_blocks,
+        "block_tokens": trace.block_tokens,
+        "ideal_hit_rate": round(ideal.hit_rate, 4),
+        "ideal_prefix_hit_rate": round(ideal.prefix_hit_rate, 4),
+        "ideal_token_hit_rate": round(ideal.token_hit_rate, 4),
+        "requests_with_hit": round(ideal.requests_with_hit, 4),
+        "hit_rate_by_cache_blocks": curve.points(ideal.unique_blocks),
+        "replicas": replicas,
+        "profile": perf.name,
+        "cache_blocks_per_replica": engine,
+        "tiers": {**tiers, "l1_blocks_per_replica": l1, "l2_blocks": l2, "l1_gib": l1_gib, "l2_gib": l2_gib},
+        "oracle_hit_rate": tiers["engine"]["hit_rate"],
+        "mode": mode,
+        "strategy_hit_rate": {n: s["hit_rate"] for n, s in chosen.items()},
+        "strategy_notes": {n: s["reason"] for n, s in chosen.items() if s.get("reason")},
+        "strategies": by_mode,
+        "engine": "live routing policies over per-replica LRU caches (analyze.routing)",
+        "recommendation": recommend(ideal.hit_rate, tiers, chosen),
+    }
+
+
+def render(result: dict) -> list[str]:
+    """Plain lines for people (the JSON has everything)."""
+    lines = [f"{result['trace']}: {result['requests']} requests, {result['blocks']} blocks of "
+             f"{result['block_tokens']} tokens ({result['unique_blocks']} distinct)",
+             f"ideal hit rate (unbounded cache): {result['ideal_hit_rate']:.1%}  "
+             f"(token-weighted {result['ideal_token_hit_rate']:.1%}; {result['requests_with_hit']:.1%} of requests "
+             "reuse something)",
+             "LRU hit rate by cache size (blocks): " + ", ".join(
+                 f"{p['cache_blocks']}: {p['hit_rate']:.1%}" for p in result["hit_rate_by_cache_blocks"]),
+             f"{result['replicas']} replicas x {result['cache_blocks_per_replica']} blocks ({result['profile']}), "
+             f"{result['mode']} router; one pooled LRU of that size: {result['oracle_hit_rate']:.1%}"]
+    for name, rate in result["strategy_hit_rate"].items():
+        note = result["strategy_notes"].get(name)
+        lines.append(f"  {name:12s} " + (f"{rate:.1%}" if rate is not None else f"n/a: {note}"))
+    rec = result["recommendation"]
+    lines.append(f"recommendation: {rec['summary']}")
+    lines += [f"  - {r}" for r in rec["reasons"]]
+    return lines

@@ -1,0 +1,107 @@
+"""How much of a trace's prompt KV an ideal cache, and an LRU cache of a given size, could reuse.
+
+- ideal (unbounded cache): the fraction of all blocks whose id was already seen in an earlier request,
+  requests in arrival order (also counted on leading prefixes only, as an engine's prefix cache matches, and
+  weighted by tokens);
+- LRU curve: one pass computes every access's LRU stack distance (distinct blocks touched since that block's
+  previous access, via a Fenwick tree over access times: O(n log n)); an LRU cache of C blocks hits exactly
+  the accesses with distance < C, so the hit rate at *any* size is a count over the sorted distances.
+  Blocks are touched in prompt order; a block's parent is touched right before it, so LRU keeps prefixes
+  whole and the per-block hit rate is the prefix-cache hit rate.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+COLD = 1 << 62  # distance of a first access: misses at every size
+
+
+@dataclass(frozen=True)
+class Ideal:
+    hit_rate: float  # blocks already seen / all blocks
+    prefix_hit_rate: float  # leading-prefix blocks already seen / all blocks
+    token_hit_rate: float  # leading-prefix tokens already seen / prompt tokens
+    requests_with_hit: float  # fraction of requests with at least one block seen before
+    blocks: int
+    unique_blocks: int
+
+
+def ideal_reuse(keys: list[tuple[int, ...]], prompt_tokens: list[int], block_tokens: int) -> Ideal:
+    seen: set[int] = set()
+    hits = prefix = tokens_hit = with_hit = total = 0
+    for ks, n_tokens in zip(keys, prompt_tokens, strict=True):
+        h = sum(k in seen for k in ks)
+        p = 0
+        for k in ks:
+            if k not in seen:
+                break
+            p += 1
+        hits += h
+        prefix += p
+        tokens_hit += min(p * block_tokens, n_tokens)
+        with_hit += h > 0
+        total += len(ks)
+        seen.update(ks)
+    all_tokens = sum(prompt_tokens) or 1
+    return Ideal(hits / max(total, 1), prefix / max(total, 1), tokens_hit / all_tokens,
+                 with_hit / max(len(keys), 1), total, len(seen))
+
+
+def stack_distances(keys: list[tuple[int, ...]]) -> list[int]:
+    """LRU stack distance of every block access, in access order (COLD for first accesses)."""
+    n = sum(len(ks) for ks in keys)
+    tree = [0] * (n + 1)  # Fenwick tree over access times 1..n: 1 where a block was last touched
+    last: dict[int, int] = {}
+    out = []
+    marked = 0  # marks in the tree (= distinct blocks so far)
+    t = 0
+    for ks in keys:
+        for k in ks:
+            t += 1
+            p = last.get(k)
+            if p is None:
+                out.append(COLD)
+            else:
+                # marks in (p, t): marked - prefix(p)
+                i, s = p, 0
+                while i > 0:
+                    s += tree[i]
+                    i -= i & -i
+                out.append(marked - s)
+                i = p
+                while i <= n:
+                    tree[i] -= 1
+                    i += i & -i
+                marked -= 1
+            i = t
+            while i <= n:
+                tree[i] += 1
+                i += i & -i
+            marked += 1
+            last[k] = t
+    return out
+
+
+class HitCurve:
+    """LRU hit rate at any cache size, from the sorted stack distances."""
+
+    def __init__(self, distances: list[int]):
+        self.sorted = sorted(distances)
+        self.total = len(distances)
+
+    def hit_rate(self, cache_blocks: int) -> float:
+        if not self.total:
+            return 0.0
+        return bisect.bisect_left(self.sorted, cache_blocks) / self.total
+
+    def points(self, unique_blocks: int, smallest: int = 16) -> list[dict]:
+        """Powers of two from `smallest` up to the unique block count (where the curve reaches the ideal)."""
+        sizes = []
+        c = smallest
+        while c < unique_blocks:
+            sizes.append(c)
+            c *= 2
+        sizes.append(max(unique_blocks, 1))
+        return [{"cache_blocks": s, "hit_rate": round(self.hit_rate(s), 4)} for s in sizes]

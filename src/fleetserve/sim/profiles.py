@@ -1,0 +1,210 @@
+"""Performance profiles as files, and shipped presets for GPU instance types with their sources.
+
+A profile file is JSON with `PerfProfile`'s fields at the top level (what `fleetserve profile` writes), plus
+free-form context (`model`, `device`, `measurements`, ...) that loaders ignore. Only the fields the running
+`PerfProfile` declares are passed to it, so a file written with more fields loads into an older model, and
+a newer model's new fields keep their defaults when a file lacks them.
+
+Presets are derived, not measured here: a roofline from each GPU's datasheet (memory bandwidth and dense
+BF16 tensor throughput) and the model's published shape, with two stated efficiency assumptions:
+
+    decode step   = (weights + KV read) / (bandwidth x MBU) + fixed step overhead + per-sequence compute
+    prefill token = 2 x params FLOPs / (tensor FLOP/s x MFU)
+    KV capacity   = GPU memory x 0.9 (vLLM's default gpu_memory_utilization) - weights - 1 GiB per GPU
+
+with MBU = 0.6 and MFU = 0.5 (assumptions within the ranges inference engines publish for bf16 at moderate
+batch; tensor parallelism over n GPUs multiplies bandwidth and FLOP/s by n x 0.85 for its all-reduces).
+Load times are the Ray Serve LLM cold starts measured on H100 (research/autoscale.md 10.1): 71 s for an
+8B model at TP1 and 126 s for a 70B model at TP4 with optimised loading. They are meant for comparing
+instance types and policies; measure your own with `fleetserve profile` where it matters.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+
+from fleetserve.sim.perf import PROFILES, PerfProfile
+
+FORMAT = "fleetserve.profile/v1"
+GIB = 1 << 30
+MBU = 0.6
+MFU = 0.5
+TP_EFFICIENCY = 0.85
+STEP_OVERHEAD_S = 0.002  # scheduler + kernel launches per engine step (CUDA graphs keep it small)
+GPU_MEMORY_UTILIZATION = 0.9  # vLLM default
+RESERVED_PER_GPU = 1 * GIB  # activations, CUDA graphs
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be loaded; the message names the file or preset and what is allowed."""
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_gib: float
+    bandwidth_gbs: float  # GB/s
+    bf16_tflops: float  # dense
+    source: str
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    params_b: float
+    layers: int
+    kv_heads: int
+    head_dim: int
+    source: str
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params_b * 1e9 * 2  # bf16
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.layers * self.kv_heads * self.head_dim * 2 * 2  # K and V, bf16
+
+
+GPUS = {
+    "A10G": GPU("A10G", 24, 600, 70, "AWS G5 (A10G): 24 GB GDDR6, 600 GB/s (same memory as the A10, whose datasheet "
+                "gives 125 dense BF16 TFLOPS; the A10G's tensor rate is lower, ~70 TFLOPS, per Baseten 'NVIDIA A10 vs "
+                "A10G for ML model inference')"),
+    "L4": GPU("L4", 24, 300, 121, "NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, 242 BF16 TFLOPS with sparsity "
+              "(121 dense)"),
+    "L40S": GPU("L40S", 48, 864, 362, "NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s, 362.05 BF16 TFLOPS dense "
+                "(733 with sparsity)"),
+    "A100-40GB": GPU("A100-40GB", 40, 1555, 312, "NVIDIA A100 datasheet: 40 GB HBM2, 1,555 GB/s, 312 BF16 "
+                     "TFLOPS dense"),
+    "A100-80GB": GPU("A100-80GB", 80, 2039, 312, "NVIDIA A100 datasheet: 80 GB HBM2e (SXM), 2,039 GB/s, 312 "
+                     "BF16 TFLOPS dense"),
+    "H100-80GB": GPU("H100-80GB", 80, 3350, 989, "NVIDIA H100 SXM datasheet: 80 GB HBM3, 3.35 TB/s, 989 BF16 "
+                     "TFLOPS dense (1,979 with sparsity)"),
+}
+
+MODELS = {
+    "llama-3.1-8b": Model("llama-3.1-8b", 8.03, 32, 8, 128, "meta-llama/Llama-3.1-8B config.json: 32 layers, 8 KV "
+                          "heads of 128 dims; 8.03B parameters"),
+    "llama-3.1-70b": Model("llama-3.1-70b", 70.6, 80, 8, 128, "meta-llama/Llama-3.1-70B config.json: 80 layers, 8 "
+                           "KV heads of 128 dims; 70.6B parameters"),
+}
+
+# preset name -> (GPU, GPUs per replica, model, instance type it fits)
+PRESET_SHAPES = {
+    "a10g-llama-8b": ("A10G", 1, "llama-3.1-8b", "g5.xlarge"),
+    "l4-llama-8b": ("L4", 1, "llama-3.1-8b", "g6.xlarge"),
+    "l40s-llama-8b": ("L40S", 1, "llama-3.1-8b", "g6e.xlarge"),
+    "a100-llama-8b": ("A100-40GB", 1, "llama-3.1-8b", "p4d.24xlarge (1 of 8 GPUs)"),
+    "h100-llama-8b": ("H100-80GB", 1, "llama-3.1-8b", "p5.48xlarge (1 of 8 GPUs)"),
+    "a10g-x8-llama-70b": ("A10G", 8, "llama-3.1-70b", "g5.48xlarge"),
+    "l4-x8-llama-70b": ("L4", 8, "llama-3.1-70b", "g6.48xlarge"),
+    "l40s-x4-llama-70b": ("L40S", 4, "llama-3.1-70b", "g6e.12xlarge"),
+    "a100-x8-llama-70b": ("A100-40GB", 8, "llama-3.1-70b", "p4d.24xlarge"),
+    "h100-x4-llama-70b": ("H100-80GB", 4, "llama-3.1-70b", "p5.48xlarge (4 of 8 GPUs)"),
+}
+LOAD_S = {"llama-3.1-8b": 71.0, "llama-3.1-70b": 126.0}
+
+
+def derive(name: str, gpu: GPU, n: int, model: Model, block_size: int = 256) -> dict:
+    """A preset's profile fields from the roofline above (see the module docstring)."""
+    scale = n * (TP_EFFICIENCY if n > 1 else 1.0)
+    bandwidth = gpu.bandwidth_gbs * 1e9 * scale * MBU
+    flops = gpu.bf16_tflops * 1e12 * scale * MFU
+    kv_bytes = model.kv_bytes_per_token
+    free = n * (gpu.memory_gib * GIB * GPU_MEMORY_UTILIZATION - RESERVED_PER_GPU) - model.weight_bytes
+    if free <= 0:
+        raise ProfileError(f"{model.name} does not fit on {n} x {gpu.name}")
+    weights_read_s = model.weight_bytes / bandwidth
+    per_token_flops_s = 2 * model.params_b * 1e9 / flops
+    return {
+        "format": FORMAT,
+        "name": name,
+        "prefill_base_s": round(weights_read_s + STEP_OVERHEAD_S, 6),
+        "prefill_per_token_s": per_token_flops_s,
+        "decode_base_s": round(weights_read_s + STEP_OVERHEAD_S, 6),
+        "decode_per_seq_s": per_token_flops_s,
+        "decode_per_ctx_token_s": kv_bytes / bandwidth,
+        "cache_blocks": int(free // (kv_bytes * block_size)),
+        "block_size": block_size,
+        "max_batch": 256,  # vLLM max_num_seqs default
+        "prefill_chunk": 2048,  # vLLM max_num_batched_tokens with chunked prefill
+        "load_s": LOAD_S[model.name],
+        "kv_bytes_per_token": kv_bytes,
+        "gpus": n,
+        "gpu": gpu.name,
+        "model": model.name,
+        "source": f"derived (roofline, MBU {MBU}, MFU {MFU}): {gpu.source}; {model.source}; load time: Ray Serve "
+                  "LLM cold start on H100 (research/autoscale.md 10.1)",
+    }
+
+
+def preset_dict(name: str) -> dict:
+    try:
+        gpu, n, model, instance = PRESET_SHAPES[name]
+    except KeyError:
+        raise ProfileError(f"unknown profile preset {name!r}; allowed: {', '.join(PRESET_SHAPES)}") from None
+    return {**derive(name, GPUS[gpu], n, MODELS[model]), "instance_type": instance}
+
+
+PRESETS = {name: preset_dict(name) for name in PRESET_SHAPES}
+
+
+def profile_from_dict(data: dict) -> PerfProfile:
+    """A PerfProfile from a profile dict: fields it declares are taken, everything else is context."""
+    if not isinstance(data, dict):
+        raise ProfileError("a profile is a JSON object")
+    declared = {f.name: f for f in fields(PerfProfile)}
+    values = {k: v for k, v in data.items() if k in declared}
+    missing = [n for n, f in declared.items() if n not in values and f.default is MISSING
+               and f.default_factory is MISSING]
+    if missing:
+        raise ProfileError(f"profile lacks {', '.join(missing)}")
+    for k, v in values.items():
+        if k not in ("name", "source") and not isinstance(v, int | float):
+            raise ProfileError(f"profile field {k} must be a number, got {v!r}")
+    return PerfProfile(**values)
+
+
+def load_profile_file(path: str | Path) -> PerfProfile:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as exc:
+        raise ProfileError(f"{p}: cannot read ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{p}: not JSON ({exc})") from None
+    try:
+        return profile_from_dict(data)
+    except ProfileError as exc:
+        raise ProfileError(f"{p}: {exc}") from None
+
+
+def resolve(name_or_path: str) -> PerfProfile:
+    """A preset here, a preset of `sim.perf`, or a profile JSON file."""
+    if name_or_path in PRESETS:
+        return profile_from_dict(PRESETS[name_or_path])
+    if name_or_path in PROFILES:
+        return PROFILES[name_or_path]
+    if Path(name_or_path).is_file():
+        return load_profile_file(name_or_path)
+    raise ProfileError(f"unknown profile {name_or_path!r}; allowed: {', '.join([*PRESETS, *PROFILES])} or a "
+                       "profile JSON file")
+
+
+def kv_bytes_per_token(name_or_path: str, default: int = 131_072) -> int:
+    """The KV bytes per token a preset or file states (PerfProfile may not carry it)."""
+    if name_or_path in PRESETS:
+        return int(PRESETS[name_or_path]["kv_bytes_per_token"])
+    p = Path(name_or_path)
+    if p.is_file():
+        try:
+            return int(json.loads(p.read_text()).get("kv_bytes_per_token", default))
+        except (OSError, ValueError, AttributeError):
+            return default
+    return int(getattr(PROFILES.get(name_or_path), "kv_bytes_per_token", default))
+
+
+def to_dict(profile: PerfProfile, **context) -> dict:
+    return {"format": FORMAT, **asdict(profile), **context}
