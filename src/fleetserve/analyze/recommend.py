@@ -38,6 +38,10 @@ def recommend(ideal: float, tiers: dict, strategies: dict) -> dict:
         tier = "L1+L2"
         reasons.append(f"a shared L2 adds {l2 - l1:.1%} of hit rate over L1: reuse spans more than the replicas' "
                        "own memory holds")
+    elif ideal - engine <= 0.01:
+        tier = "L1 only"
+        reasons.append("engine memory already holds nearly all the reuse; L1 is a cheap margin for longer traffic, "
+                       "an L2 would add nothing")
     else:
         tier = "L1 only"
         reasons.append(f"L1 adds {l1 - engine:.1%} over engine memory; an L2 would add only {l2 - l1:.1%} "

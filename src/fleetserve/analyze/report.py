@@ -28,12 +28,9 @@ def analyze(path: str | Path, model: str | None = None, replicas: int = 4, profi
     engine = cache_blocks or max(1, perf.cache_blocks * perf.block_size // trace.block_tokens)
     l1 = int(l1_gib * GIB // block_bytes)
     l2 = int(l2_gib * GIB // block_bytes)
-    tiers = {
-        "engine": {"blocks": replicas * engine, "hit_rate": round(curve.hit_rate(replicas * engine), 4)},
-        "engine+l1": {"blocks": replicas * (engine + l1), "hit_rate": round(curve.hit_rate(replicas * (engine + l1)), 4)},
-        "engine+l1+l2": {"blocks": replicas * (engine + l1) + l2,
-                         "hit_rate": round(curve.hit_rate(replicas * (engine + l1) + l2), 4)},
-    }
+    sizes = {"engine": replicas * engine, "engine+l1": replicas * (engine + l1),
+             "engine+l1+l2": replicas * (engine + l1) + l2}
+    tiers = {name: {"blocks": size, "hit_rate": round(curve.hit_rate(size), 4)} for name, size in sizes.items()}
     by_mode = {m: strategy_hit_rates(trace, replicas, engine, perf, mode=m, seed=seed) for m in ("blind", "informed")}
     chosen = by_mode[mode]
     return {

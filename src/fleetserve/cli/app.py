@@ -505,6 +505,11 @@ def bench_replay(
     print(json.dumps(summarize(records), indent=2))
 
 
+from fleetserve.cli import analyze_commands  # noqa: E402  (analyze, profile, trace)
+
+analyze_commands.register(app)
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,163 @@
+"""`fleetserve profile`: measure the built-in engine on this machine and fit the simulator's step model.
+
+Everything runs in-process on the engine's own code paths: `ModelRunner` loads the model (timed: load_s),
+prefill is the runner's model on a fresh cache for a whole prompt (what the batching scheduler does when no
+decode waits), and decode steps run on the batching scheduler's `SlotCache` with its additive step mask, so
+a step here is a step there. Each figure is the fastest of `repeats` runs after a warm-up: on a shared
+machine the noise only ever adds time, so the minimum is the engine's own cost.
+
+The fits are the `PerfProfile` model (`sim/perf.py`), by least squares with non-negative coefficients:
+
+    prefill(n)        = prefill_base_s + prefill_per_token_s * n
+    decode(b, ctx)    = decode_base_s + decode_per_seq_s * b + decode_per_ctx_token_s * (b * ctx)
+
+KV bytes per token come from the model's shape and dtype; `cache_blocks` from the engine cache bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import platform
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import numpy as np
+
+from fleetserve.sim.profiles import FORMAT
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def nonneg_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (all column subsets; we fit 2 or 3 columns)."""
+    best, best_err = np.zeros(x.shape[1]), float("inf")
+    for k in range(1, x.shape[1] + 1):
+        for cols in itertools.combinations(range(x.shape[1]), k):
+            coef, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+            if (coef < 0).any():
+                continue
+            err = float(((x[:, cols] @ coef - y) ** 2).sum())
+            if err < best_err:
+                best_err, best = err, np.zeros(x.shape[1])
+                best[list(cols)] = coef
+    return best
+
+
+def _best_time(fn: Callable[[], None], repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def measure(model: str, *, dtype: str = "auto", threads: int | None = None, max_prompt: int = 2048,
+            batches: tuple[int, ...] = (1, 2, 4, 8), repeats: int = 3, decode_steps: int = 4,
+            cache_bytes: int = 512 << 20, block_size: int = 256, prefill_chunk: int = 256,
+            progress: Callable[[str], None] | None = None) -> dict:
+    import torch
+    from transformers import DynamicCache
+
+    from fleetserve.engine.batching import SlotCache
+    from fleetserve.engine.runner import ModelRunner
+    from fleetserve.engine.sources import resolve_source
+
+    say = progress or (lambda _m: None)
+    path = resolve_source(model)
+    say("loading the model ...")
+    start = time.perf_counter()
+    runner = ModelRunner(path, dtype=dtype, threads=threads)
+    load_s = time.perf_counter() - start
+    config = runner.model.config
+    layers, kv_heads, _, _, head_dim = runner.block_shape(1)
+    kv_bytes = layers * 2 * kv_heads * head_dim * torch.tensor([], dtype=runner.torch_dtype).element_size()
+    rng = np.random.default_rng(0)
+    vocab = runner.vocab_size()
+    ctx_limit = runner.context_length
+
+    def ids(n: int) -> list[int]:
+        return rng.integers(0, vocab, n).tolist()
+
+    def prefill(tokens: list[int]):
+        return runner.model(input_ids=torch.tensor([tokens]), cache=DynamicCache(config=config), use_cache=True,
+                            logits_to_keep=1)
+
+    lengths = [n for n in (32, 64, 128, 256, 512, 1024, 2048, 4096) if n <= min(max_prompt, ctx_limit // 2)]
+    prefills = []
+    with torch.inference_mode():
+        for n in lengths:
+            say(f"prefill {n} tokens ...")
+            tokens = ids(n)
+            seconds = _best_time(lambda tokens=tokens: prefill(tokens), repeats)
+            prefills.append({"tokens": n, "seconds": round(seconds, 6), "tokens_per_s": round(n / seconds, 1)})
+        contexts = sorted({c for c in (64, min(512, ctx_limit // 4), min(1024, ctx_limit // 2) - decode_steps - 2)
+                           if 16 <= c})
+        decodes = []
+        for c in contexts:
+            out = prefill(ids(c))
+            keys = [layer.keys[0] for layer in out.cache.layers]
+            values = [layer.values[0] for layer in out.cache.layers]
+            for b in batches:
+                say(f"decode batch {b}, context {c} ...")
+                step_s = _decode_step_time(runner, SlotCache, keys, values, b, c, decode_steps, repeats)
+                decodes.append({"batch": b, "context": c, "step_s": round(step_s, 6),
+                                "tokens_per_s": round(b / step_s, 1)})
+    n = np.array([p["tokens"] for p in prefills], dtype=float)
+    pb, pt = nonneg_fit(np.column_stack([np.ones_like(n), n]), np.array([p["seconds"] for p in prefills]))
+    b = np.array([d["batch"] for d in decodes], dtype=float)
+    c = np.array([d["context"] for d in decodes], dtype=float)
+    db, ds, dc = nonneg_fit(np.column_stack([np.ones_like(b), b, b * c]), np.array([d["step_s"] for d in decodes]))
+    return {
+        "format": FORMAT,
+        "name": f"measured-{os.path.basename(str(path).rstrip('/'))}",
+        "prefill_base_s": float(pb), "prefill_per_token_s": float(pt),
+        "decode_base_s": float(db), "decode_per_seq_s": float(ds), "decode_per_ctx_token_s": float(dc),
+        "cache_blocks": int(cache_bytes // (kv_bytes * block_size)), "block_size": block_size,
+        "max_batch": max(batches), "prefill_chunk": prefill_chunk, "load_s": round(load_s, 3),
+        "kv_bytes_per_token": int(kv_bytes),
+        "source": f"measured by fleetserve profile on {_cpu_name()} ({torch.get_num_threads()} torch threads)",
+        "model": model, "dtype": runner.dtype, "context_length": ctx_limit,
+        "device": {"cpu": _cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                   "torch": torch.__version__},
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "prefill_tokens_per_s": {str(p["tokens"]): p["tokens_per_s"] for p in prefills},
+        "measurements": {"load_s": round(load_s, 3), "prefill": prefills, "decode": decodes},
+    }
+
+
+def _decode_step_time(runner, slot_cache_cls, keys, values, batch: int, context: int, steps: int,
+                      repeats: int) -> float:
+    """Seconds of one decode step (the fastest) for `batch` rows of `context` tokens, as the batching loop runs it."""
+    import torch
+
+    times = []
+    for _ in range(repeats):
+        slots = slot_cache_cls(len(keys), keys[0].shape[0], keys[0].shape[2], batch, runner.torch_dtype)
+        for _row in range(batch):
+            slots.admit(keys, values)
+        for step in range(steps + 1):
+            slots.ensure_room(1)
+            mask = slots.step_mask()
+            inputs = torch.full((batch, 1), 1, dtype=torch.long)
+            positions = torch.full((batch, 1), context + step, dtype=torch.long)
+            start = time.perf_counter()
+            runner.model(input_ids=inputs, position_ids=positions, attention_mask=mask, cache=slots, use_cache=True,
+                         logits_to_keep=1)
+            elapsed = time.perf_counter() - start
+            slots.pos += 1
+            if step:  # the first step warms up
+                times.append(elapsed)
+    return min(times)

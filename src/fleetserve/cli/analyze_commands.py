@@ -1,0 +1,216 @@
+"""CLI: `analyze` (prefix reuse of a trace), `profile` (measure the built-in engine) and `trace` (make and
+scale workloads). Registered on the main app by `register(app)`. Bad input exits 2 naming the parameter."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+EXIT_USAGE = 2
+err = Console(stderr=True, soft_wrap=True, highlight=False)
+trace_app = typer.Typer(help="Make and reshape workloads: generate, scale.", no_args_is_help=True)
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
+    err.print("[red]error:[/red] ", end="")
+    err.print(message, markup=False)
+    return typer.Exit(code)
+
+
+def _choice(value: str, allowed: tuple[str, ...] | list[str], hint: str) -> str:
+    if value not in allowed:
+        raise typer.BadParameter(f"{value!r}; allowed values: {', '.join(allowed)}", param_hint=hint)
+    return value
+
+
+def analyze(
+    file: Annotated[str, typer.Argument(help="Mooncake hash trace (JSONL) or prompt log (JSONL)")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON")] = False,
+    model: Annotated[str | None, typer.Option(help="Tokenizer for prompt logs: builtin:NAME, hf:org/name or a path")
+                     ] = None,
+    replicas: Annotated[int, typer.Option(min=1, max=256, help="Replicas for the strategy comparison")] = 4,
+    profile: Annotated[str, typer.Option(help="Profile preset or profile.json: engine KV capacity, KV bytes, speed")
+                       ] = "h100-llama-8b",
+    cache_blocks: Annotated[int | None, typer.Option(min=1, help="Engine cache per replica in the trace's blocks "
+                                                                 "(default: from the profile)")] = None,
+    l1_gib: Annotated[float, typer.Option(min=0, help="L1 (CPU memory) per replica, GiB")] = 32.0,
+    l2_gib: Annotated[float, typer.Option(min=0, help="Shared L2 (Redis), GiB")] = 256.0,
+    block_size: Annotated[int, typer.Option(min=1, help="Engine block size in tokens (prompt logs)")] = 256,
+    mode: Annotated[str, typer.Option(help="What the router knows: blind (no KV events) or informed")] = "blind",
+    limit: Annotated[int | None, typer.Option(min=1, help="First N requests")] = None,
+) -> None:
+    """Measure prefix reuse in a trace: ideal and LRU hit rates, hit rate per routing strategy, and advice."""
+    from fleetserve.analyze.blocks import AnalyzeInputError
+    from fleetserve.analyze.report import analyze as run
+    from fleetserve.analyze.report import render
+    from fleetserve.analyze.routing import MODES
+    from fleetserve.sim.profiles import ProfileError
+    from fleetserve.traces.load import TraceError
+
+    _choice(mode, MODES, "--mode")
+    if not Path(file).is_file():
+        raise typer.BadParameter(f"{file} does not exist", param_hint="FILE")
+    try:
+        result = run(file, model=model, replicas=replicas, profile=profile, cache_blocks=cache_blocks, l1_gib=l1_gib,
+                     l2_gib=l2_gib, block_tokens=block_size, mode=mode, limit=limit)
+    except ProfileError as exc:
+        raise _fail(f"--profile: {exc}") from None
+    except (AnalyzeInputError, TraceError) as exc:
+        raise _fail(str(exc)) from None
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    for line in render(result):
+        print(line)
+
+
+def profile(
+    model: Annotated[str, typer.Option(help="Model source: builtin:NAME, hf:org/name, a path, catalog:NAME")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON")] = False,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Write the profile file here")] = None,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16")] = "auto",
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's)")] = None,
+    max_prompt: Annotated[int, typer.Option(min=32, help="Longest prompt measured (tokens)")] = 2048,
+    batches: Annotated[str, typer.Option(help="Decode batch sizes, comma-separated")] = "1,2,4,8",
+    repeats: Annotated[int, typer.Option(min=1, max=50, help="Runs per figure (the fastest counts)")] = 3,
+    cache_bytes: Annotated[int, typer.Option(min=1, help="Engine KV cache bytes (the engine's default)")
+                           ] = 512 << 20,
+    block_size: Annotated[int, typer.Option(min=1, help="KV block size in tokens")] = 256,
+) -> None:
+    """Measure the built-in engine here (prefill, decode steps, KV bytes, load time) as a simulator profile."""
+    from fleetserve.analyze.measure import measure
+    from fleetserve.engine.demo import ModelSourceError
+
+    _choice(dtype, ("auto", "float32", "bfloat16", "float16"), "--dtype")
+    try:
+        sizes = tuple(sorted({int(b) for b in batches.split(",") if b.strip()}))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1 or max(sizes) > 256:
+        raise typer.BadParameter(f"{batches!r}; allowed values: comma-separated integers 1..256",
+                                 param_hint="--batches")
+    progress = None if as_json or not sys.stderr.isatty() else (lambda m: err.print(m, markup=False))
+    try:
+        result = measure(model, dtype=dtype, threads=threads, max_prompt=max_prompt, batches=sizes, repeats=repeats,
+                         cache_bytes=cache_bytes, block_size=block_size, progress=progress)
+    except ModelSourceError as exc:
+        raise _fail(f"--model: {exc}") from None
+    if output:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(json.dumps(result, indent=2) + "\n")
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"{result['model']} ({result['dtype']}) on {result['device']['cpu']}: load {result['load_s']}s, "
+          f"KV {result['kv_bytes_per_token']} bytes/token")
+    print("prefill tokens/s by prompt length: " + ", ".join(f"{k}: {v:,.0f}"
+                                                          for k, v in result["prefill_tokens_per_s"].items()))
+    print("decode step: " + ", ".join(f"b{d['batch']}/ctx{d['context']}: {d['step_s'] * 1000:.1f} ms"
+                                      for d in result["measurements"]["decode"]))
+    if output:
+        print(f"profile written to {output}")
+
+
+@trace_app.command("generate")
+def trace_generate(
+    kind: Annotated[str, typer.Argument(help="diurnal, bursts, chat, system-prompt or rag")],
+    output: Annotated[str, typer.Option("--output", "-o", help="File to write")],
+    fmt: Annotated[str, typer.Option("--format", help="mooncake (hash ids), prompts (prompt log) or azure")
+                   ] = "mooncake",
+    duration: Annotated[float, typer.Option(min=1, help="Seconds of traffic")] = 600.0,
+    rate: Annotated[float, typer.Option(min=0.001, help="Mean requests per second")] = 2.0,
+    seed: Annotated[int, typer.Option(help="Same seed, same workload")] = 0,
+    arrivals: Annotated[str | None, typer.Option(help="Override the arrival process: poisson, diurnal, bursts")
+                        ] = None,
+    input_tokens: Annotated[int | None, typer.Option(min=1, help="Mean new prompt tokens per request")] = None,
+    output_tokens: Annotated[int | None, typer.Option(min=1, help="Mean output tokens")] = None,
+    turns: Annotated[float | None, typer.Option(min=1, help="chat: mean turns per session")] = None,
+    think: Annotated[float | None, typer.Option(min=0, help="chat: mean seconds between turns")] = None,
+    system_prompts: Annotated[int | None, typer.Option(min=1, help="system-prompt: distinct system prompts")] = None,
+    system_tokens: Annotated[int | None, typer.Option(min=1, help="chat, system-prompt: system prompt tokens")
+                             ] = None,
+    documents: Annotated[int | None, typer.Option(min=1, help="rag: documents in the corpus")] = None,
+    doc_tokens: Annotated[int | None, typer.Option(min=1, help="rag: tokens per document")] = None,
+    docs_per_request: Annotated[int | None, typer.Option(min=1, help="rag: documents per prompt")] = None,
+    period: Annotated[float | None, typer.Option(min=1, help="diurnal: period in seconds (86400)")] = None,
+    peak_to_trough: Annotated[float | None, typer.Option(min=1, help="diurnal: peak rate / trough rate")] = None,
+    burst_factor: Annotated[float | None, typer.Option(min=1, help="bursts: rate multiplier in a burst")] = None,
+    burst_every: Annotated[float | None, typer.Option(min=1, help="bursts: mean seconds between bursts")] = None,
+    burst_length: Annotated[float | None, typer.Option(min=0.1, help="bursts: seconds a burst lasts")] = None,
+) -> None:
+    """Write a generated workload (deterministic by seed) as a Mooncake hash trace, prompt log or Azure CSV."""
+    from fleetserve.traces.arrivals import ARRIVALS
+    from fleetserve.traces.generate import KINDS, WorkloadSpec, generate
+    from fleetserve.traces.write import WRITE_FORMATS, write_trace
+
+    _choice(kind, tuple(KINDS), "KIND")
+    _choice(fmt, WRITE_FORMATS, "--format")
+    if arrivals is not None:
+        _choice(arrivals, ARRIVALS, "--arrivals")
+    spec = WorkloadSpec.for_kind(
+        kind, arrivals=arrivals, duration_s=duration, rate=rate, seed=seed, input_tokens=input_tokens,
+        output_tokens=output_tokens, turns=turns, think_s=think, system_prompts=system_prompts,
+        system_tokens=system_tokens, documents=documents, doc_tokens=doc_tokens, docs_per_request=docs_per_request,
+        period_s=period, peak_to_trough=peak_to_trough, burst_factor=burst_factor, burst_every_s=burst_every,
+        burst_s=burst_length)
+    requests = generate(spec, with_text=fmt == "prompts")
+    if not requests:
+        raise _fail("the workload has no requests: raise --rate or --duration")
+    write_trace(requests, output, fmt)
+    err.print(f"{len(requests)} requests over {duration:g}s ({spec.arrivals} arrivals, {spec.content} prompts) "
+              f"written to {output} ({fmt})", markup=False)
+
+
+@trace_app.command("scale")
+def trace_scale(
+    file: Annotated[str, typer.Argument(help="Trace: Mooncake JSONL, Azure CSV, prompt log or ServeGen rate file")],
+    output: Annotated[str, typer.Option("--output", "-o", help="File to write")],
+    rate: Annotated[float | None, typer.Option(min=0.0001, help="Multiply the request rate (same span)")] = None,
+    time_scale: Annotated[float | None, typer.Option("--time", min=0.0001, help="Multiply arrival times")] = None,
+    fmt: Annotated[str | None, typer.Option("--format", help="mooncake, prompts or azure (default: as read)")
+                   ] = None,
+    seed: Annotated[int, typer.Option(help="Seed for rate scaling")] = 0,
+    limit: Annotated[int | None, typer.Option(min=1, help="First N requests")] = None,
+    model: Annotated[str | None, typer.Option(help="ServeGen: the model folder or name")] = None,
+    duration: Annotated[float | None, typer.Option(min=1, help="ServeGen: seconds of the rate file to read")] = None,
+) -> None:
+    """Rate scaling (more requests over the same span) and/or time scaling (stretch or compress the clock)."""
+    from fleetserve.traces.load import TraceError, detect_format, load_trace
+    from fleetserve.traces.scale import scale_rate, scale_time
+    from fleetserve.traces.write import WRITE_FORMATS, write_trace
+
+    if fmt is not None:
+        _choice(fmt, WRITE_FORMATS, "--format")
+    if rate is None and time_scale is None:
+        raise typer.BadParameter("give --rate and/or --time", param_hint="--rate/--time")
+    path = Path(file)
+    if not path.exists():
+        raise typer.BadParameter(f"{file} does not exist", param_hint="FILE")
+    options = {k: v for k, v in {"model": model, "duration_s": duration}.items() if v is not None}
+    try:
+        requests = load_trace(path, limit, **options)
+    except TraceError as exc:
+        raise _fail(str(exc)) from None
+    if rate is not None:
+        requests = scale_rate(requests, rate, seed=seed)
+    if time_scale is not None:
+        requests = scale_time(requests, time_scale)
+    if fmt is None:
+        src = detect_format(path)
+        fmt = src if src in WRITE_FORMATS else "mooncake"
+    try:
+        write_trace(requests, output, fmt)
+    except ValueError as exc:
+        raise _fail(f"--format: {exc}") from None
+    err.print(f"{len(requests)} requests written to {output} ({fmt})", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(analyze)
+    app.command()(profile)
+    app.add_typer(trace_app, name="trace")
