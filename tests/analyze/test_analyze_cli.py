@@ -1,0 +1,74 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import fleetserve
+
+
+def said(result) -> str:
+    """stderr with rich's box borders and line wrapping undone."""
+    return " ".join(result.stderr.replace("│", " ").split())
+
+MOONCAKE = Path(__file__).parents[2].parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+SAMPLE = Path(__file__).parents[1] / "data" / "mooncake_sample.jsonl"
+KEYS = ("requests", "ideal_hit_rate", "hit_rate_by_cache_blocks", "strategy_hit_rate", "recommendation")
+
+
+def analyze_json(*args):
+    result = fleetserve("analyze", *args, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.skipif(not MOONCAKE.is_file(), reason="the shared Mooncake trace is not on this machine")
+def test_mooncake_synthetic_trace_ideal_hit_rate_is_0_64():
+    out = analyze_json(str(MOONCAKE))
+    assert out["requests"] == 3993 and round(out["ideal_hit_rate"], 2) == 0.64
+    assert out["ideal_token_hit_rate"] == pytest.approx(0.6512, abs=1e-4)
+    rates = out["strategy_hit_rate"]
+    assert rates["session"] is None and "session keys" in out["strategy_notes"]["session"]
+    assert rates["prefixaware"] > 2 * rates["roundrobin"]
+
+
+def test_hash_trace_figures_and_recommendation():
+    out = analyze_json(str(SAMPLE), "--replicas", "2", "--cache-blocks", "300")
+    assert all(k in out for k in KEYS)
+    assert out["requests"] == 200 and 0 < out["ideal_hit_rate"] < 1
+    curve = out["hit_rate_by_cache_blocks"]
+    assert curve[-1]["cache_blocks"] == out["unique_blocks"] and curve[-1]["hit_rate"] == out["ideal_hit_rate"]
+    assert out["strategy_hit_rate"]["kvaware"] is None  # blind: no KV events
+    assert out["strategies"]["informed"]["kvaware"]["hit_rate"] is not None
+    rec = out["recommendation"]
+    assert rec["reasons"] and rec["tiers"] in ("none", "L1 only", "L1+L2")
+    assert (rec["summary"] == "caching will not pay") == (out["ideal_hit_rate"] < 0.10)
+
+
+def test_prompt_log_is_tokenized_with_the_models_tokenizer(tmp_path, tiny_model):
+    log = tmp_path / "chat.jsonl"
+    made = fleetserve("trace", "generate", "chat", "-o", str(log), "--format", "prompts", "--duration", "120",
+                      "--input-tokens", "100", "--system-tokens", "300", "--seed", "1")
+    assert made.returncode == 0, made.stderr
+    out = analyze_json(str(log), "--model", str(tiny_model), "--block-size", "64")
+    assert out["format"] == "prompts" and out["block_tokens"] == 64
+    assert out["ideal_hit_rate"] > 0.5  # every turn resends the conversation
+    assert out["strategy_hit_rate"]["session"] > out["strategy_hit_rate"]["roundrobin"]
+    fresh = tmp_path / "fresh.jsonl"
+    fleetserve("trace", "generate", "bursts", "-o", str(fresh), "--format", "prompts", "--duration", "60",
+               "--input-tokens", "300", "--rate", "1")
+    none = analyze_json(str(fresh), "--model", str(tiny_model), "--block-size", "64")
+    assert none["recommendation"]["summary"] == "caching will not pay"
+
+
+def test_bad_input_exits_2_naming_the_parameter(tmp_path):
+    azure = Path(__file__).parents[1] / "data" / "azure_code_sample.csv"
+    result = fleetserve("analyze", str(azure))
+    assert result.returncode == 2 and "no prompt content" in said(result) and "allowed" in said(result)
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"timestamp": 0, "prompt": "hello"}\n')
+    result = fleetserve("analyze", str(log))
+    assert result.returncode == 2 and "--model" in said(result)
+    result = fleetserve("analyze", str(SAMPLE), "--mode", "psychic")
+    assert result.returncode == 2 and "blind, informed" in said(result)
+    result = fleetserve("analyze", str(SAMPLE), "--profile", "tpu-9000")
+    assert result.returncode == 2 and "--profile" in said(result) and "h100-llama-8b" in said(result)

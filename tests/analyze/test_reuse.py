@@ -1,0 +1,48 @@
+from collections import OrderedDict
+
+import pytest
+
+from fleetserve.analyze.reuse import COLD, HitCurve, ideal_reuse, stack_distances
+from fleetserve.traces.generate import WorkloadSpec, generate
+
+
+def lru_hits(keys, capacity: int) -> int:
+    """The plain LRU the curve must agree with."""
+    lru, hits = OrderedDict(), 0
+    for ks in keys:
+        for k in ks:
+            if k in lru:
+                hits += 1
+                lru.move_to_end(k)
+            else:
+                lru[k] = None
+                if len(lru) > capacity:
+                    lru.popitem(last=False)
+    return hits
+
+
+def test_ideal_counts_blocks_seen_in_earlier_requests():
+    keys = [(1, 2, 3), (1, 2, 4), (5,), (1, 9, 3)]
+    ideal = ideal_reuse(keys, [1536, 1536, 100, 1536], 512)
+    assert ideal.hit_rate == pytest.approx(4 / 10)  # 1,2 | 1 and 3 (3 anywhere in the prompt)
+    assert ideal.prefix_hit_rate == pytest.approx(3 / 10)  # leading runs only: 1,2 | 1
+    assert ideal.unique_blocks == 6 and ideal.requests_with_hit == pytest.approx(2 / 4)
+
+
+def test_stack_distances_give_the_lru_hit_rate_at_every_size():
+    reqs = generate(WorkloadSpec.for_kind("chat", duration_s=400, rate=3, seed=11))
+    keys = [r.hash_ids for r in reqs]
+    distances = stack_distances(keys)
+    assert len(distances) == sum(len(k) for k in keys)
+    curve = HitCurve(distances)
+    for capacity in (1, 4, 16, 50, 200, 10_000):
+        assert curve.hit_rate(capacity) * curve.total == lru_hits(keys, capacity), capacity
+    ideal = ideal_reuse(keys, [r.input_tokens for r in reqs], 512)
+    points = curve.points(ideal.unique_blocks)
+    assert points[-1]["hit_rate"] == pytest.approx(ideal.hit_rate, abs=1e-4)
+    rates = [p["hit_rate"] for p in points]
+    assert rates == sorted(rates) and rates[0] < rates[-1]
+
+
+def test_distance_is_distinct_blocks_in_between():
+    assert stack_distances([(1, 2, 1), (3, 2)]) == [COLD, COLD, 1, COLD, 2]

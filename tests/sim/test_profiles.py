@@ -1,0 +1,74 @@
+import json
+
+import pytest
+
+from fleetserve.sim.perf import PerfProfile
+from fleetserve.sim.profiles import PRESETS, ProfileError, load_profile_file, profile_from_dict, resolve
+from tests.helpers import fleetserve
+
+
+def said(result) -> str:
+    """stderr with rich's box borders and line wrapping undone."""
+    return " ".join(result.stderr.replace("│", " ").split())
+
+
+def test_presets_cover_common_gpus_and_models_with_sources():
+    gpus = {d["gpu"] for d in PRESETS.values()}
+    assert {"A10G", "L4", "L40S", "A100-40GB", "H100-80GB"} <= gpus
+    assert {d["model"] for d in PRESETS.values()} == {"llama-3.1-8b", "llama-3.1-70b"}
+    for name, data in PRESETS.items():
+        p = resolve(name)
+        assert isinstance(p, PerfProfile) and p.cache_blocks > 0, name
+        assert "datasheet" in data["source"] or "Baseten" in data["source"], name
+        assert "config.json" in data["source"], name
+
+
+def test_presets_order_hardware_and_models_sensibly():
+    a10g, h100 = resolve("a10g-llama-8b"), resolve("h100-llama-8b")
+    assert h100.prefill_time(4096) < a10g.prefill_time(4096) / 5
+    assert h100.decode_time(1, 2048) < a10g.decode_time(1, 2048) / 3
+    assert h100.cache_blocks > 5 * a10g.cache_blocks  # 80 GB vs 24 GB, same 16 GB of weights
+    assert PRESETS["h100-x4-llama-70b"]["kv_bytes_per_token"] == 327_680  # 80 layers x 8 heads x 128 x 2 x 2
+    assert PRESETS["h100-llama-8b"]["kv_bytes_per_token"] == 131_072
+
+
+def test_profile_dicts_take_declared_fields_and_name_what_is_missing(tmp_path):
+    data = {**PRESETS["l4-llama-8b"], "measurements": {"anything": 1}, "future_field": 3}
+    assert profile_from_dict(data).name == "l4-llama-8b"
+    with pytest.raises(ProfileError, match="lacks decode_base_s"):
+        profile_from_dict({k: v for k, v in data.items() if k != "decode_base_s"})
+    bad = tmp_path / "p.json"
+    bad.write_text("{not json")
+    with pytest.raises(ProfileError, match="p.json: not JSON"):
+        load_profile_file(bad)
+    with pytest.raises(ProfileError, match="allowed: a10g-llama-8b"):
+        resolve("tpu-9000")
+
+
+def test_profile_command_measures_the_tiny_model(tmp_path, tiny_model):
+    out = tmp_path / "profile.json"
+    result = fleetserve("profile", "--model", str(tiny_model), "--json", "-o", str(out), "--threads", "1",
+                        "--repeats", "2", "--batches", "1,4", "--max-prompt", "128")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    assert json.loads(result.stdout) == data
+    config = json.loads((tiny_model / "config.json").read_text())
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    width = {"float32": 4, "bfloat16": 2, "float16": 2}[data["dtype"]]
+    assert data["kv_bytes_per_token"] == config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 2 \
+        * width
+    m = data["measurements"]
+    assert [p["tokens"] for p in m["prefill"]] == [32, 64, 128]
+    assert {(d["batch"], d["context"]) for d in m["decode"]} >= {(1, 64), (4, 64)}
+    assert all(p["seconds"] > 0 for p in m["prefill"]) and all(d["step_s"] > 0 for d in m["decode"])
+    assert data["load_s"] > 0 and data["cache_blocks"] == (512 << 20) // (data["kv_bytes_per_token"] * 256)
+    profile = load_profile_file(out)  # what the simulator builds from the file
+    assert profile.prefill_time(128) > 0 and profile.decode_time(4, 256) > 0
+    assert profile.max_batch == 4
+
+
+def test_profile_bad_input_exits_2():
+    result = fleetserve("profile", "--model", "builtin:nope")
+    assert result.returncode == 2 and "--model" in said(result)
+    result = fleetserve("profile", "--model", "x", "--batches", "1,zero")
+    assert result.returncode == 2 and "--batches" in said(result)

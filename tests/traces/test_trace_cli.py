@@ -1,0 +1,50 @@
+from pathlib import Path
+
+from fleetserve.traces.load import load_trace
+from tests.helpers import fleetserve
+
+
+def said(result) -> str:
+    """stderr with rich's box borders and line wrapping undone."""
+    return " ".join(result.stderr.replace("│", " ").split())
+
+DATA = Path(__file__).parents[1] / "data"
+
+
+def test_generate_writes_each_format_deterministically(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for path in (a, b):
+        result = fleetserve("trace", "generate", "rag", "-o", str(path), "--duration", "60", "--seed", "4",
+                            "--documents", "10")
+        assert result.returncode == 0, result.stderr
+    assert a.read_text() == b.read_text()
+    reqs = load_trace(a)
+    assert reqs and all(r.hash_ids for r in reqs)
+    log = tmp_path / "log.jsonl"
+    assert fleetserve("trace", "generate", "system-prompt", "-o", str(log), "--format", "prompts",
+                      "--duration", "30", "--arrivals", "bursts").returncode == 0
+    assert load_trace(log)[0].messages[0]["role"] == "system"
+
+
+def test_scale_rate_and_time(tmp_path):
+    out = tmp_path / "azure100.csv"
+    result = fleetserve("trace", "scale", str(DATA / "azure_code_sample.csv"), "--rate", "100", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    base, big = load_trace(DATA / "azure_code_sample.csv"), load_trace(out)
+    assert len(big) == 100 * len(base) and big[-1].arrival_s <= base[-1].arrival_s * 1.1
+    slow = tmp_path / "slow.jsonl"
+    assert fleetserve("trace", "scale", str(DATA / "mooncake_sample.jsonl"), "--time", "2", "-o",
+                      str(slow)).returncode == 0
+    assert load_trace(slow)[-1].arrival_s == 2 * load_trace(DATA / "mooncake_sample.jsonl")[-1].arrival_s
+
+
+def test_bad_input_names_the_parameter(tmp_path):
+    result = fleetserve("trace", "generate", "weekly", "-o", str(tmp_path / "x"))
+    assert result.returncode == 2 and "diurnal, bursts, chat, system-prompt, rag" in said(result)
+    result = fleetserve("trace", "generate", "chat", "-o", str(tmp_path / "x"), "--format", "parquet")
+    assert result.returncode == 2 and "--format" in said(result) and "mooncake, prompts, azure" in said(result)
+    result = fleetserve("trace", "scale", str(DATA / "azure_code_sample.csv"), "-o", str(tmp_path / "x"))
+    assert result.returncode == 2 and "--rate" in said(result)
+    result = fleetserve("trace", "scale", str(DATA / "azure_code_sample.csv"), "--rate", "2", "--format",
+                        "prompts", "-o", str(tmp_path / "x"))
+    assert result.returncode == 2 and "prompt text" in said(result)
