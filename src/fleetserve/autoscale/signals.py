@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
-
 from fleetserve.autoscale.policy import ScalingMetrics, ScalingPolicy
 
 
@@ -23,6 +21,8 @@ class LoadReading:
 
 def query_prometheus(server: str, query: str, timeout: float = 5.0) -> float | None:
     """A PromQL instant query that must return one sample; an empty result is 0 (KEDA's ignoreNullValues)."""
+    import httpx  # here, not at import: the simulator reuses this module without an HTTP client
+
     try:
         r = httpx.get(server.rstrip("/") + "/api/v1/query", params={"query": query}, timeout=timeout)
         r.raise_for_status()

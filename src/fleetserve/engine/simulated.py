@@ -1,10 +1,10 @@
 """`fleetserve engine --simulate PROFILE`: a stand-in engine with the real engine's HTTP surface.
 
-Timing comes from a performance model (fleetserve.sim.perf): prefill time grows with the *uncached* prompt
-tokens, a decode step with batch size and context; the KV cache is a bounded LRU of chained block keys, the
-same keys the router computes, and every change is published as a KV event. Continuous batching in
-miniature: one loop alternates a prefill (the oldest waiting request joins the batch) with a decode step
-(every running sequence gains a token). Many of these fit on a couple of cores.
+A thin real-time wrapper around the simulator's replica step model (fleetserve.sim.replica): the same object
+that advances in virtual time in `fleetserve simulate` advances here with `asyncio.sleep`, so the HTTP
+fleet and the simulator share one model of batching, prefix caching and KV memory. Timing comes from a
+performance profile (fleetserve.sim.perf); the KV cache holds the chained block keys the router computes,
+and every change is published as a KV event.
 
 Probes peer routers use are answered too: /get_load, /v1/loads, /get_model_info, /get_server_info,
 /server_info, /model_info, /version, /tokenize, and vLLM-named metrics.
@@ -13,7 +13,6 @@ Probes peer routers use are answered too: /get_load, /v1/loads, /get_model_info,
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import time
@@ -30,11 +29,14 @@ from starlette.routing import Route
 
 from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, until_disconnect
 from fleetserve.api.errors import APIError
+from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
+from fleetserve.api.limits import SizeLimits
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
-from fleetserve.kvcache.blocks import chain_keys, namespace_key
+from fleetserve.kvcache.blocks import chain_keys, kv_salt, namespace_key
 from fleetserve.kvcache.events import KVEventLog
 from fleetserve.observe.metrics import SECONDS_BUCKETS, exposition
 from fleetserve.sim.perf import PerfProfile
+from fleetserve.sim.replica import ReplicaModel, Seq
 
 
 def text_tokens(text: str) -> list[int]:
@@ -55,6 +57,7 @@ class SimRequest:
     prefill_s: float = 0.0
     first_token_at: float | None = None
     cancelled: bool = False
+    seq: Seq | None = None
 
 
 class SimulatedEngine:
@@ -63,14 +66,9 @@ class SimulatedEngine:
         self.model_name = model_name
         self.model_version = model_version
         self.max_waiting = max_waiting
-        self.cache: collections.OrderedDict[int, None] = collections.OrderedDict()
-        self.waiting: collections.deque[SimRequest] = collections.deque()
-        self.running: list[SimRequest] = []
-        self.busy_s = 0.0
-        self.prefill_tokens_waiting = 0
         self.events = KVEventLog()
+        self.model = ReplicaModel(profile, listener=self.events.publish)
         self._work = asyncio.Event()
-        self._task: asyncio.Task | None = None
         r = self.registry = CollectorRegistry()
         lbl = ["model_name"]
         self.m_running = Gauge("vllm:num_requests_running", "Running", lbl, registry=r)
@@ -89,95 +87,68 @@ class SimulatedEngine:
         self.m_config.labels(str(profile.block_size), str(profile.cache_blocks)).set(1)
         self._lbl = {"model_name": model_name}
 
-    # --- cache and events ----------------------------------------------------------------------------------
+    @property
+    def cache(self):
+        return self.model.cache
+
+    @property
+    def waiting(self):
+        return self.model.waiting
+
+    @property
+    def running(self):
+        return self.model.running
+
+    @property
+    def busy_s(self) -> float:
+        return self.model.busy_s
 
     def _root(self, salt: str | None) -> int:
         return namespace_key(self.model_name, self.model_version, "sim", salt)
 
-    def _publish(self, kind: str, keys: list[int]) -> None:
-        self.events.publish(kind, keys, "engine")
-
-    def _lookup(self, keys: list[int]) -> int:
-        n = 0
-        for key in keys:
-            if key not in self.cache:
-                break
-            n += 1
-        return n
-
-    def _insert(self, keys: list[int]) -> None:
-        stored = []
-        for key in keys:
-            if key in self.cache:
-                self.cache.move_to_end(key)
-            else:
-                self.cache[key] = None
-                stored.append(key)
-        self._publish("stored", stored)
-        removed = []
-        while len(self.cache) > self.profile.cache_blocks:
-            key, _ = self.cache.popitem(last=False)
-            removed.append(key)
-        self._publish("removed", removed)
-
-    # --- the batch loop ------------------------------------------------------------------------------------
-
-    async def _sleep_busy(self, seconds: float) -> None:
-        self.busy_s += seconds
-        self.m_busy.labels(**self._lbl).inc(seconds)
-        if seconds > 0:
-            await asyncio.sleep(seconds)
+    # --- the step loop: the shared model, in real time -----------------------------------------------------
 
     async def loop(self) -> None:
-        prefill_turn = True
+        model = self.model
         while True:
-            self.running = [r for r in self.running if not r.cancelled]
-            while self.waiting and self.waiting[0].cancelled:
-                self.prefill_tokens_waiting -= len(self.waiting.popleft().tokens)
-            can_prefill = bool(self.waiting) and len(self.running) < self.profile.max_batch
-            if can_prefill and (prefill_turn or not self.running):
-                await self._prefill(self.waiting.popleft())
-            elif self.running:
-                await self._decode()
-            else:
+            batch = list(model.running)  # the sequences this step decodes
+            duration = model.begin_step()
+            if duration is None:
                 self._work.clear()
                 await self._work.wait()
-            prefill_turn = not prefill_turn
-
-    async def _prefill(self, req: SimRequest) -> None:
-        self.prefill_tokens_waiting -= len(req.tokens)
-        matched = self._lookup(req.keys)
-        req.cached_tokens = matched * self.profile.block_size
-        uncached = len(req.tokens) - req.cached_tokens
-        self.m_queries.labels(**self._lbl).inc(len(req.tokens))
-        self.m_hits.labels(**self._lbl).inc(req.cached_tokens)
-        self.m_gpu_queries.labels(**self._lbl).inc(len(req.tokens))
-        self.m_gpu_hits.labels(**self._lbl).inc(req.cached_tokens)
-        req.prefill_s = self.profile.prefill_time(uncached)
-        await self._sleep_busy(req.prefill_s)
-        self._insert(req.keys)
-        if req.cancelled:
-            return
-        req.first_token_at = time.monotonic()
-        self.m_ttft.labels(**self._lbl).observe(req.first_token_at - req.arrived)
-        self._emit(req)
-        if req.produced < req.max_tokens:
-            self.running.append(req)
-
-    async def _decode(self) -> None:
-        batch = self.running
-        context = sum(len(r.tokens) + r.produced for r in batch)
-        await self._sleep_busy(self.profile.decode_time(len(batch), context))
-        for r in list(batch):
-            if r.cancelled:
                 continue
-            self._emit(r)
-        self.running = [r for r in self.running if r.produced < r.max_tokens and not r.cancelled]
+            self.m_busy.labels(**self._lbl).inc(duration)
+            if duration > 0:
+                await asyncio.sleep(duration)
+            firsts, _ = model.end_step(time.monotonic())
+            for seq in batch:
+                if not seq.cancelled:
+                    self._emit(seq)
+            for seq in firsts:
+                self._first(seq)
 
-    def _emit(self, req: SimRequest) -> None:
+    def _first(self, seq: Seq) -> None:
+        req: SimRequest = seq.payload
+        req.cached_tokens = seq.cached
+        req.prefill_s = self.profile.prefill_base_s + seq.prefill_s + seq.load_s
+        req.first_token_at = seq.first_at
+        for m in (self.m_queries, self.m_gpu_queries):
+            m.labels(**self._lbl).inc(seq.prompt)
+        for m in (self.m_hits, self.m_gpu_hits):
+            m.labels(**self._lbl).inc(seq.cached)
+        self.m_ttft.labels(**self._lbl).observe(req.first_token_at - req.arrived)
+        self._emit(seq)
+
+    def _emit(self, seq: Seq) -> None:
+        req: SimRequest = seq.payload
         req.produced += 1
         done = req.produced >= req.max_tokens
         req.events.put_nowait(("token", " x", done))
+
+    def _cancel(self, req: SimRequest) -> None:
+        req.cancelled = True
+        if req.seq is not None:
+            self.model.cancel(req.seq)
 
     # --- HTTP ----------------------------------------------------------------------------------------------
 
@@ -201,24 +172,24 @@ class SimulatedEngine:
         except APIError as err:
             return err.response()
         tokens = self._tokens(parsed)
-        salt = request.headers.get("x-fleetserve-tenant") or parsed.cache_salt
+        salt = kv_salt(request.headers.get(TENANT_HEADER), parsed.cache_salt)  # tenant: from the router only
         keys = chain_keys(tokens, self.profile.block_size, self._root(salt))
         req = SimRequest(tokens, keys, parsed.sampling.max_tokens or 16, parsed.stream, time.monotonic())
-        self.waiting.append(req)
-        self.prefill_tokens_waiting += len(tokens)
+        req.seq = Seq(len(tokens), req.max_tokens, keys, req)
+        self.model.add(req.seq)
         self._work.set()
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         base = {"id": rid, "created": int(time.time()), "model": self.model_name}
         if parsed.stream:
             def cancel() -> None:
-                req.cancelled = True
+                self._cancel(req)
 
             return WatchedStreamingResponse(self._sse(req, kind, base, parsed.include_usage),
                                             media_type="text/event-stream", on_close=cancel)
         try:
             await until_disconnect(request, self._finish(req))
         except ClientGone:
-            req.cancelled = True
+            self._cancel(req)
             return Response(status_code=499)
         text = " x" * req.produced
         usage = self._usage(req)
@@ -267,9 +238,10 @@ class SimulatedEngine:
         yield b"data: [DONE]\n\n"
 
     def load(self) -> dict:
-        return {"num_requests_running": len(self.running), "num_requests_waiting": len(self.waiting),
-                "num_waiting_prefill_tokens": self.prefill_tokens_waiting,
-                "kv_cache_usage_perc": len(self.cache) / self.profile.cache_blocks, "busy_seconds": self.busy_s}
+        m = self.model
+        return {"num_requests_running": m.num_running, "num_requests_waiting": m.num_waiting,
+                "num_waiting_prefill_tokens": m.waiting_tokens, "kv_cache_usage_perc": m.kv_usage(),
+                "busy_seconds": m.busy_s}
 
     def model_info(self) -> dict:
         return {"model_path": "", "served_model_name": self.model_name, "is_generation": True,
@@ -290,15 +262,16 @@ class SimulatedEngine:
         return JSONResponse({"seq": self.events.seq, "tier": "engine", "keys": list(self.cache.keys())})
 
     def metrics_text(self) -> tuple[bytes, str]:
-        self.m_running.labels(**self._lbl).set(len(self.running))
-        self.m_waiting.labels(**self._lbl).set(len(self.waiting))
-        usage = len(self.cache) / self.profile.cache_blocks
+        self.m_running.labels(**self._lbl).set(self.model.num_running)
+        self.m_waiting.labels(**self._lbl).set(self.model.num_waiting)
+        usage = self.model.kv_usage()
         self.m_usage.labels(**self._lbl).set(usage)
         self.m_usage_legacy.labels(**self._lbl).set(usage)
         return exposition(self.registry)
 
 
-def build_simulated_app(engine: SimulatedEngine) -> Starlette:
+def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = None,
+                        auth: InternalAuth | None = None):
     async def chat(request):
         return await engine.serve(request, "chat")
 
@@ -311,8 +284,8 @@ def build_simulated_app(engine: SimulatedEngine) -> Starlette:
                                                          "max_model_len": 1_000_000}]})
 
     async def health(request):
-        return JSONResponse({"status": "ok", "model": engine.model_name, "running": len(engine.running),
-                             "waiting": len(engine.waiting)})
+        return JSONResponse({"status": "ok", "model": engine.model_name, "running": engine.model.num_running,
+                             "waiting": engine.model.num_waiting})
 
     async def load(request):
         return JSONResponse(engine.load())
@@ -362,11 +335,14 @@ def build_simulated_app(engine: SimulatedEngine) -> Starlette:
         Route("/kv/events", engine.kv_events), Route("/kv/blocks", engine.kv_blocks),
         Route("/metrics", metrics),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
+    return engine_front_door(app, limits or SizeLimits(), auth or InternalAuth(None))
 
 
-def run_simulated_engine(profile: PerfProfile, host: str, port: int, model_name: str) -> None:
+def run_simulated_engine(profile: PerfProfile, host: str, port: int, model_name: str,
+                         internal_token: str | None = None, limits: SizeLimits | None = None) -> None:
     import uvicorn
 
     engine = SimulatedEngine(profile, model_name)
-    uvicorn.run(build_simulated_app(engine), host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+    app = build_simulated_app(engine, limits, InternalAuth(internal_token))
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)

@@ -2,26 +2,41 @@
 
 Prefill time grows with the *uncached* tokens (cached blocks are loaded, not computed); a decode step costs
 a fixed part plus a part per running sequence plus a part per token of context attended (BLIS-style
-linear step model). Profiles are named presets; figures are coarse public ballparks, meant for relative
-comparisons (policies against each other), not absolute predictions.
+linear step model). A step may carry a prefill chunk of at most `prefill_chunk` tokens next to the decode
+of the whole running batch (chunked prefill); the two costs add. Blocks loaded from the L1 (CPU memory) and
+L2 (Redis) tiers cost their bytes over the tier's bandwidth instead of prefill compute.
+
+Profiles are named presets; figures are coarse public ballparks, meant for relative comparisons (policies
+against each other, instance types against each other), not absolute predictions. Each preset names its
+source. A measured profile (`fleetserve profile ... -o profile.json`) loads through `PerfProfile.from_dict`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+from dataclasses import MISSING, asdict, dataclass, fields, replace
+from pathlib import Path
+
+LLAMA_8B_KV_BYTES_PER_TOKEN = 131_072  # 32 layers x 8 KV heads x 128 dims x (K, V) x 2 bytes
 
 
 @dataclass(frozen=True)
 class PerfProfile:
     name: str
-    prefill_base_s: float  # per prefill step
+    prefill_base_s: float  # per step that carries a prefill chunk
     prefill_per_token_s: float  # per uncached prompt token
     decode_base_s: float  # per decode step
     decode_per_seq_s: float  # per running sequence in the step
     decode_per_ctx_token_s: float  # per token of context attended in the step
-    cache_blocks: int  # KV capacity in blocks
+    cache_blocks: int  # KV capacity in blocks (running sequences and the prefix cache share it)
     block_size: int = 256
-    max_batch: int = 64
+    max_batch: int = 64  # sequences in prefill or decode at once (vLLM max_num_seqs)
+    prefill_chunk: int = 1 << 30  # prompt tokens per step (vLLM max_num_batched_tokens); huge: whole prompts
+    load_s: float = 0.0  # model load until the replica answers (after its node is ready)
+    kv_bytes_per_token: int = LLAMA_8B_KV_BYTES_PER_TOKEN
+    l1_gbps: float = 12.0  # CPU memory -> GPU (PCIe, effective)
+    l2_gbps: float = 1.2  # Redis over the network -> GPU
+    source: str = ""
 
     def prefill_time(self, uncached_tokens: int) -> float:
         return self.prefill_base_s + self.prefill_per_token_s * max(0, uncached_tokens)
@@ -31,6 +46,20 @@ class PerfProfile:
             return 0.0
         return self.decode_base_s + self.decode_per_seq_s * batch + self.decode_per_ctx_token_s * context_tokens
 
+    @property
+    def block_bytes(self) -> int:
+        return self.kv_bytes_per_token * self.block_size
+
+    def load_time(self, l1_blocks: int, l2_blocks: int) -> float:
+        """Seconds to bring cached blocks from L1 and L2 into engine memory."""
+        if not (l1_blocks or l2_blocks):
+            return 0.0
+        b = self.block_bytes
+        return l1_blocks * b / (self.l1_gbps * 1e9) + l2_blocks * b / (self.l2_gbps * 1e9)
+
+    def blocks_for_bytes(self, nbytes: int) -> int:
+        return max(0, nbytes // max(self.block_bytes, 1))
+
     def scaled(self, speedup: float) -> PerfProfile:
         """The same machine, `speedup` times faster (for time-compressed replays)."""
         f = 1.0 / speedup
@@ -38,15 +67,50 @@ class PerfProfile:
                        decode_base_s=self.decode_base_s * f, decode_per_seq_s=self.decode_per_seq_s * f,
                        decode_per_ctx_token_s=self.decode_per_ctx_token_s * f)
 
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PerfProfile:
+        """From `fleetserve profile` JSON (extra keys such as measurements are ignored)."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        missing = [f.name for f in fields(cls) if f.name not in values and f.default is MISSING]
+        if missing:
+            raise ValueError(f"performance profile lacks {', '.join(missing)}")
+        return cls(**values)
+
+
+_RAY = "load time: Ray Serve LLM, Llama-3-8B TP1 cold start 71-104 s (research/autoscale.md 10.1)"
+_GPU = dict(max_batch=256, prefill_chunk=2048, load_s=75.0)
 
 PROFILES = {
     # instant-ish, for tests of the HTTP surface
-    "fast": PerfProfile("fast", 0.0005, 1e-6, 0.0005, 1e-5, 0.0, cache_blocks=4096, block_size=16),
-    # Llama-3-8B on one A10G-class GPU (about 3k prompt tokens/s, 25 ms decode steps)
-    "a10g-8b": PerfProfile("a10g-8b", 0.015, 0.00033, 0.025, 0.0004, 2e-8, cache_blocks=176, block_size=256),
+    "fast": PerfProfile("fast", 0.0005, 1e-6, 0.0005, 1e-5, 0.0, cache_blocks=4096, block_size=16,
+                        source="test stand-in"),
+    # Llama-3-8B on one A10G-class GPU (about 3k prompt tokens/s, 25 ms decode steps, ~6 GB of KV)
+    "a10g-8b": PerfProfile("a10g-8b", 0.015, 0.00033, 0.025, 0.0004, 2e-8, cache_blocks=176, block_size=256,
+                           **_GPU, source="A10G 24 GB: 16 GB bf16 weights leave ~6 GB KV; vLLM 8B ballparks; " + _RAY),
+    # Llama-3-8B on one L4 (a little slower than A10G, same memory)
+    "l4-8b": PerfProfile("l4-8b", 0.018, 0.0004, 0.030, 0.0005, 2.5e-8, cache_blocks=176, block_size=256,
+                         **_GPU, source="L4 24 GB: ~0.8x A10G throughput; " + _RAY),
+    # Llama-3-8B on one L40S (about 8k prompt tokens/s, 16 ms steps, ~30 GB of KV)
+    "l40s-8b": PerfProfile("l40s-8b", 0.010, 0.000125, 0.016, 0.00025, 1.2e-8, cache_blocks=900, block_size=256,
+                           **_GPU, source="L40S 48 GB: ~2.5x A10G; " + _RAY),
+    # Llama-3-8B on one A100-40GB (about 12k prompt tokens/s, 14 ms steps, ~22 GB of KV)
+    "a100-8b": PerfProfile("a100-8b", 0.009, 0.000083, 0.014, 0.0002, 1e-8, cache_blocks=660, block_size=256,
+                           **_GPU, source="A100 40 GB: vLLM 8B ballparks; " + _RAY),
     # Llama-3-8B on one H100-class GPU (about 20k prompt tokens/s, 12 ms steps)
-    "h100-8b": PerfProfile("h100-8b", 0.008, 0.00005, 0.012, 0.0002, 1e-8, cache_blocks=4000, block_size=256),
+    "h100-8b": PerfProfile("h100-8b", 0.008, 0.00005, 0.012, 0.0002, 1e-8, cache_blocks=4000, block_size=256,
+                           **_GPU, source="H100 80 GB: vLLM 8B ballparks; " + _RAY),
+    # the built-in engine on this kind of CPU machine (SmolLM2-135M): seconds, not milliseconds
+    "cpu-135m": PerfProfile("cpu-135m", 0.02, 0.0006, 0.03, 0.004, 1e-7, cache_blocks=2048, block_size=256,
+                            max_batch=8, prefill_chunk=256, load_s=8.0, kv_bytes_per_token=9216,
+                            source="research/engine.md: SmolLM2-135M on 2 CPU cores, batch 8, chunk 256"),
 }
+
+#: catalog GPU name -> preset (one replica per GPU)
+GPU_PROFILES = {"A10G": "a10g-8b", "L4": "l4-8b", "L40S": "l40s-8b", "A100-40GB": "a100-8b", "H100-80GB": "h100-8b"}
 
 
 def profile(name: str) -> PerfProfile:
@@ -54,3 +118,22 @@ def profile(name: str) -> PerfProfile:
         return PROFILES[name]
     except KeyError:
         raise ValueError(f"unknown performance profile {name!r}; allowed: {', '.join(PROFILES)}") from None
+
+
+def load_profile(name_or_path: str) -> PerfProfile:
+    """A preset name, or a JSON file written by `fleetserve profile`."""
+    if name_or_path in PROFILES:
+        return PROFILES[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix == ".json" and path.is_file():
+        try:
+            return PerfProfile.from_dict(json.loads(path.read_text()))
+        except (json.JSONDecodeError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: not a performance profile ({exc})") from None
+    raise ValueError(f"unknown performance profile {name_or_path!r}; allowed: {', '.join(PROFILES)} or a "
+                     "profile.json file")
+
+
+def profile_for_gpu(gpu: str) -> PerfProfile:
+    """The preset for a catalog GPU name; unknown GPUs get the A10G preset (the smallest common one)."""
+    return PROFILES[GPU_PROFILES.get(gpu, "a10g-8b")]

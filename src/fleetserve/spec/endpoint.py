@@ -305,6 +305,19 @@ class CapacitySection(SpecModel):
     simulated: SimulatedCloudSection = Field(default_factory=SimulatedCloudSection)
 
 
+class SloSection(SpecModel):
+    """The latency target and GPU budget a scaling policy must meet at peak and at idle (`fleetserve verify`).
+
+    Defaults (used when a spec has no `slo`): TTFT p95 2000 ms, E2E p95 30000 ms, no cost limit, at most 1 %
+    of requests refused or failed.
+    """
+
+    ttft_p95_ms: float = Field(default=2000.0, gt=0, description="time to first token, 95th percentile")
+    e2e_p95_ms: float = Field(default=30000.0, gt=0, description="end-to-end latency, 95th percentile")
+    cost_per_hour_usd: float | None = Field(default=None, gt=0, description="GPU spend per hour; none: no limit")
+    max_error_rate: float = Field(default=0.01, ge=0, le=1, description="refused or failed requests, fraction")
+
+
 class EndpointSpec(SpecModel):
     model: ModelSection
     engine: EngineSection = Field(default_factory=EngineSection)
@@ -319,6 +332,7 @@ class EndpointSpec(SpecModel):
     auth: AuthSection = Field(default_factory=AuthSection)
     router: RouterSection = Field(default_factory=RouterSection)
     capacity: CapacitySection = Field(default_factory=CapacitySection)
+    slo: SloSection | None = None
 
     @model_validator(mode="after")
     def _instance_types_known(self) -> EndpointSpec:

@@ -1,0 +1,27 @@
+"""Which replicas go when the desired count drops, pure: the cheapest ones to lose first.
+
+Not yet useful replicas go before useful ones (pending, then restarting, then starting, then ready); among
+equals, the one on the emptiest node (its node is the likeliest to become empty and be removed), then the
+newest. Shared by the local fleet supervisor and the simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+STATE_RANK = {"pending": 0, "restarting": 1, "starting": 2, "ready": 3}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: str
+    state: str  # pending | restarting | starting | ready
+    node_id: str
+    ordinal: int  # creation order (higher: newer)
+
+
+def victims(candidates: Sequence[Candidate], node_used: Mapping[str, int], count: int) -> list[Candidate]:
+    """The `count` replicas to drain, in order."""
+    ranked = sorted(candidates, key=lambda c: (STATE_RANK.get(c.state, 0), node_used.get(c.node_id, 0), -c.ordinal))
+    return ranked[:max(0, count)]

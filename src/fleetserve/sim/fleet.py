@@ -1,0 +1,546 @@
+"""The fleet in virtual time: the live router policy and admission, the live autoscaler, the live capacity code.
+
+Arrivals go through the gateway's admission (`router.admission`: scale-from-zero buffer, per-replica
+limits and their queue), then the spec's routing policy (`create_policy(...).choose(RouteRequest,
+FleetSnapshot)`) on a snapshot built like the gateway's (`router.backlog` in-flight and prefill backlog),
+then a replica step model (`sim.replica`). Every `reconcile_s` the control loop does what the fleet
+supervisor does: capacity events (spot notices drain, terminations kill), the live `Controller` when its
+polling interval is due (on the fleet's load as it was `metric_lag_s` ago), scale to the desired count
+(`autoscale.scaledown.victims` picks who drains), and consolidation (`capacity.utilization.load_ratio`).
+A new replica waits for its node (provisioning delay of the simulated cloud) and then loads the model
+(`profile.load_s`): that is the cold start.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import math
+from collections.abc import Callable
+
+from fleetserve.autoscale.controller import Controller
+from fleetserve.autoscale.policy import ScalingState
+from fleetserve.autoscale.scaledown import Candidate, victims
+from fleetserve.capacity.catalog import Catalog
+from fleetserve.capacity.placement import InsufficientCapacity
+from fleetserve.capacity.utilization import load_ratio, target_per_replica
+from fleetserve.router.admission import BUFFER, GO, AdmissionSettings, Rejection, admit, buffer_timeout, overflow
+from fleetserve.router.backlog import LoadBook
+from fleetserve.router.kvindex import KVIndex
+from fleetserve.router.policies import FleetSnapshot, ReplicaView, RouteRequest, create_policy, registered_policies
+from fleetserve.router.retry import exclude
+from fleetserve.sim.core import Simulation
+from fleetserve.sim.memory import BlockLRU
+from fleetserve.sim.replica import ReplicaModel, Seq
+from fleetserve.sim.setup import SimOptions, build_capacity, fake_prometheus, profile_for, scaling_policy
+from fleetserve.sim.workload import SimRequestSpec
+
+DRAIN_TIMEOUT = 120.0  # the supervisor stops a draining replica after this even if requests remain
+TTFT_WINDOW = 60.0  # the router's TTFT p95 window
+MAX_DECODE_RUN = 1 << 20  # decode steps one event may cover (cut short when a request arrives)
+
+
+class Req:
+    __slots__ = ("i", "spec", "arrival", "replica", "prefill", "excluded", "first", "done", "error", "seq",
+                 "cached")
+
+    def __init__(self, i: int, spec: SimRequestSpec, arrival: float):
+        self.i = i
+        self.spec = spec
+        self.arrival = arrival
+        self.replica: SimReplica | None = None
+        self.prefill = 0
+        self.excluded: frozenset[str] = frozenset()
+        self.first: float | None = None
+        self.done: float | None = None
+        self.error: str | None = None
+        self.seq: Seq | None = None
+        self.cached = 0
+
+
+class SimReplica:
+    __slots__ = ("id", "ordinal", "node_id", "instance_type", "state", "model", "busy", "reported", "pos", "stale",
+                 "drain_deadline", "profile", "started_at", "ready_at", "gen", "step_start")
+
+    def __init__(self, rid: str, ordinal: int, node_id: str, instance_type: str, model: ReplicaModel, now: float):
+        self.id = rid
+        self.ordinal = ordinal
+        self.node_id = node_id
+        self.instance_type = instance_type
+        self.state = "pending"  # pending -> starting -> ready -> draining -> stopped
+        self.model = model
+        self.profile = model.profile
+        self.busy = False
+        self.pos = -1  # index in the routable views
+        self.stale = False
+        self.gen = 0  # generation of the pending step event (a newer one supersedes it)
+        self.step_start = now
+        self.reported = (0, 0)  # (running, waiting) from the last health probe (informed mode)
+        self.drain_deadline: float | None = None
+        self.started_at = now
+        self.ready_at: float | None = None
+
+
+class SimFleet:
+    def __init__(self, endpoint, workload: list[SimRequestSpec], options: SimOptions,
+                 progress: Callable[[float], None] | None = None):
+        spec = endpoint.spec
+        self.spec = spec
+        self.options = options
+        self.workload = workload
+        self.sim = Simulation(options.seed, options.start_epoch)
+        self.t0 = self.sim.now
+        self.catalog = Catalog.builtin(local_price=spec.capacity.local_price_per_hour)
+        self.capacity = build_capacity(spec, self.catalog, options, self.t0)
+        self.informed = options.knowledge == "informed"
+        strategy = spec.routing.strategy if spec.routing.strategy in registered_policies() else "leastload"
+        self.strategy = strategy
+        self.policy = create_policy(strategy, session_key=spec.routing.session_key)
+        self.kv_index = KVIndex() if self.informed and strategy == "kvaware" else None
+        self.admission = AdmissionSettings.from_spec(spec)
+        self.limit = self.admission.max_concurrent_per_replica
+        self.book = LoadBook()
+        kv = spec.kv_cache
+        self.l1_bytes = kv.l1.max_bytes if kv.l1.enabled else 0
+        self.l2: BlockLRU | None = None
+        self._l2_bytes = kv.l2.max_bytes if kv.l2.enabled else 0
+        self.replicas: list[SimReplica] = []
+        self._by_id: dict[str, SimReplica] = {}
+        self._ids = 0
+        self._views: tuple[ReplicaView, ...] | None = None
+        self._members: list[SimReplica] | None = None  # replicas the router knows (ready or draining)
+        self._view_list: list[ReplicaView] = []
+        self._stale: list[SimReplica] = []
+        self._any_ready = False
+        self.buffer: collections.deque[Req] = collections.deque()
+        self.queue: collections.deque[Req] = collections.deque()
+        self.requests: list[Req] = []
+        self.arrived = 0
+        self.outstanding = 0
+        self._ttfts: collections.deque[tuple[float, float]] = collections.deque()
+        self._loads: collections.deque[tuple[float, dict]] = collections.deque()
+        self._arrivals: collections.deque[tuple[float, int]] = collections.deque([(self.t0, 0)])
+        self.progress = progress
+        # time series for the report: (t, replicas ready, replicas total, nodes, $/h, gpus)
+        self.series: list[tuple[float, int, int, int, float, int]] = []
+        self.decisions: list[tuple[float, int, str]] = []
+        self.rejected: collections.Counter[str] = collections.Counter()
+        self.hits: collections.Counter[str] = collections.Counter()  # prompt tokens, of replicas gone
+        self.policy_scaling = scaling_policy(spec, options)
+        self.controller: Controller | None = None
+        initial = options.static_replicas if options.static_replicas is not None else spec.replicas
+        if self.policy_scaling is not None:
+            state = ScalingState.initial(self.policy_scaling, initial, self.t0)
+            queries = tuple((t.server_address or "", t.query or "") if t.metric == "prometheus" else None
+                            for t in spec.autoscaling.triggers)
+            self.controller = Controller(self.policy_scaling, state, read_load=self._lagged_load, queries=queries,
+                                         prometheus=fake_prometheus(self._lagged_load))
+            initial = state.current
+        self.static = initial
+        self.end = self.t0 + (workload[-1].arrival if workload else 0.0)
+        for _ in range(initial):
+            rep = self._launch()
+            if rep is not None and options.warm_start:
+                self._ready(rep, warm=True)
+
+    # --- replicas ------------------------------------------------------------------------------------------
+
+    @property
+    def desired(self) -> int:
+        return self.controller.desired if self.controller is not None else self.static
+
+    def _launch(self) -> SimReplica | None:
+        now = self.sim.now
+        rid = f"r{self._ids}"
+        slot = self.capacity.acquire(rid, now)
+        if isinstance(slot, InsufficientCapacity):
+            return None
+        self._ids += 1
+        node = slot.node
+        prof = profile_for(node.offering.instance_type, self.catalog, self.options)
+        if self.l2 is None and self._l2_bytes:
+            self.l2 = BlockLRU("l2", prof.blocks_for_bytes(self._l2_bytes))
+        listener = self._listener(rid) if self.kv_index is not None else None
+        model = ReplicaModel(prof, prof.blocks_for_bytes(self.l1_bytes), self.l2, listener)
+        rep = SimReplica(rid, self._ids, node.id, node.offering.instance_type, model, now)
+        self.replicas.append(rep)
+        self._by_id[rid] = rep
+        self.sim.at(max(now, node.ready_at) + prof.load_s, self._ready, rep)
+        self._record()
+        return rep
+
+    def _listener(self, rid: str):
+        index = self.kv_index
+
+        def on_event(kind: str, keys: list, tier: str) -> None:
+            if kind == "stored":
+                index.stored(rid, keys, tier)
+            else:
+                index.removed(rid, keys, tier)
+
+        return on_event
+
+    def _ready(self, rep: SimReplica, warm: bool = False) -> None:
+        if rep.state != "pending":
+            return
+        rep.state = "ready"
+        rep.ready_at = self.sim.now
+        self._membership()
+        self._record()
+        self.views()
+        while self.buffer and self._any_ready:
+            self._dispatch(self.buffer.popleft())
+        if self.queue:
+            self._drain_queue()
+
+    def _membership(self) -> None:
+        """The set of replicas the router knows, or one's state, changed."""
+        self._members = None
+        self._views = None
+
+    def _touch(self, rep: SimReplica) -> None:
+        """A replica's counters changed: its view is rebuilt before the next decision."""
+        if not rep.stale:
+            rep.stale = True
+            self._stale.append(rep)
+            self._views = None
+
+    def _view(self, rep: SimReplica) -> ReplicaView:
+        """The gateway's view of a backend (Backend.view() with the per-replica limit of router.admission)."""
+        running, waiting = rep.reported if self.informed else (0, 0)
+        in_flight = self.book.in_flight[rep.id]
+        healthy = rep.state == "ready" and (not self.limit or in_flight < self.limit)
+        return ReplicaView(rep.id, rep.id, healthy, in_flight, waiting, running, self.book.backlog[rep.id],
+                           rep.profile.cache_blocks if self.informed else 0)
+
+    def views(self) -> tuple[ReplicaView, ...]:
+        views = self._views
+        if views is not None:
+            return views
+        members = self._members
+        if members is None:
+            members = self._members = [r for r in self.replicas if r.state in ("ready", "draining")]
+            for i, r in enumerate(members):
+                r.pos, r.stale = i, False
+            self._view_list = [self._view(r) for r in members]
+            self._any_ready = any(r.state == "ready" for r in members)
+        else:
+            vl = self._view_list
+            for r in self._stale:
+                r.stale = False
+                if 0 <= r.pos < len(members) and members[r.pos] is r:
+                    vl[r.pos] = self._view(r)
+        self._stale.clear()
+        views = self._views = tuple(self._view_list)
+        return views
+
+    def _remove(self, rep: SimReplica, killed: bool = False) -> None:
+        if rep.state == "stopped":
+            return
+        rep.state = "stopped"
+        self.replicas.remove(rep)
+        self.capacity.release(rep.id, rep.node_id, self.sim.now)
+        self._membership()
+        if killed:
+            model = rep.model
+            for seq in list(model.waiting) + list(model.prefilling) + list(model.running):
+                req: Req = seq.payload
+                model.cancel(seq)
+                self._lost(req, rep)
+        self._retire(rep.model)
+        self.book.forget(rep.id)
+        if self.kv_index is not None:
+            self.kv_index.forget(rep.id)
+        self._membership()
+        self._record()
+
+    def _retire(self, model: ReplicaModel) -> None:
+        h = self.hits
+        h["queried"] += model.queried
+        h["engine"] += model.hit_engine
+        h["l1"] += model.hit_l1_tokens
+        h["l2"] += model.hit_l2_tokens
+        h["oversized"] += model.oversized
+        model.queried = model.hit_engine = model.hit_l1_tokens = model.hit_l2_tokens = model.oversized = 0
+
+    def _drain(self, rep: SimReplica) -> None:
+        if rep.state in ("pending", "starting"):
+            self._remove(rep)
+            return
+        if rep.state == "ready":
+            rep.state = "draining"
+            rep.drain_deadline = self.sim.now + DRAIN_TIMEOUT
+            self._membership()
+            self._record()
+
+    # --- requests ------------------------------------------------------------------------------------------
+
+    def _arrive(self, i: int) -> None:
+        spec = self.workload[i]
+        req = Req(i, spec, self.sim.now)
+        self.requests.append(req)
+        self.arrived += 1
+        self.outstanding += 1
+        if i + 1 < len(self.workload):
+            self.sim.at(self.t0 + self.workload[i + 1].arrival, self._arrive, i + 1)
+        self._dispatch(req)
+
+    def _dispatch(self, req: Req) -> None:
+        views = self.views()
+        any_ready = self._any_ready
+        any_slot = any(v.healthy for v in views) if self.limit else any_ready
+        verdict = admit(self.admission, any_ready, any_slot, len(self.buffer), len(self.queue))
+        if verdict is GO:
+            self._route(req, views)
+        elif isinstance(verdict, Rejection):
+            self._fail(req, verdict.code)
+        elif verdict is BUFFER:
+            self.buffer.append(req)
+            self.sim.after(self.admission.buffer_timeout, self._buffer_timeout, req)
+        else:
+            self.queue.append(req)
+            self.sim.after(self.admission.buffer_timeout, self._queue_timeout, req)
+
+    def _buffer_timeout(self, req: Req) -> None:
+        if req in self.buffer:
+            self.buffer.remove(req)
+            self._fail(req, buffer_timeout(self.admission).code)
+
+    def _queue_timeout(self, req: Req) -> None:
+        if req in self.queue:
+            self.queue.remove(req)
+            self._fail(req, overflow(self.admission, "no slot became free in time").code)
+
+    def _route(self, req: Req, views: tuple[ReplicaView, ...]) -> None:
+        spec = req.spec
+        headers = {"x-session-id": spec.session} if spec.session else {}
+        route = RouteRequest("/v1/completions", {}, headers, None, req.excluded, spec.router_keys,
+                             spec.router_block, spec.prompt, spec.exact)
+        choice = self.policy.choose(route, FleetSnapshot(views, self.sim.now, self.kv_index))
+        if choice is None:
+            if req.excluded and self._any_ready:
+                req.excluded = frozenset()  # every replica was tried: start over on the next slot
+            self.queue.append(req)
+            return
+        rep = self._by_id[choice.replica.id]
+        req.replica = rep
+        req.prefill = choice.prefill_tokens
+        self.book.sent(rep.id, choice.prefill_tokens)
+        self._touch(rep)
+        seq = req.seq = Seq(spec.prompt, spec.output, spec.engine_keys, req)
+        rep.model.add(seq)
+        if not rep.busy:
+            self._step(rep)
+        elif rep.model.planned_steps > 1:  # it is in a run of decode steps: stop the run at the current step
+            now = self.sim.now
+            j = rep.model.steps_by(now - rep.step_start)
+            if j < rep.model.planned_steps:
+                rep.gen += 1
+                self.sim.at(rep.step_start + rep.model.truncate(j), self._step_done, (rep, rep.gen))
+
+    def _fail(self, req: Req, code: str) -> None:
+        req.error = code
+        req.done = self.sim.now
+        self.rejected[code] += 1
+        self.outstanding -= 1
+
+    def _lost(self, req: Req, rep: SimReplica) -> None:
+        """Its replica died: before the first byte the router retries elsewhere, after it the stream fails."""
+        self.book.failed(rep.id, req.prefill, req.first is not None)
+        if req.first is None:
+            req.excluded = exclude(req.excluded, rep.id)
+            req.replica = None
+            self._dispatch(req)
+        else:
+            self._fail(req, "upstream_failed")
+
+    # --- replica steps -------------------------------------------------------------------------------------
+
+    def _step(self, rep: SimReplica) -> None:
+        duration = rep.model.begin_step(MAX_DECODE_RUN)
+        if duration is None:
+            rep.busy = False
+            if rep.state == "draining":
+                self._maybe_drained(rep)
+            return
+        rep.busy = True
+        rep.gen += 1
+        rep.step_start = self.sim.now
+        self.sim.after(duration, self._step_done, (rep, rep.gen))
+
+    def _step_done(self, arg: tuple[SimReplica, int]) -> None:
+        rep, gen = arg
+        if gen != rep.gen or rep.state == "stopped":
+            return  # superseded by a shorter run, or the replica is gone
+        now = self.sim.now
+        firsts, finished = rep.model.end_step(now)
+        if firsts:
+            book, ttfts = self.book, self._ttfts
+            for seq in firsts:
+                req: Req = seq.payload
+                req.first = now
+                req.cached = seq.cached
+                book.backlog[rep.id] -= req.prefill
+                ttfts.append((now, now - req.arrival))
+            self._touch(rep)
+        if finished:
+            in_flight = self.book.in_flight
+            for seq in finished:
+                req = seq.payload
+                req.done = now
+                in_flight[rep.id] -= 1
+            self.outstanding -= len(finished)
+            self._touch(rep)
+            if self.queue:
+                self._drain_queue()
+        self._step(rep)
+
+    def _drain_queue(self) -> None:
+        while self.queue:
+            views = self.views()
+            if not any(v.healthy for v in views):
+                return
+            self._route(self.queue.popleft(), views)
+
+    def _maybe_drained(self, rep: SimReplica) -> None:
+        if self.book.in_flight[rep.id] <= 0 and rep.model.idle:
+            self._remove(rep)
+
+    # --- control loop --------------------------------------------------------------------------------------
+
+    def load(self) -> dict:
+        """What the router's /admin/load says now."""
+        reps = self.replicas
+        now = self.sim.now
+        ttfts = self._ttfts
+        while ttfts and ttfts[0][0] < now - TTFT_WINDOW - self.options.metric_lag_s:
+            ttfts.popleft()
+        marks = self._arrivals
+        marks.append((now, self.arrived))
+        while len(marks) > 2 and marks[1][0] <= now - 60.0:
+            marks.popleft()
+        mark_t, mark_n = marks[0]
+        rate = (self.arrived - mark_n) / (now - mark_t) if now > mark_t else 0.0
+        return {"pending": len(self.buffer), "in_flight": sum(self.book.in_flight[r.id] for r in reps),
+                "waiting": sum(r.model.num_waiting for r in reps) + len(self.queue), "requests_total": self.arrived,
+                "request_rate": rate, "ttft_p95_ms": None}
+
+    def _lagged_load(self) -> dict | None:
+        cutoff = self.sim.now - self.options.metric_lag_s
+        loads = self._loads
+        best = None
+        for t, load in loads:
+            if t <= cutoff + 1e-9:
+                best = load
+            else:
+                break
+        if best is None:
+            return None if not loads else loads[0][1]
+        if best["ttft_p95_ms"] is None:  # computed only when the controller reads it (sorting is not free)
+            values = sorted(v for t, v in self._ttfts if cutoff - TTFT_WINDOW <= t <= cutoff)
+            best["ttft_p95_ms"] = values[min(len(values) - 1, int(0.95 * len(values)))] * 1000 if values else 0.0
+        return best
+
+    def _reconcile(self, _arg=None) -> None:
+        now = self.sim.now
+        load = self.load()
+        self._loads.append((now, load))
+        while len(self._loads) > 2 and self._loads[1][0] <= now - self.options.metric_lag_s - 1e-9:
+            self._loads.popleft()
+        for event in self.capacity.poll(now):
+            on_node = [r for r in list(self.replicas) if r.node_id == event.node_id]
+            if event.kind == "interruption-notice":
+                for r in on_node:
+                    self._drain(r)
+            elif event.kind == "terminated":
+                for r in on_node:
+                    self._remove(r, killed=True)
+        if self.controller is not None and self.controller.due(now, len(self.buffer)):
+            decision = self.controller.tick(now, self._lagged_load())
+            self.decisions.append((now - self.t0, decision.desired, decision.reason))
+        self._scale_to(self.desired)
+        for r in [r for r in self.replicas if r.state == "draining"]:
+            if (self.book.in_flight[r.id] <= 0 and r.model.idle) or now >= (r.drain_deadline or now):
+                self._remove(r, killed=self.book.in_flight[r.id] > 0)
+        ready = sum(1 for r in self.replicas if r.state == "ready")
+        ratio = load_ratio(load["in_flight"], load["pending"], target_per_replica(self.policy_scaling), ready)
+        before = len(self.capacity.nodes())
+        self.capacity.consolidate(now, ratio)
+        if len(self.capacity.nodes()) != before:
+            self._record()
+        if self.progress is not None:
+            self.progress(now - self.t0)
+        if self.outstanding > 0 or now < self.end:
+            self.sim.after(self.options.reconcile_s, self._reconcile)
+
+    def _scale_to(self, desired: int) -> None:
+        active = [r for r in self.replicas if r.state != "draining"]
+        if len(active) < desired:
+            for _ in range(desired - len(active)):
+                if self._launch() is None:
+                    break
+        elif len(active) > desired:
+            used = {n.id: n.used for n in self.capacity.nodes()}
+            cands = [Candidate(r.id, "starting" if r.state == "pending" and self._node_ready(r) else r.state,
+                               r.node_id, r.ordinal) for r in active]
+            for c in victims(cands, used, len(active) - desired):
+                self._drain(self._by_id[c.id])
+
+    def _node_ready(self, rep: SimReplica) -> bool:
+        node = next((n for n in self.capacity.nodes() if n.id == rep.node_id), None)
+        return node is not None and node.ready(self.sim.now)
+
+    def _probe(self, _arg=None) -> None:
+        for r in self.replicas:
+            reported = (r.model.num_running, r.model.num_waiting)
+            if reported != r.reported:
+                r.reported = reported
+                self._touch(r)
+        if self.outstanding > 0 or self.sim.now < self.end:
+            self.sim.after(self.options.health_interval_s, self._probe)
+
+    def _record(self) -> None:
+        reps = self.replicas
+        nodes = self.capacity.nodes()
+        gpus = 0
+        for n in nodes:
+            t = n.offering.instance_type
+            gpus += self.catalog.get(t).gpus if t != "local" else 0
+        point = (self.sim.now - self.t0, sum(1 for r in reps if r.state in ("ready", "draining")), len(reps),
+                 len(nodes), self.capacity.cost_per_hour(), gpus)
+        if self.series and self.series[-1][0] == point[0]:
+            self.series[-1] = point
+        else:
+            self.series.append(point)
+
+    # --- run -----------------------------------------------------------------------------------------------
+
+    def run(self) -> SimFleet:
+        if self.workload:
+            self.sim.at(self.t0 + self.workload[0].arrival, self._arrive, 0)
+        self.sim.at(self.t0, self._reconcile)
+        if self.informed:
+            self.sim.at(self.t0, self._probe)
+        self.sim.run()
+        self.finished_at = self.sim.now
+        for r in self.replicas:
+            self._retire(r.model)
+        self._record()
+        return self
+
+
+def series_at(series: list[tuple], t: float) -> tuple:
+    """The step-function value of a series at time t."""
+    i = bisect.bisect_right([p[0] for p in series], t) - 1
+    return series[max(i, 0)]
+
+
+def span_hours(series: list[tuple], start: float, end: float, column: int) -> float:
+    """Integral of a step-function column over [start, end], in hours (e.g. $/h -> $, GPUs -> GPU-hours)."""
+    total = 0.0
+    for (t, *vals), nxt in zip(series, [*series[1:], None], strict=False):
+        a = max(t, start)
+        b = min(nxt[0] if nxt is not None else math.inf, end)
+        if b > a:
+            total += vals[column - 1] * (b - a)
+    return total / 3600

@@ -1,0 +1,321 @@
+"""One engine replica as a step model: the same object runs in virtual time (sim/fleet.py) and in real time
+(engine/simulated.py, behind the engine's HTTP surface).
+
+A caller asks `begin_step()` for the next step's duration, lets that much time pass (an event or a sleep) and
+calls `end_step()`, which says whose first token and whose last token the step produced. A step admits
+waiting requests (prefix lookup engine -> L1 -> L2, memory reserved), runs one prefill chunk of at most
+`prefill_chunk` tokens over the admitted prompts in order, and one decode step for the whole running batch.
+Decoding costs O(1) per step however large the batch: each sequence records the step at which it will have
+produced all its tokens (a heap), and the attended context is one running sum.
+
+Memory: the engine's `cache_blocks` hold the prefix cache (an LRU of block keys) *and* the blocks reserved by
+admitted sequences (prompt + output, minus the prefix found in the engine). A request is admitted only when
+its reservation fits after evicting unreferenced cache blocks into L1 (and from there L2); a request that
+does not fit even in an empty engine is admitted alone (vLLM would reject it; here it runs, and says so in
+`oversized`). Simplifications, written down: reservations cover the whole output at admission (no
+preemption); cached blocks a running sequence uses are not pinned.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from typing import Any
+
+from fleetserve.sim.memory import BlockLRU, Listener, engine_match
+from fleetserve.sim.perf import PerfProfile
+
+_ids = itertools.count()
+
+
+class Seq:
+    """A request inside a replica. `payload` is the caller's (the simulator's request, an HTTP job)."""
+
+    __slots__ = ("id", "prompt", "output", "keys", "payload", "left", "reserved", "entry_step", "cached",
+                 "hit_l1", "hit_l2", "first_at", "done_at", "cancelled", "state", "load_s", "prefill_s")
+
+    def __init__(self, prompt: int, output: int, keys: Sequence = (), payload: Any = None):
+        self.id = next(_ids)
+        self.prompt = max(1, prompt)
+        self.output = max(1, output)
+        self.keys = keys
+        self.payload = payload
+        self.left = 0
+        self.reserved = 0
+        self.entry_step = 0
+        self.cached = 0  # prompt tokens found in any tier
+        self.hit_l1 = 0  # of which, blocks loaded from L1
+        self.hit_l2 = 0  # and from L2
+        self.first_at: float | None = None
+        self.done_at: float | None = None
+        self.cancelled = False
+        self.state = "waiting"  # waiting | prefill | decode | done
+        self.load_s = 0.0
+        self.prefill_s = 0.0  # prefill compute attributed to this sequence
+
+
+class ReplicaModel:
+    def __init__(self, profile: PerfProfile, l1_blocks: int = 0, l2: BlockLRU | None = None,
+                 listener: Listener | None = None):
+        self.profile = profile
+        self.block = profile.block_size
+        self.capacity = profile.cache_blocks
+        self.cache: OrderedDict = OrderedDict()  # engine-tier prefix cache
+        self.listener = listener
+        self.l1 = BlockLRU("l1", l1_blocks, spill=l2, listener=listener) if (l1_blocks or l2) else None
+        self.l2 = l2
+        self.reserved = 0
+        self.waiting: deque[Seq] = deque()
+        self.prefilling: deque[Seq] = deque()
+        self.running: dict[Seq, None] = {}
+        self._finish: list[tuple[int, int, Seq]] = []
+        self.steps = 0  # decode steps so far
+        self.ctx = 0  # context tokens attended by one decode step of the running batch
+        self.waiting_tokens = 0  # prompt tokens not prefilled yet (queued or in prefill)
+        self.busy_s = 0.0
+        self.oversized = 0
+        # per-tier prompt-token hits and lookups (hit rate = hits / queried)
+        self.queried = 0
+        self.hit_engine = 0
+        self.hit_l1_tokens = 0
+        self.hit_l2_tokens = 0
+        self._completing: list[Seq] = []
+        self._decoded = False
+        self._planned = 1  # decode steps in the planned step (more than one: a run of pure decode steps)
+        self._a = 0.0  # duration of the first planned decode step
+        self._c = 0.0  # growth of each further one (its context grew by the batch)
+
+    # --- queue ---------------------------------------------------------------------------------------------
+
+    def add(self, seq: Seq) -> None:
+        seq.state = "waiting"
+        self.waiting.append(seq)
+        self.waiting_tokens += seq.prompt
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running) + len(self.prefilling)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.waiting or self.prefilling or self.running)
+
+    def kv_usage(self) -> float:
+        return min(1.0, (len(self.cache) + self.reserved) / max(self.capacity, 1))
+
+    def produced(self, seq: Seq) -> int:
+        if seq.state == "decode":
+            return 1 + self.steps - seq.entry_step
+        return seq.output if seq.state == "done" else 0
+
+    def cancel(self, seq: Seq) -> None:
+        if seq.cancelled or seq.state == "done":
+            return
+        seq.cancelled = True
+        if seq.state == "waiting":
+            self.waiting.remove(seq)
+            self.waiting_tokens -= seq.prompt
+        elif seq.state == "prefill":
+            self.prefilling.remove(seq)
+            self.waiting_tokens -= seq.prompt
+            self._release(seq)
+        elif seq.state == "decode":
+            del self.running[seq]
+            self.ctx -= seq.prompt + self.produced(seq)
+            self._release(seq)
+        seq.state = "done"
+
+    # --- memory --------------------------------------------------------------------------------------------
+
+    def _release(self, seq: Seq) -> None:
+        self.reserved -= seq.reserved
+        seq.reserved = 0
+
+    def _evict(self, need: int) -> None:
+        """Evict LRU cache blocks until `need` more blocks fit (cascading into L1/L2)."""
+        cache = self.cache
+        over = len(cache) + self.reserved + need - self.capacity
+        if over <= 0 or not cache:
+            return
+        evicted = [cache.popitem(last=False)[0] for _ in range(min(over, len(cache)))]
+        if self.listener is not None:
+            self.listener("removed", evicted, "engine")
+        if self.l1 is not None:
+            self.l1.put(evicted)
+
+    def _admit(self) -> float:
+        """Move waiting requests into prefill while slots and memory allow; returns tier load time."""
+        load = 0.0
+        waiting, block, prof = self.waiting, self.block, self.profile
+        while waiting and len(self.running) + len(self.prefilling) < prof.max_batch:
+            seq = waiting[0]
+            keys = seq.keys
+            hit = engine_match(self.cache, keys) if keys else 0
+            h1 = h2 = 0
+            if keys and hit < len(keys) and self.l1 is not None:
+                h1 = self.l1.match(keys, hit)
+                if self.l2 is not None:
+                    h2 = self.l2.match(keys, hit + h1)
+            total = (seq.prompt + seq.output + block - 1) // block
+            need = max(0, total - hit)
+            if len(self.cache) + self.reserved + need > self.capacity:
+                self._evict(need)
+                if self.reserved + need > self.capacity:
+                    if self.running or self.prefilling:
+                        break  # wait for memory
+                    self.oversized += 1
+            waiting.popleft()
+            self.reserved += need
+            seq.reserved = need
+            seq.cached = min(seq.prompt, (hit + h1 + h2) * block)
+            seq.hit_l1, seq.hit_l2 = h1, h2
+            seq.left = seq.prompt - seq.cached
+            seq.state = "prefill"
+            seq.load_s = prof.load_time(h1, h2) if (h1 or h2) else 0.0
+            load += seq.load_s
+            self.prefilling.append(seq)
+            self.queried += seq.prompt
+            if seq.cached:
+                e = min(seq.cached, hit * block)
+                self.hit_engine += e
+                t1 = min(seq.cached - e, h1 * block)
+                self.hit_l1_tokens += t1
+                self.hit_l2_tokens += seq.cached - e - t1
+        return load
+
+    # --- steps ---------------------------------------------------------------------------------------------
+
+    def begin_step(self, max_steps: int = 1) -> float | None:
+        """Plan the next step; its duration in seconds, or None when there is nothing to do.
+
+        With `max_steps` > 1, a run of pure decode steps (nothing to prefill) up to the next finishing
+        sequence is planned as one: the same steps, one event. A caller that must stop early (a request
+        arrived) asks `steps_by(elapsed)` and `truncate(j)`.
+        """
+        load = self._admit() if self.waiting else 0.0
+        prof = self.profile
+        tokens = 0
+        completing = self._completing = []
+        if self.prefilling:
+            budget = prof.prefill_chunk
+            for seq in self.prefilling:
+                take = seq.left if seq.left < budget - tokens else budget - tokens
+                seq.left -= take
+                tokens += take
+                seq.prefill_s += prof.prefill_per_token_s * take
+                if seq.left == 0:
+                    completing.append(seq)
+                if tokens >= budget:
+                    break
+        batch = len(self.running)
+        self._decoded = batch > 0
+        self._planned = 1
+        if not tokens and not batch and not completing:
+            return None
+        if max_steps > 1 and batch and not tokens and not completing and not load:
+            a = prof.decode_base_s + prof.decode_per_seq_s * batch + prof.decode_per_ctx_token_s * self.ctx
+            c = prof.decode_per_ctx_token_s * batch
+            k = max(1, min(max_steps, self._finish[0][0] - self.steps)) if self._finish else 1
+            self._planned, self._a, self._c = k, a, c
+            duration = k * a + c * k * (k - 1) / 2
+            self.busy_s += duration
+            return duration
+        duration = load
+        if tokens or completing:
+            duration += prof.prefill_base_s + prof.prefill_per_token_s * tokens
+        if batch:
+            duration += prof.decode_base_s + prof.decode_per_seq_s * batch + prof.decode_per_ctx_token_s * self.ctx
+        self.busy_s += duration
+        return duration
+
+    @property
+    def planned_steps(self) -> int:
+        return self._planned
+
+    def steps_by(self, elapsed: float) -> int:
+        """In a planned run of decode steps: how many have ended or are running after `elapsed` seconds."""
+        a, c, k = self._a, self._c, self._planned
+        if c > 0:
+            j = (-(a - c / 2) + ((a - c / 2) ** 2 + 2 * c * elapsed) ** 0.5) / c
+        else:
+            j = elapsed / a if a > 0 else k
+        j = max(1, min(k, int(j) + 1 if j > int(j) + 1e-9 else int(j)))
+        while j < k and j * a + c * j * (j - 1) / 2 < elapsed - 1e-12:
+            j += 1
+        return max(1, j)
+
+    def truncate(self, j: int) -> float:
+        """Cut the planned run to its first `j` steps; returns their duration."""
+        k = self._planned
+        j = max(1, min(j, k))
+        full = k * self._a + self._c * k * (k - 1) / 2
+        part = j * self._a + self._c * j * (j - 1) / 2
+        self.busy_s -= full - part
+        self._planned = j
+        return part
+
+    def end_step(self, now: float) -> tuple[list[Seq], list[Seq]]:
+        """Apply the planned step at its end time: (sequences with their first token, finished sequences)."""
+        finished: list[Seq] = []
+        if self._decoded:
+            k = self._planned
+            self.steps += k
+            self.ctx += len(self.running) * k
+            heap, steps = self._finish, self.steps
+            while heap and heap[0][0] <= steps:
+                seq = heapq.heappop(heap)[2]
+                if seq.state != "decode":
+                    continue  # cancelled
+                del self.running[seq]
+                self.ctx -= seq.prompt + seq.output
+                self._release(seq)
+                seq.state = "done"
+                seq.done_at = now
+                finished.append(seq)
+        firsts = [s for s in self._completing if s.state == "prefill"]  # the wrapper may have cancelled some
+        self._completing = []
+        prefilling = self.prefilling
+        for seq in firsts:
+            if prefilling[0] is seq:
+                prefilling.popleft()
+            else:
+                prefilling.remove(seq)
+            self.waiting_tokens -= seq.prompt
+            seq.first_at = now
+            if seq.keys:
+                self._store(seq)
+            if seq.output <= 1:
+                self._release(seq)
+                seq.state = "done"
+                seq.done_at = now
+                finished.append(seq)
+            else:
+                seq.state = "decode"
+                seq.entry_step = self.steps
+                self.running[seq] = None
+                self.ctx += seq.prompt + 1
+                heapq.heappush(self._finish, (self.steps + seq.output - 1, seq.id, seq))
+        return firsts, finished
+
+    def _store(self, seq: Seq) -> None:
+        """The prompt's full blocks enter the engine cache; reserved blocks become cached ones."""
+        cache = self.cache
+        stored = []
+        for key in seq.keys:
+            if key in cache:
+                cache.move_to_end(key)
+            else:
+                cache[key] = None
+                stored.append(key)
+        moved = min(len(stored), seq.reserved)
+        seq.reserved -= moved
+        self.reserved -= moved
+        if self.listener is not None and stored:
+            self.listener("stored", stored, "engine")
+        self._evict(0)

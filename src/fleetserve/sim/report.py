@@ -1,0 +1,122 @@
+"""The simulation report: latency percentiles, SLO attainment, GPU-hours and cost, hit rates, split into
+peak and idle windows.
+
+Windows: the trace's span is cut into `window_s` windows (default 300 s) counted by arrivals; `peak` is the
+busiest `peak_fraction` of them (default 10 %, at least one), `idle` the quietest `idle_fraction` (default
+25 %, at least one, empty windows included). Each of `peak` and `idle` carries the same latency and cost keys
+as the whole run, computed over its own windows: requests that arrived in them, and the money and GPU-hours
+spent during them. A request meets the SLO when its TTFT and E2E are within the targets; a refused or failed
+request never does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fleetserve.sim.fleet import SimFleet, span_hours
+
+DEFAULT_SLO = {"ttft_p95_ms": 2000.0, "e2e_p95_ms": 30000.0, "cost_per_hour_usd": None, "max_error_rate": 0.01}
+
+
+def slo_of(endpoint, overrides: dict | None = None) -> tuple[dict, str]:
+    """The SLO to judge against and where it came from ("spec", "defaults", "flags")."""
+    section = endpoint.spec.slo
+    slo = dict(DEFAULT_SLO) if section is None else {
+        "ttft_p95_ms": section.ttft_p95_ms, "e2e_p95_ms": section.e2e_p95_ms,
+        "cost_per_hour_usd": section.cost_per_hour_usd, "max_error_rate": section.max_error_rate}
+    source = "defaults" if section is None else "spec"
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if given:
+        slo.update(given)
+        source += "+flags"
+    return slo, source
+
+
+def _pcts(values: np.ndarray) -> dict:
+    if values.size == 0:
+        return {"p50": None, "p95": None, "p99": None}
+    p50, p95, p99 = np.percentile(values, [50, 95, 99])
+    return {"p50": round(float(p50), 3), "p95": round(float(p95), 3), "p99": round(float(p99), 3)}
+
+
+def windows(fleet: SimFleet) -> tuple[list[tuple[float, float]], list[tuple[float, float]], list[int]]:
+    """(peak windows, idle windows, arrivals per window) as (start, end) seconds after the trace start."""
+    opts = fleet.options
+    span = max(fleet.end - fleet.t0, 1e-9)
+    n = max(1, math.ceil(span / opts.window_s))
+    counts = [0] * n
+    for req in fleet.requests:
+        counts[min(n - 1, int((req.arrival - fleet.t0) / opts.window_s))] += 1
+    bounds = [(i * opts.window_s, min(span, (i + 1) * opts.window_s)) for i in range(n)]
+    order = sorted(range(n), key=lambda i: (-counts[i], i))
+    k_peak = max(1, math.floor(n * opts.peak_fraction))
+    k_idle = max(1, math.floor(n * opts.idle_fraction))
+    peak = sorted(order[:k_peak])
+    idle = sorted(order[::-1][:k_idle])
+    return [bounds[i] for i in peak], [bounds[i] for i in idle], counts
+
+
+def _section(fleet: SimFleet, reqs: list, spans: list[tuple[float, float]], slo: dict) -> dict:
+    ok = [r for r in reqs if r.error is None and r.first is not None and r.done is not None]
+    ttft = np.array([(r.first - r.arrival) * 1000 for r in ok])
+    e2e = np.array([(r.done - r.arrival) * 1000 for r in ok])
+    met = int(np.sum((ttft <= slo["ttft_p95_ms"]) & (e2e <= slo["e2e_p95_ms"]))) if ok else 0
+    cost = sum(span_hours(fleet.series, a, b, 4) for a, b in spans)
+    gpu_hours = sum(span_hours(fleet.series, a, b, 5) for a, b in spans)
+    hours = sum(b - a for a, b in spans) / 3600
+    failed = len(reqs) - len(ok)
+    return {
+        "requests": len(reqs),
+        "failed": failed,
+        "error_rate": round(failed / len(reqs), 6) if reqs else 0.0,
+        "ttft_ms": _pcts(ttft),
+        "e2e_ms": _pcts(e2e),
+        "slo_attainment": round(met / len(reqs), 6) if reqs else 1.0,
+        "gpu_hours": round(gpu_hours, 6),
+        "cost_usd": round(cost, 6),
+        "cost_per_hour_usd": round(cost / hours, 6) if hours > 0 else 0.0,
+        "hours": round(hours, 6),
+    }
+
+
+def build_report(fleet: SimFleet, slo: dict, slo_source: str) -> dict:
+    t0 = fleet.t0
+    end = max(fleet.end, fleet.finished_at) - t0
+    whole = _section(fleet, fleet.requests, [(0.0, end)], slo)
+    peak_spans, idle_spans, counts = windows(fleet)
+
+    w, last = fleet.options.window_s, len(counts) - 1
+
+    def within(spans):
+        chosen = {int(a / w) for a, _ in spans}
+        return [r for r in fleet.requests if min(last, int((r.arrival - t0) / w)) in chosen]
+
+    peak = _section(fleet, within(peak_spans), peak_spans, slo)
+    idle = _section(fleet, within(idle_spans), idle_spans, slo)
+    peak["windows"] = [[round(a, 3), round(b, 3)] for a, b in peak_spans]
+    idle["windows"] = [[round(a, 3), round(b, 3)] for a, b in idle_spans]
+    h = fleet.hits
+    queried = max(h["queried"], 1)
+    hit = h["engine"] + h["l1"] + h["l2"]
+    desired = [d for _, d, _ in fleet.decisions]
+    return {
+        **whole,
+        "hit_rate": {"total": round(hit / queried, 6), "engine": round(h["engine"] / queried, 6),
+                     "l1": round(h["l1"] / queried, 6), "l2": round(h["l2"] / queried, 6)},
+        "replicas_max": max((p[2] for p in fleet.series), default=0),
+        "replicas_ready_max": max((p[1] for p in fleet.series), default=0),
+        "nodes_max": max((p[3] for p in fleet.series), default=0),
+        "duration_s": round(end, 3),
+        "failed_by_reason": dict(fleet.rejected),
+        "peak": peak,
+        "idle": idle,
+        "slo": {**slo, "source": slo_source},
+        "routing": {"strategy": fleet.strategy, "knowledge": fleet.options.knowledge},
+        "scaling": {"autoscaling": fleet.controller is not None, "decisions": len(fleet.decisions),
+                    "changes": sum(1 for a, b in zip(desired, desired[1:], strict=False) if a != b)},
+        "windows": {"window_s": fleet.options.window_s, "peak_fraction": fleet.options.peak_fraction,
+                    "idle_fraction": fleet.options.idle_fraction, "arrivals": counts},
+        "sim": {"seed": fleet.options.seed, "events": fleet.sim.events, "oversized_requests": h["oversized"]},
+    }

@@ -1,0 +1,41 @@
+"""One simulation from a spec and a trace: the entry point the CLI, verify, plan and the benchmarks share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fleetserve.sim.fleet import SimFleet
+from fleetserve.sim.report import build_report, slo_of
+from fleetserve.sim.setup import SimOptions, profile_for, uses_cloud
+from fleetserve.sim.workload import SimRequestSpec, build_workload
+from fleetserve.traces.model import TraceRequest
+
+
+@dataclass
+class SimResult:
+    report: dict
+    fleet: SimFleet
+
+
+def engine_block(endpoint, options: SimOptions) -> int:
+    """The engines' KV block size: the profile's (the first instance type's, or the chosen profile)."""
+    from fleetserve.capacity.catalog import Catalog
+    from fleetserve.sim.setup import gpu_types
+
+    catalog = Catalog.builtin()
+    types = gpu_types(endpoint.spec, catalog) if uses_cloud(endpoint.spec, catalog) else ["local"]
+    return profile_for(types[0], catalog, options).block_size
+
+
+def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options: SimOptions | None = None,
+             slo: dict | None = None, progress: Callable[[float], None] | None = None) -> SimResult:
+    """Run `endpoint` against `trace`; `slo` overrides the spec's targets (None values keep them)."""
+    options = options or SimOptions()
+    if trace and isinstance(trace[0], TraceRequest):
+        workload = build_workload(trace, engine_block(endpoint, options), options.knowledge == "informed")
+    else:
+        workload = list(trace)
+    fleet = SimFleet(endpoint, workload, options, progress).run()
+    targets, source = slo_of(endpoint, slo)
+    return SimResult(build_report(fleet, targets, source), fleet)

@@ -1,0 +1,142 @@
+"""From an Endpoint spec to the simulator's parts: options, performance profiles, capacity, scaling policy.
+
+Choices the spec does not make, made here and documented in docs/simulator.md:
+- a spec with instance types (ours or HyperPod's) runs on the simulated cloud even when it says
+  `capacity.provider: local` (a local fleet cannot run GPU types; the simulator can pretend to), with
+  `provisioning_delay_s` (90 s: a GPU node until the device plugin is up) unless the spec's simulated
+  cloud section sets one; a spec without instance types runs on one local node of `localSlots` slots;
+- the performance profile follows each replica's instance type (its GPU, `sim.perf.GPU_PROFILES`) unless
+  `profile` names one; the local node uses `cpu-135m`;
+- `prometheus` triggers are answered from the simulated load by what their query names (see `fake_prometheus`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from fleetserve.autoscale.policy import ScalingPolicy
+from fleetserve.autoscale.schedule import Cron
+from fleetserve.capacity.catalog import Catalog
+from fleetserve.capacity.consolidation import Budget, ConsolidationPolicy
+from fleetserve.capacity.manager import CapacityManager
+from fleetserve.capacity.placement import Availability, ReplicaRequest, Tier, tiers_from_spec
+from fleetserve.capacity.providers import LocalProvider, Shortage, SimulatedCloud
+from fleetserve.sim.perf import PerfProfile, load_profile, profile, profile_for_gpu
+
+KNOWLEDGE_MODES = ("blind", "informed")
+DEFAULT_START = "2026-01-05T10:00:00+00:00"  # a Monday morning (UTC): cron floors see a working day
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    seed: int = 0
+    knowledge: str = "blind"  # informed: the router gets KV events, capacity and queue; blind: none of them
+    profile: str | None = None  # preset name or profile.json; None: by instance type
+    provisioning_delay_s: float | None = None
+    metric_lag_s: float = 15.0  # the autoscaler sees the fleet's load this late (one scrape interval)
+    reconcile_s: float = 1.0  # how often the control loop looks (capacity events, drains, consolidation)
+    health_interval_s: float = 1.0  # informed: how often replicas' queue reports refresh
+    start: str = DEFAULT_START  # wall time of the trace's first second (cron floors, budgets)
+    warm_start: bool = True  # the initial replicas are running when the trace starts
+    window_s: float = 300.0  # peak/idle windows: the trace is cut into windows this long
+    peak_fraction: float = 0.1  # the busiest 10 % of windows (at least one) are "peak"
+    idle_fraction: float = 0.25  # the quietest 25 % (at least one) are "idle"
+    static_replicas: int | None = None  # run without autoscaling at this count (plan's baseline)
+    spot_interruption_rate: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.knowledge not in KNOWLEDGE_MODES:
+            raise ValueError(f"knowledge: {self.knowledge!r}; allowed: {', '.join(KNOWLEDGE_MODES)}")
+        if not 0 < self.peak_fraction <= 1 or not 0 < self.idle_fraction <= 1:
+            raise ValueError("peak_fraction and idle_fraction must be in (0, 1]")
+        if self.window_s <= 0:
+            raise ValueError("window_s must be positive")
+
+    @property
+    def start_epoch(self) -> float:
+        return datetime.fromisoformat(self.start).timestamp()
+
+
+def gpu_types(spec, catalog: Catalog) -> list[str]:
+    if spec.placement.instance_types:
+        return [catalog.canonical(n) for n in spec.placement.instance_types]
+    if spec.placement.node_affinity:
+        return [n for tier in tiers_from_spec(spec.placement, catalog, ("on-demand", "spot"))
+                for n in tier.instance_types]
+    return []
+
+
+def uses_cloud(spec, catalog: Catalog) -> bool:
+    return bool(gpu_types(spec, catalog))
+
+
+def profile_for(instance_type: str, catalog: Catalog, options: SimOptions) -> PerfProfile:
+    if options.profile:
+        return load_profile(options.profile)
+    if instance_type == "local":
+        return profile("cpu-135m")
+    return profile_for_gpu(catalog.get(instance_type).gpu)
+
+
+def build_capacity(spec, catalog: Catalog, options: SimOptions, now: float) -> CapacityManager:
+    """The live CapacityManager on a virtual-time provider."""
+    cap = spec.capacity
+    capacity_types = tuple(c for c in ("spot", "on-demand") if c in cap.capacity_types)
+    consolidation = ConsolidationPolicy(
+        cap.consolidation.policy, cap.consolidation.consolidate_after,
+        tuple(Budget(b.nodes, Cron.parse(b.schedule) if b.schedule else None, b.duration_seconds, b.timezone)
+              for b in cap.consolidation.budgets))
+    common = dict(availability=Availability(cap.unavailable_offering_ttl), allow_larger=cap.allow_larger_instances,
+                  consolidation=consolidation, namespace="sim", model_version=spec.model.version)
+    if uses_cloud(spec, catalog):
+        sim = cap.simulated
+        if options.provisioning_delay_s is not None:
+            delay = options.provisioning_delay_s
+        else:
+            delay = sim.provisioning_delay_seconds if cap.provider == "simulated" else 90.0
+        rate = options.spot_interruption_rate
+        cloud = SimulatedCloud(
+            catalog, limits={Catalog.canonical(k): v for k, v in sim.limits.items()},
+            shortages=[Shortage(Catalog.canonical(s.instance_type), now + s.start_seconds, now + s.end_seconds,
+                                s.capacity_type) for s in sim.shortages] if cap.provider == "simulated" else [],
+            provisioning_delay=delay,
+            spot_interruption_rate=sim.spot_interruption_rate_per_hour if rate is None else rate,
+            seed=sim.seed + options.seed)
+        request = ReplicaRequest(gpus=spec.engine.gpus or 1)
+        return CapacityManager(cloud, catalog, tiers_from_spec(spec.placement, catalog, capacity_types), request,
+                               **common)
+    most = spec.autoscaling.max_replica_count if spec.autoscaling and spec.autoscaling.enabled else 0
+    slots = cap.local_slots or max(1, spec.replicas, most, options.static_replicas or 0)
+    return CapacityManager(LocalProvider(slots, cap.local_price_per_hour, now), catalog,
+                           [Tier(("local",), ("on-demand",))], ReplicaRequest(), local_slots=slots, **common)
+
+
+def scaling_policy(spec, options: SimOptions) -> ScalingPolicy | None:
+    if options.static_replicas is not None or spec.autoscaling is None or not spec.autoscaling.enabled:
+        return None
+    return ScalingPolicy.from_spec(spec.autoscaling)
+
+
+def fake_prometheus(load_of):
+    """A stand-in for the Prometheus server of `prometheus` triggers: the query's words pick the signal
+    (concurrent/inflight -> in flight + buffered; waiting/queue -> queued; ttf -> TTFT p95 in ms;
+    rate/invocations/requests_total -> requests per second; anything else: concurrency)."""
+
+    def query(server: str, text: str) -> float | None:
+        load = load_of()
+        if load is None:
+            return None
+        q = text.lower()
+        if "waiting" in q or "queue" in q:
+            return float(load["waiting"] + load["pending"])
+        if "ttf" in q:
+            return float(load["ttft_p95_ms"])
+        if "concurrent" in q or "in_flight" in q or "inflight" in q:
+            return float(load["in_flight"] + load["pending"])
+        if "rate(" in q or "invocations" in q or "requests_total" in q:
+            return float(load.get("request_rate", 0.0))
+        return float(load["in_flight"] + load["pending"])
+
+    return query
