@@ -45,7 +45,10 @@ def test_profile_dicts_take_declared_fields_and_name_what_is_missing(tmp_path):
         resolve("tpu-9000")
 
 
-def test_profile_command_measures_the_tiny_model(tmp_path, tiny_model):
+def test_profile_command_measures_the_tiny_model(tmp_path):
+    from fleetserve.engine.tiny import create_tiny_model
+
+    tiny_model = create_tiny_model(tmp_path / "tiny-gqa", heads=4, kv_heads=1, context_length=512)  # 1 KV head
     out = tmp_path / "profile.json"
     result = fleetserve("profile", "--model", str(tiny_model), "--json", "-o", str(out), "--threads", "1",
                         "--repeats", "2", "--batches", "1,4", "--max-prompt", "128")

@@ -82,7 +82,7 @@ def measure(model: str, *, dtype: str = "auto", threads: int | None = None, max_
     runner = ModelRunner(path, dtype=dtype, threads=threads)
     load_s = time.perf_counter() - start
     config = runner.model.config
-    layers, kv_heads, _, _, head_dim = runner.block_shape(1)
+    layers, _, kv_heads, _, head_dim = runner.block_shape(1)  # (layers, K|V, kv heads, tokens, head dim)
     kv_bytes = layers * 2 * kv_heads * head_dim * torch.tensor([], dtype=runner.torch_dtype).element_size()
     rng = np.random.default_rng(0)
     vocab = runner.vocab_size()
