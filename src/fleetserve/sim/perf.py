@@ -8,14 +8,12 @@ L2 (Redis) tiers cost their bytes over the tier's bandwidth instead of prefill c
 
 Profiles are named presets; figures are coarse public ballparks, meant for relative comparisons (policies
 against each other, instance types against each other), not absolute predictions. Each preset names its
-source. A measured profile (`fleetserve profile ... -o profile.json`) loads through `PerfProfile.from_dict`.
+source; the GPU presets derived from datasheets live in `profiles.py`, which also loads profile files.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import MISSING, asdict, dataclass, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 LLAMA_8B_KV_BYTES_PER_TOKEN = 131_072  # 32 layers x 8 KV heads x 128 dims x (K, V) x 2 bytes
 
@@ -67,22 +65,6 @@ class PerfProfile:
                        decode_base_s=self.decode_base_s * f, decode_per_seq_s=self.decode_per_seq_s * f,
                        decode_per_ctx_token_s=self.decode_per_ctx_token_s * f)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> PerfProfile:
-        """From `fleetserve profile` JSON (extra keys such as measurements are ignored)."""
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
-        missing = [f.name for f in fields(cls) if f.name not in values and f.default is MISSING]
-        if missing:
-            raise ValueError(f"performance profile lacks {', '.join(missing)}")
-        return cls(**values)
-
-
-_RAY = "load time: Ray Serve LLM, Llama-3-8B TP1 cold start 71-104 s (research/autoscale.md 10.1)"
-_GPU = dict(max_batch=256, prefill_chunk=2048, load_s=75.0)
 
 PROFILES = {
     # instant-ish, for tests of the HTTP surface
@@ -90,27 +72,15 @@ PROFILES = {
                         source="test stand-in"),
     # Llama-3-8B on one A10G-class GPU (about 3k prompt tokens/s, 25 ms decode steps, ~6 GB of KV)
     "a10g-8b": PerfProfile("a10g-8b", 0.015, 0.00033, 0.025, 0.0004, 2e-8, cache_blocks=176, block_size=256,
-                           **_GPU, source="A10G 24 GB: 16 GB bf16 weights leave ~6 GB KV; vLLM 8B ballparks; " + _RAY),
-    # Llama-3-8B on one L4 (a little slower than A10G, same memory)
-    "l4-8b": PerfProfile("l4-8b", 0.018, 0.0004, 0.030, 0.0005, 2.5e-8, cache_blocks=176, block_size=256,
-                         **_GPU, source="L4 24 GB: ~0.8x A10G throughput; " + _RAY),
-    # Llama-3-8B on one L40S (about 8k prompt tokens/s, 16 ms steps, ~30 GB of KV)
-    "l40s-8b": PerfProfile("l40s-8b", 0.010, 0.000125, 0.016, 0.00025, 1.2e-8, cache_blocks=900, block_size=256,
-                           **_GPU, source="L40S 48 GB: ~2.5x A10G; " + _RAY),
-    # Llama-3-8B on one A100-40GB (about 12k prompt tokens/s, 14 ms steps, ~22 GB of KV)
-    "a100-8b": PerfProfile("a100-8b", 0.009, 0.000083, 0.014, 0.0002, 1e-8, cache_blocks=660, block_size=256,
-                           **_GPU, source="A100 40 GB: vLLM 8B ballparks; " + _RAY),
+                           source="coarse public ballpark (the real-time simulated engine's preset)"),
     # Llama-3-8B on one H100-class GPU (about 20k prompt tokens/s, 12 ms steps)
     "h100-8b": PerfProfile("h100-8b", 0.008, 0.00005, 0.012, 0.0002, 1e-8, cache_blocks=4000, block_size=256,
-                           **_GPU, source="H100 80 GB: vLLM 8B ballparks; " + _RAY),
+                           source="coarse public ballpark (the real-time simulated engine's preset)"),
     # the built-in engine on this kind of CPU machine (SmolLM2-135M): seconds, not milliseconds
     "cpu-135m": PerfProfile("cpu-135m", 0.02, 0.0006, 0.03, 0.004, 1e-7, cache_blocks=2048, block_size=256,
                             max_batch=8, prefill_chunk=256, load_s=8.0, kv_bytes_per_token=9216,
                             source="research/engine.md: SmolLM2-135M on 2 CPU cores, batch 8, chunk 256"),
 }
-
-#: catalog GPU name -> preset (one replica per GPU)
-GPU_PROFILES = {"A10G": "a10g-8b", "L4": "l4-8b", "L40S": "l40s-8b", "A100-40GB": "a100-8b", "H100-80GB": "h100-8b"}
 
 
 def profile(name: str) -> PerfProfile:
@@ -118,22 +88,3 @@ def profile(name: str) -> PerfProfile:
         return PROFILES[name]
     except KeyError:
         raise ValueError(f"unknown performance profile {name!r}; allowed: {', '.join(PROFILES)}") from None
-
-
-def load_profile(name_or_path: str) -> PerfProfile:
-    """A preset name, or a JSON file written by `fleetserve profile`."""
-    if name_or_path in PROFILES:
-        return PROFILES[name_or_path]
-    path = Path(name_or_path)
-    if path.suffix == ".json" and path.is_file():
-        try:
-            return PerfProfile.from_dict(json.loads(path.read_text()))
-        except (json.JSONDecodeError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: not a performance profile ({exc})") from None
-    raise ValueError(f"unknown performance profile {name_or_path!r}; allowed: {', '.join(PROFILES)} or a "
-                     "profile.json file")
-
-
-def profile_for_gpu(gpu: str) -> PerfProfile:
-    """The preset for a catalog GPU name; unknown GPUs get the A10G preset (the smallest common one)."""
-    return PROFILES[GPU_PROFILES.get(gpu, "a10g-8b")]

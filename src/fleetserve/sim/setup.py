@@ -5,7 +5,8 @@ Choices the spec does not make, made here and documented in docs/simulator.md:
   `capacity.provider: local` (a local fleet cannot run GPU types; the simulator can pretend to), with
   `provisioning_delay_s` (90 s: a GPU node until the device plugin is up) unless the spec's simulated
   cloud section sets one; a spec without instance types runs on one local node of `localSlots` slots;
-- the performance profile follows each replica's instance type (its GPU, `sim.perf.GPU_PROFILES`) unless
+- the performance profile follows each replica's instance type (its GPU's Llama-3.1-8B preset in
+  `sim.profiles`) unless
   `profile` names one; the local node uses `cpu-135m`;
 - `prometheus` triggers are answered from the simulated load by what their query names (see `fake_prometheus`).
 """
@@ -22,7 +23,8 @@ from fleetserve.capacity.consolidation import Budget, ConsolidationPolicy
 from fleetserve.capacity.manager import CapacityManager
 from fleetserve.capacity.placement import Availability, ReplicaRequest, Tier, tiers_from_spec
 from fleetserve.capacity.providers import LocalProvider, Shortage, SimulatedCloud
-from fleetserve.sim.perf import PerfProfile, load_profile, profile, profile_for_gpu
+from fleetserve.sim.perf import PerfProfile, profile
+from fleetserve.sim.profiles import PRESETS, resolve
 
 KNOWLEDGE_MODES = ("blind", "informed")
 DEFAULT_START = "2026-01-05T10:00:00+00:00"  # a Monday morning (UTC): cron floors see a working day
@@ -73,11 +75,16 @@ def uses_cloud(spec, catalog: Catalog) -> bool:
 
 
 def profile_for(instance_type: str, catalog: Catalog, options: SimOptions) -> PerfProfile:
+    """The chosen profile, else the 8B preset of the instance's GPU (A10G's for GPUs without one)."""
     if options.profile:
-        return load_profile(options.profile)
+        return resolve(options.profile)
     if instance_type == "local":
         return profile("cpu-135m")
-    return profile_for_gpu(catalog.get(instance_type).gpu)
+    gpu = catalog.get(instance_type).gpu
+    for name, data in PRESETS.items():
+        if data.get("gpu") == gpu and data.get("model") == "llama-3.1-8b":
+            return resolve(name)
+    return resolve("a10g-llama-8b")
 
 
 def build_capacity(spec, catalog: Catalog, options: SimOptions, now: float) -> CapacityManager:

@@ -1,0 +1,267 @@
+"""CLI: `simulate`, `verify`, `plan` (the fleet simulator) and `bench sim-speed`. Registered on the main app by
+`register(app, bench_app)`. Bad input exits 2 naming the parameter and the allowed values; `verify` exits 1
+when the spec fails its SLO, `plan` when no candidate passes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+EXIT_USAGE = 2
+out = Console(soft_wrap=True, highlight=False)
+err = Console(stderr=True, soft_wrap=True, highlight=False)
+
+Spec = Annotated[str, typer.Argument(help="Endpoint spec (fleetserve.io/v1 or HyperPod InferenceEndpointConfig)")]
+TraceOpt = Annotated[str, typer.Option("--trace", help="Trace: Mooncake JSONL, Azure CSV, prompt log, ServeGen")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON")]
+SeedOpt = Annotated[int, typer.Option(help="Random seed: the same seed gives the same numbers")]
+KnowOpt = Annotated[str, typer.Option("--knowledge", help="What the router knows: blind (no KV events, capacity or "
+                                                          "queue) or informed")]
+ProfileOpt = Annotated[str | None, typer.Option(help="Performance profile preset or profile.json (default: by "
+                                                     "instance type)")]
+RateOpt = Annotated[float, typer.Option(min=0.001, help="Multiply the trace's request rate (copies spread in gaps)")]
+LimitOpt = Annotated[int | None, typer.Option(min=1, help="Only the first N requests of the trace")]
+WindowOpt = Annotated[float, typer.Option(min=1, help="Peak/idle window length in seconds")]
+PeakOpt = Annotated[float, typer.Option(min=0.001, max=1, help="Busiest fraction of windows counted as peak")]
+IdleOpt = Annotated[float, typer.Option(min=0.001, max=1, help="Quietest fraction of windows counted as idle")]
+StartOpt = Annotated[str, typer.Option(help="Wall time of the trace start, ISO 8601 (cron floors read it)")]
+TtftOpt = Annotated[float | None, typer.Option(min=1, help="SLO: TTFT p95 in ms (overrides spec.slo)")]
+E2eOpt = Annotated[float | None, typer.Option(min=1, help="SLO: E2E p95 in ms (overrides spec.slo)")]
+CostOpt = Annotated[float | None, typer.Option(min=0.0001, help="SLO: cost limit in $/hour (overrides spec.slo)")]
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
+    err.print("[red]error:[/red] ", end="")
+    err.print(message, markup=False)
+    return typer.Exit(code)
+
+
+def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_scale: float, limit: int | None,
+            seed: int, window: float, peak_fraction: float, idle_fraction: float, start: str):
+    """The spec, the trace and the options, or exit 2 naming what is wrong."""
+    from datetime import datetime
+
+    from fleetserve.sim.profiles import ProfileError, resolve
+    from fleetserve.sim.setup import KNOWLEDGE_MODES, SimOptions
+    from fleetserve.sim.workload import scale_rate
+    from fleetserve.spec import SpecError, load_spec
+    from fleetserve.traces.load import TraceError, load_trace
+
+    if knowledge not in KNOWLEDGE_MODES:
+        raise typer.BadParameter(f"{knowledge!r}; allowed values: {', '.join(KNOWLEDGE_MODES)}",
+                                 param_hint="--knowledge")
+    try:
+        datetime.fromisoformat(start)
+    except ValueError:
+        raise typer.BadParameter(f"{start!r} is not an ISO 8601 time (e.g. 2026-01-05T10:00:00+00:00)",
+                                 param_hint="--start") from None
+    if profile is not None:
+        try:
+            resolve(profile)
+        except (ProfileError, ValueError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--profile") from None
+    try:
+        loaded = load_spec(spec)
+    except SpecError as exc:
+        raise _fail(str(exc)) from None
+    if not Path(trace).exists():
+        raise typer.BadParameter(f"{trace} does not exist", param_hint="--trace")
+    try:
+        requests = load_trace(trace, limit=limit)
+    except TraceError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--trace") from None
+    if rate_scale != 1.0:
+        requests = scale_rate(requests, rate_scale, seed)
+    options = SimOptions(seed=seed, knowledge=knowledge, profile=profile, window_s=window,
+                         peak_fraction=peak_fraction, idle_fraction=idle_fraction, start=start)
+    return loaded, requests, options
+
+
+class _Progress:
+    """A progress bar over virtual time on a terminal; silent otherwise."""
+
+    def __init__(self, total: float, label: str):
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.enabled = err.is_terminal
+        self.total = max(total, 1.0)
+        self.bar = Progress(TextColumn(label), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                            TimeElapsedColumn(), console=err, transient=True, disable=not self.enabled)
+        self.task = self.bar.add_task(label, total=self.total)
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.__exit__(*exc)
+
+    def __call__(self, done) -> None:
+        if self.enabled:
+            if isinstance(done, str):
+                self.bar.update(self.task, advance=1, description=done)
+            else:
+                self.bar.update(self.task, completed=min(done, self.total))
+
+
+def _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour) -> dict:
+    return {"ttft_p95_ms": ttft_p95_ms, "e2e_p95_ms": e2e_p95_ms, "cost_per_hour_usd": cost_per_hour}
+
+
+def simulate(
+    spec: Spec, trace: TraceOpt, as_json: JsonOpt = False,
+    report: Annotated[str | None, typer.Option("--report", help="Write a self-contained HTML report here")] = None,
+    seed: SeedOpt = 0, knowledge: KnowOpt = "blind", profile: ProfileOpt = None, rate_scale: RateOpt = 1.0,
+    limit: LimitOpt = None, window: WindowOpt = 300.0, peak_fraction: PeakOpt = 0.1, idle_fraction: IdleOpt = 0.25,
+    start: StartOpt = "2026-01-05T10:00:00+00:00", ttft_p95_ms: TtftOpt = None, e2e_p95_ms: E2eOpt = None,
+    cost_per_hour: CostOpt = None,
+) -> None:
+    """Run the spec's fleet (routing, autoscaling, capacity) against a trace in virtual time; report latency,
+    SLO attainment, GPU-hours and cost, overall and for the peak and idle windows."""
+    from fleetserve.sim.run import simulate as run
+
+    loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
+                                        peak_fraction, idle_fraction, start)
+    with _Progress(requests[-1].arrival_s, "simulating") as progress:
+        result = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress)
+    if report:
+        from fleetserve.sim.html import render_html
+
+        Path(report).write_text(render_html(result.fleet, result.report, f"fleetserve simulate {Path(spec).name}"))
+    r = result.report
+    if as_json:
+        print(json.dumps(r, indent=2))
+        return
+    table = Table(title=f"{loaded.endpoint.metadata.name}: {r['requests']} requests, {r['duration_s']:.0f} s "
+                        f"simulated, routing {r['routing']['strategy']} ({r['routing']['knowledge']})")
+    for col in ("", "requests", "TTFT p50", "TTFT p95", "E2E p95", "SLO attained", "failed", "cost $", "$/h"):
+        table.add_column(col, justify="right")
+    for name, sec in (("all", r), ("peak", r["peak"]), ("idle", r["idle"])):
+        table.add_row(name, str(sec["requests"]), _ms(sec["ttft_ms"]["p50"]), _ms(sec["ttft_ms"]["p95"]),
+                      _ms(sec["e2e_ms"]["p95"]), f"{sec['slo_attainment']:.3f}", str(sec["failed"]),
+                      f"{sec['cost_usd']:.2f}", f"{sec['cost_per_hour_usd']:.2f}")
+    out.print(table)
+    out.print(f"GPU-hours {r['gpu_hours']:.2f}, replicas up to {r['replicas_max']}, hit rate "
+              f"{r['hit_rate']['total']:.3f} (engine {r['hit_rate']['engine']:.3f}, L1 {r['hit_rate']['l1']:.3f}, "
+              f"L2 {r['hit_rate']['l2']:.3f})" + (f"; report: {report}" if report else ""))
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.0f} ms"
+
+
+def _slo_line(slo: dict) -> str:
+    cost = "no limit" if slo["cost_per_hour_usd"] is None else f"${slo['cost_per_hour_usd']:.2f}/h"
+    return (f"SLO ({slo['source']}): TTFT p95 <= {slo['ttft_p95_ms']:.0f} ms, E2E p95 <= {slo['e2e_p95_ms']:.0f} ms, "
+            f"errors <= {slo['max_error_rate']:.1%}, cost {cost}")
+
+
+def verify(
+    spec: Spec, trace: TraceOpt, as_json: JsonOpt = False, seed: SeedOpt = 0, knowledge: KnowOpt = "blind",
+    profile: ProfileOpt = None, rate_scale: RateOpt = 1.0, limit: LimitOpt = None, window: WindowOpt = 300.0,
+    peak_fraction: PeakOpt = 0.1, idle_fraction: IdleOpt = 0.25, start: StartOpt = "2026-01-05T10:00:00+00:00",
+    ttft_p95_ms: TtftOpt = None, e2e_p95_ms: E2eOpt = None, cost_per_hour: CostOpt = None,
+) -> None:
+    """Pass or fail: does the spec meet its SLO (spec.slo, flags, or the defaults) at peak and at idle?
+    Exit 0 pass, 1 fail, 2 bad input."""
+    from fleetserve.sim.verify import verify as run
+
+    loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
+                                        peak_fraction, idle_fraction, start)
+    with _Progress(requests[-1].arrival_s, "verifying") as progress:
+        verdict = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress)
+    if as_json:
+        print(json.dumps(verdict.to_json(), indent=2))
+    else:
+        table = Table(title=f"verify {loaded.endpoint.metadata.name}: "
+                            f"{'[green]PASS[/green]' if verdict.passed else '[red]FAIL[/red]'}")
+        for col in ("window", "check", "value", "limit", "result"):
+            table.add_column(col)
+        for c in verdict.checks:
+            value = "-" if c.value is None else f"{c.value:.4g}"
+            limit_ = "-" if c.limit is None else f"{c.limit:.4g}"
+            table.add_row(c.window, c.metric, value, limit_, "pass" if c.passed else "[red]fail[/red]")
+        out.print(table)
+        out.print(_slo_line(verdict.result.report["slo"]), markup=False)
+        for c in verdict.checks:
+            if not c.passed:
+                out.print(f"  - {c.reason}", markup=False)
+    raise typer.Exit(0 if verdict.passed else 1)
+
+
+def plan(
+    spec: Spec, trace: TraceOpt,
+    output: Annotated[str, typer.Option("-o", "--output", help="Write the winning spec (YAML) here")] = "planned.yaml",
+    as_json: JsonOpt = False, seed: SeedOpt = 0, knowledge: KnowOpt = "blind", profile: ProfileOpt = None,
+    rate_scale: RateOpt = 1.0, limit: LimitOpt = None, window: WindowOpt = 300.0, peak_fraction: PeakOpt = 0.1,
+    idle_fraction: IdleOpt = 0.25, start: StartOpt = "2026-01-05T10:00:00+00:00", ttft_p95_ms: TtftOpt = None,
+    e2e_p95_ms: E2eOpt = None, cost_per_hour: CostOpt = None,
+    max_trials: Annotated[int, typer.Option(min=2, max=1000, help="Simulations the search may run")] = 80,
+) -> None:
+    """Search instance types, replica bounds, scaling target, routing and cache tiers for the cheapest spec that
+    passes verify; write it to -o and explain the changes. Exit 0 when one passes, 1 when none does."""
+    import yaml
+
+    from fleetserve.sim.plan import plan as run
+
+    loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
+                                        peak_fraction, idle_fraction, start)
+    with _Progress(max_trials, "planning") as progress:
+        result = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress,
+                     max_trials)
+    data = result.to_json()
+    if result.winner is not None:
+        Path(output).write_text(f"# planned by fleetserve plan from {spec} against {trace}\n"
+                                + yaml.safe_dump(result.winner.data, sort_keys=False))
+        data["output"] = output
+    if as_json:
+        data.pop("report", None)
+        print(json.dumps(data, indent=2))
+    elif result.winner is None:
+        out.print(f"no candidate passed verify in {result.trials} simulations", markup=False)
+    else:
+        w = data
+        out.print(f"winner ({w['winner']}): ${w['cost_usd']:.2f} against ${w['baseline_cost_usd']:.2f} for the input "
+                  f"at its max replicas (static peak-sized fleet: ${w['static_peak_cost_usd'] or 0:.2f}); "
+                  f"{result.trials} simulations; written to {output}", markup=False)
+        out.print(_slo_line(result.winner.verdict.result.report["slo"]), markup=False)
+        for c in w["changes"]:
+            out.print(f"  {c['path']}: {c['from']!r} -> {c['to']!r}", markup=False)
+    raise typer.Exit(0 if data["verified"] else 1)
+
+
+def bench_sim_speed(
+    as_json: JsonOpt = False,
+    trace: Annotated[str | None, typer.Option(help="Azure-format trace (default: the Azure code trace)")] = None,
+    rate: Annotated[float, typer.Option(min=0.001, help="Rate scale of the trace")] = 100.0,
+    strategy: Annotated[str, typer.Option(help="Routing strategy of the benchmark fleet")] = "leastload",
+    limit: LimitOpt = None,
+) -> None:
+    """Simulated requests per wall-clock second on a rate-scaled Azure trace, autoscaling 4-64 replicas."""
+    from fleetserve.router.policies import registered_policies
+    from fleetserve.sim.speed import AZURE_CODE, sim_speed
+
+    if strategy not in registered_policies():
+        raise typer.BadParameter(f"{strategy!r}; allowed values: {', '.join(registered_policies())}",
+                                 param_hint="--strategy")
+    path = Path(trace) if trace else AZURE_CODE
+    if not path.is_file():
+        raise typer.BadParameter(f"{path} does not exist", param_hint="--trace")
+    result = sim_speed(path, rate, limit, strategy)
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        out.print(f"{result['requests_per_s']:.0f} simulated requests/s ({result['requests']} requests, "
+                  f"{result['simulated_s']:.0f} s simulated in {result['wall_s']:.1f} s wall)", markup=False)
+
+
+def register(app: typer.Typer, bench_app: typer.Typer) -> None:
+    app.command()(simulate)
+    app.command()(verify)
+    app.command()(plan)
+    bench_app.command("sim-speed")(bench_sim_speed)

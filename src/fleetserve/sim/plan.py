@@ -1,0 +1,234 @@
+"""`fleetserve plan`: the cheapest spec that passes `verify` on a trace, found by simulation.
+
+The search, in order (each step keeps the best passing spec so far, cheapest `cost_usd` first):
+1. instance types: for each candidate type (the spec's own, then single-GPU types of other GPUs and the
+   8-GPU nodes), the smallest *static* replica count that passes verify (doubling, then bisection): the
+   static peak-sized fleet of that type;
+2. autoscaling on the two cheapest types: minReplicaCount (0, 1, a quarter, half of the static count),
+   the per-replica target of the first trigger (2, 4, 8, 16) and maxReplicaCount (the static count, +25 %),
+   one coordinate at a time;
+3. routing strategy (every registered one) and KV cache tiers (L1, L2 on/off) on the winner.
+`baseline_cost_usd` is the input spec run statically at its max replicas; `static_peak_cost_usd` the
+cheapest passing static fleet. Floors (schedules) are kept as the input has them.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fleetserve.capacity.catalog import Catalog
+from fleetserve.router.policies import registered_policies
+from fleetserve.sim.run import engine_block
+from fleetserve.sim.setup import SimOptions, gpu_types
+from fleetserve.sim.verify import Verdict, verify
+from fleetserve.sim.workload import build_workload
+from fleetserve.spec.load import load_spec_data
+
+CANDIDATE_TYPES = ("g6.xlarge", "g5.xlarge", "g6e.xlarge", "p4d.24xlarge", "p5.48xlarge")
+MAX_STATIC = 64
+
+
+@dataclass
+class Trial:
+    data: dict
+    verdict: Verdict
+    label: str
+
+    @property
+    def cost(self) -> float:
+        return self.verdict.result.report["cost_usd"]
+
+
+@dataclass
+class PlanResult:
+    winner: Trial | None
+    baseline_cost: float
+    static_peak: Trial | None
+    trials: int
+    changes: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        w = self.winner
+        return {"verified": bool(w and w.verdict.passed), "cost_usd": w.cost if w else None,
+                "baseline_cost_usd": self.baseline_cost,
+                "static_peak_cost_usd": self.static_peak.cost if self.static_peak else None,
+                "savings_vs_baseline": round(1 - w.cost / self.baseline_cost, 4) if w and self.baseline_cost else None,
+                "changes": self.changes, "evaluated": self.trials, "winner": w.label if w else None,
+                "report": w.verdict.result.report if w else None,
+                "failures": [] if not w or w.verdict.passed else
+                [c.reason for c in w.verdict.checks if not c.passed]}
+
+
+def _max_replicas(spec: dict) -> int:
+    auto = spec.get("autoscaling")
+    if auto and auto.get("enabled", True):
+        return int(auto.get("maxReplicaCount", 5))
+    return max(1, int(spec.get("replicas", 1)))
+
+
+def _static(data: dict, n: int) -> dict:
+    """The same spec at a fixed replica count (autoscaling off)."""
+    d = copy.deepcopy(data)
+    d["spec"]["replicas"] = n
+    if d["spec"].get("autoscaling"):
+        d["spec"]["autoscaling"]["enabled"] = False
+    return d
+
+
+def _with_type(data: dict, instance_type: str, catalog: Catalog) -> dict:
+    d = copy.deepcopy(data)
+    s = d["spec"]
+    s["placement"] = {"instanceTypes": [instance_type]}
+    s.setdefault("capacity", {})["allowLargerInstances"] = catalog.get(instance_type).gpus > 1
+    return d
+
+
+def _autoscaled(data: dict, low: int, high: int, target: float) -> dict:
+    d = copy.deepcopy(data)
+    s = d["spec"]
+    auto = dict(s.get("autoscaling") or {})
+    auto.update({"enabled": True, "minReplicaCount": low, "maxReplicaCount": max(high, low, 1)})
+    triggers = [dict(t) for t in auto.get("triggers") or []]
+    if triggers and triggers[0]["metric"] in ("concurrency", "prometheus"):
+        triggers[0]["target"] = target
+    else:
+        triggers = [{"metric": "concurrency", "target": target}] + triggers
+    auto["triggers"] = triggers
+    s["autoscaling"] = auto
+    s["replicas"] = low
+    return d
+
+
+def _flatten(value, prefix: str = "") -> dict:
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else k))
+        return out
+    return {prefix: value}
+
+
+def diff(before: dict, after: dict) -> list[dict]:
+    a, b = _flatten(before.get("spec", {}), "spec"), _flatten(after.get("spec", {}), "spec")
+    return [{"path": k, "from": a.get(k), "to": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+class Planner:
+    def __init__(self, endpoint, trace, options: SimOptions, slo: dict | None = None,
+                 progress: Callable[[str], None] | None = None, max_trials: int = 80):
+        self.base = endpoint.model_dump(mode="json", by_alias=True, exclude_none=True)
+        self.endpoint = endpoint
+        self.options = options
+        self.slo = slo
+        self.progress = progress
+        self.max_trials = max_trials
+        self.catalog = Catalog.builtin()
+        self.workload = build_workload(trace, engine_block(endpoint, options), options.knowledge == "informed")
+        self.keyed = any(r.engine_keys for r in self.workload)
+        self.trials = 0
+        self.best: Trial | None = None
+
+    def run_trial(self, data: dict, label: str) -> Trial:
+        endpoint = load_spec_data(data).endpoint
+        self.trials += 1
+        if self.progress:
+            self.progress(label)
+        trial = Trial(data, verify(endpoint, self.workload, self.options, self.slo), label)
+        if trial.verdict.passed and (self.best is None or trial.cost < self.best.cost - 1e-9):
+            self.best = trial
+        return trial
+
+    def _static(self, data: dict, n: int, label: str) -> Trial:
+        return self.run_trial(_static(data, n), f"{label} static x{n}")
+
+    def smallest_static(self, data: dict, label: str) -> tuple[int, Trial] | None:
+        """The fewest static replicas that pass (doubling, then bisection)."""
+        n, last_fail, found = 1, 0, None
+        while n <= MAX_STATIC and self.trials < self.max_trials:
+            t = self._static(data, n, label)
+            if t.verdict.passed:
+                found = (n, t)
+                break
+            last_fail, n = n, n * 2
+        if found is None:
+            return None
+        lo, hi = last_fail, found[0]
+        while hi - lo > 1 and self.trials < self.max_trials:
+            mid = (lo + hi) // 2
+            t = self._static(data, mid, label)
+            if t.verdict.passed:
+                hi, found = mid, (mid, t)
+            else:
+                lo = mid
+        return found
+
+    def plan(self) -> PlanResult:
+        base = self.base
+        baseline = self.run_trial(_static(base, _max_replicas(base["spec"])), "input static at max replicas")
+        own = gpu_types(self.endpoint.spec, self.catalog)
+        types = list(dict.fromkeys([*own[:1], *CANDIDATE_TYPES])) if own else ["local"]
+        statics: list[tuple[float, str, int, Trial, dict]] = []
+        for t in types:
+            data = base if t == "local" else _with_type(base, t, self.catalog)
+            found = self.smallest_static(data, t)
+            if found:
+                n, trial = found
+                statics.append((trial.cost, t, n, trial, data))
+        statics.sort(key=lambda s: s[0])
+        static_peak = statics[0][3] if statics else None
+        for _, t, n, _, data in statics[:2]:
+            self._autoscale(data, n, t)
+        if self.best is not None:
+            self._alternatives()
+        winner = self.best
+        changes = diff(base, winner.data) if winner else []
+        return PlanResult(winner, baseline.cost, static_peak, self.trials, changes)
+
+    def _autoscale(self, data: dict, n: int, label: str) -> None:
+        low, high, target = max(1, n // 2), n, 4.0
+        current = self.run_trial(_autoscaled(data, low, high, target), f"{label} auto {low}-{high} t{target:g}")
+
+        def better(trial: Trial) -> bool:
+            return trial.verdict.passed and (not current.verdict.passed or trial.cost < current.cost)
+
+        for cand in sorted({0, 1, max(1, n // 4)} - {low}):
+            t = self.run_trial(_autoscaled(data, cand, high, target), f"{label} auto {cand}-{high} t{target:g}")
+            if better(t):
+                current, low = t, cand
+        for cand in (2.0, 8.0, 16.0):
+            t = self.run_trial(_autoscaled(data, low, high, cand), f"{label} auto {low}-{high} t{cand:g}")
+            if better(t):
+                current, target = t, cand
+        bigger = high + max(1, math.ceil(high / 4))
+        if not current.verdict.passed and self.trials < self.max_trials:
+            self.run_trial(_autoscaled(data, low, bigger, target), f"{label} auto {low}-{bigger} t{target:g}")
+
+    def _alternatives(self) -> None:
+        best = self.best
+        for strategy in registered_policies():
+            if strategy == best.data["spec"].get("routing", {}).get("strategy") or self.trials >= self.max_trials:
+                continue
+            if strategy == "session" and not any(r.session for r in self.workload):
+                continue  # no session keys in this trace: session routing would be leastload in disguise
+            d = copy.deepcopy(best.data)
+            d["spec"].setdefault("routing", {})["strategy"] = strategy
+            d["spec"]["routing"].pop("sessionKey", None)
+            self.run_trial(d, f"routing {strategy}")
+        if not self.keyed:
+            return  # no shared prefixes in the trace: cache tiers cannot matter
+        best = self.best
+        for l1, l2 in ((True, False), (False, False), (True, True)):
+            d = copy.deepcopy(best.data)
+            kv = d["spec"].setdefault("kvCache", {})
+            kv.setdefault("l1", {})["enabled"] = l1
+            kv.setdefault("l2", {})["enabled"] = l2
+            if d != best.data and self.trials < self.max_trials:
+                self.run_trial(d, f"cache l1={l1} l2={l2}")
+
+
+def plan(endpoint, trace, options: SimOptions | None = None, slo: dict | None = None, progress=None,
+         max_trials: int = 80) -> PlanResult:
+    return Planner(endpoint, trace, options or SimOptions(), slo, progress, max_trials).plan()

@@ -1,0 +1,112 @@
+"""`fleetserve verify`: does the spec's scaling policy meet its latency target and GPU budget at peak *and* at idle?
+
+Four checks per window (peak, idle), each against the spec's `slo` (or the documented defaults): TTFT p95,
+E2E p95, error rate (refused or failed requests) and cost per hour (only when a limit is set). A window
+without requests passes its latency checks (there is no latency to miss) but not its cost check. A failed
+check carries a reason naming the likely cause, read off the simulation: replicas held at maxReplicaCount,
+cold starts (scale from zero: node provisioning + model load), or requests refused by limits and buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from fleetserve.sim.run import SimResult, simulate
+from fleetserve.sim.setup import SimOptions
+
+WINDOWS = ("peak", "idle")
+
+
+@dataclass(frozen=True)
+class Check:
+    window: str
+    metric: str
+    value: float | None
+    limit: float | None
+    passed: bool
+    reason: str
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    checks: list[Check]
+    result: SimResult
+
+    def to_json(self) -> dict:
+        report = self.result.report
+        return {"passed": self.passed, "slo": report["slo"], "checks": [asdict(c) for c in self.checks],
+                "failures": [c.reason for c in self.checks if not c.passed], "report": report}
+
+
+def _cause(result: SimResult, window: str) -> str:
+    fleet = result.fleet
+    report = result.report
+    spec = fleet.spec
+    most = fleet.policy_scaling.max_replicas if fleet.policy_scaling else fleet.static
+    least = fleet.policy_scaling.min_replicas if fleet.policy_scaling else fleet.static
+    if report["failed_by_reason"]:
+        codes = ", ".join(f"{k} x{v}" for k, v in sorted(report["failed_by_reason"].items()))
+        refused = f"; requests refused: {codes}"
+    else:
+        refused = ""
+    cold = ""
+    if fleet.replicas or fleet.series:
+        types = {r.instance_type for r in fleet.replicas} or {"?"}
+        prof = fleet.replicas[0].profile if fleet.replicas else None
+        if prof is not None:
+            cold = f" (cold start ~{prof.load_s:.0f} s model load after the node is ready, {', '.join(sorted(types))})"
+    if window == "peak":
+        if report["replicas_max"] >= most:
+            return f"replicas held at maxReplicaCount={most} during the peak: not enough capacity{refused}"
+        return f"scaling did not keep up with the peak: replicas reached {report['replicas_max']} of {most}" \
+               f"{cold}{refused}"
+    if least == 0 and spec.autoscaling is not None:
+        return f"scale to zero at idle: requests after a quiet period wait for a cold start{cold}{refused}"
+    return f"too little capacity at idle: {least} replica(s) kept{refused}"
+
+
+def judge(result: SimResult) -> list[Check]:
+    report = result.report
+    slo = report["slo"]
+    checks = []
+    for window in WINDOWS:
+        sec = report[window]
+        has = sec["requests"] > 0
+        for metric, key, limit in (("ttft_p95_ms", "ttft_ms", slo["ttft_p95_ms"]),
+                                   ("e2e_p95_ms", "e2e_ms", slo["e2e_p95_ms"])):
+            value = sec[key]["p95"]
+            if not has or value is None:
+                ok = sec["failed"] == 0
+                why = "no requests in this window" if ok else f"all {sec['failed']} requests failed"
+                checks.append(Check(window, metric, value, limit, ok, f"{window}: {metric}: {why}"))
+                continue
+            ok = value <= limit
+            name = metric.split("_")[0].upper()
+            why = f"{window}: {name} p95 {value:.0f} ms <= {limit:.0f} ms" if ok else \
+                f"{window}: {name} p95 {value:.0f} ms > {limit:.0f} ms target: {_cause(result, window)}"
+            checks.append(Check(window, metric, value, limit, ok, why))
+        rate, most = sec["error_rate"], slo["max_error_rate"]
+        ok = rate <= most
+        why = f"{window}: error rate {rate:.2%} <= {most:.2%}" if ok else \
+            f"{window}: error rate {rate:.2%} > {most:.2%}: {_cause(result, window)}"
+        checks.append(Check(window, "error_rate", rate, most, ok, why))
+        budget = slo["cost_per_hour_usd"]
+        per_hour = sec["cost_per_hour_usd"]
+        if budget is None:
+            checks.append(Check(window, "cost_per_hour_usd", per_hour, None, True,
+                                f"{window}: ${per_hour:.2f}/h (no cost limit set)"))
+        else:
+            ok = per_hour <= budget
+            why = f"{window}: ${per_hour:.2f}/h <= ${budget:.2f}/h" if ok else \
+                f"{window}: cost ${per_hour:.2f}/h > ${budget:.2f}/h budget: " + \
+                ("replicas stay up while idle (minReplicaCount, floors, cooldown)" if window == "idle"
+                 else "the peak needs more GPUs than the budget pays for")
+            checks.append(Check(window, "cost_per_hour_usd", per_hour, budget, ok, why))
+    return checks
+
+
+def verify(endpoint, trace, options: SimOptions | None = None, slo: dict | None = None, progress=None) -> Verdict:
+    result = simulate(endpoint, trace, options, slo, progress)
+    checks = judge(result)
+    return Verdict(all(c.passed for c in checks), checks, result)
