@@ -59,11 +59,12 @@ class Req:
 
 
 class SimReplica:
-    __slots__ = ("id", "ordinal", "node_id", "instance_type", "state", "model", "busy", "reported", "pos", "stale",
-                 "drain_deadline", "profile", "started_at", "ready_at", "gen", "step_start")
+    __slots__ = ("id", "url", "ordinal", "node_id", "instance_type", "state", "model", "busy", "reported", "pos",
+                 "stale", "drain_deadline", "profile", "started_at", "ready_at", "gen", "step_start")
 
     def __init__(self, rid: str, ordinal: int, node_id: str, instance_type: str, model: ReplicaModel, now: float):
         self.id = rid
+        self.url = f"http://{rid}"  # what the gateway's Backend.view() would say
         self.ordinal = ordinal
         self.node_id = node_id
         self.instance_type = instance_type
@@ -210,7 +211,7 @@ class SimFleet:
         running, waiting = rep.reported if self.informed else (0, 0)
         in_flight = self.book.in_flight[rep.id]
         healthy = rep.state == "ready" and (not self.limit or in_flight < self.limit)
-        return ReplicaView(rep.id, rep.id, healthy, in_flight, waiting, running, self.book.backlog[rep.id],
+        return ReplicaView(rep.id, rep.url, healthy, in_flight, waiting, running, self.book.backlog[rep.id],
                            rep.profile.cache_blocks if self.informed else 0)
 
     def views(self) -> tuple[ReplicaView, ...]:

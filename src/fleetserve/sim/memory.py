@@ -51,16 +51,6 @@ class BlockLRU:
             if self.spill is not None:
                 self.spill.put(evicted)
 
-    def match(self, keys: Sequence, start: int) -> int:
-        """How many of keys[start:] are here, in a row from `start` (touching them)."""
-        blocks = self.blocks
-        n = start
-        end = len(keys)
-        while n < end and keys[n] in blocks:
-            blocks.move_to_end(keys[n])
-            n += 1
-        return n - start
-
 
 def engine_match(cache: OrderedDict, keys: Sequence) -> int:
     """Leading blocks of `keys` in the engine cache, touched as recently used."""

@@ -118,13 +118,15 @@ def diff(before: dict, after: dict) -> list[dict]:
 
 class Planner:
     def __init__(self, endpoint, trace, options: SimOptions, slo: dict | None = None,
-                 progress: Callable[[str], None] | None = None, max_trials: int = 80):
+                 progress: Callable[[str], None] | None = None, max_trials: int = 80,
+                 instance_types: tuple[str, ...] = CANDIDATE_TYPES):
         self.base = endpoint.model_dump(mode="json", by_alias=True, exclude_none=True)
         self.endpoint = endpoint
         self.options = options
         self.slo = slo
         self.progress = progress
         self.max_trials = max_trials
+        self.instance_types = instance_types
         self.catalog = Catalog.builtin()
         self.workload = build_workload(trace, engine_block(endpoint, options), options.knowledge == "informed")
         self.keyed = any(r.engine_keys for r in self.workload)
@@ -169,7 +171,7 @@ class Planner:
         base = self.base
         baseline = self.run_trial(_static(base, _max_replicas(base["spec"])), "input static at max replicas")
         own = gpu_types(self.endpoint.spec, self.catalog)
-        types = list(dict.fromkeys([*own[:1], *CANDIDATE_TYPES])) if own else ["local"]
+        types = list(dict.fromkeys([*own[:1], *self.instance_types])) if own else ["local"]
         statics: list[tuple[float, str, int, Trial, dict]] = []
         for t in types:
             data = base if t == "local" else _with_type(base, t, self.catalog)
@@ -180,7 +182,8 @@ class Planner:
         statics.sort(key=lambda s: s[0])
         static_peak = statics[0][3] if statics else None
         for _, t, n, _, data in statics[:2]:
-            self._autoscale(data, n, t)
+            if self.trials < self.max_trials:
+                self._autoscale(data, n, t)
         if self.best is not None:
             self._alternatives()
         winner = self.best
@@ -195,10 +198,14 @@ class Planner:
             return trial.verdict.passed and (not current.verdict.passed or trial.cost < current.cost)
 
         for cand in sorted({0, 1, max(1, n // 4)} - {low}):
+            if self.trials >= self.max_trials:
+                return
             t = self.run_trial(_autoscaled(data, cand, high, target), f"{label} auto {cand}-{high} t{target:g}")
             if better(t):
                 current, low = t, cand
         for cand in (2.0, 8.0, 16.0):
+            if self.trials >= self.max_trials:
+                return
             t = self.run_trial(_autoscaled(data, low, high, cand), f"{label} auto {low}-{high} t{cand:g}")
             if better(t):
                 current, target = t, cand
@@ -230,5 +237,5 @@ class Planner:
 
 
 def plan(endpoint, trace, options: SimOptions | None = None, slo: dict | None = None, progress=None,
-         max_trials: int = 80) -> PlanResult:
-    return Planner(endpoint, trace, options or SimOptions(), slo, progress, max_trials).plan()
+         max_trials: int = 80, instance_types: tuple[str, ...] = CANDIDATE_TYPES) -> PlanResult:
+    return Planner(endpoint, trace, options or SimOptions(), slo, progress, max_trials, instance_types).plan()

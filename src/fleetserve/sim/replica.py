@@ -149,6 +149,22 @@ class ReplicaModel:
         if self.l1 is not None:
             self.l1.put(evicted)
 
+    def _tier_match(self, keys: Sequence, start: int) -> tuple[int, int]:
+        """Blocks after the engine's prefix found block by block in L1 or L2 (touched): (from L1, from L2)."""
+        l1 = self.l1.blocks
+        l2 = self.l2.blocks if self.l2 is not None else {}
+        h1 = h2 = 0
+        for key in keys[start:]:
+            if key in l1:
+                l1.move_to_end(key)
+                h1 += 1
+            elif key in l2:
+                l2.move_to_end(key)
+                h2 += 1
+            else:
+                break
+        return h1, h2
+
     def _admit(self) -> float:
         """Move waiting requests into prefill while slots and memory allow; returns tier load time."""
         load = 0.0
@@ -159,9 +175,7 @@ class ReplicaModel:
             hit = engine_match(self.cache, keys) if keys else 0
             h1 = h2 = 0
             if keys and hit < len(keys) and self.l1 is not None:
-                h1 = self.l1.match(keys, hit)
-                if self.l2 is not None:
-                    h2 = self.l2.match(keys, hit + h1)
+                h1, h2 = self._tier_match(keys, hit)
             total = (seq.prompt + seq.output + block - 1) // block
             need = max(0, total - hit)
             if len(self.cache) + self.reserved + need > self.capacity:

@@ -1,0 +1,99 @@
+"""The replica step model: batching, prefix cache, memory shared by sequences and cache, tiers, decode runs."""
+
+import pytest
+
+from fleetserve.sim.core import Simulation
+from fleetserve.sim.memory import BlockLRU
+from fleetserve.sim.perf import PerfProfile
+from fleetserve.sim.replica import ReplicaModel, Seq
+
+PROF = PerfProfile("t", prefill_base_s=0.01, prefill_per_token_s=0.001, decode_base_s=0.02, decode_per_seq_s=0.001,
+                   decode_per_ctx_token_s=0.0, cache_blocks=20, block_size=4, max_batch=8, prefill_chunk=16)
+
+
+def drive(model: ReplicaModel, max_steps: int = 1) -> dict:
+    """Run to idle; returns seq id -> (first token time, done time)."""
+    t, out = 0.0, {}
+    while (d := model.begin_step(max_steps)) is not None:
+        t += d
+        firsts, done = model.end_step(t)
+        for s in firsts:
+            out.setdefault(s.id, [None, None])[0] = t
+        for s in done:
+            out.setdefault(s.id, [None, None])[1] = t
+    return out
+
+
+def test_events_at_the_same_time_run_in_scheduling_order_and_the_clock_is_virtual():
+    sim, seen = Simulation(seed=1), []
+    for name in "abc":
+        sim.at(5.0, seen.append, name)
+    sim.at(1.0, seen.append, "first")
+    sim.run()
+    assert seen == ["first", "a", "b", "c"] and sim.now == 5.0
+
+
+def test_prefill_is_chunked_and_decode_batches_every_running_sequence():
+    m = ReplicaModel(PROF)
+    a, b = Seq(20, 3), Seq(4, 3)
+    m.add(a)
+    m.add(b)
+    times = drive(m)
+    # a needs 2 chunks (16 + 4 tokens); b's 4 tokens ride in a's second chunk: same first-token time
+    assert times[a.id][0] == pytest.approx(times[b.id][0])
+    assert times[a.id][1] == pytest.approx(times[b.id][1])  # then both decode in the same steps
+    assert m.idle and m.reserved == 0 and m.ctx == 0
+
+
+def test_a_shared_prefix_is_cached_and_computes_less():
+    m = ReplicaModel(PROF)
+    keys = (1, 2, 3)
+    first = Seq(13, 2, keys)
+    m.add(first)
+    drive(m)
+    again = Seq(14, 2, keys)
+    m.add(again)
+    drive(m)
+    assert first.cached == 0 and again.cached == 12 and again.prefill_s < first.prefill_s
+    assert m.hit_engine == 12 and m.queried == 27
+
+
+def test_running_sequences_and_cache_share_memory_evicting_into_l1_then_l2():
+    l2 = BlockLRU("l2", 100)
+    m = ReplicaModel(PROF, l1_blocks=2, l2=l2)
+    for i in range(6):  # 6 prompts x 4 blocks: more than the engine's 20 blocks with their reservations
+        m.add(Seq(16, 2, tuple(range(i * 10, i * 10 + 4))))
+        drive(m)
+        assert len(m.cache) + m.reserved <= PROF.cache_blocks
+    assert len(m.l1) == 2 and len(l2) > 0
+    back = Seq(16, 2, (0, 1, 2, 3))  # the oldest prompt: evicted from the engine, now in L2
+    m.add(back)
+    drive(m)
+    assert back.cached == 16 and back.hit_l2 + back.hit_l1 == 4 and back.load_s > 0
+
+
+def test_a_run_of_decode_steps_in_one_event_gives_the_same_times():
+    def run(max_steps):
+        m = ReplicaModel(PROF)
+        seqs = [Seq(8, n) for n in (3, 9, 30)]
+        for s in seqs:
+            m.add(s)
+        times = drive(m, max_steps)
+        return [times[s.id] for s in seqs], m.busy_s
+
+    (single, busy1), (coalesced, busy2) = run(1), run(1 << 20)
+    flat = [t for pair in single for t in pair]
+    assert flat == pytest.approx([t for pair in coalesced for t in pair]) and busy1 == pytest.approx(busy2)
+
+
+def test_a_decode_run_can_be_cut_at_the_step_that_is_running():
+    m = ReplicaModel(PROF)
+    m.add(Seq(4, 50))
+    m.begin_step()
+    m.end_step(0.0)
+    full = m.begin_step(1 << 20)
+    assert m.planned_steps == 49
+    j = m.steps_by(0.05)  # 0.021 s per step: the third step is running at 0.05 s
+    assert j == 3 and m.truncate(j) == pytest.approx(3 * 0.021) and full == pytest.approx(49 * 0.021)
+    m.end_step(0.063)
+    assert m.steps == 3

@@ -1,0 +1,67 @@
+"""`fleetserve simulate | verify | plan | bench sim-speed` as a user runs them: outputs, files, exit codes."""
+
+import json
+from pathlib import Path
+
+from fleetserve.spec import load_spec
+from tests.helpers import fleetserve
+from tests.sim.conftest import AZURE, DATA
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+TRACE = str(AZURE if AZURE.is_file() else DATA / "azure_code_sample.csv")
+REPORT_KEYS = {"requests", "ttft_ms", "e2e_ms", "slo_attainment", "gpu_hours", "cost_usd", "hit_rate", "replicas_max",
+               "peak", "idle"}
+
+
+def test_simulate_json_and_a_self_contained_html_report(tmp_path):
+    html = tmp_path / "report.html"
+    r = fleetserve("simulate", str(EXAMPLES / "simulated-cloud.yaml"), "--trace", TRACE, "--limit", "800", "--json",
+                   "--report", str(html))
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert REPORT_KEYS <= set(report)
+    for window in ("peak", "idle"):
+        assert {"requests", "ttft_ms", "e2e_ms", "slo_attainment", "gpu_hours", "cost_usd"} <= set(report[window])
+    assert set(report["ttft_ms"]) == {"p50", "p95", "p99"} and {"engine", "l1", "l2"} <= set(report["hit_rate"])
+    page = html.read_text()
+    assert "<svg" in page and "<script" not in page and "src=\"http" not in page and "href=\"http" not in page
+
+
+def test_verify_fails_with_reasons_and_prints_the_default_slo():
+    r = fleetserve("verify", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--limit", "1500")
+    assert r.returncode == 1, r.stderr
+    assert "FAIL" in r.stdout and "SLO (defaults)" in r.stdout and "maxReplicaCount=4" in r.stdout
+    r = fleetserve("verify", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--limit", "300", "--json",
+                   "--ttft-p95-ms", "900000", "--e2e-p95-ms", "900000")
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and out["passed"] and out["slo"]["source"] == "defaults+flags", r.stdout[-500:]
+
+
+def test_bad_input_exits_2_naming_the_parameter(tmp_path):
+    r = fleetserve("verify", str(EXAMPLES / "hyperpod.yaml"), "--trace", str(tmp_path / "missing.csv"))
+    assert r.returncode == 2 and "--trace" in r.stderr
+    r = fleetserve("simulate", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--knowledge", "psychic")
+    assert r.returncode == 2 and "--knowledge" in r.stderr and "blind, informed" in r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {name: x}\nspec:\n  model: {source: a}\n"
+                   "  slo: {ttftP95Ms: -1}\n")
+    r = fleetserve("verify", str(bad), "--trace", TRACE)
+    assert r.returncode == 2 and "slo.ttftP95Ms" in r.stderr
+
+
+def test_plan_writes_a_spec_that_loads_and_explains_the_changes(tmp_path):
+    out = tmp_path / "planned.yaml"
+    r = fleetserve("plan", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--limit", "600", "-o", str(out),
+                   "--json", "--max-trials", "14", "--ttft-p95-ms", "10000", "--e2e-p95-ms", "60000")
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads(r.stdout)
+    assert {"cost_usd", "baseline_cost_usd", "verified", "changes"} <= set(data) and data["verified"]
+    assert any(c["path"].startswith("spec.") for c in data["changes"])
+    assert load_spec(out).endpoint.spec.placement.instance_types
+
+
+def test_bench_sim_speed_reports_requests_per_second():
+    r = fleetserve("bench", "sim-speed", "--json", "--rate", "2", "--limit", "500", "--trace", TRACE)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["requests_per_s"] > 0 and data["requests"] >= 900
