@@ -40,6 +40,9 @@ TTFT_WINDOW = 60.0  # the router's TTFT p95 window
 MAX_DECODE_RUN = 1 << 20  # decode steps one event may cover (cut short when a request arrives)
 
 
+_EMPTY: dict = {}  # shared, never written: policies only read bodies and headers
+
+
 class Req:
     __slots__ = ("i", "spec", "arrival", "replica", "prefill", "excluded", "first", "done", "error", "seq",
                  "cached")
@@ -287,6 +290,9 @@ class SimFleet:
         self._dispatch(req)
 
     def _dispatch(self, req: Req) -> None:
+        if self._any_ready and not self.limit and self._members is not None:
+            self._route(req, self._views or self.views())  # admit() says GO: a replica is ready, no limits
+            return
         views = self.views()
         any_ready = self._any_ready
         any_slot = any(v.healthy for v in views) if self.limit else any_ready
@@ -314,8 +320,8 @@ class SimFleet:
 
     def _route(self, req: Req, views: tuple[ReplicaView, ...]) -> None:
         spec = req.spec
-        headers = {"x-session-id": spec.session} if spec.session else {}
-        route = RouteRequest("/v1/completions", {}, headers, None, req.excluded, spec.router_keys,
+        headers = {"x-session-id": spec.session} if spec.session else _EMPTY
+        route = RouteRequest("/v1/completions", _EMPTY, headers, None, req.excluded, spec.router_keys,
                              spec.router_block, spec.prompt, spec.exact)
         choice = self.policy.choose(route, FleetSnapshot(views, self.sim.now, self.kv_index))
         if choice is None:
