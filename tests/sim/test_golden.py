@@ -79,3 +79,17 @@ def test_the_simulator_imports_policies_never_servers():
             "print(','.join(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "", out
+
+
+def test_scale_to_zero_fails_verify_and_names_the_cold_start():
+    endpoint = load_spec_data({
+        "apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "zero"},
+        "spec": {"model": {"source": "hf:meta-llama/Llama-3.1-8B-Instruct"}, "replicas": 0,
+                 "placement": {"instanceTypes": ["g6e.xlarge"]},
+                 "autoscaling": {"minReplicaCount": 0, "maxReplicaCount": 12, "cooldownPeriod": 60,
+                                 "initialCooldownPeriod": 0, "scaleDownStabilizationTime": 60,
+                                 "triggers": [{"metric": "concurrency", "target": 4}]}}}).endpoint
+    verdict = verify(endpoint, azure_slice(2400, 3436), SimOptions(window_s=120), slo=LOOSE_SLO)
+    reasons = [c.reason for c in verdict.checks if not c.passed]
+    assert not verdict.passed
+    assert any(r.startswith("idle: TTFT") and "cold start" in r and "node provisioning" in r for r in reasons), reasons

@@ -226,8 +226,10 @@ def plan(
         out.print(f"no candidate passed verify in {result.trials} simulations", markup=False)
     else:
         w = data
+        base = "passes" if w["baseline_verified"] else "fails verify"
         out.print(f"winner ({w['winner']}): ${w['cost_usd']:.2f} against ${w['baseline_cost_usd']:.2f} for the input "
-                  f"at its max replicas (static peak-sized fleet: ${w['static_peak_cost_usd'] or 0:.2f}); "
+                  f"at its max replicas, which {base} (static peak-sized fleet: "
+                  f"${w['static_peak_cost_usd'] or 0:.2f}); "
                   f"{result.trials} simulations; written to {output}", markup=False)
         out.print(_slo_line(result.winner.verdict.result.report["slo"]), markup=False)
         for c in w["changes"]:

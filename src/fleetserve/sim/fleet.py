@@ -442,7 +442,9 @@ class SimFleet:
             else:
                 break
         if best is None:
-            return None if not loads else loads[0][1]
+            if not loads:
+                return None
+            best = loads[0][1]  # the run is younger than the lag: the oldest sample
         if best["ttft_p95_ms"] is None:  # computed only when the controller reads it (sorting is not free)
             values = sorted(v for t, v in self._ttfts if cutoff - TTFT_WINDOW <= t <= cutoff)
             best["ttft_p95_ms"] = values[min(len(values) - 1, int(0.95 * len(values)))] * 1000 if values else 0.0

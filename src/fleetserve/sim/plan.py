@@ -45,7 +45,7 @@ class Trial:
 @dataclass
 class PlanResult:
     winner: Trial | None
-    baseline_cost: float
+    baseline: Trial
     static_peak: Trial | None
     trials: int
     changes: list[dict] = field(default_factory=list)
@@ -53,9 +53,9 @@ class PlanResult:
     def to_json(self) -> dict:
         w = self.winner
         return {"verified": bool(w and w.verdict.passed), "cost_usd": w.cost if w else None,
-                "baseline_cost_usd": self.baseline_cost,
+                "baseline_cost_usd": self.baseline.cost, "baseline_verified": self.baseline.verdict.passed,
                 "static_peak_cost_usd": self.static_peak.cost if self.static_peak else None,
-                "savings_vs_baseline": round(1 - w.cost / self.baseline_cost, 4) if w and self.baseline_cost else None,
+                "savings_vs_baseline": round(1 - w.cost / self.baseline.cost, 4) if w and self.baseline.cost else None,
                 "changes": self.changes, "evaluated": self.trials, "winner": w.label if w else None,
                 "report": w.verdict.result.report if w else None,
                 "failures": [] if not w or w.verdict.passed else
@@ -188,7 +188,7 @@ class Planner:
             self._alternatives()
         winner = self.best
         changes = diff(base, winner.data) if winner else []
-        return PlanResult(winner, baseline.cost, static_peak, self.trials, changes)
+        return PlanResult(winner, baseline, static_peak, self.trials, changes)
 
     def _autoscale(self, data: dict, n: int, label: str) -> None:
         low, high, target = max(1, n // 2), n, 4.0
@@ -222,7 +222,6 @@ class Planner:
                 continue  # no session keys in this trace: session routing would be leastload in disguise
             d = copy.deepcopy(best.data)
             d["spec"].setdefault("routing", {})["strategy"] = strategy
-            d["spec"]["routing"].pop("sessionKey", None)
             self.run_trial(d, f"routing {strategy}")
         if not self.keyed:
             return  # no shared prefixes in the trace: cache tiers cannot matter

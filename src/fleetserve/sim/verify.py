@@ -42,7 +42,6 @@ class Verdict:
 def _cause(result: SimResult, window: str) -> str:
     fleet = result.fleet
     report = result.report
-    spec = fleet.spec
     most = fleet.policy_scaling.max_replicas if fleet.policy_scaling else fleet.static
     least = fleet.policy_scaling.min_replicas if fleet.policy_scaling else fleet.static
     if report["failed_by_reason"]:
@@ -50,19 +49,30 @@ def _cause(result: SimResult, window: str) -> str:
         refused = f"; requests refused: {codes}"
     else:
         refused = ""
-    cold = ""
-    if fleet.replicas or fleet.series:
-        types = {r.instance_type for r in fleet.replicas} or {"?"}
-        prof = fleet.replicas[0].profile if fleet.replicas else None
-        if prof is not None:
-            cold = f" (cold start ~{prof.load_s:.0f} s model load after the node is ready, {', '.join(sorted(types))})"
+    cold, cold_s = "", 0.0
+    if fleet.replicas:
+        types = sorted({r.instance_type for r in fleet.replicas})
+        delay = getattr(fleet.capacity.provider, "provisioning_delay", 0.0)
+        cold_s = delay + fleet.replicas[0].profile.load_s
+        cold = f" (cold start ~{cold_s:.0f} s: {delay:.0f} s node provisioning + " \
+               f"{fleet.replicas[0].profile.load_s:.0f} s model load, {', '.join(types)})"
+    spans = report[window]["windows"]
+    inside = [p for p in fleet.series if any(a <= p[0] < b for a, b in spans)]
+    before = [p for p in fleet.series if p[0] < spans[0][0]] if spans else []
+    points = inside + before[-1:]  # the state entering the first window counts too
+    zero = any(p[1] == 0 for p in points)  # no replica serving at some point in the window
+    at_max = any(p[2] >= most for p in points)
+    if fleet.policy_scaling is None:
+        return f"a static fleet of {most} replica(s) cannot carry the {window} load{refused}"
+    if zero and least == 0:
+        return f"scale from zero: requests wait for a cold start{cold}{refused}"
+    if at_max:
+        return f"replicas held at maxReplicaCount={most} during the {window}: not enough capacity{refused}"
     if window == "peak":
-        if report["replicas_max"] >= most:
-            return f"replicas held at maxReplicaCount={most} during the peak: not enough capacity{refused}"
         return f"scaling did not keep up with the peak: replicas reached {report['replicas_max']} of {most}" \
                f"{cold}{refused}"
-    if least == 0 and spec.autoscaling is not None:
-        return f"scale to zero at idle: requests after a quiet period wait for a cold start{cold}{refused}"
+    if (report["idle"]["ttft_ms"]["p95"] or 0) / 1000 > cold_s + 60:
+        return f"the queue built earlier is still draining at idle{refused}"
     return f"too little capacity at idle: {least} replica(s) kept{refused}"
 
 
