@@ -90,3 +90,11 @@ def processes_with_env(key: str, value: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def internal_token(folder: Path) -> tuple[str, dict[str, str]]:
+    """A fresh router-engine token file and the header that carries it (what a fleet's router sends)."""
+    from fleetserve.api.internal import InternalAuth, read_token_file, write_token_file
+
+    path = write_token_file(folder / "internal.token")
+    return str(path), InternalAuth(read_token_file(path)).headers()

@@ -6,10 +6,13 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 
-def sample(url: str, name: str, **labels: str) -> float:
+def sample(url: str, name: str, headers: dict | None = None, **labels: str) -> float:
+    """`headers`: credentials where /metrics needs them (an engine's internal token, a router's admin token)."""
     total = 0.0
     found = False
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=5).text):
+    response = httpx.get(url + "/metrics", headers=headers or {}, timeout=5)
+    response.raise_for_status()
+    for family in text_string_to_metric_families(response.text):
         for s in family.samples:
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                 total += s.value

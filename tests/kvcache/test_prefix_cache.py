@@ -7,29 +7,34 @@ import torch
 from fleetserve.engine.prefix_cache import PrefixCache
 from fleetserve.kvcache.blocks import chain_keys
 from fleetserve.kvcache.tiers import L1Store, pack_block
-from tests.helpers import Server, wait_until
+from tests.helpers import Server, internal_token, wait_until
 from tests.metrics_text import sample
 
 PROMPT = "Once upon a time in a land of tiny models, a router met an engine. " * 4
+TOKENS: dict[str, dict] = {}  # engine URL -> the internal token header (these tests play the fleet's router)
 
 
 def engine(tiny_model, tmp_path, *extra, name="kv"):
-    return Server(["engine", "--model", str(tiny_model), "--served-model-name", "tiny", "--threads", "1",
-                   "--block-size", "16", *extra], tmp_path / f"{name}.log").start()
+    token_file, header = internal_token(tmp_path / name)
+    server = Server(["engine", "--model", str(tiny_model), "--served-model-name", "tiny", "--threads", "1",
+                     "--block-size", "16", "--internal-token-file", token_file, *extra],
+                    tmp_path / f"{name}.log").start()
+    TOKENS[server.url] = header
+    return server
 
 
 def ask(url, prompt=PROMPT, salt=None, headers=None):
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}
     if salt:
         body["cache_salt"] = salt
-    r = httpx.post(url + "/v1/completions", json=body, headers=headers or {}, timeout=60)
+    r = httpx.post(url + "/v1/completions", json=body, headers={**TOKENS[url], **(headers or {})}, timeout=60)
     assert r.status_code == 200, r.text
     data = r.json()
     return data["choices"][0]["text"], data["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
 def clear(url, tiers):
-    r = httpx.post(url + "/admin/kv/clear", params={"tiers": tiers}, timeout=30)
+    r = httpx.post(url + "/admin/kv/clear", params={"tiers": tiers}, headers=TOKENS[url], timeout=30)
     assert r.status_code == 200, r.text
 
 
@@ -50,8 +55,8 @@ def test_reuse_from_every_tier_gives_identical_greedy_output(tiny_model, tmp_pat
         from_l2, hit_l2 = ask(cached.url)
         assert from_l2 == reference and hit_l2 == hit
         for tier in ("engine", "l1", "l2"):
-            assert sample(cached.url, "fleetserve_kv_tier_hits_total", tier=tier) > 0
-        assert sample(cached.url, "vllm:prefix_cache_hits_total", model_name="tiny") > 0
+            assert sample(cached.url, "fleetserve_kv_tier_hits_total", TOKENS[cached.url], tier=tier) > 0
+        assert sample(cached.url, "vllm:prefix_cache_hits_total", TOKENS[cached.url], model_name="tiny") > 0
     finally:
         plain.stop()
         cached.stop()
@@ -76,7 +81,7 @@ def test_redis_killed_mid_run_then_restarted(tiny_model, tmp_path, redis_server)
         redis_server["proc"].wait()
         for i in range(3):  # requests keep succeeding without L2
             ask(e.url, prompt=PROMPT + f"two {i}")
-        assert sample(e.url, "fleetserve_kv_tier_failures_total", tier="l2") >= 1
+        assert sample(e.url, "fleetserve_kv_tier_failures_total", TOKENS[e.url], tier="l2") >= 1
         redis_server["restart"]()
         marker = PROMPT + "three " * 10
 
@@ -93,13 +98,14 @@ def test_redis_killed_mid_run_then_restarted(tiny_model, tmp_path, redis_server)
 def test_kv_events_and_model_info_for_routers(tiny_model, tmp_path):
     e = engine(tiny_model, tmp_path)
     try:
-        info = httpx.get(e.url + "/get_model_info", timeout=5).json()
+        info = httpx.get(e.url + "/get_model_info", headers=TOKENS[e.url], timeout=5).json()
         assert info["block_size"] == 16 and info["kv_model"] == "tiny"
-        seq = httpx.get(e.url + "/kv/blocks", timeout=5).json()["seq"]
+        seq = httpx.get(e.url + "/kv/blocks", headers=TOKENS[e.url], timeout=5).json()["seq"]
         ask(e.url)
-        events = httpx.get(e.url + "/kv/events", params={"since": seq, "wait": 0}, timeout=5).json()
+        events = httpx.get(e.url + "/kv/events", params={"since": seq, "wait": 0}, headers=TOKENS[e.url],
+                           timeout=5).json()
         assert any(ev["type"] == "stored" and ev["tier"] == "engine" for ev in events["events"])
-        blocks = httpx.get(e.url + "/kv/blocks", timeout=5).json()["blocks"]
+        blocks = httpx.get(e.url + "/kv/blocks", headers=TOKENS[e.url], timeout=5).json()["blocks"]
         assert blocks and all(b["tier"] == "engine" for b in blocks)
     finally:
         e.stop()
@@ -140,7 +146,7 @@ def test_block_keys_are_namespaced_and_deterministic():
 def test_clear_rejects_unknown_tiers(tiny_model, tmp_path, tiers):
     e = engine(tiny_model, tmp_path)
     try:
-        r = httpx.post(e.url + "/admin/kv/clear", params={"tiers": tiers}, timeout=5)
+        r = httpx.post(e.url + "/admin/kv/clear", params={"tiers": tiers}, headers=TOKENS[e.url], timeout=5)
         assert r.status_code == 400 and "allowed values: engine, l1, l2" in r.json()["error"]["message"]
     finally:
         e.stop()
@@ -154,16 +160,16 @@ def test_a_tenant_with_its_own_l2_never_writes_to_the_shared_one(tiny_model, tmp
     e = engine(tiny_model, tmp_path, "--l2-url", shared, "--l2-tenant", f"vip={own}")
     try:
         ask(e.url, prompt=PROMPT + " vip", headers={"x-fleetserve-tenant": "vip"})
-        httpx.post(e.url + "/admin/kv/flush", timeout=30)
+        httpx.post(e.url + "/admin/kv/flush", headers=TOKENS[e.url], timeout=30)
         db0 = redis.Redis.from_url(shared)
         db1 = redis.Redis.from_url(own)
         assert db1.dbsize() > 0 and db0.dbsize() == 0
         ask(e.url, prompt=PROMPT + " standard", headers={"x-fleetserve-tenant": "standard"})
-        httpx.post(e.url + "/admin/kv/flush", timeout=30)
+        httpx.post(e.url + "/admin/kv/flush", headers=TOKENS[e.url], timeout=30)
         assert db0.dbsize() > 0
         clear(e.url, "engine")
         _, hit = ask(e.url, prompt=PROMPT + " vip", headers={"x-fleetserve-tenant": "vip"})
         assert hit > 0  # served from the vip tenant's own L2
-        assert sample(e.url, "fleetserve_kv_tier_bytes_in_total", tier="l2:vip") > 0
+        assert sample(e.url, "fleetserve_kv_tier_bytes_in_total", TOKENS[e.url], tier="l2:vip") > 0
     finally:
         e.stop()

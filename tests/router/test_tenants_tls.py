@@ -10,16 +10,18 @@ import openai
 import pytest
 
 from fleetserve.router.auth import key_digest
-from tests.helpers import Server, fleetserve, processes_with_env
+from tests.helpers import Server, fleetserve, internal_token, processes_with_env
 from tests.metrics_text import sample
 
 
 def test_keys_map_to_tenants_and_tenants_do_not_share_cache(tmp_path):
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps({"keys": {key_digest("alpha-key"): "alpha", key_digest("beta-key"): "beta"}}))
-    engine = Server(["engine", "--simulate", "fast", "--served-model-name", "sim", "--block-size", "4"],
-                    tmp_path / "sim.log").start()
-    gw = Server(["router", "--backend", engine.url, "--auth-file", str(keys)], tmp_path / "router.log").start()
+    token_file, _ = internal_token(tmp_path)
+    engine = Server(["engine", "--simulate", "fast", "--served-model-name", "sim", "--block-size", "4",
+                     "--internal-token-file", token_file], tmp_path / "sim.log").start()
+    gw = Server(["router", "--backend", engine.url, "--auth-file", str(keys), "--internal-token-file", token_file],
+                tmp_path / "router.log").start()
     body = {"model": "sim", "prompt": list(range(40)), "max_tokens": 2}
     try:
         assert httpx.post(gw.url + "/v1/completions", json=body, timeout=30).status_code == 401

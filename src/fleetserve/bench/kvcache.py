@@ -17,17 +17,19 @@ from pathlib import Path
 
 import httpx
 
+from fleetserve.api.internal import InternalAuth, read_token_file, write_token_file
 from fleetserve.bench.routing import _wait_ready
 from fleetserve.fleet.process import Child, fleetserve_command, free_port
 
 PREFIX_TOKENS = 2048
+ADMIN: dict[str, str] = {}  # the engine's internal token header (its admin API needs it), set by run()
 
 
 def _ttft(url: str, prompt: list[int], salt: str) -> float:
     body = {"model": "bench", "prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True,
             "cache_salt": salt, "ignore_eos": True}
     start = time.perf_counter()
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers=ADMIN, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if line.startswith("data: {"):
@@ -41,7 +43,7 @@ def _decode(url: str, prompt: list[int], tokens: int) -> tuple[float, float]:
             "ignore_eos": True}
     start = time.perf_counter()
     first = None
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=900) as r:
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers=ADMIN, timeout=900) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if line.startswith("data: {") and first is None:
@@ -50,11 +52,11 @@ def _decode(url: str, prompt: list[int], tokens: int) -> tuple[float, float]:
 
 
 def _flush(url: str) -> None:
-    httpx.post(url + "/admin/kv/flush", timeout=120).raise_for_status()
+    httpx.post(url + "/admin/kv/flush", headers=ADMIN, timeout=120).raise_for_status()
 
 
 def _clear(url: str, tiers: str) -> None:
-    httpx.post(url + "/admin/kv/clear", params={"tiers": tiers}, timeout=60).raise_for_status()
+    httpx.post(url + "/admin/kv/clear", params={"tiers": tiers}, headers=ADMIN, timeout=60).raise_for_status()
 
 
 def _model(kind: str, folder: Path) -> tuple[str, int]:
@@ -85,9 +87,12 @@ def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32, dtype: s
                 redis_url = f"redis://127.0.0.1:{rport}/0"
             source, vocab = _model(model, Path(tmp))
             port = free_port()
+            token_file = write_token_file(Path(tmp) / "internal.token")
+            ADMIN.update(InternalAuth(read_token_file(token_file)).headers())
             cmd = fleetserve_command("engine", "--model", source, "--port", str(port), "--served-model-name",
                                      "bench", "--block-size", "256", "--l1-bytes", str(2 << 30),
-                                     "--engine-cache-bytes", str(1 << 30), "--dtype", dtype)
+                                     "--engine-cache-bytes", str(1 << 30), "--dtype", dtype,
+                                     "--internal-token-file", str(token_file))
             if redis_url:
                 cmd += ["--l2-url", redis_url]
             engine = Child("engine", cmd, Path(tmp) / "engine.log")

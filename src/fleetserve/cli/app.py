@@ -222,6 +222,11 @@ def engine(
     max_tokens_default: Annotated[int, typer.Option(min=1, help="max_tokens when a request gives none")] = 512,
     max_waiting: Annotated[int, typer.Option(min=1, help="Queue bound; beyond it requests get 503")] = 256,
     revision: Annotated[str | None, typer.Option()] = None,
+    internal_token_file: Annotated[str | None, typer.Option(
+        help="File with the fleet's internal token: only callers that send it may name a tenant or use "
+             "the admin API (without it: no tenants, no admin API)")] = None,
+    max_body_bytes: Annotated[int, typer.Option(min=1024, help="Larger request bodies get 413")] = 4 << 20,
+    max_header_bytes: Annotated[int, typer.Option(min=1024, help="Larger request headers get 431")] = 64 << 10,
 ) -> None:
     """Run the built-in engine: an OpenAI-compatible server for one model replica (or a simulated one)."""
     from dataclasses import replace
@@ -239,7 +244,12 @@ def engine(
             raise typer.BadParameter(str(exc), param_hint="--simulate") from None
         perf = replace(perf.scaled(speedup), cache_blocks=cache_blocks or perf.cache_blocks,
                        block_size=block_size or perf.block_size)
-        run_simulated_engine(perf, host, port, served_model_name or f"sim-{simulate}")
+        from fleetserve.api.internal import read_token_file
+        from fleetserve.api.limits import SizeLimits
+
+        token = read_token_file(internal_token_file) if internal_token_file else None
+        run_simulated_engine(perf, host, port, served_model_name or f"sim-{simulate}", token,
+                             SizeLimits(max_body_bytes, max_header_bytes))
         return
     if model is None:
         raise typer.BadParameter("give --model (a model source) or --simulate (a performance profile)",
@@ -259,7 +269,8 @@ def engine(
                    max_tokens_default=max_tokens_default, max_waiting=max_waiting, revision=revision,
                    block_size=block_size or 256, kv_cache=kv_cache, engine_cache_bytes=engine_cache_bytes,
                    l1_bytes=l1_bytes, l2_url=l2_url, max_batch=max_batch, prefill_chunk=prefill_chunk,
-                   tenant_l2=tenant_l2)
+                   tenant_l2=tenant_l2, internal_token_file=internal_token_file, max_body_bytes=max_body_bytes,
+                   max_header_bytes=max_header_bytes)
     except ModelSourceError as exc:
         raise _fail(f"--model: {exc}", EXIT_USAGE) from None
 
@@ -289,8 +300,13 @@ def router(
     tls_key: Annotated[str | None, typer.Option(help="PEM private key")] = None,
     tls_self_signed: Annotated[str | None, typer.Option(help="Folder for a self-signed certificate, made once")
                                ] = None,
+    internal_token_file: Annotated[str | None, typer.Option(
+        help="File with the token the engines trust (the same file as theirs); needed with --auth-file")] = None,
+    max_body_bytes: Annotated[int, typer.Option(min=1024, help="Larger request bodies get 413")] = 4 << 20,
+    max_header_bytes: Annotated[int, typer.Option(min=1024, help="Larger request headers get 431")] = 64 << 10,
 ) -> None:
     """Run the OpenAI-compatible gateway in front of engine replicas."""
+    from fleetserve.api.limits import SizeLimits
     from fleetserve.router.policies import registered_policies
     from fleetserve.router.server import RouterSettings, run_router
 
@@ -309,6 +325,18 @@ def router(
         except (OSError, ValueError, KeyError) as exc:
             raise typer.BadParameter(f"cannot read API keys from {auth_file}: {exc}",
                                      param_hint="--auth-file") from None
+    internal_token = None
+    if internal_token_file:
+        from fleetserve.api.internal import read_token_file
+
+        try:
+            internal_token = read_token_file(internal_token_file)
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--internal-token-file") from None
+    elif keyring is not None:
+        raise typer.BadParameter("API keys make tenants, and engines accept a tenant only from a router that sends "
+                                 "their internal token: give the same --internal-token-file to the router and the "
+                                 "engines", param_hint="--internal-token-file")
     if bool(tls_cert) != bool(tls_key):
         raise typer.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert/--tls-key")
     tls = (tls_cert, tls_key) if tls_cert else None
@@ -324,7 +352,9 @@ def router(
                               buffer_size=buffer_size, buffer_timeout=buffer_timeout, session_key=session_key,
                               max_concurrent_per_replica=max_concurrent_per_replica, max_queue=max_queue,
                               overflow_status=overflow_status,
-                              admin_token=os.environ.get("FLEETSERVE_ADMIN_TOKEN") or None)
+                              admin_token=os.environ.get("FLEETSERVE_ADMIN_TOKEN") or None,
+                              internal_token=internal_token,
+                              size_limits=SizeLimits(max_body_bytes, max_header_bytes))
     run_router(list(backend or []), host, port, settings, health_path, unhealthy_after, healthy_after, tls)
 
 

@@ -7,6 +7,8 @@ import sys
 
 import uvicorn
 
+from fleetserve.api.internal import read_token_file
+from fleetserve.api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES, SizeLimits
 from fleetserve.engine.runner import ModelRunner
 from fleetserve.engine.server import Engine, EngineSettings, build_app
 from fleetserve.engine.sources import resolve_source
@@ -60,6 +62,9 @@ def run_engine(
     max_batch: int = 8,
     prefill_chunk: int = 256,
     tenant_l2: dict[str, str] | None = None,
+    internal_token_file: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
 ) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine[" + replica + "] %(levelname)s %(message)s")
     # The generation thread and the event loop share the GIL; the default 5 ms switch interval adds up to
@@ -69,8 +74,10 @@ def run_engine(
     runner = ModelRunner(path, dtype=dtype, threads=threads, context_length=context_length)
     name = served_model_name or path.name
     identity = ModelIdentity(namespace, name, model_version, instance_type, replica)
-    engine = Engine(runner, EngineSettings(name, identity, max_tokens_default, max_waiting, runner.dtype,
-                                           max_batch, prefill_chunk))
+    engine = Engine(runner, EngineSettings(
+        name, identity, max_tokens_default, max_waiting, runner.dtype, max_batch, prefill_chunk,
+        size_limits=SizeLimits(max_body_bytes, max_header_bytes),
+        internal_token=read_token_file(internal_token_file) if internal_token_file else None))
     if kv_cache:
         attach_prefix_cache(engine, block_size, engine_cache_bytes, l1_bytes, l2_url, tenant_l2)
     logging.getLogger(__name__).info("serving %s (%s) on http://%s:%d", name, path, host, port)

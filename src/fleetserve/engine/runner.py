@@ -62,6 +62,7 @@ class ModelRunner:
         self.torch_dtype = torch_dtype
         self.prefix_cache = None  # fleetserve.engine.prefix_cache.PrefixCache, when the KV cache is on
         self.block_size = 256
+        self._max_token_chars: int | None = None
 
     def block_shape(self, block_size: int) -> tuple[int, ...]:
         c = self.model.config
@@ -137,6 +138,13 @@ class ModelRunner:
             return list(out)
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
         return self.encode(text)
+
+    def max_token_chars(self) -> int:
+        """The longest token's text: a prompt of more than context_length times this many characters cannot
+        fit, whatever it tokenizes to (checked before tokenizing, which costs seconds for megabytes)."""
+        if self._max_token_chars is None:
+            self._max_token_chars = max((len(t) for t in self.tokenizer.get_vocab()), default=1) or 1
+        return self._max_token_chars
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

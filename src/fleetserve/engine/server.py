@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -18,10 +20,14 @@ from starlette.routing import Route
 
 from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, until_disconnect
 from fleetserve.api.errors import APIError
+from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
+from fleetserve.api.limits import SizeLimits
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
 from fleetserve.engine.runner import ModelRunner
 from fleetserve.engine.scheduler import Job, SerialScheduler
 from fleetserve.observe.metrics import EngineMetrics, ModelIdentity, exposition
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,9 @@ class EngineSettings:
     dtype: str = "float32"
     max_batch: int = 8  # 1: one sequence at a time
     prefill_chunk: int = 256
+    size_limits: SizeLimits = field(default_factory=SizeLimits)
+    internal_token: str | None = None  # from the fleet: only its router may name a tenant or use the admin API
+    tokenizer_threads: int = 2  # tokenizing runs here, never on the event loop
 
 
 class _Outcome:
@@ -70,12 +79,15 @@ class Engine:
         else:
             self.scheduler = SerialScheduler(runner, max_waiting=settings.max_waiting, on_token=count)
         self.created = int(time.time())
+        self.auth = InternalAuth(settings.internal_token)
+        self._tokenizer_pool = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
+        self._tokenizing = 0
 
-    def kv_root(self, salt: str | None) -> int:
-        from fleetserve.kvcache.blocks import namespace_key
+    def kv_root(self, tenant: str | None, client_salt: str | None = None) -> int:
+        from fleetserve.kvcache.blocks import kv_salt, namespace_key
 
         s = self.settings
-        return namespace_key(s.served_model_name, s.identity.model_version, s.dtype, salt)
+        return namespace_key(s.served_model_name, s.identity.model_version, s.dtype, kv_salt(tenant, client_salt))
 
     # --- request preparation -------------------------------------------------------------------------
 
@@ -87,6 +99,34 @@ class Engine:
                 param="model",
                 code="model_not_found",
             )
+
+    def _check_text_size(self, parsed: ParsedRequest) -> None:
+        """Refuse a prompt that cannot fit before paying seconds to tokenize it."""
+        chars = sum(len(m["content"]) for m in parsed.messages) if parsed.kind == "chat" else (
+            len(parsed.prompt) if isinstance(parsed.prompt, str) else 0)
+        limit = self.runner.context_length * self.runner.max_token_chars()
+        if chars > limit:
+            raise APIError(400, f"This model's maximum context length is {self.runner.context_length} tokens; "
+                                f"your prompt has {chars} characters, more than any {self.runner.context_length} "
+                                "tokens can hold. Shorten the prompt.",
+                           param="messages" if parsed.kind == "chat" else "prompt", code="context_length_exceeded")
+
+    async def _tokenize(self, parsed: ParsedRequest) -> tuple[list[int], int]:
+        """Prompt ids and the token budget, computed off the event loop (health probes stay responsive)."""
+        self._check_text_size(parsed)
+        if self._tokenizing >= self.settings.max_waiting:
+            raise APIError(503, f"{self._tokenizing} prompts are being tokenized; retry shortly", code="overloaded",
+                           headers={"Retry-After": "1"})
+
+        def work() -> tuple[list[int], int]:
+            ids = self._prompt_ids(parsed)
+            return ids, self._budget(len(ids), parsed.sampling.max_tokens)
+
+        self._tokenizing += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._tokenizer_pool, work)
+        finally:
+            self._tokenizing -= 1
 
     def _prompt_ids(self, parsed: ParsedRequest) -> list[int]:
         if parsed.kind == "chat":
@@ -142,11 +182,10 @@ class Engine:
             body = parse_json_body(await request.body())
             parsed = parse_chat(body) if kind == "chat" else parse_completion(body)
             self._check_model(parsed)
-            prompt_ids = self._prompt_ids(parsed)
-            max_new = self._budget(len(prompt_ids), parsed.sampling.max_tokens)
-            tenant = request.headers.get("x-fleetserve-tenant")
+            prompt_ids, max_new = await self._tokenize(parsed)
+            tenant = request.headers.get(TENANT_HEADER)  # EngineGuard lets it through from the router only
             job = Job(prompt_ids, parsed.sampling, max_new, asyncio.get_running_loop(),
-                      root=self.kv_root(tenant or parsed.cache_salt), tenant=tenant)
+                      root=self.kv_root(tenant, parsed.cache_salt), tenant=tenant)
             self.scheduler.submit(job)
         except APIError as err:
             m.error(err.status)
@@ -315,10 +354,8 @@ class Engine:
         return JSONResponse({"flushed": True})
 
     async def kv_clear(self, request: Request) -> Response:
-        """Drop cache tiers (benchmarks measure each tier alone): ?tiers=engine,l1,l2. Loopback only."""
+        """Drop cache tiers (benchmarks measure each tier alone): ?tiers=engine,l1,l2. Needs the internal token."""
         cache = self.runner.prefix_cache
-        if request.client is None or request.client.host not in ("127.0.0.1", "::1"):
-            return APIError(403, "admin API: loopback clients only").response()
         if cache is None:
             return APIError(404, "this engine runs without a prefix KV cache", code="not_found").response()
         tiers = {t for t in request.query_params.get("tiers", "").split(",") if t}
@@ -348,7 +385,9 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
-    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error").response()
+    log.exception("engine error on %s", request.url.path)
+    return APIError(500, f"internal error ({type(exc).__name__}); see the engine log",
+                    code="internal_error").response()
 
 
 def build_app(engine: Engine) -> Starlette:
@@ -371,8 +410,9 @@ def build_app(engine: Engine) -> Starlette:
         yield
         engine.scheduler.stop()
 
-    return Starlette(
+    app = Starlette(
         routes=routes,
         exception_handlers={HTTPException: _http_error, Exception: _server_error},
         lifespan=lifespan,
     )
+    return engine_front_door(app, engine.settings.size_limits, engine.auth)

@@ -38,11 +38,13 @@ def fleetserve_command(*args: str) -> list[str]:
 class Child:
     """One supervised process with its log file."""
 
-    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str] | None = None):
+    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str] | None = None,
+                 env_drop: frozenset[str] = frozenset()):
         self.name = name
         self.cmd = cmd
         self.log_path = log_path
         self.env = env
+        self.env_drop = env_drop  # secrets of ours this child must not inherit (API keys for engines)
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -54,7 +56,7 @@ class Child:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **(self.env or {})},
+                env={**{k: v for k, v in os.environ.items() if k not in self.env_drop}, **(self.env or {})},
                 process_group=0,
                 preexec_fn=_die_with_parent,
                 close_fds=True,

@@ -25,9 +25,11 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
+from fleetserve.api.internal import write_token_file
 from fleetserve.autoscale.controller import Controller
 from fleetserve.autoscale.policy import ScalingPolicy, ScalingState
 from fleetserve.capacity.placement import InsufficientCapacity
@@ -84,6 +86,7 @@ class Supervisor:
         self.router: Child | None = None
         self.router_url = ""
         self.admin_token = secrets.token_hex(16)
+        self._token_file: Path | None = None
         self.redis: Child | None = None
         self.l2_url = ""
         self.capacity = build_capacity(self.spec, self.endpoint.metadata.namespace, clock())
@@ -260,9 +263,9 @@ class Supervisor:
                     "--overflow-status", str(limits.overflow_status_code)]
         if limits.max_queue_size is not None:
             cmd += ["--max-queue", str(limits.max_queue_size)]
-        cmd += security
+        cmd += security + self._limit_args()
         self.router = Child("router", cmd, self.dir / "logs" / "router.log",
-                            env={"FLEETSERVE_ADMIN_TOKEN": self.admin_token})
+                            env={"FLEETSERVE_ADMIN_TOKEN": self.admin_token}, env_drop=self._key_env_names())
         self.router.start()
         scheme = "https" if self.spec.tls.enabled else "http"
         self.router_url = f"{scheme}://{host}:{port}"
@@ -275,11 +278,27 @@ class Supervisor:
             if self.router.exit_code() is not None:
                 raise StartupError(f"router exited with code {self.router.exit_code()} during start-up; "
                                    f"last log lines ({self.router.log_path}):\n{self.router.log_tail()}")
-            if self._get(self.router_url + "/metrics") is not None:
+            if self._get(self.router_url + "/metrics", {"x-fleetserve-admin": self.admin_token}) is not None:
                 return
             if time.monotonic() > deadline:
                 raise StartupError(f"router was not ready after 60s; see {self.router.log_path}")
             time.sleep(self.poll_interval)
+
+    def _key_env_names(self) -> frozenset[str]:
+        """Environment variables that hold plaintext API keys: the router hashes them, engines never see them."""
+        return frozenset(k.key_env for k in self.spec.auth.api_keys if k.key_env)
+
+    def _internal_token_file(self) -> Path:
+        """The router-engine shared secret, made once per fleet start (0600, in the fleet's run folder)."""
+        path = self.dir / "internal.token"
+        if self._token_file is None:
+            self._token_file = write_token_file(path)
+        return self._token_file
+
+    def _limit_args(self) -> list[str]:
+        limits = self.spec.request_limits
+        return ["--internal-token-file", str(self._internal_token_file()),
+                "--max-body-bytes", str(limits.max_body_bytes), "--max-header-bytes", str(limits.max_header_bytes)]
 
     def _security_args(self) -> list[str]:
         """Router flags for API keys (hashed into a 0600 file) and TLS (given or self-signed, made here)."""
@@ -364,7 +383,7 @@ class Supervisor:
         if kv.l2.enabled:
             for tenant, url in kv.l2.tenant_urls.items():
                 cmd += ["--l2-tenant", f"{tenant}={url}"]
-        return cmd + list(spec.engine.args)
+        return cmd + self._limit_args() + list(spec.engine.args)
 
     def _start_redis(self) -> None:
         """The L2 tier: the spec's Redis URL, or a redis-server of our own that evicts LRU at its cap."""
@@ -417,7 +436,7 @@ class Supervisor:
     def _spawn(self, r: Replica, mono: float) -> None:
         if r.child is None:
             r.child = Child(r.state.id, self._engine_command(r.state.id, r.port, r.state.instance_type),
-                            self.dir / "logs" / f"{r.state.id}.log")
+                            self.dir / "logs" / f"{r.state.id}.log", env_drop=self._key_env_names())
         r.child.start()
         r.started_at = mono
         r.state.pid, r.state.state = r.child.pid, "starting"

@@ -15,8 +15,23 @@ from array import array
 KEY_BYTES = 8  # 64-bit keys: small in indexes and events, collisions negligible at fleet scale
 
 
+def kv_salt(tenant: str | None = None, client_salt: str | None = None) -> str | None:
+    """One salt from the two sources of separation, each in its own namespace.
+
+    The tenant comes from the router (authenticated); `cache_salt` comes from the client body. A client salt
+    "alpha" must never equal tenant "alpha", so each is prefixed, and a client salt under a tenant stays
+    inside that tenant's namespace."""
+    parts = []
+    if tenant:
+        parts.append("tenant:" + tenant)
+    if client_salt:
+        parts.append("client:" + client_salt)
+    return "\0".join(parts) or None
+
+
 def salt_digest(salt: str | None) -> bytes:
-    return hashlib.sha256(("tenant:" + salt).encode()).digest()[:16] if salt else b""
+    """`salt` as made by kv_salt (already namespaced)."""
+    return hashlib.sha256(salt.encode("utf-8", errors="surrogatepass")).digest()[:16] if salt else b""
 
 
 def namespace_key(model: str, version: str = "1", dtype: str = "", salt: str | None = None) -> int:

@@ -30,7 +30,10 @@ from starlette.routing import Route
 
 from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, until_disconnect
 from fleetserve.api.errors import APIError
+from fleetserve.api.internal import INTERNAL_HEADER, InternalAuth
+from fleetserve.api.limits import RequestSizeLimit, SizeLimits
 from fleetserve.api.protocol import parse_json_body
+from fleetserve.kvcache.blocks import kv_salt
 from fleetserve.observe.metrics import LATENCY_BUCKETS_MS, exposition
 from fleetserve.router.auth import TENANT_HEADER, KeyRing
 from fleetserve.router.features import KVLayout, request_features
@@ -43,7 +46,8 @@ log = logging.getLogger(__name__)
 HOP_BY_HOP = {
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
     "proxy-authorization", "proxy-authenticate", "accept-encoding",
-    "authorization", TENANT_HEADER,  # the key stays at the gateway; the tenant header is ours to set
+    # the key stays at the gateway; the tenant and the internal token are ours to set, never a client's
+    "authorization", TENANT_HEADER, INTERNAL_HEADER,
 }
 RETRYABLE_STATUS = {502, 503, 504}
 
@@ -62,6 +66,8 @@ class RouterSettings:
     max_queue: int | None = None  # requests waiting for a free slot (HyperPod maxQueueSize)
     overflow_status: int = 429
     keyring: KeyRing | None = None  # API keys -> tenants; None: no auth
+    internal_token: str | None = None  # sent to the engines: they trust a tenant header only with it
+    size_limits: SizeLimits = dataclasses.field(default_factory=SizeLimits)
 
 
 class RouterMetrics:
@@ -128,9 +134,11 @@ class Gateway:
         self._kv_tasks: dict[str, asyncio.Task] = {}
         self._subscribed: set[str] = set()
         self.metrics = RouterMetrics()
+        self.internal = InternalAuth(settings.internal_token)
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=3.0, read=settings.upstream_read_timeout, write=30.0, pool=None),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            headers=self.internal.headers(),  # every upstream call: requests, /get_model_info, KV events
             trust_env=False,
         )
         self._health_task: asyncio.Task | None = None
@@ -355,7 +363,8 @@ class Gateway:
         await self._await_replica()
         await self._await_slot()
         headers = self._forward_headers(request, request_id, tenant)
-        salt = tenant or body.get("cache_salt")
+        client_salt = body.get("cache_salt")
+        salt = kv_salt(tenant, client_salt if isinstance(client_salt, str) else None)  # as the engines key it
         blocks, prompt_tokens, block_tokens, exact = request_features(body, self.layout, salt)
         excluded: set[str] = set()
         last_reason = ""
@@ -379,8 +388,9 @@ class Gateway:
                 return outcome
             if outcome == "timeout":
                 self.metrics.retries.labels("timeout_not_retried").inc()
-                raise APIError(504, f"the model replica did not answer within {self.settings.upstream_read_timeout:g}s; "
-                                    "the request was not retried elsewhere", code="upstream_timeout")
+                waited = self.settings.upstream_read_timeout
+                raise APIError(504, f"the model replica did not answer within {waited:g}s; the request was not "
+                                    "retried elsewhere", code="upstream_timeout")
             last_reason = outcome
             excluded.add(replica.id)
             self.metrics.retries.labels(outcome).inc()
@@ -449,17 +459,23 @@ class Gateway:
     # --- other endpoints -----------------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
-        backends = [
-            {"id": b.id, "url": b.url, "healthy": b.healthy, "draining": b.draining, "in_flight": b.in_flight,
-             "error": b.last_error}
-            for b in self.pool.backends.values()
-        ]
+        """Status for anyone; the backends (URLs, errors) only for the admin."""
         ok = bool(self.pool.healthy())
-        return JSONResponse({"status": "ok" if ok else "no healthy replica", "strategy": self.policy.name,
-                             "backends": backends}, status_code=200 if ok else 503)
+        body: dict = {"status": "ok" if ok else "no healthy replica", "strategy": self.policy.name}
+        if self._admin_allowed(request):
+            body["backends"] = [
+                {"id": b.id, "url": b.url, "healthy": b.healthy, "draining": b.draining, "in_flight": b.in_flight,
+                 "error": b.last_error}
+                for b in self.pool.backends.values()
+            ]
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     def _admin_allowed(self, request: Request) -> bool:
+        """The admin token (or the fleet's internal token, which Prometheus may send as a bearer token); with
+        neither configured, loopback clients."""
         token = self.settings.admin_token
+        if self.internal.trusted(request.headers):
+            return True
         if token:
             return hmac.compare_digest(request.headers.get("x-fleetserve-admin", ""), token)
         return request.client is not None and request.client.host in ("127.0.0.1", "::1", "localhost")
@@ -507,6 +523,11 @@ class Gateway:
         return JSONResponse({"backends": len(urls)})
 
     async def metrics_endpoint(self, request: Request) -> Response:
+        """Tenant names are in these series: with API keys on, only the admin (or Prometheus with the internal
+        token) may read them."""
+        if self.settings.keyring is not None and not self._admin_allowed(request):
+            return APIError(401, "router metrics name tenants: send x-fleetserve-admin or the internal bearer token",
+                            code="invalid_api_key").response()
         self.metrics.kv_subscriptions.set(len(self._subscribed))
         index_size = getattr(self.policy, "index_size", None)
         self.metrics.index_blocks.set(self.kv_index.size() if self.kv_index else (index_size() if index_size else 0))
@@ -543,8 +564,9 @@ def build_app(gateway: Gateway) -> Starlette:
         Route("/admin/load", gateway.admin_load, methods=["GET"]),
         Route("/admin/backends", gateway.admin_backends, methods=["PUT"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={HTTPException: _http_error, Exception: _server_error})
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error, Exception: _server_error})
+    return RequestSizeLimit(app, gateway.settings.size_limits)
 
 
 def run_router(backends: list[str], host: str, port: int, settings: RouterSettings,

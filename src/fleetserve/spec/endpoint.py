@@ -213,6 +213,10 @@ class RequestLimitsSection(SpecModel):
     max_concurrent_requests: int | None = Field(default=None, ge=1)
     max_queue_size: int | None = Field(default=None, ge=0)
     overflow_status_code: int = Field(default=429, ge=400, le=599)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=1024**3,
+                                description="larger request bodies get 413 at the router and the engines")
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024**2,
+                                  description="larger request headers get 431")
 
 
 class MetricsSection(SpecModel):

@@ -1,0 +1,108 @@
+"""Trust between the gateway and its engines: a shared secret that the fleet generates.
+
+Engines hear tenant identity from the router only. Without this, any local process could call an engine with
+`x-fleetserve-tenant: alpha` and read alpha's cached prefixes, or wipe them through the admin API. The fleet
+writes a random token to a 0600 file and hands its path (never the token) to the router and the engines. The
+router sends it on every upstream request (`x-fleetserve-internal`); Prometheus can send it as a bearer token.
+
+`EngineGuard` is the engine's front door (a pure ASGI middleware):
+- with a token: everything but `/health` and `/ping` needs it (401 otherwise: the OpenAI API, the KV event
+  feed, `/metrics`, the admin API);
+- without a token (a standalone engine): the tenant header is dropped, so a client can never claim a
+  tenant, and the admin API answers 403.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+
+from fleetserve.api.errors import APIError
+from fleetserve.api.limits import RequestSizeLimit, SizeLimits, send_error
+
+INTERNAL_HEADER = "x-fleetserve-internal"
+TENANT_HEADER = "x-fleetserve-tenant"
+OPEN_PATHS = frozenset({"/health", "/ping"})
+
+
+def write_token_file(path: Path) -> Path:
+    """A fresh random token in a file only the owner can read."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32))
+    return path
+
+
+def read_token_file(path: str | Path) -> str:
+    token = Path(path).read_text().strip()
+    if len(token) < 16:
+        raise ValueError(f"internal token file {path}: the token must be at least 16 characters")
+    return token
+
+
+class InternalAuth:
+    """Checks the internal token in a request's headers (constant-time)."""
+
+    def __init__(self, token: str | None):
+        self.token = token
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.token)
+
+    def headers(self) -> dict[str, str]:
+        """What the router adds to each upstream request."""
+        return {INTERNAL_HEADER: self.token} if self.token else {}
+
+    def trusted(self, headers: list[tuple[bytes, bytes]] | Mapping[str, str]) -> bool:
+        """`headers`: an ASGI scope's raw list, or any mapping (a dict, Starlette's Headers)."""
+        if not self.token:
+            return False
+        items = headers.items() if isinstance(headers, Mapping) else (
+            (k.decode("latin-1"), v.decode("latin-1")) for k, v in headers)
+        for key, value in items:
+            key = key.lower()
+            if key == INTERNAL_HEADER and hmac.compare_digest(value, self.token):
+                return True
+            if key == "authorization" and value[:7].lower() == "bearer " and \
+                    hmac.compare_digest(value[7:].strip(), self.token):
+                return True
+        return False
+
+
+class EngineGuard:
+    def __init__(self, app, auth: InternalAuth):
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        if path in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        headers = scope.get("headers", [])
+        if self.auth.enabled:
+            if not self.auth.trusted(headers):
+                await send_error(send, APIError(401, "this engine serves its fleet's router only: missing or wrong "
+                                                f"{INTERNAL_HEADER} token", code="invalid_api_key"))
+                return
+            await self.app(scope, receive, send)
+            return
+        if path.startswith("/admin/"):
+            await send_error(send, APIError(403, "engine admin API: start the engine with --internal-token-file "
+                                                 f"and send the token in {INTERNAL_HEADER}", code="forbidden"))
+            return
+        untrusted = [(k, v) for k, v in headers if k.lower() not in (TENANT_HEADER.encode(), INTERNAL_HEADER.encode())]
+        await self.app({**scope, "headers": untrusted}, receive, send)
+
+
+def engine_front_door(app, limits: SizeLimits, auth: InternalAuth):
+    """The engines' front door (built-in and simulated): size limits first, then the internal token."""
+    return RequestSizeLimit(EngineGuard(app, auth), limits)

@@ -1,0 +1,95 @@
+"""Bounded input at the front door: request bodies and headers past a size cap are refused before any work.
+
+A pure ASGI middleware (Starlette's style): it reads the declared `content-length` and counts the body as it
+streams in, so a client cannot make a server buffer more than `max_body_bytes`, with or without a declared
+length. Header bytes are counted from the parsed scope (the HTTP parser has already read them; this keeps
+them out of everything after it). Refusals are OpenAI error JSON: 413 for the body, 431 for headers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetserve.api.errors import APIError
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # a 128k-token prompt as text is about 0.5 MB; 4 MiB leaves room
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class SizeLimits:
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+
+
+class BodyTooLarge(APIError):
+    """Raised from `receive` mid-body; handlers that catch APIError answer it like any bad request."""
+
+
+class RequestSizeLimit:
+    def __init__(self, app, limits: SizeLimits = SizeLimits()):
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limits = self.limits
+        header_bytes = sum(len(k) + len(v) + 4 for k, v in scope.get("headers", ()))
+        if header_bytes > limits.max_header_bytes:
+            await send_error(send, APIError(
+                431, f"request headers are {header_bytes} bytes; the limit is {limits.max_header_bytes} "
+                     "(spec.requestLimits.maxHeaderBytes)", code="headers_too_large"))
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > limits.max_body_bytes:
+            await send_error(send, _body_error(declared, limits.max_body_bytes))
+            return
+        received = 0
+        started = False
+
+        async def counted_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limits.max_body_bytes:
+                    raise _body_error(received, limits.max_body_bytes)
+            return message
+
+        async def tracking_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, tracking_send)
+        except BodyTooLarge as err:
+            if not started:
+                await send_error(send, err)
+
+
+def _body_error(size: int, limit: int) -> BodyTooLarge:
+    return BodyTooLarge(413, f"request body is at least {size} bytes; the limit is {limit} "
+                             "(spec.requestLimits.maxBodyBytes)", code="request_too_large")
+
+
+def _content_length(scope) -> int | None:
+    for key, value in scope.get("headers", ()):
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def send_error(send, error: APIError) -> None:
+    """Answer an ASGI request with an OpenAI error before the app saw it (and close: the body may be unread)."""
+    response = error.response()
+    response.headers["connection"] = "close"
+    await send({"type": "http.response.start", "status": response.status_code,
+                "headers": response.raw_headers})
+    await send({"type": "http.response.body", "body": response.body})

@@ -1,0 +1,96 @@
+"""Finding 2: bounded bodies and headers everywhere, and no tokenizing on the event loop."""
+
+import asyncio
+import threading
+
+import httpx
+import pytest
+
+from fleetserve.api.errors import APIError
+from fleetserve.api.protocol import parse_chat
+from fleetserve.engine.runner import ModelRunner
+from fleetserve.engine.server import Engine, EngineSettings
+from fleetserve.observe.metrics import ModelIdentity
+from tests.helpers import Server
+
+
+@pytest.fixture(scope="module")
+def small_limits_engine(tiny_model, tmp_path_factory):
+    server = Server(["engine", "--model", str(tiny_model), "--served-model-name", "tiny", "--threads", "1",
+                     "--max-body-bytes", "65536", "--max-header-bytes", "8192"],
+                    tmp_path_factory.mktemp("bounds") / "engine.log").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def small_limits_router(small_limits_engine, tmp_path_factory):
+    server = Server(["router", "--backend", small_limits_engine.url, "--max-body-bytes", "65536",
+                     "--max-header-bytes", "8192"], tmp_path_factory.mktemp("bounds") / "router.log").start()
+    yield server
+    server.stop()
+
+
+def _chat(size):
+    return {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "x" * size}]}
+
+
+@pytest.mark.parametrize("which", ["small_limits_engine", "small_limits_router"])
+def test_a_body_over_the_limit_is_413_in_openai_json(which, request):
+    url = request.getfixturevalue(which).url
+    r = httpx.post(url + "/v1/chat/completions", json=_chat(100_000), timeout=30)
+    assert r.status_code == 413
+    error = r.json()["error"]
+    assert error["code"] == "request_too_large" and "maxBodyBytes" in error["message"]
+
+
+@pytest.mark.parametrize("which", ["small_limits_engine", "small_limits_router"])
+def test_a_chunked_body_over_the_limit_is_413_too(which, request):
+    """No content-length to trust: the body is counted as it arrives."""
+    url = request.getfixturevalue(which).url
+
+    def chunks():
+        for _ in range(40):
+            yield b"x" * 4096
+
+    r = httpx.post(url + "/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"},
+                   timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize("which", ["small_limits_engine", "small_limits_router"])
+def test_headers_over_the_limit_are_431(which, request):
+    url = request.getfixturevalue(which).url
+    r = httpx.post(url + "/v1/chat/completions", json=_chat(5), headers={"x-padding": "p" * 20_000}, timeout=30)
+    assert r.status_code == 431 and r.json()["error"]["code"] == "headers_too_large"
+
+
+def test_bodies_under_the_limit_still_work(small_limits_router):
+    assert httpx.post(small_limits_router.url + "/v1/chat/completions", json=_chat(100), timeout=60).status_code == 200
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(tiny_model):
+    runner = ModelRunner(tiny_model, threads=1)
+    engine = Engine(runner, EngineSettings("tiny", ModelIdentity("default", "tiny", "1", "local", "r0")))
+    calls = []
+    runner.chat_ids = lambda messages: calls.append(1) or [1]
+    too_long = runner.context_length * runner.max_token_chars() + 1
+    with pytest.raises(APIError) as err:
+        asyncio.run(engine._tokenize(parse_chat(_chat(too_long))))
+    assert err.value.code == "context_length_exceeded" and calls == []
+
+
+def test_tokenizing_runs_off_the_event_loop_thread(tiny_model):
+    runner = ModelRunner(tiny_model, threads=1)
+    engine = Engine(runner, EngineSettings("tiny", ModelIdentity("default", "tiny", "1", "local", "r0")))
+    seen = []
+    original = runner.chat_ids
+    runner.chat_ids = lambda messages: seen.append(threading.current_thread()) or original(messages)
+
+    async def main():
+        ids, budget = await engine._tokenize(parse_chat(_chat(20)))
+        return ids, budget, threading.current_thread()
+
+    ids, budget, loop_thread = asyncio.run(main())
+    assert ids and budget > 0
+    assert seen and seen[0] is not loop_thread
