@@ -182,6 +182,18 @@ def test_metrics_source_down_triggers_fallback():
     assert "fallback" not in back.reason and back.state.failures == 0
 
 
+def test_every_trigger_failing_without_fallback_holds_the_count_like_keda():
+    """Unreadable is not idle: no scale to zero after the cooldown, and the decision says metrics not ready."""
+    policy = ScalingPolicy(min_replicas=0, max_replicas=8, triggers=CONCURRENCY, cooldown=60, initial_cooldown=0)
+    fleet = VirtualFleet(policy, 0.0, replicas=3)
+    fleet.poll(0.0, 12.0)
+    held = [fleet.poll(15.0 * i, None) for i in range(1, 60)]  # 15 minutes of failed reads, 15x the cooldown
+    assert {d.desired for d in held} == {3}
+    assert not any(d.metrics_ready for d in held) and "metrics not ready" in held[-1].reason
+    back = fleet.poll(1000.0, 0.0)  # readable again and idle: the cooldown counts from the last activity
+    assert back.metrics_ready and back.desired == 0
+
+
 def test_no_data_at_zero_traffic_is_zero_load_not_a_failure():
     policy = ScalingPolicy(min_replicas=0, max_replicas=3, triggers=CONCURRENCY, fallback_threshold=1,
                            fallback_replicas=2, cooldown=60, initial_cooldown=0)

@@ -10,7 +10,10 @@ share it:
   (scale-up: lowest recommendation in the window; scale-down: highest) and rate policies (up: +100% or
   +4 pods per 15 s, whichever is larger; down: -100% per 15 s);
 - `fallback`: after more than `failureThreshold` consecutive failed reads, hold `fallback.replicas`;
-  a failed read below the threshold never scales down. No data at zero traffic is zero load, not a failure;
+  a failed read below the threshold never scales down. Without a fallback, a failed read holds the current
+  count for as long as it fails (never to zero: an unreadable trigger is not an idle one) and the decision
+  says `metrics_ready=False`, as KEDA marks the ScaledObject not ready. No data at zero traffic is zero
+  load, not a failure;
 - time-of-day floors from `Schedule`, never below `minReplicaCount`.
 The state is a frozen value that round-trips through JSON; decisions carry a reason string.
 """
@@ -137,6 +140,7 @@ class ScaleDecision:
     active: bool
     floor: int
     state: ScalingState
+    metrics_ready: bool = True  # False while a trigger cannot be read (KEDA: ScaledObject Ready=False)
 
 
 def _recommend(policy: ScalingPolicy, current: int, values: tuple[float | None, ...]) -> tuple[int, str]:
@@ -210,12 +214,17 @@ def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, 
             events += ((now, desired - current),)
         new = replace(state, current=desired, events=events,
                       recommendations=state.recommendations if recs is None else recs)
-        return ScaleDecision(desired, reason, active, floor, new)
+        return ScaleDecision(desired, reason, active, floor, new, metrics_ready=not failed)
 
     if policy.fallback_threshold is not None and failures > policy.fallback_threshold:
         target = max(floor, policy.fallback_replicas)
         return done(target, f"fallback: {failures} failed metric reads in a row (> {policy.fallback_threshold}); "
                             f"holding {target} replica(s)")
+
+    if failed and not active:
+        # Unknown is not idle: no activation countdown, no scale-down (to zero or otherwise) while blind.
+        return done(max(current, floor), f"holding {max(current, floor)}: {failures} failed metric read(s) in a "
+                                          "row and no fallback configured (metrics not ready)")
 
     if current == 0:
         if not active:
