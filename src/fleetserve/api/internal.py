@@ -25,7 +25,7 @@ from fleetserve.api.limits import RequestSizeLimit, SizeLimits, send_error
 
 INTERNAL_HEADER = "x-fleetserve-internal"
 TENANT_HEADER = "x-fleetserve-tenant"
-OPEN_PATHS = frozenset({"/health", "/ping"})
+OPEN_PATHS = frozenset({"/health", "/ping", "/openapi.json"})  # the contract is public, like /health
 
 
 def write_token_file(path: Path) -> Path:

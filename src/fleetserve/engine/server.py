@@ -22,6 +22,7 @@ from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, unti
 from fleetserve.api.errors import APIError
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
 from fleetserve.api.limits import SizeLimits
+from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
 from fleetserve.engine.runner import ModelRunner
 from fleetserve.engine.scheduler import Job, SerialScheduler
@@ -397,6 +398,7 @@ def build_app(engine: Engine) -> Starlette:
         Route("/v1/models", engine.models, methods=["GET"]),
         Route("/health", engine.health, methods=["GET"]),
         Route("/ping", engine.health, methods=["GET"]),
+        Route("/openapi.json", openapi_endpoint("engine", [engine.settings.served_model_name]), methods=["GET"]),
         Route("/metrics", engine.metrics_endpoint, methods=["GET"]),
         Route("/get_model_info", engine.model_info, methods=["GET"]),
         Route("/kv/events", engine.kv_events, methods=["GET"]),

@@ -32,6 +32,7 @@ from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, unti
 from fleetserve.api.errors import APIError
 from fleetserve.api.internal import INTERNAL_HEADER, InternalAuth
 from fleetserve.api.limits import RequestSizeLimit, SizeLimits
+from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import parse_json_body
 from fleetserve.kvcache.blocks import kv_salt
 from fleetserve.observe.metrics import LATENCY_BUCKETS_MS, exposition
@@ -560,6 +561,7 @@ def build_app(gateway: Gateway) -> Starlette:
         Route("/v1/models", gateway.proxy, methods=["GET"]),
         Route("/health", gateway.health, methods=["GET"]),
         Route("/ping", gateway.health, methods=["GET"]),
+        Route("/openapi.json", openapi_endpoint("router"), methods=["GET"]),
         Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
         Route("/admin/load", gateway.admin_load, methods=["GET"]),
         Route("/admin/backends", gateway.admin_backends, methods=["PUT"]),
