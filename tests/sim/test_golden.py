@@ -6,10 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fleetserve.sim.fleet import SimFleet
 from fleetserve.sim.plan import plan
 from fleetserve.sim.run import simulate
 from fleetserve.sim.setup import SimOptions
 from fleetserve.sim.verify import verify
+from fleetserve.sim.workload import build_workload
 from fleetserve.spec import load_spec
 from fleetserve.spec.load import load_spec_data
 from tests.sim.conftest import azure_slice
@@ -93,3 +95,26 @@ def test_scale_to_zero_fails_verify_and_names_the_cold_start():
     reasons = [c.reason for c in verdict.checks if not c.passed]
     assert not verdict.passed
     assert any(r.startswith("idle: TTFT") and "cold start" in r and "node provisioning" in r for r in reasons), reasons
+
+
+def test_placement_falls_through_a_shortage_and_spot_interruptions_retry_elsewhere():
+    endpoint = spec("simulated-cloud.yaml")  # g5.xlarge is short for the first hour; spot preferred
+    result = simulate(endpoint, azure_slice(600, 1500), SimOptions(seed=2, spot_interruption_rate=30.0))
+    fleet = result.fleet
+    types = {n.offering.instance_type for n in fleet.capacity.nodes()}
+    assert types and "g5.xlarge" not in types
+    assert any("insufficient capacity" in line or "unavailable" in line for line in fleet.capacity.log)
+    assert result.report["disruptions"]["spot_notices"] > 0  # replicas drained within the 2-minute notice
+    served = [r for r in fleet.requests if r.error is None]
+    assert len(served) >= 0.95 * len(fleet.requests)
+
+
+def test_a_replica_killed_under_load_sends_its_waiting_requests_elsewhere():
+    endpoint = spec("simulated-cloud.yaml")
+    fleet = SimFleet(endpoint, build_workload(azure_slice(600, 700), 256, False), SimOptions())
+    fleet.sim.at(fleet.t0 + 30.0, lambda _: fleet._remove(fleet.replicas[0], killed=True))
+    fleet.run()
+    d = fleet.disruptions
+    assert d["retried"] > 0 and all(r.done is not None for r in fleet.requests)
+    retried = [r for r in fleet.requests if r.excluded]
+    assert retried and all(r.error is None and r.replica.id not in r.excluded for r in retried)

@@ -33,6 +33,9 @@ StartOpt = Annotated[str, typer.Option(help="Wall time of the trace start, ISO 8
 TtftOpt = Annotated[float | None, typer.Option(min=1, help="SLO: TTFT p95 in ms (overrides spec.slo)")]
 E2eOpt = Annotated[float | None, typer.Option(min=1, help="SLO: E2E p95 in ms (overrides spec.slo)")]
 CostOpt = Annotated[float | None, typer.Option(min=0.0001, help="SLO: cost limit in $/hour (overrides spec.slo)")]
+SpotOpt = Annotated[float | None, typer.Option(min=0, help="Spot interruptions per node-hour (default: the spec's)")]
+DelayOpt = Annotated[float | None, typer.Option(min=0, help="Node provisioning seconds (default: the spec's "
+                                                           "simulated cloud, else 90)")]
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
@@ -42,7 +45,8 @@ def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
 
 
 def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_scale: float, limit: int | None,
-            seed: int, window: float, peak_fraction: float, idle_fraction: float, start: str):
+            seed: int, window: float, peak_fraction: float, idle_fraction: float, start: str,
+            spot_rate: float | None = None, provisioning_delay: float | None = None):
     """The spec, the trace and the options, or exit 2 naming what is wrong."""
     from datetime import datetime
 
@@ -78,7 +82,8 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
     if rate_scale != 1.0:
         requests = scale_rate(requests, rate_scale, seed)
     options = SimOptions(seed=seed, knowledge=knowledge, profile=profile, window_s=window,
-                         peak_fraction=peak_fraction, idle_fraction=idle_fraction, start=start)
+                         peak_fraction=peak_fraction, idle_fraction=idle_fraction, start=start,
+                         spot_interruption_rate=spot_rate, provisioning_delay_s=provisioning_delay)
     return loaded, requests, options
 
 
@@ -119,14 +124,15 @@ def simulate(
     seed: SeedOpt = 0, knowledge: KnowOpt = "blind", profile: ProfileOpt = None, rate_scale: RateOpt = 1.0,
     limit: LimitOpt = None, window: WindowOpt = 300.0, peak_fraction: PeakOpt = 0.1, idle_fraction: IdleOpt = 0.25,
     start: StartOpt = "2026-01-05T10:00:00+00:00", ttft_p95_ms: TtftOpt = None, e2e_p95_ms: E2eOpt = None,
-    cost_per_hour: CostOpt = None,
+    cost_per_hour: CostOpt = None, spot_interruption_rate: SpotOpt = None, provisioning_delay: DelayOpt = None,
 ) -> None:
     """Run the spec's fleet (routing, autoscaling, capacity) against a trace in virtual time; report latency,
     SLO attainment, GPU-hours and cost, overall and for the peak and idle windows."""
     from fleetserve.sim.run import simulate as run
 
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
-                                        peak_fraction, idle_fraction, start)
+                                        peak_fraction, idle_fraction, start, spot_interruption_rate,
+                                        provisioning_delay)
     with _Progress(requests[-1].arrival_s, "simulating") as progress:
         result = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress)
     if report:
@@ -166,13 +172,15 @@ def verify(
     profile: ProfileOpt = None, rate_scale: RateOpt = 1.0, limit: LimitOpt = None, window: WindowOpt = 300.0,
     peak_fraction: PeakOpt = 0.1, idle_fraction: IdleOpt = 0.25, start: StartOpt = "2026-01-05T10:00:00+00:00",
     ttft_p95_ms: TtftOpt = None, e2e_p95_ms: E2eOpt = None, cost_per_hour: CostOpt = None,
+    spot_interruption_rate: SpotOpt = None, provisioning_delay: DelayOpt = None,
 ) -> None:
     """Pass or fail: does the spec meet its SLO (spec.slo, flags, or the defaults) at peak and at idle?
     Exit 0 pass, 1 fail, 2 bad input."""
     from fleetserve.sim.verify import verify as run
 
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
-                                        peak_fraction, idle_fraction, start)
+                                        peak_fraction, idle_fraction, start, spot_interruption_rate,
+                                        provisioning_delay)
     with _Progress(requests[-1].arrival_s, "verifying") as progress:
         verdict = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress)
     if as_json:
@@ -202,6 +210,7 @@ def plan(
     idle_fraction: IdleOpt = 0.25, start: StartOpt = "2026-01-05T10:00:00+00:00", ttft_p95_ms: TtftOpt = None,
     e2e_p95_ms: E2eOpt = None, cost_per_hour: CostOpt = None,
     max_trials: Annotated[int, typer.Option(min=2, max=1000, help="Simulations the search may run")] = 80,
+    spot_interruption_rate: SpotOpt = None, provisioning_delay: DelayOpt = None,
 ) -> None:
     """Search instance types, replica bounds, scaling target, routing and cache tiers for the cheapest spec that
     passes verify; write it to -o and explain the changes. Exit 0 when one passes, 1 when none does."""
@@ -210,7 +219,8 @@ def plan(
     from fleetserve.sim.plan import plan as run
 
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
-                                        peak_fraction, idle_fraction, start)
+                                        peak_fraction, idle_fraction, start, spot_interruption_rate,
+                                        provisioning_delay)
     with _Progress(max_trials, "planning") as progress:
         result = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress,
                      max_trials)

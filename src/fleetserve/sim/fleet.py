@@ -130,6 +130,7 @@ class SimFleet:
         self.decisions: list[tuple[float, int, str]] = []
         self.rejected: collections.Counter[str] = collections.Counter()
         self.hits: collections.Counter[str] = collections.Counter()  # prompt tokens, of replicas gone
+        self.disruptions: collections.Counter[str] = collections.Counter()  # spot notices, retries, lost streams
         self.policy_scaling = scaling_policy(spec, options)
         self.controller: Controller | None = None
         initial = options.static_replicas if options.static_replicas is not None else spec.replicas
@@ -354,6 +355,7 @@ class SimFleet:
     def _lost(self, req: Req, rep: SimReplica) -> None:
         """Its replica died: before the first byte the router retries elsewhere, after it the stream fails."""
         self.book.failed(rep.id, req.prefill, req.first is not None)
+        self.disruptions["retried" if req.first is None else "lost_mid_stream"] += 1
         if req.first is None:
             req.excluded = exclude(req.excluded, rep.id)
             req.replica = None
@@ -459,6 +461,7 @@ class SimFleet:
         for event in self.capacity.poll(now):
             on_node = [r for r in list(self.replicas) if r.node_id == event.node_id]
             if event.kind == "interruption-notice":
+                self.disruptions["spot_notices"] += 1
                 for r in on_node:
                     self._drain(r)
             elif event.kind == "terminated":

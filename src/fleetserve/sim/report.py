@@ -118,5 +118,6 @@ def build_report(fleet: SimFleet, slo: dict, slo_source: str) -> dict:
                     "changes": sum(1 for a, b in zip(desired, desired[1:], strict=False) if a != b)},
         "windows": {"window_s": fleet.options.window_s, "peak_fraction": fleet.options.peak_fraction,
                     "idle_fraction": fleet.options.idle_fraction, "arrivals": counts},
+        "disruptions": {k: fleet.disruptions[k] for k in ("spot_notices", "retried", "lost_mid_stream")},
         "sim": {"seed": fleet.options.seed, "events": fleet.sim.events, "oversized_requests": h["oversized"]},
     }
