@@ -65,3 +65,15 @@ def test_bench_sim_speed_reports_requests_per_second():
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["requests_per_s"] > 0 and data["requests"] >= 900
+
+
+def test_same_seed_same_numbers_across_processes_and_hash_seeds():
+    from tests.sim.conftest import MOONCAKE
+
+    trace = str(MOONCAKE if MOONCAKE.is_file() else DATA / "mooncake_sample.jsonl")
+    args = ("simulate", str(EXAMPLES / "hyperpod.yaml"), "--trace", trace, "--limit", "300", "--json",
+            "--knowledge", "informed", "--seed", "5")
+    first = fleetserve(*args, env={"PYTHONHASHSEED": "1"})
+    second = fleetserve(*args, env={"PYTHONHASHSEED": "2"})
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout) == json.loads(second.stdout)
