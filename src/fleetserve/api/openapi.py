@@ -50,7 +50,7 @@ def _sampling_properties() -> dict[str, Any]:
         "n": _nullable({"type": "integer", "minimum": 1, "maximum": 1, "description": "only 1 is supported"}),
         "best_of": _nullable({"type": "integer", "minimum": 1, "maximum": 1, "description": "only 1 is supported"}),
         "logprobs": _nullable({"enum": [False, 0], "description": "log probabilities are not supported"}),
-        "top_logprobs": _nullable({"enum": [0]}),
+        "top_logprobs": _nullable({"enum": [0, False]}),  # api.protocol compares with ==: false is 0
         "stop": _nullable({"anyOf": [
             {"type": "string", "minLength": 1},
             {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": MAX_STOP_SEQUENCES},
@@ -111,6 +111,11 @@ def _schemas(models: Sequence[str]) -> dict[str, Any]:
                     "code": {"type": ["string", "null"]},
                 },
             }},
+        },
+        "ServerSentEvent": {
+            "type": "object",
+            "description": "one event: a JSON chunk, a final {error: ...} if generation failed, then [DONE]",
+            "properties": {"data": {"type": "string"}},
         },
         "TextPart": text_part,
         "Message": message,
@@ -188,7 +193,7 @@ def _generation_op(variant: Variant, op_id: str, summary: str, request: str, res
         "responses": {
             "200": {"description": "the completion; with stream: true, server-sent events ending in [DONE]",
                     "content": {"application/json": {"schema": {"$ref": _REF + response}},
-                                "text/event-stream": {"schema": {"type": "string"}}}},
+                                "text/event-stream": {"schema": {"$ref": _REF + "ServerSentEvent"}}}},
             **_errors(variant, generation=True),
         },
     }}

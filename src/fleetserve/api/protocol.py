@@ -14,6 +14,10 @@ MAX_STOP_SEQUENCES = 4
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 MAX_TOKENS_LIMIT = 2**31 - 1
 TOKEN_ID_LIMIT = 2**31 - 1
+# Sampling runs in float32: a top_p that rounds to 0 there keeps no token, and logits divided by a temperature
+# this small overflow to inf (softmax gives NaN). Both limits keep the meaning: top-1 and greedy respectively.
+TOP_P_FLOOR = 1.1754943508222875e-38  # float32's smallest normal number; any top_p below it means top-1
+GREEDY_BELOW_TEMPERATURE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -125,10 +129,11 @@ def _sampling(body: dict) -> SamplingParams:
     top_p = _number(body, "top_p", 0.0, 1.0, 1.0)
     if top_p == 0.0:
         raise invalid("top_p", "must be greater than 0 and at most 1, got 0")
+    temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=top_p,
+        temperature=0.0 if temperature < GREEDY_BELOW_TEMPERATURE else temperature,
+        top_p=max(top_p, TOP_P_FLOOR),
         stop=_stop(body),
         seed=_int(body, "seed", SEED_MIN, SEED_MAX),
         presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, 0.0),
