@@ -27,3 +27,30 @@ def test_tiny_values_keep_their_meaning_and_normal_values_pass_unchanged():
     assert parse_completion({"prompt": "x", "top_p": 5e-324}).sampling.top_p > 0.0
     plain = parse_completion({"prompt": "x", "temperature": 0.7, "top_p": 0.9}).sampling
     assert (plain.temperature, plain.top_p) == (0.7, 0.9)
+
+
+@pytest.mark.parametrize("api_version", [["fleetserve.io/v1"], {"a": 1}])
+def test_an_unhashable_api_version_is_a_spec_error(api_version):
+    from fleetserve.spec import SpecError
+    from fleetserve.spec.load import load_spec_data
+
+    with pytest.raises(SpecError) as err:  # was TypeError: unhashable type
+        load_spec_data({"apiVersion": api_version, "kind": "Endpoint", "metadata": {"name": "x"}, "spec": {}})
+    assert err.value.problems[0].path == "apiVersion"
+
+
+@pytest.mark.parametrize("limits", [[1], "1", 3])
+def test_hyperpod_resources_that_are_not_mappings_are_a_spec_error(limits):
+    from pathlib import Path
+
+    import yaml
+
+    from fleetserve.spec import SpecError
+    from fleetserve.spec.load import load_spec_data
+
+    doc = yaml.safe_load((Path(__file__).parents[2] / "examples" / "hyperpod.yaml").read_text())
+    doc["spec"]["worker"]["resources"] = {"limits": limits}
+    with pytest.raises(SpecError) as err:  # was AttributeError: 'list' object has no attribute 'get'
+        load_spec_data(doc)
+    assert err.value.problems[0].path == "spec.worker.resources"
+    assert "resources.limits must be a mapping" in err.value.problems[0].message

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleetserve.spec.errors import SpecError, SpecProblem, problems_from_validation
 
@@ -92,6 +92,16 @@ class Worker(_CRD):
     environmentVariables: list[NameValue] = Field(default_factory=list)
     probes: dict[str, Any] | None = None
     requestLimits: RequestLimits | None = None
+
+    @field_validator("resources")
+    @classmethod
+    def _resource_maps(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """Kubernetes ResourceRequirements: limits and requests map a resource name to a quantity."""
+        for section in ("limits", "requests"):
+            if section in value and not isinstance(value[section], dict | None):
+                raise ValueError(f"resources.{section} must be a mapping such as {{nvidia.com/gpu: 1}}, "
+                                 f"got {type(value[section]).__name__}")
+        return value
 
 
 class _Trigger(_CRD):

@@ -49,7 +49,7 @@ def load_spec_data(data: Any, source: str | None = None) -> LoadedSpec:
         raise SpecError([SpecProblem("", "the document must be a YAML mapping with apiVersion, kind, spec")], source)
     api_version, kind = data.get("apiVersion"), data.get("kind")
     allowed = ", ".join(f"{v}/{k}" for v, k in ACCEPTED.items())
-    if api_version not in ACCEPTED:
+    if not isinstance(api_version, str) or api_version not in ACCEPTED:  # a list or mapping is unhashable
         raise SpecError([SpecProblem("apiVersion", f"got {api_version!r}; allowed values: {allowed}")], source)
     if kind != ACCEPTED[api_version]:
         raise SpecError(
