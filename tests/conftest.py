@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Server
+from tests.helpers import Server, processes_with_env
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -84,3 +84,15 @@ def redis_server(tmp_path):
     yield server
     server["proc"].kill()
     server["proc"].wait()
+
+
+@pytest.fixture()
+def home(tmp_path):
+    """A FLEETSERVE_HOME of this test's own: leftovers are found by it in /proc/*/environ and killed."""
+    import signal
+
+    path = tmp_path / "home"
+    path.mkdir()
+    yield {"FLEETSERVE_HOME": str(path)}
+    for pid in processes_with_env("FLEETSERVE_HOME", str(path)):  # never leak into other tests
+        os.kill(pid, signal.SIGKILL)

@@ -167,3 +167,37 @@ def test_local_provider_is_one_node_with_slots():
     assert isinstance(full, InsufficientCapacity)
     manager.release("r0", "local", 1.0)
     assert manager.acquire("r2", 2.0).node.id == "local"
+
+
+def test_underutilized_node_is_cordoned_emptied_by_moves_then_deleted():
+    """WhenEmptyOrUnderutilized is applied, not only computed: cordon, replacements elsewhere, then delete."""
+    provider = RecordingProvider(CATALOG)
+    manager = CapacityManager(provider, CATALOG, [Tier(("g5.12xlarge",), ("on-demand",))], ONE_GPU,
+                              allow_larger=True, consolidation=ConsolidationPolicy(budgets=(Budget("100%"),)))
+    a = manager.acquire("r0", 0.0).node  # 4 slots
+    for i in range(1, 4):
+        manager.acquire(f"r{i}", 0.0)
+    b = manager.acquire("r4", 0.0).node  # a second node with one replica
+    assert a.id != b.id and (a.used, b.used) == (4, 1)
+    manager.release("r1", a.id, 10.0)  # now a holds 3, b holds 1: b's replica fits in a's free slot
+    removals = manager.consolidate(20.0, load_ratio=0.25)
+    assert [(r.node_id, r.reason) for r in removals] == [(b.id, "Underutilized")]
+    assert manager.cordoned == {b.id}
+    assert manager.acquire("r5", 21.0).node.id == a.id  # the replacement lands elsewhere, never on b
+    manager.release("r4", b.id, 30.0)  # the moved replica drained
+    manager.consolidate(31.0, load_ratio=0.25)
+    assert b.id not in {n.id for n in manager.nodes()} and ("delete", b.id, 31.0) in provider.calls
+    assert manager.cordoned == set()
+
+
+def test_underutilized_is_not_applied_when_the_rest_cannot_absorb_the_load():
+    provider = RecordingProvider(CATALOG)
+    manager = CapacityManager(provider, CATALOG, [Tier(("g5.12xlarge",), ("on-demand",))], ONE_GPU,
+                              allow_larger=True, consolidation=ConsolidationPolicy(budgets=(Budget("100%"),)))
+    a = manager.acquire("r0", 0.0).node
+    for i in range(1, 3):
+        manager.acquire(f"r{i}", 0.0)
+    manager.acquire("r3", 0.0)
+    manager.acquire("r4", 0.0)  # second node
+    manager.release("r1", a.id, 10.0)
+    assert manager.consolidate(20.0, load_ratio=0.95) == [] and manager.cordoned == set()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-STATE_RANK = {"pending": 0, "restarting": 1, "starting": 2, "ready": 3}
+STATE_RANK = {"pending": 0, "restarting": 1, "starting": 2, "moving": 3, "ready": 4}
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ class CapacityManager:
         self.ledger = CostLedger()
         self.labels = (namespace, model_version)
         self.log: collections.deque[str] = collections.deque(maxlen=100)  # placement notes, newest last
+        self.cordoned: set[str] = set()  # underutilized nodes being emptied: no new replicas land there
 
     def _note(self, line: str) -> None:
         if not self.log or self.log[-1] != line:
@@ -57,7 +58,8 @@ class CapacityManager:
 
     def acquire(self, replica_id: str, now: float) -> Slot | InsufficientCapacity:
         """A slot for a new replica: an existing node with room (fullest first), else a new node."""
-        roomy = [n for n in self.provider.nodes() if n.free > 0 and n.interrupt_at is None]
+        roomy = [n for n in self.provider.nodes()
+                 if n.free > 0 and n.interrupt_at is None and n.id not in self.cordoned]
         if roomy:
             node = max(roomy, key=lambda n: (n.used, -n.price_per_hour))
             return self._take(node, replica_id, None, now)
@@ -101,14 +103,35 @@ class CapacityManager:
         return events
 
     def consolidate(self, now: float, load_ratio: float) -> list[Removal]:
-        """Remove the nodes consolidation allows (only empty ones are deleted here; moves are the caller's)."""
-        removals = consolidate(self.provider.nodes(), self.consolidation, now, load_ratio)
+        """Apply what consolidation allows: empty nodes are deleted; underutilized ones are cordoned and returned,
+        and the caller moves their replicas (replacements first, then drains); once empty, they are deleted.
+
+        Nodes already being emptied count against the disruption budgets, like Karpenter's deleting nodes."""
+        live = {n.id for n in self.provider.nodes()}
+        self.cordoned &= live
+        removals = consolidate(self.provider.nodes(), self.consolidation, now, load_ratio,
+                               deleting=len(self.cordoned))
+        emptied = [n.id for n in self.provider.nodes() if n.id in self.cordoned and n.used == 0]
+        for node_id in emptied:
+            self._delete(node_id, now, "consolidation removed emptied node")
         for r in removals:
-            if r.reason == "Empty" and self.provider.name != "local":
-                self.provider.delete(r.node_id, now)
-                self.ledger.node_stopped(r.node_id, now)
-                self.log.append(f"consolidation removed empty node {r.node_id}")
-        return removals
+            if r.reason == "Empty" and self.provider.name != "local" and r.node_id not in emptied:
+                self._delete(r.node_id, now, "consolidation removed empty node")
+            elif r.reason == "Underutilized" and r.node_id not in self.cordoned and self.provider.name != "local":
+                self.cordoned.add(r.node_id)
+                self.log.append(f"consolidation: node {r.node_id} is underutilized; moving its replicas")
+        return [r for r in removals if r.reason == "Empty" or r.node_id in self.cordoned]
+
+    def uncordon_all(self, why: str) -> None:
+        if self.cordoned:
+            self.log.append(f"consolidation of {', '.join(sorted(self.cordoned))} cancelled: {why}")
+            self.cordoned.clear()
+
+    def _delete(self, node_id: str, now: float, note: str) -> None:
+        self.provider.delete(node_id, now)
+        self.ledger.node_stopped(node_id, now)
+        self.cordoned.discard(node_id)
+        self.log.append(f"{note} {node_id}")
 
     def nodes(self) -> list[Node]:
         return self.provider.nodes()

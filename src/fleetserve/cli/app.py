@@ -134,12 +134,10 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
 ) -> None:
     """Show fleets, their replicas and states."""
-    from fleetserve.fleet.state import list_fleets, pid_alive
+    from fleetserve.fleet.state import list_fleets, mark_stale
 
-    fleets = [f for f in list_fleets() if name is None or f.name == name]
-    for f in fleets:
-        if not pid_alive(f.supervisor_pid) and f.status not in ("stopped", "failed"):
-            f.status = "dead"  # the supervisor vanished without writing its end
+    # a supervisor that vanished without writing its end: its rows are stale, not ready
+    fleets = [mark_stale(f) for f in list_fleets() if name is None or f.name == name]
     if as_json:
         print(json.dumps([f.to_json() for f in fleets], indent=2))
         return
@@ -188,7 +186,8 @@ def down(
     except FleetError as exc:
         raise _fail(str(exc), 1) from None
     stop_fleet(state)
-    out.print(f"fleet {state.name} stopped")
+    out.print(f"fleet {state.name} stopped" + (" (its supervisor had died; leftovers cleaned)"
+                                               if state.status == "dead" else ""))
 
 
 @app.command()

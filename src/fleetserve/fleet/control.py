@@ -10,7 +10,17 @@ import time
 from pathlib import Path
 
 from fleetserve.fleet.process import fleetserve_command
-from fleetserve.fleet.state import FleetState, fleet_dir, pid_alive, read_state, running_fleets
+from fleetserve.fleet.state import (
+    PREVIOUS,
+    FleetState,
+    fleet_dir,
+    list_fleets,
+    mark_stale,
+    pid_alive,
+    read_state,
+    running_fleets,
+    write_state,
+)
 
 
 class FleetError(Exception):
@@ -30,7 +40,8 @@ def start_detached(spec_path: str, name: str, timeout: float) -> FleetState:
     folder = fleet_dir(name)
     if folder.exists():
         shutil.rmtree(folder / "logs", ignore_errors=True)
-        (folder / "state.json").unlink(missing_ok=True)
+        if (folder / "state.json").exists():  # the new supervisor may carry on from it (read_previous_state)
+            os.replace(folder / "state.json", folder / PREVIOUS)
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / "supervisor.log"
     with open(log_path, "wb") as log:
@@ -61,26 +72,40 @@ def start_detached(spec_path: str, name: str, timeout: float) -> FleetState:
         time.sleep(0.2)
 
 
+def dead_fleets() -> list[FleetState]:
+    """Fleets whose supervisor was killed before it could write its end (state says running, no process)."""
+    return [mark_stale(f) for f in list_fleets()
+            if f.status not in ("stopped", "failed") and not pid_alive(f.supervisor_pid)]
+
+
 def pick_fleet(name: str | None) -> FleetState:
+    """The fleet `down` acts on: a running one, or one whose supervisor died (its leftovers get cleaned)."""
     fleets = running_fleets()
+    dead = dead_fleets()
     if name:
-        match = [f for f in fleets if f.name == name]
+        match = [f for f in fleets + dead if f.name == name]
         if not match:
             known = ", ".join(f.name for f in fleets) or "none"
             raise FleetError(f"no running fleet named {name!r} (running: {known})")
         return match[0]
+    if not fleets and len(dead) == 1:
+        return dead[0]
     if not fleets:
-        raise FleetError("no fleet is running")
+        raise FleetError("no fleet is running" + (f" (stale: {', '.join(f.name for f in dead)}; name one)"
+                                                  if dead else ""))
     if len(fleets) > 1:
         raise FleetError(f"several fleets are running ({', '.join(f.name for f in fleets)}); name one")
     return fleets[0]
 
 
-def _is_ours(pid: int) -> bool:
+def _is_ours(pid: int, state: FleetState) -> bool:
+    """A recorded pid may have been reused by an unrelated process: kill only ours (our CLI, or a server started
+    in this fleet's folder, like its redis-server)."""
     try:
-        return b"fleetserve" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+    return b"fleetserve" in cmdline or str(fleet_dir(state.name)).encode() in cmdline
 
 
 def stop_fleet(state: FleetState, timeout: float = 60.0) -> None:
@@ -93,10 +118,18 @@ def stop_fleet(state: FleetState, timeout: float = 60.0) -> None:
         time.sleep(0.1)
     if pid_alive(pid):
         os.kill(pid, signal.SIGKILL)  # its children die with it (PR_SET_PDEATHSIG)
-    leftovers = [state.router_pid] + [r.pid for r in state.replicas]
+    leftovers = [state.router_pid, state.redis_pid] + [r.pid for r in state.replicas]
     for child in leftovers:
-        if child and pid_alive(child) and _is_ours(child):
+        if child and pid_alive(child) and _is_ours(child, state):
             try:
                 os.killpg(child, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    final = read_state(state.name)
+    if final is not None and final.supervisor_pid == state.supervisor_pid and final.status not in ("stopped",
+                                                                                                   "failed"):
+        # the supervisor died without writing its end: record it, so status stops showing ready replicas
+        mark_stale(final)
+        final.status = "stopped"
+        final.error = final.error or "the supervisor had died; its leftovers were stopped by `fleetserve down`"
+        write_state(final)

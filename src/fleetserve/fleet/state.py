@@ -62,6 +62,8 @@ class FleetState:
     metrics_url: str = ""
     tls_cert: str = ""  # the certificate clients should trust (https endpoints)
     l2_url: str = ""  # the Redis the fleet started for the L2 tier
+    l2_status: str = ""  # "up", or "restarting (...)" while the supervisor brings it back
+    redis_pid: int | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -96,6 +98,38 @@ def read_state(name: str) -> FleetState | None:
         return FleetState.from_json(json.loads((fleet_dir(name) / "state.json").read_text()))
     except (OSError, json.JSONDecodeError, TypeError):
         return None
+
+
+PREVIOUS = "state.previous.json"
+
+
+def read_previous_state(name: str) -> FleetState | None:
+    """The state an earlier supervisor of this fleet left, if it is gone: `up` after a crash carries on from it.
+
+    A detached start moves state.json aside (PREVIOUS) before its supervisor starts; a foreground `up` finds
+    it in place."""
+    folder = fleet_dir(name)
+    for file in ("state.json", PREVIOUS):
+        try:
+            state = FleetState.from_json(json.loads((folder / file).read_text()))
+        except (OSError, json.JSONDecodeError, TypeError):
+            continue
+        if not pid_alive(state.supervisor_pid):
+            return state
+    return None
+
+
+def mark_stale(state: FleetState) -> FleetState:
+    """What `status` shows for a fleet whose supervisor vanished without writing its end: nothing is ready."""
+    if pid_alive(state.supervisor_pid) or state.status in ("stopped", "failed"):
+        return state
+    state.status = "dead"
+    state.ready = 0
+    for r in state.replicas:
+        alive = pid_alive(r.pid)
+        r.state = "stale (process alive)" if alive else "stale"
+        r.pid = r.pid if alive else None
+    return state
 
 
 def pid_alive(pid: int | None) -> bool:

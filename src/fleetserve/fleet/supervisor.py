@@ -15,6 +15,7 @@ Any stop (signal, failed start, error) stops the router first, then the replicas
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -32,11 +33,22 @@ import httpx
 from fleetserve.api.internal import write_token_file
 from fleetserve.autoscale.controller import Controller
 from fleetserve.autoscale.policy import ScalingPolicy, ScalingState
+from fleetserve.autoscale.scaledown import Candidate, victims
 from fleetserve.capacity.placement import InsufficientCapacity
+from fleetserve.capacity.utilization import load_ratio, target_per_replica
 from fleetserve.fleet.capacity import build_capacity
+from fleetserve.fleet.lifecycle import ROUTER_STATE, SERVING, Phase, advance
 from fleetserve.fleet.metrics import SupervisorMetrics
 from fleetserve.fleet.process import Child, fleetserve_command, free_port
-from fleetserve.fleet.state import FleetState, NodeState, ReplicaState, fleet_dir, write_state
+from fleetserve.fleet.restarts import Backoff
+from fleetserve.fleet.state import (
+    FleetState,
+    NodeState,
+    ReplicaState,
+    fleet_dir,
+    read_previous_state,
+    write_state,
+)
 from fleetserve.router.auth import key_digest, write_key_file
 from fleetserve.router.policies import registered_policies
 from fleetserve.router.tls import ensure_self_signed
@@ -64,8 +76,7 @@ class Replica:
     requested_at: float  # monotonic: when the controller asked for it (cold start starts here)
     child: Child | None = None
     started_at: float = 0.0
-    restart_at: float | None = None
-    crash_times: list[float] = field(default_factory=list)
+    backoff: Backoff = field(default_factory=lambda: Backoff(cap=RESTART_BACKOFF_MAX))
     drain_deadline: float | None = None
 
 
@@ -87,11 +98,14 @@ class Supervisor:
         self.router_url = ""
         self.admin_token = secrets.token_hex(16)
         self._token_file: Path | None = None
+        self._router_backoff = Backoff(cap=RESTART_BACKOFF_MAX)
+        self._redis_backoff = Backoff(cap=RESTART_BACKOFF_MAX)
         self.redis: Child | None = None
         self.l2_url = ""
         self.capacity = build_capacity(self.spec, self.endpoint.metadata.namespace, clock())
         self.controller: Controller | None = None
         self.metrics = SupervisorMetrics()
+        self.previous = read_previous_state(self.name)  # an earlier supervisor's last word, if it left one
         self.state = FleetState(
             name=self.name,
             namespace=self.endpoint.metadata.namespace,
@@ -144,7 +158,7 @@ class Supervisor:
     def _save(self) -> None:
         s = self.state
         s.replicas = [r.state for r in self.replicas]
-        s.ready = sum(1 for r in self.replicas if r.state.state == "ready")
+        s.ready = sum(1 for r in self.replicas if r.state.state in SERVING)
         s.desired = self._desired()
         if self.controller and self.controller.last:
             d = self.controller.last
@@ -178,6 +192,22 @@ class Supervisor:
         return self.spec.replicas if self.spec.engine.kind == "builtin" else 0
 
     # --- start ---------------------------------------------------------------------------------------------
+
+    def _initial_scaling_state(self, policy: ScalingPolicy) -> ScalingState:
+        """After an unclean stop (the previous supervisor was killed), carry on from its scaling state: its
+        stabilization windows, cooldown countdown and replica count, instead of starting from the spec."""
+        previous = self.previous
+        if previous is not None and previous.scaling_state and previous.status not in ("stopped", "failed"):
+            try:
+                restored = ScalingState.from_json(previous.scaling_state)
+            except (KeyError, TypeError, ValueError) as exc:
+                self.say(f"previous scaling state not restored ({type(exc).__name__}); starting from the spec")
+            else:
+                current = min(policy.max_replicas, max(policy.floor(self.clock()), restored.current))
+                self.say(f"restored the scaling state of the previous supervisor (pid {previous.supervisor_pid}): "
+                         f"{current} replica(s)")
+                return dataclasses.replace(restored, current=current)
+        return ScalingState.initial(policy, self.spec.replicas, self.clock())
 
     def _prepare_model(self) -> str:
         """Resolve the model source once, in a child process, and return the local directory."""
@@ -224,8 +254,7 @@ class Supervisor:
             policy = ScalingPolicy.from_spec(autoscaling)
             queries = tuple((t.server_address, t.query) if t.metric == "prometheus" else None
                             for t in autoscaling.triggers)
-            self.controller = Controller(policy, ScalingState.initial(policy, self.spec.replicas, self.clock()),
-                                         self._router_load, queries)
+            self.controller = Controller(policy, self._initial_scaling_state(policy), self._router_load, queries)
         initial = self._desired()
         if initial:
             self.say(f"starting {initial} engine replica(s) ...")
@@ -234,7 +263,7 @@ class Supervisor:
         while True:
             self._check_stop()
             self._reconcile(time.monotonic(), starting_up=True)
-            ready = sum(1 for r in self.replicas if r.state.state == "ready")
+            ready = sum(1 for r in self.replicas if r.state.state in SERVING)
             if ready >= initial:
                 return
             if time.monotonic() > deadline:
@@ -347,9 +376,8 @@ class Supervisor:
         return r.json() if r is not None else None
 
     def _push_backends(self) -> None:
-        mapping = {"ready": "ready", "draining": "draining"}
-        entries = [{"url": r.state.url, "state": mapping.get(r.state.state, "starting")}
-                   for r in self.replicas if r.state.state not in ("pending", "stopped")]
+        entries = [{"url": r.state.url, "state": ROUTER_STATE[Phase(r.state.state)]}
+                   for r in self.replicas if r.state.state in ROUTER_STATE]
         if entries == self._pushed:
             return
         try:
@@ -403,7 +431,7 @@ class Supervisor:
                            self.dir / "logs" / "redis.log")
         self.redis.start()
         self.l2_url = f"redis://127.0.0.1:{port}/0"
-        self.state.l2_url = self.l2_url
+        self.state.l2_url, self.state.l2_status, self.state.redis_pid = self.l2_url, "up", self.redis.pid
         deadline = time.monotonic() + 30
         import socket
 
@@ -428,7 +456,7 @@ class Supervisor:
         self.state.error = ""
         port = free_port()
         node = slot.node
-        state = ReplicaState(rid, f"http://127.0.0.1:{port}", state="pending", node=node.id,
+        state = ReplicaState(rid, f"http://127.0.0.1:{port}", state=Phase.PENDING, node=node.id,
                              instance_type=node.offering.instance_type)
         self.replicas.append(Replica(state, port, node.id, requested_at=mono))
         return True
@@ -439,41 +467,41 @@ class Supervisor:
                             self.dir / "logs" / f"{r.state.id}.log", env_drop=self._key_env_names())
         r.child.start()
         r.started_at = mono
-        r.state.pid, r.state.state = r.child.pid, "starting"
+        r.state.state = advance(r.state.state, Phase.STARTING)
+        r.state.pid = r.child.pid
 
     def _crashed(self, r: Replica, code: int | None, mono: float, why: str, starting_up: bool) -> None:
         if starting_up:
             tail = r.child.log_tail() if r.child else ""
             raise StartupError(f"replica {r.state.id} {why} during start-up; last log lines "
                                f"({r.child.log_path if r.child else '-'}):\n{tail}")
-        r.crash_times = [t for t in r.crash_times if mono - t < 300] + [mono]
-        delay = min(RESTART_BACKOFF_MAX, 2.0 ** (len(r.crash_times) - 1))
-        r.restart_at = mono + delay
-        r.state.state, r.state.last_exit, r.state.pid = "restarting", code, None
+        delay = r.backoff.crashed(mono)
+        r.state.state = advance(r.state.state, Phase.RESTARTING)
+        r.state.last_exit, r.state.pid = code, None
+        r.requested_at = mono  # the restart's cold start counts from the crash, not from the first launch
         self.say(f"replica {r.state.id} {why}; restarting in {delay:.0f}s")
 
     def _tend(self, r: Replica, mono: float, starting_up: bool) -> None:
         s = r.state
-        if s.state == "pending":
+        if s.state == Phase.PENDING:
             node = next((n for n in self.capacity.nodes() if n.id == r.node_id), None)
             if node is None:
                 self._remove(r)  # its node went away before the replica started
             elif node.ready(self.clock()):
                 self._spawn(r, mono)
             return
-        if s.state == "restarting":
-            if r.restart_at is not None and mono >= r.restart_at:
-                r.restart_at = None
+        if s.state == Phase.RESTARTING:
+            if r.backoff.due(mono):
                 s.restarts += 1
                 self._spawn(r, mono)
             return
         code = r.child.exit_code() if r.child else None
-        if s.state in ("starting", "ready") and code is not None:
+        if s.state in (Phase.STARTING, *SERVING) and code is not None:
             self._crashed(r, code, mono, f"exited with code {code}", starting_up)
             return
-        if s.state == "starting":
+        if s.state == Phase.STARTING:
             if self._get(s.url + self.spec.engine.health_path) is not None:
-                s.state = "ready"
+                s.state = advance(s.state, Phase.READY)
                 cold = mono - r.requested_at
                 s.cold_start_s = round(cold, 3)
                 self.metrics.cold_start.observe(cold)
@@ -484,15 +512,17 @@ class Supervisor:
                 self._crashed(r, None, mono, "did not become ready in time", starting_up)
 
     def _drain(self, r: Replica, mono: float) -> None:
-        if r.state.state in ("pending", "restarting") or r.child is None:
+        if r.state.state in (Phase.DRAINING, Phase.STOPPED):
+            return
+        if r.state.state in (Phase.PENDING, Phase.RESTARTING) or r.child is None:
             self._remove(r)
             return
-        r.state.state = "draining"
+        r.state.state = advance(r.state.state, Phase.DRAINING)
         r.drain_deadline = mono + DRAIN_TIMEOUT
 
     def _finish_drains(self, mono: float, load: dict | None) -> None:
         in_flight = {b["url"]: b["in_flight"] for b in (load or {}).get("backends", [])}
-        for r in [r for r in self.replicas if r.state.state == "draining"]:
+        for r in [r for r in self.replicas if r.state.state == Phase.DRAINING]:
             idle = self._pushed is not None and in_flight.get(r.state.url) == 0
             if idle or (r.drain_deadline is not None and mono >= r.drain_deadline):
                 self._remove(r)
@@ -500,23 +530,49 @@ class Supervisor:
     def _remove(self, r: Replica) -> None:
         if r.child is not None:
             r.child.stop(timeout=10)
-        r.state.state, r.state.pid = "stopped", None
+        r.state.state, r.state.pid = advance(r.state.state, Phase.STOPPED), None
         self.capacity.release(r.state.id, r.node_id, self.clock())
         self.replicas.remove(r)
 
     def _scale_to(self, desired: int, mono: float) -> None:
-        active = [r for r in self.replicas if r.state.state != "draining"]
+        """Launch or drain to `desired`. Moving replicas (on a node being consolidated) do not count: their
+        replacements are launched here, and they drain once enough replacements are ready."""
+        active = [r for r in self.replicas if r.state.state not in (Phase.DRAINING, Phase.MOVING)]
         if len(active) < desired:
             for _ in range(desired - len(active)):
                 if not self._launch(mono):
+                    self._cancel_moves("no capacity for the replacement replicas")
                     break
         elif len(active) > desired:
-            rank = {"pending": 0, "restarting": 1, "starting": 2, "ready": 3}
             used = {n.id: n.used for n in self.capacity.nodes()}
-            victims = sorted(active, key=lambda r: (rank.get(r.state.state, 0), used.get(r.node_id, 0),
-                                                    -int(r.state.id[1:])))
-            for r in victims[: len(active) - desired]:
-                self._drain(r, mono)
+            by_id = {r.state.id: r for r in active}
+            candidates = [Candidate(r.state.id, str(r.state.state), r.node_id, int(r.state.id[1:])) for r in active]
+            for c in victims(candidates, used, len(active) - desired):
+                self._drain(by_id[c.id], mono)
+        moving = [r for r in self.replicas if r.state.state == Phase.MOVING]
+        ready = sum(1 for r in self.replicas if r.state.state == Phase.READY)
+        for r in moving[: max(0, ready + len(moving) - desired)]:
+            self._drain(r, mono)  # its replacement is ready: make-before-break
+
+    def _apply_consolidation(self, removals) -> None:
+        """Underutilized nodes are cordoned by the capacity manager; their ready replicas start moving."""
+        for removal in removals:
+            if removal.reason != "Underutilized":
+                continue
+            on_node = [r for r in self.replicas if r.node_id == removal.node_id and r.state.state == Phase.READY]
+            for r in on_node:
+                r.state.state = advance(r.state.state, Phase.MOVING)
+            if on_node:
+                self.say(f"consolidation: node {removal.node_id} is underutilized; moving {len(on_node)} replica(s)")
+
+    def _cancel_moves(self, why: str) -> None:
+        moving = [r for r in self.replicas if r.state.state == Phase.MOVING]
+        if not moving:
+            return
+        for r in moving:
+            r.state.state = advance(r.state.state, Phase.READY)
+        self.capacity.uncordon_all(why)
+        self.say(f"consolidation cancelled: {why}")
 
     def _capacity_events(self, mono: float) -> None:
         for event in self.capacity.poll(self.clock()):
@@ -541,13 +597,10 @@ class Supervisor:
         for r in list(self.replicas):
             self._tend(r, mono, starting_up)
         self._finish_drains(mono, load)
-        ready = [r for r in self.replicas if r.state.state == "ready"]
-        if load is not None and ready:
-            target = max(1.0, self.controller.policy.triggers[0].target if self.controller else 4.0)
-            load_ratio = (load["in_flight"] + load["pending"]) / (target * len(ready))
-        else:
-            load_ratio = 0.0
-        self.capacity.consolidate(self.clock(), load_ratio)
+        serving = sum(1 for r in self.replicas if r.state.state in SERVING)
+        target = target_per_replica(self.controller.policy if self.controller else None)
+        ratio = load_ratio(load["in_flight"], load["pending"], target, serving) if load is not None else 0.0
+        self._apply_consolidation(self.capacity.consolidate(self.clock(), ratio))
         self._push_backends()
         self._save()
 
@@ -557,12 +610,32 @@ class Supervisor:
         while not self._stop:
             mono = time.monotonic()
             self._reconcile(mono)
-            if self.router and self.router.exit_code() is not None and not self._stop:
-                self.say(f"router exited with code {self.router.exit_code()}; restarting")
-                self.router.start()
+            if self._keep_alive(self.router, self._router_backoff, mono, "router"):
                 self.state.router_pid = self.router.pid
                 self._pushed = None
+            if self._keep_alive(self.redis, self._redis_backoff, mono, "redis-server (the L2 tier)"):
+                self.state.l2_status, self.state.redis_pid = "up", self.redis.pid
             time.sleep(self.poll_interval)
+
+    def _keep_alive(self, child: Child | None, backoff: Backoff, mono: float, what: str) -> bool:
+        """Restart a supervised service that exited, after its back-off; True when it was restarted now."""
+        if child is None or self._stop:
+            return False
+        if backoff.restart_at is None:
+            code = child.exit_code()
+            if code is None:
+                return False
+            delay = backoff.crashed(mono)
+            self.say(f"{what} exited with code {code}; restarting in {delay:.0f}s")
+            log.warning("%s exited with code %s; last log lines:\n%s", what, code, child.log_tail(5))
+            if child is self.redis:
+                self.state.l2_status = f"restarting (exit code {code})"
+            return False
+        if not backoff.due(mono):
+            return False
+        child.start()
+        self.say(f"{what} restarted (pid {child.pid})")
+        return True
 
     # --- stop ----------------------------------------------------------------------------------------------
 
@@ -578,7 +651,7 @@ class Supervisor:
             child.stop(timeout=10.0)
         now = self.clock()
         for r in self.replicas:
-            r.state.state, r.state.pid = "stopped", None
+            r.state.state, r.state.pid = advance(r.state.state, Phase.STOPPED), None
             self.capacity.release(r.state.id, r.node_id, now)
         self.state.router_pid = None
         if self.state.status != "failed":
