@@ -33,6 +33,14 @@ def test_events_at_the_same_time_run_in_scheduling_order_and_the_clock_is_virtua
     assert seen == ["first", "a", "b", "c"] and sim.now == 5.0
 
 
+def test_an_arrival_stream_interleaves_with_events_in_time_order():
+    sim, seen = Simulation(), []
+    sim.at(2.0, seen.append, "event at 2")
+    sim.stream([1.0, 2.0, 3.0], lambda i: seen.append(f"arrival {i}"))
+    sim.run()
+    assert seen == ["arrival 0", "arrival 1", "event at 2", "arrival 2"] and sim.now == 3.0 and sim.events == 4
+
+
 def test_prefill_is_chunked_and_decode_batches_every_running_sequence():
     m = ReplicaModel(PROF)
     a, b = Seq(20, 3), Seq(4, 3)

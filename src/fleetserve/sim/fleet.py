@@ -132,6 +132,9 @@ class SimFleet:
         self.hits: collections.Counter[str] = collections.Counter()  # prompt tokens, of replicas gone
         self.disruptions: collections.Counter[str] = collections.Counter()  # spot notices, retries, lost streams
         self.policy_scaling = scaling_policy(spec, options)
+        self._track_ttft = self.policy_scaling is not None and any(  # only a TTFT trigger reads them
+            t.metric == "ttft_p95" or (t.metric == "prometheus" and "ttf" in (t.query or "").lower())
+            for t in spec.autoscaling.triggers)
         self.controller: Controller | None = None
         initial = options.static_replicas if options.static_replicas is not None else spec.replicas
         if self.policy_scaling is not None:
@@ -281,13 +284,10 @@ class SimFleet:
     # --- requests ------------------------------------------------------------------------------------------
 
     def _arrive(self, i: int) -> None:
-        spec = self.workload[i]
-        req = Req(i, spec, self.sim.now)
+        req = Req(i, self.workload[i], self.sim.now)
         self.requests.append(req)
         self.arrived += 1
         self.outstanding += 1
-        if i + 1 < len(self.workload):
-            self.sim.at(self.t0 + self.workload[i + 1].arrival, self._arrive, i + 1)
         self._dispatch(req)
 
     def _dispatch(self, req: Req) -> None:
@@ -384,13 +384,14 @@ class SimFleet:
         now = self.sim.now
         firsts, finished = rep.model.end_step(now)
         if firsts:
-            book, ttfts = self.book, self._ttfts
+            book, ttfts = self.book, self._ttfts if self._track_ttft else None
             for seq in firsts:
                 req: Req = seq.payload
                 req.first = now
                 req.cached = seq.cached
                 book.backlog[rep.id] -= req.prefill
-                ttfts.append((now, now - req.arrival))
+                if ttfts is not None:
+                    ttfts.append((now, now - req.arrival))
             self._touch(rep)
         if finished:
             in_flight = self.book.in_flight
@@ -528,8 +529,7 @@ class SimFleet:
     # --- run -----------------------------------------------------------------------------------------------
 
     def run(self) -> SimFleet:
-        if self.workload:
-            self.sim.at(self.t0 + self.workload[0].arrival, self._arrive, 0)
+        self.sim.stream([self.t0 + r.arrival for r in self.workload], self._arrive)
         self.sim.at(self.t0, self._reconcile)
         if self.informed:
             self.sim.at(self.t0, self._probe)
