@@ -54,3 +54,18 @@ def test_hyperpod_resources_that_are_not_mappings_are_a_spec_error(limits):
         load_spec_data(doc)
     assert err.value.problems[0].path == "spec.worker.resources"
     assert "resources.limits must be a mapping" in err.value.problems[0].message
+
+
+def test_a_tenant_that_contains_the_separator_is_not_a_tenant_plus_a_client_salt():
+    from fleetserve.kvcache.blocks import kv_salt, namespace_key
+
+    assert kv_salt("a\0client:b") != kv_salt("a", "b")  # was the same salt: one cache namespace
+    assert namespace_key("m", salt=kv_salt("a\0client:b")) != namespace_key("m", salt=kv_salt("a", "b"))
+    assert kv_salt("alpha") == "tenant:alpha" and kv_salt("a", "b") == "tenant:a\0client:b"  # keys kept
+
+
+def test_namespace_fields_cannot_shift_into_each_other_and_accept_any_text():
+    from fleetserve.kvcache.blocks import namespace_key
+
+    assert namespace_key("m\0x", "1") != namespace_key("m", "x\0" + "1")  # was equal
+    assert namespace_key("m\ud800") != namespace_key("m")  # was UnicodeEncodeError

@@ -15,6 +15,12 @@ from array import array
 KEY_BYTES = 8  # 64-bit keys: small in indexes and events, collisions negligible at fleet scale
 
 
+def _field(value: str) -> str:
+    """Escape the separator (and the escape) so joined fields split one way only: tenant "a\\0client:b" must not
+    read as tenant "a" with client salt "b". Values without either character are unchanged (so are their keys)."""
+    return value.replace("\\", "\\\\").replace("\0", "\\0")
+
+
 def kv_salt(tenant: str | None = None, client_salt: str | None = None) -> str | None:
     """One salt from the two sources of separation, each in its own namespace.
 
@@ -23,9 +29,9 @@ def kv_salt(tenant: str | None = None, client_salt: str | None = None) -> str | 
     inside that tenant's namespace."""
     parts = []
     if tenant:
-        parts.append("tenant:" + tenant)
+        parts.append("tenant:" + _field(tenant))
     if client_salt:
-        parts.append("client:" + client_salt)
+        parts.append("client:" + _field(client_salt))
     return "\0".join(parts) or None
 
 
@@ -36,7 +42,7 @@ def salt_digest(salt: str | None) -> bytes:
 
 def namespace_key(model: str, version: str = "1", dtype: str = "", salt: str | None = None) -> int:
     """The root of every chain for one model build and tenant."""
-    h = hashlib.sha256(f"{model}\0{version}\0{dtype}".encode())
+    h = hashlib.sha256(f"{_field(model)}\0{_field(version)}\0{_field(dtype)}".encode("utf-8", "surrogatepass"))
     h.update(salt_digest(salt))
     return int.from_bytes(h.digest()[:KEY_BYTES], "big")
 
