@@ -118,3 +118,15 @@ def test_a_replica_killed_under_load_sends_its_waiting_requests_elsewhere():
     assert d["retried"] > 0 and all(r.done is not None for r in fleet.requests)
     retried = [r for r in fleet.requests if r.excluded]
     assert retried and all(r.error is None and r.replica.id not in r.excluded for r in retried)
+
+
+def test_underutilized_nodes_are_consolidated_make_before_break():
+    from fleetserve.sim.speed import SPEED_SPEC  # p5.48xlarge nodes: 8 replicas each, autoscaling 4-64
+
+    endpoint = load_spec_data(SPEED_SPEC).endpoint
+    trace = [r for r in azure_slice(0, 3436) for _ in range(3)]  # three users per request: a few nodes' worth
+    result = simulate(endpoint, sorted(trace, key=lambda r: r.arrival_s), SimOptions())
+    log = list(result.fleet.capacity.log)
+    assert any("underutilized; moving" in line for line in log), log
+    assert any("removed emptied node" in line for line in log), log
+    assert result.report["failed"] == 0

@@ -37,6 +37,8 @@ from fleetserve.sim.workload import SimRequestSpec
 
 DRAIN_TIMEOUT = 120.0  # the supervisor stops a draining replica after this even if requests remain
 TTFT_WINDOW = 60.0  # the router's TTFT p95 window
+SERVING = frozenset({"ready", "moving"})  # take new requests (moving: its node is being consolidated)
+ROUTED = SERVING | {"draining"}  # backends the router knows
 MAX_DECODE_RUN = 1 << 20  # decode steps one event may cover (cut short when a request arrives)
 
 
@@ -217,7 +219,7 @@ class SimFleet:
         """The gateway's view of a backend (Backend.view() with the per-replica limit of router.admission)."""
         running, waiting = rep.reported if self.informed else (0, 0)
         in_flight = self.book.in_flight[rep.id]
-        healthy = rep.state == "ready" and (not self.limit or in_flight < self.limit)
+        healthy = rep.state in SERVING and (not self.limit or in_flight < self.limit)
         return ReplicaView(rep.id, rep.url, healthy, in_flight, waiting, running, self.book.backlog[rep.id],
                            rep.profile.cache_blocks if self.informed else 0)
 
@@ -227,11 +229,11 @@ class SimFleet:
             return views
         members = self._members
         if members is None:
-            members = self._members = [r for r in self.replicas if r.state in ("ready", "draining")]
+            members = self._members = [r for r in self.replicas if r.state in ROUTED]
             for i, r in enumerate(members):
                 r.pos, r.stale = i, False
             self._view_list = [self._view(r) for r in members]
-            self._any_ready = any(r.state == "ready" for r in members)
+            self._any_ready = any(r.state in SERVING for r in members)
         else:
             vl = self._view_list
             for r in self._stale:
@@ -275,7 +277,7 @@ class SimFleet:
         if rep.state in ("pending", "starting"):
             self._remove(rep)
             return
-        if rep.state == "ready":
+        if rep.state in SERVING:
             rep.state = "draining"
             rep.drain_deadline = self.sim.now + DRAIN_TIMEOUT
             self._membership()
@@ -475,10 +477,10 @@ class SimFleet:
         for r in [r for r in self.replicas if r.state == "draining"]:
             if (self.book.in_flight[r.id] <= 0 and r.model.idle) or now >= (r.drain_deadline or now):
                 self._remove(r, killed=self.book.in_flight[r.id] > 0)
-        ready = sum(1 for r in self.replicas if r.state == "ready")
+        ready = sum(1 for r in self.replicas if r.state in SERVING)
         ratio = load_ratio(load["in_flight"], load["pending"], target_per_replica(self.policy_scaling), ready)
         before = len(self.capacity.nodes())
-        self.capacity.consolidate(now, ratio)
+        self._apply_consolidation(self.capacity.consolidate(now, ratio))
         if len(self.capacity.nodes()) != before:
             self._record()
         if self.progress is not None:
@@ -486,11 +488,32 @@ class SimFleet:
         if self.outstanding > 0 or now < self.end:
             self.sim.after(self.options.reconcile_s, self._reconcile)
 
+    def _apply_consolidation(self, removals) -> None:
+        """Underutilized nodes are cordoned by the capacity manager; their serving replicas start moving
+        (the supervisor's make-before-break: replacements first, then the moving ones drain)."""
+        for removal in removals:
+            if removal.reason != "Underutilized":
+                continue
+            for r in self.replicas:
+                if r.node_id == removal.node_id and r.state == "ready":
+                    r.state = "moving"
+                    self._membership()
+
+    def _cancel_moves(self, why: str) -> None:
+        moving = [r for r in self.replicas if r.state == "moving"]
+        for r in moving:
+            r.state = "ready"
+        if moving:
+            self.capacity.uncordon_all(why)
+            self._membership()
+
     def _scale_to(self, desired: int) -> None:
-        active = [r for r in self.replicas if r.state != "draining"]
+        """The supervisor's `_scale_to`: launch or drain to `desired`; moving replicas do not count."""
+        active = [r for r in self.replicas if r.state not in ("draining", "moving")]
         if len(active) < desired:
             for _ in range(desired - len(active)):
                 if self._launch() is None:
+                    self._cancel_moves("no capacity for the replacement replicas")
                     break
         elif len(active) > desired:
             used = {n.id: n.used for n in self.capacity.nodes()}
@@ -498,6 +521,10 @@ class SimFleet:
                                r.node_id, r.ordinal) for r in active]
             for c in victims(cands, used, len(active) - desired):
                 self._drain(self._by_id[c.id])
+        moving = [r for r in self.replicas if r.state == "moving"]
+        ready = sum(1 for r in self.replicas if r.state == "ready")
+        for r in moving[: max(0, ready + len(moving) - desired)]:
+            self._drain(r)  # its replacement is ready: make-before-break
 
     def _node_ready(self, rep: SimReplica) -> bool:
         node = next((n for n in self.capacity.nodes() if n.id == rep.node_id), None)
@@ -519,7 +546,7 @@ class SimFleet:
         for n in nodes:
             t = n.offering.instance_type
             gpus += self.catalog.get(t).gpus if t != "local" else 0
-        point = (self.sim.now - self.t0, sum(1 for r in reps if r.state in ("ready", "draining")), len(reps),
+        point = (self.sim.now - self.t0, sum(1 for r in reps if r.state in ROUTED), len(reps),
                  len(nodes), self.capacity.cost_per_hour(), gpus)
         if self.series and self.series[-1][0] == point[0]:
             self.series[-1] = point
