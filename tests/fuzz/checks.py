@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 # 400 codes for which the whole body, not one parameter, is at fault.
 WHOLE_BODY_CODES = {"invalid_json", "request_too_large"}
+
+
+# (base URL, operation, status) of every fuzzed response: proves the fuzzers reached both validation and generation.
+SEEN: Counter = Counter()
 
 
 class NotOpenAIError(AssertionError):
@@ -35,6 +40,8 @@ def openai_errors(ctx, response, case) -> bool | None:
     """Every non-2xx is OpenAI error JSON; a 400 about a parameter names one the operation has; streams that
     started (200) carry no error event (validation must happen before the first byte)."""
     status = response.status_code
+    SEEN[(response.request.url.split("/v1/")[0].split("/health")[0].split("/metrics")[0], case.operation.label,
+          status)] += 1
     content_type = response.headers.get("content-type", [""])
     content_type = content_type[0] if isinstance(content_type, list) else content_type
     text = response.content.decode("utf-8", errors="replace")

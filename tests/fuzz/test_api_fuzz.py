@@ -19,10 +19,10 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.fuzz.checks import openai_errors
+from tests.fuzz.checks import SEEN, openai_errors
 
 REQUEST_TIMEOUT_S = 30  # a tiny model answers a 16-token request in well under a second; 30 s means a hang
-EXAMPLES = {"POST": 30, "GET": 5}  # the GET operations take no input: a few calls prove them
+EXAMPLES = {"POST": 50, "GET": 5}  # the GET operations take no input: a few calls prove them
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           negative_data_rejection, openai_errors]
 OPERATIONS = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/v1/models"),
@@ -60,6 +60,16 @@ def test_router_api(router_schema, fuzz_fleet, method, path, mode):
     router = fuzz_fleet["router"]
     fuzz(router_schema, method, path, mode, lambda case: case.call_and_validate(
         base_url=router.url, checks=CHECKS, timeout=REQUEST_TIMEOUT_S))
+
+
+def test_fuzzing_reached_validation_and_generation(fuzz_fleet):
+    """Both outcomes happened for every generation endpoint on both servers (a schema that only produced
+    rejects, or only valid bodies, would fuzz nothing)."""
+    print(sorted(SEEN.items()))
+    for server in (fuzz_fleet["engine"].url, fuzz_fleet["router"].url):
+        for label in ("POST /v1/chat/completions", "POST /v1/completions"):
+            statuses = {status for (url, op, status), n in SEEN.items() if url == server and op == label}
+            assert 200 in statuses and 400 in statuses, (server, label, statuses)
 
 
 def test_fleet_still_serves_after_fuzzing(fuzz_fleet):
