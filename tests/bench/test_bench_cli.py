@@ -3,13 +3,15 @@ import json
 from tests.helpers import fleetserve
 
 
-def test_scale_from_zero_bench_prints_figures_and_loses_nothing():
-    result = fleetserve("bench", "scale-from-zero", "--requests", "4", "--json", timeout=600)
+def test_scale_from_zero_bench_overflows_the_buffer_and_still_loses_nothing():
+    result = fleetserve("bench", "scale-from-zero", "--buffer", "2", "--json", timeout=600)
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout)
-    assert figures["requests"] == 4 and figures["lost"] == 0
-    assert figures["cold_start_s"] > 0 and figures["first_response_s"] > 0
-    assert figures["ratio"]["first_response_cold_vs_warm"] > 0
+    assert figures["requests"] == 20 and figures["sent"] == 40  # ten times the buffer, cold then warm
+    assert figures["lost"] == 0 and figures["answered"] == 40
+    assert figures["shed_then_answered"] >= 1  # the overflow path was taken, and the clients came back
+    assert 0 < figures["cold_start_s"] <= figures["last_response_s"]
+    assert figures["first_response_s"] > 0 and figures["ratio"]["first_response_cold_vs_warm"] > 0
 
 
 def test_routing_bench_prints_the_keys_per_strategy():

@@ -92,3 +92,47 @@ def test_engine_answers_400_for_the_seed_and_keeps_streaming_others(tiny_engine)
         assert not any('"error"' in line for line in rest)
         ok = client.post(url, json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "seed": 7})
         assert ok.status_code == 200
+
+
+def test_a_row_failing_in_decode_fails_alone(runner):
+    """Anything that gets past prefill (a sampler or detokenizer failure on one row) must not fail the batch."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        sched = BatchScheduler(runner, max_batch=4)
+        greedy = SamplingParams(temperature=0.0, ignore_eos=True)
+        jobs = [Job([1, 2, 3, i], greedy, 30, loop) for i in range(3)]
+        doomed = jobs[1]
+        original = sched._accept
+
+        def accept(row, logits):
+            if row.job is doomed and row.produced >= 5:
+                raise RuntimeError("sampler exploded")
+            return original(row, logits)
+
+        sched._accept = accept
+        sched.start()
+        try:
+            for job in jobs:
+                sched.submit(job)
+            return await asyncio.wait_for(asyncio.gather(*(_drain(j) for j in jobs)), 60)
+        finally:
+            sched.stop()
+
+    first, doomed, third = asyncio.run(main())
+    assert doomed == ("error", 5)
+    assert first == third == ("done", 30)
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), -float("inf")])
+def test_the_sampler_never_raises_on_unusable_numbers(poison):
+    import torch
+
+    from fleetserve.engine.sampling import choose_token
+
+    logits = torch.full((50,), poison)
+    logits[7] = 3.0
+    for params in (SamplingParams(temperature=0.7), SamplingParams(temperature=1.0, top_p=1e-30),
+                   SamplingParams(temperature=2.0, top_p=0.5)):
+        token = choose_token(logits, params, None, {})
+        assert 0 <= token < 50

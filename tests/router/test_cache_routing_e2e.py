@@ -76,4 +76,4 @@ def test_replica_killed_during_replay_loses_no_unstarted_request(tmp_path):
     for r in failed:
         # only streams that had started may fail, and they end with the router's clean error event
         assert r.streamed and "mid-stream" in r.error, (r.status, r.error)
-    assert sum(1 for r in records if not r.error) >= 60 - len(failed)
+    assert len(records) == 60  # every request got an answer: complete, or cut with the router's error event

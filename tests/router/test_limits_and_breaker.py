@@ -36,17 +36,39 @@ def _queued(gw) -> int:
     return int(sample(gw.url, "fleetserve_router_queued_requests"))
 
 
+class VirtualClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
 def test_circuit_breaker_opens_after_failures_and_closes_after_successes():
-    pool = BackendPool([], breaker=BreakerSettings(failures_to_open=3, open_seconds=3600, successes_to_close=2))
-    backend = Backend("b", "http://b", healthy=True)
-    pool.backends = {"b": backend}
+    clock = VirtualClock()
+    pool = BackendPool([], breaker=BreakerSettings(failures_to_open=3, open_seconds=60, successes_to_close=2),
+                       clock=clock)
+    pool.set_backends(["http://b"], ready={"http://b"})
+    backend = pool.get("b")
     pool.request_failed(backend, "boom")
     pool.request_failed(backend, "boom")
-    assert backend.eligible
+    pool.request_succeeded(backend)  # closed: failures count in a row, a success starts over
     pool.request_failed(backend, "boom")
-    assert not backend.eligible  # open: no traffic even though its health probe may pass
-    backend.open_until = 0.0  # the open period is over: half-open, traffic again
-    assert backend.eligible
+    pool.request_failed(backend, "boom")
+    assert backend.eligible and backend.breaker == "closed"
+    pool.request_failed(backend, "boom")
+    assert not backend.eligible and backend.breaker == "open"  # no traffic even though its probes pass
+    clock.now += 59.9
+    assert not backend.eligible
+    clock.now += 0.2
+    assert backend.eligible and backend.breaker == "half-open"
+    pool.request_failed(backend, "boom")  # half-open: one failure re-opens at once
+    assert backend.breaker == "open" and not backend.eligible
+    clock.now += 61
     pool.request_succeeded(backend)
+    assert backend.breaker == "half-open"
     pool.request_succeeded(backend)
-    assert backend.request_failures == 0
+    assert backend.breaker == "closed" and backend.eligible
+    pool.request_failed(backend, "boom")
+    pool.request_failed(backend, "boom")
+    assert backend.breaker == "closed"  # closed again: it takes failures_to_open in a row to open

@@ -411,10 +411,36 @@ def model_tiny(
                             context_length=context_length, seed=seed))
 
 
+@bench_app.command("chaos")
+def bench_chaos(
+    scenarios: Annotated[str | None, typer.Option(help="Comma-separated scenarios (default: all)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
+) -> None:
+    """One fault at a time against a real local fleet: what was answered, shed, cut or lost (must be 0)."""
+    from fleetserve.bench.chaos import SCENARIOS, run
+
+    names = [n.strip() for n in scenarios.split(",") if n.strip()] if scenarios else None
+    bad = [n for n in names or [] if n not in SCENARIOS]
+    if bad:
+        raise typer.BadParameter(f"{bad[0]!r}; allowed values: {', '.join(SCENARIOS)}", param_hint="--scenarios")
+    result = run(names, progress=lambda name: None if as_json else err.print(f"scenario {name} ...",
+                                                                                markup=False))
+    if not as_json:
+        for name, r in result["scenarios"].items():
+            out.print(f"{name}: sent {r['sent']}, answered {r['answered']}, shed {r['rejected_with_retry_after']}, "
+                      f"cut {r['cut_with_error_event']}, failed {r['failed_with_error']}, refused {r['refused']}, "
+                      f"lost {r['lost']}, recovery {r['recovery_s']}s", markup=False)
+    print(json.dumps(result, indent=2))
+    if result["lost_total"]:
+        raise typer.Exit(1)
+
+
 @bench_app.command("scale-from-zero")
 def bench_scale_from_zero(
     model: Annotated[str, typer.Option(help="tiny (random test model), demo (SmolLM2) or a model source")] = "tiny",
-    requests: Annotated[int, typer.Option(min=1, max=256, help="Concurrent requests in the burst")] = 8,
+    requests: Annotated[int | None, typer.Option(min=1, max=1024, help="Requests in the burst (default: ten "
+                                                                          "times --buffer)")] = None,
+    buffer: Annotated[int, typer.Option(min=1, max=256, help="The router's wait buffer at zero replicas")] = 8,
     max_tokens: Annotated[int, typer.Option(min=1)] = 8,
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
 ) -> None:
@@ -422,7 +448,7 @@ def bench_scale_from_zero(
     from fleetserve.bench.scale_from_zero import run
 
     try:
-        result = run(model, requests, max_tokens)
+        result = run(model, requests, max_tokens, buffer)
     except RuntimeError as exc:
         raise _fail(str(exc), 1) from None
     if not as_json:

@@ -311,7 +311,13 @@ class BatchScheduler(JobQueue):
         finished = []
         for i, row in enumerate(self.rows):
             row.length += 1
-            if not self._accept(row, out.logits[i, -1]):
+            try:
+                keep = self._accept(row, out.logits[i, -1])
+            except Exception as exc:  # this row's own sampling or text: fail it alone, the batch goes on
+                log.exception("request failed in decode")
+                row.job.post("error", f"generation failed: {type(exc).__name__}")
+                keep = False
+            if not keep:
                 finished.append(i)
         for i in reversed(finished):
             self._finish_silent(i)

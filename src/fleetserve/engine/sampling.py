@@ -21,7 +21,9 @@ def apply_penalties(logits: torch.Tensor, counts: dict[int, int], params: Sampli
 def choose_token(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, counts: dict[int, int]
 ) -> int:
-    """One token id from a 1-D logits vector."""
+    """One token id from a 1-D logits vector. Never raises on odd numbers: when the distribution is not a
+    usable one (NaN or infinite after penalties and temperature, nothing kept by top-p), the most likely token
+    is taken, as greedy decoding would."""
     logits = apply_penalties(logits.float(), counts, params)
     if params.temperature == 0.0:
         return int(torch.argmax(logits))
@@ -29,8 +31,14 @@ def choose_token(
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         cumulative = torch.cumsum(sorted_probs, dim=-1)
-        keep = cumulative - sorted_probs < params.top_p  # always keeps the most likely token
+        keep = cumulative - sorted_probs < params.top_p
+        keep[0] = True  # the most likely token always stays, whatever rounding did to the sums
         sorted_probs = sorted_probs * keep
-        choice = torch.multinomial(sorted_probs / sorted_probs.sum(), 1, generator=generator)
+        total = sorted_probs.sum()
+        if not torch.isfinite(total) or total <= 0:
+            return int(torch.argmax(logits))
+        choice = torch.multinomial(sorted_probs / total, 1, generator=generator)
         return int(order[choice])
+    if not torch.isfinite(probs).all() or probs.sum() <= 0:
+        return int(torch.argmax(logits))
     return int(torch.multinomial(probs, 1, generator=generator))

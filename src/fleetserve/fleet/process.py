@@ -1,7 +1,8 @@
 """Child processes that cannot outlive their supervisor.
 
 Each child gets its own process group (a terminal's Ctrl-C reaches only the supervisor, which then stops
-children in order) and PR_SET_PDEATHSIG, so that even a SIGKILLed supervisor leaves no orphan behind.
+children in order) and PR_SET_PDEATHSIG, so that even a SIGKILLed supervisor leaves no orphan behind (the
+router gets SIGTERM and shuts down gracefully within seconds; the others SIGKILL).
 """
 
 from __future__ import annotations
@@ -13,16 +14,20 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass  # not Linux: the supervisor's own shutdown path still stops children
+def _die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
+    def arm() -> None:
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+        except OSError:
+            pass  # not Linux: the supervisor's own shutdown path still stops children
+
+    return arm
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -39,12 +44,15 @@ class Child:
     """One supervised process with its log file."""
 
     def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 env_drop: frozenset[str] = frozenset()):
+                 env_drop: frozenset[str] = frozenset(), death_signal: int = signal.SIGKILL):
         self.name = name
         self.cmd = cmd
         self.log_path = log_path
         self.env = env
         self.env_drop = env_drop  # secrets of ours this child must not inherit (API keys for engines)
+        # what the child gets when its supervisor dies: SIGKILL, or SIGTERM for a server that should first
+        # answer what it accepted (the router: streams end with an error event, queued requests get a 503)
+        self.death_signal = death_signal
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -58,7 +66,7 @@ class Child:
                 stderr=subprocess.STDOUT,
                 env={**{k: v for k, v in os.environ.items() if k not in self.env_drop}, **(self.env or {})},
                 process_group=0,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent(self.death_signal),
                 close_fds=True,
             )
         finally:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -28,14 +29,22 @@ class Backend:
     draining: bool = False  # takes no new requests; in-flight ones finish
     prefill_backlog: int = 0  # prompt tokens sent to it that have not produced a first byte yet
     cache_blocks: int = 0
-    # circuit breaker: request failures in a row open it for a while, then successes close it again
-    request_failures: int = 0
+    # circuit breaker (see BackendPool.request_failed): closed -> open -> half-open -> closed
+    request_failures: int = 0  # in a row, while closed
     open_until: float = 0.0
+    tripped: bool = False  # opened and not yet closed again by successes (open, then half-open)
     half_open_successes: int = 0
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+
+    @property
+    def breaker(self) -> str:
+        if not self.tripped:
+            return "closed"
+        return "open" if self.clock() < self.open_until else "half-open"
 
     @property
     def eligible(self) -> bool:
-        return self.healthy and not self.draining and time.monotonic() >= self.open_until
+        return self.healthy and not self.draining and self.clock() >= self.open_until
 
     def view(self) -> ReplicaView:
         return ReplicaView(self.id, self.url, self.eligible, self.in_flight, self.waiting, self.running,
@@ -66,7 +75,9 @@ class BackendPool:
         unhealthy_after: int = 2,
         healthy_after: int = 1,
         breaker: BreakerSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
+        self.clock = clock  # injected: breaker tests run in virtual time
         self.backends: dict[str, Backend] = {}
         self.health_path = health_path
         self.interval = interval
@@ -87,7 +98,7 @@ class BackendPool:
         for url in urls:
             url = url.rstrip("/")
             backend_id = url.split("://", 1)[-1]  # host:port, stable across restarts on the same port
-            backend = self.backends.get(backend_id) or Backend(backend_id, url)
+            backend = self.backends.get(backend_id) or Backend(backend_id, url, clock=self.clock)
             backend.draining = url in (draining or set())
             if url in (ready or set()) and not backend.healthy:
                 backend.healthy, backend.failures, backend.last_error = True, 0, ""
@@ -120,19 +131,30 @@ class BackendPool:
         return [b for b in self.backends.values() if b.eligible]
 
     def request_failed(self, backend: Backend, error: str) -> None:
-        """A request failed on the backend (5xx or broken connection): count toward opening its breaker."""
-        backend.request_failures += 1
+        """A request failed on the backend (5xx or broken connection).
+
+        Closed: `failures_to_open` failures in a row open the breaker for `open_seconds` (no traffic, even if
+        health probes pass). Half-open (the open period is over): traffic again, but one failure re-opens it
+        at once; `successes_to_close` successes in a row close it."""
+        now = self.clock()
+        state = backend.breaker
         backend.half_open_successes = 0
-        if backend.request_failures >= self.breaker.failures_to_open and time.monotonic() >= backend.open_until:
-            backend.open_until = time.monotonic() + self.breaker.open_seconds
-            backend.request_failures = 0
+        if state == "open":
+            return
+        backend.request_failures += 1
+        if state == "half-open" or backend.request_failures >= self.breaker.failures_to_open:
+            backend.tripped = True
+            backend.open_until = now + self.breaker.open_seconds
             log.warning("circuit breaker open for %s (%.0fs): %s", backend.url, self.breaker.open_seconds, error)
             self._signal()
 
     def request_succeeded(self, backend: Backend) -> None:
+        if backend.breaker == "closed":
+            backend.request_failures = 0  # failures count in a row
+            return
         backend.half_open_successes += 1
         if backend.half_open_successes >= self.breaker.successes_to_close:
-            backend.request_failures = 0
+            backend.tripped, backend.request_failures, backend.half_open_successes = False, 0, 0
 
     def mark_unreachable(self, backend: Backend, error: str) -> None:
         """A request could not reach the backend: take it out now, the probes will bring it back."""

@@ -509,7 +509,10 @@ class Gateway:
             entries = body["backends"]
             urls = [e["url"] for e in entries]
             states = [e.get("state", "starting") for e in entries]
-        except (KeyError, TypeError):
+            if not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
+                return APIError(400, "backends[].url: each must be a string starting with http:// or https://",
+                                param="backends[].url").response()
+        except (KeyError, TypeError, AttributeError):
             return APIError(400, 'backends: expected {"backends": [{"url": "http://...", "state": "ready"}]}',
                             param="backends").response()
         except APIError as err:
