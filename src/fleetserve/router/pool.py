@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from fleetserve.router.backlog import LoadBook
 from fleetserve.router.policies import FleetSnapshot, ReplicaView
 
 log = logging.getLogger(__name__)
@@ -20,14 +21,12 @@ class Backend:
     id: str
     url: str
     healthy: bool = False
-    in_flight: int = 0
     running: int = 0
     waiting: int = 0
     failures: int = 0
     successes: int = 0
     last_error: str = ""
     draining: bool = False  # takes no new requests; in-flight ones finish
-    prefill_backlog: int = 0  # prompt tokens sent to it that have not produced a first byte yet
     cache_blocks: int = 0
     # circuit breaker (see BackendPool.request_failed): closed -> open -> half-open -> closed
     request_failures: int = 0  # in a row, while closed
@@ -35,6 +34,25 @@ class Backend:
     tripped: bool = False  # opened and not yet closed again by successes (open, then half-open)
     half_open_successes: int = 0
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    book: LoadBook = field(default_factory=LoadBook, repr=False)  # the pool's, shared by its backends
+
+    # in flight and prefill backlog (prompt tokens sent that have not produced a first byte) live in the
+    # shared LoadBook, the one the simulator keeps too
+    @property
+    def in_flight(self) -> int:
+        return self.book.in_flight[self.id]
+
+    @in_flight.setter
+    def in_flight(self, value: int) -> None:
+        self.book.in_flight[self.id] = value
+
+    @property
+    def prefill_backlog(self) -> int:
+        return self.book.backlog[self.id]
+
+    @prefill_backlog.setter
+    def prefill_backlog(self, value: int) -> None:
+        self.book.backlog[self.id] = value
 
     @property
     def breaker(self) -> str:
@@ -78,6 +96,7 @@ class BackendPool:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.clock = clock  # injected: breaker tests run in virtual time
+        self.book = LoadBook()
         self.backends: dict[str, Backend] = {}
         self.health_path = health_path
         self.interval = interval
@@ -98,7 +117,7 @@ class BackendPool:
         for url in urls:
             url = url.rstrip("/")
             backend_id = url.split("://", 1)[-1]  # host:port, stable across restarts on the same port
-            backend = self.backends.get(backend_id) or Backend(backend_id, url, clock=self.clock)
+            backend = self.backends.get(backend_id) or Backend(backend_id, url, clock=self.clock, book=self.book)
             backend.draining = url in (draining or set())
             if url in (ready or set()) and not backend.healthy:
                 backend.healthy, backend.failures, backend.last_error = True, 0, ""

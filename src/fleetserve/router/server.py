@@ -36,11 +36,23 @@ from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import parse_json_body
 from fleetserve.kvcache.blocks import kv_salt
 from fleetserve.observe.metrics import LATENCY_BUCKETS_MS, exposition
+from fleetserve.router.admission import (
+    BUFFER,
+    GO,
+    AdmissionSettings,
+    Rejection,
+    admit,
+    buffer_timeout,
+    limit_views,
+    overflow,
+)
 from fleetserve.router.auth import TENANT_HEADER, KeyRing
+from fleetserve.router.backlog import LoadBook
 from fleetserve.router.features import KVLayout, request_features
 from fleetserve.router.kvindex import KVIndex
 from fleetserve.router.policies import Choice, FleetSnapshot, RouteRequest, RoutingPolicy, create_policy
 from fleetserve.router.pool import Backend, BackendPool
+from fleetserve.router.retry import backoff, exclude, retryable
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +62,6 @@ HOP_BY_HOP = {
     # the key stays at the gateway; the tenant and the internal token are ours to set, never a client's
     "authorization", TENANT_HEADER, INTERNAL_HEADER,
 }
-RETRYABLE_STATUS = {502, 503, 504}
 
 
 @dataclass(frozen=True)
@@ -105,18 +116,19 @@ class _Attempt:
     """One upstream response whose first chunk has arrived; owns the backend's in-flight slot."""
 
     def __init__(self, backend: Backend, response: httpx.Response, first: bytes, iterator: AsyncIterator[bytes],
-                 freed):
+                 book: LoadBook, freed):
         self.backend = backend
         self.response = response
         self.first = first
         self.iterator = iterator
+        self._book = book
         self._freed = freed
         self._released = False
 
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self.backend.in_flight -= 1
+            self._book.finished(self.backend.id)
             self._freed()
 
     async def aclose(self) -> None:
@@ -135,6 +147,9 @@ class Gateway:
         self._kv_tasks: dict[str, asyncio.Task] = {}
         self._subscribed: set[str] = set()
         self.metrics = RouterMetrics()
+        self.admission = AdmissionSettings(settings.buffer_size, settings.buffer_timeout,
+                                           settings.max_concurrent_per_replica, settings.max_queue,
+                                           settings.overflow_status)
         self.internal = InternalAuth(settings.internal_token)
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=3.0, read=settings.upstream_read_timeout, write=30.0, pool=None),
@@ -251,23 +266,31 @@ class Gateway:
                    prefill: int = 0) -> _Attempt | str:
         """Send to one backend; an _Attempt once its first bytes arrived, else the reason to try another.
 
-        `prefill` tokens count as the backend's prefill backlog until its first byte (or failure).
+        The shared LoadBook (router/backlog.py, also the simulator's) counts the request in flight from now
+        and its `prefill` tokens as the backend's prefill backlog until its first byte (or failure).
         """
-        backend.in_flight += 1
-        backend.prefill_backlog += prefill
+        book = self.pool.book
+        book.sent(backend.id, prefill)
         try:
-            return await self._send(backend, method, path, raw, headers)
-        finally:
-            backend.prefill_backlog -= prefill
+            outcome = await self._send(backend, method, path, raw, headers)
+        except BaseException:
+            book.failed(backend.id, prefill)
+            self._notify_slot()
+            raise
+        if isinstance(outcome, _Attempt):
+            book.first_byte(backend.id, prefill)
+        else:
+            book.failed(backend.id, prefill)
+            self._notify_slot()
+        return outcome
 
     async def _send(self, backend: Backend, method: str, path: str, raw: bytes, headers: dict) -> _Attempt | str:
         response = None
         try:
             upstream = self.client.build_request(method, backend.url + path, content=raw, headers=headers)
             response = await self.client.send(upstream, stream=True)
-            if response.status_code in RETRYABLE_STATUS:
+            if retryable(response.status_code):
                 await response.aclose()
-                self._release(backend)
                 self.pool.request_failed(backend, f"status {response.status_code}")
                 return f"status_{response.status_code}"
             iterator = response.aiter_raw()
@@ -277,107 +300,96 @@ class Gateway:
                 first = b""
             if response.status_code < 500:
                 self.pool.request_succeeded(backend)
-            return _Attempt(backend, response, first, iterator, self._notify_slot)
+            return _Attempt(backend, response, first, iterator, self.pool.book, self._notify_slot)
         except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
             # The replica took the request and went silent: sending it elsewhere could poison the next replica
             # too (the request may be what stalls it). Answer 504; health probes judge the replica.
-            self._release(backend)
             if response is not None:
                 await response.aclose()
             self.pool.request_failed(backend, type(exc).__name__)
             return "timeout"
         except httpx.TransportError as exc:
-            self._release(backend)
             if response is not None:
                 await response.aclose()
             self.pool.mark_unreachable(backend, f"{type(exc).__name__}: {exc}")
             self.pool.request_failed(backend, type(exc).__name__)
             return "unreachable"
         except BaseException:
-            self._release(backend)
             if response is not None:
                 await response.aclose()
             raise
-
-    def _release(self, backend: Backend) -> None:
-        backend.in_flight -= 1
-        self._notify_slot()
 
     def _notify_slot(self) -> None:
         self._slot_free.set()
         self._slot_free = asyncio.Event()
 
     def _snapshot(self) -> FleetSnapshot:
-        views = self.pool.snapshot().replicas
-        limit = self.settings.max_concurrent_per_replica
-        if limit:
-            views = tuple(dataclasses.replace(v, healthy=v.healthy and v.in_flight < limit) for v in views)
+        views = limit_views(self.pool.snapshot().replicas, self.admission.max_concurrent_per_replica)
         return FleetSnapshot(views, time.monotonic(), self.kv_index)
 
-    async def _await_slot(self) -> None:
-        """With per-replica limits, wait in a bounded queue for a free slot; beyond it, the overflow status."""
-        limit = self.settings.max_concurrent_per_replica
-        if not limit or any(v.healthy for v in self._snapshot().replicas):
-            return
-        if self.settings.max_queue is not None and self.queued >= self.settings.max_queue:
-            raise APIError(self.settings.overflow_status,
-                           f"all replicas are at their limit of {limit} concurrent requests and the queue is full "
-                           f"({self.settings.max_queue}); retry later", code="overloaded",
-                           headers={"Retry-After": "1"})
+    async def _admit(self) -> None:
+        """Admission as the simulator does it (router/admission.py): go, hold while no replica is ready (scale
+        from zero), wait in the bounded queue while every replica is at its limit, or refuse with Retry-After."""
+        while True:
+            views = self._snapshot().replicas
+            verdict = admit(self.admission, bool(self.pool.healthy()), any(v.healthy for v in views),
+                            self.pending, self.queued)
+            if verdict == GO:
+                return
+            if isinstance(verdict, Rejection):
+                raise _rejected(verdict)
+            if verdict == BUFFER:
+                await self._hold_until_ready()
+            else:
+                await self._queue_for_slot()
+
+    async def _queue_for_slot(self) -> None:
         self.queued += 1
         self.metrics.queued.set(self.queued)
-        deadline = time.monotonic() + self.settings.buffer_timeout
+        deadline = time.monotonic() + self.admission.buffer_timeout
         try:
-            while not any(v.healthy for v in self._snapshot().replicas):
+            while not any(v.healthy for v in self._snapshot().replicas) and self.pool.healthy():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise APIError(self.settings.overflow_status, "no replica slot became free in time",
-                                   code="overloaded", headers={"Retry-After": "1"})
+                    raise _rejected(overflow(self.admission, "no slot became free in time"))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._slot_free.wait(), remaining)
         finally:
             self.queued -= 1
             self.metrics.queued.set(self.queued)
 
-    async def _await_replica(self) -> None:
+    async def _hold_until_ready(self) -> None:
         """Hold the request while no replica can take it (scale from zero); bounded in count and time."""
-        if self.pool.healthy():
-            return
-        if self.pending >= self.settings.buffer_size:
-            raise APIError(503, f"no replica is ready and the wait buffer is full ({self.settings.buffer_size} "
-                                "requests); retry later", code="buffer_full", headers={"Retry-After": "5"})
         self.pending += 1
         self.metrics.pending.set(self.pending)
         started = time.monotonic()
         try:
-            ready = await self.pool.wait_eligible(self.settings.buffer_timeout)
+            ready = await self.pool.wait_eligible(self.admission.buffer_timeout)
         finally:
             self.pending -= 1
             self.metrics.pending.set(self.pending)
             self.metrics.buffer_wait_s.observe(time.monotonic() - started)
         if not ready:
-            raise APIError(503, f"no replica became ready within {self.settings.buffer_timeout:.0f}s",
-                           code="cold_start_timeout", headers={"Retry-After": "10"})
+            raise _rejected(buffer_timeout(self.admission))
 
     async def _dispatch(self, request: Request, path: str, raw: bytes, body: dict, request_id: str,
                         tenant: str | None) -> _Attempt:
-        await self._await_replica()
-        await self._await_slot()
+        await self._admit()
         headers = self._forward_headers(request, request_id, tenant)
         client_salt = body.get("cache_salt")
         salt = kv_salt(tenant, client_salt if isinstance(client_salt, str) else None)  # as the engines key it
         blocks, prompt_tokens, block_tokens, exact = request_features(body, self.layout, salt)
-        excluded: set[str] = set()
+        excluded: frozenset[str] = frozenset()
         last_reason = ""
         for attempt in range(self.settings.max_attempts):
             if attempt:
-                await asyncio.sleep(min(2.0, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.5))  # backoff + jitter
-            route = RouteRequest(path, body, dict(request.headers), salt, frozenset(excluded), blocks,
+                await asyncio.sleep(backoff(attempt, random.random()))
+            route = RouteRequest(path, body, dict(request.headers), salt, excluded, blocks,
                                  block_tokens, prompt_tokens, exact)
             snapshot = self._snapshot()
             choice: Choice | None = self.policy.choose(route, snapshot)
-            if choice is None and not excluded and self.pool.healthy() and self.settings.max_concurrent_per_replica:
-                await self._await_slot()  # another request took the slot we waited for: wait again
+            if choice is None and not excluded and self.pool.healthy() and self.admission.max_concurrent_per_replica:
+                await self._admit()  # another request took the slot we waited for: wait again
                 choice = self.policy.choose(route, self._snapshot())
             if choice is None:
                 break
@@ -393,7 +405,7 @@ class Gateway:
                 raise APIError(504, f"the model replica did not answer within {waited:g}s; the request was not "
                                     "retried elsewhere", code="upstream_timeout")
             last_reason = outcome
-            excluded.add(replica.id)
+            excluded = exclude(excluded, replica.id)
             self.metrics.retries.labels(outcome).inc()
         if not self.pool.healthy():
             raise APIError(503, "no healthy model replica is available; retry shortly", code="no_replica",
@@ -540,6 +552,10 @@ class Gateway:
             self.metrics.in_flight.labels(b.id).set(b.in_flight)
         data, content_type = exposition(self.metrics.registry)
         return Response(data, media_type=content_type)
+
+
+def _rejected(r: Rejection) -> APIError:
+    return APIError(r.status, r.message, code=r.code, headers={"Retry-After": r.retry_after})
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
