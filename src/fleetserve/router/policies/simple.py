@@ -33,6 +33,7 @@ class LeastLoad:
         eligible = snapshot.eligible(request.excluded)
         if not eligible:
             return None
-        low = min(r.load for r in eligible)
-        tied = [r for r in eligible if r.load == low]
+        loads = [r.load for r in eligible]  # once each: this runs for every request, live and simulated
+        low = min(loads)
+        tied = [r for r, load in zip(eligible, loads, strict=True) if load == low]
         return Choice(tied[next(self._counter) % len(tied)], "least_load", request.prompt_tokens)
