@@ -36,7 +36,7 @@ class Record:
 
 
 def _body(req: TraceRequest, i: int, model: str, max_output: int | None, stream: bool,
-          prompt_format: str = "tokens") -> dict:
+          prompt_format: str = "tokens", vocab: int | None = None) -> dict:
     out = min(req.output_tokens, max_output) if max_output else req.output_tokens
     body: dict = {"model": model, "max_tokens": max(1, out), "temperature": 0, "ignore_eos": True,
                   "stream": stream}
@@ -49,7 +49,8 @@ def _body(req: TraceRequest, i: int, model: str, max_output: int | None, stream:
     elif prompt_format == "text":  # one word per token, for routers that only take text prompts
         body["prompt"] = " ".join(f"w{t}" for t in req.token_ids(unique_seed=i))
     else:
-        body["prompt"] = req.token_ids(unique_seed=i)
+        ids = req.token_ids(unique_seed=i)
+        body["prompt"] = [t % vocab for t in ids] if vocab else ids  # a small model's vocabulary
     return body
 
 
@@ -112,8 +113,9 @@ async def _one(client: httpx.AsyncClient, url: str, path: str, body: dict, rec: 
 
 async def replay(url: str, requests: list[TraceRequest], *, model: str, speedup: float = 1.0,
                  stream: bool = False, max_output: int | None = None, timeout: float = 600.0,
-                 prompt_format: str = "tokens") -> list[Record]:
-    """Replay `requests` against an OpenAI endpoint (base URL without /v1)."""
+                 prompt_format: str = "tokens", vocab: int | None = None) -> list[Record]:
+    """Replay `requests` against an OpenAI endpoint (base URL without /v1); `vocab` folds token-id prompts
+    into a small model's vocabulary."""
     records = [Record(i, r.arrival_s) for i, r in enumerate(requests)]
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
     async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
@@ -125,7 +127,7 @@ async def replay(url: str, requests: list[TraceRequest], *, model: str, speedup:
                 await asyncio.sleep(delay)
             path = "/v1/chat/completions" if req.messages is not None else "/v1/completions"
             headers = {"x-session-id": req.session} if req.session else {}
-            body = _body(req, i, model, max_output, stream, prompt_format)
+            body = _body(req, i, model, max_output, stream, prompt_format, vocab)
             tasks.append(asyncio.create_task(_one(client, url, path, body, records[i], headers)))
         await asyncio.gather(*tasks)
     return records

@@ -560,6 +560,27 @@ def bench_replay(
     print(json.dumps(summarize(records), indent=2))
 
 
+@bench_app.command("fidelity")
+def bench_fidelity(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON (the only output)")] = True,
+    requests: Annotated[int, typer.Option(min=2, help="Requests in the generated trace")] = 240,
+    duration: Annotated[float, typer.Option(min=1.0, help="Seconds the trace spans")] = 80.0,
+    seed: Annotated[int, typer.Option(help="Trace seed")] = 7,
+    replicas: Annotated[int, typer.Option(min=1, max=8, help="Replicas of the tiny model")] = 2,
+    simulated_engines: Annotated[bool, typer.Option(help="Also replay on real-time simulated engines")] = True,
+    calibration_repeats: Annotated[int, typer.Option(min=1, max=10, help="Calibration rounds per gateway")] = 3,
+) -> None:
+    """The same trace on a live tiny-model fleet, on simulated engines and in the simulator: TTFT/E2E errors."""
+    import sys
+
+    from fleetserve.bench.fidelity import FidelityConfig, run
+
+    cfg = FidelityConfig(requests=requests, duration_s=duration, seed=seed, replicas=replicas,
+                         simulated_engines=simulated_engines, calibration_repeats=calibration_repeats)
+    say = (lambda m: err.print(m, markup=False)) if sys.stderr.isatty() else (lambda _m: None)
+    print(json.dumps(run(cfg, progress=say), indent=2))
+
+
 from fleetserve.cli import analyze_commands  # noqa: E402  (analyze, profile, trace)
 
 analyze_commands.register(app)

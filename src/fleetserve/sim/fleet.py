@@ -389,7 +389,7 @@ class SimFleet:
             book, ttfts = self.book, self._ttfts if self._track_ttft else None
             for seq in firsts:
                 req: Req = seq.payload
-                req.first = now
+                req.first = now + rep.profile.request_overhead_s  # HTTP/router/tokenizer time, if measured
                 req.cached = seq.cached
                 book.backlog[rep.id] -= req.prefill
                 if ttfts is not None:
@@ -399,7 +399,7 @@ class SimFleet:
             in_flight = self.book.in_flight
             for seq in finished:
                 req = seq.payload
-                req.done = now
+                req.done = now + rep.profile.request_overhead_s
                 in_flight[rep.id] -= 1
             self.outstanding -= len(finished)
             self._touch(rep)

@@ -34,6 +34,9 @@ class PerfProfile:
     kv_bytes_per_token: int = LLAMA_8B_KV_BYTES_PER_TOKEN
     l1_gbps: float = 12.0  # CPU memory -> GPU (PCIe, effective)
     l2_gbps: float = 1.2  # Redis over the network -> GPU
+    # client-visible latency outside the engine's steps (HTTP, router proxy, tokenization, streaming), added
+    # to each request's TTFT and E2E; measured by `bench fidelity` against a live fleet (0 in presets)
+    request_overhead_s: float = 0.0
     source: str = ""
 
     def prefill_time(self, uncached_tokens: int) -> float:
@@ -87,4 +90,11 @@ def profile(name: str) -> PerfProfile:
     try:
         return PROFILES[name]
     except KeyError:
-        raise ValueError(f"unknown performance profile {name!r}; allowed: {', '.join(PROFILES)}") from None
+        from pathlib import Path
+
+        if Path(name).is_file():  # a `fleetserve profile` file (engine --simulate profile.json)
+            from fleetserve.sim.profiles import load_profile_file
+
+            return load_profile_file(name)
+        raise ValueError(f"unknown performance profile {name!r}; allowed: {', '.join(PROFILES)} or a profile "
+                         "JSON file") from None

@@ -1,0 +1,339 @@
+"""`fleetserve bench fidelity`: does the simulator predict what a live fleet does on the same trace?
+
+One run, three places, one trace (generated with a fixed seed, token-id prompts folded into the tiny model's
+vocabulary, every prompt its own so no prefix cache helps):
+
+1. **profile**: the tiny model is measured in-process by `fleetserve profile`'s code (`analyze.measure`)
+   with the torch threads the fleet's engines get; that is the simulator's step model (`raw` profile);
+2. **live**: a local fleet (`fleetserve up --detach`) of the tiny model, `replicas` built-in engines behind
+   the real router, replays the trace with streaming (TTFT and E2E at the client);
+3. **simulated engines**: the same number of `fleetserve engine --simulate profile.json` (the step model in
+   real time) behind the real router, the same replay;
+4. **simulator**: `sim.run.simulate` with the same spec and the profile, in virtual time.
+
+What the step model leaves out is what a client sees outside the engine's steps: HTTP, the router's proxy,
+tokenization, sampling and streaming per token. Before each replay, a short **calibration** against the same
+gateway (never the trace) measures it: isolated single-token requests (client TTFT minus the profile's
+prefill for that prompt: the per-request overhead) and concurrent streams at batch 1, 4 and 8 (client
+inter-token time minus the profile's decode step: a per-step and per-sequence overhead, fitted with
+non-negative least squares), with the replay's own client. The `calibrated` profile is the raw one plus those terms
+(`request_overhead_s`, `decode_base_s`, `decode_per_seq_s`); the simulator runs with both, and the errors
+are reported for both. Nothing is fitted on the replayed trace.
+
+Errors are relative: |sim - measured| / measured. Targets (issue 9): live vs simulator <= 15 % on TTFT p50
+and p95; simulated engines vs simulator <= 5 %.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fleetserve.traces.model import TraceRequest
+
+MODEL = "fidelity"
+TARGET_LIVE = 0.15
+TARGET_SIMULATED_ENGINES = 0.05
+LATENCY_KEYS = (("ttft_p50", "ttft_ms", "p50"), ("ttft_p95", "ttft_ms", "p95"),
+                ("e2e_p50", "e2e_ms", "p50"), ("e2e_p95", "e2e_ms", "p95"))
+
+SPEC = """apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {{name: {name}}}
+spec:
+  model: {{name: {model}, source: "{source}"}}
+  engine: {{threads: {threads}}}
+  replicas: {replicas}
+  routing: {{strategy: {strategy}}}
+"""
+
+
+@dataclass(frozen=True)
+class FidelityConfig:
+    requests: int = 240
+    duration_s: float = 80.0
+    prompt_tokens: tuple[int, int] = (32, 192)  # uniform, inclusive
+    output_tokens: tuple[int, int] = (8, 48)
+    seed: int = 7
+    replicas: int = 2
+    strategy: str = "roundrobin"  # the same assignment in all three places: the engine model is what is compared
+    threads: int = 1  # torch threads per engine (2 cores, 2 replicas)
+    profile_repeats: int = 3
+    calibration_repeats: int = 3
+    calibration_batches: tuple[int, ...] = (1, 4, 8)
+    calibration_tokens: int = 48
+    simulated_engines: bool = True
+    tiny_hidden: int = 256
+    tiny_layers: int = 4
+
+
+# --- pure parts ----------------------------------------------------------------------------------------------
+
+def make_trace(cfg: FidelityConfig) -> list[TraceRequest]:
+    """Poisson arrivals over `duration_s` (the last arrival at the end), uniform prompt and output sizes."""
+    rng = np.random.default_rng(cfg.seed)
+    gaps = rng.exponential(1.0, cfg.requests)
+    times = np.cumsum(gaps)
+    times = (times - times[0]) * (cfg.duration_s / max(times[-1] - times[0], 1e-9))
+    prompts = rng.integers(cfg.prompt_tokens[0], cfg.prompt_tokens[1] + 1, cfg.requests)
+    outputs = rng.integers(cfg.output_tokens[0], cfg.output_tokens[1] + 1, cfg.requests)
+    return [TraceRequest(round(float(t), 4), int(p), int(o)) for t, p, o in zip(times, prompts, outputs, strict=True)]
+
+
+def relative_error(predicted: float | None, measured: float | None) -> float | None:
+    if predicted is None or measured is None or measured <= 0:
+        return None
+    return round(abs(predicted - measured) / measured, 4)
+
+
+def errors(predicted: dict, measured: dict) -> dict:
+    """{ttft_p50, ttft_p95, e2e_p50, e2e_p95}: relative errors of a simulator report against a replay summary."""
+    return {key: relative_error((predicted.get(section) or {}).get(p), (measured.get(section) or {}).get(p))
+            for key, section, p in LATENCY_KEYS}
+
+
+def fit_overheads(profile: dict, ttft_samples: list[tuple[int, float]],
+                  itl_samples: list[tuple[int, int, float]]) -> dict:
+    """What the gateway adds to the step model, from calibration runs.
+
+    `ttft_samples`: (prompt tokens, client TTFT s) of isolated requests; the model predicts one prefill step,
+    so the per-request overhead is the median of (TTFT - prefill(n)). `itl_samples`: (batch, context tokens per
+    sequence, client inter-token s); the model predicts decode(b, b x ctx); the residuals are fitted as
+    step_extra + seq_extra x b with non-negative coefficients."""
+    from fleetserve.analyze.measure import nonneg_fit
+
+    pb, pt = profile["prefill_base_s"], profile["prefill_per_token_s"]
+    db, ds, dc = profile["decode_base_s"], profile["decode_per_seq_s"], profile["decode_per_ctx_token_s"]
+    request = statistics.median(t - (pb + pt * n) for n, t in ttft_samples) if ttft_samples else 0.0
+    step_extra = seq_extra = 0.0
+    if itl_samples:
+        b = np.array([s[0] for s in itl_samples], dtype=float)
+        resid = np.array([itl - (db + ds * bb + dc * bb * ctx) for bb, ctx, itl in itl_samples])
+        if len(set(b.tolist())) > 1:
+            step_extra, seq_extra = (float(v) for v in nonneg_fit(np.column_stack([np.ones_like(b), b]), resid))
+        else:
+            step_extra = max(0.0, float(np.median(resid)))
+    return {"request_overhead_s": round(max(0.0, request), 6), "decode_step_extra_s": round(step_extra, 6),
+            "decode_seq_extra_s": round(seq_extra, 6)}
+
+
+def calibrated(profile: dict, overheads: dict) -> dict:
+    """The profile plus the measured overheads (a profile file the simulator and `--simulate` read)."""
+    out = dict(profile)
+    out["decode_base_s"] = profile["decode_base_s"] + overheads["decode_step_extra_s"]
+    out["decode_per_seq_s"] = profile["decode_per_seq_s"] + overheads["decode_seq_extra_s"]
+    out["request_overhead_s"] = overheads["request_overhead_s"]
+    out["calibration"] = overheads
+    out["name"] = profile["name"] + "+gateway"
+    return out
+
+
+# --- measuring against a gateway -----------------------------------------------------------------------------
+
+def calibration_trace(cfg: FidelityConfig) -> tuple[list[TraceRequest], list[tuple[str, int]]]:
+    """Requests that are not the trace: isolated one-token requests (prompt lengths across the trace's range),
+    then bursts of b streams per replica started together; with (kind, batch) per request."""
+    lo, hi = cfg.prompt_tokens
+    lengths = sorted({lo, (lo + hi) // 2, hi})
+    reqs, tags, t = [], [], 0.0
+    for _ in range(cfg.calibration_repeats):
+        for n in lengths:
+            reqs.append(TraceRequest(t, n, 1))
+            tags.append(("ttft", 0))
+            t += 0.4
+    for _ in range(max(1, cfg.calibration_repeats - 1)):
+        for b in cfg.calibration_batches:
+            for _ in range(b * cfg.replicas):
+                reqs.append(TraceRequest(t, lo, cfg.calibration_tokens))
+                tags.append(("decode", b))
+            t += 0.6 + b * cfg.calibration_tokens * 0.004
+    return reqs, tags
+
+
+def calibrate(url: str, cfg: FidelityConfig, vocab: int, profile: dict) -> dict:
+    """Replay the calibration requests at `url` with the trace's own client; the fitted overheads and samples.
+
+    Isolated requests give (prompt, client TTFT); each burst gives (b, mean context, mean TPOT of its
+    streams), TPOT = (E2E - TTFT) / (tokens - 1) (client-side inter-token gaps bunch up under load)."""
+    from fleetserve.bench.replay import replay
+
+    warm = [TraceRequest(0.0, cfg.prompt_tokens[0], 4), TraceRequest(0.0, cfg.prompt_tokens[0], 4)]
+    asyncio.run(replay(url, warm, model=MODEL, stream=True, vocab=vocab))
+    reqs, tags = calibration_trace(cfg)
+    records = asyncio.run(replay(url, reqs, model=MODEL, stream=True, vocab=vocab))
+    ttft = [(r.input_tokens, rec.ttft_ms / 1000) for r, rec, (kind, _) in zip(reqs, records, tags, strict=True)
+            if kind == "ttft" and rec.ttft_ms is not None and not rec.error]
+    bursts: dict[int, list[float]] = {}
+    for r, rec, (kind, b) in zip(reqs, records, tags, strict=True):
+        if kind == "decode" and rec.ttft_ms is not None and rec.e2e_ms is not None and not rec.error:
+            bursts.setdefault(b, []).append((rec.e2e_ms - rec.ttft_ms) / 1000 / max(1, r.output_tokens - 1))
+    ctx = cfg.prompt_tokens[0] + cfg.calibration_tokens // 2
+    itl = [(b, ctx, statistics.mean(v)) for b, v in sorted(bursts.items())]
+    fitted = fit_overheads(profile, ttft, itl)
+    return {**fitted, "ttft_samples": [[n, round(t, 6)] for n, t in ttft],
+            "tpot_samples": [[b, c, round(t, 6)] for b, c, t in itl]}
+
+
+def _replay(url: str, trace: list[TraceRequest], vocab: int) -> tuple[dict, float]:
+    from fleetserve.bench.replay import replay, summarize
+
+    start = time.monotonic()
+    records = asyncio.run(replay(url, trace, model=MODEL, stream=True, vocab=vocab))
+    return summarize(records), time.monotonic() - start
+
+
+def _brief(summary: dict) -> dict:
+    return {"requests": summary["requests"], "answered": summary["answered"], "lost": summary["lost"],
+            "errors": summary["errors"], "ttft_ms": summary["ttft_ms"], "e2e_ms": summary["e2e_ms"],
+            "tpot_ms": summary["tpot_ms"],
+            "per_replica": {k: v["requests"] for k, v in sorted(summary["per_replica"].items())}}
+
+
+# --- the simulator -------------------------------------------------------------------------------------------
+
+def simulate_trace(spec_text: str, trace: list[TraceRequest], profile_path: Path, seed: int) -> dict:
+    from fleetserve.sim.run import simulate
+    from fleetserve.sim.setup import SimOptions
+    from fleetserve.spec.load import load_spec_text
+
+    endpoint = load_spec_text(spec_text).endpoint
+    span = max((r.arrival_s for r in trace), default=0.0) + 1.0
+    start = time.perf_counter()
+    report = simulate(endpoint, trace, SimOptions(seed=seed, profile=str(profile_path), window_s=span)).report
+    return {"requests": report["requests"], "failed": report["failed"], "ttft_ms": report["ttft_ms"],
+            "e2e_ms": report["e2e_ms"], "simulated_s": report["duration_s"],
+            "wall_s": round(time.perf_counter() - start, 3)}
+
+
+# --- the run -------------------------------------------------------------------------------------------------
+
+def _simulated_engines(tmp: Path, profile_path: Path, cfg: FidelityConfig):
+    from fleetserve.bench.routing import _wait_ready
+    from fleetserve.fleet.process import Child, fleetserve_command, free_port
+
+    children, engines = [], []
+    try:
+        for i in range(cfg.replicas):
+            port = free_port()
+            child = Child(f"sim{i}", fleetserve_command("engine", "--simulate", str(profile_path), "--port",
+                                                        str(port), "--served-model-name", MODEL),
+                          tmp / f"sim{i}.log")
+            child.start()
+            children.append(child)
+            engines.append(f"http://127.0.0.1:{port}")
+        for url, child in zip(engines, children, strict=True):
+            _wait_ready(url, child)
+        port = free_port()
+        cmd = fleetserve_command("router", "--port", str(port), "--strategy", cfg.strategy)
+        for url in engines:
+            cmd += ["--backend", url]
+        router = Child("router", cmd, tmp / "router.log")
+        router.start()
+        children.append(router)
+        gateway = f"http://127.0.0.1:{port}"
+        _wait_ready(gateway, router)
+        time.sleep(1.0)  # the router's first health round
+        return gateway, children
+    except BaseException:
+        for child in children:
+            child.stop(timeout=5)
+        raise
+
+
+def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lambda _m: None) -> dict:
+    from fleetserve.analyze.measure import measure
+    from fleetserve.bench.localfleet import LocalFleet
+    from fleetserve.engine.tiny import build_byte_tokenizer, create_tiny_model
+
+    cfg = cfg or FidelityConfig()
+    trace = make_trace(cfg)
+    vocab = len(build_byte_tokenizer())
+    result: dict = {
+        "benchmark": "fidelity",
+        "trace": {"kind": "poisson, independent prompts (generated)", "seed": cfg.seed, "requests": len(trace),
+                  "duration_s": cfg.duration_s, "prompt_tokens": list(cfg.prompt_tokens),
+                  "output_tokens": list(cfg.output_tokens),
+                  "rate_per_s": round(len(trace) / cfg.duration_s, 3)},
+        "fleet": {"replicas": cfg.replicas, "strategy": cfg.strategy, "threads_per_engine": cfg.threads,
+                  "model": f"tiny random Llama ({cfg.tiny_layers} layers, hidden {cfg.tiny_hidden})"},
+        "requests": len(trace),
+        "targets": {"live": TARGET_LIVE, "simulated_engines": TARGET_SIMULATED_ENGINES},
+        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()},
+    }
+    with tempfile.TemporaryDirectory(prefix="fleetserve-fidelity-") as tmp_name:
+        tmp = Path(tmp_name)
+        source = create_tiny_model(tmp / "tiny", hidden_size=cfg.tiny_hidden, layers=cfg.tiny_layers, heads=4,
+                                   kv_heads=2, context_length=4096)
+        progress("profiling the model in-process ...")
+        prof = measure(str(source), threads=cfg.threads, max_prompt=512, repeats=cfg.profile_repeats)
+        raw_path = tmp / "profile.json"
+        raw_path.write_text(json.dumps(prof))
+        result["profile"] = {k: prof[k] for k in ("name", "prefill_base_s", "prefill_per_token_s", "decode_base_s",
+                                                  "decode_per_seq_s", "decode_per_ctx_token_s", "max_batch",
+                                                  "prefill_chunk", "cache_blocks", "source")}
+        spec_text = SPEC.format(name="fidelity-live", model=MODEL, source=source, threads=cfg.threads,
+                                replicas=cfg.replicas, strategy=cfg.strategy)
+
+        progress("live fleet: starting ...")
+        with LocalFleet(tmp, "fidelity-live", spec_text) as fleet:
+            url = fleet.up()["url"].rstrip("/").removesuffix("/v1")
+            progress("live fleet: calibrating the gateway overheads ...")
+            live_cal = calibrate(url, cfg, vocab, prof)
+            progress(f"live fleet: replaying {len(trace)} requests ...")
+            live, live_wall = _replay(url, trace, vocab)
+        result["live"] = {**_brief(live), "real_s": round(live_wall, 2)}
+        result["calibration"] = {"live": live_cal}
+
+        if cfg.simulated_engines:
+            progress("simulated engines: starting ...")
+            gateway, children = _simulated_engines(tmp, raw_path, cfg)
+            try:
+                progress("simulated engines: calibrating ...")
+                se_cal = calibrate(gateway, cfg, vocab, prof)
+                progress(f"simulated engines: replaying {len(trace)} requests ...")
+                se, se_wall = _replay(gateway, trace, vocab)
+            finally:
+                for child in children:
+                    child.stop(timeout=5)
+            result["simulated_engines"] = {**_brief(se), "real_s": round(se_wall, 2)}
+            result["calibration"]["simulated_engines"] = se_cal
+
+        progress("simulator ...")
+        sims = {"raw": simulate_trace(spec_text, trace, raw_path, cfg.seed)}
+        cal_profiles = {"live": calibrated(prof, live_cal)}
+        if cfg.simulated_engines:
+            cal_profiles["simulated_engines"] = calibrated(prof, se_cal)
+        for key, data in cal_profiles.items():
+            path = tmp / f"profile-{key}.json"
+            path.write_text(json.dumps(data))
+            sims[f"calibrated_{key}"] = simulate_trace(spec_text, trace, path, cfg.seed)
+    result["sim"] = sims
+    result["error"] = errors(sims["calibrated_live"], live)
+    result["error_raw_profile"] = errors(sims["raw"], live)
+    checked = [result["error"]["ttft_p50"], result["error"]["ttft_p95"]]
+    met = {"live": all(e is not None and e <= TARGET_LIVE for e in checked)}
+    if cfg.simulated_engines:
+        result["error_vs_simulated_engines"] = errors(sims["calibrated_simulated_engines"], se)
+        result["error_vs_simulated_engines_raw_profile"] = errors(sims["raw"], se)
+        se_checked = [result["error_vs_simulated_engines"]["ttft_p50"],
+                      result["error_vs_simulated_engines"]["ttft_p95"]]
+        met["simulated_engines"] = all(e is not None and e <= TARGET_SIMULATED_ENGINES for e in se_checked)
+    result["targets_met"] = met
+    result["time"] = {"live_real_s": result["live"]["real_s"],
+                      "simulated_engines_real_s": result.get("simulated_engines", {}).get("real_s"),
+                      "simulated_s": sims["raw"]["simulated_s"], "simulator_wall_s": sims["raw"]["wall_s"]}
+    result["note"] = ("live and simulated-engine replays run in the same process run on a shared machine (noisy); "
+                      "the calibration uses separate requests against each gateway, never the trace")
+    return result
+
+
+__all__ = ["FidelityConfig", "calibrate", "calibrated", "calibration_trace", "errors", "fit_overheads",
+           "make_trace", "relative_error", "run", "simulate_trace"]

@@ -1,0 +1,104 @@
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from fleetserve.bench.fidelity import (SPEC, FidelityConfig, calibrated, calibration_trace, errors, fit_overheads,
+                                       make_trace, relative_error, simulate_trace)
+from fleetserve.sim.perf import PROFILES, profile
+from fleetserve.sim.profiles import to_dict
+from tests.helpers import fleetserve
+
+BASE = {"name": "p", "prefill_base_s": 0.003, "prefill_per_token_s": 3e-5, "decode_base_s": 0.003,
+        "decode_per_seq_s": 3e-5, "decode_per_ctx_token_s": 3e-7}
+
+
+def test_trace_is_seeded_and_within_its_bounds():
+    cfg = FidelityConfig(requests=50, duration_s=10, prompt_tokens=(10, 20), output_tokens=(3, 5), seed=3)
+    a, b = make_trace(cfg), make_trace(cfg)
+    assert a == b and len(a) == 50
+    assert a[0].arrival_s == 0 and a[-1].arrival_s == pytest.approx(10)
+    assert all(x.arrival_s <= y.arrival_s for x, y in zip(a, a[1:], strict=False))
+    assert all(10 <= r.input_tokens <= 20 and 3 <= r.output_tokens <= 5 for r in a)
+    assert make_trace(replace(cfg, seed=4)) != a
+
+
+def test_relative_errors():
+    assert relative_error(115, 100) == 0.15 and relative_error(85, 100) == 0.15
+    assert relative_error(None, 100) is None and relative_error(1, 0) is None
+    e = errors({"ttft_ms": {"p50": 10, "p95": 30}, "e2e_ms": {"p50": 100, "p95": 200}},
+               {"ttft_ms": {"p50": 20, "p95": 30}, "e2e_ms": {"p50": 100, "p95": None}})
+    assert e == {"ttft_p50": 0.5, "ttft_p95": 0.0, "e2e_p50": 0.0, "e2e_p95": None}
+
+
+def test_fit_recovers_known_overheads():
+    request, step, seq = 0.012, 0.0008, 0.0002
+    ttft = [(n, BASE["prefill_base_s"] + BASE["prefill_per_token_s"] * n + request) for n in (32, 100, 190)]
+    itl = [(b, 60, BASE["decode_base_s"] + BASE["decode_per_seq_s"] * b + BASE["decode_per_ctx_token_s"] * b * 60
+            + step + seq * b) for b in (1, 4, 8)]
+    fitted = fit_overheads(BASE, ttft, itl)
+    assert fitted["request_overhead_s"] == pytest.approx(request, abs=1e-6)
+    assert fitted["decode_step_extra_s"] == pytest.approx(step, abs=1e-6)
+    assert fitted["decode_seq_extra_s"] == pytest.approx(seq, abs=1e-6)
+    out = calibrated(BASE, fitted)
+    assert out["decode_base_s"] == pytest.approx(BASE["decode_base_s"] + step)
+    assert out["decode_per_seq_s"] == pytest.approx(BASE["decode_per_seq_s"] + seq)
+    assert out["request_overhead_s"] == fitted["request_overhead_s"] and BASE.get("request_overhead_s") is None
+
+
+def test_fit_never_goes_negative():
+    fast = [(32, 0.0001)]  # faster than the model: no negative overhead
+    fitted = fit_overheads(BASE, fast, [(1, 60, 0.0001), (4, 60, 0.0001)])
+    assert fitted == {"request_overhead_s": 0.0, "decode_step_extra_s": 0.0, "decode_seq_extra_s": 0.0}
+    assert fit_overheads(BASE, [], [])["request_overhead_s"] == 0.0
+
+
+def test_calibration_requests_are_not_the_trace():
+    cfg = FidelityConfig(calibration_repeats=2, calibration_batches=(1, 4), replicas=2)
+    reqs, tags = calibration_trace(cfg)
+    assert len(reqs) == len(tags)
+    assert [t for t in tags if t[0] == "ttft"] == [("ttft", 0)] * 6
+    assert sum(1 for t in tags if t == ("decode", 4)) == 8
+    assert all(r.output_tokens == 1 for r, t in zip(reqs, tags, strict=True) if t[0] == "ttft")
+
+
+def test_request_overhead_shifts_simulated_latency_exactly(tmp_path):
+    trace = make_trace(FidelityConfig(requests=30, duration_s=5, seed=1))
+    spec = SPEC.format(name="f", model="fidelity", source="/nonexistent", threads=1, replicas=2,
+                       strategy="roundrobin")
+    plain, shifted = tmp_path / "a.json", tmp_path / "b.json"
+    plain.write_text(json.dumps(to_dict(PROFILES["cpu-135m"])))
+    shifted.write_text(json.dumps(to_dict(replace(PROFILES["cpu-135m"], request_overhead_s=0.05))))
+    a, b = simulate_trace(spec, trace, plain, 0), simulate_trace(spec, trace, shifted, 0)
+    assert a["requests"] == b["requests"] == 30 and a["failed"] == 0
+    for section in ("ttft_ms", "e2e_ms"):
+        assert b[section]["p50"] == pytest.approx(a[section]["p50"] + 50, abs=0.01)
+
+
+def test_simulate_option_reads_a_profile_file(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(to_dict(PROFILES["fast"])))
+    assert profile(str(path)).prefill_base_s == PROFILES["fast"].prefill_base_s
+    with pytest.raises(ValueError, match="profile JSON file"):
+        profile("no-such-profile")
+
+
+def test_bench_fidelity_tiny_run_prints_finite_errors_and_matching_counts():
+    result = fleetserve("bench", "fidelity", "--json", "--requests", "12", "--duration", "4",
+                        "--calibration-repeats", "1", timeout=900)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["requests"] == figures["trace"]["requests"] == 12
+    for place in ("live", "simulated_engines"):
+        assert figures[place]["requests"] == 12 and figures[place]["answered"] == 12
+        assert figures[place]["real_s"] > 0
+    for name in ("raw", "calibrated_live", "calibrated_simulated_engines"):
+        assert figures["sim"][name]["requests"] == 12
+    for group in ("error", "error_vs_simulated_engines", "error_raw_profile"):
+        for key in ("ttft_p50", "ttft_p95", "e2e_p50", "e2e_p95"):
+            value = figures[group][key]
+            assert isinstance(value, float | int) and math.isfinite(value) and value >= 0, (group, key, value)
+    assert set(figures["targets_met"]) == {"live", "simulated_engines"}
+    assert figures["time"]["simulated_s"] > 0
+    assert figures["calibration"]["live"]["request_overhead_s"] >= 0
