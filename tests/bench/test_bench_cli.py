@@ -18,7 +18,7 @@ def test_routing_bench_prints_the_keys_per_strategy():
     from pathlib import Path
 
     trace = Path(__file__).parents[1] / "data" / "mooncake_sample.jsonl"
-    result = fleetserve("bench", "routing", "--trace", str(trace), "--replicas", "2", "--limit", "30",
+    result = fleetserve("bench", "routing", "--live", "--trace", str(trace), "--replicas", "2", "--limit", "30",
                         "--duration", "3", "--strategies", "roundrobin,kvaware", "--json", timeout=600)
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout)
@@ -34,6 +34,36 @@ def test_routing_bench_prints_the_keys_per_strategy():
 def test_routing_bench_rejects_unknown_strategy():
     result = fleetserve("bench", "routing", "--trace", "x.jsonl", "--strategies", "fastest")
     assert result.returncode == 2 and "prefixaware" in result.stderr
+    result = fleetserve("bench", "routing", "--trace", "x.jsonl", "--modes", "psychic")
+    assert result.returncode == 2 and "blind, informed" in " ".join(result.stderr.replace("│", " ").split())
+
+
+def test_routing_bench_on_the_simulator_reports_every_strategy_and_mode():
+    from pathlib import Path
+
+    trace = Path(__file__).parents[1] / "data" / "mooncake_sample.jsonl"
+    result = fleetserve("bench", "routing", "--trace", str(trace), "--replicas", "2", "--json", timeout=300)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["engine"] == "simulator" and figures["requests"] == 200
+    assert figures["simulated_s"] > 0 and figures["trace"] == "mooncake_sample.jsonl"
+    assert 0 < figures["oracle_hit_rate"] <= figures["ideal_hit_rate"] <= 1
+    assert "busy time" in figures["load_skew_basis"]
+    for mode in ("blind", "informed"):
+        rows = figures["modes"][mode]
+        assert set(rows) == {"roundrobin", "leastload", "session", "prefixaware", "kvaware"}
+        assert rows["session"]["hit_rate"] is None and "session keys" in rows["session"]["reason"]
+        for name in ("roundrobin", "leastload", "prefixaware"):
+            row = rows[name]
+            assert 0 <= row["hit_rate"] <= 1 and row["ttft_ms"]["p95"] is not None and row["load_skew"] >= 1
+            assert abs(row["hit_vs_oracle"] - row["hit_rate"] / figures["oracle_hit_rate"]) < 0.01
+        assert rows["roundrobin"]["ttft_p95_vs_roundrobin"] == 1.0
+        assert rows["prefixaware"]["hit_rate"] > rows["roundrobin"]["hit_rate"]
+    assert figures["modes"]["blind"]["kvaware"]["hit_rate"] is None  # no KV events to act on
+    assert "KV events" in figures["modes"]["blind"]["kvaware"]["reason"]
+    assert figures["modes"]["informed"]["kvaware"]["hit_rate"] is not None
+    assert figures["modes"]["blind"]["prefixaware"]["learned"]  # it learned from the engines' cached tokens
+    assert figures["targets"]["best_cache_aware"] == "prefixaware" and "met" in figures["targets"]
 
 
 def test_kvcache_bench_prints_every_tier_and_ratio():

@@ -10,6 +10,7 @@ import copy
 
 import pytest
 
+from fleetserve.router import feedback
 from fleetserve.router.admission import limit_views
 from fleetserve.router.policies import FleetSnapshot, create_policy
 from fleetserve.router.pool import BackendPool
@@ -26,13 +27,21 @@ class Recorder:
         self.name = policy.name
         self.fleet = fleet
         self.log = []
+        self.predictions = {}
 
     def choose(self, request, snapshot):
         states = {r.id: r.state for r in self.fleet.replicas}
         index = copy.deepcopy(snapshot.kv_index)
         choice = self.policy.choose(request, snapshot)
+        if choice is not None and choice.prediction is not None:
+            self.predictions[id(choice.prediction)] = len(self.log)
         self.log.append((request, snapshot, states, index, choice.replica.id if choice else None))
         return choice
+
+    def observe(self, prediction, cached_tokens):
+        """A response's cached tokens (router.feedback.report), replayed into the gateway's policy in order."""
+        self.log.append(("observe", self.predictions[id(prediction)], prediction, cached_tokens))
+        self.policy.observe(prediction, cached_tokens)
 
 
 def endpoint(strategy: str, limit: int | None):
@@ -66,7 +75,16 @@ def test_same_snapshots_same_decisions(mooncake, strategy, knowledge, limit):
 
     gateway_policy = create_policy(strategy, session_key=ep.spec.routing.session_key)
     pool = BackendPool([])
-    for request, snapshot, states, index, chosen in recorder.log:
+    gateway_choices = {}
+    observed = 0
+    for i, entry in enumerate(recorder.log):
+        if entry[0] == "observe":  # the gateway feeds the same response figures (router.feedback.report)
+            _, at, prediction, cached = entry
+            assert gateway_choices[at].prediction == prediction
+            assert feedback.report(gateway_policy, gateway_choices[at], cached)
+            observed += 1
+            continue
+        request, snapshot, states, index, chosen = entry
         urls = [v.url for v in snapshot.replicas]
         pool.set_backends(urls, ready=set(urls), draining={f"http://{i}" for i, s in states.items() if s == "draining"})
         for v in snapshot.replicas:
@@ -77,3 +95,7 @@ def test_same_snapshots_same_decisions(mooncake, strategy, knowledge, limit):
         assert views == snapshot.replicas
         choice = gateway_policy.choose(request, FleetSnapshot(views, snapshot.now, index))
         assert (choice.replica.id if choice else None) == chosen
+        gateway_choices[i] = choice
+    if strategy == "prefixaware":  # blind: the router-side index learned from the responses, on both sides
+        assert observed >= len(trace) // 2
+        assert gateway_policy.learner.summary() == recorder.policy.learner.summary()

@@ -466,38 +466,73 @@ def bench_routing(
     replicas: Annotated[int, typer.Option(min=1, max=32)] = 4,
     strategies: Annotated[str, typer.Option(help="Comma-separated strategies")] =
         "roundrobin,leastload,session,prefixaware,kvaware",
-    limit: Annotated[int, typer.Option(min=1, help="First N requests of the trace")] = 600,
-    duration: Annotated[float, typer.Option(min=1, help="Wall-clock seconds per strategy (time compression)")] = 60,
-    profile: Annotated[str, typer.Option(help="Simulated engine profile")] = "h100-8b",
-    max_output: Annotated[int, typer.Option(min=1, help="Cap on output tokens per request")] = 256,
-    prompt_format: Annotated[str, typer.Option(help="tokens (exact KV keys) or text (for text-only routers)")
-                             ] = "tokens",
-    sglang_python: Annotated[str | None, typer.Option(help="Python with sglang-router, for the "
+    limit: Annotated[int | None, typer.Option(min=1, help="First N requests of the trace (default: all; "
+                                                          "--live: 600)")] = None,
+    modes: Annotated[str, typer.Option(help="Router modes, comma-separated: blind (no KV events, capacity or "
+                                            "queue), informed")] = "blind,informed",
+    cache_fraction: Annotated[float, typer.Option(min=0.001, max=1.0, help="The fleet's KV caches together hold "
+                                                                           "this share of the trace's blocks")
+                              ] = 1 / 3,
+    target_utilization: Annotated[float, typer.Option(min=0.01, max=2.0, help="Arrival times are scaled so that "
+                                                                              "roundrobin keeps the fleet this busy")
+                                  ] = 0.65,
+    time_scale: Annotated[float | None, typer.Option(min=0.0001, help="Scale arrival times by this instead")] = None,
+    seed: Annotated[int, typer.Option(help="Simulator seed")] = 0,
+    live: Annotated[bool, typer.Option("--live", help="Real time: simulated engine processes behind a real "
+                                                      "router (minutes)")] = False,
+    duration: Annotated[float, typer.Option(min=1, help="--live: wall-clock seconds per strategy")] = 60,
+    profile: Annotated[str, typer.Option(help="Engine performance profile")] = "h100-8b",
+    max_output: Annotated[int | None, typer.Option(min=1, help="Cap on output tokens per request (--live: 256)")
+                          ] = None,
+    prompt_format: Annotated[str, typer.Option(help="--live: tokens (exact KV keys) or text (for text-only "
+                                                    "routers)")] = "tokens",
+    sglang_python: Annotated[str | None, typer.Option(help="--live: Python with sglang-router, for the "
                                                            "sglang_cache_aware row")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
 ) -> None:
-    """Routing strategies side by side on one trace against simulated engines: hit rate, TTFT, load skew.
+    """Routing strategies side by side on one trace: hit rate against the oracle, TTFT, load skew.
 
-    Add `sglang_cache_aware` to --strategies (with --prompt-format text: sglang-router takes text prompts
-    only) to compare with sglang-router's cache_aware policy on the same engines and trace."""
+    By default on the fleet simulator (the whole trace in seconds, every strategy, blind and informed
+    router); --live replays it in real time against simulated engine processes behind the real router. With
+    --live, add `sglang_cache_aware` to --strategies (and --prompt-format text: sglang-router takes text
+    prompts only) to compare with sglang-router's cache_aware policy on the same engines and trace."""
     from fleetserve.bench.routing import SGLANG, find_sglang_python, run
     from fleetserve.router.policies import registered_policies
+    from fleetserve.sim.setup import KNOWLEDGE_MODES
     from fleetserve.traces.load import TraceError
 
     names = tuple(n.strip() for n in strategies.split(",") if n.strip())
-    allowed = (*registered_policies(), SGLANG)
+    allowed = (*registered_policies(), SGLANG) if live else registered_policies()
     bad = [n for n in names if n not in allowed]
     if bad or not names:
         raise typer.BadParameter(f"{bad[0] if bad else strategies!r}; allowed values: {', '.join(allowed)}",
                                  param_hint="--strategies")
+    if not live:
+        from fleetserve.bench.routing_sim import run as run_sim
+        from fleetserve.sim.profiles import ProfileError
+
+        mode_names = tuple(m.strip() for m in modes.split(",") if m.strip())
+        bad_modes = [m for m in mode_names if m not in KNOWLEDGE_MODES]
+        if bad_modes or not mode_names:
+            raise typer.BadParameter(f"{bad_modes[0] if bad_modes else modes!r}; allowed values: "
+                                     f"{', '.join(KNOWLEDGE_MODES)}", param_hint="--modes")
+        try:
+            result = run_sim(trace, replicas, names, mode_names, limit, profile, cache_fraction, target_utilization,
+                             time_scale, max_output, seed, progress=None if as_json else _say)
+        except ProfileError as exc:
+            raise _fail(f"--profile: {exc}", EXIT_USAGE) from None
+        except (TraceError, ValueError, OSError) as exc:
+            raise _fail(str(exc), EXIT_USAGE) from None
+        print(json.dumps(result, indent=2))
+        return
     if prompt_format not in ("tokens", "text"):
         raise typer.BadParameter(f"{prompt_format!r}; allowed values: tokens, text", param_hint="--prompt-format")
     if SGLANG in names and prompt_format != "text":
         raise typer.BadParameter("sglang-router accepts text prompts only: add --prompt-format text",
                                  param_hint="--prompt-format")
     try:
-        result = run(trace, replicas, names, limit, duration, profile_name=profile, max_output=max_output,
-                     progress=None if as_json else _say, prompt_format=prompt_format,
+        result = run(trace, replicas, names, limit or 600, duration, profile_name=profile,
+                     max_output=max_output or 256, progress=None if as_json else _say, prompt_format=prompt_format,
                      sglang_python=find_sglang_python(sglang_python))
     except (TraceError, ValueError) as exc:
         raise _fail(str(exc), EXIT_USAGE) from None

@@ -26,6 +26,7 @@ from fleetserve.capacity.placement import InsufficientCapacity
 from fleetserve.capacity.utilization import load_ratio, target_per_replica
 from fleetserve.router.admission import BUFFER, GO, AdmissionSettings, Rejection, admit, buffer_timeout, overflow
 from fleetserve.router.backlog import LoadBook
+from fleetserve.router.feedback import report as feed_back
 from fleetserve.router.kvindex import KVIndex
 from fleetserve.router.policies import FleetSnapshot, ReplicaView, RouteRequest, create_policy, registered_policies
 from fleetserve.router.retry import exclude
@@ -47,7 +48,7 @@ _EMPTY: dict = {}  # shared, never written: policies only read bodies and header
 
 class Req:
     __slots__ = ("i", "spec", "arrival", "replica", "prefill", "excluded", "first", "done", "error", "seq",
-                 "cached")
+                 "cached", "choice")
 
     def __init__(self, i: int, spec: SimRequestSpec, arrival: float):
         self.i = i
@@ -61,6 +62,7 @@ class Req:
         self.error: str | None = None
         self.seq: Seq | None = None
         self.cached = 0
+        self.choice = None  # the policy's Choice, kept while the policy learns from responses
 
 
 class SimReplica:
@@ -102,6 +104,7 @@ class SimFleet:
         strategy = spec.routing.strategy if spec.routing.strategy in registered_policies() else "leastload"
         self.strategy = strategy
         self.policy = create_policy(strategy, session_key=spec.routing.session_key)
+        self.learns = hasattr(self.policy, "observe")  # responses' cached tokens go back (router.feedback)
         self.kv_index = KVIndex() if self.informed and strategy == "kvaware" else None
         self.admission = AdmissionSettings.from_spec(spec)
         self.limit = self.admission.max_concurrent_per_replica
@@ -335,6 +338,8 @@ class SimFleet:
         rep = self._by_id[choice.replica.id]
         req.replica = rep
         req.prefill = choice.prefill_tokens
+        if self.learns:
+            req.choice = choice
         self.book.sent(rep.id, choice.prefill_tokens)
         self._touch(rep)
         seq = req.seq = Seq(spec.prompt, spec.output, spec.engine_keys, req)
@@ -401,6 +406,9 @@ class SimFleet:
                 req = seq.payload
                 req.done = now + rep.profile.request_overhead_s
                 in_flight[rep.id] -= 1
+                if req.choice is not None:  # the response's usage.prompt_tokens_details.cached_tokens
+                    feed_back(self.policy, req.choice, seq.cached)
+                    req.choice = None
             self.outstanding -= len(finished)
             self._touch(rep)
             if self.queue:
@@ -552,6 +560,12 @@ class SimFleet:
             self.series[-1] = point
         else:
             self.series.append(point)
+
+    def feedback_summary(self) -> dict | None:
+        """What the policy learned from the responses (router.feedback), per replica; None if it does not."""
+        policy = getattr(self.policy, "policy", self.policy)  # a recording wrapper keeps the policy inside
+        learner = getattr(policy, "learner", None) or getattr(getattr(policy, "fallback", None), "learner", None)
+        return learner.summary() if learner is not None else None
 
     # --- run -----------------------------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ DEFAULT_START = "2026-01-05T10:00:00+00:00"  # a Monday morning (UTC): cron floo
 class SimOptions:
     seed: int = 0
     knowledge: str = "blind"  # informed: the router gets KV events, capacity and queue; blind: none of them
-    profile: str | None = None  # preset name or profile.json; None: by instance type
+    profile: str | PerfProfile | None = None  # preset name, profile.json or a PerfProfile; None: by instance type
     provisioning_delay_s: float | None = None
     metric_lag_s: float = 15.0  # the autoscaler sees the fleet's load this late (one scrape interval)
     reconcile_s: float = 1.0  # how often the control loop looks (capacity events, drains, consolidation)
@@ -76,6 +76,8 @@ def uses_cloud(spec, catalog: Catalog) -> bool:
 
 def profile_for(instance_type: str, catalog: Catalog, options: SimOptions) -> PerfProfile:
     """The chosen profile, else the 8B preset of the instance's GPU (A10G's for GPUs without one)."""
+    if isinstance(options.profile, PerfProfile):
+        return options.profile
     if options.profile:
         return resolve(options.profile)
     if instance_type == "local":

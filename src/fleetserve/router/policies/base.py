@@ -64,6 +64,9 @@ class Choice:
     replica: ReplicaView
     branch: str
     prefill_tokens: int = 0
+    # what a learning policy predicted (router.feedback.Prediction); the caller hands it back with the
+    # response's cached tokens: router.feedback.report(policy, choice, cached_tokens)
+    prediction: Any = field(default=None, compare=False)
 
 
 class RoutingPolicy(Protocol):

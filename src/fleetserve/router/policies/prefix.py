@@ -3,10 +3,16 @@
 Both score every eligible replica with the same TTFT estimate (`cost.py`) using the tokens it would have to
 prefill given the blocks it already holds; they differ only in where that knowledge comes from.
 
-- prefixaware keeps, per replica, an LRU set of the prefix keys it sent there, sized to the replica's
-  cache capacity (so the index forgets roughly when the engine would), hard-capped in memory;
+- prefixaware keeps, per replica, an LRU of the prefix keys it sent there. When the replica states its cache
+  capacity (`cache_blocks`), the index holds that many keys (so it forgets roughly when the engine would).
+  When it does not (engines that publish nothing: the blind router), the index predicts with keys younger
+  than a horizon learned from what the engines report back (`router.feedback`: cached tokens per response
+  against the prediction), keeps `SHADOW` x that horizon of history so a larger cache can be discovered,
+  and is hard-capped in memory;
 - kvaware reads the KV index the engines' events feed (per tier: engine blocks count fully, L1/L2 hits
   partially) and speculatively inserts what it just routed, with a short TTL, to bridge event lag.
+
+An entry's age is the number of new keys sent to its replica since the entry was last sent there.
 """
 
 from __future__ import annotations
@@ -14,20 +20,13 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 
+from fleetserve.router.feedback import CapacityLearner, Prediction
 from fleetserve.router.policies.base import Choice, FleetSnapshot, RouteRequest, register
 from fleetserve.router.policies.cost import CostWeights, cheapest
 
 DEFAULT_CACHE_BLOCKS = 4096
 MAX_INDEX_BLOCKS = 1_000_000  # hard cap over all replicas, whatever they report
-
-
-def _matched(index: OrderedDict, keys: tuple[int, ...]) -> int:
-    n = 0
-    for key in keys:
-        if key not in index:
-            break
-        n += 1
-    return n
+SHADOW = 2  # unknown capacity: history kept beyond the learned horizon, to see hits past it
 
 
 def _branch(uncached: int, best_possible: int, prompt_tokens: int) -> str:
@@ -36,15 +35,79 @@ def _branch(uncached: int, best_possible: int, prompt_tokens: int) -> str:
     return "miss" if uncached >= prompt_tokens else "hit"
 
 
+class _ReplicaIndex:
+    """One replica's keys: key -> [tick of its last sending, confirmed by a response]; `tick` counts new keys."""
+
+    __slots__ = ("entries", "tick")
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[int, list] = OrderedDict()
+        self.tick = 0
+
+    def matched(self, keys: tuple[int, ...], horizon: float) -> int:
+        entries, oldest = self.entries, self.tick - horizon
+        n = 0
+        for key in keys:
+            entry = entries.get(key)
+            if entry is None or entry[0] <= oldest:
+                break
+            n += 1
+        return n
+
+    def ages(self, keys: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+        ages, confirmed = [], []
+        for key in keys:
+            entry = self.entries.get(key)
+            if entry is None:
+                ages.append(-1)
+                confirmed.append(False)
+            else:
+                ages.append(self.tick - entry[0])
+                confirmed.append(entry[1])
+        return tuple(ages), tuple(confirmed)
+
+    def remember(self, keys: tuple[int, ...], cap: int, max_age: float) -> None:
+        entries = self.entries
+        for key in keys:
+            entry = entries.get(key)
+            if entry is None:
+                self.tick += 1
+                entries[key] = [self.tick, False]
+            else:
+                entry[0] = self.tick
+                entries.move_to_end(key)
+        oldest = self.tick - max_age
+        while entries and (len(entries) > cap or next(iter(entries.values()))[0] <= oldest):
+            entries.popitem(last=False)
+
+    def confirm(self, keys: tuple[int, ...]) -> None:
+        entries = self.entries
+        for key in keys:
+            entry = entries.get(key)
+            if entry is not None:
+                entry[1] = True
+
+
 @register("prefixaware")
 class PrefixAware:
-    def __init__(self, seed: int = 0, decode_weight: float = 64.0, affinity: float = 6.0, **_options):
+    def __init__(self, seed: int = 0, decode_weight: float = 64.0, affinity: float = 6.0, learn_rate: float = 0.05,
+                 **_options):
         self.weights = CostWeights(decode_weight=decode_weight, affinity=affinity)
         self.rng = random.Random(seed)
-        self.index: dict[str, OrderedDict[int, None]] = {}
+        self.index: dict[str, _ReplicaIndex] = {}
+        self.learner = CapacityLearner(initial=DEFAULT_CACHE_BLOCKS, rate=learn_rate)
 
     def index_size(self) -> int:
-        return sum(len(s) for s in self.index.values())
+        return sum(len(s.entries) for s in self.index.values())
+
+    def _horizon(self, replica, exact: bool) -> float:
+        """Keys younger than this count as cached: the stated capacity, else the learned one."""
+        if replica.cache_blocks:
+            return replica.cache_blocks * (1 if exact else 2)
+        if replica.id in self.learner.estimates:
+            return self.learner.horizon(replica.id)
+        # nothing learned yet: text chunks hold fewer tokens than engine blocks, forgetting early loses hits
+        return DEFAULT_CACHE_BLOCKS * (1 if exact else 2)
 
     def choose(self, request: RouteRequest, snapshot: FleetSnapshot) -> Choice | None:
         eligible = snapshot.eligible(request.excluded)
@@ -53,27 +116,39 @@ class PrefixAware:
         live = {r.id for r in snapshot.replicas}
         for gone in [rid for rid in self.index if rid not in live]:
             del self.index[gone]
+            self.learner.forget(gone)
         candidates = []
         for r in eligible:
-            hit = _matched(self.index.get(r.id, OrderedDict()), request.blocks)
+            index = self.index.get(r.id)
+            hit = index.matched(request.blocks, self._horizon(r, request.exact_keys)) if index is not None else 0
             candidates.append((r, max(0, request.prompt_tokens - hit * request.block_tokens)))
         replica, uncached = cheapest(candidates, self.weights, self.rng, request.prompt_tokens)
         best_possible = min(u for _, u in candidates)
         branch = _branch(uncached, best_possible, request.prompt_tokens)
-        capacity = replica.cache_blocks or DEFAULT_CACHE_BLOCKS
-        if not request.exact_keys:
-            capacity *= 2  # text chunks hold fewer tokens than engine blocks: forgetting too early loses hits
-        self._remember(replica.id, request.blocks, capacity, len(live))
-        return Choice(replica, branch, uncached)
+        horizon = self._horizon(replica, request.exact_keys)
+        index = self.index.get(replica.id)
+        if index is None:
+            index = self.index[replica.id] = _ReplicaIndex()
+        prediction = None
+        if request.blocks:
+            ages, confirmed = index.ages(request.blocks)
+            prediction = Prediction(replica.id, request.blocks, ages, confirmed, request.block_tokens,
+                                    request.prompt_tokens, request.prompt_tokens - uncached)
+        cap = MAX_INDEX_BLOCKS // max(len(live), 1)
+        if replica.cache_blocks:
+            cap, max_age = min(cap, int(horizon)), float("inf")
+        else:
+            max_age = SHADOW * horizon
+        index.remember(request.blocks, cap, max_age)
+        return Choice(replica, branch, uncached, prediction)
 
-    def _remember(self, replica: str, keys: tuple[int, ...], capacity: int, replicas: int) -> None:
-        entries = self.index.setdefault(replica, OrderedDict())
-        for key in keys:
-            entries[key] = None
-            entries.move_to_end(key)
-        cap = min(capacity, MAX_INDEX_BLOCKS // max(replicas, 1))
-        while len(entries) > cap:
-            entries.popitem(last=False)
+    def observe(self, prediction: Prediction, cached_tokens: int) -> None:
+        """A response came back (`router.feedback.report`): its keys are stored there; learn the horizon."""
+        index = self.index.get(prediction.replica)
+        if index is None:
+            return  # the replica is gone
+        index.confirm(prediction.keys)
+        self.learner.observe(prediction, cached_tokens)
 
 
 @register("kvaware")
@@ -88,7 +163,8 @@ class KVAware:
         if index is None or not request.exact_keys:  # no events, or text the router cannot key like the
             # engines (no tokenizer here): the router-side index stands in
             choice = self.fallback.choose(request, snapshot)
-            return Choice(choice.replica, "no_events_" + choice.branch, choice.prefill_tokens) if choice else None
+            return Choice(choice.replica, "no_events_" + choice.branch, choice.prefill_tokens,
+                          choice.prediction) if choice else None
         eligible = snapshot.eligible(request.excluded)
         if not eligible:
             return None
@@ -101,3 +177,7 @@ class KVAware:
         branch = _branch(uncached, best_possible, request.prompt_tokens)
         index.speculate(replica.id, request.blocks, snapshot.now)
         return Choice(replica, branch, uncached)
+
+    def observe(self, prediction: Prediction, cached_tokens: int) -> None:
+        """Responses to requests the router-side index placed (no events, or text keys) teach that index."""
+        self.fallback.observe(prediction, cached_tokens)

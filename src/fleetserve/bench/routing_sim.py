@@ -1,0 +1,267 @@
+"""`fleetserve bench routing` on the simulator: every strategy, both router modes, the whole trace in seconds.
+
+The fleet: `replicas` engines of one performance profile (`h100-8b` by default) whose KV caches are sized so
+that together they hold `cache_fraction` of the trace's distinct engine blocks (running sequences and the
+prefix cache share that memory, as in `sim.replica`). No autoscaling: a fixed fleet, so the figures compare
+routing and nothing else. The trace's arrival times are scaled (`time_scale`) so that roundrobin's work
+(its uncached prefill with per-replica LRU caches, plus decode) keeps the fleet `target_utilization` busy;
+`--time-scale` fixes the factor instead.
+
+Per strategy and router mode (`blind`: no KV events, no capacity hint, no queue in health bodies, text keyed
+by the router's own chunks; `informed`: the engines' KV events, capacity and queues), one `simulate()` run
+with the live policy. Figures:
+
+- `oracle_hit_rate`: one LRU cache of the fleet's total capacity fed the trace in arrival order (engine
+  blocks, prompt tokens found over prompt tokens); `ideal_hit_rate`: the same with an unbounded cache;
+- `hit_rate`: prompt tokens the engines found cached over prompt tokens (the simulator's `hit_rate.total`);
+- `ttft_ms` {p50, p95, p99} from the simulated arrival to the first token (queue + prefill);
+- `load_skew`: max / mean *busy time* per replica (seconds it spent computing steps); `request_skew` is the
+  same over request counts;
+- `hit_vs_oracle`, `ttft_p95_vs_roundrobin` (roundrobin in the same mode).
+
+A strategy that cannot act on the trace is null with its reason (session without session keys; kvaware in
+blind mode, which has no KV events), never another policy's numbers.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from fleetserve.router.policies import registered_policies
+from fleetserve.sim.perf import PerfProfile
+from fleetserve.sim.profiles import resolve
+from fleetserve.sim.run import simulate
+from fleetserve.sim.setup import KNOWLEDGE_MODES, SimOptions
+from fleetserve.sim.workload import SimRequestSpec, build_workload
+from fleetserve.spec.load import load_spec_data
+from fleetserve.traces.load import load_trace
+
+CACHE_AWARE = ("prefixaware", "kvaware", "session")
+TARGETS = {"hit_vs_oracle_min": 0.95, "ttft_p95_vs_roundrobin_max": 0.6, "load_skew_max": 1.15}
+
+
+def endpoint_for(strategy: str, replicas: int):
+    data = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "bench-routing"},
+            "spec": {"model": {"source": "hf:meta-llama/Llama-3.1-8B-Instruct"}, "replicas": replicas,
+                     "routing": {"strategy": strategy}, "capacity": {"localSlots": replicas}}}
+    return load_spec_data(data).endpoint
+
+
+def lru_token_hits(workload: list[SimRequestSpec], block: int, capacity: int | None) -> float:
+    """Prompt tokens found over prompt tokens for one LRU of `capacity` engine blocks (None: unbounded),
+    requests in arrival order; a hit is the leading run of the prompt's blocks the cache holds."""
+    lru: collections.OrderedDict = collections.OrderedDict()
+    found = total = 0
+    for w in workload:
+        n = 0
+        for k in w.engine_keys:
+            if k not in lru:
+                break
+            n += 1
+        found += min(w.prompt, n * block)
+        total += max(1, w.prompt)
+        for k in w.engine_keys:
+            lru[k] = None
+            lru.move_to_end(k)
+        if capacity is not None:
+            while len(lru) > capacity:
+                lru.popitem(last=False)
+    return found / total if total else 0.0
+
+
+def _roundrobin_uncached(workload: list[SimRequestSpec], block: int, capacity: int, replicas: int) -> int:
+    lrus = [collections.OrderedDict() for _ in range(replicas)]
+    uncached = 0
+    for i, w in enumerate(workload):
+        lru = lrus[i % replicas]
+        n = 0
+        for k in w.engine_keys:
+            if k not in lru:
+                break
+            n += 1
+        uncached += w.prompt - min(w.prompt, n * block)
+        for k in w.engine_keys:
+            lru[k] = None
+            lru.move_to_end(k)
+        while len(lru) > capacity:
+            lru.popitem(last=False)
+    return uncached
+
+
+def calibrate(workload: list[SimRequestSpec], prof: PerfProfile, capacity: int, replicas: int,
+              target_utilization: float, seed: int = 0, rounds: int = 2) -> float:
+    """The factor on arrival times that keeps a roundrobin fleet `target_utilization` busy: a first guess
+    from roundrobin's uncached prefill (per-replica LRU caches) and decode, then `rounds` corrections by
+    simulating roundrobin (busy time over the arrival span; utilization is about inversely proportional)."""
+    span = max((w.arrival for w in workload), default=0.0) or 1.0
+    uncached = _roundrobin_uncached(workload, prof.block_size, capacity, replicas)
+    outputs = sum(w.output for w in workload)
+    work = (uncached * prof.prefill_per_token_s + len(workload) * prof.prefill_base_s
+            + outputs * (prof.decode_base_s / 4 + prof.decode_per_seq_s))
+    scale = work / (target_utilization * replicas * span)
+    for _ in range(rounds):
+        scaled = [replace(w, arrival=w.arrival * scale) for w in workload]
+        res = simulate(endpoint_for("roundrobin", replicas), scaled, SimOptions(seed=seed, profile=prof))
+        busy = sum(r.model.busy_s for r in res.fleet.replicas) / replicas
+        utilization = busy / (span * scale)
+        if utilization <= 0:
+            break
+        scale *= utilization / target_utilization
+    return scale
+
+
+def ttft_floor(workload: list[SimRequestSpec], prof: PerfProfile, capacity: int) -> dict:
+    """TTFT percentiles with the oracle's cache (one LRU of `capacity` blocks) and no queueing at all: each
+    request alone on an idle replica. No routing can do better on this trace and profile."""
+    import numpy as np
+
+    lru: collections.OrderedDict = collections.OrderedDict()
+    times = []
+    for w in workload:
+        n = 0
+        for k in w.engine_keys:
+            if k not in lru:
+                break
+            n += 1
+        times.append(prof.prefill_time(w.prompt - min(w.prompt, n * prof.block_size)) * 1000)
+        for k in w.engine_keys:
+            lru[k] = None
+            lru.move_to_end(k)
+        while len(lru) > capacity:
+            lru.popitem(last=False)
+    p50, p95, p99 = np.percentile(times, [50, 95, 99])
+    return {"p50": round(float(p50), 3), "p95": round(float(p95), 3), "p99": round(float(p99), 3)}
+
+
+def cannot_act(strategy: str, mode: str, has_sessions: bool) -> str | None:
+    if strategy == "session" and not has_sessions:
+        return ("the trace has no session keys: session routing would send every request to the least loaded "
+                "replica (leastload's numbers, not session's)")
+    if strategy == "kvaware" and mode == "blind":
+        return ("needs the engines' KV events, which blind mode does not have (it would fall back to "
+                "prefixaware's router-side index: see the prefixaware row)")
+    return None
+
+
+def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None,
+        modes: tuple[str, ...] = KNOWLEDGE_MODES, limit: int | None = None, profile_name: str = "h100-8b",
+        cache_fraction: float = 1 / 3, target_utilization: float = 0.65, time_scale: float | None = None,
+        max_output: int | None = None, seed: int = 0, progress=None) -> dict:
+    started = time.perf_counter()
+    strategies = tuple(strategies or registered_policies())
+    requests = sorted(load_trace(trace, limit), key=lambda r: r.arrival_s)
+    if not requests:
+        raise ValueError(f"--trace {trace}: no requests")
+    if max_output:
+        requests = [replace(r, output_tokens=min(r.output_tokens, max_output)) for r in requests]
+    base = resolve(profile_name)
+    block = base.block_size
+    reference = build_workload(requests, block, informed=True)
+    unique = len({k for w in reference for k in w.engine_keys})
+    biggest = max((w.prompt + w.output + block - 1) // block for w in reference)
+    cap = max(biggest + 1, round(unique * cache_fraction / replicas), 16)
+    prof = replace(base, cache_blocks=cap, name=f"{base.name}-cache{cap}")
+    scale = time_scale if time_scale is not None else calibrate(reference, prof, cap, replicas, target_utilization,
+                                                                seed)
+    if scale != 1.0:
+        requests = [replace(r, arrival_s=r.arrival_s * scale) for r in requests]
+    has_sessions = any(r.session for r in requests)
+    oracle = lru_token_hits(reference, block, cap * replicas)
+    ideal = lru_token_hits(reference, block, None)
+    result = {
+        "benchmark": "routing", "engine": "simulator", "trace": Path(trace).name, "requests": len(requests),
+        "replicas": replicas, "profile": base.name, "block_size": block, "unique_blocks": unique,
+        "cache_blocks_per_replica": cap, "cache_fraction": round(cache_fraction, 4),
+        "time_scale": round(scale, 4), "target_utilization": target_utilization if time_scale is None else None,
+        "trace_span_s": round(requests[-1].arrival_s / scale if scale else 0.0, 3),
+        "oracle_hit_rate": round(oracle, 4), "ideal_hit_rate": round(ideal, 4),
+        "ttft_floor_ms": ttft_floor(reference, prof, cap * replicas),
+        "load_skew_basis": "busy time per replica (max / mean); request_skew: requests per replica",
+        "modes": {},
+    }
+    simulated = 0.0
+    for mode in modes:
+        rows: dict[str, dict] = {}
+        workload = build_workload(requests, block, informed=mode == "informed")
+        for strategy in strategies:
+            reason = cannot_act(strategy, mode, has_sessions)
+            if reason:
+                rows[strategy] = {"hit_rate": None, "reason": reason}
+                continue
+            if progress:
+                progress(f"{mode} {strategy} ...")
+            rows[strategy], span = _one(strategy, mode, workload, replicas, prof, seed)
+            simulated = max(simulated, span)
+        _ratios(rows, oracle)
+        result["modes"][mode] = rows
+    rr = (result["modes"].get("blind") or result["modes"].get("informed") or {}).get("roundrobin") or {}
+    rr_p95 = (rr.get("ttft_ms") or {}).get("p95")
+    result["ttft_floor_ms"]["p95_vs_roundrobin"] = round(result["ttft_floor_ms"]["p95"] / rr_p95, 3) if rr_p95 \
+        else None
+    result["targets"] = targets(result)
+    result["simulated_s"] = round(simulated, 3)
+    result["wall_s"] = round(time.perf_counter() - started, 3)
+    result["note"] = (f"{len(requests)} requests of {Path(trace).name}, arrival times x{scale:.3g}, "
+                      f"{simulated:.0f} s simulated in {result['wall_s']:.1f} s of wall time; ttft_ms: simulated "
+                      "arrival to first token (router queue + engine queue + prefill)")
+    return result
+
+
+def _one(strategy: str, mode: str, workload: list[SimRequestSpec], replicas: int, prof: PerfProfile,
+         seed: int) -> tuple[dict, float]:
+    options = SimOptions(seed=seed, knowledge=mode, profile=prof)
+    res = simulate(endpoint_for(strategy, replicas), workload, options)
+    fleet, report = res.fleet, res.report
+    busy = [r.model.busy_s for r in fleet.replicas]
+    counts = collections.Counter(r.replica.id for r in fleet.requests if r.replica is not None)
+    per = [counts.get(r.id, 0) for r in fleet.replicas]
+    mean_busy = sum(busy) / len(busy) if busy else 0.0
+    mean_req = sum(per) / len(per) if per else 0.0
+    row = {
+        "hit_rate": report["hit_rate"]["total"],
+        "ttft_ms": report["ttft_ms"],
+        "e2e_ms": report["e2e_ms"],
+        "load_skew": round(max(busy) / mean_busy, 3) if mean_busy else None,
+        "request_skew": round(max(per) / mean_req, 3) if mean_req else None,
+        "utilization": round(mean_busy / report["duration_s"], 3) if report["duration_s"] else None,
+        "failed": report["failed"],
+    }
+    learned = getattr(fleet, "feedback_summary", None)
+    if callable(learned):
+        summary = learned()
+        if summary:
+            row["learned"] = summary
+    return row, report["duration_s"]
+
+
+def _ratios(rows: dict[str, dict], oracle: float) -> None:
+    rr = rows.get("roundrobin") or {}
+    rr_p95 = (rr.get("ttft_ms") or {}).get("p95")
+    for row in rows.values():
+        if row.get("hit_rate") is None:
+            continue
+        row["hit_vs_oracle"] = round(row["hit_rate"] / oracle, 3) if oracle else None
+        p95 = row["ttft_ms"]["p95"]
+        row["ttft_p95_vs_roundrobin"] = round(p95 / rr_p95, 3) if rr_p95 and p95 is not None else None
+
+
+def targets(result: dict) -> dict:
+    """The issue's routing targets for the best cache-aware strategy in blind mode (by hit rate)."""
+    rows = (result["modes"].get("blind") or {})
+    aware = {n: r for n, r in rows.items() if n in CACHE_AWARE and r.get("hit_rate") is not None}
+    if not aware or "roundrobin" not in rows:
+        return {"best_cache_aware": None, "met": None, "reason": "no cache-aware strategy and roundrobin in blind mode"}
+    best = max(aware, key=lambda n: aware[n]["hit_rate"])
+    row = aware[best]
+    checks = {
+        "hit_vs_oracle": (row["hit_vs_oracle"], row["hit_vs_oracle"] is not None
+                          and row["hit_vs_oracle"] >= TARGETS["hit_vs_oracle_min"]),
+        "ttft_p95_vs_roundrobin": (row["ttft_p95_vs_roundrobin"], row["ttft_p95_vs_roundrobin"] is not None
+                                   and row["ttft_p95_vs_roundrobin"] <= TARGETS["ttft_p95_vs_roundrobin_max"]),
+        "load_skew": (row["load_skew"], row["load_skew"] is not None and row["load_skew"] <= TARGETS["load_skew_max"]),
+    }
+    return {"best_cache_aware": best, **{k: {"value": v, "met": ok} for k, (v, ok) in checks.items()},
+            "limits": TARGETS, "met": all(ok for _, ok in checks.values())}

@@ -1,0 +1,136 @@
+"""Learning from what engines report back: the cached prompt tokens of each response.
+
+A router in front of engines that publish no KV events and no capacity (vLLM, SGLang without their event
+streams: the `blind` mode) still gets one honest signal per response, `usage.prompt_tokens_details.
+cached_tokens`: how much of the prompt the replica found in its cache. The router-side index of
+`prefixaware` predicted a figure when it chose the replica; the difference says how large the replica's
+cache effectively is (its memory minus what running sequences reserve, in the router's own units).
+
+The estimate, per replica, is a horizon `H` on the *age* of an index entry: the number of new keys the router
+sent to that replica since the entry was last sent there (an LRU engine forgets a block once about its
+capacity of newer blocks arrived). A prediction counts only entries younger than `H`. Each response is
+evidence:
+
+    the engine found key i (a hit) and key i was `a` old   ->  capacity > a  : if a >= H, raise H
+    the engine missed key i that the router had sent there,
+    confirmed stored by an earlier response, `a` old      ->  capacity <= a : if a <  H, lower H
+
+Each piece of evidence moves `H` by a fixed fraction (`rate`) in its direction: a sign-based tracker that
+settles where raising and lowering evidence balance, which is where the engine's own eviction horizon is.
+A key counts as stored only after a response for a request that carried it came back (`confirm`), so
+misses of requests that raced an in-flight prefill are not mistaken for evictions. The ratio of reported
+to predicted cached tokens is kept per replica as a plain figure for people (`summary`).
+
+Entries older than the horizon are not deleted at once: the index keeps up to `shadow` x `H` of history, so
+hits beyond the current horizon can still be seen (and `H` raised). A predicted hit the engine reported as a
+miss lowers `H` below that entry's age, which takes it, and every older entry, out of the predictions.
+
+The gateway and the simulator feed it the same way, through `report(policy, choice, cached_tokens)`; the
+policy carries the prediction it made in `Choice.prediction`, so nothing is kept per request here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a router-side index predicted for one routed request (carried in `Choice.prediction`)."""
+
+    replica: str
+    keys: tuple[int, ...]  # the router's prefix keys of the request, in prompt order
+    ages: tuple[int, ...]  # per key, its age on `replica` at decision time; -1: not in the index
+    confirmed: tuple[bool, ...]  # per key, whether a response already showed it stored there
+    block_tokens: int  # tokens per router key (an estimate for text chunks)
+    prompt_tokens: int
+    predicted_tokens: int  # prompt tokens the router expected the replica to find cached
+
+
+@dataclass
+class ReplicaEstimate:
+    horizon: float
+    observations: int = 0
+    raised: int = 0
+    lowered: int = 0
+    predicted_tokens: int = 0
+    reported_tokens: int = 0
+
+
+@dataclass
+class CapacityLearner:
+    """Per replica: the learned horizon (in router keys), from predictions and reported cached tokens."""
+
+    initial: int = 4096  # horizon before any evidence (router keys)
+    floor: int = 16
+    ceiling: int = 1_000_000
+    rate: float = 0.05  # fraction of H one piece of evidence moves it
+    estimates: dict[str, ReplicaEstimate] = field(default_factory=dict)
+
+    def horizon(self, replica: str) -> int:
+        est = self.estimates.get(replica)
+        return int(est.horizon) if est is not None else self.initial
+
+    def forget(self, replica: str) -> None:
+        self.estimates.pop(replica, None)
+
+    def observe(self, prediction: Prediction, cached_tokens: int) -> str:
+        """Apply one response's evidence; returns what it did: "raised", "lowered" or "kept"."""
+        est = self.estimates.get(prediction.replica)
+        if est is None:
+            est = self.estimates[prediction.replica] = ReplicaEstimate(float(self.initial))
+        est.observations += 1
+        est.predicted_tokens += prediction.predicted_tokens
+        est.reported_tokens += cached_tokens
+        keys, ages = prediction.keys, prediction.ages
+        found = min(len(keys), max(0, cached_tokens) // max(prediction.block_tokens, 1))
+        h = est.horizon
+        action = "kept"
+        if found:
+            oldest_hit = max(ages[:found])  # ages grow along a prefix; max() is robust to a re-sent block
+            if oldest_hit >= h:
+                est.horizon = min(self.ceiling, max(h * (1 + self.rate), oldest_hit + 1.0))
+                est.raised += 1
+                action = "raised"
+        if action == "kept" and found < len(keys):
+            age = ages[found]
+            if prediction.confirmed[found] and 0 <= age < h:
+                est.horizon = max(self.floor, min(h * (1 - self.rate), max(age, self.floor)))
+                est.lowered += 1
+                action = "lowered"
+        return action
+
+    def summary(self) -> dict[str, dict]:
+        return {rid: {"horizon": int(e.horizon), "observations": e.observations, "raised": e.raised,
+                      "lowered": e.lowered,
+                      "reported_vs_predicted": round(e.reported_tokens / e.predicted_tokens, 3)
+                      if e.predicted_tokens else None}
+                for rid, e in sorted(self.estimates.items())}
+
+
+def cached_tokens(usage: Mapping[str, Any] | None) -> int | None:
+    """`usage.prompt_tokens_details.cached_tokens` of an OpenAI-shaped response (None when absent)."""
+    if not isinstance(usage, Mapping):
+        return None
+    details = usage.get("prompt_tokens_details")
+    if not isinstance(details, Mapping):
+        return None
+    value = details.get("cached_tokens")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        return None
+    return int(value)
+
+
+def report(policy: Any, choice: Any, cached: int | None) -> bool:
+    """Feed one response's cached prompt tokens to the policy that made `choice` (gateway and simulator).
+
+    Returns whether the policy learned from it: policies without `observe`, choices without a prediction
+    (load-only policies, kvaware on engine events) and responses without `cached_tokens` are ignored."""
+    observe = getattr(policy, "observe", None)
+    prediction = getattr(choice, "prediction", None)
+    if observe is None or prediction is None or cached is None:
+        return False
+    observe(prediction, cached)
+    return True

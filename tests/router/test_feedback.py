@@ -1,0 +1,131 @@
+"""Learning from the engines' reported cached tokens (router.feedback) and its use by prefixaware."""
+
+import random
+from collections import OrderedDict
+
+from fleetserve.kvcache.blocks import chain_keys
+from fleetserve.router import feedback
+from fleetserve.router.feedback import CapacityLearner, Prediction, cached_tokens
+from fleetserve.router.policies import FleetSnapshot, ReplicaView, RouteRequest, create_policy
+
+
+def R(rid, **kw):
+    return ReplicaView(rid, f"http://{rid}", **kw)
+
+
+def req(tokens, block=16):
+    return RouteRequest("/v1/completions", blocks=tuple(chain_keys(list(tokens), block)), block_tokens=block,
+                        prompt_tokens=len(tokens))
+
+
+def test_cached_tokens_reads_openai_usage_and_nothing_else():
+    assert cached_tokens({"prompt_tokens": 90, "prompt_tokens_details": {"cached_tokens": 64}}) == 64
+    assert cached_tokens({"prompt_tokens": 90}) is None
+    assert cached_tokens({"prompt_tokens_details": {"cached_tokens": True}}) is None
+    assert cached_tokens({"prompt_tokens_details": {"cached_tokens": -1}}) is None
+    assert cached_tokens(None) is None
+
+
+def pred(ages, confirmed=None, block=16, replica="a"):
+    keys = tuple(range(len(ages)))
+    confirmed = tuple(confirmed if confirmed is not None else [a >= 0 for a in ages])
+    return Prediction(replica, keys, tuple(ages), confirmed, block, block * len(ages), 0)
+
+
+def test_learner_raises_on_hits_past_the_horizon_and_lowers_on_confirmed_misses_within_it():
+    learner = CapacityLearner(initial=100, rate=0.1)
+    assert learner.observe(pred([150, 160, 170]), cached_tokens=3 * 16) == "raised"
+    assert learner.horizon("a") >= 171  # the engine still had a block 170 keys old
+    assert learner.observe(pred([10, 20, 30]), cached_tokens=3 * 16) == "kept"  # hits inside: no news
+    h = learner.horizon("a")
+    assert learner.observe(pred([40, 50, 60]), cached_tokens=16) == "lowered"  # key 2 (age 50) was gone
+    assert learner.horizon("a") < h
+    h = learner.horizon("a")
+    # a miss of a key no response has confirmed yet (an in-flight prefill raced it) is no evidence
+    assert learner.observe(pred([5, 6], confirmed=[True, False]), cached_tokens=16) == "kept"
+    assert learner.observe(pred([-1, -1]), cached_tokens=0) == "kept"  # never sent there: no evidence
+    assert learner.horizon("a") == h
+    summary = learner.summary()["a"]
+    assert summary["observations"] == 5 and summary["raised"] == 1 and summary["lowered"] == 1
+
+
+def test_report_ignores_what_it_cannot_learn_from():
+    policy = create_policy("prefixaware")
+    choice = policy.choose(req(range(64)), FleetSnapshot((R("a"), R("b"))))
+    assert choice.prediction is not None and choice.prediction.replica == choice.replica.id
+    assert not feedback.report(policy, choice, None)  # the engine did not say
+    assert not feedback.report(create_policy("leastload"), choice, 0)  # a policy that does not learn
+    assert feedback.report(policy, choice, 0)
+
+
+class EngineLRU:
+    """A stand-in engine: an LRU of block keys with a fixed capacity; reports cached tokens like vLLM."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.lru = OrderedDict()
+
+    def serve(self, request):
+        n = 0
+        for key in request.blocks:
+            if key not in self.lru:
+                break
+            n += 1
+        for key in request.blocks:
+            self.lru[key] = None
+            self.lru.move_to_end(key)
+        while len(self.lru) > self.capacity:
+            self.lru.popitem(last=False)
+        return n * request.block_tokens
+
+
+def drive(policy, engines, learn, requests=1500, seed=3):
+    """Route a reuse-heavy trace over engines the router cannot see; count predictions that came true."""
+    rng = random.Random(seed)
+    docs = [[rng.randrange(10**9) for _ in range(16 * 12)] for _ in range(60)]
+    snapshot = FleetSnapshot(tuple(R(rid) for rid in engines))  # blind: no cache_blocks, no queue
+    right = 0
+    for _ in range(requests):
+        doc = docs[rng.randrange(len(docs))]
+        request = req(doc + [rng.randrange(10**9) for _ in range(16)])
+        choice = policy.choose(request, snapshot)
+        cached = engines[choice.replica.id].serve(request)
+        right += cached == request.prompt_tokens - choice.prefill_tokens
+        if learn:
+            feedback.report(policy, choice, cached)
+    return right / requests
+
+
+def test_prefixaware_learns_a_small_engine_cache_from_reported_hits():
+    engines = {rid: EngineLRU(200) for rid in ("a", "b")}
+    learning = create_policy("prefixaware")
+    accuracy = drive(learning, engines, learn=True)
+    horizons = {rid: learning.learner.horizon(rid) for rid in engines}
+    assert all(50 <= h <= 400 for h in horizons.values()), horizons  # from 4096 (the default) to about 200
+    blind = drive(create_policy("prefixaware"), {rid: EngineLRU(200) for rid in ("a", "b")}, learn=False)
+    assert accuracy > blind + 0.1  # its predictions come true far more often than the unlearned index's
+
+
+def test_prefixaware_learns_a_large_engine_cache_too():
+    engines = {rid: EngineLRU(20_000) for rid in ("a", "b")}
+    learning = create_policy("prefixaware")
+    # start from a small guess: hits past it must raise it
+    learning.learner.initial = 64
+    drive(learning, engines, learn=True, requests=800)
+    assert all(learning.learner.horizon(rid) > 64 * 4 for rid in engines)
+
+
+def test_stated_capacity_wins_over_learning():
+    policy = create_policy("prefixaware")
+    snapshot = FleetSnapshot((R("a", cache_blocks=50), R("b", cache_blocks=50)))
+    choice = policy.choose(req(range(16 * 8)), snapshot)
+    feedback.report(policy, choice, 0)
+    assert policy._horizon(snapshot.replicas[0], True) == 50
+
+
+def test_kvaware_without_events_passes_feedback_to_its_router_side_index():
+    policy = create_policy("kvaware")
+    choice = policy.choose(req(range(64)), FleetSnapshot((R("a"), R("b"))))
+    assert choice.branch.startswith("no_events_") and choice.prediction is not None
+    assert feedback.report(policy, choice, 0)
+    assert policy.fallback.learner.summary()[choice.replica.id]["observations"] == 1
