@@ -1,0 +1,1 @@
+"""Kubernetes: `render(endpoint) -> objects` (pure, shared with the operator), by object family."""

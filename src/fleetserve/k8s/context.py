@@ -1,0 +1,145 @@
+"""What every object family reads: the endpoint, render options, names, and the shared policy objects.
+
+The policy objects are built once, by the same code the live fleet and the simulator use:
+`tiers_from_spec` (placement), `ScalingPolicy.from_spec` (autoscaling) and the consolidation policy, so a
+rendered NodePool or ScaledObject says what the live controller does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fleetserve.autoscale.policy import ScalingPolicy
+from fleetserve.autoscale.schedule import Cron
+from fleetserve.capacity.catalog import Catalog
+from fleetserve.capacity.consolidation import Budget, ConsolidationPolicy
+from fleetserve.capacity.placement import Tier, tiers_from_spec
+from fleetserve.k8s.labels import dns_name, labels, selector
+from fleetserve.spec.endpoint import Endpoint
+
+ENGINE_PORT = 8000
+ROUTER_PORT = 8080
+REDIS_PORT = 6379
+INTERNAL_TOKEN_DIR = "/var/run/fleetserve/internal"
+MODELS_DIR = "/models"
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Cluster facts the spec does not hold; every one has a CLI flag."""
+
+    image: str = "ghcr.io/fleetserve/fleetserve:0.1.0"
+    vllm_image: str = "lmcache/vllm-openai:v0.3.7"
+    sglang_image: str = "lmsysorg/sglang:v0.5.4"
+    redis_image: str = "redis:7.4-alpine"
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc.cluster.local:9090"
+    node_class: str = "default"
+    node_class_group: str = "karpenter.k8s.aws"
+    node_class_kind: str = "EC2NodeClass"
+    zones: tuple[str, ...] = ()
+    router_replicas: int = 2
+    service_account: str | None = None
+    model_pvc: str | None = None  # claim holding local-path models (FSx, NFS); default <name>-model
+    drain_seconds: int = 120  # how long a terminating engine may finish its in-flight requests
+    prestop_seconds: int = 10  # endpoints and router health probes notice the pod is going
+    kubernetes_version: str = "1.33"
+
+
+@dataclass(frozen=True)
+class Context:
+    endpoint: Endpoint
+    options: RenderOptions
+    tiers: tuple[Tier, ...]
+    policy: ScalingPolicy | None
+    consolidation: ConsolidationPolicy
+    catalog: Catalog = field(repr=False, default_factory=Catalog.builtin)
+
+    @classmethod
+    def build(cls, endpoint: Endpoint, options: RenderOptions) -> Context:
+        spec = endpoint.spec
+        catalog = Catalog.builtin()
+        capacity_types = tuple(c for c in ("spot", "on-demand") if c in spec.capacity.capacity_types)
+        tiers = tuple(tiers_from_spec(spec.placement, catalog, capacity_types))
+        scaling = spec.autoscaling
+        policy = ScalingPolicy.from_spec(scaling) if scaling is not None and scaling.enabled else None
+        return cls(endpoint, options, tiers, policy, consolidation_policy(spec), catalog)
+
+    # --- names ---------------------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.endpoint.metadata.name
+
+    @property
+    def namespace(self) -> str:
+        return self.endpoint.metadata.namespace
+
+    @property
+    def placed(self) -> bool:
+        """True when the spec names instance types or node affinity (else: no node constraints, no NodePool)."""
+        p = self.endpoint.spec.placement
+        return bool(p.instance_types or p.node_affinity)
+
+    def engine_name(self, tier: int) -> str:
+        return dns_name(self.name, "engine") if len(self.tiers) == 1 else dns_name(self.name, "engine", f"t{tier}")
+
+    @property
+    def engine_service(self) -> str:
+        return dns_name(self.name, "engine")
+
+    @property
+    def router_name(self) -> str:
+        return dns_name(self.name, "router")
+
+    @property
+    def redis_name(self) -> str:
+        return dns_name(self.name, "redis")
+
+    @property
+    def internal_secret(self) -> str:
+        return dns_name(self.name, "internal")
+
+    @property
+    def api_keys_secret(self) -> str:
+        return dns_name(self.name, "api-keys")
+
+    @property
+    def tls_secret(self) -> str:
+        return dns_name(self.name, "tls")
+
+    @property
+    def model_claim(self) -> str:
+        return self.options.model_pvc or dns_name(self.name, "model")
+
+    def host(self, service: str) -> str:
+        return f"{service}.{self.namespace}.svc.cluster.local"
+
+    def labels(self, component: str, **extra: str) -> dict[str, str]:
+        return labels(self.name, component, self.endpoint.metadata.labels, **extra)
+
+    def selector(self, component: str, **extra: str) -> dict[str, str]:
+        return selector(self.name, component, **extra)
+
+    def meta(self, name: str, component: str, namespaced: bool = True, **extra: str) -> dict:
+        out: dict = {"name": name}
+        if namespaced:
+            out["namespace"] = self.namespace
+        out["labels"] = self.labels(component, **extra)
+        return out
+
+
+def consolidation_policy(spec) -> ConsolidationPolicy:
+    """The spec's consolidation section as the policy object the fleet and the simulator build.
+
+    (fleet/capacity.py and sim/setup.py build it the same way inline; a `ConsolidationPolicy.from_spec`
+    in capacity/consolidation.py would let all three share one line.)
+    """
+    c = spec.capacity.consolidation
+    return ConsolidationPolicy(
+        c.policy, c.consolidate_after,
+        tuple(Budget(b.nodes, Cron.parse(b.schedule) if b.schedule else None, b.duration_seconds, b.timezone)
+              for b in c.budgets))
+
+
+def num(value: float) -> str:
+    """A number as KEDA wants trigger metadata: a string, without a needless `.0`."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"

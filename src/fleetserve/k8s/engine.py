@@ -1,0 +1,233 @@
+"""Engine Deployments (one per placement tier) and the engine Service.
+
+- Tiers come from `capacity.placement.tiers_from_spec`, the same tiers the local fleet and the simulator
+  place on. Each tier's Deployment requires its instance types and capacity types (node affinity); tier 0
+  carries the endpoint's replicas and autoscaling, later tiers start at 0 and take the overflow (keda.py).
+- Engines: the built-in one (`fleetserve engine`), vLLM and SGLang; GPU engine command lines come from
+  `engine.adapters` (LMCache environment for the L1/L2 tiers), never written here.
+- The model: a local path is read from a PersistentVolumeClaim (an FSx or NFS volume, read-only); any other
+  source (s3://, hf:, builtin:, catalog:) is fetched by an init container running `fleetserve model
+  prepare` into an emptyDir, which the engine reads as /models/current.
+- Probes: startup allows `engine.startupTimeoutSeconds` (the model load), readiness takes a pod out after 2
+  failed probes like the router does, liveness restarts a hung engine.
+- Graceful termination drains: preStop waits until the endpoints and the router's health probes have
+  moved traffic away, then SIGTERM lets in-flight requests finish within the grace period.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import PurePosixPath
+
+from fleetserve.engine.adapters import launch_for
+from fleetserve.k8s.context import ENGINE_PORT, INTERNAL_TOKEN_DIR, MODELS_DIR, Context
+from fleetserve.k8s.labels import TIER_LABEL
+from fleetserve.k8s.redis import engine_l2
+
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
+GPU = "nvidia.com/gpu"
+
+
+def engine_port(ctx: Context) -> int:
+    return ctx.endpoint.spec.engine.port or ENGINE_PORT
+
+
+def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str]:
+    """(init containers, volumes, engine mounts, model path inside the engine container)."""
+    model = ctx.endpoint.spec.model
+    source = model.source
+    if not source.startswith(("s3://", "hf:", "builtin:", "catalog:")):
+        path = PurePosixPath(source)
+        if path.is_absolute():
+            parts = path.parts
+            root = "/opt/ml/model" if source.startswith("/opt/ml/model") else "/".join(parts[:2])
+            model_path = source
+        else:
+            root, model_path = f"{MODELS_DIR}/volume", f"{MODELS_DIR}/volume/{path}"
+        volumes = [{"name": "model", "persistentVolumeClaim": {"claimName": ctx.model_claim, "readOnly": True}}]
+        return [], volumes, [{"name": "model", "mountPath": root, "readOnly": True}], model_path
+    args = ["sh", "-c", f'set -e; ln -sfn "$(fleetserve model prepare "$@")" {MODELS_DIR}/current', "fetch", source]
+    if model.revision:
+        args += ["--revision", model.revision]
+    if model.s3_region:
+        args += ["--region", model.s3_region]
+    init = {
+        "name": "fetch-model",
+        "image": ctx.options.image,
+        "command": args[:3],
+        "args": args[3:],
+        "env": [{"name": "FLEETSERVE_HOME", "value": f"{MODELS_DIR}/cache"}],
+        "volumeMounts": [{"name": "model", "mountPath": MODELS_DIR}],
+    }
+    volumes = [{"name": "model", "emptyDir": {}}]
+    return [init], volumes, [{"name": "model", "mountPath": MODELS_DIR}], f"{MODELS_DIR}/current"
+
+
+def _builtin_args(ctx: Context, model_path: str, instance_type: str, l2_url: str | None,
+                  tenant_urls: dict[str, str]) -> list[str]:
+    spec, meta = ctx.endpoint.spec, ctx.endpoint.metadata
+    limits = spec.request_limits
+    args = ["engine", "--model", model_path, "--host", "0.0.0.0", "--port", str(engine_port(ctx)),
+            "--served-model-name", ctx.endpoint.served_model_name, "--model-version", spec.model.version,
+            "--namespace", meta.namespace, "--instance-type", instance_type, "--replica", "$(POD_NAME)",
+            "--dtype", spec.model.dtype]
+    if spec.engine.threads:
+        args += ["--threads", str(spec.engine.threads)]
+    if spec.model.context_length:
+        args += ["--context-length", str(spec.model.context_length)]
+    kv = spec.kv_cache
+    args += ["--block-size", str(kv.block_size)]
+    if kv.l1.enabled:
+        args += ["--l1-bytes", str(kv.l1.max_bytes)]
+    if l2_url:
+        args += ["--l2-url", l2_url]
+    for tenant, url in tenant_urls.items():
+        args += ["--l2-tenant", f"{tenant}={url}"]
+    args += ["--internal-token-file", f"{INTERNAL_TOKEN_DIR}/token",
+             "--max-body-bytes", str(limits.max_body_bytes), "--max-header-bytes", str(limits.max_header_bytes)]
+    return args + list(spec.engine.args)
+
+
+def _probes(ctx: Context) -> dict:
+    engine = ctx.endpoint.spec.engine
+    get = {"path": engine.health_path, "port": "http"}
+    period = 10
+    return {
+        "startupProbe": {"httpGet": get, "periodSeconds": period, "timeoutSeconds": 5,
+                         "failureThreshold": max(1, math.ceil(engine.startup_timeout_seconds / period))},
+        "readinessProbe": {"httpGet": get, "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 2},
+        "livenessProbe": {"httpGet": get, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+    }
+
+
+def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> dict:
+    spec = ctx.endpoint.spec
+    kind = spec.engine.kind
+    types = ctx.tiers[tier].instance_types
+    instance_type = types[0] if len(types) == 1 and types[0] != "local" else "kubernetes"
+    l2_url, tenant_urls, secret_env = engine_l2(ctx)
+    env: list[dict] = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    env += secret_env  # before any value that expands $(REDIS_PASSWORD...)
+    if kind == "builtin":
+        image = spec.engine.image or ctx.options.image
+        command, args = ["fleetserve"], _builtin_args(ctx, model_path, instance_type, l2_url, tenant_urls)
+        extra_env = dict(spec.engine.env)
+        metrics_path = "/metrics"
+    else:
+        served = spec.model.model_copy(update={"name": ctx.endpoint.served_model_name})
+        launch = launch_for(spec.model_copy(update={"model": served}), model_path, engine_port(ctx), l2_url=l2_url)
+        image = spec.engine.image or (ctx.options.vllm_image if kind == "vllm" else ctx.options.sglang_image)
+        command, args = launch.argv[:1], launch.argv[1:]
+        extra_env = launch.env
+        metrics_path = launch.metrics_path
+    env += [{"name": k, "value": v} for k, v in sorted(extra_env.items())]
+    container = {
+        "name": "engine",
+        "image": image,
+        "command": command,
+        "args": args,
+        "ports": [{"name": "http", "containerPort": engine_port(ctx), "protocol": "TCP"}],
+        "env": env,
+        "volumeMounts": list(mounts),
+        **_probes(ctx),
+        "lifecycle": {"preStop": {"sleep": {"seconds": ctx.options.prestop_seconds}}},
+    }
+    if kind == "builtin":
+        container["env"].append({"name": "FLEETSERVE_HOME", "value": f"{MODELS_DIR}/cache"})
+        container["volumeMounts"].append({"name": "internal-token", "mountPath": INTERNAL_TOKEN_DIR,
+                                          "readOnly": True})
+    else:
+        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+    if spec.engine.gpus:
+        container["resources"] = {"limits": {GPU: str(spec.engine.gpus)}, "requests": {GPU: str(spec.engine.gpus)}}
+    container["__metrics_path"] = metrics_path
+    return container
+
+
+def _affinity(ctx: Context, tier: int) -> dict | None:
+    if not ctx.placed:
+        return None
+    t = ctx.tiers[tier]
+    exprs = [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": list(t.instance_types)},
+             {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": list(t.capacity_types)}]
+    if ctx.options.zones:
+        exprs.append({"key": "topology.kubernetes.io/zone", "operator": "In", "values": list(ctx.options.zones)})
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": exprs}]}}}
+
+
+def tier_replicas(ctx: Context, tier: int) -> int:
+    return ctx.endpoint.spec.replicas if tier == 0 else 0
+
+
+def engine_deployment(ctx: Context, tier: int) -> dict:
+    spec = ctx.endpoint.spec
+    inits, volumes, mounts, model_path = _model_volume(ctx)
+    container = _container(ctx, tier, model_path, mounts)
+    metrics_path = container.pop("__metrics_path")
+    volumes = list(volumes)
+    if spec.engine.kind == "builtin":
+        volumes.append({"name": "internal-token", "secret": {"secretName": ctx.internal_secret,
+                                                            "items": [{"key": "token", "path": "token"}]}})
+    else:
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+    extra = {TIER_LABEL: str(tier)}
+    pod_spec: dict = {}
+    if ctx.options.service_account:
+        pod_spec["serviceAccountName"] = ctx.options.service_account
+    affinity = _affinity(ctx, tier)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    if spec.engine.gpus:
+        pod_spec["tolerations"] = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
+    if inits:
+        pod_spec["initContainers"] = inits
+    pod_spec.update({
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": ctx.options.prestop_seconds + ctx.options.drain_seconds,
+    })
+    annotations = {"fleetserve.io/metrics-path": metrics_path, "fleetserve.io/model-source": spec.model.source}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {**ctx.meta(ctx.engine_name(tier), "engine", **extra), "annotations": annotations},
+        "spec": {
+            "replicas": tier_replicas(ctx, tier),
+            "selector": {"matchLabels": ctx.selector("engine", **extra)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {"labels": ctx.labels("engine", **extra),
+                             "annotations": {"fleetserve.io/model-version": spec.model.version}},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def engine_service(ctx: Context) -> dict:
+    """One Service over every tier's pods: the router's backend and the metrics scrape target."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": ctx.meta(ctx.engine_service, "engine"),
+        "spec": {
+            "selector": ctx.selector("engine"),
+            "ports": [{"name": "http", "port": engine_port(ctx), "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def engine_objects(ctx: Context, warn) -> list[dict]:
+    spec = ctx.endpoint.spec
+    if spec.engine.kind == "external":
+        warn("spec.engine.kind", "'external' engines run outside the cluster: no engine Deployment is rendered; "
+                                 "the router forwards to spec.engine.urls")
+        return []
+    if spec.engine.kind != "builtin" and not spec.engine.gpus:
+        warn("spec.engine.gpus", f"0 GPUs for a {spec.engine.kind} engine: the pod requests no nvidia.com/gpu")
+    if spec.kv_cache.l2.tenant_urls and spec.engine.kind != "builtin":
+        warn("spec.kvCache.l2.tenantUrls", f"a Redis per tenant is a built-in engine feature; {spec.engine.kind} "
+                                           "engines share the one L2")
+    return [engine_deployment(ctx, i) for i in range(len(ctx.tiers))] + [engine_service(ctx)]

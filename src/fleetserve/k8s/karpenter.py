@@ -1,0 +1,128 @@
+"""Karpenter NodePools, one per placement tier, weighted by the priority list.
+
+Karpenter tries NodePools by descending `weight`; tier 0 gets the highest. Each pool requires its tier's
+instance types (`node.kubernetes.io/instance-type`, EC2 names: HyperPod's `ml.` prefix is dropped as
+`Catalog.canonical` does) and capacity types; zones come from `--zone` or the spec's nodeAffinity terms.
+Disruption comes from the same `ConsolidationPolicy` the local fleet and the simulator consolidate with:
+consolidationPolicy, consolidateAfter, budgets (a budget's cron window is written in UTC, the only zone
+Karpenter knows; a zone with DST shifts the window by an hour for part of the year, and a warning says so).
+Limits: GPUs (or vCPUs) for the autoscaling maximum of replicas on the tier's largest type.
+NodePools are cluster-scoped, so their names carry the namespace.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
+from fleetserve.capacity.consolidation import Budget
+from fleetserve.k8s.context import Context
+from fleetserve.k8s.engine import CAPACITY_TYPE_LABEL, GPU, INSTANCE_TYPE_LABEL
+from fleetserve.k8s.labels import TIER_LABEL, dns_name
+
+ZONE_LABEL = "topology.kubernetes.io/zone"
+REFERENCE_DAY = datetime(2026, 1, 15, 12, tzinfo=UTC)  # a fixed instant: output must not depend on today
+
+
+def weight(tier: int, tiers: int) -> int:
+    step = max(1, min(10, 99 // max(tiers - 1, 1)))
+    return max(1, 100 - tier * step)
+
+
+def nodepool_name(ctx: Context, tier: int) -> str:
+    return dns_name(ctx.namespace, ctx.name, f"t{tier}")
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h" if s and s % 3600 == 0 else f"{s // 60}m" if s and s % 60 == 0 else f"{s}s"
+
+
+def _utc_cron(budget: Budget, index: int, warn) -> str:
+    cron = budget.schedule
+    assert cron is not None
+    if budget.timezone == "UTC":
+        return cron.text
+    offset = ZoneInfo(budget.timezone).utcoffset(REFERENCE_DAY.replace(tzinfo=None))
+    minutes = int(offset.total_seconds() // 60)
+    if len(cron.minutes) != 1 or len(cron.hours) != 1:
+        warn(f"spec.capacity.consolidation.budgets[{index}].timezone",
+             f"Karpenter schedules are UTC; {cron.text!r} cannot be shifted from {budget.timezone}, used as UTC")
+        return cron.text
+    total = next(iter(cron.hours)) * 60 + next(iter(cron.minutes)) - minutes
+    if not 0 <= total < 24 * 60:
+        warn(f"spec.capacity.consolidation.budgets[{index}].timezone",
+             f"{cron.text!r} in {budget.timezone} falls on another UTC day; used as UTC")
+        return cron.text
+    fields = cron.text.split()
+    if ZoneInfo(budget.timezone).utcoffset(datetime(2026, 7, 15)) != offset:
+        warn(f"spec.capacity.consolidation.budgets[{index}].timezone",
+             f"{budget.timezone} has daylight saving time; the UTC schedule is off by an hour half the year")
+    return " ".join([str(total % 60), str(total // 60)] + fields[2:])
+
+
+def _requirements(ctx: Context, tier: int) -> list[dict]:
+    t = ctx.tiers[tier]
+    reqs = [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": sorted(t.instance_types)},
+            {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": sorted(t.capacity_types)}]
+    zones = list(ctx.options.zones)
+    affinity = ctx.endpoint.spec.placement.node_affinity or {}
+    required = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    if len(required) == 1:  # extra keys (zones, custom labels) carry over when the terms are not alternatives
+        for expr in required[0].get("matchExpressions", []):
+            if expr.get("key") not in (INSTANCE_TYPE_LABEL, CAPACITY_TYPE_LABEL):
+                if expr.get("key") == ZONE_LABEL and zones:
+                    continue
+                reqs.append({k: expr[k] for k in ("key", "operator", "values") if k in expr})
+    if zones:
+        reqs.append({"key": ZONE_LABEL, "operator": "In", "values": sorted(zones)})
+    return reqs
+
+
+def _limits(ctx: Context, tier: int) -> dict | None:
+    spec = ctx.endpoint.spec
+    most = ctx.policy.max_replicas if ctx.policy is not None else max(spec.replicas, 1)
+    if spec.engine.gpus:
+        return {GPU: str(most * spec.engine.gpus)}
+    known = [ctx.catalog.get(n) for n in ctx.tiers[tier].instance_types if n in ctx.catalog]
+    if not known:
+        return None
+    return {"cpu": str(most * max(t.vcpu for t in known))}
+
+
+def nodepool(ctx: Context, tier: int, warn) -> dict:
+    c = ctx.consolidation
+    budgets = []
+    for i, b in enumerate(c.budgets):
+        entry: dict = {"nodes": b.nodes}
+        if b.schedule is not None:
+            entry["schedule"] = _utc_cron(b, i, warn)
+            entry["duration"] = _duration(b.duration)
+        budgets.append(entry)
+    template_spec: dict = {
+        "nodeClassRef": {"group": ctx.options.node_class_group, "kind": ctx.options.node_class_kind,
+                         "name": ctx.options.node_class},
+        "requirements": _requirements(ctx, tier),
+    }
+    if ctx.endpoint.spec.engine.gpus:
+        template_spec["taints"] = [{"key": GPU, "value": "true", "effect": "NoSchedule"}]
+    spec: dict = {
+        "weight": weight(tier, len(ctx.tiers)),
+        "template": {"metadata": {"labels": {"fleetserve.io/endpoint": f"{ctx.namespace}.{ctx.name}",
+                                             TIER_LABEL: str(tier)}},
+                     "spec": template_spec},
+        "disruption": {"consolidationPolicy": c.policy, "consolidateAfter": _duration(c.consolidate_after),
+                       "budgets": budgets},
+    }
+    limits = _limits(ctx, tier)
+    if limits:
+        spec["limits"] = limits
+    return {"apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+            "metadata": ctx.meta(nodepool_name(ctx, tier), "nodepool", namespaced=False, **{TIER_LABEL: str(tier)}),
+            "spec": spec}
+
+
+def karpenter_objects(ctx: Context, warn) -> list[dict]:
+    if not ctx.placed or ctx.endpoint.spec.engine.kind == "external":
+        return []
+    return [nodepool(ctx, i, warn) for i in range(len(ctx.tiers))]

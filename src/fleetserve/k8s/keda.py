@@ -1,0 +1,181 @@
+"""KEDA ScaledObjects from the live controller's `ScalingPolicy` (autoscale/policy.py), field by field.
+
+- min_replicas / max_replicas -> spec.minReplicaCount / maxReplicaCount;
+- polling_interval, cooldown, initial_cooldown -> pollingInterval, cooldownPeriod, initialCooldownPeriod;
+- up_window / down_window -> advanced.horizontalPodAutoscalerConfig.behavior.scaleUp/scaleDown
+  .stabilizationWindowSeconds; up_policies / down_policies -> behavior.*.policies (Percent/Pods per
+  periodSeconds) with selectPolicy Max (the policy allowing the larger change, as `_rate_limit` does);
+- triggers[i] (metric, target, activation_target) -> triggers[i]: prometheus, threshold,
+  activationThreshold, metricType (AverageValue for totals, Value for latencies: `Trigger.kind`);
+- fallback_threshold / fallback_replicas -> fallback.failureThreshold / replicas;
+- schedule windows (cron, zone, floor) + schedule_lead -> cron triggers: start (moved earlier by the
+  lead), end, timezone, desiredReplicas;
+- requests pending at zero activate -> a prometheus trigger on fleetserve_router_pending_requests with
+  activationThreshold 0.
+
+The built-in metrics are read from the router, as the live controller reads the router's /admin/load:
+concurrency = requests in flight at the engines + held at the router; queue_depth = engines' waiting +
+held; request_rate = answered requests per second; ttft_p95 = the router's time to first byte, p95 over 1 m.
+Later placement tiers get an overflow ScaledObject: they scale on the earlier tier's pods that stay
+unschedulable for the placement's unavailable-offering TTL (the fall-through of capacity/placement.py).
+"""
+
+from __future__ import annotations
+
+from fleetserve.autoscale.policy import RatePolicy, ScalingPolicy
+from fleetserve.autoscale.schedule import Cron
+from fleetserve.k8s.context import Context, num
+from fleetserve.k8s.labels import TIER_LABEL
+
+PENDING_METRIC = "fleetserve_router_pending_requests"
+
+
+def _router_sel(ctx: Context) -> str:
+    return f'namespace="{ctx.namespace}",service="{ctx.router_name}"'
+
+
+def _engine_sel(ctx: Context) -> str:
+    return f'namespace="{ctx.namespace}",service="{ctx.engine_service}"'
+
+
+def _or0(expr: str) -> str:
+    return f"(sum({expr}) or vector(0))"
+
+
+def builtin_query(ctx: Context, metric: str) -> str:
+    r, e = _router_sel(ctx), _engine_sel(ctx)
+    pending = _or0(f"{PENDING_METRIC}{{{r}}}")
+    if metric == "concurrency":
+        return f"{_or0(f'fleetserve_router_backend_in_flight{{{r}}}')} + {pending}"
+    if metric == "queue_depth":
+        return f"{_or0(f'vllm:num_requests_waiting{{{e}}}')} + {pending}"
+    if metric == "request_rate":
+        return f"sum(rate(fleetserve_router_requests_total{{{r}}}[1m]))"
+    if metric == "ttft_p95":
+        return f"histogram_quantile(0.95, sum by (le) (rate(fleetserve_router_ttfb_milliseconds_bucket{{{r}}}[1m])))"
+    raise ValueError(f"no query for metric {metric!r}")
+
+
+def _prometheus(name: str, server: str, query: str, threshold: float, activation: float, kind: str) -> dict:
+    return {
+        "type": "prometheus",
+        "name": name,
+        "metricType": "AverageValue" if kind == "average" else "Value",
+        "metadata": {"serverAddress": server, "query": query, "threshold": num(threshold),
+                     "activationThreshold": num(activation), "ignoreNullValues": "true"},
+    }
+
+
+def _rates(policies: tuple[RatePolicy, ...]) -> list[dict]:
+    return [{"type": "Percent" if p.kind == "percent" else "Pods", "value": int(p.value),
+             "periodSeconds": int(p.period)} for p in policies]
+
+
+def shift_earlier(cron: Cron, seconds: float) -> str | None:
+    """The cron text fired `seconds` earlier, when minute and hour are single values on the same day."""
+    if not seconds:
+        return cron.text
+    if len(cron.minutes) != 1 or len(cron.hours) != 1:
+        return None
+    total = next(iter(cron.hours)) * 60 + next(iter(cron.minutes)) - int(-(-seconds // 60))
+    if total < 0:
+        return None
+    fields = cron.text.split()
+    return " ".join([str(total % 60), str(total // 60)] + fields[2:])
+
+
+def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
+    spec_triggers = ctx.endpoint.spec.autoscaling.triggers if ctx.endpoint.spec.autoscaling else []
+    server = ctx.options.prometheus_url
+    out = []
+    for i, trig in enumerate(policy.triggers):
+        if trig.metric == "prometheus":
+            # the policy keeps metric/target/activation; the query and server stay in the spec, same index
+            st = spec_triggers[i]
+            out.append(_prometheus(f"t{i}-prometheus", st.server_address, st.query, trig.target,
+                                   trig.activation_target, trig.kind))
+        else:
+            out.append(_prometheus(f"t{i}-{trig.metric.replace('_', '-')}", server, builtin_query(ctx, trig.metric),
+                                   trig.target, trig.activation_target, trig.kind))
+    if policy.min_replicas == 0:
+        first = next((t for t in policy.triggers if t.kind == "average"), None)
+        out.append(_prometheus("activation-pending", server, f"sum({PENDING_METRIC}{{{_router_sel(ctx)}}})",
+                               first.target if first else 1.0, 0.0, "average"))
+    for i, window in enumerate(policy.schedule.windows):
+        start = shift_earlier(window.start, policy.schedule_lead)
+        if start is None:
+            warn(f"spec.autoscaling.schedules[{i}].start",
+                 f"cannot move {window.start.text!r} earlier by scheduleLeadTime in cron; the cron trigger starts "
+                 "on time")
+            start = window.start.text
+        out.append({"type": "cron", "name": f"floor-{window.name}",
+                    "metadata": {"timezone": window.tz.key, "start": start, "end": window.end.text,
+                                 "desiredReplicas": str(window.floor)}})
+    return out
+
+
+def scaled_object(ctx: Context, policy: ScalingPolicy, warn) -> dict:
+    target = ctx.engine_name(0)
+    spec: dict = {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target},
+        "pollingInterval": int(policy.polling_interval),
+        "cooldownPeriod": int(policy.cooldown),
+        "initialCooldownPeriod": int(policy.initial_cooldown),
+        "minReplicaCount": policy.min_replicas,
+        "maxReplicaCount": policy.max_replicas,
+        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
+            "scaleUp": {"stabilizationWindowSeconds": int(policy.up_window), "selectPolicy": "Max",
+                        "policies": _rates(policy.up_policies)},
+            "scaleDown": {"stabilizationWindowSeconds": int(policy.down_window), "selectPolicy": "Max",
+                          "policies": _rates(policy.down_policies)},
+        }}},
+        "triggers": triggers(ctx, policy, warn),
+    }
+    if policy.fallback_threshold is not None:
+        spec["fallback"] = {"failureThreshold": policy.fallback_threshold, "replicas": policy.fallback_replicas}
+        if any(t.kind == "value" for t in policy.triggers):
+            warn("spec.autoscaling.fallback", "KEDA applies a fallback to AverageValue triggers only; the ttft_p95 "
+                                              "trigger (metricType Value) is not covered")
+    for name in ("polling_interval", "cooldown", "initial_cooldown", "up_window", "down_window"):
+        value = getattr(policy, name)
+        if not float(value).is_integer():
+            warn("spec.autoscaling", f"{name}={value:g}s is rounded down to whole seconds for KEDA")
+    return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+            "metadata": ctx.meta(target, "engine", **{TIER_LABEL: "0"}), "spec": spec}
+
+
+def overflow_object(ctx: Context, tier: int, max_replicas: int) -> dict:
+    """Tier k > 0 takes the replicas that tier k-1 cannot place (pods unschedulable past the ICE TTL)."""
+    previous = ctx.engine_name(tier - 1)
+    ttl = int(ctx.endpoint.spec.capacity.unavailable_offering_ttl) or 60
+    query = (f'sum(min_over_time(kube_pod_status_unschedulable{{namespace="{ctx.namespace}",'
+             f'pod=~"{previous}-.*"}}[{ttl}s])) or vector(0)')
+    name = ctx.engine_name(tier)
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": ctx.meta(name, "engine", **{TIER_LABEL: str(tier)}),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "pollingInterval": 30,
+            "cooldownPeriod": 300,
+            "minReplicaCount": 0,
+            "maxReplicaCount": max_replicas,
+            "triggers": [_prometheus("overflow", ctx.options.prometheus_url, query, 1.0, 0.0, "average")],
+        },
+    }
+
+
+def keda_objects(ctx: Context, warn) -> list[dict]:
+    spec = ctx.endpoint.spec
+    if spec.engine.kind == "external":
+        return []
+    out = []
+    if ctx.policy is not None:
+        out.append(scaled_object(ctx, ctx.policy, warn))
+    most = ctx.policy.max_replicas if ctx.policy is not None else max(spec.replicas, 1)
+    out += [overflow_object(ctx, k, most) for k in range(1, len(ctx.tiers))]
+    return out
+
+
+__all__ = ["keda_objects", "scaled_object", "builtin_query", "shift_earlier"]

@@ -1,0 +1,50 @@
+"""Names and labels of rendered objects: `app.kubernetes.io/*` conventions, DNS-safe, deterministic.
+
+Every object carries name=fleetserve, instance=<endpoint>, component=<engine|router|redis|...>,
+part-of=fleetserve, managed-by=fleetserve and version=<fleetserve version>; the spec's `metadata.labels` are
+added underneath (ours win). Selectors use only the stable subset (name, instance, component[, tier]).
+Names longer than a DNS label (63) are cut and end in a short hash of the full name, so they stay unique.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from fleetserve import __version__
+
+APP = "fleetserve"
+TIER_LABEL = "fleetserve.io/tier"
+TENANT_LABEL = "fleetserve.io/tenant"
+ENDPOINT_LABEL = "fleetserve.io/endpoint"
+MAX_NAME = 63
+
+
+def dns_name(*parts: str) -> str:
+    """`a-b-c` as a DNS label; over 63 characters: cut, then `-` and 8 hex digits of the full name."""
+    raw = "-".join(p for p in parts if p)
+    name = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-") or "x"
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[:MAX_NAME - 9].rstrip('-')}-{digest}"
+
+
+def selector(instance: str, component: str, **extra: str) -> dict[str, str]:
+    out = {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": instance,
+           "app.kubernetes.io/component": component}
+    out.update(extra)
+    return out
+
+
+def labels(instance: str, component: str, user: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    out = dict(sorted((user or {}).items()))
+    out.update(selector(instance, component, **extra))
+    out.update({"app.kubernetes.io/part-of": APP, "app.kubernetes.io/managed-by": APP,
+                "app.kubernetes.io/version": __version__})
+    return out
+
+
+def env_name(text: str) -> str:
+    """An environment variable name made from free text (tenant names)."""
+    return re.sub(r"[^A-Z0-9_]", "_", text.upper())

@@ -1,0 +1,135 @@
+"""The L2 KV tier on Kubernetes: a Redis StatefulSet + Service per rendered Redis, or the spec's URL.
+
+- `kvCache.l2.enabled` without `url`: a Redis `<name>-redis` is rendered (no persistence, `maxmemory` =
+  `l2.maxBytes`, `allkeys-lru`, AUTH from the Secret `<name>-redis-auth`, key `password`), as the local
+  fleet starts its own redis-server;
+- with `url`: that Redis is used as is (nothing rendered);
+- `l2.tenantUrls` (hard isolation): a URL whose host is a bare Service name (no dot, not localhost or an IP)
+  names a Redis to render in the endpoint's namespace for that tenant, with its own Secret
+  `<service>-auth`; any other URL is an external Redis, used as is.
+Engines get the password through `$(VAR)` expansion of an environment variable read from the Secret, so
+the password is never written into a manifest.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from urllib.parse import urlsplit
+
+from fleetserve.k8s.context import REDIS_PORT, Context
+from fleetserve.k8s.labels import TENANT_LABEL, dns_name, env_name
+
+PASSWORD_ENV = "REDIS_PASSWORD"
+
+
+def _rendered_tenant_service(url: str) -> str | None:
+    host = urlsplit(url).hostname or ""
+    if not host or "." in host or host == "localhost":
+        return None
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        return host
+
+
+def redis_instances(ctx: Context) -> list[tuple[str, str | None]]:
+    """(service name, tenant or None) of every Redis this endpoint renders."""
+    l2 = ctx.endpoint.spec.kv_cache.l2
+    if not l2.enabled:
+        return []
+    out: list[tuple[str, str | None]] = [] if l2.url else [(ctx.redis_name, None)]
+    for tenant, url in sorted(l2.tenant_urls.items()):
+        service = _rendered_tenant_service(url)
+        if service:
+            out.append((dns_name(service), tenant))
+    return out
+
+
+def auth_secret(service: str) -> str:
+    return dns_name(service, "auth")
+
+
+def engine_l2(ctx: Context) -> tuple[str | None, dict[str, str], list[dict]]:
+    """(L2 URL, tenant -> URL, env entries with the passwords) as the engines see them."""
+    l2 = ctx.endpoint.spec.kv_cache.l2
+    if not l2.enabled:
+        return None, {}, []
+    env: list[dict] = []
+
+    def secret_env(name: str, service: str) -> None:
+        env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": auth_secret(service), "key": "password"}}})
+
+    url = l2.url
+    if not url:
+        secret_env(PASSWORD_ENV, ctx.redis_name)
+        url = f"redis://:$({PASSWORD_ENV})@{ctx.host(ctx.redis_name)}:{REDIS_PORT}/0"
+    tenants: dict[str, str] = {}
+    for tenant, turl in sorted(l2.tenant_urls.items()):
+        service = _rendered_tenant_service(turl)
+        if service is None:
+            tenants[tenant] = turl
+            continue
+        service = dns_name(service)
+        var = f"{PASSWORD_ENV}_{env_name(tenant)}"
+        secret_env(var, service)
+        parts = urlsplit(turl)
+        db = parts.path.strip("/") or "0"
+        tenants[tenant] = f"redis://:$({var})@{ctx.host(service)}:{parts.port or REDIS_PORT}/{db}"
+    return url, tenants, env
+
+
+def _statefulset(ctx: Context, service: str, tenant: str | None) -> dict:
+    l2 = ctx.endpoint.spec.kv_cache.l2
+    extra = {TENANT_LABEL: tenant} if tenant else {}
+    sel = ctx.selector("redis", **({TENANT_LABEL: tenant} if tenant else {}))
+    # Redis needs room beyond maxmemory for its own structures and client buffers
+    limit = l2.max_bytes + max(64 << 20, l2.max_bytes // 4)
+    probe = {"tcpSocket": {"port": "redis"}, "periodSeconds": 10, "timeoutSeconds": 3}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": ctx.meta(service, "redis", **extra),
+        "spec": {
+            "serviceName": service,
+            "replicas": 1,
+            "selector": {"matchLabels": sel},
+            "template": {
+                "metadata": {"labels": ctx.labels("redis", **extra)},
+                "spec": {
+                    "containers": [{
+                        "name": "redis",
+                        "image": ctx.options.redis_image,
+                        "command": ["redis-server"],
+                        "args": ["--port", str(REDIS_PORT), "--save", "", "--appendonly", "no",
+                                 "--maxmemory", str(l2.max_bytes), "--maxmemory-policy", "allkeys-lru",
+                                 "--requirepass", f"$({PASSWORD_ENV})"],
+                        "env": [{"name": PASSWORD_ENV, "valueFrom": {"secretKeyRef": {
+                            "name": auth_secret(service), "key": "password"}}}],
+                        "ports": [{"name": "redis", "containerPort": REDIS_PORT, "protocol": "TCP"}],
+                        "resources": {"requests": {"memory": str(limit)}, "limits": {"memory": str(limit)}},
+                        "readinessProbe": probe,
+                        "livenessProbe": {**probe, "failureThreshold": 3},
+                    }],
+                },
+            },
+        },
+    }
+
+
+def _service(ctx: Context, service: str, tenant: str | None) -> dict:
+    extra = {TENANT_LABEL: tenant} if tenant else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": ctx.meta(service, "redis", **extra),
+        "spec": {"selector": ctx.selector("redis", **extra),
+                 "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis", "protocol": "TCP"}]},
+    }
+
+
+def redis_objects(ctx: Context, warn) -> list[dict]:
+    out: list[dict] = []
+    for service, tenant in redis_instances(ctx):
+        out += [_statefulset(ctx, service, tenant), _service(ctx, service, tenant)]
+    return out

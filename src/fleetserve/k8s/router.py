@@ -1,0 +1,166 @@
+"""The router (the gateway): Deployment, Service, PodDisruptionBudget, and its key Secret when renderable.
+
+The router runs `fleetserve router` with the flags the local supervisor gives it (strategy, session key,
+buffer at zero, request limits, size limits), so one spec means one behaviour. Secrets are referenced,
+never invented (a renderer that made up tokens would not be deterministic):
+- `<name>-internal`: `token` (the router-engine trust token of api/internal.py, also Prometheus' bearer
+  token for /metrics) and `admin-token` (the router's admin API);
+- `<name>-api-keys`: `auth.json` (`{"keys": {sha256: tenant}}`); rendered here when every key is given
+  as `keySha256` (digests are not secrets), otherwise created by the user from the plaintext keys;
+- `<name>-tls`: a `kubernetes.io/tls` Secret (cert-manager or the user).
+Backends: the engine Service (kube-proxy spreads connections over the ready engine pods), or
+`engine.urls` for external engines.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fleetserve.k8s.context import INTERNAL_TOKEN_DIR, ROUTER_PORT, Context
+from fleetserve.k8s.engine import engine_port
+
+AUTH_DIR = "/etc/fleetserve/auth"
+TLS_DIR = "/etc/fleetserve/tls"
+
+
+def strategy(ctx: Context) -> str:
+    from fleetserve.router.policies import registered_policies
+
+    wanted = ctx.endpoint.spec.routing.strategy
+    return wanted if wanted in registered_policies() else "leastload"
+
+
+def router_port(ctx: Context) -> int:
+    return ctx.endpoint.spec.router.port or ROUTER_PORT
+
+
+def backends(ctx: Context) -> list[str]:
+    engine = ctx.endpoint.spec.engine
+    if engine.kind == "external":
+        return list(engine.urls)
+    return [f"http://{ctx.host(ctx.engine_service)}:{engine_port(ctx)}"]
+
+
+def _args(ctx: Context) -> list[str]:
+    spec = ctx.endpoint.spec
+    args = ["router", "--host", "0.0.0.0", "--port", str(router_port(ctx)), "--strategy", strategy(ctx),
+            "--health-path", spec.engine.health_path, "--buffer-size", str(spec.router.buffer_size),
+            "--buffer-timeout", f"{spec.router.buffer_timeout_seconds:g}"]
+    for url in backends(ctx):
+        args += ["--backend", url]
+    if spec.routing.session_key:
+        args += ["--session-key", spec.routing.session_key]
+    limits = spec.request_limits
+    if limits.max_concurrent_requests:
+        args += ["--max-concurrent-per-replica", str(limits.max_concurrent_requests),
+                 "--overflow-status", str(limits.overflow_status_code)]
+    if limits.max_queue_size is not None:
+        args += ["--max-queue", str(limits.max_queue_size)]
+    if spec.auth.enabled:
+        args += ["--auth-file", f"{AUTH_DIR}/auth.json"]
+    if spec.tls.enabled:
+        args += ["--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key"]
+    args += ["--internal-token-file", f"{INTERNAL_TOKEN_DIR}/token",
+             "--max-body-bytes", str(limits.max_body_bytes), "--max-header-bytes", str(limits.max_header_bytes)]
+    return args
+
+
+def router_deployment(ctx: Context) -> dict:
+    spec = ctx.endpoint.spec
+    scheme = "HTTPS" if spec.tls.enabled else "HTTP"
+    probe = {"httpGet": {"path": "/health", "port": "http", "scheme": scheme}, "timeoutSeconds": 3}
+    mounts = [{"name": "internal-token", "mountPath": INTERNAL_TOKEN_DIR, "readOnly": True}]
+    volumes: list[dict] = [{"name": "internal-token", "secret": {
+        "secretName": ctx.internal_secret, "items": [{"key": "token", "path": "token"}]}}]
+    if spec.auth.enabled:
+        mounts.append({"name": "api-keys", "mountPath": AUTH_DIR, "readOnly": True})
+        volumes.append({"name": "api-keys", "secret": {"secretName": ctx.api_keys_secret,
+                                                      "items": [{"key": "auth.json", "path": "auth.json"}]}})
+    if spec.tls.enabled:
+        mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+        volumes.append({"name": "tls", "secret": {"secretName": ctx.tls_secret}})
+    container = {
+        "name": "router",
+        "image": ctx.options.image,
+        "command": ["fleetserve"],
+        "args": _args(ctx),
+        "ports": [{"name": "http", "containerPort": router_port(ctx), "protocol": "TCP"}],
+        "env": [{"name": "FLEETSERVE_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": ctx.internal_secret, "key": "admin-token"}}}],
+        "volumeMounts": mounts,
+        "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
+        # requests held at zero replicas wait up to bufferTimeoutSeconds; a stopping router lets them finish
+        "lifecycle": {"preStop": {"sleep": {"seconds": ctx.options.prestop_seconds}}},
+    }
+    grace = ctx.options.prestop_seconds + int(min(spec.router.buffer_timeout_seconds, ctx.options.drain_seconds))
+    pod_spec: dict = {"containers": [container], "volumes": volumes, "terminationGracePeriodSeconds": grace}
+    # spread the routers over nodes so that one node going does not take the endpoint down
+    pod_spec["topologySpreadConstraints"] = [{
+        "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": {"matchLabels": ctx.selector("router")}}]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": ctx.meta(ctx.router_name, "router"),
+        "spec": {
+            "replicas": ctx.options.router_replicas,
+            "selector": {"matchLabels": ctx.selector("router")},
+            "template": {"metadata": {"labels": ctx.labels("router")}, "spec": pod_spec},
+        },
+    }
+
+
+def router_service(ctx: Context) -> dict:
+    port_name = "https" if ctx.endpoint.spec.tls.enabled else "http"
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": ctx.meta(ctx.router_name, "router"),
+        "spec": {"selector": ctx.selector("router"),
+                 "ports": [{"name": port_name, "port": router_port(ctx), "targetPort": "http", "protocol": "TCP"}]},
+    }
+
+
+def router_pdb(ctx: Context) -> dict:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": ctx.meta(ctx.router_name, "router"),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": ctx.selector("router")}},
+    }
+
+
+def api_keys_secret(ctx: Context) -> dict | None:
+    keys = ctx.endpoint.spec.auth.api_keys
+    if not keys or any(k.key_sha256 is None for k in keys):
+        return None
+    digests = {k.key_sha256: k.tenant for k in keys}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": ctx.meta(ctx.api_keys_secret, "router"),
+        "type": "Opaque",
+        "stringData": {"auth.json": json.dumps({"keys": dict(sorted(digests.items()))}, sort_keys=True)},
+    }
+
+
+def router_objects(ctx: Context, warn) -> list[dict]:
+    spec = ctx.endpoint.spec
+    if strategy(ctx) != spec.routing.strategy:
+        warn("spec.routing.strategy", f"{spec.routing.strategy!r} is not implemented by the router; it runs "
+                                      "'leastload'")
+    if spec.request_limits.max_concurrent_requests and ctx.options.router_replicas > 1:
+        warn("spec.requestLimits.maxConcurrentRequests",
+             f"enforced by each of the {ctx.options.router_replicas} routers on its own: a replica may see up to "
+             f"{ctx.options.router_replicas}x the limit")
+    if spec.tls.enabled and (spec.tls.cert_file or spec.tls.key_file):
+        warn("spec.tls.certFile", f"local files are not read on Kubernetes: the router mounts the Secret "
+                                  f"{ctx.tls_secret!r} (kubernetes.io/tls)")
+    if spec.router.host not in ("127.0.0.1", "0.0.0.0"):
+        warn("spec.router.host", "on Kubernetes the router listens on 0.0.0.0 behind its Service")
+    out = [router_deployment(ctx), router_service(ctx), router_pdb(ctx)]
+    secret = api_keys_secret(ctx)
+    if spec.auth.enabled and secret is not None:
+        out.append(secret)
+    return out

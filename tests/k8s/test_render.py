@@ -1,0 +1,244 @@
+"""`render`: every example renders and validates; the mapping is 1:1 with the live policy objects."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fleetserve.autoscale.policy import ScalingPolicy
+from fleetserve.k8s.render import render, write
+from fleetserve.spec.load import load_spec, load_spec_data
+from tests.k8s.validate import validate
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+FULL = {
+    "apiVersion": "fleetserve.io/v1", "kind": "Endpoint",
+    "metadata": {"name": "chat", "namespace": "team-b", "labels": {"team": "b"}},
+    "spec": {
+        "model": {"name": "llama", "source": "hf:meta-llama/Llama-3.1-8B-Instruct", "contextLength": 8192},
+        "engine": {"kind": "vllm", "gpus": 1},
+        "replicas": 1,
+        "placement": {"instanceTypes": ["ml.g5.2xlarge", "ml.g6e.xlarge"]},
+        "routing": {"strategy": "session", "sessionKey": "user"},
+        "requestLimits": {"maxConcurrentRequests": 8, "maxQueueSize": 16},
+        "tls": {"enabled": True},
+        "auth": {"enabled": True, "apiKeys": [{"tenant": "alpha", "keySha256": "a" * 64}]},
+        "kvCache": {"l2": {"enabled": True, "maxBytes": 1 << 30}},
+        "autoscaling": {
+            "minReplicaCount": 0, "maxReplicaCount": 6, "pollingInterval": 15, "cooldownPeriod": 600,
+            "initialCooldownPeriod": 120, "scaleUpStabilizationTime": 30, "scaleDownStabilizationTime": 240,
+            "triggers": [{"metric": "concurrency", "target": 4, "activationTarget": 1},
+                         {"metric": "prometheus", "target": 10, "query": "sum(x)",
+                          "serverAddress": "http://prom:9090"}],
+            "schedules": [{"name": "day", "timezone": "Europe/Berlin", "start": "0 9 * * 1-5",
+                           "end": "0 18 * * 1-5", "minReplicas": 2}],
+            "scheduleLeadTime": 300,
+            "fallback": {"failureThreshold": 4, "replicas": 2},
+        },
+        "capacity": {"capacityTypes": ["spot", "on-demand"], "consolidation": {
+            "policy": "WhenEmpty", "consolidateAfter": 120,
+            "budgets": [{"nodes": "10%"}, {"nodes": "0", "schedule": "0 9 * * 1-5", "durationSeconds": 32400,
+                                           "timezone": "UTC"}]}},
+    },
+}
+
+BUILTIN_TENANTS = {
+    "apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "iso"},
+    "spec": {"model": {"source": "/fsx/models/small"}, "auth": {"enabled": True, "apiKeys": [
+        {"tenant": "alpha", "keyEnv": "KEY_A"}]},
+        "kvCache": {"l2": {"enabled": True, "tenantUrls": {"alpha": "redis://redis-alpha:6379/0",
+                                                            "beta": "redis://redis.example.com:6379/1"}}}},
+}
+
+
+def _objects(doc_or_path):
+    loaded = load_spec(doc_or_path) if isinstance(doc_or_path, Path) else load_spec_data(copy.deepcopy(doc_or_path))
+    return render(loaded.endpoint), loaded
+
+
+def _by(rendered, kind, name=None):
+    found = [o for o in rendered.objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert found, f"no {kind} {name or ''}"
+    return found
+
+
+@pytest.mark.parametrize("spec", EXAMPLES + [FULL, BUILTIN_TENANTS], ids=lambda s: getattr(s, "name", None) or
+                         s["metadata"]["name"])
+def test_every_object_validates(spec):
+    rendered, _ = _objects(spec)
+    assert rendered.objects
+    problems = {f"{o['kind']}/{o['metadata']['name']}": validate(o) for o in rendered.objects}
+    assert {k: v for k, v in problems.items() if v} == {}
+
+
+def test_validator_catches_unknown_and_bad_fields():
+    rendered, _ = _objects(FULL)
+    so = copy.deepcopy(_by(rendered, "ScaledObject", "chat-engine-t0")[0])
+    so["spec"]["maxReplicas"] = 3
+    assert any("maxReplicas" in p for p in validate(so))
+    dep = copy.deepcopy(_by(rendered, "Deployment", "chat-router")[0])
+    dep["spec"]["template"]["spec"]["containers"][0]["bogus"] = 1
+    assert validate(dep)
+
+
+def test_two_renders_are_byte_identical(tmp_path):
+    a, _ = _objects(FULL)
+    b, _ = _objects(FULL)
+    assert a.files() == b.files()
+    write(a, tmp_path / "a")
+    write(b, tmp_path / "b")
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "b").iterdir())
+    for n in names:
+        assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes()
+        assert len(list(yaml.safe_load_all((tmp_path / "a" / n).read_text()))) == 1
+
+
+def test_scaled_object_equals_the_live_policy():
+    rendered, loaded = _objects(FULL)
+    policy = ScalingPolicy.from_spec(loaded.endpoint.spec.autoscaling)
+    so = _by(rendered, "ScaledObject", "chat-engine-t0")[0]["spec"]
+    assert so["scaleTargetRef"]["name"] == "chat-engine-t0"
+    table = {
+        "minReplicaCount": policy.min_replicas, "maxReplicaCount": policy.max_replicas,
+        "pollingInterval": policy.polling_interval, "cooldownPeriod": policy.cooldown,
+        "initialCooldownPeriod": policy.initial_cooldown,
+    }
+    assert {k: so[k] for k in table} == table == {"minReplicaCount": 0, "maxReplicaCount": 6, "pollingInterval": 15,
+                                                  "cooldownPeriod": 600, "initialCooldownPeriod": 120}
+    behavior = so["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 30
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 240
+    assert behavior["scaleUp"]["policies"] == [{"type": "Percent", "value": 100, "periodSeconds": 15},
+                                               {"type": "Pods", "value": 4, "periodSeconds": 15}]
+    assert behavior["scaleDown"]["policies"] == [{"type": "Percent", "value": 100, "periodSeconds": 15}]
+    assert so["fallback"] == {"failureThreshold": 4, "replicas": 2}
+    trig = {t["name"]: t for t in so["triggers"]}
+    conc = trig["t0-concurrency"]
+    assert conc["metricType"] == "AverageValue"
+    assert conc["metadata"]["threshold"] == "4" and conc["metadata"]["activationThreshold"] == "1"
+    assert "fleetserve_router_backend_in_flight" in conc["metadata"]["query"]
+    prom = trig["t1-prometheus"]["metadata"]
+    assert (prom["query"], prom["serverAddress"], prom["threshold"]) == ("sum(x)", "http://prom:9090", "10")
+    # at zero replicas the router's held requests activate the engines
+    pending = trig["activation-pending"]["metadata"]
+    assert "fleetserve_router_pending_requests" in pending["query"] and pending["activationThreshold"] == "0"
+    cron = trig["floor-day"]["metadata"]
+    assert cron == {"timezone": "Europe/Berlin", "start": "55 8 * * 1-5", "end": "0 18 * * 1-5",
+                    "desiredReplicas": "2"}
+
+
+def test_autoscaling_example_cron_in_its_time_zone():
+    rendered, _ = _objects(ROOT / "examples" / "autoscaling.yaml")
+    so = _by(rendered, "ScaledObject")[0]["spec"]
+    cron = next(t for t in so["triggers"] if t["type"] == "cron")["metadata"]
+    assert cron["timezone"] == "Asia/Seoul" and cron["start"] == "55 8 * * 1-5" and cron["desiredReplicas"] == "2"
+    ttft = next(t for t in so["triggers"] if t["name"] == "t1-ttft-p95")
+    assert ttft["metricType"] == "Value"
+
+
+def test_nodepools_follow_the_priority_list():
+    rendered, _ = _objects(ROOT / "examples" / "simulated-cloud.yaml")
+    pools = _by(rendered, "NodePool")
+    order = [p["spec"]["template"]["spec"]["requirements"][0]["values"] for p in
+             sorted(pools, key=lambda p: -p["spec"]["weight"])]
+    assert order == [["g5.xlarge"], ["g6e.xlarge"], ["g5.2xlarge"]]
+    weights = [p["spec"]["weight"] for p in sorted(pools, key=lambda p: p["metadata"]["name"])]
+    assert weights == sorted(weights, reverse=True) and len(set(weights)) == 3
+    caps = pools[0]["spec"]["template"]["spec"]["requirements"][1]
+    assert caps == {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand", "spot"]}
+    d = pools[0]["spec"]["disruption"]
+    assert d == {"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "1m",
+                 "budgets": [{"nodes": "10%"}]}
+    # one engine Deployment per tier, pinned to the tier's type; later tiers start at zero
+    deps = {d["metadata"]["name"]: d for d in _by(rendered, "Deployment")}
+    t1 = deps["priority-demo-engine-t1"]
+    assert t1["spec"]["replicas"] == 0
+    term = t1["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0]
+    assert term["values"] == ["g6e.xlarge"]
+    assert deps["priority-demo-engine-t0"]["spec"]["replicas"] == 2
+
+
+def test_budget_schedule_and_capacity_from_consolidation_policy():
+    rendered, _ = _objects(FULL)
+    pool = _by(rendered, "NodePool")[0]["spec"]
+    assert pool["disruption"]["consolidationPolicy"] == "WhenEmpty"
+    assert pool["disruption"]["consolidateAfter"] == "2m"
+    assert pool["disruption"]["budgets"][1] == {"nodes": "0", "schedule": "0 9 * * 1-5", "duration": "9h"}
+    assert pool["limits"] == {"nvidia.com/gpu": "6"}
+    assert pool["template"]["spec"]["nodeClassRef"]["kind"] == "EC2NodeClass"
+
+
+def test_vllm_engine_uses_the_adapter_and_rendered_redis():
+    rendered, _ = _objects(FULL)
+    dep = _by(rendered, "Deployment", "chat-engine-t0")[0]
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["vllm"] and c["args"][:2] == ["serve", "/models/current"]
+    assert "--served-model-name" in c["args"] and c["args"][c["args"].index("--served-model-name") + 1] == "llama"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["LMCACHE_REMOTE_URL"]["value"].startswith("redis://:$(REDIS_PASSWORD)@chat-redis.team-b.svc")
+    names = [e["name"] for e in c["env"]]
+    assert names.index("REDIS_PASSWORD") < names.index("LMCACHE_REMOTE_URL")
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 600
+    assert dep["spec"]["template"]["spec"]["initContainers"][0]["args"][:2] == [
+        "fetch", "hf:meta-llama/Llama-3.1-8B-Instruct"]
+    redis = _by(rendered, "StatefulSet", "chat-redis")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert ["--maxmemory", str(1 << 30)] == redis["args"][6:8] and "allkeys-lru" in redis["args"]
+
+
+def test_router_flags_secrets_and_pdb():
+    rendered, _ = _objects(FULL)
+    c = _by(rendered, "Deployment", "chat-router")[0]["spec"]["template"]["spec"]["containers"][0]
+    args = c["args"]
+    for flag, value in (("--strategy", "session"), ("--session-key", "user"), ("--max-concurrent-per-replica", "8"),
+                        ("--max-queue", "16"), ("--auth-file", "/etc/fleetserve/auth/auth.json"),
+                        ("--tls-cert", "/etc/fleetserve/tls/tls.crt"),
+                        ("--internal-token-file", "/var/run/fleetserve/internal/token")):
+        assert args[args.index(flag) + 1] == value
+    secret = _by(rendered, "Secret", "chat-api-keys")[0]
+    assert ("a" * 64) in secret["stringData"]["auth.json"]
+    assert _by(rendered, "PodDisruptionBudget", "chat-router")
+
+
+def test_builtin_engine_pvc_model_and_tenant_redis():
+    rendered, _ = _objects(BUILTIN_TENANTS)
+    dep = _by(rendered, "Deployment", "iso-engine")[0]["spec"]["template"]["spec"]
+    c = dep["containers"][0]
+    assert c["args"][c["args"].index("--model") + 1] == "/fsx/models/small"
+    assert dep["volumes"][0]["persistentVolumeClaim"] == {"claimName": "iso-model", "readOnly": True}
+    tenants = [c["args"][i + 1] for i, a in enumerate(c["args"]) if a == "--l2-tenant"]
+    assert tenants == ["alpha=redis://:$(REDIS_PASSWORD_ALPHA)@redis-alpha.default.svc.cluster.local:6379/0",
+                       "beta=redis://redis.example.com:6379/1"]
+    assert _by(rendered, "StatefulSet", "redis-alpha") and _by(rendered, "StatefulSet", "iso-redis")
+    assert "--internal-token-file" in c["args"]
+
+
+def test_hyperpod_spec_renders():
+    rendered, loaded = _objects(ROOT / "examples" / "hyperpod.yaml")
+    assert loaded.source_format == "hyperpod"
+    kinds = {o["kind"] for o in rendered.objects}
+    assert {"Deployment", "Service", "ScaledObject", "NodePool"} <= kinds
+    pool = _by(rendered, "NodePool")[0]
+    assert pool["spec"]["template"]["spec"]["requirements"][0]["values"] == ["g5.8xlarge"]
+    so = _by(rendered, "ScaledObject")[0]["spec"]
+    assert (so["minReplicaCount"], so["maxReplicaCount"]) == (1, 4)
+    prom = so["triggers"][0]["metadata"]
+    assert prom["threshold"] == "8" and prom["activationThreshold"] == "1"
+
+
+def test_labels_follow_conventions():
+    rendered, _ = _objects(FULL)
+    for o in rendered.objects:
+        labels = o["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "fleetserve"
+        assert labels["app.kubernetes.io/instance"] == "chat"
+        assert labels["app.kubernetes.io/managed-by"] == "fleetserve"
+        assert labels["team"] == "b"
+        assert len(o["metadata"]["name"]) <= 63
