@@ -620,6 +620,10 @@ from fleetserve.cli import analyze_commands  # noqa: E402  (analyze, profile, tr
 
 analyze_commands.register(app)
 
+from fleetserve.cli import render_commands  # noqa: E402  (render k8s)
+
+render_commands.register(app)
+
 from fleetserve.cli import sim_commands  # noqa: E402  (simulate, verify, plan, bench sim-speed)
 
 sim_commands.register(app, bench_app)
