@@ -160,3 +160,19 @@ def test_kvaware_without_events_falls_back_to_router_index():
     policy = create_policy("kvaware")
     choice = policy.choose(req(list(range(64))), snap(R("a"), R("b")))
     assert choice.branch.startswith("no_events_")
+
+
+def test_cache_aware_balance_guard_spreads_a_prefix_every_request_shares():
+    policy = create_policy("prefixaware")
+    system = list(range(16 * 8))
+    home = policy.choose(req(system + [1]), snap(R("a"), R("b"), R("c"))).replica.id
+    # the holder is only two requests busier than the others: still the hit wins
+    views = {rid: R(rid, in_flight=2 if rid == home else 1) for rid in "abc"}
+    assert policy.choose(req(system + [2]), snap(*views.values())).replica.id == home
+    # busier than the mean + 1: a new conversation goes elsewhere although only the holder has the prefix
+    views = {rid: R(rid, in_flight=4 if rid == home else 1) for rid in "abc"}
+    choice = policy.choose(req(system + [3]), snap(*views.values()))
+    assert choice.replica.id != home and choice.branch == "load_over_hit"
+    off = create_policy("prefixaware", balance_rel=0)  # the guard off: the hit outweighs the queue
+    off.choose(req(system + [1]), snap(R(home)))
+    assert off.choose(req(system + [3]), snap(*views.values())).replica.id == home

@@ -38,10 +38,10 @@ class Recorder:
         self.log.append((request, snapshot, states, index, choice.replica.id if choice else None))
         return choice
 
-    def observe(self, prediction, cached_tokens):
-        """A response's cached tokens (router.feedback.report), replayed into the gateway's policy in order."""
-        self.log.append(("observe", self.predictions[id(prediction)], prediction, cached_tokens))
-        self.policy.observe(prediction, cached_tokens)
+    def observe(self, prediction, cached_tokens, prompt_tokens=None):
+        """A response's usage (router.feedback.report), replayed into the gateway's policy in order."""
+        self.log.append(("observe", self.predictions[id(prediction)], prediction, cached_tokens, prompt_tokens))
+        self.policy.observe(prediction, cached_tokens, prompt_tokens)
 
 
 def endpoint(strategy: str, limit: int | None):
@@ -79,9 +79,9 @@ def test_same_snapshots_same_decisions(mooncake, strategy, knowledge, limit):
     observed = 0
     for i, entry in enumerate(recorder.log):
         if entry[0] == "observe":  # the gateway feeds the same response figures (router.feedback.report)
-            _, at, prediction, cached = entry
+            _, at, prediction, cached, prompt_tokens = entry
             assert gateway_choices[at].prediction == prediction
-            assert feedback.report(gateway_policy, gateway_choices[at], cached)
+            assert feedback.report(gateway_policy, gateway_choices[at], cached, prompt_tokens)
             observed += 1
             continue
         request, snapshot, states, index, chosen = entry

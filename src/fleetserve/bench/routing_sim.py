@@ -248,14 +248,7 @@ def _ratios(rows: dict[str, dict], oracle: float) -> None:
         row["ttft_p95_vs_roundrobin"] = round(p95 / rr_p95, 3) if rr_p95 and p95 is not None else None
 
 
-def targets(result: dict) -> dict:
-    """The issue's routing targets for the best cache-aware strategy in blind mode (by hit rate)."""
-    rows = (result["modes"].get("blind") or {})
-    aware = {n: r for n, r in rows.items() if n in CACHE_AWARE and r.get("hit_rate") is not None}
-    if not aware or "roundrobin" not in rows:
-        return {"best_cache_aware": None, "met": None, "reason": "no cache-aware strategy and roundrobin in blind mode"}
-    best = max(aware, key=lambda n: aware[n]["hit_rate"])
-    row = aware[best]
+def _checks(row: dict) -> dict:
     checks = {
         "hit_vs_oracle": (row["hit_vs_oracle"], row["hit_vs_oracle"] is not None
                           and row["hit_vs_oracle"] >= TARGETS["hit_vs_oracle_min"]),
@@ -263,5 +256,16 @@ def targets(result: dict) -> dict:
                                    and row["ttft_p95_vs_roundrobin"] <= TARGETS["ttft_p95_vs_roundrobin_max"]),
         "load_skew": (row["load_skew"], row["load_skew"] is not None and row["load_skew"] <= TARGETS["load_skew_max"]),
     }
-    return {"best_cache_aware": best, **{k: {"value": v, "met": ok} for k, (v, ok) in checks.items()},
-            "limits": TARGETS, "met": all(ok for _, ok in checks.values())}
+    return {**{k: {"value": v, "met": ok} for k, (v, ok) in checks.items()}, "met": all(ok for _, ok in checks.values())}
+
+
+def targets(result: dict) -> dict:
+    """The issue's routing targets in blind mode, for each cache-aware strategy that could act, and for the best
+    of them (by hit rate)."""
+    rows = (result["modes"].get("blind") or {})
+    aware = {n: r for n, r in rows.items() if n in CACHE_AWARE and r.get("hit_rate") is not None}
+    if not aware or "roundrobin" not in rows:
+        return {"best_cache_aware": None, "met": None, "reason": "no cache-aware strategy and roundrobin in blind mode"}
+    best = max(aware, key=lambda n: aware[n]["hit_rate"])
+    return {"best_cache_aware": best, **_checks(aware[best]), "limits": TARGETS,
+            "by_strategy": {n: _checks(r) for n, r in aware.items()}}

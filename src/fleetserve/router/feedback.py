@@ -15,6 +15,11 @@ evidence:
     the engine missed key i that the router had sent there,
     confirmed stored by an earlier response, `a` old      ->  capacity <= a : if a <  H, lower H
 
+The keys found are `cached_tokens` over the router's tokens per key; for text, whose keys are character
+chunks, the engine's tokens are first converted by the ratio of the router's prompt estimate to the engine's
+`usage.prompt_tokens`. The engine's hit ends at one of its own block boundaries, which the router does not
+know, so the key right after the hit may be cut in two: a miss is read from the key after that one.
+
 Each piece of evidence moves `H` by a fixed fraction (`rate`) in its direction: a sign-based tracker that
 settles where raising and lowering evidence balance, which is where the engine's own eviction horizon is.
 A key counts as stored only after a response for a request that carried it came back (`confirm`), so
@@ -76,16 +81,21 @@ class CapacityLearner:
     def forget(self, replica: str) -> None:
         self.estimates.pop(replica, None)
 
-    def observe(self, prediction: Prediction, cached_tokens: int) -> str:
-        """Apply one response's evidence; returns what it did: "raised", "lowered" or "kept"."""
+    def observe(self, prediction: Prediction, cached_tokens: int, prompt_tokens: int | None = None) -> str:
+        """Apply one response's evidence; returns what it did: "raised", "lowered" or "kept".
+
+        `prompt_tokens` is the engine's own count (`usage.prompt_tokens`): for text keyed by character chunks
+        it converts the engine's tokens into the router's estimate before counting keys found."""
         est = self.estimates.get(prediction.replica)
         if est is None:
             est = self.estimates[prediction.replica] = ReplicaEstimate(float(self.initial))
         est.observations += 1
+        scale = prediction.prompt_tokens / prompt_tokens if prompt_tokens else 1.0
+        cached = cached_tokens * scale
         est.predicted_tokens += prediction.predicted_tokens
-        est.reported_tokens += cached_tokens
+        est.reported_tokens += int(cached)
         keys, ages = prediction.keys, prediction.ages
-        found = min(len(keys), max(0, cached_tokens) // max(prediction.block_tokens, 1))
+        found = min(len(keys), int(max(0.0, cached) // max(prediction.block_tokens, 1)))
         h = est.horizon
         action = "kept"
         if found:
@@ -94,9 +104,12 @@ class CapacityLearner:
                 est.horizon = min(self.ceiling, max(h * (1 + self.rate), oldest_hit + 1.0))
                 est.raised += 1
                 action = "raised"
-        if action == "kept" and found < len(keys):
-            age = ages[found]
-            if prediction.confirmed[found] and 0 <= age < h:
+        # the key after the engine's hit may be cut by an engine block boundary the router does not know:
+        # the miss counts from the key after it
+        miss = found + 1
+        if action == "kept" and miss < len(keys):
+            age = ages[miss]
+            if prediction.confirmed[miss] and 0 <= age < h:
                 est.horizon = max(self.floor, min(h * (1 - self.rate), max(age, self.floor)))
                 est.lowered += 1
                 action = "lowered"
@@ -123,8 +136,9 @@ def cached_tokens(usage: Mapping[str, Any] | None) -> int | None:
     return int(value)
 
 
-def report(policy: Any, choice: Any, cached: int | None) -> bool:
-    """Feed one response's cached prompt tokens to the policy that made `choice` (gateway and simulator).
+def report(policy: Any, choice: Any, cached: int | None, prompt_tokens: int | None = None) -> bool:
+    """Feed one response's cached prompt tokens to the policy that made `choice` (gateway and simulator);
+    `prompt_tokens` is the response's `usage.prompt_tokens` (the engine's count), when it has one.
 
     Returns whether the policy learned from it: policies without `observe`, choices without a prediction
     (load-only policies, kvaware on engine events) and responses without `cached_tokens` are ignored."""
@@ -132,5 +146,5 @@ def report(policy: Any, choice: Any, cached: int | None) -> bool:
     prediction = getattr(choice, "prediction", None)
     if observe is None or prediction is None or cached is None:
         return False
-    observe(prediction, cached)
+    observe(prediction, cached, prompt_tokens)
     return True

@@ -328,7 +328,7 @@ class SimFleet:
         spec = req.spec
         headers = {"x-session-id": spec.session} if spec.session else _EMPTY
         route = RouteRequest("/v1/completions", _EMPTY, headers, None, req.excluded, spec.router_keys,
-                             spec.router_block, spec.prompt, spec.exact)
+                             spec.router_block, spec.router_prompt or spec.prompt, spec.exact)
         choice = self.policy.choose(route, FleetSnapshot(views, self.sim.now, self.kv_index))
         if choice is None:
             if req.excluded and self._any_ready:
@@ -407,7 +407,7 @@ class SimFleet:
                 req.done = now + rep.profile.request_overhead_s
                 in_flight[rep.id] -= 1
                 if req.choice is not None:  # the response's usage.prompt_tokens_details.cached_tokens
-                    feed_back(self.policy, req.choice, seq.cached)
+                    feed_back(self.policy, req.choice, seq.cached, seq.prompt)
                     req.choice = None
             self.outstanding -= len(finished)
             self._touch(rep)

@@ -34,6 +34,7 @@ class SimRequestSpec:
     router_block: int = ROUTER_DEFAULT_BLOCK
     exact: bool = True  # the router's keys are keyed like the engine's (token ids)
     session: str | None = None
+    router_prompt: int = 0  # the router's estimate of the prompt tokens when it differs (text); 0: `prompt`
 
 
 def _hash_chain(hash_ids: tuple[int, ...], prompt: int, block: int, salt: int) -> tuple:
@@ -79,8 +80,9 @@ def build_workload(trace: list[TraceRequest], engine_block: int, informed: bool)
             engine = _word_chain(text, engine_block, 0)
             rkeys, tokens, rblock, exact = request_features(body, KVLayout(engine_block if informed else
                                                                            ROUTER_DEFAULT_BLOCK))
-            out.append(SimRequestSpec(r.arrival_s, max(r.input_tokens, tokens, 1), r.output_tokens, engine,
-                                      tuple(rkeys), rblock, exact, session))
+            words = max(1, len(text.split()))  # the engine's tokens: its stand-in tokenizer's, as its keys
+            out.append(SimRequestSpec(r.arrival_s, words, r.output_tokens, engine, tuple(rkeys), rblock, exact,
+                                      session, max(tokens, 1)))
         else:
             out.append(SimRequestSpec(r.arrival_s, r.input_tokens, r.output_tokens, session=session))
     return out

@@ -91,8 +91,9 @@ class _ReplicaIndex:
 @register("prefixaware")
 class PrefixAware:
     def __init__(self, seed: int = 0, decode_weight: float = 64.0, affinity: float = 6.0, learn_rate: float = 0.05,
-                 **_options):
-        self.weights = CostWeights(decode_weight=decode_weight, affinity=affinity)
+                 exclusive: bool = False, balance_rel: float = 1.0, balance_abs: float = 1.0, **_options):
+        self.weights = CostWeights(decode_weight=decode_weight, affinity=affinity, exclusive=exclusive,
+                                   balance_rel=balance_rel, balance_abs=balance_abs)
         self.rng = random.Random(seed)
         self.index: dict[str, _ReplicaIndex] = {}
         self.learner = CapacityLearner(initial=DEFAULT_CACHE_BLOCKS, rate=learn_rate)
@@ -142,13 +143,13 @@ class PrefixAware:
         index.remember(request.blocks, cap, max_age)
         return Choice(replica, branch, uncached, prediction)
 
-    def observe(self, prediction: Prediction, cached_tokens: int) -> None:
+    def observe(self, prediction: Prediction, cached_tokens: int, prompt_tokens: int | None = None) -> None:
         """A response came back (`router.feedback.report`): its keys are stored there; learn the horizon."""
         index = self.index.get(prediction.replica)
         if index is None:
             return  # the replica is gone
         index.confirm(prediction.keys)
-        self.learner.observe(prediction, cached_tokens)
+        self.learner.observe(prediction, cached_tokens, prompt_tokens)
 
 
 @register("kvaware")
@@ -178,6 +179,6 @@ class KVAware:
         index.speculate(replica.id, request.blocks, snapshot.now)
         return Choice(replica, branch, uncached)
 
-    def observe(self, prediction: Prediction, cached_tokens: int) -> None:
+    def observe(self, prediction: Prediction, cached_tokens: int, prompt_tokens: int | None = None) -> None:
         """Responses to requests the router-side index placed (no events, or text keys) teach that index."""
-        self.fallback.observe(prediction, cached_tokens)
+        self.fallback.observe(prediction, cached_tokens, prompt_tokens)

@@ -1,0 +1,38 @@
+"""The simulator feeds the engines' cached tokens back to the live policy, as the gateway does."""
+
+from fleetserve.bench.routing_sim import endpoint_for, lru_token_hits
+from fleetserve.sim.perf import profile
+from fleetserve.sim.run import simulate
+from fleetserve.sim.setup import SimOptions
+from fleetserve.sim.workload import build_workload
+from fleetserve.traces.model import TraceRequest
+
+
+def test_text_prompts_in_blind_mode_keep_the_routers_own_estimate():
+    text = "the cache of the router " * 200
+    trace = [TraceRequest(0.0, 10, 4, messages=({"role": "user", "content": text},))]
+    blind = build_workload(trace, 16, informed=False)[0]
+    assert not blind.exact and blind.prompt == len(f"user: {text}\n".split())  # the engine counts its tokens
+    assert blind.router_prompt == len(f"user: {text}\n") // 4  # the router only has characters
+
+
+def test_blind_prefixaware_learns_from_every_finished_response(mooncake):
+    prof = profile("h100-8b")
+    from dataclasses import replace
+
+    prof = replace(prof, cache_blocks=600)
+    result = simulate(endpoint_for("prefixaware", 2), mooncake[:300], SimOptions(knowledge="blind", profile=prof))
+    learned = result.fleet.feedback_summary()
+    finished = sum(1 for r in result.fleet.requests if r.done is not None and r.error is None and r.spec.router_keys)
+    assert finished > 100  # (a prompt shorter than one key predicts nothing and teaches nothing)
+    assert sum(v["observations"] for v in learned.values()) == finished
+    assert all(v["horizon"] != 4096 for v in learned.values())  # evidence moved it off the default
+    leastload = simulate(endpoint_for("leastload", 2), mooncake[:50], SimOptions(profile=prof))
+    assert leastload.fleet.feedback_summary() is None  # a policy that does not learn gets nothing
+
+
+def test_oracle_is_one_pooled_lru_and_ideal_unbounded():
+    trace = [TraceRequest(float(i), 1024, 1, hash_ids=(1, 2)) for i in range(3)]
+    work = build_workload(trace, 256, informed=True)
+    assert lru_token_hits(work, 256, None) == 2 / 3  # the first request misses, the others hit all 4 blocks
+    assert lru_token_hits(work, 256, 2) == 0.0  # 2 blocks cannot hold a 4-block prompt
