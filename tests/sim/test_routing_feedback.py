@@ -20,13 +20,13 @@ def test_blind_prefixaware_learns_from_every_finished_response(mooncake):
     prof = profile("h100-8b")
     from dataclasses import replace
 
-    prof = replace(prof, cache_blocks=600)
-    result = simulate(endpoint_for("prefixaware", 2), mooncake[:300], SimOptions(knowledge="blind", profile=prof))
+    prof = replace(prof, cache_blocks=3000)
+    result = simulate(endpoint_for("prefixaware", 2), mooncake, SimOptions(knowledge="blind", profile=prof))
     learned = result.fleet.feedback_summary()
     finished = sum(1 for r in result.fleet.requests if r.done is not None and r.error is None and r.spec.router_keys)
-    assert finished > 100  # (a prompt shorter than one key predicts nothing and teaches nothing)
+    assert finished > 50  # (a prompt shorter than one key predicts nothing and teaches nothing)
     assert sum(v["observations"] for v in learned.values()) == finished
-    assert all(v["horizon"] != 4096 for v in learned.values())  # evidence moved it off the default
+    assert any(v["lowered"] for v in learned.values())  # the engines' misses moved it off the default
     leastload = simulate(endpoint_for("leastload", 2), mooncake[:50], SimOptions(profile=prof))
     assert leastload.fleet.feedback_summary() is None  # a policy that does not learn gets nothing
 
