@@ -72,3 +72,12 @@ def test_bad_input_exits_2_naming_the_parameter(tmp_path):
     assert result.returncode == 2 and "blind, informed" in said(result)
     result = fleetserve("analyze", str(SAMPLE), "--profile", "tpu-9000")
     assert result.returncode == 2 and "--profile" in said(result) and "h100-llama-8b" in said(result)
+
+
+def test_strategy_hit_rates_come_from_the_fleet_simulator():
+    out = analyze_json(str(SAMPLE), "--replicas", "2", "--cache-blocks", "300")
+    assert "simulator" in out["engine"]
+    row = out["strategies"]["blind"]["prefixaware"]
+    assert row["ttft_ms"]["p95"] is not None  # queues and batching: a simulation, not a cache replay
+    assert sum(row["decisions"].values()) >= out["requests"]  # every request went through the live policy
+    assert out["strategy_hit_rate"]["prefixaware"] == row["hit_rate"]

@@ -54,7 +54,8 @@ def analyze(path: str | Path, model: str | None = None, replicas: int = 4, profi
         "strategy_hit_rate": {n: s["hit_rate"] for n, s in chosen.items()},
         "strategy_notes": {n: s["reason"] for n, s in chosen.items() if s.get("reason")},
         "strategies": by_mode,
-        "engine": "live routing policies over per-replica LRU caches (analyze.routing)",
+        "engine": "the fleet simulator with the live routing policies, the trace at its own arrival times "
+                  "(analyze.routing -> sim.fleet)",
         "recommendation": recommend(ideal.hit_rate, tiers, chosen),
     }
 

@@ -1,65 +1,30 @@
-"""Hit rate per routing strategy for N replicas: the live policies over the trace, per-replica LRU caches.
+"""Hit rate per routing strategy for N replicas, through the fleet simulator.
 
-Each strategy is the registered policy itself (`create_policy(name)`), asked `choose(request, snapshot)` for
-every request in arrival order; nothing here decides where a request goes. The replicas are LRU caches of
-`cache_blocks` blocks each (an engine's prefix cache: a hit is the leading run of the prompt's blocks it
-holds). The load a policy sees is an estimate, not a queueing simulation: a request counts as in flight on
-its replica from its arrival until arrival + prefill(uncached) + output x decode step (from the profile),
-and its uncached tokens count as prefill backlog until its prefill would end. The fleet simulator
-(`sim/`) gives the full answer with queues and batching; this is the quick look `analyze` needs.
+Each strategy is the registered policy itself (`create_policy(name)`), run by `sim.run.simulate` on a fixed
+fleet of `replicas` engines with `cache_blocks` of KV memory each (the profile's speed; running sequences and
+the prefix cache share the memory), the trace at its own arrival times. The hit rate is the simulator's:
+prompt tokens the engines found cached over prompt tokens. Nothing here decides where a request goes.
 
-Modes (what the router may know): `blind`, no KV events (kvaware cannot act; text prompts are keyed in
-character chunks by `router.features`, as the gateway keys them); `informed`, the engines' KV events feed a
-`KVIndex` (stored on insert, removed on eviction) and prompts are keyed with the engine's token blocks.
-A strategy that cannot act on the trace says so (`None` with a reason) instead of reporting what its
-fallback did: session without session keys, kvaware in blind mode.
+Modes (what the router may know): `blind`, no KV events, capacity or queue (kvaware cannot act; text prompts
+are keyed in character chunks by `router.features`, as the gateway keys them; the cache-aware policies learn
+from the engines' reported cached tokens, `router.feedback`); `informed`, the engines' KV events feed a
+`KVIndex` and prompts are keyed with the engine's token blocks. A strategy that cannot act on the trace says
+so (`None` with a reason) instead of reporting what its fallback did: session without session keys, kvaware
+in blind mode.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import OrderedDict
-from dataclasses import dataclass
+import collections
+from dataclasses import replace
 
 from fleetserve.analyze.blocks import BlockTrace
 from fleetserve.router.features import KVLayout, request_features
-from fleetserve.router.kvindex import KVIndex
-from fleetserve.router.policies import FleetSnapshot, ReplicaView, RouteRequest, create_policy, registered_policies
+from fleetserve.router.policies import registered_policies
 from fleetserve.sim.perf import PerfProfile
+from fleetserve.sim.workload import ROUTER_DEFAULT_BLOCK, SimRequestSpec, build_workload
 
 MODES = ("blind", "informed")
-
-
-@dataclass
-class _Replica:
-    id: str
-    capacity: int
-    lru: OrderedDict
-    busy_until: list  # heap of (end, prefill_end, uncached tokens)
-    requests: int = 0
-
-    def view(self, now: float) -> ReplicaView:
-        while self.busy_until and self.busy_until[0][0] <= now:
-            heapq.heappop(self.busy_until)
-        backlog = sum(u for _, p_end, u in self.busy_until if p_end > now)
-        return ReplicaView(id=self.id, url=f"sim://{self.id}", in_flight=len(self.busy_until),
-                           prefill_backlog=backlog, cache_blocks=self.capacity)
-
-    def serve(self, keys: tuple[int, ...]) -> tuple[int, list[int], list[int]]:
-        """(leading blocks hit, keys stored, keys evicted)."""
-        hit = 0
-        for k in keys:
-            if k not in self.lru:
-                break
-            hit += 1
-        stored = [k for k in keys if k not in self.lru]
-        for k in keys:
-            self.lru[k] = None
-            self.lru.move_to_end(k)
-        evicted = []
-        while len(self.lru) > self.capacity:
-            evicted.append(self.lru.popitem(last=False)[0])
-        return hit, stored, evicted
 
 
 def cannot_act(name: str, trace: BlockTrace, mode: str) -> str | None:
@@ -73,56 +38,73 @@ def cannot_act(name: str, trace: BlockTrace, mode: str) -> str | None:
 
 def strategy_hit_rates(trace: BlockTrace, replicas: int, cache_blocks: int, perf: PerfProfile,
                        strategies: tuple[str, ...] | None = None, mode: str = "blind", seed: int = 0) -> dict:
-    """{strategy: {"hit_rate", "load_skew", "decisions"} or {"hit_rate": None, "reason"}}."""
+    """{strategy: {"hit_rate", "load_skew", "ttft_ms", "decisions"} or {"hit_rate": None, "reason"}}."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(MODES)}")
+    names = [n for n in (strategies or registered_policies())]
+    workload = _workload(trace, mode) if any(cannot_act(n, trace, mode) is None for n in names) else []
+    prof = replace(perf, cache_blocks=max(1, cache_blocks), block_size=trace.block_tokens,
+                   name=f"{perf.name}-cache{cache_blocks}")
     out = {}
-    for name in strategies or registered_policies():
+    for name in names:
         reason = cannot_act(name, trace, mode)
-        out[name] = {"hit_rate": None, "reason": reason} if reason else _run(name, trace, replicas, cache_blocks,
-                                                                                perf, mode, seed)
+        out[name] = {"hit_rate": None, "reason": reason} if reason else _run(name, workload, replicas, prof, mode,
+                                                                                seed)
     return out
 
 
-def _route_request(trace: BlockTrace, i: int, mode: str, layout: KVLayout) -> RouteRequest:
-    r = trace.requests[i]
-    headers = {"x-session-id": r.session} if r.session else {}
-    if trace.bodies is not None and mode == "blind":  # the gateway sees text and keys it in chunks
-        body = trace.bodies[i]
-        keys, prompt_tokens, block_tokens, exact = request_features(body, layout)
-        return RouteRequest(path="/v1/chat/completions", body=body, headers=headers, blocks=keys,
-                            block_tokens=block_tokens, prompt_tokens=prompt_tokens, exact_keys=exact)
-    body = trace.bodies[i] if trace.bodies is not None else ({"user": r.session} if r.session else {})
-    return RouteRequest(path="/v1/completions", body=body, headers=headers, blocks=trace.keys[i],
-                        block_tokens=trace.block_tokens, prompt_tokens=trace.prompt_tokens[i], exact_keys=True)
-
-
-def _run(name: str, trace: BlockTrace, n: int, capacity: int, perf: PerfProfile, mode: str, seed: int) -> dict:
-    policy = create_policy(name, seed=seed)
-    reps = [_Replica(f"r{i}", capacity, OrderedDict(), []) for i in range(n)]
-    by_id = {r.id: r for r in reps}
-    index = KVIndex(max_blocks_per_replica=max(capacity, 1)) if mode == "informed" else None
-    layout = KVLayout(block_size=trace.block_tokens)
-    hits = total = 0
-    branches: dict[str, int] = {}
+def _workload(trace: BlockTrace, mode: str) -> list[SimRequestSpec]:
+    """The trace as the simulator's requests: the engines' keys are the analysed blocks (hash ids, or the
+    model's tokens in chained blocks); the router's are the engines' own when informed, else its own."""
+    if trace.fmt == "mooncake":
+        return build_workload(trace.requests, trace.block_tokens, mode == "informed")
+    out = []
+    layout = KVLayout(block_size=ROUTER_DEFAULT_BLOCK)
     for i, r in enumerate(trace.requests):
-        now = r.arrival_s
-        snapshot = FleetSnapshot(tuple(rep.view(now) for rep in reps), now=now, kv_index=index)
-        choice = policy.choose(_route_request(trace, i, mode, layout), snapshot)
-        rep = by_id[choice.replica.id]
-        keys = trace.keys[i]
-        hit, stored, evicted = rep.serve(keys)
-        if index is not None:
-            index.stored(rep.id, stored)
-            index.removed(rep.id, evicted)
-        hits += hit
-        total += len(keys)
-        rep.requests += 1
-        branches[choice.branch] = branches.get(choice.branch, 0) + 1
-        uncached = max(0, trace.prompt_tokens[i] - hit * trace.block_tokens)
-        prefill_end = now + perf.prefill_time(uncached)
-        end = prefill_end + r.output_tokens * perf.decode_time(1, trace.prompt_tokens[i])
-        heapq.heappush(rep.busy_until, (end, prefill_end, uncached))
-    mean = len(trace.requests) / n
-    return {"hit_rate": round(hits / max(total, 1), 4), "load_skew": round(max(r.requests for r in reps) / mean, 3),
-            "decisions": dict(sorted(branches.items()))}
+        keys, prompt = trace.keys[i], max(1, trace.prompt_tokens[i])
+        if mode == "informed":
+            out.append(SimRequestSpec(r.arrival_s, prompt, r.output_tokens, keys, keys, trace.block_tokens, True,
+                                      r.session))
+        else:
+            rkeys, tokens, rblock, exact = request_features(trace.bodies[i], layout)
+            out.append(SimRequestSpec(r.arrival_s, prompt, r.output_tokens, keys, tuple(rkeys), rblock, exact,
+                                      r.session, max(tokens, 1)))
+    return out
+
+
+class _Counted:
+    """The policy, counting its decision branches (what the gateway's routing_decisions_total counts)."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.name = policy.name
+        self.branches: collections.Counter[str] = collections.Counter()
+
+    def choose(self, request, snapshot):
+        choice = self.policy.choose(request, snapshot)
+        if choice is not None:
+            self.branches[choice.branch] += 1
+        return choice
+
+    def observe(self, prediction, cached_tokens, prompt_tokens=None):
+        self.policy.observe(prediction, cached_tokens, prompt_tokens)
+
+
+def _run(name: str, workload: list[SimRequestSpec], n: int, prof: PerfProfile, mode: str, seed: int) -> dict:
+    from fleetserve.bench.routing_sim import endpoint_for
+    from fleetserve.sim.fleet import SimFleet
+    from fleetserve.sim.report import build_report, slo_of
+    from fleetserve.sim.setup import SimOptions
+
+    endpoint = endpoint_for(name, n)
+    fleet = SimFleet(endpoint, workload, SimOptions(seed=seed, knowledge=mode, profile=prof))
+    counted = fleet.policy = _Counted(fleet.policy)
+    fleet.run()
+    report = build_report(fleet, *slo_of(endpoint))
+    counts = collections.Counter(r.replica.id for r in fleet.requests if r.replica is not None)
+    per = [counts.get(r.id, 0) for r in fleet.replicas]
+    mean = sum(per) / len(per) if per else 0.0
+    return {"hit_rate": round(report["hit_rate"]["total"], 4),
+            "load_skew": round(max(per) / mean, 3) if mean else None,
+            "ttft_ms": report["ttft_ms"],
+            "decisions": dict(sorted(counted.branches.items()))}
