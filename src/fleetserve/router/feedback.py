@@ -20,8 +20,8 @@ chunks, the engine's tokens are first converted by the ratio of the router's pro
 `usage.prompt_tokens`. The engine's hit ends at one of its own block boundaries, which the router does not
 know, so the key right after the hit may be cut in two: a miss is read from the key after that one.
 
-Each piece of evidence moves `H` by a fixed fraction (`rate`) in its direction: a sign-based tracker that
-settles where raising and lowering evidence balance, which is where the engine's own eviction horizon is.
+Raising evidence moves `H` just past the age seen, lowering evidence down to it, and each by at least a
+fraction `rate`: `H` settles where raising and lowering evidence balance, the engine's own eviction horizon.
 A key counts as stored only after a response for a request that carried it came back (`confirm`), so
 misses of requests that raced an in-flight prefill are not mistaken for evictions. The ratio of reported
 to predicted cached tokens is kept per replica as a plain figure for people (`summary`).
