@@ -4,8 +4,18 @@ from dataclasses import replace
 
 import pytest
 
-from fleetserve.bench.fidelity import (SPEC, FidelityConfig, calibrated, calibration_trace, errors, fit_overheads,
-                                       make_trace, relative_error, simulate_trace)
+from fleetserve.bench.fidelity import (
+    SPEC,
+    FidelityConfig,
+    burst_step_time,
+    calibrated,
+    calibration_trace,
+    errors,
+    fit_overheads,
+    make_trace,
+    relative_error,
+    simulate_trace,
+)
 from fleetserve.sim.perf import PROFILES, profile
 from fleetserve.sim.profiles import to_dict
 from tests.helpers import fleetserve
@@ -58,9 +68,17 @@ def test_calibration_requests_are_not_the_trace():
     cfg = FidelityConfig(calibration_repeats=2, calibration_batches=(1, 4), replicas=2)
     reqs, tags = calibration_trace(cfg)
     assert len(reqs) == len(tags)
-    assert [t for t in tags if t[0] == "ttft"] == [("ttft", 0)] * 6
-    assert sum(1 for t in tags if t == ("decode", 4)) == 8
-    assert all(r.output_tokens == 1 for r, t in zip(reqs, tags, strict=True) if t[0] == "ttft")
+    assert [t for t in tags if t[0] == "warm-up"] == [("warm-up", 0, 0)] * 3  # one discarded round
+    assert [t for t in tags if t[0] == "ttft"] == [("ttft", 0, 0)] * 6
+    assert sum(1 for t in tags if t[:2] == ("decode", 4)) == 8
+    assert all(r.output_tokens == 1 for r, t in zip(reqs, tags, strict=True) if t[0] != "decode")
+    assert reqs != make_trace(cfg)[: len(reqs)]
+
+
+def test_burst_step_time_counts_the_serial_prefills():
+    # 4 streams of 10 tokens: 4 prefills of 5 ms, then 3 + 9 decode steps of 2 ms, plus 10 ms overhead
+    assert burst_step_time(0.010 + 4 * 0.005 + 12 * 0.002, 4, 10, 0.005, 0.010) == pytest.approx(0.002)
+    assert burst_step_time(0.001, 1, 10, 0.005, 0.010) == 0.0
 
 
 def test_request_overhead_shifts_simulated_latency_exactly(tmp_path):

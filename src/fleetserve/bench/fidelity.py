@@ -13,10 +13,12 @@ vocabulary, every prompt its own so no prefix cache helps):
 
 What the step model leaves out is what a client sees outside the engine's steps: HTTP, the router's proxy,
 tokenization, sampling and streaming per token. Before each replay, a short **calibration** against the same
-gateway (never the trace) measures it: isolated single-token requests (client TTFT minus the profile's
-prefill for that prompt: the per-request overhead) and concurrent streams at batch 1, 4 and 8 (client
-inter-token time minus the profile's decode step: a per-step and per-sequence overhead, fitted with
-non-negative least squares), with the replay's own client. The `calibrated` profile is the raw one plus those terms
+gateway (never the trace), with the replay's own client, measures it: isolated single-token requests
+(client TTFT minus the profile's prefill for that prompt, median: the per-request overhead) and bursts of
+1, 4 and 8 streams per replica started together (the decode step time from when the burst's last stream
+ended, minus the profile's decode step: a per-step and per-sequence overhead, fitted with non-negative least
+squares). Both are measured on the fleet as it runs, so they include what the machine's other work costs
+it. The `calibrated` profile is the raw one plus those terms
 (`request_overhead_s`, `decode_base_s`, `decode_per_seq_s`); the simulator runs with both, and the errors
 are reported for both. Nothing is fitted on the replayed trace.
 
@@ -138,48 +140,61 @@ def calibrated(profile: dict, overheads: dict) -> dict:
 
 # --- measuring against a gateway -----------------------------------------------------------------------------
 
-def calibration_trace(cfg: FidelityConfig) -> tuple[list[TraceRequest], list[tuple[str, int]]]:
-    """Requests that are not the trace: isolated one-token requests (prompt lengths across the trace's range),
-    then bursts of b streams per replica started together; with (kind, batch) per request."""
+def calibration_trace(cfg: FidelityConfig) -> tuple[list[TraceRequest], list[tuple[str, int, int]]]:
+    """Requests that are not the trace: isolated one-token requests (prompt lengths across the trace's range;
+    the first round only warms up), then bursts of b streams per replica started together; with
+    (kind, batch, burst number) per request."""
     lo, hi = cfg.prompt_tokens
     lengths = sorted({lo, (lo + hi) // 2, hi})
     reqs, tags, t = [], [], 0.0
-    for _ in range(cfg.calibration_repeats):
+    for round_ in range(cfg.calibration_repeats + 1):
         for n in lengths:
             reqs.append(TraceRequest(t, n, 1))
-            tags.append(("ttft", 0))
+            tags.append(("ttft" if round_ else "warm-up", 0, 0))
             t += 0.4
+    burst = 0
     for _ in range(max(1, cfg.calibration_repeats - 1)):
         for b in cfg.calibration_batches:
+            burst += 1
             for _ in range(b * cfg.replicas):
                 reqs.append(TraceRequest(t, lo, cfg.calibration_tokens))
-                tags.append(("decode", b))
+                tags.append(("decode", b, burst))
             t += 0.6 + b * cfg.calibration_tokens * 0.004
     return reqs, tags
+
+
+def burst_step_time(last_e2e_s: float, batch: int, tokens: int, prefill_s: float, overhead_s: float) -> float:
+    """Seconds per decode step in a burst of `batch` streams of `tokens` tokens on one replica, from the time
+    the last stream ended: the built-in engine prefills one request per iteration next to the running decode,
+    so the last one starts decoding after `batch` iterations and needs `tokens - 1` more steps."""
+    steps = batch - 1 + tokens - 1
+    return max(0.0, (last_e2e_s - overhead_s - batch * prefill_s) / max(1, steps))
 
 
 def calibrate(url: str, cfg: FidelityConfig, vocab: int, profile: dict) -> dict:
     """Replay the calibration requests at `url` with the trace's own client; the fitted overheads and samples.
 
-    Isolated requests give (prompt, client TTFT); each burst gives (b, mean context, mean TPOT of its
-    streams), TPOT = (E2E - TTFT) / (tokens - 1) (client-side inter-token gaps bunch up under load)."""
+    Isolated requests give (prompt, client TTFT); each burst gives (b, mean context, decode step time) from
+    the time its last stream ended (`burst_step_time`; client-side inter-token gaps bunch up under load)."""
     from fleetserve.bench.replay import replay
 
-    warm = [TraceRequest(0.0, cfg.prompt_tokens[0], 4), TraceRequest(0.0, cfg.prompt_tokens[0], 4)]
-    asyncio.run(replay(url, warm, model=MODEL, stream=True, vocab=vocab))
     reqs, tags = calibration_trace(cfg)
     records = asyncio.run(replay(url, reqs, model=MODEL, stream=True, vocab=vocab))
-    ttft = [(r.input_tokens, rec.ttft_ms / 1000) for r, rec, (kind, _) in zip(reqs, records, tags, strict=True)
+    ttft = [(r.input_tokens, rec.ttft_ms / 1000) for r, rec, (kind, _, _) in zip(reqs, records, tags, strict=True)
             if kind == "ttft" and rec.ttft_ms is not None and not rec.error]
-    bursts: dict[int, list[float]] = {}
-    for r, rec, (kind, b) in zip(reqs, records, tags, strict=True):
-        if kind == "decode" and rec.ttft_ms is not None and rec.e2e_ms is not None and not rec.error:
-            bursts.setdefault(b, []).append((rec.e2e_ms - rec.ttft_ms) / 1000 / max(1, r.output_tokens - 1))
-    ctx = cfg.prompt_tokens[0] + cfg.calibration_tokens // 2
-    itl = [(b, ctx, statistics.mean(v)) for b, v in sorted(bursts.items())]
-    fitted = fit_overheads(profile, ttft, itl)
+    request = fit_overheads(profile, ttft, [])["request_overhead_s"]
+    bursts: dict[int, tuple[int, list[float]]] = {}
+    for rec, (kind, b, burst) in zip(records, tags, strict=True):
+        if kind == "decode" and rec.e2e_ms is not None and not rec.error:
+            bursts.setdefault(burst, (b, []))[1].append(rec.e2e_ms / 1000)
+    lo = cfg.prompt_tokens[0]
+    prefill = profile["prefill_base_s"] + profile["prefill_per_token_s"] * lo
+    ctx = lo + cfg.calibration_tokens // 2
+    steps = [(b, ctx, burst_step_time(max(e2e), b, cfg.calibration_tokens, prefill, request))
+             for b, e2e in bursts.values()]
+    fitted = fit_overheads(profile, ttft, steps)
     return {**fitted, "ttft_samples": [[n, round(t, 6)] for n, t in ttft],
-            "tpot_samples": [[b, c, round(t, 6)] for b, c, t in itl]}
+            "step_samples": [[b, c, round(t, 6)] for b, c, t in steps]}
 
 
 def _replay(url: str, trace: list[TraceRequest], vocab: int) -> tuple[dict, float]:
@@ -335,5 +350,5 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
     return result
 
 
-__all__ = ["FidelityConfig", "calibrate", "calibrated", "calibration_trace", "errors", "fit_overheads",
-           "make_trace", "relative_error", "run", "simulate_trace"]
+__all__ = ["FidelityConfig", "burst_step_time", "calibrate", "calibrated", "calibration_trace", "errors",
+           "fit_overheads", "make_trace", "relative_error", "run", "simulate_trace"]
