@@ -256,7 +256,8 @@ def _checks(row: dict) -> dict:
                                    and row["ttft_p95_vs_roundrobin"] <= TARGETS["ttft_p95_vs_roundrobin_max"]),
         "load_skew": (row["load_skew"], row["load_skew"] is not None and row["load_skew"] <= TARGETS["load_skew_max"]),
     }
-    return {**{k: {"value": v, "met": ok} for k, (v, ok) in checks.items()}, "met": all(ok for _, ok in checks.values())}
+    return {**{k: {"value": v, "met": ok} for k, (v, ok) in checks.items()},
+            "met": all(ok for _, ok in checks.values())}
 
 
 def targets(result: dict) -> dict:
