@@ -77,3 +77,40 @@ def test_replica_killed_during_replay_loses_no_unstarted_request(tmp_path):
         # only streams that had started may fail, and they end with the router's clean error event
         assert r.streamed and "mid-stream" in r.error, (r.status, r.error)
     assert len(records) == 60  # every request got an answer: complete, or cut with the router's error event
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_gateway_feeds_reported_cached_tokens_back_to_the_policy(tmp_path, stream):
+    """What the engines report (usage.prompt_tokens_details.cached_tokens) reaches the policy and the
+    predicted-vs-reported counters, for JSON bodies and for streams with include_usage."""
+    engines = sims(tmp_path, 2)
+    gw = gateway(tmp_path, engines, "prefixaware")
+    try:
+        doc = list(range(50_000, 50_000 + 16 * 8))
+        body = {"model": "sim", "prompt": doc, "max_tokens": 2, "stream": stream}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        for suffix in range(4):
+            r = httpx.post(gw.url + "/v1/completions", json={**body, "prompt": doc + [suffix]}, timeout=30)
+            assert r.status_code == 200
+        reported = sample(gw.url, "fleetserve_router_cached_tokens_total", policy="prefixaware", source="reported")
+        predicted = sample(gw.url, "fleetserve_router_cached_tokens_total", policy="prefixaware",
+                           source="predicted")
+        assert reported == 3 * 16 * 8  # the three repeats found the whole document cached
+        assert predicted > 0
+    finally:
+        gw.stop()
+        for e in engines:
+            e.stop()
+
+
+def test_usage_is_read_from_the_tail_of_json_and_sse_bodies():
+    from fleetserve.router.server import CACHED_TOKENS, PROMPT_TOKENS, _last_int
+
+    body = b'{"usage": {"prompt_tokens": 129, "prompt_tokens_details": {"cached_tokens": 128}}}'
+    assert _last_int(CACHED_TOKENS, body) == 128 and _last_int(PROMPT_TOKENS, body) == 129
+    sse = (b'data: {"choices": [{"text": "\\"cached_tokens\\": 9"}]}\n\n'
+           b'data: {"choices": [], "usage": {"prompt_tokens": 7, "prompt_tokens_details": {"cached_tokens": 0}}}\n\n'
+           b"data: [DONE]\n\n")
+    assert _last_int(CACHED_TOKENS, sse) == 0  # the usage chunk, not text that looks like it
+    assert _last_int(CACHED_TOKENS, b'data: {"choices": []}\n\ndata: [DONE]\n\n') is None

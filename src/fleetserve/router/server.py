@@ -15,6 +15,7 @@ import hmac
 import json
 import logging
 import random
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -36,6 +37,7 @@ from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import parse_json_body
 from fleetserve.kvcache.blocks import kv_salt
 from fleetserve.observe.metrics import LATENCY_BUCKETS_MS, exposition
+from fleetserve.router import feedback
 from fleetserve.router.admission import (
     BUFFER,
     GO,
@@ -110,6 +112,9 @@ class RouterMetrics:
                                        buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600), registry=r)
         self.latency_ms = Histogram("fleetserve_router_latency_milliseconds", "Latency through the router",
                                     buckets=LATENCY_BUCKETS_MS, registry=r)
+        self.cached_tokens = Counter("fleetserve_router_cached_tokens", "Prompt tokens the policy predicted the "
+                                     "replica to find cached, and those the engine reported",
+                                     ["policy", "source"], registry=r)
 
 
 class _Attempt:
@@ -117,6 +122,7 @@ class _Attempt:
 
     def __init__(self, backend: Backend, response: httpx.Response, first: bytes, iterator: AsyncIterator[bytes],
                  book: LoadBook, freed):
+        self.choice: Choice | None = None  # the decision that sent it here (its prediction is learned from)
         self.backend = backend
         self.response = response
         self.first = first
@@ -398,6 +404,7 @@ class Gateway:
             outcome = await self._try(self.pool.get(replica.id), request.method, path, raw, headers,
                                       choice.prefill_tokens)
             if isinstance(outcome, _Attempt):
+                outcome.choice = choice
                 return outcome
             if outcome == "timeout":
                 self.metrics.retries.labels("timeout_not_retried").inc()
@@ -453,11 +460,18 @@ class Gateway:
         )
 
     async def _relay(self, attempt: _Attempt, sse: bool) -> AsyncIterator[bytes]:
+        learn = attempt.response.status_code == 200 and getattr(attempt.choice, "prediction", None) is not None
+        tail = b""  # the last bytes relayed: `usage` closes a JSON body and the final SSE chunk
         try:
             if attempt.first:
                 yield attempt.first
+                tail = attempt.first[-USAGE_TAIL:]
             async for chunk in attempt.iterator:
                 yield chunk
+                if learn:
+                    tail = (tail + chunk)[-USAGE_TAIL:]
+            if learn:
+                self._learn(attempt.choice, tail)
         except httpx.HTTPError as exc:
             self.pool.mark_unreachable(attempt.backend, f"failed mid-response: {type(exc).__name__}")
             self.pool.request_failed(attempt.backend, "failed mid-response")
@@ -468,6 +482,18 @@ class Gateway:
                 yield f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n".encode()
         finally:
             await attempt.aclose()
+
+    def _learn(self, choice: Choice, tail: bytes) -> None:
+        """Feed the engine's reported cached tokens back to the policy (router/feedback.py, as the simulator
+        does), read from the response's tail without parsing the body: the gateway relays bytes."""
+        cached = _last_int(CACHED_TOKENS, tail)
+        if cached is None:
+            return  # no usage in the response (a stream without include_usage): nothing to learn
+        prompt = _last_int(PROMPT_TOKENS, tail)
+        feedback.report(self.policy, choice, cached, prompt)
+        predicted = getattr(choice.prediction, "predicted_tokens", 0)
+        self.metrics.cached_tokens.labels(self.policy.name, "predicted").inc(predicted)
+        self.metrics.cached_tokens.labels(self.policy.name, "reported").inc(cached)
 
     # --- other endpoints -----------------------------------------------------------------------------------
 
@@ -552,6 +578,16 @@ class Gateway:
             self.metrics.in_flight.labels(b.id).set(b.in_flight)
         data, content_type = exposition(self.metrics.registry)
         return Response(data, media_type=content_type)
+
+
+USAGE_TAIL = 1024
+CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+
+
+def _last_int(pattern: re.Pattern, data: bytes) -> int | None:
+    found = pattern.findall(data)
+    return int(found[-1]) if found else None
 
 
 def _rejected(r: Rejection) -> APIError:
