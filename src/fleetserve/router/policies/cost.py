@@ -38,19 +38,15 @@ class CostWeights:
 
 def ttft_cost(r: ReplicaView, uncached: int, cached: int, w: CostWeights) -> float:
     backlog = max(r.prefill_backlog, r.waiting * w.reported_weight)
-    return backlog + uncached + w.decode_weight * max(r.in_flight, r.running + r.waiting) - w.affinity * cached
-
-
-def _load(r: ReplicaView) -> int:
-    return max(r.in_flight, r.running + r.waiting)
+    return backlog + uncached + w.decode_weight * r.load - w.affinity * cached
 
 
 def cheapest(candidates: list[tuple[ReplicaView, int]], w: CostWeights, rng: random.Random, prompt_tokens: int
              ) -> tuple[ReplicaView, int]:
     if w.balance_rel > 0 and len(candidates) > 1:
-        mean = sum(_load(r) for r, _ in candidates) / len(candidates)
+        mean = sum(r.load for r, _ in candidates) / len(candidates)
         bound = w.balance_rel * mean + w.balance_abs
-        kept = [(r, u) for r, u in candidates if _load(r) <= bound]
+        kept = [(r, u) for r, u in candidates if r.load <= bound]
         candidates = kept or candidates
     if w.exclusive and len(candidates) > 1:
         cached = sorted((prompt_tokens - u for _, u in candidates), reverse=True)
