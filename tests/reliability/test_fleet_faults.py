@@ -52,7 +52,10 @@ def test_killed_redis_is_restarted_and_the_l2_tier_comes_back(tmp_path, tiny_mod
         token = (tmp_path / "home" / "run" / "l2" / "internal.token").read_text().strip()
         replica = _status(home, "l2")["replicas"][0]["url"]
         body = {"model": "tiny", "prompt": "after the restart, a prefix long enough for blocks " * 3, "max_tokens": 2}
-        store = redis.Redis.from_url(state["l2_url"])
+        password = (tmp_path / "home" / "run" / "l2" / "redis.password").read_text()
+        with pytest.raises(redis.AuthenticationError):  # no AUTH, no blocks: local processes cannot read or forge
+            redis.Redis.from_url(state["l2_url"]).dbsize()
+        store = redis.Redis.from_url(state["l2_url"], password=password)
 
         def written():  # the engine reconnects by itself and writes its new blocks to the new Redis
             httpx.post(state["url"] + "/completions", json=body, timeout=60).raise_for_status()

@@ -203,6 +203,7 @@ def engine(
                                   ] = 512 << 20,
     l1_bytes: Annotated[int, typer.Option(min=0, help="L1 tier: CPU bytes for offloaded blocks (0: off)")] = 0,
     l2_url: Annotated[str | None, typer.Option(help="L2 tier: redis://host:port/db (none: off)")] = None,
+    l2_password_file: Annotated[str | None, typer.Option(help="File with the L2 Redis password (AUTH)")] = None,
     l2_tenant: Annotated[list[str] | None, typer.Option(help="TENANT=redis://... : a tenant's own L2 (repeat)")
                          ] = None,
     max_batch: Annotated[int, typer.Option(min=1, max=256, help="Sequences decoded together (1: serial)")] = 8,
@@ -269,7 +270,7 @@ def engine(
                    block_size=block_size or 256, kv_cache=kv_cache, engine_cache_bytes=engine_cache_bytes,
                    l1_bytes=l1_bytes, l2_url=l2_url, max_batch=max_batch, prefill_chunk=prefill_chunk,
                    tenant_l2=tenant_l2, internal_token_file=internal_token_file, max_body_bytes=max_body_bytes,
-                   max_header_bytes=max_header_bytes)
+                   max_header_bytes=max_header_bytes, l2_password_file=l2_password_file)
     except ModelSourceError as exc:
         raise _fail(f"--model: {exc}", EXIT_USAGE) from None
 

@@ -16,7 +16,8 @@ from fleetserve.observe.metrics import ModelIdentity
 
 
 def attach_prefix_cache(engine: Engine, block_size: int, engine_cache_bytes: int, l1_bytes: int,
-                        l2_url: str | None, tenant_l2: dict[str, str] | None = None) -> None:
+                        l2_url: str | None, tenant_l2: dict[str, str] | None = None,
+                        l2_password: str | None = None) -> None:
     """Give the engine its prefix KV cache: working set, optional L1 (CPU bytes) and L2 (Redis URL)."""
     from fleetserve.engine.prefix_cache import PrefixCache
     from fleetserve.kvcache.tiers import L1Store, RedisStore
@@ -30,8 +31,8 @@ def attach_prefix_cache(engine: Engine, block_size: int, engine_cache_bytes: int
         block_bytes *= dim
     cache = PrefixCache(shape, runner.torch_dtype, max(1, engine_cache_bytes // block_bytes),
                         l1=L1Store(l1_bytes) if l1_bytes else None,
-                        l2=RedisStore(l2_url, prefix=f"fleetserve:kv:{engine.settings.served_model_name}:")
-                        if l2_url else None,
+                        l2=RedisStore(l2_url, prefix=f"fleetserve:kv:{engine.settings.served_model_name}:",
+                                      password=l2_password) if l2_url else None,
                         tenant_l2={t: RedisStore(u, prefix=f"fleetserve:kv:{engine.settings.served_model_name}:")
                                    for t, u in (tenant_l2 or {}).items()})
     runner.prefix_cache = cache
@@ -65,6 +66,7 @@ def run_engine(
     internal_token_file: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+    l2_password_file: str | None = None,
 ) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine[" + replica + "] %(levelname)s %(message)s")
     # The generation thread and the event loop share the GIL; the default 5 ms switch interval adds up to
@@ -79,6 +81,7 @@ def run_engine(
         size_limits=SizeLimits(max_body_bytes, max_header_bytes),
         internal_token=read_token_file(internal_token_file) if internal_token_file else None))
     if kv_cache:
-        attach_prefix_cache(engine, block_size, engine_cache_bytes, l1_bytes, l2_url, tenant_l2)
+        password = read_token_file(l2_password_file) if l2_password_file else None
+        attach_prefix_cache(engine, block_size, engine_cache_bytes, l1_bytes, l2_url, tenant_l2, password)
     logging.getLogger(__name__).info("serving %s (%s) on http://%s:%d", name, path, host, port)
     uvicorn.run(build_app(engine), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

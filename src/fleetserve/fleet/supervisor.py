@@ -57,6 +57,7 @@ from fleetserve.spec.load import LoadedSpec
 log = logging.getLogger(__name__)
 
 RESTART_BACKOFF_MAX = 30.0
+REDIS_PASSWORD = "redis.password"  # in the fleet's run folder, 0600
 DRAIN_TIMEOUT = 120.0
 
 
@@ -409,6 +410,8 @@ class Supervisor:
             cmd += ["--l1-bytes", str(kv.l1.max_bytes)]
         if self.l2_url:
             cmd += ["--l2-url", self.l2_url]
+            if self.redis is not None:  # our own Redis requires a password (a file, never the command line)
+                cmd += ["--l2-password-file", str(self.dir / REDIS_PASSWORD)]
         if kv.l2.enabled:
             for tenant, url in kv.l2.tenant_urls.items():
                 cmd += ["--l2-tenant", f"{tenant}={url}"]
@@ -426,7 +429,15 @@ class Supervisor:
             raise StartupError("spec.kvCache.l2.enabled needs redis-server (apt-get install redis-server) "
                                "or spec.kvCache.l2.url pointing at a Redis")
         port = free_port()
-        self.redis = Child("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        # AUTH: any local process could otherwise read blocks or plant forged ones under a tenant's keys. The
+        # password lives in 0600 files (Redis's config, the engines' password file), never on a command line.
+        password = write_token_file(self.dir / REDIS_PASSWORD).read_text()
+        config = self.dir / "redis.conf"
+        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"requirepass {password}\n")
+        self.redis = Child("redis", ["redis-server", str(config), "--port", str(port), "--bind", "127.0.0.1",
+                                     "--save", "",
                                      "--appendonly", "no", "--maxmemory", str(l2.max_bytes),
                                      "--maxmemory-policy", "allkeys-lru", "--dir", str(self.dir)],
                            self.dir / "logs" / "redis.log")

@@ -119,14 +119,16 @@ class RedisStore:
 
     name = "l2"
 
-    def __init__(self, url: str, prefix: str = "fleetserve:kv:", timeout: float = 0.5, backoff: float = 2.0):
+    def __init__(self, url: str, prefix: str = "fleetserve:kv:", timeout: float = 0.5, backoff: float = 2.0,
+                 password: str | None = None):
         import redis
 
         self.url = url
         self.prefix = prefix
         self.backoff = backoff
+        auth = {"password": password} if password else {}  # else whatever the URL carries
         self._client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                            health_check_interval=0, max_connections=16)
+                                            health_check_interval=0, max_connections=16, **auth)
         self._down_until = 0.0
         self.stats = TierStats()
 
