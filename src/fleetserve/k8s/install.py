@@ -1,0 +1,166 @@
+"""`fleetserve render k8s --install -o DIR`: what a cluster needs before its first Endpoint.
+
+    install_objects(options, install) -> tuple of objects, in apply order
+
+- the `Endpoint` CRD (crd.py, generated from the pydantic spec);
+- least-privilege RBAC: a ServiceAccount, a ClusterRole and its binding. The rules are derived, not typed:
+  for every kind the operator manages (reconcile.CHILD_KINDS) the verbs its reconcile can emit
+  (reconcile.ACTION_VERBS: create, patch, delete) plus get and list (client.list before each pass; watch only
+  on Deployments, whose events move the status); on endpoints get/list/watch/patch (kopf's finalizer and
+  annotations), endpoints/status patch (client.patch_status) and events create (kopf's event posting).
+  No secrets read, no pods, no wildcard;
+- the operator Deployment (one replica, strategy Recreate: kopf runs standalone, without peering), non-root,
+  read-only root filesystem, all capabilities dropped, kopf's liveness endpoint as probe;
+- the webhook Service and the ValidatingWebhookConfiguration (CREATE/UPDATE of endpoints, failurePolicy
+  Fail). The serving certificate lives in the Secret `fleetserve-operator-webhook-tls` (kubernetes.io/tls);
+  its CA reaches the API server either inline (`--webhook-ca-bundle FILE`) or through cert-manager's CA
+  injector (the annotation rendered when no bundle is given).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from fleetserve import __version__
+from fleetserve.k8s.client import READ_VERBS
+from fleetserve.k8s.context import RenderOptions
+from fleetserve.k8s.crd import CRD_NAME, endpoint_crd
+from fleetserve.k8s.operator import WEBHOOK_ID, WEBHOOK_PORT
+from fleetserve.k8s.reconcile import ACTION_VERBS, CHILD_KINDS, GROUP, OWNER_PLURAL, VERSION
+
+NAME = "fleetserve-operator"
+WEBHOOK_SECRET = f"{NAME}-webhook-tls"
+CERT_DIR = "/etc/fleetserve/webhook"
+LIVENESS_PORT = 8081
+#: the kinds whose events the operator watches (operator.build_registry: child_changed)
+WATCHED = frozenset({("apps/v1", "Deployment")})
+ORDER = ("Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+         "Service", "Deployment", "ValidatingWebhookConfiguration")
+
+
+@dataclass(frozen=True)
+class InstallOptions:
+    namespace: str = "fleetserve-system"
+    webhook_ca_bundle: bytes | None = None  # PEM; None: cert-manager injects it (Certificate NAMESPACE/NAME-webhook)
+    create_namespace: bool = True
+
+
+def _labels() -> dict[str, str]:
+    return {"app.kubernetes.io/name": "fleetserve", "app.kubernetes.io/component": "operator",
+            "app.kubernetes.io/part-of": "fleetserve", "app.kubernetes.io/managed-by": "fleetserve",
+            "app.kubernetes.io/version": __version__}
+
+
+def _selector() -> dict[str, str]:
+    return {"app.kubernetes.io/name": "fleetserve", "app.kubernetes.io/component": "operator"}
+
+
+def rbac_rules() -> list[dict]:
+    """The ClusterRole's rules, derived from what the reconcile and the handlers do."""
+    by_group: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for kind in CHILD_KINDS:
+        verbs = {*ACTION_VERBS, *(v for v in READ_VERBS if v != "watch")}
+        if (kind.api_version, kind.kind) in WATCHED:
+            verbs.add("watch")
+        by_group.setdefault((kind.group, tuple(sorted(verbs))), []).append(kind.plural)
+    rules = [{"apiGroups": [group], "resources": sorted(set(plurals)), "verbs": list(verbs)}
+             for (group, verbs), plurals in sorted(by_group.items())]
+    rules += [
+        {"apiGroups": [GROUP], "resources": [OWNER_PLURAL], "verbs": ["get", "list", "patch", "watch"]},
+        {"apiGroups": [GROUP], "resources": [f"{OWNER_PLURAL}/status"], "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    ]
+    return rules
+
+
+def _operator_args(options: RenderOptions) -> list[str]:
+    args = ["operator", "--webhook-cert-dir", CERT_DIR, "--liveness", f"http://0.0.0.0:{LIVENESS_PORT}/healthz",
+            "--image", options.image, "--prometheus-url", options.prometheus_url, "--node-class",
+            options.node_class, "--router-replicas", str(options.router_replicas)]
+    for zone in options.zones:
+        args += ["--zone", zone]
+    if options.service_account:
+        args += ["--service-account", options.service_account]
+    if options.model_pvc:
+        args += ["--model-pvc", options.model_pvc]
+    return args
+
+
+def install_objects(options: RenderOptions | None = None, install: InstallOptions | None = None) -> tuple[dict, ...]:
+    options, install = options or RenderOptions(), install or InstallOptions()
+    ns = install.namespace
+
+    def meta(name: str, namespaced: bool = True) -> dict:
+        return {"name": name, **({"namespace": ns} if namespaced else {}), "labels": _labels()}
+
+    objects: list[dict] = []
+    if install.create_namespace:
+        objects.append({"apiVersion": "v1", "kind": "Namespace", "metadata": meta(ns, namespaced=False)})
+    objects.append(endpoint_crd())
+    objects.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(NAME)})
+    objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                    "metadata": meta(NAME, namespaced=False), "rules": rbac_rules()})
+    objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                    "metadata": meta(NAME, namespaced=False),
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
+                    "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}]})
+    objects.append({"apiVersion": "v1", "kind": "Service", "metadata": meta(NAME), "spec": {
+        "selector": _selector(),
+        "ports": [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]}})
+    container = {
+        "name": "operator", "image": options.image, "imagePullPolicy": "IfNotPresent",
+        "command": ["fleetserve"], "args": _operator_args(options),
+        "ports": [{"name": "webhook", "containerPort": WEBHOOK_PORT, "protocol": "TCP"},
+                  {"name": "health", "containerPort": LIVENESS_PORT, "protocol": "TCP"}],
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 20,
+                          "failureThreshold": 3, "timeoutSeconds": 5},
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "webhook-tls", "mountPath": CERT_DIR, "readOnly": True},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    objects.append({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta(NAME), "spec": {
+        "replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": _selector()},
+        "template": {"metadata": {"labels": _labels()}, "spec": {
+            "serviceAccountName": NAME, "automountServiceAccountToken": True,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [container],
+            "volumes": [{"name": "webhook-tls", "secret": {"secretName": WEBHOOK_SECRET}},
+                        {"name": "tmp", "emptyDir": {}}]}}}})
+    client_config: dict = {"service": {"namespace": ns, "name": NAME, "path": f"/{WEBHOOK_ID}", "port": 443}}
+    vwc_meta = meta(f"{OWNER_PLURAL}.{GROUP}", namespaced=False)
+    if install.webhook_ca_bundle:
+        client_config["caBundle"] = base64.b64encode(install.webhook_ca_bundle).decode()
+    else:
+        vwc_meta["annotations"] = {"cert-manager.io/inject-ca-from": f"{ns}/{NAME}-webhook"}
+    objects.append({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+                    "metadata": vwc_meta, "webhooks": [{
+                        "name": CRD_NAME, "clientConfig": client_config,
+                        "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE", "UPDATE"],
+                                   "resources": [OWNER_PLURAL], "scope": "Namespaced"}],
+                        "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
+                        "timeoutSeconds": 10}]})
+    objects.sort(key=lambda o: ORDER.index(o["kind"]))
+    return tuple(objects)
+
+
+def file_name(obj: dict) -> str:
+    return f"{ORDER.index(obj['kind']):02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+
+
+def write(objects: tuple[dict, ...], directory: str | Path) -> list[Path]:
+    """One file per object, in apply order (kubectl apply -f DIR applies files in name order)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for obj in objects:
+        path = out / file_name(obj)
+        path.write_text(yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, width=120))
+        paths.append(path)
+    return paths

@@ -1,0 +1,234 @@
+"""`fleetserve operator`: kopf handlers that keep each `Endpoint` resource's children as `render` makes them.
+
+    Reconciler(client, options, clock).reconcile(body) -> Outcome     one pass: spec -> render -> actions -> status
+    Reconciler.cleanup(body)                                          on deletion: cluster-scoped children
+    build_registry(reconciler) -> kopf.OperatorRegistry              the handlers, for kopf.run
+
+One pass reads the Endpoint as our spec (webhook.endpoint_from_resource: the CLI's messages), renders the
+desired objects (`render`, the function behind `fleetserve render k8s`), lists the children it owns,
+computes the actions (`reconcile`, pure) and applies them through the one client port (client.py), then
+writes the status computed from the child Deployments (status.py). An invalid spec or a render error leaves
+the children as they are and sets `DeploymentFailed` with the reason; an API error does the same and asks
+kopf to retry. A pass over an unchanged Endpoint makes no writes at all.
+
+Handlers: create/update/resume reconcile; a timer re-reconciles every minute (drift, and status while
+pods come up); events of child Deployments (label fleetserve.io/endpoint) reconcile their Endpoint, so the
+status follows ready replicas; delete removes cluster-scoped children (NodePools) behind kopf's finalizer
+(namespaced ones go with the garbage collector, through their ownerReferences); validate answers the
+admission webhook. kopf keeps its bookkeeping in annotations (fleetserve.io/...), not in the status, which
+the CRD's structural schema would prune.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from fleetserve.k8s.client import ApiError, Client, NotFound, apply_merge_patch
+from fleetserve.k8s.context import RenderOptions
+from fleetserve.k8s.reconcile import (
+    CHILD_KINDS,
+    ENDPOINT_LABEL,
+    ENDPOINT_NAMESPACE_LABEL,
+    GROUP,
+    OWNER_API_VERSION,
+    OWNER_KIND,
+    OWNER_PLURAL,
+    VERSION,
+    Action,
+    Owner,
+    reconcile,
+)
+from fleetserve.k8s.render import render
+from fleetserve.k8s.status import Failure, endpoint_status
+from fleetserve.k8s.webhook import endpoint_from_resource, validate_handler
+from fleetserve.spec.errors import SpecError
+
+WEBHOOK_ID = "validate-endpoint"  # kopf serves it at /validate-endpoint
+WEBHOOK_PORT = 9443
+RESYNC_SECONDS = 60
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def plain(value):
+    """A kopf Body (read-only mapping views) as plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+@dataclass
+class Outcome:
+    actions: list[Action] = field(default_factory=list)
+    status: dict = field(default_factory=dict)
+    failure: Failure | None = None
+    retry: bool = False  # an API error: try again later (kopf.TemporaryError)
+
+
+class Reconciler:
+    def __init__(self, client: Client, options: RenderOptions | None = None, clock: Callable[[], str] = utc_now):
+        self.client = client
+        self.options = options or RenderOptions()
+        self.clock = clock
+
+    @staticmethod
+    def owner(body: Mapping) -> Owner:
+        meta = body["metadata"]
+        return Owner(meta["name"], meta.get("namespace") or "default", meta["uid"])
+
+    def observed(self, owner: Owner) -> list[dict]:
+        out = []
+        for kind in CHILD_KINDS:
+            namespace = owner.namespace if kind.namespaced else None
+            out += [o for o in self.client.list(kind.api_version, kind.kind, namespace, owner.selector)
+                    if owner.owns(o)]
+        return out
+
+    def _apply(self, action: Action) -> None:
+        c = self.client
+        if action.verb == "create":
+            c.create(action.body)
+        elif action.verb == "patch":
+            c.patch(action.api_version, action.kind, action.namespace, action.name, action.body)
+        else:
+            try:
+                c.delete(action.api_version, action.kind, action.namespace, action.name)
+            except NotFound:
+                pass  # already gone: what we wanted
+
+    def reconcile(self, body: Mapping) -> Outcome:
+        body = plain(body)
+        owner = self.owner(body)
+        outcome = Outcome()
+        try:
+            rendered = render(endpoint_from_resource(body).endpoint, self.options)
+        except SpecError as exc:
+            outcome.failure = Failure("InvalidSpec", "; ".join(str(p) for p in exc.problems))
+        except ValueError as exc:
+            outcome.failure = Failure("RenderFailed", str(exc))
+        else:
+            current = None
+            try:
+                outcome.actions = reconcile(rendered.objects, self.observed(owner), owner)
+                for current in outcome.actions:
+                    self._apply(current)
+            except ApiError as exc:
+                what = f"{current}: " if current is not None else ""
+                outcome.failure, outcome.retry = Failure(exc.reason, f"{what}{exc}"), True
+        outcome.status = self.write_status(body, owner, outcome.failure)
+        return outcome
+
+    def write_status(self, body: dict, owner: Owner, failure: Failure | None) -> dict:
+        try:
+            deployments = [d for d in self.client.list("apps/v1", "Deployment", owner.namespace, owner.selector)
+                           if owner.owns(d)]
+        except ApiError:
+            deployments = []
+        previous = body.get("status") or {}
+        status = endpoint_status(deployments, body["metadata"].get("generation", 1), previous, self.clock(),
+                                 failure)
+        if apply_merge_patch(previous, status) != previous:
+            self.client.patch_status(OWNER_API_VERSION, OWNER_KIND, owner.namespace, owner.name, status)
+        return status
+
+    def cleanup(self, body: Mapping) -> list[str]:
+        """Delete the cluster-scoped children (no ownerReference can reach them); names deleted."""
+        owner = self.owner(plain(body))
+        gone = []
+        for kind in CHILD_KINDS:
+            if kind.namespaced:
+                continue
+            for obj in self.client.list(kind.api_version, kind.kind, None, owner.selector):
+                if owner.owns(obj):
+                    try:
+                        self.client.delete(kind.api_version, kind.kind, None, obj["metadata"]["name"])
+                    except NotFound:
+                        continue
+                    gone.append(f"{kind.kind} {obj['metadata']['name']}")
+        return gone
+
+    def reconcile_owner_of(self, child: Mapping) -> Outcome | None:
+        """A child changed (a Deployment's ready replicas): reconcile the Endpoint it belongs to."""
+        labels = (child.get("metadata") or {}).get("labels") or {}
+        name, namespace = labels.get(ENDPOINT_LABEL), labels.get(ENDPOINT_NAMESPACE_LABEL)
+        if not name or not namespace:
+            return None
+        body = self.client.get(OWNER_API_VERSION, OWNER_KIND, namespace, name)
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            return None
+        return self.reconcile(body)
+
+
+def build_registry(reconciler: Reconciler, webhook_cert_dir: str | None = None, webhook_port: int = WEBHOOK_PORT):
+    """The kopf handlers, in a registry of their own (nothing registers at import time)."""
+    import logging
+
+    import kopf
+
+    registry = kopf.OperatorRegistry()
+    resource = (GROUP, VERSION, OWNER_PLURAL)
+
+    def outcome_to_kopf(outcome: Outcome, logger) -> None:
+        for action in outcome.actions:
+            logger.info(str(action))
+        if outcome.failure is not None:
+            message = f"{outcome.failure.reason}: {outcome.failure.message}"
+            if outcome.retry:
+                raise kopf.TemporaryError(message, delay=30)
+            raise kopf.PermanentError(message)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_):
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+        settings.persistence.finalizer = f"{GROUP}/cleanup"
+        settings.posting.level = logging.WARNING
+        settings.scanning.disabled = True  # no CRD/namespace watching: RBAC stays minimal
+        if webhook_cert_dir:
+            settings.admission.server = kopf.WebhookServer(
+                addr="0.0.0.0", port=webhook_port, certfile=f"{webhook_cert_dir}/tls.crt",
+                pkeyfile=f"{webhook_cert_dir}/tls.key")
+
+    @kopf.on.create(*resource, registry=registry)
+    @kopf.on.update(*resource, registry=registry)
+    @kopf.on.resume(*resource, registry=registry)
+    def reconcile_endpoint(body, logger, **_):
+        outcome_to_kopf(reconciler.reconcile(body), logger)
+
+    @kopf.timer(*resource, interval=RESYNC_SECONDS, idle=RESYNC_SECONDS / 2, registry=registry)
+    def resync(body, logger, **_):
+        outcome = reconciler.reconcile(body)
+        for action in outcome.actions:
+            logger.info(f"drift: {action}")
+
+    @kopf.on.event("apps", "v1", "deployments", labels={ENDPOINT_LABEL: kopf.PRESENT}, registry=registry)
+    def child_changed(body, **_):
+        reconciler.reconcile_owner_of(plain(body))
+
+    @kopf.on.delete(*resource, registry=registry)
+    def delete_endpoint(body, logger, **_):
+        for name in reconciler.cleanup(body):
+            logger.info(f"deleted {name}")
+
+    kopf.on.validate(*resource, id=WEBHOOK_ID, registry=registry)(validate_handler)
+    return registry
+
+
+def run(client: Client | None = None, options: RenderOptions | None = None, namespaces: tuple[str, ...] = (),
+        liveness: str | None = "http://0.0.0.0:8081/healthz", webhook_cert_dir: str | None = None,
+        webhook_port: int = WEBHOOK_PORT) -> None:
+    """Run the operator until it is stopped (cluster-wide unless namespaces are given)."""
+    import kopf
+
+    from fleetserve.k8s.client import KubeClient
+
+    reconciler = Reconciler(client or KubeClient(), options)
+    registry = build_registry(reconciler, webhook_cert_dir, webhook_port)
+    kopf.run(registry=registry, standalone=True, clusterwide=not namespaces, namespaces=namespaces,
+             liveness_endpoint=liveness)

@@ -1,0 +1,79 @@
+"""An Endpoint's status from its child Deployments, with HyperPod's state names.
+
+    endpoint_status(deployments, generation, previous, now, failure=None) -> status
+
+`state` is one of DeploymentPending (nothing created yet), DeploymentInProgress (some Deployment has fewer
+ready replicas than it wants, or has not seen its latest spec), DeploymentComplete (every Deployment has
+observed its generation and has all its replicas ready and updated; one scaled to zero counts as ready) and
+DeploymentFailed (an invalid spec, an API error, or a Deployment past its progress deadline), the values
+of HyperPod's `status.state`. `conditions` holds one condition per state with `status: "True"` on the
+current one only; its `reason` and `message` say why. `lastTransitionTime` changes only when a condition's
+status flips, so a status computed twice from the same observations is equal (no needless status writes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+PENDING = "DeploymentPending"
+IN_PROGRESS = "DeploymentInProgress"
+COMPLETE = "DeploymentComplete"
+FAILED = "DeploymentFailed"
+STATES = (PENDING, IN_PROGRESS, COMPLETE, FAILED)
+#: condition type per state (HyperPod's `Failed` condition for DeploymentFailed)
+CONDITION = {PENDING: "DeploymentPending", IN_PROGRESS: "DeploymentInProgress", COMPLETE: "DeploymentComplete",
+             FAILED: "Failed"}
+
+
+@dataclass(frozen=True)
+class Failure:
+    reason: str  # InvalidSpec, RenderFailed, Conflict, Forbidden, ApiError, ProgressDeadlineExceeded
+    message: str
+
+
+def _deployment_progress(d: dict) -> tuple[int, int, bool, str | None]:
+    """(ready, wanted, settled, deadline message) of one Deployment."""
+    spec, status, meta = d.get("spec") or {}, d.get("status") or {}, d.get("metadata") or {}
+    wanted = spec.get("replicas", 1)
+    ready = min(status.get("readyReplicas") or 0, status.get("updatedReplicas") or 0)
+    seen = (status.get("observedGeneration") or 0) >= meta.get("generation", 1)
+    deadline = next((c.get("message") or "progress deadline exceeded" for c in status.get("conditions") or ()
+                     if c.get("type") == "Progressing" and c.get("status") == "False"
+                     and c.get("reason") == "ProgressDeadlineExceeded"), None)
+    return ready, wanted, seen and ready >= wanted, deadline
+
+
+def endpoint_status(deployments: Sequence[dict], generation: int, previous: dict | None, now: str,
+                    failure: Failure | None = None) -> dict:
+    previous = previous or {}
+    rows = sorted((d["metadata"]["name"], *_deployment_progress(d)) for d in deployments)
+    ready = sum(r[1] for r in rows)
+    wanted = sum(r[2] for r in rows)
+    late = [(name, msg) for name, _, _, _, msg in rows if msg]
+    if failure is None and late:
+        failure = Failure("ProgressDeadlineExceeded", "; ".join(f"Deployment {n}: {m}" for n, m in late))
+    if failure is not None:
+        state, reason, message = FAILED, failure.reason, failure.message
+    elif not rows:
+        state, reason, message = PENDING, "NoDeployments", "no Deployment created yet"
+    elif all(r[3] for r in rows):
+        state, reason, message = COMPLETE, "AllReplicasReady", f"{ready}/{wanted} replicas ready"
+    else:
+        waiting = ", ".join(f"{n} {r}/{w}" for n, r, w, settled, _ in rows if not settled)
+        state, reason, message = IN_PROGRESS, "ReplicasNotReady", f"waiting for {waiting}"
+    old = {c.get("type"): c for c in previous.get("conditions") or ()}
+    conditions = []
+    for s in STATES:
+        flag = "True" if s == state else "False"
+        before = old.get(CONDITION[s])
+        since = before["lastTransitionTime"] if before and before.get("status") == flag and \
+            before.get("lastTransitionTime") else now
+        cond = {"type": CONDITION[s], "status": flag, "lastTransitionTime": since}
+        if flag == "True":
+            cond.update(reason=reason, message=message)
+        conditions.append(cond)
+    out = {"state": state, "observedGeneration": generation, "replicas": wanted, "readyReplicas": ready,
+           "deployments": {n: f"{r}/{w}" for n, r, w, _, _ in rows}, "conditions": conditions}
+    out["failureReason"] = message if state == FAILED else None  # None: a merge patch removes an old one
+    return out

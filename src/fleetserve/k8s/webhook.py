@@ -1,0 +1,74 @@
+"""The validating admission answer: an Endpoint is admitted only if `fleetserve validate` would accept it.
+
+    endpoint_from_resource(body) -> LoadedSpec            raises SpecError (the same messages as the CLI)
+    admission_response(review) -> AdmissionReview          admission.k8s.io/v1, for any HTTP front
+    validate_handler(body, operation, warnings, ...)      the kopf @on.validate handler (operator.py)
+
+The CRD's schema (crd.py) catches types and ranges; everything pydantic checks beyond them (cross-field
+rules, catalog names, schedules, ...) is answered here, naming the field: a denial says
+`spec.autoscaling: maxReplicaCount (1) is below minReplicaCount (3)`. Settings that will have no effect come
+back as admission warnings, which kubectl prints.
+"""
+
+from __future__ import annotations
+
+from fleetserve.k8s.reconcile import OWNER_API_VERSION, OWNER_KIND
+from fleetserve.spec.errors import SpecError, SpecProblem
+from fleetserve.spec.load import LoadedSpec, load_spec_data
+
+#: warnings about settings that only the local fleet ignores (render_commands.LOCAL_ONLY: they render here)
+LOCAL_ONLY = frozenset({"spec.engine.image", "spec.engine.gpus", "spec.engine.kind", "spec.placement",
+                        "spec.metrics.enabled", "spec.model.prefetch"})
+
+
+def endpoint_from_resource(body: dict) -> LoadedSpec:
+    """The Endpoint custom resource as our spec: its name, namespace and labels, and its spec as written."""
+    meta = body.get("metadata") or {}
+    doc = {"apiVersion": OWNER_API_VERSION, "kind": OWNER_KIND,
+           "metadata": {"name": meta.get("name") or meta.get("generateName") or "",
+                        "namespace": meta.get("namespace") or "default"},
+           "spec": body.get("spec")}
+    if meta.get("labels"):
+        doc["metadata"]["labels"] = dict(meta["labels"])
+    source = f"{doc['metadata']['namespace']}/{doc['metadata']['name']}"
+    return load_spec_data(doc, source)
+
+
+def check(body: dict) -> tuple[list[SpecProblem], list[SpecProblem]]:
+    """(problems, warnings) of one Endpoint resource; no problems means admitted."""
+    try:
+        loaded = endpoint_from_resource(body)
+    except SpecError as exc:
+        return list(exc.problems), []
+    return [], [w for w in loaded.warnings if w.path not in LOCAL_ONLY]
+
+
+def denial_message(problems: list[SpecProblem]) -> str:
+    return "invalid Endpoint spec: " + "; ".join(str(p) for p in problems)
+
+
+def admission_response(review: dict) -> dict:
+    """An AdmissionReview (admission.k8s.io/v1) answered: allowed, or denied with 422 and our messages."""
+    request = review.get("request") or {}
+    response: dict = {"uid": request.get("uid", ""), "allowed": True}
+    if request.get("operation", "CREATE") in ("CREATE", "UPDATE"):
+        problems, warnings = check(request.get("object") or {})
+        if problems:
+            response.update(allowed=False, status={"code": 422, "reason": "Invalid",
+                                                   "message": denial_message(problems)})
+        elif warnings:
+            response["warnings"] = [str(w) for w in warnings]
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+def validate_handler(body, operation=None, warnings=None, **_):
+    """kopf's @on.validate: raise AdmissionError (422) with our messages; add warnings to kopf's list."""
+    import kopf
+
+    if operation not in (None, "CREATE", "UPDATE"):
+        return
+    problems, notes = check(dict(body))
+    if problems:
+        raise kopf.AdmissionError(denial_message(problems), code=422)
+    if warnings is not None:
+        warnings.extend(str(w) for w in notes)
