@@ -1,0 +1,316 @@
+"""The operator against the recording fake client (no API server exists here): create, idempotence, minimal
+patches, deletion through ownerReferences, a bad spec, status as Deployments become ready."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from fleetserve.k8s.client import Conflict, NotFound, RecordingClient, apply_merge_patch
+from fleetserve.k8s.operator import Reconciler, build_registry
+from fleetserve.k8s.reconcile import (
+    ENDPOINT_LABEL,
+    LAST_APPLIED,
+    OWNER_API_VERSION,
+    Owner,
+    child_kind,
+    key,
+    own,
+    reconcile,
+)
+from fleetserve.k8s.render import render
+from fleetserve.k8s.webhook import admission_response, endpoint_from_resource, validate_handler
+from tests.k8s.test_render import FULL
+from tests.k8s.validate import validate
+
+NS, NAME = "team-b", "chat"
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0
+
+    def __call__(self) -> str:
+        self.t += 1
+        return f"2026-01-01T00:00:{self.t:02d}Z"
+
+
+def _resource(spec: dict | None = None, labels: dict | None = None) -> dict:
+    return {"apiVersion": OWNER_API_VERSION, "kind": "Endpoint",
+            "metadata": {"name": NAME, "namespace": NS, "labels": labels if labels is not None else {"team": "b"}},
+            "spec": copy.deepcopy(spec if spec is not None else FULL["spec"])}
+
+
+@pytest.fixture
+def env():
+    client = RecordingClient()
+    client.create(_resource())
+    return client, Reconciler(client, clock=Clock())
+
+
+def _endpoint(client):
+    return client.get(OWNER_API_VERSION, "Endpoint", NS, NAME)
+
+
+def _update_spec(client, change):
+    body = _endpoint(client)
+    spec = copy.deepcopy(body["spec"])
+    change(spec)
+    client.patch(OWNER_API_VERSION, "Endpoint", NS, NAME, {"spec": spec})
+    return _endpoint(client)
+
+
+def _children(client):
+    return [o for k, o in sorted(client.objects.items(), key=lambda kv: str(kv[0])) if k[1] != "Endpoint"]
+
+
+def test_create_from_scratch_owns_and_validates_every_child(env):
+    client, reconciler = env
+    outcome = reconciler.reconcile(_endpoint(client))
+    assert outcome.failure is None
+    assert {a.verb for a in outcome.actions} == {"create"}
+    expected = render(endpoint_from_resource(_endpoint(client)).endpoint).objects
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in _children(client)) == \
+        sorted((o["kind"], o["metadata"]["name"]) for o in expected)
+    uid = _endpoint(client)["metadata"]["uid"]
+    for obj in _children(client):
+        meta = obj["metadata"]
+        assert meta["labels"][ENDPOINT_LABEL] == NAME
+        if child_kind(obj["apiVersion"], obj["kind"]).namespaced:
+            assert meta["ownerReferences"] == [{"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "name": NAME,
+                                                "uid": uid, "controller": True, "blockOwnerDeletion": True}]
+        else:  # a namespaced owner cannot own a cluster-scoped NodePool: the finalizer deletes it
+            assert "ownerReferences" not in meta
+        stored = {k: v for k, v in obj.items() if k != "status"}
+        stored["metadata"] = {k: v for k, v in meta.items() if k not in ("uid", "resourceVersion", "generation")}
+        assert validate(stored) == [], obj["kind"]
+    assert outcome.status["state"] == "DeploymentInProgress"
+    assert _endpoint(client)["status"]["state"] == "DeploymentInProgress"
+
+
+def test_second_pass_changes_nothing(env):
+    client, reconciler = env
+    reconciler.reconcile(_endpoint(client))
+    client.clear()
+    outcome = reconciler.reconcile(_endpoint(client))
+    assert outcome.actions == []
+    assert client.writes() == []  # not even the status
+
+
+def test_spec_change_patches_only_the_affected_objects_minimally(env):
+    client, reconciler = env
+    reconciler.reconcile(_endpoint(client))
+    before = copy.deepcopy(client.objects)
+    body = _update_spec(client, lambda s: s["autoscaling"].update(cooldownPeriod=900))
+    client.clear()
+    outcome = reconciler.reconcile(body)
+    assert [(a.verb, a.kind) for a in outcome.actions] == [("patch", "ScaledObject")]
+    patch = outcome.actions[0].body
+    assert patch["spec"] == {"cooldownPeriod": 900}
+    assert set(patch) == {"metadata", "spec"} and set(patch["metadata"]) == {"annotations"}
+    assert outcome.actions[0].reason == "spec.cooldownPeriod"
+    changed = [k for k in client.objects if k[1] not in ("Endpoint",) and client.objects[k] != before.get(k)]
+    assert [k[1] for k in changed] == ["ScaledObject"]
+    assert reconciler.reconcile(_endpoint(client)).actions == []
+
+
+def test_a_removed_field_is_patched_to_null(env):
+    client, reconciler = env
+    reconciler.reconcile(_endpoint(client))
+    client.patch(OWNER_API_VERSION, "Endpoint", NS, NAME, {"metadata": {"labels": {"team": None}}})
+    outcome = reconciler.reconcile(_endpoint(client))
+    assert outcome.actions and {a.verb for a in outcome.actions} == {"patch"}
+    for action in outcome.actions:
+        assert action.body["metadata"]["labels"] == {"team": None}
+    for obj in _children(client):
+        assert "team" not in obj["metadata"]["labels"]
+
+
+def test_keda_owns_the_replicas_of_scaled_deployments(env):
+    client, reconciler = env
+    reconciler.reconcile(_endpoint(client))
+    engine = next(k for k in client.objects if k[1] == "Deployment" and k[3].endswith("engine-t0"))
+    client.objects[engine]["spec"]["replicas"] = 5  # the HPA scaled it
+    assert reconciler.reconcile(_endpoint(client)).actions == []
+    router = next(k for k in client.objects if k[1] == "Deployment" and k[3].endswith("router"))
+    client.objects[router]["spec"]["replicas"] = 7  # nobody scales the router: drift is corrected
+    actions = reconciler.reconcile(_endpoint(client)).actions
+    assert [(a.kind, a.body["spec"]) for a in actions] == [("Deployment", {"replicas": 2})]
+
+
+def test_server_defaults_are_not_drift(env):
+    client, reconciler = env
+    reconciler.reconcile(_endpoint(client))
+    for obj in _children(client):
+        if obj["kind"] == "Deployment":  # what the API server adds
+            obj["spec"]["progressDeadlineSeconds"] = 600
+            for c in obj["spec"]["template"]["spec"]["containers"]:
+                c["terminationMessagePath"] = "/dev/termination-log"
+                c["imagePullPolicy"] = "IfNotPresent"
+    assert reconciler.reconcile(_endpoint(client)).actions == []
+
+
+def test_an_immutable_field_change_recreates_the_object():
+    owner = Owner(NAME, NS, "u1")
+    desired = render(endpoint_from_resource(_resource()).endpoint).objects
+    observed = [own(o, owner) for o in desired]
+    dep = next(o for o in observed if o["kind"] == "Deployment")
+    dep["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] = "old"  # an older release's
+    actions = reconcile(desired, observed, owner)
+    assert [(a.verb, a.kind, a.name) for a in actions] == [("delete", "Deployment", dep["metadata"]["name"]),
+                                                          ("create", "Deployment", dep["metadata"]["name"])]
+    assert "spec.selector" in actions[0].reason
+
+
+def test_objects_no_longer_rendered_are_deleted_and_foreign_ones_left_alone(env):
+    client, reconciler = env
+    foreign = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "other", "namespace": NS,
+                                                                   "labels": {ENDPOINT_LABEL: NAME,
+                                                                              "fleetserve.io/endpoint-namespace": NS}},
+               "spec": {"ports": [{"port": 1}]}}
+    client.create(foreign)
+    reconciler.reconcile(_endpoint(client))
+    body = _update_spec(client, lambda s: s.update(metrics={"enabled": False}))
+    outcome = reconciler.reconcile(body)
+    deleted = sorted(a.kind for a in outcome.actions if a.verb == "delete")
+    assert deleted == ["PrometheusRule", "ServiceMonitor", "ServiceMonitor"]
+    assert client.get("v1", "Service", NS, "other") is not None
+
+
+def test_deleting_the_endpoint_deletes_its_children(env):
+    client, reconciler = env
+    reconciler.reconcile(_endpoint(client))
+    body = _endpoint(client)
+    assert any(o["kind"] == "NodePool" for o in _children(client))
+    gone = reconciler.cleanup(body)  # kopf's delete handler, behind the finalizer
+    assert gone and all(g.startswith("NodePool ") for g in gone)
+    client.delete(OWNER_API_VERSION, "Endpoint", NS, NAME)  # then the garbage collector
+    assert _children(client) == []
+
+
+def test_a_bad_spec_fails_with_our_message_and_keeps_the_children(env):
+    client, reconciler = env
+    reconciler.reconcile(_endpoint(client))
+    count = len(_children(client))
+    body = _update_spec(client, lambda s: s["autoscaling"].update(minReplicaCount=9))
+    client.clear()
+    outcome = reconciler.reconcile(body)
+    assert outcome.failure is not None and outcome.failure.reason == "InvalidSpec" and not outcome.retry
+    assert "spec.autoscaling" in outcome.failure.message and "maxReplicaCount (6) is below minReplicaCount (9)" \
+        in outcome.failure.message
+    status = _endpoint(client)["status"]
+    assert status["state"] == "DeploymentFailed"
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "InvalidSpec" and "spec.autoscaling" in failed["message"]
+    assert [c.verb for c in client.writes()] == ["patch_status"]
+    assert len(_children(client)) == count
+    # fixed: the failure clears
+    body = _update_spec(client, lambda s: s["autoscaling"].update(minReplicaCount=0))
+    reconciler.reconcile(body)
+    assert "failureReason" not in _endpoint(client)["status"]
+
+
+def test_the_admission_webhook_denies_a_bad_spec_naming_the_field():
+    bad = _resource()
+    bad["spec"]["autoscaling"]["minReplicaCount"] = 9
+    answer = admission_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                 "request": {"uid": "r1", "operation": "CREATE", "object": bad}})
+    response = answer["response"]
+    assert response["uid"] == "r1" and response["allowed"] is False
+    assert response["status"]["code"] == 422
+    assert "spec.autoscaling: maxReplicaCount (6) is below minReplicaCount (9)" in response["status"]["message"]
+    typo = _resource()
+    typo["spec"]["replicaz"] = 1
+    message = admission_response({"request": {"uid": "r2", "object": typo}})["response"]["status"]["message"]
+    assert "spec.replicaz: unknown field" in message
+    ok = admission_response({"request": {"uid": "r3", "operation": "CREATE", "object": _resource()}})
+    assert ok["response"]["allowed"] is True
+    assert admission_response({"request": {"uid": "r4", "operation": "DELETE", "object": bad}})["response"]["allowed"]
+
+    import kopf
+
+    with pytest.raises(kopf.AdmissionError) as info:
+        validate_handler(bad, operation="CREATE", warnings=[])
+    assert "spec.autoscaling" in str(info.value)
+    warnings: list[str] = []
+    validate_handler(_resource(), operation="UPDATE", warnings=warnings)
+
+
+def test_status_follows_ready_replicas(env):
+    client, reconciler = env
+    clock = reconciler.clock
+    status = reconciler.reconcile(_endpoint(client)).status
+    assert status["state"] == "DeploymentInProgress"
+    deployments = [k for k in client.objects if k[1] == "Deployment"]
+    router = next(k for k in deployments if k[3].endswith("router"))
+    engines = [k for k in deployments if k != router]
+    for k in engines:
+        client.set_ready(NS, k[3])
+    status = reconciler.reconcile_owner_of(client.objects[engines[0]]).status
+    assert status["state"] == "DeploymentInProgress" and f"{router[3]} 0/2" in \
+        next(c["message"] for c in status["conditions"] if c["status"] == "True")
+    client.set_ready(NS, router[3], 1)
+    assert reconciler.reconcile_owner_of(client.objects[router]).status["state"] == "DeploymentInProgress"
+    client.set_ready(NS, router[3])
+    t_before = clock.t
+    status = reconciler.reconcile_owner_of(client.objects[router]).status
+    assert status["state"] == "DeploymentComplete" and status["readyReplicas"] == status["replicas"]
+    complete = next(c for c in status["conditions"] if c["type"] == "DeploymentComplete")
+    assert complete["status"] == "True" and complete["lastTransitionTime"] == f"2026-01-01T00:00:{t_before + 1:02d}Z"
+    client.clear()
+    reconciler.reconcile(_endpoint(client))
+    assert client.writes() == []  # complete and unchanged: no status write either
+    # a rollout that cannot progress fails with the Deployment's reason
+    client.objects[router]["status"]["conditions"] = [{"type": "Progressing", "status": "False",
+                                                       "reason": "ProgressDeadlineExceeded",
+                                                       "message": "ReplicaSet has timed out progressing."}]
+    status = reconciler.reconcile(_endpoint(client)).status
+    assert status["state"] == "DeploymentFailed" and "timed out" in status["failureReason"]
+
+
+def test_api_errors_fail_the_endpoint_and_ask_for_a_retry(env):
+    client, reconciler = env
+    client.fail("create", "ScaledObject", NotFound("the API server does not serve keda.sh/v1alpha1/ScaledObject"))
+    outcome = reconciler.reconcile(_endpoint(client))
+    assert outcome.retry and outcome.failure.reason == "NotFound"
+    assert "create ScaledObject" in outcome.failure.message and "keda.sh" in outcome.failure.message
+    assert _endpoint(client)["status"]["state"] == "DeploymentFailed"
+    outcome = reconciler.reconcile(_endpoint(client))  # the retry creates what is missing
+    assert outcome.failure is None and [a.kind for a in outcome.actions if a.verb == "create"] == \
+        ["ScaledObject", "ScaledObject", "ServiceMonitor", "ServiceMonitor", "PrometheusRule"][:len(outcome.actions)]
+
+
+def test_an_existing_object_we_do_not_own_is_a_conflict(env):
+    client, reconciler = env
+    client.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "chat-router", "namespace": NS},
+                   "spec": {"ports": [{"port": 1}]}})
+    outcome = reconciler.reconcile(_endpoint(client))
+    assert outcome.failure.reason == "AlreadyExists" and "chat-router" in outcome.failure.message
+    assert isinstance(Conflict("x"), Exception)
+
+
+def test_merge_patch_round_trip():
+    owner = Owner(NAME, NS, "u1")
+    desired = render(endpoint_from_resource(_resource()).endpoint).objects
+    old = [own(o, owner) for o in render(endpoint_from_resource(_resource(labels={"a": "1"})).endpoint).objects]
+    by_key = {key(o): o for o in old}
+    for action in reconcile(desired, old, owner):
+        assert action.verb == "patch"
+        patched = apply_merge_patch(by_key[key(action.body | {"apiVersion": action.api_version, "kind": action.kind,
+                                                                "metadata": {"name": action.name,
+                                                                             "namespace": action.namespace}})],
+                                    action.body)
+        want = own(next(o for o in desired if key(o) == (action.api_version, action.kind,
+                                                          action.namespace, action.name)), owner)
+        assert patched == want
+        assert LAST_APPLIED in patched["metadata"]["annotations"]
+
+
+def test_the_kopf_registry_holds_every_handler():
+    registry = build_registry(Reconciler(RecordingClient()))
+    ids = {h.id for h in registry._webhooks.get_all_handlers()}
+    assert "validate-endpoint" in ids
+    changing = {h.id for h in registry._changing.get_all_handlers()}
+    assert any("reconcile_endpoint" in i for i in changing) and any("delete_endpoint" in i for i in changing)
+    assert registry._spawning.get_all_handlers() and registry._watching.get_all_handlers()
