@@ -1,4 +1,5 @@
-"""`fleetserve render k8s SPEC -o DIR`: the Kubernetes objects of an endpoint, one file per object.
+"""`fleetserve render k8s SPEC -o DIR`: the Kubernetes objects of an endpoint, one file per object;
+`render k8s --install -o DIR`: the operator's; `fleetserve operator`: the operator itself.
 
 Registered by `register(app)`. Bad input exits 2 naming the field; warnings (settings that render
 differently from the local fleet, or not at all) go to stderr and never change the exit code.
@@ -28,7 +29,8 @@ def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
 
 @render_app.command("k8s")
 def render_k8s(
-    spec: Annotated[str, typer.Argument(help="Endpoint spec (fleetserve.io/v1 or HyperPod InferenceEndpointConfig)")],
+    spec: Annotated[str | None, typer.Argument(help="Endpoint spec (fleetserve.io/v1 or HyperPod "
+                                                    "InferenceEndpointConfig); omit with --install")] = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="Directory for one YAML file per object")
                       ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the objects and warnings as JSON on stdout")] = False,
@@ -40,25 +42,33 @@ def render_k8s(
     service_account: Annotated[str | None, typer.Option(help="Engine pods' service account (S3 access)")] = None,
     model_pvc: Annotated[str | None, typer.Option(help="Claim holding local-path models (default NAME-model)")
                          ] = None,
+    install: Annotated[bool, typer.Option("--install", help="Instead of an endpoint: the operator's CRD, RBAC, "
+                                                            "Deployment and admission webhook")] = False,
+    namespace: Annotated[str, typer.Option(help="--install: the operator's namespace")] = "fleetserve-system",
+    webhook_ca_bundle: Annotated[str | None, typer.Option(help="--install: PEM CA of the webhook's serving "
+                                                               "certificate (default: cert-manager injects it)")
+                                 ] = None,
 ) -> None:
     """Write Deployments, Services, KEDA ScaledObjects, Karpenter NodePools, Redis and monitoring objects."""
-    from dataclasses import replace
-
-    from fleetserve.k8s.context import RenderOptions
     from fleetserve.k8s.render import render, write
     from fleetserve.spec import SpecError, load_spec
 
+    options = _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc)
+    if install:
+        if spec is not None:
+            raise _fail("--install renders the operator, not an endpoint: leave out SPEC")
+        if output is None:
+            raise _fail("--output/-o DIR is required")
+        _install(options, output, namespace, webhook_ca_bundle)
+        return
+    if spec is None:
+        raise _fail("SPEC is required (or --install)")
     if output is None and not as_json:
         raise _fail("--output/-o DIR is required (or --json to print the objects)")
     try:
         loaded = load_spec(spec)
     except SpecError as exc:
         raise _fail(str(exc)) from None
-    options = RenderOptions()
-    given = {"image": image, "prometheus_url": prometheus_url, "node_class": node_class,
-             "router_replicas": router_replicas, "service_account": service_account, "model_pvc": model_pvc,
-             "zones": tuple(zone) if zone else None}
-    options = replace(options, **{k: v for k, v in given.items() if v is not None})
     try:
         rendered = render(loaded.endpoint, options)
     except ValueError as exc:
@@ -80,5 +90,63 @@ def render_k8s(
                           "warnings": warnings}, indent=2))
 
 
+def _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc):
+    from dataclasses import replace
+
+    from fleetserve.k8s.context import RenderOptions
+
+    given = {"image": image, "prometheus_url": prometheus_url, "node_class": node_class,
+             "router_replicas": router_replicas, "service_account": service_account, "model_pvc": model_pvc,
+             "zones": tuple(zone) if zone else None}
+    return replace(RenderOptions(), **{k: v for k, v in given.items() if v is not None})
+
+
+def _install(options, output: str, namespace: str, ca_bundle: str | None) -> None:
+    from pathlib import Path
+
+    from fleetserve.k8s.install import InstallOptions, install_objects, write
+
+    try:
+        bundle = Path(ca_bundle).read_bytes() if ca_bundle else None
+    except OSError as exc:
+        raise _fail(f"--webhook-ca-bundle {ca_bundle}: {exc.strerror}") from None
+    objects = install_objects(options, InstallOptions(namespace=namespace, webhook_ca_bundle=bundle))
+    try:
+        paths = write(objects, output)
+    except OSError as exc:
+        raise _fail(f"--output {output}: {exc.strerror or exc}", 1) from None
+    print(f"{len(paths)} object(s) written to {output}")
+
+
+def operator(
+    namespace: Annotated[list[str] | None, typer.Option(help="Watch only this namespace (repeat; default: all)")
+                         ] = None,
+    liveness: Annotated[str, typer.Option(help="kopf's liveness endpoint")] = "http://0.0.0.0:8081/healthz",
+    webhook_cert_dir: Annotated[str | None, typer.Option(help="Directory with tls.crt and tls.key: serve the "
+                                                              "validating admission webhook")] = None,
+    webhook_port: Annotated[int, typer.Option(min=1, max=65535)] = 9443,
+    image: Annotated[str | None, typer.Option(help="fleetserve image (router, built-in engine, model fetch)")] = None,
+    prometheus_url: Annotated[str | None, typer.Option(help="Prometheus that KEDA queries")] = None,
+    node_class: Annotated[str | None, typer.Option(help="Karpenter NodeClass name (EC2NodeClass)")] = None,
+    zone: Annotated[list[str] | None, typer.Option(help="Allowed zone for engine nodes (repeat)")] = None,
+    router_replicas: Annotated[int | None, typer.Option(min=1, max=64, help="Router pods")] = None,
+    service_account: Annotated[str | None, typer.Option(help="Engine pods' service account (S3 access)")] = None,
+    model_pvc: Annotated[str | None, typer.Option(help="Claim holding local-path models (default NAME-model)")
+                         ] = None,
+) -> None:
+    """Run the Kubernetes operator: keep every Endpoint resource's objects as `render k8s` makes them."""
+    try:
+        import kopf  # noqa: F401
+        import kubernetes  # noqa: F401
+
+        from fleetserve.k8s.operator import run
+    except ImportError as exc:
+        raise _fail(f"the operator needs the k8s extra (pip install 'fleetserve[k8s]'): {exc}", 1) from None
+    options = _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc)
+    run(options=options, namespaces=tuple(namespace or ()), liveness=liveness or None,
+        webhook_cert_dir=webhook_cert_dir, webhook_port=webhook_port)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(render_app, name="render")
+    app.command("operator")(operator)

@@ -1,0 +1,129 @@
+"""The generated CRD (structural, valid as apiextensions.k8s.io/v1, agreeing with pydantic) and the
+`render k8s --install` objects (RBAC derived from the reconcile's verbs, all valid in strict mode)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fleetserve.cli.app import app
+from fleetserve.k8s.crd import endpoint_crd, structural_problems
+from fleetserve.k8s.install import InstallOptions, install_objects, rbac_rules
+from fleetserve.k8s.reconcile import ACTION_VERBS, CHILD_KINDS
+from tests.k8s.test_render import FULL
+from tests.k8s.validate import KUBERNETES_VERSION, strict
+
+ROOT = Path(__file__).resolve().parents[2]
+OURS = [p for p in sorted((ROOT / "examples").glob("*.yaml"))
+        if yaml.safe_load(p.read_text()).get("apiVersion") == "fleetserve.io/v1"]
+
+
+def _schema() -> dict:
+    return endpoint_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def _nullable(schema):
+    """OpenAPI's nullable as JSON schema (type + null) for a plain validator."""
+    if isinstance(schema, dict):
+        schema = {k: _nullable(v) for k, v in schema.items()}
+        if schema.pop("nullable", False) and "type" in schema:
+            schema["type"] = [schema["type"], "null"]
+    elif isinstance(schema, list):
+        schema = [_nullable(s) for s in schema]
+    return schema
+
+
+def _errors(doc: dict) -> list[str]:
+    schema = _nullable(strict(_schema()))
+    schema["properties"]["metadata"] = {"type": "object"}
+    return [f"{'.'.join(map(str, e.path))}: {e.message}" for e in jsonschema.Draft7Validator(schema).iter_errors(doc)]
+
+
+def test_the_crd_is_structural_and_valid():
+    crd = endpoint_crd()
+    assert structural_problems(_schema()) == []
+    assert kubernetes_validate.validate(crd, KUBERNETES_VERSION, strict=True)
+    text = json.dumps(crd)
+    assert "$ref" not in text and "anyOf" not in text
+    assert text.count("x-kubernetes-preserve-unknown-fields") == 1  # placement.nodeAffinity only
+    node = _schema()["properties"]["spec"]["properties"]["placement"]["properties"]["nodeAffinity"]
+    assert node["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_structural_problems_are_found():
+    assert "x: no type" in structural_problems({"type": "object", "properties": {"x": {}}})
+    assert any("$ref" in p for p in structural_problems({"$ref": "#/a", "type": "object"}))
+    assert any("boolean" in p for p in structural_problems({"type": "number", "exclusiveMinimum": 0}))
+
+
+@pytest.mark.parametrize("path", OURS, ids=lambda p: p.name)
+def test_examples_pass_the_crd_schema(path):
+    assert _errors(yaml.safe_load(path.read_text())) == []
+
+
+def test_the_schema_rejects_what_pydantic_rejects_by_type():
+    assert _errors(FULL) == []
+    bad = copy.deepcopy(FULL)
+    bad["spec"]["replicas"] = "two"
+    bad["spec"]["routing"]["strategy"] = "random"
+    bad["spec"]["autoscaling"]["pollingInterval"] = 0  # gt=0 -> exclusiveMinimum
+    bad["spec"]["unknown"] = 1
+    errors = " | ".join(_errors(bad))
+    for part in ("spec.replicas", "spec.routing.strategy", "spec.autoscaling.pollingInterval", "'unknown'"):
+        assert part in errors, errors
+
+
+def test_rbac_is_derived_from_the_reconcile_verbs():
+    rules = rbac_rules()
+    granted = {(g, r): set(rule["verbs"]) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
+    for kind in CHILD_KINDS:
+        verbs = granted[(kind.group, kind.plural)]
+        assert set(ACTION_VERBS) | {"get", "list"} <= verbs
+        assert ("watch" in verbs) == (kind.kind == "Deployment")
+    assert granted[("fleetserve.io", "endpoints/status")] == {"patch"}
+    flat = json.dumps(rules)
+    assert "*" not in flat and '"pods"' not in flat
+    assert ("", "secrets") in granted and "watch" not in granted[("", "secrets")]
+
+
+def test_install_objects_validate_strictly():
+    objects = install_objects()
+    kinds = [o["kind"] for o in objects]
+    assert kinds == ["Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                     "Service", "Deployment", "ValidatingWebhookConfiguration"]
+    for obj in objects:
+        assert kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    webhook = objects[-1]
+    assert webhook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+    assert webhook["webhooks"][0]["clientConfig"]["service"]["path"] == "/validate-endpoint"
+    bundle = install_objects(install=InstallOptions(webhook_ca_bundle=b"PEM", create_namespace=False))
+    assert bundle[-1]["webhooks"][0]["clientConfig"]["caBundle"] == "UEVN"
+    assert "Namespace" not in [o["kind"] for o in bundle]
+    pod = objects[6]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] and pod["serviceAccountName"] == "fleetserve-operator"
+
+
+def test_cli_install_writes_the_files(tmp_path):
+    result = CliRunner().invoke(app, ["render", "k8s", "--install", "-o", str(tmp_path), "--image", "reg/fs:1"])
+    assert result.exit_code == 0, result.output
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names[0].startswith("00-namespace-") and names[-1].startswith("07-validatingwebhookconfiguration-")
+    deployment = yaml.safe_load(next(tmp_path.glob("06-deployment-*")).read_text())
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "reg/fs:1" and container["args"][0] == "operator"
+    assert "--image" in container["args"]
+    both = CliRunner().invoke(app, ["render", "k8s", str(ROOT / "examples" / "quickstart.yaml"), "--install",
+                                    "-o", str(tmp_path)])
+    assert both.exit_code == 2
+
+
+def test_cli_operator_help():
+    result = CliRunner().invoke(app, ["operator", "--help"])
+    assert result.exit_code == 0 and "--webhook-cert-dir" in result.output
