@@ -314,3 +314,15 @@ def test_the_kopf_registry_holds_every_handler():
     changing = {h.id for h in registry._changing.get_all_handlers()}
     assert any("reconcile_endpoint" in i for i in changing) and any("delete_endpoint" in i for i in changing)
     assert registry._spawning.get_all_handlers() and registry._watching.get_all_handlers()
+
+
+def test_kopf_keeps_its_bookkeeping_out_of_the_status():
+    import kopf
+
+    registry = build_registry(Reconciler(RecordingClient()), webhook_cert_dir="/certs")
+    settings = kopf.OperatorSettings()
+    for handler in registry._activities.get_all_handlers():
+        handler.fn(settings=settings)
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    assert settings.persistence.finalizer == "fleetserve.io/cleanup" and settings.scanning.disabled
+    assert settings.admission.server is not None
