@@ -12,6 +12,11 @@ The fits are the `PerfProfile` model (`sim/perf.py`), by least squares with non-
     decode(b, ctx)    = decode_base_s + decode_per_seq_s * b + decode_per_ctx_token_s * (b * ctx)
 
 KV bytes per token come from the model's shape and dtype; `cache_blocks` from the engine cache bytes.
+
+With `text_probe` > 0, the profile also says what a streaming client sees of the output: greedy generations
+(temperature 0, no stop at EOS, as a benchmark asks) of that many random prompts, detokenised by the engine's
+own `TextStream`, give the token with which the first text chunk is sent (`first_text_tokens`: 1 for most
+real models; a random model's byte tokens often show nothing until the end: 0).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ def _best_time(fn: Callable[[], None], repeats: int) -> float:
 def measure(model: str, *, dtype: str = "auto", threads: int | None = None, max_prompt: int = 2048,
             batches: tuple[int, ...] = (1, 2, 4, 8), repeats: int = 3, decode_steps: int = 4,
             cache_bytes: int = 512 << 20, block_size: int = 256, prefill_chunk: int = 256,
+            text_probe: int = 0, text_tokens: int = 48, text_prompt: tuple[int, int] = (32, 192),
             progress: Callable[[str], None] | None = None) -> dict:
     import torch
     from transformers import DynamicCache
@@ -117,6 +123,12 @@ def measure(model: str, *, dtype: str = "auto", threads: int | None = None, max_
                 step_s = _decode_step_time(runner, SlotCache, keys, values, b, c, decode_steps, repeats)
                 decodes.append({"batch": b, "context": c, "step_s": round(step_s, 6),
                                 "tokens_per_s": round(b / step_s, 1)})
+    text = []
+    if text_probe:
+        say(f"first text chunk of {text_probe} greedy generations ...")
+        lengths_rng = np.random.default_rng(1)
+        prompts = [ids(int(lengths_rng.integers(text_prompt[0], text_prompt[1] + 1))) for _ in range(text_probe)]
+        text = first_text_tokens(runner, prompts, text_tokens)
     n = np.array([p["tokens"] for p in prefills], dtype=float)
     pb, pt = nonneg_fit(np.column_stack([np.ones_like(n), n]), np.array([p["seconds"] for p in prefills]))
     b = np.array([d["batch"] for d in decodes], dtype=float)
@@ -137,7 +149,31 @@ def measure(model: str, *, dtype: str = "auto", threads: int | None = None, max_
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "prefill_tokens_per_s": {str(p["tokens"]): p["tokens_per_s"] for p in prefills},
         "measurements": {"load_s": round(load_s, 3), "prefill": prefills, "decode": decodes},
+        **({"first_text_tokens": text, "first_text_probe": {"prompts": text_probe, "tokens": text_tokens,
+                                                            "prompt_tokens": list(text_prompt)}} if text else {}),
     }
+
+
+def first_text_tokens(runner, prompts: list[list[int]], tokens: int) -> list[int]:
+    """For each prompt, the output token (1-based) whose text the engine streams first, 0 when none of
+    `tokens` greedy tokens shows text before the end (the engine skips empty deltas; `finish` flushes)."""
+    import threading
+
+    from fleetserve.api.protocol import SamplingParams
+    from fleetserve.engine.textstream import TextStream
+
+    sampling = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    out = []
+    for prompt in prompts:
+        stream, shown = TextStream(runner.decode), []
+
+        def on_token(token: int, stream=stream, shown=shown) -> bool:
+            shown.append(bool(stream.push(token)))
+            return True
+
+        runner.generate(prompt, sampling, tokens, on_token, threading.Event())
+        out.append(shown.index(True) + 1 if True in shown else 0)
+    return out
 
 
 def _decode_step_time(runner, slot_cache_cls, keys, values, batch: int, context: int, steps: int,

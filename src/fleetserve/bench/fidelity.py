@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -72,6 +73,9 @@ class FidelityConfig:
     calibration_repeats: int = 3
     calibration_batches: tuple[int, ...] = (1, 4, 8)
     calibration_tokens: int = 48
+    steady_s: float = 30.0  # the steady calibration stream (not the trace): seconds at the trace's rate
+    steady_probe_every: int = 3  # every n-th request of it is a one-token probe of the per-request overhead
+    text_probe: int = 64  # greedy generations that measure which output token first shows text
     simulated_engines: bool = True
     tiny_hidden: int = 256
     tiny_layers: int = 4
@@ -133,7 +137,7 @@ def calibrated(profile: dict, overheads: dict) -> dict:
     out["decode_base_s"] = profile["decode_base_s"] + overheads["decode_step_extra_s"]
     out["decode_per_seq_s"] = profile["decode_per_seq_s"] + overheads["decode_seq_extra_s"]
     out["request_overhead_s"] = overheads["request_overhead_s"]
-    out["calibration"] = overheads
+    out["calibration"] = {k: v for k, v in overheads.items() if not k.endswith("_samples")}
     out["name"] = profile["name"] + "+gateway"
     return out
 
@@ -161,6 +165,27 @@ def calibration_trace(cfg: FidelityConfig) -> tuple[list[TraceRequest], list[tup
                 tags.append(("decode", b, burst))
             t += 0.6 + b * cfg.calibration_tokens * 0.004
     return reqs, tags
+
+
+def steady_trace(cfg: FidelityConfig) -> tuple[list[TraceRequest], list[bool]]:
+    """A calibration stream at the trace's rate and sizes (another seed, `steady_s` long at most, never the trace);
+    every `steady_probe_every`-th request is a one-token probe: (requests, is-probe flags)."""
+    span = min(cfg.steady_s, cfg.duration_s)
+    n = max(2, round(cfg.requests / cfg.duration_s * span))
+    reqs = make_trace(FidelityConfig(requests=n, duration_s=span, prompt_tokens=cfg.prompt_tokens,
+                                     output_tokens=cfg.output_tokens, seed=cfg.seed + 1000))
+    probes = [i % cfg.steady_probe_every == 0 for i in range(n)]
+    return [TraceRequest(r.arrival_s, r.input_tokens, 1) if p else r for r, p in zip(reqs, probes, strict=True)], probes
+
+
+def steady_overhead(client_ttft_s: list[float | None], sim_ttft_s: list[float | None], probes: list[bool]) -> float:
+    """The per-request overhead under steady traffic: the median over the probes of client TTFT minus the
+    simulator's TTFT for the same request in the same stream (its queueing behind the others' steps is in
+    the model; what is left is HTTP, router, parsing, streaming under that load). One-token probes: their
+    first chunk is their last, whatever text the model makes."""
+    resid = [c - s for c, s, p in zip(client_ttft_s, sim_ttft_s, probes, strict=True)
+             if p and c is not None and s is not None]
+    return max(0.0, statistics.median(resid)) if resid else 0.0
 
 
 def burst_step_time(last_e2e_s: float, batch: int, tokens: int, prefill_s: float, overhead_s: float) -> float:
@@ -197,6 +222,24 @@ def calibrate(url: str, cfg: FidelityConfig, vocab: int, profile: dict) -> dict:
             "step_samples": [[b, c, round(t, 6)] for b, c, t in steps]}
 
 
+def calibrate_steady(url: str, cfg: FidelityConfig, vocab: int, profile: dict, overheads: dict, spec_text: str,
+                     tmp: Path, key: str) -> dict:
+    """Replace the idle per-request overhead by the one measured under steady traffic (`steady_overhead`):
+    the steady stream is replayed at `url` and simulated with the calibrated profile minus its overhead."""
+    from fleetserve.bench.replay import replay
+
+    reqs, probes = steady_trace(cfg)
+    records = asyncio.run(replay(url, reqs, model=MODEL, stream=True, vocab=vocab))
+    client = [rec.ttft_ms / 1000 if rec.ttft_ms is not None and not rec.error else None for rec in records]
+    path = tmp / f"profile-steady-{key}.json"
+    path.write_text(json.dumps(calibrated(profile, {**overheads, "request_overhead_s": 0.0})))
+    sim = simulate_trace(spec_text, reqs, path, cfg.seed, per_request=True)["ttft_s"]
+    steady = steady_overhead(client, sim, probes)
+    return {**overheads, "request_overhead_idle_s": overheads["request_overhead_s"],
+            "request_overhead_s": round(steady, 6), "steady_probes": sum(probes),
+            "steady_requests": len(reqs)}
+
+
 def _replay(url: str, trace: list[TraceRequest], vocab: int) -> tuple[dict, float]:
     from fleetserve.bench.replay import replay, summarize
 
@@ -214,7 +257,8 @@ def _brief(summary: dict) -> dict:
 
 # --- the simulator -------------------------------------------------------------------------------------------
 
-def simulate_trace(spec_text: str, trace: list[TraceRequest], profile_path: Path, seed: int) -> dict:
+def simulate_trace(spec_text: str, trace: list[TraceRequest], profile_path: Path, seed: int,
+                   per_request: bool = False) -> dict:
     from fleetserve.sim.run import simulate
     from fleetserve.sim.setup import SimOptions
     from fleetserve.spec.load import load_spec_text
@@ -222,10 +266,16 @@ def simulate_trace(spec_text: str, trace: list[TraceRequest], profile_path: Path
     endpoint = load_spec_text(spec_text).endpoint
     span = max((r.arrival_s for r in trace), default=0.0) + 1.0
     start = time.perf_counter()
-    report = simulate(endpoint, trace, SimOptions(seed=seed, profile=str(profile_path), window_s=span)).report
-    return {"requests": report["requests"], "failed": report["failed"], "ttft_ms": report["ttft_ms"],
-            "e2e_ms": report["e2e_ms"], "simulated_s": report["duration_s"],
-            "wall_s": round(time.perf_counter() - start, 3)}
+    result = simulate(endpoint, trace, SimOptions(seed=seed, profile=str(profile_path), window_s=span))
+    report = result.report
+    out = {"requests": report["requests"], "failed": report["failed"], "ttft_ms": report["ttft_ms"],
+           "e2e_ms": report["e2e_ms"], "simulated_s": report["duration_s"],
+           "wall_s": round(time.perf_counter() - start, 3)}
+    if per_request:  # TTFT per trace request (seconds), in trace order
+        by_index = {r.i: r for r in result.fleet.requests}
+        out["ttft_s"] = [None if (r := by_index.get(i)) is None or r.first is None or r.error
+                         else r.first - r.arrival for i in range(len(trace))]
+    return out
 
 
 # --- the run -------------------------------------------------------------------------------------------------
@@ -269,6 +319,7 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
     from fleetserve.engine.tiny import build_byte_tokenizer, create_tiny_model
 
     cfg = cfg or FidelityConfig()
+    load_start = [round(x, 2) for x in os.getloadavg()]
     trace = make_trace(cfg)
     vocab = len(build_byte_tokenizer())
     result: dict = {
@@ -288,12 +339,21 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
         source = create_tiny_model(tmp / "tiny", hidden_size=cfg.tiny_hidden, layers=cfg.tiny_layers, heads=4,
                                    kv_heads=2, context_length=4096)
         progress("profiling the model in-process ...")
-        prof = measure(str(source), threads=cfg.threads, max_prompt=512, repeats=cfg.profile_repeats)
+        prof = measure(str(source), threads=cfg.threads, max_prompt=512, repeats=cfg.profile_repeats,
+                       text_probe=cfg.text_probe, text_tokens=cfg.output_tokens[1], text_prompt=cfg.prompt_tokens)
         raw_path = tmp / "profile.json"
         raw_path.write_text(json.dumps(prof))
+        # the simulated engine streams text with every token: its model has no first-text samples
+        plain = {k: v for k, v in prof.items() if k != "first_text_tokens"}
+        plain_path = tmp / "profile-plain.json"
+        plain_path.write_text(json.dumps(plain))
         result["profile"] = {k: prof[k] for k in ("name", "prefill_base_s", "prefill_per_token_s", "decode_base_s",
                                                   "decode_per_seq_s", "decode_per_ctx_token_s", "max_batch",
                                                   "prefill_chunk", "cache_blocks", "source")}
+        text = prof.get("first_text_tokens") or []
+        result["profile"]["first_text_tokens"] = {
+            "samples": len(text), "at_first_token": sum(1 for k in text if k == 1),
+            "later": sum(1 for k in text if k > 1), "only_at_end": sum(1 for k in text if k == 0)}
         spec_text = SPEC.format(name="fidelity-live", model=MODEL, source=source, threads=cfg.threads,
                                 replicas=cfg.replicas, strategy=cfg.strategy)
 
@@ -302,6 +362,8 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
             url = fleet.up()["url"].rstrip("/").removesuffix("/v1")
             progress("live fleet: calibrating the gateway overheads ...")
             live_cal = calibrate(url, cfg, vocab, prof)
+            progress("live fleet: the overhead under steady traffic ...")
+            live_cal = calibrate_steady(url, cfg, vocab, prof, live_cal, spec_text, tmp, "live")
             progress(f"live fleet: replaying {len(trace)} requests ...")
             live, live_wall = _replay(url, trace, vocab)
         result["live"] = {**_brief(live), "real_s": round(live_wall, 2)}
@@ -309,10 +371,11 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
 
         if cfg.simulated_engines:
             progress("simulated engines: starting ...")
-            gateway, children = _simulated_engines(tmp, raw_path, cfg)
+            gateway, children = _simulated_engines(tmp, plain_path, cfg)
             try:
                 progress("simulated engines: calibrating ...")
-                se_cal = calibrate(gateway, cfg, vocab, prof)
+                se_cal = calibrate(gateway, cfg, vocab, plain)
+                se_cal = calibrate_steady(gateway, cfg, vocab, plain, se_cal, spec_text, tmp, "simulated_engines")
                 progress(f"simulated engines: replaying {len(trace)} requests ...")
                 se, se_wall = _replay(gateway, trace, vocab)
             finally:
@@ -323,9 +386,13 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
 
         progress("simulator ...")
         sims = {"raw": simulate_trace(spec_text, trace, raw_path, cfg.seed)}
-        cal_profiles = {"live": calibrated(prof, live_cal)}
+        cal_profiles = {"live": calibrated(prof, live_cal),
+                        "live_without_first_text": calibrated(plain, live_cal),
+                        "live_idle_overhead": calibrated(prof, {**live_cal, "request_overhead_s":
+                                                                live_cal["request_overhead_idle_s"]})}
         if cfg.simulated_engines:
-            cal_profiles["simulated_engines"] = calibrated(prof, se_cal)
+            sims["raw_plain"] = simulate_trace(spec_text, trace, plain_path, cfg.seed)
+            cal_profiles["simulated_engines"] = calibrated(plain, se_cal)
         for key, data in cal_profiles.items():
             path = tmp / f"profile-{key}.json"
             path.write_text(json.dumps(data))
@@ -333,11 +400,13 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
     result["sim"] = sims
     result["error"] = errors(sims["calibrated_live"], live)
     result["error_raw_profile"] = errors(sims["raw"], live)
+    result["error_without_first_text_model"] = errors(sims["calibrated_live_without_first_text"], live)
+    result["error_with_idle_overhead"] = errors(sims["calibrated_live_idle_overhead"], live)
     checked = [result["error"]["ttft_p50"], result["error"]["ttft_p95"]]
     met = {"live": all(e is not None and e <= TARGET_LIVE for e in checked)}
     if cfg.simulated_engines:
         result["error_vs_simulated_engines"] = errors(sims["calibrated_simulated_engines"], se)
-        result["error_vs_simulated_engines_raw_profile"] = errors(sims["raw"], se)
+        result["error_vs_simulated_engines_raw_profile"] = errors(sims["raw_plain"], se)
         se_checked = [result["error_vs_simulated_engines"]["ttft_p50"],
                       result["error_vs_simulated_engines"]["ttft_p95"]]
         met["simulated_engines"] = all(e is not None and e <= TARGET_SIMULATED_ENGINES for e in se_checked)
@@ -345,6 +414,8 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
     result["time"] = {"live_real_s": result["live"]["real_s"],
                       "simulated_engines_real_s": result.get("simulated_engines", {}).get("real_s"),
                       "simulated_s": sims["raw"]["simulated_s"], "simulator_wall_s": sims["raw"]["wall_s"]}
+    result["machine"] = {"cores": os.cpu_count(), "load_avg_start": load_start,
+                         "load_avg_end": [round(x, 2) for x in os.getloadavg()]}
     result["note"] = ("live and simulated-engine replays run in the same process run on a shared machine (noisy); "
                       "the calibration uses separate requests against each gateway, never the trace")
     return result

@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import collections
 import math
+import random
 from collections.abc import Callable
 
 from fleetserve.autoscale.controller import Controller
@@ -128,6 +129,9 @@ class SimFleet:
         self.outstanding = 0
         self._ttfts: collections.deque[tuple[float, float]] = collections.deque()
         self._loads: collections.deque[tuple[float, dict]] = collections.deque()
+        # draws of the token that first shows text (profiles that measured it); its own stream, so profiles
+        # without it keep every other draw
+        self._text_rng = random.Random(options.seed * 7919 + 17)
         self._arrivals: collections.deque[tuple[float, int]] = collections.deque([(self.t0, 0)])
         self.progress = progress
         # time series for the report: (t, replicas ready, replicas total, nodes, $/h, gpus)
@@ -343,6 +347,10 @@ class SimFleet:
         self.book.sent(rep.id, choice.prefill_tokens)
         self._touch(rep)
         seq = req.seq = Seq(spec.prompt, spec.output, spec.engine_keys, req)
+        text = rep.profile.first_text_tokens
+        if text:  # the streaming client's first text: token k of the output (0: none until the end)
+            k = text[self._text_rng.randrange(len(text))]
+            seq.visible = k if k > 0 else spec.output
         rep.model.add(seq)
         if not rep.busy:
             self._step(rep)
@@ -394,12 +402,16 @@ class SimFleet:
             book, ttfts = self.book, self._ttfts if self._track_ttft else None
             for seq in firsts:
                 req: Req = seq.payload
-                req.first = now + rep.profile.request_overhead_s  # HTTP/router/tokenizer time, if measured
+                if seq.visible <= 1 or seq.state == "done":
+                    req.first = now + rep.profile.request_overhead_s  # HTTP/router/tokenizer time, if measured
                 req.cached = seq.cached
                 book.backlog[rep.id] -= req.prefill
                 if ttfts is not None:
                     ttfts.append((now, now - req.arrival))
             self._touch(rep)
+        if rep.model.shown:  # first text after the first token (a client that streams sees nothing before)
+            for seq in rep.model.shown:
+                seq.payload.first = now + rep.profile.request_overhead_s
         if finished:
             in_flight = self.book.in_flight
             for seq in finished:

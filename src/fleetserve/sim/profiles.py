@@ -161,8 +161,13 @@ def profile_from_dict(data: dict) -> PerfProfile:
                and f.default_factory is MISSING]
     if missing:
         raise ProfileError(f"profile lacks {', '.join(missing)}")
+    text = values.get("first_text_tokens")
+    if text is not None:
+        if not isinstance(text, list | tuple) or not all(isinstance(k, int) and k >= 0 for k in text):
+            raise ProfileError(f"profile field first_text_tokens must be a list of token indices, got {text!r}")
+        values["first_text_tokens"] = tuple(text)
     for k, v in values.items():
-        if k not in ("name", "source") and not isinstance(v, int | float):
+        if k not in ("name", "source", "first_text_tokens") and not isinstance(v, int | float):
             raise ProfileError(f"profile field {k} must be a number, got {v!r}")
     return PerfProfile(**values)
 

@@ -34,7 +34,7 @@ class Seq:
     """A request inside a replica. `payload` is the caller's (the simulator's request, an HTTP job)."""
 
     __slots__ = ("id", "prompt", "output", "keys", "payload", "left", "reserved", "entry_step", "cached",
-                 "hit_l1", "hit_l2", "first_at", "done_at", "cancelled", "state", "load_s", "prefill_s")
+                 "hit_l1", "hit_l2", "first_at", "done_at", "cancelled", "state", "load_s", "prefill_s", "visible")
 
     def __init__(self, prompt: int, output: int, keys: Sequence = (), payload: Any = None):
         self.id = next(_ids)
@@ -54,6 +54,9 @@ class Seq:
         self.state = "waiting"  # waiting | prefill | decode | done
         self.load_s = 0.0
         self.prefill_s = 0.0  # prefill compute attributed to this sequence
+        # the token with which a streaming client first receives text (an engine sends no chunk for a token
+        # whose text is still empty, e.g. an incomplete UTF-8 sequence); capped at the output: then the end
+        self.visible = 1
 
 
 class ReplicaModel:
@@ -71,6 +74,8 @@ class ReplicaModel:
         self.prefilling: deque[Seq] = deque()
         self.running: dict[Seq, None] = {}
         self._finish: list[tuple[int, int, Seq]] = []
+        self._shown: list[tuple[int, int, Seq]] = []  # (decode step, id, seq): first text after the first token
+        self.shown: list[Seq] = []  # set by end_step: sequences whose first text the step produced (visible > 1)
         self.steps = 0  # decode steps so far
         self.ctx = 0  # context tokens attended by one decode step of the running batch
         self.waiting_tokens = 0  # prompt tokens not prefilled yet (queued or in prefill)
@@ -236,6 +241,8 @@ class ReplicaModel:
             a = prof.decode_base_s + prof.decode_per_seq_s * batch + prof.decode_per_ctx_token_s * self.ctx
             c = prof.decode_per_ctx_token_s * batch
             k = max(1, min(max_steps, self._finish[0][0] - self.steps)) if self._finish else 1
+            if self._shown:  # a run also ends where a client sees its first text
+                k = max(1, min(k, self._shown[0][0] - self.steps))
             self._planned, self._a, self._c = k, a, c
             duration = k * a + c * k * (k - 1) / 2
             self.busy_s += duration
@@ -277,11 +284,20 @@ class ReplicaModel:
     def end_step(self, now: float) -> tuple[list[Seq], list[Seq]]:
         """Apply the planned step at its end time: (sequences with their first token, finished sequences)."""
         finished: list[Seq] = []
+        if self.shown:
+            self.shown = []
         if self._decoded:
             k = self._planned
             self.steps += k
             self.ctx += len(self.running) * k
             heap, steps = self._finish, self.steps
+            shown = self._shown
+            if shown and shown[0][0] <= steps:
+                out = self.shown = []
+                while shown and shown[0][0] <= steps:
+                    seq = heapq.heappop(shown)[2]
+                    if not seq.cancelled:
+                        out.append(seq)
             while heap and heap[0][0] <= steps:
                 seq = heapq.heappop(heap)[2]
                 if seq.state != "decode":
@@ -315,6 +331,8 @@ class ReplicaModel:
                 self.running[seq] = None
                 self.ctx += seq.prompt + 1
                 heapq.heappush(self._finish, (self.steps + seq.output - 1, seq.id, seq))
+                if seq.visible > 1:
+                    heapq.heappush(self._shown, (self.steps + min(seq.visible, seq.output) - 1, seq.id, seq))
         return firsts, finished
 
     def _store(self, seq: Seq) -> None:
