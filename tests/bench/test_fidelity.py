@@ -15,6 +15,8 @@ from fleetserve.bench.fidelity import (
     make_trace,
     relative_error,
     simulate_trace,
+    steady_overhead,
+    steady_trace,
 )
 from fleetserve.sim.perf import PROFILES, profile
 from fleetserve.sim.profiles import to_dict
@@ -92,6 +94,39 @@ def test_request_overhead_shifts_simulated_latency_exactly(tmp_path):
     assert a["requests"] == b["requests"] == 30 and a["failed"] == 0
     for section in ("ttft_ms", "e2e_ms"):
         assert b[section]["p50"] == pytest.approx(a[section]["p50"] + 50, abs=0.01)
+
+
+def test_steady_stream_is_not_the_trace_and_probes_are_one_token():
+    cfg = FidelityConfig(requests=240, duration_s=80, steady_s=30, steady_probe_every=3)
+    reqs, probes = steady_trace(cfg)
+    assert len(reqs) == 90 and sum(probes) == 30 and reqs[-1].arrival_s == pytest.approx(30)
+    assert all(r.output_tokens == 1 for r, p in zip(reqs, probes, strict=True) if p)
+    assert [r.arrival_s for r in reqs] != [r.arrival_s for r in make_trace(cfg)[:90]]
+    assert len(steady_trace(replace(cfg, requests=12, duration_s=4))[0]) == 12  # never longer than the trace
+
+
+def test_steady_overhead_is_the_median_probe_residual():
+    client = [0.030, 0.5, 0.025, None, 0.040]
+    sim = [0.010, 0.1, 0.010, 0.010, 0.015]
+    probes = [True, False, True, True, True]
+    assert steady_overhead(client, sim, probes) == pytest.approx(0.020)  # residuals 20, 15, 25 ms
+    assert steady_overhead([0.001], [0.01], [True]) == 0.0 and steady_overhead([], [], []) == 0.0
+
+
+def test_first_text_samples_move_ttft_not_e2e(tmp_path):
+    trace = make_trace(FidelityConfig(requests=40, duration_s=8, seed=2))
+    spec = SPEC.format(name="f", model="fidelity", source="/nonexistent", threads=1, replicas=2,
+                       strategy="roundrobin")
+    paths = {}
+    for name, text in (("plain", ()), ("first", (1,)), ("end", (0,))):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(to_dict(replace(PROFILES["cpu-135m"], first_text_tokens=text))))
+    assert profile(str(paths["end"])).first_text_tokens == (0,)
+    plain, first, end = (simulate_trace(spec, trace, paths[n], 0, per_request=True) for n in ("plain", "first", "end"))
+    assert first["ttft_s"] == plain["ttft_s"] and first["e2e_ms"] == plain["e2e_ms"] == end["e2e_ms"]
+    assert end["ttft_ms"] == end["e2e_ms"]  # no text before the end: the first chunk is the last
+    again = simulate_trace(spec, trace, paths["end"], 0, per_request=True)
+    assert again["ttft_s"] == end["ttft_s"]
 
 
 def test_simulate_option_reads_a_profile_file(tmp_path):

@@ -105,3 +105,29 @@ def test_a_decode_run_can_be_cut_at_the_step_that_is_running():
     assert j == 3 and m.truncate(j) == pytest.approx(3 * 0.021) and full == pytest.approx(49 * 0.021)
     m.end_step(0.063)
     assert m.steps == 3
+
+
+def test_first_text_is_reported_at_its_token_in_single_steps_and_in_decode_runs():
+    def run(max_steps):
+        m = ReplicaModel(PROF)
+        seqs = [Seq(8, n) for n in (3, 9, 30, 6)]
+        for s, visible in zip(seqs, (1, 5, 12, 40), strict=True):  # 40 > 6 tokens: text only at the end
+            s.visible = visible
+            m.add(s)
+        t, shown, steps_at = 0.0, {}, {}
+        while (d := m.begin_step(max_steps)) is not None:
+            t += d
+            firsts, done = m.end_step(t)
+            for s in m.shown:
+                shown[s.id] = (t, m.produced(s))
+            for s in done:
+                steps_at[s.id] = t
+        return seqs, shown, steps_at
+
+    for max_steps in (1, 1 << 20):
+        seqs, shown, done = run(max_steps)
+        assert seqs[0].id not in shown  # its first token shows text: the caller uses `firsts`
+        assert shown[seqs[1].id][1] == 5 and shown[seqs[2].id][1] == 12
+        assert shown[seqs[3].id][0] == pytest.approx(done[seqs[3].id])  # capped at the output: the end
+    (a, single, _), (b, coalesced, _) = run(1), run(1 << 20)
+    assert [single[s.id][0] for s in a[1:]] == pytest.approx([coalesced[s.id][0] for s in b[1:]])
