@@ -52,7 +52,9 @@ def test_the_crd_is_structural_and_valid():
     assert kubernetes_validate.validate(crd, KUBERNETES_VERSION, strict=True)
     text = json.dumps(crd)
     assert "$ref" not in text and "anyOf" not in text
-    assert text.count("x-kubernetes-preserve-unknown-fields") == 1  # placement.nodeAffinity only
+    # Kubernetes objects passed through as given: placement.nodeAffinity, model.volume, engine.probes,
+    # engine.resources, engine.envFrom values, pod.initContainers/volumes/volumeMounts items
+    assert text.count("x-kubernetes-preserve-unknown-fields") == 8
     node = _schema()["properties"]["spec"]["properties"]["placement"]["properties"]["nodeAffinity"]
     assert node["x-kubernetes-preserve-unknown-fields"] is True
 

@@ -74,7 +74,10 @@ def render_k8s(
     except ValueError as exc:
         raise _fail(str(exc)) from None
     # the local fleet's "no effect here" notes about settings that Kubernetes does honour are left out
-    warnings = [str(w) for w in loaded.warnings if w.path not in LOCAL_ONLY] + [str(w) for w in rendered.warnings]
+    from fleetserve.spec.effects import takes_effect_on_kubernetes
+
+    warnings = [str(w) for w in loaded.warnings if w.path not in LOCAL_ONLY and not takes_effect_on_kubernetes(w.path)]
+    warnings += [str(w) for w in rendered.warnings]
     for w in warnings:
         err.print("[yellow]warning:[/yellow] ", end="")
         err.print(w, markup=False)

@@ -33,11 +33,22 @@ def engine_port(ctx: Context) -> int:
     return ctx.endpoint.spec.engine.port or ENGINE_PORT
 
 
+def models_dir(ctx: Context) -> str:
+    """Where the model volume is mounted: `model.mountPath` (HyperPod's modelVolumeMount) or /models."""
+    return (ctx.endpoint.spec.model.mount_path or MODELS_DIR).rstrip("/") or MODELS_DIR
+
+
 def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str]:
     """(init containers, volumes, engine mounts, model path inside the engine container)."""
     model = ctx.endpoint.spec.model
     source = model.source
-    if not source.startswith(("s3://", "hf:", "builtin:", "catalog:")):
+    fetched = source.startswith(("s3://", "hf:", "builtin:", "catalog:"))
+    if model.volume is not None and not fetched:
+        # a Kubernetes volume source holding the weights (HyperPod's kubernetesVolume), at model.mountPath
+        root = models_dir(ctx)
+        path = source if PurePosixPath(source).is_absolute() else f"{root}/{source}"
+        return [], [{"name": "model", **model.volume}], [{"name": "model", "mountPath": root}], path
+    if not fetched:
         path = PurePosixPath(source)
         if path.is_absolute():
             parts = path.parts
@@ -47,7 +58,8 @@ def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str
             root, model_path = f"{MODELS_DIR}/volume", f"{MODELS_DIR}/volume/{path}"
         volumes = [{"name": "model", "persistentVolumeClaim": {"claimName": ctx.model_claim, "readOnly": True}}]
         return [], volumes, [{"name": "model", "mountPath": root, "readOnly": True}], model_path
-    args = ["sh", "-c", f'set -e; ln -sfn "$(fleetserve model prepare "$@")" {MODELS_DIR}/current', "fetch", source]
+    root = models_dir(ctx)
+    args = ["sh", "-c", f'set -e; ln -sfn "$(fleetserve model prepare "$@")" {root}/current', "fetch", source]
     if model.revision:
         args += ["--revision", model.revision]
     if model.s3_region:
@@ -57,11 +69,14 @@ def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str
         "image": ctx.options.image,
         "command": args[:3],
         "args": args[3:],
-        "env": [{"name": "FLEETSERVE_HOME", "value": f"{MODELS_DIR}/cache"}],
-        "volumeMounts": [{"name": "model", "mountPath": MODELS_DIR}],
+        "env": [{"name": "FLEETSERVE_HOME", "value": f"{root}/cache"}],
+        "volumeMounts": [{"name": "model", "mountPath": root}],
     }
+    if model.token_secret:  # HyperPod's tokenSecretRef: the fetcher only, as HyperPod does
+        init["env"].append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": model.token_secret.name, "key": model.token_secret.key}}})
     volumes = [{"name": "model", "emptyDir": {}}]
-    return [init], volumes, [{"name": "model", "mountPath": MODELS_DIR}], f"{MODELS_DIR}/current"
+    return [init], volumes, [{"name": "model", "mountPath": root}], f"{root}/current"
 
 
 def _builtin_args(ctx: Context, model_path: str, instance_type: str, l2_url: str | None,
@@ -90,15 +105,17 @@ def _builtin_args(ctx: Context, model_path: str, instance_type: str, l2_url: str
 
 
 def _probes(ctx: Context) -> dict:
+    """Ours, sized to the model's load time; `engine.probes` (HyperPod's worker.probes) replaces them by name."""
     engine = ctx.endpoint.spec.engine
     get = {"path": engine.health_path, "port": "http"}
     period = 10
-    return {
+    ours = {
         "startupProbe": {"httpGet": get, "periodSeconds": period, "timeoutSeconds": 5,
                          "failureThreshold": max(1, math.ceil(engine.startup_timeout_seconds / period))},
         "readinessProbe": {"httpGet": get, "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 2},
         "livenessProbe": {"httpGet": get, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
     }
+    return {**ours, **(engine.probes or {})}
 
 
 def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> dict:
@@ -122,26 +139,39 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
         extra_env = launch.env
         metrics_path = launch.metrics_path
     env += [{"name": k, "value": v} for k, v in sorted(extra_env.items())]
+    env += [{"name": k, "valueFrom": v} for k, v in sorted(spec.engine.env_from.items())]
+    if spec.engine.command:  # HyperPod's worker.command: the image's entrypoint replaced, our args kept
+        command = list(spec.engine.command)
+    ports = [{"name": "http", "containerPort": engine_port(ctx), "protocol": "TCP"}]
+    if metrics_port(ctx) != engine_port(ctx):
+        ports.append({"name": "metrics", "containerPort": metrics_port(ctx), "protocol": "TCP"})
     container = {
         "name": "engine",
         "image": image,
         "command": command,
         "args": args,
-        "ports": [{"name": "http", "containerPort": engine_port(ctx), "protocol": "TCP"}],
+        "ports": ports,
         "env": env,
         "volumeMounts": list(mounts),
         **_probes(ctx),
         "lifecycle": {"preStop": {"sleep": {"seconds": ctx.options.prestop_seconds}}},
     }
     if kind == "builtin":
-        container["env"].append({"name": "FLEETSERVE_HOME", "value": f"{MODELS_DIR}/cache"})
+        container["env"].append({"name": "FLEETSERVE_HOME", "value": f"{models_dir(ctx)}/cache"})
         container["volumeMounts"].append({"name": "internal-token", "mountPath": INTERNAL_TOKEN_DIR,
                                           "readOnly": True})
     else:
         container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+    if spec.engine.working_dir:
+        container["workingDir"] = spec.engine.working_dir
+    container["volumeMounts"] += [dict(m) for m in spec.pod.volume_mounts]
+    resources = {k: dict(v) if isinstance(v, dict) else v for k, v in (spec.engine.resources or {}).items()}
     if spec.engine.gpus:
-        container["resources"] = {"limits": {GPU: str(spec.engine.gpus)}, "requests": {GPU: str(spec.engine.gpus)}}
-    container["__metrics_path"] = metrics_path
+        for section in ("limits", "requests"):
+            resources[section] = {**resources.get(section, {}), GPU: str(spec.engine.gpus)}
+    if resources:
+        container["resources"] = resources
+    container["__metrics_path"] = spec.metrics.model_metrics_path or metrics_path
     return container
 
 
@@ -155,6 +185,11 @@ def _affinity(ctx: Context, tier: int) -> dict | None:
         exprs.append({"key": "topology.kubernetes.io/zone", "operator": "In", "values": list(ctx.options.zones)})
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": exprs}]}}}
+
+
+def metrics_port(ctx: Context) -> int:
+    """The engine's metrics port: `metrics.modelMetricsPort` (HyperPod's modelMetrics.port) or the engine port."""
+    return ctx.endpoint.spec.metrics.model_metrics_port or engine_port(ctx)
 
 
 def tier_replicas(ctx: Context, tier: int) -> int:
@@ -174,13 +209,18 @@ def engine_deployment(ctx: Context, tier: int) -> dict:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
     extra = {TIER_LABEL: str(tier)}
     pod_spec: dict = {}
-    if ctx.options.service_account:
-        pod_spec["serviceAccountName"] = ctx.options.service_account
+    account = spec.pod.service_account_name or ctx.options.service_account
+    if account:
+        pod_spec["serviceAccountName"] = account
+    if spec.pod.scheduler_name:
+        pod_spec["schedulerName"] = spec.pod.scheduler_name
     affinity = _affinity(ctx, tier)
     if affinity:
         pod_spec["affinity"] = affinity
     if spec.engine.gpus:
         pod_spec["tolerations"] = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
+    inits = list(inits) + [dict(c) for c in spec.pod.init_containers]
+    volumes += [dict(v) for v in spec.pod.volumes]
     if inits:
         pod_spec["initContainers"] = inits
     pod_spec.update({
@@ -188,7 +228,8 @@ def engine_deployment(ctx: Context, tier: int) -> dict:
         "volumes": volumes,
         "terminationGracePeriodSeconds": ctx.options.prestop_seconds + ctx.options.drain_seconds,
     })
-    annotations = {"fleetserve.io/metrics-path": metrics_path, "fleetserve.io/model-source": spec.model.source}
+    user = dict(ctx.endpoint.metadata.annotations)
+    annotations = {**user, "fleetserve.io/metrics-path": metrics_path, "fleetserve.io/model-source": spec.model.source}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -199,7 +240,7 @@ def engine_deployment(ctx: Context, tier: int) -> dict:
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
                 "metadata": {"labels": ctx.labels("engine", **extra),
-                             "annotations": {"fleetserve.io/model-version": spec.model.version}},
+                             "annotations": {**user, "fleetserve.io/model-version": spec.model.version}},
                 "spec": pod_spec,
             },
         },
@@ -214,7 +255,9 @@ def engine_service(ctx: Context) -> dict:
         "metadata": ctx.meta(ctx.engine_service, "engine"),
         "spec": {
             "selector": ctx.selector("engine"),
-            "ports": [{"name": "http", "port": engine_port(ctx), "targetPort": "http", "protocol": "TCP"}],
+            "ports": [{"name": "http", "port": engine_port(ctx), "targetPort": "http", "protocol": "TCP"}] + (
+                [{"name": "metrics", "port": metrics_port(ctx), "targetPort": "metrics", "protocol": "TCP"}]
+                if metrics_port(ctx) != engine_port(ctx) else []),
         },
     }
 

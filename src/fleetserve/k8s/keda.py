@@ -97,6 +97,14 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
         else:
             out.append(_prometheus(f"t{i}-{trig.metric.replace('_', '-')}", server, builtin_query(ctx, trig.metric),
                                    trig.target, trig.activation_target, trig.kind))
+    for i, st in enumerate(spec_triggers[:len(out)]):
+        # KEDA-only trigger settings (HyperPod's metricType, useCachedMetrics, customHeaders)
+        if st.metric_type:
+            out[i]["metricType"] = st.metric_type
+        if st.use_cached_metrics:
+            out[i]["useCachedMetrics"] = True
+        if st.custom_headers:
+            out[i]["metadata"]["customHeaders"] = st.custom_headers
     if policy.min_replicas == 0:
         first = next((t for t in policy.triggers if t.kind == "average"), None)
         out.append(_prometheus("activation-pending", server, f"sum({PENDING_METRIC}{{{_router_sel(ctx)}}})",

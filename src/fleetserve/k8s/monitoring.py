@@ -15,9 +15,10 @@ from fleetserve.k8s.keda import PENDING_METRIC
 LABELS = "namespace, model_name, model_version, instance_type"
 
 
-def _service_monitor(ctx: Context, name: str, component: str, port: str, scheme: str) -> dict:
+def _service_monitor(ctx: Context, name: str, component: str, port: str, scheme: str,
+                     path: str = "/metrics") -> dict:
     interval = f"{ctx.endpoint.spec.metrics.scrape_interval_seconds}s"
-    endpoint: dict = {"port": port, "path": "/metrics", "interval": interval, "scheme": scheme,
+    endpoint: dict = {"port": port, "path": path, "interval": interval, "scheme": scheme,
                       "authorization": {"type": "Bearer",
                                         "credentials": {"name": ctx.internal_secret, "key": "token"}}}
     if scheme == "https":
@@ -88,6 +89,11 @@ def monitoring_objects(ctx: Context, warn) -> list[dict]:
     out = [_service_monitor(ctx, ctx.router_name, "router", "https" if spec.tls.enabled else "http",
                             "https" if spec.tls.enabled else "http")]
     if spec.engine.kind != "external":
-        out.append(_service_monitor(ctx, ctx.engine_service, "engine", "http", "http"))
+        # metrics.modelMetricsPath/Port (HyperPod's metrics.modelMetrics): a separate port is named "metrics"
+        from fleetserve.k8s.engine import engine_port, metrics_port
+
+        port = "metrics" if metrics_port(ctx) != engine_port(ctx) else "http"
+        out.append(_service_monitor(ctx, ctx.engine_service, "engine", port, "http",
+                                    spec.metrics.model_metrics_path or "/metrics"))
     out.append(_rules(ctx))
     return out

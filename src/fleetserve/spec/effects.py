@@ -5,8 +5,24 @@ When a component starts to honour a setting, its line goes from this table; a se
 
 from __future__ import annotations
 
+import re
+
 from fleetserve.spec.endpoint import Endpoint
 from fleetserve.spec.errors import SpecProblem
+
+
+#: settings that `fleetserve up` ignores but `fleetserve render k8s` and the operator render (k8s/engine.py,
+#: k8s/keda.py, k8s/monitoring.py): their local warnings are not repeated by `render k8s`.
+_KUBERNETES_ONLY = re.compile(
+    r"^spec\.(engine\.(env|envFrom|port|command|workingDir|probes|resources)"
+    r"|model\.(mountPath|volume|tokenSecret)|pod|metrics\.(scrapeIntervalSeconds|modelMetrics)"
+    r"|autoscaling\.triggers\[\d+\]\.(metricType|useCachedMetrics|customHeaders))$"
+    r"|^metadata\.(labels|annotations)$")
+
+
+def takes_effect_on_kubernetes(path: str) -> bool:
+    """True for a local warning about a setting that Kubernetes rendering does honour."""
+    return bool(_KUBERNETES_ONLY.match(path))
 
 
 def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
@@ -52,6 +68,39 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         if entry.engine != spec.engine.kind:
             note("spec.engine.kind", f"catalog model {entry.name!r} is meant for engine {entry.engine!r}, "
                                      f"not {spec.engine.kind!r}")
+    k8s = "applies to Kubernetes rendering only (fleetserve render k8s, the operator)"
+    if endpoint.metadata.labels:
+        note("metadata.labels", f"{k8s}: labels of every rendered object")
+    if endpoint.metadata.annotations:
+        note("metadata.annotations", f"{k8s}: annotations of the engine Deployments and pods")
+    if spec.metrics.scrape_interval_seconds != 15:
+        note("spec.metrics.scrapeIntervalSeconds", f"{k8s}: the ServiceMonitor interval; locally /metrics is "
+                                                   "read when scraped")
+    if spec.metrics.model_metrics_path or spec.metrics.model_metrics_port:
+        note("spec.metrics.modelMetrics", f"{k8s}: the engine ServiceMonitor's path and port")
+    engine = spec.engine
+    if engine.env:
+        note("spec.engine.env", f"{k8s}: local engines inherit the environment of `fleetserve up`")
+    if engine.env_from:
+        note("spec.engine.envFrom", f"{k8s}: Kubernetes EnvVarSources (Secrets, ConfigMaps)")
+    if engine.port and engine.kind == "builtin":
+        note("spec.engine.port", f"{k8s}: local built-in replicas listen on free ports the fleet picks")
+    for field, value in (("command", engine.command), ("workingDir", engine.working_dir),
+                         ("probes", engine.probes), ("resources", engine.resources)):
+        if value:
+            note(f"spec.engine.{field}", f"{k8s}: the engine container's {field}")
+    for field, value in (("mountPath", spec.model.mount_path), ("volume", spec.model.volume),
+                         ("tokenSecret", spec.model.token_secret)):
+        if value:
+            note(f"spec.model.{field}", f"{k8s}: the model volume and its fetcher")
+    if spec.pod != type(spec.pod)():
+        note("spec.pod", f"{k8s}: the engine pods' init containers, scheduler, service account and volumes")
+    for i, trig in enumerate(spec.autoscaling.triggers if spec.autoscaling else []):
+        for field, value in (("metricType", trig.metric_type), ("useCachedMetrics", trig.use_cached_metrics),
+                             ("customHeaders", trig.custom_headers)):
+            if value:
+                note(f"spec.autoscaling.triggers[{i}].{field}", f"{k8s}: the KEDA trigger's {field}; the local "
+                                                                "controller reads the metric every pollingInterval")
     if spec.model.prefetch:
         note("spec.model.prefetch", "weights are loaded from the local cache at start; prefetch is implicit")
     return notes

@@ -29,6 +29,8 @@ class Metadata(SpecModel):
     name: str = Field(min_length=1, max_length=63)
     namespace: str = "default"
     labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict, description="Kubernetes annotations of the engine "
+                                        "Deployments and their pods")
 
     @field_validator("name", "namespace")
     @classmethod
@@ -39,6 +41,14 @@ class Metadata(SpecModel):
                 "with a letter or digit"
             )
         return value
+
+
+class SecretKeyRef(SpecModel):
+    name: str = Field(min_length=1)
+    key: str = Field(min_length=1)
+
+
+PROBE_NAMES = ("startupProbe", "readinessProbe", "livenessProbe")
 
 
 class ModelSection(SpecModel):
@@ -52,6 +62,13 @@ class ModelSection(SpecModel):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     prefetch: bool = False
     s3_region: str | None = None
+    mount_path: str | None = Field(default=None, pattern=r"^/", description="where the engine container sees the "
+                                   "model volume on Kubernetes (default /models)")
+    volume: dict[str, Any] | None = Field(default=None, description="a Kubernetes volume source (persistentVolumeClaim, "
+                                          "nfs, csi, hostPath, ...) holding a local-path model; default: the PVC "
+                                          "NAME-model")
+    token_secret: SecretKeyRef | None = Field(default=None, description="a Secret key holding the Hugging Face token, "
+                                              "given to the model fetcher as HF_TOKEN on Kubernetes")
 
     @field_validator("source")
     @classmethod
@@ -85,6 +102,22 @@ class EngineSection(SpecModel):
     threads: int | None = Field(default=None, ge=1, description="torch threads per builtin replica")
     startup_timeout_seconds: float = Field(default=600.0, gt=0)
     gpus: int = Field(default=0, ge=0)
+    command: list[str] = Field(default_factory=list, description="container entrypoint override (Kubernetes)")
+    working_dir: str | None = Field(default=None, description="container working directory (Kubernetes)")
+    probes: dict[str, dict[str, Any]] | None = Field(default=None, description="Kubernetes Probe objects by name "
+                                                     "(startupProbe, readinessProbe, livenessProbe) replacing ours")
+    resources: dict[str, Any] | None = Field(default=None, description="Kubernetes ResourceRequirements (cpu, "
+                                             "memory, ...); GPUs come from engine.gpus")
+    env_from: dict[str, dict[str, Any]] = Field(default_factory=dict, description="environment variables from a "
+                                                "Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef)")
+
+    @field_validator("probes")
+    @classmethod
+    def _probe_names(cls, value: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
+        for name in value or {}:
+            if name not in PROBE_NAMES:
+                raise ValueError(f"unknown probe {name!r}; allowed: {', '.join(PROBE_NAMES)}")
+        return value
 
     @model_validator(mode="after")
     def _external_needs_urls(self) -> EngineSection:
@@ -121,6 +154,10 @@ class ScalingTrigger(SpecModel):
     activation_target: float = Field(default=0.0, ge=0)
     query: str | None = None
     server_address: str | None = None
+    metric_type: Literal["AverageValue", "Value"] | None = Field(
+        default=None, description="KEDA metricType; default AverageValue for totals, Value for ttft_p95")
+    use_cached_metrics: bool = Field(default=False, description="KEDA: cache the value for the polling interval")
+    custom_headers: str | None = Field(default=None, description="KEDA prometheus customHeaders (k=v,k2=v2)")
 
     @model_validator(mode="after")
     def _prometheus_needs_query(self) -> ScalingTrigger:
@@ -222,6 +259,10 @@ class RequestLimitsSection(SpecModel):
 class MetricsSection(SpecModel):
     enabled: bool = True
     scrape_interval_seconds: int = Field(default=15, ge=5, le=300)
+    model_metrics_path: str | None = Field(default=None, pattern=r"^/", description="engine metrics path "
+                                           "(default: the engine's own)")
+    model_metrics_port: int | None = Field(default=None, ge=1, le=65535, description="engine metrics port "
+                                           "(default: the engine port)")
 
 
 class TLSSection(SpecModel):
@@ -322,6 +363,16 @@ class SloSection(SpecModel):
     max_error_rate: float = Field(default=0.01, ge=0, le=1, description="refused or failed requests, fraction")
 
 
+class PodSection(SpecModel):
+    """Kubernetes pod settings of the engine pods, passed through as given (HyperPod's `spec.kubernetes`)."""
+
+    init_containers: list[dict[str, Any]] = Field(default_factory=list)
+    scheduler_name: str | None = None
+    service_account_name: str | None = None
+    volumes: list[dict[str, Any]] = Field(default_factory=list)
+    volume_mounts: list[dict[str, Any]] = Field(default_factory=list, description="mounts in the engine container")
+
+
 class EndpointSpec(SpecModel):
     model: ModelSection
     engine: EngineSection = Field(default_factory=EngineSection)
@@ -337,6 +388,7 @@ class EndpointSpec(SpecModel):
     router: RouterSection = Field(default_factory=RouterSection)
     capacity: CapacitySection = Field(default_factory=CapacitySection)
     slo: SloSection | None = None
+    pod: PodSection = Field(default_factory=PodSection)
 
     @model_validator(mode="after")
     def _instance_types_known(self) -> EndpointSpec:

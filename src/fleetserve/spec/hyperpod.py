@@ -1,245 +1,157 @@
 """HyperPod `InferenceEndpointConfig` (apiVersion inference.sagemaker.aws.amazon.com/v1) accepted as is.
 
-The document is validated against the CRD's shape (field names as the CRD spells them, the SDK's cross-field
-rules), then mapped onto our `Endpoint`. Whatever has no local meaning (SageMaker endpoint registration, S3
-certificate upload, ALB settings, ...) is kept out of the mapping and reported as a warning naming the field.
+The document is validated against the openAPIV3Schema of version v1 of the CRD HyperPod ships
+(`spec/data/`, unmodified, source and checksum in its README), with unknown fields rejected where the CRD
+lists properties (the API server would prune them silently), then against the HyperPod SDK's cross-field
+rules (the CRD has no CEL for them). It is then mapped onto our `Endpoint`. Pod-level settings (command,
+workingDir, probes, resources, volumes, secrets) are carried into the spec, where `fleetserve render k8s`
+renders them; whatever has no meaning outside AWS (SageMaker endpoint registration, S3 certificate upload,
+ALB settings, ...) is left out and reported as a warning naming the field: nothing is dropped silently.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from functools import cache
+from importlib import resources
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+import jsonschema
+import yaml
 
-from fleetserve.spec.errors import SpecError, SpecProblem, problems_from_validation
+from fleetserve.spec.errors import SpecError, SpecProblem
 
 API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
 KIND = "InferenceEndpointConfig"
+CRD_FILE = "inference.sagemaker.aws.amazon.com_inferenceendpointconfigs.yaml"
+CRD_VERSION = "v1"
 
 
-class _CRD(BaseModel):
-    """CRD objects: field names exactly as the CRD spells them, unknown fields rejected."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class NameValue(_CRD):
-    name: str
-    value: str | None = None
-    valueFrom: dict[str, Any] | None = None
-
-
-class S3Storage(_CRD):
-    bucketName: str
-    region: str
+def _strict(schema: Any) -> Any:
+    """Reject unknown fields wherever the CRD lists properties (and does not preserve unknown fields)."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if "properties" in out and "additionalProperties" not in out and \
+                not out.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    return schema
 
 
-class FsxStorage(_CRD):
-    fileSystemId: str
-    dnsName: str | None = None
-    mountName: str | None = None
+@cache
+def crd() -> dict[str, Any]:
+    """The shipped CRD, as HyperPod publishes it."""
+    text = resources.files("fleetserve.spec").joinpath("data", CRD_FILE).read_text()
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(text, Loader=loader)  # noqa: S506 (a safe loader)
 
 
-class HuggingFaceModel(_CRD):
-    modelId: str = Field(pattern=r"^[a-zA-Z0-9_.-]+/[a-zA-Z0-9_.-]+$")
-    commitSHA: str | None = Field(default=None, pattern=r"^[0-9a-f]{40}$")
-    tokenSecretRef: dict[str, Any] | None = None
+@cache
+def crd_schema() -> dict[str, Any]:
+    """openAPIV3Schema of the CRD's v1 version, unmodified."""
+    version = next(v for v in crd()["spec"]["versions"] if v["name"] == CRD_VERSION)
+    return version["schema"]["openAPIV3Schema"]
 
 
-class ModelSourceConfig(_CRD):
-    modelSourceType: Literal["fsx", "s3", "huggingface", "kubernetesVolume"]
-    modelLocation: str | None = None
-    prefetchEnabled: bool = False
-    s3Storage: S3Storage | None = None
-    fsxStorage: FsxStorage | None = None
-    huggingFaceModel: HuggingFaceModel | None = None
-    kubernetesVolume: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _source_details(self) -> ModelSourceConfig:
-        needed = {"s3": "s3Storage", "fsx": "fsxStorage", "huggingface": "huggingFaceModel"}
-        field = needed.get(self.modelSourceType)
-        if field and getattr(self, field) is None:
-            raise ValueError(f"modelSourceType {self.modelSourceType!r} requires modelSourceConfig.{field}")
-        return self
-
-
-class Port(_CRD):
-    containerPort: int = Field(ge=1, le=65535)
-    name: Literal["http", "grpc"] = "http"
+@cache
+def _validator() -> jsonschema.Draft7Validator:
+    schema = _strict(crd_schema())
+    # ObjectMeta is not in the CRD (the API server owns it): the fields HyperPod documents use.
+    schema["properties"]["metadata"] = {
+        "type": "object",
+        "required": ["name"],
+        "properties": {"name": {"type": "string"}, "namespace": {"type": "string"},
+                       "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                       "annotations": {"type": "object", "additionalProperties": {"type": "string"}}},
+        "additionalProperties": False,
+    }
+    schema["properties"].pop("status", None)  # written by the operator, never by users
+    schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
+    schema["properties"]["apiVersion"] = {"enum": [API_VERSION]}
+    schema["properties"]["kind"] = {"enum": [KIND]}
+    return jsonschema.Draft7Validator(schema)
 
 
-class VolumeMount(_CRD):
-    name: str
-    mountPath: str = "/opt/ml/model"
+def _path(parts) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
 
 
-class RequestLimits(_CRD):
-    maxConcurrentRequests: int | None = Field(default=None, ge=1)
-    maxQueueSize: int | None = Field(default=None, ge=0)
-    overflowStatusCode: int = Field(default=429, ge=400, le=599)
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
-class Worker(_CRD):
-    image: str
-    resources: dict[str, Any]
-    modelInvocationPort: Port
-    modelVolumeMount: VolumeMount
-    args: list[str] = Field(default_factory=list)
-    command: list[str] = Field(default_factory=list)
-    workingDir: str | None = None
-    environmentVariables: list[NameValue] = Field(default_factory=list)
-    probes: dict[str, Any] | None = None
-    requestLimits: RequestLimits | None = None
-
-    @field_validator("resources")
-    @classmethod
-    def _resource_maps(cls, value: dict[str, Any]) -> dict[str, Any]:
-        """Kubernetes ResourceRequirements: limits and requests map a resource name to a quantity."""
-        for section in ("limits", "requests"):
-            if section in value and not isinstance(value[section], dict | None):
-                raise ValueError(f"resources.{section} must be a mapping such as {{nvidia.com/gpu: 1}}, "
-                                 f"got {type(value[section]).__name__}")
-        return value
+_TYPE_NAMES = {"object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
+               "number": "a number", "boolean": "true or false"}
 
 
-class _Trigger(_CRD):
-    name: str | None = None
-    targetValue: float | None = None
-    activationTargetValue: float = 0
-    metricType: Literal["Value", "Average"] = "Average"
-    useCachedMetrics: bool = True
-    namespace: str | None = None
+def _problem(error: jsonschema.ValidationError) -> SpecProblem:
+    """One schema error in our style: the path, the bad value, the allowed values."""
+    path = list(error.absolute_path)
+    kind, schema, value = error.validator, error.schema, error.instance
+    if kind == "additionalProperties":
+        allowed = sorted(schema.get("properties", {}))
+        extra = sorted(set(value) - set(allowed)) if isinstance(value, dict) else []
+        return SpecProblem(_path(path + extra[:1]), f"unknown field; allowed fields: {', '.join(allowed)}")
+    if kind == "required":
+        missing = re.match(r"'([^']+)'", error.message)
+        return SpecProblem(_path(path + ([missing.group(1)] if missing else [])), "required field is missing")
+    if kind == "enum":
+        allowed = [repr(v) for v in error.validator_value]
+        words = allowed[0] if len(allowed) == 1 else ", ".join(allowed[:-1]) + " or " + allowed[-1]
+        return SpecProblem(_path(path), f"got {_short(value)}; allowed values: {words}")
+    if kind == "type":
+        wanted = error.validator_value
+        wanted = " or ".join(_TYPE_NAMES.get(w, w) for w in (wanted if isinstance(wanted, list) else [wanted]))
+        return SpecProblem(_path(path), f"expected {wanted} (got {_short(value)})")
+    if kind == "pattern":
+        return SpecProblem(_path(path), f"does not match the pattern {error.validator_value!r} (got {_short(value)})")
+    if kind in ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems"):
+        return SpecProblem(_path(path), f"{kind} is {error.validator_value} (got {_short(value)})")
+    return SpecProblem(_path(path), f"{error.message} (got {_short(value)})")
 
 
-class PrometheusTrigger(_Trigger):
-    query: str | None = None
-    serverAddress: str | None = None
-    customHeaders: str | None = None
+def schema_problems(data: Any) -> list[SpecProblem]:
+    """Every place where `data` breaks the CRD's v1 schema ([] when it conforms)."""
+    errors = sorted(_validator().iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
+    return [_problem(e) for e in errors]
 
 
-class CloudWatchTrigger(_Trigger):
-    metricName: str | None = None
-    dimensions: list[NameValue] = Field(default_factory=list)
-    metricStat: str = "Average"
-    metricCollectionPeriod: int = 300
-    metricCollectionStartTime: int = 300
-    minValue: float = 0
+def _sdk_problems(spec: dict[str, Any]) -> list[SpecProblem]:
+    """The HyperPod SDK's cross-field rules (the CRD has no CEL; HyperPod's webhook enforces these)."""
+    out = []
 
+    def rule(path: str, message: str) -> None:
+        out.append(SpecProblem(path, message))
 
-class AutoScalingSpec(_CRD):
-    minReplicaCount: int = Field(default=1, ge=0)
-    maxReplicaCount: int = Field(default=5, ge=0)
-    pollingInterval: int = Field(default=30, ge=0)
-    cooldownPeriod: int = Field(default=300, ge=0)
-    initialCooldownPeriod: int = Field(default=300, ge=0)
-    scaleUpStabilizationTime: int = Field(default=0, ge=0)
-    scaleDownStabilizationTime: int = Field(default=300, ge=0)
-    prometheusTrigger: PrometheusTrigger | None = None
-    prometheusTriggerList: list[PrometheusTrigger] = Field(default_factory=list, max_length=100)
-    cloudWatchTrigger: CloudWatchTrigger | None = None
-    cloudWatchTriggerList: list[CloudWatchTrigger] = Field(default_factory=list, max_length=100)
-
-
-class L2CacheSpec(_CRD):
-    l2CacheBackend: str = Field(pattern=r"(?i)^(redis|tieredstorage)$")
-    l2CacheLocalUrl: str | None = None
-
-
-class KvCacheSpec(_CRD):
-    enableL1Cache: bool = True
-    enableL2Cache: bool = False
-    l2CacheSpec: L2CacheSpec | None = None
-    cacheConfigFile: str | None = None
-
-
-class IntelligentRoutingSpec(_CRD):
-    enabled: bool = False
-    routingStrategy: Literal["prefixaware", "kvaware", "session", "roundrobin"] = "prefixaware"
-    autoScalingSpec: AutoScalingSpec | None = None
-
-
-class ModelMetrics(_CRD):
-    path: str = "/metrics"
-    port: int = Field(default=8080, ge=1024, le=65535)
-
-
-class Metrics(_CRD):
-    enabled: bool = True
-    metricsScrapeIntervalSeconds: int = Field(default=15, ge=5, le=300)
-    modelMetrics: ModelMetrics | None = None
-
-
-class LoadBalancer(_CRD):
-    healthCheckPath: str = Field(default="/ping", pattern=r"^/.*")
-    routingAlgorithm: Literal["least_outstanding_requests", "round_robin"] = "least_outstanding_requests"
-
-
-class CustomCertificateConfig(_CRD):
-    acmArn: str | None = None
-    domainName: str | None = None
-
-
-class TlsConfig(_CRD):
-    tlsCertificateOutputS3Uri: str | None = None
-    customCertificateConfig: CustomCertificateConfig | None = None
-
-
-class InferenceEndpointConfigSpec(_CRD):
-    modelName: str = Field(pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}", max_length=63)  # unanchored, as in the CRD
-    modelSourceConfig: ModelSourceConfig
-    worker: Worker
-    modelVersion: str | None = None
-    endpointName: str = Field(default="", pattern=r"^$|^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$", max_length=63)
-    invocationEndpoint: str = "invocations"
-    tags: list[NameValue] = Field(default_factory=list)
-    maxDeployTimeInSeconds: int = 3600
-    replicas: int = Field(default=1, ge=0)
-    InitialReplicaCount: int | None = None
-    instanceType: str | None = Field(default=None, pattern=r"^ml\..*")
-    instanceTypes: list[str] = Field(default_factory=list)
-    nodeAffinity: dict[str, Any] | None = None
-    kubernetes: dict[str, Any] | None = None
-    autoScalingSpec: AutoScalingSpec | None = None
-    kvCacheSpec: KvCacheSpec | None = None
-    intelligentRoutingSpec: IntelligentRoutingSpec | None = None
-    metrics: Metrics = Field(default_factory=Metrics)
-    loadBalancer: LoadBalancer | None = None
-    tlsConfig: TlsConfig | None = None
-    dnsConfig: dict[str, Any] | None = None
-    dataCapture: dict[str, Any] | None = None
-    pdSpec: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _sdk_rules(self) -> InferenceEndpointConfigSpec:
-        # The HyperPod SDK's cross-field rules (the CRD has no CEL; the operator's webhook enforces these).
-        if self.instanceType and self.instanceTypes:
-            raise ValueError("instanceType and instanceTypes are mutually exclusive")
-        if self.nodeAffinity and (self.instanceType or self.instanceTypes):
-            raise ValueError("nodeAffinity cannot be combined with instanceType or instanceTypes")
-        if not (self.instanceType or self.instanceTypes or self.nodeAffinity):
-            raise ValueError("one of instanceType, instanceTypes or nodeAffinity is required")
-        cert = self.tlsConfig.customCertificateConfig if self.tlsConfig else None
-        if cert and bool(cert.acmArn) != bool(cert.domainName):
-            raise ValueError("tlsConfig.customCertificateConfig needs both acmArn and domainName")
-        if self.dnsConfig and not (cert and cert.acmArn):
-            raise ValueError("dnsConfig requires tlsConfig.customCertificateConfig")
-        return self
-
-
-class Metadata(_CRD):
-    name: str
-    namespace: str = "default"
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
-
-
-class InferenceEndpointConfig(_CRD):
-    apiVersion: Literal["inference.sagemaker.aws.amazon.com/v1"]
-    kind: Literal["InferenceEndpointConfig"]
-    metadata: Metadata
-    spec: InferenceEndpointConfigSpec
+    src = spec["modelSourceConfig"]
+    needed = {"s3": "s3Storage", "fsx": "fsxStorage", "huggingface": "huggingFaceModel"}
+    field = needed.get(src["modelSourceType"])
+    if field and not src.get(field):
+        rule("spec.modelSourceConfig", f"modelSourceType {src['modelSourceType']!r} requires modelSourceConfig.{field}")
+    if src["modelSourceType"] == "kubernetesVolume":
+        name = spec["worker"]["modelVolumeMount"]["name"]
+        volumes = (spec.get("kubernetes") or {}).get("volumes") or []
+        if not any(v.get("name") == name for v in volumes):
+            rule("spec.kubernetes.volumes", f"modelSourceType 'kubernetesVolume' needs a volume named {name!r} "
+                                            "(worker.modelVolumeMount.name)")
+    if spec.get("instanceType") and spec.get("instanceTypes"):
+        rule("spec", "instanceType and instanceTypes are mutually exclusive")
+    if spec.get("nodeAffinity") and (spec.get("instanceType") or spec.get("instanceTypes")):
+        rule("spec", "nodeAffinity cannot be combined with instanceType or instanceTypes")
+    if not (spec.get("instanceType") or spec.get("instanceTypes") or spec.get("nodeAffinity")):
+        rule("spec", "one of instanceType, instanceTypes or nodeAffinity is required")
+    cert = (spec.get("tlsConfig") or {}).get("customCertificateConfig")
+    if cert and bool(cert.get("acmArn")) != bool(cert.get("domainName")):
+        rule("spec.tlsConfig.customCertificateConfig", "needs both acmArn and domainName")
+    if spec.get("dnsConfig") and not (cert and cert.get("acmArn")):
+        rule("spec.dnsConfig", "dnsConfig requires tlsConfig.customCertificateConfig")
+    return out
 
 
 def _k8s_name(value: str) -> str:
@@ -268,40 +180,52 @@ def _gpu_count(resources: dict[str, Any]) -> int:
     return 0
 
 
-def _model_source(src: ModelSourceConfig) -> tuple[str, str | None]:
+def _model_source(spec: dict[str, Any]) -> tuple[str, str | None]:
     """Our `model.source` for a HyperPod modelSourceConfig, and the revision if any."""
-    location = (src.modelLocation or "").strip("/")
-    if src.modelSourceType == "s3":
-        assert src.s3Storage is not None
-        return f"s3://{src.s3Storage.bucketName}/{location}".rstrip("/"), None
-    if src.modelSourceType == "huggingface":
-        assert src.huggingFaceModel is not None
-        return f"hf:{src.huggingFaceModel.modelId}", src.huggingFaceModel.commitSHA
-    if src.modelSourceType == "fsx":
-        # FSx for Lustre is a POSIX mount: locally it is the directory where the filesystem is mounted.
-        assert src.fsxStorage is not None
-        mount = src.fsxStorage.mountName or "fsx"
+    src = spec["modelSourceConfig"]
+    location = (src.get("modelLocation") or "").strip("/")
+    kind = src["modelSourceType"]
+    if kind == "s3":
+        return f"s3://{src['s3Storage']['bucketName']}/{location}".rstrip("/"), None
+    if kind == "huggingface":
+        hf = src["huggingFaceModel"]
+        return f"hf:{hf['modelId']}", hf.get("commitSHA")
+    if kind == "fsx":
+        # FSx for Lustre is a POSIX mount: locally the directory where it is mounted, on Kubernetes a PVC.
+        mount = src["fsxStorage"].get("mountName") or "fsx"
         return f"/{mount}/{location}".rstrip("/"), None
-    return f"/opt/ml/model/{location}".rstrip("/"), None
+    mount_path = spec["worker"]["modelVolumeMount"].get("mountPath", "/opt/ml/model").rstrip("/")
+    return f"{mount_path}/{location}".rstrip("/"), None
 
 
-def _triggers(spec: AutoScalingSpec, warn) -> list[dict[str, Any]]:
-    prometheus = spec.prometheusTriggerList or ([spec.prometheusTrigger] if spec.prometheusTrigger else [])
+_METRIC_TYPES = {"Average": "AverageValue", "Value": "Value"}
+
+
+def _triggers(a: dict[str, Any], warn) -> list[dict[str, Any]]:
+    listed = a.get("prometheusTriggerList") or ([a["prometheusTrigger"]] if a.get("prometheusTrigger") else [])
+    field = "prometheusTriggerList" if a.get("prometheusTriggerList") else "prometheusTrigger"
     out = []
-    for i, trig in enumerate(prometheus):
-        if trig.targetValue is None or not trig.query:
-            warn(f"spec.autoScalingSpec.prometheusTrigger[{i}]", "needs query and targetValue; trigger ignored")
+    for i, trig in enumerate(listed):
+        where = f"spec.autoScalingSpec.{field}" + (f"[{i}]" if field.endswith("List") else "")
+        if trig.get("targetValue") is None or not trig.get("query"):
+            warn(where, "needs query and targetValue; trigger ignored")
             continue
-        out.append(
-            {
-                "metric": "prometheus",
-                "query": trig.query,
-                "serverAddress": trig.serverAddress or "http://127.0.0.1:9090",
-                "target": trig.targetValue,
-                "activationTarget": trig.activationTargetValue,
-            }
-        )
-    if spec.cloudWatchTrigger or spec.cloudWatchTriggerList:
+        out.append({
+            "metric": "prometheus",
+            "query": trig["query"],
+            "serverAddress": trig.get("serverAddress") or "http://127.0.0.1:9090",
+            "target": trig["targetValue"],
+            "activationTarget": trig.get("activationTargetValue", 0),
+            "metricType": _METRIC_TYPES[trig.get("metricType", "Average")],
+            "useCachedMetrics": trig.get("useCachedMetrics", True),
+            "customHeaders": trig.get("customHeaders"),
+        })
+        if trig.get("namespace"):
+            warn(f"{where}.namespace", "the query names its own labels; KEDA's prometheus namespace (Cortex "
+                                       "tenant) is not set")
+        if trig.get("name"):
+            warn(f"{where}.name", f"the ScaledObject trigger is named t{len(out) - 1}-prometheus")
+    if a.get("cloudWatchTrigger") or a.get("cloudWatchTriggerList"):
         warn(
             "spec.autoScalingSpec.cloudWatchTrigger",
             "CloudWatch is AWS-only; replaced by a concurrency trigger (target 4 per replica) on our own metrics",
@@ -310,134 +234,185 @@ def _triggers(spec: AutoScalingSpec, warn) -> list[dict[str, Any]]:
     return out
 
 
-def to_endpoint_dict(doc: InferenceEndpointConfig, warn) -> dict[str, Any]:
-    """Map a validated HyperPod document onto the dict form of our `Endpoint`; `warn(path, msg)` collects notes."""
-    s = doc.spec
-    source, revision = _model_source(s.modelSourceConfig)
-    if s.modelSourceConfig.modelSourceType == "fsx":
-        warn("spec.modelSourceConfig.fsxStorage", f"FSx is read from the local mount {source!r}")
-    env = {e.name: e.value or "" for e in s.worker.environmentVariables if e.value is not None}
-    for e in s.worker.environmentVariables:
-        if e.valueFrom is not None:
-            warn(f"spec.worker.environmentVariables[{e.name}]", "valueFrom (Kubernetes secrets) has no local effect")
-    kind = _engine_kind(s.worker.image)
+def _engine(spec: dict[str, Any], warn) -> tuple[dict[str, Any], dict[str, str]]:
+    """Our engine section from `worker`, and the plain environment (SESSION_KEY feeds routing)."""
+    w = spec["worker"]
+    env, env_from = {}, {}
+    for i, e in enumerate(w.get("environmentVariables") or []):
+        if e.get("valueFrom") is not None:
+            env_from[e["name"]] = e["valueFrom"]
+        else:
+            env[e["name"]] = e.get("value", "")
+        if e.get("value") is not None and e.get("valueFrom") is not None:
+            warn(f"spec.worker.environmentVariables[{i}]", "both value and valueFrom: valueFrom is used")
+    kind = _engine_kind(w["image"])
     if kind == "builtin":
-        warn(
-            "spec.worker.image",
-            f"image {s.worker.image!r} is neither vLLM nor SGLang; locally the built-in engine serves the model",
-        )
+        warn("spec.worker.image",
+             f"image {w['image']!r} is neither vLLM nor SGLang; locally the built-in engine serves the model")
+    res = {section: {k: v for k, v in (w["resources"].get(section) or {}).items() if k != "nvidia.com/gpu"}
+           for section in ("limits", "requests", "claims") if w["resources"].get(section)}
     engine: dict[str, Any] = {
         "kind": kind,
-        "image": s.worker.image,
-        "args": list(s.worker.args),
+        "image": w["image"],
+        "args": list(w.get("args") or []),
+        "command": list(w.get("command") or []),
+        "workingDir": w.get("workingDir"),
         "env": env,
-        "port": s.worker.modelInvocationPort.containerPort,
-        "startupTimeoutSeconds": s.maxDeployTimeInSeconds,
-        "gpus": _gpu_count(s.worker.resources),
+        "envFrom": env_from,
+        "port": w["modelInvocationPort"]["containerPort"],
+        "startupTimeoutSeconds": spec.get("maxDeployTimeInSeconds", 3600),
+        "gpus": _gpu_count(w["resources"]),
+        "probes": {k: v for k, v in (w.get("probes") or {}).items() if v} or None,
+        "resources": {k: v for k, v in res.items() if v} or None,
     }
-    if s.loadBalancer:
-        engine["healthPath"] = s.loadBalancer.healthCheckPath
+    if w["modelInvocationPort"].get("name", "http") != "http":
+        warn("spec.worker.modelInvocationPort.name", "engines speak HTTP; the container port is named 'http'")
+    if spec.get("loadBalancer", {}).get("healthCheckPath"):
+        engine["healthPath"] = spec["loadBalancer"]["healthCheckPath"]
+    return engine, env
+
+
+def _pod(spec: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
+    """`spec.kubernetes` as our pod section; the model volume (kubernetesVolume) moves to model.volume."""
+    k = spec.get("kubernetes") or {}
+    volumes = list(k.get("volumes") or [])
+    mount = spec["worker"]["modelVolumeMount"]
+    if spec["modelSourceConfig"]["modelSourceType"] == "kubernetesVolume":
+        chosen = next(v for v in volumes if v.get("name") == mount["name"])
+        volumes.remove(chosen)
+        model["volume"] = {key: value for key, value in chosen.items() if key != "name"}
+    return {"initContainers": list(k.get("initContainers") or []), "schedulerName": k.get("schedulerName"),
+            "serviceAccountName": k.get("serviceAccountName"), "volumes": volumes}
+
+
+def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
+    """Map a validated HyperPod document onto the dict form of our `Endpoint`; `warn(path, msg)` collects notes."""
+    s, meta = doc["spec"], doc["metadata"]
+    src = s["modelSourceConfig"]
+    source, revision = _model_source(s)
+    if src["modelSourceType"] == "fsx":
+        fsx = src["fsxStorage"]
+        warn("spec.modelSourceConfig.fsxStorage", f"FSx {fsx['fileSystemId']} is read from the mount {source!r}: "
+                                                  "locally a directory, on Kubernetes the PVC NAME-model "
+                                                  "(--model-pvc) bound to that file system")
+    engine, env = _engine(s, warn)
+    model: dict[str, Any] = {
+        "name": s["modelName"],
+        "version": s.get("modelVersion") or "1",
+        "source": source,
+        "revision": revision,
+        "prefetch": src.get("prefetchEnabled", False),
+        "s3Region": src["s3Storage"]["region"] if src.get("s3Storage") else None,
+        "mountPath": s["worker"]["modelVolumeMount"].get("mountPath", "/opt/ml/model"),
+    }
+    token = (src.get("huggingFaceModel") or {}).get("tokenSecretRef")
+    if token:
+        model["tokenSecret"] = {"name": token.get("name") or "", "key": token.get("key") or "token"}
+    pod = _pod(s, model)
+    metrics = s.get("metrics") or {}
+    model_metrics = metrics.get("modelMetrics") or {}
     out: dict[str, Any] = {
         "apiVersion": "fleetserve.io/v1",
         "kind": "Endpoint",
         "metadata": {
-            "name": _k8s_name(doc.metadata.name),
-            "namespace": _k8s_name(doc.metadata.namespace),
-            "labels": dict(doc.metadata.labels),
+            "name": _k8s_name(meta["name"]),
+            "namespace": _k8s_name(meta.get("namespace", "default")),
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": dict(meta.get("annotations") or {}),
         },
         "spec": {
-            "model": {
-                "name": s.modelName,
-                "version": s.modelVersion or "1",
-                "source": source,
-                "revision": revision,
-                "prefetch": s.modelSourceConfig.prefetchEnabled,
-                "s3Region": s.modelSourceConfig.s3Storage.region if s.modelSourceConfig.s3Storage else None,
-            },
+            "model": model,
             "engine": engine,
-            "replicas": s.replicas,
-            "metrics": {"enabled": s.metrics.enabled, "scrapeIntervalSeconds": s.metrics.metricsScrapeIntervalSeconds},
+            "replicas": s.get("replicas", 1),
+            "metrics": {"enabled": metrics.get("enabled", True),
+                        "scrapeIntervalSeconds": metrics.get("metricsScrapeIntervalSeconds", 15)},
+            "pod": pod,
         },
     }
     spec = out["spec"]
-    types = [s.instanceType] if s.instanceType else list(s.instanceTypes)
-    spec["placement"] = {"instanceTypes": types, "nodeAffinity": s.nodeAffinity}
-    if s.worker.requestLimits:
-        rl = s.worker.requestLimits
+    if model_metrics:
+        spec["metrics"]["modelMetricsPath"] = model_metrics.get("path", "/metrics")
+        spec["metrics"]["modelMetricsPort"] = model_metrics.get("port", 8080)
+    types = [s["instanceType"]] if s.get("instanceType") else list(s.get("instanceTypes") or [])
+    spec["placement"] = {"instanceTypes": types, "nodeAffinity": s.get("nodeAffinity")}
+    if s["worker"].get("requestLimits"):
+        rl = s["worker"]["requestLimits"]
         spec["requestLimits"] = {
-            "maxConcurrentRequests": rl.maxConcurrentRequests,
-            "maxQueueSize": rl.maxQueueSize,
-            "overflowStatusCode": rl.overflowStatusCode,
+            "maxConcurrentRequests": rl.get("maxConcurrentRequests"),
+            "maxQueueSize": rl.get("maxQueueSize"),
+            "overflowStatusCode": rl.get("overflowStatusCode", 429),
         }
-        if not s.metrics.enabled:
+        if not metrics.get("enabled", True):
             warn("spec.worker.requestLimits", "HyperPod enforces requestLimits only with metrics.enabled; we always do")
-    if s.autoScalingSpec:
-        a = s.autoScalingSpec
+    if s.get("autoScalingSpec") is not None:
+        a = s["autoScalingSpec"]
         spec["autoscaling"] = {
-            "minReplicaCount": a.minReplicaCount,
-            "maxReplicaCount": a.maxReplicaCount,
-            "pollingInterval": a.pollingInterval or 30,
-            "cooldownPeriod": a.cooldownPeriod,
-            "initialCooldownPeriod": a.initialCooldownPeriod,
-            "scaleUpStabilizationTime": a.scaleUpStabilizationTime,
-            "scaleDownStabilizationTime": a.scaleDownStabilizationTime,
+            "minReplicaCount": a.get("minReplicaCount", 1),
+            "maxReplicaCount": a.get("maxReplicaCount", 5),
+            "pollingInterval": a.get("pollingInterval") or 30,
+            "cooldownPeriod": a.get("cooldownPeriod", 300),
+            "initialCooldownPeriod": a.get("initialCooldownPeriod", 300),
+            "scaleUpStabilizationTime": a.get("scaleUpStabilizationTime", 0),
+            "scaleDownStabilizationTime": a.get("scaleDownStabilizationTime", 300),
             "triggers": _triggers(a, warn),
         }
-    if s.kvCacheSpec:
-        kv = s.kvCacheSpec
-        l2: dict[str, Any] = {"enabled": kv.enableL2Cache}
-        if kv.enableL2Cache and kv.l2CacheSpec:
-            backend = kv.l2CacheSpec.l2CacheBackend.lower()
+    if s.get("kvCacheSpec") is not None:
+        kv = s["kvCacheSpec"]
+        l2: dict[str, Any] = {"enabled": kv.get("enableL2Cache", False)}
+        l2spec = kv.get("l2CacheSpec") or {}
+        if l2["enabled"] and l2spec:
+            backend = l2spec["l2CacheBackend"].lower()
             if backend == "tieredstorage":
-                warn(
-                    "spec.kvCacheSpec.l2CacheSpec.l2CacheBackend",
-                    "'tieredstorage' is HyperPod-managed; locally fleetserve starts and uses its own Redis",
-                )
-            elif kv.l2CacheSpec.l2CacheLocalUrl:
-                url = kv.l2CacheSpec.l2CacheLocalUrl
+                warn("spec.kvCacheSpec.l2CacheSpec.l2CacheBackend",
+                     "'tieredstorage' is HyperPod-managed; fleetserve starts and uses its own Redis")
+            elif l2spec.get("l2CacheLocalUrl"):
+                url = l2spec["l2CacheLocalUrl"]
                 l2["url"] = url if "://" in url else f"redis://{url}"
-        spec["kvCache"] = {"l1": {"enabled": kv.enableL1Cache}, "l2": l2}
-        if kv.cacheConfigFile:
+        spec["kvCache"] = {"l1": {"enabled": kv.get("enableL1Cache", True)}, "l2": l2}
+        if kv.get("cacheConfigFile"):
             warn("spec.kvCacheSpec.cacheConfigFile", "LMCache config files are passed to vLLM only; builtin ignores it")
-    routing = s.intelligentRoutingSpec
-    if routing and routing.enabled:
-        strategy = routing.routingStrategy
-        if routing.autoScalingSpec:
-            warn("spec.intelligentRoutingSpec.autoScalingSpec", "the local router runs as one process; not scaled")
-    elif s.loadBalancer and s.loadBalancer.routingAlgorithm == "round_robin":
+    routing = s.get("intelligentRoutingSpec") or {}
+    lb = s.get("loadBalancer") or {}
+    if routing.get("enabled"):
+        strategy = routing.get("routingStrategy", "prefixaware")
+        if routing.get("autoScalingSpec"):
+            warn("spec.intelligentRoutingSpec.autoScalingSpec",
+                 "the router is not autoscaled: one process locally, --router-replicas pods on Kubernetes")
+    elif lb.get("routingAlgorithm") == "round_robin":
         strategy = "roundrobin"
     else:
         strategy = "leastload"  # the ALB's least_outstanding_requests
     spec["routing"] = {"strategy": strategy, "sessionKey": env.get("SESSION_KEY")}
-    if s.tlsConfig:
+    if s.get("tlsConfig") is not None:
         spec["tls"] = {"enabled": True}
-        if s.tlsConfig.tlsCertificateOutputS3Uri:
+        if s["tlsConfig"].get("tlsCertificateOutputS3Uri"):
             warn("spec.tlsConfig.tlsCertificateOutputS3Uri",
-                 "the self-signed certificate is written locally, not to S3")
-        if s.tlsConfig.customCertificateConfig:
+                 "the self-signed certificate is written locally (Kubernetes: the Secret NAME-tls), not to S3")
+        if s["tlsConfig"].get("customCertificateConfig"):
             warn("spec.tlsConfig.customCertificateConfig", "ACM certificates are AWS-only; a self-signed one is used")
     for field, why in (
         ("endpointName", "no SageMaker endpoint is registered outside AWS"),
-        ("tags", "SageMaker tags have no local effect"),
+        ("tags", "SageMaker tags have no effect outside AWS"),
         ("InitialReplicaCount", "deprecated in HyperPod and without effect; use replicas"),
-        ("kubernetes", "pod customisations apply to `fleetserve render k8s` only"),
         ("dnsConfig", "Route 53 records are AWS-only"),
         ("dataCapture", "data capture to S3 is not supported"),
         ("pdSpec", "disaggregated prefill/decode is not supported; replicas serve both phases"),
     ):
-        if getattr(s, field):
+        if s.get(field):
             warn(f"spec.{field}", why)
-    if s.invocationEndpoint not in ("invocations", "v1/chat/completions", "v1/completions"):
+    if s.get("invocationEndpoint", "invocations") not in ("invocations", "v1/chat/completions", "v1/completions"):
         warn("spec.invocationEndpoint", "the gateway serves the OpenAI paths /v1/chat/completions and /v1/completions")
     return out
 
 
 def parse(data: dict[str, Any]) -> tuple[dict[str, Any], list[SpecProblem]]:
-    """Validate a HyperPod document; return our Endpoint as a dict and the warnings of the mapping."""
-    try:
-        doc = InferenceEndpointConfig.model_validate(data)
-    except ValidationError as exc:
-        raise SpecError(problems_from_validation(exc, InferenceEndpointConfig)) from None
+    """Validate a HyperPod document against the shipped CRD (v1) and the SDK's rules; return our Endpoint as a
+    dict and the warnings of the mapping."""
+    problems = schema_problems(data)
+    if not problems:
+        problems = _sdk_problems(data["spec"])
+    if problems:
+        raise SpecError(problems) from None
     notes: list[SpecProblem] = []
-    mapped = to_endpoint_dict(doc, lambda path, msg: notes.append(SpecProblem(path, msg)))
+    mapped = to_endpoint_dict(data, lambda path, msg: notes.append(SpecProblem(path, msg)))
     return mapped, notes
