@@ -121,3 +121,179 @@ def test_builtin_image_falls_back_with_warning():
     loaded = load_spec_text(yaml.safe_dump(doc))
     assert loaded.endpoint.spec.engine.kind == "builtin"
     assert "spec.worker.image" in {w.path for w in loaded.warnings}
+
+
+# --- against the shipped CRD (spec/data, v1) -----------------------------------------------------------------
+
+def test_shipped_crd_is_the_vendored_one():
+    import hashlib
+    from importlib import resources
+
+    from fleetserve.spec import hyperpod
+
+    data = resources.files("fleetserve.spec").joinpath("data", hyperpod.CRD_FILE).read_bytes()
+    assert len(data) == 456058 and hashlib.sha256(data).hexdigest()[:16] == "de0fab82c890cfe6"
+    assert hyperpod.crd()["spec"]["names"]["kind"] == "InferenceEndpointConfig"
+    assert "worker" in hyperpod.crd_schema()["properties"]["spec"]["properties"]
+
+
+def test_example_conforms_to_the_real_crd():
+    from fleetserve.spec.hyperpod import schema_problems
+
+    assert schema_problems(yaml.safe_load(EXAMPLE.read_text())) == []
+    assert schema_problems(yaml.safe_load(AUDIT)) == []
+
+
+def test_wrong_type_names_its_path_and_value():
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["replicas"] = "two"
+    doc["spec"]["worker"]["modelInvocationPort"]["containerPort"] = "http"
+    msgs = _problems(yaml.safe_dump(doc))
+    assert "spec.replicas: expected an integer (got 'two')" in msgs
+    assert "spec.worker.modelInvocationPort.containerPort: expected an integer (got 'http')" in msgs
+
+
+def test_enum_and_required_in_our_style():
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["autoScalingSpec"]["prometheusTrigger"]["metricType"] = "Averge"
+    del doc["spec"]["worker"]["image"]
+    msgs = _problems(yaml.safe_dump(doc))
+    assert "spec.autoScalingSpec.prometheusTrigger.metricType: got 'Averge'; allowed values: 'Value' or 'Average'" \
+        in msgs
+    assert "spec.worker.image: required field is missing" in msgs
+
+
+def test_unknown_field_in_a_kubernetes_object_of_the_crd():
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["worker"]["probes"] = {"readinessProbe": {"httpGet": {"path": "/health", "port": 8000},
+                                                          "periodSecond": 5}}
+    msgs = _problems(yaml.safe_dump(doc))
+    assert msgs[0].startswith("spec.worker.probes.readinessProbe.periodSecond: unknown field; allowed fields:")
+    assert "periodSeconds" in msgs[0]
+
+
+def test_kubernetes_volume_source_needs_its_volume():
+    doc = yaml.safe_load(AUDIT)
+    doc["spec"]["kubernetes"]["volumes"] = []
+    msgs = _problems(yaml.safe_dump(doc))
+    assert any("needs a volume named 'weights'" in m for m in msgs)
+
+
+#: every field of the audit (fields accepted but dropped silently before), with a value
+AUDIT = """
+apiVersion: inference.sagemaker.aws.amazon.com/v1
+kind: InferenceEndpointConfig
+metadata:
+  name: audit
+  namespace: team-a
+  labels: {team: a}
+  annotations: {owner: platform}
+spec:
+  modelName: audit-model
+  instanceType: ml.g5.8xlarge
+  modelSourceConfig:
+    modelSourceType: kubernetesVolume
+    modelLocation: llama
+  worker:
+    image: vllm/vllm-openai:v0.10.0
+    command: ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    workingDir: /workspace
+    args: ["--max-model-len", "4096"]
+    resources:
+      limits: {nvidia.com/gpu: "1", memory: 30Gi}
+      requests: {cpu: "6", nvidia.com/gpu: "1"}
+    modelInvocationPort: {containerPort: 8000}
+    modelVolumeMount: {name: weights, mountPath: /opt/ml/model}
+    environmentVariables:
+      - {name: LOG_LEVEL, value: info}
+      - name: API_TOKEN
+        valueFrom: {secretKeyRef: {name: api, key: token}}
+    probes:
+      readinessProbe: {httpGet: {path: /health, port: 8000}, periodSeconds: 7}
+      livenessProbe: {httpGet: {path: /health, port: 8000}, failureThreshold: 9}
+  kubernetes:
+    schedulerName: gpu-scheduler
+    serviceAccountName: model-reader
+    initContainers:
+      - {name: warm, image: busybox:1.36, command: ["true"]}
+    volumes:
+      - name: weights
+        persistentVolumeClaim: {claimName: llama-weights}
+      - name: scratch
+        emptyDir: {}
+  metrics:
+    enabled: true
+    metricsScrapeIntervalSeconds: 30
+    modelMetrics: {path: /stats, port: 9100}
+  autoScalingSpec:
+    minReplicaCount: 1
+    maxReplicaCount: 3
+    prometheusTrigger:
+      query: sum(vllm:num_requests_running)
+      serverAddress: https://aps-workspaces.us-west-2.amazonaws.com/workspaces/ws-0123
+      targetValue: 4
+      metricType: Value
+      useCachedMetrics: true
+      customHeaders: X-Scope-OrgID=team-a
+"""
+
+HF_TOKEN = """
+apiVersion: inference.sagemaker.aws.amazon.com/v1
+kind: InferenceEndpointConfig
+metadata: {name: hf}
+spec:
+  modelName: hf
+  instanceType: ml.g5.xlarge
+  modelSourceConfig:
+    modelSourceType: huggingface
+    huggingFaceModel:
+      modelId: Qwen/Qwen2-7B-Instruct
+      tokenSecretRef: {name: hf-token, key: token}
+  worker:
+    image: vllm/vllm-openai:v0.10.0
+    resources: {limits: {nvidia.com/gpu: 1}}
+    modelInvocationPort: {containerPort: 8000}
+    modelVolumeMount: {name: model}
+"""
+
+
+def test_audit_fields_are_carried_into_our_spec():
+    loaded = load_spec_text(AUDIT)
+    e = loaded.endpoint
+    assert e.metadata.labels == {"team": "a"} and e.metadata.annotations == {"owner": "platform"}
+    eng = e.spec.engine
+    assert eng.command == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert eng.working_dir == "/workspace"
+    assert eng.probes["readinessProbe"]["periodSeconds"] == 7
+    assert eng.resources == {"limits": {"memory": "30Gi"}, "requests": {"cpu": "6"}} and eng.gpus == 1
+    assert eng.env == {"LOG_LEVEL": "info"}
+    assert eng.env_from == {"API_TOKEN": {"secretKeyRef": {"name": "api", "key": "token"}}}
+    assert e.spec.model.source == "/opt/ml/model/llama" and e.spec.model.mount_path == "/opt/ml/model"
+    assert e.spec.model.volume == {"persistentVolumeClaim": {"claimName": "llama-weights"}}
+    assert e.spec.pod.scheduler_name == "gpu-scheduler" and e.spec.pod.service_account_name == "model-reader"
+    assert [v["name"] for v in e.spec.pod.volumes] == ["scratch"]
+    assert e.spec.metrics.scrape_interval_seconds == 30
+    assert (e.spec.metrics.model_metrics_path, e.spec.metrics.model_metrics_port) == ("/stats", 9100)
+    t = e.spec.autoscaling.triggers[0]
+    assert (t.metric_type, t.use_cached_metrics, t.custom_headers) == ("Value", True, "X-Scope-OrgID=team-a")
+    tok = load_spec_text(HF_TOKEN).endpoint.spec.model.token_secret
+    assert (tok.name, tok.key) == ("hf-token", "token")
+
+
+def test_audit_fields_warn_locally_never_silently():
+    paths = {w.path: w.message for w in load_spec_text(AUDIT).warnings}
+    for path in ("metadata.labels", "metadata.annotations", "spec.engine.command", "spec.engine.workingDir",
+                 "spec.engine.probes", "spec.engine.resources", "spec.engine.env", "spec.engine.envFrom",
+                 "spec.model.mountPath", "spec.model.volume", "spec.pod", "spec.metrics.scrapeIntervalSeconds",
+                 "spec.metrics.modelMetrics", "spec.autoscaling.triggers[0].metricType",
+                 "spec.autoscaling.triggers[0].useCachedMetrics", "spec.autoscaling.triggers[0].customHeaders"):
+        assert "applies to Kubernetes rendering only" in paths[path], path
+    hf = {w.path: w.message for w in load_spec_text(HF_TOKEN).warnings}
+    assert "applies to Kubernetes rendering only" in hf["spec.model.tokenSecret"]
+
+
+def test_builtin_engine_port_warns_locally():
+    doc = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "p"},
+           "spec": {"model": {"source": "builtin:tiny"}, "engine": {"port": 9000}}}
+    paths = {w.path for w in load_spec_text(yaml.safe_dump(doc)).warnings}
+    assert "spec.engine.port" in paths

@@ -1,0 +1,117 @@
+"""HyperPod's pod-level fields (the audit list of issue 11) rendered into the Kubernetes objects, all valid."""
+
+from __future__ import annotations
+
+from fleetserve.k8s.render import render
+from fleetserve.spec.load import load_spec_text
+from tests.k8s.validate import validate
+from tests.spec.test_hyperpod import AUDIT, HF_TOKEN
+
+
+def _render(text):
+    rendered = render(load_spec_text(text).endpoint)
+    for obj in rendered.objects:
+        assert validate(obj) == [], (obj["kind"], obj["metadata"]["name"], validate(obj))
+    return rendered
+
+
+def _one(rendered, kind, component=None):
+    objs = [o for o in rendered.objects if o["kind"] == kind
+            and (component is None or o["metadata"]["labels"].get("app.kubernetes.io/component") == component)]
+    assert len(objs) == 1, [o["metadata"]["name"] for o in objs]
+    return objs[0]
+
+
+def test_audit_fields_are_rendered():
+    r = _render(AUDIT)
+    dep = _one(r, "Deployment", "engine")
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]          # worker.command
+    assert c["workingDir"] == "/workspace"                                                  # worker.workingDir
+    assert c["readinessProbe"]["periodSeconds"] == 7                                        # worker.probes
+    assert c["livenessProbe"]["failureThreshold"] == 9
+    assert "startupProbe" in c                                                              # ours kept
+    assert c["resources"]["limits"] == {"memory": "30Gi", "nvidia.com/gpu": "1"}            # worker.resources
+    assert c["resources"]["requests"] == {"cpu": "6", "nvidia.com/gpu": "1"}
+    env = {e["name"]: e for e in c["env"]}
+    assert env["LOG_LEVEL"]["value"] == "info"                                              # environmentVariables
+    assert env["API_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "api", "key": "token"}}  # ... valueFrom
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["model"] == "/opt/ml/model"                                               # modelVolumeMount
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "llama-weights"}      # kubernetesVolume
+    assert volumes["scratch"] == {"name": "scratch", "emptyDir": {}}                         # kubernetes.volumes
+    assert pod["schedulerName"] == "gpu-scheduler"                                          # kubernetes.*
+    assert pod["serviceAccountName"] == "model-reader"
+    assert [i["name"] for i in pod["initContainers"]] == ["warm"]
+    assert dep["metadata"]["annotations"]["owner"] == "platform"                            # metadata.annotations
+    assert dep["spec"]["template"]["metadata"]["annotations"]["owner"] == "platform"
+    assert dep["metadata"]["labels"]["team"] == "a"                                         # metadata.labels
+    assert {"name": "metrics", "containerPort": 9100, "protocol": "TCP"} in c["ports"]      # modelMetrics.port
+    sm = [o for o in r.objects if o["kind"] == "ServiceMonitor" and o["metadata"]["name"].endswith("-engine")][0]
+    ep = sm["spec"]["endpoints"][0]
+    assert (ep["port"], ep["path"], ep["interval"]) == ("metrics", "/stats", "30s")      # modelMetrics, interval
+    svc = [o for o in r.objects if o["kind"] == "Service" and o["metadata"]["name"].endswith("-engine")][0]
+    assert any(p["name"] == "metrics" and p["port"] == 9100 for p in svc["spec"]["ports"])
+    trig = _one(r, "ScaledObject")["spec"]["triggers"][0]
+    assert trig["metricType"] == "Value"                                                    # trigger metricType
+    assert trig["useCachedMetrics"] is True                                                 # useCachedMetrics
+    assert trig["metadata"]["customHeaders"] == "X-Scope-OrgID=team-a"                      # customHeaders
+
+
+def test_hf_token_secret_reaches_the_fetcher_only():
+    r = _render(HF_TOKEN)
+    pod = _one(r, "Deployment", "engine")["spec"]["template"]["spec"]
+    fetch = pod["initContainers"][0]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}} in fetch["env"]
+    assert all(e["name"] != "HF_TOKEN" for e in pod["containers"][0]["env"])
+    # modelVolumeMount.mountPath (default /opt/ml/model): the fetcher and the engine share it
+    assert fetch["volumeMounts"] == [{"name": "model", "mountPath": "/opt/ml/model"}]
+    assert "/opt/ml/model/current" in " ".join(pod["containers"][0]["args"])
+
+
+def test_builtin_engine_env_port_and_labels_render():
+    text = """
+apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {name: b, labels: {cost-center: "42"}}
+spec:
+  model: {source: "builtin:tiny"}
+  engine: {port: 9000, env: {OMP_NUM_THREADS: "2"}}
+  metrics: {scrapeIntervalSeconds: 20}
+"""
+    r = _render(text)
+    dep = _one(r, "Deployment", "engine")
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["ports"][0]["containerPort"] == 9000 and "9000" in c["args"]                  # engine.port
+    assert {"name": "OMP_NUM_THREADS", "value": "2"} in c["env"]                           # engine.env
+    assert all(o["metadata"]["labels"]["cost-center"] == "42" for o in r.objects)          # metadata.labels
+    sm = [o for o in r.objects if o["kind"] == "ServiceMonitor"][0]
+    assert sm["spec"]["endpoints"][0]["interval"] == "20s"                                 # scrapeIntervalSeconds
+
+
+def test_render_cli_does_not_repeat_local_only_warnings(tmp_path):
+    from typer.testing import CliRunner
+
+    from fleetserve.cli.app import app
+
+    spec = tmp_path / "audit.yaml"
+    spec.write_text(AUDIT)
+    result = CliRunner().invoke(app, ["render", "k8s", str(spec), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "applies to Kubernetes rendering only" not in result.stderr
+    for line in result.stderr.splitlines():
+        assert line.startswith("warning: "), line
+
+
+def test_wrong_type_exits_2_naming_the_path(tmp_path):
+    from typer.testing import CliRunner
+
+    from fleetserve.cli.app import app
+
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(AUDIT.replace("workingDir: /workspace", "workingDir: [1]"))
+    result = CliRunner().invoke(app, ["render", "k8s", str(spec), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "spec.worker.workingDir: expected a string (got [1])" in result.stderr
