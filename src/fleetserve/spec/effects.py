@@ -10,7 +10,6 @@ import re
 from fleetserve.spec.endpoint import Endpoint
 from fleetserve.spec.errors import SpecProblem
 
-
 #: settings that `fleetserve up` ignores but `fleetserve render k8s` and the operator render (k8s/engine.py,
 #: k8s/keda.py, k8s/monitoring.py): their local warnings are not repeated by `render k8s`.
 _KUBERNETES_ONLY = re.compile(

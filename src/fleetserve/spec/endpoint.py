@@ -64,9 +64,9 @@ class ModelSection(SpecModel):
     s3_region: str | None = None
     mount_path: str | None = Field(default=None, pattern=r"^/", description="where the engine container sees the "
                                    "model volume on Kubernetes (default /models)")
-    volume: dict[str, Any] | None = Field(default=None, description="a Kubernetes volume source (persistentVolumeClaim, "
-                                          "nfs, csi, hostPath, ...) holding a local-path model; default: the PVC "
-                                          "NAME-model")
+    volume: dict[str, Any] | None = Field(default=None, description="a Kubernetes volume source "
+                                          "(persistentVolumeClaim, nfs, csi, hostPath, ...) holding a local-path "
+                                          "model; default: the PVC NAME-model")
     token_secret: SecretKeyRef | None = Field(default=None, description="a Secret key holding the Hugging Face token, "
                                               "given to the model fetcher as HF_TOKEN on Kubernetes")
 
