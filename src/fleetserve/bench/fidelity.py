@@ -12,15 +12,20 @@ vocabulary, every prompt its own so no prefix cache helps):
 4. **simulator**: `sim.run.simulate` with the same spec and the profile, in virtual time.
 
 What the step model leaves out is what a client sees outside the engine's steps: HTTP, the router's proxy,
-tokenization, sampling and streaming per token. Before each replay, a short **calibration** against the same
-gateway (never the trace), with the replay's own client, measures it: isolated single-token requests
-(client TTFT minus the profile's prefill for that prompt, median: the per-request overhead) and bursts of
-1, 4 and 8 streams per replica started together (the decode step time from when the burst's last stream
-ended, minus the profile's decode step: a per-step and per-sequence overhead, fitted with non-negative least
-squares). Both are measured on the fleet as it runs, so they include what the machine's other work costs
-it. The `calibrated` profile is the raw one plus those terms
-(`request_overhead_s`, `decode_base_s`, `decode_per_seq_s`); the simulator runs with both, and the errors
-are reported for both. Nothing is fitted on the replayed trace.
+tokenization, sampling and streaming per token. Before each replay, **calibration** against the same gateway
+(never the trace), with the replay's own client: isolated one-token requests (the idle per-request
+overhead) and bursts of 1, 4 and 8 streams per replica (per-step and per-sequence decode extras), kept as
+diagnostics; then a **steady stream** at the trace's rate and sizes (another seed, 30 s; every third request
+a one-token probe), simulated request by request: the probes' median TTFT residual is the per-request
+overhead under that load, the other requests' median E2E residual per decode step the decode-step extra
+(`calibrate_steady`). The `calibrated` profile is the raw one plus those terms (`request_overhead_s`,
+`decode_base_s`).
+
+The profile also measures **which output token first shows text** (`first_text_tokens`, greedy generations
+of random prompts through the engine's `TextStream`): the engine sends no chunk for a token whose text is
+empty, and the tiny random model's byte tokens often form no complete UTF-8 character before the end, so the
+client's first chunk is then its last. The simulator draws each request's first-text token from those
+samples; the simulated engine streams text with every token, so its comparison uses the profile without them.
 
 Errors are relative: |sim - measured| / measured. Targets (issue 9): live vs simulator <= 15 % on TTFT p50
 and p95; simulated engines vs simulator <= 5 %.
@@ -137,6 +142,8 @@ def calibrated(profile: dict, overheads: dict) -> dict:
     out["decode_base_s"] = profile["decode_base_s"] + overheads["decode_step_extra_s"]
     out["decode_per_seq_s"] = profile["decode_per_seq_s"] + overheads["decode_seq_extra_s"]
     out["request_overhead_s"] = overheads["request_overhead_s"]
+    if overheads.get("request_overhead_samples"):  # its spread under steady load: each request draws one
+        out["request_overhead_samples"] = list(overheads["request_overhead_samples"])
     out["calibration"] = {k: v for k, v in overheads.items() if not k.endswith("_samples")}
     out["name"] = profile["name"] + "+gateway"
     return out
@@ -176,6 +183,13 @@ def steady_trace(cfg: FidelityConfig) -> tuple[list[TraceRequest], list[bool]]:
                                      output_tokens=cfg.output_tokens, seed=cfg.seed + 1000))
     probes = [i % cfg.steady_probe_every == 0 for i in range(n)]
     return [TraceRequest(r.arrival_s, r.input_tokens, 1) if p else r for r, p in zip(reqs, probes, strict=True)], probes
+
+
+def probe_residuals(client_ttft_s: list[float | None], sim_ttft_s: list[float | None],
+                    probes: list[bool]) -> list[float]:
+    """Per probe: client TTFT minus the simulator's TTFT of the same request (seconds, at least 0)."""
+    return [max(0.0, c - s) for c, s, p in zip(client_ttft_s, sim_ttft_s, probes, strict=True)
+            if p and c is not None and s is not None]
 
 
 def steady_overhead(client_ttft_s: list[float | None], sim_ttft_s: list[float | None], probes: list[bool]) -> float:
@@ -237,12 +251,14 @@ def calibrate_steady(url: str, cfg: FidelityConfig, vocab: int, profile: dict, o
     ok = [rec.ttft_ms is not None and rec.e2e_ms is not None and not rec.error for rec in records]
     client_ttft = [rec.ttft_ms / 1000 if good else None for rec, good in zip(records, ok, strict=True)]
     step = request = 0.0
+    samples: list[float] = []
     path = tmp / f"profile-steady-{key}.json"
     for _ in range(rounds):
         path.write_text(json.dumps(calibrated(profile, {"request_overhead_s": 0.0, "decode_step_extra_s": step,
                                                         "decode_seq_extra_s": 0.0})))
         sim = simulate_trace(spec_text, reqs, path, cfg.seed, per_request=True)
         request = steady_overhead(client_ttft, sim["ttft_s"], probes)
+        samples = probe_residuals(client_ttft, sim["ttft_s"], probes)
         per_step = [(rec.e2e_ms / 1000 - e2e - request) / (r.output_tokens - 1)
                     for r, rec, e2e, good, probe in zip(reqs, records, sim["e2e_s"], ok, probes, strict=True)
                     if good and not probe and e2e is not None and r.output_tokens > 1]
@@ -252,7 +268,8 @@ def calibrate_steady(url: str, cfg: FidelityConfig, vocab: int, profile: dict, o
             "decode_step_extra_burst_s": overheads["decode_step_extra_s"],
             "decode_seq_extra_burst_s": overheads["decode_seq_extra_s"],
             "request_overhead_s": round(request, 6), "decode_step_extra_s": round(step, 6),
-            "decode_seq_extra_s": 0.0, "steady_probes": sum(probes), "steady_requests": len(reqs)}
+            "decode_seq_extra_s": 0.0, "request_overhead_samples": [round(x, 6) for x in sorted(samples)],
+            "steady_probes": sum(probes), "steady_requests": len(reqs)}
 
 
 def _replay(url: str, trace: list[TraceRequest], vocab: int) -> tuple[dict, float]:
@@ -402,10 +419,12 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
 
         progress("simulator ...")
         sims = {"raw": simulate_trace(spec_text, trace, raw_path, cfg.seed)}
-        idle = {"request_overhead_s": live_cal["request_overhead_idle_s"],
+        idle = {"request_overhead_s": live_cal["request_overhead_idle_s"], "request_overhead_samples": [],
                 "decode_step_extra_s": live_cal["decode_step_extra_burst_s"],
                 "decode_seq_extra_s": live_cal["decode_seq_extra_burst_s"]}
+        median_only = {**live_cal, "request_overhead_samples": []}
         cal_profiles = {"live": calibrated(prof, live_cal),
+                        "live_median_overhead": calibrated(prof, median_only),
                         "live_without_first_text": calibrated(plain, live_cal),
                         "live_idle_and_burst_calibration": calibrated(prof, idle)}
         if cfg.simulated_engines:
@@ -418,6 +437,7 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
     result["sim"] = sims
     result["error"] = errors(sims["calibrated_live"], live)
     result["error_raw_profile"] = errors(sims["raw"], live)
+    result["error_with_median_overhead"] = errors(sims["calibrated_live_median_overhead"], live)
     result["error_without_first_text_model"] = errors(sims["calibrated_live_without_first_text"], live)
     result["error_with_idle_and_burst_calibration"] = errors(sims["calibrated_live_idle_and_burst_calibration"], live)
     checked = [result["error"]["ttft_p50"], result["error"]["ttft_p95"]]

@@ -49,7 +49,7 @@ _EMPTY: dict = {}  # shared, never written: policies only read bodies and header
 
 class Req:
     __slots__ = ("i", "spec", "arrival", "replica", "prefill", "excluded", "first", "done", "error", "seq",
-                 "cached", "choice")
+                 "cached", "choice", "overhead")
 
     def __init__(self, i: int, spec: SimRequestSpec, arrival: float):
         self.i = i
@@ -64,6 +64,7 @@ class Req:
         self.seq: Seq | None = None
         self.cached = 0
         self.choice = None  # the policy's Choice, kept while the policy learns from responses
+        self.overhead = 0.0  # client-visible time outside the engine's steps (the profile's, or a draw)
 
 
 class SimReplica:
@@ -132,6 +133,7 @@ class SimFleet:
         # draws of the token that first shows text (profiles that measured it); its own stream, so profiles
         # without it keep every other draw
         self._text_rng = random.Random(options.seed * 7919 + 17)
+        self._overhead_rng = random.Random(options.seed * 7919 + 29)
         self._arrivals: collections.deque[tuple[float, int]] = collections.deque([(self.t0, 0)])
         self.progress = progress
         # time series for the report: (t, replicas ready, replicas total, nodes, $/h, gpus)
@@ -347,7 +349,10 @@ class SimFleet:
         self.book.sent(rep.id, choice.prefill_tokens)
         self._touch(rep)
         seq = req.seq = Seq(spec.prompt, spec.output, spec.engine_keys, req)
-        text = rep.profile.first_text_tokens
+        prof = rep.profile
+        samples = prof.request_overhead_samples
+        req.overhead = samples[self._overhead_rng.randrange(len(samples))] if samples else prof.request_overhead_s
+        text = prof.first_text_tokens
         if text:  # the streaming client's first text: token k of the output (0: none until the end)
             k = text[self._text_rng.randrange(len(text))]
             seq.visible = k if k > 0 else spec.output
@@ -403,7 +408,7 @@ class SimFleet:
             for seq in firsts:
                 req: Req = seq.payload
                 if seq.visible <= 1 or seq.state == "done":
-                    req.first = now + rep.profile.request_overhead_s  # HTTP/router/tokenizer time, if measured
+                    req.first = now + req.overhead  # HTTP/router/tokenizer time, if measured
                 req.cached = seq.cached
                 book.backlog[rep.id] -= req.prefill
                 if ttfts is not None:
@@ -411,12 +416,12 @@ class SimFleet:
             self._touch(rep)
         if rep.model.shown:  # first text after the first token (a client that streams sees nothing before)
             for seq in rep.model.shown:
-                seq.payload.first = now + rep.profile.request_overhead_s
+                seq.payload.first = now + seq.payload.overhead
         if finished:
             in_flight = self.book.in_flight
             for seq in finished:
                 req = seq.payload
-                req.done = now + rep.profile.request_overhead_s
+                req.done = now + req.overhead
                 in_flight[rep.id] -= 1
                 if req.choice is not None:  # the response's usage.prompt_tokens_details.cached_tokens
                     feed_back(self.policy, req.choice, seq.cached, seq.prompt)

@@ -37,6 +37,8 @@ class PerfProfile:
     # client-visible latency outside the engine's steps (HTTP, router proxy, tokenization, streaming), added
     # to each request's TTFT and E2E; measured by `bench fidelity` against a live fleet (0 in presets)
     request_overhead_s: float = 0.0
+    # measured samples of that overhead (seconds); when given, each request draws its own (seeded) instead
+    request_overhead_samples: tuple[float, ...] = ()
     # samples of the output token with which a streaming client first receives text (1: the first token; 0:
     # none before the end). The engine sends no chunk while a token's text is empty (an incomplete UTF-8
     # sequence, a held-back stop prefix); a model's tokenizer and outputs decide how often. Measured by

@@ -166,8 +166,14 @@ def profile_from_dict(data: dict) -> PerfProfile:
         if not isinstance(text, list | tuple) or not all(isinstance(k, int) and k >= 0 for k in text):
             raise ProfileError(f"profile field first_text_tokens must be a list of token indices, got {text!r}")
         values["first_text_tokens"] = tuple(text)
+    samples = values.get("request_overhead_samples")
+    if samples is not None:
+        if not isinstance(samples, list | tuple) or not all(isinstance(x, int | float) and x >= 0 for x in samples):
+            raise ProfileError(f"profile field request_overhead_samples must be a list of seconds, got {samples!r}")
+        values["request_overhead_samples"] = tuple(float(x) for x in samples)
     for k, v in values.items():
-        if k not in ("name", "source", "first_text_tokens") and not isinstance(v, int | float):
+        if k not in ("name", "source", "first_text_tokens", "request_overhead_samples") and not isinstance(
+                v, int | float):
             raise ProfileError(f"profile field {k} must be a number, got {v!r}")
     return PerfProfile(**values)
 
