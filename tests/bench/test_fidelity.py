@@ -129,6 +129,22 @@ def test_first_text_samples_move_ttft_not_e2e(tmp_path):
     assert again["ttft_s"] == end["ttft_s"]
 
 
+def test_overhead_samples_are_drawn_per_request_and_seeded(tmp_path):
+    trace = make_trace(FidelityConfig(requests=40, duration_s=8, seed=2))
+    spec = SPEC.format(name="f", model="fidelity", source="/nonexistent", threads=1, replicas=2,
+                       strategy="roundrobin")
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    base = PROFILES["cpu-135m"]
+    one.write_text(json.dumps(to_dict(replace(base, request_overhead_s=0.05))))
+    two.write_text(json.dumps(to_dict(replace(base, request_overhead_samples=(0.05, 0.05)))))
+    assert simulate_trace(spec, trace, one, 0, per_request=True)["ttft_s"] == pytest.approx(
+        simulate_trace(spec, trace, two, 0, per_request=True)["ttft_s"])
+    spread = tmp_path / "spread.json"
+    spread.write_text(json.dumps(to_dict(replace(base, request_overhead_samples=(0.0, 0.1)))))
+    a, b = (simulate_trace(spec, trace, spread, 0, per_request=True) for _ in range(2))
+    assert a["ttft_s"] == b["ttft_s"] and a["ttft_ms"]["p95"] - a["ttft_ms"]["p50"] > 50
+
+
 def test_simulate_option_reads_a_profile_file(tmp_path):
     path = tmp_path / "p.json"
     path.write_text(json.dumps(to_dict(PROFILES["fast"])))
