@@ -126,6 +126,8 @@ def _announce(state) -> None:
     out.print(f"model: {state.model}", markup=False)
     if state.tls_cert:
         out.print(f"TLS certificate (trust it in clients): {state.tls_cert}", markup=False)
+    if state.prometheus_url:
+        out.print(f"prometheus: {state.prometheus_url}", markup=False)
 
 
 @app.command()
@@ -153,6 +155,8 @@ def _print_fleet(f) -> None:
               f"model {escape(f.model)} routing {f.strategy}")
     out.print(f"  replicas: desired {f.desired}, ready {f.ready}; cost ${f.cost_per_hour:.3f}/h, "
               f"${f.cost_total:.4f} so far", markup=False)
+    if f.prometheus_url:
+        out.print(f"  prometheus: {f.prometheus_url}", markup=False)
     if f.last_decision:
         out.print(f"  last decision: {f.last_decision['desired']} replica(s): {f.last_decision['reason']}",
                   markup=False)
@@ -628,6 +632,10 @@ render_commands.register(app)
 from fleetserve.cli import sim_commands  # noqa: E402  (simulate, verify, plan, bench sim-speed)
 
 sim_commands.register(app, bench_app)
+
+from fleetserve.cli import dashboard_commands  # noqa: E402  (dashboard grafana, dashboard open)
+
+dashboard_commands.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,79 @@
+"""CLI: `dashboard grafana` (the Grafana JSON) and `dashboard open` (the router's live /dashboard).
+Registered on the main app by `register(app)`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+out = Console(soft_wrap=True, highlight=False)
+err = Console(stderr=True, soft_wrap=True, highlight=False)
+
+dashboard_app = typer.Typer(help="Dashboards: Grafana JSON, and the fleet's built-in live dashboard.",
+                            no_args_is_help=True)
+
+
+@dashboard_app.command("grafana")
+def grafana(
+    output: Annotated[str, typer.Option("--output", "-o", help="Where to write the dashboard JSON ('-': stdout)")
+                      ] = "-",
+    title: Annotated[str, typer.Option(help="Dashboard title")] = "fleetserve",
+    uid: Annotated[str, typer.Option(help="Dashboard uid (stable across imports)")] = "fleetserve",
+) -> None:
+    """Build an importable Grafana dashboard (datasource variable; filters namespace, model_name, model_version,
+    instance_type; latency/TTFB percentiles, concurrency, errors, cache tiers, replicas, nodes, cost)."""
+    from fleetserve.observe.grafana import build_dashboard, structure_errors
+
+    board = build_dashboard(title=title, uid=uid)
+    problems = structure_errors(board)
+    if problems:  # a builder bug, never the user's input
+        err.print("[red]error:[/red] " + "; ".join(problems), markup=True)
+        raise typer.Exit(1)
+    text = json.dumps(board, indent=2)
+    if output == "-":
+        print(text)
+        return
+    Path(output).write_text(text + "\n")
+    panels = sum(1 for p in board["panels"] if p.get("type") != "row")
+    out.print(f"wrote {output}: {panels} panels, import it in Grafana (Dashboards > New > Import)", markup=False)
+
+
+@dashboard_app.command("open")
+def open_dashboard(
+    name: Annotated[str | None, typer.Argument(help="Fleet name (default: the only running one)")] = None,
+    browser: Annotated[bool, typer.Option("--browser/--no-browser", help="Also open it in a web browser")] = False,
+) -> None:
+    """Print the URL of a running fleet's live dashboard (the router's /dashboard), with a one-time login."""
+    from fleetserve.fleet.control import FleetError, pick_fleet
+    from fleetserve.fleet.state import fleet_dir
+
+    try:
+        state = pick_fleet(name)
+    except FleetError as exc:
+        err.print("[red]error:[/red] ", end="")
+        err.print(str(exc), markup=False)
+        raise typer.Exit(1) from None
+    url = dashboard_url(state.url, fleet_dir(state.name) / "internal.token")
+    out.print(url, markup=False)
+    if browser:
+        import webbrowser
+
+        webbrowser.open(url)
+
+
+def dashboard_url(endpoint: str, token_file: Path) -> str:
+    """The router's /dashboard; with the fleet's token (0600 file, same user) so a browser can log in."""
+    base = endpoint.removesuffix("/").removesuffix("/v1")
+    try:
+        token = token_file.read_text().strip()
+    except OSError:
+        return f"{base}/dashboard"
+    return f"{base}/dashboard?token={token}"
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(dashboard_app, name="dashboard")

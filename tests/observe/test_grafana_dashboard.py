@@ -1,0 +1,100 @@
+"""`fleetserve dashboard grafana`: an importable dashboard whose every query parses (promtool)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fleetserve.cli.app import app
+from fleetserve.observe.grafana import (
+    FILTER_LABELS,
+    PANELS,
+    build_dashboard,
+    check_exprs,
+    concrete,
+    panel_targets,
+    structure_errors,
+)
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("grafana") / "d.json"
+    result = CliRunner().invoke(app, ["dashboard", "grafana", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert str(out) in result.output
+    return json.loads(out.read_text())
+
+
+def promtool_errors(exprs: list[str], tmp_path) -> str:
+    """Each expression as a recording rule: `promtool check rules` parses all of them offline."""
+    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:q{i}", "expr": e}
+                                                        for i, e in enumerate(exprs)]}]}
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    run = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    return "" if run.returncode == 0 else run.stdout + run.stderr
+
+
+def test_cli_dashboard_names_the_hyperpod_metrics_and_labels(board):
+    text = json.dumps(board)
+    for name in ("model_latency_milliseconds", "model_ttfb_milliseconds", "model_concurrent_requests",
+                 "model_errors_total", "model_invocations_total"):
+        assert name in text, name
+    for label in ("instance_type", "namespace", "model_version", "model_name"):
+        assert f'{label}=~\\"${label}\\"' in text, label
+
+
+def test_structure_panels_targets_variables(board):
+    assert structure_errors(board) == []
+    assert board["schemaVersion"] >= 36 and board["uid"] == "fleetserve"
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for label in FILTER_LABELS:
+        v = variables[label]
+        assert (v["type"], v["multi"], v["includeAll"], v["allValue"]) == ("query", True, True, ".*")
+        assert v["datasource"]["uid"] == "${datasource}" and label in v["query"]
+    titles = [p["title"] for p in board["panels"] if p["type"] == "timeseries"]
+    assert titles == [p.title for p in PANELS]
+    for _title, target in panel_targets(board):
+        assert target["datasource"]["uid"] == "${datasource}" and target["expr"] and target["refId"]
+    (decisions,) = board["annotations"]["list"]
+    assert "fleetserve_autoscaler_decisions_total" in decisions["expr"] and decisions["enable"]
+    text = json.dumps(board)
+    for name in ("fleetserve_kv_tier_hits_total", 'fleetserve_router_cached_tokens_total',
+                 "fleetserve_autoscaler_desired_replicas", "fleetserve_autoscaler_ready_replicas",
+                 "fleetserve_nodes", "fleetserve_cost_per_hour_dollars"):
+        assert name in text, name
+
+
+def test_structure_check_catches_broken_dashboards():
+    board = build_dashboard()
+    board["panels"][1]["gridPos"]["w"] = 30
+    board["panels"][2]["id"] = board["panels"][1]["id"]
+    board["panels"][3]["datasource"] = "prom"
+    board["templating"]["list"] = board["templating"]["list"][1:]
+    errors = "\n".join(structure_errors(board))
+    for fragment in ("bad gridPos", "missing or repeated", "reference object", "no datasource variable"):
+        assert fragment in errors
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing: scripts/setup.sh installs "
+                                                              "prometheus from Debian as root")
+def test_every_query_parses_with_promtool(board, tmp_path):
+    exprs = check_exprs(board)
+    assert len(exprs) == sum(len(p.series) for p in PANELS) + 1  # + the scaling-decision annotation
+    assert all("$" not in e for e in exprs)
+    assert promtool_errors(exprs, tmp_path) == ""
+    # and the check has teeth: a query that does not parse fails it
+    broken = promtool_errors([*exprs, concrete('sum(rate(model_errors_total{namespace=~"$namespace"}[5m])')],
+                             tmp_path)
+    assert "parse error" in broken
+
+
+def test_concrete_replaces_grafana_variables():
+    assert concrete('rate(x{a=~"$a",b=~"${b}"}[$__rate_interval])') == 'rate(x{a=~".*",b=~".*"}[5m])'
