@@ -295,7 +295,9 @@ class Supervisor:
             cmd += ["--max-queue", str(limits.max_queue_size)]
         cmd += security + self._limit_args()
         self.router = Child("router", cmd, self.dir / "logs" / "router.log",
-                            env={"FLEETSERVE_ADMIN_TOKEN": self.admin_token}, env_drop=self._key_env_names(),
+                            env={"FLEETSERVE_ADMIN_TOKEN": self.admin_token,
+                                 "FLEETSERVE_SUPERVISOR_METRICS": self.state.metrics_url},  # /dashboard reads it
+                            env_drop=self._key_env_names(),
                             death_signal=signal.SIGTERM)
         self.router.start()
         scheme = "https" if self.spec.tls.enabled else "http"

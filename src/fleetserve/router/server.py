@@ -621,6 +621,9 @@ def build_app(gateway: Gateway) -> Starlette:
         Route("/admin/load", gateway.admin_load, methods=["GET"]),
         Route("/admin/backends", gateway.admin_backends, methods=["PUT"]),
     ]
+    from fleetserve.observe.dashboard import dashboard_routes  # /dashboard, /dashboard/data (admin only)
+
+    routes += dashboard_routes(gateway)
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error, Exception: _server_error})
     return RequestSizeLimit(app, gateway.settings.size_limits)

@@ -1,0 +1,214 @@
+"""The router's built-in live dashboard: `/dashboard` (one self-contained HTML page) and `/dashboard/data` (JSON).
+
+No Grafana and no external assets: the CSS and the JavaScript are inline and the charts are SVG drawn by the
+page itself. Both routes need the router's admin check. A browser cannot send the admin header, so
+`/dashboard?token=T` (T: the admin token, or the fleet's internal token that `fleetserve dashboard open`
+reads from the fleet's 0600 token file) sets an HttpOnly, SameSite=Strict cookie and redirects to the
+bare URL, which keeps the token out of the address bar and the history.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from fleetserve.api.errors import APIError
+from fleetserve.observe.grafana import FILTER_LABELS, PANELS
+from fleetserve.observe.livedata import LiveData
+
+COOKIE = "fleetserve_dashboard"
+
+
+def _token_ok(gateway, token: str) -> bool:
+    if not token:
+        return False
+    for secret in (gateway.settings.admin_token, gateway.internal.token):
+        if secret and hmac.compare_digest(token, secret):
+            return True
+    return False
+
+
+def allowed(gateway, request: Request) -> bool:
+    return gateway._admin_allowed(request) or _token_ok(gateway, request.cookies.get(COOKIE, ""))
+
+
+def dashboard_routes(gateway) -> list[Route]:
+    live = LiveData()
+    gateway.dashboard = live
+
+    async def page(request: Request) -> Response:
+        token = request.query_params.get("token", "")
+        if token:
+            if not _token_ok(gateway, token):
+                return APIError(403, "dashboard: wrong token").response()
+            redirect = RedirectResponse("/dashboard", status_code=303)
+            redirect.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/dashboard",
+                                secure=request.url.scheme == "https")
+            return redirect
+        if not allowed(gateway, request):
+            return APIError(403, "dashboard: open the URL `fleetserve dashboard open` prints "
+                                 "(or send x-fleetserve-admin)").response()
+        return HTMLResponse(render_page(), headers={"cache-control": "no-store"})
+
+    async def data(request: Request) -> Response:
+        if not allowed(gateway, request):
+            return APIError(403, "dashboard data: admin only").response()
+        await live.sample(gateway)
+        body = live.payload({k: request.query_params.get(k, "") for k in FILTER_LABELS})
+        pool = list(gateway.pool.backends.values())
+        body["fleet"] = {"strategy": gateway.policy.name, "requests_total": gateway.requests_total,
+                         "pending": gateway.pending, "in_flight": sum(b.in_flight for b in pool),
+                         "backends": [{"id": b.id, "healthy": b.healthy, "draining": b.draining,
+                                       "in_flight": b.in_flight} for b in pool]}
+        return JSONResponse(body, headers={"cache-control": "no-store"})
+
+    return [Route("/dashboard", page, methods=["GET"]), Route("/dashboard/data", data, methods=["GET"])]
+
+
+def render_page() -> str:
+    layout = json.dumps([{"key": p.key, "title": p.title, "unit": p.unit} for p in PANELS])
+    return PAGE.replace("__PANELS__", layout).replace("__FILTERS__", json.dumps(list(FILTER_LABELS)))
+
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
+<title>fleetserve dashboard</title>
+<style>
+:root{--bg:#0f1419;--card:#182028;--fg:#e6e9ec;--dim:#8b98a5;--grid:#2a3541;--warn:#f0a03c}
+*{box-sizing:border-box}body{margin:0;background:var(--bg);color:var(--fg);font:13px/1.4 system-ui,sans-serif}
+header{display:flex;flex-wrap:wrap;gap:12px 24px;align-items:center;padding:10px 16px;
+  border-bottom:1px solid var(--grid)}
+header h1{font-size:16px;margin:0}header .stat b{font-size:15px}header .dim,.dim{color:var(--dim)}
+select{background:var(--card);color:var(--fg);border:1px solid var(--grid);border-radius:4px;padding:2px 4px}
+main{display:grid;grid-template-columns:repeat(auto-fill,minmax(400px,1fr));gap:10px;padding:10px 16px}
+.panel{background:var(--card);border-radius:6px;padding:8px 10px;min-width:0}
+.panel h2{font-size:13px;margin:0 0 2px;font-weight:600;display:flex;justify-content:space-between;gap:8px}
+.panel h2 .value{font-variant-numeric:tabular-nums;color:#9fd3ff}
+.panel svg{width:100%;height:150px;display:block}.legend{display:flex;flex-wrap:wrap;gap:4px 12px;color:var(--dim)}
+.legend i{display:inline-block;width:10px;height:3px;margin-right:4px;vertical-align:middle}
+.empty{fill:var(--dim);font-size:12px}
+</style></head><body>
+<header><h1>fleetserve</h1><span class="stat">strategy <b id="strategy">-</b></span>
+<span class="stat">requests <b id="requests">-</b></span><span class="stat">in flight <b id="inflight">-</b></span>
+<span class="stat">replicas <b id="backends">-</b></span><span id="filters"></span>
+<span class="dim" id="updated">connecting ...</span></header>
+<main id="panels"></main>
+<script>
+"use strict";
+const PANELS = __PANELS__, FILTERS = __FILTERS__;
+const COLORS = ["#5fb3f9","#f2c14e","#7bd88f","#f47c7c","#c39bf5","#4fd1c5","#f59e6b","#a3b1bf"];
+const chosen = {};
+const $ = (id) => document.getElementById(id);
+const NS = "http://www.w3.org/2000/svg";
+function fmt(v, unit) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "-";
+  if (unit === "percentunit") return (v * 100).toFixed(1) + "%";
+  if (unit === "ms") return v >= 1000 ? (v / 1000).toFixed(2) + " s" : v.toFixed(v < 10 ? 1 : 0) + " ms";
+  if (unit === "currencyUSD") return "$" + v.toFixed(3);
+  if (unit === "reqps") return v.toFixed(2) + "/s";
+  return Math.abs(v) >= 100 ? v.toFixed(0) : +v.toFixed(2) + "";
+}
+function el(tag, attrs, parent) {
+  const e = document.createElementNS(NS, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  if (parent) parent.appendChild(e);
+  return e;
+}
+for (const p of PANELS) {
+  const div = document.createElement("section");
+  div.className = "panel"; div.id = "panel-" + p.key; div.dataset.points = "0";
+  div.innerHTML = `<h2><span>${p.title}</span><span class="value">-</span></h2>` +
+                  `<svg viewBox="0 0 400 150" preserveAspectRatio="none"></svg><div class="legend"></div>`;
+  $("panels").appendChild(div);
+}
+function draw(panel, data, marks, t0, t1) {
+  const div = $("panel-" + panel.key), svg = div.querySelector("svg"), legend = div.querySelector(".legend");
+  svg.replaceChildren(); legend.replaceChildren();
+  const W = 400, H = 150, L = 44, B = 16, T = 6, R = 6;
+  const series = data.series.map(s => ({name: s.name, pts: s.points.filter(p => p[1] !== null)}));
+  const values = series.flatMap(s => s.pts.map(p => p[1]));
+  div.dataset.points = String(values.length);
+  let max = Math.max(0, ...values); if (panel.unit === "percentunit") max = Math.max(max, 0.01);
+  max = max > 0 ? max * 1.1 : 1;
+  const x = t => L + (W - L - R) * (t - t0) / Math.max(t1 - t0, 1), y = v => H - B - (H - B - T) * v / max;
+  for (let i = 0; i <= 3; i++) {
+    const v = max * i / 3;
+    el("line", {x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: "#2a3541", "stroke-width": 1}, svg);
+    el("text", {x: L - 4, y: y(v) + 4, "text-anchor": "end", fill: "#8b98a5", "font-size": 10}, svg)
+      .textContent = fmt(v, panel.unit);
+  }
+  const minutes = Math.round((t1 - t0) / 60);
+  el("text", {x: L, y: H - 3, fill: "#8b98a5", "font-size": 10}, svg).textContent =
+    minutes >= 1 ? "-" + minutes + " min" : "-" + Math.round(t1 - t0) + " s";
+  el("text", {x: W - R, y: H - 3, fill: "#8b98a5", "font-size": 10, "text-anchor": "end"}, svg).textContent = "now";
+  for (const m of marks) {
+    if (m.t < t0) continue;
+    const line = el("line", {x1: x(m.t), x2: x(m.t), y1: T, y2: H - B, stroke: "#f0a03c",
+                             "stroke-dasharray": "3 3", "stroke-width": 1, class: "annotation"}, svg);
+    el("title", {}, line).textContent = m.text;
+  }
+  if (!values.length) {
+    el("text", {x: W / 2, y: H / 2, "text-anchor": "middle", class: "empty"}, svg).textContent = "no data yet";
+  }
+  const latest = [];
+  series.forEach((s, i) => {
+    const c = COLORS[i % COLORS.length];
+    if (s.pts.length) {
+      const d = s.pts.map((p, j) => (j ? "L" : "M") + x(p[0]).toFixed(1) + " " + y(p[1]).toFixed(1)).join("");
+      el("path", {d, fill: "none", stroke: c, "stroke-width": 1.6, "vector-effect": "non-scaling-stroke"}, svg);
+      if (s.pts.length === 1) el("circle", {cx: x(s.pts[0][0]), cy: y(s.pts[0][1]), r: 2, fill: c}, svg);
+      latest.push([s.name, s.pts[s.pts.length - 1][1]]);
+    }
+    const item = document.createElement("span");
+    item.innerHTML = `<i style="background:${c}"></i>`;
+    item.append(`${s.name} ${s.pts.length ? fmt(s.pts[s.pts.length - 1][1], panel.unit) : "-"}`);
+    legend.appendChild(item);
+  });
+  div.querySelector(".value").textContent = latest.length === 1 ? fmt(latest[0][1], panel.unit) :
+    (latest.length ? latest.length + " series" : "-");
+}
+function filterBar(options) {
+  const bar = $("filters");
+  for (const f of FILTERS) {
+    let sel = document.getElementById("filter-" + f);
+    if (!sel) {
+      const label = document.createElement("label"); label.append(f + " ");
+      sel = document.createElement("select"); sel.id = "filter-" + f;
+      sel.onchange = () => { chosen[f] = sel.value; refresh(); };
+      label.appendChild(sel); bar.appendChild(label); bar.append(" ");
+    }
+    const want = ["", ...(options[f] || [])];
+    if (sel.options.length !== want.length) {
+      sel.replaceChildren(...want.map(v => { const o = document.createElement("option");
+        o.value = v; o.textContent = v || "all"; return o; }));
+      sel.value = chosen[f] || "";
+    }
+  }
+}
+async function refresh() {
+  try {
+    const q = new URLSearchParams(Object.entries(chosen).filter(([, v]) => v));
+    const r = await fetch("/dashboard/data?" + q, {credentials: "same-origin", cache: "no-store"});
+    if (!r.ok) throw new Error("HTTP " + r.status);
+    const data = await r.json();
+    const t1 = data.now, t0 = Math.min(t1 - 60, ...data.panels.flatMap(p => p.series.map(s =>
+      s.points.length ? s.points[0][0] : t1)));
+    for (const p of data.panels) draw(p, p, data.annotations, t0, t1);
+    const f = data.fleet;
+    $("strategy").textContent = f.strategy; $("requests").textContent = f.requests_total;
+    $("inflight").textContent = f.in_flight + (f.pending ? " (+" + f.pending + " held)" : "");
+    $("backends").textContent = f.backends.filter(b => b.healthy).length + "/" + f.backends.length + " healthy";
+    filterBar(data.options);
+    $("updated").textContent = "updated " + new Date(t1 * 1000).toLocaleTimeString();
+    document.body.dataset.loaded = "1";
+  } catch (e) {
+    $("updated").textContent = "cannot read /dashboard/data: " + e.message;
+  }
+}
+refresh(); setInterval(refresh, 2000);
+</script></body></html>
+"""

@@ -1,0 +1,226 @@
+"""What the built-in dashboard draws: the fleet's own /metrics, sampled and turned into the Grafana panels' series.
+
+Each sample reads the router's registry (in process), every backend's /metrics (with the internal token the
+router already sends upstream) and the supervisor's /metrics (its URL comes in FLEETSERVE_SUPERVISOR_METRICS).
+Samples are kept for `history_s`; a panel point compares a sample with the one `window_s` before it, the way
+`rate(x[window])` and `histogram_quantile` would in Prometheus:
+
+    rate           = (v_now - v_then) / (t_now - t_then), per series; a series that appeared since counts from 0
+    quantile(q)    = the bucket where the cumulative count reaches q * count(+Inf), linearly interpolated
+    error rate     = d(model_errors_total) / d(model_invocations_total)
+    tier hit rate  = d(hits{tier}) / sum_tiers d(hits) * d(vllm prefix hits) / d(vllm prefix queries)
+
+Filters (namespace, model_name, model_version, instance_type) select model series by exact label value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetserve.observe.grafana import FILTER_LABELS, PANELS
+
+SUPERVISOR_ENV = "FLEETSERVE_SUPERVISOR_METRICS"
+QUANTILES = (0.5, 0.95, 0.99)
+Key = tuple[str, tuple[tuple[str, str], ...]]  # (sample name, sorted labels)
+
+
+def parse(text: str, source: str) -> dict[Key, float]:
+    """Prometheus text -> {(name, labels): value}; `source` keeps equal series of two replicas apart."""
+    samples: dict[Key, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.endswith("_created"):
+                continue
+            labels = dict(s.labels)
+            labels.setdefault("__source", source)
+            samples[(s.name, tuple(sorted(labels.items())))] = float(s.value)
+    return samples
+
+
+@dataclass
+class Sample:
+    t: float
+    values: dict[Key, float]
+    decisions: dict[str, float] = field(default_factory=dict)
+
+
+def _match(labels: tuple[tuple[str, str], ...], filters: dict[str, str]) -> bool:
+    d = dict(labels)
+    return all(d.get(k) == v for k, v in filters.items() if k in d or k in FILTER_LABELS)
+
+
+def _sum(values: dict[Key, float], name: str, filters: dict[str, str] | None = None, by: str | None = None
+         ) -> dict[str, float]:
+    out: dict[str, float] = collections.defaultdict(float)
+    for (n, labels), v in values.items():
+        if n == name and (not filters or _match(labels, filters)):
+            out[dict(labels).get(by, "") if by else ""] += v
+    return out
+
+
+def _delta(now: dict[Key, float], then: dict[Key, float], name: str, filters: dict[str, str] | None = None,
+           by: str | None = None) -> dict[str, float]:
+    out: dict[str, float] = collections.defaultdict(float)
+    for key, v in now.items():
+        n, labels = key
+        if n == name and (not filters or _match(labels, filters)):
+            out[dict(labels).get(by, "") if by else ""] += max(0.0, v - then.get(key, 0.0))
+    return out
+
+
+def quantile(q: float, buckets: dict[str, float]) -> float | None:
+    """histogram_quantile over cumulative bucket counts {le: count}; None without observations."""
+    ordered = sorted(((math.inf if le == "+Inf" else float(le)), c) for le, c in buckets.items())
+    if not ordered or ordered[-1][1] <= 0:
+        return None
+    rank, prev_le, prev_count = q * ordered[-1][1], 0.0, 0.0
+    for le, count in ordered:
+        if count >= rank:
+            if math.isinf(le):
+                return prev_le
+            return prev_le + (le - prev_le) * ((rank - prev_count) / (count - prev_count) if count > prev_count
+                                                else 1.0)
+        prev_le, prev_count = le, count
+    return prev_le
+
+
+class LiveData:
+    def __init__(self, history_s: float = 900.0, window_s: float = 15.0, min_interval_s: float = 1.0,
+                 clock=time.time):
+        self.history_s, self.window_s, self.min_interval_s = history_s, window_s, min_interval_s
+        self.clock = clock
+        self.samples: collections.deque[Sample] = collections.deque()
+        self.supervisor_url = os.environ.get(SUPERVISOR_ENV, "")
+        self._lock = asyncio.Lock()
+
+    # --- sampling ---------------------------------------------------------------------------------------
+
+    async def sample(self, gateway) -> None:
+        """Take a sample unless the last one is fresher than `min_interval_s`."""
+        async with self._lock:
+            now = self.clock()
+            if self.samples and now - self.samples[-1].t < self.min_interval_s:
+                return
+            from prometheus_client import generate_latest
+
+            values = parse(generate_latest(gateway.metrics.registry).decode(), "router")
+            urls = [(b.id, b.url.rstrip("/") + "/metrics") for b in gateway.pool.backends.values() if b.healthy]
+            if self.supervisor_url:
+                urls.append(("supervisor", self.supervisor_url))
+            texts = await asyncio.gather(*(self._get(gateway.client, url) for _id, url in urls))
+            for (source, _url), text in zip(urls, texts, strict=True):
+                if text:
+                    values.update(parse(text, source))
+            self.add(Sample(now, values))
+
+    @staticmethod
+    async def _get(client, url: str) -> str:
+        try:
+            r = await client.get(url, timeout=2.0)
+            return r.text if r.status_code == 200 else ""
+        except Exception:  # noqa: BLE001 - a replica going away must not break the page
+            return ""
+
+    def add(self, sample: Sample) -> None:
+        self.samples.append(sample)
+        while self.samples and sample.t - self.samples[0].t > self.history_s:
+            self.samples.popleft()
+
+    # --- series -----------------------------------------------------------------------------------------
+
+    def options(self) -> dict[str, list[str]]:
+        """Label values seen in the latest sample, per filter."""
+        found: dict[str, set[str]] = {k: set() for k in FILTER_LABELS}
+        if self.samples:
+            for (_n, labels), _v in self.samples[-1].values.items():
+                d = dict(labels)
+                if "model_name" in d and "replica" in d:
+                    for k in FILTER_LABELS:
+                        if k in d:
+                            found[k].add(d[k])
+        return {k: sorted(v) for k, v in found.items()}
+
+    def _then(self, i: int) -> Sample | None:
+        s = self.samples[i]
+        for j in range(i - 1, -1, -1):
+            if s.t - self.samples[j].t >= self.window_s:
+                return self.samples[j]
+        return self.samples[0] if i > 0 else None
+
+    def _points(self, i: int, filters: dict[str, str]) -> dict[str, dict[str, float | None]]:
+        """panel key -> series name -> value at sample i."""
+        now, then_s = self.samples[i], self._then(i)
+        v, out = now.values, {}
+        out["concurrency"] = dict(_sum(v, "model_concurrent_requests", filters, by="instance_type"))
+        out["replicas"] = {"desired": _sum(v, "fleetserve_autoscaler_desired_replicas").get(""),
+                           "ready": _sum(v, "fleetserve_autoscaler_ready_replicas").get("")}
+        nodes = {}
+        for (n, labels), val in v.items():
+            if n == "fleetserve_nodes" and _match(labels, {k: x for k, x in filters.items() if k == "instance_type"}):
+                d = dict(labels)
+                name = f"{d.get('instance_type', '')} {d.get('capacity_type', '')}".strip()
+                nodes[name] = nodes.get(name, 0.0) + val
+        out["nodes"] = nodes
+        out["cost"] = {"$/h": _sum(v, "fleetserve_cost_per_hour_dollars").get("")}
+        if then_s is None:
+            return out
+        dt = max(now.t - then_s.t, 1e-9)
+        w = then_s.values
+        for key, metric in (("latency", "model_latency_milliseconds"), ("ttfb", "model_ttfb_milliseconds")):
+            buckets = _delta(v, w, metric + "_bucket", filters, by="le")
+            out[key] = {f"p{int(q * 100)}": quantile(q, buckets) for q in QUANTILES}
+        by_instance = {}
+        for it in sorted(set(_sum(v, "model_latency_milliseconds_count", filters, by="instance_type"))):
+            buckets = _delta(v, w, "model_latency_milliseconds_bucket", {**filters, "instance_type": it}, by="le")
+            by_instance[it] = quantile(0.95, buckets)
+        out["latency_by_instance"] = by_instance
+        calls = sum(_delta(v, w, "model_invocations_total", filters).values())
+        errors = sum(_delta(v, w, "model_errors_total", filters).values())
+        out["errors"] = {"errors / invocations": errors / calls if calls else None}
+        out["throughput"] = {k: x / dt for k, x in _delta(v, w, "model_invocations_total", filters,
+                                                          by="model_version").items()}
+        tier_hits = _delta(v, w, "fleetserve_kv_tier_hits_total", by="tier")
+        name_filter = {k: x for k, x in filters.items() if k == "model_name"}
+        hits = sum(_delta(v, w, "vllm:prefix_cache_hits_total", name_filter).values())
+        queries = sum(_delta(v, w, "vllm:prefix_cache_queries_total", name_filter).values())
+        all_hits = sum(tier_hits.values())
+        out["cache_tiers"] = {tier: (n / all_hits * hits / queries if all_hits and queries else None)
+                              for tier, n in tier_hits.items()} if queries else {}
+        out["cached_tokens"] = {k: x / dt for k, x in
+                                _delta(v, w, "fleetserve_router_cached_tokens_total", by="source").items()}
+        return out
+
+    def payload(self, filters: dict[str, str] | None = None) -> dict:
+        """The JSON the page draws: one entry per panel of observe/grafana.PANELS, plus decisions."""
+        filters = {k: v for k, v in (filters or {}).items() if k in FILTER_LABELS and v}
+        series: dict[str, dict[str, list]] = {p.key: {} for p in PANELS}
+        for i, s in enumerate(self.samples):
+            for key, values in self._points(i, filters).items():
+                for name, value in values.items():
+                    series[key].setdefault(name or "all", []).append([round(s.t, 3), value])
+        panels = []
+        for p in PANELS:
+            lines = [{"name": n, "points": pts} for n, pts in sorted(series[p.key].items())]
+            panels.append({"key": p.key, "title": p.title, "unit": p.unit, "description": p.description,
+                           "series": lines})
+        return {"now": self.clock(), "window_s": self.window_s, "filters": filters, "options": self.options(),
+                "panels": panels, "annotations": self.annotations()}
+
+    def annotations(self) -> list[dict]:
+        """Scaling decisions: where fleetserve_autoscaler_decisions_total{reason} went up between samples."""
+        marks, previous = [], None
+        for s in self.samples:
+            now = _sum(s.values, "fleetserve_autoscaler_decisions_total", by="reason")
+            if previous is not None:
+                for reason, n in now.items():
+                    if n > previous.get(reason, 0.0):
+                        marks.append({"t": round(s.t, 3), "text": f"scaling: {reason}"})
+            previous = now
+        return marks

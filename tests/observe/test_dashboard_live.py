@@ -1,0 +1,149 @@
+# ruff: noqa: E501  (exposition lines are long)
+"""The router's /dashboard and /dashboard/data: access, self-contained page, series computed like PromQL."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from starlette.testclient import TestClient
+
+from fleetserve.observe.grafana import PANELS
+from fleetserve.observe.livedata import LiveData, Sample, parse, quantile
+from fleetserve.router.pool import BackendPool
+from fleetserve.router.server import Gateway, RouterSettings, build_app
+
+ADMIN = "a" * 24
+INTERNAL = "i" * 24
+
+ENGINE = """\
+# TYPE model_invocations_total counter
+model_invocations_total{{namespace="ns",model_name="m",model_version="2",instance_type="{it}",replica="{r}"}} {calls}
+# TYPE model_errors_total counter
+model_errors_total{{namespace="ns",model_name="m",model_version="2",instance_type="{it}",replica="{r}",status="500"}} {errors}
+# TYPE model_concurrent_requests gauge
+model_concurrent_requests{{namespace="ns",model_name="m",model_version="2",instance_type="{it}",replica="{r}"}} 3
+# TYPE model_latency_milliseconds histogram
+model_latency_milliseconds_bucket{{namespace="ns",model_name="m",model_version="2",instance_type="{it}",replica="{r}",le="100.0"}} {fast}
+model_latency_milliseconds_bucket{{namespace="ns",model_name="m",model_version="2",instance_type="{it}",replica="{r}",le="1000.0"}} {calls}
+model_latency_milliseconds_bucket{{namespace="ns",model_name="m",model_version="2",instance_type="{it}",replica="{r}",le="+Inf"}} {calls}
+model_latency_milliseconds_count{{namespace="ns",model_name="m",model_version="2",instance_type="{it}",replica="{r}"}} {calls}
+model_latency_milliseconds_sum{{namespace="ns",model_name="m",model_version="2",instance_type="{it}",replica="{r}"}} 1
+# TYPE fleetserve_kv_tier_hits_total counter
+fleetserve_kv_tier_hits_total{{tier="engine"}} {hits}
+fleetserve_kv_tier_hits_total{{tier="l1"}} {hits}
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{{model_name="m"}} {hit_tokens}
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{{model_name="m"}} {query_tokens}
+"""
+SUPERVISOR = """\
+# TYPE fleetserve_autoscaler_desired_replicas gauge
+fleetserve_autoscaler_desired_replicas {desired}
+# TYPE fleetserve_autoscaler_ready_replicas gauge
+fleetserve_autoscaler_ready_replicas 1
+# TYPE fleetserve_autoscaler_decisions_total counter
+fleetserve_autoscaler_decisions_total{{reason="scale up"}} {decisions}
+# TYPE fleetserve_cost_per_hour_dollars gauge
+fleetserve_cost_per_hour_dollars 1.5
+# TYPE fleetserve_nodes gauge
+fleetserve_nodes{{instance_type="g5.xlarge",capacity_type="on-demand"}} 2
+"""
+
+
+def engine(it="g5", r="r0", calls=0, errors=0, fast=0, hits=0, hit_tokens=0, query_tokens=0):
+    return parse(ENGINE.format(it=it, r=r, calls=calls, errors=errors, fast=fast, hits=hits, hit_tokens=hit_tokens,
+                               query_tokens=query_tokens), r)
+
+
+def sample(t, *parts, desired=1, decisions=0):
+    values = {}
+    for p in parts:
+        values.update(p)
+    values.update(parse(SUPERVISOR.format(desired=desired, decisions=decisions), "supervisor"))
+    return Sample(t, values)
+
+
+def panel(payload, key):
+    (found,) = [p for p in payload["panels"] if p["key"] == key]
+    return {s["name"]: s["points"] for s in found["series"]}
+
+
+def test_quantile_interpolates_like_histogram_quantile():
+    assert quantile(0.5, {"100": 10, "1000": 20, "+Inf": 20}) == pytest.approx(100.0)
+    assert quantile(0.75, {"100": 10, "1000": 20, "+Inf": 20}) == pytest.approx(550.0)
+    assert quantile(0.99, {"100": 0, "1000": 0, "+Inf": 4}) == 1000.0  # in +Inf: the highest finite bound
+    assert quantile(0.5, {"100": 0, "+Inf": 0}) is None
+
+
+def test_payload_has_every_panel_with_rates_percentiles_and_decisions():
+    live = LiveData(window_s=10)
+    live.add(sample(0, engine(calls=0)))
+    live.add(sample(10, engine(calls=20, errors=2, fast=10, hits=5, hit_tokens=160, query_tokens=320),
+                    engine(it="c7i", r="r1", calls=4, fast=4), desired=2, decisions=1))
+    payload = live.payload()
+    assert [p["key"] for p in payload["panels"]] == [p.key for p in PANELS]
+    assert panel(payload, "latency")["p50"][-1][1] == pytest.approx(100.0 * 12 / 14)  # 12 of 24 in the first bucket
+    assert panel(payload, "errors")["errors / invocations"][-1] == [10, pytest.approx(2 / 24)]
+    assert panel(payload, "throughput")["2"][-1][1] == pytest.approx(2.4)
+    assert panel(payload, "concurrency") == {"c7i": [[10, 3.0]], "g5": [[0, 3.0], [10, 3.0]]}
+    assert panel(payload, "latency_by_instance")["c7i"][-1][1] == pytest.approx(95.0)  # p95 inside 0..100
+    assert panel(payload, "cache_tiers") == {"engine": [[10, 0.25]], "l1": [[10, 0.25]]}
+    assert panel(payload, "replicas")["desired"][-1] == [10, 2.0]
+    assert panel(payload, "nodes") == {"g5.xlarge on-demand": [[0, 2.0], [10, 2.0]]}
+    assert panel(payload, "cost")["$/h"][-1] == [10, 1.5]
+    assert payload["annotations"] == [{"t": 10, "text": "scaling: scale up"}]
+    assert payload["options"]["instance_type"] == ["c7i", "g5"]
+    filtered = live.payload({"instance_type": "c7i", "bogus": "x"})
+    assert filtered["filters"] == {"instance_type": "c7i"}
+    assert set(panel(filtered, "concurrency")) == {"c7i"}
+    assert panel(filtered, "errors")["errors / invocations"][-1][1] == 0.0
+
+
+def test_a_replica_that_went_away_does_not_make_rates_negative():
+    live = LiveData(window_s=5)
+    live.add(sample(0, engine(calls=10), engine(r="r1", calls=50)))
+    live.add(sample(5, engine(calls=14)))
+    assert panel(live.payload(), "throughput")["2"][-1][1] == pytest.approx(0.8)
+
+
+def test_history_is_bounded():
+    live = LiveData(history_s=10)
+    for t in range(30):
+        live.add(sample(t, engine(calls=t)))
+    assert live.samples[0].t == 19 and len(live.samples) == 11
+
+
+@pytest.fixture()
+def client():
+    gateway = Gateway(BackendPool([]), RouterSettings(admin_token=ADMIN, internal_token=INTERNAL))
+    return TestClient(build_app(gateway), follow_redirects=False)  # not started: no health loop needed
+
+
+def test_dashboard_needs_the_admin(client):
+    assert client.get("/dashboard").status_code == 403
+    assert client.get("/dashboard/data").status_code == 403
+    assert client.get("/dashboard?token=wrong").status_code == 403
+    assert client.get("/dashboard", headers={"x-fleetserve-admin": ADMIN}).status_code == 200
+    assert client.get("/dashboard/data", headers={"x-fleetserve-internal": INTERNAL}).status_code == 200
+
+
+def test_token_login_sets_a_cookie_and_leaves_the_address_bar(client):
+    r = client.get(f"/dashboard?token={INTERNAL}")
+    assert r.status_code == 303 and r.headers["location"] == "/dashboard"
+    cookie = r.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/dashboard" in cookie
+    page = client.get("/dashboard")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    data = client.get("/dashboard/data").json()
+    assert [p["key"] for p in data["panels"]] == [p.key for p in PANELS]
+    assert data["fleet"]["backends"] == [] and data["fleet"]["strategy"] == "leastload"
+
+
+def test_page_is_self_contained(client):
+    html = client.get("/dashboard", headers={"x-fleetserve-admin": ADMIN}).text
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    assert "@import" not in html and "<link" not in html and "<script src" not in html
+    assert re.findall(r"https?://[^\"' ]+", html) == ["http://www.w3.org/2000/svg"]  # the SVG namespace name
+    for p in PANELS:
+        assert p.title in html
