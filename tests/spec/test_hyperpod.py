@@ -284,10 +284,14 @@ def test_audit_fields_warn_locally_never_silently():
     paths = {w.path: w.message for w in load_spec_text(AUDIT).warnings}
     for path in ("metadata.labels", "metadata.annotations", "spec.engine.command", "spec.engine.workingDir",
                  "spec.engine.probes", "spec.engine.resources", "spec.engine.env", "spec.engine.envFrom",
-                 "spec.model.mountPath", "spec.model.volume", "spec.pod", "spec.metrics.scrapeIntervalSeconds",
+                 "spec.model.mountPath", "spec.model.volume", "spec.pod",
                  "spec.metrics.modelMetrics", "spec.autoscaling.triggers[0].metricType",
                  "spec.autoscaling.triggers[0].useCachedMetrics", "spec.autoscaling.triggers[0].customHeaders"):
         assert "applies to Kubernetes rendering only" in paths[path], path
+    # the scrape interval takes effect locally when the fleet runs its own Prometheus (fleet/prometheus.py)
+    from fleetserve.fleet import prometheus
+
+    assert ("spec.metrics.scrapeIntervalSeconds" in paths) == (prometheus.binary() is None)
     hf = {w.path: w.message for w in load_spec_text(HF_TOKEN).warnings}
     assert "applies to Kubernetes rendering only" in hf["spec.model.tokenSecret"]
 

@@ -80,7 +80,7 @@ class FidelityConfig:
     calibration_tokens: int = 48
     steady_s: float = 30.0  # the steady calibration stream (not the trace): seconds at the trace's rate
     steady_probe_every: int = 3  # every n-th request of it is a one-token probe of the per-request overhead
-    text_probe: int = 64  # greedy generations that measure which output token first shows text
+    text_probe: int = 128  # greedy generations that measure which output token first shows text
     simulated_engines: bool = True
     tiny_hidden: int = 256
     tiny_layers: int = 4
@@ -422,14 +422,17 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
         idle = {"request_overhead_s": live_cal["request_overhead_idle_s"], "request_overhead_samples": [],
                 "decode_step_extra_s": live_cal["decode_step_extra_burst_s"],
                 "decode_seq_extra_s": live_cal["decode_seq_extra_burst_s"]}
+        # the headline uses the probes' median: 30 probes on a shared machine, and a draw from them hands any
+        # stall of the calibration window to the replay's low TTFT mode, whose tail is where p50 sits here
         median_only = {**live_cal, "request_overhead_samples": []}
-        cal_profiles = {"live": calibrated(prof, live_cal),
-                        "live_median_overhead": calibrated(prof, median_only),
-                        "live_without_first_text": calibrated(plain, live_cal),
+        cal_profiles = {"live": calibrated(prof, median_only),
+                        "live_overhead_samples": calibrated(prof, live_cal),
+                        "live_without_first_text": calibrated(plain, median_only),
                         "live_idle_and_burst_calibration": calibrated(prof, idle)}
         if cfg.simulated_engines:
             sims["raw_plain"] = simulate_trace(spec_text, trace, plain_path, cfg.seed)
-            cal_profiles["simulated_engines"] = calibrated(plain, se_cal)
+            cal_profiles["simulated_engines"] = calibrated(plain, {**se_cal, "request_overhead_samples": []})
+            cal_profiles["simulated_engines_overhead_samples"] = calibrated(plain, se_cal)
         for key, data in cal_profiles.items():
             path = tmp / f"profile-{key}.json"
             path.write_text(json.dumps(data))
@@ -437,7 +440,7 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
     result["sim"] = sims
     result["error"] = errors(sims["calibrated_live"], live)
     result["error_raw_profile"] = errors(sims["raw"], live)
-    result["error_with_median_overhead"] = errors(sims["calibrated_live_median_overhead"], live)
+    result["error_with_overhead_samples"] = errors(sims["calibrated_live_overhead_samples"], live)
     result["error_without_first_text_model"] = errors(sims["calibrated_live_without_first_text"], live)
     result["error_with_idle_and_burst_calibration"] = errors(sims["calibrated_live_idle_and_burst_calibration"], live)
     checked = [result["error"]["ttft_p50"], result["error"]["ttft_p95"]]
@@ -445,6 +448,8 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
     if cfg.simulated_engines:
         result["error_vs_simulated_engines"] = errors(sims["calibrated_simulated_engines"], se)
         result["error_vs_simulated_engines_raw_profile"] = errors(sims["raw_plain"], se)
+        result["error_vs_simulated_engines_overhead_samples"] = errors(
+            sims["calibrated_simulated_engines_overhead_samples"], se)
         se_checked = [result["error_vs_simulated_engines"]["ttft_p50"],
                       result["error_vs_simulated_engines"]["ttft_p95"]]
         met["simulated_engines"] = all(e is not None and e <= TARGET_SIMULATED_ENGINES for e in se_checked)

@@ -64,6 +64,8 @@ class FleetState:
     l2_url: str = ""  # the Redis the fleet started for the L2 tier
     l2_status: str = ""  # "up", or "restarting (...)" while the supervisor brings it back
     redis_pid: int | None = None
+    prometheus_url: str = ""  # the fleet's own Prometheus (spec.observability.prometheus), if it runs one
+    prometheus_pid: int | None = None
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -36,6 +36,7 @@ from fleetserve.autoscale.policy import ScalingPolicy, ScalingState
 from fleetserve.autoscale.scaledown import Candidate, victims
 from fleetserve.capacity.placement import InsufficientCapacity
 from fleetserve.capacity.utilization import load_ratio, target_per_replica
+from fleetserve.fleet import prometheus
 from fleetserve.fleet.capacity import build_capacity
 from fleetserve.fleet.lifecycle import ROUTER_STATE, SERVING, Phase, advance
 from fleetserve.fleet.metrics import SupervisorMetrics
@@ -103,6 +104,10 @@ class Supervisor:
         self._redis_backoff = Backoff(cap=RESTART_BACKOFF_MAX)
         self.redis: Child | None = None
         self.l2_url = ""
+        self.prometheus: Child | None = None
+        self._prometheus_backoff = Backoff(cap=RESTART_BACKOFF_MAX)
+        self._prometheus_targets: list | None = None
+        self._prometheus_dir: Path | None = None  # set when the fleet runs its own Prometheus
         self.capacity = build_capacity(self.spec, self.endpoint.metadata.namespace, clock())
         self.controller: Controller | None = None
         self.metrics = SupervisorMetrics()
@@ -248,13 +253,15 @@ class Supervisor:
             self.model_dir = self._prepare_model()
             self._start_redis()
         self._start_router(list(self.spec.engine.urls) if kind == "external" else [])
+        self._start_prometheus()
         if kind != "builtin":
             return
         autoscaling = self.spec.autoscaling
         if autoscaling is not None and autoscaling.enabled:
             policy = ScalingPolicy.from_spec(autoscaling)
-            queries = tuple((t.server_address, t.query) if t.metric == "prometheus" else None
-                            for t in autoscaling.triggers)
+            # a trigger without serverAddress asks the fleet's own Prometheus
+            queries = tuple((t.server_address or self.state.prometheus_url, t.query) if t.metric == "prometheus"
+                            else None for t in autoscaling.triggers)
             self.controller = Controller(policy, self._initial_scaling_state(policy), self._router_load, queries)
         initial = self._desired()
         if initial:
@@ -418,6 +425,51 @@ class Supervisor:
             for tenant, url in kv.l2.tenant_urls.items():
                 cmd += ["--l2-tenant", f"{tenant}={url}"]
         return cmd + self._limit_args() + list(spec.engine.args)
+
+    def _start_prometheus(self) -> None:
+        """The fleet's Prometheus (fleet/prometheus.py), when the spec wants one; its targets follow the replicas."""
+        section = self.spec.observability.prometheus
+        if not prometheus.wanted(self.spec):
+            return
+        if prometheus.binary() is None:
+            raise StartupError("spec.observability.prometheus.enabled needs the prometheus binary "
+                               "(apt-get install prometheus), or set it to false")
+        self._prometheus_dir = folder = self.dir / "prometheus"
+        prometheus.write_files(folder, self.endpoint, self.name,
+                               scrape_interval_s=self.spec.metrics.scrape_interval_seconds,
+                               token_file=self._internal_token_file(),
+                               router_scheme="https" if self.spec.tls.enabled else "http",
+                               router_ca=self.state.tls_cert)
+        prometheus.write_targets(folder, "router", self.name, [prometheus.Target(self.router_url, "router")])
+        prometheus.write_targets(folder, "supervisor", self.name,
+                                 [prometheus.Target(self.state.metrics_url, "supervisor")])
+        self._write_prometheus_targets()
+        port = section.port or free_port()
+        self.prometheus = prometheus.child(folder, port, section.retention, self.dir / "logs" / "prometheus.log")
+        self.prometheus.start()
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while self._get(url + "/-/ready") is None:
+            self._check_stop()
+            if self.prometheus.exit_code() is not None:
+                raise StartupError(f"prometheus exited with code {self.prometheus.exit_code()} during start-up; "
+                                   f"last log lines ({self.prometheus.log_path}):\n{self.prometheus.log_tail()}")
+            if time.monotonic() > deadline:
+                raise StartupError(f"prometheus was not ready after 60s; see {self.prometheus.log_path}")
+            time.sleep(self.poll_interval)
+        self.state.prometheus_url, self.state.prometheus_pid = url, self.prometheus.pid
+        self._save()
+
+    def _write_prometheus_targets(self) -> None:
+        """Rewrite the engine targets file when the replicas whose process may serve have changed."""
+        if self._prometheus_dir is None:
+            return
+        live = (Phase.STARTING, *SERVING, Phase.DRAINING)
+        targets = [prometheus.Target(r.state.url, "engine", r.state.id, r.state.instance_type)
+                   for r in self.replicas if r.state.state in live]
+        if targets != self._prometheus_targets:
+            prometheus.write_targets(self._prometheus_dir, "engine", self.name, targets)
+            self._prometheus_targets = targets
 
     def _start_redis(self) -> None:
         """The L2 tier: the spec's Redis URL, or a redis-server of our own that evicts LRU at its cap."""
@@ -616,6 +668,7 @@ class Supervisor:
         ratio = load_ratio(load["in_flight"], load["pending"], target, serving) if load is not None else 0.0
         self._apply_consolidation(self.capacity.consolidate(self.clock(), ratio))
         self._push_backends()
+        self._write_prometheus_targets()
         self._save()
 
     # --- supervise -----------------------------------------------------------------------------------------
@@ -629,6 +682,8 @@ class Supervisor:
                 self._pushed = None
             if self._keep_alive(self.redis, self._redis_backoff, mono, "redis-server (the L2 tier)"):
                 self.state.l2_status, self.state.redis_pid = "up", self.redis.pid
+            if self._keep_alive(self.prometheus, self._prometheus_backoff, mono, "prometheus"):
+                self.state.prometheus_pid = self.prometheus.pid
             time.sleep(self.poll_interval)
 
     def _keep_alive(self, child: Child | None, backoff: Backoff, mono: float, what: str) -> bool:
@@ -659,6 +714,7 @@ class Supervisor:
             self._save()
         children = ([self.router] if self.router else []) + [r.child for r in self.replicas if r.child]
         children += [self.redis] if self.redis else []  # last: replicas may still write to it while stopping
+        children += [self.prometheus] if self.prometheus else []
         for child in children:
             child.signal(signal.SIGTERM)
         for child in children:
@@ -667,7 +723,7 @@ class Supervisor:
         for r in self.replicas:
             r.state.state, r.state.pid = advance(r.state.state, Phase.STOPPED), None
             self.capacity.release(r.state.id, r.node_id, now)
-        self.state.router_pid = None
+        self.state.router_pid = self.state.prometheus_pid = None
         if self.state.status != "failed":
             self.state.status = "stopped"
         self._save()

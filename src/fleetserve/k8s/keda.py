@@ -92,7 +92,7 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
         if trig.metric == "prometheus":
             # the policy keeps metric/target/activation; the query and server stay in the spec, same index
             st = spec_triggers[i]
-            out.append(_prometheus(f"t{i}-prometheus", st.server_address, st.query, trig.target,
+            out.append(_prometheus(f"t{i}-prometheus", st.server_address or server, st.query, trig.target,
                                    trig.activation_target, trig.kind))
         else:
             out.append(_prometheus(f"t{i}-{trig.metric.replace('_', '-')}", server, builtin_query(ctx, trig.metric),

@@ -72,9 +72,16 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         note("metadata.labels", f"{k8s}: labels of every rendered object")
     if endpoint.metadata.annotations:
         note("metadata.annotations", f"{k8s}: annotations of the engine Deployments and pods")
-    if spec.metrics.scrape_interval_seconds != 15:
+    from fleetserve.fleet import prometheus
+
+    local_prometheus = prometheus.wanted(spec) and prometheus.binary() is not None
+    if spec.observability.prometheus.enabled is None and prometheus.binary() is None:
+        note("spec.observability.prometheus", "the prometheus binary is not installed (apt-get install "
+                                              "prometheus): `fleetserve up` starts no Prometheus; PromQL triggers "
+                                              "need a serverAddress")
+    if spec.metrics.scrape_interval_seconds != 15 and not local_prometheus:
         note("spec.metrics.scrapeIntervalSeconds", f"{k8s}: the ServiceMonitor interval; locally /metrics is "
-                                                   "read when scraped")
+                                                   "read when scraped (the fleet runs no Prometheus)")
     if spec.metrics.model_metrics_path or spec.metrics.model_metrics_port:
         note("spec.metrics.modelMetrics", f"{k8s}: the engine ServiceMonitor's path and port")
     engine = spec.engine

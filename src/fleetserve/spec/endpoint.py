@@ -161,8 +161,8 @@ class ScalingTrigger(SpecModel):
 
     @model_validator(mode="after")
     def _prometheus_needs_query(self) -> ScalingTrigger:
-        if self.metric == "prometheus" and not (self.query and self.server_address):
-            raise ValueError("a prometheus trigger needs both query and serverAddress")
+        if self.metric == "prometheus" and not self.query:
+            raise ValueError("a prometheus trigger needs a query (serverAddress: default the fleet's Prometheus)")
         return self
 
 
@@ -263,6 +263,19 @@ class MetricsSection(SpecModel):
                                            "(default: the engine's own)")
     model_metrics_port: int | None = Field(default=None, ge=1, le=65535, description="engine metrics port "
                                            "(default: the engine port)")
+
+
+class PrometheusSection(SpecModel):
+    """A Prometheus that `fleetserve up` starts with the fleet (scraping every `metrics.scrapeIntervalSeconds`)."""
+
+    enabled: bool | None = Field(default=None, description="default: on where the prometheus binary is "
+                                 "installed (a warning otherwise)")
+    port: int = Field(default=0, ge=0, le=65535, description="0: a free loopback port")
+    retention: str = Field(default="1d", pattern=r"^\d+[smhdwy]$", description="--storage.tsdb.retention.time")
+
+
+class ObservabilitySection(SpecModel):
+    prometheus: PrometheusSection = Field(default_factory=PrometheusSection)
 
 
 class TLSSection(SpecModel):
@@ -383,6 +396,7 @@ class EndpointSpec(SpecModel):
     routing: RoutingSection = Field(default_factory=RoutingSection)
     request_limits: RequestLimitsSection = Field(default_factory=RequestLimitsSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
+    observability: ObservabilitySection = Field(default_factory=ObservabilitySection)
     tls: TLSSection = Field(default_factory=TLSSection)
     auth: AuthSection = Field(default_factory=AuthSection)
     router: RouterSection = Field(default_factory=RouterSection)

@@ -1,0 +1,141 @@
+"""The fleet's own Prometheus: configuration, rules and the targets it follows as replicas come and go.
+
+`fleetserve up` (with `spec.observability.prometheus` on: the default where the `prometheus` binary is
+installed) writes into the fleet's run folder:
+
+    prometheus/prometheus.yml      three scrape jobs (engine, router, supervisor) and the rule file
+    prometheus/rules.yml           observe/rules.py's records and alerts for this endpoint
+    prometheus/targets/*.json      file-based service discovery: one file per job
+    prometheus/data/               the TSDB (retention: `observability.prometheus.retention`)
+
+and runs `prometheus` as a supervised child (restarted with the same back-off as Redis). The supervisor
+rewrites `targets/engine.json` whenever the set of replicas that may serve changes (Prometheus picks a
+changed file up by inotify, within seconds); a file is replaced atomically (write + rename), so Prometheus
+never reads half a list. Engines' and the router's /metrics need the fleet's internal token: Prometheus
+sends it as a bearer token read from `internal.token` (`credentials_file`), never from its configuration.
+
+Labels: every target carries `fleet` and `component` (engine, router, supervisor); engine targets also
+`replica` and `instance_type`, equal to the ones the engines put on their `model_*` series
+(`honor_labels: true` keeps the exporter's labels as they are).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
+
+from fleetserve.fleet.process import Child
+from fleetserve.observe.rules import RuleTarget, rule_groups
+
+JOBS = ("engine", "router", "supervisor")
+
+
+def binary() -> str | None:
+    return shutil.which("prometheus")
+
+
+def wanted(spec) -> bool:
+    """On when the spec says so; by default on where the prometheus binary exists."""
+    enabled = spec.observability.prometheus.enabled
+    return binary() is not None if enabled is None else enabled
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str  # http(s)://host:port[/metrics]
+    component: str
+    replica: str = ""
+    instance_type: str = ""
+
+    def group(self, fleet: str) -> dict:
+        labels = {"fleet": fleet, "component": self.component}
+        if self.replica:
+            labels["replica"] = self.replica
+        if self.instance_type:
+            labels["instance_type"] = self.instance_type
+        return {"targets": [urlsplit(self.url).netloc], "labels": labels}
+
+
+def targets_file(folder: Path, job: str) -> Path:
+    return folder / "targets" / f"{job}.json"
+
+
+def write_targets(folder: Path, job: str, fleet: str, targets: list[Target]) -> None:
+    """Replace a job's target list atomically (Prometheus reads the file on change)."""
+    path = targets_file(folder, job)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{job}-")
+    with os.fdopen(fd, "w") as f:
+        json.dump([t.group(fleet) for t in targets], f, indent=1)
+    os.replace(tmp, path)
+
+
+def read_targets(folder: Path, job: str) -> list[dict]:
+    try:
+        return json.loads(targets_file(folder, job).read_text())
+    except (OSError, json.JSONDecodeError):
+        return []
+
+
+def rule_target(endpoint, fleet: str) -> RuleTarget:
+    """The rules for a local fleet: router and supervisor series are found by the labels of their targets."""
+    sup = f'fleet="{fleet}",component="supervisor"'
+    return RuleTarget.from_endpoint(
+        endpoint, f"fleetserve.{endpoint.metadata.namespace}.{fleet}", f'fleet="{fleet}",component="router"',
+        desired=f"max(fleetserve_autoscaler_desired_replicas{{{sup}}})",
+        ready=f"max(fleetserve_autoscaler_ready_replicas{{{sup}}})",
+        cost_per_hour=f"max(fleetserve_cost_per_hour_dollars{{{sup}}})")
+
+
+def config(folder: Path, *, scrape_interval_s: int, token_file: Path, router_scheme: str = "http",
+           router_ca: str = "") -> dict:
+    """prometheus.yml: one job per component, each following its targets file."""
+    interval = f"{scrape_interval_s}s"
+
+    def job(name: str, auth: bool, scheme: str = "http", ca: str = "") -> dict:
+        out: dict = {"job_name": f"fleetserve-{name}", "honor_labels": True, "scheme": scheme,
+                     "metrics_path": "/metrics",
+                     "file_sd_configs": [{"files": [str(targets_file(folder, name))], "refresh_interval": "30s"}]}
+        if auth:
+            out["authorization"] = {"type": "Bearer", "credentials_file": str(token_file)}
+        if ca:
+            out["tls_config"] = {"ca_file": ca}
+        return out
+
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval,
+                   "scrape_timeout": f"{min(scrape_interval_s, 10)}s"},
+        "rule_files": [str(folder / "rules.yml")],
+        "scrape_configs": [job("engine", True), job("router", True, router_scheme, router_ca),
+                           job("supervisor", False)],
+    }
+
+
+def write_files(folder: Path, endpoint, fleet: str, *, scrape_interval_s: int, token_file: Path,
+                router_scheme: str = "http", router_ca: str = "") -> Path:
+    """Write prometheus.yml and rules.yml (and empty target lists); returns the configuration's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "rules.yml").write_text(yaml.safe_dump({"groups": rule_groups(rule_target(endpoint, fleet))},
+                                                     sort_keys=False, width=1000))
+    for name in JOBS:
+        if not targets_file(folder, name).exists():
+            write_targets(folder, name, fleet, [])
+    path = folder / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config(folder, scrape_interval_s=scrape_interval_s, token_file=token_file,
+                                          router_scheme=router_scheme, router_ca=router_ca), sort_keys=False))
+    return path
+
+
+def child(folder: Path, port: int, retention: str, log_path: Path) -> Child:
+    """The Prometheus process: loopback only, its TSDB in the fleet's folder."""
+    cmd = [binary() or "prometheus", f"--config.file={folder / 'prometheus.yml'}",
+           f"--storage.tsdb.path={folder / 'data'}", f"--storage.tsdb.retention.time={retention}",
+           f"--web.listen-address=127.0.0.1:{port}"]
+    return Child("prometheus", cmd, log_path)

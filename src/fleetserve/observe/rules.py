@@ -1,0 +1,191 @@
+"""Prometheus recording rules and alerts, one source for the local fleet's Prometheus and Kubernetes.
+
+`rule_groups(target)` returns rule groups as plain dicts: `fleetserve up` writes them to `rules.yml` beside
+its Prometheus configuration (fleet/prometheus.py), and `fleetserve render k8s` wraps them in a
+PrometheusRule (k8s/monitoring.py). Both are checked by `promtool check rules` and unit-tested with
+`promtool test rules` (tests/observe/).
+
+Recording rules, per namespace/model_name/model_version/instance_type (the labels that separate cost and
+cause), over the HyperPod `model_*` metrics the engines export:
+- invocations and errors per second (1 m), concurrent requests;
+- TTFB (time to first token) and end-to-end latency p50 and p95 (5 m);
+- error ratio = errors / invocations over 5 m, 30 m, 1 h and 6 h (the burn-rate windows);
+- slow ratio = the share of requests whose TTFB is above the SLO's TTFT bound (the first histogram bucket
+  at or above `slo.ttftP95Ms`), over 5 m and 1 h: the latency SLO's "error" rate;
+- hit ratio per KV tier = hits / (hits + misses) of `fleetserve_kv_tier_*` (5 m), and the engines' prefix
+  cache hit ratio = vllm:prefix_cache_hits / vllm:prefix_cache_queries (5 m and 1 h).
+
+Alerts:
+- SLO burn rate over two windows (Google SRE workbook, multiwindow multi-burn-rate): the error budget is
+  `slo.maxErrorRate` (errors) and 5 % (a p95 latency target lets 5 % of requests be slower); page when both
+  the 1 h and the 5 m ratio burn faster than 14.4x the budget (2 % of a 30-day budget in an hour), ticket
+  when both the 6 h and 30 m ratios burn faster than 6x. The short window ends the alert soon after the
+  burn stops; the long one keeps a brief spike from paging;
+- cache-hit collapse: the prefix-cache hit ratio of the last 5 m is under half of the last hour's, and the
+  last hour's was worth having (>= 10 %) (a routing change, an eviction storm, a restarted L2);
+- replicas not ready: fewer ready than desired for longer than a cold start;
+- cost over budget: the fleet's cost per hour above `slo.costPerHourUsd` (only when it is set);
+- plus a high error rate, requests held at zero, a slow router TTFB and platform-specific extras.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fleetserve.observe.metrics import LATENCY_BUCKETS_MS
+
+LABELS = "namespace, model_name, model_version, instance_type"
+PREFIX = "fleetserve:"
+LATENCY_BUDGET = 0.05  # a p95 target: 5 % of requests may be slower than it
+BURN_WINDOWS = (("5m", "1h", 14.4, "critical"), ("30m", "6h", 6.0, "warning"))  # (short, long, factor, severity)
+ERROR_WINDOWS = ("5m", "30m", "1h", "6h")
+SLOW_WINDOWS = ("5m", "1h")
+PENDING_METRIC = "fleetserve_router_pending_requests"
+
+
+@dataclass(frozen=True)
+class RuleTarget:
+    """What the rules are about and where the non-model metrics come from on this platform.
+
+    `router`: the label selector of the router's series; `desired`/`ready`: expressions of the desired and
+    ready replica counts (None: no alert); `cost_per_hour`: an expression of the fleet's cost per hour
+    (None: no cost alert); `extra_alerts`: platform-specific alerts appended to the alert group."""
+
+    namespace: str
+    model_name: str
+    group: str  # rule group name prefix
+    router: str
+    ttft_p95_ms: float = 2000.0
+    max_error_rate: float = 0.01
+    cost_per_hour_usd: float | None = None
+    hold_seconds: int = 600
+    desired: str | None = None
+    ready: str | None = None
+    cost_per_hour: str | None = None
+    extra_alerts: tuple[dict, ...] = field(default_factory=tuple)
+
+    @property
+    def selector(self) -> str:
+        return f'namespace="{self.namespace}",model_name="{self.model_name}"'
+
+    @classmethod
+    def from_endpoint(cls, endpoint, group: str, router: str, **kwargs) -> RuleTarget:
+        slo = endpoint.spec.slo
+        return cls(namespace=endpoint.metadata.namespace, model_name=endpoint.served_model_name, group=group,
+                   router=router, ttft_p95_ms=slo.ttft_p95_ms if slo else 2000.0,
+                   max_error_rate=slo.max_error_rate if slo else 0.01,
+                   cost_per_hour_usd=slo.cost_per_hour_usd if slo else None,
+                   hold_seconds=max(60, int(endpoint.spec.engine.startup_timeout_seconds)), **kwargs)
+
+
+def slow_bucket(ttft_ms: float) -> float:
+    """The histogram bucket that bounds the TTFT target: the smallest `le` at or above it (or the largest)."""
+    return next((b for b in LATENCY_BUCKETS_MS if b >= ttft_ms), LATENCY_BUCKETS_MS[-1])
+
+
+def _le(bound: float) -> str:
+    return f"{bound:g}" if bound != int(bound) else f"{int(bound)}.0"
+
+
+def _rec(name: str, expr: str) -> dict:
+    return {"record": PREFIX + name, "expr": expr}
+
+
+def _ratio(num: str, den: str) -> str:
+    return f"({num}) / ({den})"
+
+
+def recording_rules(t: RuleTarget) -> list[dict]:
+    sel = t.selector
+    by = f"sum by ({LABELS})"
+
+    def quantile(q: float, metric: str) -> str:
+        return f"histogram_quantile({q}, sum by (le, {LABELS}) (rate({metric}_bucket{{{sel}}}[5m])))"
+
+    rules = [
+        _rec("model_invocations:rate1m", f"{by} (rate(model_invocations_total{{{sel}}}[1m]))"),
+        _rec("model_errors:rate1m", f"{by} (rate(model_errors_total{{{sel}}}[1m]))"),
+        _rec("model_concurrent_requests:sum", f"{by} (model_concurrent_requests{{{sel}}})"),
+    ]
+    for q in (0.5, 0.95):
+        suffix = f"p{round(q * 100)}"
+        rules.append(_rec(f"model_ttfb_milliseconds:{suffix}", quantile(q, "model_ttfb_milliseconds")))
+        rules.append(_rec(f"model_latency_milliseconds:{suffix}", quantile(q, "model_latency_milliseconds")))
+    for w in ERROR_WINDOWS:
+        rules.append(_rec(f"model_error_ratio:rate{w}", _ratio(
+            f"{by} (rate(model_errors_total{{{sel}}}[{w}]))",
+            f"{by} (rate(model_invocations_total{{{sel}}}[{w}]))")))
+    le = _le(slow_bucket(t.ttft_p95_ms))
+    for w in SLOW_WINDOWS:
+        fast = f'{by} (rate(model_ttfb_milliseconds_bucket{{{sel},le="{le}"}}[{w}]))'
+        total = f"{by} (rate(model_ttfb_milliseconds_count{{{sel}}}[{w}]))"
+        rules.append(_rec(f"model_ttfb_slow_ratio:rate{w}", f"1 - ({fast}) / ({total})"))
+    hits = "sum by (tier) (rate(fleetserve_kv_tier_hits_total[5m]))"
+    misses = "sum by (tier) (rate(fleetserve_kv_tier_misses_total[5m]))"
+    rules.append(_rec("kv_tier_hit_ratio:rate5m", f"{hits} / ({hits} + {misses})"))
+    model = f'model_name="{t.model_name}"'
+    for w in ("5m", "1h"):
+        rules.append(_rec(f"prefix_cache_hit_ratio:rate{w}", _ratio(
+            f"sum by (model_name) (rate(vllm:prefix_cache_hits_total{{{model}}}[{w}]))",
+            f"sum by (model_name) (rate(vllm:prefix_cache_queries_total{{{model}}}[{w}]))")))
+    return rules
+
+
+def alert(name: str, expr: str, for_: str, severity: str, summary: str) -> dict:
+    return {"alert": name, "expr": expr, "for": for_, "labels": {"severity": severity},
+            "annotations": {"summary": summary}}
+
+
+def alerting_rules(t: RuleTarget) -> list[dict]:
+    who = f"{t.model_name} in {t.namespace}"
+    sel = t.selector
+    errors = f"sum(rate(model_errors_total{{{sel}}}[5m]))"
+    calls = f"clamp_min(sum(rate(model_invocations_total{{{sel}}}[5m])), 1e-9)"
+    router_ttfb = f"sum by (le) (rate(fleetserve_router_ttfb_milliseconds_bucket{{{t.router}}}[5m]))"
+    alerts = []
+    for short, long, factor, severity in BURN_WINDOWS:
+        speed = "Fast" if severity == "critical" else "Slow"
+        bound = factor * t.max_error_rate
+        alerts.append(alert(
+            f"FleetserveErrorBudgetBurn{speed}",
+            f"{PREFIX}model_error_ratio:rate{long} > {bound:g} and {PREFIX}model_error_ratio:rate{short} > {bound:g}",
+            "2m", severity,
+            f"{who}: errors burn the {t.max_error_rate:g} error budget {factor:g}x too fast ({long} and {short})"))
+    bound = 14.4 * LATENCY_BUDGET
+    alerts.append(alert(
+        "FleetserveLatencyBudgetBurn",
+        f"{PREFIX}model_ttfb_slow_ratio:rate1h > {bound:g} and {PREFIX}model_ttfb_slow_ratio:rate5m > {bound:g}",
+        "2m", "critical",
+        f"{who}: more than {bound:.0%} of requests miss the TTFT target of {t.ttft_p95_ms:g} ms (1h and 5m); "
+        "check cache reuse and instance type before adding replicas"))
+    alerts.append(alert(
+        "FleetserveCacheHitCollapse",
+        f"{PREFIX}prefix_cache_hit_ratio:rate5m < 0.5 * {PREFIX}prefix_cache_hit_ratio:rate1h "
+        f"and {PREFIX}prefix_cache_hit_ratio:rate1h >= 0.1",
+        "10m", "warning",
+        f"{who}: the prefix-cache hit ratio fell below half of the last hour's (routing, evictions, a lost L2?)"))
+    if t.desired and t.ready:
+        alerts.append(alert(
+            "FleetserveReplicasNotReady", f"({t.ready}) < ({t.desired})", f"{t.hold_seconds}s", "warning",
+            f"{who}: fewer replicas ready than desired for longer than a cold start"))
+    if t.cost_per_hour and t.cost_per_hour_usd:
+        alerts.append(alert(
+            "FleetserveCostOverBudget", f"{t.cost_per_hour} > {t.cost_per_hour_usd:g}", "5m", "warning",
+            f"{who}: the fleet costs more than ${t.cost_per_hour_usd:g} per hour (spec.slo.costPerHourUsd)"))
+    alerts += [
+        alert("FleetserveHighErrorRate", f"{errors} / {calls} > {t.max_error_rate:g}", "10m", "warning",
+               f"{who}: more than {t.max_error_rate:.0%} of invocations fail"),
+        alert("FleetserveRequestsHeldAtZero", f"sum({PENDING_METRIC}{{{t.router}}}) > 0", f"{t.hold_seconds}s",
+               "warning", f"{who}: requests wait at the router longer than a cold start (scale-from-zero is not "
+                          "happening)"),
+        alert("FleetserveSlowTimeToFirstByte", f"histogram_quantile(0.95, {router_ttfb}) > {t.ttft_p95_ms:g}",
+               "15m", "warning", f"{who}: TTFB p95 above {t.ttft_p95_ms:g} ms; check cache reuse and instance "
+                                 "type before adding replicas"),
+        *t.extra_alerts,
+    ]
+    return alerts
+
+
+def rule_groups(t: RuleTarget) -> list[dict]:
+    return [{"name": f"{t.group}.records", "rules": recording_rules(t)},
+            {"name": f"{t.group}.alerts", "rules": alerting_rules(t)}]

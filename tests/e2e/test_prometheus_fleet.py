@@ -1,0 +1,131 @@
+"""Issue 12's first must-show: a fleet with its own Prometheus, under load, scaled from 1 to 2 replicas, read
+back through Prometheus's HTTP API, the new replica included (file-based service discovery follows it)."""
+
+import json
+import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.helpers import fleetserve, processes_with_env, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
+    shutil.which("prometheus") is None,
+    reason="Debian's prometheus is not installed (scripts/setup.sh installs it as root): no Prometheus to start")]
+
+SPEC = """
+apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {{name: watched}}
+spec:
+  model: {{name: tiny, source: "{source}", version: "7"}}
+  engine: {{threads: 1}}
+  replicas: 1
+  routing: {{strategy: leastload}}
+  metrics: {{scrapeIntervalSeconds: 5}}
+  autoscaling:
+    minReplicaCount: 1
+    maxReplicaCount: 2
+    pollingInterval: 1
+    cooldownPeriod: 600
+    initialCooldownPeriod: 0
+    scaleDownStabilizationTime: 600
+    triggers:
+      - {{metric: concurrency, target: 1}}
+      # no serverAddress: the fleet's own Prometheus answers (a target this high never scales)
+      - {{metric: prometheus, query: "sum(model_concurrent_requests) or vector(0)", target: 1000}}
+"""
+
+LABELS = {"namespace": "default", "model_name": "tiny", "model_version": "7"}
+
+
+def status(home):
+    return json.loads(fleetserve("status", "--json", env=home, check=True).stdout)[0]
+
+
+def query(prometheus: str, promql: str) -> list[dict]:
+    r = httpx.get(prometheus + "/api/v1/query", params={"query": promql}, timeout=5)
+    r.raise_for_status()
+    body = r.json()
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def by_replica(prometheus: str, metric: str) -> dict[str, tuple[dict, float]]:
+    sel = ",".join(f'{k}="{v}"' for k, v in LABELS.items())
+    return {s["metric"]["replica"]: (s["metric"], float(s["value"][1])) for s in query(prometheus, f"{metric}{{{sel}}}")}
+
+
+def test_prometheus_follows_the_fleet_as_it_scales(tmp_path, tiny_model, home):
+    spec = tmp_path / "watched.yaml"
+    spec.write_text(SPEC.format(source=tiny_model))
+    up = fleetserve("up", str(spec), "--detach", env=home)
+    assert up.returncode == 0, up.stderr
+    stop = threading.Event()
+    try:
+        s = status(home)
+        prom = s["prometheus_url"]
+        assert prom.startswith("http://127.0.0.1:") and f"prometheus: {prom}" in up.stdout
+        assert f"prometheus: {prom}" in fleetserve("status", env=home).stdout
+        assert s["ready"] == 1 and [r["id"] for r in s["replicas"]] == ["r0"]
+
+        def load(i: int) -> None:  # four clients back to back: concurrency 4 against a target of 1
+            with httpx.Client(base_url=s["url"], timeout=120) as client:
+                while not stop.is_set():
+                    r = client.post("/chat/completions", json={"model": "tiny", "max_tokens": 32, "messages": [
+                        {"role": "user", "content": f"client {i} says hello"}]})
+                    assert r.status_code == 200, r.text
+
+        pool = ThreadPoolExecutor(4)
+        workers = [pool.submit(load, i) for i in range(4)]
+        wait_until(lambda: status(home)["ready"] == 2, 180, interval=0.5, what="the scale-up to 2 ready replicas")
+        assert {r["id"] for r in status(home)["replicas"]} == {"r0", "r1"}
+
+        # the replica that started after the fleet did is scraped, with the model labels and real traffic
+        def both_seen() -> bool:
+            seen = by_replica(prom, "model_invocations_total")
+            return {"r0", "r1"} <= seen.keys() and all(v > 0 for _, v in seen.values())
+
+        wait_until(both_seen, 90, interval=1, what="model_invocations_total of r0 and r1 in Prometheus")
+        stop.set()
+        for w in workers:
+            w.result(timeout=180)
+        pool.shutdown()
+
+        instance_types = {r["id"]: r["instance_type"] for r in status(home)["replicas"]}
+        for metric in ("model_invocations_total", "model_latency_milliseconds_count", "model_ttfb_milliseconds_count",
+                       "model_latency_milliseconds_sum"):
+            wait_until(lambda m=metric: {"r0", "r1"} <= by_replica(prom, m).keys(), 60, interval=1, what=metric)
+            for replica, (labels, value) in by_replica(prom, metric).items():
+                assert value > 0, (metric, replica)
+                assert {k: labels[k] for k in LABELS} == LABELS
+                assert labels["instance_type"] == instance_types[replica] and labels["instance_type"], labels
+                assert labels["fleet"] == "watched" and labels["component"] == "engine"
+        assert {"r0", "r1"} <= by_replica(prom, "model_concurrent_requests").keys()
+        assert not any(by_replica(prom, "model_errors_total").values())  # no errors series: nothing failed
+
+        # every component is a target and up: router (bearer token), engines (bearer token), supervisor
+        up_by = {(t["metric"]["component"], t["metric"].get("replica", "")): t["value"][1]
+                 for t in query(prom, 'up{fleet="watched"}')}
+        assert up_by == {("router", ""): "1", ("supervisor", ""): "1", ("engine", "r0"): "1", ("engine", "r1"): "1"}
+        router = query(prom, 'sum(fleetserve_router_requests_total{fleet="watched"})')
+        assert router and float(router[0]["value"][1]) > 0
+        desired = query(prom, 'fleetserve_autoscaler_desired_replicas{fleet="watched"}')
+        assert desired and desired[0]["value"][1] == "2"
+
+        # the recording rules are loaded and evaluate against these series
+        wait_until(lambda: query(prom, "fleetserve:model_invocations:rate1m"), 60, interval=1,
+                   what="the recording rule fleetserve:model_invocations:rate1m")
+        rules = httpx.get(prom + "/api/v1/rules", timeout=5).json()["data"]["groups"]
+        assert {g["name"] for g in rules} == {"fleetserve.default.watched.records", "fleetserve.default.watched.alerts"}
+
+        # the PromQL trigger without serverAddress reads this Prometheus (a failed read would say so)
+        reason = status(home)["last_decision"]["reason"]
+        assert "prometheus=" in reason and "failed" not in reason, reason
+    finally:
+        stop.set()
+        down = fleetserve("down", env=home)
+    assert down.returncode == 0, down.stderr
+    assert processes_with_env("FLEETSERVE_HOME", home["FLEETSERVE_HOME"]) == []

@@ -1,0 +1,193 @@
+"""observe/rules.py: `promtool check rules` on what the fleet and Kubernetes load, and `promtool test rules`
+unit tests of the PromQL (recording rules give known values, alerts fire on known series)."""
+
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from fleetserve.fleet.prometheus import rule_target
+from fleetserve.k8s.context import Context, RenderOptions
+from fleetserve.k8s.monitoring import monitoring_objects
+from fleetserve.observe.rules import LABELS, RuleTarget, rule_groups, slow_bucket
+from fleetserve.spec.load import load_spec_text
+
+needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None,
+                                    reason="Debian's prometheus (promtool) is not installed (scripts/setup.sh)")
+
+SPEC = """
+apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {name: chat, namespace: team-a}
+spec:
+  model: {name: tiny, source: builtin:tiny}
+  engine: {startupTimeoutSeconds: 300}
+  slo: {ttftP95Ms: 900, maxErrorRate: 0.01, costPerHourUsd: 2}
+"""
+
+
+def endpoint():
+    return load_spec_text(SPEC).endpoint
+
+
+def promtool(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(["promtool", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def names(groups) -> set[str]:
+    return {r.get("record") or r.get("alert") for g in groups for r in g["rules"]}
+
+
+def test_one_source_for_the_fleet_and_kubernetes():
+    local = rule_groups(rule_target(endpoint(), "chat"))
+    (k8s_rule,) = [o for o in monitoring_objects(Context.build(endpoint(), RenderOptions()), lambda *a: None) if o["kind"] == "PrometheusRule"]
+    k8s = k8s_rule["spec"]["groups"]
+    # the same records and alerts; Kubernetes adds the unschedulable tier alert, has no supervisor cost gauge
+    assert names(k8s) - names(local) == {"FleetserveEngineUnschedulable"}
+    assert names(local) - names(k8s) == {"FleetserveCostOverBudget"}
+    assert [g["name"] for g in local] == [g["name"] for g in k8s] == ["fleetserve.team-a.chat.records",
+                                                                      "fleetserve.team-a.chat.alerts"]
+    for wanted in ("fleetserve:model_ttfb_milliseconds:p50", "fleetserve:model_ttfb_milliseconds:p95",
+                   "fleetserve:model_latency_milliseconds:p50", "fleetserve:model_latency_milliseconds:p95",
+                   "fleetserve:model_error_ratio:rate5m", "fleetserve:kv_tier_hit_ratio:rate5m",
+                   "FleetserveErrorBudgetBurnFast", "FleetserveErrorBudgetBurnSlow", "FleetserveLatencyBudgetBurn",
+                   "FleetserveCacheHitCollapse", "FleetserveReplicasNotReady"):
+        assert wanted in names(local)
+
+
+def test_slo_shapes_the_rules():
+    groups = rule_groups(rule_target(endpoint(), "chat"))
+    text = yaml.safe_dump(groups)
+    assert slow_bucket(900) == 1000 and 'le="1000.0"' in text  # the first bucket at or above the TTFT target
+    assert "> 0.144" in text and "> 0.06" in text  # 14.4x and 6x the 1 % error budget
+    assert "fleetserve_cost_per_hour_dollars" in text and "> 2" in text
+    assert slow_bucket(10**9) == 120000
+    no_budget = RuleTarget("ns", "m", "g", 'service="r"', desired="a", ready="b", cost_per_hour="c")
+    assert "FleetserveCostOverBudget" not in names(rule_groups(no_budget))
+
+
+@needs_promtool
+def test_promtool_checks_both_rule_files(tmp_path):
+    local = tmp_path / "local.yml"
+    local.write_text(yaml.safe_dump({"groups": rule_groups(rule_target(endpoint(), "chat"))}))
+    (k8s_rule,) = [o for o in monitoring_objects(Context.build(endpoint(), RenderOptions()), lambda *a: None) if o["kind"] == "PrometheusRule"]
+    k8s = tmp_path / "k8s.yml"
+    k8s.write_text(yaml.safe_dump(k8s_rule["spec"]))
+    for path in (local, k8s):
+        done = promtool("check", "rules", str(path))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "SUCCESS" in done.stdout
+
+
+MODEL = 'namespace="team-a",model_name="tiny",model_version="1",instance_type="g5.xlarge"'
+KEEP = {"namespace": "team-a", "model_name": "tiny", "model_version": "1", "instance_type": "g5.xlarge"}
+SUP = 'fleet="chat",component="supervisor"'
+
+
+def _alerts(groups) -> dict[str, dict]:
+    return {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
+
+
+def _fires(alerts, name, labels, eval_time) -> dict:
+    rule = alerts[name]
+    return {"eval_time": eval_time, "alertname": name, "exp_alerts": [
+        {"exp_labels": {**labels, **rule["labels"]}, "exp_annotations": rule["annotations"]}]}
+
+
+def _quiet(name, eval_time) -> dict:
+    return {"eval_time": eval_time, "alertname": name, "exp_alerts": []}
+
+
+@needs_promtool
+def test_promtool_unit_tests_of_records_and_alerts(tmp_path):
+    groups = rule_groups(rule_target(endpoint(), "chat"))
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": groups}))
+    alerts = _alerts(groups)
+    r0 = MODEL + ',replica="r0"'
+    # per minute: 600 invocations (10/s), 120 errors (2/s: ratio 0.2, 20x a 1 % budget); TTFB: 50/s under 50 ms,
+    # 90/s under 100 ms, all under 250 ms of 100/s; KV tier l1: 1 hit and 3 misses a second
+    healthy_then_failing = {
+        "interval": "1m",
+        "input_series": [
+            {"series": f"model_invocations_total{{{r0}}}", "values": "0+600x420"},
+            {"series": f'model_errors_total{{{r0},status="500"}}', "values": "0+120x420"},
+            {"series": f'model_ttfb_milliseconds_bucket{{{r0},le="50.0"}}', "values": "0+3000x420"},
+            {"series": f'model_ttfb_milliseconds_bucket{{{r0},le="100.0"}}', "values": "0+5400x420"},
+            {"series": f'model_ttfb_milliseconds_bucket{{{r0},le="1000.0"}}', "values": "0+6000x420"},
+            {"series": f'model_ttfb_milliseconds_bucket{{{r0},le="+Inf"}}', "values": "0+6000x420"},
+            {"series": f"model_ttfb_milliseconds_count{{{r0}}}", "values": "0+6000x420"},
+            {"series": f'model_latency_milliseconds_bucket{{{r0},le="100.0"}}', "values": "0+3000x420"},
+            {"series": f'model_latency_milliseconds_bucket{{{r0},le="250.0"}}', "values": "0+6000x420"},
+            {"series": f'model_latency_milliseconds_bucket{{{r0},le="+Inf"}}', "values": "0+6000x420"},
+            {"series": f"model_concurrent_requests{{{r0}}}", "values": "3x420"},
+            {"series": 'fleetserve_kv_tier_hits_total{tier="l1",replica="r0"}', "values": "0+60x420"},
+            {"series": 'fleetserve_kv_tier_misses_total{tier="l1",replica="r0"}', "values": "0+180x420"},
+            # hit ratio 0.8 for an hour, then nothing hits any more
+            {"series": 'vllm:prefix_cache_queries_total{model_name="tiny"}', "values": "0+600x420"},
+            {"series": 'vllm:prefix_cache_hits_total{model_name="tiny"}', "values": "0+480x60 28800x360"},
+            {"series": f"fleetserve_autoscaler_desired_replicas{{{SUP}}}", "values": "2x420"},
+            {"series": f"fleetserve_autoscaler_ready_replicas{{{SUP}}}", "values": "1x420"},
+            {"series": f"fleetserve_cost_per_hour_dollars{{{SUP}}}", "values": "3x420"},
+        ],
+        "promql_expr_test": [
+            {"expr": "fleetserve:model_error_ratio:rate5m", "eval_time": "30m",
+             "exp_samples": [{"labels": f"fleetserve:model_error_ratio:rate5m{{{MODEL}}}", "value": 0.2}]},
+            {"expr": "fleetserve:model_invocations:rate1m", "eval_time": "30m",
+             "exp_samples": [{"labels": f"fleetserve:model_invocations:rate1m{{{MODEL}}}", "value": 10}]},
+            {"expr": "fleetserve:model_concurrent_requests:sum", "eval_time": "30m",
+             "exp_samples": [{"labels": f"fleetserve:model_concurrent_requests:sum{{{MODEL}}}", "value": 3}]},
+            {"expr": "fleetserve:model_ttfb_milliseconds:p50", "eval_time": "30m",
+             "exp_samples": [{"labels": f"fleetserve:model_ttfb_milliseconds:p50{{{MODEL}}}", "value": 50}]},
+            # rank 95 of 100: half-way through the 100-1000 ms bucket (90 -> 100)
+            {"expr": "fleetserve:model_ttfb_milliseconds:p95", "eval_time": "30m",
+             "exp_samples": [{"labels": f"fleetserve:model_ttfb_milliseconds:p95{{{MODEL}}}", "value": 550}]},
+            {"expr": "fleetserve:model_latency_milliseconds:p50", "eval_time": "30m",
+             "exp_samples": [{"labels": f"fleetserve:model_latency_milliseconds:p50{{{MODEL}}}", "value": 100}]},
+            # nothing is slower than the 1000 ms bucket (the TTFT target 900 ms rounds up to it)
+            {"expr": "fleetserve:model_ttfb_slow_ratio:rate5m", "eval_time": "30m",
+             "exp_samples": [{"labels": f"fleetserve:model_ttfb_slow_ratio:rate5m{{{MODEL}}}", "value": 0}]},
+            {"expr": "fleetserve:kv_tier_hit_ratio:rate5m", "eval_time": "30m",
+             "exp_samples": [{"labels": 'fleetserve:kv_tier_hit_ratio:rate5m{tier="l1"}', "value": 0.25}]},
+            {"expr": "fleetserve:prefix_cache_hit_ratio:rate5m", "eval_time": "30m",
+             "exp_samples": [{"labels": 'fleetserve:prefix_cache_hit_ratio:rate5m{model_name="tiny"}',
+                              "value": 0.8}]},
+        ],
+        "alert_rule_test": [
+            # both windows of the fast burn are over 14.4x once an hour of errors is in
+            _fires(alerts, "FleetserveErrorBudgetBurnFast", KEEP, "70m"),
+            _fires(alerts, "FleetserveErrorBudgetBurnSlow", KEEP, "70m"),
+            _quiet("FleetserveLatencyBudgetBurn", "70m"),
+            _quiet("FleetserveCacheHitCollapse", "50m"),
+            _fires(alerts, "FleetserveCacheHitCollapse", {"model_name": "tiny"}, "80m"),
+            _quiet("FleetserveReplicasNotReady", "4m"),  # not yet longer than a cold start (300 s)
+            _fires(alerts, "FleetserveReplicasNotReady", {}, "10m"),
+            _fires(alerts, "FleetserveCostOverBudget", {}, "10m"),
+        ],
+    }
+    # a quiet fleet: no errors, all fast, replicas ready, within budget: nothing fires
+    quiet = {
+        "interval": "1m",
+        "input_series": [
+            {"series": f"model_invocations_total{{{r0}}}", "values": "0+600x120"},
+            {"series": f'model_errors_total{{{r0},status="500"}}', "values": "0x120"},
+            {"series": f'model_ttfb_milliseconds_bucket{{{r0},le="1000.0"}}', "values": "0+600x120"},
+            {"series": f"model_ttfb_milliseconds_count{{{r0}}}", "values": "0+600x120"},
+            {"series": f"fleetserve_autoscaler_desired_replicas{{{SUP}}}", "values": "2x120"},
+            {"series": f"fleetserve_autoscaler_ready_replicas{{{SUP}}}", "values": "2x120"},
+            {"series": f"fleetserve_cost_per_hour_dollars{{{SUP}}}", "values": "1x120"},
+        ],
+        "alert_rule_test": [_quiet(name, "90m") for name in (
+            "FleetserveErrorBudgetBurnFast", "FleetserveErrorBudgetBurnSlow", "FleetserveLatencyBudgetBurn",
+            "FleetserveReplicasNotReady", "FleetserveCostOverBudget", "FleetserveHighErrorRate")],
+    }
+    test_file = tmp_path / "rules_test.yml"
+    test_file.write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "evaluation_interval": "1m",
+                                         "tests": [healthy_then_failing, quiet]}, sort_keys=False))
+    done = promtool("test", "rules", str(test_file), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_labels_are_the_cost_and_cause_labels():
+    assert LABELS == "namespace, model_name, model_version, instance_type"
