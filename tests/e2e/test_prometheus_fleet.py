@@ -2,14 +2,16 @@
 back through Prometheus's HTTP API, the new replica included (file-based service discovery follows it)."""
 
 import json
+import os
 import shutil
+import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from tests.helpers import fleetserve, processes_with_env, wait_until
+from tests.helpers import fleetserve, http_ok, processes_with_env, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     shutil.which("prometheus") is None,
@@ -55,7 +57,8 @@ def query(prometheus: str, promql: str) -> list[dict]:
 
 def by_replica(prometheus: str, metric: str) -> dict[str, tuple[dict, float]]:
     sel = ",".join(f'{k}="{v}"' for k, v in LABELS.items())
-    return {s["metric"]["replica"]: (s["metric"], float(s["value"][1])) for s in query(prometheus, f"{metric}{{{sel}}}")}
+    found = query(prometheus, f"{metric}{{{sel}}}")
+    return {s["metric"]["replica"]: (s["metric"], float(s["value"][1])) for s in found}
 
 
 def test_prometheus_follows_the_fleet_as_it_scales(tmp_path, tiny_model, home):
@@ -124,6 +127,15 @@ def test_prometheus_follows_the_fleet_as_it_scales(tmp_path, tiny_model, home):
         # the PromQL trigger without serverAddress reads this Prometheus (a failed read would say so)
         reason = status(home)["last_decision"]["reason"]
         assert "prometheus=" in reason and "failed" not in reason, reason
+
+        # a Prometheus that dies is restarted (the Redis back-off) on the same port, its TSDB kept
+        old_pid = status(home)["prometheus_pid"]
+        os.kill(old_pid, signal.SIGKILL)
+        wait_until(lambda: status(home)["prometheus_pid"] not in (None, old_pid), 60, interval=0.5,
+                   what="the supervisor to restart prometheus")
+        wait_until(lambda: http_ok(prom + "/-/ready"), 60, interval=0.5, what="the restarted prometheus")
+        wait_until(lambda: {"r0", "r1"} <= by_replica(prom, "model_invocations_total").keys(), 60, interval=1,
+                   what="the series after the restart")
     finally:
         stop.set()
         down = fleetserve("down", env=home)

@@ -35,13 +35,19 @@ def promtool(*args, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(["promtool", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
+def k8s_prometheus_rule() -> dict:
+    objects = monitoring_objects(Context.build(endpoint(), RenderOptions()), lambda *a: None)
+    (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
+    return rule
+
+
 def names(groups) -> set[str]:
     return {r.get("record") or r.get("alert") for g in groups for r in g["rules"]}
 
 
 def test_one_source_for_the_fleet_and_kubernetes():
     local = rule_groups(rule_target(endpoint(), "chat"))
-    (k8s_rule,) = [o for o in monitoring_objects(Context.build(endpoint(), RenderOptions()), lambda *a: None) if o["kind"] == "PrometheusRule"]
+    k8s_rule = k8s_prometheus_rule()
     k8s = k8s_rule["spec"]["groups"]
     # the same records and alerts; Kubernetes adds the unschedulable tier alert, has no supervisor cost gauge
     assert names(k8s) - names(local) == {"FleetserveEngineUnschedulable"}
@@ -71,7 +77,7 @@ def test_slo_shapes_the_rules():
 def test_promtool_checks_both_rule_files(tmp_path):
     local = tmp_path / "local.yml"
     local.write_text(yaml.safe_dump({"groups": rule_groups(rule_target(endpoint(), "chat"))}))
-    (k8s_rule,) = [o for o in monitoring_objects(Context.build(endpoint(), RenderOptions()), lambda *a: None) if o["kind"] == "PrometheusRule"]
+    k8s_rule = k8s_prometheus_rule()
     k8s = tmp_path / "k8s.yml"
     k8s.write_text(yaml.safe_dump(k8s_rule["spec"]))
     for path in (local, k8s):

@@ -1,0 +1,97 @@
+"""fleet/prometheus.py: the generated configuration passes `promtool check config`, targets files carry the
+labels the rules select on, and the spec's default follows the binary."""
+
+import json
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from fleetserve.fleet import prometheus
+from fleetserve.fleet.prometheus import Target, read_targets, write_files, write_targets
+from fleetserve.spec.effects import inert_settings
+from fleetserve.spec.load import load_spec_text
+
+SPEC = """
+apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {{name: chat}}
+spec:
+  model: {{name: tiny, source: builtin:tiny}}
+  metrics: {{scrapeIntervalSeconds: 5}}
+  {extra}
+"""
+
+
+def endpoint(extra: str = ""):
+    return load_spec_text(SPEC.format(extra=extra)).endpoint
+
+
+def test_config_has_three_jobs_with_the_token_and_the_rules(tmp_path):
+    token = tmp_path / "internal.token"
+    token.write_text("x" * 32)
+    path = write_files(tmp_path / "prometheus", endpoint(), "chat", scrape_interval_s=5, token_file=token,
+                       router_scheme="https", router_ca=str(tmp_path / "ca.pem"))
+    config = yaml.safe_load(path.read_text())
+    assert config["global"]["scrape_interval"] == "5s"
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    assert set(jobs) == {"fleetserve-engine", "fleetserve-router", "fleetserve-supervisor"}
+    for name in ("fleetserve-engine", "fleetserve-router"):
+        assert jobs[name]["authorization"] == {"type": "Bearer", "credentials_file": str(token)}
+    assert "authorization" not in jobs["fleetserve-supervisor"]
+    assert jobs["fleetserve-router"]["scheme"] == "https" and jobs["fleetserve-router"]["tls_config"]["ca_file"]
+    assert all(j["honor_labels"] for j in jobs.values())  # the engines' replica/instance_type labels stay as-is
+    assert "x" * 32 not in path.read_text()  # the token itself is never in the configuration
+    rules = yaml.safe_load((tmp_path / "prometheus" / "rules.yml").read_text())
+    assert [g["name"] for g in rules["groups"]] == ["fleetserve.default.chat.records", "fleetserve.default.chat.alerts"]
+    assert read_targets(tmp_path / "prometheus", "engine") == []  # empty lists exist from the start
+
+
+def test_targets_are_replaced_whole_with_fleet_and_component_labels(tmp_path):
+    write_targets(tmp_path, "engine", "chat", [Target("http://127.0.0.1:8001", "engine", "r0", "local")])
+    write_targets(tmp_path, "engine", "chat", [Target("http://127.0.0.1:8001", "engine", "r0", "local"),
+                                                Target("http://127.0.0.1:8002", "engine", "r1", "local")])
+    groups = read_targets(tmp_path, "engine")
+    assert groups[1] == {"targets": ["127.0.0.1:8002"],
+                         "labels": {"fleet": "chat", "component": "engine", "replica": "r1", "instance_type": "local"}}
+    assert [p.name for p in (tmp_path / "targets").iterdir()] == ["engine.json"]  # no temporary files left
+    write_targets(tmp_path, "router", "chat", [Target("https://127.0.0.1:9000", "router")])
+    assert json.loads((tmp_path / "targets" / "router.json").read_text())[0]["labels"] == {
+        "fleet": "chat", "component": "router"}
+
+
+def test_default_follows_the_binary(monkeypatch):
+    monkeypatch.setattr(prometheus, "binary", lambda: None)
+    assert not prometheus.wanted(endpoint().spec)
+    notes = {p.path: p.message for p in inert_settings(endpoint())}
+    assert "prometheus binary is not installed" in notes["spec.observability.prometheus"]
+    assert "spec.metrics.scrapeIntervalSeconds" in notes  # no local Prometheus: the interval is for k8s only
+    off = endpoint("observability: {prometheus: {enabled: false}}")
+    assert not prometheus.wanted(off.spec)
+    assert "spec.observability.prometheus" not in {p.path for p in inert_settings(off)}
+
+    monkeypatch.setattr(prometheus, "binary", lambda: "/usr/bin/prometheus")
+    assert prometheus.wanted(endpoint().spec)
+    notes = {p.path for p in inert_settings(endpoint())}
+    assert "spec.observability.prometheus" not in notes and "spec.metrics.scrapeIntervalSeconds" not in notes
+    assert not prometheus.wanted(off.spec)
+
+
+def test_a_promql_trigger_may_leave_the_server_to_the_fleet():
+    spec = endpoint("autoscaling: {triggers: [{metric: prometheus, query: 'sum(up)', target: 2}]}").spec
+    assert spec.autoscaling.triggers[0].server_address is None
+    with pytest.raises(Exception, match="needs a query"):
+        endpoint("autoscaling: {triggers: [{metric: prometheus, target: 2}]}")
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="Debian's prometheus (promtool) is not installed")
+def test_promtool_checks_the_generated_config(tmp_path):
+    token = tmp_path / "internal.token"
+    token.write_text("x" * 32)
+    path = write_files(tmp_path / "prometheus", endpoint("slo: {costPerHourUsd: 3}"), "chat", scrape_interval_s=5,
+                       token_file=token)
+    write_targets(tmp_path / "prometheus", "engine", "chat", [Target("http://127.0.0.1:8001", "engine", "r0", "x")])
+    done = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout and "rules found" in done.stdout
