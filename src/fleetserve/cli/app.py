@@ -136,9 +136,19 @@ def _announce(state) -> None:
 def status(
     name: Annotated[str | None, typer.Argument(help="Fleet name (default: all)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="A live table, redrawn from the state files")] = False,
+    interval: Annotated[float, typer.Option(min=0.1, help="Seconds between redraws (--watch)")] = 2.0,
+    iterations: Annotated[int | None, typer.Option(min=1, help="Stop after N redraws (--watch; default: Ctrl-C)")
+                          ] = None,
 ) -> None:
     """Show fleets, their replicas and states."""
     from fleetserve.fleet.state import list_fleets, mark_stale
+
+    if watch:
+        from fleetserve.cli.status_view import watch as watch_fleets
+
+        watch_fleets(name, interval, iterations, out)
+        return
 
     # a supervisor that vanished without writing its end: its rows are stale, not ready
     fleets = [mark_stale(f) for f in list_fleets() if name is None or f.name == name]

@@ -1,0 +1,61 @@
+"""`fleetserve status --watch`: a live table from the state files, tested without a terminal."""
+
+from __future__ import annotations
+
+import io
+import os
+
+from rich.console import Console
+from typer.testing import CliRunner
+
+from fleetserve.cli.app import app
+from fleetserve.cli.status_view import render, watch
+from fleetserve.fleet.state import FleetState, NodeState, ReplicaState, write_state
+
+
+def fleet(name="demo", ready=2, status="ready") -> FleetState:
+    return FleetState(name=name, namespace="team-a", model="tiny", spec_path="x.yaml", supervisor_pid=os.getpid(),
+                      status=status, url="http://127.0.0.1:8000/v1", strategy="prefixaware", desired=3, ready=ready,
+                      cost_per_hour=1.234, cost_total=0.5,
+                      last_decision={"desired": 3, "reason": "concurrency 9.0 > target 4"},
+                      replicas=[ReplicaState("r0", "http://127.0.0.1:9001", 11, "ready", node="n0",
+                                             instance_type="g5.xlarge", cold_start_s=12.5),
+                                ReplicaState("r1", "http://127.0.0.1:9002", 12, "starting", restarts=1)],
+                      nodes=[NodeState("n0", "g5.xlarge", "spot", 1.234, 4, 2, True)])
+
+
+def text_of(renderable) -> str:
+    console = Console(file=io.StringIO(), width=160, color_system=None)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def test_render_is_one_table_of_fleets_and_replicas():
+    text = text_of(render([fleet(), fleet("other", ready=0, status="starting")], now=0, interval=2))
+    for fragment in ("demo", "other", "3/2", "3/0", "1.234", "r0", "r1", "g5.xlarge", "12.5s", "starting",
+                     "concurrency 9.0 > target 4", "every 2s; Ctrl-C to stop"):
+        assert fragment in text, fragment
+    assert "no fleets" in text_of(render([]))
+
+
+def test_watch_redraws_from_the_loader_each_interval():
+    calls, sleeps = [], []
+
+    def loader(name):
+        calls.append(name)
+        return [fleet(ready=len(calls))]
+
+    console = Console(file=io.StringIO(), width=160, color_system=None, force_terminal=False)
+    assert watch("demo", 0.5, 3, console, loader=loader, sleep=sleeps.append) == 3
+    assert calls == ["demo"] * 4 and sleeps == [0.5, 0.5]  # first frame + 3 redraws, no sleep after the last
+    assert "3/4" in console.file.getvalue()  # the last frame: the loader's fourth answer
+
+
+def test_cli_status_watch_iterations_reads_the_state_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path))
+    write_state(fleet())
+    result = CliRunner().invoke(app, ["status", "--watch", "--iterations", "2", "--interval", "0.1"])
+    assert result.exit_code == 0, result.output
+    assert "demo" in result.output and "r1" in result.output and "prefixaware" in result.output
+    bad = CliRunner().invoke(app, ["status", "--watch", "--interval", "0"])
+    assert bad.exit_code == 2
