@@ -91,19 +91,25 @@ def up(
     spec: Annotated[str, typer.Argument(help="Endpoint spec file")],
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once the fleet is ready")] = False,
     quiet_warnings: Annotated[bool, typer.Option("--quiet-warnings", hidden=True)] = False,
+    log_format: Annotated[str | None, typer.Option(help="Router and engine logs: text or json (JSON lines); "
+                                                        "default: spec.observability.logFormat")] = None,
+    log_prompts: Annotated[bool, typer.Option("--log-prompts", help="Put prompt text in the request lines "
+                                              "(default: spec.observability.logPrompts, off)")] = False,
 ) -> None:
     """Start the spec's engine replicas and router on this machine; Ctrl-C stops everything."""
     from fleetserve.fleet.control import FleetError, ensure_not_running, start_detached
     from fleetserve.fleet.supervisor import Supervisor
 
-    loaded = _load(spec)
+    loaded = _with_log_options(_load(spec), _check_log_format(log_format), log_prompts)
+    log_args = (("--log-format", log_format) if log_format else ()) + (("--log-prompts",) if log_prompts else ())
     if not quiet_warnings:
         _print_warnings(loaded)
     name = loaded.endpoint.metadata.name
     try:
         if detach:
             with err.status(f"starting fleet {name} ..."):
-                state = start_detached(spec, name, loaded.endpoint.spec.engine.startup_timeout_seconds + 120)
+                state = start_detached(spec, name, loaded.endpoint.spec.engine.startup_timeout_seconds + 120,
+                                       log_args)
             _announce(state)
             out.print(f"stop it with: fleetserve down {name}")
             return
@@ -117,6 +123,28 @@ def up(
 
     code = Supervisor(loaded, spec, say=_say).run(on_ready=ready)
     raise typer.Exit(code)
+
+
+def _check_log_format(value: str | None) -> str | None:
+    from fleetserve.observe.logs import LOG_FORMATS
+
+    if value is not None and value not in LOG_FORMATS:
+        raise typer.BadParameter(f"{value!r}; allowed values: {', '.join(LOG_FORMATS)}", param_hint="--log-format")
+    return value
+
+
+def _with_log_options(loaded, log_format: str | None, log_prompts: bool):
+    """The spec with --log-format / --log-prompts applied to spec.observability (the options win)."""
+    from dataclasses import replace
+
+    if log_format is None and not log_prompts:
+        return loaded
+    e = loaded.endpoint
+    update = {"log_format": log_format} if log_format else {}
+    if log_prompts:
+        update["log_prompts"] = True
+    obs = e.spec.observability.model_copy(update=update)
+    return replace(loaded, endpoint=e.model_copy(update={"spec": e.spec.model_copy(update={"observability": obs})}))
 
 
 def _announce(state) -> None:
@@ -245,8 +273,12 @@ def engine(
              "the admin API (without it: no tenants, no admin API)")] = None,
     max_body_bytes: Annotated[int, typer.Option(min=1024, help="Larger request bodies get 413")] = 4 << 20,
     max_header_bytes: Annotated[int, typer.Option(min=1024, help="Larger request headers get 431")] = 64 << 10,
+    log_format: Annotated[str, typer.Option(help="text, or json (JSON lines: one per request)")] = "text",
+    log_prompts: Annotated[bool, typer.Option("--log-prompts", help="Put prompt text in the request lines")
+                           ] = False,
 ) -> None:
     """Run the built-in engine: an OpenAI-compatible server for one model replica (or a simulated one)."""
+    _check_log_format(log_format)
     from dataclasses import replace
 
     from fleetserve.engine.demo import ModelSourceError
@@ -267,7 +299,7 @@ def engine(
 
         token = read_token_file(internal_token_file) if internal_token_file else None
         run_simulated_engine(perf, host, port, served_model_name or f"sim-{simulate}", token,
-                             SizeLimits(max_body_bytes, max_header_bytes))
+                             SizeLimits(max_body_bytes, max_header_bytes), log_format=log_format)
         return
     if model is None:
         raise typer.BadParameter("give --model (a model source) or --simulate (a performance profile)",
@@ -288,7 +320,8 @@ def engine(
                    block_size=block_size or 256, kv_cache=kv_cache, engine_cache_bytes=engine_cache_bytes,
                    l1_bytes=l1_bytes, l2_url=l2_url, max_batch=max_batch, prefill_chunk=prefill_chunk,
                    tenant_l2=tenant_l2, internal_token_file=internal_token_file, max_body_bytes=max_body_bytes,
-                   max_header_bytes=max_header_bytes, l2_password_file=l2_password_file)
+                   max_header_bytes=max_header_bytes, l2_password_file=l2_password_file, log_format=log_format,
+                   log_prompts=log_prompts)
     except ModelSourceError as exc:
         raise _fail(f"--model: {exc}", EXIT_USAGE) from None
 
@@ -322,8 +355,12 @@ def router(
         help="File with the token the engines trust (the same file as theirs); needed with --auth-file")] = None,
     max_body_bytes: Annotated[int, typer.Option(min=1024, help="Larger request bodies get 413")] = 4 << 20,
     max_header_bytes: Annotated[int, typer.Option(min=1024, help="Larger request headers get 431")] = 64 << 10,
+    log_format: Annotated[str, typer.Option(help="text, or json (JSON lines: one per request)")] = "text",
+    log_prompts: Annotated[bool, typer.Option("--log-prompts", help="Put prompt text in the request lines")
+                           ] = False,
 ) -> None:
     """Run the OpenAI-compatible gateway in front of engine replicas."""
+    _check_log_format(log_format)
     from fleetserve.api.limits import SizeLimits
     from fleetserve.router.policies import registered_policies
     from fleetserve.router.server import RouterSettings, run_router
@@ -372,8 +409,9 @@ def router(
                               overflow_status=overflow_status,
                               admin_token=os.environ.get("FLEETSERVE_ADMIN_TOKEN") or None,
                               internal_token=internal_token,
-                              size_limits=SizeLimits(max_body_bytes, max_header_bytes))
-    run_router(list(backend or []), host, port, settings, health_path, unhealthy_after, healthy_after, tls)
+                              size_limits=SizeLimits(max_body_bytes, max_header_bytes), log_prompts=log_prompts)
+    run_router(list(backend or []), host, port, settings, health_path, unhealthy_after, healthy_after, tls,
+               log_format=log_format)
 
 
 @models_app.command("list")
@@ -661,3 +699,22 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+docs_app = typer.Typer(help="Generated documentation.", no_args_is_help=True)
+app.add_typer(docs_app, name="docs")
+
+
+@docs_app.command("metrics")
+def docs_metrics(
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Write here (default: print)")] = None,
+) -> None:
+    """Every metric's name, type, unit, labels and help, from the one vocabulary (docs/metrics.md)."""
+    from pathlib import Path
+
+    from fleetserve.observe.docs import render_metrics_md, write_metrics_md
+
+    if output is None:
+        print(render_metrics_md(), end="")
+        return
+    write_metrics_md(Path(output))
+    _say(f"wrote {output}")

@@ -12,6 +12,7 @@ from fleetserve.api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYT
 from fleetserve.engine.runner import ModelRunner
 from fleetserve.engine.server import Engine, EngineSettings, build_app
 from fleetserve.engine.sources import resolve_source
+from fleetserve.observe.logs import configure_logging, quiet_progress_bars, uvicorn_log_config
 from fleetserve.observe.metrics import ModelIdentity
 
 
@@ -67,8 +68,12 @@ def run_engine(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
     l2_password_file: str | None = None,
+    log_format: str = "text",
+    log_prompts: bool = False,
 ) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine[" + replica + "] %(levelname)s %(message)s")
+    configure_logging(log_format, "engine" if log_format == "json" else f"engine[{replica}]", replica)
+    if log_format == "json":
+        quiet_progress_bars()
     # The generation thread and the event loop share the GIL; the default 5 ms switch interval adds up to
     # several ms per token while the loop waits to deliver it (measured: 38.7 -> 28.8 ms/token at 0.2 ms).
     sys.setswitchinterval(0.0002)
@@ -79,9 +84,11 @@ def run_engine(
     engine = Engine(runner, EngineSettings(
         name, identity, max_tokens_default, max_waiting, runner.dtype, max_batch, prefill_chunk,
         size_limits=SizeLimits(max_body_bytes, max_header_bytes),
-        internal_token=read_token_file(internal_token_file) if internal_token_file else None))
+        internal_token=read_token_file(internal_token_file) if internal_token_file else None,
+        log_prompts=log_prompts))
     if kv_cache:
         password = read_token_file(l2_password_file) if l2_password_file else None
         attach_prefix_cache(engine, block_size, engine_cache_bytes, l1_bytes, l2_url, tenant_l2, password)
     logging.getLogger(__name__).info("serving %s (%s) on http://%s:%d", name, path, host, port)
-    uvicorn.run(build_app(engine), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    uvicorn.run(build_app(engine), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5,
+                log_config=uvicorn_log_config(log_format))

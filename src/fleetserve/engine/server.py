@@ -26,9 +26,11 @@ from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
 from fleetserve.engine.runner import ModelRunner
 from fleetserve.engine.scheduler import Job, SerialScheduler
+from fleetserve.observe.logs import log_request, prompt_text, tenant_hash
 from fleetserve.observe.metrics import EngineMetrics, ModelIdentity, exposition
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("fleetserve.engine.access")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class EngineSettings:
     size_limits: SizeLimits = field(default_factory=SizeLimits)
     internal_token: str | None = None  # from the fleet: only its router may name a tenant or use the admin API
     tokenizer_threads: int = 2  # tokenizing runs here, never on the event loop
+    log_prompts: bool = False  # the request line carries the prompt text (default: never)
 
 
 class _Outcome:
@@ -179,26 +182,35 @@ class Engine:
         started = time.monotonic()
         m = self.metrics
         m.model(m.invocations).inc()
+        ctx = {"request_id": request.headers.get("x-request-id"), "kind": kind, "started": started}
         try:
             body = parse_json_body(await request.body())
+            if self.settings.log_prompts:
+                ctx["prompt"] = prompt_text(body)
             parsed = parse_chat(body) if kind == "chat" else parse_completion(body)
             self._check_model(parsed)
             prompt_ids, max_new = await self._tokenize(parsed)
             tenant = request.headers.get(TENANT_HEADER)  # EngineGuard lets it through from the router only
+            ctx["tenant"] = tenant_hash(tenant)
             job = Job(prompt_ids, parsed.sampling, max_new, asyncio.get_running_loop(),
                       root=self.kv_root(tenant, parsed.cache_salt), tenant=tenant)
             self.scheduler.submit(job)
         except APIError as err:
             m.error(err.status)
+            self._log_request(ctx, err.status, error=err.code)
             return err.response()
         m.model(m.concurrent).inc()
         m.vllm(m.prompt_tokens).inc(len(prompt_ids))
         request_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        ctx["request_id"] = ctx["request_id"] or request_id
+        ctx["stream"] = parsed.stream
+        job.log_ctx = ctx  # _events logs the request line when the job is done
         if parsed.stream:
 
             def close() -> None:
                 job.cancelled.set()
                 m.model(m.concurrent).dec()
+                self._log_request(ctx, 499)  # only if _events has not (the client left first)
 
             return WatchedStreamingResponse(
                 self._stream(job, parsed, request_id, started),
@@ -209,9 +221,11 @@ class Engine:
         try:
             outcome = await until_disconnect(request, self._collect(job, started))
         except ClientGone:
+            self._log_request(ctx, 499)
             return Response(status_code=499)
         except APIError as err:
             m.error(err.status)
+            self._log_request(ctx, err.status, error=err.code)
             return err.response()
         finally:
             job.cancelled.set()
@@ -228,20 +242,41 @@ class Engine:
         self.metrics.model(self.metrics.latency_ms).observe(took * 1000)
         self.metrics.vllm(self.metrics.e2e_s).observe(took)
 
+    def _log_request(self, ctx: dict | None, status: int, error: str | None = None, done: tuple | None = None
+                     ) -> None:
+        """The request line (observe/logs.py), once per request: ids, hashed tenant, tokens, timings; the
+        prompt only with log_prompts."""
+        if ctx is None or ctx.get("logged") or not access_log.isEnabledFor(logging.INFO):
+            return
+        ctx["logged"] = True
+        fields = {}
+        if done is not None:
+            _, fields["finish_reason"], fields["prompt_tokens"], fields["completion_tokens"], \
+                fields["cached_tokens"] = done
+        log_request(access_log, request_id=ctx.get("request_id"), tenant=ctx.get("tenant"), kind=ctx["kind"],
+                    stream=ctx.get("stream"), status=status, **fields, ttft_ms=ctx.get("ttft_ms"),
+                    latency_ms=round((time.monotonic() - ctx["started"]) * 1000, 2), error=error,
+                    prompt=ctx.get("prompt"))
+
     async def _events(self, job: Job, started: float) -> AsyncIterator[tuple]:
         first = True
+        ctx = getattr(job, "log_ctx", None)
         while True:
             event = await job.events.get()
             if event[0] == "token" and first:
                 first = False
                 self._observe_first_token(started)
+                if ctx is not None:
+                    ctx["ttft_ms"] = round((time.monotonic() - started) * 1000, 2)
             if event[0] == "error":
+                self._log_request(ctx, 500, error="generation_failed")
                 raise APIError(500, event[1], code="generation_failed")
             yield event
             if event[0] == "done":
                 if first:
                     self._observe_first_token(started)
                 self._observe_done(started)
+                self._log_request(ctx, 200, done=event)
                 return
 
     async def _collect(self, job: Job, started: float) -> _Outcome:

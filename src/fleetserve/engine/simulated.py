@@ -20,7 +20,6 @@ import uuid
 import zlib
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -34,7 +33,7 @@ from fleetserve.api.limits import SizeLimits
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
 from fleetserve.kvcache.blocks import chain_keys, kv_salt, namespace_key
 from fleetserve.kvcache.events import KVEventLog
-from fleetserve.observe.metrics import SECONDS_BUCKETS, exposition
+from fleetserve.observe.metrics import SimEngineMetrics, exposition
 from fleetserve.sim.perf import PerfProfile
 from fleetserve.sim.replica import ReplicaModel, Seq
 
@@ -69,21 +68,13 @@ class SimulatedEngine:
         self.events = KVEventLog()
         self.model = ReplicaModel(profile, listener=self.events.publish)
         self._work = asyncio.Event()
-        r = self.registry = CollectorRegistry()
-        lbl = ["model_name"]
-        self.m_running = Gauge("vllm:num_requests_running", "Running", lbl, registry=r)
-        self.m_waiting = Gauge("vllm:num_requests_waiting", "Waiting", lbl, registry=r)
-        self.m_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache usage (0-1)", lbl, registry=r)
-        self.m_usage_legacy = Gauge("vllm:gpu_cache_usage_perc", "KV cache usage (legacy name)", lbl, registry=r)
-        self.m_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up", lbl, registry=r)
-        self.m_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found cached", lbl, registry=r)
-        self.m_gpu_queries = Counter("vllm:gpu_prefix_cache_queries", "Legacy name", lbl, registry=r)
-        self.m_gpu_hits = Counter("vllm:gpu_prefix_cache_hits", "Legacy name", lbl, registry=r)
-        self.m_ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", lbl, buckets=SECONDS_BUCKETS,
-                                registry=r)
-        self.m_busy = Counter("fleetserve_sim_busy_seconds", "Time spent computing", lbl, registry=r)
-        self.m_config = Gauge("vllm:cache_config_info", "Cache configuration", ["block_size", "num_gpu_blocks"],
-                              registry=r)
+        m = SimEngineMetrics()  # built from the vocabulary (fleetserve.observe.vocabulary)
+        self.registry = m.registry
+        self.m_running, self.m_waiting, self.m_usage, self.m_usage_legacy = (m.running, m.waiting, m.usage,
+                                                                             m.usage_legacy)
+        self.m_queries, self.m_hits, self.m_gpu_queries, self.m_gpu_hits = (m.queries, m.hits, m.gpu_queries,
+                                                                             m.gpu_hits)
+        self.m_ttft, self.m_busy, self.m_config = m.ttft, m.busy, m.config
         self.m_config.labels(str(profile.block_size), str(profile.cache_blocks)).set(1)
         self._lbl = {"model_name": model_name}
 
@@ -340,9 +331,15 @@ def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = Non
 
 
 def run_simulated_engine(profile: PerfProfile, host: str, port: int, model_name: str,
-                         internal_token: str | None = None, limits: SizeLimits | None = None) -> None:
+                         internal_token: str | None = None, limits: SizeLimits | None = None,
+                         log_format: str = "text") -> None:
     import uvicorn
+
+    from fleetserve.observe.logs import configure_logging, uvicorn_log_config
+
+    configure_logging(log_format, "engine")
 
     engine = SimulatedEngine(profile, model_name)
     app = build_simulated_app(engine, limits, InternalAuth(internal_token))
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2,
+                log_config=uvicorn_log_config(log_format))

@@ -34,7 +34,7 @@ def ensure_not_running(name: str) -> None:
                          f"{state.url or 'starting'}); stop it with: fleetserve down {name}")
 
 
-def start_detached(spec_path: str, name: str, timeout: float) -> FleetState:
+def start_detached(spec_path: str, name: str, timeout: float, extra_args: tuple[str, ...] = ()) -> FleetState:
     """Start the supervisor in its own session and wait until the fleet is ready or has failed."""
     ensure_not_running(name)
     folder = fleet_dir(name)
@@ -46,7 +46,7 @@ def start_detached(spec_path: str, name: str, timeout: float) -> FleetState:
     log_path = folder / "supervisor.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            fleetserve_command("up", str(Path(spec_path).resolve()), "--quiet-warnings"),
+            fleetserve_command("up", str(Path(spec_path).resolve()), "--quiet-warnings", *extra_args),
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     deadline = time.monotonic() + timeout

@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
 
 from fleetserve.fleet.process import free_port
+from fleetserve.observe import vocabulary as v
 
 
 class SupervisorMetrics:
     def __init__(self) -> None:
-        self.registry = r = CollectorRegistry()
-        self.desired = Gauge("fleetserve_autoscaler_desired_replicas", "Replicas the policy wants", registry=r)
-        self.ready = Gauge("fleetserve_autoscaler_ready_replicas", "Replicas answering /health", registry=r)
-        self.decisions = Counter("fleetserve_autoscaler_decisions", "Scaling decisions by kind", ["reason"],
-                                 registry=r)
-        self.cold_start = Histogram("fleetserve_replica_cold_start_seconds",
-                                    "From the request for a replica to its first healthy answer",
-                                    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600), registry=r)
-        self.cost_per_hour = Gauge("fleetserve_cost_per_hour_dollars", "What the fleet's nodes cost per hour",
-                                   registry=r)
-        self.cost_total = Gauge("fleetserve_cost_dollars", "Dollars spent since the fleet started", registry=r)
-        self.nodes = Gauge("fleetserve_nodes", "Nodes by instance and capacity type",
-                           ["instance_type", "capacity_type"], registry=r)
+        self.registry = r = CollectorRegistry()  # built from the vocabulary (fleetserve.observe.vocabulary)
+        self.desired = v.AUTOSCALER_DESIRED.make(r)
+        self.ready = v.AUTOSCALER_READY.make(r)
+        self.decisions = v.AUTOSCALER_DECISIONS.make(r)
+        self.cold_start = v.REPLICA_COLD_START.make(r)
+        self.cost_per_hour = v.COST_PER_HOUR.make(r)
+        self.cost_total = v.COST_TOTAL.make(r)
+        self.nodes = v.NODES.make(r)
         self._server = None
 
     def serve(self, host: str = "127.0.0.1") -> str:

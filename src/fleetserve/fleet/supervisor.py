@@ -300,7 +300,7 @@ class Supervisor:
                     "--overflow-status", str(limits.overflow_status_code)]
         if limits.max_queue_size is not None:
             cmd += ["--max-queue", str(limits.max_queue_size)]
-        cmd += security + self._limit_args()
+        cmd += security + self._limit_args() + self._log_args()
         self.router = Child("router", cmd, self.dir / "logs" / "router.log",
                             env={"FLEETSERVE_ADMIN_TOKEN": self.admin_token,
                                  "FLEETSERVE_SUPERVISOR_METRICS": self.state.metrics_url},  # /dashboard reads it
@@ -339,6 +339,11 @@ class Supervisor:
         limits = self.spec.request_limits
         return ["--internal-token-file", str(self._internal_token_file()),
                 "--max-body-bytes", str(limits.max_body_bytes), "--max-header-bytes", str(limits.max_header_bytes)]
+
+    def _log_args(self) -> list[str]:
+        """spec.observability.logFormat / logPrompts (observe/logs.py), for the router and every engine."""
+        obs = self.spec.observability
+        return ["--log-format", obs.log_format] + (["--log-prompts"] if obs.log_prompts else [])
 
     def _security_args(self) -> list[str]:
         """Router flags for API keys (hashed into a 0600 file) and TLS (given or self-signed, made here)."""
@@ -424,7 +429,7 @@ class Supervisor:
         if kv.l2.enabled:
             for tenant, url in kv.l2.tenant_urls.items():
                 cmd += ["--l2-tenant", f"{tenant}={url}"]
-        return cmd + self._limit_args() + list(spec.engine.args)
+        return cmd + self._limit_args() + self._log_args() + list(spec.engine.args)
 
     def _start_prometheus(self) -> None:
         """The fleet's Prometheus (fleet/prometheus.py), when the spec wants one; its targets follow the replicas."""

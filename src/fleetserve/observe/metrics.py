@@ -1,4 +1,4 @@
-"""Metric definitions in one place, so names and labels stay consistent across servers.
+"""The servers' collectors, each built from the one vocabulary (fleetserve.observe.vocabulary).
 
 Label design from day one (the third pitfall): every model metric carries namespace, model_name,
 model_version, instance_type and replica, which separate cost and cause in any dashboard.
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-MODEL_LABELS = ("namespace", "model_name", "model_version", "instance_type", "replica")
-LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000)
-SECONDS_BUCKETS = tuple(b / 1000 for b in LATENCY_BUCKETS_MS)
+from fleetserve.observe import vocabulary as v
+from fleetserve.observe.vocabulary import LATENCY_BUCKETS_MS, MODEL_LABELS, SECONDS_BUCKETS
+
+__all__ = ["LATENCY_BUCKETS_MS", "MODEL_LABELS", "SECONDS_BUCKETS", "EngineMetrics", "ModelIdentity",
+           "PrefixCacheCollector", "RouterMetrics", "SimEngineMetrics", "exposition"]
 
 
 @dataclass(frozen=True)
@@ -32,25 +34,19 @@ class EngineMetrics:
     """Per-replica engine metrics; gauges of the scheduler are sampled at scrape time."""
 
     def __init__(self, identity: ModelIdentity, registry: CollectorRegistry | None = None):
-        self.registry = registry or CollectorRegistry()
+        self.registry = r = registry or CollectorRegistry()
         self.identity = identity
-        r, labels = self.registry, list(MODEL_LABELS)
-        vllm_labels = ["model_name"]
-        self.invocations = Counter("model_invocations", "Model invocations", labels, registry=r)
-        self.errors = Counter("model_errors", "Model invocations that failed", labels + ["status"], registry=r)
-        self.concurrent = Gauge("model_concurrent_requests", "Requests in flight", labels, registry=r)
-        self.latency_ms = Histogram("model_latency_milliseconds", "End-to-end latency", labels,
-                                    buckets=LATENCY_BUCKETS_MS, registry=r)
-        self.ttfb_ms = Histogram("model_ttfb_milliseconds", "Time to first byte (token)", labels,
-                                 buckets=LATENCY_BUCKETS_MS, registry=r)
-        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch", vllm_labels, registry=r)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to run", vllm_labels, registry=r)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed", vllm_labels, registry=r)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated", vllm_labels, registry=r)
-        self.ttft_s = Histogram("vllm:time_to_first_token_seconds", "Time to first token", vllm_labels,
-                                buckets=SECONDS_BUCKETS, registry=r)
-        self.e2e_s = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency", vllm_labels,
-                               buckets=SECONDS_BUCKETS, registry=r)
+        self.invocations = v.MODEL_INVOCATIONS.make(r)
+        self.errors = v.MODEL_ERRORS.make(r)
+        self.concurrent = v.MODEL_CONCURRENT.make(r)
+        self.latency_ms = v.MODEL_LATENCY.make(r)
+        self.ttfb_ms = v.MODEL_TTFB.make(r)
+        self.running = v.VLLM_RUNNING.make(r)
+        self.waiting = v.VLLM_WAITING.make(r)
+        self.prompt_tokens = v.VLLM_PROMPT_TOKENS.make(r)
+        self.generation_tokens = v.VLLM_GENERATION_TOKENS.make(r)
+        self.ttft_s = v.VLLM_TTFT.make(r)
+        self.e2e_s = v.VLLM_E2E.make(r)
         self._labels = identity.labels()
         self._vllm = {"model_name": identity.model_name}
 
@@ -64,51 +60,93 @@ class EngineMetrics:
         self.errors.labels(**self._labels, status=str(status)).inc()
 
 
+class SimEngineMetrics:
+    """The simulated engine's vLLM-named metrics (its HTTP surface mimics vLLM's, legacy names included)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = r = registry or CollectorRegistry()
+        self.running = v.VLLM_RUNNING.make(r)
+        self.waiting = v.VLLM_WAITING.make(r)
+        self.usage = v.VLLM_KV_USAGE.make(r)
+        self.usage_legacy = v.VLLM_GPU_CACHE_USAGE.make(r)
+        self.queries = v.VLLM_PREFIX_QUERIES.make(r)
+        self.hits = v.VLLM_PREFIX_HITS.make(r)
+        self.gpu_queries = v.VLLM_GPU_PREFIX_QUERIES.make(r)
+        self.gpu_hits = v.VLLM_GPU_PREFIX_HITS.make(r)
+        self.ttft = v.VLLM_TTFT.make(r)
+        self.busy = v.SIM_BUSY.make(r)
+        self.config = v.VLLM_CACHE_CONFIG.make(r)
+
+
+class RouterMetrics:
+    """The gateway's metrics. `tenant` labels come from the API key file only (bounded); the router's /metrics
+    is admin-only while keys are on."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry or CollectorRegistry()
+        self.requests = v.ROUTER_REQUESTS.make(r)
+        self.tenant_requests = v.ROUTER_TENANT_REQUESTS.make(r)
+        self.retries = v.ROUTER_RETRIES.make(r)
+        self.decisions = v.ROUTER_DECISIONS.make(r)
+        self.ejections = v.ROUTER_EJECTIONS.make(r)
+        self.healthy = v.ROUTER_BACKEND_HEALTHY.make(r)
+        self.in_flight = v.ROUTER_BACKEND_IN_FLIGHT.make(r)
+        self.ttfb_ms = v.ROUTER_TTFB.make(r)
+        self.kv_subscriptions = v.ROUTER_KV_SUBSCRIPTIONS.make(r)
+        self.index_blocks = v.ROUTER_INDEX_BLOCKS.make(r)
+        self.queued = v.ROUTER_QUEUED.make(r)
+        self.pending = v.ROUTER_PENDING.make(r)
+        self.buffer_wait_s = v.ROUTER_BUFFER_WAIT.make(r)
+        self.latency_ms = v.ROUTER_LATENCY.make(r)
+        self.cached_tokens = v.ROUTER_CACHED_TOKENS.make(r)
+
+
 def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
+_TIER_COUNTERS = (("misses", v.KV_TIER_MISSES), ("evictions", v.KV_TIER_EVICTIONS),
+                  ("bytes_in", v.KV_TIER_BYTES_IN), ("bytes_out", v.KV_TIER_BYTES_OUT),
+                  ("failures", v.KV_TIER_FAILURES), ("rejected", v.KV_TIER_REJECTED))
+
+
 class PrefixCacheCollector:
-    """vLLM's prefix-cache counters and fleetserve's per-tier ones, read from the cache at scrape time."""
+    """vLLM's prefix-cache counters and fleetserve's per-tier ones, read from the cache at scrape time.
+
+    One family per metric with one sample per tier (a family repeated per tier is invalid exposition)."""
 
     def __init__(self, cache, model_name: str):
         self.cache = cache
         self.model_name = model_name
 
     def collect(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-
         c = self.cache
         block = c.block_shape[3]
-        queries = CounterMetricFamily("vllm:prefix_cache_queries", "Prompt tokens looked up", labels=["model_name"])
+        queries = v.VLLM_PREFIX_QUERIES.family()
         queries.add_metric([self.model_name], c.queries * block)
-        hits = CounterMetricFamily("vllm:prefix_cache_hits", "Prompt tokens found cached", labels=["model_name"])
+        hits = v.VLLM_PREFIX_HITS.family()
         hits.add_metric([self.model_name], sum(c.hits.values()) * block)
-        yield queries
-        yield hits
-        usage = GaugeMetricFamily("vllm:kv_cache_usage_perc", "Engine KV working set used (0-1)",
-                                  labels=["model_name"])
+        usage = v.VLLM_KV_USAGE.family()
         usage.add_metric([self.model_name], len(c._blocks) / max(c.engine_blocks, 1))
-        yield usage
-        tier_hits = CounterMetricFamily("fleetserve_kv_tier_hits", "Blocks found per tier", labels=["tier"])
+        yield from (queries, hits, usage)
+        tier_hits = v.KV_TIER_HITS.family()
         for tier, n in c.hits.items():
             tier_hits.add_metric([tier], n)
         yield tier_hits
         stores = [(s.name, s) for s in (c.l1, c.l2) if s is not None]
         stores += [(f"l2:{tenant}", s) for tenant, s in c.tenant_l2.items()]
-        for tier, store in stores:
-            st = store.stats
-            for name, value in (("misses", st.misses), ("evictions", st.evictions), ("bytes_in", st.bytes_in),
-                                ("bytes_out", st.bytes_out), ("failures", st.failures),
-                                ("rejected", st.rejected)):
-                fam = CounterMetricFamily(f"fleetserve_kv_tier_{name}", f"Tier {name}", labels=["tier"])
-                fam.add_metric([tier], value)
-                yield fam
-            for kind, samples in (("get", st.get_seconds), ("put", st.put_seconds)):
-                buckets = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-                counts = [sum(1 for x in samples if x <= b) for b in buckets]
-                hist = HistogramMetricFamily(f"fleetserve_kv_tier_{kind}_seconds",
-                                             f"Tier {kind} latency (recent operations)", labels=["tier"])
-                hist.add_metric([tier], [(str(b), n) for b, n in zip(buckets, counts, strict=True)]
+        if not stores:
+            return
+        for attr, metric in _TIER_COUNTERS:
+            fam = metric.family()
+            for tier, store in stores:
+                fam.add_metric([tier], getattr(store.stats, attr))
+            yield fam
+        for kind, metric in (("get", v.KV_TIER_GET), ("put", v.KV_TIER_PUT)):
+            hist = metric.family()
+            for tier, store in stores:
+                samples = list(getattr(store.stats, f"{kind}_seconds"))
+                counts = [sum(1 for x in samples if x <= b) for b in metric.buckets]
+                hist.add_metric([tier], [(str(b), n) for b, n in zip(metric.buckets, counts, strict=True)]
                                 + [("+Inf", len(samples))], sum_value=sum(samples))
-                yield hist
+            yield hist

@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -36,7 +35,8 @@ from fleetserve.api.limits import RequestSizeLimit, SizeLimits
 from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import parse_json_body
 from fleetserve.kvcache.blocks import kv_salt
-from fleetserve.observe.metrics import LATENCY_BUCKETS_MS, exposition
+from fleetserve.observe.logs import configure_logging, log_request, prompt_text, tenant_hash, uvicorn_log_config
+from fleetserve.observe.metrics import RouterMetrics, exposition  # the vocabulary's router metrics
 from fleetserve.router import feedback
 from fleetserve.router.admission import (
     BUFFER,
@@ -57,6 +57,7 @@ from fleetserve.router.pool import Backend, BackendPool
 from fleetserve.router.retry import backoff, exclude, retryable
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("fleetserve.router.access")
 
 HOP_BY_HOP = {
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
@@ -82,39 +83,7 @@ class RouterSettings:
     keyring: KeyRing | None = None  # API keys -> tenants; None: no auth
     internal_token: str | None = None  # sent to the engines: they trust a tenant header only with it
     size_limits: SizeLimits = dataclasses.field(default_factory=SizeLimits)
-
-
-class RouterMetrics:
-    def __init__(self) -> None:
-        self.registry = r = CollectorRegistry()
-        self.requests = Counter("fleetserve_router_requests", "Requests answered", ["path", "code"], registry=r)
-        self.tenant_requests = Counter("fleetserve_router_tenant_requests", "Requests by tenant",
-                                       ["tenant", "code"], registry=r)
-        self.retries = Counter("fleetserve_router_retries", "Attempts moved to another replica", ["reason"],
-                               registry=r)
-        self.decisions = Counter("fleetserve_router_routing_decisions", "Routing decisions",
-                                 ["policy", "branch"], registry=r)
-        self.healthy = Gauge("fleetserve_router_backend_healthy", "1 if the backend takes traffic", ["backend"],
-                             registry=r)
-        self.in_flight = Gauge("fleetserve_router_backend_in_flight", "Requests outstanding", ["backend"],
-                               registry=r)
-        self.ttfb_ms = Histogram("fleetserve_router_ttfb_milliseconds", "Time to first byte through the router",
-                                 buckets=LATENCY_BUCKETS_MS, registry=r)
-        self.kv_subscriptions = Gauge("fleetserve_router_kv_subscriptions", "Backends whose KV events are followed",
-                                      registry=r)
-        self.index_blocks = Gauge("fleetserve_router_index_blocks", "Blocks in the router's prefix/KV index",
-                                  registry=r)
-        self.queued = Gauge("fleetserve_router_queued_requests", "Requests waiting for a replica slot (limits)",
-                            registry=r)
-        self.pending = Gauge("fleetserve_router_pending_requests", "Requests held until a replica is ready",
-                             registry=r)
-        self.buffer_wait_s = Histogram("fleetserve_router_buffer_wait_seconds", "Time requests waited for a replica",
-                                       buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600), registry=r)
-        self.latency_ms = Histogram("fleetserve_router_latency_milliseconds", "Latency through the router",
-                                    buckets=LATENCY_BUCKETS_MS, registry=r)
-        self.cached_tokens = Counter("fleetserve_router_cached_tokens", "Prompt tokens the policy predicted the "
-                                     "replica to find cached, and those the engine reported",
-                                     ["policy", "source"], registry=r)
+    log_prompts: bool = False  # the request line carries the prompt text (default: never)
 
 
 class _Attempt:
@@ -123,6 +92,7 @@ class _Attempt:
     def __init__(self, backend: Backend, response: httpx.Response, first: bytes, iterator: AsyncIterator[bytes],
                  book: LoadBook, freed):
         self.choice: Choice | None = None  # the decision that sent it here (its prediction is learned from)
+        self.tries = 1  # replicas tried, this one included
         self.backend = backend
         self.response = response
         self.first = first
@@ -297,7 +267,7 @@ class Gateway:
             response = await self.client.send(upstream, stream=True)
             if retryable(response.status_code):
                 await response.aclose()
-                self.pool.request_failed(backend, f"status {response.status_code}")
+                self._request_failed(backend, f"status {response.status_code}")
                 return f"status_{response.status_code}"
             iterator = response.aiter_raw()
             try:
@@ -312,18 +282,29 @@ class Gateway:
             # too (the request may be what stalls it). Answer 504; health probes judge the replica.
             if response is not None:
                 await response.aclose()
-            self.pool.request_failed(backend, type(exc).__name__)
+            self._request_failed(backend, type(exc).__name__)
             return "timeout"
         except httpx.TransportError as exc:
             if response is not None:
                 await response.aclose()
-            self.pool.mark_unreachable(backend, f"{type(exc).__name__}: {exc}")
-            self.pool.request_failed(backend, type(exc).__name__)
+            self._mark_unreachable(backend, f"{type(exc).__name__}: {exc}")
+            self._request_failed(backend, type(exc).__name__)
             return "unreachable"
         except BaseException:
             if response is not None:
                 await response.aclose()
             raise
+
+    def _request_failed(self, backend: Backend, error: str) -> None:
+        was = backend.breaker
+        self.pool.request_failed(backend, error)
+        if was != "open" and backend.breaker == "open":
+            self.metrics.ejections.labels(backend.id, "breaker").inc()
+
+    def _mark_unreachable(self, backend: Backend, error: str) -> None:
+        if backend.healthy:
+            self.metrics.ejections.labels(backend.id, "unreachable").inc()
+        self.pool.mark_unreachable(backend, error)
 
     def _notify_slot(self) -> None:
         self._slot_free.set()
@@ -404,7 +385,7 @@ class Gateway:
             outcome = await self._try(self.pool.get(replica.id), request.method, path, raw, headers,
                                       choice.prefill_tokens)
             if isinstance(outcome, _Attempt):
-                outcome.choice = choice
+                outcome.choice, outcome.tries = choice, attempt + 1
                 return outcome
             if outcome == "timeout":
                 self.metrics.retries.labels("timeout_not_retried").inc()
@@ -427,6 +408,7 @@ class Gateway:
         if request.method == "POST":
             self.requests_total += 1
         tenant = None
+        body: dict | None = None
         try:
             if self.settings.keyring is not None:
                 tenant = self.settings.keyring.tenant(request.headers.get("authorization"))
@@ -435,11 +417,13 @@ class Gateway:
             attempt = await until_disconnect(request, self._dispatch(request, path, raw, body, request_id, tenant))
         except ClientGone:
             self.metrics.requests.labels(path, "499").inc()
+            self._log_request(request_id, tenant, path, 499, started, body=body)
             return Response(status_code=499)
         except APIError as err:
             self.metrics.requests.labels(path, str(err.status)).inc()
             self.metrics.tenant_requests.labels(tenant or "-", str(err.status)).inc()
             err.headers["x-request-id"] = request_id
+            self._log_request(request_id, tenant, path, err.status, started, body=body, error=err.code)
             return err.response()
         self.metrics.tenant_requests.labels(tenant or "-", str(attempt.response.status_code)).inc()
         ttfb_ms = (time.monotonic() - started) * 1000
@@ -454,10 +438,26 @@ class Gateway:
         def done() -> None:
             attempt.release()
             self.metrics.latency_ms.observe((time.monotonic() - started) * 1000)
+            self._log_request(request_id, tenant, path, attempt.response.status_code, started, attempt, ttfb_ms, body)
 
         return WatchedStreamingResponse(
             self._relay(attempt, sse), status_code=attempt.response.status_code, headers=headers, on_close=done
         )
+
+    def _log_request(self, request_id: str, tenant: str | None, path: str, status: int, started: float,
+                     attempt: _Attempt | None = None, ttfb_ms: float | None = None, body: dict | None = None,
+                     error: str | None = None) -> None:
+        """The request line (observe/logs.py): ids, hashed tenant, replica, policy and branch, timings; the
+        prompt only with log_prompts."""
+        if not access_log.isEnabledFor(logging.INFO):
+            return
+        choice = attempt.choice if attempt is not None else None
+        log_request(access_log, request_id=request_id, tenant=tenant_hash(tenant), path=path, status=status,
+                    replica=attempt.backend.id if attempt is not None else None, policy=self.policy.name,
+                    branch=getattr(choice, "branch", None), attempts=attempt.tries if attempt is not None else None,
+                    ttfb_ms=round(ttfb_ms, 2) if ttfb_ms is not None else None,
+                    latency_ms=round((time.monotonic() - started) * 1000, 2), error=error,
+                    prompt=prompt_text(body) if self.settings.log_prompts and body else None)
 
     async def _relay(self, attempt: _Attempt, sse: bool) -> AsyncIterator[bytes]:
         learn = attempt.response.status_code == 200 and getattr(attempt.choice, "prediction", None) is not None
@@ -473,8 +473,8 @@ class Gateway:
             if learn:
                 self._learn(attempt.choice, tail)
         except httpx.HTTPError as exc:
-            self.pool.mark_unreachable(attempt.backend, f"failed mid-response: {type(exc).__name__}")
-            self.pool.request_failed(attempt.backend, "failed mid-response")
+            self._mark_unreachable(attempt.backend, f"failed mid-response: {type(exc).__name__}")
+            self._request_failed(attempt.backend, "failed mid-response")
             log.warning("backend %s failed mid-response: %s", attempt.backend.url, exc)
             if sse:
                 error = APIError(502, f"the model replica failed mid-stream ({type(exc).__name__}); "
@@ -631,14 +631,15 @@ def build_app(gateway: Gateway) -> Starlette:
 
 def run_router(backends: list[str], host: str, port: int, settings: RouterSettings,
                health_path: str = "/health", unhealthy_after: int = 2, healthy_after: int = 1,
-               tls: tuple[str, str] | None = None) -> None:
+               tls: tuple[str, str] | None = None, log_format: str = "text") -> None:
     import uvicorn
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(levelname)s %(message)s")
+    configure_logging(log_format, "router")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     pool = BackendPool(backends, health_path=health_path, interval=settings.health_interval,
                        unhealthy_after=unhealthy_after, healthy_after=healthy_after)
     gateway = Gateway(pool, settings)
     log.info("router on http://%s:%d, strategy %s, backends %s", host, port, settings.strategy, backends)
     ssl = {"ssl_certfile": tls[0], "ssl_keyfile": tls[1]} if tls else {}
-    uvicorn.run(build_app(gateway), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5, **ssl)
+    uvicorn.run(build_app(gateway), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5,
+                log_config=uvicorn_log_config(log_format), **ssl)

@@ -276,6 +276,10 @@ class PrometheusSection(SpecModel):
 
 class ObservabilitySection(SpecModel):
     prometheus: PrometheusSection = Field(default_factory=PrometheusSection)
+    log_format: Literal["text", "json"] = Field(default="text", description="router and engine logs: text, or "
+                                                "JSON lines (one per request: id, hashed tenant, replica, policy "
+                                                "and branch, timings)")
+    log_prompts: bool = Field(default=False, description="put prompt text in the request lines (default: never)")
 
 
 class TLSSection(SpecModel):

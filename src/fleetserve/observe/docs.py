@@ -1,0 +1,61 @@
+"""`docs/metrics.md`, generated from the vocabulary: `fleetserve docs metrics -o docs/metrics.md`.
+
+tests/observe/test_vocabulary.py fails when the committed file differs from `render_metrics_md()`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fleetserve.observe.vocabulary import GROUPS, LABELS, METRICS, Metric
+
+REGENERATE = "fleetserve docs metrics -o docs/metrics.md"
+DOC_PATH = Path("docs") / "metrics.md"
+
+
+def _buckets(m: Metric) -> str:
+    return ", ".join(f"{b:g}" for b in m.buckets) if m.buckets else ""
+
+
+def _row(m: Metric) -> str:
+    labels = ", ".join(m.labels) or "-"
+    extra = f" Buckets: {_buckets(m)}." if m.buckets else ""
+    return f"| `{m.name}` | {m.kind} | {m.unit or '-'} | {labels} | {', '.join(m.emitted_by)} | {m.help}.{extra} |"
+
+
+def render_metrics_md() -> str:
+    lines = [
+        "# Metrics",
+        "",
+        f"<!-- generated from src/fleetserve/observe/vocabulary.py by `{REGENERATE}`; do not edit -->",
+        "",
+        "Every metric fleetserve exports, from one definition (`fleetserve.observe.vocabulary`). Counters are "
+        "listed by the series name you query (`_total`); histograms add `_bucket`, `_sum` and `_count`. No "
+        "`_created` series are exported. No label or value carries prompt or completion text.",
+        "",
+        "Where to look first: `model_latency_milliseconds`, `model_concurrent_requests`, `model_errors_total` "
+        "and `model_ttfb_milliseconds`; when something is slow, the cache hit rate "
+        "(`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`, `fleetserve_kv_tier_hits_total`) "
+        "and `instance_type` before the replica count.",
+        "",
+    ]
+    for group, title in GROUPS.items():
+        members = [m for m in METRICS if m.group == group]
+        lines += [f"## {title}", "", "| name | type | unit | labels | emitted by | help |",
+                  "|---|---|---|---|---|---|"]
+        lines += [_row(m) for m in members]
+        lines.append("")
+    lines += ["## Labels", "", "Every label above, what it holds and what bounds its number of values.", "",
+              "| label | values and bound |", "|---|---|"]
+    lines += [f"| `{name}` | {text} |" for name, text in LABELS.items()]
+    lines += ["", "## Logs", "",
+              "The router and the engines write one line per request (`--log-format text|json`, "
+              "`spec.observability.logFormat`): request id, tenant as a hash (`sha256(\"fleetserve-tenant:\" + "
+              "name)`, first 12 hex digits; never the name), replica, policy and branch, status and timings. "
+              "Prompt text only with `--log-prompts` (`spec.observability.logPrompts`), off by default.", ""]
+    return "\n".join(lines)
+
+
+def write_metrics_md(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_metrics_md())

@@ -1,0 +1,130 @@
+"""Logs: one line per request from the router and the engine, as text or as JSON lines (`--log-format`).
+
+A request line carries the request id (the router's `x-request-id`, passed to the engine), the tenant as a
+hash, the replica, the routing policy and branch, the status and the timings; never prompt or completion
+text unless `--log-prompts` (default off) asks for the prompt.
+
+Tenants are logged hashed, never by name: `tenant` is the first 12 hex digits of sha256("fleetserve-tenant:"
++ name). Logs travel further than metrics (shippers, tickets, support bundles); a hash still joins one
+tenant's lines across router and engines, and `tenant_hash(name)` finds a known tenant's lines. It is a
+pseudonym, not a secret: tenant names are few and guessable. Metrics keep the name (bounded by the key file,
+admin-only /metrics).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import sys
+
+LOG_FORMATS = ("text", "json")
+REQUEST = "request"  # the message of every per-request line
+
+_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+def tenant_hash(tenant: str | None) -> str | None:
+    if not tenant:
+        return None
+    return hashlib.sha256(b"fleetserve-tenant:" + tenant.encode()).hexdigest()[:12]
+
+
+def prompt_text(body: dict) -> str | None:
+    """What `--log-prompts` logs: the chat messages' text or the completion prompt."""
+    if isinstance(body.get("messages"), list):
+        parts = []
+        for m in body["messages"]:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, str):
+                parts.append(content)
+            elif isinstance(content, list):
+                parts += [p.get("text", "") for p in content if isinstance(p, dict)]
+        return "\n".join(parts)
+    prompt = body.get("prompt")
+    return prompt if isinstance(prompt, str) else (json.dumps(prompt) if prompt is not None else None)
+
+
+def _fields(record: logging.LogRecord) -> dict:
+    return {k: v for k, v in record.__dict__.items() if k not in _RESERVED and not k.startswith("_")}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, component, (replica), logger, msg, then the record's fields."""
+
+    def __init__(self, component: str, replica: str | None = None):
+        super().__init__()
+        self.component = component
+        self.replica = replica
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"ts": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(timespec="milliseconds"),
+                "level": record.levelname.lower(), "component": self.component}
+        if self.replica:
+            line["replica"] = self.replica
+        line["logger"] = record.name
+        line["msg"] = record.getMessage()
+        line.update(_fields(record))
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """`TIME component LEVEL message key=value ...` (the fields of a request line, in order)."""
+
+    def __init__(self, component: str):
+        super().__init__(f"%(asctime)s {component} %(levelname)s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        extra = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) and (' ' in v or not v) else v}"
+                         for k, v in _fields(record).items() if v is not None)
+        if not extra:
+            return text
+        head, sep, tail = text.partition("\n")  # keep a traceback below the line
+        return f"{head} {extra}{sep}{tail}"
+
+
+def configure_logging(log_format: str = "text", component: str = "fleetserve", replica: str | None = None,
+                      level: int = logging.INFO) -> None:
+    """The process's root handler on stderr, in `log_format` (text or json)."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format {log_format!r}; allowed values: {', '.join(LOG_FORMATS)}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(component, replica) if log_format == "json" else TextFormatter(component))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+def uvicorn_log_config(log_format: str):
+    """uvicorn's `log_config`: its own (default) in text, none in json (its loggers reach our handler)."""
+    if log_format == "json":
+        return None
+    from uvicorn.config import LOGGING_CONFIG
+
+    return LOGGING_CONFIG
+
+
+def log_request(logger: logging.Logger, **fields) -> None:
+    """The per-request line: message `request`, the fields as the record's attributes (None dropped)."""
+    logger.info(REQUEST, extra={k: v for k, v in fields.items() if v is not None})
+
+
+def quiet_progress_bars() -> None:
+    """JSON logs hold JSON only: no tqdm bars (model loading), transformers' messages through our handler."""
+    import os
+
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        import transformers.utils.logging as tl
+    except ImportError:
+        return
+    tl.disable_progress_bar()
+    tl.disable_default_handler()
+    tl.enable_propagation()

@@ -1,0 +1,249 @@
+"""Every metric fleetserve exports, defined once: name, type, unit, buckets, labels, help, who emits it.
+
+Servers never call `Counter(...)`/`Gauge(...)`/`Histogram(...)` with a literal name: they build their
+collectors from these definitions (`make`, or `family` inside a scrape-time collector), and
+`docs/metrics.md` is generated from this module (`fleetserve docs metrics`), so names, labels and help text
+cannot drift between the engine, the simulated engine, the router, the supervisor and the docs.
+
+Names: HyperPod's `model_*` for invocations (the names its dashboards and alarms use), vLLM's `vllm:*` for
+engine state (so peer routers and KEDA recipes work unchanged), `fleetserve_*` for everything else.
+A counter's `name` is the series name with `_total`, as it is queried.
+
+Labels are designed on day one (the seed's third pitfall): every model metric carries namespace,
+model_name, model_version, instance_type and replica. Every label has a documented bound (`LABELS`); none
+carries prompt or completion text. Tenant names appear only in the router's per-tenant counter and in the
+per-tenant L2 tier label, both bounded by configuration (the API key file and `kvCache.l2.tenantUrls`), and
+the router's /metrics is admin-only while API keys are on.
+
+No `_created` series: `disable_created_metrics()` runs when this module is imported (every server imports
+it before building a collector). They double the series count and no query here uses them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+disable_created_metrics()
+
+Kind = Literal["counter", "gauge", "histogram"]
+
+LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000)
+SECONDS_BUCKETS = tuple(b / 1000 for b in LATENCY_BUCKETS_MS)
+BUFFER_WAIT_BUCKETS_S = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
+TIER_LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+COLD_START_BUCKETS_S = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+
+MODEL_LABELS = ("namespace", "model_name", "model_version", "instance_type", "replica")
+
+#: Every label used below: what it holds and why its number of values is bounded.
+LABELS: dict[str, str] = {
+    "namespace": "the endpoint's metadata.namespace (one per endpoint)",
+    "model_name": "the served model name (one per endpoint)",
+    "model_version": "spec.model.version (one per deployed version)",
+    "instance_type": "the instance type the replica was placed on (the spec's priority list)",
+    "replica": "replica id, r0, r1, ... (grows with replacements over a fleet's life; one per live replica)",
+    "status": "HTTP status code of a failed invocation (a few dozen values at most)",
+    "path": "the router's API path (/v1/chat/completions, /v1/completions, /v1/models)",
+    "code": "HTTP status code answered",
+    "tenant": "tenant name from the router's API key file; '-' without keys. Bounded by the key file; "
+              "never derived from request content",
+    "reason": "a fixed set per metric: retry reasons (status_502, status_503, status_504, unreachable, "
+              "timeout_not_retried), ejection reasons (breaker, unreachable), autoscaler decision reasons",
+    "policy": "routing strategy name from the policy registry (prefixaware, kvaware, session, roundrobin, "
+              "leastload, ...)",
+    "branch": "the policy's decision branch (a fixed set per policy, e.g. hit, miss, balance, retry)",
+    "source": "predicted (the policy's estimate) or reported (the engine's usage.cached_tokens)",
+    "backend": "backend id of a replica behind the router (one per live replica)",
+    "tier": "KV tier: engine, l1, l2, or l2:TENANT for a tenant's own Redis (bounded by "
+            "kvCache.l2.tenantUrls)",
+    "capacity_type": "on-demand or spot",
+    "block_size": "KV block size in tokens (one value per engine)",
+    "num_gpu_blocks": "KV capacity in blocks (one value per engine)",
+}
+
+#: Group order in docs/metrics.md.
+GROUPS = {
+    "model": "HyperPod model metrics (engine; per invocation)",
+    "vllm": "vLLM-compatible engine metrics (engine and simulated engine)",
+    "router": "Router (gateway)",
+    "kv": "KV cache tiers (engine)",
+    "autoscaler": "Autoscaler (fleet supervisor)",
+    "capacity": "Capacity and cost (fleet supervisor)",
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One exported metric family. `name` is the series name as queried (a counter's ends in `_total`)."""
+
+    name: str
+    kind: Kind
+    help: str
+    group: str
+    unit: str = ""
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+    emitted_by: tuple[str, ...] = ()
+
+    @property
+    def base(self) -> str:
+        """The name prometheus_client takes (it appends `_total` to counters itself)."""
+        return self.name[:-6] if self.kind == "counter" and self.name.endswith("_total") else self.name
+
+    def make(self, registry: CollectorRegistry, extra_labels: tuple[str, ...] = ()):
+        """A prometheus_client collector for this metric in `registry`."""
+        labels = list(self.labels) + list(extra_labels)
+        if self.kind == "counter":
+            return Counter(self.base, self.help, labels, registry=registry)
+        if self.kind == "gauge":
+            return Gauge(self.base, self.help, labels, registry=registry)
+        return Histogram(self.base, self.help, labels, buckets=self.buckets, registry=registry)
+
+    def family(self):
+        """A metric family for a scrape-time collector (values read from an object when scraped)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        cls = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily, "histogram": HistogramMetricFamily}
+        return cls[self.kind](self.base, self.help, labels=list(self.labels))
+
+
+def _m(name: str, kind: Kind, help: str, group: str, unit: str = "", labels: tuple[str, ...] = (),
+       buckets: tuple[float, ...] | None = None, by: tuple[str, ...] = ()) -> Metric:
+    if kind == "histogram" and buckets is None:
+        raise ValueError(f"{name}: a histogram needs buckets")
+    return Metric(name, kind, help, group, unit, labels, buckets, by)
+
+
+ENGINE, SIM, ROUTER, SUPERVISOR = "engine", "simulated engine", "router", "supervisor"
+_V = ("model_name",)
+
+# --- HyperPod model metrics -------------------------------------------------------------------------------
+MODEL_INVOCATIONS = _m("model_invocations_total", "counter", "Model invocations", "model", "requests",
+                       MODEL_LABELS, by=(ENGINE,))
+MODEL_ERRORS = _m("model_errors_total", "counter", "Model invocations that failed", "model", "requests",
+                  MODEL_LABELS + ("status",), by=(ENGINE,))
+MODEL_CONCURRENT = _m("model_concurrent_requests", "gauge", "Requests in flight", "model", "requests",
+                      MODEL_LABELS, by=(ENGINE,))
+MODEL_LATENCY = _m("model_latency_milliseconds", "histogram", "End-to-end latency", "model", "milliseconds",
+                   MODEL_LABELS, LATENCY_BUCKETS_MS, by=(ENGINE,))
+MODEL_TTFB = _m("model_ttfb_milliseconds", "histogram", "Time to first byte (token)", "model", "milliseconds",
+                MODEL_LABELS, LATENCY_BUCKETS_MS, by=(ENGINE,))
+
+# --- vLLM-compatible engine metrics -----------------------------------------------------------------------
+VLLM_RUNNING = _m("vllm:num_requests_running", "gauge", "Requests in the running batch", "vllm", "requests", _V,
+                  by=(ENGINE, SIM))
+VLLM_WAITING = _m("vllm:num_requests_waiting", "gauge", "Requests waiting to run", "vllm", "requests", _V,
+                  by=(ENGINE, SIM))
+VLLM_KV_USAGE = _m("vllm:kv_cache_usage_perc", "gauge", "Engine KV working set used (0-1)", "vllm", "ratio", _V,
+                   by=(ENGINE, SIM))
+VLLM_GPU_CACHE_USAGE = _m("vllm:gpu_cache_usage_perc", "gauge", "KV cache usage (0-1), vLLM's legacy name",
+                          "vllm", "ratio", _V, by=(SIM,))
+VLLM_PREFIX_QUERIES = _m("vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix "
+                         "cache", "vllm", "tokens", _V, by=(ENGINE, SIM))
+VLLM_PREFIX_HITS = _m("vllm:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache",
+                      "vllm", "tokens", _V, by=(ENGINE, SIM))
+VLLM_GPU_PREFIX_QUERIES = _m("vllm:gpu_prefix_cache_queries_total", "counter", "Prompt tokens looked up, "
+                             "vLLM's legacy name", "vllm", "tokens", _V, by=(SIM,))
+VLLM_GPU_PREFIX_HITS = _m("vllm:gpu_prefix_cache_hits_total", "counter", "Prompt tokens found cached, vLLM's "
+                          "legacy name", "vllm", "tokens", _V, by=(SIM,))
+VLLM_PROMPT_TOKENS = _m("vllm:prompt_tokens_total", "counter", "Prompt tokens processed", "vllm", "tokens", _V,
+                        by=(ENGINE,))
+VLLM_GENERATION_TOKENS = _m("vllm:generation_tokens_total", "counter", "Tokens generated", "vllm", "tokens", _V,
+                            by=(ENGINE,))
+VLLM_TTFT = _m("vllm:time_to_first_token_seconds", "histogram", "Time to first token", "vllm", "seconds", _V,
+               SECONDS_BUCKETS, by=(ENGINE, SIM))
+VLLM_E2E = _m("vllm:e2e_request_latency_seconds", "histogram", "End-to-end request latency", "vllm", "seconds",
+              _V, SECONDS_BUCKETS, by=(ENGINE,))
+VLLM_CACHE_CONFIG = _m("vllm:cache_config_info", "gauge", "Cache configuration (value 1)", "vllm", "",
+                       ("block_size", "num_gpu_blocks"), by=(SIM,))
+SIM_BUSY = _m("fleetserve_sim_busy_seconds_total", "counter", "Time the simulated engine spent computing", "vllm",
+              "seconds", _V, by=(SIM,))
+
+# --- router -----------------------------------------------------------------------------------------------
+ROUTER_REQUESTS = _m("fleetserve_router_requests_total", "counter", "Requests answered", "router", "requests",
+                     ("path", "code"), by=(ROUTER,))
+ROUTER_TENANT_REQUESTS = _m("fleetserve_router_tenant_requests_total", "counter", "Requests by tenant (tenants "
+                            "from the API key file; '-' without keys)", "router", "requests", ("tenant", "code"),
+                            by=(ROUTER,))
+ROUTER_RETRIES = _m("fleetserve_router_retries_total", "counter", "Attempts moved to another replica", "router",
+                    "attempts", ("reason",), by=(ROUTER,))
+ROUTER_DECISIONS = _m("fleetserve_router_routing_decisions_total", "counter", "Routing decisions per policy and "
+                      "branch", "router", "decisions", ("policy", "branch"), by=(ROUTER,))
+ROUTER_EJECTIONS = _m("fleetserve_router_ejections_total", "counter", "Replicas taken out of rotation by a "
+                      "request failure (circuit breaker opened, or unreachable)", "router", "ejections",
+                      ("backend", "reason"), by=(ROUTER,))
+ROUTER_BACKEND_HEALTHY = _m("fleetserve_router_backend_healthy", "gauge", "1 if the backend takes traffic",
+                            "router", "", ("backend",), by=(ROUTER,))
+ROUTER_BACKEND_IN_FLIGHT = _m("fleetserve_router_backend_in_flight", "gauge", "Requests outstanding", "router",
+                              "requests", ("backend",), by=(ROUTER,))
+ROUTER_TTFB = _m("fleetserve_router_ttfb_milliseconds", "histogram", "Time to first byte through the router",
+                 "router", "milliseconds", (), LATENCY_BUCKETS_MS, by=(ROUTER,))
+ROUTER_LATENCY = _m("fleetserve_router_latency_milliseconds", "histogram", "Latency through the router",
+                    "router", "milliseconds", (), LATENCY_BUCKETS_MS, by=(ROUTER,))
+ROUTER_KV_SUBSCRIPTIONS = _m("fleetserve_router_kv_subscriptions", "gauge", "Backends whose KV events are "
+                             "followed", "router", "backends", by=(ROUTER,))
+ROUTER_INDEX_BLOCKS = _m("fleetserve_router_index_blocks", "gauge", "Blocks in the router's prefix/KV index",
+                         "router", "blocks", by=(ROUTER,))
+ROUTER_QUEUED = _m("fleetserve_router_queued_requests", "gauge", "Requests waiting for a replica slot (limits)",
+                   "router", "requests", by=(ROUTER,))
+ROUTER_PENDING = _m("fleetserve_router_pending_requests", "gauge", "Requests held until a replica is ready "
+                    "(the buffer at zero replicas)", "router", "requests", by=(ROUTER,))
+ROUTER_BUFFER_WAIT = _m("fleetserve_router_buffer_wait_seconds", "histogram", "Time requests waited for a "
+                        "replica", "router", "seconds", (), BUFFER_WAIT_BUCKETS_S, by=(ROUTER,))
+ROUTER_CACHED_TOKENS = _m("fleetserve_router_cached_tokens_total", "counter", "Prompt tokens the policy "
+                          "predicted the replica to find cached, and those the engine reported", "router",
+                          "tokens", ("policy", "source"), by=(ROUTER,))
+
+# --- KV tiers (read from the engine's prefix cache at scrape time) ----------------------------------------
+_T = ("tier",)
+KV_TIER_HITS = _m("fleetserve_kv_tier_hits_total", "counter", "Blocks found per tier", "kv", "blocks", _T,
+                  by=(ENGINE,))
+KV_TIER_MISSES = _m("fleetserve_kv_tier_misses_total", "counter", "Blocks looked up and not found", "kv",
+                    "blocks", _T, by=(ENGINE,))
+KV_TIER_EVICTIONS = _m("fleetserve_kv_tier_evictions_total", "counter", "Blocks evicted", "kv", "blocks", _T,
+                       by=(ENGINE,))
+KV_TIER_BYTES_IN = _m("fleetserve_kv_tier_bytes_in_total", "counter", "Bytes written to the tier", "kv",
+                      "bytes", _T, by=(ENGINE,))
+KV_TIER_BYTES_OUT = _m("fleetserve_kv_tier_bytes_out_total", "counter", "Bytes loaded from the tier", "kv",
+                       "bytes", _T, by=(ENGINE,))
+KV_TIER_FAILURES = _m("fleetserve_kv_tier_failures_total", "counter", "Tier operations that failed (e.g. Redis "
+                      "down)", "kv", "operations", _T, by=(ENGINE,))
+KV_TIER_REJECTED = _m("fleetserve_kv_tier_rejected_total", "counter", "Values whose header did not match the "
+                      "key (foreign or corrupt; never used)", "kv", "blocks", _T, by=(ENGINE,))
+KV_TIER_GET = _m("fleetserve_kv_tier_get_seconds", "histogram", "Tier load latency (recent operations)", "kv",
+                 "seconds", _T, TIER_LATENCY_BUCKETS_S, by=(ENGINE,))
+KV_TIER_PUT = _m("fleetserve_kv_tier_put_seconds", "histogram", "Tier store latency (recent operations)", "kv",
+                 "seconds", _T, TIER_LATENCY_BUCKETS_S, by=(ENGINE,))
+
+# --- autoscaler -------------------------------------------------------------------------------------------
+AUTOSCALER_DESIRED = _m("fleetserve_autoscaler_desired_replicas", "gauge", "Replicas the policy wants",
+                        "autoscaler", "replicas", by=(SUPERVISOR,))
+AUTOSCALER_READY = _m("fleetserve_autoscaler_ready_replicas", "gauge", "Replicas answering /health",
+                      "autoscaler", "replicas", by=(SUPERVISOR,))
+AUTOSCALER_DECISIONS = _m("fleetserve_autoscaler_decisions_total", "counter", "Scaling decisions by reason",
+                          "autoscaler", "decisions", ("reason",), by=(SUPERVISOR,))
+REPLICA_COLD_START = _m("fleetserve_replica_cold_start_seconds", "histogram", "From the request for a replica "
+                        "to its first healthy answer", "autoscaler", "seconds", (), COLD_START_BUCKETS_S,
+                        by=(SUPERVISOR,))
+
+# --- capacity and cost ------------------------------------------------------------------------------------
+COST_PER_HOUR = _m("fleetserve_cost_per_hour_dollars", "gauge", "What the fleet's nodes cost per hour",
+                   "capacity", "dollars per hour", by=(SUPERVISOR,))
+COST_TOTAL = _m("fleetserve_cost_dollars", "gauge", "Dollars spent since the fleet started (cumulative)",
+                "capacity", "dollars", by=(SUPERVISOR,))
+NODES = _m("fleetserve_nodes", "gauge", "Nodes by instance and capacity type", "capacity", "nodes",
+           ("instance_type", "capacity_type"), by=(SUPERVISOR,))
+
+#: The whole vocabulary, in documentation order.
+METRICS: tuple[Metric, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Metric))
+BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+
+
+def by_name(name: str) -> Metric:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not in the metrics vocabulary (fleetserve.observe.vocabulary)") from None

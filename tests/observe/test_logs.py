@@ -1,0 +1,115 @@
+"""Structured logs: a router and an engine with --log-format json write one JSON line per request, with the
+request id, the hashed tenant, the replica, policy and branch, and timings; prompt text only with
+--log-prompts."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx
+
+from fleetserve.observe.logs import JsonFormatter, TextFormatter, log_request, prompt_text, tenant_hash
+from fleetserve.router.auth import key_digest
+from tests.helpers import Server, internal_token, wait_until
+
+SECRET = "zebra-quartz-unguessable-prompt-words"
+
+
+def _record(**fields) -> logging.LogRecord:
+    logger = logging.getLogger("test.access")
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    handler = Keep()
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        log_request(logger, **fields)
+    finally:
+        logger.removeHandler(handler)
+    return records[0]
+
+
+def test_formatters_and_tenant_hash():
+    record = _record(request_id="abc", tenant=tenant_hash("alpha"), status=200, latency_ms=1.5, prompt=None)
+    line = json.loads(JsonFormatter("router").format(record))
+    assert line["msg"] == "request" and line["component"] == "router" and line["level"] == "info"
+    assert line["request_id"] == "abc" and line["status"] == 200 and line["latency_ms"] == 1.5
+    assert "prompt" not in line  # None fields are dropped
+    assert line["tenant"] == tenant_hash("alpha") != "alpha" and len(line["tenant"]) == 12
+    assert tenant_hash(None) is None
+    text = TextFormatter("router").format(record)
+    assert "request request_id=abc" in text and "status=200" in text
+    assert prompt_text({"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": [
+        {"type": "text", "text": "there"}]}]}) == "hi\nthere"
+    assert prompt_text({"prompt": "p"}) == "p"
+
+
+def _json_lines(server: Server) -> list[dict]:
+    lines = [line for line in server.log().splitlines() if line.strip()]
+    return [json.loads(line) for line in lines]  # every line parses: nothing but JSON
+
+
+def _fleet(tmp_path, *extra: str) -> tuple[Server, Server, dict]:
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": {key_digest("alpha-key"): "alpha"}}))
+    token_file, _ = internal_token(tmp_path)
+    from fleetserve.engine.tiny import create_tiny_model
+
+    model = create_tiny_model(tmp_path / "tiny", context_length=256)
+    engine = Server(["engine", "--model", str(model), "--served-model-name", "tiny", "--threads", "1",
+                     "--replica", "r7", "--internal-token-file", token_file, "--log-format", "json", *extra],
+                    tmp_path / "engine.log").start()
+    router = Server(["router", "--backend", engine.url, "--auth-file", str(keys), "--internal-token-file",
+                     token_file, "--strategy", "prefixaware", "--log-format", "json", *extra],
+                    tmp_path / "router.log").start()
+    return engine, router, {"authorization": "Bearer alpha-key"}
+
+
+def _request(router: Server, headers: dict) -> str:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": SECRET}], "max_tokens": 3}
+    r = httpx.post(router.url + "/v1/chat/completions", json=body, headers={**headers, "x-request-id": "req-42"},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    return r.headers["x-fleetserve-replica"]
+
+
+def _request_line(server: Server) -> dict:
+    wait_until(lambda: any(x.get("msg") == "request" for x in _json_lines(server)), 20, what="a request line")
+    return next(x for x in _json_lines(server) if x.get("msg") == "request")
+
+
+def test_router_and_engine_write_json_request_lines_without_prompt_text(tmp_path):
+    engine, router, headers = _fleet(tmp_path)
+    try:
+        replica = _request(router, headers)
+        line = _request_line(router)
+        assert line["request_id"] == "req-42" and line["status"] == 200
+        assert line["tenant"] == tenant_hash("alpha") and "alpha" not in json.dumps(line)
+        assert line["replica"] == replica and line["policy"] == "prefixaware" and line["branch"]
+        assert line["attempts"] == 1 and line["ttfb_ms"] >= 0 and line["latency_ms"] >= line["ttfb_ms"]
+        eline = _request_line(engine)
+        assert eline["request_id"] == "req-42" and eline["status"] == 200 and eline["replica"] == "r7"
+        assert eline["tenant"] == tenant_hash("alpha")
+        assert eline["prompt_tokens"] > 0 and eline["completion_tokens"] > 0
+        assert eline["ttft_ms"] >= 0 and eline["latency_ms"] >= eline["ttft_ms"]
+        assert SECRET not in router.log() and SECRET not in engine.log()
+        assert "alpha" not in engine.log()
+    finally:
+        router.stop()
+        engine.stop()
+
+
+def test_log_prompts_puts_the_prompt_in_the_request_lines(tmp_path):
+    engine, router, headers = _fleet(tmp_path, "--log-prompts")
+    try:
+        _request(router, headers)
+        assert SECRET in _request_line(router)["prompt"]
+        assert SECRET in _request_line(engine)["prompt"]
+    finally:
+        router.stop()
+        engine.stop()

@@ -1,0 +1,158 @@
+"""The one metrics vocabulary: every server builds from it, docs/metrics.md is generated from it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetserve.observe import vocabulary as v
+from fleetserve.observe.docs import DOC_PATH, REGENERATE, render_metrics_md
+from fleetserve.observe.metrics import (
+    EngineMetrics,
+    ModelIdentity,
+    PrefixCacheCollector,
+    RouterMetrics,
+    SimEngineMetrics,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+FORBIDDEN_LABELS = {"prompt", "text", "completion", "content", "message", "user", "api_key", "key"}
+
+
+def test_docs_metrics_md_is_generated_from_the_vocabulary():
+    committed = (ROOT / DOC_PATH).read_text() if (ROOT / DOC_PATH).exists() else ""
+    assert committed == render_metrics_md(), f"docs/metrics.md is stale; regenerate it with: {REGENERATE}"
+
+
+def test_names_are_unique_and_every_label_is_documented_and_bounded():
+    assert len(v.BY_NAME) == len(v.METRICS)
+    for m in v.METRICS:
+        assert m.group in v.GROUPS, m.name
+        assert (m.kind == "counter") == m.name.endswith("_total"), m.name
+        assert (m.kind == "histogram") == (m.buckets is not None), m.name
+        assert m.emitted_by, m.name
+        for label in m.labels:
+            assert label in v.LABELS, f"{m.name}: label {label!r} has no documented bound in vocabulary.LABELS"
+            assert label not in FORBIDDEN_LABELS, f"{m.name}: label {label!r} could carry request text"
+    model = [m for m in v.METRICS if m.group == "model"]
+    assert {m.name for m in model} == {"model_invocations_total", "model_errors_total", "model_concurrent_requests",
+                                       "model_latency_milliseconds", "model_ttfb_milliseconds"}
+    assert all(set(v.MODEL_LABELS) <= set(m.labels) for m in model)
+    assert {"namespace", "model_version", "instance_type"} <= set(v.MODEL_LABELS)
+    for group in v.GROUPS:
+        assert any(m.group == group for m in v.METRICS), group
+
+
+def _exposed(registry: CollectorRegistry) -> tuple[str, dict]:
+    text = generate_latest(registry).decode()
+    return text, {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _check_against_vocabulary(registry: CollectorRegistry) -> set[str]:
+    """Every family in the registry is in the vocabulary with the same type and labels; no _created."""
+    text, families = _exposed(registry)
+    assert "_created" not in text
+    names = set()
+    for name, fam in families.items():
+        m = v.by_name(name + "_total" if fam.type == "counter" else name)
+        assert fam.type == m.kind, name
+        for s in fam.samples:
+            assert set(s.labels) - {"le"} <= set(m.labels) | {"status"}, (name, s.labels)
+        names.add(m.name)
+    return names
+
+
+def test_engine_router_and_sim_collectors_are_the_vocabulary():
+    e = EngineMetrics(ModelIdentity("ns", "m", "2", "g5.xlarge", "r3"))
+    e.model(e.invocations).inc()
+    e.error(503)
+    e.model(e.latency_ms).observe(12)
+    e.model(e.ttfb_ms).observe(3)
+    e.model(e.concurrent).set(1)
+    for metric in (e.running, e.waiting):
+        e.vllm(metric).set(1)
+    for metric in (e.prompt_tokens, e.generation_tokens):
+        e.vllm(metric).inc()
+    e.vllm(e.ttft_s).observe(0.1)
+    e.vllm(e.e2e_s).observe(0.2)
+    names = _check_against_vocabulary(e.registry)
+    assert {"model_invocations_total", "model_errors_total", "model_latency_milliseconds",
+            "vllm:num_requests_running", "vllm:e2e_request_latency_seconds"} <= names
+    text = generate_latest(e.registry).decode()
+    assert 'model_invocations_total{instance_type="g5.xlarge",model_name="m",model_version="2",namespace="ns",' \
+           'replica="r3"} 1.0' in text
+
+    r = RouterMetrics()
+    r.requests.labels("/v1/completions", "200").inc()
+    r.tenant_requests.labels("alpha", "200").inc()
+    r.retries.labels("unreachable").inc()
+    r.decisions.labels("prefixaware", "hit").inc()
+    r.ejections.labels("b0", "breaker").inc()
+    r.cached_tokens.labels("prefixaware", "predicted").inc(5)
+    r.ttfb_ms.observe(1)
+    r.healthy.labels("b0").set(1)
+    names = _check_against_vocabulary(r.registry)
+    assert {"fleetserve_router_routing_decisions_total", "fleetserve_router_ejections_total",
+            "fleetserve_router_pending_requests", "fleetserve_router_cached_tokens_total"} <= names
+
+    s = SimEngineMetrics()
+    s.running.labels(model_name="sim").set(1)
+    s.queries.labels(model_name="sim").inc(4)
+    s.config.labels("16", "100").set(1)
+    names = _check_against_vocabulary(s.registry)
+    assert {"vllm:num_requests_running", "vllm:prefix_cache_queries_total", "vllm:cache_config_info"} <= names
+
+
+def test_supervisor_metrics_are_the_vocabulary():
+    from fleetserve.fleet.metrics import SupervisorMetrics
+
+    m = SupervisorMetrics()
+    m.decisions.labels("scale_up").inc()
+    m.nodes.labels("g5.xlarge", "spot").inc()
+    m.cold_start.observe(3)
+    names = _check_against_vocabulary(m.registry)
+    assert {"fleetserve_autoscaler_desired_replicas", "fleetserve_autoscaler_decisions_total",
+            "fleetserve_cost_per_hour_dollars", "fleetserve_cost_dollars", "fleetserve_nodes"} <= names
+
+
+def test_prefix_cache_collector_exports_each_family_once_with_a_sample_per_tier():
+    def store(name, hits):
+        stats = SimpleNamespace(misses=1, evictions=2, bytes_in=3, bytes_out=4, failures=0, rejected=0,
+                                get_seconds=[0.002, 0.02], put_seconds=[0.5])
+        return SimpleNamespace(name=name, stats=stats)
+
+    cache = SimpleNamespace(block_shape=(2, 1, 1, 16, 8), queries=10, hits={"engine": 3, "l1": 2, "l2": 1},
+                            _blocks=[1, 2], engine_blocks=8, l1=store("l1", 2), l2=store("l2", 1),
+                            tenant_l2={"acme": store("l2", 0)})
+    reg = CollectorRegistry()
+    reg.register(PrefixCacheCollector(cache, "m"))
+    text = generate_latest(reg).decode()
+    assert len(re.findall(r"^# TYPE fleetserve_kv_tier_misses_total counter", text, re.M)) == 1
+    names = _check_against_vocabulary(reg)
+    assert {"fleetserve_kv_tier_get_seconds", "fleetserve_kv_tier_evictions_total",
+            "vllm:prefix_cache_hits_total"} <= names
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    tiers = {s.labels["tier"] for s in families["fleetserve_kv_tier_misses"].samples}
+    assert tiers == {"l1", "l2", "l2:acme"}
+    assert families["vllm:prefix_cache_queries"].samples[0].value == 160  # blocks x block size
+    get = {s.labels["le"]: s.value for s in families["fleetserve_kv_tier_get_seconds"].samples
+           if s.name.endswith("_bucket") and s.labels["tier"] == "l1"}
+    assert get["0.005"] == 1 and get["0.025"] == 2 and get["+Inf"] == 2
+
+
+def test_no_server_declares_a_metric_outside_the_vocabulary():
+    """Counter/Gauge/Histogram(...) and *MetricFamily(...) with a literal name belong in vocabulary.py only."""
+    pattern = re.compile(r"\b(Counter|Gauge|Histogram|Summary|CounterMetricFamily|GaugeMetricFamily|"
+                         r"HistogramMetricFamily)\(\s*[\"']")
+    offenders = []
+    for path in (ROOT / "src" / "fleetserve").rglob("*.py"):
+        if path.name == "vocabulary.py":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not offenders, "define these in src/fleetserve/observe/vocabulary.py:\n" + "\n".join(offenders)
