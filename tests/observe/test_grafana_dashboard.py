@@ -98,3 +98,61 @@ def test_every_query_parses_with_promtool(board, tmp_path):
 
 def test_concrete_replaces_grafana_variables():
     assert concrete('rate(x{a=~"$a",b=~"${b}"}[$__rate_interval])') == 'rate(x{a=~".*",b=~".*"}[5m])'
+
+
+MODEL_LABELS = 'namespace="ns",model_name="m",model_version="1",instance_type="g5",replica="r0"'
+INPUT = [  # one minute a step, ten steps: rates per second are these increments / 60
+    (f"model_invocations_total{{{MODEL_LABELS}}}", "0+60x10"),
+    (f'model_errors_total{{{MODEL_LABELS},status="500"}}', "0+6x10"),
+    (f"model_concurrent_requests{{{MODEL_LABELS}}}", "3x10"),
+    *[(f'{m}_bucket{{{MODEL_LABELS},le="{le}"}}', v) for m in ("model_latency_milliseconds", "model_ttfb_milliseconds")
+      for le, v in (("100", "0+30x10"), ("1000", "0+60x10"), ("+Inf", "0+60x10"))],
+    ('fleetserve_kv_tier_hits_total{tier="engine"}', "0+30x10"),
+    ('fleetserve_kv_tier_hits_total{tier="l1"}', "0+30x10"),
+    ('vllm:prefix_cache_hits_total{model_name="m"}', "0+400x10"),
+    ('vllm:prefix_cache_queries_total{model_name="m"}', "0+800x10"),
+    ('fleetserve_router_cached_tokens_total{policy="prefixaware",source="predicted"}', "0+120x10"),
+    ("fleetserve_autoscaler_desired_replicas", "2x10"),
+    ('fleetserve_nodes{instance_type="g5",capacity_type="spot"}', "2x10"),
+    ("fleetserve_cost_per_hour_dollars", "1.5x10"),
+]
+EXPECTED = {  # (panel key, series index): [(labels, value)]
+    ("latency", 0): [("", 100.0)],  # p50: half the observations are <= 100 ms
+    ("ttfb", 0): [("", 100.0)],
+    ("concurrency", 0): [('instance_type="g5"', 3.0)],
+    ("errors", 0): [("", 0.1)],
+    ("throughput", 0): [('model_version="1"', 1.0)],
+    ("cache_tiers", 0): [('tier="engine"', 0.25), ('tier="l1"', 0.25)],  # an even split of a 50% token hit rate
+    ("cached_tokens", 0): [('source="predicted"', 2.0)],
+    ("replicas", 0): [("", 2.0)],
+    ("nodes", 0): [('capacity_type="spot",instance_type="g5"', 2.0)],
+    ("cost", 0): [("", 1.5)],
+}
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing: scripts/setup.sh installs "
+                                                              "prometheus from Debian as root")
+def test_queries_evaluate_to_the_expected_values_with_promtool_test_rules(tmp_path):
+    """Parsing is not enough: vector matching (the tier split) and histogram quantiles must also evaluate."""
+    rules = [{"record": f"dash:{p.key}:{i}", "expr": concrete(s.expr)} for p in PANELS for i, s in enumerate(p.series)]
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    tests = [{"expr": f"dash:{key}:{i}", "eval_time": "10m",
+              "exp_samples": [{"labels": f"dash:{key}:{i}{{{labels}}}" if labels else f"dash:{key}:{i}", "value": v}
+                              for labels, v in samples]}
+             for (key, i), samples in EXPECTED.items()]
+    spec = {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in INPUT],
+                       "promql_expr_test": tests}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(spec))
+    run = subprocess.run(["promtool", "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_dashboard_open_url_carries_the_fleet_token(tmp_path):
+    from fleetserve.cli.dashboard_commands import dashboard_url
+
+    token = tmp_path / "internal.token"
+    assert dashboard_url("http://127.0.0.1:8000/v1", token) == "http://127.0.0.1:8000/dashboard"
+    token.write_text("s3cret-token-of-the-fleet\n")
+    assert dashboard_url("https://h:1/v1", token) == "https://h:1/dashboard?token=s3cret-token-of-the-fleet"
