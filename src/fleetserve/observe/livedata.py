@@ -48,7 +48,8 @@ def parse(text: str, source: str) -> dict[Key, float]:
 class Sample:
     t: float
     values: dict[Key, float]
-    decisions: dict[str, float] = field(default_factory=dict)
+    points: dict[tuple, dict] = field(default_factory=dict, repr=False)  # per filter set, computed once
+    decisions: dict[str, float] | None = field(default=None, repr=False)
 
 
 def _match(labels: tuple[tuple[str, str], ...], filters: dict[str, str]) -> bool:
@@ -92,7 +93,7 @@ def quantile(q: float, buckets: dict[str, float]) -> float | None:
 
 
 class LiveData:
-    def __init__(self, history_s: float = 900.0, window_s: float = 15.0, min_interval_s: float = 1.0,
+    def __init__(self, history_s: float = 600.0, window_s: float = 15.0, min_interval_s: float = 1.5,
                  clock=time.time):
         self.history_s, self.window_s, self.min_interval_s = history_s, window_s, min_interval_s
         self.clock = clock
@@ -201,8 +202,13 @@ class LiveData:
         """The JSON the page draws: one entry per panel of observe/grafana.PANELS, plus decisions."""
         filters = {k: v for k, v in (filters or {}).items() if k in FILTER_LABELS and v}
         series: dict[str, dict[str, list]] = {p.key: {} for p in PANELS}
+        cache_key = tuple(sorted(filters.items()))
         for i, s in enumerate(self.samples):
-            for key, values in self._points(i, filters).items():
+            if cache_key not in s.points:  # a sample and the one before it never change: compute once
+                if len(s.points) > 8:
+                    s.points.clear()
+                s.points[cache_key] = self._points(i, filters)
+            for key, values in s.points[cache_key].items():
                 for name, value in values.items():
                     series[key].setdefault(name or "all", []).append([round(s.t, 3), value])
         panels = []
@@ -217,7 +223,9 @@ class LiveData:
         """Scaling decisions: where fleetserve_autoscaler_decisions_total{reason} went up between samples."""
         marks, previous = [], None
         for s in self.samples:
-            now = _sum(s.values, "fleetserve_autoscaler_decisions_total", by="reason")
+            if s.decisions is None:
+                s.decisions = dict(_sum(s.values, "fleetserve_autoscaler_decisions_total", by="reason"))
+            now = s.decisions
             if previous is not None:
                 for reason, n in now.items():
                     if n > previous.get(reason, 0.0):
