@@ -197,3 +197,21 @@ def test_promtool_unit_tests_of_records_and_alerts(tmp_path):
 
 def test_labels_are_the_cost_and_cause_labels():
     assert LABELS == "namespace, model_name, model_version, instance_type"
+
+
+def test_every_metric_the_rules_read_is_in_the_vocabulary():
+    """A renamed metric must not leave a rule reading nothing: each name in an expression is defined once in
+    observe/vocabulary.py (histograms by their _bucket/_count/_sum series), or is kube-state-metrics'."""
+    import re
+
+    from fleetserve.observe.vocabulary import BY_NAME
+
+    local = rule_groups(rule_target(endpoint(), "chat"))
+    exprs = " ".join(r["expr"] for g in local + k8s_prometheus_rule()["spec"]["groups"] for r in g["rules"])
+    exprs = re.sub(r'"[^"]*"', '""', exprs)  # label values are not names
+    functions = {"sum", "by", "rate", "histogram_quantile", "clamp_min", "max", "and", "le", "or", "vector"}
+    read = {n for n in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", exprs)
+            if n not in functions and not n.startswith(("fleetserve:", "kube_")) and "_" in n}
+    read -= set(LABELS.replace(" ", "").split(",")) | {"model_name", "fleet", "component", "service"}
+    missing = {n for n in read if n not in BY_NAME and re.sub(r"_(bucket|count|sum)$", "", n) not in BY_NAME}
+    assert read and not missing, missing
