@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleetserve.observe.metrics import LATENCY_BUCKETS_MS
+from fleetserve.observe.vocabulary import LATENCY_BUCKETS_MS
 
 LABELS = "namespace, model_name, model_version, instance_type"
 PREFIX = "fleetserve:"
