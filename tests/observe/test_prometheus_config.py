@@ -79,8 +79,15 @@ def test_default_follows_the_binary(monkeypatch):
 
 
 def test_a_promql_trigger_may_leave_the_server_to_the_fleet():
-    spec = endpoint("autoscaling: {triggers: [{metric: prometheus, query: 'sum(up)', target: 2}]}").spec
+    trigger = "autoscaling: {triggers: [{metric: prometheus, query: 'sum(up)', target: 2}]}"
+    spec = endpoint(trigger).spec
     assert spec.autoscaling.triggers[0].server_address is None
+    off = endpoint(trigger + "\n  observability: {prometheus: {enabled: false}}")
+    notes = {p.path: p.message for p in inert_settings(off)}
+    assert "the fleet runs no Prometheus" in notes["spec.autoscaling.triggers[0].serverAddress"]
+    assert "spec.autoscaling.triggers[0].serverAddress" not in {p.path for p in inert_settings(endpoint(
+        "autoscaling: {triggers: [{metric: prometheus, query: 'sum(up)', target: 2, serverAddress: 'http://p:9090'}]}"
+        "\n  observability: {prometheus: {enabled: false}}"))}
     with pytest.raises(Exception, match="needs a query"):
         endpoint("autoscaling: {triggers: [{metric: prometheus, target: 2}]}")
 

@@ -79,6 +79,11 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         note("spec.observability.prometheus", "the prometheus binary is not installed (apt-get install "
                                               "prometheus): `fleetserve up` starts no Prometheus; PromQL triggers "
                                               "need a serverAddress")
+    for i, trig in enumerate(spec.autoscaling.triggers if spec.autoscaling else []):
+        if trig.metric == "prometheus" and not trig.server_address and not local_prometheus:
+            note(f"spec.autoscaling.triggers[{i}].serverAddress", "empty, and the fleet runs no Prometheus: the "
+                 "local controller cannot read this trigger (reads fail, counting toward fallback); Kubernetes "
+                 "rendering uses --prometheus-url")
     if spec.metrics.scrape_interval_seconds != 15 and not local_prometheus:
         note("spec.metrics.scrapeIntervalSeconds", f"{k8s}: the ServiceMonitor interval; locally /metrics is "
                                                    "read when scraped (the fleet runs no Prometheus)")
