@@ -132,8 +132,9 @@ function draw(panel, data, marks, t0, t1) {
   const series = data.series.map(s => ({name: s.name, pts: s.points.filter(p => p[1] !== null)}));
   const values = series.flatMap(s => s.pts.map(p => p[1]));
   div.dataset.points = String(values.length);
-  let max = Math.max(0, ...values); if (panel.unit === "percentunit") max = Math.max(max, 0.01);
-  max = max > 0 ? max * 1.1 : 1;
+  const pct = panel.unit === "percentunit", top = Math.max(0, ...values);
+  let max = top > 0 ? top * 1.1 : (pct ? 0.01 : 1);
+  if (pct) max = Math.min(Math.max(max, 0.01), Math.max(1, top));  // ratios: at most 100 %, at least 1 %
   const x = t => L + (W - L - R) * (t - t0) / Math.max(t1 - t0, 1), y = v => H - B - (H - B - T) * v / max;
   for (let i = 0; i <= 3; i++) {
     const v = max * i / 3;
