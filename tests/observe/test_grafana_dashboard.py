@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -156,3 +157,32 @@ def test_dashboard_open_url_carries_the_fleet_token(tmp_path):
     assert dashboard_url("http://127.0.0.1:8000/v1", token) == "http://127.0.0.1:8000/dashboard"
     token.write_text("s3cret-token-of-the-fleet\n")
     assert dashboard_url("https://h:1/v1", token) == "https://h:1/dashboard?token=s3cret-token-of-the-fleet"
+
+
+def test_every_metric_and_label_the_dashboards_read_is_in_the_vocabulary():
+    """A renamed metric or label must not leave a panel empty: the Grafana queries and the live dashboard's
+    names (observe/livedata.py) are checked against observe/vocabulary.py."""
+    import inspect
+
+    from fleetserve.observe import livedata
+    from fleetserve.observe.vocabulary import BY_NAME
+
+    def family(name: str) -> str:
+        return name if name in BY_NAME else re.sub(r"_(bucket|count|sum)$", "", name)
+
+    exprs = " ".join(check_exprs(build_dashboard()))
+    read = {n for n in re.findall(r"\b(?:model|fleetserve|vllm)[a-zA-Z0-9_:]*", exprs)}
+    live = set(re.findall(r'"((?:model|fleetserve|vllm)[a-zA-Z0-9_:]*)"', inspect.getsource(livedata)))
+    read, live = read - set(FILTER_LABELS), live - set(FILTER_LABELS)  # label names, not metrics
+    assert {"model_latency_milliseconds_bucket", "fleetserve_nodes"} <= read & live
+    missing = {n for n in read | live if family(n) not in BY_NAME}
+    assert not missing, missing
+    for name in read | live:  # the labels a query filters or groups by exist on that metric
+        labels = set(BY_NAME[family(name)].labels) | ({"le"} if name.endswith("_bucket") else set())
+        if name.startswith("model_"):
+            assert set(FILTER_LABELS) <= labels, (name, labels)
+    for name, label in (("fleetserve_kv_tier_hits_total", "tier"), ("fleetserve_router_cached_tokens_total", "source"),
+                        ("fleetserve_nodes", "instance_type"), ("fleetserve_nodes", "capacity_type"),
+                        ("fleetserve_autoscaler_decisions_total", "reason"), ("vllm:prefix_cache_hits_total",
+                                                                                "model_name")):
+        assert label in BY_NAME[name].labels, (name, label)
