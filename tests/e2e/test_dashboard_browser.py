@@ -86,6 +86,10 @@ def test_dashboard_in_headless_chromium_shows_live_panels(tmp_path, tiny_model, 
                 points = {k: int(page.locator(f"#panel-{k}").get_attribute("data-points")) for k in MUST_SHOW}
                 paths = page.locator("#panel-latency svg path").count()
                 page.screenshot(path=str(shot), full_page=True)
+                with page.expect_request(lambda r: "instance_type=local" in r.url, timeout=10_000):
+                    page.select_option("#filter-instance_type", "local")  # the filters are the label values seen
+                page.wait_for_timeout(500)
+                filtered = int(page.locator("#panel-latency").get_attribute("data-points"))
             finally:
                 browser.close()
         print(f"\ndashboard screenshot: {shot}")
@@ -94,6 +98,7 @@ def test_dashboard_in_headless_chromium_shows_live_panels(tmp_path, tiny_model, 
         assert all(n > 0 for n in points.values()), points
         assert values["latency"] != "-" and values["ttfb"] != "-" and paths >= 1, values
         assert values["replicas"] == "2 series" and values["cost"].startswith("$"), values
+        assert filtered > 0
     finally:
         stop.set()
         fleetserve("down", "dash", env=home)
