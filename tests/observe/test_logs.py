@@ -113,3 +113,50 @@ def test_log_prompts_puts_the_prompt_in_the_request_lines(tmp_path):
     finally:
         router.stop()
         engine.stop()
+
+
+def test_simulated_engine_writes_request_lines_and_hyperpod_metrics(tmp_path):
+    from tests.metrics_text import sample
+
+    engine = Server(["engine", "--simulate", "fast", "--served-model-name", "sim", "--namespace", "team-a",
+                     "--model-version", "3", "--instance-type", "ml.g5.xlarge", "--replica", "r2",
+                     "--log-format", "json"], tmp_path / "sim.log").start()
+    try:
+        body = {"model": "sim", "prompt": SECRET, "max_tokens": 2}
+        r = httpx.post(engine.url + "/v1/completions", json=body, headers={"x-request-id": "sim-1"}, timeout=30)
+        assert r.status_code == 200
+        assert httpx.post(engine.url + "/v1/completions", json={**body, "model": "nope"}, timeout=30).status_code == 404
+        line = _request_line(engine)
+        assert line["request_id"] == "sim-1" and line["status"] == 200 and line["replica"] == "r2"
+        assert line["prompt_tokens"] > 0 and line["completion_tokens"] == 2 and "prompt" not in line
+        assert SECRET not in engine.log()
+        labels = {"namespace": "team-a", "model_name": "sim", "model_version": "3", "instance_type": "ml.g5.xlarge",
+                  "replica": "r2"}
+        assert sample(engine.url, "model_invocations_total", **labels) == 2
+        assert sample(engine.url, "model_errors_total", status="404", **labels) == 1
+        assert sample(engine.url, "model_latency_milliseconds_count", **labels) == 1
+        assert sample(engine.url, "model_ttfb_milliseconds_count", **labels) == 1
+        assert sample(engine.url, "model_concurrent_requests", **labels) == 0
+        assert "_created" not in httpx.get(engine.url + "/metrics").text
+    finally:
+        engine.stop()
+
+
+def test_log_format_in_the_spec_and_the_up_options_override_it():
+    import pytest
+
+    from fleetserve.cli.app import _with_log_options
+    from fleetserve.spec import SpecError
+    from fleetserve.spec.load import load_spec_text
+
+    text = ("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {name: logs}\n"
+            "spec:\n  model: {source: /models/m}\n  observability: {logFormat: %s}\n")
+    loaded = load_spec_text(text % "json")
+    obs = loaded.endpoint.spec.observability
+    assert obs.log_format == "json" and obs.log_prompts is False
+    plain = load_spec_text(text % "text")
+    assert _with_log_options(plain, None, False) is plain
+    changed = _with_log_options(plain, "json", True).endpoint.spec.observability
+    assert changed.log_format == "json" and changed.log_prompts is True
+    with pytest.raises(SpecError, match="logFormat"):
+        load_spec_text(text % "yaml")

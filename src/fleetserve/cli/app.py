@@ -296,10 +296,13 @@ def engine(
                        block_size=block_size or perf.block_size)
         from fleetserve.api.internal import read_token_file
         from fleetserve.api.limits import SizeLimits
+        from fleetserve.observe.metrics import ModelIdentity
 
         token = read_token_file(internal_token_file) if internal_token_file else None
         run_simulated_engine(perf, host, port, served_model_name or f"sim-{simulate}", token,
-                             SizeLimits(max_body_bytes, max_header_bytes), log_format=log_format)
+                             SizeLimits(max_body_bytes, max_header_bytes), log_format=log_format,
+                             identity=ModelIdentity(namespace, served_model_name or f"sim-{simulate}", model_version,
+                                                    instance_type, replica), log_prompts=log_prompts)
         return
     if model is None:
         raise typer.BadParameter("give --model (a model source) or --simulate (a performance profile)",

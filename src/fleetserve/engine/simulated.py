@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
 import zlib
@@ -33,7 +34,8 @@ from fleetserve.api.limits import SizeLimits
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
 from fleetserve.kvcache.blocks import chain_keys, kv_salt, namespace_key
 from fleetserve.kvcache.events import KVEventLog
-from fleetserve.observe.metrics import SimEngineMetrics, exposition
+from fleetserve.observe.logs import log_request, prompt_text, tenant_hash
+from fleetserve.observe.metrics import ModelIdentity, SimEngineMetrics, exposition
 from fleetserve.sim.perf import PerfProfile
 from fleetserve.sim.replica import ReplicaModel, Seq
 
@@ -59,8 +61,12 @@ class SimRequest:
     seq: Seq | None = None
 
 
+access_log = logging.getLogger("fleetserve.engine.access")
+
+
 class SimulatedEngine:
-    def __init__(self, profile: PerfProfile, model_name: str, model_version: str = "1", max_waiting: int = 4096):
+    def __init__(self, profile: PerfProfile, model_name: str, model_version: str = "1", max_waiting: int = 4096,
+                 identity: ModelIdentity | None = None, log_prompts: bool = False):
         self.profile = profile
         self.model_name = model_name
         self.model_version = model_version
@@ -77,6 +83,10 @@ class SimulatedEngine:
         self.m_ttft, self.m_busy, self.m_config = m.ttft, m.busy, m.config
         self.m_config.labels(str(profile.block_size), str(profile.cache_blocks)).set(1)
         self._lbl = {"model_name": model_name}
+        self.identity = identity or ModelIdentity(model_name=model_name, model_version=model_version)
+        self._model_lbl = self.identity.labels()
+        self._metrics = m
+        self.log_prompts = log_prompts
 
     @property
     def cache(self):
@@ -128,6 +138,7 @@ class SimulatedEngine:
         for m in (self.m_hits, self.m_gpu_hits):
             m.labels(**self._lbl).inc(seq.cached)
         self.m_ttft.labels(**self._lbl).observe(req.first_token_at - req.arrived)
+        self._metrics.ttfb_ms.labels(**self._model_lbl).observe((req.first_token_at - req.arrived) * 1000)
         self._emit(seq)
 
     def _emit(self, seq: Seq) -> None:
@@ -151,6 +162,11 @@ class SimulatedEngine:
         return text_tokens(parsed.prompt or "")
 
     async def serve(self, request: Request, kind: str) -> Response:
+        m, labels, started = self._metrics, self._model_lbl, time.monotonic()
+        m.invocations.labels(**labels).inc()
+        ctx = {"request_id": request.headers.get("x-request-id"), "kind": kind,
+               "tenant": tenant_hash(request.headers.get(TENANT_HEADER))}
+        body: dict = {}
         try:
             body = parse_json_body(await request.body())
             parsed = parse_chat(body) if kind == "chat" else parse_completion(body)
@@ -161,6 +177,8 @@ class SimulatedEngine:
                 raise APIError(503, "engine queue is full; retry later", code="overloaded",
                                headers={"Retry-After": "1"})
         except APIError as err:
+            m.errors.labels(**labels, status=str(err.status)).inc()
+            self._log_request(ctx, err.status, started, None, body, error=err.code)
             return err.response()
         tokens = self._tokens(parsed)
         salt = kv_salt(request.headers.get(TENANT_HEADER), parsed.cache_salt)  # tenant: from the router only
@@ -171,9 +189,19 @@ class SimulatedEngine:
         self._work.set()
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         base = {"id": rid, "created": int(time.time()), "model": self.model_name}
+        ctx["request_id"], ctx["stream"] = ctx["request_id"] or rid, parsed.stream
+        m.concurrent.labels(**labels).inc()
+
+        def finished(status: int) -> None:
+            m.concurrent.labels(**labels).dec()
+            if status == 200:
+                m.latency_ms.labels(**labels).observe((time.monotonic() - started) * 1000)
+            self._log_request(ctx, status, started, req, body)
+
         if parsed.stream:
             def cancel() -> None:
                 self._cancel(req)
+                finished(200 if req.produced >= req.max_tokens else 499)
 
             return WatchedStreamingResponse(self._sse(req, kind, base, parsed.include_usage),
                                             media_type="text/event-stream", on_close=cancel)
@@ -181,7 +209,9 @@ class SimulatedEngine:
             await until_disconnect(request, self._finish(req))
         except ClientGone:
             self._cancel(req)
+            finished(499)
             return Response(status_code=499)
+        finished(200)
         text = " x" * req.produced
         usage = self._usage(req)
         if kind == "chat":
@@ -193,6 +223,21 @@ class SimulatedEngine:
             obj = "text_completion"
         return JSONResponse({**base, "object": obj, "choices": [choice], "usage": usage,
                              "fleetserve_timing": self._timing(req)})
+
+    def _log_request(self, ctx: dict, status: int, started: float, req: SimRequest | None, body: dict,
+                     error: str | None = None) -> None:
+        """The request line, as the built-in engine's (observe/logs.py); the prompt only with log_prompts."""
+        if not access_log.isEnabledFor(logging.INFO):
+            return
+        done = {}
+        if req is not None:
+            ttft = (req.first_token_at - req.arrived) * 1000 if req.first_token_at else None
+            done = {"prompt_tokens": len(req.tokens), "completion_tokens": req.produced,
+                    "cached_tokens": req.cached_tokens, "ttft_ms": round(ttft, 2) if ttft is not None else None}
+        log_request(access_log, request_id=ctx.get("request_id"), tenant=ctx.get("tenant"), kind=ctx["kind"],
+                    stream=ctx.get("stream"), status=status, **done,
+                    latency_ms=round((time.monotonic() - started) * 1000, 2), error=error,
+                    prompt=prompt_text(body) if self.log_prompts and body else None)
 
     async def _finish(self, req: SimRequest) -> None:
         while True:
@@ -332,14 +377,16 @@ def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = Non
 
 def run_simulated_engine(profile: PerfProfile, host: str, port: int, model_name: str,
                          internal_token: str | None = None, limits: SizeLimits | None = None,
-                         log_format: str = "text") -> None:
+                         log_format: str = "text", identity: ModelIdentity | None = None,
+                         log_prompts: bool = False) -> None:
     import uvicorn
 
     from fleetserve.observe.logs import configure_logging, uvicorn_log_config
 
-    configure_logging(log_format, "engine")
+    configure_logging(log_format, "engine", identity.replica if identity else None)
 
-    engine = SimulatedEngine(profile, model_name)
+    engine = SimulatedEngine(profile, model_name, identity.model_version if identity else "1", identity=identity,
+                             log_prompts=log_prompts)
     app = build_simulated_app(engine, limits, InternalAuth(internal_token))
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2,
                 log_config=uvicorn_log_config(log_format))

@@ -61,10 +61,15 @@ class EngineMetrics:
 
 
 class SimEngineMetrics:
-    """The simulated engine's vLLM-named metrics (its HTTP surface mimics vLLM's, legacy names included)."""
+    """The simulated engine's metrics: HyperPod's model_* ones, and vLLM's names (legacy ones included)."""
 
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = r = registry or CollectorRegistry()
+        self.invocations = v.MODEL_INVOCATIONS.make(r)
+        self.errors = v.MODEL_ERRORS.make(r)
+        self.concurrent = v.MODEL_CONCURRENT.make(r)
+        self.latency_ms = v.MODEL_LATENCY.make(r)
+        self.ttfb_ms = v.MODEL_TTFB.make(r)
         self.running = v.VLLM_RUNNING.make(r)
         self.waiting = v.VLLM_WAITING.make(r)
         self.usage = v.VLLM_KV_USAGE.make(r)
