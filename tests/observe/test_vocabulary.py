@@ -156,3 +156,14 @@ def test_no_server_declares_a_metric_outside_the_vocabulary():
             if pattern.search(line):
                 offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not offenders, "define these in src/fleetserve/observe/vocabulary.py:\n" + "\n".join(offenders)
+
+
+def test_autoscaler_decision_reasons_are_a_bounded_set():
+    from fleetserve.observe.vocabulary import DECISION_REASONS, decision_reason
+
+    assert decision_reason("scale up 1 -> 3: queue 12 > 4") == "scale up"
+    assert decision_reason("no activity for 345s >= cooldownPeriod 300s") == "cooldownPeriod elapsed"
+    assert decision_reason("activated from zero: 2 request(s) waiting") == "activated from zero"
+    assert decision_reason("steady at 2: ok (wants 3, held by stabilization window)") == "steady"
+    assert decision_reason("something new") == "other"
+    assert len({label for _, label in DECISION_REASONS}) == len(DECISION_REASONS)

@@ -40,6 +40,7 @@ from fleetserve.fleet import prometheus
 from fleetserve.fleet.capacity import build_capacity
 from fleetserve.fleet.lifecycle import ROUTER_STATE, SERVING, Phase, advance
 from fleetserve.fleet.metrics import SupervisorMetrics
+from fleetserve.observe.vocabulary import decision_reason
 from fleetserve.fleet.process import Child, fleetserve_command, free_port
 from fleetserve.fleet.restarts import Backoff
 from fleetserve.fleet.state import (
@@ -663,7 +664,7 @@ class Supervisor:
             pending = int(load["pending"]) if load else 0
             if self.controller.due(self.clock(), pending):
                 decision = self.controller.tick(self.clock(), load)
-                self.metrics.decisions.labels(reason=decision.reason.split(":")[0][:40]).inc()
+                self.metrics.decisions.labels(reason=decision_reason(decision.reason)).inc()
         self._scale_to(self._desired(), mono)
         for r in list(self.replicas):
             self._tend(r, mono, starting_up)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleetserve.observe.vocabulary import GROUPS, LABELS, METRICS, Metric
+from fleetserve.observe.vocabulary import DECISION_REASONS, GROUPS, LABELS, METRICS, Metric
 
 REGENERATE = "fleetserve docs metrics -o docs/metrics.md"
 DOC_PATH = Path("docs") / "metrics.md"
@@ -48,6 +48,8 @@ def render_metrics_md() -> str:
     lines += ["## Labels", "", "Every label above, what it holds and what bounds its number of values.", "",
               "| label | values and bound |", "|---|---|"]
     lines += [f"| `{name}` | {text} |" for name, text in LABELS.items()]
+    lines += ["", "`fleetserve_autoscaler_decisions_total{reason}` takes these values: "
+              + ", ".join(f"`{label}`" for _, label in DECISION_REASONS) + ", `other`."]
     lines += ["", "## Logs", "",
               "The router and the engines write one line per request (`--log-format text|json`, "
               "`spec.observability.logFormat`): request id, tenant as a hash (`sha256(\"fleetserve-tenant:\" + "

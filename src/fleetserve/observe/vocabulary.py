@@ -51,7 +51,8 @@ LABELS: dict[str, str] = {
     "tenant": "tenant name from the router's API key file; '-' without keys. Bounded by the key file; "
               "never derived from request content",
     "reason": "a fixed set per metric: retry reasons (status_502, status_503, status_504, unreachable, "
-              "timeout_not_retried), ejection reasons (breaker, unreachable), autoscaler decision reasons",
+              "timeout_not_retried), ejection reasons (breaker, unreachable), autoscaler decision kinds "
+              "(DECISION_REASONS: the decision's full text, with numbers, goes to the log, not the label)",
     "policy": "routing strategy name from the policy registry (prefixaware, kvaware, session, roundrobin, "
               "leastload, ...)",
     "branch": "the policy's decision branch (a fixed set per policy, e.g. hit, miss, balance, retry)",
@@ -240,6 +241,18 @@ NODES = _m("fleetserve_nodes", "gauge", "Nodes by instance and capacity type", "
 #: The whole vocabulary, in documentation order.
 METRICS: tuple[Metric, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Metric))
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+
+
+#: The autoscaler decision label's values (`decision_reason`), in the order they are matched.
+DECISION_REASONS = (("scale up", "scale up"), ("scale down", "scale down"), ("steady", "steady"),
+                    ("idle at", "idle"), ("activated from zero", "activated from zero"),
+                    ("no activity for", "cooldownPeriod elapsed"), ("fallback", "fallback"),
+                    ("holding", "metrics not ready"))
+
+
+def decision_reason(reason: str) -> str:
+    """The bounded label for a ScaleDecision's reason text ("scale up 1 -> 3: ..." -> "scale up")."""
+    return next((label for prefix, label in DECISION_REASONS if reason.startswith(prefix)), "other")
 
 
 def by_name(name: str) -> Metric:
