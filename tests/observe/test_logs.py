@@ -160,3 +160,21 @@ def test_log_format_in_the_spec_and_the_up_options_override_it():
     assert changed.log_format == "json" and changed.log_prompts is True
     with pytest.raises(SpecError, match="logFormat"):
         load_spec_text(text % "yaml")
+
+
+def test_up_passes_the_log_options_to_the_router_and_every_engine(tmp_path):
+    from fleetserve.cli.app import _with_log_options
+    from fleetserve.fleet.supervisor import Supervisor
+    from fleetserve.spec.load import load_spec_text
+
+    spec = tmp_path / "e.yaml"
+    spec.write_text("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {name: logs-up}\n"
+                    "spec:\n  model: {source: /models/m}\n")
+    loaded = load_spec_text(spec.read_text())
+    sup = Supervisor(loaded, str(spec), say=lambda _m: None)
+    assert sup._log_args() == ["--log-format", "text"]
+    sup = Supervisor(_with_log_options(loaded, "json", True), str(spec), say=lambda _m: None)
+    assert sup._log_args() == ["--log-format", "json", "--log-prompts"]
+    cmd = sup._engine_command("r0", 8001, "local")
+    assert cmd[cmd.index("--log-format") + 1] == "json" and "--log-prompts" in cmd
+    sup._http.close()
