@@ -138,6 +138,7 @@ class Supervisor:
         code = 0
         try:
             self._start()
+            self._await_prometheus()
             self.state.status = "ready"
             self._save()
             if on_ready:
@@ -453,9 +454,15 @@ class Supervisor:
         port = section.port or free_port()
         self.prometheus = prometheus.child(folder, port, section.retention, self.dir / "logs" / "prometheus.log")
         self.prometheus.start()
-        url = f"http://127.0.0.1:{port}"
+        # not waited for here: it gets ready while the replicas start (see _await_prometheus)
+        self.state.prometheus_url, self.state.prometheus_pid = f"http://127.0.0.1:{port}", self.prometheus.pid
+        self._save()
+
+    def _await_prometheus(self) -> None:
+        if self.prometheus is None:
+            return
         deadline = time.monotonic() + 60
-        while self._get(url + "/-/ready") is None:
+        while self._get(self.state.prometheus_url + "/-/ready") is None:
             self._check_stop()
             if self.prometheus.exit_code() is not None:
                 raise StartupError(f"prometheus exited with code {self.prometheus.exit_code()} during start-up; "
@@ -463,8 +470,6 @@ class Supervisor:
             if time.monotonic() > deadline:
                 raise StartupError(f"prometheus was not ready after 60s; see {self.prometheus.log_path}")
             time.sleep(self.poll_interval)
-        self.state.prometheus_url, self.state.prometheus_pid = url, self.prometheus.pid
-        self._save()
 
     def _write_prometheus_targets(self) -> None:
         """Rewrite the engine targets file when the replicas whose process may serve have changed."""
