@@ -100,7 +100,7 @@ def pick_fleet(name: str | None) -> FleetState:
 
 def _is_ours(pid: int, state: FleetState) -> bool:
     """A recorded pid may have been reused by an unrelated process: kill only ours (our CLI, or a server started
-    in this fleet's folder, like its redis-server)."""
+    in this fleet's folder, like its redis-server and its prometheus)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -118,7 +118,7 @@ def stop_fleet(state: FleetState, timeout: float = 60.0) -> None:
         time.sleep(0.1)
     if pid_alive(pid):
         os.kill(pid, signal.SIGKILL)  # its children die with it (PR_SET_PDEATHSIG)
-    leftovers = [state.router_pid, state.redis_pid] + [r.pid for r in state.replicas]
+    leftovers = [state.router_pid, state.redis_pid, state.prometheus_pid] + [r.pid for r in state.replicas]
     for child in leftovers:
         if child and pid_alive(child) and _is_ours(child, state):
             try:
