@@ -173,6 +173,7 @@ def test_up_passes_the_log_options_to_the_router_and_every_engine(tmp_path):
     loaded = load_spec_text(spec.read_text())
     sup = Supervisor(loaded, str(spec), say=lambda _m: None)
     assert sup._log_args() == ["--log-format", "text"]
+    sup._http.close()
     sup = Supervisor(_with_log_options(loaded, "json", True), str(spec), say=lambda _m: None)
     assert sup._log_args() == ["--log-format", "json", "--log-prompts"]
     cmd = sup._engine_command("r0", 8001, "local")
