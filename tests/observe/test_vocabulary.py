@@ -167,3 +167,14 @@ def test_autoscaler_decision_reasons_are_a_bounded_set():
     assert decision_reason("steady at 2: ok (wants 3, held by stabilization window)") == "steady"
     assert decision_reason("something new") == "other"
     assert len({label for _, label in DECISION_REASONS}) == len(DECISION_REASONS)
+
+
+def test_the_docs_command_writes_what_the_test_compares(tmp_path):
+    from typer.testing import CliRunner
+
+    from fleetserve.cli.app import app
+
+    out = tmp_path / "metrics.md"
+    result = CliRunner().invoke(app, ["docs", "metrics", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_text() == render_metrics_md()
