@@ -374,7 +374,8 @@ class SimFleet:
 
     def _lost(self, req: Req, rep: SimReplica) -> None:
         """Its replica died: before the first byte the router retries elsewhere, after it the stream fails."""
-        self.book.failed(rep.id, req.prefill, req.first is not None)
+        prefilled = req.seq is not None and req.seq.first_at is not None  # its backlog went at its first token
+        self.book.failed(rep.id, req.prefill, prefilled)
         self.disruptions["retried" if req.first is None else "lost_mid_stream"] += 1
         if req.first is None:
             req.excluded = exclude(req.excluded, rep.id)
