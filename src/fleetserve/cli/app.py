@@ -156,8 +156,6 @@ def _announce(state) -> None:
         out.print(f"TLS certificate (trust it in clients): {state.tls_cert}", markup=False)
     if state.prometheus_url:
         out.print(f"prometheus: {state.prometheus_url}", markup=False)
-    if state.prometheus_url:
-        out.print(f"prometheus: {state.prometheus_url}", markup=False)
 
 
 @app.command()
@@ -195,8 +193,6 @@ def _print_fleet(f) -> None:
               f"model {escape(f.model)} routing {f.strategy}")
     out.print(f"  replicas: desired {f.desired}, ready {f.ready}; cost ${f.cost_per_hour:.3f}/h, "
               f"${f.cost_total:.4f} so far", markup=False)
-    if f.prometheus_url:
-        out.print(f"  prometheus: {f.prometheus_url}", markup=False)
     if f.prometheus_url:
         out.print(f"  prometheus: {f.prometheus_url}", markup=False)
     if f.last_decision:
