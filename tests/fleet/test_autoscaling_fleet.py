@@ -92,7 +92,7 @@ spec:
     pollingInterval: 1
     cooldownPeriod: 2
     initialCooldownPeriod: 0
-    scaleDownStabilizationTime: 15
+    scaleDownStabilizationTime: 40  # long enough that `up` and the first status always see 2 ready
     triggers: [{{metric: concurrency, target: 4}}]
 """
 
