@@ -242,3 +242,15 @@ def test_labels_follow_conventions():
         assert labels["app.kubernetes.io/managed-by"] == "fleetserve"
         assert labels["team"] == "b"
         assert len(o["metadata"]["name"]) <= 63
+
+
+def test_the_router_sees_every_engine_pod_through_a_headless_service():
+    """Cache-aware routing needs the replicas apart: the router resolves the headless Service's pod IPs."""
+    rendered, _ = _objects(FULL)
+    headless = _by(rendered, "Service", "chat-engine-pods")[0]
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is False
+    engine = _by(rendered, "Service", "chat-engine")[0]
+    assert headless["spec"]["selector"] == engine["spec"]["selector"]
+    args = _by(rendered, "Deployment", "chat-router")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--backend-dns") + 1].startswith("chat-engine-pods.team-b.svc.cluster.local:")
+    assert "--backend" not in args

@@ -328,6 +328,9 @@ def engine(
 @app.command()
 def router(
     backend: Annotated[list[str], typer.Option(help="Backend base URL (repeat for each replica)")] = None,
+    backend_dns: Annotated[list[str] | None, typer.Option(
+        help="HOST:PORT whose addresses are the replicas, resolved every few seconds (a Kubernetes headless "
+             "Service); repeatable")] = None,
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8080,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     strategy: Annotated[str, typer.Option(help="Routing strategy")] = "leastload",
@@ -370,6 +373,12 @@ def router(
     for url in backend or []:
         if not url.startswith(("http://", "https://")):
             raise typer.BadParameter(f"{url!r} must start with http:// or https://", param_hint="--backend")
+    from fleetserve.router.discovery import DnsBackends
+
+    try:
+        dns = tuple(DnsBackends.parse(value) for value in backend_dns or [])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--backend-dns") from None
     from fleetserve.router.auth import KeyRing
 
     keyring = None
@@ -407,7 +416,7 @@ def router(
                               max_concurrent_per_replica=max_concurrent_per_replica, max_queue=max_queue,
                               overflow_status=overflow_status,
                               admin_token=os.environ.get("FLEETSERVE_ADMIN_TOKEN") or None,
-                              internal_token=internal_token,
+                              internal_token=internal_token, backend_dns=dns,
                               size_limits=SizeLimits(max_body_bytes, max_header_bytes), log_prompts=log_prompts)
     run_router(list(backend or []), host, port, settings, health_path, unhealthy_after, healthy_after, tls,
                log_format=log_format)

@@ -87,6 +87,11 @@ class Context:
         return dns_name(self.name, "engine")
 
     @property
+    def engine_pods_service(self) -> str:
+        """The headless Service whose DNS answers are the ready engine pods (the router's backends)."""
+        return dns_name(self.name, "engine", "pods")
+
+    @property
     def router_name(self) -> str:
         return dns_name(self.name, "router")
 

@@ -262,6 +262,22 @@ def engine_service(ctx: Context) -> dict:
     }
 
 
+def engine_pods_service(ctx: Context) -> dict:
+    """Headless: DNS returns each ready engine pod's IP, so the router sees every replica (cache-aware routing
+    needs them apart; a ClusterIP would hide them behind one address). `fleetserve router --backend-dns`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": ctx.meta(ctx.engine_pods_service, "engine"),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": False,
+            "selector": ctx.selector("engine"),
+            "ports": [{"name": "http", "port": engine_port(ctx), "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
 def engine_objects(ctx: Context, warn) -> list[dict]:
     spec = ctx.endpoint.spec
     if spec.engine.kind == "external":
@@ -273,4 +289,5 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
     if spec.kv_cache.l2.tenant_urls and spec.engine.kind != "builtin":
         warn("spec.kvCache.l2.tenantUrls", f"a Redis per tenant is a built-in engine feature; {spec.engine.kind} "
                                            "engines share the one L2")
-    return [engine_deployment(ctx, i) for i in range(len(ctx.tiers))] + [engine_service(ctx)]
+    return [engine_deployment(ctx, i) for i in range(len(ctx.tiers))] + [engine_service(ctx),
+                                                                        engine_pods_service(ctx)]

@@ -46,8 +46,11 @@ def _args(ctx: Context) -> list[str]:
     args = ["router", "--host", "0.0.0.0", "--port", str(router_port(ctx)), "--strategy", strategy(ctx),
             "--health-path", spec.engine.health_path, "--buffer-size", str(spec.router.buffer_size),
             "--buffer-timeout", f"{spec.router.buffer_timeout_seconds:g}"]
-    for url in backends(ctx):
-        args += ["--backend", url]
+    if ctx.endpoint.spec.engine.kind == "external":
+        for url in backends(ctx):
+            args += ["--backend", url]
+    else:  # every engine pod, found through the headless Service and followed as pods come and go
+        args += ["--backend-dns", f"{ctx.host(ctx.engine_pods_service)}:{engine_port(ctx)}"]
     if spec.routing.session_key:
         args += ["--session-key", spec.routing.session_key]
     limits = spec.request_limits

@@ -50,6 +50,7 @@ from fleetserve.router.admission import (
 )
 from fleetserve.router.auth import TENANT_HEADER, KeyRing
 from fleetserve.router.backlog import LoadBook
+from fleetserve.router.discovery import DnsBackends, system_resolver
 from fleetserve.router.features import KVLayout, request_features
 from fleetserve.router.kvindex import KVIndex
 from fleetserve.router.policies import Choice, FleetSnapshot, RouteRequest, RoutingPolicy, create_policy
@@ -83,6 +84,7 @@ class RouterSettings:
     keyring: KeyRing | None = None  # API keys -> tenants; None: no auth
     internal_token: str | None = None  # sent to the engines: they trust a tenant header only with it
     size_limits: SizeLimits = dataclasses.field(default_factory=SizeLimits)
+    backend_dns: tuple[DnsBackends, ...] = ()  # names whose addresses are replicas (a headless Service)
     log_prompts: bool = False  # the request line carries the prompt text (default: never)
 
 
@@ -134,6 +136,8 @@ class Gateway:
             trust_env=False,
         )
         self._health_task: asyncio.Task | None = None
+        self.static_backends = [b.url for b in pool.backends.values()]
+        self.resolver = system_resolver  # injectable: discovery tests resolve names they make up
         self.pending = 0
         self.queued = 0
         self._slot_free = asyncio.Event()
@@ -143,12 +147,33 @@ class Gateway:
     # --- lifecycle -----------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.settings.backend_dns:
+            await self._discover()
         await self.pool.probe_all()
         self._health_task = asyncio.create_task(self._maintain())
 
+    async def _discover(self) -> None:
+        """Replace the backends with what the DNS names resolve to now (plus the static ones)."""
+        loop = asyncio.get_running_loop()
+        urls = list(self.static_backends)
+        for name in self.settings.backend_dns:
+            try:
+                urls += await loop.run_in_executor(None, name.urls, self.resolver)
+            except OSError as exc:
+                log.warning("could not resolve %s (%s); keeping the last backends", name.host, exc)
+                return
+        known = {b.url for b in self.pool.backends.values()}
+        if set(urls) != known:
+            log.info("backends from DNS: %s", ", ".join(urls) or "none")
+            self.pool.set_backends(urls)
+
     async def _maintain(self) -> None:
         """Health probes, the engines' KV layout, and (kvaware) one KV event subscription per backend."""
+        rounds = 0
         while True:
+            if self.settings.backend_dns and rounds % DISCOVERY_EVERY == 0:
+                await self._discover()
+            rounds += 1
             await self.pool.probe_all()
             if not self._layout_known:
                 await self._learn_layout()
@@ -581,6 +606,7 @@ class Gateway:
 
 
 USAGE_TAIL = 1024
+DISCOVERY_EVERY = 5  # health rounds between DNS resolutions of backend names
 CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 
