@@ -52,8 +52,9 @@ def test_hyperpod_resources_that_are_not_mappings_are_a_spec_error(limits):
     doc["spec"]["worker"]["resources"] = {"limits": limits}
     with pytest.raises(SpecError) as err:  # was AttributeError: 'list' object has no attribute 'get'
         load_spec_data(doc)
-    assert err.value.problems[0].path == "spec.worker.resources"
-    assert "resources.limits must be a mapping" in err.value.problems[0].message
+    assert err.value.problems[0].path.startswith("spec.worker.resources")  # (the CRD names the exact field)
+    problem = err.value.problems[0]
+    assert problem.path == "spec.worker.resources.limits" and "mapping" in problem.message
 
 
 def test_a_tenant_that_contains_the_separator_is_not_a_tenant_plus_a_client_salt():
@@ -69,3 +70,14 @@ def test_namespace_fields_cannot_shift_into_each_other_and_accept_any_text():
 
     assert namespace_key("m\0x", "1") != namespace_key("m", "x\0" + "1")  # was equal
     assert namespace_key("m\ud800") != namespace_key("m")  # was UnicodeEncodeError
+
+
+def test_a_bad_nested_flag_names_its_full_parameter():
+    """Found by the fuzzer: `stream_options.include_usage: 5e16` was reported as param 'include_usage', which is
+    no top-level parameter of the request."""
+    from fleetserve.api.errors import APIError
+    from fleetserve.api.protocol import parse_completion
+
+    with pytest.raises(APIError) as err:
+        parse_completion({"prompt": "x", "stream": True, "stream_options": {"include_usage": 5.3e16}})
+    assert err.value.param == "stream_options.include_usage"

@@ -81,12 +81,13 @@ def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
     return value
 
 
-def _bool(body: dict, name: str, default: bool = False) -> bool:
+def _bool(body: dict, name: str, default: bool = False, where: str | None = None) -> bool:
+    """`where`: the parameter's full name when `body` is a nested object (stream_options.include_usage)."""
     value = body.get(name, default)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise invalid(name, f"must be true or false, got {json.dumps(value)[:80]}", "invalid_type")
+        raise invalid(where or name, f"must be true or false, got {json.dumps(value)[:80]}", "invalid_type")
     return value
 
 
@@ -206,7 +207,7 @@ def _stream_options(body: dict, stream: bool) -> bool:
         raise invalid("stream_options", "must be an object", "invalid_type")
     if not stream:
         raise invalid("stream_options", "is only allowed when stream is true")
-    return _bool(options, "include_usage")
+    return _bool(options, "include_usage", where="stream_options.include_usage")
 
 
 def _cache_salt(body: dict) -> str | None:
