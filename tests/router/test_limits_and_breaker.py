@@ -4,7 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from fleetserve.router.pool import Backend, BackendPool, BreakerSettings
+from fleetserve.router.pool import BackendPool, BreakerSettings
 from tests.helpers import Server, wait_until
 
 

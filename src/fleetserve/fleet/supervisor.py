@@ -40,7 +40,6 @@ from fleetserve.fleet import prometheus
 from fleetserve.fleet.capacity import build_capacity
 from fleetserve.fleet.lifecycle import ROUTER_STATE, SERVING, Phase, advance
 from fleetserve.fleet.metrics import SupervisorMetrics
-from fleetserve.observe.vocabulary import decision_reason
 from fleetserve.fleet.process import Child, fleetserve_command, free_port
 from fleetserve.fleet.restarts import Backoff
 from fleetserve.fleet.state import (
@@ -51,6 +50,7 @@ from fleetserve.fleet.state import (
     read_previous_state,
     write_state,
 )
+from fleetserve.observe.vocabulary import decision_reason
 from fleetserve.router.auth import key_digest, write_key_file
 from fleetserve.router.policies import registered_policies
 from fleetserve.router.tls import ensure_self_signed
