@@ -14,6 +14,10 @@ from fleetserve.api.errors import APIError
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # a 128k-token prompt as text is about 0.5 MB; 4 MiB leaves room
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+# Idle keep-alive of our servers (uvicorn's default is 5 s): longer than a client pool's expiry (httpx: 5 s) and
+# than any Retry-After we send, so a client never reuses a connection in the instant the server closes it
+# (a request written into a closing connection gets no answer at all). 75 s, as nginx's default.
+KEEP_ALIVE_S = 75
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import sys
 import uvicorn
 
 from fleetserve.api.internal import read_token_file
-from fleetserve.api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES, SizeLimits
+from fleetserve.api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES, KEEP_ALIVE_S, SizeLimits
 from fleetserve.engine.runner import ModelRunner
 from fleetserve.engine.server import Engine, EngineSettings, build_app
 from fleetserve.engine.sources import resolve_source
@@ -91,4 +91,4 @@ def run_engine(
         attach_prefix_cache(engine, block_size, engine_cache_bytes, l1_bytes, l2_url, tenant_l2, password)
     logging.getLogger(__name__).info("serving %s (%s) on http://%s:%d", name, path, host, port)
     uvicorn.run(build_app(engine), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5,
-                log_config=uvicorn_log_config(log_format))
+                log_config=uvicorn_log_config(log_format), timeout_keep_alive=KEEP_ALIVE_S)

@@ -30,7 +30,7 @@ from starlette.routing import Route
 from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, until_disconnect
 from fleetserve.api.errors import APIError
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
-from fleetserve.api.limits import SizeLimits
+from fleetserve.api.limits import KEEP_ALIVE_S, SizeLimits
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
 from fleetserve.kvcache.blocks import chain_keys, kv_salt, namespace_key
 from fleetserve.kvcache.events import KVEventLog
@@ -389,4 +389,4 @@ def run_simulated_engine(profile: PerfProfile, host: str, port: int, model_name:
                              log_prompts=log_prompts)
     app = build_simulated_app(engine, limits, InternalAuth(internal_token))
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2,
-                log_config=uvicorn_log_config(log_format))
+                log_config=uvicorn_log_config(log_format), timeout_keep_alive=KEEP_ALIVE_S)

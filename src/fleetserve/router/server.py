@@ -31,7 +31,7 @@ from starlette.routing import Route
 from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, until_disconnect
 from fleetserve.api.errors import APIError
 from fleetserve.api.internal import INTERNAL_HEADER, InternalAuth
-from fleetserve.api.limits import RequestSizeLimit, SizeLimits
+from fleetserve.api.limits import KEEP_ALIVE_S, RequestSizeLimit, SizeLimits
 from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import parse_json_body
 from fleetserve.kvcache.blocks import kv_salt
@@ -668,4 +668,4 @@ def run_router(backends: list[str], host: str, port: int, settings: RouterSettin
     log.info("router on http://%s:%d, strategy %s, backends %s", host, port, settings.strategy, backends)
     ssl = {"ssl_certfile": tls[0], "ssl_keyfile": tls[1]} if tls else {}
     uvicorn.run(build_app(gateway), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5,
-                log_config=uvicorn_log_config(log_format), **ssl)
+                log_config=uvicorn_log_config(log_format), timeout_keep_alive=KEEP_ALIVE_S, **ssl)
