@@ -53,9 +53,13 @@ class Server:
                                      stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         if ready_path:
-            wait_until(lambda: self.proc.poll() is not None or http_ok(self.url + ready_path), timeout,
-                       what=f"{self.args[0]} on {self.url}")
-            assert self.proc.poll() is None, f"server exited: {self.log()}"
+            try:
+                wait_until(lambda: self.proc.poll() is not None or http_ok(self.url + ready_path), timeout,
+                           what=f"{self.args[0]} on {self.url}")
+                assert self.proc.poll() is None, f"server exited: {self.log()}"
+            except BaseException:
+                self.kill()  # a server that never became ready must not outlive the test
+                raise
         return self
 
     def log(self) -> str:
