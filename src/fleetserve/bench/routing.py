@@ -10,7 +10,6 @@ once: oracle_hit_rate (one LRU with the fleet's total capacity, fed the trace in
 from __future__ import annotations
 
 import asyncio
-import collections
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import httpx
 from fleetserve.bench.replay import replay, summarize
 from fleetserve.fleet.process import Child, fleetserve_command, free_port
 from fleetserve.kvcache.blocks import chain_keys, namespace_key
+from fleetserve.kvcache.prefix_match import KeyLRU
 from fleetserve.sim.perf import profile as perf_profile
 from fleetserve.traces.load import load_trace
 
@@ -46,21 +46,13 @@ def _keys(requests, block_size: int) -> list[list[int]]:
 
 def lru_hits(key_lists: list[list[int]], capacity: int, assign=None, caches: int = 1) -> list[int]:
     """Matched (prefix-contiguous) blocks per request for `caches` LRU caches; `assign(i)` picks the cache."""
-    lrus = [collections.OrderedDict() for _ in range(caches)]
+    lrus = [KeyLRU(capacity) for _ in range(caches)]
     hits = []
     for i, keys in enumerate(key_lists):
         lru = lrus[assign(i) if assign else 0]
-        n = 0
-        for k in keys:
-            if k not in lru:
-                break
-            n += 1
-        hits.append(n)
-        for k in keys:
-            lru[k] = None
-            lru.move_to_end(k)
-        while len(lru) > capacity:
-            lru.popitem(last=False)
+        hits.append(lru.match(keys))
+        lru.put(keys)
+        lru.trim()
     return hits
 
 

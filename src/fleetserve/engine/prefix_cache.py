@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from fleetserve.kvcache.events import KVEventLog
+from fleetserve.kvcache.prefix_match import match_prefix
 from fleetserve.kvcache.tiers import L1Store, RedisStore, pack_block, unpack_block
 
 log = logging.getLogger(__name__)
@@ -61,13 +62,8 @@ class PrefixCache:
     def lookup(self, keys: list[int], tenant: str | None = None) -> list[tuple[str, torch.Tensor]]:
         """The longest cached prefix of `keys`, as (tier, block) pairs."""
         self.queries += len(keys)
-        found: list[tuple[str, torch.Tensor]] = []
-        for key in keys:
-            block = self._blocks.get(key)
-            if block is None:
-                break
-            self._blocks.move_to_end(key)
-            found.append(("engine", block))
+        blocks = self._blocks
+        found = [("engine", blocks[key]) for key in keys[:match_prefix(blocks, keys, touch=True)]]
         for store in (self.l1, self.l2_for(tenant)):
             rest = keys[len(found):]
             if store is None or not rest:

@@ -24,7 +24,8 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any
 
-from fleetserve.sim.memory import BlockLRU, Listener, engine_match
+from fleetserve.kvcache.prefix_match import match_prefix
+from fleetserve.sim.memory import BlockLRU, Listener
 from fleetserve.sim.perf import PerfProfile
 
 _ids = itertools.count()
@@ -177,7 +178,7 @@ class ReplicaModel:
         while waiting and len(self.running) + len(self.prefilling) < prof.max_batch:
             seq = waiting[0]
             keys = seq.keys
-            hit = engine_match(self.cache, keys) if keys else 0
+            hit = match_prefix(self.cache, keys, touch=True) if keys else 0
             h1 = h2 = 0
             if keys and hit < len(keys) and self.l1 is not None:
                 h1, h2 = self._tier_match(keys, hit)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 
+from fleetserve.kvcache.prefix_match import match_prefix
 from fleetserve.router.feedback import CapacityLearner, Prediction
 from fleetserve.router.policies.base import Choice, FleetSnapshot, RouteRequest, register
 from fleetserve.router.policies.cost import CostWeights, cheapest
@@ -35,6 +36,19 @@ def _branch(uncached: int, best_possible: int, prompt_tokens: int) -> str:
     return "miss" if uncached >= prompt_tokens else "hit"
 
 
+class _Younger:
+    """The entries sent after tick `oldest`: what the index predicts the replica still holds."""
+
+    __slots__ = ("entries", "oldest")
+
+    def __init__(self, entries: OrderedDict, oldest: float):
+        self.entries, self.oldest = entries, oldest
+
+    def __contains__(self, key) -> bool:
+        entry = self.entries.get(key)
+        return entry is not None and entry[0] > self.oldest
+
+
 class _ReplicaIndex:
     """One replica's keys: key -> [tick of its last sending, confirmed by a response]; `tick` counts new keys."""
 
@@ -45,14 +59,7 @@ class _ReplicaIndex:
         self.tick = 0
 
     def matched(self, keys: tuple[int, ...], horizon: float) -> int:
-        entries, oldest = self.entries, self.tick - horizon
-        n = 0
-        for key in keys:
-            entry = entries.get(key)
-            if entry is None or entry[0] <= oldest:
-                break
-            n += 1
-        return n
+        return match_prefix(_Younger(self.entries, self.tick - horizon), keys)
 
     def ages(self, keys: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[bool, ...]]:
         ages, confirmed = [], []
