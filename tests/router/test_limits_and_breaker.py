@@ -4,6 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from fleetserve.clock import ManualClock
 from fleetserve.router.pool import BackendPool, BreakerSettings
 from tests.helpers import Server, wait_until
 
@@ -36,16 +37,8 @@ def _queued(gw) -> int:
     return int(sample(gw.url, "fleetserve_router_queued_requests"))
 
 
-class VirtualClock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
 def test_circuit_breaker_opens_after_failures_and_closes_after_successes():
-    clock = VirtualClock()
+    clock = ManualClock()
     pool = BackendPool([], breaker=BreakerSettings(failures_to_open=3, open_seconds=60, successes_to_close=2),
                        clock=clock)
     pool.set_backends(["http://b"], ready={"http://b"})

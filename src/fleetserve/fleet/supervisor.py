@@ -11,6 +11,8 @@ From then on one loop, every `poll_interval`:
 - capacity events: spot interruption notices drain the node's replicas (replacements launch), empty nodes
   are consolidated, cost is accounted.
 Any stop (signal, failed start, error) stops the router first, then the replicas; nothing outlives it.
+Policy paths read the injected clocks (`clock`: wall time, `monotonic`), so tests drive them in virtual time;
+only the start-up waits on child processes, which sleep for real, read `time.monotonic` themselves.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ import httpx
 
 from fleetserve.api.internal import write_token_file
 from fleetserve.autoscale.controller import Controller
-from fleetserve.autoscale.policy import ScalingPolicy, ScalingState
+from fleetserve.autoscale.policy import ScaleDecision, ScalingPolicy, ScalingState
 from fleetserve.autoscale.scaledown import Candidate, victims
 from fleetserve.capacity.placement import InsufficientCapacity
 from fleetserve.capacity.utilization import load_ratio, target_per_replica
+from fleetserve.clock import Clock
 from fleetserve.fleet import prometheus
 from fleetserve.fleet.capacity import build_capacity
 from fleetserve.fleet.lifecycle import ROUTER_STATE, SERVING, Phase, advance
@@ -85,14 +88,15 @@ class Replica:
 
 class Supervisor:
     def __init__(self, loaded: LoadedSpec, spec_path: str, *, say: Callable[[str], None] = print,
-                 poll_interval: float = 0.2, clock: Callable[[], float] = time.time):
+                 poll_interval: float = 0.2, clock: Clock = time.time, monotonic: Clock = time.monotonic):
         self.endpoint = loaded.endpoint
         self.spec = loaded.endpoint.spec
         self.name = loaded.endpoint.metadata.name
         self.dir = fleet_dir(self.name)
         self.say = say
         self.poll_interval = poll_interval
-        self.clock = clock
+        self.clock = clock  # wall time: cron floors, the controller's windows, cost
+        self.monotonic = monotonic  # cold starts, drain deadlines, restart back-off
         self._stop = False
         self.replicas: list[Replica] = []
         self._ids = 0
@@ -185,7 +189,7 @@ class Supervisor:
         # or once a second for the cost
         snapshot = {**s.to_json(), "cost_total": None, "cost_by_replica": None, "last_decision": None}
         decision = (s.last_decision or {}).get("reason"), (s.last_decision or {}).get("desired")
-        now = time.monotonic()
+        now = self.monotonic()
         if (snapshot, decision) != self._written or now - self._written_at >= 1.0:
             write_state(s)
             self._written, self._written_at = (snapshot, decision), now
@@ -272,7 +276,7 @@ class Supervisor:
             self.spec.capacity.simulated.provisioning_delay_seconds
         while True:
             self._check_stop()
-            self._reconcile(time.monotonic(), starting_up=True)
+            self._reconcile(self.monotonic(), starting_up=True)
             ready = sum(1 for r in self.replicas if r.state.state in SERVING)
             if ready >= initial:
                 return
@@ -662,14 +666,22 @@ class Supervisor:
                 for r in on_node:
                     self._remove(r)
 
+    def _autoscale(self, load: dict | None) -> ScaleDecision | None:
+        """One controller step at the injected wall clock (no processes: tests drive it in virtual time)."""
+        if self.controller is None:
+            return None
+        now = self.clock()
+        if not self.controller.due(now, int(load["pending"]) if load else 0):
+            return None
+        decision = self.controller.tick(now, load)
+        self.metrics.decisions.labels(reason=decision_reason(decision.reason)).inc()
+        return decision
+
     def _reconcile(self, mono: float, starting_up: bool = False) -> None:
         self._capacity_events(mono)
         load = self._router_load() if self.router else None
-        if self.controller is not None and not starting_up:
-            pending = int(load["pending"]) if load else 0
-            if self.controller.due(self.clock(), pending):
-                decision = self.controller.tick(self.clock(), load)
-                self.metrics.decisions.labels(reason=decision_reason(decision.reason)).inc()
+        if not starting_up:
+            self._autoscale(load)
         self._scale_to(self._desired(), mono)
         for r in list(self.replicas):
             self._tend(r, mono, starting_up)
@@ -686,7 +698,7 @@ class Supervisor:
 
     def _supervise(self) -> None:
         while not self._stop:
-            mono = time.monotonic()
+            mono = self.monotonic()
             self._reconcile(mono)
             if self._keep_alive(self.router, self._router_backoff, mono, "router"):
                 self.state.router_pid = self.router.pid

@@ -1,0 +1,104 @@
+"""The supervisor's policy paths in virtual time: injected wall and monotonic clocks, no processes, no sleeps."""
+
+from datetime import datetime
+
+import pytest
+
+from fleetserve.autoscale.controller import Controller
+from fleetserve.autoscale.policy import ScalingPolicy, ScalingState
+from fleetserve.clock import ManualClock
+from fleetserve.fleet.lifecycle import Phase
+from fleetserve.fleet.state import ReplicaState
+from fleetserve.fleet.supervisor import Replica, Supervisor
+from fleetserve.spec.load import load_spec_text
+
+SPEC = """apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {name: clocked}
+spec:
+  model: {source: /models/m}
+  replicas: 1
+  autoscaling:
+    minReplicaCount: %d
+    maxReplicaCount: 5
+    pollingInterval: 10
+    cooldownPeriod: 60
+    initialCooldownPeriod: 0
+    scaleDownStabilizationTime: 120
+    triggers: [{metric: concurrency, target: 4}]
+"""
+
+
+def load(in_flight: int) -> dict:
+    return {"in_flight": in_flight, "pending": 0, "waiting": 0, "requests_total": 0, "backends": []}
+
+
+@pytest.fixture
+def make(tmp_path):
+    made = []
+
+    def supervisor(min_replicas: int) -> tuple[Supervisor, ManualClock, ManualClock]:
+        path = tmp_path / "e.yaml"
+        path.write_text(SPEC % min_replicas)
+        loaded = load_spec_text(path.read_text())
+        wall = ManualClock(datetime.fromisoformat("2026-01-05T10:00:00+00:00").timestamp())
+        mono = ManualClock(100.0)
+        sup = Supervisor(loaded, str(path), say=lambda _m: None, clock=wall, monotonic=mono)
+        policy = ScalingPolicy.from_spec(loaded.endpoint.spec.autoscaling)
+        sup.controller = Controller(policy, ScalingState.initial(policy, 1, wall()), read_load=lambda: None)
+        made.append(sup)
+        return sup, wall, mono
+
+    yield supervisor
+    for sup in made:
+        sup._http.close()
+
+
+def test_scale_down_stabilization_holds_then_releases_as_the_virtual_clock_advances(make):
+    sup, wall, _ = make(1)
+    assert sup._autoscale(load(16)).desired == 4  # 16 in flight at 4 per replica
+    up_at = wall()
+    wall.advance(9.9)
+    assert sup._autoscale(load(0)) is None  # not due: the polling interval runs on the injected clock
+    wall.advance(0.1)
+    held = [(round(wall() - up_at, 6), sup._autoscale(load(0)).desired)]
+    while held[-1][0] < 120:
+        wall.advance(10)
+        held.append((round(wall() - up_at, 6), sup._autoscale(load(0)).desired))
+    # the recommendation of 4 counts while strictly inside the 120 s window, then the fleet goes to its min
+    assert all(d == 4 for t, d in held if t < 120), held
+    assert held[-1] == (120, 1), held
+    assert sup._desired() == 1
+
+
+def test_cooldown_to_zero_waits_for_the_cooldown_period_in_virtual_time(make):
+    sup, wall, _ = make(0)
+    assert sup._autoscale(load(2)).desired == 1
+    last_active = wall()
+    while True:
+        wall.advance(10)
+        decision = sup._autoscale(load(0))
+        if decision.desired == 0:
+            break
+        assert wall() - last_active < 60, decision.reason
+    assert wall() - last_active == 60 and "cooldownPeriod 60s" in decision.reason
+
+
+class ReadyChild:
+    pid = 4242
+
+    def exit_code(self):
+        return None
+
+
+def test_cold_start_and_drain_deadline_use_the_injected_monotonic_clock(make):
+    sup, _, mono = make(1)
+    r = Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.STARTING, node="n0"), 9, "n0",
+                requested_at=mono(), child=ReadyChild(), started_at=mono())
+    sup.replicas.append(r)
+    mono.advance(42.5)
+    sup._get = lambda *_a, **_k: object()  # /health answers
+    sup._tend(r, sup.monotonic(), starting_up=False)
+    assert r.state.state == Phase.READY and r.state.cold_start_s == 42.5
+    sup._drain(r, sup.monotonic())
+    assert r.state.state == Phase.DRAINING and r.drain_deadline == mono() + 120
