@@ -3,7 +3,8 @@
 Lookup is prefix-contiguous across tiers: engine blocks first, then one batched L1 read, then one batched
 L2 read for what is still missing, stopping at the first miss. Blocks found below the engine are promoted
 into it. New blocks enter the working set at once and are written to L1/L2 by a background thread, so the
-decode loop never waits for Redis. Every change is published as a KV event per tier.
+decode loop never waits for Redis. Every change is published as a KV event per tier, Redis's own
+evictions too (kvcache.l2watch).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from fleetserve.kvcache.events import KVEventLog
+from fleetserve.kvcache.l2watch import L2EvictionWatcher
 from fleetserve.kvcache.prefix_match import match_prefix
 from fleetserve.kvcache.tiers import L1Store, RedisStore, pack_block, unpack_block
 
@@ -38,6 +40,7 @@ class PrefixCache:
         self._writes: queue.Queue = queue.Queue(maxsize=1024)
         self._writer = threading.Thread(target=self._write_loop, name="kv-writer", daemon=True)
         self._writer.start()
+        self.l2_watchers = [L2EvictionWatcher(store, self._l2_evicted).start() for store in self._l2_stores()]
         self.hits = {"engine": 0, "l1": 0, "l2": 0}
         self.queries = 0
         self.dropped_writes = 0
@@ -135,6 +138,18 @@ class PrefixCache:
             except Exception:  # a tier failure must never take the engine down
                 log.exception("writing KV blocks to %s failed", store.name)
 
+    def _l2_stores(self) -> list[RedisStore]:
+        stores = {id(s): s for s in [self.l2, *self.tenant_l2.values()] if s is not None}
+        return list(stores.values())
+
+    def _l2_evicted(self, keys: list[int]) -> None:
+        self.events.publish("removed", keys, "l2")
+
+    def close(self) -> None:
+        """Stop the L2 eviction watchers (the writer thread is a daemon)."""
+        for watcher in self.l2_watchers:
+            watcher.stop()
+
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until queued background writes are done (tests, benchmarks)."""
         import time
@@ -153,9 +168,8 @@ class PrefixCache:
             self.l1.clear()
             self.l1.evicted.clear()
         if "l2" in tiers:
-            for store in [self.l2, *self.tenant_l2.values()]:
-                if store is not None:
-                    store.clear()
+            for store in self._l2_stores():
+                self.events.publish("removed", store.clear(), "l2")
 
     def snapshot(self) -> dict:
         entries = {k: "engine" for k in self._blocks}

@@ -127,6 +127,8 @@ class RedisStore:
         self.prefix = prefix
         self.backoff = backoff
         auth = {"password": password} if password else {}  # else whatever the URL carries
+        self._auth = auth
+        self._timeout = timeout
         self._client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                             health_check_interval=0, max_connections=16, **auth)
         self._down_until = 0.0
@@ -134,6 +136,24 @@ class RedisStore:
 
     def _k(self, key: int) -> str:
         return f"{self.prefix}{key:016x}"
+
+    def block_key(self, name: bytes | str | None) -> int | None:
+        """The block key of a Redis key name under this store's prefix (None for anybody else's)."""
+        if isinstance(name, bytes):
+            name = name.decode("utf-8", "replace")
+        if not isinstance(name, str) or not name.startswith(self.prefix):
+            return None
+        try:
+            return int(name[len(self.prefix):], 16)
+        except ValueError:
+            return None
+
+    def watch_client(self):
+        """A client of its own for a long-lived subscription (no read timeout; pings while idle)."""
+        import redis
+
+        return redis.Redis.from_url(self.url, socket_connect_timeout=self._timeout, health_check_interval=10,
+                                    **self._auth)
 
     @property
     def available(self) -> bool:
@@ -181,12 +201,15 @@ class RedisStore:
         self.stats.bytes_in += sum(len(v) for _, v in items)
         return [k for k, _ in items]
 
-    def clear(self) -> None:
+    def clear(self) -> list[int]:
+        """Delete this store's blocks; returns their keys (for the removed event)."""
         import redis
 
         try:
-            keys = list(self._client.scan_iter(match=self.prefix + "*", count=1000))
-            if keys:
-                self._client.delete(*keys)
+            names = list(self._client.scan_iter(match=self.prefix + "*", count=1000))
+            if names:
+                self._client.delete(*names)
         except (redis.RedisError, OSError) as exc:
             self._failed(exc)
+            return []
+        return [k for k in map(self.block_key, names) if k is not None]
