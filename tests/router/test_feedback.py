@@ -6,7 +6,7 @@ from collections import OrderedDict
 from fleetserve.kvcache.blocks import chain_keys
 from fleetserve.router import feedback
 from fleetserve.router.feedback import CapacityLearner, Prediction, cached_tokens
-from fleetserve.router.policies import FleetSnapshot, ReplicaView, RouteRequest, create_policy
+from fleetserve.router.policies import Choice, FleetSnapshot, ReplicaView, RouteRequest, create_policy
 
 
 def R(rid, **kw):
@@ -129,3 +129,48 @@ def test_kvaware_without_events_passes_feedback_to_its_router_side_index():
     assert choice.branch.startswith("no_events_") and choice.prediction is not None
     assert feedback.report(policy, choice, 0)
     assert policy.fallback.learner.summary()[choice.replica.id]["observations"] == 1
+
+
+def test_a_predicted_hit_reported_as_a_miss_takes_that_prefix_out_of_the_predictions():
+    policy = create_policy("prefixaware")
+    snapshot = FleetSnapshot((R("a"),))  # blind: the horizon is learned
+    rng = random.Random(5)
+    doc_a, doc_b = ([rng.randrange(10**9) for _ in range(16 * 8)] for _ in range(2))
+    for doc in (doc_b, doc_a):  # both sent to a (b first), both confirmed stored by a response
+        feedback.report(policy, policy.choose(req(doc + [1]), snapshot), 0)
+    for _ in range(40):  # 160 newer keys: a's LRU may have dropped both documents by now
+        policy.choose(req([rng.randrange(10**9) for _ in range(16 * 4)]), snapshot)
+    hit = policy.choose(req(doc_a + [2]), snapshot)
+    assert hit.branch == "hit" and hit.prediction.predicted_tokens == 16 * 8  # the index still predicts it
+    assert policy.learner.observe(hit.prediction, 0) == "lowered"  # the engine: a miss
+    # b, older than a's missed block, is out of the predictions now (a itself was just sent again: it is back)
+    miss = policy.choose(req(doc_b + [3]), snapshot)
+    assert miss.branch == "miss" and miss.prediction.predicted_tokens == 0
+
+
+def test_record_reports_and_exports_predicted_against_reported_per_replica():
+    from fleetserve.observe.metrics import RouterMetrics
+
+    metrics = RouterMetrics()
+    policy = create_policy("prefixaware")
+    snapshot = FleetSnapshot((R("a"),))
+    doc = list(range(16 * 4))
+    assert feedback.record(metrics, policy, policy.choose(req(doc + [1]), snapshot), 0, 65)
+    choice = policy.choose(req(doc + [2]), snapshot)
+    assert choice.prediction.predicted_tokens == 64
+    assert feedback.record(metrics, policy, choice, 32, 65)  # the engine found half of the predicted hit
+
+    def value(name, **labels):
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert value("fleetserve_router_backend_cached_tokens_total", backend="a", source="predicted") == 64
+    assert value("fleetserve_router_backend_cached_tokens_total", backend="a", source="reported") == 32
+    assert value("fleetserve_router_backend_prompt_tokens_total", backend="a") == 130
+    assert value("fleetserve_router_cached_tokens_total", policy="prefixaware", source="reported") == 32
+    assert value("fleetserve_router_backend_cache_horizon_blocks", backend="a") == policy.learner.horizon("a")
+    assert not feedback.record(metrics, policy, choice, None, 65)  # no usage: nothing counted
+    assert value("fleetserve_router_backend_prompt_tokens_total", backend="a") == 130
+    # kvaware on engine events predicts without a Prediction: the routed request's tokens give the figure
+    kv_choice = Choice(snapshot.replicas[0], "hit", prefill_tokens=16)
+    assert not feedback.record(metrics, create_policy("kvaware"), kv_choice, 48, 64, routed_prompt_tokens=64)
+    assert value("fleetserve_router_backend_cached_tokens_total", backend="a", source="predicted") == 64 + 48

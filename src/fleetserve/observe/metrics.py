@@ -104,6 +104,9 @@ class RouterMetrics:
         self.buffer_wait_s = v.ROUTER_BUFFER_WAIT.make(r)
         self.latency_ms = v.ROUTER_LATENCY.make(r)
         self.cached_tokens = v.ROUTER_CACHED_TOKENS.make(r)
+        self.backend_cached_tokens = v.ROUTER_BACKEND_CACHED_TOKENS.make(r)
+        self.backend_prompt_tokens = v.ROUTER_BACKEND_PROMPT_TOKENS.make(r)
+        self.backend_cache_horizon = v.ROUTER_BACKEND_CACHE_HORIZON.make(r)
 
 
 def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:

@@ -197,6 +197,16 @@ ROUTER_BUFFER_WAIT = _m("fleetserve_router_buffer_wait_seconds", "histogram", "T
 ROUTER_CACHED_TOKENS = _m("fleetserve_router_cached_tokens_total", "counter", "Prompt tokens the policy "
                           "predicted the replica to find cached, and those the engine reported", "router",
                           "tokens", ("policy", "source"), by=(ROUTER,))
+ROUTER_BACKEND_CACHED_TOKENS = _m("fleetserve_router_backend_cached_tokens_total", "counter", "Per replica: prompt "
+                                  "tokens the policy predicted cached there, and those the engine reported (in "
+                                  "the engine's tokens; over backend_prompt_tokens: predicted and actual hit "
+                                  "rate)", "router", "tokens", ("backend", "source"), by=(ROUTER,))
+ROUTER_BACKEND_PROMPT_TOKENS = _m("fleetserve_router_backend_prompt_tokens_total", "counter", "Per replica: "
+                                  "prompt tokens of the responses whose cached tokens were counted", "router",
+                                  "tokens", ("backend",), by=(ROUTER,))
+ROUTER_BACKEND_CACHE_HORIZON = _m("fleetserve_router_backend_cache_horizon_blocks", "gauge", "Per replica: the "
+                                  "cache size the router learned from reported cached tokens (router keys; "
+                                  "router/feedback.py)", "router", "blocks", ("backend",), by=(ROUTER,))
 
 # --- KV tiers (read from the engine's prefix cache at scrape time) ----------------------------------------
 _T = ("tier",)

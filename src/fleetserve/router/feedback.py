@@ -31,7 +31,8 @@ hits beyond the current horizon can still be seen (and `H` raised). A predicted 
 miss lowers `H` below that entry's age, which takes it, and every older entry, out of the predictions.
 
 The gateway and the simulator feed it the same way, through `report(policy, choice, cached_tokens)`; the
-policy carries the prediction it made in `Choice.prediction`, so nothing is kept per request here.
+policy carries the prediction it made in `Choice.prediction`, so nothing is kept per request here. The
+gateway calls `record`, which reports and also exports predicted against reported cached tokens per replica.
 """
 
 from __future__ import annotations
@@ -148,3 +149,45 @@ def report(policy: Any, choice: Any, cached: int | None, prompt_tokens: int | No
         return False
     observe(prediction, cached, prompt_tokens)
     return True
+
+
+def _learner(policy: Any) -> CapacityLearner | None:
+    learner = getattr(policy, "learner", None) or getattr(getattr(policy, "fallback", None), "learner", None)
+    return learner if isinstance(learner, CapacityLearner) else None
+
+
+def record(metrics: Any, policy: Any, choice: Any, cached: int | None, prompt_tokens: int | None = None,
+           routed_prompt_tokens: int | None = None) -> bool:
+    """What the gateway calls after each response: `report` it to the policy, and count predicted against
+    reported cached tokens per policy and per replica in `metrics` (observe.metrics.RouterMetrics), with the
+    replica's learned cache size. Returns whether the policy learned from it.
+
+    `cached` and `prompt_tokens` are the response's `usage.prompt_tokens_details.cached_tokens` and
+    `usage.prompt_tokens`; `routed_prompt_tokens` is the routed request's `prompt_tokens`, which gives the
+    prediction of a choice that carries none (kvaware on engine events). Predictions are counted in the
+    engine's tokens (scaled by prompt_tokens over the router's estimate), so both hit rates share one base."""
+    if cached is None or choice is None:
+        return False
+    learned = report(policy, choice, cached, prompt_tokens)
+    prediction = getattr(choice, "prediction", None)
+    if prediction is not None:
+        predicted, routed = prediction.predicted_tokens, prediction.prompt_tokens
+    elif routed_prompt_tokens is not None:
+        predicted, routed = max(0, routed_prompt_tokens - choice.prefill_tokens), routed_prompt_tokens
+    else:
+        predicted, routed = None, None
+    if predicted is not None and prompt_tokens and routed:
+        predicted = round(predicted * prompt_tokens / routed)
+    name = getattr(policy, "name", type(policy).__name__)
+    metrics.cached_tokens.labels(name, "predicted").inc(predicted or 0)
+    metrics.cached_tokens.labels(name, "reported").inc(cached)
+    backend = choice.replica.id
+    if predicted is not None:
+        metrics.backend_cached_tokens.labels(backend, "predicted").inc(predicted)
+    metrics.backend_cached_tokens.labels(backend, "reported").inc(cached)
+    if prompt_tokens or routed:
+        metrics.backend_prompt_tokens.labels(backend).inc(prompt_tokens or routed)
+    learner = _learner(policy)
+    if learner is not None and backend in learner.estimates:
+        metrics.backend_cache_horizon.labels(backend).set(learner.horizon(backend))
+    return learned
