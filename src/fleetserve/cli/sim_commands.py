@@ -244,6 +244,9 @@ def plan(
         out.print(_slo_line(result.winner.verdict.result.report["slo"]), markup=False)
         for c in w["changes"]:
             out.print(f"  {c['path']}: {c['from']!r} -> {c['to']!r}", markup=False)
+        whys = dict.fromkeys(c["why"] for c in w["changes"] if c.get("why"))
+        for why in whys:
+            out.print(f"  why: {why}", markup=False)
     raise typer.Exit(0 if data["verified"] else 1)
 
 

@@ -7,9 +7,11 @@ The search, in order (each step keeps the best passing spec so far, cheapest `co
 2. autoscaling on the two cheapest types: minReplicaCount (0, 1, a quarter, half of the static count),
    the per-replica target of the first trigger (2, 4, 8, 16) and maxReplicaCount (the static count, +25 %),
    one coordinate at a time;
-3. routing strategy (every registered one) and KV cache tiers (L1, L2 on/off) on the winner.
+3. time-of-day floors (`sim.floors`): no floors, the input's (what every trial so far inherited), and floors at
+   the trace's daily peaks on the winner and on the cheapest autoscaled trial that missed only the peak;
+4. routing strategy (every registered one) and KV cache tiers (L1, L2 on/off) on the winner.
 `baseline_cost_usd` is the input spec run statically at its max replicas; `static_peak_cost_usd` the
-cheapest passing static fleet. Floors (schedules) are kept as the input has them.
+cheapest passing static fleet.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 
 from fleetserve.capacity.catalog import Catalog
 from fleetserve.router.policies import registered_policies
+from fleetserve.sim.floors import cold_start_s, lead_time, peak_windows, reached, schedules
 from fleetserve.sim.run import engine_block
 from fleetserve.sim.setup import SimOptions, gpu_types
 from fleetserve.sim.verify import Verdict, verify
@@ -29,6 +32,7 @@ from fleetserve.spec.load import load_spec_data
 
 CANDIDATE_TYPES = ("g6.xlarge", "g5.xlarge", "g6e.xlarge", "p4d.24xlarge", "p5.48xlarge")
 MAX_STATIC = 64
+MAX_FLOOR_TRIALS = 6
 
 
 @dataclass
@@ -49,6 +53,7 @@ class PlanResult:
     static_peak: Trial | None
     trials: int
     changes: list[dict] = field(default_factory=list)
+    floors: dict | None = None
 
     def to_json(self) -> dict:
         w = self.winner
@@ -57,6 +62,7 @@ class PlanResult:
                 "static_peak_cost_usd": self.static_peak.cost if self.static_peak else None,
                 "savings_vs_baseline": round(1 - w.cost / self.baseline.cost, 4) if w and self.baseline.cost else None,
                 "changes": self.changes, "evaluated": self.trials, "winner": w.label if w else None,
+                "floors": self.floors,
                 "report": w.verdict.result.report if w else None,
                 "failures": [] if not w or w.verdict.passed else
                 [c.reason for c in w.verdict.checks if not c.passed]}
@@ -102,6 +108,21 @@ def _autoscaled(data: dict, low: int, high: int, target: float) -> dict:
     return d
 
 
+def _autoscaling_on(data: dict) -> bool:
+    auto = data["spec"].get("autoscaling")
+    return bool(auto) and auto.get("enabled", True)
+
+
+def _with_floors(data: dict, floors: list[dict], lead: int, low: int | None = None) -> dict:
+    d = copy.deepcopy(data)
+    auto = d["spec"]["autoscaling"]
+    auto["schedules"] = floors
+    auto["scheduleLeadTime"] = lead if floors else auto.get("scheduleLeadTime", 0)
+    if low is not None:
+        auto["minReplicaCount"] = d["spec"]["replicas"] = low
+    return d
+
+
 def _flatten(value, prefix: str = "") -> dict:
     if isinstance(value, dict):
         out = {}
@@ -132,6 +153,8 @@ class Planner:
         self.keyed = any(r.engine_keys for r in self.workload)
         self.trials = 0
         self.best: Trial | None = None
+        self.peak_miss: Trial | None = None  # the cheapest autoscaled trial that failed at the peak only
+        self.floors: dict | None = None
 
     def run_trial(self, data: dict, label: str) -> Trial:
         endpoint = load_spec_data(data).endpoint
@@ -141,6 +164,10 @@ class Planner:
         trial = Trial(data, verify(endpoint, self.workload, self.options, self.slo), label)
         if trial.verdict.passed and (self.best is None or trial.cost < self.best.cost - 1e-9):
             self.best = trial
+        missed = [c for c in trial.verdict.checks if not c.passed]
+        if missed and all(c.window == "peak" for c in missed) and _autoscaling_on(data) and \
+                (self.peak_miss is None or trial.cost < self.peak_miss.cost):
+            self.peak_miss = trial
         return trial
 
     def _static(self, data: dict, n: int, label: str) -> Trial:
@@ -184,11 +211,14 @@ class Planner:
         for _, t, n, _, data in statics[:2]:
             if self.trials < self.max_trials:
                 self._autoscale(data, n, t)
+        if self.trials < self.max_trials:
+            self._floors()
         if self.best is not None:
             self._alternatives()
         winner = self.best
         changes = diff(base, winner.data) if winner else []
-        return PlanResult(winner, baseline, static_peak, self.trials, changes)
+        self._explain_floors(changes)
+        return PlanResult(winner, baseline, static_peak, self.trials, changes, self.floors)
 
     def _autoscale(self, data: dict, n: int, label: str) -> None:
         low, high, target = max(1, n // 2), n, 4.0
@@ -212,6 +242,86 @@ class Planner:
         bigger = high + max(1, math.ceil(high / 4))
         if not current.verdict.passed and self.trials < self.max_trials:
             self.run_trial(_autoscaled(data, low, bigger, target), f"{label} auto {low}-{bigger} t{target:g}")
+
+    def _floors(self) -> None:
+        """No floors, the input's, and floors at the trace's daily peaks: the cheapest passing one stays."""
+        epoch = self.options.start_epoch
+        windows, slot = peak_windows([r.arrival for r in self.workload], epoch)
+        before = self.best
+        info: dict = {"slot_s": slot, "peak_windows": [
+            {"window": w.label, "arrivals_per_slot": w.arrivals, "off_peak_per_slot": round(w.typical, 1)}
+            for w in windows], "cost_before_usd": before.cost if before else None, "candidates": []}
+        self.floors = info
+        candidates: list[tuple[int, str, dict, str]] = []  # (priority: the likelier saving first, ...)
+        if before is not None and _autoscaling_on(before.data) and before.data["spec"]["autoscaling"].get("schedules"):
+            candidates.append((0, "no floors", _with_floors(before.data, [], 0), "none"))
+        bases = [t for t in (before, self.peak_miss) if t is not None and _autoscaling_on(t.data)]
+        if self.peak_miss is not None and before is not None and self.peak_miss.cost >= before.cost:
+            bases = bases[:1]
+        for base in bases if windows else []:
+            fleet = base.verdict.result.fleet
+            auto = base.data["spec"]["autoscaling"]
+            low, high = int(auto.get("minReplicaCount", 1)), int(auto.get("maxReplicaCount", 5))
+            levels = [min(high, max(1, reached(fleet.series, epoch, w))) for w in windows]
+            kept = [(w, n) for w, n in zip(windows, levels, strict=True) if n > low]
+            if not kept:
+                continue
+            cold = cold_start_s(fleet)
+            info.setdefault("cold_start_s", round(cold, 1))
+            lead = lead_time(cold)
+            on = "the best so far" if base is before else f"{base.label} (missed the peak)"
+            what = ", ".join(f"{w.label} x{n}" for w, n in kept)
+            floors = schedules([w for w, _ in kept], [n for _, n in kept])
+            candidates.append((1, f"floors {what}, min {low}, on {on}", _with_floors(base.data, floors, lead),
+                               "derived"))
+            if low > 0:
+                candidates.append((3, f"floors {what}, min 0, on {on}", _with_floors(base.data, floors, lead, 0),
+                                   "derived"))
+            if base is not before and any(n < high for _, n in kept):
+                full = schedules([w for w, _ in kept], [high] * len(kept))
+                candidates.append((2, f"floors {', '.join(w.label for w, _ in kept)} x{high}, min {low}, on {on}",
+                                   _with_floors(base.data, full, lead), "derived"))
+        seen: list[dict] = [t.data for t in (before, self.peak_miss) if t is not None]
+        candidates.sort(key=lambda c: c[0])
+        for _, label, data, kind in candidates[:MAX_FLOOR_TRIALS]:
+            if data in seen or self.trials >= self.max_trials:
+                continue
+            seen.append(data)
+            t = self.run_trial(data, label)
+            info["candidates"].append({"label": label, "kind": kind, "cost_usd": t.cost,
+                                       "verified": t.verdict.passed})
+
+    def _explain_floors(self, changes: list[dict]) -> None:
+        """Say why the winner's floors differ from the input's (what the trace's peak is, what it costs)."""
+        info = self.floors
+        if not info or self.best is None:
+            return
+        auto = self.best.data["spec"].get("autoscaling") or {}
+        floors = auto.get("schedules") or []
+        before = info["cost_before_usd"]
+        had = "the input's floors" if (self.base["spec"].get("autoscaling") or {}).get("schedules") else "no floors"
+        versus = f" against ${before:.2f} for the best spec with {had}" if before is not None else \
+            f"; no spec with {had} passed"
+        if floors:
+            peaks = "; ".join(f"{p['window']}: {p['arrivals_per_slot']} arrivals per {info['slot_s'] // 60} min "
+                              f"against {p['off_peak_per_slot']:g} off-peak" for p in info["peak_windows"])
+            lead = auto.get("scheduleLeadTime", 0)
+            levels = ", ".join(f"{f['minReplicas']}" for f in floors)
+            why = (f"floors at the trace's daily peak ({peaks}) keep {levels} replica(s) there, "
+                   f"raised {lead:g} s early to cover the cold start (~{info.get('cold_start_s', 0):g} s); off-peak "
+                   f"the autoscaler keeps "
+                   f"minReplicaCount {auto.get('minReplicaCount', 1)}: ${self.best.cost:.2f}{versus}")
+            info["chosen"] = "derived"
+        else:
+            why = f"no floors: the autoscaler alone passes verify for ${self.best.cost:.2f}{versus}"
+            info["chosen"] = "none"
+        touched = False
+        for c in changes:
+            if c["path"] in ("spec.autoscaling.schedules", "spec.autoscaling.scheduleLeadTime"):
+                c["why"] = why
+                touched = True
+        if not touched:
+            info["chosen"] = "input"
 
     def _alternatives(self) -> None:
         best = self.best

@@ -1,0 +1,77 @@
+"""`plan` searches time-of-day floors: peaks found in the trace's day, floors that beat the autoscaler's cold
+start, and a winner whose changes say why its floors differ from the input's."""
+
+import numpy as np
+
+from fleetserve.sim.floors import DAY, PeakWindow, peak_windows, reached, slot_seconds
+from fleetserve.sim.plan import plan
+from fleetserve.sim.setup import SimOptions
+from fleetserve.sim.verify import verify
+from fleetserve.spec.load import load_spec_data
+from fleetserve.traces.model import TraceRequest
+
+SLO = {"ttft_p95_ms": 5000, "e2e_p95_ms": 60000}
+START = SimOptions().start_epoch  # 10:00 UTC
+
+
+def daily_peak(seed: int = 0) -> list[TraceRequest]:
+    """Half an hour from 10:00 UTC: 0.3 requests/s, and 3/s from 10:10 to 10:15 (one replica carries the rest)."""
+    rng = np.random.default_rng(seed)
+    out, t = [], 0.0
+    while t < 1800:
+        t += rng.exponential(1 / (3.0 if 600 <= t < 900 else 0.3))
+        out.append(TraceRequest(t, int(rng.integers(1000, 4000)), int(rng.integers(100, 400))))
+    return out
+
+
+def endpoint(schedules: list[dict] | None = None):
+    auto = {"minReplicaCount": 1, "maxReplicaCount": 4, "triggers": [{"metric": "concurrency", "target": 4}],
+            "schedules": schedules or []}
+    return load_spec_data({
+        "apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "daily"},
+        "spec": {"model": {"source": "hf:meta-llama/Llama-3.1-8B-Instruct"}, "replicas": 1,
+                 "placement": {"instanceTypes": ["g6e.xlarge"]}, "autoscaling": auto}}).endpoint
+
+
+def test_slots_and_peak_windows_of_the_day():
+    assert slot_seconds(1800) == 300 and slot_seconds(3 * 3600) == 1800 and slot_seconds(5 * DAY) == 3600
+    windows, slot = peak_windows([r.arrival_s for r in daily_peak()], START)
+    assert slot == 300 and [w.label for w in windows] == ["10:10-10:15 UTC"]
+    assert windows[0].cron(windows[0].start_s) == "10 10 * * *" and windows[0].cron(windows[0].end_s) == "15 10 * * *"
+    assert peak_windows([float(s) for s in range(0, 1800, 2)], START)[0] == []  # flat load: no floors to derive
+    # a peak across midnight on two days is one window that wraps: 23:00-01:00
+    night = [h * 3600 + m * 60 + d * DAY for d in (0, 1) for h in range(24) for m in range(0, 60, 10)
+             for _ in range(10 if h in (23, 0) else 1)]
+    windows, slot = peak_windows([float(t) for t in night], 0.0)
+    assert slot == 3600 and [w.label for w in windows] == ["23:00-01:00 UTC"]
+    assert reached([(0.0, 1, 1), (82800.0, 3, 3), (90000.0, 1, 1)], 0.0, windows[0]) == 3
+
+
+def test_a_daily_peak_gets_a_planned_floor_that_passes_verify_and_is_explained():
+    """The input's floor (10:20-10:28, after the peak) only costs; the plan replaces it with a floor on the peak
+    (or with none, when no floor is cheaper), says why, and the winner passes verify on its own."""
+    trace = daily_peak()
+    late = [{"name": "late", "start": "20 10 * * *", "end": "28 10 * * *", "minReplicas": 3}]
+    result = plan(endpoint(late), trace, SimOptions(), slo=SLO, max_trials=12, instance_types=())
+    out = result.to_json()
+    floors = out["floors"]
+    assert floors["peak_windows"][0]["window"] == "10:10-10:15 UTC", floors
+    assert [c["label"] for c in floors["candidates"]][:1] == ["no floors"] and len(floors["candidates"]) > 1
+    assert out["verified"] and out["cost_usd"] < out["static_peak_cost_usd"], out["winner"]
+    auto = result.winner.data["spec"]["autoscaling"]
+    change = next(c for c in out["changes"] if c["path"] == "spec.autoscaling.schedules")
+    assert change["from"][0]["name"] == "late"
+    if auto["schedules"]:  # floors won: a window on the peak, raised one cold start early
+        assert floors["chosen"] == "derived"
+        assert [(s["start"], s["end"]) for s in auto["schedules"]] == [("10 10 * * *", "15 10 * * *")]
+        assert auto["scheduleLeadTime"] >= floors["cold_start_s"] > 0
+        assert "10:10-10:15 UTC" in change["why"] and "cold start" in change["why"]
+    else:  # no floor was cheaper: the search says so
+        assert floors["chosen"] == "none" and change["why"].startswith("no floors")
+    planned = load_spec_data(result.winner.data).endpoint  # the written spec loads and passes on its own
+    assert verify(planned, trace, SimOptions(), slo=SLO).passed
+
+
+def test_a_peak_window_label_and_cron_wrap_midnight():
+    w = PeakWindow(23 * 3600, 25 * 3600, 10, 1.0)
+    assert w.label == "23:00-01:00 UTC" and w.cron(w.end_s) == "0 1 * * *"
