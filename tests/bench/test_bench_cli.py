@@ -1,4 +1,7 @@
 import json
+import shutil
+
+import pytest
 
 from tests.helpers import fleetserve
 
@@ -76,9 +79,24 @@ def test_kvcache_bench_prints_every_tier_and_ratio():
     assert figures["throughput"]["b1"] > 0 and figures["throughput"]["b8"] > 0
 
 
-def test_router_overhead_bench_prints_added_latency_and_throughput():
-    result = fleetserve("bench", "router-overhead", "--requests", "50", "--seconds", "1", "--json", timeout=300)
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (apt-get install wrk)")
+def test_router_overhead_bench_prints_the_keys_of_a_configuration():
+    result = fleetserve("bench", "router-overhead", "--seconds", "1", "--configs", "leastload", "--json",
+                        timeout=300)
     assert result.returncode == 0, result.stderr
-    figures = json.loads(result.stdout)
-    assert {"p50", "p99"} <= set(figures["added_ms"])
-    assert figures["throughput_rps"]["router"] > 0 and figures["throughput_rps"]["errors"] == 0
+    row = json.loads(result.stdout)["configs"]["leastload"]
+    for key in ("rps", "p50_ms", "p99_ms", "added_p50_ms", "router_cpu_us_per_request"):
+        assert isinstance(row[key], (int, float)) and row[key] > 0, (key, row)
+
+
+def test_router_overhead_bench_names_the_wrk_install_when_it_is_missing(tmp_path):
+    import os
+    import sys
+
+    python_only = tmp_path / "bin"
+    python_only.mkdir()
+    (python_only / "python").symlink_to(sys.executable)
+    result = fleetserve("bench", "router-overhead", "--seconds", "1", "--json",
+                        env={**os.environ, "PATH": str(python_only)}, timeout=120)
+    assert result.returncode == 2
+    assert "apt-get install wrk" in result.stderr

@@ -1,112 +1,160 @@
-"""`fleetserve bench router-overhead`: what our router adds over calling a zero-delay backend directly.
+"""`fleetserve bench router-overhead`: what each router costs, measured with wrk against zero-work backends.
 
-Side by side in one run: the same sequential requests straight to the backend and through the router
-(added latency p50/p99), then requests/s through the router at a fixed concurrency.
+Per configuration (a router, a strategy, a body size), in one run: requests/s and p50/p99 at 32 connections,
+the p50 it adds at one connection (the same wrk -c1 run straight to a backend and through the router), and
+the router's CPU time per request. sglang-router and vllm-router are measured beside ours when importable.
 """
 
 from __future__ import annotations
 
-import asyncio
+import importlib.util
+import os
+import subprocess
+import sys
 import tempfile
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-import numpy as np
+from fleetserve.bench import wrkbench
+from fleetserve.bench.routing import SGLANG, _router_child, find_sglang_python
+from fleetserve.fleet.process import fleetserve_command, free_port
 
-from fleetserve.bench.routing import _wait_ready
-from fleetserve.fleet.process import Child, fleetserve_command, free_port
-
-BODY = {"model": "zero", "prompt": "hello", "max_tokens": 1}
+SMALL, LARGE = 1024, 8192
 
 
-async def _latencies(url: str, n: int, body: dict = BODY) -> list[float]:
-    out = []
-    async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
-        for _ in range(10):  # warm the connections
-            await client.post(url + "/v1/completions", json=body)
-        for _ in range(n):
-            start = time.perf_counter()
-            r = await client.post(url + "/v1/completions", json=body)
-            out.append((time.perf_counter() - start) * 1000)
-            r.raise_for_status()
-    return out
+@dataclass(frozen=True)
+class Config:
+    name: str
+    kind: str  # fleetserve, sglang or vllm
+    policy: str
+    body_bytes: int
+    workers: int = 1
 
 
-async def _throughput(url: str, concurrency: int, seconds: float, body: dict = BODY) -> tuple[float, int]:
-    done = errors = 0
-    deadline = time.perf_counter() + seconds
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(trust_env=False, timeout=30, limits=limits) as client:
-        async def worker():
-            nonlocal done, errors
-            while time.perf_counter() < deadline:
-                r = await client.post(url + "/v1/completions", json=body)
-                done += 1
-                errors += r.status_code != 200
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return done / (time.perf_counter() - start), errors
+CONFIGS = (
+    Config("leastload", "fleetserve", "leastload", SMALL),
+    Config("kvaware", "fleetserve", "kvaware", LARGE),
+    Config("prefixaware", "fleetserve", "prefixaware", LARGE),
+    Config("leastload_workers2", "fleetserve", "leastload", SMALL, workers=2),
+    Config("sglang_round_robin", "sglang", "round_robin", SMALL),
+    Config("sglang_cache_aware", "sglang", "cache_aware", LARGE),
+    Config("vllm_round_robin", "vllm", "round_robin", SMALL),
+    Config("vllm_cache_aware", "vllm", "cache_aware", LARGE),
+)
+# ours -> the sglang-router configuration doing comparable work on the same body
+PEERS = {"leastload": "sglang_round_robin", "leastload_workers2": "sglang_round_robin",
+         "kvaware": "sglang_cache_aware", "prefixaware": "sglang_cache_aware"}
+NAMES = tuple(c.name for c in CONFIGS)
 
 
-def run(requests: int = 500, concurrency: int = 32, seconds: float = 5.0, sglang_python: str | None = None) -> dict:
+def router_supports_workers() -> bool:
+    """The gateway grows a --workers option; until it has one, that configuration is skipped."""
+    out = subprocess.run(fleetserve_command("router", "--help"), capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "COLUMNS": "300", "NO_COLOR": "1", "TERM": "dumb"})
+    return "--workers" in out.stdout
+
+
+def find_vllm_router_python() -> str | None:
+    return sys.executable if importlib.util.find_spec("vllm_router") else None
+
+
+def router_command(config: Config, backends: list[str], port: int, tmp: str, pythons: dict) -> tuple[list, dict]:
+    """The command line (and extra environment) that starts `config`'s router on `port`."""
+    if config.kind == "fleetserve":
+        cmd = fleetserve_command("router", "--port", str(port), "--strategy", config.policy)
+        if config.workers > 1:
+            cmd += ["--workers", str(config.workers)]
+        for url in backends:
+            cmd += ["--backend", url]
+        return cmd, {}
+    if config.kind == "sglang":
+        child = _router_child(SGLANG, backends, port, tmp, pythons["sglang"])
+        cmd = list(child.cmd)
+        cmd[cmd.index("cache_aware")] = config.policy
+        return cmd, dict(child.env or {})
+    cmd = [pythons["vllm"], "-m", "vllm_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+           "--policy", config.policy, "--worker-urls", *backends]
+    return cmd, {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_PROXY": "*"}
+
+
+def unavailable(config: Config, pythons: dict, workers_ok: bool) -> str | None:
+    if config.kind == "sglang" and not pythons["sglang"]:
+        return "sglang-router is not installed: pip install sglang-router==0.3.2 (or --sglang-python)"
+    if config.kind == "vllm" and not pythons["vllm"]:
+        return "vllm-router is not installed: pip install vllm-router==0.1.17"
+    if config.workers > 1 and not workers_ok:
+        return "`fleetserve router` has no --workers option yet"
+    return None
+
+
+def failure(exc: Exception) -> str:
+    """The last line of a start or wrk failure (a traceback's last line names the error)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return "failed: " + (lines[-1] if lines else type(exc).__name__)
+
+
+def measure_router(name: str, cmd: list[str], env: dict, backends: list[str], script, seconds: float,
+                   cores: wrkbench.Cores, tmp: str, port: int) -> dict:
+    """Start one router in front of `backends`, measure it with wrk, stop it."""
+    child, url = wrkbench.start(name, cmd, port, tmp, cores, env=env)
+    try:
+        return wrkbench.measure(url + wrkbench.CHAT_PATH, backends[0] + wrkbench.CHAT_PATH, script, child.pid,
+                                seconds, cores)
+    finally:
+        child.stop(timeout=5)
+        wrkbench.settle()
+
+
+def run(seconds: float = 5.0, configs: tuple[str, ...] = NAMES, sglang_python: str | None = None,
+        progress=None) -> dict:
+    wrkbench.find_wrk()
+    cores = wrkbench.split_cores()
+    pythons = {"sglang": find_sglang_python(sglang_python), "vllm": find_vllm_router_python()}
+    workers_ok = any(c.workers > 1 for c in CONFIGS if c.name in configs) and router_supports_workers()
+    rows, skipped = {}, {}
     with tempfile.TemporaryDirectory(prefix="fleetserve-bench-overhead-") as tmp:
-        children = []
+        scripts = {size: wrkbench.lua_script(Path(tmp), f"chat{size}", wrkbench.chat_body(size))
+                   for size in (SMALL, LARGE)}
+        children, backends = wrkbench.zero_backends(tmp, cores)
         try:
-            port = free_port()
-            backend = Child("zero", fleetserve_command("engine", "--simulate", "fast", "--speedup", "1000000",
-                                                       "--port", str(port), "--served-model-name", "zero"),
-                            Path(tmp) / "zero.log")
-            backend.start()
-            children.append(backend)
-            direct = f"http://127.0.0.1:{port}"
-            _wait_ready(direct, backend)
-            rport = free_port()
-            router = Child("router", fleetserve_command("router", "--backend", direct, "--port", str(rport),
-                                                        "--strategy", "leastload"), Path(tmp) / "router.log")
-            router.start()
-            children.append(router)
-            via = f"http://127.0.0.1:{rport}"
-            _wait_ready(via, router)
-            direct_ms = asyncio.run(_latencies(direct, requests))
-            via_ms = asyncio.run(_latencies(via, requests))
-            direct_rps, _ = asyncio.run(_throughput(direct, concurrency, seconds))
-            rps, errors = asyncio.run(_throughput(via, concurrency, seconds))
-            sglang = None
-            if sglang_python:
-                from fleetserve.bench.routing import _router_child
-
-                sport = free_port()
-                sgl = _router_child("sglang_cache_aware", [direct], sport, tmp, sglang_python)
-                sgl.cmd[sgl.cmd.index("cache_aware")] = "round_robin"
-                sgl.start()
-                children.append(sgl)
-                sgl_url = f"http://127.0.0.1:{sport}"
-                _wait_ready(sgl_url, sgl)
-                body_text = {**BODY}
-                sgl_ms = asyncio.run(_latencies(sgl_url, requests, body_text))
-                sgl_rps, sgl_errors = asyncio.run(_throughput(sgl_url, concurrency, seconds, body_text))
-                s50, s99 = np.percentile(sgl_ms, [50, 99])
-                sglang = {"added_ms": {"p50": round(float(s50 - np.percentile(direct_ms, 50)), 3),
-                                       "p99": round(float(s99 - np.percentile(direct_ms, 99)), 3)},
-                          "throughput_rps": round(sgl_rps, 1), "errors": sgl_errors, "policy": "round_robin"}
+            for config in (c for c in CONFIGS if c.name in configs):
+                reason = unavailable(config, pythons, workers_ok)
+                if reason:
+                    skipped[config.name] = reason
+                    continue
+                if progress:
+                    progress(f"{config.name} ...")
+                port = free_port()
+                cmd, env = router_command(config, backends, port, tmp, pythons)
+                try:
+                    row = measure_router(config.name, cmd, env, backends, scripts[config.body_bytes], seconds,
+                                         cores, tmp, port)
+                except RuntimeError as exc:  # a router that does not start is reported, not fatal
+                    skipped[config.name] = failure(exc)
+                    continue
+                rows[config.name] = {"router": config.kind, "policy": config.policy,
+                                     "body_bytes": config.body_bytes, "workers": config.workers, **row}
         finally:
             for c in children:
                 c.stop(timeout=5)
-    d50, d99 = np.percentile(direct_ms, [50, 99])
-    v50, v99 = np.percentile(via_ms, [50, 99])
-    result = {
+    return {
         "benchmark": "router-overhead",
-        "requests": requests,
-        "direct_ms": {"p50": round(float(d50), 3), "p99": round(float(d99), 3)},
-        "via_router_ms": {"p50": round(float(v50), 3), "p99": round(float(v99), 3)},
-        "added_ms": {"p50": round(float(v50 - d50), 3), "p99": round(float(v99 - d99), 3)},
-        "throughput_rps": {"router": round(rps, 1), "direct": round(direct_rps, 1), "errors": errors,
-                           "concurrency": concurrency},
-        "ratio": {"router_vs_direct_throughput": round(rps / direct_rps, 3) if direct_rps else None},
-        "sglang_router": sglang or "not measured in this run (sglang-router is not installed)",
-        "note": "the load generator is Python on the same cores: throughput figures are bounded by it",
+        "generator": "wrk -t1, pinned to core 0" if cores.generator else "wrk -t1 (one core: nothing pinned)",
+        "cores": {"generator": sorted(cores.generator or []), "routers_and_backends": sorted(cores.servers or [])},
+        "backends": "2 x fleetserve.bench.zero_backend (canned answers)",
+        "seconds": seconds,
+        "notes": wrkbench.NOTES,
+        "configs": rows,
+        "ratio": ratios(rows),
+        "not_measured": skipped,
     }
-    if sglang:
-        result["ratio"]["router_vs_sglang_throughput"] = round(rps / sglang["throughput_rps"], 3)
-    return result
+
+
+def ratios(rows: dict) -> dict:
+    out = {}
+    for ours, peer in PEERS.items():
+        if ours in rows and peer in rows and rows[peer]["rps"]:
+            value = round(rows[ours]["rps"] / rows[peer]["rps"], 3)
+            rows[ours]["rps_vs_sglang"] = value
+            out["rps_vs_sglang" if ours == "leastload" else f"{ours}_rps_vs_{peer}"] = value
+    return out

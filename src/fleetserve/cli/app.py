@@ -606,18 +606,51 @@ def bench_routing(
 
 @bench_app.command("router-overhead")
 def bench_router_overhead(
-    requests: Annotated[int, typer.Option(min=10, help="Sequential requests per side")] = 500,
-    concurrency: Annotated[int, typer.Option(min=1, help="Clients for the throughput phase")] = 32,
-    seconds: Annotated[float, typer.Option(min=1, help="Length of the throughput phase")] = 5.0,
+    seconds: Annotated[float, typer.Option(min=1, help="Length of each wrk run (after a 1 s warm-up)")] = 5.0,
+    configs: Annotated[str | None, typer.Option(help="Comma-separated configurations (default: all)")] = None,
     sglang_python: Annotated[str | None, typer.Option(help="Python with sglang-router, to measure it beside")
                              ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
 ) -> None:
-    """Added latency (p50, p99) of the router over direct calls to a zero-delay backend, and its req/s."""
-    from fleetserve.bench.router_overhead import run
-    from fleetserve.bench.routing import find_sglang_python
+    """Each router's req/s, p50/p99 (32 connections), added p50 (1 connection) and CPU per request, by wrk."""
+    from fleetserve.bench.router_overhead import NAMES, run
+    from fleetserve.bench.wrkbench import WrkMissing
 
-    print(json.dumps(run(requests, concurrency, seconds, find_sglang_python(sglang_python)), indent=2))
+    names = _bench_configs(configs, NAMES, "--configs")
+    try:
+        result = run(seconds, names, sglang_python, progress=None if as_json else _say)
+    except WrkMissing as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+    print(json.dumps(result, indent=2))
+
+
+@bench_app.command("router-stacks")
+def bench_router_stacks(
+    seconds: Annotated[float, typer.Option(min=1, help="Length of each wrk run (after a 1 s warm-up)")] = 5.0,
+    stacks: Annotated[str | None, typer.Option(help="Comma-separated stacks (default: all)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
+) -> None:
+    """The same minimal proxy on each candidate HTTP stack, and the real gateway, measured by wrk."""
+    from fleetserve.bench.router_stacks import NAMES, run
+    from fleetserve.bench.wrkbench import WrkMissing
+
+    names = _bench_configs(stacks, NAMES, "--stacks")
+    try:
+        result = run(seconds, names, progress=None if as_json else _say)
+    except WrkMissing as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+    print(json.dumps(result, indent=2))
+
+
+def _bench_configs(value: str | None, allowed: tuple[str, ...], hint: str) -> tuple[str, ...]:
+    if not value:
+        return allowed
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        raise typer.BadParameter(f"{', '.join(unknown) or value!r}; allowed values: {', '.join(allowed)}",
+                                 param_hint=hint)
+    return names
 
 
 @bench_app.command("kvcache")
