@@ -87,6 +87,14 @@ def test_bad_routing_strategy_lists_hyperpod_names():
     assert "'prefixaware', 'kvaware', 'session' or 'roundrobin'" in msg
 
 
+def test_l2_cache_spec_without_its_backend_is_named():  # found by the spec fuzzer: was a KeyError
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["kvCacheSpec"]["enableL2Cache"] = True
+    doc["spec"]["kvCacheSpec"]["l2CacheSpec"] = {"l2CacheLocalUrl": "redis:6379"}
+    (msg,) = _problems(yaml.safe_dump(doc))
+    assert msg.startswith("spec.kvCacheSpec.l2CacheSpec.l2CacheBackend:") and "redis, tieredstorage" in msg
+
+
 def test_source_details_required():
     doc = yaml.safe_load(EXAMPLE.read_text())
     del doc["spec"]["modelSourceConfig"]["s3Storage"]

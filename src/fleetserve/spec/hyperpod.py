@@ -151,6 +151,10 @@ def _sdk_problems(spec: dict[str, Any]) -> list[SpecProblem]:
         rule("spec.tlsConfig.customCertificateConfig", "needs both acmArn and domainName")
     if spec.get("dnsConfig") and not (cert and cert.get("acmArn")):
         rule("spec.dnsConfig", "dnsConfig requires tlsConfig.customCertificateConfig")
+    l2 = (spec.get("kvCacheSpec") or {}).get("l2CacheSpec")
+    if l2 and not l2.get("l2CacheBackend"):  # the CRD says "required when l2CacheSpec is provided" in prose only
+        rule("spec.kvCacheSpec.l2CacheSpec.l2CacheBackend", "required when l2CacheSpec is given; allowed values: "
+                                                            "redis, tieredstorage")
     return out
 
 
