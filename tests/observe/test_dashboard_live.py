@@ -10,8 +10,9 @@ from starlette.testclient import TestClient
 
 from fleetserve.observe.grafana import PANELS
 from fleetserve.observe.livedata import LiveData, Sample, parse, quantile
+from fleetserve.router.admin import build_control_app
+from fleetserve.router.gateway import Gateway, RouterSettings
 from fleetserve.router.pool import BackendPool
-from fleetserve.router.server import Gateway, RouterSettings, build_app
 
 ADMIN = "a" * 24
 INTERNAL = "i" * 24
@@ -117,7 +118,7 @@ def test_history_is_bounded():
 @pytest.fixture()
 def client():
     gateway = Gateway(BackendPool([]), RouterSettings(admin_token=ADMIN, internal_token=INTERNAL))
-    return TestClient(build_app(gateway), follow_redirects=False)  # not started: no health loop needed
+    return TestClient(build_control_app(gateway), follow_redirects=False)  # not started: no health loop needed
 
 
 def test_dashboard_needs_the_admin(client):

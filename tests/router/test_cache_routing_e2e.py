@@ -105,7 +105,8 @@ def test_the_gateway_feeds_reported_cached_tokens_back_to_the_policy(tmp_path, s
 
 
 def test_usage_is_read_from_the_tail_of_json_and_sse_bodies():
-    from fleetserve.router.server import CACHED_TOKENS, PROMPT_TOKENS, _last_int
+    from fleetserve.router.relay import CACHED_TOKENS, PROMPT_TOKENS
+    from fleetserve.router.relay import last_int as _last_int
 
     body = b'{"usage": {"prompt_tokens": 129, "prompt_tokens_details": {"cached_tokens": 128}}}'
     assert _last_int(CACHED_TOKENS, body) == 128 and _last_int(PROMPT_TOKENS, body) == 129

@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from fleetserve.router.discovery import DnsBackends
+from fleetserve.router.gateway import Gateway, RouterSettings
 from fleetserve.router.pool import BackendPool
-from fleetserve.router.server import Gateway, RouterSettings
 from tests.helpers import Server, fleetserve
 
 
@@ -37,16 +37,16 @@ def test_the_backend_set_follows_the_name_and_keeps_state_of_replicas_that_stay(
     async def main():
         pool = BackendPool([])
         gateway = Gateway(pool, RouterSettings(backend_dns=(DnsBackends.parse("engines:8000"),)))
-        gateway.resolver = resolver
-        await gateway._discover()
+        gateway.watcher.resolver = resolver
+        await gateway.watcher.discover()
         first = sorted(b.url for b in pool.backends.values())
         pool.get("10.0.0.2:8000").in_flight = 3  # state that must survive the next resolution
-        await gateway._discover()
+        await gateway.watcher.discover()
         second = sorted(b.url for b in pool.backends.values())
         kept = pool.get("10.0.0.2:8000").in_flight
-        await gateway._discover()  # a failed resolution keeps the last set
+        await gateway.watcher.discover()  # a failed resolution keeps the last set
         third = sorted(b.url for b in pool.backends.values())
-        await gateway.client.aclose()
+        await gateway.upstream.aclose()
         await pool.aclose()
         return first, second, kept, third
 

@@ -360,6 +360,10 @@ def router(
     log_format: Annotated[str, typer.Option(help="text, or json (JSON lines: one per request)")] = "text",
     log_prompts: Annotated[bool, typer.Option("--log-prompts", help="Put prompt text in the request lines")
                            ] = False,
+    access_log: Annotated[bool, typer.Option("--access-log/--no-access-log",
+                                             help="One log line per request")] = True,
+    workers: Annotated[int, typer.Option(min=1, max=256, help="Processes serving the port (SO_REUSEPORT); one per "
+                                                              "core the router may use")] = 1,
 ) -> None:
     """Run the OpenAI-compatible gateway in front of engine replicas."""
     _check_log_format(log_format)
@@ -417,9 +421,10 @@ def router(
                               overflow_status=overflow_status,
                               admin_token=os.environ.get("FLEETSERVE_ADMIN_TOKEN") or None,
                               internal_token=internal_token, backend_dns=dns,
-                              size_limits=SizeLimits(max_body_bytes, max_header_bytes), log_prompts=log_prompts)
+                              size_limits=SizeLimits(max_body_bytes, max_header_bytes), log_prompts=log_prompts,
+                              access_log=access_log)
     run_router(list(backend or []), host, port, settings, health_path, unhealthy_after, healthy_after, tls,
-               log_format=log_format)
+               log_format=log_format, workers=workers)
 
 
 @models_app.command("list")

@@ -19,6 +19,7 @@ from starlette.routing import Route
 from fleetserve.api.errors import APIError
 from fleetserve.observe.grafana import FILTER_LABELS, PANELS
 from fleetserve.observe.livedata import LiveData
+from fleetserve.router.admin import admin_allowed
 
 COOKIE = "fleetserve_dashboard"
 
@@ -33,7 +34,7 @@ def _token_ok(gateway, token: str) -> bool:
 
 
 def allowed(gateway, request: Request) -> bool:
-    return gateway._admin_allowed(request) or _token_ok(gateway, request.cookies.get(COOKIE, ""))
+    return admin_allowed(gateway, request) or _token_ok(gateway, request.cookies.get(COOKIE, ""))
 
 
 def dashboard_routes(gateway) -> list[Route]:

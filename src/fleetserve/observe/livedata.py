@@ -115,7 +115,7 @@ class LiveData:
             urls = [(b.id, b.url.rstrip("/") + "/metrics") for b in gateway.pool.backends.values() if b.healthy]
             if self.supervisor_url:
                 urls.append(("supervisor", self.supervisor_url))
-            texts = await asyncio.gather(*(self._get(gateway.client, url) for _id, url in urls))
+            texts = await asyncio.gather(*(self._get(gateway.upstream, url) for _id, url in urls))
             for (source, _url), text in zip(urls, texts, strict=True):
                 if text:
                     values.update(parse(text, source))
@@ -124,8 +124,8 @@ class LiveData:
     @staticmethod
     async def _get(client, url: str) -> str:
         try:
-            r = await client.get(url, timeout=2.0)
-            return r.text if r.status_code == 200 else ""
+            status, body = await client.get(url, timeout=2.0)
+            return body.decode("utf-8", "replace") if status == 200 else ""
         except Exception:  # noqa: BLE001 - a replica going away must not break the page
             return ""
 

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import sys
+import time
 
 LOG_FORMATS = ("text", "json")
 REQUEST = "request"  # the message of every per-request line
@@ -76,6 +77,7 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self, component: str):
         super().__init__(f"%(asctime)s {component} %(levelname)s %(message)s")
+        self.component = component
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
@@ -128,3 +130,87 @@ def quiet_progress_bars() -> None:
     tl.disable_progress_bar()
     tl.disable_default_handler()
     tl.enable_propagation()
+
+
+class AccessLog:
+    """The router's per-request line, the same line the formatters write, without logging's per-record cost.
+
+    At thousands of requests a second, `logger.info(...)` (a LogRecord, the caller's frame lookup, a lock and
+    a flushed write per line) cost more CPU than routing the request. Here a line is one string format into
+    a buffer, written in one call every `flush_s` (and when `max_lines` are waiting, and at `close`). It is
+    used only when the process logs through `configure_logging`'s handler; otherwise (a test's capture, an
+    embedding application's handlers) lines go through `logging` as before.
+    """
+
+    def __init__(self, logger: logging.Logger, flush_s: float = 0.1, max_lines: int = 256):
+        self.logger = logger
+        self.flush_s = flush_s
+        self.max_lines = max_lines
+        self._lines: list[str] = []
+        self._timer = None
+        self._second = -1
+        self._stamp = ""
+        handler = next((h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler)
+                        and isinstance(h.formatter, TextFormatter | JsonFormatter)), None)
+        self._handler = handler if not logger.handlers and logger.propagate else None
+
+    @property
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(logging.INFO)
+
+    def write(self, **fields) -> None:
+        handler = self._handler
+        if handler is None:
+            log_request(self.logger, **fields)
+            return
+        now = time.time()
+        formatter = handler.formatter
+        if isinstance(formatter, JsonFormatter):
+            line = {"ts": self._iso(now), "level": "info", "component": formatter.component}
+            if formatter.replica:
+                line["replica"] = formatter.replica
+            line["logger"] = self.logger.name
+            line["msg"] = REQUEST
+            line.update((k, v) for k, v in fields.items() if v is not None)
+            text = json.dumps(line, ensure_ascii=False, default=str)
+        else:
+            extra = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) and (' ' in v or not v) else v}"
+                             for k, v in fields.items() if v is not None)
+            text = f"{self._asctime(now)} {formatter.component} INFO {REQUEST} {extra}"
+        self._lines.append(text)
+        if len(self._lines) >= self.max_lines:
+            self.flush()
+        elif self._timer is None:
+            try:
+                import asyncio
+
+                self._timer = asyncio.get_running_loop().call_later(self.flush_s, self.flush)
+            except RuntimeError:
+                self.flush()  # no loop: write at once
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._lines and self._handler is not None:
+            data = "\n".join(self._lines) + "\n"
+            self._lines.clear()
+            stream = self._handler.stream
+            try:
+                stream.write(data)
+                stream.flush()
+            except (OSError, ValueError):
+                pass  # stderr closed: nothing to tell anyone
+
+    def close(self) -> None:
+        self.flush()
+
+    def _asctime(self, now: float) -> str:
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        return f"{self._stamp},{int((now - second) * 1000):03d}"
+
+    def _iso(self, now: float) -> str:
+        return datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat(timespec="milliseconds")

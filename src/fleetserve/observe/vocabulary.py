@@ -88,6 +88,9 @@ class Metric:
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] | None = None
     emitted_by: tuple[str, ...] = ()
+    # a gauge kept by several processes of one server (router --workers): their values add up, or the
+    # largest counts (prometheus_client's multiprocess mode; counters and histograms always add up)
+    across_processes: str = "sum"
 
     @property
     def base(self) -> str:
@@ -100,7 +103,8 @@ class Metric:
         if self.kind == "counter":
             return Counter(self.base, self.help, labels, registry=registry)
         if self.kind == "gauge":
-            return Gauge(self.base, self.help, labels, registry=registry)
+            return Gauge(self.base, self.help, labels, registry=registry,
+                         multiprocess_mode="live" + self.across_processes)
         return Histogram(self.base, self.help, labels, buckets=self.buckets, registry=registry)
 
     def family(self):
@@ -112,10 +116,10 @@ class Metric:
 
 
 def _m(name: str, kind: Kind, help: str, group: str, unit: str = "", labels: tuple[str, ...] = (),
-       buckets: tuple[float, ...] | None = None, by: tuple[str, ...] = ()) -> Metric:
+       buckets: tuple[float, ...] | None = None, by: tuple[str, ...] = (), across: str = "sum") -> Metric:
     if kind == "histogram" and buckets is None:
         raise ValueError(f"{name}: a histogram needs buckets")
-    return Metric(name, kind, help, group, unit, labels, buckets, by)
+    return Metric(name, kind, help, group, unit, labels, buckets, by, across)
 
 
 ENGINE, SIM, ROUTER, SUPERVISOR = "engine", "simulated engine", "router", "supervisor"
@@ -177,7 +181,7 @@ ROUTER_EJECTIONS = _m("fleetserve_router_ejections_total", "counter", "Replicas 
                       "request failure (circuit breaker opened, or unreachable)", "router", "ejections",
                       ("backend", "reason"), by=(ROUTER,))
 ROUTER_BACKEND_HEALTHY = _m("fleetserve_router_backend_healthy", "gauge", "1 if the backend takes traffic",
-                            "router", "", ("backend",), by=(ROUTER,))
+                            "router", "", ("backend",), by=(ROUTER,), across="max")
 ROUTER_BACKEND_IN_FLIGHT = _m("fleetserve_router_backend_in_flight", "gauge", "Requests outstanding", "router",
                               "requests", ("backend",), by=(ROUTER,))
 ROUTER_TTFB = _m("fleetserve_router_ttfb_milliseconds", "histogram", "Time to first byte through the router",
@@ -185,9 +189,9 @@ ROUTER_TTFB = _m("fleetserve_router_ttfb_milliseconds", "histogram", "Time to fi
 ROUTER_LATENCY = _m("fleetserve_router_latency_milliseconds", "histogram", "Latency through the router",
                     "router", "milliseconds", (), LATENCY_BUCKETS_MS, by=(ROUTER,))
 ROUTER_KV_SUBSCRIPTIONS = _m("fleetserve_router_kv_subscriptions", "gauge", "Backends whose KV events are "
-                             "followed", "router", "backends", by=(ROUTER,))
+                             "followed", "router", "backends", by=(ROUTER,), across="max")
 ROUTER_INDEX_BLOCKS = _m("fleetserve_router_index_blocks", "gauge", "Blocks in the router's prefix/KV index",
-                         "router", "blocks", by=(ROUTER,))
+                         "router", "blocks", by=(ROUTER,), across="max")
 ROUTER_QUEUED = _m("fleetserve_router_queued_requests", "gauge", "Requests waiting for a replica slot (limits)",
                    "router", "requests", by=(ROUTER,))
 ROUTER_PENDING = _m("fleetserve_router_pending_requests", "gauge", "Requests held until a replica is ready "
@@ -206,7 +210,7 @@ ROUTER_BACKEND_PROMPT_TOKENS = _m("fleetserve_router_backend_prompt_tokens_total
                                   "tokens", ("backend",), by=(ROUTER,))
 ROUTER_BACKEND_CACHE_HORIZON = _m("fleetserve_router_backend_cache_horizon_blocks", "gauge", "Per replica: the "
                                   "cache size the router learned from reported cached tokens (router keys; "
-                                  "router/feedback.py)", "router", "blocks", ("backend",), by=(ROUTER,))
+                                  "router/feedback.py)", "router", "blocks", ("backend",), by=(ROUTER,), across="max")
 
 # --- KV tiers (read from the engine's prefix cache at scrape time) ----------------------------------------
 _T = ("tier",)

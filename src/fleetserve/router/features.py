@@ -61,3 +61,11 @@ def request_features(body: dict, layout: KVLayout, salt: str | None = None
     chunk_chars = layout.block_size * CHARS_PER_TOKEN
     keys = tuple(text_chunk_keys(text, chunk_chars, root))
     return keys, len(text) // CHARS_PER_TOKEN, layout.block_size, False
+
+
+def prompt_tokens_estimate(body: dict) -> int:
+    """The prompt's size without its keys, for policies that need no prefix keys (no hashing)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return len(prompt)
+    return len(_text(body)) // CHARS_PER_TOKEN

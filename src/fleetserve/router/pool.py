@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
 
+from fleetserve.clock import Clock
 from fleetserve.router.backlog import LoadBook
 from fleetserve.router.policies import FleetSnapshot, ReplicaView
 
@@ -33,7 +33,7 @@ class Backend:
     open_until: float = 0.0
     tripped: bool = False  # opened and not yet closed again by successes (open, then half-open)
     half_open_successes: int = 0
-    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    clock: Clock = field(default=time.monotonic, repr=False)
     book: LoadBook = field(default_factory=LoadBook, repr=False)  # the pool's, shared by its backends
 
     # in flight and prefill backlog (prompt tokens sent that have not produced a first byte) live in the
@@ -93,7 +93,7 @@ class BackendPool:
         unhealthy_after: int = 2,
         healthy_after: int = 1,
         breaker: BreakerSettings | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = time.monotonic,
     ):
         self.clock = clock  # injected: breaker tests run in virtual time
         self.book = LoadBook()
@@ -148,6 +148,9 @@ class BackendPool:
 
     def healthy(self) -> list[Backend]:
         return [b for b in self.backends.values() if b.eligible]
+
+    def any_eligible(self) -> bool:
+        return any(b.eligible for b in self.backends.values())
 
     def request_failed(self, backend: Backend, error: str) -> None:
         """A request failed on the backend (5xx or broken connection).

@@ -29,7 +29,14 @@ from fleetserve.router.admission import BUFFER, GO, AdmissionSettings, Rejection
 from fleetserve.router.backlog import LoadBook
 from fleetserve.router.feedback import report as feed_back
 from fleetserve.router.kvindex import KVIndex
-from fleetserve.router.policies import FleetSnapshot, ReplicaView, RouteRequest, create_policy, registered_policies
+from fleetserve.router.policies import (
+    FleetSnapshot,
+    ReplicaView,
+    RouteRequest,
+    create_policy,
+    needs_of,
+    registered_policies,
+)
 from fleetserve.router.retry import exclude
 from fleetserve.sim.core import Simulation
 from fleetserve.sim.memory import BlockLRU
@@ -107,7 +114,7 @@ class SimFleet:
         self.strategy = strategy
         self.policy = create_policy(strategy, session_key=spec.routing.session_key)
         self.learns = hasattr(self.policy, "observe")  # responses' cached tokens go back (router.feedback)
-        self.kv_index = KVIndex() if self.informed and strategy == "kvaware" else None
+        self.kv_index = KVIndex() if self.informed and needs_of(self.policy).kv_events else None
         self.admission = AdmissionSettings.from_spec(spec)
         self.limit = self.admission.max_concurrent_per_replica
         self.book = LoadBook()

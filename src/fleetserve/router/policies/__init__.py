@@ -4,13 +4,15 @@ from fleetserve.router.policies import prefix, session, simple  # noqa: F401  (r
 from fleetserve.router.policies.base import (
     Choice,
     FleetSnapshot,
+    Needs,
     ReplicaView,
     RouteRequest,
     RoutingPolicy,
     create_policy,
+    needs_of,
     register,
     registered_policies,
 )
 
-__all__ = ["Choice", "FleetSnapshot", "ReplicaView", "RouteRequest", "RoutingPolicy", "create_policy", "register",
-           "registered_policies"]
+__all__ = ["Choice", "FleetSnapshot", "Needs", "ReplicaView", "RouteRequest", "RoutingPolicy", "create_policy",
+           "needs_of", "register", "registered_policies"]

@@ -69,8 +69,24 @@ class Choice:
     prediction: Any = field(default=None, compare=False)
 
 
+@dataclass(frozen=True)
+class Needs:
+    """What a policy needs the gateway (and the simulator) to provide; the rest is never computed for it."""
+
+    prefix_keys: bool = False  # the prompt's chained block keys (router/features.py): hashing costs CPU
+    kv_events: bool = False  # the engines' KV events, followed into `FleetSnapshot.kv_index`
+
+
+NO_NEEDS = Needs()
+
+
+def needs_of(policy) -> Needs:
+    return getattr(policy, "needs", NO_NEEDS)
+
+
 class RoutingPolicy(Protocol):
     name: str
+    needs: Needs
 
     def choose(self, request: RouteRequest, snapshot: FleetSnapshot) -> Choice | None: ...
 

@@ -22,7 +22,7 @@ from collections import OrderedDict
 
 from fleetserve.kvcache.prefix_match import match_prefix
 from fleetserve.router.feedback import CapacityLearner, Prediction
-from fleetserve.router.policies.base import Choice, FleetSnapshot, RouteRequest, register
+from fleetserve.router.policies.base import Choice, FleetSnapshot, Needs, RouteRequest, register
 from fleetserve.router.policies.cost import CostWeights, cheapest
 
 DEFAULT_CACHE_BLOCKS = 4096
@@ -97,6 +97,8 @@ class _ReplicaIndex:
 
 @register("prefixaware")
 class PrefixAware:
+    needs = Needs(prefix_keys=True)
+
     def __init__(self, seed: int = 0, decode_weight: float = 64.0, affinity: float = 6.0, learn_rate: float = 0.05,
                  exclusive: bool = False, balance_rel: float = 1.0, balance_abs: float = 1.0, **_options):
         self.weights = CostWeights(decode_weight=decode_weight, affinity=affinity, exclusive=exclusive,
@@ -142,13 +144,24 @@ class PrefixAware:
             ages, confirmed = index.ages(request.blocks)
             prediction = Prediction(replica.id, request.blocks, ages, confirmed, request.block_tokens,
                                     request.prompt_tokens, request.prompt_tokens - uncached)
-        cap = MAX_INDEX_BLOCKS // max(len(live), 1)
+        self._remember(index, replica, request.blocks, horizon, len(live))
+        return Choice(replica, branch, uncached, prediction)
+
+    def _remember(self, index: _ReplicaIndex, replica, blocks: tuple[int, ...], horizon: float, live: int) -> None:
+        cap = MAX_INDEX_BLOCKS // max(live, 1)
         if replica.cache_blocks:
             cap, max_age = min(cap, int(horizon)), float("inf")
         else:
             max_age = SHADOW * horizon
-        index.remember(request.blocks, cap, max_age)
-        return Choice(replica, branch, uncached, prediction)
+        index.remember(blocks, cap, max_age)
+
+    def routed_elsewhere(self, replica, blocks: tuple[int, ...], exact: bool, live: int) -> None:
+        """Another router process sent these keys to `replica` (router/workers.py): index them as if this one
+        had, so every worker predicts from the whole fleet's traffic."""
+        index = self.index.get(replica.id)
+        if index is None:
+            index = self.index[replica.id] = _ReplicaIndex()
+        self._remember(index, replica, blocks, self._horizon(replica, exact), live)
 
     def observe(self, prediction: Prediction, cached_tokens: int, prompt_tokens: int | None = None) -> None:
         """A response came back (`router.feedback.report`): its keys are stored there; learn the horizon."""
@@ -161,6 +174,8 @@ class PrefixAware:
 
 @register("kvaware")
 class KVAware:
+    needs = Needs(prefix_keys=True, kv_events=True)
+
     def __init__(self, seed: int = 0, decode_weight: float = 64.0, affinity: float = 6.0, **_options):
         self.weights = CostWeights(decode_weight=decode_weight, affinity=affinity)
         self.rng = random.Random(seed)
@@ -185,6 +200,10 @@ class KVAware:
         branch = _branch(uncached, best_possible, request.prompt_tokens)
         index.speculate(replica.id, request.blocks, snapshot.now)
         return Choice(replica, branch, uncached)
+
+    def routed_elsewhere(self, replica, blocks: tuple[int, ...], exact: bool, live: int) -> None:
+        """Another router process's decision: its router-side index stands in here too (no events, or text)."""
+        self.fallback.routed_elsewhere(replica, blocks, exact, live)
 
     def observe(self, prediction: Prediction, cached_tokens: int, prompt_tokens: int | None = None) -> None:
         """Responses to requests the router-side index placed (no events, or text keys) teach that index."""

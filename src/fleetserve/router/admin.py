@@ -1,0 +1,119 @@
+"""The gateway's control routes: health, the admin API the supervisor drives, metrics, the dashboard.
+
+They are few requests a second, so they stay a Starlette app (served on the same port through router/asgi.py);
+the OpenAI routes never pass through it. Who may call what: /health's status is public, its backend details,
+/admin/* and the dashboard need the admin token or the fleet's internal token (with neither configured,
+loopback clients); /metrics names tenants, so with API keys on it needs the same.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from fleetserve.api.errors import APIError
+from fleetserve.api.openapi import openapi_endpoint
+from fleetserve.api.protocol import parse_json_body
+from fleetserve.observe.metrics import exposition
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def admin_allowed(gateway, request: Request) -> bool:
+    """The admin token (or the fleet's internal token, which Prometheus may send as a bearer token); with
+    neither configured, loopback clients."""
+    token = gateway.settings.admin_token
+    if gateway.internal.trusted(request.headers):
+        return True
+    if token:
+        return hmac.compare_digest(request.headers.get("x-fleetserve-admin", ""), token)
+    return request.client is not None and request.client.host in LOOPBACK
+
+
+def _forbidden() -> Response:
+    return APIError(403, "admin API: wrong or missing x-fleetserve-admin token").response()
+
+
+def build_control_app(gateway) -> Starlette:
+    async def health(request: Request) -> Response:
+        """Status for anyone; the backends (URLs, errors) only for the admin."""
+        ok = gateway.pool.any_eligible()
+        body: dict = {"status": "ok" if ok else "no healthy replica", "strategy": gateway.policy.name}
+        if admin_allowed(gateway, request):
+            body["backends"] = [
+                {"id": b.id, "url": b.url, "healthy": b.healthy, "draining": b.draining, "in_flight": b.in_flight,
+                 "error": b.last_error}
+                for b in gateway.pool.backends.values()
+            ]
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    async def admin_load(request: Request) -> Response:
+        """What the autoscaler reads each poll: buffered and in-flight requests, per-backend load, TTFT p95."""
+        if not admin_allowed(gateway, request):
+            return _forbidden()
+        return JSONResponse(gateway.load_report())
+
+    async def admin_backends(request: Request) -> Response:
+        """Replace the backend set: {"backends": [{"url": ..., "state": "ready" | "starting" | "draining"}]}."""
+        if not admin_allowed(gateway, request):
+            return _forbidden()
+        try:
+            entries = parse_json_body(await request.body())["backends"]
+            urls = [e["url"] for e in entries]
+            states = [e.get("state", "starting") for e in entries]
+        except (KeyError, TypeError, AttributeError):
+            return APIError(400, 'backends: expected {"backends": [{"url": "http://...", "state": "ready"}]}',
+                            param="backends").response()
+        except APIError as err:
+            return err.response()
+        if not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
+            return APIError(400, "backends[].url: each must be a string starting with http:// or https://",
+                            param="backends[].url").response()
+        bad = [st for st in states if st not in ("ready", "starting", "draining")]
+        if bad:
+            return APIError(400, f"backends[].state: got {bad[0]!r}; allowed values: ready, starting, draining",
+                            param="backends[].state").response()
+        gateway.set_backends(urls, ready={u.rstrip("/") for u, st in zip(urls, states, strict=True) if st == "ready"},
+                             draining={u.rstrip("/") for u, st in zip(urls, states, strict=True) if st == "draining"},
+                             from_peer=False)
+        return JSONResponse({"backends": len(urls)})
+
+    async def metrics(request: Request) -> Response:
+        """Tenant names are in these series: with API keys on, only the admin (or Prometheus with the internal
+        token) may read them."""
+        if gateway.settings.keyring is not None and not admin_allowed(gateway, request):
+            return APIError(401, "router metrics name tenants: send x-fleetserve-admin or the internal bearer token",
+                            code="invalid_api_key").response()
+        gateway.refresh_gauges()
+        data, content_type = exposition(gateway.metrics_registry())
+        return Response(data, media_type=content_type)
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/ping", health, methods=["GET"]),
+        Route("/openapi.json", openapi_endpoint("router"), methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/admin/load", admin_load, methods=["GET"]),
+        Route("/admin/backends", admin_backends, methods=["PUT"]),
+    ]
+    from fleetserve.observe.dashboard import dashboard_routes  # /dashboard, /dashboard/data (admin only)
+
+    routes += dashboard_routes(gateway)
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _server_error})
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}").response()
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    log.exception("router error")
+    return APIError(500, f"internal router error: {type(exc).__name__}", code="internal_error").response()

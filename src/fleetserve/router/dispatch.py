@@ -1,0 +1,146 @@
+"""Dispatch: choose a replica with the policy, send, and retry elsewhere until the first body bytes arrive.
+
+A request is committed to a replica only once that replica produced its first body bytes; until then an
+unreachable replica or an overloaded answer (502/503/504, router/retry.py) sends it to another one, with
+backoff, at most `max_attempts` tries. A replica that took the request and went silent (a read timeout) is
+never retried elsewhere: the request itself may be what stalls it (504).
+
+Bookkeeping is the simulator's (router/backlog.py): in flight from the send, the prefill backlog until the
+first byte, released when the answer ends or fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+
+from fleetserve.api.errors import APIError
+from fleetserve.router.policies import Choice, RouteRequest
+from fleetserve.router.pool import Backend
+from fleetserve.router.retry import backoff, exclude, retryable
+from fleetserve.router.upstream import Timeout, UpstreamError, UpstreamResponse
+
+
+class Attempt:
+    """An answer whose first body bytes arrived; owns the replica's in-flight slot until `release`."""
+
+    __slots__ = ("backend", "response", "first", "choice", "tries", "_book", "_freed", "_released")
+
+    def __init__(self, backend: Backend, response: UpstreamResponse, first: bytes, choice: Choice, tries: int,
+                 book, freed):
+        self.backend = backend
+        self.response = response
+        self.first = first
+        self.choice = choice
+        self.tries = tries  # replicas tried, this one included
+        self._book = book
+        self._freed = freed
+        self._released = False
+
+    def release(self) -> None:
+        """The answer ended (or failed): free the slot, close an unfinished upstream answer."""
+        if not self._released:
+            self._released = True
+            self.response.close()
+            self._book.finished(self.backend.id)
+            self._freed()
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """What is sent upstream: the same for every attempt."""
+
+    method: str
+    path: str
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+class Dispatcher:
+    def __init__(self, gateway):
+        self.gw = gateway  # pool, policy, upstream client, gate, metrics, settings
+
+    async def dispatch(self, out: Outgoing, route: RouteRequest) -> Attempt:
+        gw = self.gw
+        settings = gw.settings
+        excluded: frozenset[str] = frozenset()
+        last_reason = ""
+        for attempt in range(settings.max_attempts):
+            if attempt:
+                await asyncio.sleep(backoff(attempt, random.random()))
+                route = _excluding(route, excluded)
+            choice = gw.policy.choose(route, gw.snapshot())
+            if (choice is None and not excluded and gw.gate.settings.max_concurrent_per_replica
+                    and gw.pool.healthy()):
+                await gw.gate.admit()  # another request took the slot we waited for: wait again
+                choice = gw.policy.choose(route, gw.snapshot())
+            if choice is None:
+                break
+            if gw.peers is not None and route.blocks:
+                gw.peers.routed(choice.replica.id, route.blocks, route.exact_keys)  # other workers' indexes
+            gw.count_decision(choice.branch if not excluded else "retry")
+            backend = gw.pool.get(choice.replica.id)
+            outcome = await self._try(backend, out, choice.prefill_tokens)
+            if isinstance(outcome, tuple):
+                response, first = outcome
+                return Attempt(backend, response, first, choice, attempt + 1, gw.pool.book, gw.gate.slot_freed)
+            if outcome == "timeout":
+                gw.metrics.retries.labels("timeout_not_retried").inc()
+                raise APIError(504, f"the model replica did not answer within {settings.upstream_read_timeout:g}s; "
+                                    "the request was not retried elsewhere", code="upstream_timeout")
+            last_reason = outcome
+            excluded = exclude(excluded, backend.id)
+            gw.metrics.retries.labels(outcome).inc()
+        if not gw.pool.healthy():
+            raise APIError(503, "no healthy model replica is available; retry shortly", code="no_replica",
+                           headers={"Retry-After": "2"})
+        raise APIError(502, f"all attempts failed (last: {last_reason or 'no eligible replica'})",
+                       code="upstream_failed", headers={"Retry-After": "1"})
+
+    async def _try(self, backend: Backend, out: Outgoing, prefill: int) -> tuple[UpstreamResponse, bytes] | str:
+        """Send to one replica: (answer, first body bytes), or why another replica should be tried."""
+        gw = self.gw
+        book = gw.pool.book
+        book.sent(backend.id, prefill)
+        response = None
+        try:
+            response = await gw.upstream.request(backend.url, out.method, out.path, out.headers, out.body)
+            if retryable(response.status):
+                response.close()
+                book.failed(backend.id, prefill)
+                gw.gate.slot_freed()
+                gw.request_failed(backend, f"status {response.status}")
+                return f"status_{response.status}"
+            first = await response.read()
+        except Timeout:
+            if response is not None:
+                response.close()
+            book.failed(backend.id, prefill)
+            gw.gate.slot_freed()
+            gw.request_failed(backend, "ReadTimeout")
+            return "timeout"
+        except UpstreamError as exc:
+            if response is not None:
+                response.close()
+            book.failed(backend.id, prefill)
+            gw.gate.slot_freed()
+            gw.mark_unreachable(backend, f"{exc.kind}: {exc}")
+            gw.request_failed(backend, exc.kind)
+            return "unreachable"
+        except BaseException:  # the client went away (cancelled) or a bug: the replica sees the cut
+            if response is not None:
+                response.close()
+            book.failed(backend.id, prefill)
+            gw.gate.slot_freed()
+            raise
+        book.first_byte(backend.id, prefill)
+        if response.status < 500:
+            gw.pool.request_succeeded(backend)
+        return response, first
+
+
+def _excluding(route: RouteRequest, excluded: frozenset[str]) -> RouteRequest:
+    return RouteRequest(route.path, route.body, route.headers, route.tenant, excluded, route.blocks,
+                        route.block_tokens, route.prompt_tokens, route.exact_keys)
+

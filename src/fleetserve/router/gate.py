@@ -1,0 +1,101 @@
+"""The live admission gate: router/admission.py's verdicts (the simulator's too), with the waiting done here.
+
+Order, as in the simulator: hold the request while no replica is ready (scale from zero, bounded buffer),
+wait in the bounded queue while every replica is at its concurrency limit, or refuse with Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from fleetserve.router.admission import (
+    BUFFER,
+    GO,
+    AdmissionSettings,
+    Rejection,
+    admit,
+    buffer_timeout,
+    limit_views,
+    overflow,
+)
+from fleetserve.router.pool import BackendPool
+
+
+class Refused(Exception):
+    """Admission said no: `rejection` carries the status, message, code and Retry-After."""
+
+    def __init__(self, rejection: Rejection):
+        super().__init__(rejection.message)
+        self.rejection = rejection
+
+
+class AdmissionGate:
+    def __init__(self, settings: AdmissionSettings, pool: BackendPool, metrics):
+        self.settings = settings
+        self.pool = pool
+        self.metrics = metrics
+        self.pending = 0  # held in the buffer at zero replicas
+        self.queued = 0  # waiting for a free slot
+        self._slot_free = asyncio.Event()
+
+    def views(self):
+        """Replica views with the per-replica concurrency limit applied (a full replica is not eligible)."""
+        return limit_views(self.pool.snapshot().replicas, self.settings.max_concurrent_per_replica)
+
+    def fast_go(self) -> bool:
+        """The common case, decided without building views: no limits and some replica ready."""
+        return (self.settings.max_concurrent_per_replica is None and not self.pending
+                and self.pool.any_eligible())
+
+    async def admit(self) -> None:
+        while True:
+            views = self.views()
+            verdict = admit(self.settings, bool(self.pool.healthy()), any(v.healthy for v in views),
+                            self.pending, self.queued)
+            if verdict == GO:
+                return
+            if isinstance(verdict, Rejection):
+                raise Refused(verdict)
+            if verdict == BUFFER:
+                await self._hold_until_ready()
+            else:
+                await self._queue_for_slot()
+
+    def slot_freed(self) -> None:
+        """A request ended (or failed): queued requests look again."""
+        if self.queued:
+            self._slot_free.set()
+            self._slot_free = asyncio.Event()
+
+    async def _queue_for_slot(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.queued += 1
+        self.metrics.queued.set(self.queued)
+        deadline = loop.time() + self.settings.buffer_timeout
+        try:
+            while not any(v.healthy for v in self.views()) and self.pool.healthy():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise Refused(overflow(self.settings, "no slot became free in time"))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await self._slot_free.wait()
+        finally:
+            self.queued -= 1
+            self.metrics.queued.set(self.queued)
+
+    async def _hold_until_ready(self) -> None:
+        """Hold the request while no replica can take it (scale from zero); bounded in count and time."""
+        loop = asyncio.get_running_loop()
+        self.pending += 1
+        self.metrics.pending.set(self.pending)
+        started = loop.time()
+        try:
+            ready = await self.pool.wait_eligible(self.settings.buffer_timeout)
+        finally:
+            self.pending -= 1
+            self.metrics.pending.set(self.pending)
+            self.metrics.buffer_wait_s.observe(loop.time() - started)
+        if not ready:
+            raise Refused(buffer_timeout(self.settings))

@@ -1,0 +1,344 @@
+"""The OpenAI-compatible gateway: one request's path from the front door to the relayed answer.
+
+    front door (http1.py) -> auth and tenancy (auth.py) -> body parsed once (orjson)
+      -> prefix keys, only for a policy that needs them (features.py)
+      -> admission (gate.py over admission.py, the simulator's) -> dispatch (dispatch.py: policy, retries)
+      -> relay (relay.py) -> metrics, access line
+
+Everything that is not an OpenAI route (health, admin API, metrics, dashboard, OpenAPI) goes to the control
+app (admin.py) through a small ASGI bridge (asgi.py). The replica watcher (watcher.py) keeps health, the KV
+layout and KV events current. The upstream client (upstream.py) is injected, so dispatch and retry tests
+run without a subprocess.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+
+import orjson
+
+from fleetserve.api.errors import APIError
+from fleetserve.api.internal import INTERNAL_HEADER, InternalAuth
+from fleetserve.api.limits import SizeLimits
+from fleetserve.clock import Clock
+from fleetserve.kvcache.blocks import kv_salt
+from fleetserve.observe.logs import AccessLog, prompt_text, tenant_hash
+from fleetserve.observe.metrics import RouterMetrics
+from fleetserve.router import feedback
+from fleetserve.router.admin import admin_allowed, build_control_app
+from fleetserve.router.admission import AdmissionSettings
+from fleetserve.router.asgi import call_asgi
+from fleetserve.router.auth import TENANT_HEADER, KeyRing
+from fleetserve.router.discovery import DnsBackends
+from fleetserve.router.dispatch import Attempt, Dispatcher, Outgoing
+from fleetserve.router.features import KVLayout, prompt_tokens_estimate, request_features
+from fleetserve.router.gate import AdmissionGate, Refused
+from fleetserve.router.http1 import Request, Responder
+from fleetserve.router.policies import FleetSnapshot, RouteRequest, RoutingPolicy, create_policy, needs_of
+from fleetserve.router.pool import Backend, BackendPool
+from fleetserve.router.relay import CACHED_TOKENS, PROMPT_TOKENS, last_int, relay
+from fleetserve.router.upstream import Upstream
+from fleetserve.router.watcher import ReplicaWatcher
+
+log = logging.getLogger(__name__)
+access_log = logging.getLogger("fleetserve.router.access")
+
+# The OpenAI routes the gateway proxies, and their method; everything else is the control app's.
+PROXIED = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/models": "GET"}
+# Never forwarded: framing and connection headers, the client's credentials (the key stays at the gateway),
+# and what the gateway sets itself (the tenant and the internal token are ours to set, never a client's).
+NOT_FORWARDED = frozenset({
+    b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
+    b"proxy-authorization", b"proxy-authenticate", b"accept-encoding", b"expect", b"authorization", b"x-request-id",
+    TENANT_HEADER.encode(), INTERNAL_HEADER.encode(),
+})
+JSON = (b"content-type", b"application/json")
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    strategy: str = "leastload"
+    session_key: str | None = None  # header or body key for session routing
+    max_attempts: int = 3
+    upstream_read_timeout: float = 300.0
+    health_interval: float = 1.0
+    buffer_size: int = 256  # requests held while no replica is ready (scale from zero)
+    buffer_timeout: float = 600.0  # longer than a cold start; then 503 with Retry-After
+    admin_token: str | None = None  # required on /admin/* when set; else loopback clients only
+    max_concurrent_per_replica: int | None = None  # HyperPod requestLimits.maxConcurrentRequests
+    max_queue: int | None = None  # requests waiting for a free slot (HyperPod maxQueueSize)
+    overflow_status: int = 429
+    keyring: KeyRing | None = None  # API keys -> tenants; None: no auth
+    internal_token: str | None = None  # sent to the engines: they trust a tenant header only with it
+    size_limits: SizeLimits = dataclasses.field(default_factory=SizeLimits)
+    backend_dns: tuple[DnsBackends, ...] = ()  # names whose addresses are replicas (a headless Service)
+    log_prompts: bool = False  # the request line carries the prompt text (default: never)
+    access_log: bool = True  # one line per request (observe/logs.py)
+
+
+class Gateway:
+    def __init__(self, pool: BackendPool, settings: RouterSettings, upstream: Upstream | None = None):
+        self.pool = pool
+        self.settings = settings
+        self.clock: Clock = pool.clock  # one clock for the pool's breaker, decisions and latency windows
+        self.policy: RoutingPolicy = create_policy(settings.strategy, session_key=settings.session_key)
+        self.needs = needs_of(self.policy)
+        self.layout = KVLayout()
+        self.kv_index = None  # router/kvindex.py, once an engine publishes KV events
+        self.metrics = RouterMetrics()
+        self.internal = InternalAuth(settings.internal_token)
+        self.upstream = upstream or Upstream(read_timeout=settings.upstream_read_timeout,
+                                             headers=self.internal.headers())
+        self.gate = AdmissionGate(AdmissionSettings(settings.buffer_size, settings.buffer_timeout,
+                                                    settings.max_concurrent_per_replica, settings.max_queue,
+                                                    settings.overflow_status), pool, self.metrics)
+        self.dispatcher = Dispatcher(self)
+        self.watcher = ReplicaWatcher(self)
+        self.control = build_control_app(self)
+        self.scheme = "http"
+        self.server_address: tuple[str, int] = ("127.0.0.1", 0)
+        self.requests_total = 0
+        self.access = AccessLog(access_log)  # the request lines, buffered (observe/logs.py)
+        self.peers = None  # router/workers.py: the other worker processes on this port
+        self._ttfb: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)
+        self._children: dict[tuple, object] = {}  # metric children by labels: labels() is a lock and a lookup
+        # request ids: a random per-process prefix and a counter (unique, and far cheaper than uuid4 per request)
+        self._id_prefix = uuid.uuid4().hex[:24]
+        self._ids = itertools.count()
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.watcher.start()
+
+    async def stop(self) -> None:
+        self.access.close()
+        await self.watcher.stop()
+        await self.upstream.aclose()
+        await self.pool.aclose()
+
+    @property
+    def pending(self) -> int:
+        return self.gate.pending
+
+    # --- the front door ------------------------------------------------------------------------------------
+
+    async def handle(self, request: Request, responder: Responder) -> None:
+        method = PROXIED.get(request.path)
+        if method is None:
+            await call_asgi(self.control, request, responder, scheme=self.scheme, server=self.server_address)
+        elif request.method != method:
+            self.error(responder, 405, f"{request.method} {request.path}: method not allowed; use {method}",
+                       "method_not_allowed", [(b"allow", method.encode())])
+        else:
+            await self.proxy(request, responder)
+
+    def error(self, responder: Responder, status: int, message: str, code: str | None = None,
+              headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        """An OpenAI error answer (also the front door's, for input refused while parsing)."""
+        self.send_error(responder, APIError(status, message, code=code), headers or [])
+
+    def send_error(self, responder: Responder, err: APIError, extra: list[tuple[bytes, bytes]]) -> None:
+        headers = [JSON] + [(k.lower().encode(), str(v).encode()) for k, v in err.headers.items()] + extra
+        responder.send(err.status, headers, orjson.dumps(err.body()))
+
+    async def proxy(self, request: Request, responder: Responder) -> None:
+        started = self.clock()
+        forwarded: list[tuple[bytes, bytes]] = []
+        authorization = request_id = None
+        for k, v in request.headers:
+            if k in NOT_FORWARDED:
+                if k == b"authorization":
+                    authorization = v
+                elif k == b"x-request-id":
+                    request_id = v
+                continue
+            forwarded.append((k, v))
+        request_id = request_id.decode("latin-1") if request_id else f"{self._id_prefix}{next(self._ids):08x}"
+        rid = request_id.encode("latin-1")
+        post = request.method == "POST"
+        if post:
+            self.requests_total += 1
+        tenant = None
+        body: dict | None = None
+        try:
+            if self.settings.keyring is not None:
+                tenant = self.settings.keyring.tenant(authorization.decode("latin-1") if authorization else None)
+            body = _parse_body(request.body) if post else {}
+            route = self._route(request, body, tenant)
+            if not self.gate.fast_go():
+                await self.gate.admit()
+            forwarded.append((b"x-request-id", rid))
+            if tenant:
+                forwarded.append((TENANT_HEADER.encode(), tenant.encode()))
+            if request.client:
+                forwarded.append((b"x-forwarded-for", request.client[0].encode()))
+            attempt = await self.dispatcher.dispatch(Outgoing(request.method, request.path, forwarded, request.body),
+                                                     route)
+        except Refused as refused:
+            r = refused.rejection
+            self._refuse(responder, APIError(r.status, r.message, code=r.code, headers={"Retry-After": r.retry_after}),
+                         rid, request.path, tenant, started, body)
+            return
+        except APIError as err:
+            self._refuse(responder, err, rid, request.path, tenant, started, body)
+            return
+        except asyncio.CancelledError:
+            self._count(self.metrics.requests, request.path, "499")
+            self._log(request_id, tenant, request.path, 499, started, body=body)
+            raise
+        status = attempt.response.status
+        ttfb_ms = (self.clock() - started) * 1000
+        self.metrics.ttfb_ms.observe(ttfb_ms)
+        self._ttfb.append((started, ttfb_ms))
+        self._count(self.metrics.requests, request.path, str(status))
+        self._count(self.metrics.tenant_requests, tenant or "-", str(status))
+        learn = None
+        if status == 200 and self.needs.prefix_keys:
+            def learn(tail: bytes, choice=attempt.choice, routed=route.prompt_tokens) -> None:
+                self.learn(choice, tail, routed)
+        try:
+            await relay(self, attempt, responder,
+                        [(b"x-request-id", rid), (b"x-fleetserve-replica", attempt.backend.id.encode())], learn)
+        finally:
+            attempt.release()
+            self.metrics.latency_ms.observe((self.clock() - started) * 1000)
+            self._log(request_id, tenant, request.path, status, started, attempt, ttfb_ms, body)
+
+    def _route(self, request: Request, body: dict, tenant: str | None) -> RouteRequest:
+        """What the policy may use; the prompt's prefix keys only when it needs them (hashing costs)."""
+        headers = request.header_map()
+        if not self.needs.prefix_keys:
+            return RouteRequest(request.path, body, headers, tenant, prompt_tokens=prompt_tokens_estimate(body),
+                                block_tokens=self.layout.block_size)
+        client_salt = body.get("cache_salt")
+        salt = kv_salt(tenant, client_salt if isinstance(client_salt, str) else None)  # as the engines key it
+        blocks, prompt_tokens, block_tokens, exact = request_features(body, self.layout, salt)
+        return RouteRequest(request.path, body, headers, salt, frozenset(), blocks, block_tokens, prompt_tokens, exact)
+
+    def _refuse(self, responder: Responder, err: APIError, rid: bytes, path: str, tenant: str | None, started: float,
+                body: dict | None) -> None:
+        self._count(self.metrics.requests, path, str(err.status))
+        self._count(self.metrics.tenant_requests, tenant or "-", str(err.status))
+        self.send_error(responder, err, [(b"x-request-id", rid)])
+        self._log(rid.decode("latin-1"), tenant, path, err.status, started, body=body, error=err.code)
+
+    # --- what dispatch and relay report ------------------------------------------------------------------
+
+    def snapshot(self) -> FleetSnapshot:
+        return FleetSnapshot(self.gate.views(), self.clock(), self.kv_index)
+
+    def count_decision(self, branch: str) -> None:
+        self._count(self.metrics.decisions, self.policy.name, branch)
+
+    def request_failed(self, backend: Backend, error: str) -> None:
+        was = backend.breaker
+        self.pool.request_failed(backend, error)
+        if was != "open" and backend.breaker == "open":
+            self.metrics.ejections.labels(backend.id, "breaker").inc()
+
+    def mark_unreachable(self, backend: Backend, error: str) -> None:
+        if backend.healthy:
+            self.metrics.ejections.labels(backend.id, "unreachable").inc()
+        self.pool.mark_unreachable(backend, error)
+
+    def learn(self, choice, tail: bytes, routed_prompt_tokens: int) -> None:
+        """Feed the engine's reported cached tokens back to the policy and the predicted-against-reported
+        metrics (router/feedback.py, as the simulator does), read from the answer's tail without parsing the
+        body: the gateway relays bytes. No `usage` (a stream without include_usage): nothing to learn."""
+        feedback.record(self.metrics, self.policy, choice, last_int(CACHED_TOKENS, tail),
+                        last_int(PROMPT_TOKENS, tail), routed_prompt_tokens)
+
+    # --- control -------------------------------------------------------------------------------------------
+
+    def set_backends(self, urls: list[str], ready: set[str] | None = None, draining: set[str] | None = None,
+                     from_peer: bool = True) -> None:
+        """Replace the backend set (the supervisor's PUT /admin/backends, DNS discovery); every worker follows."""
+        self.pool.set_backends(urls, ready=ready, draining=draining)
+        if self.peers is not None and not from_peer:
+            self.peers.backends(urls, ready or set(), draining or set())
+
+    def _admin_allowed(self, request) -> bool:
+        return admin_allowed(self, request)
+
+    def load_report(self) -> dict:
+        pool = list(self.pool.backends.values())
+        report = {"pending": self.gate.pending, "in_flight": sum(b.in_flight for b in pool),
+                  "waiting": sum(b.waiting for b in pool), "requests_total": self.requests_total,
+                  "ttft_p95_ms": self.ttft_p95_ms(),
+                  "backends": [{"url": b.url, "healthy": b.healthy, "draining": b.draining, "in_flight": b.in_flight,
+                                "running": b.running, "waiting": b.waiting} for b in pool]}
+        if self.peers is not None:
+            report = self.peers.merged_load(report)
+        return report
+
+    def ttft_p95_ms(self, window: float = 60.0) -> float:
+        cutoff = self.clock() - window
+        recent = sorted(v for t, v in self._ttfb if t >= cutoff)
+        if not recent:
+            return 0.0  # no traffic is no latency problem: zero load, not missing data
+        return recent[min(len(recent) - 1, int(0.95 * len(recent)))]
+
+    def metrics_registry(self):
+        """What /metrics exposes: this process's metrics, or every worker's (router/workers.py)."""
+        if self.peers is not None:
+            from fleetserve.router.workers import metrics_registry
+
+            return metrics_registry()
+        return self.metrics.registry
+
+    def refresh_gauges(self) -> None:
+        self.metrics.kv_subscriptions.set(len(self.watcher.subscribed))
+        index_size = getattr(self.policy, "index_size", None)
+        self.metrics.index_blocks.set(self.kv_index.size() if self.kv_index else (index_size() if index_size else 0))
+        for b in self.pool.backends.values():
+            self.metrics.healthy.labels(b.id).set(1 if b.healthy else 0)
+            self.metrics.in_flight.labels(b.id).set(b.in_flight)
+
+    # --- helpers -------------------------------------------------------------------------------------------
+
+    def _count(self, metric, *labels: str) -> None:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        child.inc()
+
+    def _log(self, request_id: str, tenant: str | None, path: str, status: int, started: float,
+             attempt: Attempt | None = None, ttfb_ms: float | None = None, body: dict | None = None,
+             error: str | None = None) -> None:
+        """The request line (observe/logs.py): ids, hashed tenant, replica, policy and branch, timings; the
+        prompt only with log_prompts."""
+        if not self.settings.access_log or not self.access.enabled:
+            return
+        choice = attempt.choice if attempt is not None else None
+        self.access.write(request_id=request_id, tenant=tenant_hash(tenant), path=path, status=status,
+                    replica=attempt.backend.id if attempt is not None else None, policy=self.policy.name,
+                    branch=getattr(choice, "branch", None), attempts=attempt.tries if attempt is not None else None,
+                    ttfb_ms=round(ttfb_ms, 2) if ttfb_ms is not None else None,
+                    latency_ms=round((self.clock() - started) * 1000, 2), error=error,
+                    prompt=prompt_text(body) if self.settings.log_prompts and body else None)
+
+
+def _parse_body(raw: bytes) -> dict:
+    """The body, parsed once. orjson is the fast path; the stdlib parser reads what orjson refuses (integers
+    past 64 bits, NaN) so that the engine, not the gateway, names the offending field."""
+    if not raw:
+        raise APIError(400, "request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise APIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    return body

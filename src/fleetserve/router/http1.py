@@ -1,0 +1,418 @@
+"""The gateway's front door: HTTP/1.1 on a raw asyncio protocol with the httptools parser (on uvloop).
+
+Why not an ASGI server: the gateway's hot path is parse, choose, forward, relay. Measured side by side
+(docs/gateway-stacks.md), Starlette + httpx spent about 1.5 ms of CPU per request, most of it in the ASGI
+plumbing (scope dicts, receive/send message dicts, middleware layers) and httpx's request machinery. Here a
+request is one parser pass and one call to the handler; the response is written with `transport.write`.
+
+What a production front door owes its clients, kept here:
+- bounded input: header bytes counted as they are parsed (431), the body counted as it arrives and a
+  declared `content-length` checked before reading it (413); OpenAI error JSON for both, then close;
+- keep-alive with an idle timeout longer than any client pool's expiry (api/limits.py `KEEP_ALIVE_S`);
+  pipelined requests are answered in order, one at a time;
+- `Expect: 100-continue` answered before the body is read;
+- a client that goes away cancels its request's task, so the upstream request is aborted too;
+- back-pressure: when the client's socket buffer is full, writers wait (`Responder.drain`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable, Callable
+
+import httptools
+
+from fleetserve.api.limits import KEEP_ALIVE_S, SizeLimits
+
+log = logging.getLogger(__name__)
+
+REASONS = {
+    100: "Continue", 200: "OK", 201: "Created", 204: "No Content", 301: "Moved Permanently", 302: "Found",
+    304: "Not Modified", 307: "Temporary Redirect", 400: "Bad Request", 401: "Unauthorized",
+    403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict",
+    413: "Content Too Large", 422: "Unprocessable Content", 429: "Too Many Requests",
+    431: "Request Header Fields Too Large", 499: "Client Closed Request", 500: "Internal Server Error",
+    502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
+}
+_STATUS_LINES = {code: f"HTTP/1.1 {code} {reason}\r\n".encode() for code, reason in REASONS.items()}
+
+
+def status_line(status: int) -> bytes:
+    line = _STATUS_LINES.get(status)
+    return line if line is not None else f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}\r\n".encode()
+
+
+class Request:
+    """One parsed request. `headers` keep the client's order; names are lower-case bytes."""
+
+    __slots__ = ("method", "path", "query", "headers", "body", "client", "http_version", "keep_alive", "_map")
+
+    def __init__(self, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]], body: bytes,
+                 client: tuple[str, int] | None, http_version: str, keep_alive: bool):
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        self.client = client
+        self.http_version = http_version
+        self.keep_alive = keep_alive
+        self._map: dict[str, str] | None = None
+
+    def header(self, name: str, default: str | None = None) -> str | None:
+        """A header by lower-case name (the last one wins, as dict(headers) would have it)."""
+        return self.header_map().get(name, default)
+
+    def header_map(self) -> dict[str, str]:
+        if self._map is None:
+            self._map = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.headers}
+        return self._map
+
+
+class Responder:
+    """Writes one response: `start` then `write`* then `end`, or `send` for a whole body at once."""
+
+    __slots__ = ("_conn", "_chunked", "started", "ended", "status", "_head_only")
+
+    def __init__(self, conn: HTTPConnection, head_only: bool):
+        self._conn = conn
+        self._chunked = False
+        self._head_only = head_only
+        self.started = False
+        self.ended = False
+        self.status = 0
+
+    def send(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A complete response with its content-length: one write."""
+        self.started = True
+        self.status = status
+        head = [status_line(status)]
+        for k, v in headers:
+            head.append(k + b": " + v + b"\r\n")
+        head.append(b"content-length: %d\r\n" % len(body))
+        head.append(self._conn.connection_header())
+        self._conn.write(b"".join(head) + (b"" if self._head_only else body))
+        self._finish()
+
+    def start(self, status: int, headers: list[tuple[bytes, bytes]], content_length: int | None = None) -> None:
+        """Headers of a response whose body follows; without a length the body is chunked."""
+        self.started = True
+        self.status = status
+        head = [status_line(status)]
+        for k, v in headers:
+            head.append(k + b": " + v + b"\r\n")
+        if content_length is not None:
+            head.append(b"content-length: %d\r\n" % content_length)
+        elif not self._head_only:
+            self._chunked = True
+            head.append(b"transfer-encoding: chunked\r\n")
+        head.append(self._conn.connection_header())
+        self._conn.write(b"".join(head))
+
+    def write(self, data: bytes) -> None:
+        if not data or self._head_only:
+            return
+        if self._chunked:
+            self._conn.write(b"%x\r\n%b\r\n" % (len(data), data))
+        else:
+            self._conn.write(data)
+
+    def end(self) -> None:
+        if self._chunked and not self._head_only:
+            self._conn.write(b"0\r\n\r\n")
+        self._finish()
+
+    def abort(self) -> None:
+        """The body cannot be completed: close the connection so the client sees a cut, not a hang."""
+        self.ended = True
+        self._conn.close()
+
+    async def drain(self) -> None:
+        await self._conn.drain()
+
+    @property
+    def client_gone(self) -> bool:
+        return self._conn.closed
+
+    def disconnected(self) -> asyncio.Future:
+        """Resolves when the client's connection is gone."""
+        return self._conn.wait_closed()
+
+    def _finish(self) -> None:
+        self.ended = True
+        self._conn.response_done()
+
+
+Handler = Callable[[Request, Responder], Awaitable[None]]
+OnError = Callable[[Responder, int, str, str], None]  # (responder, status, message, code)
+
+
+class HTTPConnection(asyncio.Protocol):
+    """One client connection: parse, hand each request to `handler`, one at a time."""
+
+    def __init__(self, handler: Handler, limits: SizeLimits, on_error: OnError, keep_alive_s: float,
+                 registry: set | None = None):
+        self.handler = handler
+        self.registry = registry if registry is not None else set()
+        self.limits = limits
+        self.on_error = on_error
+        self.keep_alive_s = keep_alive_s
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.client: tuple[str, int] | None = None
+        self.closed = False
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._header_bytes = 0
+        self._body: list[bytes] = []
+        self._body_bytes = 0
+        self._rejected = False
+        self._queue: collections.deque[Request] = collections.deque()
+        self._task: asyncio.Task | None = None
+        self._keep_alive = True
+        self._idle: asyncio.TimerHandle | None = None
+        self._paused = False
+        self._drained: asyncio.Future | None = None
+        self._gone: asyncio.Future | None = None
+
+    # --- asyncio.Protocol ----------------------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        """No request under way or waiting: safe to close."""
+        return self._task is None and not self._queue
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.registry.add(self)
+        peer = transport.get_extra_info("peername")
+        self.client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and len(peer) >= 2 else None
+        self._arm_idle()
+
+    def data_received(self, data: bytes) -> None:
+        if self._rejected:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._reject(400, "protocol upgrades are not supported", "bad_request")
+        except httptools.HttpParserError as exc:
+            if not self._rejected:
+                self._reject(400, f"malformed HTTP request: {exc}", "bad_request")
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.registry.discard(self)
+        self._cancel_idle()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()  # the client went away: its request (and the upstream one) stop
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        if self._gone is not None and not self._gone.done():
+            self._gone.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    # --- httptools callbacks -------------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = []
+        self._header_bytes = 0
+        self._body = []
+        self._body_bytes = 0
+        self._cancel_idle()
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._header_bytes += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value) + 4
+        if self._header_bytes > self.limits.max_header_bytes:
+            self._reject(431, f"request headers are over {self.limits.max_header_bytes} bytes "
+                              "(spec.requestLimits.maxHeaderBytes)", "headers_too_large")
+            raise httptools.HttpParserError("headers too large")
+        self._headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        length = None
+        expect = False
+        for k, v in self._headers:
+            if k == b"content-length":
+                try:
+                    length = int(v)
+                except ValueError:
+                    length = None
+            elif k == b"expect" and v.lower() == b"100-continue":
+                expect = True
+        if length is not None and length > self.limits.max_body_bytes:
+            self._reject(413, _body_message(length, self.limits.max_body_bytes), "request_too_large")
+            raise httptools.HttpParserError("body too large")
+        if expect and not self._queue and self._task is None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._body_bytes > self.limits.max_body_bytes:
+            self._reject(413, _body_message(self._body_bytes, self.limits.max_body_bytes), "request_too_large")
+            raise httptools.HttpParserError("body too large")
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        url = httptools.parse_url(self._url)
+        path = url.path.decode("latin-1")
+        request = Request(self.parser.get_method().decode("latin-1"), path, url.query or b"", self._headers,
+                          b"".join(self._body), self.client, self.parser.get_http_version(),
+                          self.parser.should_keep_alive())
+        self._queue.append(request)
+        if self._task is None:
+            self._next()
+
+    # --- serving -------------------------------------------------------------------------------------------
+
+    def _next(self) -> None:
+        if self.closed or not self._queue:
+            self._task = None
+            if not self.closed:
+                self._arm_idle()
+            return
+        request = self._queue.popleft()
+        self._keep_alive = request.keep_alive
+        self._task = self.loop.create_task(self._serve(request))
+
+    async def _serve(self, request: Request) -> None:
+        responder = Responder(self, request.method == "HEAD")
+        try:
+            await self.handler(request, responder)
+        except asyncio.CancelledError:
+            if not self.closed:  # cancelled while the client is still there: shutting down
+                self.close()
+            return
+        except Exception:
+            log.exception("error answering %s %s", request.method, request.path)
+            if not responder.started:
+                self.on_error(responder, 500, "internal router error", "internal_error")
+            else:
+                responder.abort()
+            return
+        if not responder.ended and not self.closed:
+            if responder.started:
+                responder.end()
+            else:
+                self.on_error(responder, 500, "the router produced no answer", "internal_error")
+
+    def response_done(self) -> None:
+        """The response was written: keep the connection for the next request, or close it."""
+        if self._rejected:
+            return  # _reject closes, after letting the client read the answer
+        if not self._keep_alive:
+            self.close()
+            return
+        self.loop.call_soon(self._next)
+
+    def connection_header(self) -> bytes:
+        return b"\r\n" if self._keep_alive else b"connection: close\r\n\r\n"
+
+    def write(self, data: bytes) -> None:
+        if not self.closed:
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self._paused and not self.closed:
+            self._drained = self.loop.create_future()
+            await self._drained
+
+    def wait_closed(self) -> asyncio.Future:
+        if self._gone is None:
+            self._gone = self.loop.create_future()
+            if self.closed:
+                self._gone.set_result(None)
+        return self._gone
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._cancel_idle()
+            if self.transport is not None:
+                self.transport.close()
+
+    def _reject(self, status: int, message: str, code: str) -> None:
+        """An input error found while parsing: answer it (when no response is under way) and close."""
+        self._rejected = True
+        self._keep_alive = False
+        if self._task is None and not self.closed:
+            self.on_error(Responder(self, False), status, message, code)
+        # Stop writing but keep reading (and discarding) briefly: closing a socket with unread client data makes
+        # the kernel send a reset, which can destroy the error answer before the client reads it.
+        if not self.closed and self.transport is not None and self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._cancel_idle()
+            self._idle = self.loop.call_later(2.0, self.close)
+        else:
+            self.close()
+
+    def _arm_idle(self) -> None:
+        self._cancel_idle()
+        self._idle = self.loop.call_later(self.keep_alive_s, self.close)
+
+    def _cancel_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+
+def _body_message(size: int, limit: int) -> str:
+    return f"request body is at least {size} bytes; the limit is {limit} (spec.requestLimits.maxBodyBytes)"
+
+
+class FrontDoor:
+    """The listening server and its open connections, for a graceful stop."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.base_events.Server | None = None
+        self.connections: set[HTTPConnection] = set()
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Stop accepting, close idle connections, let requests under way finish for `grace_s`, then cut."""
+        if self.server is not None:
+            self.server.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while True:
+            for conn in list(self.connections):
+                if conn.idle:
+                    conn.close()
+            busy = [c for c in self.connections if not c.idle]
+            if not busy or loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.05)
+        for conn in list(self.connections):
+            conn.close()
+
+
+async def serve(handler: Handler, on_error: OnError, host: str, port: int, *, limits: SizeLimits = SizeLimits(),
+                ssl=None, reuse_port: bool = False, sock=None, keep_alive_s: float = KEEP_ALIVE_S,
+                backlog: int = 2048) -> FrontDoor:
+    """Listen (or use `sock`, a socket bound by a parent) and serve `handler`."""
+    loop = asyncio.get_running_loop()
+    door = FrontDoor()
+
+    def factory() -> HTTPConnection:
+        return HTTPConnection(handler, limits, on_error, keep_alive_s, door.connections)
+
+    if sock is not None:
+        door.server = await loop.create_server(factory, sock=sock, ssl=ssl, backlog=backlog)
+    else:
+        door.server = await loop.create_server(factory, host, port, ssl=ssl, reuse_port=reuse_port or None,
+                                               backlog=backlog)
+    return door

@@ -1,0 +1,83 @@
+"""Relay: the replica's answer to the client, as cheaply as its shape allows, and never a silent cut.
+
+A complete answer with a length (every non-streaming completion on loopback) goes out in one write with its
+`content-length`: no chunking, no per-chunk work. A stream goes out chunk by chunk as it arrives, waiting
+when the client reads slower than the replica writes. If the replica fails mid-answer, an SSE stream ends
+with an OpenAI error event and `[DONE]`; any other body is cut by closing the connection (its length or
+chunking tells the client it is incomplete).
+
+The answer's last bytes are kept when the policy learns from what engines report: `usage` closes a JSON
+body and the final SSE chunk, and its `cached_tokens` goes back to the policy (router/feedback.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+
+import orjson
+
+from fleetserve.api.errors import APIError
+from fleetserve.router.dispatch import Attempt
+from fleetserve.router.http1 import Responder
+from fleetserve.router.upstream import UpstreamError
+
+log = logging.getLogger(__name__)
+
+USAGE_TAIL = 1024
+CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+# the replica's framing and connection headers are its own; ours are set by the front door
+NOT_RELAYED = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"te", b"trailer",
+                         b"upgrade", b"x-request-id"})
+
+
+def last_int(pattern: re.Pattern, data: bytes) -> int | None:
+    found = pattern.findall(data)
+    return int(found[-1]) if found else None
+
+
+async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[bytes, bytes]],
+                learn: Callable[[bytes], None] | None) -> bool:
+    """Write the answer; True when it was relayed whole. `learn` gets the answer's tail (its `usage`)."""
+    response = attempt.response
+    headers = [(k, v) for k, v in response.headers if k not in NOT_RELAYED]
+    headers += extra
+    first = attempt.first
+    if response.complete and response.content_length is not None:
+        rest = await response.read()  # already here: no wait
+        body = first + rest if rest else first
+        responder.send(response.status, headers, body)
+        if learn:
+            learn(body[-USAGE_TAIL:])
+        return True
+    sse = (response.header(b"content-type") or b"").startswith(b"text/event-stream")
+    responder.start(response.status, headers, response.content_length)
+    tail = first[-USAGE_TAIL:] if learn else b""
+    try:
+        data = first
+        while data:
+            responder.write(data)
+            await responder.drain()
+            if responder.client_gone:
+                return False
+            data = await response.read()
+            if learn and data:
+                tail = (tail + data)[-USAGE_TAIL:]
+    except UpstreamError as exc:
+        gw.mark_unreachable(attempt.backend, f"failed mid-response: {exc.kind}")
+        gw.request_failed(attempt.backend, "failed mid-response")
+        log.warning("backend %s failed mid-response: %s", attempt.backend.url, exc)
+        if sse and response.content_length is None:
+            error = APIError(502, f"the model replica failed mid-stream ({exc.kind}); the response is incomplete",
+                             code="upstream_failed")
+            responder.write(b"data: " + orjson.dumps(error.body()) + b"\n\ndata: [DONE]\n\n")
+            responder.end()
+        else:
+            responder.abort()
+        return False
+    responder.end()
+    if learn:
+        learn(tail)
+    return True

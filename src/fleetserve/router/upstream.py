@@ -1,0 +1,377 @@
+"""The gateway's client to its replicas: pooled keep-alive HTTP/1.1 connections on raw asyncio protocols.
+
+Why not httpx or aiohttp: the gateway sends every request once to a handful of known hosts and relays the
+answer; it needs a connection pool, one parser pass (httptools) and the body as it arrives, nothing else.
+Measured beside both (docs/gateway-stacks.md), this is several times cheaper per request.
+
+The one object is injectable (`Gateway(..., client=...)`): dispatch and retry tests hand it a fake that
+answers from a script, with no subprocess. Errors are three kinds the dispatcher decides on:
+`Unreachable` (no connection, or it broke before any answer: another replica may take the request),
+`Timeout` (the replica took it and went silent: never retried elsewhere) and `Broken` (cut mid-answer).
+A pooled connection that the server closed while idle is retried once on a fresh one, transparently: the
+server never saw the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl as ssl_module
+from urllib.parse import urlsplit
+
+import httptools
+
+RESUME_BELOW = 64 * 1024  # buffered body bytes under which a paused upstream is read again
+PAUSE_ABOVE = 256 * 1024  # a slow client: stop reading the replica past this much unread body
+
+
+class UpstreamError(Exception):
+    """A request to a replica failed; `kind` is what the dispatcher decides on."""
+
+    kind = "error"
+
+
+class Unreachable(UpstreamError):
+    kind = "unreachable"
+
+
+class Timeout(UpstreamError):
+    kind = "timeout"
+
+
+class Broken(UpstreamError):
+    kind = "broken"
+
+
+class _Origin:
+    """Where one base URL points, and its idle connections."""
+
+    __slots__ = ("host", "port", "ssl", "host_header", "idle")
+
+    def __init__(self, base_url: str):
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"backend URL {base_url!r}: expected http://host:port or https://host:port")
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.ssl = parts.scheme == "https"
+        self.host_header = parts.netloc.encode("latin-1")
+        self.idle: collections.deque[_Connection] = collections.deque()
+
+
+class UpstreamResponse:
+    """Status and headers of an answer, and its body as it arrives (`read`, b"" at the end)."""
+
+    __slots__ = ("status", "headers", "content_length", "_conn", "_chunks", "_buffered", "_complete", "_error",
+                 "_waiter", "_timeout", "_loop")
+
+    def __init__(self, conn: _Connection, timeout: float | None):
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.content_length: int | None = None
+        self._conn = conn
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._complete = False
+        self._error: UpstreamError | None = None
+        self._waiter: asyncio.Future | None = None
+        self._timeout = timeout
+        self._loop = conn.loop
+
+    def header(self, name: bytes) -> bytes | None:
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return None
+
+    @property
+    def complete(self) -> bool:
+        """The whole body has arrived (it may not all have been read)."""
+        return self._complete
+
+    async def read(self) -> bytes:
+        """The next body bytes; b"" once the body is complete. Raises Timeout or Broken."""
+        while True:
+            if self._chunks:
+                data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._drain())
+                self._buffered -= len(data)
+                if self._buffered < RESUME_BELOW and not self._complete:
+                    self._conn.resume()
+                return data
+            if self._complete:
+                return b""
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+
+    async def body(self) -> bytes:
+        parts = []
+        while data := await self.read():
+            parts.append(data)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        """Done with this answer: an unfinished one closes its connection (the replica sees the cut)."""
+        if not self._complete:
+            self._conn.abort()
+
+    def _drain(self):
+        while self._chunks:
+            yield self._chunks.popleft()
+
+    async def _wait(self) -> None:
+        self._waiter = waiter = self._loop.create_future()
+        timer = self._loop.call_later(self._timeout, _expire, waiter) if self._timeout else None
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    # called by the connection
+    def _data(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > PAUSE_ABOVE:
+            self._conn.pause()
+        self._wake()
+
+    def _done(self) -> None:
+        self._complete = True
+        self._wake()
+
+    def _fail(self, error: UpstreamError) -> None:
+        if not self._complete:
+            self._error = error
+            self._wake()
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(Timeout("no answer in time"))
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection: one request at a time."""
+
+    def __init__(self, client: Upstream, origin: _Origin):
+        self.client = client
+        self.origin = origin
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: UpstreamResponse | None = None
+        self.headers_ready: asyncio.Future | None = None
+        self.closed = False
+        self.received = False  # any byte of the current answer
+        self.idle_since = 0.0
+        self._paused = False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._lost(Broken(f"malformed answer: {exc}"))
+            self.abort()
+
+    def eof_received(self):
+        return False
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        with_bytes = self.received
+        self._lost(Broken("connection closed mid-answer") if with_bytes else Unreachable("connection closed"))
+        try:
+            self.origin.idle.remove(self)
+        except ValueError:
+            pass
+
+    def _lost(self, error: UpstreamError) -> None:
+        if self.headers_ready is not None and not self.headers_ready.done():
+            self.headers_ready.set_exception(error)
+        if self.response is not None:
+            self.response._fail(error)
+
+    # httptools
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.response.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        response = self.response
+        response.status = self.parser.get_status_code()
+        length = response.header(b"content-length")
+        if length is not None:
+            try:
+                response.content_length = int(length)
+            except ValueError:
+                response.content_length = None
+        if self.headers_ready is not None and not self.headers_ready.done():
+            self.headers_ready.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self.response._data(body)
+
+    def on_message_complete(self) -> None:
+        response, keep = self.response, self.parser.should_keep_alive()
+        self.response = None
+        response._done()
+        if keep and not self.closed:
+            self.client._release(self)
+        else:
+            self.abort()
+
+    # flow control of the body toward a slow reader
+    def pause(self) -> None:
+        if not self._paused and not self.closed:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._paused and not self.closed:
+            self._paused = False
+            self.transport.resume_reading()
+
+    def abort(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.abort()
+
+
+class Upstream:
+    """A connection pool per replica URL; `request` returns once the answer's headers arrived."""
+
+    def __init__(self, *, connect_timeout: float = 3.0, read_timeout: float = 300.0, max_idle: int = 256,
+                 idle_expiry_s: float = 30.0, headers: dict[str, str] | None = None):
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.max_idle = max_idle
+        self.idle_expiry_s = idle_expiry_s  # under the replicas' own keep-alive (75 s), so they never close first
+        self._extra = b"".join(k.lower().encode("latin-1") + b": " + v.encode("latin-1") + b"\r\n"
+                               for k, v in (headers or {}).items())
+        self._origins: dict[str, _Origin] = {}
+        self._ssl: ssl_module.SSLContext | None = None
+
+    def origin(self, base_url: str) -> _Origin:
+        origin = self._origins.get(base_url)
+        if origin is None:
+            origin = self._origins[base_url] = _Origin(base_url)
+        return origin
+
+    async def request(self, base_url: str, method: str, path: str, headers: list[tuple[bytes, bytes]] = (),
+                      body: bytes = b"", read_timeout: float | None = None) -> UpstreamResponse:
+        """Send one request; the answer's status and headers are there when this returns."""
+        origin = self.origin(base_url)
+        head = self._head(origin, method, path, headers, body)
+        timeout = self.read_timeout if read_timeout is None else read_timeout
+        conn = self._idle(origin)
+        if conn is not None:
+            try:
+                return await self._exchange(conn, head, body, timeout)
+            except Unreachable:
+                pass  # the replica closed this idle connection just now: it never saw the request
+        conn = await self._connect(origin)
+        return await self._exchange(conn, head, body, timeout)
+
+    async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
+        """A small control-plane GET (layout, KV events, a replica's metrics): status and whole body."""
+        parts = urlsplit(url)
+        base = f"{parts.scheme}://{parts.netloc}"
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        response = await self.request(base, "GET", path or "/", read_timeout=timeout)
+        try:
+            return response.status, await response.body()
+        finally:
+            response.close()
+
+    async def get_json(self, url: str, timeout: float) -> tuple[int, object]:
+        """`get`, with the body parsed as JSON (None if it is not JSON)."""
+        import json
+
+        status, raw = await self.get(url, timeout)
+        try:
+            return status, json.loads(raw)
+        except ValueError:
+            return status, None
+
+    async def aclose(self) -> None:
+        for origin in self._origins.values():
+            while origin.idle:
+                origin.idle.popleft().abort()
+
+    # --- internals -----------------------------------------------------------------------------------------
+
+    def _head(self, origin: _Origin, method: str, path: str, headers, body: bytes) -> bytes:
+        parts = [method.encode("latin-1"), b" ", path.encode("latin-1"), b" HTTP/1.1\r\nhost: ", origin.host_header,
+                 b"\r\n", self._extra]
+        for k, v in headers:
+            parts += (k, b": ", v, b"\r\n")
+        if body or method in ("POST", "PUT", "PATCH"):
+            parts.append(b"content-length: %d\r\n" % len(body))
+        parts.append(b"\r\n")
+        return b"".join(parts)
+
+    def _idle(self, origin: _Origin) -> _Connection | None:
+        now = asyncio.get_running_loop().time()
+        while origin.idle:
+            conn = origin.idle.pop()  # the most recently used: the least likely to have been closed
+            if not conn.closed and now - conn.idle_since < self.idle_expiry_s:
+                return conn
+            conn.abort()
+        return None
+
+    async def _connect(self, origin: _Origin) -> _Connection:
+        loop = asyncio.get_running_loop()
+        ssl = None
+        if origin.ssl:
+            if self._ssl is None:
+                self._ssl = ssl_module.create_default_context()
+            ssl = self._ssl
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(lambda: _Connection(self, origin), origin.host, origin.port,
+                                                       ssl=ssl)
+        except TimeoutError:
+            raise Unreachable(f"connect to {origin.host}:{origin.port} timed out") from None
+        except OSError as exc:
+            raise Unreachable(f"connect to {origin.host}:{origin.port}: {exc.strerror or exc}") from None
+        return conn
+
+    async def _exchange(self, conn: _Connection, head: bytes, body: bytes, timeout: float) -> UpstreamResponse:
+        response = UpstreamResponse(conn, timeout)
+        conn.response = response
+        conn.received = False
+        conn.headers_ready = ready = conn.loop.create_future()
+        conn.transport.write(head + body if len(body) < 65536 else head)
+        if len(body) >= 65536:
+            conn.transport.write(body)
+        timer = conn.loop.call_later(timeout, _expire, ready) if timeout else None
+        try:
+            await ready
+        except BaseException:
+            conn.abort()  # a timeout or a cancelled request: the replica must see the connection go
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+            # A short answer may have completed, and the connection gone back to the pool and on to another
+            # request, before this coroutine resumed: clear only what is still ours.
+            if conn.headers_ready is ready:
+                conn.headers_ready = None
+        return response
+
+    def _release(self, conn: _Connection) -> None:
+        origin = conn.origin
+        if len(origin.idle) >= self.max_idle:
+            conn.abort()
+            return
+        conn.idle_since = conn.loop.time()
+        origin.idle.append(conn)

@@ -1,0 +1,136 @@
+"""The replica watcher: what the gateway knows about its replicas besides what requests tell it.
+
+Every `interval`: the DNS names of a headless Service are resolved into backends (every few rounds), each
+backend is probed for health, the engines' KV layout (block size, key namespace, cache capacity) is learned
+once from /get_model_info, and, for a policy that needs them (`Needs.kv_events`), one long-poll of KV events
+per healthy backend keeps the router's KV index current, resynchronising from /kv/blocks when behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from fleetserve.router.discovery import system_resolver
+from fleetserve.router.features import KVLayout
+from fleetserve.router.kvindex import KVIndex
+from fleetserve.router.policies import needs_of
+from fleetserve.router.pool import Backend
+from fleetserve.router.upstream import UpstreamError
+
+log = logging.getLogger(__name__)
+
+DISCOVERY_EVERY = 5  # health rounds between DNS resolutions of backend names
+
+
+class ReplicaWatcher:
+    def __init__(self, gateway):
+        self.gw = gateway
+        self.resolver = system_resolver  # injectable: discovery tests resolve names they make up
+        self.static_backends = [b.url for b in gateway.pool.backends.values()]
+        self.layout_known = False
+        self.subscribed: set[str] = set()
+        self._kv_tasks: dict[str, asyncio.Task] = {}
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        if self.gw.settings.backend_dns:
+            await self.discover()
+        await self.gw.pool.probe_all()
+        self._task = asyncio.create_task(self._maintain())
+
+    async def stop(self) -> None:
+        for task in self._kv_tasks.values():
+            task.cancel()
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def discover(self) -> None:
+        """Replace the backends with what the DNS names resolve to now (plus the static ones)."""
+        loop = asyncio.get_running_loop()
+        urls = list(self.static_backends)
+        for name in self.gw.settings.backend_dns:
+            try:
+                urls += await loop.run_in_executor(None, name.urls, self.resolver)
+            except OSError as exc:
+                log.warning("could not resolve %s (%s); keeping the last backends", name.host, exc)
+                return
+        known = {b.url for b in self.gw.pool.backends.values()}
+        if set(urls) != known:
+            log.info("backends from DNS: %s", ", ".join(urls) or "none")
+            self.gw.set_backends(urls)
+
+    async def _maintain(self) -> None:
+        rounds = 0
+        pool = self.gw.pool
+        while True:
+            if self.gw.settings.backend_dns and rounds % DISCOVERY_EVERY == 0:
+                await self.discover()
+            rounds += 1
+            await pool.probe_all()
+            if not self.layout_known:
+                await self._learn_layout()
+            if needs_of(self.gw.policy).kv_events:
+                for b in pool.backends.values():
+                    task = self._kv_tasks.get(b.id)
+                    if b.healthy and (task is None or task.done()):
+                        self._kv_tasks[b.id] = asyncio.create_task(self._follow_kv_events(b))
+                for gone in [bid for bid in self._kv_tasks if bid not in pool.backends]:
+                    self._kv_tasks.pop(gone).cancel()
+                    if self.gw.kv_index is not None:
+                        self.gw.kv_index.forget(gone)
+            await asyncio.sleep(pool.interval)
+
+    async def _learn_layout(self) -> None:
+        for b in self.gw.pool.healthy():
+            try:
+                status, info = await self.gw.upstream.get_json(b.url + "/get_model_info", timeout=2.0)
+                if status != 200 or not isinstance(info, dict):
+                    continue
+                self.gw.layout = KVLayout(int(info.get("block_size", 256)), str(info.get("kv_model", "")),
+                                          str(info.get("kv_version", "1")), str(info.get("kv_dtype", "")))
+                for other in self.gw.pool.backends.values():
+                    other.cache_blocks = other.cache_blocks or int(info.get("num_gpu_blocks", 0))
+                self.layout_known = True
+                return
+            except (UpstreamError, ValueError, TypeError):
+                continue
+
+    async def _follow_kv_events(self, backend: Backend) -> None:
+        """Long-poll the backend's KV events into the index; resynchronise from /kv/blocks when behind."""
+        seq = -1
+        get = self.gw.upstream.get_json
+        try:
+            while True:
+                if seq < 0:
+                    status, data = await get(backend.url + "/kv/blocks", timeout=10.0)
+                    if status == 404:
+                        return  # this engine publishes no events
+                    if self.gw.kv_index is None:
+                        self.gw.kv_index = KVIndex()
+                    if "blocks" in data:  # the built-in engine: every tier
+                        entries = {int(b["key"]): b["tier"] for b in data["blocks"]}
+                    else:  # the simulated engine: one tier
+                        entries = {int(k): data.get("tier", "engine") for k in data["keys"]}
+                    self.gw.kv_index.replace(backend.id, entries)
+                    seq = int(data["seq"])
+                    self.subscribed.add(backend.id)
+                    continue
+                status, data = await get(f"{backend.url}/kv/events?since={seq}&wait=10", timeout=15.0)
+                if data.get("resync"):
+                    seq = -1
+                    continue
+                for event in data.get("events", []):
+                    keys = [int(k) for k in event.get("keys", [])]
+                    if event.get("type") == "stored":
+                        self.gw.kv_index.stored(backend.id, keys, event.get("tier", "engine"))
+                    elif event.get("type") == "removed":
+                        self.gw.kv_index.removed(backend.id, keys, event.get("tier"))
+                seq = int(data.get("seq", seq))
+        except (UpstreamError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.info("KV events of %s interrupted (%s); will resubscribe", backend.url, type(exc).__name__)
+        finally:
+            self.subscribed.discard(backend.id)

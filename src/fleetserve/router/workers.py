@@ -1,0 +1,234 @@
+"""`fleetserve router --workers N`: N gateway processes on one port, so the gateway uses every core.
+
+Each worker binds the port with SO_REUSEPORT and the kernel spreads connections over them. A parent process
+starts them (forked before any event loop exists), restarts one that dies, and on SIGTERM stops them all
+gracefully; a worker exits with its parent (PR_SET_PDEATHSIG), so none is orphaned.
+
+What a worker must know about the others' traffic travels on a peer bus (unix datagram sockets, one per
+worker, fire-and-forget; a lost message costs a prediction, never a request):
+- routing decisions of a policy with a router-side index (`routed_elsewhere`): every worker's index sees
+  the whole fleet's traffic, so cache-aware routing loses no hit rate to being split (workers following KV
+  events each subscribe to the engines themselves);
+- the backend set the supervisor PUTs to /admin/backends (which reaches one worker);
+- each worker's load, a few times a second, so /admin/load (the autoscaler's input) answers for all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+log = logging.getLogger(__name__)
+
+LOAD_EVERY_S = 0.25  # how often a worker tells the others its load
+LOAD_STALE_S = 2.0  # a peer's load older than this no longer counts (the worker died or restarts)
+RESTART_DELAY_S = 1.0
+
+
+class PeerBus:
+    """One worker's end of the bus: send its decisions and load, apply the others'."""
+
+    def __init__(self, index: int, count: int, folder: str):
+        self.index = index
+        self.paths = [str(Path(folder) / f"w{i}.sock") for i in range(count)]
+        self.gateway = None
+        self.peer_load: dict[int, tuple[float, dict]] = {}
+        self._sock: socket.socket | None = None
+        self._task: asyncio.Task | None = None
+
+    def attach(self, gateway) -> None:
+        self.gateway = gateway
+        gateway.peers = self
+        path = self.paths[self.index]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self._sock.bind(path)
+        self._sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._sock.fileno(), self._receive)
+        self._task = loop.create_task(self._tell_load())
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self._sock is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            self._sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.paths[self.index])
+
+    # --- sending -------------------------------------------------------------------------------------------
+
+    def _send(self, message: dict) -> None:
+        data = orjson.dumps(message)
+        for i, path in enumerate(self.paths):
+            if i != self.index:
+                try:
+                    self._sock.sendto(data, path)
+                except OSError:
+                    pass  # that worker is restarting, or its buffer is full: a lost hint, not a lost request
+
+    def routed(self, replica_id: str, blocks: tuple[int, ...], exact: bool) -> None:
+        self._send({"t": "route", "r": replica_id, "k": blocks, "x": exact})
+
+    def backends(self, urls: list[str], ready: set[str], draining: set[str]) -> None:
+        self._send({"t": "backends", "urls": urls, "ready": sorted(ready), "draining": sorted(draining)})
+
+    async def _tell_load(self) -> None:
+        while True:
+            await asyncio.sleep(LOAD_EVERY_S)
+            gw = self.gateway
+            self._send({"t": "load", "w": self.index, "pending": gw.gate.pending, "total": gw.requests_total,
+                        "p95": gw.ttft_p95_ms(),
+                        "in_flight": {b.url: b.in_flight for b in gw.pool.backends.values()}})
+
+    # --- receiving -----------------------------------------------------------------------------------------
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(1 << 20)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            try:
+                self._apply(orjson.loads(data))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                log.warning("peer message ignored: %s", exc)
+
+    def _apply(self, message: dict) -> None:
+        gw = self.gateway
+        kind = message["t"]
+        if kind == "route":
+            share = getattr(gw.policy, "routed_elsewhere", None)
+            backend = gw.pool.backends.get(message["r"])
+            if share is not None and backend is not None:
+                share(backend.view(), tuple(message["k"]), bool(message["x"]), len(gw.pool.backends))
+        elif kind == "backends":
+            gw.set_backends(message["urls"], ready=set(message["ready"]), draining=set(message["draining"]),
+                            from_peer=True)
+        elif kind == "load":
+            self.peer_load[int(message["w"])] = (time.monotonic(), message)
+
+    def merged_load(self, own: dict) -> dict:
+        """/admin/load for the whole router: this worker's report plus the others' latest."""
+        now = time.monotonic()
+        fresh = [m for t, m in self.peer_load.values() if now - t < LOAD_STALE_S]
+        merged = dict(own)
+        merged["pending"] = own["pending"] + sum(m["pending"] for m in fresh)
+        merged["requests_total"] = own["requests_total"] + sum(m["total"] for m in fresh)
+        merged["ttft_p95_ms"] = max([own["ttft_p95_ms"]] + [m["p95"] for m in fresh])
+        backends = []
+        for b in own["backends"]:
+            extra = sum(m["in_flight"].get(b["url"], 0) for m in fresh)
+            backends.append({**b, "in_flight": b["in_flight"] + extra})
+        merged["backends"] = backends
+        merged["in_flight"] = sum(b["in_flight"] for b in backends)
+        merged["workers"] = 1 + len(fresh)
+        merged["worker_requests"] = [own["requests_total"]] + [m["total"] for m in fresh]
+        return merged
+
+
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGTERM when its parent dies (no orphaned workers)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def metrics_registry():
+    """All workers' metrics as one scrape: prometheus_client's multiprocess files, merged at read time."""
+    from prometheus_client import CollectorRegistry, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return registry
+
+
+def _share_metrics(folder: str) -> None:
+    """Every metric this process creates from now on lives in a file the other workers' scrapes read."""
+    from prometheus_client import values
+
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+    values.ValueClass = values.MultiProcessValue()
+
+
+def _worker(index: int, count: int, folder: str, backends, host, port, settings, options) -> None:
+    _die_with_parent()
+    _share_metrics(str(Path(folder) / "metrics"))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us with SIGTERM (Ctrl-C reaches all)
+    from fleetserve.router.server import run_loop, serve_gateway
+
+    run_loop(serve_gateway(backends, host, port, settings, reuse_port=True, peers=PeerBus(index, count, folder),
+                           **options))
+
+
+def run_workers(count: int, backends: list[str], host: str, port: int, settings, options: dict) -> None:
+    """Start `count` workers, keep them running, stop them on SIGTERM/SIGINT."""
+    if port == 0:
+        raise ValueError("--workers needs a fixed --port: every worker binds the same one")
+    context = multiprocessing.get_context("fork")  # before any event loop: a clean copy, fast to start
+    folder = tempfile.mkdtemp(prefix="fleetserve-router-peers-")
+    (Path(folder) / "metrics").mkdir()
+    stopping = False
+
+    def start(i: int):
+        p = context.Process(target=_worker, args=(i, count, folder, backends, host, port, settings, options),
+                            name=f"router-worker-{i}", daemon=False)
+        p.start()
+        return p
+
+    def stop(signum, _frame) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    procs = [start(i) for i in range(count)]
+    log.info("router: %d workers on port %d", count, port)
+    try:
+        while not stopping:
+            time.sleep(0.2)
+            for i, p in enumerate(procs):
+                if not p.is_alive() and not stopping:
+                    log.warning("router worker %d exited (%s); restarting", i, p.exitcode)
+                    _metrics_dead(folder, p.pid)
+                    time.sleep(RESTART_DELAY_S)
+                    procs[i] = start(i)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 8.0
+        for p in procs:
+            p.join(max(0.1, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(1)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _metrics_dead(folder: str, pid: int) -> None:
+    """A dead worker's live gauges stop counting (its counters stay: they are history)."""
+    from prometheus_client import multiprocess
+
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(Path(folder) / "metrics")
+    multiprocess.mark_process_dead(pid)

@@ -1,0 +1,239 @@
+"""The gateway in process, with an injected upstream client: dispatch, retries, relay and admission in
+virtual time, no subprocess and no socket."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from fleetserve.router.gateway import Gateway, RouterSettings
+from fleetserve.router.http1 import Request
+from fleetserve.router.pool import BackendPool
+from fleetserve.router.upstream import Broken, Timeout, Unreachable
+from tests.virtual_loop import run_virtual
+
+A, B = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
+OK = orjson.dumps({"id": "x", "choices": [], "usage": {"prompt_tokens": 3, "prompt_tokens_details":
+                                                      {"cached_tokens": 0}}})
+
+
+class FakeResponse:
+    """What upstream.UpstreamResponse offers the gateway, from a script."""
+
+    def __init__(self, status: int, chunks: list, headers=None, length: bool = True):
+        self.status = status
+        self.headers = list(headers or [(b"content-type", b"application/json")])
+        body = b"".join(c for c in chunks if isinstance(c, bytes))
+        self.content_length = len(body) if length and all(isinstance(c, bytes) for c in chunks) else None
+        self.complete = self.content_length is not None
+        self._chunks = list(chunks)
+        self.closed = False
+
+    def header(self, name: bytes):
+        return dict(self.headers).get(name)
+
+    async def read(self) -> bytes:
+        if not self._chunks:
+            return b""
+        item = self._chunks.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        await asyncio.sleep(0)
+        return item
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeUpstream:
+    """Answers per replica URL from a queue of scripted outcomes (a FakeResponse or an exception)."""
+
+    def __init__(self, script: dict[str, list]):
+        self.script = script
+        self.sent: list[str] = []
+
+    async def request(self, base_url, method, path, headers=(), body=b"", read_timeout=None):
+        self.sent.append(base_url)
+        outcome = self.script[base_url].pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    async def aclose(self) -> None:
+        pass
+
+
+class Recorder:
+    """What http1.Responder offers the gateway, recorded."""
+
+    def __init__(self):
+        self.status = 0
+        self.headers: list = []
+        self.body = b""
+        self.started = self.ended = self.aborted = False
+        self.client_gone = False
+
+    def send(self, status, headers, body):
+        self.status, self.headers, self.body, self.started, self.ended = status, headers, body, True, True
+
+    def start(self, status, headers, content_length=None):
+        self.status, self.headers, self.started = status, headers, True
+
+    def write(self, data):
+        self.body += data
+
+    def end(self):
+        self.ended = True
+
+    def abort(self):
+        self.aborted = self.ended = True
+
+    async def drain(self):
+        pass
+
+    def json(self):
+        return orjson.loads(self.body)
+
+    def header(self, name: bytes):
+        return dict(self.headers).get(name)
+
+
+def gateway(script: dict[str, list], **settings) -> tuple[Gateway, FakeUpstream]:
+    pool = BackendPool(list(script), interval=0.05)
+    for b in pool.backends.values():
+        b.healthy = True
+    pool._signal()
+    upstream = FakeUpstream(script)
+    return Gateway(pool, RouterSettings(strategy="roundrobin", **settings), upstream=upstream), upstream
+
+
+def chat(stream: bool = False) -> Request:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    return Request("POST", "/v1/chat/completions", b"", [(b"content-type", b"application/json")],
+                   orjson.dumps(body), ("127.0.0.1", 5555), "1.1", True)
+
+
+def test_non_streaming_answer_goes_out_in_one_write_with_our_headers():
+    async def main():
+        gw, up = gateway({A: [FakeResponse(200, [OK])], B: []})
+        out = Recorder()
+        await gw.handle(chat(), out)
+        return out, up
+
+    out, up = run_virtual(main())
+    assert out.status == 200 and out.body == OK and out.ended
+    assert out.header(b"x-fleetserve-replica") == b"10.0.0.1:8000" and out.header(b"x-request-id")
+
+
+@pytest.mark.parametrize("failure", [FakeResponse(503, [b"busy"]), Unreachable("refused")])
+def test_failure_before_the_first_byte_is_retried_on_another_replica(failure):
+    async def main():
+        gw, up = gateway({A: [failure], B: [FakeResponse(200, [OK])]})
+        out = Recorder()
+        await gw.handle(chat(), out)
+        return gw, out, up
+
+    gw, out, up = run_virtual(main())
+    assert up.sent == [A, B] and out.status == 200 and out.body == OK
+    assert gw.pool.book.in_flight[A.split("://")[1]] == 0 and gw.pool.book.in_flight[B.split("://")[1]] == 0
+
+
+def test_a_silent_replica_is_a_504_and_never_retried_elsewhere():
+    async def main():
+        gw, up = gateway({A: [Timeout("silent")], B: [FakeResponse(200, [OK])]})
+        out = Recorder()
+        await gw.handle(chat(), out)
+        return out, up
+
+    out, up = run_virtual(main())
+    assert up.sent == [A] and out.status == 504 and out.json()["error"]["code"] == "upstream_timeout"
+
+
+def test_every_replica_failing_is_a_502_with_retry_after():
+    async def main():
+        gw, up = gateway({A: [FakeResponse(502, [b""])], B: [FakeResponse(503, [b""])]}, max_attempts=2)
+        out = Recorder()
+        await gw.handle(chat(), out)
+        return out
+
+    out = run_virtual(main())
+    assert out.status == 502 and out.json()["error"]["code"] == "upstream_failed"
+    assert out.header(b"retry-after") == b"1"
+
+
+def test_a_stream_that_breaks_mid_way_ends_with_an_openai_error_event():
+    sse = [(b"content-type", b"text/event-stream")]
+    chunks = [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n', Broken("cut")]
+
+    async def main():
+        gw, up = gateway({A: [FakeResponse(200, chunks, sse, length=False)], B: []})
+        out = Recorder()
+        await gw.handle(chat(stream=True), out)
+        return gw, out
+
+    gw, out = run_virtual(main())
+    text = out.body.decode()
+    assert text.startswith('data: {"choices"') and '"code":"upstream_failed"' in text
+    assert text.endswith("data: [DONE]\n\n") and out.ended and not out.aborted
+    assert not gw.pool.backends["10.0.0.1:8000"].healthy  # a replica that cut a stream is taken out
+
+
+def test_no_replica_holds_the_request_then_503_after_the_buffer_timeout_in_virtual_time():
+    async def main():
+        gw, up = gateway({A: []}, buffer_timeout=600.0)
+        gw.pool.backends["10.0.0.1:8000"].healthy = False
+        gw.pool._signal()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        out = Recorder()
+        await gw.handle(chat(), out)
+        return out, loop.time() - started
+
+    out, waited = run_virtual(main())
+    assert out.status == 503 and out.header(b"retry-after")
+    assert waited == pytest.approx(600.0)
+
+
+def test_a_held_request_goes_as_soon_as_a_replica_is_ready():
+    async def main():
+        gw, up = gateway({A: [FakeResponse(200, [OK])]}, buffer_timeout=600.0)
+        backend = gw.pool.backends["10.0.0.1:8000"]
+        backend.healthy = False
+        gw.pool._signal()
+        loop = asyncio.get_running_loop()
+
+        def ready():
+            backend.healthy = True
+            gw.pool._signal()
+
+        loop.call_later(42.0, ready)
+        out = Recorder()
+        started = loop.time()
+        await gw.handle(chat(), out)
+        return out, loop.time() - started
+
+    out, waited = run_virtual(main())
+    assert out.status == 200 and waited == pytest.approx(42.0)
+
+
+def test_the_queue_waits_for_a_free_slot_and_overflows_past_its_size():
+    async def main():
+        slow = FakeResponse(200, [OK])
+        gw, up = gateway({A: [slow, FakeResponse(200, [OK])]}, max_concurrent_per_replica=1, max_queue=1,
+                         buffer_timeout=30.0)
+        book = gw.pool.book
+        book.sent("10.0.0.1:8000", 0)  # a request in flight holds the only slot
+        loop = asyncio.get_running_loop()
+        queued, overflow = Recorder(), Recorder()
+        first = asyncio.ensure_future(gw.handle(chat(), queued))
+        await asyncio.sleep(1.0)
+        await gw.handle(chat(), overflow)  # the queue (size 1) is full: refused at once
+        loop.call_later(5.0, lambda: (book.finished("10.0.0.1:8000"), gw.gate.slot_freed()))
+        await first
+        return queued, overflow
+
+    queued, overflow = run_virtual(main())
+    assert overflow.status == 429 and overflow.header(b"retry-after")
+    assert queued.status == 200

@@ -1,0 +1,128 @@
+"""The gateway's pooled client against real loopback servers: reuse, concurrency, timeouts, cuts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fleetserve.router.upstream import Broken, Timeout, Unreachable, Upstream
+
+OK = b'{"ok": true}'
+
+
+async def serve(behaviour) -> tuple[asyncio.base_events.Server, str]:
+    """A raw HTTP/1.1 server on a free loopback port; `behaviour(reader, writer)` answers each connection."""
+    server = await asyncio.start_server(behaviour, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes | None:
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return head + await reader.readexactly(length)
+
+
+def answer(body: bytes = OK) -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+
+
+async def keep_alive(reader, writer):
+    while await read_request(reader) is not None:
+        writer.write(answer())  # head and body in one segment: the answer completes in one read
+        await writer.drain()
+    writer.close()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_many_concurrent_requests_over_reused_connections_all_complete():
+    # Regression: a short answer completed (and its connection went back to the pool and on to the next request)
+    # before the first request's coroutine resumed, which then cleared the next request's header wait: it hung.
+    async def main():
+        server, url = await serve(keep_alive)
+        client = Upstream(read_timeout=5)
+        connects = 0
+        connect = client._connect
+
+        async def counting(origin):
+            nonlocal connects
+            connects += 1
+            return await connect(origin)
+
+        client._connect = counting
+
+        async def one(i):
+            for _ in range(20):
+                response = await client.request(url, "POST", "/v1/completions", [(b"x-n", str(i).encode())], b"{}")
+                assert response.status == 200 and await response.body() == OK
+                response.close()
+
+        await asyncio.gather(*(one(i) for i in range(32)))
+        await client.aclose()
+        server.close()
+        return connects
+
+    connects = run(main())
+    assert connects <= 32 * 2  # connections are reused, not opened per request (640 requests)
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_without_an_error():
+    async def once_then_close(reader, writer):
+        await read_request(reader)
+        writer.write(answer())
+        await writer.drain()
+        writer.close()  # the server ends keep-alive without saying so
+
+    async def main():
+        server, url = await serve(once_then_close)
+        client = Upstream(read_timeout=5)
+        for _ in range(3):
+            response = await client.request(url, "GET", "/health")
+            assert response.status == 200 and await response.body() == OK
+            await asyncio.sleep(0.05)  # the close reaches us, or is about to
+        await client.aclose()
+        server.close()
+
+    run(main())
+
+
+def test_silence_is_a_timeout_and_a_cut_body_is_broken_and_a_closed_port_unreachable():
+    async def silent(reader, writer):
+        await read_request(reader)
+        await asyncio.sleep(10)
+
+    async def cut(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.transport.abort()
+
+    async def main():
+        client = Upstream(read_timeout=0.3, connect_timeout=1)
+        server, url = await serve(silent)
+        with pytest.raises(Timeout):
+            await client.request(url, "POST", "/v1/completions", body=b"{}")
+        server.close()
+        server, url = await serve(cut)
+        response = await client.request(url, "POST", "/v1/completions", body=b"{}")
+        assert await response.read() == b"partial"
+        with pytest.raises(Broken):
+            await response.read()
+        server.close()
+        await server.wait_closed()
+        with pytest.raises(Unreachable):
+            await client.request(url, "GET", "/health")
+        await client.aclose()
+
+    run(main())

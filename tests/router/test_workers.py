@@ -1,0 +1,91 @@
+"""`fleetserve router --workers 2`: two processes on one port that route as one router."""
+
+import os
+import signal
+
+import httpx
+import psutil
+import pytest
+
+from tests.helpers import Server, wait_until
+from tests.metrics_text import sample
+
+BLOCK = 16
+
+
+def sims(logs, n):
+    return [Server(["engine", "--simulate", "fast", "--served-model-name", "sim", "--block-size", str(BLOCK)],
+                   logs / f"sim{i}.log").start() for i in range(n)]
+
+
+def load(gw) -> dict:
+    return httpx.get(gw.url + "/admin/load", timeout=10).json()
+
+
+@pytest.fixture()
+def fleet(tmp_path):
+    engines = sims(tmp_path, 3)
+    args = ["router", "--strategy", "prefixaware", "--health-interval", "0.2", "--workers", "2"]
+    for e in engines:
+        args += ["--backend", e.url]
+    gw = Server(args, tmp_path / "router.log").start()
+    yield gw, engines
+    gw.stop()
+    for e in engines:
+        e.stop()
+
+
+def test_workers_share_routing_decisions_backends_and_load(fleet):
+    gw, engines = fleet
+    wait_until(lambda: load(gw).get("workers") == 2, 30, what="both workers report their load")
+    docs = [list(range(k * 10_000, k * 10_000 + BLOCK * 12)) for k in range(8)]
+    homes = {}
+    for k, doc in enumerate(docs):  # a new connection per request: the kernel spreads them over the workers
+        r = httpx.post(gw.url + "/v1/completions", json={"model": "sim", "prompt": doc + [1], "max_tokens": 2},
+                       timeout=30)
+        assert r.status_code == 200
+        homes[k] = r.headers["x-fleetserve-replica"]
+    assert len(set(homes.values())) >= 2  # cold documents spread
+    for k, doc in enumerate(docs):  # whichever worker takes the repeat knows where the document went
+        for suffix in ([2, 3], [4, 5]):
+            r = httpx.post(gw.url + "/v1/completions", json={"model": "sim", "prompt": doc + suffix, "max_tokens": 2},
+                           timeout=30)
+            assert r.headers["x-fleetserve-replica"] == homes[k]
+            assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == BLOCK * 12
+    wait_until(lambda: len(load(gw)["worker_requests"]) == 2 and sum(load(gw)["worker_requests"]) == 24, 10,
+               what="both workers' request counts in /admin/load")
+    per_worker = load(gw)["worker_requests"]
+    assert min(per_worker) > 0, f"one worker served everything: {per_worker}"
+
+    # the supervisor's backend set reaches every worker, whichever one it was sent to
+    keep = engines[:2]
+    r = httpx.put(gw.url + "/admin/backends", json={"backends": [{"url": e.url, "state": "ready"} for e in keep]},
+                  timeout=10)
+    assert r.status_code == 200
+    wait_until(lambda: len(load(gw)["backends"]) == 2, 10, what="the new backend set")
+    allowed = {e.url.split("://")[1] for e in keep}
+    for i in range(12):
+        r = httpx.post(gw.url + "/v1/completions", json={"model": "sim", "prompt": [7, i], "max_tokens": 1},
+                       timeout=30)
+        assert r.status_code == 200 and r.headers["x-fleetserve-replica"] in allowed
+
+    # one scrape counts every worker's requests, whichever worker answers it
+    for _ in range(4):
+        assert sample(gw.url, "fleetserve_router_requests_total", path="/v1/completions", code="200") == 36
+
+
+def test_workers_exit_with_their_parent(fleet):
+    gw, _ = fleet
+    workers = psutil.Process(gw.proc.pid).children()
+    assert len(workers) == 2
+    os.kill(gw.proc.pid, signal.SIGKILL)  # the parent dies without a chance to stop them
+    gw.proc.wait(timeout=10)
+    _, alive = psutil.wait_procs(workers, timeout=15)
+    assert not alive, f"orphaned router workers: {[p.pid for p in alive]}"
+
+
+def test_workers_need_a_fixed_port(tmp_path):
+    from tests.helpers import fleetserve
+
+    result = fleetserve("router", "--backend", "http://127.0.0.1:9", "--workers", "2", "--port", "0")
+    assert result.returncode == 2 and "--port" in result.stderr
