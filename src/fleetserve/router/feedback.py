@@ -168,6 +168,8 @@ def record(metrics: Any, policy: Any, choice: Any, cached: int | None, prompt_to
     engine's tokens (scaled by prompt_tokens over the router's estimate), so both hit rates share one base."""
     if cached is None or choice is None:
         return False
+    from fleetserve.observe.metrics import child  # the gateway's metrics; the simulator passes none of its own
+
     learned = report(policy, choice, cached, prompt_tokens)
     prediction = getattr(choice, "prediction", None)
     if prediction is not None:
@@ -179,15 +181,15 @@ def record(metrics: Any, policy: Any, choice: Any, cached: int | None, prompt_to
     if predicted is not None and prompt_tokens and routed:
         predicted = round(predicted * prompt_tokens / routed)
     name = getattr(policy, "name", type(policy).__name__)
-    metrics.cached_tokens.labels(name, "predicted").inc(predicted or 0)
-    metrics.cached_tokens.labels(name, "reported").inc(cached)
+    child(metrics.cached_tokens, name, "predicted").inc(predicted or 0)
+    child(metrics.cached_tokens, name, "reported").inc(cached)
     backend = choice.replica.id
     if predicted is not None:
-        metrics.backend_cached_tokens.labels(backend, "predicted").inc(predicted)
-    metrics.backend_cached_tokens.labels(backend, "reported").inc(cached)
+        child(metrics.backend_cached_tokens, backend, "predicted").inc(predicted)
+    child(metrics.backend_cached_tokens, backend, "reported").inc(cached)
     if prompt_tokens or routed:
-        metrics.backend_prompt_tokens.labels(backend).inc(prompt_tokens or routed)
+        child(metrics.backend_prompt_tokens, backend).inc(prompt_tokens or routed)
     learner = _learner(policy)
     if learner is not None and backend in learner.estimates:
-        metrics.backend_cache_horizon.labels(backend).set(learner.horizon(backend))
+        child(metrics.backend_cache_horizon, backend).set(learner.horizon(backend))
     return learned

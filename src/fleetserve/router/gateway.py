@@ -30,7 +30,7 @@ from fleetserve.api.limits import SizeLimits
 from fleetserve.clock import Clock
 from fleetserve.kvcache.blocks import kv_salt
 from fleetserve.observe.logs import AccessLog, prompt_text, tenant_hash
-from fleetserve.observe.metrics import RouterMetrics
+from fleetserve.observe.metrics import RouterMetrics, child
 from fleetserve.router import feedback
 from fleetserve.router.admin import admin_allowed, build_control_app
 from fleetserve.router.admission import AdmissionSettings
@@ -108,7 +108,6 @@ class Gateway:
         self.access = AccessLog(access_log)  # the request lines, buffered (observe/logs.py)
         self.peers = None  # router/workers.py: the other worker processes on this port
         self._ttfb: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)
-        self._children: dict[tuple, object] = {}  # metric children by labels: labels() is a lock and a lookup
         # request ids: a random per-process prefix and a counter (unique, and far cheaper than uuid4 per request)
         self._id_prefix = uuid.uuid4().hex[:24]
         self._ids = itertools.count()
@@ -305,11 +304,7 @@ class Gateway:
     # --- helpers -------------------------------------------------------------------------------------------
 
     def _count(self, metric, *labels: str) -> None:
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        child.inc()
+        child(metric, *labels).inc()
 
     def _log(self, request_id: str, tenant: str | None, path: str, status: int, started: float,
              attempt: Attempt | None = None, ttfb_ms: float | None = None, body: dict | None = None,
