@@ -96,6 +96,8 @@ class Gateway:
         self.internal = InternalAuth(settings.internal_token)
         self.upstream = upstream or Upstream(read_timeout=settings.upstream_read_timeout,
                                              headers=self.internal.headers())
+        if upstream is None:
+            pool.client = self.upstream  # one pooled client: requests, health probes, layout, KV events
         self.gate = AdmissionGate(AdmissionSettings(settings.buffer_size, settings.buffer_timeout,
                                                     settings.max_concurrent_per_replica, settings.max_queue,
                                                     settings.overflow_status), pool, self.metrics)

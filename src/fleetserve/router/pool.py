@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
 
-import httpx
-
 from fleetserve.clock import Clock
 from fleetserve.router.backlog import LoadBook
 from fleetserve.router.policies import FleetSnapshot, ReplicaView
+from fleetserve.router.upstream import Upstream, UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,9 @@ class BackendPool:
         self.unhealthy_after = unhealthy_after
         self.healthy_after = healthy_after
         self.breaker = breaker or BreakerSettings()
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False)
+        self.timeout = timeout
+        # health probes share the gateway's pooled client (router/upstream.py) once it hands it over
+        self.client = Upstream(connect_timeout=timeout, read_timeout=timeout)
         self._ready = asyncio.Event()
         self.set_backends(urls)
 
@@ -189,18 +191,18 @@ class BackendPool:
 
     async def probe(self, backend: Backend) -> None:
         try:
-            resp = await self._client.get(backend.url + self.health_path)
-            ok = resp.status_code == 200
-            error = "" if ok else f"health check returned {resp.status_code}"
+            status, body = await self.client.get(backend.url + self.health_path, timeout=self.timeout)
+            ok = status == 200
+            error = "" if ok else f"health check returned {status}"
             if ok:
                 try:
-                    data = resp.json()
+                    data = json.loads(body)
                     backend.running = int(data.get("running", 0))
                     backend.waiting = int(data.get("waiting", 0))
                 except (ValueError, AttributeError, TypeError):
                     pass
-        except httpx.HTTPError as exc:
-            ok, error = False, f"health check failed: {type(exc).__name__}"
+        except UpstreamError as exc:
+            ok, error = False, f"health check failed: {exc.kind}"
         if ok:
             backend.successes += 1
             if not backend.healthy and backend.successes >= self.healthy_after:
@@ -221,4 +223,4 @@ class BackendPool:
         await asyncio.gather(*(self.probe(b) for b in list(self.backends.values())))
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self.client.aclose()
