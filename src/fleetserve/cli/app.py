@@ -647,6 +647,39 @@ def bench_router_stacks(
     print(json.dumps(result, indent=2))
 
 
+@bench_app.command("router-workers")
+def bench_router_workers(
+    strategies: Annotated[str, typer.Option(help="Comma-separated cache-aware strategies")] = "prefixaware,kvaware",
+    requests: Annotated[int, typer.Option(min=2, help="Requests replayed per configuration")] = 300,
+    replicas: Annotated[int, typer.Option(min=1, max=32, help="Simulated engines behind the router")] = 4,
+    duration: Annotated[float, typer.Option(min=1, help="Wall-clock seconds the replay is compressed into")] = 20.0,
+    trace: Annotated[str, typer.Option(help="chat, system-prompt or rag (generated), or a trace file (Mooncake "
+                                            "JSONL, Azure CSV, prompt log)")] = "chat",
+    max_tokens: Annotated[int, typer.Option(min=1, help="Output tokens per request at most")] = 8,
+    seed: Annotated[int, typer.Option(help="Seed of a generated trace")] = 0,
+    logs: Annotated[str | None, typer.Option(help="Keep the engines' and routers' logs in this folder")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
+) -> None:
+    """Cache hit rate with `router --workers 2` against `--workers 1`: same trace, fresh simulated engines each."""
+    from fleetserve.bench.router_workers import STRATEGIES, run
+    from fleetserve.traces.load import TraceError
+
+    names = _bench_configs(strategies, STRATEGIES, "--strategies")
+    try:
+        result = run(names, requests, replicas, duration, trace, max_tokens, seed, logs,
+                     progress=None if as_json else _say)
+    except (TraceError, ValueError, OSError) as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+    except RuntimeError as exc:
+        raise _fail(str(exc), 1) from None
+    if not as_json:
+        for name, row in result["strategies"].items():
+            out.print(f"{name}: hit rate {row['hit_rate']['workers_1']} (1 worker) -> {row['hit_rate']['workers_2']} "
+                      f"(2 workers), loss {row['loss_pct']}%, worker requests {row['worker_requests']}",
+                      markup=False)
+    print(json.dumps(result, indent=2))
+
+
 def _bench_configs(value: str | None, allowed: tuple[str, ...], hint: str) -> tuple[str, ...]:
     if not value:
         return allowed
