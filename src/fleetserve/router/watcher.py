@@ -109,6 +109,8 @@ class ReplicaWatcher:
                     status, data = await get(backend.url + "/kv/blocks", timeout=10.0)
                     if status == 404:
                         return  # this engine publishes no events
+                    if status != 200 or not isinstance(data, dict):
+                        raise ValueError(f"/kv/blocks answered {status}")
                     if self.gw.kv_index is None:
                         self.gw.kv_index = KVIndex()
                     if "blocks" in data:  # the built-in engine: every tier
@@ -120,6 +122,8 @@ class ReplicaWatcher:
                     self.subscribed.add(backend.id)
                     continue
                 status, data = await get(f"{backend.url}/kv/events?since={seq}&wait=10", timeout=15.0)
+                if status != 200 or not isinstance(data, dict):
+                    raise ValueError(f"/kv/events answered {status}")
                 if data.get("resync"):
                     seq = -1
                     continue
@@ -130,7 +134,7 @@ class ReplicaWatcher:
                     elif event.get("type") == "removed":
                         self.gw.kv_index.removed(backend.id, keys, event.get("tier"))
                 seq = int(data.get("seq", seq))
-        except (UpstreamError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.info("KV events of %s interrupted (%s); will resubscribe", backend.url, type(exc).__name__)
+        except (UpstreamError, ValueError, KeyError, TypeError) as exc:
+            log.info("KV events of %s interrupted (%s); will resubscribe", backend.url, exc)
         finally:
             self.subscribed.discard(backend.id)
