@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from fleetserve.bench.replay import Record, _body, _one, summarize
-from fleetserve.bench.routing import _wait_ready
+from fleetserve.bench.routing import _wait_ready, start_simulated_engines
 from fleetserve.fleet.process import Child, fleetserve_command, free_port
 from fleetserve.traces.model import TraceRequest
 
@@ -124,17 +124,8 @@ def _run_once(strategy: str, workers: int, reqs: list[TraceRequest], replicas: i
         tmp = log_dir or Path(scratch)
         children: list[Child] = []
         try:
-            engines = []
-            for i in range(replicas):
-                port = free_port()
-                child = Child(f"sim{i}", fleetserve_command(
-                    "engine", "--simulate", "fast", "--served-model-name", MODEL, "--block-size", str(BLOCK_SIZE),
-                    "--port", str(port)), tmp / f"sim{i}.log")
-                child.start()
-                children.append(child)
-                engines.append(f"http://127.0.0.1:{port}")
-            for url, child in zip(engines, children, strict=True):
-                _wait_ready(url, child)
+            engines = start_simulated_engines(children, tmp, replicas, "fast", "--block-size", str(BLOCK_SIZE),
+                                              model=MODEL)
             port = free_port()
             cmd = fleetserve_command("router", "--port", str(port), "--strategy", strategy, "--health-interval",
                                      "0.5", "--workers", str(workers), "--no-access-log")

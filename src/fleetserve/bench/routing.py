@@ -125,6 +125,23 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] = ("roundrobi
     return result
 
 
+def start_simulated_engines(children: list[Child], folder: Path | str, count: int, *args: str,
+                            model: str = MODEL) -> list[str]:
+    """`count` real-time simulated engine processes (`fleetserve engine --simulate ... ARGS`), ready; each is
+    appended to `children` as soon as it starts, so the caller's cleanup stops it whatever happens next."""
+    urls = []
+    for i in range(count):
+        port = free_port()
+        child = Child(f"sim{i}", fleetserve_command("engine", "--simulate", *args, "--port", str(port),
+                                                    "--served-model-name", model), Path(folder) / f"sim{i}.log")
+        child.start()
+        children.append(child)
+        urls.append(f"http://127.0.0.1:{port}")
+    for url, child in zip(urls, children[-count:], strict=True):
+        _wait_ready(url, child)
+    return urls
+
+
 def _router_child(strategy: str, engines: list[str], port: int, tmp: str, sglang_python: str | None) -> Child:
     if strategy == SGLANG:
         if not sglang_python:
@@ -148,17 +165,8 @@ def _run_strategy(strategy: str, requests, replicas: int, cap: int, engine_speed
         engines = []
         children: list[Child] = []
         try:
-            for i in range(replicas):
-                port = free_port()
-                child = Child(f"sim{i}", fleetserve_command(
-                    "engine", "--simulate", profile_name, "--cache-blocks", str(cap), "--speedup",
-                    str(engine_speedup), "--port", str(port), "--served-model-name", MODEL),
-                    Path(tmp) / f"sim{i}.log")
-                child.start()
-                children.append(child)
-                engines.append(f"http://127.0.0.1:{port}")
-            for url, child in zip(engines, children, strict=True):
-                _wait_ready(url, child)
+            engines = start_simulated_engines(children, tmp, replicas, profile_name, "--cache-blocks", str(cap),
+                                              "--speedup", str(engine_speedup))
             port = free_port()
             router = _router_child(strategy, engines, port, tmp, sglang_python)
             router.start()

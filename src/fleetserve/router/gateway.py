@@ -17,7 +17,6 @@ import asyncio
 import collections
 import dataclasses
 import itertools
-import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import orjson
 from fleetserve.api.errors import APIError
 from fleetserve.api.internal import INTERNAL_HEADER, InternalAuth
 from fleetserve.api.limits import SizeLimits
+from fleetserve.api.protocol import parse_json_body
 from fleetserve.clock import Clock
 from fleetserve.kvcache.blocks import kv_salt
 from fleetserve.observe.logs import AccessLog, prompt_text, tenant_hash
@@ -172,7 +172,7 @@ class Gateway:
         try:
             if self.settings.keyring is not None:
                 tenant = self.settings.keyring.tenant(authorization.decode("latin-1") if authorization else None)
-            body = _parse_body(request.body) if post else {}
+            body = parse_json_body(request.body) if post else {}
             route = self._route(request, body, tenant)
             if not self.gate.fast_go():
                 await self.gate.admit()
@@ -323,19 +323,3 @@ class Gateway:
                     latency_ms=round((self.clock() - started) * 1000, 2), error=error,
                     prompt=prompt_text(body) if self.settings.log_prompts and body else None)
 
-
-def _parse_body(raw: bytes) -> dict:
-    """The body, parsed once. orjson is the fast path; the stdlib parser reads what orjson refuses (integers
-    past 64 bits, NaN) so that the engine, not the gateway, names the offending field."""
-    if not raw:
-        raise APIError(400, "request body is empty; expected a JSON object", code="invalid_json")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise APIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise APIError(400, "request body must be a JSON object", code="invalid_json")
-    return body
