@@ -118,8 +118,15 @@ class PeerBus:
         if kind == "route":
             share = getattr(gw.policy, "routed_elsewhere", None)
             backend = gw.pool.backends.get(message["r"])
-            if share is not None and backend is not None:
-                share(backend.view(), tuple(message["k"]), bool(message["x"]), len(gw.pool.backends))
+            if backend is None:
+                return
+            keys = tuple(message["k"])
+            if share is not None:
+                share(backend.view(), keys, bool(message["x"]), len(gw.pool.backends))
+            if gw.kv_index is not None and message["x"]:
+                # the engine's KV events will confirm these blocks; until then they are speculative here too, as
+                # in the worker that sent them (the event lag would otherwise send a session's next turn away)
+                gw.kv_index.speculate(backend.id, keys, gw.clock())
         elif kind == "backends":
             gw.set_backends(message["urls"], ready=set(message["ready"]), draining=set(message["draining"]),
                             from_peer=True)
