@@ -25,6 +25,7 @@ FULL = {
         "replicas": 1,
         "placement": {"instanceTypes": ["ml.g5.2xlarge", "ml.g6e.xlarge"]},
         "routing": {"strategy": "session", "sessionKey": "user"},
+        "router": {"workers": 2},
         "requestLimits": {"maxConcurrentRequests": 8, "maxQueueSize": 16},
         "tls": {"enabled": True},
         "auth": {"enabled": True, "apiKeys": [{"tenant": "alpha", "keySha256": "a" * 64}]},
@@ -198,6 +199,7 @@ def test_router_flags_secrets_and_pdb():
     c = _by(rendered, "Deployment", "chat-router")[0]["spec"]["template"]["spec"]["containers"][0]
     args = c["args"]
     for flag, value in (("--strategy", "session"), ("--session-key", "user"), ("--max-concurrent-per-replica", "8"),
+                        ("--workers", "2"),
                         ("--max-queue", "16"), ("--auth-file", "/etc/fleetserve/auth/auth.json"),
                         ("--tls-cert", "/etc/fleetserve/tls/tls.crt"),
                         ("--internal-token-file", "/var/run/fleetserve/internal/token")):

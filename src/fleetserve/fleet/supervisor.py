@@ -298,6 +298,8 @@ class Supervisor:
                                  "--buffer-timeout", str(self.spec.router.buffer_timeout_seconds))
         for url in backends:
             cmd += ["--backend", url]
+        if self.spec.router.workers > 1:
+            cmd += ["--workers", str(self.spec.router.workers)]
         if self.spec.routing.session_key:
             cmd += ["--session-key", self.spec.routing.session_key]
         limits = self.spec.request_limits

@@ -51,6 +51,8 @@ def _args(ctx: Context) -> list[str]:
             args += ["--backend", url]
     else:  # every engine pod, found through the headless Service and followed as pods come and go
         args += ["--backend-dns", f"{ctx.host(ctx.engine_pods_service)}:{engine_port(ctx)}"]
+    if spec.router.workers > 1:
+        args += ["--workers", str(spec.router.workers)]
     if spec.routing.session_key:
         args += ["--session-key", spec.routing.session_key]
     limits = spec.request_limits

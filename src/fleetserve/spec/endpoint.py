@@ -316,6 +316,8 @@ class RouterSection(SpecModel):
     port: int = Field(default=0, ge=0, le=65535, description="0: a free port")
     buffer_size: int = Field(default=256, ge=0, description="requests held while no replica is ready")
     buffer_timeout_seconds: float = Field(default=600, gt=0, description="longer than the cold start")
+    workers: int = Field(default=1, ge=1, le=64, description="router processes sharing the port (one per core the "
+                                                             "router may use)")
 
 
 class BudgetSpec(SpecModel):
