@@ -105,6 +105,8 @@ class Responder:
             head.append(k + b": " + v + b"\r\n")
         if content_length is not None:
             head.append(b"content-length: %d\r\n" % content_length)
+        elif self._conn.http10:
+            self._conn.keep_alive_off()  # HTTP/1.0 has no chunking: the body ends when the connection closes
         elif not self._head_only:
             self._chunked = True
             head.append(b"transfer-encoding: chunked\r\n")
@@ -177,6 +179,7 @@ class HTTPConnection(asyncio.Protocol):
         self._paused = False
         self._drained: asyncio.Future | None = None
         self._gone: asyncio.Future | None = None
+        self.http10 = False  # the request being answered is HTTP/1.0
 
     # --- asyncio.Protocol ----------------------------------------------------------------------------------
 
@@ -288,6 +291,7 @@ class HTTPConnection(asyncio.Protocol):
             return
         request = self._queue.popleft()
         self._keep_alive = request.keep_alive
+        self.http10 = request.http_version == "1.0"
         self._task = self.loop.create_task(self._serve(request))
 
     async def _serve(self, request: Request) -> None:
@@ -319,6 +323,9 @@ class HTTPConnection(asyncio.Protocol):
             self.close()
             return
         self.loop.call_soon(self._next)
+
+    def keep_alive_off(self) -> None:
+        self._keep_alive = False
 
     def connection_header(self) -> bytes:
         return b"\r\n" if self._keep_alive else b"connection: close\r\n\r\n"

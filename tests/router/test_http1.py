@@ -1,0 +1,134 @@
+"""The gateway's front door on a real loopback socket: limits, pipelining, 100-continue, HTTP/1.0, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+
+from fleetserve.api.limits import SizeLimits
+from fleetserve.router import http1
+
+
+def error(responder, status, message, code):
+    responder.send(status, [(b"content-type", b"application/json")],
+                   orjson.dumps({"error": {"message": message, "code": code}}))
+
+
+async def start(handler, limits=SizeLimits()):
+    door = await http1.serve(handler, error, "127.0.0.1", 0, limits=limits)
+    return door, door.server.sockets[0].getsockname()[1]
+
+
+async def echo(request, responder):
+    responder.send(200, [(b"x-path", request.path.encode())], request.body)
+
+
+async def stream(request, responder):
+    responder.start(200, [(b"content-type", b"text/event-stream")])
+    for i in range(3):
+        responder.write(b"data: %d\n\n" % i)
+        await asyncio.sleep(0)
+    responder.end()
+
+
+async def exchange(port: int, data: bytes, read_until_close: bool = True) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    await writer.drain()
+    if read_until_close:
+        out = await asyncio.wait_for(reader.read(), 10)
+    else:
+        out = await asyncio.wait_for(reader.read(65536), 10)
+    writer.close()
+    return out
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_pipelined_requests_are_answered_in_order_then_close():
+    async def main():
+        door, port = await start(echo)
+        data = (b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\nonePOST /b HTTP/1.1\r\nhost: x\r\n"
+                b"content-length: 3\r\nconnection: close\r\n\r\ntwo")
+        out = await exchange(port, data)
+        await door.shutdown(1)
+        return out
+
+    out = run(main())
+    assert out.index(b"x-path: /a") < out.index(b"one") < out.index(b"x-path: /b") < out.index(b"two")
+    assert out.count(b"HTTP/1.1 200 OK") == 2 and b"connection: close" in out
+
+
+def test_headers_and_bodies_past_the_limits_get_431_and_413_in_openai_shape():
+    limits = SizeLimits(max_body_bytes=1024, max_header_bytes=1024)
+
+    async def main():
+        door, port = await start(echo, limits)
+        big_header = await exchange(port, b"GET / HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 2000 + b"\r\n\r\n")
+        declared = await exchange(port, b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5000\r\n\r\n")
+        chunked = await exchange(port, b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+                                       + b"400\r\n" + b"b" * 1024 + b"\r\n" + b"400\r\n" + b"b" * 1024 + b"\r\n0\r\n\r\n")
+        await door.shutdown(1)
+        return big_header, declared, chunked
+
+    big_header, declared, chunked = run(main())
+    assert big_header.startswith(b"HTTP/1.1 431") and b"headers_too_large" in big_header
+    assert declared.startswith(b"HTTP/1.1 413") and b"maxBodyBytes" in declared
+    assert chunked.startswith(b"HTTP/1.1 413") and b"request_too_large" in chunked
+
+
+def test_expect_100_continue_is_answered_before_the_body():
+    async def main():
+        door, port = await start(echo)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\nexpect: 100-continue\r\n\r\n")
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        writer.write(b"body")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        body = await reader.readexactly(4)
+        writer.close()
+        await door.shutdown(1)
+        return interim, head, body
+
+    interim, head, body = run(main())
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n" and head.startswith(b"HTTP/1.1 200") and body == b"body"
+
+
+def test_a_stream_to_an_http10_client_is_not_chunked_and_ends_with_the_connection():
+    async def main():
+        door, port = await start(stream)
+        out10 = await exchange(port, b"GET /s HTTP/1.0\r\n\r\n")
+        out11 = await exchange(port, b"GET /s HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        await door.shutdown(1)
+        return out10, out11
+
+    out10, out11 = run(main())
+    assert b"transfer-encoding" not in out10 and out10.endswith(b"data: 0\n\ndata: 1\n\ndata: 2\n\n")
+    assert b"transfer-encoding: chunked" in out11 and out11.endswith(b"0\r\n\r\n")
+
+
+def test_a_client_that_goes_away_cancels_its_request():
+    cancelled = asyncio.Event()
+
+    async def slow(request, responder):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def main():
+        door, port = await start(slow)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.close()
+        await asyncio.wait_for(cancelled.wait(), 5)
+        await door.shutdown(1)
+
+    run(main())
+    assert cancelled.is_set()
