@@ -69,8 +69,9 @@ def test_headers_and_bodies_past_the_limits_get_431_and_413_in_openai_shape():
         door, port = await start(echo, limits)
         big_header = await exchange(port, b"GET / HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 2000 + b"\r\n\r\n")
         declared = await exchange(port, b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5000\r\n\r\n")
+        chunk = b"400\r\n" + b"b" * 1024 + b"\r\n"
         chunked = await exchange(port, b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
-                                       + b"400\r\n" + b"b" * 1024 + b"\r\n" + b"400\r\n" + b"b" * 1024 + b"\r\n0\r\n\r\n")
+                                       + chunk * 2 + b"0\r\n\r\n")
         await door.shutdown(1)
         return big_header, declared, chunked
 
