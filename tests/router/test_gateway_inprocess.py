@@ -237,3 +237,22 @@ def test_the_queue_waits_for_a_free_slot_and_overflows_past_its_size():
     queued, overflow = run_virtual(main())
     assert overflow.status == 429 and overflow.header(b"retry-after")
     assert queued.status == 200
+
+
+def test_a_replica_that_left_leaves_no_gauge_behind():
+    from prometheus_client import generate_latest
+
+    async def main():
+        gw, _ = gateway({A: [], B: []})
+        gw.refresh_gauges()
+        before = generate_latest(gw.metrics.registry).decode()
+        gw.set_backends([A], ready={A})
+        gw.refresh_gauges()
+        return before, generate_latest(gw.metrics.registry).decode()
+
+    before, after = run_virtual(main())
+    assert 'fleetserve_router_backend_healthy{backend="10.0.0.2:8000"}' in before
+    gauges = [line for line in after.splitlines()
+              if line.startswith(("fleetserve_router_backend_healthy{", "fleetserve_router_backend_in_flight{"))]
+    assert gauges and not [line for line in gauges if "10.0.0.2:8000" in line]
+    assert 'fleetserve_router_backend_healthy{backend="10.0.0.1:8000"} 1.0' in after

@@ -121,6 +121,12 @@ def child(metric, *labels: str):
     return found
 
 
+def clear(metric) -> None:
+    """Drop every labelled series of `metric` (and the children `child` remembered)."""
+    metric.clear()
+    metric.__dict__.pop("_fleetserve_children", None)
+
+
 def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
     return generate_latest(registry), CONTENT_TYPE_LATEST
 

@@ -151,7 +151,8 @@ def report(policy: Any, choice: Any, cached: int | None, prompt_tokens: int | No
     return True
 
 
-def _learner(policy: Any) -> CapacityLearner | None:
+def learner_of(policy: Any) -> CapacityLearner | None:
+    """The policy's cache-size learner (its own, or its router-side fallback's), if it learns."""
     learner = getattr(policy, "learner", None) or getattr(getattr(policy, "fallback", None), "learner", None)
     return learner if isinstance(learner, CapacityLearner) else None
 
@@ -189,7 +190,7 @@ def record(metrics: Any, policy: Any, choice: Any, cached: int | None, prompt_to
     child(metrics.backend_cached_tokens, backend, "reported").inc(cached)
     if prompt_tokens or routed:
         child(metrics.backend_prompt_tokens, backend).inc(prompt_tokens or routed)
-    learner = _learner(policy)
+    learner = learner_of(policy)
     if learner is not None and backend in learner.estimates:
         child(metrics.backend_cache_horizon, backend).set(learner.horizon(backend))
     return learned

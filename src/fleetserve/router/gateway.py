@@ -30,7 +30,7 @@ from fleetserve.api.protocol import parse_json_body
 from fleetserve.clock import Clock
 from fleetserve.kvcache.blocks import kv_salt
 from fleetserve.observe.logs import AccessLog, prompt_text, tenant_hash
-from fleetserve.observe.metrics import RouterMetrics, child
+from fleetserve.observe.metrics import RouterMetrics, child, clear
 from fleetserve.router import feedback
 from fleetserve.router.admin import admin_allowed, build_control_app
 from fleetserve.router.admission import AdmissionSettings
@@ -299,9 +299,15 @@ class Gateway:
         self.metrics.kv_subscriptions.set(len(self.watcher.subscribed))
         index_size = getattr(self.policy, "index_size", None)
         self.metrics.index_blocks.set(self.kv_index.size() if self.kv_index else (index_size() if index_size else 0))
+        m = self.metrics
+        learner = feedback.learner_of(self.policy)
+        for gauge in (m.healthy, m.in_flight, m.backend_cache_horizon):
+            clear(gauge)  # a replica that left the fleet leaves no series behind (its counters stay: history)
         for b in self.pool.backends.values():
-            self.metrics.healthy.labels(b.id).set(1 if b.healthy else 0)
-            self.metrics.in_flight.labels(b.id).set(b.in_flight)
+            m.healthy.labels(b.id).set(1 if b.healthy else 0)
+            m.in_flight.labels(b.id).set(b.in_flight)
+            if learner is not None and b.id in learner.estimates:
+                m.backend_cache_horizon.labels(b.id).set(learner.horizon(b.id))
 
     # --- helpers -------------------------------------------------------------------------------------------
 
