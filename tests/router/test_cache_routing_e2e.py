@@ -47,6 +47,17 @@ def test_shared_prefixes_land_where_they_are_cached(tmp_path, strategy):
             assert r.headers["x-fleetserve-replica"] == homes[k]
             assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 16 * 12
         assert sample(gw.url, "fleetserve_router_routing_decisions_total", policy=strategy, branch="hit") >= 6
+        # the engines' own prefix-cache counters, read by the router beside what responses reported
+        httpx.post(gw.url + "/v1/completions", json={"model": "sim", "prompt": docs[0] + [9], "max_tokens": 2},
+                   timeout=30)
+
+        def engine_hit_rate() -> float:
+            try:
+                return sample(gw.url, "fleetserve_router_backend_engine_hit_rate", backend=homes[0])
+            except KeyError:
+                return 0.0  # not read yet (every 10 health rounds)
+
+        wait_until(lambda: engine_hit_rate() > 0, 30, what="the engine's hit rate from its own counters")
     finally:
         gw.stop()
         for e in engines:

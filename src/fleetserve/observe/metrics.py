@@ -107,6 +107,7 @@ class RouterMetrics:
         self.backend_cached_tokens = v.ROUTER_BACKEND_CACHED_TOKENS.make(r)
         self.backend_prompt_tokens = v.ROUTER_BACKEND_PROMPT_TOKENS.make(r)
         self.backend_cache_horizon = v.ROUTER_BACKEND_CACHE_HORIZON.make(r)
+        self.backend_engine_hit_rate = v.ROUTER_BACKEND_ENGINE_HIT_RATE.make(r)
 
 
 def child(metric, *labels: str):

@@ -212,6 +212,12 @@ ROUTER_BACKEND_CACHE_HORIZON = _m("fleetserve_router_backend_cache_horizon_block
                                   "cache size the router learned from reported cached tokens (router keys; "
                                   "router/feedback.py)", "router", "blocks", ("backend",), by=(ROUTER,), across="max")
 
+ROUTER_BACKEND_ENGINE_HIT_RATE = _m("fleetserve_router_backend_engine_hit_rate", "gauge", "Per replica: the "
+                                    "prefix-cache hit rate the engine itself publishes (vllm:prefix_cache_hits / "
+                                    "queries over the watcher's last interval), beside the router's predicted and "
+                                    "reported tokens; absent for engines that publish no such counters", "router",
+                                    "ratio", ("backend",), by=(ROUTER,), across="max")
+
 # --- KV tiers (read from the engine's prefix cache at scrape time) ----------------------------------------
 _T = ("tier",)
 KV_TIER_HITS = _m("fleetserve_kv_tier_hits_total", "counter", "Blocks found per tier", "kv", "blocks", _T,

@@ -301,13 +301,16 @@ class Gateway:
         self.metrics.index_blocks.set(self.kv_index.size() if self.kv_index else (index_size() if index_size else 0))
         m = self.metrics
         learner = feedback.learner_of(self.policy)
-        for gauge in (m.healthy, m.in_flight, m.backend_cache_horizon):
+        engine_rates = self.watcher.engine_hit_rate
+        for gauge in (m.healthy, m.in_flight, m.backend_cache_horizon, m.backend_engine_hit_rate):
             clear(gauge)  # a replica that left the fleet leaves no series behind (its counters stay: history)
         for b in self.pool.backends.values():
             m.healthy.labels(b.id).set(1 if b.healthy else 0)
             m.in_flight.labels(b.id).set(b.in_flight)
             if learner is not None and b.id in learner.estimates:
                 m.backend_cache_horizon.labels(b.id).set(learner.horizon(b.id))
+            if b.id in engine_rates:
+                m.backend_engine_hit_rate.labels(b.id).set(engine_rates[b.id])
 
     # --- helpers -------------------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 
+from fleetserve.observe.metrics import child
 from fleetserve.router.discovery import system_resolver
 from fleetserve.router.features import KVLayout
 from fleetserve.router.kvindex import KVIndex
@@ -22,6 +23,26 @@ from fleetserve.router.upstream import UpstreamError
 log = logging.getLogger(__name__)
 
 DISCOVERY_EVERY = 5  # health rounds between DNS resolutions of backend names
+ENGINE_COUNTERS_EVERY = 10  # health rounds between reads of the engines' prefix-cache counters
+PREFIX_QUERIES, PREFIX_HITS = "vllm:prefix_cache_queries", "vllm:prefix_cache_hits"
+
+
+def prefix_cache_totals(text: str) -> tuple[float, float] | None:
+    """(queried tokens, hit tokens) summed over an engine's /metrics text, or None if it publishes neither."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    queries = hits = None
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.name in (PREFIX_QUERIES, PREFIX_HITS):
+                total = sum(s.value for s in family.samples if s.name.endswith("_total"))
+                if family.name == PREFIX_QUERIES:
+                    queries = total
+                else:
+                    hits = total
+    except ValueError:
+        return None
+    return (queries, hits) if queries is not None and hits is not None else None
 
 
 class ReplicaWatcher:
@@ -32,6 +53,8 @@ class ReplicaWatcher:
         self.layout_known = False
         self.subscribed: set[str] = set()
         self._kv_tasks: dict[str, asyncio.Task] = {}
+        self._engine_totals: dict[str, tuple[float, float]] = {}  # (queries, hits) at the last read
+        self.engine_hit_rate: dict[str, float] = {}  # per replica, over the last interval with lookups
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -73,6 +96,8 @@ class ReplicaWatcher:
             await pool.probe_all()
             if not self.layout_known:
                 await self._learn_layout()
+            if rounds % ENGINE_COUNTERS_EVERY == 1:
+                await asyncio.gather(*(self._read_engine_counters(b) for b in pool.healthy()))
             if needs_of(self.gw.policy).kv_events:
                 for b in pool.backends.values():
                     task = self._kv_tasks.get(b.id)
@@ -98,6 +123,24 @@ class ReplicaWatcher:
                 return
             except (UpstreamError, ValueError, TypeError):
                 continue
+
+    async def _read_engine_counters(self, backend: Backend) -> None:
+        """The engine's own prefix-cache counters (vLLM's names, which the built-in engine publishes too): the hit
+        rate over the last interval, per replica, beside what the router predicted and what responses reported."""
+        try:
+            status, body = await self.gw.upstream.get(backend.url + "/metrics", timeout=2.0)
+        except UpstreamError:
+            return
+        if status != 200:
+            return
+        totals = prefix_cache_totals(body.decode("utf-8", "replace"))
+        if totals is None:
+            return
+        last = self._engine_totals.get(backend.id)
+        self._engine_totals[backend.id] = totals
+        if last is not None and totals[0] > last[0] and totals[1] >= last[1]:
+            self.engine_hit_rate[backend.id] = round((totals[1] - last[1]) / (totals[0] - last[0]), 4)
+            child(self.gw.metrics.backend_engine_hit_rate, backend.id).set(self.engine_hit_rate[backend.id])
 
     async def _follow_kv_events(self, backend: Backend) -> None:
         """Long-poll the backend's KV events into the index; resynchronise from /kv/blocks when behind."""
