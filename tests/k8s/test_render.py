@@ -204,6 +204,7 @@ def test_router_flags_secrets_and_pdb():
                         ("--tls-cert", "/etc/fleetserve/tls/tls.crt"),
                         ("--internal-token-file", "/var/run/fleetserve/internal/token")):
         assert args[args.index(flag) + 1] == value
+    assert c["resources"] == {"requests": {"cpu": "2"}}  # router.workers: 2
     secret = _by(rendered, "Secret", "chat-api-keys")[0]
     assert ("a" * 64) in secret["stringData"]["auth.json"]
     assert _by(rendered, "PodDisruptionBudget", "chat-router")
