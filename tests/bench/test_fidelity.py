@@ -8,6 +8,7 @@ from fleetserve.bench.fidelity import (
     SPEC,
     FidelityConfig,
     burst_step_time,
+    calibrate_steady,
     calibrated,
     calibration_trace,
     errors,
@@ -111,6 +112,37 @@ def test_steady_overhead_is_the_median_probe_residual():
     probes = [True, False, True, True, True]
     assert steady_overhead(client, sim, probes) == pytest.approx(0.020)  # residuals 20, 15, 25 ms
     assert steady_overhead([0.001], [0.01], [True]) == 0.0 and steady_overhead([], [], []) == 0.0
+
+
+def test_steady_windows_are_pooled_and_every_request_measures_the_overhead(tmp_path):
+    """Two steady streams (before and after a replay, other seeds) whose every request came back 10 ms (first
+    window) or 30 ms (second) later than the simulator says: 2 x 90 samples, median 20 ms, no step extra."""
+    from fleetserve.bench.replay import Record
+
+    cfg = FidelityConfig(requests=240, duration_s=80, steady_s=30)
+    spec = SPEC.format(name="f", model="fidelity", source="/nonexistent", threads=1, replicas=2,
+                       strategy="roundrobin")
+    prof = {**to_dict(PROFILES["cpu-135m"]), "name": "p"}
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps(prof))
+    windows = []
+    for offset, late in ((1000, 0.010), (2000, 0.030)):
+        reqs, probes = steady_trace(cfg, offset)
+        sim = simulate_trace(spec, reqs, model, cfg.seed, per_request=True)
+        records = [Record(i, r.arrival_s, status=200, ttft_ms=(t + late) * 1000, e2e_ms=(e + late) * 1000)
+                   for i, (r, t, e) in enumerate(zip(reqs, sim["ttft_s"], sim["e2e_s"], strict=True))]
+        windows.append((reqs, probes, records))
+    assert [r.arrival_s for r in windows[0][0]] != [r.arrival_s for r in windows[1][0]]
+    overheads = {"request_overhead_s": 0.0, "decode_step_extra_s": 0.0, "decode_seq_extra_s": 0.0}
+    cal = calibrate_steady("http://unused", cfg, 259, prof, overheads, spec, tmp_path, "t", every_request=True,
+                           windows=windows)
+    assert cal["steady_windows"] == 2 and cal["overhead_samples_from"] == 180 == cal["steady_requests"]
+    assert cal["request_overhead_s"] == pytest.approx(0.020, abs=1e-4)
+    assert min(cal["request_overhead_samples"]) == pytest.approx(0.010, abs=1e-4)
+    assert max(cal["request_overhead_samples"]) == pytest.approx(0.030, abs=1e-4)
+    assert cal["decode_step_extra_s"] == pytest.approx(0.0, abs=1e-3)
+    probes_only = calibrate_steady("http://unused", cfg, 259, prof, overheads, spec, tmp_path, "t", windows=windows)
+    assert probes_only["overhead_samples_from"] == 60
 
 
 def test_first_text_samples_move_ttft_not_e2e(tmp_path):

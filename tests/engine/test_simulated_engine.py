@@ -86,3 +86,48 @@ def test_bad_requests(sim):
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
     r = httpx.post(sim.url + "/v1/completions", json={"model": "sim"}, timeout=5)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+def _stream_seconds(engine, tokens: int) -> float:
+    """Seconds from a request's arrival at an idle in-process engine to its last token."""
+    import asyncio
+    import time
+
+    from fleetserve.engine.simulated import SimRequest
+    from fleetserve.sim.replica import Seq
+
+    async def main() -> float:
+        task = asyncio.create_task(engine.loop())
+        req = SimRequest([1] * 8, [], tokens, True, time.monotonic())
+        req.seq = Seq(8, tokens, [], req)
+        start = time.monotonic()
+        engine.model.add(req.seq)
+        engine._work.set()
+        await engine._finish(req)
+        elapsed = time.monotonic() - start
+        task.cancel()
+        return elapsed
+
+    return asyncio.run(main())
+
+
+def test_steps_keep_the_models_schedule_when_the_loop_is_late():
+    """Work the event loop does between steps (here 6 ms of blocking per token, as SSE under load) delays a
+    step's tokens but not the steps after it: 30 tokens take the model's 0.30 s, not 30 x 16 ms."""
+    import time
+
+    from fleetserve.engine.simulated import SimulatedEngine
+    from fleetserve.sim.perf import PerfProfile
+
+    prof = PerfProfile("steps", prefill_base_s=0.01, prefill_per_token_s=0.0, decode_base_s=0.01,
+                       decode_per_seq_s=0.0, decode_per_ctx_token_s=0.0, cache_blocks=1000, block_size=16)
+    engine = SimulatedEngine(prof, "m")
+    emit = engine._emit
+
+    def slow_emit(seq):
+        time.sleep(0.006)
+        emit(seq)
+
+    engine._emit = slow_emit
+    elapsed = _stream_seconds(engine, 30)
+    assert 0.30 - 0.002 <= elapsed < 0.40  # drifting from each step's start: 0.01 + 29 x 0.016 = 0.47 s

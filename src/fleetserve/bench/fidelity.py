@@ -19,7 +19,9 @@ diagnostics; then a **steady stream** at the trace's rate and sizes (another see
 a one-token probe), simulated request by request: the probes' median TTFT residual is the per-request
 overhead under that load, the other requests' median E2E residual per decode step the decode-step extra
 (`calibrate_steady`). The `calibrated` profile is the raw one plus those terms (`request_overhead_s`,
-`decode_base_s`).
+`decode_base_s`). For the simulated engines (whose first token always shows text) every request of the
+stream measures the overhead, and there are two streams, one before and one after the trace's replay (other
+seeds), pooled: their residuals become `request_overhead_samples`, one drawn per simulated request.
 
 The profile also measures **which output token first shows text** (`first_text_tokens`, greedy generations
 of random prompts through the engine's `TextStream`): the engine sends no chunk for a token whose text is
@@ -174,13 +176,13 @@ def calibration_trace(cfg: FidelityConfig) -> tuple[list[TraceRequest], list[tup
     return reqs, tags
 
 
-def steady_trace(cfg: FidelityConfig) -> tuple[list[TraceRequest], list[bool]]:
+def steady_trace(cfg: FidelityConfig, seed_offset: int = 1000) -> tuple[list[TraceRequest], list[bool]]:
     """A calibration stream at the trace's rate and sizes (another seed, `steady_s` long at most, never the trace);
     every `steady_probe_every`-th request is a one-token probe: (requests, is-probe flags)."""
     span = min(cfg.steady_s, cfg.duration_s)
     n = max(2, round(cfg.requests / cfg.duration_s * span))
     reqs = make_trace(FidelityConfig(requests=n, duration_s=span, prompt_tokens=cfg.prompt_tokens,
-                                     output_tokens=cfg.output_tokens, seed=cfg.seed + 1000))
+                                     output_tokens=cfg.output_tokens, seed=cfg.seed + seed_offset))
     probes = [i % cfg.steady_probe_every == 0 for i in range(n)]
     return [TraceRequest(r.arrival_s, r.input_tokens, 1) if p else r for r, p in zip(reqs, probes, strict=True)], probes
 
@@ -236,40 +238,66 @@ def calibrate(url: str, cfg: FidelityConfig, vocab: int, profile: dict) -> dict:
             "step_samples": [[b, c, round(t, 6)] for b, c, t in steps]}
 
 
+SteadyWindow = tuple[list[TraceRequest], list[bool], list]  # (requests, probe flags, replay records)
+
+
+def steady_window(url: str, cfg: FidelityConfig, vocab: int, seed_offset: int = 1000) -> SteadyWindow:
+    """One steady calibration stream (`steady_trace` with that seed offset) replayed at `url`."""
+    from fleetserve.bench.replay import replay
+
+    reqs, probes = steady_trace(cfg, seed_offset)
+    return reqs, probes, asyncio.run(replay(url, reqs, model=MODEL, stream=True, vocab=vocab))
+
+
 def calibrate_steady(url: str, cfg: FidelityConfig, vocab: int, profile: dict, overheads: dict, spec_text: str,
-                     tmp: Path, key: str, rounds: int = 2) -> dict:
+                     tmp: Path, key: str, rounds: int = 2, every_request: bool = False,
+                     windows: list[SteadyWindow] | None = None) -> dict:
     """The gateway's costs under steady traffic, from the steady stream (`steady_trace`) replayed at `url` and
     simulated request by request: the per-request overhead is the median residual of the one-token probes'
     TTFT (`steady_overhead`); the extra per decode step is the median over the other requests of
     (client E2E - simulated E2E - overhead) / (output - 1). `rounds` times, each simulation with the last
     extra, so queueing the extra causes is in the model. These replace the idle and burst figures (kept as
-    `*_idle_s` and `*_burst_s`): the trace runs at the stream's rate, not idle and not in bursts."""
-    from fleetserve.bench.replay import replay
+    `*_idle_s` and `*_burst_s`): the trace runs at the stream's rate, not idle and not in bursts.
 
-    reqs, probes = steady_trace(cfg)
-    records = asyncio.run(replay(url, reqs, model=MODEL, stream=True, vocab=vocab))
-    ok = [rec.ttft_ms is not None and rec.e2e_ms is not None and not rec.error for rec in records]
-    client_ttft = [rec.ttft_ms / 1000 if good else None for rec, good in zip(records, ok, strict=True)]
+    `every_request`: every request of the stream measures the overhead, not only the probes (an engine whose
+    first token always shows text: the simulated engine), three times the samples of its spread.
+
+    `windows`: steady streams already replayed (`steady_window`), pooled; e.g. one before and one after the
+    trace's replay (other seeds), so the calibration sees the machine's load on both sides of it. Default: one
+    stream replayed now."""
+    windows = windows or [steady_window(url, cfg, vocab)]
     step = request = 0.0
     samples: list[float] = []
     path = tmp / f"profile-steady-{key}.json"
     for _ in range(rounds):
         path.write_text(json.dumps(calibrated(profile, {"request_overhead_s": 0.0, "decode_step_extra_s": step,
                                                         "decode_seq_extra_s": 0.0})))
-        sim = simulate_trace(spec_text, reqs, path, cfg.seed, per_request=True)
-        request = steady_overhead(client_ttft, sim["ttft_s"], probes)
-        samples = probe_residuals(client_ttft, sim["ttft_s"], probes)
-        per_step = [(rec.e2e_ms / 1000 - e2e - request) / (r.output_tokens - 1)
-                    for r, rec, e2e, good, probe in zip(reqs, records, sim["e2e_s"], ok, probes, strict=True)
-                    if good and not probe and e2e is not None and r.output_tokens > 1]
-        if per_step:
-            step = max(0.0, step + statistics.median(per_step))
+        client_all: list[float | None] = []
+        sim_all: list[float | None] = []
+        measured_all: list[bool] = []
+        per_step: list[float] = []
+        for reqs, probes, records in windows:
+            ok = [rec.ttft_ms is not None and rec.e2e_ms is not None and not rec.error for rec in records]
+            client_ttft = [rec.ttft_ms / 1000 if good else None for rec, good in zip(records, ok, strict=True)]
+            sim = simulate_trace(spec_text, reqs, path, cfg.seed, per_request=True)
+            client_all += client_ttft
+            sim_all += sim["ttft_s"]
+            measured_all += [True] * len(reqs) if every_request else probes
+            per_step += [(rec.e2e_ms / 1000, e2e, r.output_tokens)
+                         for r, rec, e2e, good, probe in zip(reqs, records, sim["e2e_s"], ok, probes, strict=True)
+                         if good and not probe and e2e is not None and r.output_tokens > 1]
+        request = steady_overhead(client_all, sim_all, measured_all)
+        samples = probe_residuals(client_all, sim_all, measured_all)
+        residuals = [(client - model - request) / (out - 1) for client, model, out in per_step]
+        if residuals:
+            step = max(0.0, step + statistics.median(residuals))
     return {**overheads, "request_overhead_idle_s": overheads["request_overhead_s"],
             "decode_step_extra_burst_s": overheads["decode_step_extra_s"],
             "decode_seq_extra_burst_s": overheads["decode_seq_extra_s"],
             "request_overhead_s": round(request, 6), "decode_step_extra_s": round(step, 6),
             "decode_seq_extra_s": 0.0, "request_overhead_samples": [round(x, 6) for x in sorted(samples)],
-            "steady_probes": sum(probes), "steady_requests": len(reqs)}
+            "steady_probes": sum(sum(w[1]) for w in windows), "steady_requests": sum(len(w[0]) for w in windows),
+            "steady_windows": len(windows), "overhead_samples_from": len(samples)}
 
 
 def _replay(url: str, trace: list[TraceRequest], vocab: int) -> tuple[dict, float]:
@@ -408,9 +436,13 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
             try:
                 progress("simulated engines: calibrating ...")
                 se_cal = calibrate(gateway, cfg, vocab, plain)
-                se_cal = calibrate_steady(gateway, cfg, vocab, plain, se_cal, spec_text, tmp, "simulated_engines")
+                before = steady_window(gateway, cfg, vocab, 1000)
                 progress(f"simulated engines: replaying {len(trace)} requests ...")
                 se, se_wall = _replay(gateway, trace, vocab)
+                progress("simulated engines: calibrating after the replay ...")
+                after = steady_window(gateway, cfg, vocab, 2000)
+                se_cal = calibrate_steady(gateway, cfg, vocab, plain, se_cal, spec_text, tmp, "simulated_engines",
+                                          every_request=True, windows=[before, after])
             finally:
                 for child in children:
                     child.stop(timeout=5)
@@ -431,8 +463,11 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
                         "live_idle_and_burst_calibration": calibrated(prof, idle)}
         if cfg.simulated_engines:
             sims["raw_plain"] = simulate_trace(spec_text, trace, plain_path, cfg.seed)
-            cal_profiles["simulated_engines"] = calibrated(plain, {**se_cal, "request_overhead_samples": []})
-            cal_profiles["simulated_engines_overhead_samples"] = calibrated(plain, se_cal)
+            # the headline draws each request's overhead from the steady stream's residuals (every request of
+            # it: the simulated engine shows text with its first token, so there is no low mode to disturb)
+            cal_profiles["simulated_engines"] = calibrated(plain, se_cal)
+            cal_profiles["simulated_engines_median_overhead"] = calibrated(plain, {**se_cal,
+                                                                                  "request_overhead_samples": []})
         for key, data in cal_profiles.items():
             path = tmp / f"profile-{key}.json"
             path.write_text(json.dumps(data))
@@ -448,8 +483,8 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
     if cfg.simulated_engines:
         result["error_vs_simulated_engines"] = errors(sims["calibrated_simulated_engines"], se)
         result["error_vs_simulated_engines_raw_profile"] = errors(sims["raw_plain"], se)
-        result["error_vs_simulated_engines_overhead_samples"] = errors(
-            sims["calibrated_simulated_engines_overhead_samples"], se)
+        result["error_vs_simulated_engines_median_overhead"] = errors(
+            sims["calibrated_simulated_engines_median_overhead"], se)
         se_checked = [result["error_vs_simulated_engines"]["ttft_p50"],
                       result["error_vs_simulated_engines"]["ttft_p95"]]
         met["simulated_engines"] = all(e is not None and e <= TARGET_SIMULATED_ENGINES for e in se_checked)
@@ -464,5 +499,5 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
     return result
 
 
-__all__ = ["FidelityConfig", "burst_step_time", "calibrate", "calibrated", "calibration_trace", "errors",
-           "fit_overheads", "make_trace", "relative_error", "run", "simulate_trace"]
+__all__ = ["FidelityConfig", "burst_step_time", "calibrate", "calibrate_steady", "calibrated", "calibration_trace",
+           "errors", "fit_overheads", "make_trace", "relative_error", "run", "simulate_trace", "steady_window"]

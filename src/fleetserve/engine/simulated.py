@@ -110,17 +110,27 @@ class SimulatedEngine:
     # --- the step loop: the shared model, in real time -----------------------------------------------------
 
     async def loop(self) -> None:
+        """Steps back to back on an absolute schedule, as in virtual time: a busy engine's step starts when the
+        previous one was due to end, not when the event loop got round to it. Sleeping `duration` from the
+        moment the loop resumes adds every step's lateness (timer granularity, the HTTP work the same loop
+        does between steps) to the next one, so a stream of n decode steps drifted by n x the lateness and
+        the queue behind it grew; with the schedule, lateness delays a step's tokens, never the steps after
+        it. After idling, the schedule restarts at the wake-up."""
         model = self.model
+        due: float | None = None  # when the step in progress ends on the model's clock
         while True:
             batch = list(model.running)  # the sequences this step decodes
             duration = model.begin_step()
             if duration is None:
+                due = None
                 self._work.clear()
                 await self._work.wait()
                 continue
             self.m_busy.labels(**self._lbl).inc(duration)
-            if duration > 0:
-                await asyncio.sleep(duration)
+            now = time.monotonic()
+            due = (now if due is None else due) + duration
+            # a late loop catches up (no sleep) but still yields, so arrivals and streams are served
+            await asyncio.sleep(max(0.0, due - now))
             firsts, _ = model.end_step(time.monotonic())
             for seq in batch:
                 if not seq.cancelled:
