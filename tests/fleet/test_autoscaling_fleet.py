@@ -25,6 +25,7 @@ spec:
   engine: {{threads: 1}}
   replicas: 0
   routing: {{strategy: leastload}}
+  router: {{workers: {workers}}}
   autoscaling:
     minReplicaCount: 0
     maxReplicaCount: 2
@@ -36,9 +37,10 @@ spec:
 """
 
 
-def test_scale_from_zero_answers_every_request_then_returns_to_zero(tmp_path, tiny_model, home):
+@pytest.mark.parametrize("workers", [1, 2])  # 2: the supervisor's backend sets and load reads reach every worker
+def test_scale_from_zero_answers_every_request_then_returns_to_zero(tmp_path, tiny_model, home, workers):
     spec = tmp_path / "zero.yaml"
-    spec.write_text(ZERO.format(source=tiny_model))
+    spec.write_text(ZERO.format(source=tiny_model, workers=workers))
     up = fleetserve("up", str(spec), "--detach", env=home)
     assert up.returncode == 0, up.stderr
     s = status(home)
