@@ -342,30 +342,12 @@ def simulate_trace(spec_text: str, trace: list[TraceRequest], profile_path: Path
 # --- the run -------------------------------------------------------------------------------------------------
 
 def _simulated_engines(tmp: Path, profile_path: Path, cfg: FidelityConfig):
-    from fleetserve.bench.routing import _wait_ready
-    from fleetserve.fleet.process import Child, fleetserve_command, free_port
+    from fleetserve.bench.routing import start_router, start_simulated_engines
 
-    children, engines = [], []
+    children = []
     try:
-        for i in range(cfg.replicas):
-            port = free_port()
-            child = Child(f"sim{i}", fleetserve_command("engine", "--simulate", str(profile_path), "--port",
-                                                        str(port), "--served-model-name", MODEL),
-                          tmp / f"sim{i}.log")
-            child.start()
-            children.append(child)
-            engines.append(f"http://127.0.0.1:{port}")
-        for url, child in zip(engines, children, strict=True):
-            _wait_ready(url, child)
-        port = free_port()
-        cmd = fleetserve_command("router", "--port", str(port), "--strategy", cfg.strategy)
-        for url in engines:
-            cmd += ["--backend", url]
-        router = Child("router", cmd, tmp / "router.log")
-        router.start()
-        children.append(router)
-        gateway = f"http://127.0.0.1:{port}"
-        _wait_ready(gateway, router)
+        engines = start_simulated_engines(children, tmp, cfg.replicas, str(profile_path), model=MODEL)
+        gateway = start_router(children, tmp, engines, "--strategy", cfg.strategy)
         time.sleep(1.0)  # the router's first health round
         return gateway, children
     except BaseException:

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 
 from fleetserve.bench.replay import Record, _body, _one, summarize
-from fleetserve.bench.routing import _wait_ready, start_simulated_engines
-from fleetserve.fleet.process import Child, fleetserve_command, free_port
+from fleetserve.bench.routing import start_router, start_simulated_engines
+from fleetserve.fleet.process import Child
 from fleetserve.traces.model import TraceRequest
 
 MODEL = "sim"
@@ -126,17 +126,9 @@ def _run_once(strategy: str, workers: int, reqs: list[TraceRequest], replicas: i
         try:
             engines = start_simulated_engines(children, tmp, replicas, "fast", "--block-size", str(BLOCK_SIZE),
                                               model=MODEL)
-            port = free_port()
-            cmd = fleetserve_command("router", "--port", str(port), "--strategy", strategy, "--health-interval",
-                                     "0.5", "--workers", str(workers), "--no-access-log")
-            for url in engines:
-                cmd += ["--backend", url]
-            router = Child("router", cmd, tmp / "router.log")
-            router.start()
-            children.append(router)
-            gateway = f"http://127.0.0.1:{port}"
-            _wait_ready(gateway, router)
-            _wait_workers(gateway, router, workers, replicas, strategy)
+            gateway = start_router(children, tmp, engines, "--strategy", strategy, "--health-interval", "0.5",
+                                   "--workers", str(workers), "--no-access-log")
+            _wait_workers(gateway, children[-1], workers, replicas, strategy)
             started = time.monotonic()
             records, peak = asyncio.run(_send(gateway, reqs, speedup, max_tokens))
             wall = time.monotonic() - started

@@ -142,6 +142,20 @@ def start_simulated_engines(children: list[Child], folder: Path | str, count: in
     return urls
 
 
+def start_router(children: list[Child], folder: Path | str, engines: list[str], *args: str) -> str:
+    """`fleetserve router ARGS` in front of `engines` on a free port, ready; appended to `children`."""
+    port = free_port()
+    cmd = fleetserve_command("router", "--port", str(port), *args)
+    for url in engines:
+        cmd += ["--backend", url]
+    router = Child("router", cmd, Path(folder) / "router.log")
+    router.start()
+    children.append(router)
+    url = f"http://127.0.0.1:{port}"
+    _wait_ready(url, router)
+    return url
+
+
 def _router_child(strategy: str, engines: list[str], port: int, tmp: str, sglang_python: str | None) -> Child:
     if strategy == SGLANG:
         if not sglang_python:
