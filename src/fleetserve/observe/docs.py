@@ -54,7 +54,9 @@ def render_metrics_md() -> str:
               "The router and the engines write one line per request (`--log-format text|json`, "
               "`spec.observability.logFormat`): request id, tenant as a hash (`sha256(\"fleetserve-tenant:\" + "
               "name)`, first 12 hex digits; never the name), replica, policy and branch, status and timings. "
-              "Prompt text only with `--log-prompts` (`spec.observability.logPrompts`), off by default.", ""]
+              "Prompt text only with `--log-prompts` (`spec.observability.logPrompts`), off by default. The "
+              "router writes its request lines in batches every 100 ms (a line per request through `logging` "
+              "cost more CPU than routing it); `fleetserve router --no-access-log` turns them off.", ""]
     return "\n".join(lines)
 
 
