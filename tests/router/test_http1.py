@@ -133,3 +133,33 @@ def test_a_client_that_goes_away_cancels_its_request():
 
     run(main())
     assert cancelled.is_set()
+
+
+def test_a_client_pipelining_without_end_is_held_in_its_socket_not_in_memory():
+    release = asyncio.Event()
+
+    async def held(request, responder):
+        await release.wait()
+        responder.send(200, [], b"ok")
+
+    async def main():
+        door, port = await start(held)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        request = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+        writer.write(request * 100)
+        await asyncio.sleep(0.3)
+        (conn,) = door.connections
+        first = len(conn._queue)
+        writer.write(request * 400)  # reading is paused: these wait in the socket
+        await asyncio.sleep(0.3)
+        waiting = len(conn._queue) - first
+        release.set()
+        answers = 0
+        while answers < 500:
+            answers += (await asyncio.wait_for(reader.readuntil(b"ok"), 10)).count(b"HTTP/1.1 200")
+        writer.close()
+        await door.shutdown(1)
+        return waiting, answers
+
+    waiting, answers = run(main())
+    assert waiting == 0 and answers == 500

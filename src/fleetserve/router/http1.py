@@ -36,6 +36,9 @@ REASONS = {
     431: "Request Header Fields Too Large", 499: "Client Closed Request", 500: "Internal Server Error",
     502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
 }
+# parsed requests waiting behind the one being answered, per connection: past it the socket is not read (what one
+# read already brought, at most the loop's read buffer, is still parsed)
+MAX_PIPELINED = 16
 _STATUS_LINES = {code: f"HTTP/1.1 {code} {reason}\r\n".encode() for code, reason in REASONS.items()}
 
 
@@ -180,6 +183,7 @@ class HTTPConnection(asyncio.Protocol):
         self._drained: asyncio.Future | None = None
         self._gone: asyncio.Future | None = None
         self.http10 = False  # the request being answered is HTTP/1.0
+        self._reading_paused = False
 
     # --- asyncio.Protocol ----------------------------------------------------------------------------------
 
@@ -278,6 +282,9 @@ class HTTPConnection(asyncio.Protocol):
                           b"".join(self._body), self.client, self.parser.get_http_version(),
                           self.parser.should_keep_alive())
         self._queue.append(request)
+        if len(self._queue) >= MAX_PIPELINED and not self._reading_paused:
+            self._reading_paused = True  # a client that pipelines without end waits in its socket, not our memory
+            self.transport.pause_reading()
         if self._task is None:
             self._next()
 
@@ -290,6 +297,9 @@ class HTTPConnection(asyncio.Protocol):
                 self._arm_idle()
             return
         request = self._queue.popleft()
+        if self._reading_paused and len(self._queue) < MAX_PIPELINED:
+            self._reading_paused = False
+            self.transport.resume_reading()
         self._keep_alive = request.keep_alive
         self.http10 = request.http_version == "1.0"
         self._task = self.loop.create_task(self._serve(request))
