@@ -67,6 +67,14 @@ def test_routing_bench_on_the_simulator_reports_every_strategy_and_mode():
     assert figures["modes"]["informed"]["kvaware"]["hit_rate"] is not None
     assert figures["modes"]["blind"]["prefixaware"]["learned"]  # it learned from the engines' cached tokens
     assert figures["targets"]["best_cache_aware"] == "prefixaware" and "met" in figures["targets"]
+    sweep = figures["load_sweep"]  # the main load, then busier fleets, blind mode
+    assert list(sweep) == ["0.65", "0.8", "0.9"] and set(figures["targets"]["by_load"]) == set(sweep)
+    assert sweep["0.8"]["time_scale"] < sweep["0.65"]["time_scale"]  # busier: arrivals closer together
+    for entry in sweep.values():
+        assert set(entry["rows"]) == {"roundrobin", "prefixaware"} or "leastload" in entry["rows"]
+        assert entry["reachable"] == (entry["ttft_floor_p95_vs_roundrobin"] <= 0.6)
+    verdict = figures["targets"]["met_where_reachable"]
+    assert sorted(verdict["reachable_loads"] + verdict["unreachable_loads"]) == sorted(sweep)
 
 
 def test_kvcache_bench_prints_every_tier_and_ratio():
@@ -100,3 +108,24 @@ def test_router_overhead_bench_names_the_wrk_install_when_it_is_missing(tmp_path
                         env={**os.environ, "PATH": str(python_only)}, timeout=120)
     assert result.returncode == 2
     assert "apt-get install wrk" in result.stderr
+
+
+def test_routing_targets_are_judged_where_the_ttft_floor_allows_them():
+    from fleetserve.bench.routing_sim import _met_where_reachable, targets
+
+    def row(hit, p95, skew):
+        return {"hit_rate": hit, "hit_vs_oracle": hit, "ttft_p95_vs_roundrobin": p95, "load_skew": skew}
+
+    rows = {"roundrobin": row(0.3, 1.0, 1.0), "session": row(0.99, 0.4, 1.3), "prefixaware": row(0.97, 0.5, 1.05)}
+    verdict = targets({"modes": {"blind": rows}})
+    assert verdict["best_cache_aware"] == "prefixaware" and verdict["met"]  # all three met beats a higher hit
+    assert not verdict["by_strategy"]["session"]["met"]
+    met = {"reachable": True, "targets": {"met": True}}
+    unreachable = {"reachable": False, "targets": {"met": False, "hit_vs_oracle": {"met": True},
+                                                   "load_skew": {"met": True}}}
+    assert _met_where_reachable({"0.65": unreachable, "0.9": met}) == {
+        "met": True, "reachable_loads": ["0.9"], "unreachable_loads": ["0.65"],
+        "hit_and_skew_met_where_unreachable": True}
+    missed = {"reachable": True, "targets": {"met": False}}
+    assert not _met_where_reachable({"0.65": unreachable, "0.9": missed})["met"]
+    assert not _met_where_reachable({"0.65": unreachable})["met"]  # nowhere to judge is not a pass

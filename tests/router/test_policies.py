@@ -162,17 +162,63 @@ def test_kvaware_without_events_falls_back_to_router_index():
     assert choice.branch.startswith("no_events_")
 
 
-def test_cache_aware_balance_guard_spreads_a_prefix_every_request_shares():
+def test_cache_aware_balance_guard_moves_a_small_stake_off_a_busy_holder():
     policy = create_policy("prefixaware")
-    system = list(range(16 * 8))
-    home = policy.choose(req(system + [1]), snap(R("a"), R("b"), R("c"))).replica.id
+    shared = list(range(16 * 4))
+    home = policy.choose(req(shared + list(range(500, 756))), snap(R("a"), R("b"), R("c"))).replica.id
     # the holder is only two requests busier than the others: still the hit wins
     views = {rid: R(rid, in_flight=2 if rid == home else 1) for rid in "abc"}
-    assert policy.choose(req(system + [2]), snap(*views.values())).replica.id == home
-    # busier than the mean + 1: a new conversation goes elsewhere although only the holder has the prefix
+    assert policy.choose(req(shared + list(range(600, 856))), snap(*views.values())).replica.id == home
+    # busier than the mean + 1, and a fifth of the prompt is at stake: the request goes elsewhere
     views = {rid: R(rid, in_flight=4 if rid == home else 1) for rid in "abc"}
-    choice = policy.choose(req(system + [3]), snap(*views.values()))
+    choice = policy.choose(req(shared + list(range(700, 956))), snap(*views.values()))
     assert choice.replica.id != home and choice.branch == "load_over_hit"
     off = create_policy("prefixaware", balance_rel=0)  # the guard off: the hit outweighs the queue
-    off.choose(req(system + [1]), snap(R(home)))
-    assert off.choose(req(system + [3]), snap(*views.values())).replica.id == home
+    off.choose(req(shared + list(range(500, 756))), snap(R(home)))
+    assert off.choose(req(shared + list(range(700, 956))), snap(*views.values())).replica.id == home
+
+
+def test_balance_guard_yields_for_a_long_prefix_few_requests_share():
+    policy = create_policy("prefixaware")
+    document = list(range(1000, 1000 + 16 * 8))
+    home = policy.choose(req(document + [1]), snap(R("a"), R("b"), R("c"))).replica.id
+    for i in range(20):  # other traffic: the document is not a large share of it
+        policy.choose(req(list(range(5000 + 100 * i, 5000 + 100 * i + 40))), snap(R("a"), R("b"), R("c")))
+    # its holder is busier than the mean + 1, but elsewhere the whole document would be recomputed: the TTFT
+    # estimate decides, and the hit wins
+    views = {rid: R(rid, in_flight=4 if rid == home else 1) for rid in "abc"}
+    choice = policy.choose(req(document + [2]), snap(*views.values()))
+    assert choice.replica.id == home and choice.branch == "hit"
+    # much busier: the queue behind the hit costs more than recomputing it elsewhere
+    views = {rid: R(rid, in_flight=4 if rid == home else 1, prefill_backlog=5000 if rid == home else 0)
+             for rid in "abc"}
+    assert policy.choose(req(document + [3]), snap(*views.values())).replica.id != home
+    # with the stake exception off, the guard moves it at once
+    strict = create_policy("prefixaware", balance_stake=0)
+    strict.choose(req(document + [1]), snap(R(home)))
+    views = {rid: R(rid, in_flight=4 if rid == home else 1) for rid in "abc"}
+    assert strict.choose(req(document + [2]), snap(*views.values())).replica.id != home
+
+
+def test_prefix_popularity_finds_the_leading_keys_much_of_the_traffic_carries():
+    from fleetserve.router.policies.popularity import PrefixPopularity
+
+    pop = PrefixPopularity(window=8, hot_share=0.6, sample=8)
+    for i in range(8):  # every request carries s1 s2; half carry d; each its own tail
+        pop.add(("s1", "s2", "d", f"t{i}") if i % 2 else ("s1", "s2", f"u{i}"))
+    assert pop.hot_depth(("s1", "s2", "d", "x"), replicas=4) == 3  # d: 4 of 8, the bar 2
+    assert pop.hot_depth(("s1", "s2", "d", "x"), replicas=1) == 2  # one replica: the bar is 5
+    assert pop.hot_depth(("z", "s1"), replicas=4) == 0  # the scan stops at the first key below the bar
+    for i in range(8):
+        pop.add((f"n{i}",))  # the old requests leave the window, and their counts with them
+    assert pop.hot_depth(("s1",), replicas=4) == 0 and pop.carried("s1") == 0 and len(pop._counts) == 8
+
+
+def test_a_prefix_every_request_carries_reaches_a_replica_that_never_had_it():
+    policy = create_policy("prefixaware")
+    system = list(range(16 * 8))
+    replicas = [R("a"), R("b"), R("c"), R("d")]
+    for i in range(40):  # sequential, idle fleet: without the credit the first holder would get them all
+        policy.choose(req(system + [100 + i, 200 + i]), snap(*replicas))
+    counts = Counter(policy.choose(req(system + [1000 + i]), snap(*replicas)).replica.id for i in range(200))
+    assert set(counts) == {"a", "b", "c", "d"} and min(counts.values()) > 20

@@ -547,6 +547,8 @@ def bench_routing(
                                                                               "roundrobin keeps the fleet this busy")
                                   ] = 0.65,
     time_scale: Annotated[float | None, typer.Option(min=0.0001, help="Scale arrival times by this instead")] = None,
+    sweep: Annotated[str, typer.Option(help="More utilizations for the blind-mode targets, comma-separated "
+                                            "('' for none)")] = "0.8,0.9",
     seed: Annotated[int, typer.Option(help="Simulator seed")] = 0,
     live: Annotated[bool, typer.Option("--live", help="Real time: simulated engine processes behind a real "
                                                       "router (minutes)")] = False,
@@ -587,8 +589,16 @@ def bench_routing(
             raise typer.BadParameter(f"{bad_modes[0] if bad_modes else modes!r}; allowed values: "
                                      f"{', '.join(KNOWLEDGE_MODES)}", param_hint="--modes")
         try:
+            loads = tuple(float(u) for u in sweep.split(",") if u.strip())
+        except ValueError:
+            raise typer.BadParameter(f"{sweep!r}; allowed values: utilizations such as 0.8,0.9 (or '')",
+                                     param_hint="--sweep") from None
+        if any(not 0.01 <= u <= 2.0 for u in loads):
+            raise typer.BadParameter(f"{sweep!r}; each utilization must be within 0.01..2.0", param_hint="--sweep")
+        try:
             result = run_sim(trace, replicas, names, mode_names, limit, profile, cache_fraction, target_utilization,
-                             time_scale, max_output, seed, progress=None if as_json else _say)
+                             time_scale, max_output, seed, progress=None if as_json else _say,
+                             sweep_utilizations=loads)
         except ProfileError as exc:
             raise _fail(f"--profile: {exc}", EXIT_USAGE) from None
         except (TraceError, ValueError, OSError) as exc:

@@ -15,6 +15,14 @@ Balance guard: a replica whose load (requests in flight, or its reported running
 prefix every request shares (a chat service's system prompt) keeps all new conversations on the replica that
 computed it first: at low load the queue term never outweighs the hit, and one replica does all the work
 while the others idle (busy-time skew 2.4 on a generated chat trace, 1.05 with the guard at 1.0 x mean + 1).
+
+A prefix that a large share of the traffic carries is credited to every replica before this score
+(`popularity.py`): it must be copied, and crediting it lets the requests that share it spread by load. The
+guard is then for the rest, and it yields when much is at stake: a replica over the bound stays a candidate
+when every replica within it would recompute at least `balance_stake` of the prompt more than it (a long
+document, or a conversation, whose only copy is there). Then the TTFT estimate decides, queue included.
+Without the exception the guard moved such requests off their only copy whenever their home was one request
+busier than the mean, which at high load is most of the time (figures in docs/simulator.md, routing).
 `exclusive` (off by default) values only the cached tokens no other candidate holds.
 """
 
@@ -34,6 +42,7 @@ class CostWeights:
     exclusive: bool = False  # affinity only for cached tokens no other candidate holds
     balance_rel: float = 1.0  # > 0: a replica loaded over balance_rel x mean + balance_abs is not a candidate
     balance_abs: float = 1.0
+    balance_stake: float = 0.25  # an over-bound replica stays a candidate if the others recompute this share more
 
 
 def ttft_cost(r: ReplicaView, uncached: int, cached: int, w: CostWeights) -> float:
@@ -43,11 +52,17 @@ def ttft_cost(r: ReplicaView, uncached: int, cached: int, w: CostWeights) -> flo
 
 def cheapest(candidates: list[tuple[ReplicaView, int]], w: CostWeights, rng: random.Random, prompt_tokens: int
              ) -> tuple[ReplicaView, int]:
+    """The replica with the lowest TTFT cost among those the balance guard leaves."""
     if w.balance_rel > 0 and len(candidates) > 1:
         mean = sum(r.load for r, _ in candidates) / len(candidates)
         bound = w.balance_rel * mean + w.balance_abs
-        kept = [(r, u) for r, u in candidates if r.load <= bound]
-        candidates = kept or candidates
+        within = [(r, u) for r, u in candidates if r.load <= bound]
+        if within and len(within) < len(candidates) and w.balance_stake > 0:
+            # what the best replica within the bound would recompute, against each one over it
+            stake = w.balance_stake * max(prompt_tokens, 1)
+            best_within = min(u for _, u in within)
+            within += [(r, u) for r, u in candidates if r.load > bound and best_within - u >= stake]
+        candidates = within or candidates
     if w.exclusive and len(candidates) > 1:
         cached = sorted((prompt_tokens - u for _, u in candidates), reverse=True)
         first, second = cached[0], cached[1]

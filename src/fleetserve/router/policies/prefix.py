@@ -24,6 +24,7 @@ from fleetserve.kvcache.prefix_match import match_prefix
 from fleetserve.router.feedback import CapacityLearner, Prediction
 from fleetserve.router.policies.base import Choice, FleetSnapshot, Needs, RouteRequest, register
 from fleetserve.router.policies.cost import CostWeights, cheapest
+from fleetserve.router.policies.popularity import PrefixPopularity
 
 DEFAULT_CACHE_BLOCKS = 4096
 MAX_INDEX_BLOCKS = 1_000_000  # hard cap over all replicas, whatever they report
@@ -100,9 +101,11 @@ class PrefixAware:
     needs = Needs(prefix_keys=True)
 
     def __init__(self, seed: int = 0, decode_weight: float = 64.0, affinity: float = 6.0, learn_rate: float = 0.05,
-                 exclusive: bool = False, balance_rel: float = 1.0, balance_abs: float = 1.0, **_options):
+                 exclusive: bool = False, balance_rel: float = 1.0, balance_abs: float = 1.0,
+                 balance_stake: float = 0.25, hot_share: float = 0.5, **_options):
         self.weights = CostWeights(decode_weight=decode_weight, affinity=affinity, exclusive=exclusive,
-                                   balance_rel=balance_rel, balance_abs=balance_abs)
+                                   balance_rel=balance_rel, balance_abs=balance_abs, balance_stake=balance_stake)
+        self.popularity = PrefixPopularity(hot_share=hot_share)
         self.rng = random.Random(seed)
         self.index: dict[str, _ReplicaIndex] = {}
         self.learner = CapacityLearner(initial=DEFAULT_CACHE_BLOCKS, rate=learn_rate)
@@ -127,13 +130,17 @@ class PrefixAware:
         for gone in [rid for rid in self.index if rid not in live]:
             del self.index[gone]
             self.learner.forget(gone)
-        candidates = []
+        hot = self.popularity.hot_depth(request.blocks, len(eligible))
+        self.popularity.add(request.blocks)
+        candidates, computes = [], {}
         for r in eligible:
             index = self.index.get(r.id)
             hit = index.matched(request.blocks, self._horizon(r, request.exact_keys)) if index is not None else 0
-            candidates.append((r, max(0, request.prompt_tokens - hit * request.block_tokens)))
-        replica, uncached = cheapest(candidates, self.weights, self.rng, request.prompt_tokens)
-        best_possible = min(u for _, u in candidates)
+            computes[r.id] = max(0, request.prompt_tokens - hit * request.block_tokens)
+            candidates.append((r, max(0, request.prompt_tokens - max(hit, hot) * request.block_tokens)))
+        replica, _credited = cheapest(candidates, self.weights, self.rng, request.prompt_tokens)
+        uncached = computes[replica.id]
+        best_possible = min(computes.values())
         branch = _branch(uncached, best_possible, request.prompt_tokens)
         horizon = self._horizon(replica, request.exact_keys)
         index = self.index.get(replica.id)
@@ -176,10 +183,13 @@ class PrefixAware:
 class KVAware:
     needs = Needs(prefix_keys=True, kv_events=True)
 
-    def __init__(self, seed: int = 0, decode_weight: float = 64.0, affinity: float = 6.0, **_options):
-        self.weights = CostWeights(decode_weight=decode_weight, affinity=affinity)
+    def __init__(self, seed: int = 0, decode_weight: float = 64.0, affinity: float = 6.0, balance_stake: float = 0.25,
+                 hot_share: float = 0.5, **_options):
+        self.weights = CostWeights(decode_weight=decode_weight, affinity=affinity, balance_stake=balance_stake)
+        self.popularity = PrefixPopularity(hot_share=hot_share)
         self.rng = random.Random(seed)
-        self.fallback = PrefixAware(seed=seed, decode_weight=decode_weight, affinity=affinity)
+        self.fallback = PrefixAware(seed=seed, decode_weight=decode_weight, affinity=affinity,
+                                    balance_stake=balance_stake, hot_share=hot_share)
 
     def choose(self, request: RouteRequest, snapshot: FleetSnapshot) -> Choice | None:
         index = snapshot.kv_index
@@ -191,12 +201,16 @@ class KVAware:
         eligible = snapshot.eligible(request.excluded)
         if not eligible:
             return None
-        candidates = []
+        hot = self.popularity.hot_depth(request.blocks, len(eligible))
+        self.popularity.add(request.blocks)
+        candidates, computes = [], {}
         for r in eligible:
             credit = index.credit(r.id, request.blocks, snapshot.now)
-            candidates.append((r, max(0, int(request.prompt_tokens - credit * request.block_tokens))))
-        replica, uncached = cheapest(candidates, self.weights, self.rng, request.prompt_tokens)
-        best_possible = min(u for _, u in candidates)
+            computes[r.id] = max(0, int(request.prompt_tokens - credit * request.block_tokens))
+            candidates.append((r, max(0, int(request.prompt_tokens - max(credit, hot) * request.block_tokens))))
+        replica, _credited = cheapest(candidates, self.weights, self.rng, request.prompt_tokens)
+        uncached = computes[replica.id]
+        best_possible = min(computes.values())
         branch = _branch(uncached, best_possible, request.prompt_tokens)
         index.speculate(replica.id, request.blocks, snapshot.now)
         return Choice(replica, branch, uncached)
