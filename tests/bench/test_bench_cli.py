@@ -129,3 +129,7 @@ def test_routing_targets_are_judged_where_the_ttft_floor_allows_them():
     missed = {"reachable": True, "targets": {"met": False}}
     assert not _met_where_reachable({"0.65": unreachable, "0.9": missed})["met"]
     assert not _met_where_reachable({"0.65": unreachable})["met"]  # nowhere to judge is not a pass
+    no_reuse = {n: {**r, "hit_vs_oracle": None} for n, r in rows.items()}  # an Azure trace: no prefix ids
+    verdict = targets({"modes": {"blind": no_reuse}})
+    assert verdict["met"] is None and "no prefix reuse" in verdict["reason"]
+    assert _met_where_reachable({"0.65": {"reachable": True, "targets": verdict}})["met"] is None

@@ -281,6 +281,9 @@ def targets(result: dict) -> dict:
     aware = {n: r for n, r in rows.items() if n in CACHE_AWARE and r.get("hit_rate") is not None}
     if not aware or "roundrobin" not in rows:
         return {"best_cache_aware": None, "met": None, "reason": "no cache-aware strategy and roundrobin in blind mode"}
+    if all(r.get("hit_vs_oracle") is None for r in aware.values()):
+        return {"best_cache_aware": None, "met": None,
+                "reason": "the trace has no prefix reuse (oracle hit rate 0): cache-aware routing has nothing to find"}
     checks = {n: _checks(r) for n, r in aware.items()}
     best = max(aware, key=lambda n: (sum(c["met"] for k, c in checks[n].items() if k != "met"), aware[n]["hit_rate"]))
     return {"best_cache_aware": best, **checks[best], "limits": TARGETS, "by_strategy": checks}
@@ -344,6 +347,8 @@ def _sweep_load(u: float, reference: list[SimRequestSpec], requests, main_scale:
 def _met_where_reachable(sweep: dict) -> dict:
     """The targets over the sweep: met at every load where the TTFT floor allows them; the loads where no routing
     could meet the TTFT target are named, with the hit-rate and skew targets checked there alone."""
+    if all(e["targets"].get("met") is None for e in sweep.values()):
+        return {"met": None, "reason": next((e["targets"].get("reason") for e in sweep.values()), None)}
     reachable = [u for u, e in sweep.items() if e["reachable"]]
     unreachable = [u for u, e in sweep.items() if e["reachable"] is False]
     met = bool(reachable) and all(sweep[u]["targets"].get("met") for u in reachable)
