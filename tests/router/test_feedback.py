@@ -36,7 +36,14 @@ def test_learner_raises_on_hits_past_the_horizon_and_lowers_on_confirmed_misses_
     learner = CapacityLearner(initial=100, rate=0.1)
     assert learner.observe(pred([150, 160, 170]), cached_tokens=3 * 16) == "raised"
     assert learner.horizon("a") >= 171  # the engine still had a block 170 keys old
-    assert learner.observe(pred([10, 20, 30]), cached_tokens=3 * 16) == "kept"  # hits inside: no news
+    assert learner.observe(pred([10, 20, 30]), cached_tokens=3 * 16) == "kept"  # hits well inside: no news
+    h = learner.horizon("a")
+    near = int(h * 0.95)
+    assert learner.observe(pred([near - 2, near - 1, near]), cached_tokens=3 * 16) == "raised"  # near the edge
+    assert learner.horizon("a") == int(h * 1.1)
+    learner.estimates["a"].horizon = h
+    learner.estimates["a"].raised -= 1
+    learner.estimates["a"].observations -= 1
     h = learner.horizon("a")
     assert learner.observe(pred([40, 50, 60]), cached_tokens=16) == "lowered"  # key 2 (age 50) was gone
     assert learner.horizon("a") < h
@@ -47,6 +54,24 @@ def test_learner_raises_on_hits_past_the_horizon_and_lowers_on_confirmed_misses_
     assert learner.horizon("a") == h
     summary = learner.summary()["a"]
     assert summary["observations"] == 5 and summary["raised"] == 1 and summary["lowered"] == 1
+    assert summary["engine_block"] is None  # too few distinct counts to tell
+
+
+def test_learner_reads_misses_past_the_engines_own_block_which_it_learns_from_the_counts():
+    """Router keys of 16 tokens, an engine that stores whole 64-token blocks. An earlier prompt of 120 tokens
+    sent keys 0-7 (confirmed), but the engine stored only its first block: tokens 64-119 were a partial one."""
+    tail = [1] * 8 + [-1] * 4  # keys 0-7 sent and confirmed (young), 8-11 never sent here
+    before = CapacityLearner(initial=1000, rate=0.1)
+    # not knowing the block, the learner reads key 5 as evicted (it was only ever in a partial block)
+    assert before.observe(pred(tail), cached_tokens=64) == "lowered" and before.horizon("a") < 1000
+    learner = CapacityLearner(initial=1000, rate=0.1)
+    for n in range(1, 9):  # distinct counts, every one a multiple of 64
+        learner.observe(pred([-1] * 12), cached_tokens=64 * n)
+    assert learner.summary()["a"]["engine_block"] == 64
+    assert learner.observe(pred(tail), cached_tokens=64) == "kept" and learner.horizon("a") == 1000
+    # key 8 starts a whole block past the hit: a request that carried it filled block 64-127, so the
+    # engine stored it once; now it is gone: evicted
+    assert learner.observe(pred([1] * 12), cached_tokens=64) == "lowered"
 
 
 def test_report_ignores_what_it_cannot_learn_from():
