@@ -1,7 +1,10 @@
 """Cache-aware policies: `prefixaware` (router-side index) and `kvaware` (engine KV events).
 
 Both score every eligible replica with the same TTFT estimate (`cost.py`) using the tokens it would have to
-prefill given the blocks it already holds; they differ only in where that knowledge comes from.
+prefill given the blocks it already holds; they differ only in where that knowledge comes from. Both credit a
+prefix that much of the recent traffic carries to every replica before scoring (`popularity.py`: it must be
+copied, or the replica that computed it first keeps all the work); the Choice still books what the chosen
+replica really has to compute.
 
 - prefixaware keeps, per replica, an LRU of the prefix keys it sent there. When the replica states its cache
   capacity (`cache_blocks`), the index holds that many keys (so it forgets roughly when the engine would).
