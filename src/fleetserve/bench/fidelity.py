@@ -475,7 +475,8 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
                       "simulated_engines_real_s": result.get("simulated_engines", {}).get("real_s"),
                       "simulated_s": sims["raw"]["simulated_s"], "simulator_wall_s": sims["raw"]["wall_s"]}
     result["machine"] = {"cores": os.cpu_count(), "load_avg_start": load_start,
-                         "load_avg_end": [round(x, 2) for x in os.getloadavg()]}
+                         "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+                         "load_generator": "bench.replay: pooled HTTP/1.1 client (router.upstream), byte-level SSE"}
     result["note"] = ("live and simulated-engine replays run in the same process run on a shared machine (noisy); "
                       "the calibration uses separate requests against each gateway, never the trace")
     return result
