@@ -11,6 +11,7 @@ from fleetserve.bench.fidelity import (
     calibrate_steady,
     calibrated,
     calibration_trace,
+    draw_noise,
     errors,
     fit_overheads,
     make_trace,
@@ -203,3 +204,16 @@ def test_bench_fidelity_tiny_run_prints_finite_errors_and_matching_counts():
     assert set(figures["targets_met"]) == {"live", "simulated_engines"}
     assert figures["time"]["simulated_s"] > 0
     assert figures["calibration"]["live"]["request_overhead_s"] >= 0
+    for place in ("live", "simulated_engines"):
+        noise = figures["draw_noise"][place]
+        assert set(noise) == {"ttft_p50", "ttft_p95", "e2e_p50", "e2e_p95"}
+        assert all(v is None or v >= 0 for v in noise.values())
+
+
+def test_draw_noise_is_the_half_range_of_the_simulators_percentiles_over_seeds():
+    def report(p50, p95):
+        return {"ttft_ms": {"p50": p50, "p95": p95}, "e2e_ms": {"p50": 100.0, "p95": None}}
+
+    noise = draw_noise([report(10.0, 20.0), report(11.0, 24.0), report(12.0, 22.0)])
+    assert noise == {"ttft_p50": 0.0909, "ttft_p95": 0.0909, "e2e_p50": 0.0, "e2e_p95": None}
+    assert draw_noise([report(10.0, 20.0)])["ttft_p95"] is None  # one run: no spread to tell

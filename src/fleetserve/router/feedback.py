@@ -23,8 +23,9 @@ hold them. So a miss is read only from the first key that starts a whole engine 
 router is not told the engine's block size; it learns it as the greatest common divisor of the cached counts
 the engine reports (vLLM's 16, a 256-token block, SGLang's single-token pages all show that way), once it
 has seen 8 distinct counts (a cache that only ever returns whole 12-block documents says nothing about its
-block size); until then the key right after the hit is skipped. Without this, engine keys of 256 tokens read against text chunks of 64 would count the three keys after each hit
-as evictions: the learned horizons collapsed to 23-222 keys on a chat trace whose caches held 2,600.
+block size); until then the key right after the hit is skipped. Without this, engine blocks of 256 tokens
+read against text chunks of 64 counted the three keys after each hit as evictions: the learned horizons
+collapsed to 23-222 keys on a chat trace whose caches held 2,600.
 
 Raising evidence moves `H` just past the age seen, lowering evidence down to it, and each by at least a
 fraction `rate`: `H` settles where raising and lowering evidence balance, the engine's own eviction horizon.
