@@ -39,6 +39,9 @@ def test_routing_bench_rejects_unknown_strategy():
     assert result.returncode == 2 and "prefixaware" in result.stderr
     result = fleetserve("bench", "routing", "--trace", "x.jsonl", "--modes", "psychic")
     assert result.returncode == 2 and "blind, informed" in " ".join(result.stderr.replace("│", " ").split())
+    for bad, says in (("busy", "utilizations such as 0.8,0.9"), ("0.8,7", "within 0.01..2.0")):
+        result = fleetserve("bench", "routing", "--trace", "x.jsonl", "--sweep", bad)
+        assert result.returncode == 2 and says in " ".join(result.stderr.replace("│", " ").split()), result.stderr
 
 
 def test_routing_bench_on_the_simulator_reports_every_strategy_and_mode():
