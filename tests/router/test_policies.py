@@ -209,9 +209,11 @@ def test_prefix_popularity_finds_the_leading_keys_much_of_the_traffic_carries():
     assert pop.hot_depth(("s1", "s2", "d", "x"), replicas=4) == 3  # d: 4 of 8, the bar 2
     assert pop.hot_depth(("s1", "s2", "d", "x"), replicas=1) == 2  # one replica: the bar is 5
     assert pop.hot_depth(("z", "s1"), replicas=4) == 0  # the scan stops at the first key below the bar
+    assert pop.hot_keys(replicas=4) == 3 and pop.hot_keys(replicas=1) == 2  # s1, s2 (and d at the lower bar)
     for i in range(8):
         pop.add((f"n{i}",))  # the old requests leave the window, and their counts with them
     assert pop.hot_depth(("s1",), replicas=4) == 0 and pop.carried("s1") == 0 and len(pop._counts) == 8
+    assert pop.hot_keys(replicas=4) == 0  # the replica count changed since the last count: recounted
 
 
 def test_a_prefix_every_request_carries_reaches_a_replica_that_never_had_it():
@@ -222,3 +224,20 @@ def test_a_prefix_every_request_carries_reaches_a_replica_that_never_had_it():
         policy.choose(req(system + [100 + i, 200 + i]), snap(*replicas))
     counts = Counter(policy.choose(req(system + [1000 + i]), snap(*replicas)).replica.id for i in range(200))
     assert set(counts) == {"a", "b", "c", "d"} and min(counts.values()) > 20
+
+
+def test_hot_prefixes_that_would_crowd_the_caches_stay_with_their_holders():
+    """The same traffic as above, on replicas that state caches of 10 blocks: the 8-block prefix every request
+    carries would take most of each; copying it everywhere would evict the rest, so it is not credited."""
+    policy = create_policy("prefixaware")
+    system = list(range(16 * 8))
+    replicas = [R(rid, cache_blocks=10) for rid in "abcd"]
+    for i in range(40):
+        policy.choose(req(system + [100 + i, 200 + i]), snap(*replicas))
+    counts = Counter(policy.choose(req(system + [1000 + i]), snap(*replicas)).replica.id for i in range(200))
+    assert counts.most_common(1)[0][1] == 200  # idle fleet, one holder: the hit decides
+    roomy = create_policy("prefixaware")
+    replicas = [R(rid, cache_blocks=100) for rid in "abcd"]
+    for i in range(40):
+        roomy.choose(req(system + [100 + i, 200 + i]), snap(*replicas))
+    assert len({roomy.choose(req(system + [1000 + i]), snap(*replicas)).replica.id for i in range(200)}) == 4

@@ -32,6 +32,7 @@ from fleetserve.router.policies.popularity import PrefixPopularity
 DEFAULT_CACHE_BLOCKS = 4096
 MAX_INDEX_BLOCKS = 1_000_000  # hard cap over all replicas, whatever they report
 SHADOW = 2  # unknown capacity: history kept beyond the learned horizon, to see hits past it
+HOT_ROOM = 0.5  # hot prefixes are credited everywhere only while together they fit in this share of a cache
 
 
 def _branch(uncached: int, best_possible: int, prompt_tokens: int) -> str:
@@ -133,8 +134,7 @@ class PrefixAware:
         for gone in [rid for rid in self.index if rid not in live]:
             del self.index[gone]
             self.learner.forget(gone)
-        hot = self.popularity.hot_depth(request.blocks, len(eligible))
-        self.popularity.add(request.blocks)
+        hot = self._hot_depth(request, eligible, self.popularity)
         candidates, computes = [], {}
         for r in eligible:
             index = self.index.get(r.id)
@@ -156,6 +156,17 @@ class PrefixAware:
                                     request.prompt_tokens, request.prompt_tokens - uncached)
         self._remember(index, replica, request.blocks, horizon, len(live))
         return Choice(replica, branch, uncached, prediction)
+
+    def _hot_depth(self, request: RouteRequest, eligible: list, popularity: PrefixPopularity) -> int:
+        """The leading keys of `request` that the traffic `popularity` counted shares widely, to be credited to
+        every replica; none while the hot prefixes together would crowd the smallest cache this index knows."""
+        hot = popularity.hot_depth(request.blocks, len(eligible))
+        popularity.add(request.blocks)
+        if hot:
+            room = HOT_ROOM * min(self._horizon(r, request.exact_keys) for r in eligible)
+            if popularity.hot_keys(len(eligible)) > room:
+                return 0
+        return hot
 
     def _remember(self, index: _ReplicaIndex, replica, blocks: tuple[int, ...], horizon: float, live: int) -> None:
         cap = MAX_INDEX_BLOCKS // max(live, 1)
@@ -204,8 +215,7 @@ class KVAware:
         eligible = snapshot.eligible(request.excluded)
         if not eligible:
             return None
-        hot = self.popularity.hot_depth(request.blocks, len(eligible))
-        self.popularity.add(request.blocks)
+        hot = self.fallback._hot_depth(request, eligible, self.popularity)  # cache sizes as the index knows them
         candidates, computes = [], {}
         for r in eligible:
             credit = index.credit(r.id, request.blocks, snapshot.now)
