@@ -30,7 +30,7 @@ class PrefixPopularity:
     __slots__ = ("window", "hot_share", "sample", "refresh", "_recent", "_counts", "_adds", "_hot_at",
                  "_hot_replicas", "_hot_size")
 
-    def __init__(self, window: int = 256, hot_share: float = 0.5, sample: int = 32, refresh: int = 64):
+    def __init__(self, window: int = 256, hot_share: float = 0.5, sample: int = 32, refresh: int = 256):
         self.window = window
         self.hot_share = hot_share
         self.sample = sample  # the bar is computed as if at least this many requests were seen: a pattern
