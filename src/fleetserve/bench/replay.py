@@ -77,10 +77,7 @@ async def _one(client: httpx.AsyncClient, url: str, path: str, body: dict, rec: 
             if r.status_code != 200:
                 rec.error = data.get("error", {}).get("message", r.text[:200])
                 return
-            usage = data.get("usage") or {}
-            rec.prompt_tokens = usage.get("prompt_tokens", 0)
-            rec.output_tokens = usage.get("completion_tokens", 0)
-            rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
+            _usage(rec, data.get("usage") or {})
             timing = data.get("fleetserve_timing") or {}
             rec.ttft_ms = timing.get("ttft_ms")
             if rec.ttft_ms is not None and rec.output_tokens > 1:
@@ -97,23 +94,10 @@ async def _one(client: httpx.AsyncClient, url: str, path: str, body: dict, rec: 
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    rec.error = chunk["error"].get("message", "stream error")
-                    rec.status = 502
-                    return
-                now = time.monotonic()
-                if chunk.get("choices"):
-                    rec.streamed = True
-                    if last is None:
-                        rec.ttft_ms = (now - start) * 1000
-                    else:
-                        rec.itl_ms.append((now - last) * 1000)
-                    last = now
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                    rec.prompt_tokens = usage.get("prompt_tokens", 0)
-                    rec.output_tokens = usage.get("completion_tokens", 0)
-                    rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
+                if isinstance(chunk, dict):
+                    last, failed = _chunk(rec, chunk, time.monotonic(), start, last)
+                    if failed:
+                        return
             rec.e2e_ms = (time.monotonic() - start) * 1000
             if rec.itl_ms:
                 rec.tpot_ms = sum(rec.itl_ms) / len(rec.itl_ms)
@@ -150,20 +134,29 @@ def _sse(rec: Record, lines: list[bytes], now: float, start: float, last: float 
         chunk = orjson.loads(data)
         if not isinstance(chunk, dict):
             continue
-        if "error" in chunk:
-            error = chunk["error"]
-            rec.error = error.get("message", "stream error") if isinstance(error, dict) else str(error)
-            rec.status = 502
+        last, failed = _chunk(rec, chunk, now, start, last)
+        if failed:
             return last, True
-        if chunk.get("choices"):
-            rec.streamed = True
-            if last is None:
-                rec.ttft_ms = (now - start) * 1000
-            else:
-                rec.itl_ms.append((now - last) * 1000)
-            last = now
-        if chunk.get("usage"):
-            _usage(rec, chunk["usage"])
+    return last, False
+
+
+def _chunk(rec: Record, chunk: dict, now: float, start: float, last: float | None) -> tuple[float | None, bool]:
+    """One parsed SSE chunk into `rec`: an error event fails the record; a content chunk stamps TTFT or an
+    inter-token latency at `now`; usage fills the token counts. Returns the last content time and the failure."""
+    if "error" in chunk:
+        error = chunk["error"]
+        rec.error = error.get("message", "stream error") if isinstance(error, dict) else str(error)
+        rec.status = 502
+        return last, True
+    if chunk.get("choices"):
+        rec.streamed = True
+        if last is None:
+            rec.ttft_ms = (now - start) * 1000
+        else:
+            rec.itl_ms.append((now - last) * 1000)
+        last = now
+    if chunk.get("usage"):
+        _usage(rec, chunk["usage"])
     return last, False
 
 
