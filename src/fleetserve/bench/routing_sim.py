@@ -210,7 +210,7 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
             if _load_key(u) in sweep:
                 continue
             entry, span = _sweep_load(u, reference, requests, scale, strategies, replicas, prof, seed, oracle,
-                                      has_sessions, progress)
+                                      result["ttft_floor_ms"]["p95"], has_sessions, progress)
             sweep[_load_key(u)] = entry
             simulated = max(simulated, span)
         result["load_sweep"] = sweep
@@ -315,10 +315,10 @@ def _brief(row: dict) -> dict:
 
 
 def _sweep_load(u: float, reference: list[SimRequestSpec], requests, main_scale: float, strategies: tuple[str, ...],
-                replicas: int, prof: PerfProfile, seed: int, oracle: float, has_sessions: bool, progress
-                ) -> tuple[dict, float]:
+                replicas: int, prof: PerfProfile, seed: int, oracle: float, floor_p95: float, has_sessions: bool,
+                progress) -> tuple[dict, float]:
     """Blind mode at another utilization: roundrobin and the cache-aware strategies that can act, the TTFT floor
-    against that roundrobin, and the targets."""
+    (the same at every load: no queueing) against that roundrobin, and the targets."""
     scale = calibrate(reference, prof, prof.cache_blocks, replicas, u, seed)
     factor = scale / main_scale if main_scale else 1.0
     scaled = [replace(r, arrival_s=r.arrival_s * factor) for r in requests]
@@ -336,7 +336,6 @@ def _sweep_load(u: float, reference: list[SimRequestSpec], requests, main_scale:
         span = max(span, s)
     _ratios(rows, oracle)
     rr_p95 = ((rows.get("roundrobin") or {}).get("ttft_ms") or {}).get("p95")
-    floor_p95 = ttft_floor(reference, prof, prof.cache_blocks * replicas)["p95"]
     floor = round(floor_p95 / rr_p95, 3) if rr_p95 else None
     entry = {"time_scale": round(scale, 4), "ttft_floor_p95_vs_roundrobin": floor, "reachable": _reachable(floor),
              "rows": {n: _brief(r) for n, r in rows.items()},
