@@ -100,6 +100,17 @@ class _ReplicaIndex:
                 entry[1] = True
 
 
+def _cheapest_credited(request: RouteRequest, held: list[tuple], hot: int, weights: CostWeights,
+                       rng: random.Random) -> tuple:
+    """The cheapest replica with the request's first `hot` blocks credited to every one (`popularity.py`), given
+    the blocks each holds; returns it, the prompt tokens it really computes, and the fewest any would."""
+    tokens, per_block = request.prompt_tokens, request.block_tokens
+    computes = {r.id: max(0, int(tokens - blocks * per_block)) for r, blocks in held}
+    candidates = [(r, max(0, int(tokens - max(blocks, hot) * per_block))) for r, blocks in held]
+    replica, _credited = cheapest(candidates, weights, rng, tokens)
+    return replica, computes[replica.id], min(computes.values())
+
+
 @register("prefixaware")
 class PrefixAware:
     needs = Needs(prefix_keys=True)
@@ -135,15 +146,12 @@ class PrefixAware:
             del self.index[gone]
             self.learner.forget(gone)
         hot = self._hot_depth(request, eligible, self.popularity)
-        candidates, computes = [], {}
+        held = []
         for r in eligible:
             index = self.index.get(r.id)
-            hit = index.matched(request.blocks, self._horizon(r, request.exact_keys)) if index is not None else 0
-            computes[r.id] = max(0, request.prompt_tokens - hit * request.block_tokens)
-            candidates.append((r, max(0, request.prompt_tokens - max(hit, hot) * request.block_tokens)))
-        replica, _credited = cheapest(candidates, self.weights, self.rng, request.prompt_tokens)
-        uncached = computes[replica.id]
-        best_possible = min(computes.values())
+            horizon = self._horizon(r, request.exact_keys)
+            held.append((r, index.matched(request.blocks, horizon) if index is not None else 0))
+        replica, uncached, best_possible = _cheapest_credited(request, held, hot, self.weights, self.rng)
         branch = _branch(uncached, best_possible, request.prompt_tokens)
         horizon = self._horizon(replica, request.exact_keys)
         index = self.index.get(replica.id)
@@ -216,14 +224,8 @@ class KVAware:
         if not eligible:
             return None
         hot = self.fallback._hot_depth(request, eligible, self.popularity)  # cache sizes as the index knows them
-        candidates, computes = [], {}
-        for r in eligible:
-            credit = index.credit(r.id, request.blocks, snapshot.now)
-            computes[r.id] = max(0, int(request.prompt_tokens - credit * request.block_tokens))
-            candidates.append((r, max(0, int(request.prompt_tokens - max(credit, hot) * request.block_tokens))))
-        replica, _credited = cheapest(candidates, self.weights, self.rng, request.prompt_tokens)
-        uncached = computes[replica.id]
-        best_possible = min(computes.values())
+        held = [(r, index.credit(r.id, request.blocks, snapshot.now)) for r in eligible]
+        replica, uncached, best_possible = _cheapest_credited(request, held, hot, self.weights, self.rng)
         branch = _branch(uncached, best_possible, request.prompt_tokens)
         index.speculate(replica.id, request.blocks, snapshot.now)
         return Choice(replica, branch, uncached)
