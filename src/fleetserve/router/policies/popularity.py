@@ -30,11 +30,13 @@ class PrefixPopularity:
     __slots__ = ("window", "hot_share", "sample", "refresh", "_recent", "_counts", "_adds", "_hot_at",
                  "_hot_replicas", "_hot_size")
 
-    def __init__(self, window: int = 256, hot_share: float = 0.5, sample: int = 32, refresh: int = 256):
+    def __init__(self, window: int = 256, hot_share: float = 0.5, sample: int = 32, refresh: int = 64):
         self.window = window
         self.hot_share = hot_share
         self.sample = sample  # the bar is computed as if at least this many requests were seen: a pattern
-        self.refresh = refresh  # requests between recounts of `hot_keys`
+        self.refresh = refresh  # requests between recounts of `hot_keys` (once per window lagged the bound: the
+        # first count, taken while the window fills, stood for 256 requests; informed 4 x 20,000 trace 0.938 x
+        # against 0.962 x oracle with 64)
         self._recent: deque[tuple] = deque()
         self._counts: dict = {}
         self._adds = 0
