@@ -241,3 +241,14 @@ def test_hot_prefixes_that_would_crowd_the_caches_stay_with_their_holders():
     for i in range(40):
         roomy.choose(req(system + [100 + i, 200 + i]), snap(*replicas))
     assert len({roomy.choose(req(system + [1000 + i]), snap(*replicas)).replica.id for i in range(200)}) == 4
+
+
+def test_prefix_popularity_counts_only_the_leading_keys_of_a_huge_prompt():
+    from fleetserve.router.policies.popularity import MAX_KEYS, PrefixPopularity
+
+    pop = PrefixPopularity(window=4, sample=1)
+    huge = tuple(range(MAX_KEYS * 4))
+    for _ in range(4):
+        pop.add(huge)
+    assert len(pop._counts) == MAX_KEYS  # memory bounded by the window, not by what a client sends
+    assert pop.hot_depth(huge, replicas=1) == MAX_KEYS

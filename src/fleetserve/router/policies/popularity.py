@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
+MAX_KEYS = 512  # leading keys counted per request: bounds memory to window x MAX_KEYS whatever the prompt size
+
 
 class PrefixPopularity:
     __slots__ = ("window", "hot_share", "sample", "refresh", "_recent", "_counts", "_adds", "_hot_at",
@@ -57,7 +59,7 @@ class PrefixPopularity:
         need = self._need(replicas)
         counts = self._counts
         depth = 0
-        for key in keys:
+        for key in keys[:MAX_KEYS]:
             if counts.get(key, 0) < need:
                 break
             depth += 1
@@ -75,6 +77,7 @@ class PrefixPopularity:
     def add(self, keys: tuple) -> None:
         """One request carried `keys` (its chained prefix keys); the oldest request leaves the window."""
         self._adds += 1
+        keys = keys[:MAX_KEYS]  # a hot prefix leads the prompt; a huge prompt is not counted whole
         recent, counts = self._recent, self._counts
         recent.append(keys)
         for key in keys:
