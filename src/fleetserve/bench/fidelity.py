@@ -52,7 +52,7 @@ from fleetserve.traces.model import TraceRequest
 MODEL = "fidelity"
 TARGET_LIVE = 0.15
 TARGET_SIMULATED_ENGINES = 0.05
-DRAW_SEEDS = 20  # simulator runs per place for `draw_noise`
+DRAW_SEEDS = 20  # simulator runs per place for `draw_noise`: the headline's seed and the 19 after it
 LATENCY_KEYS = (("ttft_p50", "ttft_ms", "p50"), ("ttft_p95", "ttft_ms", "p95"),
                 ("e2e_p50", "e2e_ms", "p50"), ("e2e_p95", "e2e_ms", "p95"))
 
@@ -116,7 +116,7 @@ def errors(predicted: dict, measured: dict) -> dict:
 
 def draw_noise(reports: list[dict]) -> dict:
     """How far the simulator's own TTFT percentiles move when only its random draws change (each request's
-    overhead and first-text token, from other seeds): the half-width of their range over the seeds, relative to
+    overhead and first-text token, over seeds): the half-width of their range over the seeds, relative to
     their median. A replay is one such draw of the real system, so an error below this is luck, not fidelity,
     and a target tighter than it cannot be met reliably by any model."""
     out = {}
@@ -472,12 +472,11 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
             path = tmp / f"profile-{key}.json"
             path.write_text(json.dumps(data))
             sims[f"calibrated_{key}"] = simulate_trace(spec_text, trace, path, cfg.seed)
-        # the headline comparisons again with other seeds: how much of an error is the draws' luck
-        noise_of = {"live": "live", "simulated_engines": "simulated_engines"}
+        # the headline simulations over DRAW_SEEDS seeds: how much of an error is the draws' luck
         result["draw_noise"] = {
-            place: draw_noise([simulate_trace(spec_text, trace, tmp / f"profile-{key}.json", cfg.seed + k)
+            place: draw_noise([simulate_trace(spec_text, trace, tmp / f"profile-{place}.json", cfg.seed + k)
                                for k in range(DRAW_SEEDS)])
-            for place, key in noise_of.items() if key in cal_profiles}
+            for place in ("live", "simulated_engines") if place in cal_profiles}
     result["sim"] = sims
     result["error"] = errors(sims["calibrated_live"], live)
     result["error_raw_profile"] = errors(sims["raw"], live)
