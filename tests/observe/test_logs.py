@@ -71,7 +71,8 @@ def _fleet(tmp_path, *extra: str) -> tuple[Server, Server, dict]:
 
 
 def _request(router: Server, headers: dict) -> str:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": SECRET}], "max_tokens": 3}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": SECRET}], "max_tokens": 3,
+            "ignore_eos": True}
     r = httpx.post(router.url + "/v1/chat/completions", json=body, headers={**headers, "x-request-id": "req-42"},
                    timeout=60)
     assert r.status_code == 200, r.text
