@@ -113,6 +113,24 @@ def test_killed_supervisor_takes_its_children_along(tmp_path, tiny_model, home):
     assert status(home)[0]["status"] == "dead"
 
 
+def test_stop_with_stops_the_fleet_when_its_owner_is_killed(tmp_path, tiny_model, home):
+    """A benchmark's fleet (`up --detach --stop-with PID`) must not outlive the benchmark, even SIGKILLed."""
+    spec = write_spec(tmp_path, tiny_model, name="owned", replicas=1)
+    bad = fleetserve("up", spec, "--detach", "--stop-with", "999999999", env=home)
+    assert bad.returncode == 2 and "--stop-with" in bad.stderr and "no running process" in bad.stderr
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        up = fleetserve("up", spec, "--detach", "--stop-with", str(owner.pid), env=home)
+        assert up.returncode == 0, up.stderr
+        assert status(home, "owned")[0]["status"] == "ready"
+        owner.kill()
+        owner.wait()
+        wait_until(lambda: leftovers(home) == [], 60, what="the fleet to stop with its owner")
+        assert status(home, "owned")[0]["status"] == "stopped"
+    finally:
+        owner.kill()
+
+
 def test_down_without_fleet_and_status_unknown_name(home):
     down = fleetserve("down", env=home)
     assert down.returncode == 1 and "no fleet is running" in down.stderr

@@ -23,7 +23,8 @@ class LocalFleet:
                               env={**os.environ, **self.env}, timeout=timeout, stdin=subprocess.DEVNULL)
 
     def up(self) -> dict:
-        result = self.cli("up", str(self.spec), "--detach", timeout=900)
+        # --stop-with: the fleet stops itself when this process ends, even killed (no orphaned fleet)
+        result = self.cli("up", str(self.spec), "--detach", "--stop-with", str(os.getpid()), timeout=900)
         if result.returncode != 0:
             raise RuntimeError(f"fleet {self.name} did not start: {result.stderr.strip()[-2000:]}")
         return self.status()

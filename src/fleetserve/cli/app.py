@@ -95,6 +95,9 @@ def up(
                                                         "default: spec.observability.logFormat")] = None,
     log_prompts: Annotated[bool, typer.Option("--log-prompts", help="Put prompt text in the request lines "
                                               "(default: spec.observability.logPrompts, off)")] = False,
+    stop_with: Annotated[int | None, typer.Option("--stop-with", min=1, metavar="PID",
+                                                  help="Stop the fleet when process PID exits (a benchmark or "
+                                                       "CI job that owns the fleet, killed or not)")] = None,
 ) -> None:
     """Start the spec's engine replicas and router on this machine; Ctrl-C stops everything."""
     from fleetserve.fleet.control import FleetError, ensure_not_running, start_detached
@@ -102,6 +105,12 @@ def up(
 
     loaded = _with_log_options(_load(spec), _check_log_format(log_format), log_prompts)
     log_args = (("--log-format", log_format) if log_format else ()) + (("--log-prompts",) if log_prompts else ())
+    if stop_with is not None:
+        from fleetserve.fleet.state import pid_alive
+
+        if not pid_alive(stop_with):
+            raise typer.BadParameter(f"no running process {stop_with}", param_hint="--stop-with")
+        log_args += ("--stop-with", str(stop_with))
     if not quiet_warnings:
         _print_warnings(loaded)
     name = loaded.endpoint.metadata.name
@@ -121,7 +130,7 @@ def up(
         _announce(state)
         out.print("press Ctrl-C to stop")
 
-    code = Supervisor(loaded, spec, say=_say).run(on_ready=ready)
+    code = Supervisor(loaded, spec, say=_say, owner_pid=stop_with).run(on_ready=ready)
     raise typer.Exit(code)
 
 

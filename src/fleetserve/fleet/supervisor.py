@@ -50,6 +50,7 @@ from fleetserve.fleet.state import (
     NodeState,
     ReplicaState,
     fleet_dir,
+    pid_alive,
     read_previous_state,
     write_state,
 )
@@ -88,7 +89,8 @@ class Replica:
 
 class Supervisor:
     def __init__(self, loaded: LoadedSpec, spec_path: str, *, say: Callable[[str], None] = print,
-                 poll_interval: float = 0.2, clock: Clock = time.time, monotonic: Clock = time.monotonic):
+                 poll_interval: float = 0.2, clock: Clock = time.time, monotonic: Clock = time.monotonic,
+                 owner_pid: int | None = None):
         self.endpoint = loaded.endpoint
         self.spec = loaded.endpoint.spec
         self.name = loaded.endpoint.metadata.name
@@ -98,6 +100,7 @@ class Supervisor:
         self.clock = clock  # wall time: cron floors, the controller's windows, cost
         self.monotonic = monotonic  # cold starts, drain deadlines, restart back-off
         self._stop = False
+        self.owner_pid = owner_pid  # `up --stop-with`: the fleet lives only as long as this process
         self.replicas: list[Replica] = []
         self._ids = 0
         self.model_dir = ""
@@ -194,7 +197,16 @@ class Supervisor:
             write_state(s)
             self._written, self._written_at = (snapshot, decision), now
 
+    def _owner_gone(self) -> bool:
+        """True (once, and the stop is requested) when the process named by --stop-with has exited."""
+        if self.owner_pid is None or self._stop or pid_alive(self.owner_pid):
+            return False
+        self.say(f"process {self.owner_pid} (--stop-with) exited; stopping the fleet")
+        self._stop = True
+        return True
+
     def _check_stop(self) -> None:
+        self._owner_gone()
         if self._stop:
             raise Interrupted()
 
@@ -699,7 +711,7 @@ class Supervisor:
     # --- supervise -----------------------------------------------------------------------------------------
 
     def _supervise(self) -> None:
-        while not self._stop:
+        while not self._stop and not self._owner_gone():
             mono = self.monotonic()
             self._reconcile(mono)
             if self._keep_alive(self.router, self._router_backoff, mono, "router"):
