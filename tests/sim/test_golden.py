@@ -69,8 +69,22 @@ def test_the_planners_winner_passes_verify_and_costs_less_than_a_static_peak_fle
 def test_every_gpu_example_is_plannable_on_an_azure_trace():
     trace = azure_slice(2400, 3000)
     for name in ("hyperpod.yaml", "simulated-cloud.yaml"):
-        out = plan(spec(name), trace, slo=LOOSE_SLO, max_trials=12, instance_types=("g6e.xlarge",)).to_json()
+        result = plan(spec(name), trace, slo=LOOSE_SLO, max_trials=12, instance_types=("g6e.xlarge",))
+        out = result.to_json()
         assert out["verified"] and out["cost_usd"] > 0, name
+        if name == "hyperpod.yaml":  # written with SageMaker names (ml.g5.8xlarge): suggestions keep them
+            assert all(t.startswith("ml.") for t in result.winner.data["spec"]["placement"]["instanceTypes"])
+
+
+def test_a_target_the_prompts_alone_miss_is_blamed_on_the_engine_and_plan_reports_the_closest_trial():
+    trace = azure_slice(2400, 2700)
+    tight = {**LOOSE_SLO, "ttft_p95_ms": 20}  # below one prefill of the trace's p95 prompt on any GPU type
+    verdict = verify(spec("hyperpod.yaml"), trace, slo=tight)
+    reasons = [c.reason for c in verdict.checks if not c.passed and c.metric == "ttft_p95_ms"]
+    assert reasons and all("prompts alone take" in r and "more replicas cannot" in r for r in reasons), reasons
+    out = plan(spec("hyperpod.yaml"), trace, slo=tight, max_trials=6, instance_types=("g6e.xlarge",)).to_json()
+    assert not out["verified"] and out["winner"] is None and out["closest"]
+    assert out["failures"] and any("prompts alone take" in r for r in out["failures"]), out
 
 
 def test_the_simulator_imports_policies_never_servers():

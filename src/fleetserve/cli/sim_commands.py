@@ -234,6 +234,10 @@ def plan(
         print(json.dumps(data, indent=2))
     elif result.winner is None:
         out.print(f"no candidate passed verify in {result.trials} simulations", markup=False)
+        if result.closest is not None:
+            out.print(f"closest: {result.closest.label}, which fails:", markup=False)
+            for reason in data["failures"]:
+                out.print(f"  - {reason}", markup=False)
     else:
         w = data
         base = "passes" if w["baseline_verified"] else "fails verify"

@@ -54,6 +54,8 @@ class PlanResult:
     trials: int
     changes: list[dict] = field(default_factory=list)
     floors: dict | None = None
+    closest: Trial | None = None  # without a winner: the failing trial nearest to passing
+
 
     def to_json(self) -> dict:
         w = self.winner
@@ -64,8 +66,16 @@ class PlanResult:
                 "changes": self.changes, "evaluated": self.trials, "winner": w.label if w else None,
                 "floors": self.floors,
                 "report": w.verdict.result.report if w else None,
-                "failures": [] if not w or w.verdict.passed else
-                [c.reason for c in w.verdict.checks if not c.passed]}
+                "closest": self.closest.label if self.closest else None,
+                "failures": [c.reason for c in (w or self.closest).verdict.checks if not c.passed]
+                if (w or self.closest) else []}
+
+
+def _shortfall(trial: Trial) -> tuple[int, float]:
+    """How far a trial is from passing: failed checks, then the worst value/limit among them."""
+    missed = [c for c in trial.verdict.checks if not c.passed]
+    ratios = [c.value / c.limit for c in missed if c.value is not None and c.limit]
+    return len(missed), max(ratios, default=math.inf)
 
 
 def _max_replicas(spec: dict) -> int:
@@ -154,6 +164,7 @@ class Planner:
         self.trials = 0
         self.best: Trial | None = None
         self.peak_miss: Trial | None = None  # the cheapest autoscaled trial that failed at the peak only
+        self.closest: Trial | None = None  # the failing trial nearest to passing: what a no-winner plan reports
         self.floors: dict | None = None
 
     def run_trial(self, data: dict, label: str) -> Trial:
@@ -165,6 +176,8 @@ class Planner:
         if trial.verdict.passed and (self.best is None or trial.cost < self.best.cost - 1e-9):
             self.best = trial
         missed = [c for c in trial.verdict.checks if not c.passed]
+        if missed and (self.closest is None or _shortfall(trial) < _shortfall(self.closest)):
+            self.closest = trial
         if missed and all(c.window == "peak" for c in missed) and _autoscaling_on(data) and \
                 (self.peak_miss is None or trial.cost < self.peak_miss.cost):
             self.peak_miss = trial
@@ -198,7 +211,10 @@ class Planner:
         base = self.base
         baseline = self.run_trial(_static(base, _max_replicas(base["spec"])), "input static at max replicas")
         own = gpu_types(self.endpoint.spec, self.catalog)
-        types = list(dict.fromkeys([*own[:1], *self.instance_types])) if own else ["local"]
+        # a spec written with SageMaker names (HyperPod's ml.g5.8xlarge) gets its suggestions in them too
+        naming = "ml." if any(n.startswith("ml.") for n in self.endpoint.spec.placement.instance_types or ()) else ""
+        own = [naming + n for n in own]
+        types = list(dict.fromkeys([*own[:1], *(naming + t for t in self.instance_types)])) if own else ["local"]
         statics: list[tuple[float, str, int, Trial, dict]] = []
         for t in types:
             data = base if t == "local" else _with_type(base, t, self.catalog)
@@ -218,7 +234,8 @@ class Planner:
         winner = self.best
         changes = diff(base, winner.data) if winner else []
         self._explain_floors(changes)
-        return PlanResult(winner, baseline, static_peak, self.trials, changes, self.floors)
+        return PlanResult(winner, baseline, static_peak, self.trials, changes, self.floors,
+                          None if winner else self.closest)
 
     def _autoscale(self, data: dict, n: int, label: str) -> None:
         low, high, target = max(1, n // 2), n, 4.0

@@ -81,20 +81,21 @@ def _section(fleet: SimFleet, reqs: list, spans: list[tuple[float, float]], slo:
     }
 
 
+def window_requests(fleet: SimFleet, spans, count: int) -> list:
+    """The requests that arrived in the given windows (of `count`; the last one takes the trace's tail)."""
+    w, last = fleet.options.window_s, count - 1
+    chosen = {int(a / w) for a, _ in spans}
+    return [r for r in fleet.requests if min(last, int((r.arrival - fleet.t0) / w)) in chosen]
+
+
 def build_report(fleet: SimFleet, slo: dict, slo_source: str) -> dict:
     t0 = fleet.t0
     end = max(fleet.end, fleet.finished_at) - t0
     whole = _section(fleet, fleet.requests, [(0.0, end)], slo)
     peak_spans, idle_spans, counts = windows(fleet)
 
-    w, last = fleet.options.window_s, len(counts) - 1
-
-    def within(spans):
-        chosen = {int(a / w) for a, _ in spans}
-        return [r for r in fleet.requests if min(last, int((r.arrival - t0) / w)) in chosen]
-
-    peak = _section(fleet, within(peak_spans), peak_spans, slo)
-    idle = _section(fleet, within(idle_spans), idle_spans, slo)
+    peak = _section(fleet, window_requests(fleet, peak_spans, len(counts)), peak_spans, slo)
+    idle = _section(fleet, window_requests(fleet, idle_spans, len(counts)), idle_spans, slo)
     peak["windows"] = [[round(a, 3), round(b, 3)] for a, b in peak_spans]
     idle["windows"] = [[round(a, 3), round(b, 3)] for a, b in idle_spans]
     h = fleet.hits

@@ -9,8 +9,10 @@ cold starts (scale from zero: node provisioning + model load), or requests refus
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
+from fleetserve.sim.report import window_requests, windows
 from fleetserve.sim.run import SimResult, simulate
 from fleetserve.sim.setup import SimOptions
 
@@ -39,7 +41,41 @@ class Verdict:
                 "failures": [c.reason for c in self.checks if not c.passed], "report": report}
 
 
-def _cause(result: SimResult, window: str) -> str:
+def prefill_floor_ms(result: SimResult, window: str) -> float | None:
+    """TTFT p95 of the window's requests with no queueing at all: each one's uncached prompt alone on its replica.
+
+    When this alone exceeds the target, more replicas cannot help (a faster instance type, a smaller model or
+    more cache hits can), and `verify` says so instead of blaming capacity."""
+    fleet = result.fleet
+    alone = []
+    for r in window_requests(fleet, result.report[window]["windows"], len(windows(fleet)[2])):
+        if r.replica is None:
+            continue
+        prof = r.replica.profile
+        uncached = max(0, r.spec.prompt - r.cached)
+        chunks = max(1, math.ceil(uncached / max(prof.prefill_chunk, 1)))
+        alone.append((chunks * prof.prefill_base_s + prof.prefill_per_token_s * uncached + r.overhead) * 1000)
+    if not alone:
+        return None
+    alone.sort()
+    return alone[min(len(alone) - 1, math.ceil(0.95 * len(alone)) - 1)]
+
+
+def _cause(result: SimResult, window: str, metric: str = "", value: float | None = None) -> str:
+    """Why a window failed; a TTFT target that the prompts' own prefill misses is named first."""
+    capacity = _capacity_cause(result, window)
+    if metric == "ttft_p95_ms":
+        floor, target = prefill_floor_ms(result, window), result.report["slo"]["ttft_p95_ms"]
+        if floor is not None and floor > target:
+            engine = (f"the prompts alone take {floor:.0f} ms to prefill at p95 on this engine, with no queueing: "
+                      "more replicas cannot meet it (a faster instance type or engine profile, a smaller model, "
+                      "or more prefix-cache hits can)")
+            queued = value is not None and value > 1.5 * floor
+            return f"{engine}; and queueing on top: {capacity}" if queued else engine
+    return capacity
+
+
+def _capacity_cause(result: SimResult, window: str) -> str:
     fleet = result.fleet
     report = result.report
     most = fleet.policy_scaling.max_replicas if fleet.policy_scaling else fleet.static
@@ -94,7 +130,7 @@ def judge(result: SimResult) -> list[Check]:
             ok = value <= limit
             name = metric.split("_")[0].upper()
             why = f"{window}: {name} p95 {value:.0f} ms <= {limit:.0f} ms" if ok else \
-                f"{window}: {name} p95 {value:.0f} ms > {limit:.0f} ms target: {_cause(result, window)}"
+                f"{window}: {name} p95 {value:.0f} ms > {limit:.0f} ms target: {_cause(result, window, metric, value)}"
             checks.append(Check(window, metric, value, limit, ok, why))
         rate, most = sec["error_rate"], slo["max_error_rate"]
         ok = rate <= most
