@@ -13,6 +13,7 @@ from fleetserve.bench.fidelity import (
     calibration_trace,
     draw_noise,
     errors,
+    expected,
     fit_overheads,
     make_trace,
     relative_error,
@@ -197,7 +198,10 @@ def test_bench_fidelity_tiny_run_prints_finite_errors_and_matching_counts():
         assert figures[place]["real_s"] > 0
     for name in ("raw", "calibrated_live", "calibrated_simulated_engines"):
         assert figures["sim"][name]["requests"] == 12
-    for group in ("error", "error_vs_simulated_engines", "error_raw_profile"):
+    for place in ("live", "simulated_engines"):  # the headline predicts with the mean over the 20 draws
+        assert figures["sim"][f"expected_{place}"]["runs"] == 20
+    for group in ("error", "error_vs_simulated_engines", "error_raw_profile", "error_one_draw",
+                  "error_vs_simulated_engines_one_draw"):
         for key in ("ttft_p50", "ttft_p95", "e2e_p50", "e2e_p95"):
             value = figures[group][key]
             assert isinstance(value, float | int) and math.isfinite(value) and value >= 0, (group, key, value)
@@ -217,3 +221,11 @@ def test_draw_noise_is_the_half_range_of_the_simulators_percentiles_over_seeds()
     noise = draw_noise([report(10.0, 20.0), report(11.0, 24.0), report(12.0, 22.0)])
     assert noise == {"ttft_p50": 0.0909, "ttft_p95": 0.0909, "e2e_p50": 0.0, "e2e_p95": None}
     assert draw_noise([report(10.0, 20.0)])["ttft_p95"] is None  # one run: no spread to tell
+
+
+def test_the_simulators_prediction_is_the_mean_of_its_draws():
+    reports = [{"ttft_ms": {"p50": 10.0, "p95": 20.0}, "e2e_ms": {"p50": 100.0, "p95": None}},
+               {"ttft_ms": {"p50": 12.0, "p95": 26.0}, "e2e_ms": {"p50": 110.0, "p95": None}}]
+    predicted = expected(reports)
+    assert predicted == {"runs": 2, "ttft_ms": {"p50": 11.0, "p95": 23.0}, "e2e_ms": {"p50": 105.0, "p95": None}}
+    assert errors(predicted, {"ttft_ms": {"p50": 11.0, "p95": 25.0}})["ttft_p95"] == 0.08
