@@ -146,6 +146,19 @@ def test_steady_windows_are_pooled_and_every_request_measures_the_overhead(tmp_p
     probes_only = calibrate_steady("http://unused", cfg, 259, prof, overheads, spec, tmp_path, "t", windows=windows)
     assert probes_only["overhead_samples_from"] == 60
 
+    # a model whose text sometimes shows only with the last token: the residuals still measure the gateway
+    # alone (the steady simulation shows text at once), and a request whose TTFT was its E2E is left out
+    reqs, probes, records = windows[0]
+    late = [i for i, r in enumerate(reqs) if r.output_tokens > 1][:5]
+    for i in late:
+        records[i] = replace(records[i], ttft_ms=records[i].e2e_ms)
+    texty = {**prof, "first_text_tokens": [1, 1, 0]}
+    cal = calibrate_steady("http://unused", cfg, 259, texty, overheads, spec, tmp_path, "t", every_request=True,
+                           windows=windows)
+    assert cal["overhead_samples_from"] == 180 - len(late) == 175
+    assert min(cal["request_overhead_samples"]) == pytest.approx(0.010, abs=1e-4)
+    assert max(cal["request_overhead_samples"]) == pytest.approx(0.030, abs=1e-4)
+
 
 def test_first_text_samples_move_ttft_not_e2e(tmp_path):
     trace = make_trace(FidelityConfig(requests=40, duration_s=8, seed=2))

@@ -753,20 +753,27 @@ def bench_replay(
 @bench_app.command("fidelity")
 def bench_fidelity(
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON (the only output)")] = True,
-    requests: Annotated[int, typer.Option(min=2, help="Requests in the generated trace")] = 240,
-    duration: Annotated[float, typer.Option(min=1.0, help="Seconds the trace spans")] = 80.0,
+    requests: Annotated[int, typer.Option(min=2, help="Requests in the generated trace")] = 480,
+    duration: Annotated[float, typer.Option(min=1.0, help="Seconds the trace spans")] = 160.0,
     seed: Annotated[int, typer.Option(help="Trace seed")] = 7,
     replicas: Annotated[int, typer.Option(min=1, max=8, help="Replicas of the tiny model")] = 2,
     simulated_engines: Annotated[bool, typer.Option(help="Also replay on real-time simulated engines")] = True,
     calibration_repeats: Annotated[int, typer.Option(min=1, max=10, help="Calibration rounds per gateway")] = 3,
+    alphabet: Annotated[str, typer.Option(help="The tiny model's tokens: ascii (every token is text at once, as "
+                                                "with a real vocabulary) or bytes (random bytes: many streams "
+                                                "show text only at their end)")] = "ascii",
 ) -> None:
     """The same trace on a live tiny-model fleet, on simulated engines and in the simulator: TTFT/E2E errors."""
     import sys
 
     from fleetserve.bench.fidelity import FidelityConfig, run
+    from fleetserve.engine.tiny import ALPHABETS
 
+    if alphabet not in ALPHABETS:
+        raise typer.BadParameter(f"{alphabet!r}; allowed values: {', '.join(ALPHABETS)}", param_hint="--alphabet")
     cfg = FidelityConfig(requests=requests, duration_s=duration, seed=seed, replicas=replicas,
-                         simulated_engines=simulated_engines, calibration_repeats=calibration_repeats)
+                         simulated_engines=simulated_engines, calibration_repeats=calibration_repeats,
+                         alphabet=alphabet)
     say = (lambda m: err.print(m, markup=False)) if sys.stderr.isatty() else (lambda _m: None)
     print(json.dumps(run(cfg, progress=say), indent=2))
 

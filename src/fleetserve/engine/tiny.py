@@ -1,4 +1,8 @@
-"""Tiny random-initialised Llama models with a byte-level tokenizer, for tests: no download, built in a second."""
+"""Tiny random-initialised Llama models with a byte-level tokenizer, for tests: no download, built in a second.
+
+Two alphabets: `bytes` (every byte a token; a random model's output is then mostly incomplete UTF-8, so a
+stream often shows no text before its end) and `ascii` (printable ASCII and newline only: every token is text
+at once, as with a real model's vocabulary; other bytes are dropped when encoding)."""
 
 from __future__ import annotations
 
@@ -25,11 +29,18 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(printable, codes, strict=True)}
 
 
-def build_byte_tokenizer():
+ALPHABETS = ("bytes", "ascii")
+
+
+def build_byte_tokenizer(alphabet: str = "bytes"):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {ch: i for i, ch in enumerate(_bytes_to_unicode()[b] for b in range(256))}
+    if alphabet not in ALPHABETS:
+        raise ValueError(f"alphabet {alphabet!r}; allowed: {', '.join(ALPHABETS)}")
+    chars = range(256) if alphabet == "bytes" else [b for b in range(256) if b == 10 or 32 <= b <= 126]
+    table = _bytes_to_unicode()
+    vocab = {table[b]: i for i, b in enumerate(chars)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
@@ -50,6 +61,7 @@ def create_tiny_model(
     kv_heads: int = 2,
     context_length: int = 2048,
     seed: int = 0,
+    alphabet: str = "bytes",
 ) -> Path:
     """Write a random Llama (safetensors) plus tokenizer and chat template to `path`; same seed, same weights."""
     import torch
@@ -57,7 +69,7 @@ def create_tiny_model(
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_byte_tokenizer()
+    tokenizer = build_byte_tokenizer(alphabet)
     config = LlamaConfig(
         hidden_size=hidden_size,
         num_hidden_layers=layers,
