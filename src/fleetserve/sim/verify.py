@@ -76,6 +76,7 @@ def _cause(result: SimResult, window: str, metric: str = "", value: float | None
 
 
 def _capacity_cause(result: SimResult, window: str) -> str:
+    """What the fleet's size and scaling did in the window: at max replicas, too slow to scale, scaled to zero."""
     fleet = result.fleet
     report = result.report
     most = fleet.policy_scaling.max_replicas if fleet.policy_scaling else fleet.static
