@@ -19,15 +19,18 @@ diagnostics; then a **steady stream** at the trace's rate and sizes (another see
 a one-token probe), simulated request by request: the probes' median TTFT residual is the per-request
 overhead under that load, the other requests' median E2E residual per decode step the decode-step extra
 (`calibrate_steady`). The `calibrated` profile is the raw one plus those terms (`request_overhead_s`,
-`decode_base_s`). For the simulated engines (whose first token always shows text) every request of the
-stream measures the overhead, and there are two streams, one before and one after the trace's replay (other
-seeds), pooled: their residuals become `request_overhead_samples`, one drawn per simulated request.
+`decode_base_s`). There are two streams per place, one before and one after the trace's replay (other seeds),
+pooled. When every token is text at once (the simulated engine; the tiny model with the default `ascii`
+alphabet) every request of the streams measures the overhead (a request whose text came only with its last
+token is left out) and the residuals become `request_overhead_samples`, one drawn per simulated request.
 
 The profile also measures **which output token first shows text** (`first_text_tokens`, greedy generations
 of random prompts through the engine's `TextStream`): the engine sends no chunk for a token whose text is
-empty, and the tiny random model's byte tokens often form no complete UTF-8 character before the end, so the
-client's first chunk is then its last. The simulator draws each request's first-text token from those
-samples; the simulated engine streams text with every token, so its comparison uses the profile without them.
+empty; with the `bytes` alphabet the tiny random model's tokens often form no complete UTF-8 character before
+the end, so the client's first chunk is then its last (with `ascii`, only a stream stuck on a special token).
+The simulator draws each request's first-text token from those samples; the simulated engine streams text
+with every token, so its comparison uses the profile without them. The simulator's figure is the mean of its
+percentiles over `DRAW_SEEDS` seeded runs (`expected`), its spread `draw_noise`.
 
 Errors are relative: |sim - measured| / measured. Targets (issue 9): live vs simulator <= 15 % on TTFT p50
 and p95; simulated engines vs simulator <= 5 %.
