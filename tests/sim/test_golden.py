@@ -43,6 +43,11 @@ def test_a_policy_capped_below_the_peak_fails_verify_and_says_why():
     reasons = [c.reason for c in verdict.checks if not c.passed]
     assert any(r.startswith("peak: TTFT p95") and "maxReplicaCount=4" in r for r in reasons), reasons
     assert verdict.result.report["slo"]["source"] == "defaults"
+    # its vLLM args cap the context at 4,096 tokens: the report counts the requests a real engine would refuse
+    ctx = verdict.result.report["context_length"]
+    over = sum(1 for r in azure_slice(600, 1500) if r.input_tokens + r.output_tokens > 4096)
+    assert ctx["tokens"] == 4096 and ctx["requests_over"] == over > 0
+    assert any("context length" in w and "a real engine rejects them" in w for w in verdict.result.report["warnings"])
 
 
 def test_a_generous_static_fleet_passes_verify():

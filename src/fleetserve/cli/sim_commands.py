@@ -155,6 +155,12 @@ def simulate(
     out.print(f"GPU-hours {r['gpu_hours']:.2f}, replicas up to {r['replicas_max']}, hit rate "
               f"{r['hit_rate']['total']:.3f} (engine {r['hit_rate']['engine']:.3f}, L1 {r['hit_rate']['l1']:.3f}, "
               f"L2 {r['hit_rate']['l2']:.3f})" + (f"; report: {report}" if report else ""))
+    _print_warnings(r)
+
+
+def _print_warnings(report: dict) -> None:
+    for warning in report.get("warnings") or ():
+        err.print(f"warning: {warning}", markup=False)
 
 
 def _ms(value) -> str:
@@ -199,6 +205,7 @@ def verify(
         for c in verdict.checks:
             if not c.passed:
                 out.print(f"  - {c.reason}", markup=False)
+        _print_warnings(verdict.result.report)
     raise typer.Exit(0 if verdict.passed else 1)
 
 
@@ -238,6 +245,7 @@ def plan(
             out.print(f"closest: {result.closest.label}, which fails:", markup=False)
             for reason in data["failures"]:
                 out.print(f"  - {reason}", markup=False)
+            _print_warnings(result.closest.verdict.result.report)
     else:
         w = data
         base = "passes" if w["baseline_verified"] else "fails verify"
@@ -251,6 +259,7 @@ def plan(
         whys = dict.fromkeys(c["why"] for c in w["changes"] if c.get("why"))
         for why in whys:
             out.print(f"  why: {why}", markup=False)
+        _print_warnings(result.winner.verdict.result.report)
     raise typer.Exit(0 if data["verified"] else 1)
 
 

@@ -38,4 +38,25 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
         workload = list(trace)
     fleet = SimFleet(endpoint, workload, options, progress).run()
     targets, source = slo_of(endpoint, slo)
-    return SimResult(build_report(fleet, targets, source), fleet)
+    report = build_report(fleet, targets, source)
+    report["context_length"], report["warnings"] = context_check(endpoint.spec, workload)
+    return SimResult(report, fleet)
+
+
+def context_check(spec, workload: list[SimRequestSpec]) -> tuple[dict | None, list[str]]:
+    """The declared context length and the trace's requests over it (prompt + completion): a real engine
+    rejects those with a 400; the simulator serves them, and says so."""
+    from fleetserve.spec.context import context_limit
+
+    limit = context_limit(spec)
+    if limit is None:
+        return None, []
+    tokens, where = limit
+    over = sum(1 for w in workload if w.prompt + w.output > tokens)
+    info = {"tokens": tokens, "source": where, "requests_over": over,
+            "share_over": round(over / len(workload), 6) if workload else 0.0}
+    if not over:
+        return info, []
+    return info, [f"{over} of {len(workload)} requests ({over / len(workload):.1%}) need more than the "
+                  f"{tokens}-token context length ({where}): a real engine rejects them (400 "
+                  "context_length_exceeded); the simulation served them"]

@@ -1,0 +1,37 @@
+"""The context length a spec's engines enforce, as the simulator reads it (spec.model, or the engine's flag)."""
+
+from pathlib import Path
+
+import pytest
+
+from fleetserve.spec import load_spec
+from fleetserve.spec.context import context_limit
+from fleetserve.spec.load import load_spec_data
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def _spec(engine: dict, model: dict | None = None):
+    return load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "c"},
+                           "spec": {"model": {"source": "hf:meta-llama/Llama-3.1-8B-Instruct", **(model or {})},
+                                    "engine": engine}}).endpoint.spec
+
+
+@pytest.mark.parametrize("engine,model,expected", [
+    ({"kind": "vllm", "args": ["--max-model-len", "8192"]}, None, (8192, "spec.engine.args --max-model-len")),
+    ({"kind": "vllm", "args": ["--max-model-len=2048", "--dtype", "bfloat16"]}, None,
+     (2048, "spec.engine.args --max-model-len")),
+    ({"kind": "sglang", "args": ["--context-length", "4096"]}, None, (4096, "spec.engine.args --context-length")),
+    ({"kind": "vllm", "args": ["--max-model-len", "8192"]}, {"contextLength": 1024},
+     (1024, "spec.model.contextLength")),
+    ({"kind": "sglang", "args": ["--max-model-len", "8192"]}, None, None),  # not SGLang's flag
+    ({"kind": "vllm", "args": ["--max-model-len"]}, None, None),  # no value
+    ({"kind": "builtin"}, None, None),
+])
+def test_context_limit_from_the_spec_or_the_engines_flag(engine, model, expected):
+    assert context_limit(_spec(engine, model)) == expected
+
+
+def test_hyperpods_example_declares_its_limit_in_the_vllm_args():
+    assert context_limit(load_spec(EXAMPLES / "hyperpod.yaml").endpoint.spec) == (
+        4096, "spec.engine.args --max-model-len")
