@@ -47,13 +47,18 @@ def test_a_policy_capped_below_the_peak_fails_verify_and_says_why():
     ctx = verdict.result.report["context_length"]
     over = sum(1 for r in azure_slice(600, 1500) if r.input_tokens + r.output_tokens > 4096)
     assert ctx["tokens"] == 4096 and ctx["requests_over"] == over > 0
-    assert any("context length" in w and "a real engine rejects them" in w for w in verdict.result.report["warnings"])
+    assert any("context length" in w and "refused (400 context_length_exceeded)" in w
+               for w in verdict.result.report["warnings"])
+    assert verdict.result.report["failed_by_reason"]["context_length_exceeded"] == over
+    assert any(c.metric == "error_rate" and "4096-token context length" in c.reason and "refused" in c.reason
+               for c in verdict.checks if not c.passed)
 
 
 def test_a_generous_static_fleet_passes_verify():
     data = spec("hyperpod.yaml").model_dump(mode="json", by_alias=True, exclude_none=True)
     data["spec"]["replicas"] = 12
     data["spec"]["autoscaling"]["enabled"] = False
+    data["spec"]["engine"]["args"] = ["/opt/ml/model", "--max-model-len", "8192"]  # the trace's longest fit
     data["spec"]["placement"] = {"instanceTypes": ["g6e.xlarge"]}
     verdict = verify(load_spec_data(data).endpoint, azure_slice(1800, 3436), slo=LOOSE_SLO)
     assert verdict.passed, [c.reason for c in verdict.checks if not c.passed]
@@ -69,6 +74,11 @@ def test_the_planners_winner_passes_verify_and_costs_less_than_a_static_peak_fle
     assert {"cost_usd", "baseline_cost_usd", "verified", "changes"} <= set(out)
     planned = load_spec_data(result.winner.data).endpoint  # the written spec loads and passes on its own
     assert verify(planned, trace, options, slo=LOOSE_SLO).passed
+    # the input's --max-model-len 4096 refuses the trace's longest requests: every candidate got a longer one
+    need = max(r.input_tokens + r.output_tokens for r in trace)
+    assert out["context"]["from"] == 4096 and out["context"]["to"] >= need and out["context"]["to"] % 1024 == 0
+    (args,) = [c for c in out["changes"] if c["path"] == "spec.engine.args"]
+    assert str(out["context"]["to"]) in args["to"] and "refuses them" in args["why"]
 
 
 def test_every_gpu_example_is_plannable_on_an_azure_trace():

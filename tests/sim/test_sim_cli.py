@@ -27,11 +27,14 @@ def test_simulate_json_and_a_self_contained_html_report(tmp_path):
     assert "<svg" in page and "<script" not in page and "src=\"http" not in page and "href=\"http" not in page
 
 
-def test_verify_fails_with_reasons_and_prints_the_default_slo():
+def test_verify_fails_with_reasons_and_prints_the_default_slo(tmp_path):
     r = fleetserve("verify", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--limit", "1500")
     assert r.returncode == 1, r.stderr
     assert "FAIL" in r.stdout and "SLO (defaults)" in r.stdout and "maxReplicaCount=4" in r.stdout
-    r = fleetserve("verify", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--limit", "300", "--json",
+    assert "4096-token context length" in r.stdout and "warning:" in r.stderr  # its --max-model-len 4096
+    longer = tmp_path / "hyperpod-8k.yaml"
+    longer.write_text((EXAMPLES / "hyperpod.yaml").read_text().replace("4096", "8192"))
+    r = fleetserve("verify", str(longer), "--trace", TRACE, "--limit", "300", "--json",
                    "--ttft-p95-ms", "900000", "--e2e-p95-ms", "900000")
     out = json.loads(r.stdout)
     assert r.returncode == 0 and out["passed"] and out["slo"]["source"] == "defaults+flags", r.stdout[-500:]

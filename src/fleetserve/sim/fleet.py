@@ -43,6 +43,7 @@ from fleetserve.sim.memory import BlockLRU
 from fleetserve.sim.replica import ReplicaModel, Seq
 from fleetserve.sim.setup import SimOptions, build_capacity, fake_prometheus, profile_for, scaling_policy
 from fleetserve.sim.workload import SimRequestSpec
+from fleetserve.spec.context import context_limit
 
 DRAIN_TIMEOUT = 120.0  # the supervisor stops a draining replica after this even if requests remain
 TTFT_WINDOW = 60.0  # the router's TTFT p95 window
@@ -117,6 +118,8 @@ class SimFleet:
         self.kv_index = KVIndex() if self.informed and needs_of(self.policy).kv_events else None
         self.admission = AdmissionSettings.from_spec(spec)
         self.limit = self.admission.max_concurrent_per_replica
+        declared = context_limit(spec)  # an engine answers 400 to a request that does not fit its context
+        self.context_tokens = declared[0] if declared else None
         self.book = LoadBook()
         kv = spec.kv_cache
         self.l1_bytes = kv.l1.max_bytes if kv.l1.enabled else 0
@@ -306,6 +309,9 @@ class SimFleet:
         self.requests.append(req)
         self.arrived += 1
         self.outstanding += 1
+        if self.context_tokens and req.spec.prompt + req.spec.output > self.context_tokens:
+            self._fail(req, "context_length_exceeded")  # prompt + completion as the trace has them
+            return
         self._dispatch(req)
 
     def _dispatch(self, req: Req) -> None:

@@ -28,6 +28,7 @@ from fleetserve.sim.run import engine_block
 from fleetserve.sim.setup import SimOptions, gpu_types
 from fleetserve.sim.verify import Verdict, verify
 from fleetserve.sim.workload import build_workload
+from fleetserve.spec.context import ENGINE_FLAGS, context_limit
 from fleetserve.spec.load import load_spec_data
 
 CANDIDATE_TYPES = ("g6.xlarge", "g5.xlarge", "g6e.xlarge", "p4d.24xlarge", "p5.48xlarge")
@@ -55,6 +56,7 @@ class PlanResult:
     changes: list[dict] = field(default_factory=list)
     floors: dict | None = None
     closest: Trial | None = None  # without a winner: the failing trial nearest to passing
+    context: dict | None = None  # the context length raised for the trace (from, to, source, requests_over, why)
 
 
     def to_json(self) -> dict:
@@ -66,7 +68,7 @@ class PlanResult:
                 "changes": self.changes, "evaluated": self.trials, "winner": w.label if w else None,
                 "floors": self.floors,
                 "report": w.verdict.result.report if w else None,
-                "closest": self.closest.label if self.closest else None,
+                "closest": self.closest.label if self.closest else None, "context": self.context,
                 "failures": [c.reason for c in (w or self.closest).verdict.checks if not c.passed]
                 if (w or self.closest) else []}
 
@@ -166,6 +168,7 @@ class Planner:
         self.peak_miss: Trial | None = None  # the cheapest autoscaled trial that failed at the peak only
         self.closest: Trial | None = None  # the failing trial nearest to passing: what a no-winner plan reports
         self.floors: dict | None = None
+        self.context: dict | None = None  # the context length the search raised, and why (`_fit_context`)
 
     def run_trial(self, data: dict, label: str) -> Trial:
         endpoint = load_spec_data(data).endpoint
@@ -215,9 +218,10 @@ class Planner:
         naming = "ml." if any(n.startswith("ml.") for n in self.endpoint.spec.placement.instance_types or ()) else ""
         own = [naming + n for n in own]
         types = list(dict.fromkeys([*own[:1], *(naming + t for t in self.instance_types)])) if own else ["local"]
+        fitted = self._fit_context(base)
         statics: list[tuple[float, str, int, Trial, dict]] = []
         for t in types:
-            data = base if t == "local" else _with_type(base, t, self.catalog)
+            data = fitted if t == "local" else _with_type(fitted, t, self.catalog)
             found = self.smallest_static(data, t)
             if found:
                 n, trial = found
@@ -234,8 +238,42 @@ class Planner:
         winner = self.best
         changes = diff(base, winner.data) if winner else []
         self._explain_floors(changes)
+        if self.context:
+            for c in changes:
+                if c["path"] in ("spec.engine.args", "spec.model.contextLength"):
+                    c["why"] = self.context["why"]
         return PlanResult(winner, baseline, static_peak, self.trials, changes, self.floors,
-                          None if winner else self.closest)
+                          None if winner else self.closest, self.context)
+
+    def _fit_context(self, data: dict) -> dict:
+        """The search's starting spec: the input, with its context length raised (to a multiple of 1,024) when the
+        trace's requests need more than it declares, since no replica count serves a request that cannot fit.
+        The model's own maximum and the KV memory a longer context takes are not checked here."""
+        declared = context_limit(self.endpoint.spec)
+        need = max((w.prompt + w.output for w in self.workload), default=0)
+        if declared is None or need <= declared[0]:
+            return data
+        tokens, where = declared
+        raised = -(-need // 1024) * 1024
+        over = sum(1 for w in self.workload if w.prompt + w.output > tokens)
+        d = copy.deepcopy(data)
+        spec = d["spec"]
+        if where == "spec.model.contextLength":
+            spec["model"]["contextLength"] = raised
+        else:
+            flag = ENGINE_FLAGS[spec["engine"]["kind"]]
+            args = [str(a) for a in spec["engine"].get("args") or ()]
+            for i, arg in enumerate(args):
+                if arg == flag and i + 1 < len(args):
+                    args[i + 1] = str(raised)
+                elif arg.startswith(flag + "="):
+                    args[i] = f"{flag}={raised}"
+            spec["engine"]["args"] = args
+        self.context = {"from": tokens, "to": raised, "source": where, "requests_over": over,
+                        "why": f"{over} of the trace's {len(self.workload)} requests need up to {need} tokens of "
+                               f"context, more than the input's {tokens} ({where}): an engine refuses them, so "
+                               f"every candidate has {raised}"}
+        return d
 
     def _autoscale(self, data: dict, n: int, label: str) -> None:
         low, high, target = max(1, n // 2), n, 4.0

@@ -45,7 +45,7 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
 
 def context_check(spec, workload: list[SimRequestSpec]) -> tuple[dict | None, list[str]]:
     """The declared context length and the trace's requests over it (prompt + completion): a real engine
-    rejects those with a 400; the simulator serves them, and says so."""
+    answers those 400, and so does the simulator (`SimFleet._arrive`); the warning says how many and why."""
     from fleetserve.spec.context import context_limit
 
     limit = context_limit(spec)
@@ -58,5 +58,5 @@ def context_check(spec, workload: list[SimRequestSpec]) -> tuple[dict | None, li
     if not over:
         return info, []
     return info, [f"{over} of {len(workload)} requests ({over / len(workload):.1%}) need more than the "
-                  f"{tokens}-token context length ({where}): a real engine rejects them (400 "
-                  "context_length_exceeded); the simulation served them"]
+                  f"{tokens}-token context length ({where}): refused (400 context_length_exceeded), as a real "
+                  "engine refuses them"]

@@ -62,8 +62,15 @@ def prefill_floor_ms(result: SimResult, window: str) -> float | None:
 
 
 def _cause(result: SimResult, window: str, metric: str = "", value: float | None = None) -> str:
-    """Why a window failed; a TTFT target that the prompts' own prefill misses is named first."""
+    """Why a window failed; a TTFT target that the prompts' own prefill misses, and requests refused for the
+    context length, are named first."""
     capacity = _capacity_cause(result, window)
+    ctx = result.report.get("context_length") or {}
+    if metric == "error_rate" and ctx.get("requests_over"):
+        others = sum(n for code, n in result.report["failed_by_reason"].items() if code != "context_length_exceeded")
+        return (f"{ctx['requests_over']} requests of the trace need more than the {ctx['tokens']}-token context "
+                f"length ({ctx['source']}) and are refused: raise it (the model and KV memory permitting; `plan` "
+                "does) or shorten them" + (f"; and {others} more failed: {capacity}" if others else ""))
     if metric == "ttft_p95_ms":
         floor, target = prefill_floor_ms(result, window), result.report["slo"]["ttft_p95_ms"]
         if floor is not None and floor > target:
@@ -136,7 +143,7 @@ def judge(result: SimResult) -> list[Check]:
         rate, most = sec["error_rate"], slo["max_error_rate"]
         ok = rate <= most
         why = f"{window}: error rate {rate:.2%} <= {most:.2%}" if ok else \
-            f"{window}: error rate {rate:.2%} > {most:.2%}: {_cause(result, window)}"
+            f"{window}: error rate {rate:.2%} > {most:.2%}: {_cause(result, window, 'error_rate')}"
         checks.append(Check(window, "error_rate", rate, most, ok, why))
         budget = slo["cost_per_hour_usd"]
         per_hour = sec["cost_per_hour_usd"]
