@@ -118,6 +118,8 @@ def test_stop_with_stops_the_fleet_when_its_owner_is_killed(tmp_path, tiny_model
     spec = write_spec(tmp_path, tiny_model, name="owned", replicas=1)
     bad = fleetserve("up", spec, "--detach", "--stop-with", "999999999", env=home)
     assert bad.returncode == 2 and "--stop-with" in bad.stderr and "no running process" in bad.stderr
+    huge = fleetserve("up", spec, "--detach", "--stop-with", str(2**70), env=home)  # no traceback from os.kill
+    assert huge.returncode == 2 and "--stop-with" in huge.stderr and "Traceback" not in huge.stderr
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         up = fleetserve("up", spec, "--detach", "--stop-with", str(owner.pid), env=home)

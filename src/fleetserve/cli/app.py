@@ -95,7 +95,7 @@ def up(
                                                         "default: spec.observability.logFormat")] = None,
     log_prompts: Annotated[bool, typer.Option("--log-prompts", help="Put prompt text in the request lines "
                                               "(default: spec.observability.logPrompts, off)")] = False,
-    stop_with: Annotated[int | None, typer.Option("--stop-with", min=1, metavar="PID",
+    stop_with: Annotated[int | None, typer.Option("--stop-with", min=1, max=2**31 - 1, metavar="PID",
                                                   help="Stop the fleet when process PID exits (a benchmark or "
                                                        "CI job that owns the fleet, killed or not)")] = None,
 ) -> None:
