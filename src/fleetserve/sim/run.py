@@ -39,24 +39,25 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
     fleet = SimFleet(endpoint, workload, options, progress).run()
     targets, source = slo_of(endpoint, slo)
     report = build_report(fleet, targets, source)
-    report["context_length"], report["warnings"] = context_check(endpoint.spec, workload)
+    report["context_length"], report["warnings"] = context_check(fleet)
     return SimResult(report, fleet)
 
 
-def context_check(spec, workload: list[SimRequestSpec]) -> tuple[dict | None, list[str]]:
-    """The declared context length and the trace's requests over it (prompt + completion): a real engine
-    answers those 400, and so does the simulator (`SimFleet._arrive`); the warning says how many and why."""
+def context_check(fleet: SimFleet) -> tuple[dict | None, list[str]]:
+    """The declared context length and how many requests the fleet refused for it (prompt + completion as the
+    trace has them, `SimFleet._arrive`), as a real engine answers them 400; the warning says how many and why."""
     from fleetserve.spec.context import context_limit
 
-    limit = context_limit(spec)
+    limit = context_limit(fleet.spec)
     if limit is None:
         return None, []
     tokens, where = limit
-    over = sum(1 for w in workload if w.prompt + w.output > tokens)
+    total = len(fleet.workload)
+    over = fleet.rejected["context_length_exceeded"]
     info = {"tokens": tokens, "source": where, "requests_over": over,
-            "share_over": round(over / len(workload), 6) if workload else 0.0}
+            "share_over": round(over / total, 6) if total else 0.0}
     if not over:
         return info, []
-    return info, [f"{over} of {len(workload)} requests ({over / len(workload):.1%}) need more than the "
+    return info, [f"{over} of {total} requests ({over / total:.1%}) need more than the "
                   f"{tokens}-token context length ({where}): refused (400 context_length_exceeded), as a real "
                   "engine refuses them"]
