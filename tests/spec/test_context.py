@@ -35,3 +35,20 @@ def test_context_limit_from_the_spec_or_the_engines_flag(engine, model, expected
 def test_hyperpods_example_declares_its_limit_in_the_vllm_args():
     assert context_limit(load_spec(EXAMPLES / "hyperpod.yaml").endpoint.spec) == (
         4096, "spec.engine.args --max-model-len")
+
+
+@pytest.mark.parametrize("engine,model", [
+    ({"kind": "vllm", "args": ["/m", "--max-model-len", "4096"]}, None),
+    ({"kind": "vllm", "args": ["--max-model-len=4096"]}, None),
+    ({"kind": "sglang", "args": ["--context-length", "4096"]}, None),
+    ({"kind": "vllm", "args": ["--max-model-len", "8192"]}, {"contextLength": 4096}),
+])
+def test_a_raised_limit_is_written_where_it_was_declared_and_read_back(engine, model):
+    from fleetserve.spec.context import with_context_limit
+
+    spec = _spec(engine, model)
+    tokens, where = context_limit(spec)
+    data = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "c"},
+            "spec": {"model": {"source": "hf:meta-llama/Llama-3.1-8B-Instruct", **(model or {})}, "engine": engine}}
+    raised = load_spec_data(with_context_limit(data, 16384, where)).endpoint.spec
+    assert tokens == 4096 and context_limit(raised) == (16384, where)

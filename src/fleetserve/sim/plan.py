@@ -28,7 +28,7 @@ from fleetserve.sim.run import engine_block
 from fleetserve.sim.setup import SimOptions, gpu_types
 from fleetserve.sim.verify import Verdict, verify
 from fleetserve.sim.workload import build_workload
-from fleetserve.spec.context import ENGINE_FLAGS, context_limit
+from fleetserve.spec.context import context_limit, with_context_limit
 from fleetserve.spec.load import load_spec_data
 
 CANDIDATE_TYPES = ("g6.xlarge", "g5.xlarge", "g6e.xlarge", "p4d.24xlarge", "p5.48xlarge")
@@ -256,19 +256,7 @@ class Planner:
         tokens, where = declared
         raised = -(-need // 1024) * 1024
         over = sum(1 for w in self.workload if w.prompt + w.output > tokens)
-        d = copy.deepcopy(data)
-        spec = d["spec"]
-        if where == "spec.model.contextLength":
-            spec["model"]["contextLength"] = raised
-        else:
-            flag = ENGINE_FLAGS[spec["engine"]["kind"]]
-            args = [str(a) for a in spec["engine"].get("args") or ()]
-            for i, arg in enumerate(args):
-                if arg == flag and i + 1 < len(args):
-                    args[i + 1] = str(raised)
-                elif arg.startswith(flag + "="):
-                    args[i] = f"{flag}={raised}"
-            spec["engine"]["args"] = args
+        d = with_context_limit(copy.deepcopy(data), raised, where)
         self.context = {"from": tokens, "to": raised, "source": where, "requests_over": over,
                         "why": f"{over} of the trace's {len(self.workload)} requests need up to {need} tokens of "
                                f"context, more than the input's {tokens} ({where}): an engine refuses them, so "

@@ -22,3 +22,20 @@ def context_limit(spec) -> tuple[int, str] | None:
         if (arg == flag or arg.startswith(flag + "=")) and value.isdigit() and int(value) > 0:
             return int(value), f"spec.engine.args {flag}"
     return None
+
+
+def with_context_limit(data: dict, tokens: int, source: str) -> dict:
+    """A spec's data (camelCase, as dumped) with the limit `context_limit` found at `source` set to `tokens`."""
+    spec = data["spec"]
+    if source == "spec.model.contextLength":
+        spec["model"]["contextLength"] = tokens
+        return data
+    flag = ENGINE_FLAGS[spec["engine"]["kind"]]
+    args = [str(a) for a in spec["engine"].get("args") or ()]
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            args[i + 1] = str(tokens)
+        elif arg.startswith(flag + "="):
+            args[i] = f"{flag}={tokens}"
+    spec["engine"]["args"] = args
+    return data
