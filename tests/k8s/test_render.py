@@ -194,6 +194,43 @@ def test_vllm_engine_uses_the_adapter_and_rendered_redis():
     assert ["--maxmemory", str(1 << 30)] == redis["args"][6:8] and "allkeys-lru" in redis["args"]
 
 
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_gpu_engines_require_the_internal_token_and_tenants_reach_them_as_cache_salt(kind):
+    """Inside a cluster only the router may call a vLLM or SGLang pod (it sends the internal token as a bearer
+    token, the engine's API key); tenants, which these engines do not hear, are salted into each request."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["engine"]["kind"] = kind
+    rendered, _ = _objects(doc)
+    c = _by(rendered, "Deployment", "chat-engine-t0")[0]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    token_env = "VLLM_API_KEY" if kind == "vllm" else "FLEETSERVE_INTERNAL_TOKEN"
+    assert env[token_env]["valueFrom"] == {"secretKeyRef": {"name": "chat-internal", "key": "token"}}
+    if kind == "sglang":
+        assert c["args"][c["args"].index("--api-key") + 1] == "$(FLEETSERVE_INTERNAL_TOKEN)"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"  # left open by both engines' API-key checks
+    router = _by(rendered, "Deployment", "chat-router")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--tenant-cache-salt" in router and "--no-send-internal-token" not in router
+    monitors = [o for o in rendered.objects if o["kind"] in ("ServiceMonitor", "PodMonitor")]
+    for monitor in monitors:  # scrapes carry the bearer token whatever the engine checks
+        for endpoint in monitor["spec"].get("endpoints") or monitor["spec"].get("podMetricsEndpoints"):
+            assert endpoint["authorization"]["credentials"] == {"name": "chat-internal", "key": "token"}
+
+
+def test_an_api_key_of_the_users_own_on_a_gpu_engine_is_named():
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["engine"]["args"] = ["--api-key=mine"]
+    rendered, _ = _objects(doc)
+    assert any(w.path == "spec.engine.args" and "401" in w.message for w in rendered.warnings)
+
+
+def test_external_engines_never_get_the_internal_token():
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["engine"] = {"kind": "external", "urls": ["https://llm.example.com"]}
+    rendered, _ = _objects(doc)
+    args = _by(rendered, "Deployment", "chat-router")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--no-send-internal-token" in args and "--tenant-cache-salt" not in args
+
+
 def test_router_flags_secrets_and_pdb():
     rendered, _ = _objects(FULL)
     c = _by(rendered, "Deployment", "chat-router")[0]["spec"]["template"]["spec"]["containers"][0]

@@ -3,7 +3,10 @@
 Engines hear tenant identity from the router only. Without this, any local process could call an engine with
 `x-fleetserve-tenant: alpha` and read alpha's cached prefixes, or wipe them through the admin API. The fleet
 writes a random token to a 0600 file and hands its path (never the token) to the router and the engines. The
-router sends it on every upstream request (`x-fleetserve-internal`); Prometheus can send it as a bearer token.
+router sends it on every upstream request, as `x-fleetserve-internal` and as a bearer token (what vLLM and
+SGLang check when started with the token as their API key, see `engine/adapters.py`); Prometheus sends the
+bearer form. Engines outside the fleet (`engine.kind: external`) never get it: it also opens the router's
+admin API.
 
 `EngineGuard` is the engine's front door (a pure ASGI middleware):
 - with a token: everything but `/health` and `/ping` needs it (401 otherwise: the OpenAI API, the KV event
@@ -56,7 +59,7 @@ class InternalAuth:
 
     def headers(self) -> dict[str, str]:
         """What the router adds to each upstream request."""
-        return {INTERNAL_HEADER: self.token} if self.token else {}
+        return {INTERNAL_HEADER: self.token, "authorization": f"Bearer {self.token}"} if self.token else {}
 
     def trusted(self, headers: list[tuple[bytes, bytes]] | Mapping[str, str]) -> bool:
         """`headers`: an ASGI scope's raw list, or any mapping (a dict, Starlette's Headers)."""
@@ -106,3 +109,13 @@ class EngineGuard:
 def engine_front_door(app, limits: SizeLimits, auth: InternalAuth):
     """The engines' front door (built-in and simulated): size limits first, then the internal token."""
     return RequestSizeLimit(EngineGuard(app, auth), limits)
+
+
+def router_trust_args(engine_kind: str, tenants: bool) -> list[str]:
+    """The router flags that fit its engines (local fleet and Kubernetes alike): engines outside the fleet never
+    get the internal token; vLLM and SGLang ignore the tenant header, so tenants reach them as `cache_salt`."""
+    if engine_kind == "external":
+        return ["--no-send-internal-token"]
+    if engine_kind in ("vllm", "sglang") and tenants:
+        return ["--tenant-cache-salt"]
+    return []

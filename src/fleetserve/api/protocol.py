@@ -218,7 +218,8 @@ def _stream_options(body: dict, stream: bool) -> bool:
     return _bool(options, "include_usage", where="stream_options.include_usage")
 
 
-def _cache_salt(body: dict) -> str | None:
+def cache_salt_of(body: dict) -> str | None:
+    """The client's `cache_salt`: a non-empty string, or None; anything else is a 400 naming the field."""
     salt = body.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
         raise invalid("cache_salt", "must be a non-empty string", "invalid_type")
@@ -234,7 +235,7 @@ def parse_chat(body: dict) -> ParsedRequest:
         include_usage=_stream_options(body, stream),
         sampling=_sampling(body),
         messages=_messages(body),
-        cache_salt=_cache_salt(body),
+        cache_salt=cache_salt_of(body),
     )
 
 
@@ -248,5 +249,5 @@ def parse_completion(body: dict) -> ParsedRequest:
         sampling=_sampling(body),
         prompt=_prompt(body),
         echo=_bool(body, "echo"),
-        cache_salt=_cache_salt(body),
+        cache_salt=cache_salt_of(body),
     )

@@ -364,6 +364,13 @@ def router(
                                ] = None,
     internal_token_file: Annotated[str | None, typer.Option(
         help="File with the token the engines trust (the same file as theirs); needed with --auth-file")] = None,
+    send_internal_token: Annotated[bool, typer.Option(
+        "--send-internal-token/--no-send-internal-token",
+        help="Send the internal token to the backends (off for engines outside the fleet: the token also opens "
+             "this router's admin API)")] = True,
+    tenant_cache_salt: Annotated[bool, typer.Option(
+        "--tenant-cache-salt", help="Write each tenant's cache_salt into its requests, keyed with the internal "
+                                    "token (vLLM and SGLang backends, which ignore the tenant header)")] = False,
     max_body_bytes: Annotated[int, typer.Option(min=1024, help="Larger request bodies get 413")] = 4 << 20,
     max_header_bytes: Annotated[int, typer.Option(min=1024, help="Larger request headers get 431")] = 64 << 10,
     log_format: Annotated[str, typer.Option(help="text, or json (JSON lines: one per request)")] = "text",
@@ -413,6 +420,9 @@ def router(
         raise typer.BadParameter("API keys make tenants, and engines accept a tenant only from a router that sends "
                                  "their internal token: give the same --internal-token-file to the router and the "
                                  "engines", param_hint="--internal-token-file")
+    if tenant_cache_salt and not internal_token:
+        raise typer.BadParameter("tenant cache salts are keyed with the fleet's internal token: give "
+                                 "--internal-token-file", param_hint="--tenant-cache-salt")
     if bool(tls_cert) != bool(tls_key):
         raise typer.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert/--tls-key")
     tls = (tls_cert, tls_key) if tls_cert else None
@@ -429,7 +439,8 @@ def router(
                               max_concurrent_per_replica=max_concurrent_per_replica, max_queue=max_queue,
                               overflow_status=overflow_status,
                               admin_token=os.environ.get("FLEETSERVE_ADMIN_TOKEN") or None,
-                              internal_token=internal_token, backend_dns=dns,
+                              internal_token=internal_token, send_internal_token=send_internal_token,
+                              tenant_cache_salt=tenant_cache_salt, backend_dns=dns,
                               size_limits=SizeLimits(max_body_bytes, max_header_bytes), log_prompts=log_prompts,
                               access_log=access_log)
     run_router(list(backend or []), host, port, settings, health_path, unhealthy_after, healthy_after, tls,

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from fleetserve.api.internal import write_token_file
+from fleetserve.api.internal import router_trust_args, write_token_file
 from fleetserve.autoscale.controller import Controller
 from fleetserve.autoscale.policy import ScaleDecision, ScalingPolicy, ScalingState
 from fleetserve.autoscale.scaledown import Candidate, victims
@@ -321,6 +321,7 @@ class Supervisor:
         if limits.max_queue_size is not None:
             cmd += ["--max-queue", str(limits.max_queue_size)]
         cmd += security + self._limit_args() + self._log_args()
+        cmd += router_trust_args(self.spec.engine.kind, self.spec.auth.enabled)
         self.router = Child("router", cmd, self.dir / "logs" / "router.log",
                             env={"FLEETSERVE_ADMIN_TOKEN": self.admin_token,
                                  "FLEETSERVE_SUPERVISOR_METRICS": self.state.metrics_url},  # /dashboard reads it
@@ -412,6 +413,11 @@ class Supervisor:
         return r.json() if r is not None else None
 
     def _push_backends(self) -> None:
+        """The router's backends are the replicas this fleet runs; engines outside it (`engine.urls`) are the
+        router's own from its start (pushing the empty list of replicas took them away: every request waited
+        in the scale-from-zero buffer until it timed out)."""
+        if self.spec.engine.kind == "external":
+            return
         entries = [{"url": r.state.url, "state": ROUTER_STATE[Phase(r.state.state)]}
                    for r in self.replicas if r.state.state in ROUTER_STATE]
         if entries == self._pushed:

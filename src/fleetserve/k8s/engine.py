@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from pathlib import PurePosixPath
 
-from fleetserve.engine.adapters import launch_for
+from fleetserve.engine.adapters import INTERNAL_TOKEN_ENV, launch_for
 from fleetserve.k8s.context import ENGINE_PORT, INTERNAL_TOKEN_DIR, MODELS_DIR, Context
 from fleetserve.k8s.labels import TIER_LABEL
 from fleetserve.k8s.redis import engine_l2
@@ -138,6 +138,8 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
         command, args = launch.argv[:1], launch.argv[1:]
         extra_env = launch.env
         metrics_path = launch.metrics_path
+        env.append({"name": launch.token_env, "valueFrom": {"secretKeyRef": {"name": ctx.internal_secret,
+                                                                             "key": "token"}}})
     env += [{"name": k, "value": v} for k, v in sorted(extra_env.items())]
     env += [{"name": k, "valueFrom": v} for k, v in sorted(spec.engine.env_from.items())]
     if spec.engine.command:  # HyperPod's worker.command: the image's entrypoint replaced, our args kept
@@ -286,6 +288,13 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
         return []
     if spec.engine.kind != "builtin" and not spec.engine.gpus:
         warn("spec.engine.gpus", f"0 GPUs for a {spec.engine.kind} engine: the pod requests no nvidia.com/gpu")
+    if spec.engine.kind != "builtin" and (any(a.split("=")[0] == "--api-key" for a in spec.engine.args)
+                                          or {"VLLM_API_KEY", INTERNAL_TOKEN_ENV}
+                                          & (set(spec.engine.env) | set(spec.engine.env_from))):
+        warn("spec.engine.args", f"the router authenticates to its {spec.engine.kind} engines with the fleet's "
+                                 f"internal token ({ctx.internal_secret}, key token), which fleetserve passes as "
+                                 "the engine's API key; an API key set here replaces it and the router's requests "
+                                 "get 401: remove it")
     if spec.kv_cache.l2.tenant_urls and spec.engine.kind != "builtin":
         warn("spec.kvCache.l2.tenantUrls", f"a Redis per tenant is a built-in engine feature; {spec.engine.kind} "
                                            "engines share the one L2")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 
+from fleetserve.api.internal import router_trust_args
 from fleetserve.k8s.context import INTERNAL_TOKEN_DIR, ROUTER_PORT, Context
 from fleetserve.k8s.engine import engine_port
 
@@ -67,7 +68,7 @@ def _args(ctx: Context) -> list[str]:
         args += ["--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key"]
     args += ["--internal-token-file", f"{INTERNAL_TOKEN_DIR}/token",
              "--max-body-bytes", str(limits.max_body_bytes), "--max-header-bytes", str(limits.max_header_bytes)]
-    return args
+    return args + router_trust_args(spec.engine.kind, spec.auth.enabled)
 
 
 def router_deployment(ctx: Context) -> dict:

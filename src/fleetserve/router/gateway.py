@@ -44,6 +44,7 @@ from fleetserve.router.http1 import Request, Responder
 from fleetserve.router.policies import FleetSnapshot, RouteRequest, RoutingPolicy, create_policy, needs_of
 from fleetserve.router.pool import Backend, BackendPool
 from fleetserve.router.relay import CACHED_TOKENS, PROMPT_TOKENS, last_int, relay
+from fleetserve.router.salting import TenantSalt
 from fleetserve.router.upstream import Upstream
 from fleetserve.router.watcher import ReplicaWatcher
 
@@ -77,6 +78,8 @@ class RouterSettings:
     overflow_status: int = 429
     keyring: KeyRing | None = None  # API keys -> tenants; None: no auth
     internal_token: str | None = None  # sent to the engines: they trust a tenant header only with it
+    send_internal_token: bool = True  # False for engines outside the fleet: the token also opens our admin API
+    tenant_cache_salt: bool = False  # write each tenant's cache_salt (vLLM, SGLang: router/salting.py)
     size_limits: SizeLimits = dataclasses.field(default_factory=SizeLimits)
     backend_dns: tuple[DnsBackends, ...] = ()  # names whose addresses are replicas (a headless Service)
     log_prompts: bool = False  # the request line carries the prompt text (default: never)
@@ -95,7 +98,8 @@ class Gateway:
         self.metrics = RouterMetrics()
         self.internal = InternalAuth(settings.internal_token)
         self.upstream = upstream or Upstream(read_timeout=settings.upstream_read_timeout,
-                                             headers=self.internal.headers())
+                                             headers=self.internal.headers() if settings.send_internal_token else {})
+        self.salter = TenantSalt(settings.internal_token) if settings.tenant_cache_salt else None
         if upstream is None:
             pool.client = self.upstream  # one pooled client: requests, health probes, layout, KV events
         self.gate = AdmissionGate(AdmissionSettings(settings.buffer_size, settings.buffer_timeout,
@@ -174,6 +178,9 @@ class Gateway:
                 tenant = self.settings.keyring.tenant(authorization.decode("latin-1") if authorization else None)
             body = parse_json_body(request.body) if post else {}
             route = self._route(request, body, tenant)
+            sent = request.body
+            if self.salter is not None and post:
+                sent = self.salter.salted(request.path, body, tenant) or sent
             if not self.gate.fast_go():
                 await self.gate.admit()
             forwarded.append((b"x-request-id", rid))
@@ -181,7 +188,7 @@ class Gateway:
                 forwarded.append((TENANT_HEADER.encode(), tenant.encode()))
             if request.client:
                 forwarded.append((b"x-forwarded-for", request.client[0].encode()))
-            attempt = await self.dispatcher.dispatch(Outgoing(request.method, request.path, forwarded, request.body),
+            attempt = await self.dispatcher.dispatch(Outgoing(request.method, request.path, forwarded, sent),
                                                      route)
         except Refused as refused:
             r = refused.rejection

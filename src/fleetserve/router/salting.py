@@ -1,0 +1,49 @@
+"""Tenants kept apart inside engines that separate their prefix caches only by `cache_salt` (vLLM, SGLang).
+
+The built-in engine hears the tenant from the router (`x-fleetserve-tenant`, trusted with the internal token)
+and salts its block keys itself. vLLM and SGLang ignore that header: their prefix caches are divided only by
+the request's `cache_salt`. Without one, two tenants of an endpoint share cached prefixes, and a tenant can
+tell whether another sent a prompt from `usage.prompt_tokens_details.cached_tokens` or from the time to
+first token. So in front of these engines (`fleetserve router --tenant-cache-salt`) the router writes the
+salt of every request it authenticated: an HMAC-SHA256, keyed with the fleet's internal token, of the tenant
+and of any salt the client gave (`kvcache.blocks.kv_salt`, each in its own namespace). One tenant always gets
+the same salt, on every router replica (they share the token), so its requests still share their cache; no
+client can name or guess another tenant's salt; a client's own `cache_salt` divides its tenant's cache
+further and never reaches another tenant's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+
+import orjson
+
+from fleetserve.api.protocol import cache_salt_of
+from fleetserve.kvcache.blocks import kv_salt
+
+SALTED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})
+
+
+class TenantSalt:
+    def __init__(self, secret: str):
+        if not secret:
+            raise ValueError("tenant cache salts are keyed with the fleet's internal token; none was given")
+        self._key = secret.encode("utf-8")
+
+    def salt(self, tenant: str, client_salt: str | None = None) -> str:
+        message = kv_salt(tenant, client_salt).encode("utf-8", errors="surrogatepass")
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+    def salted(self, path: str, body: dict, tenant: str | None) -> bytes | None:
+        """The body to send instead of the client's, or None to send it unchanged (no tenant, another path).
+        A `cache_salt` that is not a non-empty string is refused (400 naming it), as the engine would."""
+        if not tenant or path not in SALTED_PATHS:
+            return None
+        out = dict(body)
+        out["cache_salt"] = self.salt(tenant, cache_salt_of(body))
+        try:
+            return orjson.dumps(out)
+        except (TypeError, orjson.JSONEncodeError):  # what only the stdlib parser read: big integers, NaN,
+            return json.dumps(out, separators=(",", ":")).encode("ascii")  # lone surrogates (escaped)
