@@ -136,3 +136,16 @@ def test_routing_targets_are_judged_where_the_ttft_floor_allows_them():
     verdict = targets({"modes": {"blind": no_reuse}})
     assert verdict["met"] is None and "no prefix reuse" in verdict["reason"]
     assert _met_where_reachable({"0.65": {"reachable": True, "targets": verdict}})["met"] is None
+
+
+def test_a_load_the_calibration_missed_is_named_and_the_two_ways_to_set_it_exclude_each_other():
+    from fleetserve.bench.routing_sim import load_warnings
+
+    rows = {"roundrobin": {"utilization": 0.40}}
+    result = {"target_utilization": 0.65, "modes": {"blind": rows},
+              "load_sweep": {"0.65": {"rows": rows}, "0.8": {"rows": {"roundrobin": {"utilization": 0.78}}}}}
+    (warning,) = load_warnings(result)  # 0.78 is within 15 % of 0.8; 0.40 is not 0.65
+    assert "0.40 busy against the target utilization 0.65" in warning
+    r = fleetserve("bench", "routing", "--trace", "tests/data/mooncake_sample.jsonl", "--time-scale", "2",
+                   "--target-utilization", "0.9")
+    assert r.returncode == 2 and "--time-scale" in r.stderr

@@ -159,3 +159,17 @@ def test_underutilized_nodes_are_consolidated_make_before_break():
     assert any("underutilized; moving" in line for line in log), log
     assert any("removed emptied node" in line for line in log), log
     assert result.report["failed"] == 0
+
+
+def test_a_short_burst_at_the_end_is_not_the_idle_window():
+    """Three quiet 300 s windows, then 20 requests in 5 s: the burst joins the last window (a tail shorter
+    than half a window), and windows are ranked by rate, so the idle window is a quiet one."""
+    from types import SimpleNamespace
+
+    from fleetserve.sim.report import windows
+
+    arrivals = [i * 10.0 for i in range(90)] + [900 + i * 0.25 for i in range(20)]
+    fleet = SimpleNamespace(options=SimpleNamespace(window_s=300.0, peak_fraction=0.1, idle_fraction=0.25),
+                            t0=0.0, end=arrivals[-1], requests=[SimpleNamespace(arrival=a) for a in arrivals])
+    peak, idle, counts = windows(fleet)
+    assert counts == [30, 30, 50] and peak == [(600.0, 904.75)] and idle[0][1] <= 600  # a quiet one

@@ -1,6 +1,7 @@
 """`fleetserve simulate | verify | plan | bench sim-speed` as a user runs them: outputs, files, exit codes."""
 
 import json
+import re
 from pathlib import Path
 
 from fleetserve.spec import load_spec
@@ -80,3 +81,33 @@ def test_same_seed_same_numbers_across_processes_and_hash_seeds():
     second = fleetserve(*args, env={"PYTHONHASHSEED": "2"})
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout) == json.loads(second.stdout)
+
+
+def test_inputs_that_used_to_crash_are_exit_2_and_outputs_never_lost(tmp_path):
+    """Found by a black-box pass over the simulator's commands: each of these was a traceback (exit 1, what
+    `verify` says for a failed SLO), a hang, or a finished run whose result could not be written."""
+    cloud = str(EXAMPLES / "simulated-cloud.yaml")
+    for flag, value in (("--rate-scale", "inf"), ("--window", "inf"), ("--provisioning-delay", "inf"),
+                        ("--ttft-p95-ms", "inf"), ("--rate-scale", "0.001")):
+        r = fleetserve("verify", cloud, "--trace", TRACE, "--limit", "20", flag, value)
+        assert r.returncode == 2 and flag in r.stderr and "Traceback" not in r.stderr, (flag, value, r.stderr)
+    hyperpod = tmp_path / "zz.yaml"
+    hyperpod.write_text((EXAMPLES / "hyperpod.yaml").read_text().replace("ml.g5.8xlarge", "ml.zz.8xlarge"))
+    r = fleetserve("verify", str(hyperpod), "--trace", TRACE, "--limit", "20")
+    assert r.returncode == 2 and "spec.placement.instanceTypes[0]" in r.stderr and "Traceback" not in r.stderr
+    r = fleetserve("plan", cloud, "--trace", TRACE, "--limit", "20", "-o", str(tmp_path))
+    said = re.sub(r"[\s│╭╮╰╯─]+", " ", r.stderr)  # typer's error box wraps long paths
+    assert r.returncode == 2 and "is a directory" in said  # refused before the search, not after it
+    report = tmp_path / "new" / "folder" / "r.html"
+    r = fleetserve("simulate", cloud, "--trace", TRACE, "--limit", "20", "--json", "--report", str(report))
+    assert r.returncode == 0 and report.is_file() and json.loads(r.stdout)["requests"] == 20
+
+
+def test_the_documented_slo_fields_load_and_limits_must_be_finite(tmp_path):
+    spec = tmp_path / "slo.yaml"
+    base = (EXAMPLES / "simulated-cloud.yaml").read_text().rstrip() + "\n"
+    spec.write_text(base + "  slo: {ttftP95Ms: 1500, e2eP95Ms: 20000, costPerHourUsd: 10}\n")  # as docs/simulator.md
+    assert load_spec(spec).endpoint.spec.slo.e2e_p95_ms == 20000
+    spec.write_text(base + "  slo: {ttftP95Ms: .inf}\n")
+    r = fleetserve("validate", str(spec))
+    assert r.returncode == 2 and "spec.slo.ttftP95Ms" in r.stderr and "finite" in r.stderr

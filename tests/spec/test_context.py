@@ -25,11 +25,23 @@ def _spec(engine: dict, model: dict | None = None):
     ({"kind": "vllm", "args": ["--max-model-len", "8192"]}, {"contextLength": 1024},
      (1024, "spec.model.contextLength")),
     ({"kind": "sglang", "args": ["--max-model-len", "8192"]}, None, None),  # not SGLang's flag
-    ({"kind": "vllm", "args": ["--max-model-len"]}, None, None),  # no value
+    ({"kind": "vllm", "args": ["--max-model-len", "4k"]}, None, (4000, "spec.engine.args --max-model-len")),
+    ({"kind": "vllm", "args": ["--max-model-len=32K"]}, None, (32768, "spec.engine.args --max-model-len")),
+    ({"kind": "vllm", "args": ["--max-model-len", "-1"]}, None, None),  # vLLM: as long as memory allows
     ({"kind": "builtin"}, None, None),
 ])
 def test_context_limit_from_the_spec_or_the_engines_flag(engine, model, expected):
     assert context_limit(_spec(engine, model)) == expected
+
+
+@pytest.mark.parametrize("args", [["--max-model-len"], ["--max-model-len", "abc"], ["--max-model-len=0"],
+                                  ["--max-model-len", "-5"]])
+def test_a_context_flag_the_engine_would_refuse_is_a_spec_error(args):
+    """`plan` used to copy such a value into the spec it wrote; the engine would not have started."""
+    from fleetserve.spec import SpecError
+
+    with pytest.raises(SpecError, match="--max-model-len"):
+        _spec({"kind": "vllm", "args": args})
 
 
 def test_hyperpods_example_declares_its_limit_in_the_vllm_args():

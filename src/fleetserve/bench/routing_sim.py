@@ -216,6 +216,7 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
         result["load_sweep"] = sweep
         result["targets"]["by_load"] = {u: e["targets"] for u, e in sweep.items()}
         result["targets"]["met_where_reachable"] = _met_where_reachable(sweep)
+    result["warnings"] = load_warnings(result)
     result["simulated_s"] = round(simulated, 3)
     result["wall_s"] = round(time.perf_counter() - started, 3)
     result["note"] = (f"{len(requests)} requests of {Path(trace).name}, arrival times x{scale:.3g}, "
@@ -291,6 +292,23 @@ def targets(result: dict) -> dict:
 
 def _load_key(u: float) -> str:
     return f"{u:g}"
+
+
+LOAD_TOLERANCE = 0.15  # relative: roundrobin's utilization this far from the target is a different load
+
+
+def load_warnings(result: dict) -> list[str]:
+    """Loads the calibration did not reach (a trace whose work sits in a few bursts keeps a fleet idle between
+    them whatever the scale): the figures at that load describe another load than their label says."""
+    targets = {}
+    if result.get("target_utilization") is not None:
+        rr = (result["modes"].get("blind") or {}).get("roundrobin") or {}
+        targets[float(result["target_utilization"])] = rr.get("utilization")
+    for load, entry in (result.get("load_sweep") or {}).items():
+        targets.setdefault(float(load), (entry["rows"].get("roundrobin") or {}).get("utilization"))
+    return [f"roundrobin kept the fleet {got:.2f} busy against the target utilization {want:g}: the figures "
+            f"labelled {want:g} are at a load of {got:.2f}" for want, got in sorted(targets.items())
+            if got is not None and abs(got - want) > LOAD_TOLERANCE * want]
 
 
 def _sweep_entry(result: dict) -> dict:

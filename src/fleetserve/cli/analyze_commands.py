@@ -11,6 +11,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from fleetserve.cli.checks import finite
+
 EXIT_USAGE = 2
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 trace_app = typer.Typer(help="Make and reshape workloads: generate, scale.", no_args_is_help=True)
@@ -150,6 +152,8 @@ def trace_generate(
 
     _choice(kind, tuple(KINDS), "KIND")
     _choice(fmt, WRITE_FORMATS, "--format")
+    finite(duration=duration, rate=rate, turns=turns, think=think, period=period, peak_to_trough=peak_to_trough,
+           burst_factor=burst_factor, burst_every=burst_every, burst_length=burst_length)
     if arrivals is not None:
         _choice(arrivals, ARRIVALS, "--arrivals")
     spec = WorkloadSpec.for_kind(
@@ -188,6 +192,7 @@ def trace_scale(
         _choice(fmt, WRITE_FORMATS, "--format")
     if rate is None and time_scale is None:
         raise typer.BadParameter("give --rate and/or --time", param_hint="--rate/--time")
+    finite(rate=rate, time=time_scale, duration=duration)
     path = Path(file)
     if not path.exists():
         raise typer.BadParameter(f"{file} does not exist", param_hint="FILE")
@@ -200,6 +205,9 @@ def trace_scale(
         requests = scale_rate(requests, rate, seed=seed)
     if time_scale is not None:
         requests = scale_time(requests, time_scale)
+    if not requests:
+        raise typer.BadParameter(f"{rate:g} leaves none of the trace's requests; use a larger factor",
+                                 param_hint="--rate")
     if fmt is None:
         src = detect_format(path)
         fmt = src if src in WRITE_FORMATS else "mooncake"

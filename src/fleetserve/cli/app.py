@@ -563,10 +563,11 @@ def bench_routing(
     cache_fraction: Annotated[float, typer.Option(min=0.001, max=1.0, help="The fleet's KV caches together hold "
                                                                            "this share of the trace's blocks")
                               ] = 1 / 3,
-    target_utilization: Annotated[float, typer.Option(min=0.01, max=2.0, help="Arrival times are scaled so that "
-                                                                              "roundrobin keeps the fleet this busy")
-                                  ] = 0.65,
-    time_scale: Annotated[float | None, typer.Option(min=0.0001, help="Scale arrival times by this instead")] = None,
+    target_utilization: Annotated[float | None, typer.Option(
+        min=0.01, max=2.0, help="Arrival times are scaled so that roundrobin keeps the fleet this busy (0.65)")
+                                  ] = None,
+    time_scale: Annotated[float | None, typer.Option(min=0.0001, max=1e4, help="Scale arrival times by this "
+                                                                               "instead")] = None,
     sweep: Annotated[str, typer.Option(help="More utilizations for the blind-mode targets, comma-separated "
                                             "('' for none)")] = "0.8,0.9",
     seed: Annotated[int, typer.Option(help="Simulator seed")] = 0,
@@ -599,6 +600,10 @@ def bench_routing(
     if bad or not names:
         raise typer.BadParameter(f"{bad[0] if bad else strategies!r}; allowed values: {', '.join(allowed)}",
                                  param_hint="--strategies")
+    if target_utilization is not None and time_scale is not None:
+        raise typer.BadParameter("give one: --time-scale fixes the arrival times that --target-utilization would "
+                                 "choose", param_hint="--target-utilization/--time-scale")
+    target_utilization = 0.65 if target_utilization is None else target_utilization
     if not live:
         from fleetserve.bench.routing_sim import run as run_sim
         from fleetserve.sim.profiles import ProfileError
@@ -623,6 +628,8 @@ def bench_routing(
             raise _fail(f"--profile: {exc}", EXIT_USAGE) from None
         except (TraceError, ValueError, OSError) as exc:
             raise _fail(str(exc), EXIT_USAGE) from None
+        for warning in result["warnings"]:
+            err.print(f"warning: {warning}", markup=False)
         print(json.dumps(result, indent=2))
         return
     if prompt_format not in ("tokens", "text"):

@@ -12,12 +12,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fleetserve.cli.checks import finite
+
 EXIT_USAGE = 2
 out = Console(soft_wrap=True, highlight=False)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 Spec = Annotated[str, typer.Argument(help="Endpoint spec (fleetserve.io/v1 or HyperPod InferenceEndpointConfig)")]
 TraceOpt = Annotated[str, typer.Option("--trace", help="Trace: Mooncake JSONL, Azure CSV, prompt log, ServeGen")]
+TraceModelOpt = Annotated[str | None, typer.Option("--trace-model", help="ServeGen files of several models: the "
+                                                                         "one whose arrivals to replay")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON")]
 SeedOpt = Annotated[int, typer.Option(help="Random seed: the same seed gives the same numbers")]
 KnowOpt = Annotated[str, typer.Option("--knowledge", help="What the router knows: blind (no KV events, capacity or "
@@ -44,11 +48,40 @@ def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _writable(path: str | None, flag: str) -> None:
+    """Checked before a run, so that minutes of simulation are not lost to a path that cannot be written;
+    missing folders are made."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise typer.BadParameter(f"{path} is a directory; give a file name", param_hint=flag)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot make the folder of {path}: {exc.strerror}", param_hint=flag) from None
+
+
+def _simulatable(loaded) -> None:
+    """Every instance type the fleet may place on must be in the simulator's catalog (prices, GPUs, profiles);
+    a cluster spec may name others, which `render k8s` passes through."""
+    from fleetserve.capacity.catalog import Catalog
+
+    catalog = Catalog.builtin()
+    for i, name in enumerate(loaded.endpoint.spec.placement.instance_types):
+        if name != "local" and name not in catalog:
+            raise _fail(f"spec.placement.instanceTypes[{i}]: {name!r} is not in the simulator's catalog; known: "
+                        f"{', '.join(catalog.names())}")
+
+
 def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_scale: float, limit: int | None,
             seed: int, window: float, peak_fraction: float, idle_fraction: float, start: str,
-            spot_rate: float | None = None, provisioning_delay: float | None = None):
+            spot_rate: float | None = None, provisioning_delay: float | None = None, trace_model: str | None = None):
     """The spec, the trace and the options, or exit 2 naming what is wrong."""
     from datetime import datetime
+
+    finite(rate_scale=rate_scale, window=window, spot_interruption_rate=spot_rate,
+            provisioning_delay=provisioning_delay)
 
     from fleetserve.sim.profiles import ProfileError, resolve
     from fleetserve.sim.setup import KNOWLEDGE_MODES, SimOptions
@@ -73,14 +106,18 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
         loaded = load_spec(spec)
     except SpecError as exc:
         raise _fail(str(exc)) from None
+    _simulatable(loaded)
     if not Path(trace).exists():
         raise typer.BadParameter(f"{trace} does not exist", param_hint="--trace")
     try:
-        requests = load_trace(trace, limit=limit)
+        requests = load_trace(trace, limit=limit, **({"model": trace_model} if trace_model else {}))
     except TraceError as exc:
         raise typer.BadParameter(str(exc), param_hint="--trace") from None
     if rate_scale != 1.0:
         requests = scale_rate(requests, rate_scale, seed)
+        if not requests:
+            raise typer.BadParameter(f"{rate_scale:g} leaves none of the trace's requests; use a larger factor",
+                                     param_hint="--rate-scale")
     options = SimOptions(seed=seed, knowledge=knowledge, profile=profile, window_s=window,
                          peak_fraction=peak_fraction, idle_fraction=idle_fraction, start=start,
                          spot_interruption_rate=spot_rate, provisioning_delay_s=provisioning_delay)
@@ -115,6 +152,7 @@ class _Progress:
 
 
 def _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour) -> dict:
+    finite(ttft_p95_ms=ttft_p95_ms, e2e_p95_ms=e2e_p95_ms, cost_per_hour=cost_per_hour)
     return {"ttft_p95_ms": ttft_p95_ms, "e2e_p95_ms": e2e_p95_ms, "cost_per_hour_usd": cost_per_hour}
 
 
@@ -125,14 +163,16 @@ def simulate(
     limit: LimitOpt = None, window: WindowOpt = 300.0, peak_fraction: PeakOpt = 0.1, idle_fraction: IdleOpt = 0.25,
     start: StartOpt = "2026-01-05T10:00:00+00:00", ttft_p95_ms: TtftOpt = None, e2e_p95_ms: E2eOpt = None,
     cost_per_hour: CostOpt = None, spot_interruption_rate: SpotOpt = None, provisioning_delay: DelayOpt = None,
+    trace_model: TraceModelOpt = None,
 ) -> None:
     """Run the spec's fleet (routing, autoscaling, capacity) against a trace in virtual time; report latency,
     SLO attainment, GPU-hours and cost, overall and for the peak and idle windows."""
     from fleetserve.sim.run import simulate as run
 
+    _writable(report, "--report")
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
-                                        provisioning_delay)
+                                        provisioning_delay, trace_model)
     with _Progress(requests[-1].arrival_s, "simulating") as progress:
         result = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress)
     if report:
@@ -178,7 +218,7 @@ def verify(
     profile: ProfileOpt = None, rate_scale: RateOpt = 1.0, limit: LimitOpt = None, window: WindowOpt = 300.0,
     peak_fraction: PeakOpt = 0.1, idle_fraction: IdleOpt = 0.25, start: StartOpt = "2026-01-05T10:00:00+00:00",
     ttft_p95_ms: TtftOpt = None, e2e_p95_ms: E2eOpt = None, cost_per_hour: CostOpt = None,
-    spot_interruption_rate: SpotOpt = None, provisioning_delay: DelayOpt = None,
+    spot_interruption_rate: SpotOpt = None, provisioning_delay: DelayOpt = None, trace_model: TraceModelOpt = None,
 ) -> None:
     """Pass or fail: does the spec meet its SLO (spec.slo, flags, or the defaults) at peak and at idle?
     Exit 0 pass, 1 fail, 2 bad input."""
@@ -186,7 +226,7 @@ def verify(
 
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
-                                        provisioning_delay)
+                                        provisioning_delay, trace_model)
     with _Progress(requests[-1].arrival_s, "verifying") as progress:
         verdict = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress)
     if as_json:
@@ -217,7 +257,7 @@ def plan(
     idle_fraction: IdleOpt = 0.25, start: StartOpt = "2026-01-05T10:00:00+00:00", ttft_p95_ms: TtftOpt = None,
     e2e_p95_ms: E2eOpt = None, cost_per_hour: CostOpt = None,
     max_trials: Annotated[int, typer.Option(min=2, max=1000, help="Simulations the search may run")] = 80,
-    spot_interruption_rate: SpotOpt = None, provisioning_delay: DelayOpt = None,
+    spot_interruption_rate: SpotOpt = None, provisioning_delay: DelayOpt = None, trace_model: TraceModelOpt = None,
 ) -> None:
     """Search instance types, replica bounds, scaling target, routing and cache tiers for the cheapest spec that
     passes verify; write it to -o and explain the changes. Exit 0 when one passes, 1 when none does."""
@@ -225,9 +265,10 @@ def plan(
 
     from fleetserve.sim.plan import plan as run
 
+    _writable(output, "--output")
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
-                                        provisioning_delay)
+                                        provisioning_delay, trace_model)
     with _Progress(max_trials, "planning") as progress:
         result = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress,
                      max_trials)
@@ -277,10 +318,17 @@ def bench_sim_speed(
     if strategy not in registered_policies():
         raise typer.BadParameter(f"{strategy!r}; allowed values: {', '.join(registered_policies())}",
                                  param_hint="--strategy")
+    finite(rate=rate)
     path = Path(trace) if trace else AZURE_CODE
     if not path.is_file():
-        raise typer.BadParameter(f"{path} does not exist", param_hint="--trace")
-    result = sim_speed(path, rate, limit, strategy)
+        raise typer.BadParameter(f"{path} {'is a directory' if path.is_dir() else 'does not exist'}",
+                                 param_hint="--trace")
+    from fleetserve.traces.load import TraceError
+
+    try:
+        result = sim_speed(path, rate, limit, strategy)
+    except TraceError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--trace") from None
     if as_json:
         print(json.dumps(result, indent=2))
     else:

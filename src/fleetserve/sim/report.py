@@ -1,12 +1,12 @@
 """The simulation report: latency percentiles, SLO attainment, GPU-hours and cost, hit rates, split into
 peak and idle windows.
 
-Windows: the trace's span is cut into `window_s` windows (default 300 s) counted by arrivals; `peak` is the
-busiest `peak_fraction` of them (default 10 %, at least one), `idle` the quietest `idle_fraction` (default
-25 %, at least one, empty windows included). Each of `peak` and `idle` carries the same latency and cost keys
-as the whole run, computed over its own windows: requests that arrived in them, and the money and GPU-hours
-spent during them. A request meets the SLO when its TTFT and E2E are within the targets; a refused or failed
-request never does.
+Windows: the trace's span is cut into `window_s` windows (default 300 s; a tail shorter than half a window
+joins the one before) ranked by arrival rate; `peak` is the busiest `peak_fraction` of them (default 10 %,
+at least one), `idle` the quietest `idle_fraction` (default 25 %, at least one, empty windows included).
+Each of `peak` and `idle` carries the same latency and cost keys as the whole run, computed over its own
+windows: requests that arrived in them, and the money and GPU-hours spent during them. A request meets the
+SLO when its TTFT and E2E are within the targets; a refused or failed request never does.
 """
 
 from __future__ import annotations
@@ -44,13 +44,16 @@ def _pcts(values: np.ndarray) -> dict:
 def windows(fleet: SimFleet) -> tuple[list[tuple[float, float]], list[tuple[float, float]], list[int]]:
     """(peak windows, idle windows, arrivals per window) as (start, end) seconds after the trace start."""
     opts = fleet.options
+    w = opts.window_s
     span = max(fleet.end - fleet.t0, 1e-9)
-    n = max(1, math.ceil(span / opts.window_s))
+    full = int(span // w)
+    n = max(1, full + (span - full * w >= w / 2))  # a tail shorter than half a window joins the one before
     counts = [0] * n
     for req in fleet.requests:
-        counts[min(n - 1, int((req.arrival - fleet.t0) / opts.window_s))] += 1
-    bounds = [(i * opts.window_s, min(span, (i + 1) * opts.window_s)) for i in range(n)]
-    order = sorted(range(n), key=lambda i: (-counts[i], i))
+        counts[min(n - 1, int((req.arrival - fleet.t0) / w))] += 1
+    bounds = [(i * w, span if i == n - 1 else (i + 1) * w) for i in range(n)]
+    rate = [counts[i] / max(b - a, 1e-9) for i, (a, b) in enumerate(bounds)]  # the last may be shorter or longer
+    order = sorted(range(n), key=lambda i: (-rate[i], i))
     k_peak = max(1, math.floor(n * opts.peak_fraction))
     k_idle = max(1, math.floor(n * opts.idle_fraction))
     peak = sorted(order[:k_peak])

@@ -15,7 +15,7 @@ from fleetserve.sim.run import simulate
 from fleetserve.sim.setup import SimOptions
 from fleetserve.sim.workload import scale_rate
 from fleetserve.spec.load import load_spec_data
-from fleetserve.traces.load import load_trace
+from fleetserve.traces.load import TraceError, load_trace
 
 AZURE_CODE = Path("/work/shared/traces/AzureLLMInferenceTrace_code.csv")
 SPEED_SPEC = {
@@ -38,6 +38,8 @@ def sim_speed(trace_path: str | Path = AZURE_CODE, rate: float = 100.0, limit: i
         data["spec"]["routing"] = {"strategy": strategy}
     endpoint = load_spec_data(data).endpoint
     trace = scale_rate(load_trace(trace_path, limit=limit), rate, seed)
+    if not trace:
+        raise TraceError(f"{trace_path}: a rate scale of {rate:g} leaves none of its requests")
     started = time.perf_counter()
     result = simulate(endpoint, trace, SimOptions(seed=seed))
     wall = time.perf_counter() - started

@@ -15,4 +15,5 @@ class SpecModel(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
         frozen=True,
+        allow_inf_nan=False,  # a limit of .inf or .nan is a typo, and would reach JSON output as Infinity
     )

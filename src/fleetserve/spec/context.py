@@ -6,22 +6,71 @@ trace's requests would be (`sim.run`), so a spec that cannot serve a trace is no
 
 from __future__ import annotations
 
+import re
+
 ENGINE_FLAGS = {"vllm": "--max-model-len", "sglang": "--context-length"}
+# vLLM reads 4096, 4k / 1.5m (powers of 1000), 4K / 1M (powers of 1024), and -1 (as long as memory allows)
+_VLLM_TOKENS = re.compile(r"(\d+(?:\.\d+)?)([kmg]?)|(\d+)([KMG])")
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _flag_value(spec) -> tuple[str, str | None] | None:
+    """(flag, its value or None when the flag ends the list) as written in `spec.engine.args`, or None."""
+    flag = ENGINE_FLAGS.get(spec.engine.kind)
+    if flag is None:
+        return None
+    args = [str(a) for a in spec.engine.args]
+    for i, arg in enumerate(args):
+        if arg == flag:
+            return flag, args[i + 1] if i + 1 < len(args) else None
+        if arg.startswith(flag + "="):
+            return flag, arg[len(flag) + 1:]
+    return None
+
+
+def flag_tokens(kind: str, value: str) -> int | None:
+    """The token count an engine reads from its context flag; None for vLLM's -1 (no fixed limit). ValueError
+    names what the engine would accept."""
+    if kind == "vllm":
+        if value.strip() == "-1":
+            return None
+        m = _VLLM_TOKENS.fullmatch(value.strip())
+        if m and (tokens := int(float(m[1] or m[3]) * _UNITS[m[2] or m[4] or ""])) > 0:
+            return tokens
+        raise ValueError("allowed: a positive token count (4096, 4k, 4K) or -1")
+    if value.strip().isdigit() and int(value) > 0:
+        return int(value)
+    raise ValueError("allowed: a positive whole number of tokens")
+
+
+def context_flag_problem(spec) -> str | None:
+    """Why the engine would refuse the context flag in `spec.engine.args`, or None."""
+    found = _flag_value(spec)
+    if found is None:
+        return None
+    flag, value = found
+    if value is None:
+        return f"{flag} has no value"
+    try:
+        flag_tokens(spec.engine.kind, value)
+    except ValueError as exc:
+        return f"{flag} {value!r} is not a context length; {exc}"
+    return None
 
 
 def context_limit(spec) -> tuple[int, str] | None:
     """(tokens, where it was declared), or None when nothing bounds it here."""
     if spec.model.context_length:
         return spec.model.context_length, "spec.model.contextLength"
-    flag = ENGINE_FLAGS.get(spec.engine.kind)
-    if flag is None:
+    found = _flag_value(spec)
+    if found is None or found[1] is None:
         return None
-    args = [str(a) for a in spec.engine.args]
-    for i, arg in enumerate(args):
-        value = args[i + 1] if arg == flag and i + 1 < len(args) else arg.removeprefix(flag + "=")
-        if (arg == flag or arg.startswith(flag + "=")) and value.isdigit() and int(value) > 0:
-            return int(value), f"spec.engine.args {flag}"
-    return None
+    flag, value = found
+    try:
+        tokens = flag_tokens(spec.engine.kind, value)
+    except ValueError:
+        return None  # the spec's validation names it
+    return (tokens, f"spec.engine.args {flag}") if tokens else None
 
 
 def with_context_limit(data: dict, tokens: int, source: str) -> dict:

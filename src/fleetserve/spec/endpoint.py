@@ -377,7 +377,8 @@ class SloSection(SpecModel):
     """
 
     ttft_p95_ms: float = Field(default=2000.0, gt=0, description="time to first token, 95th percentile")
-    e2e_p95_ms: float = Field(default=30000.0, gt=0, description="end-to-end latency, 95th percentile")
+    e2e_p95_ms: float = Field(default=30000.0, gt=0, alias="e2eP95Ms",  # not to_camel's "e2EP95Ms"
+                              description="end-to-end latency, 95th percentile")
     cost_per_hour_usd: float | None = Field(default=None, gt=0, description="GPU spend per hour; none: no limit")
     max_error_rate: float = Field(default=0.01, ge=0, le=1, description="refused or failed requests, fraction")
 
@@ -409,6 +410,15 @@ class EndpointSpec(SpecModel):
     capacity: CapacitySection = Field(default_factory=CapacitySection)
     slo: SloSection | None = None
     pod: PodSection = Field(default_factory=PodSection)
+
+    @model_validator(mode="after")
+    def _context_flag_valid(self) -> EndpointSpec:
+        from fleetserve.spec.context import context_flag_problem
+
+        problem = context_flag_problem(self)
+        if problem:
+            raise ValueError(f"engine.args: {problem}")
+        return self
 
     @model_validator(mode="after")
     def _instance_types_known(self) -> EndpointSpec:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import csv
 import json
-from datetime import datetime
+import math
+import re
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 from fleetserve.traces.model import TraceRequest
@@ -24,25 +27,36 @@ class TraceError(ValueError):
     """A trace file that cannot be read; the message names the line."""
 
 
+def _text_lines(p: Path):
+    """(line number, text) of a UTF-8 file (a BOM, as spreadsheet tools write it, is dropped)."""
+    try:
+        with open(p, encoding="utf-8-sig") as f:
+            yield from enumerate(f, 1)
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
 def detect_format(path: Path) -> str:
     if is_servegen(path):
         return "servegen"
     if path.suffix == ".csv":
         return "azure"
-    with open(path) as f:
-        first = json.loads(f.readline() or "{}")
+    n, first = next(_rows(path, None), (0, {}))
     if "hash_ids" in first or "input_length" in first:
         return "mooncake"
     if "messages" in first or "prompt" in first:
         return "prompts"
-    raise TraceError(f"{path}: cannot tell the trace format from its first line")
+    raise TraceError(f"{path}:{n or 1}: cannot tell the trace format from the first request; expected Mooncake "
+                     "(input_length, hash_ids), a prompt log (messages or prompt) or an Azure .csv")
 
 
 def load_trace(path: str | Path, limit: int | None = None, fmt: str | None = None, **options) -> list[TraceRequest]:
-    """Requests in arrival order. `options` go to the ServeGen loader (the other formats take none)."""
+    """Requests in arrival order, the earliest at 0 s (traces with epoch timestamps, or rows out of order, replay
+    as they happened). `options` go to the ServeGen loader (the other formats take none)."""
     p = Path(path)
     if not p.is_file() and not (p.is_dir() and fmt in (None, "servegen")):
-        raise TraceError(f"trace file {p} does not exist")
+        what = "is a directory, not a trace file" if p.is_dir() else "does not exist"
+        raise TraceError(f"trace file {p} {what}")
     if fmt is not None and fmt not in FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}; allowed: {', '.join(FORMATS)}")
     fmt = fmt or detect_format(p)
@@ -55,60 +69,134 @@ def load_trace(path: str | Path, limit: int | None = None, fmt: str | None = Non
         if options:
             raise TraceError(f"options {', '.join(sorted(options))} apply to ServeGen rate files only")
         out = {"mooncake": _mooncake, "azure": _azure, "prompts": _prompts}[fmt](p, limit)
+        out = _rebased(out)
     if not out:
         raise TraceError(f"{p}: no requests")
     return out
 
 
-def _lines(p: Path, limit: int | None):
-    with open(p) as f:
-        for n, line in enumerate(f, 1):
-            if limit is not None and n > limit:
-                return
-            if line.strip():
-                try:
-                    yield n, json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise TraceError(f"{p}:{n}: not JSON ({exc})") from None
+def _rebased(requests: list[TraceRequest]) -> list[TraceRequest]:
+    if not requests:
+        return requests
+    ordered = sorted(requests, key=lambda r: r.arrival_s)  # stable: rows of one instant keep their order
+    origin = ordered[0].arrival_s
+    if origin == 0 and ordered == requests:
+        return requests
+    return [replace(r, arrival_s=r.arrival_s - origin) for r in ordered]
+
+
+def _rows(p: Path, limit: int | None):
+    """(line, object) of a JSON-lines file, blank lines skipped; each line must hold a JSON object."""
+    for n, line in _text_lines(p):
+        if limit is not None and n > limit:
+            return
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TraceError(f"{p}:{n}: not JSON ({exc})") from None
+            if not isinstance(row, dict):
+                raise TraceError(f"{p}:{n}: expected a JSON object, got {type(row).__name__}")
+            yield n, row
+
+
+def _number(row: dict, key: str, where: str, default: float | None = None) -> float:
+    value = row.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TraceError(f"{where}: {key} must be a finite number, got {value!r}")
+    return value
+
+
+def _count(row: dict, key: str, where: str, default: int | None = None, least: int = 0) -> int:
+    value = row.get(key, default)
+    if value is None and default is not None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value != int(value) or value < least:
+        raise TraceError(f"{where}: {key} must be a whole number >= {least}, got {value!r}")
+    return int(value)
 
 
 def _mooncake(p: Path, limit: int | None) -> list[TraceRequest]:
     out = []
-    for n, row in _lines(p, limit):
-        try:
-            out.append(TraceRequest(row["timestamp"] / 1000.0, int(row["input_length"]), int(row["output_length"]),
-                                    tuple(int(h) for h in row.get("hash_ids", ())), session=row.get("session")))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TraceError(f"{p}:{n}: missing or bad field ({exc})") from None
+    for n, row in _rows(p, limit):
+        where = f"{p}:{n}"
+        hash_ids = row.get("hash_ids") or ()
+        if not isinstance(hash_ids, (list, tuple)) or not all(isinstance(h, int) and not isinstance(h, bool)
+                                                     for h in hash_ids):
+            raise TraceError(f"{where}: hash_ids must be a list of integers")
+        out.append(TraceRequest(_number(row, "timestamp", where) / 1000.0, _count(row, "input_length", where),
+                                _count(row, "output_length", where), tuple(hash_ids), session=row.get("session")))
     return out
+
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+_FRACTION = re.compile(r"(\.\d{6})\d+")  # Azure writes 7 digits; datetime reads 6
+
+
+def _azure_time(text: str) -> datetime:
+    t = datetime.fromisoformat(_FRACTION.sub(r"\1", text.strip(), count=1))
+    return t.astimezone(UTC).replace(tzinfo=None) if t.tzinfo else t  # without an offset: UTC
 
 
 def _azure(p: Path, limit: int | None) -> list[TraceRequest]:
     out = []
-    start = None
-    with open(p, newline="") as f:
-        for n, row in enumerate(csv.DictReader(f), 2):
-            if limit is not None and len(out) >= limit:
-                break
-            try:
-                t = datetime.fromisoformat(row["TIMESTAMP"][:26])
-                start = start or t
-                out.append(TraceRequest((t - start).total_seconds(), int(row["ContextTokens"]),
-                                        int(row["GeneratedTokens"])))
-            except (KeyError, ValueError) as exc:
-                raise TraceError(f"{p}:{n}: missing or bad field ({exc})") from None
-    return out
+    lines = (line for _, line in _text_lines(p))
+    reader = csv.reader(lines)
+    header = next(reader, None)
+    if header is None:
+        return out
+    found = {name.strip().lower(): i for i, name in enumerate(header)}
+    try:
+        cols = [found[name.lower()] for name in AZURE_COLUMNS]
+    except KeyError:
+        raise TraceError(f"{p}:1: an Azure trace needs the columns {', '.join(AZURE_COLUMNS)}; the header has "
+                         f"{', '.join(h.strip() for h in header) or 'nothing'}") from None
+    for n, row in enumerate(reader, 2):
+        if limit is not None and len(out) >= limit:
+            break
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) <= max(cols):
+            raise TraceError(f"{p}:{n}: {len(row)} fields; the header has {len(header)}")
+        stamp, context, generated = (row[i].strip() for i in cols)
+        try:
+            t = _azure_time(stamp)
+        except ValueError:
+            raise TraceError(f"{p}:{n}: TIMESTAMP {stamp!r} is not a date and time "
+                             "(like 2023-11-16 18:15:46.6805900)") from None
+        try:
+            tokens = int(context), int(generated)
+        except ValueError:
+            raise TraceError(f"{p}:{n}: ContextTokens and GeneratedTokens must be whole numbers, got "
+                             f"{context!r} and {generated!r}") from None
+        if min(tokens) < 0:
+            raise TraceError(f"{p}:{n}: token counts must be >= 0, got {context} and {generated}")
+        out.append((t, *tokens))
+    if not out:
+        return []
+    start = min(t for t, _, _ in out)
+    return [TraceRequest((t - start).total_seconds(), c, g) for t, c, g in out]
 
 
 def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
     out = []
-    for n, row in _lines(p, limit):
+    for n, row in _rows(p, limit):
+        where = f"{p}:{n}"
         messages = row.get("messages")
         prompt = row.get("prompt")
         if messages is None and prompt is None:
-            raise TraceError(f"{p}:{n}: needs messages or prompt")
-        text = prompt or "".join(str(m.get("content", "")) for m in messages)
-        out.append(TraceRequest(float(row.get("timestamp", 0.0)), max(1, len(text) // 4),
-                                int(row.get("max_tokens", 64)), session=row.get("session"),
+            raise TraceError(f"{where}: needs messages or prompt")
+        if prompt is not None:
+            if not isinstance(prompt, str) or not prompt:
+                raise TraceError(f"{where}: prompt must be a non-empty string")
+            text = prompt
+        else:
+            if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+                raise TraceError(f"{where}: messages must be a non-empty list of objects "
+                                 '(like {"role": "user", "content": "..."})')
+            text = "".join(str(m.get("content", "")) for m in messages)
+        out.append(TraceRequest(_number(row, "timestamp", where, 0.0), max(1, len(text) // 4),
+                                _count(row, "max_tokens", where, 64, least=1), session=row.get("session"),
                                 messages=tuple(messages) if messages else None, prompt=prompt))
     return out

@@ -43,13 +43,16 @@ class RateWindow:
     scale: float = 0.0
 
 
+CHOOSE_MODEL = "choose one (--trace-model in simulate, verify and plan; --model in trace scale)"
+
+
 def is_servegen(path: Path) -> bool:
     """A folder or archive of ServeGen traces, a per-client chunk CSV, or the aggregate CSV."""
     if path.is_dir() or path.name.endswith((".tar.gz", ".tgz")):
         return True
     if path.suffix != ".csv":
         return False
-    with open(path) as f:
+    with open(path, encoding="utf-8-sig", errors="replace") as f:  # not text: the CSV loader names it
         first = f.readline().strip()
     return first.startswith("model,window_start_s") or _chunk_row(first) is not None
 
@@ -106,7 +109,7 @@ def _select(files: dict[str, str], model: str | None, p: Path) -> list[list[Rate
     if not files:
         raise ServeGenError(f"{p}: no chunk-*-trace.csv files")
     if model is None and len(models) > 1:
-        raise ServeGenError(f"{p} holds several models: choose one with model; allowed: {', '.join(models)}")
+        raise ServeGenError(f"{p} holds several models: {CHOOSE_MODEL}; allowed: {', '.join(models)}")
     wanted = [n for n in files if model is None or _model_of(n) == model or _model_of(n).endswith("/" + model)]
     if not wanted:
         raise ServeGenError(f"unknown ServeGen model {model!r}; allowed: {', '.join(models)}")
@@ -117,7 +120,7 @@ def _aggregate(text: str, model: str | None, p: Path) -> list[RateWindow]:
     rows = list(csv.DictReader(io.StringIO(text)))
     models = sorted({r["model"] for r in rows})
     if model is None and len(models) > 1:
-        raise ServeGenError(f"{p} holds several models: choose one with model; allowed: {', '.join(models)}")
+        raise ServeGenError(f"{p} holds several models: {CHOOSE_MODEL}; allowed: {', '.join(models)}")
     chosen = [r for r in rows if model is None or r["model"] == model or r["model"].endswith("/" + str(model))]
     if not chosen:
         raise ServeGenError(f"unknown ServeGen model {model!r}; allowed: {', '.join(models)}")

@@ -1,0 +1,79 @@
+"""Trace files as users bring them: what loads (and replays as it happened) and what is refused naming the line."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetserve.traces.load import TraceError, load_trace
+
+AZURE_ROWS = ["2023-11-16 18:15:46.6805900,100,10", "2023-11-16 18:15:47.1000000,200,20",
+              "2023-11-16 18:15:49.0000000,300,30"]
+
+
+def _azure(tmp_path, header="TIMESTAMP,ContextTokens,GeneratedTokens", rows=AZURE_ROWS, prefix="", name="t.csv"):
+    path = tmp_path / name
+    path.write_text(prefix + header + "\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def _times(requests):
+    return [round(r.arrival_s, 6) for r in requests], [r.input_tokens for r in requests]
+
+
+def test_azure_variants_load_as_the_canonical_file(tmp_path):
+    canonical = _times(load_trace(_azure(tmp_path)))
+    assert canonical == ([0.0, 0.41941, 2.31941], [100, 200, 300])
+    variants = {
+        "bom": _azure(tmp_path, prefix="\ufeff", name="bom.csv"),  # Excel
+        "case and spaces": _azure(tmp_path, header="timestamp, contexttokens , GENERATEDTOKENS", name="c.csv"),
+        "reordered rows": _azure(tmp_path, rows=AZURE_ROWS[::-1], name="r.csv"),
+        # the same instants with offsets: 7 fractional digits used to cut the offset off
+        "offsets": _azure(tmp_path, rows=["2023-11-16 19:15:46.6805900+01:00,100,10",
+                                          "2023-11-16 18:15:47.1000000+00:00,200,20",
+                                          "2023-11-16 17:15:49.0000000-01:00,300,30"], name="o.csv"),
+        "mixed naive and aware": _azure(tmp_path, rows=["2023-11-16 18:15:46.6805900,100,10", AZURE_ROWS[1],
+                                                        "2023-11-16T18:15:49Z,300,30"], name="m.csv"),
+    }
+    for name, path in variants.items():
+        assert _times(load_trace(path)) == canonical, name
+
+
+def test_mooncake_epoch_stamps_and_unsorted_rows_replay_from_zero(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n\ufeff".lstrip("\n") + '{"timestamp": 1700000002000, "input_length": 3, "output_length": 1}\n'
+                    '\n{"timestamp": 1700000000000, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n')
+    reqs = load_trace(path)
+    assert [(r.arrival_s, r.input_tokens) for r in reqs] == [(0.0, 5), (2.0, 3)]
+
+
+@pytest.mark.parametrize(("name", "text", "says"), [
+    ("short.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100\n",
+     "short.csv:2: 2 fields"),
+    ("neg.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,-5,1\n", "neg.csv:2: token counts"),
+    ("cols.csv", "time,in,out\n2023-11-16 18:15:46,5,1\n", "cols.csv:1: an Azure trace needs the columns"),
+    ("date.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,5,1\n", "date.csv:2: TIMESTAMP 'yesterday'"),
+    ("nan.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": NaN, "input_length": 5, '
+                  '"output_length": 1}\n', "nan.jsonl:2: timestamp must be a finite number"),
+    ("inf.jsonl", '{"timestamp": Infinity, "input_length": 5, "output_length": 1}\n', "inf.jsonl:1: timestamp"),
+    ("negin.jsonl", '{"timestamp": 0, "input_length": -5, "output_length": 1}\n', "negin.jsonl:1: input_length"),
+    ("first.jsonl", "{not json\n", "first.jsonl:1: not JSON"),
+    ("num.jsonl", "42\n", "num.jsonl:1: expected a JSON object"),
+    ("ts.jsonl", '{"timestamp": "abc", "prompt": "hi"}\n', "ts.jsonl:1: timestamp must be a finite number"),
+    ("msgs.jsonl", '{"messages": ["hi"]}\n', "msgs.jsonl:1: messages must be a non-empty list of objects"),
+    ("prompt.jsonl", '{"prompt": 123}\n', "prompt.jsonl:1: prompt must be a non-empty string"),
+    ("max.jsonl", '{"prompt": "hi", "max_tokens": -4}\n', "max.jsonl:1: max_tokens must be a whole number >= 1"),
+])
+def test_unreadable_rows_are_refused_naming_file_and_line(tmp_path, name, text, says):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(TraceError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        load_trace(path)
+
+
+def test_not_utf8_text_is_named(tmp_path):
+    path = tmp_path / "latin1.csv"
+    path.write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,1 \xff\n")
+    with pytest.raises(TraceError, match="latin1.csv: not UTF-8 text"):
+        load_trace(path)
+    with pytest.raises(TraceError, match="is a directory"):
+        load_trace(tmp_path, fmt="mooncake")
