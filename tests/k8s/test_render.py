@@ -203,17 +203,22 @@ def test_gpu_engines_require_the_internal_token_and_tenants_reach_them_as_cache_
     rendered, _ = _objects(doc)
     c = _by(rendered, "Deployment", "chat-engine-t0")[0]["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e for e in c["env"]}
-    token_env = "VLLM_API_KEY" if kind == "vllm" else "FLEETSERVE_INTERNAL_TOKEN"
-    assert env[token_env]["valueFrom"] == {"secretKeyRef": {"name": "chat-internal", "key": "token"}}
+    token_env = "VLLM_API_KEY" if kind == "vllm" else "FLEETSERVE_ENGINE_TOKEN"
+    # their own key, not the internal token: SGLang prints its arguments in its log
+    assert env[token_env]["valueFrom"] == {"secretKeyRef": {"name": "chat-internal", "key": "engine-token"}}
+    assert all(e.get("valueFrom", {}).get("secretKeyRef", {}).get("key") != "token" for e in c["env"])
     if kind == "sglang":
-        assert c["args"][c["args"].index("--api-key") + 1] == "$(FLEETSERVE_INTERNAL_TOKEN)"
+        assert c["args"][c["args"].index("--api-key") + 1] == "$(FLEETSERVE_ENGINE_TOKEN)"
     assert c["readinessProbe"]["httpGet"]["path"] == "/health"  # left open by both engines' API-key checks
-    router = _by(rendered, "Deployment", "chat-router")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--tenant-cache-salt" in router and "--no-send-internal-token" not in router
-    monitors = [o for o in rendered.objects if o["kind"] in ("ServiceMonitor", "PodMonitor")]
-    for monitor in monitors:  # scrapes carry the bearer token whatever the engine checks
-        for endpoint in monitor["spec"].get("endpoints") or monitor["spec"].get("podMetricsEndpoints"):
-            assert endpoint["authorization"]["credentials"] == {"name": "chat-internal", "key": "token"}
+    router = _by(rendered, "Deployment", "chat-router")[0]["spec"]["template"]["spec"]
+    args = router["containers"][0]["args"]
+    assert "--tenant-cache-salt" in args and "--no-send-internal-token" not in args
+    assert args[args.index("--engine-token-file") + 1] == "/var/run/fleetserve/internal/engine-token"
+    items = next(v for v in router["volumes"] if v["name"] == "internal-token")["secret"]["items"]
+    assert {"key": "engine-token", "path": "engine-token"} in items
+    monitors = {o["metadata"]["name"]: o for o in rendered.objects if o["kind"] == "ServiceMonitor"}
+    keys = {name: m["spec"]["endpoints"][0]["authorization"]["credentials"]["key"] for name, m in monitors.items()}
+    assert keys == {"chat-router": "token", "chat-engine": "engine-token"}
 
 
 def test_an_api_key_of_the_users_own_on_a_gpu_engine_is_named():

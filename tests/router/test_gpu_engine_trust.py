@@ -117,6 +117,28 @@ def test_each_tenant_reaches_a_gpu_engine_with_its_own_unguessable_cache_salt(tm
         router.stop()
 
 
+def test_an_engine_key_is_sent_instead_of_the_internal_token_and_values_survive_the_salt(tmp_path, engine):
+    """vLLM/SGLang get an API key of their own (SGLang prints its arguments, key included, in its log): the
+    internal token, which opens the router's admin API and keys the salts, never reaches them. The salted body
+    keeps what the client wrote, NaN and integers past 64 bits included."""
+    key_file = tmp_path / "engine.token"
+    key_file.write_text("engine-key-engine-key-0123456789")
+    router, token = _router(tmp_path, engine, "--tenant-cache-salt", "--engine-token-file", str(key_file))
+    try:
+        raw = b'{"model": "m", "prompt": "p", "max_tokens": 1, "seed": 123456789012345678901234567890, ' \
+              b'"logit_bias": {"5": -Infinity}}'
+        r = httpx.post(router.url + "/v1/completions", content=raw, timeout=30,
+                       headers={"content-type": "application/json", "authorization": "Bearer alpha-key"})
+        assert r.status_code == 200
+        _, headers, sent = engine.seen[0]
+        assert headers["authorization"] == "Bearer engine-key-engine-key-0123456789"
+        assert token not in json.dumps(headers) and "x-fleetserve-internal" not in headers
+        assert sent.startswith(raw[:-1]) and b"123456789012345678901234567890" in sent and b"-Infinity" in sent
+        assert len(json.loads(sent)["cache_salt"]) == 64
+    finally:
+        router.stop()
+
+
 def test_without_tenants_the_body_reaches_the_engine_byte_for_byte(tmp_path, engine):
     router, _ = _router(tmp_path, engine, "--tenant-cache-salt", keys=False)
     try:

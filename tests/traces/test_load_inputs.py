@@ -61,7 +61,7 @@ def test_mooncake_epoch_stamps_and_unsorted_rows_replay_from_zero(tmp_path):
     ("ts.jsonl", '{"timestamp": "abc", "prompt": "hi"}\n', "ts.jsonl:1: timestamp must be a finite number"),
     ("msgs.jsonl", '{"messages": ["hi"]}\n', "msgs.jsonl:1: messages must be a non-empty list of objects"),
     ("prompt.jsonl", '{"prompt": 123}\n', "prompt.jsonl:1: prompt must be a non-empty string"),
-    ("max.jsonl", '{"prompt": "hi", "max_tokens": -4}\n', "max.jsonl:1: max_tokens must be a whole number >= 1"),
+    ("max.jsonl", '{"prompt": "hi", "max_tokens": -4}\n', "max.jsonl:1: max_tokens must be a whole number from 1"),
 ])
 def test_unreadable_rows_are_refused_naming_file_and_line(tmp_path, name, text, says):
     path = tmp_path / name

@@ -3,10 +3,10 @@
 Engines hear tenant identity from the router only. Without this, any local process could call an engine with
 `x-fleetserve-tenant: alpha` and read alpha's cached prefixes, or wipe them through the admin API. The fleet
 writes a random token to a 0600 file and hands its path (never the token) to the router and the engines. The
-router sends it on every upstream request, as `x-fleetserve-internal` and as a bearer token (what vLLM and
-SGLang check when started with the token as their API key, see `engine/adapters.py`); Prometheus sends the
-bearer form. Engines outside the fleet (`engine.kind: external`) never get it: it also opens the router's
-admin API.
+router sends it on every upstream request, as `x-fleetserve-internal` and as a bearer token; Prometheus sends
+the bearer form. vLLM and SGLang get a key of their own instead (`router --engine-token-file`, see
+`engine/adapters.py`), engines outside the fleet (`engine.kind: external`) nothing: the token also opens the
+router's admin API and keys the tenant salts.
 
 `EngineGuard` is the engine's front door (a pure ASGI middleware):
 - with a token: everything but `/health` and `/ping` needs it (401 otherwise: the OpenAI API, the KV event
@@ -43,7 +43,7 @@ def write_token_file(path: Path) -> Path:
 def read_token_file(path: str | Path) -> str:
     token = Path(path).read_text().strip()
     if len(token) < 16:
-        raise ValueError(f"internal token file {path}: the token must be at least 16 characters")
+        raise ValueError(f"token file {path}: the token must be at least 16 characters")
     return token
 
 

@@ -61,6 +61,10 @@ class Catalog:
     def __contains__(self, name: str) -> bool:
         return self.canonical(name) in self._types
 
+    def first_unknown(self, names) -> tuple[int, str] | None:
+        """(index, name) of the first of `names` this catalog does not price, or None."""
+        return next(((i, n) for i, n in enumerate(names) if n not in self), None)
+
     def names(self) -> list[str]:
         return sorted(self._types)
 

@@ -368,6 +368,9 @@ def router(
         "--send-internal-token/--no-send-internal-token",
         help="Send the internal token to the backends (off for engines outside the fleet: the token also opens "
              "this router's admin API)")] = True,
+    engine_token_file: Annotated[str | None, typer.Option(
+        help="File with the API key the engines require (vLLM, SGLang --api-key): sent instead of the internal "
+             "token")] = None,
     tenant_cache_salt: Annotated[bool, typer.Option(
         "--tenant-cache-salt", help="Write each tenant's cache_salt into its requests, keyed with the internal "
                                     "token (vLLM and SGLang backends, which ignore the tenant header)")] = False,
@@ -420,6 +423,14 @@ def router(
         raise typer.BadParameter("API keys make tenants, and engines accept a tenant only from a router that sends "
                                  "their internal token: give the same --internal-token-file to the router and the "
                                  "engines", param_hint="--internal-token-file")
+    engine_token = None
+    if engine_token_file:
+        from fleetserve.api.internal import read_token_file
+
+        try:
+            engine_token = read_token_file(engine_token_file)
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--engine-token-file") from None
     if tenant_cache_salt and not internal_token:
         raise typer.BadParameter("tenant cache salts are keyed with the fleet's internal token: give "
                                  "--internal-token-file", param_hint="--tenant-cache-salt")
@@ -440,6 +451,7 @@ def router(
                               overflow_status=overflow_status,
                               admin_token=os.environ.get("FLEETSERVE_ADMIN_TOKEN") or None,
                               internal_token=internal_token, send_internal_token=send_internal_token,
+                              engine_token=engine_token,
                               tenant_cache_salt=tenant_cache_salt, backend_dns=dns,
                               size_limits=SizeLimits(max_body_bytes, max_header_bytes), log_prompts=log_prompts,
                               access_log=access_log)

@@ -56,10 +56,15 @@ def _writable(path: str | None, flag: str) -> None:
     target = Path(path)
     if target.is_dir():
         raise typer.BadParameter(f"{path} is a directory; give a file name", param_hint=flag)
+    existed = target.exists()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "a"):
+            pass
     except OSError as exc:
-        raise typer.BadParameter(f"cannot make the folder of {path}: {exc.strerror}", param_hint=flag) from None
+        raise typer.BadParameter(f"cannot write {path}: {exc.strerror}", param_hint=flag) from None
+    if not existed:
+        target.unlink()
 
 
 def _simulatable(loaded) -> None:
@@ -68,10 +73,10 @@ def _simulatable(loaded) -> None:
     from fleetserve.capacity.catalog import Catalog
 
     catalog = Catalog.builtin()
-    for i, name in enumerate(loaded.endpoint.spec.placement.instance_types):
-        if name != "local" and name not in catalog:
-            raise _fail(f"spec.placement.instanceTypes[{i}]: {name!r} is not in the simulator's catalog; known: "
-                        f"{', '.join(catalog.names())}")
+    unknown = catalog.first_unknown(loaded.endpoint.spec.placement.instance_types)
+    if unknown:
+        raise _fail(f"spec.placement.instanceTypes[{unknown[0]}]: {unknown[1]!r} is not in the simulator's catalog; "
+                    f"known: {', '.join(catalog.names())}")
 
 
 def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_scale: float, limit: int | None,

@@ -5,11 +5,12 @@ the KV tiers map onto LMCache (L1: CPU offload of `l1.maxBytes`, L2: its Redis r
 `kvCache.blockSize`), and PYTHONHASHSEED is pinned so every replica derives the same cache keys. Health
 and metrics: both serve /health and Prometheus /metrics (vLLM's `vllm:*` names, SGLang's `sglang:*`).
 
-Both require the fleet's internal token as a bearer token on their OpenAI API (`--api-key`; /health and
-/metrics stay open to probes and scrapers), so that inside a cluster only the router (which sends it, see
-`api/internal.py`) can reach them: `EngineLaunch.token_env` names the environment variable the deployer fills
-from the token's Secret (vLLM reads `VLLM_API_KEY` itself; SGLang gets `--api-key $(VAR)`, which Kubernetes
-expands). Tenants reach them as `cache_salt` (`router/salting.py`): they ignore the tenant header.
+Both require an API key of their own (the `engine-token` of the fleet's Secret) as a bearer token on their
+OpenAI API (`--api-key`; /health and /metrics stay open to probes and scrapers), which the router sends
+(`router --engine-token-file`): not the internal token, since SGLang prints its arguments in its log.
+`EngineLaunch.token_env` names the environment variable the deployer fills from the Secret (vLLM reads
+`VLLM_API_KEY` itself; SGLang gets `--api-key $(VAR)`, which Kubernetes expands). Tenants reach them as
+`cache_salt` (`router/salting.py`): they ignore the tenant header.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ class EngineLaunch:
     env: dict[str, str] = field(default_factory=dict)
     health_path: str = "/health"
     metrics_path: str = "/metrics"
-    token_env: str = ""  # the variable that must hold the fleet's internal token (the engine's API key)
+    token_env: str = ""  # the variable that must hold the engine's API key (the Secret's engine-token)
 
 
-INTERNAL_TOKEN_ENV = "FLEETSERVE_INTERNAL_TOKEN"
+ENGINE_TOKEN_ENV = "FLEETSERVE_ENGINE_TOKEN"
 VLLM_TOKEN_ENV = "VLLM_API_KEY"  # vLLM's --api-key default
 
 
@@ -74,9 +75,9 @@ def sglang_launch(spec, model_path: str, port: int, host: str = "0.0.0.0") -> En
         argv += ["--dtype", spec.model.dtype]
     if spec.kv_cache.l1.enabled:
         argv += ["--enable-hierarchical-cache", "--hicache-size", _gib(spec.kv_cache.l1.max_bytes)]
-    argv += ["--api-key", f"$({INTERNAL_TOKEN_ENV})"]
+    argv += ["--api-key", f"$({ENGINE_TOKEN_ENV})"]
     return EngineLaunch(argv + list(spec.engine.args), dict(spec.engine.env), spec.engine.health_path,
-                        token_env=INTERNAL_TOKEN_ENV)
+                        token_env=ENGINE_TOKEN_ENV)
 
 
 def launch_for(spec, model_path: str, port: int, l2_url: str | None = None) -> EngineLaunch:

@@ -21,6 +21,8 @@ ENGINE_PORT = 8000
 ROUTER_PORT = 8080
 REDIS_PORT = 6379
 INTERNAL_TOKEN_DIR = "/var/run/fleetserve/internal"
+GPU_ENGINES = frozenset({"vllm", "sglang"})
+ENGINE_TOKEN_KEY = "engine-token"  # NAME-internal: the API key vLLM/SGLang require (never the internal token)
 MODELS_DIR = "/models"
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from pathlib import PurePosixPath
 
-from fleetserve.engine.adapters import INTERNAL_TOKEN_ENV, launch_for
-from fleetserve.k8s.context import ENGINE_PORT, INTERNAL_TOKEN_DIR, MODELS_DIR, Context
+from fleetserve.engine.adapters import ENGINE_TOKEN_ENV, launch_for
+from fleetserve.k8s.context import ENGINE_PORT, ENGINE_TOKEN_KEY, GPU_ENGINES, INTERNAL_TOKEN_DIR, MODELS_DIR, Context
 from fleetserve.k8s.labels import TIER_LABEL
 from fleetserve.k8s.redis import engine_l2
 
@@ -139,7 +139,7 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
         extra_env = launch.env
         metrics_path = launch.metrics_path
         env.append({"name": launch.token_env, "valueFrom": {"secretKeyRef": {"name": ctx.internal_secret,
-                                                                             "key": "token"}}})
+                                                                             "key": ENGINE_TOKEN_KEY}}})
     env += [{"name": k, "value": v} for k, v in sorted(extra_env.items())]
     env += [{"name": k, "valueFrom": v} for k, v in sorted(spec.engine.env_from.items())]
     if spec.engine.command:  # HyperPod's worker.command: the image's entrypoint replaced, our args kept
@@ -289,12 +289,17 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
     if spec.engine.kind != "builtin" and not spec.engine.gpus:
         warn("spec.engine.gpus", f"0 GPUs for a {spec.engine.kind} engine: the pod requests no nvidia.com/gpu")
     if spec.engine.kind != "builtin" and (any(a.split("=")[0] == "--api-key" for a in spec.engine.args)
-                                          or {"VLLM_API_KEY", INTERNAL_TOKEN_ENV}
+                                          or {"VLLM_API_KEY", ENGINE_TOKEN_ENV}
                                           & (set(spec.engine.env) | set(spec.engine.env_from))):
-        warn("spec.engine.args", f"the router authenticates to its {spec.engine.kind} engines with the fleet's "
-                                 f"internal token ({ctx.internal_secret}, key token), which fleetserve passes as "
-                                 "the engine's API key; an API key set here replaces it and the router's requests "
-                                 "get 401: remove it")
+        warn("spec.engine.args", f"the router authenticates to its {spec.engine.kind} engines with the key "
+                                 f"{ENGINE_TOKEN_KEY} of {ctx.internal_secret}, which fleetserve passes as the "
+                                 "engine's API key; an API key set here replaces it and the router's requests get "
+                                 "401: remove it")
+    if spec.auth.enabled and spec.engine.kind in GPU_ENGINES and (spec.kv_cache.l1.enabled or
+                                                                 spec.kv_cache.l2.enabled):
+        warn("spec.kvCache", f"tenants reach {spec.engine.kind} as cache_salt, which divides its GPU prefix cache; "
+                             "LMCache and SGLang's HiCache keep the salt in their CPU and remote tier keys only "
+                             "in versions from 2026: check the image, or give tenants endpoints of their own")
     if spec.kv_cache.l2.tenant_urls and spec.engine.kind != "builtin":
         warn("spec.kvCache.l2.tenantUrls", f"a Redis per tenant is a built-in engine feature; {spec.engine.kind} "
                                            "engines share the one L2")

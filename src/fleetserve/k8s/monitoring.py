@@ -1,7 +1,8 @@
 """Prometheus-operator objects: ServiceMonitors for the router and the engines, and a PrometheusRule.
 
 Scrapes run every `metrics.scrapeIntervalSeconds`; /metrics of both servers needs the internal token
-(router metrics name tenants), so the ServiceMonitors send it as a bearer token from `<name>-internal`.
+(router metrics name tenants), so the ServiceMonitors send it as a bearer token from `<name>-internal`
+(vLLM and SGLang engines: their own key, `engine-token`).
 The PromQL rules come from observe/rules.py, the one source the local fleet's Prometheus also loads: records
 per namespace/model_name/model_version/instance_type (invocations, errors, concurrency, TTFB and latency
 p50/p95, error ratios, hit ratios) and alerts on what leaks money or latency (SLO burn rate over two windows,
@@ -11,16 +12,16 @@ be placed).
 
 from __future__ import annotations
 
-from fleetserve.k8s.context import Context
+from fleetserve.k8s.context import ENGINE_TOKEN_KEY, GPU_ENGINES, Context
 from fleetserve.observe.rules import RuleTarget, alert, rule_groups
 
 
 def _service_monitor(ctx: Context, name: str, component: str, port: str, scheme: str,
-                     path: str = "/metrics") -> dict:
+                     path: str = "/metrics", key: str = "token") -> dict:
     interval = f"{ctx.endpoint.spec.metrics.scrape_interval_seconds}s"
     endpoint: dict = {"port": port, "path": path, "interval": interval, "scheme": scheme,
                       "authorization": {"type": "Bearer",
-                                        "credentials": {"name": ctx.internal_secret, "key": "token"}}}
+                                        "credentials": {"name": ctx.internal_secret, "key": key}}}
     if scheme == "https":
         endpoint["tlsConfig"] = {"insecureSkipVerify": True}  # the router's certificate names its public host
     return {
@@ -67,6 +68,7 @@ def monitoring_objects(ctx: Context, warn) -> list[dict]:
 
         port = "metrics" if metrics_port(ctx) != engine_port(ctx) else "http"
         out.append(_service_monitor(ctx, ctx.engine_service, "engine", port, "http",
-                                    spec.metrics.model_metrics_path or "/metrics"))
+                                    spec.metrics.model_metrics_path or "/metrics",
+                                    ENGINE_TOKEN_KEY if spec.engine.kind in GPU_ENGINES else "token"))
     out.append(_rules(ctx))
     return out

@@ -4,7 +4,8 @@ The router runs `fleetserve router` with the flags the local supervisor gives it
 buffer at zero, request limits, size limits), so one spec means one behaviour. Secrets are referenced,
 never invented (a renderer that made up tokens would not be deterministic):
 - `<name>-internal`: `token` (the router-engine trust token of api/internal.py, also Prometheus' bearer
-  token for /metrics) and `admin-token` (the router's admin API);
+  token for /metrics), `admin-token` (the router's admin API) and, for vLLM and SGLang engines,
+  `engine-token` (their API key: it stays out of reach of the router's admin API and the tenant salts);
 - `<name>-api-keys`: `auth.json` (`{"keys": {sha256: tenant}}`); rendered here when every key is given
   as `keySha256` (digests are not secrets), otherwise created by the user from the plaintext keys;
 - `<name>-tls`: a `kubernetes.io/tls` Secret (cert-manager or the user).
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 
 from fleetserve.api.internal import router_trust_args
-from fleetserve.k8s.context import INTERNAL_TOKEN_DIR, ROUTER_PORT, Context
+from fleetserve.k8s.context import ENGINE_TOKEN_KEY, GPU_ENGINES, INTERNAL_TOKEN_DIR, ROUTER_PORT, Context
 from fleetserve.k8s.engine import engine_port
 
 AUTH_DIR = "/etc/fleetserve/auth"
@@ -68,6 +69,8 @@ def _args(ctx: Context) -> list[str]:
         args += ["--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key"]
     args += ["--internal-token-file", f"{INTERNAL_TOKEN_DIR}/token",
              "--max-body-bytes", str(limits.max_body_bytes), "--max-header-bytes", str(limits.max_header_bytes)]
+    if spec.engine.kind in GPU_ENGINES:  # their API key: what their logs may show is not the internal token
+        args += ["--engine-token-file", f"{INTERNAL_TOKEN_DIR}/{ENGINE_TOKEN_KEY}"]
     return args + router_trust_args(spec.engine.kind, spec.auth.enabled)
 
 
@@ -76,8 +79,10 @@ def router_deployment(ctx: Context) -> dict:
     scheme = "HTTPS" if spec.tls.enabled else "HTTP"
     probe = {"httpGet": {"path": "/health", "port": "http", "scheme": scheme}, "timeoutSeconds": 3}
     mounts = [{"name": "internal-token", "mountPath": INTERNAL_TOKEN_DIR, "readOnly": True}]
-    volumes: list[dict] = [{"name": "internal-token", "secret": {
-        "secretName": ctx.internal_secret, "items": [{"key": "token", "path": "token"}]}}]
+    items = [{"key": "token", "path": "token"}]
+    if spec.engine.kind in GPU_ENGINES:
+        items.append({"key": ENGINE_TOKEN_KEY, "path": ENGINE_TOKEN_KEY})
+    volumes: list[dict] = [{"name": "internal-token", "secret": {"secretName": ctx.internal_secret, "items": items}}]
     if spec.auth.enabled:
         mounts.append({"name": "api-keys", "mountPath": AUTH_DIR, "readOnly": True})
         volumes.append({"name": "api-keys", "secret": {"secretName": ctx.api_keys_secret,

@@ -79,11 +79,21 @@ class RouterSettings:
     keyring: KeyRing | None = None  # API keys -> tenants; None: no auth
     internal_token: str | None = None  # sent to the engines: they trust a tenant header only with it
     send_internal_token: bool = True  # False for engines outside the fleet: the token also opens our admin API
+    engine_token: str | None = None  # vLLM/SGLang's API key, sent instead of the internal token
     tenant_cache_salt: bool = False  # write each tenant's cache_salt (vLLM, SGLang: router/salting.py)
     size_limits: SizeLimits = dataclasses.field(default_factory=SizeLimits)
     backend_dns: tuple[DnsBackends, ...] = ()  # names whose addresses are replicas (a headless Service)
     log_prompts: bool = False  # the request line carries the prompt text (default: never)
     access_log: bool = True  # one line per request (observe/logs.py)
+
+
+def upstream_credentials(settings: RouterSettings) -> dict[str, str]:
+    """What every request to the backends carries: GPU engines' own API key (their logs may print it, so it is
+    not the internal token, which opens our admin API and keys the tenant salts), else the internal token, or
+    nothing for engines outside the fleet."""
+    if settings.engine_token:
+        return {"authorization": f"Bearer {settings.engine_token}"}
+    return InternalAuth(settings.internal_token).headers() if settings.send_internal_token else {}
 
 
 class Gateway:
@@ -98,7 +108,7 @@ class Gateway:
         self.metrics = RouterMetrics()
         self.internal = InternalAuth(settings.internal_token)
         self.upstream = upstream or Upstream(read_timeout=settings.upstream_read_timeout,
-                                             headers=self.internal.headers() if settings.send_internal_token else {})
+                                             headers=upstream_credentials(settings))
         self.salter = TenantSalt(settings.internal_token) if settings.tenant_cache_salt else None
         if upstream is None:
             pool.client = self.upstream  # one pooled client: requests, health probes, layout, KV events
@@ -180,7 +190,7 @@ class Gateway:
             route = self._route(request, body, tenant)
             sent = request.body
             if self.salter is not None and post:
-                sent = self.salter.salted(request.path, body, tenant) or sent
+                sent = self.salter.salted(request.path, body, request.body, tenant) or sent
             if not self.gate.fast_go():
                 await self.gate.admit()
             forwarded.append((b"x-request-id", rid))

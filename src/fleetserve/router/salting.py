@@ -18,8 +18,6 @@ import hashlib
 import hmac
 import json
 
-import orjson
-
 from fleetserve.api.protocol import cache_salt_of
 from fleetserve.kvcache.blocks import kv_salt
 
@@ -36,14 +34,19 @@ class TenantSalt:
         message = kv_salt(tenant, client_salt).encode("utf-8", errors="surrogatepass")
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()
 
-    def salted(self, path: str, body: dict, tenant: str | None) -> bytes | None:
+    def salted(self, path: str, body: dict, raw: bytes, tenant: str | None) -> bytes | None:
         """The body to send instead of the client's, or None to send it unchanged (no tenant, another path).
-        A `cache_salt` that is not a non-empty string is refused (400 naming it), as the engine would."""
+        A `cache_salt` that is not a non-empty string is refused (400 naming it), as the engine would.
+
+        Everything else goes out as the client wrote it: the field is spliced into the raw bytes (the parsed
+        body may have lost what orjson cannot hold: NaN, Infinity, integers past 64 bits); a body that already
+        has one is re-encoded by the stdlib, which keeps every number exactly."""
         if not tenant or path not in SALTED_PATHS:
             return None
-        out = dict(body)
-        out["cache_salt"] = self.salt(tenant, cache_salt_of(body))
-        try:
-            return orjson.dumps(out)
-        except (TypeError, orjson.JSONEncodeError):  # what only the stdlib parser read: big integers, NaN,
-            return json.dumps(out, separators=(",", ":")).encode("ascii")  # lone surrogates (escaped)
+        salt = self.salt(tenant, cache_salt_of(body))
+        if "cache_salt" not in body:
+            inner = raw.rstrip()[:-1].rstrip()  # a JSON object's text ends with its closing brace
+            return inner + (b"" if inner.endswith(b"{") else b",") + b'"cache_salt":"' + salt.encode() + b'"}'
+        out = json.loads(raw)
+        out["cache_salt"] = salt
+        return json.dumps(out, separators=(",", ":")).encode("ascii")

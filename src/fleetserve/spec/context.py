@@ -9,9 +9,10 @@ from __future__ import annotations
 import re
 
 ENGINE_FLAGS = {"vllm": "--max-model-len", "sglang": "--context-length"}
-# vLLM reads 4096, 4k / 1.5m (powers of 1000), 4K / 1M (powers of 1024), and -1 (as long as memory allows)
-_VLLM_TOKENS = re.compile(r"(\d+(?:\.\d+)?)([kmg]?)|(\d+)([KMG])")
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+# vLLM reads 4096, 4k / 1.5m (powers of 1000), 4K / 1M (powers of 1024, whole numbers), and -1 or auto (as long
+# as memory allows)
+_VLLM_TOKENS = re.compile(r"(\d+)|(\d+(?:\.\d+)?)([kmgt])|(\d+)([KMGT])")
+_UNITS = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def _flag_value(spec) -> tuple[str, str | None] | None:
@@ -32,12 +33,15 @@ def flag_tokens(kind: str, value: str) -> int | None:
     """The token count an engine reads from its context flag; None for vLLM's -1 (no fixed limit). ValueError
     names what the engine would accept."""
     if kind == "vllm":
-        if value.strip() == "-1":
+        text = value.strip()
+        if text == "-1" or text.lower() == "auto":
             return None
-        m = _VLLM_TOKENS.fullmatch(value.strip())
-        if m and (tokens := int(float(m[1] or m[3]) * _UNITS[m[2] or m[4] or ""])) > 0:
-            return tokens
-        raise ValueError("allowed: a positive token count (4096, 4k, 4K) or -1")
+        m = _VLLM_TOKENS.fullmatch(text)
+        if m:
+            tokens = int(m[1]) if m[1] else int(float(m[2]) * _UNITS[m[3]]) if m[2] else int(m[4]) * _UNITS[m[5]]
+            if tokens > 0:
+                return tokens
+        raise ValueError("allowed: a positive token count (4096, 4k, 4K) or -1 / auto")
     if value.strip().isdigit() and int(value) > 0:
         return int(value)
     raise ValueError("allowed: a positive whole number of tokens")

@@ -7,10 +7,11 @@ auth. Every component reads its section from here; nothing else carries configur
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from fleetserve.spec.base import SpecModel
 
@@ -344,7 +345,14 @@ class ConsolidationSection(SpecModel):
 class ShortageSpec(SpecModel):
     instance_type: str
     start_seconds: float = Field(ge=0, description="after the fleet starts")
-    end_seconds: float = Field(gt=0)
+    end_seconds: float = Field(gt=0, allow_inf_nan=True, description=".inf: short until the end")
+
+    @field_validator("end_seconds")
+    @classmethod
+    def _not_nan(cls, value: float) -> float:
+        if math.isnan(value):
+            raise ValueError("must be a number of seconds or .inf")
+        return value
     capacity_type: Literal["spot", "on-demand"] | None = None
 
 
@@ -377,7 +385,8 @@ class SloSection(SpecModel):
     """
 
     ttft_p95_ms: float = Field(default=2000.0, gt=0, description="time to first token, 95th percentile")
-    e2e_p95_ms: float = Field(default=30000.0, gt=0, alias="e2eP95Ms",  # not to_camel's "e2EP95Ms"
+    e2e_p95_ms: float = Field(default=30000.0, gt=0, alias="e2eP95Ms",  # to_camel's "e2EP95Ms" still read
+                              validation_alias=AliasChoices("e2eP95Ms", "e2EP95Ms", "e2e_p95_ms"),
                               description="end-to-end latency, 95th percentile")
     cost_per_hour_usd: float | None = Field(default=None, gt=0, description="GPU spend per hour; none: no limit")
     max_error_rate: float = Field(default=0.01, ge=0, le=1, description="refused or failed requests, fraction")
@@ -427,10 +436,10 @@ class EndpointSpec(SpecModel):
         from fleetserve.capacity.catalog import Catalog
 
         catalog = Catalog.builtin()
-        for i, name in enumerate(self.placement.instance_types):
-            if name not in catalog:
-                raise ValueError(f"placement.instanceTypes[{i}]: unknown instance type {name!r}; known: "
-                                 f"{', '.join(catalog.names())}")
+        unknown = catalog.first_unknown(self.placement.instance_types)
+        if unknown:
+            raise ValueError(f"placement.instanceTypes[{unknown[0]}]: unknown instance type {unknown[1]!r}; known: "
+                             f"{', '.join(catalog.names())}")
         if not self.placement.instance_types and not self.placement.node_affinity:
             raise ValueError("capacity.provider 'simulated' needs placement.instanceTypes or nodeAffinity")
         return self

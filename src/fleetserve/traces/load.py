@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import re
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -100,20 +99,25 @@ def _rows(p: Path, limit: int | None):
             yield n, row
 
 
+MAX_TOKENS = 1 << 24  # per request and field: more is a corrupt row, and would keep a simulated engine busy forever
+
+
 def _number(row: dict, key: str, where: str, default: float | None = None) -> float:
-    value = row.get(key, default)
+    value = row.get(key)
+    if value is None:
+        value = default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TraceError(f"{where}: {key} must be a finite number, got {value!r}")
     return value
 
 
 def _count(row: dict, key: str, where: str, default: int | None = None, least: int = 0) -> int:
-    value = row.get(key, default)
-    if value is None and default is not None:
+    value = row.get(key)
+    if value is None:
         value = default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value != int(value) or value < least:
-        raise TraceError(f"{where}: {key} must be a whole number >= {least}, got {value!r}")
+            or value != int(value) or not least <= value <= MAX_TOKENS:
+        raise TraceError(f"{where}: {key} must be a whole number from {least} to {MAX_TOKENS}, got {value!r}")
     return int(value)
 
 
@@ -131,11 +135,10 @@ def _mooncake(p: Path, limit: int | None) -> list[TraceRequest]:
 
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-_FRACTION = re.compile(r"(\.\d{6})\d+")  # Azure writes 7 digits; datetime reads 6
 
 
 def _azure_time(text: str) -> datetime:
-    t = datetime.fromisoformat(_FRACTION.sub(r"\1", text.strip(), count=1))
+    t = datetime.fromisoformat(text.strip())  # 7 fractional digits, as Azure writes them, and offsets
     return t.astimezone(UTC).replace(tzinfo=None) if t.tzinfo else t  # without an offset: UTC
 
 
@@ -170,8 +173,8 @@ def _azure(p: Path, limit: int | None) -> list[TraceRequest]:
         except ValueError:
             raise TraceError(f"{p}:{n}: ContextTokens and GeneratedTokens must be whole numbers, got "
                              f"{context!r} and {generated!r}") from None
-        if min(tokens) < 0:
-            raise TraceError(f"{p}:{n}: token counts must be >= 0, got {context} and {generated}")
+        if min(tokens) < 0 or max(tokens) > MAX_TOKENS:
+            raise TraceError(f"{p}:{n}: token counts must be from 0 to {MAX_TOKENS}, got {context} and {generated}")
         out.append((t, *tokens))
     if not out:
         return []
@@ -188,8 +191,10 @@ def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
         if messages is None and prompt is None:
             raise TraceError(f"{where}: needs messages or prompt")
         if prompt is not None:
+            if isinstance(prompt, list) and len(prompt) == 1:
+                prompt = prompt[0]  # the OpenAI API's list form; more strings are a batch: a line each here
             if not isinstance(prompt, str) or not prompt:
-                raise TraceError(f"{where}: prompt must be a non-empty string")
+                raise TraceError(f"{where}: prompt must be a non-empty string (a batch of prompts: one line each)")
             text = prompt
         else:
             if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
