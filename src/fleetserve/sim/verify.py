@@ -65,6 +65,8 @@ def _cause(result: SimResult, window: str, metric: str = "", value: float | None
     """Why a window failed; a TTFT target that the prompts' own prefill misses, and requests refused for the
     context length, are named first."""
     capacity = _capacity_cause(result, window)
+    if window == "idle" and result.report["idle"]["windows"] == result.report["peak"]["windows"]:
+        capacity += " (the trace spans a single window, so its idle is its peak: a shorter --window separates them)"
     ctx = result.report.get("context_length") or {}
     if metric == "error_rate" and ctx.get("requests_over"):
         others = sum(n for code, n in result.report["failed_by_reason"].items() if code != "context_length_exceeded")
