@@ -12,8 +12,8 @@ from fleetserve.cli.app import app
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(*args):
-    return CliRunner().invoke(app, list(args))
+def _run(*args, env=None):
+    return CliRunner().invoke(app, list(args), env=env)
 
 
 def test_hyperpod_example_writes_the_core_objects(tmp_path):
@@ -44,3 +44,33 @@ def test_bad_spec_exits_2_naming_the_field(tmp_path):
 def test_output_is_required():
     result = _run("render", "k8s", str(ROOT / "examples" / "quickstart.yaml"))
     assert result.exit_code == 2 and "--output" in result.stderr
+
+
+def test_an_output_that_is_a_file_and_a_spec_that_is_not_text_exit_2(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    result = _run("render", "k8s", str(ROOT / "examples" / "quickstart.yaml"), "-o", str(afile))
+    assert result.exit_code == 2 and "is a file" in result.stderr and afile.read_text() == "mine"
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(b"apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {name: caf\xe9}\n")
+    result = _run("validate", str(latin1))
+    assert result.exit_code == 2 and "not UTF-8" in result.stderr
+    result = _run("model", "prepare", "builtin:smollm2-135m", env={"FLEETSERVE_HOME": str(afile)})
+    assert result.exit_code == 2 and "Not a directory" in result.stderr
+
+
+def test_the_init_container_downloads_hub_models_and_a_failed_download_is_exit_2(tmp_path):
+    """The init container ran `model prepare hf:...`, which reads only the local cache: on a fresh pod every
+    hf: and catalog: model failed to load. It asks for `--download` now; a Hub it cannot reach is exit 2."""
+    from tests.helpers import fleetserve
+
+    result = _run("render", "k8s", str(ROOT / "examples" / "autoscaling.yaml"), "--json")
+    objects = json.loads(result.stdout)["objects"]
+    inits = [c for o in objects if o["kind"] == "Deployment"
+             for c in o["spec"]["template"]["spec"].get("initContainers", [])]
+    fetchers = [c for c in inits if c["name"] == "fetch-model"]
+    assert fetchers and all("model prepare --download" in c["command"][2] for c in fetchers)
+    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_ETAG_TIMEOUT": "2",
+           "HF_HUB_DOWNLOAD_TIMEOUT": "2", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    r = fleetserve("model", "prepare", "hf:org/tiny", "--download", env=env, timeout=120)
+    assert r.returncode == 2 and "hf:org/tiny: cannot download" in r.stderr and "Traceback" not in r.stderr

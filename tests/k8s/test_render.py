@@ -299,3 +299,78 @@ def test_the_router_sees_every_engine_pod_through_a_headless_service():
     args = _by(rendered, "Deployment", "chat-router")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--backend-dns") + 1].startswith("chat-engine-pods.team-b.svc.cluster.local:")
     assert "--backend" not in args
+
+
+def test_render_findings_of_a_black_box_pass(tmp_path):
+    """Each of these rendered a broken or incomplete fleet, or lost a user's files."""
+    import subprocess
+
+    # a zone-only nodeAffinity used to rule out every instance type: no engine Deployment at all
+    zone = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "zone"},
+            "spec": {"model": {"source": "builtin:smollm2-135m"}, "placement": {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2a"]}]}]}}}}}
+    rendered, _ = _objects(zone)
+    assert _by(rendered, "Deployment", "zone-engine")
+    pool = _by(rendered, "NodePool")[0]["spec"]["template"]["spec"]["requirements"]
+    assert {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2a"]} in pool
+
+    # HyperPod's worker.args name the model positionally, as `vllm serve MODEL` wants; the adapter names it too
+    rendered, loaded = _objects(ROOT / "examples" / "hyperpod.yaml")
+    engine = next(d for d in _by(rendered, "Deployment") if d["metadata"]["name"].endswith("engine"))
+    args = engine["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "serve" and not [a for a in args[2:] if a.startswith("/opt/ml/model")], args
+    assert any(w.path == "spec.worker.args" for w in loaded.warnings)
+
+    # a HyperPod trigger without serverAddress asks the Prometheus given to render, not 127.0.0.1
+    hp = yaml.safe_load((ROOT / "examples" / "hyperpod.yaml").read_text())
+    hp["spec"]["autoScalingSpec"]["prometheusTrigger"].pop("serverAddress")
+    hp["spec"]["modelName"] = 'Llama"3 (8B)'  # HyperPod allows it; it lands in PromQL strings
+    spec = tmp_path / "hp.yaml"
+    spec.write_text(yaml.safe_dump(hp))
+    from fleetserve.k8s.context import RenderOptions
+
+    rendered = render(load_spec(spec).endpoint, RenderOptions(prometheus_url="http://prom.monitoring:9090"))
+    servers = {t["metadata"]["serverAddress"] for o in _by(rendered, "ScaledObject") for t in o["spec"]["triggers"]
+               if t["type"] == "prometheus"}
+    assert servers == {"http://prom.monitoring:9090"}
+    rules = _by(rendered, "PrometheusRule")[0]["spec"]
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    check = subprocess.run(["promtool", "check", "rules", str(tmp_path / "rules.yml")], capture_output=True,
+                           text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    # render -o removed every NN-*.yaml in the folder, a user's own and another endpoint's included
+    out = tmp_path / "manifests"
+    out.mkdir()
+    (out / "00-namespace.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: team}\n")
+    first = _objects(EXAMPLES[0])[0]
+    write(first, out)
+    stale = out / "08-service-chat-old.yaml"  # what an earlier render of FULL wrote and no longer wants
+    stale.write_text(yaml.safe_dump({"kind": "Service", "metadata": {"name": "chat-old", "namespace": "team-b",
+                                     "labels": {"app.kubernetes.io/managed-by": "fleetserve",
+                                                "app.kubernetes.io/instance": "chat"}}}))
+    write(_objects(FULL)[0], out)
+    names = {p.name for p in out.iterdir()}
+    assert "00-namespace.yaml" in names and set(first.files()) <= names and not stale.exists()
+
+
+def test_user_env_keeps_its_order_and_never_duplicates_ours():
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["engine"]["env"] = {"Z_BASE": "/data", "A_PATH": "$(Z_BASE)/x", "POD_NAME": "mine"}
+    doc["spec"]["engine"]["envFrom"] = {"API_TOKEN": {"secretKeyRef": {"name": "api", "key": "token"}}}
+    rendered, _ = _objects(doc)
+    names = [e["name"] for e in _by(rendered, "Deployment", "chat-engine-t0")[0]["spec"]["template"]["spec"][
+        "containers"][0]["env"]]
+    assert names.count("POD_NAME") == 1 and names.index("API_TOKEN") < names.index("Z_BASE") < names.index("A_PATH")
+    assert any(w.path == "spec.engine.env" and "POD_NAME" in w.message for w in rendered.warnings)
+
+
+def test_credentials_written_in_the_spec_are_named_before_they_reach_the_manifests():
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["kvCache"]["l2"]["url"] = "redis://:s3cret@redis.example.com:6379/0"
+    doc["spec"]["autoscaling"]["triggers"][1]["customHeaders"] = "Authorization=Bearer abc"
+    rendered, _ = _objects(doc)
+    named = {w.path for w in rendered.warnings if "plain text" in w.message}
+    assert named == {"spec.kvCache.l2.url", "spec.autoscaling.triggers[1].customHeaders"}
+    assert not [w for w in _objects(FULL)[0].warnings if "plain text" in w.message]

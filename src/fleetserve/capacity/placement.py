@@ -111,8 +111,8 @@ def tiers_from_spec(placement, catalog: Catalog, capacity_types: tuple[str, ...]
 def _matches(expr: dict, instance: str, capacity: str) -> bool:
     key, op, values = expr.get("key"), expr.get("operator", "In"), expr.get("values") or []
     value = {INSTANCE_TYPE_LABEL: instance, CAPACITY_TYPE_LABEL: capacity}.get(key)
-    if value is None:
-        return op in ("NotIn", "DoesNotExist")  # labels we do not model do not constrain
+    if value is None:  # a label the catalog does not model (zone, a team's own): it never rules a type out
+        return True      # here; the NodePool carries it (k8s/karpenter.py)
     canon = [Catalog.canonical(v) for v in values] if key == INSTANCE_TYPE_LABEL else values
     if op == "In":
         return value in canon

@@ -334,6 +334,18 @@ def engine(
         raise _fail(f"--model: {exc}", EXIT_USAGE) from None
 
 
+def _token(path: str | None, flag: str) -> str | None:
+    """A token file's secret, or exit 2 naming the flag."""
+    if not path:
+        return None
+    from fleetserve.api.internal import read_token_file
+
+    try:
+        return read_token_file(path)
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint=flag) from None
+
+
 @app.command()
 def router(
     backend: Annotated[list[str], typer.Option(help="Backend base URL (repeat for each replica)")] = None,
@@ -411,26 +423,12 @@ def router(
         except (OSError, ValueError, KeyError) as exc:
             raise typer.BadParameter(f"cannot read API keys from {auth_file}: {exc}",
                                      param_hint="--auth-file") from None
-    internal_token = None
-    if internal_token_file:
-        from fleetserve.api.internal import read_token_file
-
-        try:
-            internal_token = read_token_file(internal_token_file)
-        except (OSError, ValueError) as exc:
-            raise typer.BadParameter(str(exc), param_hint="--internal-token-file") from None
-    elif keyring is not None:
+    internal_token = _token(internal_token_file, "--internal-token-file")
+    if internal_token is None and keyring is not None:
         raise typer.BadParameter("API keys make tenants, and engines accept a tenant only from a router that sends "
                                  "their internal token: give the same --internal-token-file to the router and the "
                                  "engines", param_hint="--internal-token-file")
-    engine_token = None
-    if engine_token_file:
-        from fleetserve.api.internal import read_token_file
-
-        try:
-            engine_token = read_token_file(engine_token_file)
-        except (OSError, ValueError) as exc:
-            raise typer.BadParameter(str(exc), param_hint="--engine-token-file") from None
+    engine_token = _token(engine_token_file, "--engine-token-file")
     if tenant_cache_salt and not internal_token:
         raise typer.BadParameter("tenant cache salts are keyed with the fleet's internal token: give "
                                  "--internal-token-file", param_hint="--tenant-cache-salt")
@@ -482,15 +480,24 @@ def model_prepare(
                                                 "or a local path")],
     revision: Annotated[str | None, typer.Option()] = None,
     region: Annotated[str | None, typer.Option(help="S3 region")] = None,
+    download: Annotated[bool, typer.Option("--download", help="hf: sources missing from the local cache are "
+                                                              "downloaded from the Hub (HF_TOKEN)")] = False,
 ) -> None:
     """Resolve a model source to a local directory (importing or fetching it once); prints the path."""
     from fleetserve.engine.demo import ModelSourceError
     from fleetserve.engine.sources import resolve_source
 
     try:
-        print(resolve_source(source, revision, region, progress=sys.stderr.isatty()))
+        print(resolve_source(source, revision, region, progress=sys.stderr.isatty(), download=download))
     except ModelSourceError as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
+    except OSError as exc:  # FLEETSERVE_HOME a file, a path too long for the file system, a disk full
+        raise _fail(f"{source}: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""),
+                    EXIT_USAGE) from None
+    except Exception as exc:  # the S3 client's own errors: no credentials, an endpoint it cannot reach
+        if type(exc).__module__.split(".")[0] not in ("botocore", "boto3"):
+            raise
+        raise _fail(f"{source}: {exc}", EXIT_USAGE) from None
 
 
 @model_app.command("tiny")

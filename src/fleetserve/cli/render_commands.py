@@ -84,6 +84,8 @@ def render_k8s(
     if output is not None:
         try:
             paths = write(rendered, output)
+        except NotADirectoryError as exc:
+            raise _fail(f"--output: {exc}") from None
         except OSError as exc:
             raise _fail(f"--output {output}: {exc.strerror or exc}", 1) from None
         if not as_json:
@@ -114,6 +116,8 @@ def _install(options, output: str, namespace: str, ca_bundle: str | None) -> Non
     except OSError as exc:
         raise _fail(f"--webhook-ca-bundle {ca_bundle}: {exc.strerror}") from None
     objects = install_objects(options, InstallOptions(namespace=namespace, webhook_ca_bundle=bundle))
+    if Path(output).exists() and not Path(output).is_dir():
+        raise _fail(f"--output: {output} is a file; give a folder for the manifests")
     try:
         paths = write(objects, output)
     except OSError as exc:

@@ -32,24 +32,32 @@ def check_model_dir(path: Path) -> Path:
     return path
 
 
-def _hf_cache_dir(repo_id: str, revision: str | None) -> Path:
+def _hf_cache_dir(repo_id: str, revision: str | None, download: bool = False) -> Path:
+    """The model from the local Hugging Face cache; with `download` (`model prepare --download`, what the
+    Kubernetes init container runs), fetched from the Hub first when missing (HF_TOKEN, HF_ENDPOINT apply).
+    An engine or a fleet never downloads: replicas start from what was prepared."""
     from huggingface_hub import snapshot_download
 
     try:
         # the cache location is read at call time (huggingface_hub reads its environment once, at import)
-        folder = snapshot_download(repo_id, revision=revision, local_files_only=True,
-                                   cache_dir=os.environ.get("HF_HUB_CACHE") or None)
-    except Exception as exc:  # huggingface_hub raises several types for "not in the cache"
+        folder = snapshot_download(repo_id, revision=revision, local_files_only=not download,
+                                   cache_dir=os.environ.get("HF_HUB_CACHE") or None,
+                                   token=os.environ.get("HF_TOKEN") or None)
+    except Exception as exc:  # huggingface_hub raises several types for "not in the cache", "cannot reach"
+        if download:
+            raise ModelSourceError(f"hf:{repo_id}: cannot download from the Hugging Face Hub "
+                                   f"({type(exc).__name__}: {str(exc)[:300]})") from None
         raise ModelSourceError(
             f"hf:{repo_id} is not in the local Hugging Face cache "
             f"({os.environ.get('HF_HUB_CACHE', '~/.cache/huggingface/hub')}); "
-            f"fleetserve never downloads at run time: fetch it first (hf download {repo_id}) ({type(exc).__name__})"
+            f"fleetserve never downloads at run time: fetch it first (hf download {repo_id}, or fleetserve model "
+            f"prepare hf:{repo_id} --download) ({type(exc).__name__})"
         ) from None
     return Path(folder)
 
 
 def resolve_source(source: str, revision: str | None = None, region: str | None = None,
-                   progress: bool = False) -> Path:
+                   progress: bool = False, download: bool = False) -> Path:
     """The local directory holding the model named by `source`, or ModelSourceError saying what is wrong."""
     if source.startswith("builtin:"):
         name = source.removeprefix("builtin:")
@@ -57,7 +65,7 @@ def resolve_source(source: str, revision: str | None = None, region: str | None 
             raise ModelSourceError(f"unknown builtin model {name!r}; allowed: {', '.join(sorted(BUILTIN))}")
         return check_model_dir(BUILTIN[name]())
     if source.startswith("hf:"):
-        return check_model_dir(_hf_cache_dir(source.removeprefix("hf:"), revision))
+        return check_model_dir(_hf_cache_dir(source.removeprefix("hf:"), revision, download))
     if source.startswith("s3://"):
         from fleetserve.engine.s3source import fetch_s3
 
@@ -69,5 +77,5 @@ def resolve_source(source: str, revision: str | None = None, region: str | None 
             entry = preset(source.removeprefix("catalog:"))
         except KeyError as exc:
             raise ModelSourceError(str(exc.args[0])) from None
-        return resolve_source(entry.source, revision, region, progress)
+        return resolve_source(entry.source, revision, region, progress, download)
     return check_model_dir(Path(source).expanduser().resolve())

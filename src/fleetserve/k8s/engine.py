@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from pathlib import PurePosixPath
 
-from fleetserve.engine.adapters import ENGINE_TOKEN_ENV, launch_for
+from fleetserve.engine.adapters import ENGINE_TOKEN_ENV, VLLM_TOKEN_ENV, launch_for
 from fleetserve.k8s.context import ENGINE_PORT, ENGINE_TOKEN_KEY, GPU_ENGINES, INTERNAL_TOKEN_DIR, MODELS_DIR, Context
 from fleetserve.k8s.labels import TIER_LABEL
 from fleetserve.k8s.redis import engine_l2
@@ -59,7 +59,8 @@ def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str
         volumes = [{"name": "model", "persistentVolumeClaim": {"claimName": ctx.model_claim, "readOnly": True}}]
         return [], volumes, [{"name": "model", "mountPath": root, "readOnly": True}], model_path
     root = models_dir(ctx)
-    args = ["sh", "-c", f'set -e; ln -sfn "$(fleetserve model prepare "$@")" {root}/current', "fetch", source]
+    args = ["sh", "-c", f'set -e; ln -sfn "$(fleetserve model prepare --download "$@")" {root}/current', "fetch",
+            source]
     if model.revision:
         args += ["--revision", model.revision]
     if model.s3_region:
@@ -118,6 +119,17 @@ def _probes(ctx: Context) -> dict:
     return {**ours, **(engine.probes or {})}
 
 
+def reserved_env(ctx: Context) -> set[str]:
+    """Environment variables the engine container gets from us: a user's value for one would be a duplicate."""
+    kind = ctx.endpoint.spec.engine.kind
+    names = {"POD_NAME"} | {e["name"] for e in engine_l2(ctx)[2]}
+    if kind == "builtin":
+        names.add("FLEETSERVE_HOME")
+    elif kind in GPU_ENGINES:
+        names.add(VLLM_TOKEN_ENV if kind == "vllm" else ENGINE_TOKEN_ENV)
+    return names
+
+
 def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> dict:
     spec = ctx.endpoint.spec
     kind = spec.engine.kind
@@ -140,8 +152,11 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
         metrics_path = launch.metrics_path
         env.append({"name": launch.token_env, "valueFrom": {"secretKeyRef": {"name": ctx.internal_secret,
                                                                              "key": ENGINE_TOKEN_KEY}}})
-    env += [{"name": k, "value": v} for k, v in sorted(extra_env.items())]
-    env += [{"name": k, "valueFrom": v} for k, v in sorted(spec.engine.env_from.items())]
+    # references first (a value may expand $(VAR) of any of them), then values in the spec's own order (one
+    # value may expand another written before it); names we set are ours (engine_objects warns)
+    reserved = reserved_env(ctx)
+    env += [{"name": k, "valueFrom": v} for k, v in spec.engine.env_from.items() if k not in reserved]
+    env += [{"name": k, "value": v} for k, v in extra_env.items() if k not in reserved]
     if spec.engine.command:  # HyperPod's worker.command: the image's entrypoint replaced, our args kept
         command = list(spec.engine.command)
     ports = [{"name": "http", "containerPort": engine_port(ctx), "protocol": "TCP"}]
@@ -300,6 +315,9 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
         warn("spec.kvCache", f"tenants reach {spec.engine.kind} as cache_salt, which divides its GPU prefix cache; "
                              "LMCache and SGLang's HiCache keep the salt in their CPU and remote tier keys only "
                              "in versions from 2026: check the image, or give tenants endpoints of their own")
+    taken = sorted(reserved_env(ctx) & (set(spec.engine.env) | set(spec.engine.env_from)))
+    if taken:
+        warn("spec.engine.env", f"{', '.join(taken)} set by fleetserve in the engine container; yours not used")
     if spec.kv_cache.l2.tenant_urls and spec.engine.kind != "builtin":
         warn("spec.kvCache.l2.tenantUrls", f"a Redis per tenant is a built-in engine feature; {spec.engine.kind} "
                                            "engines share the one L2")

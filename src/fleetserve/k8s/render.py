@@ -57,6 +57,22 @@ def to_yaml(obj: dict) -> str:
     return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, width=120, allow_unicode=True)
 
 
+def _plain_credentials(endpoint: Endpoint) -> list[tuple[str, str]]:
+    """Spec fields that carry a password or token in their value: URLs with user information, KEDA headers
+    that authorize. (A password the renderer takes from a Secret is written as $(VAR), never as itself.)"""
+    spec = endpoint.spec
+    urls = [("spec.kvCache.l2.url", spec.kv_cache.l2.url)]
+    urls += [(f"spec.kvCache.l2.tenantUrls.{t}", u) for t, u in spec.kv_cache.l2.tenant_urls.items()]
+    urls += [(f"spec.engine.urls[{i}]", u) for i, u in enumerate(spec.engine.urls)]
+    triggers = spec.autoscaling.triggers if spec.autoscaling is not None else []
+    urls += [(f"spec.autoscaling.triggers[{i}].serverAddress", t.server_address) for i, t in enumerate(triggers)]
+    found = [(path, "a password in the URL") for path, url in urls
+             if url and "@" in url.split("//", 1)[-1].split("/", 1)[0] and "$(" not in url]
+    found += [(f"spec.autoscaling.triggers[{i}].customHeaders", "an authorization header")
+              for i, t in enumerate(triggers) if t.custom_headers and "authorization" in t.custom_headers.lower()]
+    return found
+
+
 def render(endpoint: Endpoint, options: RenderOptions | None = None) -> Rendered:
     ctx = Context.build(endpoint, options or RenderOptions())
     notes: list[SpecProblem] = []
@@ -68,6 +84,10 @@ def render(endpoint: Endpoint, options: RenderOptions | None = None) -> Rendered
     for family in (engine_objects, router_objects, redis_objects, keda_objects, karpenter_objects,
                    monitoring_objects):
         objects += family(ctx, warn)
+    for path, value in _plain_credentials(endpoint):
+        warn(path, f"{value} goes into the rendered manifests as plain text (container arguments, environment or "
+                   "ScaledObject metadata, readable by anyone who can read the objects): keep it in a Secret and "
+                   "reference it (engine.envFrom, a KEDA TriggerAuthentication)")
     names = [file_name(o) for o in objects]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -76,13 +96,31 @@ def render(endpoint: Endpoint, options: RenderOptions | None = None) -> Rendered
     return Rendered(tuple(objects), tuple(notes))
 
 
+def _owner(obj: dict) -> tuple | None:
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if labels.get("app.kubernetes.io/managed-by") != "fleetserve":
+        return None
+    return labels.get("app.kubernetes.io/instance"), meta.get("namespace")
+
+
 def write(rendered: Rendered, directory: str | Path) -> list[Path]:
-    """Write one file per object; files from an earlier render that are no longer wanted are removed."""
+    """Write one file per object. Files an earlier render of the same endpoint wrote that are no longer wanted
+    are removed; anything else in the folder (a user's own manifests, another endpoint's) is left alone."""
     out = Path(directory)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out} is a file; give a folder for the manifests")
     out.mkdir(parents=True, exist_ok=True)
     files = rendered.files()
+    ours = {_owner(o) for o in rendered.objects} - {None}
     for stale in sorted(out.glob("[0-9][0-9]-*.yaml")):
-        if stale.name not in files:
+        if stale.name in files:
+            continue
+        try:
+            owner = _owner(yaml.safe_load(stale.read_text()) or {})
+        except (yaml.YAMLError, UnicodeDecodeError, AttributeError):
+            continue
+        if owner in ours:
             stale.unlink()
     paths = []
     for name, text in files.items():

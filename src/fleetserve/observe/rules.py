@@ -30,6 +30,7 @@ Alerts:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from fleetserve.observe.vocabulary import LATENCY_BUCKETS_MS
@@ -41,6 +42,11 @@ BURN_WINDOWS = (("5m", "1h", 14.4, "critical"), ("30m", "6h", 6.0, "warning"))  
 ERROR_WINDOWS = ("5m", "30m", "1h", "6h")
 SLOW_WINDOWS = ("5m", "1h")
 PENDING_METRIC = "fleetserve_router_pending_requests"
+
+
+def promql_string(value: str) -> str:
+    """A PromQL string literal: model names come from specs (HyperPod allows quotes and spaces in them)."""
+    return json.dumps(value)  # the escapes of a PromQL double-quoted string are Go's, which JSON's are a subset of
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ class RuleTarget:
 
     @property
     def selector(self) -> str:
-        return f'namespace="{self.namespace}",model_name="{self.model_name}"'
+        return f'namespace={promql_string(self.namespace)},model_name={promql_string(self.model_name)}'
 
     @classmethod
     def from_endpoint(cls, endpoint, group: str, router: str, **kwargs) -> RuleTarget:
@@ -123,7 +129,7 @@ def recording_rules(t: RuleTarget) -> list[dict]:
     hits = "sum by (tier) (rate(fleetserve_kv_tier_hits_total[5m]))"
     misses = "sum by (tier) (rate(fleetserve_kv_tier_misses_total[5m]))"
     rules.append(_rec("kv_tier_hit_ratio:rate5m", f"{hits} / ({hits} + {misses})"))
-    model = f'model_name="{t.model_name}"'
+    model = f"model_name={promql_string(t.model_name)}"
     for w in ("5m", "1h"):
         rules.append(_rec(f"prefix_cache_hit_ratio:rate{w}", _ratio(
             f"sum by (model_name) (rate(vllm:prefix_cache_hits_total{{{model}}}[{w}]))",

@@ -217,7 +217,8 @@ def _triggers(a: dict[str, Any], warn) -> list[dict[str, Any]]:
         out.append({
             "metric": "prometheus",
             "query": trig["query"],
-            "serverAddress": trig.get("serverAddress") or "http://127.0.0.1:9090",
+            # none: the fleet's own Prometheus locally, `render k8s --prometheus-url` on Kubernetes
+            "serverAddress": trig.get("serverAddress") or None,
             "target": trig["targetValue"],
             "activationTarget": trig.get("activationTargetValue", 0),
             "metricType": _METRIC_TYPES[trig.get("metricType", "Average")],
@@ -253,12 +254,19 @@ def _engine(spec: dict[str, Any], warn) -> tuple[dict[str, Any], dict[str, str]]
     if kind == "builtin":
         warn("spec.worker.image",
              f"image {w['image']!r} is neither vLLM nor SGLang; locally the built-in engine serves the model")
+    args = [str(a) for a in w.get("args") or []]
+    positional = []
+    while kind in ("vllm", "sglang") and args and not args[0].startswith("-"):
+        positional.append(args.pop(0))
+    if positional:  # `vllm serve MODEL ...`: the adapter names the model the model section mounts
+        warn("spec.worker.args", f"{' '.join(positional)!r} dropped: the {kind} command line names the model "
+                                 "from the model section (a second model path would stop the server)")
     res = {section: {k: v for k, v in (w["resources"].get(section) or {}).items() if k != "nvidia.com/gpu"}
            for section in ("limits", "requests", "claims") if w["resources"].get(section)}
     engine: dict[str, Any] = {
         "kind": kind,
         "image": w["image"],
-        "args": list(w.get("args") or []),
+        "args": args,
         "command": list(w.get("command") or []),
         "workingDir": w.get("workingDir"),
         "env": env,

@@ -38,9 +38,12 @@ def load_spec_text(text: str, source: str | None = None) -> LoadedSpec:
 def load_spec(path: str | Path) -> LoadedSpec:
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise SpecError([SpecProblem("", f"cannot read {p}: {exc.strerror}")], str(p)) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError([SpecProblem("", f"{p} is not UTF-8 text ({exc.reason} at byte {exc.start})")],
+                        str(p)) from None
     return load_spec_text(text, str(p))
 
 
