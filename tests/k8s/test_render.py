@@ -259,7 +259,7 @@ def test_builtin_engine_pvc_model_and_tenant_redis():
     assert c["args"][c["args"].index("--model") + 1] == "/fsx/models/small"
     assert dep["volumes"][0]["persistentVolumeClaim"] == {"claimName": "iso-model", "readOnly": True}
     tenants = [c["args"][i + 1] for i, a in enumerate(c["args"]) if a == "--l2-tenant"]
-    assert tenants == ["alpha=redis://:$(REDIS_PASSWORD_ALPHA)@redis-alpha.default.svc.cluster.local:6379/0",
+    assert tenants == ["alpha=redis://:$(REDIS_PASSWORD_REDIS_ALPHA)@redis-alpha.default.svc.cluster.local:6379/0",
                        "beta=redis://redis.example.com:6379/1"]
     assert _by(rendered, "StatefulSet", "redis-alpha") and _by(rendered, "StatefulSet", "iso-redis")
     assert "--internal-token-file" in c["args"]
@@ -374,3 +374,15 @@ def test_credentials_written_in_the_spec_are_named_before_they_reach_the_manifes
     named = {w.path for w in rendered.warnings if "plain text" in w.message}
     assert named == {"spec.kvCache.l2.url", "spec.autoscaling.triggers[1].customHeaders"}
     assert not [w for w in _objects(FULL)[0].warnings if "plain text" in w.message]
+
+
+def test_long_names_give_valid_nodepool_labels_and_tenants_never_share_a_password_variable():
+    doc = copy.deepcopy(BUILTIN_TENANTS)
+    doc["metadata"] = {"name": "a" * 40, "namespace": "n" * 40}
+    doc["spec"]["placement"] = {"instanceTypes": ["g5.xlarge"]}
+    doc["spec"]["kvCache"]["l2"]["tenantUrls"] = {"a-b": "redis://redis-ab:6379/0", "a.b": "redis://redis-a-b:6379/0"}
+    rendered, _ = _objects(doc)
+    labels = _by(rendered, "NodePool")[0]["spec"]["template"]["metadata"]["labels"]
+    assert all(len(v) <= 63 for v in labels.values()), labels
+    env = [e["name"] for e in _by(rendered, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]]
+    assert len([n for n in env if n.startswith("REDIS_PASSWORD_")]) == 2 and len(env) == len(set(env))

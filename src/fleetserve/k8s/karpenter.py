@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 from fleetserve.capacity.consolidation import Budget
 from fleetserve.k8s.context import Context
 from fleetserve.k8s.engine import CAPACITY_TYPE_LABEL, GPU, INSTANCE_TYPE_LABEL
-from fleetserve.k8s.labels import TIER_LABEL, dns_name
+from fleetserve.k8s.labels import TIER_LABEL, dns_name, label_value
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 REFERENCE_DAY = datetime(2026, 1, 15, 12, tzinfo=UTC)  # a fixed instant: output must not depend on today
@@ -108,7 +108,7 @@ def nodepool(ctx: Context, tier: int, warn) -> dict:
         template_spec["taints"] = [{"key": GPU, "value": "true", "effect": "NoSchedule"}]
     spec: dict = {
         "weight": weight(tier, len(ctx.tiers)),
-        "template": {"metadata": {"labels": {"fleetserve.io/endpoint": f"{ctx.namespace}.{ctx.name}",
+        "template": {"metadata": {"labels": {"fleetserve.io/endpoint": label_value(f"{ctx.namespace}.{ctx.name}"),
                                              TIER_LABEL: str(tier)}},
                      "spec": template_spec},
         "disruption": {"consolidationPolicy": c.policy, "consolidateAfter": _duration(c.consolidate_after),

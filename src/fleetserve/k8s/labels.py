@@ -30,6 +30,16 @@ def dns_name(*parts: str) -> str:
     return f"{name[:MAX_NAME - 9].rstrip('-')}-{digest}"
 
 
+def label_value(text: str) -> str:
+    """`text` as a label value (at most 63 of [A-Za-z0-9._-], alphanumeric at both ends); longer: cut, then `-`
+    and 8 hex digits of the whole, so two long values stay apart."""
+    value = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-._")
+    if len(value) <= MAX_NAME:
+        return value
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{value[:MAX_NAME - 9].rstrip('-._')}-{digest}"
+
+
 def selector(instance: str, component: str, **extra: str) -> dict[str, str]:
     out = {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": instance,
            "app.kubernetes.io/component": component}

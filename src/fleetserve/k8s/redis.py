@@ -71,7 +71,7 @@ def engine_l2(ctx: Context) -> tuple[str | None, dict[str, str], list[dict]]:
             tenants[tenant] = turl
             continue
         service = dns_name(service)
-        var = f"{PASSWORD_ENV}_{env_name(tenant)}"
+        var = f"{PASSWORD_ENV}_{env_name(service)}"  # one per Redis: tenants a-b and a.b may not share it
         secret_env(var, service)
         parts = urlsplit(turl)
         db = parts.path.strip("/") or "0"
