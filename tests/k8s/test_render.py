@@ -209,6 +209,9 @@ def test_gpu_engines_require_the_internal_token_and_tenants_reach_them_as_cache_
     assert all(e.get("valueFrom", {}).get("secretKeyRef", {}).get("key") != "token" for e in c["env"])
     if kind == "sglang":
         assert c["args"][c["args"].index("--api-key") + 1] == "$(FLEETSERVE_ENGINE_TOKEN)"
+        # SGLang has no Redis L2 here: no Redis rendered for nothing, and the spec's l2 is named
+        assert not [o for o in rendered.objects if o["kind"] == "StatefulSet"] and "REDIS_PASSWORD" not in env
+        assert any(w.path == "spec.kvCache.l2" for w in rendered.warnings)
     assert c["readinessProbe"]["httpGet"]["path"] == "/health"  # left open by both engines' API-key checks
     router = _by(rendered, "Deployment", "chat-router")[0]["spec"]["template"]["spec"]
     args = router["containers"][0]["args"]

@@ -33,10 +33,17 @@ def _rendered_tenant_service(url: str) -> str | None:
         return host
 
 
+L2_ENGINES = ("builtin", "vllm")  # engines wired to a Redis L2 (vLLM through LMCache); SGLang's HiCache is not
+
+
+def _l2_wired(ctx: Context) -> bool:
+    return ctx.endpoint.spec.kv_cache.l2.enabled and ctx.endpoint.spec.engine.kind in L2_ENGINES
+
+
 def redis_instances(ctx: Context) -> list[tuple[str, str | None]]:
     """(service name, tenant or None) of every Redis this endpoint renders."""
     l2 = ctx.endpoint.spec.kv_cache.l2
-    if not l2.enabled:
+    if not _l2_wired(ctx):
         return []
     out: list[tuple[str, str | None]] = [] if l2.url else [(ctx.redis_name, None)]
     for tenant, url in sorted(l2.tenant_urls.items()):
@@ -53,7 +60,7 @@ def auth_secret(service: str) -> str:
 def engine_l2(ctx: Context) -> tuple[str | None, dict[str, str], list[dict]]:
     """(L2 URL, tenant -> URL, env entries with the passwords) as the engines see them."""
     l2 = ctx.endpoint.spec.kv_cache.l2
-    if not l2.enabled:
+    if not _l2_wired(ctx):
         return None, {}, []
     env: list[dict] = []
 
@@ -129,6 +136,10 @@ def _service(ctx: Context, service: str, tenant: str | None) -> dict:
 
 
 def redis_objects(ctx: Context, warn) -> list[dict]:
+    kind = ctx.endpoint.spec.engine.kind
+    if ctx.endpoint.spec.kv_cache.l2.enabled and kind not in L2_ENGINES:
+        warn("spec.kvCache.l2", f"{kind} engines are not wired to a Redis L2 (built-in and vLLM through LMCache "
+                                "are): no Redis is rendered and the engines keep L1 only")
     out: list[dict] = []
     for service, tenant in redis_instances(ctx):
         out += [_statefulset(ctx, service, tenant), _service(ctx, service, tenant)]
