@@ -303,13 +303,11 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
         return []
     if spec.engine.kind != "builtin" and not spec.engine.gpus:
         warn("spec.engine.gpus", f"0 GPUs for a {spec.engine.kind} engine: the pod requests no nvidia.com/gpu")
-    if spec.engine.kind != "builtin" and (any(a.split("=")[0] == "--api-key" for a in spec.engine.args)
-                                          or {"VLLM_API_KEY", ENGINE_TOKEN_ENV}
-                                          & (set(spec.engine.env) | set(spec.engine.env_from))):
+    if spec.engine.kind != "builtin" and any(a.split("=")[0] == "--api-key" for a in spec.engine.args):
         warn("spec.engine.args", f"the router authenticates to its {spec.engine.kind} engines with the key "
                                  f"{ENGINE_TOKEN_KEY} of {ctx.internal_secret}, which fleetserve passes as the "
                                  "engine's API key; an API key set here replaces it and the router's requests get "
-                                 "401: remove it")
+                                 "401: remove it")  # one in engine.env is not used (reserved_env, below)
     if spec.auth.enabled and spec.engine.kind in GPU_ENGINES and (spec.kv_cache.l1.enabled or
                                                                  spec.kv_cache.l2.enabled):
         warn("spec.kvCache", f"tenants reach {spec.engine.kind} as cache_salt, which divides its GPU prefix cache; "

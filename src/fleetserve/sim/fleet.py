@@ -118,8 +118,9 @@ class SimFleet:
         self.kv_index = KVIndex() if self.informed and needs_of(self.policy).kv_events else None
         self.admission = AdmissionSettings.from_spec(spec)
         self.limit = self.admission.max_concurrent_per_replica
-        declared = context_limit(spec)  # an engine answers 400 to a request that does not fit its context
-        self.context_tokens = declared[0] if declared else None
+        # an engine answers 400 to a request that does not fit its context: (tokens, where declared) or None
+        self.context = context_limit(spec)
+        self.context_tokens = self.context[0] if self.context else None
         self.book = LoadBook()
         kv = spec.kv_cache
         self.l1_bytes = kv.l1.max_bytes if kv.l1.enabled else 0

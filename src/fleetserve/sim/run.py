@@ -46,12 +46,9 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
 def context_check(fleet: SimFleet) -> tuple[dict | None, list[str]]:
     """The declared context length and how many requests the fleet refused for it (prompt + completion as the
     trace has them, `SimFleet._arrive`), as a real engine answers them 400; the warning says how many and why."""
-    from fleetserve.spec.context import context_limit
-
-    limit = context_limit(fleet.spec)
-    if limit is None:
+    if fleet.context is None:
         return None, []
-    tokens, where = limit
+    tokens, where = fleet.context
     total = len(fleet.workload)
     over = fleet.rejected["context_length_exceeded"]
     info = {"tokens": tokens, "source": where, "requests_over": over,

@@ -346,6 +346,7 @@ class ShortageSpec(SpecModel):
     instance_type: str
     start_seconds: float = Field(ge=0, description="after the fleet starts")
     end_seconds: float = Field(gt=0, allow_inf_nan=True, description=".inf: short until the end")
+    capacity_type: Literal["spot", "on-demand"] | None = None
 
     @field_validator("end_seconds")
     @classmethod
@@ -353,7 +354,6 @@ class ShortageSpec(SpecModel):
         if math.isnan(value):
             raise ValueError("must be a number of seconds or .inf")
         return value
-    capacity_type: Literal["spot", "on-demand"] | None = None
 
 
 class SimulatedCloudSection(SpecModel):
