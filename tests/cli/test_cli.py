@@ -66,6 +66,11 @@ def test_model_prepare_unknown_builtin():
     assert result.returncode == 2 and "smollm2-135m" in result.stderr
 
 
+def test_model_prepare_unsupported_scheme_names_the_allowed_ones():  # was "/cwd/gs:/bucket does not exist"
+    result = fleetserve("model", "prepare", "gs://bucket/model")
+    assert result.returncode == 2 and "scheme gs://" in result.stderr and "s3://bucket/prefix" in result.stderr
+
+
 def test_every_example_validates():
     for spec in sorted(EXAMPLES.glob("*.yaml")):
         result = fleetserve("validate", str(spec))

@@ -80,6 +80,23 @@ def test_metadata_name_must_be_dns_label():
     assert msg.startswith("metadata.name:") and "DNS label" in msg
 
 
+def test_metadata_name_must_start_with_a_letter():  # it names Services, which Kubernetes refuses otherwise
+    (msg,) = problems(GOOD.replace("name: chat", "name: 1chat"))
+    assert msg.startswith("metadata.name:") and "starts with a digit" in msg and "ep-1chat" in msg
+    assert load_spec_text(GOOD.replace("team-a", "1team")).endpoint.metadata.namespace == "1team"  # namespaces may
+
+
+def test_a_key_given_twice_is_refused_with_both_lines():
+    (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n  routing: {strategy: leastload}"))
+    assert msg == "not valid YAML: key 'routing' given twice in one mapping (line 8 and line 9); keep one"
+
+
+def test_yaml_merge_keys_may_be_overridden():
+    engine = "  engine:\n    <<: {port: 9000, kind: builtin}\n    port: 9001"
+    text = GOOD.replace("  replicas: 2", "  replicas: 2\n" + engine)
+    assert load_spec_text(text).endpoint.spec.engine.port == 9001
+
+
 def test_not_yaml_and_not_mapping():
     assert "not valid YAML" in problems("a: [")[0]
     assert "mapping" in problems("- 1\n- 2")[0]

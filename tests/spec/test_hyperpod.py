@@ -187,6 +187,15 @@ def test_kubernetes_volume_source_needs_its_volume():
     assert any("needs a volume named 'weights'" in m for m in msgs)
 
 
+def test_names_become_valid_kubernetes_names():
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["metadata"]["name"] = "3B_Chat." + "x" * 60 + "-y"
+    doc["metadata"]["namespace"] = "2024-Team"
+    meta = load_spec_text(yaml.safe_dump(doc)).endpoint.metadata
+    assert meta.name.startswith("ep-3b-chat-xx") and len(meta.name) <= 63 and not meta.name.endswith("-")
+    assert meta.namespace == "2024-team"  # a namespace may start with a digit; it is not renamed
+
+
 #: every field of the audit (fields accepted but dropped silently before), with a value
 AUDIT = """
 apiVersion: inference.sagemaker.aws.amazon.com/v1

@@ -6,9 +6,11 @@ local Hugging Face cache (offline), `builtin:` demo models, `s3://` copied once 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from fleetserve.engine.demo import DEMO_NAME, ModelSourceError, demo_model_dir
+from fleetserve.spec.endpoint import SOURCE_SCHEMES
 
 BUILTIN = {DEMO_NAME: demo_model_dir}
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -78,4 +80,8 @@ def resolve_source(source: str, revision: str | None = None, region: str | None 
         except KeyError as exc:
             raise ModelSourceError(str(exc.args[0])) from None
         return resolve_source(entry.source, revision, region, progress, download)
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", source)
+    if scheme:  # gs://, https://, ...: not a folder name, and read as one it was "/cwd/gs:/bucket does not exist"
+        raise ModelSourceError(f"unsupported model source scheme {scheme.group(1)}:// in {source!r}; allowed: "
+                               f"{', '.join(SOURCE_SCHEMES)} (copy it to a local folder or to S3 first)")
     return check_model_dir(Path(source).expanduser().resolve())

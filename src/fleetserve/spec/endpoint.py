@@ -43,6 +43,14 @@ class Metadata(SpecModel):
             )
         return value
 
+    @field_validator("name")
+    @classmethod
+    def _service_name(cls, value: str) -> str:
+        if value[0].isdigit():  # Services take an RFC 1035 label: the API server refuses `1chat-router`
+            raise ValueError(f"{value!r} starts with a digit; it names Kubernetes Services "
+                             f"(NAME-router, NAME-engine), which must start with a letter (e.g. 'ep-{value}')")
+        return value
+
 
 class SecretKeyRef(SpecModel):
     name: str = Field(min_length=1)

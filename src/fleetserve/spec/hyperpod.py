@@ -158,10 +158,13 @@ def _sdk_problems(spec: dict[str, Any]) -> list[SpecProblem]:
     return out
 
 
-def _k8s_name(value: str) -> str:
-    """HyperPod model names allow upper case; our metadata is a DNS label."""
+def _k8s_name(value: str, names_services: bool = True) -> str:
+    """HyperPod model names allow upper case; our metadata is a DNS label, and a name that names Services starts
+    with a letter: `Llama_3.1` -> `llama-3-1`, `3b-chat` -> `ep-3b-chat`; cut to 63 without a trailing '-'."""
     name = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")
-    return name[:63] or "endpoint"
+    if names_services and name[:1].isdigit():
+        name = "ep-" + name
+    return name[:63].rstrip("-") or "endpoint"
 
 
 def _engine_kind(image: str) -> str:
@@ -328,7 +331,7 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
         "kind": "Endpoint",
         "metadata": {
             "name": _k8s_name(meta["name"]),
-            "namespace": _k8s_name(meta.get("namespace", "default")),
+            "namespace": _k8s_name(meta.get("namespace", "default"), names_services=False),
             "labels": dict(meta.get("labels") or {}),
             "annotations": dict(meta.get("annotations") or {}),
         },

@@ -13,6 +13,7 @@ from fleetserve.spec import hyperpod
 from fleetserve.spec.effects import inert_settings
 from fleetserve.spec.endpoint import API_VERSION, Endpoint
 from fleetserve.spec.errors import SpecError, SpecProblem, problems_from_validation
+from fleetserve.spec.strict_yaml import load_strict
 
 ACCEPTED = {
     API_VERSION: "Endpoint",
@@ -29,7 +30,7 @@ class LoadedSpec:
 
 def load_spec_text(text: str, source: str | None = None) -> LoadedSpec:
     try:
-        data = yaml.safe_load(text)
+        data = load_strict(text)
     except yaml.YAMLError as exc:
         raise SpecError([SpecProblem("", f"not valid YAML: {exc}")], source) from None
     return load_spec_data(data, source)
