@@ -89,3 +89,49 @@ def test_models_list_cli():
     assert result.returncode == 0
     names = {p["name"] for p in json.loads(result.stdout)}
     assert {"smollm2-135m", "llama-3.1-8b-instruct"} <= names
+
+
+CATALOG_ONLY = """
+apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {name: llama}
+spec:
+  model: {source: "catalog:llama-3.1-8b-instruct"}
+"""
+
+
+def test_a_catalog_source_fills_engine_gpus_args_and_instance_types():
+    s = load_spec_text(CATALOG_ONLY).endpoint.spec
+    p = preset("llama-3.1-8b-instruct")
+    assert (s.engine.kind, s.engine.gpus) == ("vllm", 1)
+    assert s.engine.args == ["--max-model-len", "8192"]
+    assert s.placement.instance_types == list(p.instance_types)
+    assert vllm_launch(s, "/m", 8000).argv.count("--max-model-len") == 1
+
+
+def test_what_the_spec_gives_wins_over_the_catalog():
+    text = CATALOG_ONLY + ("  engine: {kind: vllm, gpus: 2, args: [--max-model-len=4096, --enforce-eager]}\n"
+                           "  placement: {instanceTypes: [ml.g6e.xlarge]}\n")
+    s = load_spec_text(text).endpoint.spec
+    assert s.engine.gpus == 2 and s.engine.args == ["--max-model-len=4096", "--enforce-eager"]
+    assert s.placement.instance_types == ["ml.g6e.xlarge"]
+    # another engine than the preset's: none of the preset's engine settings (vLLM flags are not SGLang's)
+    s = load_spec_text(CATALOG_ONLY + "  engine: {kind: sglang}\n").endpoint.spec
+    assert s.engine.args == [] and s.engine.gpus == 0 and s.placement.instance_types == []
+    # node affinity instead of instance types: no instance types added (the two are exclusive)
+    affinity = ("  placement: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: "
+                "{nodeSelectorTerms: []}}}\n")
+    assert load_spec_text(CATALOG_ONLY + affinity).endpoint.spec.placement.instance_types == []
+    # the CPU demo preset fills nothing GPU-shaped
+    s = load_spec_text(CATALOG_ONLY.replace("llama-3.1-8b-instruct", "smollm2-135m")).endpoint.spec
+    assert (s.engine.kind, s.engine.gpus, s.engine.args, s.placement.instance_types) == ("builtin", 0, [], [])
+
+
+def test_render_of_a_catalog_only_spec_is_the_presets_deployment(tmp_path):
+    spec = tmp_path / "llama.yaml"
+    spec.write_text(CATALOG_ONLY)
+    result = fleetserve("render", "k8s", str(spec), "-o", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    rendered = "\n".join(p.read_text() for p in sorted((tmp_path / "out").glob("*.yaml")))
+    assert "vllm-openai:" in rendered and "--max-model-len" in rendered and "nvidia.com/gpu" in rendered
+    assert "- g5.2xlarge" in rendered and "- g6e.xlarge" in rendered  # the nodes of the preset's types

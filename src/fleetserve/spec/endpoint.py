@@ -428,6 +428,13 @@ class EndpointSpec(SpecModel):
     slo: SloSection | None = None
     pod: PodSection = Field(default_factory=PodSection)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _catalog_defaults(cls, data: Any) -> Any:
+        from fleetserve.spec.catalog_defaults import fill_from_catalog
+
+        return fill_from_catalog(data)
+
     @model_validator(mode="after")
     def _context_flag_valid(self) -> EndpointSpec:
         from fleetserve.spec.context import context_flag_problem

@@ -1,0 +1,69 @@
+"""What `model.source: catalog:NAME` fills in: the preset's engine, GPUs, arguments and instance types, for each
+setting the spec leaves out, so that `up`, `simulate`, `plan` and `render k8s` serve one model the same way.
+
+Before, the preset named only the weights: `catalog:llama-3.1-8b-instruct` with nothing else rendered a
+built-in CPU engine on no particular node, and with `engine.kind: vllm` a vLLM without the preset's
+`--max-model-len`. A setting the spec gives always wins; the preset's arguments are added only for its own
+engine (vLLM's flags are not SGLang's), and only those flags the spec's arguments do not already name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _given(section: dict, *names: str) -> bool:
+    return any(name in section for name in names)
+
+
+def _flags(args: list) -> set[str]:
+    return {str(a).split("=", 1)[0] for a in args if str(a).startswith("--")}
+
+
+def fill_from_catalog(data: Any) -> Any:
+    """`data` (the raw `spec` mapping) with the preset's settings where it has none; unchanged otherwise."""
+    if not isinstance(data, dict):
+        return data
+    model = data.get("model")
+    source = model.get("source") if isinstance(model, dict) else None
+    if not isinstance(source, str) or not source.startswith("catalog:"):
+        return data
+    from fleetserve.engine.catalog import CATALOG
+
+    preset = CATALOG.get(source.removeprefix("catalog:"))
+    if preset is None:
+        return data  # the source's own validator names the allowed ones
+    data = dict(data)
+    engine = data.get("engine")
+    if engine is None:
+        engine = {}
+    if not isinstance(engine, dict):
+        return data  # a wrong type is named by the model's validation
+    engine = dict(engine)
+    if not _given(engine, "kind"):
+        engine["kind"] = preset.engine
+    if engine["kind"] == preset.engine:
+        if preset.gpus and not _given(engine, "gpus"):
+            engine["gpus"] = preset.gpus
+        args = engine.get("args")
+        if isinstance(args, list) or args is None:
+            args = list(args or [])
+            named = _flags(args)
+            added, i = [], 0
+            while i < len(preset.args):
+                flag = preset.args[i]
+                value = preset.args[i + 1:i + 2] if i + 1 < len(preset.args) and \
+                    not preset.args[i + 1].startswith("--") else []
+                if flag not in named:
+                    added += [flag, *value]
+                i += 1 + len(value)
+            engine["args"] = added + args
+        placement = data.get("placement")
+        if placement is None or isinstance(placement, dict):
+            placement = dict(placement or {})
+            if preset.instance_types != ("local",) and not _given(
+                    placement, "instanceTypes", "instance_types", "nodeAffinity", "node_affinity"):
+                placement["instanceTypes"] = list(preset.instance_types)
+            data["placement"] = placement
+    data["engine"] = engine
+    return data
