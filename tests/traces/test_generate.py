@@ -78,6 +78,10 @@ def test_arrival_processes_keep_their_rate_shape():
     per_10s = np.histogram(b, bins=360, range=(0, 3600))[0]
     assert 0.7 < len(b) / 7200 < 1.3
     assert per_10s.max() > 4 * per_10s.mean()
+    # bursts as long as the gaps overlap, and overlapping bursts do not stack: the mean still holds (was 0.4 x)
+    for seed in range(3):
+        long = arrivals.bursts(2.0, 3600, np.random.default_rng(seed), factor=5, every_s=120, burst_s=300)
+        assert 0.9 < len(long) / 7200 < 1.1
     flat = arrivals.poisson(2.0, 3600, np.random.default_rng(1))
     assert np.histogram(flat, bins=360, range=(0, 3600))[0].max() < 3 * 20
 

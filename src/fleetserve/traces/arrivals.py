@@ -8,8 +8,9 @@ is exact for its rate function and needs no time stepping:
 - diurnal: r(t) = rate * (1 + a cos(2 pi (t - peak_at_s) / period_s)), a = (k - 1) / (k + 1) for a
   peak-to-trough ratio k (what a day of real traffic looks like; ServeGen's m-large has peak/mean ~3);
 - bursts: bursts start as a Poisson process (one per `every_s` on average), last `burst_s`, and multiply the
-  base rate by `factor`; the base rate is lowered so that the mean stays `rate` (Azure's code trace has
-  minutes at 4x its mean and idle minutes between).
+  base rate by `factor` (overlapping bursts do not stack); the base rate is lowered so that the mean over the
+  run stays `rate` given the time the bursts cover (Azure's code trace has minutes at 4x its mean and idle
+  minutes between).
 """
 
 from __future__ import annotations
@@ -49,7 +50,11 @@ def diurnal(rate: float, duration_s: float, rng: np.random.Generator, period_s: 
 def bursts(rate: float, duration_s: float, rng: np.random.Generator, factor: float = 8.0, every_s: float = 300.0,
            burst_s: float = 20.0) -> np.ndarray:
     starts = np.sort(rng.random(rng.poisson(duration_s / every_s)) * duration_s)
-    base = rate / (1 + (factor - 1) * burst_s / every_s)
+    # bursts that overlap do not stack, so the time in a burst is the union of the bursts, not their count x
+    # burst_s (with bursts as long as the gaps, that mistake gave 0.8/s for --rate 2)
+    ends = np.minimum(starts + burst_s, duration_s)
+    covered = float(np.sum(np.minimum(ends, np.append(starts[1:], np.inf)) - starts)) if len(starts) else 0.0
+    base = rate / (1 + (factor - 1) * covered / duration_s)
 
     def rate_fn(t: np.ndarray) -> np.ndarray:
         if not len(starts):
