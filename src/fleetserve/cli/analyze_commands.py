@@ -184,7 +184,7 @@ def trace_scale(
     duration: Annotated[float | None, typer.Option(min=1, help="ServeGen: seconds of the rate file to read")] = None,
 ) -> None:
     """Rate scaling (more requests over the same span) and/or time scaling (stretch or compress the clock)."""
-    from fleetserve.traces.load import TraceError, detect_format, load_trace
+    from fleetserve.traces.load import TraceError, detect_format, load_trace, wall_start
     from fleetserve.traces.scale import scale_rate, scale_time
     from fleetserve.traces.write import WRITE_FORMATS, write_trace
 
@@ -212,7 +212,7 @@ def trace_scale(
         src = detect_format(path)
         fmt = src if src in WRITE_FORMATS else "mooncake"
     try:
-        write_trace(requests, output, fmt)
+        write_trace(requests, output, fmt, start=wall_start(path, limit))
     except ValueError as exc:
         raise _fail(f"--format: {exc}") from None
     err.print(f"{len(requests)} requests written to {output} ({fmt})", markup=False)

@@ -33,7 +33,9 @@ LimitOpt = Annotated[int | None, typer.Option(min=1, help="Only the first N requ
 WindowOpt = Annotated[float, typer.Option(min=1, help="Peak/idle window length in seconds")]
 PeakOpt = Annotated[float, typer.Option(min=0.001, max=1, help="Busiest fraction of windows counted as peak")]
 IdleOpt = Annotated[float, typer.Option(min=0.001, max=1, help="Quietest fraction of windows counted as idle")]
-StartOpt = Annotated[str, typer.Option(help="Wall time of the trace start, ISO 8601 (cron floors read it)")]
+StartOpt = Annotated[str | None, typer.Option(
+    help="Wall time of the trace start, ISO 8601 (cron floors and budgets read it); default: the trace's own "
+         "first timestamp (Azure CSV, UTC), else Monday 2026-01-05T10:00:00+00:00")]
 TtftOpt = Annotated[float | None, typer.Option(min=1, help="SLO: TTFT p95 in ms (overrides spec.slo)")]
 E2eOpt = Annotated[float | None, typer.Option(min=1, help="SLO: E2E p95 in ms (overrides spec.slo)")]
 CostOpt = Annotated[float | None, typer.Option(min=0.0001, help="SLO: cost limit in $/hour (overrides spec.slo)")]
@@ -80,7 +82,7 @@ def _simulatable(loaded) -> None:
 
 
 def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_scale: float, limit: int | None,
-            seed: int, window: float, peak_fraction: float, idle_fraction: float, start: str,
+            seed: int, window: float, peak_fraction: float, idle_fraction: float, start: str | None,
             spot_rate: float | None = None, provisioning_delay: float | None = None, trace_model: str | None = None):
     """The spec, the trace and the options, or exit 2 naming what is wrong."""
     from datetime import datetime
@@ -97,11 +99,12 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
     if knowledge not in KNOWLEDGE_MODES:
         raise typer.BadParameter(f"{knowledge!r}; allowed values: {', '.join(KNOWLEDGE_MODES)}",
                                  param_hint="--knowledge")
-    try:
-        datetime.fromisoformat(start)
-    except ValueError:
-        raise typer.BadParameter(f"{start!r} is not an ISO 8601 time (e.g. 2026-01-05T10:00:00+00:00)",
-                                 param_hint="--start") from None
+    if start is not None:
+        try:
+            datetime.fromisoformat(start)
+        except ValueError:
+            raise typer.BadParameter(f"{start!r} is not an ISO 8601 time (e.g. 2026-01-05T10:00:00+00:00)",
+                                     param_hint="--start") from None
     if profile is not None:
         try:
             resolve(profile)
@@ -118,6 +121,12 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
         requests = load_trace(trace, limit=limit, **({"model": trace_model} if trace_model else {}))
     except TraceError as exc:
         raise typer.BadParameter(str(exc), param_hint="--trace") from None
+    if start is None:  # the trace's own clock where it has one: its cron floors are those of its day
+        from fleetserve.sim.setup import DEFAULT_START
+        from fleetserve.traces.load import wall_start
+
+        own = wall_start(trace, limit)
+        start = own.isoformat() if own is not None else DEFAULT_START
     if rate_scale != 1.0:
         requests = scale_rate(requests, rate_scale, seed)
         if not requests:
@@ -166,7 +175,7 @@ def simulate(
     report: Annotated[str | None, typer.Option("--report", help="Write a self-contained HTML report here")] = None,
     seed: SeedOpt = 0, knowledge: KnowOpt = "blind", profile: ProfileOpt = None, rate_scale: RateOpt = 1.0,
     limit: LimitOpt = None, window: WindowOpt = 300.0, peak_fraction: PeakOpt = 0.1, idle_fraction: IdleOpt = 0.25,
-    start: StartOpt = "2026-01-05T10:00:00+00:00", ttft_p95_ms: TtftOpt = None, e2e_p95_ms: E2eOpt = None,
+    start: StartOpt = None, ttft_p95_ms: TtftOpt = None, e2e_p95_ms: E2eOpt = None,
     cost_per_hour: CostOpt = None, spot_interruption_rate: SpotOpt = None, provisioning_delay: DelayOpt = None,
     trace_model: TraceModelOpt = None,
 ) -> None:
@@ -200,6 +209,7 @@ def simulate(
     out.print(f"GPU-hours {r['gpu_hours']:.2f}, replicas up to {r['replicas_max']}, hit rate "
               f"{r['hit_rate']['total']:.3f} (engine {r['hit_rate']['engine']:.3f}, L1 {r['hit_rate']['l1']:.3f}, "
               f"L2 {r['hit_rate']['l2']:.3f})" + (f"; report: {report}" if report else ""))
+    out.print(f"trace start (cron floors, budgets): {r['start']}", markup=False)
     _print_warnings(r)
 
 
@@ -221,7 +231,7 @@ def _slo_line(slo: dict) -> str:
 def verify(
     spec: Spec, trace: TraceOpt, as_json: JsonOpt = False, seed: SeedOpt = 0, knowledge: KnowOpt = "blind",
     profile: ProfileOpt = None, rate_scale: RateOpt = 1.0, limit: LimitOpt = None, window: WindowOpt = 300.0,
-    peak_fraction: PeakOpt = 0.1, idle_fraction: IdleOpt = 0.25, start: StartOpt = "2026-01-05T10:00:00+00:00",
+    peak_fraction: PeakOpt = 0.1, idle_fraction: IdleOpt = 0.25, start: StartOpt = None,
     ttft_p95_ms: TtftOpt = None, e2e_p95_ms: E2eOpt = None, cost_per_hour: CostOpt = None,
     spot_interruption_rate: SpotOpt = None, provisioning_delay: DelayOpt = None, trace_model: TraceModelOpt = None,
 ) -> None:
@@ -247,6 +257,7 @@ def verify(
             table.add_row(c.window, c.metric, value, limit_, "pass" if c.passed else "[red]fail[/red]")
         out.print(table)
         out.print(_slo_line(verdict.result.report["slo"]), markup=False)
+        out.print(f"trace start (cron floors, budgets): {verdict.result.report['start']}", markup=False)
         for c in verdict.checks:
             if not c.passed:
                 out.print(f"  - {c.reason}", markup=False)
@@ -259,7 +270,7 @@ def plan(
     output: Annotated[str, typer.Option("-o", "--output", help="Write the winning spec (YAML) here")] = "planned.yaml",
     as_json: JsonOpt = False, seed: SeedOpt = 0, knowledge: KnowOpt = "blind", profile: ProfileOpt = None,
     rate_scale: RateOpt = 1.0, limit: LimitOpt = None, window: WindowOpt = 300.0, peak_fraction: PeakOpt = 0.1,
-    idle_fraction: IdleOpt = 0.25, start: StartOpt = "2026-01-05T10:00:00+00:00", ttft_p95_ms: TtftOpt = None,
+    idle_fraction: IdleOpt = 0.25, start: StartOpt = None, ttft_p95_ms: TtftOpt = None,
     e2e_p95_ms: E2eOpt = None, cost_per_hour: CostOpt = None,
     max_trials: Annotated[int, typer.Option(min=2, max=1000, help="Simulations the search may run")] = 80,
     spot_interruption_rate: SpotOpt = None, provisioning_delay: DelayOpt = None, trace_model: TraceModelOpt = None,

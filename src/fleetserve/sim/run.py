@@ -40,6 +40,7 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
     targets, source = slo_of(endpoint, slo)
     report = build_report(fleet, targets, source)
     report["context_length"], report["warnings"] = context_check(fleet)
+    report["start"] = options.start  # the wall time of the trace's first second (cron floors, budgets read it)
     return SimResult(report, fleet)
 
 

@@ -143,7 +143,25 @@ def _azure_time(text: str) -> datetime:
 
 
 def _azure(p: Path, limit: int | None) -> list[TraceRequest]:
-    out = []
+    out = _azure_rows(p, limit)
+    if not out:
+        return []
+    start = min(t for t, _, _ in out)
+    return [TraceRequest((t - start).total_seconds(), c, g) for t, c, g in out]
+
+
+def wall_start(path: str | Path, limit: int | None = None) -> datetime | None:
+    """The wall time (UTC) of a trace's earliest request when the file says it (Azure CSV stamps; stamps without
+    an offset are read as UTC), else None: Mooncake and prompt logs count from their own zero."""
+    p = Path(path)
+    if not p.is_file() or detect_format(p) != "azure":
+        return None
+    rows = _azure_rows(p, limit)
+    return min(t for t, _, _ in rows).replace(tzinfo=UTC) if rows else None
+
+
+def _azure_rows(p: Path, limit: int | None) -> list[tuple[datetime, int, int]]:
+    out: list[tuple[datetime, int, int]] = []
     lines = (line for _, line in _text_lines(p))
     reader = csv.reader(lines)
     header = next(reader, None)
@@ -176,10 +194,7 @@ def _azure(p: Path, limit: int | None) -> list[TraceRequest]:
         if min(tokens) < 0 or max(tokens) > MAX_TOKENS:
             raise TraceError(f"{p}:{n}: token counts must be from 0 to {MAX_TOKENS}, got {context} and {generated}")
         out.append((t, *tokens))
-    if not out:
-        return []
-    start = min(t for t, _, _ in out)
-    return [TraceRequest((t - start).total_seconds(), c, g) for t, c, g in out]
+    return out
 
 
 def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:

@@ -19,8 +19,10 @@ WRITE_FORMATS = ("mooncake", "prompts", "azure")
 AZURE_EPOCH = datetime(2023, 11, 16, 18, 0, 0)
 
 
-def write_trace(requests: list[TraceRequest], path: str | Path, fmt: str) -> Path:
+def write_trace(requests: list[TraceRequest], path: str | Path, fmt: str, start: datetime | None = None) -> Path:
+    """Write `requests`; an Azure CSV's stamps count from `start` (naive UTC; default AZURE_EPOCH)."""
     p = Path(path)
+    epoch = AZURE_EPOCH if start is None else start.replace(tzinfo=None)
     if fmt not in WRITE_FORMATS:
         raise ValueError(f"unknown output format {fmt!r}; allowed: {', '.join(WRITE_FORMATS)}")
     if fmt == "prompts" and any(r.messages is None and r.prompt is None for r in requests):
@@ -32,7 +34,7 @@ def write_trace(requests: list[TraceRequest], path: str | Path, fmt: str) -> Pat
             w = csv.writer(f)
             w.writerow(["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
             for r in requests:
-                stamp = (AZURE_EPOCH + timedelta(seconds=r.arrival_s)).strftime("%Y-%m-%d %H:%M:%S.%f") + "0"
+                stamp = (epoch + timedelta(seconds=r.arrival_s)).strftime("%Y-%m-%d %H:%M:%S.%f") + "0"
                 w.writerow([stamp, r.input_tokens, r.output_tokens])
         return p
     with open(p, "w") as f:
