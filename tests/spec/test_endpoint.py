@@ -86,6 +86,16 @@ def test_metadata_name_must_start_with_a_letter():  # it names Services, which K
     assert load_spec_text(GOOD.replace("team-a", "1team")).endpoint.metadata.namespace == "1team"  # namespaces may
 
 
+def test_resources_are_kubernetes_quantities():  # the API server refused the rendered Deployment before
+    engine = "  engine: {resources: {limits: {memory: 30GB}}}"
+    (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n" + engine))
+    assert msg.startswith("spec.engine.resources:") and "limits.memory: '30GB' is not a Kubernetes quantity" in msg
+    for bad in ("{requests: {cpu: two}}", "{limits: {cpu: '-1'}}", "{limit: {cpu: 1}}"):
+        assert problems(GOOD.replace("  replicas: 2", f"  replicas: 2\n  engine: {{resources: {bad}}}"))
+    good = "  engine: {resources: {limits: {memory: 30Gi, cpu: 500m}, requests: {cpu: 2, memory: 1.5e9}}}"
+    assert load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n" + good)).endpoint.spec.engine.resources
+
+
 def test_a_key_given_twice_is_refused_with_both_lines():
     (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n  routing: {strategy: leastload}"))
     assert msg == "not valid YAML: key 'routing' given twice in one mapping (line 8 and line 9); keep one"

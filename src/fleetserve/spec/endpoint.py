@@ -24,6 +24,10 @@ ENGINE_KINDS = ("builtin", "vllm", "sglang", "external")
 SOURCE_SCHEMES = ("local path", "s3://bucket/prefix", "hf:org/name", "builtin:NAME", "catalog:NAME")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Kubernetes' quantity grammar, no negative ones for resources: a decimal number and a binary-SI, decimal-SI
+# or exponent suffix
+_QUANTITY = re.compile(r"^\+?(\d+\.?\d*|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
+RESOURCE_SECTIONS = ("limits", "requests", "claims")
 
 
 class Metadata(SpecModel):
@@ -119,6 +123,24 @@ class EngineSection(SpecModel):
                                              "memory, ...); GPUs come from engine.gpus")
     env_from: dict[str, dict[str, Any]] = Field(default_factory=dict, description="environment variables from a "
                                                 "Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef)")
+
+    @field_validator("resources")
+    @classmethod
+    def _resource_quantities(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The API server refuses a Deployment with `memory: 30GB` or `cpu: two`; say so at validate time."""
+        for section, amounts in (value or {}).items():
+            if section not in RESOURCE_SECTIONS:
+                raise ValueError(f"{section}: unknown field; allowed: {', '.join(RESOURCE_SECTIONS)}")
+            if section == "claims":
+                continue
+            if not isinstance(amounts, dict):
+                raise ValueError(f"{section} must map resource names to quantities (memory: 30Gi)")
+            for name, amount in amounts.items():
+                if isinstance(amount, bool) or not _QUANTITY.match(str(amount)):
+                    raise ValueError(f"{section}.{name}: {amount!r} is not a Kubernetes quantity (e.g. "
+                                     "500m, 4, 30Gi, 32G, 1e9; binary suffixes Ki Mi Gi Ti Pi Ei, decimal k M G T P "
+                                     "E)")
+        return value
 
     @field_validator("probes")
     @classmethod
