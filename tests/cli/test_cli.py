@@ -37,6 +37,13 @@ def test_validate_json_output(tmp_path):
     result = fleetserve("validate", str(EXAMPLES / "hyperpod.yaml"), "--json")
     data = json.loads(result.stdout)
     assert data["format"] == "hyperpod" and data["endpoint"]["spec"]["routing"]["strategy"] == "prefixaware"
+    assert data["valid"] is True
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((EXAMPLES / "quickstart.yaml").read_text().replace("strategy: leastload", "strategy: fastest"))
+    result = fleetserve("validate", str(bad), "--json")  # problems on stdout too, for tools
+    data = json.loads(result.stdout)
+    assert result.returncode == 2 and data["valid"] is False
+    assert data["errors"][0]["path"] == "spec.routing.strategy" and "leastload" in data["errors"][0]["message"]
 
 
 def test_validate_missing_file_exits_2(tmp_path):
@@ -64,6 +71,12 @@ def test_engine_with_missing_model_exits_2(tmp_path):
 def test_model_prepare_unknown_builtin():
     result = fleetserve("model", "prepare", "builtin:gpt-9")
     assert result.returncode == 2 and "smollm2-135m" in result.stderr
+
+
+def test_trace_model_on_a_trace_that_is_not_servegen_names_the_option():
+    result = fleetserve("simulate", str(EXAMPLES / "quickstart.yaml"), "--trace",
+                        str(Path(__file__).parents[1] / "data" / "mooncake_sample.jsonl"), "--trace-model", "x")
+    assert result.returncode == 2 and "--trace-model" in result.stderr and "ServeGen" in result.stderr
 
 
 def test_model_prepare_unsupported_scheme_names_the_allowed_ones():  # was "/cwd/gs:/bucket does not exist"

@@ -126,6 +126,18 @@ def test_scale_to_zero_fails_verify_and_names_the_cold_start():
     assert any(r.startswith("idle: TTFT") and "cold start" in r and "node provisioning" in r for r in reasons), reasons
 
 
+def test_every_activation_from_zero_costs_the_same_cold_start():
+    """The buffered requests are read as they are now (the live supervisor reads the router): the second and
+    third activations waited one metric lag (15 s) more than the first."""
+    from fleetserve.traces.model import TraceRequest
+
+    endpoint = load_spec(EXAMPLES / "autoscaling.yaml").endpoint
+    trace = [TraceRequest(h * 7200.0, 100, 10, hash_ids=(1,)) for h in range(3)]
+    fleet = simulate(endpoint, trace, SimOptions()).fleet
+    ttfts = [round(r.first - r.arrival, 3) for r in fleet.requests]
+    assert len(ttfts) == 3 and len(set(ttfts)) == 1 and ttfts[0] > 1.0, ttfts
+
+
 def test_placement_falls_through_a_shortage_and_spot_interruptions_retry_elsewhere():
     endpoint = spec("simulated-cloud.yaml")  # g5.xlarge is short for the first hour; spot preferred
     result = simulate(endpoint, azure_slice(600, 1500), SimOptions(seed=2, spot_interruption_rate=30.0))

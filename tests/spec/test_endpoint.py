@@ -96,6 +96,23 @@ def test_resources_are_kubernetes_quantities():  # the API server refused the re
     assert load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n" + good)).endpoint.spec.engine.resources
 
 
+def test_a_floor_above_max_replicas_is_refused_and_replicas_above_it_warned():
+    auto = ("  autoscaling: {minReplicaCount: 1, maxReplicaCount: 2, triggers: [{metric: concurrency, target: 4}], "
+            "schedules: [{name: day, start: '0 9 * * *', end: '0 17 * * *', minReplicas: 5}]}")
+    (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n" + auto))
+    assert "schedules[0].minReplicas (5) is above maxReplicaCount (2)" in msg
+    text = GOOD.replace("  replicas: 2", "  replicas: 10\n" + auto.replace("minReplicas: 5", "minReplicas: 2"))
+    warnings = {w.path: w.message for w in load_spec_text(text).warnings}
+    assert "the fleet runs at most 2" in warnings["spec.replicas"]
+
+
+def test_an_instance_type_outside_the_catalog_is_warned():
+    text = GOOD.replace("  replicas: 2", "  replicas: 2\n  placement: {instanceTypes: [g6e.xlarge, ml.g9.huge]}")
+    warnings = {w.path: w.message for w in load_spec_text(text).warnings}
+    assert "not in the built-in catalog" in warnings["spec.placement.instanceTypes[1]"]
+    assert "spec.placement.instanceTypes[0]" not in warnings
+
+
 def test_a_key_given_twice_is_refused_with_both_lines():
     (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n  routing: {strategy: leastload}"))
     assert msg == "not valid YAML: key 'routing' given twice in one mapping (line 8 and line 9); keep one"

@@ -72,10 +72,18 @@ def validate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the normalised spec as JSON")] = False,
 ) -> None:
     """Check a spec: field errors exit 2; settings without local effect are listed as warnings."""
-    loaded = _load(spec)
+    from fleetserve.spec import SpecError, load_spec
+
+    try:
+        loaded = load_spec(spec)
+    except SpecError as exc:
+        if as_json:  # a tool reading stdout gets the problems too
+            print(json.dumps({"valid": False, "errors": [{"path": p.path, "message": p.message}
+                                                         for p in exc.problems]}, indent=2))
+        raise _fail(str(exc), EXIT_USAGE) from None
     _print_warnings(loaded)
     if as_json:
-        print(json.dumps({"format": loaded.source_format,
+        print(json.dumps({"valid": True, "format": loaded.source_format,
                           "endpoint": loaded.endpoint.model_dump(mode="json", by_alias=True),
                           "warnings": [str(w) for w in loaded.warnings]}, indent=2))
         return

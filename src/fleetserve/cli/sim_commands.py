@@ -117,6 +117,12 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
     _simulatable(loaded)
     if not Path(trace).exists():
         raise typer.BadParameter(f"{trace} does not exist", param_hint="--trace")
+    if trace_model is not None:
+        from fleetserve.traces.load import detect_format
+
+        if detect_format(Path(trace)) != "servegen":
+            raise typer.BadParameter(f"applies to ServeGen rate files only; {trace} is a "
+                                     f"{detect_format(Path(trace))} trace", param_hint="--trace-model")
     try:
         requests = load_trace(trace, limit=limit, **({"model": trace_model} if trace_model else {}))
     except TraceError as exc:

@@ -493,7 +493,10 @@ class SimFleet:
         if best["ttft_p95_ms"] is None:  # computed only when the controller reads it (sorting is not free)
             values = sorted(v for t, v in self._ttfts if cutoff - TTFT_WINDOW <= t <= cutoff)
             best["ttft_p95_ms"] = values[min(len(values) - 1, int(0.95 * len(values)))] * 1000 if values else 0.0
-        return best
+        # the requests the router buffers (no replica can take them) are read as they are now, like the live
+        # supervisor reads the router: with the lagged count, every activation from zero but the first (whose
+        # sample is the oldest) waited one metric lag more (8 s, then 23 s, for the same cold start)
+        return {**best, "pending": len(self.buffer)}
 
     def _reconcile(self, _arg=None) -> None:
         now = self.sim.now

@@ -115,9 +115,23 @@ def _autoscaled(data: dict, low: int, high: int, target: float) -> dict:
     else:
         triggers = [{"metric": "concurrency", "target": target}] + triggers
     auto["triggers"] = triggers
+    auto["schedules"] = _floors_within(auto.get("schedules") or [], auto["maxReplicaCount"])
     s["autoscaling"] = auto
     s["replicas"] = low
     return d
+
+
+def _floors_within(floors: list[dict], most: int) -> list[dict]:
+    """Time-of-day floors capped at a candidate's maxReplicaCount (the spec refuses a floor above it; the fleet
+    could not keep one anyway)."""
+    out = []
+    for floor in floors:
+        floor = dict(floor)
+        key = "minReplicas" if "minReplicas" in floor else "min_replicas"
+        if isinstance(floor.get(key), int):
+            floor[key] = min(floor[key], most)
+        out.append(floor)
+    return out
 
 
 def _autoscaling_on(data: dict) -> bool:
@@ -128,7 +142,7 @@ def _autoscaling_on(data: dict) -> bool:
 def _with_floors(data: dict, floors: list[dict], lead: int, low: int | None = None) -> dict:
     d = copy.deepcopy(data)
     auto = d["spec"]["autoscaling"]
-    auto["schedules"] = floors
+    auto["schedules"] = _floors_within(floors, int(auto.get("maxReplicaCount", auto.get("max_replica_count", 5))))
     auto["scheduleLeadTime"] = lead if floors else auto.get("scheduleLeadTime", 0)
     if low is not None:
         auto["minReplicaCount"] = d["spec"]["replicas"] = low

@@ -70,9 +70,14 @@ def _section(fleet: SimFleet, reqs: list, spans: list[tuple[float, float]], slo:
     gpu_hours = sum(span_hours(fleet.series, a, b, 5) for a, b in spans)
     hours = sum(b - a for a, b in spans) / 3600
     failed = len(reqs) - len(ok)
+    reasons: dict[str, int] = {}
+    for r in reqs:
+        if r.error is not None:
+            reasons[r.error] = reasons.get(r.error, 0) + 1
     return {
         "requests": len(reqs),
         "failed": failed,
+        "failed_by_reason": dict(sorted(reasons.items())),
         "error_rate": round(failed / len(reqs), 6) if reqs else 0.0,
         "ttft_ms": _pcts(ttft),
         "e2e_ms": _pcts(e2e),
@@ -113,7 +118,7 @@ def build_report(fleet: SimFleet, slo: dict, slo_source: str) -> dict:
         "replicas_ready_max": max((p[1] for p in fleet.series), default=0),
         "nodes_max": max((p[3] for p in fleet.series), default=0),
         "duration_s": round(end, 3),
-        "failed_by_reason": dict(fleet.rejected),
+        "failed_by_reason": dict(sorted(fleet.rejected.items())),
         "peak": peak,
         "idle": idle,
         "slo": {**slo, "source": slo_source},

@@ -68,9 +68,11 @@ def _cause(result: SimResult, window: str, metric: str = "", value: float | None
     if window == "idle" and result.report["idle"]["windows"] == result.report["peak"]["windows"]:
         capacity += " (the trace spans a single window, so its idle is its peak: a shorter --window separates them)"
     ctx = result.report.get("context_length") or {}
-    if metric == "error_rate" and ctx.get("requests_over"):
-        others = sum(n for code, n in result.report["failed_by_reason"].items() if code != "context_length_exceeded")
-        return (f"{ctx['requests_over']} requests of the trace need more than the {ctx['tokens']}-token context "
+    in_window = result.report[window]["failed_by_reason"]
+    over = in_window.get("context_length_exceeded", 0)
+    if metric == "error_rate" and over:
+        others = sum(n for code, n in in_window.items() if code != "context_length_exceeded")
+        return (f"{over} requests of the {window} window need more than the {ctx['tokens']}-token context "
                 f"length ({ctx['source']}) and are refused: raise it (the model and KV memory permitting; `plan` "
                 "does) or shorten them" + (f"; and {others} more failed: {capacity}" if others else ""))
     if metric == "ttft_p95_ms":
@@ -90,8 +92,9 @@ def _capacity_cause(result: SimResult, window: str) -> str:
     report = result.report
     most = fleet.policy_scaling.max_replicas if fleet.policy_scaling else fleet.static
     least = fleet.policy_scaling.min_replicas if fleet.policy_scaling else fleet.static
-    if report["failed_by_reason"]:
-        codes = ", ".join(f"{k} x{v}" for k, v in sorted(report["failed_by_reason"].items()))
+    by_reason = report[window]["failed_by_reason"]  # this window's requests, not the whole trace's
+    if by_reason:
+        codes = ", ".join(f"{k} x{v}" for k, v in sorted(by_reason.items()))
         refused = f"; requests refused: {codes}"
     else:
         refused = ""

@@ -46,6 +46,19 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if (spec.placement.instance_types or spec.placement.node_affinity) and spec.capacity.provider == "local":
         note("spec.placement", "capacity.provider is 'local': this machine is the only node, instance types "
                                "apply to the simulated provider and to Kubernetes rendering")
+    auto = spec.autoscaling
+    if auto is not None and auto.enabled and spec.replicas > auto.max_replica_count:
+        note("spec.replicas", f"{spec.replicas} is above autoscaling.maxReplicaCount ({auto.max_replica_count}): "
+                              f"the fleet runs at most {auto.max_replica_count}")
+    if spec.placement.instance_types and spec.capacity.provider != "simulated":  # simulated: an error already
+        from fleetserve.capacity.catalog import Catalog
+
+        catalog = Catalog.builtin()
+        for i, name in enumerate(spec.placement.instance_types):
+            if name not in catalog:
+                note(f"spec.placement.instanceTypes[{i}]", f"{name!r} is not in the built-in catalog: simulate, "
+                     "verify and plan refuse it and render k8s writes it as given (a misspelt type leaves pods "
+                     f"Pending); known: {', '.join(catalog.names())}")
     if spec.kv_cache.l2.tenant_urls and not spec.auth.enabled:
         note("spec.kvCache.l2.tenantUrls", "tenants come from API keys: without auth.enabled no request has a "
                                            "tenant, so these Redis servers are never used")

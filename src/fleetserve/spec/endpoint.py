@@ -236,6 +236,11 @@ class AutoscalingSection(SpecModel):
             )
         if self.max_replica_count == 0:
             raise ValueError("maxReplicaCount must be at least 1")
+        for i, floor in enumerate(self.schedules):
+            if floor.min_replicas > self.max_replica_count:
+                raise ValueError(f"schedules[{i}].minReplicas ({floor.min_replicas}) is above maxReplicaCount "
+                                 f"({self.max_replica_count}): the floor cannot be kept; raise maxReplicaCount "
+                                 "or lower the floor")
         from fleetserve.autoscale.schedule import Schedule, ScheduleError
 
         try:
