@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from fleetserve.traces.load import load_trace
+from fleetserve.traces.load import detect_format, load_trace
 from tests.helpers import fleetserve
 
 
@@ -48,3 +48,12 @@ def test_bad_input_names_the_parameter(tmp_path):
     result = fleetserve("trace", "scale", str(DATA / "azure_code_sample.csv"), "--rate", "2", "--format",
                         "prompts", "-o", str(tmp_path / "x"))
     assert result.returncode == 2 and "prompt text" in said(result)
+
+
+def test_a_trace_is_read_by_its_content_whatever_its_name(tmp_path):
+    """`trace generate --format azure -o x.jsonl` wrote a file the loader then refused ("not JSON")."""
+    for fmt, name in (("azure", "as.jsonl"), ("mooncake", "as.csv")):
+        out = tmp_path / name
+        assert fleetserve("trace", "generate", "chat", "--format", fmt, "-o", str(out), "--duration", "20",
+                          "--seed", "3").returncode == 0
+        assert detect_format(out) == fmt and len(load_trace(out)) > 0

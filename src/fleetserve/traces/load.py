@@ -35,10 +35,23 @@ def _text_lines(p: Path):
         raise TraceError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
+def _first_text(p: Path) -> str:
+    """The first non-blank line, stripped ('' for an empty file)."""
+    for _, line in _text_lines(p):
+        if line.strip():
+            return line.strip()
+    return ""
+
+
 def detect_format(path: Path) -> str:
+    """By content first, the name second: a CSV written under a .jsonl name (or JSON lines under .csv) is read as
+    what it holds."""
     if is_servegen(path):
         return "servegen"
-    if path.suffix == ".csv":
+    first = _first_text(path) if path.is_file() else ""
+    if first.startswith("{"):
+        pass  # JSON lines: Mooncake or a prompt log, told apart below
+    elif path.suffix == ".csv" or "timestamp" in first.lower() and "contexttokens" in first.lower().replace(" ", ""):
         return "azure"
     n, first = next(_rows(path, None), (0, {}))
     if "hash_ids" in first or "input_length" in first:
