@@ -57,3 +57,10 @@ def test_a_trace_is_read_by_its_content_whatever_its_name(tmp_path):
         assert fleetserve("trace", "generate", "chat", "--format", fmt, "-o", str(out), "--duration", "20",
                           "--seed", "3").returncode == 0
         assert detect_format(out) == fmt and len(load_trace(out)) > 0
+
+
+def test_generate_refuses_a_workload_over_the_trace_token_limit(tmp_path):
+    result = fleetserve("trace", "generate", "chat", "-o", str(tmp_path / "huge.jsonl"), "--duration", "30",
+                        "--input-tokens", "10000000", "--turns", "3", "--think", "1")
+    assert result.returncode == 2 and "16777216" in result.stderr and "--input-tokens" in result.stderr
+    assert not (tmp_path / "huge.jsonl").exists()

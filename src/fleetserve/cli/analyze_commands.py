@@ -165,6 +165,13 @@ def trace_generate(
     requests = generate(spec, with_text=fmt == "prompts")
     if not requests:
         raise _fail("the workload has no requests: raise --rate or --duration")
+    from fleetserve.traces.load import MAX_TOKENS
+
+    longest = max(max(r.input_tokens, r.output_tokens) for r in requests)
+    if longest > MAX_TOKENS:  # the loader would refuse the file it wrote
+        raise _fail(f"the workload has requests of {longest} tokens, over the trace limit of {MAX_TOKENS} per "
+                    "request (chat prompts grow with every turn): lower --input-tokens, --output-tokens, "
+                    "--system-tokens, --doc-tokens or --turns")
     write_trace(requests, output, fmt)
     err.print(f"{len(requests)} requests over {duration:g}s ({spec.arrivals} arrivals, {spec.content} prompts) "
               f"written to {output} ({fmt})", markup=False)
