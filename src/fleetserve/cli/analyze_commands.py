@@ -191,7 +191,7 @@ def trace_scale(
     duration: Annotated[float | None, typer.Option(min=1, help="ServeGen: seconds of the rate file to read")] = None,
 ) -> None:
     """Rate scaling (more requests over the same span) and/or time scaling (stretch or compress the clock)."""
-    from fleetserve.traces.load import TraceError, detect_format, load_trace, wall_start
+    from fleetserve.traces.load import TraceError, detect_format, load_timed_trace
     from fleetserve.traces.scale import scale_rate, scale_time
     from fleetserve.traces.write import WRITE_FORMATS, write_trace
 
@@ -205,7 +205,7 @@ def trace_scale(
         raise typer.BadParameter(f"{file} does not exist", param_hint="FILE")
     options = {k: v for k, v in {"model": model, "duration_s": duration}.items() if v is not None}
     try:
-        requests = load_trace(path, limit, **options)
+        requests, start = load_timed_trace(path, limit, **options)
     except TraceError as exc:
         raise _fail(str(exc)) from None
     if rate is not None:
@@ -219,7 +219,7 @@ def trace_scale(
         src = detect_format(path)
         fmt = src if src in WRITE_FORMATS else "mooncake"
     try:
-        write_trace(requests, output, fmt, start=wall_start(path, limit))
+        write_trace(requests, output, fmt, start=start)
     except ValueError as exc:
         raise _fail(f"--format: {exc}") from None
     err.print(f"{len(requests)} requests written to {output} ({fmt})", markup=False)

@@ -91,10 +91,10 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
             provisioning_delay=provisioning_delay)
 
     from fleetserve.sim.profiles import ProfileError, resolve
-    from fleetserve.sim.setup import KNOWLEDGE_MODES, SimOptions
+    from fleetserve.sim.setup import DEFAULT_START, KNOWLEDGE_MODES, SimOptions
     from fleetserve.sim.workload import scale_rate
     from fleetserve.spec import SpecError, load_spec
-    from fleetserve.traces.load import TraceError, load_trace
+    from fleetserve.traces.load import TraceError, detect_format, load_timed_trace
 
     if knowledge not in KNOWLEDGE_MODES:
         raise typer.BadParameter(f"{knowledge!r}; allowed values: {', '.join(KNOWLEDGE_MODES)}",
@@ -117,21 +117,14 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
     _simulatable(loaded)
     if not Path(trace).exists():
         raise typer.BadParameter(f"{trace} does not exist", param_hint="--trace")
-    if trace_model is not None:
-        from fleetserve.traces.load import detect_format
-
-        if detect_format(Path(trace)) != "servegen":
-            raise typer.BadParameter(f"applies to ServeGen rate files only; {trace} is a "
-                                     f"{detect_format(Path(trace))} trace", param_hint="--trace-model")
     try:
-        requests = load_trace(trace, limit=limit, **({"model": trace_model} if trace_model else {}))
+        if trace_model is not None and (found := detect_format(Path(trace))) != "servegen":
+            raise typer.BadParameter(f"applies to ServeGen rate files only; {trace} is a {found} trace",
+                                     param_hint="--trace-model")
+        requests, own = load_timed_trace(trace, limit=limit, **({"model": trace_model} if trace_model else {}))
     except TraceError as exc:
         raise typer.BadParameter(str(exc), param_hint="--trace") from None
     if start is None:  # the trace's own clock where it has one: its cron floors are those of its day
-        from fleetserve.sim.setup import DEFAULT_START
-        from fleetserve.traces.load import wall_start
-
-        own = wall_start(trace, limit)
         start = own.isoformat() if own is not None else DEFAULT_START
     if rate_scale != 1.0:
         requests = scale_rate(requests, rate_scale, seed)

@@ -51,7 +51,7 @@ def detect_format(path: Path) -> str:
     first = _first_text(path) if path.is_file() else ""
     if first.startswith("{"):
         pass  # JSON lines: Mooncake or a prompt log, told apart below
-    elif path.suffix == ".csv" or "timestamp" in first.lower() and "contexttokens" in first.lower().replace(" ", ""):
+    elif path.suffix == ".csv" or ("timestamp" in first.lower() and "contexttokens" in first.lower().replace(" ", "")):
         return "azure"
     n, first = next(_rows(path, None), (0, {}))
     if "hash_ids" in first or "input_length" in first:
@@ -65,6 +65,13 @@ def detect_format(path: Path) -> str:
 def load_trace(path: str | Path, limit: int | None = None, fmt: str | None = None, **options) -> list[TraceRequest]:
     """Requests in arrival order, the earliest at 0 s (traces with epoch timestamps, or rows out of order, replay
     as they happened). `options` go to the ServeGen loader (the other formats take none)."""
+    return load_timed_trace(path, limit, fmt, **options)[0]
+
+
+def load_timed_trace(path: str | Path, limit: int | None = None, fmt: str | None = None,
+                     **options) -> tuple[list[TraceRequest], datetime | None]:
+    """`load_trace`'s requests and the wall time (UTC) of the earliest when the file says it (Azure CSV stamps;
+    stamps without an offset are read as UTC), else None: Mooncake and prompt logs count from their own zero."""
     p = Path(path)
     if not p.is_file() and not (p.is_dir() and fmt in (None, "servegen")):
         what = "is a directory, not a trace file" if p.is_dir() else "does not exist"
@@ -72,6 +79,7 @@ def load_trace(path: str | Path, limit: int | None = None, fmt: str | None = Non
     if fmt is not None and fmt not in FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}; allowed: {', '.join(FORMATS)}")
     fmt = fmt or detect_format(p)
+    start = None
     if fmt == "servegen":
         try:
             out = load_servegen(p, limit=limit, **options)
@@ -80,11 +88,17 @@ def load_trace(path: str | Path, limit: int | None = None, fmt: str | None = Non
     else:
         if options:
             raise TraceError(f"options {', '.join(sorted(options))} apply to ServeGen rate files only")
-        out = {"mooncake": _mooncake, "azure": _azure, "prompts": _prompts}[fmt](p, limit)
+        if fmt == "azure":
+            rows = _azure_rows(p, limit)
+            start = min((t for t, _, _ in rows), default=None)
+            out = [TraceRequest((t - start).total_seconds(), c, g) for t, c, g in rows]
+            start = start.replace(tzinfo=UTC) if start is not None else None
+        else:
+            out = {"mooncake": _mooncake, "prompts": _prompts}[fmt](p, limit)
         out = _rebased(out)
     if not out:
         raise TraceError(f"{p}: no requests")
-    return out
+    return out, start
 
 
 def _rebased(requests: list[TraceRequest]) -> list[TraceRequest]:
@@ -155,22 +169,9 @@ def _azure_time(text: str) -> datetime:
     return t.astimezone(UTC).replace(tzinfo=None) if t.tzinfo else t  # without an offset: UTC
 
 
-def _azure(p: Path, limit: int | None) -> list[TraceRequest]:
-    out = _azure_rows(p, limit)
-    if not out:
-        return []
-    start = min(t for t, _, _ in out)
-    return [TraceRequest((t - start).total_seconds(), c, g) for t, c, g in out]
-
-
 def wall_start(path: str | Path, limit: int | None = None) -> datetime | None:
-    """The wall time (UTC) of a trace's earliest request when the file says it (Azure CSV stamps; stamps without
-    an offset are read as UTC), else None: Mooncake and prompt logs count from their own zero."""
-    p = Path(path)
-    if not p.is_file() or detect_format(p) != "azure":
-        return None
-    rows = _azure_rows(p, limit)
-    return min(t for t, _, _ in rows).replace(tzinfo=UTC) if rows else None
+    """The wall time (UTC) of a trace's earliest request, when the file says it (`load_timed_trace`)."""
+    return load_timed_trace(path, limit)[1]
 
 
 def _azure_rows(p: Path, limit: int | None) -> list[tuple[datetime, int, int]]:
