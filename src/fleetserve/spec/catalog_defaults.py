@@ -20,6 +20,17 @@ def _flags(args: list) -> set[str]:
     return {str(a).split("=", 1)[0] for a in args if str(a).startswith("--")}
 
 
+def _options(args: tuple[str, ...]) -> list[list[str]]:
+    """`--flag value` and `--switch` as [flag, value] and [switch]."""
+    out: list[list[str]] = []
+    for arg in args:
+        if arg.startswith("--") or not out:
+            out.append([arg])
+        else:
+            out[-1].append(arg)
+    return out
+
+
 def fill_from_catalog(data: Any) -> Any:
     """`data` (the raw `spec` mapping) with the preset's settings where it has none; unchanged otherwise."""
     if not isinstance(data, dict):
@@ -47,17 +58,9 @@ def fill_from_catalog(data: Any) -> Any:
             engine["gpus"] = preset.gpus
         args = engine.get("args")
         if isinstance(args, list) or args is None:
-            args = list(args or [])
-            named = _flags(args)
-            added, i = [], 0
-            while i < len(preset.args):
-                flag = preset.args[i]
-                value = preset.args[i + 1:i + 2] if i + 1 < len(preset.args) and \
-                    not preset.args[i + 1].startswith("--") else []
-                if flag not in named:
-                    added += [flag, *value]
-                i += 1 + len(value)
-            engine["args"] = added + args
+            named = _flags(args or [])
+            engine["args"] = [token for flag, *value in _options(preset.args) if flag not in named
+                              for token in (flag, *value)] + list(args or [])
         placement = data.get("placement")
         if placement is None or isinstance(placement, dict):
             placement = dict(placement or {})
