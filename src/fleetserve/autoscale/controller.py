@@ -29,6 +29,11 @@ class Controller:
     def desired(self) -> int:
         return self.state.current
 
+    @property
+    def next_poll(self) -> float:
+        """When the next regular poll is due (activation at zero may come earlier: `due`)."""
+        return self._next_poll
+
     def due(self, now: float, pending: int) -> bool:
         return now >= self._next_poll or (self.state.current == 0 and pending > 0)
 

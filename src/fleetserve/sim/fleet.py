@@ -47,6 +47,7 @@ from fleetserve.spec.context import context_limit
 
 DRAIN_TIMEOUT = 120.0  # the supervisor stops a draining replica after this even if requests remain
 TTFT_WINDOW = 60.0  # the router's TTFT p95 window
+RATE_WINDOW = 60.0  # the request rate /admin/load reports is counted over this many seconds
 SERVING = frozenset({"ready", "moving"})  # take new requests (moving: its node is being consolidated)
 ROUTED = SERVING | {"draining"}  # backends the router knows
 MAX_DECODE_RUN = 1 << 20  # decode steps one event may cover (cut short when a request arrives)
@@ -139,6 +140,8 @@ class SimFleet:
         self.requests: list[Req] = []
         self.arrived = 0
         self.outstanding = 0
+        self.ticks = 0  # control-loop rounds run (idle stretches are skipped: `_next_tick`)
+        self._active_at = self.t0  # the last arrival, first token, completion or refusal
         self._ttfts: collections.deque[tuple[float, float]] = collections.deque()
         self._loads: collections.deque[tuple[float, dict]] = collections.deque()
         # draws of the token that first shows text (profiles that measured it); its own stream, so profiles
@@ -306,6 +309,7 @@ class SimFleet:
     # --- requests ------------------------------------------------------------------------------------------
 
     def _arrive(self, i: int) -> None:
+        self._active_at = self.sim.now
         req = Req(i, self.workload[i], self.sim.now)
         self.requests.append(req)
         self.arrived += 1
@@ -381,6 +385,7 @@ class SimFleet:
                 self.sim.at(rep.step_start + rep.model.truncate(j), self._step_done, (rep, rep.gen))
 
     def _fail(self, req: Req, code: str) -> None:
+        self._active_at = self.sim.now
         req.error = code
         req.done = self.sim.now
         self.rejected[code] += 1
@@ -418,6 +423,8 @@ class SimFleet:
             return  # superseded by a shorter run, or the replica is gone
         now = self.sim.now
         firsts, finished = rep.model.end_step(now)
+        if firsts or finished:
+            self._active_at = now
         if firsts:
             book, ttfts = self.book, self._ttfts if self._track_ttft else None
             for seq in firsts:
@@ -469,7 +476,7 @@ class SimFleet:
             ttfts.popleft()
         marks = self._arrivals
         marks.append((now, self.arrived))
-        while len(marks) > 2 and marks[1][0] <= now - 60.0:
+        while len(marks) > 2 and marks[1][0] <= now - RATE_WINDOW:
             marks.popleft()
         mark_t, mark_n = marks[0]
         rate = (self.arrived - mark_n) / (now - mark_t) if now > mark_t else 0.0
@@ -500,6 +507,7 @@ class SimFleet:
 
     def _reconcile(self, _arg=None) -> None:
         now = self.sim.now
+        self.ticks += 1
         load = self.load()
         self._loads.append((now, load))
         while len(self._loads) > 2 and self._loads[1][0] <= now - self.options.metric_lag_s - 1e-9:
@@ -529,7 +537,43 @@ class SimFleet:
         if self.progress is not None:
             self.progress(now - self.t0)
         if self.outstanding > 0 or now < self.end:
-            self.sim.after(self.options.reconcile_s, self._reconcile)
+            self.sim.at(self._next_tick(now), self._reconcile)
+
+    def _next_tick(self, now: float) -> float:
+        """When the control loop looks next: one `reconcile_s` later, or, through an idle stretch, the first round
+        on the same grid that can see or do anything (a scaling poll, a node's consolidateAfter timer, the run-up
+        to the next arrival). Such a round finds what every skipped one would have: no request anywhere, every
+        replica ready, the fleet at its desired size, no node starting, cordoned or exposed to spot
+        interruptions (their draws are per round), and load samples that stopped changing: the last activity
+        is older than the rate, TTFT and lag windows together, and rounds resume that long before the next
+        arrival, so every window it reads is filled as without the skip. A day of silence costs a poll
+        interval's rounds instead of 86,400."""
+        step = self.options.reconcile_s
+        tick = now + step
+        if not self.options.fast_forward or self.outstanding or self.buffer or self.queue:
+            return tick
+        quiet = RATE_WINDOW + TTFT_WINDOW + self.options.metric_lag_s + 2 * step
+        if now - self._active_at < quiet or self.arrived >= len(self.workload):
+            return tick
+        if any(r.state != "ready" or r.busy for r in self.replicas) or len(self.replicas) != self.desired:
+            return tick
+        capacity = self.capacity
+        if capacity.cordoned or any(b.schedule is not None for b in capacity.consolidation.budgets):
+            return tick
+        spot = getattr(capacity.provider, "spot_interruption_rate", 0.0)
+        must = float("inf")  # a round at or after this time must run
+        for node in capacity.nodes():
+            if node.ready_at > now or node.interrupt_at is not None or (spot and node.offering.capacity_type == "spot"):
+                return tick
+            settle = node.last_change + capacity.consolidation.consolidate_after
+            if settle > now:
+                must = min(must, settle)
+        if self.controller is not None:
+            must = min(must, self.controller.next_poll)
+        resume = self.t0 + self.workload[self.arrived].arrival - quiet  # the last round at or before this runs
+        while tick < must and tick + step <= resume:
+            tick += step  # the grid as repeated `after(step)` would build it, float for float
+        return tick
 
     def _apply_consolidation(self, removals) -> None:
         """Underutilized nodes are cordoned by the capacity manager; their serving replicas start moving
@@ -580,7 +624,20 @@ class SimFleet:
                 r.reported = reported
                 self._touch(r)
         if self.outstanding > 0 or self.sim.now < self.end:
-            self.sim.after(self.options.health_interval_s, self._probe)
+            self.sim.at(self._next_probe(), self._probe)
+
+    def _next_probe(self) -> float:
+        """The next health round: one interval later, or, while no request is anywhere and every report says
+        (0, 0), the last round on the same grid before the next arrival (none between can see a change)."""
+        step = self.options.health_interval_s
+        tick = self.sim.now + step
+        if (not self.options.fast_forward or self.outstanding or self.arrived >= len(self.workload)
+                or any(r.reported != (0, 0) for r in self.replicas)):
+            return tick
+        arrival = self.t0 + self.workload[self.arrived].arrival
+        while tick + step <= arrival:
+            tick += step
+        return tick
 
     def _record(self) -> None:
         reps = self.replicas

@@ -46,6 +46,7 @@ class SimOptions:
     idle_fraction: float = 0.25  # the quietest 25 % (at least one) are "idle"
     static_replicas: int | None = None  # run without autoscaling at this count (plan's baseline)
     spot_interruption_rate: float | None = None
+    fast_forward: bool = True  # skip the control loop's rounds through idle stretches (same results, faster)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

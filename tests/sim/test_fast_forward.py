@@ -1,0 +1,59 @@
+"""The control loop skips its rounds through idle stretches (`SimFleet._next_tick`, `_next_probe`): a long trace
+with quiet hours must give exactly the report, decisions, node history and cost of a run that looks every
+second, with far fewer rounds."""
+
+import json
+import random
+
+import pytest
+
+from fleetserve.sim.run import simulate
+from fleetserve.sim.setup import SimOptions
+from fleetserve.traces.model import TraceRequest
+from tests.sim.test_golden import spec
+
+
+def bursts_with_quiet_hours(seed: int, bursts: int = 4, gap_s: float = 6 * 3600) -> list[TraceRequest]:
+    """Bursts of 60 requests (2 per second, shared prefixes) separated by hours of silence."""
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    for _ in range(bursts):
+        for _ in range(60):
+            t += rng.expovariate(2.0)
+            out.append(TraceRequest(t, rng.randint(50, 800), rng.randint(5, 60),
+                                    tuple(rng.randint(0, 20) for _ in range(2))))
+        t += gap_s * rng.uniform(0.5, 1.5)
+    return out
+
+
+def run(endpoint, trace, fast: bool, **options):
+    result = simulate(endpoint, trace, SimOptions(fast_forward=fast, **options))
+    result.report["sim"].pop("events")  # the one figure that must differ: skipped rounds are events not run
+    fleet = result.fleet
+    return (json.dumps(result.report, sort_keys=True, default=str), fleet.decisions, fleet.series,
+            fleet.capacity.log), fleet.ticks
+
+
+@pytest.mark.parametrize("example, options", [
+    ("autoscaling.yaml", {}),  # scale to zero at night, a cron floor in Seoul business hours
+    ("autoscaling.yaml", {"knowledge": "informed"}),  # health rounds skipped too
+    ("simulated-cloud.yaml", {}),  # nodes, consolidateAfter, an ICE shortage, spot preferred
+    ("hyperpod.yaml", {}),
+    ("quickstart.yaml", {}),  # no autoscaler: nothing to poll
+])
+def test_skipping_idle_rounds_changes_no_figure(example, options):
+    endpoint, trace = spec(example), bursts_with_quiet_hours(3)
+    slow, slow_ticks = run(endpoint, trace, False, **options)
+    fast, fast_ticks = run(endpoint, trace, True, **options)
+    assert fast == slow
+    assert slow_ticks > 40_000  # about 18 hours of simulated time, looked at every second
+    assert fast_ticks * 10 < slow_ticks
+
+
+def test_spot_nodes_keep_every_round():
+    """Spot interruptions are drawn per round from the seeded RNG: skipping would change the draws."""
+    endpoint, trace = spec("simulated-cloud.yaml"), bursts_with_quiet_hours(4, bursts=2, gap_s=3600)
+    slow, slow_ticks = run(endpoint, trace, False, spot_interruption_rate=0.5)
+    fast, fast_ticks = run(endpoint, trace, True, spot_interruption_rate=0.5)
+    assert fast == slow
+    assert fast_ticks == slow_ticks
