@@ -64,3 +64,24 @@ def test_a_raised_limit_is_written_where_it_was_declared_and_read_back(engine, m
             "spec": {"model": {"source": "hf:meta-llama/Llama-3.1-8B-Instruct", **(model or {})}, "engine": engine}}
     raised = load_spec_data(with_context_limit(data, 16384, where)).endpoint.spec
     assert tokens == 4096 and context_limit(raised) == (16384, where)
+
+
+SMOLLM2_MAX = (8192, "the model's own maximum (smollm2-135m, engine/catalog.py)")
+
+
+@pytest.mark.parametrize("source,model,expected", [
+    ("builtin:smollm2-135m", {}, SMOLLM2_MAX),  # nothing declared: the engine serves the model's own 8,192
+    ("catalog:smollm2-135m", {}, SMOLLM2_MAX),
+    ("builtin:smollm2-135m", {"contextLength": 32768}, SMOLLM2_MAX),  # the runner clamps a longer one to it
+    ("builtin:smollm2-135m", {"contextLength": 2048}, (2048, "spec.model.contextLength")),
+    ("hf:HuggingFaceTB/SmolLM2-135M-Instruct", {}, None),  # not in the catalog: unknown without loading it
+])
+def test_the_builtin_engine_never_serves_more_than_the_models_own_maximum(source, model, expected):
+    spec = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "c"},
+                           "spec": {"model": {"source": source, **model}, "engine": {"kind": "builtin"}}}
+                          ).endpoint.spec
+    assert context_limit(spec) == expected
+
+
+def test_the_quickstart_serves_the_demo_models_context():
+    assert context_limit(load_spec(EXAMPLES / "quickstart.yaml").endpoint.spec) == SMOLLM2_MAX

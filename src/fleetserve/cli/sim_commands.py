@@ -316,6 +316,8 @@ def plan(
         for why in whys:
             out.print(f"  why: {why}", markup=False)
         _print_warnings(result.winner.verdict.result.report)
+    if not as_json and result.context and result.context["to"] == result.context["from"]:
+        out.print(f"context length not raised: {result.context['why']}", markup=False)  # the model's own maximum
     raise typer.Exit(0 if data["verified"] else 1)
 
 

@@ -28,7 +28,7 @@ from fleetserve.sim.run import engine_block
 from fleetserve.sim.setup import SimOptions, gpu_types
 from fleetserve.sim.verify import Verdict, verify
 from fleetserve.sim.workload import build_workload
-from fleetserve.spec.context import context_limit, with_context_limit
+from fleetserve.spec.context import context_limit, model_maximum, with_context_limit
 from fleetserve.spec.load import load_spec_data
 
 CANDIDATE_TYPES = ("g6.xlarge", "g5.xlarge", "g6e.xlarge", "p4d.24xlarge", "p5.48xlarge")
@@ -261,8 +261,9 @@ class Planner:
 
     def _fit_context(self, data: dict) -> dict:
         """The search's starting spec: the input, with its context length raised (to a multiple of 1,024) when the
-        trace's requests need more than it declares, since no replica count serves a request that cannot fit.
-        The model's own maximum and the KV memory a longer context takes are not checked here."""
+        trace's requests need more than it declares, since no replica count serves a request that cannot fit;
+        never past the model's own maximum where it is known (`spec.context.model_maximum`). The KV memory a
+        longer context takes is not checked here."""
         declared = context_limit(self.endpoint.spec)
         need = max((w.prompt + w.output for w in self.workload), default=0)
         if declared is None or need <= declared[0]:
@@ -270,6 +271,15 @@ class Planner:
         tokens, where = declared
         raised = -(-need // 1024) * 1024
         over = sum(1 for w in self.workload if w.prompt + w.output > tokens)
+        native = model_maximum(self.endpoint.spec)
+        if native is not None:
+            raised = min(raised, native[0])
+        if raised <= tokens:  # the model cannot take more: the requests stay refused, and the plan says so
+            self.context = {"from": tokens, "to": tokens, "source": where, "requests_over": over,
+                            "why": f"{over} of the trace's {len(self.workload)} requests need up to {need} tokens of "
+                                   f"context, more than {tokens} ({where}): the model cannot serve them, whatever "
+                                   "the spec; a model with a longer context can"}
+            return data
         d = with_context_limit(copy.deepcopy(data), raised, where)
         self.context = {"from": tokens, "to": raised, "source": where, "requests_over": over,
                         "why": f"{over} of the trace's {len(self.workload)} requests need up to {need} tokens of "

@@ -1,5 +1,7 @@
 """The context length a spec's engines will enforce: `spec.model.contextLength`, else the engine's own flag in
-`spec.engine.args` (vLLM `--max-model-len`, SGLang `--context-length`; HyperPod specs carry it there).
+`spec.engine.args` (vLLM `--max-model-len`, SGLang `--context-length`; HyperPod specs carry it there), and for the
+built-in engine never more than the model's own maximum where the catalog knows it offline (`builtin:` and
+`catalog:` demo models): the engine clamps a longer `contextLength` to it (`engine/runner.py`).
 
 A real engine rejects a request whose prompt and completion do not fit; the simulator reports how many of a
 trace's requests would be (`sim.run`), so a spec that cannot serve a trace is not verified in silence."""
@@ -62,8 +64,34 @@ def context_flag_problem(spec) -> str | None:
     return None
 
 
+MODEL_MAXIMUM = "the model's own maximum"  # the start of `model_maximum`'s "where"
+
+
+def model_maximum(spec) -> tuple[int, str] | None:
+    """(tokens, where) of the longest context the built-in engine gives the spec's model, known without loading
+    it: a catalog preset served by the built-in engine (`builtin:NAME` is the preset with that source)."""
+    if spec.engine.kind != "builtin" or not isinstance(spec.model.source, str):
+        return None
+    from fleetserve.engine.catalog import CATALOG
+
+    source = spec.model.source
+    for preset in CATALOG.values():
+        if preset.engine == "builtin" and source in (preset.source, f"catalog:{preset.name}"):
+            return preset.context_length, f"{MODEL_MAXIMUM} ({preset.name}, engine/catalog.py)"
+    return None
+
+
 def context_limit(spec) -> tuple[int, str] | None:
-    """(tokens, where it was declared), or None when nothing bounds it here."""
+    """(tokens, where it was declared), or None when nothing bounds it here: the declared limit, or the model's
+    own maximum when that is shorter or nothing is declared."""
+    declared = _declared_limit(spec)
+    native = model_maximum(spec)
+    if native is not None and (declared is None or native[0] < declared[0]):
+        return native
+    return declared
+
+
+def _declared_limit(spec) -> tuple[int, str] | None:
     if spec.model.context_length:
         return spec.model.context_length, "spec.model.contextLength"
     found = _flag_value(spec)

@@ -1,0 +1,34 @@
+"""The simulator and the planner hold the built-in engine to its model's own context (SmolLM2: 8,192 tokens):
+a request longer than that is refused as the engine refuses it, and `plan` does not raise a limit the model
+cannot give."""
+
+import json
+
+from fleetserve.sim.plan import plan
+from fleetserve.sim.run import simulate
+from fleetserve.sim.setup import SimOptions
+from fleetserve.traces.model import TraceRequest
+from tests.sim.test_golden import spec
+
+
+def trace_with_long_requests() -> list[TraceRequest]:
+    short = [TraceRequest(i * 2.0, 300, 40) for i in range(30)]
+    long = [TraceRequest(61.0 + i, 9000, 40) for i in range(3)]  # 9,040 tokens: over 8,192
+    return sorted(short + long, key=lambda r: r.arrival_s)
+
+
+def test_requests_over_the_models_own_context_are_refused():
+    report = simulate(spec("quickstart.yaml"), trace_with_long_requests(), SimOptions()).report
+    assert report["failed_by_reason"]["context_length_exceeded"] == 3
+    assert report["context_length"]["tokens"] == 8192
+    assert "own maximum" in report["context_length"]["source"]
+    assert any("8192-token context length" in w for w in report["warnings"])
+
+
+def test_plan_does_not_raise_the_context_past_the_models_maximum(tmp_path):
+    result = plan(spec("quickstart.yaml"), trace_with_long_requests(), SimOptions(), max_trials=6)
+    data = result.to_json()
+    assert data["context"]["to"] == data["context"]["from"] == 8192
+    assert "the model cannot serve them" in data["context"]["why"]
+    assert not any(c["path"] in ("spec.model.contextLength", "spec.engine.args") for c in data["changes"])
+    json.dumps(data)
