@@ -75,3 +75,12 @@ def test_profile_bad_input_exits_2():
     assert result.returncode == 2 and "--model" in said(result)
     result = fleetserve("profile", "--model", "x", "--batches", "1,zero")
     assert result.returncode == 2 and "--batches" in said(result)
+
+
+def test_presets_schedule_with_vllms_own_budgets_per_gpu():
+    """vLLM's OpenAI server: 8,192 tokens and 1,024 sequences per step on >= 70 GiB GPUs other than the A100,
+    2,048 and 256 elsewhere (EngineArgs.get_batch_defaults)."""
+    for name, (chunk, seqs) in {"h100-llama-8b": (8192, 1024), "h100-x4-llama-70b": (8192, 1024),
+                                "a100-llama-8b": (2048, 256), "l40s-llama-8b": (2048, 256),
+                                "a10g-llama-8b": (2048, 256)}.items():
+        assert (PRESETS[name]["prefill_chunk"], PRESETS[name]["max_batch"]) == (chunk, seqs), name

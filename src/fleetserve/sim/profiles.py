@@ -12,6 +12,10 @@ BF16 tensor throughput) and the model's published shape, with two stated efficie
     prefill token = 2 x params FLOPs / (tensor FLOP/s x MFU)
     KV capacity   = GPU memory x 0.9 (vLLM's default gpu_memory_utilization) - weights - 1 GiB per GPU
 
+The scheduler's budgets are vLLM's own defaults for its OpenAI server (`EngineArgs.get_batch_defaults`): GPUs
+with at least 70 GiB that are not A100s (H100, H200) schedule 8,192 tokens per step and 1,024 sequences, the
+others 2,048 and 256 (an A100's larger budget lowered its throughput, vLLM PR #17885).
+
 with MBU = 0.6 and MFU = 0.5 (assumptions within the ranges inference engines publish for bf16 at moderate
 batch; tensor parallelism over n GPUs multiplies bandwidth and FLOP/s by n x 0.85 for its all-reduces).
 Load times are the Ray Serve LLM cold starts measured on H100 (research/autoscale.md 10.1): 71 s for an
@@ -107,6 +111,13 @@ PRESET_SHAPES = {
 LOAD_S = {"llama-3.1-8b": 71.0, "llama-3.1-70b": 126.0}
 
 
+def vllm_batch_defaults(gpu: GPU) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM's OpenAI server picks on this GPU when not told."""
+    if gpu.memory_gib >= 70 and "A100" not in gpu.name:
+        return 8192, 1024
+    return 2048, 256
+
+
 def derive(name: str, gpu: GPU, n: int, model: Model, block_size: int = 256) -> dict:
     """A preset's profile fields from the roofline above (see the module docstring)."""
     scale = n * (TP_EFFICIENCY if n > 1 else 1.0)
@@ -118,6 +129,7 @@ def derive(name: str, gpu: GPU, n: int, model: Model, block_size: int = 256) -> 
         raise ProfileError(f"{model.name} does not fit on {n} x {gpu.name}")
     weights_read_s = model.weight_bytes / bandwidth
     per_token_flops_s = 2 * model.params_b * 1e9 / flops
+    chunk, seqs = vllm_batch_defaults(gpu)
     return {
         "format": FORMAT,
         "name": name,
@@ -128,8 +140,8 @@ def derive(name: str, gpu: GPU, n: int, model: Model, block_size: int = 256) -> 
         "decode_per_ctx_token_s": kv_bytes / bandwidth,
         "cache_blocks": int(free // (kv_bytes * block_size)),
         "block_size": block_size,
-        "max_batch": 256,  # vLLM max_num_seqs default
-        "prefill_chunk": 2048,  # vLLM max_num_batched_tokens with chunked prefill
+        "max_batch": seqs,  # vLLM max_num_seqs default on this GPU
+        "prefill_chunk": chunk,  # vLLM max_num_batched_tokens default (chunked prefill is always on in V1)
         "load_s": LOAD_S[model.name],
         "kv_bytes_per_token": kv_bytes,
         "gpus": n,
