@@ -185,3 +185,17 @@ def test_a_short_burst_at_the_end_is_not_the_idle_window():
                             t0=0.0, end=arrivals[-1], requests=[SimpleNamespace(arrival=a) for a in arrivals])
     peak, idle, counts = windows(fleet)
     assert counts == [30, 30, 50] and peak == [(600.0, 904.75)] and idle[0][1] <= 600  # a quiet one
+
+
+def test_empty_windows_never_pad_the_peak_and_a_burst_keeps_its_cost_per_hour():
+    """Two bursts a day apart: 10 % of the day's windows is 28, of which only two had arrivals; the empty ones
+    diluted the peak's cost per hour until a $5/h budget passed while the bursts ran at about $9/h."""
+    from fleetserve.traces.model import TraceRequest
+
+    burst = [TraceRequest(i * 0.1, 400, 60) for i in range(200)]
+    trace = burst + [TraceRequest(86400 + r.arrival_s, 400, 60) for r in burst]
+    verdict = verify(spec("hyperpod.yaml"), trace, SimOptions(),
+                     {"ttft_p95_ms": 20000, "e2e_p95_ms": 60000, "cost_per_hour_usd": 5})
+    peak = verdict.result.report["peak"]
+    assert peak["requests"] == 400 and peak["hours"] < 3 * 300 / 3600  # the two windows with the bursts
+    assert peak["cost_per_hour_usd"] > 5 and not verdict.passed

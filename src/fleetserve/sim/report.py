@@ -54,9 +54,13 @@ def windows(fleet: SimFleet) -> tuple[list[tuple[float, float]], list[tuple[floa
     bounds = [(i * w, span if i == n - 1 else (i + 1) * w) for i in range(n)]
     rate = [counts[i] / max(b - a, 1e-9) for i, (a, b) in enumerate(bounds)]  # the last may be shorter or longer
     order = sorted(range(n), key=lambda i: (-rate[i], i))
-    k_peak = max(1, math.floor(n * opts.peak_fraction))
+    # a window without arrivals is never peak: padding a short burst with empty windows diluted its cost per
+    # hour (two bursts a day apart: $2.75/h at "peak" where the burst ran at $9.30/h, and verify passed a $5/h
+    # budget)
+    busy = [i for i in order if counts[i]] or order[:1]
+    k_peak = min(max(1, math.floor(n * opts.peak_fraction)), len(busy))
     k_idle = max(1, math.floor(n * opts.idle_fraction))
-    peak = sorted(order[:k_peak])
+    peak = sorted(busy[:k_peak])
     idle = sorted(order[::-1][:k_idle])
     return [bounds[i] for i in peak], [bounds[i] for i in idle], counts
 
