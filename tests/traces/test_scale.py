@@ -50,3 +50,15 @@ def test_window_rebases():
     part = window(reqs, 10.0, 20.0)
     assert part and all(0 <= r.arrival_s < 10.0 for r in part)
     assert len(part) == sum(10.0 <= r.arrival_s < 20.0 for r in reqs)
+
+
+def test_a_prompt_log_written_as_mooncake_keeps_its_prefixes(tmp_path):
+    """It was written with empty hash ids: analyze refused it and its simulated hit rate fell from 0.70 to 0."""
+    from fleetserve.traces.write import write_trace
+
+    chat = generate(WorkloadSpec(content="chat", duration_s=120, rate=2, seed=9))
+    path = write_trace(chat, tmp_path / "chat.jsonl", "mooncake")
+    back = load_trace(path)
+    assert len(back) == len(chat) and all(r.hash_ids for r in back)
+    assert all(len(r.hash_ids) == -(-r.input_tokens // 512) for r in back)  # one id per 512 tokens, the last partial
+    assert ideal(back) > 0.4  # turns of one conversation share their prefix, sessions their system prompt

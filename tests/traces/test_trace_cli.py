@@ -64,3 +64,28 @@ def test_generate_refuses_a_workload_over_the_trace_token_limit(tmp_path):
                         "--input-tokens", "10000000", "--turns", "3", "--think", "1")
     assert result.returncode == 2 and "16777216" in result.stderr and "--input-tokens" in result.stderr
     assert not (tmp_path / "huge.jsonl").exists()
+
+
+def test_requests_beyond_what_fits_in_memory_are_refused_naming_the_option(tmp_path):
+    """Before: `simulate --rate-scale 1e9` printed nothing for minutes, `trace generate chat --duration 1e9` died
+    of a 1.8 TiB allocation; now exit 2 naming the option and the bound."""
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"timestamp": 0, "input_length": 100, "output_length": 10, "hash_ids": [1]}\n')
+    spec = str(Path(__file__).parents[2] / "examples" / "quickstart.yaml")
+    for args, flag in ((("simulate", spec, "--trace", str(one), "--rate-scale", "1e9"), "--rate-scale"),
+                       (("trace", "scale", str(one), "--rate", "1e8", "-o", str(tmp_path / "x.jsonl")), "--rate"),
+                       (("trace", "generate", "chat", "--duration", "1e9", "--rate", "1000", "-o",
+                         str(tmp_path / "y.jsonl")), "--duration/--rate")):
+        result = fleetserve(*args)
+        assert result.returncode == 2 and flag in said(result) and "at most 5,000,000" in said(result), said(result)
+
+
+def test_outputs_and_times_that_cannot_work_are_exit_2(tmp_path):
+    spec = str(Path(__file__).parents[2] / "examples" / "autoscaling.yaml")  # cron floors: they read the date
+    trace = str(DATA / "azure_code_sample.csv")
+    for args, flag in ((("trace", "generate", "chat", "-o", str(tmp_path)), "--output"),
+                       (("trace", "scale", trace, "--time", "2", "-o", str(tmp_path)), "--output"),
+                       (("verify", spec, "--trace", trace, "--start", "9999-12-31T23:59:59Z"), "--start"),
+                       (("analyze", str(DATA / "mooncake_sample.jsonl"), "--l1-gib", "inf"), "--l1-gib")):
+        result = fleetserve(*args)
+        assert result.returncode == 2 and flag in said(result) and "Traceback" not in result.stderr, said(result)

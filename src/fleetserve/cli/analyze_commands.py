@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from fleetserve.cli.checks import finite
+from fleetserve.cli.checks import finite, writable
 
 EXIT_USAGE = 2
 err = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -55,6 +55,7 @@ def analyze(
     from fleetserve.traces.load import TraceError
 
     _choice(mode, MODES, "--mode")
+    finite(l1_gib=l1_gib, l2_gib=l2_gib)
     if not Path(file).is_file():
         raise typer.BadParameter(f"{file} does not exist", param_hint="FILE")
     try:
@@ -156,13 +157,17 @@ def trace_generate(
            burst_factor=burst_factor, burst_every=burst_every, burst_length=burst_length)
     if arrivals is not None:
         _choice(arrivals, ARRIVALS, "--arrivals")
+    writable(output, "--output")
     spec = WorkloadSpec.for_kind(
         kind, arrivals=arrivals, duration_s=duration, rate=rate, seed=seed, input_tokens=input_tokens,
         output_tokens=output_tokens, turns=turns, think_s=think, system_prompts=system_prompts,
         system_tokens=system_tokens, documents=documents, doc_tokens=doc_tokens, docs_per_request=docs_per_request,
         period_s=period, peak_to_trough=peak_to_trough, burst_factor=burst_factor, burst_every_s=burst_every,
         burst_s=burst_length)
-    requests = generate(spec, with_text=fmt == "prompts")
+    try:
+        requests = generate(spec, with_text=fmt == "prompts")
+    except ValueError as exc:  # too many requests to hold (the bound names the duration and rate)
+        raise typer.BadParameter(str(exc), param_hint="--duration/--rate") from None
     if not requests:
         raise _fail("the workload has no requests: raise --rate or --duration")
     from fleetserve.traces.load import MAX_TOKENS
@@ -200,6 +205,7 @@ def trace_scale(
     if rate is None and time_scale is None:
         raise typer.BadParameter("give --rate and/or --time", param_hint="--rate/--time")
     finite(rate=rate, time=time_scale, duration=duration)
+    writable(output, "--output")
     path = Path(file)
     if not path.exists():
         raise typer.BadParameter(f"{file} does not exist", param_hint="FILE")
@@ -209,7 +215,10 @@ def trace_scale(
     except TraceError as exc:
         raise _fail(str(exc)) from None
     if rate is not None:
-        requests = scale_rate(requests, rate, seed=seed)
+        try:
+            requests = scale_rate(requests, rate, seed=seed)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--rate") from None
     if time_scale is not None:
         requests = scale_time(requests, time_scale)
     if not requests:

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fleetserve.cli.checks import finite
+from fleetserve.cli.checks import finite, writable
 
 EXIT_USAGE = 2
 out = Console(soft_wrap=True, highlight=False)
@@ -50,25 +50,6 @@ def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _writable(path: str | None, flag: str) -> None:
-    """Checked before a run, so that minutes of simulation are not lost to a path that cannot be written;
-    missing folders are made."""
-    if path is None:
-        return
-    target = Path(path)
-    if target.is_dir():
-        raise typer.BadParameter(f"{path} is a directory; give a file name", param_hint=flag)
-    existed = target.exists()
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target, "a"):
-            pass
-    except OSError as exc:
-        raise typer.BadParameter(f"cannot write {path}: {exc.strerror}", param_hint=flag) from None
-    if not existed:
-        target.unlink()
-
-
 def _simulatable(loaded) -> None:
     """Every instance type the fleet may place on must be in the simulator's catalog (prices, GPUs, profiles);
     a cluster spec may name others, which `render k8s` passes through."""
@@ -101,10 +82,12 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
                                  param_hint="--knowledge")
     if start is not None:
         try:
-            datetime.fromisoformat(start)
+            moment = datetime.fromisoformat(start)
         except ValueError:
             raise typer.BadParameter(f"{start!r} is not an ISO 8601 time (e.g. 2026-01-05T10:00:00+00:00)",
                                      param_hint="--start") from None
+        if not 1970 <= moment.year <= 9000:  # cron floors and budgets compute the days around the trace
+            raise typer.BadParameter(f"{start!r}: the year must be within 1970..9000", param_hint="--start")
     if profile is not None:
         try:
             resolve(profile)
@@ -127,7 +110,10 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
     if start is None:  # the trace's own clock where it has one: its cron floors are those of its day
         start = own.isoformat() if own is not None else DEFAULT_START
     if rate_scale != 1.0:
-        requests = scale_rate(requests, rate_scale, seed)
+        try:
+            requests = scale_rate(requests, rate_scale, seed)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--rate-scale") from None
         if not requests:
             raise typer.BadParameter(f"{rate_scale:g} leaves none of the trace's requests; use a larger factor",
                                      param_hint="--rate-scale")
@@ -182,7 +168,7 @@ def simulate(
     SLO attainment, GPU-hours and cost, overall and for the peak and idle windows."""
     from fleetserve.sim.run import simulate as run
 
-    _writable(report, "--report")
+    writable(report, "--report")
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
                                         provisioning_delay, trace_model)
@@ -280,7 +266,7 @@ def plan(
 
     from fleetserve.sim.plan import plan as run
 
-    _writable(output, "--output")
+    writable(output, "--output")
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
                                         provisioning_delay, trace_model)

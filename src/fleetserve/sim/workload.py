@@ -13,11 +13,10 @@ Keys are derived without materialising tokens (the hot path must not touch per-t
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 from fleetserve.router.features import KVLayout, request_features
-from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest
+from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, stand_in_tokens
 
 ROUTER_DEFAULT_BLOCK = KVLayout().block_size
 
@@ -52,7 +51,7 @@ def _hash_chain(hash_ids: tuple[int, ...], prompt: int, block: int, salt: int) -
 
 
 def _word_chain(text: str, block: int, salt: int) -> tuple:
-    tokens = [zlib.crc32(w.encode()) % 32000 for w in text.split()]
+    tokens = stand_in_tokens(text)
     keys, parent = [], salt
     for start in range(0, len(tokens) - block + 1, block):
         parent = hash((parent, tuple(tokens[start:start + block])))
@@ -76,7 +75,7 @@ def build_workload(trace: list[TraceRequest], engine_block: int, informed: bool)
                                           ROUTER_DEFAULT_BLOCK, True, session))
         elif r.messages or r.prompt:
             body = {"messages": list(r.messages)} if r.messages else {"prompt": r.prompt}
-            text = r.prompt or "".join(f"{m.get('role')}: {m.get('content')}\n" for m in r.messages)
+            text = r.text() or ""
             engine = _word_chain(text, engine_block, 0)
             rkeys, tokens, rblock, exact = request_features(body, KVLayout(engine_block if informed else
                                                                            ROUTER_DEFAULT_BLOCK))

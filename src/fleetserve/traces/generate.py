@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from fleetserve.traces import arrivals as arrival_processes
-from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest
+from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, check_request_count
 
 CONTENTS = ("independent", "chat", "system-prompt", "rag")
 # KIND (the CLI's word) -> the arrival process and content model it stands for
@@ -99,6 +99,7 @@ class WorkloadSpec:
                      "burst_every_s", "burst_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        check_request_count(self.duration_s * self.rate, f"{self.duration_s:g} s at {self.rate:g} requests/s")
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 import functools
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 MOONCAKE_BLOCK_TOKENS = 512
+# the most requests a trace may become in memory (generated, rate-scaled, or read from a ServeGen rate file
+# without a limit): ~1 KB each, and the simulator's ~25,000 per second make this a few minutes of work
+MAX_REQUESTS = 5_000_000
+
+
+def check_request_count(expected: float, what: str) -> None:
+    """ValueError naming `what` (the option that asked for them) when `expected` requests exceed MAX_REQUESTS;
+    before, such a run printed nothing for minutes, or died of a 1.8 TiB allocation."""
+    if expected > MAX_REQUESTS:
+        raise ValueError(f"{what} would make about {expected:,.0f} requests; at most {MAX_REQUESTS:,}")
+
+
+def stand_in_tokens(text: str) -> list[int]:
+    """The word-level stand-in tokenizer for text prompts where no model tokenizer is at hand (the simulator's
+    engine keys, and the hash ids of a prompt log written as Mooncake): one token per word."""
+    return [zlib.crc32(w.encode()) % 32000 for w in text.split()]
 
 
 @dataclass(frozen=True)
@@ -19,6 +36,14 @@ class TraceRequest:
     session: str | None = None
     messages: tuple[dict, ...] | None = None  # prompt logs: the real text
     prompt: str | None = None
+
+    def text(self) -> str | None:
+        """A prompt log's prompt as one text (chat messages as `role: content` lines), or None."""
+        if self.prompt:
+            return self.prompt
+        if self.messages:
+            return "".join(f"{m.get('role')}: {m.get('content')}\n" for m in self.messages)
+        return None
 
     def token_ids(self, unique_seed: int = 0) -> list[int]:
         """Deterministic prompt tokens: each hash id stands for the same 512 tokens wherever it appears;

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from fleetserve.traces.model import TraceRequest
+from fleetserve.traces.model import TraceRequest, check_request_count
 
 
 def _check(factor: float, what: str) -> None:
@@ -41,6 +41,7 @@ def compress(requests: list[TraceRequest], speedup: float) -> list[TraceRequest]
 def scale_rate(requests: list[TraceRequest], factor: float, seed: int = 0) -> list[TraceRequest]:
     """About `factor` times as many requests over the same span (see the module docstring)."""
     _check(factor, "rate scale factor")
+    check_request_count(len(requests) * factor, f"a rate scale of {factor:g} on {len(requests):,} requests")
     ordered = sorted(requests, key=lambda r: r.arrival_s)
     if not ordered:
         return []

@@ -23,10 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fleetserve.traces.model import TraceRequest
+from fleetserve.traces.model import MAX_REQUESTS, TraceRequest
 
 WINDOW_S = 600.0
-MAX_REQUESTS = 5_000_000  # without a limit or a duration, refuse to materialise more than this
 
 
 class ServeGenError(ValueError):

@@ -1,7 +1,9 @@
 """Trace writers, the inverse of `load.py`: what `load_trace` reads back is what was written.
 
 - mooncake: {"timestamp": ms, "input_length", "output_length", "hash_ids"} (+ "session" when known; the
-  Mooncake files have none, our loader keeps it);
+  Mooncake files have none, our loader keeps it); a prompt log's text becomes hash ids of 512 stand-in tokens
+  (one a word, `model.stand_in_tokens`), equal ids for equal prefixes, and its input length those tokens (it
+  was written with none: every prefix was lost, and a simulated hit rate of 0.70 became 0);
 - prompts: our prompt log, {"timestamp": s, "messages", "max_tokens"} (+ "session");
 - azure: TIMESTAMP,ContextTokens,GeneratedTokens with wall-clock stamps from `start` (lengths only).
 """
@@ -10,10 +12,11 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from fleetserve.traces.model import TraceRequest
+from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, stand_in_tokens
 
 WRITE_FORMATS = ("mooncake", "prompts", "azure")
 AZURE_EPOCH = datetime(2023, 11, 16, 18, 0, 0)
@@ -37,10 +40,24 @@ def write_trace(requests: list[TraceRequest], path: str | Path, fmt: str, start:
                 stamp = (epoch + timedelta(seconds=r.arrival_s)).strftime("%Y-%m-%d %H:%M:%S.%f") + "0"
                 w.writerow([stamp, r.input_tokens, r.output_tokens])
         return p
+    ids: dict[tuple, int] = {}  # (parent id, block tokens) -> hash id, over the whole trace
     with open(p, "w") as f:
         for r in requests:
-            f.write(json.dumps(_mooncake(r) if fmt == "mooncake" else _prompt(r)) + "\n")
+            f.write(json.dumps(_mooncake(_text_hashed(r, ids)) if fmt == "mooncake" else _prompt(r)) + "\n")
     return p
+
+
+def _text_hashed(r: TraceRequest, ids: dict[tuple, int]) -> TraceRequest:
+    """A text prompt with Mooncake hash ids of its stand-in tokens; other requests as they are."""
+    text = None if r.hash_ids else r.text()
+    if text is None:
+        return r
+    tokens = stand_in_tokens(text)
+    chain, parent = [], -1
+    for start in range(0, len(tokens), MOONCAKE_BLOCK_TOKENS):
+        parent = ids.setdefault((parent, tuple(tokens[start:start + MOONCAKE_BLOCK_TOKENS])), len(ids))
+        chain.append(parent)
+    return replace(r, input_tokens=max(1, len(tokens)), hash_ids=tuple(chain))
 
 
 def _mooncake(r: TraceRequest) -> dict:
