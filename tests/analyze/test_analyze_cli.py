@@ -81,3 +81,18 @@ def test_strategy_hit_rates_come_from_the_fleet_simulator():
     assert row["ttft_ms"]["p95"] is not None  # queues and batching: a simulation, not a cache replay
     assert sum(row["decisions"].values()) >= out["requests"]  # every request went through the live policy
     assert out["strategy_hit_rate"]["prefixaware"] == row["hit_rate"]
+
+
+def test_strategy_hit_rates_follow_the_cache_size_and_never_beat_one_pooled_lru(tmp_path):
+    """The strategies ran with a spec's default L1 (2 GiB per replica) beside caches of `--cache-blocks`: with
+    one block per replica they reported what 896 blocks gave, above one LRU holding the fleet's four."""
+    from fleetserve.analyze.report import analyze
+    from fleetserve.traces.generate import WorkloadSpec, generate
+    from fleetserve.traces.write import write_trace
+
+    path = write_trace(generate(WorkloadSpec(content="rag", duration_s=120, rate=3, seed=2, documents=20)),
+                       tmp_path / "rag.jsonl", "mooncake")
+    tiny, roomy = analyze(path, cache_blocks=1), analyze(path, cache_blocks=64)
+    for name in ("prefixaware", "roundrobin", "leastload"):
+        assert tiny["strategy_hit_rate"][name] <= tiny["tiers"]["engine"]["hit_rate"] + 1e-9, name
+        assert roomy["strategy_hit_rate"][name] > tiny["strategy_hit_rate"][name], name

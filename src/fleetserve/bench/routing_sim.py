@@ -46,9 +46,13 @@ SWEEP_UTILIZATIONS = (0.8, 0.9)  # besides `target_utilization`: the targets at 
 
 
 def endpoint_for(strategy: str, replicas: int):
+    """A fixed fleet of `replicas` engines whose only cache is their own KV memory: no L1 (a spec's default
+    of 2 GiB per replica let strategies beat the engine-capacity oracle: 1.008 x on a RAG trace, and
+    `analyze --cache-blocks 1` reported the same hit rate as with 896 blocks)."""
     data = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "bench-routing"},
             "spec": {"model": {"source": "hf:meta-llama/Llama-3.1-8B-Instruct"}, "replicas": replicas,
-                     "routing": {"strategy": strategy}, "capacity": {"localSlots": replicas}}}
+                     "routing": {"strategy": strategy}, "capacity": {"localSlots": replicas},
+                     "kvCache": {"l1": {"enabled": False}}}}
     return load_spec_data(data).endpoint
 
 
