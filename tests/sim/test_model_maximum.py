@@ -32,3 +32,12 @@ def test_plan_does_not_raise_the_context_past_the_models_maximum(tmp_path):
     assert "the model cannot serve them" in data["context"]["why"]
     assert not any(c["path"] in ("spec.model.contextLength", "spec.engine.args") for c in data["changes"])
     json.dumps(data)
+
+
+def test_verify_does_not_advise_raising_a_limit_the_model_cannot_give():
+    from fleetserve.sim.verify import verify
+
+    verdict = verify(spec("quickstart.yaml"), trace_with_long_requests(), SimOptions(),
+                     {"ttft_p95_ms": 600000, "e2e_p95_ms": 600000})
+    reasons = " ".join(c["reason"] for c in verdict.to_json()["checks"] if c.get("reason"))
+    assert "longer context" in reasons and "raise it" not in reasons, reasons

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from fleetserve.sim.report import window_requests, windows
 from fleetserve.sim.run import SimResult, simulate
 from fleetserve.sim.setup import SimOptions
+from fleetserve.spec.context import MODEL_MAXIMUM
 
 WINDOWS = ("peak", "idle")
 
@@ -72,9 +73,12 @@ def _cause(result: SimResult, window: str, metric: str = "", value: float | None
     over = in_window.get("context_length_exceeded", 0)
     if metric == "error_rate" and over:
         others = sum(n for code, n in in_window.items() if code != "context_length_exceeded")
+        remedy = ("serve them with a model of a longer context, or shorten them"
+                  if str(ctx.get("source", "")).startswith(MODEL_MAXIMUM) else
+                  "raise it (the model and KV memory permitting; `plan` does) or shorten them")
         return (f"{over} requests of the {window} window need more than the {ctx['tokens']}-token context "
-                f"length ({ctx['source']}) and are refused: raise it (the model and KV memory permitting; `plan` "
-                "does) or shorten them" + (f"; and {others} more failed: {capacity}" if others else ""))
+                f"length ({ctx['source']}) and are refused: {remedy}"
+                + (f"; and {others} more failed: {capacity}" if others else ""))
     if metric == "ttft_p95_ms":
         floor, target = prefill_floor_ms(result, window), result.report["slo"]["ttft_p95_ms"]
         if floor is not None and floor > target:
