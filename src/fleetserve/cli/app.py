@@ -591,7 +591,8 @@ def bench_routing(
                                                                            "this share of the trace's blocks")
                               ] = 1 / 3,
     target_utilization: Annotated[float | None, typer.Option(
-        min=0.01, max=2.0, help="Arrival times are scaled so that roundrobin keeps the fleet this busy (0.65)")
+        min=0.01, max=0.99, help="Arrival times are scaled so that roundrobin keeps the fleet this busy (0.65; "
+                                  "a share of its time: at most 0.99)")
                                   ] = None,
     time_scale: Annotated[float | None, typer.Option(min=0.0001, max=1e4, help="Scale arrival times by this "
                                                                                "instead")] = None,
@@ -645,8 +646,8 @@ def bench_routing(
         except ValueError:
             raise typer.BadParameter(f"{sweep!r}; allowed values: utilizations such as 0.8,0.9 (or '')",
                                      param_hint="--sweep") from None
-        if any(not 0.01 <= u <= 2.0 for u in loads):
-            raise typer.BadParameter(f"{sweep!r}; each utilization must be within 0.01..2.0", param_hint="--sweep")
+        if any(not 0.01 <= u <= 0.99 for u in loads):  # a share of the fleet's time: a fleet is never 1.5 busy
+            raise typer.BadParameter(f"{sweep!r}; each utilization must be within 0.01..0.99", param_hint="--sweep")
         try:
             result = run_sim(trace, replicas, names, mode_names, limit, profile, cache_fraction, target_utilization,
                              time_scale, max_output, seed, progress=None if as_json else _say,
