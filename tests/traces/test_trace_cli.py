@@ -89,3 +89,13 @@ def test_outputs_and_times_that_cannot_work_are_exit_2(tmp_path):
                        (("analyze", str(DATA / "mooncake_sample.jsonl"), "--l1-gib", "inf"), "--l1-gib")):
         result = fleetserve(*args)
         assert result.returncode == 2 and flag in said(result) and "Traceback" not in result.stderr, said(result)
+
+
+def test_an_empty_file_or_a_folder_as_trace_says_what_it_is(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    spec = str(Path(__file__).parents[2] / "examples" / "quickstart.yaml")
+    result = fleetserve("simulate", spec, "--trace", str(empty))
+    assert result.returncode == 2 and "holds no request" in said(result), said(result)
+    result = fleetserve("simulate", spec, "--trace", str(tmp_path))
+    assert result.returncode == 2 and "a trace is a file" in said(result), said(result)

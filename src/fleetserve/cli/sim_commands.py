@@ -5,6 +5,7 @@ when the spec fails its SLO, `plan` when no candidate passes."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +16,9 @@ from rich.table import Table
 from fleetserve.cli.checks import finite, writable
 
 EXIT_USAGE = 2
-out = Console(soft_wrap=True, highlight=False)
+# piped into a log, rich would fit the tables to 80 columns and cut the numbers ("reque…", "34785… ms")
+_PIPED_WIDTH = None if sys.stdout.isatty() else 160
+out = Console(soft_wrap=True, highlight=False, width=_PIPED_WIDTH)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 Spec = Annotated[str, typer.Argument(help="Endpoint spec (fleetserve.io/v1 or HyperPod InferenceEndpointConfig)")]

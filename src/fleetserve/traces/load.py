@@ -54,6 +54,8 @@ def detect_format(path: Path) -> str:
     elif path.suffix == ".csv" or ("timestamp" in first.lower() and "contexttokens" in first.lower().replace(" ", "")):
         return "azure"
     n, first = next(_rows(path, None), (0, {}))
+    if not n:
+        raise TraceError(f"{path}: the file holds no request")
     if "hash_ids" in first or "input_length" in first:
         return "mooncake"
     if "messages" in first or "prompt" in first:

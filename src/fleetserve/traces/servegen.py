@@ -106,7 +106,8 @@ def _model_of(name: str) -> str:
 def _select(files: dict[str, str], model: str | None, p: Path) -> list[list[RateWindow]]:
     models = sorted({_model_of(n) for n in files})
     if not files:
-        raise ServeGenError(f"{p}: no chunk-*-trace.csv files")
+        raise ServeGenError(f"{p} is a folder without ServeGen rate files (chunk-*-trace.csv); a trace is a file: "
+                            "Mooncake JSONL, Azure CSV, a prompt log, or a ServeGen folder or .tar.gz")
     if model is None and len(models) > 1:
         raise ServeGenError(f"{p} holds several models: {CHOOSE_MODEL}; allowed: {', '.join(models)}")
     wanted = [n for n in files if model is None or _model_of(n) == model or _model_of(n).endswith("/" + model)]
@@ -159,8 +160,8 @@ def load_servegen(path: str | Path, model: str | None = None, seed: int = 0, sta
     if limit is None and duration_s is None:
         expected = sum(w.rate_rps * WINDOW_S for c in clients for w in c if w.start_s > start_s - WINDOW_S)
         if expected > MAX_REQUESTS:
-            raise ServeGenError(f"{path}: about {expected:,.0f} requests; give a duration or a limit "
-                                f"(at most {MAX_REQUESTS:,} without one)")
+            raise ServeGenError(f"{path}: about {expected:,.0f} requests; give a limit (--limit; `trace scale` also takes "
+                                f"--duration), at most {MAX_REQUESTS:,} without one")
     by_start: list[dict[float, RateWindow]] = [{w.start_s: w for w in c} for c in clients]
     rng = np.random.default_rng(seed)
     out: list[TraceRequest] = []
