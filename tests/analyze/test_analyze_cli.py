@@ -96,3 +96,9 @@ def test_strategy_hit_rates_follow_the_cache_size_and_never_beat_one_pooled_lru(
     for name in ("prefixaware", "roundrobin", "leastload"):
         assert tiny["strategy_hit_rate"][name] <= tiny["tiers"]["engine"]["hit_rate"] + 1e-9, name
         assert roomy["strategy_hit_rate"][name] > tiny["strategy_hit_rate"][name], name
+
+
+def test_block_size_on_a_mooncake_trace_is_refused_not_ignored():
+    result = fleetserve("analyze", str(Path(__file__).parents[1] / "data" / "mooncake_sample.jsonl"),
+                        "--block-size", "100")
+    assert result.returncode == 2 and "--block-size" in said(result) and "512 tokens" in said(result)

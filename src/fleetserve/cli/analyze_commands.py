@@ -42,7 +42,8 @@ def analyze(
                                                                  "(default: from the profile)")] = None,
     l1_gib: Annotated[float, typer.Option(min=0, help="L1 (CPU memory) per replica, GiB")] = 32.0,
     l2_gib: Annotated[float, typer.Option(min=0, help="Shared L2 (Redis), GiB")] = 256.0,
-    block_size: Annotated[int, typer.Option(min=1, help="Engine block size in tokens (prompt logs)")] = 256,
+    block_size: Annotated[int | None, typer.Option(min=1, help="Engine block size in tokens (prompt logs; 256)")
+                          ] = None,
     mode: Annotated[str, typer.Option(help="What the router knows: blind (no KV events) or informed")] = "blind",
     limit: Annotated[int | None, typer.Option(min=1, help="First N requests")] = None,
 ) -> None:
@@ -58,9 +59,19 @@ def analyze(
     finite(l1_gib=l1_gib, l2_gib=l2_gib)
     if not Path(file).is_file():
         raise typer.BadParameter(f"{file} does not exist", param_hint="FILE")
+    if block_size is not None:
+        from fleetserve.traces.load import detect_format
+
+        try:
+            fmt = detect_format(Path(file))
+        except TraceError:
+            fmt = None  # the analysis names what is wrong with the file
+        if fmt == "mooncake":
+            raise typer.BadParameter("applies to prompt logs; a Mooncake trace's blocks are its hash ids, 512 "
+                                     "tokens each", param_hint="--block-size")
     try:
         result = run(file, model=model, replicas=replicas, profile=profile, cache_blocks=cache_blocks, l1_gib=l1_gib,
-                     l2_gib=l2_gib, block_tokens=block_size, mode=mode, limit=limit)
+                     l2_gib=l2_gib, block_tokens=block_size or 256, mode=mode, limit=limit)
     except ProfileError as exc:
         raise _fail(f"--profile: {exc}") from None
     except (AnalyzeInputError, TraceError) as exc:

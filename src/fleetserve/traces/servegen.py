@@ -160,8 +160,8 @@ def load_servegen(path: str | Path, model: str | None = None, seed: int = 0, sta
     if limit is None and duration_s is None:
         expected = sum(w.rate_rps * WINDOW_S for c in clients for w in c if w.start_s > start_s - WINDOW_S)
         if expected > MAX_REQUESTS:
-            raise ServeGenError(f"{path}: about {expected:,.0f} requests; give a limit (--limit; `trace scale` also takes "
-                                f"--duration), at most {MAX_REQUESTS:,} without one")
+            raise ServeGenError(f"{path}: about {expected:,.0f} requests; give a limit (--limit; `trace scale` "
+                                f"also takes --duration), at most {MAX_REQUESTS:,} without one")
     by_start: list[dict[float, RateWindow]] = [{w.start_s: w for w in c} for c in clients]
     rng = np.random.default_rng(seed)
     out: list[TraceRequest] = []
