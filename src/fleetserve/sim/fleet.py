@@ -142,6 +142,7 @@ class SimFleet:
         self.outstanding = 0
         self.ticks = 0  # control-loop rounds run (idle stretches are skipped: `_next_tick`)
         self._active_at = self.t0  # the last arrival, first token, completion or refusal
+        self.last_done = self.t0  # when the last request was answered or failed, as its client saw it
         self._ttfts: collections.deque[tuple[float, float]] = collections.deque()
         self._loads: collections.deque[tuple[float, dict]] = collections.deque()
         # draws of the token that first shows text (profiles that measured it); its own stream, so profiles
@@ -385,7 +386,7 @@ class SimFleet:
                 self.sim.at(rep.step_start + rep.model.truncate(j), self._step_done, (rep, rep.gen))
 
     def _fail(self, req: Req, code: str) -> None:
-        self._active_at = self.sim.now
+        self._active_at = self.last_done = self.sim.now
         req.error = code
         req.done = self.sim.now
         self.rejected[code] += 1
@@ -444,6 +445,8 @@ class SimFleet:
             for seq in finished:
                 req = seq.payload
                 req.done = now + req.overhead
+                if req.done > self.last_done:
+                    self.last_done = req.done
                 in_flight[rep.id] -= 1
                 if req.choice is not None:  # the response's usage.prompt_tokens_details.cached_tokens
                     feed_back(self.policy, req.choice, seq.cached, seq.prompt)
@@ -667,7 +670,9 @@ class SimFleet:
         if self.informed:
             self.sim.at(self.t0, self._probe)
         self.sim.run()
-        self.finished_at = self.sim.now
+        # the run ends when the last request was answered, not at the last event: timers that find nothing to
+        # do (a buffer or queue timeout of a request long answered) kept the fleet billed up to 10 minutes on
+        self.finished_at = max(self.end, self.last_done)
         for r in self.replicas:
             self._retire(r.model)
         self._record()

@@ -114,13 +114,14 @@ def build_report(fleet: SimFleet, slo: dict, slo_source: str) -> dict:
     queried = max(h["queried"], 1)
     hit = h["engine"] + h["l1"] + h["l2"]
     desired = [d for _, d, _ in fleet.decisions]
+    series = [p for p in fleet.series if p[0] <= end + 1e-9] or fleet.series[:1]  # the run's own span
     return {
         **whole,
         "hit_rate": {"total": round(hit / queried, 6), "engine": round(h["engine"] / queried, 6),
                      "l1": round(h["l1"] / queried, 6), "l2": round(h["l2"] / queried, 6)},
-        "replicas_max": max((p[2] for p in fleet.series), default=0),
-        "replicas_ready_max": max((p[1] for p in fleet.series), default=0),
-        "nodes_max": max((p[3] for p in fleet.series), default=0),
+        "replicas_max": max((p[2] for p in series), default=0),
+        "replicas_ready_max": max((p[1] for p in series), default=0),
+        "nodes_max": max((p[3] for p in series), default=0),
         "duration_s": round(end, 3),
         "failed_by_reason": dict(sorted(fleet.rejected.items())),
         "peak": peak,
