@@ -84,3 +84,25 @@ def test_presets_schedule_with_vllms_own_budgets_per_gpu():
                                 "a100-llama-8b": (2048, 256), "l40s-llama-8b": (2048, 256),
                                 "a10g-llama-8b": (2048, 256)}.items():
         assert (PRESETS[name]["prefill_chunk"], PRESETS[name]["max_batch"]) == (chunk, seqs), name
+
+
+def test_a_70b_model_is_simulated_with_its_own_roofline_and_a_guess_is_said():
+    """A 70B catalog model on 4 x L40S was simulated at an 8B's speed (TTFT 122 ms for 1,000 tokens where the 70B
+    roofline gives 312) and plan verified it."""
+    from fleetserve.sim.run import simulate
+    from fleetserve.sim.setup import SimOptions
+    from fleetserve.spec.load import load_spec_data
+    from fleetserve.traces.model import TraceRequest
+
+    def endpoint(model: dict, types: list[str]):
+        return load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "m"},
+                               "spec": {"model": model, "replicas": 1, "placement": {"instanceTypes": types}}}
+                              ).endpoint
+
+    one = [TraceRequest(0.0, 1000, 1, (1, 2))]
+    big = simulate(endpoint({"source": "catalog:llama-3.1-70b-instruct"}, ["g6e.12xlarge"]), one, SimOptions()).report
+    l40s = resolve("l40s-x4-llama-70b")
+    assert big["ttft_ms"]["p50"] == pytest.approx(l40s.prefill_time(1000) * 1000, rel=1e-3)
+    assert big["warnings"] == []
+    vague = simulate(endpoint({"source": "s3://models/house-model"}, ["g6e.xlarge"]), one, SimOptions()).report
+    assert any("simulated as Llama-3.1-8B" in w and "--profile" in w for w in vague["warnings"])

@@ -143,6 +143,7 @@ class SimFleet:
         self.ticks = 0  # control-loop rounds run (idle stretches are skipped: `_next_tick`)
         self._active_at = self.t0  # the last arrival, first token, completion or refusal
         self.last_done = self.t0  # when the last request was answered or failed, as its client saw it
+        self.profile_notes: set[str] = set()  # what the replicas' performance profiles had to guess
         self._ttfts: collections.deque[tuple[float, float]] = collections.deque()
         self._loads: collections.deque[tuple[float, dict]] = collections.deque()
         # draws of the token that first shows text (profiles that measured it); its own stream, so profiles
@@ -191,7 +192,7 @@ class SimFleet:
             return None
         self._ids += 1
         node = slot.node
-        prof = profile_for(node.offering.instance_type, self.catalog, self.options)
+        prof = profile_for(node.offering.instance_type, self.catalog, self.options, self.spec, self.profile_notes)
         if self.l2 is None and self._l2_bytes:
             self.l2 = BlockLRU("l2", prof.blocks_for_bytes(self._l2_bytes))
         listener = self._listener(rid) if self.kv_index is not None else None

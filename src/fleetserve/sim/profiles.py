@@ -163,6 +163,15 @@ def preset_dict(name: str) -> dict:
 PRESETS = {name: preset_dict(name) for name in PRESET_SHAPES}
 
 
+def derived_profile(gpu: str, n: int, model: str) -> PerfProfile:
+    """The roofline profile of `model` (a MODELS key) on `n` GPUs named `gpu` (a GPUS key), for shapes no preset
+    names (a 70B model on 8 GPUs, an 8B on two); ProfileError when the GPU is unknown or the model does not fit."""
+    if gpu not in GPUS or model not in MODELS:
+        raise ProfileError(f"no roofline for {model} on {gpu}; GPUs: {', '.join(GPUS)}; models: {', '.join(MODELS)}")
+    name = f"{gpu.lower()}-x{n}-{model.removeprefix('llama-3.1-')}"
+    return profile_from_dict(derive(name, GPUS[gpu], n, MODELS[model]))
+
+
 def profile_from_dict(data: dict) -> PerfProfile:
     """A PerfProfile from a profile dict: fields it declares are taken, everything else is context."""
     if not isinstance(data, dict):

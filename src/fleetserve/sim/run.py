@@ -25,7 +25,7 @@ def engine_block(endpoint, options: SimOptions) -> int:
 
     catalog = Catalog.builtin()
     types = gpu_types(endpoint.spec, catalog) if uses_cloud(endpoint.spec, catalog) else ["local"]
-    return profile_for(types[0], catalog, options).block_size
+    return profile_for(types[0], catalog, options, endpoint.spec).block_size
 
 
 def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options: SimOptions | None = None,
@@ -40,6 +40,7 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
     targets, source = slo_of(endpoint, slo)
     report = build_report(fleet, targets, source)
     report["context_length"], report["warnings"] = context_check(fleet)
+    report["warnings"] += sorted(fleet.profile_notes)
     report["start"] = options.start  # the wall time of the trace's first second (cron floors, budgets read it)
     return SimResult(report, fleet)
 

@@ -13,6 +13,7 @@ Choices the spec does not make, made here and documented in docs/simulator.md:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -24,7 +25,7 @@ from fleetserve.capacity.manager import CapacityManager
 from fleetserve.capacity.placement import Availability, ReplicaRequest, Tier, tiers_from_spec
 from fleetserve.capacity.providers import LocalProvider, Shortage, SimulatedCloud
 from fleetserve.sim.perf import PerfProfile, profile
-from fleetserve.sim.profiles import PRESETS, resolve
+from fleetserve.sim.profiles import PRESETS, ProfileError, derived_profile, resolve
 
 KNOWLEDGE_MODES = ("blind", "informed")
 DEFAULT_START = "2026-01-05T10:00:00+00:00"  # a Monday morning (UTC): cron floors see a working day
@@ -75,8 +76,23 @@ def uses_cloud(spec, catalog: Catalog) -> bool:
     return bool(gpu_types(spec, catalog))
 
 
-def profile_for(instance_type: str, catalog: Catalog, options: SimOptions) -> PerfProfile:
-    """The chosen profile, else the 8B preset of the instance's GPU (A10G's for GPUs without one)."""
+def model_shape(spec) -> tuple[str, str | None]:
+    """(the published shape the GPU rooflines use, why it is a guess or None): Llama-3.1-70B when the model's name,
+    source or engine arguments say 70B, else Llama-3.1-8B (a 70B was simulated at an 8B's speed: TTFT 122 ms
+    where its own roofline says 312, and plan verified it)."""
+    said = " ".join(str(t) for t in (spec.model.source, spec.model.name, *spec.engine.args)).lower()
+    if re.search(r"(?<![\d.])70b", said):
+        return "llama-3.1-70b", None
+    if re.search(r"(?<![\d.])8b", said):
+        return "llama-3.1-8b", None
+    return "llama-3.1-8b", "its size is not in its name, source or engine arguments"
+
+
+def profile_for(instance_type: str, catalog: Catalog, options: SimOptions, spec=None,
+                notes: set[str] | None = None) -> PerfProfile:
+    """The chosen profile, else the roofline of the spec's model (`model_shape`) on the instance's GPUs (the
+    replica's `engine.gpus`); the 8B preset of the GPU (A10G's for GPUs without one) without a spec. What is
+    guessed goes into `notes` (the report's warnings)."""
     if isinstance(options.profile, PerfProfile):
         return options.profile
     if options.profile:
@@ -84,6 +100,17 @@ def profile_for(instance_type: str, catalog: Catalog, options: SimOptions) -> Pe
     if instance_type == "local":
         return profile("cpu-135m")
     gpu = catalog.get(instance_type).gpu
+    model, guessed = model_shape(spec) if spec is not None else ("llama-3.1-8b", None)
+    n = (spec.engine.gpus if spec is not None else 0) or 1
+    if guessed and notes is not None:
+        notes.add(f"the model is simulated as Llama-3.1-8B ({guessed}); give --profile for its own speed")
+    if model != "llama-3.1-8b" or n > 1:
+        try:
+            return derived_profile(gpu, n, model)
+        except ProfileError as exc:
+            if notes is not None:
+                notes.add(f"{exc} ({instance_type}): simulated with the GPU's Llama-3.1-8B preset; the real replica "
+                          "may not load")
     for name, data in PRESETS.items():
         if data.get("gpu") == gpu and data.get("model") == "llama-3.1-8b":
             return resolve(name)
