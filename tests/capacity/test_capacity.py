@@ -201,3 +201,19 @@ def test_underutilized_is_not_applied_when_the_rest_cannot_absorb_the_load():
     manager.acquire("r4", 0.0)  # second node
     manager.release("r1", a.id, 10.0)
     assert manager.consolidate(20.0, load_ratio=0.95) == [] and manager.cordoned == set()
+
+
+def test_a_replica_asks_for_its_pods_cpu_and_memory_as_kubernetes_reads_them():
+    from types import SimpleNamespace
+
+    from fleetserve.capacity.placement import fits, quantity, replica_request
+
+    assert [quantity(q) for q in ("500m", "6", "30Gi", "32G", "1e9", "2Ki")] == [0.5, 6.0, 30 * 2**30, 32e9, 1e9, 2048]
+    engine = SimpleNamespace(gpus=1, resources={"limits": {"cpu": "8", "memory": "64Gi"},
+                                                "requests": {"cpu": "6", "memory": "30Gi"}})
+    asked = replica_request(engine)  # requests win; limits stand in where requests say nothing
+    assert (asked.gpus, asked.vcpu, asked.memory_gb) == (1, 6.0, 30.0)
+    assert not fits(CATALOG.get("g6e.xlarge"), asked, allow_larger=False)  # 4 vCPU, 32 GiB
+    assert fits(CATALOG.get("g5.2xlarge"), asked, allow_larger=False)  # 8 vCPU, 32 GiB
+    only_limits = replica_request(SimpleNamespace(gpus=0, resources={"limits": {"memory": "20Gi"}}))
+    assert (only_limits.gpus, only_limits.vcpu, only_limits.memory_gb) == (1, 0.0, 20.0)

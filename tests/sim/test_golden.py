@@ -59,9 +59,21 @@ def test_a_generous_static_fleet_passes_verify():
     data["spec"]["replicas"] = 12
     data["spec"]["autoscaling"]["enabled"] = False
     data["spec"]["engine"]["args"] = ["/opt/ml/model", "--max-model-len", "8192"]  # the trace's longest fit
-    data["spec"]["placement"] = {"instanceTypes": ["g6e.xlarge"]}
+    data["spec"]["placement"] = {"instanceTypes": ["g6e.12xlarge"]}  # 4 L40S, 12 vCPU each: its pod asks for 6
+    data["spec"]["capacity"]["allowLargerInstances"] = True
     verdict = verify(load_spec_data(data).endpoint, azure_slice(1800, 3436), slo=LOOSE_SLO)
     assert verdict.passed, [c.reason for c in verdict.checks if not c.passed]
+
+
+def test_a_replica_no_node_type_fits_is_named_as_such():
+    """HyperPod's example (6 cpu, 30Gi per replica) on g6e.xlarge (4 vCPU, 32 GiB): no replica ever starts, and
+    verify blamed the fleet's size (\"a static fleet of 12 replicas cannot carry the load\")."""
+    data = spec("hyperpod.yaml").model_dump(mode="json", by_alias=True, exclude_none=True)
+    data["spec"]["placement"] = {"instanceTypes": ["g6e.xlarge"]}
+    verdict = verify(load_spec_data(data).endpoint, azure_slice(1800, 2400), slo=LOOSE_SLO)
+    reasons = [c.reason for c in verdict.checks if not c.passed and c.metric == "error_rate"]
+    assert not verdict.passed and reasons and all("no replica could be placed" in r for r in reasons), reasons
+    assert any("no replica could be placed" in w for w in verdict.result.report["warnings"])
 
 
 def test_the_planners_winner_passes_verify_and_costs_less_than_a_static_peak_fleet():
@@ -199,3 +211,17 @@ def test_empty_windows_never_pad_the_peak_and_a_burst_keeps_its_cost_per_hour():
     peak = verdict.result.report["peak"]
     assert peak["requests"] == 400 and peak["hours"] < 3 * 300 / 3600  # the two windows with the bursts
     assert peak["cost_per_hour_usd"] > 5 and not verdict.passed
+
+
+def test_plan_never_picks_a_type_the_replicas_pod_cannot_fit_on():
+    """HyperPod's example asks 6 cpu and 30Gi per replica: g6e.xlarge (4 vCPU, 32 GiB) was verified and rendered
+    into a Deployment that could never be scheduled; its GPU's larger type stands in."""
+    from fleetserve.capacity.catalog import Catalog
+    from fleetserve.capacity.placement import fits, replica_request
+
+    endpoint = spec("hyperpod.yaml")
+    result = plan(endpoint, azure_slice(0, 900), SimOptions(), LOOSE_SLO, max_trials=24)
+    asked = replica_request(endpoint.spec.engine)
+    catalog = Catalog.builtin()
+    tried = {t.data["spec"]["placement"]["instanceTypes"][0] for t in [result.winner] if t is not None}
+    assert tried and all(fits(catalog.get(t), asked, allow_larger=True) for t in tried), tried

@@ -134,3 +134,22 @@ def test_settings_without_effect_are_warned():
     warnings = {w.path for w in load_spec_text(text).warnings}
     assert {"spec.kvCache.l2.tenantUrls"} <= warnings
     assert "spec.routing.strategy" not in warnings  # every routing strategy is implemented
+
+
+def test_instance_types_no_replica_fits_on_are_a_warning():
+    """1-GPU replicas on p5.48xlarge (8 GPUs) without allowLargerInstances validated, and simulate showed an error
+    rate of 1.0 as cold-start timeouts; a pod asking more cpu than the type has is the same."""
+    from fleetserve.spec.load import load_spec_data
+
+    def warnings(spec: dict) -> list[str]:
+        loaded = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "w"},
+                                 "spec": {"model": {"source": "catalog:llama-3.1-8b-instruct"}, **spec}})
+        return [f"{w.path}: {w.message}" for w in loaded.warnings]
+
+    big = warnings({"placement": {"instanceTypes": ["p5.48xlarge"]}})
+    assert any("no listed type takes a replica" in w and "allowLargerInstances" in w for w in big)
+    assert not any("no listed type" in w for w in warnings({"placement": {"instanceTypes": ["p5.48xlarge"]},
+                                                               "capacity": {"allowLargerInstances": True}}))
+    cpu = warnings({"placement": {"instanceTypes": ["g6e.xlarge"]},
+                    "engine": {"resources": {"requests": {"cpu": "6", "memory": "30Gi"}}}})
+    assert any("no listed type takes a replica of 1 GPU(s), 6 cpu and 30 GiB" in w for w in cpu)

@@ -99,6 +99,31 @@ def place(req: ReplicaRequest, tiers: list[Tier], catalog: Catalog, availability
     return InsufficientCapacity(f"no available offering fits {req} in tiers [{wanted}]", tuple(tried))
 
 
+_QUANTITY_FACTORS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "m": 1e-3,
+                     "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+
+
+def quantity(value) -> float:
+    """A Kubernetes quantity as a number (`500m` 0.5, `30Gi` 32212254720, `1e9`); the spec checked its grammar."""
+    text = str(value).lstrip("+")
+    for suffix in sorted(_QUANTITY_FACTORS, key=len, reverse=True):
+        if text.endswith(suffix) and not text[: -len(suffix)].endswith(("e", "E")):
+            return float(text[: -len(suffix)]) * _QUANTITY_FACTORS[suffix]
+    return float(text)
+
+
+def replica_request(engine) -> ReplicaRequest:
+    """What one replica asks of a node: `engine.gpus` (at least one on a GPU type), and the cpu and memory its pod
+    requests (`engine.resources.requests`, else its limits, as Kubernetes defaults them). Without the cpu and
+    memory, `plan` verified HyperPod's example (cpu 6, 30Gi) on a g6e.xlarge of 4 vCPUs and 32 GiB, and render
+    wrote a Deployment that could never be scheduled there."""
+    resources = engine.resources or {}
+    asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+    cpu = quantity(asked["cpu"]) if "cpu" in asked else 0.0
+    memory = quantity(asked["memory"]) / 2**30 if "memory" in asked else 0.0  # GiB, as instance types state it
+    return ReplicaRequest(gpus=engine.gpus or 1, vcpu=cpu, memory_gb=memory)
+
+
 def tiers_from_spec(placement, catalog: Catalog, capacity_types: tuple[str, ...]) -> list[Tier]:
     """Tiers from the spec's placement section (instanceTypes or nodeAffinity)."""
     if placement.instance_types:

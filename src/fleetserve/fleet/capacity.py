@@ -6,7 +6,7 @@ from fleetserve.autoscale.schedule import Cron
 from fleetserve.capacity.catalog import Catalog
 from fleetserve.capacity.consolidation import Budget, ConsolidationPolicy
 from fleetserve.capacity.manager import CapacityManager
-from fleetserve.capacity.placement import Availability, ReplicaRequest, Tier, tiers_from_spec
+from fleetserve.capacity.placement import Availability, ReplicaRequest, Tier, replica_request, tiers_from_spec
 from fleetserve.capacity.providers import LocalProvider, Shortage, SimulatedCloud
 
 
@@ -40,7 +40,7 @@ def build_capacity(spec, namespace: str, now: float) -> CapacityManager:
             spot_interruption_rate=sim.spot_interruption_rate_per_hour,
             seed=sim.seed,
         )
-        request = ReplicaRequest(gpus=spec.engine.gpus or 1)
+        request = replica_request(spec.engine)
         return CapacityManager(cloud, catalog, tiers_from_spec(spec.placement, catalog, capacity_types), request,
                                **common)
     slots = local_slots(spec)

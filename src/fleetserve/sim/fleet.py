@@ -144,6 +144,7 @@ class SimFleet:
         self._active_at = self.t0  # the last arrival, first token, completion or refusal
         self.last_done = self.t0  # when the last request was answered or failed, as its client saw it
         self.profile_notes: set[str] = set()  # what the replicas' performance profiles had to guess
+        self.unplaced: collections.Counter[str] = collections.Counter()  # launches that found no capacity, by why
         self._ttfts: collections.deque[tuple[float, float]] = collections.deque()
         self._loads: collections.deque[tuple[float, dict]] = collections.deque()
         # draws of the token that first shows text (profiles that measured it); its own stream, so profiles
@@ -189,6 +190,7 @@ class SimFleet:
         rid = f"r{self._ids}"
         slot = self.capacity.acquire(rid, now)
         if isinstance(slot, InsufficientCapacity):
+            self.unplaced[slot.reason] += 1
             return None
         self._ids += 1
         node = slot.node

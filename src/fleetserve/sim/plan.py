@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetserve.capacity.catalog import Catalog
+from fleetserve.capacity.placement import fits, replica_request
 from fleetserve.router.policies import registered_policies
 from fleetserve.sim.floors import cold_start_s, lead_time, peak_windows, reached, schedules
 from fleetserve.sim.run import engine_block
@@ -94,6 +95,22 @@ def _static(data: dict, n: int) -> dict:
     if d["spec"].get("autoscaling"):
         d["spec"]["autoscaling"]["enabled"] = False
     return d
+
+
+def _fitting(instance_type: str, asked, catalog: Catalog, naming: str) -> str | None:
+    """The candidate type, or where the replica's pod does not fit on it (its cpu or memory), the cheapest type of
+    the same GPU that it fits on (HyperPod's example asks 6 cpu and 30Gi: g6e.xlarge has 4 and 32 GiB, and plan
+    verified it); None when no such type exists."""
+    if instance_type == "local":
+        return instance_type
+    wanted = catalog.get(instance_type)
+    if fits(wanted, asked, allow_larger=True):
+        return instance_type
+    same_gpu = [t for t in catalog.types() if t.gpu == wanted.gpu and t.gpus >= wanted.gpus
+                and fits(t, asked, allow_larger=True)]
+    if not same_gpu:
+        return None
+    return naming + min(same_gpu, key=lambda t: (t.gpus, t.on_demand)).name
 
 
 def _with_type(data: dict, instance_type: str, catalog: Catalog) -> dict:
@@ -232,6 +249,9 @@ class Planner:
         naming = "ml." if any(n.startswith("ml.") for n in self.endpoint.spec.placement.instance_types or ()) else ""
         own = [naming + n for n in own]
         types = list(dict.fromkeys([*own[:1], *(naming + t for t in self.instance_types)])) if own else ["local"]
+        types = list(dict.fromkeys(_fitting(t, replica_request(self.endpoint.spec.engine), self.catalog, naming)
+                                   for t in types)) or types
+        types = [t for t in types if t is not None] or ["local"]
         fitted = self._fit_context(base)
         statics: list[tuple[float, str, int, Trial, dict]] = []
         for t in types:

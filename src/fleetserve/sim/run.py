@@ -41,6 +41,9 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
     report = build_report(fleet, targets, source)
     report["context_length"], report["warnings"] = context_check(fleet)
     report["warnings"] += sorted(fleet.profile_notes)
+    report["placement_failures"] = dict(fleet.unplaced)
+    if fleet.unplaced and not fleet.replicas:
+        report["warnings"].append(f"no replica could be placed: {next(iter(fleet.unplaced))}")
     report["start"] = options.start  # the wall time of the trace's first second (cron floors, budgets read it)
     return SimResult(report, fleet)
 

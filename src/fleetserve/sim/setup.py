@@ -22,7 +22,7 @@ from fleetserve.autoscale.schedule import Cron
 from fleetserve.capacity.catalog import Catalog
 from fleetserve.capacity.consolidation import Budget, ConsolidationPolicy
 from fleetserve.capacity.manager import CapacityManager
-from fleetserve.capacity.placement import Availability, ReplicaRequest, Tier, tiers_from_spec
+from fleetserve.capacity.placement import Availability, ReplicaRequest, Tier, replica_request, tiers_from_spec
 from fleetserve.capacity.providers import LocalProvider, Shortage, SimulatedCloud
 from fleetserve.sim.perf import PerfProfile, profile
 from fleetserve.sim.profiles import PRESETS, ProfileError, derived_profile, resolve
@@ -141,7 +141,7 @@ def build_capacity(spec, catalog: Catalog, options: SimOptions, now: float) -> C
             provisioning_delay=delay,
             spot_interruption_rate=sim.spot_interruption_rate_per_hour if rate is None else rate,
             seed=sim.seed + options.seed)
-        request = ReplicaRequest(gpus=spec.engine.gpus or 1)
+        request = replica_request(spec.engine)
         return CapacityManager(cloud, catalog, tiers_from_spec(spec.placement, catalog, capacity_types), request,
                                **common)
     most = spec.autoscaling.max_replica_count if spec.autoscaling and spec.autoscaling.enabled else 0

@@ -115,6 +115,8 @@ def _capacity_cause(result: SimResult, window: str) -> str:
     points = inside + before[-1:]  # the state entering the first window counts too
     zero = any(p[1] == 0 for p in points)  # no replica serving at some point in the window
     at_max = any(p[2] >= most for p in points)
+    if fleet.unplaced and not fleet.replicas:  # not a question of size: no node type takes the replica
+        return f"no replica could be placed: {next(iter(fleet.unplaced))}{refused}"
     if fleet.policy_scaling is None:
         return f"a static fleet of {most} replica(s) cannot carry the {window} load{refused}"
     if zero and least == 0:

@@ -50,15 +50,24 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if auto is not None and auto.enabled and spec.replicas > auto.max_replica_count:
         note("spec.replicas", f"{spec.replicas} is above autoscaling.maxReplicaCount ({auto.max_replica_count}): "
                               f"the fleet runs at most {auto.max_replica_count}")
-    if spec.placement.instance_types and spec.capacity.provider != "simulated":  # simulated: an error already
+    if spec.placement.instance_types:
         from fleetserve.capacity.catalog import Catalog
+        from fleetserve.capacity.placement import fits, replica_request
 
         catalog = Catalog.builtin()
         for i, name in enumerate(spec.placement.instance_types):
-            if name not in catalog:
+            if name not in catalog and spec.capacity.provider != "simulated":  # simulated: an error already
                 note(f"spec.placement.instanceTypes[{i}]", f"{name!r} is not in the built-in catalog: simulate, "
                      "verify and plan refuse it and render k8s writes it as given (a misspelt type leaves pods "
                      f"Pending); known: {', '.join(catalog.names())}")
+        known = [catalog.get(n) for n in spec.placement.instance_types if n in catalog]
+        asked = replica_request(spec.engine)
+        if known and not any(fits(t, asked, spec.capacity.allow_larger_instances) for t in known):
+            shapes = ", ".join(f"{t.name}: {t.gpus} GPU(s), {t.vcpu} vCPU, {t.memory_gb:g} GiB" for t in known)
+            larger = "" if spec.capacity.allow_larger_instances else \
+                "; a type of more GPUs than a replica asks needs capacity.allowLargerInstances"
+            note("spec.placement.instanceTypes", f"no listed type takes a replica of {asked.gpus} GPU(s), "
+                 f"{asked.vcpu:g} cpu and {asked.memory_gb:g} GiB ({shapes}{larger}): no replica would start")
     if spec.kv_cache.l2.tenant_urls and not spec.auth.enabled:
         note("spec.kvCache.l2.tenantUrls", "tenants come from API keys: without auth.enabled no request has a "
                                            "tenant, so these Redis servers are never used")
