@@ -66,7 +66,7 @@ def test_a_shared_prefix_is_cached_and_computes_less():
     assert m.hit_engine == 12 and m.queried == 27
 
 
-def test_running_sequences_and_cache_share_memory_evicting_into_l1_then_l2():
+def test_running_sequences_and_cache_share_memory_and_l1_l2_keep_what_the_engine_evicts():
     l2 = BlockLRU("l2", 100)
     m = ReplicaModel(PROF, l1_blocks=2, l2=l2)
     for i in range(6):  # 6 prompts x 4 blocks: more than the engine's 20 blocks with their reservations
@@ -74,10 +74,24 @@ def test_running_sequences_and_cache_share_memory_evicting_into_l1_then_l2():
         drive(m)
         assert len(m.cache) + m.reserved <= PROF.cache_blocks
     assert len(m.l1) == 2 and len(l2) > 0
-    back = Seq(16, 2, (0, 1, 2, 3))  # the oldest prompt: evicted from the engine, now in L2
+    back = Seq(16, 2, (0, 1, 2, 3))  # the oldest prompt: evicted from the engine, still in L2
     m.add(back)
     drive(m)
     assert back.cached == 16 and back.hit_l2 + back.hit_l1 == 4 and back.load_s > 0
+
+
+def test_new_blocks_are_written_through_to_l1_and_the_shared_l2_as_the_engine_writes_them():
+    """The live prefix cache writes every new block to L1 and L2 in the background; the step model put blocks
+    there only on eviction, so a second replica found none of a prompt the first had just computed."""
+    l2 = BlockLRU("l2", 100)
+    first, second = ReplicaModel(PROF, l1_blocks=8, l2=l2), ReplicaModel(PROF, l1_blocks=8, l2=l2)
+    first.add(Seq(32, 2, tuple(range(8))))
+    drive(first)
+    assert len(first.l1) == 8 and len(l2) == 8  # nothing evicted yet, both tiers hold the prompt
+    again = Seq(32, 2, tuple(range(8)))
+    second.add(again)
+    drive(second)
+    assert again.hit_l2 == 8 and again.cached == 32
 
 
 def test_a_run_of_decode_steps_in_one_event_gives_the_same_times():

@@ -1,8 +1,8 @@
 """KV block tiers of a simulated engine: L1 (CPU memory, per replica) and L2 (shared store, per fleet).
 
-The engine tier itself lives in `replica.py` because it shares its capacity with running sequences. Blocks
-the engine evicts go to L1; blocks L1 evicts go to L2 (when configured); each tier is an LRU of block keys
-with its own capacity. Eviction callbacks publish KV events only when somebody listens (informed routers),
+The engine tier itself lives in `replica.py` because it shares its capacity with running sequences. New
+blocks are written through to L1 and to L2 (when configured), as the live engine's background writer does;
+each tier is an LRU of block keys with its own capacity, and what a tier evicts is gone from it. Eviction callbacks publish KV events only when somebody listens (informed routers),
 so the blind hot path does no event work.
 """
 

@@ -10,7 +10,8 @@ produced all its tokens (a heap), and the attended context is one running sum.
 
 Memory: the engine's `cache_blocks` hold the prefix cache (an LRU of block keys) *and* the blocks reserved by
 admitted sequences (prompt + output, minus the prefix found in the engine). A request is admitted only when
-its reservation fits after evicting unreferenced cache blocks into L1 (and from there L2); a request that
+its reservation fits after evicting unreferenced cache blocks (new blocks are written through to L1 and L2 as
+the engine writes them; an evicted block is found there while those tiers still hold it); a request that
 does not fit even in an empty engine is admitted alone (vLLM would reject it; here it runs, and says so in
 `oversized`). Simplifications, written down: reservations cover the whole output at admission (no
 preemption); cached blocks a running sequence uses are not pinned.
@@ -68,7 +69,9 @@ class ReplicaModel:
         self.capacity = profile.cache_blocks
         self.cache: OrderedDict = OrderedDict()  # engine-tier prefix cache
         self.listener = listener
-        self.l1 = BlockLRU("l1", l1_blocks, spill=l2, listener=listener) if (l1_blocks or l2) else None
+        # L1 and L2 are written through with every new block, as the engine's prefix cache does (its
+        # background writer puts each stored block into both); what L1 evicts is dropped, not moved to L2
+        self.l1 = BlockLRU("l1", l1_blocks, listener=listener) if l1_blocks else None
         self.l2 = l2
         self.reserved = 0
         self.waiting: deque[Seq] = deque()
@@ -144,7 +147,7 @@ class ReplicaModel:
         seq.reserved = 0
 
     def _evict(self, need: int) -> None:
-        """Evict LRU cache blocks until `need` more blocks fit (cascading into L1/L2)."""
+        """Evict LRU cache blocks until `need` more blocks fit (L1 and L2 hold them already, if they still do)."""
         cache = self.cache
         over = len(cache) + self.reserved + need - self.capacity
         if over <= 0 or not cache:
@@ -152,12 +155,10 @@ class ReplicaModel:
         evicted = [cache.popitem(last=False)[0] for _ in range(min(over, len(cache)))]
         if self.listener is not None:
             self.listener("removed", evicted, "engine")
-        if self.l1 is not None:
-            self.l1.put(evicted)
 
     def _tier_match(self, keys: Sequence, start: int) -> tuple[int, int]:
         """Blocks after the engine's prefix found block by block in L1 or L2 (touched): (from L1, from L2)."""
-        l1 = self.l1.blocks
+        l1 = self.l1.blocks if self.l1 is not None else {}
         l2 = self.l2.blocks if self.l2 is not None else {}
         h1 = h2 = 0
         for key in keys[start:]:
@@ -180,7 +181,7 @@ class ReplicaModel:
             keys = seq.keys
             hit = match_prefix(self.cache, keys, touch=True) if keys else 0
             h1 = h2 = 0
-            if keys and hit < len(keys) and self.l1 is not None:
+            if keys and hit < len(keys) and (self.l1 is not None or self.l2 is not None):
                 h1, h2 = self._tier_match(keys, hit)
             total = (seq.prompt + seq.output + block - 1) // block
             need = max(0, total - hit)
@@ -351,4 +352,9 @@ class ReplicaModel:
         self.reserved -= moved
         if self.listener is not None and stored:
             self.listener("stored", stored, "engine")
+        if stored:  # written through to L1 and L2 (the engine's background writer)
+            if self.l1 is not None:
+                self.l1.put(stored)
+            if self.l2 is not None:
+                self.l2.put(stored)
         self._evict(0)
