@@ -2,8 +2,9 @@
 
 The engine tier itself lives in `replica.py` because it shares its capacity with running sequences. New
 blocks are written through to L1 and to L2 (when configured), as the live engine's background writer does;
-each tier is an LRU of block keys with its own capacity, and what a tier evicts is gone from it. Eviction callbacks publish KV events only when somebody listens (informed routers),
-so the blind hot path does no event work.
+each tier is an LRU of block keys with its own capacity, and what a tier evicts is gone from it. Eviction
+callbacks publish KV events only when somebody listens (informed routers), so the blind hot path does no event
+work.
 """
 
 from __future__ import annotations
