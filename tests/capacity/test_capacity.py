@@ -217,3 +217,17 @@ def test_a_replica_asks_for_its_pods_cpu_and_memory_as_kubernetes_reads_them():
     assert fits(CATALOG.get("g5.2xlarge"), asked, allow_larger=False)  # 8 vCPU, 32 GiB
     only_limits = replica_request(SimpleNamespace(gpus=0, resources={"limits": {"memory": "20Gi"}}))
     assert (only_limits.gpus, only_limits.vcpu, only_limits.memory_gb) == (1, 0.0, 20.0)
+
+
+def test_a_node_takes_as_many_replicas_as_every_resource_allows():
+    """Slots were counted by GPUs only: 8 one-GPU replicas asking 16 cpu each on a 96-vCPU p4d.24xlarge."""
+    from fleetserve.capacity.providers import SimulatedCloud
+
+    cloud = SimulatedCloud(CATALOG, provisioning_delay=0.0)
+    asked = ReplicaRequest(gpus=1, vcpu=16, memory_gb=30)
+    manager = CapacityManager(cloud, CATALOG, [Tier(("p4d.24xlarge",))], asked, allow_larger=True)
+    slot = manager.acquire("r0", 0.0)
+    assert slot.node.slots == 6  # 96 vCPU // 16; its 8 GPUs and 1,152 GiB would take more
+    gpus_only = CapacityManager(SimulatedCloud(CATALOG, provisioning_delay=0.0), CATALOG, [Tier(("p4d.24xlarge",))],
+                                ReplicaRequest(gpus=1), allow_larger=True)
+    assert gpus_only.acquire("r0", 0.0).node.slots == 8

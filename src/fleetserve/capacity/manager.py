@@ -53,8 +53,15 @@ class CapacityManager:
     def _slots_for(self, instance_type: str) -> int:
         if instance_type == "local":
             return self.local_slots
-        t = self.catalog.get(instance_type)
-        return max(1, t.gpus // self.request.gpus) if self.request.gpus else 1
+        t, asked = self.catalog.get(instance_type), self.request
+        # as many replicas as every resource allows, the way the scheduler packs pods: GPUs, then the cpu and
+        # memory each replica's pod requests (placement checked that one fits)
+        counts = [t.gpus // asked.gpus if asked.gpus else 1]
+        if asked.vcpu:
+            counts.append(int(t.vcpu // asked.vcpu))
+        if asked.memory_gb:
+            counts.append(int(t.memory_gb // asked.memory_gb))
+        return max(1, min(counts))
 
     def acquire(self, replica_id: str, now: float) -> Slot | InsufficientCapacity:
         """A slot for a new replica: an existing node with room (fullest first), else a new node."""
