@@ -227,7 +227,19 @@ def test_a_node_takes_as_many_replicas_as_every_resource_allows():
     asked = ReplicaRequest(gpus=1, vcpu=16, memory_gb=30)
     manager = CapacityManager(cloud, CATALOG, [Tier(("p4d.24xlarge",))], asked, allow_larger=True)
     slot = manager.acquire("r0", 0.0)
-    assert slot.node.slots == 6  # 96 vCPU // 16; its 8 GPUs and 1,152 GiB would take more
+    assert slot.node.slots == 5  # 96 vCPU less the kubelet's share, // 16; its 8 GPUs and 1,152 GiB would take more
     gpus_only = CapacityManager(SimulatedCloud(CATALOG, provisioning_delay=0.0), CATALOG, [Tier(("p4d.24xlarge",))],
                                 ReplicaRequest(gpus=1), allow_larger=True)
     assert gpus_only.acquire("r0", 0.0).node.slots == 8
+
+
+def test_a_pod_asking_a_nodes_whole_cpu_or_memory_does_not_fit():
+    """Kubernetes schedules against allocatable capacity: the kubelet keeps ~0.1 cpu and ~1.5 GiB."""
+    from fleetserve.capacity.placement import allocatable, fits
+
+    small = CATALOG.get("g5.xlarge")  # 4 vCPU, 16 GiB
+    cpu, memory = allocatable(small)
+    assert 3.8 < cpu < 4 and 14 < memory < 16
+    assert not fits(small, ReplicaRequest(gpus=1, memory_gb=16), allow_larger=False)
+    assert not fits(small, ReplicaRequest(gpus=1, vcpu=4), allow_larger=False)
+    assert fits(CATALOG.get("g5.2xlarge"), ReplicaRequest(gpus=1, vcpu=6, memory_gb=30), allow_larger=False)

@@ -1,4 +1,4 @@
-"""The control loop skips its rounds through idle stretches (`SimFleet._next_tick`, `_next_probe`): a long trace
+"""The control loop skips its rounds through idle stretches (`SimFleet._next_tick`): a long trace
 with quiet hours must give exactly the report, decisions, node history and cost of a run that looks every
 second, with far fewer rounds."""
 
@@ -36,7 +36,7 @@ def run(endpoint, trace, fast: bool, **options):
 
 @pytest.mark.parametrize("example, options", [
     ("autoscaling.yaml", {}),  # scale to zero at night, a cron floor in Seoul business hours
-    ("autoscaling.yaml", {"knowledge": "informed"}),  # health rounds skipped too
+    ("autoscaling.yaml", {"knowledge": "informed"}),  # health rounds keep every second (their order matters)
     ("simulated-cloud.yaml", {}),  # nodes, consolidateAfter, an ICE shortage, spot preferred
     ("hyperpod.yaml", {}),
     ("quickstart.yaml", {}),  # no autoscaler: nothing to poll

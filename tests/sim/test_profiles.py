@@ -105,4 +105,38 @@ def test_a_70b_model_is_simulated_with_its_own_roofline_and_a_guess_is_said():
     assert big["ttft_ms"]["p50"] == pytest.approx(l40s.prefill_time(1000) * 1000, rel=1e-3)
     assert big["warnings"] == []
     vague = simulate(endpoint({"source": "s3://models/house-model"}, ["g6e.xlarge"]), one, SimOptions()).report
-    assert any("simulated as Llama-3.1-8B" in w and "--profile" in w for w in vague["warnings"])
+    assert any("size is not in its name" in w and "--profile" in w for w in vague["warnings"])
+
+
+@pytest.mark.parametrize("source, shape, guessed", [
+    ("hf:meta-llama/Llama-3.1-70B-Instruct", "llama-3.1-70b", False),
+    ("catalog:llama-3.1-8b-instruct", "llama-3.1-8b", False),
+    ("hf:Qwen/Qwen2.5-72B-Instruct", "llama-3.1-70b", True),  # stood in for, and said so
+    ("hf:mistralai/Mistral-7B-Instruct-v0.3", "llama-3.1-8b", True),
+    ("s3://bucket/ckpt-3c70b91", "llama-3.1-8b", True),  # a hash, not a size
+    ("hf:mistralai/Mixtral-8x7B-Instruct-v0.1", "llama-3.1-8b", True),  # no size of its own word
+])
+def test_the_model_shape_comes_from_a_stated_parameter_count(source, shape, guessed):
+    from fleetserve.sim.setup import model_shape
+    from fleetserve.spec.load import load_spec_data
+
+    spec = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "m"},
+                           "spec": {"model": {"source": source}, "engine": {"kind": "vllm"}}}).endpoint.spec
+    got, why = model_shape(spec)
+    assert got == shape and bool(why) == guessed, (got, why)
+
+
+def test_a_model_its_gpus_cannot_hold_never_starts():
+    """A 70B on one 24 GB A10G ran at the A10G's 8B speed (with a warning only) and verify passed it."""
+    from fleetserve.sim.run import simulate
+    from fleetserve.sim.setup import SimOptions
+    from fleetserve.spec.load import load_spec_data
+    from fleetserve.traces.model import TraceRequest
+
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "m"},
+                               "spec": {"model": {"source": "hf:meta-llama/Llama-3.3-70B-Instruct"},
+                                        "engine": {"kind": "vllm", "gpus": 1}, "replicas": 1,
+                                        "placement": {"instanceTypes": ["g5.2xlarge"]}}}).endpoint
+    report = simulate(endpoint, [TraceRequest(0.0, 500, 10)], SimOptions()).report
+    assert report["error_rate"] == 1.0 and report["replicas_max"] == 0
+    assert any("no replica could be placed" in w and "GPU memory" in w for w in report["warnings"])

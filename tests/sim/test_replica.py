@@ -92,6 +92,7 @@ def test_new_blocks_are_written_through_to_l1_and_the_shared_l2_as_the_engine_wr
     second.add(again)
     drive(second)
     assert again.hit_l2 == 8 and again.cached == 32
+    assert len(second.l1) == 0  # loaded from L2, not computed: the engine writes only what it computed
 
 
 def test_a_run_of_decode_steps_in_one_event_gives_the_same_times():

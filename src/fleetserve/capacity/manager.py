@@ -17,6 +17,7 @@ from fleetserve.capacity.placement import (
     Placement,
     ReplicaRequest,
     Tier,
+    allocatable,
     place,
 )
 from fleetserve.capacity.providers import InsufficientCapacityError, Node, NodeEvent, Provider
@@ -57,10 +58,11 @@ class CapacityManager:
         # as many replicas as every resource allows, the way the scheduler packs pods: GPUs, then the cpu and
         # memory each replica's pod requests (placement checked that one fits)
         counts = [t.gpus // asked.gpus if asked.gpus else 1]
+        cpu, memory = allocatable(t)
         if asked.vcpu:
-            counts.append(int(t.vcpu // asked.vcpu))
+            counts.append(int(cpu // asked.vcpu))
         if asked.memory_gb:
-            counts.append(int(t.memory_gb // asked.memory_gb))
+            counts.append(int(memory // asked.memory_gb))
         return max(1, min(counts))
 
     def acquire(self, replica_id: str, now: float) -> Slot | InsufficientCapacity:

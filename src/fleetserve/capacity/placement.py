@@ -25,6 +25,16 @@ class ReplicaRequest:
     vcpu: float = 0.0
     memory_gb: float = 0.0
 
+    def __str__(self) -> str:
+        parts = [f"{self.gpus} GPU(s)"]
+        if self.gpu_memory_gb:
+            parts.append(f"{self.gpu_memory_gb:g} GiB of GPU memory together")
+        if self.vcpu:
+            parts.append(f"{self.vcpu:g} cpu")
+        if self.memory_gb:
+            parts.append(f"{self.memory_gb:g} GiB of memory")
+        return "a replica of " + ", ".join(parts)
+
 
 @dataclass(frozen=True)
 class Offering:
@@ -71,12 +81,26 @@ class Availability:
         return expiry is None
 
 
+def allocatable(t: InstanceType) -> tuple[float, float]:
+    """(cpu, memory GiB) pods may request on a node of type `t`: its capacity less what the kubelet reserves, by
+    the EKS / Karpenter formula (cpu: 6 % of the first core, 1 % of the second, 0.5 % of the next two, 0.25 % of
+    the rest; memory: 255 MiB + 11 MiB for each of 110 pods, and the 100 MiB eviction threshold). A pod asking a
+    node's whole 16 GiB or 4 cpu counted as fitting and would stay Pending."""
+    n = t.vcpu
+    reserved = 0.06 * min(n, 1) + 0.01 * min(max(n - 1, 0), 1) + 0.005 * min(max(n - 2, 0), 2) \
+        + 0.0025 * max(n - 4, 0)
+    return n - reserved, t.memory_gb - (255 + 11 * 110 + 100) / 1024
+
+
 def fits(t: InstanceType, req: ReplicaRequest, allow_larger: bool) -> bool:
     if req.gpus and (t.gpus < req.gpus or (t.gpus > req.gpus and not allow_larger)):
         return False
     if req.gpu_memory_gb and t.gpu_memory_gb * (req.gpus or 1) / max(t.gpus, 1) < req.gpu_memory_gb:
         return False
-    return t.vcpu >= req.vcpu and t.memory_gb >= req.memory_gb
+    if not (req.vcpu or req.memory_gb):
+        return True
+    cpu, memory = allocatable(t)
+    return cpu >= req.vcpu and memory >= req.memory_gb
 
 
 def place(req: ReplicaRequest, tiers: list[Tier], catalog: Catalog, availability: Availability, now: float,

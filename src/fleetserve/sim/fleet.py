@@ -630,20 +630,7 @@ class SimFleet:
                 r.reported = reported
                 self._touch(r)
         if self.outstanding > 0 or self.sim.now < self.end:
-            self.sim.at(self._next_probe(), self._probe)
-
-    def _next_probe(self) -> float:
-        """The next health round: one interval later, or, while no request is anywhere and every report says
-        (0, 0), the last round on the same grid before the next arrival (none between can see a change)."""
-        step = self.options.health_interval_s
-        tick = self.sim.now + step
-        if (not self.options.fast_forward or self.outstanding or self.arrived >= len(self.workload)
-                or any(r.reported != (0, 0) for r in self.replicas)):
-            return tick
-        arrival = self.t0 + self.workload[self.arrived].arrival
-        while tick + step <= arrival:
-            tick += step
-        return tick
+            self.sim.after(self.options.health_interval_s, self._probe)
 
     def _record(self) -> None:
         reps = self.replicas

@@ -352,9 +352,10 @@ class ReplicaModel:
         self.reserved -= moved
         if self.listener is not None and stored:
             self.listener("stored", stored, "engine")
-        if stored:  # written through to L1 and L2 (the engine's background writer)
+        computed = seq.keys[seq.cached // self.block:]  # what this prefill computed (not what it loaded)
+        if computed:  # written through to L1 and L2, as the engine's background writer puts them
             if self.l1 is not None:
-                self.l1.put(stored)
+                self.l1.put(computed)
             if self.l2 is not None:
-                self.l2.put(stored)
+                self.l2.put(computed)
         self._evict(0)

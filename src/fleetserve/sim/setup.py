@@ -14,7 +14,7 @@ Choices the spec does not make, made here and documented in docs/simulator.md:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from fleetserve.autoscale.policy import ScalingPolicy
@@ -76,16 +76,40 @@ def uses_cloud(spec, catalog: Catalog) -> bool:
     return bool(gpu_types(spec, catalog))
 
 
-def model_shape(spec) -> tuple[str, str | None]:
-    """(the published shape the GPU rooflines use, why it is a guess or None): Llama-3.1-70B when the model's name,
-    source or engine arguments say 70B, else Llama-3.1-8B (a 70B was simulated at an 8B's speed: TTFT 122 ms
-    where its own roofline says 312, and plan verified it)."""
+# a parameter count written as a word of its own in a model name: 70B, 8b, 7.5B (not 8x7b, not a hash's 3c70b91)
+_SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)b(?![\w])")
+LARGE_FROM_B = 30.0  # from this many billion parameters on, the 70B shape stands in; below it, the 8B
+
+
+def stated_size(spec) -> float | None:
+    """Billions of parameters the model's name, source or engine arguments state (the largest), or None."""
     said = " ".join(str(t) for t in (spec.model.source, spec.model.name, *spec.engine.args)).lower()
-    if re.search(r"(?<![\d.])70b", said):
-        return "llama-3.1-70b", None
-    if re.search(r"(?<![\d.])8b", said):
-        return "llama-3.1-8b", None
-    return "llama-3.1-8b", "its size is not in its name, source or engine arguments"
+    sizes = [float(m) for m in _SIZE.findall(said)]
+    return max(sizes) if sizes else None
+
+
+def gpu_memory_needed_gib(spec) -> float:
+    """GPU memory a replica's GPUs need together to load the model its spec states (bf16 weights and 1 GiB per
+    GPU, within vLLM's 90 % of the memory); 0 when nothing states its size. Placement refuses types short of it,
+    so a 70B on one 24 GB GPU never starts (it ran at an 8B's speed and passed verify)."""
+    size = stated_size(spec)
+    if size is None:
+        return 0.0
+    gpus = spec.engine.gpus or 1
+    return round((size * 2e9 / 2**30 + gpus) / 0.9, 1)
+
+
+def model_shape(spec) -> tuple[str, str | None]:
+    """(the published shape the GPU rooflines use, why it is a guess or None) from the parameter count the model's
+    name, source or engine arguments state: Llama-3.1-70B from 30B up, Llama-3.1-8B below (a 70B was simulated at
+    an 8B's speed: TTFT 122 ms where its own roofline says 312, and plan verified it). Sizes other than 8 and 70
+    are stood in for, and said so; a model whose size nothing states is simulated as the 8B, and said so."""
+    size = stated_size(spec)
+    if size is None:
+        return "llama-3.1-8b", "its size is not in its name, source or engine arguments"
+    shape = "llama-3.1-70b" if size >= LARGE_FROM_B else "llama-3.1-8b"
+    exact = 70.0 if shape == "llama-3.1-70b" else 8.0
+    return shape, None if size == exact else f"a {size:g}B model, simulated with the shape of {shape}"
 
 
 def profile_for(instance_type: str, catalog: Catalog, options: SimOptions, spec=None,
@@ -103,7 +127,7 @@ def profile_for(instance_type: str, catalog: Catalog, options: SimOptions, spec=
     model, guessed = model_shape(spec) if spec is not None else ("llama-3.1-8b", None)
     n = (spec.engine.gpus if spec is not None else 0) or 1
     if guessed and notes is not None:
-        notes.add(f"the model is simulated as Llama-3.1-8B ({guessed}); give --profile for its own speed")
+        notes.add(f"the model's speed is a stand-in ({guessed}); give --profile for its own")
     if model != "llama-3.1-8b" or n > 1:
         try:
             return derived_profile(gpu, n, model)
@@ -141,7 +165,7 @@ def build_capacity(spec, catalog: Catalog, options: SimOptions, now: float) -> C
             provisioning_delay=delay,
             spot_interruption_rate=sim.spot_interruption_rate_per_hour if rate is None else rate,
             seed=sim.seed + options.seed)
-        request = replica_request(spec.engine)
+        request = replace(replica_request(spec.engine), gpu_memory_gb=gpu_memory_needed_gib(spec))
         return CapacityManager(cloud, catalog, tiers_from_spec(spec.placement, catalog, capacity_types), request,
                                **common)
     most = spec.autoscaling.max_replica_count if spec.autoscaling and spec.autoscaling.enabled else 0
