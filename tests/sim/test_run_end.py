@@ -38,3 +38,21 @@ def test_a_warm_static_fleet_is_billed_for_the_trace_only(limits):
     report = simulate(endpoint(600, limits, replicas=2, minimum=2), burst, SimOptions(static_replicas=2)).report
     assert report["duration_s"] < 30  # four small requests on two warm replicas: seconds, not a 600 s timer
     assert report["cost_usd"] < 2 * 1.5 * 30 / 3600
+
+
+def test_a_cold_start_is_no_reason_for_more_replicas():
+    """Three requests half an hour apart on a fleet at zero with a ttft_p95 trigger: each waits ~161 s for a node
+    and the model, and counting that wait as its TTFT scaled the fleet 1 -> 4 for one request ($1.107 against $0.469
+    without the trigger). The router's scaling signal leaves the buffer's cold start out."""
+    spec = {"model": {"name": "llama", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 0,
+            "routing": {"strategy": "roundrobin"}, "placement": {"instanceTypes": ["g5.xlarge"]},
+            "autoscaling": {"minReplicaCount": 0, "maxReplicaCount": 4, "pollingInterval": 30,
+                            "cooldownPeriod": 300, "triggers": [
+                                {"metric": "concurrency", "target": 4, "activationTarget": 0},
+                                {"metric": "ttft_p95", "target": 2000}]}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "t"},
+                               "spec": spec}).endpoint
+    trace = [TraceRequest(t, 1000, 100, (2 * i, 2 * i + 1)) for i, t in enumerate((0.0, 1800.0, 3600.0))]
+    report = simulate(endpoint, trace, SimOptions()).report
+    assert report["ttft_ms"]["p50"] > 100_000  # each client did wait for a cold start
+    assert report["replicas_max"] == 1

@@ -15,7 +15,8 @@
 
 The built-in metrics are read from the router, as the live controller reads the router's /admin/load:
 concurrency = requests in flight at the engines + held at the router; queue_depth = engines' waiting +
-held; request_rate = answered requests per second; ttft_p95 = the router's time to first byte, p95 over 1 m.
+held; request_rate = answered requests per second; ttft_p95 = the router's time to first byte less any wait for
+a cold start in its scale-from-zero buffer, p95 over 1 m (a cold start is not a reason for more replicas).
 Later placement tiers get an overflow ScaledObject: they scale on the earlier tier's pods that stay
 unschedulable for the placement's unavailable-offering TTL (the fall-through of capacity/placement.py).
 """
@@ -52,7 +53,8 @@ def builtin_query(ctx: Context, metric: str) -> str:
     if metric == "request_rate":
         return f"sum(rate(fleetserve_router_requests_total{{{r}}}[1m]))"
     if metric == "ttft_p95":
-        return f"histogram_quantile(0.95, sum by (le) (rate(fleetserve_router_ttfb_milliseconds_bucket{{{r}}}[1m])))"
+        return ("histogram_quantile(0.95, sum by (le) "
+                f"(rate(fleetserve_router_served_ttfb_milliseconds_bucket{{{r}}}[1m])))")
     raise ValueError(f"no query for metric {metric!r}")
 
 

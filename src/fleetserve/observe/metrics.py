@@ -97,6 +97,7 @@ class RouterMetrics:
         self.healthy = v.ROUTER_BACKEND_HEALTHY.make(r)
         self.in_flight = v.ROUTER_BACKEND_IN_FLIGHT.make(r)
         self.ttfb_ms = v.ROUTER_TTFB.make(r)
+        self.served_ttfb_ms = v.ROUTER_SERVED_TTFB.make(r)
         self.kv_subscriptions = v.ROUTER_KV_SUBSCRIPTIONS.make(r)
         self.index_blocks = v.ROUTER_INDEX_BLOCKS.make(r)
         self.queued = v.ROUTER_QUEUED.make(r)

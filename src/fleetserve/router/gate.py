@@ -48,17 +48,20 @@ class AdmissionGate:
         return (self.settings.max_concurrent_per_replica is None and not self.pending
                 and self.pool.any_eligible())
 
-    async def admit(self) -> None:
+    async def admit(self) -> float:
+        """Wait until the request may go; returns the seconds it was held in the scale-from-zero buffer (a cold
+        start, which the ttft_p95 scaling signal leaves out), 0.0 when it was not."""
+        held = 0.0
         while True:
             views = self.views()
             verdict = admit(self.settings, bool(self.pool.healthy()), any(v.healthy for v in views),
                             self.pending, self.queued)
             if verdict == GO:
-                return
+                return held
             if isinstance(verdict, Rejection):
                 raise Refused(verdict)
             if verdict == BUFFER:
-                await self._hold_until_ready()
+                held += await self._hold_until_ready()
             else:
                 await self._queue_for_slot()
 
@@ -85,17 +88,19 @@ class AdmissionGate:
             self.queued -= 1
             self.metrics.queued.set(self.queued)
 
-    async def _hold_until_ready(self) -> None:
-        """Hold the request while no replica can take it (scale from zero); bounded in count and time."""
-        loop = asyncio.get_running_loop()
+    async def _hold_until_ready(self) -> float:
+        """Hold the request while no replica can take it (scale from zero), bounded in count and time; returns the
+        seconds it was held."""
         self.pending += 1
         self.metrics.pending.set(self.pending)
-        started = loop.time()
+        started = self.pool.clock()  # the gateway's clock: its TTFB is measured on it too
         try:
             ready = await self.pool.wait_eligible(self.settings.buffer_timeout)
         finally:
             self.pending -= 1
             self.metrics.pending.set(self.pending)
-            self.metrics.buffer_wait_s.observe(loop.time() - started)
+            held = self.pool.clock() - started
+            self.metrics.buffer_wait_s.observe(held)
         if not ready:
             raise Refused(buffer_timeout(self.settings))
+        return held

@@ -58,7 +58,7 @@ _EMPTY: dict = {}  # shared, never written: policies only read bodies and header
 
 class Req:
     __slots__ = ("i", "spec", "arrival", "replica", "prefill", "excluded", "first", "done", "error", "seq",
-                 "cached", "choice", "overhead")
+                 "cached", "choice", "overhead", "held", "buffered_at")
 
     def __init__(self, i: int, spec: SimRequestSpec, arrival: float):
         self.i = i
@@ -74,6 +74,8 @@ class Req:
         self.cached = 0
         self.choice = None  # the policy's Choice, kept while the policy learns from responses
         self.overhead = 0.0  # client-visible time outside the engine's steps (the profile's, or a draw)
+        self.held = 0.0  # seconds in the scale-from-zero buffer: a cold start, left out of the ttft_p95 signal
+        self.buffered_at = 0.0
 
 
 class SimReplica:
@@ -226,7 +228,9 @@ class SimFleet:
         self._record()
         self.views()
         while self.buffer and self._any_ready:
-            self._dispatch(self.buffer.popleft())
+            req = self.buffer.popleft()
+            req.held += self.sim.now - req.buffered_at
+            self._dispatch(req)
         if self.queue:
             self._drain_queue()
 
@@ -336,6 +340,7 @@ class SimFleet:
         elif isinstance(verdict, Rejection):
             self._fail(req, verdict.code)
         elif verdict is BUFFER:
+            req.buffered_at = self.sim.now
             self.buffer.append(req)
             self.sim.after(self.admission.buffer_timeout, self._buffer_timeout, req)
         else:
@@ -437,8 +442,8 @@ class SimFleet:
                     req.first = now + req.overhead  # HTTP/router/tokenizer time, if measured
                 req.cached = seq.cached
                 book.backlog[rep.id] -= req.prefill
-                if ttfts is not None:
-                    ttfts.append((now, now - req.arrival))
+                if ttfts is not None:  # the router's served TTFT: less a cold start in its buffer
+                    ttfts.append((now, now - req.arrival - req.held))
             self._touch(rep)
         if rep.model.shown:  # first text after the first token (a client that streams sees nothing before)
             for seq in rep.model.shown:
