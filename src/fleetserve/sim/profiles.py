@@ -163,6 +163,12 @@ def preset_dict(name: str) -> dict:
 PRESETS = {name: preset_dict(name) for name in PRESET_SHAPES}
 
 
+def gpu_memory_needed_gib(params_b: float, gpus: int) -> float:
+    """GPU memory `gpus` GPUs need together to load a model of `params_b` billion parameters: `derive`'s fit
+    condition (bf16 weights and RESERVED_PER_GPU on each, within GPU_MEMORY_UTILIZATION of their memory)."""
+    return round((params_b * 1e9 * 2 + gpus * RESERVED_PER_GPU) / GIB / GPU_MEMORY_UTILIZATION, 1)
+
+
 def derived_profile(gpu: str, n: int, model: str) -> PerfProfile:
     """The roofline profile of `model` (a MODELS key) on `n` GPUs named `gpu` (a GPUS key), for shapes no preset
     names (a 70B model on 8 GPUs, an 8B on two); ProfileError when the GPU is unknown or the model does not fit."""

@@ -25,7 +25,7 @@ from fleetserve.capacity.manager import CapacityManager
 from fleetserve.capacity.placement import Availability, ReplicaRequest, Tier, replica_request, tiers_from_spec
 from fleetserve.capacity.providers import LocalProvider, Shortage, SimulatedCloud
 from fleetserve.sim.perf import PerfProfile, profile
-from fleetserve.sim.profiles import PRESETS, ProfileError, derived_profile, resolve
+from fleetserve.sim.profiles import PRESETS, ProfileError, derived_profile, gpu_memory_needed_gib, resolve
 
 KNOWLEDGE_MODES = ("blind", "informed")
 DEFAULT_START = "2026-01-05T10:00:00+00:00"  # a Monday morning (UTC): cron floors see a working day
@@ -86,17 +86,6 @@ def stated_size(spec) -> float | None:
     said = " ".join(str(t) for t in (spec.model.source, spec.model.name, *spec.engine.args)).lower()
     sizes = [float(m) for m in _SIZE.findall(said)]
     return max(sizes) if sizes else None
-
-
-def gpu_memory_needed_gib(spec) -> float:
-    """GPU memory a replica's GPUs need together to load the model its spec states (bf16 weights and 1 GiB per
-    GPU, within vLLM's 90 % of the memory); 0 when nothing states its size. Placement refuses types short of it,
-    so a 70B on one 24 GB GPU never starts (it ran at an 8B's speed and passed verify)."""
-    size = stated_size(spec)
-    if size is None:
-        return 0.0
-    gpus = spec.engine.gpus or 1
-    return round((size * 2e9 / 2**30 + gpus) / 0.9, 1)
 
 
 def model_shape(spec) -> tuple[str, str | None]:
@@ -165,7 +154,11 @@ def build_capacity(spec, catalog: Catalog, options: SimOptions, now: float) -> C
             provisioning_delay=delay,
             spot_interruption_rate=sim.spot_interruption_rate_per_hour if rate is None else rate,
             seed=sim.seed + options.seed)
-        request = replace(replica_request(spec.engine), gpu_memory_gb=gpu_memory_needed_gib(spec))
+        # the GPU memory the model its spec states needs: a 70B on one 24 GB GPU is never placed (it ran at an 8B's
+        # speed and passed verify); nothing stated, nothing asked
+        size = stated_size(spec)
+        memory = gpu_memory_needed_gib(size, spec.engine.gpus or 1) if size is not None else 0.0
+        request = replace(replica_request(spec.engine), gpu_memory_gb=memory)
         return CapacityManager(cloud, catalog, tiers_from_spec(spec.placement, catalog, capacity_types), request,
                                **common)
     most = spec.autoscaling.max_replica_count if spec.autoscaling and spec.autoscaling.enabled else 0
