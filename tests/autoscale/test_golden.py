@@ -210,3 +210,21 @@ def test_state_round_trips_through_json():
     fleet.poll(15.0, 2.0)
     state = fleet.state
     assert ScalingState.from_json(json.loads(json.dumps(state.to_json()))) == state
+
+
+def test_a_floor_is_activity_so_the_cooldown_starts_when_its_window_closes():
+    """KEDA renders a floor as a cron trigger, active to its window's end: a quiet fleet at its floor goes to zero
+    one cooldownPeriod after the window closes, not at the close (the last request was long before)."""
+    policy = ScalingPolicy(min_replicas=0, max_replicas=6, cooldown=300, initial_cooldown=0, triggers=CONCURRENCY,
+                           schedule=_seoul_schedule())
+    start = datetime(2026, 11, 30, 8, 0, tzinfo=UTC).timestamp()  # Monday 17:00 Seoul, window until 18:00
+    fleet = VirtualFleet(policy, start, replicas=2)
+    fleet.poll(start, 1.0)  # the last request of the day, an hour before the window closes
+    closes = start + 3600
+    for now in range(int(start) + 30, int(closes + 900), 30):
+        fleet.poll(float(now), 0.0)
+    last_held = max(t for t, _, _ in fleet.history if t < closes)  # the last poll inside the window
+    zero_at, _, why = next(h for h in fleet.history if h[1] == 0)
+    assert zero_at == last_held + 300 and "cooldownPeriod" in why
+    assert all(r == 2 for t, r, _ in fleet.history if t < zero_at)
+    assert all(r == 0 for t, r, _ in fleet.history if t >= zero_at)

@@ -4,7 +4,11 @@ KEDA semantics in one function, so that the live controller, the simulator and t
 share it:
 - activation (0<->1): a trigger is active when its value is strictly greater than its activationTarget, or
   when requests are buffered at the router; scale to 0 only after `cooldownPeriod` without activity (its
-  countdown starts no earlier than `initialCooldownPeriod` after creation) and only when no floor holds;
+  countdown starts no earlier than `initialCooldownPeriod` after creation) and only when no floor holds. A
+  time-of-day floor counts as activity while it holds, as KEDA's cron trigger (which renders it) is active
+  to its window's end: the countdown to zero starts when the window closes, not at the last request before
+  it (else a fleet whose floor ended after a quiet spell went to zero at once, and a latency sample of a
+  request served in its last seconds, seen a scrape later, woke it again from zero for nothing);
 - scaling (1<->N), HPA maths: AverageValue `ceil(total / target)`, Value `ceil(current * value / target)`,
   no change within a tolerance of 0.1, the highest desired count over triggers, stabilization windows
   (scale-up: lowest recommendation in the window; scale-down: highest) and rate policies (up: +100% or
@@ -203,7 +207,8 @@ def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, 
     fired = [t for t, v in zip(policy.triggers, metrics.values, strict=True)
              if v is not None and v > t.activation_target]
     active = metrics.pending > 0 or bool(fired)
-    last_active = now if active else state.last_active
+    held = floor > policy.min_replicas  # a schedule window is open (KEDA: its cron trigger is active)
+    last_active = now if active or held else state.last_active
     state = replace(state, failures=failures, last_active=last_active)
     current = state.current
 

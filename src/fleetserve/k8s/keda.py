@@ -9,7 +9,8 @@
   activationThreshold, metricType (AverageValue for totals, Value for latencies: `Trigger.kind`);
 - fallback_threshold / fallback_replicas -> fallback.failureThreshold / replicas;
 - schedule windows (cron, zone, floor) + schedule_lead -> cron triggers: start (moved earlier by the
-  lead), end, timezone, desiredReplicas;
+  lead), end, timezone, desiredReplicas; a cron trigger is active for its whole window, so cooldownPeriod
+  counts from its end, as `decide` counts an open window as activity;
 - requests pending at zero activate -> a prometheus trigger on fleetserve_router_pending_requests with
   activationThreshold 0.
 
