@@ -243,3 +243,24 @@ def test_a_pod_asking_a_nodes_whole_cpu_or_memory_does_not_fit():
     assert not fits(small, ReplicaRequest(gpus=1, memory_gb=16), allow_larger=False)
     assert not fits(small, ReplicaRequest(gpus=1, vcpu=4), allow_larger=False)
     assert fits(CATALOG.get("g5.2xlarge"), ReplicaRequest(gpus=1, vcpu=6, memory_gb=30), allow_larger=False)
+
+
+def test_the_live_fleets_simulated_cloud_never_places_a_model_its_gpus_cannot_hold():
+    """The GPU-memory check was the simulator's alone: `fleetserve up` on a simulated cloud placed a 70B on one
+    24 GB A10G where verify and plan refused it. The live capacity manager now asks what the simulator asks."""
+    from fleetserve.capacity.placement import InsufficientCapacity
+    from fleetserve.fleet.capacity import build_capacity
+    from fleetserve.spec.load import load_spec_data
+
+    def manager(source: str, instance_type: str):
+        spec = {"model": {"name": "m", "source": source}, "engine": {"kind": "vllm"},
+                "placement": {"instanceTypes": [instance_type]},
+                "capacity": {"provider": "simulated", "simulated": {"provisioningDelaySeconds": 1}}}
+        endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "fit"},
+                                   "spec": spec}).endpoint
+        return build_capacity(endpoint.spec, "default", 0.0)
+
+    refused = manager("hf:meta-llama/Llama-3.1-70B-Instruct", "g5.xlarge").acquire("r0", 0.0)
+    assert isinstance(refused, InsufficientCapacity) and "GiB of GPU memory" in refused.reason
+    placed = manager("hf:meta-llama/Llama-3.1-8B-Instruct", "g5.xlarge").acquire("r0", 0.0)
+    assert not isinstance(placed, InsufficientCapacity)

@@ -153,3 +153,20 @@ def test_instance_types_no_replica_fits_on_are_a_warning():
     cpu = warnings({"placement": {"instanceTypes": ["g6e.xlarge"]},
                     "engine": {"resources": {"requests": {"cpu": "6", "memory": "30Gi"}}}})
     assert any("no listed type takes a replica of 1 GPU(s), 6 cpu and 30 GiB" in w for w in cpu)
+
+
+def test_a_model_its_gpus_cannot_hold_is_a_validate_warning():
+    """The GPU-memory check was the simulator's alone: a 70B on one 24 GB A10G validated without a word."""
+    from fleetserve.spec.load import load_spec_data
+
+    def warnings(model: str, instance_type: str, gpus: int = 1) -> list[str]:
+        loaded = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "w"},
+                                 "spec": {"model": {"source": model}, "engine": {"kind": "vllm", "gpus": gpus},
+                                          "placement": {"instanceTypes": [instance_type]},
+                                          "capacity": {"allowLargerInstances": True}}})
+        return [w.message for w in loaded.warnings if w.path == "spec.placement.instanceTypes"]
+
+    big = warnings("hf:meta-llama/Llama-3.1-70B-Instruct", "g5.xlarge")
+    assert len(big) == 1 and "GPU memory for the bf16 weights" in big[0] and "g5.xlarge: 1 GPU(s) of 24 GiB" in big[0]
+    assert warnings("hf:meta-llama/Llama-3.1-8B-Instruct", "g5.xlarge") == []
+    assert warnings("hf:meta-llama/Llama-3.1-70B-Instruct", "p4d.24xlarge", gpus=8) == []  # 8 x 40 GB holds it

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fleetserve.capacity.catalog import CAPACITY_TYPES, Catalog, InstanceType
+from fleetserve.capacity.model_fit import gpu_memory_needed_gib, stated_size
 
 DEFAULT_UNAVAILABLE_TTL = 180.0  # Karpenter's unavailable-offerings cache: 3 minutes
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -136,16 +137,20 @@ def quantity(value) -> float:
     return float(text)
 
 
-def replica_request(engine) -> ReplicaRequest:
+def replica_request(engine, model=None) -> ReplicaRequest:
     """What one replica asks of a node: `engine.gpus` (at least one on a GPU type), and the cpu and memory its pod
-    requests (`engine.resources.requests`, else its limits, as Kubernetes defaults them). Without the cpu and
-    memory, `plan` verified HyperPod's example (cpu 6, 30Gi) on a g6e.xlarge of 4 vCPUs and 32 GiB, and render
-    wrote a Deployment that could never be scheduled there."""
+    requests (`engine.resources.requests`, else its limits, as Kubernetes defaults them); with the spec's `model`,
+    also the GPU memory the parameter count it states needs (`model_fit`). Without the cpu and memory, `plan`
+    verified HyperPod's example (cpu 6, 30Gi) on a g6e.xlarge of 4 vCPUs and 32 GiB, and render wrote a
+    Deployment that could never be scheduled there."""
     resources = engine.resources or {}
     asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
     cpu = quantity(asked["cpu"]) if "cpu" in asked else 0.0
     memory = quantity(asked["memory"]) / 2**30 if "memory" in asked else 0.0  # GiB, as instance types state it
-    return ReplicaRequest(gpus=engine.gpus or 1, vcpu=cpu, memory_gb=memory)
+    gpus = engine.gpus or 1
+    size = stated_size(model, engine) if model is not None else None
+    gpu_memory = gpu_memory_needed_gib(size, gpus) if size is not None else 0.0
+    return ReplicaRequest(gpus=gpus, gpu_memory_gb=gpu_memory, vcpu=cpu, memory_gb=memory)
 
 
 def tiers_from_spec(placement, catalog: Catalog, capacity_types: tuple[str, ...]) -> list[Tier]:

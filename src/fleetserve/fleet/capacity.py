@@ -40,7 +40,7 @@ def build_capacity(spec, namespace: str, now: float) -> CapacityManager:
             spot_interruption_rate=sim.spot_interruption_rate_per_hour,
             seed=sim.seed,
         )
-        request = replica_request(spec.engine)
+        request = replica_request(spec.engine, spec.model)
         return CapacityManager(cloud, catalog, tiers_from_spec(spec.placement, catalog, capacity_types), request,
                                **common)
     slots = local_slots(spec)

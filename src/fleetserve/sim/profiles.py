@@ -29,16 +29,14 @@ import json
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
+from fleetserve.capacity.model_fit import GIB, GPU_MEMORY_UTILIZATION, RESERVED_PER_GPU
 from fleetserve.sim.perf import PROFILES, PerfProfile
 
 FORMAT = "fleetserve.profile/v1"
-GIB = 1 << 30
 MBU = 0.6
 MFU = 0.5
 TP_EFFICIENCY = 0.85
 STEP_OVERHEAD_S = 0.002  # scheduler + kernel launches per engine step (CUDA graphs keep it small)
-GPU_MEMORY_UTILIZATION = 0.9  # vLLM default
-RESERVED_PER_GPU = 1 * GIB  # activations, CUDA graphs
 
 
 class ProfileError(ValueError):
@@ -161,12 +159,6 @@ def preset_dict(name: str) -> dict:
 
 
 PRESETS = {name: preset_dict(name) for name in PRESET_SHAPES}
-
-
-def gpu_memory_needed_gib(params_b: float, gpus: int) -> float:
-    """GPU memory `gpus` GPUs need together to load a model of `params_b` billion parameters: `derive`'s fit
-    condition (bf16 weights and RESERVED_PER_GPU on each, within GPU_MEMORY_UTILIZATION of their memory)."""
-    return round((params_b * 1e9 * 2 + gpus * RESERVED_PER_GPU) / GIB / GPU_MEMORY_UTILIZATION, 1)
 
 
 def derived_profile(gpu: str, n: int, model: str) -> PerfProfile:

@@ -13,8 +13,7 @@ Choices the spec does not make, made here and documented in docs/simulator.md:
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from fleetserve.autoscale.policy import ScalingPolicy
@@ -22,10 +21,11 @@ from fleetserve.autoscale.schedule import Cron
 from fleetserve.capacity.catalog import Catalog
 from fleetserve.capacity.consolidation import Budget, ConsolidationPolicy
 from fleetserve.capacity.manager import CapacityManager
+from fleetserve.capacity.model_fit import stated_size
 from fleetserve.capacity.placement import Availability, ReplicaRequest, Tier, replica_request, tiers_from_spec
 from fleetserve.capacity.providers import LocalProvider, Shortage, SimulatedCloud
 from fleetserve.sim.perf import PerfProfile, profile
-from fleetserve.sim.profiles import PRESETS, ProfileError, derived_profile, gpu_memory_needed_gib, resolve
+from fleetserve.sim.profiles import PRESETS, ProfileError, derived_profile, resolve
 
 KNOWLEDGE_MODES = ("blind", "informed")
 DEFAULT_START = "2026-01-05T10:00:00+00:00"  # a Monday morning (UTC): cron floors see a working day
@@ -76,16 +76,7 @@ def uses_cloud(spec, catalog: Catalog) -> bool:
     return bool(gpu_types(spec, catalog))
 
 
-# a parameter count written as a word of its own in a model name: 70B, 8b, 7.5B (not 8x7b, not a hash's 3c70b91)
-_SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)b(?![\w])")
 LARGE_FROM_B = 30.0  # from this many billion parameters on, the 70B shape stands in; below it, the 8B
-
-
-def stated_size(spec) -> float | None:
-    """Billions of parameters the model's name, source or engine arguments state (the largest), or None."""
-    said = " ".join(str(t) for t in (spec.model.source, spec.model.name, *spec.engine.args)).lower()
-    sizes = [float(m) for m in _SIZE.findall(said)]
-    return max(sizes) if sizes else None
 
 
 def model_shape(spec) -> tuple[str, str | None]:
@@ -93,7 +84,7 @@ def model_shape(spec) -> tuple[str, str | None]:
     name, source or engine arguments state: Llama-3.1-70B from 30B up, Llama-3.1-8B below (a 70B was simulated at
     an 8B's speed: TTFT 122 ms where its own roofline says 312, and plan verified it). Sizes other than 8 and 70
     are stood in for, and said so; a model whose size nothing states is simulated as the 8B, and said so."""
-    size = stated_size(spec)
+    size = stated_size(spec.model, spec.engine)
     if size is None:
         return "llama-3.1-8b", "its size is not in its name, source or engine arguments"
     shape = "llama-3.1-70b" if size >= LARGE_FROM_B else "llama-3.1-8b"
@@ -154,11 +145,9 @@ def build_capacity(spec, catalog: Catalog, options: SimOptions, now: float) -> C
             provisioning_delay=delay,
             spot_interruption_rate=sim.spot_interruption_rate_per_hour if rate is None else rate,
             seed=sim.seed + options.seed)
-        # the GPU memory the model its spec states needs: a 70B on one 24 GB GPU is never placed (it ran at an 8B's
-        # speed and passed verify); nothing stated, nothing asked
-        size = stated_size(spec)
-        memory = gpu_memory_needed_gib(size, spec.engine.gpus or 1) if size is not None else 0.0
-        request = replace(replica_request(spec.engine), gpu_memory_gb=memory)
+        # with the GPU memory the model its spec states needs: a 70B on one 24 GB GPU is never placed (it ran at an
+        # 8B's speed and passed verify); nothing stated, nothing asked
+        request = replica_request(spec.engine, spec.model)
         return CapacityManager(cloud, catalog, tiers_from_spec(spec.placement, catalog, capacity_types), request,
                                **common)
     most = spec.autoscaling.max_replica_count if spec.autoscaling and spec.autoscaling.enabled else 0

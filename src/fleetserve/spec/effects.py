@@ -61,13 +61,16 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
                      "verify and plan refuse it and render k8s writes it as given (a misspelt type leaves pods "
                      f"Pending); known: {', '.join(catalog.names())}")
         known = [catalog.get(n) for n in spec.placement.instance_types if n in catalog]
-        asked = replica_request(spec.engine)
+        asked = replica_request(spec.engine, spec.model)
         if known and not any(fits(t, asked, spec.capacity.allow_larger_instances) for t in known):
-            shapes = ", ".join(f"{t.name}: {t.gpus} GPU(s), {t.vcpu} vCPU, {t.memory_gb:g} GiB" for t in known)
+            shapes = ", ".join(f"{t.name}: {t.gpus} GPU(s) of {t.gpu_memory_gb / max(t.gpus, 1):g} GiB, {t.vcpu} vCPU, "
+                               f"{t.memory_gb:g} GiB" for t in known)
             larger = "" if spec.capacity.allow_larger_instances else \
                 "; a type of more GPUs than a replica asks needs capacity.allowLargerInstances"
+            weights = f", with {asked.gpu_memory_gb:g} GiB of GPU memory for the bf16 weights of the size the model " \
+                "states" if asked.gpu_memory_gb else ""
             note("spec.placement.instanceTypes", f"no listed type takes a replica of {asked.gpus} GPU(s), "
-                 f"{asked.vcpu:g} cpu and {asked.memory_gb:g} GiB ({shapes}{larger}): no replica would start")
+                 f"{asked.vcpu:g} cpu and {asked.memory_gb:g} GiB{weights} ({shapes}{larger}): no replica would start")
     if spec.kv_cache.l2.tenant_urls and not spec.auth.enabled:
         note("spec.kvCache.l2.tenantUrls", "tenants come from API keys: without auth.enabled no request has a "
                                            "tenant, so these Redis servers are never used")
