@@ -17,13 +17,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from fleetserve.autoscale.policy import ScalingPolicy
-from fleetserve.autoscale.schedule import Cron
 from fleetserve.capacity.catalog import Catalog
-from fleetserve.capacity.consolidation import Budget, ConsolidationPolicy
+from fleetserve.capacity.from_spec import capacity_manager
 from fleetserve.capacity.manager import CapacityManager
 from fleetserve.capacity.model_fit import stated_size
-from fleetserve.capacity.placement import Availability, ReplicaRequest, Tier, replica_request, tiers_from_spec
-from fleetserve.capacity.providers import LocalProvider, Shortage, SimulatedCloud
+from fleetserve.capacity.placement import tiers_from_spec
 from fleetserve.sim.perf import PerfProfile, profile
 from fleetserve.sim.profiles import PRESETS, ProfileError, derived_profile, resolve
 
@@ -122,38 +120,11 @@ def profile_for(instance_type: str, catalog: Catalog, options: SimOptions, spec=
 
 
 def build_capacity(spec, catalog: Catalog, options: SimOptions, now: float) -> CapacityManager:
-    """The live CapacityManager on a virtual-time provider."""
-    cap = spec.capacity
-    capacity_types = tuple(c for c in ("spot", "on-demand") if c in cap.capacity_types)
-    consolidation = ConsolidationPolicy(
-        cap.consolidation.policy, cap.consolidation.consolidate_after,
-        tuple(Budget(b.nodes, Cron.parse(b.schedule) if b.schedule else None, b.duration_seconds, b.timezone)
-              for b in cap.consolidation.budgets))
-    common = dict(availability=Availability(cap.unavailable_offering_ttl), allow_larger=cap.allow_larger_instances,
-                  consolidation=consolidation, namespace="sim", model_version=spec.model.version)
-    if uses_cloud(spec, catalog):
-        sim = cap.simulated
-        if options.provisioning_delay_s is not None:
-            delay = options.provisioning_delay_s
-        else:
-            delay = sim.provisioning_delay_seconds if cap.provider == "simulated" else 90.0
-        rate = options.spot_interruption_rate
-        cloud = SimulatedCloud(
-            catalog, limits={Catalog.canonical(k): v for k, v in sim.limits.items()},
-            shortages=[Shortage(Catalog.canonical(s.instance_type), now + s.start_seconds, now + s.end_seconds,
-                                s.capacity_type) for s in sim.shortages] if cap.provider == "simulated" else [],
-            provisioning_delay=delay,
-            spot_interruption_rate=sim.spot_interruption_rate_per_hour if rate is None else rate,
-            seed=sim.seed + options.seed)
-        # with the GPU memory the model its spec states needs: a 70B on one 24 GB GPU is never placed (it ran at an
-        # 8B's speed and passed verify); nothing stated, nothing asked
-        request = replica_request(spec.engine, spec.model)
-        return CapacityManager(cloud, catalog, tiers_from_spec(spec.placement, catalog, capacity_types), request,
-                               **common)
-    most = spec.autoscaling.max_replica_count if spec.autoscaling and spec.autoscaling.enabled else 0
-    slots = cap.local_slots or max(1, spec.replicas, most, options.static_replicas or 0)
-    return CapacityManager(LocalProvider(slots, cap.local_price_per_hour, now), catalog,
-                           [Tier(("local",), ("on-demand",))], ReplicaRequest(), local_slots=slots, **common)
+    """The live CapacityManager on a virtual-time provider: cloud nodes whenever the spec lists GPU types."""
+    return capacity_manager(spec, catalog, now, "sim", cloud=uses_cloud(spec, catalog),
+                            provisioning_delay=options.provisioning_delay_s,
+                            spot_interruption_rate=options.spot_interruption_rate, seed_offset=options.seed,
+                            at_least_slots=options.static_replicas or 0)
 
 
 def scaling_policy(spec, options: SimOptions) -> ScalingPolicy | None:
