@@ -5,7 +5,9 @@ Windows: the trace's span is cut into `window_s` windows (default 300 s; a tail 
 joins the one before) ranked by arrival rate; `peak` is the busiest `peak_fraction` of them (default 10 %,
 at least one), `idle` the quietest `idle_fraction` (default 25 %, at least one, empty windows included).
 Each of `peak` and `idle` carries the same latency and cost keys as the whole run, computed over its own
-windows: requests that arrived in them, and the money and GPU-hours spent during them. A request meets the
+windows: requests that arrived in them, and the money and GPU-hours spent during them. Scaling lags the load,
+so the money of a burst is often spent in the window after it: `cost_per_hour_max_usd` is the highest cost per
+hour of any window, and `costliest_window` says which (the budget `verify` checks at peak). A request meets the
 SLO when its TTFT and E2E are within the targets; a refused or failed request never does.
 """
 
@@ -41,17 +43,30 @@ def _pcts(values: np.ndarray) -> dict:
     return {"p50": round(float(p50), 3), "p95": round(float(p95), 3), "p99": round(float(p99), 3)}
 
 
+def window_count(fleet: SimFleet) -> int:
+    """How many windows the trace's span is cut into: a tail shorter than half a window joins the one before."""
+    w = fleet.options.window_s
+    span = max(fleet.end - fleet.t0, 1e-9)
+    full = int(span // w)
+    return max(1, full + (span - full * w >= w / 2))
+
+
+def window_bounds(fleet: SimFleet, n: int) -> list[tuple[float, float]]:
+    """(start, end) seconds after the trace start of each of the `n` windows; the last takes the tail."""
+    w = fleet.options.window_s
+    span = max(fleet.end - fleet.t0, 1e-9)
+    return [(i * w, span if i == n - 1 else (i + 1) * w) for i in range(n)]
+
+
 def windows(fleet: SimFleet) -> tuple[list[tuple[float, float]], list[tuple[float, float]], list[int]]:
     """(peak windows, idle windows, arrivals per window) as (start, end) seconds after the trace start."""
     opts = fleet.options
     w = opts.window_s
-    span = max(fleet.end - fleet.t0, 1e-9)
-    full = int(span // w)
-    n = max(1, full + (span - full * w >= w / 2))  # a tail shorter than half a window joins the one before
+    n = window_count(fleet)
     counts = [0] * n
     for req in fleet.requests:
         counts[min(n - 1, int((req.arrival - fleet.t0) / w))] += 1
-    bounds = [(i * w, span if i == n - 1 else (i + 1) * w) for i in range(n)]
+    bounds = window_bounds(fleet, n)
     rate = [counts[i] / max(b - a, 1e-9) for i, (a, b) in enumerate(bounds)]  # the last may be shorter or longer
     order = sorted(range(n), key=lambda i: (-rate[i], i))
     # a window without arrivals is never peak: padding a short burst with empty windows diluted its cost per
@@ -93,6 +108,33 @@ def _section(fleet: SimFleet, reqs: list, spans: list[tuple[float, float]], slo:
     }
 
 
+def window_costs(series: list[tuple], bounds: list[tuple[float, float]]) -> list[float]:
+    """Dollars spent in each of the sorted, disjoint `bounds`, in one pass over the fleet's $/h step series."""
+    costs = [0.0] * len(bounds)
+    j = 0
+    for (t, *vals), nxt in zip(series, [*series[1:], None], strict=False):
+        end = nxt[0] if nxt is not None else math.inf
+        while j < len(bounds) and bounds[j][1] <= t:
+            j += 1
+        k = j
+        while k < len(bounds) and bounds[k][0] < end:
+            lo, hi = max(t, bounds[k][0]), min(end, bounds[k][1])
+            if hi > lo:
+                costs[k] += vals[3] * (hi - lo) / 3600
+            k += 1
+    return costs
+
+
+def costliest(fleet: SimFleet, bounds: list[tuple[float, float]]) -> tuple[float, tuple[float, float] | None]:
+    """The highest cost per hour of any window, and that window."""
+    best, where = 0.0, None
+    for (a, b), cost in zip(bounds, window_costs(fleet.series, bounds), strict=True):
+        per_hour = cost / ((b - a) / 3600) if b > a else 0.0
+        if where is None or per_hour > best + 1e-12:
+            best, where = per_hour, (a, b)
+    return best, where
+
+
 def window_requests(fleet: SimFleet, spans, count: int) -> list:
     """The requests that arrived in the given windows (of `count`; the last one takes the trace's tail)."""
     w, last = fleet.options.window_s, count - 1
@@ -105,6 +147,7 @@ def build_report(fleet: SimFleet, slo: dict, slo_source: str) -> dict:
     end = max(fleet.end, fleet.finished_at) - t0
     whole = _section(fleet, fleet.requests, [(0.0, end)], slo)
     peak_spans, idle_spans, counts = windows(fleet)
+    top, top_window = costliest(fleet, window_bounds(fleet, len(counts)))
 
     peak = _section(fleet, window_requests(fleet, peak_spans, len(counts)), peak_spans, slo)
     idle = _section(fleet, window_requests(fleet, idle_spans, len(counts)), idle_spans, slo)
@@ -126,6 +169,8 @@ def build_report(fleet: SimFleet, slo: dict, slo_source: str) -> dict:
         "failed_by_reason": dict(sorted(fleet.rejected.items())),
         "peak": peak,
         "idle": idle,
+        "cost_per_hour_max_usd": round(top, 6),
+        "costliest_window": [round(top_window[0], 3), round(top_window[1], 3)] if top_window else None,
         "slo": {**slo, "source": slo_source},
         "routing": {"strategy": fleet.strategy, "knowledge": fleet.options.knowledge},
         "scaling": {"autoscaling": fleet.controller is not None, "decisions": len(fleet.decisions),
