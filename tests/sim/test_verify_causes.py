@@ -32,3 +32,31 @@ def test_the_budget_at_peak_is_the_costliest_windows_where_scaling_runs_on_after
     cost = next(c for c in verdict.checks if c.window == "peak" and c.metric == "cost_per_hour_usd")
     assert not cost.passed and cost.value == report["cost_per_hour_max_usd"] and "costliest window" in cost.reason
     assert not verdict.passed
+
+
+def test_a_burst_at_zero_that_then_waits_at_max_is_blamed_on_max_not_on_the_cold_start():
+    """300 requests in 3 s at zero on the local example (cold start ~8 s, at most 3 replicas): a TTFT p95 of a
+    minute was blamed on the cold start; it is the fleet held at maxReplicaCount."""
+    from tests.sim.test_golden import spec
+
+    trace = [TraceRequest(i * 0.01, 100, 20, (i,)) for i in range(300)]
+    trace += [TraceRequest(1200 + i * 20.0, 100, 20, (1000 + i,)) for i in range(50)]
+    verdict = verify(spec("autoscaling.yaml"), trace, SimOptions())
+    ttft = next(c for c in verdict.checks if c.window == "peak" and c.metric == "ttft_p95_ms")
+    assert not ttft.passed and ttft.value > 30_000
+    assert "held at maxReplicaCount=3" in ttft.reason and "after a scale from zero" in ttft.reason
+
+
+def test_too_little_capacity_at_idle_names_the_replicas_the_fleet_had():
+    """The idle cause printed minReplicaCount (0) as the replicas kept, while 2 to 3 were ready all along."""
+    from fleetserve.sim.verify import _capacity_cause
+    from fleetserve.traces.generate import WorkloadSpec, generate
+
+    trace = generate(WorkloadSpec.for_kind("bursts", duration_s=3600, rate=2, seed=3, burst_factor=8,
+                                           burst_every_s=900, burst_s=60), with_text=False)
+    verdict = verify(gpu_endpoint(), trace, SimOptions(), {"ttft_p95_ms": 1})
+    cause = _capacity_cause(verdict.result, "idle")
+    fleet, spans = verdict.result.fleet, verdict.result.report["idle"]["windows"]
+    ready = {p[1] for p in fleet.series if any(a <= p[0] < b for a, b in spans)}
+    assert "minReplicaCount 0" in cause and "0 replica(s)" not in cause, cause
+    assert f"{min(ready)}" in cause

@@ -120,16 +120,22 @@ def _capacity_cause(result: SimResult, window: str) -> str:
         return f"no replica could be placed: {next(iter(fleet.unplaced))}{refused}"
     if fleet.policy_scaling is None:
         return f"a static fleet of {most} replica(s) cannot carry the {window} load{refused}"
-    if zero and least == 0:
+    # a p95 far beyond the cold start is not the cold start's doing (a burst at zero that then waited at max)
+    p95_s = (report[window]["ttft_ms"]["p95"] or 0) / 1000
+    from_zero = zero and least == 0
+    if from_zero and not (at_max and p95_s > 2 * cold_s):
         return f"scale from zero: requests wait for a cold start{cold}{refused}"
     if at_max:
-        return f"replicas held at maxReplicaCount={most} during the {window}: not enough capacity{refused}"
+        after = f", after a scale from zero{cold}" if from_zero else ""
+        return f"replicas held at maxReplicaCount={most} during the {window}: not enough capacity{after}{refused}"
     if window == "peak":
         return f"scaling did not keep up with the peak: replicas reached {report['replicas_max']} of {most}" \
                f"{cold}{refused}"
     if (report["idle"]["ttft_ms"]["p95"] or 0) / 1000 > cold_s + 60:
         return f"the queue built earlier is still draining at idle{refused}"
-    return f"too little capacity at idle: {least} replica(s) kept{refused}"
+    ready = sorted({p[1] for p in points})
+    kept = f"{ready[0]}" if len(ready) == 1 else f"{ready[0]}-{ready[-1]}"
+    return f"too little capacity at idle: {kept} replica(s) ready (minReplicaCount {least}){refused}"
 
 
 def judge(result: SimResult) -> list[Check]:
