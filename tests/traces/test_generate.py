@@ -107,3 +107,16 @@ def test_bad_settings_name_the_setting():
         generate(WorkloadSpec.for_kind("chat", arrivals="spiky"))
     with pytest.raises(ValueError, match="prompt text"):
         write_trace(generate(WorkloadSpec.for_kind("chat", duration_s=30), with_text=False), "/tmp/x", "prompts")
+
+
+def test_chat_carries_its_rate_from_the_first_second():
+    """Sessions started only from zero ramped up for a session's length, and their late turns fell past the end:
+    `--duration 300 --rate 2` carried 445 and 425 requests for 600 (a black-box check). Sessions now start a
+    warm-up earlier, so a short trace carries its rate on average (seed to seed it varies ~10 %: sessions)."""
+    counts = [len(generate(WorkloadSpec.for_kind("chat", duration_s=300, rate=2, seed=s), with_text=False))
+              for s in range(10)]
+    assert 0.9 * 600 <= sum(counts) / len(counts) <= 1.1 * 600, counts
+    first_minute = [r for r in generate(WorkloadSpec.for_kind("chat", duration_s=300, rate=2, seed=1),
+                                        with_text=False) if r.arrival_s < 60]
+    assert len(first_minute) > 0.7 * 120  # no ramp: later turns of sessions begun before zero are there too
+    assert all(r.arrival_s >= 0 for r in first_minute)
