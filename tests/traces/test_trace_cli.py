@@ -99,3 +99,17 @@ def test_an_empty_file_or_a_folder_as_trace_says_what_it_is(tmp_path):
     assert result.returncode == 2 and "holds no request" in said(result), said(result)
     result = fleetserve("simulate", spec, "--trace", str(tmp_path))
     assert result.returncode == 2 and "a trace is a file" in said(result), said(result)
+
+
+def test_a_trace_spanning_more_than_a_year_is_exit_2_instead_of_a_hang(tmp_path):
+    """A row at 0 and one stamped in epoch milliseconds span 56 years: simulate walked its control loop through them
+    for minutes (a 1e30 s stamp: forever, with growing memory). Time scaling that would reach past a year too."""
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"timestamp": 0, "input_length": 100, "output_length": 10, "hash_ids": [1]}\n'
+                     '{"timestamp": 1767607200000, "input_length": 100, "output_length": 10, "hash_ids": [2]}\n')
+    spec = str(Path(__file__).parents[2] / "examples" / "quickstart.yaml")
+    result = fleetserve("simulate", spec, "--trace", str(mixed))
+    assert result.returncode == 2 and "--trace" in said(result) and "20,458 days" in said(result), said(result)
+    result = fleetserve("trace", "scale", str(DATA / "mooncake_sample.jsonl"), "--time", "1e7", "-o",
+                        str(tmp_path / "out.jsonl"))
+    assert result.returncode == 2 and "--time" in said(result) and "at most 366" in said(result), said(result)

@@ -231,7 +231,10 @@ def trace_scale(
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--rate") from None
     if time_scale is not None:
-        requests = scale_time(requests, time_scale)
+        try:
+            requests = scale_time(requests, time_scale)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--time") from None
     if not requests:
         raise typer.BadParameter(f"{rate:g} leaves none of the trace's requests; use a larger factor",
                                  param_hint="--rate")

@@ -16,7 +16,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from fleetserve.traces.model import TraceRequest
+from fleetserve.traces.model import TraceRequest, check_span
 from fleetserve.traces.servegen import ServeGenError, is_servegen, load_servegen
 
 FORMATS = ("mooncake", "azure", "prompts", "servegen")
@@ -100,6 +100,10 @@ def load_timed_trace(path: str | Path, limit: int | None = None, fmt: str | None
         out = _rebased(out)
     if not out:
         raise TraceError(f"{p}: no requests")
+    try:
+        check_span(out[-1].arrival_s, str(p))
+    except ValueError as exc:
+        raise TraceError(str(exc)) from None
     return out, start
 
 

@@ -12,6 +12,10 @@ MOONCAKE_BLOCK_TOKENS = 512
 # the most requests a trace may become in memory (generated, rate-scaled, or read from a ServeGen rate file
 # without a limit): ~1 KB each, and the simulator's ~25,000 per second make this a few minutes of work
 MAX_REQUESTS = 5_000_000
+# the longest span a trace may have: a year. Longer is a file that mixes relative and epoch stamps, or
+# milliseconds and seconds (a row at 0 and one at 1767607200000 ms span 56 years), and the simulator's control
+# loop would walk every second of it with requests outstanding
+MAX_SPAN_S = 366 * 86400.0
 
 
 def check_request_count(expected: float, what: str) -> None:
@@ -19,6 +23,14 @@ def check_request_count(expected: float, what: str) -> None:
     before, such a run printed nothing for minutes, or died of a 1.8 TiB allocation."""
     if expected > MAX_REQUESTS:
         raise ValueError(f"{what} would make about {expected:,.0f} requests; at most {MAX_REQUESTS:,}")
+
+
+def check_span(span_s: float, what: str) -> None:
+    """ValueError naming `what` when arrivals would span more than MAX_SPAN_S (a year)."""
+    if not span_s <= MAX_SPAN_S:
+        raise ValueError(f"{what} spans {span_s / 86400:,.0f} days between its first and last request; at most "
+                         f"{MAX_SPAN_S / 86400:.0f} (relative and epoch timestamps, or milliseconds and seconds, "
+                         "mixed in one file?)")
 
 
 def stand_in_tokens(text: str) -> list[int]:

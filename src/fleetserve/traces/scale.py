@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from fleetserve.traces.model import TraceRequest, check_request_count
+from fleetserve.traces.model import TraceRequest, check_request_count, check_span
 
 
 def _check(factor: float, what: str) -> None:
@@ -29,6 +29,7 @@ def _check(factor: float, what: str) -> None:
 def scale_time(requests: list[TraceRequest], factor: float) -> list[TraceRequest]:
     """Arrival times multiplied by `factor` (2.0: half the rate over twice the span)."""
     _check(factor, "time scale factor")
+    check_span(max((r.arrival_s for r in requests), default=0.0) * factor, f"the trace at a time scale of {factor:g}")
     return [replace(r, arrival_s=r.arrival_s * factor) for r in requests]
 
 
