@@ -170,3 +170,18 @@ def test_a_model_its_gpus_cannot_hold_is_a_validate_warning():
     assert len(big) == 1 and "GPU memory for the bf16 weights" in big[0] and "g5.xlarge: 1 GPU(s) of 24 GiB" in big[0]
     assert warnings("hf:meta-llama/Llama-3.1-8B-Instruct", "g5.xlarge") == []
     assert warnings("hf:meta-llama/Llama-3.1-70B-Instruct", "p4d.24xlarge", gpus=8) == []  # 8 x 40 GB holds it
+
+
+def test_a_schedule_lead_past_a_day_is_an_error_naming_the_field():
+    """scheduleLeadTime 1e12 validated, then simulate died in datetime ('year 33714 is out of range')."""
+    import pytest
+
+    from fleetserve.spec.load import SpecError, load_spec_data
+
+    data = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "lead"},
+            "spec": {"model": {"source": "builtin:smollm2-135m"},
+                     "autoscaling": {"scheduleLeadTime": 1e12, "schedules": [
+                         {"name": "day", "start": "0 9 * * *", "end": "0 17 * * *", "minReplicas": 1}]}}}
+    with pytest.raises(SpecError) as caught:
+        load_spec_data(data)
+    assert "spec.autoscaling.scheduleLeadTime" in str(caught.value) and "86400" in str(caught.value)

@@ -225,7 +225,8 @@ class AutoscalingSection(SpecModel):
     scale_down_stabilization_time: float = Field(default=300, ge=0)
     triggers: list[ScalingTrigger] = Field(default_factory=list)
     schedules: list[ScheduleFloor] = Field(default_factory=list)
-    schedule_lead_time: float = Field(default=0, ge=0, description="raise floors this early (>= cold start)")
+    schedule_lead_time: float = Field(default=0, ge=0, le=86400,
+                                      description="raise floors this early (>= cold start; at most a day)")
     fallback: ScalingFallback | None = None
 
     @model_validator(mode="after")
