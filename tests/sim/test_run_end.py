@@ -56,3 +56,10 @@ def test_a_cold_start_is_no_reason_for_more_replicas():
     report = simulate(endpoint, trace, SimOptions()).report
     assert report["ttft_ms"]["p50"] > 100_000  # each client did wait for a cold start
     assert report["replicas_max"] == 1
+
+
+def test_scaling_changes_count_the_first_one_from_the_starting_count():
+    """0 -> 1 at the first request, 1 -> 0 after the cooldown, twice more up and once more down: five changes
+    (the count started at the first decision and said four)."""
+    report = simulate(endpoint(600), THREE, SimOptions()).report
+    assert report["scaling"]["changes"] == 5

@@ -156,7 +156,7 @@ def build_report(fleet: SimFleet, slo: dict, slo_source: str) -> dict:
     h = fleet.hits
     queried = max(h["queried"], 1)
     hit = h["engine"] + h["l1"] + h["l2"]
-    desired = [d for _, d, _ in fleet.decisions]
+    desired = [fleet.static] + [d for _, d, _ in fleet.decisions]  # from the starting count: the first counts
     series = [p for p in fleet.series if p[0] <= end + 1e-9] or fleet.series[:1]  # the run's own span
     return {
         **whole,
