@@ -75,3 +75,14 @@ def test_a_daily_peak_gets_a_planned_floor_that_passes_verify_and_is_explained()
 def test_a_peak_window_label_and_cron_wrap_midnight():
     w = PeakWindow(23 * 3600, 25 * 3600, 10, 1.0)
     assert w.label == "23:00-01:00 UTC" and w.cron(w.end_s) == "0 1 * * *"
+
+
+def test_a_plan_without_floors_leaves_no_lead_behind():
+    """A winner that dropped every floor kept the input's scheduleLeadTime (180 s of lead for no floor)."""
+    from fleetserve.sim.plan import _with_floors
+
+    data = {"spec": {"replicas": 1, "autoscaling": {"maxReplicaCount": 3, "scheduleLeadTime": 180, "schedules": [
+        {"name": "day", "timezone": "UTC", "start": "0 9 * * *", "end": "0 17 * * *", "minReplicas": 2}]}}}
+    assert _with_floors(data, [], 0)["spec"]["autoscaling"]["scheduleLeadTime"] == 0
+    kept = _with_floors(data, data["spec"]["autoscaling"]["schedules"], 120)["spec"]["autoscaling"]
+    assert kept["scheduleLeadTime"] == 120 and len(kept["schedules"]) == 1

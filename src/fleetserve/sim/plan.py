@@ -160,7 +160,7 @@ def _with_floors(data: dict, floors: list[dict], lead: int, low: int | None = No
     d = copy.deepcopy(data)
     auto = d["spec"]["autoscaling"]
     auto["schedules"] = _floors_within(floors, int(auto.get("maxReplicaCount", auto.get("max_replica_count", 5))))
-    auto["scheduleLeadTime"] = lead if floors else auto.get("scheduleLeadTime", 0)
+    auto["scheduleLeadTime"] = lead if auto["schedules"] else 0  # no floor left: no lead to raise one early
     if low is not None:
         auto["minReplicaCount"] = d["spec"]["replicas"] = low
     return d
