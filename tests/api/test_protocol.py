@@ -70,3 +70,36 @@ def test_completion_prompt_forms():
     assert parse_completion({"prompt": [1, 2, 3]}).prompt == [1, 2, 3]
     assert error_of(parse_completion, {}).param == "prompt"
     assert error_of(parse_completion, {"prompt": ["a", "b"]}).param == "prompt"
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("change, param", [
+    ({"tools": [TOOL]}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"functions": [TOOL["function"]]}, "functions"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+    ({"logit_bias": {"50256": -100}}, "logit_bias"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+])
+def test_what_the_engine_cannot_honour_is_refused_not_ignored(change, param):
+    """tools and JSON mode were answered 200 with plain text: a client relying on them got the wrong output."""
+    err = error_of(parse_chat, {**CHAT, **change})
+    assert (err.status, err.param, err.code) == (400, param, "unsupported_value")
+
+
+def test_defaults_of_unsupported_parameters_and_ignorable_ones_pass():
+    parse_chat({**CHAT, "tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "logit_bias": {},
+                "user": "u1", "metadata": {"k": "v"}, "store": False})
+    parse_completion({"model": "m", "prompt": "hi", "suffix": ""})
+    err = error_of(parse_completion, {"model": "m", "prompt": "hi", "suffix": "tail"})
+    assert (err.param, err.code) == ("suffix", "unsupported_value")
+
+
+def test_a_user_message_without_content_is_400_an_assistant_one_is_not():
+    err = error_of(parse_chat, {**CHAT, "messages": [{"role": "user"}]})
+    assert (err.status, err.param, err.code) == (400, "messages[0].content", "missing_required_parameter")
+    parse_chat({**CHAT, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
+                                     {"role": "user", "content": "again"}]})

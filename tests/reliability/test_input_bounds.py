@@ -94,3 +94,14 @@ def test_tokenizing_runs_off_the_event_loop_thread(tiny_model):
     ids, budget, loop_thread = asyncio.run(main())
     assert ids and budget > 0
     assert seen and seen[0] is not loop_thread
+
+
+def test_a_completion_prompt_over_the_context_names_the_prompt(tiny_model):
+    """`/v1/completions` over the context answered context_length_exceeded naming `messages`, which it has none of."""
+    from fleetserve.api.protocol import parse_completion
+
+    runner = ModelRunner(tiny_model, threads=1)
+    engine = Engine(runner, EngineSettings("tiny", ModelIdentity("default", "tiny", "1", "local", "r0")))
+    with pytest.raises(APIError) as err:
+        asyncio.run(engine._tokenize(parse_completion({"prompt": [1] * runner.context_length, "max_tokens": 3})))
+    assert (err.value.code, err.value.param) == ("context_length_exceeded", "prompt")

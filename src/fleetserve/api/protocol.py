@@ -151,6 +151,28 @@ def _sampling(body: dict) -> SamplingParams:
     )
 
 
+# OpenAI parameters that change what the answer is or how it is shaped, which this engine cannot honour: each is a
+# 400 `unsupported_value` when it asks for anything but the default (a client relying on JSON mode or a tool call
+# got plain text and a 200). Parameters that change nothing here (user, metadata, store, service_tier) pass.
+_UNSUPPORTED = {
+    "tools": ("tool calls are not supported by this engine", lambda v: v in (None, [])),
+    "functions": ("function calls are not supported by this engine", lambda v: v in (None, [])),
+    "tool_choice": ("tool calls are not supported by this engine", lambda v: v in (None, "none", "auto")),
+    "function_call": ("function calls are not supported by this engine", lambda v: v in (None, "none", "auto")),
+    "response_format": ("JSON mode and structured outputs are not supported by this engine",
+                        lambda v: v is None or v == {"type": "text"}),
+    "logit_bias": ("logit_bias is not supported by this engine", lambda v: v in (None, {})),
+    "suffix": ("suffix (insertion) is not supported by this engine", lambda v: v in (None, "")),
+    "modalities": ("only text output is supported", lambda v: v in (None, ["text"])),
+}
+
+
+def _unsupported(body: dict) -> None:
+    for name, (why, default) in _UNSUPPORTED.items():
+        if name in body and not default(body[name]):
+            raise invalid(name, why, "unsupported_value")
+
+
 def _content_text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return _utf8(content, where)
@@ -179,6 +201,8 @@ def _messages(body: dict) -> list[dict[str, str]]:
         role = msg.get("role")
         if role not in ROLES:
             raise invalid(f"messages[{i}].role", f"got {json.dumps(role)}; allowed values: {', '.join(ROLES)}")
+        if msg.get("content") is None and role in ("system", "developer", "user"):
+            raise invalid(f"messages[{i}].content", f"is required for a {role} message", "missing_required_parameter")
         out.append({"role": role, "content": _content_text(msg.get("content"), f"messages[{i}].content")})
     return out
 
@@ -227,6 +251,7 @@ def cache_salt_of(body: dict) -> str | None:
 
 
 def parse_chat(body: dict) -> ParsedRequest:
+    _unsupported(body)
     stream = _bool(body, "stream")
     return ParsedRequest(
         kind="chat",
@@ -240,6 +265,7 @@ def parse_chat(body: dict) -> ParsedRequest:
 
 
 def parse_completion(body: dict) -> ParsedRequest:
+    _unsupported(body)
     stream = _bool(body, "stream")
     return ParsedRequest(
         kind="completion",

@@ -124,7 +124,7 @@ class Engine:
 
         def work() -> tuple[list[int], int]:
             ids = self._prompt_ids(parsed)
-            return ids, self._budget(len(ids), parsed.sampling.max_tokens)
+            return ids, self._budget(len(ids), parsed.sampling.max_tokens, parsed.kind)
 
         self._tokenizing += 1
         try:
@@ -147,14 +147,14 @@ class Engine:
             raise APIError(400, "prompt: must not be empty", param="prompt", code="invalid_value")
         return ids
 
-    def _budget(self, prompt_len: int, requested: int | None) -> int:
+    def _budget(self, prompt_len: int, requested: int | None, kind: str = "chat") -> int:
         limit = self.runner.context_length
         if prompt_len >= limit:
             raise APIError(
                 400,
                 f"This model's maximum context length is {limit} tokens. However, your prompt has {prompt_len} "
                 "tokens. Shorten the prompt.",
-                param="messages",
+                param="messages" if kind == "chat" else "prompt",
                 code="context_length_exceeded",
             )
         if requested is None:
