@@ -129,6 +129,10 @@ def test_stop_with_stops_the_fleet_when_its_owner_is_killed(tmp_path, tiny_model
         owner.wait()
         wait_until(lambda: leftovers(home) == [], 60, what="the fleet to stop with its owner")
         assert status(home, "owned")[0]["status"] == "stopped"
+        shown = fleetserve("status", "owned", env=home).stdout  # a stopped fleet's node is not shown ready
+        assert "gone" in shown
+        if "prometheus:" in shown:
+            assert "was; the fleet is stopped" in shown
     finally:
         owner.kill()
 
@@ -138,6 +142,8 @@ def test_down_without_fleet_and_status_unknown_name(home):
     assert down.returncode == 1 and "no fleet is running" in down.stderr
     missing = fleetserve("status", "nope", env=home)
     assert missing.returncode == 1
+    missing = fleetserve("status", "nope", "--json", env=home)  # it exited 0 with --json
+    assert missing.returncode == 1 and missing.stdout.strip() == "[]"
 
 
 

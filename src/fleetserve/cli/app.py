@@ -197,6 +197,8 @@ def status(
     fleets = [mark_stale(f) for f in list_fleets() if name is None or f.name == name]
     if as_json:
         print(json.dumps([f.to_json() for f in fleets], indent=2))
+        if name and not fleets:
+            raise typer.Exit(1)  # as without --json: the fleet asked for does not exist
         return
     if not fleets:
         out.print("no fleets" + (f" named {name}" if name else ""))
@@ -210,8 +212,10 @@ def _print_fleet(f) -> None:
               f"model {escape(f.model)} routing {f.strategy}")
     out.print(f"  replicas: desired {f.desired}, ready {f.ready}; cost ${f.cost_per_hour:.3f}/h, "
               f"${f.cost_total:.4f} so far", markup=False)
+    gone = f.status in ("stopped", "failed", "dead")  # its processes are gone: nothing below is listening
     if f.prometheus_url:
-        out.print(f"  prometheus: {f.prometheus_url}", markup=False)
+        out.print(f"  prometheus: {f.prometheus_url}" + (f" (was; the fleet is {f.status})" if gone else ""),
+                  markup=False)
     if f.last_decision:
         out.print(f"  last decision: {f.last_decision['desired']} replica(s): {f.last_decision['reason']}",
                   markup=False)
@@ -227,7 +231,8 @@ def _print_fleet(f) -> None:
     if f.nodes:
         nodes = Table("node", "instance type", "capacity", "$/h", "replicas", "ready")
         for n in f.nodes:
-            ready = ("yes" if n.ready else "provisioning") + (" (interrupting)" if n.interrupting else "")
+            ready = "gone" if gone else \
+                ("yes" if n.ready else "provisioning") + (" (interrupting)" if n.interrupting else "")
             nodes.add_row(n.id, n.instance_type, n.capacity_type, f"{n.price_per_hour:.3f}", f"{n.used}/{n.slots}",
                           ready)
         out.print(nodes, width=width)
