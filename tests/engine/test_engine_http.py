@@ -18,6 +18,7 @@ def client(tiny_engine):
 def test_models_lists_served_name(client):
     (model,) = client.models.list().data
     assert model.id == "tiny"
+    assert "/" not in model.model_extra["root"]  # the folder's name, not the server's filesystem layout
 
 
 def test_chat_completion_with_usage(client):

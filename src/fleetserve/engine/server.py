@@ -348,7 +348,7 @@ class Engine:
             "object": "model",
             "created": self.created,
             "owned_by": "fleetserve",
-            "root": str(self.runner.path),
+            "root": self.runner.path.name,  # the model's folder name, not where it lies: clients are tenants too
             "max_model_len": self.runner.context_length,
         }
 
