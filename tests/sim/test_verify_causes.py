@@ -60,3 +60,15 @@ def test_too_little_capacity_at_idle_names_the_replicas_the_fleet_had():
     ready = {p[1] for p in fleet.series if any(a <= p[0] < b for a, b in spans)}
     assert "minReplicaCount 0" in cause and "0 replica(s)" not in cause, cause
     assert f"{min(ready)}" in cause
+
+
+def test_window_costs_in_one_pass_equal_each_windows_integral():
+    from fleetserve.sim.fleet import span_hours
+    from fleetserve.sim.report import window_bounds, window_costs, window_count
+    from fleetserve.sim.run import simulate
+
+    fleet = simulate(gpu_endpoint(), late_burst(), SimOptions()).fleet
+    bounds = window_bounds(fleet, window_count(fleet))
+    assert len(bounds) == 6
+    for got, (a, b) in zip(window_costs(fleet.series, bounds), bounds, strict=True):
+        assert abs(got - span_hours(fleet.series, a, b, 4)) < 1e-9
