@@ -197,7 +197,7 @@ def simulate(
     out.print(f"GPU-hours {r['gpu_hours']:.2f}, replicas up to {r['replicas_max']}, hit rate "
               f"{r['hit_rate']['total']:.3f} (engine {r['hit_rate']['engine']:.3f}, L1 {r['hit_rate']['l1']:.3f}, "
               f"L2 {r['hit_rate']['l2']:.3f})" + (f"; report: {report}" if report else ""))
-    if r.get("costliest_window"):
+    if r.get("costliest_window") and r["cost_per_hour_max_usd"] > 0:  # a free local fleet has no costliest
         a, b = r["costliest_window"]
         out.print(f"costliest window {a:.0f}-{b:.0f} s: ${r['cost_per_hour_max_usd']:.2f}/h")
     out.print(f"trace start (cron floors, budgets): {r['start']}", markup=False)
