@@ -8,7 +8,9 @@
   names a Redis to render in the endpoint's namespace for that tenant, with its own Secret
   `<service>-auth`; any other URL is an external Redis, used as is.
 Engines get the password through `$(VAR)` expansion of an environment variable read from the Secret, so
-the password is never written into a manifest.
+the password is never written into a manifest. Each Redis's pods, Service and StatefulSet carry and select
+`fleetserve.io/redis: <service>` (and the tenant's label), so no Redis selects another's pods; a StatefulSet's
+selector cannot change in place, so an L2 Redis rendered before this label is replaced, not patched.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import ipaddress
 from urllib.parse import urlsplit
 
 from fleetserve.k8s.context import REDIS_PORT, Context
-from fleetserve.k8s.labels import TENANT_LABEL, dns_name, env_name
+from fleetserve.k8s.labels import REDIS_LABEL, TENANT_LABEL, dns_name, env_name, label_value
 
 PASSWORD_ENV = "REDIS_PASSWORD"
 
@@ -86,10 +88,17 @@ def engine_l2(ctx: Context) -> tuple[str | None, dict[str, str], list[dict]]:
     return url, tenants, env
 
 
+def _identity(service: str, tenant: str | None) -> dict[str, str]:
+    """The labels that tell one rendered Redis from another, selectors included: with only name, instance and
+    component the shared Redis's Service and StatefulSet also selected every tenant's Redis pod (a shared-L2
+    connection could reach a tenant's Redis)."""
+    return {REDIS_LABEL: service, **({TENANT_LABEL: label_value(tenant)} if tenant else {})}
+
+
 def _statefulset(ctx: Context, service: str, tenant: str | None) -> dict:
     l2 = ctx.endpoint.spec.kv_cache.l2
-    extra = {TENANT_LABEL: tenant} if tenant else {}
-    sel = ctx.selector("redis", **({TENANT_LABEL: tenant} if tenant else {}))
+    extra = _identity(service, tenant)
+    sel = ctx.selector("redis", **extra)
     # Redis needs room beyond maxmemory for its own structures and client buffers
     limit = l2.max_bytes + max(64 << 20, l2.max_bytes // 4)
     probe = {"tcpSocket": {"port": "redis"}, "periodSeconds": 10, "timeoutSeconds": 3}
@@ -125,7 +134,7 @@ def _statefulset(ctx: Context, service: str, tenant: str | None) -> dict:
 
 
 def _service(ctx: Context, service: str, tenant: str | None) -> dict:
-    extra = {TENANT_LABEL: tenant} if tenant else {}
+    extra = _identity(service, tenant)
     return {
         "apiVersion": "v1",
         "kind": "Service",
