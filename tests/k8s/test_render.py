@@ -405,3 +405,21 @@ def test_no_rendered_redis_selects_another_ones_pods():
     for owner, sel in selectors:
         chosen = [name for name, labels in pods.items() if sel.items() <= labels.items()]
         assert chosen == [owner], (owner, chosen)
+
+
+def test_each_engine_pod_is_scraped_through_one_service():
+    """The engine Service and the headless one for the router's DNS carry the same labels, and the engine
+    ServiceMonitor selected both: every engine series was scraped twice, doubling any sum without a service filter."""
+    rendered, _ = _objects(ROOT / "examples" / "hyperpod.yaml")
+    monitor = next(m for m in _by(rendered, "ServiceMonitor") if m["metadata"]["labels"][
+        "app.kubernetes.io/component"] == "engine")
+    selector = monitor["spec"]["selector"]
+
+    def selects(labels: dict) -> bool:
+        if not selector["matchLabels"].items() <= labels.items():
+            return False
+        absent = [e["key"] for e in selector.get("matchExpressions", []) if e["operator"] == "DoesNotExist"]
+        return all(key not in labels for key in absent)
+
+    chosen = [s["metadata"]["name"] for s in _by(rendered, "Service") if selects(s["metadata"]["labels"])]
+    assert len(chosen) == 1 and not chosen[0].endswith("-pods"), chosen

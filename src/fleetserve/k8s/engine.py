@@ -21,7 +21,7 @@ from pathlib import PurePosixPath
 
 from fleetserve.engine.adapters import ENGINE_TOKEN_ENV, VLLM_TOKEN_ENV, launch_for
 from fleetserve.k8s.context import ENGINE_PORT, ENGINE_TOKEN_KEY, GPU_ENGINES, INTERNAL_TOKEN_DIR, MODELS_DIR, Context
-from fleetserve.k8s.labels import TIER_LABEL
+from fleetserve.k8s.labels import DISCOVERY_LABEL, TIER_LABEL
 from fleetserve.k8s.redis import engine_l2
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -285,7 +285,7 @@ def engine_pods_service(ctx: Context) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": ctx.meta(ctx.engine_pods_service, "engine"),
+        "metadata": ctx.meta(ctx.engine_pods_service, "engine", **{DISCOVERY_LABEL: "dns"}),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": False,

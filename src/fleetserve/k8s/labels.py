@@ -16,6 +16,7 @@ from fleetserve import __version__
 APP = "fleetserve"
 TIER_LABEL = "fleetserve.io/tier"
 TENANT_LABEL = "fleetserve.io/tenant"
+DISCOVERY_LABEL = "fleetserve.io/discovery"  # on the headless engine Service: DNS for the router, never scraped
 REDIS_LABEL = "fleetserve.io/redis"  # which rendered Redis a pod is: the shared one's selectors took tenants' too
 ENDPOINT_LABEL = "fleetserve.io/endpoint"
 MAX_NAME = 63

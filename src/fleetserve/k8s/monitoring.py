@@ -13,6 +13,7 @@ be placed).
 from __future__ import annotations
 
 from fleetserve.k8s.context import ENGINE_TOKEN_KEY, GPU_ENGINES, Context
+from fleetserve.k8s.labels import DISCOVERY_LABEL
 from fleetserve.observe.rules import RuleTarget, alert, rule_groups
 
 
@@ -28,7 +29,10 @@ def _service_monitor(ctx: Context, name: str, component: str, port: str, scheme:
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
         "metadata": ctx.meta(name, component),
-        "spec": {"selector": {"matchLabels": ctx.selector(component)},
+        # the headless Service over the same pods is for the router's DNS: scraping it too counted every engine
+        # series twice in any sum without a `service` filter (invocations, concurrency, users' KEDA queries)
+        "spec": {"selector": {"matchLabels": ctx.selector(component),
+                              "matchExpressions": [{"key": DISCOVERY_LABEL, "operator": "DoesNotExist"}]},
                  "namespaceSelector": {"matchNames": [ctx.namespace]},
                  "endpoints": [endpoint]},
     }
