@@ -89,6 +89,7 @@ def test_promtool_checks_both_rule_files(tmp_path):
 MODEL = 'namespace="team-a",model_name="tiny",model_version="1",instance_type="g5.xlarge"'
 KEEP = {"namespace": "team-a", "model_name": "tiny", "model_version": "1", "instance_type": "g5.xlarge"}
 SUP = 'fleet="chat",component="supervisor"'
+ENGINES = 'fleet="chat",component="engine"'  # the labels of the local fleet's engine targets
 
 
 def _alerts(groups) -> dict[str, dict]:
@@ -127,11 +128,14 @@ def test_promtool_unit_tests_of_records_and_alerts(tmp_path):
             {"series": f'model_latency_milliseconds_bucket{{{r0},le="250.0"}}', "values": "0+6000x420"},
             {"series": f'model_latency_milliseconds_bucket{{{r0},le="+Inf"}}', "values": "0+6000x420"},
             {"series": f"model_concurrent_requests{{{r0}}}", "values": "3x420"},
-            {"series": 'fleetserve_kv_tier_hits_total{tier="l1",replica="r0"}', "values": "0+60x420"},
-            {"series": 'fleetserve_kv_tier_misses_total{tier="l1",replica="r0"}', "values": "0+180x420"},
+            {"series": f'fleetserve_kv_tier_hits_total{{tier="l1",replica="r0",{ENGINES}}}', "values": "0+60x420"},
+            {"series": f'fleetserve_kv_tier_misses_total{{tier="l1",replica="r0",{ENGINES}}}', "values": "0+180x420"},
+            # another fleet's engines on the same Prometheus: never in this endpoint's ratios
+            {"series": 'fleetserve_kv_tier_hits_total{tier="l1",fleet="other",component="engine"}',
+             "values": "0+6000x420"},
             # hit ratio 0.8 for an hour, then nothing hits any more
-            {"series": 'vllm:prefix_cache_queries_total{model_name="tiny"}', "values": "0+600x420"},
-            {"series": 'vllm:prefix_cache_hits_total{model_name="tiny"}', "values": "0+480x60 28800x360"},
+            {"series": f'vllm:prefix_cache_queries_total{{model_name="tiny",{ENGINES}}}', "values": "0+600x420"},
+            {"series": f'vllm:prefix_cache_hits_total{{model_name="tiny",{ENGINES}}}', "values": "0+480x60 28800x360"},
             {"series": f"fleetserve_autoscaler_desired_replicas{{{SUP}}}", "values": "2x420"},
             {"series": f"fleetserve_autoscaler_ready_replicas{{{SUP}}}", "values": "1x420"},
             {"series": f"fleetserve_cost_per_hour_dollars{{{SUP}}}", "values": "3x420"},
@@ -154,9 +158,11 @@ def test_promtool_unit_tests_of_records_and_alerts(tmp_path):
             {"expr": "fleetserve:model_ttfb_slow_ratio:rate5m", "eval_time": "30m",
              "exp_samples": [{"labels": f"fleetserve:model_ttfb_slow_ratio:rate5m{{{MODEL}}}", "value": 0}]},
             {"expr": "fleetserve:kv_tier_hit_ratio:rate5m", "eval_time": "30m",
-             "exp_samples": [{"labels": 'fleetserve:kv_tier_hit_ratio:rate5m{tier="l1"}', "value": 0.25}]},
+             "exp_samples": [{"labels": 'fleetserve:kv_tier_hit_ratio:rate5m{namespace="team-a",model_name="tiny",'
+                                        'tier="l1"}', "value": 0.25}]},
             {"expr": "fleetserve:prefix_cache_hit_ratio:rate5m", "eval_time": "30m",
-             "exp_samples": [{"labels": 'fleetserve:prefix_cache_hit_ratio:rate5m{model_name="tiny"}',
+             "exp_samples": [{"labels": 'fleetserve:prefix_cache_hit_ratio:rate5m'
+                                        '{model_name="tiny",namespace="team-a"}',
                               "value": 0.8}]},
         ],
         "alert_rule_test": [
@@ -165,7 +171,7 @@ def test_promtool_unit_tests_of_records_and_alerts(tmp_path):
             _fires(alerts, "FleetserveErrorBudgetBurnSlow", KEEP, "70m"),
             _quiet("FleetserveLatencyBudgetBurn", "70m"),
             _quiet("FleetserveCacheHitCollapse", "50m"),
-            _fires(alerts, "FleetserveCacheHitCollapse", {"model_name": "tiny"}, "80m"),
+            _fires(alerts, "FleetserveCacheHitCollapse", {"model_name": "tiny", "namespace": "team-a"}, "80m"),
             _quiet("FleetserveReplicasNotReady", "4m"),  # not yet longer than a cold start (300 s)
             _fires(alerts, "FleetserveReplicasNotReady", {}, "10m"),
             _fires(alerts, "FleetserveCostOverBudget", {}, "10m"),
@@ -215,3 +221,17 @@ def test_every_metric_the_rules_read_is_in_the_vocabulary():
     read -= set(LABELS.replace(" ", "").split(",")) | {"model_name", "fleet", "component", "service"}
     missing = {n for n in read if n not in BY_NAME and re.sub(r"_(bucket|count|sum)$", "", n) not in BY_NAME}
     assert read and not missing, missing
+
+
+def test_alerts_read_only_their_own_endpoints_recorded_series():
+    """The burn, latency and cache alerts read recorded series with no selector: every endpoint's rules fired on
+    every other endpoint's ratios, with its own threshold and a summary naming its own model."""
+    import re
+
+    for target in (rule_target(endpoint(), "chat"),):
+        for group in rule_groups(target):
+            for rule in group["rules"]:
+                if "alert" not in rule:
+                    continue
+                for use in re.findall(r"fleetserve:[a-z_:0-9]+(\{[^}]*\})?", rule["expr"]):
+                    assert use.startswith("{") and 'model_name="tiny"' in use, (rule["alert"], rule["expr"])

@@ -89,6 +89,7 @@ def rule_target(endpoint, fleet: str) -> RuleTarget:
     sup = f'fleet="{fleet}",component="supervisor"'
     return RuleTarget.from_endpoint(
         endpoint, f"fleetserve.{endpoint.metadata.namespace}.{fleet}", f'fleet="{fleet}",component="router"',
+        engines=f'fleet="{fleet}",component="engine"',
         desired=f"max(fleetserve_autoscaler_desired_replicas{{{sup}}})",
         ready=f"max(fleetserve_autoscaler_ready_replicas{{{sup}}})",
         cost_per_hour=f"max(fleetserve_cost_per_hour_dollars{{{sup}}})")

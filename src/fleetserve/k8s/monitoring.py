@@ -49,6 +49,7 @@ def _rules(ctx: Context) -> dict:
         f"{model} in {ns}: engine pods cannot be placed on any tier")
     target = RuleTarget.from_endpoint(
         ctx.endpoint, f"fleetserve.{ns}.{ctx.name}", f'namespace="{ns}",service="{ctx.router_name}"',
+        engines=f'namespace="{ns}",service="{ctx.engine_service}"',
         desired=f"sum(kube_deployment_spec_replicas{{{engines}}})",
         ready=f"sum(kube_deployment_status_replicas_available{{{engines}}})",
         extra_alerts=(unschedulable,))

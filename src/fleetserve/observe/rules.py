@@ -65,6 +65,7 @@ class RuleTarget:
     max_error_rate: float = 0.01
     cost_per_hour_usd: float | None = None
     hold_seconds: int = 600
+    engines: str = ""  # the label selector of this endpoint's engine targets (their KV-tier series carry no model)
     desired: str | None = None
     ready: str | None = None
     cost_per_hour: str | None = None
@@ -93,8 +94,11 @@ def _le(bound: float) -> str:
     return f"{bound:g}" if bound != int(bound) else f"{int(bound)}.0"
 
 
-def _rec(name: str, expr: str) -> dict:
-    return {"record": PREFIX + name, "expr": expr}
+def _rec(name: str, expr: str, labels: dict[str, str] | None = None) -> dict:
+    out = {"record": PREFIX + name, "expr": expr}
+    if labels:
+        out["labels"] = labels  # series that keep no label of their endpoint get its namespace and model
+    return out
 
 
 def _ratio(num: str, den: str) -> str:
@@ -126,14 +130,18 @@ def recording_rules(t: RuleTarget) -> list[dict]:
         fast = f'{by} (rate(model_ttfb_milliseconds_bucket{{{sel},le="{le}"}}[{w}]))'
         total = f"{by} (rate(model_ttfb_milliseconds_count{{{sel}}}[{w}]))"
         rules.append(_rec(f"model_ttfb_slow_ratio:rate{w}", f"1 - ({fast}) / ({total})"))
-    hits = "sum by (tier) (rate(fleetserve_kv_tier_hits_total[5m]))"
-    misses = "sum by (tier) (rate(fleetserve_kv_tier_misses_total[5m]))"
-    rules.append(_rec("kv_tier_hit_ratio:rate5m", f"{hits} / ({hits} + {misses})"))
-    model = f"model_name={promql_string(t.model_name)}"
+    # the KV-tier series name no model: they are this endpoint's by its engine targets, and its recorded ratio
+    # carries its namespace and model (a cluster-wide `sum by (tier)` was written by every endpoint's rules alike)
+    own = {"namespace": t.namespace, "model_name": t.model_name}
+    engines = f"{{{t.engines}}}" if t.engines else ""
+    hits = f"sum by (tier) (rate(fleetserve_kv_tier_hits_total{engines}[5m]))"
+    misses = f"sum by (tier) (rate(fleetserve_kv_tier_misses_total{engines}[5m]))"
+    rules.append(_rec("kv_tier_hit_ratio:rate5m", f"{hits} / ({hits} + {misses})", own))
+    model = ",".join(x for x in (f"model_name={promql_string(t.model_name)}", t.engines) if x)
     for w in ("5m", "1h"):
         rules.append(_rec(f"prefix_cache_hit_ratio:rate{w}", _ratio(
             f"sum by (model_name) (rate(vllm:prefix_cache_hits_total{{{model}}}[{w}]))",
-            f"sum by (model_name) (rate(vllm:prefix_cache_queries_total{{{model}}}[{w}]))")))
+            f"sum by (model_name) (rate(vllm:prefix_cache_queries_total{{{model}}}[{w}]))"), own))
     return rules
 
 
@@ -154,20 +162,22 @@ def alerting_rules(t: RuleTarget) -> list[dict]:
         bound = factor * t.max_error_rate
         alerts.append(alert(
             f"FleetserveErrorBudgetBurn{speed}",
-            f"{PREFIX}model_error_ratio:rate{long} > {bound:g} and {PREFIX}model_error_ratio:rate{short} > {bound:g}",
+            f"{PREFIX}model_error_ratio:rate{long}{{{sel}}} > {bound:g} "
+            f"and {PREFIX}model_error_ratio:rate{short}{{{sel}}} > {bound:g}",
             "2m", severity,
             f"{who}: errors burn the {t.max_error_rate:g} error budget {factor:g}x too fast ({long} and {short})"))
     bound = 14.4 * LATENCY_BUDGET
     alerts.append(alert(
         "FleetserveLatencyBudgetBurn",
-        f"{PREFIX}model_ttfb_slow_ratio:rate1h > {bound:g} and {PREFIX}model_ttfb_slow_ratio:rate5m > {bound:g}",
+        f"{PREFIX}model_ttfb_slow_ratio:rate1h{{{sel}}} > {bound:g} "
+        f"and {PREFIX}model_ttfb_slow_ratio:rate5m{{{sel}}} > {bound:g}",
         "2m", "critical",
         f"{who}: more than {bound:.0%} of requests miss the TTFT target of {t.ttft_p95_ms:g} ms (1h and 5m); "
         "check cache reuse and instance type before adding replicas"))
     alerts.append(alert(
         "FleetserveCacheHitCollapse",
-        f"{PREFIX}prefix_cache_hit_ratio:rate5m < 0.5 * {PREFIX}prefix_cache_hit_ratio:rate1h "
-        f"and {PREFIX}prefix_cache_hit_ratio:rate1h >= 0.1",
+        f"{PREFIX}prefix_cache_hit_ratio:rate5m{{{sel}}} < 0.5 * {PREFIX}prefix_cache_hit_ratio:rate1h{{{sel}}} "
+        f"and {PREFIX}prefix_cache_hit_ratio:rate1h{{{sel}}} >= 0.1",
         "10m", "warning",
         f"{who}: the prefix-cache hit ratio fell below half of the last hour's (routing, evictions, a lost L2?)"))
     if t.desired and t.ready:
