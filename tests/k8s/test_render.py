@@ -423,3 +423,18 @@ def test_each_engine_pod_is_scraped_through_one_service():
 
     chosen = [s["metadata"]["name"] for s in _by(rendered, "Service") if selects(s["metadata"]["labels"])]
     assert len(chosen) == 1 and not chosen[0].endswith("-pods"), chosen
+
+
+@pytest.mark.parametrize("kind, waiting", [("vllm", "vllm:num_requests_waiting"), ("sglang", "sglang:num_queue_reqs"),
+                                           ("builtin", "vllm:num_requests_waiting")])
+def test_queue_depth_reads_the_engines_own_waiting_gauge(kind, waiting):
+    """SGLang exports sglang:num_queue_reqs; the query read vLLM's name, and `or vector(0)` hid that it read
+    nothing: queue_depth scaling saw only the router's buffer."""
+    from fleetserve.k8s.context import Context, RenderOptions
+    from fleetserve.k8s.keda import builtin_query
+
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["engine"]["kind"] = kind
+    _, loaded = _objects(doc)
+    query = builtin_query(Context.build(loaded.endpoint, RenderOptions()), "queue_depth")
+    assert waiting in query and ("vllm:" not in query if kind == "sglang" else True)

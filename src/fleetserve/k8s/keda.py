@@ -15,8 +15,9 @@
   activationThreshold 0.
 
 The built-in metrics are read from the router, as the live controller reads the router's /admin/load:
-concurrency = requests in flight at the engines + held at the router; queue_depth = engines' waiting +
-held; request_rate = answered requests per second; ttft_p95 = the router's time to first byte less any wait for
+concurrency = requests in flight at the engines + held at the router; queue_depth = engines' waiting
+(`vllm:num_requests_waiting`, SGLang's `sglang:num_queue_reqs`; the built-in engine exports vLLM's name)
++ held; request_rate = answered requests per second; ttft_p95 = the router's time to first byte less any wait for
 a cold start in its scale-from-zero buffer, p95 over 1 m (a cold start is not a reason for more replicas).
 Later placement tiers get an overflow ScaledObject: they scale on the earlier tier's pods that stay
 unschedulable for the placement's unavailable-offering TTL (the fall-through of capacity/placement.py).
@@ -50,7 +51,11 @@ def builtin_query(ctx: Context, metric: str) -> str:
     if metric == "concurrency":
         return f"{_or0(f'fleetserve_router_backend_in_flight{{{r}}}')} + {pending}"
     if metric == "queue_depth":
-        return f"{_or0(f'vllm:num_requests_waiting{{{e}}}')} + {pending}"
+        # the engines' own waiting gauge: SGLang names it sglang:num_queue_reqs (vLLM's name read nothing there,
+        # and `or vector(0)` hid it: queue_depth scaling saw only the router's buffer)
+        sglang = ctx.endpoint.spec.engine.kind == "sglang"
+        waiting = "sglang:num_queue_reqs" if sglang else "vllm:num_requests_waiting"
+        return f"{_or0(f'{waiting}{{{e}}}')} + {pending}"
     if metric == "request_rate":
         return f"sum(rate(fleetserve_router_requests_total{{{r}}}[1m]))"
     if metric == "ttft_p95":
