@@ -185,3 +185,38 @@ def test_a_schedule_lead_past_a_day_is_an_error_naming_the_field():
     with pytest.raises(SpecError) as caught:
         load_spec_data(data)
     assert "spec.autoscaling.scheduleLeadTime" in str(caught.value) and "86400" in str(caught.value)
+
+
+def test_a_budget_zone_and_a_node_affinity_render_cannot_read_are_errors_naming_the_field():
+    """validate passed both, then `render k8s` died: ZoneInfoNotFoundError, and AttributeError on a string where
+    Kubernetes' NodeAffinity has an object."""
+    import pytest
+
+    from fleetserve.spec.load import SpecError, load_spec_data
+
+    def load(spec: dict):
+        return load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "x"},
+                               "spec": {"model": {"source": "builtin:smollm2-135m"}, **spec}})
+
+    cases = [
+        ({"capacity": {"consolidation": {"budgets": [{"nodes": "1", "timezone": "Nowhere/X"}]}}},
+         "spec.capacity.consolidation.budgets.0", "Nowhere/X"),
+        ({"capacity": {"consolidation": {"budgets": [{"nodes": "1", "schedule": "99 * * * *",
+                                                      "durationSeconds": 60}]}}},
+         "spec.capacity.consolidation.budgets.0", "budget schedule"),
+        ({"placement": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": "x"}}},
+         "spec.placement", "nodeSelectorTerms"),
+        ({"placement": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 500, "preference": {"matchExpressions": []}}]}}}, "spec.placement", "weight"),
+        ({"placement": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "k", "operator": "Near", "values": ["a"]}]}]}}}}, "spec.placement", "Near"),
+    ]
+    for spec, path, said in cases:
+        with pytest.raises(SpecError) as caught:
+            load(spec)
+        text = str(caught.value)
+        assert said in text and (path in text or path.replace(".0", "[0]") in text), text
+    load({"placement": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2a"]}]}]},
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 50, "preference": {"matchExpressions": [
+            {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["g5.xlarge"]}]}}]}}})

@@ -162,6 +162,49 @@ class EngineSection(SpecModel):
         return self
 
 
+NODE_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+
+def _check_term(term: Any, where: str) -> None:
+    """A Kubernetes NodeSelectorTerm: {matchExpressions: [{key, operator, values}]}."""
+    if not isinstance(term, dict):
+        raise ValueError(f"{where} must be an object with matchExpressions")
+    exprs = term.get("matchExpressions") or []
+    if not isinstance(exprs, list):
+        raise ValueError(f"{where}.matchExpressions must be a list")
+    for j, expr in enumerate(exprs):
+        at = f"{where}.matchExpressions[{j}]"
+        if not isinstance(expr, dict) or not isinstance(expr.get("key"), str):
+            raise ValueError(f"{at} must be an object with a key, an operator and values")
+        if expr.get("operator", "In") not in NODE_OPERATORS:
+            raise ValueError(f"{at}.operator {expr.get('operator')!r}; allowed: {', '.join(NODE_OPERATORS)}")
+        values = expr.get("values", [])
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise ValueError(f"{at}.values must be a list of strings")
+
+
+def _check_node_affinity(affinity: dict) -> None:
+    """The shape Kubernetes' NodeAffinity has, checked here: render and placement read it as such (a string where
+    an object belongs was a traceback in `render k8s` after `validate` passed it)."""
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is not None:
+        where = "nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        if not isinstance(required, dict) or not isinstance(required.get("nodeSelectorTerms", []), list):
+            raise ValueError(f"{where} must be an object with a nodeSelectorTerms list")
+        for i, term in enumerate(required.get("nodeSelectorTerms", [])):
+            _check_term(term, f"{where}.nodeSelectorTerms[{i}]")
+    preferred = affinity.get("preferredDuringSchedulingIgnoredDuringExecution")
+    if preferred is not None:
+        where = "nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+        if not isinstance(preferred, list):
+            raise ValueError(f"{where} must be a list of {{weight, preference}}")
+        for i, pref in enumerate(preferred):
+            weight = pref.get("weight") if isinstance(pref, dict) else None
+            if not isinstance(weight, int) or isinstance(weight, bool) or not 1 <= weight <= 100:
+                raise ValueError(f"{where}[{i}].weight must be a whole number from 1 to 100")
+            _check_term(pref.get("preference") or {}, f"{where}[{i}].preference")
+
+
 class PlacementSection(SpecModel):
     """Where replicas may run: an instance-type priority list or Kubernetes node affinity."""
 
@@ -174,6 +217,8 @@ class PlacementSection(SpecModel):
             raise ValueError("placement.instanceTypes and placement.nodeAffinity are mutually exclusive")
         if len(set(self.instance_types)) != len(self.instance_types):
             raise ValueError("placement.instanceTypes lists a type twice")
+        if self.node_affinity:
+            _check_node_affinity(self.node_affinity)
         return self
 
 
@@ -369,6 +414,20 @@ class BudgetSpec(SpecModel):
     def _schedule_with_duration(self) -> BudgetSpec:
         if bool(self.schedule) != bool(self.duration_seconds):
             raise ValueError("budget schedule and durationSeconds go together")
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"budget timezone {self.timezone!r} is not an IANA time zone (like UTC or "
+                             "Europe/Berlin)") from None
+        if self.schedule:
+            from fleetserve.autoscale.schedule import Cron, ScheduleError
+
+            try:
+                Cron.parse(self.schedule)
+            except (ScheduleError, ValueError) as exc:
+                raise ValueError(f"budget schedule: {exc}") from None
         return self
 
 
