@@ -438,3 +438,30 @@ def test_queue_depth_reads_the_engines_own_waiting_gauge(kind, waiting):
     _, loaded = _objects(doc)
     query = builtin_query(Context.build(loaded.endpoint, RenderOptions()), "queue_depth")
     assert waiting in query and ("vllm:" not in query if kind == "sglang" else True)
+
+
+def test_pods_require_every_key_of_the_specs_required_node_affinity():
+    """A zone in the spec's required node affinity reached the NodePool only: the engine pods could be scheduled on
+    any zone's nodes. Alternatives (several terms) stay alternatives, each with the tier's types."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["placement"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["g5.xlarge", "g6e.xlarge"]},
+            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2a"]},
+            {"key": "team", "operator": "Exists"}]}]}}}
+    rendered, _ = _objects(doc)
+    for dep in _by(rendered, "Deployment"):
+        if dep["metadata"]["labels"]["app.kubernetes.io/component"] != "engine":
+            continue
+        terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        keys = [[e["key"] for e in t["matchExpressions"]] for t in terms]
+        assert keys == [["node.kubernetes.io/instance-type", "karpenter.sh/capacity-type",
+                         "topology.kubernetes.io/zone", "team"]], keys
+    doc["spec"]["placement"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] = [
+        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]},
+        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["b"]}]}]
+    rendered, _ = _objects(doc)
+    dep = _by(rendered, "Deployment", "chat-engine")[0]["spec"]["template"]["spec"]  # one tier: every GPU type
+    terms = dep["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [t["matchExpressions"][-1]["values"] for t in terms] == [["a"], ["b"]]

@@ -17,6 +17,7 @@ from fleetserve.capacity.model_fit import gpu_memory_needed_gib, stated_size
 DEFAULT_UNAVAILABLE_TTL = 180.0  # Karpenter's unavailable-offerings cache: 3 minutes
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
+ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,12 @@ from __future__ import annotations
 import math
 from pathlib import PurePosixPath
 
+from fleetserve.capacity.placement import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL
 from fleetserve.engine.adapters import ENGINE_TOKEN_ENV, VLLM_TOKEN_ENV, launch_for
 from fleetserve.k8s.context import ENGINE_PORT, ENGINE_TOKEN_KEY, GPU_ENGINES, INTERNAL_TOKEN_DIR, MODELS_DIR, Context
 from fleetserve.k8s.labels import DISCOVERY_LABEL, TIER_LABEL
 from fleetserve.k8s.redis import engine_l2
 
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 GPU = "nvidia.com/gpu"
 
 
@@ -193,15 +192,26 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
 
 
 def _affinity(ctx: Context, tier: int) -> dict | None:
+    """The tier's instance and capacity types, and every other key the spec's required node affinity names (a zone,
+    a team's own label), term by term: they were in the NodePool only, so pods could land on any zone's nodes."""
     if not ctx.placed:
         return None
     t = ctx.tiers[tier]
     exprs = [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": list(t.instance_types)},
              {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": list(t.capacity_types)}]
     if ctx.options.zones:
-        exprs.append({"key": "topology.kubernetes.io/zone", "operator": "In", "values": list(ctx.options.zones)})
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": exprs}]}}}
+        exprs.append({"key": ZONE_LABEL, "operator": "In", "values": list(ctx.options.zones)})
+    affinity = ctx.endpoint.spec.placement.node_affinity or {}
+    required = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [{}]
+    placed_by_us = {INSTANCE_TYPE_LABEL, CAPACITY_TYPE_LABEL} | ({ZONE_LABEL} if ctx.options.zones else set())
+
+    def own(term: dict) -> list[dict]:
+        return [{k: e[k] for k in ("key", "operator", "values") if k in e}
+                for e in term.get("matchExpressions", []) if e.get("key") not in placed_by_us]
+
+    terms = [{"matchExpressions": exprs + own(term)} for term in required]
+    unique = [t for i, t in enumerate(terms) if t not in terms[:i]]
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": unique}}}
 
 
 def metrics_port(ctx: Context) -> int:

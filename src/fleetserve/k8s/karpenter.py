@@ -16,11 +16,11 @@ from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 from fleetserve.capacity.consolidation import Budget
+from fleetserve.capacity.placement import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL
 from fleetserve.k8s.context import Context
-from fleetserve.k8s.engine import CAPACITY_TYPE_LABEL, GPU, INSTANCE_TYPE_LABEL
+from fleetserve.k8s.engine import GPU
 from fleetserve.k8s.labels import TIER_LABEL, dns_name, label_value
 
-ZONE_LABEL = "topology.kubernetes.io/zone"
 REFERENCE_DAY = datetime(2026, 1, 15, 12, tzinfo=UTC)  # a fixed instant: output must not depend on today
 
 
