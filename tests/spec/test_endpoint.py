@@ -92,8 +92,17 @@ def test_resources_are_kubernetes_quantities():  # the API server refused the re
     assert msg.startswith("spec.engine.resources:") and "limits.memory: '30GB' is not a Kubernetes quantity" in msg
     for bad in ("{requests: {cpu: two}}", "{limits: {cpu: '-1'}}", "{limit: {cpu: 1}}"):
         assert problems(GOOD.replace("  replicas: 2", f"  replicas: 2\n  engine: {{resources: {bad}}}"))
-    good = "  engine: {resources: {limits: {memory: 30Gi, cpu: 500m}, requests: {cpu: 2, memory: 1.5e9}}}"
+    good = "  engine: {resources: {limits: {memory: 30Gi, cpu: 4}, requests: {cpu: 500m, memory: 1.5e9}}}"
     assert load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n" + good)).endpoint.spec.engine.resources
+    # what the API server refuses (this test's "good" example asked 2 cpu under a 500m limit until it did)
+    for bad, said in (("{requests: {cpu: 2}, limits: {cpu: 500m}}", "requests.cpu (2) is above limits.cpu (500m)"),
+                      ("{requests: {memory: 2Gi}, limits: {memory: 1Gi}}", "requests.memory (2Gi) is above"),
+                      ("{requests: {nvidia.com/gpu: 2}}", "needs limits.nvidia.com/gpu of the same amount")):
+        (msg,) = problems(GOOD.replace("  replicas: 2", f"  replicas: 2\n  engine: {{resources: {bad}}}"))
+        assert said in msg, msg
+    (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n  engine: {gpus: 1, resources: {limits: "
+                                                    "{nvidia.com/gpu: 2}}}"))
+    assert "disagrees with engine.gpus (1)" in msg, msg
 
 
 def test_a_floor_above_max_replicas_is_refused_and_replicas_above_it_warned():

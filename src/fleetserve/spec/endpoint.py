@@ -102,6 +102,24 @@ class ModelSection(SpecModel):
         return value
 
 
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def _check_requests_within_limits(resources: dict[str, Any]) -> None:
+    """What the API server refuses: a request above its limit, and an extended resource (a name with a `/`, such
+    as nvidia.com/gpu) requested without an equal limit (they cannot be overcommitted)."""
+    from fleetserve.capacity.placement import quantity
+
+    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+    for name, asked in requests.items():
+        cap = limits.get(name)
+        if "/" in name and (cap is None or quantity(cap) != quantity(asked)):
+            raise ValueError(f"requests.{name} ({asked}) needs limits.{name} of the same amount: extended resources "
+                             "cannot be overcommitted")
+        if cap is not None and quantity(asked) > quantity(cap):
+            raise ValueError(f"requests.{name} ({asked}) is above limits.{name} ({cap})")
+
+
 class EngineSection(SpecModel):
     """Which server runs the model on each replica."""
 
@@ -140,6 +158,7 @@ class EngineSection(SpecModel):
                     raise ValueError(f"{section}.{name}: {amount!r} is not a Kubernetes quantity (e.g. "
                                      "500m, 4, 30Gi, 32G, 1e9; binary suffixes Ki Mi Gi Ti Pi Ei, decimal k M G T P "
                                      "E)")
+        _check_requests_within_limits(value or {})
         return value
 
     @field_validator("probes")
@@ -149,6 +168,17 @@ class EngineSection(SpecModel):
             if name not in PROBE_NAMES:
                 raise ValueError(f"unknown probe {name!r}; allowed: {', '.join(PROBE_NAMES)}")
         return value
+
+    @model_validator(mode="after")
+    def _gpus_agree(self) -> EngineSection:
+        """GPUs come from engine.gpus; a different count in resources was overridden without a word."""
+        for section, amounts in (self.resources or {}).items():
+            asked = amounts.get(GPU_RESOURCE) if isinstance(amounts, dict) else None
+            if asked is not None and self.gpus and str(asked) != str(self.gpus):
+                raise ValueError(f"engine.resources.{section}.{GPU_RESOURCE} ({asked}) disagrees with engine.gpus "
+                                 f"({self.gpus}); GPUs come from engine.gpus: drop it from resources or make them "
+                                 "equal")
+        return self
 
     @model_validator(mode="after")
     def _external_needs_urls(self) -> EngineSection:
