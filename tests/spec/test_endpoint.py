@@ -229,3 +229,15 @@ def test_a_budget_zone_and_a_node_affinity_render_cannot_read_are_errors_naming_
         {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2a"]}]}]},
         "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 50, "preference": {"matchExpressions": [
             {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["g5.xlarge"]}]}}]}}})
+
+
+def test_engine_args_may_not_set_the_flags_the_adapters_set():
+    """vLLM takes the last --port: one in engine.args moved the server off the port the container, probes and Service
+    use, and the pod never became ready."""
+    for args, flag in ((["--port", "9000"], "--port"), (["--port=9000"], "--port"), (["--host", "::"], "--host")):
+        spec = f"  replicas: 2\n  engine: {{kind: vllm, args: {args}}}"
+        (msg,) = problems(GOOD.replace("  replicas: 2", spec))
+        assert f"engine.args sets {flag}" in msg, msg
+    engine = "  engine: {kind: vllm, args: [--max-model-len, '4096'], port: 9000}"
+    ok = GOOD.replace("  replicas: 2", "  replicas: 2\n" + engine)
+    assert load_spec_text(ok).endpoint.spec.engine.port == 9000

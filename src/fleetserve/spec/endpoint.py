@@ -103,6 +103,9 @@ class ModelSection(SpecModel):
 
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# flags of vLLM and SGLang that the adapters set (engine/adapters.py), with where to say what they say
+# (a key of the user's own, --api-key, stays a warning of render: spec/effects names the 401s it brings)
+OWNED_ENGINE_FLAGS = {"--port": "use engine.port", "--host": "the engine listens on every interface of its pod"}
 
 
 def _check_requests_within_limits(resources: dict[str, Any]) -> None:
@@ -168,6 +171,19 @@ class EngineSection(SpecModel):
             if name not in PROBE_NAMES:
                 raise ValueError(f"unknown probe {name!r}; allowed: {', '.join(PROBE_NAMES)}")
         return value
+
+    @model_validator(mode="after")
+    def _no_flags_we_set(self) -> EngineSection:
+        """vLLM and SGLang take the last of a repeated flag: a --port in args after ours moved the server away from
+        the port the container, probes and Service use (the pod never became ready)."""
+        if self.kind not in ("vllm", "sglang"):
+            return self
+        for arg in self.args:
+            flag = str(arg).split("=", 1)[0]
+            if flag in OWNED_ENGINE_FLAGS:
+                raise ValueError(f"engine.args sets {flag}, which fleetserve sets itself: "
+                                 f"{OWNED_ENGINE_FLAGS[flag]}")
+        return self
 
     @model_validator(mode="after")
     def _gpus_agree(self) -> EngineSection:
