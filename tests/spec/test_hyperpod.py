@@ -318,3 +318,13 @@ def test_builtin_engine_port_warns_locally():
            "spec": {"model": {"source": "builtin:tiny"}, "engine": {"port": 9000}}}
     paths = {w.path for w in load_spec_text(yaml.safe_dump(doc)).warnings}
     assert "spec.engine.port" in paths
+
+
+def test_without_kv_cache_spec_nothing_is_offloaded():
+    """HyperPod offloads KV to CPU memory only when kvCacheSpec is given; our own L1 default switched on LMCache
+    (vLLM) or HiCache (SGLang) for a spec that asked for no cache tier."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    del doc["spec"]["kvCacheSpec"]
+    kv = load_spec_text(yaml.safe_dump(doc)).endpoint.spec.kv_cache
+    assert not kv.l1.enabled and not kv.l2.enabled
+    assert load_spec(EXAMPLE).endpoint.spec.kv_cache.l1.enabled  # given: its L1 default holds

@@ -386,6 +386,10 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
         spec["kvCache"] = {"l1": {"enabled": kv.get("enableL1Cache", True)}, "l2": l2}
         if kv.get("cacheConfigFile"):
             warn("spec.kvCacheSpec.cacheConfigFile", "LMCache config files are passed to vLLM only; builtin ignores it")
+    else:
+        # HyperPod offloads KV to CPU memory only when kvCacheSpec is given (its L1 default applies inside it);
+        # our own default L1 turned on LMCache / SGLang's HiCache for a spec that asked for none
+        spec["kvCache"] = {"l1": {"enabled": False}}
     routing = s.get("intelligentRoutingSpec") or {}
     lb = s.get("loadBalancer") or {}
     if routing.get("enabled"):
