@@ -172,7 +172,8 @@ def alerting_rules(t: RuleTarget) -> list[dict]:
         f"{PREFIX}model_ttfb_slow_ratio:rate1h{{{sel}}} > {bound:g} "
         f"and {PREFIX}model_ttfb_slow_ratio:rate5m{{{sel}}} > {bound:g}",
         "2m", "critical",
-        f"{who}: more than {bound:.0%} of requests miss the TTFT target of {t.ttft_p95_ms:g} ms (1h and 5m); "
+        f"{who}: more than {bound:.0%} of requests miss the TTFT target of {t.ttft_p95_ms:g} ms (counted at the "
+        f"histogram's {slow_bucket(t.ttft_p95_ms):g} ms bucket; 1h and 5m); "
         "check cache reuse and instance type before adding replicas"))
     alerts.append(alert(
         "FleetserveCacheHitCollapse",
@@ -190,7 +191,7 @@ def alerting_rules(t: RuleTarget) -> list[dict]:
             f"{who}: the fleet costs more than ${t.cost_per_hour_usd:g} per hour (spec.slo.costPerHourUsd)"))
     alerts += [
         alert("FleetserveHighErrorRate", f"{errors} / {calls} > {t.max_error_rate:g}", "10m", "warning",
-               f"{who}: more than {t.max_error_rate:.0%} of invocations fail"),
+               f"{who}: more than {t.max_error_rate:.2%} of invocations fail"),
         alert("FleetserveRequestsHeldAtZero", f"sum({PENDING_METRIC}{{{t.router}}}) > 0", f"{t.hold_seconds}s",
                "warning", f"{who}: requests wait at the router longer than a cold start (scale-from-zero is not "
                           "happening)"),
