@@ -465,3 +465,14 @@ def test_pods_require_every_key_of_the_specs_required_node_affinity():
     dep = _by(rendered, "Deployment", "chat-engine")[0]["spec"]["template"]["spec"]  # one tier: every GPU type
     terms = dep["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert [t["matchExpressions"][-1]["values"] for t in terms] == [["a"], ["b"]]
+
+
+def test_hyperpods_model_metric_trigger_in_front_of_vllm_is_named():
+    """HyperPod's example scales on sum(model_concurrent_requests{...}), which only the built-in engine exports: in
+    front of vLLM it read 0 (ignoreNullValues) and never scaled past minReplicaCount, without a word."""
+    rendered, _ = _objects(ROOT / "examples" / "hyperpod.yaml")
+    paths = {w.path: w.message for w in rendered.warnings}
+    assert "model_*" in paths.get("spec.autoscaling.triggers[0].query", "")
+    assert "model_*" in paths.get("spec.metrics", "")
+    builtin, _ = _objects(BUILTIN_TENANTS)  # the built-in engine exports them
+    assert not any("model_*" in w.message for w in builtin.warnings)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from fleetserve.autoscale.policy import RatePolicy, ScalingPolicy
 from fleetserve.autoscale.schedule import Cron
-from fleetserve.k8s.context import Context, num
+from fleetserve.k8s.context import GPU_ENGINES, Context, num
 from fleetserve.k8s.labels import TIER_LABEL
 
 PENDING_METRIC = "fleetserve_router_pending_requests"
@@ -100,6 +100,11 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
         if trig.metric == "prometheus":
             # the policy keeps metric/target/activation; the query and server stay in the spec, same index
             st = spec_triggers[i]
+            if ctx.endpoint.spec.engine.kind in GPU_ENGINES and "model_" in (st.query or ""):
+                warn(f"spec.autoscaling.triggers[{i}].query",
+                     f"reads HyperPod's model_* metrics, which {ctx.endpoint.spec.engine.kind} does not export (the "
+                     "built-in engine does): with ignoreNullValues it reads 0 and never scales past "
+                     "minReplicaCount; query the router's fleetserve_router_* series or the engine's own instead")
             out.append(_prometheus(f"t{i}-prometheus", st.server_address or server, st.query, trig.target,
                                    trig.activation_target, trig.kind))
         else:

@@ -75,5 +75,10 @@ def monitoring_objects(ctx: Context, warn) -> list[dict]:
         out.append(_service_monitor(ctx, ctx.engine_service, "engine", port, "http",
                                     spec.metrics.model_metrics_path or "/metrics",
                                     ENGINE_TOKEN_KEY if spec.engine.kind in GPU_ENGINES else "token"))
+    if spec.engine.kind in GPU_ENGINES:
+        warn("spec.metrics", f"{spec.engine.kind} does not export HyperPod's model_* metrics (the built-in engine "
+                             "does): the model_* recording rules, the error and latency burn alerts and the "
+                             "dashboard's model panels stay empty; the router's fleetserve_router_* series and the "
+                             "engine's own metrics are scraped")
     out.append(_rules(ctx))
     return out
