@@ -476,3 +476,20 @@ def test_hyperpods_model_metric_trigger_in_front_of_vllm_is_named():
     assert "model_*" in paths.get("spec.metrics", "")
     builtin, _ = _objects(BUILTIN_TENANTS)  # the built-in engine exports them
     assert not any("model_*" in w.message for w in builtin.warnings)
+
+
+def test_a_daily_budget_that_falls_on_the_previous_utc_day_is_shifted_and_warned_once():
+    """02:00 every day in Kolkata is 20:30 UTC every day: it was written unshifted ('used as UTC', 5.5 h off), and
+    the warning came once per NodePool. A weekday-bound one cannot move days and stays a warning, once."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["capacity"]["consolidation"]["budgets"] = [
+        {"nodes": "1", "schedule": "0 2 * * *", "durationSeconds": 3600, "timezone": "Asia/Kolkata"},
+        {"nodes": "0", "schedule": "0 2 * * 1-5", "durationSeconds": 3600, "timezone": "Asia/Kolkata"}]
+    rendered, _ = _objects(doc)
+    pools = _by(rendered, "NodePool")
+    assert len(pools) > 1
+    for pool in pools:
+        daily, weekdays = pool["spec"]["disruption"]["budgets"]
+        assert daily["schedule"] == "30 20 * * *" and weekdays["schedule"] == "0 2 * * 1-5"
+    moved = [w for w in rendered.warnings if "another UTC day" in w.message]
+    assert len(moved) == 1 and "budgets[1]" in moved[0].path

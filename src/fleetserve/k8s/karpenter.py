@@ -50,11 +50,13 @@ def _utc_cron(budget: Budget, index: int, warn) -> str:
              f"Karpenter schedules are UTC; {cron.text!r} cannot be shifted from {budget.timezone}, used as UTC")
         return cron.text
     total = next(iter(cron.hours)) * 60 + next(iter(cron.minutes)) - minutes
-    if not 0 <= total < 24 * 60:
-        warn(f"spec.capacity.consolidation.budgets[{index}].timezone",
-             f"{cron.text!r} in {budget.timezone} falls on another UTC day; used as UTC")
-        return cron.text
     fields = cron.text.split()
+    if not 0 <= total < 24 * 60:
+        if fields[2:] != ["*", "*", "*"]:  # a day of the month or week would move with it
+            warn(f"spec.capacity.consolidation.budgets[{index}].timezone",
+                 f"{cron.text!r} in {budget.timezone} falls on another UTC day; used as UTC")
+            return cron.text
+        total %= 24 * 60  # every day: the UTC day it falls on is every day too (02:00 Kolkata is 20:30 UTC)
     if ZoneInfo(budget.timezone).utcoffset(datetime(2026, 7, 15)) != offset:
         warn(f"spec.capacity.consolidation.budgets[{index}].timezone",
              f"{budget.timezone} has daylight saving time; the UTC schedule is off by an hour half the year")

@@ -78,7 +78,9 @@ def render(endpoint: Endpoint, options: RenderOptions | None = None) -> Rendered
     notes: list[SpecProblem] = []
 
     def warn(path: str, message: str) -> None:
-        notes.append(SpecProblem(path, message))
+        note = SpecProblem(path, message)
+        if note not in notes:  # one per finding, however many objects (a budget's NodePool per tier) meet it
+            notes.append(note)
 
     objects: list[dict] = []
     for family in (engine_objects, router_objects, redis_objects, keda_objects, karpenter_objects,
