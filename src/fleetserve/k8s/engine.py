@@ -24,8 +24,9 @@ from fleetserve.engine.adapters import ENGINE_TOKEN_ENV, VLLM_TOKEN_ENV, launch_
 from fleetserve.k8s.context import ENGINE_PORT, ENGINE_TOKEN_KEY, GPU_ENGINES, INTERNAL_TOKEN_DIR, MODELS_DIR, Context
 from fleetserve.k8s.labels import DISCOVERY_LABEL, TIER_LABEL
 from fleetserve.k8s.redis import engine_l2
+from fleetserve.spec.endpoint import GPU_RESOURCE
 
-GPU = "nvidia.com/gpu"
+GPU = GPU_RESOURCE
 
 
 def engine_port(ctx: Context) -> int:
@@ -201,17 +202,19 @@ def _affinity(ctx: Context, tier: int) -> dict | None:
              {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": list(t.capacity_types)}]
     if ctx.options.zones:
         exprs.append({"key": ZONE_LABEL, "operator": "In", "values": list(ctx.options.zones)})
-    affinity = ctx.endpoint.spec.placement.node_affinity or {}
-    required = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [{}]
-    placed_by_us = {INSTANCE_TYPE_LABEL, CAPACITY_TYPE_LABEL} | ({ZONE_LABEL} if ctx.options.zones else set())
-
-    def own(term: dict) -> list[dict]:
-        return [{k: e[k] for k in ("key", "operator", "values") if k in e}
-                for e in term.get("matchExpressions", []) if e.get("key") not in placed_by_us]
-
-    terms = [{"matchExpressions": exprs + own(term)} for term in required]
+    terms = [{"matchExpressions": exprs + extra} for extra in required_extras(ctx) or [[]]]
     unique = [t for i, t in enumerate(terms) if t not in terms[:i]]
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": unique}}}
+
+
+def required_extras(ctx: Context) -> list[list[dict]]:
+    """Per term of the spec's required node affinity, the expressions on keys the tiers do not set themselves
+    (a zone, a team's own label): pods and NodePools both carry them."""
+    affinity = ctx.endpoint.spec.placement.node_affinity or {}
+    required = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    set_by_tiers = {INSTANCE_TYPE_LABEL, CAPACITY_TYPE_LABEL} | ({ZONE_LABEL} if ctx.options.zones else set())
+    return [[{k: e[k] for k in ("key", "operator", "values") if k in e}
+             for e in term.get("matchExpressions", []) if e.get("key") not in set_by_tiers] for term in required]
 
 
 def metrics_port(ctx: Context) -> int:

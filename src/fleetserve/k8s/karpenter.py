@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 from fleetserve.capacity.consolidation import Budget
 from fleetserve.capacity.placement import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL
 from fleetserve.k8s.context import Context
-from fleetserve.k8s.engine import GPU
+from fleetserve.k8s.engine import GPU, required_extras
 from fleetserve.k8s.labels import TIER_LABEL, dns_name, label_value
 
 REFERENCE_DAY = datetime(2026, 1, 15, 12, tzinfo=UTC)  # a fixed instant: output must not depend on today
@@ -68,14 +68,9 @@ def _requirements(ctx: Context, tier: int) -> list[dict]:
     reqs = [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": sorted(t.instance_types)},
             {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": sorted(t.capacity_types)}]
     zones = list(ctx.options.zones)
-    affinity = ctx.endpoint.spec.placement.node_affinity or {}
-    required = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
-    if len(required) == 1:  # extra keys (zones, custom labels) carry over when the terms are not alternatives
-        for expr in required[0].get("matchExpressions", []):
-            if expr.get("key") not in (INSTANCE_TYPE_LABEL, CAPACITY_TYPE_LABEL):
-                if expr.get("key") == ZONE_LABEL and zones:
-                    continue
-                reqs.append({k: expr[k] for k in ("key", "operator", "values") if k in expr})
+    extras = required_extras(ctx)
+    if len(extras) == 1:  # extra keys (zones, custom labels) carry over when the terms are not alternatives
+        reqs += extras[0]
     if zones:
         reqs.append({"key": ZONE_LABEL, "operator": "In", "values": sorted(zones)})
     return reqs
