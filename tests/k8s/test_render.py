@@ -478,18 +478,29 @@ def test_hyperpods_model_metric_trigger_in_front_of_vllm_is_named():
     assert not any("model_*" in w.message for w in builtin.warnings)
 
 
-def test_a_daily_budget_that_falls_on_the_previous_utc_day_is_shifted_and_warned_once():
+def test_a_budget_that_falls_on_another_utc_day_is_shifted_with_its_weekdays_and_warned_once():
     """02:00 every day in Kolkata is 20:30 UTC every day: it was written unshifted ('used as UTC', 5.5 h off), and
-    the warning came once per NodePool. A weekday-bound one cannot move days and stays a warning, once."""
+    the warning came once per NodePool. 02:00 Monday-Friday there is 20:30 Sunday-Thursday UTC, and 23:00
+    Saturday in Auckland (UTC+13 in January) is 10:00 Saturday UTC, and 22:00 Saturday in New York is 03:00 Sunday UTC; only a day of the month, which would move
+    across month ends, stays a warning (once)."""
     doc = copy.deepcopy(FULL)
     doc["spec"]["capacity"]["consolidation"]["budgets"] = [
         {"nodes": "1", "schedule": "0 2 * * *", "durationSeconds": 3600, "timezone": "Asia/Kolkata"},
-        {"nodes": "0", "schedule": "0 2 * * 1-5", "durationSeconds": 3600, "timezone": "Asia/Kolkata"}]
+        {"nodes": "0", "schedule": "0 2 * * 1-5", "durationSeconds": 3600, "timezone": "Asia/Kolkata"},
+        {"nodes": "0", "schedule": "0 2 * * sun,sat", "durationSeconds": 3600, "timezone": "Asia/Kolkata"},
+        {"nodes": "2", "schedule": "0 23 * * 6", "durationSeconds": 3600, "timezone": "Pacific/Auckland"},
+        {"nodes": "1", "schedule": "0 22 * * sat", "durationSeconds": 3600, "timezone": "America/New_York"},
+        {"nodes": "0", "schedule": "0 2 1 * *", "durationSeconds": 3600, "timezone": "Asia/Kolkata"}]
     rendered, _ = _objects(doc)
     pools = _by(rendered, "NodePool")
     assert len(pools) > 1
     for pool in pools:
-        daily, weekdays = pool["spec"]["disruption"]["budgets"]
-        assert daily["schedule"] == "30 20 * * *" and weekdays["schedule"] == "0 2 * * 1-5"
+        daily, weekdays, weekend, saturday, new_york, monthly = pool["spec"]["disruption"]["budgets"]
+        assert daily["schedule"] == "30 20 * * *"
+        assert weekdays["schedule"] == "30 20 * * 0,1,2,3,4"
+        assert weekend["schedule"] == "30 20 * * 5,6"
+        assert saturday["schedule"] == "0 10 * * 6"
+        assert new_york["schedule"] == "0 3 * * 0"  # 22:00 Saturday at UTC-5 is 03:00 Sunday
+        assert monthly["schedule"] == "0 2 1 * *"
     moved = [w for w in rendered.warnings if "another UTC day" in w.message]
-    assert len(moved) == 1 and "budgets[1]" in moved[0].path
+    assert len(moved) == 1 and "budgets[5]" in moved[0].path

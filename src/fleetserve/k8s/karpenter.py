@@ -52,10 +52,14 @@ def _utc_cron(budget: Budget, index: int, warn) -> str:
     total = next(iter(cron.hours)) * 60 + next(iter(cron.minutes)) - minutes
     fields = cron.text.split()
     if not 0 <= total < 24 * 60:
-        if fields[2:] != ["*", "*", "*"]:  # a day of the month or week would move with it
+        if fields[2:4] != ["*", "*"]:  # a day of the month would move across month ends with it
             warn(f"spec.capacity.consolidation.budgets[{index}].timezone",
                  f"{cron.text!r} in {budget.timezone} falls on another UTC day; used as UTC")
             return cron.text
+        if fields[4] != "*":  # weekdays move with it: 01:00 Monday in Berlin is 00:00 Monday UTC, 02:00 Monday in
+            # Kolkata is 20:30 Sunday UTC
+            shift = total // (24 * 60)
+            fields[4] = ",".join(str(d) for d in sorted((d + shift) % 7 for d in cron.weekdays))
         total %= 24 * 60  # every day: the UTC day it falls on is every day too (02:00 Kolkata is 20:30 UTC)
     if ZoneInfo(budget.timezone).utcoffset(datetime(2026, 7, 15)) != offset:
         warn(f"spec.capacity.consolidation.budgets[{index}].timezone",
