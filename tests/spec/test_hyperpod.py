@@ -328,3 +328,18 @@ def test_without_kv_cache_spec_nothing_is_offloaded():
     kv = load_spec_text(yaml.safe_dump(doc)).endpoint.spec.kv_cache
     assert not kv.l1.enabled and not kv.l2.enabled
     assert load_spec(EXAMPLE).endpoint.spec.kv_cache.l1.enabled  # given: its L1 default holds
+
+
+def test_model_metrics_without_a_port_names_the_port_the_server_listens_on():
+    """HyperPod's CRD defaults modelMetrics.port to 8080; a model server on 30000 (SGLang's habit) or 8000 then is
+    scraped where nothing listens and every model_* / vllm:* panel stays empty without a word."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["metrics"]["modelMetrics"] = {"path": "/metrics"}
+    doc["spec"]["worker"]["modelInvocationPort"]["containerPort"] = 30000
+    loaded = load_spec_text(yaml.safe_dump(doc))
+    assert loaded.endpoint.spec.metrics.model_metrics_port == 8080  # the CRD's default is honoured
+    message = {w.path: w.message for w in loaded.warnings}["spec.metrics.modelMetrics.port"]
+    assert "30000" in message and "8080" in message
+    assert "spec.metrics.modelMetrics.port" not in {w.path for w in load_spec(EXAMPLE).warnings}  # port: 8000 given
+    doc["spec"]["worker"]["modelInvocationPort"]["containerPort"] = 8080  # the default is where it listens
+    assert "spec.metrics.modelMetrics.port" not in {w.path for w in load_spec_text(yaml.safe_dump(doc)).warnings}

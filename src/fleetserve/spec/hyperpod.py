@@ -26,6 +26,8 @@ KIND = "InferenceEndpointConfig"
 CRD_FILE = "inference.sagemaker.aws.amazon.com_inferenceendpointconfigs.yaml"
 CRD_VERSION = "v1"
 
+HYPERPOD_METRICS_PORT = 8080  # the CRD's default for metrics.modelMetrics.port
+
 
 def _strict(schema: Any) -> Any:
     """Reject unknown fields wherever the CRD lists properties (and does not preserve unknown fields)."""
@@ -347,7 +349,13 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
     spec = out["spec"]
     if model_metrics:
         spec["metrics"]["modelMetricsPath"] = model_metrics.get("path", "/metrics")
-        spec["metrics"]["modelMetricsPort"] = model_metrics.get("port", 8080)
+        spec["metrics"]["modelMetricsPort"] = model_metrics.get("port", HYPERPOD_METRICS_PORT)
+        serves = s["worker"]["modelInvocationPort"]["containerPort"]
+        if "port" not in model_metrics and serves != HYPERPOD_METRICS_PORT:
+            warn("spec.metrics.modelMetrics.port", f"not set: HyperPod's default {HYPERPOD_METRICS_PORT} is scraped, "
+                 f"but the model server listens on {serves} (worker.modelInvocationPort), where vLLM, SGLang and "
+                 f"the built-in engine serve /metrics; set port: {serves} unless the image serves metrics on "
+                 f"{HYPERPOD_METRICS_PORT}")
     types = [s["instanceType"]] if s.get("instanceType") else list(s.get("instanceTypes") or [])
     spec["placement"] = {"instanceTypes": types, "nodeAffinity": s.get("nodeAffinity")}
     if s["worker"].get("requestLimits"):
