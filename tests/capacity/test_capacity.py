@@ -264,3 +264,18 @@ def test_the_live_fleets_simulated_cloud_never_places_a_model_its_gpus_cannot_ho
     assert isinstance(refused, InsufficientCapacity) and "GiB of GPU memory" in refused.reason
     placed = manager("hf:meta-llama/Llama-3.1-8B-Instruct", "g5.xlarge").acquire("r0", 0.0)
     assert not isinstance(placed, InsufficientCapacity)
+
+
+def test_a_replica_asks_for_the_memory_its_l1_tier_fills():
+    """The L1 tier (LMCache's CPU buffer, SGLang's HiCache, the built-in engine's L1) lives in the pod's memory."""
+    from types import SimpleNamespace
+
+    from fleetserve.capacity.placement import fits, replica_request
+
+    l1 = SimpleNamespace(l1=SimpleNamespace(enabled=True, max_bytes=64 << 30))
+    engine = SimpleNamespace(gpus=1, resources={"requests": {"cpu": "6", "memory": "30Gi"}})
+    assert replica_request(engine, kv_cache=l1).memory_gb == 64.0
+    assert replica_request(SimpleNamespace(gpus=1, resources=None), kv_cache=l1).memory_gb == 64.0
+    off = SimpleNamespace(l1=SimpleNamespace(enabled=False, max_bytes=64 << 30))
+    assert replica_request(engine, kv_cache=off).memory_gb == 30.0
+    assert not fits(CATALOG.get("g5.2xlarge"), replica_request(engine, kv_cache=l1), allow_larger=False)  # 32 GiB

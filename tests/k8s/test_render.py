@@ -504,3 +504,30 @@ def test_a_budget_that_falls_on_another_utc_day_is_shifted_with_its_weekdays_and
         assert monthly["schedule"] == "0 2 1 * *"
     moved = [w for w in rendered.warnings if "another UTC day" in w.message]
     assert len(moved) == 1 and "budgets[5]" in moved[0].path
+
+
+def test_engine_pods_request_the_memory_of_their_l1_tier():
+    """A vLLM pod with a 64 GiB LMCache buffer requested no memory: scheduled on any node, OOM-killed when L1
+    filled. It now requests the L1 (raised where the spec asks less, with a warning); a limit below it is named."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["kvCache"]["l1"] = {"enabled": True, "maxBytes": 64 << 30}
+    doc["spec"]["placement"]["instanceTypes"] = ["ml.g5.12xlarge"]
+
+    def engine(d):
+        rendered, _ = _objects(d)
+        pod = _by(rendered, "Deployment", "chat-engine")[0]["spec"]["template"]["spec"]
+        return pod["containers"][0]["resources"], {w.path: w.message for w in rendered.warnings}
+
+    resources, warnings = engine(doc)
+    assert resources["requests"]["memory"] == "64Gi" and "memory" not in resources["limits"]
+    assert "spec.engine.resources" not in warnings
+    doc["spec"]["engine"]["resources"] = {"requests": {"memory": "30Gi"}}
+    resources, warnings = engine(doc)
+    assert resources["requests"]["memory"] == "64Gi" and "30Gi" in warnings["spec.engine.resources"]
+    doc["spec"]["engine"]["resources"] = {"limits": {"memory": "32Gi"}}
+    resources, warnings = engine(doc)
+    assert resources["limits"]["memory"] == "32Gi" and "memory" not in resources["requests"]  # cannot exceed it
+    assert "OOM" in warnings["spec.engine.resources"]
+    doc["spec"]["engine"]["resources"] = {"requests": {"memory": "80Gi"}}
+    resources, warnings = engine(doc)
+    assert resources["requests"]["memory"] == "80Gi" and "spec.engine.resources" not in warnings

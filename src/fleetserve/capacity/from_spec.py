@@ -57,4 +57,4 @@ def capacity_manager(spec, catalog: Catalog, now: float, namespace: str, *, clou
         seed=sim.seed + seed_offset)
     # with the GPU memory the model its spec states needs (model_fit): a 70B on one 24 GB GPU is never placed
     return CapacityManager(provider, catalog, tiers_from_spec(spec.placement, catalog, capacity_types),
-                           replica_request(spec.engine, spec.model), **common)
+                           replica_request(spec.engine, spec.model, spec.kv_cache), **common)

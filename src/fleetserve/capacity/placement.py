@@ -138,16 +138,23 @@ def quantity(value) -> float:
     return float(text)
 
 
-def replica_request(engine, model=None) -> ReplicaRequest:
+def l1_memory_bytes(kv_cache) -> int:
+    """The host memory the L1 tier fills (the built-in engine's L1, LMCache's local CPU buffer under vLLM, SGLang's
+    HiCache): a replica's pod must hold at least that much."""
+    return kv_cache.l1.max_bytes if kv_cache is not None and kv_cache.l1.enabled else 0
+
+
+def replica_request(engine, model=None, kv_cache=None) -> ReplicaRequest:
     """What one replica asks of a node: `engine.gpus` (at least one on a GPU type), and the cpu and memory its pod
-    requests (`engine.resources.requests`, else its limits, as Kubernetes defaults them); with the spec's `model`,
-    also the GPU memory the parameter count it states needs (`model_fit`). Without the cpu and memory, `plan`
-    verified HyperPod's example (cpu 6, 30Gi) on a g6e.xlarge of 4 vCPUs and 32 GiB, and render wrote a
-    Deployment that could never be scheduled there."""
+    requests (`engine.resources.requests`, else its limits, as Kubernetes defaults them; memory at least the L1
+    tier of `kv_cache`); with the spec's `model`, also the GPU memory the parameter count it states needs
+    (`model_fit`). Without the cpu and memory, `plan` verified HyperPod's example (cpu 6, 30Gi) on a g6e.xlarge of 4
+    vCPUs and 32 GiB, and render wrote a Deployment that could never be scheduled there."""
     resources = engine.resources or {}
     asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
     cpu = quantity(asked["cpu"]) if "cpu" in asked else 0.0
-    memory = quantity(asked["memory"]) / 2**30 if "memory" in asked else 0.0  # GiB, as instance types state it
+    memory = quantity(asked["memory"]) if "memory" in asked else 0.0
+    memory = max(memory, l1_memory_bytes(kv_cache)) / 2**30  # GiB, as instance types state it
     gpus = engine.gpus or 1
     size = stated_size(model, engine) if model is not None else None
     gpu_memory = gpu_memory_needed_gib(size, gpus) if size is not None else 0.0

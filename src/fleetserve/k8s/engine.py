@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 from pathlib import PurePosixPath
 
-from fleetserve.capacity.placement import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL
+from fleetserve.capacity.placement import (CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL, l1_memory_bytes,
+                                          quantity)
 from fleetserve.engine.adapters import ENGINE_TOKEN_ENV, VLLM_TOKEN_ENV, launch_for
 from fleetserve.k8s.context import ENGINE_PORT, ENGINE_TOKEN_KEY, GPU_ENGINES, INTERNAL_TOKEN_DIR, MODELS_DIR, Context
 from fleetserve.k8s.labels import DISCOVERY_LABEL, TIER_LABEL
@@ -186,10 +187,37 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
     if spec.engine.gpus:
         for section in ("limits", "requests"):
             resources[section] = {**resources.get(section, {}), GPU: str(spec.engine.gpus)}
+    resources, _warning = memory_for_l1(ctx, resources)
     if resources:
         container["resources"] = resources
     container["__metrics_path"] = spec.metrics.model_metrics_path or metrics_path
     return container
+
+
+def memory_quantity(n: int) -> str:
+    """Bytes as a Kubernetes quantity a person reads: 64Gi, else whole MiB rounded up."""
+    return f"{n >> 30}Gi" if n % (1 << 30) == 0 else f"{-(-n // (1 << 20))}Mi"
+
+
+def memory_for_l1(ctx: Context, resources: dict) -> tuple[dict, str | None]:
+    """The pod's resources with memory for its L1 tier (`placement.l1_memory_bytes`), and why when the spec's own
+    memory cannot hold it. A vLLM pod with a 64 GiB LMCache buffer requested no memory: it was scheduled on any
+    node and OOM-killed when L1 filled; the simulator and `plan` placed it by that memory all along."""
+    need = l1_memory_bytes(ctx.endpoint.spec.kv_cache)
+    if not need:
+        return resources, None
+    requests, limits = dict(resources.get("requests") or {}), resources.get("limits") or {}
+    l1 = f"the L1 tier's {memory_quantity(need)} (kvCache.l1.maxBytes)"
+    if "memory" in limits and quantity(limits["memory"]) < need:
+        return resources, (f"limits.memory {limits['memory']} is below {l1}: the engine is OOM-killed when L1 "
+                           "fills; raise the limit or lower l1.maxBytes")
+    asked = requests.get("memory", limits.get("memory"))
+    if asked is not None and quantity(asked) >= need:
+        return resources, None
+    requests["memory"] = memory_quantity(need)
+    why = None if asked is None else (f"requests.memory {asked} is below {l1}: the pod requests "
+                                      f"{memory_quantity(need)} so that it lands on a node that holds its L1")
+    return {**resources, "requests": requests}, why
 
 
 def _affinity(ctx: Context, tier: int) -> dict | None:
@@ -329,6 +357,9 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
     taken = sorted(reserved_env(ctx) & (set(spec.engine.env) | set(spec.engine.env_from)))
     if taken:
         warn("spec.engine.env", f"{', '.join(taken)} set by fleetserve in the engine container; yours not used")
+    _resources, memory = memory_for_l1(ctx, spec.engine.resources or {})
+    if memory:
+        warn("spec.engine.resources", memory)
     if spec.kv_cache.l2.tenant_urls and spec.engine.kind != "builtin":
         warn("spec.kvCache.l2.tenantUrls", f"a Redis per tenant is a built-in engine feature; {spec.engine.kind} "
                                            "engines share the one L2")

@@ -249,7 +249,8 @@ class Planner:
         naming = "ml." if any(n.startswith("ml.") for n in self.endpoint.spec.placement.instance_types or ()) else ""
         own = [naming + n for n in own]
         types = list(dict.fromkeys([*own[:1], *(naming + t for t in self.instance_types)])) if own else ["local"]
-        asked = replica_request(self.endpoint.spec.engine, self.endpoint.spec.model)
+        asked = replica_request(self.endpoint.spec.engine, self.endpoint.spec.model,
+                                self.endpoint.spec.kv_cache)
         fitting = (_fitting(t, asked, self.catalog, naming) for t in types)
         types = list(dict.fromkeys(t for t in fitting if t is not None)) or ["local"]
         fitted = self._fit_context(base)

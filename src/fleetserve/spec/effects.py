@@ -61,7 +61,7 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
                      "verify and plan refuse it and render k8s writes it as given (a misspelt type leaves pods "
                      f"Pending); known: {', '.join(catalog.names())}")
         known = [catalog.get(n) for n in spec.placement.instance_types if n in catalog]
-        asked = replica_request(spec.engine, spec.model)
+        asked = replica_request(spec.engine, spec.model, spec.kv_cache)
         if known and not any(fits(t, asked, spec.capacity.allow_larger_instances) for t in known):
             shapes = ", ".join(f"{t.name}: {t.gpus} GPU(s) of {t.gpu_memory_gb / max(t.gpus, 1):g} GiB, {t.vcpu} vCPU, "
                                f"{t.memory_gb:g} GiB" for t in known)
