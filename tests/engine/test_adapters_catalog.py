@@ -35,6 +35,7 @@ def test_vllm_command_line_and_lmcache_environment():
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
     assert argv[argv.index("--dtype") + 1] == "bfloat16"
     assert "--enable-prefix-caching" in argv and argv[-2:] == ["--gpu-memory-utilization", "0.9"]
+    assert "--enable-prompt-tokens-details" in argv  # cached_tokens in usage: what the blind router learns from
     connector = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert connector == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
     env = launch.env
@@ -61,6 +62,7 @@ def test_sglang_command_line():
     assert argv[argv.index("--tp-size") + 1] == "2"
     assert argv[argv.index("--context-length") + 1] == "8192"
     assert "--enable-hierarchical-cache" in argv and "--enable-metrics" in argv
+    assert "--enable-cache-report" in argv  # cached_tokens in usage: what the blind router learns from
 
 
 def test_launch_for_rejects_builtin():

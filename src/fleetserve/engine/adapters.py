@@ -5,6 +5,10 @@ the KV tiers map onto LMCache (L1: CPU offload of `l1.maxBytes`, L2: its Redis r
 `kvCache.blockSize`), and PYTHONHASHSEED is pinned so every replica derives the same cache keys. Health
 and metrics: both serve /health and Prometheus /metrics (vLLM's `vllm:*` names, SGLang's `sglang:*`).
 
+Both report the cached prompt tokens of each answer (`usage.prompt_tokens_details.cached_tokens`; vLLM with
+`--enable-prompt-tokens-details`, SGLang with `--enable-cache-report`, off by default in both): without them the
+blind router learns nothing of the engines' caches (`router/feedback.py`) and its cached-token counters stay at 0.
+
 Both require an API key of their own (the `engine-token` of the fleet's Secret) as a bearer token on their
 OpenAI API (`--api-key`; /health and /metrics stay open to probes and scrapers), which the router sends
 (`router --engine-token-file`): not the internal token, since SGLang prints its arguments in its log.
@@ -41,7 +45,8 @@ def _gib(n: int) -> str:
 def vllm_launch(spec, model_path: str, port: int, host: str = "0.0.0.0", l2_url: str | None = None) -> EngineLaunch:
     """`vllm serve` for the spec, with prefix caching on and LMCache wired to the spec's KV tiers."""
     argv = ["vllm", "serve", model_path, "--host", host, "--port", str(port),
-            "--served-model-name", spec.model.name or model_path, "--enable-prefix-caching"]
+            "--served-model-name", spec.model.name or model_path, "--enable-prefix-caching",
+            "--enable-prompt-tokens-details"]
     if spec.model.context_length:
         argv += ["--max-model-len", str(spec.model.context_length)]
     if spec.engine.gpus > 1:
@@ -66,7 +71,8 @@ def vllm_launch(spec, model_path: str, port: int, host: str = "0.0.0.0", l2_url:
 def sglang_launch(spec, model_path: str, port: int, host: str = "0.0.0.0") -> EngineLaunch:
     """`python -m sglang.launch_server` for the spec; L1 maps onto SGLang's hierarchical (host memory) cache."""
     argv = ["python3", "-m", "sglang.launch_server", "--model-path", model_path, "--host", host,
-            "--port", str(port), "--served-model-name", spec.model.name or model_path, "--enable-metrics"]
+            "--port", str(port), "--served-model-name", spec.model.name or model_path, "--enable-metrics",
+            "--enable-cache-report"]
     if spec.model.context_length:
         argv += ["--context-length", str(spec.model.context_length)]
     if spec.engine.gpus > 1:
