@@ -56,6 +56,8 @@ def test_reuse_from_every_tier_gives_identical_greedy_output(tiny_model, tmp_pat
         assert from_l2 == reference and hit_l2 == hit
         for tier in ("engine", "l1", "l2"):
             assert sample(cached.url, "fleetserve_kv_tier_hits_total", TOKENS[cached.url], tier=tier) > 0
+            # every tier's misses (the engine's were not exported: its hit ratio was never recorded)
+            assert sample(cached.url, "fleetserve_kv_tier_misses_total", TOKENS[cached.url], tier=tier) > 0
         assert sample(cached.url, "vllm:prefix_cache_hits_total", TOKENS[cached.url], model_name="tiny") > 0
     finally:
         plain.stop()

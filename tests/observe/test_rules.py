@@ -130,6 +130,9 @@ def test_promtool_unit_tests_of_records_and_alerts(tmp_path):
             {"series": f"model_concurrent_requests{{{r0}}}", "values": "3x420"},
             {"series": f'fleetserve_kv_tier_hits_total{{tier="l1",replica="r0",{ENGINES}}}', "values": "0+60x420"},
             {"series": f'fleetserve_kv_tier_misses_total{{tier="l1",replica="r0",{ENGINES}}}', "values": "0+180x420"},
+            {"series": f'fleetserve_kv_tier_hits_total{{tier="engine",replica="r0",{ENGINES}}}', "values": "0+180x420"},
+            {"series": f'fleetserve_kv_tier_misses_total{{tier="engine",replica="r0",{ENGINES}}}',
+             "values": "0+60x420"},
             # another fleet's engines on the same Prometheus: never in this endpoint's ratios
             {"series": 'fleetserve_kv_tier_hits_total{tier="l1",fleet="other",component="engine"}',
              "values": "0+6000x420"},
@@ -159,6 +162,8 @@ def test_promtool_unit_tests_of_records_and_alerts(tmp_path):
              "exp_samples": [{"labels": f"fleetserve:model_ttfb_slow_ratio:rate5m{{{MODEL}}}", "value": 0}]},
             {"expr": "fleetserve:kv_tier_hit_ratio:rate5m", "eval_time": "30m",
              "exp_samples": [{"labels": 'fleetserve:kv_tier_hit_ratio:rate5m{namespace="team-a",model_name="tiny",'
+                                        'tier="engine"}', "value": 0.75},
+                             {"labels": 'fleetserve:kv_tier_hit_ratio:rate5m{namespace="team-a",model_name="tiny",'
                                         'tier="l1"}', "value": 0.25}]},
             {"expr": "fleetserve:prefix_cache_hit_ratio:rate5m", "eval_time": "30m",
              "exp_samples": [{"labels": 'fleetserve:prefix_cache_hit_ratio:rate5m'

@@ -43,6 +43,7 @@ class PrefixCache:
         self.l2_watchers = [L2EvictionWatcher(store, self._l2_evicted).start() for store in self._l2_stores()]
         self.hits = {"engine": 0, "l1": 0, "l2": 0}
         self.queries = 0
+        self.engine_misses = 0  # blocks looked up that the engine tier did not hold
         self.dropped_writes = 0
 
     # --- (de)serialisation ---------------------------------------------------------------------------------
@@ -67,6 +68,7 @@ class PrefixCache:
         self.queries += len(keys)
         blocks = self._blocks
         found = [("engine", blocks[key]) for key in keys[:match_prefix(blocks, keys, touch=True)]]
+        self.engine_misses += len(keys) - len(found)
         for store in (self.l1, self.l2_for(tenant)):
             rest = keys[len(found):]
             if store is None or not rest:
@@ -78,11 +80,13 @@ class PrefixCache:
                 if block is None:
                     if value is not None:
                         store.stats.rejected += 1  # someone else's block under this key: never use it
-                    store.stats.misses += 1
                     break
                 store.stats.hits += 1
                 found.append((store.name, block))
                 promoted.append((key, block))
+            # a prefix ends at its first miss: every block of the rest that this tier did not give is missed
+            # here, so hits / (hits + misses) is the share of the blocks reaching the tier that it held
+            store.stats.misses += len(rest) - len(promoted)
             self._admit(promoted)
         for tier, _ in found:
             self.hits[tier] += 1

@@ -133,7 +133,7 @@ def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
-_TIER_COUNTERS = (("misses", v.KV_TIER_MISSES), ("evictions", v.KV_TIER_EVICTIONS),
+_TIER_COUNTERS = (("evictions", v.KV_TIER_EVICTIONS),
                   ("bytes_in", v.KV_TIER_BYTES_IN), ("bytes_out", v.KV_TIER_BYTES_OUT),
                   ("failures", v.KV_TIER_FAILURES), ("rejected", v.KV_TIER_REJECTED))
 
@@ -163,6 +163,11 @@ class PrefixCacheCollector:
         yield tier_hits
         stores = [(s.name, s) for s in (c.l1, c.l2) if s is not None]
         stores += [(f"l2:{tenant}", s) for tenant, s in c.tenant_l2.items()]
+        misses = v.KV_TIER_MISSES.family()  # the engine tier's too: without it its hit ratio was never recorded
+        misses.add_metric(["engine"], c.engine_misses)
+        for tier, store in stores:
+            misses.add_metric([tier], store.stats.misses)
+        yield misses
         if not stores:
             return
         for attr, metric in _TIER_COUNTERS:
