@@ -62,6 +62,22 @@ def test_one_source_for_the_fleet_and_kubernetes():
         assert wanted in names(local)
 
 
+@pytest.mark.parametrize("kind, hits, queries", [
+    ("builtin", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+    ("vllm", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+    ("sglang", "sglang:cached_tokens_total", "sglang:prompt_tokens_total")])
+def test_cache_rules_read_the_counters_their_engine_exports(kind, hits, queries):
+    """SGLang's prefix-cache ratio read vLLM's counters, and vLLM's and SGLang's KV-tier ratio the built-in
+    engine's: empty records, and a cache-hit-collapse alert that could never fire."""
+    text = SPEC.replace("engine: {startupTimeoutSeconds: 300}",
+                        f"engine: {{kind: {kind}, gpus: {0 if kind == 'builtin' else 1}, startupTimeoutSeconds: 300}}")
+    records = {r["record"]: r["expr"] for g in rule_groups(rule_target(load_spec_text(text).endpoint, "chat"))
+               for r in g["rules"] if "record" in r}
+    ratio = records["fleetserve:prefix_cache_hit_ratio:rate5m"]
+    assert hits in ratio and queries in ratio
+    assert ("fleetserve:kv_tier_hit_ratio:rate5m" in records) == (kind == "builtin")
+
+
 def test_slo_shapes_the_rules():
     groups = rule_groups(rule_target(endpoint(), "chat"))
     text = yaml.safe_dump(groups)
@@ -240,3 +256,29 @@ def test_alerts_read_only_their_own_endpoints_recorded_series():
                     continue
                 for use in re.findall(r"fleetserve:[a-z_:0-9]+(\{[^}]*\})?", rule["expr"]):
                     assert use.startswith("{") and 'model_name="tiny"' in use, (rule["alert"], rule["expr"])
+
+
+@needs_promtool
+def test_promtool_sglang_prefix_cache_ratio_sums_its_cache_sources(tmp_path):
+    """SGLang counts cached prompt tokens per cache_source (device, host, storage): the ratio sums them."""
+    text = SPEC.replace("engine: {startupTimeoutSeconds: 300}", "engine: {kind: sglang, gpus: 1}")
+    groups = rule_groups(rule_target(load_spec_text(text).endpoint, "chat"))
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": groups}))
+    case = {
+        "interval": "1m",
+        "input_series": [
+            {"series": f'sglang:prompt_tokens_total{{model_name="tiny",{ENGINES}}}', "values": "0+1000x30"},
+            {"series": f'sglang:cached_tokens_total{{model_name="tiny",cache_source="device",{ENGINES}}}',
+             "values": "0+500x30"},
+            {"series": f'sglang:cached_tokens_total{{model_name="tiny",cache_source="host",{ENGINES}}}',
+             "values": "0+250x30"},
+        ],
+        "promql_expr_test": [{"expr": "fleetserve:prefix_cache_hit_ratio:rate5m", "eval_time": "20m",
+                              "exp_samples": [{"labels": 'fleetserve:prefix_cache_hit_ratio:rate5m'
+                                                         '{model_name="tiny",namespace="team-a"}', "value": 0.75}]}],
+    }
+    test_file = tmp_path / "rules_test.yml"
+    test_file.write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "evaluation_interval": "1m",
+                                         "tests": [case]}, sort_keys=False))
+    done = promtool("test", "rules", str(test_file), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr

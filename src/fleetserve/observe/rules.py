@@ -12,8 +12,9 @@ cause), over the HyperPod `model_*` metrics the engines export:
 - error ratio = errors / invocations over 5 m, 30 m, 1 h and 6 h (the burn-rate windows);
 - slow ratio = the share of requests whose TTFB is above the SLO's TTFT bound (the first histogram bucket
   at or above `slo.ttftP95Ms`), over 5 m and 1 h: the latency SLO's "error" rate;
-- hit ratio per KV tier = hits / (hits + misses) of `fleetserve_kv_tier_*` (5 m), and the engines' prefix
-  cache hit ratio = vllm:prefix_cache_hits / vllm:prefix_cache_queries (5 m and 1 h).
+- hit ratio per KV tier = hits / (hits + misses) of `fleetserve_kv_tier_*` (5 m; the built-in engine's), and
+  the engines' prefix cache hit ratio = vllm:prefix_cache_hits / vllm:prefix_cache_queries (the built-in
+  engine and vLLM), sglang:cached_tokens / sglang:prompt_tokens (SGLang), 5 m and 1 h.
 
 Alerts:
 - SLO burn rate over two windows (Google SRE workbook, multiwindow multi-burn-rate): the error budget is
@@ -42,6 +43,9 @@ BURN_WINDOWS = (("5m", "1h", 14.4, "critical"), ("30m", "6h", 6.0, "warning"))  
 ERROR_WINDOWS = ("5m", "30m", "1h", "6h")
 SLOW_WINDOWS = ("5m", "1h")
 PENDING_METRIC = "fleetserve_router_pending_requests"
+PREFIX_CACHE_COUNTERS = {"vllm": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+                         "sglang": ("sglang:cached_tokens_total", "sglang:prompt_tokens_total")}
+KV_TIER_ENGINES = ("builtin", "external")  # engines that export fleetserve_kv_tier_* (external: maybe ours)
 
 
 def promql_string(value: str) -> str:
@@ -66,6 +70,7 @@ class RuleTarget:
     cost_per_hour_usd: float | None = None
     hold_seconds: int = 600
     engines: str = ""  # the label selector of this endpoint's engine targets (their KV-tier series carry no model)
+    engine_kind: str = "builtin"  # which engine's cache counters exist (PREFIX_CACHE_COUNTERS)
     desired: str | None = None
     ready: str | None = None
     cost_per_hour: str | None = None
@@ -82,7 +87,8 @@ class RuleTarget:
                    router=router, ttft_p95_ms=slo.ttft_p95_ms if slo else 2000.0,
                    max_error_rate=slo.max_error_rate if slo else 0.01,
                    cost_per_hour_usd=slo.cost_per_hour_usd if slo else None,
-                   hold_seconds=max(60, int(endpoint.spec.engine.startup_timeout_seconds)), **kwargs)
+                   hold_seconds=max(60, int(endpoint.spec.engine.startup_timeout_seconds)),
+                   engine_kind=endpoint.spec.engine.kind, **kwargs)
 
 
 def slow_bucket(ttft_ms: float) -> float:
@@ -134,15 +140,23 @@ def recording_rules(t: RuleTarget) -> list[dict]:
     # carries its namespace and model (a cluster-wide `sum by (tier)` was written by every endpoint's rules alike)
     own = {"namespace": t.namespace, "model_name": t.model_name}
     engines = f"{{{t.engines}}}" if t.engines else ""
-    hits = f"sum by (tier) (rate(fleetserve_kv_tier_hits_total{engines}[5m]))"
-    misses = f"sum by (tier) (rate(fleetserve_kv_tier_misses_total{engines}[5m]))"
-    rules.append(_rec("kv_tier_hit_ratio:rate5m", f"{hits} / ({hits} + {misses})", own))
+    if t.engine_kind in KV_TIER_ENGINES:
+        hits = f"sum by (tier) (rate(fleetserve_kv_tier_hits_total{engines}[5m]))"
+        misses = f"sum by (tier) (rate(fleetserve_kv_tier_misses_total{engines}[5m]))"
+        rules.append(_rec("kv_tier_hit_ratio:rate5m", f"{hits} / ({hits} + {misses})", own))
+    hits_metric, queries_metric = prefix_cache_counters(t.engine_kind)
     model = ",".join(x for x in (f"model_name={promql_string(t.model_name)}", t.engines) if x)
     for w in ("5m", "1h"):
         rules.append(_rec(f"prefix_cache_hit_ratio:rate{w}", _ratio(
-            f"sum by (model_name) (rate(vllm:prefix_cache_hits_total{{{model}}}[{w}]))",
-            f"sum by (model_name) (rate(vllm:prefix_cache_queries_total{{{model}}}[{w}]))"), own))
+            f"sum by (model_name) (rate({hits_metric}{{{model}}}[{w}]))",
+            f"sum by (model_name) (rate({queries_metric}{{{model}}}[{w}]))"), own))
     return rules
+
+
+def prefix_cache_counters(engine_kind: str) -> tuple[str, str]:
+    """(cached prompt tokens, prompt tokens looked up) counters of `engine_kind`: the built-in engine exports
+    vLLM's names; SGLang has its own, and read vLLM's the hit ratio and its collapse alert stayed empty."""
+    return PREFIX_CACHE_COUNTERS.get(engine_kind, PREFIX_CACHE_COUNTERS["vllm"])
 
 
 def alert(name: str, expr: str, for_: str, severity: str, summary: str) -> dict:
