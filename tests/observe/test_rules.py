@@ -135,6 +135,9 @@ def test_promtool_unit_tests_of_records_and_alerts(tmp_path):
         "input_series": [
             {"series": f"model_invocations_total{{{r0}}}", "values": "0+600x420"},
             {"series": f'model_errors_total{{{r0},status="500"}}', "values": "0+120x420"},
+            # a client's bad requests (20 % more of the traffic) spend no error budget
+            {"series": f'model_errors_total{{{r0},status="400"}}', "values": "0+90x420"},
+            {"series": f'model_errors_total{{{r0},status="404"}}', "values": "0+30x420"},
             {"series": f'model_ttfb_milliseconds_bucket{{{r0},le="50.0"}}', "values": "0+3000x420"},
             {"series": f'model_ttfb_milliseconds_bucket{{{r0},le="100.0"}}', "values": "0+5400x420"},
             {"series": f'model_ttfb_milliseconds_bucket{{{r0},le="1000.0"}}', "values": "0+6000x420"},
@@ -204,6 +207,7 @@ def test_promtool_unit_tests_of_records_and_alerts(tmp_path):
         "input_series": [
             {"series": f"model_invocations_total{{{r0}}}", "values": "0+600x120"},
             {"series": f'model_errors_total{{{r0},status="500"}}', "values": "0x120"},
+            {"series": f'model_errors_total{{{r0},status="400"}}', "values": "0+150x120"},  # 25 % bad requests
             {"series": f'model_ttfb_milliseconds_bucket{{{r0},le="1000.0"}}', "values": "0+600x120"},
             {"series": f"model_ttfb_milliseconds_count{{{r0}}}", "values": "0+600x120"},
             {"series": f"fleetserve_autoscaler_desired_replicas{{{SUP}}}", "values": "2x120"},

@@ -56,10 +56,13 @@ PANELS: tuple[PanelDef, ...] = (
              (Series("{{instance_type}}", f"sum by (instance_type) (model_concurrent_requests{{{MODEL}}})"),),
              "model_concurrent_requests, per instance type"),
     PanelDef("errors", "Error rate", "percentunit",
-             (Series("errors / invocations", f"sum(rate(model_errors_total{{{MODEL}}}{RATE})) / "
-                                             f"sum(rate(model_invocations_total{{{MODEL}}}{RATE}))"),
+             (Series("server (5xx, 429)", f'sum(rate(model_errors_total{{{MODEL},status=~"5..|429"}}{RATE})) / '
+                                          f"sum(rate(model_invocations_total{{{MODEL}}}{RATE}))"),
+              Series("client (other 4xx)", f'sum(rate(model_errors_total{{{MODEL},status=~"4..",status!="429"}}'
+                                           f"{RATE})) / sum(rate(model_invocations_total{{{MODEL}}}{RATE}))"),
               ),
-             "model_errors_total / model_invocations_total"),
+             "model_errors_total / model_invocations_total: the server's errors spend the error budget, a "
+             "client's bad requests do not"),
     PanelDef("throughput", "Invocations per second", "reqps",
              (Series("{{model_version}}",
                      f"sum by (model_version) (rate(model_invocations_total{{{MODEL}}}{RATE}))"),),

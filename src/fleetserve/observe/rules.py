@@ -9,7 +9,8 @@ Recording rules, per namespace/model_name/model_version/instance_type (the label
 cause), over the HyperPod `model_*` metrics the engines export:
 - invocations and errors per second (1 m), concurrent requests;
 - TTFB (time to first token) and end-to-end latency p50 and p95 (5 m);
-- error ratio = errors / invocations over 5 m, 30 m, 1 h and 6 h (the burn-rate windows);
+- error ratio = server errors (5xx and 429; a client's 4xx spends no budget) / invocations over 5 m, 30 m, 1 h
+  and 6 h (the burn-rate windows);
 - slow ratio = the share of requests whose TTFB is above the SLO's TTFT bound (the first histogram bucket
   at or above `slo.ttftP95Ms`), over 5 m and 1 h: the latency SLO's "error" rate;
 - hit ratio per KV tier = hits / (hits + misses) of `fleetserve_kv_tier_*` (5 m; the built-in engine's), and
@@ -43,6 +44,9 @@ BURN_WINDOWS = (("5m", "1h", 14.4, "critical"), ("30m", "6h", 6.0, "warning"))  
 ERROR_WINDOWS = ("5m", "30m", "1h", "6h")
 SLOW_WINDOWS = ("5m", "1h")
 PENDING_METRIC = "fleetserve_router_pending_requests"
+# what burns the error budget: the server's failures and its refusals for load, not a client's bad request (a
+# client sending 400s and 404s at 15 % of the traffic paged on-call)
+SERVER_ERRORS = 'status=~"5..|429"'
 PREFIX_CACHE_COUNTERS = {"vllm": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
                          "sglang": ("sglang:cached_tokens_total", "sglang:prompt_tokens_total")}
 KV_TIER_ENGINES = ("builtin", "external")  # engines that export fleetserve_kv_tier_* (external: maybe ours)
@@ -129,7 +133,7 @@ def recording_rules(t: RuleTarget) -> list[dict]:
         rules.append(_rec(f"model_latency_milliseconds:{suffix}", quantile(q, "model_latency_milliseconds")))
     for w in ERROR_WINDOWS:
         rules.append(_rec(f"model_error_ratio:rate{w}", _ratio(
-            f"{by} (rate(model_errors_total{{{sel}}}[{w}]))",
+            f"{by} (rate(model_errors_total{{{sel},{SERVER_ERRORS}}}[{w}]))",
             f"{by} (rate(model_invocations_total{{{sel}}}[{w}]))")))
     le = _le(slow_bucket(t.ttft_p95_ms))
     for w in SLOW_WINDOWS:
@@ -167,7 +171,7 @@ def alert(name: str, expr: str, for_: str, severity: str, summary: str) -> dict:
 def alerting_rules(t: RuleTarget) -> list[dict]:
     who = f"{t.model_name} in {t.namespace}"
     sel = t.selector
-    errors = f"sum(rate(model_errors_total{{{sel}}}[5m]))"
+    errors = f"sum(rate(model_errors_total{{{sel},{SERVER_ERRORS}}}[5m]))"
     calls = f"clamp_min(sum(rate(model_invocations_total{{{sel}}}[5m])), 1e-9)"
     router_ttfb = f"sum by (le) (rate(fleetserve_router_ttfb_milliseconds_bucket{{{t.router}}}[5m]))"
     alerts = []
