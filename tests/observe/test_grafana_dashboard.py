@@ -186,3 +186,20 @@ def test_every_metric_and_label_the_dashboards_read_is_in_the_vocabulary():
                         ("fleetserve_autoscaler_decisions_total", "reason"), ("vllm:prefix_cache_hits_total",
                                                                                 "model_name")):
         assert label in BY_NAME[name].labels, (name, label)
+
+
+def test_every_fleet_panel_follows_the_namespace_filter_and_replicas_read_kubernetes_too():
+    """The KV-tier and cached-token panels mixed every endpoint whatever was picked, and the replicas panel read
+    only the local supervisor's gauges, empty on Kubernetes."""
+    from fleetserve.observe.grafana import PANELS
+
+    supervisor_only = {"nodes", "cost"}  # documented: the fleet supervisor's, no Kubernetes source
+    for panel in PANELS:
+        if panel.key in supervisor_only:
+            assert "fleetserve up" in panel.description
+            continue
+        for series in panel.series:
+            assert "$namespace" in series.expr, (panel.key, series.expr)
+    replicas = next(p for p in PANELS if p.key == "replicas")
+    assert [("kube_deployment_spec_replicas" in s.expr, "kube_deployment_status_replicas_available" in s.expr)
+            for s in replicas.series] == [(True, False), (False, True)]

@@ -44,7 +44,12 @@ class PanelDef:
     width: int = 12
 
 
-_TIER_HITS = f"rate(fleetserve_kv_tier_hits_total{RATE})"
+# series with no model label (the engines' KV tiers, the router's): on Kubernetes their targets' namespace
+NAMESPACE = 'namespace=~"$namespace"'
+_TIER_HITS = f"rate(fleetserve_kv_tier_hits_total{{{NAMESPACE}}}{RATE})"
+# the engine Deployments of every tier (NAME-engine, NAME-engine-t1, ...), read from kube-state-metrics where no
+# supervisor exports the autoscaler's gauges (Kubernetes)
+ENGINE_DEPLOYMENTS = f'{NAMESPACE},deployment=~".+-engine(-t[0-9]+)?"'
 PANELS: tuple[PanelDef, ...] = (
     PanelDef("latency", "Invocation latency (p50 / p95 / p99)", "ms",
              tuple(Series(f"p{int(q * 100)}", _quantile(q, "model_latency_milliseconds")) for q in (0.5, 0.95, 0.99)),
@@ -73,26 +78,32 @@ PANELS: tuple[PanelDef, ...] = (
     PanelDef("cache_tiers", "KV cache hit rate per tier", "percentunit",
              (Series("{{tier}}",
                      f"sum by (tier) ({_TIER_HITS}) / ignoring (tier) group_left sum({_TIER_HITS}) "
-                     f"* ignoring (tier) group_left () (sum(rate(vllm:prefix_cache_hits_total{{{NAME}}}{RATE})) "
-                     f"/ sum(rate(vllm:prefix_cache_queries_total{{{NAME}}}{RATE})))"),),
+                     f"* ignoring (tier) group_left () (sum(rate(vllm:prefix_cache_hits_total{{{NAME},{NAMESPACE}}}{RATE})) "
+                     f"/ sum(rate(vllm:prefix_cache_queries_total{{{NAME},{NAMESPACE}}}{RATE})))"),),
              "Share of looked-up prompt blocks found in each tier (engine memory, L1 CPU, L2 Redis): "
              "fleetserve_kv_tier_hits_total split of vllm:prefix_cache_hits/queries"),
     PanelDef("cached_tokens", "Cached prompt tokens: predicted vs reported", "short",
              (Series("{{source}}",
-                     f"sum by (source) (rate(fleetserve_router_cached_tokens_total{RATE}))"),),
+                     f"sum by (source) (rate(fleetserve_router_cached_tokens_total{{{NAMESPACE}}}{RATE}))"),),
              "fleetserve_router_cached_tokens_total{source}: what the routing policy expected the replica to "
              "have cached, and what the engine reported"),
     PanelDef("replicas", "Replicas desired / ready", "short",
-             (Series("desired", "max(fleetserve_autoscaler_desired_replicas)"),
-              Series("ready", "max(fleetserve_autoscaler_ready_replicas)")),
-             "The autoscaler's target and the replicas answering /health; decisions are annotations"),
+             (Series("desired", "max(fleetserve_autoscaler_desired_replicas) or "
+                                f"sum(kube_deployment_spec_replicas{{{ENGINE_DEPLOYMENTS}}})"),
+              Series("ready", "max(fleetserve_autoscaler_ready_replicas) or "
+                              f"sum(kube_deployment_status_replicas_available{{{ENGINE_DEPLOYMENTS}}})")),
+             "The autoscaler's target and the replicas answering /health (on Kubernetes: the engine Deployments' "
+             "spec and available replicas, from kube-state-metrics, for the namespace); decisions are "
+             "annotations (fleetserve up only)"),
     PanelDef("nodes", "Nodes by instance type", "short",
              (Series("{{instance_type}} {{capacity_type}}",
                      'sum by (instance_type, capacity_type) (fleetserve_nodes{instance_type=~"$instance_type"})'),),
-             "fleetserve_nodes by instance and capacity type"),
+             "fleetserve_nodes by instance and capacity type: the fleet supervisor's (fleetserve up); on "
+             "Kubernetes, Karpenter's own metrics"),
     PanelDef("cost", "Cost per hour", "currencyUSD",
              (Series("$/h", "sum(fleetserve_cost_per_hour_dollars)"),),
-             "fleetserve_cost_per_hour_dollars: what the fleet's nodes cost"),
+             "fleetserve_cost_per_hour_dollars: what the fleet's nodes cost, from the fleet supervisor (fleetserve "
+             "up); Kubernetes has no price source, so the panel is empty there"),
 )
 
 DECISIONS = "sum by (reason) (increase(fleetserve_autoscaler_decisions_total[1m])) > 0"
