@@ -531,3 +531,16 @@ def test_engine_pods_request_the_memory_of_their_l1_tier():
     doc["spec"]["engine"]["resources"] = {"requests": {"memory": "80Gi"}}
     resources, warnings = engine(doc)
     assert resources["requests"]["memory"] == "80Gi" and "spec.engine.resources" not in warnings
+
+
+def test_a_metrics_port_the_engine_does_not_serve_is_named():
+    """vLLM, SGLang and the built-in engine serve /metrics on their serving port only: a separate modelMetricsPort
+    made the engine ServiceMonitor scrape a closed port, silently (an image of one's own, engine.command, may)."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["metrics"] = {"modelMetricsPort": 9400}
+    rendered, _ = _objects(doc)
+    message = {w.path: w.message for w in rendered.warnings}["spec.metrics.modelMetricsPort"]
+    assert "9400" in message and "8000" in message
+    doc["spec"]["engine"]["command"] = ["python3", "-m", "my_server"]
+    rendered, _ = _objects(doc)
+    assert "spec.metrics.modelMetricsPort" not in {w.path for w in rendered.warnings}

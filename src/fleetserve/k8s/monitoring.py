@@ -72,6 +72,10 @@ def monitoring_objects(ctx: Context, warn) -> list[dict]:
         from fleetserve.k8s.engine import engine_port, metrics_port
 
         port = "metrics" if metrics_port(ctx) != engine_port(ctx) else "http"
+        if port == "metrics" and not spec.engine.command:
+            warn("spec.metrics.modelMetricsPort", f"{metrics_port(ctx)}: the {spec.engine.kind} engine serves "
+                 f"/metrics on its serving port {engine_port(ctx)} only, so the engine ServiceMonitor scrapes a "
+                 "closed port; drop it, or set it to the serving port, unless the image serves metrics there")
         out.append(_service_monitor(ctx, ctx.engine_service, "engine", port, "http",
                                     spec.metrics.model_metrics_path or "/metrics",
                                     ENGINE_TOKEN_KEY if spec.engine.kind in GPU_ENGINES else "token"))
