@@ -544,3 +544,20 @@ def test_a_metrics_port_the_engine_does_not_serve_is_named():
     doc["spec"]["engine"]["command"] = ["python3", "-m", "my_server"]
     rendered, _ = _objects(doc)
     assert "spec.metrics.modelMetricsPort" not in {w.path for w in rendered.warnings}
+
+
+def test_amazon_managed_prometheus_triggers_are_signed_with_the_keda_operators_identity():
+    """HyperPod's example queries an AMP workspace: KEDA sent unsigned queries, every one failed, and the endpoint
+    never scaled. The trigger now names its region and a TriggerAuthentication of the `aws` pod identity."""
+    rendered, _ = _objects(ROOT / "examples" / "hyperpod.yaml")
+    (so,) = _by(rendered, "ScaledObject")
+    amp = [t for t in so["spec"]["triggers"] if "aps-workspaces" in t["metadata"]["serverAddress"]]
+    assert amp and all(t["metadata"]["awsRegion"] == "us-west-2" for t in amp)
+    (auth,) = _by(rendered, "TriggerAuthentication")
+    assert {t["authenticationRef"]["name"] for t in amp} == {auth["metadata"]["name"]}
+    assert auth["spec"]["podIdentity"] == {"provider": "aws", "identityOwner": "keda"}
+    assert validate(auth) == []
+    assert any("aps:QueryMetrics" in w.message for w in rendered.warnings)
+    plain, _ = _objects(FULL)  # an in-cluster Prometheus: nothing to sign
+    assert not [o for o in plain.objects if o["kind"] == "TriggerAuthentication"]
+    assert not any("authenticationRef" in t for o in _by(plain, "ScaledObject") for t in o["spec"]["triggers"])

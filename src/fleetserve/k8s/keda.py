@@ -25,10 +25,12 @@ unschedulable for the placement's unavailable-offering TTL (the fall-through of 
 
 from __future__ import annotations
 
+import re
+
 from fleetserve.autoscale.policy import RatePolicy, ScalingPolicy
 from fleetserve.autoscale.schedule import Cron
 from fleetserve.k8s.context import GPU_ENGINES, Context, num
-from fleetserve.k8s.labels import TIER_LABEL
+from fleetserve.k8s.labels import TIER_LABEL, dns_name
 
 PENDING_METRIC = "fleetserve_router_pending_requests"
 
@@ -74,6 +76,30 @@ def _prometheus(name: str, server: str, query: str, threshold: float, activation
     }
 
 
+# Amazon Managed Service for Prometheus: queries must be SigV4-signed, which KEDA does with `awsRegion` and an
+# `aws` pod identity (its operator's IAM role); unsigned, every query of HyperPod's example trigger failed
+AMP_SERVER = re.compile(r"^https://aps-workspaces\.([a-z0-9-]+)\.amazonaws\.com/")
+
+
+def amp_auth_name(ctx: Context) -> str:
+    return dns_name(ctx.name, "amp")
+
+
+def amp_auth(ctx: Context) -> dict:
+    """The TriggerAuthentication the AMP triggers refer to: the KEDA operator's own AWS identity."""
+    return {"apiVersion": "keda.sh/v1alpha1", "kind": "TriggerAuthentication",
+            "metadata": ctx.meta(amp_auth_name(ctx), "engine"),
+            "spec": {"podIdentity": {"provider": "aws", "identityOwner": "keda"}}}
+
+
+def _signed_for_amp(ctx: Context, trigger: dict) -> bool:
+    match = AMP_SERVER.match(trigger["metadata"]["serverAddress"] or "")
+    if match:
+        trigger["metadata"]["awsRegion"] = match.group(1)
+        trigger["authenticationRef"] = {"name": amp_auth_name(ctx)}
+    return bool(match)
+
+
 def _rates(policies: tuple[RatePolicy, ...]) -> list[dict]:
     return [{"type": "Percent" if p.kind == "percent" else "Pods", "value": int(p.value),
              "periodSeconds": int(p.period)} for p in policies]
@@ -110,6 +136,8 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
         else:
             out.append(_prometheus(f"t{i}-{trig.metric.replace('_', '-')}", server, builtin_query(ctx, trig.metric),
                                    trig.target, trig.activation_target, trig.kind))
+    for trigger in out:
+        _signed_for_amp(ctx, trigger)
     for i, st in enumerate(spec_triggers[:len(out)]):
         # KEDA-only trigger settings (HyperPod's metricType, useCachedMetrics, customHeaders)
         if st.metric_type:
@@ -172,6 +200,8 @@ def overflow_object(ctx: Context, tier: int, max_replicas: int) -> dict:
     query = (f'sum(min_over_time(kube_pod_status_unschedulable{{namespace="{ctx.namespace}",'
              f'pod=~"{previous}-.*"}}[{ttl}s])) or vector(0)')
     name = ctx.engine_name(tier)
+    trigger = _prometheus("overflow", ctx.options.prometheus_url, query, 1.0, 0.0, "average")
+    _signed_for_amp(ctx, trigger)
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -182,7 +212,7 @@ def overflow_object(ctx: Context, tier: int, max_replicas: int) -> dict:
             "cooldownPeriod": 300,
             "minReplicaCount": 0,
             "maxReplicaCount": max_replicas,
-            "triggers": [_prometheus("overflow", ctx.options.prometheus_url, query, 1.0, 0.0, "average")],
+            "triggers": [trigger],
         },
     }
 
@@ -196,6 +226,12 @@ def keda_objects(ctx: Context, warn) -> list[dict]:
         out.append(scaled_object(ctx, ctx.policy, warn))
     most = ctx.policy.max_replicas if ctx.policy is not None else max(spec.replicas, 1)
     out += [overflow_object(ctx, k, most) for k in range(1, len(ctx.tiers))]
+    if any("authenticationRef" in t for o in out for t in o["spec"]["triggers"]):
+        warn("spec.autoscaling.triggers", "Amazon Managed Service for Prometheus: queries are signed with the KEDA "
+                                          f"operator's AWS identity (TriggerAuthentication {amp_auth_name(ctx)}); its "
+                                          "service account needs an IAM role with aps:QueryMetrics (EKS Pod "
+                                          "Identity or IRSA)")
+        out.append(amp_auth(ctx))
     return out
 
 

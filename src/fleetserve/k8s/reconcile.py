@@ -60,6 +60,7 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
     ChildKind("apps/v1", "Deployment", "deployments"),
     ChildKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
     ChildKind("karpenter.sh/v1", "NodePool", "nodepools", namespaced=False),
+    ChildKind("keda.sh/v1alpha1", "TriggerAuthentication", "triggerauthentications"),
     ChildKind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects"),
     ChildKind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors"),
     ChildKind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),

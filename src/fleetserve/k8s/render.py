@@ -25,8 +25,8 @@ from fleetserve.spec.endpoint import Endpoint
 from fleetserve.spec.errors import SpecProblem
 
 #: apply order: what others reference first (kubectl apply -f DIR applies files in name order)
-KIND_ORDER = ("Secret", "Service", "StatefulSet", "Deployment", "PodDisruptionBudget", "NodePool", "ScaledObject",
-              "ServiceMonitor", "PodMonitor", "PrometheusRule")
+KIND_ORDER = ("Secret", "Service", "StatefulSet", "Deployment", "PodDisruptionBudget", "NodePool",
+              "TriggerAuthentication", "ScaledObject", "ServiceMonitor", "PodMonitor", "PrometheusRule")
 
 
 @dataclass(frozen=True)
