@@ -561,3 +561,32 @@ def test_amazon_managed_prometheus_triggers_are_signed_with_the_keda_operators_i
     plain, _ = _objects(FULL)  # an in-cluster Prometheus: nothing to sign
     assert not [o for o in plain.objects if o["kind"] == "TriggerAuthentication"]
     assert not any("authenticationRef" in t for o in _by(plain, "ScaledObject") for t in o["spec"]["triggers"])
+
+
+@pytest.mark.skipif(__import__("shutil").which("promtool") is None, reason="promtool not installed")
+@pytest.mark.parametrize("metric", ["concurrency", "queue_depth", "request_rate"])
+def test_a_lost_router_scrape_is_a_failure_not_an_idle_fleet(metric, tmp_path):
+    """`or vector(0)` with ignoreNullValues read a router that Prometheus could not scrape (a wrong token or
+    selector) as 0 load: the fleet scaled to zero, never woke, and the fallback never applied. The built-in queries
+    are now 0 while the router is scraped with nothing to count, and empty (a KEDA failure) when it is not."""
+    import subprocess
+
+    from fleetserve.k8s.context import Context, RenderOptions
+    from fleetserve.k8s.keda import builtin_query
+
+    _, loaded = _objects(FULL)
+    ctx = Context.build(loaded.endpoint, RenderOptions())
+    query = builtin_query(ctx, metric)
+    router = f'namespace="team-b",service="{ctx.router_name}"'
+    (tmp_path / "rules.yml").write_text("groups: []\n")
+    scraped = {"interval": "1m", "input_series": [
+        {"series": f"fleetserve_router_pending_requests{{{router}}}", "values": "0x10"}],
+        "promql_expr_test": [{"expr": query, "eval_time": "5m", "exp_samples": [{"labels": "{}", "value": 0}]}]}
+    lost = {"interval": "1m", "input_series": [{"series": 'up{job="other"}', "values": "1x10"}],
+            "promql_expr_test": [{"expr": query, "eval_time": "5m", "exp_samples": []}]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "tests": [scraped, lost]}))
+    done = subprocess.run(["promtool", "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (so,) = _by(render(loaded.endpoint), "ScaledObject", "chat-engine-t0")
+    ignore = {t["name"]: t["metadata"]["ignoreNullValues"] for t in so["spec"]["triggers"] if t["type"] == "prometheus"}
+    assert ignore == {"t0-concurrency": "false", "t1-prometheus": "true", "activation-pending": "false"}

@@ -199,6 +199,8 @@ def test_promtool_unit_tests_of_records_and_alerts(tmp_path):
             _quiet("FleetserveReplicasNotReady", "4m"),  # not yet longer than a cold start (300 s)
             _fires(alerts, "FleetserveReplicasNotReady", {}, "10m"),
             _fires(alerts, "FleetserveCostOverBudget", {}, "10m"),
+            # no router series in this test: absent() keeps the selector's labels
+            _fires(alerts, "FleetserveRouterNotScraped", {"fleet": "chat", "component": "router"}, "10m"),
         ],
     }
     # a quiet fleet: no errors, all fast, replicas ready, within budget: nothing fires
@@ -213,10 +215,12 @@ def test_promtool_unit_tests_of_records_and_alerts(tmp_path):
             {"series": f"fleetserve_autoscaler_desired_replicas{{{SUP}}}", "values": "2x120"},
             {"series": f"fleetserve_autoscaler_ready_replicas{{{SUP}}}", "values": "2x120"},
             {"series": f"fleetserve_cost_per_hour_dollars{{{SUP}}}", "values": "1x120"},
+            {"series": 'fleetserve_router_pending_requests{fleet="chat",component="router"}', "values": "0x120"},
         ],
         "alert_rule_test": [_quiet(name, "90m") for name in (
             "FleetserveErrorBudgetBurnFast", "FleetserveErrorBudgetBurnSlow", "FleetserveLatencyBudgetBurn",
-            "FleetserveReplicasNotReady", "FleetserveCostOverBudget", "FleetserveHighErrorRate")],
+            "FleetserveReplicasNotReady", "FleetserveCostOverBudget", "FleetserveHighErrorRate",
+            "FleetserveRouterNotScraped")],
     }
     test_file = tmp_path / "rules_test.yml"
     test_file.write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "evaluation_interval": "1m",

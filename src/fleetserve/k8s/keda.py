@@ -43,36 +43,48 @@ def _engine_sel(ctx: Context) -> str:
     return f'namespace="{ctx.namespace}",service="{ctx.engine_service}"'
 
 
-def _or0(expr: str) -> str:
-    return f"(sum({expr}) or vector(0))"
+def _pending(ctx: Context) -> str:
+    """The router's buffer at zero: a gauge without labels, so a scraped router always has its sample."""
+    return f"sum({PENDING_METRIC}{{{_router_sel(ctx)}}})"
+
+
+def _or0(ctx: Context, expr: str) -> str:
+    """`expr`, or 0 while the router is scraped and `expr` has no series (no replica, no request yet): nothing when
+    the router is not scraped either. `or vector(0)` made a lost scrape (a wrong token or selector) read as an
+    idle fleet: ignoreNullValues passed the 0, the fleet scaled to zero and never woke, and the fallback never
+    applied; now such a query is empty, KEDA counts a failure (ignoreNullValues false) and the fallback holds."""
+    return f"({expr} or 0 * {_pending(ctx)})"
 
 
 def builtin_query(ctx: Context, metric: str) -> str:
     r, e = _router_sel(ctx), _engine_sel(ctx)
-    pending = _or0(f"{PENDING_METRIC}{{{r}}}")
+    pending = _pending(ctx)
     if metric == "concurrency":
-        return f"{_or0(f'fleetserve_router_backend_in_flight{{{r}}}')} + {pending}"
+        return f"{_or0(ctx, f'sum(fleetserve_router_backend_in_flight{{{r}}})')} + {pending}"
     if metric == "queue_depth":
         # the engines' own waiting gauge: SGLang names it sglang:num_queue_reqs (vLLM's name read nothing there,
         # and `or vector(0)` hid it: queue_depth scaling saw only the router's buffer)
         sglang = ctx.endpoint.spec.engine.kind == "sglang"
         waiting = "sglang:num_queue_reqs" if sglang else "vllm:num_requests_waiting"
-        return f"{_or0(f'{waiting}{{{e}}}')} + {pending}"
+        return f"{_or0(ctx, f'sum({waiting}{{{e}}})')} + {pending}"
     if metric == "request_rate":
-        return f"sum(rate(fleetserve_router_requests_total{{{r}}}[1m]))"
+        return _or0(ctx, f"sum(rate(fleetserve_router_requests_total{{{r}}}[1m]))")
     if metric == "ttft_p95":
         return ("histogram_quantile(0.95, sum by (le) "
                 f"(rate(fleetserve_router_served_ttfb_milliseconds_bucket{{{r}}}[1m])))")
     raise ValueError(f"no query for metric {metric!r}")
 
 
-def _prometheus(name: str, server: str, query: str, threshold: float, activation: float, kind: str) -> dict:
+def _prometheus(name: str, server: str, query: str, threshold: float, activation: float, kind: str,
+                ignore_null: bool = True) -> dict:
+    """`ignore_null`: an empty answer reads 0 (KEDA's default); our own queries of the router are empty only when
+    it is not scraped, which must count as a failure (fallback), not as an idle fleet."""
     return {
         "type": "prometheus",
         "name": name,
         "metricType": "AverageValue" if kind == "average" else "Value",
         "metadata": {"serverAddress": server, "query": query, "threshold": num(threshold),
-                     "activationThreshold": num(activation), "ignoreNullValues": "true"},
+                     "activationThreshold": num(activation), "ignoreNullValues": "true" if ignore_null else "false"},
     }
 
 
@@ -134,8 +146,10 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
             out.append(_prometheus(f"t{i}-prometheus", st.server_address or server, st.query, trig.target,
                                    trig.activation_target, trig.kind))
         else:
+            # ttft_p95 keeps ignoreNullValues: its quantile of an idle minute has no value (NaN), scraped or not
             out.append(_prometheus(f"t{i}-{trig.metric.replace('_', '-')}", server, builtin_query(ctx, trig.metric),
-                                   trig.target, trig.activation_target, trig.kind))
+                                   trig.target, trig.activation_target, trig.kind,
+                                   ignore_null=trig.metric == "ttft_p95"))
     for trigger in out:
         _signed_for_amp(ctx, trigger)
     for i, st in enumerate(spec_triggers[:len(out)]):
@@ -148,8 +162,8 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
             out[i]["metadata"]["customHeaders"] = st.custom_headers
     if policy.min_replicas == 0:
         first = next((t for t in policy.triggers if t.kind == "average"), None)
-        out.append(_prometheus("activation-pending", server, f"sum({PENDING_METRIC}{{{_router_sel(ctx)}}})",
-                               first.target if first else 1.0, 0.0, "average"))
+        out.append(_prometheus("activation-pending", server, _pending(ctx), first.target if first else 1.0, 0.0,
+                               "average", ignore_null=False))
     for i, window in enumerate(policy.schedule.windows):
         start = shift_earlier(window.start, policy.schedule_lead)
         if start is None:

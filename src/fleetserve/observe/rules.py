@@ -27,6 +27,7 @@ Alerts:
   last hour's was worth having (>= 10 %) (a routing change, an eviction storm, a restarted L2);
 - replicas not ready: fewer ready than desired for longer than a cold start;
 - cost over budget: the fleet's cost per hour above `slo.costPerHourUsd` (only when it is set);
+- router not scraped: no sample of the router's pending gauge for 5 m (every autoscaling query reads it);
 - plus a high error rate, requests held at zero, a slow router TTFB and platform-specific extras.
 """
 
@@ -213,6 +214,9 @@ def alerting_rules(t: RuleTarget) -> list[dict]:
         alert("FleetserveRequestsHeldAtZero", f"sum({PENDING_METRIC}{{{t.router}}}) > 0", f"{t.hold_seconds}s",
                "warning", f"{who}: requests wait at the router longer than a cold start (scale-from-zero is not "
                           "happening)"),
+        alert("FleetserveRouterNotScraped", f"absent({PENDING_METRIC}{{{t.router}}})", "5m", "critical",
+              f"{who}: Prometheus has no sample of the router: autoscaling reads nothing (check the router's "
+              "scrape target, its token and selector)"),
         alert("FleetserveSlowTimeToFirstByte", f"histogram_quantile(0.95, {router_ttfb}) > {t.ttft_p95_ms:g}",
                "15m", "warning", f"{who}: TTFB p95 above {t.ttft_p95_ms:g} ms; check cache reuse and instance "
                                  "type before adding replicas"),
