@@ -480,9 +480,9 @@ def test_hyperpods_model_metric_trigger_in_front_of_vllm_is_named():
 
 def test_a_budget_that_falls_on_another_utc_day_is_shifted_with_its_weekdays_and_warned_once():
     """02:00 every day in Kolkata is 20:30 UTC every day: it was written unshifted ('used as UTC', 5.5 h off), and
-    the warning came once per NodePool. 02:00 Monday-Friday there is 20:30 Sunday-Thursday UTC, and 23:00
-    Saturday in Auckland (UTC+13 in January) is 10:00 Saturday UTC, and 22:00 Saturday in New York is 03:00 Sunday UTC; only a day of the month, which would move
-    across month ends, stays a warning (once)."""
+    the warning came once per NodePool. 02:00 Monday-Friday there is 20:30 Sunday-Thursday UTC, 23:00 Saturday
+    in Auckland (UTC+13 in January) is 10:00 Saturday UTC, and 22:00 Saturday in New York is 03:00 Sunday UTC;
+    only a day of the month, which would move across month ends, stays a warning (once)."""
     doc = copy.deepcopy(FULL)
     doc["spec"]["capacity"]["consolidation"]["budgets"] = [
         {"nodes": "1", "schedule": "0 2 * * *", "durationSeconds": 3600, "timezone": "Asia/Kolkata"},

@@ -115,6 +115,36 @@ def test_the_gateway_feeds_reported_cached_tokens_back_to_the_policy(tmp_path, s
             e.stop()
 
 
+def test_a_stream_the_client_did_not_ask_usage_of_still_teaches_the_policy_and_shows_no_usage(tmp_path):
+    """Engines report usage in a stream only when asked, and most streaming clients do not ask: the blind
+    router learned nothing from streamed traffic. It asks on the client's behalf and drops the usage-only
+    chunk from the relayed stream (a client reading chunk.choices[0] of every chunk would fail on it); a
+    client that asked gets it as before."""
+    import openai
+
+    engines = sims(tmp_path, 2)
+    gw = gateway(tmp_path, engines, "prefixaware")
+    try:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+        system = "You answer questions about the fleet. " * 30
+        for turn in range(4):
+            chunks = list(client.chat.completions.create(
+                model="sim", max_tokens=3, stream=True,
+                messages=[{"role": "system", "content": system}, {"role": "user", "content": f"question {turn}"}]))
+            assert chunks and all(c.choices for c in chunks)  # no usage-only chunk reached this client
+            assert all(c.usage is None for c in chunks)
+        reported = sample(gw.url, "fleetserve_router_cached_tokens_total", policy="prefixaware", source="reported")
+        assert reported > 0  # the repeats found the system prompt cached, and the router heard it
+        asked = list(client.chat.completions.create(
+            model="sim", max_tokens=3, stream=True, stream_options={"include_usage": True},
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": "question 9"}]))
+        assert asked[-1].choices == [] and asked[-1].usage.prompt_tokens_details.cached_tokens > 0
+    finally:
+        gw.stop()
+        for e in engines:
+            e.stop()
+
+
 def test_usage_is_read_from_the_tail_of_json_and_sse_bodies():
     from fleetserve.router.relay import CACHED_TOKENS, PROMPT_TOKENS
     from fleetserve.router.relay import last_int as _last_int

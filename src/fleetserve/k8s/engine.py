@@ -19,8 +19,13 @@ from __future__ import annotations
 import math
 from pathlib import PurePosixPath
 
-from fleetserve.capacity.placement import (CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL, l1_memory_bytes,
-                                          quantity)
+from fleetserve.capacity.placement import (
+    CAPACITY_TYPE_LABEL,
+    INSTANCE_TYPE_LABEL,
+    ZONE_LABEL,
+    l1_memory_bytes,
+    quantity,
+)
 from fleetserve.engine.adapters import ENGINE_TOKEN_ENV, VLLM_TOKEN_ENV, launch_for
 from fleetserve.k8s.context import ENGINE_PORT, ENGINE_TOKEN_KEY, GPU_ENGINES, INTERNAL_TOKEN_DIR, MODELS_DIR, Context
 from fleetserve.k8s.labels import DISCOVERY_LABEL, TIER_LABEL

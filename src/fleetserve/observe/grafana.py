@@ -78,8 +78,8 @@ PANELS: tuple[PanelDef, ...] = (
     PanelDef("cache_tiers", "KV cache hit rate per tier", "percentunit",
              (Series("{{tier}}",
                      f"sum by (tier) ({_TIER_HITS}) / ignoring (tier) group_left sum({_TIER_HITS}) "
-                     f"* ignoring (tier) group_left () (sum(rate(vllm:prefix_cache_hits_total{{{NAME},{NAMESPACE}}}{RATE})) "
-                     f"/ sum(rate(vllm:prefix_cache_queries_total{{{NAME},{NAMESPACE}}}{RATE})))"),),
+                     f"* ignoring (tier) group_left () (sum(rate(vllm:prefix_cache_hits_total{{{NAME},{NAMESPACE}}}"
+                     f"{RATE})) / sum(rate(vllm:prefix_cache_queries_total{{{NAME},{NAMESPACE}}}{RATE})))"),),
              "Share of looked-up prompt blocks found in each tier (engine memory, L1 CPU, L2 Redis): "
              "fleetserve_kv_tier_hits_total split of vllm:prefix_cache_hits/queries"),
     PanelDef("cached_tokens", "Cached prompt tokens: predicted vs reported", "short",

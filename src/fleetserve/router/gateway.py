@@ -46,6 +46,7 @@ from fleetserve.router.pool import Backend, BackendPool
 from fleetserve.router.relay import CACHED_TOKENS, PROMPT_TOKENS, last_int, relay
 from fleetserve.router.salting import TenantSalt
 from fleetserve.router.upstream import Upstream
+from fleetserve.router.usage import asking_usage
 from fleetserve.router.watcher import ReplicaWatcher
 
 log = logging.getLogger(__name__)
@@ -191,6 +192,11 @@ class Gateway:
             sent = request.body
             if self.salter is not None and post:
                 sent = self.salter.salted(request.path, body, request.body, tenant) or sent
+            asked_usage = False
+            if post and self.needs.prefix_keys:  # a learning policy: the stream must report its cached tokens
+                with_usage = asking_usage(request.path, body, sent)
+                if with_usage is not None:
+                    sent, asked_usage = with_usage, True
             held = 0.0 if self.gate.fast_go() else await self.gate.admit()
             forwarded.append((b"x-request-id", rid))
             if tenant:
@@ -225,7 +231,8 @@ class Gateway:
                 self.learn(choice, tail, routed)
         try:
             await relay(self, attempt, responder,
-                        [(b"x-request-id", rid), (b"x-fleetserve-replica", attempt.backend.id.encode())], learn)
+                        [(b"x-request-id", rid), (b"x-fleetserve-replica", attempt.backend.id.encode())], learn,
+                        strip_usage=asked_usage and status == 200)
         finally:
             attempt.release()
             self.metrics.latency_ms.observe((self.clock() - started) * 1000)
@@ -271,7 +278,8 @@ class Gateway:
     def learn(self, choice, tail: bytes, routed_prompt_tokens: int) -> None:
         """Feed the engine's reported cached tokens back to the policy and the predicted-against-reported
         metrics (router/feedback.py, as the simulator does), read from the answer's tail without parsing the
-        body: the gateway relays bytes. No `usage` (a stream without include_usage): nothing to learn."""
+        body: the gateway relays bytes (a stream asks for its usage: router/usage.py). No `usage`: nothing to
+        learn."""
         feedback.record(self.metrics, self.policy, choice, last_int(CACHED_TOKENS, tail),
                         last_int(PROMPT_TOKENS, tail), routed_prompt_tokens)
 

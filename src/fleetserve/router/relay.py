@@ -22,6 +22,7 @@ from fleetserve.api.errors import APIError
 from fleetserve.router.dispatch import Attempt
 from fleetserve.router.http1 import Responder
 from fleetserve.router.upstream import UpstreamError
+from fleetserve.router.usage import UsageStripper
 
 log = logging.getLogger(__name__)
 
@@ -39,27 +40,33 @@ def last_int(pattern: re.Pattern, data: bytes) -> int | None:
 
 
 async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[bytes, bytes]],
-                learn: Callable[[bytes], None] | None) -> bool:
-    """Write the answer; True when it was relayed whole. `learn` gets the answer's tail (its `usage`)."""
+                learn: Callable[[bytes], None] | None, strip_usage: bool = False) -> bool:
+    """Write the answer; True when it was relayed whole. `learn` gets the answer's tail (its `usage`);
+    `strip_usage`: the router asked for the stream's usage event itself, which the client does not get
+    (router/usage.py)."""
     response = attempt.response
+    sse = (response.header(b"content-type") or b"").startswith(b"text/event-stream")
+    strip = UsageStripper() if strip_usage and sse else None
     headers = [(k, v) for k, v in response.headers if k not in NOT_RELAYED]
     headers += extra
     first = attempt.first
-    if response.complete and response.content_length is not None:
+    if response.complete and response.content_length is not None and strip is None:
         rest = await response.read()  # already here: no wait
         body = first + rest if rest else first
         responder.send(response.status, headers, body)
         if learn:
             learn(body[-USAGE_TAIL:])
         return True
-    sse = (response.header(b"content-type") or b"").startswith(b"text/event-stream")
-    responder.start(response.status, headers, response.content_length)
+    # a stream that loses its usage event loses bytes: its length goes, and it is chunked instead
+    responder.start(response.status, headers, None if strip else response.content_length)
     tail = first[-USAGE_TAIL:] if learn else b""
     try:
         data = first
         while data:
-            responder.write(data)
-            await responder.drain()
+            out = strip.feed(data) if strip else data
+            if out:
+                responder.write(out)
+                await responder.drain()
             if responder.client_gone:
                 return False
             data = await response.read()
@@ -72,11 +79,16 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
         if sse and response.content_length is None:
             error = APIError(502, f"the model replica failed mid-stream ({exc.kind}); the response is incomplete",
                              code="upstream_failed")
-            responder.write(b"data: " + orjson.dumps(error.body()) + b"\n\ndata: [DONE]\n\n")
+            rest = strip.flush() if strip else b""
+            responder.write(rest + b"data: " + orjson.dumps(error.body()) + b"\n\ndata: [DONE]\n\n")
             responder.end()
         else:
             responder.abort()
         return False
+    if strip:
+        rest = strip.flush()
+        if rest:
+            responder.write(rest)
     responder.end()
     if learn:
         learn(tail)

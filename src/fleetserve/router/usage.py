@@ -1,0 +1,82 @@
+"""Streams that report their usage, for a router that learns from it, and clients that never see the difference.
+
+A blind cache-aware policy learns each engine's cache from `usage.prompt_tokens_details.cached_tokens`
+(router/feedback.py). vLLM, SGLang and the built-in engine put `usage` in a stream only when the request asks,
+with `stream_options: {"include_usage": true}`; most streaming clients do not ask, so the router learned nothing
+from streamed traffic, which is most of a chat service's. So the router asks on the client's behalf
+(`asking_usage`), and when the client had not asked it drops the usage-only event (`choices: []`) from the
+stream it relays (`UsageStripper`): a client that reads `chunk.choices[0]` of every chunk, as many do, would
+fail on it. The event still reaches the policy through the relay's tail.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import orjson
+
+USAGE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+_ASK = b'"stream_options":{"include_usage":true}'
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")  # SSE allows all three line endings
+
+
+def asking_usage(path: str, body: dict, raw: bytes) -> bytes | None:
+    """`raw` (the body to send) with usage asked for, or None to send it unchanged: not a stream of a completions
+    path, the client already asked, or `stream_options` that is not an object (the engine refuses it, naming it).
+
+    The field is spliced into the bytes when absent (the parsed body may have lost what orjson cannot hold);
+    otherwise the body is re-encoded by the stdlib, which keeps every number exactly."""
+    if path not in USAGE_PATHS or body.get("stream") is not True:
+        return None
+    options = body.get("stream_options")
+    if options is None and "stream_options" not in body:
+        inner = raw.rstrip()[:-1].rstrip()  # a JSON object's text ends with its closing brace
+        return inner + (b"" if inner.endswith(b"{") else b",") + _ASK + b"}"
+    if not isinstance(options, dict) or options.get("include_usage") is True:
+        return None
+    out = json.loads(raw)
+    out["stream_options"] = {**out["stream_options"], "include_usage": True}
+    return json.dumps(out, separators=(",", ":")).encode("ascii")
+
+
+def _usage_only(event: bytes) -> bool:
+    """An SSE event whose data is a chunk with no choices and a usage object: the one asked for."""
+    if b'"usage"' not in event:
+        return False
+    data = b"".join(line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:"))
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(chunk, dict) and chunk.get("choices") == [] and isinstance(chunk.get("usage"), dict)
+
+
+class UsageStripper:
+    """Relays an SSE stream event by event less the usage-only event: whole events pass as they arrive, a partial
+    one waits for its end (engines write whole events, so nothing waits in practice)."""
+
+    def __init__(self) -> None:
+        self._carry = b""
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self._carry + data if self._carry else data
+        ends = [m.end() for m in _EVENT_END.finditer(buf)]
+        if not ends:
+            self._carry = buf
+            return b""
+        complete, self._carry = buf[:ends[-1]], buf[ends[-1]:]
+        if b'"usage"' not in complete:
+            return complete
+        out, start = [], 0
+        for end in ends:
+            event = complete[start:end]
+            if not _usage_only(event):
+                out.append(event)
+            start = end
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        """What is left of an unterminated last event (a stream cut short): relayed as it came."""
+        rest, self._carry = self._carry, b""
+        return rest
