@@ -45,6 +45,40 @@ def test_profile_dicts_take_declared_fields_and_name_what_is_missing(tmp_path):
         resolve("tpu-9000")
 
 
+@pytest.mark.parametrize("field, value, says", [
+    ("max_batch", 0, "max_batch must be a whole number of at least 1"),  # simulate hung: nothing was admitted
+    ("prefill_chunk", 0, "prefill_chunk must be a whole number of at least 1"),  # hung too
+    ("block_size", 0, "block_size must be a whole number of at least 1"),  # ZeroDivisionError
+    ("cache_blocks", -5, "cache_blocks must be a whole number of at least 1"),
+    ("max_batch", 2.5, "max_batch must be a whole number"),
+    ("prefill_base_s", -1, "prefill_base_s must not be negative"),  # gave 0 ms latencies, exit 0
+    ("load_s", -100, "load_s must not be negative"),
+    ("l2_gbps", 0, "l2_gbps must be above 0"),
+    ("decode_base_s", float("nan"), "decode_base_s must be a number"),
+    ("cache_blocks", True, "cache_blocks must be a number"),
+])
+def test_profile_values_out_of_range_are_refused_naming_the_field(field, value, says):
+    with pytest.raises(ProfileError, match=says):
+        profile_from_dict({**PRESETS["l4-llama-8b"], field: value})
+
+
+def test_a_bad_profile_file_is_exit_2_before_anything_runs(tmp_path):
+    import subprocess
+    import sys
+
+    data = {**PRESETS["l4-llama-8b"], "max_batch": 0}
+    path = tmp_path / "p.json"
+    path.write_text(__import__("json").dumps(data))
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": [1]}\n')
+    spec = tmp_path / "s.yaml"
+    spec.write_text("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {name: p}\n"
+                    "spec: {model: {source: 'builtin:tiny'}}\n")
+    done = subprocess.run([sys.executable, "-m", "fleetserve", "simulate", str(spec), "--trace", str(trace),
+                           "--profile", str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "max_batch" in done.stderr, done.stdout + done.stderr
+
+
 def test_profile_command_measures_the_tiny_model(tmp_path):
     from fleetserve.engine.tiny import create_tiny_model
 

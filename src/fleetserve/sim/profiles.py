@@ -26,6 +26,7 @@ instance types and policies; measure your own with `fleetserve profile` where it
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
@@ -191,10 +192,26 @@ def profile_from_dict(data: dict) -> PerfProfile:
             raise ProfileError(f"profile field request_overhead_samples must be a list of seconds, got {samples!r}")
         values["request_overhead_samples"] = tuple(float(x) for x in samples)
     for k, v in values.items():
-        if k not in ("name", "source", "first_text_tokens", "request_overhead_samples") and not isinstance(
-                v, int | float):
+        if k in ("name", "source", "first_text_tokens", "request_overhead_samples"):
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
             raise ProfileError(f"profile field {k} must be a number, got {v!r}")
+        # a batch or chunk of 0 never admitted a request (simulate hung), a block of 0 divided by zero, and
+        # negative times gave 0 ms latencies with exit 0
+        if k in COUNT_FIELDS and (not float(v).is_integer() or v < 1):
+            raise ProfileError(f"profile field {k} must be a whole number of at least 1, got {v!r}")
+        if k in RATE_FIELDS and v <= 0:
+            raise ProfileError(f"profile field {k} must be above 0, got {v!r}")
+        if v < 0:
+            raise ProfileError(f"profile field {k} must not be negative, got {v!r}")
+    for k in COUNT_FIELDS:
+        if k in values:
+            values[k] = int(values[k])
     return PerfProfile(**values)
+
+
+COUNT_FIELDS = ("cache_blocks", "block_size", "max_batch", "prefill_chunk", "kv_bytes_per_token")
+RATE_FIELDS = ("l1_gbps", "l2_gbps")  # divided by
 
 
 def load_profile_file(path: str | Path) -> PerfProfile:
