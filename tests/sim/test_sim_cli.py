@@ -71,6 +71,14 @@ def test_bench_sim_speed_reports_requests_per_second():
     assert data["requests_per_s"] > 0 and data["requests"] >= 900
 
 
+def test_bench_sim_speed_names_the_rate_when_the_rate_is_what_cannot_run():
+    """Past the 5,000,000-request cap it was a traceback; scaled to nothing it named --trace."""
+    too_many = fleetserve("bench", "sim-speed", "--rate", "100000", "--limit", "500", "--trace", TRACE)
+    assert too_many.returncode == 2 and "--rate" in too_many.stderr and "at most 5,000,000" in too_many.stderr
+    none = fleetserve("bench", "sim-speed", "--rate", "0.001", "--limit", "100", "--trace", TRACE)
+    assert none.returncode == 2 and "--rate" in none.stderr and "leaves none" in none.stderr
+
+
 def test_same_seed_same_numbers_across_processes_and_hash_seeds():
     from tests.sim.conftest import MOONCAKE
 

@@ -332,10 +332,13 @@ def bench_sim_speed(
     if not path.is_file():
         raise typer.BadParameter(f"{path} {'is a directory' if path.is_dir() else 'does not exist'}",
                                  param_hint="--trace")
+    from fleetserve.sim.speed import RateError
     from fleetserve.traces.load import TraceError
 
     try:
         result = sim_speed(path, rate, limit, strategy)
+    except RateError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--rate") from None
     except TraceError as exc:
         raise typer.BadParameter(str(exc), param_hint="--trace") from None
     if as_json:

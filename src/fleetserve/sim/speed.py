@@ -15,7 +15,7 @@ from fleetserve.sim.run import simulate
 from fleetserve.sim.setup import SimOptions
 from fleetserve.sim.workload import scale_rate
 from fleetserve.spec.load import load_spec_data
-from fleetserve.traces.load import TraceError, load_trace
+from fleetserve.traces.load import load_trace
 
 AZURE_CODE = Path("/work/shared/traces/AzureLLMInferenceTrace_code.csv")
 SPEED_SPEC = {
@@ -31,15 +31,23 @@ SPEED_SPEC = {
 }
 
 
+class RateError(ValueError):
+    """The rate scale, not the trace, is what cannot run (the CLI names --rate)."""
+
+
 def sim_speed(trace_path: str | Path = AZURE_CODE, rate: float = 100.0, limit: int | None = None,
               strategy: str | None = None, seed: int = 0) -> dict:
     data = {**SPEED_SPEC, "spec": dict(SPEED_SPEC["spec"])}
     if strategy:
         data["spec"]["routing"] = {"strategy": strategy}
     endpoint = load_spec_data(data).endpoint
-    trace = scale_rate(load_trace(trace_path, limit=limit), rate, seed)
+    trace = load_trace(trace_path, limit=limit)
+    try:
+        trace = scale_rate(trace, rate, seed)
+    except ValueError as exc:  # more requests than any run takes
+        raise RateError(str(exc)) from None
     if not trace:
-        raise TraceError(f"{trace_path}: a rate scale of {rate:g} leaves none of its requests")
+        raise RateError(f"a rate scale of {rate:g} leaves none of the {trace_path} requests")
     started = time.perf_counter()
     result = simulate(endpoint, trace, SimOptions(seed=seed))
     wall = time.perf_counter() - started
