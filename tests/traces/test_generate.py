@@ -105,6 +105,17 @@ def test_bad_settings_name_the_setting():
         generate(WorkloadSpec.for_kind("chat", rate=0))
     with pytest.raises(ValueError, match="allowed: poisson, diurnal, bursts"):
         generate(WorkloadSpec.for_kind("chat", arrivals="spiky"))
+    # bounds checked before any work: these ran for minutes into gigabytes
+    with pytest.raises(ValueError, match="--turns must be at most 1,000"):
+        generate(WorkloadSpec.for_kind("chat", turns=10_000))
+    with pytest.raises(ValueError, match="--think x --turns makes chat's warm-up"):
+        generate(WorkloadSpec.for_kind("chat", think_s=100_000))
+    with pytest.raises(ValueError, match="--input-tokens must be at most 16,777,216"):
+        generate(WorkloadSpec.for_kind("diurnal", input_tokens=100_000_000))
+    with pytest.raises(ValueError, match="--documents must be at most 100,000"):
+        generate(WorkloadSpec.for_kind("rag", documents=10_000_000))
+    with pytest.raises(ValueError, match="tokens each would carry"):
+        generate(WorkloadSpec.for_kind("rag", duration_s=86_400, rate=50, docs_per_request=100, doc_tokens=100_000))
     with pytest.raises(ValueError, match="prompt text"):
         write_trace(generate(WorkloadSpec.for_kind("chat", duration_s=30), with_text=False), "/tmp/x", "prompts")
 

@@ -177,8 +177,8 @@ def trace_generate(
         burst_s=burst_length)
     try:
         requests = generate(spec, with_text=fmt == "prompts")
-    except ValueError as exc:  # too many requests to hold (the bound names the duration and rate)
-        raise typer.BadParameter(str(exc), param_hint="--duration/--rate") from None
+    except ValueError as exc:  # a knob past its bound, or too much to build (the bounds name the duration and rate)
+        raise typer.BadParameter(str(exc), param_hint=getattr(exc, "option", "--duration/--rate")) from None
     if not requests:
         raise _fail("the workload has no requests: raise --rate or --duration")
     from fleetserve.traces.load import MAX_TOKENS

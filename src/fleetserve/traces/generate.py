@@ -90,6 +90,9 @@ class WorkloadSpec:
         return cls(**{"arrivals": process, "content": content, **given})
 
     def check(self) -> None:
+        """Refuse, before any work, what cannot be built: each knob within its bound, and the requests built and
+        the prompt tokens they carry within what a trace holds (chat builds its warm-up's sessions too). Before,
+        `--turns 10000` ran for minutes into 8 GB, and `--input-tokens 100000000` failed only after 43 s."""
         if self.arrivals not in arrival_processes.ARRIVALS:
             raise ValueError(f"unknown arrival process {self.arrivals!r}; allowed: "
                              f"{', '.join(arrival_processes.ARRIVALS)}")
@@ -99,8 +102,61 @@ class WorkloadSpec:
                      "doc_tokens", "docs_per_request", "period_s", "peak_to_trough", "burst_factor",
                      "burst_every_s", "burst_s"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
-        check_request_count(self.duration_s * self.rate, f"{self.duration_s:g} s at {self.rate:g} requests/s")
+                raise WorkloadError(name, f"must be positive, got {getattr(self, name)!r}")
+        for name, most in KNOB_LIMITS.items():
+            if getattr(self, name) > most:
+                raise WorkloadError(name, f"must be at most {most:,}, got {getattr(self, name):,}")
+        warmup = chat_warmup_s(self) if self.content == "chat" else 0.0
+        what = f"{self.duration_s:g} s at {self.rate:g} requests/s"
+        if warmup:
+            what += f" (and chat's warm-up of turns x think x ln 100 = {warmup:,.0f} s before it)"
+        try:
+            check_request_count((self.duration_s + warmup) * self.rate, what)
+        except ValueError as exc:
+            raise WorkloadError(None, str(exc)) from None
+        if warmup * self.rate > MAX_WARMUP_REQUESTS:  # built, then dropped: work without a request to show for it
+            raise WorkloadError("think_s", f"x --turns makes chat's warm-up {warmup:,.0f} s long (turns x think x "
+                                f"ln 100), about {warmup * self.rate:,.0f} requests built before the trace starts; "
+                                f"at most {MAX_WARMUP_REQUESTS:,}: lower --think or --turns")
+        tokens = self.duration_s * self.rate * self.mean_prompt_tokens()
+        if tokens > MAX_TRACE_TOKENS:
+            raise WorkloadError(None, f"{what} of about {self.mean_prompt_tokens():,.0f} prompt tokens each "
+                                f"would carry {tokens:,.0f} tokens; at most {MAX_TRACE_TOKENS:,}: lower the rate, "
+                                "the duration or the prompt sizes")
+
+    def mean_prompt_tokens(self) -> float:
+        """About how long a prompt of this workload is on average (chat: its history grows with every turn)."""
+        if self.content == "chat":
+            return self.system_tokens + (self.turns + 1) / 2 * (self.input_tokens + self.output_tokens)
+        if self.content == "system-prompt":
+            return self.system_tokens + self.input_tokens
+        if self.content == "rag":
+            return 64 + min(self.docs_per_request, self.documents) * self.doc_tokens + self.input_tokens
+        return self.input_tokens
+
+
+class WorkloadError(ValueError):
+    """A workload setting that cannot be built; `option` is the command-line option that sets it (the size of the
+    whole workload: --duration/--rate)."""
+
+    def __init__(self, field: str | None, message: str):
+        if field is None:
+            self.option = "--duration/--rate"
+            super().__init__(message)
+        else:
+            self.option = "--" + OPTION_NAMES.get(field, field).replace("_", "-")
+            super().__init__(f"{self.option} {message}")
+
+
+# the command-line option of each workload field (trace generate)
+OPTION_NAMES = {"duration_s": "duration", "think_s": "think", "period_s": "period", "burst_every_s": "burst-every",
+                "burst_s": "burst-length"}
+# each knob's most: a prompt's tokens as the trace loader's MAX_TOKENS, chat sessions of at most a thousand turns
+# on average, corpora of at most 100,000 prompts or documents
+KNOB_LIMITS = {"input_tokens": 1 << 24, "output_tokens": 1 << 24, "system_tokens": 1 << 24, "doc_tokens": 1 << 24,
+               "turns": 1000, "system_prompts": 100_000, "documents": 100_000, "docs_per_request": 1000}
+MAX_WARMUP_REQUESTS = 500_000  # chat prompts built before zero (seconds of work; none of them is kept)
+MAX_TRACE_TOKENS = 20_000_000_000  # about 40 M hash ids of 512 tokens: a minute of work and a few GB
 
 
 @dataclass(frozen=True)
