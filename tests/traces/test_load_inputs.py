@@ -62,6 +62,10 @@ def test_mooncake_epoch_stamps_and_unsorted_rows_replay_from_zero(tmp_path):
     ("msgs.jsonl", '{"messages": ["hi"]}\n', "msgs.jsonl:1: messages must be a non-empty list of objects"),
     ("prompt.jsonl", '{"prompt": 123}\n', "prompt.jsonl:1: prompt must be a non-empty string"),
     ("max.jsonl", '{"prompt": "hi", "max_tokens": -4}\n', "max.jsonl:1: max_tokens must be a whole number from 1"),
+    # one id per 512-token block: 5,000 tokens under one id gave hit rates above the ideal, 10 under 100 ids none
+    ("ids.jsonl", '{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}\n'
+                  '{"timestamp": 1, "input_length": 5000, "output_length": 1, "hash_ids": [1]}\n',
+     "ids.jsonl:2: hash_ids has 1 ids, but input_length 5000 is 10 Mooncake blocks of 512 tokens"),
 ])
 def test_unreadable_rows_are_refused_naming_file_and_line(tmp_path, name, text, says):
     path = tmp_path / name

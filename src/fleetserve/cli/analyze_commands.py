@@ -137,7 +137,9 @@ def trace_generate(
     fmt: Annotated[str, typer.Option("--format", help="mooncake (hash ids), prompts (prompt log) or azure")
                    ] = "mooncake",
     duration: Annotated[float, typer.Option(min=1, help="Seconds of traffic")] = 600.0,
-    rate: Annotated[float, typer.Option(min=0.001, help="Mean requests per second")] = 2.0,
+    rate: Annotated[float, typer.Option(min=0.001, help="Mean requests per second (diurnal: over the whole "
+                                                         "--period; a shorter trace gets the part of the day it "
+                                                         "covers, from midnight)")] = 2.0,
     seed: Annotated[int, typer.Option(help="Same seed, same workload")] = 0,
     arrivals: Annotated[str | None, typer.Option(help="Override the arrival process: poisson, diurnal, bursts")
                         ] = None,
@@ -189,8 +191,8 @@ def trace_generate(
                     "request (chat prompts grow with every turn): lower --input-tokens, --output-tokens, "
                     "--system-tokens, --doc-tokens or --turns")
     write_trace(requests, output, fmt)
-    err.print(f"{len(requests)} requests over {duration:g}s ({spec.arrivals} arrivals, {spec.content} prompts) "
-              f"written to {output} ({fmt})", markup=False)
+    err.print(f"{len(requests)} requests over {duration:g}s ({len(requests) / duration:.3g}/s; {spec.arrivals} "
+              f"arrivals, {spec.content} prompts) written to {output} ({fmt})", markup=False)
 
 
 @trace_app.command("scale")

@@ -24,10 +24,35 @@ def _svg(fig) -> str:
     return text[text.index("<svg"):]
 
 
+SHADED_SPANS = 400  # at most this many shaded spans per kind: a plot's width shows no more
+
+
+def shaded_spans(windows: list, most: int = SHADED_SPANS) -> list[tuple[float, float]]:
+    """The windows as few spans as the plot can show: touching ones joined, then the narrowest gaps closed until at
+    most `most` remain. A day in 1 s windows shaded 30,000 spans: 103 s and a 20 MB report."""
+    spans: list[list[float]] = []
+    for a, b in sorted(windows):
+        if spans and a <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], b)
+        else:
+            spans.append([a, b])
+    if len(spans) > most:
+        gaps = sorted(spans[i + 1][0] - spans[i][1] for i in range(len(spans) - 1))
+        close = gaps[len(spans) - most - 1]  # closing every gap up to this one leaves at most `most`
+        joined = [spans[0]]
+        for a, b in spans[1:]:
+            if a - joined[-1][1] <= close:
+                joined[-1][1] = b
+            else:
+                joined.append([a, b])
+        spans = joined
+    return [(a, b) for a, b in spans]
+
+
 def _shade(ax, report: dict) -> None:
-    for a, b in report["peak"]["windows"]:
+    for a, b in shaded_spans(report["peak"]["windows"]):
         ax.axvspan(a / 60, b / 60, color="tab:red", alpha=0.08, lw=0)
-    for a, b in report["idle"]["windows"]:
+    for a, b in shaded_spans(report["idle"]["windows"]):
         ax.axvspan(a / 60, b / 60, color="tab:blue", alpha=0.08, lw=0)
 
 

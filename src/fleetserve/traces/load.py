@@ -16,7 +16,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from fleetserve.traces.model import TraceRequest, check_span
+from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, check_span
 from fleetserve.traces.servegen import ServeGenError, is_servegen, load_servegen
 
 FORMATS = ("mooncake", "azure", "prompts", "servegen")
@@ -162,7 +162,13 @@ def _mooncake(p: Path, limit: int | None) -> list[TraceRequest]:
         if not isinstance(hash_ids, (list, tuple)) or not all(isinstance(h, int) and not isinstance(h, bool)
                                                      for h in hash_ids):
             raise TraceError(f"{where}: hash_ids must be a list of integers")
-        out.append(TraceRequest(_number(row, "timestamp", where) / 1000.0, _count(row, "input_length", where),
+        length = _count(row, "input_length", where)
+        blocks = -(-length // MOONCAKE_BLOCK_TOKENS)
+        if hash_ids and len(hash_ids) != blocks:  # the ids stand for the prompt's blocks: else hit rates past the
+            # ideal (5,000 tokens under one id) or none at all (10 tokens under 100 ids)
+            raise TraceError(f"{where}: hash_ids has {len(hash_ids)} ids, but input_length {length} is {blocks} "
+                             f"Mooncake blocks of {MOONCAKE_BLOCK_TOKENS} tokens (one id per block)")
+        out.append(TraceRequest(_number(row, "timestamp", where) / 1000.0, length,
                                 _count(row, "output_length", where), tuple(hash_ids), session=row.get("session")))
     return out
 
