@@ -266,6 +266,10 @@ def test_builtin_engine_pvc_model_and_tenant_redis():
                        "beta=redis://redis.example.com:6379/1"]
     assert _by(rendered, "StatefulSet", "redis-alpha") and _by(rendered, "StatefulSet", "iso-redis")
     assert "--internal-token-file" in c["args"]
+    # the engine takes what the router forwards: its own additions (cache_salt, include_usage) included
+    router = _by(rendered, "Deployment", "iso-router")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    limit = int(router[router.index("--max-body-bytes") + 1])
+    assert int(c["args"][c["args"].index("--max-body-bytes") + 1]) == 2 * limit
 
 
 def test_hyperpod_spec_renders():
@@ -558,6 +562,19 @@ def test_amazon_managed_prometheus_triggers_are_signed_with_the_keda_operators_i
     assert auth["spec"]["podIdentity"] == {"provider": "aws", "identityOwner": "keda"}
     assert validate(auth) == []
     assert any("aps:QueryMetrics" in w.message for w in rendered.warnings)
+    # the cluster's own Prometheus on AMP (--prometheus-url): every query is signed, the activation one included
+    from fleetserve.k8s.context import Context, RenderOptions
+    from fleetserve.k8s.keda import keda_objects
+
+    _, loaded = _objects(FULL)
+    ctx = Context.build(loaded.endpoint, RenderOptions(
+        prometheus_url="https://aps-workspaces.eu-west-1.amazonaws.com/workspaces/ws-1"))
+    objects = keda_objects(ctx, lambda *a: None)
+    queries = [t for o in objects if o["kind"] == "ScaledObject" for t in o["spec"]["triggers"]
+               if t["type"] == "prometheus" and "aps-workspaces" in t["metadata"]["serverAddress"]]
+    assert {t["name"] for t in queries} >= {"t0-concurrency", "activation-pending", "overflow"}
+    assert all(t["metadata"]["awsRegion"] == "eu-west-1" and "authenticationRef" in t for t in queries)
+    assert [o["kind"] for o in objects].count("TriggerAuthentication") == 1
     plain, _ = _objects(FULL)  # an in-cluster Prometheus: nothing to sign
     assert not [o for o in plain.objects if o["kind"] == "TriggerAuthentication"]
     assert not any("authenticationRef" in t for o in _by(plain, "ScaledObject") for t in o["spec"]["triggers"])
@@ -590,3 +607,13 @@ def test_a_lost_router_scrape_is_a_failure_not_an_idle_fleet(metric, tmp_path):
     (so,) = _by(render(loaded.endpoint), "ScaledObject", "chat-engine-t0")
     ignore = {t["name"]: t["metadata"]["ignoreNullValues"] for t in so["spec"]["triggers"] if t["type"] == "prometheus"}
     assert ignore == {"t0-concurrency": "false", "t1-prometheus": "true", "activation-pending": "false"}
+
+
+def test_autoscaling_without_metrics_names_what_its_triggers_cannot_read():
+    """With metrics.enabled false nothing scrapes the router, so the built-in triggers read nothing: a failure on
+    every poll since they no longer read a lost scrape as zero load. Render says so."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["metrics"] = {"enabled": False}
+    rendered, _ = _objects(doc)
+    assert "never wakes from zero" in {w.path: w.message for w in rendered.warnings}["spec.metrics.enabled"]
+    assert "spec.metrics.enabled" not in {w.path for w in _objects(FULL)[0].warnings}

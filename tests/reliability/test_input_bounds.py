@@ -1,6 +1,7 @@
 """Finding 2: bounded bodies and headers everywhere, and no tokenizing on the event loop."""
 
 import asyncio
+import json
 import threading
 
 import httpx
@@ -105,3 +106,26 @@ def test_a_completion_prompt_over_the_context_names_the_prompt(tiny_model):
     with pytest.raises(APIError) as err:
         asyncio.run(engine._tokenize(parse_completion({"prompt": [1] * runner.context_length, "max_tokens": 3})))
     assert (err.value.code, err.value.param) == ("context_length_exceeded", "prompt")
+
+
+def test_a_stream_just_under_the_routers_limit_reaches_the_engine(tiny_model, tmp_path):
+    """A learning router adds `stream_options.include_usage` (and a tenant's cache_salt) to what it forwards: with
+    the engine's limit equal to the router's, a body just under the limit got a 413 from the engine. Fleets give
+    their engines twice the clients' limit (api/limits.engine_body_limit), as here."""
+    from fleetserve.api.limits import engine_body_limit
+
+    engine = Server(["engine", "--model", str(tiny_model), "--served-model-name", "tiny", "--threads", "1",
+                     "--max-body-bytes", str(engine_body_limit(65536))], tmp_path / "engine.log").start()
+    router = Server(["router", "--strategy", "prefixaware", "--backend", engine.url, "--max-body-bytes", "65536"],
+                    tmp_path / "router.log").start()
+    try:
+        text = json.dumps({**_chat(5), "stream": True}).encode()
+        raw = b"{" + b" " * (65536 - len(text) - 8) + text[1:]  # the size of a long prompt, the tokens of a short one
+        with httpx.stream("POST", router.url + "/v1/chat/completions", content=raw, timeout=60,
+                          headers={"content-type": "application/json"}) as r:
+            assert r.status_code == 200, r.read()
+            text = r.read().decode()
+        assert text.rstrip().endswith("data: [DONE]") and '"choices":[]' not in text.replace(" ", "")
+    finally:
+        router.stop()
+        engine.stop()

@@ -171,7 +171,8 @@ SLOW = {"model": "slow", "prompt": "a", "max_tokens": 3000, "stream": True, "tem
 
 def test_stream_is_relayed_chunk_by_chunk_and_disconnect_cancels_upstream(slow_pair):
     gw, e = slow_pair
-    with httpx.stream("POST", gw.url + "/v1/completions", json=SLOW, timeout=60) as r:
+    with httpx.stream("POST", gw.url + "/v1/completions", json=SLOW, timeout=60,
+                      headers={"x-request-id": "left-early"}) as r:
         lines = r.iter_lines()
         first = next(line for line in lines if line.startswith("data: {"))
         assert json.loads(first[6:])["object"] == "text_completion"
@@ -182,6 +183,10 @@ def test_stream_is_relayed_chunk_by_chunk_and_disconnect_cancels_upstream(slow_p
     assert sample(e.url, "vllm:generation_tokens_total", model_name="slow") < 3000
     wait_until(lambda: httpx.get(gw.url + "/health", timeout=5).json()["backends"][0]["in_flight"] == 0, 30,
                what="router to release the slot")
+    # the access line says the client left (it said 200, where the engine's said 499)
+    wait_until(lambda: "request_id=left-early" in gw.log(), 20, what="the request's access line")
+    line = next(x for x in gw.log().splitlines() if "request_id=left-early" in x)
+    assert "status=499" in line, line
 
 
 def test_backend_dying_mid_stream_gives_a_clean_error(slow_pair):

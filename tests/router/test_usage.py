@@ -29,6 +29,8 @@ def test_a_stream_is_asked_for_its_usage_and_nothing_else_changes():
     assert ask({"stream": True, "stream_options": {"include_usage": False, "x": 1}})["stream_options"] == \
         {"include_usage": True, "x": 1}
     assert ask({"stream": True, "stream_options": "yes"}) is None  # the engine refuses it, naming it
+    assert ask({"stream": True, "stream_options": {"include_usage": "yes"}}) is None  # likewise: not made valid
+    assert ask({"stream": True, "stream_options": None})["stream_options"] == {"include_usage": True}  # null: none
     assert ask({"stream": "true"}) is None  # not a stream the engine would serve either
 
 
@@ -50,5 +52,87 @@ def test_other_events_pass_as_they_come_whatever_their_line_endings():
     assert strip.feed(USAGE.replace(b"\n\n", b"\r\n\r\n")) == b""
     error = b'data: {"error":{"message":"x","usage":{}}}\n\n'  # has "usage" but is not the usage chunk
     assert strip.feed(error) == error
+    sglang = CHUNK.replace(b"]}", b'],"usage":null}')  # SGLang writes a null usage into every chunk
+    assert strip.feed(sglang) == sglang
+    spaced = b'data: {"choices": [], "usage": {"prompt_tokens": 3}}\n\n'  # json.dumps' default separators
+    assert strip.feed(spaced) == b""
+    mixed = CHUNK.replace(b"\n\n", b"\n\r\n")  # an LF line end, then a CRLF blank line: an event's end too
+    assert strip.feed(mixed) == mixed  # it was held back to the end of the stream
+    assert strip.feed(USAGE.replace(b"\n\n", b"\n\r\n")) == b""
+    assert strip.feed(b"data: {}\r\n") == b""  # one CRLF is one line end, not a blank line
+    assert strip.feed(b"\r\n") == b"data: {}\r\n\r\n"
     assert strip.feed(b'data: {"choices":[],"usa') == b""  # waits for the end of its event
     assert strip.flush() == b'data: {"choices":[],"usa'  # a stream cut short: relayed as it came
+
+
+class _Response:
+    """An upstream SSE answer whose replica dies after `parts` (the relay's view of it)."""
+
+    def __init__(self, parts):
+        self.headers = [(b"content-type", b"text/event-stream")]
+        self.status, self.complete, self.content_length = 200, False, None
+        self._parts = list(parts)
+
+    def header(self, name):
+        return dict(self.headers).get(name)
+
+    async def read(self):
+        from fleetserve.router.upstream import UpstreamError
+
+        if not self._parts:
+            raise UpstreamError("reset")
+        return self._parts.pop(0)
+
+
+class _Responder:
+    def __init__(self):
+        self.body, self.client_gone = b"", False
+
+    def start(self, status, headers, length):
+        self.length = length
+
+    def write(self, data):
+        self.body += data
+
+    async def drain(self):
+        pass
+
+    def end(self):
+        pass
+
+
+@pytest.mark.parametrize("strip_usage", [False, True])
+def test_a_replica_dying_mid_event_leaves_the_client_events_it_can_parse(strip_usage):
+    """The error event was written straight after a partial event: it landed on that event's data line and
+    neither parsed. Now a partial event the client got is ended first, and one still held back is dropped."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from fleetserve.router.relay import relay
+
+    partial = b'data: {"id":"c","choices":[{"index":0,"te'
+    attempt = SimpleNamespace(response=_Response([partial]), first=CHUNK, backend=SimpleNamespace(url="u"))
+    gw = SimpleNamespace(mark_unreachable=lambda *a: None, request_failed=lambda *a: None)
+    responder = _Responder()
+    assert asyncio.run(relay(gw, attempt, responder, [], None, strip_usage=strip_usage)) is False
+    events = [e for e in responder.body.split(b"\n\n") if e]
+    assert events[0] == CHUNK.rstrip(b"\n") and events[-1] == b"data: [DONE]"
+    error = json.loads(events[-2][len(b"data: "):])
+    assert "failed mid-stream" in error["error"]["message"]
+    assert len(events) == (3 if strip_usage else 4)  # the partial event: dropped while held, else ended on its own
+
+
+def test_bodies_are_changed_exactly_and_stay_as_small_as_the_client_sent_them():
+    """Re-encoding escaped every non-ASCII character (CJK text doubled, a body under the limit got a 413 from the
+    engine) and wrote a 1e400 back as Infinity."""
+    from fleetserve.router.rewrite import encoded, reencodable, spliced
+
+    raw = '{"stream": true, "stream_options": {}, "user": "日本", "seed": 123456789012345678901234567890}'.encode()
+    out = asking_usage("/v1/completions", json.loads(raw), raw)
+    assert len(out) <= len(raw) + len(b'"include_usage":true') and "日本".encode() in out
+    assert b"123456789012345678901234567890" in out
+    huge = b'{"stream": true, "stream_options": {}, "top_p": 1e400}'
+    assert reencodable(huge) is None and asking_usage("/v1/completions", {"stream": True, "stream_options": {}},
+                                                      huge) is None
+    assert encoded(reencodable(b'{"logit_bias": {"5": -Infinity}}')) == b'{"logit_bias":{"5":-Infinity}}'
+    assert spliced(b'{ }', b'"a":1') == b'{"a":1}' and spliced(b'{"b":2}\n', b'"a":1') == b'{"b":2,"a":1}'

@@ -114,6 +114,10 @@ def test_bad_settings_name_the_setting():
         generate(WorkloadSpec.for_kind("diurnal", input_tokens=100_000_000))
     with pytest.raises(ValueError, match="--documents must be at most 100,000"):
         generate(WorkloadSpec.for_kind("rag", documents=10_000_000))
+    with pytest.raises(ValueError, match="--burst-factor must be at most 1,000"):  # 894 GiB allocated
+        generate(WorkloadSpec.for_kind("bursts", burst_factor=1e9))
+    with pytest.raises(ValueError, match="drawn at the bursts' 1000 x"):
+        generate(WorkloadSpec.for_kind("bursts", burst_factor=1000, rate=100, duration_s=86_400))
     with pytest.raises(ValueError, match="tokens each would carry"):
         generate(WorkloadSpec.for_kind("rag", duration_s=86_400, rate=50, docs_per_request=100, doc_tokens=100_000))
     with pytest.raises(ValueError, match="prompt text"):

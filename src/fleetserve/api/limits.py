@@ -26,6 +26,13 @@ class SizeLimits:
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
 
 
+def engine_body_limit(max_body_bytes: int) -> int:
+    """The body limit of an engine behind the router: twice the clients' limit, which the router enforces. The
+    router adds to what it forwards (a tenant's cache_salt, a stream's include_usage) and may re-encode it: a
+    request just under the limit got a 413 from the engine that it had passed at the router."""
+    return 2 * max_body_bytes
+
+
 class BodyTooLarge(APIError):
     """Raised from `receive` mid-body; handlers that catch APIError answer it like any bad request."""
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 
 from fleetserve.api.internal import router_trust_args, write_token_file
+from fleetserve.api.limits import engine_body_limit
 from fleetserve.autoscale.controller import Controller
 from fleetserve.autoscale.policy import ScaleDecision, ScalingPolicy, ScalingState
 from fleetserve.autoscale.scaledown import Candidate, victims
@@ -356,10 +357,13 @@ class Supervisor:
             self._token_file = write_token_file(path)
         return self._token_file
 
-    def _limit_args(self) -> list[str]:
+    def _limit_args(self, engine: bool = False) -> list[str]:
+        """The size limits: the router's are the spec's; an engine's body limit leaves room for what the router
+        adds (api/limits.engine_body_limit)."""
         limits = self.spec.request_limits
+        body = engine_body_limit(limits.max_body_bytes) if engine else limits.max_body_bytes
         return ["--internal-token-file", str(self._internal_token_file()),
-                "--max-body-bytes", str(limits.max_body_bytes), "--max-header-bytes", str(limits.max_header_bytes)]
+                "--max-body-bytes", str(body), "--max-header-bytes", str(limits.max_header_bytes)]
 
     def _log_args(self) -> list[str]:
         """spec.observability.logFormat / logPrompts (observe/logs.py), for the router and every engine."""
@@ -455,7 +459,7 @@ class Supervisor:
         if kv.l2.enabled:
             for tenant, url in kv.l2.tenant_urls.items():
                 cmd += ["--l2-tenant", f"{tenant}={url}"]
-        return cmd + self._limit_args() + self._log_args() + list(spec.engine.args)
+        return cmd + self._limit_args(engine=True) + self._log_args() + list(spec.engine.args)
 
     def _start_prometheus(self) -> None:
         """The fleet's Prometheus (fleet/prometheus.py), when the spec wants one; its targets follow the replicas."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from pathlib import PurePosixPath
 
+from fleetserve.api.limits import engine_body_limit
 from fleetserve.capacity.placement import (
     CAPACITY_TYPE_LABEL,
     INSTANCE_TYPE_LABEL,
@@ -107,7 +108,8 @@ def _builtin_args(ctx: Context, model_path: str, instance_type: str, l2_url: str
     for tenant, url in tenant_urls.items():
         args += ["--l2-tenant", f"{tenant}={url}"]
     args += ["--internal-token-file", f"{INTERNAL_TOKEN_DIR}/token",
-             "--max-body-bytes", str(limits.max_body_bytes), "--max-header-bytes", str(limits.max_header_bytes)]
+             "--max-body-bytes", str(engine_body_limit(limits.max_body_bytes)),
+             "--max-header-bytes", str(limits.max_header_bytes)]
     return args + list(spec.engine.args)
 
 

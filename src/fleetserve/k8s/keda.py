@@ -150,8 +150,6 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
             out.append(_prometheus(f"t{i}-{trig.metric.replace('_', '-')}", server, builtin_query(ctx, trig.metric),
                                    trig.target, trig.activation_target, trig.kind,
                                    ignore_null=trig.metric == "ttft_p95"))
-    for trigger in out:
-        _signed_for_amp(ctx, trigger)
     for i, st in enumerate(spec_triggers[:len(out)]):
         # KEDA-only trigger settings (HyperPod's metricType, useCachedMetrics, customHeaders)
         if st.metric_type:
@@ -174,6 +172,9 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
         out.append({"type": "cron", "name": f"floor-{window.name}",
                     "metadata": {"timezone": window.tz.key, "start": start, "end": window.end.text,
                                  "desiredReplicas": str(window.floor)}})
+    for trigger in out:  # every query of AMP, the activation on pending requests included
+        if trigger["type"] == "prometheus":
+            _signed_for_amp(ctx, trigger)
     return out
 
 
@@ -238,6 +239,11 @@ def keda_objects(ctx: Context, warn) -> list[dict]:
     out = []
     if ctx.policy is not None:
         out.append(scaled_object(ctx, ctx.policy, warn))
+        if not spec.metrics.enabled:
+            warn("spec.metrics.enabled", "false: no ServiceMonitor scrapes the router, whose series every built-in "
+                                         "trigger reads (and the activation at zero replicas): they fail on every "
+                                         "poll and KEDA holds the fallback, or the fleet never wakes from zero; "
+                                         "enable metrics, or have your Prometheus scrape NAME-router")
     most = ctx.policy.max_replicas if ctx.policy is not None else max(spec.replicas, 1)
     out += [overflow_object(ctx, k, most) for k in range(1, len(ctx.tiers))]
     if any("authenticationRef" in t for o in out for t in o["spec"]["triggers"]):

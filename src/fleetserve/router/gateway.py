@@ -229,14 +229,20 @@ class Gateway:
         if status == 200 and self.needs.prefix_keys:
             def learn(tail: bytes, choice=attempt.choice, routed=route.prompt_tokens) -> None:
                 self.learn(choice, tail, routed)
+        logged = status
         try:
-            await relay(self, attempt, responder,
-                        [(b"x-request-id", rid), (b"x-fleetserve-replica", attempt.backend.id.encode())], learn,
-                        strip_usage=asked_usage and status == 200)
+            whole = await relay(self, attempt, responder,
+                                [(b"x-request-id", rid), (b"x-fleetserve-replica", attempt.backend.id.encode())],
+                                learn, strip_usage=asked_usage and status == 200)
+            if not whole and responder.client_gone:
+                logged = 499  # the client left mid-answer: the access line says so, as the engine's does
+        except asyncio.CancelledError:  # the front door cancels a request whose client left
+            logged = 499
+            raise
         finally:
             attempt.release()
             self.metrics.latency_ms.observe((self.clock() - started) * 1000)
-            self._log(request_id, tenant, request.path, status, started, attempt, ttfb_ms, body)
+            self._log(request_id, tenant, request.path, logged, started, attempt, ttfb_ms, body)
 
     def _route(self, request: Request, body: dict, tenant: str | None) -> RouteRequest:
         """What the policy may use; the prompt's prefix keys only when it needs them (hashing costs)."""

@@ -27,6 +27,7 @@ from fleetserve.router.usage import UsageStripper
 log = logging.getLogger(__name__)
 
 USAGE_TAIL = 1024
+EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 # the replica's framing and connection headers are its own; ours are set by the front door
@@ -60,12 +61,14 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
     # a stream that loses its usage event loses bytes: its length goes, and it is chunked instead
     responder.start(response.status, headers, None if strip else response.content_length)
     tail = first[-USAGE_TAIL:] if learn else b""
+    written = b""  # the last bytes the client got: whether they ended an SSE event
     try:
         data = first
         while data:
             out = strip.feed(data) if strip else data
             if out:
                 responder.write(out)
+                written = out[-4:]
                 await responder.drain()
             if responder.client_gone:
                 return False
@@ -79,8 +82,10 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
         if sse and response.content_length is None:
             error = APIError(502, f"the model replica failed mid-stream ({exc.kind}); the response is incomplete",
                              code="upstream_failed")
-            rest = strip.flush() if strip else b""
-            responder.write(rest + b"data: " + orjson.dumps(error.body()) + b"\n\ndata: [DONE]\n\n")
+            # the error is an event of its own: after a partial event the client got, end that one first (its
+            # data line took the error's, and neither parsed); a partial event still held back is dropped
+            cut = b"" if written.endswith(EVENT_ENDS) or not written else b"\n\n"
+            responder.write(cut + b"data: " + orjson.dumps(error.body()) + b"\n\ndata: [DONE]\n\n")
             responder.end()
         else:
             responder.abort()

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 
+from fleetserve.api.errors import APIError
 from fleetserve.api.protocol import cache_salt_of
 from fleetserve.kvcache.blocks import kv_salt
+from fleetserve.router.rewrite import encoded, reencodable, spliced
 
 SALTED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})
 
@@ -38,15 +39,16 @@ class TenantSalt:
         """The body to send instead of the client's, or None to send it unchanged (no tenant, another path).
         A `cache_salt` that is not a non-empty string is refused (400 naming it), as the engine would.
 
-        Everything else goes out as the client wrote it: the field is spliced into the raw bytes (the parsed
-        body may have lost what orjson cannot hold: NaN, Infinity, integers past 64 bits); a body that already
-        has one is re-encoded by the stdlib, which keeps every number exactly."""
+        Everything else goes out as the client wrote it: the field is spliced into the raw bytes, or a body that
+        already has one is re-encoded exactly (router/rewrite.py)."""
         if not tenant or path not in SALTED_PATHS:
             return None
         salt = self.salt(tenant, cache_salt_of(body))
         if "cache_salt" not in body:
-            inner = raw.rstrip()[:-1].rstrip()  # a JSON object's text ends with its closing brace
-            return inner + (b"" if inner.endswith(b"{") else b",") + b'"cache_salt":"' + salt.encode() + b'"}'
-        out = json.loads(raw)
+            return spliced(raw, b'"cache_salt":"' + salt.encode() + b'"')
+        out = reencodable(raw)
+        if out is None:  # a value re-encoding would change (1e400): the engine refuses the body anyway
+            raise APIError(400, "request body has a number outside the range of a double (such as 1e400); it "
+                                "cannot be forwarded with the tenant's cache_salt", code="invalid_value")
         out["cache_salt"] = salt
-        return json.dumps(out, separators=(",", ":")).encode("ascii")
+        return encoded(out)

@@ -11,38 +11,53 @@ fail on it. The event still reaches the policy through the relay's tail.
 
 from __future__ import annotations
 
-import json
 import re
 
 import orjson
 
+from fleetserve.router.rewrite import encoded, reencodable, spliced
+
 USAGE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 _ASK = b'"stream_options":{"include_usage":true}'
-_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")  # SSE allows all three line endings
+# an event ends at a blank line: two line ends in a row, each CRLF, LF or CR (SSE allows all three, mixed); a CR
+# followed by LF is one line end, never two
+_LINE_END = rb"(?:\r\n|\n|\r(?!\n))"
+_EVENT_END = re.compile(_LINE_END + _LINE_END)
 
 
 def asking_usage(path: str, body: dict, raw: bytes) -> bytes | None:
     """`raw` (the body to send) with usage asked for, or None to send it unchanged: not a stream of a completions
-    path, the client already asked, or `stream_options` that is not an object (the engine refuses it, naming it).
+    path, the client already asked, or a `stream_options` or `include_usage` the engine refuses (naming it): not an
+    object (null is none), not a boolean.
 
-    The field is spliced into the bytes when absent (the parsed body may have lost what orjson cannot hold);
-    otherwise the body is re-encoded by the stdlib, which keeps every number exactly."""
+    The field is spliced in, or the body re-encoded, exactly (router/rewrite.py); a body that re-encoding would
+    change is left as it is."""
     if path not in USAGE_PATHS or body.get("stream") is not True:
         return None
-    options = body.get("stream_options")
-    if options is None and "stream_options" not in body:
-        inner = raw.rstrip()[:-1].rstrip()  # a JSON object's text ends with its closing brace
-        return inner + (b"" if inner.endswith(b"{") else b",") + _ASK + b"}"
-    if not isinstance(options, dict) or options.get("include_usage") is True:
+    if "stream_options" not in body:
+        return spliced(raw, _ASK)
+    options = body["stream_options"]
+    if options is not None and not isinstance(options, dict):
         return None
-    out = json.loads(raw)
-    out["stream_options"] = {**out["stream_options"], "include_usage": True}
-    return json.dumps(out, separators=(",", ":")).encode("ascii")
+    asked = (options or {}).get("include_usage")
+    if asked is True or asked not in (None, False):  # asked already, or a value the engine refuses, naming it
+        return None
+    out = reencodable(raw)
+    if out is None:
+        return None
+    out["stream_options"] = {**(out["stream_options"] or {}), "include_usage": True}
+    return encoded(out)
+
+
+def _maybe_usage_only(data: bytes) -> bool:
+    """Cheap: could `data` hold the usage-only chunk? (SGLang writes `"usage":null` into every chunk, so the usage
+    key alone says nothing; engines write `"choices":[]` with or without a space.)"""
+    return b'"usage"' in data and (b'"choices":[]' in data or b'"choices": []' in data)
 
 
 def _usage_only(event: bytes) -> bool:
     """An SSE event whose data is a chunk with no choices and a usage object: the one asked for."""
-    if b'"usage"' not in event:
+    if not _maybe_usage_only(event):
         return False
     data = b"".join(line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:"))
     try:
@@ -66,7 +81,7 @@ class UsageStripper:
             self._carry = buf
             return b""
         complete, self._carry = buf[:ends[-1]], buf[ends[-1]:]
-        if b'"usage"' not in complete:
+        if not _maybe_usage_only(complete):
             return complete
         out, start = [], 0
         for end in ends:

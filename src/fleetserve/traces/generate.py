@@ -110,8 +110,11 @@ class WorkloadSpec:
         what = f"{self.duration_s:g} s at {self.rate:g} requests/s"
         if warmup:
             what += f" (and chat's warm-up of turns x think x ln 100 = {warmup:,.0f} s before it)"
+        drawn = self.burst_factor if self.arrivals == "bursts" else 1.0  # thinning draws at the burst's rate
+        if drawn > 1:
+            what += f" (drawn at the bursts' {self.burst_factor:g} x)"
         try:
-            check_request_count((self.duration_s + warmup) * self.rate, what)
+            check_request_count((self.duration_s + warmup) * self.rate * drawn, what)
         except ValueError as exc:
             raise WorkloadError(None, str(exc)) from None
         if warmup * self.rate > MAX_WARMUP_REQUESTS:  # built, then dropped: work without a request to show for it
@@ -152,9 +155,10 @@ class WorkloadError(ValueError):
 OPTION_NAMES = {"duration_s": "duration", "think_s": "think", "period_s": "period", "burst_every_s": "burst-every",
                 "burst_s": "burst-length"}
 # each knob's most: a prompt's tokens as the trace loader's MAX_TOKENS, chat sessions of at most a thousand turns
-# on average, corpora of at most 100,000 prompts or documents
+# on average, corpora of at most 100,000 prompts or documents, bursts of at most 1,000 x the base rate
 KNOB_LIMITS = {"input_tokens": 1 << 24, "output_tokens": 1 << 24, "system_tokens": 1 << 24, "doc_tokens": 1 << 24,
-               "turns": 1000, "system_prompts": 100_000, "documents": 100_000, "docs_per_request": 1000}
+               "turns": 1000, "system_prompts": 100_000, "documents": 100_000, "docs_per_request": 1000,
+               "burst_factor": 1000}
 MAX_WARMUP_REQUESTS = 500_000  # chat prompts built before zero (seconds of work; none of them is kept)
 MAX_TRACE_TOKENS = 20_000_000_000  # about 40 M hash ids of 512 tokens: a minute of work and a few GB
 
