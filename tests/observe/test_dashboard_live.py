@@ -22,6 +22,7 @@ ENGINE = """\
 model_invocations_total{{namespace="ns",model_name="m",model_version="2",instance_type="{it}",replica="{r}"}} {calls}
 # TYPE model_errors_total counter
 model_errors_total{{namespace="ns",model_name="m",model_version="2",instance_type="{it}",replica="{r}",status="500"}} {errors}
+model_errors_total{{namespace="ns",model_name="m",model_version="2",instance_type="{it}",replica="{r}",status="400"}} {client}
 # TYPE model_concurrent_requests gauge
 model_concurrent_requests{{namespace="ns",model_name="m",model_version="2",instance_type="{it}",replica="{r}"}} 3
 # TYPE model_latency_milliseconds histogram
@@ -52,9 +53,9 @@ fleetserve_nodes{{instance_type="g5.xlarge",capacity_type="on-demand"}} 2
 """
 
 
-def engine(it="g5", r="r0", calls=0, errors=0, fast=0, hits=0, hit_tokens=0, query_tokens=0):
+def engine(it="g5", r="r0", calls=0, errors=0, fast=0, hits=0, hit_tokens=0, query_tokens=0, client=0):
     return parse(ENGINE.format(it=it, r=r, calls=calls, errors=errors, fast=fast, hits=hits, hit_tokens=hit_tokens,
-                               query_tokens=query_tokens), r)
+                               query_tokens=query_tokens, client=client), r)
 
 
 def sample(t, *parts, desired=1, decisions=0):
@@ -80,12 +81,13 @@ def test_quantile_interpolates_like_histogram_quantile():
 def test_payload_has_every_panel_with_rates_percentiles_and_decisions():
     live = LiveData(window_s=10)
     live.add(sample(0, engine(calls=0)))
-    live.add(sample(10, engine(calls=20, errors=2, fast=10, hits=5, hit_tokens=160, query_tokens=320),
+    live.add(sample(10, engine(calls=20, errors=2, fast=10, hits=5, hit_tokens=160, query_tokens=320, client=6),
                     engine(it="c7i", r="r1", calls=4, fast=4), desired=2, decisions=1))
     payload = live.payload()
     assert [p["key"] for p in payload["panels"]] == [p.key for p in PANELS]
     assert panel(payload, "latency")["p50"][-1][1] == pytest.approx(100.0 * 12 / 14)  # 12 of 24 in the first bucket
-    assert panel(payload, "errors")["errors / invocations"][-1] == [10, pytest.approx(2 / 24)]
+    assert panel(payload, "errors")["server (5xx, 429)"][-1] == [10, pytest.approx(2 / 24)]
+    assert panel(payload, "errors")["client (other 4xx)"][-1] == [10, pytest.approx(6 / 24)]  # not the budget's
     assert panel(payload, "throughput")["2"][-1][1] == pytest.approx(2.4)
     assert panel(payload, "concurrency") == {"c7i": [[10, 3.0]], "g5": [[0, 3.0], [10, 3.0]]}
     assert panel(payload, "latency_by_instance")["c7i"][-1][1] == pytest.approx(95.0)  # p95 inside 0..100
@@ -98,7 +100,7 @@ def test_payload_has_every_panel_with_rates_percentiles_and_decisions():
     filtered = live.payload({"instance_type": "c7i", "bogus": "x"})
     assert filtered["filters"] == {"instance_type": "c7i"}
     assert set(panel(filtered, "concurrency")) == {"c7i"}
-    assert panel(filtered, "errors")["errors / invocations"][-1][1] == 0.0
+    assert panel(filtered, "errors")["server (5xx, 429)"][-1][1] == 0.0
 
 
 def test_a_replica_that_went_away_does_not_make_rates_negative():

@@ -59,6 +59,10 @@ def test_targets_are_replaced_whole_with_fleet_and_component_labels(tmp_path):
     write_targets(tmp_path, "router", "chat", [Target("https://127.0.0.1:9000", "router")])
     assert json.loads((tmp_path / "targets" / "router.json").read_text())[0]["labels"] == {
         "fleet": "chat", "component": "router"}
+    # the endpoint's namespace, as Kubernetes targets carry it: the dashboard's namespace filter keeps the series
+    # that name no model (a picked namespace emptied the KV-tier and cached-token panels of a local fleet)
+    write_targets(tmp_path, "router", "chat", [Target("https://127.0.0.1:9000", "router")], "team-a")
+    assert json.loads((tmp_path / "targets" / "router.json").read_text())[0]["labels"]["namespace"] == "team-a"
 
 
 def test_default_follows_the_binary(monkeypatch):

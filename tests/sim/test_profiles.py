@@ -46,10 +46,11 @@ def test_profile_dicts_take_declared_fields_and_name_what_is_missing(tmp_path):
 
 
 @pytest.mark.parametrize("field, value, says", [
-    ("max_batch", 0, "max_batch must be a whole number of at least 1"),  # simulate hung: nothing was admitted
-    ("prefill_chunk", 0, "prefill_chunk must be a whole number of at least 1"),  # hung too
-    ("block_size", 0, "block_size must be a whole number of at least 1"),  # ZeroDivisionError
-    ("cache_blocks", -5, "cache_blocks must be a whole number of at least 1"),
+    ("max_batch", 0, "max_batch must be a whole number from 1"),  # simulate hung: nothing was admitted
+    ("prefill_chunk", 0, "prefill_chunk must be a whole number from 1"),  # hung too
+    ("block_size", 0, "block_size must be a whole number from 1"),  # ZeroDivisionError
+    ("cache_blocks", -5, "cache_blocks must be a whole number from 1"),
+    ("cache_blocks", 10**400, "cache_blocks must be a whole number from 1"),  # was an OverflowError
     ("max_batch", 2.5, "max_batch must be a whole number"),
     ("prefill_base_s", -1, "prefill_base_s must not be negative"),  # gave 0 ms latencies, exit 0
     ("load_s", -100, "load_s must not be negative"),

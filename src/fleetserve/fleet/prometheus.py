@@ -54,8 +54,12 @@ class Target:
     replica: str = ""
     instance_type: str = ""
 
-    def group(self, fleet: str) -> dict:
+    def group(self, fleet: str, namespace: str = "") -> dict:
+        """The target and its labels; `namespace` as Kubernetes' targets carry it, so the dashboard's namespace
+        filter keeps the series that name no model (KV tiers, the router's) on a local fleet too."""
         labels = {"fleet": fleet, "component": self.component}
+        if namespace:
+            labels["namespace"] = namespace
         if self.replica:
             labels["replica"] = self.replica
         if self.instance_type:
@@ -67,13 +71,13 @@ def targets_file(folder: Path, job: str) -> Path:
     return folder / "targets" / f"{job}.json"
 
 
-def write_targets(folder: Path, job: str, fleet: str, targets: list[Target]) -> None:
+def write_targets(folder: Path, job: str, fleet: str, targets: list[Target], namespace: str = "") -> None:
     """Replace a job's target list atomically (Prometheus reads the file on change)."""
     path = targets_file(folder, job)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{job}-")
     with os.fdopen(fd, "w") as f:
-        json.dump([t.group(fleet) for t in targets], f, indent=1)
+        json.dump([t.group(fleet, namespace) for t in targets], f, indent=1)
     os.replace(tmp, path)
 
 

@@ -475,9 +475,10 @@ class Supervisor:
                                token_file=self._internal_token_file(),
                                router_scheme="https" if self.spec.tls.enabled else "http",
                                router_ca=self.state.tls_cert)
-        prometheus.write_targets(folder, "router", self.name, [prometheus.Target(self.router_url, "router")])
+        ns = self.endpoint.metadata.namespace
+        prometheus.write_targets(folder, "router", self.name, [prometheus.Target(self.router_url, "router")], ns)
         prometheus.write_targets(folder, "supervisor", self.name,
-                                 [prometheus.Target(self.state.metrics_url, "supervisor")])
+                                 [prometheus.Target(self.state.metrics_url, "supervisor")], ns)
         self._write_prometheus_targets()
         port = section.port or free_port()
         self.prometheus = prometheus.child(folder, port, section.retention, self.dir / "logs" / "prometheus.log")
@@ -507,7 +508,8 @@ class Supervisor:
         targets = [prometheus.Target(r.state.url, "engine", r.state.id, r.state.instance_type)
                    for r in self.replicas if r.state.state in live]
         if targets != self._prometheus_targets:
-            prometheus.write_targets(self._prometheus_dir, "engine", self.name, targets)
+            prometheus.write_targets(self._prometheus_dir, "engine", self.name, targets,
+                                     self.endpoint.metadata.namespace)
             self._prometheus_targets = targets
 
     def _start_redis(self) -> None:

@@ -16,6 +16,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from fleetserve.observe.rules import SERVER_ERRORS
+
 FILTER_LABELS = ("namespace", "model_name", "model_version", "instance_type")
 MODEL = ",".join(f'{label}=~"${label}"' for label in FILTER_LABELS)  # the HyperPod model_* series
 NAME = 'model_name=~"$model_name"'  # the vLLM-compatible series carry only model_name
@@ -47,6 +49,7 @@ class PanelDef:
 # series with no model label (the engines' KV tiers, the router's): on Kubernetes their targets' namespace
 NAMESPACE = 'namespace=~"$namespace"'
 _TIER_HITS = f"rate(fleetserve_kv_tier_hits_total{{{NAMESPACE}}}{RATE})"
+ERROR_SERIES = ("server (5xx, 429)", "client (other 4xx)")  # rules.SERVER_ERRORS spend the error budget
 # the engine Deployments of every tier (NAME-engine, NAME-engine-t1, ...), read from kube-state-metrics where no
 # supervisor exports the autoscaler's gauges (Kubernetes)
 ENGINE_DEPLOYMENTS = f'{NAMESPACE},deployment=~".+-engine(-t[0-9]+)?"'
@@ -61,10 +64,10 @@ PANELS: tuple[PanelDef, ...] = (
              (Series("{{instance_type}}", f"sum by (instance_type) (model_concurrent_requests{{{MODEL}}})"),),
              "model_concurrent_requests, per instance type"),
     PanelDef("errors", "Error rate", "percentunit",
-             (Series("server (5xx, 429)", f'sum(rate(model_errors_total{{{MODEL},status=~"5..|429"}}{RATE})) / '
-                                          f"sum(rate(model_invocations_total{{{MODEL}}}{RATE}))"),
-              Series("client (other 4xx)", f'sum(rate(model_errors_total{{{MODEL},status=~"4..",status!="429"}}'
-                                           f"{RATE})) / sum(rate(model_invocations_total{{{MODEL}}}{RATE}))"),
+             (Series(ERROR_SERIES[0], f"sum(rate(model_errors_total{{{MODEL},{SERVER_ERRORS}}}{RATE})) / "
+                                      f"sum(rate(model_invocations_total{{{MODEL}}}{RATE}))"),
+              Series(ERROR_SERIES[1], f'sum(rate(model_errors_total{{{MODEL},status=~"4..",status!="429"}}'
+                                      f"{RATE})) / sum(rate(model_invocations_total{{{MODEL}}}{RATE}))"),
               ),
              "model_errors_total / model_invocations_total: the server's errors spend the error budget, a "
              "client's bad requests do not"),

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetserve.observe.grafana import FILTER_LABELS, PANELS
+from fleetserve.observe.grafana import ERROR_SERIES, FILTER_LABELS, PANELS
+from fleetserve.observe.rules import is_server_error
 
 SUPERVISOR_ENV = "FLEETSERVE_SUPERVISOR_METRICS"
 QUANTILES = (0.5, 0.95, 0.99)
@@ -183,8 +184,11 @@ class LiveData:
             by_instance[it] = quantile(0.95, buckets)
         out["latency_by_instance"] = by_instance
         calls = sum(_delta(v, w, "model_invocations_total", filters).values())
-        errors = sum(_delta(v, w, "model_errors_total", filters).values())
-        out["errors"] = {"errors / invocations": errors / calls if calls else None}
+        by_status = _delta(v, w, "model_errors_total", filters, by="status")
+        server = sum(n for status, n in by_status.items() if is_server_error(status))
+        client = sum(n for status, n in by_status.items() if status.startswith("4") and not is_server_error(status))
+        out["errors"] = {ERROR_SERIES[0]: server / calls if calls else None,
+                         ERROR_SERIES[1]: client / calls if calls else None}
         out["throughput"] = {k: x / dt for k, x in _delta(v, w, "model_invocations_total", filters,
                                                           by="model_version").items()}
         tier_hits = _delta(v, w, "fleetserve_kv_tier_hits_total", by="tier")

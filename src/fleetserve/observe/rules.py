@@ -48,6 +48,11 @@ PENDING_METRIC = "fleetserve_router_pending_requests"
 # what burns the error budget: the server's failures and its refusals for load, not a client's bad request (a
 # client sending 400s and 404s at 15 % of the traffic paged on-call)
 SERVER_ERRORS = 'status=~"5..|429"'
+
+
+def is_server_error(status: str) -> bool:
+    """SERVER_ERRORS for one status label (the live dashboard reads the same split as the rules)."""
+    return status.startswith("5") or status == "429"
 PREFIX_CACHE_COUNTERS = {"vllm": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
                          "sglang": ("sglang:cached_tokens_total", "sglang:prompt_tokens_total")}
 KV_TIER_ENGINES = ("builtin", "external")  # engines that export fleetserve_kv_tier_* (external: maybe ours)

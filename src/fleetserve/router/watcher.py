@@ -13,6 +13,7 @@ import contextlib
 import logging
 
 from fleetserve.observe.metrics import child
+from fleetserve.observe.rules import PREFIX_CACHE_COUNTERS
 from fleetserve.router.discovery import system_resolver
 from fleetserve.router.features import KVLayout
 from fleetserve.router.kvindex import KVIndex
@@ -24,25 +25,28 @@ log = logging.getLogger(__name__)
 
 DISCOVERY_EVERY = 5  # health rounds between DNS resolutions of backend names
 ENGINE_COUNTERS_EVERY = 10  # health rounds between reads of the engines' prefix-cache counters
-PREFIX_QUERIES, PREFIX_HITS = "vllm:prefix_cache_queries", "vllm:prefix_cache_hits"
+# (hits, queries) counter families of each engine (observe/rules.PREFIX_CACHE_COUNTERS: vLLM's names, which the
+# built-in engine exports too, and SGLang's cached and prompt tokens, summed over its cache sources)
+_FAMILIES = [tuple(name.removesuffix("_total") for name in pair) for pair in PREFIX_CACHE_COUNTERS.values()]
 
 
 def prefix_cache_totals(text: str) -> tuple[float, float] | None:
     """(queried tokens, hit tokens) summed over an engine's /metrics text, or None if it publishes neither."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    queries = hits = None
+    totals: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
-            if family.name in (PREFIX_QUERIES, PREFIX_HITS):
+            name = family.name.removesuffix("_total")  # a TYPE line with or without it
+            if any(name in pair for pair in _FAMILIES):
                 total = sum(s.value for s in family.samples if s.name.endswith("_total"))
-                if family.name == PREFIX_QUERIES:
-                    queries = total
-                else:
-                    hits = total
+                totals[name] = totals.get(name, 0.0) + total
     except ValueError:
         return None
-    return (queries, hits) if queries is not None and hits is not None else None
+    for hits, queries in _FAMILIES:
+        if hits in totals and queries in totals:
+            return totals[queries], totals[hits]
+    return None
 
 
 class ReplicaWatcher:

@@ -194,12 +194,12 @@ def profile_from_dict(data: dict) -> PerfProfile:
     for k, v in values.items():
         if k in ("name", "source", "first_text_tokens", "request_overhead_samples"):
             continue
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, int | float) or (isinstance(v, float) and not math.isfinite(v)):
             raise ProfileError(f"profile field {k} must be a number, got {v!r}")
         # a batch or chunk of 0 never admitted a request (simulate hung), a block of 0 divided by zero, and
         # negative times gave 0 ms latencies with exit 0
-        if k in COUNT_FIELDS and (not float(v).is_integer() or v < 1):
-            raise ProfileError(f"profile field {k} must be a whole number of at least 1, got {v!r}")
+        if k in COUNT_FIELDS and (v < 1 or v > MAX_COUNT or not float(v).is_integer()):
+            raise ProfileError(f"profile field {k} must be a whole number from 1 to {MAX_COUNT}, got {v!r}")
         if k in RATE_FIELDS and v <= 0:
             raise ProfileError(f"profile field {k} must be above 0, got {v!r}")
         if v < 0:
@@ -212,6 +212,7 @@ def profile_from_dict(data: dict) -> PerfProfile:
 
 COUNT_FIELDS = ("cache_blocks", "block_size", "max_batch", "prefill_chunk", "kv_bytes_per_token")
 RATE_FIELDS = ("l1_gbps", "l2_gbps")  # divided by
+MAX_COUNT = 1 << 40  # blocks, tokens, bytes: past this a value is a typo (and 10**400 did not fit a float)
 
 
 def load_profile_file(path: str | Path) -> PerfProfile:
