@@ -471,15 +471,24 @@ def test_pods_require_every_key_of_the_specs_required_node_affinity():
     assert [t["matchExpressions"][-1]["values"] for t in terms] == [["a"], ["b"]]
 
 
-def test_hyperpods_model_metric_trigger_in_front_of_vllm_is_named():
-    """HyperPod's example scales on sum(model_concurrent_requests{...}), which only the built-in engine exports: in
-    front of vLLM it read 0 (ignoreNullValues) and never scaled past minReplicaCount, without a word."""
-    rendered, _ = _objects(ROOT / "examples" / "hyperpod.yaml")
-    paths = {w.path: w.message for w in rendered.warnings}
-    assert "model_*" in paths.get("spec.autoscaling.triggers[0].query", "")
-    assert "model_*" in paths.get("spec.metrics", "")
-    builtin, _ = _objects(BUILTIN_TENANTS)  # the built-in engine exports them
-    assert not any("model_*" in w.message for w in builtin.warnings)
+def test_hyperpods_model_metric_trigger_reads_series_the_router_exports_in_front_of_vllm():
+    """HyperPod's example scales on sum(model_concurrent_requests{...}), which vLLM does not export (HyperPod's
+    reverse-proxy sidecar does, per pod): it read 0 and never scaled past minReplicaCount (then render only
+    warned). The router now counts model_* per replica with the endpoint's labels, so the trigger reads them."""
+    rendered, loaded = _objects(ROOT / "examples" / "hyperpod.yaml")
+    assert not any("model_*" in w.message and "not export" in w.message for w in rendered.warnings)
+    router = _by(rendered, "Deployment")
+    (args,) = [d["spec"]["template"]["spec"]["containers"][0]["args"] for d in router
+               if d["metadata"]["name"].endswith("-router")]
+    assert "--model-metrics" in args
+    assert args[args.index("--served-model-name") + 1] == loaded.endpoint.served_model_name == "Llama-3.1-8B-Instruct"
+    assert args[args.index("--namespace") + 1] == "ns-team-a" and args[args.index("--model-version") + 1] == "1.0"
+    (so,) = _by(rendered, "ScaledObject")
+    assert 'model_name="Llama-3.1-8B-Instruct"' in so["spec"]["triggers"][0]["metadata"]["query"]
+    builtin, _ = _objects(BUILTIN_TENANTS)  # the built-in engine exports them itself: the router must not
+    (bargs,) = [d["spec"]["template"]["spec"]["containers"][0]["args"] for d in _by(builtin, "Deployment")
+                if d["metadata"]["name"].endswith("-router")]
+    assert "--model-metrics" not in bargs
 
 
 def test_a_budget_that_falls_on_another_utc_day_is_shifted_with_its_weekdays_and_warned_once():

@@ -156,3 +156,37 @@ def test_usage_is_read_from_the_tail_of_json_and_sse_bodies():
            b"data: [DONE]\n\n")
     assert _last_int(CACHED_TOKENS, sse) == 0  # the usage chunk, not text that looks like it
     assert _last_int(CACHED_TOKENS, b'data: {"choices": []}\n\ndata: [DONE]\n\n') is None
+
+
+def test_the_router_exports_hyperpods_model_metrics_for_engines_that_do_not(tmp_path):
+    """vLLM and SGLang export no model_* series (HyperPod's reverse-proxy sidecar does, per pod): its example
+    trigger, the rules, burn alerts and dashboard panels read nothing in front of them. With --model-metrics the
+    router counts what it proxies per replica, with the endpoint's labels."""
+    engines = sims(tmp_path, 2)
+    args = ["router", "--strategy", "roundrobin", "--health-interval", "0.2", "--model-metrics",
+            "--namespace", "team-a", "--served-model-name", "sim", "--model-version", "3", "--instance-type", "g5"]
+    for e in engines:
+        args += ["--backend", e.url]
+    gw = Server(args, tmp_path / "router-model.log").start()
+    try:
+        for i in range(4):
+            r = httpx.post(gw.url + "/v1/completions", json={"model": "sim", "prompt": [i] * 20, "max_tokens": 2,
+                                                              "stream": i % 2 == 1}, timeout=30)
+            assert r.status_code == 200
+        bad = httpx.post(gw.url + "/v1/completions", json={"model": "other", "prompt": "x"}, timeout=30)
+        refused = httpx.post(gw.url + "/v1/completions", content=b"{not json", timeout=30)
+        assert bad.status_code >= 400 and refused.status_code == 400
+        labels = {"namespace": "team-a", "model_name": "sim", "model_version": "3", "instance_type": "g5"}
+        per_replica = [sample(gw.url, "model_invocations_total", **labels, replica=e.url.split("//")[1])
+                       for e in engines]
+        assert sum(per_replica) == 5 and min(per_replica) >= 2  # four answered and the engine's refusal
+        assert sample(gw.url, "model_invocations_total", **labels, replica="router") == 1  # refused here
+        assert sample(gw.url, "model_errors_total", **labels, replica="router", status="400") == 1
+        assert sum(sample(gw.url, "model_concurrent_requests", **labels, replica=e.url.split("//")[1])
+                   for e in engines) == 0  # every answer ended
+        assert sum(sample(gw.url, "model_latency_milliseconds_count", **labels, replica=e.url.split("//")[1])
+                   for e in engines) == 5
+    finally:
+        gw.stop()
+        for e in engines:
+            e.stop()

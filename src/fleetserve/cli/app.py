@@ -408,6 +408,13 @@ def router(
                                              help="One log line per request")] = True,
     workers: Annotated[int, typer.Option(min=1, max=256, help="Processes serving the port (SO_REUSEPORT); one per "
                                                               "core the router may use")] = 1,
+    model_metrics: Annotated[bool, typer.Option(
+        "--model-metrics", help="Export HyperPod's model_* invocation metrics per replica (engines that do not "
+                                "export them: vLLM, SGLang), labelled with the four options below")] = False,
+    namespace: Annotated[str, typer.Option(help="--model-metrics: the namespace label")] = "default",
+    served_model_name: Annotated[str | None, typer.Option(help="--model-metrics: the model_name label")] = None,
+    model_version: Annotated[str, typer.Option(help="--model-metrics: the model_version label")] = "1",
+    instance_type: Annotated[str, typer.Option(help="--model-metrics: the instance_type label")] = "local",
 ) -> None:
     """Run the OpenAI-compatible gateway in front of engine replicas."""
     _check_log_format(log_format)
@@ -455,6 +462,14 @@ def router(
 
         cert, key = ensure_self_signed(Path(tls_self_signed))
         tls = (str(cert), str(key))
+    identity = None
+    if model_metrics:
+        if not served_model_name:
+            raise typer.BadParameter("the model_name label of the model_* series: give the served model's name",
+                                     param_hint="--served-model-name")
+        from fleetserve.observe.metrics import ModelIdentity
+
+        identity = ModelIdentity(namespace, served_model_name, model_version, instance_type, "")
     settings = RouterSettings(strategy=strategy, max_attempts=max_attempts, health_interval=health_interval,
                               keyring=keyring,
                               buffer_size=buffer_size, buffer_timeout=buffer_timeout, session_key=session_key,
@@ -465,7 +480,7 @@ def router(
                               engine_token=engine_token,
                               tenant_cache_salt=tenant_cache_salt, backend_dns=dns,
                               size_limits=SizeLimits(max_body_bytes, max_header_bytes), log_prompts=log_prompts,
-                              access_log=access_log)
+                              access_log=access_log, model_identity=identity)
     run_router(list(backend or []), host, port, settings, health_path, unhealthy_after, healthy_after, tls,
                log_format=log_format, workers=workers)
 

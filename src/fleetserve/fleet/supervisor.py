@@ -57,6 +57,7 @@ from fleetserve.fleet.state import (
 )
 from fleetserve.observe.vocabulary import decision_reason
 from fleetserve.router.auth import key_digest, write_key_file
+from fleetserve.router.model_metrics import ENGINES_WITHOUT, router_args
 from fleetserve.router.policies import registered_policies
 from fleetserve.router.tls import ensure_self_signed
 from fleetserve.spec.load import LoadedSpec
@@ -323,6 +324,10 @@ class Supervisor:
             cmd += ["--max-queue", str(limits.max_queue_size)]
         cmd += security + self._limit_args() + self._log_args()
         cmd += router_trust_args(self.spec.engine.kind, self.spec.auth.enabled)
+        if self.spec.engine.kind in ENGINES_WITHOUT:  # HyperPod's model_* series, counted per replica
+            types = self.spec.placement.instance_types
+            cmd += router_args(self.endpoint.metadata.namespace, self.endpoint.served_model_name,
+                               self.spec.model.version, types[0] if len(types) == 1 else "local")
         self.router = Child("router", cmd, self.dir / "logs" / "router.log",
                             env={"FLEETSERVE_ADMIN_TOKEN": self.admin_token,
                                  "FLEETSERVE_SUPERVISOR_METRICS": self.state.metrics_url},  # /dashboard reads it

@@ -29,7 +29,7 @@ import re
 
 from fleetserve.autoscale.policy import RatePolicy, ScalingPolicy
 from fleetserve.autoscale.schedule import Cron
-from fleetserve.k8s.context import GPU_ENGINES, Context, num
+from fleetserve.k8s.context import Context, num
 from fleetserve.k8s.labels import TIER_LABEL, dns_name
 
 PENDING_METRIC = "fleetserve_router_pending_requests"
@@ -137,12 +137,8 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
     for i, trig in enumerate(policy.triggers):
         if trig.metric == "prometheus":
             # the policy keeps metric/target/activation; the query and server stay in the spec, same index
-            st = spec_triggers[i]
-            if ctx.endpoint.spec.engine.kind in GPU_ENGINES and "model_" in (st.query or ""):
-                warn(f"spec.autoscaling.triggers[{i}].query",
-                     f"reads HyperPod's model_* metrics, which {ctx.endpoint.spec.engine.kind} does not export (the "
-                     "built-in engine does): with ignoreNullValues it reads 0 and never scales past "
-                     "minReplicaCount; query the router's fleetserve_router_* series or the engine's own instead")
+            st = spec_triggers[i]  # HyperPod's model_* series exist in front of vLLM and SGLang too: the router
+            # counts them (k8s/router.model_metric_args), as HyperPod's reverse-proxy sidecar does
             out.append(_prometheus(f"t{i}-prometheus", st.server_address or server, st.query, trig.target,
                                    trig.activation_target, trig.kind))
         else:

@@ -80,10 +80,8 @@ def monitoring_objects(ctx: Context, warn) -> list[dict]:
                                     spec.metrics.model_metrics_path or "/metrics",
                                     ENGINE_TOKEN_KEY if spec.engine.kind in GPU_ENGINES else "token"))
     if spec.engine.kind in GPU_ENGINES:
-        warn("spec.metrics", f"{spec.engine.kind} does not export HyperPod's model_* metrics (the built-in engine "
-                             "does): the model_* recording rules, the error and latency burn alerts and the "
-                             "dashboard's model panels stay empty, and so do the fleetserve_kv_tier_* KV-tier "
-                             "ratio and panel (the prefix-cache hit ratio reads the engine's own counters); the "
-                             "router's fleetserve_router_* series and the engine's own metrics are scraped")
+        warn("spec.metrics", f"{spec.engine.kind} exports no fleetserve_kv_tier_* series: the KV-tier ratio and "
+                             "panel stay empty (the prefix-cache hit ratio reads the engine's own counters, and "
+                             "HyperPod's model_* series come from the router, per replica)")
     out.append(_rules(ctx))
     return out

@@ -20,6 +20,7 @@ import json
 from fleetserve.api.internal import router_trust_args
 from fleetserve.k8s.context import ENGINE_TOKEN_KEY, GPU_ENGINES, INTERNAL_TOKEN_DIR, ROUTER_PORT, Context
 from fleetserve.k8s.engine import engine_port
+from fleetserve.router.model_metrics import ENGINES_WITHOUT, router_args
 
 AUTH_DIR = "/etc/fleetserve/auth"
 TLS_DIR = "/etc/fleetserve/tls"
@@ -71,7 +72,18 @@ def _args(ctx: Context) -> list[str]:
              "--max-body-bytes", str(limits.max_body_bytes), "--max-header-bytes", str(limits.max_header_bytes)]
     if spec.engine.kind in GPU_ENGINES:  # their API key: what their logs may show is not the internal token
         args += ["--engine-token-file", f"{INTERNAL_TOKEN_DIR}/{ENGINE_TOKEN_KEY}"]
+    if spec.engine.kind in ENGINES_WITHOUT:
+        args += model_metric_args(ctx)
     return args + router_trust_args(spec.engine.kind, spec.auth.enabled)
+
+
+def model_metric_args(ctx: Context) -> list[str]:
+    """HyperPod's model_* series, which vLLM and SGLang do not export, counted by the router per replica
+    (router/model_metrics.py), with the labels the built-in engine gives its own."""
+    types = sorted({t for tier in ctx.tiers for t in tier.instance_types})
+    instance_type = types[0] if len(types) == 1 and types[0] != "local" else "kubernetes"
+    return router_args(ctx.namespace, ctx.endpoint.served_model_name, ctx.endpoint.spec.model.version,
+                       instance_type)
 
 
 def router_deployment(ctx: Context) -> dict:

@@ -127,15 +127,15 @@ _V = ("model_name",)
 
 # --- HyperPod model metrics -------------------------------------------------------------------------------
 MODEL_INVOCATIONS = _m("model_invocations_total", "counter", "Model invocations", "model", "requests",
-                       MODEL_LABELS, by=(ENGINE, SIM))
+                       MODEL_LABELS, by=(ENGINE, SIM, ROUTER))
 MODEL_ERRORS = _m("model_errors_total", "counter", "Model invocations that failed", "model", "requests",
-                  MODEL_LABELS + ("status",), by=(ENGINE, SIM))
+                  MODEL_LABELS + ("status",), by=(ENGINE, SIM, ROUTER))
 MODEL_CONCURRENT = _m("model_concurrent_requests", "gauge", "Requests in flight", "model", "requests",
-                      MODEL_LABELS, by=(ENGINE, SIM))
+                      MODEL_LABELS, by=(ENGINE, SIM, ROUTER))
 MODEL_LATENCY = _m("model_latency_milliseconds", "histogram", "End-to-end latency", "model", "milliseconds",
-                   MODEL_LABELS, LATENCY_BUCKETS_MS, by=(ENGINE, SIM))
+                   MODEL_LABELS, LATENCY_BUCKETS_MS, by=(ENGINE, SIM, ROUTER))
 MODEL_TTFB = _m("model_ttfb_milliseconds", "histogram", "Time to first byte (token)", "model", "milliseconds",
-                MODEL_LABELS, LATENCY_BUCKETS_MS, by=(ENGINE, SIM))
+                MODEL_LABELS, LATENCY_BUCKETS_MS, by=(ENGINE, SIM, ROUTER))
 
 # --- vLLM-compatible engine metrics -----------------------------------------------------------------------
 VLLM_RUNNING = _m("vllm:num_requests_running", "gauge", "Requests in the running batch", "vllm", "requests", _V,

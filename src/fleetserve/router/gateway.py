@@ -30,7 +30,7 @@ from fleetserve.api.protocol import parse_json_body
 from fleetserve.clock import Clock
 from fleetserve.kvcache.blocks import kv_salt
 from fleetserve.observe.logs import AccessLog, prompt_text, tenant_hash
-from fleetserve.observe.metrics import RouterMetrics, child, clear
+from fleetserve.observe.metrics import ModelIdentity, RouterMetrics, child, clear
 from fleetserve.router import feedback
 from fleetserve.router.admin import admin_allowed, build_control_app
 from fleetserve.router.admission import AdmissionSettings
@@ -41,6 +41,7 @@ from fleetserve.router.dispatch import Attempt, Dispatcher, Outgoing
 from fleetserve.router.features import KVLayout, prompt_tokens_estimate, request_features
 from fleetserve.router.gate import AdmissionGate, Refused
 from fleetserve.router.http1 import Request, Responder
+from fleetserve.router.model_metrics import MODEL_PATHS, ModelMetrics
 from fleetserve.router.policies import FleetSnapshot, RouteRequest, RoutingPolicy, create_policy, needs_of
 from fleetserve.router.pool import Backend, BackendPool
 from fleetserve.router.relay import CACHED_TOKENS, PROMPT_TOKENS, last_int, relay
@@ -86,6 +87,7 @@ class RouterSettings:
     backend_dns: tuple[DnsBackends, ...] = ()  # names whose addresses are replicas (a headless Service)
     log_prompts: bool = False  # the request line carries the prompt text (default: never)
     access_log: bool = True  # one line per request (observe/logs.py)
+    model_identity: ModelIdentity | None = None  # export HyperPod's model_* per replica (router/model_metrics.py)
 
 
 def upstream_credentials(settings: RouterSettings) -> dict[str, str]:
@@ -107,6 +109,8 @@ class Gateway:
         self.layout = KVLayout()
         self.kv_index = None  # router/kvindex.py, once an engine publishes KV events
         self.metrics = RouterMetrics()
+        self.model_metrics = ModelMetrics(settings.model_identity, self.metrics.registry) \
+            if settings.model_identity is not None else None
         self.internal = InternalAuth(settings.internal_token)
         self.upstream = upstream or Upstream(read_timeout=settings.upstream_read_timeout,
                                              headers=upstream_credentials(settings))
@@ -219,6 +223,9 @@ class Gateway:
             raise
         status = attempt.response.status
         ttfb_ms = (self.clock() - started) * 1000
+        model = self.model_metrics if post and request.path in MODEL_PATHS else None
+        if model is not None:
+            model.started(attempt.backend.id, status, ttfb_ms)
         served_ms = max(0.0, ttfb_ms - held * 1000)  # less a cold start: the scaling signal (ttft_p95)
         self.metrics.ttfb_ms.observe(ttfb_ms)
         self.metrics.served_ttfb_ms.observe(served_ms)
@@ -241,7 +248,10 @@ class Gateway:
             raise
         finally:
             attempt.release()
-            self.metrics.latency_ms.observe((self.clock() - started) * 1000)
+            latency_ms = (self.clock() - started) * 1000
+            self.metrics.latency_ms.observe(latency_ms)
+            if model is not None:
+                model.ended(attempt.backend.id, latency_ms)
             self._log(request_id, tenant, request.path, logged, started, attempt, ttfb_ms, body)
 
     def _route(self, request: Request, body: dict, tenant: str | None) -> RouteRequest:
@@ -259,6 +269,8 @@ class Gateway:
                 body: dict | None) -> None:
         self._count(self.metrics.requests, path, str(err.status))
         self._count(self.metrics.tenant_requests, tenant or "-", str(err.status))
+        if self.model_metrics is not None and path in MODEL_PATHS:
+            self.model_metrics.refused(err.status)
         self.send_error(responder, err, [(b"x-request-id", rid)])
         self._log(rid.decode("latin-1"), tenant, path, err.status, started, body=body, error=err.code)
 

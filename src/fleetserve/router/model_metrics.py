@@ -1,0 +1,56 @@
+"""HyperPod's `model_*` invocation metrics, exported by the router for engines that do not export them.
+
+HyperPod puts a reverse-proxy sidecar in every model pod that counts invocations, errors, concurrent requests,
+latency and time to first byte per pod, whatever the serving framework (docs: "Implement your own observability
+integration"). The built-in engine exports these series itself; vLLM and SGLang do not, so in front of them the
+recording rules, burn alerts, dashboard model panels and HyperPod's own example trigger
+(`sum(model_concurrent_requests{model_name=...})`) read nothing. With `--model-metrics` the router counts the
+requests it proxies per replica (label `replica`: the backend), with the endpoint's namespace, model name,
+version and instance type, as the sidecar would. Requests it answers itself before any replica (a full queue,
+a bad body) are counted under `replica="router"`.
+"""
+
+from __future__ import annotations
+
+from fleetserve.observe import vocabulary as v
+from fleetserve.observe.metrics import ModelIdentity, child
+
+ENGINES_WITHOUT = ("vllm", "sglang")  # engine kinds that export no model_* series of their own
+MODEL_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})
+ROUTER_REPLICA = "router"  # the replica label of requests refused before one was chosen
+
+
+class ModelMetrics:
+    def __init__(self, identity: ModelIdentity, registry) -> None:
+        self.base = (identity.namespace, identity.model_name, identity.model_version, identity.instance_type)
+        self.invocations = v.MODEL_INVOCATIONS.make(registry)
+        self.errors = v.MODEL_ERRORS.make(registry)
+        self.concurrent = v.MODEL_CONCURRENT.make(registry)
+        self.latency_ms = v.MODEL_LATENCY.make(registry)
+        self.ttfb_ms = v.MODEL_TTFB.make(registry)
+
+    def started(self, replica: str, status: int, ttfb_ms: float) -> None:
+        """A replica answered (its status and first bytes are here): one invocation in flight there."""
+        labels = (*self.base, replica)
+        child(self.invocations, *labels).inc()
+        child(self.concurrent, *labels).inc()
+        child(self.ttfb_ms, *labels).observe(ttfb_ms)
+        if status >= 400:
+            child(self.errors, *labels, str(status)).inc()
+
+    def ended(self, replica: str, latency_ms: float) -> None:
+        labels = (*self.base, replica)
+        child(self.concurrent, *labels).dec()
+        child(self.latency_ms, *labels).observe(latency_ms)
+
+    def refused(self, status: int) -> None:
+        """Answered by the router itself before any replica: an invocation that failed."""
+        labels = (*self.base, ROUTER_REPLICA)
+        child(self.invocations, *labels).inc()
+        child(self.errors, *labels, str(status)).inc()
+
+
+def router_args(namespace: str, model_name: str, model_version: str, instance_type: str) -> list[str]:
+    """The router's command-line options for these series (`fleetserve up` and `render k8s` alike)."""
+    return ["--model-metrics", "--namespace", namespace, "--served-model-name", model_name, "--model-version",
+            model_version, "--instance-type", instance_type]
