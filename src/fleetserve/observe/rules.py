@@ -6,7 +6,7 @@ PrometheusRule (k8s/monitoring.py). Both are checked by `promtool check rules` a
 `promtool test rules` (tests/observe/).
 
 Recording rules, per namespace/model_name/model_version/instance_type (the labels that separate cost and
-cause), over the HyperPod `model_*` metrics the engines export:
+cause), over the HyperPod `model_*` metrics the engines export (the router, in front of vLLM and SGLang):
 - invocations and errors per second (1 m), concurrent requests;
 - TTFB (time to first token) and end-to-end latency p50 and p95 (5 m);
 - error ratio = server errors (5xx and 429; a client's 4xx spends no budget) / invocations over 5 m, 30 m, 1 h
