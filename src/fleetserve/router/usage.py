@@ -23,6 +23,7 @@ _ASK = b'"stream_options":{"include_usage":true}'
 # followed by LF is one line end, never two
 _LINE_END = rb"(?:\r\n|\n|\r(?!\n))"
 _EVENT_END = re.compile(_LINE_END + _LINE_END)
+_WHOLE = (b"\n\n", b"\r\n\r\n", b"\r\r")  # a read that ends so holds whole events only
 
 
 def asking_usage(path: str, body: dict, raw: bytes) -> bytes | None:
@@ -75,6 +76,8 @@ class UsageStripper:
         self._carry = b""
 
     def feed(self, data: bytes) -> bytes:
+        if not self._carry and data.endswith(_WHOLE) and not _maybe_usage_only(data):
+            return data  # whole events and none the one asked for: the usual read, at the cost of two scans
         buf = self._carry + data if self._carry else data
         ends = [m.end() for m in _EVENT_END.finditer(buf)]
         if not ends:
