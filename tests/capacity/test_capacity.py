@@ -279,3 +279,6 @@ def test_a_replica_asks_for_the_memory_its_l1_tier_fills():
     off = SimpleNamespace(l1=SimpleNamespace(enabled=False, max_bytes=64 << 30))
     assert replica_request(engine, kv_cache=off).memory_gb == 30.0
     assert not fits(CATALOG.get("g5.2xlarge"), replica_request(engine, kv_cache=l1), allow_larger=False)  # 32 GiB
+    # a memory limit below the L1 caps the request, as the rendered pod's (k8s/engine.memory_for_l1 warns)
+    capped = SimpleNamespace(gpus=1, resources={"limits": {"memory": "32Gi"}})
+    assert replica_request(capped, kv_cache=l1).memory_gb == 32.0

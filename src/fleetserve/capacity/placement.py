@@ -154,7 +154,10 @@ def replica_request(engine, model=None, kv_cache=None) -> ReplicaRequest:
     asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
     cpu = quantity(asked["cpu"]) if "cpu" in asked else 0.0
     memory = quantity(asked["memory"]) if "memory" in asked else 0.0
-    memory = max(memory, l1_memory_bytes(kv_cache)) / 2**30  # GiB, as instance types state it
+    limit = (resources.get("limits") or {}).get("memory")
+    if limit is None or quantity(limit) >= l1_memory_bytes(kv_cache):  # a pod never requests past its limit (a
+        memory = max(memory, l1_memory_bytes(kv_cache))  # limit below the L1 is warned about: k8s/engine.py)
+    memory /= 2**30  # GiB, as instance types state it
     gpus = engine.gpus or 1
     size = stated_size(model, engine) if model is not None else None
     gpu_memory = gpu_memory_needed_gib(size, gpus) if size is not None else 0.0
