@@ -270,6 +270,8 @@ def test_builtin_engine_pvc_model_and_tenant_redis():
     router = _by(rendered, "Deployment", "iso-router")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     limit = int(router[router.index("--max-body-bytes") + 1])
     assert int(c["args"][c["args"].index("--max-body-bytes") + 1]) == 2 * limit
+    headers = int(router[router.index("--max-header-bytes") + 1])
+    assert int(c["args"][c["args"].index("--max-header-bytes") + 1]) == 2 * headers
 
 
 def test_hyperpod_spec_renders():

@@ -186,6 +186,22 @@ def test_the_router_exports_hyperpods_model_metrics_for_engines_that_do_not(tmp_
                    for e in engines) == 0  # every answer ended
         assert sum(sample(gw.url, "model_latency_milliseconds_count", **labels, replica=e.url.split("//")[1])
                    for e in engines) == 5
+        # in flight from the moment a request is sent, streamed or not (a non-streamed answer's headers come only
+        # at its end: the gauge read 0 while ten of them ran)
+        import concurrent.futures
+
+        def slow(_):
+            return httpx.post(gw.url + "/v1/completions", json={"model": "sim", "prompt": [7] * 20,
+                                                                 "max_tokens": 1500}, timeout=60).status_code
+
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            running = pool.map(slow, range(6))
+            wait_until(lambda: sum(sample(gw.url, "model_concurrent_requests", **labels,
+                                          replica=e.url.split("//")[1]) for e in engines) >= 3, 30,
+                       what="non-streamed requests counted while they run")
+            assert list(running) == [200] * 6
+        assert sum(sample(gw.url, "model_concurrent_requests", **labels, replica=e.url.split("//")[1])
+                   for e in engines) == 0
     finally:
         gw.stop()
         for e in engines:

@@ -56,6 +56,10 @@ def test_profile_dicts_take_declared_fields_and_name_what_is_missing(tmp_path):
     ("load_s", -100, "load_s must not be negative"),
     ("l2_gbps", 0, "l2_gbps must be above 0"),
     ("decode_base_s", float("nan"), "decode_base_s must be a number"),
+    ("decode_base_s", 1e4, "decode_base_s must be at most 60 seconds"),  # simulate ran for ever
+    ("prefill_per_token_s", 1e300, "prefill_per_token_s must be at most 60 seconds"),
+    ("load_s", 1e5, "load_s must be at most 3600 seconds"),
+    ("request_overhead_samples", [float("inf")], "request_overhead_samples must be a list of seconds"),
     ("cache_blocks", True, "cache_blocks must be a number"),
 ])
 def test_profile_values_out_of_range_are_refused_naming_the_field(field, value, says):

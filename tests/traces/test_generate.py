@@ -118,8 +118,10 @@ def test_bad_settings_name_the_setting():
         generate(WorkloadSpec.for_kind("bursts", burst_factor=1e9))
     with pytest.raises(ValueError, match="drawn at the bursts' 1000 x"):
         generate(WorkloadSpec.for_kind("bursts", burst_factor=1000, rate=100, duration_s=86_400))
-    with pytest.raises(ValueError, match="tokens each would carry"):
-        generate(WorkloadSpec.for_kind("rag", duration_s=86_400, rate=50, docs_per_request=100, doc_tokens=100_000))
+    with pytest.raises(ValueError, match="tokens each would carry"):  # a minute and more of work
+        generate(WorkloadSpec.for_kind("rag", docs_per_request=16, doc_tokens=1_000_000))
+    with pytest.raises(ValueError, match="in a prompt log"):  # 1.1 GB of text in 7 s
+        generate(WorkloadSpec.for_kind("chat", system_tokens=16_000_000, duration_s=10, rate=1))
     with pytest.raises(ValueError, match="prompt text"):
         write_trace(generate(WorkloadSpec.for_kind("chat", duration_s=30), with_text=False), "/tmp/x", "prompts")
 

@@ -140,7 +140,7 @@ def trace_generate(
     rate: Annotated[float, typer.Option(min=0.001, help="Mean requests per second (diurnal: over the whole "
                                                          "--period; a shorter trace gets the part of the day it "
                                                          "covers, from midnight)")] = 2.0,
-    seed: Annotated[int, typer.Option(help="Same seed, same workload")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Same seed, same workload")] = 0,
     arrivals: Annotated[str | None, typer.Option(help="Override the arrival process: poisson, diurnal, bursts")
                         ] = None,
     input_tokens: Annotated[int | None, typer.Option(min=1, help="Mean new prompt tokens per request")] = None,

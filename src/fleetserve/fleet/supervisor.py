@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 from fleetserve.api.internal import router_trust_args, write_token_file
-from fleetserve.api.limits import engine_body_limit
+from fleetserve.api.limits import engine_body_limit, engine_header_limit
 from fleetserve.autoscale.controller import Controller
 from fleetserve.autoscale.policy import ScaleDecision, ScalingPolicy, ScalingState
 from fleetserve.autoscale.scaledown import Candidate, victims
@@ -363,12 +363,13 @@ class Supervisor:
         return self._token_file
 
     def _limit_args(self, engine: bool = False) -> list[str]:
-        """The size limits: the router's are the spec's; an engine's body limit leaves room for what the router
-        adds (api/limits.engine_body_limit)."""
+        """The size limits: the router's are the spec's; an engine's leave room for what the router adds
+        (api/limits.engine_body_limit, engine_header_limit)."""
         limits = self.spec.request_limits
         body = engine_body_limit(limits.max_body_bytes) if engine else limits.max_body_bytes
+        headers = engine_header_limit(limits.max_header_bytes) if engine else limits.max_header_bytes
         return ["--internal-token-file", str(self._internal_token_file()),
-                "--max-body-bytes", str(body), "--max-header-bytes", str(limits.max_header_bytes)]
+                "--max-body-bytes", str(body), "--max-header-bytes", str(headers)]
 
     def _log_args(self) -> list[str]:
         """spec.observability.logFormat / logPrompts (observe/logs.py), for the router and every engine."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from pathlib import PurePosixPath
 
-from fleetserve.api.limits import engine_body_limit
+from fleetserve.api.limits import engine_body_limit, engine_header_limit
 from fleetserve.capacity.placement import (
     CAPACITY_TYPE_LABEL,
     INSTANCE_TYPE_LABEL,
@@ -109,7 +109,7 @@ def _builtin_args(ctx: Context, model_path: str, instance_type: str, l2_url: str
         args += ["--l2-tenant", f"{tenant}={url}"]
     args += ["--internal-token-file", f"{INTERNAL_TOKEN_DIR}/token",
              "--max-body-bytes", str(engine_body_limit(limits.max_body_bytes)),
-             "--max-header-bytes", str(limits.max_header_bytes)]
+             "--max-header-bytes", str(engine_header_limit(limits.max_header_bytes))]
     return args + list(spec.engine.args)
 
 

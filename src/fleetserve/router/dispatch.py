@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass
 
 from fleetserve.api.errors import APIError
+from fleetserve.router.model_metrics import MODEL_PATHS
 from fleetserve.router.policies import Choice, RouteRequest
 from fleetserve.router.pool import Backend
 from fleetserve.router.retry import backoff, exclude, retryable
@@ -25,10 +26,10 @@ from fleetserve.router.upstream import Timeout, UpstreamError, UpstreamResponse
 class Attempt:
     """An answer whose first body bytes arrived; owns the replica's in-flight slot until `release`."""
 
-    __slots__ = ("backend", "response", "first", "choice", "tries", "_book", "_freed", "_released")
+    __slots__ = ("backend", "response", "first", "choice", "tries", "_book", "_freed", "_released", "_ended")
 
     def __init__(self, backend: Backend, response: UpstreamResponse, first: bytes, choice: Choice, tries: int,
-                 book, freed):
+                 book, freed, ended=None):
         self.backend = backend
         self.response = response
         self.first = first
@@ -36,6 +37,7 @@ class Attempt:
         self.tries = tries  # replicas tried, this one included
         self._book = book
         self._freed = freed
+        self._ended = ended  # the model metrics' end of this invocation (router/model_metrics.py), if counted
         self._released = False
 
     def release(self) -> None:
@@ -45,6 +47,8 @@ class Attempt:
             self.response.close()
             self._book.finished(self.backend.id)
             self._freed()
+            if self._ended is not None:
+                self._ended()
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,9 @@ class Dispatcher:
             backend = gw.pool.get(choice.replica.id)
             outcome = await self._try(backend, out, choice.prefill_tokens)
             if isinstance(outcome, tuple):
-                response, first = outcome
-                return Attempt(backend, response, first, choice, attempt + 1, gw.pool.book, gw.gate.slot_freed)
+                response, first, ended = outcome
+                return Attempt(backend, response, first, choice, attempt + 1, gw.pool.book, gw.gate.slot_freed,
+                               ended)
             if outcome == "timeout":
                 gw.metrics.retries.labels("timeout_not_retried").inc()
                 raise APIError(504, f"the model replica did not answer within {settings.upstream_read_timeout:g}s; "
@@ -98,11 +103,16 @@ class Dispatcher:
         raise APIError(502, f"all attempts failed (last: {last_reason or 'no eligible replica'})",
                        code="upstream_failed", headers={"Retry-After": "1"})
 
-    async def _try(self, backend: Backend, out: Outgoing, prefill: int) -> tuple[UpstreamResponse, bytes] | str:
-        """Send to one replica: (answer, first body bytes), or why another replica should be tried."""
+    async def _try(self, backend: Backend, out: Outgoing, prefill: int) -> tuple | str:
+        """Send to one replica: (answer, first body bytes, what ends its model metrics), or why another replica
+        should be tried."""
         gw = self.gw
         book = gw.pool.book
         book.sent(backend.id, prefill)
+        model = gw.model_metrics if out.method == "POST" and out.path in MODEL_PATHS else None
+        sent_at = gw.clock()
+        if model is not None:
+            model.sent(backend.id)
         response = None
         try:
             response = await gw.upstream.request(backend.url, out.method, out.path, out.headers, out.body)
@@ -111,6 +121,8 @@ class Dispatcher:
                 book.failed(backend.id, prefill)
                 gw.gate.slot_freed()
                 gw.request_failed(backend, f"status {response.status}")
+                if model is not None:
+                    model.failed(backend.id, response.status)
                 return f"status_{response.status}"
             first = await response.read()
         except Timeout:
@@ -119,6 +131,8 @@ class Dispatcher:
             book.failed(backend.id, prefill)
             gw.gate.slot_freed()
             gw.request_failed(backend, "ReadTimeout")
+            if model is not None:
+                model.failed(backend.id, 504)
             return "timeout"
         except UpstreamError as exc:
             if response is not None:
@@ -127,17 +141,27 @@ class Dispatcher:
             gw.gate.slot_freed()
             gw.mark_unreachable(backend, f"{exc.kind}: {exc}")
             gw.request_failed(backend, exc.kind)
+            if model is not None:
+                model.failed(backend.id, 502)
             return "unreachable"
         except BaseException:  # the client went away (cancelled) or a bug: the replica sees the cut
             if response is not None:
                 response.close()
             book.failed(backend.id, prefill)
             gw.gate.slot_freed()
+            if model is not None:
+                model.failed(backend.id, None)
             raise
         book.first_byte(backend.id, prefill)
         if response.status < 500:
             gw.pool.request_succeeded(backend)
-        return response, first
+        ended = None
+        if model is not None:
+            model.answered(backend.id, response.status, (gw.clock() - sent_at) * 1000)
+
+            def ended(replica=backend.id) -> None:
+                model.ended(replica, (gw.clock() - sent_at) * 1000)
+        return response, first, ended
 
 
 def _excluding(route: RouteRequest, excluded: frozenset[str]) -> RouteRequest:

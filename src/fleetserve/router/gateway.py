@@ -223,9 +223,6 @@ class Gateway:
             raise
         status = attempt.response.status
         ttfb_ms = (self.clock() - started) * 1000
-        model = self.model_metrics if post and request.path in MODEL_PATHS else None
-        if model is not None:
-            model.started(attempt.backend.id, status, ttfb_ms)
         served_ms = max(0.0, ttfb_ms - held * 1000)  # less a cold start: the scaling signal (ttft_p95)
         self.metrics.ttfb_ms.observe(ttfb_ms)
         self.metrics.served_ttfb_ms.observe(served_ms)
@@ -248,10 +245,7 @@ class Gateway:
             raise
         finally:
             attempt.release()
-            latency_ms = (self.clock() - started) * 1000
-            self.metrics.latency_ms.observe(latency_ms)
-            if model is not None:
-                model.ended(attempt.backend.id, latency_ms)
+            self.metrics.latency_ms.observe((self.clock() - started) * 1000)
             self._log(request_id, tenant, request.path, logged, started, attempt, ttfb_ms, body)
 
     def _route(self, request: Request, body: dict, tenant: str | None) -> RouteRequest:

@@ -6,8 +6,10 @@ integration"). The built-in engine exports these series itself; vLLM and SGLang 
 recording rules, burn alerts, dashboard model panels and HyperPod's own example trigger
 (`sum(model_concurrent_requests{model_name=...})`) read nothing. With `--model-metrics` the router counts the
 requests it proxies per replica (label `replica`: the backend), with the endpoint's namespace, model name,
-version and instance type, as the sidecar would. Requests it answers itself before any replica (a full queue,
-a bad body) are counted under `replica="router"`.
+version and instance type, as the sidecar would: an invocation and a concurrent request from the moment it is
+sent there (a non-streamed answer's headers come only at its end), an error for an error status, a timeout
+(504) or an unreachable replica (502). Requests it answers itself before any replica (a full queue, a bad body,
+no replica left) are counted under `replica="router"`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from fleetserve.observe import vocabulary as v
 from fleetserve.observe.metrics import ModelIdentity, child
 
 ENGINES_WITHOUT = ("vllm", "sglang")  # engine kinds that export no model_* series of their own
-MODEL_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})
+MODEL_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 ROUTER_REPLICA = "router"  # the replica label of requests refused before one was chosen
 
 
@@ -29,13 +31,25 @@ class ModelMetrics:
         self.latency_ms = v.MODEL_LATENCY.make(registry)
         self.ttfb_ms = v.MODEL_TTFB.make(registry)
 
-    def started(self, replica: str, status: int, ttfb_ms: float) -> None:
-        """A replica answered (its status and first bytes are here): one invocation in flight there."""
+    def sent(self, replica: str) -> None:
+        """A request went to a replica: an invocation there, in flight until it ends or fails."""
         labels = (*self.base, replica)
         child(self.invocations, *labels).inc()
         child(self.concurrent, *labels).inc()
+
+    def answered(self, replica: str, status: int, ttfb_ms: float) -> None:
+        """The replica's status and first bytes are here."""
+        labels = (*self.base, replica)
         child(self.ttfb_ms, *labels).observe(ttfb_ms)
         if status >= 400:
+            child(self.errors, *labels, str(status)).inc()
+
+    def failed(self, replica: str, status: int | None) -> None:
+        """No usable answer from the replica: a retryable status, a timeout (504), unreachable (502), or the client
+        left first (None: no error, as the engine counts none)."""
+        labels = (*self.base, replica)
+        child(self.concurrent, *labels).dec()
+        if status is not None:
             child(self.errors, *labels, str(status)).inc()
 
     def ended(self, replica: str, latency_ms: float) -> None:

@@ -188,8 +188,11 @@ def profile_from_dict(data: dict) -> PerfProfile:
         values["first_text_tokens"] = tuple(text)
     samples = values.get("request_overhead_samples")
     if samples is not None:
-        if not isinstance(samples, list | tuple) or not all(isinstance(x, int | float) and x >= 0 for x in samples):
-            raise ProfileError(f"profile field request_overhead_samples must be a list of seconds, got {samples!r}")
+        if not isinstance(samples, list | tuple) or not all(
+                isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x <= MAX_STEP_SECONDS
+                for x in samples):
+            raise ProfileError(f"profile field request_overhead_samples must be a list of seconds from 0 to "
+                               f"{MAX_STEP_SECONDS:g}, got {samples!r}"[:300])
         values["request_overhead_samples"] = tuple(float(x) for x in samples)
     for k, v in values.items():
         if k in ("name", "source", "first_text_tokens", "request_overhead_samples"):
@@ -204,6 +207,9 @@ def profile_from_dict(data: dict) -> PerfProfile:
             raise ProfileError(f"profile field {k} must be above 0, got {v!r}")
         if v < 0:
             raise ProfileError(f"profile field {k} must not be negative, got {v!r}")
+        most = MAX_SECONDS.get(k)
+        if most is not None and v > most:  # a 1e4 s decode step ran simulate for ever, a 1e308 printed 309 digits
+            raise ProfileError(f"profile field {k} must be at most {most:g} seconds, got {v!r}")
     for k in COUNT_FIELDS:
         if k in values:
             values[k] = int(values[k])
@@ -212,6 +218,10 @@ def profile_from_dict(data: dict) -> PerfProfile:
 
 COUNT_FIELDS = ("cache_blocks", "block_size", "max_batch", "prefill_chunk", "kv_bytes_per_token")
 RATE_FIELDS = ("l1_gbps", "l2_gbps")  # divided by
+MAX_STEP_SECONDS = 60.0  # a step, a token or a request's overhead taking longer is a typo, not an engine
+MAX_SECONDS = {**{k: MAX_STEP_SECONDS for k in ("prefill_base_s", "prefill_per_token_s", "decode_base_s",
+                                                "decode_per_seq_s", "decode_per_ctx_token_s", "request_overhead_s")},
+               "load_s": 3600.0}
 MAX_COUNT = 1 << 40  # blocks, tokens, bytes: past this a value is a typo (and 10**400 did not fit a float)
 
 

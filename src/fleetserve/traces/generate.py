@@ -160,7 +160,8 @@ KNOB_LIMITS = {"input_tokens": 1 << 24, "output_tokens": 1 << 24, "system_tokens
                "turns": 1000, "system_prompts": 100_000, "documents": 100_000, "docs_per_request": 1000,
                "burst_factor": 1000}
 MAX_WARMUP_REQUESTS = 500_000  # chat prompts built before zero (seconds of work; none of them is kept)
-MAX_TRACE_TOKENS = 20_000_000_000  # about 40 M hash ids of 512 tokens: a minute of work and a few GB
+MAX_TRACE_TOKENS = 4_000_000_000  # about 8 M hash ids of 512 tokens: seconds of work, a GB or two
+MAX_TEXT_TOKENS = 50_000_000  # as prompt text (about 7 bytes a token): about 350 MB of file
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,11 @@ def generate(spec: WorkloadSpec, with_text: bool = True) -> list[TraceRequest]:
     """The workload's requests in arrival order (same spec, same requests). Without text only lengths and
     hash ids are filled in (a day of traffic as text is gigabytes)."""
     spec.check()
+    if with_text and spec.duration_s * spec.rate * spec.mean_prompt_tokens() > MAX_TEXT_TOKENS:
+        raise WorkloadError(None, f"about {spec.duration_s * spec.rate * spec.mean_prompt_tokens():,.0f} prompt "
+                            f"tokens as text (about 7 bytes each); at most {MAX_TEXT_TOKENS:,} in a prompt log: "
+                            "lower the rate, the duration or the prompt sizes, or write hash ids (--format "
+                            "mooncake)")
     rng = np.random.default_rng(spec.seed)
     segs = _Segments(spec.seed)
     options = {}
