@@ -57,6 +57,9 @@ def test_workers_share_routing_decisions_backends_and_load(fleet):
     per_worker = load(gw)["worker_requests"]
     assert min(per_worker) > 0, f"one worker served everything: {per_worker}"
 
+    for _ in range(10):  # scrapes, answered by either worker, write the per-backend gauges of all three replicas
+        assert sample(gw.url, "fleetserve_router_backend_healthy", backend=engines[2].url.split("://")[1]) == 1
+
     # the supervisor's backend set reaches every worker, whichever one it was sent to
     keep = engines[:2]
     r = httpx.put(gw.url + "/admin/backends", json={"backends": [{"url": e.url, "state": "ready"} for e in keep]},
@@ -72,6 +75,22 @@ def test_workers_share_routing_decisions_backends_and_load(fleet):
     # one scrape counts every worker's requests, whichever worker answers it
     for _ in range(4):
         assert sample(gw.url, "fleetserve_router_requests_total", path="/v1/completions", code="200") == 36
+
+    # the replica that left reads 0 in every scrape, whichever worker answers it: its series cannot be removed
+    # from the workers' shared files, and each worker's last values stayed (healthy 1, in flight 1) until that
+    # worker answered a scrape itself
+    gone = engines[2].url.split("://")[1]
+
+    def gone_value(name: str) -> float:
+        try:
+            return sample(gw.url, name, backend=gone)
+        except KeyError:
+            return 0.0
+
+    wait_until(lambda: gone_value("fleetserve_router_backend_healthy") == 0, 10, what="the departed replica at 0")
+    for _ in range(10):
+        assert gone_value("fleetserve_router_backend_healthy") == 0
+        assert gone_value("fleetserve_router_backend_in_flight") == 0
 
 
 def test_workers_exit_with_their_parent(fleet):

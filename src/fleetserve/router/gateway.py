@@ -109,6 +109,7 @@ class Gateway:
         self.layout = KVLayout()
         self.kv_index = None  # router/kvindex.py, once an engine publishes KV events
         self.metrics = RouterMetrics()
+        self._exported: set[str] = set()  # backends whose per-backend gauges this process has written
         self.model_metrics = ModelMetrics(settings.model_identity, self.metrics.registry) \
             if settings.model_identity is not None else None
         self.internal = InternalAuth(settings.internal_token)
@@ -340,8 +341,16 @@ class Gateway:
         m = self.metrics
         learner = feedback.learner_of(self.policy)
         engine_rates = self.watcher.engine_hit_rate
-        for gauge in (m.healthy, m.in_flight, m.backend_cache_horizon, m.backend_engine_hit_rate):
-            clear(gauge)  # a replica that left the fleet leaves no series behind (its counters stay: history)
+        gauges = (m.healthy, m.in_flight, m.backend_cache_horizon, m.backend_engine_hit_rate)
+        current = set(self.pool.backends)
+        if self.peers is None:
+            for gauge in gauges:
+                clear(gauge)  # a replica that left the fleet leaves no series behind (its counters stay: history)
+        else:  # workers share metrics through files, from which prometheus_client cannot remove a series: a
+            for gone in self._exported - current:  # replica that left reads 0, not its last value
+                for gauge in gauges:
+                    gauge.labels(gone).set(0)
+        self._exported = current
         for b in self.pool.backends.values():
             m.healthy.labels(b.id).set(1 if b.healthy else 0)
             m.in_flight.labels(b.id).set(b.in_flight)

@@ -111,6 +111,8 @@ class ReplicaWatcher:
                     self._kv_tasks.pop(gone).cancel()
                     if self.gw.kv_index is not None:
                         self.gw.kv_index.forget(gone)
+            if self.gw.peers is not None:  # workers: a scrape reads every worker's file, answered by one of them,
+                self.gw.refresh_gauges()  # so each keeps its own fresh (they were as old as its last scrape)
             await asyncio.sleep(pool.interval)
 
     async def _learn_layout(self) -> None:
