@@ -63,6 +63,10 @@ def test_other_events_pass_as_they_come_whatever_their_line_endings():
     assert strip.feed(b"\r\n") == b"data: {}\r\n\r\n"
     assert strip.feed(b'data: {"choices":[],"usa') == b""  # waits for the end of its event
     assert strip.flush() == b'data: {"choices":[],"usa'  # a stream cut short: relayed as it came
+    from fleetserve.router.usage import MAX_HELD
+
+    endless = b"data: " + b"x" * MAX_HELD  # no event end in sight: relayed, not held in memory to the end
+    assert strip.feed(endless) == endless and strip.flush() == b""
 
 
 class _Response:

@@ -11,6 +11,8 @@ import orjson
 from fleetserve.api.errors import APIError, invalid
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+# the OpenAI paths that generate: what the router proxies by POST, salts, asks usage of and counts
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 MAX_STOP_SEQUENCES = 4
 # Integer bounds at the API boundary: nothing unbounded reaches torch (whose seeds are 64-bit) or the scheduler.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 
 from fleetserve.api.errors import APIError
-from fleetserve.router.model_metrics import MODEL_PATHS
+from fleetserve.api.protocol import GENERATION_PATHS
 from fleetserve.router.policies import Choice, RouteRequest
 from fleetserve.router.pool import Backend
 from fleetserve.router.retry import backoff, exclude, retryable
@@ -109,7 +109,7 @@ class Dispatcher:
         gw = self.gw
         book = gw.pool.book
         book.sent(backend.id, prefill)
-        model = gw.model_metrics if out.method == "POST" and out.path in MODEL_PATHS else None
+        model = gw.model_metrics if out.method == "POST" and out.path in GENERATION_PATHS else None
         sent_at = gw.clock()
         if model is not None:
             model.sent(backend.id)

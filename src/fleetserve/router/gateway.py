@@ -26,7 +26,7 @@ import orjson
 from fleetserve.api.errors import APIError
 from fleetserve.api.internal import INTERNAL_HEADER, InternalAuth
 from fleetserve.api.limits import SizeLimits
-from fleetserve.api.protocol import parse_json_body
+from fleetserve.api.protocol import GENERATION_PATHS, parse_json_body
 from fleetserve.clock import Clock
 from fleetserve.kvcache.blocks import kv_salt
 from fleetserve.observe.logs import AccessLog, prompt_text, tenant_hash
@@ -41,7 +41,7 @@ from fleetserve.router.dispatch import Attempt, Dispatcher, Outgoing
 from fleetserve.router.features import KVLayout, prompt_tokens_estimate, request_features
 from fleetserve.router.gate import AdmissionGate, Refused
 from fleetserve.router.http1 import Request, Responder
-from fleetserve.router.model_metrics import MODEL_PATHS, ModelMetrics
+from fleetserve.router.model_metrics import ModelMetrics
 from fleetserve.router.policies import FleetSnapshot, RouteRequest, RoutingPolicy, create_policy, needs_of
 from fleetserve.router.pool import Backend, BackendPool
 from fleetserve.router.relay import CACHED_TOKENS, PROMPT_TOKENS, last_int, relay
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger("fleetserve.router.access")
 
 # The OpenAI routes the gateway proxies, and their method; everything else is the control app's.
-PROXIED = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/models": "GET"}
+PROXIED = {**dict.fromkeys(GENERATION_PATHS, "POST"), "/v1/models": "GET"}
 # Never forwarded: framing and connection headers, the client's credentials (the key stays at the gateway),
 # and what the gateway sets itself (the tenant and the internal token are ours to set, never a client's).
 NOT_FORWARDED = frozenset({
@@ -264,7 +264,7 @@ class Gateway:
                 body: dict | None) -> None:
         self._count(self.metrics.requests, path, str(err.status))
         self._count(self.metrics.tenant_requests, tenant or "-", str(err.status))
-        if self.model_metrics is not None and path in MODEL_PATHS:
+        if self.model_metrics is not None and path in GENERATION_PATHS:
             self.model_metrics.refused(err.status)
         self.send_error(responder, err, [(b"x-request-id", rid)])
         self._log(rid.decode("latin-1"), tenant, path, err.status, started, body=body, error=err.code)

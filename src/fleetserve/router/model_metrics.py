@@ -18,7 +18,6 @@ from fleetserve.observe import vocabulary as v
 from fleetserve.observe.metrics import ModelIdentity, child
 
 ENGINES_WITHOUT = ("vllm", "sglang")  # engine kinds that export no model_* series of their own
-MODEL_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 ROUTER_REPLICA = "router"  # the replica label of requests refused before one was chosen
 
 

@@ -18,11 +18,9 @@ import hashlib
 import hmac
 
 from fleetserve.api.errors import APIError
-from fleetserve.api.protocol import cache_salt_of
+from fleetserve.api.protocol import GENERATION_PATHS, cache_salt_of
 from fleetserve.kvcache.blocks import kv_salt
 from fleetserve.router.rewrite import encoded, reencodable, spliced
-
-SALTED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})
 
 
 class TenantSalt:
@@ -41,7 +39,7 @@ class TenantSalt:
 
         Everything else goes out as the client wrote it: the field is spliced into the raw bytes, or a body that
         already has one is re-encoded exactly (router/rewrite.py)."""
-        if not tenant or path not in SALTED_PATHS:
+        if not tenant or path not in GENERATION_PATHS:
             return None
         salt = self.salt(tenant, cache_salt_of(body))
         if "cache_salt" not in body:

@@ -15,15 +15,16 @@ import re
 
 import orjson
 
+from fleetserve.api.protocol import GENERATION_PATHS
 from fleetserve.router.rewrite import encoded, reencodable, spliced
 
-USAGE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 _ASK = b'"stream_options":{"include_usage":true}'
 # an event ends at a blank line: two line ends in a row, each CRLF, LF or CR (SSE allows all three, mixed); a CR
 # followed by LF is one line end, never two
 _LINE_END = rb"(?:\r\n|\n|\r(?!\n))"
 _EVENT_END = re.compile(_LINE_END + _LINE_END)
 _WHOLE = (b"\n\n", b"\r\n\r\n", b"\r\r")  # a read that ends so holds whole events only
+MAX_HELD = 1 << 20  # the most of one unfinished event held back (a usage chunk is a few hundred bytes)
 
 
 def asking_usage(path: str, body: dict, raw: bytes) -> bytes | None:
@@ -33,7 +34,7 @@ def asking_usage(path: str, body: dict, raw: bytes) -> bytes | None:
 
     The field is spliced in, or the body re-encoded, exactly (router/rewrite.py); a body that re-encoding would
     change is left as it is."""
-    if path not in USAGE_PATHS or body.get("stream") is not True:
+    if path not in GENERATION_PATHS or body.get("stream") is not True:
         return None
     if "stream_options" not in body:
         return spliced(raw, _ASK)
@@ -81,6 +82,9 @@ class UsageStripper:
         buf = self._carry + data if self._carry else data
         ends = [m.end() for m in _EVENT_END.finditer(buf)]
         if not ends:
+            if len(buf) > MAX_HELD:  # no event ends in sight: not the framing it looked for, so relayed as it
+                self._carry = b""  # came rather than held in memory to the end of the stream
+                return buf
             self._carry = buf
             return b""
         complete, self._carry = buf[:ends[-1]], buf[ends[-1]:]
