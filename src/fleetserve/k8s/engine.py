@@ -141,8 +141,7 @@ def reserved_env(ctx: Context) -> set[str]:
 def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> dict:
     spec = ctx.endpoint.spec
     kind = spec.engine.kind
-    types = ctx.tiers[tier].instance_types
-    instance_type = types[0] if len(types) == 1 and types[0] != "local" else "kubernetes"
+    instance_type = instance_label(ctx.tiers[tier].instance_types)
     l2_url, tenant_urls, secret_env = engine_l2(ctx)
     env: list[dict] = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
     env += secret_env  # before any value that expands $(REDIS_PASSWORD...)
@@ -199,6 +198,13 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
         container["resources"] = resources
     container["__metrics_path"] = spec.metrics.model_metrics_path or metrics_path
     return container
+
+
+def instance_label(types) -> str:
+    """The `instance_type` label of model metrics on Kubernetes: the one type pods run on, else `kubernetes` (a
+    pod cannot read its node's labels)."""
+    types = sorted(set(types))
+    return types[0] if len(types) == 1 and types[0] != "local" else "kubernetes"
 
 
 def memory_quantity(n: int) -> str:

@@ -104,12 +104,11 @@ def amp_auth(ctx: Context) -> dict:
             "spec": {"podIdentity": {"provider": "aws", "identityOwner": "keda"}}}
 
 
-def _signed_for_amp(ctx: Context, trigger: dict) -> bool:
+def _signed_for_amp(ctx: Context, trigger: dict) -> None:
     match = AMP_SERVER.match(trigger["metadata"]["serverAddress"] or "")
     if match:
         trigger["metadata"]["awsRegion"] = match.group(1)
         trigger["authenticationRef"] = {"name": amp_auth_name(ctx)}
-    return bool(match)
 
 
 def _rates(policies: tuple[RatePolicy, ...]) -> list[dict]:

@@ -19,7 +19,7 @@ import json
 
 from fleetserve.api.internal import router_trust_args
 from fleetserve.k8s.context import ENGINE_TOKEN_KEY, GPU_ENGINES, INTERNAL_TOKEN_DIR, ROUTER_PORT, Context
-from fleetserve.k8s.engine import engine_port
+from fleetserve.k8s.engine import engine_port, instance_label
 from fleetserve.router.model_metrics import ENGINES_WITHOUT, router_args
 
 AUTH_DIR = "/etc/fleetserve/auth"
@@ -80,10 +80,8 @@ def _args(ctx: Context) -> list[str]:
 def model_metric_args(ctx: Context) -> list[str]:
     """HyperPod's model_* series, which vLLM and SGLang do not export, counted by the router per replica
     (router/model_metrics.py), with the labels the built-in engine gives its own."""
-    types = sorted({t for tier in ctx.tiers for t in tier.instance_types})
-    instance_type = types[0] if len(types) == 1 and types[0] != "local" else "kubernetes"
     return router_args(ctx.namespace, ctx.endpoint.served_model_name, ctx.endpoint.spec.model.version,
-                       instance_type)
+                       instance_label(t for tier in ctx.tiers for t in tier.instance_types))
 
 
 def router_deployment(ctx: Context) -> dict:
