@@ -17,6 +17,15 @@ EXIT_USAGE = 2
 LOCAL_ONLY = frozenset({"spec.engine.image", "spec.engine.gpus", "spec.engine.kind", "spec.placement",
                         "spec.metrics.enabled", "spec.model.prefetch"})
 
+# what `render k8s` and `operator` both take: the rendering options (k8s.context.RenderOptions)
+ImageOption = Annotated[str | None, typer.Option(help="fleetserve image (router, built-in engine, model fetch)")]
+PrometheusOption = Annotated[str | None, typer.Option(help="Prometheus that KEDA queries")]
+NodeClassOption = Annotated[str | None, typer.Option(help="Karpenter NodeClass name (EC2NodeClass)")]
+ZoneOption = Annotated[list[str] | None, typer.Option(help="Allowed zone for engine nodes (repeat)")]
+RouterReplicasOption = Annotated[int | None, typer.Option(min=1, max=64, help="Router pods")]
+ServiceAccountOption = Annotated[str | None, typer.Option(help="Engine pods' service account (S3 access)")]
+ModelPvcOption = Annotated[str | None, typer.Option(help="Claim holding local-path models (default NAME-model)")]
+
 render_app = typer.Typer(help="Render an endpoint for a platform (Kubernetes).", no_args_is_help=True)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
@@ -34,14 +43,13 @@ def render_k8s(
     output: Annotated[str | None, typer.Option("--output", "-o", help="Directory for one YAML file per object")
                       ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the objects and warnings as JSON on stdout")] = False,
-    image: Annotated[str | None, typer.Option(help="fleetserve image (router, built-in engine, model fetch)")] = None,
-    prometheus_url: Annotated[str | None, typer.Option(help="Prometheus that KEDA queries")] = None,
-    node_class: Annotated[str | None, typer.Option(help="Karpenter NodeClass name (EC2NodeClass)")] = None,
-    zone: Annotated[list[str] | None, typer.Option(help="Allowed zone for engine nodes (repeat)")] = None,
-    router_replicas: Annotated[int | None, typer.Option(min=1, max=64, help="Router pods")] = None,
-    service_account: Annotated[str | None, typer.Option(help="Engine pods' service account (S3 access)")] = None,
-    model_pvc: Annotated[str | None, typer.Option(help="Claim holding local-path models (default NAME-model)")
-                         ] = None,
+    image: ImageOption = None,
+    prometheus_url: PrometheusOption = None,
+    node_class: NodeClassOption = None,
+    zone: ZoneOption = None,
+    router_replicas: RouterReplicasOption = None,
+    service_account: ServiceAccountOption = None,
+    model_pvc: ModelPvcOption = None,
     install: Annotated[bool, typer.Option("--install", help="Instead of an endpoint: the operator's CRD, RBAC, "
                                                             "Deployment and admission webhook")] = False,
     namespace: Annotated[str, typer.Option(help="--install: the operator's namespace")] = "fleetserve-system",
@@ -132,14 +140,13 @@ def operator(
     webhook_cert_dir: Annotated[str | None, typer.Option(help="Directory with tls.crt and tls.key: serve the "
                                                               "validating admission webhook")] = None,
     webhook_port: Annotated[int, typer.Option(min=1, max=65535)] = 9443,
-    image: Annotated[str | None, typer.Option(help="fleetserve image (router, built-in engine, model fetch)")] = None,
-    prometheus_url: Annotated[str | None, typer.Option(help="Prometheus that KEDA queries")] = None,
-    node_class: Annotated[str | None, typer.Option(help="Karpenter NodeClass name (EC2NodeClass)")] = None,
-    zone: Annotated[list[str] | None, typer.Option(help="Allowed zone for engine nodes (repeat)")] = None,
-    router_replicas: Annotated[int | None, typer.Option(min=1, max=64, help="Router pods")] = None,
-    service_account: Annotated[str | None, typer.Option(help="Engine pods' service account (S3 access)")] = None,
-    model_pvc: Annotated[str | None, typer.Option(help="Claim holding local-path models (default NAME-model)")
-                         ] = None,
+    image: ImageOption = None,
+    prometheus_url: PrometheusOption = None,
+    node_class: NodeClassOption = None,
+    zone: ZoneOption = None,
+    router_replicas: RouterReplicasOption = None,
+    service_account: ServiceAccountOption = None,
+    model_pvc: ModelPvcOption = None,
 ) -> None:
     """Run the Kubernetes operator: keep every Endpoint resource's objects as `render k8s` makes them."""
     try:
