@@ -72,3 +72,52 @@ def test_window_costs_in_one_pass_equal_each_windows_integral():
     assert len(bounds) == 6
     for got, (a, b) in zip(window_costs(fleet.series, bounds), bounds, strict=True):
         assert abs(got - span_hours(fleet.series, a, b, 4)) < 1e-9
+
+def test_requests_all_at_one_instant_get_a_verdict_not_a_crash():
+    """Every request at t=0: the windows are one instant and the fleet records no state inside them (an
+    IndexError exited 1, which reads as "fail")."""
+    from tests.sim.test_golden import spec
+
+    trace = [TraceRequest(0.0, 100, 20, (i,)) for i in range(5)]
+    verdict = verify(spec("autoscaling.yaml"), trace, SimOptions(), {"ttft_p95_ms": 10})
+    assert not verdict.passed
+    idle = next(c for c in verdict.checks if c.window == "idle" and c.metric == "ttft_p95_ms")
+    peak = next(c for c in verdict.checks if c.window == "peak" and c.metric == "ttft_p95_ms")
+    # one window: the idle verdict tells the peak's story, and says why
+    assert idle.reason.split("target: ", 1)[1].startswith(peak.reason.split("target: ", 1)[1])
+    assert "single window" in idle.reason
+
+
+def test_an_e2e_target_that_the_answers_alone_miss_is_not_blamed_on_capacity():
+    """2,000-token answers at one request a minute on 4 static replicas: each request alone decodes for longer
+    than the target, so more replicas cannot help and verify says so (it said the static fleet was too small)."""
+    from fleetserve.sim.verify import decode_floor_ms
+
+    static = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "long"},
+                             "spec": {"model": {"name": "llama-8b", "source": "catalog:llama-3.1-8b-instruct"},
+                                      "replicas": 4, "placement": {"instanceTypes": ["g6e.xlarge"]}}}).endpoint
+    trace = [TraceRequest(i * 60.0, 200, 2000, (i,)) for i in range(20)]
+    verdict = verify(static, trace, SimOptions(), {"e2e_p95_ms": 10_000})
+    e2e = next(c for c in verdict.checks if c.window == "peak" and c.metric == "e2e_p95_ms")
+    assert not e2e.passed
+    floor = decode_floor_ms(verdict.result, "peak")
+    assert floor > 10_000 and floor <= e2e.value + 1e-3  # alone: the floor of what was measured
+    assert "more replicas cannot meet it" in e2e.reason and "static fleet" not in e2e.reason
+
+
+def test_a_budget_spent_on_a_schedule_floor_is_blamed_on_the_floor():
+    """Two replicas held up by a business-hours floor while one request a minute arrives: the overspend is the
+    floor's, not "the peak needs more GPUs"."""
+    spec = {"model": {"name": "llama-8b", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 0,
+            "placement": {"instanceTypes": ["g6e.xlarge"]},
+            "autoscaling": {"minReplicaCount": 0, "maxReplicaCount": 3, "cooldownPeriod": 60,
+                            "initialCooldownPeriod": 0, "triggers": [{"metric": "concurrency", "target": 4}],
+                            "schedules": [{"name": "biz", "timezone": "UTC", "start": "0 0 * * *",
+                                           "end": "0 23 * * *", "minReplicas": 2}]}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "cron"},
+                               "spec": spec}).endpoint
+    trace = [TraceRequest(i * 60.0, 200, 50, (i,)) for i in range(30)]
+    verdict = verify(endpoint, trace, SimOptions(start="2026-01-05T01:00:00+00:00"), {"cost_per_hour_usd": 1})
+    for window in ("peak", "idle"):
+        cost = next(c for c in verdict.checks if c.window == window and c.metric == "cost_per_hour_usd")
+        assert not cost.passed and "a schedule floor holds 2 replica(s)" in cost.reason, cost.reason
