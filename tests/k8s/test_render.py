@@ -176,6 +176,18 @@ def test_budget_schedule_and_capacity_from_consolidation_policy():
     assert pool["template"]["spec"]["nodeClassRef"]["kind"] == "EC2NodeClass"
 
 
+def test_the_gpu_limit_admits_a_node_larger_than_one_replica():
+    """Karpenter counts a node's whole capacity against the pool's limit: four 1-GPU replicas on p5.48xlarge
+    (8 GPUs) need a limit of 8, or the type is never launched (the limit was 4, and `plan` chose that type)."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["placement"] = {"instanceTypes": ["p5.48xlarge"]}
+    doc["spec"]["autoscaling"]["maxReplicaCount"] = 4
+    pool = _by(_objects(doc)[0], "NodePool")[0]["spec"]
+    assert pool["limits"] == {"nvidia.com/gpu": "8"}
+    doc["spec"]["autoscaling"]["maxReplicaCount"] = 12  # two nodes at most: 16, and not 12
+    assert _by(_objects(doc)[0], "NodePool")[0]["spec"]["limits"] == {"nvidia.com/gpu": "16"}
+
+
 def test_vllm_engine_uses_the_adapter_and_rendered_redis():
     rendered, _ = _objects(FULL)
     dep = _by(rendered, "Deployment", "chat-engine-t0")[0]

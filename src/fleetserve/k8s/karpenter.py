@@ -12,6 +12,8 @@ NodePools are cluster-scoped, so their names carry the namespace.
 
 from __future__ import annotations
 
+import math
+
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
@@ -83,9 +85,15 @@ def _requirements(ctx: Context, tier: int) -> list[dict]:
 def _limits(ctx: Context, tier: int) -> dict | None:
     spec = ctx.endpoint.spec
     most = ctx.policy.max_replicas if ctx.policy is not None else max(spec.replicas, 1)
-    if spec.engine.gpus:
-        return {GPU: str(most * spec.engine.gpus)}
     known = [ctx.catalog.get(n) for n in ctx.tiers[tier].instance_types if n in ctx.catalog]
+    if spec.engine.gpus:
+        # Karpenter counts whole nodes against the limit: a type larger than the pod (allowLargerInstances) must
+        # fit at max replicas, or it is never launched ("all available instance types exceed limits")
+        need = most * spec.engine.gpus
+        for t in known:
+            if t.gpus >= spec.engine.gpus:
+                need = max(need, math.ceil(most / (t.gpus // spec.engine.gpus)) * t.gpus)
+        return {GPU: str(need)}
     if not known:
         return None
     return {"cpu": str(most * max(t.vcpu for t in known))}
