@@ -9,6 +9,7 @@ from fleetserve.spec.context import context_limit
 from fleetserve.spec.load import load_spec_data
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
+LLAMA_MAXIMUM = (131072, "the model's own maximum (llama-3.1-8b-instruct, engine/catalog.py)")
 
 
 def _spec(engine: dict, model: dict | None = None):
@@ -22,12 +23,15 @@ def _spec(engine: dict, model: dict | None = None):
     ({"kind": "vllm", "args": ["--max-model-len=2048", "--dtype", "bfloat16"]}, None,
      (2048, "spec.engine.args --max-model-len")),
     ({"kind": "sglang", "args": ["--context-length", "4096"]}, None, (4096, "spec.engine.args --context-length")),
-    ({"kind": "vllm", "args": ["--max-model-len", "8192"]}, {"contextLength": 1024},
+    ({"kind": "vllm", "args": ["--max-model-len", "1024"]}, {"contextLength": 1024},
      (1024, "spec.model.contextLength")),
-    ({"kind": "sglang", "args": ["--max-model-len", "8192"]}, None, None),  # not SGLang's flag
+    ({"kind": "vllm"}, {"contextLength": 1024}, (1024, "spec.model.contextLength")),
+    ({"kind": "sglang", "args": ["--max-model-len", "8192"]}, None, LLAMA_MAXIMUM),  # not SGLang's flag
     ({"kind": "vllm", "args": ["--max-model-len", "4k"]}, None, (4000, "spec.engine.args --max-model-len")),
     ({"kind": "vllm", "args": ["--max-model-len=32K"]}, None, (32768, "spec.engine.args --max-model-len")),
-    ({"kind": "vllm", "args": ["--max-model-len", "-1"]}, None, None),  # vLLM: as long as memory allows
+    ({"kind": "vllm", "args": ["--max-model-len", "-1"]}, None, LLAMA_MAXIMUM),  # vLLM: the model's maximum
+    ({"kind": "vllm", "args": ["--max-model-len", "auto"]}, None, LLAMA_MAXIMUM),
+    ({"kind": "vllm", "args": ["--max-model-len", "200000"]}, None, LLAMA_MAXIMUM),  # vLLM would not start
     ({"kind": "builtin"}, None, None),
 ])
 def test_context_limit_from_the_spec_or_the_engines_flag(engine, model, expected):
@@ -53,7 +57,7 @@ def test_hyperpods_example_declares_its_limit_in_the_vllm_args():
     ({"kind": "vllm", "args": ["/m", "--max-model-len", "4096"]}, None),
     ({"kind": "vllm", "args": ["--max-model-len=4096"]}, None),
     ({"kind": "sglang", "args": ["--context-length", "4096"]}, None),
-    ({"kind": "vllm", "args": ["--max-model-len", "8192"]}, {"contextLength": 4096}),
+    ({"kind": "vllm", "args": ["--max-model-len", "4096"]}, {"contextLength": 4096}),
 ])
 def test_a_raised_limit_is_written_where_it_was_declared_and_read_back(engine, model):
     from fleetserve.spec.context import with_context_limit
@@ -85,3 +89,36 @@ def test_the_builtin_engine_never_serves_more_than_the_models_own_maximum(source
 
 def test_the_quickstart_serves_the_demo_models_context():
     assert context_limit(load_spec(EXAMPLES / "quickstart.yaml").endpoint.spec) == SMOLLM2_MAX
+
+
+def test_a_context_given_twice_must_agree():
+    """vLLM gets both flags and keeps the last (the args'): a spec that says 32768 and serves 8192 is refused."""
+    from fleetserve.spec import SpecError
+
+    with pytest.raises(SpecError, match="disagrees with model.contextLength 32768"):
+        _spec({"kind": "vllm", "args": ["--max-model-len", "8192"]}, {"contextLength": 32768})
+
+
+def test_a_catalog_models_context_replaces_the_presets_flag():
+    """`catalog:llama-3.1-8b-instruct` brings `--max-model-len 8192`; a contextLength of its own wins, once."""
+    from fleetserve.engine.adapters import vllm_launch
+
+    spec = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "c"},
+                           "spec": {"model": {"source": "catalog:llama-3.1-8b-instruct", "contextLength": 32768}}}
+                          ).endpoint.spec
+    argv = vllm_launch(spec, "/models/current", 8000).argv
+    assert argv.count("--max-model-len") == 1 and argv[argv.index("--max-model-len") + 1] == "32768"
+    assert context_limit(spec) == (32768, "spec.model.contextLength")
+
+
+def test_the_models_maximum_is_known_from_a_folder_named_like_a_preset_and_warned_past():
+    """HyperPod specs load weights from S3 folders; a folder named as a preset's weights has its maximum, and a
+    longer context is a warning (vLLM refuses to start with it)."""
+    text = (EXAMPLES / "hyperpod.yaml").read_text().replace('"--max-model-len", "4096"', '"--max-model-len", "200000"')
+    from fleetserve.spec.load import load_spec_text
+
+    loaded = load_spec_text(text)
+    assert context_limit(loaded.endpoint.spec) == LLAMA_MAXIMUM
+    assert any("refuses to start" in w.message for w in loaded.warnings)
+    unknown = _spec({"kind": "vllm", "args": ["--max-model-len", "auto"]}, {"source": "hf:acme/house-model"})
+    assert context_limit(unknown) is None

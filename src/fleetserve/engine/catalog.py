@@ -21,6 +21,11 @@ class Preset:
     description: str = ""
     license: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
+    max_context: int = 0  # the model's own maximum (its config's max_position_embeddings); 0: context_length
+
+    @property
+    def model_maximum(self) -> int:
+        return self.max_context or self.context_length
 
 
 CATALOG = {p.name: p for p in (
@@ -29,17 +34,20 @@ CATALOG = {p.name: p for p in (
            license="Apache-2.0", tags=("demo", "cpu")),
     Preset("llama-3.1-8b-instruct", "hf:meta-llama/Llama-3.1-8B-Instruct", "vllm", 8192,
            ("ml.g5.2xlarge", "ml.g6e.xlarge", "ml.g5.12xlarge"), gpus=1, args=("--max-model-len", "8192"),
-           description="Llama 3.1 8B Instruct on one 24-48 GB GPU", license="Llama 3.1 Community", tags=("gpu",)),
+           description="Llama 3.1 8B Instruct on one 24-48 GB GPU", license="Llama 3.1 Community", tags=("gpu",),
+           max_context=131072),
     Preset("qwen2.5-7b-instruct", "hf:Qwen/Qwen2.5-7B-Instruct", "vllm", 32768,
            ("ml.g5.2xlarge", "ml.g6e.xlarge"), gpus=1, args=("--max-model-len", "16384"),
-           description="Qwen2.5 7B Instruct on one 24-48 GB GPU", license="Apache-2.0", tags=("gpu",)),
+           description="Qwen2.5 7B Instruct on one 24-48 GB GPU", license="Apache-2.0", tags=("gpu",),
+           max_context=32768),
     Preset("mistral-7b-instruct-v0.3", "hf:mistralai/Mistral-7B-Instruct-v0.3", "vllm", 32768,
            ("ml.g5.2xlarge", "ml.g6e.xlarge"), gpus=1, args=("--max-model-len", "16384"),
-           description="Mistral 7B Instruct v0.3 on one 24-48 GB GPU", license="Apache-2.0", tags=("gpu",)),
+           description="Mistral 7B Instruct v0.3 on one 24-48 GB GPU", license="Apache-2.0", tags=("gpu",),
+           max_context=32768),
     Preset("llama-3.1-70b-instruct", "hf:meta-llama/Llama-3.1-70B-Instruct", "vllm", 8192,
            ("ml.g6e.12xlarge", "ml.p4d.24xlarge", "ml.p5.48xlarge"), gpus=4,
            args=("--max-model-len", "8192"), description="Llama 3.1 70B Instruct, tensor parallel over 4 GPUs",
-           license="Llama 3.1 Community", tags=("gpu",)),
+           license="Llama 3.1 Community", tags=("gpu",), max_context=131072),
 )}
 
 

@@ -4,7 +4,9 @@ setting the spec leaves out, so that `up`, `simulate`, `plan` and `render k8s` s
 Before, the preset named only the weights: `catalog:llama-3.1-8b-instruct` with nothing else rendered a
 built-in CPU engine on no particular node, and with `engine.kind: vllm` a vLLM without the preset's
 `--max-model-len`. A setting the spec gives always wins; the preset's arguments are added only for its own
-engine (vLLM's flags are not SGLang's), and only those flags the spec's arguments do not already name.
+engine (vLLM's flags are not SGLang's), and only those flags the spec's arguments do not already name (a
+`model.contextLength` names the engine's context flag: the preset's `--max-model-len 8192` after it overrode a
+`contextLength: 32768` in vLLM, which keeps the last).
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ def fill_from_catalog(data: Any) -> Any:
         args = engine.get("args")
         if isinstance(args, list) or args is None:
             named = _flags(args or [])
+            if _given(model, "contextLength", "context_length"):  # the spec's context wins over the preset's flag
+                from fleetserve.spec.context import ENGINE_FLAGS
+
+                named.add(ENGINE_FLAGS.get(engine["kind"], ""))
             engine["args"] = [token for flag, *value in _options(preset.args) if flag not in named
                               for token in (flag, *value)] + list(args or [])
         placement = data.get("placement")

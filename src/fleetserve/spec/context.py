@@ -58,9 +58,13 @@ def context_flag_problem(spec) -> str | None:
     if value is None:
         return f"{flag} has no value"
     try:
-        flag_tokens(spec.engine.kind, value)
+        tokens = flag_tokens(spec.engine.kind, value)
     except ValueError as exc:
         return f"{flag} {value!r} is not a context length; {exc}"
+    declared = spec.model.context_length
+    if declared and tokens != declared:  # the engine gets both, and keeps the last: the args'
+        return (f"{flag} {value} disagrees with model.contextLength {declared}: the engine would enforce "
+                f"{flag}'s; give the context length once")
     return None
 
 
@@ -68,17 +72,39 @@ MODEL_MAXIMUM = "the model's own maximum"  # the start of `model_maximum`'s "whe
 
 
 def model_maximum(spec) -> tuple[int, str] | None:
-    """(tokens, where) of the longest context the built-in engine gives the spec's model, known without loading
-    it: a catalog preset served by the built-in engine (`builtin:NAME` is the preset with that source)."""
-    if spec.engine.kind != "builtin" or not isinstance(spec.model.source, str):
+    """(tokens, where) of the longest context the spec's model takes, known without loading it: a catalog preset
+    (`catalog:NAME`, or its source), or for vLLM and SGLang a model whose source or name is a preset's weights
+    (an S3 folder `models/Llama-3.1-8B-Instruct`, as HyperPod specs give it); None when it is not known here."""
+    preset = _preset_of(spec)
+    if preset is None:
         return None
+    return preset.model_maximum, f"{MODEL_MAXIMUM} ({preset.name}, engine/catalog.py)"
+
+
+def _preset_of(spec):
+    source = spec.model.source if isinstance(spec.model.source, str) else ""
     from fleetserve.engine.catalog import CATALOG
 
-    source = spec.model.source
     for preset in CATALOG.values():
-        if preset.engine == "builtin" and source in (preset.source, f"catalog:{preset.name}"):
-            return preset.context_length, f"{MODEL_MAXIMUM} ({preset.name}, engine/catalog.py)"
+        if source in (preset.source, f"catalog:{preset.name}"):
+            return preset if preset.engine == spec.engine.kind or spec.engine.kind != "builtin" else None
+    if spec.engine.kind == "builtin":
+        return None  # the built-in engine reads the model's own config when it loads it
+    names = {source.rstrip("/").rsplit("/", 1)[-1].lower(), (spec.model.name or "").lower()}
+    for preset in CATALOG.values():
+        if preset.source.startswith("hf:") and preset.source.rsplit("/", 1)[-1].lower() in names:
+            return preset
     return None
+
+
+def context_warning(spec) -> str | None:
+    """vLLM refuses to start with a context above the model's own maximum (unless told to allow it, with rope
+    scaling); the simulator serves the maximum, so the spec is not verified on a context it cannot get."""
+    declared, native = _declared_limit(spec), model_maximum(spec)
+    if spec.engine.kind == "builtin" or declared is None or native is None or declared[0] <= native[0]:
+        return None
+    return (f"{declared[0]} tokens is above {native[1]}, {native[0]}: {spec.engine.kind} refuses to start with it "
+            f"unless the model's context is extended (rope scaling); verify and plan use {native[0]}")
 
 
 def context_limit(spec) -> tuple[int, str] | None:
@@ -106,12 +132,14 @@ def _declared_limit(spec) -> tuple[int, str] | None:
 
 
 def with_context_limit(data: dict, tokens: int, source: str) -> dict:
-    """A spec's data (camelCase, as dumped) with the limit `context_limit` found at `source` set to `tokens`."""
+    """A spec's data (camelCase, as dumped) with the limit `context_limit` found at `source` set to `tokens` (and the
+    engine's flag too, where the spec gives both: they must agree)."""
     spec = data["spec"]
     if source == "spec.model.contextLength":
         spec["model"]["contextLength"] = tokens
+    flag = ENGINE_FLAGS.get((spec.get("engine") or {}).get("kind"))
+    if flag is None:
         return data
-    flag = ENGINE_FLAGS[spec["engine"]["kind"]]
     args = [str(a) for a in spec["engine"].get("args") or ()]
     for i, arg in enumerate(args):
         if arg == flag and i + 1 < len(args):

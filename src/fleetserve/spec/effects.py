@@ -39,6 +39,11 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
             f"{spec.routing.strategy!r} is not implemented by the router yet; it uses 'leastload' "
             f"(implemented: {', '.join(registered_policies())})",
         )
+    from fleetserve.spec.context import context_warning
+
+    too_long = context_warning(spec)
+    if too_long:
+        note("spec.model.contextLength" if spec.model.context_length else "spec.engine.args", too_long)
     if spec.routing.session_key and spec.routing.strategy != "session":
         note("spec.routing.sessionKey", f"only the session strategy uses it, not {spec.routing.strategy!r}")
     if spec.autoscaling is not None and not spec.autoscaling.enabled:
