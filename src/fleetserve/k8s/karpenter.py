@@ -13,7 +13,6 @@ NodePools are cluster-scoped, so their names carry the namespace.
 from __future__ import annotations
 
 import math
-
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
