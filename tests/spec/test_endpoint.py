@@ -241,3 +241,21 @@ def test_engine_args_may_not_set_the_flags_the_adapters_set():
     engine = "  engine: {kind: vllm, args: [--max-model-len, '4096'], port: 9000}"
     ok = GOOD.replace("  replicas: 2", "  replicas: 2\n" + engine)
     assert load_spec_text(ok).endpoint.spec.engine.port == 9000
+
+
+@pytest.mark.parametrize("setting,path", [
+    ("replicas: true", "spec.replicas"),
+    ("slo: {ttftP95Ms: true}", "spec.slo.ttftP95Ms"),
+    ("slo: {costPerHourUsd: false}", "spec.slo.costPerHourUsd"),
+    ("autoscaling: {maxReplicaCount: true}", "spec.autoscaling.maxReplicaCount"),
+])
+def test_a_boolean_is_not_a_number(setting, path):
+    """YAML's `true` read as 1 (`ttftP95Ms: true` verified against 1 ms): a typo, named."""
+    (msg,) = problems(GOOD.replace("replicas: 2", setting))
+    assert msg.startswith(path) and "boolean" in msg
+
+
+def test_slo_targets_are_bounded_as_the_flags_are():
+    """The flags take at least 1 ms; the spec took 0.5 and printed it as "<= 0 ms"."""
+    (msg,) = problems(GOOD.replace("replicas: 2", "slo: {e2eP95Ms: 0.5}"))
+    assert msg.startswith("spec.slo.e2eP95Ms") and "greater than or equal to 1" in msg

@@ -1,7 +1,24 @@
 """Shared pydantic configuration: camelCase field names on the wire, unknown fields rejected."""
 
-from pydantic import BaseModel, ConfigDict
+import types
+import typing
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
+
+_NUMBERS = (int, float)
+
+
+def _numeric(annotation) -> bool:
+    """A field typed int or float (optionally None): YAML's `true` is not a number there."""
+    if annotation in _NUMBERS:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return bool(args) and all(a in _NUMBERS for a in args)
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _numeric(typing.get_args(annotation)[0])
+    return False
 
 
 class SpecModel(BaseModel):
@@ -17,3 +34,11 @@ class SpecModel(BaseModel):
         frozen=True,
         allow_inf_nan=False,  # a limit of .inf or .nan is a typo, and would reach JSON output as Infinity
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value, info: ValidationInfo):
+        """pydantic reads `true` as 1 in a number field (`replicas: true`, `ttftP95Ms: true`): a typo, refused."""
+        if isinstance(value, bool) and info.field_name and _numeric(cls.model_fields[info.field_name].annotation):
+            raise ValueError("expected a number, got a boolean")
+        return value

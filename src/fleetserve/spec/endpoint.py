@@ -525,11 +525,12 @@ class SloSection(SpecModel):
     of requests refused or failed.
     """
 
-    ttft_p95_ms: float = Field(default=2000.0, gt=0, description="time to first token, 95th percentile")
-    e2e_p95_ms: float = Field(default=30000.0, gt=0, alias="e2eP95Ms",  # to_camel's "e2EP95Ms" still read
+    ttft_p95_ms: float = Field(default=2000.0, ge=1, description="time to first token, 95th percentile")
+    e2e_p95_ms: float = Field(default=30000.0, ge=1, alias="e2eP95Ms",  # to_camel's "e2EP95Ms" still read
                               validation_alias=AliasChoices("e2eP95Ms", "e2EP95Ms", "e2e_p95_ms"),
                               description="end-to-end latency, 95th percentile")
-    cost_per_hour_usd: float | None = Field(default=None, gt=0, description="GPU spend per hour; none: no limit")
+    cost_per_hour_usd: float | None = Field(default=None, ge=0.0001,  # as the flags
+                                            description="GPU spend per hour; none: no limit")
     max_error_rate: float = Field(default=0.01, ge=0, le=1, description="refused or failed requests, fraction")
 
 
