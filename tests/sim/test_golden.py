@@ -85,12 +85,26 @@ def test_the_planners_winner_passes_verify_and_costs_less_than_a_static_peak_fle
     assert out["verified"] and out["cost_usd"] < out["static_peak_cost_usd"], out["winner"]
     assert {"cost_usd", "baseline_cost_usd", "verified", "changes"} <= set(out)
     planned = load_spec_data(result.winner.data).endpoint  # the written spec loads and passes on its own
-    assert verify(planned, trace, options, slo=LOOSE_SLO).passed
+    assert verify(planned, trace, options).passed  # with the SLO it was planned against written into it
+    assert {"spec.slo.ttftP95Ms", "spec.slo.e2eP95Ms"} <= {c["path"] for c in out["changes"]}
     # the input's --max-model-len 4096 refuses the trace's longest requests: every candidate got a longer one
     need = max(r.input_tokens + r.output_tokens for r in trace)
     assert out["context"]["from"] == 4096 and out["context"]["to"] >= need and out["context"]["to"] % 1024 == 0
     (args,) = [c for c in out["changes"] if c["path"] == "spec.engine.args"]
     assert str(out["context"]["to"]) in args["to"] and "refuses them" in args["why"]
+
+
+def test_at_equal_cost_the_planner_keeps_fewer_replica_hours():
+    """A local fleet costs $0 at any size: the first passing trial (the input at its max replicas) won, and a
+    scale-to-zero input came back as three replicas always on."""
+    from fleetserve.traces.model import TraceRequest
+
+    trace = [TraceRequest(i * 10.0, 200, 20, (i,)) for i in range(60)]  # one short request every 10 s
+    result = plan(spec("autoscaling.yaml"), trace, slo=LOOSE_SLO, max_trials=10)
+    out = result.to_json()
+    assert out["verified"] and out["cost_usd"] == 0
+    hours = result.winner.verdict.result.report["replica_hours"]
+    assert hours < result.baseline.verdict.result.report["replica_hours"], out["winner"]
 
 
 def test_every_gpu_example_is_plannable_on_an_azure_trace():

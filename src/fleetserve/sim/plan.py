@@ -47,6 +47,12 @@ class Trial:
     def cost(self) -> float:
         return self.verdict.result.report["cost_usd"]
 
+    @property
+    def rank(self) -> tuple[float, float, float]:
+        """Cheaper first; at equal cost (a local fleet is $0 at any size) fewer GPU-hours, then replica-hours."""
+        report = self.verdict.result.report
+        return round(self.cost, 6), report["gpu_hours"], report.get("replica_hours", 0.0)
+
 
 @dataclass
 class PlanResult:
@@ -175,6 +181,9 @@ def _flatten(value, prefix: str = "") -> dict:
     return {prefix: value}
 
 
+SLO_FIELDS = {"ttft_p95_ms": "ttftP95Ms", "e2e_p95_ms": "e2eP95Ms", "cost_per_hour_usd": "costPerHourUsd"}
+
+
 def diff(before: dict, after: dict) -> list[dict]:
     a, b = _flatten(before.get("spec", {}), "spec"), _flatten(after.get("spec", {}), "spec")
     return [{"path": k, "from": a.get(k), "to": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
@@ -207,7 +216,7 @@ class Planner:
         if self.progress:
             self.progress(label)
         trial = Trial(data, verify(endpoint, self.workload, self.options, self.slo), label)
-        if trial.verdict.passed and (self.best is None or trial.cost < self.best.cost - 1e-9):
+        if trial.verdict.passed and (self.best is None or trial.rank < self.best.rank):
             self.best = trial
         missed = [c for c in trial.verdict.checks if not c.passed]
         if missed and (self.closest is None or _shortfall(trial) < _shortfall(self.closest)):
@@ -260,7 +269,7 @@ class Planner:
             found = self.smallest_static(data, t)
             if found:
                 n, trial = found
-                statics.append((trial.cost, t, n, trial, data))
+                statics.append((trial.rank, t, n, trial, data))
         statics.sort(key=lambda s: s[0])
         static_peak = statics[0][3] if statics else None
         for _, t, n, _, data in statics[:2]:
@@ -271,14 +280,28 @@ class Planner:
         if self.best is not None:
             self._alternatives()
         winner = self.best
+        if winner is not None:
+            self._write_slo(winner)
         changes = diff(base, winner.data) if winner else []
         self._explain_floors(changes)
         if self.context:
             for c in changes:
                 if c["path"] in ("spec.engine.args", "spec.model.contextLength"):
                     c["why"] = self.context["why"]
+        for c in changes:
+            if c["path"].startswith("spec.slo."):
+                c["why"] = ("the SLO given on the command line, which the search verified against: written so that "
+                            "`verify` of the planned spec checks what `plan` checked")
         return PlanResult(winner, baseline, static_peak, self.trials, changes, self.floors,
                           None if winner else self.closest, self.context)
+
+    def _write_slo(self, winner: Trial) -> None:
+        """The targets given as flags (`--ttft-p95-ms` ...) go into the planned spec's `slo`: without them the
+        written spec was verified against its own, stricter targets and failed on the trace it was planned on."""
+        given = {SLO_FIELDS[k]: v for k, v in (self.slo or {}).items() if v is not None and k in SLO_FIELDS}
+        if given:
+            winner.data = copy.deepcopy(winner.data)
+            winner.data["spec"].setdefault("slo", {}).update(given)
 
     def _fit_context(self, data: dict) -> dict:
         """The search's starting spec: the input, with its context length raised (to a multiple of 1,024) when the
@@ -313,7 +336,7 @@ class Planner:
         current = self.run_trial(_autoscaled(data, low, high, target), f"{label} auto {low}-{high} t{target:g}")
 
         def better(trial: Trial) -> bool:
-            return trial.verdict.passed and (not current.verdict.passed or trial.cost < current.cost)
+            return trial.verdict.passed and (not current.verdict.passed or trial.rank < current.rank)
 
         for cand in sorted({0, 1, max(1, n // 4)} - {low}):
             if self.trials >= self.max_trials:
@@ -338,7 +361,8 @@ class Planner:
         before = self.best
         info: dict = {"slot_s": slot, "peak_windows": [
             {"window": w.label, "arrivals_per_slot": w.arrivals, "off_peak_per_slot": round(w.typical, 1)}
-            for w in windows], "cost_before_usd": before.cost if before else None, "candidates": []}
+            for w in windows], "cost_before_usd": before.cost if before else None, "candidates": [],
+            "cold_start_s": None, "chosen": None}  # null until floors are derived, and without a winner
         self.floors = info
         candidates: list[tuple[int, str, dict, str]] = []  # (priority: the likelier saving first, ...)
         if before is not None and _autoscaling_on(before.data) and before.data["spec"]["autoscaling"].get("schedules"):
@@ -355,7 +379,8 @@ class Planner:
             if not kept:
                 continue
             cold = cold_start_s(fleet)
-            info.setdefault("cold_start_s", round(cold, 1))
+            if info["cold_start_s"] is None:
+                info["cold_start_s"] = round(cold, 1)
             lead = lead_time(cold)
             on = "the best so far" if base is before else f"{base.label} (missed the peak)"
             what = ", ".join(f"{w.label} x{n}" for w, n in kept)
@@ -396,7 +421,7 @@ class Planner:
             lead = auto.get("scheduleLeadTime", 0)
             levels = ", ".join(f"{f['minReplicas']}" for f in floors)
             why = (f"floors at the trace's daily peak ({peaks}) keep {levels} replica(s) there, "
-                   f"raised {lead:g} s early to cover the cold start (~{info.get('cold_start_s', 0):g} s); off-peak "
+                   f"raised {lead:g} s early to cover the cold start (~{info['cold_start_s'] or 0:g} s); off-peak "
                    f"the autoscaler keeps "
                    f"minReplicaCount {auto.get('minReplicaCount', 1)}: ${self.best.cost:.2f}{versus}")
             info["chosen"] = "derived"

@@ -87,6 +87,7 @@ def _section(fleet: SimFleet, reqs: list, spans: list[tuple[float, float]], slo:
     met = int(np.sum((ttft <= slo["ttft_p95_ms"]) & (e2e <= slo["e2e_p95_ms"]))) if ok else 0
     cost = sum(span_hours(fleet.series, a, b, 4) for a, b in spans)
     gpu_hours = sum(span_hours(fleet.series, a, b, 5) for a, b in spans)
+    replica_hours = sum(span_hours(fleet.series, a, b, 2) for a, b in spans)
     hours = sum(b - a for a, b in spans) / 3600
     failed = len(reqs) - len(ok)
     reasons: dict[str, int] = {}
@@ -102,6 +103,7 @@ def _section(fleet: SimFleet, reqs: list, spans: list[tuple[float, float]], slo:
         "e2e_ms": _pcts(e2e),
         "slo_attainment": round(met / len(reqs), 6) if reqs else 1.0,
         "gpu_hours": round(gpu_hours, 6),
+        "replica_hours": round(replica_hours, 6),  # what ranks equal costs (a local fleet costs $0 at any size)
         "cost_usd": round(cost, 6),
         "cost_per_hour_usd": round(cost / hours, 6) if hours > 0 else 0.0,
         "hours": round(hours, 6),
