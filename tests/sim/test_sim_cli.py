@@ -39,6 +39,9 @@ def test_verify_fails_with_reasons_and_prints_the_default_slo(tmp_path):
                    "--ttft-p95-ms", "900000", "--e2e-p95-ms", "900000")
     out = json.loads(r.stdout)
     assert r.returncode == 0 and out["passed"] and out["slo"]["source"] == "defaults+flags", r.stdout[-500:]
+    r = fleetserve("verify", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--limit", "300", "--json")
+    json.loads(r.stdout)  # the warnings go to stderr with --json too: stdout stays JSON
+    assert "need more than the 4096-token context length" in r.stderr
 
 
 def test_bad_input_exits_2_naming_the_parameter(tmp_path):
@@ -59,7 +62,8 @@ def test_plan_writes_a_spec_that_loads_and_explains_the_changes(tmp_path):
                    "--json", "--max-trials", "14", "--ttft-p95-ms", "10000", "--e2e-p95-ms", "60000")
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads(r.stdout)
-    assert {"cost_usd", "baseline_cost_usd", "verified", "changes"} <= set(data) and data["verified"]
+    assert {"cost_usd", "baseline_cost_usd", "verified", "changes", "warnings"} <= set(data) and data["verified"]
+    assert {"cold_start_s", "chosen"} <= set(data["floors"])
     assert any(c["path"].startswith("spec.") for c in data["changes"])
     assert load_spec(out).endpoint.spec.placement.instance_types
 

@@ -182,6 +182,7 @@ def simulate(
 
         Path(report).write_text(render_html(result.fleet, result.report, f"fleetserve simulate {Path(spec).name}"))
     r = result.report
+    _print_warnings(r)  # on stderr in every mode: --json keeps stdout to the JSON
     if as_json:
         print(json.dumps(r, indent=2))
         return
@@ -201,7 +202,6 @@ def simulate(
         a, b = r["costliest_window"]
         out.print(f"costliest window {a:.0f}-{b:.0f} s: ${r['cost_per_hour_max_usd']:.2f}/h")
     out.print(f"trace start (cron floors, budgets): {r['start']}", markup=False)
-    _print_warnings(r)
 
 
 def _print_warnings(report: dict) -> None:
@@ -235,6 +235,7 @@ def verify(
                                         provisioning_delay, trace_model)
     with _Progress(requests[-1].arrival_s, "verifying") as progress:
         verdict = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress)
+    _print_warnings(verdict.result.report)
     if as_json:
         print(json.dumps(verdict.to_json(), indent=2))
     else:
@@ -252,7 +253,6 @@ def verify(
         for c in verdict.checks:
             if not c.passed:
                 out.print(f"  - {c.reason}", markup=False)
-        _print_warnings(verdict.result.report)
     raise typer.Exit(0 if verdict.passed else 1)
 
 
@@ -280,6 +280,8 @@ def plan(
         result = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress,
                      max_trials)
     data = result.to_json()
+    shown = result.winner or result.closest
+    _print_warnings(shown.verdict.result.report if shown else {})
     if result.winner is not None:
         Path(output).write_text(f"# planned by fleetserve plan from {spec} against {trace}\n"
                                 + yaml.safe_dump(result.winner.data, sort_keys=False))
@@ -293,7 +295,6 @@ def plan(
             out.print(f"closest: {result.closest.label}, which fails:", markup=False)
             for reason in data["failures"]:
                 out.print(f"  - {reason}", markup=False)
-            _print_warnings(result.closest.verdict.result.report)
     else:
         w = data
         base = "passes" if w["baseline_verified"] else "fails verify"
@@ -307,7 +308,6 @@ def plan(
         whys = dict.fromkeys(c["why"] for c in w["changes"] if c.get("why"))
         for why in whys:
             out.print(f"  why: {why}", markup=False)
-        _print_warnings(result.winner.verdict.result.report)
     if not as_json and result.context and result.context["to"] == result.context["from"]:
         out.print(f"context length not raised: {result.context['why']}", markup=False)  # the model's own maximum
     raise typer.Exit(0 if data["verified"] else 1)

@@ -73,9 +73,13 @@ class PlanResult:
                 "static_peak_cost_usd": self.static_peak.cost if self.static_peak else None,
                 "savings_vs_baseline": round(1 - w.cost / self.baseline.cost, 4) if w and self.baseline.cost else None,
                 "changes": self.changes, "evaluated": self.trials, "winner": w.label if w else None,
-                "floors": self.floors,
+                "floors": self.floors or {"slot_s": None, "peak_windows": [], "cost_before_usd": None,
+                                          "candidates": [], "cold_start_s": None, "chosen": None,
+                                          "skipped": "--max-trials ran out before the floors step"},
                 "report": w.verdict.result.report if w else None,
                 "closest": self.closest.label if self.closest else None, "context": self.context,
+                "warnings": list((w or self.closest).verdict.result.report.get("warnings") or [])
+                if (w or self.closest) else [],
                 "failures": [c.reason for c in (w or self.closest).verdict.checks if not c.passed]
                 if (w or self.closest) else []}
 
