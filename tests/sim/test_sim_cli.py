@@ -54,6 +54,10 @@ def test_bad_input_exits_2_naming_the_parameter(tmp_path):
                    "  slo: {ttftP95Ms: -1}\n")
     r = fleetserve("verify", str(bad), "--trace", TRACE)
     assert r.returncode == 2 and "slo.ttftP95Ms" in r.stderr
+    # cloud flags on a spec they cannot change: said, not silently ignored
+    r = fleetserve("simulate", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--limit", "20",
+                   "--spot-interruption-rate", "5")
+    assert r.returncode == 0 and "--spot-interruption-rate has no effect" in r.stderr and "on-demand" in r.stderr
 
 
 def test_plan_writes_a_spec_that_loads_and_explains_the_changes(tmp_path):

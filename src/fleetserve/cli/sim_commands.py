@@ -101,6 +101,7 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
     except SpecError as exc:
         raise _fail(str(exc)) from None
     _simulatable(loaded)
+    _inert_flags(loaded.endpoint.spec, spot_rate, provisioning_delay)
     if not Path(trace).exists():
         raise typer.BadParameter(f"{trace} does not exist", param_hint="--trace")
     try:
@@ -124,6 +125,21 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
                          peak_fraction=peak_fraction, idle_fraction=idle_fraction, start=start,
                          spot_interruption_rate=spot_rate, provisioning_delay_s=provisioning_delay)
     return loaded, requests, options
+
+
+def _inert_flags(spec, spot_rate: float | None, provisioning_delay: float | None) -> None:
+    """Say so when a cloud flag cannot change this spec's run (it changed nothing, silently)."""
+    from fleetserve.capacity.catalog import Catalog
+    from fleetserve.sim.setup import uses_cloud
+
+    cloud = uses_cloud(spec, Catalog.builtin())
+    if provisioning_delay is not None and not cloud:
+        err.print("warning: --provisioning-delay has no effect: the spec names no instance types, so it runs on "
+                  "the local node, which provisions nothing", markup=False)
+    if spot_rate is not None and (not cloud or "spot" not in spec.capacity.capacity_types):
+        where = "names no instance types (the local node)" if not cloud else \
+            f"allows only {', '.join(spec.capacity.capacity_types)} capacity (capacity.capacityTypes)"
+        err.print(f"warning: --spot-interruption-rate has no effect: the spec {where}", markup=False)
 
 
 class _Progress:
