@@ -46,3 +46,13 @@ def test_stack_distances_give_the_lru_hit_rate_at_every_size():
 
 def test_distance_is_distinct_blocks_in_between():
     assert stack_distances([(1, 2, 1), (3, 2)]) == [COLD, COLD, 1, COLD, 2]
+
+
+def test_a_weighted_curve_counts_tokens():
+    from fleetserve.analyze.reuse import HitCurve, block_tokens_of
+
+    keys = [(1, 2), (1, 3)]
+    weights = block_tokens_of(keys, [300, 300], 256)
+    assert weights == [256, 44, 256, 44]
+    curve = HitCurve(stack_distances(keys), weights)
+    assert curve.hit_rate(10) == 256 / 600  # the shared whole block, by its tokens

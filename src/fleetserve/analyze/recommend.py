@@ -1,13 +1,14 @@
 """From reuse figures to advice: which cache tiers, which routing strategy, or that caching will not pay.
 
-    caching will not pay   when even an unbounded cache reuses < 10% of blocks, or the whole tiered cache
-                           of the fleet would reuse < 5%;
+    caching will not pay   when even an unbounded cache reuses < 10% of prompt tokens, or the whole tiered
+                           cache of the fleet would reuse < 5%;
     L1+L2                  when the shared L2 adds >= 5 points of hit rate over engine memory + L1;
     L1 only                otherwise (CPU memory is cheap; the reasons say how much it adds).
     strategy               the cache-aware strategy with the best hit rate (prefixaware unless another beats
                            it by > 1 point); leastload when routing by cache wins < 2 points over roundrobin.
 
-The capacities are the fleet's: replicas x (engine blocks + L1 blocks), plus one shared L2.
+The capacities are the fleet's: replicas x (engine blocks + L1 blocks), plus one shared L2. Every hit rate
+compared here counts prompt tokens (the ideal: `ideal_token_hit_rate`), as the strategies' do.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ def recommend(ideal: float, tiers: dict, strategies: dict) -> dict:
     engine, l1, l2 = tiers["engine"]["hit_rate"], tiers["engine+l1"]["hit_rate"], tiers["engine+l1+l2"]["hit_rate"]
     if ideal < NOT_WORTH_IDEAL or l2 < NOT_WORTH_REACHABLE:
         if ideal < NOT_WORTH_IDEAL:
-            reasons.append(f"even an unbounded cache would reuse only {ideal:.1%} of prompt blocks "
+            reasons.append(f"even an unbounded cache would reuse only {ideal:.1%} of prompt tokens "
                            f"(below {NOT_WORTH_IDEAL:.0%}): prompts share too little")
         else:
-            reasons.append(f"the fleet's whole tiered cache would reuse only {l2:.1%} of blocks (ideal {ideal:.1%}): "
+            reasons.append(f"the fleet's whole tiered cache would reuse only {l2:.1%} of prompt tokens "
+                           f"(ideal {ideal:.1%}): "
                            "reuse is too far apart in time for any affordable cache")
         reasons.append("route by load (leastload) and spend the memory on batch size instead")
         return {"summary": "caching will not pay", "tiers": "none", "strategy": "leastload", "reasons": reasons}

@@ -84,17 +84,40 @@ def stack_distances(keys: list[tuple[int, ...]]) -> list[int]:
     return out
 
 
-class HitCurve:
-    """LRU hit rate at any cache size, from the sorted stack distances."""
+def block_tokens_of(keys: list[tuple[int, ...]], prompt_tokens: list[int], block_tokens: int) -> list[int]:
+    """Tokens of every block access, in access order: whole blocks, and what is left of the prompt in its last."""
+    out = []
+    for ks, n in zip(keys, prompt_tokens, strict=True):
+        for j in range(len(ks)):
+            out.append(max(0, min(block_tokens, n - j * block_tokens)))
+    return out
 
-    def __init__(self, distances: list[int]):
-        self.sorted = sorted(distances)
-        self.total = len(distances)
+
+class HitCurve:
+    """LRU hit rate at any cache size, from the sorted stack distances: the share of block accesses that hit, or
+    with `weights` (tokens per access, `block_tokens_of`) the share of prompt tokens, as the simulator counts a
+    strategy's hit rate."""
+
+    def __init__(self, distances: list[int], weights: list[int] | None = None):
+        if weights is None:
+            self.sorted = sorted(distances)
+            self._cumulative = None
+            self.total = len(distances)
+            return
+        pairs = sorted(zip(distances, weights, strict=True))
+        self.sorted = [d for d, _ in pairs]
+        running, cumulative = 0, [0]
+        for _, w in pairs:
+            running += w
+            cumulative.append(running)
+        self._cumulative = cumulative
+        self.total = running
 
     def hit_rate(self, cache_blocks: int) -> float:
         if not self.total:
             return 0.0
-        return bisect.bisect_left(self.sorted, cache_blocks) / self.total
+        hits = bisect.bisect_left(self.sorted, cache_blocks)
+        return (hits if self._cumulative is None else self._cumulative[hits]) / self.total
 
     def points(self, unique_blocks: int, smallest: int = 16) -> list[dict]:
         """Powers of two from `smallest` up to the unique block count (where the curve reaches the ideal)."""
