@@ -90,7 +90,7 @@ def test_profile_command_measures_the_tiny_model(tmp_path):
     tiny_model = create_tiny_model(tmp_path / "tiny-gqa", heads=4, kv_heads=1, context_length=512)  # 1 KV head
     out = tmp_path / "profile.json"
     result = fleetserve("profile", "--model", str(tiny_model), "--json", "-o", str(out), "--threads", "1",
-                        "--repeats", "2", "--batches", "1,4", "--max-prompt", "128")
+                        "--repeats", "2", "--batches", "1,4", "--max-prompt", "128", "--max-batch", "6")
     assert result.returncode == 0, result.stderr
     data = json.loads(out.read_text())
     assert json.loads(result.stdout) == data
@@ -106,7 +106,11 @@ def test_profile_command_measures_the_tiny_model(tmp_path):
     assert data["load_s"] > 0 and data["cache_blocks"] == (512 << 20) // (data["kv_bytes_per_token"] * 256)
     profile = load_profile_file(out)  # what the simulator builds from the file
     assert profile.prefill_time(128) > 0 and profile.decode_time(4, 256) > 0
-    assert profile.max_batch == 4
+    assert profile.max_batch == 6  # the engine's limit, not the largest batch measured (--batches 1,4 set 4)
+    # a cache that holds no block makes a profile every reader refuses: refused here, naming the option
+    result = fleetserve("profile", "--model", str(tiny_model), "--cache-bytes", "100", "--batches", "1",
+                        "--repeats", "1", "--max-prompt", "32")
+    assert result.returncode == 2 and "--cache-bytes" in said(result) and "bytes per block" in said(result)
 
 
 def test_profile_bad_input_exits_2():

@@ -59,6 +59,14 @@ def nonneg_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
+class MeasureInputError(ValueError):
+    """An option the measurement cannot use, named (the CLI exits 2 with it)."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
+
+
 def _best_time(fn: Callable[[], None], repeats: int) -> float:
     fn()  # warm-up
     times = []
@@ -71,7 +79,7 @@ def _best_time(fn: Callable[[], None], repeats: int) -> float:
 
 def measure(model: str, *, dtype: str = "auto", threads: int | None = None, max_prompt: int = 2048,
             batches: tuple[int, ...] = (1, 2, 4, 8), repeats: int = 3, decode_steps: int = 4,
-            cache_bytes: int = 512 << 20, block_size: int = 256, prefill_chunk: int = 256,
+            cache_bytes: int = 512 << 20, block_size: int = 256, prefill_chunk: int = 256, max_batch: int = 8,
             text_probe: int = 0, text_tokens: int = 48, text_prompt: tuple[int, int] = (32, 192),
             progress: Callable[[str], None] | None = None) -> dict:
     import torch
@@ -90,6 +98,9 @@ def measure(model: str, *, dtype: str = "auto", threads: int | None = None, max_
     config = runner.model.config
     layers, _, kv_heads, _, head_dim = runner.block_shape(1)  # (layers, K|V, kv heads, tokens, head dim)
     kv_bytes = layers * 2 * kv_heads * head_dim * torch.tensor([], dtype=runner.torch_dtype).element_size()
+    if cache_bytes < kv_bytes * block_size:  # a profile of zero blocks is refused by every command that reads it
+        raise MeasureInputError("--cache-bytes", f"{cache_bytes} bytes hold no {block_size}-token block of this "
+                                f"model ({kv_bytes * block_size} bytes per block); allowed: at least that")
     rng = np.random.default_rng(0)
     vocab = runner.vocab_size()
     ctx_limit = runner.context_length
@@ -140,7 +151,7 @@ def measure(model: str, *, dtype: str = "auto", threads: int | None = None, max_
         "prefill_base_s": float(pb), "prefill_per_token_s": float(pt),
         "decode_base_s": float(db), "decode_per_seq_s": float(ds), "decode_per_ctx_token_s": float(dc),
         "cache_blocks": int(cache_bytes // (kv_bytes * block_size)), "block_size": block_size,
-        "max_batch": max(batches), "prefill_chunk": prefill_chunk, "load_s": round(load_s, 3),
+        "max_batch": max_batch, "prefill_chunk": prefill_chunk, "load_s": round(load_s, 3),  # the engine's limits
         "kv_bytes_per_token": int(kv_bytes),
         "source": f"measured by fleetserve profile on {_cpu_name()} ({torch.get_num_threads()} torch threads)",
         "model": model, "dtype": runner.dtype, "context_length": ctx_limit,

@@ -95,9 +95,11 @@ def profile(
     cache_bytes: Annotated[int, typer.Option(min=1, help="Engine KV cache bytes (the engine's default)")
                            ] = 512 << 20,
     block_size: Annotated[int, typer.Option(min=1, help="KV block size in tokens")] = 256,
+    max_batch: Annotated[int, typer.Option(min=1, max=256, help="The engine's batch limit the simulator uses "
+                                                                 "(`fleetserve engine --max-batch`)")] = 8,
 ) -> None:
     """Measure the built-in engine here (prefill, decode steps, KV bytes, load time) as a simulator profile."""
-    from fleetserve.analyze.measure import measure
+    from fleetserve.analyze.measure import MeasureInputError, measure
     from fleetserve.engine.demo import ModelSourceError
 
     _choice(dtype, ("auto", "float32", "bfloat16", "float16"), "--dtype")
@@ -111,9 +113,16 @@ def profile(
     progress = None if as_json or not sys.stderr.isatty() else (lambda m: err.print(m, markup=False))
     try:
         result = measure(model, dtype=dtype, threads=threads, max_prompt=max_prompt, batches=sizes, repeats=repeats,
-                         cache_bytes=cache_bytes, block_size=block_size, progress=progress)
+                         cache_bytes=cache_bytes, block_size=block_size, max_batch=max_batch, progress=progress)
     except ModelSourceError as exc:
         raise _fail(f"--model: {exc}") from None
+    except MeasureInputError as exc:
+        raise typer.BadParameter(str(exc), param_hint=exc.option) from None
+    longest = max(p["tokens"] for p in result["measurements"]["prefill"])
+    if result["context_length"] // 2 < max_prompt:  # prompts are measured up to half the model's context
+        err.print(f"warning: prompts measured up to {longest} tokens, not --max-prompt {max_prompt}: the model's "
+                  f"context is {result['context_length']} tokens (prefill is measured up to half of it)",
+                  markup=False)
     if output:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         Path(output).write_text(json.dumps(result, indent=2) + "\n")
