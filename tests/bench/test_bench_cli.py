@@ -171,3 +171,20 @@ def test_routing_bench_runs_at_the_loads_it_labels():
     for load, entry in figures["load_sweep"].items():
         got = entry["rows"]["roundrobin"]["utilization"]
         assert abs(got / float(load) - 1) <= 0.03, (load, got)  # 2 %, and the row's rounding
+
+
+def test_a_cache_raised_to_fit_the_largest_request_and_a_skipped_sweep_are_said(tmp_path):
+    """32 replicas on 300 Mooncake requests: 1/3 of the distinct blocks is 148 per replica, but a replica must
+    hold the largest request (528 blocks): the fleet held 119 % of the blocks while the JSON said 0.333. And a
+    run without blind mode judged a load sweep it never ran."""
+    from fleetserve.bench import routing_sim
+    from tests.sim.conftest import DATA, MOONCAKE
+
+    path = MOONCAKE if MOONCAKE.is_file() else DATA / "mooncake_sample.jsonl"
+    figures = routing_sim.run(str(path), replicas=32, strategies=("roundrobin",), modes=("informed",), limit=300)
+    cap, unique = figures["cache_blocks_per_replica"], figures["unique_blocks"]
+    assert figures["effective_cache_fraction"] == round(cap * 32 / unique, 4)
+    if cap > round(unique / 3 / 32):
+        assert any("must hold the trace's largest request" in w for w in figures["warnings"])
+    assert figures["load_sweep"] is None and "blind" in figures["sweep_skipped"]
+    assert figures["targets"]["met"] is None and "blind" in figures["targets"]["reason"]

@@ -191,7 +191,8 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
     reference = build_workload(requests, block, informed=True)
     unique = len({k for w in reference for k in w.engine_keys})
     biggest = max((w.prompt + w.output + block - 1) // block for w in reference)
-    cap = max(biggest + 1, round(unique * cache_fraction / replicas), 16)
+    asked = round(unique * cache_fraction / replicas)
+    cap = max(biggest + 1, asked, 16)  # a replica must hold its largest request, and a few blocks more
     prof = replace(base, cache_blocks=cap, name=f"{base.name}-cache{cap}")
     scale = time_scale if time_scale is not None else calibrate(reference, prof, cap, replicas, target_utilization,
                                                                 seed)
@@ -204,6 +205,7 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
         "benchmark": "routing", "engine": "simulator", "trace": Path(trace).name, "requests": len(requests),
         "replicas": replicas, "profile": base.name, "block_size": block, "unique_blocks": unique,
         "cache_blocks_per_replica": cap, "cache_fraction": round(cache_fraction, 4),
+        "effective_cache_fraction": round(cap * replicas / unique, 4) if unique else None,
         "time_scale": round(scale, 4), "target_utilization": target_utilization if time_scale is None else None,
         "trace_span_s": round(requests[-1].arrival_s / scale if scale else 0.0, 3),
         "oracle_hit_rate": round(oracle, 4), "ideal_hit_rate": round(ideal, 4),
@@ -231,7 +233,12 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
     result["ttft_floor_ms"]["p95_vs_roundrobin"] = round(result["ttft_floor_ms"]["p95"] / rr_p95, 3) if rr_p95 \
         else None
     result["targets"] = targets(result)
-    if time_scale is None and sweep_utilizations:
+    skipped = ("--time-scale fixes the load: no sweep" if time_scale is not None else
+               "the load sweep runs blind mode, which --modes left out" if "blind" not in modes else
+               "no --sweep loads" if not sweep_utilizations else None)
+    if skipped:
+        result["load_sweep"], result["sweep_skipped"] = None, skipped
+    else:
         sweep = {_load_key(target_utilization): _sweep_entry(result)}
         for u in sweep_utilizations:
             if _load_key(u) in sweep:
@@ -244,6 +251,11 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
         result["targets"]["by_load"] = {u: e["targets"] for u, e in sweep.items()}
         result["targets"]["met_where_reachable"] = _met_where_reachable(sweep)
     result["warnings"] = load_warnings(result)
+    if cap > asked:
+        result["warnings"].append(
+            f"each replica's cache holds {cap} blocks, not the {asked} that --cache-fraction {cache_fraction:g} asks "
+            f"for: a replica must hold the trace's largest request ({biggest} blocks); the fleet holds "
+            f"{result['effective_cache_fraction']:g} of the distinct blocks (effective_cache_fraction)")
     result["simulated_s"] = round(simulated, 3)
     result["wall_s"] = round(time.perf_counter() - started, 3)
     result["note"] = (f"{len(requests)} requests of {Path(trace).name}, arrival times x{scale:.3g}, "
@@ -307,8 +319,13 @@ def targets(result: dict) -> dict:
     of them: the one that meets the most targets, then the highest hit rate."""
     rows = (result["modes"].get("blind") or {})
     aware = {n: r for n, r in rows.items() if n in CACHE_AWARE and r.get("hit_rate") is not None}
+    if not rows:
+        return {"best_cache_aware": None, "met": None, "reason": "the targets are blind mode's: --modes left it out"}
     if not aware or "roundrobin" not in rows:
-        return {"best_cache_aware": None, "met": None, "reason": "no cache-aware strategy and roundrobin in blind mode"}
+        missing = [what for what, absent in (("a cache-aware strategy that can act", not aware),
+                                             ("roundrobin (the TTFT baseline)", "roundrobin" not in rows)) if absent]
+        return {"best_cache_aware": None, "met": None,
+                "reason": f"the targets need {' and '.join(missing)} in blind mode (--strategies)"}
     if all(r.get("hit_vs_oracle") is None for r in aware.values()):
         return {"best_cache_aware": None, "met": None,
                 "reason": "the trace has no prefix reuse (oracle hit rate 0): cache-aware routing has nothing to find"}
