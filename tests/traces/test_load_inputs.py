@@ -77,7 +77,17 @@ def test_unreadable_rows_are_refused_naming_file_and_line(tmp_path, name, text, 
 def test_not_utf8_text_is_named(tmp_path):
     path = tmp_path / "latin1.csv"
     path.write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,1 \xff\n")
-    with pytest.raises(TraceError, match="latin1.csv: not UTF-8 text"):
+    with pytest.raises(TraceError, match="latin1.csv:2: not UTF-8 text"):
         load_trace(path)
     with pytest.raises(TraceError, match="is a directory"):
         load_trace(tmp_path, fmt="mooncake")
+
+
+def test_a_prompt_log_gives_every_request_a_timestamp_or_none(tmp_path):
+    """A row without one was put at 0 s, ahead of every timed request; a log with none replays in file order."""
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"timestamp": 5, "prompt": "a b c"}\n{"prompt": "d e f"}\n{"timestamp": 10, "prompt": "g"}\n')
+    with pytest.raises(TraceError, match="mixed.jsonl:2: timestamp is missing, while .*mixed.jsonl:1 has one"):
+        load_trace(path)
+    path.write_text('{"prompt": "a b c"}\n{"prompt": "d e f"}\n')
+    assert [r.prompt for r in load_trace(path)] == ["a b c", "d e f"]

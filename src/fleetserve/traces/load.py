@@ -28,11 +28,14 @@ class TraceError(ValueError):
 
 def _text_lines(p: Path):
     """(line number, text) of a UTF-8 file (a BOM, as spreadsheet tools write it, is dropped)."""
-    try:
-        with open(p, encoding="utf-8-sig") as f:
-            yield from enumerate(f, 1)
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    with open(p, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as exc:  # decoded per line: the error names the line, as every other does
+                raise TraceError(f"{p}:{n}: not UTF-8 text ({exc.reason} at byte {exc.start + 1} of the line)"
+                                 ) from None
+            yield n, line.replace("\r\n", "\n")
 
 
 def _first_text(p: Path) -> str:
@@ -224,9 +227,19 @@ def _azure_rows(p: Path, limit: int | None) -> list[tuple[datetime, int, int]]:
 
 
 def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
+    """A log with no timestamps at all is replayed at once, in file order; one with some is refused at the first
+    line without one (it was put at 0 s, before every timed request)."""
     out = []
+    timed, untimed = None, None  # the first line with and without a timestamp
     for n, row in _rows(p, limit):
         where = f"{p}:{n}"
+        if row.get("timestamp") is None:
+            untimed = untimed or where
+        else:
+            timed = timed or where
+        if timed and untimed:
+            raise TraceError(f"{untimed}: timestamp is missing, while {timed} has one: give every request its "
+                             "arrival time in seconds, or none (all replayed at once, in file order)")
         messages = row.get("messages")
         prompt = row.get("prompt")
         if messages is None and prompt is None:
