@@ -91,3 +91,18 @@ def test_a_prompt_log_gives_every_request_a_timestamp_or_none(tmp_path):
         load_trace(path)
     path.write_text('{"prompt": "a b c"}\n{"prompt": "d e f"}\n')
     assert [r.prompt for r in load_trace(path)] == ["a b c", "d e f"]
+
+
+@pytest.mark.parametrize("rows,message", [
+    ([[1, 1]], "id 1 comes twice in this prompt"),
+    ([[1, 2], [4, 2]], "id 2 comes after 1 in an earlier request and after 4 here"),
+])
+def test_mooncake_ids_must_be_prefix_chains(tmp_path, rows, message):
+    """An id names its block and the prefix before it: [1, 1] made analyze's oracle 0.5 over an ideal of 0."""
+    import json
+
+    path = tmp_path / "ids.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": i, "input_length": 512 * len(ids), "output_length": 1,
+                                        "hash_ids": ids}) + "\n" for i, ids in enumerate(rows)))
+    with pytest.raises(TraceError, match=message):
+        load_trace(path)
