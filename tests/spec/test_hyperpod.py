@@ -343,3 +343,17 @@ def test_model_metrics_without_a_port_names_the_port_the_server_listens_on():
     assert "spec.metrics.modelMetrics.port" not in {w.path for w in load_spec(EXAMPLE).warnings}  # port: 8000 given
     doc["spec"]["worker"]["modelInvocationPort"]["containerPort"] = 8080  # the default is where it listens
     assert "spec.metrics.modelMetrics.port" not in {w.path for w in load_spec_text(yaml.safe_dump(doc)).warnings}
+
+
+@pytest.mark.parametrize("old,new,path", [
+    ("targetValue: 8", "targetValue: -8", "spec.autoScalingSpec.prometheusTrigger(List).targetValue"),
+    ('"--max-model-len", "4096"', '"--max-model-len", "abc"', "spec.worker.args"),
+])
+def test_errors_after_the_mapping_name_the_hyperpod_field(old, new, path):
+    """A HyperPod user was told about spec.autoscaling.triggers[0].target, a field their document has not."""
+    text = EXAMPLE.read_text()
+    assert old in text
+    with pytest.raises(SpecError) as info:
+        load_spec_text(text.replace(old, new))
+    (problem,) = info.value.problems
+    assert problem.path == path and "fleetserve's spec." in problem.message, problem

@@ -432,6 +432,49 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
     return out
 
 
+# where a field of our Endpoint came from in a HyperPod document (longest prefix first): an error found after the
+# mapping names the user's field, not ours ("spec.placement.instanceTypes[0]" for a bad `instanceType`)
+_SOURCES = (
+    ("spec.autoscaling.triggers", "spec.autoScalingSpec.prometheusTrigger(List)"),
+    ("spec.autoscaling", "spec.autoScalingSpec"),
+    ("spec.placement.instanceTypes", "spec.instanceType(s)"),
+    ("spec.placement.nodeAffinity", "spec.nodeAffinity"),
+    ("spec.requestLimits", "spec.worker.requestLimits"),
+    ("spec.engine.args", "spec.worker.args"),
+    ("spec.engine.env", "spec.worker.environmentVariables"),
+    ("spec.engine.image", "spec.worker.image"),
+    ("spec.engine.resources", "spec.worker.resources"),
+    ("spec.engine", "spec.worker"),
+    ("spec.model.name", "spec.modelName"),
+    ("spec.model.version", "spec.modelVersion"),
+    ("spec.model.mountPath", "spec.worker.modelVolumeMount.mountPath"),
+    ("spec.model", "spec.modelSourceConfig"),
+    ("spec.kvCache", "spec.kvCacheSpec"),
+    ("spec.routing", "spec.intelligentRoutingSpec"),
+    ("spec.tls", "spec.tlsConfig"),
+    ("spec.pod", "spec.kubernetes"),
+    ("metadata.name", "metadata.name"),
+)
+_TRIGGER_FIELDS = {".target": ".targetValue", ".activationTarget": ".activationTargetValue"}
+
+
+def source_of(problem: SpecProblem) -> SpecProblem:
+    """The problem named by the HyperPod field it came from, our path kept in the message."""
+    path, message = problem.path, problem.message
+    if path == "spec" and ":" in message:  # a rule over several fields: "engine.args: ..." names one
+        head, rest = message.split(":", 1)
+        if not head.startswith(("spec.", " ")) and "." in head:
+            path, message = f"spec.{head}", rest.strip()
+    for ours, theirs in _SOURCES:
+        if path == ours or path.startswith((ours + ".", ours + "[")):
+            tail = path[len(ours):]
+            if ours == "spec.autoscaling.triggers":
+                tail = tail.split("]", 1)[-1] if "]" in tail else tail
+                tail = _TRIGGER_FIELDS.get(tail, tail)
+            return SpecProblem(theirs + tail, f"{message} (fleetserve's {path})")
+    return problem
+
+
 def parse(data: dict[str, Any]) -> tuple[dict[str, Any], list[SpecProblem]]:
     """Validate a HyperPod document against the shipped CRD (v1) and the SDK's rules; return our Endpoint as a
     dict and the warnings of the mapping."""

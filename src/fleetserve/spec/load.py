@@ -70,5 +70,8 @@ def load_spec_data(data: Any, source: str | None = None) -> LoadedSpec:
     try:
         endpoint = Endpoint.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(problems_from_validation(exc, Endpoint), source) from None
+        problems = problems_from_validation(exc, Endpoint)
+        if fmt == "hyperpod":
+            problems = [hyperpod.source_of(p) for p in problems]
+        raise SpecError(problems, source) from None
     return LoadedSpec(endpoint, fmt, notes + inert_settings(endpoint))
