@@ -58,7 +58,8 @@ def analyze(
     _choice(mode, MODES, "--mode")
     finite(l1_gib=l1_gib, l2_gib=l2_gib)
     if not Path(file).is_file():
-        raise typer.BadParameter(f"{file} does not exist", param_hint="FILE")
+        raise typer.BadParameter(f"{file} {'is a directory' if Path(file).is_dir() else 'does not exist'}",
+                                 param_hint="FILE")
     if block_size is not None:
         from fleetserve.traces.load import detect_format
 
@@ -251,7 +252,11 @@ def trace_scale(
                                  param_hint="--rate")
     if fmt is None:
         src = detect_format(path)
-        fmt = src if src in WRITE_FORMATS else "mooncake"
+        # ServeGen rates are not written back: the output's name picks Azure CSV or Mooncake JSONL
+        fmt = src if src in WRITE_FORMATS else "azure" if output.lower().endswith(".csv") else "mooncake"
+    if (fmt == "azure") != output.lower().endswith(".csv"):
+        err.print(f"warning: {output} gets the {fmt} format ({'CSV' if fmt == 'azure' else 'JSON lines'}); "
+                  "--format chooses another", markup=False)
     try:
         write_trace(requests, output, fmt, start=start)
     except ValueError as exc:

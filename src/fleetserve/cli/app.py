@@ -618,7 +618,9 @@ def bench_routing(
                                                                                "instead")] = None,
     sweep: Annotated[str, typer.Option(help="More utilizations for the blind-mode targets, comma-separated "
                                             "('' for none)")] = "0.8,0.9",
-    seed: Annotated[int, typer.Option(help="Simulator seed")] = 0,
+    seed: Annotated[int, typer.Option(help="Simulator seed (its random draws; the routing policies break ties "
+                                           "with the live router's fixed seed, so on this bench's fixed fleet "
+                                           "the figures do not depend on it)")] = 0,
     live: Annotated[bool, typer.Option("--live", help="Real time: simulated engine processes behind a real "
                                                       "router (minutes)")] = False,
     duration: Annotated[float, typer.Option(min=1, help="--live: wall-clock seconds per strategy")] = 60,
@@ -652,6 +654,8 @@ def bench_routing(
         raise typer.BadParameter("give one: --time-scale fixes the arrival times that --target-utilization would "
                                  "choose", param_hint="--target-utilization/--time-scale")
     target_utilization = 0.65 if target_utilization is None else target_utilization
+    if prompt_format not in ("tokens", "text"):
+        raise typer.BadParameter(f"{prompt_format!r}; allowed values: tokens, text", param_hint="--prompt-format")
     if not live:
         from fleetserve.bench.routing_sim import run as run_sim
         from fleetserve.sim.profiles import ProfileError
@@ -680,8 +684,6 @@ def bench_routing(
             err.print(f"warning: {warning}", markup=False)
         print(json.dumps(result, indent=2))
         return
-    if prompt_format not in ("tokens", "text"):
-        raise typer.BadParameter(f"{prompt_format!r}; allowed values: tokens, text", param_hint="--prompt-format")
     if SGLANG in names and prompt_format != "text":
         raise typer.BadParameter("sglang-router accepts text prompts only: add --prompt-format text",
                                  param_hint="--prompt-format")
