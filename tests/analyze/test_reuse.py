@@ -56,3 +56,8 @@ def test_a_weighted_curve_counts_tokens():
     assert weights == [256, 44, 256, 44]
     curve = HitCurve(stack_distances(keys), weights)
     assert curve.hit_rate(10) == 256 / 600  # the shared whole block, by its tokens
+    # prompt logs key whole blocks only: the tail no key covers still counts in the prompt's tokens
+    full_only = [(1,)] * 20
+    curve = HitCurve(stack_distances(full_only), block_tokens_of(full_only, [300] * 20, 256), total=300 * 20)
+    assert curve.hit_rate(10) == pytest.approx(19 * 256 / (20 * 300))
+    assert curve.hit_rate(10) <= ideal_reuse(full_only, [300] * 20, 256).token_hit_rate + 1e-12

@@ -186,6 +186,20 @@ def test_the_gpu_limit_admits_a_node_larger_than_one_replica():
     assert pool["limits"] == {"nvidia.com/gpu": "8"}
     doc["spec"]["autoscaling"]["maxReplicaCount"] = 12  # two nodes at most: 16, and not 12
     assert _by(_objects(doc)[0], "NodePool")[0]["spec"]["limits"] == {"nvidia.com/gpu": "16"}
+    # packed as the simulator packs, cpu and memory too: pods of 16 cpu / 40 GiB fit fewer than four on a 4-GPU
+    # g5.12xlarge, so 4 replicas need 2 nodes (8 GPUs), and a limit of 4 left two of them pending for ever
+    doc["spec"]["placement"] = {"instanceTypes": ["g5.12xlarge"]}
+    doc["spec"]["autoscaling"]["maxReplicaCount"] = 4
+    doc["spec"]["engine"]["resources"] = {"requests": {"cpu": "16", "memory": "40Gi"}}
+    from fleetserve.capacity.catalog import Catalog
+    from fleetserve.capacity.placement import replica_request, replicas_per_node
+
+    endpoint = load_spec_data(copy.deepcopy(doc)).endpoint
+    per_node = replicas_per_node(Catalog.builtin().get("g5.12xlarge"),
+                                 replica_request(endpoint.spec.engine, endpoint.spec.model, endpoint.spec.kv_cache))
+    assert per_node < 4
+    gpus = -(-4 // per_node) * 4
+    assert _by(_objects(doc)[0], "NodePool")[0]["spec"]["limits"] == {"nvidia.com/gpu": str(gpus)}
 
 
 def test_vllm_engine_uses_the_adapter_and_rendered_redis():

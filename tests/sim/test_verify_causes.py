@@ -121,3 +121,20 @@ def test_a_budget_spent_on_a_schedule_floor_is_blamed_on_the_floor():
     for window in ("peak", "idle"):
         cost = next(c for c in verdict.checks if c.window == window and c.metric == "cost_per_hour_usd")
         assert not cost.passed and "a schedule floor holds 2 replica(s)" in cost.reason, cost.reason
+
+
+def test_an_overspend_on_empty_nodes_is_not_blamed_on_a_floor_of_zero():
+    """Scaled to zero, with nodes kept two hours before consolidation: "minReplicaCount holds 0 replica(s) up"
+    was the reason; the money went to the empty nodes."""
+    spec = {"model": {"name": "llama-8b", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 0,
+            "placement": {"instanceTypes": ["g6e.xlarge"]},
+            "capacity": {"consolidation": {"policy": "WhenEmpty", "consolidateAfter": 7200}},
+            "autoscaling": {"minReplicaCount": 0, "maxReplicaCount": 3, "cooldownPeriod": 60,
+                            "initialCooldownPeriod": 0, "triggers": [{"metric": "concurrency", "target": 4}]}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "idle"},
+                               "spec": spec}).endpoint
+    trace = [TraceRequest(i * 2.0, 200, 50, (i,)) for i in range(100)]  # 200 s of load, then quiet
+    trace += [TraceRequest(1800.0 + i * 600, 200, 50, (1000 + i,)) for i in range(3)]
+    verdict = verify(endpoint, trace, SimOptions(), {"cost_per_hour_usd": 0.5})
+    reasons = [c.reason for c in verdict.checks if c.metric == "cost_per_hour_usd" and not c.passed]
+    assert reasons and all("nodes stay up with no replica on them" in r for r in reasons), reasons

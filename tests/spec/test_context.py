@@ -122,3 +122,14 @@ def test_the_models_maximum_is_known_from_a_folder_named_like_a_preset_and_warne
     assert any("refuses to start" in w.message for w in loaded.warnings)
     unknown = _spec({"kind": "vllm", "args": ["--max-model-len", "auto"]}, {"source": "hf:acme/house-model"})
     assert context_limit(unknown) is None
+
+
+def test_an_empty_context_keeps_the_presets_flag_and_external_servers_keep_their_own():
+    """`contextLength:` with no value dropped the preset's --max-model-len 8192 (vLLM then took 131,072 on a
+    24 GB GPU); an external server's context is its own business, not the catalog's."""
+    spec = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "c"},
+                           "spec": {"model": {"source": "catalog:llama-3.1-8b-instruct", "contextLength": None}}}
+                          ).endpoint.spec
+    assert context_limit(spec) == (8192, "spec.engine.args --max-model-len")
+    external = _spec({"kind": "external", "urls": ["http://x:8000"]}, {"contextLength": 200000})
+    assert context_limit(external) == (200000, "spec.model.contextLength")

@@ -77,7 +77,7 @@ def test_unreadable_rows_are_refused_naming_file_and_line(tmp_path, name, text, 
 def test_not_utf8_text_is_named(tmp_path):
     path = tmp_path / "latin1.csv"
     path.write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,1 \xff\n")
-    with pytest.raises(TraceError, match="latin1.csv:2: not UTF-8 text"):
+    with pytest.raises(TraceError, match="latin1.csv:2 .byte 25 of the line.: not UTF-8 text"):
         load_trace(path)
     with pytest.raises(TraceError, match="is a directory"):
         load_trace(tmp_path, fmt="mooncake")

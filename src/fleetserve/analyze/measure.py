@@ -59,6 +59,9 @@ def nonneg_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
+PROMPT_LENGTHS = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # prefill is measured at these, up to --max-prompt
+
+
 class MeasureInputError(ValueError):
     """An option the measurement cannot use, named (the CLI exits 2 with it)."""
 
@@ -112,7 +115,7 @@ def measure(model: str, *, dtype: str = "auto", threads: int | None = None, max_
         return runner.model(input_ids=torch.tensor([tokens]), cache=DynamicCache(config=config), use_cache=True,
                             logits_to_keep=1)
 
-    lengths = [n for n in (32, 64, 128, 256, 512, 1024, 2048, 4096) if n <= min(max_prompt, ctx_limit // 2)]
+    lengths = [n for n in PROMPT_LENGTHS if n <= min(max_prompt, ctx_limit // 2)]
     prefills = []
     with torch.inference_mode():
         for n in (lengths[0], lengths[-1], lengths[0]):  # first calls pay one-time kernel set-up

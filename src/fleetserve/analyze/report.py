@@ -27,7 +27,8 @@ def analyze(path: str | Path, model: str | None = None, replicas: int = 4, profi
     curve = HitCurve(distances)  # blocks, as the ideal hit rate counts them
     # tokens, as the strategies' hit rates count them: the tiers and the oracle compare with those (counted in
     # blocks, a trace of 513-token prompts had an oracle of 0.475 under every strategy's 0.798)
-    by_tokens = HitCurve(distances, block_tokens_of(trace.keys, trace.prompt_tokens, trace.block_tokens))
+    by_tokens = HitCurve(distances, block_tokens_of(trace.keys, trace.prompt_tokens, trace.block_tokens),
+                         total=sum(trace.prompt_tokens))
     block_bytes = profiles.kv_bytes_per_token(profile) * trace.block_tokens
     engine = cache_blocks or max(1, perf.cache_blocks * perf.block_size // trace.block_tokens)
     l1 = int(l1_gib * GIB // block_bytes)

@@ -12,8 +12,9 @@
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
+
+import numpy as np
 
 COLD = 1 << 62  # distance of a first access: misses at every size
 
@@ -95,29 +96,26 @@ def block_tokens_of(keys: list[tuple[int, ...]], prompt_tokens: list[int], block
 
 class HitCurve:
     """LRU hit rate at any cache size, from the sorted stack distances: the share of block accesses that hit, or
-    with `weights` (tokens per access, `block_tokens_of`) the share of prompt tokens, as the simulator counts a
-    strategy's hit rate."""
+    with `weights` (tokens per access, `block_tokens_of`) the share of `total` prompt tokens (all of them, also
+    the tail no block key covers), as the simulator counts a strategy's hit rate."""
 
-    def __init__(self, distances: list[int], weights: list[int] | None = None):
+    def __init__(self, distances: list[int], weights: list[int] | None = None, total: int | None = None):
         if weights is None:
-            self.sorted = sorted(distances)
+            self.sorted = np.sort(np.asarray(distances, dtype=np.int64))
             self._cumulative = None
             self.total = len(distances)
             return
-        pairs = sorted(zip(distances, weights, strict=True))
-        self.sorted = [d for d, _ in pairs]
-        running, cumulative = 0, [0]
-        for _, w in pairs:
-            running += w
-            cumulative.append(running)
-        self._cumulative = cumulative
-        self.total = running
+        d = np.asarray(distances, dtype=np.int64)
+        order = np.argsort(d, kind="stable")
+        self.sorted = d[order]
+        self._cumulative = np.concatenate(([0], np.cumsum(np.asarray(weights, dtype=np.int64)[order])))
+        self.total = int(total if total is not None else self._cumulative[-1])
 
     def hit_rate(self, cache_blocks: int) -> float:
         if not self.total:
             return 0.0
-        hits = bisect.bisect_left(self.sorted, cache_blocks)
-        return (hits if self._cumulative is None else self._cumulative[hits]) / self.total
+        hits = int(np.searchsorted(self.sorted, cache_blocks, side="left"))
+        return float(hits if self._cumulative is None else self._cumulative[hits]) / self.total
 
     def points(self, unique_blocks: int, smallest: int = 16) -> list[dict]:
         """Powers of two from `smallest` up to the unique block count (where the curve reaches the ideal)."""

@@ -252,10 +252,11 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
         result["targets"]["met_where_reachable"] = _met_where_reachable(sweep)
     result["warnings"] = load_warnings(result)
     if cap > asked:
+        why = f"the trace's largest request ({biggest} blocks)" if biggest + 1 >= 16 else "16 blocks at least"
         result["warnings"].append(
             f"each replica's cache holds {cap} blocks, not the {asked} that --cache-fraction {cache_fraction:g} asks "
-            f"for: a replica must hold the trace's largest request ({biggest} blocks); the fleet holds "
-            f"{result['effective_cache_fraction']:g} of the distinct blocks (effective_cache_fraction)")
+            f"for: a replica must hold {why}; the fleet holds {result['effective_cache_fraction']:g} of the "
+            f"distinct blocks (effective_cache_fraction)")
     result["simulated_s"] = round(simulated, 3)
     result["wall_s"] = round(time.perf_counter() - started, 3)
     result["note"] = (f"{len(requests)} requests of {Path(trace).name}, arrival times x{scale:.3g}, "

@@ -17,8 +17,8 @@ from fleetserve.capacity.placement import (
     Placement,
     ReplicaRequest,
     Tier,
-    allocatable,
     place,
+    replicas_per_node,
 )
 from fleetserve.capacity.providers import InsufficientCapacityError, Node, NodeEvent, Provider
 
@@ -54,16 +54,7 @@ class CapacityManager:
     def _slots_for(self, instance_type: str) -> int:
         if instance_type == "local":
             return self.local_slots
-        t, asked = self.catalog.get(instance_type), self.request
-        # as many replicas as every resource allows, the way the scheduler packs pods: GPUs, then the cpu and
-        # memory each replica's pod requests (placement checked that one fits)
-        counts = [t.gpus // asked.gpus if asked.gpus else 1]
-        cpu, memory = allocatable(t)
-        if asked.vcpu:
-            counts.append(int(cpu // asked.vcpu))
-        if asked.memory_gb:
-            counts.append(int(memory // asked.memory_gb))
-        return max(1, min(counts))
+        return replicas_per_node(self.catalog.get(instance_type), self.request)
 
     def acquire(self, replica_id: str, now: float) -> Slot | InsufficientCapacity:
         """A slot for a new replica: an existing node with room (fullest first), else a new node."""

@@ -94,6 +94,19 @@ def allocatable(t: InstanceType) -> tuple[float, float]:
     return n - reserved, t.memory_gb - (255 + 11 * 110 + 100) / 1024
 
 
+def replicas_per_node(t: InstanceType, req: ReplicaRequest) -> int:
+    """How many replicas a node of type `t` holds, the way the scheduler packs pods: its GPUs, then the cpu and
+    memory each replica's pod requests (at least one: placement checked that one fits). The simulator's nodes
+    and the NodePool's limits (`k8s/karpenter.py`) count the same."""
+    counts = [t.gpus // req.gpus if req.gpus else 1]
+    cpu, memory = allocatable(t)
+    if req.vcpu:
+        counts.append(int(cpu // req.vcpu))
+    if req.memory_gb:
+        counts.append(int(memory // req.memory_gb))
+    return max(1, min(counts))
+
+
 def fits(t: InstanceType, req: ReplicaRequest, allow_larger: bool) -> bool:
     if req.gpus and (t.gpus < req.gpus or (t.gpus > req.gpus and not allow_larger)):
         return False

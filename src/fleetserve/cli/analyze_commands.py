@@ -100,7 +100,7 @@ def profile(
                                                                  "(`fleetserve engine --max-batch`)")] = 8,
 ) -> None:
     """Measure the built-in engine here (prefill, decode steps, KV bytes, load time) as a simulator profile."""
-    from fleetserve.analyze.measure import MeasureInputError, measure
+    from fleetserve.analyze.measure import PROMPT_LENGTHS, MeasureInputError, measure
     from fleetserve.engine.demo import ModelSourceError
 
     _choice(dtype, ("auto", "float32", "bfloat16", "float16"), "--dtype")
@@ -120,7 +120,8 @@ def profile(
     except MeasureInputError as exc:
         raise typer.BadParameter(str(exc), param_hint=exc.option) from None
     longest = max(p["tokens"] for p in result["measurements"]["prefill"])
-    if result["context_length"] // 2 < max_prompt:  # prompts are measured up to half the model's context
+    grid = max((n for n in PROMPT_LENGTHS if n <= max_prompt), default=longest)
+    if longest < grid:  # the model's context capped it: prompts are measured up to half of it
         err.print(f"warning: prompts measured up to {longest} tokens, not --max-prompt {max_prompt}: the model's "
                   f"context is {result['context_length']} tokens (prefill is measured up to half of it)",
                   markup=False)

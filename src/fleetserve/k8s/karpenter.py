@@ -17,7 +17,13 @@ from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 from fleetserve.capacity.consolidation import Budget
-from fleetserve.capacity.placement import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL
+from fleetserve.capacity.placement import (
+    CAPACITY_TYPE_LABEL,
+    INSTANCE_TYPE_LABEL,
+    ZONE_LABEL,
+    replica_request,
+    replicas_per_node,
+)
 from fleetserve.k8s.context import Context
 from fleetserve.k8s.engine import GPU, required_extras
 from fleetserve.k8s.labels import TIER_LABEL, dns_name, label_value
@@ -86,12 +92,14 @@ def _limits(ctx: Context, tier: int) -> dict | None:
     most = ctx.policy.max_replicas if ctx.policy is not None else max(spec.replicas, 1)
     known = [ctx.catalog.get(n) for n in ctx.tiers[tier].instance_types if n in ctx.catalog]
     if spec.engine.gpus:
-        # Karpenter counts whole nodes against the limit: a type larger than the pod (allowLargerInstances) must
-        # fit at max replicas, or it is never launched ("all available instance types exceed limits")
+        # Karpenter counts whole nodes against the limit: the nodes max replicas need on any of the tier's types,
+        # packed as the simulator packs them (GPUs, cpu, memory), must fit, or a type is never launched ("all
+        # available instance types exceed limits")
+        asked = replica_request(spec.engine, spec.model, spec.kv_cache)
         need = most * spec.engine.gpus
         for t in known:
             if t.gpus >= spec.engine.gpus:
-                need = max(need, math.ceil(most / (t.gpus // spec.engine.gpus)) * t.gpus)
+                need = max(need, math.ceil(most / replicas_per_node(t, asked)) * t.gpus)
         return {GPU: str(need)}
     if not known:
         return None

@@ -226,7 +226,7 @@ class Planner:
         if missed and (self.closest is None or _shortfall(trial) < _shortfall(self.closest)):
             self.closest = trial
         if missed and all(c.window == "peak" for c in missed) and _autoscaling_on(data) and \
-                (self.peak_miss is None or trial.cost < self.peak_miss.cost):
+                (self.peak_miss is None or trial.rank < self.peak_miss.rank):
             self.peak_miss = trial
         return trial
 
@@ -372,7 +372,7 @@ class Planner:
         if before is not None and _autoscaling_on(before.data) and before.data["spec"]["autoscaling"].get("schedules"):
             candidates.append((0, "no floors", _with_floors(before.data, [], 0), "none"))
         bases = [t for t in (before, self.peak_miss) if t is not None and _autoscaling_on(t.data)]
-        if self.peak_miss is not None and before is not None and self.peak_miss.cost >= before.cost:
+        if self.peak_miss is not None and before is not None and self.peak_miss.rank >= before.rank:
             bases = bases[:1]
         for base in bases if windows else []:
             fleet = base.verdict.result.fleet

@@ -65,8 +65,8 @@ def _alone_p95_ms(result: SimResult, window: str, decode: bool) -> float | None:
     fleet = result.fleet
     alone = []
     for r in window_requests(fleet, result.report[window]["windows"], len(windows(fleet)[2])):
-        if r.replica is None:
-            continue
+        if r.replica is None or r.error is not None or r.done is None:
+            continue  # as the report's percentiles: answered requests only
         prof = r.replica.profile
         uncached = max(0, r.spec.prompt - r.cached)
         chunks = max(1, math.ceil(uncached / max(prof.prefill_chunk, 1)))
@@ -227,12 +227,16 @@ def _overspend(result: SimResult, window: str) -> str:
     span = report.get("costliest_window") if window == "peak" else None
     spans = [tuple(span)] if span else report[window]["windows"]
     points = _window_points(fleet, spans)
-    floors = [fleet.policy_scaling.floor(fleet.t0 + p[0]) for p in points]
-    if points and all(p[2] <= f for p, f in zip(points, floors, strict=True)):
-        held = max(floors)
+    start = spans[0][0] if spans else 0.0  # the state entering the window is held by the floor at its start
+    floors = [fleet.policy_scaling.floor(fleet.t0 + max(p[0], start)) for p in points]
+    held = max(floors, default=0)
+    if held > 0 and all(p[2] <= f for p, f in zip(points, floors, strict=True)):
         which = "minReplicaCount" if held <= fleet.policy_scaling.min_replicas else "a schedule floor"
         return (f"{which} holds {held} replica(s) up in this window without load needing more: a lower floor "
                 "(or none) at this time fits the budget")
+    if points and all(p[2] == 0 for p in points) and any(p[3] > 0 for p in points):
+        return ("nodes stay up with no replica on them until consolidation removes them "
+                "(capacity.consolidation: policy, consolidateAfter)")
     if window == "idle":
         return "replicas stay up while idle (minReplicaCount, floors, cooldown)"
     return "the peak needs more GPUs than the budget pays for"

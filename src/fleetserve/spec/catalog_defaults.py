@@ -61,7 +61,7 @@ def fill_from_catalog(data: Any) -> Any:
         args = engine.get("args")
         if isinstance(args, list) or args is None:
             named = _flags(args or [])
-            if _given(model, "contextLength", "context_length"):  # the spec's context wins over the preset's flag
+            if any(model.get(k) is not None for k in ("contextLength", "context_length")):  # the spec's wins
                 from fleetserve.spec.context import ENGINE_FLAGS
 
                 named.add(ENGINE_FLAGS.get(engine["kind"], ""))

@@ -85,10 +85,13 @@ def _preset_of(spec):
     source = spec.model.source if isinstance(spec.model.source, str) else ""
     from fleetserve.engine.catalog import CATALOG
 
+    kind = spec.engine.kind
+    if kind not in ENGINE_FLAGS and kind != "builtin":
+        return None  # an external server enforces what it enforces
     for preset in CATALOG.values():
         if source in (preset.source, f"catalog:{preset.name}"):
-            return preset if preset.engine == spec.engine.kind or spec.engine.kind != "builtin" else None
-    if spec.engine.kind == "builtin":
+            return preset if preset.engine == kind or kind != "builtin" else None
+    if kind == "builtin":
         return None  # the built-in engine reads the model's own config when it loads it
     names = {source.rstrip("/").rsplit("/", 1)[-1].lower(), (spec.model.name or "").lower()}
     for preset in CATALOG.values():
@@ -101,7 +104,7 @@ def context_warning(spec) -> str | None:
     """vLLM refuses to start with a context above the model's own maximum (unless told to allow it, with rope
     scaling); the simulator serves the maximum, so the spec is not verified on a context it cannot get."""
     declared, native = _declared_limit(spec), model_maximum(spec)
-    if spec.engine.kind == "builtin" or declared is None or native is None or declared[0] <= native[0]:
+    if spec.engine.kind not in ENGINE_FLAGS or declared is None or native is None or declared[0] <= native[0]:
         return None
     return (f"{declared[0]} tokens is above {native[1]}, {native[0]}: {spec.engine.kind} refuses to start with it "
             f"unless the model's context is extended (rope scaling); verify and plan use {native[0]}")
