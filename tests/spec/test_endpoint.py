@@ -248,6 +248,7 @@ def test_engine_args_may_not_set_the_flags_the_adapters_set():
     ("slo: {ttftP95Ms: true}", "spec.slo.ttftP95Ms"),
     ("slo: {costPerHourUsd: false}", "spec.slo.costPerHourUsd"),
     ("autoscaling: {maxReplicaCount: true}", "spec.autoscaling.maxReplicaCount"),
+    ("capacity: {simulated: {limits: {g6e.xlarge: true}}}", "spec.capacity.simulated.limits"),
 ])
 def test_a_boolean_is_not_a_number(setting, path):
     """YAML's `true` read as 1 (`ttftP95Ms: true` verified against 1 ms): a typo, named."""

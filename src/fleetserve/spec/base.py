@@ -39,6 +39,13 @@ class SpecModel(BaseModel):
     @classmethod
     def _no_bool_for_numbers(cls, value, info: ValidationInfo):
         """pydantic reads `true` as 1 in a number field (`replicas: true`, `ttftP95Ms: true`): a typo, refused."""
-        if isinstance(value, bool) and info.field_name and _numeric(cls.model_fields[info.field_name].annotation):
+        if not info.field_name:
+            return value
+        annotation = cls.model_fields[info.field_name].annotation
+        if isinstance(value, bool) and _numeric(annotation):
             raise ValueError("expected a number, got a boolean")
+        if isinstance(value, dict) and typing.get_origin(annotation) is dict:  # {"g6e.xlarge": true}
+            _key, item = typing.get_args(annotation) or (None, None)
+            if _numeric(item) and any(isinstance(v, bool) for v in value.values()):
+                raise ValueError("expected numbers as values, got a boolean")
         return value
