@@ -100,22 +100,17 @@ class HitCurve:
     the tail no block key covers), as the simulator counts a strategy's hit rate."""
 
     def __init__(self, distances: list[int], weights: list[int] | None = None, total: int | None = None):
-        if weights is None:
-            self.sorted = np.sort(np.asarray(distances, dtype=np.int64))
-            self._cumulative = None
-            self.total = len(distances)
-            return
         d = np.asarray(distances, dtype=np.int64)
+        w = np.ones(len(d), dtype=np.int64) if weights is None else np.asarray(weights, dtype=np.int64)
         order = np.argsort(d, kind="stable")
         self.sorted = d[order]
-        self._cumulative = np.concatenate(([0], np.cumsum(np.asarray(weights, dtype=np.int64)[order])))
+        self._cumulative = np.concatenate(([0], np.cumsum(w[order])))  # hits below each size, by weight
         self.total = int(total if total is not None else self._cumulative[-1])
 
     def hit_rate(self, cache_blocks: int) -> float:
         if not self.total:
             return 0.0
-        hits = int(np.searchsorted(self.sorted, cache_blocks, side="left"))
-        return float(hits if self._cumulative is None else self._cumulative[hits]) / self.total
+        return float(self._cumulative[int(np.searchsorted(self.sorted, cache_blocks, side="left"))]) / self.total
 
     def points(self, unique_blocks: int, smallest: int = 16) -> list[dict]:
         """Powers of two from `smallest` up to the unique block count (where the curve reaches the ideal)."""

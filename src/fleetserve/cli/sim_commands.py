@@ -296,8 +296,7 @@ def plan(
         result = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress,
                      max_trials)
     data = result.to_json()
-    shown = result.winner or result.closest
-    _print_warnings(shown.verdict.result.report if shown else {})
+    _print_warnings(data)  # the winner's, or the closest trial's
     if result.winner is not None:
         Path(output).write_text(f"# planned by fleetserve plan from {spec} against {trace}\n"
                                 + yaml.safe_dump(result.winner.data, sort_keys=False))

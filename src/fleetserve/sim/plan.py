@@ -51,7 +51,7 @@ class Trial:
     def rank(self) -> tuple[float, float, float]:
         """Cheaper first; at equal cost (a local fleet is $0 at any size) fewer GPU-hours, then replica-hours."""
         report = self.verdict.result.report
-        return round(self.cost, 6), report["gpu_hours"], report.get("replica_hours", 0.0)
+        return round(self.cost, 6), report["gpu_hours"], report["replica_hours"]
 
 
 @dataclass
@@ -68,20 +68,25 @@ class PlanResult:
 
     def to_json(self) -> dict:
         w = self.winner
+        shown = w or self.closest  # the trial whose warnings and failures are reported
         return {"verified": bool(w and w.verdict.passed), "cost_usd": w.cost if w else None,
                 "baseline_cost_usd": self.baseline.cost, "baseline_verified": self.baseline.verdict.passed,
                 "static_peak_cost_usd": self.static_peak.cost if self.static_peak else None,
                 "savings_vs_baseline": round(1 - w.cost / self.baseline.cost, 4) if w and self.baseline.cost else None,
                 "changes": self.changes, "evaluated": self.trials, "winner": w.label if w else None,
-                "floors": self.floors or {"slot_s": None, "peak_windows": [], "cost_before_usd": None,
-                                          "candidates": [], "cold_start_s": None, "chosen": None,
-                                          "skipped": "--max-trials ran out before the floors step"},
+                "floors": self.floors or {**floors_section(), "skipped": "--max-trials ran out before the floors step"},
                 "report": w.verdict.result.report if w else None,
                 "closest": self.closest.label if self.closest else None, "context": self.context,
-                "warnings": list((w or self.closest).verdict.result.report.get("warnings") or [])
-                if (w or self.closest) else [],
-                "failures": [c.reason for c in (w or self.closest).verdict.checks if not c.passed]
-                if (w or self.closest) else []}
+                "warnings": list(shown.verdict.result.report.get("warnings") or []) if shown else [],
+                "failures": [c.reason for c in shown.verdict.checks if not c.passed] if shown else []}
+
+
+def floors_section(slot_s: int | None = None, peak_windows: list | None = None, cost_before: float | None = None
+                   ) -> dict:
+    """The `floors` part of the plan's JSON; `cold_start_s` and `chosen` stay null until floors are derived and
+    a winner is explained."""
+    return {"slot_s": slot_s, "peak_windows": peak_windows or [], "cost_before_usd": cost_before, "candidates": [],
+            "cold_start_s": None, "chosen": None}
 
 
 def _shortfall(trial: Trial) -> tuple[int, float]:
@@ -363,10 +368,9 @@ class Planner:
         epoch = self.options.start_epoch
         windows, slot = peak_windows([r.arrival for r in self.workload], epoch)
         before = self.best
-        info: dict = {"slot_s": slot, "peak_windows": [
-            {"window": w.label, "arrivals_per_slot": w.arrivals, "off_peak_per_slot": round(w.typical, 1)}
-            for w in windows], "cost_before_usd": before.cost if before else None, "candidates": [],
-            "cold_start_s": None, "chosen": None}  # null until floors are derived, and without a winner
+        info = floors_section(slot, [{"window": w.label, "arrivals_per_slot": w.arrivals,
+                                      "off_peak_per_slot": round(w.typical, 1)} for w in windows],
+                              before.cost if before else None)
         self.floors = info
         candidates: list[tuple[int, str, dict, str]] = []  # (priority: the likelier saving first, ...)
         if before is not None and _autoscaling_on(before.data) and before.data["spec"]["autoscaling"].get("schedules"):

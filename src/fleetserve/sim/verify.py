@@ -99,23 +99,27 @@ def _cause(result: SimResult, window: str, metric: str = "", value: float | None
         return (f"{over} requests of the {window} window need more than the {ctx['tokens']}-token context "
                 f"length ({ctx['source']}) and are refused: {remedy}"
                 + (f"; and {others} more failed: {capacity}" if others else ""))
-    if metric == "ttft_p95_ms":
-        floor, target = prefill_floor_ms(result, window), result.report["slo"]["ttft_p95_ms"]
-        if floor is not None and floor > target:
-            engine = (f"the prompts alone take {floor:.0f} ms to prefill at p95 on this engine, with no queueing: "
-                      "more replicas cannot meet it (a faster instance type or engine profile, a smaller model, "
-                      "or more prefix-cache hits can)")
-            queued = value is not None and value > 1.5 * floor
-            return f"{engine}; and queueing on top: {capacity}" if queued else engine
-    if metric == "e2e_p95_ms":
-        floor, target = decode_floor_ms(result, window), result.report["slo"]["e2e_p95_ms"]
-        if floor is not None and floor > target:
-            engine = (f"each request alone (its prefill, then its output decoded at a batch of one) takes "
-                      f"{floor:.0f} ms at p95 on this engine: more replicas cannot meet it (shorter answers "
-                      "(max_tokens), a faster instance type or engine profile, or a smaller model can)")
+    if metric in ENGINE_BOUND:
+        floor_of, explain = ENGINE_BOUND[metric]
+        floor = floor_of(result, window)
+        if floor is not None and floor > result.report["slo"][metric]:
+            engine = explain.format(floor=floor)
             queued = value is not None and value > 1.5 * floor
             return f"{engine}; and queueing on top: {capacity}" if queued else engine
     return capacity
+
+
+# a latency target the requests miss alone, with no queueing, is the engine's: (the floor, what to say)
+ENGINE_BOUND = {
+    "ttft_p95_ms": (prefill_floor_ms,
+                    "the prompts alone take {floor:.0f} ms to prefill at p95 on this engine, with no queueing: more "
+                    "replicas cannot meet it (a faster instance type or engine profile, a smaller model, or more "
+                    "prefix-cache hits can)"),
+    "e2e_p95_ms": (decode_floor_ms,
+                   "each request alone (its prefill, then its output decoded at a batch of one) takes {floor:.0f} ms "
+                   "at p95 on this engine: more replicas cannot meet it (shorter answers (max_tokens), a faster "
+                   "instance type or engine profile, or a smaller model can)"),
+}
 
 
 def _window_points(fleet, spans) -> list[tuple]:
