@@ -12,6 +12,7 @@ from fleetserve.router.gateway import Gateway, RouterSettings
 from fleetserve.router.http1 import Request
 from fleetserve.router.pool import BackendPool
 from fleetserve.router.upstream import Broken, Timeout, Unreachable
+from tests.recording_responder import Recorder
 from tests.virtual_loop import run_virtual
 
 A, B = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
@@ -63,41 +64,6 @@ class FakeUpstream:
 
     async def aclose(self) -> None:
         pass
-
-
-class Recorder:
-    """What http1.Responder offers the gateway, recorded."""
-
-    def __init__(self):
-        self.status = 0
-        self.headers: list = []
-        self.body = b""
-        self.started = self.ended = self.aborted = False
-        self.client_gone = False
-
-    def send(self, status, headers, body):
-        self.status, self.headers, self.body, self.started, self.ended = status, headers, body, True, True
-
-    def start(self, status, headers, content_length=None):
-        self.status, self.headers, self.started = status, headers, True
-
-    def write(self, data):
-        self.body += data
-
-    def end(self):
-        self.ended = True
-
-    def abort(self):
-        self.aborted = self.ended = True
-
-    async def drain(self):
-        pass
-
-    def json(self):
-        return orjson.loads(self.body)
-
-    def header(self, name: bytes):
-        return dict(self.headers).get(name)
 
 
 def gateway(script: dict[str, list], clock=None, **settings) -> tuple[Gateway, FakeUpstream]:

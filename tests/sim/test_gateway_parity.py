@@ -1,17 +1,31 @@
-"""The live routing policy decides the same in the simulator and in the gateway on the same snapshots.
+"""The live gateway and the simulator make the same routing decisions (issue 9: one test drives both from a
+recorded sequence).
 
-A simulation records every decision (request, snapshot, replica states, KV index). The recording is then
-replayed into a fresh policy as the gateway builds it (`create_policy(strategy, session_key=...)`), with the
-snapshot built the gateway's way: `BackendPool` backends carrying the recorded counters, `Backend.view()`,
-and the per-replica limit of `router.admission.limit_views`. Snapshots and choices must be identical.
+`test_the_gateway_in_process_chooses_what_the_simulator_chose` is the end-to-end one: a simulation runs a
+trace, and its timeline (each request's arrival, its first token and its end on the replica the simulator
+chose, the engine's `usage`) is replayed into a real `Gateway` in virtual time. The requests are the bodies the
+live replay sends (`bench.replay`: chat messages, or token-id prompts for a hash trace); an upstream stand-in
+answers each one when the simulator's engine did, with the usage it reported. The gateway therefore builds its
+own prefix keys from the bodies, keeps its own in-flight and prefill-backlog book, admits through its own gate
+(per-replica limit and queue), learns from the answers' tails and snapshots the fleet its own way; every choice
+must be the simulator's, and a learning policy must end with the same learned state.
+
+`test_same_snapshots_same_decisions` replays each recorded snapshot (KV index included, so `kvaware` on
+engine events is covered too) into a fresh policy built the gateway's way.
 """
 
+import asyncio
 import copy
+from dataclasses import replace
 
+import orjson
 import pytest
 
+from fleetserve.bench.replay import _body as replay_body
 from fleetserve.router import feedback
 from fleetserve.router.admission import limit_views
+from fleetserve.router.gateway import Gateway, RouterSettings
+from fleetserve.router.http1 import Request
 from fleetserve.router.policies import FleetSnapshot, create_policy
 from fleetserve.router.pool import BackendPool
 from fleetserve.sim.fleet import SimFleet
@@ -19,6 +33,9 @@ from fleetserve.sim.run import engine_block
 from fleetserve.sim.setup import SimOptions
 from fleetserve.sim.workload import build_workload
 from fleetserve.spec.load import load_spec_data
+from fleetserve.traces.generate import WorkloadSpec, generate
+from tests.recording_responder import Recorder as Responder
+from tests.virtual_loop import run_virtual
 
 
 class Recorder:
@@ -44,11 +61,12 @@ class Recorder:
         self.policy.observe(prediction, cached_tokens, prompt_tokens)
 
 
-def endpoint(strategy: str, limit: int | None):
+def endpoint(strategy: str, limit: int | None, autoscaling: bool = True):
     spec = {"model": {"source": "hf:meta-llama/Llama-3.1-8B-Instruct"}, "replicas": 3,
-            "placement": {"instanceTypes": ["g6e.xlarge"]}, "routing": {"strategy": strategy},
-            "autoscaling": {"minReplicaCount": 2, "maxReplicaCount": 4, "pollingInterval": 15,
-                            "triggers": [{"metric": "concurrency", "target": 4}]}}
+            "placement": {"instanceTypes": ["g6e.xlarge"]}, "routing": {"strategy": strategy}}
+    if autoscaling:
+        spec["autoscaling"] = {"minReplicaCount": 2, "maxReplicaCount": 4, "pollingInterval": 15,
+                               "triggers": [{"metric": "concurrency", "target": 4}]}
     if limit:
         spec["requestLimits"] = {"maxConcurrentRequests": limit, "maxQueueSize": 1000}
     return load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "p"},
@@ -99,3 +117,120 @@ def test_same_snapshots_same_decisions(mooncake, strategy, knowledge, limit):
     if strategy == "prefixaware":  # blind: the router-side index learned from the responses, on both sides
         assert observed >= len(trace) // 2
         assert gateway_policy.learner.summary() == recorder.policy.learner.summary()
+
+
+class ScriptedResponse:
+    """An engine's answer as the gateway's upstream client returns it: the first body bytes at once (the
+    request returned at the first token), the rest with `usage` when the simulator's engine finished."""
+
+    def __init__(self, end_at: float, tail: bytes):
+        self.status = 200
+        self.headers = [(b"content-type", b"application/json")]
+        self.content_length = None
+        self.complete = False
+        self._parts = [b'{"id":"x",', end_at, tail]
+
+    def header(self, name: bytes):
+        return dict(self.headers).get(name)
+
+    async def read(self) -> bytes:
+        while self._parts:
+            part = self._parts.pop(0)
+            if isinstance(part, float):
+                await asyncio.sleep(max(0.0, part - asyncio.get_running_loop().time()))
+                continue
+            return part
+        return b""
+
+    def close(self) -> None:
+        pass
+
+
+class SimulatedTimeline:
+    """The gateway's upstream client: answers each request when, and as, the simulator's engine did."""
+
+    def __init__(self, fleet: SimFleet):
+        self.t0 = fleet.t0
+        self.by_index = {req.i: req for req in fleet.requests}
+        self.chosen: dict[int, str] = {}
+        self.queued = 0  # requests the gateway sent later than they arrived (its gate held them)
+
+    async def request(self, base_url, method, path, headers=(), body=b"", read_timeout=None):
+        i = int(dict(headers)[b"x-request-id"])
+        req = self.by_index[i]
+        loop = asyncio.get_running_loop()
+        self.chosen[i] = base_url.split("://", 1)[1]
+        self.queued += loop.time() > req.arrival - self.t0 + 1e-9
+        if self.chosen[i] != req.replica.id:  # the timeline below is the simulator's replica's: stop here
+            raise AssertionError(f"request {i} at t={loop.time():.3f}: the gateway chose {self.chosen[i]}, the "
+                                 f"simulator {req.replica.id}")
+        seq = req.seq
+        await asyncio.sleep(max(0.0, seq.first_at - self.t0 - loop.time()))
+        usage = {"usage": {"prompt_tokens": seq.prompt, "prompt_tokens_details": {"cached_tokens": seq.cached}}}
+        return ScriptedResponse(seq.done_at - self.t0, b'"choices":[],' + orjson.dumps(usage)[1:])
+
+    async def aclose(self) -> None:
+        pass
+
+
+def text_trace():
+    """A shared-system-prompt workload as a prompt log would carry it (text only: the router keys text)."""
+    spec = WorkloadSpec.for_kind("system-prompt", seed=5, duration_s=120, rate=3, system_prompts=6,
+                                 system_tokens=600)
+    return [replace(r, hash_ids=()) for r in generate(spec)]
+
+
+@pytest.mark.parametrize(("strategy", "limit", "workload"), [
+    ("prefixaware", None, "text"), ("prefixaware", 2, "text"), ("prefixaware", None, "tokens"),
+    ("leastload", 3, "text"), ("roundrobin", 2, "tokens"), ("session", None, "text"),
+])
+def test_the_gateway_in_process_chooses_what_the_simulator_chose(mooncake, strategy, limit, workload):
+    ep = endpoint(strategy, limit, autoscaling=False)
+    trace = text_trace() if workload == "text" else mooncake[:250]
+    if strategy == "session":
+        trace = [replace(r, session=f"s{i % 7}") for i, r in enumerate(trace)]
+    trace = sorted(trace, key=lambda r: r.arrival_s)  # the simulator's request i is the i-th arrival
+    options = SimOptions(seed=3)
+    workload = build_workload(trace, engine_block(ep, options), False)
+    fleet = SimFleet(ep, workload, options).run()
+    assert len(fleet.requests) == len(trace) and not any(req.error for req in fleet.requests)
+    timeline = SimulatedTimeline(fleet)
+    settings = RouterSettings(strategy=strategy, session_key=ep.spec.routing.session_key, access_log=False,
+                              max_concurrent_per_replica=limit, max_queue=1000 if limit else None)
+
+    async def replay():
+        loop = asyncio.get_running_loop()
+        urls = [replica.url for replica in fleet.replicas]
+        pool = BackendPool(urls, clock=loop.time)
+        for backend in pool.backends.values():
+            backend.healthy = True
+        gw = Gateway(pool, settings, upstream=timeline)
+        answers = []
+        for i, r in enumerate(trace):
+            await asyncio.sleep(max(0.0, r.arrival_s - loop.time()))
+            body = replay_body(r, i, "m", None, False)
+            path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+            headers = [(b"content-type", b"application/json"), (b"x-request-id", str(i).encode())]
+            if r.session:
+                headers.append((b"x-session-id", r.session.encode()))
+            out = Responder()
+            answers.append((out, asyncio.ensure_future(gw.handle(
+                Request("POST", path, b"", headers, orjson.dumps(body), ("127.0.0.1", 1), "1.1", True), out))))
+        try:
+            await asyncio.gather(*(task for _, task in answers))
+        finally:  # a diverging choice fails its request: stop the others before the loop closes
+            for _, task in answers:
+                task.cancel()
+        return gw, [out for out, _ in answers]
+
+    gw, answers = run_virtual(replay())
+    assert [out.status for out in answers] == [200] * len(trace), [out.body for out in answers if out.status != 200]
+    assert timeline.chosen == {req.i: req.replica.id for req in fleet.requests}
+    assert len(set(timeline.chosen.values())) == len(fleet.replicas)
+    if limit:  # the per-replica limit held requests in the gateway's queue, as in the simulator's
+        assert timeline.queued > 0
+    assert all(v == 0 for v in gw.pool.book.in_flight.values()) and all(v == 0 for v in gw.pool.book.backlog.values())
+    if strategy == "prefixaware":  # learned from the answers' tails as the simulator from its engines' usage
+        summary = gw.policy.learner.summary()
+        assert summary == fleet.policy.learner.summary()
+        assert sum(s["observations"] for s in summary.values()) == sum(1 for w in workload if w.router_keys)
