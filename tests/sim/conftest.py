@@ -6,15 +6,14 @@ import pytest
 from fleetserve.traces.load import load_trace
 from fleetserve.traces.model import TraceRequest
 
-AZURE = Path("/work/shared/traces/AzureLLMInferenceTrace_code.csv")
-MOONCAKE = Path("/work/shared/traces/mooncake_synthetic_trace.jsonl")
 DATA = Path(__file__).parent.parent / "data"
+AZURE = DATA / "azure_code_trace.csv"  # the whole trace, in the repository: no test depends on ../shared
+MOONCAKE = DATA / "mooncake_synthetic_trace.jsonl"
 
 
 @functools.cache
 def _azure() -> tuple[TraceRequest, ...]:
-    path = AZURE if AZURE.is_file() else DATA / "azure_code_sample.csv"
-    return tuple(load_trace(path))
+    return tuple(load_trace(AZURE))
 
 
 def azure_slice(start: float, end: float) -> list[TraceRequest]:
@@ -26,5 +25,4 @@ def azure_slice(start: float, end: float) -> list[TraceRequest]:
 
 @pytest.fixture(scope="session")
 def mooncake() -> list[TraceRequest]:
-    path = MOONCAKE if MOONCAKE.is_file() else DATA / "mooncake_sample.jsonl"
-    return load_trace(path, limit=600)
+    return load_trace(MOONCAKE, limit=600)

@@ -318,11 +318,12 @@ def plan(
                   f"${w['static_peak_cost_usd'] or 0:.2f}); "
                   f"{result.trials} simulations; written to {output}", markup=False)
         out.print(_slo_line(result.winner.verdict.result.report["slo"]), markup=False)
+        said = set()  # each change under its reason; a reason shared by several changes is said once
         for c in w["changes"]:
             out.print(f"  {c['path']}: {c['from']!r} -> {c['to']!r}", markup=False)
-        whys = dict.fromkeys(c["why"] for c in w["changes"] if c.get("why"))
-        for why in whys:
-            out.print(f"  why: {why}", markup=False)
+            if c.get("why") and c["why"] not in said:
+                said.add(c["why"])
+                out.print(f"      why: {c['why']}", markup=False)
     if not as_json and result.context and result.context["to"] == result.context["from"]:
         out.print(f"context length not raised: {result.context['why']}", markup=False)  # the model's own maximum
     raise typer.Exit(0 if data["verified"] else 1)

@@ -25,6 +25,7 @@ from fleetserve.capacity.catalog import Catalog
 from fleetserve.capacity.placement import fits, replica_request
 from fleetserve.router.policies import registered_policies
 from fleetserve.sim.floors import cold_start_s, lead_time, peak_windows, reached, schedules
+from fleetserve.sim.plan_why import explain
 from fleetserve.sim.run import engine_block
 from fleetserve.sim.setup import SimOptions, gpu_types
 from fleetserve.sim.verify import Verdict, verify
@@ -42,6 +43,8 @@ class Trial:
     data: dict
     verdict: Verdict
     label: str
+    step: str = ""  # the search step that ran it: baseline, static, auto, floors, routing, cache (plan_why.py)
+    instance_type: str = ""  # the candidate type of static and autoscaled trials
 
     @property
     def cost(self) -> float:
@@ -218,13 +221,17 @@ class Planner:
         self.closest: Trial | None = None  # the failing trial nearest to passing: what a no-winner plan reports
         self.floors: dict | None = None
         self.context: dict | None = None  # the context length the search raised, and why (`_fit_context`)
+        self.history: list[Trial] = []  # every trial, in order: what each change of the winner is explained by
+        self.types: list[str] = []  # the candidate instance types, in the order tried
+        self.before_alternatives: Trial | None = None  # the winner the routing and cache steps started from
 
-    def run_trial(self, data: dict, label: str) -> Trial:
+    def run_trial(self, data: dict, label: str, step: str = "", instance_type: str = "") -> Trial:
         endpoint = load_spec_data(data).endpoint
         self.trials += 1
         if self.progress:
             self.progress(label)
-        trial = Trial(data, verify(endpoint, self.workload, self.options, self.slo), label)
+        trial = Trial(data, verify(endpoint, self.workload, self.options, self.slo), label, step, instance_type)
+        self.history.append(trial)
         if trial.verdict.passed and (self.best is None or trial.rank < self.best.rank):
             self.best = trial
         missed = [c for c in trial.verdict.checks if not c.passed]
@@ -236,7 +243,7 @@ class Planner:
         return trial
 
     def _static(self, data: dict, n: int, label: str) -> Trial:
-        return self.run_trial(_static(data, n), f"{label} static x{n}")
+        return self.run_trial(_static(data, n), f"{label} static x{n}", "static", label)
 
     def smallest_static(self, data: dict, label: str) -> tuple[int, Trial] | None:
         """The fewest static replicas that pass (doubling, then bisection)."""
@@ -261,7 +268,8 @@ class Planner:
 
     def plan(self) -> PlanResult:
         base = self.base
-        baseline = self.run_trial(_static(base, _max_replicas(base["spec"])), "input static at max replicas")
+        baseline = self.run_trial(_static(base, _max_replicas(base["spec"])), "input static at max replicas",
+                                  "baseline")
         own = gpu_types(self.endpoint.spec, self.catalog)
         # a spec written with SageMaker names (HyperPod's ml.g5.8xlarge) gets its suggestions in them too
         naming = "ml." if any(n.startswith("ml.") for n in self.endpoint.spec.placement.instance_types or ()) else ""
@@ -270,7 +278,7 @@ class Planner:
         asked = replica_request(self.endpoint.spec.engine, self.endpoint.spec.model,
                                 self.endpoint.spec.kv_cache)
         fitting = (_fitting(t, asked, self.catalog, naming) for t in types)
-        types = list(dict.fromkeys(t for t in fitting if t is not None)) or ["local"]
+        types = self.types = list(dict.fromkeys(t for t in fitting if t is not None)) or ["local"]
         fitted = self._fit_context(base)
         statics: list[tuple[float, str, int, Trial, dict]] = []
         for t in types:
@@ -287,6 +295,7 @@ class Planner:
         if self.trials < self.max_trials:
             self._floors()
         if self.best is not None:
+            self.before_alternatives = self.best
             self._alternatives()
         winner = self.best
         if winner is not None:
@@ -301,6 +310,8 @@ class Planner:
             if c["path"].startswith("spec.slo."):
                 c["why"] = ("the SLO given on the command line, which the search verified against: written so that "
                             "`verify` of the planned spec checks what `plan` checked")
+        if winner is not None:
+            explain(changes, self, winner)
         return PlanResult(winner, baseline, static_peak, self.trials, changes, self.floors,
                           None if winner else self.closest, self.context)
 
@@ -342,7 +353,11 @@ class Planner:
 
     def _autoscale(self, data: dict, n: int, label: str) -> None:
         low, high, target = max(1, n // 2), n, 4.0
-        current = self.run_trial(_autoscaled(data, low, high, target), f"{label} auto {low}-{high} t{target:g}")
+        def run(low: int, high: int, target: float) -> Trial:
+            return self.run_trial(_autoscaled(data, low, high, target), f"{label} auto {low}-{high} t{target:g}",
+                                  "auto", label)
+
+        current = run(low, high, target)
 
         def better(trial: Trial) -> bool:
             return trial.verdict.passed and (not current.verdict.passed or trial.rank < current.rank)
@@ -350,18 +365,18 @@ class Planner:
         for cand in sorted({0, 1, max(1, n // 4)} - {low}):
             if self.trials >= self.max_trials:
                 return
-            t = self.run_trial(_autoscaled(data, cand, high, target), f"{label} auto {cand}-{high} t{target:g}")
+            t = run(cand, high, target)
             if better(t):
                 current, low = t, cand
         for cand in (2.0, 8.0, 16.0):
             if self.trials >= self.max_trials:
                 return
-            t = self.run_trial(_autoscaled(data, low, high, cand), f"{label} auto {low}-{high} t{cand:g}")
+            t = run(low, high, cand)
             if better(t):
                 current, target = t, cand
         bigger = high + max(1, math.ceil(high / 4))
         if not current.verdict.passed and self.trials < self.max_trials:
-            self.run_trial(_autoscaled(data, low, bigger, target), f"{label} auto {low}-{bigger} t{target:g}")
+            run(low, bigger, target)
 
     def _floors(self) -> None:
         """No floors, the input's, and floors at the trace's daily peaks: the cheapest passing one stays."""
@@ -408,7 +423,7 @@ class Planner:
             if data in seen or self.trials >= self.max_trials:
                 continue
             seen.append(data)
-            t = self.run_trial(data, label)
+            t = self.run_trial(data, label, "floors")
             info["candidates"].append({"label": label, "kind": kind, "cost_usd": t.cost,
                                        "verified": t.verdict.passed})
 
@@ -453,7 +468,7 @@ class Planner:
                 continue  # no session keys in this trace: session routing would be leastload in disguise
             d = copy.deepcopy(best.data)
             d["spec"].setdefault("routing", {})["strategy"] = strategy
-            self.run_trial(d, f"routing {strategy}")
+            self.run_trial(d, f"routing {strategy}", "routing")
         if not self.keyed:
             return  # no shared prefixes in the trace: cache tiers cannot matter
         best = self.best
@@ -463,7 +478,7 @@ class Planner:
             kv.setdefault("l1", {})["enabled"] = l1
             kv.setdefault("l2", {})["enabled"] = l2
             if d != best.data and self.trials < self.max_trials:
-                self.run_trial(d, f"cache l1={l1} l2={l2}")
+                self.run_trial(d, f"cache l1={l1} l2={l2}", "cache")
 
 
 def plan(endpoint, trace, options: SimOptions | None = None, slo: dict | None = None, progress=None,
