@@ -73,6 +73,13 @@ def test_replica_killed_during_replay_loses_no_unstarted_request(tmp_path):
     async def run():
         task = asyncio.create_task(replay(gw.url, requests, model="sim", stream=True, timeout=60))
         await asyncio.sleep(1.2)
+
+        def streaming_on_the_victim() -> bool:  # a slow machine may not have got there yet: wait, not guess
+            backends = httpx.get(gw.url + "/health", timeout=5).json()["backends"]
+            return any(b["url"] == engines[0].url and b["in_flight"] >= 2 for b in backends)
+
+        await asyncio.to_thread(wait_until, streaming_on_the_victim, 30, what="streams in flight on the replica")
+        await asyncio.sleep(0.2)  # their first tokens (25 ms steps)
         engines[0].kill(signal.SIGKILL)
         return await task
 

@@ -14,7 +14,7 @@ def test_limits_queue_then_overflow_with_retry_after(tmp_path):
                     tmp_path / "sim.log").start()
     gw = Server(["router", "--backend", engine.url, "--max-concurrent-per-replica", "1", "--max-queue", "1"],
                 tmp_path / "router.log").start()
-    body = {"model": "sim", "prompt": "x", "max_tokens": 40}
+    body = {"model": "sim", "prompt": "x", "max_tokens": 160}  # 4 s each: the first still runs when the third comes
     try:
         with ThreadPoolExecutor(3) as pool:
             first = pool.submit(httpx.post, gw.url + "/v1/completions", json=body, timeout=60)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fleetserve.spec import load_spec
 from tests.helpers import fleetserve
-from tests.sim.conftest import AZURE, DATA
+from tests.sim.conftest import AZURE
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 TRACE = str(AZURE)
