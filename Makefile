@@ -12,6 +12,7 @@ quickstart: setup
 # Redis, Prometheus), so 4 workers on 2 cores finish in about a third of the serial time; TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 4
 test: setup
+	.venv/bin/ruff check src tests
 	.venv/bin/python -m pytest -q -n $(TEST_WORKERS)
 
 lint: setup
