@@ -92,6 +92,20 @@ def test_the_planners_winner_passes_verify_and_costs_less_than_a_static_peak_fle
     assert out["context"]["from"] == 4096 and out["context"]["to"] >= need and out["context"]["to"] % 1024 == 0
     (args,) = [c for c in out["changes"] if c["path"] == "spec.engine.args"]
     assert str(out["context"]["to"]) in args["to"] and "refuses them" in args["why"]
+    # every change is explained by the trial that made it, none by the generic fallback
+    whys = {c["path"]: c.get("why") or "" for c in out["changes"]}
+    assert all(whys.values()) and not any(w.startswith("as in the winning trial") for w in whys.values()), whys
+    kind = result.winner.instance_type
+    assert kind in whys["spec.placement.instanceTypes"] and "ml.g5.8xlarge x" in whys["spec.placement.instanceTypes"]
+    auto = [w for p, w in whys.items() if p.startswith("spec.autoscaling.") and "schedules" not in p
+            and "scheduleLeadTime" not in p]
+    chain = []
+    trial = result.winner
+    while trial is not None:
+        chain.append(trial.label)
+        trial = trial.parent
+    source = next(label for label in chain if " auto " in label)  # the autoscaled trial the winner grew from
+    assert auto and all(w.startswith(source) for w in auto), (chain, auto)
 
 
 def test_at_equal_cost_the_planner_keeps_fewer_replica_hours():

@@ -44,7 +44,8 @@ class Trial:
     verdict: Verdict
     label: str
     step: str = ""  # the search step that ran it: baseline, static, auto, floors, routing, cache (plan_why.py)
-    instance_type: str = ""  # the candidate type of static and autoscaled trials
+    instance_type: str = ""  # the candidate type it runs (inherited from `parent`)
+    parent: Trial | None = None  # the trial whose spec this one changed (plan_why.py follows the chain)
 
     @property
     def cost(self) -> float:
@@ -225,12 +226,14 @@ class Planner:
         self.types: list[str] = []  # the candidate instance types, in the order tried
         self.before_alternatives: Trial | None = None  # the winner the routing and cache steps started from
 
-    def run_trial(self, data: dict, label: str, step: str = "", instance_type: str = "") -> Trial:
+    def run_trial(self, data: dict, label: str, step: str = "", instance_type: str = "",
+                  parent: Trial | None = None) -> Trial:
         endpoint = load_spec_data(data).endpoint
         self.trials += 1
         if self.progress:
             self.progress(label)
-        trial = Trial(data, verify(endpoint, self.workload, self.options, self.slo), label, step, instance_type)
+        trial = Trial(data, verify(endpoint, self.workload, self.options, self.slo), label, step,
+                      instance_type or (parent.instance_type if parent else ""), parent)
         self.history.append(trial)
         if trial.verdict.passed and (self.best is None or trial.rank < self.best.rank):
             self.best = trial
@@ -268,12 +271,12 @@ class Planner:
 
     def plan(self) -> PlanResult:
         base = self.base
-        baseline = self.run_trial(_static(base, _max_replicas(base["spec"])), "input static at max replicas",
-                                  "baseline")
         own = gpu_types(self.endpoint.spec, self.catalog)
         # a spec written with SageMaker names (HyperPod's ml.g5.8xlarge) gets its suggestions in them too
         naming = "ml." if any(n.startswith("ml.") for n in self.endpoint.spec.placement.instance_types or ()) else ""
         own = [naming + n for n in own]
+        baseline = self.run_trial(_static(base, _max_replicas(base["spec"])), "input static at max replicas",
+                                  "baseline", "the input's types")
         types = list(dict.fromkeys([*own[:1], *(naming + t for t in self.instance_types)])) if own else ["local"]
         asked = replica_request(self.endpoint.spec.engine, self.endpoint.spec.model,
                                 self.endpoint.spec.kv_cache)
@@ -289,9 +292,9 @@ class Planner:
                 statics.append((trial.rank, t, n, trial, data))
         statics.sort(key=lambda s: s[0])
         static_peak = statics[0][3] if statics else None
-        for _, t, n, _, data in statics[:2]:
+        for _, t, n, trial, data in statics[:2]:
             if self.trials < self.max_trials:
-                self._autoscale(data, n, t)
+                self._autoscale(data, n, t, trial)
         if self.trials < self.max_trials:
             self._floors()
         if self.best is not None:
@@ -351,11 +354,11 @@ class Planner:
                                f"every candidate has {raised}"}
         return d
 
-    def _autoscale(self, data: dict, n: int, label: str) -> None:
+    def _autoscale(self, data: dict, n: int, label: str, static: Trial) -> None:
         low, high, target = max(1, n // 2), n, 4.0
         def run(low: int, high: int, target: float) -> Trial:
             return self.run_trial(_autoscaled(data, low, high, target), f"{label} auto {low}-{high} t{target:g}",
-                                  "auto", label)
+                                  "auto", label, static)
 
         current = run(low, high, target)
 
@@ -387,9 +390,9 @@ class Planner:
                                       "off_peak_per_slot": round(w.typical, 1)} for w in windows],
                               before.cost if before else None)
         self.floors = info
-        candidates: list[tuple[int, str, dict, str]] = []  # (priority: the likelier saving first, ...)
+        candidates: list[tuple[int, str, dict, str, Trial]] = []  # (priority: the likelier saving first, ...)
         if before is not None and _autoscaling_on(before.data) and before.data["spec"]["autoscaling"].get("schedules"):
-            candidates.append((0, "no floors", _with_floors(before.data, [], 0), "none"))
+            candidates.append((0, "no floors", _with_floors(before.data, [], 0), "none", before))
         bases = [t for t in (before, self.peak_miss) if t is not None and _autoscaling_on(t.data)]
         if self.peak_miss is not None and before is not None and self.peak_miss.rank >= before.rank:
             bases = bases[:1]
@@ -409,21 +412,21 @@ class Planner:
             what = ", ".join(f"{w.label} x{n}" for w, n in kept)
             floors = schedules([w for w, _ in kept], [n for _, n in kept])
             candidates.append((1, f"floors {what}, min {low}, on {on}", _with_floors(base.data, floors, lead),
-                               "derived"))
+                               "derived", base))
             if low > 0:
                 candidates.append((3, f"floors {what}, min 0, on {on}", _with_floors(base.data, floors, lead, 0),
-                                   "derived"))
+                                   "derived", base))
             if base is not before and any(n < high for _, n in kept):
                 full = schedules([w for w, _ in kept], [high] * len(kept))
                 candidates.append((2, f"floors {', '.join(w.label for w, _ in kept)} x{high}, min {low}, on {on}",
-                                   _with_floors(base.data, full, lead), "derived"))
+                                   _with_floors(base.data, full, lead), "derived", base))
         seen: list[dict] = [t.data for t in (before, self.peak_miss) if t is not None]
         candidates.sort(key=lambda c: c[0])
-        for _, label, data, kind in candidates[:MAX_FLOOR_TRIALS]:
+        for _, label, data, kind, parent in candidates[:MAX_FLOOR_TRIALS]:
             if data in seen or self.trials >= self.max_trials:
                 continue
             seen.append(data)
-            t = self.run_trial(data, label, "floors")
+            t = self.run_trial(data, label, "floors", parent=parent)
             info["candidates"].append({"label": label, "kind": kind, "cost_usd": t.cost,
                                        "verified": t.verdict.passed})
 
@@ -468,7 +471,7 @@ class Planner:
                 continue  # no session keys in this trace: session routing would be leastload in disguise
             d = copy.deepcopy(best.data)
             d["spec"].setdefault("routing", {})["strategy"] = strategy
-            self.run_trial(d, f"routing {strategy}", "routing")
+            self.run_trial(d, f"routing {strategy}", "routing", parent=best)
         if not self.keyed:
             return  # no shared prefixes in the trace: cache tiers cannot matter
         best = self.best
@@ -478,7 +481,7 @@ class Planner:
             kv.setdefault("l1", {})["enabled"] = l1
             kv.setdefault("l2", {})["enabled"] = l2
             if d != best.data and self.trials < self.max_trials:
-                self.run_trial(d, f"cache l1={l1} l2={l2}", "cache")
+                self.run_trial(d, f"cache l1={l1} l2={l2}", "cache", parent=best)
 
 
 def plan(endpoint, trace, options: SimOptions | None = None, slo: dict | None = None, progress=None,

@@ -2,9 +2,12 @@
 
 `plan` reports each changed field with a `why`: a user who is asked to pay for 16 replicas of another instance
 type must see what the alternatives cost and why fewer replicas were not enough. Every sentence is built from
-trials the search really ran (`Planner.history`); a change the search made without a trial to compare with
-(its trial budget ran out) says that instead. The context length, the SLO fields and the time-of-day floors are
-explained where they are decided (`plan.py`).
+trials the search really ran (`Planner.history`). The winner is followed back through the trials it was built
+from (`Trial.parent`: a cache trial on a routing trial on a floors trial on an autoscaled one on a static one),
+and each change is explained by the step of that chain which made it, against that step's other candidates:
+cheaper, or at equal cost fewer GPU-hours, then fewer replica-hours (what the search ranks by), or a tie kept
+because it was found first. A step the trial budget cut short says so. The context length, the SLO fields
+and the time-of-day floors are explained where they are decided (`plan.py`).
 """
 
 from __future__ import annotations
@@ -16,63 +19,101 @@ if TYPE_CHECKING:
 
 AUTOSCALING_DECIDED = ("spec.autoscaling.minReplicaCount", "spec.autoscaling.maxReplicaCount",
                        "spec.autoscaling.triggers", "spec.autoscaling.enabled")
+SHOWN = 4  # other candidates named per reason
 
 
-def _first_failure(trial: Trial) -> str:
+def _failure(trial: Trial) -> str:
     missed = [c.reason for c in trial.verdict.checks if not c.passed]
     return missed[0] if missed else "passes"
 
 
-def _outcome(trial: Trial) -> str:
-    """What a passing trial is ranked by (cost, then GPU-hours, then replica-hours), or why it fails."""
-    if not trial.verdict.passed:
-        return f"fails ({_first_failure(trial)})"
+def _figures(trial: Trial) -> str:
     report = trial.verdict.result.report
     return f"${trial.cost:.4f}, {report['gpu_hours']:.3f} GPU-h, {report['replica_hours']:.3f} replica-h"
 
 
+def _outcome(trial: Trial) -> str:
+    return _figures(trial) if trial.verdict.passed else f"fails ({_failure(trial)})"
+
+
+def _versus(chosen: Trial, other: Trial, name: str | None = None) -> str:
+    """`other` as it compares with `chosen`, by what the search ranks: cost, GPU-hours, replica-hours."""
+    name = name or other.label
+    if not other.verdict.passed:
+        return f"{name} fails ({_failure(other)})"
+    mine, theirs = chosen.rank, other.rank
+    if theirs[0] != mine[0]:
+        return f"{name} ${other.cost:.4f}"
+    if theirs[1] != mine[1]:
+        return f"{name} the same cost with {theirs[1]:.3f} GPU-h"
+    if theirs[2] != mine[2]:
+        return f"{name} the same cost and GPU-hours with {theirs[2]:.3f} replica-h"
+    return f"{name} a tie on cost, GPU-hours and replica-hours (the one found first is kept)"
+
+
+def _chain(trial: Trial) -> list[Trial]:
+    out = []
+    while trial is not None:
+        out.append(trial)
+        trial = trial.parent
+    return out
+
+
+def _in_chain(winner: Trial, step: str) -> Trial | None:
+    return next((t for t in _chain(winner) if t.step == step), None)
+
+
+def _budget(search: Planner) -> str:
+    return f"; --max-trials ({search.max_trials}) ended the search" if search.trials >= search.max_trials else ""
+
+
 def _types(search: Planner) -> str:
-    """Each candidate type's smallest passing static fleet, as the search found it."""
+    """Each candidate type's smallest passing static fleet (the static peak-sized fleet), or why none passed."""
     parts = []
     for t in search.types:
-        passing = [x for x in search.history if x.step == "static" and x.instance_type == t and x.verdict.passed]
         tried = [x for x in search.history if x.step == "static" and x.instance_type == t]
+        passing = [x for x in tried if x.verdict.passed]
         if passing:
-            best = min(passing, key=lambda x: x.rank)
-            parts.append(f"{t} x{best.data['spec']['replicas']} ${best.cost:.2f}")
+            smallest = min(passing, key=lambda x: x.data["spec"]["replicas"])
+            parts.append(f"{t} x{smallest.data['spec']['replicas']} {_figures(smallest)}")
         elif tried:
-            most = max(x.data["spec"]["replicas"] for x in tried)
-            parts.append(f"{t}: none passed up to {most} replicas")
+            largest = max(tried, key=lambda x: x.data["spec"]["replicas"])
+            parts.append(f"{t}: none passed up to {largest.data['spec']['replicas']} replicas ({_failure(largest)})")
         else:
             parts.append(f"{t}: not tried (--max-trials ran out)")
     return "; ".join(parts)
 
 
 def _static_replicas(search: Planner, winner: Trial) -> str:
-    """The static fleets of the winner's type the search ran, fewest replicas first: the cheapest passing won."""
-    tried = sorted((x for x in search.history if x.step == "static" and x.instance_type == winner.instance_type),
+    """The static fleets of the winner's type the search ran, fewest replicas first."""
+    kind = winner.instance_type
+    tried = sorted((x for x in search.history if x.step == "static" and x.instance_type == kind),
                    key=lambda x: x.data["spec"]["replicas"])
     runs = "; ".join(f"x{x.data['spec']['replicas']} {_outcome(x)}" for x in tried)
-    return f"the cheapest static fleet of {winner.instance_type} that passes verify ({runs})"
+    if _in_chain(winner, "baseline") is not None:  # the input's own types, fall-through included: no one type
+        return (f"the input at its max replicas (the baseline, {_figures(winner)}), which no cheaper candidate "
+                f"beat; each type's smallest passing static fleet: {_types(search)}{_budget(search)}")
+    return f"the cheapest static fleet of {kind} that passes verify ({runs}){_budget(search)}"
 
 
 def _autoscaled(search: Planner, winner: Trial) -> str:
+    source = _in_chain(winner, "auto")
     autos = [x for x in search.history if x.step == "auto"]
     passing = sum(1 for x in autos if x.verdict.passed)
-    statics = [x.cost for x in search.history if x.step == "static" and x.verdict.passed]
-    keys = ("minReplicaCount", "maxReplicaCount", "triggers")
-    mine = {k: winner.data["spec"]["autoscaling"].get(k) for k in keys}
-    same = [x for x in autos if {k: x.data["spec"]["autoscaling"].get(k) for k in keys} == mine]
-    source = min(same, key=lambda x: (not x.verdict.passed, x.rank)) if same else None
     if source is None:
-        why = f"the autoscaling of the winning trial ({winner.label}: ${winner.cost:.2f})"
-    elif source.verdict.passed:
-        why = f"the cheapest autoscaled candidate that passes verify ({source.label}: ${source.cost:.2f})"
+        return f"the autoscaling of the winning trial ({winner.label}: {_figures(winner)})"
+    if source.verdict.passed:
+        why = f"{source.label}, the best autoscaled candidate ({_figures(source)})"
     else:
-        why = (f"the autoscaled candidate {source.label}, which alone fails ({_first_failure(source)}) and passes "
-               f"with the time-of-day floors ({winner.label}: ${winner.cost:.2f})")
-    why += f"; {passing} of {len(autos)} autoscaled candidates passed"
-    return why + (f"; the cheapest static fleet that passes costs ${min(statics):.2f}" if statics else "")
+        why = f"{source.label}, which alone fails ({_failure(source)}) and passes with the time-of-day floors"
+    others = sorted((x for x in autos if x is not source and x.instance_type == source.instance_type),
+                    key=lambda x: (not x.verdict.passed, x.rank))[:SHOWN]
+    if others:
+        why += "; against " + "; ".join(_versus(source, x) for x in others)
+    static = source.parent
+    if static is not None:
+        why += f"; its type's smallest passing static fleet: {static.label} {_figures(static)}"
+    return why + f" ({passing} of {len(autos)} autoscaled candidates passed){_budget(search)}"
 
 
 def _static_won(search: Planner, winner: Trial) -> str:
@@ -82,32 +123,39 @@ def _static_won(search: Planner, winner: Trial) -> str:
     passing = [x for x in autos if x.verdict.passed]
     if passing:
         best = min(passing, key=lambda x: x.rank)
-        return (f"a static fleet: the cheapest autoscaled candidate that passes ({best.label}) costs ${best.cost:.2f},"
-                f" not less than this fleet's ${winner.cost:.2f}")
+        return f"a static fleet ({_figures(winner)}); the best autoscaled candidate: {_versus(winner, best)}"
     closest = min(autos, key=lambda x: sum(1 for c in x.verdict.checks if not c.passed))
     return (f"a static fleet: none of the {len(autos)} autoscaled candidates passed verify (e.g. {closest.label}: "
-            f"{_first_failure(closest)})")
+            f"{_failure(closest)})")
 
 
-def _alternative(search: Planner, winner: Trial, step: str, what: str) -> str:
-    """The routing or cache step: the winner against the spec it started from and the other candidates."""
-    start = search.before_alternatives
-    others = [x for x in search.history if x.step == step and x is not winner]
-    against = [f"{x.label}: {_outcome(x)}" for x in others]
-    if start is not None and start is not winner:
-        against.insert(0, f"{what} before this step: {_outcome(start)}")
-    return f"{winner.label}: {_outcome(winner)}" + (f" against {'; '.join(against)}" if against else "")
+def _alternative(search: Planner, chosen: Trial, what: str) -> str:
+    """A routing or cache trial of the winner's chain, against the spec it started from and its siblings."""
+    start = chosen.parent
+    siblings = [x for x in search.history if x.step == chosen.step and x.parent is start and x is not chosen]
+    against = [_versus(chosen, start, f"{what} before this step ({start.label})")] if start is not None else []
+    against += [_versus(chosen, x) for x in siblings]
+    return f"{chosen.label} ({_figures(chosen)}) against " + "; ".join(against) + _budget(search)
+
+
+def _kept(search: Planner, winner: Trial, step: str, what: str) -> str:
+    """A field the step tried to change and kept: the input's value won against the step's candidates."""
+    tried = [x for x in search.history if x.step == step and x.parent is not None and x.parent in _chain(winner)]
+    if not tried:
+        return f"{what}: the step did not run{_budget(search) or ''}"
+    base = tried[0].parent
+    return f"{what} kept ({_figures(base)}) against " + "; ".join(_versus(base, x) for x in tried) + _budget(search)
 
 
 def explain(changes: list[dict], search: Planner, winner: Trial) -> None:
     """Give every change that has no `why` yet one from the trials (in place)."""
     spec = winner.data["spec"]
     autoscaled = bool(spec.get("autoscaling")) and spec["autoscaling"].get("enabled", True)
-    decided_by = {x.step for x in search.history if x.data == winner.data}
     for c in changes:
         if c.get("why"):
             continue
         path = c["path"]
+        routing, cache = _in_chain(winner, "routing"), _in_chain(winner, "cache")
         if path in ("spec.placement.instanceTypes", "spec.capacity.allowLargerInstances"):
             why = f"the instance type whose smallest passing static fleet costs least: {_types(search)}"
             if path == "spec.capacity.allowLargerInstances":
@@ -117,10 +165,12 @@ def explain(changes: list[dict], search: Planner, winner: Trial) -> None:
                 _static_replicas(search, winner)
         elif path.startswith(AUTOSCALING_DECIDED):
             why = _autoscaled(search, winner) if autoscaled else _static_won(search, winner)
-        elif path.startswith("spec.routing.") and "routing" in decided_by:
-            why = _alternative(search, winner, "routing", "the strategy")
-        elif path.startswith("spec.kvCache.") and "cache" in decided_by:
-            why = _alternative(search, winner, "cache", "the tiers")
+        elif path.startswith("spec.routing."):
+            why = _alternative(search, routing, "the strategy") if routing is not None else \
+                _kept(search, winner, "routing", "the input's strategy")
+        elif path.startswith("spec.kvCache."):
+            why = _alternative(search, cache, "the tiers") if cache is not None else \
+                _kept(search, winner, "cache", "the input's tiers")
         else:
-            why = f"as in the winning trial ({winner.label}, ${winner.cost:.2f}), the cheapest that passes verify"
+            why = f"as in the winning trial ({winner.label}: {_figures(winner)}), the cheapest that passes verify"
         c["why"] = why
