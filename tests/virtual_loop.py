@@ -34,3 +34,13 @@ def run_virtual(coro):
         return loop.run_until_complete(coro)
     finally:
         loop.close()
+
+
+async def settle(limit: int = 10_000) -> None:
+    """Let every callback that is ready now run (and what they make ready in turn) before going on: what a
+    simulator does within one event at one instant, the replay does before the clock moves."""
+    loop = asyncio.get_running_loop()
+    for _ in range(limit):
+        if not loop._ready:  # noqa: SLF001 - the loop's own queue of ready callbacks
+            return
+        await asyncio.sleep(0)

@@ -211,6 +211,27 @@ def test_the_queue_waits_for_a_free_slot_and_overflows_past_its_size():
     assert queued.status == 200
 
 
+def test_a_request_queued_at_the_limit_goes_to_a_replica_that_joins_at_once():
+    """Queued requests looked again only when a request ended: a replica added by a scale-up stood idle while
+    the queue waited for the old replicas' long answers (found by the gateway-simulator parity test)."""
+    async def main():
+        gw, up = gateway({A: [], B: [FakeResponse(200, [OK])]}, max_concurrent_per_replica=1, max_queue=4,
+                         buffer_timeout=600.0)
+        gw.set_backends([A], ready={A})
+        gw.pool.book.sent("10.0.0.1:8000", 0)  # a long answer holds A's only slot for good
+        loop = asyncio.get_running_loop()
+        out = Recorder()
+        queued = asyncio.ensure_future(gw.handle(chat(), out))
+        await asyncio.sleep(5.0)
+        assert not queued.done() and gw.gate.queued == 1
+        gw.set_backends([A, B], ready={A, B})  # the scale-up's replica is ready
+        await queued
+        return out, up, loop.time()
+
+    out, up, answered_at = run_virtual(main())
+    assert out.status == 200 and up.sent == [B] and answered_at == 5.0
+
+
 def test_a_replica_that_left_leaves_no_gauge_behind():
     from prometheus_client import generate_latest
 

@@ -35,7 +35,7 @@ from fleetserve.sim.workload import build_workload
 from fleetserve.spec.load import load_spec_data
 from fleetserve.traces.generate import WorkloadSpec, generate
 from tests.recording_responder import Recorder as Responder
-from tests.virtual_loop import run_virtual
+from tests.virtual_loop import run_virtual, settle
 
 
 class Recorder:
@@ -61,11 +61,11 @@ class Recorder:
         self.policy.observe(prediction, cached_tokens, prompt_tokens)
 
 
-def endpoint(strategy: str, limit: int | None, autoscaling: bool = True):
-    spec = {"model": {"source": "hf:meta-llama/Llama-3.1-8B-Instruct"}, "replicas": 3,
+def endpoint(strategy: str, limit: int | None, autoscaling: bool = True, low: int = 2):
+    spec = {"model": {"source": "hf:meta-llama/Llama-3.1-8B-Instruct"}, "replicas": low + 1 if low else 0,
             "placement": {"instanceTypes": ["g6e.xlarge"]}, "routing": {"strategy": strategy}}
     if autoscaling:
-        spec["autoscaling"] = {"minReplicaCount": 2, "maxReplicaCount": 4, "pollingInterval": 15,
+        spec["autoscaling"] = {"minReplicaCount": low, "maxReplicaCount": 4, "pollingInterval": 15,
                                "triggers": [{"metric": "concurrency", "target": 4}]}
     if limit:
         spec["requestLimits"] = {"maxConcurrentRequests": limit, "maxQueueSize": 1000}
@@ -146,6 +146,24 @@ class ScriptedResponse:
         pass
 
 
+class MembershipRecorder(SimFleet):
+    """A simulation that notes the replicas the router knows each time that set changes (the supervisor's PUT
+    /admin/backends of a live fleet: replicas ready, or draining)."""
+
+    def __init__(self, *args, **kwargs):
+        self.membership: list[tuple[float, tuple]] = []
+        super().__init__(*args, **kwargs)
+
+    def views(self):
+        changed = self._members is None
+        views = super().views()
+        if changed:
+            now = tuple((r.url, r.state) for r in self._members)
+            if not self.membership or self.membership[-1][1] != now:
+                self.membership.append((self.sim.now - self.t0, now))
+        return views
+
+
 class SimulatedTimeline:
     """The gateway's upstream client: answers each request when, and as, the simulator's engine did."""
 
@@ -180,37 +198,52 @@ def text_trace():
     return [replace(r, hash_ids=()) for r in generate(spec)]
 
 
-@pytest.mark.parametrize(("strategy", "limit", "workload"), [
-    ("prefixaware", None, "text"), ("prefixaware", 2, "text"), ("prefixaware", None, "tokens"),
-    ("leastload", 3, "text"), ("roundrobin", 2, "tokens"), ("session", None, "text"),
+@pytest.mark.parametrize(("strategy", "limit", "workload", "scaling"), [
+    ("prefixaware", None, "text", "static"), ("prefixaware", 2, "text", "static"),
+    ("prefixaware", None, "tokens", "static"), ("leastload", 3, "text", "static"),
+    ("roundrobin", 2, "tokens", "static"), ("session", None, "text", "static"),
+    ("prefixaware", None, "text", "from zero"), ("leastload", 2, "tokens", "from zero"),
 ])
-def test_the_gateway_in_process_chooses_what_the_simulator_chose(mooncake, strategy, limit, workload):
-    ep = endpoint(strategy, limit, autoscaling=False)
+def test_the_gateway_in_process_chooses_what_the_simulator_chose(mooncake, strategy, limit, workload, scaling):
+    """`from zero`: the fleet starts with no replica (the first requests wait in the gateway's scale-from-zero
+    buffer) and the autoscaler adds replicas as the load grows; their arrivals in the router's backend set are
+    replayed into the gateway when the simulator's router saw them."""
+    ep = endpoint(strategy, limit, autoscaling=scaling != "static", low=0 if scaling == "from zero" else 2)
     trace = text_trace() if workload == "text" else mooncake[:250]
     if strategy == "session":
         trace = [replace(r, session=f"s{i % 7}") for i, r in enumerate(trace)]
     trace = sorted(trace, key=lambda r: r.arrival_s)  # the simulator's request i is the i-th arrival
     options = SimOptions(seed=3)
     workload = build_workload(trace, engine_block(ep, options), False)
-    fleet = SimFleet(ep, workload, options).run()
-    assert len(fleet.requests) == len(trace) and not any(req.error for req in fleet.requests)
+    fleet = MembershipRecorder(ep, workload, options).run()
+    assert len(fleet.requests) == len(trace)
+    refused = {req.i: req.error for req in fleet.requests if req.error}
+    assert scaling == "from zero" or not refused  # a cold start of ~160 s overflows the 256-request buffer
     timeline = SimulatedTimeline(fleet)
     settings = RouterSettings(strategy=strategy, session_key=ep.spec.routing.session_key, access_log=False,
                               max_concurrent_per_replica=limit, max_queue=1000 if limit else None)
 
     async def replay():
         loop = asyncio.get_running_loop()
-        urls = [replica.url for replica in fleet.replicas]
-        pool = BackendPool(urls, clock=loop.time)
-        for backend in pool.backends.values():
-            backend.healthy = True
+        pool = BackendPool([], clock=loop.time)
         gw = Gateway(pool, settings, upstream=timeline)
+
+        # one timeline: the router's backend set as the simulator's router knew it, and the arrivals; at one
+        # instant a change of the set comes first (the replicas a warm start readies before the first request)
+        events = sorted([(at, 0, members) for at, members in fleet.membership] +
+                        [(r.arrival_s, 1, i) for i, r in enumerate(trace)], key=lambda e: e[:2])
         answers = []
-        for i, r in enumerate(trace):
-            await asyncio.sleep(max(0.0, r.arrival_s - loop.time()))
-            body = replay_body(r, i, "m", None, False)
+        for at, kind, what in events:
+            await asyncio.sleep(max(0.0, at - loop.time()))
+            if kind == 0:
+                urls = [url for url, _ in what]
+                gw.set_backends(urls, ready=set(urls), draining={url for url, state in what if state == "draining"})
+                await settle()  # requests it woke go where the simulator sent them, before anything else
+                continue
+            r = trace[what]
+            body = replay_body(r, what, "m", None, False)
             path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-            headers = [(b"content-type", b"application/json"), (b"x-request-id", str(i).encode())]
+            headers = [(b"content-type", b"application/json"), (b"x-request-id", str(what).encode())]
             if r.session:
                 headers.append((b"x-session-id", r.session.encode()))
             out = Responder()
@@ -224,13 +257,20 @@ def test_the_gateway_in_process_chooses_what_the_simulator_chose(mooncake, strat
         return gw, [out for out, _ in answers]
 
     gw, answers = run_virtual(replay())
-    assert [out.status for out in answers] == [200] * len(trace), [out.body for out in answers if out.status != 200]
-    assert timeline.chosen == {req.i: req.replica.id for req in fleet.requests}
-    assert len(set(timeline.chosen.values())) == len(fleet.replicas)
-    if limit:  # the per-replica limit held requests in the gateway's queue, as in the simulator's
+    # the same requests answered, the same refused with the same error code, the same replicas chosen
+    assert {i: out.json()["error"]["code"] for i, out in enumerate(answers) if out.status != 200} == refused
+    assert all(out.status == 200 for i, out in enumerate(answers) if i not in refused)
+    assert timeline.chosen == {req.i: req.replica.id for req in fleet.requests if not req.error}
+    if scaling == "static":
+        assert len(set(timeline.chosen.values())) == len(fleet.replicas)
+    if limit or scaling == "from zero":  # held in the gateway's queue or buffer, as in the simulator's
         assert timeline.queued > 0
+    if scaling == "from zero":
+        assert fleet.membership[0][1] == () and fleet.membership[1][0] > 0  # the first replica came later
+        assert len(fleet.replicas) > 1 and any(r.held > 0 for r in fleet.requests)
     assert all(v == 0 for v in gw.pool.book.in_flight.values()) and all(v == 0 for v in gw.pool.book.backlog.values())
     if strategy == "prefixaware":  # learned from the answers' tails as the simulator from its engines' usage
         summary = gw.policy.learner.summary()
         assert summary == fleet.policy.learner.summary()
-        assert sum(s["observations"] for s in summary.values()) == sum(1 for w in workload if w.router_keys)
+        answered = sum(1 for i, w in enumerate(workload) if w.router_keys and i not in refused)
+        assert sum(s["observations"] for s in summary.values()) == answered

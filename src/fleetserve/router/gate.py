@@ -38,6 +38,9 @@ class AdmissionGate:
         self.pending = 0  # held in the buffer at zero replicas
         self.queued = 0  # waiting for a free slot
         self._slot_free = asyncio.Event()
+        # a replica that joins (scale-up) or comes back healthy has free slots: queued requests look again then,
+        # not only when a request ends (the simulator drains its queue when a replica becomes ready)
+        pool.on_change.append(self.slot_freed)
 
     def views(self):
         """Replica views with the per-replica concurrency limit applied (a full replica is not eligible)."""
@@ -66,7 +69,7 @@ class AdmissionGate:
                 await self._queue_for_slot()
 
     def slot_freed(self) -> None:
-        """A request ended (or failed): queued requests look again."""
+        """A request ended (or failed), or the backends changed: queued requests look again."""
         if self.queued:
             self._slot_free.set()
             self._slot_free = asyncio.Event()

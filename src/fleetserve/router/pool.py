@@ -107,6 +107,7 @@ class BackendPool:
         # health probes share the gateway's pooled client (router/upstream.py) once it hands it over
         self.client = Upstream(connect_timeout=timeout, read_timeout=timeout)
         self._ready = asyncio.Event()
+        self.on_change: list = []  # called when backends join, leave or change health (the gate's queue looks again)
         self.set_backends(urls)
 
     def set_backends(self, urls: list[str], ready: set[str] | None = None, draining: set[str] | None = None) -> None:
@@ -128,11 +129,14 @@ class BackendPool:
         self._signal()
 
     def _signal(self) -> None:
-        """Wake requests waiting for capacity when some backend can take traffic."""
+        """Wake requests waiting for capacity when some backend can take traffic, and tell `on_change`: a replica
+        that joined has free slots for requests queued at the per-replica limit."""
         if any(b.eligible for b in self.backends.values()):
             self._ready.set()
         else:
             self._ready.clear()
+        for listener in self.on_change:
+            listener()
 
     async def wait_eligible(self, timeout: float) -> bool:
         """Wait until some backend takes traffic; False on timeout."""
