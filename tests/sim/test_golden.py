@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from fleetserve.sim.fleet import SimFleet
-from fleetserve.sim.plan import plan
+from fleetserve.sim.plan import Planner, plan
 from fleetserve.sim.run import simulate
 from fleetserve.sim.setup import SimOptions
 from fleetserve.sim.verify import verify
@@ -137,9 +137,15 @@ def test_a_target_the_prompts_alone_miss_is_blamed_on_the_engine_and_plan_report
     verdict = verify(spec("hyperpod.yaml"), trace, slo=tight)
     reasons = [c.reason for c in verdict.checks if not c.passed and c.metric == "ttft_p95_ms"]
     assert reasons and all("prompts alone take" in r and "more replicas cannot" in r for r in reasons), reasons
-    out = plan(spec("hyperpod.yaml"), trace, slo=tight, max_trials=6, instance_types=("g6e.xlarge",)).to_json()
+    assert all(c.floor > c.limit for c in verdict.checks if not c.passed and c.metric == "ttft_p95_ms")
+    search = Planner(spec("hyperpod.yaml"), trace, SimOptions(), tight, max_trials=30, instance_types=("g6e.xlarge",))
+    out = search.plan().to_json()
     assert not out["verified"] and out["winner"] is None and out["closest"]
     assert out["failures"] and any("prompts alone take" in r for r in out["failures"]), out
+    # each type's doubling stopped after two engine-bound fleets instead of going on to 64 replicas: the input's
+    # type and the candidate, plus the baseline, then autoscaling has nothing to start from
+    statics = [t for t in search.history if t.step == "static"]
+    assert {t.data["spec"]["replicas"] for t in statics} == {1, 2} and out["evaluated"] == 1 + len(statics) <= 5
 
 
 def test_the_simulator_imports_policies_never_servers():

@@ -36,6 +36,7 @@ from fleetserve.spec.load import load_spec_data
 CANDIDATE_TYPES = ("g6.xlarge", "g5.xlarge", "g6e.xlarge", "p4d.24xlarge", "p5.48xlarge")
 MAX_STATIC = 64
 MAX_FLOOR_TRIALS = 6
+ENGINE_BOUND_STEADY = 0.9  # an engine-bound miss that more replicas lowered by less than 10 % ends the doubling
 
 
 @dataclass
@@ -222,6 +223,7 @@ class Planner:
         self.closest: Trial | None = None  # the failing trial nearest to passing: what a no-winner plan reports
         self.floors: dict | None = None
         self.context: dict | None = None  # the context length the search raised, and why (`_fit_context`)
+        self.engine_bound: dict[str, Trial] = {}  # types whose doubling stopped: the engine alone misses a target
         self.history: list[Trial] = []  # every trial, in order: what each change of the winner is explained by
         self.types: list[str] = []  # the candidate instance types, in the order tried
         self.before_alternatives: Trial | None = None  # the winner the routing and cache steps started from
@@ -249,13 +251,23 @@ class Planner:
         return self.run_trial(_static(data, n), f"{label} static x{n}", "static", label)
 
     def smallest_static(self, data: dict, label: str) -> tuple[int, Trial] | None:
-        """The fewest static replicas that pass (doubling, then bisection)."""
+        """The fewest static replicas that pass (doubling, then bisection). Doubling stops when two fleets in a
+        row miss a latency target that their requests miss alone, with no queueing (`Check.floor`), and the
+        second did not bring that floor down: more replicas of this type cannot pass (hits from a larger total
+        cache can lower the floor, hence two)."""
         n, last_fail, found = 1, 0, None
+        bound = None
         while n <= MAX_STATIC and self.trials < self.max_trials:
             t = self._static(data, n, label)
             if t.verdict.passed:
                 found = (n, t)
                 break
+            floors = [c.floor / c.limit for c in t.verdict.checks if not c.passed and c.floor and c.limit]
+            now = max(floors, default=None)
+            if now is not None and bound is not None and now >= ENGINE_BOUND_STEADY * bound:
+                self.engine_bound[label] = t
+                return None
+            bound = now
             last_fail, n = n, n * 2
         if found is None:
             return None

@@ -78,7 +78,9 @@ def _types(search: Planner) -> str:
             parts.append(f"{t} x{smallest.data['spec']['replicas']} {_figures(smallest)}")
         elif tried:
             largest = max(tried, key=lambda x: x.data["spec"]["replicas"])
-            parts.append(f"{t}: none passed up to {largest.data['spec']['replicas']} replicas ({_failure(largest)})")
+            stopped = " (more were not tried: the engine alone misses the target)" if t in search.engine_bound else ""
+            parts.append(f"{t}: none passed up to {largest.data['spec']['replicas']} replicas{stopped} "
+                         f"({_failure(largest)})")
         else:
             parts.append(f"{t}: not tried (--max-trials ran out)")
     return "; ".join(parts)

@@ -31,6 +31,7 @@ class Check:
     limit: float | None
     passed: bool
     reason: str
+    floor: float | None = None  # a latency target the requests miss alone (no queueing): their p95 then, in ms
 
 
 @dataclass
@@ -193,7 +194,9 @@ def judge(result: SimResult) -> list[Check]:
             name = metric.split("_")[0].upper()
             why = f"{window}: {name} p95 {value:.0f} ms <= {limit:.0f} ms" if ok else \
                 f"{window}: {name} p95 {value:.0f} ms > {limit:.0f} ms target: {_cause(result, window, metric, value)}"
-            checks.append(Check(window, metric, value, limit, ok, why))
+            floor = None if ok else ENGINE_BOUND[metric][0](result, window)
+            checks.append(Check(window, metric, value, limit, ok, why,
+                                floor if floor is not None and floor > limit else None))
         rate, most = sec["error_rate"], slo["max_error_rate"]
         ok = rate <= most
         why = f"{window}: error rate {rate:.2%} <= {most:.2%}" if ok else \
