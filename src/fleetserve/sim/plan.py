@@ -46,7 +46,9 @@ class Trial:
     label: str
     step: str = ""  # the search step that ran it: baseline, static, auto, floors, routing, cache (plan_why.py)
     instance_type: str = ""  # the candidate type it runs (inherited from `parent`)
-    parent: Trial | None = None  # the trial whose spec this one changed (plan_why.py follows the chain)
+    # the trial whose spec this one changed (plan_why.py follows the chain); not compared or printed: a chain of
+    # trials, each with its whole simulation
+    parent: Trial | None = field(default=None, compare=False, repr=False)
 
     @property
     def cost(self) -> float:
@@ -226,7 +228,6 @@ class Planner:
         self.engine_bound: dict[str, Trial] = {}  # types whose doubling stopped: the engine alone misses a target
         self.history: list[Trial] = []  # every trial, in order: what each change of the winner is explained by
         self.types: list[str] = []  # the candidate instance types, in the order tried
-        self.before_alternatives: Trial | None = None  # the winner the routing and cache steps started from
 
     def run_trial(self, data: dict, label: str, step: str = "", instance_type: str = "",
                   parent: Trial | None = None) -> Trial:
@@ -310,7 +311,6 @@ class Planner:
         if self.trials < self.max_trials:
             self._floors()
         if self.best is not None:
-            self.before_alternatives = self.best
             self._alternatives()
         winner = self.best
         if winner is not None:

@@ -88,13 +88,13 @@ def _types(search: Planner) -> str:
 
 def _static_replicas(search: Planner, winner: Trial) -> str:
     """The static fleets of the winner's type the search ran, fewest replicas first."""
+    if _in_chain(winner, "baseline") is not None:  # the input's own types, fall-through included: no one type
+        return (f"the input at its max replicas (the baseline, {_figures(winner)}), which no cheaper candidate "
+                f"beat; each type's smallest passing static fleet: {_types(search)}{_budget(search)}")
     kind = winner.instance_type
     tried = sorted((x for x in search.history if x.step == "static" and x.instance_type == kind),
                    key=lambda x: x.data["spec"]["replicas"])
     runs = "; ".join(f"x{x.data['spec']['replicas']} {_outcome(x)}" for x in tried)
-    if _in_chain(winner, "baseline") is not None:  # the input's own types, fall-through included: no one type
-        return (f"the input at its max replicas (the baseline, {_figures(winner)}), which no cheaper candidate "
-                f"beat; each type's smallest passing static fleet: {_types(search)}{_budget(search)}")
     return f"the cheapest static fleet of {kind} that passes verify ({runs}){_budget(search)}"
 
 
@@ -142,9 +142,10 @@ def _alternative(search: Planner, chosen: Trial, what: str) -> str:
 
 def _kept(search: Planner, winner: Trial, step: str, what: str) -> str:
     """A field the step tried to change and kept: the input's value won against the step's candidates."""
-    tried = [x for x in search.history if x.step == step and x.parent is not None and x.parent in _chain(winner)]
+    chain = {id(t) for t in _chain(winner)}
+    tried = [x for x in search.history if x.step == step and x.parent is not None and id(x.parent) in chain]
     if not tried:
-        return f"{what}: the step did not run{_budget(search) or ''}"
+        return f"{what}: the step did not run{_budget(search)}"
     base = tried[0].parent
     return f"{what} kept ({_figures(base)}) against " + "; ".join(_versus(base, x) for x in tried) + _budget(search)
 
@@ -153,11 +154,11 @@ def explain(changes: list[dict], search: Planner, winner: Trial) -> None:
     """Give every change that has no `why` yet one from the trials (in place)."""
     spec = winner.data["spec"]
     autoscaled = bool(spec.get("autoscaling")) and spec["autoscaling"].get("enabled", True)
+    routing, cache = _in_chain(winner, "routing"), _in_chain(winner, "cache")
     for c in changes:
         if c.get("why"):
             continue
         path = c["path"]
-        routing, cache = _in_chain(winner, "routing"), _in_chain(winner, "cache")
         if path in ("spec.placement.instanceTypes", "spec.capacity.allowLargerInstances"):
             why = f"the instance type whose smallest passing static fleet costs least: {_types(search)}"
             if path == "spec.capacity.allowLargerInstances":

@@ -82,9 +82,19 @@ def _alone_p95_ms(result: SimResult, window: str, decode: bool) -> float | None:
     return float(np.percentile(alone, 95))  # as the report's p95: the floor is never above a measured p95
 
 
-def _cause(result: SimResult, window: str, metric: str = "", value: float | None = None) -> str:
-    """Why a window failed; a TTFT target that the prompts' own prefill misses, and requests refused for the
-    context length, are named first."""
+def _engine_floor(result: SimResult, window: str, metric: str) -> float | None:
+    """The window's p95 of a latency metric with each request alone (no queueing), when it is above the target:
+    the engine's, which more replicas cannot meet; else None."""
+    if metric not in ENGINE_BOUND:
+        return None
+    floor = ENGINE_BOUND[metric][0](result, window)
+    return floor if floor is not None and floor > result.report["slo"][metric] else None
+
+
+def _cause(result: SimResult, window: str, metric: str = "", value: float | None = None,
+           floor: float | None = None) -> str:
+    """Why a window failed; a latency target the requests miss alone (`floor`, from `_engine_floor`), and requests
+    refused for the context length, are named first."""
     single = window == "idle" and result.report["idle"]["windows"] == result.report["peak"]["windows"]
     capacity = _capacity_cause(result, "peak" if single else window)  # one window: one account of it
     if single:
@@ -100,13 +110,10 @@ def _cause(result: SimResult, window: str, metric: str = "", value: float | None
         return (f"{over} requests of the {window} window need more than the {ctx['tokens']}-token context "
                 f"length ({ctx['source']}) and are refused: {remedy}"
                 + (f"; and {others} more failed: {capacity}" if others else ""))
-    if metric in ENGINE_BOUND:
-        floor_of, explain = ENGINE_BOUND[metric]
-        floor = floor_of(result, window)
-        if floor is not None and floor > result.report["slo"][metric]:
-            engine = explain.format(floor=floor)
-            queued = value is not None and value > 1.5 * floor
-            return f"{engine}; and queueing on top: {capacity}" if queued else engine
+    if floor is not None:
+        engine = ENGINE_BOUND[metric][1].format(floor=floor)
+        queued = value is not None and value > 1.5 * floor
+        return f"{engine}; and queueing on top: {capacity}" if queued else engine
     return capacity
 
 
@@ -192,11 +199,11 @@ def judge(result: SimResult) -> list[Check]:
                 continue
             ok = value <= limit
             name = metric.split("_")[0].upper()
+            floor = None if ok else _engine_floor(result, window, metric)
             why = f"{window}: {name} p95 {value:.0f} ms <= {limit:.0f} ms" if ok else \
-                f"{window}: {name} p95 {value:.0f} ms > {limit:.0f} ms target: {_cause(result, window, metric, value)}"
-            floor = None if ok else ENGINE_BOUND[metric][0](result, window)
-            checks.append(Check(window, metric, value, limit, ok, why,
-                                floor if floor is not None and floor > limit else None))
+                f"{window}: {name} p95 {value:.0f} ms > {limit:.0f} ms target: " \
+                f"{_cause(result, window, metric, value, floor)}"
+            checks.append(Check(window, metric, value, limit, ok, why, floor))
         rate, most = sec["error_rate"], slo["max_error_rate"]
         ok = rate <= most
         why = f"{window}: error rate {rate:.2%} <= {most:.2%}" if ok else \
