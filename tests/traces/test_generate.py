@@ -86,6 +86,25 @@ def test_arrival_processes_keep_their_rate_shape():
     assert np.histogram(flat, bins=360, range=(0, 3600))[0].max() < 3 * 20
 
 
+def test_a_diurnal_period_keeps_the_days_shape_and_azure_stamps_follow_its_clock(tmp_path):
+    """A 1-hour --period peaked at its start (14 h mod 1 h), and the Azure stamps began at 18:00 while the curve
+    counts from midnight: cron floors read off them missed the peak by four hours."""
+    from fleetserve.cli.analyze_commands import trace_generate
+    from fleetserve.traces.load import load_timed_trace
+
+    hour = arrivals.diurnal(10.0, 3600, np.random.default_rng(0), period_s=3600, peak_to_trough=3.0)
+    per_minute = np.histogram(hour, bins=60, range=(0, 3600))[0]
+    smooth = np.convolve(per_minute, np.ones(7) / 7, mode="same")[3:-3]
+    assert 30 <= int(np.argmax(smooth)) + 3 <= 40  # 14/24 of the way through: minute 35
+    reqs = generate(WorkloadSpec.for_kind("diurnal", duration_s=86400, rate=0.05, seed=1), with_text=False)
+    out = tmp_path / "day.csv"
+    trace_generate("diurnal", str(out), fmt="azure", duration=86400, rate=0.05, seed=1)
+    loaded, start = load_timed_trace(str(out))
+    assert len(loaded) == len(reqs) and start.hour == 0 and start.minute == 0
+    by_hour = np.histogram([r.arrival_s for r in loaded], bins=24, range=(0, 86400))[0]
+    assert int(np.argmax(np.convolve(by_hour, np.ones(3), mode="same"))) in (13, 14, 15)
+
+
 def test_written_workloads_read_back(tmp_path):
     reqs = generate(WorkloadSpec.for_kind("chat", duration_s=60, rate=2, seed=5))
     hashes = load_trace(write_trace(reqs, tmp_path / "chat.jsonl", "mooncake"))

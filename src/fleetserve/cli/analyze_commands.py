@@ -164,7 +164,8 @@ def trace_generate(
     documents: Annotated[int | None, typer.Option(min=1, help="rag: documents in the corpus")] = None,
     doc_tokens: Annotated[int | None, typer.Option(min=1, help="rag: tokens per document")] = None,
     docs_per_request: Annotated[int | None, typer.Option(min=1, help="rag: documents per prompt")] = None,
-    period: Annotated[float | None, typer.Option(min=1, help="diurnal: period in seconds (86400)")] = None,
+    period: Annotated[float | None, typer.Option(min=1, help="diurnal: period in seconds (86400); each peaks 14/24 of "
+                                                             "the way through (14:00 of a day)")] = None,
     peak_to_trough: Annotated[float | None, typer.Option(min=1, help="diurnal: peak rate / trough rate")] = None,
     burst_factor: Annotated[float | None, typer.Option(min=1, help="bursts: rate multiplier in a burst")] = None,
     burst_every: Annotated[float | None, typer.Option(min=1, help="bursts: mean seconds between bursts")] = None,
@@ -201,7 +202,9 @@ def trace_generate(
         raise _fail(f"the workload has requests of {longest} tokens, over the trace limit of {MAX_TOKENS} per "
                     "request (chat prompts grow with every turn): lower --input-tokens, --output-tokens, "
                     "--system-tokens, --doc-tokens or --turns")
-    write_trace(requests, output, fmt)
+    from fleetserve.traces.write import GENERATED_EPOCH
+
+    write_trace(requests, output, fmt, start=GENERATED_EPOCH)  # stamps on the curve's clock: 14:00 is its peak
     err.print(f"{len(requests)} requests over {duration:g}s ({len(requests) / duration:.3g}/s; {spec.arrivals} "
               f"arrivals, {spec.content} prompts) written to {output} ({fmt})", markup=False)
 

@@ -6,7 +6,8 @@ is exact for its rate function and needs no time stepping:
 
 - poisson: r(t) = rate;
 - diurnal: r(t) = rate * (1 + a cos(2 pi (t - peak_at_s) / period_s)), a = (k - 1) / (k + 1) for a
-  peak-to-trough ratio k (what a day of real traffic looks like; ServeGen's m-large has peak/mean ~3);
+  peak-to-trough ratio k (what a day of real traffic looks like; ServeGen's m-large has peak/mean ~3); the peak
+  falls at 14/24 of the period (14:00 of a day from midnight) unless `peak_at_s` says otherwise;
 - bursts: bursts start as a Poisson process (one per `every_s` on average), last `burst_s`, and multiply the
   base rate by `factor` (overlapping bursts do not stack); the base rate is lowered so that the mean over the
   run stays `rate` given the time the bursts cover (Azure's code trace has minutes at 4x its mean and idle
@@ -21,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 ARRIVALS = ("poisson", "diurnal", "bursts")
+PEAK_HOUR = 14.0  # a diurnal day's busiest hour, from midnight
 
 
 def _thinned(rate_fn: Callable[[np.ndarray], np.ndarray], peak: float, duration_s: float,
@@ -38,8 +40,10 @@ def poisson(rate: float, duration_s: float, rng: np.random.Generator) -> np.ndar
 
 
 def diurnal(rate: float, duration_s: float, rng: np.random.Generator, period_s: float = 86400.0,
-            peak_to_trough: float = 3.0, peak_at_s: float = 14 * 3600.0) -> np.ndarray:
+            peak_to_trough: float = 3.0, peak_at_s: float | None = None) -> np.ndarray:
     a = (peak_to_trough - 1) / (peak_to_trough + 1)
+    if peak_at_s is None:
+        peak_at_s = period_s * PEAK_HOUR / 24  # a 1-hour period peaks 35 min in (it peaked at its start: 14 h mod 1 h)
 
     def rate_fn(t: np.ndarray) -> np.ndarray:
         return rate * (1 + a * np.cos(2 * math.pi * (t - peak_at_s) / period_s))

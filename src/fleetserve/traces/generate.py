@@ -61,7 +61,7 @@ class WorkloadSpec:
     # diurnal
     period_s: float = 86400.0
     peak_to_trough: float = 3.0
-    peak_at_s: float = 14 * 3600.0
+    peak_at_s: float | None = None  # None: 14/24 of the period (14:00 of a day from midnight)
     # bursts
     burst_factor: float = 8.0
     burst_every_s: float = 300.0
@@ -218,7 +218,8 @@ def generate(spec: WorkloadSpec, with_text: bool = True) -> list[TraceRequest]:
     rate = spec.rate / spec.turns if spec.content == "chat" else spec.rate  # chat: sessions start at rate/turns
     warmup = chat_warmup_s(spec) if spec.content == "chat" else 0.0
     if "peak_at_s" in options:
-        options["peak_at_s"] += warmup  # the day's curve keeps its phase on the trace's own clock
+        peak = spec.period_s * arrival_processes.PEAK_HOUR / 24 if spec.peak_at_s is None else spec.peak_at_s
+        options["peak_at_s"] = peak + warmup  # the day's curve keeps its phase on the trace's own clock
     times = arrival_processes.arrivals(spec.arrivals, rate, spec.duration_s + warmup, rng, **options) - warmup
     prompts = {"independent": _independent, "chat": _chat, "system-prompt": _system_prompt, "rag": _rag}[
         spec.content](spec, times, rng, segs)
