@@ -151,3 +151,27 @@ def test_report_shading_joins_windows_into_as_few_spans_as_a_plot_shows():
     spans = shaded_spans(alternating, most=400)
     assert len(spans) <= 400 and spans[0][0] == 0 and spans[-1][1] == 19_999
     assert shaded_spans([]) == []
+
+
+def test_the_html_report_shows_gaps_failures_the_worst_window_and_the_budgeted_cost():
+    """The TTFT line was drawn across empty minutes, failures were not shown, the hit rate averaged per-request
+    ratios (a 10-token hit weighed as a 10,000-token one) and the peak's $/h was not the one verify checks."""
+    import math
+
+    from fleetserve.sim.html import _per_minute, render_html
+    from fleetserve.sim.run import simulate
+    from fleetserve.sim.setup import SimOptions
+    from tests.sim.test_verify_causes import cold_bursts_between_a_warm_peak, gpu_endpoint
+
+    result = simulate(gpu_endpoint(), cold_bursts_between_a_warm_peak(), SimOptions(),
+                      {"ttft_p95_ms": 20000, "e2e_p95_ms": 120000})
+    fleet, report = result.fleet, result.report
+    minute = _per_minute(fleet)
+    assert math.isnan(minute["ttft_p95"][15]) and not math.isnan(minute["ttft_p95"][5])  # 900-960 s: no arrivals
+    assert int(minute["answered"].sum() + minute["failed"].sum()) == report["requests"]
+    answered = [r for r in fleet.requests if r.error is None and r.done is not None and r.arrival - fleet.t0 < 60]
+    share = sum(r.cached for r in answered) / sum(r.spec.prompt for r in answered)
+    assert abs(minute["hit"][0] - share) < 1e-9
+    page = render_html(fleet, report, "t")
+    assert "most misses (1800-2100 s, other)" in page and "refused or failed" in page
+    assert f"${report['cost_per_hour_max_usd']:.2f}/hour" in page

@@ -138,3 +138,51 @@ def test_an_overspend_on_empty_nodes_is_not_blamed_on_a_floor_of_zero():
     verdict = verify(endpoint, trace, SimOptions(), {"cost_per_hour_usd": 0.5})
     reasons = [c.reason for c in verdict.checks if c.metric == "cost_per_hour_usd" and not c.passed]
     assert reasons and all("nodes stay up with no replica on them" in r for r in reasons), reasons
+
+
+def cold_bursts_between_a_warm_peak() -> list[TraceRequest]:
+    """A warm peak (0.5 requests/s for 600 s), then five bursts of 40 requests, 20 minutes apart: each finds the
+    fleet scaled to zero. Their windows are neither peak (quieter) nor idle (the empty windows are quieter)."""
+    peak = [TraceRequest(i * 2.0, 500, 100, (10_000 + i,)) for i in range(300)]
+    bursts = [TraceRequest(1800 + k * 1200 + i * 0.5, 500, 100, (20_000 + 100 * k + i,))
+              for k in range(5) for i in range(40)]
+    return sorted(peak + bursts, key=lambda r: r.arrival_s)
+
+
+def test_cold_starts_in_windows_neither_peak_nor_idle_fail_the_whole_trace():
+    """A fifth of the requests waited ~160 s for a cold start and verify passed: peak and idle both met the SLO."""
+    verdict = verify(gpu_endpoint(), cold_bursts_between_a_warm_peak(), SimOptions(),
+                     {"ttft_p95_ms": 20000, "e2e_p95_ms": 120000})
+    report = verdict.result.report
+    by = {(c.window, c.metric): c for c in verdict.checks}
+    assert by["peak", "ttft_p95_ms"].passed and by["idle", "ttft_p95_ms"].passed  # what verify judged before
+    assert report["idle"]["requests"] == 0 and report["slo_attainment"] < 0.9
+    worst = report["worst"]
+    assert worst["kind"] == "other" and worst["windows"] == [[1800.0, 2100.0]] and worst["misses"] == 40
+    assert worst["windows_with_misses"] == 5
+    ttft = by["all", "ttft_p95_ms"]
+    assert not ttft.passed and not verdict.passed
+    assert "1800-2100 s, neither a peak nor an idle window" in ttft.reason and "scale from zero" in ttft.reason
+    assert ("all", "cost_per_hour_usd") not in by  # never above the costliest window's, which peak checks
+
+
+def test_a_budget_spent_after_the_peak_is_not_blamed_on_the_peak():
+    """The costliest window is the one after the burst: the reason said "the peak needs more GPUs"."""
+    verdict = verify(gpu_endpoint(), late_burst(), SimOptions(),
+                     {"ttft_p95_ms": 20000, "e2e_p95_ms": 120000, "cost_per_hour_usd": 5})
+    cost = next(c for c in verdict.checks if c.window == "peak" and c.metric == "cost_per_hour_usd")
+    assert "the costliest window is not a peak window" in cost.reason, cost.reason
+    assert "scaleDownStabilizationTime" in cost.reason and "peak needs more GPUs" not in cost.reason
+
+
+def test_the_state_entering_every_window_counts_not_only_the_first():
+    """A multi-window peak read only the state entering its first window: a window the fleet entered at 4
+    replicas and that recorded nothing of its own was taken for one at 1."""
+    from types import SimpleNamespace
+
+    from fleetserve.sim.verify import _window_points
+
+    series = [(0.0, 1, 1, 1, 1.0, 1), (100.0, 1, 1, 1, 1.0, 1), (400.0, 4, 4, 4, 4.0, 4)]
+    points = _window_points(SimpleNamespace(series=series), [(0.0, 300.0), (600.0, 900.0)])
+    assert (600.0, 4, 4, 4, 4.0, 4) in points  # entering the second window, stamped at its start
+    assert max(p[2] for p in points) == 4 and series[0] in points and series[1] in points

@@ -32,7 +32,8 @@ KnowOpt = Annotated[str, typer.Option("--knowledge", help="What the router knows
 ProfileOpt = Annotated[str | None, typer.Option(help="Performance profile preset or profile.json (default: by "
                                                      "instance type)")]
 RateOpt = Annotated[float, typer.Option(min=0.001, help="Multiply the trace's request rate (copies spread in gaps)")]
-LimitOpt = Annotated[int | None, typer.Option(min=1, help="Only the first N requests of the trace")]
+LimitOpt = Annotated[int | None, typer.Option(min=1, help="Only the first N requests of the trace (taken before "
+                                                           "--rate-scale makes copies or thins them)")]
 WindowOpt = Annotated[float, typer.Option(min=1, help="Peak/idle window length in seconds")]
 PeakOpt = Annotated[float, typer.Option(min=0.001, max=1, help="Busiest fraction of windows counted as peak")]
 IdleOpt = Annotated[float, typer.Option(min=0.001, max=1, help="Quietest fraction of windows counted as idle")]
@@ -111,6 +112,12 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
         requests, own = load_timed_trace(trace, limit=limit, **({"model": trace_model} if trace_model else {}))
     except TraceError as exc:
         raise typer.BadParameter(str(exc), param_hint="--trace") from None
+    if detect_format(Path(trace)) == "servegen":  # sizes the figures depend on, which the file does not carry
+        from fleetserve.traces.servegen import DEFAULT_INPUT_TOKENS, DEFAULT_OUTPUT_TOKENS
+
+        err.print(f"warning: ServeGen rate files carry arrivals only: every request gets {DEFAULT_INPUT_TOKENS} "
+                  f"prompt and {DEFAULT_OUTPUT_TOKENS} output tokens and no shared prefix, so latency, cost and hit "
+                  "rate are those of that size (a Mooncake or Azure trace carries real sizes)", markup=False)
     if start is None:  # the trace's own clock where it has one: its cron floors are those of its day
         start = own.isoformat() if own is not None else DEFAULT_START
     if rate_scale != 1.0:
@@ -206,7 +213,11 @@ def simulate(
                         f"simulated, routing {r['routing']['strategy']} ({r['routing']['knowledge']})")
     for col in ("", "requests", "TTFT p50", "TTFT p95", "E2E p95", "SLO attained", "failed", "cost $", "$/h"):
         table.add_column(col, justify="right")
-    for name, sec in (("all", r), ("peak", r["peak"]), ("idle", r["idle"])):
+    sections = [("all", r), ("peak", r["peak"]), ("idle", r["idle"])]
+    if r.get("worst"):  # the window with the most SLO misses, wherever it falls
+        a, b = r["worst"]["windows"][0]
+        sections.append((f"most misses {a:.0f}-{b:.0f} s ({r['worst']['kind']})", r["worst"]))
+    for name, sec in sections:
         table.add_row(name, str(sec["requests"]), _ms(sec["ttft_ms"]["p50"]), _ms(sec["ttft_ms"]["p95"]),
                       _ms(sec["e2e_ms"]["p95"]), f"{sec['slo_attainment']:.3f}", str(sec["failed"]),
                       f"{sec['cost_usd']:.2f}", f"{sec['cost_per_hour_usd']:.2f}")

@@ -1,7 +1,10 @@
 """`--report report.html`: one self-contained page (no network fetches), plots as inline SVG via matplotlib.
 
-Plots: TTFT over time against the SLO (per-minute p95 of the requests that arrived in that minute), replicas
-and nodes, cost per hour, and the engine prefix-cache hit rate per minute; peak and idle windows shaded.
+Plots: TTFT over time against the SLO (per-minute p95 of the requests that arrived in that minute and were
+answered; a minute without answers is a gap in the line, not a line drawn across it), requests per minute
+answered and refused or failed, replicas and nodes, cost per hour, and the share of prompt tokens found in a
+cache per minute (tokens, not a mean of per-request ratios); peak, idle and the worst window shaded. The table
+shows failures and error rates per window, and the cost per hour `verify` checks at peak (the costliest window's).
 """
 
 from __future__ import annotations
@@ -54,23 +57,34 @@ def _shade(ax, report: dict) -> None:
         ax.axvspan(a / 60, b / 60, color="tab:red", alpha=0.08, lw=0)
     for a, b in shaded_spans(report["idle"]["windows"]):
         ax.axvspan(a / 60, b / 60, color="tab:blue", alpha=0.08, lw=0)
+    for a, b in (report.get("worst") or {}).get("windows", []):
+        ax.axvspan(a / 60, b / 60, color="tab:orange", alpha=0.15, lw=0)
 
 
-def _per_minute(fleet: SimFleet) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    reqs = [r for r in fleet.requests if r.first is not None and r.error is None]
-    if not reqs:
-        return np.array([]), np.array([]), np.array([])
-    t = np.array([r.arrival - fleet.t0 for r in reqs])
-    ttft = np.array([(r.first - r.arrival) * 1000 for r in reqs])
-    hit = np.array([r.cached / max(r.spec.prompt, 1) for r in reqs])
+def _per_minute(fleet: SimFleet) -> dict[str, np.ndarray]:
+    """Per-minute series over the whole run: minutes (x), TTFT p95 and the cached share of prompt tokens of the
+    answered requests (NaN where a minute has none), arrivals answered, and arrivals refused or failed."""
+    if not fleet.requests:
+        return {}
+    t = np.array([r.arrival - fleet.t0 for r in fleet.requests])
     bins = (t // BUCKET_S).astype(int)
-    xs, p95, hits = [], [], []
-    for b in np.unique(bins):
-        mask = bins == b
-        xs.append(b * BUCKET_S / 60)
-        p95.append(np.percentile(ttft[mask], 95))
-        hits.append(hit[mask].mean())
-    return np.array(xs), np.array(p95), np.array(hits)
+    n = int(bins.max()) + 1
+    ok = np.array([r.first is not None and r.done is not None and r.error is None for r in fleet.requests])
+    ttft = np.array([(r.first - r.arrival) * 1000 if r.first is not None else np.nan for r in fleet.requests])
+    prompt = np.array([r.spec.prompt for r in fleet.requests], dtype=float)
+    cached = np.array([r.cached for r in fleet.requests], dtype=float)
+    p95 = np.full(n, np.nan)
+    hits = np.full(n, np.nan)
+    for b in np.unique(bins[ok]):
+        mask = ok & (bins == b)
+        p95[b] = np.percentile(ttft[mask], 95)
+        hits[b] = cached[mask].sum() / max(prompt[mask].sum(), 1.0)
+    return {"x": np.arange(n) * BUCKET_S / 60, "ttft_p95": p95, "hit": hits,
+            "answered": np.bincount(bins[ok], minlength=n), "failed": np.bincount(bins[~ok], minlength=n)}
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def render_html(fleet: SimFleet, report: dict, title: str) -> str:
@@ -80,18 +94,29 @@ def render_html(fleet: SimFleet, report: dict, title: str) -> str:
     import matplotlib.pyplot as plt
 
     plt.rcParams["svg.fonttype"] = "none"
-    xs, p95, hits = _per_minute(fleet)
+    minute = _per_minute(fleet)
     series = np.array(fleet.series) if fleet.series else np.zeros((1, 6))
     figs = []
     fig, ax = plt.subplots(figsize=(9, 3))
     _shade(ax, report)
-    if xs.size:
-        ax.plot(xs, p95, lw=1.2, label="TTFT p95 per minute")
+    if minute and np.isfinite(minute["ttft_p95"]).any():
+        ax.plot(minute["x"], minute["ttft_p95"], lw=1.2, marker=".", ms=3, label="TTFT p95 per minute")
+        ax.set_yscale("log")
     ax.axhline(report["slo"]["ttft_p95_ms"], color="tab:red", ls="--", lw=1, label="SLO")
-    ax.set_yscale("log")
-    ax.set(xlabel="minutes", ylabel="ms", title="Latency against the SLO (red: peak windows, blue: idle)")
+    ax.set(xlabel="minutes", ylabel="ms",
+           title="Latency against the SLO (red: peak windows, blue: idle, orange: most misses)")
     ax.legend(loc="upper right", fontsize=8)
     figs.append(fig)
+    if minute:
+        fig, ax = plt.subplots(figsize=(9, 2.6))
+        _shade(ax, report)
+        ax.bar(minute["x"], minute["answered"], width=BUCKET_S / 60, align="edge", color="tab:gray", label="answered")
+        ax.bar(minute["x"], minute["failed"], width=BUCKET_S / 60, align="edge", bottom=minute["answered"],
+               color="tab:red", label="refused or failed")
+        ax.set(xlabel="minutes", ylabel="requests",
+               title=f"Requests per minute ({report['failed']} refused or failed, {report['error_rate']:.2%})")
+        ax.legend(loc="upper right", fontsize=8)
+        figs.append(fig)
     fig, ax = plt.subplots(figsize=(9, 2.6))
     _shade(ax, report)
     ax.step(series[:, 0] / 60, series[:, 2], where="post", label="replicas (all)")
@@ -105,20 +130,30 @@ def render_html(fleet: SimFleet, report: dict, title: str) -> str:
     ax.step(series[:, 0] / 60, series[:, 4], where="post", color="tab:green")
     ax.set(xlabel="minutes", ylabel="$/hour", title=f"Cost (total ${report['cost_usd']:.2f})")
     figs.append(fig)
-    if xs.size:
+    if minute and np.isfinite(minute["hit"]).any():
         fig, ax = plt.subplots(figsize=(9, 2.6))
         _shade(ax, report)
-        ax.plot(xs, hits, lw=1.2, color="tab:purple")
-        ax.set(xlabel="minutes", ylabel="fraction", ylim=(0, 1), title="Prompt tokens found in the KV cache")
+        ax.plot(minute["x"], minute["hit"], lw=1.2, marker=".", ms=3, color="tab:purple")
+        ax.set(xlabel="minutes", ylabel="fraction", ylim=(0, 1), title="Prompt tokens found in a cache")
         figs.append(fig)
     svgs = [_svg(f) for f in figs]
     for f in figs:
         plt.close(f)
+    sections = [("all", report), ("peak", report["peak"]), ("idle", report["idle"])]
+    if report.get("worst"):
+        a, b = report["worst"]["windows"][0]
+        sections.append((f"most misses ({a:.0f}-{b:.0f} s, {report['worst']['kind']})", report["worst"]))
     rows = "".join(
-        f"<tr><th>{name}</th><td>{sec['requests']}</td><td>{sec['ttft_ms']['p50']}</td><td>{sec['ttft_ms']['p95']}"
-        f"</td><td>{sec['e2e_ms']['p95']}</td><td>{sec['slo_attainment']:.3f}</td><td>{sec['cost_usd']:.2f}</td>"
+        f"<tr><th>{html.escape(name)}</th><td>{sec['requests']}</td><td>{sec['failed']}</td>"
+        f"<td>{sec['error_rate']:.2%}</td><td>{_ms(sec['ttft_ms']['p50'])}</td><td>{_ms(sec['ttft_ms']['p95'])}</td>"
+        f"<td>{_ms(sec['e2e_ms']['p95'])}</td><td>{sec['slo_attainment']:.3f}</td><td>{sec['cost_usd']:.2f}</td>"
         f"<td>{sec['cost_per_hour_usd']:.2f}</td></tr>"
-        for name, sec in (("all", report), ("peak", report["peak"]), ("idle", report["idle"])))
+        for name, sec in sections)
+    costliest = ""
+    if report.get("costliest_window") and report["cost_per_hour_max_usd"] > 0:
+        a, b = report["costliest_window"]
+        costliest = (f"<p>Costliest window {a:.0f}-{b:.0f} s: ${report['cost_per_hour_max_usd']:.2f}/hour "
+                     "(what <code>verify</code> holds to the budget at peak).</p>")
     body = "\n".join(f"<div>{s}</div>" for s in svgs)
     data = html.escape(json.dumps(report, indent=1))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -128,8 +163,9 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}pre{{font-size:11
 <p>Routing {report['routing']['strategy']} ({report['routing']['knowledge']}); SLO TTFT p95
 {report['slo']['ttft_p95_ms']:.0f} ms, E2E p95 {report['slo']['e2e_p95_ms']:.0f} ms ({report['slo']['source']});
 replicas up to {report['replicas_max']}; hit rate {report['hit_rate']['total']:.3f}.</p>
-<table><tr><th></th><th>requests</th><th>TTFT p50 ms</th><th>TTFT p95 ms</th><th>E2E p95 ms</th>
-<th>SLO attained</th><th>cost $</th><th>$/hour</th></tr>{rows}</table>
+<table><tr><th></th><th>requests</th><th>refused or failed</th><th>error rate</th><th>TTFT p50 ms</th>
+<th>TTFT p95 ms</th><th>E2E p95 ms</th><th>SLO attained</th><th>cost $</th><th>$/hour</th></tr>{rows}</table>
+{costliest}
 {body}
 <details><summary>report JSON</summary><pre>{data}</pre></details></body></html>
 """

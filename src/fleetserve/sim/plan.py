@@ -243,7 +243,8 @@ class Planner:
         missed = [c for c in trial.verdict.checks if not c.passed]
         if missed and (self.closest is None or _shortfall(trial) < _shortfall(self.closest)):
             self.closest = trial
-        if missed and all(c.window == "peak" for c in missed) and _autoscaling_on(data) and \
+        # the peak's misses count in the whole trace's too: a trial that missed nowhere else is what floors fix
+        if missed and all(c.window in ("peak", "all") for c in missed) and _autoscaling_on(data) and \
                 (self.peak_miss is None or trial.rank < self.peak_miss.rank):
             self.peak_miss = trial
         return trial

@@ -8,7 +8,9 @@ Each of `peak` and `idle` carries the same latency and cost keys as the whole ru
 windows: requests that arrived in them, and the money and GPU-hours spent during them. Scaling lags the load,
 so the money of a burst is often spent in the window after it: `cost_per_hour_max_usd` is the highest cost per
 hour of any window, and `costliest_window` says which (the budget `verify` checks at peak). A request meets the
-SLO when its TTFT and E2E are within the targets; a refused or failed request never does.
+SLO when its TTFT and E2E are within the targets; a refused or failed request never does. `worst` is the window
+with the most requests that missed the SLO (null when none did), wherever it falls: a scale from zero in a
+middling window is neither peak nor idle, yet its misses count in the whole trace's percentiles.
 """
 
 from __future__ import annotations
@@ -144,15 +146,44 @@ def window_requests(fleet: SimFleet, spans, count: int) -> list:
     return [r for r in fleet.requests if min(last, int((r.arrival - fleet.t0) / w)) in chosen]
 
 
+def _misses(fleet: SimFleet, slo: dict, count: int) -> list[int]:
+    """Requests per window (by arrival) that missed the SLO: refused, failed, or over a latency target."""
+    w, last = fleet.options.window_s, count - 1
+    ttft, e2e = slo["ttft_p95_ms"] / 1000, slo["e2e_p95_ms"] / 1000
+    misses = [0] * count
+    for r in fleet.requests:
+        if r.error is not None or r.first is None or r.done is None or r.first - r.arrival > ttft \
+                or r.done - r.arrival > e2e:
+            misses[min(last, int((r.arrival - fleet.t0) / w))] += 1
+    return misses
+
+
+def worst_section(fleet: SimFleet, slo: dict, bounds: list[tuple[float, float]], peak: list, idle: list) -> dict | None:
+    """The window with the most SLO misses (the earliest of equals) as a section, with `misses`, `kind` (peak,
+    idle, or other) and `windows_with_misses` (how many windows had any); None when every request met the SLO."""
+    misses = _misses(fleet, slo, len(bounds))
+    most = max(misses, default=0)
+    if most == 0:
+        return None
+    i = misses.index(most)
+    span = bounds[i]
+    section = _section(fleet, window_requests(fleet, [span], len(bounds)), [span], slo)
+    kind = "peak" if span in peak else "idle" if span in idle else "other"
+    return {**section, "windows": [[round(span[0], 3), round(span[1], 3)]], "misses": most, "kind": kind,
+            "windows_with_misses": sum(1 for m in misses if m)}
+
+
 def build_report(fleet: SimFleet, slo: dict, slo_source: str) -> dict:
     t0 = fleet.t0
     end = max(fleet.end, fleet.finished_at) - t0
     whole = _section(fleet, fleet.requests, [(0.0, end)], slo)
     peak_spans, idle_spans, counts = windows(fleet)
-    top, top_window = costliest(fleet, window_bounds(fleet, len(counts)))
+    bounds = window_bounds(fleet, len(counts))
+    top, top_window = costliest(fleet, bounds)
 
     peak = _section(fleet, window_requests(fleet, peak_spans, len(counts)), peak_spans, slo)
     idle = _section(fleet, window_requests(fleet, idle_spans, len(counts)), idle_spans, slo)
+    worst = worst_section(fleet, slo, bounds, peak_spans, idle_spans)
     peak["windows"] = [[round(a, 3), round(b, 3)] for a, b in peak_spans]
     idle["windows"] = [[round(a, 3), round(b, 3)] for a, b in idle_spans]
     h = fleet.hits
@@ -171,6 +202,7 @@ def build_report(fleet: SimFleet, slo: dict, slo_source: str) -> dict:
         "failed_by_reason": dict(sorted(fleet.rejected.items())),
         "peak": peak,
         "idle": idle,
+        "worst": worst,
         "cost_per_hour_max_usd": round(top, 6),
         "costliest_window": [round(top_window[0], 3), round(top_window[1], 3)] if top_window else None,
         "slo": {**slo, "source": slo_source},

@@ -3,14 +3,18 @@
 Four checks per window (peak, idle), each against the spec's `slo` (or the documented defaults): TTFT p95,
 E2E p95, error rate (refused or failed requests) and cost per hour (only when a limit is set; at peak, the
 costliest window's, since replicas scaled for a burst run on after it). A window
-without requests passes its latency checks (there is no latency to miss) but not its cost check. A failed
-check carries a reason naming the likely cause, read off the simulation: replicas held at maxReplicaCount,
-cold starts (scale from zero: node provisioning + model load), or requests refused by limits and buffers.
+without requests passes its latency checks (there is no latency to miss) but not its cost check. The whole
+trace (`all`) is held to the same latency and error targets: a scale from zero in a middling window is neither
+peak nor idle (with idle all empty windows, 20 % of a trace's requests waited for cold starts and verify passed).
+A failed check carries a reason naming the likely cause, read off the simulation: replicas held at
+maxReplicaCount, cold starts (scale from zero: node provisioning + model load), or requests refused by limits
+and buffers; for `all`, of the window with the most misses (the report's `worst`).
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -20,7 +24,7 @@ from fleetserve.sim.run import SimResult, simulate
 from fleetserve.sim.setup import SimOptions
 from fleetserve.spec.context import MODEL_MAXIMUM
 
-WINDOWS = ("peak", "idle")
+WINDOWS = ("peak", "idle")  # each judged on every check; "all" (the whole trace) on latency and errors
 
 
 @dataclass(frozen=True)
@@ -62,10 +66,21 @@ def decode_floor_ms(result: SimResult, window: str) -> float | None:
     return _alone_p95_ms(result, window, decode=True)
 
 
-def _alone_p95_ms(result: SimResult, window: str, decode: bool) -> float | None:
+def _section(report: dict, window: str) -> dict:
+    """The report's account of a window: peak, idle, worst, or all (the whole trace, the report's top level)."""
+    return report if window == "all" else report[window]
+
+
+def _requests(result: SimResult, window: str) -> list:
     fleet = result.fleet
+    if window == "all":
+        return fleet.requests
+    return window_requests(fleet, _section(result.report, window)["windows"], len(windows(fleet)[2]))
+
+
+def _alone_p95_ms(result: SimResult, window: str, decode: bool) -> float | None:
     alone = []
-    for r in window_requests(fleet, result.report[window]["windows"], len(windows(fleet)[2])):
+    for r in _requests(result, window):
         if r.replica is None or r.error is not None or r.done is None:
             continue  # as the report's percentiles: answered requests only
         prof = r.replica.profile
@@ -96,18 +111,22 @@ def _cause(result: SimResult, window: str, metric: str = "", value: float | None
     """Why a window failed; a latency target the requests miss alone (`floor`, from `_engine_floor`), and requests
     refused for the context length, are named first."""
     single = window == "idle" and result.report["idle"]["windows"] == result.report["peak"]["windows"]
-    capacity = _capacity_cause(result, "peak" if single else window)  # one window: one account of it
+    if window == "all":
+        capacity = _where_misses_fall(result)
+    else:
+        capacity = _capacity_cause(result, "peak" if single else window)  # one window: one account of it
     if single:
         capacity += " (the trace spans a single window, so its idle is its peak: a shorter --window separates them)"
     ctx = result.report.get("context_length") or {}
-    in_window = result.report[window]["failed_by_reason"]
+    in_window = _section(result.report, window)["failed_by_reason"]
     over = in_window.get("context_length_exceeded", 0)
     if metric == "error_rate" and over:
         others = sum(n for code, n in in_window.items() if code != "context_length_exceeded")
         remedy = ("serve them with a model of a longer context, or shorten them"
                   if str(ctx.get("source", "")).startswith(MODEL_MAXIMUM) else
                   "raise it (the model and KV memory permitting; `plan` does) or shorten them")
-        return (f"{over} requests of the {window} window need more than the {ctx['tokens']}-token context "
+        which = "the trace" if window == "all" else f"the {window} window"
+        return (f"{over} requests of {which} need more than the {ctx['tokens']}-token context "
                 f"length ({ctx['source']}) and are refused: {remedy}"
                 + (f"; and {others} more failed: {capacity}" if others else ""))
     if floor is not None:
@@ -130,12 +149,38 @@ ENGINE_BOUND = {
 }
 
 
+def _where_misses_fall(result: SimResult) -> str:
+    """The whole trace's cause: the window with the most SLO misses, where it lies, and what the fleet did there."""
+    worst = result.report.get("worst")
+    if not worst:
+        return _capacity_cause(result, "peak")
+    a, b = worst["windows"][0]
+    where = {"peak": "a peak window", "idle": "an idle window"}.get(worst["kind"], "neither a peak nor an idle window")
+    spread = worst["windows_with_misses"]
+    others = f" (misses in {spread} windows of {len(result.report['windows']['arrivals'])})" if spread > 1 else ""
+    return (f"most misses ({worst['misses']} of its {worst['requests']} requests) fall in {a:.0f}-{b:.0f} s, "
+            f"{where}{others}: " + _capacity_cause(result, "worst"))
+
+
 def _window_points(fleet, spans) -> list[tuple]:
-    """The fleet's recorded states in the windows, and the state entering the first one (a quiet window records
-    nothing of its own)."""
-    inside = [p for p in fleet.series if any(a <= p[0] < b for a, b in spans)]
-    before = [p for p in fleet.series if p[0] < spans[0][0]] if spans else []
-    return inside + before[-1:] or fleet.series[:1]
+    """The fleet's recorded states in the windows, and the state entering each of them (a quiet window records
+    nothing of its own), stamped at the window's start."""
+    times = [p[0] for p in fleet.series]
+    points = []
+    for a, b in spans:
+        i = bisect_left(times, a)
+        if i > 0:
+            points.append((a, *fleet.series[i - 1][1:]))
+        points.extend(fleet.series[i:bisect_left(times, b, lo=i)])
+    return points or fleet.series[:1]
+
+
+def _name(report: dict, window: str) -> str:
+    """How a reason names the window: peak, idle, or the worst window's span."""
+    if window != "worst":
+        return window
+    a, b = report["worst"]["windows"][0]
+    return f"{a:.0f}-{b:.0f} s window"
 
 
 def _capacity_cause(result: SimResult, window: str) -> str:
@@ -144,7 +189,8 @@ def _capacity_cause(result: SimResult, window: str) -> str:
     report = result.report
     most = fleet.policy_scaling.max_replicas if fleet.policy_scaling else fleet.static
     least = fleet.policy_scaling.min_replicas if fleet.policy_scaling else fleet.static
-    by_reason = report[window]["failed_by_reason"]  # this window's requests, not the whole trace's
+    section, name = _section(report, window), _name(report, window)
+    by_reason = section["failed_by_reason"]  # this window's requests, not the whole trace's
     if by_reason:
         codes = ", ".join(f"{k} x{v}" for k, v in sorted(by_reason.items()))
         refused = f"; requests refused: {codes}"
@@ -157,24 +203,24 @@ def _capacity_cause(result: SimResult, window: str) -> str:
         cold_s = delay + fleet.replicas[0].profile.load_s
         cold = f" (cold start ~{cold_s:.0f} s: {delay:.0f} s node provisioning + " \
                f"{fleet.replicas[0].profile.load_s:.0f} s model load, {', '.join(types)})"
-    points = _window_points(fleet, report[window]["windows"])
+    points = _window_points(fleet, section["windows"])
     zero = any(p[1] == 0 for p in points)  # no replica serving at some point in the window
     at_max = any(p[2] >= most for p in points)
     if fleet.unplaced and not fleet.replicas:  # not a question of size: no node type takes the replica
         return f"no replica could be placed: {next(iter(fleet.unplaced))}{refused}"
     if fleet.policy_scaling is None:
-        return f"a static fleet of {most} replica(s) cannot carry the {window} load{refused}"
+        return f"a static fleet of {most} replica(s) cannot carry the {name} load{refused}"
     # a p95 far beyond the cold start is not the cold start's doing (a burst at zero that then waited at max)
-    p95_s = (report[window]["ttft_ms"]["p95"] or 0) / 1000
+    p95_s = (section["ttft_ms"]["p95"] or 0) / 1000
     from_zero = zero and least == 0
     if from_zero and not (at_max and p95_s > 2 * cold_s):
         return f"scale from zero: requests wait for a cold start{cold}{refused}"
     if at_max:
         after = f", after a scale from zero{cold}" if from_zero else ""
-        return f"replicas held at maxReplicaCount={most} during the {window}: not enough capacity{after}{refused}"
-    if window == "peak":
+        return f"replicas held at maxReplicaCount={most} during the {name}: not enough capacity{after}{refused}"
+    if window != "idle":
         reached = max((p[2] for p in points), default=0)  # in the window: the trace's max may come after it
-        return f"scaling did not keep up with the peak: replicas reached {reached} of {most}{cold}{refused}"
+        return f"scaling did not keep up with the {name}: replicas reached {reached} of {most}{cold}{refused}"
     if (report["idle"]["ttft_ms"]["p95"] or 0) / 1000 > cold_s + 60:
         return f"the queue built earlier is still draining at idle{refused}"
     ready = sorted({p[1] for p in points}) or [0]
@@ -186,8 +232,8 @@ def judge(result: SimResult) -> list[Check]:
     report = result.report
     slo = report["slo"]
     checks = []
-    for window in WINDOWS:
-        sec = report[window]
+    for window in (*WINDOWS, "all"):
+        sec = _section(report, window)
         has = sec["requests"] > 0
         for metric, key, limit in (("ttft_p95_ms", "ttft_ms", slo["ttft_p95_ms"]),
                                    ("e2e_p95_ms", "e2e_ms", slo["e2e_p95_ms"])):
@@ -209,7 +255,8 @@ def judge(result: SimResult) -> list[Check]:
         why = f"{window}: error rate {rate:.2%} <= {most:.2%}" if ok else \
             f"{window}: error rate {rate:.2%} > {most:.2%}: {_cause(result, window, 'error_rate')}"
         checks.append(Check(window, "error_rate", rate, most, ok, why))
-        checks.append(_cost_check(result, window, slo["cost_per_hour_usd"]))
+        if window != "all":  # the whole trace's cost per hour is never above its costliest window's, checked at peak
+            checks.append(_cost_check(result, window, slo["cost_per_hour_usd"]))
     return checks
 
 
@@ -233,16 +280,16 @@ def _cost_check(result: SimResult, window: str, budget: float | None) -> Check:
 
 
 def _overspend(result: SimResult, window: str) -> str:
-    """What the money bought: a static fleet, replicas a floor held up (minReplicaCount, a schedule), or load."""
+    """What the money bought: a static fleet, replicas a floor held up (minReplicaCount, a schedule), replicas
+    scaled for earlier load that ran on into a quieter window, or load."""
     fleet = result.fleet
     if fleet.policy_scaling is None:
         return f"a static fleet of {fleet.static} replica(s) costs more than the budget"
     report = result.report
     span = report.get("costliest_window") if window == "peak" else None
     spans = [tuple(span)] if span else report[window]["windows"]
-    points = _window_points(fleet, spans)
-    start = spans[0][0] if spans else 0.0  # the state entering the window is held by the floor at its start
-    floors = [fleet.policy_scaling.floor(fleet.t0 + max(p[0], start)) for p in points]
+    points = _window_points(fleet, spans)  # each stamped no earlier than its window's start: the floor then holds it
+    floors = [fleet.policy_scaling.floor(fleet.t0 + p[0]) for p in points]
     held = max(floors, default=0)
     if held > 0 and all(p[2] <= f for p, f in zip(points, floors, strict=True)):
         which = "minReplicaCount" if held <= fleet.policy_scaling.min_replicas else "a schedule floor"
@@ -253,7 +300,25 @@ def _overspend(result: SimResult, window: str) -> str:
                 "(capacity.consolidation: policy, consolidateAfter)")
     if window == "idle":
         return "replicas stay up while idle (minReplicaCount, floors, cooldown)"
+    if span and list(span) not in report["peak"]["windows"]:
+        return _ran_on(result, span, points)
     return "the peak needs more GPUs than the budget pays for"
+
+
+def _ran_on(result: SimResult, span, points) -> str:
+    """The costliest window is not a peak window: its replicas were scaled for load before it (a burst, or a
+    scale from zero that overshot) and stayed."""
+    report, policy = result.report, result.fleet.policy_scaling
+    w = result.fleet.options.window_s
+    arrivals = report["windows"]["arrivals"]
+    here = arrivals[min(len(arrivals) - 1, int(span[0] / w))]
+    busiest = max(arrivals[min(len(arrivals) - 1, int(a / w))] for a, _ in report["peak"]["windows"])
+    up = max((p[2] for p in points), default=0)
+    return (f"the costliest window is not a peak window ({here} arrivals against {busiest} in the busiest): its "
+            f"{up} replica(s) were scaled for load before it (a burst, or a scale from zero that overshot) and "
+            f"scale down only after scaleDownStabilizationTime ({policy.down_window:.0f} s; to zero after "
+            f"cooldownPeriod {policy.cooldown:.0f} s): a lower maxReplicaCount ({policy.max_replicas} now), a "
+            "higher target per replica or a shorter stabilization fits the budget")
 
 
 def verify(endpoint, trace, options: SimOptions | None = None, slo: dict | None = None, progress=None) -> Verdict:

@@ -26,6 +26,8 @@ import numpy as np
 from fleetserve.traces.model import MAX_REQUESTS, TraceRequest
 
 WINDOW_S = 600.0
+DEFAULT_INPUT_TOKENS = 1024  # every request's size: the rate files carry none
+DEFAULT_OUTPUT_TOKENS = 128
 
 
 class ServeGenError(ValueError):
@@ -151,8 +153,9 @@ def window_arrivals(w: RateWindow, rng: np.random.Generator, window_s: float = W
 
 
 def load_servegen(path: str | Path, model: str | None = None, seed: int = 0, start_s: float = 0.0,
-                  duration_s: float | None = None, limit: int | None = None, input_tokens: int = 1024,
-                  output_tokens: int = 128) -> list[TraceRequest]:
+                  duration_s: float | None = None, limit: int | None = None,
+                  input_tokens: int = DEFAULT_INPUT_TOKENS,
+                  output_tokens: int = DEFAULT_OUTPUT_TOKENS) -> list[TraceRequest]:
     """Requests arriving in [start_s, start_s + duration_s) of the rate file, times rebased to 0."""
     clients = read_clients(path, model)
     end = math.inf if duration_s is None else start_s + duration_s
