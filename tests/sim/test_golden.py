@@ -77,9 +77,10 @@ def test_a_replica_no_node_type_fits_is_named_as_such():
 
 
 def test_the_planners_winner_passes_verify_and_costs_less_than_a_static_peak_fleet():
-    """The whole code trace (its hour of bursts and idle gaps). On its last half hour alone an autoscaled winner
-    passed only because its misses fell outside the peak and idle windows (TTFT p95 10.7 s over the trace, and
-    scale from zero at 165 s): verify now judges the whole trace too, and no autoscaled policy pays there."""
+    """The whole code trace (its hour of bursts and idle gaps), where autoscaling pays. The test ran on the last half
+    hour, where an autoscaled winner passed only because its misses fell outside the peak and idle windows (TTFT
+    p95 10.7 s over the trace, and scale from zero at 165 s); with the whole trace judged too, a static fleet
+    wins that half hour."""
     trace = azure_slice(0, 3436)
     options = SimOptions(window_s=120)
     result = plan(spec("hyperpod.yaml"), trace, options, slo=LOOSE_SLO, max_trials=30,

@@ -4,6 +4,8 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
+
 from fleetserve.spec import load_spec
 from tests.helpers import fleetserve
 from tests.sim.conftest import AZURE
@@ -161,17 +163,23 @@ def test_the_html_report_shows_gaps_failures_the_worst_window_and_the_budgeted_c
     from fleetserve.sim.html import _per_minute, render_html
     from fleetserve.sim.run import simulate
     from fleetserve.sim.setup import SimOptions
+    from fleetserve.traces.model import TraceRequest
     from tests.sim.test_verify_causes import cold_bursts_between_a_warm_peak, gpu_endpoint
 
-    result = simulate(gpu_endpoint(), cold_bursts_between_a_warm_peak(), SimOptions(),
-                      {"ttft_p95_ms": 20000, "e2e_p95_ms": 120000})
+    too_long = [TraceRequest(100.5 + i, 140_000, 10, (90_000 + i,)) for i in range(5)]  # over Llama's 131,072
+    trace = sorted(cold_bursts_between_a_warm_peak() + too_long, key=lambda r: r.arrival_s)
+    result = simulate(gpu_endpoint(), trace, SimOptions(), {"ttft_p95_ms": 20000, "e2e_p95_ms": 120000})
     fleet, report = result.fleet, result.report
     minute = _per_minute(fleet)
     assert math.isnan(minute["ttft_p95"][15]) and not math.isnan(minute["ttft_p95"][5])  # 900-960 s: no arrivals
-    assert int(minute["answered"].sum() + minute["failed"].sum()) == report["requests"]
+    assert int(minute["failed"].sum()) == report["failed"] == 5 and minute["failed"][1] == 5
+    assert int(minute["answered"].sum()) == report["requests"] - 5
+    first = [(r.first - r.arrival) * 1000 for r in fleet.requests
+             if r.error is None and r.first is not None and r.arrival - fleet.t0 < 60]
+    assert abs(minute["ttft_p95"][0] - np.percentile(first, 95)) < 1e-9
     answered = [r for r in fleet.requests if r.error is None and r.done is not None and r.arrival - fleet.t0 < 60]
     share = sum(r.cached for r in answered) / sum(r.spec.prompt for r in answered)
     assert abs(minute["hit"][0] - share) < 1e-9
     page = render_html(fleet, report, "t")
-    assert "most misses (1800-2100 s, other)" in page and "refused or failed" in page
+    assert "most misses 1800-2100 s (other)" in page and "Requests per minute (5 refused or failed" in page
     assert f"${report['cost_per_hour_max_usd']:.2f}/hour" in page

@@ -186,3 +186,89 @@ def test_the_state_entering_every_window_counts_not_only_the_first():
     points = _window_points(SimpleNamespace(series=series), [(0.0, 300.0), (600.0, 900.0)])
     assert (600.0, 4, 4, 4, 4.0, 4) in points  # entering the second window, stamped at its start
     assert max(p[2] for p in points) == 4 and series[0] in points and series[1] in points
+    # a state recorded at the very start of a window is the one entering it, not the one before
+    series = [(0.0, 0, 0, 0, 0.0, 0), (300.0, 3, 3, 3, 3.0, 3)]
+    assert _window_points(SimpleNamespace(series=series), [(300.0, 600.0)]) == [(300.0, 3, 3, 3, 3.0, 3)]
+
+
+def test_a_window_length_that_is_not_a_round_number_takes_each_windows_own_requests():
+    """--window 3.3: window 3 starts at 9.9 s and 9.9 / 3.3 = 2.999..., so the peak took window 2's requests (none)
+    and passed on requests it never looked at."""
+    from fleetserve.sim.report import window_requests
+
+    trace = [TraceRequest(0.0, 200, 20, (1,))] + [TraceRequest(10 + i * 0.075, 200, 20, (100 + i,)) for i in range(40)]
+    trace += [TraceRequest(30.0, 200, 20, (2,))]
+    verdict = verify(gpu_endpoint(), trace, SimOptions(window_s=3.3), {"ttft_p95_ms": 150})
+    report = verdict.result.report
+    assert report["windows"]["arrivals"][3] == 40 and report["peak"]["windows"] == [[9.9, 13.2]]
+    assert report["peak"]["requests"] == 40
+    assert len(window_requests(verdict.result.fleet, [(3 * 3.3, 4 * 3.3)], 10)) == 40
+
+
+def test_money_spent_after_the_last_arrival_counts_against_the_budget():
+    """A burst in the trace's last seconds woke 8 nodes that ran for 90 s after it, outside every window: peak and
+    costliest were $1.86/h and a $4/h budget passed."""
+    trace = [TraceRequest(i * 10.0, 500, 600, (10_000 + i,)) for i in range(120)]
+    trace += [TraceRequest(1190 + i * 0.05, 500, 600, (20_000 + i,)) for i in range(300)]
+    trace.sort(key=lambda r: r.arrival_s)
+    verdict = verify(gpu_endpoint(maximum=8, minimum=1), trace, SimOptions(),
+                     {"ttft_p95_ms": 600_000, "e2e_p95_ms": 900_000, "cost_per_hour_usd": 4})
+    report = verdict.result.report
+    assert report["costliest_window"][0] >= max(r.arrival_s for r in trace) and report["cost_per_hour_max_usd"] > 4
+    assert report["cost_per_hour_usd"] <= report["cost_per_hour_max_usd"]  # the whole run is within its windows
+    cost = next(c for c in verdict.checks if c.window == "peak" and c.metric == "cost_per_hour_usd")
+    assert not cost.passed and "after the last arrival" in cost.reason and "from 1 to 8 replica(s)" in cost.reason
+
+
+def test_the_whole_traces_reason_names_the_window_that_missed_that_metric():
+    """Long answers miss E2E in the first window; a burst at zero misses TTFT at 1500 s. The TTFT reason named the
+    first window (most misses of any kind), where TTFT p95 was 158 ms."""
+    trace = [TraceRequest(i * 3.0, 300, 3000, (10_000 + i,)) for i in range(100)]
+    trace += [TraceRequest(1500 + i * 0.2, 300, 50, (20_000 + i,)) for i in range(30)]
+    trace += [TraceRequest(2100, 300, 50, (30_000,))]
+    trace.sort(key=lambda r: r.arrival_s)
+    verdict = verify(gpu_endpoint(), trace, SimOptions(), {"ttft_p95_ms": 5000, "e2e_p95_ms": 60000})
+    by = {(c.window, c.metric): c for c in verdict.checks}
+    assert by["peak", "ttft_p95_ms"].passed and not by["all", "ttft_p95_ms"].passed
+    assert "1500-1800 s, neither a peak nor an idle window" in by["all", "ttft_p95_ms"].reason
+    assert "scale from zero" in by["all", "ttft_p95_ms"].reason
+    assert "0-300 s, a peak window" in by["all", "e2e_p95_ms"].reason
+
+
+def test_one_window_gets_one_account_of_its_cost():
+    """A single-window trace: peak said "the peak needs more GPUs", idle "replicas stay up while idle"."""
+    trace = [TraceRequest(0.0, 500, 100, (i,)) for i in range(200)]
+    verdict = verify(gpu_endpoint(), trace, SimOptions(), {"ttft_p95_ms": 600_000, "e2e_p95_ms": 900_000,
+                                                            "cost_per_hour_usd": 1})
+    costs = [c for c in verdict.checks if c.metric == "cost_per_hour_usd"]
+    assert not any(c.passed for c in costs)
+    assert all("stay up while idle" not in c.reason for c in costs), [c.reason for c in costs]
+
+
+def test_each_miss_counts_once_when_plan_ranks_trials():
+    from fleetserve.sim.verify import Check, failed
+
+    peak = Check("peak", "ttft_p95_ms", 9.0, 5.0, False, "")
+    whole = Check("all", "ttft_p95_ms", 7.0, 5.0, False, "")
+    between = Check("all", "e2e_p95_ms", 70.0, 60.0, False, "")
+    assert failed([peak, whole]) == [peak]  # the whole trace's TTFT miss is the peak's
+    assert failed([peak, whole, between]) == [peak, between]  # an E2E miss between peak and idle is its own
+
+
+def test_sagemaker_instance_types_are_said_to_be_priced_at_ec2_rates():
+    """HyperPod's ml.* types were billed at EC2's on-demand price with no word about it."""
+    from fleetserve.sim.run import sagemaker_pricing
+
+    def placement(section: dict):
+        return load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "sm"},
+                               "spec": {"model": {"source": "catalog:llama-3.1-8b-instruct"}, "replicas": 1,
+                                        "placement": section}}).endpoint.spec
+
+    (note,) = sagemaker_pricing(placement({"instanceTypes": ["ml.g5.8xlarge", "g6e.xlarge"]}))
+    assert "ml.g5.8xlarge at g5.8xlarge's $2.45/h" in note and "lower bound" in note and "g6e" not in note
+    term = {"matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
+                                  "values": ["ml.p4d.24xlarge", "ml.g5.24xlarge"]}]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    (note,) = sagemaker_pricing(placement(affinity))
+    assert "ml.g5.24xlarge at g5.24xlarge's" in note and "ml.p4d.24xlarge at p4d.24xlarge's" in note
+    assert sagemaker_pricing(placement({"instanceTypes": ["g6e.xlarge"]})) == []

@@ -213,11 +213,9 @@ def simulate(
                         f"simulated, routing {r['routing']['strategy']} ({r['routing']['knowledge']})")
     for col in ("", "requests", "TTFT p50", "TTFT p95", "E2E p95", "SLO attained", "failed", "cost $", "$/h"):
         table.add_column(col, justify="right")
-    sections = [("all", r), ("peak", r["peak"]), ("idle", r["idle"])]
-    if r.get("worst"):  # the window with the most SLO misses, wherever it falls
-        a, b = r["worst"]["windows"][0]
-        sections.append((f"most misses {a:.0f}-{b:.0f} s ({r['worst']['kind']})", r["worst"]))
-    for name, sec in sections:
+    from fleetserve.sim.report import table_sections
+
+    for name, sec in table_sections(r):
         table.add_row(name, str(sec["requests"]), _ms(sec["ttft_ms"]["p50"]), _ms(sec["ttft_ms"]["p95"]),
                       _ms(sec["e2e_ms"]["p95"]), f"{sec['slo_attainment']:.3f}", str(sec["failed"]),
                       f"{sec['cost_usd']:.2f}", f"{sec['cost_per_hour_usd']:.2f}")

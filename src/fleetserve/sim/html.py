@@ -16,6 +16,7 @@ import json
 import numpy as np
 
 from fleetserve.sim.fleet import SimFleet
+from fleetserve.sim.report import table_sections
 
 BUCKET_S = 60.0
 
@@ -63,24 +64,28 @@ def _shade(ax, report: dict) -> None:
 
 def _per_minute(fleet: SimFleet) -> dict[str, np.ndarray]:
     """Per-minute series over the whole run: minutes (x), TTFT p95 and the cached share of prompt tokens of the
-    answered requests (NaN where a minute has none), arrivals answered, and arrivals refused or failed."""
+    answered requests (NaN where a minute has none), arrivals answered, and arrivals refused or failed. One sort,
+    not a pass over every request per minute (a day of 5 million requests is 1,440 minutes)."""
     if not fleet.requests:
         return {}
-    t = np.array([r.arrival - fleet.t0 for r in fleet.requests])
-    bins = (t // BUCKET_S).astype(int)
+    reqs = fleet.requests
+    bins = (np.array([r.arrival - fleet.t0 for r in reqs]) // BUCKET_S).astype(int)
     n = int(bins.max()) + 1
-    ok = np.array([r.first is not None and r.done is not None and r.error is None for r in fleet.requests])
-    ttft = np.array([(r.first - r.arrival) * 1000 if r.first is not None else np.nan for r in fleet.requests])
-    prompt = np.array([r.spec.prompt for r in fleet.requests], dtype=float)
-    cached = np.array([r.cached for r in fleet.requests], dtype=float)
+    ok = np.array([r.first is not None and r.done is not None and r.error is None for r in reqs])
+    answered = [r for r, good in zip(reqs, ok, strict=True) if good]
+    ttft = np.array([(r.first - r.arrival) * 1000 for r in answered])
+    prompt = np.bincount(bins[ok], weights=[r.spec.prompt for r in answered], minlength=n)
+    cached = np.bincount(bins[ok], weights=[r.cached for r in answered], minlength=n)
+    count = np.bincount(bins[ok], minlength=n)
     p95 = np.full(n, np.nan)
-    hits = np.full(n, np.nan)
-    for b in np.unique(bins[ok]):
-        mask = ok & (bins == b)
-        p95[b] = np.percentile(ttft[mask], 95)
-        hits[b] = cached[mask].sum() / max(prompt[mask].sum(), 1.0)
+    order = np.lexsort((ttft, bins[ok]))
+    starts = np.concatenate(([0], np.cumsum(count)))
+    for b in np.flatnonzero(count):
+        p95[b] = np.percentile(ttft[order[starts[b]:starts[b + 1]]], 95)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        hits = np.where(count > 0, cached / np.maximum(prompt, 1.0), np.nan)
     return {"x": np.arange(n) * BUCKET_S / 60, "ttft_p95": p95, "hit": hits,
-            "answered": np.bincount(bins[ok], minlength=n), "failed": np.bincount(bins[~ok], minlength=n)}
+            "answered": count, "failed": np.bincount(bins[~ok], minlength=n)}
 
 
 def _ms(value) -> str:
@@ -139,16 +144,12 @@ def render_html(fleet: SimFleet, report: dict, title: str) -> str:
     svgs = [_svg(f) for f in figs]
     for f in figs:
         plt.close(f)
-    sections = [("all", report), ("peak", report["peak"]), ("idle", report["idle"])]
-    if report.get("worst"):
-        a, b = report["worst"]["windows"][0]
-        sections.append((f"most misses ({a:.0f}-{b:.0f} s, {report['worst']['kind']})", report["worst"]))
     rows = "".join(
         f"<tr><th>{html.escape(name)}</th><td>{sec['requests']}</td><td>{sec['failed']}</td>"
         f"<td>{sec['error_rate']:.2%}</td><td>{_ms(sec['ttft_ms']['p50'])}</td><td>{_ms(sec['ttft_ms']['p95'])}</td>"
         f"<td>{_ms(sec['e2e_ms']['p95'])}</td><td>{sec['slo_attainment']:.3f}</td><td>{sec['cost_usd']:.2f}</td>"
         f"<td>{sec['cost_per_hour_usd']:.2f}</td></tr>"
-        for name, sec in sections)
+        for name, sec in table_sections(report))
     costliest = ""
     if report.get("costliest_window") and report["cost_per_hour_max_usd"] > 0:
         a, b = report["costliest_window"]

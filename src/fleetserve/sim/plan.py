@@ -28,7 +28,7 @@ from fleetserve.sim.floors import cold_start_s, lead_time, peak_windows, reached
 from fleetserve.sim.plan_why import explain
 from fleetserve.sim.run import engine_block
 from fleetserve.sim.setup import SimOptions, gpu_types
-from fleetserve.sim.verify import Verdict, verify
+from fleetserve.sim.verify import Verdict, failed, verify
 from fleetserve.sim.workload import build_workload
 from fleetserve.spec.context import context_limit, model_maximum, with_context_limit
 from fleetserve.spec.load import load_spec_data
@@ -98,7 +98,7 @@ def floors_section(slot_s: int | None = None, peak_windows: list | None = None, 
 
 def _shortfall(trial: Trial) -> tuple[int, float]:
     """How far a trial is from passing: failed checks, then the worst value/limit among them."""
-    missed = [c for c in trial.verdict.checks if not c.passed]
+    missed = failed(trial.verdict.checks)  # a peak miss counted once, not again in the whole trace's row
     ratios = [c.value / c.limit for c in missed if c.value is not None and c.limit]
     return len(missed), max(ratios, default=math.inf)
 
@@ -240,11 +240,12 @@ class Planner:
         self.history.append(trial)
         if trial.verdict.passed and (self.best is None or trial.rank < self.best.rank):
             self.best = trial
-        missed = [c for c in trial.verdict.checks if not c.passed]
+        missed = failed(trial.verdict.checks)
         if missed and (self.closest is None or _shortfall(trial) < _shortfall(self.closest)):
             self.closest = trial
-        # the peak's misses count in the whole trace's too: a trial that missed nowhere else is what floors fix
-        if missed and all(c.window in ("peak", "all") for c in missed) and _autoscaling_on(data) and \
+        # a trial that missed the peak and nowhere else (idle, the windows between: the whole trace's miss of a
+        # metric the peak missed too is the peak's) is what floors fix
+        if missed and all(c.window == "peak" for c in missed) and _autoscaling_on(data) and \
                 (self.peak_miss is None or trial.rank < self.peak_miss.rank):
             self.peak_miss = trial
         return trial

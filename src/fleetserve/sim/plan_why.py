@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fleetserve.sim.verify import failed
+
 if TYPE_CHECKING:
     from fleetserve.sim.plan import Planner, Trial
 
@@ -126,7 +128,7 @@ def _static_won(search: Planner, winner: Trial) -> str:
     if passing:
         best = min(passing, key=lambda x: x.rank)
         return f"a static fleet ({_figures(winner)}); the best autoscaled candidate: {_versus(winner, best)}"
-    closest = min(autos, key=lambda x: sum(1 for c in x.verdict.checks if not c.passed))
+    closest = min(autos, key=lambda x: len(failed(x.verdict.checks)))
     return (f"a static fleet: none of the {len(autos)} autoscaled candidates passed verify (e.g. {closest.label}: "
             f"{_failure(closest)})")
 

@@ -7,7 +7,9 @@ at least one), `idle` the quietest `idle_fraction` (default 25 %, at least one, 
 Each of `peak` and `idle` carries the same latency and cost keys as the whole run, computed over its own
 windows: requests that arrived in them, and the money and GPU-hours spent during them. Scaling lags the load,
 so the money of a burst is often spent in the window after it: `cost_per_hour_max_usd` is the highest cost per
-hour of any window, and `costliest_window` says which (the budget `verify` checks at peak). A request meets the
+hour of any window, and `costliest_window` says which (the budget `verify` checks at peak); after the last
+arrival, the fleet's drain (answering the queue, replicas running on until they scale down) is cut into windows
+of the same length for this, so money spent after the trace's last request is counted. A request meets the
 SLO when its TTFT and E2E are within the targets; a refused or failed request never does. `worst` is the window
 with the most requests that missed the SLO (null when none did), wherever it falls: a scale from zero in a
 middling window is neither peak nor idle, yet its misses count in the whole trace's percentiles.
@@ -58,6 +60,19 @@ def window_bounds(fleet: SimFleet, n: int) -> list[tuple[float, float]]:
     w = fleet.options.window_s
     span = max(fleet.end - fleet.t0, 1e-9)
     return [(i * w, span if i == n - 1 else (i + 1) * w) for i in range(n)]
+
+
+def drain_bounds(fleet: SimFleet, bounds: list[tuple[float, float]], end: float) -> list[tuple[float, float]]:
+    """Windows of `window_s` from the last window's end to the run's `end` (its drain after the last arrival), the
+    last one taking a tail shorter than half a window: the money a burst at the end woke is spent there."""
+    w = fleet.options.window_s
+    start = bounds[-1][1] if bounds else 0.0
+    out: list[tuple[float, float]] = []
+    while end - start > 1e-9:
+        stop = end if end - start < 1.5 * w else start + w
+        out.append((start, stop))
+        start = stop
+    return out
 
 
 def windows(fleet: SimFleet) -> tuple[list[tuple[float, float]], list[tuple[float, float]], list[int]]:
@@ -142,26 +157,31 @@ def costliest(fleet: SimFleet, bounds: list[tuple[float, float]]) -> tuple[float
 def window_requests(fleet: SimFleet, spans, count: int) -> list:
     """The requests that arrived in the given windows (of `count`; the last one takes the trace's tail)."""
     w, last = fleet.options.window_s, count - 1
-    chosen = {int(a / w) for a, _ in spans}
+    chosen = {round(a / w) for a, _ in spans}  # a start is i x w: int() took 3 x 3.3 / 3.3 = 2.999... for window 2
     return [r for r in fleet.requests if min(last, int((r.arrival - fleet.t0) / w)) in chosen]
 
 
-def _misses(fleet: SimFleet, slo: dict, count: int) -> list[int]:
-    """Requests per window (by arrival) that missed the SLO: refused, failed, or over a latency target."""
-    w, last = fleet.options.window_s, count - 1
-    ttft, e2e = slo["ttft_p95_ms"] / 1000, slo["e2e_p95_ms"] / 1000
-    misses = [0] * count
+def missed(r, slo: dict, metric: str = "slo") -> bool:
+    """Whether a request missed: the SLO (refused, failed, or over either target), or one check's metric (a
+    latency target among the answered requests; `error_rate`: refused or failed)."""
+    answered = r.error is None and r.first is not None and r.done is not None
+    if metric == "error_rate":
+        return not answered
+    ttft = answered and (r.first - r.arrival) * 1000 > slo["ttft_p95_ms"]
+    e2e = answered and (r.done - r.arrival) * 1000 > slo["e2e_p95_ms"]
+    return {"ttft_p95_ms": ttft, "e2e_p95_ms": e2e}.get(metric, not answered or ttft or e2e)
+
+
+def worst_section(fleet: SimFleet, slo: dict, bounds: list[tuple[float, float]], peak: list, idle: list,
+                  metric: str = "slo") -> dict | None:
+    """The window with the most misses (`missed`, of the SLO or of one metric; the earliest of equals) as a
+    section, with `misses`, `kind` (peak, idle, or other) and `windows_with_misses` (how many windows had any);
+    None when no request missed."""
+    w, last = fleet.options.window_s, len(bounds) - 1
+    misses = [0] * len(bounds)
     for r in fleet.requests:
-        if r.error is not None or r.first is None or r.done is None or r.first - r.arrival > ttft \
-                or r.done - r.arrival > e2e:
+        if missed(r, slo, metric):
             misses[min(last, int((r.arrival - fleet.t0) / w))] += 1
-    return misses
-
-
-def worst_section(fleet: SimFleet, slo: dict, bounds: list[tuple[float, float]], peak: list, idle: list) -> dict | None:
-    """The window with the most SLO misses (the earliest of equals) as a section, with `misses`, `kind` (peak,
-    idle, or other) and `windows_with_misses` (how many windows had any); None when every request met the SLO."""
-    misses = _misses(fleet, slo, len(bounds))
     most = max(misses, default=0)
     if most == 0:
         return None
@@ -173,13 +193,22 @@ def worst_section(fleet: SimFleet, slo: dict, bounds: list[tuple[float, float]],
             "windows_with_misses": sum(1 for m in misses if m)}
 
 
+def table_sections(report: dict) -> list[tuple[str, dict]]:
+    """The rows a table of the report shows: the whole run, peak, idle, and the window with the most misses."""
+    rows = [("all", report), ("peak", report["peak"]), ("idle", report["idle"])]
+    if report.get("worst"):
+        a, b = report["worst"]["windows"][0]
+        rows.append((f"most misses {a:.0f}-{b:.0f} s ({report['worst']['kind']})", report["worst"]))
+    return rows
+
+
 def build_report(fleet: SimFleet, slo: dict, slo_source: str) -> dict:
     t0 = fleet.t0
     end = max(fleet.end, fleet.finished_at) - t0
     whole = _section(fleet, fleet.requests, [(0.0, end)], slo)
     peak_spans, idle_spans, counts = windows(fleet)
     bounds = window_bounds(fleet, len(counts))
-    top, top_window = costliest(fleet, bounds)
+    top, top_window = costliest(fleet, bounds + drain_bounds(fleet, bounds, end))
 
     peak = _section(fleet, window_requests(fleet, peak_spans, len(counts)), peak_spans, slo)
     idle = _section(fleet, window_requests(fleet, idle_spans, len(counts)), idle_spans, slo)

@@ -40,12 +40,35 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
     targets, source = slo_of(endpoint, slo)
     report = build_report(fleet, targets, source)
     report["context_length"], report["warnings"] = context_check(fleet)
-    report["warnings"] += sorted(fleet.profile_notes)
+    report["warnings"] += sorted(fleet.profile_notes) + sagemaker_pricing(endpoint.spec)
     report["placement_failures"] = dict(fleet.unplaced)
     if fleet.unplaced and not fleet.replicas:
         report["warnings"].append(f"no replica could be placed: {next(iter(fleet.unplaced))}")
     report["start"] = options.start  # the wall time of the trace's first second (cron floors, budgets read it)
     return SimResult(report, fleet)
+
+
+def sagemaker_pricing(spec) -> list[str]:
+    """SageMaker's `ml.*` names are priced as the EC2 type they run on (the catalog holds EC2 on-demand prices);
+    SageMaker bills them at its own, higher rates, so the cost figures are a lower bound, and the report says so."""
+    from fleetserve.capacity.catalog import Catalog
+
+    catalog = Catalog.builtin()
+    named = set(spec.placement.instance_types) | set(_strings(spec.placement.node_affinity))
+    sagemaker = sorted(n for n in named if n.startswith("ml.") and n in catalog)
+    if not sagemaker:
+        return []
+    priced = ", ".join(f"{n} at {catalog.canonical(n)}'s ${catalog.get(n).on_demand:.2f}/h" for n in sagemaker)
+    return [f"SageMaker instance types are priced at EC2 on-demand rates ({priced}): SageMaker bills ml.* instances "
+            "at its own, higher rates (a 15-20 % premium is reported for ml.p5), so cost figures are a lower bound"]
+
+
+def _strings(tree) -> list[str]:
+    """Every string in a nested dict/list (a node affinity's values, wherever its terms put them)."""
+    if isinstance(tree, str):
+        return [tree]
+    items = tree.values() if isinstance(tree, dict) else tree if isinstance(tree, list) else ()
+    return [s for item in items for s in _strings(item)]
 
 
 def context_check(fleet: SimFleet) -> tuple[dict | None, list[str]]:

@@ -14,12 +14,13 @@ and buffers; for `all`, of the window with the most misses (the report's `worst`
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from fleetserve.sim.report import window_requests, windows
+from fleetserve.sim.fleet import series_at
+from fleetserve.sim.report import window_bounds, window_requests, windows, worst_section
 from fleetserve.sim.run import SimResult, simulate
 from fleetserve.sim.setup import SimOptions
 from fleetserve.spec.context import MODEL_MAXIMUM
@@ -66,16 +67,30 @@ def decode_floor_ms(result: SimResult, window: str) -> float | None:
     return _alone_p95_ms(result, window, decode=True)
 
 
-def _section(report: dict, window: str) -> dict:
-    """The report's account of a window: peak, idle, worst, or all (the whole trace, the report's top level)."""
-    return report if window == "all" else report[window]
+def _account(report: dict, window: str) -> dict:
+    """The report's section for a window: peak, idle, or all (the whole trace: the report's top level, its span)."""
+    if window == "all":
+        return {**report, "windows": [[0.0, report["duration_s"]]]}
+    return report[window]
+
+
+def _single(report: dict) -> bool:
+    """The trace spans one window: its peak and its idle are the same window."""
+    return len(report["windows"]["arrivals"]) == 1
+
+
+def failed(checks: list[Check]) -> list[Check]:
+    """The failed checks, each miss once: an `all` check is left out when the same metric failed at peak or idle
+    (the whole trace's miss is then theirs), so a peak miss does not weigh twice against an idle one."""
+    windowed = {c.metric for c in checks if not c.passed and c.window != "all"}
+    return [c for c in checks if not c.passed and not (c.window == "all" and c.metric in windowed)]
 
 
 def _requests(result: SimResult, window: str) -> list:
     fleet = result.fleet
     if window == "all":
         return fleet.requests
-    return window_requests(fleet, _section(result.report, window)["windows"], len(windows(fleet)[2]))
+    return window_requests(fleet, _account(result.report, window)["windows"], len(windows(fleet)[2]))
 
 
 def _alone_p95_ms(result: SimResult, window: str, decode: bool) -> float | None:
@@ -110,15 +125,15 @@ def _cause(result: SimResult, window: str, metric: str = "", value: float | None
            floor: float | None = None) -> str:
     """Why a window failed; a latency target the requests miss alone (`floor`, from `_engine_floor`), and requests
     refused for the context length, are named first."""
-    single = window == "idle" and result.report["idle"]["windows"] == result.report["peak"]["windows"]
+    single = window == "idle" and _single(result.report)
     if window == "all":
-        capacity = _where_misses_fall(result)
+        capacity = _where_misses_fall(result, metric)
     else:
         capacity = _capacity_cause(result, "peak" if single else window)  # one window: one account of it
     if single:
         capacity += " (the trace spans a single window, so its idle is its peak: a shorter --window separates them)"
     ctx = result.report.get("context_length") or {}
-    in_window = _section(result.report, window)["failed_by_reason"]
+    in_window = _account(result.report, window)["failed_by_reason"]
     over = in_window.get("context_length_exceeded", 0)
     if metric == "error_rate" and over:
         others = sum(n for code, n in in_window.items() if code != "context_length_exceeded")
@@ -149,47 +164,48 @@ ENGINE_BOUND = {
 }
 
 
-def _where_misses_fall(result: SimResult) -> str:
-    """The whole trace's cause: the window with the most SLO misses, where it lies, and what the fleet did there."""
-    worst = result.report.get("worst")
+def _where_misses_fall(result: SimResult, metric: str) -> str:
+    """The whole trace's cause: the window with the most misses of the failed metric (refused or failed requests
+    for the error rate), where it lies, and what the fleet did there."""
+    fleet = result.fleet
+    peak, idle, counts = windows(fleet)
+    worst = worst_section(fleet, result.report["slo"], window_bounds(fleet, len(counts)), peak, idle, metric)
     if not worst:
         return _capacity_cause(result, "peak")
     a, b = worst["windows"][0]
     where = {"peak": "a peak window", "idle": "an idle window"}.get(worst["kind"], "neither a peak nor an idle window")
     spread = worst["windows_with_misses"]
-    others = f" (misses in {spread} windows of {len(result.report['windows']['arrivals'])})" if spread > 1 else ""
+    others = f" (misses in {spread} windows of {len(counts)})" if spread > 1 else ""
     return (f"most misses ({worst['misses']} of its {worst['requests']} requests) fall in {a:.0f}-{b:.0f} s, "
-            f"{where}{others}: " + _capacity_cause(result, "worst"))
+            f"{where}{others}: " + _capacity_cause(result, "worst", worst))
 
 
 def _window_points(fleet, spans) -> list[tuple]:
     """The fleet's recorded states in the windows, and the state entering each of them (a quiet window records
-    nothing of its own), stamped at the window's start."""
+    nothing of its own), stamped at the window's start; a state recorded at the very start replaces it."""
     times = [p[0] for p in fleet.series]
     points = []
     for a, b in spans:
-        i = bisect_left(times, a)
+        i = bisect_right(times, a)
         if i > 0:
             points.append((a, *fleet.series[i - 1][1:]))
         points.extend(fleet.series[i:bisect_left(times, b, lo=i)])
     return points or fleet.series[:1]
 
 
-def _name(report: dict, window: str) -> str:
-    """How a reason names the window: peak, idle, or the worst window's span."""
-    if window != "worst":
-        return window
-    a, b = report["worst"]["windows"][0]
-    return f"{a:.0f}-{b:.0f} s window"
-
-
-def _capacity_cause(result: SimResult, window: str) -> str:
-    """What the fleet's size and scaling did in the window: at max replicas, too slow to scale, scaled to zero."""
+def _capacity_cause(result: SimResult, window: str, section: dict | None = None) -> str:
+    """What the fleet's size and scaling did in the window (peak, idle, or another window's `section`): at max
+    replicas, too slow to scale, scaled to zero."""
     fleet = result.fleet
     report = result.report
     most = fleet.policy_scaling.max_replicas if fleet.policy_scaling else fleet.static
     least = fleet.policy_scaling.min_replicas if fleet.policy_scaling else fleet.static
-    section, name = _section(report, window), _name(report, window)
+    section = section or _account(report, window)
+    if window in ("peak", "idle"):
+        name = window
+    else:
+        a, b = section["windows"][0]
+        name = f"{a:.0f}-{b:.0f} s window"
     by_reason = section["failed_by_reason"]  # this window's requests, not the whole trace's
     if by_reason:
         codes = ", ".join(f"{k} x{v}" for k, v in sorted(by_reason.items()))
@@ -233,7 +249,7 @@ def judge(result: SimResult) -> list[Check]:
     slo = report["slo"]
     checks = []
     for window in (*WINDOWS, "all"):
-        sec = _section(report, window)
+        sec = _account(report, window)
         has = sec["requests"] > 0
         for metric, key, limit in (("ttft_p95_ms", "ttft_ms", slo["ttft_p95_ms"]),
                                    ("e2e_p95_ms", "e2e_ms", slo["e2e_p95_ms"])):
@@ -298,7 +314,7 @@ def _overspend(result: SimResult, window: str) -> str:
     if points and all(p[2] == 0 for p in points) and any(p[3] > 0 for p in points):
         return ("nodes stay up with no replica on them until consolidation removes them "
                 "(capacity.consolidation: policy, consolidateAfter)")
-    if window == "idle":
+    if window == "idle" and not _single(report):  # one window: the same account as the peak's
         return "replicas stay up while idle (minReplicaCount, floors, cooldown)"
     if span and list(span) not in report["peak"]["windows"]:
         return _ran_on(result, span, points)
@@ -306,19 +322,40 @@ def _overspend(result: SimResult, window: str) -> str:
 
 
 def _ran_on(result: SimResult, span, points) -> str:
-    """The costliest window is not a peak window: its replicas were scaled for load before it (a burst, or a
-    scale from zero that overshot) and stayed."""
-    report, policy = result.report, result.fleet.policy_scaling
-    w = result.fleet.options.window_s
-    arrivals = report["windows"]["arrivals"]
-    here = arrivals[min(len(arrivals) - 1, int(span[0] / w))]
-    busiest = max(arrivals[min(len(arrivals) - 1, int(a / w))] for a, _ in report["peak"]["windows"])
+    """The costliest window is not a peak window: either the fleet scaled up inside it for a burst in it (more
+    replicas than the peak kept), or for load before it (scaling lags: a burst at the end of the window before
+    woke replicas that came up in this one), or entered it scaled up, or it is the drain after the last arrival;
+    and the replicas ran on until scale-down."""
+    report, fleet = result.report, result.fleet
+    policy = fleet.policy_scaling
+    peak_rate = max(_rate(report, w) for w in report["peak"]["windows"])
+    here = _rate(report, span)
+    enter = series_at(fleet.series, span[0] - 1e-9)[2] if fleet.series and span[0] > 0 else 0
     up = max((p[2] for p in points), default=0)
-    return (f"the costliest window is not a peak window ({here} arrivals against {busiest} in the busiest): its "
-            f"{up} replica(s) were scaled for load before it (a burst, or a scale from zero that overshot) and "
-            f"scale down only after scaleDownStabilizationTime ({policy.down_window:.0f} s; to zero after "
-            f"cooldownPeriod {policy.cooldown:.0f} s): a lower maxReplicaCount ({policy.max_replicas} now), a "
-            "higher target per replica or a shorter stabilization fits the budget")
+    remedy = (f"a lower maxReplicaCount ({policy.max_replicas} now), a higher target per replica or a shorter "
+              "stabilization fits the budget")
+    load = "after the last arrival" if here is None else \
+        f"{here:.2f} requests/s in it against {peak_rate:.2f}/s in the busiest peak window"
+    w = report["windows"]["window_s"]
+    before = _rate(report, (span[0] - w, span[0])) if span[0] >= w else None
+    to_zero = f"; to zero after cooldownPeriod {policy.cooldown:.0f} s" if policy.min_replicas == 0 else ""
+    kept = f"replicas scale down only after scaleDownStabilizationTime ({policy.down_window:.0f} s{to_zero})"
+    if here is not None and up > enter and (before is None or here > before):
+        return (f"the costliest window is not a peak window ({load}): the fleet scaled from {enter} to {up} "
+                f"replica(s) in it, for a burst the autoscaler answered with more replicas than the peak kept, and "
+                f"{kept}: {remedy}")
+    grew = f"grew from {enter} to {up} replica(s) in it" if up > enter else f"entered it with {enter} replica(s)"
+    return (f"the costliest window is not a peak window ({load}): the fleet {grew}, scaled for load before it "
+            f"(scaling lags the load: polling, node provisioning, model load), and {kept}: {remedy}")
+
+
+def _rate(report: dict, span) -> float | None:
+    """Arrivals per second in a window of the trace (by its start), or None for a drain window after the trace."""
+    arrivals, w = report["windows"]["arrivals"], report["windows"]["window_s"]
+    i = round(span[0] / w)
+    if i >= len(arrivals):
+        return None
+    return arrivals[i] / max(span[1] - span[0], 1e-9)
 
 
 def verify(endpoint, trace, options: SimOptions | None = None, slo: dict | None = None, progress=None) -> Verdict:

@@ -39,11 +39,17 @@ def poisson(rate: float, duration_s: float, rng: np.random.Generator) -> np.ndar
     return _thinned(lambda t: np.full_like(t, rate), rate, duration_s, rng)
 
 
+def default_peak_s(period_s: float) -> float:
+    """Where a diurnal period peaks: 14/24 of the way through (14:00 of a day from midnight); a 1-hour period
+    peaks 35 minutes in (it peaked at its start: 14 h mod 1 h)."""
+    return period_s * PEAK_HOUR / 24
+
+
 def diurnal(rate: float, duration_s: float, rng: np.random.Generator, period_s: float = 86400.0,
             peak_to_trough: float = 3.0, peak_at_s: float | None = None) -> np.ndarray:
     a = (peak_to_trough - 1) / (peak_to_trough + 1)
     if peak_at_s is None:
-        peak_at_s = period_s * PEAK_HOUR / 24  # a 1-hour period peaks 35 min in (it peaked at its start: 14 h mod 1 h)
+        peak_at_s = default_peak_s(period_s)
 
     def rate_fn(t: np.ndarray) -> np.ndarray:
         return rate * (1 + a * np.cos(2 * math.pi * (t - peak_at_s) / period_s))

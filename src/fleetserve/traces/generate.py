@@ -218,7 +218,7 @@ def generate(spec: WorkloadSpec, with_text: bool = True) -> list[TraceRequest]:
     rate = spec.rate / spec.turns if spec.content == "chat" else spec.rate  # chat: sessions start at rate/turns
     warmup = chat_warmup_s(spec) if spec.content == "chat" else 0.0
     if "peak_at_s" in options:
-        peak = spec.period_s * arrival_processes.PEAK_HOUR / 24 if spec.peak_at_s is None else spec.peak_at_s
+        peak = arrival_processes.default_peak_s(spec.period_s) if spec.peak_at_s is None else spec.peak_at_s
         options["peak_at_s"] = peak + warmup  # the day's curve keeps its phase on the trace's own clock
     times = arrival_processes.arrivals(spec.arrivals, rate, spec.duration_s + warmup, rng, **options) - warmup
     prompts = {"independent": _independent, "chat": _chat, "system-prompt": _system_prompt, "rag": _rag}[
