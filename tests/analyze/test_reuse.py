@@ -61,3 +61,15 @@ def test_a_weighted_curve_counts_tokens():
     curve = HitCurve(stack_distances(full_only), block_tokens_of(full_only, [300] * 20, 256), total=300 * 20)
     assert curve.hit_rate(10) == pytest.approx(19 * 256 / (20 * 300))
     assert curve.hit_rate(10) <= ideal_reuse(full_only, [300] * 20, 256).token_hit_rate + 1e-12
+
+
+def test_a_block_computed_partial_saves_no_more_than_it_holds():
+    """A trace that reuses a partial last block's id as a fuller block: 88 tokens were computed under id 2, and the
+    later request was credited its 488 (token hit rate 0.625 where at most 600 of 1,600 tokens were ever cached)."""
+    from fleetserve.analyze.reuse import HitCurve, block_tokens_of
+
+    keys, prompts = [(1, 2), (1, 2)], [600, 1000]
+    assert ideal_reuse(keys, prompts, 512).token_hit_rate == pytest.approx(600 / 1600)
+    weights = block_tokens_of(keys, prompts, 512)
+    assert weights == [512, 88, 512, 88]
+    assert HitCurve(stack_distances(keys), weights, total=1600).hit_rate(10) == pytest.approx(600 / 1600)

@@ -39,7 +39,9 @@ def test_routing_bench_rejects_unknown_strategy():
     assert result.returncode == 2 and "prefixaware" in result.stderr
     result = fleetserve("bench", "routing", "--trace", "x.jsonl", "--modes", "psychic")
     assert result.returncode == 2 and "blind, informed" in " ".join(result.stderr.replace("│", " ").split())
-    for bad, says in (("busy", "utilizations such as 0.8,0.9"), ("0.8,1.2", "within 0.01..0.99")):
+    for bad, says in (("busy", "utilizations such as 0.8,0.9"), ("0.8,1.2", "within 0.01..0.99"),
+                      (",,", "utilizations such as 0.8,0.9"), ("0.8,,0.9", "utilizations such as 0.8,0.9"),
+                      ("0.65,0.65", "given twice")):
         result = fleetserve("bench", "routing", "--trace", "x.jsonl", "--sweep", bad)
         assert result.returncode == 2 and says in " ".join(result.stderr.replace("│", " ").split()), result.stderr
 

@@ -243,6 +243,17 @@ def test_hot_prefixes_that_would_crowd_the_caches_stay_with_their_holders():
     assert len({roomy.choose(req(system + [1000 + i]), snap(*replicas)).replica.id for i in range(200)}) == 4
 
 
+def test_on_a_large_fleet_a_prefix_seen_once_or_twice_is_not_hot():
+    """0.5 x 256 / 128 = 1: every prefix seen once was credited to all 128 replicas."""
+    from fleetserve.router.policies.popularity import PrefixPopularity
+
+    pop = PrefixPopularity()
+    for i in range(256):
+        pop.add((f"once{i}",) if i % 2 else ("shared", f"t{i}") if i < 6 else (f"other{i}",))
+    assert pop.hot_depth(("once1",), replicas=128) == 0 and pop.hot_depth(("shared",), replicas=128) == 1
+    assert pop.hot_keys(replicas=128) == 1
+
+
 def test_prefix_popularity_counts_only_the_leading_keys_of_a_huge_prompt():
     from fleetserve.router.policies.popularity import MAX_KEYS, PrefixPopularity
 

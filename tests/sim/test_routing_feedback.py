@@ -36,3 +36,16 @@ def test_oracle_is_one_pooled_lru_and_ideal_unbounded():
     work = build_workload(trace, 256, informed=True)
     assert lru_token_hits(work, 256, None) == 2 / 3  # the first request misses, the others hit all 4 blocks
     assert lru_token_hits(work, 256, 2) == 0.0  # 2 blocks cannot hold a 4-block prompt
+
+
+def test_a_trace_without_prefix_blocks_gets_figures_and_a_warning_not_a_traceback():
+    """An Azure CSV (lengths only) crashed `bench routing` after every simulation: its cache warning formatted
+    effective_cache_fraction, which is None without blocks."""
+    from fleetserve.bench.routing_sim import run
+    from tests.sim.conftest import AZURE
+
+    result = run(str(AZURE), 2, ("roundrobin", "prefixaware"), ("blind",), 40, "h100-llama-8b", 0.25, 0.65, None,
+                 None, 0, sweep_utilizations=())
+    assert result["effective_cache_fraction"] is None and result["oracle_hit_rate"] == 0
+    assert result["targets"]["met"] is None and "nothing to find" in result["targets"]["reason"]
+    assert any("no prefix blocks" in w for w in result["warnings"])

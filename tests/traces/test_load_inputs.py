@@ -96,6 +96,7 @@ def test_a_prompt_log_gives_every_request_a_timestamp_or_none(tmp_path):
 @pytest.mark.parametrize("rows,message", [
     ([[1, 1]], "id 1 comes twice in this prompt"),
     ([[1, 2], [4, 2]], "id 2 comes after 1 in an earlier request and after 4 here"),
+    ([[1, 2], [2]], "id 2 comes after 1 in an earlier request and at the start of the prompt here"),
 ])
 def test_mooncake_ids_must_be_prefix_chains(tmp_path, rows, message):
     """An id names its block and the prefix before it: [1, 1] made analyze's oracle 0.5 over an ideal of 0."""
@@ -106,3 +107,23 @@ def test_mooncake_ids_must_be_prefix_chains(tmp_path, rows, message):
                                         "hash_ids": ids}) + "\n" for i, ids in enumerate(rows)))
     with pytest.raises(TraceError, match=message):
         load_trace(path)
+
+
+def test_a_prompt_logs_length_is_counted_as_the_simulator_and_the_writers_count_it(tmp_path):
+    """Characters / 4 on load, a word each in the simulator and the Mooncake writer: the same log written as Azure
+    came out a third longer than written as Mooncake."""
+    import json
+
+    from fleetserve.traces.load import load_trace
+    from fleetserve.traces.write import write_trace
+
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"timestamp": 0, "messages": [
+        {"role": "system", "content": "You are a careful assistant with a long preamble " * 20},
+        {"role": "user", "content": "explain prefix caching in vLLM"}], "max_tokens": 20}) + "\n")
+    (req,) = load_trace(log)
+    assert req.input_tokens == len(req.text().split())
+    write_trace([req], tmp_path / "m.jsonl", "mooncake")
+    write_trace([req], tmp_path / "a.csv", "azure")
+    (mooncake,), (azure,) = load_trace(tmp_path / "m.jsonl"), load_trace(tmp_path / "a.csv")
+    assert mooncake.input_tokens == azure.input_tokens == req.input_tokens

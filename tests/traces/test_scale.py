@@ -21,10 +21,9 @@ def test_scale_time_stretches_and_compress_undoes_it():
 
 def test_scale_rate_multiplies_requests_over_the_same_span():
     reqs = load_trace(DATA / "azure_code_sample.csv")
-    span = reqs[-1].arrival_s - reqs[0].arrival_s
     big = scale_rate(reqs, 100, seed=1)
     assert len(big) == 100 * len(reqs)
-    assert big[0].arrival_s >= reqs[0].arrival_s and big[-1].arrival_s <= reqs[0].arrival_s + span * 1.1
+    assert big[0].arrival_s == reqs[0].arrival_s and big[-1].arrival_s == reqs[-1].arrival_s  # the very same span
     assert [r.arrival_s for r in big] == sorted(r.arrival_s for r in big)
     assert scale_rate(reqs, 100, seed=1) == big  # deterministic by seed
     half = scale_rate(reqs * 20, 0.5, seed=2)
@@ -62,3 +61,21 @@ def test_a_prompt_log_written_as_mooncake_keeps_its_prefixes(tmp_path):
     assert len(back) == len(chat) and all(r.hash_ids for r in back)
     assert all(len(r.hash_ids) == -(-r.input_tokens // 512) for r in back)  # one id per 512 tokens, the last partial
     assert ideal(back) > 0.4  # turns of one conversation share their prefix, sessions their system prompt
+
+
+def test_a_trace_without_a_clock_is_stamped_from_the_simulators_default_start(tmp_path):
+    """A Mooncake trace written as Azure began at 18:00 (Azure's own epoch) while the same trace simulated directly
+    starts at 10:00: cron floors and budgets read another hour of the day after the conversion."""
+    from datetime import datetime
+
+    from fleetserve.cli.analyze_commands import trace_scale
+    from fleetserve.sim.setup import DEFAULT_START
+    from fleetserve.traces.load import load_timed_trace
+
+    src = tmp_path / "t.jsonl"
+    src.write_text('{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n'
+                   '{"timestamp": 5000, "input_length": 600, "output_length": 5, "hash_ids": [1, 3]}\n')
+    out = tmp_path / "t.csv"
+    trace_scale(str(src), str(out), time_scale=2.0, fmt="azure")
+    loaded, start = load_timed_trace(str(out))
+    assert start == datetime.fromisoformat(DEFAULT_START) and [r.arrival_s for r in loaded] == [0.0, 10.0]

@@ -74,10 +74,15 @@ def test_requests_beyond_what_fits_in_memory_are_refused_naming_the_option(tmp_p
     spec = str(Path(__file__).parents[2] / "examples" / "quickstart.yaml")
     for args, flag in ((("simulate", spec, "--trace", str(one), "--rate-scale", "1e9"), "--rate-scale"),
                        (("trace", "scale", str(one), "--rate", "1e8", "-o", str(tmp_path / "x.jsonl")), "--rate"),
-                       (("trace", "generate", "chat", "--duration", "1e9", "--rate", "1000", "-o",
+                       (("trace", "generate", "chat", "--duration", "1e7", "--rate", "1000", "-o",
                          str(tmp_path / "y.jsonl")), "--duration/--rate")):
         result = fleetserve(*args)
         assert result.returncode == 2 and flag in said(result) and "at most 5,000,000" in said(result), said(result)
+    # longer than a trace may span (a year): every reader would refuse the file, so none is written
+    result = fleetserve("trace", "generate", "diurnal", "--duration", "1e9", "--rate", "0.001", "--format", "azure",
+                        "-o", str(tmp_path / "far.csv"))
+    assert result.returncode == 2 and "--duration" in said(result) and "366 days" in said(result)
+    assert not (tmp_path / "far.csv").exists()
 
 
 def test_outputs_and_times_that_cannot_work_are_exit_2(tmp_path):

@@ -30,21 +30,22 @@ class Ideal:
 
 
 def ideal_reuse(keys: list[tuple[int, ...]], prompt_tokens: list[int], block_tokens: int) -> Ideal:
-    seen: set[int] = set()
+    seen: dict[int, int] = {}  # block id -> the most tokens it was computed with
     hits = prefix = tokens_hit = with_hit = total = 0
-    for ks, n_tokens in zip(keys, prompt_tokens, strict=True):
+    for ks, sizes in zip(keys, _block_sizes(keys, prompt_tokens, block_tokens), strict=True):
         h = sum(k in seen for k in ks)
         p = 0
-        for k in ks:
+        for k, size in zip(ks, sizes, strict=True):
             if k not in seen:
                 break
             p += 1
+            tokens_hit += min(size, seen[k])  # a block computed partial holds no more than it was computed with
         hits += h
         prefix += p
-        tokens_hit += min(p * block_tokens, n_tokens)
         with_hit += h > 0
         total += len(ks)
-        seen.update(ks)
+        for k, size in zip(ks, sizes, strict=True):
+            seen[k] = max(seen.get(k, 0), size)
     all_tokens = sum(prompt_tokens) or 1
     return Ideal(hits / max(total, 1), prefix / max(total, 1), tokens_hit / all_tokens,
                  with_hit / max(len(keys), 1), total, len(seen))
@@ -85,12 +86,22 @@ def stack_distances(keys: list[tuple[int, ...]]) -> list[int]:
     return out
 
 
+def _block_sizes(keys: list[tuple[int, ...]], prompt_tokens: list[int], block_tokens: int) -> list[list[int]]:
+    """Tokens of each request's blocks: whole blocks, and what is left of the prompt in its last."""
+    return [[max(0, min(block_tokens, n - j * block_tokens)) for j in range(len(ks))]
+            for ks, n in zip(keys, prompt_tokens, strict=True)]
+
+
 def block_tokens_of(keys: list[tuple[int, ...]], prompt_tokens: list[int], block_tokens: int) -> list[int]:
-    """Tokens of every block access, in access order: whole blocks, and what is left of the prompt in its last."""
+    """Tokens a hit on every block access would save, in access order: the block's tokens in this prompt, but no
+    more than the id was computed with before (a trace that reuses a partial last block's id as a fuller block
+    credited tokens never computed: 0.625 where 0.375 was possible)."""
+    stored: dict[int, int] = {}
     out = []
-    for ks, n in zip(keys, prompt_tokens, strict=True):
-        for j in range(len(ks)):
-            out.append(max(0, min(block_tokens, n - j * block_tokens)))
+    for ks, sizes in zip(keys, _block_sizes(keys, prompt_tokens, block_tokens), strict=True):
+        for k, size in zip(ks, sizes, strict=True):
+            out.append(min(size, stored.get(k, size)))
+            stored[k] = max(stored.get(k, 0), size)
     return out
 
 

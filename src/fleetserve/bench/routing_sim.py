@@ -251,7 +251,10 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
         result["targets"]["by_load"] = {u: e["targets"] for u, e in sweep.items()}
         result["targets"]["met_where_reachable"] = _met_where_reachable(sweep)
     result["warnings"] = load_warnings(result)
-    if cap > asked:
+    if not unique:  # lengths only (an Azure CSV, Mooncake rows without ids): no block to find again
+        result["warnings"].append("the trace has no prefix blocks (no hash ids, no prompt text): every hit rate is 0 "
+                                  "and the cache-aware strategies have nothing to act on")
+    elif cap > asked:
         why = f"the trace's largest request ({biggest} blocks)" if biggest + 1 >= 16 else "16 blocks at least"
         result["warnings"].append(
             f"each replica's cache holds {cap} blocks, not the {asked} that --cache-fraction {cache_fraction:g} asks "

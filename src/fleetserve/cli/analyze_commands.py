@@ -261,6 +261,12 @@ def trace_scale(
     if (fmt == "azure") != output.lower().endswith(".csv"):
         err.print(f"warning: {output} gets the {fmt} format ({'CSV' if fmt == 'azure' else 'JSON lines'}); "
                   "--format chooses another", markup=False)
+    if start is None:  # a trace without a wall clock is simulated from the default start: stamp it from there, so
+        from datetime import datetime  # that verify and plan read the converted file as they read the original
+
+        from fleetserve.sim.setup import DEFAULT_START
+
+        start = datetime.fromisoformat(DEFAULT_START)
     try:
         write_trace(requests, output, fmt, start=start)
     except ValueError as exc:

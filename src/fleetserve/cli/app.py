@@ -665,13 +665,18 @@ def bench_routing(
         if bad_modes or not mode_names:
             raise typer.BadParameter(f"{bad_modes[0] if bad_modes else modes!r}; allowed values: "
                                      f"{', '.join(KNOWLEDGE_MODES)}", param_hint="--modes")
+        parts = [u.strip() for u in sweep.split(",")] if sweep.strip() else []
         try:
-            loads = tuple(float(u) for u in sweep.split(",") if u.strip())
+            if any(not u for u in parts):  # "0.8,,0.9" or ",,": a typo, not "no sweep"
+                raise ValueError(sweep)
+            loads = tuple(float(u) for u in parts)
         except ValueError:
             raise typer.BadParameter(f"{sweep!r}; allowed values: utilizations such as 0.8,0.9 (or '')",
                                      param_hint="--sweep") from None
         if any(not 0.01 <= u <= 0.99 for u in loads):  # a share of the fleet's time: a fleet is never 1.5 busy
             raise typer.BadParameter(f"{sweep!r}; each utilization must be within 0.01..0.99", param_hint="--sweep")
+        if len(set(loads)) != len(loads):
+            raise typer.BadParameter(f"{sweep!r}: a utilization given twice", param_hint="--sweep")
         try:
             result = run_sim(trace, replicas, names, mode_names, limit, profile, cache_fraction, target_utilization,
                              time_scale, max_output, seed, progress=None if as_json else _say,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from fleetserve.traces import arrivals as arrival_processes
-from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, check_request_count
+from fleetserve.traces.model import MAX_SPAN_S, MOONCAKE_BLOCK_TOKENS, TraceRequest, check_request_count
 
 CONTENTS = ("independent", "chat", "system-prompt", "rag")
 # KIND (the CLI's word) -> the arrival process and content model it stands for
@@ -103,6 +103,9 @@ class WorkloadSpec:
                      "burst_every_s", "burst_s"):
             if not getattr(self, name) > 0:
                 raise WorkloadError(name, f"must be positive, got {getattr(self, name)!r}")
+        if self.duration_s > MAX_SPAN_S:  # every reader refuses a longer trace: write none
+            raise WorkloadError("duration_s", f"must be at most {MAX_SPAN_S:,.0f} s (366 days, what a trace may "
+                                f"span), got {self.duration_s:,.0f}")
         for name, most in KNOB_LIMITS.items():
             if getattr(self, name) > most:
                 raise WorkloadError(name, f"must be at most {most:,}, got {getattr(self, name):,}")

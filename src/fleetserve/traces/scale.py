@@ -51,8 +51,11 @@ def scale_rate(requests: list[TraceRequest], factor: float, seed: int = 0) -> li
     id_span = 1 + max((h for r in ordered for h in r.hash_ids), default=-1)
     times = np.array([r.arrival_s for r in ordered])
     gaps = np.diff(times, append=times[-1])
-    if len(times) > 1:  # the last request's gap: the trace's mean gap
-        gaps[-1] = (times[-1] - times[0]) / (len(times) - 1)
+    # the last request's copies go into the gap before it, not after: the span stays the trace's (a mean gap after
+    # it lengthened an Azure slice's end by 1.6 s)
+    last = len(times) - 1
+    if last:
+        gaps[-1] = times[-1] - times[-2]
     out: list[TraceRequest] = []
     copies_total = whole + (1 if frac > 0 else 0)
     for c in range(copies_total):
@@ -60,7 +63,8 @@ def scale_rate(requests: list[TraceRequest], factor: float, seed: int = 0) -> li
         offsets = np.zeros(len(ordered)) if c == 0 else rng.random(len(ordered)) * gaps
         for i in np.flatnonzero(keep):
             r = ordered[i]
-            out.append(r if c == 0 else _copy(r, c, float(times[i] + offsets[i]), id_span))
+            at = times[i] - offsets[i] if i == last else times[i] + offsets[i]
+            out.append(r if c == 0 else _copy(r, c, float(at), id_span))
     out.sort(key=lambda r: r.arrival_s)
     return out
 

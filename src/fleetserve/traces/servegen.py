@@ -44,7 +44,8 @@ class RateWindow:
     scale: float = 0.0
 
 
-CHOOSE_MODEL = "choose one (--trace-model in simulate, verify and plan; --model in trace scale)"
+CHOOSE_MODEL = ("choose one (--trace-model in simulate, verify and plan; --model in trace scale; for other commands, "
+                "write that model's arrivals with `trace scale FILE --model NAME -o out.csv` first)")
 
 
 def is_servegen(path: Path) -> bool:
