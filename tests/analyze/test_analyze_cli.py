@@ -98,9 +98,11 @@ def test_strategy_hit_rates_follow_the_cache_size_and_never_beat_one_pooled_lru(
 
 
 def test_block_size_on_a_mooncake_trace_is_refused_not_ignored():
-    result = fleetserve("analyze", str(Path(__file__).parents[1] / "data" / "mooncake_sample.jsonl"),
-                        "--block-size", "100")
+    trace = str(Path(__file__).parents[1] / "data" / "mooncake_sample.jsonl")
+    result = fleetserve("analyze", trace, "--block-size", "100")
     assert result.returncode == 2 and "--block-size" in said(result) and "512 tokens" in said(result)
+    result = fleetserve("analyze", trace, "--model", "builtin:no-such-model")  # a tokenizer it would not use
+    assert result.returncode == 2 and "--model" in said(result) and "prompt logs" in said(result)
 
 
 def test_the_oracle_counts_tokens_as_the_strategies_do(tmp_path):

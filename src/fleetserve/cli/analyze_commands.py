@@ -60,7 +60,7 @@ def analyze(
     if not Path(file).is_file():
         raise typer.BadParameter(f"{file} {'is a directory' if Path(file).is_dir() else 'does not exist'}",
                                  param_hint="FILE")
-    if block_size is not None:
+    if block_size is not None or model is not None:  # prompt-log options: said, not ignored, on a hash trace
         from fleetserve.traces.load import detect_format
 
         try:
@@ -69,7 +69,8 @@ def analyze(
             fmt = None  # the analysis names what is wrong with the file
         if fmt == "mooncake":
             raise typer.BadParameter("applies to prompt logs; a Mooncake trace's blocks are its hash ids, 512 "
-                                     "tokens each", param_hint="--block-size")
+                                     "tokens each, already cut", param_hint="--block-size" if block_size is not None
+                                     else "--model")
     try:
         result = run(file, model=model, replicas=replicas, profile=profile, cache_blocks=cache_blocks, l1_gib=l1_gib,
                      l2_gib=l2_gib, block_tokens=block_size or 256, mode=mode, limit=limit)
