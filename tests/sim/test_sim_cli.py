@@ -31,9 +31,13 @@ def test_simulate_json_and_a_self_contained_html_report(tmp_path):
 
 
 def test_verify_fails_with_reasons_and_prints_the_default_slo(tmp_path):
-    r = fleetserve("verify", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--limit", "1500")
+    page = tmp_path / "verify.html"
+    r = fleetserve("verify", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--limit", "1500",
+                   "--report", str(page))
     assert r.returncode == 1, r.stderr
     assert "FAIL" in r.stdout and "SLO (defaults)" in r.stdout and "maxReplicaCount=4" in r.stdout
+    html = page.read_text()  # the verdict and its reasons above the plots
+    assert "<h2>verify: FAIL</h2>" in html and "maxReplicaCount=4" in html and "<svg" in html
     assert "4096-token context length" in r.stdout and "warning:" in r.stderr  # its --max-model-len 4096
     longer = tmp_path / "hyperpod-8k.yaml"
     longer.write_text((EXAMPLES / "hyperpod.yaml").read_text().replace("4096", "8192"))

@@ -32,6 +32,7 @@ KnowOpt = Annotated[str, typer.Option("--knowledge", help="What the router knows
 ProfileOpt = Annotated[str | None, typer.Option(help="Performance profile preset or profile.json (default: by "
                                                      "instance type)")]
 RateOpt = Annotated[float, typer.Option(min=0.001, help="Multiply the trace's request rate (copies spread in gaps)")]
+ReportOpt = Annotated[str | None, typer.Option("--report", help="Write a self-contained HTML report here")]
 LimitOpt = Annotated[int | None, typer.Option(min=1, help="Only the first N requests of the trace (taken before "
                                                            "--rate-scale makes copies or thins them)")]
 WindowOpt = Annotated[float, typer.Option(min=1, help="Peak/idle window length in seconds")]
@@ -183,7 +184,7 @@ def _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour) -> dict:
 
 def simulate(
     spec: Spec, trace: TraceOpt, as_json: JsonOpt = False,
-    report: Annotated[str | None, typer.Option("--report", help="Write a self-contained HTML report here")] = None,
+    report: ReportOpt = None,
     seed: SeedOpt = 0, knowledge: KnowOpt = "blind", profile: ProfileOpt = None, rate_scale: RateOpt = 1.0,
     limit: LimitOpt = None, window: WindowOpt = 300.0, peak_fraction: PeakOpt = 0.1, idle_fraction: IdleOpt = 0.25,
     start: StartOpt = None, ttft_p95_ms: TtftOpt = None, e2e_p95_ms: E2eOpt = None,
@@ -250,17 +251,24 @@ def verify(
     peak_fraction: PeakOpt = 0.1, idle_fraction: IdleOpt = 0.25, start: StartOpt = None,
     ttft_p95_ms: TtftOpt = None, e2e_p95_ms: E2eOpt = None, cost_per_hour: CostOpt = None,
     spot_interruption_rate: SpotOpt = None, provisioning_delay: DelayOpt = None, trace_model: TraceModelOpt = None,
+    report: ReportOpt = None,
 ) -> None:
-    """Pass or fail: does the spec meet its SLO (spec.slo, flags, or the defaults) at peak and at idle?
-    Exit 0 pass, 1 fail, 2 bad input."""
+    """Pass or fail: does the spec meet its SLO (spec.slo, flags, or the defaults) at peak, at idle and over the
+    whole trace? Exit 0 pass, 1 fail, 2 bad input."""
     from fleetserve.sim.verify import verify as run
 
+    writable(report, "--report")
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
                                         provisioning_delay, trace_model)
     with _Progress(requests[-1].arrival_s, "verifying") as progress:
         verdict = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress)
     _print_warnings(verdict.result.report)
+    if report:
+        from fleetserve.sim.html import render_html
+
+        Path(report).write_text(render_html(verdict.result.fleet, verdict.result.report,
+                                            f"fleetserve verify {Path(spec).name}", verdict.checks))
     if as_json:
         print(json.dumps(verdict.to_json(), indent=2))
     else:

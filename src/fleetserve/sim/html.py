@@ -92,7 +92,25 @@ def _ms(value) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
-def render_html(fleet: SimFleet, report: dict, title: str) -> str:
+FAILED_ROW = ' style="color:#b00"'
+REASON_CELL = '<td style="text-align:left">'
+
+
+def _verdict(checks: list) -> str:
+    """verify's checks as a table, failures first in red with their reasons."""
+    rows = []
+    for c in sorted(checks, key=lambda c: c.passed):
+        value = "-" if c.value is None else f"{c.value:.4g}"
+        limit = "-" if c.limit is None else f"{c.limit:.4g}"
+        rows.append(f"<tr{'' if c.passed else FAILED_ROW}><th>{html.escape(c.window)}</th>"
+                    f"<td>{html.escape(c.metric)}</td><td>{value}</td><td>{limit}</td>"
+                    f"<td>{'pass' if c.passed else 'fail'}</td>{REASON_CELL}{html.escape(c.reason)}</td></tr>")
+    verdict = "PASS" if all(c.passed for c in checks) else "FAIL"
+    return (f"<h2>verify: {verdict}</h2><table><tr><th>window</th><th>check</th><th>value</th><th>limit</th>"
+            f"<th>result</th><th>reason</th></tr>{''.join(rows)}</table>")
+
+
+def render_html(fleet: SimFleet, report: dict, title: str, checks: list | None = None) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -164,6 +182,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}pre{{font-size:11
 <p>Routing {report['routing']['strategy']} ({report['routing']['knowledge']}); SLO TTFT p95
 {report['slo']['ttft_p95_ms']:.0f} ms, E2E p95 {report['slo']['e2e_p95_ms']:.0f} ms ({report['slo']['source']});
 replicas up to {report['replicas_max']}; hit rate {report['hit_rate']['total']:.3f}.</p>
+{_verdict(checks) if checks else ""}
 <table><tr><th></th><th>requests</th><th>refused or failed</th><th>error rate</th><th>TTFT p50 ms</th>
 <th>TTFT p95 ms</th><th>E2E p95 ms</th><th>SLO attained</th><th>cost $</th><th>$/hour</th></tr>{rows}</table>
 {costliest}
