@@ -123,12 +123,12 @@ def render_html(fleet: SimFleet, report: dict, title: str, checks: list | None =
     fig, ax = plt.subplots(figsize=(9, 3))
     _shade(ax, report)
     if minute and np.isfinite(minute["ttft_p95"]).any():
-        ax.plot(minute["x"], minute["ttft_p95"], lw=1.2, marker=".", ms=3, label="TTFT p95 per minute")
+        ax.plot(minute["x"], minute["ttft_p95"], lw=1.2, marker="o", ms=3, label="TTFT p95 per minute")
         ax.set_yscale("log")
     ax.axhline(report["slo"]["ttft_p95_ms"], color="tab:red", ls="--", lw=1, label="SLO")
     ax.set(xlabel="minutes", ylabel="ms",
            title="Latency against the SLO (red: peak windows, blue: idle, orange: most misses)")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="best", fontsize=8, framealpha=0.6)
     figs.append(fig)
     if minute:
         fig, ax = plt.subplots(figsize=(9, 2.6))
@@ -138,7 +138,7 @@ def render_html(fleet: SimFleet, report: dict, title: str, checks: list | None =
                color="tab:red", label="refused or failed")
         ax.set(xlabel="minutes", ylabel="requests",
                title=f"Requests per minute ({report['failed']} refused or failed, {report['error_rate']:.2%})")
-        ax.legend(loc="upper right", fontsize=8)
+        ax.legend(loc="best", fontsize=8, framealpha=0.6)
         figs.append(fig)
     fig, ax = plt.subplots(figsize=(9, 2.6))
     _shade(ax, report)
@@ -146,7 +146,7 @@ def render_html(fleet: SimFleet, report: dict, title: str, checks: list | None =
     ax.step(series[:, 0] / 60, series[:, 1], where="post", label="replicas serving")
     ax.step(series[:, 0] / 60, series[:, 3], where="post", label="nodes", ls=":")
     ax.set(xlabel="minutes", ylabel="count", title="Replicas and nodes")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="best", fontsize=8, framealpha=0.6)
     figs.append(fig)
     fig, ax = plt.subplots(figsize=(9, 2.6))
     _shade(ax, report)
