@@ -127,3 +127,12 @@ def test_a_prompt_logs_length_is_counted_as_the_simulator_and_the_writers_count_
     write_trace([req], tmp_path / "a.csv", "azure")
     (mooncake,), (azure,) = load_trace(tmp_path / "m.jsonl"), load_trace(tmp_path / "a.csv")
     assert mooncake.input_tokens == azure.input_tokens == req.input_tokens
+
+
+def test_message_content_in_the_list_form_or_none_counts_its_text_only():
+    from fleetserve.traces.model import TraceRequest
+
+    req = TraceRequest(0.0, 1, 1, messages=(
+        {"role": "user", "content": [{"type": "text", "text": "hello world"}, {"type": "image_url", "image_url": {}}]},
+        {"role": "assistant", "content": None}))
+    assert req.text() == "user: hello world\nassistant: \n"

@@ -1,5 +1,6 @@
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fleetserve.traces.generate import WorkloadSpec, generate
@@ -79,3 +80,18 @@ def test_a_trace_without_a_clock_is_stamped_from_the_simulators_default_start(tm
     trace_scale(str(src), str(out), time_scale=2.0, fmt="azure")
     loaded, start = load_timed_trace(str(out))
     assert start == datetime.fromisoformat(DEFAULT_START) and [r.arrival_s for r in loaded] == [0.0, 10.0]
+
+
+def test_copies_fill_each_requests_own_stretch_of_the_timeline():
+    """The last request's copies went into the gap after it (past the span), then into the gap before it, which
+    then held twice the copies of any other gap."""
+    from fleetserve.traces.model import TraceRequest
+
+    reqs = [TraceRequest(float(t), 100, 10) for t in range(101)]  # one a second
+    big = scale_rate(reqs, 50, seed=3)
+    per_second = np.histogram([r.arrival_s for r in big], bins=100, range=(0, 100))[0]
+    assert big[0].arrival_s == 0.0 and big[-1].arrival_s == 100.0
+    # the edge requests' stretches are half as long (the span is kept), the rest spread evenly; the last second
+    # held ~100 (two requests' copies) before
+    assert per_second[-1] < 1.7 * np.median(per_second) and per_second[0] < 1.7 * np.median(per_second)
+    assert np.percentile(per_second[1:-1], 90) < 1.3 * np.median(per_second)

@@ -86,10 +86,11 @@ def stack_distances(keys: list[tuple[int, ...]]) -> list[int]:
     return out
 
 
-def _block_sizes(keys: list[tuple[int, ...]], prompt_tokens: list[int], block_tokens: int) -> list[list[int]]:
-    """Tokens of each request's blocks: whole blocks, and what is left of the prompt in its last."""
-    return [[max(0, min(block_tokens, n - j * block_tokens)) for j in range(len(ks))]
-            for ks, n in zip(keys, prompt_tokens, strict=True)]
+def _block_sizes(keys: list[tuple[int, ...]], prompt_tokens: list[int], block_tokens: int):
+    """Tokens of each request's blocks: whole blocks, and what is left of the prompt in its last (one request's
+    list at a time)."""
+    return ([max(0, min(block_tokens, n - j * block_tokens)) for j in range(len(ks))]
+            for ks, n in zip(keys, prompt_tokens, strict=True))
 
 
 def block_tokens_of(keys: list[tuple[int, ...]], prompt_tokens: list[int], block_tokens: int) -> list[int]:

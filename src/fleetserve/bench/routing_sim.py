@@ -251,9 +251,12 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
         result["targets"]["by_load"] = {u: e["targets"] for u, e in sweep.items()}
         result["targets"]["met_where_reachable"] = _met_where_reachable(sweep)
     result["warnings"] = load_warnings(result)
-    if not unique:  # lengths only (an Azure CSV, Mooncake rows without ids): no block to find again
-        result["warnings"].append("the trace has no prefix blocks (no hash ids, no prompt text): every hit rate is 0 "
-                                  "and the cache-aware strategies have nothing to act on")
+    if not unique:  # lengths only (an Azure CSV, Mooncake rows without ids), or prompts shorter than a block
+        what = (f"no prompt fills one {block}-token engine block" if any(r.hash_ids or r.messages or r.prompt
+                                                                        for r in requests)
+                else "the trace has no prefix blocks (no hash ids, no prompt text)")
+        result["warnings"].append(f"{what}: nothing the engines cache can be found again, every hit rate is 0 and the "
+                                  "cache-aware strategies have nothing to act on")
     elif cap > asked:
         why = f"the trace's largest request ({biggest} blocks)" if biggest + 1 >= 16 else "16 blocks at least"
         result["warnings"].append(

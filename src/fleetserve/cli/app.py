@@ -675,7 +675,7 @@ def bench_routing(
                                      param_hint="--sweep") from None
         if any(not 0.01 <= u <= 0.99 for u in loads):  # a share of the fleet's time: a fleet is never 1.5 busy
             raise typer.BadParameter(f"{sweep!r}; each utilization must be within 0.01..0.99", param_hint="--sweep")
-        if len(set(loads)) != len(loads):
+        if len({f"{u:g}" for u in loads}) != len(loads):  # the sweep's keys: 0.8 and 0.8000001 are one
             raise typer.BadParameter(f"{sweep!r}: a utilization given twice", param_hint="--sweep")
         try:
             result = run_sim(trace, replicas, names, mode_names, limit, profile, cache_fraction, target_utilization,

@@ -287,15 +287,13 @@ def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
                 prompt = prompt[0]  # the OpenAI API's list form; more strings are a batch: a line each here
             if not isinstance(prompt, str) or not prompt:
                 raise TraceError(f"{where}: prompt must be a non-empty string (a batch of prompts: one line each)")
-            text = prompt
         else:
             if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
                 raise TraceError(f"{where}: messages must be a non-empty list of objects "
                                  '(like {"role": "user", "content": "..."})')
-            text = "".join(str(m.get("content", "")) for m in messages)
         req = TraceRequest(_number(row, "timestamp", where, 0.0), 1, _count(row, "max_tokens", where, 64, least=1),
                            session=row.get("session"), messages=tuple(messages) if messages else None, prompt=prompt)
         # its length in the stand-in tokens the simulator and the Mooncake writer count (a word each): characters
         # / 4 made a prompt log written as Azure a third longer than the same log written as Mooncake
-        out.append(replace(req, input_tokens=max(1, len((req.text() or text).split()))))
+        out.append(replace(req, input_tokens=max(1, len((req.text() or "").split()))))
     return out

@@ -4,8 +4,10 @@
   requests, arrival times multiplied by `factor`; the rate changes by 1/factor, the shape of the load with it.
 - `scale_rate(requests, factor, seed)` keeps the time axis and multiplies the number of requests: each
   request is copied `floor(factor)` times (plus one more with probability `factor - floor(factor)`), a copy
-  placed at a uniform random point in the gap before the next request, so the load curve keeps its shape at
-  the trace's own resolution. Copies are new users, not repeats: their hash ids move to a fresh id range,
+  placed at a uniform random point of the request's own stretch of the timeline (from halfway to the request
+  before it to halfway to the next; the first and last requests' stretches end at theirs), so the load curve
+  keeps its shape at the trace's own resolution and the span stays the trace's.
+  Copies are new users, not repeats: their hash ids move to a fresh id range,
   their session key gets a suffix and the first message a copy tag, so a copy shares no prefix with its
   original that the original did not share with itself (the prefix-reuse *structure* is kept, not inflated).
   factor < 1 thins the trace (each request kept with probability `factor`).
@@ -50,21 +52,16 @@ def scale_rate(requests: list[TraceRequest], factor: float, seed: int = 0) -> li
     whole, frac = int(factor), factor - int(factor)
     id_span = 1 + max((h for r in ordered for h in r.hash_ids), default=-1)
     times = np.array([r.arrival_s for r in ordered])
-    gaps = np.diff(times, append=times[-1])
-    # the last request's copies go into the gap before it, not after: the span stays the trace's (a mean gap after
-    # it lengthened an Azure slice's end by 1.6 s)
-    last = len(times) - 1
-    if last:
-        gaps[-1] = times[-1] - times[-2]
+    before = np.diff(times, prepend=times[0]) / 2  # the stretch's half before the request (0 for the first)
+    width = before + np.diff(times, append=times[-1]) / 2  # and after it (0 for the last: the span is kept)
     out: list[TraceRequest] = []
     copies_total = whole + (1 if frac > 0 else 0)
     for c in range(copies_total):
         keep = np.ones(len(ordered), dtype=bool) if c < whole else rng.random(len(ordered)) < frac
-        offsets = np.zeros(len(ordered)) if c == 0 else rng.random(len(ordered)) * gaps
+        offsets = np.zeros(len(ordered)) if c == 0 else rng.random(len(ordered)) * width - before
         for i in np.flatnonzero(keep):
             r = ordered[i]
-            at = times[i] - offsets[i] if i == last else times[i] + offsets[i]
-            out.append(r if c == 0 else _copy(r, c, float(at), id_span))
+            out.append(r if c == 0 else _copy(r, c, float(times[i] + offsets[i]), id_span))
     out.sort(key=lambda r: r.arrival_s)
     return out
 
