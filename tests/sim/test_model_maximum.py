@@ -41,3 +41,18 @@ def test_verify_does_not_advise_raising_a_limit_the_model_cannot_give():
                      {"ttft_p95_ms": 600000, "e2e_p95_ms": 600000})
     reasons = " ".join(c["reason"] for c in verdict.to_json()["checks"] if c.get("reason"))
     assert "longer context" in reasons and "raise it" not in reasons, reasons
+
+
+def test_a_context_raised_to_the_models_maximum_says_what_stays_refused():
+    """The why said every candidate has 131072 for requests of up to 135,155 tokens, while one stayed refused."""
+    from fleetserve.sim.plan import Planner
+    from fleetserve.sim.setup import SimOptions
+    from fleetserve.traces.model import TraceRequest
+    from tests.sim.test_golden import spec
+
+    trace = [TraceRequest(0.0, 140_000, 10, tuple(range(274))), TraceRequest(1.0, 10_000, 10)]
+    planner = Planner(spec("hyperpod.yaml"), trace, SimOptions())
+    planner._fit_context(planner.base)
+    why = planner.context["why"]
+    assert planner.context["to"] == 131072 and "capped at the model's own maximum" in why, why
+    assert "1 request(s) over it stay refused" in why

@@ -86,3 +86,27 @@ def test_a_plan_without_floors_leaves_no_lead_behind():
     assert _with_floors(data, [], 0)["spec"]["autoscaling"]["scheduleLeadTime"] == 0
     kept = _with_floors(data, data["spec"]["autoscaling"]["schedules"], 120)["spec"]["autoscaling"]
     assert kept["scheduleLeadTime"] == 120 and len(kept["schedules"]) == 1
+
+
+def test_floors_are_tried_on_every_types_peak_only_miss():
+    """Five 2-minute bursts half an hour apart (Azure format, from 08:00 UTC): only the cheapest failing trial of
+    all types got floors (g6e.xlarge 0-1, $2.86 with floors), while g6.xlarge 0-2 with floors passes at $2.50."""
+    from pathlib import Path
+
+    from fleetserve.traces.load import load_timed_trace
+
+    trace, start = load_timed_trace(Path(__file__).parents[1] / "data" / "bursts_half_hour_apart.csv")
+    spec = {"model": {"name": "llama", "source": "hf:meta-llama/Llama-3.1-8B-Instruct"},
+            "engine": {"kind": "vllm", "gpus": 1}, "replicas": 2, "routing": {"strategy": "leastload"},
+            "placement": {"instanceTypes": ["g6e.xlarge"]},
+            "capacity": {"provider": "simulated", "simulated": {"provisioningDelaySeconds": 60}},
+            "autoscaling": {"minReplicaCount": 1, "maxReplicaCount": 4,
+                            "triggers": [{"metric": "concurrency", "target": 4}]}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "gaps"},
+                               "spec": spec}).endpoint
+    result = plan(endpoint, trace, SimOptions(start=start.isoformat()), max_trials=40)
+    out = result.to_json()
+    bases = {c["label"].split(" on ")[-1].split(" auto ")[0] for c in out["floors"]["candidates"]}
+    assert {"g6e.xlarge", "g6.xlarge"} <= bases, out["floors"]["candidates"]
+    cheapest = min(c["cost_usd"] for c in out["floors"]["candidates"] if c["verified"])
+    assert out["verified"] and out["cost_usd"] <= cheapest + 1e-6 and out["cost_usd"] < 2.6, out["winner"]

@@ -187,3 +187,31 @@ def test_the_html_report_shows_gaps_failures_the_worst_window_and_the_budgeted_c
     page = render_html(fleet, report, "t")
     assert "most misses 1800-2100 s (other)" in page and "Requests per minute (5 refused or failed" in page
     assert f"${report['cost_per_hour_max_usd']:.2f}/hour" in page
+
+
+def test_a_plan_cut_short_by_max_trials_says_so(tmp_path):
+    """Exit 1 read as "no spec can pass" when --max-trials had stopped the search after the baseline."""
+    out = tmp_path / "p.yaml"
+    r = fleetserve("plan", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--limit", "300", "--max-trials", "2",
+                   "-o", str(out), "--json")
+    assert r.returncode == 1, r.stderr
+    data = json.loads(r.stdout)
+    assert data["cut_short"].startswith("--max-trials (2) ended the search") and "autoscaling" in data["cut_short"]
+    r = fleetserve("plan", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--limit", "300", "--max-trials", "2",
+                   "-o", str(out))
+    assert r.returncode == 1 and "a larger --max-trials may find one" in r.stdout
+
+
+def test_costs_equal_to_four_significant_digits_tie_and_fewer_replica_hours_win():
+    """x8 won over x7 by $0.00003 of drain time; a routing change was made for $0.0001 of $3.72."""
+    from types import SimpleNamespace
+
+    from fleetserve.sim.plan import Trial
+
+    def trial(cost: float, gpu: float, replicas: float) -> Trial:
+        report = {"cost_usd": cost, "gpu_hours": gpu, "replica_hours": replicas}
+        return Trial({}, SimpleNamespace(result=SimpleNamespace(report=report)), "t")
+
+    seven, eight = trial(3.526912, 1.344, 1.176), trial(3.526883, 1.344, 1.344)
+    assert seven.rank < eight.rank
+    assert trial(3.52, 1.0, 1.0).rank < trial(3.53, 0.5, 0.5).rank  # a cent in $3.5 is not noise

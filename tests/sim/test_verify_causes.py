@@ -272,3 +272,14 @@ def test_sagemaker_instance_types_are_said_to_be_priced_at_ec2_rates():
     (note,) = sagemaker_pricing(placement(affinity))
     assert "ml.g5.24xlarge at g5.24xlarge's" in note and "ml.p4d.24xlarge at p4d.24xlarge's" in note
     assert sagemaker_pricing(placement({"instanceTypes": ["g6e.xlarge"]})) == []
+
+
+def test_held_at_max_means_most_of_the_window_not_a_moment():
+    """An autoscaled 3-7 that touched 7 for a moment at the end of a peak it spent at ~3.8 replicas was "held at
+    maxReplicaCount=7: not enough capacity", while a static 7 passed: its cause was the lag."""
+    from fleetserve.sim.verify import _share
+
+    series = [(0.0, 3, 3, 3, 3.0, 3), (250.0, 3, 7, 7, 7.0, 7), (290.0, 7, 7, 7, 7.0, 7)]  # ready at 7 from 290 s
+    assert _share(series, [(0.0, 300.0)], lambda p: p[1] >= 7) == 10 / 300
+    assert _share(series, [(0.0, 300.0), (300.0, 600.0)], lambda p: p[1] >= 7) == 310 / 600
+    assert _share(series, [(295.0, 295.0)], lambda p: p[1] >= 7) == 1.0  # a window of no length: its state

@@ -322,7 +322,9 @@ def plan(
         data.pop("report", None)
         print(json.dumps(data, indent=2))
     elif result.winner is None:
-        out.print(f"no candidate passed verify in {result.trials} simulations", markup=False)
+        out.print(f"no candidate passed verify in {result.trials} simulations"
+                  + (f" ({result.cut_short}: a larger --max-trials may find one)" if result.cut_short else ""),
+                  markup=False)
         if result.closest is not None:
             out.print(f"closest: {result.closest.label}, which fails:", markup=False)
             for reason in data["failures"]:

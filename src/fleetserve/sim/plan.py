@@ -35,7 +35,7 @@ from fleetserve.spec.load import load_spec_data
 
 CANDIDATE_TYPES = ("g6.xlarge", "g5.xlarge", "g6e.xlarge", "p4d.24xlarge", "p5.48xlarge")
 MAX_STATIC = 64
-MAX_FLOOR_TRIALS = 6
+MAX_FLOOR_TRIALS = 9
 ENGINE_BOUND_STEADY = 0.9  # an engine-bound miss that more replicas lowered by less than 10 % ends the doubling
 
 
@@ -55,10 +55,12 @@ class Trial:
         return self.verdict.result.report["cost_usd"]
 
     @property
-    def rank(self) -> tuple[float, float, float]:
-        """Cheaper first; at equal cost (a local fleet is $0 at any size) fewer GPU-hours, then replica-hours."""
+    def rank(self) -> tuple[float, ...]:
+        """Cheaper first; at equal cost (a local fleet is $0 at any size) fewer GPU-hours, then replica-hours. Costs
+        are equal to 4 significant digits: a static x8 won over x7 by $0.00003 of drain time, and a routing change
+        was made for $0.0001 of $3.72."""
         report = self.verdict.result.report
-        return round(self.cost, 6), report["gpu_hours"], report["replica_hours"]
+        return tuple(float(f"{x:.4g}") for x in (self.cost, report["gpu_hours"], report["replica_hours"]))
 
 
 @dataclass
@@ -71,6 +73,7 @@ class PlanResult:
     floors: dict | None = None
     closest: Trial | None = None  # without a winner: the failing trial nearest to passing
     context: dict | None = None  # the context length raised for the trace (from, to, source, requests_over, why)
+    cut_short: str | None = None  # --max-trials ended the search before these steps: a "no winner" is not final
 
 
     def to_json(self) -> dict:
@@ -84,6 +87,7 @@ class PlanResult:
                 "floors": self.floors or {**floors_section(), "skipped": "--max-trials ran out before the floors step"},
                 "report": w.verdict.result.report if w else None,
                 "closest": self.closest.label if self.closest else None, "context": self.context,
+                "cut_short": self.cut_short,
                 "warnings": list(shown.verdict.result.report.get("warnings") or []) if shown else [],
                 "failures": [c.reason for c in shown.verdict.checks if not c.passed] if shown else []}
 
@@ -221,7 +225,8 @@ class Planner:
         self.keyed = any(r.engine_keys for r in self.workload)
         self.trials = 0
         self.best: Trial | None = None
-        self.peak_miss: Trial | None = None  # the cheapest autoscaled trial that failed at the peak only
+        self.peak_misses: dict[str, Trial] = {}  # per instance type, the cheapest autoscaled trial that failed at the
+        # peak only: floors are tried on each (one base for all types missed a cheaper type's floors)
         self.closest: Trial | None = None  # the failing trial nearest to passing: what a no-winner plan reports
         self.floors: dict | None = None
         self.context: dict | None = None  # the context length the search raised, and why (`_fit_context`)
@@ -245,9 +250,10 @@ class Planner:
             self.closest = trial
         # a trial that missed the peak and nowhere else (idle, the windows between: the whole trace's miss of a
         # metric the peak missed too is the peak's) is what floors fix
+        kind = trial.instance_type
         if missed and all(c.window == "peak" for c in missed) and _autoscaling_on(data) and \
-                (self.peak_miss is None or trial.rank < self.peak_miss.rank):
-            self.peak_miss = trial
+                (kind not in self.peak_misses or trial.rank < self.peak_misses[kind].rank):
+            self.peak_misses[kind] = trial
         return trial
 
     def _static(self, data: dict, n: int, label: str) -> Trial:
@@ -330,7 +336,18 @@ class Planner:
         if winner is not None:
             explain(changes, self, winner)
         return PlanResult(winner, baseline, static_peak, self.trials, changes, self.floors,
-                          None if winner else self.closest, self.context)
+                          None if winner else self.closest, self.context, self._cut_short())
+
+    def _cut_short(self) -> str | None:
+        """Which steps --max-trials kept from running (or cut), when it ended the search; None when it did not."""
+        if self.trials < self.max_trials:
+            return None
+        steps = {t.step for t in self.history}
+        missing = [name for step, name in (("static", "instance types' static fleets"), ("auto", "autoscaling"),
+                                           ("floors", "time-of-day floors"), ("routing", "routing strategies"),
+                                           ("cache", "cache tiers")) if step not in steps]
+        left = f"; not tried: {', '.join(missing)}" if missing else ""
+        return f"--max-trials ({self.max_trials}) ended the search{left}"
 
     def _write_slo(self, winner: Trial) -> None:
         """The targets given as flags (`--ttft-p95-ms` ...) go into the planned spec's `slo`: without them the
@@ -362,10 +379,13 @@ class Planner:
                                    "the spec; a model with a longer context can"}
             return data
         d = with_context_limit(copy.deepcopy(data), raised, where)
+        still = sum(1 for w in self.workload if w.prompt + w.output > raised)
+        capped = (f", capped at {native[1]}: {still} request(s) over it stay refused, whatever the spec"
+                  if still else "")
         self.context = {"from": tokens, "to": raised, "source": where, "requests_over": over,
                         "why": f"{over} of the trace's {len(self.workload)} requests need up to {need} tokens of "
                                f"context, more than the input's {tokens} ({where}): an engine refuses them, so "
-                               f"every candidate has {raised}"}
+                               f"every candidate has {raised}{capped}"}
         return d
 
     def _autoscale(self, data: dict, n: int, label: str, static: Trial) -> None:
@@ -404,13 +424,14 @@ class Planner:
                                       "off_peak_per_slot": round(w.typical, 1)} for w in windows],
                               before.cost if before else None)
         self.floors = info
-        candidates: list[tuple[int, str, dict, str, Trial]] = []  # (priority: the likelier saving first, ...)
+        candidates: list[tuple[tuple, str, dict, str, Trial]] = []  # ((priority: the likelier saving first, then
+        # the cheaper base), ...)
         if before is not None and _autoscaling_on(before.data) and before.data["spec"]["autoscaling"].get("schedules"):
-            candidates.append((0, "no floors", _with_floors(before.data, [], 0), "none", before))
-        bases = [t for t in (before, self.peak_miss) if t is not None and _autoscaling_on(t.data)]
-        if self.peak_miss is not None and before is not None and self.peak_miss.rank >= before.rank:
-            bases = bases[:1]
-        for base in bases if windows else []:
+            candidates.append(((0, 0), "no floors", _with_floors(before.data, [], 0), "none", before))
+        misses = sorted((t for t in self.peak_misses.values() if before is None or t.rank < before.rank),
+                        key=lambda t: t.rank)  # a miss dearer than the best passing spec cannot win with floors
+        bases = [t for t in (before, *misses) if t is not None and _autoscaling_on(t.data)]
+        for order, base in enumerate(bases if windows else []):
             fleet = base.verdict.result.fleet
             auto = base.data["spec"]["autoscaling"]
             low, high = int(auto.get("minReplicaCount", 1)), int(auto.get("maxReplicaCount", 5))
@@ -425,16 +446,16 @@ class Planner:
             on = "the best so far" if base is before else f"{base.label} (missed the peak)"
             what = ", ".join(f"{w.label} x{n}" for w, n in kept)
             floors = schedules([w for w, _ in kept], [n for _, n in kept])
-            candidates.append((1, f"floors {what}, min {low}, on {on}", _with_floors(base.data, floors, lead),
+            candidates.append(((1, order), f"floors {what}, min {low}, on {on}", _with_floors(base.data, floors, lead),
                                "derived", base))
             if low > 0:
-                candidates.append((3, f"floors {what}, min 0, on {on}", _with_floors(base.data, floors, lead, 0),
-                                   "derived", base))
+                candidates.append(((3, order), f"floors {what}, min 0, on {on}",
+                                   _with_floors(base.data, floors, lead, 0), "derived", base))
             if base is not before and any(n < high for _, n in kept):
                 full = schedules([w for w, _ in kept], [high] * len(kept))
-                candidates.append((2, f"floors {', '.join(w.label for w, _ in kept)} x{high}, min {low}, on {on}",
-                                   _with_floors(base.data, full, lead), "derived", base))
-        seen: list[dict] = [t.data for t in (before, self.peak_miss) if t is not None]
+                candidates.append(((2, order), f"floors {', '.join(w.label for w, _ in kept)} x{high}, min {low}, "
+                                   f"on {on}", _with_floors(base.data, full, lead), "derived", base))
+        seen: list[dict] = [t.data for t in (before, *self.peak_misses.values()) if t is not None]
         candidates.sort(key=lambda c: c[0])
         for _, label, data, kind, parent in candidates[:MAX_FLOOR_TRIALS]:
             if data in seen or self.trials >= self.max_trials:
@@ -473,8 +494,8 @@ class Planner:
             if c["path"] in ("spec.autoscaling.schedules", "spec.autoscaling.scheduleLeadTime"):
                 c["why"] = why
                 touched = True
-        if not touched:
-            info["chosen"] = "input"
+        if not touched:  # the winner's floors are the input's: its own, or none when it had none
+            info["chosen"] = "input" if floors else "none"
 
     def _alternatives(self) -> None:
         best = self.best

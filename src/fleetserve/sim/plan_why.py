@@ -130,7 +130,7 @@ def _static_won(search: Planner, winner: Trial) -> str:
         return f"a static fleet ({_figures(winner)}); the best autoscaled candidate: {_versus(winner, best)}"
     closest = min(autos, key=lambda x: len(failed(x.verdict.checks)))
     return (f"a static fleet: none of the {len(autos)} autoscaled candidates passed verify (e.g. {closest.label}: "
-            f"{_failure(closest)})")
+            f"{_failure(closest)}){_budget(search)}")
 
 
 def _alternative(search: Planner, chosen: Trial, what: str) -> str:
