@@ -56,3 +56,20 @@ def test_a_context_raised_to_the_models_maximum_says_what_stays_refused():
     why = planner.context["why"]
     assert planner.context["to"] == 131072 and "capped at the model's own maximum" in why, why
     assert "1 request(s) over it stay refused" in why
+
+
+def test_a_candidate_type_no_node_of_its_gpu_can_take_is_named_not_dropped():
+    """HyperPod's pod asks 6 cpu and 30Gi: no L4 type takes it, and g6.xlarge vanished from the types' reasons."""
+    from fleetserve.sim.plan import Planner
+    from fleetserve.sim.setup import SimOptions
+    from fleetserve.traces.model import TraceRequest
+    from tests.sim.test_golden import spec
+
+    trace = [TraceRequest(i * 2.0, 500, 50) for i in range(20)]
+    planner = Planner(spec("hyperpod.yaml"), trace, SimOptions(), max_trials=3, instance_types=("g6.xlarge",))
+    from fleetserve.sim.plan_why import _types
+
+    planner.plan()
+    assert "ml.g6.xlarge" in planner.unfit and "no L4 type takes the replica" in planner.unfit["ml.g6.xlarge"]
+    assert "ml.g6.xlarge" not in planner.types
+    assert "ml.g6.xlarge: not a candidate, no L4 type takes the replica" in _types(planner)  # what the why lists

@@ -233,6 +233,7 @@ class Planner:
         self.engine_bound: dict[str, Trial] = {}  # types whose doubling stopped: the engine alone misses a target
         self.history: list[Trial] = []  # every trial, in order: what each change of the winner is explained by
         self.types: list[str] = []  # the candidate instance types, in the order tried
+        self.unfit: dict[str, str] = {}  # candidate types dropped: no type of their GPU takes the replica's pod
 
     def run_trial(self, data: dict, label: str, step: str = "", instance_type: str = "",
                   parent: Trial | None = None) -> Trial:
@@ -301,8 +302,10 @@ class Planner:
         types = list(dict.fromkeys([*own[:1], *(naming + t for t in self.instance_types)])) if own else ["local"]
         asked = replica_request(self.endpoint.spec.engine, self.endpoint.spec.model,
                                 self.endpoint.spec.kv_cache)
-        fitting = (_fitting(t, asked, self.catalog, naming) for t in types)
-        types = self.types = list(dict.fromkeys(t for t in fitting if t is not None)) or ["local"]
+        fitting = [(t, _fitting(t, asked, self.catalog, naming)) for t in types]
+        self.unfit = {t: f"no {self.catalog.get(t).gpu or 'such'} type takes the replica ({asked})"
+                      for t, fit in fitting if fit is None}
+        types = self.types = list(dict.fromkeys(fit for _, fit in fitting if fit is not None)) or ["local"]
         fitted = self._fit_context(base)
         statics: list[tuple[float, str, int, Trial, dict]] = []
         for t in types:

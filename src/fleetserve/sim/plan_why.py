@@ -85,6 +85,7 @@ def _types(search: Planner) -> str:
                          f"({_failure(largest)})")
         else:
             parts.append(f"{t}: not tried (--max-trials ran out)")
+    parts += [f"{t}: not a candidate, {why}" for t, why in search.unfit.items()]  # said, not silently dropped
     return "; ".join(parts)
 
 
