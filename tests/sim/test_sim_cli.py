@@ -215,3 +215,17 @@ def test_costs_equal_to_four_significant_digits_tie_and_fewer_replica_hours_win(
     seven, eight = trial(3.526912, 1.344, 1.176), trial(3.526883, 1.344, 1.344)
     assert seven.rank < eight.rank
     assert trial(3.52, 1.0, 1.0).rank < trial(3.53, 0.5, 0.5).rank  # a cent in $3.5 is not noise
+
+
+def test_a_search_that_used_its_last_trial_on_its_last_step_was_not_cut_short():
+    """cut_short read `trials >= max_trials`: a search whose last planned simulation used the last of the budget
+    said --max-trials had ended it. Now a step must have wanted one more."""
+    from fleetserve.sim.plan import Planner
+    from fleetserve.sim.setup import SimOptions
+    from fleetserve.traces.model import TraceRequest
+
+    planner = Planner(load_spec(str(EXAMPLES / "hyperpod.yaml")).endpoint, [TraceRequest(0.0, 100, 10)],
+                      SimOptions(), max_trials=3)
+    planner.trials = 3
+    assert planner._cut_short() is None  # the budget is used up, but nothing asked for more
+    assert not planner._room() and planner._cut_short().startswith("--max-trials (3) ended the search")

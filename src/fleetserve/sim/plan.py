@@ -233,6 +233,7 @@ class Planner:
         self.engine_bound: dict[str, Trial] = {}  # types whose doubling stopped: the engine alone misses a target
         self.history: list[Trial] = []  # every trial, in order: what each change of the winner is explained by
         self.types: list[str] = []  # the candidate instance types, in the order tried
+        self.exhausted = False  # a step wanted a simulation that --max-trials did not leave
         self.unfit: dict[str, str] = {}  # candidate types dropped: no type of their GPU takes the replica's pod
 
     def run_trial(self, data: dict, label: str, step: str = "", instance_type: str = "",
@@ -257,6 +258,14 @@ class Planner:
             self.peak_misses[kind] = trial
         return trial
 
+    def _room(self) -> bool:
+        """Whether --max-trials leaves room for one more simulation; a step that wanted one and found none marks
+        the search as cut short (a search whose last planned trial used the last of the budget was not)."""
+        if self.trials < self.max_trials:
+            return True
+        self.exhausted = True
+        return False
+
     def _static(self, data: dict, n: int, label: str) -> Trial:
         return self.run_trial(_static(data, n), f"{label} static x{n}", "static", label)
 
@@ -267,7 +276,7 @@ class Planner:
         cache can lower the floor, hence two)."""
         n, last_fail, found = 1, 0, None
         bound = None
-        while n <= MAX_STATIC and self.trials < self.max_trials:
+        while n <= MAX_STATIC and self._room():
             t = self._static(data, n, label)
             if t.verdict.passed:
                 found = (n, t)
@@ -282,7 +291,7 @@ class Planner:
         if found is None:
             return None
         lo, hi = last_fail, found[0]
-        while hi - lo > 1 and self.trials < self.max_trials:
+        while hi - lo > 1 and self._room():
             mid = (lo + hi) // 2
             t = self._static(data, mid, label)
             if t.verdict.passed:
@@ -317,9 +326,9 @@ class Planner:
         statics.sort(key=lambda s: s[0])
         static_peak = statics[0][3] if statics else None
         for _, t, n, trial, data in statics[:2]:
-            if self.trials < self.max_trials:
+            if self._room():
                 self._autoscale(data, n, t, trial)
-        if self.trials < self.max_trials:
+        if self._room():
             self._floors()
         if self.best is not None:
             self._alternatives()
@@ -343,7 +352,7 @@ class Planner:
 
     def _cut_short(self) -> str | None:
         """Which steps --max-trials kept from running (or cut), when it ended the search; None when it did not."""
-        if self.trials < self.max_trials:
+        if not self.exhausted:
             return None
         steps = {t.step for t in self.history}
         missing = [name for step, name in (("static", "instance types' static fleets"), ("auto", "autoscaling"),
@@ -403,19 +412,19 @@ class Planner:
             return trial.verdict.passed and (not current.verdict.passed or trial.rank < current.rank)
 
         for cand in sorted({0, 1, max(1, n // 4)} - {low}):
-            if self.trials >= self.max_trials:
+            if not self._room():
                 return
             t = run(cand, high, target)
             if better(t):
                 current, low = t, cand
         for cand in (2.0, 8.0, 16.0):
-            if self.trials >= self.max_trials:
+            if not self._room():
                 return
             t = run(low, high, cand)
             if better(t):
                 current, target = t, cand
         bigger = high + max(1, math.ceil(high / 4))
-        if not current.verdict.passed and self.trials < self.max_trials:
+        if not current.verdict.passed and self._room():
             run(low, bigger, target)
 
     def _floors(self) -> None:
@@ -461,7 +470,7 @@ class Planner:
         seen: list[dict] = [t.data for t in (before, *self.peak_misses.values()) if t is not None]
         candidates.sort(key=lambda c: c[0])
         for _, label, data, kind, parent in candidates[:MAX_FLOOR_TRIALS]:
-            if data in seen or self.trials >= self.max_trials:
+            if data in seen or not self._room():
                 continue
             seen.append(data)
             t = self.run_trial(data, label, "floors", parent=parent)
@@ -503,7 +512,7 @@ class Planner:
     def _alternatives(self) -> None:
         best = self.best
         for strategy in registered_policies():
-            if strategy == best.data["spec"].get("routing", {}).get("strategy") or self.trials >= self.max_trials:
+            if strategy == best.data["spec"].get("routing", {}).get("strategy") or not self._room():
                 continue
             if strategy == "session" and not any(r.session for r in self.workload):
                 continue  # no session keys in this trace: session routing would be leastload in disguise
@@ -518,7 +527,7 @@ class Planner:
             kv = d["spec"].setdefault("kvCache", {})
             kv.setdefault("l1", {})["enabled"] = l1
             kv.setdefault("l2", {})["enabled"] = l2
-            if d != best.data and self.trials < self.max_trials:
+            if d != best.data and self._room():
                 self.run_trial(d, f"cache l1={l1} l2={l2}", "cache", parent=best)
 
 

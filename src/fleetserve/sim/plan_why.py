@@ -66,7 +66,7 @@ def _in_chain(winner: Trial, step: str) -> Trial | None:
 
 
 def _budget(search: Planner) -> str:
-    return f"; --max-trials ({search.max_trials}) ended the search" if search.trials >= search.max_trials else ""
+    return f"; --max-trials ({search.max_trials}) ended the search" if search.exhausted else ""
 
 
 def _types(search: Planner) -> str:
