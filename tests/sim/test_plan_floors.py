@@ -110,3 +110,25 @@ def test_floors_are_tried_on_every_types_peak_only_miss():
     assert {"g6e.xlarge", "g6.xlarge"} <= bases, out["floors"]["candidates"]
     cheapest = min(c["cost_usd"] for c in out["floors"]["candidates"] if c["verified"])
     assert out["verified"] and out["cost_usd"] <= cheapest + 1e-6 and out["cost_usd"] < 2.6, out["winner"]
+
+
+def test_a_type_that_wins_through_floors_is_not_called_the_cheapest_static():
+    """Floors on each type let a type win whose static fleet is not the cheapest; the why said it was."""
+    from types import SimpleNamespace
+
+    from fleetserve.sim.plan import Trial
+    from fleetserve.sim.plan_why import _instance_type
+
+    def trial(kind: str, cost: float, step: str, parent=None) -> Trial:
+        report = {"cost_usd": cost, "gpu_hours": cost, "replica_hours": cost}
+        verdict = SimpleNamespace(passed=True, checks=[], result=SimpleNamespace(report=report))
+        return Trial({"spec": {"replicas": 2}}, verdict, f"{kind} {step}", step, kind, parent)
+
+    g5, g6 = trial("g5.xlarge", 2.0, "static"), trial("g6.xlarge", 2.4, "static")
+    auto = trial("g6.xlarge", 1.2, "auto", g6)
+    won = trial("g6.xlarge", 1.5, "floors", auto)
+    search = SimpleNamespace(history=[g5, g6, auto, won], types=["g5.xlarge", "g6.xlarge"], unfit={},
+                             engine_bound={}, trials=4, max_trials=80, exhausted=False)
+    why = _instance_type(search, won)
+    assert why.startswith("g6.xlarge with time-of-day floors costs least") and "g5.xlarge's static fleet" in why
+    assert _instance_type(search, trial("g5.xlarge", 1.0, "auto", g5)).startswith("the instance type whose")

@@ -202,19 +202,26 @@ def test_a_plan_cut_short_by_max_trials_says_so(tmp_path):
     assert r.returncode == 1 and "a larger --max-trials may find one" in r.stdout
 
 
-def test_costs_equal_to_four_significant_digits_tie_and_fewer_replica_hours_win():
-    """x8 won over x7 by $0.00003 of drain time; a routing change was made for $0.0001 of $3.72."""
+def test_costs_within_the_ranks_tolerance_tie_and_fewer_replica_hours_win():
+    """x8 won over x7 by $0.00003 of drain time; a routing change was made for $0.0004 of $2.50; and rounding to
+    significant digits only moved the edge (3.52650001 and 3.52649999 rounded apart)."""
     from types import SimpleNamespace
 
     from fleetserve.sim.plan import Trial
+    from fleetserve.sim.plan_why import _versus
+    from fleetserve.sim.ranking import better, compare
 
-    def trial(cost: float, gpu: float, replicas: float) -> Trial:
+    def trial(cost: float, gpu: float, replicas: float, label: str = "t") -> Trial:
         report = {"cost_usd": cost, "gpu_hours": gpu, "replica_hours": replicas}
-        return Trial({}, SimpleNamespace(result=SimpleNamespace(report=report)), "t")
+        return Trial({}, SimpleNamespace(passed=True, result=SimpleNamespace(report=report)), label)
 
-    seven, eight = trial(3.526912, 1.344, 1.176), trial(3.526883, 1.344, 1.344)
-    assert seven.rank < eight.rank
-    assert trial(3.52, 1.0, 1.0).rank < trial(3.53, 0.5, 0.5).rank  # a cent in $3.5 is not noise
+    seven, eight = trial(3.526912, 1.344, 1.176), trial(3.526883, 1.344, 1.344, "x8")
+    assert better(seven, eight) and not better(eight, seven)
+    assert "the same cost and GPU-hours with 1.344 replica-h" in _versus(seven, eight)
+    floors, routing = trial(2.504292, 3.110922, 3.078), trial(2.503932, 3.110475, 3.077)
+    assert compare(floors, routing) == (0, 3)  # a tie: the one found first stays
+    assert compare(trial(3.52650001, 1, 1), trial(3.52649999, 1, 1)) == (0, 3)
+    assert better(trial(3.52, 1.0, 1.0), trial(3.53, 0.5, 0.5))  # a cent in $3.5 is not noise
 
 
 def test_a_search_that_used_its_last_trial_on_its_last_step_was_not_cut_short():

@@ -283,3 +283,20 @@ def test_held_at_max_means_most_of_the_window_not_a_moment():
     assert _share(series, [(0.0, 300.0)], lambda p: p[1] >= 7) == 10 / 300
     assert _share(series, [(0.0, 300.0), (300.0, 600.0)], lambda p: p[1] >= 7) == 310 / 600
     assert _share(series, [(295.0, 295.0)], lambda p: p[1] >= 7) == 1.0  # a window of no length: its state
+
+
+def test_held_at_max_after_a_scale_from_zero_counts_the_time_the_fleet_served():
+    """0 ready until 200 s, then 3 (max) for the rest of a 0-300 s window, p95 900 s: blamed on the cold start
+    again once "held at max" asked for half the window, of which two thirds were the cold start."""
+    from types import SimpleNamespace
+
+    from fleetserve.sim.verify import _capacity_cause
+
+    series = [(0.0, 0, 3, 3, 3.0, 3), (200.0, 3, 3, 3, 3.0, 3)]
+    scaling = SimpleNamespace(max_replicas=3, min_replicas=0)
+    fleet = SimpleNamespace(series=series, policy_scaling=scaling, static=0, replicas=[], unplaced={},
+                            capacity=SimpleNamespace(provider=None))
+    section = {"windows": [[0.0, 300.0]], "failed_by_reason": {}, "ttft_ms": {"p95": 900_000.0}}
+    result = SimpleNamespace(fleet=fleet, report={"peak": section})
+    cause = _capacity_cause(result, "peak")
+    assert "held at maxReplicaCount=3" in cause and "after a scale from zero" in cause, cause

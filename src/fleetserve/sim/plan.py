@@ -26,6 +26,7 @@ from fleetserve.capacity.placement import fits, replica_request
 from fleetserve.router.policies import registered_policies
 from fleetserve.sim.floors import cold_start_s, lead_time, peak_windows, reached, schedules
 from fleetserve.sim.plan_why import explain
+from fleetserve.sim.ranking import BY_RANK, better
 from fleetserve.sim.run import engine_block
 from fleetserve.sim.setup import SimOptions, gpu_types
 from fleetserve.sim.verify import Verdict, failed, verify
@@ -55,12 +56,14 @@ class Trial:
         return self.verdict.result.report["cost_usd"]
 
     @property
-    def rank(self) -> tuple[float, ...]:
-        """Cheaper first; at equal cost (a local fleet is $0 at any size) fewer GPU-hours, then replica-hours. Costs
-        are equal to 4 significant digits: a static x8 won over x7 by $0.00003 of drain time, and a routing change
-        was made for $0.0001 of $3.72."""
+    def rank(self) -> tuple[float, float, float]:
+        """What the search ranks by: cost; at equal cost (a local fleet is $0 at any size) GPU-hours, then
+        replica-hours. Compared with a tolerance (`compare`), never as a plain tuple."""
         report = self.verdict.result.report
-        return tuple(float(f"{x:.4g}") for x in (self.cost, report["gpu_hours"], report["replica_hours"]))
+        return self.cost, report["gpu_hours"], report["replica_hours"]
+
+
+
 
 
 @dataclass
@@ -245,7 +248,7 @@ class Planner:
         trial = Trial(data, verify(endpoint, self.workload, self.options, self.slo), label, step,
                       instance_type or (parent.instance_type if parent else ""), parent)
         self.history.append(trial)
-        if trial.verdict.passed and (self.best is None or trial.rank < self.best.rank):
+        if trial.verdict.passed and (self.best is None or better(trial, self.best)):
             self.best = trial
         missed = failed(trial.verdict.checks)
         if missed and (self.closest is None or _shortfall(trial) < _shortfall(self.closest)):
@@ -254,7 +257,7 @@ class Planner:
         # metric the peak missed too is the peak's) is what floors fix
         kind = trial.instance_type
         if missed and all(c.window == "peak" for c in missed) and _autoscaling_on(data) and \
-                (kind not in self.peak_misses or trial.rank < self.peak_misses[kind].rank):
+                (kind not in self.peak_misses or better(trial, self.peak_misses[kind])):
             self.peak_misses[kind] = trial
         return trial
 
@@ -322,8 +325,8 @@ class Planner:
             found = self.smallest_static(data, t)
             if found:
                 n, trial = found
-                statics.append((trial.rank, t, n, trial, data))
-        statics.sort(key=lambda s: s[0])
+                statics.append((trial, t, n, trial, data))
+        statics.sort(key=lambda s: BY_RANK(s[0]))
         static_peak = statics[0][3] if statics else None
         for _, t, n, trial, data in statics[:2]:
             if self._room():
@@ -409,7 +412,7 @@ class Planner:
         current = run(low, high, target)
 
         def better(trial: Trial) -> bool:
-            return trial.verdict.passed and (not current.verdict.passed or trial.rank < current.rank)
+            return trial.verdict.passed and (not current.verdict.passed or better(trial, current))
 
         for cand in sorted({0, 1, max(1, n // 4)} - {low}):
             if not self._room():
@@ -440,8 +443,8 @@ class Planner:
         # the cheaper base), ...)
         if before is not None and _autoscaling_on(before.data) and before.data["spec"]["autoscaling"].get("schedules"):
             candidates.append(((0, 0), "no floors", _with_floors(before.data, [], 0), "none", before))
-        misses = sorted((t for t in self.peak_misses.values() if before is None or t.rank < before.rank),
-                        key=lambda t: t.rank)  # a miss dearer than the best passing spec cannot win with floors
+        misses = sorted((t for t in self.peak_misses.values() if before is None or better(t, before)),
+                        key=BY_RANK)  # a miss that does not rank before the best passing spec cannot win with floors
         bases = [t for t in (before, *misses) if t is not None and _autoscaling_on(t.data)]
         for order, base in enumerate(bases if windows else []):
             fleet = base.verdict.result.fleet

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fleetserve.sim.ranking import BY_RANK, compare
 from fleetserve.sim.verify import failed
 
 if TYPE_CHECKING:
@@ -43,12 +44,13 @@ def _versus(chosen: Trial, other: Trial, name: str | None = None) -> str:
     name = name or other.label
     if not other.verdict.passed:
         return f"{name} fails ({_failure(other)})"
-    mine, theirs = chosen.rank, other.rank
-    if theirs[0] != mine[0]:
+    theirs = other.rank
+    decided = compare(chosen, other)[1]  # equal within the search's tolerance is the same
+    if decided == 0:
         return f"{name} ${other.cost:.4f}"
-    if theirs[1] != mine[1]:
+    if decided == 1:
         return f"{name} the same cost with {theirs[1]:.3f} GPU-h"
-    if theirs[2] != mine[2]:
+    if decided == 2:
         return f"{name} the same cost and GPU-hours with {theirs[2]:.3f} replica-h"
     return f"{name} a tie on cost, GPU-hours and replica-hours (the one found first is kept)"
 
@@ -89,6 +91,18 @@ def _types(search: Planner) -> str:
     return "; ".join(parts)
 
 
+def _instance_type(search: Planner, winner: Trial) -> str:
+    """The winner's type: the one whose smallest passing static fleet costs least, or, when autoscaling or floors
+    made another type the cheapest, that one and how."""
+    statics = [x for x in search.history if x.step == "static" and x.verdict.passed]
+    cheapest = min(statics, key=BY_RANK).instance_type if statics else None
+    if cheapest is None or winner.instance_type == cheapest:
+        return f"the instance type whose smallest passing static fleet costs least: {_types(search)}"
+    how = "with time-of-day floors" if _in_chain(winner, "floors") else "autoscaled"
+    return (f"{winner.instance_type} {how} costs least ({_figures(winner)}), though {cheapest}'s static fleet is the "
+            f"cheapest static one; each type's smallest passing static fleet: {_types(search)}")
+
+
 def _static_replicas(search: Planner, winner: Trial) -> str:
     """The static fleets of the winner's type the search ran, fewest replicas first."""
     if _in_chain(winner, "baseline") is not None:  # the input's own types, fall-through included: no one type
@@ -127,7 +141,7 @@ def _static_won(search: Planner, winner: Trial) -> str:
         return f"a static fleet: --max-trials ({search.max_trials}) ran out before autoscaled candidates were tried"
     passing = [x for x in autos if x.verdict.passed]
     if passing:
-        best = min(passing, key=lambda x: x.rank)
+        best = min(passing, key=BY_RANK)
         return f"a static fleet ({_figures(winner)}); the best autoscaled candidate: {_versus(winner, best)}"
     closest = min(autos, key=lambda x: len(failed(x.verdict.checks)))
     return (f"a static fleet: none of the {len(autos)} autoscaled candidates passed verify (e.g. {closest.label}: "
@@ -163,7 +177,7 @@ def explain(changes: list[dict], search: Planner, winner: Trial) -> None:
             continue
         path = c["path"]
         if path in ("spec.placement.instanceTypes", "spec.capacity.allowLargerInstances"):
-            why = f"the instance type whose smallest passing static fleet costs least: {_types(search)}"
+            why = _instance_type(search, winner)
             if path == "spec.capacity.allowLargerInstances":
                 why += "; a multi-GPU type takes several replicas on one node"
         elif path == "spec.replicas":

@@ -196,10 +196,10 @@ def _window_points(fleet, spans) -> list[tuple]:
 def _share(series: list[tuple], spans, test) -> float:
     """The share of the windows' time during which the fleet's state passes `test`; for windows of no length, of
     the state entering them."""
-    total = sum(b - a for a, b in spans)
-    if total <= 0:
-        points = [p for a, _ in spans for p in series if p[0] <= a][-1:]
-        return float(any(test(p) for p in points))
+    total = sum(max(0.0, b - a) for a, b in spans)
+    if total <= 0:  # each window's entering state, averaged over the windows
+        entering = [[p for p in series if p[0] <= a][-1:] for a, _ in spans]
+        return sum(any(test(p) for p in points) for points in entering) / max(len(spans), 1)
     times = [p[0] for p in series]
     held = 0.0
     for a, b in spans:
@@ -244,7 +244,10 @@ def _capacity_cause(result: SimResult, window: str, section: dict | None = None)
     # held at max: ready replicas at maxReplicaCount for at least half the window; a fleet that touched max for a
     # moment after lagging all along was blamed on max (an autoscaled 3-7 at ~3.8 replicas on average, while a
     # static 7 passed): its cause is the lag
-    at_max = _share(fleet.series, section["windows"], lambda p: p[1] >= most) >= 0.5 if most else False
+    # (of the time it served at all: after a scale from zero, the minutes at zero are the cold start's)
+    serving = _share(fleet.series, section["windows"], lambda p: p[1] > 0)
+    at_max = bool(most) and serving > 0 and \
+        _share(fleet.series, section["windows"], lambda p: p[1] >= most) >= 0.5 * serving
     if fleet.unplaced and not fleet.replicas:  # not a question of size: no node type takes the replica
         return f"no replica could be placed: {next(iter(fleet.unplaced))}{refused}"
     if fleet.policy_scaling is None:
