@@ -411,20 +411,20 @@ class Planner:
 
         current = run(low, high, target)
 
-        def better(trial: Trial) -> bool:
+        def improves(trial: Trial) -> bool:
             return trial.verdict.passed and (not current.verdict.passed or better(trial, current))
 
         for cand in sorted({0, 1, max(1, n // 4)} - {low}):
             if not self._room():
                 return
             t = run(cand, high, target)
-            if better(t):
+            if improves(t):
                 current, low = t, cand
         for cand in (2.0, 8.0, 16.0):
             if not self._room():
                 return
             t = run(low, high, cand)
-            if better(t):
+            if improves(t):
                 current, target = t, cand
         bigger = high + max(1, math.ceil(high / 4))
         if not current.verdict.passed and self._room():
