@@ -472,10 +472,12 @@ class Planner:
                                    f"on {on}", _with_floors(base.data, full, lead), "derived", base))
         seen: list[dict] = [t.data for t in (before, *self.peak_misses.values()) if t is not None]
         candidates.sort(key=lambda c: c[0])
-        for _, label, data, kind, parent in candidates[:MAX_FLOOR_TRIALS]:
-            if data in seen or not self._room():
-                continue
+        ran = 0
+        for _, label, data, kind, parent in candidates:
+            if data in seen or ran >= MAX_FLOOR_TRIALS or not self._room():
+                continue  # a duplicate takes no slot of the cap: the cap counts simulations run
             seen.append(data)
+            ran += 1
             t = self.run_trial(data, label, "floors", parent=parent)
             info["candidates"].append({"label": label, "kind": kind, "cost_usd": t.cost,
                                        "verified": t.verdict.passed})
