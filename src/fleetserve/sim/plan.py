@@ -63,9 +63,6 @@ class Trial:
         return self.cost, report["gpu_hours"], report["replica_hours"]
 
 
-
-
-
 @dataclass
 class PlanResult:
     winner: Trial | None
@@ -319,16 +316,16 @@ class Planner:
                       for t, fit in fitting if fit is None}
         types = self.types = list(dict.fromkeys(fit for _, fit in fitting if fit is not None)) or ["local"]
         fitted = self._fit_context(base)
-        statics: list[tuple[float, str, int, Trial, dict]] = []
+        statics: list[tuple[str, int, Trial, dict]] = []
         for t in types:
             data = fitted if t == "local" else _with_type(fitted, t, self.catalog)
             found = self.smallest_static(data, t)
             if found:
                 n, trial = found
-                statics.append((trial, t, n, trial, data))
-        statics.sort(key=lambda s: BY_RANK(s[0]))
-        static_peak = statics[0][3] if statics else None
-        for _, t, n, trial, data in statics[:2]:
+                statics.append((t, n, trial, data))
+        statics.sort(key=lambda s: BY_RANK(s[2]))
+        static_peak = statics[0][2] if statics else None
+        for t, n, trial, data in statics[:2]:
             if self._room():
                 self._autoscale(data, n, t, trial)
         if self._room():
@@ -354,7 +351,7 @@ class Planner:
                           None if winner else self.closest, self.context, self._cut_short())
 
     def _cut_short(self) -> str | None:
-        """Which steps --max-trials kept from running (or cut), when it ended the search; None when it did not."""
+        """That --max-trials ended the search, and the steps that ran no trial; None when it did not end it."""
         if not self.exhausted:
             return None
         steps = {t.step for t in self.history}

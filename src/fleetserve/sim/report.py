@@ -55,6 +55,11 @@ def window_count(fleet: SimFleet) -> int:
     return max(1, full + (span - full * w >= w / 2))
 
 
+def window_of(fleet: SimFleet, request, count: int) -> int:
+    """The window a request arrived in, of `count` (the last one takes the trace's tail)."""
+    return min(count - 1, int((request.arrival - fleet.t0) / fleet.options.window_s))
+
+
 def window_bounds(fleet: SimFleet, n: int) -> list[tuple[float, float]]:
     """(start, end) seconds after the trace start of each of the `n` windows; the last takes the tail."""
     w = fleet.options.window_s
@@ -78,11 +83,10 @@ def drain_bounds(fleet: SimFleet, bounds: list[tuple[float, float]], end: float)
 def windows(fleet: SimFleet) -> tuple[list[tuple[float, float]], list[tuple[float, float]], list[int]]:
     """(peak windows, idle windows, arrivals per window) as (start, end) seconds after the trace start."""
     opts = fleet.options
-    w = opts.window_s
     n = window_count(fleet)
     counts = [0] * n
     for req in fleet.requests:
-        counts[min(n - 1, int((req.arrival - fleet.t0) / w))] += 1
+        counts[window_of(fleet, req, n)] += 1
     bounds = window_bounds(fleet, n)
     rate = [counts[i] / max(b - a, 1e-9) for i, (a, b) in enumerate(bounds)]  # the last may be shorter or longer
     order = sorted(range(n), key=lambda i: (-rate[i], i))
@@ -156,20 +160,20 @@ def costliest(fleet: SimFleet, bounds: list[tuple[float, float]]) -> tuple[float
 
 def window_requests(fleet: SimFleet, spans, count: int) -> list:
     """The requests that arrived in the given windows (of `count`; the last one takes the trace's tail)."""
-    w, last = fleet.options.window_s, count - 1
+    w = fleet.options.window_s
     chosen = {round(a / w) for a, _ in spans}  # a start is i x w: int() took 3 x 3.3 / 3.3 = 2.999... for window 2
-    return [r for r in fleet.requests if min(last, int((r.arrival - fleet.t0) / w)) in chosen]
+    return [r for r in fleet.requests if window_of(fleet, r, count) in chosen]
 
 
 def missed(r, slo: dict, metric: str = "slo") -> bool:
     """Whether a request missed: the SLO (refused, failed, or over either target), or one check's metric (a
     latency target among the answered requests; `error_rate`: refused or failed)."""
     answered = r.error is None and r.first is not None and r.done is not None
-    if metric == "error_rate":
-        return not answered
-    ttft = answered and (r.first - r.arrival) * 1000 > slo["ttft_p95_ms"]
-    e2e = answered and (r.done - r.arrival) * 1000 > slo["e2e_p95_ms"]
-    return {"ttft_p95_ms": ttft, "e2e_p95_ms": e2e}.get(metric, not answered or ttft or e2e)
+    if not answered:
+        return metric in ("slo", "error_rate")
+    ttft = (r.first - r.arrival) * 1000 > slo["ttft_p95_ms"]
+    e2e = (r.done - r.arrival) * 1000 > slo["e2e_p95_ms"]
+    return {"ttft_p95_ms": ttft, "e2e_p95_ms": e2e, "error_rate": False}.get(metric, ttft or e2e)
 
 
 def worst_section(fleet: SimFleet, slo: dict, bounds: list[tuple[float, float]], peak: list, idle: list,
@@ -177,11 +181,10 @@ def worst_section(fleet: SimFleet, slo: dict, bounds: list[tuple[float, float]],
     """The window with the most misses (`missed`, of the SLO or of one metric; the earliest of equals) as a
     section, with `misses`, `kind` (peak, idle, or other) and `windows_with_misses` (how many windows had any);
     None when no request missed."""
-    w, last = fleet.options.window_s, len(bounds) - 1
     misses = [0] * len(bounds)
     for r in fleet.requests:
         if missed(r, slo, metric):
-            misses[min(last, int((r.arrival - fleet.t0) / w))] += 1
+            misses[window_of(fleet, r, len(bounds))] += 1
     most = max(misses, default=0)
     if most == 0:
         return None

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from fleetserve.sim.fleet import series_at
+from fleetserve.sim.fleet import series_at, span_hours
 from fleetserve.sim.report import window_bounds, window_requests, windows, worst_section
 from fleetserve.sim.run import SimResult, simulate
 from fleetserve.sim.setup import SimOptions
@@ -194,23 +194,15 @@ def _window_points(fleet, spans) -> list[tuple]:
 
 
 def _share(series: list[tuple], spans, test) -> float:
-    """The share of the windows' time during which the fleet's state passes `test`; for windows of no length, of
-    the state entering them."""
+    """The share of the windows' time during which the fleet's state passes `test` (the step series integrated as
+    the report integrates cost); for windows of no length, of the state entering each."""
+    if not series:
+        return 0.0
     total = sum(max(0.0, b - a) for a, b in spans)
-    if total <= 0:  # each window's entering state, averaged over the windows
-        entering = [[p for p in series if p[0] <= a][-1:] for a, _ in spans]
-        return sum(any(test(p) for p in points) for points in entering) / max(len(spans), 1)
-    times = [p[0] for p in series]
-    held = 0.0
-    for a, b in spans:
-        i = max(0, bisect_right(times, a) - 1)
-        while i < len(series) and series[i][0] < b:
-            end = series[i + 1][0] if i + 1 < len(series) else math.inf
-            lo, hi = max(series[i][0], a), min(end, b)
-            if hi > lo and test(series[i]):
-                held += hi - lo
-            i += 1
-    return held / total
+    if total <= 0:
+        return sum(bool(test(series_at(series, a))) for a, _ in spans) / max(len(spans), 1)
+    passing = [(p[0], float(bool(test(p)))) for p in series]
+    return sum(span_hours(passing, a, b, 1) for a, b in spans) * 3600 / total
 
 
 def _capacity_cause(result: SimResult, window: str, section: dict | None = None) -> str:
@@ -241,10 +233,9 @@ def _capacity_cause(result: SimResult, window: str, section: dict | None = None)
                f"{fleet.replicas[0].profile.load_s:.0f} s model load, {', '.join(types)})"
     points = _window_points(fleet, section["windows"])
     zero = any(p[1] == 0 for p in points)  # no replica serving at some point in the window
-    # held at max: ready replicas at maxReplicaCount for at least half the window; a fleet that touched max for a
-    # moment after lagging all along was blamed on max (an autoscaled 3-7 at ~3.8 replicas on average, while a
-    # static 7 passed): its cause is the lag
-    # (of the time it served at all: after a scale from zero, the minutes at zero are the cold start's)
+    # held at max: ready replicas at maxReplicaCount for at least half the time the fleet served (after a scale
+    # from zero the minutes at zero are the cold start's); a fleet that touched max for a moment after lagging all
+    # along was blamed on max (an autoscaled 3-7 at ~3.8 replicas on average, while a static 7 passed)
     serving = _share(fleet.series, section["windows"], lambda p: p[1] > 0)
     at_max = bool(most) and serving > 0 and \
         _share(fleet.series, section["windows"], lambda p: p[1] >= most) >= 0.5 * serving
