@@ -31,8 +31,9 @@ class KVLayout:
         return namespace_key(self.model, self.version, self.dtype, salt) if self.model else 0
 
 
-def _content(content: object) -> str:
-    """Total over any JSON: the engine validates content; routing only needs the text that is there."""
+def content_text(content: object) -> str:
+    """A message's text, total over any JSON: the engine validates content; routing (and a prompt log's length,
+    `TraceRequest.text`) only needs the text that is there."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -46,7 +47,7 @@ def _text(body: dict) -> str:
         parts = []
         for m in messages:
             if isinstance(m, dict):
-                parts.append(f"{m.get('role')}: {_content(m.get('content'))}\n")
+                parts.append(f"{m.get('role')}: {content_text(m.get('content'))}\n")
         return "".join(parts)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):

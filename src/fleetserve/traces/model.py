@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fleetserve.router.features import content_text
+
 MOONCAKE_BLOCK_TOKENS = 512
 # the most requests a trace may become in memory (generated, rate-scaled, or read from a ServeGen rate file
 # without a limit): ~1 KB each, and the simulator's ~25,000 per second make this a few minutes of work
@@ -54,7 +56,7 @@ class TraceRequest:
         if self.prompt:
             return self.prompt
         if self.messages:
-            return "".join(f"{m.get('role')}: {_content_text(m.get('content'))}\n" for m in self.messages)
+            return "".join(f"{m.get('role')}: {content_text(m.get('content'))}\n" for m in self.messages)
         return None
 
     def token_ids(self, unique_seed: int = 0) -> list[int]:
@@ -64,16 +66,6 @@ class TraceRequest:
             blocks = np.concatenate([_block_tokens(h) for h in self.hash_ids])
             return blocks[: self.input_tokens].tolist()
         return _block_tokens(10**9 + unique_seed, self.input_tokens).tolist()
-
-
-def _content_text(content) -> str:
-    """A message's text: a string as it is, the text parts of the OpenAI list form, nothing for none (an assistant
-    turn that only called tools); its Python repr counted "[{'type': ..." as words before."""
-    if content is None:
-        return ""
-    if isinstance(content, list):
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return str(content)
 
 
 @functools.lru_cache(maxsize=65536)
