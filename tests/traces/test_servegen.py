@@ -45,3 +45,14 @@ def test_aggregate_file(tmp_path):
     reqs = load_trace(agg, model="a/x")
     first = sum(r.arrival_s < 600 for r in reqs)
     assert 500 < first < 700 and 1600 < len(reqs) - first < 2000
+
+
+def test_simulating_a_rate_file_says_its_request_sizes_are_not_the_traces():
+    """ServeGen's rate files carry no sizes: every request got 1,024/128 tokens and nothing said so."""
+    from tests.helpers import fleetserve
+
+    spec = Path(__file__).parents[2] / "examples" / "simulated-cloud.yaml"
+    result = fleetserve("simulate", str(spec), "--trace", str(CLIENT), "--limit", "20", "--json")
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 0 and "ServeGen rate files carry arrivals only" in said, result.stderr
+    assert "1024 prompt and 128 output tokens" in said
