@@ -1,9 +1,10 @@
 """`fleetserve bench sim-speed`: simulated requests per wall-clock second on a rate-scaled Azure trace.
 
 The fleet: Llama-3-8B replicas on H100 GPUs (p5.48xlarge nodes, 8 replicas each), autoscaling between 4
-and 64 replicas on concurrency, KEDA defaults otherwise, the spec's default routing (prefixaware, blind).
-The trace: the Azure code trace, `rate` times the requests over the same hour (copies spread inside the
-gaps). The figure is requests / wall seconds of `simulate()` (workload building included, trace loading not).
+and 64 replicas on concurrency, KEDA defaults otherwise; the CLI routes with leastload (`--strategy`;
+without one, the spec's default, prefixaware, blind). The trace: the Azure code trace, `rate` times the
+requests over the same hour (copies spread inside the gaps). The figure is requests / wall seconds of
+`simulate()` (workload building included, trace loading not).
 """
 
 from __future__ import annotations
