@@ -62,6 +62,13 @@ def test_mooncake_epoch_stamps_and_unsorted_rows_replay_from_zero(tmp_path):
     ("msgs.jsonl", '{"messages": ["hi"]}\n', "msgs.jsonl:1: messages must be a non-empty list of objects"),
     ("prompt.jsonl", '{"prompt": 123}\n', "prompt.jsonl:1: prompt must be a non-empty string"),
     ("max.jsonl", '{"prompt": "hi", "max_tokens": -4}\n', "max.jsonl:1: max_tokens must be a whole number from 1"),
+    ("maxc.jsonl", '{"prompt": "hi", "max_completion_tokens": 0}\n', "maxc.jsonl:1: max_completion_tokens must be"),
+    # a mistyped message became a 1-token prompt
+    ("c42.jsonl", '{"messages": [{"role": "user", "content": 42}]}\n', "c42.jsonl:1: messages.0..content must be"),
+    ("cobj.jsonl", '{"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": {"type": "text"}}]}\n',
+     "cobj.jsonl:1: messages.1..content must be a string, a list of parts"),
+    ("cpart.jsonl", '{"messages": [{"role": "user", "content": ["hi"]}]}\n', "cpart.jsonl:1: messages.0..content"),
+    ("nolen.jsonl", '{"timestamp": 0, "input_length": 5}\n', "nolen.jsonl:1: output_length is missing"),
     # one id per 512-token block: 5,000 tokens under one id gave hit rates above the ideal, 10 under 100 ids none
     ("ids.jsonl", '{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}\n'
                   '{"timestamp": 1, "input_length": 5000, "output_length": 1, "hash_ids": [1]}\n',
@@ -136,3 +143,13 @@ def test_message_content_in_the_list_form_or_none_counts_its_text_only():
         {"role": "user", "content": [{"type": "text", "text": "hello world"}, {"type": "image_url", "image_url": {}}]},
         {"role": "assistant", "content": None}))
     assert req.text() == "user: hello world\nassistant: \n"
+
+
+def test_the_newer_completion_limit_counts(tmp_path):
+    """`max_completion_tokens` (OpenAI's name since max_tokens was deprecated for chat) was ignored: 64 tokens."""
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"timestamp": 0, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 50}\n'
+                    '{"timestamp": 1, "prompt": "hi", "max_tokens": 7, "max_completion_tokens": 9}\n'
+                    '{"timestamp": 2, "messages": [{"role": "assistant", "content": null, "tool_calls": []}, '
+                    '{"role": "user", "content": [{"type": "text", "text": "a b"}]}]}\n')
+    assert [r.output_tokens for r in load_trace(path)] == [50, 9, 64]

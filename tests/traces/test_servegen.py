@@ -56,3 +56,50 @@ def test_simulating_a_rate_file_says_its_request_sizes_are_not_the_traces():
     said = " ".join(result.stderr.split())
     assert result.returncode == 0 and "ServeGen rate files carry arrivals only" in said, result.stderr
     assert "1024 prompt and 128 output tokens" in said
+
+
+@pytest.mark.parametrize("row, says", [
+    ("0,nan,1.0,,0,0", "rate_rps must be a finite number >= 0, got nan"),  # a numpy traceback, exit 1
+    ("0,-1,1.0,,0,0", "rate_rps must be a finite number >= 0, got -1.0"),  # silently no requests
+    ("0,0.5,1.0,Gamma,inf,2", "shape must be"),
+    ("0,0.5,4.0,Lognormal,0.5,2", "dist 'Lognormal' is not a distribution; allowed: Gamma, Weibull"),
+])
+def test_rate_rows_that_cannot_be_drawn_from_are_refused_naming_the_line(tmp_path, row, says):
+    path = tmp_path / "chunk-0-trace.csv"
+    path.write_text("0,0.5,1.0,,0,0\n" + row + "\n")
+    with pytest.raises(TraceError, match=f"chunk-0-trace.csv:2: {says}"):
+        load_trace(path)
+    agg = tmp_path / "agg.csv"
+    agg.write_text("model,window_start_s,total_rate_rps,active_clients\na/x,0,1.0,3\na/x,600,nan,3\n")
+    with pytest.raises(TraceError, match="agg.csv:3: rate_rps must be a finite number"):
+        load_trace(agg)
+
+
+def test_a_bom_a_header_row_and_the_distributions_case_are_read(tmp_path):
+    """A BOM made the first row "not a rate row"; `weibull` silently became Poisson; a header row sent the file
+    to the Azure reader."""
+    rows = "0,0.5,4.03,Weibull,0.3,0.5\n600,0.5,4.03,Weibull,0.3,0.5\n"
+    canonical = tmp_path / "a.csv"
+    canonical.write_text(rows)
+    variants = {"bom.csv": "\ufeff" + rows, "lower.csv": rows.replace("Weibull", "weibull"),
+                "header.csv": "window_start_s,rate_rps,cv,dist,shape,scale\n" + rows}
+    expected = load_trace(canonical, seed=1)
+    assert len(expected) == 600  # ceil(0.5 x 600) per window: Weibull, not a Poisson draw
+    for name, text in variants.items():
+        path = tmp_path / name
+        path.write_text(text, encoding="utf-8")
+        assert detect_format(path) == "servegen", name
+        assert load_trace(path, seed=1) == expected, name
+
+
+def test_a_file_that_starts_late_replays_from_its_first_busy_window(tmp_path):
+    """Windows from 43,200 s (noon) kept their offset: 12 hours of an empty fleet were simulated and paid for."""
+    late = tmp_path / "late.csv"
+    late.write_text("42600,0,1.0,,0,0\n43200,0.5,1.0,,0,0\n43800,0.5,1.0,,0,0\n")
+    early = tmp_path / "early.csv"
+    early.write_text("0,0.5,1.0,,0,0\n600,0.5,1.0,,0,0\n")
+    reqs, same = load_trace(late, seed=2), load_trace(early, seed=2)
+    assert len(reqs) == len(same) and reqs[-1].arrival_s < 1200
+    assert [r.arrival_s for r in reqs] == pytest.approx([r.arrival_s for r in same])
+    # an explicit start inside the trace counts from there
+    assert all(0 <= r.arrival_s < 900 for r in load_trace(late, seed=2, start_s=43500))

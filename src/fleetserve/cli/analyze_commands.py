@@ -45,7 +45,7 @@ def analyze(
     block_size: Annotated[int | None, typer.Option(min=1, help="Engine block size in tokens (prompt logs; 256)")
                           ] = None,
     mode: Annotated[str, typer.Option(help="What the router knows: blind (no KV events) or informed")] = "blind",
-    limit: Annotated[int | None, typer.Option(min=1, help="First N requests")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="First N requests of the file, in file order")] = None,
 ) -> None:
     """Measure prefix reuse in a trace: ideal and LRU hit rates, hit rate per routing strategy, and advice."""
     from fleetserve.analyze.blocks import AnalyzeInputError
@@ -219,7 +219,7 @@ def trace_scale(
     fmt: Annotated[str | None, typer.Option("--format", help="mooncake, prompts or azure (default: as read)")
                    ] = None,
     seed: Annotated[int, typer.Option(help="Seed for rate scaling")] = 0,
-    limit: Annotated[int | None, typer.Option(min=1, help="First N requests")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="First N requests of the file, in file order")] = None,
     model: Annotated[str | None, typer.Option(help="ServeGen: the model folder or name")] = None,
     duration: Annotated[float | None, typer.Option(min=1, help="ServeGen: seconds of the rate file to read")] = None,
 ) -> None:

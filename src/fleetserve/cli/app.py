@@ -804,7 +804,7 @@ def bench_replay(
     trace: Annotated[str, typer.Option(help="Trace file (Mooncake JSONL, Azure CSV, prompt log)")],
     model: Annotated[str, typer.Option(help="Model name to send")],
     speedup: Annotated[float, typer.Option(min=0.001, help="Replay this many times faster than recorded")] = 1.0,
-    limit: Annotated[int | None, typer.Option(min=1, help="First N requests")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="First N requests of the file, in file order")] = None,
     stream: Annotated[bool, typer.Option(help="Stream (client-side TTFT/ITL)")] = True,
     max_output: Annotated[int | None, typer.Option(min=1, help="Cap on output tokens")] = None,
 ) -> None:

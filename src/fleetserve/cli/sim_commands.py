@@ -33,8 +33,9 @@ ProfileOpt = Annotated[str | None, typer.Option(help="Performance profile preset
                                                      "instance type)")]
 RateOpt = Annotated[float, typer.Option(min=0.001, help="Multiply the trace's request rate (copies spread in gaps)")]
 ReportOpt = Annotated[str | None, typer.Option("--report", help="Write a self-contained HTML report here")]
-LimitOpt = Annotated[int | None, typer.Option(min=1, help="Only the first N requests of the trace (taken before "
-                                                           "--rate-scale makes copies or thins them)")]
+LimitOpt = Annotated[int | None, typer.Option(min=1, help="Only the first N requests of the trace file, in file "
+                                                           "order (taken before --rate-scale makes copies or thins "
+                                                           "them; sort a file whose rows are out of time order)")]
 WindowOpt = Annotated[float, typer.Option(min=1, help="Peak/idle window length in seconds")]
 PeakOpt = Annotated[float, typer.Option(min=0.001, max=1, help="Busiest fraction of windows counted as peak")]
 IdleOpt = Annotated[float, typer.Option(min=0.001, max=1, help="Quietest fraction of windows counted as idle")]

@@ -159,6 +159,8 @@ def _count(row: dict, key: str, where: str, default: int | None = None, least: i
     value = row.get(key)
     if value is None:
         value = default
+    if value is None:
+        raise TraceError(f"{where}: {key} is missing (a whole number from {least} to {MAX_TOKENS})")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or value != int(value) or not least <= value <= MAX_TOKENS:
         raise TraceError(f"{where}: {key} must be a whole number from {least} to {MAX_TOKENS}, got {value!r}")
@@ -264,6 +266,18 @@ def _azure_rows(p: Path, limit: int | None) -> list[tuple[datetime, int, int]]:
     return out
 
 
+def _check_content(content, where: str) -> None:
+    """OpenAI message content: a string, a list of parts (objects with a `type`), or null (an assistant turn that
+    only calls tools); a number or a bare object is a mistyped log, not an empty prompt."""
+    if content is None or isinstance(content, str):
+        return
+    if isinstance(content, list) and all(isinstance(part, dict) and isinstance(part.get("type"), str)
+                                         for part in content):
+        return
+    raise TraceError(f"{where} must be a string, a list of parts (like {{\"type\": \"text\", \"text\": \"...\"}}) "
+                     f"or null, got {json.dumps(content)[:60]}")
+
+
 def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
     """A log with no timestamps at all is replayed at once, in file order; one with some is refused at the first
     line without one (it was put at 0 s, before every timed request)."""
@@ -291,7 +305,11 @@ def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
             if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
                 raise TraceError(f"{where}: messages must be a non-empty list of objects "
                                  '(like {"role": "user", "content": "..."})')
-        req = TraceRequest(_number(row, "timestamp", where, 0.0), 1, _count(row, "max_tokens", where, 64, least=1),
+            for i, m in enumerate(messages):
+                _check_content(m.get("content"), f"{where}: messages[{i}].content")
+        # the newer OpenAI name first (max_tokens is deprecated for chat), as the API reads them
+        limit_key = "max_completion_tokens" if row.get("max_completion_tokens") is not None else "max_tokens"
+        req = TraceRequest(_number(row, "timestamp", where, 0.0), 1, _count(row, limit_key, where, 64, least=1),
                            session=row.get("session"), messages=tuple(messages) if messages else None, prompt=prompt)
         # its length in the stand-in tokens the simulator and the Mooncake writer count (a word each): characters
         # / 4 made a prompt log written as Azure a third longer than the same log written as Mooncake

@@ -1,7 +1,8 @@
 """ServeGen rate files (alibaba/ServeGen, Apache-2.0) turned into request arrivals.
 
 ServeGen publishes no per-request trace; it publishes, per API client, one row per 600 s window:
-`window_start_s, rate_rps, cv, dist (Weibull|Gamma|empty), shape, scale`. Arrivals are drawn as ServeGen's
+`window_start_s, rate_rps, cv, dist (Weibull|Gamma|Exponential|empty, any case), shape, scale`, with or
+without that header row; numbers finite and not negative. Arrivals are drawn as ServeGen's
 own generator draws them: ceil(rate x window) inter-arrival times from the window's fitted distribution,
 rescaled so that they fill the window exactly (the rate is what the data pins down; the distribution gives
 the burstiness). Clients are independent; a folder (or the published .tar.gz) of clients is their
@@ -56,7 +57,12 @@ def is_servegen(path: Path) -> bool:
         return False
     with open(path, encoding="utf-8-sig", errors="replace") as f:  # not text: the CSV loader names it
         first = f.readline().strip()
-    return first.startswith("model,window_start_s") or _chunk_row(first) is not None
+    return (first.startswith("model,window_start_s") or first.replace(" ", "") == CHUNK_HEADER
+            or _chunk_row(first) is not None)
+
+
+CHUNK_HEADER = "window_start_s,rate_rps,cv,dist,shape,scale"
+DISTRIBUTIONS = {"gamma": "Gamma", "weibull": "Weibull", "exponential": "", "poisson": "", "": ""}
 
 
 def _chunk_row(line: str) -> RateWindow | None:
@@ -70,15 +76,29 @@ def _chunk_row(line: str) -> RateWindow | None:
         return None
 
 
+def _checked(w: RateWindow, where: str) -> RateWindow:
+    """A window whose numbers can be drawn from: finite, not negative; the distribution by name, any case
+    (an unknown name would silently become Poisson and lose the burstiness the row fitted)."""
+    for field, value in (("window_start_s", w.start_s), ("rate_rps", w.rate_rps), ("cv", w.cv), ("shape", w.shape),
+                         ("scale", w.scale)):
+        if not math.isfinite(value) or value < 0:
+            raise ServeGenError(f"{where}: {field} must be a finite number >= 0, got {value!r}")
+    dist = DISTRIBUTIONS.get(w.dist.lower())
+    if dist is None:
+        raise ServeGenError(f"{where}: dist {w.dist!r} is not a distribution; allowed: Gamma, Weibull, Exponential "
+                            "or empty (Poisson), any case")
+    return w if dist == w.dist else RateWindow(w.start_s, w.rate_rps, w.cv, dist, w.shape, w.scale)
+
+
 def _read_chunk(text: str, name: str) -> list[RateWindow]:
     rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
+    for n, line in enumerate(text.lstrip("\ufeff").splitlines(), 1):
+        if not line.strip() or (n == 1 and line.strip().replace(" ", "") == CHUNK_HEADER):
             continue
         row = _chunk_row(line)
         if row is None:
-            raise ServeGenError(f"{name}:{n}: expected window_start_s,rate_rps,cv,dist,shape,scale")
-        rows.append(row)
+            raise ServeGenError(f"{name}:{n}: expected {CHUNK_HEADER}")
+        rows.append(_checked(row, f"{name}:{n}"))
     return rows
 
 
@@ -88,14 +108,14 @@ def read_clients(path: str | Path, model: str | None = None) -> list[list[RateWi
     if not p.exists():
         raise ServeGenError(f"rate file {p} does not exist")
     if p.is_dir():
-        files = {str(f.relative_to(p)): f.read_text() for f in sorted(p.rglob("chunk-*-trace.csv"))}
+        files = {str(f.relative_to(p)): f.read_text(encoding="utf-8-sig") for f in sorted(p.rglob("chunk-*-trace.csv"))}
         return _select(files, model, p)
     if p.name.endswith((".tar.gz", ".tgz")):
         with tarfile.open(p) as tar:
             files = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers()
                      if m.isfile() and m.name.endswith("-trace.csv")}
         return _select(files, model, p)
-    text = p.read_text()
+    text = p.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the first row
     if text.startswith("model,window_start_s"):
         return [_aggregate(text, model, p)]
     return [_read_chunk(text, str(p))]
@@ -120,17 +140,23 @@ def _select(files: dict[str, str], model: str | None, p: Path) -> list[list[Rate
 
 
 def _aggregate(text: str, model: str | None, p: Path) -> list[RateWindow]:
-    rows = list(csv.DictReader(io.StringIO(text)))
+    rows = list(csv.DictReader(io.StringIO(text.lstrip("\ufeff"))))
     models = sorted({r["model"] for r in rows})
     if model is None and len(models) > 1:
         raise ServeGenError(f"{p} holds several models: {CHOOSE_MODEL}; allowed: {', '.join(models)}")
-    chosen = [r for r in rows if model is None or r["model"] == model or r["model"].endswith("/" + str(model))]
+    chosen = [(n, r) for n, r in enumerate(rows, 2)
+              if model is None or r["model"] == model or r["model"].endswith("/" + str(model))]
     if not chosen:
         raise ServeGenError(f"unknown ServeGen model {model!r}; allowed: {', '.join(models)}")
-    try:
-        return [RateWindow(float(r["window_start_s"]), float(r["total_rate_rps"])) for r in chosen]
-    except (KeyError, ValueError) as exc:
-        raise ServeGenError(f"{p}: bad aggregate row ({exc})") from None
+    out = []
+    for n, r in chosen:
+        try:
+            w = RateWindow(float(r["window_start_s"]), float(r["total_rate_rps"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ServeGenError(f"{p}:{n}: bad aggregate row ({exc}); expected model,window_start_s,"
+                                "total_rate_rps,active_clients") from None
+        out.append(_checked(w, f"{p}:{n}"))
+    return out
 
 
 def window_arrivals(w: RateWindow, rng: np.random.Generator, window_s: float = WINDOW_S) -> np.ndarray:
@@ -157,10 +183,14 @@ def load_servegen(path: str | Path, model: str | None = None, seed: int = 0, sta
                   duration_s: float | None = None, limit: int | None = None,
                   input_tokens: int = DEFAULT_INPUT_TOKENS,
                   output_tokens: int = DEFAULT_OUTPUT_TOKENS) -> list[TraceRequest]:
-    """Requests arriving in [start_s, start_s + duration_s) of the rate file, times rebased to 0."""
+    """Requests arriving in [start_s, start_s + duration_s) of the rate file, times counted from `start_s` or from
+    the first window after it (a file whose windows begin at 43,200 s replays from there: the hours before it
+    hold no requests, and a fleet simulated through them would be paid for doing nothing)."""
     clients = read_clients(path, model)
     end = math.inf if duration_s is None else start_s + duration_s
     starts = sorted({w.start_s for c in clients for w in c if start_s - WINDOW_S < w.start_s < end})
+    busy = [w.start_s for c in clients for w in c if start_s - WINDOW_S < w.start_s < end and w.rate_rps > 0]
+    origin = max(start_s, min(busy)) if busy else start_s
     if limit is None and duration_s is None:
         expected = sum(w.rate_rps * WINDOW_S for c in clients for w in c if w.start_s > start_s - WINDOW_S)
         if expected > MAX_REQUESTS:
@@ -174,7 +204,7 @@ def load_servegen(path: str | Path, model: str | None = None, seed: int = 0, sta
         merged = np.sort(np.concatenate(times)) if times else np.empty(0)
         merged = merged[(merged >= start_s) & (merged < end)]
         for t in merged:
-            out.append(TraceRequest(float(t - start_s), input_tokens, output_tokens))
+            out.append(TraceRequest(float(t - origin), input_tokens, output_tokens))
             if limit is not None and len(out) >= limit:
                 return out
     return out
