@@ -197,9 +197,13 @@ def test_a_plan_cut_short_by_max_trials_says_so(tmp_path):
     assert r.returncode == 1, r.stderr
     data = json.loads(r.stdout)
     assert data["cut_short"].startswith("--max-trials (2) ended the search") and "autoscaling" in data["cut_short"]
+    assert data["output"] is None and not out.exists()
+    out.write_text("# an earlier run's winner\n")  # it must not pass for this run's
     r = fleetserve("plan", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--limit", "300", "--max-trials", "2",
                    "-o", str(out))
-    assert r.returncode == 1 and "a larger --max-trials may find one" in r.stdout
+    said = " ".join(r.stdout.split())
+    assert r.returncode == 1 and "a larger --max-trials may find one" in said
+    assert f"nothing written to {out} (the file there is from an earlier run)" in said
 
 
 def test_costs_within_the_ranks_tolerance_tie_and_fewer_replica_hours_win():
