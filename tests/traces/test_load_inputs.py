@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from fleetserve.traces.load import TraceError, load_trace
@@ -153,3 +155,27 @@ def test_the_newer_completion_limit_counts(tmp_path):
                     '{"timestamp": 2, "messages": [{"role": "assistant", "content": null, "tool_calls": []}, '
                     '{"role": "user", "content": [{"type": "text", "text": "a b"}]}]}\n')
     assert [r.output_tokens for r in load_trace(path)] == [50, 9, 64]
+
+
+def test_text_without_spaces_counts_a_token_per_character(tmp_path):
+    """A 20,000-character Chinese prompt was 2 stand-in tokens (split on spaces): it passed a context limit that
+    refused 20,000 English words, 10,000 x under analyze's real tokenizer."""
+    from fleetserve.sim.workload import build_workload
+
+    path = tmp_path / "cjk.jsonl"
+    path.write_text(json.dumps({"timestamp": 0, "messages": [{"role": "user", "content": "请" * 20000}]},
+                               ensure_ascii=False) + "\n"
+                    + json.dumps({"timestamp": 1, "prompt": "hello 世界 abc中文def"}, ensure_ascii=False) + "\n")
+    cjk, mixed = load_trace(path)
+    assert cjk.input_tokens == 20001  # "user:" and each character
+    assert mixed.input_tokens == 7  # hello 世 界 abc 中 文 def
+    work = build_workload([cjk, mixed], 16, informed=False)
+    assert [w.prompt for w in work] == [20001, 7] and len(work[0].engine_keys) == 20001 // 16
+
+
+def test_a_span_of_absurd_length_is_said_in_a_few_digits(tmp_path):
+    path = tmp_path / "far.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1}\n'
+                    '{"timestamp": 1e300, "input_length": 5, "output_length": 1}\n')
+    with pytest.raises(TraceError, match=r"spans 1.16e\+292 days between"):
+        load_trace(path)

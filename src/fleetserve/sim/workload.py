@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleetserve.router.features import KVLayout, request_features
-from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, stand_in_tokens
+from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, stand_in_tokens, stand_in_words
 
 ROUTER_DEFAULT_BLOCK = KVLayout().block_size
 
@@ -79,7 +79,7 @@ def build_workload(trace: list[TraceRequest], engine_block: int, informed: bool)
             engine = _word_chain(text, engine_block, 0)
             rkeys, tokens, rblock, exact = request_features(body, KVLayout(engine_block if informed else
                                                                            ROUTER_DEFAULT_BLOCK))
-            words = max(1, len(text.split()))  # the engine's tokens: its stand-in tokenizer's, as its keys
+            words = max(1, len(stand_in_words(text)))  # the engine's tokens: its stand-in tokenizer's, as its keys
             out.append(SimRequestSpec(r.arrival_s, words, r.output_tokens, engine, tuple(rkeys), rblock, exact,
                                       session, max(tokens, 1)))
         else:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, check_span
+from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, check_span, stand_in_words
 from fleetserve.traces.servegen import ServeGenError, is_servegen, load_servegen
 
 FORMATS = ("mooncake", "azure", "prompts", "servegen")
@@ -313,5 +313,5 @@ def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
                            session=row.get("session"), messages=tuple(messages) if messages else None, prompt=prompt)
         # its length in the stand-in tokens the simulator and the Mooncake writer count (a word each): characters
         # / 4 made a prompt log written as Azure a third longer than the same log written as Mooncake
-        out.append(replace(req, input_tokens=max(1, len((req.text() or "").split()))))
+        out.append(replace(req, input_tokens=max(1, len(stand_in_words(req.text() or "")))))
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import zlib
 from dataclasses import dataclass
 
@@ -30,15 +31,33 @@ def check_request_count(expected: float, what: str) -> None:
 def check_span(span_s: float, what: str) -> None:
     """ValueError naming `what` when arrivals would span more than MAX_SPAN_S (a year)."""
     if not span_s <= MAX_SPAN_S:
-        raise ValueError(f"{what} spans {span_s / 86400:,.0f} days between its first and last request; at most "
+        days = span_s / 86400
+        shown = f"{days:,.0f}" if days < 1e9 else f"{days:.3g}"  # a stamp of 1e300 gave a 300-digit count
+        raise ValueError(f"{what} spans {shown} days between its first and last request; at most "
                          f"{MAX_SPAN_S / 86400:.0f} (relative and epoch timestamps, or milliseconds and seconds, "
                          "mixed in one file?)")
 
 
+# scripts written without spaces between words (Han, kana, Hangul, Thai): each character is a token of the
+# stand-in tokenizer, as a BPE tokenizer gives such text about a token per character; by spaces alone a
+# 20,000-character Chinese prompt was 2 tokens (and passed a context limit that refused 20,000 English words)
+_UNSPACED = "\u0e00-\u0e7f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+_WORD = re.compile(f"[{_UNSPACED}]|[^\\s{_UNSPACED}]+")
+
+
+def stand_in_words(text: str) -> list[str]:
+    """The stand-in tokenizer's tokens as text: words split by white space, and each character of a script
+    written without spaces. The same as `text.split()` for text without such characters."""
+    return _WORD.findall(text) if _HAS_UNSPACED.search(text) else text.split()
+
+
+_HAS_UNSPACED = re.compile(f"[{_UNSPACED}]")
+
+
 def stand_in_tokens(text: str) -> list[int]:
     """The word-level stand-in tokenizer for text prompts where no model tokenizer is at hand (the simulator's
-    engine keys, and the hash ids of a prompt log written as Mooncake): one token per word."""
-    return [zlib.crc32(w.encode()) % 32000 for w in text.split()]
+    engine keys, and the hash ids of a prompt log written as Mooncake): one token per word (`stand_in_words`)."""
+    return [zlib.crc32(w.encode()) % 32000 for w in stand_in_words(text)]
 
 
 @dataclass(frozen=True)
