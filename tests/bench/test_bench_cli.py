@@ -192,5 +192,8 @@ def test_a_cache_raised_to_fit_the_largest_request_and_a_skipped_sweep_are_said(
     cap, unique = figures["cache_blocks_per_replica"], figures["unique_blocks"]
     assert cap > round(unique / 3 / 4) and figures["effective_cache_fraction"] > 1 / 3
     assert any("must hold the trace's largest request" in w for w in figures["warnings"]), figures["warnings"]
+    said = f"the fleet's caches hold {figures['effective_cache_fraction']:.3g} x the trace's distinct blocks"
+    assert any(said in w for w in figures["warnings"]), figures["warnings"]  # "holds 10.6667 of the blocks" read
+    # as ten blocks
     assert figures["load_sweep"] is None and "blind" in figures["sweep_skipped"]
     assert figures["targets"]["met"] is None and "blind" in figures["targets"]["reason"]

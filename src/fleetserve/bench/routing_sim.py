@@ -261,8 +261,8 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
         why = f"the trace's largest request ({biggest} blocks)" if biggest + 1 >= 16 else "16 blocks at least"
         result["warnings"].append(
             f"each replica's cache holds {cap} blocks, not the {asked} that --cache-fraction {cache_fraction:g} asks "
-            f"for: a replica must hold {why}; the fleet holds {result['effective_cache_fraction']:g} of the "
-            f"distinct blocks (effective_cache_fraction)")
+            f"for: a replica must hold {why}; the fleet's caches hold {result['effective_cache_fraction']:.3g} x the "
+            f"trace's distinct blocks (effective_cache_fraction)")
     result["simulated_s"] = round(simulated, 3)
     result["wall_s"] = round(time.perf_counter() - started, 3)
     result["note"] = (f"{len(requests)} requests of {Path(trace).name}, arrival times x{scale:.3g}, "

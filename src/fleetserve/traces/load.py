@@ -180,8 +180,12 @@ def _mooncake(p: Path, limit: int | None) -> list[TraceRequest]:
         blocks = -(-length // MOONCAKE_BLOCK_TOKENS)
         if hash_ids and len(hash_ids) != blocks:  # the ids stand for the prompt's blocks: else hit rates past the
             # ideal (5,000 tokens under one id) or none at all (10 tokens under 100 ids)
+            per = length / len(hash_ids)
+            hint = (f"; these ids stand for ~{per:.0f} tokens each: a trace hashed with another block size "
+                    "must be re-hashed in 512-token blocks" if len(hash_ids) > blocks else "")
             raise TraceError(f"{where}: hash_ids has {len(hash_ids)} ids, but input_length {length} is {blocks} "
-                             f"Mooncake blocks of {MOONCAKE_BLOCK_TOKENS} tokens (one id per block)")
+                             f"Mooncake block{'s' if blocks != 1 else ''} of {MOONCAKE_BLOCK_TOKENS} tokens "
+                             f"(one id per block){hint}")
         _check_chain(hash_ids, parents, where)
         out.append(TraceRequest(_number(row, "timestamp", where) / 1000.0, length,
                                 _count(row, "output_length", where), tuple(hash_ids), session=row.get("session")))
