@@ -131,3 +131,14 @@ def test_steps_keep_the_models_schedule_when_the_loop_is_late():
     engine._emit = slow_emit
     elapsed = _stream_seconds(engine, 30)
     assert 0.30 - 0.002 <= elapsed < 0.40  # drifting from each step's start: 0.01 + 29 x 0.016 = 0.47 s
+
+
+def test_the_engine_counts_a_prompt_as_the_simulator_does(sim):
+    """The real-time simulated engine split on spaces only: a Chinese prompt of 12 characters was 1 token there
+    and 12 in `fleetserve simulate`, so `bench routing --live` and the simulator saw different prompts."""
+    from fleetserve.engine.simulated import text_tokens
+    from fleetserve.traces.model import stand_in_tokens
+
+    for text in ("请给我讲一个关于猫的故事", "hello 世界 abc中文def", "plain english words"):
+        assert text_tokens(text) == stand_in_tokens(text)
+    assert complete(sim.url, "请给我讲一个关于猫的故事")["usage"]["prompt_tokens"] == 12

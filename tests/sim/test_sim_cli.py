@@ -203,7 +203,7 @@ def test_a_plan_cut_short_by_max_trials_says_so(tmp_path):
                    "-o", str(out))
     said = " ".join(r.stdout.split())
     assert r.returncode == 1 and "a larger --max-trials may find one" in said
-    assert f"nothing written to {out} (the file there is from an earlier run)" in said
+    assert f"nothing written to {out} (the file already there was left as it was: it is not this run's" in said
 
 
 def test_costs_within_the_ranks_tolerance_tie_and_fewer_replica_hours_win():

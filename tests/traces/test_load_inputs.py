@@ -71,6 +71,14 @@ def test_mooncake_epoch_stamps_and_unsorted_rows_replay_from_zero(tmp_path):
      "cobj.jsonl:1: messages.1..content must be a string, a list of parts"),
     ("cpart.jsonl", '{"messages": [{"role": "user", "content": ["hi"]}]}\n', "cpart.jsonl:1: messages.0..content"),
     ("nolen.jsonl", '{"timestamp": 0, "input_length": 5}\n', "nolen.jsonl:1: output_length is missing"),
+    ("ctext.jsonl", '{"messages": [{"role": "user", "content": [{"type": "text", "text": 123}]}]}\n',
+     "ctext.jsonl:1: messages.0..content must be"),
+    ("cnotext.jsonl", '{"messages": [{"role": "user", "content": [{"type": "text"}]}]}\n', "cnotext.jsonl:1: messages"),
+    ("cnull.jsonl", '{"messages": [{"role": "user", "content": null}]}\n', "null only in an assistant turn"),
+    ("norole.jsonl", '{"messages": [{"content": "hi"}]}\n', "norole.jsonl:1: messages.0..role must be a string"),
+    ("both.jsonl", '{"prompt": "hello", "messages": [{"role": "user", "content": 42}]}\n',
+     "both.jsonl:1: has both messages and prompt"),
+    ("surrogate.jsonl", '{"prompt": "hi \\ud800 there"}\n', "surrogate.jsonl:1: the prompt text holds"),
     # one id per 512-token block: 5,000 tokens under one id gave hit rates above the ideal, 10 under 100 ids none
     ("ids.jsonl", '{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}\n'
                   '{"timestamp": 1, "input_length": 5000, "output_length": 1, "hash_ids": [1]}\n',

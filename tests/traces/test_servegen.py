@@ -63,6 +63,8 @@ def test_simulating_a_rate_file_says_its_request_sizes_are_not_the_traces():
     ("0,-1,1.0,,0,0", "rate_rps must be a finite number >= 0, got -1.0"),  # silently no requests
     ("0,0.5,1.0,Gamma,inf,2", "shape must be"),
     ("0,0.5,4.0,Lognormal,0.5,2", "dist 'Lognormal' is not a distribution; allowed: Gamma, Weibull"),
+    ("0,0.5,4.0,Gamma,0,2", "a Gamma window needs shape and scale above 0, got 0 and 2"),  # became Poisson
+    ("0,1e12,1.0,,0,0", "rate_rps 1e.12 makes 600,000,000,000,000 requests"),  # a numpy MemoryError with --limit
 ])
 def test_rate_rows_that_cannot_be_drawn_from_are_refused_naming_the_line(tmp_path, row, says):
     path = tmp_path / "chunk-0-trace.csv"
@@ -101,5 +103,14 @@ def test_a_file_that_starts_late_replays_from_its_first_busy_window(tmp_path):
     reqs, same = load_trace(late, seed=2), load_trace(early, seed=2)
     assert len(reqs) == len(same) and reqs[-1].arrival_s < 1200
     assert [r.arrival_s for r in reqs] == pytest.approx([r.arrival_s for r in same])
-    # an explicit start inside the trace counts from there
+    # an explicit start inside the trace counts from there; a duration counts from where the replay starts
     assert all(0 <= r.arrival_s < 900 for r in load_trace(late, seed=2, start_s=43500))
+    assert load_trace(late, seed=2, duration_s=3600) == reqs  # it was empty: the hour counted from 0 s
+    part = load_trace(late, seed=2, start_s=43000, duration_s=600)
+    assert part[-1].arrival_s > 500 and all(r.arrival_s < 600 for r in part)
+    with pytest.raises(TraceError, match="no requests: no window from 44400 s on has a rate above 0"):
+        load_trace(late, start_s=44400)
+    zero = tmp_path / "zero.csv"
+    zero.write_text("0,0,1.0,,0,0\n600,0,1.0,,0,0\n")
+    with pytest.raises(TraceError, match="no requests: every window's rate is 0"):
+        load_trace(zero)

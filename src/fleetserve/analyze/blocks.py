@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetserve.kvcache.blocks import chain_keys
+from fleetserve.router.features import content_text
 from fleetserve.traces.load import detect_format, load_trace
 from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest
 
@@ -71,7 +72,8 @@ def load_tokenizer(model: str):
 def prompt_ids(tokenizer, r: TraceRequest) -> list[int]:
     """The prompt's token ids as the engine builds them (chat template when the tokenizer has one)."""
     if r.messages is not None:
-        messages = [{"role": m.get("role", "user"), "content": str(m.get("content", ""))} for m in r.messages]
+        # list-of-parts content as its text parts, null as empty (as TraceRequest.text() and the router read it)
+        messages = [{"role": m.get("role", "user"), "content": content_text(m.get("content"))} for m in r.messages]
         if getattr(tokenizer, "chat_template", None):
             out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             if isinstance(out, dict) or hasattr(out, "input_ids"):

@@ -319,7 +319,7 @@ def plan(
         Path(output).write_text(f"# planned by fleetserve plan from {spec} against {trace}\n"
                                 + yaml.safe_dump(result.winner.data, sort_keys=False))
         data["output"] = output
-    else:  # nothing is written; a file already there is an earlier run's, and must not pass for this one's
+    else:  # nothing is written; a file already there (an earlier run's, or the input) must not pass for this one's
         data["output"] = None
         stale = Path(output).exists()
     if as_json:
@@ -328,7 +328,8 @@ def plan(
     elif result.winner is None:
         out.print(f"no candidate passed verify in {result.trials} simulations"
                   + (f" ({result.cut_short}: a larger --max-trials may find one)" if result.cut_short else "")
-                  + f"; nothing written to {output}" + (" (the file there is from an earlier run)" if stale else ""),
+                  + f"; nothing written to {output}"
+                  + (" (the file already there was left as it was: it is not this run's result)" if stale else ""),
                   markup=False)
         if result.closest is not None:
             out.print(f"closest: {result.closest.label}, which fails:", markup=False)

@@ -18,7 +18,6 @@ import json
 import logging
 import time
 import uuid
-import zlib
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
@@ -38,11 +37,13 @@ from fleetserve.observe.logs import log_request, prompt_text, tenant_hash
 from fleetserve.observe.metrics import ModelIdentity, SimEngineMetrics, exposition
 from fleetserve.sim.perf import PerfProfile
 from fleetserve.sim.replica import ReplicaModel, Seq
+from fleetserve.traces.model import stand_in_tokens
 
 
 def text_tokens(text: str) -> list[int]:
-    """The simulated tokenizer: one token per whitespace-separated word, a stable id per word."""
-    return [zlib.crc32(word.encode()) % 32000 for word in text.split()]
+    """The simulated tokenizer: the simulator's stand-in (`traces.model.stand_in_tokens`: a stable id per word,
+    a token per character of scripts written without spaces), so a prompt log is as long here as there."""
+    return stand_in_tokens(text)
 
 
 @dataclass

@@ -5,7 +5,8 @@ Keys are derived without materialising tokens (the hot path must not touch per-t
   is the chain value of the id containing token e-1, combined with e. Equal ids give equal keys, as the
   engines' own chained keys would. The router keys a token-id prompt the same way (the gateway computes the
   engines' chain for token ids; without /get_model_info it uses its default block of 256 tokens);
-- prompt logs (text): the engine's keys come from a word-level stand-in tokenizer; the router's keys are
+- prompt logs (text): the engine's keys come from the stand-in tokenizer (`traces.model.stand_in_words`: words,
+  and a token per character of scripts written without spaces); the router's keys are
   the gateway's own text-chunk keys (`router.features.request_features`), which do not line up with the
   engine's blocks, exactly as for a live router in front of an engine it cannot tokenize for;
 - Azure (lengths only): no keys; every prompt is unique.
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleetserve.router.features import KVLayout, request_features
-from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, stand_in_tokens, stand_in_words
+from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, stand_in_tokens
 
 ROUTER_DEFAULT_BLOCK = KVLayout().block_size
 
@@ -50,8 +51,7 @@ def _hash_chain(hash_ids: tuple[int, ...], prompt: int, block: int, salt: int) -
                  for c in range(n))
 
 
-def _word_chain(text: str, block: int, salt: int) -> tuple:
-    tokens = stand_in_tokens(text)
+def _word_chain(tokens: list[int], block: int, salt: int) -> tuple:
     keys, parent = [], salt
     for start in range(0, len(tokens) - block + 1, block):
         parent = hash((parent, tuple(tokens[start:start + block])))
@@ -76,12 +76,12 @@ def build_workload(trace: list[TraceRequest], engine_block: int, informed: bool)
         elif r.messages or r.prompt:
             body = {"messages": list(r.messages)} if r.messages else {"prompt": r.prompt}
             text = r.text() or ""
-            engine = _word_chain(text, engine_block, 0)
+            words = stand_in_tokens(text)  # the engine's tokens: its stand-in tokenizer's, as its keys
+            engine = _word_chain(words, engine_block, 0)
             rkeys, tokens, rblock, exact = request_features(body, KVLayout(engine_block if informed else
                                                                            ROUTER_DEFAULT_BLOCK))
-            words = max(1, len(stand_in_words(text)))  # the engine's tokens: its stand-in tokenizer's, as its keys
-            out.append(SimRequestSpec(r.arrival_s, words, r.output_tokens, engine, tuple(rkeys), rblock, exact,
-                                      session, max(tokens, 1)))
+            out.append(SimRequestSpec(r.arrival_s, max(1, len(words)), r.output_tokens, engine, tuple(rkeys), rblock,
+                                      exact, session, max(tokens, 1)))
         else:
             out.append(SimRequestSpec(r.arrival_s, r.input_tokens, r.output_tokens, session=session))
     return out

@@ -270,16 +270,25 @@ def _azure_rows(p: Path, limit: int | None) -> list[tuple[datetime, int, int]]:
     return out
 
 
-def _check_content(content, where: str) -> None:
-    """OpenAI message content: a string, a list of parts (objects with a `type`), or null (an assistant turn that
-    only calls tools); a number or a bare object is a mistyped log, not an empty prompt."""
-    if content is None or isinstance(content, str):
+def _check_message(message: dict, where: str) -> None:
+    """An OpenAI chat message as the engines accept it: a string `role`; `content` a string, a list of parts
+    (objects with a string `type`, text parts with a string `text`), or null in an assistant turn that only
+    calls tools. A number, a bare object or a part without its text is a mistyped log, not an empty prompt (the
+    engines answer such a message 400, so a replay would fail where the simulator passed)."""
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        raise TraceError(f"{where}.role must be a string (system, user, assistant, tool, ...), got "
+                         f"{json.dumps(role)[:40]}")
+    content = message.get("content")
+    if isinstance(content, str) or (content is None and role == "assistant"):
         return
-    if isinstance(content, list) and all(isinstance(part, dict) and isinstance(part.get("type"), str)
-                                         for part in content):
+    if isinstance(content, list) and all(
+            isinstance(part, dict) and isinstance(part.get("type"), str)
+            and (part["type"] != "text" or isinstance(part.get("text"), str)) for part in content):
         return
-    raise TraceError(f"{where} must be a string, a list of parts (like {{\"type\": \"text\", \"text\": \"...\"}}) "
-                     f"or null, got {json.dumps(content)[:60]}")
+    null = "; null only in an assistant turn" if content is None else ""
+    raise TraceError(f"{where}.content must be a string, a list of parts (like {{\"type\": \"text\", \"text\": "
+                     f"\"...\"}}) or null{null}, got {json.dumps(content)[:60]}")
 
 
 def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
@@ -300,6 +309,9 @@ def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
         prompt = row.get("prompt")
         if messages is None and prompt is None:
             raise TraceError(f"{where}: needs messages or prompt")
+        if messages is not None and prompt is not None:  # a chat request or a completion: a replay sends one
+            raise TraceError(f"{where}: has both messages and prompt; give one (messages: a chat request, prompt: "
+                             "a completion)")
         if prompt is not None:
             if isinstance(prompt, list) and len(prompt) == 1:
                 prompt = prompt[0]  # the OpenAI API's list form; more strings are a batch: a line each here
@@ -310,12 +322,18 @@ def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
                 raise TraceError(f"{where}: messages must be a non-empty list of objects "
                                  '(like {"role": "user", "content": "..."})')
             for i, m in enumerate(messages):
-                _check_content(m.get("content"), f"{where}: messages[{i}].content")
+                _check_message(m, f"{where}: messages[{i}]")
         # the newer OpenAI name first (max_tokens is deprecated for chat), as the API reads them
         limit_key = "max_completion_tokens" if row.get("max_completion_tokens") is not None else "max_tokens"
         req = TraceRequest(_number(row, "timestamp", where, 0.0), 1, _count(row, limit_key, where, 64, least=1),
                            session=row.get("session"), messages=tuple(messages) if messages else None, prompt=prompt)
         # its length in the stand-in tokens the simulator and the Mooncake writer count (a word each): characters
         # / 4 made a prompt log written as Azure a third longer than the same log written as Mooncake
-        out.append(replace(req, input_tokens=max(1, len(stand_in_words(req.text() or "")))))
+        text = req.text() or ""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate (\ud800 in JSON): the engines refuse it, 400
+            raise TraceError(f"{where}: the prompt text holds {exc.object[exc.start]!r} at character {exc.start}, "
+                             "which is not Unicode text (a lone surrogate)") from None
+        out.append(replace(req, input_tokens=max(1, len(stand_in_words(text)))))
     return out

@@ -38,20 +38,24 @@ def check_span(span_s: float, what: str) -> None:
                          "mixed in one file?)")
 
 
-# scripts written without spaces between words (Han, kana, Hangul, Thai): each character is a token of the
-# stand-in tokenizer, as a BPE tokenizer gives such text about a token per character; by spaces alone a
-# 20,000-character Chinese prompt was 2 tokens (and passed a context limit that refused 20,000 English words)
-_UNSPACED = "\u0e00-\u0e7f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+# scripts written without spaces between words (Han, kana, Thai, Lao, Khmer, Myanmar) and Hangul (spaced by
+# words, but a BPE tokenizer gives it about a token per syllable), and full-width forms and CJK punctuation:
+# each character is a token of the stand-in tokenizer, as a BPE tokenizer gives such text about a token per
+# character; by spaces alone a 20,000-character Chinese prompt was 2 tokens (and passed a context limit that
+# refused 20,000 English words)
+_UNSPACED = ("\u0e00-\u0eff\u1000-\u109f\u1100-\u11ff\u1780-\u17ff\u3000-\u303f\u3040-\u30ff\u3130-\u318f"
+             "\u3400-\u4dbf\u4e00-\u9fff\ua960-\ua97f\uac00-\ud7ff\uf900-\ufaff\uff00-\uffef"
+             "\U00020000-\U0003134f")
 _WORD = re.compile(f"[{_UNSPACED}]|[^\\s{_UNSPACED}]+")
+_HAS_UNSPACED = re.compile(f"[{_UNSPACED}]")
 
 
 def stand_in_words(text: str) -> list[str]:
-    """The stand-in tokenizer's tokens as text: words split by white space, and each character of a script
-    written without spaces. The same as `text.split()` for text without such characters."""
-    return _WORD.findall(text) if _HAS_UNSPACED.search(text) else text.split()
-
-
-_HAS_UNSPACED = re.compile(f"[{_UNSPACED}]")
+    """The stand-in tokenizer's tokens as text: words split by white space, and each character of the scripts
+    above. Exactly `text.split()` for text without such characters (ASCII text takes that path at once)."""
+    if text.isascii() or not _HAS_UNSPACED.search(text):
+        return text.split()
+    return _WORD.findall(text)
 
 
 def stand_in_tokens(text: str) -> list[int]:

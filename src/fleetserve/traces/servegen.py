@@ -3,7 +3,8 @@
 ServeGen publishes no per-request trace; it publishes, per API client, one row per 600 s window:
 `window_start_s, rate_rps, cv, dist (Weibull|Gamma|Exponential|empty, any case), shape, scale`, with or
 without that header row; numbers finite and not negative. Arrivals are drawn as ServeGen's
-own generator draws them: ceil(rate x window) inter-arrival times from the window's fitted distribution,
+own generator draws them: ceil(rate x window) inter-arrival times from the window's fitted distribution (Gamma,
+Weibull; a window without one, or Exponential, is Poisson: a count drawn around rate x window),
 rescaled so that they fill the window exactly (the rate is what the data pins down; the distribution gives
 the burstiness). Clients are independent; a folder (or the published .tar.gz) of clients is their
 superposition. The computed aggregate file (`model,window_start_s,total_rate_rps,active_clients`) has no
@@ -83,10 +84,15 @@ def _checked(w: RateWindow, where: str) -> RateWindow:
                          ("scale", w.scale)):
         if not math.isfinite(value) or value < 0:
             raise ServeGenError(f"{where}: {field} must be a finite number >= 0, got {value!r}")
+    if w.rate_rps * WINDOW_S > MAX_REQUESTS:  # numpy would try to allocate them all, whatever the limit
+        raise ServeGenError(f"{where}: rate_rps {w.rate_rps:g} makes {w.rate_rps * WINDOW_S:,.0f} requests in one "
+                            f"{WINDOW_S:.0f} s window; at most {MAX_REQUESTS:,}")
     dist = DISTRIBUTIONS.get(w.dist.lower())
     if dist is None:
         raise ServeGenError(f"{where}: dist {w.dist!r} is not a distribution; allowed: Gamma, Weibull, Exponential "
                             "or empty (Poisson), any case")
+    if dist and w.rate_rps > 0 and (w.shape <= 0 or w.scale <= 0):  # drawn as Poisson, its burstiness lost
+        raise ServeGenError(f"{where}: a {dist} window needs shape and scale above 0, got {w.shape:g} and {w.scale:g}")
     return w if dist == w.dist else RateWindow(w.start_s, w.rate_rps, w.cv, dist, w.shape, w.scale)
 
 
@@ -183,14 +189,17 @@ def load_servegen(path: str | Path, model: str | None = None, seed: int = 0, sta
                   duration_s: float | None = None, limit: int | None = None,
                   input_tokens: int = DEFAULT_INPUT_TOKENS,
                   output_tokens: int = DEFAULT_OUTPUT_TOKENS) -> list[TraceRequest]:
-    """Requests arriving in [start_s, start_s + duration_s) of the rate file, times counted from `start_s` or from
-    the first window after it (a file whose windows begin at 43,200 s replays from there: the hours before it
-    hold no requests, and a fleet simulated through them would be paid for doing nothing)."""
+    """The requests of `duration_s` seconds of the rate file from `start_s`, or from the first window after it
+    with a rate above 0 (a file whose windows begin at 43,200 s replays from there: the hours before it hold no
+    requests, and a fleet simulated through them would be paid for doing nothing); times counted from there."""
     clients = read_clients(path, model)
-    end = math.inf if duration_s is None else start_s + duration_s
-    starts = sorted({w.start_s for c in clients for w in c if start_s - WINDOW_S < w.start_s < end})
-    busy = [w.start_s for c in clients for w in c if start_s - WINDOW_S < w.start_s < end and w.rate_rps > 0]
-    origin = max(start_s, min(busy)) if busy else start_s
+    busy = [w.start_s for c in clients for w in c if w.start_s > start_s - WINDOW_S and w.rate_rps > 0]
+    if not busy:
+        why = f"no window from {start_s:g} s on has a rate above 0" if start_s > 0 else "every window's rate is 0"
+        raise ServeGenError(f"{path}: no requests: {why}")
+    origin = max(start_s, min(busy))
+    end = math.inf if duration_s is None else origin + duration_s
+    starts = sorted({w.start_s for c in clients for w in c if origin - WINDOW_S < w.start_s < end})
     if limit is None and duration_s is None:
         expected = sum(w.rate_rps * WINDOW_S for c in clients for w in c if w.start_s > start_s - WINDOW_S)
         if expected > MAX_REQUESTS:
@@ -202,7 +211,7 @@ def load_servegen(path: str | Path, model: str | None = None, seed: int = 0, sta
     for ws in starts:
         times = [window_arrivals(c[ws], rng) for c in by_start if ws in c]
         merged = np.sort(np.concatenate(times)) if times else np.empty(0)
-        merged = merged[(merged >= start_s) & (merged < end)]
+        merged = merged[(merged >= origin) & (merged < end)]
         for t in merged:
             out.append(TraceRequest(float(t - origin), input_tokens, output_tokens))
             if limit is not None and len(out) >= limit:
