@@ -197,3 +197,36 @@ def test_a_cache_raised_to_fit_the_largest_request_and_a_skipped_sweep_are_said(
     # as ten blocks
     assert figures["load_sweep"] is None and "blind" in figures["sweep_skipped"]
     assert figures["targets"]["met"] is None and "blind" in figures["targets"]["reason"]
+
+
+def test_live_routing_bench_keys_a_prompt_log_as_its_engines_do(tmp_path):
+    """The live bench keyed a prompt log by `token_ids`, which gives every request tokens of its own: the oracle
+    said 0 while the engines, which get the text, found the shared system prompts."""
+    from fleetserve.bench.routing import _keys
+    from fleetserve.kvcache.blocks import chain_keys, namespace_key
+    from fleetserve.traces.load import load_trace
+    from fleetserve.traces.model import stand_in_tokens
+
+    system = ["You are a careful assistant for " + topic + ". " + " ".join(f"rule{k}" for k in range(600))
+              for topic in ("billing", "shipping")]
+    rows = [{"timestamp": i * 0.2, "messages": [{"role": "system", "content": system[i % 2]},
+                                                {"role": "user", "content": f"question {i} about my order"}],
+             "max_tokens": 4} for i in range(12)]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    requests = load_trace(log)
+    keys = _keys(requests, 16)
+    root = namespace_key("bench-sim", "1", "sim", None)  # the engines the bench starts
+    assert keys[0] == chain_keys(stand_in_tokens(requests[0].text()), 16, root)
+    assert keys[0][:3] == keys[2][:3] and keys[0][:1] != keys[1][:1]  # shared where the text is
+    result = fleetserve("bench", "routing", "--live", "--trace", str(log), "--replicas", "2", "--duration", "3",
+                        "--cache-fraction", "1", "--strategies", "roundrobin,prefixaware", "--json", timeout=600)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["cache_blocks_per_replica"] == 16  # the floor the simulator bench has too (it was 1 block,
+    # and --live ignored --cache-fraction), and the JSON says why
+    assert "not the 2 that --cache-fraction 1 asks for" in figures["warnings"][0]
+    assert figures["oracle_hit_rate"] > 0.5  # 10 of 12 requests repeat a 600-word system prompt
+    assert figures["strategies"]["prefixaware"]["hit_rate"] > 0
+    result = fleetserve("bench", "routing", "--live", "--trace", str(log), "--time-scale", "2")
+    assert result.returncode == 2 and "--time-scale" in result.stderr  # it was ignored

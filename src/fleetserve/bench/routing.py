@@ -17,11 +17,13 @@ from pathlib import Path
 import httpx
 
 from fleetserve.bench.replay import replay, summarize
+from fleetserve.bench.routing_sim import replica_cache_blocks
 from fleetserve.fleet.process import Child, fleetserve_command, free_port
 from fleetserve.kvcache.blocks import chain_keys, namespace_key
 from fleetserve.kvcache.prefix_match import KeyLRU
 from fleetserve.sim.perf import profile as perf_profile
 from fleetserve.traces.load import load_trace
+from fleetserve.traces.model import TraceRequest, stand_in_tokens
 
 MODEL = "bench-sim"
 SGLANG = "sglang_cache_aware"
@@ -39,9 +41,17 @@ def find_sglang_python(explicit: str | None = None) -> str | None:
     return sys.executable if importlib.util.find_spec("sglang_router") else None
 
 
+def _engine_tokens(r: TraceRequest, i: int) -> list[int]:
+    """The prompt as the simulated engines tokenize it: a prompt log's text (the replay sends the text) through
+    their stand-in tokenizer, else the trace's token ids. Keying prompt logs by `token_ids` gave every request
+    tokens of its own, so the oracle and the calibration saw no shared prefix where the engines found them."""
+    text = r.text()
+    return stand_in_tokens(text) if text is not None else r.token_ids(unique_seed=i)
+
+
 def _keys(requests, block_size: int) -> list[list[int]]:
     root = namespace_key(MODEL, "1", "sim", None)
-    return [chain_keys(r.token_ids(unique_seed=i), block_size, root) for i, r in enumerate(requests)]
+    return [chain_keys(_engine_tokens(r, i), block_size, root) for i, r in enumerate(requests)]
 
 
 def lru_hits(key_lists: list[list[int]], capacity: int, assign=None, caches: int = 1) -> list[int]:
@@ -78,9 +88,11 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] = ("roundrobi
     base = perf_profile(profile_name)
     block = base.block_size
     key_lists = _keys(requests, block)
-    prompt_tokens = [min(r.input_tokens, len(r.token_ids(unique_seed=i))) for i, r in enumerate(requests)]
+    prompt_tokens = [min(r.input_tokens, len(_engine_tokens(r, i))) for i, r in enumerate(requests)]
     unique = len({k for keys in key_lists for k in keys})
-    cap = max(1, round(unique * cache_fraction / replicas))
+    outputs_of = [min(r.output_tokens, max_output or r.output_tokens) for r in requests]
+    biggest = max((p + o + block - 1) // block for p, o in zip(prompt_tokens, outputs_of, strict=True))
+    cap = replica_cache_blocks(round(unique * cache_fraction / replicas), biggest)
     total_prompt = sum(prompt_tokens)
     oracle = sum(min(h * block, p) for h, p in zip(lru_hits(key_lists, cap * replicas), prompt_tokens,
                                                      strict=True)) / total_prompt
@@ -98,8 +110,13 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] = ("roundrobi
         "profile": profile_name, "block_size": block, "unique_blocks": unique, "cache_blocks_per_replica": cap,
         "trace_speedup": round(trace_speedup, 2), "engine_speedup": round(engine_speedup, 3),
         "oracle_hit_rate": round(oracle, 4), "prompt_format": prompt_format,
-        "note": "ttft_ms is measured by the engines (queue + prefill)", "strategies": {},
+        "note": "ttft_ms is measured by the engines (queue + prefill)", "strategies": {}, "warnings": [],
     }
+    asked = round(unique * cache_fraction / replicas)
+    if cap > asked:
+        result["warnings"].append(f"each replica's cache holds {cap} blocks, not the {asked} that --cache-fraction "
+                                  f"{cache_fraction:g} asks for: a replica must hold the trace's largest request "
+                                  f"({biggest} blocks) and one block more, and 16 blocks at least")
     for strategy in strategies:
         if progress:
             progress(f"{strategy} ...")

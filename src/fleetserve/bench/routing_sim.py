@@ -174,6 +174,13 @@ def cannot_act(strategy: str, mode: str, has_sessions: bool) -> str | None:
     return None
 
 
+
+def replica_cache_blocks(asked: int, biggest: int) -> int:
+    """Each replica's cache: the share of the trace's blocks asked for, but never less than its largest request
+    (prompt and output, in blocks) and one block more, nor 16 blocks: a smaller engine evicts a request's own
+    prefix while it runs and finds nothing again (the simulator and the live bench size it alike)."""
+    return max(biggest + 1, asked, 16)
+
 def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None,
         modes: tuple[str, ...] = KNOWLEDGE_MODES, limit: int | None = None, profile_name: str = "h100-8b",
         cache_fraction: float = 1 / 3, target_utilization: float = 0.65, time_scale: float | None = None,
@@ -192,7 +199,7 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
     unique = len({k for w in reference for k in w.engine_keys})
     biggest = max((w.prompt + w.output + block - 1) // block for w in reference)
     asked = round(unique * cache_fraction / replicas)
-    cap = max(biggest + 1, asked, 16)  # a replica must hold its largest request, and a few blocks more
+    cap = replica_cache_blocks(asked, biggest)
     prof = replace(base, cache_blocks=cap, name=f"{base.name}-cache{cap}")
     scale = time_scale if time_scale is not None else calibrate(reference, prof, cap, replicas, target_utilization,
                                                                 seed)

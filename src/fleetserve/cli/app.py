@@ -692,12 +692,18 @@ def bench_routing(
     if SGLANG in names and prompt_format != "text":
         raise typer.BadParameter("sglang-router accepts text prompts only: add --prompt-format text",
                                  param_hint="--prompt-format")
+    if time_scale is not None:  # the live bench fits the trace into --duration and sets the engines' speed
+        raise typer.BadParameter("applies to the simulator; --live replays the trace in --duration seconds at "
+                                 "--target-utilization", param_hint="--time-scale")
     try:
-        result = run(trace, replicas, names, limit or 600, duration, profile_name=profile,
+        result = run(trace, replicas, names, limit or 600, duration, cache_fraction=cache_fraction,
+                     target_utilization=target_utilization, profile_name=profile,
                      max_output=max_output or 256, progress=None if as_json else _say, prompt_format=prompt_format,
                      sglang_python=find_sglang_python(sglang_python))
     except (TraceError, ValueError) as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
+    for warning in result["warnings"]:
+        err.print(f"warning: {warning}", markup=False)
     print(json.dumps(result, indent=2))
 
 
