@@ -142,3 +142,16 @@ def test_the_engine_counts_a_prompt_as_the_simulator_does(sim):
     for text in ("请给我讲一个关于猫的故事", "hello 世界 abc中文def", "plain english words"):
         assert text_tokens(text) == stand_in_tokens(text)
     assert complete(sim.url, "请给我讲一个关于猫的故事")["usage"]["prompt_tokens"] == 12
+
+
+def test_tokenize_counts_a_chat_as_serving_does(sim):
+    """/tokenize left out the `role: ` prefix that serving counts (3 tokens where usage said 4), and list content
+    gave a 500."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a b c"}]}]
+    r = httpx.post(sim.url + "/tokenize", json={"model": "sim", "messages": messages}, timeout=30)
+    served = httpx.post(sim.url + "/v1/chat/completions", json={"model": "sim", "messages": messages,
+                                                                "max_tokens": 1}, timeout=30)
+    assert r.status_code == 200 and r.json()["count"] == served.json()["usage"]["prompt_tokens"] == 4
+    bad = httpx.post(sim.url + "/tokenize", json={"messages": [{"role": "user", "content": 42}]}, timeout=30)
+    assert bad.status_code == 400 and "messages[0].content" in bad.json()["error"]["message"]
+    assert httpx.post(sim.url + "/tokenize", json={"prompt": "x y"}, timeout=30).json()["count"] == 2

@@ -95,3 +95,17 @@ def test_copies_fill_each_requests_own_stretch_of_the_timeline():
     # held ~100 (two requests' copies) before
     assert per_second[-1] < 1.7 * np.median(per_second) and per_second[0] < 1.7 * np.median(per_second)
     assert np.percentile(per_second[1:-1], 90) < 1.3 * np.median(per_second)
+
+
+def test_a_copy_of_list_content_tags_its_text_not_a_repr():
+    """A copy's content was "[copy 1] [{'type': 'text', ...}]" (and "[copy 1] None" for a null first message)."""
+    from fleetserve.traces.model import TraceRequest, stand_in_words
+
+    parts = ({"role": "user", "content": [{"type": "text", "text": "hello there"}]},)
+    null = ({"role": "assistant", "content": None}, {"role": "user", "content": "hi"})
+    trace = [TraceRequest(float(i), 2, 4, messages=m) for i, m in enumerate((parts, null))]
+    copies = [r for r in scale_rate(trace, 2.0, seed=1) if r not in trace]
+    assert len(copies) == 2
+    texts = sorted(r.text() for r in copies)
+    assert texts == ["assistant: [copy 1] \nuser: hi\n", "user: [copy 1] hello there\n"]
+    assert stand_in_words("a\u3000b") == ["a", "b"]  # the ideographic space separates words, it is not one

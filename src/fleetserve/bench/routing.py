@@ -92,7 +92,8 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] = ("roundrobi
     unique = len({k for keys in key_lists for k in keys})
     outputs_of = [min(r.output_tokens, max_output or r.output_tokens) for r in requests]
     biggest = max((p + o + block - 1) // block for p, o in zip(prompt_tokens, outputs_of, strict=True))
-    cap = replica_cache_blocks(round(unique * cache_fraction / replicas), biggest)
+    asked = round(unique * cache_fraction / replicas)
+    cap = replica_cache_blocks(asked, biggest)
     total_prompt = sum(prompt_tokens)
     oracle = sum(min(h * block, p) for h, p in zip(lru_hits(key_lists, cap * replicas), prompt_tokens,
                                                      strict=True)) / total_prompt
@@ -112,11 +113,11 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] = ("roundrobi
         "oracle_hit_rate": round(oracle, 4), "prompt_format": prompt_format,
         "note": "ttft_ms is measured by the engines (queue + prefill)", "strategies": {}, "warnings": [],
     }
-    asked = round(unique * cache_fraction / replicas)
     if cap > asked:
+        why = f"the trace's largest request ({biggest} blocks) and one more" if biggest + 1 >= 16 else \
+            "16 blocks at least"
         result["warnings"].append(f"each replica's cache holds {cap} blocks, not the {asked} that --cache-fraction "
-                                  f"{cache_fraction:g} asks for: a replica must hold the trace's largest request "
-                                  f"({biggest} blocks) and one block more, and 16 blocks at least")
+                                  f"{cache_fraction:g} asks for: a replica must hold {why}")
     for strategy in strategies:
         if progress:
             progress(f"{strategy} ...")

@@ -174,12 +174,12 @@ def cannot_act(strategy: str, mode: str, has_sessions: bool) -> str | None:
     return None
 
 
-
 def replica_cache_blocks(asked: int, biggest: int) -> int:
     """Each replica's cache: the share of the trace's blocks asked for, but never less than its largest request
     (prompt and output, in blocks) and one block more, nor 16 blocks: a smaller engine evicts a request's own
     prefix while it runs and finds nothing again (the simulator and the live bench size it alike)."""
     return max(biggest + 1, asked, 16)
+
 
 def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None,
         modes: tuple[str, ...] = KNOWLEDGE_MODES, limit: int | None = None, profile_name: str = "h100-8b",

@@ -40,6 +40,11 @@ from fleetserve.sim.replica import ReplicaModel, Seq
 from fleetserve.traces.model import stand_in_tokens
 
 
+def _only(body: dict, key: str) -> dict:
+    """/tokenize's body without the fields serving would check and /tokenize does not take."""
+    return {key: body[key]} if key in body else {}
+
+
 def text_tokens(text: str) -> list[int]:
     """The simulated tokenizer: the simulator's stand-in (`traces.model.stand_in_tokens`: a stable id per word,
     a token per character of scripts written without spaces), so a prompt log is as long here as there."""
@@ -353,8 +358,12 @@ def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = Non
             body = parse_json_body(await request.body())
         except APIError as err:
             return err.response()
-        text = body.get("prompt") or "".join(m.get("content", "") for m in body.get("messages", []))
-        tokens = text_tokens(str(text))
+        try:  # the prompt as serving it would count it (chat: `role: content` lines, list content's text)
+            parsed = parse_chat(_only(body, "messages")) if "messages" in body else parse_completion(
+                _only(body, "prompt"))
+        except APIError as err:
+            return err.response()
+        tokens = engine._tokens(parsed)
         return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": 1_000_000})
 
     async def metrics(request):

@@ -16,6 +16,8 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from fleetserve.api.errors import APIError
+from fleetserve.api.protocol import parse_chat
 from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, check_span, stand_in_words
 from fleetserve.traces.servegen import ServeGenError, is_servegen, load_servegen
 
@@ -270,25 +272,14 @@ def _azure_rows(p: Path, limit: int | None) -> list[tuple[datetime, int, int]]:
     return out
 
 
-def _check_message(message: dict, where: str) -> None:
-    """An OpenAI chat message as the engines accept it: a string `role`; `content` a string, a list of parts
-    (objects with a string `type`, text parts with a string `text`), or null in an assistant turn that only
-    calls tools. A number, a bare object or a part without its text is a mistyped log, not an empty prompt (the
-    engines answer such a message 400, so a replay would fail where the simulator passed)."""
-    role = message.get("role")
-    if not isinstance(role, str) or not role:
-        raise TraceError(f"{where}.role must be a string (system, user, assistant, tool, ...), got "
-                         f"{json.dumps(role)[:40]}")
-    content = message.get("content")
-    if isinstance(content, str) or (content is None and role == "assistant"):
-        return
-    if isinstance(content, list) and all(
-            isinstance(part, dict) and isinstance(part.get("type"), str)
-            and (part["type"] != "text" or isinstance(part.get("text"), str)) for part in content):
-        return
-    null = "; null only in an assistant turn" if content is None else ""
-    raise TraceError(f"{where}.content must be a string, a list of parts (like {{\"type\": \"text\", \"text\": "
-                     f"\"...\"}}) or null{null}, got {json.dumps(content)[:60]}")
+def _check_chat(messages: list, where: str) -> None:
+    """The messages as the engines check them (`api.protocol.parse_chat`: roles, content a string or text parts,
+    null only where the API allows it): a log the simulator accepts is one the engines answer, not a 400 at
+    replay (a mistyped message became a 1-token prompt here)."""
+    try:
+        parse_chat({"messages": messages})
+    except APIError as exc:
+        raise TraceError(f"{where}: {exc}") from None
 
 
 def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
@@ -321,19 +312,17 @@ def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
             if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
                 raise TraceError(f"{where}: messages must be a non-empty list of objects "
                                  '(like {"role": "user", "content": "..."})')
-            for i, m in enumerate(messages):
-                _check_message(m, f"{where}: messages[{i}]")
+            _check_chat(messages, where)
         # the newer OpenAI name first (max_tokens is deprecated for chat), as the API reads them
         limit_key = "max_completion_tokens" if row.get("max_completion_tokens") is not None else "max_tokens"
         req = TraceRequest(_number(row, "timestamp", where, 0.0), 1, _count(row, limit_key, where, 64, least=1),
                            session=row.get("session"), messages=tuple(messages) if messages else None, prompt=prompt)
         # its length in the stand-in tokens the simulator and the Mooncake writer count (a word each): characters
         # / 4 made a prompt log written as Azure a third longer than the same log written as Mooncake
-        text = req.text() or ""
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:  # a lone surrogate (\ud800 in JSON): the engines refuse it, 400
-            raise TraceError(f"{where}: the prompt text holds {exc.object[exc.start]!r} at character {exc.start}, "
-                             "which is not Unicode text (a lone surrogate)") from None
-        out.append(replace(req, input_tokens=max(1, len(stand_in_words(text)))))
+        try:  # a lone surrogate (\ud800 in JSON) anywhere in the row: no request body can carry it
+            json.dumps(row, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise TraceError(f"{where}: holds {exc.object[exc.start]!r}, which is not Unicode text (a lone "
+                             "surrogate); the engines refuse it, and a replay cannot send it") from None
+        out.append(replace(req, input_tokens=max(1, len(stand_in_words(req.text() or "")))))
     return out

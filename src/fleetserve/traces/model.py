@@ -43,7 +43,7 @@ def check_span(span_s: float, what: str) -> None:
 # each character is a token of the stand-in tokenizer, as a BPE tokenizer gives such text about a token per
 # character; by spaces alone a 20,000-character Chinese prompt was 2 tokens (and passed a context limit that
 # refused 20,000 English words)
-_UNSPACED = ("\u0e00-\u0eff\u1000-\u109f\u1100-\u11ff\u1780-\u17ff\u3000-\u303f\u3040-\u30ff\u3130-\u318f"
+_UNSPACED = ("\u0e00-\u0eff\u1000-\u109f\u1100-\u11ff\u1780-\u17ff\u3001-\u303f\u3040-\u30ff\u3130-\u318f"
              "\u3400-\u4dbf\u4e00-\u9fff\ua960-\ua97f\uac00-\ud7ff\uf900-\ufaff\uff00-\uffef"
              "\U00020000-\U0003134f")
 _WORD = re.compile(f"[{_UNSPACED}]|[^\\s{_UNSPACED}]+")

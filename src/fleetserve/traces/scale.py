@@ -70,7 +70,18 @@ def _copy(r: TraceRequest, c: int, arrival: float, id_span: int) -> TraceRequest
     messages = r.messages
     if messages:
         first = dict(messages[0])
-        first["content"] = f"[copy {c}] {first.get('content', '')}"
+        tag, content = f"[copy {c}] ", first.get("content")
+        if isinstance(content, list):  # the text parts' form: tag the first text part (or add one), not a repr
+            parts = list(content)
+            at = next((k for k, part in enumerate(parts) if isinstance(part, dict) and part.get("type") == "text"),
+                      None)
+            if at is None:
+                parts.insert(0, {"type": "text", "text": tag.strip()})
+            else:
+                parts[at] = {**parts[at], "text": tag + str(parts[at].get("text", ""))}
+            first["content"] = parts
+        else:
+            first["content"] = tag + (content or "")
         messages = (first, *messages[1:])
     return replace(r, arrival_s=arrival, hash_ids=tuple(h + c * id_span for h in r.hash_ids),
                    session=f"{r.session}#{c}" if r.session is not None else None, messages=messages,
