@@ -228,5 +228,6 @@ def test_live_routing_bench_keys_a_prompt_log_as_its_engines_do(tmp_path):
     assert "not the 2 that --cache-fraction 1 asks for" in figures["warnings"][0]
     assert figures["oracle_hit_rate"] > 0.5  # 10 of 12 requests repeat a 600-word system prompt
     assert figures["strategies"]["prefixaware"]["hit_rate"] > 0
-    result = fleetserve("bench", "routing", "--live", "--trace", str(log), "--time-scale", "2")
-    assert result.returncode == 2 and "--time-scale" in result.stderr  # it was ignored
+    for flag, value in (("--time-scale", "2"), ("--modes", "blind"), ("--sweep", "0.7"), ("--seed", "3")):
+        result = fleetserve("bench", "routing", "--live", "--trace", str(log), flag, value)
+        assert result.returncode == 2 and flag in result.stderr, flag  # each was ignored

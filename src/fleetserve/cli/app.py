@@ -695,6 +695,11 @@ def bench_routing(
     if time_scale is not None:  # the live bench fits the trace into --duration and sets the engines' speed
         raise typer.BadParameter("applies to the simulator; --live replays the trace in --duration seconds at "
                                  "--target-utilization", param_hint="--time-scale")
+    for flag, given, default in (("--modes", modes, "blind,informed"), ("--sweep", sweep, "0.8,0.9"),
+                                 ("--seed", seed, 0)):
+        if given != default:  # the live bench runs the real router once per strategy: no modes, sweep or draws
+            raise typer.BadParameter("applies to the simulator, not to --live (the real router, engine processes, "
+                                     "one run per strategy)", param_hint=flag)
     try:
         result = run(trace, replicas, names, limit or 600, duration, cache_fraction=cache_fraction,
                      target_utilization=target_utilization, profile_name=profile,
