@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from starlette.responses import JSONResponse
-
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -49,7 +47,11 @@ class APIError(Exception):
             }
         }
 
-    def response(self) -> JSONResponse:
+    def response(self):
+        """The error as a starlette response. Imported here, not at the top: the request checks that raise these
+        errors (`api.protocol`) are pure, and the simulator's trace loader runs them without a server."""
+        from starlette.responses import JSONResponse
+
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
