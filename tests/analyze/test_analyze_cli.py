@@ -118,3 +118,23 @@ def test_the_oracle_counts_tokens_as_the_strategies_do(tmp_path):
     assert out["oracle_hit_rate"] == out["ideal_token_hit_rate"] == round(19 * 512 / (20 * 513), 4)
     for name, rate in out["strategy_hit_rate"].items():
         assert rate is None or rate <= out["oracle_hit_rate"] + 1e-9, name
+
+
+def test_what_the_figures_do_not_show_is_warned(tmp_path):
+    """Prompts shorter than one block read as "prompts share too little", and requests over the model's context
+    (which simulate refuses) were analysed without a word."""
+    short = tmp_path / "short.jsonl"
+    short.write_text("".join(json.dumps({"timestamp": i, "messages": [{"role": "system", "content": "be brief"},
+                                                                      {"role": "user", "content": f"hi {i}"}]})
+                             + "\n" for i in range(20)))
+    r = fleetserve("analyze", str(short), "--model", "builtin:smollm2-135m", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["blocks"] == 0 and "no prompt fills one 256-token block" in out["warnings"][0]
+    assert "no prompt fills one 256-token block" in out["recommendation"]["reasons"][0]
+    assert "warning: no prompt fills" in " ".join(r.stderr.split())
+    long = tmp_path / "long.jsonl"
+    long.write_text("".join(json.dumps({"timestamp": i, "prompt": "word " * 9000 + str(i), "max_tokens": 10})
+                            + "\n" for i in range(3)))
+    out = analyze_json(str(long), "--model", "builtin:smollm2-135m")
+    assert any("3 of 3 requests need more than smollm2-135m's 8192-token context" in w for w in out["warnings"])

@@ -1,5 +1,7 @@
 from pathlib import Path
 
+import pytest
+
 from fleetserve.traces.load import detect_format, load_trace
 from tests.helpers import fleetserve
 
@@ -118,3 +120,18 @@ def test_a_trace_spanning_more_than_a_year_is_exit_2_instead_of_a_hang(tmp_path)
     result = fleetserve("trace", "scale", str(DATA / "mooncake_sample.jsonl"), "--time", "1e7", "-o",
                         str(tmp_path / "out.jsonl"))
     assert result.returncode == 2 and "--time" in said(result) and "at most 366" in said(result), said(result)
+
+
+def test_format_alone_converts_a_trace(tmp_path):
+    """A plain conversion needed --time 1 ("give --rate and/or --time")."""
+    log = tmp_path / "log.jsonl"
+    made = fleetserve("trace", "generate", "chat", "--format", "prompts", "--duration", "60", "--seed", "2",
+                      "-o", str(log))
+    assert made.returncode == 0, made.stderr
+    out = tmp_path / "log-mooncake.jsonl"
+    r = fleetserve("trace", "scale", str(log), "--format", "mooncake", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    original, converted = load_trace(log), load_trace(out)
+    assert detect_format(out) == "mooncake" and len(converted) == len(original)
+    assert [r.arrival_s for r in converted] == pytest.approx([r.arrival_s for r in original], abs=1e-3)  # ms
+    assert fleetserve("trace", "scale", str(log), "-o", str(out)).returncode == 2  # nothing asked: still refused

@@ -38,6 +38,7 @@ def analyze(path: str | Path, model: str | None = None, replicas: int = 4, profi
     tiers = {name: {"blocks": size, "hit_rate": round(by_tokens.hit_rate(size), 4)} for name, size in sizes.items()}
     by_mode = {m: strategy_hit_rates(trace, replicas, engine, perf, mode=m, seed=seed) for m in ("blind", "informed")}
     chosen = by_mode[mode]
+    warnings = _warnings(trace, model, ideal.blocks)
     return {
         "trace": str(path),
         "format": trace.fmt,
@@ -61,8 +62,39 @@ def analyze(path: str | Path, model: str | None = None, replicas: int = 4, profi
         "strategies": by_mode,
         "engine": "the fleet simulator with the live routing policies, the trace at its own arrival times "
                   "(analyze.routing -> sim.fleet)",
-        "recommendation": recommend(ideal.token_hit_rate, tiers, chosen),
+        "recommendation": recommend(ideal.token_hit_rate, tiers, chosen, filled=ideal.blocks > 0,
+                                    block_tokens=trace.block_tokens),
+        "warnings": warnings,
     }
+
+
+def _warnings(trace, model: str | None, blocks: int) -> list[str]:
+    """What the figures do not show: requests the model cannot take, prompts too short to fill a block."""
+    out = []
+    if not blocks:
+        out.append(f"no prompt fills one {trace.block_tokens}-token block: nothing an engine caches can be found "
+                   "again, so every hit rate is 0 (engines cache whole blocks; give the engine's own --block-size)")
+    preset = _catalog_model(model)
+    if preset is not None:
+        limit = preset.model_maximum
+        over = sum(1 for r, p in zip(trace.requests, trace.prompt_tokens, strict=True) if p + r.output_tokens > limit)
+        if over:
+            out.append(f"{over} of {len(trace.requests)} requests need more than {preset.name}'s {limit}-token "
+                       "context (prompt and completion): an engine refuses them (400 context_length_exceeded), and "
+                       "the hit rates here still count them, as simulate does not")
+    return out
+
+
+def _catalog_model(model: str | None):
+    """The catalog preset whose weights `model` names (builtin:, catalog:, or its source), if any."""
+    if not model:
+        return None
+    from fleetserve.engine.catalog import CATALOG
+
+    for preset in CATALOG.values():
+        if model in (preset.source, f"catalog:{preset.name}"):
+            return preset
+    return None
 
 
 def render(result: dict) -> list[str]:

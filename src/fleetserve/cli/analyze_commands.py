@@ -78,6 +78,8 @@ def analyze(
         raise _fail(f"--profile: {exc}") from None
     except (AnalyzeInputError, TraceError) as exc:
         raise _fail(str(exc)) from None
+    for warning in result["warnings"]:
+        err.print(f"warning: {warning}", markup=False)
     if as_json:
         print(json.dumps(result, indent=2))
         return
@@ -230,8 +232,8 @@ def trace_scale(
 
     if fmt is not None:
         _choice(fmt, WRITE_FORMATS, "--format")
-    if rate is None and time_scale is None:
-        raise typer.BadParameter("give --rate and/or --time", param_hint="--rate/--time")
+    if rate is None and time_scale is None and fmt is None:  # --format alone converts, at the trace's own pace
+        raise typer.BadParameter("give --rate and/or --time (or --format to convert)", param_hint="--rate/--time")
     finite(rate=rate, time=time_scale, duration=duration)
     writable(output, "--output")
     path = Path(file)
