@@ -74,7 +74,9 @@ def _warnings(trace, model: str | None, blocks: int) -> list[str]:
     if not blocks:
         out.append(f"no prompt fills one {trace.block_tokens}-token block: nothing an engine caches can be found "
                    "again, so every hit rate is 0 (engines cache whole blocks; give the engine's own --block-size)")
-    preset = _catalog_model(model)
+    from fleetserve.engine.catalog import by_source
+
+    preset = by_source(model) if model else None
     if preset is not None:
         limit = preset.model_maximum
         over = sum(1 for r, p in zip(trace.requests, trace.prompt_tokens, strict=True) if p + r.output_tokens > limit)
@@ -83,18 +85,6 @@ def _warnings(trace, model: str | None, blocks: int) -> list[str]:
                        "context (prompt and completion): an engine refuses them (400 context_length_exceeded), and "
                        "the hit rates here still count them, as simulate does not")
     return out
-
-
-def _catalog_model(model: str | None):
-    """The catalog preset whose weights `model` names (builtin:, catalog:, or its source), if any."""
-    if not model:
-        return None
-    from fleetserve.engine.catalog import CATALOG
-
-    for preset in CATALOG.values():
-        if model in (preset.source, f"catalog:{preset.name}"):
-            return preset
-    return None
 
 
 def render(result: dict) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from fleetserve.bench.replay import replay, summarize
-from fleetserve.bench.routing_sim import replica_cache_blocks
+from fleetserve.bench.routing_sim import cache_floor_warning, replica_cache_blocks
 from fleetserve.fleet.process import Child, fleetserve_command, free_port
 from fleetserve.kvcache.blocks import chain_keys, namespace_key
 from fleetserve.kvcache.prefix_match import KeyLRU
@@ -49,9 +49,11 @@ def _engine_tokens(r: TraceRequest, i: int) -> list[int]:
     return stand_in_tokens(text) if text is not None else r.token_ids(unique_seed=i)
 
 
-def _keys(requests, block_size: int) -> list[list[int]]:
+def _keys(requests, block_size: int, tokens: list[list[int]] | None = None) -> list[list[int]]:
+    """Each request's block keys as the engines chain them (`tokens`: its `_engine_tokens`, when at hand)."""
     root = namespace_key(MODEL, "1", "sim", None)
-    return [chain_keys(_engine_tokens(r, i), block_size, root) for i, r in enumerate(requests)]
+    tokens = tokens if tokens is not None else [_engine_tokens(r, i) for i, r in enumerate(requests)]
+    return [chain_keys(t, block_size, root) for t in tokens]
 
 
 def lru_hits(key_lists: list[list[int]], capacity: int, assign=None, caches: int = 1) -> list[int]:
@@ -87,8 +89,9 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] = ("roundrobi
     requests = load_trace(trace, limit)
     base = perf_profile(profile_name)
     block = base.block_size
-    key_lists = _keys(requests, block)
-    prompt_tokens = [min(r.input_tokens, len(_engine_tokens(r, i))) for i, r in enumerate(requests)]
+    tokens = [_engine_tokens(r, i) for i, r in enumerate(requests)]  # tokenized once: the keys and the sizes
+    key_lists = _keys(requests, block, tokens)
+    prompt_tokens = [min(r.input_tokens, len(t)) for r, t in zip(requests, tokens, strict=True)]
     unique = len({k for keys in key_lists for k in keys})
     outputs_of = [min(r.output_tokens, max_output or r.output_tokens) for r in requests]
     biggest = max((p + o + block - 1) // block for p, o in zip(prompt_tokens, outputs_of, strict=True))
@@ -114,10 +117,7 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] = ("roundrobi
         "note": "ttft_ms is measured by the engines (queue + prefill)", "strategies": {}, "warnings": [],
     }
     if cap > asked:
-        why = f"the trace's largest request ({biggest} blocks) and one more" if biggest + 1 >= 16 else \
-            "16 blocks at least"
-        result["warnings"].append(f"each replica's cache holds {cap} blocks, not the {asked} that --cache-fraction "
-                                  f"{cache_fraction:g} asks for: a replica must hold {why}")
+        result["warnings"].append(cache_floor_warning(cap, asked, cache_fraction, biggest))
     for strategy in strategies:
         if progress:
             progress(f"{strategy} ...")

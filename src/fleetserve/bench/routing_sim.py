@@ -181,6 +181,13 @@ def replica_cache_blocks(asked: int, biggest: int) -> int:
     return max(biggest + 1, asked, 16)
 
 
+def cache_floor_warning(cap: int, asked: int, cache_fraction: float, biggest: int) -> str:
+    """Says that `replica_cache_blocks` overrode --cache-fraction, and which floor bound."""
+    why = f"the trace's largest request ({biggest} blocks)" if biggest + 1 >= 16 else "16 blocks at least"
+    return (f"each replica's cache holds {cap} blocks, not the {asked} that --cache-fraction {cache_fraction:g} asks "
+            f"for: a replica must hold {why}")
+
+
 def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None,
         modes: tuple[str, ...] = KNOWLEDGE_MODES, limit: int | None = None, profile_name: str = "h100-8b",
         cache_fraction: float = 1 / 3, target_utilization: float = 0.65, time_scale: float | None = None,
@@ -265,11 +272,9 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
         result["warnings"].append(f"{what}: nothing the engines cache can be found again, every hit rate is 0 and the "
                                   "cache-aware strategies have nothing to act on")
     elif cap > asked:
-        why = f"the trace's largest request ({biggest} blocks)" if biggest + 1 >= 16 else "16 blocks at least"
         result["warnings"].append(
-            f"each replica's cache holds {cap} blocks, not the {asked} that --cache-fraction {cache_fraction:g} asks "
-            f"for: a replica must hold {why}; the fleet's caches hold {result['effective_cache_fraction']:.3g} x the "
-            f"trace's distinct blocks (effective_cache_fraction)")
+            f"{cache_floor_warning(cap, asked, cache_fraction, biggest)}; the fleet's caches hold "
+            f"{result['effective_cache_fraction']:.3g} x the trace's distinct blocks (effective_cache_fraction)")
     result["simulated_s"] = round(simulated, 3)
     result["wall_s"] = round(time.perf_counter() - started, 3)
     result["note"] = (f"{len(requests)} requests of {Path(trace).name}, arrival times x{scale:.3g}, "

@@ -56,3 +56,11 @@ def preset(name: str) -> Preset:
         return CATALOG[name]
     except KeyError:
         raise KeyError(f"unknown catalog model {name!r}; allowed: {', '.join(sorted(CATALOG))}") from None
+
+
+def by_source(source: str | None) -> Preset | None:
+    """The preset whose weights `source` names (its own source, or `catalog:NAME`), if any."""
+    for found in CATALOG.values():
+        if source in (found.source, f"catalog:{found.name}"):
+            return found
+    return None

@@ -83,14 +83,14 @@ def model_maximum(spec) -> tuple[int, str] | None:
 
 def _preset_of(spec):
     source = spec.model.source if isinstance(spec.model.source, str) else ""
-    from fleetserve.engine.catalog import CATALOG
+    from fleetserve.engine.catalog import CATALOG, by_source
 
     kind = spec.engine.kind
     if kind not in ENGINE_FLAGS and kind != "builtin":
         return None  # an external server enforces what it enforces
-    for preset in CATALOG.values():
-        if source in (preset.source, f"catalog:{preset.name}"):
-            return preset if preset.engine == kind or kind != "builtin" else None
+    named = by_source(source)
+    if named is not None:
+        return named if named.engine == kind or kind != "builtin" else None
     if kind == "builtin":
         return None  # the built-in engine reads the model's own config when it loads it
     names = {source.rstrip("/").rsplit("/", 1)[-1].lower(), (spec.model.name or "").lower()}

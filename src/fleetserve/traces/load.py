@@ -317,12 +317,12 @@ def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
         limit_key = "max_completion_tokens" if row.get("max_completion_tokens") is not None else "max_tokens"
         req = TraceRequest(_number(row, "timestamp", where, 0.0), 1, _count(row, limit_key, where, 64, least=1),
                            session=row.get("session"), messages=tuple(messages) if messages else None, prompt=prompt)
-        # its length in the stand-in tokens the simulator and the Mooncake writer count (a word each): characters
-        # / 4 made a prompt log written as Azure a third longer than the same log written as Mooncake
         try:  # a lone surrogate (\ud800 in JSON) anywhere in the row: no request body can carry it
             json.dumps(row, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError as exc:
             raise TraceError(f"{where}: holds {exc.object[exc.start]!r}, which is not Unicode text (a lone "
                              "surrogate); the engines refuse it, and a replay cannot send it") from None
+        # its length in the stand-in tokens the simulator and the Mooncake writer count (a word each): characters
+        # / 4 made a prompt log written as Azure a third longer than the same log written as Mooncake
         out.append(replace(req, input_tokens=max(1, len(stand_in_words(req.text() or "")))))
     return out

@@ -50,6 +50,10 @@ CHOOSE_MODEL = ("choose one (--trace-model in simulate, verify and plan; --model
                 "write that model's arrivals with `trace scale FILE --model NAME -o out.csv` first)")
 
 
+CHUNK_HEADER = "window_start_s,rate_rps,cv,dist,shape,scale"
+DISTRIBUTIONS = {"gamma": "Gamma", "weibull": "Weibull", "exponential": "", "poisson": "", "": ""}
+
+
 def is_servegen(path: Path) -> bool:
     """A folder or archive of ServeGen traces, a per-client chunk CSV, or the aggregate CSV."""
     if path.is_dir() or path.name.endswith((".tar.gz", ".tgz")):
@@ -60,10 +64,6 @@ def is_servegen(path: Path) -> bool:
         first = f.readline().strip()
     return (first.startswith("model,window_start_s") or first.replace(" ", "") == CHUNK_HEADER
             or _chunk_row(first) is not None)
-
-
-CHUNK_HEADER = "window_start_s,rate_rps,cv,dist,shape,scale"
-DISTRIBUTIONS = {"gamma": "Gamma", "weibull": "Weibull", "exponential": "", "poisson": "", "": ""}
 
 
 def _chunk_row(line: str) -> RateWindow | None:
@@ -98,7 +98,7 @@ def _checked(w: RateWindow, where: str) -> RateWindow:
 
 def _read_chunk(text: str, name: str) -> list[RateWindow]:
     rows = []
-    for n, line in enumerate(text.lstrip("\ufeff").splitlines(), 1):
+    for n, line in enumerate(text.lstrip("\ufeff").splitlines(), 1):  # a BOM, whichever way the file was read
         if not line.strip() or (n == 1 and line.strip().replace(" ", "") == CHUNK_HEADER):
             continue
         row = _chunk_row(line)
@@ -114,7 +114,7 @@ def read_clients(path: str | Path, model: str | None = None) -> list[list[RateWi
     if not p.exists():
         raise ServeGenError(f"rate file {p} does not exist")
     if p.is_dir():
-        files = {str(f.relative_to(p)): f.read_text(encoding="utf-8-sig") for f in sorted(p.rglob("chunk-*-trace.csv"))}
+        files = {str(f.relative_to(p)): f.read_text() for f in sorted(p.rglob("chunk-*-trace.csv"))}
         return _select(files, model, p)
     if p.name.endswith((".tar.gz", ".tgz")):
         with tarfile.open(p) as tar:
@@ -146,7 +146,7 @@ def _select(files: dict[str, str], model: str | None, p: Path) -> list[list[Rate
 
 
 def _aggregate(text: str, model: str | None, p: Path) -> list[RateWindow]:
-    rows = list(csv.DictReader(io.StringIO(text.lstrip("\ufeff"))))
+    rows = list(csv.DictReader(io.StringIO(text)))
     models = sorted({r["model"] for r in rows})
     if model is None and len(models) > 1:
         raise ServeGenError(f"{p} holds several models: {CHOOSE_MODEL}; allowed: {', '.join(models)}")
