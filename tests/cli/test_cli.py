@@ -88,3 +88,38 @@ def test_every_example_validates():
     for spec in sorted(EXAMPLES.glob("*.yaml")):
         result = fleetserve("validate", str(spec))
         assert result.returncode == 0, (spec.name, result.stderr)
+
+
+def _commands(typer_app):
+    """Every command function of a typer app, its sub-apps' included."""
+    for command in typer_app.registered_commands:
+        yield command.callback
+    for group in typer_app.registered_groups:
+        yield from _commands(group.typer_instance)
+
+
+def test_every_float_flag_refuses_nan_and_inf_naming_the_flag():
+    """A flag declared with plain `typer.Option` lets inf through its bounds and answers nan with the bound
+    ("should be >= 1"): every float flag goes through `float_option`, which names the value and the range."""
+    import typing
+
+    from fleetserve.cli.app import app
+
+    floats = []
+    for function in _commands(app):
+        for name, hint in typing.get_type_hints(function, include_extras=True).items():
+            if typing.get_origin(hint) is typing.Annotated and float in (hint.__origin__, *typing.get_args(
+                    hint.__origin__)):
+                option = hint.__metadata__[0]
+                floats.append(name)
+                assert option.parser is not None and option.parser.__qualname__.startswith("_bounded"), \
+                    f"{function.__name__}: --{name.replace('_', '-')} is not a float_option"
+    assert len(floats) >= 30, floats  # the walk found the flags, not nothing
+
+
+def test_a_float_flag_of_nan_inf_or_out_of_range_is_exit_2_with_the_value():
+    spec = str(EXAMPLES / "quickstart.yaml")
+    for value, says in (("nan", "nan: must be a finite number [x>=1]"), ("inf", "inf: must be a finite number"),
+                        ("0.5", "0.5 is not in the range [x>=1]"), ("abc", "'abc' is not a number")):
+        result = fleetserve("simulate", spec, "--trace", "missing.jsonl", "--window", value)
+        assert result.returncode == 2 and "--window" in result.stderr and says in result.stderr, result.stderr

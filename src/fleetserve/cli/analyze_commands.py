@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from fleetserve.cli.checks import finite, writable
+from fleetserve.cli.checks import float_option, writable
 
 EXIT_USAGE = 2
 err = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -40,8 +40,8 @@ def analyze(
                        ] = "h100-llama-8b",
     cache_blocks: Annotated[int | None, typer.Option(min=1, help="Engine cache per replica in the trace's blocks "
                                                                  "(default: from the profile)")] = None,
-    l1_gib: Annotated[float, typer.Option(min=0, help="L1 (CPU memory) per replica, GiB")] = 32.0,
-    l2_gib: Annotated[float, typer.Option(min=0, help="Shared L2 (Redis), GiB")] = 256.0,
+    l1_gib: Annotated[float, float_option(min=0, help="L1 (CPU memory) per replica, GiB")] = 32.0,
+    l2_gib: Annotated[float, float_option(min=0, help="Shared L2 (Redis), GiB")] = 256.0,
     block_size: Annotated[int | None, typer.Option(min=1, help="Engine block size in tokens (prompt logs; 256)")
                           ] = None,
     mode: Annotated[str, typer.Option(help="What the router knows: blind (no KV events) or informed")] = "blind",
@@ -56,7 +56,6 @@ def analyze(
     from fleetserve.traces.load import TraceError
 
     _choice(mode, MODES, "--mode")
-    finite(l1_gib=l1_gib, l2_gib=l2_gib)
     if not Path(file).is_file():
         raise typer.BadParameter(f"{file} {'is a directory' if Path(file).is_dir() else 'does not exist'}",
                                  param_hint="FILE")
@@ -150,8 +149,8 @@ def trace_generate(
     output: Annotated[str, typer.Option("--output", "-o", help="File to write")],
     fmt: Annotated[str, typer.Option("--format", help="mooncake (hash ids), prompts (prompt log) or azure")
                    ] = "mooncake",
-    duration: Annotated[float, typer.Option(min=1, help="Seconds of traffic")] = 600.0,
-    rate: Annotated[float, typer.Option(min=0.001, help="Mean requests per second (diurnal: over the whole "
+    duration: Annotated[float, float_option(min=1, help="Seconds of traffic")] = 600.0,
+    rate: Annotated[float, float_option(min=0.001, help="Mean requests per second (diurnal: over the whole "
                                                          "--period; a shorter trace gets the part of the day it "
                                                          "covers, from midnight)")] = 2.0,
     seed: Annotated[int, typer.Option(min=0, help="Same seed, same workload")] = 0,
@@ -159,20 +158,20 @@ def trace_generate(
                         ] = None,
     input_tokens: Annotated[int | None, typer.Option(min=1, help="Mean new prompt tokens per request")] = None,
     output_tokens: Annotated[int | None, typer.Option(min=1, help="Mean output tokens")] = None,
-    turns: Annotated[float | None, typer.Option(min=1, help="chat: mean turns per session")] = None,
-    think: Annotated[float | None, typer.Option(min=0, help="chat: mean seconds between turns")] = None,
+    turns: Annotated[float | None, float_option(min=1, help="chat: mean turns per session")] = None,
+    think: Annotated[float | None, float_option(min=0, help="chat: mean seconds between turns")] = None,
     system_prompts: Annotated[int | None, typer.Option(min=1, help="system-prompt: distinct system prompts")] = None,
     system_tokens: Annotated[int | None, typer.Option(min=1, help="chat, system-prompt: system prompt tokens")
                              ] = None,
     documents: Annotated[int | None, typer.Option(min=1, help="rag: documents in the corpus")] = None,
     doc_tokens: Annotated[int | None, typer.Option(min=1, help="rag: tokens per document")] = None,
     docs_per_request: Annotated[int | None, typer.Option(min=1, help="rag: documents per prompt")] = None,
-    period: Annotated[float | None, typer.Option(min=1, help="diurnal: period in seconds (86400); each peaks 14/24 of "
+    period: Annotated[float | None, float_option(min=1, help="diurnal: period in seconds (86400); each peaks 14/24 of "
                                                              "the way through (14:00 of a day)")] = None,
-    peak_to_trough: Annotated[float | None, typer.Option(min=1, help="diurnal: peak rate / trough rate")] = None,
-    burst_factor: Annotated[float | None, typer.Option(min=1, help="bursts: rate multiplier in a burst")] = None,
-    burst_every: Annotated[float | None, typer.Option(min=1, help="bursts: mean seconds between bursts")] = None,
-    burst_length: Annotated[float | None, typer.Option(min=0.1, help="bursts: seconds a burst lasts")] = None,
+    peak_to_trough: Annotated[float | None, float_option(min=1, help="diurnal: peak rate / trough rate")] = None,
+    burst_factor: Annotated[float | None, float_option(min=1, help="bursts: rate multiplier in a burst")] = None,
+    burst_every: Annotated[float | None, float_option(min=1, help="bursts: mean seconds between bursts")] = None,
+    burst_length: Annotated[float | None, float_option(min=0.1, help="bursts: seconds a burst lasts")] = None,
 ) -> None:
     """Write a generated workload (deterministic by seed) as a Mooncake hash trace, prompt log or Azure CSV."""
     from fleetserve.traces.arrivals import ARRIVALS
@@ -181,8 +180,6 @@ def trace_generate(
 
     _choice(kind, tuple(KINDS), "KIND")
     _choice(fmt, WRITE_FORMATS, "--format")
-    finite(duration=duration, rate=rate, turns=turns, think=think, period=period, peak_to_trough=peak_to_trough,
-           burst_factor=burst_factor, burst_every=burst_every, burst_length=burst_length)
     if arrivals is not None:
         _choice(arrivals, ARRIVALS, "--arrivals")
     writable(output, "--output")
@@ -216,14 +213,14 @@ def trace_generate(
 def trace_scale(
     file: Annotated[str, typer.Argument(help="Trace: Mooncake JSONL, Azure CSV, prompt log or ServeGen rate file")],
     output: Annotated[str, typer.Option("--output", "-o", help="File to write")],
-    rate: Annotated[float | None, typer.Option(min=0.0001, help="Multiply the request rate (same span)")] = None,
-    time_scale: Annotated[float | None, typer.Option("--time", min=0.0001, help="Multiply arrival times")] = None,
+    rate: Annotated[float | None, float_option(min=0.0001, help="Multiply the request rate (same span)")] = None,
+    time_scale: Annotated[float | None, float_option("--time", min=0.0001, help="Multiply arrival times")] = None,
     fmt: Annotated[str | None, typer.Option("--format", help="mooncake, prompts or azure (default: as read)")
                    ] = None,
     seed: Annotated[int, typer.Option(help="Seed for rate scaling")] = 0,
     limit: Annotated[int | None, typer.Option(min=1, help="First N requests of the file, in file order")] = None,
     model: Annotated[str | None, typer.Option(help="ServeGen: the model folder or name")] = None,
-    duration: Annotated[float | None, typer.Option(min=1, help="ServeGen: seconds of the rate file to read")] = None,
+    duration: Annotated[float | None, float_option(min=1, help="ServeGen: seconds of the rate file to read")] = None,
 ) -> None:
     """Rate scaling (more requests over the same span) and/or time scaling (stretch or compress the clock)."""
     from fleetserve.traces.load import TraceError, detect_format, load_timed_trace
@@ -234,7 +231,6 @@ def trace_scale(
         _choice(fmt, WRITE_FORMATS, "--format")
     if rate is None and time_scale is None and fmt is None:  # --format alone converts, at the trace's own pace
         raise typer.BadParameter("give --rate and/or --time (or --format to convert)", param_hint="--rate/--time")
-    finite(rate=rate, time=time_scale, duration=duration)
     writable(output, "--output")
     path = Path(file)
     if not path.exists():

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fleetserve import __version__
+from fleetserve.cli.checks import float_option
 
 app = typer.Typer(
     name="fleetserve",
@@ -180,7 +181,7 @@ def status(
     name: Annotated[str | None, typer.Argument(help="Fleet name (default: all)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="A live table, redrawn from the state files")] = False,
-    interval: Annotated[float, typer.Option(min=0.1, help="Seconds between redraws (--watch)")] = 2.0,
+    interval: Annotated[float, float_option(min=0.1, help="Seconds between redraws (--watch)")] = 2.0,
     iterations: Annotated[int | None, typer.Option(min=1, help="Stop after N redraws (--watch; default: Ctrl-C)")
                           ] = None,
 ) -> None:
@@ -272,7 +273,7 @@ def engine(
                          ] = None,
     max_batch: Annotated[int, typer.Option(min=1, max=256, help="Sequences decoded together (1: serial)")] = 8,
     prefill_chunk: Annotated[int, typer.Option(min=16, help="Prompt tokens per prefill step")] = 256,
-    speedup: Annotated[float, typer.Option(min=0.001, help="Simulated engine runs this many times faster")] = 1.0,
+    speedup: Annotated[float, float_option(min=0.001, help="Simulated engine runs this many times faster")] = 1.0,
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     served_model_name: Annotated[str | None, typer.Option(help="Name clients use (default: directory name)")] = None,
@@ -370,9 +371,9 @@ def router(
     strategy: Annotated[str, typer.Option(help="Routing strategy")] = "leastload",
     health_path: Annotated[str, typer.Option()] = "/health",
     max_attempts: Annotated[int, typer.Option(min=1, help="Replicas tried before the first byte")] = 3,
-    health_interval: Annotated[float, typer.Option(min=0.05, help="Seconds between health probes")] = 1.0,
+    health_interval: Annotated[float, float_option(min=0.05, help="Seconds between health probes")] = 1.0,
     buffer_size: Annotated[int, typer.Option(min=0, help="Requests held while no replica is ready")] = 256,
-    buffer_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a held request waits")] = 600.0,
+    buffer_timeout: Annotated[float, float_option(min=0.1, help="Seconds a held request waits")] = 600.0,
     session_key: Annotated[str | None, typer.Option(help="Header or body key for session routing")] = None,
     max_concurrent_per_replica: Annotated[int | None, typer.Option(min=1, help="Requests in flight per replica")
                                           ] = None,
@@ -607,14 +608,14 @@ def bench_routing(
                                                           "--live: 600)")] = None,
     modes: Annotated[str, typer.Option(help="Router modes, comma-separated: blind (no KV events, capacity or "
                                             "queue), informed")] = "blind,informed",
-    cache_fraction: Annotated[float, typer.Option(min=0.001, max=1.0, help="The fleet's KV caches together hold "
+    cache_fraction: Annotated[float, float_option(min=0.001, max=1.0, help="The fleet's KV caches together hold "
                                                                            "this share of the trace's blocks")
                               ] = 1 / 3,
-    target_utilization: Annotated[float | None, typer.Option(
+    target_utilization: Annotated[float | None, float_option(
         min=0.01, max=0.99, help="Arrival times are scaled so that roundrobin keeps the fleet this busy (0.65; "
                                   "a share of its time: at most 0.99)")
                                   ] = None,
-    time_scale: Annotated[float | None, typer.Option(min=0.0001, max=1e4, help="Scale arrival times by this "
+    time_scale: Annotated[float | None, float_option(min=0.0001, max=1e4, help="Scale arrival times by this "
                                                                                "instead")] = None,
     sweep: Annotated[str, typer.Option(help="More utilizations for the blind-mode targets, comma-separated "
                                             "('' for none)")] = "0.8,0.9",
@@ -623,7 +624,7 @@ def bench_routing(
                                            "the figures do not depend on it)")] = 0,
     live: Annotated[bool, typer.Option("--live", help="Real time: simulated engine processes behind a real "
                                                       "router (minutes)")] = False,
-    duration: Annotated[float, typer.Option(min=1, help="--live: wall-clock seconds per strategy")] = 60,
+    duration: Annotated[float, float_option(min=1, help="--live: wall-clock seconds per strategy")] = 60,
     profile: Annotated[str, typer.Option(help="Engine performance profile")] = "h100-8b",
     max_output: Annotated[int | None, typer.Option(min=1, help="Cap on output tokens per request (--live: 256)")
                           ] = None,
@@ -714,7 +715,7 @@ def bench_routing(
 
 @bench_app.command("router-overhead")
 def bench_router_overhead(
-    seconds: Annotated[float, typer.Option(min=1, help="Length of each wrk run (after a 1 s warm-up)")] = 5.0,
+    seconds: Annotated[float, float_option(min=1, help="Length of each wrk run (after a 1 s warm-up)")] = 5.0,
     configs: Annotated[str | None, typer.Option(help="Comma-separated configurations (default: all)")] = None,
     sglang_python: Annotated[str | None, typer.Option(help="Python with sglang-router, to measure it beside")
                              ] = None,
@@ -734,7 +735,7 @@ def bench_router_overhead(
 
 @bench_app.command("router-stacks")
 def bench_router_stacks(
-    seconds: Annotated[float, typer.Option(min=1, help="Length of each wrk run (after a 1 s warm-up)")] = 5.0,
+    seconds: Annotated[float, float_option(min=1, help="Length of each wrk run (after a 1 s warm-up)")] = 5.0,
     stacks: Annotated[str | None, typer.Option(help="Comma-separated stacks (default: all)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
 ) -> None:
@@ -755,7 +756,7 @@ def bench_router_workers(
     strategies: Annotated[str, typer.Option(help="Comma-separated cache-aware strategies")] = "prefixaware,kvaware",
     requests: Annotated[int, typer.Option(min=2, help="Requests replayed per configuration")] = 300,
     replicas: Annotated[int, typer.Option(min=1, max=32, help="Simulated engines behind the router")] = 4,
-    duration: Annotated[float, typer.Option(min=1, help="Wall-clock seconds the replay is compressed into")] = 20.0,
+    duration: Annotated[float, float_option(min=1, help="Wall-clock seconds the replay is compressed into")] = 20.0,
     trace: Annotated[str, typer.Option(help="chat, system-prompt or rag (generated), or a trace file (Mooncake "
                                             "JSONL, Azure CSV, prompt log)")] = "chat",
     max_tokens: Annotated[int, typer.Option(min=1, help="Output tokens per request at most")] = 8,
@@ -814,7 +815,7 @@ def bench_replay(
     url: Annotated[str, typer.Option(help="Gateway base URL (without /v1)")],
     trace: Annotated[str, typer.Option(help="Trace file (Mooncake JSONL, Azure CSV, prompt log)")],
     model: Annotated[str, typer.Option(help="Model name to send")],
-    speedup: Annotated[float, typer.Option(min=0.001, help="Replay this many times faster than recorded")] = 1.0,
+    speedup: Annotated[float, float_option(min=0.001, help="Replay this many times faster than recorded")] = 1.0,
     limit: Annotated[int | None, typer.Option(min=1, help="First N requests of the file, in file order")] = None,
     stream: Annotated[bool, typer.Option(help="Stream (client-side TTFT/ITL)")] = True,
     max_output: Annotated[int | None, typer.Option(min=1, help="Cap on output tokens")] = None,
@@ -838,7 +839,7 @@ def bench_replay(
 def bench_fidelity(
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON (the only output)")] = True,
     requests: Annotated[int, typer.Option(min=2, help="Requests in the generated trace")] = 480,
-    duration: Annotated[float, typer.Option(min=1.0, help="Seconds the trace spans")] = 160.0,
+    duration: Annotated[float, float_option(min=1.0, help="Seconds the trace spans")] = 160.0,
     seed: Annotated[int, typer.Option(help="Trace seed")] = 7,
     replicas: Annotated[int, typer.Option(min=1, max=8, help="Replicas of the tiny model")] = 2,
     simulated_engines: Annotated[bool, typer.Option(help="Also replay on real-time simulated engines")] = True,

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fleetserve.cli.checks import finite, writable
+from fleetserve.cli.checks import float_option, writable
 
 EXIT_USAGE = 2
 # piped into a log, rich would fit the tables to 80 columns and cut the numbers ("reque…", "34785… ms")
@@ -31,22 +31,22 @@ KnowOpt = Annotated[str, typer.Option("--knowledge", help="What the router knows
                                                           "queue) or informed")]
 ProfileOpt = Annotated[str | None, typer.Option(help="Performance profile preset or profile.json (default: by "
                                                      "instance type)")]
-RateOpt = Annotated[float, typer.Option(min=0.001, help="Multiply the trace's request rate (copies spread in gaps)")]
+RateOpt = Annotated[float, float_option(min=0.001, help="Multiply the trace's request rate (copies spread in gaps)")]
 ReportOpt = Annotated[str | None, typer.Option("--report", help="Write a self-contained HTML report here")]
 LimitOpt = Annotated[int | None, typer.Option(min=1, help="Only the first N requests of the trace file, in file "
                                                            "order (taken before --rate-scale makes copies or thins "
                                                            "them; sort a file whose rows are out of time order)")]
-WindowOpt = Annotated[float, typer.Option(min=1, help="Peak/idle window length in seconds")]
-PeakOpt = Annotated[float, typer.Option(min=0.001, max=1, help="Busiest fraction of windows counted as peak")]
-IdleOpt = Annotated[float, typer.Option(min=0.001, max=1, help="Quietest fraction of windows counted as idle")]
+WindowOpt = Annotated[float, float_option(min=1, help="Peak/idle window length in seconds")]
+PeakOpt = Annotated[float, float_option(min=0.001, max=1, help="Busiest fraction of windows counted as peak")]
+IdleOpt = Annotated[float, float_option(min=0.001, max=1, help="Quietest fraction of windows counted as idle")]
 StartOpt = Annotated[str | None, typer.Option(
     help="Wall time of the trace start, ISO 8601 (cron floors and budgets read it); default: the trace's own "
          "first timestamp (Azure CSV, UTC), else Monday 2026-01-05T10:00:00+00:00")]
-TtftOpt = Annotated[float | None, typer.Option(min=1, help="SLO: TTFT p95 in ms (overrides spec.slo)")]
-E2eOpt = Annotated[float | None, typer.Option(min=1, help="SLO: E2E p95 in ms (overrides spec.slo)")]
-CostOpt = Annotated[float | None, typer.Option(min=0.0001, help="SLO: cost limit in $/hour (overrides spec.slo)")]
-SpotOpt = Annotated[float | None, typer.Option(min=0, help="Spot interruptions per node-hour (default: the spec's)")]
-DelayOpt = Annotated[float | None, typer.Option(min=0, help="Node provisioning seconds (default: the spec's "
+TtftOpt = Annotated[float | None, float_option(min=1, help="SLO: TTFT p95 in ms (overrides spec.slo)")]
+E2eOpt = Annotated[float | None, float_option(min=1, help="SLO: E2E p95 in ms (overrides spec.slo)")]
+CostOpt = Annotated[float | None, float_option(min=0.0001, help="SLO: cost limit in $/hour (overrides spec.slo)")]
+SpotOpt = Annotated[float | None, float_option(min=0, help="Spot interruptions per node-hour (default: the spec's)")]
+DelayOpt = Annotated[float | None, float_option(min=0, help="Node provisioning seconds (default: the spec's "
                                                            "simulated cloud, else 90)")]
 
 
@@ -73,9 +73,6 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
             spot_rate: float | None = None, provisioning_delay: float | None = None, trace_model: str | None = None):
     """The spec, the trace and the options, or exit 2 naming what is wrong."""
     from datetime import datetime
-
-    finite(rate_scale=rate_scale, window=window, spot_interruption_rate=spot_rate,
-            provisioning_delay=provisioning_delay)
 
     from fleetserve.sim.profiles import ProfileError, resolve
     from fleetserve.sim.setup import DEFAULT_START, KNOWLEDGE_MODES, SimOptions
@@ -179,7 +176,6 @@ class _Progress:
 
 
 def _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour) -> dict:
-    finite(ttft_p95_ms=ttft_p95_ms, e2e_p95_ms=e2e_p95_ms, cost_per_hour=cost_per_hour)
     return {"ttft_p95_ms": ttft_p95_ms, "e2e_p95_ms": e2e_p95_ms, "cost_per_hour_usd": cost_per_hour}
 
 
@@ -357,7 +353,7 @@ def plan(
 def bench_sim_speed(
     as_json: JsonOpt = False,
     trace: Annotated[str | None, typer.Option(help="Azure-format trace (default: the Azure code trace)")] = None,
-    rate: Annotated[float, typer.Option(min=0.001, help="Rate scale of the trace")] = 100.0,
+    rate: Annotated[float, float_option(min=0.001, help="Rate scale of the trace")] = 100.0,
     strategy: Annotated[str, typer.Option(help="Routing strategy of the benchmark fleet")] = "leastload",
     limit: LimitOpt = None,
 ) -> None:
@@ -368,7 +364,6 @@ def bench_sim_speed(
     if strategy not in registered_policies():
         raise typer.BadParameter(f"{strategy!r}; allowed values: {', '.join(registered_policies())}",
                                  param_hint="--strategy")
-    finite(rate=rate)
     path = Path(trace) if trace else AZURE_CODE
     if not path.is_file():
         raise typer.BadParameter(f"{path} {'is a directory' if path.is_dir() else 'does not exist'}",
