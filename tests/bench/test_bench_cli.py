@@ -231,3 +231,28 @@ def test_live_routing_bench_keys_a_prompt_log_as_its_engines_do(tmp_path):
     for flag, value in (("--time-scale", "2"), ("--modes", "blind"), ("--sweep", "0.7"), ("--seed", "3")):
         result = fleetserve("bench", "routing", "--live", "--trace", str(log), flag, value)
         assert result.returncode == 2 and flag in result.stderr, flag  # each was ignored
+
+
+def test_requests_over_the_bench_models_context_are_left_out_and_said(tmp_path):
+    """A prompt log's max_tokens of 16 M simulated 18 days of decoding in 5 minutes of wall time, with no word:
+    an engine refuses such a request (400), so the bench leaves it out, says how many, and refuses a trace of
+    nothing else."""
+    import json
+
+    from fleetserve.bench import routing_sim
+
+    rows = [{"timestamp": i * 100, "prompt": "shared words " * 200 + str(i), "max_tokens": 64} for i in range(12)]
+    rows[3]["max_tokens"] = 16_000_000
+    rows[7]["max_tokens"] = 131_072  # over with its prompt, though max_tokens alone is the model's maximum
+    path = tmp_path / "big.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    figures = routing_sim.run(str(path), replicas=2, strategies=("roundrobin",), modes=("blind",),
+                              sweep_utilizations=())
+    assert figures["requests"] == 10 and figures["simulated_s"] < 3600
+    assert figures["context_length"]["tokens"] == 131_072 and figures["context_length"]["requests_over"] == 2
+    assert any(w.startswith("2 of 12 requests need more than the 131,072-token context") for w in
+               figures["warnings"]), figures["warnings"]
+    only = tmp_path / "only.jsonl"
+    only.write_text(json.dumps({"timestamp": 0, "prompt": "hi", "max_tokens": 16_000_000}) + "\n")
+    result = fleetserve("bench", "routing", "--trace", str(only), "--json")
+    assert result.returncode == 2 and "its one request needs more than the 131,072-token context" in result.stderr

@@ -31,6 +31,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from fleetserve.engine.catalog import by_source
 from fleetserve.router.policies import registered_policies
 from fleetserve.sim.perf import PerfProfile
 from fleetserve.sim.profiles import resolve
@@ -45,15 +46,38 @@ TARGETS = {"hit_vs_oracle_min": 0.95, "ttft_p95_vs_roundrobin_max": 0.6, "load_s
 SWEEP_UTILIZATIONS = (0.8, 0.9)  # besides `target_utilization`: the targets at busier fleets (blind mode)
 
 
+BENCH_MODEL = "hf:meta-llama/Llama-3.1-8B-Instruct"  # the presets' model: its context bounds what the bench serves
+
+
 def endpoint_for(strategy: str, replicas: int):
     """A fixed fleet of `replicas` engines whose only cache is their own KV memory: no L1 (a spec's default
     of 2 GiB per replica let strategies beat the engine-capacity oracle: 1.008 x on a RAG trace, and
     `analyze --cache-blocks 1` reported the same hit rate as with 896 blocks)."""
     data = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "bench-routing"},
-            "spec": {"model": {"source": "hf:meta-llama/Llama-3.1-8B-Instruct"}, "replicas": replicas,
+            "spec": {"model": {"source": BENCH_MODEL}, "replicas": replicas,
                      "routing": {"strategy": strategy}, "capacity": {"localSlots": replicas},
                      "kvCache": {"l1": {"enabled": False}}}}
     return load_spec_data(data).endpoint
+
+
+def within_context(requests: list, reference: list[SimRequestSpec], trace: str) -> tuple[list, list, dict]:
+    """The requests that fit the bench model's context (prompt + completion, as the engines count them), and
+    the context as `simulate` reports it (`context_length`): an engine refuses the others with a 400, so they
+    are no routing decision, and a log's max_tokens of 16 M would otherwise simulate days of decoding."""
+    model = by_source(BENCH_MODEL)
+    limit = model.model_maximum
+    fits = [w.prompt + w.output <= limit for w in reference]
+    over = fits.count(False)
+    info = {"tokens": limit, "source": f"{model.name}, the bench's model", "requests_over": over,
+            "share_over": round(over / len(fits), 6)}
+    if over == len(fits):
+        which = "its one request needs" if over == 1 else f"all {over} requests need"
+        raise ValueError(f"--trace {trace}: {which} more than the {limit:,}-token context of "
+                         f"{model.name} (prompt + max_tokens), the bench's model: nothing to route")
+    if not over:
+        return requests, reference, info
+    kept = [r for r, ok in zip(requests, fits, strict=True) if ok]
+    return kept, [w for w, ok in zip(reference, fits, strict=True) if ok], info
 
 
 def lru_token_hits(workload: list[SimRequestSpec], block: int, capacity: int | None) -> float:
@@ -203,6 +227,7 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
     base = resolve(profile_name)
     block = base.block_size
     reference = build_workload(requests, block, informed=True)
+    requests, reference, context = within_context(requests, reference, trace)
     unique = len({k for w in reference for k in w.engine_keys})
     biggest = max((w.prompt + w.output + block - 1) // block for w in reference)
     asked = round(unique * cache_fraction / replicas)
@@ -222,7 +247,7 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
         "effective_cache_fraction": round(cap * replicas / unique, 4) if unique else None,
         "time_scale": round(scale, 4), "target_utilization": target_utilization if time_scale is None else None,
         "trace_span_s": round(requests[-1].arrival_s / scale if scale else 0.0, 3),
-        "oracle_hit_rate": round(oracle, 4), "ideal_hit_rate": round(ideal, 4),
+        "context_length": context, "oracle_hit_rate": round(oracle, 4), "ideal_hit_rate": round(ideal, 4),
         "ttft_floor_ms": ttft_floor(reference, prof, cap * replicas),
         "load_skew_basis": "busy time per replica (max / mean); request_skew: requests per replica",
         "modes": {},
@@ -265,6 +290,11 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
         result["targets"]["by_load"] = {u: e["targets"] for u, e in sweep.items()}
         result["targets"]["met_where_reachable"] = _met_where_reachable(sweep)
     result["warnings"] = load_warnings(result)
+    if context["requests_over"]:
+        result["warnings"].append(
+            f"{context['requests_over']} of {result['requests'] + context['requests_over']} requests need more "
+            f"than the {context['tokens']:,}-token context of {context['source']} (prompt + max_tokens): left "
+            "out, as an engine refuses them (400 context_length_exceeded)")
     if not unique:  # lengths only (an Azure CSV, Mooncake rows without ids), or prompts shorter than a block
         what = (f"no prompt fills one {block}-token engine block" if any(r.hash_ids or r.messages or r.prompt
                                                                         for r in requests)
