@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -198,3 +199,26 @@ def test_a_span_of_absurd_length_is_said_in_a_few_digits(tmp_path):
                     '{"timestamp": 1e300, "input_length": 5, "output_length": 1}\n')
     with pytest.raises(TraceError, match=r"spans 1.16e\+292 days between"):
         load_trace(path)
+
+
+def test_a_mooncake_trace_in_seconds_is_said_to_be_read_as_milliseconds(tmp_path):
+    """Seconds in Mooncake's millisecond field load as a rate a thousand times the real one; every figure is an
+    overload's. The unit is the writer's: said, with the conversion, and the file is read as the format says."""
+    from fleetserve.traces.load import load_trace, millisecond_warning
+    from tests.helpers import fleetserve
+
+    def trace(step: float, n: int = 40) -> Path:
+        path = tmp_path / f"step{step}x{n}.jsonl"
+        path.write_text("".join(json.dumps({"timestamp": i * step, "input_length": 600, "output_length": 8,
+                                            "hash_ids": [0, i + 1]}) + "\n" for i in range(n)))
+        return path
+
+    seconds, millis = trace(0.25), trace(250)
+    said = millisecond_warning(load_trace(seconds), "mooncake")
+    assert said.startswith("40 requests in 0.00975 s is 4,000 requests/s") and "--time 1000" in said
+    assert millisecond_warning(load_trace(millis), "mooncake") is None
+    assert millisecond_warning(load_trace(trace(0.25, 5)), "mooncake") is None  # too few to tell a rate
+    spec = str(Path(__file__).parents[2] / "examples" / "quickstart.yaml")
+    result = fleetserve("simulate", spec, "--trace", str(seconds), "--json")
+    assert result.returncode == 0 and "4,000 requests/s: Mooncake timestamps are milliseconds" in result.stderr
+    assert "requests/s" not in fleetserve("simulate", spec, "--trace", str(millis), "--json").stderr

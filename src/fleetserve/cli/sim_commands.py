@@ -78,7 +78,7 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
     from fleetserve.sim.setup import DEFAULT_START, KNOWLEDGE_MODES, SimOptions
     from fleetserve.sim.workload import scale_rate
     from fleetserve.spec import SpecError, load_spec
-    from fleetserve.traces.load import TraceError, detect_format, load_timed_trace
+    from fleetserve.traces.load import TraceError, detect_format, load_timed_trace, millisecond_warning
 
     if knowledge not in KNOWLEDGE_MODES:
         raise typer.BadParameter(f"{knowledge!r}; allowed values: {', '.join(KNOWLEDGE_MODES)}",
@@ -111,7 +111,10 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
         requests, own = load_timed_trace(trace, limit=limit, **({"model": trace_model} if trace_model else {}))
     except TraceError as exc:
         raise typer.BadParameter(str(exc), param_hint="--trace") from None
-    if detect_format(Path(trace)) == "servegen":  # sizes the figures depend on, which the file does not carry
+    fmt = detect_format(Path(trace))
+    if (unit := millisecond_warning(requests, fmt)) is not None:
+        err.print(f"warning: {unit}", markup=False)
+    if fmt == "servegen":  # sizes the figures depend on, which the file does not carry
         from fleetserve.traces.servegen import DEFAULT_INPUT_TOKENS, DEFAULT_OUTPUT_TOKENS
 
         err.print(f"warning: ServeGen rate files carry arrivals only: every request gets {DEFAULT_INPUT_TOKENS} "

@@ -194,6 +194,24 @@ def _mooncake(p: Path, limit: int | None) -> list[TraceRequest]:
     return out
 
 
+SECONDS_AS_MS_RATE = 500.0  # requests/s, read in Mooncake's milliseconds, above which seconds are the likelier unit
+
+
+def millisecond_warning(requests: list[TraceRequest], fmt: str) -> str | None:
+    """A Mooncake trace whose timestamps were written in seconds still loads (they are numbers), as a rate a
+    thousand times the real one: Mooncake's own synthetic trace is 3.9 requests/s, read in seconds 3,900/s,
+    and every figure is then that of an overload. Said, not changed: only the writer knows the unit."""
+    if fmt != "mooncake" or len(requests) < 20:
+        return None
+    span = requests[-1].arrival_s - requests[0].arrival_s
+    rate = (len(requests) - 1) / span if span > 0 else 0.0
+    if rate <= SECONDS_AS_MS_RATE:
+        return None
+    return (f"{len(requests)} requests in {span:.3g} s is {rate:,.0f} requests/s: Mooncake timestamps are "
+            f"milliseconds; if this file's are seconds, convert it with `fleetserve trace scale FILE --time 1000 "
+            "-o OUT`")
+
+
 CHAIN_CHECK_IDS = 2_000_000  # ids whose parent is remembered (~200 MB): later new ids are checked within a prompt
 
 
