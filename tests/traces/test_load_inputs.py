@@ -191,6 +191,12 @@ def test_text_without_spaces_counts_a_token_per_character(tmp_path):
     assert mixed.input_tokens == 7  # hello 世 界 abc 中 文 def
     work = build_workload([cjk, mixed], 16, informed=False)
     assert [w.prompt for w in work] == [20001, 7] and len(work[0].engine_keys) == 20001 // 16
+    from fleetserve.traces.model import stand_in_words
+
+    for script in ("ㄅㄆㄇㄈ", "⺀⺁⼀⼁", "㈠㈡㍿㋐", "ཀཁགང", "ꀀꀁꀂꀃ", "ꦄꦅꦆꦇ", "ᬅᬆᬇᬈ",
+                   "\U0001b001\U0001b002\U0001f200\U0001f201"):
+        assert len(stand_in_words(f"a {script} b")) == 6, script  # Bopomofo, CJK radicals, enclosed and
+        # compatibility CJK, Tibetan, Yi, Javanese, Balinese, kana supplement and enclosed ideographs
 
 
 def test_a_span_of_absurd_length_is_said_in_a_few_digits(tmp_path):

@@ -38,14 +38,16 @@ def check_span(span_s: float, what: str) -> None:
                          "mixed in one file?)")
 
 
-# scripts written without spaces between words (Han, kana, Thai, Lao, Khmer, Myanmar) and Hangul (spaced by
-# words, but a BPE tokenizer gives it about a token per syllable), and full-width forms and CJK punctuation:
-# each character is a token of the stand-in tokenizer, as a BPE tokenizer gives such text about a token per
-# character; by spaces alone a 20,000-character Chinese prompt was 2 tokens (and passed a context limit that
-# refused 20,000 English words)
-_UNSPACED = ("\u0e00-\u0eff\u1000-\u109f\u1100-\u11ff\u1780-\u17ff\u3001-\u303f\u3040-\u30ff\u3130-\u318f"
-             "\u3400-\u4dbf\u4e00-\u9fff\ua960-\ua97f\uac00-\ud7ff\uf900-\ufaff\uff00-\uffef"
-             "\U00020000-\U0003134f")
+# scripts written without spaces between words (Han with its radicals and strokes, kana, Bopomofo, Yi, Thai,
+# Lao, Tibetan, Myanmar, Khmer, the Tai scripts, Balinese, Javanese) and Hangul (spaced by words, but a BPE
+# tokenizer gives it about a token per syllable), and full-width, enclosed and compatibility CJK forms and CJK
+# punctuation: each character is a token of the stand-in tokenizer, as a BPE tokenizer gives such text about a
+# token per character; by spaces alone a 20,000-character Chinese prompt was 2 tokens (and passed a context
+# limit that refused 20,000 English words)
+_UNSPACED = ("\u0e00-\u0eff\u0f00-\u0fff\u1000-\u109f\u1100-\u11ff\u1780-\u17ff\u1950-\u19df\u1a20-\u1aaf"
+             "\u1b00-\u1b7f\u2e80-\u2fff\u3001-\u33ff\u3400-\u4dbf\u4e00-\u9fff\ua000-\ua4cf\ua960-\ua97f"
+             "\ua980-\ua9df\uac00-\ud7ff\uf900-\ufaff\ufe10-\ufe1f\ufe30-\ufe6f\uff00-\uffef"
+             "\U0001b000-\U0001b2ff\U0001f200-\U0001f2ff\U00020000-\U0003134f")
 _WORD = re.compile(f"[{_UNSPACED}]|[^\\s{_UNSPACED}]+")
 _HAS_UNSPACED = re.compile(f"[{_UNSPACED}]")
 
