@@ -220,10 +220,13 @@ def test_a_prefix_every_request_carries_reaches_a_replica_that_never_had_it():
     policy = create_policy("prefixaware")
     system = list(range(16 * 8))
     replicas = [R("a"), R("b"), R("c"), R("d")]
-    for i in range(40):  # sequential, idle fleet: without the credit the first holder would get them all
-        policy.choose(req(system + [100 + i, 200 + i]), snap(*replicas))
+    # sequential, idle fleet: without the credit the first holder would get them all
+    warm = [policy.choose(req(system + [100 + i, 200 + i]), snap(*replicas)) for i in range(40)]
     counts = Counter(policy.choose(req(system + [1000 + i]), snap(*replicas)).replica.id for i in range(200))
     assert set(counts) == {"a", "b", "c", "d"} and min(counts.values()) > 20
+    # each of the three copies is the credit's doing, not a holder too busy (the label said "load_over_hit")
+    branches = Counter(c.branch for c in warm)
+    assert branches["hot_copy"] == 3 and "load_over_hit" not in branches, branches
 
 
 def test_hot_prefixes_that_would_crowd_the_caches_stay_with_their_holders():

@@ -55,7 +55,11 @@ LABELS: dict[str, str] = {
               "(DECISION_REASONS: the decision's full text, with numbers, goes to the log, not the label)",
     "policy": "routing strategy name from the policy registry (prefixaware, kvaware, session, roundrobin, "
               "leastload, ...)",
-    "branch": "the policy's decision branch (a fixed set per policy, e.g. hit, miss, balance, retry)",
+    "branch": "the policy's decision branch, a fixed set per policy: prefixaware and kvaware hit, miss, "
+              "load_over_hit (a holder of more of the prefix was too busy), hot_copy (a hot prefix copied to "
+              "another replica), kvaware no_events_* (its prefixaware fallback); session sticky, reassigned, "
+              "overload_fallback, all_overloaded, no_key; roundrobin rotate; leastload least_load; retry (a "
+              "retried request, any policy)",
     "source": "predicted (the policy's estimate) or reported (the engine's usage.cached_tokens)",
     "backend": "backend id of a replica behind the router (one per live replica)",
     "tier": "KV tier: engine, l1, l2, or l2:TENANT for a tenant's own Redis (bounded by "

@@ -35,8 +35,12 @@ SHADOW = 2  # unknown capacity: history kept beyond the learned horizon, to see 
 HOT_ROOM = 0.5  # hot prefixes are credited everywhere only while together they fit in this share of a cache
 
 
-def _branch(uncached: int, best_possible: int, prompt_tokens: int) -> str:
+def _branch(uncached: int, best_possible: int, prompt_tokens: int, credited: tuple[int, int]) -> str:
+    """`credited`: what the chosen replica computes with hot prefixes credited to every replica, and the fewest
+    any would: equal, the replica was as good as any once a hot prefix counts as everywhere."""
     if uncached > best_possible:
+        if credited[0] < uncached and credited[0] <= credited[1]:
+            return "hot_copy"  # a hot prefix credited everywhere (popularity.py) is copied here, on purpose
         return "load_over_hit"  # another replica holds more of the prefix, but is too busy
     return "miss" if uncached >= prompt_tokens else "hit"
 
@@ -103,12 +107,13 @@ class _ReplicaIndex:
 def _cheapest_credited(request: RouteRequest, held: list[tuple], hot: int, weights: CostWeights,
                        rng: random.Random) -> tuple:
     """The cheapest replica with the request's first `hot` blocks credited to every one (`popularity.py`), given
-    the blocks each holds; returns it, the prompt tokens it really computes, and the fewest any would."""
+    the blocks each holds; returns it, the prompt tokens it really computes, the fewest any would, and with
+    the credit what it computes and the fewest any would (`_branch`)."""
     tokens, per_block = request.prompt_tokens, request.block_tokens
     computes = {r.id: max(0, int(tokens - blocks * per_block)) for r, blocks in held}
     candidates = [(r, max(0, int(tokens - max(blocks, hot) * per_block))) for r, blocks in held]
-    replica, _credited = cheapest(candidates, weights, rng, tokens)
-    return replica, computes[replica.id], min(computes.values())
+    replica, credited = cheapest(candidates, weights, rng, tokens)
+    return replica, computes[replica.id], min(computes.values()), (credited, min(u for _, u in candidates))
 
 
 @register("prefixaware")
@@ -151,8 +156,8 @@ class PrefixAware:
             index = self.index.get(r.id)
             horizon = self._horizon(r, request.exact_keys)
             held.append((r, index.matched(request.blocks, horizon) if index is not None else 0))
-        replica, uncached, best_possible = _cheapest_credited(request, held, hot, self.weights, self.rng)
-        branch = _branch(uncached, best_possible, request.prompt_tokens)
+        replica, uncached, best_possible, credited = _cheapest_credited(request, held, hot, self.weights, self.rng)
+        branch = _branch(uncached, best_possible, request.prompt_tokens, credited)
         horizon = self._horizon(replica, request.exact_keys)
         index = self.index.get(replica.id)
         if index is None:
@@ -225,8 +230,8 @@ class KVAware:
             return None
         hot = self.fallback._hot_depth(request, eligible, self.popularity)  # cache sizes as the index knows them
         held = [(r, index.credit(r.id, request.blocks, snapshot.now)) for r in eligible]
-        replica, uncached, best_possible = _cheapest_credited(request, held, hot, self.weights, self.rng)
-        branch = _branch(uncached, best_possible, request.prompt_tokens)
+        replica, uncached, best_possible, credited = _cheapest_credited(request, held, hot, self.weights, self.rng)
+        branch = _branch(uncached, best_possible, request.prompt_tokens, credited)
         index.speculate(replica.id, request.blocks, snapshot.now)
         return Choice(replica, branch, uncached)
 
