@@ -72,7 +72,9 @@ class Catalog:
         return list(self._types.values())
 
     def with_prices(self, prices: dict[str, tuple[float, float]]) -> Catalog:
-        """A copy with current (on-demand, spot) prices for some types."""
+        """A copy with current (on-demand, spot) prices for some types (by either name: `ml.g5.xlarge` prices
+        the g5.xlarge the catalog holds)."""
+        prices = {self.canonical(name): price for name, price in prices.items()}
         types = [replace(t, on_demand=prices[t.name][0], spot=prices[t.name][1]) if t.name in prices else t
                  for t in self._types.values()]
         return Catalog(types, self.version + "+prices", self.sources)

@@ -23,6 +23,9 @@ err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 Spec = Annotated[str, typer.Argument(help="Endpoint spec (fleetserve.io/v1 or HyperPod InferenceEndpointConfig)")]
 TraceOpt = Annotated[str, typer.Option("--trace", help="Trace: Mooncake JSONL, Azure CSV, prompt log, ServeGen")]
+PricesOpt = Annotated[str | None, typer.Option(
+    "--prices", help="YAML or JSON of $/hour by instance type, over the catalog's list prices "
+                     "(ml.g5.xlarge: 1.41, or {onDemand: 1.41, spot: 0.6})")]
 TraceModelOpt = Annotated[str | None, typer.Option("--trace-model", help="ServeGen files of several models: the "
                                                                          "one whose arrivals to replay")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON")]
@@ -70,7 +73,8 @@ def _simulatable(loaded) -> None:
 
 def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_scale: float, limit: int | None,
             seed: int, window: float, peak_fraction: float, idle_fraction: float, start: str | None,
-            spot_rate: float | None = None, provisioning_delay: float | None = None, trace_model: str | None = None):
+            spot_rate: float | None = None, provisioning_delay: float | None = None, trace_model: str | None = None,
+            prices: str | None = None):
     """The spec, the trace and the options, or exit 2 naming what is wrong."""
     from datetime import datetime
 
@@ -96,6 +100,14 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
             resolve(profile)
         except (ProfileError, ValueError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--profile") from None
+    priced = None
+    if prices is not None:
+        from fleetserve.capacity.prices import PriceError, load_prices
+
+        try:
+            priced = load_prices(prices)
+        except PriceError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--prices") from None
     try:
         loaded = load_spec(spec)
     except SpecError as exc:
@@ -130,7 +142,7 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
         if not requests:
             raise typer.BadParameter(f"{rate_scale:g} leaves none of the trace's requests; use a larger factor",
                                      param_hint="--rate-scale")
-    options = SimOptions(seed=seed, knowledge=knowledge, profile=profile, window_s=window,
+    options = SimOptions(seed=seed, knowledge=knowledge, profile=profile, window_s=window, prices=priced,
                          peak_fraction=peak_fraction, idle_fraction=idle_fraction, start=start,
                          spot_interruption_rate=spot_rate, provisioning_delay_s=provisioning_delay)
     return loaded, requests, options
@@ -189,7 +201,7 @@ def simulate(
     limit: LimitOpt = None, window: WindowOpt = 300.0, peak_fraction: PeakOpt = 0.1, idle_fraction: IdleOpt = 0.25,
     start: StartOpt = None, ttft_p95_ms: TtftOpt = None, e2e_p95_ms: E2eOpt = None,
     cost_per_hour: CostOpt = None, spot_interruption_rate: SpotOpt = None, provisioning_delay: DelayOpt = None,
-    trace_model: TraceModelOpt = None,
+    trace_model: TraceModelOpt = None, prices: PricesOpt = None,
 ) -> None:
     """Run the spec's fleet (routing, autoscaling, capacity) against a trace in virtual time; report latency,
     SLO attainment, GPU-hours and cost, overall and for the peak and idle windows."""
@@ -198,7 +210,7 @@ def simulate(
     writable(report, "--report")
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
-                                        provisioning_delay, trace_model)
+                                        provisioning_delay, trace_model, prices)
     with _Progress(requests[-1].arrival_s, "simulating") as progress:
         result = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress)
     if report:
@@ -251,7 +263,7 @@ def verify(
     peak_fraction: PeakOpt = 0.1, idle_fraction: IdleOpt = 0.25, start: StartOpt = None,
     ttft_p95_ms: TtftOpt = None, e2e_p95_ms: E2eOpt = None, cost_per_hour: CostOpt = None,
     spot_interruption_rate: SpotOpt = None, provisioning_delay: DelayOpt = None, trace_model: TraceModelOpt = None,
-    report: ReportOpt = None,
+    report: ReportOpt = None, prices: PricesOpt = None,
 ) -> None:
     """Pass or fail: does the spec meet its SLO (spec.slo, flags, or the defaults) at peak, at idle and over the
     whole trace? Exit 0 pass, 1 fail, 2 bad input."""
@@ -260,7 +272,7 @@ def verify(
     writable(report, "--report")
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
-                                        provisioning_delay, trace_model)
+                                        provisioning_delay, trace_model, prices)
     with _Progress(requests[-1].arrival_s, "verifying") as progress:
         verdict = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress)
     _print_warnings(verdict.result.report)
@@ -298,6 +310,7 @@ def plan(
     e2e_p95_ms: E2eOpt = None, cost_per_hour: CostOpt = None,
     max_trials: Annotated[int, typer.Option(min=2, max=1000, help="Simulations the search may run")] = 80,
     spot_interruption_rate: SpotOpt = None, provisioning_delay: DelayOpt = None, trace_model: TraceModelOpt = None,
+    prices: PricesOpt = None,
 ) -> None:
     """Search instance types, replica bounds, scaling target, routing and cache tiers for the cheapest spec that
     passes verify; write it to -o and explain the changes. Exit 0 when one passes, 1 when none does."""
@@ -308,7 +321,7 @@ def plan(
     writable(output, "--output")
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
-                                        provisioning_delay, trace_model)
+                                        provisioning_delay, trace_model, prices)
     with _Progress(max_trials, "planning") as progress:
         result = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress,
                      max_trials)

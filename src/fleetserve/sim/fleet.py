@@ -22,7 +22,6 @@ from collections.abc import Callable
 from fleetserve.autoscale.controller import Controller
 from fleetserve.autoscale.policy import ScalingState
 from fleetserve.autoscale.scaledown import Candidate, victims
-from fleetserve.capacity.catalog import Catalog
 from fleetserve.capacity.placement import InsufficientCapacity
 from fleetserve.capacity.utilization import load_ratio, target_per_replica
 from fleetserve.router.admission import BUFFER, GO, AdmissionSettings, Rejection, admit, buffer_timeout, overflow
@@ -111,7 +110,7 @@ class SimFleet:
         self.workload = workload
         self.sim = Simulation(options.seed, options.start_epoch)
         self.t0 = self.sim.now
-        self.catalog = Catalog.builtin(local_price=spec.capacity.local_price_per_hour)
+        self.catalog = options.catalog(local_price=spec.capacity.local_price_per_hour)
         self.capacity = build_capacity(spec, self.catalog, options, self.t0)
         self.informed = options.knowledge == "informed"
         strategy = spec.routing.strategy if spec.routing.strategy in registered_policies() else "leastload"

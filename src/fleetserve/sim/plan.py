@@ -87,7 +87,7 @@ class PlanResult:
                 "floors": self.floors or {**floors_section(), "skipped": "--max-trials ran out before the floors step"},
                 "report": w.verdict.result.report if w else None,
                 "closest": self.closest.label if self.closest else None, "context": self.context,
-                "cut_short": self.cut_short,
+                "cut_short": self.cut_short, "prices": self.baseline.verdict.result.report.get("prices"),
                 "warnings": list(shown.verdict.result.report.get("warnings") or []) if shown else [],
                 "failures": [c.reason for c in shown.verdict.checks if not c.passed] if shown else []}
 
@@ -220,7 +220,7 @@ class Planner:
         self.progress = progress
         self.max_trials = max_trials
         self.instance_types = instance_types
-        self.catalog = Catalog.builtin()
+        self.catalog = options.catalog()
         self.workload = build_workload(trace, engine_block(endpoint, options), options.knowledge == "informed")
         self.keyed = any(r.engine_keys for r in self.workload)
         self.trials = 0

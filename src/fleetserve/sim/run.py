@@ -40,7 +40,9 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
     targets, source = slo_of(endpoint, slo)
     report = build_report(fleet, targets, source)
     report["context_length"], report["warnings"] = context_check(fleet)
-    report["warnings"] += sorted(fleet.profile_notes) + sagemaker_pricing(endpoint.spec)
+    report["warnings"] += sorted(fleet.profile_notes) + sagemaker_pricing(endpoint.spec, options.prices)
+    report["prices"] = {name: {"on_demand": od, "spot": spot} for name, (od, spot) in sorted(options.prices.items())
+                        } if options.prices else None  # --prices: the $/h the cost figures used instead of the list
     report["placement_failures"] = dict(fleet.unplaced)
     if fleet.unplaced and not fleet.replicas:
         report["warnings"].append(f"no replica could be placed: {next(iter(fleet.unplaced))}")
@@ -48,19 +50,22 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
     return SimResult(report, fleet)
 
 
-def sagemaker_pricing(spec) -> list[str]:
+def sagemaker_pricing(spec, prices: dict | None = None) -> list[str]:
     """SageMaker's `ml.*` names are priced as the EC2 type they run on (the catalog holds EC2 on-demand prices);
-    SageMaker bills them at its own, higher rates, so the cost figures are a lower bound, and the report says so."""
+    SageMaker bills them at its own, higher rates, so the cost figures are a lower bound, and the report says so
+    (of the types `--prices` does not price)."""
     from fleetserve.capacity.catalog import Catalog
 
     catalog = Catalog.builtin()
     named = set(spec.placement.instance_types) | set(_strings(spec.placement.node_affinity))
-    sagemaker = sorted(n for n in named if n.startswith("ml.") and n in catalog)
+    sagemaker = sorted(n for n in named if n.startswith("ml.") and n in catalog
+                       and catalog.canonical(n) not in {catalog.canonical(p) for p in prices or ()})
     if not sagemaker:
         return []
     priced = ", ".join(f"{n} at {catalog.canonical(n)}'s ${catalog.get(n).on_demand:.2f}/h" for n in sagemaker)
     return [f"SageMaker instance types are priced at EC2 on-demand rates ({priced}): SageMaker bills ml.* instances "
-            "at its own, higher rates (a 15-20 % premium is reported for ml.p5), so cost figures are a lower bound"]
+            "at its own, higher rates (a 15-20 % premium is reported for ml.p5), so cost figures are a lower bound "
+            "(--prices FILE gives your own rates)"]
 
 
 def _strings(tree) -> list[str]:

@@ -46,6 +46,7 @@ class SimOptions:
     static_replicas: int | None = None  # run without autoscaling at this count (plan's baseline)
     spot_interruption_rate: float | None = None
     fast_forward: bool = True  # skip the control loop's rounds through idle stretches (same results, faster)
+    prices: dict[str, tuple[float, float]] | None = None  # (on-demand, spot) $/h by instance type (--prices)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -55,6 +56,11 @@ class SimOptions:
             raise ValueError("peak_fraction and idle_fraction must be in (0, 1]")
         if self.window_s <= 0:
             raise ValueError("window_s must be positive")
+
+    def catalog(self, local_price: float = 0.0) -> Catalog:
+        """The shipped catalog with this run's own prices (`--prices`) over its list prices."""
+        catalog = Catalog.builtin(local_price=local_price)
+        return catalog.with_prices(self.prices) if self.prices else catalog
 
     @property
     def start_epoch(self) -> float:

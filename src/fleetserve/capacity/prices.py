@@ -1,0 +1,81 @@
+"""Prices a user knows better than the shipped catalog: `--prices FILE` for simulate, verify and plan.
+
+The catalog holds EC2 list prices. A team pays its own: SageMaker's `ml.*` rates (above EC2's), a savings plan,
+a negotiated discount, another cloud's bill for the same GPU. The file maps instance types to $/hour, YAML or
+JSON:
+
+    ml.g5.xlarge: 1.41                        # on-demand; spot keeps the catalog's spot/on-demand ratio
+    g6e.xlarge: {onDemand: 1.50, spot: 0.70}
+
+A name prices the hardware it runs on for the whole run (`ml.g5.xlarge` and `g5.xlarge` are one machine in the
+catalog), so a file that prices both is refused rather than one silently winning.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import yaml
+
+from fleetserve.capacity.catalog import Catalog
+
+PRICE_KEYS = ("onDemand", "spot")
+
+
+class PriceError(ValueError):
+    """A price file that cannot be used; the message names the file and the entry."""
+
+
+def load_prices(path: str | Path, catalog: Catalog | None = None) -> dict[str, tuple[float, float]]:
+    """(on-demand, spot) $/hour by each type's name as the file gives it (`Catalog.with_prices` reads both)."""
+    p = Path(path)
+    if not p.is_file():
+        raise PriceError(f"{p}: {'is a directory, not a price file' if p.is_dir() else 'does not exist'}")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8-sig"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise PriceError(f"{p}: not YAML or JSON ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict) or not data:
+        raise PriceError(f"{p}: expected a mapping of instance types to $/hour, e.g. 'ml.g5.xlarge: 1.41'")
+    catalog = catalog or Catalog.builtin()
+    spot_ratio = _spot_ratio(catalog)
+    prices: dict[str, tuple[float, float]] = {}
+    named: dict[str, str] = {}  # catalog name -> the file's name for it
+    for name, value in data.items():
+        where = f"{p}: {name}"
+        if name == "local":
+            raise PriceError(f"{where}: this machine is priced by the spec (spec.capacity.localPricePerHour)")
+        if not isinstance(name, str) or name not in catalog:
+            known = ", ".join(n for n in catalog.names() if n != "local")
+            raise PriceError(f"{where}: unknown instance type; known: {known} (each also as ml.NAME)")
+        key = Catalog.canonical(name)
+        if key in named:
+            raise PriceError(f"{where}: prices the same hardware as {named[key]} (ml.NAME and NAME are one type "
+                             "in a run): give one of them")
+        named[key] = name
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - set(PRICE_KEYS))
+            if unknown or "onDemand" not in value:
+                raise PriceError(f"{where}: {'unknown key ' + repr(unknown[0]) if unknown else 'onDemand is missing'}"
+                                 f"; allowed keys: {', '.join(PRICE_KEYS)} (onDemand required)")
+            on_demand = _dollars(value["onDemand"], f"{where}.onDemand")
+            spot = _dollars(value["spot"], f"{where}.spot") if "spot" in value else on_demand * spot_ratio
+        else:
+            on_demand = _dollars(value, where)
+            spot = on_demand * spot_ratio
+        prices[name] = (on_demand, round(spot, 6))
+    return prices
+
+
+def _dollars(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise PriceError(f"{where}: must be a finite number of $/hour >= 0, got {json.dumps(value, default=str)}")
+    return float(value)
+
+
+def _spot_ratio(catalog: Catalog) -> float:
+    """The catalog's spot price over on-demand (one fraction for every type in the shipped data)."""
+    priced = [t for t in catalog.types() if t.on_demand > 0]
+    return priced[0].spot / priced[0].on_demand if priced else 1.0
