@@ -185,7 +185,7 @@ def test_the_html_report_shows_gaps_failures_the_worst_window_and_the_budgeted_c
     share = sum(r.cached for r in answered) / sum(r.spec.prompt for r in answered)
     assert abs(minute["hit"][0] - share) < 1e-9
     page = render_html(fleet, report, "t")
-    assert "most misses 1800-2100 s (other)" in page and "Requests per minute (5 refused or failed" in page
+    assert "most misses 1800-2100 s (idle)" in page and "Requests per minute (5 refused or failed" in page
     assert f"${report['cost_per_hour_max_usd']:.2f}/hour" in page
 
 

@@ -225,8 +225,8 @@ class Planner:
         self.keyed = any(r.engine_keys for r in self.workload)
         self.trials = 0
         self.best: Trial | None = None
-        self.peak_misses: dict[str, Trial] = {}  # per instance type, the cheapest autoscaled trial that failed at the
-        # peak only: floors are tried on each (one base for all types missed a cheaper type's floors)
+        self.peak_misses: dict[str, Trial] = {}  # per instance type, the cheapest autoscaled trial that failed on
+        # latency or errors only: floors are tried on each (one base for all types missed a cheaper type's floors)
         self.closest: Trial | None = None  # the failing trial nearest to passing: what a no-winner plan reports
         self.floors: dict | None = None
         self.context: dict | None = None  # the context length the search raised, and why (`_fit_context`)
@@ -250,10 +250,11 @@ class Planner:
         missed = failed(trial.verdict.checks)
         if missed and (self.closest is None or _shortfall(trial) < _shortfall(self.closest)):
             self.closest = trial
-        # a trial that missed the peak and nowhere else (idle, the windows between: the whole trace's miss of a
-        # metric the peak missed too is the peak's) is what floors fix
+        # a trial that missed latency or errors and not the budget is what floors may fix: replicas raised before
+        # the trace's daily peaks, at the peak or in the quieter windows with requests around it (idle is never an
+        # empty window, so a burst a scaled-down fleet meets cold can be idle's miss); floors only add cost
         kind = trial.instance_type
-        if missed and all(c.window == "peak" for c in missed) and _autoscaling_on(data) and \
+        if missed and all(c.metric != "cost_per_hour_usd" for c in missed) and _autoscaling_on(data) and \
                 (kind not in self.peak_misses or better(trial, self.peak_misses[kind])):
             self.peak_misses[kind] = trial
         return trial

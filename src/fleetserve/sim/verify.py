@@ -328,10 +328,15 @@ def _overspend(result: SimResult, window: str) -> str:
         which = "minReplicaCount" if held <= fleet.policy_scaling.min_replicas else "a schedule floor"
         return (f"{which} holds {held} replica(s) up in this window without load needing more: a lower floor "
                 "(or none) at this time fits the budget")
-    if points and all(p[2] == 0 for p in points) and any(p[3] > 0 for p in points):
+    # most of the windows' time on nodes without a replica: a request now and then wakes one for a while
+    if points and _share(fleet.series, spans, lambda p: p[2] == 0 and p[3] > 0) >= 0.5:
         return ("nodes stay up with no replica on them until consolidation removes them "
                 "(capacity.consolidation: policy, consolidateAfter)")
     if window == "idle" and not _single(report):  # one window: the same account as the peak's
+        if fleet.policy_scaling.min_replicas == 0:
+            return (f"the idle requests wake replicas that run on for cooldownPeriod "
+                    f"({fleet.policy_scaling.cooldown:.0f} s) after each; a shorter cooldown fits the budget, at "
+                    "the price of more cold starts")
         return "replicas stay up while idle (minReplicaCount, floors, cooldown)"
     if span and list(span) not in report["peak"]["windows"]:
         return _ran_on(result, span, points)
