@@ -132,3 +132,25 @@ def test_a_type_that_wins_through_floors_is_not_called_the_cheapest_static():
     why = _instance_type(search, won)
     assert why.startswith("g6.xlarge with time-of-day floors costs least") and "g5.xlarge's static fleet" in why
     assert _instance_type(search, trial("g5.xlarge", 1.0, "auto", g5)).startswith("the instance type whose")
+
+
+def test_a_passing_input_is_a_candidate_and_never_beaten_by_a_dearer_spec():
+    """An input whose target and bounds lie off the search's grid passed at $3.39 and plan wrote a $3.87 spec it
+    called the cheapest: the input as written is a candidate."""
+    from fleetserve.sim.plan import Planner
+
+    trace = [TraceRequest(i * 0.5, 400, 40, (i,)) for i in range(600)]
+    spec = {"model": {"name": "llama", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 1,
+            "placement": {"instanceTypes": ["g6e.xlarge"]},
+            "autoscaling": {"minReplicaCount": 1, "maxReplicaCount": 3,
+                            "triggers": [{"metric": "concurrency", "target": 3}]}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "in"},
+                               "spec": spec}).endpoint
+    planner = Planner(endpoint, trace, SimOptions(), {"ttft_p95_ms": 5000}, None, 30, ("g6e.xlarge",))
+    result = planner.plan()
+    (as_input,) = [t for t in planner.history if t.step == "input"]
+    assert as_input.verdict.passed and as_input.data["spec"]["autoscaling"] == planner.base["spec"]["autoscaling"]
+    out = result.to_json()
+    assert out["verified"] and out["cost_usd"] <= as_input.cost
+    if result.winner is as_input:
+        assert [c["path"] for c in out["changes"]] == ["spec.slo.ttftP95Ms"]

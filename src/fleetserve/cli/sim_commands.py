@@ -355,6 +355,9 @@ def plan(
                   f"${w['static_peak_cost_usd'] or 0:.2f}); "
                   f"{result.trials} simulations; written to {output}", markup=False)
         out.print(_slo_line(result.winner.verdict.result.report["slo"]), markup=False)
+        if not w["changes"]:
+            out.print(f"no change: the input as written is the cheapest spec that passes of the {result.trials} "
+                      "simulated", markup=False)
         said = set()  # each change under its reason; a reason shared by several changes is said once
         for c in w["changes"]:
             out.print(f"  {c['path']}: {c['from']!r} -> {c['to']!r}", markup=False)
