@@ -25,10 +25,10 @@ spec:
 """
 
 
-def _simulate(tmp_path, *extra):
+def _simulate(tmp_path, *extra, env: dict | None = None):
     spec = tmp_path / "evening.yaml"
     spec.write_text(SPEC)
-    result = fleetserve("simulate", str(spec), "--trace", str(AZURE), "--json", *extra)
+    result = fleetserve("simulate", str(spec), "--trace", str(AZURE), "--json", *extra, env=env)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -39,6 +39,12 @@ def test_an_azure_trace_keeps_its_own_clock_for_cron_floors(tmp_path):
     assert own["replicas_max"] == 3  # the 18:00-19:00 floor holds while the trace runs
     monday = _simulate(tmp_path, "--start", "2026-01-05T10:00:00+00:00")
     assert monday["start"] == "2026-01-05T10:00:00+00:00" and monday["replicas_max"] < 3
+
+
+def test_a_start_without_an_offset_is_utc_on_any_machine(tmp_path):
+    """It was read in the machine's own zone: the same command gave $3.62 under TZ=UTC and $2.66 in Seoul."""
+    seoul = _simulate(tmp_path, "--start", "2026-01-05T18:10:00", env={"TZ": "Asia/Seoul"})
+    assert seoul["start"] == "2026-01-05T18:10:00+00:00" and seoul["replicas_max"] == 3  # inside 18:00-19:00 UTC
 
 
 def test_a_trace_without_wall_times_starts_on_the_documented_monday():

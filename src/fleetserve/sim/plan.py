@@ -8,7 +8,8 @@ The search, in order (each step keeps the best passing spec so far, cheapest `co
    the per-replica target of the first trigger (2, 4, 8, 16) and maxReplicaCount (the static count, +25 %),
    one coordinate at a time;
 3. time-of-day floors (`sim.floors`): no floors, the input's (what every trial so far inherited), and floors at
-   the trace's daily peaks on the winner and on the cheapest autoscaled trial that missed only the peak;
+   the trace's daily peaks on the winner and on the cheapest autoscaled trial of each type that missed latency
+   or errors but not the budget;
 4. routing strategy (every registered one) and KV cache tiers (L1, L2 on/off) on the winner.
 `baseline_cost_usd` is the input spec run statically at its max replicas; `static_peak_cost_usd` the
 cheapest passing static fleet. The input as written (when it autoscales) is a candidate too: a passing input

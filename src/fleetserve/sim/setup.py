@@ -14,7 +14,7 @@ Choices the spec does not make, made here and documented in docs/simulator.md:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from fleetserve.autoscale.policy import ScalingPolicy
 from fleetserve.capacity.catalog import Catalog
@@ -64,7 +64,8 @@ class SimOptions:
 
     @property
     def start_epoch(self) -> float:
-        return datetime.fromisoformat(self.start).timestamp()
+        moment = datetime.fromisoformat(self.start)  # without an offset: UTC, never the machine's zone
+        return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def gpu_types(spec, catalog: Catalog) -> list[str]:
