@@ -314,3 +314,25 @@ def test_held_at_max_after_a_scale_from_zero_counts_the_time_the_fleet_served():
     result = SimpleNamespace(fleet=fleet, report={"peak": section})
     cause = _capacity_cause(result, "peak")
     assert "held at maxReplicaCount=3" in cause and "after a scale from zero" in cause, cause
+
+
+def test_a_fleet_capacity_could_not_place_is_not_blamed_on_its_size():
+    """A static 4 on a machine of one slot ran 1 replica: "a static fleet of 4 replica(s) cannot carry the peak
+    load", no warning, and plan doubled to 64 replicas that all ran as one."""
+    from fleetserve.sim.plan import Planner
+
+    spec = {"model": {"source": "builtin:smollm2-135m"}, "replicas": 4, "routing": {"strategy": "leastload"},
+            "capacity": {"localSlots": 1}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "slots"},
+                               "spec": spec}).endpoint
+    trace = [TraceRequest(i * 0.05, 300, 40) for i in range(300)]
+    verdict = verify(endpoint, trace, SimOptions(), {"ttft_p95_ms": 100})
+    report = verdict.result.report
+    assert report["replicas_max"] == 1 and not verdict.passed
+    said = "only 1 of the static fleet's 4 replicas could be placed"
+    assert any(said in c.reason and "capacity.localSlots = 1" in c.reason for c in verdict.checks), verdict.checks
+    assert any("at most 1 replica(s) ran" in w for w in report["warnings"]), report["warnings"]
+    planner = Planner(endpoint, trace, SimOptions(), {"ttft_p95_ms": 100}, None, 20, ())
+    planner.plan()
+    statics = [t.data["spec"]["replicas"] for t in planner.history if t.step == "static"]
+    assert statics == [1, 2] and "local" in planner.placement_bound  # x2 placed 1: no x4 ... x64

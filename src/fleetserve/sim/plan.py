@@ -233,6 +233,7 @@ class Planner:
         self.floors: dict | None = None
         self.context: dict | None = None  # the context length the search raised, and why (`_fit_context`)
         self.engine_bound: dict[str, Trial] = {}  # types whose doubling stopped: the engine alone misses a target
+        self.placement_bound: dict[str, Trial] = {}  # types whose doubling stopped: no more replicas could be placed
         self.history: list[Trial] = []  # every trial, in order: what each change of the winner is explained by
         self.types: list[str] = []  # the candidate instance types, in the order tried
         self.exhausted = False  # a step wanted a simulation that --max-trials did not leave
@@ -284,6 +285,10 @@ class Planner:
             if t.verdict.passed:
                 found = (n, t)
                 break
+            fleet = t.verdict.result.fleet
+            if fleet.unplaced and max((p[2] for p in fleet.series), default=0) < n:  # capacity caps the count
+                self.placement_bound[label] = t  # (a local machine's slots): x8 ... x64 ran the same fleet
+                return None
             floors = [c.floor / c.limit for c in t.verdict.checks if not c.passed and c.floor and c.limit]
             now = max(floors, default=None)
             if now is not None and bound is not None and now >= ENGINE_BOUND_STEADY * bound:

@@ -82,7 +82,8 @@ def _types(search: Planner) -> str:
             parts.append(f"{t} x{smallest.data['spec']['replicas']} {_figures(smallest)}")
         elif tried:
             largest = max(tried, key=lambda x: x.data["spec"]["replicas"])
-            stopped = " (more were not tried: the engine alone misses the target)" if t in search.engine_bound else ""
+            stopped = " (more were not tried: the engine alone misses the target)" if t in search.engine_bound else \
+                " (more were not tried: no more replicas could be placed)" if t in search.placement_bound else ""
             parts.append(f"{t}: none passed up to {largest.data['spec']['replicas']} replicas{stopped} "
                          f"({_failure(largest)})")
         else:

@@ -44,10 +44,30 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
     report["prices"] = {name: {"on_demand": od, "spot": spot} for name, (od, spot) in sorted(options.prices.items())
                         } if options.prices else None  # --prices: the $/h the cost figures used instead of the list
     report["placement_failures"] = dict(fleet.unplaced)
-    if fleet.unplaced and not fleet.replicas:
-        report["warnings"].append(f"no replica could be placed: {next(iter(fleet.unplaced))}")
+    if fleet.unplaced:
+        report["warnings"].append(placement_warning(fleet, report["replicas_max"]))
     report["start"] = options.start  # the wall time of the trace's first second (cron floors, budgets read it)
     return SimResult(report, fleet)
+
+
+def placement_warning(fleet: SimFleet, ran: int) -> str:
+    """What found no capacity: none placed, or fewer than the fleet asked for (a static 4 on one local slot ran 1
+    replica, and verify blamed the size of a fleet it never had)."""
+    reason = unplaced_reason(fleet)
+    if not fleet.replicas:
+        return f"no replica could be placed: {reason}"
+    launches = sum(fleet.unplaced.values())
+    return (f"{launches} replica launch{'es' if launches != 1 else ''} found no capacity ({reason}); at most {ran} "
+            "replica(s) ran")
+
+
+def unplaced_reason(fleet: SimFleet) -> str:
+    """The commonest reason launches found no capacity, with the local machine's slot count when it is that."""
+    reason = fleet.unplaced.most_common(1)[0][0]
+    slots = fleet.spec.capacity.local_slots
+    if slots and "[local]" in reason:
+        reason += f": the local machine takes capacity.localSlots = {slots} replica(s)"
+    return reason
 
 
 def sagemaker_pricing(spec, prices: dict | None = None) -> list[str]:

@@ -21,7 +21,7 @@ import numpy as np
 
 from fleetserve.sim.fleet import series_at, span_hours
 from fleetserve.sim.report import window_bounds, window_requests, windows, worst_section
-from fleetserve.sim.run import SimResult, simulate
+from fleetserve.sim.run import SimResult, simulate, unplaced_reason
 from fleetserve.sim.setup import SimOptions
 from fleetserve.spec.context import MODEL_MAXIMUM
 
@@ -240,7 +240,14 @@ def _capacity_cause(result: SimResult, window: str, section: dict | None = None)
     at_max = bool(most) and serving > 0 and \
         _share(fleet.series, section["windows"], lambda p: p[1] >= most) >= 0.5 * serving
     if fleet.unplaced and not fleet.replicas:  # not a question of size: no node type takes the replica
-        return f"no replica could be placed: {next(iter(fleet.unplaced))}{refused}"
+        return f"no replica could be placed: {unplaced_reason(fleet)}{refused}"
+    if fleet.unplaced:
+        placed = max((p[2] for p in fleet.series), default=0)
+        if fleet.policy_scaling is None and placed < most:  # the fleet never had the size the spec asks for
+            return f"only {placed} of the static fleet's {most} replicas could be placed: {unplaced_reason(fleet)}" \
+                   f"{refused}"
+        launches = sum(fleet.unplaced.values())
+        refused += f"; {launches} replica launch(es) found no capacity ({unplaced_reason(fleet)})"
     if fleet.policy_scaling is None:
         return f"a static fleet of {most} replica(s) cannot carry the {name} load{refused}"
     # a p95 far beyond the cold start is not the cold start's doing (a burst at zero that then waited at max)
