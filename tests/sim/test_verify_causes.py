@@ -336,3 +336,20 @@ def test_a_fleet_capacity_could_not_place_is_not_blamed_on_its_size():
     planner.plan()
     statics = [t.data["spec"]["replicas"] for t in planner.history if t.step == "static"]
     assert statics == [1, 2] and "local" in planner.placement_bound  # x2 placed 1: no x4 ... x64
+
+
+def test_instance_type_local_is_this_machine_not_a_gpu_type():
+    """`instanceTypes: [local]` (what `models list` gives the CPU model) asked the local type for a GPU: every
+    request was refused, "no available offering fits a replica of 1 GPU(s)"."""
+    from fleetserve.sim.run import simulate
+
+    def endpoint(placement: dict):
+        spec = {"model": {"source": "builtin:smollm2-135m"}, "replicas": 2, "placement": placement}
+        return load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "cpu"},
+                               "spec": spec}).endpoint
+
+    trace = [TraceRequest(i * 0.5, 100, 10) for i in range(40)]
+    named = simulate(endpoint({"instanceTypes": ["local"]}), trace, SimOptions()).report
+    unnamed = simulate(endpoint({}), trace, SimOptions()).report
+    assert named["failed"] == 0 and named["placement_failures"] == {}
+    assert (named["ttft_ms"], named["cost_usd"]) == (unnamed["ttft_ms"], unnamed["cost_usd"])

@@ -69,8 +69,10 @@ class SimOptions:
 
 
 def gpu_types(spec, catalog: Catalog) -> list[str]:
+    """The cloud instance types the spec places on; none for this machine (`instanceTypes: [local]`, as `models
+    list` advertises for the CPU model, is the local machine's slots, not a GPU type every request failed on)."""
     if spec.placement.instance_types:
-        return [catalog.canonical(n) for n in spec.placement.instance_types]
+        return [n for n in (catalog.canonical(n) for n in spec.placement.instance_types) if n != "local"]
     if spec.placement.node_affinity:
         return [n for tier in tiers_from_spec(spec.placement, catalog, ("on-demand", "spot"))
                 for n in tier.instance_types]
