@@ -228,3 +228,25 @@ def test_a_floor_is_activity_so_the_cooldown_starts_when_its_window_closes():
     assert zero_at == last_held + 300 and "cooldownPeriod" in why
     assert all(r == 2 for t, r, _ in fleet.history if t < zero_at)
     assert all(r == 0 for t, r, _ in fleet.history if t >= zero_at)
+
+
+def test_a_trigger_s_metric_type_is_the_one_kubernetes_renders():
+    """`metricType: Value` went into the KEDA ScaledObject while the local controller and the simulator kept the
+    metric's own AverageValue: 20 requests in flight on 2 replicas at a target of 4 ask the HPA for 10 replicas
+    (2 x 20 / 4; its scale-up policy lets 2 become 6 in one step), and they asked 5 here."""
+    from fleetserve.spec.load import load_spec_data
+
+    def policy(metric_type):
+        trigger = {"metric": "concurrency", "target": 4, **({"metricType": metric_type} if metric_type else {})}
+        spec = {"model": {"source": "builtin:smollm2-135m"}, "replicas": 2,
+                "autoscaling": {"minReplicaCount": 1, "maxReplicaCount": 20, "triggers": [trigger]}}
+        endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "m"},
+                                   "spec": spec}).endpoint
+        return ScalingPolicy.from_spec(endpoint.spec.autoscaling)
+
+    wanted = {}
+    for metric_type in (None, "AverageValue", "Value"):
+        p = policy(metric_type)
+        state = ScalingState.initial(p, 2, 0.0)
+        wanted[metric_type] = decide(p, state, ScalingMetrics((20.0,), 0), 0.0).desired
+    assert wanted == {None: 5, "AverageValue": 5, "Value": 6}

@@ -302,9 +302,10 @@ def test_audit_fields_warn_locally_never_silently():
     for path in ("metadata.labels", "metadata.annotations", "spec.engine.command", "spec.engine.workingDir",
                  "spec.engine.probes", "spec.engine.resources", "spec.engine.env", "spec.engine.envFrom",
                  "spec.model.mountPath", "spec.model.volume", "spec.pod",
-                 "spec.metrics.modelMetrics", "spec.autoscaling.triggers[0].metricType",
+                 "spec.metrics.modelMetrics",
                  "spec.autoscaling.triggers[0].useCachedMetrics", "spec.autoscaling.triggers[0].customHeaders"):
         assert "applies to Kubernetes rendering only" in paths[path], path
+    assert "spec.autoscaling.triggers[0].metricType" not in paths  # the local controller and simulator read it
     # the scrape interval takes effect locally when the fleet runs its own Prometheus (fleet/prometheus.py)
     from fleetserve.fleet import prometheus
 

@@ -48,9 +48,13 @@ class Trigger:
     metric: str
     target: float
     activation_target: float = 0.0
+    metric_type: str | None = None  # the spec's KEDA metricType, over the metric's own kind (AverageValue: the
+    # total over replicas; Value: the value itself, scaled by the current count, as the HPA computes each)
 
     @property
     def kind(self) -> str:
+        if self.metric_type is not None:
+            return "average" if self.metric_type == "AverageValue" else "value"
         return METRIC_KIND[self.metric]
 
 
@@ -83,7 +87,8 @@ class ScalingPolicy:
             initial_cooldown=section.initial_cooldown_period,
             up_window=section.scale_up_stabilization_time,
             down_window=section.scale_down_stabilization_time,
-            triggers=tuple(Trigger(t.metric, t.target, t.activation_target) for t in section.triggers)
+            triggers=tuple(Trigger(t.metric, t.target, t.activation_target, t.metric_type)
+                           for t in section.triggers)
             or (Trigger("concurrency", 4.0, 0.0),),
             schedule=Schedule.from_spec(section.schedules),
             schedule_lead=section.schedule_lead_time,

@@ -15,7 +15,7 @@ from fleetserve.spec.errors import SpecProblem
 _KUBERNETES_ONLY = re.compile(
     r"^spec\.(engine\.(env|envFrom|port|command|workingDir|probes|resources)"
     r"|model\.(mountPath|volume|tokenSecret)|pod|metrics\.(scrapeIntervalSeconds|modelMetrics)"
-    r"|autoscaling\.triggers\[\d+\]\.(metricType|useCachedMetrics|customHeaders))$"
+    r"|autoscaling\.triggers\[\d+\]\.(useCachedMetrics|customHeaders))$"
     r"|^metadata\.(labels|annotations)$")
 
 
@@ -137,8 +137,7 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if spec.pod != type(spec.pod)():
         note("spec.pod", f"{k8s}: the engine pods' init containers, scheduler, service account and volumes")
     for i, trig in enumerate(spec.autoscaling.triggers if spec.autoscaling else []):
-        for field, value in (("metricType", trig.metric_type), ("useCachedMetrics", trig.use_cached_metrics),
-                             ("customHeaders", trig.custom_headers)):
+        for field, value in (("useCachedMetrics", trig.use_cached_metrics), ("customHeaders", trig.custom_headers)):
             if value:
                 note(f"spec.autoscaling.triggers[{i}].{field}", f"{k8s}: the KEDA trigger's {field}; the local "
                                                                 "controller reads the metric every pollingInterval")
