@@ -353,3 +353,19 @@ def test_instance_type_local_is_this_machine_not_a_gpu_type():
     unnamed = simulate(endpoint({}), trace, SimOptions()).report
     assert named["failed"] == 0 and named["placement_failures"] == {}
     assert (named["ttft_ms"], named["cost_usd"]) == (unnamed["ttft_ms"], unnamed["cost_usd"])
+
+
+def test_spec_choices_the_run_could_not_act_on_are_said():
+    """Session routing on a trace without session keys was leastload's run under session's name, and autoscaling
+    without triggers scaled on a default trigger, both without a word."""
+    from fleetserve.sim.run import simulate
+
+    spec = {"model": {"source": "builtin:smollm2-135m"}, "replicas": 1, "routing": {"strategy": "session"},
+            "autoscaling": {"minReplicaCount": 1, "maxReplicaCount": 2}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "s"},
+                               "spec": spec}).endpoint
+    warnings = simulate(endpoint, [TraceRequest(i, 50, 5) for i in range(5)], SimOptions()).report["warnings"]
+    assert any("no session keys" in w and "leastload's figures" in w for w in warnings), warnings
+    assert any("no triggers" in w and "4 requests in flight per replica" in w for w in warnings), warnings
+    keyed = [TraceRequest(i, 50, 5, session=f"s{i % 2}") for i in range(5)]
+    assert not any("session keys" in w for w in simulate(endpoint, keyed, SimOptions()).report["warnings"])

@@ -41,6 +41,7 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
     report = build_report(fleet, targets, source)
     report["context_length"], report["warnings"] = context_check(fleet)
     report["warnings"] += sorted(fleet.profile_notes) + sagemaker_pricing(endpoint.spec, options.prices)
+    report["warnings"] += silent_defaults(endpoint.spec, workload)
     report["prices"] = {name: {"on_demand": od, "spot": spot} for name, (od, spot) in sorted(options.prices.items())
                         } if options.prices else None  # --prices: the $/h the cost figures used instead of the list
     report["placement_failures"] = dict(fleet.unplaced)
@@ -48,6 +49,19 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
         report["warnings"].append(placement_warning(fleet, report["replicas_max"]))
     report["start"] = options.start  # the wall time of the trace's first second (cron floors, budgets read it)
     return SimResult(report, fleet)
+
+
+def silent_defaults(spec, workload: list[SimRequestSpec]) -> list[str]:
+    """Spec choices the run could not act on as written, said rather than simulated in another's name."""
+    notes = []
+    if spec.routing.strategy == "session" and workload and not any(w.session for w in workload):
+        notes.append("routing strategy session: the trace has no session keys, so every request went to the least "
+                     "loaded replica: these are leastload's figures")
+    auto = spec.autoscaling
+    if auto is not None and auto.enabled and not auto.triggers:
+        notes.append("spec.autoscaling has no triggers: the controller scaled on concurrency, 4 requests in flight "
+                     "per replica (the default trigger)")
+    return notes
 
 
 def placement_warning(fleet: SimFleet, ran: int) -> str:
