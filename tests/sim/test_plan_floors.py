@@ -154,3 +154,18 @@ def test_a_passing_input_is_a_candidate_and_never_beaten_by_a_dearer_spec():
     assert out["verified"] and out["cost_usd"] <= as_input.cost
     if result.winner is as_input:
         assert [c["path"] for c in out["changes"]] == ["spec.slo.ttftP95Ms"]
+
+
+def test_a_profile_plans_the_input_type_only_and_says_so():
+    """--profile's one engine speed stood for every candidate type: an L4 planned at an L40S's speed won and the
+    written spec failed verify at 19 s."""
+    trace = [TraceRequest(i * 2.0, 400, 40, (i,)) for i in range(60)]
+    spec = {"model": {"name": "llama", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 1,
+            "placement": {"instanceTypes": ["g6e.xlarge"]}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "p"},
+                               "spec": spec}).endpoint
+    result = plan(endpoint, trace, SimOptions(profile="l40s-llama-8b"), {"ttft_p95_ms": 5000}, max_trials=12)
+    out = result.to_json()
+    assert out["verified"] and result.winner.data["spec"]["placement"]["instanceTypes"] == ["g6e.xlarge"]
+    assert "spec.placement.instanceTypes" not in {c["path"] for c in out["changes"]}
+    assert any("--profile l40s-llama-8b gives one engine's speed" in w for w in out["warnings"]), out["warnings"]

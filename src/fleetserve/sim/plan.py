@@ -76,6 +76,7 @@ class PlanResult:
     closest: Trial | None = None  # without a winner: the failing trial nearest to passing
     context: dict | None = None  # the context length raised for the trace (from, to, source, requests_over, why)
     cut_short: str | None = None  # --max-trials ended the search before these steps: a "no winner" is not final
+    notes: list[str] = field(default_factory=list)  # what the search left out, and why (said with the warnings)
 
 
     def to_json(self) -> dict:
@@ -90,7 +91,7 @@ class PlanResult:
                 "report": w.verdict.result.report if w else None,
                 "closest": self.closest.label if self.closest else None, "context": self.context,
                 "cut_short": self.cut_short, "prices": self.baseline.verdict.result.report.get("prices"),
-                "warnings": list(shown.verdict.result.report.get("warnings") or []) if shown else [],
+                "warnings": self.notes + (list(shown.verdict.result.report.get("warnings") or []) if shown else []),
                 "failures": [c.reason for c in shown.verdict.checks if not c.passed] if shown else []}
 
 
@@ -221,6 +222,13 @@ class Planner:
         self.slo = slo
         self.progress = progress
         self.max_trials = max_trials
+        self.notes: list[str] = []
+        if options.profile is not None and instance_types:  # one engine's speed would stand for every GPU: an L4
+            # planned at an L40S's speed won, and verify of the written spec failed at 19 s
+            self.notes.append(f"--profile {getattr(options.profile, 'name', options.profile)} gives one engine's "
+                              "speed, so plan kept the input's instance type and searched replicas, scaling, "
+                              "floors, routing and cache only; without --profile every type runs at its own GPU's")
+            instance_types = ()
         self.instance_types = instance_types
         self.catalog = options.catalog()
         self.workload = build_workload(trace, engine_block(endpoint, options), options.knowledge == "informed")
@@ -359,7 +367,7 @@ class Planner:
         if winner is not None:
             explain(changes, self, winner)
         return PlanResult(winner, baseline, static_peak, self.trials, changes, self.floors,
-                          None if winner else self.closest, self.context, self._cut_short())
+                          None if winner else self.closest, self.context, self._cut_short(), self.notes)
 
     def _cut_short(self) -> str | None:
         """That --max-trials ended the search, and the steps that ran no trial; None when it did not end it."""
