@@ -228,3 +228,16 @@ def test_a_mooncake_trace_in_seconds_is_said_to_be_read_as_milliseconds(tmp_path
     result = fleetserve("simulate", spec, "--trace", str(seconds), "--json")
     assert result.returncode == 0 and "4,000 requests/s: Mooncake timestamps are milliseconds" in result.stderr
     assert "requests/s" not in fleetserve("simulate", spec, "--trace", str(millis), "--json").stderr
+
+
+def test_session_keys_are_text_and_anything_else_is_refused(tmp_path):
+    """Session 0 fell out as "no key" where a test of truth read it, a list or an object gave session routing no
+    key at all under session's name, and `bench replay` crashed on a number."""
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": i, "prompt": "hi", "session": s}) + "\n"
+                            for i, s in enumerate((0, 1, "a", None))))
+    assert [r.session for r in load_trace(path)] == ["0", "1", "a", None]
+    for bad in ([0], {"a": 1}, "", True, 1.5):
+        path.write_text(json.dumps({"timestamp": 0, "input_length": 5, "output_length": 1, "session": bad}) + "\n")
+        with pytest.raises(TraceError, match=r"s.jsonl:1: session must be a non-empty string or a whole number"):
+            load_trace(path)

@@ -157,6 +157,20 @@ def _number(row: dict, key: str, where: str, default: float | None = None) -> fl
     return value
 
 
+def _session(row: dict, where: str) -> str | None:
+    """The row's session key as text: a whole number is one (session 0 fell out as "no key" where a test of truth
+    read it, and `bench replay` crashed on it); a list, an object or an empty string is refused, as the session
+    policy would route it with no key under session's name."""
+    value = row.get("session")
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str) or not value:
+        raise TraceError(f"{where}: session must be a non-empty string or a whole number, got {json.dumps(value)}")
+    return value
+
+
 def _count(row: dict, key: str, where: str, default: int | None = None, least: int = 0) -> int:
     value = row.get(key)
     if value is None:
@@ -190,7 +204,7 @@ def _mooncake(p: Path, limit: int | None) -> list[TraceRequest]:
                              f"(one id per block){hint}")
         _check_chain(hash_ids, parents, where)
         out.append(TraceRequest(_number(row, "timestamp", where) / 1000.0, length,
-                                _count(row, "output_length", where), tuple(hash_ids), session=row.get("session")))
+                                _count(row, "output_length", where), tuple(hash_ids), session=_session(row, where)))
     return out
 
 
@@ -334,7 +348,7 @@ def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
         # the newer OpenAI name first (max_tokens is deprecated for chat), as the API reads them
         limit_key = "max_completion_tokens" if row.get("max_completion_tokens") is not None else "max_tokens"
         req = TraceRequest(_number(row, "timestamp", where, 0.0), 1, _count(row, limit_key, where, 64, least=1),
-                           session=row.get("session"), messages=tuple(messages) if messages else None, prompt=prompt)
+                           session=_session(row, where), messages=tuple(messages) if messages else None, prompt=prompt)
         try:  # a lone surrogate (\ud800 in JSON) anywhere in the row: no request body can carry it
             json.dumps(row, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError as exc:
