@@ -256,3 +256,19 @@ def test_requests_over_the_bench_models_context_are_left_out_and_said(tmp_path):
     only.write_text(json.dumps({"timestamp": 0, "prompt": "hi", "max_tokens": 16_000_000}) + "\n")
     result = fleetserve("bench", "routing", "--trace", str(only), "--json")
     assert result.returncode == 2 and "its one request needs more than the 131,072-token context" in result.stderr
+
+
+def test_kvaware_on_text_prompts_says_it_cannot_act_rather_than_report_its_fallback(tmp_path):
+    """Informed kvaware on a prompt log was prefixaware's fallback, decision for decision, under kvaware's name."""
+    import json
+
+    from fleetserve.bench import routing_sim
+
+    rows = [{"timestamp": i, "prompt": "shared system words " * 100 + f"q{i}", "max_tokens": 8} for i in range(20)]
+    path = tmp_path / "text.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    figures = routing_sim.run(str(path), replicas=2, strategies=("prefixaware", "kvaware"), modes=("informed",),
+                              sweep_utilizations=())
+    kv = figures["modes"]["informed"]["kvaware"]
+    assert kv["hit_rate"] is None and "prefixaware fallback" in kv["reason"]
+    assert figures["modes"]["informed"]["prefixaware"]["hit_rate"] > 0
