@@ -138,3 +138,17 @@ def test_what_the_figures_do_not_show_is_warned(tmp_path):
                             + "\n" for i in range(3)))
     out = analyze_json(str(long), "--model", "builtin:smollm2-135m")
     assert any("3 of 3 requests need more than smollm2-135m's 8192-token context" in w for w in out["warnings"])
+
+
+def test_a_completion_past_the_simulated_models_context_is_cut_and_said(tmp_path):
+    """Two Mooncake rows, one with 16,777,216 output tokens: analyze simulated days of decoding per strategy and
+    ran past 5 minutes."""
+    path = tmp_path / "long.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 1024, "output_length": 16777216, "hash_ids": [1, 2]}\n'
+                    '{"timestamp": 5, "input_length": 1024, "output_length": 8, "hash_ids": [1, 2]}\n')
+    result = fleetserve("analyze", str(path), "--json", timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert any(w.startswith("1 of 2 requests' completions are cut to fit the 131,072-token context")
+               for w in report["warnings"]), report["warnings"]
+    assert report["strategies"]["blind"]["prefixaware"]["ttft_ms"]["p50"] is not None

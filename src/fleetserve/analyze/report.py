@@ -7,7 +7,7 @@ from pathlib import Path
 from fleetserve.analyze.blocks import load_blocks
 from fleetserve.analyze.recommend import recommend
 from fleetserve.analyze.reuse import HitCurve, block_tokens_of, ideal_reuse, stack_distances
-from fleetserve.analyze.routing import strategy_hit_rates
+from fleetserve.analyze.routing import strategy_context, strategy_hit_rates
 from fleetserve.sim import profiles
 
 GIB = 1 << 30
@@ -84,6 +84,11 @@ def _warnings(trace, model: str | None, blocks: int) -> list[str]:
             out.append(f"{over} of {len(trace.requests)} requests need more than {preset.name}'s {limit}-token "
                        "context (prompt and completion): an engine refuses them (400 context_length_exceeded), and "
                        "the hit rates here still count them, as simulate does not")
+    limit = strategy_context()
+    capped = sum(1 for r, p in zip(trace.requests, trace.prompt_tokens, strict=True) if p + r.output_tokens > limit)
+    if capped:
+        out.append(f"{capped} of {len(trace.requests)} requests' completions are cut to fit the {limit:,}-token "
+                   "context of the strategies' simulated model (Llama 3.1 8B): their prompts count in full")
     return out
 
 
