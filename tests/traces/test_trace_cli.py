@@ -93,7 +93,8 @@ def test_outputs_and_times_that_cannot_work_are_exit_2(tmp_path):
     for args, flag in ((("trace", "generate", "chat", "-o", str(tmp_path)), "--output"),
                        (("trace", "scale", trace, "--time", "2", "-o", str(tmp_path)), "--output"),
                        (("verify", spec, "--trace", trace, "--start", "9999-12-31T23:59:59Z"), "--start"),
-                       (("analyze", str(DATA / "mooncake_sample.jsonl"), "--l1-gib", "inf"), "--l1-gib")):
+                       (("analyze", str(DATA / "mooncake_sample.jsonl"), "--l1-gib", "inf"), "--l1-gib"),
+                       (("analyze", str(DATA / "mooncake_sample.jsonl"), "--l2-gib", "1e300"), "--l2-gib")):
         result = fleetserve(*args)
         assert result.returncode == 2 and flag in said(result) and "Traceback" not in result.stderr, said(result)
 

@@ -40,8 +40,8 @@ def analyze(
                        ] = "h100-llama-8b",
     cache_blocks: Annotated[int | None, typer.Option(min=1, help="Engine cache per replica in the trace's blocks "
                                                                  "(default: from the profile)")] = None,
-    l1_gib: Annotated[float, float_option(min=0, help="L1 (CPU memory) per replica, GiB")] = 32.0,
-    l2_gib: Annotated[float, float_option(min=0, help="Shared L2 (Redis), GiB")] = 256.0,
+    l1_gib: Annotated[float, float_option(min=0, max=1e6, help="L1 (CPU memory) per replica, GiB")] = 32.0,
+    l2_gib: Annotated[float, float_option(min=0, max=1e6, help="Shared L2 (Redis), GiB")] = 256.0,
     block_size: Annotated[int | None, typer.Option(min=1, help="Engine block size in tokens (prompt logs; 256)")
                           ] = None,
     mode: Annotated[str, typer.Option(help="What the router knows: blind (no KV events) or informed")] = "blind",
