@@ -149,6 +149,6 @@ def test_a_completion_past_the_simulated_models_context_is_cut_and_said(tmp_path
     result = fleetserve("analyze", str(path), "--json", timeout=120)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert any(w.startswith("1 of 2 requests' completions are cut to fit the 131,072-token context")
+    assert any(w.startswith("1 of 2 requests ask for more output tokens than the 131,072-token context")
                for w in report["warnings"]), report["warnings"]
     assert report["strategies"]["blind"]["prefixaware"]["ttft_ms"]["p50"] is not None

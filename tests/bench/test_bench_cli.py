@@ -233,29 +233,26 @@ def test_live_routing_bench_keys_a_prompt_log_as_its_engines_do(tmp_path):
         assert result.returncode == 2 and flag in result.stderr, flag  # each was ignored
 
 
-def test_requests_over_the_bench_models_context_are_left_out_and_said(tmp_path):
+def test_a_completion_longer_than_the_bench_models_context_is_cut_and_said(tmp_path):
     """A prompt log's max_tokens of 16 M simulated 18 days of decoding in 5 minutes of wall time, with no word:
-    an engine refuses such a request (400), so the bench leaves it out, says how many, and refuses a trace of
-    nothing else."""
+    no engine generates more than its context, so the bench cuts it there and says how many; prompts stay whole
+    (Mooncake's trace has 191,000-token prompts, and the figures are about them)."""
     import json
 
     from fleetserve.bench import routing_sim
 
     rows = [{"timestamp": i * 100, "prompt": "shared words " * 200 + str(i), "max_tokens": 64} for i in range(12)]
     rows[3]["max_tokens"] = 16_000_000
-    rows[7]["max_tokens"] = 131_072  # over with its prompt, though max_tokens alone is the model's maximum
+    rows[7]["max_tokens"] = 131_072  # the whole context: not cut
     path = tmp_path / "big.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     figures = routing_sim.run(str(path), replicas=2, strategies=("roundrobin",), modes=("blind",),
                               sweep_utilizations=())
-    assert figures["requests"] == 10 and figures["simulated_s"] < 3600
-    assert figures["context_length"]["tokens"] == 131_072 and figures["context_length"]["requests_over"] == 2
-    assert any(w.startswith("2 of 12 requests need more than the 131,072-token context") for w in
+    assert figures["requests"] == 12 and figures["simulated_s"] < 86_400
+    assert figures["context_length"] == {"tokens": 131_072, "source": "llama-3.1-8b-instruct, the bench's model",
+                                         "completions_cut": 1}
+    assert any(w.startswith("1 of 12 requests ask for more output tokens than the 131,072-token context") for w in
                figures["warnings"]), figures["warnings"]
-    only = tmp_path / "only.jsonl"
-    only.write_text(json.dumps({"timestamp": 0, "prompt": "hi", "max_tokens": 16_000_000}) + "\n")
-    result = fleetserve("bench", "routing", "--trace", str(only), "--json")
-    assert result.returncode == 2 and "its one request needs more than the 131,072-token context" in result.stderr
 
 
 def test_kvaware_on_text_prompts_says_it_cannot_act_rather_than_report_its_fallback(tmp_path):
@@ -272,3 +269,17 @@ def test_kvaware_on_text_prompts_says_it_cannot_act_rather_than_report_its_fallb
     kv = figures["modes"]["informed"]["kvaware"]
     assert kv["hit_rate"] is None and "prefixaware fallback" in kv["reason"]
     assert figures["modes"]["informed"]["prefixaware"]["hit_rate"] > 0
+
+
+def test_a_trace_without_prefix_blocks_keeps_the_engines_own_memory():
+    """An Azure CSV has nothing to cache, yet its engines were sized by a share of nothing: each held its largest
+    request plus one block and ran about three requests at once, and the TTFTs were those of starved engines."""
+    from pathlib import Path
+
+    from fleetserve.bench import routing_sim
+    from fleetserve.sim.profiles import resolve
+
+    trace = Path(__file__).parents[1] / "data" / "azure_code_sample.csv"
+    figures = routing_sim.run(str(trace), replicas=2, strategies=("roundrobin",), modes=("blind",), limit=100,
+                              sweep_utilizations=())
+    assert figures["unique_blocks"] == 0 and figures["cache_blocks_per_replica"] == resolve("h100-8b").cache_blocks

@@ -85,10 +85,10 @@ def _warnings(trace, model: str | None, blocks: int) -> list[str]:
                        "context (prompt and completion): an engine refuses them (400 context_length_exceeded), and "
                        "the hit rates here still count them, as simulate does not")
     limit = strategy_context()
-    capped = sum(1 for r, p in zip(trace.requests, trace.prompt_tokens, strict=True) if p + r.output_tokens > limit)
+    capped = sum(1 for r in trace.requests if r.output_tokens > limit)
     if capped:
-        out.append(f"{capped} of {len(trace.requests)} requests' completions are cut to fit the {limit:,}-token "
-                   "context of the strategies' simulated model (Llama 3.1 8B): their prompts count in full")
+        out.append(f"{capped} of {len(trace.requests)} requests ask for more output tokens than the {limit:,}-token "
+                   "context of the strategies' simulated model (Llama 3.1 8B): their completions are cut to it")
     return out
 
 

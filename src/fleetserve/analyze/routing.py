@@ -28,12 +28,11 @@ MODES = ("blind", "informed")
 
 
 def strategy_context() -> int:
-    """The context of the model the strategies' fleet serves (the routing bench's): a completion is capped to fit
-    it, as the hit rates count prompts, and a max_tokens of 16 M simulated days of decoding (minutes of wall)."""
-    from fleetserve.bench.routing_sim import BENCH_MODEL
-    from fleetserve.engine.catalog import by_source
+    """The context of the model the strategies' fleet serves (the routing bench's): no completion is longer (a
+    max_tokens of 16 M simulated days of decoding per strategy, minutes of wall)."""
+    from fleetserve.bench.routing_sim import context_tokens
 
-    return by_source(BENCH_MODEL).model_maximum
+    return context_tokens()
 
 
 def cannot_act(name: str, trace: BlockTrace, mode: str) -> str | None:
@@ -52,8 +51,8 @@ def strategy_hit_rates(trace: BlockTrace, replicas: int, cache_blocks: int, perf
         raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(MODES)}")
     names = [n for n in (strategies or registered_policies())]
     workload = _workload(trace, mode) if any(cannot_act(n, trace, mode) is None for n in names) else []
-    limit = strategy_context()
-    workload = [replace(w, output=max(1, min(w.output, limit - w.prompt))) for w in workload]
+    limit = strategy_context()  # no engine generates more than its context (prompts stay whole, as the bench's)
+    workload = [replace(w, output=min(w.output, limit)) for w in workload]
     prof = replace(perf, cache_blocks=max(1, cache_blocks), block_size=trace.block_tokens,
                    name=f"{perf.name}-cache{cache_blocks}")
     out = {}
