@@ -81,6 +81,13 @@ def test_plan_writes_a_spec_that_loads_and_explains_the_changes(tmp_path):
     assert "ml.g5.8xlarge x" in changed["spec.placement.instanceTypes"]  # the input's type, with its cost
     assert "--max-trials" in changed["spec.replicas"] or "fails (" in changed["spec.replicas"]
     assert load_spec(out).endpoint.spec.placement.instance_types
+    # the conditions it was verified under travel with it: the command is in the JSON and the file's header
+    import shlex
+
+    command = data["verify_command"]
+    assert command.endswith("--limit 600") and f"# verified as: {command}\n" in out.read_text()
+    again = fleetserve(*shlex.split(command)[1:])
+    assert again.returncode == 0, again.stdout[-2000:]
 
 
 def test_bench_sim_speed_reports_requests_per_second():

@@ -5,6 +5,7 @@ when the spec fails its SLO, `plan` when no candidate passes."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -330,8 +331,21 @@ def plan(
                      max_trials)
     data = result.to_json()
     _print_warnings(data)  # the winner's, or the closest trial's
+    # the conditions the winner was verified under that the written spec does not carry: verify of the file
+    # without them checked another world (a floor lead sized for --provisioning-delay 0 failed at 90 s)
+    given = {"--limit": limit, "--rate-scale": None if rate_scale == 1.0 else rate_scale,
+             "--seed": seed or None, "--knowledge": None if knowledge == "blind" else knowledge,
+             "--profile": profile, "--window": None if window == 300.0 else window,
+             "--peak-fraction": None if peak_fraction == 0.1 else peak_fraction,
+             "--idle-fraction": None if idle_fraction == 0.25 else idle_fraction, "--start": start,
+             "--spot-interruption-rate": spot_interruption_rate, "--provisioning-delay": provisioning_delay,
+             "--trace-model": trace_model, "--prices": prices}
+    flags = " ".join(f"{k} {shlex.quote(str(v))}" for k, v in given.items() if v is not None)
+    data["verify_command"] = " ".join(["fleetserve verify", shlex.quote(output), "--trace", shlex.quote(trace),
+                                       *([flags] if flags else [])])
     if result.winner is not None:
         Path(output).write_text(f"# planned by fleetserve plan from {spec} against {trace}\n"
+                                f"# verified as: {data['verify_command']}\n"
                                 + yaml.safe_dump(result.winner.data, sort_keys=False))
         data["output"] = output
     else:  # nothing is written; a file already there (an earlier run's, or the input) must not pass for this one's
@@ -358,6 +372,7 @@ def plan(
                   f"${w['static_peak_cost_usd'] or 0:.2f}); "
                   f"{result.trials} simulations; written to {output}", markup=False)
         out.print(_slo_line(result.winner.verdict.result.report["slo"]), markup=False)
+        out.print(f"verified as: {w['verify_command']}", markup=False)
         if not w["changes"]:
             out.print(f"no change: the input as written is the cheapest spec that passes of the {result.trials} "
                       "simulated", markup=False)
