@@ -169,3 +169,32 @@ def test_a_profile_plans_the_input_type_only_and_says_so():
     assert out["verified"] and result.winner.data["spec"]["placement"]["instanceTypes"] == ["g6e.xlarge"]
     assert "spec.placement.instanceTypes" not in {c["path"] for c in out["changes"]}
     assert any("--profile l40s-llama-8b gives one engine's speed" in w for w in out["warnings"]), out["warnings"]
+
+
+def test_a_planned_type_keeps_the_inputs_other_affinity_terms_and_its_naming():
+    """plan replaced the whole placement: a HyperPod spec pinned to us-west-2a came out free to land in any zone,
+    and an ml.-named affinity came out in EC2 names."""
+    from fleetserve.sim.plan import _pinned
+
+    zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2a"]}
+    types = {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["ml.g5.8xlarge"]}
+    affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [zone, types]}]},
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 50, "preference": {"matchExpressions": [types]}}]}
+    pinned = _pinned(affinity, "ml.g6e.xlarge")
+    (term,) = pinned["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [zone, {**types, "values": ["ml.g6e.xlarge"]}]
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in pinned  # it only ranked instance types
+    trace = [TraceRequest(i * 2.0, 400, 40, (i,)) for i in range(60)]
+    spec = {"model": {"name": "llama", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 1,
+            "placement": {"nodeAffinity": affinity}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "z"},
+                               "spec": spec}).endpoint
+    result = plan(endpoint, trace, SimOptions(), {"ttft_p95_ms": 5000}, max_trials=8, instance_types=("g6e.xlarge",))
+    placed = result.winner.data["spec"]["placement"]
+    expressions = placed["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert zone in expressions["matchExpressions"]
+    assert all(v.startswith("ml.") for e in expressions["matchExpressions"] if e["key"] == types["key"]
+               for v in e["values"])
+    load_spec_data(result.winner.data)  # a valid spec

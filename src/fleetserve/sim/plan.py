@@ -24,12 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetserve.capacity.catalog import Catalog
-from fleetserve.capacity.placement import fits, replica_request
+from fleetserve.capacity.placement import INSTANCE_TYPE_LABEL, fits, replica_request
 from fleetserve.router.policies import registered_policies
 from fleetserve.sim.floors import cold_start_s, lead_time, peak_windows, reached, schedules
 from fleetserve.sim.plan_why import explain
 from fleetserve.sim.ranking import BY_RANK, better
-from fleetserve.sim.run import engine_block
+from fleetserve.sim.run import engine_block, strings_in
 from fleetserve.sim.setup import SimOptions, gpu_types
 from fleetserve.sim.verify import Verdict, failed, verify
 from fleetserve.sim.workload import build_workload
@@ -145,9 +145,36 @@ def _fitting(instance_type: str, asked, catalog: Catalog, naming: str) -> str | 
 def _with_type(data: dict, instance_type: str, catalog: Catalog) -> dict:
     d = copy.deepcopy(data)
     s = d["spec"]
-    s["placement"] = {"instanceTypes": [instance_type]}
+    affinity = (s.get("placement") or {}).get("nodeAffinity")
+    s["placement"] = {**s["placement"], "nodeAffinity": _pinned(affinity, instance_type)} if affinity else \
+        {"instanceTypes": [instance_type]}
     s.setdefault("capacity", {})["allowLargerInstances"] = catalog.get(instance_type).gpus > 1
     return d
+
+
+def _pinned(affinity: dict, instance_type: str) -> dict:
+    """The input's node affinity with its instance-type expressions replaced by the chosen type: its other terms
+    (a zone, a capacity type, a team's label) still hold; plan had replaced the whole placement, and a HyperPod
+    spec pinned to us-west-2a came out free to land in any zone."""
+    a = copy.deepcopy(affinity)
+    pin = {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": [instance_type]}
+
+    def others(term: dict) -> list:
+        return [e for e in term.get("matchExpressions") or [] if e.get("key") != INSTANCE_TYPE_LABEL]
+
+    required = a.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [{**t, "matchExpressions": [*others(t), pin]} for t in terms]
+    preferred = []
+    for p in a.get("preferredDuringSchedulingIgnoredDuringExecution") or []:
+        term = p.get("preference") or {}
+        if others(term) or term.get("matchFields"):
+            preferred.append({**p, "preference": {**term, "matchExpressions": others(term)}})
+    if preferred:
+        a["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
+    else:
+        a.pop("preferredDuringSchedulingIgnoredDuringExecution", None)
+    return a
 
 
 def _autoscaled(data: dict, low: int, high: int, target: float) -> dict:
@@ -320,7 +347,9 @@ class Planner:
         base = self.base
         own = gpu_types(self.endpoint.spec, self.catalog)
         # a spec written with SageMaker names (HyperPod's ml.g5.8xlarge) gets its suggestions in them too
-        naming = "ml." if any(n.startswith("ml.") for n in self.endpoint.spec.placement.instance_types or ()) else ""
+        placement = self.endpoint.spec.placement
+        named = [*(placement.instance_types or ()), *strings_in(placement.node_affinity or {})]
+        naming = "ml." if any(n.startswith("ml.") for n in named) else ""
         own = [naming + n for n in own]
         baseline = self.run_trial(_static(base, _max_replicas(base["spec"])), "input static at max replicas",
                                   "baseline", "the input's types")

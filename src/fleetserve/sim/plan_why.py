@@ -177,7 +177,7 @@ def explain(changes: list[dict], search: Planner, winner: Trial) -> None:
         if c.get("why"):
             continue
         path = c["path"]
-        if path in ("spec.placement.instanceTypes", "spec.capacity.allowLargerInstances"):
+        if path.startswith("spec.placement.") or path == "spec.capacity.allowLargerInstances":
             why = _instance_type(search, winner)
             if path == "spec.capacity.allowLargerInstances":
                 why += "; a multi-GPU type takes several replicas on one node"

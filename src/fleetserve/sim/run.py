@@ -91,7 +91,7 @@ def sagemaker_pricing(spec, prices: dict | None = None) -> list[str]:
     from fleetserve.capacity.catalog import Catalog
 
     catalog = Catalog.builtin()
-    named = set(spec.placement.instance_types) | set(_strings(spec.placement.node_affinity))
+    named = set(spec.placement.instance_types) | set(strings_in(spec.placement.node_affinity))
     sagemaker = sorted(n for n in named if n.startswith("ml.") and n in catalog
                        and catalog.canonical(n) not in {catalog.canonical(p) for p in prices or ()})
     if not sagemaker:
@@ -102,12 +102,12 @@ def sagemaker_pricing(spec, prices: dict | None = None) -> list[str]:
             "(--prices FILE gives your own rates)"]
 
 
-def _strings(tree) -> list[str]:
+def strings_in(tree) -> list[str]:
     """Every string in a nested dict/list (a node affinity's values, wherever its terms put them)."""
     if isinstance(tree, str):
         return [tree]
     items = tree.values() if isinstance(tree, dict) else tree if isinstance(tree, list) else ()
-    return [s for item in items for s in _strings(item)]
+    return [s for item in items for s in strings_in(item)]
 
 
 def context_check(fleet: SimFleet) -> tuple[dict | None, list[str]]:
