@@ -269,6 +269,7 @@ class Planner:
         self.context: dict | None = None  # the context length the search raised, and why (`_fit_context`)
         self.engine_bound: dict[str, Trial] = {}  # types whose doubling stopped: the engine alone misses a target
         self.placement_bound: dict[str, Trial] = {}  # types whose doubling stopped: no more replicas could be placed
+        self.budget_bound: dict[str, Trial] = {}  # types whose doubling stopped: over the budget already
         self.history: list[Trial] = []  # every trial, in order: what each change of the winner is explained by
         self.types: list[str] = []  # the candidate instance types, in the order tried
         self.exhausted = False  # a step wanted a simulation that --max-trials did not leave
@@ -320,6 +321,9 @@ class Planner:
             if t.verdict.passed:
                 found = (n, t)
                 break
+            if any(c.metric == "cost_per_hour_usd" and not c.passed for c in t.verdict.checks):
+                self.budget_bound[label] = t  # a static fleet twice the size costs no less: p4d and p5 ran x1 to
+                return None  # x64 over a $16/h budget that one node of them exceeds
             fleet = t.verdict.result.fleet
             if fleet.unplaced and max((p[2] for p in fleet.series), default=0) < n:  # capacity caps the count
                 self.placement_bound[label] = t  # (a local machine's slots): x8 ... x64 ran the same fleet
