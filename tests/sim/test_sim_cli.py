@@ -247,3 +247,20 @@ def test_a_search_that_used_its_last_trial_on_its_last_step_was_not_cut_short():
     planner.trials = 3
     assert planner._cut_short() is None  # the budget is used up, but nothing asked for more
     assert not planner._room() and planner._cut_short().startswith("--max-trials (3) ended the search")
+
+
+def test_a_routing_or_cache_change_must_save_more_than_one_percent():
+    """At the search's 0.1 % a p5 fleet's routing was switched for $0.014 of $3.95 that the run's drain made, with
+    a worse TTFT: the winner's routing and cache tiers stay unless a change saves more than 1 %."""
+    from types import SimpleNamespace
+
+    from fleetserve.sim.plan import Trial
+    from fleetserve.sim.ranking import SWITCH_TOLERANCE, better
+
+    def trial(cost: float) -> Trial:
+        report = {"cost_usd": cost, "gpu_hours": 1.0, "replica_hours": 1.0}
+        return Trial({}, SimpleNamespace(passed=True, result=SimpleNamespace(report=report)), "t")
+
+    kept, switched = trial(3.9457), trial(3.9318)
+    assert better(switched, kept) and not better(switched, kept, SWITCH_TOLERANCE)
+    assert better(trial(3.85), kept, SWITCH_TOLERANCE)

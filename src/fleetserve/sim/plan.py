@@ -28,7 +28,7 @@ from fleetserve.capacity.placement import INSTANCE_TYPE_LABEL, fits, replica_req
 from fleetserve.router.policies import registered_policies
 from fleetserve.sim.floors import cold_start_s, lead_time, peak_windows, reached, schedules
 from fleetserve.sim.plan_why import explain
-from fleetserve.sim.ranking import BY_RANK, better
+from fleetserve.sim.ranking import BY_RANK, RANK_TOLERANCE, SWITCH_TOLERANCE, better
 from fleetserve.sim.run import engine_block, strings_in
 from fleetserve.sim.setup import SimOptions, gpu_types
 from fleetserve.sim.verify import Verdict, failed, verify
@@ -284,7 +284,8 @@ class Planner:
         trial = Trial(data, verify(endpoint, self.workload, self.options, self.slo), label, step,
                       instance_type or (parent.instance_type if parent else ""), parent)
         self.history.append(trial)
-        if trial.verdict.passed and (self.best is None or better(trial, self.best)):
+        margin = SWITCH_TOLERANCE if step in ("routing", "cache") else RANK_TOLERANCE  # the winner's choice stays
+        if trial.verdict.passed and (self.best is None or better(trial, self.best, margin)):  # unless clearly beaten
             self.best = trial
         missed = failed(trial.verdict.checks)
         if missed and (self.closest is None or _shortfall(trial) < _shortfall(self.closest)):

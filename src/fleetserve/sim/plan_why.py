@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fleetserve.sim.ranking import BY_RANK, compare
+from fleetserve.sim.ranking import BY_RANK, SWITCH_TOLERANCE, compare
 from fleetserve.sim.verify import failed
 
 if TYPE_CHECKING:
@@ -167,7 +167,8 @@ def _kept(search: Planner, winner: Trial, step: str, what: str) -> str:
     if not tried:
         return f"{what}: the step did not run{_budget(search)}"
     base = tried[0].parent
-    return f"{what} kept ({_figures(base)}) against " + "; ".join(_versus(base, x) for x in tried) + _budget(search)
+    return (f"{what} kept ({_figures(base)}) against " + "; ".join(_versus(base, x) for x in tried)
+            + f" (a change of this step must save more than {SWITCH_TOLERANCE:.0%})" + _budget(search))
 
 
 def explain(changes: list[dict], search: Planner, winner: Trial) -> None:
