@@ -283,3 +283,13 @@ def test_a_trace_without_prefix_blocks_keeps_the_engines_own_memory():
     figures = routing_sim.run(str(trace), replicas=2, strategies=("roundrobin",), modes=("blind",), limit=100,
                               sweep_utilizations=())
     assert figures["unique_blocks"] == 0 and figures["cache_blocks_per_replica"] == resolve("h100-8b").cache_blocks
+
+
+def test_a_hit_rate_above_the_oracle_is_said_not_taken_for_the_best():
+    from fleetserve.bench.routing_sim import oracle_warnings
+
+    result = {"modes": {"blind": {"prefixaware": {"hit_vs_oracle": 1.154}, "roundrobin": {"hit_vs_oracle": 0.9},
+                                  "kvaware": {"hit_rate": None}}}}
+    (said,) = oracle_warnings(result)
+    assert said.startswith("hit rates above the oracle (blind prefixaware 1.154 x)") and "not an upper bound" in said
+    assert oracle_warnings({"modes": {"blind": {"prefixaware": {"hit_vs_oracle": 0.97}}}}) == []
