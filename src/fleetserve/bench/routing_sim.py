@@ -340,7 +340,7 @@ def _one(strategy: str, mode: str, workload: list[SimRequestSpec], replicas: int
         "failed": report["failed"],
     }
     learned = getattr(fleet, "feedback_summary", None)
-    if callable(learned):
+    if callable(learned) and mode == "blind":  # informed engines state their capacity: nothing is learned
         summary = learned()
         if summary:
             row["learned"] = summary
