@@ -136,3 +136,19 @@ def test_format_alone_converts_a_trace(tmp_path):
     assert detect_format(out) == "mooncake" and len(converted) == len(original)
     assert [r.arrival_s for r in converted] == pytest.approx([r.arrival_s for r in original], abs=1e-3)  # ms
     assert fleetserve("trace", "scale", str(log), "-o", str(out)).returncode == 2  # nothing asked: still refused
+
+
+def test_generate_refuses_options_its_kind_does_not_use(tmp_path):
+    """chat --documents 5, diurnal --turns 3 and rag --burst-factor 5 wrote a trace that ignored them (rag's
+    arrivals stayed Poisson), and rag --docs-per-request 3 over 1 document drew 1."""
+    out = str(tmp_path / "g.jsonl")
+    for args, flag, says in ((("chat", "--documents", "5"), "--documents", "applies to rag workloads"),
+                             (("diurnal", "--turns", "3"), "--turns", "applies to chat workloads"),
+                             (("rag", "--burst-factor", "5"), "--burst-factor", "applies to bursts arrivals"),
+                             (("rag", "--documents", "1", "--docs-per-request", "3"), "--docs-per-request",
+                              "3 is more than the 1 documents")):
+        result = fleetserve("trace", "generate", *args, "-o", out, "--duration", "30")
+        assert result.returncode == 2 and flag in said(result) and says in said(result), said(result)
+    ok = fleetserve("trace", "generate", "rag", "--arrivals", "bursts", "--burst-factor", "5", "-o", out,
+                    "--duration", "30")
+    assert ok.returncode == 0, ok.stderr

@@ -183,12 +183,30 @@ def trace_generate(
     if arrivals is not None:
         _choice(arrivals, ARRIVALS, "--arrivals")
     writable(output, "--output")
+    process, content = KINDS[kind]
+    process = arrivals or process
+    knobs = {"--turns": (turns, "chat"), "--think": (think, "chat"),
+             "--system-prompts": (system_prompts, "system-prompt"),
+             "--system-tokens": (system_tokens, "chat or system-prompt"), "--documents": (documents, "rag"),
+             "--doc-tokens": (doc_tokens, "rag"), "--docs-per-request": (docs_per_request, "rag"),
+             "--period": (period, "diurnal"), "--peak-to-trough": (peak_to_trough, "diurnal"),
+             "--burst-factor": (burst_factor, "bursts"), "--burst-every": (burst_every, "bursts"),
+             "--burst-length": (burst_length, "bursts")}
+    for flag, (value, applies) in knobs.items():  # said, not ignored: rag --burst-factor 5 was Poisson still
+        if value is not None and content not in applies.split(" or ") and process not in applies.split(" or "):
+            what = "arrivals" if applies in ("diurnal", "bursts") else "workloads"
+            raise typer.BadParameter(f"applies to {applies} {what}; {kind} has {content} prompts and {process} "
+                                     "arrivals" + (" (--arrivals chooses them)" if what == "arrivals" else ""),
+                                     param_hint=flag)
     spec = WorkloadSpec.for_kind(
         kind, arrivals=arrivals, duration_s=duration, rate=rate, seed=seed, input_tokens=input_tokens,
         output_tokens=output_tokens, turns=turns, think_s=think, system_prompts=system_prompts,
         system_tokens=system_tokens, documents=documents, doc_tokens=doc_tokens, docs_per_request=docs_per_request,
         period_s=period, peak_to_trough=peak_to_trough, burst_factor=burst_factor, burst_every_s=burst_every,
         burst_s=burst_length)
+    if content == "rag" and spec.docs_per_request > spec.documents:  # was drawn as --documents each, silently
+        raise typer.BadParameter(f"{spec.docs_per_request} is more than the {spec.documents} documents of the corpus "
+                                 "(--documents)", param_hint="--docs-per-request")
     try:
         requests = generate(spec, with_text=fmt == "prompts")
     except ValueError as exc:  # a knob past its bound, or too much to build (the bounds name the duration and rate)
