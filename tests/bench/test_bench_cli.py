@@ -293,3 +293,12 @@ def test_a_hit_rate_above_the_oracle_is_said_not_taken_for_the_best():
     (said,) = oracle_warnings(result)
     assert said.startswith("hit rates above the oracle (blind prefixaware 1.154 x)") and "not an upper bound" in said
     assert oracle_warnings({"modes": {"blind": {"prefixaware": {"hit_vs_oracle": 0.97}}}}) == []
+
+
+def test_the_live_bench_says_the_load_it_ran_at_when_it_missed_the_target():
+    """--live ran at 0.90 for 0.65 with no word: its engines are now calibrated by the simulator bench's
+    roundrobin runs, and a load off by more than 5 % is said."""
+    from fleetserve.bench.routing import live_load_warning
+
+    assert live_load_warning(0.901, 0.65).startswith("roundrobin kept the engines 0.90 busy against the target")
+    assert live_load_warning(0.66, 0.65) is None and live_load_warning(None, 0.65) is None
