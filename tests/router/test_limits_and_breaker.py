@@ -65,3 +65,27 @@ def test_circuit_breaker_opens_after_failures_and_closes_after_successes():
     pool.request_failed(backend, "boom")
     pool.request_failed(backend, "boom")
     assert backend.breaker == "closed"  # closed again: it takes failures_to_open in a row to open
+
+
+def test_a_health_probe_records_our_in_flight_count_with_the_report(tmp_path):
+    """The report's queue is as old as the probe; what it held beyond our own requests then is other routers'
+    load (ReplicaView.load). A real engine process answers the probe."""
+    import asyncio
+
+    engine = Server(["engine", "--simulate", "fast", "--served-model-name", "sim"], tmp_path / "sim.log").start()
+    try:
+        async def probe():
+            pool = BackendPool([])
+            pool.set_backends([engine.url], ready={engine.url})
+            (backend,) = pool.backends.values()
+            backend.in_flight = 2  # ours, outstanding when the engine answers
+            await pool.probe(backend)
+            await pool.client.aclose()
+            return backend
+
+        backend = asyncio.run(probe())
+        assert backend.reported_in_flight == 2 and (backend.running, backend.waiting) == (0, 0)
+        view = backend.view()
+        assert view.reported_in_flight == 2 and view.load == 2  # an idle engine: only ours
+    finally:
+        engine.stop()

@@ -266,3 +266,21 @@ def test_prefix_popularity_counts_only_the_leading_keys_of_a_huge_prompt():
         pop.add(huge)
     assert len(pop._counts) == MAX_KEYS  # memory bounded by the window, not by what a client sends
     assert pop.hot_depth(huge, replicas=1) == MAX_KEYS
+
+
+def test_a_stale_report_does_not_outweigh_the_routers_own_count():
+    """A replica's health report is up to an interval old and the router's in-flight count is fresh: taking the
+    larger kept a drained replica "busy" (informed leastload's TTFT p95 3.4 x roundrobin's on identical
+    requests). The report counts for what it held beyond ours then: another router's requests."""
+    from fleetserve.router.policies.base import ReplicaView
+
+    drained = ReplicaView("a", "http://a", running=3, in_flight=0, reported_in_flight=3)
+    assert drained.load == 0
+    shared = ReplicaView("b", "http://b", running=4, waiting=1, in_flight=1, reported_in_flight=2)
+    assert shared.load == 1 + 3  # ours now, and the 3 of another router's the report held
+    unknown = ReplicaView("c", "http://c", running=3, in_flight=1)  # no time for the report: the larger
+    assert unknown.load == 3
+    policy = create_policy("leastload")
+    choice = policy.choose(req([1, 2]), snap(R("busy", in_flight=1), ReplicaView("drained", "http://d", running=3,
+                                                                                 reported_in_flight=3)))
+    assert choice.replica.id == "drained"

@@ -108,6 +108,7 @@ def test_same_snapshots_same_decisions(mooncake, strategy, knowledge, limit):
         for v in snapshot.replicas:
             b = pool.get(v.id)
             b.in_flight, b.running, b.waiting = v.in_flight, v.running, v.waiting
+            b.reported_in_flight = v.reported_in_flight  # what the probe saw of ours with the report
             b.prefill_backlog, b.cache_blocks = v.prefill_backlog, v.cache_blocks
         views = limit_views(pool.snapshot().replicas, limit)
         assert views == snapshot.replicas

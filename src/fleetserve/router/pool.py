@@ -23,6 +23,7 @@ class Backend:
     healthy: bool = False
     running: int = 0
     waiting: int = 0
+    reported_in_flight: int | None = None  # ours in flight when running/waiting were reported (ReplicaView.load)
     failures: int = 0
     successes: int = 0
     last_error: str = ""
@@ -66,7 +67,7 @@ class Backend:
 
     def view(self) -> ReplicaView:
         return ReplicaView(self.id, self.url, self.eligible, self.in_flight, self.waiting, self.running,
-                           self.prefill_backlog, self.cache_blocks)
+                           self.prefill_backlog, self.cache_blocks, self.reported_in_flight)
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,7 @@ class BackendPool:
                     data = json.loads(body)
                     backend.running = int(data.get("running", 0))
                     backend.waiting = int(data.get("waiting", 0))
+                    backend.reported_in_flight = backend.in_flight  # ours, as the report counted them
                 except (ValueError, AttributeError, TypeError):
                     pass
         except UpstreamError as exc:

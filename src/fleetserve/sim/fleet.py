@@ -95,7 +95,7 @@ class SimReplica:
         self.stale = False
         self.gen = 0  # generation of the pending step event (a newer one supersedes it)
         self.step_start = now
-        self.reported = (0, 0)  # (running, waiting) from the last health probe (informed mode)
+        self.reported = (0, 0, None)  # (running, waiting, ours in flight then) from the last health probe (informed)
         self.drain_deadline: float | None = None
         self.started_at = now
         self.ready_at: float | None = None
@@ -247,11 +247,11 @@ class SimFleet:
 
     def _view(self, rep: SimReplica) -> ReplicaView:
         """The gateway's view of a backend (Backend.view() with the per-replica limit of router.admission)."""
-        running, waiting = rep.reported if self.informed else (0, 0)
+        running, waiting, then = rep.reported if self.informed else (0, 0, None)
         in_flight = self.book.in_flight[rep.id]
         healthy = rep.state in SERVING and (not self.limit or in_flight < self.limit)
         return ReplicaView(rep.id, rep.url, healthy, in_flight, waiting, running, self.book.backlog[rep.id],
-                           rep.profile.cache_blocks if self.informed else 0)
+                           rep.profile.cache_blocks if self.informed else 0, then)
 
     def views(self) -> tuple[ReplicaView, ...]:
         views = self._views
@@ -629,7 +629,7 @@ class SimFleet:
 
     def _probe(self, _arg=None) -> None:
         for r in self.replicas:
-            reported = (r.model.num_running, r.model.num_waiting)
+            reported = (r.model.num_running, r.model.num_waiting, self.book.in_flight[r.id])
             if reported != r.reported:
                 r.reported = reported
                 self._touch(r)
