@@ -369,3 +369,24 @@ def test_spec_choices_the_run_could_not_act_on_are_said():
     assert any("no triggers" in w and "4 requests in flight per replica" in w for w in warnings), warnings
     keyed = [TraceRequest(i, 50, 5, session=f"s{i % 2}") for i in range(5)]
     assert not any("session keys" in w for w in simulate(endpoint, keyed, SimOptions()).report["warnings"])
+
+
+def test_an_autoscaled_overspend_names_what_the_autoscaler_ran_and_its_target():
+    """"The peak needs more GPUs than the budget pays for" and "replicas stay up while idle (minReplicaCount ...)"
+    were said of a 1-4 fleet whose target of 4 scaled it past the budget, where one replica passed every check."""
+    spec = {"model": {"name": "llama", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 1,
+            "placement": {"instanceTypes": ["g6e.xlarge"]},
+            "autoscaling": {"minReplicaCount": 1, "maxReplicaCount": 4,
+                            "triggers": [{"metric": "concurrency", "target": 1}]}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "t"},
+                               "spec": spec}).endpoint
+    trace = [TraceRequest(i * 0.25, 400, 200, (i,)) for i in range(2400)]
+    verdict = verify(endpoint, trace, SimOptions(window_s=60), {"ttft_p95_ms": 60000, "cost_per_hour_usd": 2.0})
+    cost = {c.window: c for c in verdict.checks if c.metric == "cost_per_hour_usd"}
+    assert not cost["peak"].passed and "a higher target per replica" in cost["peak"].reason, cost["peak"].reason
+    assert "peak needs more GPUs" not in cost["peak"].reason.split("; otherwise")[0]
+    idle = cost["idle"]
+    assert not idle.passed and "(minReplicaCount 1, concurrency target 1/replica)" in idle.reason, idle.reason
+    from fleetserve.sim.verify import _target
+
+    assert _target(verdict.result.fleet) == "concurrency target 1/replica"

@@ -344,10 +344,28 @@ def _overspend(result: SimResult, window: str) -> str:
             return (f"the idle requests wake replicas that run on for cooldownPeriod "
                     f"({fleet.policy_scaling.cooldown:.0f} s) after each; a shorter cooldown fits the budget, at "
                     "the price of more cold starts")
-        return "replicas stay up while idle (minReplicaCount, floors, cooldown)"
+        kept = sorted({p[2] for p in points}) or [0]
+        held = f"{kept[0]}" if len(kept) == 1 else f"{kept[0]}-{kept[-1]}"
+        return (f"{held} replica(s) up while idle (minReplicaCount {fleet.policy_scaling.min_replicas}, "
+                f"{_target(fleet)}): the load asked for them; a higher target per replica fits the budget if fewer "
+                "meet the latency targets")
     if span and list(span) not in report["peak"]["windows"]:
         return _ran_on(result, span, points)
-    return "the peak needs more GPUs than the budget pays for"
+    reached = max((p[2] for p in points), default=0)  # the autoscaler's doing, not necessarily the load's need:
+    # a 1-4 fleet at target 4 ran 4 at the peak where a fleet of 1 passed every check under the budget
+    return (f"the autoscaler ran up to {reached} replica(s) at the peak (maxReplicaCount "
+            f"{fleet.policy_scaling.max_replicas}, {_target(fleet)}): a higher target per replica or a lower "
+            "maxReplicaCount fits the budget if fewer replicas meet the latency targets; otherwise the peak needs "
+            "more GPUs than the budget pays for")
+
+
+def _target(fleet) -> str:
+    """The first trigger's target, as the autoscaler reads it."""
+    triggers = fleet.policy_scaling.triggers
+    if not triggers:
+        return "no trigger"
+    t = triggers[0]
+    return f"{t.metric} target {t.target:g}" + ("/replica" if t.kind == "average" else "")
 
 
 def _ran_on(result: SimResult, span, points) -> str:
