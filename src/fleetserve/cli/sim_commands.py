@@ -68,8 +68,15 @@ def _simulatable(loaded) -> None:
     catalog = Catalog.builtin()
     unknown = catalog.first_unknown(loaded.endpoint.spec.placement.instance_types)
     if unknown:
-        raise _fail(f"spec.placement.instanceTypes[{unknown[0]}]: {unknown[1]!r} is not in the simulator's catalog; "
-                    f"known: {', '.join(catalog.names())}")
+        from fleetserve.spec.errors import SpecProblem
+
+        problem = SpecProblem(f"spec.placement.instanceTypes[{unknown[0]}]",
+                              f"{unknown[1]!r} is not in the simulator's catalog; known: {', '.join(catalog.names())}")
+        if loaded.source_format == "hyperpod":  # named by the user's own field, ours kept in the message
+            from fleetserve.spec.hyperpod import source_of
+
+            problem = source_of(problem)
+        raise _fail(f"{problem.path}: {problem.message}")
 
 
 def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_scale: float, limit: int | None,
