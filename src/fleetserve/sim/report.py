@@ -3,8 +3,8 @@ peak and idle windows.
 
 Windows: the trace's span is cut into `window_s` windows (default 300 s; a tail shorter than half a window
 joins the one before) ranked by arrival rate; `peak` is the busiest `peak_fraction` of them (default 10 %,
-at least one), `idle` the quietest `idle_fraction` (default 25 %, at least one); neither is ever a window
-without arrivals (the empty stretches have no latency to judge).
+at least one), `idle` the quietest `idle_fraction` (default 25 %, at least one) of the others; neither is
+ever a window without arrivals (the empty stretches have no latency to judge).
 Each of `peak` and `idle` carries the same latency and cost keys as the whole run, computed over its own
 windows: requests that arrived in them, and the money and GPU-hours spent during them. Scaling lags the load,
 so the money of a burst is often spent in the window after it: `cost_per_hour_max_usd` is the highest cost per
@@ -99,9 +99,12 @@ def windows(fleet: SimFleet) -> tuple[list[tuple[float, float]], list[tuple[floa
     # nor idle: a window without requests has no latency to judge, and idle windows that were all empty passed a
     # scale-to-zero fleet whose every off-peak request (one each 7 minutes) waited 161 s for a cold start; the
     # budget is checked at the costliest window, so the empty windows' cost is never what passes or fails
-    k_idle = min(max(1, math.floor(n * opts.idle_fraction)), len(busy))
+    # nor a peak window, while a quieter one with requests is left (a miss there would weigh twice); a trace of
+    # one busy window, or of peaks only, shares it (`_single`)
+    rest = busy[k_peak:] or busy[k_peak - 1:k_peak]
+    k_idle = min(max(1, math.floor(n * opts.idle_fraction)), len(rest))
     peak = sorted(busy[:k_peak])
-    idle = sorted(busy[::-1][:k_idle])
+    idle = sorted(rest[::-1][:k_idle])
     return [bounds[i] for i in peak], [bounds[i] for i in idle], counts
 
 
