@@ -89,3 +89,22 @@ def test_a_health_probe_records_our_in_flight_count_with_the_report(tmp_path):
         assert view.reported_in_flight == 2 and view.load == 2  # an idle engine: only ours
     finally:
         engine.stop()
+
+    async def finishing_during_the_probe():
+        """Our 3 requests finish while the report (running 3, made before) travels: they are ours, not others'."""
+        pool = BackendPool([])
+        pool.set_backends(["http://b"], ready={"http://b"})
+        backend = pool.get("b")
+        backend.in_flight = 3
+
+        async def get(url, timeout=None):
+            backend.in_flight = 0
+            return 200, b'{"running": 3, "waiting": 0}'
+
+        pool.client.get = get
+        await pool.probe(backend)
+        await pool.client.aclose()
+        return backend
+
+    drained = asyncio.run(finishing_during_the_probe())
+    assert drained.reported_in_flight == 3 and drained.view().load == 0  # the larger of the two rules said 3

@@ -284,3 +284,17 @@ def test_a_stale_report_does_not_outweigh_the_routers_own_count():
     choice = policy.choose(req([1, 2]), snap(R("busy", in_flight=1), ReplicaView("drained", "http://d", running=3,
                                                                                  reported_in_flight=3)))
     assert choice.replica.id == "drained"
+
+
+def test_the_cost_score_reads_only_the_queue_beyond_our_requests():
+    """The cost score's backlog took the whole reported queue: informed prefixaware and kvaware still saw a drained
+    replica as busy until the next probe."""
+    from fleetserve.router.policies.base import ReplicaView
+    from fleetserve.router.policies.cost import CostWeights, ttft_cost
+
+    w = CostWeights()
+    drained = ReplicaView("a", "http://a", in_flight=0, waiting=3, running=1, reported_in_flight=4)
+    busy = ReplicaView("b", "http://b", in_flight=1, prefill_backlog=100)
+    assert ttft_cost(drained, 100, 0, w) < ttft_cost(busy, 100, 0, w)
+    shared = ReplicaView("c", "http://c", in_flight=1, waiting=3, running=1, reported_in_flight=2)  # 2 others'
+    assert ttft_cost(shared, 0, 0, w) == 2 * w.reported_weight + w.decode_weight * shared.load

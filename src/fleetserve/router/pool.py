@@ -195,6 +195,7 @@ class BackendPool:
         self._signal()
 
     async def probe(self, backend: Backend) -> None:
+        before = backend.in_flight  # ours when the report may have been made: sent, answered, or in between
         try:
             status, body = await self.client.get(backend.url + self.health_path, timeout=self.timeout)
             ok = status == 200
@@ -204,7 +205,9 @@ class BackendPool:
                     data = json.loads(body)
                     backend.running = int(data.get("running", 0))
                     backend.waiting = int(data.get("waiting", 0))
-                    backend.reported_in_flight = backend.in_flight  # ours, as the report counted them
+                    # ours as the report may have counted them: those that finished during the round trip are
+                    # in it, so the larger count (a report read as others' load is never ours over-counted)
+                    backend.reported_in_flight = max(before, backend.in_flight)
                 except (ValueError, AttributeError, TypeError):
                     pass
         except UpstreamError as exc:

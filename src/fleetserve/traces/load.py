@@ -159,15 +159,15 @@ def _number(row: dict, key: str, where: str, default: float | None = None) -> fl
 
 def _session(row: dict, where: str) -> str | None:
     """The row's session key as text: a whole number is one (session 0 fell out as "no key" where a test of truth
-    read it, and `bench replay` crashed on it); a list, an object or an empty string is refused, as the session
-    policy would route it with no key under session's name."""
+    read it, and `bench replay` crashed on it); an empty one is none; a list, an object or a boolean is refused,
+    as the session policy would route it with no key under session's name."""
     value = row.get("session")
-    if value is None:
+    if value is None or value == "":  # an empty field is a log's "no session", as common as a missing one
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    if not isinstance(value, str) or not value:
-        raise TraceError(f"{where}: session must be a non-empty string or a whole number, got {json.dumps(value)}")
+    if not isinstance(value, str):
+        raise TraceError(f"{where}: session must be a string or a whole number, got {json.dumps(value)}")
     return value
 
 

@@ -46,7 +46,10 @@ class CostWeights:
 
 
 def ttft_cost(r: ReplicaView, uncached: int, cached: int, w: CostWeights) -> float:
-    backlog = max(r.prefill_backlog, r.waiting * w.reported_weight)
+    # the reported queue counts for the requests it held beyond ours at report time (ReplicaView.load): ours
+    # are in prefill_backlog, fresh; the whole stale queue kept a drained replica "busy" until the next probe
+    queued = r.waiting if r.reported_in_flight is None else min(r.waiting, r.load - r.in_flight)
+    backlog = max(r.prefill_backlog, queued * w.reported_weight)
     return backlog + uncached + w.decode_weight * r.load - w.affinity * cached
 
 
