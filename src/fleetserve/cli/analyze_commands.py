@@ -204,7 +204,7 @@ def trace_generate(
         system_tokens=system_tokens, documents=documents, doc_tokens=doc_tokens, docs_per_request=docs_per_request,
         period_s=period, peak_to_trough=peak_to_trough, burst_factor=burst_factor, burst_every_s=burst_every,
         burst_s=burst_length)
-    if content == "rag" and spec.docs_per_request > spec.documents:  # was drawn as --documents each, silently
+    if docs_per_request is not None and spec.docs_per_request > spec.documents:  # drawn as --documents, silently
         raise typer.BadParameter(f"{spec.docs_per_request} is more than the {spec.documents} documents of the corpus "
                                  "(--documents)", param_hint="--docs-per-request")
     try:

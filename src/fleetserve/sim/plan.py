@@ -253,8 +253,9 @@ class Planner:
         if options.profile is not None and instance_types:  # one engine's speed would stand for every GPU: an L4
             # planned at an L40S's speed won, and verify of the written spec failed at 19 s
             self.notes.append(f"--profile {getattr(options.profile, 'name', options.profile)} gives one engine's "
-                              "speed, so plan kept the input's instance type and searched replicas, scaling, "
-                              "floors, routing and cache only; without --profile every type runs at its own GPU's")
+                              "speed, so plan tried no other GPU than the input's first instance type's and searched "
+                              "replicas, scaling, floors, routing and cache; without --profile every type runs at "
+                              "its own GPU's")
             instance_types = ()
         self.instance_types = instance_types
         self.catalog = options.catalog()
@@ -508,7 +509,7 @@ class Planner:
             if info["cold_start_s"] is None:
                 info["cold_start_s"] = round(cold, 1)
             lead = lead_time(cold)
-            on = "the best so far" if base is before else f"{base.label} (missed the peak)"
+            on = "the best so far" if base is before else f"{base.label} (missed latency or errors)"
             what = ", ".join(f"{w.label} x{n}" for w, n in kept)
             floors = schedules([w for w, _ in kept], [n for _, n in kept])
             candidates.append(((1, order), f"floors {what}, min {low}, on {on}", _with_floors(base.data, floors, lead),

@@ -46,7 +46,7 @@ def check_span(span_s: float, what: str) -> None:
 # limit that refused 20,000 English words)
 _UNSPACED = ("\u0e00-\u0eff\u0f00-\u0fff\u1000-\u109f\u1100-\u11ff\u1780-\u17ff\u1950-\u19df\u1a20-\u1aaf"
              "\u1b00-\u1b7f\u2e80-\u2fff\u3001-\u33ff\u3400-\u4dbf\u4e00-\u9fff\ua000-\ua4cf\ua960-\ua97f"
-             "\ua980-\ua9df\uac00-\ud7ff\uf900-\ufaff\ufe10-\ufe1f\ufe30-\ufe6f\uff00-\uffef"
+             "\ua980-\ua9df\uaa80-\uaadf\uac00-\ud7ff\uf900-\ufaff\ufe10-\ufe1f\ufe30-\ufe6f\uff00-\uffef"
              "\U0001b000-\U0001b2ff\U0001f200-\U0001f2ff\U00020000-\U0003134f")
 _WORD = re.compile(f"[{_UNSPACED}]|[^\\s{_UNSPACED}]+")
 _HAS_UNSPACED = re.compile(f"[{_UNSPACED}]")
