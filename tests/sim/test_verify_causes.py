@@ -369,6 +369,16 @@ def test_spec_choices_the_run_could_not_act_on_are_said():
     assert any("no triggers" in w and "4 requests in flight per replica" in w for w in warnings), warnings
     keyed = [TraceRequest(i, 50, 5, session=f"s{i % 2}") for i in range(5)]
     assert not any("session keys" in w for w in simulate(endpoint, keyed, SimOptions()).report["warnings"])
+    kv = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "k"},
+                         "spec": {**spec, "routing": {"strategy": "kvaware"}}}).endpoint
+    hashed = [TraceRequest(i, 600, 5, (1, 2)) for i in range(5)]
+    blind = simulate(kv, hashed, SimOptions()).report["warnings"]
+    assert any("kvaware in blind mode" in w and "prefixaware's figures" in w for w in blind), blind
+    informed = simulate(kv, hashed, SimOptions(knowledge="informed")).report["warnings"]
+    assert not any("kvaware" in w for w in informed), informed
+    text = [TraceRequest(i, 0, 5, prompt="shared words " * 300) for i in range(5)]
+    on_text = simulate(kv, text, SimOptions(knowledge="informed")).report["warnings"]
+    assert any("kvaware on text prompts" in w for w in on_text), on_text
 
 
 def test_an_autoscaled_overspend_names_what_the_autoscaler_ran_and_its_target():

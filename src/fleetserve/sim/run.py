@@ -41,7 +41,7 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
     report = build_report(fleet, targets, source)
     report["context_length"], report["warnings"] = context_check(fleet)
     report["warnings"] += sorted(fleet.profile_notes) + sagemaker_pricing(endpoint.spec, options.prices)
-    report["warnings"] += silent_defaults(endpoint.spec, workload)
+    report["warnings"] += silent_defaults(endpoint.spec, workload, options.knowledge)
     report["prices"] = {name: {"on_demand": od, "spot": spot} for name, (od, spot) in sorted(options.prices.items())
                         } if options.prices else None  # --prices: the $/h the cost figures used instead of the list
     report["placement_failures"] = dict(fleet.unplaced)
@@ -51,12 +51,21 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
     return SimResult(report, fleet)
 
 
-def silent_defaults(spec, workload: list[SimRequestSpec]) -> list[str]:
+def silent_defaults(spec, workload: list[SimRequestSpec], knowledge: str = "blind") -> list[str]:
     """Spec choices the run could not act on as written, said rather than simulated in another's name."""
     notes = []
     if spec.routing.strategy == "session" and workload and not any(w.session for w in workload):
         notes.append("routing strategy session: the trace has no session keys, so every request went to the least "
                      "loaded replica: these are leastload's figures")
+    if spec.routing.strategy == "kvaware" and workload:
+        if knowledge == "blind":
+            notes.append("routing strategy kvaware in blind mode: no KV events reach the router, so it routed every "
+                         "request by its prefixaware fallback: these are prefixaware's figures (--knowledge informed "
+                         "gives the router the engines' events)")
+        elif not any(w.exact for w in workload if w.engine_keys):
+            notes.append("routing strategy kvaware on text prompts: the router cannot compute the engines' block "
+                         "keys of text, so it routed every request by its prefixaware fallback: these are "
+                         "prefixaware's figures")
     auto = spec.autoscaling
     if auto is not None and auto.enabled and not auto.triggers:
         notes.append("spec.autoscaling has no triggers: the controller scaled on concurrency, 4 requests in flight "
