@@ -654,3 +654,21 @@ def test_autoscaling_without_metrics_names_what_its_triggers_cannot_read():
     rendered, _ = _objects(doc)
     assert "never wakes from zero" in {w.path: w.message for w in rendered.warnings}["spec.metrics.enabled"]
     assert "spec.metrics.enabled" not in {w.path for w in _objects(FULL)[0].warnings}
+
+
+def test_instance_type_local_is_this_machine_not_a_node_type():
+    """`instanceTypes: [local]` (what `models list` gives the CPU model) rendered a NodePool and an affinity for a
+    node type no cluster has (every pod Pending), and validate said no replica would start, while the simulator
+    ran the fleet on this machine's slots."""
+    data = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "cpu"},
+            "spec": {"model": {"source": "builtin:smollm2-135m"}, "replicas": 2,
+                     "placement": {"instanceTypes": ["local"]}}}
+    loaded = load_spec_data(data)
+    said = {w.path: w.message for w in loaded.warnings}
+    assert "'local' is this machine" in said["spec.placement.instanceTypes"]
+    assert "no replica would start" not in said["spec.placement.instanceTypes"]
+    rendered = render(loaded.endpoint)
+    kinds = {o["kind"] for o in rendered.objects}
+    assert "NodePool" not in kinds
+    engines = yaml.safe_dump([o for o in rendered.objects if o["kind"] == "Deployment"])
+    assert "node.kubernetes.io/instance-type" not in engines

@@ -77,9 +77,11 @@ class Context:
 
     @property
     def placed(self) -> bool:
-        """True when the spec names instance types or node affinity (else: no node constraints, no NodePool)."""
+        """True when the spec names instance types or node affinity (else: no node constraints, no NodePool).
+        `local` is this machine (`fleetserve up`, the simulator), no cluster node type: a NodePool for it matched
+        no node and left every pod Pending."""
         p = self.endpoint.spec.placement
-        return bool(p.instance_types or p.node_affinity)
+        return bool([t for t in p.instance_types if t != "local"] or p.node_affinity)
 
     def engine_name(self, tier: int) -> str:
         return dns_name(self.name, "engine") if len(self.tiers) == 1 else dns_name(self.name, "engine", f"t{tier}")

@@ -65,7 +65,10 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
                 note(f"spec.placement.instanceTypes[{i}]", f"{name!r} is not in the built-in catalog: simulate, "
                      "verify and plan refuse it and render k8s writes it as given (a misspelt type leaves pods "
                      f"Pending); known: {', '.join(catalog.names())}")
-        known = [catalog.get(n) for n in spec.placement.instance_types if n in catalog]
+        known = [catalog.get(n) for n in spec.placement.instance_types if n in catalog and n != "local"]
+        if "local" in spec.placement.instance_types:
+            note("spec.placement.instanceTypes", "'local' is this machine: fleetserve up and the simulator run the "
+                 "replicas on its slots (capacity.localSlots), and render k8s places them on no particular node")
         asked = replica_request(spec.engine, spec.model, spec.kv_cache)
         if known and not any(fits(t, asked, spec.capacity.allow_larger_instances) for t in known):
             shapes = ", ".join(f"{t.name}: {t.gpus} GPU(s) of {t.gpu_memory_gb / max(t.gpus, 1):g} GiB, {t.vcpu} vCPU, "
