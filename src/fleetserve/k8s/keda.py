@@ -192,9 +192,10 @@ def scaled_object(ctx: Context, policy: ScalingPolicy, warn) -> dict:
     }
     if policy.fallback_threshold is not None:
         spec["fallback"] = {"failureThreshold": policy.fallback_threshold, "replicas": policy.fallback_replicas}
-        if any(t.kind == "value" for t in policy.triggers):
-            warn("spec.autoscaling.fallback", "KEDA applies a fallback to AverageValue triggers only; the ttft_p95 "
-                                              "trigger (metricType Value) is not covered")
+        uncovered = [f"triggers[{i}] ({t.metric})" for i, t in enumerate(policy.triggers) if t.kind == "value"]
+        if uncovered:
+            warn("spec.autoscaling.fallback", f"KEDA applies a fallback to AverageValue triggers only: "
+                                              f"{', '.join(uncovered)} (metricType Value) not covered")
     for name in ("polling_interval", "cooldown", "initial_cooldown", "up_window", "down_window"):
         value = getattr(policy, name)
         if not float(value).is_integer():
