@@ -87,8 +87,9 @@ def _warnings(trace, model: str | None, blocks: int) -> list[str]:
     limit = strategy_context()
     capped = sum(1 for r in trace.requests if r.output_tokens > limit)
     if capped:
-        out.append(f"{capped} of {len(trace.requests)} requests ask for more output tokens than the {limit:,}-token "
-                   "context of the strategies' simulated model (Llama 3.1 8B): their completions are cut to it")
+        from fleetserve.bench.routing_sim import completions_cut_warning
+
+        out.append(completions_cut_warning(capped, len(trace.requests)))
     return out
 
 

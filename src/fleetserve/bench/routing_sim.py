@@ -65,6 +65,12 @@ def context_tokens() -> int:
     return by_source(BENCH_MODEL).model_maximum
 
 
+def completions_cut_warning(cut: int, total: int) -> str:
+    """What `cut_completions` did, in the words of both the routing bench and analyze."""
+    return (f"{cut} of {total} requests ask for more output tokens than the {context_tokens():,}-token context of "
+            f"{by_source(BENCH_MODEL).name}, the simulated model: their completions are cut to it")
+
+
 def cut_completions(requests: list) -> tuple[list, dict]:
     """The requests with every completion cut to the bench model's context, and `context_length` as `simulate`
     reports it: a log's max_tokens of 16 M simulated 18 days of decoding in minutes of wall, and no engine
@@ -299,9 +305,7 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
         result["targets"]["met_where_reachable"] = _met_where_reachable(sweep)
     result["warnings"] = load_warnings(result) + oracle_warnings(result)
     if context["completions_cut"]:
-        result["warnings"].append(
-            f"{context['completions_cut']} of {result['requests']} requests ask for more output tokens than the "
-            f"{context['tokens']:,}-token context of {context['source']}: their completions are cut to it")
+        result["warnings"].append(completions_cut_warning(context["completions_cut"], result["requests"]))
     if not unique:  # lengths only (an Azure CSV, Mooncake rows without ids), or prompts shorter than a block
         what = (f"no prompt fills one {block}-token engine block" if any(r.hash_ids or r.messages or r.prompt
                                                                         for r in requests)
