@@ -36,12 +36,11 @@ def strategy_context() -> int:
 
 
 def cannot_act(name: str, trace: BlockTrace, mode: str) -> str | None:
-    if name == "session" and not any(r.session for r in trace.requests):
-        return "the trace has no session keys: session routing would send every request to the least loaded " \
-               "replica (leastload's numbers, not session's)"
-    if name == "kvaware" and mode == "blind":
-        return "needs the engines' KV events, which blind mode does not have (its fallback is prefixaware)"
-    return None
+    """The routing bench's rule (`bench.routing_sim.cannot_act`); informed keys here are the model tokenizer's
+    own blocks, exact for text prompts too (a router that tokenizes as the engine does)."""
+    from fleetserve.bench.routing_sim import cannot_act as bench_rule
+
+    return bench_rule(name, mode, any(r.session for r in trace.requests))
 
 
 def strategy_hit_rates(trace: BlockTrace, replicas: int, cache_blocks: int, perf: PerfProfile,
