@@ -23,6 +23,7 @@ from fleetserve.router.features import KVLayout, request_features
 from fleetserve.router.policies import registered_policies
 from fleetserve.sim.perf import PerfProfile
 from fleetserve.sim.workload import ROUTER_DEFAULT_BLOCK, SimRequestSpec, build_workload
+from fleetserve.sim.workload import cannot_act as shared_rule
 
 MODES = ("blind", "informed")
 
@@ -36,11 +37,9 @@ def strategy_context() -> int:
 
 
 def cannot_act(name: str, trace: BlockTrace, mode: str) -> str | None:
-    """The routing bench's rule (`bench.routing_sim.cannot_act`); informed keys here are the model tokenizer's
-    own blocks, exact for text prompts too (a router that tokenizes as the engine does)."""
-    from fleetserve.bench.routing_sim import cannot_act as bench_rule
-
-    return bench_rule(name, mode, any(r.session for r in trace.requests))
+    """The shared rule (`sim.workload.cannot_act`); informed keys here are the model tokenizer's own blocks, exact
+    for text prompts too (a router that tokenizes as the engine does)."""
+    return shared_rule(name, mode, any(r.session for r in trace.requests))
 
 
 def strategy_hit_rates(trace: BlockTrace, replicas: int, cache_blocks: int, perf: PerfProfile,

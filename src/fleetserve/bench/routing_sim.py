@@ -37,7 +37,7 @@ from fleetserve.sim.perf import PerfProfile
 from fleetserve.sim.profiles import resolve
 from fleetserve.sim.run import simulate
 from fleetserve.sim.setup import KNOWLEDGE_MODES, SimOptions
-from fleetserve.sim.workload import SimRequestSpec, build_workload
+from fleetserve.sim.workload import SimRequestSpec, build_workload, cannot_act, keys_exact
 from fleetserve.spec.load import load_spec_data
 from fleetserve.traces.load import load_trace
 
@@ -192,22 +192,6 @@ def ttft_floor(workload: list[SimRequestSpec], prof: PerfProfile, capacity: int)
     return {"p50": round(float(p50), 3), "p95": round(float(p95), 3), "p99": round(float(p99), 3)}
 
 
-def cannot_act(strategy: str, mode: str, has_sessions: bool, exact: bool = True) -> str | None:
-    """Why a strategy would report another policy's numbers under its name, or None. `exact`: some request's
-    router keys are the engines' own (token ids); text prompts' are not (the router cannot tokenize as the
-    engine does), and kvaware then routes every request by its prefixaware fallback."""
-    if strategy == "session" and not has_sessions:
-        return ("the trace has no session keys: session routing would send every request to the least loaded "
-                "replica (leastload's numbers, not session's)")
-    if strategy == "kvaware" and mode == "blind":
-        return ("needs the engines' KV events, which blind mode does not have (it would fall back to "
-                "prefixaware's router-side index: see the prefixaware row)")
-    if strategy == "kvaware" and not exact:
-        return ("the trace's prompts are text, whose engine block keys the router cannot compute, so kvaware "
-                "would route every request by its prefixaware fallback: see the prefixaware row")
-    return None
-
-
 def replica_cache_blocks(asked: int, biggest: int) -> int:
     """Each replica's cache: the share of the trace's blocks asked for, but never less than its largest request
     (prompt and output, in blocks) and one block more, nor 16 blocks: a smaller engine evicts a request's own
@@ -268,8 +252,7 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
     for mode in modes:
         rows: dict[str, dict] = {}
         workload = build_workload(requests, block, informed=mode == "informed")
-        keyed = [w for w in workload if w.engine_keys]
-        exact = not keyed or any(w.exact for w in keyed)
+        exact = keys_exact(workload)
         for strategy in strategies:
             reason = cannot_act(strategy, mode, has_sessions, exact)
             if reason:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from fleetserve.sim.fleet import SimFleet
 from fleetserve.sim.report import build_report, slo_of
 from fleetserve.sim.setup import SimOptions, profile_for, uses_cloud
-from fleetserve.sim.workload import SimRequestSpec, build_workload
+from fleetserve.sim.workload import SimRequestSpec, build_workload, cannot_act, keys_exact
 from fleetserve.traces.model import TraceRequest
 
 
@@ -54,18 +54,11 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
 def silent_defaults(spec, workload: list[SimRequestSpec], knowledge: str = "blind") -> list[str]:
     """Spec choices the run could not act on as written, said rather than simulated in another's name."""
     notes = []
-    if spec.routing.strategy == "session" and workload and not any(w.session for w in workload):
-        notes.append("routing strategy session: the trace has no session keys, so every request went to the least "
-                     "loaded replica: these are leastload's figures")
-    if spec.routing.strategy == "kvaware" and workload:
-        if knowledge == "blind":
-            notes.append("routing strategy kvaware in blind mode: no KV events reach the router, so it routed every "
-                         "request by its prefixaware fallback: these are prefixaware's figures (--knowledge informed "
-                         "gives the router the engines' events)")
-        elif not any(w.exact for w in workload if w.engine_keys):
-            notes.append("routing strategy kvaware on text prompts: the router cannot compute the engines' block "
-                         "keys of text, so it routed every request by its prefixaware fallback: these are "
-                         "prefixaware's figures")
+    strategy = spec.routing.strategy
+    reason = cannot_act(strategy, knowledge, any(w.session for w in workload), keys_exact(workload)) \
+        if workload else None
+    if reason:
+        notes.append(f"routing strategy {strategy}: {reason}")
     auto = spec.autoscaling
     if auto is not None and auto.enabled and not auto.triggers:
         notes.append("spec.autoscaling has no triggers: the controller scaled on concurrency, 4 requests in flight "

@@ -87,6 +87,28 @@ def build_workload(trace: list[TraceRequest], engine_block: int, informed: bool)
     return out
 
 
+def keys_exact(workload: list[SimRequestSpec]) -> bool:
+    """Whether the router's keys are the engines' own (token ids) where the workload has keys at all; text
+    prompts' are not (the router cannot tokenize as the engine does)."""
+    keyed = [w for w in workload if w.engine_keys]
+    return not keyed or any(w.exact for w in keyed)
+
+
+def cannot_act(strategy: str, knowledge: str, has_sessions: bool, exact: bool = True) -> str | None:
+    """Why a strategy would route by another policy under its own name (its figures would be that policy's), or
+    None. One rule for the routing bench, analyze and the simulator's warnings."""
+    if strategy == "session" and not has_sessions:
+        return ("the trace has no session keys: session routing sends every request to the least loaded replica "
+                "(leastload's figures, not session's)")
+    if strategy == "kvaware" and knowledge == "blind":
+        return ("kvaware in blind mode gets no KV events from the engines, so it routes every request by its "
+                "prefixaware fallback (prefixaware's figures; --knowledge informed gives it the events)")
+    if strategy == "kvaware" and not exact:
+        return ("kvaware on text prompts cannot compute the engines' block keys, so it routes every request by its "
+                "prefixaware fallback (prefixaware's figures)")
+    return None
+
+
 def scale_rate(trace: list[TraceRequest], factor: float, seed: int = 0) -> list[TraceRequest]:
     """`factor` times the requests over the same span (the traces package's scaler when it is there)."""
     try:
