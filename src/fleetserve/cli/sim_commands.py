@@ -340,11 +340,18 @@ def plan(
     _print_warnings(data)  # the winner's, or the closest trial's
     # the conditions the winner was verified under that the written spec does not carry: verify of the file
     # without them checked another world (a floor lead sized for --provisioning-delay 0 failed at 90 s)
+    from fleetserve.sim.setup import SimOptions
+
+    default = SimOptions()  # the flags' defaults are its own
+
+    def unless_default(value, field: str):
+        return None if value == getattr(default, field) else value
+
     given = {"--limit": limit, "--rate-scale": None if rate_scale == 1.0 else rate_scale,
-             "--seed": seed or None, "--knowledge": None if knowledge == "blind" else knowledge,
-             "--profile": profile, "--window": None if window == 300.0 else window,
-             "--peak-fraction": None if peak_fraction == 0.1 else peak_fraction,
-             "--idle-fraction": None if idle_fraction == 0.25 else idle_fraction, "--start": start,
+             "--seed": unless_default(seed, "seed"), "--knowledge": unless_default(knowledge, "knowledge"),
+             "--profile": profile, "--window": unless_default(window, "window_s"),
+             "--peak-fraction": unless_default(peak_fraction, "peak_fraction"),
+             "--idle-fraction": unless_default(idle_fraction, "idle_fraction"), "--start": start,
              "--spot-interruption-rate": spot_interruption_rate, "--provisioning-delay": provisioning_delay,
              "--trace-model": trace_model, "--prices": prices}
     flags = " ".join(f"{k} {shlex.quote(str(v))}" for k, v in given.items() if v is not None)
