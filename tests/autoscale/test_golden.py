@@ -179,7 +179,57 @@ def test_metrics_source_down_triggers_fallback():
     assert [d.desired for d in reasons[:3]] == [2, 2, 2]  # failures below the threshold: hold, never scale down
     assert reasons[3].desired == 4 and "fallback" in reasons[3].reason
     back = fleet.poll(100.0, 8.0)  # the source recovers: normal scaling again
-    assert "fallback" not in back.reason and back.state.failures == 0
+    assert "fallback" not in back.reason and back.state.failures == (0,)
+
+
+def test_fallback_is_per_trigger_and_the_highest_recommendation_still_wins_like_keda():
+    """KEDA's fallback.go replaces the failing trigger's metric with fallback.replicas x target; the HPA still
+    takes the highest recommendation over triggers, so a healthy trigger asking for more keeps its count."""
+    triggers = (Trigger("concurrency", 4.0), Trigger("request_rate", 2.0))
+    policy = ScalingPolicy(min_replicas=1, max_replicas=10, triggers=triggers, fallback_threshold=2,
+                           fallback_replicas=2)
+    fleet = VirtualFleet(policy, 0.0, replicas=2)
+    for i in range(6):
+        d = fleet.poll(15.0 * i, None, 12.0)  # concurrency unreadable, 12 req/s asks for 6
+    assert d.desired == 6 and d.reason.startswith("fallback: concurrency failed 6 reads in a row (> 2)")
+    assert d.state.failures == (6, 0) and not d.metrics_ready
+
+
+def test_failures_count_per_trigger_so_alternating_failures_never_fall_back():
+    triggers = (Trigger("concurrency", 4.0), Trigger("request_rate", 2.0))
+    policy = ScalingPolicy(min_replicas=1, max_replicas=10, triggers=triggers, fallback_threshold=1,
+                           fallback_replicas=9)
+    fleet = VirtualFleet(policy, 0.0, replicas=3)
+    for i in range(8):
+        d = fleet.poll(15.0 * i, *((None, 6.0) if i % 2 else (12.0, None)))
+        assert "fallback" not in d.reason and d.desired == 3
+    assert max(d.state.failures) == 1
+
+
+def test_a_value_trigger_gets_no_fallback_like_keda_and_holds_the_count():
+    policy = ScalingPolicy(min_replicas=0, max_replicas=8, triggers=(Trigger("ttft_p95", 500.0),),
+                           fallback_threshold=1, fallback_replicas=6, cooldown=60, initial_cooldown=0)
+    fleet = VirtualFleet(policy, 0.0, replicas=2)
+    held = [fleet.poll(15.0 * i, None) for i in range(1, 20)]
+    assert {d.desired for d in held} == {2} and "no fallback for Value triggers" in held[-1].reason
+
+
+def test_falling_back_below_the_current_count_waits_for_the_scale_down_window():
+    """The fallback is one more recommendation: the HPA's stabilization applies to it as to any."""
+    policy = ScalingPolicy(min_replicas=1, max_replicas=8, triggers=CONCURRENCY, fallback_threshold=1,
+                           fallback_replicas=2, down_window=300)
+    fleet = VirtualFleet(policy, 0.0, replicas=6)
+    fleet.poll(0.0, 24.0)
+    steps = [(15.0 * i, fleet.poll(15.0 * i, None).desired) for i in range(1, 30)]
+    assert all(n == 6 for t, n in steps if t < 300) and steps[-1][1] == 2
+
+
+def test_a_state_saved_with_one_failure_count_reads_as_every_triggers():
+    state = ScalingState.from_json({"current": 3, "created": 0.0, "failures": 4})
+    policy = ScalingPolicy(triggers=(Trigger("concurrency", 4.0), Trigger("request_rate", 2.0)),
+                           fallback_threshold=4, fallback_replicas=5, max_replicas=8)
+    d = decide(policy, state, ScalingMetrics((None, None)), 10.0)
+    assert d.state.failures == (5, 5) and d.desired == 5 and d.reason.startswith("fallback")
 
 
 def test_every_trigger_failing_without_fallback_holds_the_count_like_keda():
@@ -200,7 +250,7 @@ def test_no_data_at_zero_traffic_is_zero_load_not_a_failure():
     fleet = VirtualFleet(policy, 0.0, replicas=1)
     for i in range(10):
         d = fleet.poll(30.0 * i, 0.0)
-    assert d.desired == 0 and d.state.failures == 0
+    assert d.desired == 0 and d.state.failures == (0,)
 
 
 def test_state_round_trips_through_json():

@@ -13,11 +13,14 @@ share it:
   no change within a tolerance of 0.1, the highest desired count over triggers, stabilization windows
   (scale-up: lowest recommendation in the window; scale-down: highest) and rate policies (up: +100% or
   +4 pods per 15 s, whichever is larger; down: -100% per 15 s);
-- `fallback`: after more than `failureThreshold` consecutive failed reads, hold `fallback.replicas`;
-  a failed read below the threshold never scales down. Without a fallback, a failed read holds the current
-  count for as long as it fails (never to zero: an unreadable trigger is not an idle one) and the decision
-  says `metrics_ready=False`, as KEDA marks the ScaledObject not ready. No data at zero traffic is zero
-  load, not a failure;
+- `fallback`, per trigger as KEDA's `fallback.go`: each trigger counts its own failed reads in a row; an
+  AverageValue trigger past `failureThreshold` reads as `fallback.replicas` x its target, so the HPA maths
+  recommend `fallback.replicas` for it, the other triggers still count (the highest wins) and the
+  stabilization windows and rate policies apply as to any recommendation. A Value trigger gets no fallback
+  (KEDA ignores it for them). A trigger that still fails (below the threshold, or a Value trigger) never
+  lets the fleet scale down: the current count holds for as long as it fails (never to zero: an unreadable
+  trigger is not an idle one) and the decision says `metrics_ready=False`, as KEDA marks the ScaledObject
+  not ready. No data at zero traffic is zero load, not a failure;
 - time-of-day floors from `Schedule`, never below `minReplicaCount`.
 The state is a frozen value that round-trips through JSON; decisions carry a reason string.
 """
@@ -117,7 +120,7 @@ class ScalingState:
     current: int  # the replica count last decided (the scale target)
     created: float
     last_active: float | None = None
-    failures: int = 0
+    failures: tuple[int, ...] = ()  # per trigger, its failed reads in a row
     recommendations: tuple[tuple[float, int], ...] = ()
     events: tuple[tuple[float, int], ...] = ()  # (time, change in replicas)
 
@@ -130,7 +133,7 @@ class ScalingState:
             current=int(data["current"]),
             created=float(data["created"]),
             last_active=data.get("last_active"),
-            failures=int(data.get("failures", 0)),
+            failures=_failures(data.get("failures", ())),
             recommendations=tuple((float(t), int(r)) for t, r in data.get("recommendations", ())),
             events=tuple((float(t), int(d)) for t, d in data.get("events", ())),
         )
@@ -140,6 +143,14 @@ class ScalingState:
         """The starting count is the first recommendation: it holds for the scale-down window."""
         current = min(policy.max_replicas, max(policy.floor(now), replicas))
         return cls(current=current, created=now, recommendations=((now, current),))
+
+
+def _failures(raw) -> tuple[int, ...]:
+    """A saved state's failure counts; a single count (states saved before they were per trigger) is kept as
+    one entry, which `decide` reads as every trigger's."""
+    if isinstance(raw, int | float):
+        return (int(raw),)
+    return tuple(int(n) for n in raw)
 
 
 @dataclass(frozen=True)
@@ -205,11 +216,40 @@ def _rate_limit(policy: ScalingPolicy, state: ScalingState, desired: int, now: f
     return min(desired, max(limits)) if desired > current else max(desired, min(limits))
 
 
+def _fall_back(policy: ScalingPolicy, state: ScalingState,
+               values: tuple[float | None, ...]) -> tuple[tuple[int, ...], tuple[float | None, ...], list[str]]:
+    """KEDA's fallback.go: per trigger, its failed reads in a row; an AverageValue trigger failing more than
+    `failureThreshold` times reads as `fallback.replicas` x its target. Returns the counts, the values with
+    those filled in, and what was filled (for the reason)."""
+    before = state.failures
+    if len(before) != len(values):  # a count saved before they were per trigger, or the triggers changed
+        before = (max(before, default=0),) * len(values)
+    counts = tuple(n + 1 if v is None else 0 for n, v in zip(before, values, strict=True))
+    if policy.fallback_threshold is None:
+        return counts, values, []
+    filled, fell = list(values), []
+    for i, (trig, n) in enumerate(zip(policy.triggers, counts, strict=True)):
+        if values[i] is None and n > policy.fallback_threshold and trig.kind == "average":
+            filled[i] = policy.fallback_replicas * trig.target
+            fell.append(f"{trig.metric} failed {n} reads in a row (> {policy.fallback_threshold}), "
+                        f"read as {policy.fallback_replicas} replica(s)")
+    return counts, tuple(filled), fell
+
+
+def _no_fallback(policy: ScalingPolicy, values: tuple[float | None, ...]) -> str:
+    if policy.fallback_threshold is None:
+        return "no fallback configured"
+    if any(v is None and t.kind == "value" for t, v in zip(policy.triggers, values, strict=True)):
+        return "KEDA has no fallback for Value triggers"
+    return f"the fallback waits for more than {policy.fallback_threshold} failed reads"
+
+
 def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, now: float) -> ScaleDecision:
     floor = policy.floor(now)
-    failed = any(v is None for v in metrics.values)
-    failures = state.failures + 1 if failed else 0
-    fired = [t for t, v in zip(policy.triggers, metrics.values, strict=True)
+    failures, values, fell = _fall_back(policy, state, metrics.values)
+    ready = all(v is not None for v in metrics.values)  # KEDA: Ready=False while a read fails, fallback or not
+    failed = any(v is None for v in values)
+    fired = [t for t, v in zip(policy.triggers, values, strict=True)
              if v is not None and v > t.activation_target]
     active = metrics.pending > 0 or bool(fired)
     held = floor > policy.min_replicas  # a schedule window is open (KEDA: its cron trigger is active)
@@ -224,26 +264,24 @@ def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, 
             events += ((now, desired - current),)
         new = replace(state, current=desired, events=events,
                       recommendations=state.recommendations if recs is None else recs)
-        return ScaleDecision(desired, reason, active, floor, new, metrics_ready=not failed)
-
-    if policy.fallback_threshold is not None and failures > policy.fallback_threshold:
-        target = max(floor, policy.fallback_replicas)
-        return done(target, f"fallback: {failures} failed metric reads in a row (> {policy.fallback_threshold}); "
-                            f"holding {target} replica(s)")
+        if fell:
+            reason = f"fallback: {'; '.join(fell)}; {reason}"
+        return ScaleDecision(desired, reason, active, floor, new, metrics_ready=ready)
 
     if failed and not active:
         # Unknown is not idle: no activation countdown, no scale-down (to zero or otherwise) while blind.
-        return done(max(current, floor), f"holding {max(current, floor)}: {failures} failed metric read(s) in a "
-                                          "row and no fallback configured (metrics not ready)")
+        why = _no_fallback(policy, values)
+        return done(max(current, floor), f"holding {max(current, floor)}: {max(failures)} failed metric read(s) "
+                                          f"in a row and {why} (metrics not ready)")
 
     if current == 0:
         if not active:
             return done(floor, f"idle at {'floor' if floor else 'zero'}")
-        raw, why = _recommend(policy, 1, metrics.values)
+        raw, why = _recommend(policy, 1, values)
         cause = f"{metrics.pending} request(s) waiting" if metrics.pending else why
         return done(max(1, floor, raw), f"activated from zero: {cause}")
 
-    raw, why = _recommend(policy, current, metrics.values)
+    raw, why = _recommend(policy, current, values)
     if failed:
         raw = max(raw, current)  # HPA: a metric error never drives a scale-down
         why += "; a trigger failed, no scale-down"
