@@ -80,6 +80,61 @@ def test_running_sequences_and_cache_share_memory_and_l1_l2_keep_what_the_engine
     assert back.cached == 16 and back.hit_l2 + back.hit_l1 == 4 and back.load_s > 0
 
 
+def test_blocks_a_running_sequence_uses_are_never_evicted_a_request_that_needs_them_waits():
+    """vLLM keeps a running request's blocks out of its free queue (reference counts). Unpinned, a cold prompt's
+    reservation evicted the prefix a running request was reading, and the next request for it missed."""
+    m = ReplicaModel(PROF)  # 20 blocks of 4 tokens
+    prefix = tuple(range(8))
+    m.add(Seq(32, 2, prefix))
+    drive(m)  # the prefix is cached: 8 blocks
+    reader = Seq(36, 20, prefix + (100,))  # finds the prefix, reserves 6 blocks: 14 of 20 in use
+    cold = Seq(24, 8, (200, 201, 202, 203, 204, 205))  # 8 blocks: fits only by evicting the prefix
+    m.add(reader)
+    m.add(cold)
+    t, seen = 0.0, {}
+    while (d := m.begin_step()) is not None:
+        t += d
+        firsts, done = m.end_step(t)
+        for s in firsts + done:
+            seen.setdefault(s.id, []).append(t)
+        assert len(m.cache) + m.reserved <= PROF.cache_blocks
+        if reader.state != "done":
+            assert all(k in m.cache for k in prefix)  # never evicted under the reader
+    assert seen[cold.id][0] > seen[reader.id][-1]  # the cold prompt waited for the reader to finish
+    assert m.pins == {} and m.reserved == 0
+    again = Seq(32, 2, prefix)
+    m.add(again)
+    drive(m)
+    assert again.cached == 32
+
+
+def test_a_request_that_must_wait_for_blocks_in_use_evicts_nothing():
+    """vLLM checks its free blocks before touching any: evicting first threw away a reusable prefix for a request
+    that waited anyway."""
+    m = ReplicaModel(PROF)  # 20 blocks of 4 tokens
+    kept = (50, 51)
+    m.add(Seq(8, 1, kept))
+    drive(m)  # 2 reusable blocks cached
+    reader = Seq(36, 20, tuple(range(8)) + (100,))  # 9 blocks stored and pinned, 6 reserved
+    m.add(reader)
+    m.begin_step()
+    m.end_step(0.1)
+    big = Seq(24, 8, (200, 201, 202, 203, 204, 205))  # 8 blocks: 2 evictable are not enough while the reader runs
+    m.add(big)
+    m.begin_step()
+    assert big.state == "waiting" and all(k in m.cache for k in kept)
+
+
+def test_an_oversized_request_holds_its_blocks_only_while_it_runs():
+    """Pinned, a request larger than the engine kept its 30 blocks cached after it finished, and the next request
+    found them in an engine of 20 (a 1-block engine reported hits above one pooled LRU of the fleet's 4)."""
+    m = ReplicaModel(PROF)
+    big = Seq(120, 2, tuple(range(30)))
+    m.add(big)
+    drive(m)
+    assert m.oversized == 1 and len(m.cache) <= PROF.cache_blocks and m.pins == {}
+
+
 def test_new_blocks_are_written_through_to_l1_and_the_shared_l2_as_the_engine_writes_them():
     """The live prefix cache writes every new block to L1 and L2 in the background; the step model put blocks
     there only on eviction, so a second replica found none of a prompt the first had just computed."""
