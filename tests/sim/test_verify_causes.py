@@ -225,7 +225,8 @@ def test_money_spent_after_the_last_arrival_counts_against_the_budget():
     trace = [TraceRequest(i * 10.0, 500, 600, (10_000 + i,)) for i in range(120)]
     trace += [TraceRequest(1190 + i * 0.05, 500, 600, (20_000 + i,)) for i in range(300)]
     trace.sort(key=lambda r: r.arrival_s)
-    verdict = verify(gpu_endpoint(maximum=8, minimum=1), trace, SimOptions(),
+    # 2-minute windows: the 90 s drain is more than half of one, so it is a window of its own
+    verdict = verify(gpu_endpoint(maximum=8, minimum=1), trace, SimOptions(window_s=120),
                      {"ttft_p95_ms": 600_000, "e2e_p95_ms": 900_000, "cost_per_hour_usd": 4})
     report = verdict.result.report
     assert report["costliest_window"][0] >= max(r.arrival_s for r in trace) and report["cost_per_hour_max_usd"] > 4
@@ -400,3 +401,16 @@ def test_an_autoscaled_overspend_names_what_the_autoscaler_ran_and_its_target():
     from fleetserve.sim.verify import _target
 
     assert _target(verdict.result.fleet) == "concurrency target 1/replica"
+
+
+def test_a_drain_shorter_than_half_a_window_joins_the_last_window_as_a_short_tail_does():
+    """A 23 s drain after the last arrival, priced alone, failed a budget at the full fleet's rate that the trace's
+    only window met ($2.98/h against $1.61/h)."""
+    from types import SimpleNamespace
+
+    from fleetserve.sim.report import cost_bounds
+    fleet = SimpleNamespace(options=SimpleNamespace(window_s=300.0))
+    assert cost_bounds(fleet, [(0.0, 261.6)], 285.0) == [(0.0, 285.0)]
+    assert cost_bounds(fleet, [(0.0, 300.0), (300.0, 600.0)], 601.5) == [(0.0, 300.0), (300.0, 601.5)]
+    assert cost_bounds(fleet, [(0.0, 300.0)], 460.0) == [(0.0, 300.0), (300.0, 460.0)]  # half a window or more
+    assert cost_bounds(fleet, [(0.0, 300.0)], 300.0) == [(0.0, 300.0)]

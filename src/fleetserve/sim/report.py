@@ -10,7 +10,9 @@ windows: requests that arrived in them, and the money and GPU-hours spent during
 so the money of a burst is often spent in the window after it: `cost_per_hour_max_usd` is the highest cost per
 hour of any window, and `costliest_window` says which (the budget `verify` checks at peak); after the last
 arrival, the fleet's drain (answering the queue, replicas running on until they scale down) is cut into windows
-of the same length for this, so money spent after the trace's last request is counted. A request meets the
+of the same length for this, so money spent after the trace's last request is counted; a drain shorter than
+half a window joins the trace's last window, as a short tail of the trace does (a 23 s drain priced alone
+failed a budget at the full fleet's rate that the trace's only window, at $1.61/h, met). A request meets the
 SLO when its TTFT and E2E are within the targets; a refused or failed request never does. `worst` is the window
 with the most requests that missed the SLO (null when none did), wherever it falls: a scale from zero in a
 middling window is neither peak nor idle, yet its misses count in the whole trace's percentiles.
@@ -79,6 +81,15 @@ def drain_bounds(fleet: SimFleet, bounds: list[tuple[float, float]], end: float)
         out.append((start, stop))
         start = stop
     return out
+
+
+def cost_bounds(fleet: SimFleet, bounds: list[tuple[float, float]], end: float) -> list[tuple[float, float]]:
+    """The windows whose cost per hour the budget is checked on: the trace's and its drain's, a drain shorter
+    than half a window joined to the trace's last window (as a short tail of the trace is)."""
+    drain = drain_bounds(fleet, bounds, end)
+    if bounds and len(drain) == 1 and drain[0][1] - drain[0][0] < fleet.options.window_s / 2:
+        return [*bounds[:-1], (bounds[-1][0], drain[0][1])]
+    return bounds + drain
 
 
 def windows(fleet: SimFleet) -> tuple[list[tuple[float, float]], list[tuple[float, float]], list[int]]:
@@ -218,7 +229,7 @@ def build_report(fleet: SimFleet, slo: dict, slo_source: str) -> dict:
     whole = _section(fleet, fleet.requests, [(0.0, end)], slo)
     peak_spans, idle_spans, counts = windows(fleet)
     bounds = window_bounds(fleet, len(counts))
-    top, top_window = costliest(fleet, bounds + drain_bounds(fleet, bounds, end))
+    top, top_window = costliest(fleet, cost_bounds(fleet, bounds, end))
 
     peak = _section(fleet, window_requests(fleet, peak_spans, len(counts)), peak_spans, slo)
     idle = _section(fleet, window_requests(fleet, idle_spans, len(counts)), idle_spans, slo)
