@@ -152,3 +152,31 @@ def test_generate_refuses_options_its_kind_does_not_use(tmp_path):
     ok = fleetserve("trace", "generate", "rag", "--arrivals", "bursts", "--burst-factor", "5", "-o", out,
                     "--duration", "30")
     assert ok.returncode == 0, ok.stderr
+
+
+def test_output_is_never_the_input_nor_a_read_only_file(tmp_path):
+    """`trace scale T -o T` replaced the trace it read (a shared read-only file included: root writes anyway)."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text((DATA / "mooncake_sample.jsonl").read_text())
+    before = trace.read_text()
+    same = fleetserve("trace", "scale", str(trace), "--rate", "2", "-o", str(tmp_path / "." / "t.jsonl"))
+    assert same.returncode == 2 and "is the command's input" in said(same) and trace.read_text() == before
+    locked = tmp_path / "locked.jsonl"
+    locked.write_text("keep\n")
+    locked.chmod(0o444)
+    ro = fleetserve("trace", "scale", str(trace), "--rate", "2", "-o", str(locked))
+    assert ro.returncode == 2 and "read-only" in said(ro) and locked.read_text() == "keep\n"
+    under_file = fleetserve("trace", "scale", str(trace), "--rate", "2", "-o", str(trace / "x.jsonl"))
+    assert under_file.returncode == 2 and "is a file, not a folder" in said(under_file)
+
+
+def test_a_servegen_model_alone_writes_its_arrivals_and_says_the_sizes_are_made_up(tmp_path):
+    """simulate's ServeGen message recommends `trace scale FILE --model NAME -o out.csv`: it must work, and the
+    written CSV carries sizes that no file had, which the command says (runs on the CSV cannot)."""
+    agg = tmp_path / "agg.csv"
+    agg.write_text("model,window_start_s,total_rate_rps,active_clients\na/x,0,1.0,3\na/x,600,3.0,3\nb/y,0,5,1\n")
+    out = tmp_path / "x.csv"
+    result = fleetserve("trace", "scale", str(agg), "--model", "a/x", "--duration", "600", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "carry arrivals only" in said(result) and "as if measured" in said(result)
+    assert detect_format(out) == "azure" and load_trace(out)

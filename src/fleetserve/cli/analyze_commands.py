@@ -247,9 +247,11 @@ def trace_scale(
 
     if fmt is not None:
         _choice(fmt, WRITE_FORMATS, "--format")
-    if rate is None and time_scale is None and fmt is None:  # --format alone converts, at the trace's own pace
-        raise typer.BadParameter("give --rate and/or --time (or --format to convert)", param_hint="--rate/--time")
-    writable(output, "--output")
+    if rate is None and time_scale is None and fmt is None and model is None:  # --format (or a ServeGen --model)
+        # alone converts, at the trace's own pace
+        raise typer.BadParameter("give --rate and/or --time (or --format to convert, or --model to write one "
+                                 "ServeGen model's arrivals)", param_hint="--rate/--time")
+    writable(output, "--output", (file,))
     path = Path(file)
     if not path.exists():
         raise typer.BadParameter(f"{file} does not exist", param_hint="FILE")
@@ -288,6 +290,11 @@ def trace_scale(
         write_trace(requests, output, fmt, start=start)
     except ValueError as exc:
         raise _fail(f"--format: {exc}") from None
+    if detect_format(path) == "servegen":
+        from fleetserve.traces.servegen import size_warning
+
+        err.print(f"warning: {size_warning()}; {output} carries these sizes as if measured, and runs on it "
+                  "cannot tell", markup=False)
     err.print(f"{len(requests)} requests written to {output} ({fmt})", markup=False)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,15 +41,27 @@ def _bounded(low: float | None, high: float | None) -> Callable[[str], float]:
     return parse
 
 
-def writable(path: str | None, flag: str) -> None:
+def writable(path: str | None, flag: str, inputs: tuple[str | None, ...] = ()) -> None:
     """Checked before a run, so that minutes of simulation are not lost to a path that cannot be written;
-    missing folders are made."""
+    missing folders are made. Never one of the command's `inputs` (`trace scale T -o T` replaced the trace it
+    was reading, a shared read-only one included: root may write anyway), nor a file without write permission."""
     if path is None:
         return
     target = Path(path)
     if target.is_dir():
         raise typer.BadParameter(f"{path} is a directory; give a file name", param_hint=flag)
     existed = target.exists()
+    if existed:
+        for source in inputs:
+            if source is not None and Path(source).exists() and os.path.samefile(source, target):
+                raise typer.BadParameter(f"{path} is the command's input {source}; write to another file",
+                                         param_hint=flag)
+        if not target.stat().st_mode & 0o222:
+            raise typer.BadParameter(f"{path} is read-only; choose another file (or make it writable)",
+                                     param_hint=flag)
+    folder = next((p for p in [target.parent, *target.parent.parents] if p.exists()), None)
+    if folder is not None and not folder.is_dir():
+        raise typer.BadParameter(f"cannot write {path}: {folder} is a file, not a folder", param_hint=flag)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target, "a"):

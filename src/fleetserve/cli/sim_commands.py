@@ -138,11 +138,10 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
     if (unit := millisecond_warning(requests, fmt)) is not None:
         err.print(f"warning: {unit}", markup=False)
     if fmt == "servegen":  # sizes the figures depend on, which the file does not carry
-        from fleetserve.traces.servegen import DEFAULT_INPUT_TOKENS, DEFAULT_OUTPUT_TOKENS
+        from fleetserve.traces.servegen import size_warning
 
-        err.print(f"warning: ServeGen rate files carry arrivals only: every request gets {DEFAULT_INPUT_TOKENS} "
-                  f"prompt and {DEFAULT_OUTPUT_TOKENS} output tokens and no shared prefix, so latency, cost and hit "
-                  "rate are those of that size (a Mooncake or Azure trace carries real sizes)", markup=False)
+        err.print(f"warning: {size_warning()}, so latency, cost and hit rate are those of that size (a Mooncake "
+                  "or Azure trace carries real sizes)", markup=False)
     if start is None:  # the trace's own clock where it has one: its cron floors are those of its day
         start = own.isoformat() if own is not None else DEFAULT_START
     if rate_scale != 1.0:
@@ -218,7 +217,7 @@ def simulate(
     SLO attainment, GPU-hours and cost, overall and for the peak and idle windows."""
     from fleetserve.sim.run import simulate as run
 
-    writable(report, "--report")
+    writable(report, "--report", (spec, trace))
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
                                         provisioning_delay, trace_model, prices)
@@ -280,7 +279,7 @@ def verify(
     whole trace? Exit 0 pass, 1 fail, 2 bad input."""
     from fleetserve.sim.verify import verify as run
 
-    writable(report, "--report")
+    writable(report, "--report", (spec, trace))
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
                                         provisioning_delay, trace_model, prices)
@@ -329,7 +328,7 @@ def plan(
 
     from fleetserve.sim.plan import plan as run
 
-    writable(output, "--output")
+    writable(output, "--output", (spec, trace))
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
                                         provisioning_delay, trace_model, prices)

@@ -32,6 +32,12 @@ DEFAULT_INPUT_TOKENS = 1024  # every request's size: the rate files carry none
 DEFAULT_OUTPUT_TOKENS = 128
 
 
+def size_warning() -> str:
+    """What a ServeGen trace's requests are made of, said wherever one is simulated or written out."""
+    return (f"ServeGen rate files carry arrivals only: every request gets {DEFAULT_INPUT_TOKENS} prompt and "
+            f"{DEFAULT_OUTPUT_TOKENS} output tokens and no shared prefix")
+
+
 class ServeGenError(ValueError):
     """A rate file that cannot be read or a selection that does not exist; the message says which."""
 
