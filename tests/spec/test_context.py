@@ -130,6 +130,28 @@ def test_an_empty_context_keeps_the_presets_flag_and_external_servers_keep_their
     spec = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "c"},
                            "spec": {"model": {"source": "catalog:llama-3.1-8b-instruct", "contextLength": None}}}
                           ).endpoint.spec
-    assert context_limit(spec) == (8192, "spec.engine.args --max-model-len")
+    assert context_limit(spec) == (8192, "spec.engine.args --max-model-len, from the catalog:llama-3.1-8b-instruct "
+                                         "preset's arguments (engine/catalog.py)")
     external = _spec({"kind": "external", "urls": ["http://x:8000"]}, {"contextLength": 200000})
     assert context_limit(external) == (200000, "spec.model.contextLength")
+
+
+def test_every_preset_lists_the_context_its_arguments_serve():
+    """`models list` showed 32,768 for qwen2.5-7b while its preset served --max-model-len 16384."""
+    from fleetserve.engine.catalog import CATALOG
+    from fleetserve.spec.context import ENGINE_FLAGS, flag_tokens
+
+    for preset in CATALOG.values():
+        flag = ENGINE_FLAGS.get(preset.engine)
+        if flag in preset.args:
+            served = flag_tokens(preset.engine, preset.args[preset.args.index(flag) + 1])
+            assert served == preset.context_length <= preset.model_maximum, preset.name
+
+
+def test_a_context_flag_the_catalog_filled_in_is_named_as_the_presets():
+    spec = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "q"},
+                           "spec": {"model": {"source": "catalog:qwen2.5-7b-instruct"}}}).endpoint.spec
+    tokens, where = context_limit(spec)
+    assert tokens == 16384 and "catalog:qwen2.5-7b-instruct preset's arguments" in where
+    own = _spec({"kind": "vllm", "args": ["--max-model-len", "4096"]})
+    assert context_limit(own) == (4096, "spec.engine.args --max-model-len")

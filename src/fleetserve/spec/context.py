@@ -131,7 +131,23 @@ def _declared_limit(spec) -> tuple[int, str] | None:
         tokens = flag_tokens(spec.engine.kind, value)
     except ValueError:
         return None  # the spec's validation names it
-    return (tokens, f"spec.engine.args {flag}") if tokens else None
+    if not tokens:
+        return None
+    return tokens, f"spec.engine.args {flag}{_from_preset(spec, flag, value)}"
+
+
+def _from_preset(spec, flag: str, value: str) -> str:
+    """Where a `catalog:` spec's context flag came from when the spec did not write it: the preset's arguments."""
+    source = spec.model.source if isinstance(spec.model.source, str) else ""
+    if not source.startswith("catalog:"):
+        return ""
+    from fleetserve.engine.catalog import CATALOG
+
+    preset = CATALOG.get(source.removeprefix("catalog:"))
+    args = list(preset.args) if preset is not None else []
+    if flag in args and args.index(flag) + 1 < len(args) and args[args.index(flag) + 1] == value:
+        return f", from the {source} preset's arguments (engine/catalog.py)"
+    return ""
 
 
 def with_context_limit(data: dict, tokens: int, source: str) -> dict:
