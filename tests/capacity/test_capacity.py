@@ -59,7 +59,9 @@ def test_shortage_on_first_type_falls_through_to_second_at_once():
 
 def test_never_a_larger_node_unless_allowed():
     tiers = [Tier(("g5.12xlarge",), ("on-demand",))]  # 4 GPUs for a 1-GPU replica
-    assert isinstance(place(ONE_GPU, tiers, CATALOG, Availability(), 0.0), InsufficientCapacity)
+    refused = place(ONE_GPU, tiers, CATALOG, Availability(), 0.0)
+    assert isinstance(refused, InsufficientCapacity)
+    assert "g5.12xlarge has more GPUs than a replica asks: capacity.allowLargerInstances" in refused.reason
     assert place(ONE_GPU, tiers, CATALOG, Availability(), 0.0, allow_larger=True).offering.instance_type == \
         "g5.12xlarge"
 

@@ -158,6 +158,7 @@ def test_a_70b_model_is_simulated_with_its_own_roofline_and_a_guess_is_said():
     ("hf:mistralai/Mistral-7B-Instruct-v0.3", "llama-3.1-8b", True),
     ("s3://bucket/ckpt-3c70b91", "llama-3.1-8b", True),  # a hash, not a size
     ("hf:mistralai/Mixtral-8x7B-Instruct-v0.1", "llama-3.1-8b", True),  # no size of its own word
+    ("hf:HuggingFaceTB/SmolLM2-135M-Instruct", "llama-3.1-8b", True),  # 0.135B, stood in for and said so
 ])
 def test_the_model_shape_comes_from_a_stated_parameter_count(source, shape, guessed):
     from fleetserve.sim.setup import model_shape
@@ -167,6 +168,17 @@ def test_the_model_shape_comes_from_a_stated_parameter_count(source, shape, gues
                            "spec": {"model": {"source": source}, "engine": {"kind": "vllm"}}}).endpoint.spec
     got, why = model_shape(spec)
     assert got == shape and bool(why) == guessed, (got, why)
+    if "135M" in source:
+        assert "a 0.135B model" in why
+
+
+def test_a_size_in_millions_counts_in_the_models_name_only():
+    from types import SimpleNamespace
+
+    from fleetserve.capacity.model_fit import stated_size
+    assert stated_size(SimpleNamespace(source="builtin:smollm2-135m", name=None), SimpleNamespace(args=[])) == 0.135
+    assert stated_size(SimpleNamespace(source="s3://m/house", name=None),
+                       SimpleNamespace(args=["--swap-space", "4m"])) is None
 
 
 def test_a_model_its_gpus_cannot_hold_never_starts():

@@ -155,3 +155,31 @@ def test_a_context_flag_the_catalog_filled_in_is_named_as_the_presets():
     assert tokens == 16384 and "catalog:qwen2.5-7b-instruct preset's arguments" in where
     own = _spec({"kind": "vllm", "args": ["--max-model-len", "4096"]})
     assert context_limit(own) == (4096, "spec.engine.args --max-model-len")
+
+
+def test_the_builtin_engines_folder_model_is_bounded_by_its_config_as_the_engine_clamps_it(tiny_model):
+    """The simulator served a tiny model's 5,000-token requests that the built-in engine refuses (its config's
+    max_position_embeddings); a contextLength above it is clamped by the engine, below it holds."""
+    import json
+
+    native = json.loads((tiny_model / "config.json").read_text())["max_position_embeddings"]
+    plain = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "t"},
+                            "spec": {"model": {"source": str(tiny_model)}}}).endpoint.spec
+    tokens, where = context_limit(plain)
+    assert tokens == native and "config.json: max_position_embeddings" in where
+    shorter = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "t"},
+                              "spec": {"model": {"source": str(tiny_model), "contextLength": 64}}}).endpoint.spec
+    assert context_limit(shorter) == (64, "spec.model.contextLength")
+
+
+def test_a_presets_larger_fallback_types_are_usable_unless_the_spec_says_otherwise():
+    """The 70B preset lists 8-GPU p4d and p5 for its 4-GPU replica: without allowLargerInstances no replica could
+    ever be placed on them, and the simulator failed every request."""
+    def loaded(extra: dict):
+        return load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "b"},
+                               "spec": {"model": {"source": "catalog:llama-3.1-70b-instruct"}, **extra}}
+                              ).endpoint.spec
+    assert loaded({}).capacity.allow_larger_instances
+    assert not loaded({"capacity": {"allowLargerInstances": False}}).capacity.allow_larger_instances
+    own_types = loaded({"placement": {"instanceTypes": ["ml.g6e.12xlarge"]}})
+    assert not own_types.capacity.allow_larger_instances  # the spec's own types: its own choice

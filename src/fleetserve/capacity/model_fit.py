@@ -21,12 +21,16 @@ BYTES_PER_PARAMETER = 2  # bf16
 
 # a parameter count written as a word of its own in a model name: 70B, 8b, 7.5B (not 8x7b, not a hash's 3c70b91)
 _SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)b(?![\w])")
+# and in millions, in the model's name or source only (smollm2-135m, 360M; an engine argument's 4m is a size of
+# something else): the demo model was "of unknown size" and simulated as an 8B without saying why
+_MILLIONS = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)m(?![\w])")
 
 
 def stated_size(model, engine) -> float | None:
     """Billions of parameters the model's name, source or engine arguments state (the largest), or None."""
-    said = " ".join(str(t) for t in (model.source, model.name, *engine.args)).lower()
-    sizes = [float(m) for m in _SIZE.findall(said)]
+    named = " ".join(str(t) for t in (model.source, model.name)).lower()
+    said = " ".join([named, *(str(a) for a in engine.args)]).lower()
+    sizes = [float(m) for m in _SIZE.findall(said)] + [float(m) / 1000 for m in _MILLIONS.findall(named)]
     return max(sizes) if sizes else None
 
 

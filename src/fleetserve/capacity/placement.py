@@ -135,7 +135,12 @@ def place(req: ReplicaRequest, tiers: list[Tier], catalog: Catalog, availability
                 return Placement(offering, price, index, tuple(notes))
             tried.append(offering)
     wanted = ", ".join("/".join(t.instance_types) for t in tiers) or "no instance types"
-    return InsufficientCapacity(f"no available offering fits {req} in tiers [{wanted}]", tuple(tried))
+    larger = [] if allow_larger else sorted({n for tier in tiers for n in tier.instance_types if n in catalog
+                                              and not fits(catalog.get(n), req, False)
+                                              and fits(catalog.get(n), req, True)})
+    why = f"; {', '.join(larger)} {'has' if len(larger) == 1 else 'have'} more GPUs than a replica asks: " \
+          "capacity.allowLargerInstances lets a replica take one" if larger else ""
+    return InsufficientCapacity(f"no available offering fits {req} in tiers [{wanted}]{why}", tuple(tried))
 
 
 _QUANTITY_FACTORS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "m": 1e-3,

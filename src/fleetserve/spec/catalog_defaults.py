@@ -73,6 +73,25 @@ def fill_from_catalog(data: Any) -> Any:
             if preset.instance_types != ("local",) and not _given(
                     placement, "instanceTypes", "instance_types", "nodeAffinity", "node_affinity"):
                 placement["instanceTypes"] = list(preset.instance_types)
+                _allow_larger(data, preset)
             data["placement"] = placement
     data["engine"] = engine
     return data
+
+
+def _allow_larger(data: dict, preset) -> None:
+    """The preset's types of more GPUs than its replica asks (the 70B's 4 GPUs on an 8-GPU p4d or p5) are usable
+    only with `capacity.allowLargerInstances`: set it where the spec says nothing, or the preset's own fallbacks
+    could never take a replica."""
+    from fleetserve.capacity.catalog import Catalog
+
+    catalog = Catalog.builtin()
+    if not preset.gpus or not any(n in catalog and catalog.get(n).gpus > preset.gpus for n in preset.instance_types):
+        return
+    capacity = data.get("capacity")
+    if capacity is None or isinstance(capacity, dict):
+        capacity = dict(capacity or {})
+        if not _given(capacity, "allowLargerInstances", "allow_larger_instances"):
+            capacity["allowLargerInstances"] = True
+        data["capacity"] = capacity
+

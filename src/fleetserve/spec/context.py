@@ -8,7 +8,9 @@ trace's requests would be (`sim.run`), so a spec that cannot serve a trace is no
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 ENGINE_FLAGS = {"vllm": "--max-model-len", "sglang": "--context-length"}
 # vLLM reads 4096, 4k / 1.5m (powers of 1000), 4K / 1M (powers of 1024, whole numbers), and -1 or auto (as long
@@ -77,8 +79,25 @@ def model_maximum(spec) -> tuple[int, str] | None:
     (an S3 folder `models/Llama-3.1-8B-Instruct`, as HyperPod specs give it); None when it is not known here."""
     preset = _preset_of(spec)
     if preset is None:
-        return None
+        return _folder_maximum(spec)
     return preset.model_maximum, f"{MODEL_MAXIMUM} ({preset.name}, engine/catalog.py)"
+
+
+def _folder_maximum(spec) -> tuple[int, str] | None:
+    """The built-in engine's model in a local folder: its config's `max_position_embeddings` (2,048 when the
+    config has none), which the engine clamps every context to (`engine/runner.py`); read without loading it.
+    Before, the simulator served a tiny model's 5,000-token requests that the engine refuses."""
+    source = spec.model.source if isinstance(spec.model.source, str) else ""
+    if spec.engine.kind != "builtin" or not source or ":" in source.split("/", 1)[0]:
+        return None  # a scheme (hf:, s3://, builtin:) is not a folder here
+    config = Path(source).expanduser() / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    tokens = data.get("max_position_embeddings") if isinstance(data, dict) else None
+    tokens = tokens if isinstance(tokens, int) and tokens > 0 else 2048
+    return tokens, f"{MODEL_MAXIMUM} ({config}: max_position_embeddings)"
 
 
 def _preset_of(spec):
