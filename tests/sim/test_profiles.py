@@ -107,6 +107,8 @@ def test_profile_command_measures_the_tiny_model(tmp_path):
     profile = load_profile_file(out)  # what the simulator builds from the file
     assert profile.prefill_time(128) > 0 and profile.decode_time(4, 256) > 0
     assert profile.max_batch == 6  # the engine's limit, not the largest batch measured (--batches 1,4 set 4)
+    assert isinstance(data["warnings"], list)  # a noisy fit is said (fit_warnings); a quiet one says nothing
+    assert all(f"warning: {w}" in " ".join(result.stderr.split()) for w in data["warnings"])
     # a cache that holds no block makes a profile every reader refuses: refused here, naming the option
     result = fleetserve("profile", "--model", str(tiny_model), "--cache-bytes", "100", "--batches", "1",
                         "--repeats", "1", "--max-prompt", "32")
@@ -195,3 +197,16 @@ def test_a_model_its_gpus_cannot_hold_never_starts():
     report = simulate(endpoint, [TraceRequest(0.0, 500, 10)], SimOptions()).report
     assert report["error_rate"] == 1.0 and report["replicas_max"] == 0
     assert any("no replica could be placed" in w and "GPU memory" in w for w in report["warnings"])
+
+
+def test_a_fit_a_busy_machine_spoiled_is_said_not_written_in_silence():
+    from fleetserve.analyze.measure import fit_warnings
+
+    clean = [{"tokens": n, "seconds": 0.01 + 0.0001 * n} for n in (32, 64, 128, 256)]
+    decodes = [{"batch": b, "context": c, "step_s": 0.002 + 0.0005 * b} for b in (1, 4) for c in (64, 256)]
+    assert fit_warnings(clean, 0.0001, decodes, (0.01, 0.002, 0.0005, 0.0)) == []
+    noisy = [{"tokens": 32, "seconds": 0.062}, {"tokens": 64, "seconds": 0.01}, {"tokens": 128, "seconds": 0.03},
+             {"tokens": 512, "seconds": 0.018}]
+    said = " ".join(fit_warnings(noisy, 0.0, decodes, (0.03, 0.002, 0.0005, 0.0)))
+    assert "prefill_per_token_s is 0" in said and "64 tokens < 32" in said and "prefill fit explains" in said
+    assert "measure again on a quiet one" in said

@@ -59,6 +59,38 @@ def nonneg_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
+def fit_warnings(prefills: list[dict], per_token_s: float, decodes: list[dict], coefs: tuple[float, ...]) -> list[str]:
+    """What makes a fitted profile untrustworthy, said instead of written in silence: a prefill cost that does not
+    grow with the prompt (the simulator would prefill any prompt at one price), a longer prompt measured faster
+    than a shorter one, or a fit that explains little of what was measured. On a busy machine all three came out
+    of default runs: prefill_per_token_s 0.0, then 2.9e-4, then 6.6e-6."""
+    out = []
+    if per_token_s <= 0:
+        out.append("prefill_per_token_s is 0: the measured prefill time did not grow with the prompt, so the "
+                   "simulator would prefill every prompt at one price")
+    slower = [(a["tokens"], b["tokens"]) for a, b in zip(prefills, prefills[1:], strict=False)
+              if b["seconds"] < 0.9 * a["seconds"]]
+    if slower:
+        out.append("longer prompts measured faster than shorter ones (" + ", ".join(
+            f"{b} tokens < {a}" for a, b in slower) + ")")
+    for what, points, r2 in (("prefill", prefills, _r2([p["seconds"] for p in prefills],
+                                                       [coefs[0] + per_token_s * p["tokens"] for p in prefills])),
+                             ("decode", decodes, _r2([d["step_s"] for d in decodes],
+                                                     [coefs[1] + coefs[2] * d["batch"] + coefs[3] * d["batch"]
+                                                      * d["context"] for d in decodes]))):
+        if len(points) >= 3 and r2 < 0.8:
+            out.append(f"the {what} fit explains {max(r2, 0.0):.0%} of the measured variation (R^2 {r2:.2f})")
+    if out:
+        out.append("the machine was probably busy: measure again on a quiet one, or with more --repeats")
+    return out
+
+
+def _r2(measured: list[float], fitted: list[float]) -> float:
+    y = np.array(measured)
+    total = float(((y - y.mean()) ** 2).sum())
+    return 1.0 - float(((y - np.array(fitted)) ** 2).sum()) / total if total > 0 else 1.0
+
+
 PROMPT_LENGTHS = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # prefill is measured at these, up to --max-prompt
 
 
@@ -162,6 +194,7 @@ def measure(model: str, *, dtype: str = "auto", threads: int | None = None, max_
                    "torch": torch.__version__},
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "prefill_tokens_per_s": {str(p["tokens"]): p["tokens_per_s"] for p in prefills},
+        "warnings": fit_warnings(prefills, float(pt), decodes, (float(pb), float(db), float(ds), float(dc))),
         "measurements": {"load_s": round(load_s, 3), "prefill": prefills, "decode": decodes},
         **({"first_text_tokens": text, "first_text_probe": {"prompts": text_probe, "tokens": text_tokens,
                                                             "prompt_tokens": list(text_prompt)}} if text else {}),

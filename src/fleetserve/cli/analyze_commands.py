@@ -127,6 +127,8 @@ def profile(
         err.print(f"warning: prompts measured up to {longest} tokens, not --max-prompt {max_prompt}: the model's "
                   f"context is {result['context_length']} tokens (prefill is measured up to half of it)",
                   markup=False)
+    for warning in result["warnings"]:
+        err.print(f"warning: {warning}", markup=False)
     if output:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         Path(output).write_text(json.dumps(result, indent=2) + "\n")
