@@ -194,6 +194,29 @@ def test_the_html_report_shows_gaps_failures_the_worst_window_and_the_budgeted_c
     page = render_html(fleet, report, "t")
     assert "most misses 1800-2100 s (idle)" in page and "Requests per minute (5 refused or failed" in page
     assert f"${report['cost_per_hour_max_usd']:.2f}/hour" in page
+    # the warnings are on the page, not only inside the collapsed JSON (the 5 refusals for the context length)
+    assert report["warnings"] and "<h2>Warnings</h2>" in page and "context length" in page.split("<details>")[0]
+
+
+def test_every_chart_of_the_report_shares_the_runs_time_axis():
+    """An all-failed run drew latency and requests over 0-4 min and replicas and cost over 0-14 min."""
+    import matplotlib.pyplot as plt
+
+    from fleetserve.sim import html as page
+    from fleetserve.sim.run import simulate
+    from fleetserve.sim.setup import SimOptions
+    from tests.sim.test_verify_causes import cold_bursts_between_a_warm_peak, gpu_endpoint
+
+    result = simulate(gpu_endpoint(), cold_bursts_between_a_warm_peak(), SimOptions(), {})
+    limits, svg = [], page._svg
+    page._svg = lambda fig: limits.extend(ax.get_xlim() for ax in fig.axes) or svg(fig)
+    try:
+        page.render_html(result.fleet, result.report, "t")
+    finally:
+        page._svg = svg
+        plt.close("all")
+    assert len(limits) >= 4 and len(set(limits)) == 1 and limits[0][0] == 0
+    assert abs(limits[0][1] - result.report["duration_s"] / 60) < 1 / 60 + 1e-9
 
 
 def test_a_plan_cut_short_by_max_trials_says_so(tmp_path):

@@ -138,6 +138,7 @@ def render_html(fleet: SimFleet, report: dict, title: str, checks: list | None =
                color="tab:red", label="refused or failed")
         ax.set(xlabel="minutes", ylabel="requests",
                title=f"Requests per minute ({report['failed']} refused or failed, {report['error_rate']:.2%})")
+        ax.set_ylim(0, max(1.0, float((minute["answered"] + minute["failed"]).max())) * 1.15)  # room for the legend
         ax.legend(loc="best", fontsize=8, framealpha=0.6)
         figs.append(fig)
     fig, ax = plt.subplots(figsize=(9, 2.6))
@@ -159,6 +160,10 @@ def render_html(fleet: SimFleet, report: dict, title: str, checks: list | None =
         ax.plot(minute["x"], minute["hit"], lw=1.2, marker=".", ms=3, color="tab:purple")
         ax.set(xlabel="minutes", ylabel="fraction", ylim=(0, 1), title="Prompt tokens found in a cache")
         figs.append(fig)
+    span = (report.get("duration_s") or 0.0) / 60  # the run's own span, as the report's figures
+    for f in figs:  # one time axis for every chart: the run's, from its start to its last answer
+        for ax in f.axes:
+            ax.set_xlim(0, max(span, BUCKET_S / 60))
     svgs = [_svg(f) for f in figs]
     for f in figs:
         plt.close(f)
@@ -174,6 +179,8 @@ def render_html(fleet: SimFleet, report: dict, title: str, checks: list | None =
         costliest = (f"<p>Costliest window {a:.0f}-{b:.0f} s: ${report['cost_per_hour_max_usd']:.2f}/hour "
                      "(what <code>verify</code> holds to the budget at peak).</p>")
     body = "\n".join(f"<div>{s}</div>" for s in svgs)
+    warned = "".join(f"<li>{html.escape(w)}</li>" for w in report.get("warnings") or [])
+    warned = f"<h2>Warnings</h2><ul>{warned}</ul>" if warned else ""
     data = html.escape(json.dumps(report, indent=1))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:980px;margin:2em auto}}table{{border-collapse:collapse}}
@@ -186,6 +193,7 @@ replicas up to {report['replicas_max']}; hit rate {report['hit_rate']['total']:.
 <table><tr><th></th><th>requests</th><th>refused or failed</th><th>error rate</th><th>TTFT p50 ms</th>
 <th>TTFT p95 ms</th><th>E2E p95 ms</th><th>SLO attained</th><th>cost $</th><th>$/hour</th></tr>{rows}</table>
 {costliest}
+{warned}
 {body}
 <details><summary>report JSON</summary><pre>{data}</pre></details></body></html>
 """
