@@ -95,6 +95,9 @@ def test_mooncake_epoch_stamps_and_unsorted_rows_replay_from_zero(tmp_path):
     # a trace hashed in 16-token blocks (as some engines' own traces are) was refused without saying why
     ("ids16.jsonl", '{"timestamp": 0, "input_length": 64, "output_length": 1, "hash_ids": [1, 2, 3, 4]}\n',
      "is 1 Mooncake block of 512 tokens .one id per block.; these ids stand for ~16 tokens each"),
+    # said "must be a finite number, got None" where the other fields say what is missing
+    ("nostamp.jsonl", '{"input_length": 64, "output_length": 1, "hash_ids": [1]}\n',
+     "nostamp.jsonl:1: timestamp is missing (a finite number)"),
 ])
 def test_unreadable_rows_are_refused_naming_file_and_line(tmp_path, name, text, says):
     path = tmp_path / name

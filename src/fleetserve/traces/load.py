@@ -152,6 +152,8 @@ def _number(row: dict, key: str, where: str, default: float | None = None) -> fl
     value = row.get(key)
     if value is None:
         value = default
+    if value is None:
+        raise TraceError(f"{where}: {key} is missing (a finite number)")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TraceError(f"{where}: {key} must be a finite number, got {value!r}")
     return value
