@@ -191,7 +191,10 @@ def test_fallback_is_per_trigger_and_the_highest_recommendation_still_wins_like_
     fleet = VirtualFleet(policy, 0.0, replicas=2)
     for i in range(6):
         d = fleet.poll(15.0 * i, None, 12.0)  # concurrency unreadable, 12 req/s asks for 6
-    assert d.desired == 6 and d.reason.startswith("fallback: concurrency failed 6 reads in a row (> 2)")
+    assert d.desired == 6 and "(fallback: concurrency failed 6 reads in a row (> 2)" in d.reason
+    assert d.reason.startswith("steady at 6")  # the action leads: it labels the decision in the metrics
+    from fleetserve.observe.vocabulary import decision_reason
+    assert decision_reason(d.reason) == "steady"  # was "fallback" for every decision while one trigger failed
     assert d.state.failures == (6, 0) and not d.metrics_ready
 
 
@@ -206,22 +209,56 @@ def test_failures_count_per_trigger_so_alternating_failures_never_fall_back():
     assert max(d.state.failures) == 1
 
 
-def test_a_value_trigger_gets_no_fallback_like_keda_and_holds_the_count():
+def test_a_value_trigger_falls_back_too_as_since_keda_2_18():
     policy = ScalingPolicy(min_replicas=0, max_replicas=8, triggers=(Trigger("ttft_p95", 500.0),),
                            fallback_threshold=1, fallback_replicas=6, cooldown=60, initial_cooldown=0)
     fleet = VirtualFleet(policy, 0.0, replicas=2)
-    held = [fleet.poll(15.0 * i, None) for i in range(1, 20)]
-    assert {d.desired for d in held} == {2} and "no fallback for Value triggers" in held[-1].reason
+    decisions = [fleet.poll(15.0 * i, None) for i in range(1, 20)]
+    assert decisions[0].desired == 2 and "holding 2" in decisions[0].reason  # below the threshold: held
+    assert {d.desired for d in decisions[1:]} == {6} and decisions[-1].reason.startswith("fallback: ttft_p95")
+
+
+def test_a_failing_trigger_is_never_activity_and_never_lets_the_fleet_reach_zero():
+    """Its fallback value at or under activationTarget scaled the fleet to zero while the read kept failing."""
+    policy = ScalingPolicy(min_replicas=0, max_replicas=8, triggers=(Trigger("concurrency", 4.0, 10.0),),
+                           fallback_threshold=2, fallback_replicas=2, cooldown=60, initial_cooldown=0)
+    fleet = VirtualFleet(policy, 0.0, replicas=3)
+    decisions = [fleet.poll(15.0 * i, None) for i in range(40)]
+    assert min(d.desired for d in decisions) == 2 and decisions[-1].desired == 2
+    assert all(not d.active for d in decisions)  # KEDA: an erroring scaler is not active
+
+
+def test_at_zero_a_trigger_in_fallback_scales_to_fallback_replicas_like_kedas_executor():
+    policy = ScalingPolicy(min_replicas=0, max_replicas=8, triggers=CONCURRENCY, fallback_threshold=1,
+                           fallback_replicas=3, cooldown=60, initial_cooldown=0)
+    fleet = VirtualFleet(policy, 0.0, replicas=0)
+    decisions = [fleet.poll(15.0 * i, None) for i in range(4)]
+    assert [d.desired for d in decisions] == [0, 3, 3, 3]  # the second failed read passes failureThreshold 1
+    zero = ScalingPolicy(min_replicas=0, max_replicas=8, triggers=CONCURRENCY, fallback_threshold=1,
+                         fallback_replicas=0, cooldown=60, initial_cooldown=0)
+    fleet = VirtualFleet(zero, 0.0, replicas=2)
+    assert [fleet.poll(15.0 * i, None) for i in range(12)][-1].desired == 0  # fallback.replicas 0: KEDA's zero
 
 
 def test_falling_back_below_the_current_count_waits_for_the_scale_down_window():
-    """The fallback is one more recommendation: the HPA's stabilization applies to it as to any."""
-    policy = ScalingPolicy(min_replicas=1, max_replicas=8, triggers=CONCURRENCY, fallback_threshold=1,
+    """While another trigger is active the HPA decides, and its stabilization applies to the fallback as to any
+    recommendation."""
+    triggers = (Trigger("concurrency", 4.0), Trigger("request_rate", 100.0))
+    policy = ScalingPolicy(min_replicas=1, max_replicas=8, triggers=triggers, fallback_threshold=1,
                            fallback_replicas=2, down_window=300)
     fleet = VirtualFleet(policy, 0.0, replicas=6)
-    fleet.poll(0.0, 24.0)
-    steps = [(15.0 * i, fleet.poll(15.0 * i, None).desired) for i in range(1, 30)]
+    fleet.poll(0.0, 24.0, 1.0)
+    steps = [(15.0 * i, fleet.poll(15.0 * i, None, 1.0).desired) for i in range(1, 30)]
     assert all(n == 6 for t, n in steps if t < 300) and steps[-1][1] == 2
+
+
+def test_a_changed_trigger_list_starts_its_failure_counts_afresh():
+    policy = ScalingPolicy(triggers=(Trigger("concurrency", 4.0), Trigger("request_rate", 2.0),
+                                     Trigger("queue_depth", 4.0)), fallback_threshold=2, fallback_replicas=5,
+                           max_replicas=8)
+    state = ScalingState(current=3, created=0.0, failures=(5, 0))
+    d = decide(policy, state, ScalingMetrics((1.0, 1.0, None)), 10.0)
+    assert d.state.failures == (0, 0, 1) and "fallback" not in d.reason
 
 
 def test_a_state_saved_with_one_failure_count_reads_as_every_triggers():

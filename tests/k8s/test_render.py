@@ -674,11 +674,13 @@ def test_instance_type_local_is_this_machine_not_a_node_type():
     assert "node.kubernetes.io/instance-type" not in engines
 
 
-def test_a_fallback_over_a_value_trigger_is_named_as_not_covered():
-    """KEDA's fallback.go skips Value triggers; so do the local controller and the simulator (autoscale.policy)."""
+def test_a_fallback_over_a_value_trigger_names_the_keda_version_it_needs():
+    """KEDA falls back on Value triggers since 2.18 (as the local controller and the simulator do); older KEDA's
+    admission webhook refuses such a ScaledObject."""
     doc = copy.deepcopy(FULL)
     doc["spec"]["autoscaling"]["triggers"].append({"metric": "ttft_p95", "target": 800})
     rendered, _ = _objects(doc)
     named = [w.message for w in rendered.warnings if w.path == "spec.autoscaling.fallback"]
     assert len(named) == 1 and "triggers[2] (ttft_p95)" in named[0] and "triggers[0]" not in named[0]
+    assert "KEDA 2.18" in named[0]
     assert not [w for w in _objects(FULL)[0].warnings if w.path == "spec.autoscaling.fallback"]

@@ -13,14 +13,16 @@ share it:
   no change within a tolerance of 0.1, the highest desired count over triggers, stabilization windows
   (scale-up: lowest recommendation in the window; scale-down: highest) and rate policies (up: +100% or
   +4 pods per 15 s, whichever is larger; down: -100% per 15 s);
-- `fallback`, per trigger as KEDA's `fallback.go`: each trigger counts its own failed reads in a row; an
-  AverageValue trigger past `failureThreshold` reads as `fallback.replicas` x its target, so the HPA maths
-  recommend `fallback.replicas` for it, the other triggers still count (the highest wins) and the
-  stabilization windows and rate policies apply as to any recommendation. A Value trigger gets no fallback
-  (KEDA ignores it for them). A trigger that still fails (below the threshold, or a Value trigger) never
-  lets the fleet scale down: the current count holds for as long as it fails (never to zero: an unreadable
-  trigger is not an idle one) and the decision says `metrics_ready=False`, as KEDA marks the ScaledObject
-  not ready. No data at zero traffic is zero load, not a failure;
+- `fallback`, per trigger as KEDA (`fallback.go`, for Value triggers too since KEDA 2.18): each trigger counts
+  its own failed reads in a row; one past `failureThreshold` reads as the value for which the HPA maths
+  recommend `fallback.replicas`, the other triggers still count (the highest wins) and the stabilization
+  windows and rate policies apply as to any recommendation. A trigger that cannot be read is never active:
+  with no trigger active and one in fallback, the count is `fallback.replicas` (KEDA's executor; from zero
+  too, and never zero while it fails, unless `fallback.replicas` is 0). A trigger that still fails (below
+  the threshold, or without a fallback) never lets the fleet scale down: the current count holds for as
+  long as it fails (never to zero: an unreadable trigger is not an idle one). The decision says
+  `metrics_ready=False` while any read fails, as KEDA marks the ScaledObject not ready. No data at zero
+  traffic is zero load, not a failure;
 - time-of-day floors from `Schedule`, never below `minReplicaCount`.
 The state is a frozen value that round-trips through JSON; decisions carry a reason string.
 """
@@ -218,38 +220,34 @@ def _rate_limit(policy: ScalingPolicy, state: ScalingState, desired: int, now: f
 
 def _fall_back(policy: ScalingPolicy, state: ScalingState,
                values: tuple[float | None, ...]) -> tuple[tuple[int, ...], tuple[float | None, ...], list[str]]:
-    """KEDA's fallback.go: per trigger, its failed reads in a row; an AverageValue trigger failing more than
-    `failureThreshold` times reads as `fallback.replicas` x its target. Returns the counts, the values with
-    those filled in, and what was filled (for the reason)."""
+    """KEDA's fallback (`fallback.go`; for Value triggers too since KEDA 2.18): per trigger, its failed reads in a
+    row; a trigger failing more than `failureThreshold` times reads as the value that makes the HPA maths
+    recommend `fallback.replicas` for it (AverageValue: replicas x target; Value: target x replicas / current).
+    Returns the counts, the values with those filled in, and what was filled (for the reason)."""
     before = state.failures
-    if len(before) != len(values):  # a count saved before they were per trigger, or the triggers changed
-        before = (max(before, default=0),) * len(values)
+    if len(before) != len(values):
+        # one count (saved before they were per trigger) stands for every trigger; a changed trigger list restarts
+        before = before * len(values) if len(before) == 1 else (0,) * len(values)
     counts = tuple(n + 1 if v is None else 0 for n, v in zip(before, values, strict=True))
     if policy.fallback_threshold is None:
         return counts, values, []
     filled, fell = list(values), []
+    replicas, base = policy.fallback_replicas, max(state.current, 1)
     for i, (trig, n) in enumerate(zip(policy.triggers, counts, strict=True)):
-        if values[i] is None and n > policy.fallback_threshold and trig.kind == "average":
-            filled[i] = policy.fallback_replicas * trig.target
+        if values[i] is None and n > policy.fallback_threshold:
+            filled[i] = replicas * trig.target if trig.kind == "average" else trig.target * replicas / base
             fell.append(f"{trig.metric} failed {n} reads in a row (> {policy.fallback_threshold}), "
-                        f"read as {policy.fallback_replicas} replica(s)")
+                        f"read as {replicas} replica(s)")
     return counts, tuple(filled), fell
-
-
-def _no_fallback(policy: ScalingPolicy, values: tuple[float | None, ...]) -> str:
-    if policy.fallback_threshold is None:
-        return "no fallback configured"
-    if any(v is None and t.kind == "value" for t, v in zip(policy.triggers, values, strict=True)):
-        return "KEDA has no fallback for Value triggers"
-    return f"the fallback waits for more than {policy.fallback_threshold} failed reads"
 
 
 def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, now: float) -> ScaleDecision:
     floor = policy.floor(now)
     failures, values, fell = _fall_back(policy, state, metrics.values)
     ready = all(v is not None for v in metrics.values)  # KEDA: Ready=False while a read fails, fallback or not
-    failed = any(v is None for v in values)
-    fired = [t for t, v in zip(policy.triggers, values, strict=True)
+    failed = any(v is None for v in values)  # still unknown: below the threshold, or no fallback
+    # a trigger that cannot be read is never active (KEDA), whatever its fallback reads as
+    fired = [t for t, v in zip(policy.triggers, metrics.values, strict=True)
              if v is not None and v > t.activation_target]
     active = metrics.pending > 0 or bool(fired)
     held = floor > policy.min_replicas  # a schedule window is open (KEDA: its cron trigger is active)
@@ -264,13 +262,20 @@ def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, 
             events += ((now, desired - current),)
         new = replace(state, current=desired, events=events,
                       recommendations=state.recommendations if recs is None else recs)
-        if fell:
-            reason = f"fallback: {'; '.join(fell)}; {reason}"
+        if fell and not reason.startswith("fallback"):  # the action leads: it labels the decision (metrics)
+            reason = f"{reason} (fallback: {'; '.join(fell)})"
         return ScaleDecision(desired, reason, active, floor, new, metrics_ready=ready)
+
+    if not active and fell and policy.fallback_replicas:
+        # KEDA's executor: no trigger active, a scaler in error and fallback.replicas set: scale to it (from zero
+        # too), never to zero while it fails
+        target = max(floor, policy.fallback_replicas)
+        return done(target, f"fallback: {'; '.join(fell)}; no trigger active, so {target} replica(s)")
 
     if failed and not active:
         # Unknown is not idle: no activation countdown, no scale-down (to zero or otherwise) while blind.
-        why = _no_fallback(policy, values)
+        why = "no fallback configured" if policy.fallback_threshold is None else \
+            f"the fallback waits for more than {policy.fallback_threshold} failed reads"
         return done(max(current, floor), f"holding {max(current, floor)}: {max(failures)} failed metric read(s) "
                                           f"in a row and {why} (metrics not ready)")
 

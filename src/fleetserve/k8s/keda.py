@@ -194,9 +194,9 @@ def scaled_object(ctx: Context, policy: ScalingPolicy, warn) -> dict:
         spec["fallback"] = {"failureThreshold": policy.fallback_threshold, "replicas": policy.fallback_replicas}
         uncovered = [f"triggers[{i}] ({t.metric})" for i, t in enumerate(policy.triggers) if t.kind == "value"]
         if uncovered:
-            warn("spec.autoscaling.fallback", f"a fallback applies to AverageValue triggers only (KEDA, and so "
-                                              f"the local controller and the simulator): {', '.join(uncovered)} "
-                                              f"(metricType Value) not covered; while it fails the count holds")
+            warn("spec.autoscaling.fallback", f"{', '.join(uncovered)} (metricType Value) fall back only on KEDA "
+                                              "2.18 or later, as the local controller and the simulator do; older "
+                                              "KEDA refuses a fallback over a Value trigger")
     for name in ("polling_interval", "cooldown", "initial_cooldown", "up_window", "down_window"):
         value = getattr(policy, name)
         if not float(value).is_integer():
