@@ -123,3 +123,14 @@ def test_a_float_flag_of_nan_inf_or_out_of_range_is_exit_2_with_the_value():
                         ("0.5", "0.5 is not in the range [x>=1]"), ("abc", "'abc' is not a number")):
         result = fleetserve("simulate", spec, "--trace", "missing.jsonl", "--window", value)
         assert result.returncode == 2 and "--window" in result.stderr and says in result.stderr, result.stderr
+
+
+def test_a_report_never_overwrites_the_profile_or_prices_it_reads(tmp_path):
+    """`simulate --profile prof.json --report prof.json` replaced the profile with the HTML report."""
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("g6e.xlarge: 1.5\n")
+    before = prices.read_text()
+    trace = Path(__file__).parents[1] / "data" / "mooncake_sample.jsonl"
+    r = fleetserve("simulate", str(EXAMPLES / "simulated-cloud.yaml"), "--trace", str(trace), "--limit", "5",
+                   "--prices", str(prices), "--report", str(prices))
+    assert r.returncode == 2 and "is the command's input" in " ".join(r.stderr.split()) and prices.read_text() == before

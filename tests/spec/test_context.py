@@ -183,3 +183,18 @@ def test_a_presets_larger_fallback_types_are_usable_unless_the_spec_says_otherwi
     assert not loaded({"capacity": {"allowLargerInstances": False}}).capacity.allow_larger_instances
     own_types = loaded({"placement": {"instanceTypes": ["ml.g6e.12xlarge"]}})
     assert not own_types.capacity.allow_larger_instances  # the spec's own types: its own choice
+
+
+@pytest.mark.parametrize("config, expected", [
+    ({"n_positions": 1024}, (1024, "n_positions")),  # GPT-2's name for it, which transformers maps
+    ({"max_position_embeddings": 4096, "n_positions": 1024}, (4096, "max_position_embeddings")),
+    ({"hidden_size": 64}, None),  # the class default, unknown here: no bound rather than a guess
+])
+def test_a_folder_models_context_is_read_under_its_architectures_name(tmp_path, config, expected):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "t"},
+                           "spec": {"model": {"source": str(tmp_path)}}}).endpoint.spec
+    got = context_limit(spec)
+    assert (got[0], got[1].rsplit(": ", 1)[-1].rstrip(")")) == expected if expected else got is None

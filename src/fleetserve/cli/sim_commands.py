@@ -217,7 +217,7 @@ def simulate(
     SLO attainment, GPU-hours and cost, overall and for the peak and idle windows."""
     from fleetserve.sim.run import simulate as run
 
-    writable(report, "--report", (spec, trace))
+    writable(report, "--report", (spec, trace, profile, prices))
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
                                         provisioning_delay, trace_model, prices)
@@ -279,7 +279,7 @@ def verify(
     whole trace? Exit 0 pass, 1 fail, 2 bad input."""
     from fleetserve.sim.verify import verify as run
 
-    writable(report, "--report", (spec, trace))
+    writable(report, "--report", (spec, trace, profile, prices))
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
                                         provisioning_delay, trace_model, prices)
@@ -328,7 +328,7 @@ def plan(
 
     from fleetserve.sim.plan import plan as run
 
-    writable(output, "--output", (spec, trace))
+    writable(output, "--output", (spec, trace, profile, prices))
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
                                         provisioning_delay, trace_model, prices)

@@ -84,8 +84,8 @@ def model_maximum(spec) -> tuple[int, str] | None:
 
 
 def _folder_maximum(spec) -> tuple[int, str] | None:
-    """The built-in engine's model in a local folder: its config's `max_position_embeddings` (2,048 when the
-    config has none), which the engine clamps every context to (`engine/runner.py`); read without loading it.
+    """The built-in engine's model in a local folder: its config's `max_position_embeddings` (or the name its
+    architecture gives it), which the engine clamps every context to (`engine/runner.py`); read without loading it.
     Before, the simulator served a tiny model's 5,000-token requests that the engine refuses."""
     source = spec.model.source if isinstance(spec.model.source, str) else ""
     if spec.engine.kind != "builtin" or not source or ":" in source.split("/", 1)[0]:
@@ -95,9 +95,15 @@ def _folder_maximum(spec) -> tuple[int, str] | None:
         data = json.loads(config.read_text())
     except (OSError, ValueError):
         return None
-    tokens = data.get("max_position_embeddings") if isinstance(data, dict) else None
-    tokens = tokens if isinstance(tokens, int) and tokens > 0 else 2048
-    return tokens, f"{MODEL_MAXIMUM} ({config}: max_position_embeddings)"
+    if not isinstance(data, dict):
+        return None
+    # the names transformers' configs map to max_position_embeddings (GPT-2's n_positions, ...); a config with
+    # none of them takes its class default, unknown here: no bound rather than a guess
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx"):
+        tokens = data.get(key)
+        if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0:
+            return tokens, f"{MODEL_MAXIMUM} ({config}: {key})"
+    return None
 
 
 def _preset_of(spec):
