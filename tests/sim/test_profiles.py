@@ -43,6 +43,10 @@ def test_profile_dicts_take_declared_fields_and_name_what_is_missing(tmp_path):
         load_profile_file(bad)
     with pytest.raises(ProfileError, match="allowed: a10g-llama-8b"):
         resolve("tpu-9000")
+    later = tmp_path / "v9.json"  # a later format may mean other units: refused, not misread
+    later.write_text(json.dumps({**PRESETS["l4-llama-8b"], "format": "fleetserve.profile/v9"}))
+    with pytest.raises(ProfileError, match="format 'fleetserve.profile/v9' is not one this version reads"):
+        load_profile_file(later)
 
 
 @pytest.mark.parametrize("field, value, says", [

@@ -233,6 +233,9 @@ def load_profile_file(path: str | Path) -> PerfProfile:
         raise ProfileError(f"{p}: cannot read ({exc.strerror})") from None
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{p}: not JSON ({exc})") from None
+    fmt = data.get("format") if isinstance(data, dict) else None
+    if fmt is not None and fmt != FORMAT:  # a later format may mean other units: refused, not misread
+        raise ProfileError(f"{p}: format {fmt!r} is not one this version reads; allowed: {FORMAT}")
     try:
         return profile_from_dict(data)
     except ProfileError as exc:
