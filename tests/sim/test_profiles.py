@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -214,3 +215,16 @@ def test_a_fit_a_busy_machine_spoiled_is_said_not_written_in_silence():
     said = " ".join(fit_warnings(noisy, 0.0, decodes, (0.03, 0.002, 0.0005, 0.0)))
     assert "prefill_per_token_s is 0" in said and "64 tokens < 32" in said and "prefill fit explains" in said
     assert "measure again on a quiet one" in said
+
+
+def test_a_profile_measured_on_another_model_is_said(tmp_path):
+    """A tiny CPU model's profile simulated HyperPod's 8B spec at the tiny model's speed without a word."""
+    measured = tmp_path / "tiny.json"
+    measured.write_text(json.dumps({**PRESETS["l4-llama-8b"], "model": "/models/tiny"}))
+    trace = str(Path(__file__).parents[1] / "data" / "mooncake_sample.jsonl")
+    examples = Path(__file__).parents[2] / "examples"
+    r = fleetserve("simulate", str(examples / "hyperpod.yaml"), "--trace", trace, "--limit", "5",
+                   "--profile", str(measured), "--json")
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 0, r.stderr
+    assert "measured on /models/tiny; the spec serves s3://" in said

@@ -79,6 +79,24 @@ def _simulatable(loaded) -> None:
         raise _fail(f"{problem.path}: {problem.message}")
 
 
+def _profile_of_another_model(profile: str | None, spec) -> str | None:
+    """A measured profile file names the model it was measured on (`model`); one of another model simulates the
+    spec's at that model's speed, which is said (a tiny CPU model's profile ran a HyperPod 8B spec in silence)."""
+    if profile is None or not Path(profile).is_file():
+        return None
+    try:
+        measured = json.loads(Path(profile).read_text()).get("model")
+    except (OSError, ValueError, AttributeError):
+        return None
+    source = spec.model.source if isinstance(spec.model.source, str) else ""
+    if not isinstance(measured, str) or not measured or not source:
+        return None
+    if Path(measured).name.lower() == Path(source.rstrip("/")).name.lower():
+        return None
+    return (f"--profile {profile} was measured on {measured}; the spec serves {source}: its engines run at the "
+            "measured model's speed")
+
+
 def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_scale: float, limit: int | None,
             seed: int, window: float, peak_fraction: float, idle_fraction: float, start: str | None,
             spot_rate: float | None = None, provisioning_delay: float | None = None, trace_model: str | None = None,
@@ -125,6 +143,8 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
         raise _fail(str(exc)) from None
     _simulatable(loaded)
     _inert_flags(loaded.endpoint.spec, spot_rate, provisioning_delay)
+    if (other := _profile_of_another_model(profile, loaded.endpoint.spec)) is not None:
+        err.print(f"warning: {other}", markup=False)
     if not Path(trace).exists():
         raise typer.BadParameter(f"{trace} does not exist", param_hint="--trace")
     try:
