@@ -126,6 +126,17 @@ def test_underutilized_only_when_the_rest_absorbs_the_load():
     assert consolidate(nodes, policy, now=1.0, load_ratio=0.9) == []  # 0.9 x 4/3 > 1
 
 
+def test_underutilized_takes_the_dearest_of_equals_and_never_swaps_a_node_for_an_empty_one():
+    """The cheapest of equally used nodes went first (g5 at $0.40/h moved onto g6e at $0.74/h, which stayed), and
+    a full node was "moved" onto an identical empty one, restarting its replica for nothing."""
+    policy = ConsolidationPolicy("WhenEmptyOrUnderutilized", budgets=(Budget("100%"),))
+    cheap = Node("cheap", Offering("g5.xlarge", "spot"), 0.40, 2, 0.0, 0.0, used=1, last_change=0.0)
+    dear = Node("dear", Offering("g6e.xlarge", "spot"), 0.74, 2, 0.0, 0.0, used=1, last_change=0.0)
+    assert [r.node_id for r in consolidate([cheap, dear], policy, now=1.0)] == ["dear"]
+    full, fresh = _node(1, 1), _node(2, 0, last_change=0.9)
+    assert "n1" not in {r.node_id for r in consolidate([full, fresh], policy, now=1.0)}
+
+
 def test_simulated_cloud_delays_shortages_and_spot_interruptions():
     cloud = SimulatedCloud(CATALOG, limits={"g5.xlarge": 1}, provisioning_delay=90,
                            shortages=[Shortage("g6.xlarge", 0, 600)])

@@ -2,7 +2,8 @@
 
 - `WhenEmpty`: nodes without replicas, idle for `consolidateAfter` (the timer restarts on any replica
   change on the node);
-- `WhenEmptyOrUnderutilized`: also nodes whose replicas fit in the free slots of the others, but only when
+- `WhenEmptyOrUnderutilized`: also nodes whose replicas fit in the free slots of the other occupied nodes (the
+  emptiest first, the dearest among equals), but only when
   the remaining replicas can absorb the load: load_ratio x N / (N - k) <= 1 (the consolidation-aware
   scale-down check), where load_ratio is the fleet's load over its target;
 - budgets: `nodes: "10%"` or `"2"`: allowed = ceil(total x pct) - deleting - notready; the most restrictive
@@ -67,9 +68,13 @@ def consolidate(nodes: list[Node], policy: ConsolidationPolicy, now: float, load
     if policy.policy == "WhenEmptyOrUnderutilized":
         replicas = sum(n.used for n in nodes)
         moved = 0
-        for n in sorted((n for n in settled if n.used > 0), key=lambda n: (n.used / n.slots, n.price_per_hour)):
+        # the emptiest first and, among equals, the dearest: the cheapest went first, and g5 nodes at $0.40/h
+        # moved their replicas onto g6e nodes at $0.74/h that stayed
+        for n in sorted((n for n in settled if n.used > 0), key=lambda n: (n.used / n.slots, -n.price_per_hour)):
             removing = {r.node_id for r in out} | {n.id}
-            free_elsewhere = sum(m.free for m in ready if m.id not in removing)
+            # free slots on nodes that hold replicas: moving onto an empty node only swaps one node for another (a
+            # full node was moved to an identical empty one, restarting its replica for nothing)
+            free_elsewhere = sum(m.free for m in ready if m.id not in removing and m.used > 0)
             if free_elsewhere < n.used:
                 continue
             # its replicas move to the free slots; while they restart the others carry the load
