@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from fleetserve.sim.fleet import series_at, span_hours
+from fleetserve.sim.fleet import DRAIN_TIMEOUT, series_at, span_hours
 from fleetserve.sim.report import window_bounds, window_requests, windows, worst_section
 from fleetserve.sim.run import SimResult, simulate, unplaced_reason
 from fleetserve.sim.setup import SimOptions
@@ -144,11 +144,30 @@ def _cause(result: SimResult, window: str, metric: str = "", value: float | None
         return (f"{over} requests of {which} need more than the {ctx['tokens']}-token context "
                 f"length ({ctx['source']}) and are refused: {remedy}"
                 + (f"; and {others} more failed: {capacity}" if others else ""))
+    lost = in_window.get("upstream_failed", 0)
+    if metric == "error_rate" and lost and result.fleet.disruptions.get("lost_mid_stream"):
+        others = sum(n for code, n in in_window.items() if code != "upstream_failed")
+        return _cut_streams(result, lost) + (f"; and {others} more failed: {capacity}" if others else "")
     if floor is not None:
         engine = ENGINE_BOUND[metric][1].format(floor=floor)
         queued = value is not None and value > 1.5 * floor
         return f"{engine}; and queueing on top: {capacity}" if queued else engine
     return capacity
+
+
+def _cut_streams(result: SimResult, lost: int) -> str:
+    """Streams cut when their replica stopped (`upstream_failed` after the first byte): a spot interruption, or a
+    drain (scale-down, consolidation) that ran past the drain timeout. More replicas do not keep them; `verify`
+    had said "a static fleet of 3 replica(s) cannot carry the peak load", and plan doubled to 64 replicas."""
+    notices = result.fleet.disruptions.get("spot_notices", 0)
+    head = f"{lost} stream(s) were cut when their replica stopped"
+    if notices:
+        return (f"{head}: {notices} spot interruption notice(s), after which a replica serves at most "
+                f"{DRAIN_TIMEOUT:.0f} s more; more replicas do not keep them, on-demand capacity "
+                "(capacity.capacityTypes), shorter answers (max_tokens) or a faster instance type do")
+    return (f"{head}: a replica that scale-down or consolidation drains stops {DRAIN_TIMEOUT:.0f} s later whatever "
+            "it still serves (the drain timeout; terminationGracePeriodSeconds on Kubernetes); shorter answers "
+            "(max_tokens), a longer scaleDownStabilizationTime or a faster instance type keep them")
 
 
 # a latency target the requests miss alone, with no queueing, is the engine's: (the floor, what to say)
