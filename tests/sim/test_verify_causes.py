@@ -430,3 +430,22 @@ def test_streams_cut_by_spot_interruptions_are_named_not_blamed_on_the_fleets_si
     assert errors and verdict.result.fleet.disruptions["lost_mid_stream"] > 0
     assert all("stream(s) were cut when their replica stopped" in c.reason and "spot interruption" in c.reason
                and "cannot carry" not in c.reason for c in errors)
+
+
+def test_plan_answers_spot_cut_streams_with_on_demand_capacity_not_more_replicas():
+    """plan doubled a spot fleet whose streams spot notices cut up to 64 replicas and picked $53.80 of p5, where the
+    same spec on on-demand capacity passes at a fraction of it."""
+    from fleetserve.sim.plan import plan
+
+    spec = {"model": {"name": "llama-8b", "source": "catalog:llama-3.1-8b-instruct", "contextLength": 16384},
+            "replicas": 3, "routing": {"strategy": "leastload"}, "placement": {"instanceTypes": ["g6e.xlarge"]},
+            "capacity": {"provider": "simulated", "capacityTypes": ["spot"]}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "spot"},
+                               "spec": spec}).endpoint
+    trace = [TraceRequest(i * 20.0, 500, 7000) for i in range(60)]
+    result = plan(endpoint, trace, SimOptions(spot_interruption_rate=6.0), {"e2e_p95_ms": 400_000}, max_trials=12)
+    assert result.winner is not None and result.winner.verdict.passed
+    assert result.winner.data["spec"]["capacity"]["capacityTypes"] == ["on-demand"]
+    assert result.winner.cost < result.baseline.cost
+    change = next(c for c in result.changes if c["path"] == "spec.capacity.capacityTypes")
+    assert "spot interruptions" in change["why"] and "more replicas do not keep" in change["why"]

@@ -250,6 +250,7 @@ class Planner:
         self.progress = progress
         self.max_trials = max_trials
         self.notes: list[str] = []
+        self.on_demand_why = ""  # set when spot interruptions cut the input's streams (`_on_demand_if_spot_cut`)
         if options.profile is not None and instance_types:  # one engine's speed would stand for every GPU: an L4
             # planned at an L40S's speed won, and verify of the written spec failed at 19 s
             self.notes.append(f"--profile {getattr(options.profile, 'name', options.profile)} gives one engine's "
@@ -369,7 +370,7 @@ class Planner:
         self.unfit = {t: f"no {self.catalog.get(t).gpu or 'such'} type takes the replica ({asked})"
                       for t, fit in fitting if fit is None}
         types = self.types = list(dict.fromkeys(fit for _, fit in fitting if fit is not None)) or ["local"]
-        fitted = self._fit_context(base)
+        fitted = self._on_demand_if_spot_cut(self._fit_context(base), baseline)
         statics: list[tuple[str, int, Trial, dict]] = []
         for t in types:
             data = fitted if t == "local" else _with_type(fitted, t, self.catalog)
@@ -391,6 +392,9 @@ class Planner:
             self._write_slo(winner)
         changes = diff(base, winner.data) if winner else []
         self._explain_floors(changes)
+        for c in changes:
+            if c["path"] == "spec.capacity.capacityTypes" and self.on_demand_why:
+                c["why"] = self.on_demand_why
         if self.context:
             for c in changes:
                 if c["path"] in ("spec.engine.args", "spec.model.contextLength"):
@@ -403,6 +407,22 @@ class Planner:
             explain(changes, self, winner)
         return PlanResult(winner, baseline, static_peak, self.trials, changes, self.floors,
                           None if winner else self.closest, self.context, self._cut_short(), self.notes)
+
+    def _on_demand_if_spot_cut(self, data: dict, baseline: Trial) -> dict:
+        """Spot interruptions that cut streams at the input's own size are not cured by more replicas (plan doubled
+        such a fleet to 64, then picked $53.80 of p5 where on-demand passed at $2.23): the search then runs on
+        on-demand capacity, and the change says why."""
+        fleet = baseline.verdict.result.fleet
+        cut, notices = fleet.disruptions.get("lost_mid_stream", 0), fleet.disruptions.get("spot_notices", 0)
+        types = ((data["spec"].get("capacity") or {}).get("capacityTypes")) or []
+        if not (cut and notices) or "spot" not in types:
+            return data
+        data = copy.deepcopy(data)
+        data["spec"]["capacity"]["capacityTypes"] = ["on-demand"]
+        self.on_demand_why = (f"spot interruptions ({notices} notice(s)) cut {cut} stream(s) of the input at its "
+                              "largest size, which more replicas do not keep: the search ran on on-demand capacity")
+        self.notes.append(self.on_demand_why)
+        return data
 
     def _cut_short(self) -> str | None:
         """That --max-trials ended the search, and the steps that ran no trial; None when it did not end it."""
