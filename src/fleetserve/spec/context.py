@@ -24,7 +24,12 @@ def _flag_value(spec) -> tuple[str, str | None] | None:
     flag = ENGINE_FLAGS.get(spec.engine.kind)
     if flag is None:
         return None
-    args = [str(a) for a in spec.engine.args]
+    return _in_args(spec.engine.args, flag)
+
+
+def _in_args(args, flag: str) -> tuple[str, str | None] | None:
+    """(flag, its value or None when the flag ends the list) in an argument list (`--flag v` or `--flag=v`)."""
+    args = [str(a) for a in args]
     for i, arg in enumerate(args):
         if arg == flag:
             return flag, args[i + 1] if i + 1 < len(args) else None
@@ -169,8 +174,7 @@ def _from_preset(spec, flag: str, value: str) -> str:
     from fleetserve.engine.catalog import CATALOG
 
     preset = CATALOG.get(source.removeprefix("catalog:"))
-    args = list(preset.args) if preset is not None else []
-    if flag in args and args.index(flag) + 1 < len(args) and args[args.index(flag) + 1] == value:
+    if preset is not None and _in_args(preset.args, flag) == (flag, value):
         return f", from the {source} preset's arguments (engine/catalog.py)"
     return ""
 
