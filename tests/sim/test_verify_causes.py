@@ -416,15 +416,20 @@ def test_a_drain_shorter_than_half_a_window_joins_the_last_window_as_a_short_tai
     assert cost_bounds(fleet, [(0.0, 300.0)], 300.0) == [(0.0, 300.0)]
 
 
-def test_streams_cut_by_spot_interruptions_are_named_not_blamed_on_the_fleets_size():
-    """verify said "a static fleet of 3 replica(s) cannot carry the peak load" for streams that spot notices cut,
-    and plan doubled the fleet to 64 replicas, which cannot keep them."""
+def spot_fleet_with_long_streams():
+    """3 spot replicas, and 60 requests of 7,000 output tokens (~4.5 minutes each): spot notices cut streams."""
     spec = {"model": {"name": "llama-8b", "source": "catalog:llama-3.1-8b-instruct", "contextLength": 16384},
             "replicas": 3, "routing": {"strategy": "leastload"}, "placement": {"instanceTypes": ["g6e.xlarge"]},
             "capacity": {"provider": "simulated", "capacityTypes": ["spot"]}}
     endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "spot"},
                                "spec": spec}).endpoint
-    trace = [TraceRequest(i * 20.0, 500, 7000) for i in range(60)]  # ~4.5 minutes of output each
+    return endpoint, [TraceRequest(i * 20.0, 500, 7000) for i in range(60)]
+
+
+def test_streams_cut_by_spot_interruptions_are_named_not_blamed_on_the_fleets_size():
+    """verify said "a static fleet of 3 replica(s) cannot carry the peak load" for streams that spot notices cut,
+    and plan doubled the fleet to 64 replicas, which cannot keep them."""
+    endpoint, trace = spot_fleet_with_long_streams()
     verdict = verify(endpoint, trace, SimOptions(spot_interruption_rate=6.0), {"e2e_p95_ms": 400_000})
     errors = [c for c in verdict.checks if c.metric == "error_rate" and not c.passed]
     assert errors and verdict.result.fleet.disruptions["lost_mid_stream"] > 0
@@ -437,12 +442,7 @@ def test_plan_answers_spot_cut_streams_with_on_demand_capacity_not_more_replicas
     same spec on on-demand capacity passes at a fraction of it."""
     from fleetserve.sim.plan import plan
 
-    spec = {"model": {"name": "llama-8b", "source": "catalog:llama-3.1-8b-instruct", "contextLength": 16384},
-            "replicas": 3, "routing": {"strategy": "leastload"}, "placement": {"instanceTypes": ["g6e.xlarge"]},
-            "capacity": {"provider": "simulated", "capacityTypes": ["spot"]}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "spot"},
-                               "spec": spec}).endpoint
-    trace = [TraceRequest(i * 20.0, 500, 7000) for i in range(60)]
+    endpoint, trace = spot_fleet_with_long_streams()
     result = plan(endpoint, trace, SimOptions(spot_interruption_rate=6.0), {"e2e_p95_ms": 400_000}, max_trials=12)
     assert result.winner is not None and result.winner.verdict.passed
     assert result.winner.data["spec"]["capacity"]["capacityTypes"] == ["on-demand"]
