@@ -17,6 +17,7 @@ kind: Endpoint
 metadata: {name: clocked}
 spec:
   model: {source: /models/m}
+  engine: {drainTimeoutSeconds: 45}
   replicas: 1
   autoscaling:
     minReplicaCount: %d
@@ -101,4 +102,4 @@ def test_cold_start_and_drain_deadline_use_the_injected_monotonic_clock(make):
     sup._tend(r, sup.monotonic(), starting_up=False)
     assert r.state.state == Phase.READY and r.state.cold_start_s == 42.5
     sup._drain(r, sup.monotonic())
-    assert r.state.state == Phase.DRAINING and r.drain_deadline == mono() + 120
+    assert r.state.state == Phase.DRAINING and r.drain_deadline == mono() + 45  # engine.drainTimeoutSeconds

@@ -684,3 +684,34 @@ def test_a_fallback_over_a_value_trigger_names_the_keda_version_it_needs():
     assert len(named) == 1 and "triggers[2] (ttft_p95)" in named[0] and "triggers[0]" not in named[0]
     assert "KEDA 2.18" in named[0]
     assert not [w for w in _objects(FULL)[0].warnings if w.path == "spec.autoscaling.fallback"]
+
+
+def test_the_drain_timeout_sets_the_grace_periods_and_the_builtin_engines_own_wait():
+    """`engine.drainTimeoutSeconds` is one value in three places: the supervisor and the simulator stop a drained
+    replica after it; here it is the engine pods' grace after preStop and the built-in engine's wait after SIGTERM
+    (uvicorn's graceful shutdown was a fixed 5 s: on Kubernetes a stream still running 15 s after scale-down was
+    cut whatever the pod's grace)."""
+    doc = copy.deepcopy(BUILTIN_TENANTS)
+    doc["spec"]["engine"] = {"drainTimeoutSeconds": 299.5}
+    doc["spec"]["router"] = {"bufferTimeoutSeconds": 900}
+    rendered, _ = _objects(doc)
+    engine = _by(rendered, "Deployment", "iso-engine")[0]["spec"]["template"]["spec"]
+    assert engine["terminationGracePeriodSeconds"] == 10 + 300
+    args = engine["containers"][0]["args"]
+    assert args[args.index("--drain-timeout") + 1] == "300"
+    router = _by(rendered, "Deployment", "iso-router")[0]["spec"]["template"]["spec"]
+    assert router["terminationGracePeriodSeconds"] == 10 + 300  # the streams it proxies end with the engines'
+    default = _by(_objects(BUILTIN_TENANTS)[0], "Deployment", "iso-engine")[0]["spec"]["template"]["spec"]
+    assert default["terminationGracePeriodSeconds"] == 10 + 120
+
+
+def test_a_vllm_engine_without_a_shutdown_timeout_is_told_it_cuts_streams_at_sigterm():
+    """vLLM aborts in-flight requests at SIGTERM unless `--shutdown-timeout` (vLLM 0.18+) is given; the pod's grace
+    alone does not keep them."""
+    named = [w.message for w in _objects(FULL)[0].warnings if w.path == "spec.engine.args" and "SIGTERM" in w.message]
+    assert len(named) == 1 and "--shutdown-timeout=120" in named[0] and "vLLM 0.18" in named[0]
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["engine"]["args"] = ["--shutdown-timeout=100"]
+    assert not [w for w in _objects(doc)[0].warnings if "SIGTERM" in w.message]
+    builtin = _objects(BUILTIN_TENANTS)[0]
+    assert not [w for w in builtin.warnings if "SIGTERM" in w.message]

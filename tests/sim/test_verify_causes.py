@@ -449,3 +449,49 @@ def test_plan_answers_spot_cut_streams_with_on_demand_capacity_not_more_replicas
     assert result.winner.cost < result.baseline.cost
     change = next(c for c in result.changes if c["path"] == "spec.capacity.capacityTypes")
     assert "spot interruptions" in change["why"] and "more replicas do not keep" in change["why"]
+
+
+def scaled_down_fleet_with_long_streams(drain: float | None = None):
+    """4 on-demand replicas that scale down to 1 while 7,000-token answers (~4.5 minutes) still stream."""
+    spec = {"model": {"name": "llama-8b", "source": "catalog:llama-3.1-8b-instruct", "contextLength": 16384},
+            "engine": {"kind": "vllm", **({"drainTimeoutSeconds": drain} if drain else {})},
+            "replicas": 4, "routing": {"strategy": "leastload"}, "placement": {"instanceTypes": ["g6e.xlarge"]},
+            "capacity": {"provider": "simulated", "simulated": {"provisioningDelaySeconds": 60},
+                         "consolidation": {"policy": "WhenEmpty", "consolidateAfter": 60}},
+            "autoscaling": {"minReplicaCount": 1, "maxReplicaCount": 4, "scaleDownStabilizationTime": 60,
+                            "triggers": [{"metric": "concurrency", "target": 4}]}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "down"},
+                               "spec": spec}).endpoint
+    burst = [TraceRequest(i * 0.5, 500, 7000) for i in range(16)]
+    return endpoint, burst + [TraceRequest(45.0 + i * 45.0, 500, 7000) for i in range(24)]
+
+
+def test_streams_a_drain_cut_name_the_drain_timeout_and_a_longer_one_keeps_them():
+    """The drain timeout was a constant (120 s) in the supervisor, the simulator and the rendered grace period;
+    `engine.drainTimeoutSeconds` sets it in all three, and verify names it when drains cut streams."""
+    endpoint, trace = scaled_down_fleet_with_long_streams()
+    slo = {"e2e_p95_ms": 600_000}
+    verdict = verify(endpoint, trace, SimOptions(), slo)
+    errors = [c for c in verdict.checks if c.metric == "error_rate" and not c.passed]
+    assert errors and verdict.result.fleet.disruptions["lost_mid_stream"] > 0
+    assert all("drains stops 120 s later" in c.reason and "a longer engine.drainTimeoutSeconds" in c.reason
+               for c in errors)
+    endpoint, trace = scaled_down_fleet_with_long_streams(drain=600)
+    kept = verify(endpoint, trace, SimOptions(), slo)
+    assert kept.passed and kept.result.fleet.disruptions["lost_mid_stream"] == 0
+
+
+def test_plan_gives_a_drained_replica_time_to_finish_the_traces_longest_answers():
+    from fleetserve.sim.plan import plan
+
+    endpoint, trace = scaled_down_fleet_with_long_streams()
+    result = plan(endpoint, trace, SimOptions(), {"e2e_p95_ms": 600_000}, max_trials=12)
+    assert result.winner is not None and result.winner.verdict.passed
+    raised = result.winner.data["spec"]["engine"]["drainTimeoutSeconds"]
+    assert raised > 120 and raised % 60 == 0
+    change = next(c for c in result.changes if c["path"] == "spec.engine.drainTimeoutSeconds")
+    assert "longest answer took" in change["why"] and f"for {raised} s" in change["why"]
+    endpoint, _ = spot_fleet_with_long_streams()  # short answers: the input's timeout stays
+    short = [TraceRequest(i * 20.0, 500, 50) for i in range(30)]
+    unchanged = plan(endpoint, short, SimOptions(), {"e2e_p95_ms": 600_000}, max_trials=6)
+    assert not [c for c in unchanged.changes if c["path"] == "spec.engine.drainTimeoutSeconds"]

@@ -295,6 +295,8 @@ def engine(
     log_format: Annotated[str, typer.Option(help="text, or json (JSON lines: one per request)")] = "text",
     log_prompts: Annotated[bool, typer.Option("--log-prompts", help="Put prompt text in the request lines")
                            ] = False,
+    drain_timeout: Annotated[float, float_option(min=0, help="Seconds in-flight requests may run on after SIGTERM "
+                                                        "(Kubernetes passes engine.drainTimeoutSeconds)")] = 5.0,
 ) -> None:
     """Run the built-in engine: an OpenAI-compatible server for one model replica (or a simulated one)."""
     _check_log_format(log_format)
@@ -321,7 +323,8 @@ def engine(
         run_simulated_engine(perf, host, port, served_model_name or f"sim-{simulate}", token,
                              SizeLimits(max_body_bytes, max_header_bytes), log_format=log_format,
                              identity=ModelIdentity(namespace, served_model_name or f"sim-{simulate}", model_version,
-                                                    instance_type, replica), log_prompts=log_prompts)
+                                                    instance_type, replica), log_prompts=log_prompts,
+                             drain_timeout=drain_timeout)
         return
     if model is None:
         raise typer.BadParameter("give --model (a model source) or --simulate (a performance profile)",
@@ -343,7 +346,7 @@ def engine(
                    l1_bytes=l1_bytes, l2_url=l2_url, max_batch=max_batch, prefill_chunk=prefill_chunk,
                    tenant_l2=tenant_l2, internal_token_file=internal_token_file, max_body_bytes=max_body_bytes,
                    max_header_bytes=max_header_bytes, l2_password_file=l2_password_file, log_format=log_format,
-                   log_prompts=log_prompts)
+                   log_prompts=log_prompts, drain_timeout=drain_timeout)
     except ModelSourceError as exc:
         raise _fail(f"--model: {exc}", EXIT_USAGE) from None
 

@@ -70,6 +70,7 @@ def run_engine(
     l2_password_file: str | None = None,
     log_format: str = "text",
     log_prompts: bool = False,
+    drain_timeout: float = 5.0,
 ) -> None:
     configure_logging(log_format, "engine" if log_format == "json" else f"engine[{replica}]", replica)
     if log_format == "json":
@@ -90,5 +91,6 @@ def run_engine(
         password = read_token_file(l2_password_file) if l2_password_file else None
         attach_prefix_cache(engine, block_size, engine_cache_bytes, l1_bytes, l2_url, tenant_l2, password)
     logging.getLogger(__name__).info("serving %s (%s) on http://%s:%d", name, path, host, port)
-    uvicorn.run(build_app(engine), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5,
-                log_config=uvicorn_log_config(log_format), timeout_keep_alive=KEEP_ALIVE_S)
+    uvicorn.run(build_app(engine), host=host, port=port, log_level="warning",
+                timeout_graceful_shutdown=drain_timeout, log_config=uvicorn_log_config(log_format),
+                timeout_keep_alive=KEEP_ALIVE_S)

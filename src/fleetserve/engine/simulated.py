@@ -398,7 +398,7 @@ def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = Non
 def run_simulated_engine(profile: PerfProfile, host: str, port: int, model_name: str,
                          internal_token: str | None = None, limits: SizeLimits | None = None,
                          log_format: str = "text", identity: ModelIdentity | None = None,
-                         log_prompts: bool = False) -> None:
+                         log_prompts: bool = False, drain_timeout: float = 2.0) -> None:
     import uvicorn
 
     from fleetserve.observe.logs import configure_logging, uvicorn_log_config
@@ -408,5 +408,5 @@ def run_simulated_engine(profile: PerfProfile, host: str, port: int, model_name:
     engine = SimulatedEngine(profile, model_name, identity.model_version if identity else "1", identity=identity,
                              log_prompts=log_prompts)
     app = build_simulated_app(engine, limits, InternalAuth(internal_token))
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2,
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=drain_timeout,
                 log_config=uvicorn_log_config(log_format), timeout_keep_alive=KEEP_ALIVE_S)

@@ -66,7 +66,6 @@ log = logging.getLogger(__name__)
 
 RESTART_BACKOFF_MAX = 30.0
 REDIS_PASSWORD = "redis.password"  # in the fleet's run folder, 0600
-DRAIN_TIMEOUT = 120.0
 
 
 class StartupError(Exception):
@@ -631,7 +630,7 @@ class Supervisor:
             self._remove(r)
             return
         r.state.state = advance(r.state.state, Phase.DRAINING)
-        r.drain_deadline = mono + DRAIN_TIMEOUT
+        r.drain_deadline = mono + self.spec.engine.drain_timeout_seconds
 
     def _finish_drains(self, mono: float, load: dict | None) -> None:
         in_flight = {b["url"]: b["in_flight"] for b in (load or {}).get("backends", [])}

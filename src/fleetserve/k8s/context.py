@@ -7,6 +7,7 @@ rendered NodePool or ScaledObject says what the live controller does.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from fleetserve.autoscale.policy import ScalingPolicy
@@ -42,7 +43,6 @@ class RenderOptions:
     router_replicas: int = 2
     service_account: str | None = None
     model_pvc: str | None = None  # claim holding local-path models (FSx, NFS); default <name>-model
-    drain_seconds: int = 120  # how long a terminating engine may finish its in-flight requests
     prestop_seconds: int = 10  # endpoints and router health probes notice the pod is going
     kubernetes_version: str = "1.33"
 
@@ -74,6 +74,12 @@ class Context:
     @property
     def namespace(self) -> str:
         return self.endpoint.metadata.namespace
+
+    @property
+    def drain_seconds(self) -> int:
+        """How long a terminating engine may finish its in-flight requests (`engine.drainTimeoutSeconds`, whole
+        seconds): the grace period after preStop, and the built-in engine's own wait after SIGTERM."""
+        return math.ceil(self.endpoint.spec.engine.drain_timeout_seconds)
 
     @property
     def placed(self) -> bool:

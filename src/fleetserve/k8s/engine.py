@@ -109,7 +109,8 @@ def _builtin_args(ctx: Context, model_path: str, instance_type: str, l2_url: str
         args += ["--l2-tenant", f"{tenant}={url}"]
     args += ["--internal-token-file", f"{INTERNAL_TOKEN_DIR}/token",
              "--max-body-bytes", str(engine_body_limit(limits.max_body_bytes)),
-             "--max-header-bytes", str(engine_header_limit(limits.max_header_bytes))]
+             "--max-header-bytes", str(engine_header_limit(limits.max_header_bytes)),
+             "--drain-timeout", str(ctx.drain_seconds)]  # after SIGTERM: in-flight requests finish
     return args + list(spec.engine.args)
 
 
@@ -297,7 +298,7 @@ def engine_deployment(ctx: Context, tier: int) -> dict:
     pod_spec.update({
         "containers": [container],
         "volumes": volumes,
-        "terminationGracePeriodSeconds": ctx.options.prestop_seconds + ctx.options.drain_seconds,
+        "terminationGracePeriodSeconds": ctx.options.prestop_seconds + ctx.drain_seconds,
     })
     user = dict(ctx.endpoint.metadata.annotations)
     annotations = {**user, "fleetserve.io/metrics-path": metrics_path, "fleetserve.io/model-source": spec.model.source}
@@ -362,6 +363,12 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
                                  f"{ENGINE_TOKEN_KEY} of {ctx.internal_secret}, which fleetserve passes as the "
                                  "engine's API key; an API key set here replaces it and the router's requests get "
                                  "401: remove it")  # one in engine.env is not used (reserved_env, below)
+    if spec.engine.kind == "vllm" and not any(a.split("=")[0] == "--shutdown-timeout" for a in spec.engine.args):
+        warn("spec.engine.args", f"vLLM aborts its in-flight requests at SIGTERM unless started with "
+                                 f"--shutdown-timeout (vLLM 0.18 and later): the pod is given "
+                                 f"engine.drainTimeoutSeconds ({ctx.drain_seconds} s) after preStop, but streams "
+                                 f"still running at scale-down are cut; add `--shutdown-timeout={ctx.drain_seconds}` "
+                                 "to engine.args when the image's vLLM has it")
     if spec.auth.enabled and spec.engine.kind in GPU_ENGINES and (spec.kv_cache.l1.enabled or
                                                                  spec.kv_cache.l2.enabled):
         warn("spec.kvCache", f"tenants reach {spec.engine.kind} as cache_salt, which divides its GPU prefix cache; "

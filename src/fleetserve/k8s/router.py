@@ -116,7 +116,7 @@ def router_deployment(ctx: Context) -> dict:
     }
     if spec.router.workers > 1:  # one core per worker process, or they only take turns on fewer
         container["resources"] = {"requests": {"cpu": str(spec.router.workers)}}
-    grace = ctx.options.prestop_seconds + int(min(spec.router.buffer_timeout_seconds, ctx.options.drain_seconds))
+    grace = ctx.options.prestop_seconds + int(min(spec.router.buffer_timeout_seconds, ctx.drain_seconds))
     pod_spec: dict = {"containers": [container], "volumes": volumes, "terminationGracePeriodSeconds": grace}
     # spread the routers over nodes so that one node going does not take the endpoint down
     pod_spec["topologySpreadConstraints"] = [{

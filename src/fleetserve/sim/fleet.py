@@ -44,7 +44,6 @@ from fleetserve.sim.setup import SimOptions, build_capacity, fake_prometheus, pr
 from fleetserve.sim.workload import SimRequestSpec
 from fleetserve.spec.context import context_limit
 
-DRAIN_TIMEOUT = 120.0  # the supervisor stops a draining replica after this even if requests remain
 TTFT_WINDOW = 60.0  # the router's TTFT p95 window
 RATE_WINDOW = 60.0  # the request rate /admin/load reports is counted over this many seconds
 SERVING = frozenset({"ready", "moving"})  # take new requests (moving: its node is being consolidated)
@@ -309,7 +308,7 @@ class SimFleet:
             return
         if rep.state in SERVING:
             rep.state = "draining"
-            rep.drain_deadline = self.sim.now + DRAIN_TIMEOUT
+            rep.drain_deadline = self.sim.now + self.spec.engine.drain_timeout_seconds
             self._membership()
             self._record()
 

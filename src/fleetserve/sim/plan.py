@@ -251,6 +251,7 @@ class Planner:
         self.max_trials = max_trials
         self.notes: list[str] = []
         self.on_demand_why = ""  # set when spot interruptions cut the input's streams (`_on_demand_if_spot_cut`)
+        self.drain_why = ""  # set when the trace's answers outlast the input's drain timeout (`_fit_drain`)
         if options.profile is not None and instance_types:  # one engine's speed would stand for every GPU: an L4
             # planned at an L40S's speed won, and verify of the written spec failed at 19 s
             self.notes.append(f"--profile {getattr(options.profile, 'name', options.profile)} gives one engine's "
@@ -370,7 +371,7 @@ class Planner:
         self.unfit = {t: f"no {self.catalog.get(t).gpu or 'such'} type takes the replica ({asked})"
                       for t, fit in fitting if fit is None}
         types = self.types = list(dict.fromkeys(fit for _, fit in fitting if fit is not None)) or ["local"]
-        fitted = self._on_demand_if_spot_cut(self._fit_context(base), baseline)
+        fitted = self._fit_drain(self._on_demand_if_spot_cut(self._fit_context(base), baseline), baseline)
         statics: list[tuple[str, int, Trial, dict]] = []
         for t in types:
             data = fitted if t == "local" else _with_type(fitted, t, self.catalog)
@@ -395,6 +396,9 @@ class Planner:
         for c in changes:
             if c["path"] == "spec.capacity.capacityTypes" and self.on_demand_why:
                 c["why"] = self.on_demand_why
+        for c in changes:
+            if c["path"] == "spec.engine.drainTimeoutSeconds" and self.drain_why:
+                c["why"] = self.drain_why
         if self.context:
             for c in changes:
                 if c["path"] in ("spec.engine.args", "spec.model.contextLength"):
@@ -422,6 +426,28 @@ class Planner:
         self.on_demand_why = (f"spot interruptions ({notices} notice(s)) cut {cut} stream(s) of the input at its "
                               "largest size, which more replicas do not keep: the search ran on on-demand capacity")
         self.notes.append(self.on_demand_why)
+        return data
+
+    def _fit_drain(self, data: dict, baseline: Trial) -> dict:
+        """The search's drain timeout: raised when the trace's longest answer outlasts the input's, since a replica
+        that scale-down or consolidation drains stops that long after, cutting what it still streams, and more
+        replicas do not keep such streams (verify names the cut). The longest end-to-end time of the input at its
+        largest size, with half again as margin for a busier replica, rounded up to a minute. A longer timeout
+        costs only while a drained replica still streams: it is billed until its last answer ends."""
+        fleet = baseline.verdict.result.fleet
+        longest = max((r.done - r.arrival for r in fleet.requests if r.done is not None and r.error is None),
+                      default=0.0)
+        drain = self.endpoint.spec.engine.drain_timeout_seconds
+        if longest <= drain:
+            return data
+        raised = max(drain, math.ceil(longest * 1.5 / 60) * 60)
+        data = copy.deepcopy(data)
+        data["spec"].setdefault("engine", {})["drainTimeoutSeconds"] = raised
+        self.drain_why = (f"the trace's longest answer took {longest:.0f} s on the input at its largest size, more "
+                          f"than its engine.drainTimeoutSeconds ({drain:g} s): a replica that scale-down or "
+                          "consolidation drains would cut such streams, which more replicas do not keep; every "
+                          f"candidate lets a drained replica finish for {raised} s (1.5x the longest, in minutes; "
+                          "it is billed until its last answer ends)")
         return data
 
     def _cut_short(self) -> str | None:

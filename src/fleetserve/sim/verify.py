@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from fleetserve.sim.fleet import DRAIN_TIMEOUT, series_at, span_hours
+from fleetserve.capacity.providers import SPOT_NOTICE_SECONDS
+from fleetserve.sim.fleet import series_at, span_hours
 from fleetserve.sim.report import window_bounds, window_requests, windows, worst_section
 from fleetserve.sim.run import SimResult, simulate, unplaced_reason
 from fleetserve.sim.setup import SimOptions
@@ -157,17 +158,19 @@ def _cause(result: SimResult, window: str, metric: str = "", value: float | None
 
 def _cut_streams(result: SimResult, lost: int) -> str:
     """Streams cut when their replica stopped (`upstream_failed` after the first byte): a spot interruption, or a
-    drain (scale-down, consolidation) that ran past the drain timeout. More replicas do not keep them; `verify`
-    had said "a static fleet of 3 replica(s) cannot carry the peak load", and plan doubled to 64 replicas."""
+    drain (scale-down, consolidation) that ran past `engine.drainTimeoutSeconds`. More replicas do not keep them;
+    `verify` had said "a static fleet of 3 replica(s) cannot carry the peak load", and plan doubled to 64 replicas."""
     notices = result.fleet.disruptions.get("spot_notices", 0)
     head = f"{lost} stream(s) were cut when their replica stopped"
     if notices:
-        return (f"{head}: {notices} spot interruption notice(s), after which a replica serves at most "
-                f"{DRAIN_TIMEOUT:.0f} s more; more replicas do not keep them, on-demand capacity "
-                "(capacity.capacityTypes), shorter answers (max_tokens) or a faster instance type do")
-    return (f"{head}: a replica that scale-down or consolidation drains stops {DRAIN_TIMEOUT:.0f} s later whatever "
-            "it still serves (the drain timeout; terminationGracePeriodSeconds on Kubernetes); shorter answers "
-            "(max_tokens), a longer scaleDownStabilizationTime or a faster instance type keep them")
+        return (f"{head}: {notices} spot interruption notice(s), after which a node lives {SPOT_NOTICE_SECONDS:.0f} s; "
+                "more replicas do not keep them, on-demand capacity (capacity.capacityTypes), shorter answers "
+                "(max_tokens) or a faster instance type do")
+    drain = result.fleet.spec.engine.drain_timeout_seconds
+    return (f"{head}: a replica that scale-down or consolidation drains stops {drain:g} s later whatever it still "
+            "serves (engine.drainTimeoutSeconds; terminationGracePeriodSeconds on Kubernetes); a longer "
+            "engine.drainTimeoutSeconds, shorter answers (max_tokens), a longer scaleDownStabilizationTime or a "
+            "faster instance type keep them")
 
 
 # a latency target the requests miss alone, with no queueing, is the engine's: (the floor, what to say)

@@ -135,6 +135,10 @@ class EngineSection(SpecModel):
     health_path: str = "/health"
     threads: int | None = Field(default=None, ge=1, description="torch threads per builtin replica")
     startup_timeout_seconds: float = Field(default=600.0, gt=0)
+    drain_timeout_seconds: float = Field(default=120.0, gt=0, le=86400, description="how long a replica that "
+                                         "scale-down, consolidation or a rollout stops may finish its in-flight "
+                                         "requests; streams still running then are cut (Kubernetes: the "
+                                         "engine pod's terminationGracePeriodSeconds, after its preStop)")
     gpus: int = Field(default=0, ge=0)
     command: list[str] = Field(default_factory=list, description="container entrypoint override (Kubernetes)")
     working_dir: str | None = Field(default=None, description="container working directory (Kubernetes)")

@@ -1,0 +1,55 @@
+"""A terminating engine finishes its in-flight streams for `--drain-timeout` seconds (Kubernetes sends SIGTERM
+after preStop and passes `engine.drainTimeoutSeconds`); uvicorn's graceful shutdown was a fixed 5 s, so a pod given
+130 s of grace cut every stream still running 15 s after scale-down. A real engine process, a real stream."""
+
+import signal
+
+import httpx
+import pytest
+
+from tests.helpers import Server
+
+REQUEST = {"model": "sim", "prompt": "hello " * 20, "max_tokens": 60, "stream": True}
+
+
+def stream_through_sigterm(server: Server) -> tuple[int, bool]:
+    """Stream 60 tokens (~3 s at this speed), SIGTERM the engine after the second chunk; (chunks, saw [DONE])."""
+    chunks, done = 0, False
+    with httpx.stream("POST", server.url + "/v1/completions", json=REQUEST, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                chunks += 1
+                done = done or "[DONE]" in line
+                if chunks == 2:
+                    server.proc.send_signal(signal.SIGTERM)
+    return chunks, done
+
+
+@pytest.fixture
+def engine(tmp_path):
+    started = []
+
+    def start(drain: str) -> Server:
+        server = Server(["engine", "--simulate", "fast", "--speedup", "0.01", "--served-model-name", "sim",
+                         "--drain-timeout", drain], tmp_path / f"engine-{drain}.log").start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.kill()
+
+
+def test_a_stream_in_flight_at_sigterm_finishes_within_the_drain_timeout_then_the_engine_exits(engine):
+    server = engine("60")
+    chunks, done = stream_through_sigterm(server)
+    assert done and chunks == 60 + 1, chunks  # every token, then [DONE]
+    # and the engine stops once nothing is in flight (uvicorn re-raises the signal it caught)
+    assert server.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+
+
+def test_a_stream_outlasting_the_drain_timeout_is_cut(engine):
+    server = engine("0.2")
+    with pytest.raises(httpx.RemoteProtocolError):
+        stream_through_sigterm(server)
+    server.proc.wait(timeout=30)
