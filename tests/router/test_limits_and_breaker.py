@@ -22,6 +22,9 @@ def test_limits_queue_then_overflow_with_retry_after(tmp_path):
             second = pool.submit(httpx.post, gw.url + "/v1/completions", json=body, timeout=60)
             wait_until(lambda: httpx.get(gw.url + "/admin/load", timeout=5).json()["pending"] == 0 and
                        _queued(gw) == 1, 30, what="second request queued")
+            # a queue_depth trigger counts it: the supervisor reads /admin/load, the simulator counts its queue
+            load = httpx.get(gw.url + "/admin/load", timeout=5).json()
+            assert load["queued"] == 1 and load["waiting"] == 1, load  # the engine itself runs one, queues none
             third = httpx.post(gw.url + "/v1/completions", json=body, timeout=60)
             assert third.status_code == 429 and third.headers["retry-after"]
             assert third.json()["error"]["code"] == "overloaded"

@@ -145,6 +145,16 @@ def test_settings_without_effect_are_warned():
     assert "spec.routing.strategy" not in warnings  # every routing strategy is implemented
 
 
+def test_a_local_queue_depth_trigger_in_front_of_vllm_is_told_it_counts_the_routers_queue_only():
+    """vLLM's health body carries no queue: locally queue_depth reads only the router's (Kubernetes reads vLLM's own
+    gauge, as the simulator does)."""
+    auto = "  autoscaling: {triggers: [{metric: concurrency, target: 4}, {metric: queue_depth, target: 2}]}\n"
+    vllm = GOOD + "  engine: {kind: vllm, gpus: 1}\n" + auto
+    [warning] = [w for w in load_spec_text(vllm).warnings if w.path == "spec.autoscaling.triggers[1].metric"]
+    assert "vllm reports none" in warning.message and "waiting gauge" in warning.message
+    assert not [w for w in load_spec_text(GOOD + auto).warnings if "triggers[1]" in w.path]  # the built-in's has it
+
+
 def test_instance_types_no_replica_fits_on_are_a_warning():
     """1-GPU replicas on p5.48xlarge (8 GPUs) without allowLargerInstances validated, and simulate showed an error
     rate of 1.0 as cold-start timeouts; a pod asking more cpu than the type has is the same."""

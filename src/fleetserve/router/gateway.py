@@ -311,7 +311,9 @@ class Gateway:
     def load_report(self) -> dict:
         pool = list(self.pool.backends.values())
         report = {"pending": self.gate.pending, "in_flight": sum(b.in_flight for b in pool),
-                  "waiting": sum(b.waiting for b in pool), "requests_total": self.requests_total,
+                  # the engines' queues as their health bodies say, and the requests queued here for a slot
+                  "waiting": sum(b.waiting for b in pool) + self.gate.queued, "queued": self.gate.queued,
+                  "requests_total": self.requests_total,
                   "ttft_p95_ms": self.ttft_p95_ms(),
                   "backends": [{"url": b.url, "healthy": b.healthy, "draining": b.draining, "in_flight": b.in_flight,
                                 "running": b.running, "waiting": b.waiting} for b in pool]}

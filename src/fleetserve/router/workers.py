@@ -93,7 +93,8 @@ class PeerBus:
         while True:
             await asyncio.sleep(LOAD_EVERY_S)
             gw = self.gateway
-            self._send({"t": "load", "w": self.index, "pending": gw.gate.pending, "total": gw.requests_total,
+            self._send({"t": "load", "w": self.index, "pending": gw.gate.pending, "queued": gw.gate.queued,
+                        "total": gw.requests_total,
                         "p95": gw.ttft_p95_ms(),
                         "in_flight": {b.url: b.in_flight for b in gw.pool.backends.values()}})
 
@@ -139,6 +140,9 @@ class PeerBus:
         fresh = [m for t, m in self.peer_load.values() if now - t < LOAD_STALE_S]
         merged = dict(own)
         merged["pending"] = own["pending"] + sum(m["pending"] for m in fresh)
+        others_queued = sum(m.get("queued", 0) for m in fresh)  # each worker queues its own requests for a slot
+        merged["queued"] = own["queued"] + others_queued
+        merged["waiting"] = own["waiting"] + others_queued
         merged["requests_total"] = own["requests_total"] + sum(m["total"] for m in fresh)
         merged["ttft_p95_ms"] = max([own["ttft_p95_ms"]] + [m["p95"] for m in fresh])
         backends = []

@@ -489,6 +489,9 @@ class SimFleet:
             marks.popleft()
         mark_t, mark_n = marks[0]
         rate = (self.arrived - mark_n) / (now - mark_t) if now > mark_t else 0.0
+        # `waiting`: the engines' queues as their own gauges say, in both modes (the router's knowledge is not the
+        # autoscaler's: KEDA reads vllm:num_requests_waiting from Prometheus, the local fleet the built-in engine's
+        # health bodies), plus the router's own queue, as /admin/load counts it
         return {"pending": len(self.buffer), "in_flight": sum(self.book.in_flight[r.id] for r in reps),
                 "waiting": sum(r.model.num_waiting for r in reps) + len(self.queue), "requests_total": self.arrived,
                 "request_rate": rate, "ttft_p95_ms": None}
