@@ -39,7 +39,7 @@ def test_hash_trace_figures_and_recommendation():
     assert out["strategy_hit_rate"]["kvaware"] is None  # blind: no KV events
     assert out["strategies"]["informed"]["kvaware"]["hit_rate"] is not None
     rec = out["recommendation"]
-    assert rec["reasons"] and rec["tiers"] in ("none", "L1 only", "L1+L2")
+    assert rec["reasons"] and rec["tiers"] in ("none", "engine only", "L1 only", "L2 only", "L1+L2")
     assert (rec["summary"] == "caching will not pay") == (out["ideal_hit_rate"] < 0.10)
 
 

@@ -2,27 +2,35 @@
 
     caching will not pay   when even an unbounded cache reuses < 10% of prompt tokens, or the whole tiered
                            cache of the fleet would reuse < 5%;
-    L1+L2                  when the shared L2 adds >= 5 points of hit rate over engine memory + L1;
+    L1+L2                  when the shared L2 adds >= 5 points of hit rate over engine memory + L1 (L2 only
+                           when L1 adds < 1 point: at its size it holds copies of what the engines hold);
+    engine only            when neither L1 adds 1 point nor L2 5 points over the engines' own memory, which
+                           does not already hold nearly all the reuse;
     L1 only                otherwise (CPU memory is cheap; the reasons say how much it adds).
     strategy               the cache-aware strategy with the best hit rate (prefixaware unless another beats
                            it by > 1 point); leastload when routing by cache wins < 2 points over roundrobin.
 
-The capacities are the fleet's: replicas x (engine blocks + L1 blocks), plus one shared L2. Every hit rate
-compared here counts prompt tokens (the ideal: `ideal_token_hit_rate`), as the strategies' do.
+The capacities are the fleet's, pooled as one LRU (the oracle's bound) and written through as the engines do:
+replicas x the larger of engine blocks and L1 blocks, then the larger of that and the shared L2 (a tier holds
+copies of what the engines stored, so it adds only what it holds beyond them). Every hit rate compared here
+counts prompt tokens (the ideal: `ideal_token_hit_rate`), as the strategies' do.
 """
 
 from __future__ import annotations
 
 NOT_WORTH_IDEAL = 0.10
 NOT_WORTH_REACHABLE = 0.05
+L1_GAIN = 0.01
 L2_GAIN = 0.05
 STRATEGY_MARGIN = 0.01
 ROUTING_GAIN = 0.02
 CACHE_AWARE = ("prefixaware", "kvaware", "session")
 
 
-def recommend(ideal: float, tiers: dict, strategies: dict, filled: bool = True, block_tokens: int = 256) -> dict:
-    """`filled`: some prompt fills one block of `block_tokens` (else nothing cached is ever found again)."""
+def recommend(ideal: float, tiers: dict, strategies: dict, filled: bool = True, block_tokens: int = 256,
+              engine_blocks: int | None = None, l1_blocks: int | None = None) -> dict:
+    """`filled`: some prompt fills one block of `block_tokens` (else nothing cached is ever found again);
+    `engine_blocks` and `l1_blocks` (per replica) say why an L1 adds nothing when it is the smaller."""
     reasons = []
     ideal = round(ideal, 4)  # as the tiers' rates: 19.0 % ideal beside 19.1 % reachable read as a bounded cache
     # beating the unbounded one
@@ -42,24 +50,37 @@ def recommend(ideal: float, tiers: dict, strategies: dict, filled: bool = True, 
         return {"summary": "caching will not pay", "tiers": "none", "strategy": "leastload", "reasons": reasons}
     reasons.append(f"ideal (unbounded) hit rate {ideal:.1%}; engine memory alone reaches {engine:.1%}, "
                    f"with L1 {l1:.1%}, with L1 and L2 {l2:.1%}")
+    l1_pays = l1 - engine >= L1_GAIN
+    copies = (f"L1 ({l1_blocks} blocks per replica) is no larger than the engine's own memory ({engine_blocks} "
+              "blocks): written through, it holds copies of what the engine holds and pays only when larger"
+              if l1_blocks is not None and engine_blocks is not None and l1_blocks <= engine_blocks else
+              f"L1 adds only {l1 - engine:.1%} over engine memory")
     if l2 - l1 >= L2_GAIN:
-        tier = "L1+L2"
+        tier = "L1+L2" if l1_pays else "L2 only"
         reasons.append(f"a shared L2 adds {l2 - l1:.1%} of hit rate over L1: reuse spans more than the replicas' "
                        "own memory holds")
+        if not l1_pays:
+            reasons.append(copies)
     elif ideal - engine <= 0.01:
         tier = "L1 only"
         reasons.append("engine memory already holds nearly all the reuse; L1 is a cheap margin for longer traffic, "
                        "an L2 would add nothing")
-    else:
+    elif l1_pays:
         tier = "L1 only"
         reasons.append(f"L1 adds {l1 - engine:.1%} over engine memory; an L2 would add only {l2 - l1:.1%} "
                        f"(below {L2_GAIN:.0%}): not worth a Redis")
-    strategy, why = _strategy(strategies)
+    else:
+        tier = "engine only"
+        reasons.append(f"{copies}; an L2 would add only {l2 - l1:.1%} (below {L2_GAIN:.0%}): not worth a Redis")
+    strategy, why = _strategy(strategies, per_replica_tier=tier in ("L1 only", "L1+L2") and l1_pays)
     reasons.append(why)
     return {"summary": f"{tier} with {strategy} routing", "tiers": tier, "strategy": strategy, "reasons": reasons}
 
 
-def _strategy(strategies: dict) -> tuple[str, str]:
+def _strategy(strategies: dict, per_replica_tier: bool = False) -> tuple[str, str]:
+    """The strategies ran with engine memory only; `per_replica_tier`: the advice counts on each replica's L1,
+    which a repeat finds only on the replica that computed it, so load-only routing would lose it even where the
+    engines alone show no gain (the L1 hits were pooled, as cache-aware routing partitions prompts)."""
     rates = {n: s["hit_rate"] for n, s in strategies.items() if s.get("hit_rate") is not None}
     aware = {n: rates[n] for n in CACHE_AWARE if n in rates}
     if not aware:
@@ -68,6 +89,10 @@ def _strategy(strategies: dict) -> tuple[str, str]:
     if "prefixaware" in aware and aware[best] - aware["prefixaware"] <= STRATEGY_MARGIN:
         best = "prefixaware"
     baseline = max((rates[n] for n in ("roundrobin", "leastload") if n in rates), default=0.0)
+    if aware[best] - baseline < ROUTING_GAIN and per_replica_tier:
+        return best, (f"the L1s are per replica: a repeat finds its blocks only where they were computed, which "
+                      f"{best} keeps and load-only routing does not (with engine memory alone it gains "
+                      f"{aware[best] - baseline:.1%})")
     if aware[best] - baseline < ROUTING_GAIN:
         return "leastload", (f"cache-aware routing gains only {aware[best] - baseline:.1%} of hit rate over load-only "
                              "routing here: balance load instead")

@@ -33,8 +33,12 @@ def analyze(path: str | Path, model: str | None = None, replicas: int = 4, profi
     engine = cache_blocks or max(1, perf.cache_blocks * perf.block_size // trace.block_tokens)
     l1 = int(l1_gib * GIB // block_bytes)
     l2 = int(l2_gib * GIB // block_bytes)
-    sizes = {"engine": replicas * engine, "engine+l1": replicas * (engine + l1),
-             "engine+l1+l2": replicas * (engine + l1) + l2}
+    # every block an engine stores is written through to its replica's L1 and to the shared L2 (`sim.memory`),
+    # so a tier holds copies, not more blocks on top: L1 adds only what it holds beyond its engine's memory, and
+    # L2 only beyond all of them (added end to end, 32 GiB of L1 smaller than the engine's memory read as +22
+    # points that the simulator with that L1 never found)
+    with_l1 = replicas * max(engine, l1)
+    sizes = {"engine": replicas * engine, "engine+l1": with_l1, "engine+l1+l2": max(with_l1, l2)}
     tiers = {name: {"blocks": size, "hit_rate": round(by_tokens.hit_rate(size), 4)} for name, size in sizes.items()}
     by_mode = {m: strategy_hit_rates(trace, replicas, engine, perf, mode=m, seed=seed) for m in ("blind", "informed")}
     chosen = by_mode[mode]
@@ -63,7 +67,7 @@ def analyze(path: str | Path, model: str | None = None, replicas: int = 4, profi
         "engine": "the fleet simulator with the live routing policies, the trace at its own arrival times "
                   "(analyze.routing -> sim.fleet)",
         "recommendation": recommend(ideal.token_hit_rate, tiers, chosen, filled=ideal.blocks > 0,
-                                    block_tokens=trace.block_tokens),
+                                    block_tokens=trace.block_tokens, engine_blocks=engine, l1_blocks=l1),
         "warnings": warnings,
     }
 

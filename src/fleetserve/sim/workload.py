@@ -102,7 +102,7 @@ def cannot_act(strategy: str, knowledge: str, has_sessions: bool, exact: bool = 
                 "(leastload's figures, not session's)")
     if strategy == "kvaware" and knowledge == "blind":
         return ("kvaware in blind mode gets no KV events from the engines, so it routes every request by its "
-                "prefixaware fallback (prefixaware's figures; --knowledge informed gives it the events)")
+                "prefixaware fallback (prefixaware's figures; the informed mode gives it the events)")
     if strategy == "kvaware" and not exact:
         return ("kvaware on text prompts cannot compute the engines' block keys, so it routes every request by its "
                 "prefixaware fallback (prefixaware's figures)")
