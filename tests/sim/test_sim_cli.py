@@ -85,9 +85,29 @@ def test_plan_writes_a_spec_that_loads_and_explains_the_changes(tmp_path):
     import shlex
 
     command = data["verify_command"]
-    assert command.endswith("--limit 600") and f"# verified as: {command}\n" in out.read_text()
-    again = fleetserve(*shlex.split(command)[1:])
+    assert command.endswith("--limit 600") and command.startswith(f"fleetserve verify {out} --trace {TRACE}")
+    # the file's own line names its files absolutely: it is read, and run, from anywhere
+    header = out.read_text().splitlines()[1].removeprefix("# verified as: ")
+    assert header.endswith("--limit 600") and f"verify {out.resolve()} --trace {Path(TRACE).resolve()}" in header
+    again = fleetserve(*shlex.split(header)[1:])
     assert again.returncode == 0, again.stdout[-2000:]
+
+
+def test_a_plan_cut_short_says_so_beside_its_winner(tmp_path):
+    """With --max-trials 2 the winner is the input as written: the text said "static peak-sized fleet: $0.00" for a
+    static fleet never tried, and "no change: the input ... is the cheapest" without the search having been cut."""
+    spec, out = tmp_path / "in.yaml", tmp_path / "planned.yaml"
+    spec.write_text("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {name: cut}\nspec:\n"
+                    "  model: {name: llama-8b, source: 'catalog:llama-3.1-8b-instruct', contextLength: 16384}\n"
+                    "  engine: {kind: vllm}\n  placement: {instanceTypes: [g6e.xlarge]}\n"
+                    "  capacity: {provider: simulated}\n"
+                    "  autoscaling: {minReplicaCount: 1, maxReplicaCount: 4, triggers: [{metric: concurrency, "
+                    "target: 4}]}\n  slo: {ttftP95Ms: 100000, e2eP95Ms: 300000}\n")
+    r = fleetserve("plan", str(spec), "--trace", TRACE, "--limit", "300", "-o", str(out), "--max-trials", "2")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    text = " ".join(r.stdout.split())
+    assert "static peak-sized fleet: not tried" in text and "$0.00)" not in text
+    assert "search cut short: --max-trials (2) ended the search" in text
 
 
 def test_bench_sim_speed_reports_requests_per_second():

@@ -373,12 +373,21 @@ def plan(
              "--idle-fraction": unless_default(idle_fraction, "idle_fraction"), "--start": start,
              "--spot-interruption-rate": spot_interruption_rate, "--provisioning-delay": provisioning_delay,
              "--trace-model": trace_model, "--prices": prices}
-    flags = " ".join(f"{k} {shlex.quote(str(v))}" for k, v in given.items() if v is not None)
-    data["verify_command"] = " ".join(["fleetserve verify", shlex.quote(output), "--trace", shlex.quote(trace),
-                                       *([flags] if flags else [])])
+    def command(where) -> str:
+        """`verify` of the written spec under the winner's conditions; `where` maps each file path (as typed for
+        the JSON and the terminal, absolute in the file itself, which is read from anywhere)."""
+        files = {"--profile", "--prices"}
+        flags = " ".join(f"{k} {shlex.quote(str(where(v) if k in files and Path(str(v)).is_file() else v))}"
+                         for k, v in given.items() if v is not None)
+        return " ".join(["fleetserve verify", shlex.quote(where(output)), "--trace", shlex.quote(where(trace)),
+                         *([flags] if flags else [])])
+
+    # a command naming a file no run wrote is no command: null when nothing passed
+    data["verify_command"] = command(str) if result.winner is not None else None
     if result.winner is not None:
-        Path(output).write_text(f"# planned by fleetserve plan from {spec} against {trace}\n"
-                                f"# verified as: {data['verify_command']}\n"
+        Path(output).write_text(f"# planned by fleetserve plan from {Path(spec).resolve()} against "
+                                f"{Path(trace).resolve()}\n"
+                                f"# verified as: {command(lambda f: str(Path(f).resolve()))}\n"
                                 + yaml.safe_dump(result.winner.data, sort_keys=False))
         data["output"] = output
     else:  # nothing is written; a file already there (an earlier run's, or the input) must not pass for this one's
@@ -400,10 +409,14 @@ def plan(
     else:
         w = data
         base = "passes" if w["baseline_verified"] else "fails verify"
+        static = w["static_peak_cost_usd"]
+        static = f"${static:.2f}" if static is not None else "not tried" if result.cut_short else "none passed"
         out.print(f"winner ({w['winner']}): ${w['cost_usd']:.2f} against ${w['baseline_cost_usd']:.2f} for the input "
-                  f"at its max replicas, which {base} (static peak-sized fleet: "
-                  f"${w['static_peak_cost_usd'] or 0:.2f}); "
+                  f"at its max replicas, which {base} (static peak-sized fleet: {static}); "
                   f"{result.trials} simulations; written to {output}", markup=False)
+        if result.cut_short:  # the winner is the cheapest of what ran, not of what the search would have tried
+            out.print(f"search cut short: {result.cut_short}; a larger --max-trials may find a cheaper spec",
+                      markup=False)
         out.print(_slo_line(result.winner.verdict.result.report["slo"]), markup=False)
         out.print(f"verified as: {w['verify_command']}", markup=False)
         if not [c for c in w["changes"] if not c["path"].startswith("spec.slo.")]:  # the flags it was verified at
