@@ -216,3 +216,50 @@ def test_a_type_over_the_budget_is_not_doubled_further():
     statics = [(t.instance_type, t.data["spec"]["replicas"]) for t in planner.history if t.step == "static"]
     assert statics == [("g6e.xlarge", 1), ("p5.48xlarge", 1)], statics  # each over $1/h at one node
     assert set(planner.budget_bound) == {"g6e.xlarge", "p5.48xlarge"}
+
+
+def test_a_planned_type_keeps_only_the_affinity_terms_that_let_it_in():
+    """Terms are ORed: (g5.xlarge or g6.xlarge in us-west-2a) or (g6e.xlarge anywhere). Pinning every term to
+    g5.xlarge let it land in any zone through the g6e term; and one shared expression wrote YAML anchors."""
+    import yaml
+
+    from fleetserve.sim.plan import _pinned
+
+    zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2a"]}
+    key = "node.kubernetes.io/instance-type"
+    affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": key, "operator": "In", "values": ["g5.xlarge", "g6.xlarge"]}, zone]},
+        {"matchExpressions": [{"key": key, "operator": "In", "values": ["g6e.xlarge"]}]},
+        {"matchExpressions": [{"key": key, "operator": "NotIn", "values": ["g5.xlarge"]}, {**zone, "values": ["b"]}]}]}}
+
+    def terms(pinned):
+        return pinned["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+
+    assert terms(_pinned(affinity, "g5.xlarge")) == [
+        {"matchExpressions": [zone, {"key": key, "operator": "In", "values": ["g5.xlarge"]}]}]
+    assert len(terms(_pinned(affinity, "g6e.xlarge"))) == 2  # its own term, and the NotIn g5 one
+    assert [t["matchExpressions"][0] for t in terms(_pinned(affinity, "p5.48xlarge"))] == [{**zone, "values": ["b"]}]
+    # a type no term lets in (one of plan's own candidates) takes the terms of the input's first type
+    two = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms(affinity)[:2]}}
+    assert [t["matchExpressions"][0] for t in terms(_pinned(two, "p5.48xlarge", first="g5.xlarge"))] == [zone]
+    several = _pinned(affinity, "g6e.xlarge")
+    assert "&id" not in yaml.safe_dump(several)
+
+
+def test_an_instance_type_list_keeps_the_inputs_other_types_as_fallbacks():
+    """plan collapsed [g5.xlarge, g6e.xlarge, g5.2xlarge] to one type, dropping the fallbacks that keep a fleet
+    placeable through a capacity shortage."""
+    trace = [TraceRequest(i * 2.0, 400, 40) for i in range(60)]
+    spec = {"model": {"name": "llama", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 1,
+            "engine": {"kind": "vllm"}, "capacity": {"provider": "simulated"},
+            "placement": {"instanceTypes": ["g6e.xlarge", "g5.2xlarge", "g6.xlarge"]}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "f"},
+                               "spec": spec}).endpoint
+    result = plan(endpoint, trace, SimOptions(), {"ttft_p95_ms": 5000}, max_trials=10,
+                  instance_types=("g5.xlarge",))
+    listed = result.winner.data["spec"]["placement"]["instanceTypes"]
+    assert sorted(listed[1:]) == sorted(set(spec["placement"]["instanceTypes"]) - {listed[0]})
+    assert listed[1:] == [t for t in spec["placement"]["instanceTypes"] if t != listed[0]]  # in the input's order
+    if listed != spec["placement"]["instanceTypes"]:
+        why = next(c["why"] for c in result.changes if c["path"].startswith("spec.placement.instanceTypes"))
+        assert "as fallbacks through a capacity shortage" in why

@@ -142,29 +142,60 @@ def _fitting(instance_type: str, asked, catalog: Catalog, naming: str) -> str | 
     return naming + min(same_gpu, key=lambda t: (t.gpus, t.on_demand)).name
 
 
-def _with_type(data: dict, instance_type: str, catalog: Catalog) -> dict:
+def _with_type(data: dict, instance_type: str, catalog: Catalog, first: str | None = None) -> dict:
+    """The spec placed on `instance_type` first. The input's other listed types follow it as fallbacks, in their
+    order: a priority list is what keeps a fleet placeable through a capacity shortage, and plan had collapsed
+    [g5.xlarge, g6e.xlarge, g5.2xlarge] to one type. Node affinity is pinned to the type (`_pinned`)."""
     d = copy.deepcopy(data)
     s = d["spec"]
-    affinity = (s.get("placement") or {}).get("nodeAffinity")
-    s["placement"] = {**s["placement"], "nodeAffinity": _pinned(affinity, instance_type)} if affinity else \
-        {"instanceTypes": [instance_type]}
-    s.setdefault("capacity", {})["allowLargerInstances"] = catalog.get(instance_type).gpus > 1
+    placement = s.get("placement") or {}
+    affinity = placement.get("nodeAffinity")
+    capacity = s.setdefault("capacity", {})
+    if affinity:
+        s["placement"] = {**placement, "nodeAffinity": _pinned(affinity, instance_type, first)}
+        capacity["allowLargerInstances"] = catalog.get(instance_type).gpus > 1
+        return d
+    fallbacks = [t for t in placement.get("instanceTypes") or [] if t != instance_type]
+    s["placement"] = {**placement, "instanceTypes": [instance_type, *fallbacks]}
+    capacity["allowLargerInstances"] = catalog.get(instance_type).gpus > 1 or \
+        bool(fallbacks and capacity.get("allowLargerInstances"))  # the input's own, for its fallbacks
     return d
 
 
-def _pinned(affinity: dict, instance_type: str) -> dict:
+def _allows(term: dict, instance_type: str) -> bool:
+    """Whether a node selector term lets a node of `instance_type` in (its instance-type expressions only; names
+    compared without SageMaker's `ml.`)."""
+    def bare(name: str) -> str:
+        return name.removeprefix("ml.")
+
+    for e in term.get("matchExpressions") or []:
+        if e.get("key") != INSTANCE_TYPE_LABEL:
+            continue
+        values = {bare(v) for v in e.get("values") or []}
+        op = e.get("operator")
+        if (op == "In" and bare(instance_type) not in values) or (op == "NotIn" and bare(instance_type) in values) \
+                or op == "DoesNotExist":
+            return False
+    return True
+
+
+def _pinned(affinity: dict, instance_type: str, first: str | None = None) -> dict:
     """The input's node affinity with its instance-type expressions replaced by the chosen type: its other terms
     (a zone, a capacity type, a team's label) still hold; plan had replaced the whole placement, and a HyperPod
-    spec pinned to us-west-2a came out free to land in any zone."""
+    spec pinned to us-west-2a came out free to land in any zone. Only the OR terms that let the type in are kept
+    (pinning every term let g5.xlarge, allowed in us-west-2a only, land in any zone through a g6e term); a type
+    no term names (a candidate of plan's own) takes the terms of the input's `first` type."""
     a = copy.deepcopy(affinity)
-    pin = {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": [instance_type]}
 
     def others(term: dict) -> list:
         return [e for e in term.get("matchExpressions") or [] if e.get("key") != INSTANCE_TYPE_LABEL]
 
     required = a.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     terms = required.get("nodeSelectorTerms") or [{}]
-    required["nodeSelectorTerms"] = [{**t, "matchExpressions": [*others(t), pin]} for t in terms]
+    kept = [t for t in terms if _allows(t, instance_type)] or \
+        [t for t in terms if first is not None and _allows(t, first)] or terms
+    required["nodeSelectorTerms"] = [{**t, "matchExpressions": [  # a dict of its own each: no YAML anchors
+        *others(t), {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": [instance_type]}]} for t in kept]
     preferred = []
     for p in a.get("preferredDuringSchedulingIgnoredDuringExecution") or []:
         term = p.get("preference") or {}
@@ -374,7 +405,7 @@ class Planner:
         fitted = self._fit_drain(self._on_demand_if_spot_cut(self._fit_context(base), baseline), baseline)
         statics: list[tuple[str, int, Trial, dict]] = []
         for t in types:
-            data = fitted if t == "local" else _with_type(fitted, t, self.catalog)
+            data = fitted if t == "local" else _with_type(fitted, t, self.catalog, own[0] if own else None)
             found = self.smallest_static(data, t)
             if found:
                 n, trial = found

@@ -171,6 +171,21 @@ def _kept(search: Planner, winner: Trial, step: str, what: str) -> str:
             + f" (a change of this step must save more than {SWITCH_TOLERANCE:.0%})" + _budget(search))
 
 
+def _larger(search: Planner, winner: Trial, allowed) -> str:
+    """allowLargerInstances follows the winner's first type: a type of more GPUs than one replica asks is larger
+    than a replica, and Karpenter may only pack several replicas onto it when larger types are allowed."""
+    spec = winner.data["spec"]
+    listed = (spec.get("placement") or {}).get("instanceTypes") or []
+    kind = listed[0] if listed else winner.instance_type
+    gpus = search.catalog.get(kind).gpus if kind in search.catalog else None
+    if allowed and gpus and gpus > 1:
+        return (f"{kind} has {gpus} GPUs, more than one replica asks: several replicas share one of its nodes, "
+                "which needs larger instances allowed")
+    if allowed:
+        return f"as the input's, for its fallback types after {kind} ({', '.join(listed[1:])})"
+    return f"{kind} has {gpus} GPU(s): one replica per node, no larger instance needed"
+
+
 def explain(changes: list[dict], search: Planner, winner: Trial) -> None:
     """Give every change that has no `why` yet one from the trials (in place)."""
     spec = winner.data["spec"]
@@ -180,10 +195,14 @@ def explain(changes: list[dict], search: Planner, winner: Trial) -> None:
         if c.get("why"):
             continue
         path = c["path"]
-        if path.startswith("spec.placement.") or path == "spec.capacity.allowLargerInstances":
+        if path == "spec.capacity.allowLargerInstances":
+            why = _larger(search, winner, c["to"])
+        elif path.startswith("spec.placement."):
             why = _instance_type(search, winner)
-            if path == "spec.capacity.allowLargerInstances":
-                why += "; a multi-GPU type takes several replicas on one node"
+            listed = (spec.get("placement") or {}).get("instanceTypes") or []
+            if path.startswith("spec.placement.instanceTypes") and len(listed) > 1:
+                why += (f"; the input's other types follow it in the list ({', '.join(listed[1:])}), as fallbacks "
+                        "through a capacity shortage")
         elif path == "spec.replicas":
             why = "the autoscaler's minReplicaCount: the fleet starts there" if autoscaled else \
                 _static_replicas(search, winner)
