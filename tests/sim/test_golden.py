@@ -147,9 +147,10 @@ def test_a_target_the_prompts_alone_miss_is_blamed_on_the_engine_and_plan_report
     assert not out["verified"] and out["winner"] is None and out["closest"]
     assert out["failures"] and any("prompts alone take" in r for r in out["failures"]), out
     # each type's doubling stopped after two engine-bound fleets instead of going on to 64 replicas: the input's
-    # type and the candidate, plus the baseline and the input as written, then autoscaling has nothing to start from
+    # type and the candidate, plus the baseline (twice: as written, and with the context raised for the slice's
+    # long prompts) and the input as written, then autoscaling has nothing to start from
     statics = [t for t in search.history if t.step == "static"]
-    assert {t.data["spec"]["replicas"] for t in statics} == {1, 2} and out["evaluated"] == 2 + len(statics) <= 6
+    assert {t.data["spec"]["replicas"] for t in statics} == {1, 2} and out["evaluated"] == 3 + len(statics) <= 7
 
 
 def test_the_simulator_imports_policies_never_servers():

@@ -69,7 +69,7 @@ def test_bad_input_exits_2_naming_the_parameter(tmp_path):
 def test_plan_writes_a_spec_that_loads_and_explains_the_changes(tmp_path):
     out = tmp_path / "planned.yaml"
     r = fleetserve("plan", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--limit", "600", "-o", str(out),
-                   "--json", "--max-trials", "15", "--ttft-p95-ms", "10000", "--e2e-p95-ms", "60000")
+                   "--json", "--max-trials", "16", "--ttft-p95-ms", "10000", "--e2e-p95-ms", "60000")
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads(r.stdout)
     assert {"cost_usd", "baseline_cost_usd", "verified", "changes", "warnings"} <= set(data) and data["verified"]

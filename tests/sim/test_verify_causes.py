@@ -490,8 +490,46 @@ def test_plan_gives_a_drained_replica_time_to_finish_the_traces_longest_answers(
     raised = result.winner.data["spec"]["engine"]["drainTimeoutSeconds"]
     assert raised > 120 and raised % 60 == 0
     change = next(c for c in result.changes if c["path"] == "spec.engine.drainTimeoutSeconds")
-    assert "longest answer took" in change["why"] and f"for {raised} s" in change["why"]
+    assert "longest answer streamed for" in change["why"] and f"for {raised} s" in change["why"]
     endpoint, _ = spot_fleet_with_long_streams()  # short answers: the input's timeout stays
     short = [TraceRequest(i * 20.0, 500, 50) for i in range(30)]
     unchanged = plan(endpoint, short, SimOptions(), {"e2e_p95_ms": 600_000}, max_trials=6)
     assert not [c for c in unchanged.changes if c["path"] == "spec.engine.drainTimeoutSeconds"]
+
+
+def test_spot_cuts_of_requests_the_input_refused_for_their_length_still_move_plan_to_on_demand():
+    """The switch read the input at its largest size before plan raised its context: the long requests were
+    refused there, no stream was cut, and the search stayed on spot."""
+    from fleetserve.sim.plan import plan
+
+    endpoint, trace = spot_fleet_with_long_streams()
+    data = endpoint.model_dump(mode="json", by_alias=True, exclude_none=True)
+    data["spec"]["model"]["contextLength"] = 4096  # every 7,500-token request is refused as written
+    short = load_spec_data(data).endpoint
+    result = plan(short, trace, SimOptions(spot_interruption_rate=6.0), {"e2e_p95_ms": 400_000}, max_trials=14)
+    assert result.context["to"] >= 7500
+    assert result.winner is not None and result.winner.data["spec"]["capacity"]["capacityTypes"] == ["on-demand"]
+
+
+def test_spot_churn_that_shows_as_latency_gets_each_type_searched_on_demand_too():
+    """Interruptions every few minutes and a 200 s provisioning delay cut no stream of short answers but leave the
+    fleet short: plan had won with 8 spot replicas at 4x the cost of one on-demand node that passes."""
+    from fleetserve.sim.plan import Planner
+
+    spec = {"model": {"name": "llama-8b", "source": "catalog:llama-3.1-8b-instruct", "contextLength": 16384},
+            "engine": {"kind": "vllm"}, "replicas": 2, "routing": {"strategy": "leastload"},
+            "placement": {"instanceTypes": ["g6e.xlarge"]},
+            "capacity": {"provider": "simulated", "capacityTypes": ["spot", "on-demand"]}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "churn"},
+                               "spec": spec}).endpoint
+    trace = [TraceRequest(i * 1.0, 1500, 100) for i in range(900)]
+    options = SimOptions(spot_interruption_rate=20.0, provisioning_delay_s=200.0)
+    search = Planner(endpoint, trace, options, {"ttft_p95_ms": 2000}, max_trials=40, instance_types=("g6.xlarge",))
+    result = search.plan()
+    assert result.baseline.verdict.result.fleet.disruptions["lost_mid_stream"] == 0  # not the cut-stream switch
+    assert result.winner is not None and result.winner.data["spec"]["capacity"]["capacityTypes"] == ["on-demand"]
+    spot = [t for t in search.history if t.step == "static" and t.verdict.passed and "on-demand" not in t.instance_type]
+    assert all(result.winner.cost < t.cost for t in spot)
+    assert any("searched on on-demand capacity too" in n for n in result.notes)
+    change = next(c for c in result.changes if c["path"] == "spec.capacity.capacityTypes")
+    assert "on-demand x" in change["why"]

@@ -179,6 +179,12 @@ def _allows(term: dict, instance_type: str) -> bool:
     return True
 
 
+def _on_demand(data: dict) -> dict:
+    d = copy.deepcopy(data)
+    d["spec"].setdefault("capacity", {})["capacityTypes"] = ["on-demand"]
+    return d
+
+
 def _pinned(affinity: dict, instance_type: str, first: str | None = None) -> dict:
     """The input's node affinity with its instance-type expressions replaced by the chosen type: its other terms
     (a zone, a capacity type, a team's label) still hold; plan had replaced the whole placement, and a HyperPod
@@ -402,10 +408,20 @@ class Planner:
         self.unfit = {t: f"no {self.catalog.get(t).gpu or 'such'} type takes the replica ({asked})"
                       for t, fit in fitting if fit is None}
         types = self.types = list(dict.fromkeys(fit for _, fit in fitting if fit is not None)) or ["local"]
-        fitted = self._fit_drain(self._on_demand_if_spot_cut(self._fit_context(base), baseline), baseline)
+        fitted = self._fit_context(base)
+        # what the input's largest fleet meets, read with the context the search uses: the requests the input
+        # refused are the longest, and a spot notice cut none of them (the switch to on-demand missed such cuts)
+        probe = baseline if fitted == base else self.run_trial(
+            _static(fitted, _max_replicas(fitted["spec"])), "input static at max replicas, context raised",
+            "baseline", "the input's types")
+        fitted = self._fit_drain(self._on_demand_if_spot_cut(fitted, probe), probe)
+        candidates = [(t, fitted if t == "local" else _with_type(fitted, t, self.catalog, own[0] if own else None))
+                      for t in types]
+        if self._spot_churn(fitted, probe):
+            candidates = [c for t, data in candidates for c in ((t, data), (f"{t} on-demand", _on_demand(data)))]
+            self.types = [t for t, _ in candidates]
         statics: list[tuple[str, int, Trial, dict]] = []
-        for t in types:
-            data = fitted if t == "local" else _with_type(fitted, t, self.catalog, own[0] if own else None)
+        for t, data in candidates:
             found = self.smallest_static(data, t)
             if found:
                 n, trial = found
@@ -462,24 +478,38 @@ class Planner:
     def _fit_drain(self, data: dict, baseline: Trial) -> dict:
         """The search's drain timeout: raised when the trace's longest answer outlasts the input's, since a replica
         that scale-down or consolidation drains stops that long after, cutting what it still streams, and more
-        replicas do not keep such streams (verify names the cut). The longest end-to-end time of the input at its
-        largest size, with half again as margin for a busier replica, rounded up to a minute. A longer timeout
-        costs only while a drained replica still streams: it is billed until its last answer ends."""
-        fleet = baseline.verdict.result.fleet
-        longest = max((r.done - r.arrival for r in fleet.requests if r.done is not None and r.error is None),
-                      default=0.0)
+        replicas do not keep such streams (verify names the cut). The longest stream (first token to last) of the
+        input at its largest size, with half again as margin for a busier replica, rounded up to a minute. A longer
+        timeout costs only while a drained replica still streams: it is billed until its last answer ends."""
+        fleet = baseline.verdict.result.fleet  # first token to last: what a drain lets finish (a queue's wait
+        # in a failing baseline is not: it had raised the timeout to 960 s for 60 s answers)
+        longest = max((r.done - r.first for r in fleet.requests
+                       if r.done is not None and r.first is not None and r.error is None), default=0.0)
         drain = self.endpoint.spec.engine.drain_timeout_seconds
         if longest <= drain:
             return data
         raised = max(drain, math.ceil(longest * 1.5 / 60) * 60)
         data = copy.deepcopy(data)
         data["spec"].setdefault("engine", {})["drainTimeoutSeconds"] = raised
-        self.drain_why = (f"the trace's longest answer took {longest:.0f} s on the input at its largest size, more "
-                          f"than its engine.drainTimeoutSeconds ({drain:g} s): a replica that scale-down or "
-                          "consolidation drains would cut such streams, which more replicas do not keep; every "
+        self.drain_why = (f"the trace's longest answer streamed for {longest:.0f} s on the input at its largest "
+                          f"size, more than its engine.drainTimeoutSeconds ({drain:g} s): a replica that scale-down "
+                          "or consolidation drains would cut such streams, which more replicas do not keep; every "
                           f"candidate lets a drained replica finish for {raised} s (1.5x the longest, in minutes; "
                           "it is billed until its last answer ends)")
         return data
+
+    def _spot_churn(self, data: dict, probe: Trial) -> bool:
+        """Whether spot notices came while the input's largest fleet missed its targets: capacity lost to
+        interruptions and re-provisioned late shows as latency, not as cut streams, and more spot replicas may
+        cost more than fewer on-demand ones (a spot fleet of 17 won at $2.41 where one on-demand node passed at
+        $0.47). Each type is then searched on on-demand capacity too, and the cheaper wins."""
+        types = (data["spec"].get("capacity") or {}).get("capacityTypes") or []
+        notices = probe.verdict.result.fleet.disruptions.get("spot_notices", 0)
+        if "spot" not in types or not notices or probe.verdict.passed:
+            return False
+        self.notes.append(f"spot interruptions ({notices} notice(s)) came while the input at its largest size "
+                          "missed its targets: every type was searched on on-demand capacity too")
+        return True
 
     def _cut_short(self) -> str | None:
         """That --max-trials ended the search, and the steps that ran no trial; None when it did not end it."""

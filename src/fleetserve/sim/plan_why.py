@@ -197,7 +197,8 @@ def explain(changes: list[dict], search: Planner, winner: Trial) -> None:
         path = c["path"]
         if path == "spec.capacity.allowLargerInstances":
             why = _larger(search, winner, c["to"])
-        elif path.startswith("spec.placement."):
+        elif path.startswith("spec.placement.") or path.startswith("spec.capacity.capacityTypes"):  # the latter:
+            # a type's on-demand variant, searched beside it when spot notices came (`Planner._spot_churn`)
             why = _instance_type(search, winner)
             listed = (spec.get("placement") or {}).get("instanceTypes") or []
             if path.startswith("spec.placement.instanceTypes") and len(listed) > 1:
