@@ -310,7 +310,7 @@ def test_held_at_max_after_a_scale_from_zero_counts_the_time_the_fleet_served():
     series = [(0.0, 0, 3, 3, 3.0, 3), (200.0, 3, 3, 3, 3.0, 3)]
     scaling = SimpleNamespace(max_replicas=3, min_replicas=0)
     fleet = SimpleNamespace(series=series, policy_scaling=scaling, static=0, replicas=[], unplaced={},
-                            capacity=SimpleNamespace(provider=None))
+                            capacity=SimpleNamespace(provider=None), disruptions={})
     section = {"windows": [[0.0, 300.0]], "failed_by_reason": {}, "ttft_ms": {"p95": 900_000.0}}
     result = SimpleNamespace(fleet=fleet, report={"peak": section})
     cause = _capacity_cause(result, "peak")
@@ -527,6 +527,9 @@ def test_spot_churn_that_shows_as_latency_gets_each_type_searched_on_demand_too(
     search = Planner(endpoint, trace, options, {"ttft_p95_ms": 2000}, max_trials=40, instance_types=("g6.xlarge",))
     result = search.plan()
     assert result.baseline.verdict.result.fleet.disruptions["lost_mid_stream"] == 0  # not the cut-stream switch
+    # verify blamed the fleet's size alone; the notices are named with what keeps the fleet whole
+    assert all("spot interruption notice(s) took replicas away" in c.reason and "on-demand capacity" in c.reason
+               for c in result.baseline.verdict.checks if not c.passed and c.metric == "ttft_p95_ms")
     assert result.winner is not None and result.winner.data["spec"]["capacity"]["capacityTypes"] == ["on-demand"]
     spot = [t for t in search.history if t.step == "static" and t.verdict.passed and "on-demand" not in t.instance_type]
     assert all(result.winner.cost < t.cost for t in spot)

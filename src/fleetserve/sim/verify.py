@@ -253,6 +253,10 @@ def _capacity_cause(result: SimResult, window: str, section: dict | None = None)
         cold_s = delay + fleet.replicas[0].profile.load_s
         cold = f" (cold start ~{cold_s:.0f} s: {delay:.0f} s node provisioning + " \
                f"{fleet.replicas[0].profile.load_s:.0f} s model load, {', '.join(types)})"
+    notices = fleet.disruptions.get("spot_notices", 0)
+    if notices:  # capacity lost and provisioned again: more replicas of spot lose more (a static 6 passed without)
+        refused += (f"; {notices} spot interruption notice(s) took replicas away, each replaced after a cold start"
+                    f"{cold}: on-demand capacity (capacity.capacityTypes) keeps the fleet whole")
     points = _window_points(fleet, section["windows"])
     zero = any(p[1] == 0 for p in points)  # no replica serving at some point in the window
     # held at max: ready replicas at maxReplicaCount for at least half the time the fleet served (after a scale
@@ -281,7 +285,9 @@ def _capacity_cause(result: SimResult, window: str, section: dict | None = None)
         after = f", after a scale from zero{cold}" if from_zero else ""
         return f"replicas held at maxReplicaCount={most} during the {name}: not enough capacity{after}{refused}"
     if window != "idle":
-        reached = max((p[2] for p in points), default=0)  # in the window: the trace's max may come after it
+        # in the window (the trace's max may come after it); a spot replacement starting while the replica it
+        # replaces drains is not a step of the scale: "19 of 18" was said
+        reached = min(most, max((p[2] for p in points), default=0))
         return f"scaling did not keep up with the {name}: replicas reached {reached} of {most}{cold}{refused}"
     if (report["idle"]["ttft_ms"]["p95"] or 0) / 1000 > cold_s + 60:
         return f"the queue built earlier is still draining at idle{refused}"
