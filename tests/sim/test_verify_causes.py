@@ -536,3 +536,27 @@ def test_spot_churn_that_shows_as_latency_gets_each_type_searched_on_demand_too(
     assert any("searched on on-demand capacity too" in n for n in result.notes)
     change = next(c for c in result.changes if c["path"] == "spec.capacity.capacityTypes")
     assert "on-demand x" in change["why"]
+
+
+def test_a_type_short_for_most_of_the_trace_is_named_and_not_doubled():
+    """A shortage of the only type until just before the trace ends: its replicas are placed late, so the all-time
+    replica count reached the fleet's size, and plan doubled the type to x64 ("all 265 requests failed") without
+    naming the shortage."""
+    from fleetserve.sim.plan import Planner
+
+    spec = {"model": {"name": "llama-8b", "source": "catalog:llama-3.1-8b-instruct", "contextLength": 16384},
+            "engine": {"kind": "vllm"}, "replicas": 2, "routing": {"strategy": "leastload"},
+            "placement": {"instanceTypes": ["g5.xlarge"]},
+            "capacity": {"provider": "simulated", "simulated": {"provisioningDelaySeconds": 3, "shortages": [
+                {"instanceType": "g5.xlarge", "startSeconds": 0, "endSeconds": 550}]}}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "short"},
+                               "spec": spec}).endpoint
+    trace = [TraceRequest(i * 2.0, 500, 50) for i in range(300)]
+    verdict = verify(endpoint, trace, SimOptions(), {"ttft_p95_ms": 5000})
+    assert max(p[2] for p in verdict.result.fleet.series) == 2  # placed, once the shortage ended
+    missed = [c for c in verdict.checks if not c.passed and c.window == "peak"]
+    assert missed and all("were not all placed for" in c.reason and "placed no sooner" in c.reason for c in missed)
+    search = Planner(endpoint, trace, SimOptions(), {"ttft_p95_ms": 5000}, max_trials=20, instance_types=())
+    search.plan()
+    statics = [t.data["spec"]["replicas"] for t in search.history if t.step == "static"]
+    assert statics == [1] and "g5.xlarge" in search.placement_bound

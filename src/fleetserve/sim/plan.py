@@ -31,7 +31,7 @@ from fleetserve.sim.plan_why import explain
 from fleetserve.sim.ranking import BY_RANK, RANK_TOLERANCE, SWITCH_TOLERANCE, better
 from fleetserve.sim.run import engine_block, strings_in
 from fleetserve.sim.setup import SimOptions, gpu_types
-from fleetserve.sim.verify import Verdict, failed, verify
+from fleetserve.sim.verify import Verdict, failed, short_placed, verify
 from fleetserve.sim.workload import build_workload
 from fleetserve.spec.context import context_limit, model_maximum, with_context_limit
 from fleetserve.spec.load import load_spec_data
@@ -366,8 +366,12 @@ class Planner:
                 self.budget_bound[label] = t  # a static fleet twice the size costs no less: p4d and p5 ran x1 to
                 return None  # x64 over a $16/h budget that one node of them exceeds
             fleet = t.verdict.result.fleet
-            if fleet.unplaced and max((p[2] for p in fleet.series), default=0) < n:  # capacity caps the count
-                self.placement_bound[label] = t  # (a local machine's slots): x8 ... x64 ran the same fleet
+            span = [(0.0, max(fleet.end - fleet.t0, 1.0))]
+            if fleet.unplaced and (max((p[2] for p in fleet.series), default=0) < n  # capacity caps the count (a
+                                   # local machine's slots): x8 ... x64 ran the same fleet; or a shortage kept it
+                                   # short for most of the trace (placed once it ended, the all-time count hid it)
+                                   or short_placed(fleet, n, span) >= 0.5):
+                self.placement_bound[label] = t
                 return None
             floors = [c.floor / c.limit for c in t.verdict.checks if not c.passed and c.floor and c.limit]
             now = max(floors, default=None)

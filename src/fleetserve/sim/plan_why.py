@@ -83,7 +83,8 @@ def _types(search: Planner) -> str:
         elif tried:
             largest = max(tried, key=lambda x: x.data["spec"]["replicas"])
             stopped = " (more were not tried: the engine alone misses the target)" if t in search.engine_bound else \
-                " (more were not tried: no more replicas could be placed)" if t in search.placement_bound else \
+                " (more were not tried: capacity placed no more, or not for most of the trace)" \
+                if t in search.placement_bound else \
                 " (more were not tried: this many already cost more than the budget)" if t in search.budget_bound \
                 else ""
             parts.append(f"{t}: none passed up to {largest.data['spec']['replicas']} replicas{stopped} "

@@ -227,6 +227,16 @@ def _share(series: list[tuple], spans, test) -> float:
     return sum(span_hours(passing, a, b, 1) for a, b in spans) * 3600 / total
 
 
+def short_placed(fleet, n: int, spans) -> float:
+    """The share of the spans' time with fewer than `n` replicas placed on nodes (a capacity shortage or limit):
+    the all-time count hid a type short for the whole trace, placed only once its shortage ended. Before the first
+    recorded state nothing was placed (the series starts at the first placement)."""
+    series = fleet.series
+    if not series or series[0][0] > 0:
+        series = [(0.0, 0, 0, 0, 0.0, 0), *series]
+    return _share(series, spans, lambda p: p[2] < n)
+
+
 def _capacity_cause(result: SimResult, window: str, section: dict | None = None) -> str:
     """What the fleet's size and scaling did in the window (peak, idle, or another window's `section`): at max
     replicas, too slow to scale, scaled to zero."""
@@ -272,6 +282,12 @@ def _capacity_cause(result: SimResult, window: str, section: dict | None = None)
         if fleet.policy_scaling is None and placed < most:  # the fleet never had the size the spec asks for
             return f"only {placed} of the static fleet's {most} replicas could be placed: {unplaced_reason(fleet)}" \
                    f"{refused}"
+        short = short_placed(fleet, most, section["windows"])
+        if fleet.policy_scaling is None and short >= 0.5:  # placed, but late: a shortage for most of the window
+            fewest = min((p[2] for p in _window_points(fleet, section["windows"])), default=0)
+            return (f"the static fleet's {most} replicas were not all placed for {short:.0%} of the {name} (as few "
+                    f"as {fewest}): {unplaced_reason(fleet)}; more replicas of this type are placed no sooner"
+                    f"{refused}")
         launches = sum(fleet.unplaced.values())
         refused += f"; {launches} replica launch(es) found no capacity ({unplaced_reason(fleet)})"
     if fleet.policy_scaling is None:
