@@ -57,7 +57,7 @@ def test_lru_capacity_evicts_and_publishes_removals(sim):
 
 
 def test_client_salt_separates_cache_and_a_client_cannot_claim_a_tenant(sim):
-    prompt = list(range(900, 912))
+    prompt = list(range(900, 913))  # 3 whole blocks of 4 and a token: the last is always computed
     complete(sim.url, prompt, cache_salt="tenant-a")
     assert complete(sim.url, prompt)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # other namespace
     # without the fleet's internal token, a tenant header is dropped: this lands in the unsalted namespace

@@ -66,6 +66,20 @@ def test_a_shared_prefix_is_cached_and_computes_less():
     assert m.hit_engine == 12 and m.queried == 27
 
 
+def test_a_prompt_of_whole_blocks_computes_its_last_block_again():
+    """vLLM and the built-in engine always compute at least one prompt token (the logits come from it): a prompt
+    found whole reported cached == prompt here, against at most a block less live."""
+    m = ReplicaModel(PROF)
+    m.add(Seq(16, 2, (1, 2, 3, 4)))
+    drive(m)
+    whole, longer = Seq(16, 2, (1, 2, 3, 4)), Seq(17, 2, (1, 2, 3, 4))
+    m.add(whole)
+    drive(m)
+    m.add(longer)
+    drive(m)
+    assert whole.cached == 12 and longer.cached == 16
+
+
 def test_running_sequences_and_cache_share_memory_and_l1_l2_keep_what_the_engine_evicts():
     l2 = BlockLRU("l2", 100)
     m = ReplicaModel(PROF, l1_blocks=2, l2=l2)
@@ -74,7 +88,7 @@ def test_running_sequences_and_cache_share_memory_and_l1_l2_keep_what_the_engine
         drive(m)
         assert len(m.cache) + m.reserved <= PROF.cache_blocks
     assert len(m.l1) == 2 and len(l2) > 0
-    back = Seq(16, 2, (0, 1, 2, 3))  # the oldest prompt: evicted from the engine, still in L2
+    back = Seq(17, 2, (0, 1, 2, 3))  # the oldest prompt (and a token): evicted from the engine, still in L2
     m.add(back)
     drive(m)
     assert back.cached == 16 and back.hit_l2 + back.hit_l1 == 4 and back.load_s > 0
@@ -102,7 +116,7 @@ def test_blocks_a_running_sequence_uses_are_never_evicted_a_request_that_needs_t
             assert all(k in m.cache for k in prefix)  # never evicted under the reader
     assert seen[cold.id][0] > seen[reader.id][-1]  # the cold prompt waited for the reader to finish
     assert m.pins == {} and m.reserved == 0
-    again = Seq(32, 2, prefix)
+    again = Seq(33, 2, prefix)
     m.add(again)
     drive(m)
     assert again.cached == 32
@@ -143,7 +157,7 @@ def test_new_blocks_are_written_through_to_l1_and_the_shared_l2_as_the_engine_wr
     first.add(Seq(32, 2, tuple(range(8))))
     drive(first)
     assert len(first.l1) == 8 and len(l2) == 8  # nothing evicted yet, both tiers hold the prompt
-    again = Seq(32, 2, tuple(range(8)))
+    again = Seq(33, 2, tuple(range(8)))
     second.add(again)
     drive(second)
     assert again.hit_l2 == 8 and again.cached == 32

@@ -217,6 +217,9 @@ class ReplicaModel:
         while waiting and len(self.running) + len(self.prefilling) < prof.max_batch:
             seq = waiting[0]
             keys = seq.keys
+            usable = (seq.prompt - 1) // block  # one prompt token is always computed, as vLLM and the built-in
+            if len(keys) > usable:  # engine leave it: a prompt of whole blocks reported cached == prompt
+                keys = keys[:usable]
             hit = match_prefix(self.cache, keys, touch=True) if keys else 0
             h1 = h2 = 0
             if keys and hit < len(keys) and (self.l1 is not None or self.l2 is not None):
