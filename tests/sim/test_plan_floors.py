@@ -66,6 +66,8 @@ def test_a_daily_peak_gets_a_planned_floor_that_passes_verify_and_is_explained()
         assert [(s["start"], s["end"]) for s in auto["schedules"]] == [("10 10 * * *", "15 10 * * *")]
         assert auto["scheduleLeadTime"] >= floors["cold_start_s"] > 0
         assert "10:10-10:15 UTC" in change["why"] and "cold start" in change["why"]
+        days = (trace[-1].arrival_s - trace[0].arrival_s) / 86400  # a rule from one sighting is said to be one
+        assert any("repeat every day what a trace of" in w for w in out["warnings"]) == (days < 2), out["warnings"]
     else:  # no floor was cheaper: the search says so
         assert floors["chosen"] == "none" and change["why"].startswith("no floors")
     planned = load_spec_data(result.winner.data).endpoint  # the written spec loads and passes on its own

@@ -650,6 +650,9 @@ class Planner:
         if not info or self.best is None:
             return
         auto = self.best.data["spec"].get("autoscaling") or {}
+        if not _autoscaling_on(self.best.data):  # a static winner: schedules kept in the file act on nothing
+            info["chosen"] = "none"
+            return
         floors = auto.get("schedules") or []
         before = info["cost_before_usd"]
         had = "the input's floors" if (self.base["spec"].get("autoscaling") or {}).get("schedules") else "no floors"
@@ -658,6 +661,12 @@ class Planner:
         if floors:
             peaks = "; ".join(f"{p['window']}: {p['arrivals_per_slot']} arrivals per {info['slot_s'] // 60} min "
                               f"against {p['off_peak_per_slot']:g} off-peak" for p in info["peak_windows"])
+            arrivals = [r.arrival for r in self.workload]
+            days = (max(arrivals) - min(arrivals)) / 86400 if arrivals else 0.0
+            if days < 2 and floors != (self.base["spec"].get("autoscaling") or {}).get("schedules"):
+                # one sighting made a rule: a 40 s burst became 18 replicas every day
+                self.notes.append(f"the time-of-day floors repeat every day what a trace of {days * 24:.1f} hours "
+                                  f"showed once ({peaks}): check that the peak comes back daily before keeping them")
             lead = auto.get("scheduleLeadTime", 0)
             levels = ", ".join(f"{f['minReplicas']}" for f in floors)
             why = (f"floors at the trace's daily peak ({peaks}) keep {levels} replica(s) there, "
