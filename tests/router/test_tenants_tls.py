@@ -22,7 +22,7 @@ def test_keys_map_to_tenants_and_tenants_do_not_share_cache(tmp_path):
                      "--internal-token-file", token_file], tmp_path / "sim.log").start()
     gw = Server(["router", "--backend", engine.url, "--auth-file", str(keys), "--internal-token-file", token_file],
                 tmp_path / "router.log").start()
-    body = {"model": "sim", "prompt": list(range(40)), "max_tokens": 2}
+    body = {"model": "sim", "prompt": list(range(41)), "max_tokens": 2}  # 10 blocks of 4, and the token always computed
     try:
         assert httpx.post(gw.url + "/v1/completions", json=body, timeout=30).status_code == 401
         wrong = httpx.post(gw.url + "/v1/completions", json=body, headers={"authorization": "Bearer nope"}, timeout=30)
