@@ -12,10 +12,10 @@ from tests.helpers import Server
 REQUEST = {"model": "sim", "prompt": "hello " * 20, "max_tokens": 60, "stream": True}
 
 
-def stream_through_sigterm(server: Server) -> tuple[int, bool]:
-    """Stream 60 tokens (~3 s at this speed), SIGTERM the engine after the second chunk; (chunks, saw [DONE])."""
+def stream_through_sigterm(server: Server, tokens: int = 60) -> tuple[int, bool]:
+    """Stream `tokens` (60: ~3 s at this speed), SIGTERM `server` after the second chunk; (chunks, saw [DONE])."""
     chunks, done = 0, False
-    with httpx.stream("POST", server.url + "/v1/completions", json=REQUEST, timeout=60) as r:
+    with httpx.stream("POST", server.url + "/v1/completions", json={**REQUEST, "max_tokens": tokens}, timeout=60) as r:
         for line in r.iter_lines():
             if line.startswith("data:"):
                 chunks += 1
@@ -53,3 +53,16 @@ def test_a_stream_outlasting_the_drain_timeout_is_cut(engine):
     with pytest.raises(httpx.RemoteProtocolError):
         stream_through_sigterm(server)
     server.proc.wait(timeout=30)
+
+
+def test_a_router_stopped_mid_stream_lets_it_finish_within_its_drain_timeout(engine, tmp_path):
+    """The router's own wait after SIGTERM was a fixed 5 s whatever its pod's grace: a router rollout cut the
+    streams it proxied. Kubernetes passes it the smaller of bufferTimeoutSeconds and drainTimeoutSeconds."""
+    backend = engine("60")
+    router = Server(["router", "--backend", backend.url, "--drain-timeout", "60"], tmp_path / "router.log").start()
+    try:
+        chunks, done = stream_through_sigterm(router, 160)  # ~8 s: longer than the fixed 5 s it had
+        assert done and chunks == 160 + 1, chunks
+        assert router.proc.wait(timeout=30) is not None
+    finally:
+        router.kill()

@@ -470,6 +470,8 @@ def test_queue_depth_reads_the_engines_own_waiting_gauge(kind, waiting):
     _, loaded = _objects(doc)
     query = builtin_query(Context.build(loaded.endpoint, RenderOptions()), "queue_depth")
     assert waiting in query and ("vllm:" not in query if kind == "sglang" else True)
+    # and the requests the router queues for a slot, as /admin/load and the simulator count them
+    assert "fleetserve_router_queued_requests" in query
 
 
 def test_pods_require_every_key_of_the_specs_required_node_affinity():
@@ -696,13 +698,16 @@ def test_the_drain_timeout_sets_the_grace_periods_and_the_builtin_engines_own_wa
     doc["spec"]["router"] = {"bufferTimeoutSeconds": 900}
     rendered, _ = _objects(doc)
     engine = _by(rendered, "Deployment", "iso-engine")[0]["spec"]["template"]["spec"]
-    assert engine["terminationGracePeriodSeconds"] == 10 + 300
+    assert engine["terminationGracePeriodSeconds"] == 10 + 300 + 5  # preStop, the drain, then the exit
     args = engine["containers"][0]["args"]
     assert args[args.index("--drain-timeout") + 1] == "300"
+    # the router waits as long for the streams it proxies (its own --drain-timeout: it was a fixed 5 s)
     router = _by(rendered, "Deployment", "iso-router")[0]["spec"]["template"]["spec"]
-    assert router["terminationGracePeriodSeconds"] == 10 + 300  # the streams it proxies end with the engines'
+    assert router["terminationGracePeriodSeconds"] == 10 + 300 + 5
+    router_args = router["containers"][0]["args"]
+    assert router_args[router_args.index("--drain-timeout") + 1] == "300"
     default = _by(_objects(BUILTIN_TENANTS)[0], "Deployment", "iso-engine")[0]["spec"]["template"]["spec"]
-    assert default["terminationGracePeriodSeconds"] == 10 + 120
+    assert default["terminationGracePeriodSeconds"] == 10 + 120 + 5
 
 
 def test_a_vllm_engine_without_a_shutdown_timeout_is_told_it_cuts_streams_at_sigterm():
@@ -711,7 +716,8 @@ def test_a_vllm_engine_without_a_shutdown_timeout_is_told_it_cuts_streams_at_sig
     named = [w.message for w in _objects(FULL)[0].warnings if w.path == "spec.engine.args" and "SIGTERM" in w.message]
     assert len(named) == 1 and "--shutdown-timeout=120" in named[0] and "vLLM 0.18" in named[0]
     doc = copy.deepcopy(FULL)
-    doc["spec"]["engine"]["args"] = ["--shutdown-timeout=100"]
-    assert not [w for w in _objects(doc)[0].warnings if "SIGTERM" in w.message]
+    for given in (["--shutdown-timeout=100"], ["--shutdown-timeout 100"], ["--shutdown-timeout", "100"]):
+        doc["spec"]["engine"]["args"] = given
+        assert not [w for w in _objects(doc)[0].warnings if "SIGTERM" in w.message], given
     builtin = _objects(BUILTIN_TENANTS)[0]
     assert not [w for w in builtin.warnings if "SIGTERM" in w.message]

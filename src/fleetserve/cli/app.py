@@ -419,6 +419,9 @@ def router(
     served_model_name: Annotated[str | None, typer.Option(help="--model-metrics: the model_name label")] = None,
     model_version: Annotated[str, typer.Option(help="--model-metrics: the model_version label")] = "1",
     instance_type: Annotated[str, typer.Option(help="--model-metrics: the instance_type label")] = "local",
+    drain_timeout: Annotated[float, float_option(min=0, help="Seconds requests under way may run on after SIGTERM "
+                                                        "(Kubernetes passes the smaller of router.bufferTimeoutSeconds"
+                                                        " and engine.drainTimeoutSeconds)")] = 5.0,
 ) -> None:
     """Run the OpenAI-compatible gateway in front of engine replicas."""
     _check_log_format(log_format)
@@ -486,7 +489,7 @@ def router(
                               size_limits=SizeLimits(max_body_bytes, max_header_bytes), log_prompts=log_prompts,
                               access_log=access_log, model_identity=identity)
     run_router(list(backend or []), host, port, settings, health_path, unhealthy_after, healthy_after, tls,
-               log_format=log_format, workers=workers)
+               log_format=log_format, workers=workers, grace_s=drain_timeout)
 
 
 @models_app.command("list")

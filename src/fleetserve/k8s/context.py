@@ -25,6 +25,7 @@ INTERNAL_TOKEN_DIR = "/var/run/fleetserve/internal"
 GPU_ENGINES = frozenset({"vllm", "sglang"})
 ENGINE_TOKEN_KEY = "engine-token"  # NAME-internal: the API key vLLM/SGLang require (never the internal token)
 MODELS_DIR = "/models"
+EXIT_SECONDS = 5  # a pod's grace after its process's own drain: time to exit before SIGKILL
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,15 @@ class Context:
     @property
     def drain_seconds(self) -> int:
         """How long a terminating engine may finish its in-flight requests (`engine.drainTimeoutSeconds`, whole
-        seconds): the grace period after preStop, and the built-in engine's own wait after SIGTERM."""
+        seconds): the built-in engine's own wait after SIGTERM; the pod's grace adds preStop and `EXIT_SECONDS`."""
         return math.ceil(self.endpoint.spec.engine.drain_timeout_seconds)
+
+    @property
+    def router_drain_seconds(self) -> int:
+        """A stopping router's wait for what it serves: the streams it proxies (the engines' drain) and the requests
+        it holds at zero replicas (`router.bufferTimeoutSeconds`), whichever is shorter."""
+        return math.ceil(min(self.endpoint.spec.router.buffer_timeout_seconds,
+                             self.endpoint.spec.engine.drain_timeout_seconds))
 
     @property
     def placed(self) -> bool:

@@ -28,7 +28,15 @@ from fleetserve.capacity.placement import (
     quantity,
 )
 from fleetserve.engine.adapters import ENGINE_TOKEN_ENV, VLLM_TOKEN_ENV, launch_for
-from fleetserve.k8s.context import ENGINE_PORT, ENGINE_TOKEN_KEY, GPU_ENGINES, INTERNAL_TOKEN_DIR, MODELS_DIR, Context
+from fleetserve.k8s.context import (
+    ENGINE_PORT,
+    ENGINE_TOKEN_KEY,
+    EXIT_SECONDS,
+    GPU_ENGINES,
+    INTERNAL_TOKEN_DIR,
+    MODELS_DIR,
+    Context,
+)
 from fleetserve.k8s.labels import DISCOVERY_LABEL, TIER_LABEL
 from fleetserve.k8s.redis import engine_l2
 from fleetserve.spec.endpoint import GPU_RESOURCE
@@ -298,7 +306,7 @@ def engine_deployment(ctx: Context, tier: int) -> dict:
     pod_spec.update({
         "containers": [container],
         "volumes": volumes,
-        "terminationGracePeriodSeconds": ctx.options.prestop_seconds + ctx.drain_seconds,
+        "terminationGracePeriodSeconds": ctx.options.prestop_seconds + ctx.drain_seconds + EXIT_SECONDS,
     })
     user = dict(ctx.endpoint.metadata.annotations)
     annotations = {**user, "fleetserve.io/metrics-path": metrics_path, "fleetserve.io/model-source": spec.model.source}
@@ -363,7 +371,8 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
                                  f"{ENGINE_TOKEN_KEY} of {ctx.internal_secret}, which fleetserve passes as the "
                                  "engine's API key; an API key set here replaces it and the router's requests get "
                                  "401: remove it")  # one in engine.env is not used (reserved_env, below)
-    if spec.engine.kind == "vllm" and not any(a.split("=")[0] == "--shutdown-timeout" for a in spec.engine.args):
+    if spec.engine.kind == "vllm" and not any(a.split("=")[0].split()[0] == "--shutdown-timeout"
+                                              for a in spec.engine.args if a.strip()):
         warn("spec.engine.args", f"vLLM aborts its in-flight requests at SIGTERM unless started with "
                                  f"--shutdown-timeout (vLLM 0.18 and later): the pod is given "
                                  f"engine.drainTimeoutSeconds ({ctx.drain_seconds} s) after preStop, but streams "

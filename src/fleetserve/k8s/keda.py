@@ -33,6 +33,7 @@ from fleetserve.k8s.context import Context, num
 from fleetserve.k8s.labels import TIER_LABEL, dns_name
 
 PENDING_METRIC = "fleetserve_router_pending_requests"
+QUEUED_METRIC = "fleetserve_router_queued_requests"  # requests waiting for a replica slot (requestLimits)
 
 
 def _router_sel(ctx: Context) -> str:
@@ -66,7 +67,9 @@ def builtin_query(ctx: Context, metric: str) -> str:
         # and `or vector(0)` hid it: queue_depth scaling saw only the router's buffer)
         sglang = ctx.endpoint.spec.engine.kind == "sglang"
         waiting = "sglang:num_queue_reqs" if sglang else "vllm:num_requests_waiting"
-        return f"{_or0(ctx, f'sum({waiting}{{{e}}})')} + {pending}"
+        # plus the requests the router queues for a slot (requestLimits), as /admin/load and the simulator count
+        queued = _or0(ctx, f"sum({QUEUED_METRIC}{{{r}}})")
+        return f"{_or0(ctx, f'sum({waiting}{{{e}}})')} + {queued} + {pending}"
     if metric == "request_rate":
         return _or0(ctx, f"sum(rate(fleetserve_router_requests_total{{{r}}}[1m]))")
     if metric == "ttft_p95":

@@ -18,7 +18,14 @@ from __future__ import annotations
 import json
 
 from fleetserve.api.internal import router_trust_args
-from fleetserve.k8s.context import ENGINE_TOKEN_KEY, GPU_ENGINES, INTERNAL_TOKEN_DIR, ROUTER_PORT, Context
+from fleetserve.k8s.context import (
+    ENGINE_TOKEN_KEY,
+    EXIT_SECONDS,
+    GPU_ENGINES,
+    INTERNAL_TOKEN_DIR,
+    ROUTER_PORT,
+    Context,
+)
 from fleetserve.k8s.engine import engine_port, instance_label
 from fleetserve.router.model_metrics import ENGINES_WITHOUT, router_args
 
@@ -48,7 +55,8 @@ def _args(ctx: Context) -> list[str]:
     spec = ctx.endpoint.spec
     args = ["router", "--host", "0.0.0.0", "--port", str(router_port(ctx)), "--strategy", strategy(ctx),
             "--health-path", spec.engine.health_path, "--buffer-size", str(spec.router.buffer_size),
-            "--buffer-timeout", f"{spec.router.buffer_timeout_seconds:g}"]
+            "--buffer-timeout", f"{spec.router.buffer_timeout_seconds:g}",
+            "--drain-timeout", str(ctx.router_drain_seconds)]  # after SIGTERM: what it serves finishes
     if ctx.endpoint.spec.engine.kind == "external":
         for url in backends(ctx):
             args += ["--backend", url]
@@ -116,7 +124,7 @@ def router_deployment(ctx: Context) -> dict:
     }
     if spec.router.workers > 1:  # one core per worker process, or they only take turns on fewer
         container["resources"] = {"requests": {"cpu": str(spec.router.workers)}}
-    grace = ctx.options.prestop_seconds + int(min(spec.router.buffer_timeout_seconds, ctx.drain_seconds))
+    grace = ctx.options.prestop_seconds + ctx.router_drain_seconds + EXIT_SECONDS
     pod_spec: dict = {"containers": [container], "volumes": volumes, "terminationGracePeriodSeconds": grace}
     # spread the routers over nodes so that one node going does not take the endpoint down
     pod_spec["topologySpreadConstraints"] = [{

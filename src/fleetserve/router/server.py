@@ -36,8 +36,8 @@ def server_tls(tls: tuple[str, str] | None) -> ssl_module.SSLContext | None:
 async def serve_gateway(backends: list[str], host: str, port: int, settings: RouterSettings, *,
                         health_path: str = "/health", unhealthy_after: int = 2, healthy_after: int = 1,
                         tls: tuple[str, str] | None = None, reuse_port: bool = False, sock=None, peers=None,
-                        stop: asyncio.Event | None = None) -> None:
-    """Serve until `stop` is set (or SIGTERM/SIGINT in the main thread)."""
+                        stop: asyncio.Event | None = None, grace_s: float = GRACE_S) -> None:
+    """Serve until `stop` is set (or SIGTERM/SIGINT in the main thread); requests under way then get `grace_s`."""
     pool = BackendPool(backends, health_path=health_path, interval=settings.health_interval,
                        unhealthy_after=unhealthy_after, healthy_after=healthy_after)
     gateway = Gateway(pool, settings)
@@ -63,7 +63,7 @@ async def serve_gateway(backends: list[str], host: str, port: int, settings: Rou
     try:
         await stop.wait()
     finally:
-        await door.shutdown(GRACE_S)
+        await door.shutdown(grace_s)
         if peers is not None:
             peers.close()
         await gateway.stop()
@@ -80,10 +80,11 @@ def settle_garbage_collector() -> None:
 
 def run_router(backends: list[str], host: str, port: int, settings: RouterSettings,
                health_path: str = "/health", unhealthy_after: int = 2, healthy_after: int = 1,
-               tls: tuple[str, str] | None = None, log_format: str = "text", workers: int = 1) -> None:
+               tls: tuple[str, str] | None = None, log_format: str = "text", workers: int = 1,
+               grace_s: float = GRACE_S) -> None:
     configure_logging(log_format, "router")
     options = {"health_path": health_path, "unhealthy_after": unhealthy_after, "healthy_after": healthy_after,
-               "tls": tls}
+               "tls": tls, "grace_s": grace_s}
     if workers > 1:
         from fleetserve.router.workers import run_workers
 
