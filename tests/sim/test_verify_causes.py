@@ -434,7 +434,14 @@ def test_streams_cut_by_spot_interruptions_are_named_not_blamed_on_the_fleets_si
     errors = [c for c in verdict.checks if c.metric == "error_rate" and not c.passed]
     assert errors and verdict.result.fleet.disruptions["lost_mid_stream"] > 0
     assert all("stream(s) were cut when their replica stopped" in c.reason and "spot interruption" in c.reason
-               and "cannot carry" not in c.reason for c in errors)
+               and "cannot carry" not in c.reason and "at most 120 s (the 120 s notice)" in c.reason for c in errors)
+    # a drain timeout under the notice is the limit then, and said to be
+    data = endpoint.model_dump(mode="json", by_alias=True, exclude_none=True)
+    data["spec"]["engine"] = {**data["spec"].get("engine", {}), "drainTimeoutSeconds": 30}
+    short = verify(load_spec_data(data).endpoint, trace, SimOptions(spot_interruption_rate=6.0),
+                   {"e2e_p95_ms": 400_000})
+    cut = [c.reason for c in short.checks if c.metric == "error_rate" and not c.passed]
+    assert cut and all("at most 30 s (engine.drainTimeoutSeconds (30 s" in r for r in cut), cut
 
 
 def test_plan_answers_spot_cut_streams_with_on_demand_capacity_not_more_replicas():
@@ -474,8 +481,8 @@ def test_streams_a_drain_cut_name_the_drain_timeout_and_a_longer_one_keeps_them(
     verdict = verify(endpoint, trace, SimOptions(), slo)
     errors = [c for c in verdict.checks if c.metric == "error_rate" and not c.passed]
     assert errors and verdict.result.fleet.disruptions["lost_mid_stream"] > 0
-    assert all("drains stops 120 s later" in c.reason and "a longer engine.drainTimeoutSeconds" in c.reason
-               for c in errors)
+    assert all("drains, which stop a replica 120 s later" in c.reason
+               and "a longer engine.drainTimeoutSeconds" in c.reason and "spot" not in c.reason for c in errors)
     endpoint, trace = scaled_down_fleet_with_long_streams(drain=600)
     kept = verify(endpoint, trace, SimOptions(), slo)
     assert kept.passed and kept.result.fleet.disruptions["lost_mid_stream"] == 0

@@ -159,6 +159,7 @@ class SimFleet:
         self.rejected: collections.Counter[str] = collections.Counter()
         self.hits: collections.Counter[str] = collections.Counter()  # prompt tokens, of replicas gone
         self.disruptions: collections.Counter[str] = collections.Counter()  # spot notices, retries, lost streams
+        self._noticed: set[str] = set()  # nodes a spot notice came for: their replicas' drains are the notice's
         self.policy_scaling = scaling_policy(spec, options)
         self._track_ttft = self.policy_scaling is not None and any(  # only a TTFT trigger reads them
             t.metric == "ttft_p95" or (t.metric == "prometheus" and "ttf" in (t.query or "").lower())
@@ -273,7 +274,8 @@ class SimFleet:
         views = self._views = tuple(self._view_list)
         return views
 
-    def _remove(self, rep: SimReplica, killed: bool = False) -> None:
+    def _remove(self, rep: SimReplica, killed: bool = False, cause: str = "drain") -> None:
+        """`killed`: requests still on it are lost; `cause` (spot, drain) names what cut the streams among them."""
         if rep.state == "stopped":
             return
         rep.state = "stopped"
@@ -285,7 +287,7 @@ class SimFleet:
             for seq in list(model.waiting) + list(model.prefilling) + list(model.running):
                 req: Req = seq.payload
                 model.cancel(seq)
-                self._lost(req, rep)
+                self._lost(req, rep, cause)
         self._retire(rep.model)
         self.book.forget(rep.id)
         if self.kv_index is not None:
@@ -398,11 +400,13 @@ class SimFleet:
         self.rejected[code] += 1
         self.outstanding -= 1
 
-    def _lost(self, req: Req, rep: SimReplica) -> None:
+    def _lost(self, req: Req, rep: SimReplica, cause: str = "drain") -> None:
         """Its replica died: before the first byte the router retries elsewhere, after it the stream fails."""
         prefilled = req.seq is not None and req.seq.first_at is not None  # its backlog went at its first token
         self.book.failed(rep.id, req.prefill, prefilled)
         self.disruptions["retried" if req.first is None else "lost_mid_stream"] += 1
+        if req.first is not None:
+            self.disruptions[f"cut_by_{cause}"] += 1  # verify says which: a spot notice's, or the drain timeout's
         if req.first is None:
             req.excluded = exclude(req.excluded, rep.id)
             req.replica = None
@@ -528,18 +532,20 @@ class SimFleet:
             on_node = [r for r in list(self.replicas) if r.node_id == event.node_id]
             if event.kind == "interruption-notice":
                 self.disruptions["spot_notices"] += 1
+                self._noticed.add(event.node_id)
                 for r in on_node:
                     self._drain(r)
             elif event.kind == "terminated":
                 for r in on_node:
-                    self._remove(r, killed=True)
+                    self._remove(r, killed=True, cause="spot")
         if self.controller is not None and self.controller.due(now, len(self.buffer)):
             decision = self.controller.tick(now, self._lagged_load())
             self.decisions.append((now - self.t0, decision.desired, decision.reason))
         self._scale_to(self.desired)
         for r in [r for r in self.replicas if r.state == "draining"]:
             if (self.book.in_flight[r.id] <= 0 and r.model.idle) or now >= (r.drain_deadline or now):
-                self._remove(r, killed=self.book.in_flight[r.id] > 0)
+                self._remove(r, killed=self.book.in_flight[r.id] > 0,
+                             cause="spot" if r.node_id in self._noticed else "drain")
         ready = sum(1 for r in self.replicas if r.state in SERVING)
         ratio = load_ratio(load["in_flight"], load["pending"], target_per_replica(self.policy_scaling), ready)
         before = len(self.capacity.nodes())

@@ -158,19 +158,27 @@ def _cause(result: SimResult, window: str, metric: str = "", value: float | None
 
 def _cut_streams(result: SimResult, lost: int) -> str:
     """Streams cut when their replica stopped (`upstream_failed` after the first byte): a spot interruption, or a
-    drain (scale-down, consolidation) that ran past `engine.drainTimeoutSeconds`. More replicas do not keep them;
-    `verify` had said "a static fleet of 3 replica(s) cannot carry the peak load", and plan doubled to 64 replicas."""
-    notices = result.fleet.disruptions.get("spot_notices", 0)
-    head = f"{lost} stream(s) were cut when their replica stopped"
-    if notices:
-        return (f"{head}: {notices} spot interruption notice(s), after which a node lives {SPOT_NOTICE_SECONDS:.0f} s; "
-                "more replicas do not keep them, on-demand capacity (capacity.capacityTypes), shorter answers "
-                "(max_tokens) or a faster instance type do")
+    drain (scale-down, consolidation) that ran past `engine.drainTimeoutSeconds`, each named with what keeps them.
+    More replicas do not; `verify` had said "a static fleet of 3 replica(s) cannot carry the peak load", and plan
+    doubled to 64 replicas."""
+    cuts = result.fleet.disruptions
+    notices, by_spot, by_drain = cuts.get("spot_notices", 0), cuts.get("cut_by_spot", 0), cuts.get("cut_by_drain", 0)
     drain = result.fleet.spec.engine.drain_timeout_seconds
-    return (f"{head}: a replica that scale-down or consolidation drains stops {drain:g} s later whatever it still "
-            "serves (engine.drainTimeoutSeconds; terminationGracePeriodSeconds on Kubernetes); a longer "
-            "engine.drainTimeoutSeconds, shorter answers (max_tokens), a longer scaleDownStabilizationTime or a "
-            "faster instance type keep them")
+    parts = []
+    if by_spot:
+        serves = min(SPOT_NOTICE_SECONDS, drain)
+        limit = f"the {SPOT_NOTICE_SECONDS:.0f} s notice" if serves == SPOT_NOTICE_SECONDS else \
+            f"engine.drainTimeoutSeconds ({drain:g} s, shorter than the {SPOT_NOTICE_SECONDS:.0f} s notice)"
+        parts.append(f"{by_spot} by {notices} spot interruption notice(s), after which a replica serves at most "
+                     f"{serves:g} s ({limit}); more replicas do not keep them, on-demand capacity "
+                     "(capacity.capacityTypes), shorter answers (max_tokens) or a faster instance type do"
+                     + ("" if serves == SPOT_NOTICE_SECONDS else ", and a drain timeout up to the notice"))
+    if by_drain:
+        parts.append(f"{by_drain} by scale-down or consolidation drains, which stop a replica {drain:g} s later "
+                     "whatever it still serves (engine.drainTimeoutSeconds; terminationGracePeriodSeconds on "
+                     "Kubernetes): a longer engine.drainTimeoutSeconds, shorter answers (max_tokens), a longer "
+                     "scaleDownStabilizationTime or a faster instance type keep them")
+    return f"{lost} stream(s) were cut when their replica stopped: " + "; ".join(parts or ["by a stopped replica"])
 
 
 # a latency target the requests miss alone, with no queueing, is the engine's: (the floor, what to say)
