@@ -265,3 +265,32 @@ def test_an_instance_type_list_keeps_the_inputs_other_types_as_fallbacks():
     if listed != spec["placement"]["instanceTypes"]:
         why = next(c["why"] for c in result.changes if c["path"].startswith("spec.placement.instanceTypes"))
         assert "as fallbacks through a capacity shortage" in why
+
+
+def test_a_candidates_fallbacks_are_cloud_types_the_input_could_place_each_once():
+    """The input's list was copied as it was: `local` ($0, this machine) followed a cloud type, `ml.g6e.xlarge` and
+    `g6e.xlarge` were listed as two types, and a type the replica does not fit on was kept as a fallback."""
+    from fleetserve.capacity.catalog import Catalog
+    from fleetserve.capacity.placement import replica_request
+    from fleetserve.sim.plan import _on_demand, _with_type
+
+    catalog = Catalog.builtin()
+    spec = {"model": {"name": "llama", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 1,
+            "engine": {"kind": "vllm", "resources": {"requests": {"cpu": "6", "memory": "30Gi"}}},
+            "placement": {"instanceTypes": ["ml.g5.xlarge", "local", "g6e.xlarge", "ml.g5.2xlarge"]}}
+    data = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "f"}, "spec": spec}
+    endpoint = load_spec_data(data).endpoint
+    asked = replica_request(endpoint.spec.engine, endpoint.spec.model, endpoint.spec.kv_cache)
+    placed = _with_type(data, "ml.g5.4xlarge", catalog, asked=asked)["spec"]["placement"]["instanceTypes"]
+    # g5.xlarge has 4 vCPU (the pod asks 6); g6e.xlarge is 4 too; local is no fallback
+    assert placed == ["ml.g5.4xlarge", "ml.g5.2xlarge"], placed
+    again = _with_type(data, "g5.2xlarge", catalog, asked=asked)["spec"]["placement"]["instanceTypes"]
+    assert again == ["g5.2xlarge"]  # ml.g5.2xlarge is the same type
+    spot = {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]}
+    zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}
+    pinned = {**data, "spec": {**spec, "placement": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [spot, zone]}]}}}}}
+    terms = _on_demand(pinned)["spec"]["placement"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [zone]}]  # a term requiring spot placed nothing on demand

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetserve.capacity.catalog import Catalog
-from fleetserve.capacity.placement import INSTANCE_TYPE_LABEL, fits, replica_request
+from fleetserve.capacity.placement import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, fits, replica_request
 from fleetserve.router.policies import registered_policies
 from fleetserve.sim.floors import cold_start_s, lead_time, peak_windows, reached, schedules
 from fleetserve.sim.plan_why import explain
@@ -142,10 +142,13 @@ def _fitting(instance_type: str, asked, catalog: Catalog, naming: str) -> str | 
     return naming + min(same_gpu, key=lambda t: (t.gpus, t.on_demand)).name
 
 
-def _with_type(data: dict, instance_type: str, catalog: Catalog, first: str | None = None) -> dict:
+def _with_type(data: dict, instance_type: str, catalog: Catalog, first: str | None = None,
+               asked=None) -> dict:
     """The spec placed on `instance_type` first. The input's other listed types follow it as fallbacks, in their
     order: a priority list is what keeps a fleet placeable through a capacity shortage, and plan had collapsed
-    [g5.xlarge, g6e.xlarge, g5.2xlarge] to one type. Node affinity is pinned to the type (`_pinned`)."""
+    [g5.xlarge, g6e.xlarge, g5.2xlarge] to one type. Only cloud types the input could place a replica on (`asked`)
+    stay, each once (the candidate `ml.g6e.xlarge` and the input's `g6e.xlarge` are one type; `local` is this
+    machine, not a fallback). Node affinity is pinned to the type (`_pinned`)."""
     d = copy.deepcopy(data)
     s = d["spec"]
     placement = s.get("placement") or {}
@@ -155,7 +158,15 @@ def _with_type(data: dict, instance_type: str, catalog: Catalog, first: str | No
         s["placement"] = {**placement, "nodeAffinity": _pinned(affinity, instance_type, first)}
         capacity["allowLargerInstances"] = catalog.get(instance_type).gpus > 1
         return d
-    fallbacks = [t for t in placement.get("instanceTypes") or [] if t != instance_type]
+    larger = bool(capacity.get("allowLargerInstances"))
+    fallbacks, seen = [], {Catalog.canonical(instance_type)}
+    for t in placement.get("instanceTypes") or []:
+        if t == "local" or t not in catalog or Catalog.canonical(t) in seen:
+            continue
+        if asked is not None and not fits(catalog.get(t), asked, allow_larger=larger):
+            continue
+        seen.add(Catalog.canonical(t))
+        fallbacks.append(t)
     s["placement"] = {**placement, "instanceTypes": [instance_type, *fallbacks]}
     capacity["allowLargerInstances"] = catalog.get(instance_type).gpus > 1 or \
         bool(fallbacks and capacity.get("allowLargerInstances"))  # the input's own, for its fallbacks
@@ -179,9 +190,30 @@ def _allows(term: dict, instance_type: str) -> bool:
     return True
 
 
+ON_DEMAND = " on-demand"  # the label of a type's on-demand variant (`Planner._spot_churn`)
+
+
+def instance_of(label: str) -> str:
+    """The instance type a candidate's label names (its on-demand variant's too)."""
+    return label.removesuffix(ON_DEMAND)
+
+
 def _on_demand(data: dict) -> dict:
+    """The spec on on-demand capacity only; node affinity that asks for a capacity type no longer does (a term
+    requiring spot would place nothing)."""
     d = copy.deepcopy(data)
     d["spec"].setdefault("capacity", {})["capacityTypes"] = ["on-demand"]
+    affinity = (d["spec"].get("placement") or {}).get("nodeAffinity")
+    if affinity:
+        def others(exprs):
+            return [e for e in exprs or [] if e.get("key") != CAPACITY_TYPE_LABEL]
+
+        required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+        for term in required.get("nodeSelectorTerms") or []:
+            term["matchExpressions"] = others(term.get("matchExpressions"))
+        for pref in affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []:
+            pref.setdefault("preference", {})["matchExpressions"] = others(
+                (pref.get("preference") or {}).get("matchExpressions"))
     return d
 
 
@@ -419,10 +451,10 @@ class Planner:
             _static(fitted, _max_replicas(fitted["spec"])), "input static at max replicas, context raised",
             "baseline", "the input's types")
         fitted = self._fit_drain(self._on_demand_if_spot_cut(fitted, probe), probe)
-        candidates = [(t, fitted if t == "local" else _with_type(fitted, t, self.catalog, own[0] if own else None))
-                      for t in types]
+        candidates = [(t, fitted if t == "local" else
+                       _with_type(fitted, t, self.catalog, own[0] if own else None, asked)) for t in types]
         if self._spot_churn(fitted, probe):
-            candidates = [c for t, data in candidates for c in ((t, data), (f"{t} on-demand", _on_demand(data)))]
+            candidates = [c for t, data in candidates for c in ((t, data), (t + ON_DEMAND, _on_demand(data)))]
             self.types = [t for t, _ in candidates]
         statics: list[tuple[str, int, Trial, dict]] = []
         for t, data in candidates:

@@ -175,14 +175,18 @@ def _kept(search: Planner, winner: Trial, step: str, what: str) -> str:
 def _larger(search: Planner, winner: Trial, allowed) -> str:
     """allowLargerInstances follows the winner's first type: a type of more GPUs than one replica asks is larger
     than a replica, and Karpenter may only pack several replicas onto it when larger types are allowed."""
+    from fleetserve.sim.plan import instance_of
+
     spec = winner.data["spec"]
     listed = (spec.get("placement") or {}).get("instanceTypes") or []
-    kind = listed[0] if listed else winner.instance_type
-    gpus = search.catalog.get(kind).gpus if kind in search.catalog else None
-    if allowed and gpus and gpus > 1:
+    kind = listed[0] if listed else instance_of(winner.instance_type)
+    if kind not in search.catalog:
+        return f"as in the winning trial ({winner.label}: {_figures(winner)})"
+    gpus = search.catalog.get(kind).gpus
+    if allowed and gpus > 1:
         return (f"{kind} has {gpus} GPUs, more than one replica asks: several replicas share one of its nodes, "
                 "which needs larger instances allowed")
-    if allowed:
+    if allowed and listed[1:]:
         return f"as the input's, for its fallback types after {kind} ({', '.join(listed[1:])})"
     return f"{kind} has {gpus} GPU(s): one replica per node, no larger instance needed"
 
