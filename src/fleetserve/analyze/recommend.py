@@ -61,10 +61,13 @@ def recommend(ideal: float, tiers: dict, strategies: dict, filled: bool = True, 
                        "own memory holds")
         if not l1_pays:
             reasons.append(copies)
-    elif ideal - engine <= 0.01:
+    elif ideal - engine <= 0.01 and (l1_blocks is None or engine_blocks is None or l1_blocks > engine_blocks):
         tier = "L1 only"
-        reasons.append("engine memory already holds nearly all the reuse; L1 is a cheap margin for longer traffic, "
-                       "an L2 would add nothing")
+        reasons.append("engine memory already holds nearly all the reuse; L1, larger than it, is a cheap margin for "
+                       "longer traffic, an L2 would add nothing")
+    elif ideal - engine <= 0.01:  # an L1 no larger than the engine's memory only copies it: no margin
+        tier = "engine only"
+        reasons.append(f"engine memory already holds nearly all the reuse; {copies}")
     elif l1_pays:
         tier = "L1 only"
         reasons.append(f"L1 adds {l1 - engine:.1%} over engine memory; an L2 would add only {l2 - l1:.1%} "
