@@ -53,8 +53,8 @@ def test_a_weighted_curve_counts_tokens():
 
     keys = [(1, 2), (1, 3)]
     weights = block_tokens_of(keys, [300, 300], 256)
-    assert weights == [256, 44, 256, 44]
-    curve = HitCurve(stack_distances(keys), weights)
+    assert weights == [256, 0, 256, 0]  # an engine caches whole blocks: the 44-token tail is never a hit
+    curve = HitCurve(stack_distances(keys), weights, total=600)
     assert curve.hit_rate(10) == 256 / 600  # the shared whole block, by its tokens
     # prompt logs key whole blocks only: the tail no key covers still counts in the prompt's tokens
     full_only = [(1,)] * 20
@@ -71,5 +71,13 @@ def test_a_block_computed_partial_saves_no_more_than_it_holds():
     keys, prompts = [(1, 2), (1, 2)], [600, 1000]
     assert ideal_reuse(keys, prompts, 512).token_hit_rate == pytest.approx(600 / 1600)
     weights = block_tokens_of(keys, prompts, 512)
-    assert weights == [512, 88, 512, 88]
-    assert HitCurve(stack_distances(keys), weights, total=1600).hit_rate(10) == pytest.approx(600 / 1600)
+    assert weights == [512, 0, 512, 0]  # and a partial block, whatever it holds, is no engine's hit
+    assert HitCurve(stack_distances(keys), weights, total=1600).hit_rate(10) == pytest.approx(512 / 1600)
+
+
+def test_a_prompt_of_whole_blocks_saves_all_but_its_last():
+    """The engine computes the prompt's last token, so its last block is computed again (the simulator's engines
+    and the live one do): counted, the oracle was a block per prompt above what any strategy could reach."""
+    from fleetserve.analyze.reuse import block_tokens_of
+
+    assert block_tokens_of([(1, 2), (1, 2)], [1024, 1025], 512) == [512, 0, 512, 512]

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fleetserve.kvcache.blocks import reusable_blocks
+
 COLD = 1 << 62  # distance of a first access: misses at every size
 
 
@@ -99,9 +101,10 @@ def block_tokens_of(keys: list[tuple[int, ...]], prompt_tokens: list[int], block
     credited tokens never computed: 0.625 where 0.375 was possible)."""
     stored: dict[int, int] = {}
     out = []
-    for ks, sizes in zip(keys, _block_sizes(keys, prompt_tokens, block_tokens), strict=True):
-        for k, size in zip(ks, sizes, strict=True):
-            out.append(min(size, stored.get(k, size)))
+    for ks, sizes, n in zip(keys, _block_sizes(keys, prompt_tokens, block_tokens), prompt_tokens, strict=True):
+        reusable = reusable_blocks(n, block_tokens)  # an engine computes the last token: its block is no hit
+        for j, (k, size) in enumerate(zip(ks, sizes, strict=True)):
+            out.append(min(size, stored.get(k, size)) if j < reusable else 0)
             stored[k] = max(stored.get(k, 0), size)
     return out
 

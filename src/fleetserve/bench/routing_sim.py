@@ -32,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fleetserve.engine.catalog import by_source
+from fleetserve.kvcache.blocks import reusable_blocks
 from fleetserve.router.policies import registered_policies
 from fleetserve.sim.perf import PerfProfile
 from fleetserve.sim.profiles import resolve
@@ -95,7 +96,7 @@ def lru_token_hits(workload: list[SimRequestSpec], block: int, capacity: int | N
             if k not in lru:
                 break
             n += 1
-        found += min(w.prompt, n * block)
+        found += min(n, reusable_blocks(w.prompt, block)) * block
         total += max(1, w.prompt)
         for k in w.engine_keys:
             lru[k] = None
@@ -116,7 +117,7 @@ def _roundrobin_uncached(workload: list[SimRequestSpec], block: int, capacity: i
             if k not in lru:
                 break
             n += 1
-        uncached += w.prompt - min(w.prompt, n * block)
+        uncached += w.prompt - min(n, reusable_blocks(w.prompt, block)) * block
         for k in w.engine_keys:
             lru[k] = None
             lru.move_to_end(k)
@@ -182,7 +183,8 @@ def ttft_floor(workload: list[SimRequestSpec], prof: PerfProfile, capacity: int)
             if k not in lru:
                 break
             n += 1
-        times.append(prof.prefill_time(w.prompt - min(w.prompt, n * prof.block_size)) * 1000)
+        times.append(prof.prefill_time(w.prompt - min(n, reusable_blocks(w.prompt, prof.block_size))
+                                       * prof.block_size) * 1000)
         for k in w.engine_keys:
             lru[k] = None
             lru.move_to_end(k)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from fleetserve.api.protocol import SamplingParams
 from fleetserve.engine.sources import check_model_dir
+from fleetserve.kvcache.blocks import reusable_blocks
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class ModelRunner:
         if self.prefix_cache is None:
             return DynamicCache(config=self.model.config), 0, []
         keys = chain_keys(prompt_ids, self.block_size, root)
-        found = self.prefix_cache.lookup(keys[: (len(prompt_ids) - 1) // self.block_size], tenant)
+        found = self.prefix_cache.lookup(keys[: reusable_blocks(len(prompt_ids), self.block_size)], tenant)
         if not found:
             return DynamicCache(config=self.model.config), 0, keys
         return self._cache_from_blocks([block for _, block in found]), len(found) * self.block_size, keys

@@ -69,3 +69,9 @@ def text_chunk_keys(text: str, chunk_chars: int, root: int = 0) -> list[int]:
         parent = int.from_bytes(digest[:KEY_BYTES], "big")
         keys.append(parent)
     return keys
+
+
+def reusable_blocks(prompt_tokens: int, block_size: int) -> int:
+    """The most whole blocks of a prompt an engine can find cached: it computes at least the prompt's last token
+    (its logits start the answer), so a prompt of whole blocks reuses all but its last (vLLM, SGLang, ours)."""
+    return max(0, prompt_tokens - 1) // block_size

@@ -139,7 +139,12 @@ class CapacityLearner:
         block = prediction.block_tokens or 1
         engine_block = est.engine_block * scale if len(est.block_samples) >= BLOCK_EVIDENCE else block
         miss = max(found + 1, math.ceil((cached + engine_block) / block))
-        if action == "kept" and miss < len(keys):
+        # the engine computes at least the prompt's last token (vLLM, SGLang, ours): its last engine block is never
+        # a hit, so a key that ends past the last whole engine block before it is no evidence (whole-block prompts
+        # found whole read as a miss of their last key, and the horizons collapsed: prefixaware 0.90 -> 0.33)
+        reach = math.floor((prediction.prompt_tokens - 1) / engine_block) * engine_block \
+            if prediction.prompt_tokens else math.inf
+        if action == "kept" and miss < len(keys) and (miss + 1) * block <= reach:
             age = ages[miss]
             if prediction.confirmed[miss] and 0 <= age < h:
                 est.horizon = max(self.floor, min(h * (1 - self.rate), max(age, self.floor)))

@@ -30,6 +30,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any
 
+from fleetserve.kvcache.blocks import reusable_blocks
 from fleetserve.kvcache.prefix_match import match_prefix
 from fleetserve.sim.memory import BlockLRU, Listener
 from fleetserve.sim.perf import PerfProfile
@@ -217,8 +218,8 @@ class ReplicaModel:
         while waiting and len(self.running) + len(self.prefilling) < prof.max_batch:
             seq = waiting[0]
             keys = seq.keys
-            usable = (seq.prompt - 1) // block  # one prompt token is always computed, as vLLM and the built-in
-            if len(keys) > usable:  # engine leave it: a prompt of whole blocks reported cached == prompt
+            usable = reusable_blocks(seq.prompt, block)  # a prompt of whole blocks reported cached == prompt
+            if len(keys) > usable:
                 keys = keys[:usable]
             hit = match_prefix(self.cache, keys, touch=True) if keys else 0
             h1 = h2 = 0
