@@ -1,4 +1,5 @@
 import json
+import math
 import shutil
 
 import pytest
@@ -98,8 +99,10 @@ def test_router_overhead_bench_prints_the_keys_of_a_configuration():
                         timeout=300)
     assert result.returncode == 0, result.stderr
     row = json.loads(result.stdout)["configs"]["leastload"]
-    for key in ("rps", "p50_ms", "p99_ms", "added_p50_ms", "router_cpu_us_per_request"):
+    for key in ("rps", "p50_ms", "p99_ms", "router_cpu_us_per_request"):
         assert isinstance(row[key], (int, float)) and row[key] > 0, (key, row)
+    # a difference of two measured medians: on a loaded machine it can come out below zero (-0.109 ms seen)
+    assert isinstance(row["added_p50_ms"], (int, float)) and math.isfinite(row["added_p50_ms"]), row
 
 
 def test_router_overhead_bench_names_the_wrk_install_when_it_is_missing(tmp_path):

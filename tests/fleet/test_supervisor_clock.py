@@ -9,7 +9,7 @@ from fleetserve.autoscale.policy import ScalingPolicy, ScalingState
 from fleetserve.clock import ManualClock
 from fleetserve.fleet.lifecycle import Phase
 from fleetserve.fleet.state import ReplicaState
-from fleetserve.fleet.supervisor import Replica, Supervisor
+from fleetserve.fleet.supervisor import Replica, StartupError, Supervisor
 from fleetserve.spec.load import load_spec_text
 
 SPEC = """apiVersion: fleetserve.io/v1
@@ -103,3 +103,30 @@ def test_cold_start_and_drain_deadline_use_the_injected_monotonic_clock(make):
     assert r.state.state == Phase.READY and r.state.cold_start_s == 42.5
     sup._drain(r, sup.monotonic())
     assert r.state.state == Phase.DRAINING and r.drain_deadline == mono() + 45  # engine.drainTimeoutSeconds
+
+
+class PortTakenChild:
+    pid = 4243
+    log_path = "r0.log"
+
+    def exit_code(self):
+        return 1
+
+    def log_tail(self):
+        return "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 9): address already in use"
+
+
+def test_a_replica_whose_port_another_process_took_starts_again_on_a_new_one(make):
+    """A free port chosen for a replica was bound by another process before the engine bound it (a busy machine):
+    `up` failed with "exited with code 3 during start-up", and a restart on the same port would fail again."""
+    sup, _, mono = make(1)
+    r = Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.STARTING, node="n0"), 9, "n0",
+                requested_at=mono(), child=PortTakenChild(), started_at=mono())
+    sup.replicas.append(r)
+    sup._tend(r, sup.monotonic(), starting_up=True)  # no StartupError
+    assert r.state.state == Phase.RESTARTING and r.port != 9 and r.state.url.endswith(f":{r.port}")
+    assert r.child is None and r.backoff.due(sup.monotonic()) and r.port_moves == 1
+    r.state.state, r.child = Phase.STARTING, PortTakenChild()
+    r.port_moves = 3  # bounded: past it, the crash is one
+    with pytest.raises(StartupError, match="during start-up"):
+        sup._tend(r, sup.monotonic(), starting_up=True)

@@ -65,6 +65,8 @@ from fleetserve.spec.load import LoadedSpec
 log = logging.getLogger(__name__)
 
 RESTART_BACKOFF_MAX = 30.0
+PORT_TAKEN = "address already in use"  # an engine's log when its port was bound first (errno 98)
+MAX_PORT_MOVES = 3
 REDIS_PASSWORD = "redis.password"  # in the fleet's run folder, 0600
 
 
@@ -86,6 +88,7 @@ class Replica:
     started_at: float = 0.0
     backoff: Backoff = field(default_factory=lambda: Backoff(cap=RESTART_BACKOFF_MAX))
     drain_deadline: float | None = None
+    port_moves: int = 0  # new ports taken after another process bound the one chosen for it
 
 
 class Supervisor:
@@ -583,6 +586,19 @@ class Supervisor:
         r.state.pid = r.child.pid
 
     def _crashed(self, r: Replica, code: int | None, mono: float, why: str, starting_up: bool) -> None:
+        if code is not None and r.port_moves < MAX_PORT_MOVES and r.child is not None \
+                and PORT_TAKEN in r.child.log_tail().lower():
+            # another process bound the free port between its choice and the engine's bind (a busy machine):
+            # not a crash of the engine, and the same port would fail every restart, and `up` with it
+            r.port_moves += 1
+            r.port = free_port()
+            r.state.url = f"http://127.0.0.1:{r.port}"
+            r.child = None  # the command names the port: built again
+            r.state.state = advance(r.state.state, Phase.RESTARTING)
+            r.state.last_exit, r.state.pid = code, None
+            r.backoff.restart_at = mono  # at once
+            self.say(f"replica {r.state.id}: another process took its port; starting it on {r.port}")
+            return
         if starting_up:
             tail = r.child.log_tail() if r.child else ""
             raise StartupError(f"replica {r.state.id} {why} during start-up; last log lines "
