@@ -77,6 +77,7 @@ class PlanResult:
     context: dict | None = None  # the context length raised for the trace (from, to, source, requests_over, why)
     cut_short: str | None = None  # --max-trials ended the search before these steps: a "no winner" is not final
     notes: list[str] = field(default_factory=list)  # what the search left out, and why (said with the warnings)
+    statics_tried: int = 0  # static fleets of the candidate types simulated (none: "not tried", not "none passed")
 
 
     def to_json(self) -> dict:
@@ -493,7 +494,8 @@ class Planner:
         if winner is not None:
             explain(changes, self, winner)
         return PlanResult(winner, baseline, static_peak, self.trials, changes, self.floors,
-                          None if winner else self.closest, self.context, self._cut_short(), self.notes)
+                          None if winner else self.closest, self.context, self._cut_short(), self.notes,
+                          sum(1 for t in self.history if t.step == "static"))
 
     def _on_demand_if_spot_cut(self, data: dict, baseline: Trial) -> dict:
         """Spot interruptions that cut streams at the input's own size are not cured by more replicas (plan doubled
