@@ -112,7 +112,7 @@ class PortTakenChild:
     def exit_code(self):
         return 1
 
-    def log_tail(self):
+    def log_tail(self, lines=20, this_run=False):
         return "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 9): address already in use"
 
 
@@ -130,3 +130,18 @@ def test_a_replica_whose_port_another_process_took_starts_again_on_a_new_one(mak
     r.port_moves = 3  # bounded: past it, the crash is one
     with pytest.raises(StartupError, match="during start-up"):
         sup._tend(r, sup.monotonic(), starting_up=True)
+
+
+def test_a_childs_log_of_this_run_leaves_out_the_earlier_runs_lines(tmp_path):
+    """The log is appended to across restarts: an earlier run's "address already in use" must not make a later,
+    unrelated crash read as a taken port."""
+    from fleetserve.fleet.process import Child
+
+    child = Child("c", ["sh", "-c", "echo first run"], tmp_path / "c.log")
+    child.start()
+    child.proc.wait(timeout=10)
+    child.cmd = ["sh", "-c", "echo second run"]
+    child.start()
+    child.proc.wait(timeout=10)
+    assert child.log_tail(this_run=True) == "second run"
+    assert child.log_tail() == "first run\nsecond run"

@@ -54,10 +54,12 @@ class Child:
         # answer what it accepted (the router: streams end with an error event, queued requests get a 503)
         self.death_signal = death_signal
         self.proc: subprocess.Popen | None = None
+        self.log_start = 0  # where this run's lines begin: the log is appended to across restarts
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
+        self.log_start = log.tell()
         try:
             self.proc = subprocess.Popen(
                 self.cmd,
@@ -105,8 +107,13 @@ class Child:
         except subprocess.TimeoutExpired:
             pass
 
-    def log_tail(self, lines: int = 20) -> str:
+    def log_tail(self, lines: int = 20, this_run: bool = False) -> str:
+        """The log's last `lines`; `this_run`: of the lines the latest start wrote only."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            with open(self.log_path, "rb") as f:
+                if this_run:
+                    f.seek(self.log_start)
+                text = f.read().decode(errors="replace")
         except OSError:
             return ""
+        return "\n".join(text.splitlines()[-lines:])

@@ -587,7 +587,7 @@ class Supervisor:
 
     def _crashed(self, r: Replica, code: int | None, mono: float, why: str, starting_up: bool) -> None:
         if code is not None and r.port_moves < MAX_PORT_MOVES and r.child is not None \
-                and PORT_TAKEN in r.child.log_tail().lower():
+                and PORT_TAKEN in r.child.log_tail(this_run=True).lower():  # not an earlier run's line
             # another process bound the free port between its choice and the engine's bind (a busy machine):
             # not a crash of the engine, and the same port would fail every restart, and `up` with it
             r.port_moves += 1
