@@ -70,6 +70,11 @@ MAX_PORT_MOVES = 3
 REDIS_PASSWORD = "redis.password"  # in the fleet's run folder, 0600
 
 
+def engine_url(port: int) -> str:
+    """A local replica's address: engines listen on loopback only."""
+    return f"http://127.0.0.1:{port}"
+
+
 class StartupError(Exception):
     """The fleet could not start; the message says which part failed and shows its log."""
 
@@ -571,7 +576,7 @@ class Supervisor:
         self.state.error = ""
         port = free_port()
         node = slot.node
-        state = ReplicaState(rid, f"http://127.0.0.1:{port}", state=Phase.PENDING, node=node.id,
+        state = ReplicaState(rid, engine_url(port), state=Phase.PENDING, node=node.id,
                              instance_type=node.offering.instance_type)
         self.replicas.append(Replica(state, port, node.id, requested_at=mono))
         return True
@@ -592,7 +597,7 @@ class Supervisor:
             # not a crash of the engine, and the same port would fail every restart, and `up` with it
             r.port_moves += 1
             r.port = free_port()
-            r.state.url = f"http://127.0.0.1:{r.port}"
+            r.state.url = engine_url(r.port)
             r.child = None  # the command names the port: built again
             r.state.state = advance(r.state.state, Phase.RESTARTING)
             r.state.last_exit, r.state.pid = code, None

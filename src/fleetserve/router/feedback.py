@@ -54,6 +54,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetserve.kvcache.blocks import reusable_blocks
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -142,7 +144,7 @@ class CapacityLearner:
         # the engine computes at least the prompt's last token (vLLM, SGLang, ours): its last engine block is never
         # a hit, so a key that ends past the last whole engine block before it is no evidence (whole-block prompts
         # found whole read as a miss of their last key, and the horizons collapsed: prefixaware 0.90 -> 0.33)
-        reach = math.floor((prediction.prompt_tokens - 1) / engine_block) * engine_block \
+        reach = reusable_blocks(prediction.prompt_tokens, engine_block) * engine_block \
             if prediction.prompt_tokens else math.inf
         if action == "kept" and miss < len(keys) and (miss + 1) * block <= reach:
             age = ages[miss]

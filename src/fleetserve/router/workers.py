@@ -228,7 +228,7 @@ def run_workers(count: int, backends: list[str], host: str, port: int, settings,
         for p in procs:
             if p.is_alive():
                 os.kill(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + options.get("grace_s", 5.0) + 3.0  # their requests' grace, then exit
+        deadline = time.monotonic() + options["grace_s"] + 3.0  # their requests' grace, then their exit
         for p in procs:
             p.join(max(0.1, deadline - time.monotonic()))
             if p.is_alive():

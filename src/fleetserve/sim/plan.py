@@ -177,16 +177,13 @@ def _with_type(data: dict, instance_type: str, catalog: Catalog, first: str | No
 def _allows(term: dict, instance_type: str) -> bool:
     """Whether a node selector term lets a node of `instance_type` in (its instance-type expressions only; names
     compared without SageMaker's `ml.`)."""
-    def bare(name: str) -> str:
-        return name.removeprefix("ml.")
-
+    name = Catalog.canonical(instance_type)
     for e in term.get("matchExpressions") or []:
         if e.get("key") != INSTANCE_TYPE_LABEL:
             continue
-        values = {bare(v) for v in e.get("values") or []}
+        values = {Catalog.canonical(v) for v in e.get("values") or []}
         op = e.get("operator")
-        if (op == "In" and bare(instance_type) not in values) or (op == "NotIn" and bare(instance_type) in values) \
-                or op == "DoesNotExist":
+        if (op == "In" and name not in values) or (op == "NotIn" and name in values) or op == "DoesNotExist":
             return False
     return True
 
