@@ -136,6 +136,27 @@ def test_presets_schedule_with_vllms_own_budgets_per_gpu():
         assert (PRESETS[name]["prefill_chunk"], PRESETS[name]["max_batch"]) == (chunk, seqs), name
 
 
+def test_the_coarse_presets_chunk_prefill_so_a_short_prompt_is_not_held_for_a_long_one():
+    """h100-8b and a10g-8b prefilled every admitted prompt in one step, so a 2,000-token prompt admitted with a
+    40,000-token one got its first token when the long one did (2 s on h100-8b); vLLM V1 chunks at its budget
+    and serves the prompts in order, so the first prompt's first token comes at its own time."""
+    from fleetserve.sim.perf import profile
+    from fleetserve.sim.replica import ReplicaModel, Seq
+
+    assert (profile("h100-8b").prefill_chunk, profile("a10g-8b").prefill_chunk) == (8192, 2048)
+    prof = profile("h100-8b")
+    model = ReplicaModel(prof)
+    short, long = Seq(2_000, 1), Seq(40_000, 1)
+    model.add(short)
+    model.add(long)
+    t, first = 0.0, {}
+    while (d := model.begin_step()) is not None:
+        t += d
+        for s in model.end_step(t)[0]:
+            first[s.id] = t
+    assert first[short.id] < prof.prefill_time(8_192) + 1e-9 < first[long.id]
+
+
 def test_a_70b_model_is_simulated_with_its_own_roofline_and_a_guess_is_said():
     """A 70B catalog model on 4 x L40S was simulated at an 8B's speed (TTFT 122 ms for 1,000 tokens where the 70B
     roofline gives 312) and plan verified it."""

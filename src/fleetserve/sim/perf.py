@@ -29,7 +29,8 @@ class PerfProfile:
     cache_blocks: int  # KV capacity in blocks (running sequences and the prefix cache share it)
     block_size: int = 256
     max_batch: int = 64  # sequences in prefill or decode at once (vLLM max_num_seqs)
-    prefill_chunk: int = 1 << 30  # prompt tokens per step (vLLM max_num_batched_tokens); huge: whole prompts
+    prefill_chunk: int = 1 << 30  # prompt tokens per step (vLLM max_num_batched_tokens); huge: whole prompts, and
+    # every prompt admitted into a step gets its first token at the step's end (no current engine does that)
     load_s: float = 0.0  # model load until the replica answers (after its node is ready)
     kv_bytes_per_token: int = LLAMA_8B_KV_BYTES_PER_TOKEN
     l1_gbps: float = 12.0  # CPU memory -> GPU (PCIe, effective)
@@ -80,11 +81,14 @@ PROFILES = {
     # instant-ish, for tests of the HTTP surface
     "fast": PerfProfile("fast", 0.0005, 1e-6, 0.0005, 1e-5, 0.0, cache_blocks=4096, block_size=16,
                         source="test stand-in"),
-    # Llama-3-8B on one A10G-class GPU (about 3k prompt tokens/s, 25 ms decode steps, ~6 GB of KV)
+    # Llama-3-8B on one A10G-class GPU (about 3k prompt tokens/s, 25 ms decode steps, ~6 GB of KV). Prefill is
+    # chunked as vLLM V1 does on a GPU under 70 GiB (max_num_batched_tokens 2048, profiles.vllm_batch_defaults)
     "a10g-8b": PerfProfile("a10g-8b", 0.015, 0.00033, 0.025, 0.0004, 2e-8, cache_blocks=176, block_size=256,
+                           prefill_chunk=2048,
                            source="coarse public ballpark (the real-time simulated engine's preset)"),
-    # Llama-3-8B on one H100-class GPU (about 20k prompt tokens/s, 12 ms steps)
+    # Llama-3-8B on one H100-class GPU (about 20k prompt tokens/s, 12 ms steps); vLLM V1's 8192-token chunks
     "h100-8b": PerfProfile("h100-8b", 0.008, 0.00005, 0.012, 0.0002, 1e-8, cache_blocks=4000, block_size=256,
+                           prefill_chunk=8192,
                            source="coarse public ballpark (the real-time simulated engine's preset)"),
     # the built-in engine on this kind of CPU machine (SmolLM2-135M): seconds, not milliseconds
     "cpu-135m": PerfProfile("cpu-135m", 0.02, 0.0006, 0.03, 0.004, 1e-7, cache_blocks=2048, block_size=256,
