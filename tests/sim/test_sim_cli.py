@@ -64,6 +64,11 @@ def test_bad_input_exits_2_naming_the_parameter(tmp_path):
     r = fleetserve("simulate", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--limit", "20",
                    "--spot-interruption-rate", "5")
     assert r.returncode == 0 and "--spot-interruption-rate has no effect" in r.stderr and "on-demand" in r.stderr
+    # a negative seed was blamed on --rate-scale (numpy refused it while scaling) or taken silently
+    r = fleetserve("simulate", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--seed", "-3", "--rate-scale", "2")
+    assert r.returncode == 2 and "--seed" in r.stderr and "--rate-scale" not in r.stderr
+    r = fleetserve("trace", "scale", TRACE, "-o", str(tmp_path / "x.csv"), "--rate", "2", "--seed", "-5")
+    assert r.returncode == 2 and "--seed" in r.stderr and "--rate" not in r.stderr.replace("--rate-", "")
 
 
 def test_plan_writes_a_spec_that_loads_and_explains_the_changes(tmp_path):

@@ -88,6 +88,28 @@ def test_requests_all_at_one_instant_get_a_verdict_not_a_crash():
     assert "single window" in idle.reason
 
 
+def test_a_trace_of_one_instant_is_judged_on_the_run_with_its_money_not_on_a_window_of_zero_hours():
+    """500 requests at t=0 on a GPU fleet: the only window was [0, 0] (peak and idle $0 over 0 hours, at a cost
+    per hour the run never had); it now covers the run (shorter than a window), its cost and GPU-hours."""
+    trace = [TraceRequest(0.0, 500, 100, (i,)) for i in range(500)]
+    report = verify(gpu_endpoint(minimum=1), trace, SimOptions(), {"ttft_p95_ms": 60000}).result.report
+    end = report["duration_s"]
+    assert 0 < end < 300
+    for key in ("peak", "idle"):
+        section = report[key]
+        assert section["windows"] == [[0.0, end]] and section["requests"] == 500
+        assert section["cost_usd"] == report["cost_usd"] > 0 and section["gpu_hours"] == report["gpu_hours"] > 0
+        assert abs(section["cost_per_hour_usd"] - report["cost_usd"] / (end / 3600)) < 0.01
+
+
+def test_a_trace_of_one_request_is_judged_on_the_time_until_its_answer():
+    report = verify(gpu_endpoint(minimum=1), [TraceRequest(0.0, 500, 100, (1,))], SimOptions(),
+                    {"ttft_p95_ms": 600000}).result.report
+    end = report["duration_s"]
+    assert report["peak"]["windows"] == [[0.0, end]] and report["peak"]["hours"] > 0
+    assert report["peak"]["cost_usd"] == report["cost_usd"] > 0
+
+
 def test_an_e2e_target_that_the_answers_alone_miss_is_not_blamed_on_capacity():
     """2,000-token answers at one request a minute on 4 static replicas: each request alone decodes for longer
     than the target, so more replicas cannot help and verify says so (it said the static fleet was too small)."""

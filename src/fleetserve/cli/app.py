@@ -543,7 +543,7 @@ def model_tiny(
     heads: Annotated[int, typer.Option(min=1)] = 4,
     kv_heads: Annotated[int, typer.Option(min=1)] = 2,
     context_length: Annotated[int, typer.Option(min=16)] = 2048,
-    seed: Annotated[int, typer.Option()] = 0,
+    seed: Annotated[int, typer.Option(min=0)] = 0,
 ) -> None:
     """Create a tiny random-initialised Llama with a byte-level tokenizer (for tests)."""
     from fleetserve.engine.tiny import create_tiny_model
@@ -625,7 +625,7 @@ def bench_routing(
                                                                                "instead")] = None,
     sweep: Annotated[str, typer.Option(help="More utilizations for the blind-mode targets, comma-separated "
                                             "('' for none)")] = "0.8,0.9",
-    seed: Annotated[int, typer.Option(help="Simulator seed (its random draws; the routing policies break ties "
+    seed: Annotated[int, typer.Option(min=0, help="Simulator seed (its random draws; the routing policies break ties "
                                            "with the live router's fixed seed, so on this bench's fixed fleet "
                                            "the figures do not depend on it)")] = 0,
     live: Annotated[bool, typer.Option("--live", help="Real time: simulated engine processes behind a real "
@@ -766,7 +766,7 @@ def bench_router_workers(
     trace: Annotated[str, typer.Option(help="chat, system-prompt or rag (generated), or a trace file (Mooncake "
                                             "JSONL, Azure CSV, prompt log)")] = "chat",
     max_tokens: Annotated[int, typer.Option(min=1, help="Output tokens per request at most")] = 8,
-    seed: Annotated[int, typer.Option(help="Seed of a generated trace")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of a generated trace")] = 0,
     logs: Annotated[str | None, typer.Option(help="Keep the engines' and routers' logs in this folder")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
 ) -> None:
@@ -846,7 +846,7 @@ def bench_fidelity(
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON (the only output)")] = True,
     requests: Annotated[int, typer.Option(min=2, help="Requests in the generated trace")] = 480,
     duration: Annotated[float, float_option(min=1.0, help="Seconds the trace spans")] = 160.0,
-    seed: Annotated[int, typer.Option(help="Trace seed")] = 7,
+    seed: Annotated[int, typer.Option(min=0, help="Trace seed")] = 7,
     replicas: Annotated[int, typer.Option(min=1, max=8, help="Replicas of the tiny model")] = 2,
     simulated_engines: Annotated[bool, typer.Option(help="Also replay on real-time simulated engines")] = True,
     calibration_repeats: Annotated[int, typer.Option(min=1, max=10, help="Calibration rounds per gateway")] = 3,
