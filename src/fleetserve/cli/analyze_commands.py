@@ -154,7 +154,8 @@ def trace_generate(
     duration: Annotated[float, float_option(min=1, help="Seconds of traffic")] = 600.0,
     rate: Annotated[float, float_option(min=0.001, help="Mean requests per second (diurnal: over the whole "
                                                          "--period; a shorter trace gets the part of the day it "
-                                                         "covers, from midnight)")] = 2.0,
+                                                         "covers, from 10:00 UTC, where the simulator starts "
+                                                         "it)")] = 2.0,
     seed: Annotated[int, typer.Option(min=0, help="Same seed, same workload")] = 0,
     arrivals: Annotated[str | None, typer.Option(help="Override the arrival process: poisson, diurnal, bursts")
                         ] = None,
@@ -168,8 +169,9 @@ def trace_generate(
     documents: Annotated[int | None, typer.Option(min=1, help="rag: documents in the corpus")] = None,
     doc_tokens: Annotated[int | None, typer.Option(min=1, help="rag: tokens per document")] = None,
     docs_per_request: Annotated[int | None, typer.Option(min=1, help="rag: documents per prompt")] = None,
-    period: Annotated[float | None, float_option(min=1, help="diurnal: period in seconds (86400); each peaks 14/24 of "
-                                                             "the way through (14:00 of a day)")] = None,
+    period: Annotated[float | None, float_option(min=1, help="diurnal: period in seconds (86400); each peaks at 14:00 "
+                                                             "of its clock, which starts at 10:00 UTC (4/24 of the "
+                                                             "way through)")] = None,
     peak_to_trough: Annotated[float | None, float_option(min=1, help="diurnal: peak rate / trough rate")] = None,
     burst_factor: Annotated[float | None, float_option(min=1, help="bursts: rate multiplier in a burst")] = None,
     burst_every: Annotated[float | None, float_option(min=1, help="bursts: mean seconds between bursts")] = None,
@@ -222,9 +224,9 @@ def trace_generate(
         raise _fail(f"the workload has requests of {longest} tokens, over the trace limit of {MAX_TOKENS} per "
                     "request (chat prompts grow with every turn): lower --input-tokens, --output-tokens, "
                     "--system-tokens, --doc-tokens or --turns")
-    from fleetserve.traces.write import GENERATED_EPOCH
+    from fleetserve.traces.clock import CLOCKLESS_START
 
-    write_trace(requests, output, fmt, start=GENERATED_EPOCH)  # stamps on the curve's clock: 14:00 is its peak
+    write_trace(requests, output, fmt, start=CLOCKLESS_START)  # the workload's own clock, in every format
     err.print(f"{len(requests)} requests over {duration:g}s ({len(requests) / duration:.3g}/s; {spec.arrivals} "
               f"arrivals, {spec.content} prompts) written to {output} ({fmt})", markup=False)
 
@@ -237,7 +239,7 @@ def trace_scale(
     time_scale: Annotated[float | None, float_option("--time", min=0.0001, help="Multiply arrival times")] = None,
     fmt: Annotated[str | None, typer.Option("--format", help="mooncake, prompts or azure (default: as read)")
                    ] = None,
-    seed: Annotated[int, typer.Option(help="Seed for rate scaling")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed for rate scaling")] = 0,
     limit: Annotated[int | None, typer.Option(min=1, help="First N requests of the file, in file order")] = None,
     model: Annotated[str | None, typer.Option(help="ServeGen: the model folder or name")] = None,
     duration: Annotated[float | None, float_option(min=1, help="ServeGen: seconds of the rate file to read")] = None,

@@ -24,9 +24,10 @@ from fleetserve.capacity.model_fit import stated_size
 from fleetserve.capacity.placement import tiers_from_spec
 from fleetserve.sim.perf import PerfProfile, profile
 from fleetserve.sim.profiles import PRESETS, ProfileError, derived_profile, resolve
+from fleetserve.traces.clock import CLOCKLESS_START
 
 KNOWLEDGE_MODES = ("blind", "informed")
-DEFAULT_START = "2026-01-05T10:00:00+00:00"  # a Monday morning (UTC): cron floors see a working day
+DEFAULT_START = CLOCKLESS_START.isoformat()  # a Monday morning (UTC): cron floors see a working day
 
 
 @dataclass(frozen=True)

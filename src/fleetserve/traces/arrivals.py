@@ -7,7 +7,8 @@ is exact for its rate function and needs no time stepping:
 - poisson: r(t) = rate;
 - diurnal: r(t) = rate * (1 + a cos(2 pi (t - peak_at_s) / period_s)), a = (k - 1) / (k + 1) for a
   peak-to-trough ratio k (what a day of real traffic looks like; ServeGen's m-large has peak/mean ~3); the peak
-  falls at 14/24 of the period (14:00 of a day from midnight) unless `peak_at_s` says otherwise;
+  falls at 14:00 of the clock the trace is replayed on (`traces.clock`: it starts at 10:00, so 4/24 of the
+  period in) unless `peak_at_s` says otherwise;
 - bursts: bursts start as a Poisson process (one per `every_s` on average), last `burst_s`, and multiply the
   base rate by `factor` (overlapping bursts do not stack); the base rate is lowered so that the mean over the
   run stays `rate` given the time the bursts cover (Azure's code trace has minutes at 4x its mean and idle
@@ -21,8 +22,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from fleetserve.traces.clock import hour_of_day
+
 ARRIVALS = ("poisson", "diurnal", "bursts")
-PEAK_HOUR = 14.0  # a diurnal day's busiest hour, from midnight
+PEAK_HOUR = 14.0  # a diurnal day's busiest hour (UTC, on the clock of traces without one)
 
 
 def _thinned(rate_fn: Callable[[np.ndarray], np.ndarray], peak: float, duration_s: float,
@@ -40,9 +43,10 @@ def poisson(rate: float, duration_s: float, rng: np.random.Generator) -> np.ndar
 
 
 def default_peak_s(period_s: float) -> float:
-    """Where a diurnal period peaks: 14/24 of the way through (14:00 of a day from midnight); a 1-hour period
-    peaks 35 minutes in (it peaked at its start: 14 h mod 1 h)."""
-    return period_s * PEAK_HOUR / 24
+    """Where a diurnal period peaks, in seconds after the trace's start: at 14:00 of the clock a trace without
+    one is replayed on (which starts at 10:00: 4/24 of the way through; a 1-hour period peaks 10 minutes in,
+    as a day compressed into an hour would)."""
+    return period_s * ((PEAK_HOUR - hour_of_day()) % 24) / 24
 
 
 def diurnal(rate: float, duration_s: float, rng: np.random.Generator, period_s: float = 86400.0,

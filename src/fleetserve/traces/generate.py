@@ -61,7 +61,7 @@ class WorkloadSpec:
     # diurnal
     period_s: float = 86400.0
     peak_to_trough: float = 3.0
-    peak_at_s: float | None = None  # None: 14/24 of the period (14:00 of a day from midnight)
+    peak_at_s: float | None = None  # None: 14:00 of the clock the trace is replayed on (arrivals.default_peak_s)
     # bursts
     burst_factor: float = 8.0
     burst_every_s: float = 300.0

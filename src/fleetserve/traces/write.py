@@ -20,7 +20,6 @@ from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, stand_i
 
 WRITE_FORMATS = ("mooncake", "prompts", "azure")
 AZURE_EPOCH = datetime(2023, 11, 16, 18, 0, 0)  # where Azure's own 2023 traces start
-GENERATED_EPOCH = datetime(2023, 11, 16, 0, 0, 0)  # generated workloads: a diurnal day's curve runs from midnight
 
 
 def write_trace(requests: list[TraceRequest], path: str | Path, fmt: str, start: datetime | None = None) -> Path:
