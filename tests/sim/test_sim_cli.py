@@ -28,6 +28,11 @@ def test_simulate_json_and_a_self_contained_html_report(tmp_path):
     assert set(report["ttft_ms"]) == {"p50", "p95", "p99"} and {"engine", "l1", "l2"} <= set(report["hit_rate"])
     page = html.read_text()
     assert "<svg" in page and "<script" not in page and "src=\"http" not in page and "href=\"http" not in page
+    again = tmp_path / "again.html"  # the same seed gives the same page, byte for byte (diffable reports)
+    r = fleetserve("simulate", str(EXAMPLES / "simulated-cloud.yaml"), "--trace", TRACE, "--limit", "800",
+                   "--report", str(again))
+    assert r.returncode == 0, r.stderr
+    assert again.read_text() == page
 
 
 def test_verify_fails_with_reasons_and_prints_the_default_slo(tmp_path):

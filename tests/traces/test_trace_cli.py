@@ -180,3 +180,35 @@ def test_a_servegen_model_alone_writes_its_arrivals_and_says_the_sizes_are_made_
     assert result.returncode == 0, result.stderr
     assert "carry arrivals only" in said(result) and "as if measured" in said(result)
     assert detect_format(out) == "azure" and load_trace(out)
+
+
+def test_servegen_options_and_models_are_blamed_by_their_own_flags(tmp_path):
+    """`--trace-model nope` was blamed on --trace, and `--duration` on a Mooncake file said "options duration_s"
+    (the loader's parameter name, not the flag)."""
+    agg = tmp_path / "agg.csv"
+    agg.write_text("model,window_start_s,total_rate_rps,active_clients\na/x,0,1.0,3\nb/y,0,5,1\n")
+    result = fleetserve("trace", "scale", str(agg), "--model", "nope", "-o", str(tmp_path / "o.csv"))
+    assert result.returncode == 2 and "Invalid value for --model" in said(result) and "a/x, b/y" in said(result)
+    spec = Path(__file__).parents[2] / "examples" / "hyperpod.yaml"
+    result = fleetserve("simulate", str(spec), "--trace", str(agg), "--trace-model", "nope")
+    assert result.returncode == 2 and "Invalid value for --trace-model" in said(result)
+    result = fleetserve("simulate", str(spec), "--trace", str(agg))  # several models, none chosen
+    assert result.returncode == 2 and "Invalid value for --trace-model" in said(result)
+    mooncake = tmp_path / "m.jsonl"
+    mooncake.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n')
+    result = fleetserve("trace", "scale", str(mooncake), "--rate", "2", "--duration", "100", "-o",
+                        str(tmp_path / "o.jsonl"))
+    assert result.returncode == 2 and "Invalid value for --duration" in said(result)
+    assert "duration_s" not in said(result)
+
+
+def test_writing_what_a_format_cannot_carry_is_said(tmp_path):
+    """`--format azure` dropped a chat workload's prefix ids and sessions without a word (simulate's hit rate
+    went from 0.61 to 0), and `-o x.csv` wrote JSON lines silently where `trace scale` warned."""
+    result = fleetserve("trace", "generate", "chat", "--format", "azure", "-o", str(tmp_path / "c.csv"),
+                        "--duration", "60")
+    assert result.returncode == 0 and "prefix ids and sessions" in said(result) and "no run" in said(result)
+    result = fleetserve("trace", "generate", "chat", "-o", str(tmp_path / "c2.csv"), "--duration", "60")
+    assert result.returncode == 0 and "gets the mooncake format" in said(result)
+    result = fleetserve("trace", "generate", "chat", "-o", str(tmp_path / "c3.jsonl"), "--duration", "60")
+    assert result.returncode == 0 and "warning" not in said(result)

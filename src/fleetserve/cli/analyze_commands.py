@@ -24,6 +24,24 @@ def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _write_warnings(requests: list, output: str, fmt: str) -> list[str]:
+    """What writing `requests` to `output` as `fmt` does not say by itself: a file name of the other format, and
+    what an Azure CSV cannot carry (prefix ids, sessions, prompt text: a simulator finds no cache hit in it)."""
+    out = []
+    if (fmt == "azure") != output.lower().endswith(".csv"):
+        out.append(f"{output} gets the {fmt} format ({'CSV' if fmt == 'azure' else 'JSON lines'}); --format "
+                   "chooses another")
+    if fmt == "azure":
+        lost = [what for what, has in (("prefix ids", any(r.hash_ids for r in requests)),
+                                       ("sessions", any(r.session for r in requests)),
+                                       ("prompt text", any(r.messages or r.prompt for r in requests))) if has]
+        if lost:
+            named = " and ".join([", ".join(lost[:-1]), lost[-1]] if len(lost) > 1 else lost)
+            out.append(f"an Azure CSV carries times and lengths only: the {named} of the workload are not "
+                       "written, so no run of this file finds a cache hit (--format mooncake keeps them)")
+    return out
+
+
 def _choice(value: str, allowed: tuple[str, ...] | list[str], hint: str) -> str:
     if value not in allowed:
         raise typer.BadParameter(f"{value!r}; allowed values: {', '.join(allowed)}", param_hint=hint)
@@ -226,6 +244,8 @@ def trace_generate(
                     "--system-tokens, --doc-tokens or --turns")
     from fleetserve.traces.clock import CLOCKLESS_START
 
+    for warning in _write_warnings(requests, output, fmt):
+        err.print(f"warning: {warning}", markup=False)
     write_trace(requests, output, fmt, start=CLOCKLESS_START)  # the workload's own clock, in every format
     err.print(f"{len(requests)} requests over {duration:g}s ({len(requests) / duration:.3g}/s; {spec.arrivals} "
               f"arrivals, {spec.content} prompts) written to {output} ({fmt})", markup=False)
@@ -260,9 +280,15 @@ def trace_scale(
     if not path.exists():
         raise typer.BadParameter(f"{file} does not exist", param_hint="FILE")
     options = {k: v for k, v in {"model": model, "duration_s": duration}.items() if v is not None}
+    flags = {"model": "--model", "duration_s": "--duration"}
+    if options and (found := detect_format(path)) != "servegen":  # said in the command line's words
+        raise typer.BadParameter(f"applies to ServeGen rate files only; {file} is a {found} trace",
+                                 param_hint="/".join(flags[k] for k in options))
     try:
         requests, start = load_timed_trace(path, limit, **options)
     except TraceError as exc:
+        if exc.param in flags:
+            raise typer.BadParameter(str(exc), param_hint=flags[exc.param]) from None
         raise _fail(str(exc)) from None
     if rate is not None:
         try:
@@ -281,9 +307,8 @@ def trace_scale(
         src = detect_format(path)
         # ServeGen rates are not written back: the output's name picks Azure CSV or Mooncake JSONL
         fmt = src if src in WRITE_FORMATS else "azure" if output.lower().endswith(".csv") else "mooncake"
-    if (fmt == "azure") != output.lower().endswith(".csv"):
-        err.print(f"warning: {output} gets the {fmt} format ({'CSV' if fmt == 'azure' else 'JSON lines'}); "
-                  "--format chooses another", markup=False)
+    for warning in _write_warnings(requests, output, fmt):
+        err.print(f"warning: {warning}", markup=False)
     if start is None:  # a trace without a wall clock is simulated from the default start: stamp it from there, so
         from datetime import datetime  # that verify and plan read the converted file as they read the original
 

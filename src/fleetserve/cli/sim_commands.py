@@ -153,7 +153,7 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
                                      param_hint="--trace-model")
         requests, own = load_timed_trace(trace, limit=limit, **({"model": trace_model} if trace_model else {}))
     except TraceError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--trace") from None
+        raise typer.BadParameter(str(exc), param_hint="--trace-model" if exc.param == "model" else "--trace") from None
     fmt = detect_format(Path(trace))
     if (unit := millisecond_warning(requests, fmt)) is not None:
         err.print(f"warning: {unit}", markup=False)

@@ -22,8 +22,13 @@ BUCKET_S = 60.0
 
 
 def _svg(fig) -> str:
+    """The figure as SVG, the same bytes for the same figure: no date in its metadata and element ids from a
+    fixed salt (matplotlib's random ids and timestamp made two reports of one seed differ)."""
+    import matplotlib
+
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
+    with matplotlib.rc_context({"svg.hashsalt": "fleetserve"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     text = buf.getvalue()
     return text[text.index("<svg"):]
 

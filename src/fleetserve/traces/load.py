@@ -25,7 +25,12 @@ FORMATS = ("mooncake", "azure", "prompts", "servegen")
 
 
 class TraceError(ValueError):
-    """A trace file that cannot be read; the message names the line."""
+    """A trace file that cannot be read; the message names the line. `param`: the loader's parameter at fault
+    (`model`, `duration_s`, ...), when it is one and not the file."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 def _text_lines(p: Path):
@@ -99,10 +104,11 @@ def load_timed_trace(path: str | Path, limit: int | None = None, fmt: str | None
         try:
             out = load_servegen(p, limit=limit, **options)
         except ServeGenError as exc:
-            raise TraceError(str(exc)) from None
+            raise TraceError(str(exc), exc.param) from None
     else:
         if options:
-            raise TraceError(f"options {', '.join(sorted(options))} apply to ServeGen rate files only")
+            raise TraceError(f"{', '.join(sorted(options))} apply to ServeGen rate files only; {p.name} is a {fmt} "
+                             "trace", sorted(options)[0])
         if fmt == "azure":
             rows = _azure_rows(p, limit)
             start = min((t for t, _, _ in rows), default=None)

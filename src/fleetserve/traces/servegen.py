@@ -39,7 +39,12 @@ def size_warning() -> str:
 
 
 class ServeGenError(ValueError):
-    """A rate file that cannot be read or a selection that does not exist; the message says which."""
+    """A rate file that cannot be read or a selection that does not exist; the message says which. `param`:
+    the loader's parameter at fault ("model": the model chosen, or none chosen where several are), if any."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -144,10 +149,10 @@ def _select(files: dict[str, str], model: str | None, p: Path) -> list[list[Rate
         raise ServeGenError(f"{p} is a folder without ServeGen rate files (chunk-*-trace.csv); a trace is a file: "
                             "Mooncake JSONL, Azure CSV, a prompt log, or a ServeGen folder or .tar.gz")
     if model is None and len(models) > 1:
-        raise ServeGenError(f"{p} holds several models: {CHOOSE_MODEL}; allowed: {', '.join(models)}")
+        raise ServeGenError(f"{p} holds several models: {CHOOSE_MODEL}; allowed: {', '.join(models)}", "model")
     wanted = [n for n in files if model is None or _model_of(n) == model or _model_of(n).endswith("/" + model)]
     if not wanted:
-        raise ServeGenError(f"unknown ServeGen model {model!r}; allowed: {', '.join(models)}")
+        raise ServeGenError(f"unknown ServeGen model {model!r}; allowed: {', '.join(models)}", "model")
     return [_read_chunk(files[n], n) for n in sorted(wanted)]
 
 
@@ -155,11 +160,11 @@ def _aggregate(text: str, model: str | None, p: Path) -> list[RateWindow]:
     rows = list(csv.DictReader(io.StringIO(text)))
     models = sorted({r["model"] for r in rows})
     if model is None and len(models) > 1:
-        raise ServeGenError(f"{p} holds several models: {CHOOSE_MODEL}; allowed: {', '.join(models)}")
+        raise ServeGenError(f"{p} holds several models: {CHOOSE_MODEL}; allowed: {', '.join(models)}", "model")
     chosen = [(n, r) for n, r in enumerate(rows, 2)
               if model is None or r["model"] == model or r["model"].endswith("/" + str(model))]
     if not chosen:
-        raise ServeGenError(f"unknown ServeGen model {model!r}; allowed: {', '.join(models)}")
+        raise ServeGenError(f"unknown ServeGen model {model!r}; allowed: {', '.join(models)}", "model")
     out = []
     for n, r in chosen:
         try:
