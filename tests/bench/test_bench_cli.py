@@ -288,6 +288,19 @@ def test_a_trace_without_prefix_blocks_keeps_the_engines_own_memory():
     assert figures["unique_blocks"] == 0 and figures["cache_blocks_per_replica"] == resolve("h100-8b").cache_blocks
 
 
+def test_a_trace_of_one_instant_is_not_given_a_time_scale_or_a_load_sweep(tmp_path):
+    """Every request at one timestamp: no factor on arrival times changes the load, yet the calibration reported
+    a time scale of 67.8 and a sweep whose loads were all the same burst, judged "reachable"."""
+    from fleetserve.bench import routing_sim
+
+    trace = tmp_path / "burst.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 5000, "input_length": 1000, "output_length": 20,
+                                         "hash_ids": [1, 10 + i]}) + "\n" for i in range(40)))
+    figures = routing_sim.run(str(trace), replicas=2, strategies=("roundrobin", "prefixaware"), modes=("blind",))
+    assert figures["time_scale"] == 1.0 and figures["load_sweep"] is None
+    assert "same instant" in figures["sweep_skipped"] and any("one burst" in w for w in figures["warnings"])
+
+
 def test_a_hit_rate_above_the_oracle_is_said_not_taken_for_the_best():
     from fleetserve.bench.routing_sim import oracle_warnings
 

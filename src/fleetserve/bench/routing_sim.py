@@ -139,8 +139,11 @@ def calibrate(workload: list[SimRequestSpec], prof: PerfProfile, capacity: int, 
     target, each guess a secant step in log-log (the last two points), so the factor converges where utilization
     is far from inversely proportional to it: busy time falls as load rises (decode batches grow, steps get
     fewer), utilization went as scale^-0.5 on a generated chat trace, and two proportional corrections left the
-    loads labelled 0.65 / 0.8 at 0.75-0.79 / 0.91-0.94. Returns the factor whose run came closest."""
-    span = max((w.arrival for w in workload), default=0.0) or 1.0
+    loads labelled 0.65 / 0.8 at 0.75-0.79 / 0.91-0.94. Returns the factor whose run came closest; 1 for a
+    trace whose requests all arrive at once, which no factor on arrival times changes (it reported 67.8)."""
+    span = max((w.arrival for w in workload), default=0.0)
+    if span <= 0:
+        return 1.0
     uncached = _roundrobin_uncached(workload, prof.block_size, capacity, replicas)
     outputs = sum(w.output for w in workload)
     work = (uncached * prof.prefill_per_token_s + len(workload) * prof.prefill_base_s
@@ -271,7 +274,10 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
     result["ttft_floor_ms"]["p95_vs_roundrobin"] = round(result["ttft_floor_ms"]["p95"] / rr_p95, 3) if rr_p95 \
         else None
     result["targets"] = targets(result)
+    instant = requests[-1].arrival_s <= requests[0].arrival_s
     skipped = ("--time-scale fixes the load: no sweep" if time_scale is not None else
+               "every request arrives at the same instant: no time scale changes the load, so there is no sweep"
+               if instant else
                "the load sweep runs blind mode, which --modes left out" if "blind" not in modes else
                "no --sweep loads" if not sweep_utilizations else None)
     if skipped:
@@ -289,6 +295,9 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
         result["targets"]["by_load"] = {u: e["targets"] for u, e in sweep.items()}
         result["targets"]["met_where_reachable"] = _met_where_reachable(sweep)
     result["warnings"] = load_warnings(result) + oracle_warnings(result)
+    if instant:
+        result["warnings"].append("every request arrives at the same instant: the figures are of one burst, at no "
+                                  "steady load, and the target utilization is not what they measure")
     if context["completions_cut"]:
         result["warnings"].append(completions_cut_warning(context["completions_cut"], result["requests"]))
     if not unique:  # lengths only (an Azure CSV, Mooncake rows without ids), or prompts shorter than a block
