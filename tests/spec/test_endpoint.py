@@ -145,15 +145,22 @@ def test_settings_without_effect_are_warned():
     assert "spec.routing.strategy" not in warnings  # every routing strategy is implemented
 
 
-def test_a_local_queue_depth_trigger_in_front_of_vllm_is_told_it_counts_the_routers_queue_only():
-    """vLLM's health body carries no queue: locally queue_depth reads only the router's (Kubernetes reads vLLM's own
-    gauge, as the simulator does)."""
+def test_a_local_queue_depth_trigger_in_front_of_vllm_or_sglang_reads_their_gauge_so_nothing_is_warned():
+    """vLLM's and SGLang's health bodies carry no queue: a local queue_depth trigger read only the router's queue
+    and the spec warned; `fleetserve up` now has the router read their /metrics gauge (router/engine_queue.py)."""
+    from fleetserve.fleet.supervisor import Supervisor
+
     auto = "  autoscaling: {triggers: [{metric: concurrency, target: 4}, {metric: queue_depth, target: 2}]}\n"
-    vllm = GOOD + "  engine: {kind: vllm, gpus: 1}\n" + auto
-    [warning] = [w for w in load_spec_text(vllm).warnings if "triggers[1] queue_depth" in w.message]
-    assert warning.path == "spec.engine.kind"  # a local-only path: render k8s and the webhook leave it out
-    assert "vllm reports none" in warning.message and "waiting gauge" in warning.message
-    assert not [w for w in load_spec_text(GOOD + auto).warnings if "queue_depth" in w.message]  # the built-in's has
+    for kind in ("vllm", "sglang"):
+        loaded = load_spec_text(GOOD + f"  engine: {{kind: {kind}, gpus: 1}}\n" + auto)
+        assert not [w for w in loaded.warnings if "queue_depth" in w.message]
+        sup = Supervisor(loaded, "spec.yaml", say=lambda _m: None)
+        args = sup._engine_kind_router_args()
+        sup._http.close()
+        assert args[args.index("--queue-metrics") + 1] == kind and "--model-metrics" in args
+    sup = Supervisor(load_spec_text(GOOD + auto), "spec.yaml", say=lambda _m: None)
+    assert sup._engine_kind_router_args() == []  # the built-in engine's health body has its queue
+    sup._http.close()
 
 
 def test_instance_types_no_replica_fits_on_are_a_warning():

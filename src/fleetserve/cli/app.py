@@ -419,6 +419,9 @@ def router(
     served_model_name: Annotated[str | None, typer.Option(help="--model-metrics: the model_name label")] = None,
     model_version: Annotated[str, typer.Option(help="--model-metrics: the model_version label")] = "1",
     instance_type: Annotated[str, typer.Option(help="--model-metrics: the instance_type label")] = "local",
+    queue_metrics: Annotated[str | None, typer.Option(
+        help="Read the engines' queue from their /metrics gauges for /admin/load (the autoscaler's signal): vllm "
+             "or sglang, engines that put none in their health body")] = None,
     drain_timeout: Annotated[float, float_option(min=0, help="Seconds requests under way may run on after SIGTERM "
                                                         "(Kubernetes passes the smaller of router.bufferTimeoutSeconds"
                                                         " and engine.drainTimeoutSeconds)")] = 5.0,
@@ -426,12 +429,16 @@ def router(
     """Run the OpenAI-compatible gateway in front of engine replicas."""
     _check_log_format(log_format)
     from fleetserve.api.limits import SizeLimits
+    from fleetserve.router.engine_queue import QUEUE_GAUGES
     from fleetserve.router.policies import registered_policies
     from fleetserve.router.server import RouterSettings, run_router
 
     if strategy not in registered_policies():
         raise typer.BadParameter(f"{strategy!r}; allowed values: {', '.join(registered_policies())}",
                                  param_hint="--strategy")
+    if queue_metrics is not None and queue_metrics not in QUEUE_GAUGES:
+        raise typer.BadParameter(f"{queue_metrics!r}; allowed values: {', '.join(QUEUE_GAUGES)}",
+                                 param_hint="--queue-metrics")
     for url in backend or []:
         if not url.startswith(("http://", "https://")):
             raise typer.BadParameter(f"{url!r} must start with http:// or https://", param_hint="--backend")
@@ -487,7 +494,7 @@ def router(
                               engine_token=engine_token,
                               tenant_cache_salt=tenant_cache_salt, backend_dns=dns,
                               size_limits=SizeLimits(max_body_bytes, max_header_bytes), log_prompts=log_prompts,
-                              access_log=access_log, model_identity=identity)
+                              access_log=access_log, model_identity=identity, queue_metrics=queue_metrics)
     run_router(list(backend or []), host, port, settings, health_path, unhealthy_after, healthy_after, tls,
                log_format=log_format, workers=workers, grace_s=drain_timeout)
 

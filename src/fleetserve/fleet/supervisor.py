@@ -57,6 +57,7 @@ from fleetserve.fleet.state import (
 )
 from fleetserve.observe.vocabulary import decision_reason
 from fleetserve.router.auth import key_digest, write_key_file
+from fleetserve.router.engine_queue import QUEUE_GAUGES
 from fleetserve.router.model_metrics import ENGINES_WITHOUT, router_args
 from fleetserve.router.policies import registered_policies
 from fleetserve.router.tls import ensure_self_signed
@@ -306,6 +307,19 @@ class Supervisor:
                                    f"{self.spec.engine.startup_timeout_seconds:.0f}s; see {self.dir / 'logs'}")
             time.sleep(self.poll_interval)
 
+    def _engine_kind_router_args(self) -> list[str]:
+        """What the router counts for engines that do not: HyperPod's model_* series per replica, and the queue
+        vLLM and SGLang publish on /metrics only (/admin/load's `waiting`: a queue_depth trigger read nothing
+        from them but the router's own queue)."""
+        kind, args = self.spec.engine.kind, []
+        if kind in ENGINES_WITHOUT:
+            types = self.spec.placement.instance_types
+            args += router_args(self.endpoint.metadata.namespace, self.endpoint.served_model_name,
+                                self.spec.model.version, types[0] if len(types) == 1 else "local")
+        if kind in QUEUE_GAUGES:
+            args += ["--queue-metrics", kind]
+        return args
+
     def _start_router(self, backends: list[str]) -> None:
         strategy = self.spec.routing.strategy
         if strategy not in registered_policies():
@@ -331,10 +345,7 @@ class Supervisor:
             cmd += ["--max-queue", str(limits.max_queue_size)]
         cmd += security + self._limit_args() + self._log_args()
         cmd += router_trust_args(self.spec.engine.kind, self.spec.auth.enabled)
-        if self.spec.engine.kind in ENGINES_WITHOUT:  # HyperPod's model_* series, counted per replica
-            types = self.spec.placement.instance_types
-            cmd += router_args(self.endpoint.metadata.namespace, self.endpoint.served_model_name,
-                               self.spec.model.version, types[0] if len(types) == 1 else "local")
+        cmd += self._engine_kind_router_args()
         self.router = Child("router", cmd, self.dir / "logs" / "router.log",
                             env={"FLEETSERVE_ADMIN_TOKEN": self.admin_token,
                                  "FLEETSERVE_SUPERVISOR_METRICS": self.state.metrics_url},  # /dashboard reads it

@@ -31,6 +31,7 @@ from fleetserve.autoscale.policy import RatePolicy, ScalingPolicy
 from fleetserve.autoscale.schedule import Cron
 from fleetserve.k8s.context import Context, num
 from fleetserve.k8s.labels import TIER_LABEL, dns_name
+from fleetserve.router.engine_queue import QUEUE_GAUGES
 
 PENDING_METRIC = "fleetserve_router_pending_requests"
 QUEUED_METRIC = "fleetserve_router_queued_requests"  # requests waiting for a replica slot (requestLimits)
@@ -65,8 +66,7 @@ def builtin_query(ctx: Context, metric: str) -> str:
     if metric == "queue_depth":
         # the engines' own waiting gauge: SGLang names it sglang:num_queue_reqs (vLLM's name read nothing there,
         # and `or vector(0)` hid it: queue_depth scaling saw only the router's buffer)
-        sglang = ctx.endpoint.spec.engine.kind == "sglang"
-        waiting = "sglang:num_queue_reqs" if sglang else "vllm:num_requests_waiting"
+        waiting = QUEUE_GAUGES["sglang" if ctx.endpoint.spec.engine.kind == "sglang" else "vllm"][0]
         # plus the requests the router queues for a slot (requestLimits), as /admin/load and the simulator count
         queued = _or0(ctx, f"sum({QUEUED_METRIC}{{{r}}})")
         return f"{_or0(ctx, f'sum({waiting}{{{e}}})')} + {queued} + {pending}"

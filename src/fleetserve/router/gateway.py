@@ -88,6 +88,7 @@ class RouterSettings:
     log_prompts: bool = False  # the request line carries the prompt text (default: never)
     access_log: bool = True  # one line per request (observe/logs.py)
     model_identity: ModelIdentity | None = None  # export HyperPod's model_* per replica (router/model_metrics.py)
+    queue_metrics: str | None = None  # engines' queue from their /metrics gauges: vllm, sglang (engine_queue.py)
 
 
 def upstream_credentials(settings: RouterSettings) -> dict[str, str]:
@@ -311,12 +312,15 @@ class Gateway:
     def load_report(self) -> dict:
         pool = list(self.pool.backends.values())
         report = {"pending": self.gate.pending, "in_flight": sum(b.in_flight for b in pool),
-                  # the engines' queues as their health bodies say, and the requests queued here for a slot
-                  "waiting": sum(b.waiting for b in pool) + self.gate.queued, "queued": self.gate.queued,
+                  # the engines' queues as their health bodies (or, --queue-metrics, their gauges) say, and the
+                  # requests queued here for a slot
+                  "waiting": sum(b.waiting + (b.engine_waiting or 0) for b in pool) + self.gate.queued,
+                  "queued": self.gate.queued,
                   "requests_total": self.requests_total,
                   "ttft_p95_ms": self.ttft_p95_ms(),
                   "backends": [{"url": b.url, "healthy": b.healthy, "draining": b.draining, "in_flight": b.in_flight,
-                                "running": b.running, "waiting": b.waiting} for b in pool]}
+                                "running": b.running if b.engine_running is None else b.engine_running,
+                                "waiting": b.waiting + (b.engine_waiting or 0)} for b in pool]}
         if self.peers is not None:
             report = self.peers.merged_load(report)
         return report

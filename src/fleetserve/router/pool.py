@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from fleetserve.clock import Clock
 from fleetserve.router.backlog import LoadBook
+from fleetserve.router.engine_queue import read_queue
 from fleetserve.router.policies import FleetSnapshot, ReplicaView
 from fleetserve.router.upstream import Upstream, UpstreamError
 
@@ -24,6 +25,10 @@ class Backend:
     running: int = 0
     waiting: int = 0
     reported_in_flight: int | None = None  # ours in flight when running/waiting were reported (ReplicaView.load)
+    # the queue of an engine that reports none in its health body, from its /metrics gauge (router/engine_queue.py):
+    # the autoscaler's signal (/admin/load), not the routing score's; None: not read, or not read this time
+    engine_waiting: int | None = None
+    engine_running: int | None = None
     failures: int = 0
     successes: int = 0
     last_error: str = ""
@@ -95,6 +100,7 @@ class BackendPool:
         healthy_after: int = 1,
         breaker: BreakerSettings | None = None,
         clock: Clock = time.monotonic,
+        queue_metrics: str | None = None,
     ):
         self.clock = clock  # injected: breaker tests run in virtual time
         self.book = LoadBook()
@@ -105,6 +111,7 @@ class BackendPool:
         self.healthy_after = healthy_after
         self.breaker = breaker or BreakerSettings()
         self.timeout = timeout
+        self.queue_metrics = queue_metrics  # an engine kind of engine_queue.QUEUE_GAUGES: read its /metrics too
         # health probes share the gateway's pooled client (router/upstream.py) once it hands it over
         self.client = Upstream(connect_timeout=timeout, read_timeout=timeout)
         self._ready = asyncio.Event()
@@ -212,6 +219,10 @@ class BackendPool:
                     pass
         except UpstreamError as exc:
             ok, error = False, f"health check failed: {exc.kind}"
+        if ok and self.queue_metrics:
+            await self._read_engine_queue(backend)
+        elif not ok:
+            backend.engine_waiting = backend.engine_running = None  # a replica that does not answer has no queue
         if ok:
             backend.successes += 1
             if not backend.healthy and backend.successes >= self.healthy_after:
@@ -227,6 +238,18 @@ class BackendPool:
             log.warning("backend %s out: %s", backend.url, error)
             backend.healthy = False
             self._signal()
+
+    async def _read_engine_queue(self, backend: Backend) -> None:
+        """The engine's own queue gauges (vLLM, SGLang); a failed read leaves them unknown, not stale. The last
+        value stands while the read is under way (/admin/load read 0 in between)."""
+        queue = None
+        try:
+            status, body = await self.client.get(backend.url + "/metrics", timeout=self.timeout)
+            if status == 200:
+                queue = read_queue(body.decode("utf-8", "replace"), self.queue_metrics)
+        except UpstreamError as exc:
+            log.debug("backend %s: /metrics unreadable: %s", backend.url, exc.kind)
+        backend.engine_waiting, backend.engine_running = queue if queue is not None else (None, None)
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(b) for b in list(self.backends.values())))

@@ -39,7 +39,8 @@ async def serve_gateway(backends: list[str], host: str, port: int, settings: Rou
                         stop: asyncio.Event | None = None, grace_s: float = GRACE_S) -> None:
     """Serve until `stop` is set (or SIGTERM/SIGINT in the main thread); requests under way then get `grace_s`."""
     pool = BackendPool(backends, health_path=health_path, interval=settings.health_interval,
-                       unhealthy_after=unhealthy_after, healthy_after=healthy_after)
+                       unhealthy_after=unhealthy_after, healthy_after=healthy_after,
+                       queue_metrics=settings.queue_metrics)
     gateway = Gateway(pool, settings)
     if peers is not None:
         peers.attach(gateway)

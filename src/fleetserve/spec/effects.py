@@ -87,13 +87,6 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         note("spec.requestLimits.maxQueueSize", "has no effect without maxConcurrentRequests")
     if spec.engine.kind in ("vllm", "sglang"):
         note("spec.engine.kind", f"{spec.engine.kind} needs a GPU; `fleetserve up` cannot start it on this machine")
-        for i, trig in enumerate(spec.autoscaling.triggers if spec.autoscaling else []):
-            if trig.metric == "queue_depth":
-                # under spec.engine.kind, a local-only path: `render k8s` and the webhook leave it out
-                note("spec.engine.kind", f"autoscaling.triggers[{i}] queue_depth: the local fleet reads the "
-                     f"engines' queues from their health bodies, where {spec.engine.kind} reports none, so only "
-                     "requests queued in the router count (none without requestLimits.maxConcurrentRequests); "
-                     f"Kubernetes rendering reads {spec.engine.kind}'s own waiting gauge, as the simulator does")
     if spec.engine.image:
         note("spec.engine.image", "container images apply to Kubernetes rendering only")
     if spec.engine.gpus:
