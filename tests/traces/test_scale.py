@@ -109,3 +109,16 @@ def test_a_copy_of_list_content_tags_its_text_not_a_repr():
     texts = sorted(r.text() for r in copies)
     assert texts == ["assistant: [copy 1] \nuser: hi\n", "user: [copy 1] hello there\n"]
     assert stand_in_words("a\u3000b") == ["a", "b"]  # the ideographic space separates words, it is not one
+
+
+def test_an_azure_copy_is_stamped_in_utc_whatever_zone_its_start_is_given_in(tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from fleetserve.traces.load import load_timed_trace
+    from fleetserve.traces.model import TraceRequest
+    from fleetserve.traces.write import write_trace
+
+    paris = datetime(2026, 1, 5, 11, 0, tzinfo=timezone(timedelta(hours=1)))
+    out = write_trace([TraceRequest(0.0, 10, 5), TraceRequest(2.0, 10, 5)], tmp_path / "t.csv", "azure", start=paris)
+    _, start = load_timed_trace(str(out))
+    assert (start.hour, start.minute) == (10, 0)  # 11:00 in Paris is 10:00 UTC (it was written as 11:00)

@@ -212,3 +212,15 @@ def test_writing_what_a_format_cannot_carry_is_said(tmp_path):
     assert result.returncode == 0 and "gets the mooncake format" in said(result)
     result = fleetserve("trace", "generate", "chat", "-o", str(tmp_path / "c3.jsonl"), "--duration", "60")
     assert result.returncode == 0 and "warning" not in said(result)
+    # independent prompts' prefix ids never recur: an Azure copy loses nothing a cache could use
+    result = fleetserve("trace", "generate", "diurnal", "--format", "azure", "-o", str(tmp_path / "d.csv"),
+                        "--duration", "600")
+    assert result.returncode == 0 and "warning" not in said(result)
+    # an Azure trace's own clock does not survive a Mooncake copy: said, with the --start that restores it
+    azure = tmp_path / "az.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.0000000,100,10\n"
+                     "2023-11-16 18:00:05.0000000,100,10\n")
+    result = fleetserve("trace", "scale", str(azure), "--rate", "1", "--format", "mooncake", "-o",
+                        str(tmp_path / "az.jsonl"))
+    assert result.returncode == 0 and "carries no wall clock" in said(result)
+    assert "--start 2023-11-16T18:00:00+00:00" in said(result)

@@ -24,15 +24,32 @@ def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _write_warnings(requests: list, output: str, fmt: str) -> list[str]:
-    """What writing `requests` to `output` as `fmt` does not say by itself: a file name of the other format, and
-    what an Azure CSV cannot carry (prefix ids, sessions, prompt text: a simulator finds no cache hit in it)."""
+def _reused(requests: list) -> bool:
+    """Whether any prefix id comes back in a later request (independent prompts' ids never do)."""
+    seen: set[int] = set()
+    for r in requests:
+        if any(h in seen for h in r.hash_ids):
+            return True
+        seen.update(r.hash_ids)
+    return False
+
+
+def _write_warnings(requests: list, output: str, fmt: str, start=None) -> list[str]:
+    """What writing `requests` to `output` as `fmt` does not say by itself: a file name of the other format, what
+    an Azure CSV cannot carry (prefix ids that recur, sessions, prompt text: a simulator finds no cache hit in
+    it), and the wall clock (`start`, the trace's own) that Mooncake and prompt-log files cannot."""
+    from fleetserve.traces.clock import CLOCKLESS_START
+
     out = []
     if (fmt == "azure") != output.lower().endswith(".csv"):
         out.append(f"{output} gets the {fmt} format ({'CSV' if fmt == 'azure' else 'JSON lines'}); --format "
                    "chooses another")
+    if fmt != "azure" and start is not None and start != CLOCKLESS_START:
+        out.append(f"a {fmt} file carries no wall clock: the trace's start, {start.isoformat()}, is not written, and "
+                   f"simulate, verify and plan read the copy from {CLOCKLESS_START.isoformat()} (cron floors and "
+                   f"budgets on another day and hour) unless given --start {start.isoformat()}")
     if fmt == "azure":
-        lost = [what for what, has in (("prefix ids", any(r.hash_ids for r in requests)),
+        lost = [what for what, has in (("prefix ids", _reused(requests)),
                                        ("sessions", any(r.session for r in requests)),
                                        ("prompt text", any(r.messages or r.prompt for r in requests))) if has]
         if lost:
@@ -187,9 +204,9 @@ def trace_generate(
     documents: Annotated[int | None, typer.Option(min=1, help="rag: documents in the corpus")] = None,
     doc_tokens: Annotated[int | None, typer.Option(min=1, help="rag: tokens per document")] = None,
     docs_per_request: Annotated[int | None, typer.Option(min=1, help="rag: documents per prompt")] = None,
-    period: Annotated[float | None, float_option(min=1, help="diurnal: period in seconds (86400); each peaks at 14:00 "
-                                                             "of its clock, which starts at 10:00 UTC (4/24 of the "
-                                                             "way through)")] = None,
+    period: Annotated[float | None, float_option(min=1, help="diurnal: period in seconds (86400); each peaks 4/24 of "
+                                                             "the way through: 14:00 of a day that starts at 10:00 "
+                                                             "UTC, where the simulator starts it")] = None,
     peak_to_trough: Annotated[float | None, float_option(min=1, help="diurnal: peak rate / trough rate")] = None,
     burst_factor: Annotated[float | None, float_option(min=1, help="bursts: rate multiplier in a burst")] = None,
     burst_every: Annotated[float | None, float_option(min=1, help="bursts: mean seconds between bursts")] = None,
@@ -307,14 +324,12 @@ def trace_scale(
         src = detect_format(path)
         # ServeGen rates are not written back: the output's name picks Azure CSV or Mooncake JSONL
         fmt = src if src in WRITE_FORMATS else "azure" if output.lower().endswith(".csv") else "mooncake"
-    for warning in _write_warnings(requests, output, fmt):
+    for warning in _write_warnings(requests, output, fmt, start):
         err.print(f"warning: {warning}", markup=False)
     if start is None:  # a trace without a wall clock is simulated from the default start: stamp it from there, so
-        from datetime import datetime  # that verify and plan read the converted file as they read the original
+        from fleetserve.traces.clock import CLOCKLESS_START  # that verify and plan read the converted file as
 
-        from fleetserve.sim.setup import DEFAULT_START
-
-        start = datetime.fromisoformat(DEFAULT_START)
+        start = CLOCKLESS_START  # they read the original
     try:
         write_trace(requests, output, fmt, start=start)
     except ValueError as exc:

@@ -65,9 +65,11 @@ def window_of(fleet: SimFleet, request, count: int) -> int:
 
 def window_bounds(fleet: SimFleet, n: int) -> list[tuple[float, float]]:
     """(start, end) seconds after the trace start of each of the `n` windows; the last takes the tail. A trace
-    shorter than half a window (all its requests at once, or one request) is judged on a window of its own
-    length: one window, or the whole run when that ended sooner (before, its only window was [0, 0]: peak and
-    idle cost $0 over 0 hours at $9.79/h while the run cost $0.28 over 104 s)."""
+    whose arrivals span less than half a window (all its requests at once, one request, or a short burst) is
+    judged on one window's length, or on the whole run when that ended sooner, not on its arrivals' span alone
+    (before, a trace of one instant had the window [0, 0]: peak and idle cost $0 over 0 hours at $9.79/h while
+    the run cost $0.28 over 104 s). From half a window on, the span is the window and the drain is priced with
+    `cost_bounds`."""
     w = fleet.options.window_s
     span = max(fleet.end - fleet.t0, 1e-9)
     if n == 1 and span < w / 2:

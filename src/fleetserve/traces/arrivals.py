@@ -43,9 +43,9 @@ def poisson(rate: float, duration_s: float, rng: np.random.Generator) -> np.ndar
 
 
 def default_peak_s(period_s: float) -> float:
-    """Where a diurnal period peaks, in seconds after the trace's start: at 14:00 of the clock a trace without
-    one is replayed on (which starts at 10:00: 4/24 of the way through; a 1-hour period peaks 10 minutes in,
-    as a day compressed into an hour would)."""
+    """Where a diurnal period peaks, in seconds after the trace's start: 4/24 of the way through, which for a
+    one-day period is 14:00 of the clock a trace without one is replayed on (it starts at 10:00); a shorter
+    period is a day compressed into it (a 1-hour period peaks 10 minutes in), not a peak at 14:00."""
     return period_s * ((PEAK_HOUR - hour_of_day()) % 24) / 24
 
 

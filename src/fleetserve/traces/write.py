@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, stand_in_tokens
@@ -23,8 +23,10 @@ AZURE_EPOCH = datetime(2023, 11, 16, 18, 0, 0)  # where Azure's own 2023 traces 
 
 
 def write_trace(requests: list[TraceRequest], path: str | Path, fmt: str, start: datetime | None = None) -> Path:
-    """Write `requests`; an Azure CSV's stamps count from `start` (naive UTC; default AZURE_EPOCH)."""
+    """Write `requests`; an Azure CSV's stamps count from `start` (naive: UTC; default AZURE_EPOCH)."""
     p = Path(path)
+    if start is not None and start.tzinfo is not None:
+        start = start.astimezone(UTC)  # the stamps are UTC: an aware start elsewhere was written as if it were
     epoch = AZURE_EPOCH if start is None else start.replace(tzinfo=None)
     if fmt not in WRITE_FORMATS:
         raise ValueError(f"unknown output format {fmt!r}; allowed: {', '.join(WRITE_FORMATS)}")
