@@ -274,7 +274,7 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
     result["ttft_floor_ms"]["p95_vs_roundrobin"] = round(result["ttft_floor_ms"]["p95"] / rr_p95, 3) if rr_p95 \
         else None
     result["targets"] = targets(result)
-    instant = requests[-1].arrival_s <= requests[0].arrival_s
+    instant = max(r.arrival_s for r in requests) <= min(r.arrival_s for r in requests)
     skipped = ("--time-scale fixes the load: no sweep" if time_scale is not None else
                "every request arrives at the same instant: no time scale changes the load, so there is no sweep"
                if instant else

@@ -38,16 +38,20 @@ def _write_warnings(requests: list, output: str, fmt: str, start=None) -> list[s
     """What writing `requests` to `output` as `fmt` does not say by itself: a file name of the other format, what
     an Azure CSV cannot carry (prefix ids that recur, sessions, prompt text: a simulator finds no cache hit in
     it), and the wall clock (`start`, the trace's own) that Mooncake and prompt-log files cannot."""
+    from datetime import timedelta
+
     from fleetserve.traces.clock import CLOCKLESS_START
 
     out = []
     if (fmt == "azure") != output.lower().endswith(".csv"):
         out.append(f"{output} gets the {fmt} format ({'CSV' if fmt == 'azure' else 'JSON lines'}); --format "
                    "chooses another")
-    if fmt != "azure" and start is not None and start != CLOCKLESS_START:
+    if fmt != "azure" and start is not None and start != CLOCKLESS_START and requests:
+        # the copy is replayed from its first request: after --rate below 1 that may be a later one than the trace's
+        first = (start + timedelta(seconds=min(r.arrival_s for r in requests))).isoformat()
         out.append(f"a {fmt} file carries no wall clock: the trace's start, {start.isoformat()}, is not written, and "
                    f"simulate, verify and plan read the copy from {CLOCKLESS_START.isoformat()} (cron floors and "
-                   f"budgets on another day and hour) unless given --start {start.isoformat()}")
+                   f"budgets on another day and hour) unless given --start {first}")
     if fmt == "azure":
         lost = [what for what, has in (("prefix ids", _reused(requests)),
                                        ("sessions", any(r.session for r in requests)),

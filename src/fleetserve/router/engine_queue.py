@@ -14,6 +14,8 @@ both (one policy, three places).
 
 from __future__ import annotations
 
+import math
+
 QUEUE_GAUGES = {  # engine kind -> (waiting gauge, running gauge)
     "vllm": ("vllm:num_requests_waiting", "vllm:num_requests_running"),
     "sglang": ("sglang:num_queue_reqs", "sglang:num_running_reqs"),
@@ -31,14 +33,16 @@ def gauge_sum(text: str, name: str) -> float | None:
             continue  # inside a comment (# HELP, # TYPE) or another name's line
         end = text.find("\n", start)
         line = text[start:end if end >= 0 else len(text)]
-        if line[:1] not in ("{", " "):
+        if line[:1] not in ("{", " ", "\t"):
             continue  # a longer name with this prefix
-        value = line.rsplit("}", 1)[-1].split()
+        value = line.rsplit("}", 1)[-1].split() if line[:1] == "{" else line.split()
         try:
-            total += float(value[0])
-            seen = True
+            number = float(value[0])
         except (IndexError, ValueError):
             continue
+        if math.isfinite(number):  # NaN or Inf is no queue length (int() of it ended the probing)
+            total += number
+            seen = True
     return total if seen else None
 
 

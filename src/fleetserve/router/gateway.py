@@ -100,6 +100,12 @@ def upstream_credentials(settings: RouterSettings) -> dict[str, str]:
     return InternalAuth(settings.internal_token).headers() if settings.send_internal_token else {}
 
 
+
+def _engine_waiting(backend) -> int:
+    """A replica's own queue: its gauge where the router reads one (--queue-metrics), else its health body's (the
+    built-in engine exports vLLM's gauge too: adding both counted its queue twice)."""
+    return backend.waiting if backend.engine_waiting is None else backend.engine_waiting
+
 class Gateway:
     def __init__(self, pool: BackendPool, settings: RouterSettings, upstream: Upstream | None = None):
         self.pool = pool
@@ -314,13 +320,13 @@ class Gateway:
         report = {"pending": self.gate.pending, "in_flight": sum(b.in_flight for b in pool),
                   # the engines' queues as their health bodies (or, --queue-metrics, their gauges) say, and the
                   # requests queued here for a slot
-                  "waiting": sum(b.waiting + (b.engine_waiting or 0) for b in pool) + self.gate.queued,
+                  "waiting": sum(_engine_waiting(b) for b in pool) + self.gate.queued,
                   "queued": self.gate.queued,
                   "requests_total": self.requests_total,
                   "ttft_p95_ms": self.ttft_p95_ms(),
                   "backends": [{"url": b.url, "healthy": b.healthy, "draining": b.draining, "in_flight": b.in_flight,
                                 "running": b.running if b.engine_running is None else b.engine_running,
-                                "waiting": b.waiting + (b.engine_waiting or 0)} for b in pool]}
+                                "waiting": _engine_waiting(b)} for b in pool]}
         if self.peers is not None:
             report = self.peers.merged_load(report)
         return report

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from fleetserve.clock import Clock
 from fleetserve.router.backlog import LoadBook
-from fleetserve.router.engine_queue import read_queue
+from fleetserve.router.engine_queue import QUEUE_GAUGES, read_queue
 from fleetserve.router.policies import FleetSnapshot, ReplicaView
 from fleetserve.router.upstream import Upstream, UpstreamError
 
@@ -111,7 +111,10 @@ class BackendPool:
         self.healthy_after = healthy_after
         self.breaker = breaker or BreakerSettings()
         self.timeout = timeout
+        if queue_metrics is not None and queue_metrics not in QUEUE_GAUGES:
+            raise ValueError(f"queue_metrics {queue_metrics!r}; allowed: {', '.join(QUEUE_GAUGES)}")
         self.queue_metrics = queue_metrics  # an engine kind of engine_queue.QUEUE_GAUGES: read its /metrics too
+        self._queue_reads: dict[str, asyncio.Task] = {}  # at most one /metrics read in flight per backend
         # health probes share the gateway's pooled client (router/upstream.py) once it hands it over
         self.client = Upstream(connect_timeout=timeout, read_timeout=timeout)
         self._ready = asyncio.Event()
@@ -220,7 +223,7 @@ class BackendPool:
         except UpstreamError as exc:
             ok, error = False, f"health check failed: {exc.kind}"
         if ok and self.queue_metrics:
-            await self._read_engine_queue(backend)
+            self._start_queue_read(backend)  # beside the probes: a slow /metrics must not slow health detection
         elif not ok:
             backend.engine_waiting = backend.engine_running = None  # a replica that does not answer has no queue
         if ok:
@@ -239,9 +242,22 @@ class BackendPool:
             backend.healthy = False
             self._signal()
 
+    def _start_queue_read(self, backend: Backend) -> None:
+        """Read the engine's queue gauges in a task of their own, unless a read is still under way (a /metrics
+        page that takes seconds is then read less often, and the probe round keeps its pace)."""
+        task = self._queue_reads.get(backend.id)
+        if task is None or task.done():
+            self._queue_reads[backend.id] = asyncio.get_running_loop().create_task(self._read_engine_queue(backend))
+
+    async def queue_reads_done(self) -> None:
+        """Wait for the /metrics reads under way (tests; closing)."""
+        pending = [t for t in self._queue_reads.values() if not t.done()]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
     async def _read_engine_queue(self, backend: Backend) -> None:
-        """The engine's own queue gauges (vLLM, SGLang); a failed read leaves them unknown, not stale. The last
-        value stands while the read is under way (/admin/load read 0 in between)."""
+        """The engine's own queue gauges (vLLM, SGLang); a failed or unreadable read leaves them unknown, not
+        stale. The last value stands while the read is under way (/admin/load read 0 in between)."""
         queue = None
         try:
             status, body = await self.client.get(backend.url + "/metrics", timeout=self.timeout)
@@ -249,10 +265,15 @@ class BackendPool:
                 queue = read_queue(body.decode("utf-8", "replace"), self.queue_metrics)
         except UpstreamError as exc:
             log.debug("backend %s: /metrics unreadable: %s", backend.url, exc.kind)
+        except Exception:  # a page no parser expected must not end the probing (watcher.py's loop awaits it)
+            log.exception("backend %s: /metrics not read", backend.url)
         backend.engine_waiting, backend.engine_running = queue if queue is not None else (None, None)
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(b) for b in list(self.backends.values())))
 
     async def aclose(self) -> None:
+        for task in self._queue_reads.values():
+            task.cancel()
+        await self.queue_reads_done()
         await self.client.aclose()
