@@ -137,6 +137,8 @@ class BackendPool:
                 backend.healthy, backend.failures, backend.last_error = True, 0, ""
             kept[backend_id] = backend
         self.backends = kept
+        for gone in [b for b in self._queue_reads if b not in kept]:  # replicas come and go: so do their reads
+            self._queue_reads.pop(gone).cancel()
         self._signal()
 
     def _signal(self) -> None:
