@@ -170,3 +170,30 @@ def test_fleet_starts_its_own_redis_for_l2_and_stops_it(tmp_path, tiny_model, ho
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert fleetserve("down", env=home).returncode == 0
     assert leftovers(home) == []  # redis-server included
+
+
+def test_down_lets_a_stream_under_way_finish_before_the_replicas_stop(tmp_path, home):
+    """`fleetserve down` signalled the router and every replica at once: a stream under way ended in a bare
+    connection reset (the openai client's APIConnectionError). The router now stops first and lets it finish
+    while the replicas still run. (A model slow enough that the stream outlasts the stop signal.)"""
+    import threading
+
+    from fleetserve.engine.tiny import create_tiny_model
+
+    model = create_tiny_model(tmp_path / "slower", hidden_size=384, layers=6, context_length=2048)
+    spec = write_spec(tmp_path, str(model), name="drain", replicas=1)
+    up = fleetserve("up", spec, "--detach", env=home)
+    assert up.returncode == 0, up.stderr
+    (state,) = status(home, "drain")
+    client = openai.OpenAI(base_url=state["url"], api_key="x", max_retries=0, timeout=120)
+    stream = client.completions.create(model="tiny", prompt="count", max_tokens=1500, stream=True,
+                                       extra_body={"ignore_eos": True, "stream_options": {"include_usage": True}})
+    chunks = iter(stream)
+    next(chunks)  # the stream is under way
+    stopping = threading.Thread(target=fleetserve, args=("down", "drain"), kwargs={"env": home})
+    stopping.start()
+    rest = list(chunks)  # raised APIConnectionError before
+    stopping.join(timeout=180)
+    usage = next(c.usage for c in reversed(rest) if c.usage is not None)
+    assert usage.completion_tokens == 1500 and not stopping.is_alive()
+    assert leftovers(home) == [] and status(home, "drain")[0]["status"] == "stopped"

@@ -86,8 +86,7 @@ class Context:
     def router_drain_seconds(self) -> int:
         """A stopping router's wait for what it serves: the streams it proxies (the engines' drain) and the requests
         it holds at zero replicas (`router.bufferTimeoutSeconds`), whichever is shorter."""
-        return math.ceil(min(self.endpoint.spec.router.buffer_timeout_seconds,
-                             self.endpoint.spec.engine.drain_timeout_seconds))
+        return self.endpoint.spec.router_drain_seconds
 
     @property
     def placed(self) -> bool:

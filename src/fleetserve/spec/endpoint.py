@@ -566,6 +566,13 @@ class EndpointSpec(SpecModel):
     slo: SloSection | None = None
     pod: PodSection = Field(default_factory=PodSection)
 
+    @property
+    def router_drain_seconds(self) -> int:
+        """A stopping router's wait for what it serves: the streams it proxies (the engines' drain) and the requests
+        it holds at zero replicas (`router.bufferTimeoutSeconds`), whichever is shorter, in whole seconds
+        (Kubernetes' router pod and `fleetserve up`'s router alike)."""
+        return math.ceil(min(self.router.buffer_timeout_seconds, self.engine.drain_timeout_seconds))
+
     @model_validator(mode="before")
     @classmethod
     def _catalog_defaults(cls, data: Any) -> Any:
