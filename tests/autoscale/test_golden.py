@@ -337,3 +337,15 @@ def test_a_trigger_s_metric_type_is_the_one_kubernetes_renders():
         state = ScalingState.initial(p, 2, 0.0)
         wanted[metric_type] = decide(p, state, ScalingMetrics((20.0,), 0), 0.0).desired
     assert wanted == {None: 5, "AverageValue": 5, "Value": 6}
+
+
+def test_a_steady_decision_names_what_held_it():
+    """6 requests in flight at target 2 on a fleet at its max of 2 read "held by stabilization window": it was
+    maxReplicaCount. A scale-down the window holds still names the window."""
+    t0 = 1_000_000.0
+    at_max = VirtualFleet(ScalingPolicy(min_replicas=1, max_replicas=2, triggers=(Trigger("concurrency", 2.0, 0.0),)),
+                          t0, 2)
+    assert at_max.poll(t0 + 30, 6.0).reason.endswith("(wants 3, held by maxReplicaCount)")
+    cooling = VirtualFleet(ScalingPolicy(min_replicas=1, max_replicas=4, triggers=CONCURRENCY), t0, 3)
+    cooling.poll(t0 + 30, 12.0)
+    assert cooling.poll(t0 + 60, 4.0).reason.endswith("(wants 1, held by stabilization window)")

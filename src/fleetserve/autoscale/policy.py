@@ -302,8 +302,10 @@ def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, 
     desired = max(floor, 1, min(limited, policy.max_replicas))
     if desired == current:
         reason = f"steady at {current}: {why}"
-        if raw != current:
-            reason += f" (wants {raw}, held by stabilization window)"
+        if raw != current:  # what held it: the first of the steps that brought `raw` back to `current`
+            held = ("stabilization window" if stabilized == current else "scaling rate limit" if limited == current
+                    else "maxReplicaCount" if policy.max_replicas == current else "floor")
+            reason += f" (wants {raw}, held by {held})"
     else:
         reason = f"{'scale up' if desired > current else 'scale down'} {current} -> {desired}: {why}"
         if floor > 1 and desired == floor:
