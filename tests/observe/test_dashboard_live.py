@@ -150,3 +150,16 @@ def test_page_is_self_contained(client):
     assert re.findall(r"https?://[^\"' ]+", html) == ["http://www.w3.org/2000/svg"]  # the SVG namespace name
     for p in PANELS:
         assert p.title in html
+
+
+def test_only_decisions_that_change_the_fleet_are_marked():
+    """Every poll counts a decision (steady, idle): marking each put 35 dashed lines over 70 s of panels."""
+    from fleetserve.observe.grafana import DECISIONS
+
+    live = LiveData(window_s=30)
+    steady = 'fleetserve_autoscaler_decisions_total{{reason="steady"}} {n}\n'
+    for t, n, up in ((0, 0, 0), (10, 5, 0), (20, 9, 1)):
+        values = parse(SUPERVISOR.format(desired=1, decisions=up) + steady.format(n=n), "supervisor")
+        live.add(Sample(t, values))
+    assert live.payload()["annotations"] == [{"t": 20, "text": "scaling: scale up"}]
+    assert 'reason=~"scale up|scale down|' in DECISIONS and "steady" not in DECISIONS

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from fleetserve.observe.rules import SERVER_ERRORS
+from fleetserve.observe.vocabulary import MARKED_REASONS
 
 FILTER_LABELS = ("namespace", "model_name", "model_version", "instance_type")
 MODEL = ",".join(f'{label}=~"${label}"' for label in FILTER_LABELS)  # the HyperPod model_* series
@@ -109,7 +110,8 @@ PANELS: tuple[PanelDef, ...] = (
              "up); Kubernetes has no price source, so the panel is empty there"),
 )
 
-DECISIONS = "sum by (reason) (increase(fleetserve_autoscaler_decisions_total[1m])) > 0"
+DECISIONS = ('sum by (reason) (increase(fleetserve_autoscaler_decisions_total{reason=~"'
+             + "|".join(MARKED_REASONS) + '"}[1m])) > 0')
 VARIABLE_SOURCE = "model_invocations_total"
 
 

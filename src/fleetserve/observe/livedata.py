@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve.observe.grafana import ERROR_SERIES, FILTER_LABELS, PANELS
 from fleetserve.observe.rules import is_server_error
+from fleetserve.observe.vocabulary import MARKED_REASONS
 
 SUPERVISOR_ENV = "FLEETSERVE_SUPERVISOR_METRICS"
 QUANTILES = (0.5, 0.95, 0.99)
@@ -224,7 +225,8 @@ class LiveData:
                 "panels": panels, "annotations": self.annotations()}
 
     def annotations(self) -> list[dict]:
-        """Scaling decisions: where fleetserve_autoscaler_decisions_total{reason} went up between samples."""
+        """Scaling decisions that change the fleet (`vocabulary.MARKED_REASONS`): where
+        fleetserve_autoscaler_decisions_total{reason} went up between samples."""
         marks, previous = [], None
         for s in self.samples:
             if s.decisions is None:
@@ -232,7 +234,7 @@ class LiveData:
             now = s.decisions
             if previous is not None:
                 for reason, n in now.items():
-                    if n > previous.get(reason, 0.0):
+                    if reason in MARKED_REASONS and n > previous.get(reason, 0.0):
                         marks.append({"t": round(s.t, 3), "text": f"scaling: {reason}"})
             previous = now
         return marks
