@@ -57,6 +57,19 @@ def test_roundrobin_spreads_and_openai_client_works(pair):
     assert len(chunks) >= 3 and chunks[-1].usage.completion_tokens <= 6
 
 
+def test_the_openai_client_retrieves_the_served_model_through_the_router(pair):
+    """`client.models.retrieve(name)` (GET /v1/models/{model}) was a plain 404 "Not Found" for the model served."""
+    gw, engines = pair
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+    card = client.models.retrieve("tiny")
+    assert card.id == "tiny" and card.object == "model"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("other")
+    assert missing.value.body["code"] == "model_not_found" and missing.value.body["param"] == "model"
+    r = httpx.post(gw.url + "/v1/models/tiny", json={}, timeout=30)
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
 def test_request_id_propagates(pair):
     gw, _ = pair
     r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers={"x-request-id": "abc-123"}, timeout=30)

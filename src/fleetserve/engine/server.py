@@ -342,6 +342,15 @@ class Engine:
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [self.model_card()]})
 
+    async def model(self, request: Request) -> Response:
+        """GET /v1/models/{model}: the openai client's `models.retrieve` (it was a plain 404 "Not Found")."""
+        name = request.path_params["model"]
+        if name != self.settings.served_model_name:
+            return APIError(404, f"model {name!r} does not exist; this endpoint serves "
+                                 f"{self.settings.served_model_name!r}", param="model",
+                            code="model_not_found").response()
+        return JSONResponse(self.model_card())
+
     def model_card(self) -> dict:
         return {
             "id": self.settings.served_model_name,
@@ -431,6 +440,7 @@ def build_app(engine: Engine) -> Starlette:
         Route("/v1/chat/completions", engine.chat_completions, methods=["POST"]),
         Route("/v1/completions", engine.completions, methods=["POST"]),
         Route("/v1/models", engine.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", engine.model, methods=["GET"]),
         Route("/health", engine.health, methods=["GET"]),
         Route("/ping", engine.health, methods=["GET"]),
         Route("/openapi.json", openapi_endpoint("engine", [engine.settings.served_model_name]), methods=["GET"]),

@@ -55,6 +55,7 @@ access_log = logging.getLogger("fleetserve.router.access")
 
 # The OpenAI routes the gateway proxies, and their method; everything else is the control app's.
 PROXIED = {**dict.fromkeys(GENERATION_PATHS, "POST"), "/v1/models": "GET"}
+MODEL_PATH = "/v1/models/"  # GET /v1/models/{model} (the openai client's models.retrieve) is proxied too
 # Never forwarded: framing and connection headers, the client's credentials (the key stays at the gateway),
 # and what the gateway sets itself (the tenant and the internal token are ours to set, never a client's).
 NOT_FORWARDED = frozenset({
@@ -159,7 +160,7 @@ class Gateway:
     # --- the front door ------------------------------------------------------------------------------------
 
     async def handle(self, request: Request, responder: Responder) -> None:
-        method = PROXIED.get(request.path)
+        method = PROXIED.get(request.path) or ("GET" if request.path.startswith(MODEL_PATH) else None)
         if method is None:
             await call_asgi(self.control, request, responder, scheme=self.scheme, server=self.server_address)
         elif request.method != method:
