@@ -39,7 +39,9 @@ def admin_allowed(gateway, request: Request) -> bool:
 
 
 def _forbidden() -> Response:
-    return APIError(403, "admin API: wrong or missing x-fleetserve-admin token").response()
+    return APIError(403, "admin API: wrong or missing x-fleetserve-admin token (a fleet of `fleetserve up` also "
+                         "takes `Authorization: Bearer` with its internal token: run/NAME/internal.token under "
+                         "FLEETSERVE_HOME, ~/.cache/fleetserve by default)").response()
 
 
 def build_control_app(gateway) -> Starlette:
