@@ -4,8 +4,8 @@ A local fleet's autoscaler reads `waiting` from the router's /admin/load. The bu
 the /health body; vLLM and SGLang answer /health with an empty 200 and publish their queue only on /metrics
 (`vllm:num_requests_waiting`, `sglang:num_queue_reqs`). Without this a local fleet in front of them scaled
 on queue_depth saw only the requests queued in the router, where KEDA on Kubernetes (`k8s/keda.py`) and the
-simulator read the engines' own gauge. With `fleetserve router --queue-metrics KIND` the health probe also
-reads the gauge, and /admin/load adds it to `waiting`.
+simulator read the engines' own gauge. With `fleetserve router --queue-metrics KIND` each successful health
+probe starts a read of the gauge beside it (`BackendPool`), and /admin/load counts it as the replica's `waiting`.
 
 The gauge feeds the autoscaler's signal only, not the routing score: the blind router of the simulator and the
 router on Kubernetes get no queue from these engines, and a router that did here would route otherwise than

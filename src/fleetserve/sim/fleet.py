@@ -175,6 +175,7 @@ class SimFleet:
             initial = state.current
         self.static = initial
         self.end = self.t0 + (workload[-1].arrival if workload else 0.0)
+        self.finished_at = self.end  # the run's end as its clients saw it: set when it has run
         for _ in range(initial):
             rep = self._launch()
             if rep is not None and options.warm_start:

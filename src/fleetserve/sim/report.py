@@ -73,7 +73,7 @@ def window_bounds(fleet: SimFleet, n: int) -> list[tuple[float, float]]:
     w = fleet.options.window_s
     span = max(fleet.end - fleet.t0, 1e-9)
     if n == 1 and span < w / 2:
-        run = max(fleet.end, getattr(fleet, "finished_at", fleet.end)) - fleet.t0
+        run = max(fleet.end, fleet.finished_at) - fleet.t0
         span = max(span, min(run, w))
     return [(i * w, span if i == n - 1 else (i + 1) * w) for i in range(n)]
 
