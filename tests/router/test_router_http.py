@@ -1,6 +1,7 @@
 """The router in front of real engine processes: distribution, streaming, failures, disconnects."""
 
 import json
+import os
 import signal
 from collections import Counter
 
@@ -155,6 +156,61 @@ def test_held_requests_are_released_when_a_replica_comes_up(tiny_model, logs):
     finally:
         gw.stop()
         future_engine.stop()
+
+
+def test_a_stopping_router_answers_held_requests_503_and_they_are_not_cut(tiny_model, logs):
+    """At a stop, requests held at zero replicas waited out the drain timeout and were then cut (a connection
+    reset): now they are answered 503 router_stopping with Retry-After at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    future_engine = engine(tiny_model, logs)  # never started: the fleet is at zero
+    gw = router([future_engine], logs, "leastload", "--drain-timeout", "60").start(ready_path="/metrics")
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            calls = [pool.submit(httpx.post, gw.url + "/v1/chat/completions", json=CHAT, timeout=45)
+                     for _ in range(3)]
+            wait_until(lambda: httpx.get(gw.url + "/admin/load", timeout=5).json()["pending"] == 3, 30,
+                       what="all requests held")
+            os.killpg(gw.proc.pid, signal.SIGTERM)
+            answers = [c.result() for c in calls]  # within the drain timeout: a cut would come at 60 s
+        for r in answers:
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert r.json()["error"]["code"] == "router_stopping"
+        assert gw.proc.wait(timeout=30) == 0
+    finally:
+        gw.stop()
+
+
+def test_a_stopping_router_lets_the_stream_under_way_finish_and_refuses_the_queued(slow_pair_limited):
+    """A request queued for a slot (every replica at its limit) is answered 503 at the stop; the stream a
+    replica is serving runs to its end."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    gw, e = slow_pair_limited
+    body = {**SLOW, "max_tokens": 400}
+    with httpx.stream("POST", gw.url + "/v1/completions", json=body, timeout=60) as r, \
+            ThreadPoolExecutor(1) as pool:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))
+        queued = pool.submit(httpx.post, gw.url + "/v1/completions", json={**body, "stream": False}, timeout=45)
+        wait_until(lambda: httpx.get(gw.url + "/admin/load", timeout=5).json()["queued"] == 1, 30,
+                   what="the second request queued for the only slot")
+        os.killpg(gw.proc.pid, signal.SIGTERM)
+        refused = queued.result()
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "router_stopping"
+        rest = list(lines)
+    assert rest[-1] == "data: [DONE]" or "data: [DONE]" in rest
+    chunks = [json.loads(line[6:]) for line in rest if line.startswith("data: {")]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.fixture()
+def slow_pair_limited(slow_model, logs):
+    e = engine(slow_model, logs, name="slow").start()
+    gw = router([e], logs, "leastload", "--max-concurrent-per-replica", "1", "--drain-timeout", "60").start()
+    yield gw, e
+    gw.stop()
+    e.stop()
 
 
 def test_admin_backends_replaces_and_drains(pair, tiny_model, logs):

@@ -70,6 +70,13 @@ def overflow(settings: AdmissionSettings, why: str) -> Rejection:
                      f"requests and {why}; retry later", "1")
 
 
+def stopping() -> Rejection:
+    """A stopping router sends nothing new to a replica: what waits at its door (held at zero replicas or queued
+    for a slot) is answered now, for the client to retry elsewhere, instead of being cut at the drain timeout."""
+    return Rejection(503, "router_stopping", "the router is stopping and starts no new request; retry (another "
+                                             "router, or this endpoint once it is back)", "1")
+
+
 def buffer_timeout(settings: AdmissionSettings) -> Rejection:
     return Rejection(503, "cold_start_timeout", f"no replica became ready within {settings.buffer_timeout:.0f}s",
                      "10")

@@ -2,12 +2,13 @@
 
 Order, as in the simulator: hold the request while no replica is ready (scale from zero, bounded buffer),
 wait in the bounded queue while every replica is at its concurrency limit, or refuse with Retry-After.
+Once the router stops (`close`), what waits here and what arrives is refused at once with 503 `router_stopping`:
+only requests already sent to a replica run on, within the drain timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from fleetserve.router.admission import (
     BUFFER,
@@ -18,6 +19,7 @@ from fleetserve.router.admission import (
     buffer_timeout,
     limit_views,
     overflow,
+    stopping,
 )
 from fleetserve.router.pool import BackendPool
 
@@ -38,6 +40,7 @@ class AdmissionGate:
         self.pending = 0  # held in the buffer at zero replicas
         self.queued = 0  # waiting for a free slot
         self._slot_free = asyncio.Event()
+        self._closed = asyncio.Event()
         # a replica that joins (scale-up) or comes back healthy has free slots: queued requests look again then,
         # not only when a request ends (the simulator drains its queue when a replica becomes ready)
         pool.on_change.append(self.slot_freed)
@@ -49,13 +52,23 @@ class AdmissionGate:
     def fast_go(self) -> bool:
         """The common case, decided without building views: no limits and some replica ready."""
         return (self.settings.max_concurrent_per_replica is None and not self.pending
-                and self.pool.any_eligible())
+                and not self._closed.is_set() and self.pool.any_eligible())
+
+    def close(self) -> None:
+        """The router is stopping: refuse what waits here and what comes next (503 router_stopping)."""
+        self._closed.set()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
 
     async def admit(self) -> float:
         """Wait until the request may go; returns the seconds it was held in the scale-from-zero buffer (a cold
         start, which the ttft_p95 scaling signal leaves out), 0.0 when it was not."""
         held = 0.0
         while True:
+            if self._closed.is_set():
+                raise Refused(stopping())
             views = self.views()
             verdict = admit(self.settings, bool(self.pool.healthy()), any(v.healthy for v in views),
                             self.pending, self.queued)
@@ -84,9 +97,10 @@ class AdmissionGate:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise Refused(overflow(self.settings, "no slot became free in time"))
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(remaining):
-                        await self._slot_free.wait()
+                if not await self._first_of(self._slot_free.wait(), remaining):
+                    continue
+                if self._closed.is_set():
+                    raise Refused(stopping())
         finally:
             self.queued -= 1
             self.metrics.queued.set(self.queued)
@@ -98,12 +112,30 @@ class AdmissionGate:
         self.metrics.pending.set(self.pending)
         started = self.pool.clock()  # the gateway's clock: its TTFB is measured on it too
         try:
-            ready = await self.pool.wait_eligible(self.settings.buffer_timeout)
+            ready = await self._first_of(self.pool.wait_eligible(self.settings.buffer_timeout),
+                                         self.settings.buffer_timeout)
         finally:
             self.pending -= 1
             self.metrics.pending.set(self.pending)
             held = self.pool.clock() - started
             self.metrics.buffer_wait_s.observe(held)
+        if self._closed.is_set():
+            raise Refused(stopping())
         if not ready:
             raise Refused(buffer_timeout(self.settings))
         return held
+
+    async def _first_of(self, waiting, timeout: float) -> bool:
+        """Await `waiting` until it ends, the gate closes or `timeout` passes; True unless it timed out (or
+        `waiting` itself answered False)."""
+        task = asyncio.ensure_future(waiting)
+        closed = asyncio.ensure_future(self._closed.wait())
+        try:
+            done, _ = await asyncio.wait({task, closed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (task, closed):
+                if not t.done():
+                    t.cancel()
+        if closed in done:
+            return True
+        return bool(task in done and task.result() is not False)

@@ -1,7 +1,8 @@
 """Running the gateway: one process on uvloop, or `--workers N` processes sharing the port.
 
-A stop (SIGTERM, SIGINT) stops accepting, lets requests under way finish for a few seconds (their answers
-are not cut by a rolling restart), then closes the replicas' connections and exits.
+A stop (SIGTERM, SIGINT) stops accepting, answers the requests still waiting for a replica (held at zero
+replicas or queued for a slot) 503 `router_stopping` with Retry-After, lets requests under way finish for the
+drain timeout (their answers are not cut by a rolling restart), then closes the replicas' connections and exits.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ async def serve_gateway(backends: list[str], host: str, port: int, settings: Rou
     try:
         await stop.wait()
     finally:
+        gateway.gate.close()  # what waits at the door is answered 503 now; what a replica has runs on
         await door.shutdown(grace_s)
         if peers is not None:
             peers.close()
