@@ -89,7 +89,7 @@ def test_payload_has_every_panel_with_rates_percentiles_and_decisions():
     assert panel(payload, "errors")["server (5xx, 429)"][-1] == [10, pytest.approx(2 / 24)]
     assert panel(payload, "errors")["client (other 4xx)"][-1] == [10, pytest.approx(6 / 24)]  # not the budget's
     assert panel(payload, "throughput")["2"][-1][1] == pytest.approx(2.4)
-    assert panel(payload, "concurrency") == {"c7i": [[10, 3.0]], "g5": [[0, 3.0], [10, 3.0]]}
+    assert panel(payload, "concurrency") == {"c7i": [[0, 0.0], [10, 3.0]], "g5": [[0, 3.0], [10, 3.0]]}
     assert panel(payload, "latency_by_instance")["c7i"][-1][1] == pytest.approx(95.0)  # p95 inside 0..100
     assert panel(payload, "cache_tiers") == {"engine": [[10, 0.25]], "l1": [[10, 0.25]]}
     assert panel(payload, "replicas")["desired"][-1] == [10, 2.0]
@@ -108,6 +108,23 @@ def test_a_replica_that_went_away_does_not_make_rates_negative():
     live.add(sample(0, engine(calls=10), engine(r="r1", calls=50)))
     live.add(sample(5, engine(calls=14)))
     assert panel(live.payload(), "throughput")["2"][-1][1] == pytest.approx(0.8)
+
+
+def test_after_a_scale_to_zero_counts_read_zero_and_latencies_a_gap():
+    """The replicas' series vanish with them: the panels' lines and headlines kept the last value (3 requests in
+    flight, 2.4 invocations/s, a p95) while the fleet sat at zero."""
+    live = LiveData(window_s=5)
+    live.add(sample(0, engine(calls=0)))
+    live.add(sample(5, engine(calls=20, fast=10)))
+    live.add(sample(10, desired=0))  # scaled to zero: no replica to read
+    live.add(sample(15, desired=0))
+    payload = live.payload()
+    assert panel(payload, "concurrency") == {"g5": [[0, 3.0], [5, 3.0], [10, 0.0], [15, 0.0]]}
+    assert panel(payload, "throughput")["2"] == [[5, 4.0], [10, 0.0], [15, 0.0]]
+    assert panel(payload, "latency")["p95"][-1] == [15, None]
+    assert panel(payload, "latency_by_instance")["g5"][-2:] == [[10, None], [15, None]]
+    assert panel(payload, "errors")["server (5xx, 429)"][-1] == [15, None]
+    assert panel(payload, "replicas")["desired"][-1] == [15, 0.0]
 
 
 def test_history_is_bounded():

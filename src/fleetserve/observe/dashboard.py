@@ -130,7 +130,10 @@ function draw(panel, data, marks, t0, t1) {
   const div = $("panel-" + panel.key), svg = div.querySelector("svg"), legend = div.querySelector(".legend");
   svg.replaceChildren(); legend.replaceChildren();
   const W = 400, H = 150, L = 44, B = 16, T = 6, R = 6;
-  const series = data.series.map(s => ({name: s.name, pts: s.points.filter(p => p[1] !== null)}));
+  // a null point is a gap: the line breaks there, and a series whose latest point is null reads "-"
+  const series = data.series.map(s => ({name: s.name, pts: s.points.filter(p => p[1] !== null),
+                                        last: s.points.length ? s.points[s.points.length - 1][1] : null,
+                                        all: s.points}));
   const values = series.flatMap(s => s.pts.map(p => p[1]));
   div.dataset.points = String(values.length);
   const pct = panel.unit === "percentunit", top = Math.max(0, ...values);
@@ -160,14 +163,18 @@ function draw(panel, data, marks, t0, t1) {
   series.forEach((s, i) => {
     const c = COLORS[i % COLORS.length];
     if (s.pts.length) {
-      const d = s.pts.map((p, j) => (j ? "L" : "M") + x(p[0]).toFixed(1) + " " + y(p[1]).toFixed(1)).join("");
+      let d = "", pen = "M";
+      for (const p of s.all) {
+        if (p[1] === null) { pen = "M"; continue; }
+        d += pen + x(p[0]).toFixed(1) + " " + y(p[1]).toFixed(1); pen = "L";
+      }
       el("path", {d, fill: "none", stroke: c, "stroke-width": 1.6, "vector-effect": "non-scaling-stroke"}, svg);
       if (s.pts.length === 1) el("circle", {cx: x(s.pts[0][0]), cy: y(s.pts[0][1]), r: 2, fill: c}, svg);
-      latest.push([s.name, s.pts[s.pts.length - 1][1]]);
+      latest.push([s.name, s.last]);
     }
     const item = document.createElement("span");
     item.innerHTML = `<i style="background:${c}"></i>`;
-    item.append(`${s.name} ${s.pts.length ? fmt(s.pts[s.pts.length - 1][1], panel.unit) : "-"}`);
+    item.append(`${s.name} ${fmt(s.last, panel.unit)}`);
     legend.appendChild(item);
   });
   div.querySelector(".value").textContent = latest.length === 1 ? fmt(latest[0][1], panel.unit) :

@@ -30,6 +30,9 @@ from fleetserve.observe.vocabulary import MARKED_REASONS
 
 SUPERVISOR_ENV = "FLEETSERVE_SUPERVISOR_METRICS"
 QUANTILES = (0.5, 0.95, 0.99)
+COUNTS = frozenset({"concurrency", "throughput", "nodes", "cached_tokens"})  # a series gone away reads 0
+NEED_TWO_SAMPLES = frozenset({"latency", "ttfb", "latency_by_instance", "errors", "throughput", "cache_tiers",
+                              "cached_tokens"})  # rates and quantiles over a window
 Key = tuple[str, tuple[tuple[str, str], ...]]  # (sample name, sorted labels)
 
 
@@ -206,16 +209,28 @@ class LiveData:
     def payload(self, filters: dict[str, str] | None = None) -> dict:
         """The JSON the page draws: one entry per panel of observe/grafana.PANELS, plus decisions."""
         filters = {k: v for k, v in (filters or {}).items() if k in FILTER_LABELS and v}
-        series: dict[str, dict[str, list]] = {p.key: {} for p in PANELS}
         cache_key = tuple(sorted(filters.items()))
         for i, s in enumerate(self.samples):
             if cache_key not in s.points:  # a sample and the one before it never change: compute once
                 if len(s.points) > 8:
                     s.points.clear()
                 s.points[cache_key] = self._points(i, filters)
+        names: dict[str, set[str]] = {p.key: set() for p in PANELS}
+        for s in self.samples:
             for key, values in s.points[cache_key].items():
-                for name, value in values.items():
-                    series[key].setdefault(name or "all", []).append([round(s.t, 3), value])
+                names.setdefault(key, set()).update(values)
+        # every series gets a point at every sample: one whose source went away (the replicas of an instance type
+        # after a scale to zero) reads 0 where it counts things, and a gap (None) where it is a ratio or a
+        # latency; without it the line and the panel's headline kept the last value the source reported
+        series: dict[str, dict[str, list]] = {p.key: {} for p in PANELS}
+        for s in self.samples:
+            points, t = s.points[cache_key], round(s.t, 3)
+            for key, known in names.items():
+                values, absent = points.get(key), (0.0 if key in COUNTS else None)
+                if values is None and key in NEED_TWO_SAMPLES:
+                    continue  # the first sample has nothing to compare with: no point, not a zero
+                for name in known:
+                    series[key].setdefault(name or "all", []).append([t, (values or {}).get(name, absent)])
         panels = []
         for p in PANELS:
             lines = [{"name": n, "points": pts} for n, pts in sorted(series[p.key].items())]
