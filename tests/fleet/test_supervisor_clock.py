@@ -105,6 +105,40 @@ def test_cold_start_and_drain_deadline_use_the_injected_monotonic_clock(make):
     assert r.state.state == Phase.DRAINING and r.drain_deadline == mono() + 45  # engine.drainTimeoutSeconds
 
 
+def test_a_drained_replica_is_stopped_at_its_deadline_and_its_engine_waits_no_longer(make):
+    """The engine got SIGTERM when its drain time was spent and then waited its own default 5 s (uvicorn's
+    graceful shutdown): a stream was cut 13 s into an 8 s drain. The local engine's wait is ENGINE_STOP_GRACE_S."""
+    from fleetserve.fleet.supervisor import ENGINE_STOP_GRACE_S
+
+    sup, _, mono = make(1)
+    cmd = sup._engine_command("r0", 8001, "local")
+    assert float(cmd[cmd.index("--drain-timeout") + 1]) == ENGINE_STOP_GRACE_S
+    r = Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.READY, node="n0"), 9, "n0",
+                requested_at=mono(), child=StoppingChild(), started_at=mono())
+    sup.replicas.append(r)
+    sup._drain(r, mono())
+    sup._pushed = object()
+    busy = {"backends": [{"url": r.state.url, "in_flight": 1}]}
+    mono.advance(44.9)
+    sup._finish_drains(mono(), busy)
+    assert r.child.stopped is None  # a stream is under way and time is left
+    mono.advance(0.1)
+    sup._finish_drains(mono(), busy)
+    assert r.child.stopped == 10 and r not in sup.replicas  # at the deadline, whatever is under way
+
+
+class StoppingChild:
+    pid = 4244
+    log_path = "r0.log"
+    stopped = None
+
+    def exit_code(self):
+        return None
+
+    def stop(self, timeout=10.0):
+        self.stopped = timeout
+
+
 class PortTakenChild:
     pid = 4243
     log_path = "r0.log"

@@ -146,6 +146,26 @@ def test_a_stream_that_breaks_mid_way_ends_with_an_openai_error_event():
     assert not gw.pool.backends["10.0.0.1:8000"].healthy  # a replica that cut a stream is taken out
 
 
+def test_a_stream_cut_when_its_draining_replica_stopped_says_the_drain_time_ran_out():
+    """It read "the model replica failed mid-stream", as if the replica had crashed."""
+    sse = [(b"content-type", b"text/event-stream")]
+    chunks = [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n', Broken("cut")]
+
+    async def main():
+        gw, up = gateway({A: [FakeResponse(200, chunks, sse, length=False)], B: []})
+        gw.set_backends([A, B], ready={A, B})
+        out = Recorder()
+        task = asyncio.ensure_future(gw.handle(chat(stream=True), out))
+        await asyncio.sleep(0)
+        gw.set_backends([A, B], ready={B}, draining={A})  # the fleet drains A while it streams
+        await task
+        return out
+
+    text = run_virtual(main()).body.decode()
+    assert '"code":"upstream_failed"' in text and "engine.drainTimeoutSeconds" in text, text
+    assert "failed mid-stream" not in text
+
+
 def test_no_replica_holds_the_request_then_503_after_the_buffer_timeout_in_virtual_time():
     async def main():
         gw, up = gateway({A: []}, buffer_timeout=600.0)

@@ -68,6 +68,9 @@ log = logging.getLogger(__name__)
 RESTART_BACKOFF_MAX = 30.0
 PORT_TAKEN = "address already in use"  # an engine's log when its port was bound first (errno 98)
 MAX_PORT_MOVES = 3
+# a replica is stopped once its drain is over (idle, or engine.drainTimeoutSeconds spent): the engine's own wait
+# after SIGTERM (uvicorn's graceful shutdown, 5 s by default) only pushed the cut of a stream past the drain time
+ENGINE_STOP_GRACE_S = 1.0
 ROUTER_EXIT_S = 5.0  # a stopping router's time to exit after its drain, before the replicas stop anyway
 REDIS_PASSWORD = "redis.password"  # in the fleet's run folder, 0600
 
@@ -475,7 +478,7 @@ class Supervisor:
             "engine", "--model", self.model_dir, "--host", "127.0.0.1", "--port", str(port),
             "--served-model-name", self.endpoint.served_model_name, "--model-version", spec.model.version,
             "--namespace", meta.namespace, "--instance-type", instance_type, "--replica", replica_id,
-            "--threads", str(threads), "--dtype", spec.model.dtype,
+            "--threads", str(threads), "--dtype", spec.model.dtype, "--drain-timeout", str(ENGINE_STOP_GRACE_S),
         )
         if spec.model.context_length:
             cmd += ["--context-length", str(spec.model.context_length)]

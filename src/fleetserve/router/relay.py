@@ -80,8 +80,7 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
         gw.request_failed(attempt.backend, "failed mid-response")
         log.warning("backend %s failed mid-response: %s", attempt.backend.url, exc)
         if sse and response.content_length is None:
-            error = APIError(502, f"the model replica failed mid-stream ({exc.kind}); the response is incomplete",
-                             code="upstream_failed")
+            error = APIError(502, _cut_message(attempt.backend.draining, exc.kind), code="upstream_failed")
             # the error is an event of its own: after a partial event the client got, end that one first (its
             # data line took the error's, and neither parsed); a partial event still held back is dropped
             cut = b"" if written.endswith(EVENT_ENDS) or not written else b"\n\n"
@@ -98,3 +97,12 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
     if learn:
         learn(tail)
     return True
+
+
+def _cut_message(draining: bool, kind: str) -> str:
+    """Why a stream ended early: a replica the fleet was draining (scale-down, a spot notice, a move) stopped
+    when its drain time was up, which is the spec's choice, not a fault of the replica."""
+    if draining:
+        return ("the model replica was draining (scale-down, spot notice or move) and stopped when its drain time "
+                "(engine.drainTimeoutSeconds) ran out before this stream finished; the response is incomplete")
+    return f"the model replica failed mid-stream ({kind}); the response is incomplete"
