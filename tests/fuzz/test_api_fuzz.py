@@ -26,7 +26,7 @@ EXAMPLES = {"POST": 50, "GET": 5}  # the GET operations take no input: a few cal
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           negative_data_rejection, openai_errors]
 OPERATIONS = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/v1/models"),
-              ("GET", "/health")]
+              ("GET", "/v1/models/{model}"), ("GET", "/health")]
 MODES = [GenerationMode.POSITIVE, GenerationMode.NEGATIVE]
 
 
