@@ -68,7 +68,13 @@ def test_up_detach_serves_restarts_crashed_replica_and_down_cleans_up(tmp_path, 
     down = fleetserve("down", env=home)
     assert down.returncode == 0, down.stderr
     assert leftovers(home) == []
-    assert status(home)[0]["status"] == "stopped"
+    # a stopped fleet is listed by name or with --all, not among the running ones; --prune removes what is kept
+    (name,) = [f["name"] for f in json.loads(fleetserve("status", "--all", "--json", env=home, check=True).stdout)]
+    assert status(home) == [] and status(home, name)[0]["status"] == "stopped"
+    assert "1 stopped fleet(s) not shown" in fleetserve("status", env=home, check=True).stdout
+    pruned = fleetserve("status", "--prune", env=home, check=True).stdout
+    assert f"removed 1 fleet(s): {name}" in pruned
+    assert fleetserve("status", name, env=home).returncode == 1
 
 
 def test_failed_start_reports_the_cause_and_leaves_nothing(tmp_path, home):

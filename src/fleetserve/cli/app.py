@@ -184,28 +184,76 @@ def status(
     interval: Annotated[float, float_option(min=0.1, help="Seconds between redraws (--watch)")] = 2.0,
     iterations: Annotated[int | None, typer.Option(min=1, help="Stop after N redraws (--watch; default: Ctrl-C)")
                           ] = None,
+    show_all: Annotated[bool, typer.Option("--all", "-a", help="Also the fleets that were stopped (hidden "
+                                                                "unless NAME is given)")] = False,
+    prune: Annotated[bool, typer.Option("--prune", help="Remove what is kept of fleets whose processes are all "
+                                                         "gone (stopped, failed, dead): state and logs")] = False,
 ) -> None:
     """Show fleets, their replicas and states."""
     from fleetserve.fleet.state import list_fleets, mark_stale
 
+    if prune:
+        _prune_fleets(name)
+        return
     if watch:
+        from fleetserve.cli.status_view import load
         from fleetserve.cli.status_view import watch as watch_fleets
 
-        watch_fleets(name, interval, iterations, out)
+        # the fleets stopped before the watch began stay hidden; one that stops while it runs is shown stopped
+        hidden = set() if show_all or name else {f.name for f in load(None) if f.status == "stopped"}
+        watch_fleets(name, interval, iterations, out,
+                     loader=lambda n: [f for f in load(n) if f.name not in hidden])
         return
 
     # a supervisor that vanished without writing its end: its rows are stale, not ready
     fleets = [mark_stale(f) for f in list_fleets() if name is None or f.name == name]
+    # fleets stopped on purpose pile up under ~/.fleetserve/run: listed only when asked for (failed and dead
+    # ones stay: they want a look)
+    shown = fleets if show_all or name else [f for f in fleets if f.status != "stopped"]
+    hidden = len(fleets) - len(shown)
     if as_json:
-        print(json.dumps([f.to_json() for f in fleets], indent=2))
+        print(json.dumps([f.to_json() for f in shown], indent=2))
         if name and not fleets:
             raise typer.Exit(1)  # as without --json: the fleet asked for does not exist
         return
-    if not fleets:
-        out.print("no fleets" + (f" named {name}" if name else ""))
+    if not shown:
+        out.print("no fleets" + (f" named {name}" if name else " running") + _hidden_note(hidden), markup=False)
         raise typer.Exit(1 if name else 0)
-    for f in fleets:
+    for f in shown:
         _print_fleet(f)
+    if hidden:
+        out.print(_hidden_note(hidden).strip(), markup=False)
+
+
+def _hidden_note(hidden: int) -> str:
+    if not hidden:
+        return ""
+    return f" ({hidden} stopped fleet(s) not shown: --all lists them, --prune removes them)"
+
+
+def _prune_fleets(name: str | None) -> None:
+    """Remove the run folders of fleets that stopped, failed or died; a dead supervisor's live leftovers are
+    `down`'s to stop first (a recorded pid of a cleanly stopped fleet may belong to another process by now)."""
+    import shutil
+
+    from fleetserve.fleet.state import fleet_dir, list_fleets, mark_stale, pid_alive
+
+    fleets = [mark_stale(f) for f in list_fleets() if name is None or f.name == name]
+    if name and not fleets:
+        raise _fail(f"no fleet named {name}", 1)
+    removed, kept = [], []
+    for f in fleets:
+        pids = [f.supervisor_pid, f.router_pid, f.redis_pid, f.prometheus_pid, *(r.pid for r in f.replicas)]
+        if f.status not in ("stopped", "failed", "dead"):
+            kept.append(f"{f.name} ({f.status})")
+        elif f.status == "dead" and any(pid_alive(p) for p in pids):  # a clean stop ended them all
+            kept.append(f"{f.name} ({f.status}, processes still alive: `fleetserve down {f.name}` stops them)")
+        else:
+            shutil.rmtree(fleet_dir(f.name), ignore_errors=True)
+            removed.append(f.name)
+    out.print(f"removed {len(removed)} fleet(s)" + (": " + ", ".join(removed) if removed else ""), markup=False)
+    if kept:
+        out.print("kept: " + "; ".join(kept), markup=False)
 
 
 def _print_fleet(f) -> None:
