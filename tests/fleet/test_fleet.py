@@ -106,6 +106,8 @@ def test_foreground_up_stops_everything_on_sigterm(tmp_path, tiny_model, home):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         assert leftovers(home) == []
+        said = proc.stderr.read()  # it said nothing between the signal and its exit
+        assert "stopping fleet fg: the router, then 1 replica(s)" in said and "fleet fg stopped; it cost $" in said
     finally:
         proc.kill()
 

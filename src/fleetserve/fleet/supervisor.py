@@ -825,6 +825,8 @@ class Supervisor:
         if self.state.status != "failed":
             self.state.status = "stopping"
             self._save()
+        running = sum(1 for r in self.replicas if r.child)
+        self.say(f"stopping fleet {self.name}: the router, then {running} replica(s)")
         self._drain_router()
         children = ([self.router] if self.router else []) + [r.child for r in self.replicas if r.child]
         children += [self.redis] if self.redis else []  # last: replicas may still write to it while stopping
@@ -841,5 +843,6 @@ class Supervisor:
         if self.state.status != "failed":
             self.state.status = "stopped"
         self._save()
+        self.say(f"fleet {self.name} {self.state.status}; it cost ${self.state.cost_total:.4f}")
         self.metrics.stop()
         self._http.close()
