@@ -50,6 +50,19 @@ def test_profile_dicts_take_declared_fields_and_name_what_is_missing(tmp_path):
         load_profile_file(later)
 
 
+def test_a_profile_file_without_a_chunk_budget_gets_vllms_default_not_whole_prompt_steps(tmp_path):
+    """A hand-written file without prefill_chunk prefilled every admitted prompt whole in one step, so a short
+    prompt got its first token when the longest beside it was done; no current engine schedules so."""
+    from fleetserve.sim.profiles import FILE_DEFAULT_PREFILL_CHUNK
+
+    hand = tmp_path / "hand.json"
+    hand.write_text(json.dumps({k: v for k, v in PRESETS["l4-llama-8b"].items() if k != "prefill_chunk"}))
+    assert load_profile_file(hand).prefill_chunk == FILE_DEFAULT_PREFILL_CHUNK == 2048
+    stated = tmp_path / "stated.json"
+    stated.write_text(json.dumps({**PRESETS["l4-llama-8b"], "prefill_chunk": 512}))
+    assert load_profile_file(stated).prefill_chunk == 512
+
+
 @pytest.mark.parametrize("field, value, says", [
     ("max_batch", 0, "max_batch must be a whole number from 1"),  # simulate hung: nothing was admitted
     ("prefill_chunk", 0, "prefill_chunk must be a whole number from 1"),  # hung too

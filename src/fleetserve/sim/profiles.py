@@ -225,6 +225,9 @@ MAX_SECONDS = {**{k: MAX_STEP_SECONDS for k in ("prefill_base_s", "prefill_per_t
 MAX_COUNT = 1 << 40  # blocks, tokens, bytes: past this a value is a typo (and 10**400 did not fit a float)
 
 
+FILE_DEFAULT_PREFILL_CHUNK = 2048  # vLLM V1's max_num_batched_tokens for an API server on a GPU under 70 GiB
+
+
 def load_profile_file(path: str | Path) -> PerfProfile:
     p = Path(path)
     try:
@@ -236,6 +239,10 @@ def load_profile_file(path: str | Path) -> PerfProfile:
     fmt = data.get("format") if isinstance(data, dict) else None
     if fmt is not None and fmt != FORMAT:  # a later format may mean other units: refused, not misread
         raise ProfileError(f"{p}: format {fmt!r} is not one this version reads; allowed: {FORMAT}")
+    if isinstance(data, dict) and "prefill_chunk" not in data:
+        # a hand-written file that says nothing of chunking gets vLLM V1's default budget (chunked prefill is
+        # always on there), not the dataclass's whole-prompt steps, which no current engine takes
+        data = {**data, "prefill_chunk": FILE_DEFAULT_PREFILL_CHUNK}
     try:
         return profile_from_dict(data)
     except ProfileError as exc:
