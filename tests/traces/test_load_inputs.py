@@ -52,7 +52,8 @@ def test_mooncake_epoch_stamps_and_unsorted_rows_replay_from_zero(tmp_path):
 @pytest.mark.parametrize(("name", "text", "says"), [
     ("short.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100\n",
      "short.csv:2: 2 fields"),
-    ("neg.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,-5,1\n", "neg.csv:2: token counts"),
+    ("neg.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,-5,1\n",
+     "neg.csv:2: ContextTokens must be from 1"),
     ("cols.csv", "time,in,out\n2023-11-16 18:15:46,5,1\n", "cols.csv:1: an Azure trace needs the columns"),
     ("date.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,5,1\n", "date.csv:2: TIMESTAMP 'yesterday'"),
     ("nan.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": NaN, "input_length": 5, '

@@ -200,7 +200,7 @@ def _mooncake(p: Path, limit: int | None) -> list[TraceRequest]:
         if not isinstance(hash_ids, (list, tuple)) or not all(isinstance(h, int) and not isinstance(h, bool)
                                                      for h in hash_ids):
             raise TraceError(f"{where}: hash_ids must be a list of integers")
-        length = _count(row, "input_length", where)
+        length = _count(row, "input_length", where, least=1)  # an empty prompt is no request an engine serves
         blocks = -(-length // MOONCAKE_BLOCK_TOKENS)
         if hash_ids and len(hash_ids) != blocks:  # the ids stand for the prompt's blocks: else hit rates past the
             # ideal (5,000 tokens under one id) or none at all (10 tokens under 100 ids)
@@ -306,8 +306,10 @@ def _azure_rows(p: Path, limit: int | None) -> list[tuple[datetime, int, int]]:
         except ValueError:
             raise TraceError(f"{p}:{n}: ContextTokens and GeneratedTokens must be whole numbers, got "
                              f"{context!r} and {generated!r}") from None
-        if min(tokens) < 0 or max(tokens) > MAX_TOKENS:
-            raise TraceError(f"{p}:{n}: token counts must be from 0 to {MAX_TOKENS}, got {context} and {generated}")
+        if tokens[0] < 1 or tokens[1] < 0 or max(tokens) > MAX_TOKENS:
+            raise TraceError(f"{p}:{n}: ContextTokens must be from 1 to {MAX_TOKENS} (an empty prompt is no request "
+                             f"an engine serves) and GeneratedTokens from 0 to {MAX_TOKENS}, got {context} and "
+                             f"{generated}")
         out.append((t, *tokens))
     return out
 
