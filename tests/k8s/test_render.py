@@ -279,6 +279,9 @@ def test_router_flags_secrets_and_pdb():
     secret = _by(rendered, "Secret", "chat-api-keys")[0]
     assert ("a" * 64) in secret["stringData"]["auth.json"]
     assert _by(rendered, "PodDisruptionBudget", "chat-router")
+    # the probes ask the router of itself: /health is 503 at zero replicas, which took the routers out of the
+    # Service (no request reached the buffer that wakes the fleet) and restarted them every 30 s
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/livez"
 
 
 def test_builtin_engine_pvc_model_and_tenant_redis():

@@ -138,6 +138,20 @@ def test_no_replica_holds_requests_then_503_with_retry_after(tiny_model, logs):
         full.stop()
 
 
+def test_at_zero_replicas_the_router_is_live_and_ready_for_kubernetes_probes(tiny_model, logs):
+    """Kubernetes probed /health, which is 503 at zero replicas: the routers left the Service and were restarted,
+    so no request reached the buffer whose size wakes the fleet. /livez and /readyz ask the router of itself."""
+    future_engine = engine(tiny_model, logs)  # never started: zero replicas
+    gw = router([future_engine], logs, "leastload").start(ready_path="/livez")
+    try:
+        assert httpx.get(gw.url + "/health", timeout=5).status_code == 503
+        assert httpx.get(gw.url + "/livez", timeout=5).status_code == 200
+        ready = httpx.get(gw.url + "/readyz", timeout=5)
+        assert ready.status_code == 200 and ready.json() == {"status": "ok"}
+    finally:
+        gw.stop()
+
+
 def test_held_requests_are_released_when_a_replica_comes_up(tiny_model, logs):
     from concurrent.futures import ThreadPoolExecutor
 

@@ -95,7 +95,9 @@ def model_metric_args(ctx: Context) -> list[str]:
 def router_deployment(ctx: Context) -> dict:
     spec = ctx.endpoint.spec
     scheme = "HTTPS" if spec.tls.enabled else "HTTP"
-    probe = {"httpGet": {"path": "/health", "port": "http", "scheme": scheme}, "timeoutSeconds": 3}
+    # the router's own state, never its replicas': /health is 503 at zero replicas, where the router must stay in
+    # the Service to hold the requests that wake the fleet (readiness) and must not be restarted (liveness)
+    probe = {"httpGet": {"port": "http", "scheme": scheme}, "timeoutSeconds": 3}
     mounts = [{"name": "internal-token", "mountPath": INTERNAL_TOKEN_DIR, "readOnly": True}]
     items = [{"key": "token", "path": "token"}]
     if spec.engine.kind in GPU_ENGINES:
@@ -117,8 +119,10 @@ def router_deployment(ctx: Context) -> dict:
         "env": [{"name": "FLEETSERVE_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": ctx.internal_secret, "key": "admin-token"}}}],
         "volumeMounts": mounts,
-        "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 2},
-        "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
+        "readinessProbe": {**probe, "httpGet": {**probe["httpGet"], "path": "/readyz"}, "periodSeconds": 5,
+                           "failureThreshold": 2},
+        "livenessProbe": {**probe, "httpGet": {**probe["httpGet"], "path": "/livez"}, "periodSeconds": 10,
+                          "failureThreshold": 3},
         # requests held at zero replicas wait up to bufferTimeoutSeconds; a stopping router lets them finish
         "lifecycle": {"preStop": {"sleep": {"seconds": ctx.options.prestop_seconds}}},
     }

@@ -57,6 +57,18 @@ def build_control_app(gateway) -> Starlette:
             ]
         return JSONResponse(body, status_code=200 if ok else 503)
 
+    async def livez(request: Request) -> Response:
+        """The router process answers (Kubernetes' liveness): whatever its replicas do. /health is 503 at zero
+        replicas, and a probe of it restarted the routers holding requests for a scale from zero."""
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        """The router takes requests (Kubernetes' readiness): at zero replicas too, since it holds them in its
+        buffer until one is ready (the activation signal); 503 once it is stopping."""
+        if gateway.gate.closed:
+            return JSONResponse({"status": "stopping"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
     async def admin_load(request: Request) -> Response:
         """What the autoscaler reads each poll: buffered and in-flight requests, per-backend load, TTFT p95."""
         if not admin_allowed(gateway, request):
@@ -101,6 +113,8 @@ def build_control_app(gateway) -> Starlette:
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/ping", health, methods=["GET"]),
+        Route("/livez", livez, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
         Route("/openapi.json", openapi_endpoint("router"), methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/admin/load", admin_load, methods=["GET"]),
