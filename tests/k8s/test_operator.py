@@ -237,6 +237,34 @@ def test_the_admission_webhook_denies_a_bad_spec_naming_the_field():
     validate_handler(_resource(), operation="UPDATE", warnings=warnings)
 
 
+def test_the_webhook_lets_an_invalid_endpoint_lose_its_finalizer_and_be_deleted():
+    """kopf removes its finalizer with an UPDATE: refusing it for the spec kept an Endpoint made invalid by a
+    stricter version (or created before the webhook) Terminating for ever."""
+    import copy
+
+    import kopf
+
+    bad = _resource()
+    bad["spec"]["autoscaling"]["minReplicaCount"] = 9
+    bad["metadata"]["finalizers"] = ["fleetserve.io/cleanup"]
+    unfinalized = copy.deepcopy(bad)
+    unfinalized["metadata"]["finalizers"] = []
+    same_spec = {"uid": "u1", "operation": "UPDATE", "object": unfinalized, "oldObject": bad}
+    assert admission_response({"request": same_spec})["response"]["allowed"] is True
+    deleting = copy.deepcopy(unfinalized)
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-04T10:00:00Z"
+    assert admission_response({"request": {"uid": "u2", "operation": "UPDATE", "object": deleting}}
+                              )["response"]["allowed"] is True
+    validate_handler(unfinalized, operation="UPDATE", warnings=[], old=bad)  # kopf's own path: no AdmissionError
+    # a change of the spec is still judged, and so is a change of the labels
+    changed = copy.deepcopy(bad)
+    changed["spec"]["replicas"] = 2
+    assert admission_response({"request": {"uid": "u3", "operation": "UPDATE", "object": changed,
+                                           "oldObject": bad}})["response"]["allowed"] is False
+    with pytest.raises(kopf.AdmissionError):
+        validate_handler(changed, operation="UPDATE", warnings=[], old=bad)
+
+
 def test_status_follows_ready_replicas(env):
     client, reconciler = env
     clock = reconciler.clock

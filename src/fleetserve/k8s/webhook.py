@@ -47,11 +47,24 @@ def denial_message(problems: list[SpecProblem]) -> str:
     return "invalid Endpoint spec: " + "; ".join(str(p) for p in problems)
 
 
+def judged(obj: dict, old: dict | None) -> bool:
+    """Whether an admission request is the spec's to pass: not an update that leaves the spec and labels as they
+    were (kopf's finalizer and annotation patches), nor one of an object being deleted. Refusing those kept an
+    Endpoint made invalid by a stricter version (or created before the webhook) Terminating for ever."""
+    if (obj.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    if not old:
+        return True
+    labels = lambda o: (o.get("metadata") or {}).get("labels")  # noqa: E731
+    return obj.get("spec") != old.get("spec") or labels(obj) != labels(old)
+
+
 def admission_response(review: dict) -> dict:
     """An AdmissionReview (admission.k8s.io/v1) answered: allowed, or denied with 422 and our messages."""
     request = review.get("request") or {}
     response: dict = {"uid": request.get("uid", ""), "allowed": True}
-    if request.get("operation", "CREATE") in ("CREATE", "UPDATE"):
+    if request.get("operation", "CREATE") in ("CREATE", "UPDATE") and judged(request.get("object") or {},
+                                                                           request.get("oldObject")):
         problems, warnings = check(request.get("object") or {})
         if problems:
             response.update(allowed=False, status={"code": 422, "reason": "Invalid",
@@ -61,11 +74,11 @@ def admission_response(review: dict) -> dict:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
-def validate_handler(body, operation=None, warnings=None, **_):
+def validate_handler(body, operation=None, warnings=None, old=None, **_):
     """kopf's @on.validate: raise AdmissionError (422) with our messages; add warnings to kopf's list."""
     import kopf
 
-    if operation not in (None, "CREATE", "UPDATE"):
+    if operation not in (None, "CREATE", "UPDATE") or not judged(dict(body), dict(old) if old else None):
         return
     problems, notes = check(dict(body))
     if problems:
