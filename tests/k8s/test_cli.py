@@ -74,3 +74,21 @@ def test_the_init_container_downloads_hub_models_and_a_failed_download_is_exit_2
            "HF_HUB_DOWNLOAD_TIMEOUT": "2", "HF_HUB_DISABLE_TELEMETRY": "1"}
     r = fleetserve("model", "prepare", "hf:org/tiny", "--download", env=env, timeout=120)
     assert r.returncode == 2 and "hf:org/tiny: cannot download" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_operator_without_a_cluster_says_why_in_one_line(tmp_path):
+    """No kubeconfig and no service account, or an API server that refuses: two chained tracebacks, exit 1."""
+    from tests.helpers import fleetserve
+
+    # not in a pod either, even where the tests run in one (an empty service host is no in-cluster config)
+    env = {"KUBECONFIG": str(tmp_path / "none.yaml"), "HOME": str(tmp_path), "KUBERNETES_SERVICE_HOST": ""}
+    r = fleetserve("operator", env=env, timeout=120)
+    assert r.returncode == 2 and "no Kubernetes credentials" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    config = tmp_path / "refusing.yaml"
+    config.write_text("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+                      "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
+                      "users: [{name: u, user: {token: x}}]\n")
+    r = fleetserve("operator", env={**env, "KUBECONFIG": str(config)}, timeout=120)
+    assert r.returncode == 1 and "cannot reach the Kubernetes API server" in r.stderr and "Traceback" not in r.stderr
+    r = fleetserve("operator", "--webhook-cert-dir", str(tmp_path), env=env, timeout=120)
+    assert r.returncode == 2 and "--webhook-cert-dir" in r.stderr and "tls.crt or tls.key" in r.stderr

@@ -8,6 +8,8 @@ differently from the local fleet, or not at all) go to stderr and never change t
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -157,8 +159,29 @@ def operator(
     except ImportError as exc:
         raise _fail(f"the operator needs the k8s extra (pip install 'fleetserve[k8s]'): {exc}", 1) from None
     options = _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc)
-    run(options=options, namespaces=tuple(namespace or ()), liveness=liveness or None,
+    if webhook_cert_dir is not None:
+        missing = [f for f in ("tls.crt", "tls.key") if not (Path(webhook_cert_dir) / f).is_file()]
+        if missing:
+            raise _fail(f"--webhook-cert-dir {webhook_cert_dir}: no {' or '.join(missing)} there (the webhook "
+                        "serves with tls.crt and tls.key, as a kubernetes.io/tls Secret mounts them)", 2)
+    run(client=_kube_client(), options=options, namespaces=tuple(namespace or ()), liveness=liveness or None,
         webhook_cert_dir=webhook_cert_dir, webhook_port=webhook_port)
+
+
+def _kube_client():
+    """The cluster's client, or one line saying why there is none (it was two chained tracebacks)."""
+    from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError
+
+    from fleetserve.k8s.client import KubeClient
+
+    try:
+        return KubeClient()
+    except ConfigException as exc:
+        raise _fail(f"no Kubernetes credentials: not in a pod with a service account, and no usable kubeconfig "
+                    f"(KUBECONFIG={os.environ.get('KUBECONFIG', '')!r}, else ~/.kube/config): {exc}", 2) from None
+    except HTTPError as exc:
+        raise _fail(f"cannot reach the Kubernetes API server: {exc}", 1) from None
 
 
 def register(app: typer.Typer) -> None:
