@@ -724,3 +724,22 @@ def test_a_vllm_engine_without_a_shutdown_timeout_is_told_it_cuts_streams_at_sig
         assert not [w for w in _objects(doc)[0].warnings if "SIGTERM" in w.message], given
     builtin = _objects(BUILTIN_TENANTS)[0]
     assert not [w for w in builtin.warnings if "SIGTERM" in w.message]
+
+
+def test_render_findings_of_a_second_black_box_pass():
+    """Each of these was accepted and rendered a fleet Kubernetes refuses or runs wrong."""
+    from fleetserve.spec import SpecError
+
+    # pollingInterval 0.5 rendered as 0: KEDA polled the metrics without a pause
+    fast = copy.deepcopy(FULL)
+    fast["spec"]["autoscaling"]["pollingInterval"] = 0.5
+    rendered, _ = _objects(fast)
+    assert _by(rendered, "ScaledObject", "chat-engine-t0")[0]["spec"]["pollingInterval"] == 1
+    assert any("KEDA's least, 1 s" in str(w) for w in rendered.warnings)
+
+    # a stabilization window over an hour: the HPA KEDA makes refuses it and the ScaledObject never got Ready
+    for field in ("scaleUpStabilizationTime", "scaleDownStabilizationTime"):
+        slow = copy.deepcopy(FULL)
+        slow["spec"]["autoscaling"][field] = 4000
+        with pytest.raises(SpecError, match=f"spec.autoscaling.{field}.*3600"):
+            _objects(slow)

@@ -180,7 +180,7 @@ def scaled_object(ctx: Context, policy: ScalingPolicy, warn) -> dict:
     target = ctx.engine_name(0)
     spec: dict = {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target},
-        "pollingInterval": int(policy.polling_interval),
+        "pollingInterval": max(1, int(policy.polling_interval)),  # 0 s: KEDA polls without a pause
         "cooldownPeriod": int(policy.cooldown),
         "initialCooldownPeriod": int(policy.initial_cooldown),
         "minReplicaCount": policy.min_replicas,
@@ -202,7 +202,10 @@ def scaled_object(ctx: Context, policy: ScalingPolicy, warn) -> dict:
                                               "KEDA refuses a fallback over a Value trigger")
     for name in ("polling_interval", "cooldown", "initial_cooldown", "up_window", "down_window"):
         value = getattr(policy, name)
-        if not float(value).is_integer():
+        if name == "polling_interval" and value < 1:
+            warn("spec.autoscaling.pollingInterval", f"{value:g}s is raised to KEDA's least, 1 s (0 would poll "
+                                                      "the metrics without a pause)")
+        elif not float(value).is_integer():
             warn("spec.autoscaling", f"{name}={value:g}s is rounded down to whole seconds for KEDA")
     return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
             "metadata": ctx.meta(target, "engine", **{TIER_LABEL: "0"}), "spec": spec}

@@ -316,8 +316,10 @@ class AutoscalingSection(SpecModel):
     polling_interval: float = Field(default=30, gt=0)
     cooldown_period: float = Field(default=300, ge=0)
     initial_cooldown_period: float = Field(default=300, ge=0)
-    scale_up_stabilization_time: float = Field(default=0, ge=0)
-    scale_down_stabilization_time: float = Field(default=300, ge=0)
+    # at most an hour: the HorizontalPodAutoscaler KEDA makes refuses a longer window (the ScaledObject never got
+    # Ready), and the local controller and the simulator keep the same bound
+    scale_up_stabilization_time: float = Field(default=0, ge=0, le=3600)
+    scale_down_stabilization_time: float = Field(default=300, ge=0, le=3600)
     triggers: list[ScalingTrigger] = Field(default_factory=list)
     schedules: list[ScheduleFloor] = Field(default_factory=list)
     schedule_lead_time: float = Field(default=0, ge=0, le=86400,
