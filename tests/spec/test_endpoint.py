@@ -259,6 +259,21 @@ def test_engine_args_may_not_set_the_flags_the_adapters_set():
     engine = "  engine: {kind: vllm, args: [--max-model-len, '4096'], port: 9000}"
     ok = GOOD.replace("  replicas: 2", "  replicas: 2\n" + engine)
     assert load_spec_text(ok).endpoint.spec.engine.port == 9000
+    # another served name was a 404 for every request (the router and metrics use model.name); a tensor or pipeline
+    # size of the args' own left GPUs idle or asked for more than the pod has
+    for kind, args, flag, says in (
+            ("vllm", ["--served-model-name", "zz"], "--served-model-name", "use model.name"),
+            ("vllm", ["--tensor-parallel-size", "2"], "--tensor-parallel-size", "use engine.gpus"),
+            ("vllm", ["-tp", "2"], "-tp", "use engine.gpus"),
+            ("vllm", ["--pipeline-parallel-size=2"], "--pipeline-parallel-size", "pipeline parallelism is not"),
+            ("sglang", ["--tp", "2"], "--tp", "use engine.gpus"),
+            ("sglang", ["--served-model-name", "zz"], "--served-model-name", "use model.name")):
+        spec = f"  replicas: 2\n  engine: {{kind: {kind}, args: {args}}}"
+        (msg,) = problems(GOOD.replace("  replicas: 2", spec))
+        assert f"engine.args sets {flag}" in msg and says in msg, msg
+    spec = "  replicas: 2\n  engine: {kind: vllm, args: [--dtype, float16]}"
+    (msg,) = problems(GOOD.replace("  replicas: 2", spec).replace("model: {", "model: {dtype: bfloat16, "))
+    assert "--dtype float16 disagrees with model.dtype bfloat16" in msg, msg
 
 
 @pytest.mark.parametrize("setting,path", [

@@ -105,7 +105,16 @@ class ModelSection(SpecModel):
 GPU_RESOURCE = "nvidia.com/gpu"
 # flags of vLLM and SGLang that the adapters set (engine/adapters.py), with where to say what they say
 # (a key of the user's own, --api-key, stays a warning of render: spec/effects names the 401s it brings)
-OWNED_ENGINE_FLAGS = {"--port": "use engine.port", "--host": "the engine listens on every interface of its pod"}
+_TENSOR = "use engine.gpus: fleetserve runs tensor parallelism over the replica's GPUs"
+_PIPELINE = ("pipeline parallelism is not supported: fleetserve runs tensor parallelism over engine.gpus (a pod "
+             "with tensor x pipeline GPUs it never asked for would not start)")
+OWNED_ENGINE_FLAGS = {"--port": "use engine.port", "--host": "the engine listens on every interface of its pod",
+                      # the router and the metrics use the served name: another one here was 404 for every request
+                      "--served-model-name": "use model.name",
+                      "--model": "use model.source", "--model-path": "use model.source",
+                      "--tensor-parallel-size": _TENSOR, "-tp": _TENSOR, "--tp-size": _TENSOR, "--tp": _TENSOR,
+                      "--pipeline-parallel-size": _PIPELINE, "-pp": _PIPELINE, "--pp-size": _PIPELINE,
+                      "--pp": _PIPELINE}
 
 
 def _check_requests_within_limits(resources: dict[str, Any]) -> None:
@@ -584,11 +593,15 @@ class EndpointSpec(SpecModel):
 
     @model_validator(mode="after")
     def _context_flag_valid(self) -> EndpointSpec:
-        from fleetserve.spec.context import context_flag_problem
+        from fleetserve.spec.context import _in_args, context_flag_problem
 
         problem = context_flag_problem(self)
         if problem:
             raise ValueError(f"engine.args: {problem}")
+        dtype = _in_args(self.engine.args, "--dtype") if self.engine.kind in ("vllm", "sglang") else None
+        if dtype and self.model.dtype != "auto" and dtype[1] != self.model.dtype:  # the engine keeps the last
+            raise ValueError(f"engine.args: --dtype {dtype[1]} disagrees with model.dtype {self.model.dtype}: give "
+                             "the dtype once, in model.dtype")
         return self
 
     @model_validator(mode="after")
