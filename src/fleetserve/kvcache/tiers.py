@@ -114,6 +114,22 @@ class L1Store:
         return self._bytes
 
 
+def split_credentials(url: str) -> tuple[str, str | None, str | None]:
+    """(the URL without its user and password, user, password). redis-py's URL parser stops a password at its
+    first `/` (the 'Port could not be cast to integer' of a base64 password); the host never holds an `@`, so
+    the credentials are what comes before the last one. Percent-escapes are undone, as in any URL."""
+    from urllib.parse import unquote
+
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url, None, None
+    credentials, at, host = rest.rpartition("@")
+    if not at:
+        return url, None, None
+    user, colon, password = credentials.partition(":")
+    return (f"{scheme}://{host}", unquote(user) or None, unquote(password) if colon and password else None)
+
+
 class RedisStore:
     """L2 in Redis: one value per block under `prefix + key`, batched, with timeouts and back-off."""
 
@@ -123,10 +139,14 @@ class RedisStore:
                  password: str | None = None):
         import redis
 
-        self.url = url
+        url, user, in_url = split_credentials(url)
+        self.url = url  # never the password: it is logged
         self.prefix = prefix
         self.backoff = backoff
-        auth = {"password": password} if password else {}  # else whatever the URL carries
+        password = password or in_url
+        auth = {"password": password} if password else {}
+        if user:
+            auth["username"] = user
         self._auth = auth
         self._timeout = timeout
         self._client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
