@@ -187,6 +187,16 @@ def test_kubernetes_volume_source_needs_its_volume():
     assert any("needs a volume named 'weights'" in m for m in msgs)
 
 
+def test_gpu_requests_that_differ_from_the_limits_are_refused_as_in_our_own_spec():
+    """They rendered the limit without a word (a fleetserve spec with the same mismatch is refused), and the
+    API server refuses such a pod."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["worker"]["resources"] = {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2"}}
+    msgs = _problems(yaml.safe_dump(doc))
+    assert any("spec.worker.resources.requests.nvidia.com/gpu" in m and "limits.nvidia.com/gpu of the same" in m
+               for m in msgs), msgs
+
+
 def test_names_become_valid_kubernetes_names():
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["metadata"]["name"] = "3B_Chat." + "x" * 60 + "-y"

@@ -142,6 +142,12 @@ def _sdk_problems(spec: dict[str, Any]) -> list[SpecProblem]:
         if not any(v.get("name") == name for v in volumes):
             rule("spec.kubernetes.volumes", f"modelSourceType 'kubernetesVolume' needs a volume named {name!r} "
                                             "(worker.modelVolumeMount.name)")
+    resources = spec["worker"].get("resources") or {}
+    asked, cap = ((resources.get(section) or {}).get("nvidia.com/gpu") for section in ("requests", "limits"))
+    if asked is not None and (cap is None or str(asked) != str(cap)):  # as the API server, and our own spec
+        rule("spec.worker.resources.requests.nvidia.com/gpu",
+             f"{asked} needs limits.nvidia.com/gpu of the same amount (got {cap}): extended resources cannot be "
+             "overcommitted")
     if spec.get("instanceType") and spec.get("instanceTypes"):
         rule("spec", "instanceType and instanceTypes are mutually exclusive")
     if spec.get("nodeAffinity") and (spec.get("instanceType") or spec.get("instanceTypes")):
