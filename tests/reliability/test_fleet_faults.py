@@ -26,8 +26,8 @@ spec:
 
 
 def _status(home, name):
-    return next(f for f in json.loads(fleetserve("status", "--json", env=home, check=True).stdout)
-                if f["name"] == name)
+    (state,) = json.loads(fleetserve("status", name, "--json", env=home, check=True).stdout)
+    return state
 
 
 def _spec(tmp_path, source, name, extra=""):

@@ -115,7 +115,8 @@ def test_a_replica_dying_mid_event_leaves_the_client_events_it_can_parse(strip_u
     from fleetserve.router.relay import relay
 
     partial = b'data: {"id":"c","choices":[{"index":0,"te'
-    attempt = SimpleNamespace(response=_Response([partial]), first=CHUNK, backend=SimpleNamespace(url="u"))
+    attempt = SimpleNamespace(response=_Response([partial]), first=CHUNK,
+                              backend=SimpleNamespace(url="u", draining=False))
     gw = SimpleNamespace(mark_unreachable=lambda *a: None, request_failed=lambda *a: None)
     responder = _Responder()
     assert asyncio.run(relay(gw, attempt, responder, [], None, strip_usage=strip_usage)) is False
