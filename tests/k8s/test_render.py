@@ -743,3 +743,21 @@ def test_render_findings_of_a_second_black_box_pass():
         slow["spec"]["autoscaling"][field] = 4000
         with pytest.raises(SpecError, match=f"spec.autoscaling.{field}.*3600"):
             _objects(slow)
+
+    # a label value the API server refuses failed the whole apply; one of fleetserve's keys was replaced in silence
+    spaced = copy.deepcopy(FULL)
+    spaced["metadata"]["labels"] = {"team": "a b"}
+    with pytest.raises(SpecError, match=r"metadata.labels.*'team'.*not a Kubernetes label value"):
+        _objects(spaced)
+    for key in ("bad key", "-x", "Example.com/x", "a/" + "b" * 64):
+        keyed = copy.deepcopy(FULL)
+        keyed["metadata"]["labels"] = {key: "v"}
+        with pytest.raises(SpecError, match="not a Kubernetes label key"):
+            _objects(keyed)
+    ours = copy.deepcopy(FULL)
+    ours["metadata"]["labels"] = {"app.kubernetes.io/component": "mine", "fleetserve.io/tier": "9",
+                                  "example.com/team": "b", "empty": ""}
+    rendered, _ = _objects(ours)
+    said = {w.path for w in rendered.warnings}
+    assert {"metadata.labels.app.kubernetes.io/component", "metadata.labels.fleetserve.io/tier"} <= said
+    assert "metadata.labels.example.com/team" not in said

@@ -18,6 +18,7 @@ from fleetserve.k8s.context import Context, RenderOptions
 from fleetserve.k8s.engine import engine_objects
 from fleetserve.k8s.karpenter import karpenter_objects
 from fleetserve.k8s.keda import keda_objects
+from fleetserve.k8s.labels import TIER_LABEL, labels
 from fleetserve.k8s.monitoring import monitoring_objects
 from fleetserve.k8s.redis import redis_objects
 from fleetserve.k8s.router import router_objects
@@ -86,6 +87,11 @@ def render(endpoint: Endpoint, options: RenderOptions | None = None) -> Rendered
     for family in (engine_objects, router_objects, redis_objects, keda_objects, karpenter_objects,
                    monitoring_objects):
         objects += family(ctx, warn)
+    ours = labels(ctx.name, "engine", **{TIER_LABEL: "0"})
+    for key in sorted(endpoint.metadata.labels):
+        if key in ours or key.startswith("fleetserve.io/"):
+            warn(f"metadata.labels.{key}", "is a label fleetserve sets on its objects (selectors, tiers, "
+                                           "ownership): its own value replaces yours")
     for path, value in _plain_credentials(endpoint):
         warn(path, f"{value} goes into the rendered manifests as plain text (container arguments, environment or "
                    "ScaledObject metadata, readable by anyone who can read the objects): keep it in a Secret and "

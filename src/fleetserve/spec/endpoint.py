@@ -28,6 +28,8 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # or exponent suffix
 _QUANTITY = re.compile(r"^\+?(\d+\.?\d*|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
 RESOURCE_SECTIONS = ("limits", "requests", "claims")
+_LABEL_NAME = re.compile(r"^(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class Metadata(SpecModel):
@@ -45,6 +47,21 @@ class Metadata(SpecModel):
                 f"{value!r} is not a DNS label: use lower-case letters, digits and '-', starting and ending "
                 "with a letter or digit"
             )
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _kubernetes_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        """Every rendered object carries these: one the API server refuses failed the whole `kubectl apply`."""
+        for key, text in value.items():
+            prefix, slash, name = key.rpartition("/")
+            if not _LABEL_NAME.match(name) or (slash and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix))):
+                raise ValueError(f"label key {key!r} is not a Kubernetes label key: an optional DNS-subdomain prefix "
+                                 "and '/', then at most 63 of letters, digits, '-', '_' and '.', starting and "
+                                 "ending with a letter or digit")
+            if not isinstance(text, str) or (text and not _LABEL_NAME.match(text)):
+                raise ValueError(f"label {key!r}: value {text!r} is not a Kubernetes label value: empty, or at most "
+                                 "63 of letters, digits, '-', '_' and '.', starting and ending with a letter or digit")
         return value
 
     @field_validator("name")
