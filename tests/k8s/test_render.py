@@ -761,3 +761,27 @@ def test_render_findings_of_a_second_black_box_pass():
     said = {w.path for w in rendered.warnings}
     assert {"metadata.labels.app.kubernetes.io/component", "metadata.labels.fleetserve.io/tier"} <= said
     assert "metadata.labels.example.com/team" not in said
+
+
+def test_long_endpoint_names_keep_alerts_and_overflow_on_their_pods():
+    """Long names hash the Deployments' (NAME-engine-t0 cut, then 8 hex digits): the rules' NAME-engine.* matched
+    no Deployment, and an overflow's DEPLOYMENT-.* no pod once Kubernetes cut the pods' generated names at 58."""
+    import re
+
+    long = copy.deepcopy(FULL)
+    long["metadata"]["name"] = "a" * 55
+    rendered, _ = _objects(long)
+    deployments = sorted(d["metadata"]["name"] for d in _by(rendered, "Deployment")
+                         if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine")
+    assert len(deployments) == 2 and all(len(d) == 63 for d in deployments)
+    rules = yaml.safe_dump(_by(rendered, "PrometheusRule")[0]["spec"])
+    (selector,) = set(re.findall(r'deployment=~"([^"]+)"', rules))
+    assert all(re.fullmatch(selector, d) for d in deployments)
+    for d in deployments:  # a pod: its ReplicaSet's name (DEPLOYMENT-HASH) cut to 58, then 5 characters
+        pod = f"{d}-6d4cf56db6-"[:58] + "x7k2p"
+        (unschedulable,) = set(re.findall(r'kube_pod_status_unschedulable\{[^}]*pod=~"([^"]+)"', rules))
+        assert re.fullmatch(unschedulable, pod)
+    overflow = _by(rendered, "ScaledObject", deployments[1])[0]["spec"]["triggers"][0]["metadata"]["query"]
+    (pods,) = re.findall(r'pod=~"([^"]+)"', overflow)
+    assert re.fullmatch(pods, f"{deployments[0]}-6d4cf56db6-"[:58] + "x7k2p")
+    assert not re.fullmatch(pods, f"{deployments[1]}-6d4cf56db6-"[:58] + "x7k2p")

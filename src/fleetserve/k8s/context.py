@@ -99,6 +99,18 @@ class Context:
     def engine_name(self, tier: int) -> str:
         return dns_name(self.name, "engine") if len(self.tiers) == 1 else dns_name(self.name, "engine", f"t{tier}")
 
+    def engine_deployments_regex(self) -> str:
+        """The engine Deployments of every tier, for a PromQL `deployment=~` (names: [a-z0-9-], nothing to escape).
+        A prefix such as NAME-engine.* missed the hashed names of long endpoints."""
+        return "|".join(self.engine_name(t) for t in range(len(self.tiers)))
+
+    def engine_pods_regex(self, tier: int | None = None) -> str:
+        """The engine pods of one tier (or all), for a PromQL `pod=~`. A pod's name is its ReplicaSet's name, a
+        hash and 5 characters, with the generated part's base cut to 58 characters (Kubernetes'
+        maxGeneratedNameLength): `DEPLOYMENT-.*` stopped matching past a 57-character Deployment name."""
+        tiers = range(len(self.tiers)) if tier is None else (tier,)
+        return "|".join(f"{(self.engine_name(t) + '-')[:58]}.*" for t in tiers)
+
     @property
     def engine_service(self) -> str:
         return dns_name(self.name, "engine")

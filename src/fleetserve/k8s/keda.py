@@ -213,10 +213,9 @@ def scaled_object(ctx: Context, policy: ScalingPolicy, warn) -> dict:
 
 def overflow_object(ctx: Context, tier: int, max_replicas: int) -> dict:
     """Tier k > 0 takes the replicas that tier k-1 cannot place (pods unschedulable past the ICE TTL)."""
-    previous = ctx.engine_name(tier - 1)
     ttl = int(ctx.endpoint.spec.capacity.unavailable_offering_ttl) or 60
     query = (f'sum(min_over_time(kube_pod_status_unschedulable{{namespace="{ctx.namespace}",'
-             f'pod=~"{previous}-.*"}}[{ttl}s])) or vector(0)')
+             f'pod=~"{ctx.engine_pods_regex(tier - 1)}"}}[{ttl}s])) or vector(0)')
     name = ctx.engine_name(tier)
     trigger = _prometheus("overflow", ctx.options.prometheus_url, query, 1.0, 0.0, "average")
     _signed_for_amp(ctx, trigger)

@@ -42,10 +42,11 @@ def _rules(ctx: Context) -> dict:
     """The rules of observe/rules.py (the local fleet's Prometheus loads the same ones), with Kubernetes sources:
     replicas from kube-state-metrics, and an alert for engine pods no tier can place."""
     ns, model = ctx.namespace, ctx.endpoint.served_model_name
-    engines = f'namespace="{ns}",deployment=~"{ctx.name}-engine.*"'
+    engines = f'namespace="{ns}",deployment=~"{ctx.engine_deployments_regex()}"'
     unschedulable = alert(
         "FleetserveEngineUnschedulable",
-        f'sum(kube_pod_status_unschedulable{{namespace="{ns}",pod=~"{ctx.name}-engine.*"}}) > 0', "15m", "warning",
+        f'sum(kube_pod_status_unschedulable{{namespace="{ns}",pod=~"{ctx.engine_pods_regex()}"}}) > 0', "15m",
+        "warning",
         f"{model} in {ns}: engine pods cannot be placed on any tier")
     target = RuleTarget.from_endpoint(
         ctx.endpoint, f"fleetserve.{ns}.{ctx.name}", f'namespace="{ns}",service="{ctx.router_name}"',
