@@ -92,3 +92,21 @@ def test_the_operator_without_a_cluster_says_why_in_one_line(tmp_path):
     assert r.returncode == 1 and "cannot reach the Kubernetes API server" in r.stderr and "Traceback" not in r.stderr
     r = fleetserve("operator", "--webhook-cert-dir", str(tmp_path), env=env, timeout=120)
     assert r.returncode == 2 and "--webhook-cert-dir" in r.stderr and "tls.crt or tls.key" in r.stderr
+
+
+def test_an_endpoint_of_the_same_name_in_another_namespace_is_never_overwritten(tmp_path):
+    """The second render replaced all ten files of the first in place, without a word."""
+    import yaml
+
+    spec = yaml.safe_load((ROOT / "examples" / "autoscaling.yaml").read_text())
+    spec["metadata"]["namespace"] = "team-b"
+    other = tmp_path / "b.yaml"
+    other.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    assert _run("render", "k8s", str(ROOT / "examples" / "autoscaling.yaml"), "-o", str(out)).exit_code == 0
+    before = {p.name: p.read_text() for p in out.iterdir()}
+    again = _run("render", "k8s", str(ROOT / "examples" / "autoscaling.yaml"), "-o", str(out))
+    assert again.exit_code == 0, again.output  # the same endpoint again: its own files
+    clash = _run("render", "k8s", str(other), "-o", str(out))
+    assert clash.exit_code == 2 and "--output" in clash.stderr and "in namespace" in clash.stderr, clash.output
+    assert {p.name: p.read_text() for p in out.iterdir()} == before

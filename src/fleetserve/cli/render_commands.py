@@ -94,7 +94,7 @@ def render_k8s(
     if output is not None:
         try:
             paths = write(rendered, output)
-        except NotADirectoryError as exc:
+        except (NotADirectoryError, FileExistsError) as exc:
             raise _fail(f"--output: {exc}") from None
         except OSError as exc:
             raise _fail(f"--output {output}: {exc.strerror or exc}", 1) from None

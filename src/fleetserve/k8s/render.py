@@ -121,6 +121,18 @@ def write(rendered: Rendered, directory: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     files = rendered.files()
     ours = {_owner(o) for o in rendered.objects} - {None}
+    for name, text in files.items():  # a file of the same name that is not this endpoint's is never replaced
+        there = out / name
+        if not there.is_file() or there.read_text(errors="replace") == text:
+            continue
+        try:
+            owner = _owner(yaml.safe_load(there.read_text()) or {})
+        except (yaml.YAMLError, UnicodeDecodeError, AttributeError):
+            owner = None
+        if owner not in ours:
+            whose = f"endpoint {owner[0]} in namespace {owner[1]}" if owner else "a file that is not this endpoint's"
+            raise FileExistsError(f"{there} holds {whose}: render this one into another folder (file names carry "
+                                  "the object's name, not its namespace)")
     for stale in sorted(out.glob("[0-9][0-9]-*.yaml")):
         if stale.name in files:
             continue
