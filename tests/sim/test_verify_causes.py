@@ -589,3 +589,21 @@ def test_a_type_short_for_most_of_the_trace_is_named_and_not_doubled():
     search.plan()
     statics = [t.data["spec"]["replicas"] for t in search.history if t.step == "static"]
     assert statics == [1] and "g5.xlarge" in search.placement_bound
+
+
+def test_an_idle_overspend_of_a_fleet_up_to_its_max_is_not_blamed_on_the_cooldown():
+    """A scale-to-zero fleet that ran several replicas through its quietest windows read 'the idle requests wake
+    replicas that run on for cooldownPeriod; a shorter cooldown fits the budget': no cooldown brought it down."""
+    from fleetserve.sim.verify import _overspend
+
+    busy = [TraceRequest(i * 0.25, 500, 600, (30_000 + i,)) for i in range(4 * 1200)]  # 4/s for 20 min
+    calm = [TraceRequest(1200 + i * 1.0, 500, 600, (40_000 + i,)) for i in range(1200)]  # then 1/s
+    verdict = verify(gpu_endpoint(maximum=6), busy + calm, SimOptions(), {"cost_per_hour_usd": 1})
+    reason = _overspend(verdict.result, "idle")
+    assert "cooldownPeriod" not in reason and "6 replica(s) up while idle" in reason, reason
+    assert "scaleDownStabilizationTime" in reason
+    # one replica that requests every 4 s never let go: scaling to zero cannot save there either
+    steady = [TraceRequest(i * 4.0, 200, 50, (50_000 + i,)) for i in range(900)]
+    verdict = verify(gpu_endpoint(maximum=2), steady, SimOptions(), {"cost_per_hour_usd": 0.1})
+    reason = _overspend(verdict.result, "idle")
+    assert "a shorter cooldown" not in reason, reason

@@ -392,15 +392,23 @@ def _overspend(result: SimResult, window: str) -> str:
         return ("nodes stay up with no replica on them until consolidation removes them "
                 "(capacity.consolidation: policy, consolidateAfter)")
     if window == "idle" and not _single(report):  # one window: the same account as the peak's
-        if fleet.policy_scaling.min_replicas == 0:
-            return (f"the idle requests wake replicas that run on for cooldownPeriod "
-                    f"({fleet.policy_scaling.cooldown:.0f} s) after each; a shorter cooldown fits the budget, at "
-                    "the price of more cold starts")
+        policy = fleet.policy_scaling
+        up = max((p[2] for p in points), default=0)
+        if policy.min_replicas == 0 and up <= 1:
+            # the cooldown is the cause only where a replica woken by a request is what the money bought, and
+            # only where it does stop now and then: a replica never let go is the load's
+            if _share(fleet.series, spans, lambda p: p[2] == 0) > 0:
+                return (f"the idle requests wake replicas that run on for cooldownPeriod ({policy.cooldown:.0f} s) "
+                        "after each; a shorter cooldown fits the budget, at the price of more cold starts")
+            return (f"one replica stays up through the idle windows: requests come more often than cooldownPeriod "
+                    f"({policy.cooldown:.0f} s) lets it stop, so scaling to zero cannot save here; a cheaper "
+                    "instance type, or a budget that pays for one replica, fits")
         kept = sorted({p[2] for p in points}) or [0]
         held = f"{kept[0]}" if len(kept) == 1 else f"{kept[0]}-{kept[-1]}"
-        return (f"{held} replica(s) up while idle (minReplicaCount {fleet.policy_scaling.min_replicas}, "
-                f"{_target(fleet)}): the load asked for them; a higher target per replica fits the budget if fewer "
-                "meet the latency targets")
+        return (f"{held} replica(s) up while idle (minReplicaCount {policy.min_replicas}, {_target(fleet)}): the "
+                f"load in these windows asked for them, or the load before them did and they scale down only after "
+                f"scaleDownStabilizationTime ({policy.down_window:.0f} s); a higher target per replica or a shorter "
+                "stabilization fits the budget if fewer meet the latency targets")
     if span and list(span) not in report["peak"]["windows"]:
         return _ran_on(result, span, points)
     reached = max((p[2] for p in points), default=0)  # the autoscaler's doing, not necessarily the load's need:
