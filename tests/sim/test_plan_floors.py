@@ -294,3 +294,21 @@ def test_a_candidates_fallbacks_are_cloud_types_the_input_could_place_each_once(
     terms = _on_demand(pinned)["spec"]["placement"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms == [{"matchExpressions": [zone]}]  # a term requiring spot placed nothing on demand
+
+
+def test_the_autoscaled_search_tries_the_inputs_own_target_first_so_a_tie_keeps_it():
+    """The search started at target 4, and a tie keeps the first found: an input's target 8 became 4 for nothing
+    ("against ... t8 a tie on cost, GPU-hours and replica-hours (the one found first is kept)")."""
+    from fleetserve.sim.plan import Planner
+
+    spec = {"model": {"name": "llama", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 1,
+            "placement": {"instanceTypes": ["g6e.xlarge"]},
+            "autoscaling": {"minReplicaCount": 2, "maxReplicaCount": 6,
+                            "triggers": [{"metric": "concurrency", "target": 8}]}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "tie"},
+                               "spec": spec}).endpoint
+    planner = Planner(endpoint, daily_peak(), SimOptions(), SLO, None, 40, ("g6e.xlarge",))
+    planner.plan()
+    auto = [t.label for t in planner.history if t.step == "auto"]
+    assert auto[0].endswith(" t8"), auto
+    assert {a.rsplit(" t", 1)[1] for a in auto} == {"2", "4", "8", "16"} and len(auto) == len(set(auto)), auto

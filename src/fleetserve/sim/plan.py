@@ -244,6 +244,15 @@ def _pinned(affinity: dict, instance_type: str, first: str | None = None) -> dic
     return a
 
 
+def _input_target(data: dict) -> float | None:
+    """The target `_autoscaled` would replace: the first trigger's, when it is a concurrency or PromQL one."""
+    triggers = ((data["spec"].get("autoscaling") or {}).get("triggers")) or []
+    if triggers and triggers[0].get("metric") in ("concurrency", "prometheus"):
+        target = triggers[0].get("target")
+        return float(target) if isinstance(target, int | float) and target > 0 else None
+    return None
+
+
 def _autoscaled(data: dict, low: int, high: int, target: float) -> dict:
     d = copy.deepcopy(data)
     s = d["spec"]
@@ -597,7 +606,8 @@ class Planner:
         return d
 
     def _autoscale(self, data: dict, n: int, label: str, static: Trial) -> None:
-        low, high, target = max(1, n // 2), n, 4.0
+        # the input's own target first: on a tie (the first found stays) it is kept, not changed for nothing
+        low, high, target = max(1, n // 2), n, _input_target(data) or 4.0
         def run(low: int, high: int, target: float) -> Trial:
             return self.run_trial(_autoscaled(data, low, high, target), f"{label} auto {low}-{high} t{target:g}",
                                   "auto", label, static)
@@ -613,7 +623,7 @@ class Planner:
             t = run(cand, high, target)
             if improves(t):
                 current, low = t, cand
-        for cand in (2.0, 8.0, 16.0):
+        for cand in sorted({2.0, 4.0, 8.0, 16.0} - {target}):
             if not self._room():
                 return
             t = run(low, high, cand)
