@@ -410,7 +410,8 @@ def plan(
         w = data
         base = "passes" if w["baseline_verified"] else "fails verify"
         static = w["static_peak_cost_usd"]
-        static = f"${static:.2f}" if static is not None else "none passed" if result.statics_tried else "not tried"
+        static = (f"${static:.2f}" if static is not None else "not found before the search was cut short"
+                  if result.cut_short else "none passed" if result.statics_tried else "not tried")
         out.print(f"winner ({w['winner']}): ${w['cost_usd']:.2f} against ${w['baseline_cost_usd']:.2f} for the input "
                   f"at its max replicas, which {base} (static peak-sized fleet: {static}); "
                   f"{result.trials} simulations; written to {output}", markup=False)
