@@ -607,3 +607,25 @@ def test_an_idle_overspend_of_a_fleet_up_to_its_max_is_not_blamed_on_the_cooldow
     verdict = verify(gpu_endpoint(maximum=2), steady, SimOptions(), {"cost_per_hour_usd": 0.1})
     reason = _overspend(verdict.result, "idle")
     assert "a shorter cooldown" not in reason, reason
+
+
+def test_a_winner_whose_replicas_ran_on_its_fallback_type_says_so():
+    """Its first type was short for the whole trace: plan named the winner 'ml.g5.xlarge static x7' and its why
+    'the cheapest static fleet of ml.g5.xlarge', while every replica ran (and was priced) on g6e.xlarge."""
+    from fleetserve.sim.plan import Planner
+
+    spec = {"model": {"name": "llama-8b", "source": "catalog:llama-3.1-8b-instruct", "contextLength": 16384},
+            "engine": {"kind": "vllm"}, "replicas": 2, "routing": {"strategy": "leastload"},
+            "placement": {"instanceTypes": ["g5.xlarge", "g6e.xlarge"]},
+            "capacity": {"provider": "simulated", "simulated": {"provisioningDelaySeconds": 3, "shortages": [
+                {"instanceType": "g5.xlarge", "startSeconds": 0, "endSeconds": 100_000}]}}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "fb"},
+                               "spec": spec}).endpoint
+    trace = [TraceRequest(i * 2.0, 500, 50) for i in range(300)]
+    verdict = verify(endpoint, trace, SimOptions(), {"ttft_p95_ms": 5000})
+    assert set(verdict.result.report["node_hours_by_type"]) == {"g6e.xlarge"}
+    planner = Planner(endpoint, trace, SimOptions(), {"ttft_p95_ms": 5000}, max_trials=12, instance_types=())
+    out = planner.plan().to_json()
+    assert out["verified"]
+    assert any("ran mostly on g6e.xlarge" in w and "g5.xlarge was short of capacity" in w
+               for w in out["warnings"]), out["warnings"]

@@ -58,6 +58,13 @@ class CostLedger:
             if record.span.end is None:
                 record.span.end = now
 
+    def hours_by_instance_type(self, now: float) -> dict[str, float]:
+        """Node-hours per instance type: where the replicas really ran (a fallback, when the first was short)."""
+        out: dict[str, float] = defaultdict(float)
+        for n in self.nodes.values():
+            out[n.instance_type] += n.span.hours(now)
+        return {t: round(h, 6) for t, h in sorted(out.items())}
+
     def per_hour(self) -> float:
         """What the running nodes cost per hour right now."""
         return sum(n.price for n in self.nodes.values() if n.span.end is None)

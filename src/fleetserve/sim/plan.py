@@ -481,6 +481,7 @@ class Planner:
         winner = self.best
         if winner is not None:
             self._write_slo(winner)
+            self._say_where_it_ran(winner)
         changes = diff(base, winner.data) if winner else []
         self._explain_floors(changes)
         for c in changes:
@@ -604,6 +605,22 @@ class Planner:
                                f"context, more than the input's {tokens} ({where}): an engine refuses them, so "
                                f"every candidate has {raised}{capped}"}
         return d
+
+    def _say_where_it_ran(self, winner: Trial) -> None:
+        """A winner named by its first type whose replicas ran on a fallback (the first short of capacity): its
+        label and cost were read as the first type's."""
+        ran = winner.verdict.result.report.get("node_hours_by_type") or {}
+        listed = (winner.data["spec"].get("placement") or {}).get("instanceTypes") or []
+        total = sum(ran.values())
+        if not listed or total <= 0:
+            return
+        first = Catalog.canonical(listed[0])
+        on_first = sum(h for t, h in ran.items() if Catalog.canonical(t) == first)
+        if on_first < 0.5 * total:
+            mostly = max(ran, key=ran.get)
+            self.notes.append(f"the winner lists {listed[0]} first, but its replicas ran mostly on {mostly} "
+                              f"({ran[mostly]:.2f} of {total:.2f} node-hours): {listed[0]} was short of capacity for "
+                              f"most of the trace, and the cost is mostly {mostly}'s")
 
     def _autoscale(self, data: dict, n: int, label: str, static: Trial) -> None:
         # the input's own target first: on a tie (the first found stays) it is kept, not changed for nothing

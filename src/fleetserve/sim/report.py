@@ -256,6 +256,7 @@ def build_report(fleet: SimFleet, slo: dict, slo_source: str) -> dict:
         "replicas_max": max((p[2] for p in series), default=0),
         "replicas_ready_max": max((p[1] for p in series), default=0),
         "nodes_max": max((p[3] for p in series), default=0),
+        "node_hours_by_type": fleet.capacity.ledger.hours_by_instance_type(t0 + end),
         "duration_s": round(end, 3),
         "failed_by_reason": dict(sorted(fleet.rejected.items())),
         "peak": peak,
