@@ -728,6 +728,8 @@ def test_a_vllm_engine_without_a_shutdown_timeout_is_told_it_cuts_streams_at_sig
 
 def test_render_findings_of_a_second_black_box_pass():
     """Each of these was accepted and rendered a fleet Kubernetes refuses or runs wrong."""
+    import re
+
     from fleetserve.spec import SpecError
 
     # pollingInterval 0.5 rendered as 0: KEDA polled the metrics without a pause
@@ -743,6 +745,17 @@ def test_render_findings_of_a_second_black_box_pass():
         slow["spec"]["autoscaling"][field] = 4000
         with pytest.raises(SpecError, match=f"spec.autoscaling.{field}.*3600"):
             _objects(slow)
+
+    # shared dicts were written as YAML anchors and aliases (&id001 / *id001): no object may carry one
+    for spec in [*EXAMPLES, FULL, BUILTIN_TENANTS]:
+        texts = _objects(spec)[0].files().values()
+        assert not [t for t in texts if re.search(r"[&*]id\d{3}", t)], spec
+
+    # spec.replicas above maxReplicaCount started that many pods, past the NodePool's GPU limit
+    many = copy.deepcopy(FULL)
+    many["spec"]["replicas"] = 9
+    rendered, _ = _objects(many)
+    assert _by(rendered, "Deployment", "chat-engine-t0")[0]["spec"]["replicas"] == 6  # maxReplicaCount
 
     # a label value the API server refuses failed the whole apply; one of fleetserve's keys was replaced in silence
     spaced = copy.deepcopy(FULL)

@@ -273,7 +273,15 @@ def metrics_port(ctx: Context) -> int:
 
 
 def tier_replicas(ctx: Context, tier: int) -> int:
-    return ctx.endpoint.spec.replicas if tier == 0 else 0
+    """The first tier starts at spec.replicas, within the autoscaler's bounds (a count above maxReplicaCount ran
+    pods past the NodePool's GPU limit until KEDA scaled them down)."""
+    if tier:
+        return 0
+    spec = ctx.endpoint.spec
+    auto = spec.autoscaling
+    if auto is not None and auto.enabled:
+        return min(max(spec.replicas, auto.min_replica_count), auto.max_replica_count)
+    return spec.replicas
 
 
 def engine_deployment(ctx: Context, tier: int) -> dict:

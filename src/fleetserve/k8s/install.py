@@ -23,14 +23,13 @@ import base64
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from fleetserve import __version__
 from fleetserve.k8s.client import READ_VERBS
 from fleetserve.k8s.context import RenderOptions
 from fleetserve.k8s.crd import CRD_NAME, endpoint_crd
 from fleetserve.k8s.operator import WEBHOOK_ID, WEBHOOK_PORT
 from fleetserve.k8s.reconcile import ACTION_VERBS, CHILD_KINDS, GROUP, OWNER_PLURAL, VERSION
+from fleetserve.k8s.render import to_yaml
 
 NAME = "fleetserve-operator"
 WEBHOOK_SECRET = f"{NAME}-webhook-tls"
@@ -161,6 +160,6 @@ def write(objects: tuple[dict, ...], directory: str | Path) -> list[Path]:
     paths = []
     for obj in objects:
         path = out / file_name(obj)
-        path.write_text(yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, width=120))
+        path.write_text(to_yaml(obj))
         paths.append(path)
     return paths
