@@ -293,3 +293,15 @@ def test_slo_targets_are_bounded_as_the_flags_are():
     """The flags take at least 1 ms; the spec took 0.5 and printed it as "<= 0 ms"."""
     (msg,) = problems(GOOD.replace("replicas: 2", "slo: {e2eP95Ms: 0.5}"))
     assert msg.startswith("spec.slo.e2eP95Ms") and "greater than or equal to 1" in msg
+
+
+def test_trigger_fields_of_prometheus_only_and_a_fallback_above_the_max_are_refused():
+    """`query` on a concurrency trigger was ignored without a word, and a fallback of 10 under a max of 3 was
+    capped by the HPA while the spec said 10."""
+    auto = ("  autoscaling: {maxReplicaCount: 3, triggers: [{metric: concurrency, target: 4, query: 'sum(x)'}]}")
+    (msg,) = problems(GOOD.replace("  routing: {strategy: roundrobin}", auto))
+    assert "query apply to metric 'prometheus' only" in msg and "triggers" in msg, msg
+    auto = ("  autoscaling: {maxReplicaCount: 3, triggers: [{metric: concurrency, target: 4}], "
+            "fallback: {failureThreshold: 3, replicas: 10}}")
+    (msg,) = problems(GOOD.replace("  routing: {strategy: roundrobin}", auto))
+    assert "fallback.replicas (10) is above maxReplicaCount (3)" in msg, msg

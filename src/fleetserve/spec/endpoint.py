@@ -315,6 +315,12 @@ class ScalingTrigger(SpecModel):
     def _prometheus_needs_query(self) -> ScalingTrigger:
         if self.metric == "prometheus" and not self.query:
             raise ValueError("a prometheus trigger needs a query (serverAddress: default the fleet's Prometheus)")
+        if self.metric != "prometheus":
+            given = [name for name, value in (("query", self.query), ("serverAddress", self.server_address),
+                                              ("customHeaders", self.custom_headers)) if value]
+            if given:  # the built-in metrics read the router's own gauges: these were ignored without a word
+                raise ValueError(f"{', '.join(given)} apply to metric 'prometheus' only; a {self.metric!r} trigger "
+                                 "reads the router's own gauge (use metric: prometheus for a query of yours)")
         return self
 
 
@@ -360,6 +366,9 @@ class AutoscalingSection(SpecModel):
             )
         if self.max_replica_count == 0:
             raise ValueError("maxReplicaCount must be at least 1")
+        if self.fallback is not None and self.fallback.replicas > self.max_replica_count:
+            raise ValueError(f"fallback.replicas ({self.fallback.replicas}) is above maxReplicaCount "
+                             f"({self.max_replica_count}): the HPA caps it there; raise maxReplicaCount or lower it")
         for i, floor in enumerate(self.schedules):
             if floor.min_replicas > self.max_replica_count:
                 raise ValueError(f"schedules[{i}].minReplicas ({floor.min_replicas}) is above maxReplicaCount "
