@@ -751,6 +751,17 @@ def test_render_findings_of_a_second_black_box_pass():
         texts = _objects(spec)[0].files().values()
         assert not [t for t in texts if re.search(r"[&*]id\d{3}", t)], spec
 
+    # a gated Hugging Face model without a token, or an S3 bucket without a service account: the fetch-model init
+    # container was refused (401, 403) with nothing said at render time
+    rendered, _ = _objects(FULL)  # hf:meta-llama/Llama-3.1-8B-Instruct
+    assert any(w.path == "spec.model.tokenSecret" and "gated" in w.message for w in rendered.warnings)
+    tokened = copy.deepcopy(FULL)
+    tokened["spec"]["model"]["tokenSecret"] = {"name": "hf", "key": "token"}
+    assert not any(w.path == "spec.model.tokenSecret" for w in _objects(tokened)[0].warnings)
+    bucket = copy.deepcopy(FULL)
+    bucket["spec"]["model"]["source"] = "s3://models/llama-8b"
+    assert any(w.path == "spec.model.source" and "403" in w.message for w in _objects(bucket)[0].warnings)
+
     # spec.replicas above maxReplicaCount started that many pods, past the NodePool's GPU limit
     many = copy.deepcopy(FULL)
     many["spec"]["replicas"] = 9

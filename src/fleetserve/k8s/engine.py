@@ -366,6 +366,28 @@ def engine_pods_service(ctx: Context) -> dict:
     }
 
 
+GATED_HF_ORGS = ("meta-llama/",)  # Hugging Face repos that answer 401 without an accepted licence's token
+
+
+def _fetch_credentials(ctx: Context, warn) -> None:
+    """What the fetch-model init container will be refused without: a gated Hugging Face repo without
+    model.tokenSecret (401), an S3 bucket without a service account that may read it (403)."""
+    model, spec = ctx.endpoint.spec.model, ctx.endpoint.spec
+    source = model.source
+    if source.startswith("catalog:"):
+        from fleetserve.engine.catalog import CATALOG
+
+        source = CATALOG[source.removeprefix("catalog:")].source
+    if source.startswith("hf:") and source[3:].startswith(GATED_HF_ORGS) and not model.token_secret:
+        warn("spec.model.tokenSecret", f"{source[3:]} is gated on Hugging Face: without a token of an account that "
+                                       "accepted its licence the fetch-model init container gets 401; set "
+                                       "model.tokenSecret (a Secret key holding HF_TOKEN)")
+    if source.startswith("s3://") and not (spec.pod.service_account_name or ctx.options.service_account):
+        warn("spec.model.source", "an s3:// model is fetched with the pod's credentials: without a service account "
+                                  "that may read the bucket (render --service-account, pod.serviceAccountName; "
+                                  "IRSA or Pod Identity on EKS) the fetch gets 403")
+
+
 def engine_objects(ctx: Context, warn) -> list[dict]:
     spec = ctx.endpoint.spec
     if spec.engine.kind == "external":
@@ -391,6 +413,7 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
         warn("spec.kvCache", f"tenants reach {spec.engine.kind} as cache_salt, which divides its GPU prefix cache; "
                              "LMCache and SGLang's HiCache keep the salt in their CPU and remote tier keys only "
                              "in versions from 2026: check the image, or give tenants endpoints of their own")
+    _fetch_credentials(ctx, warn)
     taken = sorted(reserved_env(ctx) & (set(spec.engine.env) | set(spec.engine.env_from)))
     if taken:
         warn("spec.engine.env", f"{', '.join(taken)} set by fleetserve in the engine container; yours not used")
