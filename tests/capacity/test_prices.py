@@ -38,6 +38,7 @@ def test_a_price_file_sets_on_demand_and_spot_by_either_name(tmp_path):
     ("g5.xlarge: {onDemand: 1, spto: 1}\n", "g5.xlarge: unknown key 'spto'; allowed keys: onDemand, spot"),
     ("ml.g5.xlarge: 1\ng5.xlarge: 2\n", "g5.xlarge: prices the same hardware as ml.g5.xlarge"),
     ("local: 3\n", "local: this machine is priced by the spec (spec.capacity.localPricePerHour)"),
+    ("g6e.xlarge: {onDemand: 1.5, spot: 2.0}\n", "g6e.xlarge.spot: $2/h is above onDemand $1.5/h"),
     ("- 1\n- 2\n", "expected a mapping of instance types to $/hour"),
     ("", "expected a mapping"),
     ("a: [\n", "not YAML or JSON"),

@@ -62,6 +62,9 @@ def load_prices(path: str | Path, catalog: Catalog | None = None) -> dict[str, t
                                  f"; allowed keys: {', '.join(PRICE_KEYS)} (onDemand required)")
             on_demand = _dollars(value["onDemand"], f"{where}.onDemand")
             spot = _dollars(value["spot"], f"{where}.spot") if "spot" in value else on_demand * spot_ratio
+            if spot > on_demand:  # a spot-first placement would then pay more for capacity that can be taken away
+                raise PriceError(f"{where}.spot: ${spot:g}/h is above onDemand ${on_demand:g}/h; spot capacity "
+                                 "never costs more than on-demand (AWS caps it there): check the numbers")
         else:
             on_demand = _dollars(value, where)
             spot = on_demand * spot_ratio
