@@ -133,6 +133,9 @@ def test_what_the_figures_do_not_show_is_warned(tmp_path):
     assert out["blocks"] == 0 and "no prompt fills one 256-token block" in out["warnings"][0]
     assert "no prompt fills one 256-token block" in out["recommendation"]["reasons"][0]
     assert "warning: no prompt fills" in " ".join(r.stderr.split())
+    assert out["hit_rate_by_cache_blocks"] == []  # it had one point, {1 block: 0.0}, where there is no curve
+    text = fleetserve("analyze", str(short), "--model", "builtin:smollm2-135m").stdout
+    assert "LRU hit rate by cache size (blocks): none (no prompt fills a whole block)" in text, text
     long = tmp_path / "long.jsonl"
     long.write_text("".join(json.dumps({"timestamp": i, "prompt": "word " * 9000 + str(i), "max_tokens": 10})
                             + "\n" for i in range(3)))

@@ -104,8 +104,9 @@ def render(result: dict) -> list[str]:
              f"ideal hit rate (unbounded cache): {result['ideal_hit_rate']:.1%}  "
              f"(token-weighted {result['ideal_token_hit_rate']:.1%}; {result['requests_with_hit']:.1%} of requests "
              "reuse something)",
-             "LRU hit rate by cache size (blocks): " + ", ".join(
-                 f"{p['cache_blocks']}: {p['hit_rate']:.1%}" for p in result["hit_rate_by_cache_blocks"]),
+             "LRU hit rate by cache size (blocks): " + (", ".join(
+                 f"{p['cache_blocks']}: {p['hit_rate']:.1%}" for p in result["hit_rate_by_cache_blocks"])
+                 or "none (no prompt fills a whole block)"),
              f"{result['replicas']} replicas x {result['cache_blocks_per_replica']} blocks ({result['profile']}), "
              f"{result['mode']} router; one pooled LRU of that size: {result['oracle_hit_rate']:.1%}"]
     for name, rate in result["strategy_hit_rate"].items():

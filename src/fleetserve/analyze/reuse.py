@@ -128,7 +128,10 @@ class HitCurve:
         return float(self._cumulative[int(np.searchsorted(self.sorted, cache_blocks, side="left"))]) / self.total
 
     def points(self, unique_blocks: int, smallest: int = 16) -> list[dict]:
-        """Powers of two from `smallest` up to the unique block count (where the curve reaches the ideal)."""
+        """Powers of two from `smallest` up to the unique block count (where the curve reaches the ideal); none
+        for a trace with no whole block (it printed one point, `1: 0.0%`, where there is no curve)."""
+        if unique_blocks <= 0:
+            return []
         sizes = []
         c = smallest
         while c < unique_blocks:

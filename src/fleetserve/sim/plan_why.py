@@ -87,7 +87,7 @@ def _types(search: Planner) -> str:
                 if t in search.placement_bound else \
                 " (more were not tried: this many already cost more than the budget)" if t in search.budget_bound \
                 else ""
-            parts.append(f"{t}: none passed up to {largest.data['spec']['replicas']} replicas{stopped} "
+            parts.append(f"{t}: none passed up to {largest.data['spec']['replicas']} replica(s){stopped} "
                          f"({_failure(largest)})")
         else:
             parts.append(f"{t}: not tried (--max-trials ran out)")
