@@ -762,6 +762,14 @@ def test_render_findings_of_a_second_black_box_pass():
     bucket["spec"]["model"]["source"] = "s3://models/llama-8b"
     assert any(w.path == "spec.model.source" and "403" in w.message for w in _objects(bucket)[0].warnings)
 
+    # a StatefulSet's serviceName must be a headless Service (it named the clients' ClusterIP one)
+    rendered, _ = _objects(BUILTIN_TENANTS)
+    services = {o["metadata"]["name"]: o for o in _by(rendered, "Service")}
+    for sts in _by(rendered, "StatefulSet"):
+        governing = services[sts["spec"]["serviceName"]]
+        assert governing["spec"]["clusterIP"] == "None"
+        assert governing["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+
     # spec.replicas above maxReplicaCount started that many pods, past the NodePool's GPU limit
     many = copy.deepcopy(FULL)
     many["spec"]["replicas"] = 9

@@ -107,7 +107,7 @@ def _statefulset(ctx: Context, service: str, tenant: str | None) -> dict:
         "kind": "StatefulSet",
         "metadata": ctx.meta(service, "redis", **extra),
         "spec": {
-            "serviceName": service,
+            "serviceName": dns_name(service, "headless"),  # a StatefulSet's governing Service is headless
             "replicas": 1,
             "selector": {"matchLabels": sel},
             "template": {
@@ -144,6 +144,18 @@ def _service(ctx: Context, service: str, tenant: str | None) -> dict:
     }
 
 
+def _governing_service(ctx: Context, service: str, tenant: str | None) -> dict:
+    """The headless Service a StatefulSet names (its pods' stable DNS); clients use the other, `_service`."""
+    extra = _identity(service, tenant)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": ctx.meta(dns_name(service, "headless"), "redis", **extra),
+        "spec": {"clusterIP": "None", "selector": ctx.selector("redis", **extra),
+                 "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis", "protocol": "TCP"}]},
+    }
+
+
 def redis_objects(ctx: Context, warn) -> list[dict]:
     kind = ctx.endpoint.spec.engine.kind
     if ctx.endpoint.spec.kv_cache.l2.enabled and kind not in L2_ENGINES:
@@ -151,5 +163,6 @@ def redis_objects(ctx: Context, warn) -> list[dict]:
                                 "are): no Redis is rendered and the engines keep L1 only")
     out: list[dict] = []
     for service, tenant in redis_instances(ctx):
-        out += [_statefulset(ctx, service, tenant), _service(ctx, service, tenant)]
+        out += [_statefulset(ctx, service, tenant), _service(ctx, service, tenant),
+                _governing_service(ctx, service, tenant)]
     return out
