@@ -275,7 +275,9 @@ def test_router_flags_secrets_and_pdb():
                         ("--tls-cert", "/etc/fleetserve/tls/tls.crt"),
                         ("--internal-token-file", "/var/run/fleetserve/internal/token")):
         assert args[args.index(flag) + 1] == value
-    assert c["resources"] == {"requests": {"cpu": "2"}}  # router.workers: 2
+    assert c["resources"] == {"requests": {"cpu": "2", "memory": "512Mi"}}  # router.workers: 2
+    one = _by(_objects(BUILTIN_TENANTS)[0], "Deployment", "iso-router")[0]["spec"]["template"]["spec"]["containers"]
+    assert one[0]["resources"] == {"requests": {"cpu": "500m", "memory": "256Mi"}}  # it had none: BestEffort
     secret = _by(rendered, "Secret", "chat-api-keys")[0]
     assert ("a" * 64) in secret["stringData"]["auth.json"]
     assert _by(rendered, "PodDisruptionBudget", "chat-router")

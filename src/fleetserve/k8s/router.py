@@ -92,6 +92,10 @@ def model_metric_args(ctx: Context) -> list[str]:
                        instance_label(t for tier in ctx.tiers for t in tier.instance_types))
 
 
+ROUTER_CPU = "500m"  # one worker: an event loop, mostly waiting on sockets
+ROUTER_MEMORY_MI = 256  # per worker process: Python, the app, the prefix index and the metrics
+
+
 def router_deployment(ctx: Context) -> dict:
     spec = ctx.endpoint.spec
     scheme = "HTTPS" if spec.tls.enabled else "HTTP"
@@ -126,8 +130,11 @@ def router_deployment(ctx: Context) -> dict:
         # requests held at zero replicas wait up to bufferTimeoutSeconds; a stopping router lets them finish
         "lifecycle": {"preStop": {"sleep": {"seconds": ctx.options.prestop_seconds}}},
     }
-    if spec.router.workers > 1:  # one core per worker process, or they only take turns on fewer
-        container["resources"] = {"requests": {"cpu": str(spec.router.workers)}}
+    # requests so that the scheduler counts the routers (none: BestEffort pods, evicted first under pressure); one
+    # core per worker process, or they only take turns on fewer; no limits, so a burst is never throttled
+    workers = spec.router.workers
+    container["resources"] = {"requests": {"cpu": str(workers) if workers > 1 else ROUTER_CPU,
+                                           "memory": f"{ROUTER_MEMORY_MI * workers}Mi"}}
     grace = ctx.options.prestop_seconds + ctx.router_drain_seconds + EXIT_SECONDS
     pod_spec: dict = {"containers": [container], "volumes": volumes, "terminationGracePeriodSeconds": grace}
     # spread the routers over nodes so that one node going does not take the endpoint down
