@@ -8,7 +8,8 @@
   (reconcile.ACTION_VERBS: create, patch, delete) plus get and list (client.list before each pass; watch only
   on Deployments, whose events move the status); on endpoints get/list/watch/patch (kopf's finalizer and
   annotations), endpoints/status patch (client.patch_status) and events create (kopf's event posting).
-  No secrets read, no pods, no wildcard;
+  no pods, no wildcard, no watch on Secrets (but get/list on them: it writes the API-key Secret, and RBAC
+  cannot narrow a read to the Secrets it owns);
 - the operator Deployment (one replica, strategy Recreate: kopf runs standalone, without peering), non-root,
   read-only root filesystem, all capabilities dropped, kopf's liveness endpoint as probe;
 - the webhook Service and the ValidatingWebhookConfiguration (CREATE/UPDATE of endpoints, failurePolicy
