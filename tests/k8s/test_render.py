@@ -772,6 +772,17 @@ def test_render_findings_of_a_second_black_box_pass():
         assert governing["spec"]["clusterIP"] == "None"
         assert governing["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
 
+    # a TLS Redis (rediss://) was refused for a tenant, and vLLM's LMCache got "redis://rediss://..."
+    tls = copy.deepcopy(BUILTIN_TENANTS)
+    tls["spec"]["kvCache"]["l2"]["tenantUrls"] = {"alpha": "rediss://redis-alpha:6380/0"}
+    engine = _by(_objects(tls)[0], "Deployment", "iso-engine")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert "alpha=rediss://redis-alpha:6380/0" in engine["args"]  # the user's own: not rendered, not rewritten
+    from fleetserve.engine.adapters import vllm_launch
+
+    gpu = load_spec_data({**copy.deepcopy(FULL), "spec": {**copy.deepcopy(FULL)["spec"], "kvCache": {
+        "l2": {"enabled": True, "url": "rediss://cache.example.com:6380/0"}}}}).endpoint.spec
+    assert vllm_launch(gpu, "/m", 8000).env["LMCACHE_REMOTE_URL"] == "rediss://cache.example.com:6380/0"
+
     # spec.replicas above maxReplicaCount started that many pods, past the NodePool's GPU limit
     many = copy.deepcopy(FULL)
     many["spec"]["replicas"] = 9

@@ -63,7 +63,7 @@ def vllm_launch(spec, model_path: str, port: int, host: str = "0.0.0.0", l2_url:
         if kv.l1.enabled:
             env["LMCACHE_MAX_LOCAL_CPU_SIZE"] = _gib(kv.l1.max_bytes)
         if kv.l2.enabled and url:
-            env["LMCACHE_REMOTE_URL"] = url if url.startswith("redis://") else f"redis://{url}"
+            env["LMCACHE_REMOTE_URL"] = url if url.startswith(("redis://", "rediss://")) else f"redis://{url}"
             env["LMCACHE_REMOTE_SERDE"] = "naive"
     return EngineLaunch(argv + list(spec.engine.args), env, spec.engine.health_path, token_env=VLLM_TOKEN_ENV)
 

@@ -25,6 +25,8 @@ PASSWORD_ENV = "REDIS_PASSWORD"
 
 
 def _rendered_tenant_service(url: str) -> str | None:
+    if url.startswith("rediss://"):  # TLS: a Redis of the user's own (the rendered one speaks plain redis://)
+        return None
     host = urlsplit(url).hostname or ""
     if not host or "." in host or host == "localhost":
         return None

@@ -399,8 +399,8 @@ class L2Section(SpecModel):
     @classmethod
     def _redis_urls(cls, value: dict[str, str]) -> dict[str, str]:
         for tenant, url in value.items():
-            if not url.startswith("redis://"):
-                raise ValueError(f"tenantUrls[{tenant}]: {url!r} must be a redis:// URL")
+            if not url.startswith(("redis://", "rediss://")):
+                raise ValueError(f"tenantUrls[{tenant}]: {url!r} must be a redis:// or rediss:// (TLS) URL")
         return value
 
 
