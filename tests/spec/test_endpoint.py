@@ -305,3 +305,28 @@ def test_trigger_fields_of_prometheus_only_and_a_fallback_above_the_max_are_refu
             "fallback: {failureThreshold: 3, replicas: 10}}")
     (msg,) = problems(GOOD.replace("  routing: {strategy: roundrobin}", auto))
     assert "fallback.replicas (10) is above maxReplicaCount (3)" in msg, msg
+
+
+def test_one_api_key_names_one_tenant(tmp_path, monkeypatch):
+    """The same key for two tenants merged them: the last took it, the first vanished (its requests counted,
+    salted and billed as the other's), and validate said valid."""
+    from fleetserve.fleet.supervisor import StartupError, Supervisor
+
+    digest = "a" * 64
+    auth = (f"  auth: {{enabled: true, apiKeys: [{{tenant: alpha, keySha256: '{digest}'}}, "
+            f"{{tenant: bravo, keySha256: '{digest}'}}]}}")
+    (msg,) = problems(GOOD.replace("  routing: {strategy: roundrobin}", auth))
+    assert "apiKeys[1] (tenant 'bravo') has the keySha256 of apiKeys[0] (tenant 'alpha')" in msg, msg
+    same = GOOD.replace("  routing: {strategy: roundrobin}", "  auth: {enabled: true, apiKeys: [{tenant: alpha, "
+                        "keyEnv: KEY_A}, {tenant: bravo, keyEnv: KEY_B}]}")
+    monkeypatch.setenv("KEY_A", "same-key")
+    monkeypatch.setenv("KEY_B", "same-key")
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path))
+    path = tmp_path / "e.yaml"
+    path.write_text(same)
+    sup = Supervisor(load_spec_text(same), str(path), say=lambda _m: None)
+    try:
+        with pytest.raises(StartupError, match=r"apiKeys\[1\] \(tenant 'bravo'\) holds the same key as apiKeys\[0\]"):
+            sup._security_args()
+    finally:
+        sup._http.close()

@@ -409,16 +409,24 @@ class Supervisor:
         args: list[str] = []
         auth = self.spec.auth
         if auth.enabled:
-            digests = {}
+            digests: dict[str, str] = {}
+            owner: dict[str, int] = {}
             for i, key in enumerate(auth.api_keys):
                 if key.key_sha256:
-                    digests[key.key_sha256] = key.tenant
-                    continue
-                secret = os.environ.get(key.key_env or "")
-                if not secret:
-                    raise StartupError(f"spec.auth.apiKeys[{i}].keyEnv: environment variable {key.key_env!r} "
-                                       "is not set")
-                digests[key_digest(secret)] = key.tenant
+                    digest = key.key_sha256.lower()
+                else:
+                    secret = os.environ.get(key.key_env or "")
+                    if not secret:
+                        raise StartupError(f"spec.auth.apiKeys[{i}].keyEnv: environment variable {key.key_env!r} "
+                                           "is not set")
+                    digest = key_digest(secret)
+                if digest in digests and digests[digest] != key.tenant:  # the last tenant took the key: the first
+                    # vanished, its requests counted, salted and billed as the other's
+                    raise StartupError(f"spec.auth.apiKeys[{i}] (tenant {key.tenant!r}) holds the same key as "
+                                       f"apiKeys[{owner[digest]}] (tenant {digests[digest]!r}): one key can name one "
+                                       "tenant only")
+                digests[digest] = key.tenant
+                owner.setdefault(digest, i)
             if not digests:
                 raise StartupError("spec.auth.enabled is true but spec.auth.apiKeys is empty")
             path = self.dir / "auth.json"

@@ -479,6 +479,22 @@ class AuthSection(SpecModel):
     enabled: bool = False
     api_keys: list[APIKey] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _one_tenant_per_key(self) -> AuthSection:
+        """A key names one tenant: listed twice, the last tenant took it and the first one vanished (its requests
+        counted, salted and billed as the other's). The same key twice for the same tenant is harmless."""
+        first: dict[str, tuple[int, str]] = {}
+        for i, key in enumerate(self.api_keys):
+            if not key.key_sha256:
+                continue
+            digest = key.key_sha256.lower()
+            if digest in first and first[digest][1] != key.tenant:
+                j, tenant = first[digest]
+                raise ValueError(f"apiKeys[{i}] (tenant {key.tenant!r}) has the keySha256 of apiKeys[{j}] (tenant "
+                                 f"{tenant!r}): one key can name one tenant only")
+            first.setdefault(digest, (i, key.tenant))
+        return self
+
 
 class RouterSection(SpecModel):
     host: str = "127.0.0.1"
