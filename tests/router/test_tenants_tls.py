@@ -36,6 +36,7 @@ def test_keys_map_to_tenants_and_tenants_do_not_share_cache(tmp_path):
                 headers["x-fleetserve-tenant"] = spoof  # a client cannot choose its tenant
             r = httpx.post(gw.url + "/v1/completions", json=body, headers=headers, timeout=30)
             assert r.status_code == 200
+            assert "x-fleetserve-replica" not in r.headers  # a tenant is not told the replicas' addresses
             return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
         assert cached("alpha-key") == 0

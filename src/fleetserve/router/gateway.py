@@ -244,9 +244,11 @@ class Gateway:
                 self.learn(choice, tail, routed)
         logged = status
         try:
-            whole = await relay(self, attempt, responder,
-                                [(b"x-request-id", rid), (b"x-fleetserve-replica", attempt.backend.id.encode())],
-                                learn, strip_usage=asked_usage and status == 200)
+            extra = [(b"x-request-id", rid)]
+            if self.settings.keyring is None:  # with API keys the clients are tenants: a replica's address is
+                # the operator's business, as in /health (the access log names it)
+                extra.append((b"x-fleetserve-replica", attempt.backend.id.encode()))
+            whole = await relay(self, attempt, responder, extra, learn, strip_usage=asked_usage and status == 200)
             if not whole and responder.client_gone:
                 logged = 499  # the client left mid-answer: the access line says so, as the engine's does
         except asyncio.CancelledError:  # the front door cancels a request whose client left
