@@ -83,6 +83,15 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
     ({"logit_bias": {"50256": -100}}, "logit_bias"),
     ({"modalities": ["text", "audio"]}, "modalities"),
+    # vLLM's sampling extensions and newer OpenAI fields: 200 with the answer they did not shape
+    ({"top_k": 1}, "top_k"),
+    ({"min_p": 0.9}, "min_p"),
+    ({"repetition_penalty": 2.0}, "repetition_penalty"),
+    ({"min_tokens": 5}, "min_tokens"),
+    ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+    ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
+    ({"web_search_options": {}}, "web_search_options"),
+    ({"guided_json": {"type": "object"}}, "guided_json"),
 ])
 def test_what_the_engine_cannot_honour_is_refused_not_ignored(change, param):
     """tools and JSON mode were answered 200 with plain text: a client relying on them got the wrong output."""
@@ -94,6 +103,7 @@ def test_defaults_of_unsupported_parameters_and_ignorable_ones_pass():
     parse_chat({**CHAT, "tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "logit_bias": {},
                 "user": "u1", "metadata": {"k": "v"}, "store": False})
     parse_completion({"model": "m", "prompt": "hi", "suffix": ""})
+    parse_chat({**CHAT, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "min_tokens": 0})  # vLLM's defaults
     err = error_of(parse_completion, {"model": "m", "prompt": "hi", "suffix": "tail"})
     assert (err.param, err.code) == ("suffix", "unsupported_value")
 

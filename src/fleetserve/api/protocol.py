@@ -166,6 +166,20 @@ _UNSUPPORTED = {
     "logit_bias": ("logit_bias is not supported by this engine", lambda v: v in (None, {})),
     "suffix": ("suffix (insertion) is not supported by this engine", lambda v: v in (None, "")),
     "modalities": ("only text output is supported", lambda v: v in (None, ["text"])),
+    "audio": ("only text output is supported", lambda v: v is None),
+    "prediction": ("predicted outputs are not supported by this engine", lambda v: v is None),
+    "web_search_options": ("web search is not supported by this engine", lambda v: v is None),
+    # vLLM's sampling extensions, which a client moved from vLLM sends: ignored, they changed the answer silently
+    "top_k": ("top_k is not supported by this engine (top_p is)", lambda v: v in (None, -1, 0)),
+    "min_p": ("min_p is not supported by this engine (top_p is)", lambda v: v in (None, 0)),
+    "repetition_penalty": ("repetition_penalty is not supported by this engine (presence_penalty and "
+                           "frequency_penalty are)", lambda v: v in (None, 1)),
+    "min_tokens": ("min_tokens is not supported by this engine", lambda v: v in (None, 0)),
+    "use_beam_search": ("beam search is not supported by this engine", lambda v: v in (None, False)),
+    "guided_json": ("guided decoding is not supported by this engine", lambda v: v is None),
+    "guided_regex": ("guided decoding is not supported by this engine", lambda v: v is None),
+    "guided_choice": ("guided decoding is not supported by this engine", lambda v: v is None),
+    "guided_grammar": ("guided decoding is not supported by this engine", lambda v: v is None),
 }
 
 
