@@ -134,3 +134,9 @@ def test_client_disconnect_cancels_generation(slow_model, tmp_path_factory):
         assert sample(server.url, "vllm:generation_tokens_total", model_name="slow") < 3000
     finally:
         server.stop()
+
+
+def test_a_completion_without_max_tokens_stops_at_16_as_openai_and_vllm_do(client):
+    """It ran to the chat default (512, or the context): a client moved from OpenAI or vLLM got 30x the tokens."""
+    r = client.completions.create(model="tiny", prompt="abc", extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 16 and r.choices[0].finish_reason == "length"

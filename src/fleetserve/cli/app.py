@@ -332,7 +332,8 @@ def engine(
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads")] = None,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16")] = "auto",
     context_length: Annotated[int | None, typer.Option(min=1)] = None,
-    max_tokens_default: Annotated[int, typer.Option(min=1, help="max_tokens when a request gives none")] = 512,
+    max_tokens_default: Annotated[int, typer.Option(
+        min=1, help="max_tokens when a chat request gives none (a completion: 16, as OpenAI and vLLM)")] = 512,
     max_waiting: Annotated[int, typer.Option(min=1, help="Queue bound; beyond it requests get 503")] = 256,
     revision: Annotated[str | None, typer.Option()] = None,
     internal_token_file: Annotated[str | None, typer.Option(

@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger("fleetserve.engine.access")
 
 
+COMPLETION_MAX_TOKENS_DEFAULT = 16  # /v1/completions without max_tokens (OpenAI's legacy default, and vLLM's)
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     served_model_name: str
@@ -157,8 +160,9 @@ class Engine:
                 param="messages" if kind == "chat" else "prompt",
                 code="context_length_exceeded",
             )
-        if requested is None:
-            return min(self.settings.max_tokens_default, limit - prompt_len)
+        if requested is None:  # a completion stops at 16, as OpenAI's and vLLM's do (it ran to the chat default)
+            default = COMPLETION_MAX_TOKENS_DEFAULT if kind == "completion" else self.settings.max_tokens_default
+            return min(default, limit - prompt_len)
         if prompt_len + requested > limit:
             raise APIError(
                 400,
