@@ -1,10 +1,13 @@
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 
 from tests.helpers import fleetserve
+
+TRACE = str(Path(__file__).parents[1] / "data" / "mooncake_sample.jsonl")
 
 
 def test_scale_from_zero_bench_overflows_the_buffer_and_still_loses_nothing():
@@ -318,3 +321,20 @@ def test_the_live_bench_says_the_load_it_ran_at_when_it_missed_the_target():
 
     assert live_load_warning(0.901, 0.65).startswith("roundrobin kept the engines 0.90 busy against the target")
     assert live_load_warning(0.66, 0.65) is None and live_load_warning(None, 0.65) is None
+
+
+def test_bench_input_that_was_a_traceback_or_a_silent_success_is_exit_2_naming_the_flag(tmp_path):
+    """A missing model printed a traceback (kvcache) or exit 1 without the flag (scale-from-zero); a URL without
+    a scheme a traceback (replay); a million requests a second was accepted (fidelity) and ran out of memory."""
+    def said(result):
+        return " ".join(result.stderr.replace("│", " ").split())
+
+    for args, flag in ((("kvcache", "--model", str(tmp_path / "none"), "--json"), "--model"),
+                       (("scale-from-zero", "--model", "foo", "--buffer", "1", "--json"), "--model"),
+                       (("replay", "--url", "notaurl", "--trace", TRACE, "--model", "m", "--limit", "3"), "--url"),
+                       (("fidelity", "--requests", "50000", "--duration", "1", "--json"), "--requests")):
+        r = fleetserve("bench", *args)
+        assert r.returncode == 2 and flag in said(r) and "Traceback" not in r.stderr, (args, r.stderr[-600:])
+    # a replay that nobody answered is a failure, not figures
+    r = fleetserve("bench", "replay", "--url", "http://127.0.0.1:1", "--trace", TRACE, "--model", "m", "--limit", "2")
+    assert r.returncode == 1 and json.loads(r.stdout)["answered"] == 0

@@ -242,3 +242,15 @@ def test_the_simulators_prediction_is_the_mean_of_its_draws():
     predicted = expected(reports)
     assert predicted == {"runs": 2, "ttft_ms": {"p50": 11.0, "p95": 23.0}, "e2e_ms": {"p50": 105.0, "p95": None}}
     assert errors(predicted, {"ttft_ms": {"p50": 11.0, "p95": 25.0}})["ttft_p95"] == 0.08
+
+
+def test_a_target_tighter_than_the_draw_noise_is_undecided_not_met():
+    """targets_met said true for an error of 0.0185 where the draws alone moved the p95 by 66 %."""
+    from fleetserve.bench.fidelity import decided_by_noise
+
+    met, why = decided_by_noise({"live": True, "simulated_engines": True},
+                                {"live": {"ttft_p50": 0.05, "ttft_p95": 0.6574},
+                                 "simulated_engines": {"ttft_p50": 0.01, "ttft_p95": 0.03}})
+    assert met == {"live": None, "simulated_engines": True}
+    assert len(why) == 1 and "targets_met.live is null" in why[0] and "65.7%" in why[0]
+    assert decided_by_noise({"live": False}, {"live": {"ttft_p95": 0.01}}) == ({"live": False}, [])

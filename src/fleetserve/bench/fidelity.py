@@ -59,6 +59,8 @@ DRAW_SEEDS = 20  # simulator runs per place for `draw_noise`: the headline's see
 LATENCY_KEYS = (("ttft_p50", "ttft_ms", "p50"), ("ttft_p95", "ttft_ms", "p95"),
                 ("e2e_p50", "e2e_ms", "p50"), ("e2e_p95", "e2e_ms", "p95"))
 
+# no Prometheus: the live phase would share the cores with a scraper the simulated-engine phase does not have,
+# and its figures would depend on whether the binary is installed
 SPEC = """apiVersion: fleetserve.io/v1
 kind: Endpoint
 metadata: {{name: {name}}}
@@ -67,6 +69,7 @@ spec:
   engine: {{threads: {threads}}}
   replicas: {replicas}
   routing: {{strategy: {strategy}}}
+  observability: {{prometheus: {{enabled: false}}}}
 """
 
 
@@ -136,6 +139,21 @@ def draw_noise(reports: list[dict]) -> dict:
         mid = float(np.median(values))
         out[key] = round((max(values) - min(values)) / 2 / mid, 4) if mid > 0 else None
     return out
+
+
+def decided_by_noise(met: dict, noise: dict) -> tuple[dict, list[str]]:
+    """An error below the draws' own spread is luck: where the spread of the TTFT percentiles exceeds a place's
+    target, the run decides nothing there (met: None, and why) instead of a pass another draw would turn into a
+    miss (a run reported both targets met with a draw noise of 66 % against the 15 % target)."""
+    met, why = dict(met), []
+    for place, target in (("live", TARGET_LIVE), ("simulated_engines", TARGET_SIMULATED_ENGINES)):
+        spread = max(((noise.get(place) or {}).get(k) or 0.0 for k in ("ttft_p50", "ttft_p95")), default=0.0)
+        if place in met and spread > target:
+            met[place] = None
+            why.append(f"targets_met.{place} is null: the simulator's own TTFT percentiles move by up to "
+                       f"{spread:.1%} between draws (draw_noise), more than the {target:.0%} target, so this run's "
+                       "error cannot decide it; more --requests narrow the draws")
+    return met, why
 
 
 def expected(reports: list[dict]) -> dict:
@@ -530,7 +548,9 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
         se_checked = [result["error_vs_simulated_engines"]["ttft_p50"],
                       result["error_vs_simulated_engines"]["ttft_p95"]]
         met["simulated_engines"] = all(e is not None and e <= TARGET_SIMULATED_ENGINES for e in se_checked)
-    result["targets_met"] = met
+    result["targets_met"], undecided = decided_by_noise(met, result.get("draw_noise") or {})
+    if undecided:
+        result.setdefault("warnings", []).extend(undecided)
     result["time"] = {"live_real_s": result["live"]["real_s"],
                       "simulated_engines_real_s": result.get("simulated_engines", {}).get("real_s"),
                       "simulated_s": sims["raw"]["simulated_s"], "simulator_wall_s": sims["raw"]["wall_s"]}

@@ -647,6 +647,7 @@ def bench_scale_from_zero(
     """A fleet at zero replicas gets a burst: cold start, first response, lost requests (must be 0)."""
     from fleetserve.bench.scale_from_zero import run
 
+    _check_bench_model(model)
     try:
         result = run(model, requests, max_tokens, buffer)
     except RuntimeError as exc:
@@ -857,6 +858,19 @@ def _bench_configs(value: str | None, allowed: tuple[str, ...], hint: str) -> tu
     return names
 
 
+def _check_bench_model(model: str) -> None:
+    """--model of a bench that starts engines: tiny, demo, or a source that can exist (a path is checked here;
+    the engine's own error was a traceback, or exit 1 without naming the flag)."""
+    from pathlib import Path
+
+    if model in ("tiny", "demo") or model.startswith(("builtin:", "catalog:", "hf:", "s3://")):
+        return
+    if not Path(model).is_dir():
+        raise typer.BadParameter(f"{model!r}: no model directory there; allowed values: tiny, demo, or a model "
+                                 "source (a directory, builtin:NAME, catalog:NAME, hf:ORG/NAME, s3://...)",
+                                 param_hint="--model")
+
+
 @bench_app.command("kvcache")
 def bench_kvcache(
     model: Annotated[str, typer.Option(help="tiny (random, 4 layers), demo (SmolLM2) or a model source")] = "tiny",
@@ -869,7 +883,11 @@ def bench_kvcache(
 
     if dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise typer.BadParameter(f"{dtype!r}; allowed values: auto, float32, bfloat16, float16", param_hint="--dtype")
-    print(json.dumps(run(model, repeats, dtype=dtype), indent=2))
+    _check_bench_model(model)
+    try:
+        print(json.dumps(run(model, repeats, dtype=dtype), indent=2))
+    except RuntimeError as exc:  # the engine did not start: its own error, not a traceback
+        raise _fail(str(exc), 1) from None
 
 
 @bench_app.command("replay")
@@ -884,23 +902,34 @@ def bench_replay(
 ) -> None:
     """Replay a trace against a running endpoint; prints TTFT, TPOT, ITL, E2E percentiles and hit rates."""
     import asyncio
+    from urllib.parse import urlsplit
 
     from fleetserve.bench.replay import replay, summarize
     from fleetserve.traces.load import TraceError, load_trace
 
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise typer.BadParameter(f"{url!r}; expected http://host:port or https://host:port (the gateway, without "
+                                 "/v1)", param_hint="--url")
     try:
         requests = load_trace(trace, limit)
     except TraceError as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
     records = asyncio.run(replay(url.rstrip("/"), requests, model=model, speedup=speedup, stream=stream,
                                  max_output=max_output))
-    print(json.dumps(summarize(records), indent=2))
+    summary = summarize(records)
+    print(json.dumps(summary, indent=2))
+    if records and not summary.get("answered"):  # nothing answered is a failed replay, not figures
+        raise typer.Exit(1)
+
+
+FIDELITY_MAX_RATE = 20  # requests/s per replica of the tiny model that `bench fidelity` accepts
 
 
 @bench_app.command("fidelity")
 def bench_fidelity(
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON (the only output)")] = True,
-    requests: Annotated[int, typer.Option(min=2, help="Requests in the generated trace")] = 480,
+    requests: Annotated[int, typer.Option(min=2, max=100_000, help="Requests in the generated trace")] = 480,
     duration: Annotated[float, float_option(min=1.0, help="Seconds the trace spans")] = 160.0,
     seed: Annotated[int, typer.Option(min=0, help="Trace seed")] = 7,
     replicas: Annotated[int, typer.Option(min=1, max=8, help="Replicas of the tiny model")] = 2,
@@ -918,6 +947,12 @@ def bench_fidelity(
 
     if alphabet not in ALPHABETS:
         raise typer.BadParameter(f"{alphabet!r}; allowed values: {', '.join(ALPHABETS)}", param_hint="--alphabet")
+    rate = requests / duration
+    if rate > FIDELITY_MAX_RATE * replicas:  # a million requests in a second ran out of memory building the trace
+        raise typer.BadParameter(f"{requests} requests in {duration:g} s is {rate:,.0f} requests/s; the tiny-model "
+                                 f"fleet of {replicas} replica(s) measures at most {FIDELITY_MAX_RATE} per replica "
+                                 "(more is a queue, not a latency): fewer --requests or a longer --duration",
+                                 param_hint="--requests")
     cfg = FidelityConfig(requests=requests, duration_s=duration, seed=seed, replicas=replicas,
                          simulated_engines=simulated_engines, calibration_repeats=calibration_repeats,
                          alphabet=alphabet)
