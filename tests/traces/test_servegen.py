@@ -114,3 +114,16 @@ def test_a_file_that_starts_late_replays_from_its_first_busy_window(tmp_path):
     zero.write_text("0,0,1.0,,0,0\n600,0,1.0,,0,0\n")
     with pytest.raises(TraceError, match="no requests: every window's rate is 0"):
         load_trace(zero)
+
+
+def test_a_folder_is_read_as_servegen_lays_it_out_never_deeper(tmp_path):
+    """`--trace /tmp` searched the whole tree and took chunk files of unrelated checkouts (test fixtures three and
+    more folders down) for one model's clients."""
+    import shutil
+
+    deep = tmp_path / "checkout" / "tests" / "data" / "servegen"
+    shutil.copytree(DATA, deep)
+    with pytest.raises(TraceError, match="without ServeGen rate files"):
+        load_trace(tmp_path)
+    assert load_trace(deep, limit=5) and load_trace(deep / "reason", limit=5) and \
+        load_trace(deep / "reason" / "deepseek-r1", limit=5)
