@@ -7,10 +7,12 @@ import shutil
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 
+from fleetserve.fleet.prometheus import with_credentials
 from tests.helpers import fleetserve, http_ok, processes_with_env, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
@@ -70,9 +72,15 @@ def test_prometheus_follows_the_fleet_as_it_scales(tmp_path, tiny_model, home):
     stop = threading.Event()
     try:
         s = status(home)
-        prom = s["prometheus_url"]
-        assert prom.startswith("http://127.0.0.1:") and f"prometheus: {prom}" in up.stdout
-        assert f"prometheus: {prom}" in fleetserve("status", env=home).stdout
+        plain = s["prometheus_url"]
+        assert plain.startswith("http://127.0.0.1:") and f"prometheus: {plain}" in up.stdout
+        assert f"prometheus: {plain}" in fleetserve("status", env=home).stdout
+        # its series name the tenants: basic auth, the password in the run folder (it answered any local process)
+        assert httpx.get(plain + "/api/v1/query", params={"query": "up"}, timeout=5).status_code == 401
+        password = (Path(home["FLEETSERVE_HOME"]) / "run" / "watched" / "prometheus.password").read_text()
+        assert oct((Path(home["FLEETSERVE_HOME"]) / "run" / "watched" / "prometheus.password").stat().st_mode
+                   )[-3:] == "600"
+        prom = with_credentials(plain, password)
         assert s["ready"] == 1 and [r["id"] for r in s["replicas"]] == ["r0"]
 
         def load(i: int) -> None:  # four clients back to back: concurrency 4 against a target of 1

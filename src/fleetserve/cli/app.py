@@ -173,7 +173,7 @@ def _announce(state) -> None:
     if state.tls_cert:
         out.print(f"TLS certificate (trust it in clients): {state.tls_cert}", markup=False)
     if state.prometheus_url:
-        out.print(f"prometheus: {state.prometheus_url}", markup=False)
+        out.print(f"prometheus: {state.prometheus_url} ({_prometheus_login(state)})", markup=False)
 
 
 @app.command()
@@ -256,6 +256,14 @@ def _prune_fleets(name: str | None) -> None:
         out.print("kept: " + "; ".join(kept), markup=False)
 
 
+def _prometheus_login(state) -> str:
+    """How to sign in to the fleet's Prometheus (basic auth: its series name the tenants)."""
+    from fleetserve.fleet.prometheus import PASSWORD_FILE, USER
+    from fleetserve.fleet.state import fleet_dir
+
+    return f"user {USER}, password in {fleet_dir(state.name) / PASSWORD_FILE}"
+
+
 def _print_fleet(f) -> None:
     out.print(f"[bold]{escape(f.name)}[/bold] ({f.namespace}) {f.status} {escape(f.url)} "
               f"model {escape(f.model)} routing {f.strategy}")
@@ -263,8 +271,8 @@ def _print_fleet(f) -> None:
               f"${f.cost_total:.4f} so far", markup=False)
     gone = f.status in ("stopped", "failed", "dead")  # its processes are gone: nothing below is listening
     if f.prometheus_url:
-        out.print(f"  prometheus: {f.prometheus_url}" + (f" (was; the fleet is {f.status})" if gone else ""),
-                  markup=False)
+        out.print(f"  prometheus: {f.prometheus_url}" + (f" (was; the fleet is {f.status})" if gone else
+                                                          f" ({_prometheus_login(f)})"), markup=False)
     if f.last_decision:
         out.print(f"  last decision: {f.last_decision['desired']} replica(s): {f.last_decision['reason']}",
                   markup=False)

@@ -8,7 +8,9 @@ installed) writes into the fleet's run folder:
     prometheus/targets/*.json      file-based service discovery: one file per job
     prometheus/data/               the TSDB (retention: `observability.prometheus.retention`)
 
-and runs `prometheus` as a supervised child (restarted with the same back-off as Redis). The supervisor
+and runs `prometheus` as a supervised child (restarted with the same back-off as Redis), on loopback with basic
+auth (`prometheus/web.yml`: user `fleetserve`, its password in the run folder's `prometheus.password`, 0600): its
+series name the tenants, which the router's own /metrics shows only to the admin and internal tokens. The supervisor
 rewrites `targets/engine.json` whenever the set of replicas that may serve changes (Prometheus picks a
 changed file up by inotify, within seconds); a file is replaced atomically (write + rename), so Prometheus
 never reads half a list. Engines' and the router's /metrics need the fleet's internal token: Prometheus
@@ -138,9 +140,31 @@ def write_files(folder: Path, endpoint, fleet: str, *, scrape_interval_s: int, t
     return path
 
 
+USER = "fleetserve"  # the one user of the fleet's Prometheus; its password lies in PASSWORD_FILE (0600)
+PASSWORD_FILE = "prometheus.password"
+
+
+def write_web_config(folder: Path, password: str) -> Path:
+    """Prometheus' web configuration: basic auth for every path. Its series name the tenants (the router's own
+    /metrics answers only the admin and the internal token), and loopback is open to every local process."""
+    import bcrypt
+
+    path = folder / "web.yml"
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=10)).decode()
+    path.write_text(yaml.safe_dump({"basic_auth_users": {USER: hashed}}))
+    os.chmod(path, 0o600)
+    return path
+
+
+def with_credentials(url: str, password: str) -> str:
+    """The URL with the user and password in it (httpx sends them as basic auth); never written to state."""
+    parts = urlsplit(url)
+    return parts._replace(netloc=f"{USER}:{password}@{parts.netloc}").geturl()
+
+
 def child(folder: Path, port: int, retention: str, log_path: Path) -> Child:
-    """The Prometheus process: loopback only, its TSDB in the fleet's folder."""
+    """The Prometheus process: loopback only, basic auth (web.yml), its TSDB in the fleet's folder."""
     cmd = [binary() or "prometheus", f"--config.file={folder / 'prometheus.yml'}",
            f"--storage.tsdb.path={folder / 'data'}", f"--storage.tsdb.retention.time={retention}",
-           f"--web.listen-address=127.0.0.1:{port}"]
+           f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={folder / 'web.yml'}"]
     return Child("prometheus", cmd, log_path)

@@ -131,6 +131,7 @@ class Supervisor:
         self._prometheus_backoff = Backoff(cap=RESTART_BACKOFF_MAX)
         self._prometheus_targets: list | None = None
         self._prometheus_dir: Path | None = None  # set when the fleet runs its own Prometheus
+        self._prometheus_query_url = ""  # the fleet's Prometheus with its basic auth (never written to state)
         self.capacity = build_capacity(self.spec, self.endpoint.metadata.namespace, clock())
         self.controller: Controller | None = None
         self.metrics = SupervisorMetrics()
@@ -297,7 +298,8 @@ class Supervisor:
         if autoscaling is not None and autoscaling.enabled:
             policy = ScalingPolicy.from_spec(autoscaling)
             # a trigger without serverAddress asks the fleet's own Prometheus
-            queries = tuple((t.server_address or self.state.prometheus_url, t.query) if t.metric == "prometheus"
+            own = self._prometheus_query_url or self.state.prometheus_url  # with its basic auth
+            queries = tuple((t.server_address or own, t.query) if t.metric == "prometheus"
                             else None for t in autoscaling.triggers)
             self.controller = Controller(policy, self._initial_scaling_state(policy), self._router_load, queries)
         initial = self._desired()
@@ -523,17 +525,20 @@ class Supervisor:
                                  [prometheus.Target(self.state.metrics_url, "supervisor")], ns)
         self._write_prometheus_targets()
         port = section.port or free_port()
+        password = write_token_file(self.dir / prometheus.PASSWORD_FILE).read_text()
+        prometheus.write_web_config(folder, password)
         self.prometheus = prometheus.child(folder, port, section.retention, self.dir / "logs" / "prometheus.log")
         self.prometheus.start()
         # not waited for here: it gets ready while the replicas start (see _await_prometheus)
         self.state.prometheus_url, self.state.prometheus_pid = f"http://127.0.0.1:{port}", self.prometheus.pid
+        self._prometheus_query_url = prometheus.with_credentials(self.state.prometheus_url, password)
         self._save()
 
     def _await_prometheus(self) -> None:
         if self.prometheus is None:
             return
         deadline = time.monotonic() + 60
-        while self._get(self.state.prometheus_url + "/-/ready") is None:
+        while self._get(self._prometheus_query_url + "/-/ready") is None:
             self._check_stop()
             if self.prometheus.exit_code() is not None:
                 raise StartupError(f"prometheus exited with code {self.prometheus.exit_code()} during start-up; "
