@@ -218,6 +218,20 @@ def test_a_stopping_router_lets_the_stream_under_way_finish_and_refuses_the_queu
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
+def test_a_non_streamed_answer_longer_than_the_upstream_timeout_is_a_504_naming_it(slow_model, logs):
+    """The replica's silence allowed was a fixed 300 s: a long non-streamed generation (its whole time passes
+    before the first byte) was cut after the work. It is spec.router.upstreamTimeoutSeconds now (default 1800)."""
+    e = engine(slow_model, logs, name="slow").start()
+    gw = router([e], logs, "leastload", "--upstream-timeout", "0.5").start()
+    try:
+        body = {**SLOW, "stream": False, "max_tokens": 3000}
+        r = httpx.post(gw.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 504 and "0.5s" in r.json()["error"]["message"], r.text
+    finally:
+        gw.stop()
+        e.stop()
+
+
 @pytest.fixture()
 def slow_pair_limited(slow_model, logs):
     e = engine(slow_model, logs, name="slow").start()

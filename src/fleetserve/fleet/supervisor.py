@@ -341,7 +341,8 @@ class Supervisor:
         cmd = fleetserve_command("router", "--host", host, "--port", str(port), "--strategy", strategy,
                                  "--health-path", self.spec.engine.health_path,
                                  "--buffer-size", str(self.spec.router.buffer_size),
-                                 "--buffer-timeout", str(self.spec.router.buffer_timeout_seconds))
+                                 "--buffer-timeout", str(self.spec.router.buffer_timeout_seconds),
+                                 "--upstream-timeout", str(self.spec.router.upstream_timeout_seconds))
         for url in backends:
             cmd += ["--backend", url]
         if self.spec.router.workers > 1:

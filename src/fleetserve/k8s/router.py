@@ -56,6 +56,7 @@ def _args(ctx: Context) -> list[str]:
     args = ["router", "--host", "0.0.0.0", "--port", str(router_port(ctx)), "--strategy", strategy(ctx),
             "--health-path", spec.engine.health_path, "--buffer-size", str(spec.router.buffer_size),
             "--buffer-timeout", f"{spec.router.buffer_timeout_seconds:g}",
+            "--upstream-timeout", f"{spec.router.upstream_timeout_seconds:g}",
             "--drain-timeout", str(ctx.router_drain_seconds)]  # after SIGTERM: what it serves finishes
     if ctx.endpoint.spec.engine.kind == "external":
         for url in backends(ctx):

@@ -71,7 +71,7 @@ class RouterSettings:
     strategy: str = "leastload"
     session_key: str | None = None  # header or body key for session routing
     max_attempts: int = 3
-    upstream_read_timeout: float = 300.0
+    upstream_read_timeout: float = 1800.0  # a replica's longest silence (spec.router.upstreamTimeoutSeconds)
     health_interval: float = 1.0
     buffer_size: int = 256  # requests held while no replica is ready (scale from zero)
     buffer_timeout: float = 600.0  # longer than a cold start; then 503 with Retry-After

@@ -501,6 +501,9 @@ class RouterSection(SpecModel):
     port: int = Field(default=0, ge=0, le=65535, description="0: a free port")
     buffer_size: int = Field(default=256, ge=0, description="requests held while no replica is ready")
     buffer_timeout_seconds: float = Field(default=600, gt=0, description="longer than the cold start")
+    upstream_timeout_seconds: float = Field(
+        default=1800, gt=0, le=86400, description="longest silence from a replica (before a non-streamed answer, "
+        "its whole generation) before the router answers 504 (sglang-router's default)")
     workers: int = Field(default=1, ge=1, le=64, description="router processes sharing the port (one per core the "
                                                              "router may use)")
 
