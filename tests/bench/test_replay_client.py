@@ -37,6 +37,21 @@ def test_every_request_of_a_replay_against_an_engine_is_answered(engine, stream)
             assert r.streamed and len(r.itl_ms) == 4  # five content chunks: four gaps
     s = summarize(records)
     assert s["answered"] == 12 and s["lost"] == 0
+    # the generator reports its own schedule and whether it kept it (no assertion on the machine's timing)
+    gen = s["generator"]
+    assert gen["requests_sent"] == 12 and gen["scheduled_rps"] == pytest.approx(100.0)
+    assert gen["achieved_rps"] > 0 and gen["lag_ms"]["p50"] >= 0
+    assert all(r.sent_s >= r.scheduled_s for r in records)
+
+
+def test_the_generator_summary_is_computed_from_the_send_times():
+    from fleetserve.bench.replay import Record, generator
+
+    records = [Record(i, i * 1.0, sent_s=i * 1.0 + lag, scheduled_s=i * 1.0)
+               for i, lag in enumerate((0.0, 0.01, 0.5, 0.02, 0.0))]  # one send half a second late
+    gen = generator(records)
+    assert gen["scheduled_rps"] == 1.0 and gen["achieved_rps"] == 1.0  # first and last on time
+    assert gen["lag_ms"]["p50"] == 10.0 and gen["lag_ms"]["p99"] == pytest.approx(480.8, abs=0.1)
 
 
 def test_a_wrong_model_is_a_failed_record_with_the_servers_message(engine):

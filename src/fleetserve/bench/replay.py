@@ -44,6 +44,8 @@ class Record:
     output_tokens: int = 0
     replica: str = ""
     streamed: bool = False  # the first byte reached the client
+    sent_s: float | None = None  # when the generator sent it, on the arrivals' clock (scaled by the speedup)
+    scheduled_s: float | None = None  # when the trace (scaled) said to send it
 
 
 def _body(req: TraceRequest, i: int, model: str, max_output: int | None, stream: bool,
@@ -243,6 +245,9 @@ async def replay(url: str, requests: list[TraceRequest], *, model: str, speedup:
             delay = req.arrival_s / speedup - (time.monotonic() - start)
             if delay > 0:
                 await asyncio.sleep(delay)
+            # lateness of the send against the schedule: a generator that cannot keep up shows here, not as the
+            # system's latency (summarize: `generator`)
+            records[i].scheduled_s, records[i].sent_s = req.arrival_s / speedup, time.monotonic() - start
             path = prefix + ("/v1/chat/completions" if req.messages is not None else "/v1/completions")
             headers = common + [(b"x-session-id", req.session.encode())] if req.session else common
             body = _body(req, i, model, max_output, stream, prompt_format, vocab)
@@ -283,6 +288,25 @@ def summarize(records: list[Record]) -> dict:
         "itl_ms": percentiles([x for r in ok for x in r.itl_ms]),
         "e2e_ms": percentiles([r.e2e_ms for r in ok if r.e2e_ms is not None]),
         "per_replica": per_replica,
+        "generator": generator(records),
+    }
+
+
+def generator(records: list[Record]) -> dict:
+    """Whether the load generator kept to the trace: the rate it was to send at and the rate it sent at (first
+    to last send), and how late each send was against its schedule (ms). A late generator spreads the load
+    thinner than the trace, and every figure beside it is then of a lighter load."""
+    sent = [(r.scheduled_s, r.sent_s) for r in records if r.sent_s is not None and r.scheduled_s is not None]
+    if len(sent) < 2:
+        return {"requests_sent": len(sent), "scheduled_rps": None, "achieved_rps": None,
+                "lag_ms": percentiles([max(0.0, b - a) * 1000 for a, b in sent])}
+    span_scheduled = sent[-1][0] - sent[0][0]
+    span_sent = sent[-1][1] - sent[0][1]
+    return {
+        "requests_sent": len(sent),
+        "scheduled_rps": round((len(sent) - 1) / span_scheduled, 3) if span_scheduled > 0 else None,
+        "achieved_rps": round((len(sent) - 1) / span_sent, 3) if span_sent > 0 else None,
+        "lag_ms": percentiles([max(0.0, b - a) * 1000 for a, b in sent]),
     }
 
 

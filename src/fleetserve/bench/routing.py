@@ -240,6 +240,9 @@ def _run_strategy(strategy: str, requests, replicas: int, cap: int, engine_speed
         "lost": summary["lost"],
         "errors": summary["errors"],
         "per_replica_hit_rate": {k: v["hit_rate"] for k, v in sorted(summary["per_replica"].items())},
+        "busy_seconds": [round(b, 3) for b in busy],  # what load_skew is computed from
+        "wall_s": round(wall, 3),
+        "generator": summary["generator"],  # did the sends keep to the trace's schedule
         "decisions": branches,
     }
 
