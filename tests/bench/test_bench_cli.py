@@ -338,3 +338,13 @@ def test_bench_input_that_was_a_traceback_or_a_silent_success_is_exit_2_naming_t
     # a replay that nobody answered is a failure, not figures
     r = fleetserve("bench", "replay", "--url", "http://127.0.0.1:1", "--trace", TRACE, "--model", "m", "--limit", "2")
     assert r.returncode == 1 and json.loads(r.stdout)["answered"] == 0
+
+
+def test_live_routing_takes_the_simulators_profiles_and_names_the_flag_when_one_is_unknown():
+    """--live refused h100-llama-8b, which the simulator's bench takes, with a message that did not name the flag."""
+    from fleetserve.sim.perf import profile
+
+    assert profile("h100-llama-8b").name == "h100-llama-8b" and profile("fast").name
+    r = fleetserve("bench", "routing", "--trace", TRACE, "--live", "--limit", "5", "--duration", "2",
+                   "--strategies", "roundrobin", "--profile", "nope", "--json")
+    assert r.returncode == 2 and "--profile: unknown profile 'nope'" in r.stderr and "h100-llama-8b" in r.stderr

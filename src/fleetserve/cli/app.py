@@ -776,6 +776,13 @@ def bench_routing(
         if given != default:  # the live bench runs the real router once per strategy: no modes, sweep or draws
             raise typer.BadParameter("applies to the simulator, not to --live (the real router, engine processes, "
                                      "one run per strategy)", param_hint=flag)
+    from fleetserve.sim.perf import profile as perf_profile
+    from fleetserve.sim.profiles import ProfileError
+
+    try:
+        perf_profile(profile)
+    except ProfileError as exc:
+        raise _fail(f"--profile: {exc}", EXIT_USAGE) from None
     try:
         result = run(trace, replicas, names, limit or 600, duration, cache_fraction=cache_fraction,
                      target_utilization=target_utilization, profile_name=profile,

@@ -98,14 +98,11 @@ PROFILES = {
 
 
 def profile(name: str) -> PerfProfile:
-    try:
+    """A profile by name: these, the GPU presets of `sim.profiles` (h100-llama-8b, ...), or a `fleetserve profile`
+    file. One lookup for the simulator and the simulated engine processes: `bench routing --live --profile
+    h100-llama-8b` was refused where the simulator's bench took it."""
+    if name in PROFILES:
         return PROFILES[name]
-    except KeyError:
-        from pathlib import Path
+    from fleetserve.sim.profiles import resolve
 
-        if Path(name).is_file():  # a `fleetserve profile` file (engine --simulate profile.json)
-            from fleetserve.sim.profiles import load_profile_file
-
-            return load_profile_file(name)
-        raise ValueError(f"unknown performance profile {name!r}; allowed: {', '.join(PROFILES)} or a profile "
-                         "JSON file") from None
+    return resolve(name)
