@@ -369,7 +369,8 @@ def oracle_warnings(result: dict) -> list[str]:
             "the bar, not the best; compare at another --cache-fraction"]
 
 
-def _checks(row: dict) -> dict:
+def target_checks(row: dict) -> dict:
+    """The routing targets (TARGETS) checked on one strategy's row: value and met for each, and met for all."""
     checks = {
         "hit_vs_oracle": (row["hit_vs_oracle"], row["hit_vs_oracle"] is not None
                           and row["hit_vs_oracle"] >= TARGETS["hit_vs_oracle_min"]),
@@ -396,7 +397,7 @@ def targets(result: dict) -> dict:
     if all(r.get("hit_vs_oracle") is None for r in aware.values()):
         return {"best_cache_aware": None, "met": None,
                 "reason": "the trace has no prefix reuse (oracle hit rate 0): cache-aware routing has nothing to find"}
-    checks = {n: _checks(r) for n, r in aware.items()}
+    checks = {n: target_checks(r) for n, r in aware.items()}
     best = max(aware, key=lambda n: (sum(c["met"] for k, c in checks[n].items() if k != "met"), aware[n]["hit_rate"]))
     return {"best_cache_aware": best, **checks[best], "limits": TARGETS, "by_strategy": checks}
 
