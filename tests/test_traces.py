@@ -51,3 +51,12 @@ def test_a_row_with_an_empty_prompt_is_refused_naming_its_line(tmp_path):
                      "2023-11-16 18:15:47.6805900,0,3\n")
     with pytest.raises(TraceError, match=r"empty.csv:3: ContextTokens must be from 1"):
         load_trace(azure)
+
+
+def test_a_prompt_log_row_without_max_tokens_takes_what_an_engine_would_answer(tmp_path):
+    """A completion without max_tokens stops at 16 tokens on every engine; the log's replay asked for 64."""
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"timestamp": 0, "prompt": "hello there"}\n'
+                   '{"timestamp": 1, "messages": [{"role": "user", "content": "hi"}]}\n'
+                   '{"timestamp": 2, "prompt": "x", "max_tokens": 5}\n')
+    assert [r.output_tokens for r in load_trace(log)] == [16, 64, 5]

@@ -151,6 +151,8 @@ def _rows(p: Path, limit: int | None):
             yield n, row
 
 
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # a prompt-log completion without max_tokens (as engine/server.py answers it)
+CHAT_DEFAULT_MAX_TOKENS = 64  # a prompt-log chat without one: a typical answer's length, as the log cannot say
 MAX_TOKENS = 1 << 24  # per request and field: more is a corrupt row, and would keep a simulated engine busy forever
 
 
@@ -357,7 +359,10 @@ def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
             _check_chat(messages, where)
         # the newer OpenAI name first (max_tokens is deprecated for chat), as the API reads them
         limit_key = "max_completion_tokens" if row.get("max_completion_tokens") is not None else "max_tokens"
-        req = TraceRequest(_number(row, "timestamp", where, 0.0), 1, _count(row, limit_key, where, 64, least=1),
+        # without a limit: a completion stops at 16 tokens on every engine (OpenAI's default, vLLM's, ours), a chat
+        # runs to its end, taken as 64 tokens
+        default = COMPLETION_DEFAULT_MAX_TOKENS if prompt is not None else CHAT_DEFAULT_MAX_TOKENS
+        req = TraceRequest(_number(row, "timestamp", where, 0.0), 1, _count(row, limit_key, where, default, least=1),
                            session=_session(row, where), messages=tuple(messages) if messages else None, prompt=prompt)
         try:  # a lone surrogate (\ud800 in JSON) anywhere in the row: no request body can carry it
             json.dumps(row, ensure_ascii=False).encode("utf-8")
