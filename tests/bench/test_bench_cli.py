@@ -354,3 +354,21 @@ def test_live_routing_takes_the_simulators_profiles_and_names_the_flag_when_one_
     r = fleetserve("bench", "routing", "--trace", TRACE, "--live", "--limit", "5", "--duration", "2",
                    "--strategies", "roundrobin", "--profile", "nope", "--json")
     assert r.returncode == 2 and "--profile: unknown profile 'nope'" in r.stderr and "h100-llama-8b" in r.stderr
+
+
+def test_a_bench_fleet_interrupted_while_it_stops_is_stopped_before_its_folder_goes(tmp_path, monkeypatch):
+    """Ctrl-C during `down` left the supervisor shutting down after the temporary home was removed, and it wrote
+    its state file back into a new one."""
+    from fleetserve.bench.localfleet import LocalFleet
+
+    fleet = LocalFleet(tmp_path, "f", "spec: {}\n")
+    calls = []
+
+    def cli(*args, timeout=300):
+        calls.append(args)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(fleet, "cli", cli)
+    with pytest.raises(KeyboardInterrupt):
+        fleet.down()
+    assert calls == [("down", "f"), ("down", "f")]

@@ -56,7 +56,13 @@ class LocalFleet:
             return ""
 
     def down(self) -> None:
-        self.cli("down", self.name, timeout=180)
+        """Stop the fleet, and finish stopping it even when Ctrl-C cuts the first `down` short: the caller then
+        removes the private home, and a supervisor still shutting down wrote its state file back into it."""
+        try:
+            self.cli("down", self.name, timeout=180)
+        except KeyboardInterrupt:
+            self.cli("down", self.name, timeout=180)
+            raise
 
     def __enter__(self) -> LocalFleet:
         return self
