@@ -312,3 +312,17 @@ def test_the_autoscaled_search_tries_the_inputs_own_target_first_so_a_tie_keeps_
     auto = [t.label for t in planner.history if t.step == "auto"]
     assert auto[0].endswith(" t8"), auto
     assert {a.rsplit(" t", 1)[1] for a in auto} == {"2", "4", "8", "16"} and len(auto) == len(set(auto)), auto
+
+
+def test_an_input_with_a_fallback_is_planned_with_its_fallback_within_each_candidates_max():
+    """A fallback of 4 and a candidate of at most 1 replica: the plan stopped on the spec error "fallback.replicas
+    (4) is above maxReplicaCount (1)"."""
+    trace = [TraceRequest(i * 4.0, 400, 40, (i,)) for i in range(120)]
+    spec = {"model": {"name": "llama", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 1,
+            "placement": {"instanceTypes": ["g6e.xlarge"]},
+            "autoscaling": {"minReplicaCount": 1, "maxReplicaCount": 6, "fallback": {"replicas": 4},
+                            "triggers": [{"metric": "concurrency", "target": 4}]}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "fb"},
+                               "spec": spec}).endpoint
+    out = plan(endpoint, trace, SimOptions(), {"ttft_p95_ms": 5000}, max_trials=16).to_json()
+    assert out["verified"]

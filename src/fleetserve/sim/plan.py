@@ -265,6 +265,10 @@ def _autoscaled(data: dict, low: int, high: int, target: float) -> dict:
         triggers = [{"metric": "concurrency", "target": target}] + triggers
     auto["triggers"] = triggers
     auto["schedules"] = _floors_within(auto.get("schedules") or [], auto["maxReplicaCount"])
+    fallback = auto.get("fallback")
+    if isinstance(fallback, dict) and isinstance(fallback.get("replicas"), int):  # within the candidate's max, as
+        # the spec wants it (a fallback above a smaller max stopped the whole plan with a spec error)
+        auto["fallback"] = {**fallback, "replicas": min(fallback["replicas"], auto["maxReplicaCount"])}
     s["autoscaling"] = auto
     s["replicas"] = low
     return d
