@@ -262,18 +262,22 @@ def test_engine_args_may_not_set_the_flags_the_adapters_set():
     # another served name was a 404 for every request (the router and metrics use model.name); a tensor or pipeline
     # size of the args' own left GPUs idle or asked for more than the pod has
     for kind, args, flag, says in (
-            ("vllm", ["--served-model-name", "zz"], "--served-model-name", "use model.name"),
+            ("vllm", ["--served-model-name", "zz"], "--served-model-name", "use spec.model.name"),
             ("vllm", ["--tensor-parallel-size", "2"], "--tensor-parallel-size", "use engine.gpus"),
             ("vllm", ["-tp", "2"], "-tp", "use engine.gpus"),
             ("vllm", ["--pipeline-parallel-size=2"], "--pipeline-parallel-size", "pipeline parallelism is not"),
             ("sglang", ["--tp", "2"], "--tp", "use engine.gpus"),
-            ("sglang", ["--served-model-name", "zz"], "--served-model-name", "use model.name")):
+            ("sglang", ["--served-model-name", "zz"], "--served-model-name", "use spec.model.name")):
         spec = f"  replicas: 2\n  engine: {{kind: {kind}, args: {args}}}"
         (msg,) = problems(GOOD.replace("  replicas: 2", spec))
         assert f"engine.args sets {flag}" in msg and says in msg, msg
     spec = "  replicas: 2\n  engine: {kind: vllm, args: [--dtype, float16]}"
     (msg,) = problems(GOOD.replace("  replicas: 2", spec).replace("model: {", "model: {dtype: bfloat16, "))
     assert "--dtype float16 disagrees with model.dtype bfloat16" in msg, msg
+    # the same values the adapters set are harmless (a HyperPod worker's args often repeat them)
+    agreeing = ("  replicas: 2\n  engine: {kind: vllm, gpus: 2, args: [--tensor-parallel-size, '2', "
+                "--served-model-name, smollm2, --dtype, half]}")
+    load_spec_text(GOOD.replace("  replicas: 2", agreeing).replace("model: {", "model: {dtype: float16, "))
 
 
 @pytest.mark.parametrize("setting,path", [

@@ -368,3 +368,17 @@ def test_errors_after_the_mapping_name_the_hyperpod_field(old, new, path):
         load_spec_text(text.replace(old, new))
     (problem,) = info.value.problems
     assert problem.path == path and "fleetserve's spec." in problem.message, problem
+
+
+def test_worker_args_that_repeat_what_the_adapter_sets_are_accepted_and_a_named_model_path_dropped():
+    """An InferenceEndpointConfig whose args repeat the tensor size and the served name (the values fleetserve
+    sets) was refused; `--model PATH` was refused where the same path given positionally is dropped with a word."""
+    from fleetserve.spec.load import load_spec_data
+
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["worker"]["args"] = ["--model", "/opt/ml/model", "--max-model-len", "4096",
+                                     "--tensor-parallel-size", "1", "--served-model-name", doc["spec"]["modelName"]]
+    loaded = load_spec_data(doc)
+    assert "--model" not in loaded.endpoint.spec.engine.args
+    assert any(w.path == "spec.worker.args" and "'--model /opt/ml/model' dropped" in w.message
+               for w in loaded.warnings)

@@ -126,12 +126,14 @@ _TENSOR = "use engine.gpus: fleetserve runs tensor parallelism over the replica'
 _PIPELINE = ("pipeline parallelism is not supported: fleetserve runs tensor parallelism over engine.gpus (a pod "
              "with tensor x pipeline GPUs it never asked for would not start)")
 OWNED_ENGINE_FLAGS = {"--port": "use engine.port", "--host": "the engine listens on every interface of its pod",
-                      # the router and the metrics use the served name: another one here was 404 for every request
-                      "--served-model-name": "use model.name",
                       "--model": "use model.source", "--model-path": "use model.source",
-                      "--tensor-parallel-size": _TENSOR, "-tp": _TENSOR, "--tp-size": _TENSOR, "--tp": _TENSOR,
                       "--pipeline-parallel-size": _PIPELINE, "-pp": _PIPELINE, "--pp-size": _PIPELINE,
                       "--pp": _PIPELINE}
+# flags the adapters also set, allowed only with the value they set: a size of the args' own left GPUs idle or
+# asked for more than the pod has; another served name was a 404 for every request (router and metrics use ours)
+TENSOR_FLAGS = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp")
+SERVED_NAME_FLAG = "--served-model-name"
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's and SGLang's other names for model.dtype's
 
 
 def _check_requests_within_limits(resources: dict[str, Any]) -> None:
@@ -213,6 +215,13 @@ class EngineSection(SpecModel):
             if flag in OWNED_ENGINE_FLAGS:
                 raise ValueError(f"engine.args sets {flag}, which fleetserve sets itself: "
                                  f"{OWNED_ENGINE_FLAGS[flag]}")
+        from fleetserve.spec.context import _in_args
+
+        for flag in TENSOR_FLAGS:
+            found = _in_args(self.args, flag)
+            if found and found[1] != str(max(self.gpus, 1)):
+                raise ValueError(f"engine.args sets {flag} {found[1]}, but the replica has engine.gpus "
+                                 f"({self.gpus}) and fleetserve runs tensor parallelism over them: use engine.gpus")
         return self
 
     @model_validator(mode="after")
@@ -644,7 +653,8 @@ class EndpointSpec(SpecModel):
         if problem:
             raise ValueError(f"engine.args: {problem}")
         dtype = _in_args(self.engine.args, "--dtype") if self.engine.kind in ("vllm", "sglang") else None
-        if dtype and self.model.dtype != "auto" and dtype[1] != self.model.dtype:  # the engine keeps the last
+        if dtype and self.model.dtype != "auto" and \
+                DTYPE_ALIASES.get(dtype[1] or "", dtype[1]) != self.model.dtype:  # the engine keeps the last
             raise ValueError(f"engine.args: --dtype {dtype[1]} disagrees with model.dtype {self.model.dtype}: give "
                              "the dtype once, in model.dtype")
         return self
@@ -676,3 +686,15 @@ class Endpoint(SpecModel):
     @property
     def served_model_name(self) -> str:
         return self.spec.model.name or self.metadata.name
+
+    @model_validator(mode="after")
+    def _served_name_agrees(self) -> Endpoint:
+        from fleetserve.spec.context import _in_args
+
+        found = _in_args(self.spec.engine.args, SERVED_NAME_FLAG) if self.spec.engine.kind in ("vllm", "sglang") \
+            else None
+        if found and found[1] != self.served_model_name:
+            raise ValueError(f"spec.engine.args sets {SERVED_NAME_FLAG} {found[1]}, but the router and the metrics "
+                             f"serve the model as {self.served_model_name!r} (spec.model.name, else metadata.name): "
+                             "use spec.model.name")
+        return self

@@ -269,9 +269,16 @@ def _engine(spec: dict[str, Any], warn) -> tuple[dict[str, Any], dict[str, str]]
     positional = []
     while kind in ("vllm", "sglang") and args and not args[0].startswith("-"):
         positional.append(args.pop(0))
-    if positional:  # `vllm serve MODEL ...`: the adapter names the model the model section mounts
-        warn("spec.worker.args", f"{' '.join(positional)!r} dropped: the {kind} command line names the model "
-                                 "from the model section (a second model path would stop the server)")
+    named = []  # `--model PATH` / `--model-path PATH` (SGLang's): the same as a positional path
+    for flag in ("--model", "--model-path"):
+        while kind in ("vllm", "sglang") and (flag in args or any(a.startswith(flag + "=") for a in args)):
+            i = next(j for j, a in enumerate(args) if a == flag or a.startswith(flag + "="))
+            taken = args[i:i + 2] if args[i] == flag else args[i:i + 1]
+            named.append(" ".join(taken))
+            del args[i:i + len(taken)]
+    if positional or named:  # `vllm serve MODEL ...`: the adapter names the model the model section mounts
+        warn("spec.worker.args", f"{' '.join(positional + named)!r} dropped: the {kind} command line names the "
+                                 "model from the model section (a second model path would stop the server)")
     res = {section: {k: v for k, v in (w["resources"].get(section) or {}).items() if k != "nvidia.com/gpu"}
            for section in ("limits", "requests", "claims") if w["resources"].get(section)}
     engine: dict[str, Any] = {
