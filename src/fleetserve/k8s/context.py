@@ -104,12 +104,12 @@ class Context:
         A prefix such as NAME-engine.* missed the hashed names of long endpoints."""
         return "|".join(self.engine_name(t) for t in range(len(self.tiers)))
 
-    def engine_pods_regex(self, tier: int | None = None) -> str:
-        """The engine pods of one tier (or all), for a PromQL `pod=~`. A pod's name is its ReplicaSet's name, a
-        hash and 5 characters, with the generated part's base cut to 58 characters (Kubernetes'
-        maxGeneratedNameLength): `DEPLOYMENT-.*` stopped matching past a 57-character Deployment name."""
-        tiers = range(len(self.tiers)) if tier is None else (tier,)
-        return "|".join(f"{(self.engine_name(t) + '-')[:58]}.*" for t in tiers)
+    def engine_pods_regex(self) -> str:
+        """The engine pods of every tier, for a PromQL `pod=~`. A pod's name is its ReplicaSet's name, a hash and 5
+        characters, with the generated part's base cut to 58 characters (Kubernetes' maxGeneratedNameLength):
+        `DEPLOYMENT-.*` stopped matching past a 57-character Deployment name. (The cut can drop a tier's suffix:
+        one tier's pods are selected by their owner instead, keda.overflow_object.)"""
+        return "|".join(sorted({f"{(self.engine_name(t) + '-')[:58]}.*" for t in range(len(self.tiers))}))
 
     @property
     def engine_service(self) -> str:

@@ -214,8 +214,12 @@ def scaled_object(ctx: Context, policy: ScalingPolicy, warn) -> dict:
 def overflow_object(ctx: Context, tier: int, max_replicas: int) -> dict:
     """Tier k > 0 takes the replicas that tier k-1 cannot place (pods unschedulable past the ICE TTL)."""
     ttl = int(ctx.endpoint.spec.capacity.unavailable_offering_ttl) or 60
-    query = (f'sum(min_over_time(kube_pod_status_unschedulable{{namespace="{ctx.namespace}",'
-             f'pod=~"{ctx.engine_pods_regex(tier - 1)}"}}[{ttl}s])) or vector(0)')
+    # the previous tier's pods by their owner (its ReplicaSets, DEPLOYMENT-HASH, never cut): a pod-name prefix lost
+    # the tier suffix where Kubernetes cut the generated names at 58 characters, and counted this tier's own pods
+    ns, previous = ctx.namespace, ctx.engine_name(tier - 1)
+    query = (f'sum(min_over_time((kube_pod_status_unschedulable{{namespace="{ns}"}} * on(namespace, pod) '
+             f'group_left() kube_pod_owner{{namespace="{ns}",owner_kind="ReplicaSet",'
+             f'owner_name=~"{previous}-[a-z0-9]+"}})[{ttl}s:15s])) or vector(0)')
     name = ctx.engine_name(tier)
     trigger = _prometheus("overflow", ctx.options.prometheus_url, query, 1.0, 0.0, "average")
     _signed_for_amp(ctx, trigger)
