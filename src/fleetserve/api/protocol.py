@@ -170,7 +170,8 @@ _UNSUPPORTED = {
     "prediction": ("predicted outputs are not supported by this engine", lambda v: v is None),
     "web_search_options": ("web search is not supported by this engine", lambda v: v is None),
     # vLLM's sampling extensions, which a client moved from vLLM sends: ignored, they changed the answer silently
-    "top_k": ("top_k is not supported by this engine (top_p is)", lambda v: v in (None, -1, 0)),
+    "top_k": ("top_k is not supported by this engine (top_p is)",
+              lambda v: v is None or (not isinstance(v, bool) and v in (-1, 0))),
     "min_p": ("min_p is not supported by this engine (top_p is)", lambda v: v in (None, 0)),
     "repetition_penalty": ("repetition_penalty is not supported by this engine (presence_penalty and "
                            "frequency_penalty are)", lambda v: v in (None, 1)),

@@ -245,12 +245,12 @@ async def replay(url: str, requests: list[TraceRequest], *, model: str, speedup:
             delay = req.arrival_s / speedup - (time.monotonic() - start)
             if delay > 0:
                 await asyncio.sleep(delay)
-            # lateness of the send against the schedule: a generator that cannot keep up shows here, not as the
-            # system's latency (summarize: `generator`)
-            records[i].scheduled_s, records[i].sent_s = req.arrival_s / speedup, time.monotonic() - start
             path = prefix + ("/v1/chat/completions" if req.messages is not None else "/v1/completions")
             headers = common + [(b"x-session-id", req.session.encode())] if req.session else common
             body = _body(req, i, model, max_output, stream, prompt_format, vocab)
+            # lateness of the send (its body built) against the schedule: a generator that cannot keep up shows
+            # here, not as the system's latency (summarize: `generator`)
+            records[i].scheduled_s, records[i].sent_s = req.arrival_s / speedup, time.monotonic() - start
             tasks.append(asyncio.create_task(_one_lean(client, base, path, body, records[i], headers)))
         await asyncio.gather(*tasks)
     finally:

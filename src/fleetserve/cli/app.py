@@ -884,7 +884,7 @@ def _check_bench_model(model: str) -> None:
 
     if model in ("tiny", "demo") or model.startswith(("builtin:", "catalog:", "hf:", "s3://")):
         return
-    if not Path(model).is_dir():
+    if not Path(model).expanduser().is_dir():
         raise typer.BadParameter(f"{model!r}: no model directory there; allowed values: tiny, demo, or a model "
                                  "source (a directory, builtin:NAME, catalog:NAME, hf:ORG/NAME, s3://...)",
                                  param_hint="--model")

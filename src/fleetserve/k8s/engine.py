@@ -366,7 +366,8 @@ def engine_pods_service(ctx: Context) -> dict:
     }
 
 
-GATED_HF_ORGS = ("meta-llama/",)  # Hugging Face repos that answer 401 without an accepted licence's token
+# Hugging Face repos that answer 401 without the token of an account that accepted their licence
+GATED_HF_ORGS = ("meta-llama/", "google/gemma", "mistralai/")
 
 
 def _fetch_credentials(ctx: Context, warn) -> None:

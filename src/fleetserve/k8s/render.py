@@ -22,6 +22,7 @@ from fleetserve.k8s.labels import TIER_LABEL, labels
 from fleetserve.k8s.monitoring import monitoring_objects
 from fleetserve.k8s.redis import redis_objects
 from fleetserve.k8s.router import router_objects
+from fleetserve.kvcache.tiers import split_credentials
 from fleetserve.spec.endpoint import Endpoint
 from fleetserve.spec.errors import SpecProblem
 
@@ -76,8 +77,8 @@ def _plain_credentials(endpoint: Endpoint) -> list[tuple[str, str]]:
     urls += [(f"spec.engine.urls[{i}]", u) for i, u in enumerate(spec.engine.urls)]
     triggers = spec.autoscaling.triggers if spec.autoscaling is not None else []
     urls += [(f"spec.autoscaling.triggers[{i}].serverAddress", t.server_address) for i, t in enumerate(triggers)]
-    found = [(path, "a password in the URL") for path, url in urls
-             if url and "@" in url.split("//", 1)[-1].split("/", 1)[0] and "$(" not in url]
+    found = [(path, "a password in the URL") for path, url in urls  # the last @ ends it (it may hold a /)
+             if url and split_credentials(url)[2] and "$(" not in url]
     found += [(f"spec.autoscaling.triggers[{i}].customHeaders", "an authorization header")
               for i, t in enumerate(triggers) if t.custom_headers and "authorization" in t.custom_headers.lower()]
     return found

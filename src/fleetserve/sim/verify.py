@@ -394,6 +394,9 @@ def _overspend(result: SimResult, window: str) -> str:
     if window == "idle" and not _single(report):  # one window: the same account as the peak's
         policy = fleet.policy_scaling
         up = max((p[2] for p in points), default=0)
+        if policy.min_replicas == 0 and up == 0:  # nothing ran: the money went on nodes without a replica
+            return ("nodes stay up with no replica on them until consolidation removes them "
+                    "(capacity.consolidation: policy, consolidateAfter)")
         if policy.min_replicas == 0 and up <= 1:
             # the cooldown is the cause only where a replica woken by a request is what the money bought, and
             # only where it does stop now and then: a replica never let go is the load's

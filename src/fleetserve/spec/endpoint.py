@@ -28,8 +28,8 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # or exponent suffix
 _QUANTITY = re.compile(r"^\+?(\d+\.?\d*|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
 RESOURCE_SECTIONS = ("limits", "requests", "claims")
-_LABEL_NAME = re.compile(r"^(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_NAME = re.compile(r"(?=.{1,63}\Z)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")  # \Z: no newline at the end
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 
 
 class Metadata(SpecModel):
@@ -511,7 +511,7 @@ class RouterSection(SpecModel):
     buffer_size: int = Field(default=256, ge=0, description="requests held while no replica is ready")
     buffer_timeout_seconds: float = Field(default=600, gt=0, description="longer than the cold start")
     upstream_timeout_seconds: float = Field(
-        default=1800, gt=0, le=86400, description="longest silence from a replica (before a non-streamed answer, "
+        default=1800, ge=0.1, le=86400, description="longest silence from a replica (before a non-streamed answer, "
         "its whole generation) before the router answers 504 (sglang-router's default)")
     workers: int = Field(default=1, ge=1, le=64, description="router processes sharing the port (one per core the "
                                                              "router may use)")
