@@ -164,12 +164,13 @@ function draw(panel, data, marks, t0, t1) {
     const c = COLORS[i % COLORS.length];
     if (s.pts.length) {
       let d = "", pen = "M";
-      for (const p of s.all) {
-        if (p[1] === null) { pen = "M"; continue; }
+      s.all.forEach((p, j) => {
+        if (p[1] === null) { pen = "M"; return; }
         d += pen + x(p[0]).toFixed(1) + " " + y(p[1]).toFixed(1); pen = "L";
-      }
+        const alone = (j === 0 || s.all[j - 1][1] === null) && (j === s.all.length - 1 || s.all[j + 1][1] === null);
+        if (alone) el("circle", {cx: x(p[0]), cy: y(p[1]), r: 2, fill: c}, svg);  // a point between gaps
+      });
       el("path", {d, fill: "none", stroke: c, "stroke-width": 1.6, "vector-effect": "non-scaling-stroke"}, svg);
-      if (s.pts.length === 1) el("circle", {cx: x(s.pts[0][0]), cy: y(s.pts[0][1]), r: 2, fill: c}, svg);
       latest.push([s.name, s.last]);
     }
     const item = document.createElement("span");
