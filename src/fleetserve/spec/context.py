@@ -24,10 +24,10 @@ def _flag_value(spec) -> tuple[str, str | None] | None:
     flag = ENGINE_FLAGS.get(spec.engine.kind)
     if flag is None:
         return None
-    return _in_args(spec.engine.args, flag)
+    return flag_in_args(spec.engine.args, flag)
 
 
-def _in_args(args, flag: str) -> tuple[str, str | None] | None:
+def flag_in_args(args, flag: str) -> tuple[str, str | None] | None:
     """(flag, its value or None when the flag ends the list) in an argument list (`--flag v` or `--flag=v`)."""
     args = [str(a) for a in args]
     for i, arg in enumerate(args):
@@ -174,7 +174,7 @@ def _from_preset(spec, flag: str, value: str) -> str:
     from fleetserve.engine.catalog import CATALOG
 
     preset = CATALOG.get(source.removeprefix("catalog:"))
-    if preset is not None and _in_args(preset.args, flag) == (flag, value):
+    if preset is not None and flag_in_args(preset.args, flag) == (flag, value):
         return f", from the {source} preset's arguments (engine/catalog.py)"
     return ""
 

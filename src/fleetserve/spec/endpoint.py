@@ -215,10 +215,10 @@ class EngineSection(SpecModel):
             if flag in OWNED_ENGINE_FLAGS:
                 raise ValueError(f"engine.args sets {flag}, which fleetserve sets itself: "
                                  f"{OWNED_ENGINE_FLAGS[flag]}")
-        from fleetserve.spec.context import _in_args
+        from fleetserve.spec.context import flag_in_args
 
         for flag in TENSOR_FLAGS:
-            found = _in_args(self.args, flag)
+            found = flag_in_args(self.args, flag)
             if found and found[1] != str(max(self.gpus, 1)):
                 raise ValueError(f"engine.args sets {flag} {found[1]}, but the replica has engine.gpus "
                                  f"({self.gpus}) and fleetserve runs tensor parallelism over them: use engine.gpus")
@@ -647,12 +647,12 @@ class EndpointSpec(SpecModel):
 
     @model_validator(mode="after")
     def _context_flag_valid(self) -> EndpointSpec:
-        from fleetserve.spec.context import _in_args, context_flag_problem
+        from fleetserve.spec.context import context_flag_problem, flag_in_args
 
         problem = context_flag_problem(self)
         if problem:
             raise ValueError(f"engine.args: {problem}")
-        dtype = _in_args(self.engine.args, "--dtype") if self.engine.kind in ("vllm", "sglang") else None
+        dtype = flag_in_args(self.engine.args, "--dtype") if self.engine.kind in ("vllm", "sglang") else None
         if dtype and self.model.dtype != "auto" and \
                 DTYPE_ALIASES.get(dtype[1] or "", dtype[1]) != self.model.dtype:  # the engine keeps the last
             raise ValueError(f"engine.args: --dtype {dtype[1]} disagrees with model.dtype {self.model.dtype}: give "
@@ -689,9 +689,9 @@ class Endpoint(SpecModel):
 
     @model_validator(mode="after")
     def _served_name_agrees(self) -> Endpoint:
-        from fleetserve.spec.context import _in_args
+        from fleetserve.spec.context import flag_in_args
 
-        found = _in_args(self.spec.engine.args, SERVED_NAME_FLAG) if self.spec.engine.kind in ("vllm", "sglang") \
+        found = flag_in_args(self.spec.engine.args, SERVED_NAME_FLAG) if self.spec.engine.kind in ("vllm", "sglang") \
             else None
         if found and found[1] != self.served_model_name:
             raise ValueError(f"spec.engine.args sets {SERVED_NAME_FLAG} {found[1]}, but the router and the metrics "
