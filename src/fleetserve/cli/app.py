@@ -882,12 +882,16 @@ def _check_bench_model(model: str) -> None:
     the engine's own error was a traceback, or exit 1 without naming the flag)."""
     from pathlib import Path
 
+    from fleetserve.engine.sources import ModelSourceError, check_model_dir
+    from fleetserve.spec.endpoint import SOURCE_SCHEMES
+
     if model in ("tiny", "demo") or model.startswith(("builtin:", "catalog:", "hf:", "s3://")):
         return
-    if not Path(model).expanduser().is_dir():
-        raise typer.BadParameter(f"{model!r}: no model directory there; allowed values: tiny, demo, or a model "
-                                 "source (a directory, builtin:NAME, catalog:NAME, hf:ORG/NAME, s3://...)",
-                                 param_hint="--model")
+    try:
+        check_model_dir(Path(model).expanduser())
+    except ModelSourceError as exc:
+        raise typer.BadParameter(f"{exc}; allowed values: tiny, demo, or a model source "
+                                 f"({', '.join(SOURCE_SCHEMES)})", param_hint="--model") from None
 
 
 @bench_app.command("kvcache")
