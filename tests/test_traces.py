@@ -39,20 +39,6 @@ def test_bad_trace_names_the_line(tmp_path):
         load_trace(tmp_path / "none.jsonl")
 
 
-def test_a_row_with_an_empty_prompt_is_refused_naming_its_line(tmp_path):
-    """A 0-token prompt loaded and was simulated as a request, where every engine answers it 400."""
-    moon = tmp_path / "empty.jsonl"
-    moon.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1}\n'
-                    '{"timestamp": 1, "input_length": 0, "output_length": 3}\n')
-    with pytest.raises(TraceError, match=r"empty.jsonl:2: input_length must be a whole number from 1 to"):
-        load_trace(moon)
-    azure = tmp_path / "empty.csv"
-    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,12,3\n"
-                     "2023-11-16 18:15:47.6805900,0,3\n")
-    with pytest.raises(TraceError, match=r"empty.csv:3: ContextTokens must be from 1"):
-        load_trace(azure)
-
-
 def test_a_prompt_log_row_without_max_tokens_takes_what_an_engine_would_answer(tmp_path):
     """A completion without max_tokens stops at 16 tokens on every engine; the log's replay asked for 64."""
     log = tmp_path / "log.jsonl"

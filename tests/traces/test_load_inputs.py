@@ -74,6 +74,12 @@ def test_mooncake_epoch_stamps_and_unsorted_rows_replay_from_zero(tmp_path):
      "cobj.jsonl:1: messages.1..content: must be a string or a list of text parts"),
     ("cpart.jsonl", '{"messages": [{"role": "user", "content": ["hi"]}]}\n', "cpart.jsonl:1: messages.0..content"),
     ("nolen.jsonl", '{"timestamp": 0, "input_length": 5}\n', "nolen.jsonl:1: output_length is missing"),
+    # an empty prompt loaded and was simulated as a request, where every engine answers it 400
+    ("empty.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n'
+                    '{"timestamp": 1, "input_length": 0, "output_length": 3}\n',
+     "empty.jsonl:2: input_length must be a whole number from 1 to"),
+    ("empty.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,12,3\n"
+                  "2023-11-16 18:15:47.6805900,0,3\n", "empty.csv:3: ContextTokens must be from 1"),
     ("ctext.jsonl", '{"messages": [{"role": "user", "content": [{"type": "text", "text": 123}]}]}\n',
      "ctext.jsonl:1: messages.0..content.0.: only text content parts"),
     ("cnotext.jsonl", '{"messages": [{"role": "user", "content": [{"type": "text"}]}]}\n', "cnotext.jsonl:1: messages"),
