@@ -152,6 +152,15 @@ def test_at_zero_replicas_the_router_is_live_and_ready_for_kubernetes_probes(tin
         gw.stop()
 
 
+def held_at_zero(gw, pool, count: int, timeout: float) -> list:
+    """`count` chats sent from `pool` to a router with no replica ready, once it holds them all."""
+    calls = [pool.submit(httpx.post, gw.url + "/v1/chat/completions", json=CHAT, timeout=timeout)
+             for _ in range(count)]
+    wait_until(lambda: httpx.get(gw.url + "/admin/load", timeout=5).json()["pending"] == count, 30,
+               what="all requests held")
+    return calls
+
+
 def test_held_requests_are_released_when_a_replica_comes_up(tiny_model, logs):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -159,10 +168,7 @@ def test_held_requests_are_released_when_a_replica_comes_up(tiny_model, logs):
     gw = router([future_engine], logs, "leastload").start(ready_path="/metrics")
     try:
         with ThreadPoolExecutor(6) as pool:
-            calls = [pool.submit(httpx.post, gw.url + "/v1/chat/completions", json=CHAT, timeout=120)
-                     for _ in range(6)]
-            wait_until(lambda: httpx.get(gw.url + "/admin/load", timeout=5).json()["pending"] == 6, 30,
-                       what="all requests held")
+            calls = held_at_zero(gw, pool, 6, timeout=120)
             future_engine.start()
             statuses = [c.result().status_code for c in calls]
         assert statuses == [200] * 6
@@ -181,10 +187,7 @@ def test_a_stopping_router_answers_held_requests_503_and_they_are_not_cut(tiny_m
     gw = router([future_engine], logs, "leastload", "--drain-timeout", "60").start(ready_path="/metrics")
     try:
         with ThreadPoolExecutor(3) as pool:
-            calls = [pool.submit(httpx.post, gw.url + "/v1/chat/completions", json=CHAT, timeout=45)
-                     for _ in range(3)]
-            wait_until(lambda: httpx.get(gw.url + "/admin/load", timeout=5).json()["pending"] == 3, 30,
-                       what="all requests held")
+            calls = held_at_zero(gw, pool, 3, timeout=45)
             os.killpg(gw.proc.pid, signal.SIGTERM)
             answers = [c.result() for c in calls]  # within the drain timeout: a cut would come at 60 s
         for r in answers:
