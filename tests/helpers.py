@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import psutil
 
 from fleetserve.fleet.process import free_port
 
@@ -37,10 +38,14 @@ def fleetserve(*args: str, env: dict | None = None, timeout: float = 300, check:
                           env={**os.environ, **(env or {})}, timeout=timeout, check=check)
 
 
+PORT_ATTEMPTS = 3  # a server whose free port another process bound first starts again on a new one
+
+
 class Server:
     """A fleetserve server (engine or router) as a real child process."""
 
     def __init__(self, args: list[str], log_path: Path, port: int | None = None):
+        self._fixed_port = port is not None  # a port the test chose is kept: an error when it is taken
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = [*args, "--port", str(self.port)]
@@ -48,19 +53,44 @@ class Server:
         self.proc: subprocess.Popen | None = None
 
     def start(self, ready_path: str = "/health", timeout: float = 120.0) -> Server:
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "fleetserve", *self.args], stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        if ready_path:
+        for _attempt in range(PORT_ATTEMPTS):
+            start = self.log_path.stat().st_size if self.log_path.exists() else 0
+            log = open(self.log_path, "ab")
+            self.proc = subprocess.Popen([sys.executable, "-m", "fleetserve", *self.args], stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+            log.close()
+            if not ready_path:
+                return self
             try:
-                wait_until(lambda: self.proc.poll() is not None or http_ok(self.url + ready_path), timeout,
+                # ready when *this* process listens on the port: a free port can be taken by another test's
+                # server before ours binds it, and that server's /health answered for ours
+                wait_until(lambda: self.proc.poll() is not None
+                           or (self.listening() and http_ok(self.url + ready_path)), timeout,
                            what=f"{self.args[0]} on {self.url}")
-                assert self.proc.poll() is None, f"server exited: {self.log()}"
+                if self.proc.poll() is None:
+                    return self
             except BaseException:
                 self.kill()  # a server that never became ready must not outlive the test
                 raise
-        return self
+            if self._fixed_port or "address already in use" not in self.log()[start:].lower():
+                raise AssertionError(f"server exited: {self.log()}")
+            self._move_to(free_port())  # another process took the port first: a new one
+        raise AssertionError(f"no free port held after {PORT_ATTEMPTS} attempts: {self.log()}")
+
+    def listening(self) -> bool:
+        """Whether this server's process (or a worker it started) listens on its port."""
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+            return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port
+                       for p in procs for c in p.net_connections(kind="tcp"))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return False
+
+    def _move_to(self, port: int) -> None:
+        i = self.args.index("--port")
+        self.args[i + 1] = str(port)
+        self.port, self.url = port, f"http://127.0.0.1:{port}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
