@@ -193,7 +193,7 @@ def test_every_fleet_panel_follows_the_namespace_filter_and_replicas_read_kubern
     only the local supervisor's gauges, empty on Kubernetes."""
     from fleetserve.observe.grafana import PANELS
 
-    supervisor_only = {"nodes", "cost"}  # documented: the fleet supervisor's, no Kubernetes source
+    supervisor_only = {"cost"}  # documented: the fleet supervisor's, no Kubernetes source
     for panel in PANELS:
         if panel.key in supervisor_only:
             assert "fleetserve up" in panel.description
@@ -203,3 +203,48 @@ def test_every_fleet_panel_follows_the_namespace_filter_and_replicas_read_kubern
     replicas = next(p for p in PANELS if p.key == "replicas")
     assert [("kube_deployment_spec_replicas" in s.expr, "kube_deployment_status_replicas_available" in s.expr)
             for s in replicas.series] == [(True, False), (False, True)]
+
+
+K8S_INPUT = [  # a Kubernetes namespace: no fleet supervisor, kube-state-metrics and Karpenter instead
+    ('kube_deployment_spec_replicas{namespace="ns",deployment="chat-engine"}', "2x10"),
+    ('kube_deployment_spec_replicas{namespace="ns",deployment="chat-engine-t1"}', "1x10"),
+    ('kube_deployment_spec_replicas{namespace="ns",deployment="chat-router"}', "2x10"),
+    ('kube_deployment_status_replicas_available{namespace="ns",deployment="chat-engine"}', "1x10"),
+    *[(f'karpenter_nodes_allocatable{{nodepool="{pool}",node_name="{node}",instance_type="{it}",'
+       f'capacity_type="{ct}",resource_type="{res}"}}', "4x10")
+      for pool, node, it, ct in (("ns-chat-t0", "n1", "g5.xlarge", "spot"), ("ns-chat-t0", "n2", "g5.xlarge", "spot"),
+                                 ("ns-chat-t1", "n3", "g6.xlarge", "on-demand"),
+                                 ("other-web-t0", "n4", "m5.large", "on-demand"))
+      for res in ("cpu", "memory", "pods")],
+]
+K8S_EXPECTED = {
+    ("replicas", 0): [("", 3.0)],  # both engine tiers, not the router
+    ("replicas", 1): [("", 1.0)],
+    ("nodes", 0): [('capacity_type="spot",instance_type="g5.xlarge"', 2.0),  # one per node, not per resource
+                   ('capacity_type="on-demand",instance_type="g6.xlarge"', 1.0)],  # another namespace's pool: out
+}
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing: scripts/setup.sh installs "
+                                                              "prometheus from Debian as root")
+def test_replicas_and_nodes_panels_read_kubernetes_sources_for_the_picked_namespace(tmp_path):
+    """On Kubernetes the Nodes panel was empty (it read only the fleet supervisor's gauge): it counts the nodes of
+    the namespace's Karpenter NodePools, named `<namespace>-<endpoint>-t<tier>` by `render k8s`."""
+    from fleetserve.k8s.karpenter import nodepool_name
+
+    assert nodepool_name(type("Ctx", (), {"namespace": "ns", "name": "chat"})(), 1) == "ns-chat-t1"
+    picked = [(key, i, concrete(s.expr.replace("$namespace", "ns"))) for key, i in K8S_EXPECTED
+              for s in [next(p for p in PANELS if p.key == key).series[i]]]
+    rules = [{"record": f"dash:{key}:{i}", "expr": expr} for key, i, expr in picked]
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    tests = [{"expr": f"dash:{key}:{i}", "eval_time": "10m",
+              "exp_samples": [{"labels": f"dash:{key}:{i}{{{labels}}}" if labels else f"dash:{key}:{i}", "value": v}
+                              for labels, v in samples]}
+             for (key, i), samples in K8S_EXPECTED.items()]
+    spec = {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in K8S_INPUT],
+                       "promql_expr_test": tests}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(spec))
+    run = subprocess.run(["promtool", "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr

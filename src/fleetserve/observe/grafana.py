@@ -54,6 +54,8 @@ ERROR_SERIES = ("server (5xx, 429)", "client (other 4xx)")  # rules.SERVER_ERROR
 # the engine Deployments of every tier (NAME-engine, NAME-engine-t1, ...), read from kube-state-metrics where no
 # supervisor exports the autoscaler's gauges (Kubernetes)
 ENGINE_DEPLOYMENTS = f'{NAMESPACE},deployment=~".+-engine(-t[0-9]+)?"'
+# Karpenter's per-node gauge; `render k8s` names an endpoint's NodePools `<namespace>-<name>-t<tier>` (karpenter.py)
+KARPENTER_NODES = 'karpenter_nodes_allocatable{resource_type="cpu",nodepool=~"$namespace-.+"}'
 PANELS: tuple[PanelDef, ...] = (
     PanelDef("latency", "Invocation latency (p50 / p95 / p99)", "ms",
              tuple(Series(f"p{int(q * 100)}", _quantile(q, "model_latency_milliseconds")) for q in (0.5, 0.95, 0.99)),
@@ -101,9 +103,11 @@ PANELS: tuple[PanelDef, ...] = (
              "annotations (fleetserve up only)"),
     PanelDef("nodes", "Nodes by instance type", "short",
              (Series("{{instance_type}} {{capacity_type}}",
-                     'sum by (instance_type, capacity_type) (fleetserve_nodes{instance_type=~"$instance_type"})'),),
+                     'sum by (instance_type, capacity_type) (fleetserve_nodes{instance_type=~"$instance_type"}) or '
+                     f"count by (instance_type, capacity_type) ({KARPENTER_NODES})"),),
              "fleetserve_nodes by instance and capacity type: the fleet supervisor's (fleetserve up); on "
-             "Kubernetes, Karpenter's own metrics"),
+             "Kubernetes, the nodes of the namespace's NodePools from Karpenter's karpenter_nodes_allocatable "
+             "(one series per node and resource: the cpu one is counted)"),
     PanelDef("cost", "Cost per hour", "currencyUSD",
              (Series("$/h", "sum(fleetserve_cost_per_hour_dollars)"),),
              "fleetserve_cost_per_hour_dollars: what the fleet's nodes cost, from the fleet supervisor (fleetserve "
