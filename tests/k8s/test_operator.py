@@ -354,3 +354,26 @@ def test_kopf_keeps_its_bookkeeping_out_of_the_status():
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
     assert settings.persistence.finalizer == "fleetserve.io/cleanup" and settings.scanning.disabled
     assert settings.admission.server is not None
+
+
+def test_render_warnings_reach_the_status_and_the_local_fleets_notes_stay_out(env):
+    """The operator dropped what `render k8s` warns about (a label it overrides, a plain credential), and the
+    admission webhook printed the local fleet's notes ("applies to Kubernetes rendering only") on Kubernetes."""
+    client, reconciler = env
+    client.patch(OWNER_API_VERSION, "Endpoint", NS, NAME, {"metadata": {"labels": {"app.kubernetes.io/name": "x"}}})
+    reconciler.reconcile(_endpoint(client))
+    warnings = _endpoint(client)["status"]["warnings"]
+    assert any(w.startswith("metadata.labels.app.kubernetes.io/name: is a label fleetserve sets") for w in warnings)
+    assert any(w.startswith("spec.engine.args: vLLM aborts its in-flight requests") for w in warnings)
+    for local in ("spec.placement:", "spec.engine.gpus:", "metadata.labels: applies to Kubernetes"):
+        assert not any(w.startswith(local) for w in warnings), local
+    said: list[str] = []
+    validate_handler(_endpoint(client), operation="CREATE", warnings=said)
+    assert said and not any(w.startswith(("spec.placement:", "metadata.labels: applies")) for w in said)
+    client.clear()
+    reconciler.reconcile(_endpoint(client))
+    assert client.writes() == []  # the same warnings: no status write
+    # the label goes: its warning leaves the status
+    client.patch(OWNER_API_VERSION, "Endpoint", NS, NAME, {"metadata": {"labels": {"app.kubernetes.io/name": None}}})
+    reconciler.reconcile(_endpoint(client))
+    assert not any("app.kubernetes.io/name" in w for w in _endpoint(client)["status"]["warnings"])

@@ -16,8 +16,6 @@ import typer
 from rich.console import Console
 
 EXIT_USAGE = 2
-LOCAL_ONLY = frozenset({"spec.engine.image", "spec.engine.gpus", "spec.engine.kind", "spec.placement",
-                        "spec.metrics.enabled", "spec.model.prefetch"})
 
 # what `render k8s` and `operator` both take: the rendering options (k8s.context.RenderOptions)
 ImageOption = Annotated[str | None, typer.Option(help="fleetserve image (router, built-in engine, model fetch)")]
@@ -60,7 +58,7 @@ def render_k8s(
                                  ] = None,
 ) -> None:
     """Write Deployments, Services, KEDA ScaledObjects, Karpenter NodePools, Redis and monitoring objects."""
-    from fleetserve.k8s.render import render, write
+    from fleetserve.k8s.render import render, rendered_warnings, write
     from fleetserve.spec import SpecError, load_spec
 
     options = _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc)
@@ -83,11 +81,7 @@ def render_k8s(
         rendered = render(loaded.endpoint, options)
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    # the local fleet's "no effect here" notes about settings that Kubernetes does honour are left out
-    from fleetserve.spec.effects import takes_effect_on_kubernetes
-
-    warnings = [str(w) for w in loaded.warnings if w.path not in LOCAL_ONLY and not takes_effect_on_kubernetes(w.path)]
-    warnings += [str(w) for w in rendered.warnings]
+    warnings = rendered_warnings(loaded, rendered)
     for w in warnings:
         err.print("[yellow]warning:[/yellow] ", end="")
         err.print(w, markup=False)

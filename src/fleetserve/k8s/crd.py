@@ -115,6 +115,8 @@ def status_schema() -> dict:
     return {"type": "object", "properties": {
         "state": {"type": "string", "enum": list(STATES)},
         "failureReason": {"type": "string", "nullable": True},
+        "warnings": {"type": "array", "items": {"type": "string"}, "nullable": True,
+                     "description": "what `fleetserve render k8s` warns about this spec"},
         "observedGeneration": {"type": "integer", "format": "int64"},
         "replicas": {"type": "integer"},
         "readyReplicas": {"type": "integer"},

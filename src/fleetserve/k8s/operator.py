@@ -7,7 +7,8 @@
 One pass reads the Endpoint as our spec (webhook.endpoint_from_resource: the CLI's messages), renders the
 desired objects (`render`, the function behind `fleetserve render k8s`), lists the children it owns,
 computes the actions (`reconcile`, pure) and applies them through the one client port (client.py), then
-writes the status computed from the child Deployments (status.py). An invalid spec or a render error leaves
+writes the status computed from the child Deployments (status.py), with the warnings `render k8s` would
+print (`status.warnings`: settings that render differently or not at all). An invalid spec or a render error leaves
 the children as they are and sets `DeploymentFailed` with the reason; an API error does the same and asks
 kopf to retry. A pass over an unchanged Endpoint makes no writes at all.
 
@@ -40,7 +41,7 @@ from fleetserve.k8s.reconcile import (
     Owner,
     reconcile,
 )
-from fleetserve.k8s.render import render
+from fleetserve.k8s.render import render, rendered_warnings
 from fleetserve.k8s.status import Failure, endpoint_status
 from fleetserve.k8s.webhook import endpoint_from_resource, validate_handler
 from fleetserve.spec.errors import SpecError
@@ -106,13 +107,16 @@ class Reconciler:
         body = plain(body)
         owner = self.owner(body)
         outcome = Outcome()
+        warnings: list[str] = []
         try:
-            rendered = render(endpoint_from_resource(body).endpoint, self.options)
+            loaded = endpoint_from_resource(body)
+            rendered = render(loaded.endpoint, self.options)
         except SpecError as exc:
             outcome.failure = Failure("InvalidSpec", "; ".join(str(p) for p in exc.problems))
         except ValueError as exc:
             outcome.failure = Failure("RenderFailed", str(exc))
         else:
+            warnings = rendered_warnings(loaded, rendered)
             current = None
             try:
                 outcome.actions = reconcile(rendered.objects, self.observed(owner), owner)
@@ -121,10 +125,11 @@ class Reconciler:
             except ApiError as exc:
                 what = f"{current}: " if current is not None else ""
                 outcome.failure, outcome.retry = Failure(exc.reason, f"{what}{exc}"), True
-        outcome.status = self.write_status(body, owner, outcome.failure)
+        outcome.status = self.write_status(body, owner, outcome.failure, warnings)
         return outcome
 
-    def write_status(self, body: dict, owner: Owner, failure: Failure | None) -> dict:
+    def write_status(self, body: dict, owner: Owner, failure: Failure | None, warnings: list[str] | None = None
+                     ) -> dict:
         try:
             deployments = [d for d in self.client.list("apps/v1", "Deployment", owner.namespace, owner.selector)
                            if owner.owns(d)]
@@ -132,7 +137,7 @@ class Reconciler:
             deployments = []
         previous = body.get("status") or {}
         status = endpoint_status(deployments, body["metadata"].get("generation", 1), previous, self.clock(),
-                                 failure)
+                                 failure, warnings or ())
         if apply_merge_patch(previous, status) != previous:
             self.client.patch_status(OWNER_API_VERSION, OWNER_KIND, owner.namespace, owner.name, status)
         return status
@@ -216,7 +221,9 @@ def build_registry(reconciler: Reconciler, webhook_cert_dir: str | None = None, 
         for name in reconciler.cleanup(body):
             logger.info(f"deleted {name}")
 
-    kopf.on.validate(*resource, id=WEBHOOK_ID, registry=registry)(validate_handler)
+    @kopf.on.validate(*resource, id=WEBHOOK_ID, registry=registry)
+    def validate(**kwargs):
+        validate_handler(**kwargs, options=reconciler.options)
     return registry
 
 

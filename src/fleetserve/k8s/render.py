@@ -23,8 +23,10 @@ from fleetserve.k8s.monitoring import monitoring_objects
 from fleetserve.k8s.redis import redis_objects
 from fleetserve.k8s.router import router_objects
 from fleetserve.kvcache.tiers import split_credentials
+from fleetserve.spec.effects import takes_effect_on_kubernetes
 from fleetserve.spec.endpoint import Endpoint
 from fleetserve.spec.errors import SpecProblem
+from fleetserve.spec.load import LoadedSpec
 
 #: apply order: what others reference first (kubectl apply -f DIR applies files in name order)
 KIND_ORDER = ("Secret", "Service", "StatefulSet", "Deployment", "PodDisruptionBudget", "NodePool",
@@ -82,6 +84,24 @@ def _plain_credentials(endpoint: Endpoint) -> list[tuple[str, str]]:
     found += [(f"spec.autoscaling.triggers[{i}].customHeaders", "an authorization header")
               for i, t in enumerate(triggers) if t.custom_headers and "authorization" in t.custom_headers.lower()]
     return found
+
+
+#: warnings about settings that only the local fleet ignores: they render here
+LOCAL_ONLY = frozenset({"spec.engine.image", "spec.engine.gpus", "spec.engine.kind", "spec.placement",
+                        "spec.metrics.enabled", "spec.model.prefetch"})
+
+
+def kubernetes_warnings(loaded: LoadedSpec) -> list[SpecProblem]:
+    """The spec's warnings that hold on Kubernetes: not the local fleet's notes about settings rendered here
+    (the admission answer printed "no effect" for spec.placement, which becomes the NodePools)."""
+    return [w for w in loaded.warnings if w.path not in LOCAL_ONLY and not takes_effect_on_kubernetes(w.path)]
+
+
+def rendered_warnings(loaded: LoadedSpec, rendered: Rendered) -> list[str]:
+    """What a user of the rendered objects should read: the spec's warnings that hold on Kubernetes, then the
+    rendering's own (`render k8s` prints them, the admission webhook answers them, the operator writes them
+    into the Endpoint's status)."""
+    return list(dict.fromkeys([str(w) for w in kubernetes_warnings(loaded)] + [str(w) for w in rendered.warnings]))
 
 
 def render(endpoint: Endpoint, options: RenderOptions | None = None) -> Rendered:

@@ -1,6 +1,6 @@
 """An Endpoint's status from its child Deployments, with HyperPod's state names.
 
-    endpoint_status(deployments, generation, previous, now, failure=None) -> status
+    endpoint_status(deployments, generation, previous, now, failure=None, warnings=()) -> status
 
 `state` is one of DeploymentPending (nothing created yet), DeploymentInProgress (some Deployment has fewer
 ready replicas than it wants, or has not seen its latest spec), DeploymentComplete (every Deployment has
@@ -9,6 +9,8 @@ DeploymentFailed (an invalid spec, an API error, or a Deployment past its progre
 of HyperPod's `status.state`. `conditions` holds one condition per state with `status: "True"` on the
 current one only; its `reason` and `message` say why. `lastTransitionTime` changes only when a condition's
 status flips, so a status computed twice from the same observations is equal (no needless status writes).
+`warnings` lists what `render k8s` would warn about the spec (None when there is nothing, or the spec was
+refused), so `kubectl get endpoint -o yaml` shows it without the admission webhook's one-time print.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def _deployment_progress(d: dict) -> tuple[int, int, bool, str | None]:
 
 
 def endpoint_status(deployments: Sequence[dict], generation: int, previous: dict | None, now: str,
-                    failure: Failure | None = None) -> dict:
+                    failure: Failure | None = None, warnings: Sequence[str] = ()) -> dict:
     previous = previous or {}
     rows = sorted((d["metadata"]["name"], *_deployment_progress(d)) for d in deployments)
     ready = sum(r[1] for r in rows)
@@ -76,4 +78,5 @@ def endpoint_status(deployments: Sequence[dict], generation: int, previous: dict
     out = {"state": state, "observedGeneration": generation, "replicas": wanted, "readyReplicas": ready,
            "deployments": {n: f"{r}/{w}" for n, r, w, _, _ in rows}, "conditions": conditions}
     out["failureReason"] = message if state == FAILED else None  # None: a merge patch removes an old one
+    out["warnings"] = list(warnings) or None
     return out

@@ -6,19 +6,18 @@
 
 The CRD's schema (crd.py) catches types and ranges; everything pydantic checks beyond them (cross-field
 rules, catalog names, schedules, ...) is answered here, naming the field: a denial says
-`spec.autoscaling: maxReplicaCount (1) is below minReplicaCount (3)`. Settings that will have no effect come
-back as admission warnings, which kubectl prints.
+`spec.autoscaling: maxReplicaCount (1) is below minReplicaCount (3)`. What `render k8s` would warn about
+(settings that render differently or not at all, a label fleetserve overrides, a credential in plain text)
+comes back as admission warnings, which kubectl prints; a spec that cannot be rendered is denied.
 """
 
 from __future__ import annotations
 
+from fleetserve.k8s.context import RenderOptions
 from fleetserve.k8s.reconcile import OWNER_API_VERSION, OWNER_KIND
+from fleetserve.k8s.render import render, rendered_warnings
 from fleetserve.spec.errors import SpecError, SpecProblem
 from fleetserve.spec.load import LoadedSpec, load_spec_data
-
-#: warnings about settings that only the local fleet ignores (render_commands.LOCAL_ONLY: they render here)
-LOCAL_ONLY = frozenset({"spec.engine.image", "spec.engine.gpus", "spec.engine.kind", "spec.placement",
-                        "spec.metrics.enabled", "spec.model.prefetch"})
 
 
 def endpoint_from_resource(body: dict) -> LoadedSpec:
@@ -34,13 +33,17 @@ def endpoint_from_resource(body: dict) -> LoadedSpec:
     return load_spec_data(doc, source)
 
 
-def check(body: dict) -> tuple[list[SpecProblem], list[SpecProblem]]:
-    """(problems, warnings) of one Endpoint resource; no problems means admitted."""
+def check(body: dict, options: RenderOptions | None = None) -> tuple[list[SpecProblem], list[str]]:
+    """(problems, warnings) of one Endpoint resource; no problems means admitted. The warnings are what
+    `render k8s` would print (with the operator's rendering options, when it answers)."""
     try:
         loaded = endpoint_from_resource(body)
+        rendered = render(loaded.endpoint, options)
     except SpecError as exc:
         return list(exc.problems), []
-    return [], [w for w in loaded.warnings if w.path not in LOCAL_ONLY]
+    except ValueError as exc:  # the operator could not render it either (RenderFailed)
+        return [SpecProblem("spec", str(exc))], []
+    return [], rendered_warnings(loaded, rendered)
 
 
 def denial_message(problems: list[SpecProblem]) -> str:
@@ -70,18 +73,18 @@ def admission_response(review: dict) -> dict:
             response.update(allowed=False, status={"code": 422, "reason": "Invalid",
                                                    "message": denial_message(problems)})
         elif warnings:
-            response["warnings"] = [str(w) for w in warnings]
+            response["warnings"] = warnings
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
-def validate_handler(body, operation=None, warnings=None, old=None, **_):
+def validate_handler(body, operation=None, warnings=None, old=None, options: RenderOptions | None = None, **_):
     """kopf's @on.validate: raise AdmissionError (422) with our messages; add warnings to kopf's list."""
     import kopf
 
     if operation not in (None, "CREATE", "UPDATE") or not judged(dict(body), dict(old) if old else None):
         return
-    problems, notes = check(dict(body))
+    problems, notes = check(dict(body), options)
     if problems:
         raise kopf.AdmissionError(denial_message(problems), code=422)
     if warnings is not None:
-        warnings.extend(str(w) for w in notes)
+        warnings.extend(notes)
