@@ -129,6 +129,37 @@ def test_every_replica_failing_is_a_502_with_retry_after():
     assert out.header(b"retry-after") == b"1"
 
 
+def busy_answer(after: bytes = b"1") -> FakeResponse:
+    """The engine's own "queue full" answer."""
+    return FakeResponse(503, [b'{"error": {"code": "overloaded"}}'],
+                        [(b"content-type", b"application/json"), (b"retry-after", after)])
+
+
+def test_busy_replicas_are_tried_elsewhere_without_tripping_their_breaker_and_the_client_gets_overloaded():
+    """An engine's 503 with Retry-After (its waiting queue is full) counted as a replica failure: ten in a burst
+    opened the breaker of an idle, healthy replica and the next request waited 60 s; when all were busy the
+    client read 502 upstream_failed or 503 no_replica."""
+    async def main():
+        gw, up = gateway({A: [busy_answer() for _ in range(12)] + [FakeResponse(200, [OK])],
+                          B: [busy_answer(b"3") for _ in range(12)]})
+        outs = []
+        for _ in range(12):
+            out = Recorder()
+            await gw.handle(chat(), out)
+            outs.append(out)
+        last = Recorder()
+        await gw.handle(chat(), last)
+        return gw, outs, last, up
+
+    gw, outs, last, up = run_virtual(main())
+    for out in outs:
+        assert out.status == 503 and out.json()["error"]["code"] == "overloaded"
+        assert out.header(b"retry-after") == b"3" and "at capacity" in out.json()["error"]["message"]
+    assert all(b.breaker == "closed" and b.eligible for b in gw.pool.backends.values())
+    assert last.status == 200 and up.sent[-1] == A
+    assert all(v == 0 for v in gw.pool.book.in_flight.values())
+
+
 def test_a_stream_that_breaks_mid_way_ends_with_an_openai_error_event():
     sse = [(b"content-type", b"text/event-stream")]
     chunks = [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n', Broken("cut")]

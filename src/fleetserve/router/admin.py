@@ -52,7 +52,7 @@ def build_control_app(gateway) -> Starlette:
         if admin_allowed(gateway, request):
             body["backends"] = [
                 {"id": b.id, "url": b.url, "healthy": b.healthy, "draining": b.draining, "in_flight": b.in_flight,
-                 "error": b.last_error}
+                 "breaker": b.breaker, "error": b.last_error}
                 for b in gateway.pool.backends.values()
             ]
         return JSONResponse(body, status_code=200 if ok else 503)

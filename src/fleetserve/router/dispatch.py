@@ -1,8 +1,10 @@
 """Dispatch: choose a replica with the policy, send, and retry elsewhere until the first body bytes arrive.
 
 A request is committed to a replica only once that replica produced its first body bytes; until then an
-unreachable replica or an overloaded answer (502/503/504, router/retry.py) sends it to another one, with
-backoff, at most `max_attempts` tries. A replica that took the request and went silent (a read timeout) is
+unreachable replica or a failed answer (502/503/504, router/retry.py) sends it to another one, with
+backoff, at most `max_attempts` tries. A replica that says it is busy (503 with Retry-After) is tried no more
+for this request but keeps its standing; when every replica tried was busy the client gets 503 `overloaded`
+with the longest Retry-After. A replica that took the request and went silent (a read timeout) is
 never retried elsewhere: the request itself may be what stalls it (504).
 
 Bookkeeping is the simulator's (router/backlog.py): in flight from the send, the prefill backlog until the
@@ -19,7 +21,7 @@ from fleetserve.api.errors import APIError
 from fleetserve.api.protocol import GENERATION_PATHS
 from fleetserve.router.policies import Choice, RouteRequest
 from fleetserve.router.pool import Backend
-from fleetserve.router.retry import backoff, exclude, retryable
+from fleetserve.router.retry import backoff, busy, exclude, retry_after_seconds, retryable
 from fleetserve.router.upstream import Timeout, UpstreamError, UpstreamResponse
 
 
@@ -70,6 +72,7 @@ class Dispatcher:
         settings = gw.settings
         excluded: frozenset[str] = frozenset()
         last_reason = ""
+        busy_for = 0  # the longest Retry-After of the replicas that said they were busy
         for attempt in range(settings.max_attempts):
             if attempt:
                 await asyncio.sleep(backoff(attempt, random.random()))
@@ -94,18 +97,23 @@ class Dispatcher:
                 gw.metrics.retries.labels("timeout_not_retried").inc()
                 raise APIError(504, f"the model replica did not answer within {settings.upstream_read_timeout:g}s; "
                                     "the request was not retried elsewhere", code="upstream_timeout")
+            if isinstance(outcome, int):  # busy: its Retry-After
+                busy_for, outcome = max(busy_for, outcome), "busy"
             last_reason = outcome
             excluded = exclude(excluded, backend.id)
             gw.metrics.retries.labels(outcome).inc()
+        if busy_for and last_reason == "busy":
+            raise APIError(503, "every model replica tried is at capacity (its waiting queue is full); retry after "
+                                f"{busy_for}s", code="overloaded", headers={"Retry-After": str(busy_for)})
         if not gw.pool.healthy():
             raise APIError(503, "no healthy model replica is available; retry shortly", code="no_replica",
                            headers={"Retry-After": "2"})
         raise APIError(502, f"all attempts failed (last: {last_reason or 'no eligible replica'})",
                        code="upstream_failed", headers={"Retry-After": "1"})
 
-    async def _try(self, backend: Backend, out: Outgoing, prefill: int) -> tuple | str:
+    async def _try(self, backend: Backend, out: Outgoing, prefill: int) -> tuple | str | int:
         """Send to one replica: (answer, first body bytes, what ends its model metrics), or why another replica
-        should be tried."""
+        should be tried (the seconds of its Retry-After when it said it is busy)."""
         gw = self.gw
         book = gw.pool.book
         book.sent(backend.id, prefill)
@@ -120,9 +128,12 @@ class Dispatcher:
                 response.close()
                 book.failed(backend.id, prefill)
                 gw.gate.slot_freed()
-                gw.request_failed(backend, f"status {response.status}")
                 if model is not None:
                     model.failed(backend.id, response.status)
+                retry_after = response.header(b"retry-after")
+                if busy(response.status, retry_after):
+                    return retry_after_seconds(retry_after)
+                gw.request_failed(backend, f"status {response.status}")
                 return f"status_{response.status}"
             first = await response.read()
         except Timeout:
