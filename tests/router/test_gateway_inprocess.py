@@ -11,7 +11,7 @@ import pytest
 from fleetserve.router.gateway import Gateway, RouterSettings
 from fleetserve.router.http1 import Request
 from fleetserve.router.pool import BackendPool
-from fleetserve.router.upstream import Broken, Timeout, Unreachable
+from fleetserve.router.upstream import Broken, Dropped, Timeout, Unreachable
 from tests.recording_responder import Recorder
 from tests.virtual_loop import run_virtual
 
@@ -158,6 +158,31 @@ def test_busy_replicas_are_tried_elsewhere_without_tripping_their_breaker_and_th
     assert all(b.breaker == "closed" and b.eligible for b in gw.pool.backends.values())
     assert last.status == 200 and up.sent[-1] == A
     assert all(v == 0 for v in gw.pool.book.in_flight.values())
+
+
+def test_a_request_that_replicas_drop_tries_one_more_and_takes_none_out():
+    """One request that made replicas close the connection was sent to every replica and ejected them all; a
+    replica that died under a request (kill -9) must still have the request answered by another."""
+    C = "http://10.0.0.3:8000"
+
+    async def main():
+        gw, up = gateway({A: [Dropped("closed")], B: [Dropped("closed")], C: [Dropped("closed")]})
+        out = Recorder()
+        await gw.handle(chat(), out)
+        return gw, out, up
+
+    gw, out, up = run_virtual(main())
+    assert len(up.sent) == 2 and out.status == 502 and out.json()["error"]["code"] == "upstream_dropped"
+    assert all(b.healthy and b.breaker == "closed" for b in gw.pool.backends.values())
+
+    async def died():
+        gw, up = gateway({A: [Dropped("closed")], B: [FakeResponse(200, [OK])], C: [FakeResponse(200, [OK])]})
+        out = Recorder()
+        await gw.handle(chat(), out)
+        return out, up
+
+    out, up = run_virtual(died())
+    assert up.sent[0] == A and len(up.sent) == 2 and out.status == 200
 
 
 def test_a_stream_that_breaks_mid_way_ends_with_an_openai_error_event():

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from fleetserve.router.upstream import Broken, Timeout, Unreachable, Upstream
+from fleetserve.router.upstream import Broken, Dropped, Timeout, Unreachable, Upstream
 
 OK = b'{"ok": true}'
 
@@ -126,3 +126,34 @@ def test_silence_is_a_timeout_and_a_cut_body_is_broken_and_a_closed_port_unreach
         await client.aclose()
 
     run(main())
+
+
+def test_a_replica_that_reads_the_request_and_closes_has_dropped_it_and_a_reused_connection_tries_once_more():
+    """Connected and written, then closed with no answer: `Dropped`, not `Unreachable` (which takes the replica out).
+    On a pooled connection that may be the idle close racing the request, so it goes once more on a fresh one."""
+    seen = []
+
+    async def answer_once_then_drop(reader, writer):
+        while (request := await read_request(reader)) is not None:
+            seen.append(request.split(b" ")[1])
+            if b"poison" in request:
+                writer.transport.abort()
+                return
+            writer.write(answer())
+            await writer.drain()
+
+    async def main():
+        server, url = await serve(answer_once_then_drop)
+        client = Upstream(read_timeout=5)
+        with pytest.raises(Dropped):  # a fresh connection: sent once
+            await client.request(url, "POST", "/poison", body=b"{}")
+        assert seen == [b"/poison"]
+        response = await client.request(url, "POST", "/ok", body=b"{}")
+        assert await response.body() == OK  # its connection goes back to the pool
+        with pytest.raises(Dropped):  # the pooled connection, then once on a fresh one
+            await client.request(url, "POST", "/poison", body=b"{}")
+        await client.aclose()
+        server.close()
+
+    run(main())
+    assert seen == [b"/poison", b"/ok", b"/poison", b"/poison"]

@@ -4,8 +4,12 @@ A request is committed to a replica only once that replica produced its first bo
 unreachable replica or a failed answer (502/503/504, router/retry.py) sends it to another one, with
 backoff, at most `max_attempts` tries. A replica that says it is busy (503 with Retry-After) is tried no more
 for this request but keeps its standing; when every replica tried was busy the client gets 503 `overloaded`
-with the longest Retry-After. A replica that took the request and went silent (a read timeout) is
-never retried elsewhere: the request itself may be what stalls it (504).
+with the longest Retry-After. A replica that closes the connection under the request without answering (it may
+have crashed, or the request may be what crashes it) is not taken out (its probes judge it); the request
+tries one more replica, and a second such close ends it with 502 `upstream_dropped`: before, one request that
+made replicas close sent itself to every replica (twice each) and took them all out. A replica that took the
+request and went silent (a read timeout) is never retried elsewhere: the request itself may be what stalls it
+(504).
 
 Bookkeeping is the simulator's (router/backlog.py): in flight from the send, the prefill backlog until the
 first byte, released when the answer ends or fails.
@@ -23,6 +27,8 @@ from fleetserve.router.policies import Choice, RouteRequest
 from fleetserve.router.pool import Backend
 from fleetserve.router.retry import backoff, busy, exclude, retry_after_seconds, retryable
 from fleetserve.router.upstream import Timeout, UpstreamError, UpstreamResponse
+
+MAX_DROPS = 2  # replicas that may close the connection under one request before it is answered 502
 
 
 class Attempt:
@@ -73,6 +79,7 @@ class Dispatcher:
         excluded: frozenset[str] = frozenset()
         last_reason = ""
         busy_for = 0  # the longest Retry-After of the replicas that said they were busy
+        dropped = 0  # replicas that closed the connection under this request without answering
         for attempt in range(settings.max_attempts):
             if attempt:
                 await asyncio.sleep(backoff(attempt, random.random()))
@@ -99,6 +106,13 @@ class Dispatcher:
                                     "the request was not retried elsewhere", code="upstream_timeout")
             if isinstance(outcome, int):  # busy: its Retry-After
                 busy_for, outcome = max(busy_for, outcome), "busy"
+            if outcome == "dropped":
+                dropped += 1
+                if dropped >= MAX_DROPS:
+                    gw.metrics.retries.labels("dropped_not_retried").inc()
+                    raise APIError(502, f"{dropped} model replicas closed the connection under this request without "
+                                        "answering; it was not sent to more: the request itself may be what makes "
+                                        "them fail", code="upstream_dropped")
             last_reason = outcome
             excluded = exclude(excluded, backend.id)
             gw.metrics.retries.labels(outcome).inc()
@@ -150,11 +164,12 @@ class Dispatcher:
                 response.close()
             book.failed(backend.id, prefill)
             gw.gate.slot_freed()
-            gw.mark_unreachable(backend, f"{exc.kind}: {exc}")
+            if exc.kind != "dropped":  # no connection: out until a probe passes. A drop may be this request's
+                gw.mark_unreachable(backend, f"{exc.kind}: {exc}")  # doing: the probes judge the replica
             gw.request_failed(backend, exc.kind)
             if model is not None:
                 model.failed(backend.id, 502)
-            return "unreachable"
+            return "dropped" if exc.kind == "dropped" else "unreachable"
         except BaseException:  # the client went away (cancelled) or a bug: the replica sees the cut
             if response is not None:
                 response.close()

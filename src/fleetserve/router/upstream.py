@@ -5,11 +5,14 @@ answer; it needs a connection pool, one parser pass (httptools) and the body as 
 Measured beside both (docs/gateway-stacks.md), this is several times cheaper per request.
 
 The one object is injectable (`Gateway(..., client=...)`): dispatch and retry tests hand it a fake that
-answers from a script, with no subprocess. Errors are three kinds the dispatcher decides on:
-`Unreachable` (no connection, or it broke before any answer: another replica may take the request),
-`Timeout` (the replica took it and went silent: never retried elsewhere) and `Broken` (cut mid-answer).
-A pooled connection that the server closed while idle is retried once on a fresh one, transparently: the
-server never saw the request.
+answers from a script, with no subprocess. Errors are four kinds the dispatcher decides on:
+`Unreachable` (no connection: another replica may take the request, and this one is out until a probe passes),
+`Dropped` (connected, the request written, then closed with no answer: the replica may have read it; another
+replica may take it, but the request itself may be what kills replicas), `Timeout` (the replica took it and
+went silent: never retried elsewhere) and `Broken` (cut mid-answer). A pooled connection that closes at once
+under a request is retried once on a fresh one, transparently: the replica closed it as idle just as the
+request went out (the idle expiry, under the replicas' keep-alive, makes that rare); on a fresh connection a
+drop is the replica's answer.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ class UpstreamError(Exception):
 
 class Unreachable(UpstreamError):
     kind = "unreachable"
+
+
+class Dropped(UpstreamError):
+    kind = "dropped"
 
 
 class Timeout(UpstreamError):
@@ -169,6 +176,7 @@ class _Connection(asyncio.Protocol):
         self.headers_ready: asyncio.Future | None = None
         self.closed = False
         self.received = False  # any byte of the current answer
+        self.sent = False  # a request was written on this connection
         self.idle_since = 0.0
         self._paused = False
 
@@ -189,7 +197,8 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.closed = True
         with_bytes = self.received
-        self._lost(Broken("connection closed mid-answer") if with_bytes else Unreachable("connection closed"))
+        self._lost(Broken("connection closed mid-answer") if with_bytes else
+                   Dropped("connection closed without an answer") if self.sent else Unreachable("connection closed"))
         try:
             self.origin.idle.remove(self)
         except ValueError:
@@ -276,8 +285,8 @@ class Upstream:
         if conn is not None:
             try:
                 return await self._exchange(conn, head, body, timeout)
-            except Unreachable:
-                pass  # the replica closed this idle connection just now: it never saw the request
+            except (Unreachable, Dropped):
+                pass  # most likely closed as idle just as the request went out: once more, on a fresh connection
         conn = await self._connect(origin)
         return await self._exchange(conn, head, body, timeout)
 
@@ -349,6 +358,7 @@ class Upstream:
         response = UpstreamResponse(conn, timeout)
         conn.response = response
         conn.received = False
+        conn.sent = True
         conn.headers_ready = ready = conn.loop.create_future()
         conn.transport.write(head + body if len(body) < 65536 else head)
         if len(body) >= 65536:
