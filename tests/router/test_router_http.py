@@ -221,6 +221,37 @@ def test_a_stopping_router_lets_the_stream_under_way_finish_and_refuses_the_queu
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
+def test_requests_still_running_when_the_stop_grace_ends_are_told_so_not_cut_silently(slow_model, logs):
+    """At the end of the drain timeout the front door closed the connections: a stream ended with no error event
+    and no [DONE], a request waiting for its first byte got no answer at all, and neither had an access line."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    e = engine(slow_model, logs, name="slow").start()
+    gw = router([e], logs, "leastload", "--drain-timeout", "1").start()
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    before = len(gw.log_path.read_text())  # the module's router log: earlier tests wrote to it too
+    try:
+        stream = client.completions.create(model="slow", prompt="a", max_tokens=3000, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        got = [next(iter(stream))]  # the stream is under way
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(httpx.post, gw.url + "/v1/completions", json={**SLOW, "stream": False}, timeout=60)
+            wait_until(lambda: httpx.get(gw.url + "/admin/load", timeout=5).json()["in_flight"] == 2, 30,
+                       what="both requests at the replica")
+            os.killpg(gw.proc.pid, signal.SIGTERM)
+            with pytest.raises(openai.APIError) as cut:  # an error event the client parses, not a JSONDecodeError
+                got += list(stream)
+            answer = waiting.result()
+        assert "the router stopped" in str(cut.value) and len(got) >= 1
+        assert answer.status_code == 503 and answer.json()["error"]["code"] == "router_stopping"
+        assert gw.proc.wait(timeout=30) == 0
+        log = gw.log_path.read_text()[before:]
+        assert log.count("path=/v1/completions status=503") == 2, log
+    finally:
+        gw.stop()
+        e.stop()
+
+
 def test_a_non_streamed_answer_longer_than_the_upstream_timeout_is_a_504_naming_it(slow_model, logs):
     """The replica's silence allowed was a fixed 300 s: a long non-streamed generation (its whole time passes
     before the first byte) was cut after the work. It is spec.router.upstreamTimeoutSeconds now (default 1800)."""

@@ -108,7 +108,8 @@ class _Responder:
 @pytest.mark.parametrize("strip_usage", [False, True])
 def test_a_replica_dying_mid_event_leaves_the_client_events_it_can_parse(strip_usage):
     """The error event was written straight after a partial event: it landed on that event's data line and
-    neither parsed. Now a partial event the client got is ended first, and one still held back is dropped."""
+    neither parsed. Then a partial event the client got was ended on its own (openai's client failed on it with
+    a JSONDecodeError); now no partial event reaches the client: it waits for its end, and is dropped."""
     import asyncio
     from types import SimpleNamespace
 
@@ -124,7 +125,7 @@ def test_a_replica_dying_mid_event_leaves_the_client_events_it_can_parse(strip_u
     assert events[0] == CHUNK.rstrip(b"\n") and events[-1] == b"data: [DONE]"
     error = json.loads(events[-2][len(b"data: "):])
     assert "failed mid-stream" in error["error"]["message"]
-    assert len(events) == (3 if strip_usage else 4)  # the partial event: dropped while held, else ended on its own
+    assert len(events) == 3  # the partial event never reached the client
 
 
 def test_bodies_are_changed_exactly_and_stay_as_small_as_the_client_sent_them():
@@ -141,3 +142,12 @@ def test_bodies_are_changed_exactly_and_stay_as_small_as_the_client_sent_them():
                                                       huge) is None
     assert encoded(reencodable(b'{"logit_bias": {"5": -Infinity}}')) == b'{"logit_bias":{"5":-Infinity}}'
     assert spliced(b'{ }', b'"a":1') == b'{"a":1}' and spliced(b'{"b":2}\n', b'"a":1') == b'{"b":2,"a":1}'
+
+
+def test_whole_events_splits_after_the_last_ended_event_whatever_its_line_ends():
+    from fleetserve.router.relay import whole_events
+
+    assert whole_events(b"data: 1\n\ndata: 2\n\n") == (b"data: 1\n\ndata: 2\n\n", b"")
+    assert whole_events(b'data: 1\n\ndata: {"a') == (b"data: 1\n\n", b'data: {"a')
+    assert whole_events(b"data: 1\r\n\r\ndata: 2") == (b"data: 1\r\n\r\n", b"data: 2")
+    assert whole_events(b"data: 1") == (b"", b"data: 1")

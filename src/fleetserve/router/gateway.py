@@ -226,9 +226,10 @@ class Gateway:
         except APIError as err:
             self._refuse(responder, err, rid, request.path, tenant, started, body)
             return
-        except asyncio.CancelledError:
-            self._count(self.metrics.requests, request.path, "499")
-            self._log(request_id, tenant, request.path, 499, started, body=body)
+        except asyncio.CancelledError:  # the client left, or the router stops (the front door answers it 503)
+            status = "503" if responder.stopping else "499"
+            self._count(self.metrics.requests, request.path, status)
+            self._log(request_id, tenant, request.path, int(status), started, body=body)
             raise
         status = attempt.response.status
         ttfb_ms = (self.clock() - started) * 1000
@@ -251,8 +252,8 @@ class Gateway:
             whole = await relay(self, attempt, responder, extra, learn, strip_usage=asked_usage and status == 200)
             if not whole and responder.client_gone:
                 logged = 499  # the client left mid-answer: the access line says so, as the engine's does
-        except asyncio.CancelledError:  # the front door cancels a request whose client left
-            logged = 499
+        except asyncio.CancelledError:  # the front door cancels a request whose client left, or at a stop
+            logged = 503 if responder.stopping else 499
             raise
         finally:
             attempt.release()

@@ -141,6 +141,11 @@ class Responder:
     def client_gone(self) -> bool:
         return self._conn.closed
 
+    @property
+    def stopping(self) -> bool:
+        """The server is stopping and its grace ran out: the request is being cut, and should say so."""
+        return self._conn.stopping
+
     def disconnected(self) -> asyncio.Future:
         """Resolves when the client's connection is gone."""
         return self._conn.wait_closed()
@@ -184,6 +189,7 @@ class HTTPConnection(asyncio.Protocol):
         self._gone: asyncio.Future | None = None
         self.http10 = False  # the request being answered is HTTP/1.0
         self._reading_paused = False
+        self.stopping = False  # the server's grace ran out: the request under way is cut (`interrupt`)
 
     # --- asyncio.Protocol ----------------------------------------------------------------------------------
 
@@ -191,6 +197,18 @@ class HTTPConnection(asyncio.Protocol):
     def idle(self) -> bool:
         """No request under way or waiting: safe to close."""
         return self._task is None and not self._queue
+
+    def interrupt(self) -> asyncio.Task | None:
+        """The server stops and the grace is over: cancel the request under way so that it answers its client
+        (503 `router_stopping` before the answer began, an error event in an SSE stream) rather than being cut
+        silently; returns its task, to wait for those last writes."""
+        self.stopping = True
+        self._queue.clear()
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            return task
+        return None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -310,6 +328,11 @@ class HTTPConnection(asyncio.Protocol):
             await self.handler(request, responder)
         except asyncio.CancelledError:
             if not self.closed:  # cancelled while the client is still there: shutting down
+                if not responder.started:
+                    self.on_error(responder, 503, "the router stopped (a restart or a scale-in) before this request "
+                                                  "was answered; retry", "router_stopping")
+                elif not responder.ended:
+                    responder.abort()
                 self.close()
             return
         except Exception:
@@ -399,8 +422,10 @@ class FrontDoor:
         self.server: asyncio.base_events.Server | None = None
         self.connections: set[HTTPConnection] = set()
 
-    async def shutdown(self, grace_s: float) -> None:
-        """Stop accepting, close idle connections, let requests under way finish for `grace_s`, then cut."""
+    async def shutdown(self, grace_s: float, last_words_s: float = 1.0) -> None:
+        """Stop accepting, close idle connections, let requests under way finish for `grace_s`, then interrupt
+        them (each tells its client it was cut: `HTTPConnection.interrupt`), give those `last_words_s` to be
+        written, and close."""
         if self.server is not None:
             self.server.close()
         loop = asyncio.get_running_loop()
@@ -413,6 +438,9 @@ class FrontDoor:
             if not busy or loop.time() >= deadline:
                 break
             await asyncio.sleep(0.05)
+        cut = [task for conn in list(self.connections) if (task := conn.interrupt()) is not None]
+        if cut:
+            await asyncio.wait(cut, timeout=last_words_s)
         for conn in list(self.connections):
             conn.close()
 

@@ -2,9 +2,11 @@
 
 A complete answer with a length (every non-streaming completion on loopback) goes out in one write with its
 `content-length`: no chunking, no per-chunk work. A stream goes out chunk by chunk as it arrives, waiting
-when the client reads slower than the replica writes. If the replica fails mid-answer, an SSE stream ends
-with an OpenAI error event and `[DONE]`; any other body is cut by closing the connection (its length or
-chunking tells the client it is incomplete).
+when the client reads slower than the replica writes. An SSE stream is relayed in whole events: the bytes of
+an event not yet ended wait for the rest. If the replica fails mid-answer, or the router stops before the
+answer ends, an SSE stream ends with an OpenAI error event and `[DONE]` (the partial event is dropped: a
+client given half an event and then the error read neither: openai's JSONDecodeError); any other body is cut
+by closing the connection (its length or chunking tells the client it is incomplete).
 
 The answer's last bytes are kept when the policy learns from what engines report: `usage` closes a JSON
 body and the final SSE chunk, and its `cached_tokens` goes back to the policy (router/feedback.py).
@@ -12,6 +14,7 @@ body and the final SSE chunk, and its `cached_tokens` goes back to the policy (r
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Callable
@@ -61,14 +64,19 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
     # a stream that loses its usage event loses bytes: its length goes, and it is chunked instead
     responder.start(response.status, headers, None if strip else response.content_length)
     tail = first[-USAGE_TAIL:] if learn else b""
-    written = b""  # the last bytes the client got: whether they ended an SSE event
+    events = sse and strip is None  # whole events only (the usage stripper holds back partial ones itself)
+    held = b""  # an SSE event begun but not ended
     try:
         data = first
         while data:
-            out = strip.feed(data) if strip else data
+            if strip:
+                out = strip.feed(data)
+            elif events:
+                out, held = whole_events(held + data if held else data)
+            else:
+                out = data
             if out:
                 responder.write(out)
-                written = out[-4:]
                 await responder.drain()
             if responder.client_gone:
                 return False
@@ -80,23 +88,40 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
         gw.request_failed(attempt.backend, "failed mid-response")
         log.warning("backend %s failed mid-response: %s", attempt.backend.url, exc)
         if sse and response.content_length is None:
-            error = APIError(502, _cut_message(attempt.backend.draining, exc.kind), code="upstream_failed")
-            # the error is an event of its own: after a partial event the client got, end that one first (its
-            # data line took the error's, and neither parsed); a partial event still held back is dropped
-            cut = b"" if written.endswith(EVENT_ENDS) or not written else b"\n\n"
-            responder.write(cut + b"data: " + orjson.dumps(error.body()) + b"\n\ndata: [DONE]\n\n")
-            responder.end()
+            _end_with_error(responder, APIError(502, _cut_message(attempt.backend.draining, exc.kind),
+                                                code="upstream_failed"))
         else:
             responder.abort()
         return False
+    except asyncio.CancelledError:
+        if responder.stopping and sse and not responder.ended:
+            _end_with_error(responder, APIError(503, "the router stopped (a restart or a scale-in) before this stream "
+                                                     "finished; the response is incomplete", code="router_stopping"))
+        raise
     if strip:
         rest = strip.flush()
         if rest:
             responder.write(rest)
+    elif held:  # the replica ended its stream without ending its last event: it goes as it came
+        responder.write(held)
     responder.end()
     if learn:
         learn(tail)
     return True
+
+
+def whole_events(data: bytes) -> tuple[bytes, bytes]:
+    """`data` split after its last complete SSE event: (what can go to the client, what waits for more)."""
+    if data.endswith(b"\n\n"):  # the usual chunk: whole events
+        return data, b""
+    end = max(data.rfind(sep) + len(sep) if sep in data else 0 for sep in EVENT_ENDS)
+    return data[:end], data[end:]
+
+
+def _end_with_error(responder: Responder, error: APIError) -> None:
+    """An OpenAI error event and `[DONE]` end the stream (the client got whole events only)."""
+    responder.write(b"data: " + orjson.dumps(error.body()) + b"\n\ndata: [DONE]\n\n")
+    responder.end()
 
 
 def _cut_message(draining: bool, kind: str) -> str:
