@@ -85,6 +85,19 @@ def test_burst_at_zero_activates_on_buffered_requests_at_once():
     assert d.desired == 1 and d.active and "3 request(s) waiting" in d.reason
 
 
+def test_the_count_woken_to_from_zero_is_held_by_the_scale_down_window():
+    """Woken to 2 by a queue of 5, the next poll (queue 3 at target 3) scaled to 1 before either replica was
+    ready, and back to 2 a minute later; from 1 replica the same reads are held at 2 by the window."""
+    queue = (Trigger("queue_depth", target=3.0, activation_target=0.0),)
+    policy = ScalingPolicy(min_replicas=0, max_replicas=2, triggers=queue, cooldown=60, down_window=300)
+    fleet = VirtualFleet(policy, 1000.0, replicas=0)
+    assert fleet.poll(1000.0, 5.0, pending=5).desired == 2
+    for now in (1030.0, 1060.0, 1290.0):
+        decision = fleet.poll(now, 3.0)
+        assert decision.desired == 2 and "held by stabilization window" in decision.reason, decision.reason
+    assert fleet.poll(1301.0, 3.0).desired == 1  # the window has passed
+
+
 def test_activation_is_strictly_greater_than():
     policy = ScalingPolicy(min_replicas=0, max_replicas=4, triggers=(Trigger("concurrency", 4.0, 1.0),))
     fleet = VirtualFleet(policy, 0.0, replicas=0)

@@ -89,8 +89,13 @@ def test_spec_rejects_unknown_catalog_model_and_warns_on_engine_mismatch():
 def test_models_list_cli():
     result = fleetserve("models", "list", "--json")
     assert result.returncode == 0
-    names = {p["name"] for p in json.loads(result.stdout)}
-    assert {"smollm2-135m", "llama-3.1-8b-instruct"} <= names
+    presets = {p["name"]: p for p in json.loads(result.stdout)}
+    assert {"smollm2-135m", "llama-3.1-8b-instruct"} <= set(presets)
+    # the model's own maximum: the field's 0 ("same as the context") printed as 0
+    assert presets["smollm2-135m"]["max_context"] == 8192 and presets["llama-3.1-8b-instruct"]["max_context"] == 131072
+    table = fleetserve("models", "list").stdout  # a pipe: names and sources whole (they were cut to `llama-3.1…`)
+    for p in presets.values():
+        assert p["name"] in table and p["source"] in table, p["name"]
 
 
 CATALOG_ONLY = """

@@ -284,7 +284,12 @@ def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, 
             return done(floor, f"idle at {'floor' if floor else 'zero'}")
         raw, why = _recommend(policy, 1, values)
         cause = f"{metrics.pending} request(s) waiting" if metrics.pending else why
-        return done(max(1, floor, raw), f"activated from zero: {cause}")
+        woken = max(1, floor, raw)
+        # the count woken to is a recommendation like any other: the scale-down window holds it (unrecorded, the
+        # next poll scaled 2 -> 1 before either replica was ready, and back up a minute later: more cold starts)
+        keep = max(policy.up_window, policy.down_window)
+        recs = tuple((t, r) for t, r in state.recommendations if now - t < keep) + ((now, woken),)
+        return done(woken, f"activated from zero: {cause}", recs)
 
     raw, why = _recommend(policy, current, values)
     if failed:

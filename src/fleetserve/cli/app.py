@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from fleetserve import __version__
 from fleetserve.cli.checks import float_option
@@ -567,14 +567,24 @@ def models_list(as_json: Annotated[bool, typer.Option("--json", help="Machine-re
 
     from fleetserve.engine.catalog import CATALOG
 
-    if as_json:
-        print(json.dumps([asdict(p) for p in CATALOG.values()], indent=2))
+    if as_json:  # max_context: the model's own maximum (the field's 0, "same as the context", read as that)
+        print(json.dumps([{**asdict(p), "max_context": p.model_maximum} for p in CATALOG.values()], indent=2))
         return
-    table = Table("name", "source", "engine", "context", "gpus", "instance types", "license")
+    # nothing is cut with an ellipsis (at 80 columns, or in a pipe, the 8B and 70B names read the same): long
+    # cells fold, and the name, what catalog:NAME needs, keeps one line
+    table = Table(Column("name", no_wrap=True, min_width=max(len(n) for n in CATALOG)),
+                  *(Column(h, overflow="fold") for h in ("source", "engine", "context", "gpus", "instance types",
+                                                         "license")))
     for p in CATALOG.values():
         table.add_row(p.name, p.source, p.engine, str(p.context_length), str(p.gpus), ", ".join(p.instance_types),
                       p.license)
-    out.print(table)
+    from rich.measure import Measurement
+
+    if out.is_terminal:
+        out.print(table)
+        return
+    wide = Measurement.get(out, out.options.update(max_width=1000), table).maximum  # in a pipe: whole lines
+    Console(highlight=False, width=max(out.width, wide)).print(table)
 
 
 @model_app.command("prepare")
