@@ -129,7 +129,7 @@ def test_profile_command_measures_the_tiny_model(tmp_path):
     assert all(f"warning: {w}" in " ".join(result.stderr.split()) for w in data["warnings"])
     # a cache that holds no block makes a profile every reader refuses: refused here, naming the option
     result = fleetserve("profile", "--model", str(tiny_model), "--cache-bytes", "100", "--batches", "1",
-                        "--repeats", "1", "--max-prompt", "32")
+                        "--repeats", "1", "--max-prompt", "64")
     assert result.returncode == 2 and "--cache-bytes" in said(result) and "bytes per block" in said(result)
 
 
@@ -138,6 +138,11 @@ def test_profile_bad_input_exits_2():
     assert result.returncode == 2 and "--model" in said(result)
     result = fleetserve("profile", "--model", "x", "--batches", "1,zero")
     assert result.returncode == 2 and "--batches" in said(result)
+    result = fleetserve("profile", "--model", "x", "--batches", "1,,2")  # the empty item was dropped silently
+    assert result.returncode == 2 and "--batches" in said(result)
+    # one prompt length (32) gives no per-token slope: the fit said 0 s/token and blamed a busy machine
+    result = fleetserve("profile", "--model", "x", "--max-prompt", "32")
+    assert result.returncode == 2 and "--max-prompt" in said(result)
 
 
 def test_presets_schedule_with_vllms_own_budgets_per_gpu():

@@ -629,3 +629,15 @@ def test_a_winner_whose_replicas_ran_on_its_fallback_type_says_so():
     assert out["verified"]
     assert any("ran mostly on g6e.xlarge" in w and "g5.xlarge was short of capacity" in w
                for w in out["warnings"]), out["warnings"]
+
+
+def test_a_replica_count_above_the_max_is_said_as_validate_says_it():
+    """`replicas: 5` with maxReplicaCount 3 ran at 3, and simulate (unlike validate) said nothing."""
+    from fleetserve.sim.run import simulate
+
+    endpoint = gpu_endpoint(maximum=3, minimum=1)
+    over = endpoint.model_copy(update={"spec": endpoint.spec.model_copy(update={"replicas": 5})})
+    report = simulate(over, late_burst()[:20], SimOptions()).report
+    assert "spec.replicas: 5 is above autoscaling.maxReplicaCount (3): the fleet runs at most 3" in report["warnings"]
+    assert not any(w.startswith("spec.replicas") for w in simulate(endpoint, late_burst()[:20],
+                                                                   SimOptions()).report["warnings"])

@@ -148,6 +148,12 @@ def measure(model: str, *, dtype: str = "auto", threads: int | None = None, max_
                             logits_to_keep=1)
 
     lengths = [n for n in PROMPT_LENGTHS if n <= min(max_prompt, ctx_limit // 2)]
+    if len(lengths) < 2:  # one length gives no slope: prefill_per_token_s came out 0, "the machine was busy"
+        grid = ", ".join(map(str, PROMPT_LENGTHS))
+        raise MeasureInputError("--max-prompt", f"{max_prompt}: prefill is measured at {grid} tokens up to it (and "
+                                f"up to half the model's {ctx_limit}-token context); at least two "
+                                "lengths are needed for a per-token time: allowed at least 64, with a context of at "
+                                "least 128")
     prefills = []
     with torch.inference_mode():
         for n in (lengths[0], lengths[-1], lengths[0]):  # first calls pay one-time kernel set-up

@@ -131,7 +131,8 @@ def profile(
     output: Annotated[str | None, typer.Option("--output", "-o", help="Write the profile file here")] = None,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16")] = "auto",
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's)")] = None,
-    max_prompt: Annotated[int, typer.Option(min=32, help="Longest prompt measured (tokens)")] = 2048,
+    max_prompt: Annotated[int, typer.Option(min=64, help="Longest prompt measured (tokens; at least two lengths "
+                                                         "of 32, 64, 128, ...)")] = 2048,
     batches: Annotated[str, typer.Option(help="Decode batch sizes, comma-separated")] = "1,2,4,8",
     repeats: Annotated[int, typer.Option(min=1, max=50, help="Runs per figure (the fastest counts)")] = 3,
     cache_bytes: Annotated[int, typer.Option(min=1, help="Engine KV cache bytes (the engine's default)")
@@ -146,7 +147,7 @@ def profile(
 
     _choice(dtype, ("auto", "float32", "bfloat16", "float16"), "--dtype")
     try:
-        sizes = tuple(sorted({int(b) for b in batches.split(",") if b.strip()}))
+        sizes = tuple(sorted({int(b) for b in batches.split(",")}))  # an empty item is an error, not skipped
     except ValueError:
         sizes = ()
     if not sizes or min(sizes) < 1 or max(sizes) > 256:

@@ -41,7 +41,7 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
     report = build_report(fleet, targets, source)
     report["context_length"], report["warnings"] = context_check(fleet)
     report["warnings"] += sorted(fleet.profile_notes) + sagemaker_pricing(endpoint.spec, options.prices)
-    report["warnings"] += silent_defaults(endpoint.spec, workload, options.knowledge)
+    report["warnings"] += silent_defaults(endpoint.spec, workload, options.knowledge) + spec_notes(endpoint)
     report["prices"] = {name: {"on_demand": od, "spot": spot} for name, (od, spot) in sorted(options.prices.items())
                         } if options.prices else None  # --prices: the $/h the cost figures used instead of the list
     report["placement_failures"] = dict(fleet.unplaced)
@@ -49,6 +49,18 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
         report["warnings"].append(placement_warning(fleet, report["replicas_max"]))
     report["start"] = options.start  # the wall time of the trace's first second (cron floors, budgets read it)
     return SimResult(report, fleet)
+
+
+#: the spec's own warnings (`fleetserve validate`) that hold for the simulated fleet too
+SIMULATED_NOTES = frozenset({"spec.replicas", "spec.routing.sessionKey"})
+
+
+def spec_notes(endpoint) -> list[str]:
+    """What `validate` warns about the spec that the run acts on too: a `replicas` above maxReplicaCount ran at
+    the max, and `simulate` said nothing of it."""
+    from fleetserve.spec.effects import inert_settings
+
+    return [str(n) for n in inert_settings(endpoint) if n.path in SIMULATED_NOTES]
 
 
 def silent_defaults(spec, workload: list[SimRequestSpec], knowledge: str = "blind") -> list[str]:
