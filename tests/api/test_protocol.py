@@ -12,7 +12,11 @@ def error_of(fn, body) -> APIError:
     return info.value
 
 
-@pytest.mark.parametrize("raw", [b"", b"{bad", b"[1, 2]", b"\xff\xfe"])
+DEEP = b'{"model": "m", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # 200 KB: a 500 (RecursionError)
+DEEP_AND_ODD = b'{"x": ' + b"[" * 1000 + b"]" * 1000 + b', "y": 1e400}'  # orjson refuses 1e400, the stdlib recursed
+
+
+@pytest.mark.parametrize("raw", [b"", b"{bad", b"[1, 2]", b"\xff\xfe", DEEP, DEEP_AND_ODD])
 def test_malformed_json_is_400(raw):
     err = error_of(parse_json_body, raw)
     assert err.status == 400 and err.code == "invalid_json"

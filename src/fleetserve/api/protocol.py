@@ -51,6 +51,9 @@ class ParsedRequest:
     cache_salt: str | None = None
 
 
+TOO_DEEP = "request body is nested too deeply: arrays and objects at most about 1,000 levels deep"
+
+
 def parse_json_body(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object. orjson is the fast path (the gateway parses every request once); the stdlib
     parser reads what orjson refuses (integers past 64 bits, NaN, lone surrogates), so what is accepted, and
@@ -59,11 +62,15 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise APIError(400, "request body is empty; expected a JSON object", code="invalid_json")
     try:
         body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as exc:
+        if "depth" in str(exc).lower():  # the stdlib parser would recurse until a RecursionError: a 500
+            raise APIError(400, TOO_DEEP, code="invalid_json") from None
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise APIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+        except RecursionError:
+            raise APIError(400, TOO_DEEP, code="invalid_json") from None
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object", code="invalid_json")
     return body
