@@ -163,3 +163,21 @@ def test_a_client_pipelining_without_end_is_held_in_its_socket_not_in_memory():
 
     waiting, answers = run(main())
     assert waiting == 0 and answers == 500
+
+
+def test_a_request_that_trickles_in_is_answered_408_and_closed():
+    """A connection with half its headers, or its body cut short, was held open for ever (the idle timer stops at
+    a request's first byte): a slowloris held connections up to the file-descriptor limit."""
+    async def main():
+        door = await http1.serve(echo, error, "127.0.0.1", 0, read_timeout_s=0.3)
+        port = door.server.sockets[0].getsockname()[1]
+        partial_headers = await exchange(port, b"POST /a HTTP/1.1\r\nhost: x\r\nx-slow: ")
+        partial_body = await exchange(port, b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n12345678")
+        whole = await exchange(port, b"POST /b HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+        await door.shutdown(1)
+        return partial_headers, partial_body, whole
+
+    partial_headers, partial_body, whole = run(main())
+    for out in (partial_headers, partial_body):
+        assert out.startswith(b"HTTP/1.1 408") and b'"request_timeout"' in out, out
+    assert whole.startswith(b"HTTP/1.1 200") and whole.endswith(b"ok")

@@ -18,6 +18,10 @@ DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 # than any Retry-After we send, so a client never reuses a connection in the instant the server closes it
 # (a request written into a closing connection gets no answer at all). 75 s, as nginx's default.
 KEEP_ALIVE_S = 75
+# From a request's first byte to its last: a client that sends its headers or body slower than this (a slowloris,
+# a stalled upload) is answered 408 and closed. Before, a partial request held its connection for ever: the idle
+# timer stops at the first byte. 60 s, as nginx's client_header_timeout and Node's headersTimeout.
+REQUEST_READ_S = 60
 
 
 @dataclass(frozen=True)

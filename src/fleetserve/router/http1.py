@@ -8,7 +8,8 @@ request is one parser pass and one call to the handler; the response is written 
 What a production front door owes its clients, kept here:
 - bounded input: header bytes counted as they are parsed (431), the body counted as it arrives and a
   declared `content-length` checked before reading it (413); OpenAI error JSON for both, then close;
-- keep-alive with an idle timeout longer than any client pool's expiry (api/limits.py `KEEP_ALIVE_S`);
+- keep-alive with an idle timeout longer than any client pool's expiry (api/limits.py `KEEP_ALIVE_S`), and a
+  request that takes longer than `REQUEST_READ_S` to arrive whole (headers and body) answered 408 and closed;
   pipelined requests are answered in order, one at a time;
 - `Expect: 100-continue` answered before the body is read;
 - a client that goes away cancels its request's task, so the upstream request is aborted too;
@@ -24,7 +25,7 @@ from collections.abc import Awaitable, Callable
 
 import httptools
 
-from fleetserve.api.limits import KEEP_ALIVE_S, SizeLimits
+from fleetserve.api.limits import KEEP_ALIVE_S, REQUEST_READ_S, SizeLimits
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +164,10 @@ class HTTPConnection(asyncio.Protocol):
     """One client connection: parse, hand each request to `handler`, one at a time."""
 
     def __init__(self, handler: Handler, limits: SizeLimits, on_error: OnError, keep_alive_s: float,
-                 registry: set | None = None):
+                 registry: set | None = None, read_timeout_s: float = REQUEST_READ_S):
         self.handler = handler
+        self.read_timeout_s = read_timeout_s
+        self._reading: asyncio.TimerHandle | None = None  # a request has begun arriving: it must end in time
         self.registry = registry if registry is not None else set()
         self.limits = limits
         self.on_error = on_error
@@ -232,6 +235,7 @@ class HTTPConnection(asyncio.Protocol):
         self.closed = True
         self.registry.discard(self)
         self._cancel_idle()
+        self._stop_reading_timer()
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client went away: its request (and the upstream one) stop
         if self._drained is not None and not self._drained.done():
@@ -256,6 +260,7 @@ class HTTPConnection(asyncio.Protocol):
         self._body = []
         self._body_bytes = 0
         self._cancel_idle()
+        self._reading = self.loop.call_later(self.read_timeout_s, self._read_too_slow)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -294,6 +299,7 @@ class HTTPConnection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._stop_reading_timer()
         url = httptools.parse_url(self._url)
         path = url.path.decode("latin-1")
         request = Request(self.parser.get_method().decode("latin-1"), path, url.query or b"", self._headers,
@@ -405,6 +411,23 @@ class HTTPConnection(asyncio.Protocol):
         self._cancel_idle()
         self._idle = self.loop.call_later(self.keep_alive_s, self.close)
 
+    def _read_too_slow(self) -> None:
+        """A request still arriving after `read_timeout_s`: 408 and close (after the answer under way, if any)."""
+        self._reading = None
+        if self.closed or self._rejected:
+            return
+        if self._task is None:
+            self._reject(408, f"the request did not arrive whole within {self.read_timeout_s:g}s; send its headers "
+                              "and body without pauses", "request_timeout")
+        else:  # a pipelined request trickles in while the one before it is answered: that answer ends the connection
+            self._keep_alive = False
+            self.transport.pause_reading()
+
+    def _stop_reading_timer(self) -> None:
+        if self._reading is not None:
+            self._reading.cancel()
+            self._reading = None
+
     def _cancel_idle(self) -> None:
         if self._idle is not None:
             self._idle.cancel()
@@ -447,13 +470,13 @@ class FrontDoor:
 
 async def serve(handler: Handler, on_error: OnError, host: str, port: int, *, limits: SizeLimits = SizeLimits(),
                 ssl=None, reuse_port: bool = False, sock=None, keep_alive_s: float = KEEP_ALIVE_S,
-                backlog: int = 2048) -> FrontDoor:
+                backlog: int = 2048, read_timeout_s: float = REQUEST_READ_S) -> FrontDoor:
     """Listen (or use `sock`, a socket bound by a parent) and serve `handler`."""
     loop = asyncio.get_running_loop()
     door = FrontDoor()
 
     def factory() -> HTTPConnection:
-        return HTTPConnection(handler, limits, on_error, keep_alive_s, door.connections)
+        return HTTPConnection(handler, limits, on_error, keep_alive_s, door.connections, read_timeout_s)
 
     if sock is not None:
         door.server = await loop.create_server(factory, sock=sock, ssl=ssl, backlog=backlog)
