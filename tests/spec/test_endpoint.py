@@ -115,6 +115,17 @@ def test_a_floor_above_max_replicas_is_refused_and_replicas_above_it_warned():
     assert "the fleet runs at most 2" in warnings["spec.replicas"]
 
 
+def test_per_replica_limits_with_several_router_workers_are_warned_as_split():
+    """With router.workers 2 each worker counts its own requests: a replica limited to 1 ran 2 at once, unsaid."""
+    limits = "  requestLimits: {maxConcurrentRequests: 1}\n  router: {workers: 2}"
+    warnings = {w.path: w.message for w in load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n" + limits)
+                                                          ).warnings}
+    assert "a replica may see up to 2x the limit" in warnings["spec.requestLimits.maxConcurrentRequests"]
+    one = {w.path for w in load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n" + limits.split("\n")[0])
+                                          ).warnings}
+    assert "spec.requestLimits.maxConcurrentRequests" not in one
+
+
 def test_an_instance_type_outside_the_catalog_is_warned():
     text = GOOD.replace("  replicas: 2", "  replicas: 2\n  placement: {instanceTypes: [g6e.xlarge, ml.g9.huge]}")
     warnings = {w.path: w.message for w in load_spec_text(text).warnings}

@@ -556,6 +556,11 @@ def router(
                               tenant_cache_salt=tenant_cache_salt, backend_dns=dns,
                               size_limits=SizeLimits(max_body_bytes, max_header_bytes), log_prompts=log_prompts,
                               access_log=access_log, model_identity=identity, queue_metrics=queue_metrics)
+    if workers > 1 and (max_concurrent_per_replica or max_queue is not None):
+        from fleetserve.spec.effects import limits_split
+
+        err.print(f"warning: --max-concurrent-per-replica / --max-queue with --workers {workers}: "
+                  f"{limits_split(workers)}", markup=False)
     run_router(list(backend or []), host, port, settings, health_path, unhealthy_after, healthy_after, tls,
                log_format=log_format, workers=workers, grace_s=drain_timeout)
 

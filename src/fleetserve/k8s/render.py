@@ -86,9 +86,10 @@ def _plain_credentials(endpoint: Endpoint) -> list[tuple[str, str]]:
     return found
 
 
-#: warnings about settings that only the local fleet ignores: they render here
+#: warnings about settings that only the local fleet ignores: they render here (and the local fleet's count of
+#: router processes for split limits: the rendering counts pods x workers itself)
 LOCAL_ONLY = frozenset({"spec.engine.image", "spec.engine.gpus", "spec.engine.kind", "spec.placement",
-                        "spec.metrics.enabled", "spec.model.prefetch"})
+                        "spec.metrics.enabled", "spec.model.prefetch", "spec.requestLimits.maxConcurrentRequests"})
 
 
 def kubernetes_warnings(loaded: LoadedSpec) -> list[SpecProblem]:

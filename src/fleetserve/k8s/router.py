@@ -28,6 +28,7 @@ from fleetserve.k8s.context import (
 )
 from fleetserve.k8s.engine import engine_port, instance_label
 from fleetserve.router.model_metrics import ENGINES_WITHOUT, router_args
+from fleetserve.spec.effects import limits_split
 
 AUTH_DIR = "/etc/fleetserve/auth"
 TLS_DIR = "/etc/fleetserve/tls"
@@ -193,10 +194,10 @@ def router_objects(ctx: Context, warn) -> list[dict]:
     if strategy(ctx) != spec.routing.strategy:
         warn("spec.routing.strategy", f"{spec.routing.strategy!r} is not implemented by the router; it runs "
                                       "'leastload'")
-    if spec.request_limits.max_concurrent_requests and ctx.options.router_replicas > 1:
-        warn("spec.requestLimits.maxConcurrentRequests",
-             f"enforced by each of the {ctx.options.router_replicas} routers on its own: a replica may see up to "
-             f"{ctx.options.router_replicas}x the limit")
+    routers = ctx.options.router_replicas * spec.router.workers
+    if spec.request_limits.max_concurrent_requests and routers > 1:
+        warn("spec.requestLimits.maxConcurrentRequests", f"{ctx.options.router_replicas} router pod(s) x "
+                                                         f"{spec.router.workers} worker(s): {limits_split(routers)}")
     if spec.tls.enabled and (spec.tls.cert_file or spec.tls.key_file):
         warn("spec.tls.certFile", f"local files are not read on Kubernetes: the router mounts the Secret "
                                   f"{ctx.tls_secret!r} (kubernetes.io/tls)")

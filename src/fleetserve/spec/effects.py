@@ -19,6 +19,13 @@ _KUBERNETES_ONLY = re.compile(
     r"|^metadata\.(labels|annotations)$")
 
 
+def limits_split(routers: int) -> str:
+    """Per-replica limits are counted by each router process on its own (its requests in flight): N of them let a
+    replica see up to N x the limit."""
+    return (f"enforced by each of the {routers} router processes on its own: a replica may see up to {routers}x the "
+            "limit (and the queue holds up to that many times maxQueueSize)")
+
+
 def takes_effect_on_kubernetes(path: str) -> bool:
     """True for a local warning about a setting that Kubernetes rendering does honour."""
     return bool(_KUBERNETES_ONLY.match(path))
@@ -51,6 +58,9 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if (spec.placement.instance_types or spec.placement.node_affinity) and spec.capacity.provider == "local":
         note("spec.placement", "capacity.provider is 'local': this machine is the only node, instance types "
                                "apply to the simulated provider and to Kubernetes rendering")
+    if spec.router.workers > 1 and spec.request_limits.max_concurrent_requests:
+        note("spec.requestLimits.maxConcurrentRequests", f"with router.workers {spec.router.workers}: "
+                                                          f"{limits_split(spec.router.workers)}")
     auto = spec.autoscaling
     if auto is not None and auto.enabled and spec.replicas > auto.max_replica_count:
         note("spec.replicas", f"{spec.replicas} is above autoscaling.maxReplicaCount ({auto.max_replica_count}): "
