@@ -129,6 +129,29 @@ def test_every_replica_failing_is_a_502_with_retry_after():
     assert out.header(b"retry-after") == b"1"
 
 
+def test_every_replica_answering_the_same_status_is_that_status_and_an_html_error_page_becomes_openai_json():
+    """All replicas' 503 (no Retry-After) reached the client as 502; a replica's HTML 500 page went through whole,
+    with nothing for an OpenAI client to read."""
+    html = [(b"content-type", b"text/html")]
+
+    async def main():
+        gw, up = gateway({A: [FakeResponse(503, [b""]), FakeResponse(500, [b"<html><body><h1>Internal ", b"Server "
+                                                                             b"Error</h1></body></html>"], html)],
+                          B: [FakeResponse(503, [b""])]}, max_attempts=2)
+        same, page = Recorder(), Recorder()
+        await gw.handle(chat(), same)
+        await gw.handle(chat(), page)
+        return same, page
+
+    same, page = run_virtual(main())
+    assert same.status == 503 and same.json()["error"]["code"] == "upstream_failed"
+    assert "every replica tried (2) answered 503" in same.json()["error"]["message"]
+    assert page.status == 500 and page.header(b"content-type") == b"application/json"
+    error = page.json()["error"]
+    assert error["code"] == "upstream_error" and error["type"] == "server_error"
+    assert "text/html body, not OpenAI JSON: Internal Server Error" in error["message"], error
+
+
 def busy_answer(after: bytes = b"1") -> FakeResponse:
     """The engine's own "queue full" answer."""
     return FakeResponse(503, [b'{"error": {"code": "overloaded"}}'],

@@ -157,3 +157,33 @@ def test_a_replica_that_reads_the_request_and_closes_has_dropped_it_and_a_reused
 
     run(main())
     assert seen == [b"/poison", b"/ok", b"/poison", b"/poison"]
+
+
+def test_an_answer_that_ends_with_the_connection_is_complete_on_a_clean_close_and_broken_on_a_reset():
+    """HTTP/1.1 lets a server end a body without length or chunking by closing: the gateway read such complete
+    answers as failures (an SSE stream got [DONE] then an error event; a JSON body was cut)."""
+    async def close_delimited(reader, writer):
+        request = await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n" + OK)
+        await writer.drain()
+        if b"/reset" in request:  # a reset (SO_LINGER 0), not the FIN a killed process's socket sends
+            import socket
+            import struct
+
+            writer.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                                                 struct.pack("ii", 1, 0))
+        writer.close()
+
+    async def main():
+        server, url = await serve(close_delimited)
+        client = Upstream(read_timeout=5)
+        response = await client.request(url, "POST", "/v1/completions", body=b"{}")
+        assert response.content_length is None and await response.body() == OK and response.complete
+        response = await client.request(url, "POST", "/reset", body=b"{}")
+        with pytest.raises(Broken):
+            while await response.read():
+                pass
+        await client.aclose()
+        server.close()
+
+    run(main())

@@ -80,6 +80,7 @@ class Dispatcher:
         last_reason = ""
         busy_for = 0  # the longest Retry-After of the replicas that said they were busy
         dropped = 0  # replicas that closed the connection under this request without answering
+        failures: list[str] = []  # why each replica tried did not take it
         for attempt in range(settings.max_attempts):
             if attempt:
                 await asyncio.sleep(backoff(attempt, random.random()))
@@ -114,6 +115,7 @@ class Dispatcher:
                                         "answering; it was not sent to more: the request itself may be what makes "
                                         "them fail", code="upstream_dropped")
             last_reason = outcome
+            failures.append(outcome)
             excluded = exclude(excluded, backend.id)
             gw.metrics.retries.labels(outcome).inc()
         if busy_for and last_reason == "busy":
@@ -122,6 +124,10 @@ class Dispatcher:
         if not gw.pool.healthy():
             raise APIError(503, "no healthy model replica is available; retry shortly", code="no_replica",
                            headers={"Retry-After": "2"})
+        if failures and len(set(failures)) == 1 and failures[0].startswith("status_"):
+            status = int(failures[0][len("status_"):])  # every replica said the same: say it too (a 503 was a 502)
+            raise APIError(status, f"every replica tried ({len(failures)}) answered {status}", code="upstream_failed",
+                           headers={"Retry-After": "1"})
         raise APIError(502, f"all attempts failed (last: {last_reason or 'no eligible replica'})",
                        code="upstream_failed", headers={"Retry-After": "1"})
 

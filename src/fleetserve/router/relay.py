@@ -49,6 +49,9 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
     `strip_usage`: the router asked for the stream's usage event itself, which the client does not get
     (router/usage.py)."""
     response = attempt.response
+    if response.status >= 400 and not (response.header(b"content-type") or b"").startswith(b"application/json"):
+        await _send_as_openai_error(attempt, responder, extra)
+        return False
     sse = (response.header(b"content-type") or b"").startswith(b"text/event-stream")
     strip = UsageStripper() if strip_usage and sse else None
     headers = [(k, v) for k, v in response.headers if k not in NOT_RELAYED]
@@ -108,6 +111,34 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
     if learn:
         learn(tail)
     return True
+
+
+ERROR_BODY_READ = 64 * 1024  # of a replica's non-JSON error page, at most this much is read
+
+
+async def _send_as_openai_error(attempt: Attempt, responder: Responder, extra: list[tuple[bytes, bytes]]) -> None:
+    """A replica's error that is not OpenAI JSON (a proxy's or a crashed server's HTML page) goes to the client as
+    OpenAI error JSON with the same status: clients parse `error.message`, and an HTML page passed through whole
+    gave them nothing to read."""
+    response = attempt.response
+    body, size = [attempt.first], len(attempt.first)
+    try:
+        while size < ERROR_BODY_READ and (data := await response.read()):
+            body.append(data)
+            size += len(data)
+    except UpstreamError:
+        pass  # what arrived is enough to quote
+    text = re.sub(r"<[^>]*>", " ", b"".join(body)[:ERROR_BODY_READ].decode("utf-8", "replace"))
+    text = " ".join(text.split())[:300]
+    kind = (response.header(b"content-type") or b"no content-type").decode("latin-1").split(";")[0]
+    error = APIError(response.status, f"the model replica answered {response.status} with a {kind} body, not "
+                                      f"OpenAI JSON: {text or '(empty)'}", code="upstream_error")
+    headers = [(b"content-type", b"application/json")] + [(k.lower().encode(), str(v).encode())
+                                                          for k, v in error.headers.items()] + extra
+    retry_after = response.header(b"retry-after")
+    if retry_after is not None:
+        headers.append((b"retry-after", retry_after))
+    responder.send(response.status, headers, orjson.dumps(error.body()))
 
 
 def whole_events(data: bytes) -> tuple[bytes, bytes]:

@@ -92,6 +92,10 @@ class UpstreamResponse:
         return None
 
     @property
+    def chunked(self) -> bool:
+        return (self.header(b"transfer-encoding") or b"").lower().endswith(b"chunked")
+
+    @property
     def complete(self) -> bool:
         """The whole body has arrived (it may not all have been read)."""
         return self._complete
@@ -196,9 +200,21 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        response = self.response
+        if exc is None and response is not None and response.status and response.content_length is None \
+                and not response.chunked and (self.headers_ready is None or self.headers_ready.done()):
+            # an answer with neither a length nor chunking ends when the server closes (HTTP/1.1 allows it; the
+            # parser waits for an EOF it cannot be told of): a clean close completes it, a reset does not
+            self.response = None
+            response._done()
+            self._forget()
+            return
         with_bytes = self.received
         self._lost(Broken("connection closed mid-answer") if with_bytes else
                    Dropped("connection closed without an answer") if self.sent else Unreachable("connection closed"))
+        self._forget()
+
+    def _forget(self) -> None:
         try:
             self.origin.idle.remove(self)
         except ValueError:
