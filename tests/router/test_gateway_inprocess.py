@@ -348,3 +348,33 @@ def test_a_replica_that_left_leaves_no_gauge_behind():
               if line.startswith(("fleetserve_router_backend_healthy{", "fleetserve_router_backend_in_flight{"))]
     assert gauges and not [line for line in gauges if "10.0.0.2:8000" in line]
     assert 'fleetserve_router_backend_healthy{backend="10.0.0.1:8000"} 1.0' in after
+
+
+def test_the_load_report_counts_requests_still_running_on_a_replica_taken_out_of_the_set():
+    """/admin/load (the autoscaler's input) summed only the current backends: streams still running on a removed
+    one were missing."""
+    release = []
+
+    class Held(FakeResponse):
+        async def read(self) -> bytes:
+            if self._chunks:
+                return await super().read()
+            if not release:
+                release.append(asyncio.get_running_loop().create_future())
+            await release[0]
+            return b""
+
+    sse = [(b"content-type", b"text/event-stream")]
+
+    async def main():
+        gw, up = gateway({A: [Held(200, [b"data: 1\n\n"], sse, length=False)], B: []})
+        task = asyncio.create_task(gw.handle(chat(stream=True), Recorder()))
+        while not release:
+            await asyncio.sleep(0.01)
+        gw.set_backends([B])
+        during = gw.load_report()["in_flight"]
+        release[0].set_result(None)
+        await task
+        return during, gw.load_report()["in_flight"]
+
+    assert run_virtual(main()) == (1, 0)

@@ -321,7 +321,9 @@ class Gateway:
 
     def load_report(self) -> dict:
         pool = list(self.pool.backends.values())
-        report = {"pending": self.gate.pending, "in_flight": sum(b.in_flight for b in pool),
+        # in flight: every request a replica serves, those of replicas taken out of the set since included (their
+        # streams run on: a removed backend's three were missing from the total)
+        report = {"pending": self.gate.pending, "in_flight": sum(self.pool.book.in_flight.values()),
                   # the engines' queues as their health bodies (or, --queue-metrics, their gauges) say, and the
                   # requests queued here for a slot
                   "waiting": sum(_engine_waiting(b) for b in pool) + self.gate.queued,
