@@ -641,3 +641,26 @@ def test_a_replica_count_above_the_max_is_said_as_validate_says_it():
     assert "spec.replicas: 5 is above autoscaling.maxReplicaCount (3): the fleet runs at most 3" in report["warnings"]
     assert not any(w.startswith("spec.replicas") for w in simulate(endpoint, late_burst()[:20],
                                                                    SimOptions()).report["warnings"])
+
+
+def test_cost_and_gpu_hours_agree_with_the_node_ledger_when_spot_nodes_are_interrupted():
+    """A spot node whose replica had drained away at the notice kept costing in the series (cost, GPU-hours, the
+    plots) until the next change, 11 s past its termination in the ledger (node_hours_by_type)."""
+    from fleetserve.capacity.catalog import Catalog
+    from fleetserve.sim.run import simulate
+
+    spec = {"model": {"name": "llama-8b", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 1,
+            "placement": {"instanceTypes": ["g5.xlarge"]},
+            "capacity": {"provider": "simulated", "capacityTypes": ["spot"],
+                         "simulated": {"provisioningDelaySeconds": 30, "spotInterruptionRatePerHour": 6}},
+            "autoscaling": {"minReplicaCount": 2, "maxReplicaCount": 4, "pollingInterval": 15,
+                            "triggers": [{"metric": "concurrency", "target": 4}]}}
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "spot"},
+                               "spec": spec}).endpoint
+    trace = [TraceRequest(i * 2.0, 800, 200, (30_000 + i,)) for i in range(900)]
+    report = simulate(endpoint, trace, SimOptions(seed=3)).report
+    assert report["disruptions"]["spot_notices"] >= 1  # what the check is about happened
+    hours = sum(report["node_hours_by_type"].values())
+    price = Catalog.builtin().get("g5.xlarge")
+    assert abs(report["gpu_hours"] - hours * price.gpus) < 1e-5, (report["gpu_hours"], hours)
+    assert abs(report["cost_usd"] - hours * price.spot) < 1e-5

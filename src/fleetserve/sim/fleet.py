@@ -539,6 +539,8 @@ class SimFleet:
             elif event.kind == "terminated":
                 for r in on_node:
                     self._remove(r, killed=True, cause="spot")
+                self._record()  # a node whose replica had already drained away stops costing now (the series,
+                # which the cost and GPU-hours read, kept it until the next change: 11 s more than the ledger)
         if self.controller is not None and self.controller.due(now, len(self.buffer)):
             decision = self.controller.tick(now, self._lagged_load())
             self.decisions.append((now - self.t0, decision.desired, decision.reason))
