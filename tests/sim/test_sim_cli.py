@@ -239,8 +239,10 @@ def test_every_chart_of_the_report_shares_the_runs_time_axis():
     from tests.sim.test_verify_causes import cold_bursts_between_a_warm_peak, gpu_endpoint
 
     result = simulate(gpu_endpoint(), cold_bursts_between_a_warm_peak(), SimOptions(), {})
-    limits, svg = [], page._svg
-    page._svg = lambda fig: limits.extend(ax.get_xlim() for ax in fig.axes) or svg(fig)
+    limits, places, svg = [], [], page._svg
+    page._svg = lambda fig: (limits.extend(ax.get_xlim() for ax in fig.axes),
+                             places.extend((ax.get_position().x0, ax.get_position().x1) for ax in fig.axes),
+                             svg(fig))[2]
     try:
         page.render_html(result.fleet, result.report, "t")
     finally:
@@ -248,6 +250,9 @@ def test_every_chart_of_the_report_shares_the_runs_time_axis():
         plt.close("all")
     assert len(limits) >= 4 and len(set(limits)) == 1 and limits[0][0] == 0
     assert abs(limits[0][1] - result.report["duration_s"] / 60) < 1 / 60 + 1e-9
+    # and at the same place on the page: each chart was cropped to its own labels, so the windows did not line up
+    assert len(set(places)) == 1
+    assert page.time_unit(3600) == (60.0, "minutes") and page.time_unit(86400) == (3600.0, "hours")
 
 
 def test_a_plan_cut_short_by_max_trials_says_so(tmp_path):

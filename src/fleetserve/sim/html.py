@@ -28,7 +28,7 @@ def _svg(fig) -> str:
 
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.hashsalt": "fleetserve"}):
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+        fig.savefig(buf, format="svg", metadata={"Date": None})
     text = buf.getvalue()
     return text[text.index("<svg"):]
 
@@ -58,13 +58,23 @@ def shaded_spans(windows: list, most: int = SHADED_SPANS) -> list[tuple[float, f
     return [(a, b) for a, b in spans]
 
 
-def _shade(ax, report: dict) -> None:
+def time_unit(duration_s: float) -> tuple[float, str]:
+    """Seconds per unit of the time axis, and its name: minutes, or hours past six of them (a day read 0-1440)."""
+    return (3600.0, "hours") if duration_s > 6 * 3600 else (60.0, "minutes")
+
+
+# every chart's axes at the same place on the page, so the shaded windows line up from chart to chart (each was
+# cropped to its own labels: a wider y-tick label moved its axes)
+MARGINS = {"left": 0.085, "right": 0.985, "bottom": 0.19, "top": 0.87}
+
+
+def _shade(ax, report: dict, unit: float) -> None:
     for a, b in shaded_spans(report["peak"]["windows"]):
-        ax.axvspan(a / 60, b / 60, color="tab:red", alpha=0.08, lw=0)
+        ax.axvspan(a / unit, b / unit, color="tab:red", alpha=0.08, lw=0)
     for a, b in shaded_spans(report["idle"]["windows"]):
-        ax.axvspan(a / 60, b / 60, color="tab:blue", alpha=0.08, lw=0)
+        ax.axvspan(a / unit, b / unit, color="tab:blue", alpha=0.08, lw=0)
     for a, b in (report.get("worst") or {}).get("windows", []):
-        ax.axvspan(a / 60, b / 60, color="tab:orange", alpha=0.15, lw=0)
+        ax.axvspan(a / unit, b / unit, color="tab:orange", alpha=0.15, lw=0)
 
 
 def _per_minute(fleet: SimFleet) -> dict[str, np.ndarray]:
@@ -124,51 +134,55 @@ def render_html(fleet: SimFleet, report: dict, title: str, checks: list | None =
     plt.rcParams["svg.fonttype"] = "none"
     minute = _per_minute(fleet)
     series = np.array(fleet.series) if fleet.series else np.zeros((1, 6))
+    unit, unit_name = time_unit(report.get("duration_s") or 0.0)
+    if minute:
+        minute = {**minute, "x": minute["x"] * 60 / unit}
     figs = []
     fig, ax = plt.subplots(figsize=(9, 3))
-    _shade(ax, report)
+    _shade(ax, report, unit)
     if minute and np.isfinite(minute["ttft_p95"]).any():
         ax.plot(minute["x"], minute["ttft_p95"], lw=1.2, marker="o", ms=3, label="TTFT p95 per minute")
         ax.set_yscale("log")
     ax.axhline(report["slo"]["ttft_p95_ms"], color="tab:red", ls="--", lw=1, label="SLO")
-    ax.set(xlabel="minutes", ylabel="ms",
+    ax.set(xlabel=unit_name, ylabel="ms",
            title="Latency against the SLO (red: peak windows, blue: idle, orange: most misses)")
     ax.legend(loc="best", fontsize=8, framealpha=0.6)
     figs.append(fig)
     if minute:
         fig, ax = plt.subplots(figsize=(9, 2.6))
-        _shade(ax, report)
-        ax.bar(minute["x"], minute["answered"], width=BUCKET_S / 60, align="edge", color="tab:gray", label="answered")
-        ax.bar(minute["x"], minute["failed"], width=BUCKET_S / 60, align="edge", bottom=minute["answered"],
+        _shade(ax, report, unit)
+        ax.bar(minute["x"], minute["answered"], width=BUCKET_S / unit, align="edge", color="tab:gray", label="answered")
+        ax.bar(minute["x"], minute["failed"], width=BUCKET_S / unit, align="edge", bottom=minute["answered"],
                color="tab:red", label="refused or failed")
-        ax.set(xlabel="minutes", ylabel="requests",
+        ax.set(xlabel=unit_name, ylabel="requests",
                title=f"Requests per minute ({report['failed']} refused or failed, {report['error_rate']:.2%})")
         ax.set_ylim(0, max(1.0, float((minute["answered"] + minute["failed"]).max())) * 1.15)  # room for the legend
         ax.legend(loc="best", fontsize=8, framealpha=0.6)
         figs.append(fig)
     fig, ax = plt.subplots(figsize=(9, 2.6))
-    _shade(ax, report)
-    ax.step(series[:, 0] / 60, series[:, 2], where="post", label="replicas (all)")
-    ax.step(series[:, 0] / 60, series[:, 1], where="post", label="replicas serving")
-    ax.step(series[:, 0] / 60, series[:, 3], where="post", label="nodes", ls=":")
-    ax.set(xlabel="minutes", ylabel="count", title="Replicas and nodes")
+    _shade(ax, report, unit)
+    ax.step(series[:, 0] / unit, series[:, 2], where="post", label="replicas (all)")
+    ax.step(series[:, 0] / unit, series[:, 1], where="post", label="replicas serving")
+    ax.step(series[:, 0] / unit, series[:, 3], where="post", label="nodes", ls=":")
+    ax.set(xlabel=unit_name, ylabel="count", title="Replicas and nodes")
     ax.legend(loc="best", fontsize=8, framealpha=0.6)
     figs.append(fig)
     fig, ax = plt.subplots(figsize=(9, 2.6))
-    _shade(ax, report)
-    ax.step(series[:, 0] / 60, series[:, 4], where="post", color="tab:green")
-    ax.set(xlabel="minutes", ylabel="$/hour", title=f"Cost (total ${report['cost_usd']:.2f})")
+    _shade(ax, report, unit)
+    ax.step(series[:, 0] / unit, series[:, 4], where="post", color="tab:green")
+    ax.set(xlabel=unit_name, ylabel="$/hour", title=f"Cost (total ${report['cost_usd']:.2f})")
     figs.append(fig)
     if minute and np.isfinite(minute["hit"]).any():
         fig, ax = plt.subplots(figsize=(9, 2.6))
-        _shade(ax, report)
+        _shade(ax, report, unit)
         ax.plot(minute["x"], minute["hit"], lw=1.2, marker=".", ms=3, color="tab:purple")
-        ax.set(xlabel="minutes", ylabel="fraction", ylim=(0, 1), title="Prompt tokens found in a cache")
+        ax.set(xlabel=unit_name, ylabel="fraction", ylim=(0, 1), title="Prompt tokens found in a cache")
         figs.append(fig)
-    span = (report.get("duration_s") or 0.0) / 60  # the run's own span, as the report's figures
+    span = (report.get("duration_s") or 0.0) / unit  # the run's own span, as the report's figures
     for f in figs:  # one time axis for every chart: the run's, from its start to its last answer
+        f.subplots_adjust(**MARGINS)
         for ax in f.axes:
-            ax.set_xlim(0, max(span, BUCKET_S / 60))
+            ax.set_xlim(0, max(span, BUCKET_S / unit))
     svgs = [_svg(f) for f in figs]
     for f in figs:
         plt.close(f)
