@@ -264,7 +264,9 @@ def test_no_replica_holds_the_request_then_503_after_the_buffer_timeout_in_virtu
 def test_a_held_request_goes_as_soon_as_a_replica_is_ready():
     async def main():
         loop = asyncio.get_running_loop()
-        gw, up = gateway({A: [FakeResponse(200, [OK])]}, clock=loop.time, buffer_timeout=600.0)
+        sse = [(b"content-type", b"text/event-stream")]
+        gw, up = gateway({A: [FakeResponse(200, [b"data: 1\n\n"], sse, length=False)]}, clock=loop.time,
+                         buffer_timeout=600.0)
         backend = gw.pool.backends["10.0.0.1:8000"]
         backend.healthy = False
         gw.pool._signal()
@@ -276,7 +278,7 @@ def test_a_held_request_goes_as_soon_as_a_replica_is_ready():
         loop.call_later(42.0, ready)
         out = Recorder()
         started = loop.time()
-        await gw.handle(chat(), out)
+        await gw.handle(chat(stream=True), out)
         return out, loop.time() - started, gw.ttft_p95_ms(), gw.metrics
 
     out, waited, scaling_ttft_ms, metrics = run_virtual(main())
@@ -286,6 +288,7 @@ def test_a_held_request_goes_as_soon_as_a_replica_is_ready():
     assert scaling_ttft_ms < 1000
     served = metrics.registry.get_sample_value("fleetserve_router_served_ttfb_milliseconds_sum")
     client = metrics.registry.get_sample_value("fleetserve_router_ttfb_milliseconds_sum")
+    assert metrics.registry.get_sample_value("fleetserve_router_served_ttfb_milliseconds_count") == 1
     assert served < 1000 and client == pytest.approx(42000, rel=0.01)
 
 
@@ -378,3 +381,22 @@ def test_the_load_report_counts_requests_still_running_on_a_replica_taken_out_of
         return during, gw.load_report()["in_flight"]
 
     assert run_virtual(main()) == (1, 0)
+
+
+def test_only_streamed_answers_feed_the_ttft_scaling_signal():
+    """A non-streamed answer's first byte is its last: one default chat (the whole generation) read as a 3.2 s
+    TTFT scaled an idle fleet up. Errors carry no token either."""
+    sse = [(b"content-type", b"text/event-stream")]
+
+    async def main():
+        clock = [0.0]
+        gw, up = gateway({A: [FakeResponse(200, [OK]), FakeResponse(400, [b'{"error": {}}']),
+                              FakeResponse(200, [b"data: 1\n\n"], sse, length=False)]}, clock=lambda: clock[0])
+        for request in (chat(), chat()):
+            await gw.handle(request, Recorder())
+        after_plain = gw.ttft_p95_ms(), len(gw._ttfb)
+        await gw.handle(chat(stream=True), Recorder())
+        return after_plain, len(gw._ttfb)
+
+    (p95, plain), streamed = run_virtual(main())
+    assert (p95, plain, streamed) == (0.0, 0, 1)

@@ -190,9 +190,11 @@ ROUTER_BACKEND_IN_FLIGHT = _m("fleetserve_router_backend_in_flight", "gauge", "R
                               "requests", ("backend",), by=(ROUTER,))
 ROUTER_TTFB = _m("fleetserve_router_ttfb_milliseconds", "histogram", "Time to first byte through the router",
                  "router", "milliseconds", (), LATENCY_BUCKETS_MS, by=(ROUTER,))
-ROUTER_SERVED_TTFB = _m("fleetserve_router_served_ttfb_milliseconds", "histogram", "Time to first byte through "
-                        "the router, less the wait for a cold start in the scale-from-zero buffer (the ttft_p95 "
-                        "scaling signal: a cold start is not a reason for more replicas)", "router", "milliseconds",
+ROUTER_SERVED_TTFB = _m("fleetserve_router_served_ttfb_milliseconds", "histogram", "Time to first token of "
+                        "streamed answers (200) through the router, less the wait for a cold start in the "
+                        "scale-from-zero buffer (the ttft_p95 scaling signal: a cold start is not a reason for more "
+                        "replicas; a non-streamed answer's first byte is its whole generation)", "router",
+                        "milliseconds",
                         (), LATENCY_BUCKETS_MS, by=(ROUTER,))
 ROUTER_LATENCY = _m("fleetserve_router_latency_milliseconds", "histogram", "Latency through the router",
                     "router", "milliseconds", (), LATENCY_BUCKETS_MS, by=(ROUTER,))

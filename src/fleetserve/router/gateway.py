@@ -235,8 +235,12 @@ class Gateway:
         ttfb_ms = (self.clock() - started) * 1000
         served_ms = max(0.0, ttfb_ms - held * 1000)  # less a cold start: the scaling signal (ttft_p95)
         self.metrics.ttfb_ms.observe(ttfb_ms)
-        self.metrics.served_ttfb_ms.observe(served_ms)
-        self._ttfb.append((started, served_ms))
+        if status == 200 and body.get("stream") is True:
+            # a first token the client saw: the scaling signal (ttft_p95). A non-streamed answer's first byte is its
+            # last (the whole generation: one 512-token chat read as a 3.2 s TTFT scaled an idle fleet up), and an
+            # error's is no token at all
+            self.metrics.served_ttfb_ms.observe(served_ms)
+            self._ttfb.append((started, served_ms))
         self._count(self.metrics.requests, request.path, str(status))
         self._count(self.metrics.tenant_requests, tenant or "-", str(status))
         learn = None
