@@ -12,6 +12,7 @@ class Recorder:
         self.body = b""
         self.started = self.ended = self.aborted = False
         self.client_gone = False
+        self.stopping = False
 
     def send(self, status, headers, body):
         self.status, self.headers, self.body, self.started, self.ended = status, headers, body, True, True

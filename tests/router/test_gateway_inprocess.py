@@ -400,3 +400,34 @@ def test_only_streamed_answers_feed_the_ttft_scaling_signal():
 
     (p95, plain), streamed = run_virtual(main())
     assert (p95, plain, streamed) == (0.0, 0, 1)
+
+
+def test_a_client_that_hangs_up_after_done_had_the_whole_stream_not_a_499():
+    """openai's client closes after [DONE]; the router waited for the replica's end of the body, was cancelled by
+    the disconnect, and logged 27 of 150 whole streams as 499 (and never learned their cached tokens)."""
+    sse = [(b"content-type", b"text/event-stream")]
+    waiting = []
+
+    class Trailing(FakeResponse):
+        async def read(self) -> bytes:
+            if self._chunks:
+                return await super().read()
+            waiting.append(asyncio.get_running_loop().create_future())
+            await waiting[-1]  # the replica's chunked terminator, not there yet
+            return b""
+
+    async def main():
+        gw, up = gateway({A: [Trailing(200, [b'data: {"a": 1}\n\ndata: [DONE]\n\n'], sse, length=False)]})
+        logged = []
+        gw._log = lambda rid, tenant, path, status, *a, **k: logged.append(status)
+        out = Recorder()
+        task = asyncio.create_task(gw.handle(chat(stream=True), out))
+        while not waiting:
+            await asyncio.sleep(0.01)
+        task.cancel()  # the front door cancels the request when its client hangs up
+        await asyncio.gather(task, return_exceptions=True)
+        return out, logged, gw.pool.book.in_flight
+
+    out, logged, in_flight = run_virtual(main())
+    assert out.body.endswith(b"data: [DONE]\n\n") and out.ended
+    assert logged == [200] and all(v == 0 for v in in_flight.values())

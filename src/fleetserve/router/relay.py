@@ -69,6 +69,7 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
     tail = first[-USAGE_TAIL:] if learn else b""
     events = sse and strip is None  # whole events only (the usage stripper holds back partial ones itself)
     held = b""  # an SSE event begun but not ended
+    finished = False  # the client got the stream's [DONE]: all it will read
     try:
         data = first
         while data:
@@ -81,6 +82,9 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
             if out:
                 responder.write(out)
                 await responder.drain()
+            if sse and out.rstrip().endswith(b"data: [DONE]"):
+                finished = True  # end now: openai's client hangs up after [DONE], and waiting for the replica's
+                break  # end of the body first logged such whole streams as 499s (client gone)
             if responder.client_gone:
                 return False
             data = await response.read()
@@ -110,7 +114,19 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
     responder.end()
     if learn:
         learn(tail)
+    if finished:
+        await _read_to_end(response)
     return True
+
+
+async def _read_to_end(response) -> None:
+    """After [DONE], the replica's end of the body (its chunked terminator), so its connection goes back to the pool;
+    the client may hang up meanwhile, which is no failure of a stream it had whole."""
+    try:
+        while await response.read():
+            pass
+    except (UpstreamError, asyncio.CancelledError):
+        pass  # the client left after [DONE] (its connection's task is cancelled) or the replica did: either way done
 
 
 ERROR_BODY_READ = 64 * 1024  # of a replica's non-JSON error page, at most this much is read
