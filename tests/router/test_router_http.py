@@ -161,6 +161,30 @@ def held_at_zero(gw, pool, count: int, timeout: float) -> list:
     return calls
 
 
+def test_at_zero_the_router_answers_models_and_wrong_names_itself_and_holds_only_work(tiny_model, logs):
+    """GET /v1/models and a request for a model the fleet does not serve were held in the buffer, whose waiting
+    requests wake a fleet at zero: a client listing models every few seconds cold-started a replica every other
+    time, and a wrong name waited for one before its 404."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    future_engine = engine(tiny_model, logs)  # never started: the fleet is at zero
+    gw = router([future_engine], logs, "leastload", "--model", "tiny").start(ready_path="/metrics")
+    try:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=10)
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+        assert client.models.retrieve("tiny").id == "tiny"
+        with pytest.raises(openai.NotFoundError) as wrong:
+            client.chat.completions.create(model="other", messages=CHAT["messages"], max_tokens=2)
+        assert wrong.value.body["code"] == "model_not_found" and "'tiny'" in wrong.value.body["message"]
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("other")
+        assert httpx.get(gw.url + "/admin/load", timeout=5).json()["pending"] == 0  # nothing held, nothing woken
+        with ThreadPoolExecutor(1) as pool:
+            held_at_zero(gw, pool, 1, timeout=3)  # the served name is held for a replica, as before
+    finally:
+        gw.stop()
+
+
 def test_held_requests_are_released_when_a_replica_comes_up(tiny_model, logs):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -330,3 +354,13 @@ def test_backend_dying_mid_stream_gives_a_clean_error(slow_pair):
     with pytest.raises(openai.APIError, match="failed mid-stream"):
         for _ in stream:
             pass
+
+
+def test_the_router_knows_the_served_name_unless_the_replicas_may_serve_others():
+    from fleetserve.router.served import served_model_args
+
+    assert served_model_args("m", "builtin", []) == ["--model", "m"]
+    assert served_model_args("m", "vllm", ["--max-model-len", "8192"]) == ["--model", "m"]
+    assert served_model_args("m", "vllm", ["--enable-lora", "--lora-modules", "a=/x"]) == []  # adapters' names
+    assert served_model_args("m", "vllm", ["--lora-modules=a=/x"]) == []
+    assert served_model_args("m", "external", []) == []

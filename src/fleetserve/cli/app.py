@@ -482,6 +482,10 @@ def router(
     queue_metrics: Annotated[str | None, typer.Option(
         help="Read the engines' queue from their /metrics gauges for /admin/load (the autoscaler's signal): vllm "
              "or sglang, engines that put none in their health body")] = None,
+    model: Annotated[list[str] | None, typer.Option(
+        "--model", help="A model name the replicas serve (repeat): while none is ready the router answers "
+                        "/v1/models itself and refuses other names (404), instead of holding them (which wakes a "
+                        "fleet at zero)")] = None,
     drain_timeout: Annotated[float, float_option(min=0, help="Seconds requests under way may run on after SIGTERM "
                                                         "(Kubernetes passes the smaller of router.bufferTimeoutSeconds"
                                                         " and engine.drainTimeoutSeconds)")] = 5.0,
@@ -555,7 +559,8 @@ def router(
                               engine_token=engine_token,
                               tenant_cache_salt=tenant_cache_salt, backend_dns=dns,
                               size_limits=SizeLimits(max_body_bytes, max_header_bytes), log_prompts=log_prompts,
-                              access_log=access_log, model_identity=identity, queue_metrics=queue_metrics)
+                              access_log=access_log, model_identity=identity, queue_metrics=queue_metrics,
+                              served_models=tuple(dict.fromkeys(model or ())))
     if workers > 1 and (max_concurrent_per_replica or max_queue is not None):
         from fleetserve.spec.effects import limits_split
 

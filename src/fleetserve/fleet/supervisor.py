@@ -60,6 +60,7 @@ from fleetserve.router.auth import key_digest, write_key_file
 from fleetserve.router.engine_queue import QUEUE_GAUGES
 from fleetserve.router.model_metrics import ENGINES_WITHOUT, router_args
 from fleetserve.router.policies import registered_policies
+from fleetserve.router.served import served_model_args
 from fleetserve.router.tls import ensure_self_signed
 from fleetserve.spec.load import LoadedSpec
 
@@ -359,6 +360,7 @@ class Supervisor:
         cmd += router_trust_args(self.spec.engine.kind, self.spec.auth.enabled)
         cmd += ["--drain-timeout", str(self.spec.router_drain_seconds)]  # what it serves finishes on a stop
         cmd += self._engine_kind_router_args()
+        cmd += served_model_args(self.endpoint.served_model_name, self.spec.engine.kind, self.spec.engine.args)
         self.router = Child("router", cmd, self.dir / "logs" / "router.log",
                             env={"FLEETSERVE_ADMIN_TOKEN": self.admin_token,
                                  "FLEETSERVE_SUPERVISOR_METRICS": self.state.metrics_url},  # /dashboard reads it

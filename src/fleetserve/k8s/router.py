@@ -28,6 +28,7 @@ from fleetserve.k8s.context import (
 )
 from fleetserve.k8s.engine import engine_port, instance_label
 from fleetserve.router.model_metrics import ENGINES_WITHOUT, router_args
+from fleetserve.router.served import served_model_args
 from fleetserve.spec.effects import limits_split
 
 AUTH_DIR = "/etc/fleetserve/auth"
@@ -84,6 +85,7 @@ def _args(ctx: Context) -> list[str]:
         args += ["--engine-token-file", f"{INTERNAL_TOKEN_DIR}/{ENGINE_TOKEN_KEY}"]
     if spec.engine.kind in ENGINES_WITHOUT:
         args += model_metric_args(ctx)
+    args += served_model_args(ctx.endpoint.served_model_name, spec.engine.kind, spec.engine.args)
     return args + router_trust_args(spec.engine.kind, spec.auth.enabled)
 
 

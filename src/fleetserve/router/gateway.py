@@ -18,8 +18,10 @@ import collections
 import dataclasses
 import itertools
 import logging
+import time
 import uuid
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import orjson
 
@@ -90,6 +92,9 @@ class RouterSettings:
     access_log: bool = True  # one line per request (observe/logs.py)
     model_identity: ModelIdentity | None = None  # export HyperPod's model_* per replica (router/model_metrics.py)
     queue_metrics: str | None = None  # engines' queue from their /metrics gauges: vllm, sglang (engine_queue.py)
+    # the model name(s) clients use: while no replica is ready the router answers /v1/models itself and refuses
+    # other names (404) instead of holding them, so neither wakes a fleet at zero (empty: everything is held)
+    served_models: tuple[str, ...] = ()
 
 
 def upstream_credentials(settings: RouterSettings) -> dict[str, str]:
@@ -140,6 +145,7 @@ class Gateway:
         self._ttfb: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)
         # request ids: a random per-process prefix and a counter (unique, and far cheaper than uuid4 per request)
         self._id_prefix = uuid.uuid4().hex[:24]
+        self._created = int(time.time())  # the model cards' `created`, as the engines give theirs
         self._ids = itertools.count()
 
     # --- lifecycle -----------------------------------------------------------------------------------------
@@ -197,6 +203,9 @@ class Gateway:
             self.requests_total += 1
         tenant = None
         body: dict | None = None
+        if self.settings.served_models and not self.pool.any_eligible() and \
+                self._answered_at_zero(request, responder, authorization):
+            return
         try:
             if self.settings.keyring is not None:
                 tenant = self.settings.keyring.tenant(authorization.decode("latin-1") if authorization else None)
@@ -263,6 +272,43 @@ class Gateway:
             attempt.release()
             self.metrics.latency_ms.observe((self.clock() - started) * 1000)
             self._log(request_id, tenant, request.path, logged, started, attempt, ttfb_ms, body)
+
+    def _answered_at_zero(self, request: Request, responder: Responder, authorization: bytes | None) -> bool:
+        """No replica is ready: what the router can answer from the served names alone, without holding it in the
+        buffer, whose waiting requests wake the fleet (a client listing models every few seconds cold-started a
+        replica every other time; a wrong model name waited for one, then got its 404)."""
+        names = self.settings.served_models
+        if self.settings.keyring is not None:
+            try:
+                self.settings.keyring.tenant(authorization.decode("latin-1") if authorization else None)
+            except APIError:
+                return False  # the request path answers it 401, as always
+        if request.method == "GET" and request.path == "/v1/models":
+            data = [self._model_card(n) for n in names]
+            responder.send(200, [JSON], orjson.dumps({"object": "list", "data": data}))
+            return True
+        if request.method == "GET" and request.path.startswith(MODEL_PATH):
+            name = unquote(request.path[len(MODEL_PATH):])
+            if name in names:
+                responder.send(200, [JSON], orjson.dumps(self._model_card(name)))
+            else:
+                self.error(responder, 404, f"model {name!r} does not exist; this endpoint serves "
+                                           f"{', '.join(map(repr, names))}", "model_not_found")
+            return True
+        if request.method == "POST":
+            try:
+                model = parse_json_body(request.body).get("model")
+            except APIError:
+                return False  # the request path says what is wrong with it
+            if isinstance(model, str) and model not in names:
+                self.send_error(responder, APIError(404, f"model {model!r} does not exist; this endpoint serves "
+                                                         f"{', '.join(map(repr, names))}", param="model",
+                                                    code="model_not_found"), [])
+                return True
+        return False
+
+    def _model_card(self, name: str) -> dict:
+        return {"id": name, "object": "model", "created": self._created, "owned_by": "fleetserve"}
 
     def _route(self, request: Request, body: dict, tenant: str | None) -> RouteRequest:
         """What the policy may use; the prompt's prefix keys only when it needs them (hashing costs)."""
