@@ -127,6 +127,36 @@ def test_a_drained_replica_is_stopped_at_its_deadline_and_its_engine_waits_no_lo
     assert r.child.stopped == 10 and r not in sup.replicas  # at the deadline, whatever is under way
 
 
+def test_a_drain_is_finished_only_by_a_load_report_read_after_the_router_knew_of_it(make):
+    """The round's load report (read before the replica was marked draining) showed it idle: it was stopped before
+    the router was told, which sent it new requests (connection refused, retried elsewhere)."""
+    sup, _, mono = make(1)
+    r = Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.READY, node="n0"), 9, "n0",
+                requested_at=mono(), child=StoppingChild(), started_at=mono())
+    sup.replicas.append(r)
+    idle = {"backends": [{"url": r.state.url, "in_flight": 0}]}
+    sup._pushed = object()
+    sup._drain(r, mono())
+    sup._finish_drains(mono(), idle)  # the same round: the report predates the drain
+    assert r.child.stopped is None and r in sup.replicas
+    sup.router_url, sup.admin_token = "http://router", "t"
+    sup._http.put = lambda *a, **k: type("Ok", (), {"raise_for_status": lambda self: None})()
+    sup._push_backends()  # the router learns it drains
+    sup._finish_drains(mono(), idle)  # a report read after that
+    assert r.child.stopped == 10 and r not in sup.replicas
+
+
+def test_scale_down_drains_the_idle_replica_not_the_newest_busy_one():
+    """The newest replica went first even when it carried the only stream (cut at the drain timeout) and an older
+    one was idle."""
+    from fleetserve.autoscale.scaledown import Candidate, victims
+
+    old_idle, new_busy = Candidate("r0", "ready", "n0", 0, in_flight=0), Candidate("r1", "ready", "n1", 1, 1)
+    assert victims([old_idle, new_busy], {"n0": 1, "n1": 1}, 1) == [old_idle]
+    assert victims([Candidate("r0", "ready", "n0", 0), Candidate("r1", "ready", "n1", 1)], {}, 1)[0].id == "r1"
+    assert victims([old_idle, Candidate("r2", "starting", "n2", 2, 0)], {}, 1)[0].id == "r2"  # not yet useful first
+
+
 class StoppingChild:
     pid = 4244
     log_path = "r0.log"

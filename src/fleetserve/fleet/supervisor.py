@@ -99,6 +99,7 @@ class Replica:
     started_at: float = 0.0
     backoff: Backoff = field(default_factory=lambda: Backoff(cap=RESTART_BACKOFF_MAX))
     drain_deadline: float | None = None
+    drain_announced: bool = False  # the router was told it drains: its load reports since count no new requests
     port_moves: int = 0  # new ports taken after another process bound the one chosen for it
 
 
@@ -147,6 +148,7 @@ class Supervisor:
         )
         self._http = httpx.Client(timeout=1.0, trust_env=False)
         self._pushed: list | None = None
+        self._in_flight_by_url: dict[str, int] = {}  # the router's last load report, per replica (scale-down order)
         self._written: tuple | None = None
         self._written_at = 0.0
 
@@ -477,6 +479,9 @@ class Supervisor:
             self._http.put(self.router_url + "/admin/backends", json={"backends": entries},
                            headers={"x-fleetserve-admin": self.admin_token}).raise_for_status()
             self._pushed = entries
+            for r in self.replicas:
+                if r.state.state == Phase.DRAINING:
+                    r.drain_announced = True
         except httpx.HTTPError as exc:
             log.warning("could not update the router's backends: %s", exc)
             self._pushed = None
@@ -693,7 +698,9 @@ class Supervisor:
     def _finish_drains(self, mono: float, load: dict | None) -> None:
         in_flight = {b["url"]: b["in_flight"] for b in (load or {}).get("backends", [])}
         for r in [r for r in self.replicas if r.state.state == Phase.DRAINING]:
-            idle = self._pushed is not None and in_flight.get(r.state.url) == 0
+            # idle by a load report read after the router knew it drains: one read earlier in the same round
+            # showed 0 in flight, the replica was stopped, and the router, not told yet, sent it new requests
+            idle = r.drain_announced and self._pushed is not None and in_flight.get(r.state.url) == 0
             if idle or (r.drain_deadline is not None and mono >= r.drain_deadline):
                 self._remove(r)
 
@@ -716,7 +723,9 @@ class Supervisor:
         elif len(active) > desired:
             used = {n.id: n.used for n in self.capacity.nodes()}
             by_id = {r.state.id: r for r in active}
-            candidates = [Candidate(r.state.id, str(r.state.state), r.node_id, int(r.state.id[1:])) for r in active]
+            in_flight = self._in_flight_by_url
+            candidates = [Candidate(r.state.id, str(r.state.state), r.node_id, int(r.state.id[1:]),
+                                    in_flight.get(r.state.url, 0)) for r in active]
             for c in victims(candidates, used, len(active) - desired):
                 self._drain(by_id[c.id], mono)
         moving = [r for r in self.replicas if r.state.state == Phase.MOVING]
@@ -769,6 +778,7 @@ class Supervisor:
     def _reconcile(self, mono: float, starting_up: bool = False) -> None:
         self._capacity_events(mono)
         load = self._router_load() if self.router else None
+        self._in_flight_by_url = {b["url"]: b["in_flight"] for b in (load or {}).get("backends", [])}
         if not starting_up:
             self._autoscale(load)
         self._scale_to(self._desired(), mono)

@@ -625,8 +625,9 @@ class SimFleet:
                     break
         elif len(active) > desired:
             used = {n.id: n.used for n in self.capacity.nodes()}
+            in_flight = self.book.in_flight
             cands = [Candidate(r.id, "starting" if r.state == "pending" and self._node_ready(r) else r.state,
-                               r.node_id, r.ordinal) for r in active]
+                               r.node_id, r.ordinal, in_flight[r.id]) for r in active]
             for c in victims(cands, used, len(active) - desired):
                 self._drain(self._by_id[c.id])
         moving = [r for r in self.replicas if r.state == "moving"]
