@@ -172,6 +172,30 @@ def test_cost_ledger_splits_by_replica_namespace_version_and_idle():
     assert manager.cost_per_hour() == pytest.approx(price)
 
 
+def test_a_stopped_fleet_gives_back_every_node_and_its_cost_stops():
+    """`down` released the replicas but kept the nodes: `status` showed a stopped fleet at $1.006/h."""
+    manager = CapacityManager(RecordingProvider(CATALOG), CATALOG, [Tier(("g5.12xlarge",), ("on-demand",))],
+                              ONE_GPU, allow_larger=True)
+    slot = manager.acquire("r0", now=0.0)
+    manager.release("r0", slot.node.id, now=600.0)
+    manager.release_all(now=600.0)
+    assert manager.nodes() == [] and manager.cost_per_hour() == 0.0
+    assert manager.ledger.totals(now=3600.0)["total"] == pytest.approx(CATALOG.get("g5.12xlarge").on_demand / 6)
+    local = CapacityManager(LocalProvider(slots=2), CATALOG, [Tier(("local",))], ReplicaRequest(), local_slots=2)
+    local.release_all(now=1.0)
+    assert local.nodes() == []
+
+
+def test_a_dead_fleets_status_costs_nothing_once_no_replica_runs():
+    from fleetserve.fleet.state import FleetState, NodeState, mark_stale
+
+    state = FleetState(name="x", namespace="default", model="m", spec_path="e.yaml", supervisor_pid=0,
+                       status="running", cost_per_hour=1.006,
+                       nodes=[NodeState("node-1", "g5.xlarge", "on-demand", 1.006, 1, 1, True, False)])
+    state = mark_stale(state)
+    assert (state.status, state.cost_per_hour, state.nodes) == ("dead", 0.0, [])
+
+
 def test_local_provider_is_one_node_with_slots():
     manager = CapacityManager(LocalProvider(slots=2), CATALOG, [Tier(("local",))], ReplicaRequest(), local_slots=2)
     assert manager.acquire("r0", 0.0).node.id == "local"

@@ -133,6 +133,12 @@ class CapacityManager:
         self.cordoned.discard(node_id)
         self.log.append(f"{note} {node_id}")
 
+    def release_all(self, now: float) -> None:
+        """The fleet stopped: every node it held is given back, so its cost stops (a stopped fleet showed its last
+        node and $/h in `status`)."""
+        for node in list(self.provider.nodes()):
+            self._delete(node.id, now, "fleet stopped: released node")
+
     def nodes(self) -> list[Node]:
         return self.provider.nodes()
 

@@ -127,10 +127,14 @@ def mark_stale(state: FleetState) -> FleetState:
         return state
     state.status = "dead"
     state.ready = 0
+    running = False
     for r in state.replicas:
         alive = pid_alive(r.pid)
+        running |= alive
         r.state = "stale (process alive)" if alive else "stale"
         r.pid = r.pid if alive else None
+    if not running:  # nothing runs, so nothing costs: the last $/h and nodes were shown as if billing went on
+        state.cost_per_hour, state.nodes = 0.0, []
     return state
 
 

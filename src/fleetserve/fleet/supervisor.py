@@ -865,6 +865,7 @@ class Supervisor:
         for r in self.replicas:
             r.state.state, r.state.pid = advance(r.state.state, Phase.STOPPED), None
             self.capacity.release(r.state.id, r.node_id, now)
+        self.capacity.release_all(now)
         self.state.router_pid = self.state.prometheus_pid = None
         if self.state.status != "failed":
             self.state.status = "stopped"
