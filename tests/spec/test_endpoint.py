@@ -126,6 +126,33 @@ def test_per_replica_limits_with_several_router_workers_are_warned_as_split():
     assert "spec.requestLimits.maxConcurrentRequests" not in one
 
 
+def test_the_simulated_clouds_typos_and_impossible_values_are_refused_or_warned():
+    """A typo in a limit's type, a negative limit, an unknown shortage type, a shortage ending before it starts and
+    a budget of 150% were all accepted silently and had no effect (or a wrong one)."""
+    cloud = ("  placement: {{instanceTypes: [ml.g5.xlarge]}}\n  capacity:\n    provider: simulated\n"
+             "    capacityTypes: [on-demand]\n    simulated: {{limits: {{{limits}}}, shortages: [{{{short}}}], "
+             "spotInterruptionRatePerHour: {spot}}}\n    consolidation: {{budgets: [{{nodes: '{budget}'}}]}}")
+    ok = {"limits": "g5.xlarge: 2", "short": "instanceType: g5.xlarge, startSeconds: 0, endSeconds: 10",
+          "spot": 0, "budget": "10%"}
+
+    def spec(**change):
+        return GOOD.replace("  replicas: 2", "  replicas: 2\n" + cloud.format(**{**ok, **change}))
+
+    for change, said in (({"limits": "g5.xlarg: 2"}, "limits.g5.xlarg: unknown instance type 'g5.xlarg'; known:"),
+                         ({"limits": "g5.xlarge: -1"}, "limits.g5.xlarge: Input should be greater than or equal"),
+                         ({"short": "instanceType: g9.huge, startSeconds: 0, endSeconds: 9"},
+                          "shortages[0].instanceType: unknown instance type 'g9.huge'"),
+                         ({"short": "instanceType: g5.xlarge, startSeconds: 100, endSeconds: 10"},
+                          "endSeconds (10) must be after startSeconds (100)"),
+                         ({"budget": "150%"}, "'150%': a share of the nodes is at most 100%")):
+        (msg,) = problems(spec(**change))
+        assert said in msg, msg
+    warnings = {w.path: w.message for w in load_spec_text(spec(limits="g6e.xlarge: 1", spot=5)).warnings}
+    assert "no node of it is ever launched" in warnings["spec.capacity.simulated.limits.g6e.xlarge"]
+    assert "has no spot" in warnings["spec.capacity.simulated.spotInterruptionRatePerHour"]
+    assert not {p for p in (w.path for w in load_spec_text(spec()).warnings) if "simulated" in p}
+
+
 def test_an_instance_type_outside_the_catalog_is_warned():
     text = GOOD.replace("  replicas: 2", "  replicas: 2\n  placement: {instanceTypes: [g6e.xlarge, ml.g9.huge]}")
     warnings = {w.path: w.message for w in load_spec_text(text).warnings}

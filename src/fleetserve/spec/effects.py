@@ -58,6 +58,19 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if (spec.placement.instance_types or spec.placement.node_affinity) and spec.capacity.provider == "local":
         note("spec.placement", "capacity.provider is 'local': this machine is the only node, instance types "
                                "apply to the simulated provider and to Kubernetes rendering")
+    cloud = spec.capacity.simulated
+    if spec.capacity.provider == "simulated":
+        if cloud.spot_interruption_rate_per_hour and "spot" not in spec.capacity.capacity_types:
+            note("spec.capacity.simulated.spotInterruptionRatePerHour",
+                 f"{cloud.spot_interruption_rate_per_hour:g}/h has no effect: capacity.capacityTypes has no spot")
+        placed = {t.removeprefix("ml.") for t in spec.placement.instance_types}
+        named = [(f"spec.capacity.simulated.limits.{n}", n) for n in cloud.limits]
+        named += [(f"spec.capacity.simulated.shortages[{i}].instanceType", s.instance_type)
+                  for i, s in enumerate(cloud.shortages)]
+        for path, name in named:
+            if placed and name.removeprefix("ml.") not in placed:
+                note(path, f"{name} is not among placement.instanceTypes ({', '.join(spec.placement.instance_types)})"
+                           ": no node of it is ever launched, so this has no effect")
     if spec.router.workers > 1 and spec.request_limits.max_concurrent_requests:
         note("spec.requestLimits.maxConcurrentRequests", f"with router.workers {spec.router.workers}: "
                                                           f"{limits_split(spec.router.workers)}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
@@ -522,6 +522,14 @@ class BudgetSpec(SpecModel):
 
     nodes: str = Field(default="10%", pattern=r"^\d+%?$")
     schedule: str | None = None
+
+    @field_validator("nodes")
+    @classmethod
+    def _percent_at_most_100(cls, value: str) -> str:
+        if value.endswith("%") and int(value[:-1]) > 100:
+            raise ValueError(f"{value!r}: a share of the nodes is at most 100%")
+        return value
+
     duration_seconds: float = Field(default=0, ge=0)
     timezone: str = "UTC"
 
@@ -565,12 +573,18 @@ class ShortageSpec(SpecModel):
             raise ValueError("must be a number of seconds or .inf")
         return value
 
+    @model_validator(mode="after")
+    def _ends_after_it_starts(self) -> ShortageSpec:
+        if self.end_seconds <= self.start_seconds:  # never active: a shortage that silently never happens
+            raise ValueError(f"endSeconds ({self.end_seconds:g}) must be after startSeconds ({self.start_seconds:g})")
+        return self
+
 
 class SimulatedCloudSection(SpecModel):
     """A cloud in the loop for local runs: nodes are virtual, replicas are real processes."""
 
     provisioning_delay_seconds: float = Field(default=5, ge=0)
-    limits: dict[str, int] = Field(default_factory=dict)
+    limits: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict, description="most nodes of a type")
     shortages: list[ShortageSpec] = Field(default_factory=list)
     spot_interruption_rate_per_hour: float = Field(default=0, ge=0)
     seed: int = 0
@@ -672,6 +686,13 @@ class EndpointSpec(SpecModel):
                              f"{', '.join(catalog.names())}")
         if not self.placement.instance_types and not self.placement.node_affinity:
             raise ValueError("capacity.provider 'simulated' needs placement.instanceTypes or nodeAffinity")
+        cloud = self.capacity.simulated
+        named = [(f"capacity.simulated.limits.{name}", name) for name in cloud.limits]
+        named += [(f"capacity.simulated.shortages[{i}].instanceType", s.instance_type)
+                  for i, s in enumerate(cloud.shortages)]
+        for path, name in named:  # a typo here never applies, and said nothing
+            if catalog.first_unknown([name]):
+                raise ValueError(f"{path}: unknown instance type {name!r}; known: {', '.join(catalog.names())}")
         return self
 
 
