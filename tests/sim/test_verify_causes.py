@@ -294,7 +294,7 @@ def test_each_miss_counts_once_when_plan_ranks_trials():
 
 def test_sagemaker_instance_types_are_said_to_be_priced_at_ec2_rates():
     """HyperPod's ml.* types were billed at EC2's on-demand price with no word about it."""
-    from fleetserve.sim.run import sagemaker_pricing
+    from fleetserve.capacity.prices import sagemaker_pricing
 
     def placement(section: dict):
         return load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "sm"},

@@ -150,6 +150,10 @@ def test_the_simulated_clouds_typos_and_impossible_values_are_refused_or_warned(
     warnings = {w.path: w.message for w in load_spec_text(spec(limits="g6e.xlarge: 1", spot=5)).warnings}
     assert "no node of it is ever launched" in warnings["spec.capacity.simulated.limits.g6e.xlarge"]
     assert "has no spot" in warnings["spec.capacity.simulated.spotInterruptionRatePerHour"]
+    # up and status price ml.* types at EC2 rates, as simulate does (only simulate said so); gpus pack its nodes
+    assert "SageMaker instance types are priced at EC2 on-demand rates" in warnings["spec.placement.instanceTypes"]
+    gpus = GOOD.replace("  replicas: 2", "  replicas: 2\n  engine: {gpus: 1}\n" + cloud.format(**ok))
+    assert "spec.engine.gpus" not in {w.path for w in load_spec_text(gpus).warnings}
     assert not {p for p in (w.path for w in load_spec_text(spec()).warnings) if "simulated" in p}
 
 

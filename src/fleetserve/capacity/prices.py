@@ -82,3 +82,29 @@ def _spot_ratio(catalog: Catalog) -> float:
     """The catalog's spot price over on-demand (one fraction for every type in the shipped data)."""
     priced = [t for t in catalog.types() if t.on_demand > 0]
     return priced[0].spot / priced[0].on_demand if priced else 1.0
+
+
+def sagemaker_pricing(spec, prices: dict | None = None) -> list[str]:
+    """SageMaker's `ml.*` names are priced as the EC2 type they run on (the catalog holds EC2 on-demand prices);
+    SageMaker bills them at its own, higher rates, so the cost figures are a lower bound, and the report says so
+    (of the types `--prices` does not price)."""
+    from fleetserve.capacity.catalog import Catalog
+
+    catalog = Catalog.builtin()
+    named = set(spec.placement.instance_types) | set(strings_in(spec.placement.node_affinity))
+    sagemaker = sorted(n for n in named if n.startswith("ml.") and n in catalog
+                       and catalog.canonical(n) not in {catalog.canonical(p) for p in prices or ()})
+    if not sagemaker:
+        return []
+    priced = ", ".join(f"{n} at {catalog.canonical(n)}'s ${catalog.get(n).on_demand:.2f}/h" for n in sagemaker)
+    return [f"SageMaker instance types are priced at EC2 on-demand rates ({priced}): SageMaker bills ml.* instances "
+            "at its own, higher rates (a 15-20 % premium is reported for ml.p5), so cost figures are a lower bound "
+            "(--prices FILE gives your own rates)"]
+
+
+def strings_in(tree) -> list[str]:
+    """Every string in a nested dict/list (a node affinity's values, wherever its terms put them)."""
+    if isinstance(tree, str):
+        return [tree]
+    items = tree.values() if isinstance(tree, dict) else tree if isinstance(tree, list) else ()
+    return [s for item in items for s in strings_in(item)]

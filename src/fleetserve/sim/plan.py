@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 
 from fleetserve.capacity.catalog import Catalog
 from fleetserve.capacity.placement import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, fits, replica_request
+from fleetserve.capacity.prices import strings_in
 from fleetserve.router.policies import registered_policies
 from fleetserve.sim.floors import cold_start_s, lead_time, peak_windows, reached, schedules
 from fleetserve.sim.plan_why import explain
 from fleetserve.sim.ranking import BY_RANK, RANK_TOLERANCE, SWITCH_TOLERANCE, better
-from fleetserve.sim.run import engine_block, strings_in
+from fleetserve.sim.run import engine_block
 from fleetserve.sim.setup import SimOptions, gpu_types
 from fleetserve.sim.verify import Verdict, failed, short_placed, verify
 from fleetserve.sim.workload import build_workload

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fleetserve.capacity.prices import sagemaker_pricing
 from fleetserve.sim.fleet import SimFleet
 from fleetserve.sim.report import build_report, slo_of
 from fleetserve.sim.setup import SimOptions, profile_for, uses_cloud
@@ -96,32 +97,6 @@ def unplaced_reason(fleet: SimFleet) -> str:
     if slots and "[local]" in reason:
         reason += f": the local machine takes capacity.localSlots = {slots} replica(s)"
     return reason
-
-
-def sagemaker_pricing(spec, prices: dict | None = None) -> list[str]:
-    """SageMaker's `ml.*` names are priced as the EC2 type they run on (the catalog holds EC2 on-demand prices);
-    SageMaker bills them at its own, higher rates, so the cost figures are a lower bound, and the report says so
-    (of the types `--prices` does not price)."""
-    from fleetserve.capacity.catalog import Catalog
-
-    catalog = Catalog.builtin()
-    named = set(spec.placement.instance_types) | set(strings_in(spec.placement.node_affinity))
-    sagemaker = sorted(n for n in named if n.startswith("ml.") and n in catalog
-                       and catalog.canonical(n) not in {catalog.canonical(p) for p in prices or ()})
-    if not sagemaker:
-        return []
-    priced = ", ".join(f"{n} at {catalog.canonical(n)}'s ${catalog.get(n).on_demand:.2f}/h" for n in sagemaker)
-    return [f"SageMaker instance types are priced at EC2 on-demand rates ({priced}): SageMaker bills ml.* instances "
-            "at its own, higher rates (a 15-20 % premium is reported for ml.p5), so cost figures are a lower bound "
-            "(--prices FILE gives your own rates)"]
-
-
-def strings_in(tree) -> list[str]:
-    """Every string in a nested dict/list (a node affinity's values, wherever its terms put them)."""
-    if isinstance(tree, str):
-        return [tree]
-    items = tree.values() if isinstance(tree, dict) else tree if isinstance(tree, list) else ()
-    return [s for item in items for s in strings_in(item)]
 
 
 def context_check(fleet: SimFleet) -> tuple[dict | None, list[str]]:

@@ -60,6 +60,10 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
                                "apply to the simulated provider and to Kubernetes rendering")
     cloud = spec.capacity.simulated
     if spec.capacity.provider == "simulated":
+        from fleetserve.capacity.prices import sagemaker_pricing
+
+        for said in sagemaker_pricing(spec):  # `up` and `status` price them so too (only `simulate` said it)
+            note("spec.placement.instanceTypes", said.replace(" (--prices FILE gives your own rates)", ""))
         if cloud.spot_interruption_rate_per_hour and "spot" not in spec.capacity.capacity_types:
             note("spec.capacity.simulated.spotInterruptionRatePerHour",
                  f"{cloud.spot_interruption_rate_per_hour:g}/h has no effect: capacity.capacityTypes has no spot")
@@ -112,8 +116,8 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         note("spec.engine.kind", f"{spec.engine.kind} needs a GPU; `fleetserve up` cannot start it on this machine")
     if spec.engine.image:
         note("spec.engine.image", "container images apply to Kubernetes rendering only")
-    if spec.engine.gpus:
-        note("spec.engine.gpus", "GPU requests apply to Kubernetes rendering only")
+    if spec.engine.gpus and spec.capacity.provider != "simulated":  # the simulated cloud packs nodes by them
+        note("spec.engine.gpus", "GPU requests apply to Kubernetes rendering and the simulated cloud only")
     if not spec.metrics.enabled:
         note("spec.metrics.enabled", "metrics stay on locally (/metrics is cheap); false only affects Kubernetes")
     if spec.model.source.startswith("catalog:"):
