@@ -157,6 +157,32 @@ def test_scale_down_drains_the_idle_replica_not_the_newest_busy_one():
     assert victims([old_idle, Candidate("r2", "starting", "n2", 2, 0)], {}, 1)[0].id == "r2"  # not yet useful first
 
 
+def test_a_crash_looping_replica_is_said_in_the_status_until_it_is_ready_again(make):
+    """`status` showed a fleet whose replica crash-looped as ready with no error; the cause was only in the logs."""
+    sup, _, mono = make(1)
+    r = Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.READY, node="n0"), 9, "n0",
+                requested_at=mono(), child=CrashedChild(), started_at=mono())
+    sup.replicas.append(r)
+    sup._tend(r, mono(), starting_up=False)
+    assert r.state.state == Phase.RESTARTING
+    assert sup.state.error.startswith("replica r0 exited with code 1 (restart 1); last log line: SafetensorError")
+    r.child, r.state.state = ReadyChild(), Phase.STARTING
+    sup._get = lambda *_a, **_k: object()  # /health answers
+    sup._tend(r, mono(), starting_up=False)
+    assert r.state.state == Phase.READY and sup.state.error == ""
+
+
+class CrashedChild:
+    pid = 4245
+    log_path = "r0.log"
+
+    def exit_code(self):
+        return 1
+
+    def log_tail(self, lines=20, this_run=False):
+        return "loading the model\nSafetensorError: Error while deserializing header: invalid header length\n"
+
+
 class StoppingChild:
     pid = 4244
     log_path = "r0.log"

@@ -317,8 +317,9 @@ class Supervisor:
             if ready >= initial:
                 return
             if time.monotonic() > deadline:
+                why = f": {self.state.error}" if self.state.error else ""  # no capacity: not in any log file
                 raise StartupError(f"{ready} of {initial} replica(s) ready after "
-                                   f"{self.spec.engine.startup_timeout_seconds:.0f}s; see {self.dir / 'logs'}")
+                                   f"{self.spec.engine.startup_timeout_seconds:.0f}s{why}; see {self.dir / 'logs'}")
             time.sleep(self.poll_interval)
 
     def _engine_kind_router_args(self) -> list[str]:
@@ -655,6 +656,11 @@ class Supervisor:
         r.state.last_exit, r.state.pid = code, None
         r.requested_at = mono  # the restart's cold start counts from the crash, not from the first launch
         self.say(f"replica {r.state.id} {why}; restarting in {delay:.0f}s")
+        # `status` says it (it showed a fleet crash-looping at zero as ready, the cause only in the logs)
+        last = next((line.strip() for line in reversed((r.child.log_tail() if r.child else "").splitlines())
+                     if line.strip()), "")
+        self.state.error = (f"replica {r.state.id} {why} (restart {r.state.restarts + 1}); "
+                            f"last log line: {last[:300] or '-'}")
 
     def _tend(self, r: Replica, mono: float, starting_up: bool) -> None:
         s = r.state
@@ -682,6 +688,8 @@ class Supervisor:
                 self.metrics.cold_start.observe(cold)
                 if s.restarts:
                     self.say(f"replica {s.id} is ready again")
+                if self.state.error.startswith(f"replica {s.id} "):
+                    self.state.error = ""
             elif mono - r.started_at > self.spec.engine.startup_timeout_seconds:
                 r.child.stop(timeout=5)
                 self._crashed(r, None, mono, "did not become ready in time", starting_up)
