@@ -181,6 +181,20 @@ def test_overlapping_windows_are_rejected():
     ]
     with pytest.raises(ScheduleError, match="'day' and 'late' overlap"):
         Schedule.from_spec(floors)
+    # the check looked at 8 days only: yearly (and monthly) windows that overlap passed
+    def floor(name, start, end, tz="UTC"):
+        return ScheduleFloor(name=name, timezone=tz, start=start, end=end, min_replicas=1)
+
+    for first, second in ((floor("xmas", "0 0 24 12 *", "0 0 27 12 *"), floor("boxing", "0 0 25 12 *", "0 0 28 12 *")),
+                          (floor("leap", "0 0 29 2 *", "0 0 1 3 *"), floor("feb", "0 12 29 2 *", "0 13 29 2 *")),
+                          (floor("month-end", "0 20 28-31 * *", "0 23 28-31 * *"), floor("on-the-31st", "0 22 31 * *",
+                                                                                           "30 22 31 * *"))):
+        with pytest.raises(ScheduleError, match=f"'{first.name}' and '{second.name}' overlap|"
+                                                f"'{second.name}' and '{first.name}' overlap"):
+            Schedule.from_spec([first, second])
+    apart = [floor("xmas", "0 0 24 12 *", "0 0 25 12 *"), floor("boxing", "0 0 26 12 *", "0 0 27 12 *"),
+             floor("new-year", "0 18 31 12 *", "0 6 1 1 *", "Asia/Seoul")]
+    assert Schedule.from_spec(apart).floor(datetime(2026, 12, 24, 12, tzinfo=UTC)) == 1
 
 
 def test_metrics_source_down_triggers_fallback():
