@@ -98,6 +98,16 @@ def test_the_count_woken_to_from_zero_is_held_by_the_scale_down_window():
     assert fleet.poll(1301.0, 3.0).desired == 1  # the window has passed
 
 
+def test_a_count_the_schedule_floor_holds_names_the_window():
+    """Inside a schedule window with no load the reason read "steady at 2: concurrency=0", not what held the 2."""
+    floors = [ScheduleFloor(name="allday", timezone="UTC", start="0 8 * * *", end="0 20 * * *", min_replicas=2)]
+    policy = ScalingPolicy(min_replicas=0, max_replicas=4, triggers=CONCURRENCY, schedule=Schedule.from_spec(floors))
+    noon = datetime(2026, 1, 6, 12, tzinfo=UTC).timestamp()
+    fleet = VirtualFleet(policy, noon, replicas=2)
+    decision = fleet.poll(noon, 0.0)
+    assert decision.desired == 2 and decision.reason.endswith("(held by the schedule floor 2: allday)"), decision.reason
+
+
 def test_activation_is_strictly_greater_than():
     policy = ScalingPolicy(min_replicas=0, max_replicas=4, triggers=(Trigger("concurrency", 4.0, 1.0),))
     fleet = VirtualFleet(policy, 0.0, replicas=0)

@@ -108,6 +108,12 @@ class ScalingPolicy:
                             self.schedule.floor(datetime.fromtimestamp(now + self.schedule_lead, UTC)))
         return min(self.max_replicas, max(self.min_replicas, scheduled))
 
+    def floor_names(self, now: float) -> list[str]:
+        """The schedule windows open now, or opening within the lead time: what `floor` reads."""
+        names = self.schedule.active_names(datetime.fromtimestamp(now, UTC))
+        names += self.schedule.active_names(datetime.fromtimestamp(now + self.schedule_lead, UTC))
+        return list(dict.fromkeys(names))
+
 
 @dataclass(frozen=True)
 class ScalingMetrics:
@@ -301,6 +307,7 @@ def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, 
         idle = now - countdown_from
         if idle >= policy.cooldown:
             return done(0, f"no activity for {idle:.0f}s >= cooldownPeriod {policy.cooldown:.0f}s")
+    asked = raw  # what the triggers alone want
     raw = max(raw, floor, 1)
     stabilized, recs = _stabilize(policy, state, raw, now)
     limited = _rate_limit(policy, state, stabilized, now)
@@ -311,6 +318,8 @@ def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, 
             held = ("stabilization window" if stabilized == current else "scaling rate limit" if limited == current
                     else "maxReplicaCount" if policy.max_replicas == current else "floor")
             reason += f" (wants {raw}, held by {held})"
+        elif asked < current and floor >= current and floor > policy.min_replicas:
+            reason += f" (held by the schedule floor {floor}: {', '.join(policy.floor_names(now))})"
     else:
         reason = f"{'scale up' if desired > current else 'scale down'} {current} -> {desired}: {why}"
         if floor > 1 and desired == floor:
