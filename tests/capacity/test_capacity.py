@@ -119,6 +119,25 @@ def test_consolidation_budget_limits_disruptions():
     assert len(consolidate(nodes, policy, now=monday_10_seoul + 9 * 3600)) == 10
 
 
+def test_a_budget_holds_across_rounds_while_deleted_nodes_terminate():
+    """The simulated cloud deletes at once, so each 0.2-second round saw nothing deleting: a budget of 10 % of 4
+    nodes removed three within a second. A deleted node counts as disrupting for NODE_TERMINATION_S."""
+    from fleetserve.capacity.consolidation import NODE_TERMINATION_S
+
+    provider = RecordingProvider(CATALOG)
+    manager = CapacityManager(provider, CATALOG, [Tier(("g5.xlarge",), ("on-demand",))], ONE_GPU,
+                              consolidation=ConsolidationPolicy("WhenEmpty", budgets=(Budget("10%"),)))
+    slots = [manager.acquire(f"r{i}", now=0.0) for i in range(4)]
+    for i, slot in enumerate(slots):
+        manager.release(f"r{i}", slot.node.id, now=1.0)
+    gone = []
+    for step in range(10):  # one second of the local fleet's loop
+        gone += manager.consolidate(now=10.0 + step * 0.2, load_ratio=0.0)
+    assert len(gone) == 1 and len(manager.nodes()) == 3
+    gone += manager.consolidate(now=10.0 + NODE_TERMINATION_S, load_ratio=0.0)
+    assert len(gone) == 2 and len(manager.nodes()) == 2
+
+
 def test_underutilized_only_when_the_rest_absorbs_the_load():
     nodes = [_node(1, 1, slots=4), _node(2, 3, slots=4)]
     policy = ConsolidationPolicy("WhenEmptyOrUnderutilized", budgets=(Budget("100%"),))

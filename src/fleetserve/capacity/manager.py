@@ -9,7 +9,7 @@ import collections
 from dataclasses import dataclass
 
 from fleetserve.capacity.catalog import Catalog
-from fleetserve.capacity.consolidation import ConsolidationPolicy, Removal, consolidate
+from fleetserve.capacity.consolidation import NODE_TERMINATION_S, ConsolidationPolicy, Removal, consolidate
 from fleetserve.capacity.cost import CostLedger
 from fleetserve.capacity.placement import (
     Availability,
@@ -46,6 +46,7 @@ class CapacityManager:
         self.labels = (namespace, model_version)
         self.log: collections.deque[str] = collections.deque(maxlen=100)  # placement notes, newest last
         self.cordoned: set[str] = set()  # underutilized nodes being emptied: no new replicas land there
+        self.terminating: collections.deque[float] = collections.deque()  # when consolidation deleted a node
 
     def _note(self, line: str) -> None:
         if not self.log or self.log[-1] != line:
@@ -109,14 +110,18 @@ class CapacityManager:
         Nodes already being emptied count against the disruption budgets, like Karpenter's deleting nodes."""
         live = {n.id for n in self.provider.nodes()}
         self.cordoned &= live
+        while self.terminating and now - self.terminating[0] >= NODE_TERMINATION_S:
+            self.terminating.popleft()
         removals = consolidate(self.provider.nodes(), self.consolidation, now, load_ratio,
-                               deleting=len(self.cordoned))
+                               deleting=len(self.cordoned), terminating=len(self.terminating))
         emptied = [n.id for n in self.provider.nodes() if n.id in self.cordoned and n.used == 0]
         for node_id in emptied:
             self._delete(node_id, now, "consolidation removed emptied node")
+            self.terminating.append(now)
         for r in removals:
             if r.reason == "Empty" and self.provider.name != "local" and r.node_id not in emptied:
                 self._delete(r.node_id, now, "consolidation removed empty node")
+                self.terminating.append(now)
             elif r.reason == "Underutilized" and r.node_id not in self.cordoned and self.provider.name != "local":
                 self.cordoned.add(r.node_id)
                 self.log.append(f"consolidation: node {r.node_id} is underutilized; moving its replicas")
