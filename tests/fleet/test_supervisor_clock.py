@@ -172,6 +172,33 @@ def test_a_crash_looping_replica_is_said_in_the_status_until_it_is_ready_again(m
     assert r.state.state == Phase.READY and sup.state.error == ""
 
 
+def test_the_router_is_told_when_no_replica_can_start(make):
+    """Held requests waited out the buffer timeout while the only replica crash-looped or found no capacity."""
+    sup, _, mono = make(0)
+    from dataclasses import replace
+
+    sup.controller.state = replace(sup.controller.state, current=1)  # woken: one replica wanted
+    pushed = []
+    sup.router_url, sup.admin_token = "http://router", "t"
+    sup._http.put = lambda url, json, headers: pushed.append(json) or type(
+        "Ok", (), {"raise_for_status": lambda self: None})()
+    r = Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.READY, node="n0"), 9, "n0",
+                requested_at=mono(), child=CrashedChild(), started_at=mono())
+    sup.replicas.append(r)
+    sup._tend(r, mono(), starting_up=False)  # the first crash: it may come back
+    sup._push_backends()
+    assert pushed[-1]["failing"] is None
+    r.state.restarts, r.child = 1, CrashedChild()
+    r.state.state = Phase.STARTING
+    sup._tend(r, mono(), starting_up=False)  # crashed again after a restart
+    sup._push_backends()
+    assert pushed[-1]["failing"].startswith("replica r0 exited with code 1 (restart 2)")
+    sup.state.error = "cannot place a replica: no offering fits"
+    assert sup._failing() == "cannot place a replica: no offering fits"
+    r.state.state = Phase.READY  # one serves again: nothing to tell
+    assert sup._failing() is None
+
+
 class CrashedChild:
     pid = 4245
     log_path = "r0.log"

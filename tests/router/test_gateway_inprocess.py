@@ -431,3 +431,37 @@ def test_a_client_that_hangs_up_after_done_had_the_whole_stream_not_a_499():
     out, logged, in_flight = run_virtual(main())
     assert out.body.endswith(b"data: [DONE]\n\n") and out.ended
     assert logged == [200] and all(v == 0 for v in in_flight.values())
+
+
+def test_held_requests_hear_at_once_that_no_replica_can_start():
+    """A fleet whose replica crash-looped at zero (or had no capacity) let held requests wait out the buffer
+    timeout (600 s by default) for a 503 that named nothing; the fleet now says why, and they are told."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        gw, up = gateway({A: [FakeResponse(200, [OK])]}, clock=loop.time, buffer_timeout=600.0)
+        backend = gw.pool.backends["10.0.0.1:8000"]
+        backend.healthy = False
+        gw.pool._signal()
+        held = Recorder()
+        task = asyncio.create_task(gw.handle(chat(), held))
+        while not gw.gate.pending:
+            await asyncio.sleep(0.1)
+        started = loop.time()
+        gw.set_backends([A], failing="replica r0 exited with code 1 (restart 2); last log line: SafetensorError")
+        await task
+        waited = loop.time() - started
+        late = Recorder()
+        await gw.handle(chat(), late)  # while it lasts, refused without being held
+        gw.set_backends([A], failing=None)
+        again = asyncio.create_task(gw.handle(chat(), Recorder()))
+        while not gw.gate.pending:
+            await asyncio.sleep(0.1)
+        again.cancel()
+        return held, late, waited
+
+    held, late, waited = run_virtual(main())
+    for out in (held, late):
+        assert out.status == 503 and out.json()["error"]["code"] == "replicas_failing"
+        assert "no model replica can start: replica r0 exited with code 1" in out.json()["error"]["message"]
+        assert out.header(b"retry-after") == b"30"
+    assert waited < 1.0  # told when the fleet said so, not at the buffer timeout

@@ -148,6 +148,7 @@ class Supervisor:
         )
         self._http = httpx.Client(timeout=1.0, trust_env=False)
         self._pushed: list | None = None
+        self._pushed_with: tuple | None = None  # (backends, failing) the router was last told
         self._in_flight_by_url: dict[str, int] = {}  # the router's last load report, per replica (scale-down order)
         self._written: tuple | None = None
         self._written_at = 0.0
@@ -474,18 +475,31 @@ class Supervisor:
             return
         entries = [{"url": r.state.url, "state": ROUTER_STATE[Phase(r.state.state)]}
                    for r in self.replicas if r.state.state in ROUTER_STATE]
-        if entries == self._pushed:
+        failing = self._failing()
+        if (entries, failing) == self._pushed_with:
             return
         try:
-            self._http.put(self.router_url + "/admin/backends", json={"backends": entries},
+            self._http.put(self.router_url + "/admin/backends", json={"backends": entries, "failing": failing},
                            headers={"x-fleetserve-admin": self.admin_token}).raise_for_status()
-            self._pushed = entries
+            self._pushed, self._pushed_with = entries, (entries, failing)
             for r in self.replicas:
                 if r.state.state == Phase.DRAINING:
                     r.drain_announced = True
         except httpx.HTTPError as exc:
             log.warning("could not update the router's backends: %s", exc)
-            self._pushed = None
+            self._pushed, self._pushed_with = None, None
+
+    def _failing(self) -> str | None:
+        """Why no replica can start now, for the router to tell the requests it holds (a crash loop at zero had
+        them wait out the buffer timeout, 10 minutes by default, for a 503 naming nothing): none serves, one is
+        wanted, and the last launch found no capacity or a replica failed to start twice in a row."""
+        if self._desired() == 0 or any(r.state.state in SERVING for r in self.replicas):
+            return None
+        if self.state.error.startswith("cannot place a replica"):
+            return self.state.error
+        if any(r.state.state == Phase.RESTARTING and r.state.restarts >= 1 for r in self.replicas):
+            return self.state.error or "every replica fails to start"
+        return None
 
     # --- replicas ------------------------------------------------------------------------------------------
 
@@ -809,7 +823,7 @@ class Supervisor:
             self._reconcile(mono)
             if self._keep_alive(self.router, self._router_backoff, mono, "router"):
                 self.state.router_pid = self.router.pid
-                self._pushed = None
+                self._pushed = self._pushed_with = None
             if self._keep_alive(self.redis, self._redis_backoff, mono, "redis-server (the L2 tier)"):
                 self.state.l2_status, self.state.redis_pid = "up", self.redis.pid
             if self._keep_alive(self.prometheus, self._prometheus_backoff, mono, "prometheus"):

@@ -76,11 +76,14 @@ def build_control_app(gateway) -> Starlette:
         return JSONResponse(gateway.load_report())
 
     async def admin_backends(request: Request) -> Response:
-        """Replace the backend set: {"backends": [{"url": ..., "state": "ready" | "starting" | "draining"}]}."""
+        """Replace the backend set: {"backends": [{"url": ..., "state": "ready" | "starting" | "draining"}],
+        "failing": why no replica can start now, or null}."""
         if not admin_allowed(gateway, request):
             return _forbidden()
         try:
-            entries = parse_json_body(await request.body())["backends"]
+            document = parse_json_body(await request.body())
+            entries = document["backends"]
+            failing = document.get("failing")
             urls = [e["url"] for e in entries]
             states = [e.get("state", "starting") for e in entries]
         except (KeyError, TypeError, AttributeError):
@@ -95,9 +98,11 @@ def build_control_app(gateway) -> Starlette:
         if bad:
             return APIError(400, f"backends[].state: got {bad[0]!r}; allowed values: ready, starting, draining",
                             param="backends[].state").response()
+        if failing is not None and not isinstance(failing, str):
+            return APIError(400, "failing: a string (why no replica can start) or null", param="failing").response()
         gateway.set_backends(urls, ready={u.rstrip("/") for u, st in zip(urls, states, strict=True) if st == "ready"},
                              draining={u.rstrip("/") for u, st in zip(urls, states, strict=True) if st == "draining"},
-                             from_peer=False)
+                             from_peer=False, failing=failing)
         return JSONResponse({"backends": len(urls)})
 
     async def metrics(request: Request) -> Response:

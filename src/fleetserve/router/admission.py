@@ -77,6 +77,12 @@ def stopping() -> Rejection:
                                              "router, or this endpoint once it is back)", "1")
 
 
+def replicas_failing(reason: str) -> Rejection:
+    """The fleet says no replica can start now (one crash-loops, or no capacity is left): a request held for one
+    would wait out the buffer timeout (10 minutes by default) for a 503 that names nothing; it is told now."""
+    return Rejection(503, "replicas_failing", f"no model replica can start: {reason}; retry later", "30")
+
+
 def buffer_timeout(settings: AdmissionSettings) -> Rejection:
     return Rejection(503, "cold_start_timeout", f"no replica became ready within {settings.buffer_timeout:.0f}s",
                      "10")

@@ -3,7 +3,9 @@
 Order, as in the simulator: hold the request while no replica is ready (scale from zero, bounded buffer),
 wait in the bounded queue while every replica is at its concurrency limit, or refuse with Retry-After.
 Once the router stops (`close`), what waits here and what arrives is refused at once with 503 `router_stopping`:
-only requests already sent to a replica run on, within the drain timeout.
+only requests already sent to a replica run on, within the drain timeout. While the fleet says its replicas
+cannot start (`set_failing`: a crash loop, no capacity), what the buffer holds and what would join it are
+refused at once with 503 `replicas_failing` and the reason.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from fleetserve.router.admission import (
     buffer_timeout,
     limit_views,
     overflow,
+    replicas_failing,
     stopping,
 )
 from fleetserve.router.pool import BackendPool
@@ -41,6 +44,8 @@ class AdmissionGate:
         self.queued = 0  # waiting for a free slot
         self._slot_free = asyncio.Event()
         self._closed = asyncio.Event()
+        self.failing: str | None = None  # why no replica can start, as the fleet said (PUT /admin/backends)
+        self._failed = asyncio.Event()
         # a replica that joins (scale-up) or comes back healthy has free slots: queued requests look again then,
         # not only when a request ends (the simulator drains its queue when a replica becomes ready)
         pool.on_change.append(self.slot_freed)
@@ -62,6 +67,14 @@ class AdmissionGate:
     def closed(self) -> bool:
         return self._closed.is_set()
 
+    def set_failing(self, reason: str | None) -> None:
+        """The fleet's word that no replica can start now (None: it can again); held requests hear it at once."""
+        self.failing = reason or None
+        if self.failing:
+            self._failed.set()
+        else:
+            self._failed = asyncio.Event()
+
     async def admit(self) -> float:
         """Wait until the request may go; returns the seconds it was held in the scale-from-zero buffer (a cold
         start, which the ttft_p95 scaling signal leaves out), 0.0 when it was not."""
@@ -77,6 +90,8 @@ class AdmissionGate:
             if isinstance(verdict, Rejection):
                 raise Refused(verdict)
             if verdict == BUFFER:
+                if self.failing:
+                    raise Refused(replicas_failing(self.failing))
                 held += await self._hold_until_ready()
             else:
                 await self._queue_for_slot()
@@ -121,6 +136,8 @@ class AdmissionGate:
             self.metrics.buffer_wait_s.observe(held)
         if self._closed.is_set():
             raise Refused(stopping())
+        if self.failing and not self.pool.any_eligible():
+            raise Refused(replicas_failing(self.failing))
         if not ready:
             raise Refused(buffer_timeout(self.settings))
         return held
@@ -130,12 +147,14 @@ class AdmissionGate:
         `waiting` itself answered False)."""
         task = asyncio.ensure_future(waiting)
         closed = asyncio.ensure_future(self._closed.wait())
+        failed = asyncio.ensure_future(self._failed.wait())
         try:
-            done, _ = await asyncio.wait({task, closed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({task, closed, failed}, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for t in (task, closed):
+            for t in (task, closed, failed):
                 if not t.done():
                     t.cancel()
-        if closed in done:
+        if closed in done or failed in done:
             return True
         return bool(task in done and task.result() is not False)

@@ -360,11 +360,13 @@ class Gateway:
     # --- control -------------------------------------------------------------------------------------------
 
     def set_backends(self, urls: list[str], ready: set[str] | None = None, draining: set[str] | None = None,
-                     from_peer: bool = True) -> None:
-        """Replace the backend set (the supervisor's PUT /admin/backends, DNS discovery); every worker follows."""
+                     from_peer: bool = True, failing: str | None = None) -> None:
+        """Replace the backend set (the supervisor's PUT /admin/backends, DNS discovery); every worker follows.
+        `failing`: the fleet's reason no replica can start now (held requests are refused with it)."""
         self.pool.set_backends(urls, ready=ready, draining=draining)
+        self.gate.set_failing(failing)
         if self.peers is not None and not from_peer:
-            self.peers.backends(urls, ready or set(), draining or set())
+            self.peers.backends(urls, ready or set(), draining or set(), failing)
 
     def _admin_allowed(self, request) -> bool:
         return admin_allowed(self, request)

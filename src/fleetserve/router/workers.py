@@ -86,8 +86,9 @@ class PeerBus:
     def routed(self, replica_id: str, blocks: tuple[int, ...], exact: bool) -> None:
         self._send({"t": "route", "r": replica_id, "k": blocks, "x": exact})
 
-    def backends(self, urls: list[str], ready: set[str], draining: set[str]) -> None:
-        self._send({"t": "backends", "urls": urls, "ready": sorted(ready), "draining": sorted(draining)})
+    def backends(self, urls: list[str], ready: set[str], draining: set[str], failing: str | None = None) -> None:
+        self._send({"t": "backends", "urls": urls, "ready": sorted(ready), "draining": sorted(draining),
+                    "failing": failing})
 
     async def _tell_load(self) -> None:
         while True:
@@ -130,7 +131,7 @@ class PeerBus:
                 gw.kv_index.speculate(backend.id, keys, gw.clock())
         elif kind == "backends":
             gw.set_backends(message["urls"], ready=set(message["ready"]), draining=set(message["draining"]),
-                            from_peer=True)
+                            from_peer=True, failing=message.get("failing"))
         elif kind == "load":
             self.peer_load[int(message["w"])] = (time.monotonic(), message)
 
