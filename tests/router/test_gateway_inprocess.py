@@ -457,6 +457,7 @@ def test_held_requests_hear_at_once_that_no_replica_can_start():
         while not gw.gate.pending:
             await asyncio.sleep(0.1)
         again.cancel()
+        await asyncio.gather(again, return_exceptions=True)
         return held, late, waited
 
     held, late, waited = run_virtual(main())

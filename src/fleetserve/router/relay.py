@@ -123,12 +123,15 @@ async def _read_to_end(response) -> None:
     """After [DONE], the replica's end of the body (its chunked terminator), so its connection goes back to the pool;
     the client may hang up meanwhile, which is no failure of a stream it had whole."""
     try:
-        while await response.read():
-            pass
-    except (UpstreamError, asyncio.CancelledError):
-        pass  # the client left after [DONE] (its connection's task is cancelled) or the replica did: either way done
+        async with asyncio.timeout(AFTER_DONE_S):
+            while await response.read():
+                pass
+    except (UpstreamError, asyncio.CancelledError, TimeoutError):
+        pass  # the client left after [DONE] (its connection's task is cancelled), the replica did, or it kept its
+        # body open: either way done (an unfinished answer's connection is closed, not pooled)
 
 
+AFTER_DONE_S = 5.0  # at most this long for the replica to end its body after [DONE]
 ERROR_BODY_READ = 64 * 1024  # of a replica's non-JSON error page, at most this much is read
 
 
