@@ -153,6 +153,9 @@ def test_scale_down_drains_the_idle_replica_not_the_newest_busy_one():
 
     old_idle, new_busy = Candidate("r0", "ready", "n0", 0, in_flight=0), Candidate("r1", "ready", "n1", 1, 1)
     assert victims([old_idle, new_busy], {"n0": 1, "n1": 1}, 1) == [old_idle]
+    # among busy ones, the emptiest node still goes first (it frees a node); in-flight counts only break ties
+    alone, shared = Candidate("r1", "ready", "a", 1, 5), Candidate("r2", "ready", "b", 2, 4)
+    assert victims([alone, shared, Candidate("r3", "ready", "b", 3, 6)], {"a": 1, "b": 2}, 1) == [alone]
     assert victims([Candidate("r0", "ready", "n0", 0), Candidate("r1", "ready", "n1", 1)], {}, 1)[0].id == "r1"
     assert victims([old_idle, Candidate("r2", "starting", "n2", 2, 0)], {}, 1)[0].id == "r2"  # not yet useful first
 
@@ -170,6 +173,11 @@ def test_a_crash_looping_replica_is_said_in_the_status_until_it_is_ready_again(m
     sup._get = lambda *_a, **_k: object()  # /health answers
     sup._tend(r, mono(), starting_up=False)
     assert r.state.state == Phase.READY and sup.state.error == ""
+    r.child = CrashedChild()
+    sup._tend(r, mono(), starting_up=False)
+    assert sup.state.error.startswith("replica r0 ")
+    sup._remove(r)  # scaled away while it crash-looped: its error goes with it (it stayed on a healthy fleet)
+    assert sup.state.error == ""
 
 
 def test_the_router_is_told_when_no_replica_can_start(make):
@@ -208,6 +216,9 @@ class CrashedChild:
 
     def log_tail(self, lines=20, this_run=False):
         return "loading the model\nSafetensorError: Error while deserializing header: invalid header length\n"
+
+    def stop(self, timeout=10.0):
+        pass
 
 
 class StoppingChild:

@@ -377,3 +377,18 @@ def test_render_warnings_reach_the_status_and_the_local_fleets_notes_stay_out(en
     client.patch(OWNER_API_VERSION, "Endpoint", NS, NAME, {"metadata": {"labels": {"app.kubernetes.io/name": None}}})
     reconciler.reconcile(_endpoint(client))
     assert not any("app.kubernetes.io/name" in w for w in _endpoint(client)["status"]["warnings"])
+
+
+def test_the_simulated_clouds_notes_stay_out_of_kubernetes_warnings():
+    """The SageMaker-at-EC2-rates note and the simulated cloud's limit notes reached kubectl and the status."""
+    from pathlib import Path
+
+    from fleetserve.k8s.render import kubernetes_warnings
+    from fleetserve.spec.load import load_spec_text
+
+    text = (Path(__file__).parents[2] / "examples" / "simulated-cloud.yaml").read_text()
+    text = text.replace("    simulated:", "    simulated:\n      limits: {p5.48xlarge: 1}", 1)
+    loaded = load_spec_text(text)
+    local = {w.path for w in loaded.warnings}
+    assert {"spec.placement.instanceTypes", "spec.capacity.simulated.limits.p5.48xlarge"} <= local
+    assert not [w for w in kubernetes_warnings(loaded) if w.path.startswith(("spec.placement", "spec.capacity"))]

@@ -175,6 +175,14 @@ def test_busy_replicas_are_tried_elsewhere_without_tripping_their_breaker_and_th
         return gw, outs, last, up
 
     gw, outs, last, up = run_virtual(main())
+    mixed = Recorder()
+
+    async def one_failed_one_busy():
+        gw, up = gateway({A: [FakeResponse(502, [b""])], B: [busy_answer()]}, max_attempts=2)
+        await gw.handle(chat(), mixed)
+
+    run_virtual(one_failed_one_busy())
+    assert mixed.status == 502 and mixed.json()["error"]["code"] == "upstream_failed"  # not "every replica busy"
     for out in outs:
         assert out.status == 503 and out.json()["error"]["code"] == "overloaded"
         assert out.header(b"retry-after") == b"3" and "at capacity" in out.json()["error"]["message"]

@@ -181,3 +181,23 @@ def test_a_request_that_trickles_in_is_answered_408_and_closed():
     for out in (partial_headers, partial_body):
         assert out.startswith(b"HTTP/1.1 408") and b'"request_timeout"' in out, out
     assert whole.startswith(b"HTTP/1.1 200") and whole.endswith(b"ok")
+
+
+def test_a_trickling_request_behind_one_being_answered_lets_that_answer_out_first():
+    """The read deadline fired while an earlier request was answered and closed the connection after it, dropping
+    complete requests queued behind (reading paused by the front door itself looked like a slow client)."""
+    async def slow(request, responder):
+        await asyncio.sleep(0.6)
+        responder.send(200, [(b"x-path", request.path.encode())], request.body)
+
+    async def main():
+        door = await http1.serve(slow, error, "127.0.0.1", 0, read_timeout_s=0.3)
+        port = door.server.sockets[0].getsockname()[1]
+        out = await exchange(port, b"POST /first HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\na"
+                                   b"POST /second HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\nb"
+                                   b"POST /third HTTP/1.1\r\nhost: x\r\nx-slow: ")
+        await door.shutdown(1)
+        return out
+
+    out = run(main())
+    assert out.index(b"x-path: /first") < out.index(b"x-path: /second") < out.index(b"HTTP/1.1 408")

@@ -151,3 +151,9 @@ def test_whole_events_splits_after_the_last_ended_event_whatever_its_line_ends()
     assert whole_events(b'data: 1\n\ndata: {"a') == (b"data: 1\n\n", b'data: {"a')
     assert whole_events(b"data: 1\r\n\r\ndata: 2") == (b"data: 1\r\n\r\n", b"data: 2")
     assert whole_events(b"data: 1") == (b"", b"data: 1")
+    # the usage stripper's event ends (any two line ends, mixed), and no unbounded holding
+    assert whole_events(b"data: 1\n\r\ndata: 2") == (b"data: 1\n\r\n", b"data: 2")
+    from fleetserve.router.usage import MAX_HELD
+
+    endless = b"data: " + b"x" * (MAX_HELD + 1)
+    assert whole_events(endless) == (endless, b"")

@@ -1,9 +1,10 @@
 """Which replicas go when the desired count drops, pure: the cheapest ones to lose first.
 
 Not yet useful replicas go before useful ones (pending, then restarting, then starting, then ready); among
-equals, the one with the fewest requests in flight (an idle replica stops at once; a busy one drains, and a
-stream longer than the drain timeout is cut: the newest replica, busy, was drained while an idle one stayed),
-then the one on the emptiest node (its node is the likeliest to become empty and be removed), then the newest.
+equals, an idle one before a busy one (an idle replica stops at once; a busy one drains, and a stream longer than
+the drain timeout is cut: the newest replica, busy, was drained while an idle one stayed), then the one on the
+emptiest node (its node is the likeliest to become empty and be removed), then the fewest requests in flight,
+then the newest.
 Shared by the local fleet supervisor and the simulator.
 """
 
@@ -26,6 +27,6 @@ class Candidate:
 
 def victims(candidates: Sequence[Candidate], node_used: Mapping[str, int], count: int) -> list[Candidate]:
     """The `count` replicas to drain, in order."""
-    ranked = sorted(candidates, key=lambda c: (STATE_RANK.get(c.state, 0), c.in_flight, node_used.get(c.node_id, 0),
-                                               -c.ordinal))
+    ranked = sorted(candidates, key=lambda c: (STATE_RANK.get(c.state, 0), c.in_flight > 0,
+                                               node_used.get(c.node_id, 0), c.in_flight, -c.ordinal))
     return ranked[:max(0, count)]

@@ -630,7 +630,8 @@ class Supervisor:
             self.state.error = f"cannot place a replica: {slot.reason}"
             return False
         self._ids += 1
-        self.state.error = ""
+        if self.state.error.startswith("cannot place a replica"):  # placed now; a crash loop's error stays
+            self.state.error = ""
         port = free_port()
         node = slot.node
         state = ReplicaState(rid, engine_url(port), state=Phase.PENDING, node=node.id,
@@ -727,6 +728,8 @@ class Supervisor:
                 self._remove(r)
 
     def _remove(self, r: Replica) -> None:
+        if self.state.error.startswith(f"replica {r.state.id} "):  # its crash loop is over: it is gone
+            self.state.error = ""
         if r.child is not None:
             r.child.stop(timeout=10)
         r.state.state, r.state.pid = advance(r.state.state, Phase.STOPPED), None

@@ -87,15 +87,18 @@ def _plain_credentials(endpoint: Endpoint) -> list[tuple[str, str]]:
 
 
 #: warnings about settings that only the local fleet ignores: they render here (and the local fleet's count of
-#: router processes for split limits: the rendering counts pods x workers itself)
+#: router processes for split limits: the rendering counts pods x workers itself; the simulated cloud's prices)
 LOCAL_ONLY = frozenset({"spec.engine.image", "spec.engine.gpus", "spec.engine.kind", "spec.placement",
-                        "spec.metrics.enabled", "spec.model.prefetch", "spec.requestLimits.maxConcurrentRequests"})
+                        "spec.placement.instanceTypes", "spec.metrics.enabled", "spec.model.prefetch",
+                        "spec.requestLimits.maxConcurrentRequests"})
+LOCAL_ONLY_UNDER = ("spec.capacity.simulated",)  # the simulated cloud is not Kubernetes
 
 
 def kubernetes_warnings(loaded: LoadedSpec) -> list[SpecProblem]:
     """The spec's warnings that hold on Kubernetes: not the local fleet's notes about settings rendered here
     (the admission answer printed "no effect" for spec.placement, which becomes the NodePools)."""
-    return [w for w in loaded.warnings if w.path not in LOCAL_ONLY and not takes_effect_on_kubernetes(w.path)]
+    return [w for w in loaded.warnings if w.path not in LOCAL_ONLY and not w.path.startswith(LOCAL_ONLY_UNDER)
+            and not takes_effect_on_kubernetes(w.path)]
 
 
 def rendered_warnings(loaded: LoadedSpec, rendered: Rendered) -> list[str]:

@@ -118,7 +118,7 @@ class Dispatcher:
             failures.append(outcome)
             excluded = exclude(excluded, backend.id)
             gw.metrics.retries.labels(outcome).inc()
-        if busy_for and last_reason == "busy":
+        if failures and all(f == "busy" for f in failures):  # a 502 then a busy one is not "every replica busy"
             raise APIError(503, "every model replica tried is at capacity (its waiting queue is full); retry after "
                                 f"{busy_for}s", code="overloaded", headers={"Retry-After": str(busy_for)})
         if not gw.pool.healthy():

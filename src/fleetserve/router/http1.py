@@ -416,12 +416,11 @@ class HTTPConnection(asyncio.Protocol):
         self._reading = None
         if self.closed or self._rejected:
             return
-        if self._task is None:
+        if self._task is None and not self._queue:
             self._reject(408, f"the request did not arrive whole within {self.read_timeout_s:g}s; send its headers "
                               "and body without pauses", "request_timeout")
-        else:  # a pipelined request trickles in while the one before it is answered: that answer ends the connection
-            self._keep_alive = False
-            self.transport.pause_reading()
+        else:  # requests before it are still answered (and reading may be paused by us): its time starts again
+            self._reading = self.loop.call_later(self.read_timeout_s, self._read_too_slow)
 
     def _stop_reading_timer(self) -> None:
         if self._reading is not None:

@@ -25,12 +25,11 @@ from fleetserve.api.errors import APIError
 from fleetserve.router.dispatch import Attempt
 from fleetserve.router.http1 import Responder
 from fleetserve.router.upstream import UpstreamError
-from fleetserve.router.usage import UsageStripper
+from fleetserve.router.usage import EVENT_END, MAX_HELD, WHOLE_EVENTS, UsageStripper
 
 log = logging.getLogger(__name__)
 
 USAGE_TAIL = 1024
-EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 # the replica's framing and connection headers are its own; ours are set by the front door
@@ -101,7 +100,7 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
             responder.abort()
         return False
     except asyncio.CancelledError:
-        if responder.stopping and sse and not responder.ended:
+        if responder.stopping and sse and response.content_length is None and not responder.ended:
             _end_with_error(responder, APIError(503, "the router stopped (a restart or a scale-in) before this stream "
                                                      "finished; the response is incomplete", code="router_stopping"))
         raise
@@ -111,11 +110,11 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
             responder.write(rest)
     elif held:  # the replica ended its stream without ending its last event: it goes as it came
         responder.write(held)
+    if finished:  # while the request still owns its connection: a hang-up cancels it, a stop interrupts it
+        await _read_to_end(response)
     responder.end()
     if learn:
         learn(tail)
-    if finished:
-        await _read_to_end(response)
     return True
 
 
@@ -131,7 +130,7 @@ async def _read_to_end(response) -> None:
         # body open: either way done (an unfinished answer's connection is closed, not pooled)
 
 
-AFTER_DONE_S = 5.0  # at most this long for the replica to end its body after [DONE]
+AFTER_DONE_S = 1.0  # at most this long for the replica to end its body after [DONE]
 ERROR_BODY_READ = 64 * 1024  # of a replica's non-JSON error page, at most this much is read
 
 
@@ -161,10 +160,16 @@ async def _send_as_openai_error(attempt: Attempt, responder: Responder, extra: l
 
 
 def whole_events(data: bytes) -> tuple[bytes, bytes]:
-    """`data` split after its last complete SSE event: (what can go to the client, what waits for more)."""
-    if data.endswith(b"\n\n"):  # the usual chunk: whole events
+    """`data` split after its last complete SSE event: (what can go to the client, what waits for more). Event
+    ends are the usage stripper's (router/usage.py: any two line ends, mixed); with no end in sight past
+    MAX_HELD the bytes go as they came rather than being held to the end of the stream."""
+    if data.endswith(WHOLE_EVENTS):  # the usual chunk: whole events
         return data, b""
-    end = max(data.rfind(sep) + len(sep) if sep in data else 0 for sep in EVENT_ENDS)
+    end = 0
+    for found in EVENT_END.finditer(data):
+        end = found.end()
+    if not end and len(data) > MAX_HELD:
+        return data, b""
     return data[:end], data[end:]
 
 

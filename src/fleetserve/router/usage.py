@@ -22,8 +22,8 @@ _ASK = b'"stream_options":{"include_usage":true}'
 # an event ends at a blank line: two line ends in a row, each CRLF, LF or CR (SSE allows all three, mixed); a CR
 # followed by LF is one line end, never two
 _LINE_END = rb"(?:\r\n|\n|\r(?!\n))"
-_EVENT_END = re.compile(_LINE_END + _LINE_END)
-_WHOLE = (b"\n\n", b"\r\n\r\n", b"\r\r")  # a read that ends so holds whole events only
+EVENT_END = re.compile(_LINE_END + _LINE_END)
+WHOLE_EVENTS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # a read that ends so holds whole events only
 MAX_HELD = 1 << 20  # the most of one unfinished event held back (a usage chunk is a few hundred bytes)
 
 
@@ -77,10 +77,10 @@ class UsageStripper:
         self._carry = b""
 
     def feed(self, data: bytes) -> bytes:
-        if not self._carry and data.endswith(_WHOLE) and not _maybe_usage_only(data):
+        if not self._carry and data.endswith(WHOLE_EVENTS) and not _maybe_usage_only(data):
             return data  # whole events and none the one asked for: the usual read, at the cost of two scans
         buf = self._carry + data if self._carry else data
-        ends = [m.end() for m in _EVENT_END.finditer(buf)]
+        ends = [m.end() for m in EVENT_END.finditer(buf)]
         if not ends:
             if len(buf) > MAX_HELD:  # no event ends in sight: not the framing it looked for, so relayed as it
                 self._carry = b""  # came rather than held in memory to the end of the stream
