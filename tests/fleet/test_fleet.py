@@ -136,9 +136,11 @@ def test_stop_with_stops_the_fleet_when_its_owner_is_killed(tmp_path, tiny_model
         owner.kill()
         owner.wait()
         wait_until(lambda: leftovers(home) == [], 60, what="the fleet to stop with its owner")
-        assert status(home, "owned")[0]["status"] == "stopped"
+        stopped = status(home, "owned")[0]
+        assert stopped["status"] == "stopped"
+        assert stopped["nodes"] == [] and stopped["cost_per_hour"] == 0  # its nodes were given back: no cost runs
         shown = fleetserve("status", "owned", env=home).stdout  # a stopped fleet's node is not shown ready
-        assert "gone" in shown
+        assert "instance type" not in shown
         if "prometheus:" in shown:
             assert "was; the fleet is stopped" in shown
     finally:
