@@ -72,8 +72,8 @@ class AdmissionGate:
         self.failing = reason or None
         if self.failing:
             self._failed.set()
-        else:
-            self._failed = asyncio.Event()
+        elif self._failed.is_set():  # a fresh event only once the last was used: every backend push says None,
+            self._failed = asyncio.Event()  # and swapping an unset one left held requests waiting on an orphan
 
     async def admit(self) -> float:
         """Wait until the request may go; returns the seconds it was held in the scale-from-zero buffer (a cold
