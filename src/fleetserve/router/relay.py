@@ -30,6 +30,7 @@ from fleetserve.router.usage import EVENT_END, MAX_HELD, WHOLE_EVENTS, UsageStri
 log = logging.getLogger(__name__)
 
 USAGE_TAIL = 1024
+DONE_EVENTS = (b"data: [DONE]\n\n", b"data: [DONE]\r\n\r\n", b"data: [DONE]\r\r")  # a stream's last event
 CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 # the replica's framing and connection headers are its own; ours are set by the front door
@@ -81,7 +82,7 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
             if out:
                 responder.write(out)
                 await responder.drain()
-            if sse and out.rstrip().endswith(b"data: [DONE]"):
+            if sse and out.endswith(DONE_EVENTS):
                 finished = True  # end now: openai's client hangs up after [DONE], and waiting for the replica's
                 break  # end of the body first logged such whole streams as 499s (client gone)
             if responder.client_gone:
