@@ -664,3 +664,23 @@ def test_cost_and_gpu_hours_agree_with_the_node_ledger_when_spot_nodes_are_inter
     price = Catalog.builtin().get("g5.xlarge")
     assert abs(report["gpu_hours"] - hours * price.gpus) < 1e-5, (report["gpu_hours"], hours)
     assert abs(report["cost_usd"] - hours * price.spot) < 1e-5
+
+
+def test_an_l2_price_is_part_of_the_fleets_cost_and_a_free_l2_is_said():
+    """L2 (a Redis server) cost nothing in the simulator, so plan could turn it on for free."""
+    from fleetserve.sim.run import simulate
+
+    def endpoint(l2: dict):
+        base = gpu_endpoint(maximum=2, minimum=1)
+        kv = base.spec.kv_cache.model_copy(update={"l2": base.spec.kv_cache.l2.model_copy(update=l2)})
+        return base.model_copy(update={"spec": base.spec.model_copy(update={"kv_cache": kv})})
+
+    trace = late_burst()[:40]
+    free = simulate(endpoint({"enabled": True}), trace, SimOptions()).report
+    paid = simulate(endpoint({"enabled": True, "price_per_hour": 0.5}), trace, SimOptions()).report
+    off = simulate(endpoint({"enabled": False, "price_per_hour": 0.5}), trace, SimOptions()).report
+    hours = paid["duration_s"] / 3600
+    assert abs(paid["cost_usd"] - free["cost_usd"] - 0.5 * hours) < 1e-4, (paid["cost_usd"], free["cost_usd"], hours)
+    assert any("kvCache.l2 is enabled without pricePerHour" in w for w in free["warnings"])
+    assert not any("pricePerHour" in w for w in paid["warnings"] + off["warnings"])
+    assert off["cost_usd"] == free["cost_usd"]  # disabled: its price is not paid

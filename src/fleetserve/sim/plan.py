@@ -10,7 +10,7 @@ The search, in order (each step keeps the best passing spec so far, cheapest `co
 3. time-of-day floors (`sim.floors`): no floors, the input's (what every trial so far inherited), and floors at
    the trace's daily peaks on the winner and on the cheapest autoscaled trial of each type that missed latency
    or errors but not the budget;
-4. routing strategy (every registered one) and KV cache tiers (L1, L2 on/off) on the winner.
+4. routing strategy (every registered one) and KV cache tiers (L1 and L2 each on or off) on the winner.
 `baseline_cost_usd` is the input spec run statically at its max replicas; `static_peak_cost_usd` the
 cheapest passing static fleet. The input as written (when it autoscales) is a candidate too: a passing input
 that no step beats is the winner, unchanged.
@@ -761,7 +761,7 @@ class Planner:
         if not self.keyed:
             return  # no shared prefixes in the trace: cache tiers cannot matter
         best = self.best
-        for l1, l2 in ((True, False), (False, False), (True, True)):
+        for l1, l2 in ((True, False), (False, False), (True, True), (False, True)):
             d = copy.deepcopy(best.data)
             kv = d["spec"].setdefault("kvCache", {})
             kv.setdefault("l1", {})["enabled"] = l1

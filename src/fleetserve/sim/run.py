@@ -67,6 +67,10 @@ def spec_notes(endpoint) -> list[str]:
 def silent_defaults(spec, workload: list[SimRequestSpec], knowledge: str = "blind") -> list[str]:
     """Spec choices the run could not act on as written, said rather than simulated in another's name."""
     notes = []
+    l2 = spec.kv_cache.l2
+    if l2.enabled and not l2.price_per_hour:
+        notes.append("kvCache.l2 is enabled without pricePerHour: the Redis server it needs costs nothing in cost_usd "
+                     "(set kvCache.l2.pricePerHour to count it; plan weighs L2 by it)")
     strategy = spec.routing.strategy
     reason = cannot_act(strategy, knowledge, any(w.session for w in workload), keys_exact(workload)) \
         if workload else None

@@ -403,6 +403,9 @@ class L2Section(SpecModel):
     url: str | None = Field(default=None, description="redis://host:port/db; empty: fleetserve starts Redis")
     max_bytes: int = Field(default=4 << 30, gt=0)
     tenant_urls: dict[str, str] = Field(default_factory=dict, description="hard isolation: a Redis per tenant")
+    price_per_hour: float = Field(default=0, ge=0, description="$/hour of the Redis server (a managed cache, a node): "
+                                                               "simulate, verify and plan add it to the fleet's cost "
+                                                               "for the whole run; 0: not counted")
 
     @field_validator("tenant_urls")
     @classmethod
