@@ -117,3 +117,13 @@ def test_a_user_message_without_content_is_400_an_assistant_one_is_not():
     assert (err.status, err.param, err.code) == (400, "messages[0].content", "missing_required_parameter")
     parse_chat({**CHAT, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
                                      {"role": "user", "content": "again"}]})
+
+
+def test_error_types_are_openais_for_a_bad_key_and_an_unknown_model():
+    """A bad key read `authentication_error` and an unknown model `not_found_error`; OpenAI answers both with
+    `invalid_request_error` (codes invalid_api_key and model_not_found)."""
+    assert APIError(401, "incorrect API key provided", code="invalid_api_key").body()["error"] == {
+        "message": "incorrect API key provided", "type": "invalid_request_error", "param": None,
+        "code": "invalid_api_key"}
+    assert APIError(404, "no such model", param="model", code="model_not_found").body()["error"]["type"] == \
+        "invalid_request_error"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-_TYPES = {
+_TYPES = {  # OpenAI's: a bad key (401, code invalid_api_key) and an unknown model (404, model_not_found) are
+    # invalid_request_error there too; clients that branch on `type` read them as OpenAI's
     400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
     408: "timeout_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
