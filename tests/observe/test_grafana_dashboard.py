@@ -217,6 +217,14 @@ K8S_INPUT = [  # a Kubernetes namespace: no fleet supervisor, kube-state-metrics
                                  ("other-web-t0", "n4", "m5.large", "on-demand"))
       for res in ("cpu", "memory", "pods")],
 ]
+HASHED_INPUT = [  # an endpoint name long enough to be hashed: its Deployments lost the -engine suffix
+    ('kube_deployment_spec_replicas{namespace="ns",deployment="a-very-long-endpoint-name-3f2a9c1b"}', "5x10"),
+    ('kube_deployment_status_replicas_available{namespace="ns",deployment="a-very-long-endpoint-name-3f2a9c1b"}',
+     "5x10"),  # never matched: the routers' count (2 healthy of 3) is what the panel shows
+    *[(f'fleetserve_router_backend_healthy{{namespace="ns",pod="{pod}",backend="{b}"}}', v)
+      for pod in ("router-0", "router-1") for b, v in (("10.0.0.1:8000", "1x10"), ("10.0.0.2:8000", "1x10"),
+                                                        ("10.0.0.3:8000", "0x10"))],
+]
 K8S_EXPECTED = {
     ("replicas", 0): [("", 3.0)],  # both engine tiers, not the router
     ("replicas", 1): [("", 1.0)],
@@ -244,6 +252,24 @@ def test_replicas_and_nodes_panels_read_kubernetes_sources_for_the_picked_namesp
     spec = {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
             "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in K8S_INPUT],
                        "promql_expr_test": tests}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(spec))
+    run = subprocess.run(["promtool", "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing: scripts/setup.sh installs "
+                                                              "prometheus from Debian as root")
+def test_ready_replicas_of_hashed_deployment_names_come_from_what_the_routers_see(tmp_path):
+    """Deployments of a long endpoint name are hashed and lose the -engine suffix the panel selected them by."""
+    (series,) = [next(p for p in PANELS if p.key == "replicas").series[1]]
+    rules = [{"record": "dash:ready", "expr": concrete(series.expr.replace("$namespace", "ns"))}]
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    spec = {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in HASHED_INPUT],
+                       "promql_expr_test": [{"expr": "dash:ready", "eval_time": "10m",
+                                             "exp_samples": [{"labels": "dash:ready", "value": 2}]}]}]}
     (tmp_path / "test.yml").write_text(yaml.safe_dump(spec))
     run = subprocess.run(["promtool", "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
                          timeout=60)

@@ -97,10 +97,14 @@ PANELS: tuple[PanelDef, ...] = (
              (Series("desired", "max(fleetserve_autoscaler_desired_replicas) or "
                                 f"sum(kube_deployment_spec_replicas{{{ENGINE_DEPLOYMENTS}}})"),
               Series("ready", "max(fleetserve_autoscaler_ready_replicas) or "
-                              f"sum(kube_deployment_status_replicas_available{{{ENGINE_DEPLOYMENTS}}})")),
+                              f"sum(kube_deployment_status_replicas_available{{{ENGINE_DEPLOYMENTS}}}) or "
+                              # engine Deployments whose names were hashed (long endpoint names) lose the -engine
+                              # suffix: then what a router sees healthy, by name of nothing
+                              f"max(sum by (pod) (fleetserve_router_backend_healthy{{{NAMESPACE}}}))")),
              "The autoscaler's target and the replicas answering /health (on Kubernetes: the engine Deployments' "
-             "spec and available replicas, from kube-state-metrics, for the namespace); decisions are "
-             "annotations (fleetserve up only)"),
+             "spec and available replicas, from kube-state-metrics, for the namespace, or the backends a router "
+             "sees healthy when the Deployments' names were hashed); decisions are annotations (fleetserve up "
+             "only)"),
     PanelDef("nodes", "Nodes by instance type", "short",
              (Series("{{instance_type}} {{capacity_type}}",
                      'sum by (instance_type, capacity_type) (fleetserve_nodes{instance_type=~"$instance_type"}) or '
