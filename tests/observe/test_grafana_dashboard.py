@@ -101,6 +101,25 @@ def test_concrete_replaces_grafana_variables():
     assert concrete('rate(x{a=~"$a",b=~"${b}"}[$__rate_interval])') == 'rate(x{a=~".*",b=~".*"}[5m])'
 
 
+def promtool_evaluates(tmp_path, exprs: dict[str, str], inputs: list[tuple[str, str]],
+                       expected: dict[str, list[tuple[str, float]]]) -> None:
+    """`exprs` (record name -> PromQL) evaluated by `promtool test rules` on `inputs` (series, values) at 10 min: each
+    record in `expected` must give exactly those (labels, value) samples."""
+    rules = [{"record": name, "expr": expr} for name, expr in exprs.items()]
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    tests = [{"expr": name, "eval_time": "10m",
+              "exp_samples": [{"labels": f"{name}{{{labels}}}" if labels else name, "value": v}
+                              for labels, v in samples]}
+             for name, samples in expected.items()]
+    spec = {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in inputs],
+                       "promql_expr_test": tests}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(spec))
+    run = subprocess.run(["promtool", "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 MODEL_LABELS = 'namespace="ns",model_name="m",model_version="1",instance_type="g5",replica="r0"'
 INPUT = [  # one minute a step, ten steps: rates per second are these increments / 60
     (f"model_invocations_total{{{MODEL_LABELS}}}", "0+60x10"),
@@ -135,19 +154,8 @@ EXPECTED = {  # (panel key, series index): [(labels, value)]
                                                               "prometheus from Debian as root")
 def test_queries_evaluate_to_the_expected_values_with_promtool_test_rules(tmp_path):
     """Parsing is not enough: vector matching (the tier split) and histogram quantiles must also evaluate."""
-    rules = [{"record": f"dash:{p.key}:{i}", "expr": concrete(s.expr)} for p in PANELS for i, s in enumerate(p.series)]
-    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    tests = [{"expr": f"dash:{key}:{i}", "eval_time": "10m",
-              "exp_samples": [{"labels": f"dash:{key}:{i}{{{labels}}}" if labels else f"dash:{key}:{i}", "value": v}
-                              for labels, v in samples]}
-             for (key, i), samples in EXPECTED.items()]
-    spec = {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
-            "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in INPUT],
-                       "promql_expr_test": tests}]}
-    (tmp_path / "test.yml").write_text(yaml.safe_dump(spec))
-    run = subprocess.run(["promtool", "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
+    exprs = {f"dash:{p.key}:{i}": concrete(s.expr) for p in PANELS for i, s in enumerate(p.series)}
+    promtool_evaluates(tmp_path, exprs, INPUT, {f"dash:{key}:{i}": samples for (key, i), samples in EXPECTED.items()})
 
 
 def test_dashboard_open_url_carries_the_fleet_token(tmp_path):
@@ -241,21 +249,11 @@ def test_replicas_and_nodes_panels_read_kubernetes_sources_for_the_picked_namesp
     from fleetserve.k8s.karpenter import nodepool_name
 
     assert nodepool_name(type("Ctx", (), {"namespace": "ns", "name": "chat"})(), 1) == "ns-chat-t1"
-    picked = [(key, i, concrete(s.expr.replace("$namespace", "ns"))) for key, i in K8S_EXPECTED
-              for s in [next(p for p in PANELS if p.key == key).series[i]]]
-    rules = [{"record": f"dash:{key}:{i}", "expr": expr} for key, i, expr in picked]
-    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    tests = [{"expr": f"dash:{key}:{i}", "eval_time": "10m",
-              "exp_samples": [{"labels": f"dash:{key}:{i}{{{labels}}}" if labels else f"dash:{key}:{i}", "value": v}
-                              for labels, v in samples]}
-             for (key, i), samples in K8S_EXPECTED.items()]
-    spec = {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
-            "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in K8S_INPUT],
-                       "promql_expr_test": tests}]}
-    (tmp_path / "test.yml").write_text(yaml.safe_dump(spec))
-    run = subprocess.run(["promtool", "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
+    panels = {p.key: p for p in PANELS}
+    exprs = {f"dash:{key}:{i}": concrete(panels[key].series[i].expr.replace("$namespace", "ns"))
+             for key, i in K8S_EXPECTED}
+    promtool_evaluates(tmp_path, exprs, K8S_INPUT,
+                       {f"dash:{key}:{i}": samples for (key, i), samples in K8S_EXPECTED.items()})
 
 
 
@@ -263,14 +261,6 @@ def test_replicas_and_nodes_panels_read_kubernetes_sources_for_the_picked_namesp
                                                               "prometheus from Debian as root")
 def test_ready_replicas_of_hashed_deployment_names_come_from_what_the_routers_see(tmp_path):
     """Deployments of a long endpoint name are hashed and lose the -engine suffix the panel selected them by."""
-    (series,) = [next(p for p in PANELS if p.key == "replicas").series[1]]
-    rules = [{"record": "dash:ready", "expr": concrete(series.expr.replace("$namespace", "ns"))}]
-    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    spec = {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
-            "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in HASHED_INPUT],
-                       "promql_expr_test": [{"expr": "dash:ready", "eval_time": "10m",
-                                             "exp_samples": [{"labels": "dash:ready", "value": 2}]}]}]}
-    (tmp_path / "test.yml").write_text(yaml.safe_dump(spec))
-    run = subprocess.run(["promtool", "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
+    ready = next(p for p in PANELS if p.key == "replicas").series[1]
+    promtool_evaluates(tmp_path, {"dash:ready": concrete(ready.expr.replace("$namespace", "ns"))}, HASHED_INPUT,
+                       {"dash:ready": [("", 2)]})
