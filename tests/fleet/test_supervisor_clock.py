@@ -164,7 +164,7 @@ def test_a_crash_looping_replica_is_said_in_the_status_until_it_is_ready_again(m
     """`status` showed a fleet whose replica crash-looped as ready with no error; the cause was only in the logs."""
     sup, _, mono = make(1)
     r = Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.READY, node="n0"), 9, "n0",
-                requested_at=mono(), child=CrashedChild(), started_at=mono())
+                requested_at=mono(), child=ExitedChild(), started_at=mono())
     sup.replicas.append(r)
     sup._tend(r, mono(), starting_up=False)
     assert r.state.state == Phase.RESTARTING
@@ -173,7 +173,7 @@ def test_a_crash_looping_replica_is_said_in_the_status_until_it_is_ready_again(m
     sup._get = lambda *_a, **_k: object()  # /health answers
     sup._tend(r, mono(), starting_up=False)
     assert r.state.state == Phase.READY and sup.state.error == ""
-    r.child = CrashedChild()
+    r.child = ExitedChild()
     sup._tend(r, mono(), starting_up=False)
     assert sup.state.error.startswith("replica r0 ")
     sup._remove(r)  # scaled away while it crash-looped: its error goes with it (it stayed on a healthy fleet)
@@ -191,12 +191,12 @@ def test_the_router_is_told_when_no_replica_can_start(make):
     sup._http.put = lambda url, json, headers: pushed.append(json) or type(
         "Ok", (), {"raise_for_status": lambda self: None})()
     r = Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.READY, node="n0"), 9, "n0",
-                requested_at=mono(), child=CrashedChild(), started_at=mono())
+                requested_at=mono(), child=ExitedChild(), started_at=mono())
     sup.replicas.append(r)
     sup._tend(r, mono(), starting_up=False)  # the first crash: it may come back
     sup._push_backends()
     assert pushed[-1]["failing"] is None
-    r.state.restarts, r.child = 1, CrashedChild()
+    r.state.restarts, r.child = 1, ExitedChild()
     r.state.state = Phase.STARTING
     sup._tend(r, mono(), starting_up=False)  # crashed again after a restart
     sup._push_backends()
@@ -207,15 +207,21 @@ def test_the_router_is_told_when_no_replica_can_start(make):
     assert sup._failing() is None
 
 
-class CrashedChild:
+class ExitedChild:
+    """An engine process that exited with code 1, its log ending in `log`."""
+
     pid = 4245
     log_path = "r0.log"
+
+    def __init__(self, log: str = "loading the model\nSafetensorError: Error while deserializing header: invalid "
+                                  "header length\n"):
+        self.log = log
 
     def exit_code(self):
         return 1
 
     def log_tail(self, lines=20, this_run=False):
-        return "loading the model\nSafetensorError: Error while deserializing header: invalid header length\n"
+        return self.log
 
     def stop(self, timeout=10.0):
         pass
@@ -233,15 +239,8 @@ class StoppingChild:
         self.stopped = timeout
 
 
-class PortTakenChild:
-    pid = 4243
-    log_path = "r0.log"
-
-    def exit_code(self):
-        return 1
-
-    def log_tail(self, lines=20, this_run=False):
-        return "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 9): address already in use"
+PORT_TAKEN_LOG = ("ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 9): address already "
+                  "in use")
 
 
 def test_a_replica_whose_port_another_process_took_starts_again_on_a_new_one(make):
@@ -249,12 +248,12 @@ def test_a_replica_whose_port_another_process_took_starts_again_on_a_new_one(mak
     `up` failed with "exited with code 3 during start-up", and a restart on the same port would fail again."""
     sup, _, mono = make(1)
     r = Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.STARTING, node="n0"), 9, "n0",
-                requested_at=mono(), child=PortTakenChild(), started_at=mono())
+                requested_at=mono(), child=ExitedChild(PORT_TAKEN_LOG), started_at=mono())
     sup.replicas.append(r)
     sup._tend(r, sup.monotonic(), starting_up=True)  # no StartupError
     assert r.state.state == Phase.RESTARTING and r.port != 9 and r.state.url.endswith(f":{r.port}")
     assert r.child is None and r.backoff.due(sup.monotonic()) and r.port_moves == 1
-    r.state.state, r.child = Phase.STARTING, PortTakenChild()
+    r.state.state, r.child = Phase.STARTING, ExitedChild(PORT_TAKEN_LOG)
     r.port_moves = 3  # bounded: past it, the crash is one
     with pytest.raises(StartupError, match="during start-up"):
         sup._tend(r, sup.monotonic(), starting_up=True)
