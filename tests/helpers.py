@@ -132,3 +132,11 @@ def internal_token(folder: Path) -> tuple[str, dict[str, str]]:
 
     path = write_token_file(folder / "internal.token")
     return str(path), InternalAuth(read_token_file(path)).headers()
+
+
+def endpoint_of(name: str, spec: dict):
+    """An Endpoint named `name` from a spec mapping, loaded and checked as `fleetserve validate` would."""
+    from fleetserve.spec.load import load_spec_data
+
+    return load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": name},
+                           "spec": spec}).endpoint

@@ -9,6 +9,7 @@ from fleetserve.sim.setup import SimOptions
 from fleetserve.sim.verify import verify
 from fleetserve.spec.load import load_spec_data
 from fleetserve.traces.model import TraceRequest
+from tests.helpers import endpoint_of
 
 SLO = {"ttft_p95_ms": 5000, "e2e_p95_ms": 60000}
 START = SimOptions().start_epoch  # 10:00 UTC
@@ -104,8 +105,7 @@ def test_floors_are_tried_on_every_types_peak_only_miss():
             "capacity": {"provider": "simulated", "simulated": {"provisioningDelaySeconds": 60}},
             "autoscaling": {"minReplicaCount": 1, "maxReplicaCount": 4,
                             "triggers": [{"metric": "concurrency", "target": 4}]}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "gaps"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("gaps", spec)
     result = plan(endpoint, trace, SimOptions(start=start.isoformat()), max_trials=40)
     out = result.to_json()
     bases = {c["label"].split(" on ")[-1].split(" auto ")[0] for c in out["floors"]["candidates"]}
@@ -146,8 +146,7 @@ def test_a_passing_input_is_a_candidate_and_never_beaten_by_a_dearer_spec():
             "placement": {"instanceTypes": ["g6e.xlarge"]},
             "autoscaling": {"minReplicaCount": 1, "maxReplicaCount": 3,
                             "triggers": [{"metric": "concurrency", "target": 3}]}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "in"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("in", spec)
     planner = Planner(endpoint, trace, SimOptions(), {"ttft_p95_ms": 5000}, None, 30, ("g6e.xlarge",))
     result = planner.plan()
     (as_input,) = [t for t in planner.history if t.step == "input"]
@@ -164,8 +163,7 @@ def test_a_profile_plans_the_input_type_only_and_says_so():
     trace = [TraceRequest(i * 2.0, 400, 40, (i,)) for i in range(60)]
     spec = {"model": {"name": "llama", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 1,
             "placement": {"instanceTypes": ["g6e.xlarge"]}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "p"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("p", spec)
     result = plan(endpoint, trace, SimOptions(profile="l40s-llama-8b"), {"ttft_p95_ms": 5000}, max_trials=12)
     out = result.to_json()
     assert out["verified"] and result.winner.data["spec"]["placement"]["instanceTypes"] == ["g6e.xlarge"]
@@ -191,8 +189,7 @@ def test_a_planned_type_keeps_the_inputs_other_affinity_terms_and_its_naming():
     trace = [TraceRequest(i * 2.0, 400, 40, (i,)) for i in range(60)]
     spec = {"model": {"name": "llama", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 1,
             "placement": {"nodeAffinity": affinity}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "z"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("z", spec)
     result = plan(endpoint, trace, SimOptions(), {"ttft_p95_ms": 5000}, max_trials=8, instance_types=("g6e.xlarge",))
     placed = result.winner.data["spec"]["placement"]
     expressions = placed["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
@@ -210,8 +207,7 @@ def test_a_type_over_the_budget_is_not_doubled_further():
     trace = [TraceRequest(i * 0.5, 400, 40, (i,)) for i in range(400)]
     spec = {"model": {"name": "llama", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 1,
             "placement": {"instanceTypes": ["g6e.xlarge"]}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "b"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("b", spec)
     planner = Planner(endpoint, trace, SimOptions(), {"ttft_p95_ms": 50, "cost_per_hour_usd": 1.0}, None, 20,
                       ("p5.48xlarge",))
     planner.plan()
@@ -255,8 +251,7 @@ def test_an_instance_type_list_keeps_the_inputs_other_types_as_fallbacks():
     spec = {"model": {"name": "llama", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 1,
             "engine": {"kind": "vllm"}, "capacity": {"provider": "simulated"},
             "placement": {"instanceTypes": ["g6e.xlarge", "g5.2xlarge", "g6.xlarge"]}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "f"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("f", spec)
     result = plan(endpoint, trace, SimOptions(), {"ttft_p95_ms": 5000}, max_trials=10,
                   instance_types=("g5.xlarge",))
     listed = result.winner.data["spec"]["placement"]["instanceTypes"]
@@ -305,8 +300,7 @@ def test_the_autoscaled_search_tries_the_inputs_own_target_first_so_a_tie_keeps_
             "placement": {"instanceTypes": ["g6e.xlarge"]},
             "autoscaling": {"minReplicaCount": 2, "maxReplicaCount": 6,
                             "triggers": [{"metric": "concurrency", "target": 8}]}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "tie"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("tie", spec)
     planner = Planner(endpoint, daily_peak(), SimOptions(), SLO, None, 40, ("g6e.xlarge",))
     planner.plan()
     auto = [t.label for t in planner.history if t.step == "auto"]
@@ -322,7 +316,6 @@ def test_an_input_with_a_fallback_is_planned_with_its_fallback_within_each_candi
             "placement": {"instanceTypes": ["g6e.xlarge"]},
             "autoscaling": {"minReplicaCount": 1, "maxReplicaCount": 6, "fallback": {"replicas": 4},
                             "triggers": [{"metric": "concurrency", "target": 4}]}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "fb"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("fb", spec)
     out = plan(endpoint, trace, SimOptions(), {"ttft_p95_ms": 5000}, max_trials=16).to_json()
     assert out["verified"]

@@ -5,6 +5,7 @@ from fleetserve.sim.setup import SimOptions
 from fleetserve.sim.verify import verify
 from fleetserve.spec.load import load_spec_data
 from fleetserve.traces.model import TraceRequest
+from tests.helpers import endpoint_of
 
 
 def gpu_endpoint(maximum: int = 4, minimum: int = 0):
@@ -12,8 +13,7 @@ def gpu_endpoint(maximum: int = 4, minimum: int = 0):
             "routing": {"strategy": "prefixaware"}, "placement": {"instanceTypes": ["g6e.xlarge"]},
             "autoscaling": {"minReplicaCount": minimum, "maxReplicaCount": maximum, "pollingInterval": 30,
                             "cooldownPeriod": 300, "triggers": [{"metric": "concurrency", "target": 4}]}}
-    return load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "lag"},
-                           "spec": spec}).endpoint
+    return endpoint_of("lag", spec)
 
 
 def late_burst() -> list[TraceRequest]:
@@ -136,8 +136,7 @@ def test_a_budget_spent_on_a_schedule_floor_is_blamed_on_the_floor():
                             "initialCooldownPeriod": 0, "triggers": [{"metric": "concurrency", "target": 4}],
                             "schedules": [{"name": "biz", "timezone": "UTC", "start": "0 0 * * *",
                                            "end": "0 23 * * *", "minReplicas": 2}]}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "cron"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("cron", spec)
     trace = [TraceRequest(i * 60.0, 200, 50, (i,)) for i in range(30)]
     verdict = verify(endpoint, trace, SimOptions(start="2026-01-05T01:00:00+00:00"), {"cost_per_hour_usd": 1})
     for window in ("peak", "idle"):
@@ -153,8 +152,7 @@ def test_an_overspend_on_empty_nodes_is_not_blamed_on_a_floor_of_zero():
             "capacity": {"consolidation": {"policy": "WhenEmpty", "consolidateAfter": 7200}},
             "autoscaling": {"minReplicaCount": 0, "maxReplicaCount": 3, "cooldownPeriod": 60,
                             "initialCooldownPeriod": 0, "triggers": [{"metric": "concurrency", "target": 4}]}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "idle"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("idle", spec)
     trace = [TraceRequest(i * 2.0, 200, 50, (i,)) for i in range(100)]  # 200 s of load, then quiet
     trace += [TraceRequest(1800.0 + i * 600, 200, 50, (1000 + i,)) for i in range(3)]
     verdict = verify(endpoint, trace, SimOptions(), {"cost_per_hour_usd": 0.5})
@@ -346,8 +344,7 @@ def test_a_fleet_capacity_could_not_place_is_not_blamed_on_its_size():
 
     spec = {"model": {"source": "builtin:smollm2-135m"}, "replicas": 4, "routing": {"strategy": "leastload"},
             "capacity": {"localSlots": 1}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "slots"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("slots", spec)
     trace = [TraceRequest(i * 0.05, 300, 40) for i in range(300)]
     verdict = verify(endpoint, trace, SimOptions(), {"ttft_p95_ms": 100})
     report = verdict.result.report
@@ -368,8 +365,7 @@ def test_instance_type_local_is_this_machine_not_a_gpu_type():
 
     def endpoint(placement: dict):
         spec = {"model": {"source": "builtin:smollm2-135m"}, "replicas": 2, "placement": placement}
-        return load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "cpu"},
-                               "spec": spec}).endpoint
+        return endpoint_of("cpu", spec)
 
     trace = [TraceRequest(i * 0.5, 100, 10) for i in range(40)]
     named = simulate(endpoint({"instanceTypes": ["local"]}), trace, SimOptions()).report
@@ -385,8 +381,7 @@ def test_spec_choices_the_run_could_not_act_on_are_said():
 
     spec = {"model": {"source": "builtin:smollm2-135m"}, "replicas": 1, "routing": {"strategy": "session"},
             "autoscaling": {"minReplicaCount": 1, "maxReplicaCount": 2}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "s"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("s", spec)
     warnings = simulate(endpoint, [TraceRequest(i, 50, 5) for i in range(5)], SimOptions()).report["warnings"]
     assert any("no session keys" in w and "leastload's figures" in w for w in warnings), warnings
     assert any("no triggers" in w and "4 requests in flight per replica" in w for w in warnings), warnings
@@ -411,8 +406,7 @@ def test_an_autoscaled_overspend_names_what_the_autoscaler_ran_and_its_target():
             "placement": {"instanceTypes": ["g6e.xlarge"]},
             "autoscaling": {"minReplicaCount": 1, "maxReplicaCount": 4,
                             "triggers": [{"metric": "concurrency", "target": 1}]}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "t"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("t", spec)
     trace = [TraceRequest(i * 0.25, 400, 200, (i,)) for i in range(2400)]
     verdict = verify(endpoint, trace, SimOptions(window_s=60), {"ttft_p95_ms": 60000, "cost_per_hour_usd": 2.0})
     cost = {c.window: c for c in verdict.checks if c.metric == "cost_per_hour_usd"}
@@ -443,8 +437,7 @@ def spot_fleet_with_long_streams():
     spec = {"model": {"name": "llama-8b", "source": "catalog:llama-3.1-8b-instruct", "contextLength": 16384},
             "replicas": 3, "routing": {"strategy": "leastload"}, "placement": {"instanceTypes": ["g6e.xlarge"]},
             "capacity": {"provider": "simulated", "capacityTypes": ["spot"]}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "spot"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("spot", spec)
     return endpoint, [TraceRequest(i * 20.0, 500, 7000) for i in range(60)]
 
 
@@ -489,8 +482,7 @@ def scaled_down_fleet_with_long_streams(drain: float | None = None):
                          "consolidation": {"policy": "WhenEmpty", "consolidateAfter": 60}},
             "autoscaling": {"minReplicaCount": 1, "maxReplicaCount": 4, "scaleDownStabilizationTime": 60,
                             "triggers": [{"metric": "concurrency", "target": 4}]}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "down"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("down", spec)
     burst = [TraceRequest(i * 0.5, 500, 7000) for i in range(16)]
     return endpoint, burst + [TraceRequest(45.0 + i * 45.0, 500, 7000) for i in range(24)]
 
@@ -549,8 +541,7 @@ def test_spot_churn_that_shows_as_latency_gets_each_type_searched_on_demand_too(
             "engine": {"kind": "vllm"}, "replicas": 2, "routing": {"strategy": "leastload"},
             "placement": {"instanceTypes": ["g6e.xlarge"]},
             "capacity": {"provider": "simulated", "capacityTypes": ["spot", "on-demand"]}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "churn"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("churn", spec)
     trace = [TraceRequest(i * 1.0, 1500, 100) for i in range(900)]
     options = SimOptions(spot_interruption_rate=20.0, provisioning_delay_s=200.0)
     search = Planner(endpoint, trace, options, {"ttft_p95_ms": 2000}, max_trials=40, instance_types=("g6.xlarge",))
@@ -578,8 +569,7 @@ def test_a_type_short_for_most_of_the_trace_is_named_and_not_doubled():
             "placement": {"instanceTypes": ["g5.xlarge"]},
             "capacity": {"provider": "simulated", "simulated": {"provisioningDelaySeconds": 3, "shortages": [
                 {"instanceType": "g5.xlarge", "startSeconds": 0, "endSeconds": 550}]}}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "short"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("short", spec)
     trace = [TraceRequest(i * 2.0, 500, 50) for i in range(300)]
     verdict = verify(endpoint, trace, SimOptions(), {"ttft_p95_ms": 5000})
     assert max(p[2] for p in verdict.result.fleet.series) == 2  # placed, once the shortage ended
@@ -619,8 +609,7 @@ def test_a_winner_whose_replicas_ran_on_its_fallback_type_says_so():
             "placement": {"instanceTypes": ["g5.xlarge", "g6e.xlarge"]},
             "capacity": {"provider": "simulated", "simulated": {"provisioningDelaySeconds": 3, "shortages": [
                 {"instanceType": "g5.xlarge", "startSeconds": 0, "endSeconds": 100_000}]}}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "fb"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("fb", spec)
     trace = [TraceRequest(i * 2.0, 500, 50) for i in range(300)]
     verdict = verify(endpoint, trace, SimOptions(), {"ttft_p95_ms": 5000})
     assert set(verdict.result.report["node_hours_by_type"]) == {"g6e.xlarge"}
@@ -655,8 +644,7 @@ def test_cost_and_gpu_hours_agree_with_the_node_ledger_when_spot_nodes_are_inter
                          "simulated": {"provisioningDelaySeconds": 30, "spotInterruptionRatePerHour": 6}},
             "autoscaling": {"minReplicaCount": 2, "maxReplicaCount": 4, "pollingInterval": 15,
                             "triggers": [{"metric": "concurrency", "target": 4}]}}
-    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "spot"},
-                               "spec": spec}).endpoint
+    endpoint = endpoint_of("spot", spec)
     trace = [TraceRequest(i * 2.0, 800, 200, (30_000 + i,)) for i in range(900)]
     report = simulate(endpoint, trace, SimOptions(seed=3)).report
     assert report["disruptions"]["spot_notices"] >= 1  # what the check is about happened
