@@ -58,3 +58,9 @@ class APIError(Exception):
 
 def invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
     return APIError(400, f"{param}: {message}", param=param, code=code)
+
+
+def model_not_found(name: str, served) -> APIError:
+    """404 for a model name the endpoint does not serve (`served`: the names it does), as engines and router say it."""
+    return APIError(404, f"model {name!r} does not exist; this endpoint serves {', '.join(map(repr, served))}",
+                    param="model", code="model_not_found")

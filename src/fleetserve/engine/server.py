@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, until_disconnect
-from fleetserve.api.errors import APIError
+from fleetserve.api.errors import APIError, model_not_found
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
 from fleetserve.api.limits import SizeLimits
 from fleetserve.api.openapi import openapi_endpoint
@@ -100,12 +100,7 @@ class Engine:
 
     def _check_model(self, parsed: ParsedRequest) -> None:
         if parsed.model is not None and parsed.model != self.settings.served_model_name:
-            raise APIError(
-                404,
-                f"model {parsed.model!r} does not exist; this endpoint serves {self.settings.served_model_name!r}",
-                param="model",
-                code="model_not_found",
-            )
+            raise model_not_found(parsed.model, [self.settings.served_model_name])
 
     def _check_text_size(self, parsed: ParsedRequest) -> None:
         """Refuse a prompt that cannot fit before paying seconds to tokenize it."""
@@ -350,9 +345,7 @@ class Engine:
         """GET /v1/models/{model}: the openai client's `models.retrieve` (it was a plain 404 "Not Found")."""
         name = request.path_params["model"]
         if name != self.settings.served_model_name:
-            return APIError(404, f"model {name!r} does not exist; this endpoint serves "
-                                 f"{self.settings.served_model_name!r}", param="model",
-                            code="model_not_found").response()
+            return model_not_found(name, [self.settings.served_model_name]).response()
         return JSONResponse(self.model_card())
 
     def model_card(self) -> dict:

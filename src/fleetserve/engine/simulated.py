@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, until_disconnect
-from fleetserve.api.errors import APIError
+from fleetserve.api.errors import APIError, model_not_found
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
 from fleetserve.api.limits import KEEP_ALIVE_S, SizeLimits
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
@@ -187,8 +187,7 @@ class SimulatedEngine:
             body = parse_json_body(await request.body())
             parsed = parse_chat(body) if kind == "chat" else parse_completion(body)
             if parsed.model is not None and parsed.model != self.model_name:
-                raise APIError(404, f"model {parsed.model!r} does not exist; this endpoint serves "
-                                    f"{self.model_name!r}", param="model", code="model_not_found")
+                raise model_not_found(parsed.model, [self.model_name])
             if len(self.waiting) >= self.max_waiting:
                 raise APIError(503, "engine queue is full; retry later", code="overloaded",
                                headers={"Retry-After": "1"})

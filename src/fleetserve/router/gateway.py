@@ -25,7 +25,7 @@ from urllib.parse import unquote
 
 import orjson
 
-from fleetserve.api.errors import APIError
+from fleetserve.api.errors import APIError, model_not_found
 from fleetserve.api.internal import INTERNAL_HEADER, InternalAuth
 from fleetserve.api.limits import SizeLimits
 from fleetserve.api.protocol import GENERATION_PATHS, parse_json_body
@@ -292,8 +292,7 @@ class Gateway:
             if name in names:
                 responder.send(200, [JSON], orjson.dumps(self._model_card(name)))
             else:
-                self.error(responder, 404, f"model {name!r} does not exist; this endpoint serves "
-                                           f"{', '.join(map(repr, names))}", "model_not_found")
+                self.send_error(responder, model_not_found(name, names), [])
             return True
         if request.method == "POST":
             try:
@@ -301,9 +300,7 @@ class Gateway:
             except APIError:
                 return False  # the request path says what is wrong with it
             if isinstance(model, str) and model not in names:
-                self.send_error(responder, APIError(404, f"model {model!r} does not exist; this endpoint serves "
-                                                         f"{', '.join(map(repr, names))}", param="model",
-                                                    code="model_not_found"), [])
+                self.send_error(responder, model_not_found(model, names), [])
                 return True
         return False
 
