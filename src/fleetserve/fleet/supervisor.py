@@ -148,7 +148,7 @@ class Supervisor:
         )
         self._http = httpx.Client(timeout=1.0, trust_env=False)
         self._pushed: list | None = None
-        self._pushed_with: tuple | None = None  # (backends, failing) the router was last told
+        self._pushed_failing: str | None = None  # the failure the router was last told of, with `_pushed`
         self._in_flight_by_url: dict[str, int] = {}  # the router's last load report, per replica (scale-down order)
         self._written: tuple | None = None
         self._written_at = 0.0
@@ -476,18 +476,18 @@ class Supervisor:
         entries = [{"url": r.state.url, "state": ROUTER_STATE[Phase(r.state.state)]}
                    for r in self.replicas if r.state.state in ROUTER_STATE]
         failing = self._failing()
-        if (entries, failing) == self._pushed_with:
+        if entries == self._pushed and failing == self._pushed_failing:
             return
         try:
             self._http.put(self.router_url + "/admin/backends", json={"backends": entries, "failing": failing},
                            headers={"x-fleetserve-admin": self.admin_token}).raise_for_status()
-            self._pushed, self._pushed_with = entries, (entries, failing)
+            self._pushed, self._pushed_failing = entries, failing
             for r in self.replicas:
                 if r.state.state == Phase.DRAINING:
                     r.drain_announced = True
         except httpx.HTTPError as exc:
             log.warning("could not update the router's backends: %s", exc)
-            self._pushed, self._pushed_with = None, None
+            self._pushed = None
 
     def _failing(self) -> str | None:
         """Why no replica can start now, for the router to tell the requests it holds (a crash loop at zero had
@@ -826,7 +826,7 @@ class Supervisor:
             self._reconcile(mono)
             if self._keep_alive(self.router, self._router_backoff, mono, "router"):
                 self.state.router_pid = self.router.pid
-                self._pushed = self._pushed_with = None
+                self._pushed = None
             if self._keep_alive(self.redis, self._redis_backoff, mono, "redis-server (the L2 tier)"):
                 self.state.l2_status, self.state.redis_pid = "up", self.redis.pid
             if self._keep_alive(self.prometheus, self._prometheus_backoff, mono, "prometheus"):
