@@ -1,5 +1,6 @@
 import pytest
 
+from fleetserve.api import protocol
 from fleetserve.api.errors import APIError
 from fleetserve.api.protocol import parse_chat, parse_completion, parse_json_body
 
@@ -127,3 +128,58 @@ def test_error_types_are_openais_for_a_bad_key_and_an_unknown_model():
         "code": "invalid_api_key"}
     assert APIError(404, "no such model", param="model", code="model_not_found").body()["error"]["type"] == \
         "invalid_request_error"
+
+
+@pytest.mark.parametrize("change, param, allowed", [
+    ({"n": 0}, "n", "only n=1"),  # said "between 1 and 128", then n=2 was refused
+    ({"n": 2}, "n", "only n=1"),
+    ({"seed": 1.8446744073709552e19}, "seed", f"between {-(2**63)} and {2**64 - 1}"),  # said "must be an integer"
+    ({"top_p": 1.5}, "top_p", "greater than 0.0 and at most 1.0"),  # said "between 0.0 and 1.0", then 0 was refused
+    ({"top_p": 0}, "top_p", "greater than 0.0 and at most 1.0"),
+    ({"response_format": {"type": "bogus"}}, "response_format", 'allowed: {"type": "text"} or omitted'),
+    ({"response_format": "json"}, "response_format", 'allowed: {"type": "text"} or omitted'),
+    ({"tool_choice": "bogus"}, "tool_choice", 'allowed: "none", "auto" or omitted'),
+    ({"tools": "x"}, "tools", "allowed: [] or omitted"),
+    ({"logprobs": "yes"}, "logprobs", "allowed: logprobs false"),
+    ({"top_logprobs": 3}, "top_logprobs", "allowed: logprobs false"),
+])
+def test_every_refusal_names_the_values_it_allows(change, param, allowed):
+    err = error_of(parse_chat, {**CHAT, **change})
+    assert (err.status, err.param) == (400, param)
+    assert allowed in err.message and "got" in err.message
+
+
+def test_passing_fields_of_the_wrong_type_are_refused():
+    """`user: 5` was a 200; OpenAI refuses it."""
+    assert error_of(parse_chat, {**CHAT, "user": 5}).param == "user"
+    assert error_of(parse_chat, {**CHAT, "metadata": ["a"]}).param == "metadata"
+
+
+def test_unknown_fields_pass_and_are_logged_once_per_name(caplog, monkeypatch):
+    """A typo such as `max_token` generated the default length without a word; it is now logged (once, not per
+    request), and not refused: clients send newer OpenAI fields and vLLM's extensions."""
+    monkeypatch.setattr(protocol, "_IGNORED_SEEN", set())
+    with caplog.at_level("WARNING", logger="fleetserve.api.protocol"):
+        for _ in range(3):
+            parse_chat({**CHAT, "max_token": 5, "skip_special_tokens": True})
+        parse_completion({"prompt": "hi", "max_token": 5, "echo": True})
+    lines = [r.getMessage() for r in caplog.records if "ignored unknown request field" in r.getMessage()]
+    assert len(lines) == 1 and "'max_token'" in lines[0] and "'skip_special_tokens'" in lines[0]
+
+
+def test_a_developer_message_is_the_system_prompt():
+    """The template got an unknown "developer" turn and added its own default system prompt beside it."""
+    parsed = parse_chat({**CHAT, "messages": [{"role": "developer", "content": "be brief"},
+                                              {"role": "user", "content": "hi"}]})
+    assert parsed.messages[0] == {"role": "system", "content": "be brief"}
+
+
+def test_tool_calls_in_the_history_are_refused_as_tools_are():
+    """The template dropped an assistant turn's tool_calls: the model answered a history it never saw."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    err = error_of(parse_chat, {**CHAT, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}]})
+    assert (err.param, err.code) == ("messages[1].tool_calls", "unsupported_value")
+    parse_chat({**CHAT, "messages": [{"role": "assistant", "content": "x", "tool_calls": []},
+                                     {"role": "user", "content": "hi"}]})

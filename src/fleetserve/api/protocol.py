@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,7 @@ import orjson
 from fleetserve.api.errors import APIError, invalid
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+log = logging.getLogger(__name__)
 # the OpenAI paths that generate: what the router proxies by POST, salts, asks usage of and counts
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 MAX_STOP_SEQUENCES = 4
@@ -56,8 +58,9 @@ TOO_DEEP = "request body is nested too deeply: arrays and objects at most about 
 
 def parse_json_body(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object. orjson is the fast path (the gateway parses every request once); the stdlib
-    parser reads what orjson refuses (integers past 64 bits, NaN, lone surrogates), so what is accepted, and
-    which field a later check names, does not depend on the parser."""
+    parser reads what orjson refuses (NaN, lone surrogates), so what is accepted, and which field a later check
+    names, does not depend on the parser. orjson reads an integer past 64 bits as a float: the integer checks
+    refuse it, naming their range."""
     if not raw:
         raise APIError(400, "request body is empty; expected a JSON object", code="invalid_json")
     try:
@@ -76,14 +79,16 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
+def _number(body: dict, name: str, lo: float, hi: float, default: float, *, above_lo: bool = False) -> float:
+    """`above_lo`: `lo` itself is refused (top_p 0 keeps no token), and the message says so."""
     value = body.get(name)
     if value is None:
         return default
+    allowed = f"greater than {lo} and at most {hi}" if above_lo else f"between {lo} and {hi}"
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise invalid(name, f"must be a number between {lo} and {hi}, got {json.dumps(value)[:80]}", "invalid_type")
-    if not lo <= value <= hi:
-        raise invalid(name, f"must be between {lo} and {hi}, got {value}")
+        raise invalid(name, f"must be a number {allowed}, got {json.dumps(value)[:80]}", "invalid_type")
+    if not lo <= value <= hi or (above_lo and value == lo):
+        raise invalid(name, f"must be {allowed}, got {value}")
     return float(value)
 
 
@@ -92,7 +97,7 @@ def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(name, f"must be an integer, got {json.dumps(value)[:80]}", "invalid_type")
+        raise invalid(name, f"must be an integer between {lo} and {hi}, got {json.dumps(value)[:80]}", "invalid_type")
     if not lo <= value <= hi:
         raise invalid(name, f"must be between {lo} and {hi}, got {str(value)[:80]}")
     return value
@@ -137,16 +142,15 @@ def _sampling(body: dict) -> SamplingParams:
     max_tokens = _int(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
-    n = _int(body, "n", 1, 128)
-    if n not in (None, 1):
-        raise invalid("n", f"only n=1 is supported, got {n}", "unsupported_value")
-    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
-        raise invalid("logprobs", "log probabilities are not supported by this engine", "unsupported_value")
-    if body.get("best_of") not in (None, 1):
-        raise invalid("best_of", "only best_of=1 is supported", "unsupported_value")
-    top_p = _number(body, "top_p", 0.0, 1.0, 1.0)
-    if top_p == 0.0:
-        raise invalid("top_p", "must be greater than 0 and at most 1, got 0")
+    for name in ("n", "best_of"):  # one choice per request: any other count is refused, whatever its type
+        if body.get(name) is not None and (isinstance(body[name], bool) or body[name] != 1):
+            raise invalid(name, f"only {name}=1 is supported by this engine, got {json.dumps(body[name])[:80]}",
+                          "unsupported_value")
+    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
+        name = "logprobs" if body.get("logprobs") not in (None, False) else "top_logprobs"
+        raise invalid(name, "log probabilities are not supported by this engine; allowed: logprobs false (or "
+                            f"omitted) and top_logprobs 0, got {json.dumps(body[name])[:80]}", "unsupported_value")
+    top_p = _number(body, "top_p", 0.0, 1.0, 1.0, above_lo=True)
     temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
     return SamplingParams(
         max_tokens=max_tokens,
@@ -163,38 +167,66 @@ def _sampling(body: dict) -> SamplingParams:
 # OpenAI parameters that change what the answer is or how it is shaped, which this engine cannot honour: each is a
 # 400 `unsupported_value` when it asks for anything but the default (a client relying on JSON mode or a tool call
 # got plain text and a 200). Parameters that change nothing here (user, metadata, store, service_tier) pass.
-_UNSUPPORTED = {
-    "tools": ("tool calls are not supported by this engine", lambda v: v in (None, [])),
-    "functions": ("function calls are not supported by this engine", lambda v: v in (None, [])),
-    "tool_choice": ("tool calls are not supported by this engine", lambda v: v in (None, "none", "auto")),
-    "function_call": ("function calls are not supported by this engine", lambda v: v in (None, "none", "auto")),
+_UNSUPPORTED = {  # name: (why, the values allowed, the test of a value)
+    "tools": ("tool calls are not supported by this engine", "[] or omitted", lambda v: v in (None, [])),
+    "functions": ("function calls are not supported by this engine", "[] or omitted", lambda v: v in (None, [])),
+    "tool_choice": ("tool calls are not supported by this engine", '"none", "auto" or omitted',
+                    lambda v: v in (None, "none", "auto")),
+    "function_call": ("function calls are not supported by this engine", '"none", "auto" or omitted',
+                      lambda v: v in (None, "none", "auto")),
     "response_format": ("JSON mode and structured outputs are not supported by this engine",
-                        lambda v: v is None or v == {"type": "text"}),
-    "logit_bias": ("logit_bias is not supported by this engine", lambda v: v in (None, {})),
-    "suffix": ("suffix (insertion) is not supported by this engine", lambda v: v in (None, "")),
-    "modalities": ("only text output is supported", lambda v: v in (None, ["text"])),
-    "audio": ("only text output is supported", lambda v: v is None),
-    "prediction": ("predicted outputs are not supported by this engine", lambda v: v is None),
-    "web_search_options": ("web search is not supported by this engine", lambda v: v is None),
+                        '{"type": "text"} or omitted', lambda v: v is None or v == {"type": "text"}),
+    "logit_bias": ("logit_bias is not supported by this engine", "{} or omitted", lambda v: v in (None, {})),
+    "suffix": ("suffix (insertion) is not supported by this engine", '"" or omitted', lambda v: v in (None, "")),
+    "modalities": ("only text output is supported", '["text"] or omitted', lambda v: v in (None, ["text"])),
+    "audio": ("only text output is supported", "omitted", lambda v: v is None),
+    "prediction": ("predicted outputs are not supported by this engine", "omitted", lambda v: v is None),
+    "web_search_options": ("web search is not supported by this engine", "omitted", lambda v: v is None),
     # vLLM's sampling extensions, which a client moved from vLLM sends: ignored, they changed the answer silently
-    "top_k": ("top_k is not supported by this engine (top_p is)",
+    "top_k": ("top_k is not supported by this engine (top_p is)", "-1, 0 or omitted",
               lambda v: v is None or (not isinstance(v, bool) and v in (-1, 0))),
-    "min_p": ("min_p is not supported by this engine (top_p is)", lambda v: v in (None, 0)),
+    "min_p": ("min_p is not supported by this engine (top_p is)", "0 or omitted", lambda v: v in (None, 0)),
     "repetition_penalty": ("repetition_penalty is not supported by this engine (presence_penalty and "
-                           "frequency_penalty are)", lambda v: v in (None, 1)),
-    "min_tokens": ("min_tokens is not supported by this engine", lambda v: v in (None, 0)),
-    "use_beam_search": ("beam search is not supported by this engine", lambda v: v in (None, False)),
-    "guided_json": ("guided decoding is not supported by this engine", lambda v: v is None),
-    "guided_regex": ("guided decoding is not supported by this engine", lambda v: v is None),
-    "guided_choice": ("guided decoding is not supported by this engine", lambda v: v is None),
-    "guided_grammar": ("guided decoding is not supported by this engine", lambda v: v is None),
+                           "frequency_penalty are)", "1 or omitted", lambda v: v in (None, 1)),
+    "min_tokens": ("min_tokens is not supported by this engine", "0 or omitted", lambda v: v in (None, 0)),
+    "use_beam_search": ("beam search is not supported by this engine", "false or omitted",
+                        lambda v: v in (None, False)),
+    "guided_json": ("guided decoding is not supported by this engine", "omitted", lambda v: v is None),
+    "guided_regex": ("guided decoding is not supported by this engine", "omitted", lambda v: v is None),
+    "guided_choice": ("guided decoding is not supported by this engine", "omitted", lambda v: v is None),
+    "guided_grammar": ("guided decoding is not supported by this engine", "omitted", lambda v: v is None),
 }
+# Parameters that change nothing here and pass without a word; any other name is logged once as ignored (a typo
+# such as "max_token" otherwise generated the default length unsaid), not refused: clients send newer OpenAI
+# fields and vLLM's extensions, and a 400 for each would break them.
+_COMMON = frozenset({
+    "model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n", "best_of", "logprobs",
+    "top_logprobs", "top_p", "temperature", "stop", "seed", "presence_penalty", "frequency_penalty", "ignore_eos",
+    "cache_salt", "user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
+    "safety_identifier", *_UNSUPPORTED})
+_KNOWN = {"chat": _COMMON | {"messages"}, "completion": _COMMON | {"prompt", "echo"}}
+_IGNORED_SEEN: set[str] = set()
 
 
 def _unsupported(body: dict) -> None:
-    for name, (why, default) in _UNSUPPORTED.items():
+    for name, (why, allowed, default) in _UNSUPPORTED.items():
         if name in body and not default(body[name]):
-            raise invalid(name, why, "unsupported_value")
+            raise invalid(name, f"{why}; allowed: {allowed}, got {json.dumps(body[name])[:80]}",
+                          "unsupported_value")
+    for name in ("user", "safety_identifier", "prompt_cache_key"):  # strings in OpenAI's API
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise invalid(name, f"must be a string, got {json.dumps(body[name])[:80]}", "invalid_type")
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise invalid("metadata", "must be an object of string keys and values", "invalid_type")
+
+
+def _note_ignored(body: dict, kind: str) -> None:
+    """Log, once per process and name, a request field this endpoint does not know and so ignores."""
+    unknown = [name for name in body if name not in _KNOWN[kind] and name not in _IGNORED_SEEN]
+    if unknown:
+        _IGNORED_SEEN.update(unknown)
+        log.warning("ignored unknown request field(s) %s in /v1/%s (logged once per name)",
+                    ", ".join(map(repr, unknown[:10])), "chat/completions" if kind == "chat" else "completions")
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -227,7 +259,14 @@ def _messages(body: dict) -> list[dict[str, str]]:
             raise invalid(f"messages[{i}].role", f"got {json.dumps(role)}; allowed values: {', '.join(ROLES)}")
         if msg.get("content") is None and role in ("system", "developer", "user"):
             raise invalid(f"messages[{i}].content", f"is required for a {role} message", "missing_required_parameter")
-        out.append({"role": role, "content": _content_text(msg.get("content"), f"messages[{i}].content")})
+        for name in ("tool_calls", "function_call"):  # the template would drop them: the model never saw the call
+            if msg.get(name) not in (None, []):
+                raise invalid(f"messages[{i}].{name}", "tool and function calls are not supported by this engine; "
+                              "allowed: [] or omitted", "unsupported_value")
+        # OpenAI's developer message is the system prompt of newer models; chat templates know only "system"
+        # (SmolLM2's added its own default system prompt and an unknown "developer" turn)
+        out.append({"role": "system" if role == "developer" else role,
+                    "content": _content_text(msg.get("content"), f"messages[{i}].content")})
     return out
 
 
@@ -276,6 +315,7 @@ def cache_salt_of(body: dict) -> str | None:
 
 def parse_chat(body: dict) -> ParsedRequest:
     _unsupported(body)
+    _note_ignored(body, "chat")
     stream = _bool(body, "stream")
     return ParsedRequest(
         kind="chat",
@@ -290,6 +330,7 @@ def parse_chat(body: dict) -> ParsedRequest:
 
 def parse_completion(body: dict) -> ParsedRequest:
     _unsupported(body)
+    _note_ignored(body, "completion")
     stream = _bool(body, "stream")
     return ParsedRequest(
         kind="completion",
