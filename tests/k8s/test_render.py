@@ -172,8 +172,35 @@ def test_budget_schedule_and_capacity_from_consolidation_policy():
     assert pool["disruption"]["consolidationPolicy"] == "WhenEmpty"
     assert pool["disruption"]["consolidateAfter"] == "2m"
     assert pool["disruption"]["budgets"][1] == {"nodes": "0", "schedule": "0 9 * * 1-5", "duration": "9h"}
-    assert pool["limits"] == {"nvidia.com/gpu": "6"}
+    assert pool["limits"] == {"nvidia.com/gpu": "7"}  # 6 replicas of 1 GPU, and the rollout's surge pod
     assert pool["template"]["spec"]["nodeClassRef"]["kind"] == "EC2NodeClass"
+
+
+def test_a_rollout_at_the_maximum_has_room_for_its_surge_pod():
+    """maxSurge 1 and a GPU limit of exactly max x GPUs: an image change at full size needed one more node than
+    the limit allowed, and the rollout never finished."""
+    rendered, _ = _objects(FULL)
+    engine = next(d for d in _by(rendered, "Deployment")
+                  if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine")["spec"]
+    surge = engine["strategy"]["rollingUpdate"]["maxSurge"]
+    most = FULL["spec"]["autoscaling"]["maxReplicaCount"]
+    assert int(_by(rendered, "NodePool")[0]["spec"]["limits"]["nvidia.com/gpu"]) == (most + surge) * 1
+
+
+def test_engine_pods_launch_nodes_from_their_own_endpoints_node_pools_only():
+    """Every endpoint's NodePool labelled its nodes, but no pod asked for the label: another endpoint's pods
+    could launch nodes from this pool and spend its GPU limit."""
+    rendered, _ = _objects(FULL)
+    pools = {p["spec"]["template"]["metadata"]["labels"]["fleetserve.io/endpoint"] for p in _by(rendered, "NodePool")}
+    assert len(pools) == 1
+    for dep in _by(rendered, "Deployment"):
+        if dep["metadata"]["labels"]["app.kubernetes.io/component"] != "engine":
+            continue
+        terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        for term in terms:
+            assert {"key": "fleetserve.io/endpoint", "operator": "In", "values": sorted(pools)} in \
+                term["matchExpressions"]
 
 
 def test_the_gpu_limit_admits_a_node_larger_than_one_replica():
@@ -198,7 +225,7 @@ def test_the_gpu_limit_admits_a_node_larger_than_one_replica():
     per_node = replicas_per_node(Catalog.builtin().get("g5.12xlarge"),
                                  replica_request(endpoint.spec.engine, endpoint.spec.model, endpoint.spec.kv_cache))
     assert per_node < 4
-    gpus = -(-4 // per_node) * 4
+    gpus = -(-(4 + 1) // per_node) * 4  # the rollout's surge pod too
     assert _by(_objects(doc)[0], "NodePool")[0]["spec"]["limits"] == {"nvidia.com/gpu": str(gpus)}
 
 
@@ -495,7 +522,7 @@ def test_pods_require_every_key_of_the_specs_required_node_affinity():
         terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         keys = [[e["key"] for e in t["matchExpressions"]] for t in terms]
-        assert keys == [["node.kubernetes.io/instance-type", "karpenter.sh/capacity-type",
+        assert keys == [["node.kubernetes.io/instance-type", "karpenter.sh/capacity-type", "fleetserve.io/endpoint",
                          "topology.kubernetes.io/zone", "team"]], keys
     doc["spec"]["placement"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] = [
         {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]},

@@ -382,3 +382,67 @@ def test_worker_args_that_repeat_what_the_adapter_sets_are_accepted_and_a_named_
     assert "--model" not in loaded.endpoint.spec.engine.args
     assert any(w.path == "spec.worker.args" and "'--model /opt/ml/model' dropped" in w.message
                for w in loaded.warnings)
+
+
+def _loaded(mutate):
+    from fleetserve.spec.load import load_spec_data
+
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    mutate(doc["spec"])
+    return load_spec_data(doc)
+
+
+def test_an_image_neither_vllm_nor_sglang_is_served_by_the_builtin_engine_in_fleetserves_image():
+    """AWS's DJL/LMI and TGI samples rendered their own image with `fleetserve engine ...` as its command line:
+    the pod crash-looped (no fleetserve in that image), and worker.command replaced our command too."""
+    def djl(spec):
+        spec["worker"]["image"] = "763104351884.dkr.ecr.us-east-2.amazonaws.com/djl-inference:0.32.0-lmi14.0.0-cu124"
+        spec["worker"]["command"] = ["dockerd-entrypoint.sh"]
+        spec["worker"]["args"] = ["--model-id", "/opt/ml/model"]
+
+    loaded = _loaded(djl)
+    engine = loaded.endpoint.spec.engine
+    assert (engine.kind, engine.image, engine.command, engine.args) == ("builtin", None, [], [])
+    (why,) = [w.message for w in loaded.warnings if w.path == "spec.worker.image"]
+    assert "fleetserve's image" in why and "dockerd-entrypoint.sh" in why and "--model-id" in why
+    loaded = _loaded(lambda spec: spec["worker"].update(image="registry.example/fleetserve:1.2"))
+    assert loaded.endpoint.spec.engine.image == "registry.example/fleetserve:1.2"  # our own image is kept
+
+
+@pytest.mark.parametrize("image, args, kept", [
+    # AWS's SGLang sample: the launcher, and the port and host the adapter sets itself
+    ("lmsysorg/sglang:latest", ["python3", "-m", "sglang.launch_server", "--port", "8000", "--host", "0.0.0.0",
+                                "--tp", "1"], ["--tp", "1"]),
+    # AWS's vLLM sample: --port as containerPort (it was refused: "use engine.port", a field HyperPod has not)
+    ("vllm/vllm-openai:v0.8.4", ["--port", "8000", "--download-dir", "/opt/ml/model"],
+     ["--download-dir", "/opt/ml/model"]),
+    ("vllm/vllm-openai:v0.8.4", ["vllm", "serve", "/opt/ml/model", "--port=9000"], []),
+])
+def test_worker_args_lose_the_launcher_port_and_host_the_adapter_writes(image, args, kept):
+    loaded = _loaded(lambda spec: spec["worker"].update(image=image, args=args))
+    assert loaded.endpoint.spec.engine.args == kept
+    said = " ".join(w.message for w in loaded.warnings if w.path == "spec.worker.args")
+    assert "--port" in said and "worker.modelInvocationPort.containerPort 8000" in said
+
+
+def test_hyperpod_packs_replicas_onto_larger_instances_as_kubernetes_does():
+    """A 1-GPU replica on ml.p4d.24xlarge: verify refused every replica (allowLargerInstances, which HyperPod has
+    no field for) while render k8s placed eight to a node."""
+    loaded = _loaded(lambda spec: spec.update(instanceType="ml.p4d.24xlarge"))
+    assert loaded.endpoint.spec.capacity.allow_larger_instances
+    assert not [w for w in loaded.warnings if "no replica would start" in w.message]
+
+
+def test_null_fields_are_pruned_as_the_api_server_prunes_them():
+    """`hyp`'s template writes `modelVersion:` empty; the API server drops the null, so HyperPod accepts it."""
+    loaded = _loaded(lambda spec: spec.update(modelVersion=None, tags=None))
+    assert loaded.endpoint.spec.model.version == "1"
+
+
+def test_settings_the_gateway_does_not_honour_are_warned():
+    loaded = _loaded(lambda spec: spec.update(invocationEndpoint="invocations",
+                                              loadBalancer={"routingAlgorithm": "round_robin"}))
+    warned = {w.path: w.message for w in loaded.warnings}
+    assert "POST /invocations" in warned["spec.invocationEndpoint"]
+    assert "'round_robin' not used" in warned["spec.loadBalancer.routingAlgorithm"]
+    assert "spec.invocationEndpoint" not in {w.path for w in _loaded(lambda spec: None).warnings}

@@ -37,11 +37,12 @@ from fleetserve.k8s.context import (
     MODELS_DIR,
     Context,
 )
-from fleetserve.k8s.labels import DISCOVERY_LABEL, TIER_LABEL
+from fleetserve.k8s.labels import DISCOVERY_LABEL, ENDPOINT_LABEL, TIER_LABEL, node_owner
 from fleetserve.k8s.redis import engine_l2
 from fleetserve.spec.endpoint import GPU_RESOURCE
 
 GPU = GPU_RESOURCE
+ROLLOUT_SURGE = 1  # pods a rolling update adds before it removes one; the NodePool's GPU limit leaves room for it
 
 
 def engine_port(ctx: Context) -> int:
@@ -67,7 +68,7 @@ def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str
         path = PurePosixPath(source)
         if path.is_absolute():
             parts = path.parts
-            root = "/opt/ml/model" if source.startswith("/opt/ml/model") else "/".join(parts[:2])
+            root = "/opt/ml/model" if source.startswith("/opt/ml/model") else str(PurePosixPath(*parts[:2]))
             model_path = source
         else:
             root, model_path = f"{MODELS_DIR}/volume", f"{MODELS_DIR}/volume/{path}"
@@ -249,7 +250,8 @@ def _affinity(ctx: Context, tier: int) -> dict | None:
         return None
     t = ctx.tiers[tier]
     exprs = [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": list(t.instance_types)},
-             {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": list(t.capacity_types)}]
+             {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": list(t.capacity_types)},
+             {"key": ENDPOINT_LABEL, "operator": "In", "values": [node_owner(ctx.namespace, ctx.name)]}]
     if ctx.options.zones:
         exprs.append({"key": ZONE_LABEL, "operator": "In", "values": list(ctx.options.zones)})
     terms = [{"matchExpressions": exprs + extra} for extra in required_extras(ctx) or [[]]]
@@ -325,7 +327,7 @@ def engine_deployment(ctx: Context, tier: int) -> dict:
         "spec": {
             "replicas": tier_replicas(ctx, tier),
             "selector": {"matchLabels": ctx.selector("engine", **extra)},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": ROLLOUT_SURGE, "maxUnavailable": 0}},
             "template": {
                 "metadata": {"labels": ctx.labels("engine", **extra),
                              "annotations": {**user, "fleetserve.io/model-version": spec.model.version}},

@@ -25,8 +25,8 @@ from fleetserve.capacity.placement import (
     replicas_per_node,
 )
 from fleetserve.k8s.context import Context
-from fleetserve.k8s.engine import GPU, required_extras
-from fleetserve.k8s.labels import TIER_LABEL, dns_name, label_value
+from fleetserve.k8s.engine import GPU, ROLLOUT_SURGE, required_extras
+from fleetserve.k8s.labels import ENDPOINT_LABEL, TIER_LABEL, dns_name, node_owner
 
 REFERENCE_DAY = datetime(2026, 1, 15, 12, tzinfo=UTC)  # a fixed instant: output must not depend on today
 
@@ -89,7 +89,9 @@ def _requirements(ctx: Context, tier: int) -> list[dict]:
 
 def _limits(ctx: Context, tier: int) -> dict | None:
     spec = ctx.endpoint.spec
-    most = ctx.policy.max_replicas if ctx.policy is not None else max(spec.replicas, 1)
+    # one replica over the maximum: a rolling update surges one pod (maxSurge 1, maxUnavailable 0), and at the
+    # maximum its node was over the limit, so Karpenter refused it and the rollout never finished
+    most = (ctx.policy.max_replicas if ctx.policy is not None else max(spec.replicas, 1)) + ROLLOUT_SURGE
     known = [ctx.catalog.get(n) for n in ctx.tiers[tier].instance_types if n in ctx.catalog]
     if spec.engine.gpus:
         # Karpenter counts whole nodes against the limit: the nodes max replicas need on any of the tier's types,
@@ -124,7 +126,7 @@ def nodepool(ctx: Context, tier: int, warn) -> dict:
         template_spec["taints"] = [{"key": GPU, "value": "true", "effect": "NoSchedule"}]
     spec: dict = {
         "weight": weight(tier, len(ctx.tiers)),
-        "template": {"metadata": {"labels": {"fleetserve.io/endpoint": label_value(f"{ctx.namespace}.{ctx.name}"),
+        "template": {"metadata": {"labels": {ENDPOINT_LABEL: node_owner(ctx.namespace, ctx.name),
                                              TIER_LABEL: str(tier)}},
                      "spec": template_spec},
         "disruption": {"consolidationPolicy": c.policy, "consolidateAfter": _duration(c.consolidate_after),

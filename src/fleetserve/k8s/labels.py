@@ -42,6 +42,12 @@ def label_value(text: str) -> str:
     return f"{value[:MAX_NAME - 9].rstrip('-._')}-{digest}"
 
 
+def node_owner(namespace: str, name: str) -> str:
+    """The `fleetserve.io/endpoint` value of an endpoint's nodes: its NodePools label them, and its engine pods
+    require it, so one endpoint's pods never launch nodes from (or count against the GPU limit of) another's."""
+    return label_value(f"{namespace}.{name}")
+
+
 def selector(instance: str, component: str, **extra: str) -> dict[str, str]:
     out = {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": instance,
            "app.kubernetes.io/component": component}

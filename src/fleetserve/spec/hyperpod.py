@@ -19,6 +19,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from fleetserve.spec.endpoint import SERVED_NAME_FLAG
 from fleetserve.spec.errors import SpecError, SpecProblem
 
 API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
@@ -250,6 +251,43 @@ def _triggers(a: dict[str, Any], warn) -> list[dict[str, Any]]:
     return out
 
 
+def _take_flag(args: list[str], flag: str) -> list[str] | None:
+    """Remove the first `flag VALUE` or `flag=VALUE` from `args`; what was removed, None when absent."""
+    for i, a in enumerate(args):
+        if a == flag or a.startswith(flag + "="):
+            taken = args[i:i + 2] if a == flag else args[i:i + 1]
+            del args[i:i + len(taken)]
+            return taken
+    return None
+
+
+def _server_args(args: list[str], kind: str, port: int, warn) -> list[str]:
+    """A vLLM or SGLang `worker.args` as the adapter's own command line takes it. HyperPod's samples start with
+    the launcher (`python3 -m sglang.launch_server`, `vllm serve MODEL`) and set `--port`/`--host`: the adapter
+    writes those itself, from the model section and worker.modelInvocationPort (a second `-m` module after ours
+    stopped SGLang, and `--port 8000` beside engine.port was refused)."""
+    args = list(args)
+    launcher = []  # leading words before the first flag, and `-m MODULE` after a python
+    while args and (not args[0].startswith("-") or (args[0] == "-m" and launcher[-1:] and
+                                                     launcher[-1].split("/")[-1].startswith("python"))):
+        launcher += args[:2] if args[0] == "-m" else args[:1]
+        del args[:2 if args[0] == "-m" else 1]
+    named = []  # `--model PATH` / `--model-path PATH` (SGLang's): the same as a positional path
+    for flag in ("--model", "--model-path"):
+        while (taken := _take_flag(args, flag)) is not None:
+            named.append(" ".join(taken))
+    if launcher or named:
+        warn("spec.worker.args", f"{' '.join(launcher + named)!r} dropped: the {kind} command line (launcher and "
+                                 "model path) comes from the model section; a second one would stop the server")
+    for flag in ("--port", "--host"):
+        while (taken := _take_flag(args, flag)) is not None:
+            value = taken[1] if len(taken) == 2 else taken[0].split("=", 1)[1]
+            where = (f"worker.modelInvocationPort.containerPort {port}, where the Service sends requests"
+                     if flag == "--port" else "0.0.0.0 in the pod, 127.0.0.1 locally")
+            warn("spec.worker.args", f"{flag} {value} dropped: the server listens on {where}")
+    return args
+
+
 def _engine(spec: dict[str, Any], warn) -> tuple[dict[str, Any], dict[str, str]]:
     """Our engine section from `worker`, and the plain environment (SESSION_KEY feeds routing)."""
     w = spec["worker"]
@@ -262,34 +300,31 @@ def _engine(spec: dict[str, Any], warn) -> tuple[dict[str, Any], dict[str, str]]
         if e.get("value") is not None and e.get("valueFrom") is not None:
             warn(f"spec.worker.environmentVariables[{i}]", "both value and valueFrom: valueFrom is used")
     kind = _engine_kind(w["image"])
-    if kind == "builtin":
+    image, command, args = w["image"], list(w.get("command") or []), [str(a) for a in w.get("args") or []]
+    if kind == "builtin" and "fleetserve" not in image.lower():
+        # a DJL/LMI or TGI image got `fleetserve engine ...` as its command line and crash-looped: the built-in
+        # engine serves the model in fleetserve's own image (render --image), locally and on Kubernetes
+        dropped = " and its ".join(f"{name} {' '.join(value)!r}" for name, value in
+                                   (("command", command), ("args", args)) if value)
         warn("spec.worker.image",
-             f"image {w['image']!r} is neither vLLM nor SGLang; locally the built-in engine serves the model")
-    args = [str(a) for a in w.get("args") or []]
-    positional = []
-    while kind in ("vllm", "sglang") and args and not args[0].startswith("-"):
-        positional.append(args.pop(0))
-    named = []  # `--model PATH` / `--model-path PATH` (SGLang's): the same as a positional path
-    for flag in ("--model", "--model-path"):
-        while kind in ("vllm", "sglang") and (flag in args or any(a.startswith(flag + "=") for a in args)):
-            i = next(j for j, a in enumerate(args) if a == flag or a.startswith(flag + "="))
-            taken = args[i:i + 2] if args[i] == flag else args[i:i + 1]
-            named.append(" ".join(taken))
-            del args[i:i + len(taken)]
-    if positional or named:  # `vllm serve MODEL ...`: the adapter names the model the model section mounts
-        warn("spec.worker.args", f"{' '.join(positional + named)!r} dropped: the {kind} command line names the "
-                                 "model from the model section (a second model path would stop the server)")
+             f"image {image!r} is neither vLLM nor SGLang: the built-in engine serves the model in fleetserve's "
+             "image instead (locally, and on Kubernetes `render k8s --image`)"
+             + (f"; the image's {dropped} dropped" if dropped else ""))
+        image, command, args = None, [], []
+    port = w["modelInvocationPort"]["containerPort"]
+    if kind in ("vllm", "sglang"):
+        args = _server_args(args, kind, port, warn)
     res = {section: {k: v for k, v in (w["resources"].get(section) or {}).items() if k != "nvidia.com/gpu"}
            for section in ("limits", "requests", "claims") if w["resources"].get(section)}
     engine: dict[str, Any] = {
         "kind": kind,
-        "image": w["image"],
+        "image": image,
         "args": args,
-        "command": list(w.get("command") or []),
+        "command": command,
         "workingDir": w.get("workingDir"),
         "env": env,
         "envFrom": env_from,
-        "port": w["modelInvocationPort"]["containerPort"],
+        "port": port,
         "startupTimeoutSeconds": spec.get("maxDeployTimeInSeconds", 3600),
         "gpus": _gpu_count(w["resources"]),
         "probes": {k: v for k, v in (w.get("probes") or {}).items() if v} or None,
@@ -326,8 +361,18 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
                                                   "locally a directory, on Kubernetes the PVC NAME-model "
                                                   "(--model-pvc) bound to that file system")
     engine, env = _engine(s, warn)
+    served = s["modelName"]
+    if engine["kind"] in ("vllm", "sglang"):  # the server answers to its --served-model-name, and HyperPod's
+        # clients call it so (AWS's prefetch samples): that name is the model's, not a disagreement to refuse
+        named = list(engine["args"])
+        taken = _take_flag(named, SERVED_NAME_FLAG)
+        value = (taken[1] if len(taken) == 2 else taken[0].split("=", 1)[1]) if taken else None
+        if value and value != served:
+            warn("spec.worker.args", f"the model is served as {value!r} ({SERVED_NAME_FLAG}), not as modelName "
+                                     f"{served!r}: clients name it so")
+            served = value
     model: dict[str, Any] = {
-        "name": s["modelName"],
+        "name": served,
         "version": s.get("modelVersion") or "1",
         "source": source,
         "revision": revision,
@@ -371,6 +416,9 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
                  f"{HYPERPOD_METRICS_PORT}")
     types = [s["instanceType"]] if s.get("instanceType") else list(s.get("instanceTypes") or [])
     spec["placement"] = {"instanceTypes": types, "nodeAffinity": s.get("nodeAffinity")}
+    # HyperPod names the types and Kubernetes packs pods onto them (a 1-GPU replica on ml.p4d.24xlarge is eight
+    # to a node): verify and plan refused every replica there while render placed them
+    spec.setdefault("capacity", {})["allowLargerInstances"] = True
     if s["worker"].get("requestLimits"):
         rl = s["worker"]["requestLimits"]
         spec["requestLimits"] = {
@@ -418,6 +466,9 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
         if routing.get("autoScalingSpec"):
             warn("spec.intelligentRoutingSpec.autoScalingSpec",
                  "the router is not autoscaled: one process locally, --router-replicas pods on Kubernetes")
+        if lb.get("routingAlgorithm"):
+            warn("spec.loadBalancer.routingAlgorithm", f"{lb['routingAlgorithm']!r} not used: intelligent routing "
+                                                       f"is on, and the gateway routes by {strategy}")
     elif lb.get("routingAlgorithm") == "round_robin":
         strategy = "roundrobin"
     else:
@@ -440,8 +491,9 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
     ):
         if s.get(field):
             warn(f"spec.{field}", why)
-    if s.get("invocationEndpoint", "invocations") not in ("invocations", "v1/chat/completions", "v1/completions"):
-        warn("spec.invocationEndpoint", "the gateway serves the OpenAI paths /v1/chat/completions and /v1/completions")
+    if s.get("invocationEndpoint") not in (None, "v1/chat/completions", "v1/completions"):
+        warn("spec.invocationEndpoint", f"{s['invocationEndpoint']!r}: the gateway serves the OpenAI paths "
+                                        "/v1/chat/completions and /v1/completions, not SageMaker's POST /invocations")
     return out
 
 
@@ -488,9 +540,21 @@ def source_of(problem: SpecProblem) -> SpecProblem:
     return problem
 
 
+def _without_nulls(value: Any) -> Any:
+    """The document as the Kubernetes API server stores it: a null field of a non-nullable schema (the shipped
+    CRD marks none nullable) is pruned before validation, so `modelVersion:` left empty, as `hyp`'s template
+    writes it, is accepted there and was refused here."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
 def parse(data: dict[str, Any]) -> tuple[dict[str, Any], list[SpecProblem]]:
     """Validate a HyperPod document against the shipped CRD (v1) and the SDK's rules; return our Endpoint as a
     dict and the warnings of the mapping."""
+    data = _without_nulls(data)
     problems = schema_problems(data)
     if not problems:
         problems = _sdk_problems(data["spec"])
