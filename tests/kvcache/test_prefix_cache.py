@@ -208,3 +208,92 @@ def test_an_l2_password_with_url_characters_works_and_is_never_logged(tmp_path, 
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_two_models_under_one_name_on_one_redis_never_share(tiny_model, tmp_path, redis_server):
+    """Two fleets serving different weights as `tiny` on one Redis: the second reported cached tokens for a
+    prompt it had never seen and answered from the first model's KV."""
+    from fleetserve.engine.tiny import create_tiny_model
+
+    other = create_tiny_model(tmp_path / "other", context_length=512, seed=7)
+    first = engine(tiny_model, tmp_path, "--l2-url", redis_server["url"], name="first")
+    second = engine(other, tmp_path, "--l2-url", redis_server["url"], name="second")
+    again = engine(tiny_model, tmp_path, "--l2-url", redis_server["url"], name="again")
+    try:
+        import redis
+
+        _, cold = ask(first.url)
+        assert cold == 0
+        client = redis.Redis.from_url(redis_server["url"])
+        wait_until(lambda: client.dbsize() > 0, 30, what="the first engine's L2 writes")
+        assert ask(again.url)[1] > 0  # the same model's files: still shared
+        assert ask(second.url)[1] == 0
+    finally:
+        for server in (first, second, again):
+            server.stop()
+
+
+def test_the_fingerprint_follows_the_files_not_the_name(tiny_model, tmp_path):
+    from fleetserve.engine.fingerprint import model_fingerprint
+    from fleetserve.engine.tiny import create_tiny_model
+
+    same = create_tiny_model(tmp_path / "same", context_length=512)
+    other = create_tiny_model(tmp_path / "other", context_length=512, seed=7)
+    assert model_fingerprint(tiny_model) == model_fingerprint(same)
+    assert model_fingerprint(tiny_model) != model_fingerprint(other)
+
+
+def test_a_full_redis_under_noeviction_pauses_writes_not_reads(redis_server, caplog):
+    """A write refused for memory went the way of a dead server: the blocks already in Redis missed for the
+    back-off, and the log said 'unavailable'."""
+    import redis
+
+    from fleetserve.kvcache.tiers import RedisStore
+
+    store = RedisStore(redis_server["url"], prefix="t:")
+    assert store.put_many([(1, b"x" * 1000)]) == [1]
+    client = redis.Redis.from_url(redis_server["url"])
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", client.info("memory")["used_memory"] + 10_000)
+    with caplog.at_level("WARNING", logger="fleetserve.kvcache.tiers"):
+        assert store.put_many([(2, b"y" * 1_000_000)]) == []
+    assert "is full" in caplog.text and "unavailable" not in caplog.text
+    assert store.get_many([1, 2]) == [b"x" * 1000, None]  # reads go on
+    assert store.stats.failures == 1
+
+
+def test_the_generation_thread_takes_l2_blocks_read_before_and_never_waits_for_redis(tiny_model, redis_server):
+    """L2 was read (one MGET, up to its 0.5 s timeout) inside the generation thread at each new request's
+    lookup: a slow Redis stalled every running stream. The tokenizer pool now reads them with the prompt."""
+    import asyncio
+    import threading
+
+    import redis
+
+    from fleetserve.api.protocol import SamplingParams, parse_completion
+    from fleetserve.engine.main import attach_prefix_cache
+    from fleetserve.engine.runner import ModelRunner
+    from fleetserve.engine.server import Engine, EngineSettings
+    from fleetserve.observe.metrics import ModelIdentity
+
+    runner = ModelRunner(tiny_model, threads=1)
+    engine = Engine(runner, EngineSettings("tiny", ModelIdentity("default", "tiny", "1", "local", "r0")))
+    attach_prefix_cache(engine, 16, 1 << 20, 0, redis_server["url"])
+    cache = runner.prefix_cache
+    ids = runner.encode(PROMPT)
+    runner.generate(ids, SamplingParams(temperature=0.0), 1, lambda token: True, threading.Event())  # fills L2
+    wait_until(lambda: redis.Redis.from_url(redis_server["url"]).dbsize() > 0, 30, what="L2 writes")
+    cache.clear({"engine"})
+    readers = []
+    original = cache.l2.get_many
+    cache.l2.get_many = lambda keys: readers.append(threading.current_thread().name) or original(keys)
+
+    async def tokenize():
+        return await engine._tokenize(parse_completion({"prompt": PROMPT, "max_tokens": 1}))
+
+    prompt_ids, _, l2_values = asyncio.run(tokenize())
+    assert prompt_ids == ids and l2_values and readers and all(r.startswith("tokenize") for r in readers)
+    readers.clear()
+    _, cached, _ = runner.cached_prefix(ids, 0, None, l2_values)
+    assert cached > 0 and readers == []  # the lookup used what was read: no Redis call on this thread
+    cache.close()

@@ -89,7 +89,7 @@ def test_tokenizing_runs_off_the_event_loop_thread(tiny_model):
     runner.chat_ids = lambda messages: seen.append(threading.current_thread()) or original(messages)
 
     async def main():
-        ids, budget = await engine._tokenize(parse_chat(_chat(20)))
+        ids, budget, _ = await engine._tokenize(parse_chat(_chat(20)))
         return ids, budget, threading.current_thread()
 
     ids, budget, loop_thread = asyncio.run(main())

@@ -238,7 +238,7 @@ class BatchScheduler(JobQueue):
             self.prefill = None
 
     def _start_prefill(self, job: Job) -> None:
-        cache, cached, keys = self.runner.cached_prefix(job.prompt_ids, job.root, job.tenant)
+        cache, cached, keys = self.runner.cached_prefix(job.prompt_ids, job.root, job.tenant, job.l2_values)
         self.prefill = Prefill(job, cache, cached, cached, keys)
 
     def _prefill_chunk(self) -> None:

@@ -16,6 +16,14 @@ from fleetserve.observe.logs import configure_logging, quiet_progress_bars, uvic
 from fleetserve.observe.metrics import ModelIdentity
 
 
+def l2_prefix(served_name: str, model_dir) -> str:
+    """The Redis key prefix of one model build: its name and its files' fingerprint. Two models served under
+    one name on a shared Redis read each other's blocks and answered wrongly when only the name was in it."""
+    from fleetserve.engine.fingerprint import model_fingerprint
+
+    return f"fleetserve:kv:{served_name}:{model_fingerprint(model_dir)}:"
+
+
 def attach_prefix_cache(engine: Engine, block_size: int, engine_cache_bytes: int, l1_bytes: int,
                         l2_url: str | None, tenant_l2: dict[str, str] | None = None,
                         l2_password: str | None = None) -> None:
@@ -30,12 +38,11 @@ def attach_prefix_cache(engine: Engine, block_size: int, engine_cache_bytes: int
     block_bytes = runner.torch_dtype.itemsize
     for dim in shape:
         block_bytes *= dim
+    prefix = l2_prefix(engine.settings.served_model_name, runner.path) if l2_url or tenant_l2 else ""
     cache = PrefixCache(shape, runner.torch_dtype, max(1, engine_cache_bytes // block_bytes),
                         l1=L1Store(l1_bytes) if l1_bytes else None,
-                        l2=RedisStore(l2_url, prefix=f"fleetserve:kv:{engine.settings.served_model_name}:",
-                                      password=l2_password) if l2_url else None,
-                        tenant_l2={t: RedisStore(u, prefix=f"fleetserve:kv:{engine.settings.served_model_name}:")
-                                   for t, u in (tenant_l2 or {}).items()})
+                        l2=RedisStore(l2_url, prefix=prefix, password=l2_password) if l2_url else None,
+                        tenant_l2={t: RedisStore(u, prefix=prefix) for t, u in (tenant_l2 or {}).items()})
     runner.prefix_cache = cache
     engine.metrics.registry.register(PrefixCacheCollector(cache, engine.settings.served_model_name))
 

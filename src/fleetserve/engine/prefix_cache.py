@@ -63,8 +63,20 @@ class PrefixCache:
     def l2_for(self, tenant: str | None) -> RedisStore | None:
         return self.tenant_l2.get(tenant, self.l2) if tenant else self.l2
 
-    def lookup(self, keys: list[int], tenant: str | None = None) -> list[tuple[str, torch.Tensor]]:
-        """The longest cached prefix of `keys`, as (tier, block) pairs."""
+    def prefetch_l2(self, keys: list[int], tenant: str | None = None) -> dict[int, bytes]:
+        """Read from L2 the blocks of `keys` past what the engine tier holds now, on the caller's thread (the
+        tokenizer pool): the generation thread's lookup then takes them from here, and the step loop never waits
+        for Redis (a slow or hung Redis stalled every running stream at each new request's lookup)."""
+        store = self.l2_for(tenant)
+        if store is None or not store.available:
+            return {}
+        rest = keys[match_prefix(self._blocks, keys):]
+        return {k: v for k, v in zip(rest, store.get_many(rest), strict=True) if v is not None} if rest else {}
+
+    def lookup(self, keys: list[int], tenant: str | None = None,
+               l2_values: dict[int, bytes] | None = None) -> list[tuple[str, torch.Tensor]]:
+        """The longest cached prefix of `keys`, as (tier, block) pairs; `l2_values`: what `prefetch_l2` read
+        (then L2 is not read here)."""
         self.queries += len(keys)
         blocks = self._blocks
         found = [("engine", blocks[key]) for key in keys[:match_prefix(blocks, keys, touch=True)]]
@@ -74,7 +86,9 @@ class PrefixCache:
             if store is None or not rest:
                 continue
             promoted = []
-            for key, value in zip(rest, store.get_many(rest), strict=True):
+            values = [l2_values.get(k) for k in rest] if l2_values is not None and store is not self.l1 else \
+                store.get_many(rest)
+            for key, value in zip(rest, values, strict=True):
                 payload = unpack_block(key, value) if value is not None else None
                 block = self._from_bytes(payload) if payload is not None else None
                 if block is None:

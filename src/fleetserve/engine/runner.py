@@ -82,9 +82,20 @@ class ModelRunner:
             layers.append((keys, values))
         return DynamicCache(ddp_cache_data=layers, config=self.model.config)
 
-    def cached_prefix(self, prompt_ids: list[int], root: int, tenant: str | None):
+    def prefetch_l2(self, prompt_ids: list[int], root: int, tenant: str | None) -> dict[int, bytes] | None:
+        """The prompt's blocks in L2, read before the job reaches the generation thread (None: no L2)."""
+        from fleetserve.kvcache.blocks import chain_keys
+
+        if self.prefix_cache is None or self.prefix_cache.l2_for(tenant) is None:
+            return None
+        keys = chain_keys(prompt_ids, self.block_size, root)
+        return self.prefix_cache.prefetch_l2(keys[: reusable_blocks(len(prompt_ids), self.block_size)], tenant)
+
+    def cached_prefix(self, prompt_ids: list[int], root: int, tenant: str | None,
+                      l2_values: dict[int, bytes] | None = None):
         """(cache, cached tokens, block keys): the longest cached prefix (engine -> L1 -> L2) loaded into a
-        fresh cache; at least one prompt token is always left to compute. Without a prefix cache: empty."""
+        fresh cache; at least one prompt token is always left to compute. Without a prefix cache: empty.
+        `l2_values`: the L2 blocks `prefetch_l2` read (None: L2 is read here)."""
         from transformers import DynamicCache
 
         from fleetserve.kvcache.blocks import chain_keys
@@ -92,7 +103,8 @@ class ModelRunner:
         if self.prefix_cache is None:
             return DynamicCache(config=self.model.config), 0, []
         keys = chain_keys(prompt_ids, self.block_size, root)
-        found = self.prefix_cache.lookup(keys[: reusable_blocks(len(prompt_ids), self.block_size)], tenant)
+        found = self.prefix_cache.lookup(keys[: reusable_blocks(len(prompt_ids), self.block_size)], tenant,
+                                         l2_values)
         if not found:
             return DynamicCache(config=self.model.config), 0, keys
         return self._cache_from_blocks([block for _, block in found]), len(found) * self.block_size, keys
@@ -165,6 +177,7 @@ class ModelRunner:
         cancelled: threading.Event,
         root: int = 0,
         tenant: str | None = None,
+        l2_values: dict[int, bytes] | None = None,
     ) -> GenerationResult:
         """Generate up to `max_new_tokens`; `on_token` returns False to stop (a stop string was seen).
 
@@ -178,7 +191,7 @@ class ModelRunner:
         if sampling.seed is not None:
             generator = torch.Generator().manual_seed(sampling.seed)
         counts: dict[int, int] = {}
-        cache, cached_tokens, keys = self.cached_prefix(prompt_ids, root, tenant)
+        cache, cached_tokens, keys = self.cached_prefix(prompt_ids, root, tenant, l2_values)
         inputs = torch.tensor([prompt_ids[cached_tokens:]], dtype=torch.long)
         produced = 0
         with torch.inference_mode():

@@ -113,16 +113,19 @@ class Engine:
                                 "tokens can hold. Shorten the prompt.",
                            param="messages" if parsed.kind == "chat" else "prompt", code="context_length_exceeded")
 
-    async def _tokenize(self, parsed: ParsedRequest) -> tuple[list[int], int]:
-        """Prompt ids and the token budget, computed off the event loop (health probes stay responsive)."""
+    async def _tokenize(self, parsed: ParsedRequest, root: int = 0,
+                        tenant: str | None = None) -> tuple[list[int], int, dict[int, bytes] | None]:
+        """Prompt ids, the token budget and the prompt's blocks in L2, computed off the event loop (health
+        probes stay responsive) and off the generation thread (it never waits for Redis)."""
         self._check_text_size(parsed)
         if self._tokenizing >= self.settings.max_waiting:
             raise APIError(503, f"{self._tokenizing} prompts are being tokenized; retry shortly", code="overloaded",
                            headers={"Retry-After": "1"})
 
-        def work() -> tuple[list[int], int]:
+        def work() -> tuple[list[int], int, dict[int, bytes] | None]:
             ids = self._prompt_ids(parsed)
-            return ids, self._budget(len(ids), parsed.sampling.max_tokens, parsed.kind)
+            budget = self._budget(len(ids), parsed.sampling.max_tokens, parsed.kind)
+            return ids, budget, self.runner.prefetch_l2(ids, root, tenant)
 
         self._tokenizing += 1
         try:
@@ -188,11 +191,12 @@ class Engine:
                 ctx["prompt"] = prompt_text(body)
             parsed = parse_chat(body) if kind == "chat" else parse_completion(body)
             self._check_model(parsed)
-            prompt_ids, max_new = await self._tokenize(parsed)
             tenant = request.headers.get(TENANT_HEADER)  # EngineGuard lets it through from the router only
             ctx["tenant"] = tenant_hash(tenant)
-            job = Job(prompt_ids, parsed.sampling, max_new, asyncio.get_running_loop(),
-                      root=self.kv_root(tenant, parsed.cache_salt), tenant=tenant)
+            root = self.kv_root(tenant, parsed.cache_salt)
+            prompt_ids, max_new, l2_values = await self._tokenize(parsed, root, tenant)
+            job = Job(prompt_ids, parsed.sampling, max_new, asyncio.get_running_loop(), root=root, tenant=tenant,
+                      l2_values=l2_values)
             self.scheduler.submit(job)
         except APIError as err:
             m.error(err.status)

@@ -152,6 +152,7 @@ class RedisStore:
         self._client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                             health_check_interval=0, max_connections=16, **auth)
         self._down_until = 0.0
+        self._full_until = 0.0  # writes only: a Redis at maxmemory with noeviction still serves reads
         self.stats = TierStats()
 
     def _k(self, key: int) -> str:
@@ -186,6 +187,15 @@ class RedisStore:
                         type(exc).__name__, self.backoff)
         self._down_until = time.monotonic() + self.backoff
 
+    def _full(self, exc: Exception) -> None:
+        """A write refused for memory (OOM under a noeviction policy): writes pause, reads go on. It went the
+        way of a dead server, and every read of blocks already there missed for the back-off."""
+        self.stats.failures += 1
+        if time.monotonic() >= self._full_until:
+            log.warning("L2 Redis at %s is full (%s: maxmemory reached under a noeviction policy); new blocks are "
+                        "not written for %.0fs, blocks already there are still read", self.url, exc, self.backoff)
+        self._full_until = time.monotonic() + self.backoff
+
     def get_many(self, keys: list[int]) -> list[bytes | None]:
         if not keys or not self.available:
             return [None] * len(keys)
@@ -204,7 +214,7 @@ class RedisStore:
         return list(values)
 
     def put_many(self, items: list[tuple[int, bytes]]) -> list[int]:
-        if not items or not self.available:
+        if not items or not self.available or time.monotonic() < self._full_until:
             return []
         import redis
 
@@ -214,6 +224,9 @@ class RedisStore:
             for key, value in items:
                 pipe.set(self._k(key), value)
             pipe.execute()
+        except redis.exceptions.OutOfMemoryError as exc:
+            self._full(exc)
+            return []
         except (redis.RedisError, OSError) as exc:
             self._failed(exc)
             return []
