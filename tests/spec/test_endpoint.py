@@ -376,3 +376,17 @@ def test_one_api_key_names_one_tenant(tmp_path, monkeypatch):
             sup._security_args()
     finally:
         sup._http.close()
+
+
+@pytest.mark.parametrize("url", ["http://localhost:6379", "not a url", "localhost:6379"])
+def test_an_l2_url_redis_cannot_read_is_refused_naming_the_field(url):
+    """`http://...` was valid, and `up` then died in every replica with redis-py's ValueError."""
+    (msg,) = problems(GOOD + f"  kvCache: {{l2: {{enabled: true, url: {url!r}}}}}\n")
+    assert msg.startswith("spec.kvCache.l2.url") and "redis://" in msg and "unix://" in msg
+    load_spec_text(GOOD + "  kvCache: {l2: {enabled: true, url: 'unix:///run/redis.sock'}}\n")
+
+
+def test_a_block_size_no_prompt_can_fill_is_warned():
+    text = GOOD.replace("version: \"3\"}", "version: \"3\", contextLength: 4096}") + "  kvCache: {blockSize: 100000}\n"
+    (warning,) = [w for w in load_spec_text(text).warnings if w.path == "spec.kvCache.blockSize"]
+    assert "nothing is cached" in warning.message

@@ -386,11 +386,17 @@ def engine(
     if model is None:
         raise typer.BadParameter("give --model (a model source) or --simulate (a performance profile)",
                                  param_hint="--model")
+    from fleetserve.spec.endpoint import REDIS_SCHEMES
+
+    schemes = ", ".join(REDIS_SCHEMES)
+    if l2_url is not None and not l2_url.startswith(REDIS_SCHEMES):
+        raise typer.BadParameter(f"{l2_url!r}: expected a URL starting with one of {schemes}", param_hint="--l2-url")
     tenant_l2 = {}
     for item in l2_tenant or []:
         tenant, _, url = item.partition("=")
-        if not tenant or not url.startswith("redis://"):
-            raise typer.BadParameter(f"{item!r}: expected TENANT=redis://host:port/db", param_hint="--l2-tenant")
+        if not tenant or not url.startswith(REDIS_SCHEMES):
+            raise typer.BadParameter(f"{item!r}: expected TENANT=URL, the URL starting with one of {schemes}",
+                                     param_hint="--l2-tenant")
         tenant_l2[tenant] = url
     if dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise typer.BadParameter(f"{dtype!r}; allowed values: auto, float32, bfloat16, float16", param_hint="--dtype")

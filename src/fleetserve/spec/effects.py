@@ -109,6 +109,11 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
                 "states" if asked.gpu_memory_gb else ""
             note("spec.placement.instanceTypes", f"no listed type takes a replica of {asked.gpus} GPU(s), "
                  f"{asked.vcpu:g} cpu and {asked.memory_gb:g} GiB{weights} ({shapes}{larger}): no replica would start")
+    context = spec.model.context_length
+    if context and spec.kv_cache.block_size >= context:
+        note("spec.kvCache.blockSize", f"{spec.kv_cache.block_size} tokens is not below model.contextLength "
+             f"{context}: a prompt leaves one token to compute, so no block ever fills and nothing is cached; "
+             f"use at most {context // 2} (engines default to 256)")
     if spec.kv_cache.l2.tenant_urls and not spec.auth.enabled:
         note("spec.kvCache.l2.tenantUrls", "tenants come from API keys: without auth.enabled no request has a "
                                            "tenant, so these Redis servers are never used")

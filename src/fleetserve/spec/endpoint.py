@@ -397,6 +397,9 @@ class L1Section(SpecModel):
     max_bytes: int = Field(default=2 << 30, gt=0)
 
 
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py's from_url reads
+
+
 class L2Section(SpecModel):
     enabled: bool = False
     backend: Literal["redis"] = "redis"
@@ -407,12 +410,22 @@ class L2Section(SpecModel):
                                                                "simulate, verify and plan add it to the fleet's cost "
                                                                "for the whole run; 0: not counted")
 
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        """`http://...` passed validate, and every replica of `up` died in redis-py's URL parser."""
+        if value is not None and not value.startswith(REDIS_SCHEMES):
+            raise ValueError(f"{value!r} must be a {', '.join(REDIS_SCHEMES[:-1])} or {REDIS_SCHEMES[-1]} URL "
+                             "(rediss: TLS; unix: a socket path)")
+        return value
+
     @field_validator("tenant_urls")
     @classmethod
     def _redis_urls(cls, value: dict[str, str]) -> dict[str, str]:
         for tenant, url in value.items():
-            if not url.startswith(("redis://", "rediss://")):
-                raise ValueError(f"tenantUrls[{tenant}]: {url!r} must be a redis:// or rediss:// (TLS) URL")
+            if not url.startswith(REDIS_SCHEMES):
+                raise ValueError(f"tenantUrls[{tenant}]: {url!r} must be a {', '.join(REDIS_SCHEMES[:-1])} or "
+                                 f"{REDIS_SCHEMES[-1]} URL (rediss: TLS; unix: a socket path)")
         return value
 
 
