@@ -135,3 +135,16 @@ def test_a_report_never_overwrites_the_profile_or_prices_it_reads(tmp_path):
                    "--prices", str(prices), "--report", str(prices))
     said = " ".join(r.stderr.replace("│", " ").split())  # the error box wraps where the tmp path's length puts it
     assert r.returncode == 2 and "is the command's input" in said and prices.read_text() == before
+
+
+def test_outputs_under_a_file_or_onto_a_folder_are_exit_2_not_tracebacks(tmp_path):
+    """`dashboard grafana -o` into a missing folder, onto a folder or under a file, and `model tiny` under a file,
+    were Python tracebacks with exit 1."""
+    a_file = tmp_path / "plain.txt"
+    a_file.write_text("x")
+    for args in (["dashboard", "grafana", "-o", str(tmp_path)], ["dashboard", "grafana", "-o", f"{a_file}/d.json"],
+                 ["model", "tiny", f"{a_file}/m"]):
+        r = fleetserve(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+    made = tmp_path / "new" / "folder" / "d.json"  # a missing folder is made, as plan -o and --report make theirs
+    assert fleetserve("dashboard", "grafana", "-o", str(made)).returncode == 0 and made.exists()

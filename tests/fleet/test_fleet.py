@@ -74,7 +74,10 @@ def test_up_detach_serves_restarts_crashed_replica_and_down_cleans_up(tmp_path, 
     assert "1 stopped fleet(s) not shown" in fleetserve("status", env=home, check=True).stdout
     pruned = fleetserve("status", "--prune", env=home, check=True).stdout
     assert f"removed 1 fleet(s): {name}" in pruned
-    assert fleetserve("status", name, env=home).returncode == 1
+    gone = fleetserve("status", name, env=home)  # a name no fleet has: bad input, exit 2 (it was 1)
+    assert gone.returncode == 2 and f"no fleet named {name!r}" in gone.stderr
+    assert fleetserve("down", name, env=home).returncode == 2
+    assert fleetserve("status", "--interval", "5", env=home).returncode == 2  # redraws only with --watch
 
 
 def test_failed_start_reports_the_cause_and_leaves_nothing(tmp_path, home):
@@ -150,10 +153,12 @@ def test_stop_with_stops_the_fleet_when_its_owner_is_killed(tmp_path, tiny_model
 def test_down_without_fleet_and_status_unknown_name(home):
     down = fleetserve("down", env=home)
     assert down.returncode == 1 and "no fleet is running" in down.stderr
-    missing = fleetserve("status", "nope", env=home)
-    assert missing.returncode == 1
+    missing = fleetserve("status", "nope", env=home)  # a name no fleet has is bad input: 2 (it was 1)
+    assert missing.returncode == 2 and "no fleet named 'nope' (known: none)" in missing.stderr
     missing = fleetserve("status", "nope", "--json", env=home)  # it exited 0 with --json
-    assert missing.returncode == 1 and missing.stdout.strip() == "[]"
+    assert missing.returncode == 2 and missing.stdout.strip() == "[]"
+    for args in (["down", "nope"], ["status", "--prune", "nope"], ["dashboard", "open", "nope"]):
+        assert fleetserve(*args, env=home).returncode == 2, args
 
 
 

@@ -192,6 +192,8 @@ def status(
     """Show fleets, their replicas and states."""
     from fleetserve.fleet.state import list_fleets, mark_stale
 
+    if not watch and (interval != 2.0 or iterations is not None):
+        raise typer.BadParameter("redraws only with --watch", param_hint="--interval/--iterations")
     if prune:
         _prune_fleets(name)
         return
@@ -214,11 +216,14 @@ def status(
     if as_json:
         print(json.dumps([f.to_json() for f in shown], indent=2))
         if name and not fleets:
-            raise typer.Exit(1)  # as without --json: the fleet asked for does not exist
+            raise typer.Exit(2)  # as without --json: the fleet asked for does not exist
         return
     if not shown:
-        out.print("no fleets" + (f" named {name}" if name else " running") + _hidden_note(hidden), markup=False)
-        raise typer.Exit(1 if name else 0)
+        if name:
+            known = ", ".join(f.name for f in list_fleets()) or "none"
+            raise _fail(f"no fleet named {name!r} (known: {known})", 2)
+        out.print("no fleets running" + _hidden_note(hidden), markup=False)
+        return
     for f in shown:
         _print_fleet(f)
     if hidden:
@@ -240,7 +245,7 @@ def _prune_fleets(name: str | None) -> None:
 
     fleets = [mark_stale(f) for f in list_fleets() if name is None or f.name == name]
     if name and not fleets:
-        raise _fail(f"no fleet named {name}", 1)
+        raise _fail(f"no fleet named {name!r} (known: {', '.join(f.name for f in list_fleets()) or 'none'})", 2)
     removed, kept = [], []
     for f in fleets:
         pids = [f.supervisor_pid, f.router_pid, f.redis_pid, f.prometheus_pid, *(r.pid for r in f.replicas)]
@@ -305,7 +310,7 @@ def down(
     try:
         state = pick_fleet(name)
     except FleetError as exc:
-        raise _fail(str(exc), 1) from None
+        raise _fail(str(exc), exc.exit_code) from None
     stop_fleet(state)
     out.print(f"fleet {state.name} stopped" + (" (its supervisor had died; leftovers cleaned)"
                                                if state.status == "dead" else ""))
@@ -645,6 +650,9 @@ def model_tiny(
     if hidden_size % heads or heads % kv_heads:
         raise typer.BadParameter("hidden-size must be a multiple of heads, heads a multiple of kv-heads",
                                  param_hint="--hidden-size/--heads/--kv-heads")
+    from fleetserve.cli.checks import writable_folder
+
+    writable_folder(path, "PATH")
     print(create_tiny_model(path, hidden_size=hidden_size, layers=layers, heads=heads, kv_heads=kv_heads,
                             context_length=context_length, seed=seed))
 

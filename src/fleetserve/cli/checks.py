@@ -41,6 +41,19 @@ def _bounded(low: float | None, high: float | None) -> Callable[[str], float]:
     return parse
 
 
+def writable_folder(path: str, flag: str) -> None:
+    """A folder a command will write into: made if missing; a file in its place or above it is exit 2 naming
+    `flag` (it was a traceback)."""
+    target = Path(path)
+    folder = next((p for p in [target, *target.parents] if p.exists()), None)
+    if folder is not None and not folder.is_dir():
+        raise typer.BadParameter(f"cannot write into {path}: {folder} is a file, not a folder", param_hint=flag)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot write into {path}: {exc.strerror}", param_hint=flag) from None
+
+
 def writable(path: str | None, flag: str, inputs: tuple[str | None, ...] = ()) -> None:
     """Checked before a run, so that minutes of simulation are not lost to a path that cannot be written;
     missing folders are made. Never one of the command's `inputs` (`trace scale T -o T` replaced the trace it

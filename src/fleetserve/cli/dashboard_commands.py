@@ -26,8 +26,10 @@ def grafana(
 ) -> None:
     """Build an importable Grafana dashboard (datasource variable; filters namespace, model_name, model_version,
     instance_type; latency/TTFB percentiles, concurrency, errors, cache tiers, replicas, nodes, cost)."""
+    from fleetserve.cli.checks import writable
     from fleetserve.observe.grafana import build_dashboard, structure_errors
 
+    writable(None if output == "-" else output, "--output")
     board = build_dashboard(title=title, uid=uid)
     problems = structure_errors(board)
     if problems:  # a builder bug, never the user's input
@@ -56,7 +58,7 @@ def open_dashboard(
     except FleetError as exc:
         err.print("[red]error:[/red] ", end="")
         err.print(str(exc), markup=False)
-        raise typer.Exit(1) from None
+        raise typer.Exit(exc.exit_code) from None
     url = dashboard_url(state.url, fleet_dir(state.name) / "internal.token")
     out.print(url, markup=False)
     if browser:

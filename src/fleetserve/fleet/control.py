@@ -24,7 +24,12 @@ from fleetserve.fleet.state import (
 
 
 class FleetError(Exception):
-    """A fleet operation that cannot be done; the message says why and what to do."""
+    """A fleet operation that cannot be done; the message says why and what to do. `exit_code`: 2 when the
+    command's input is at fault (a name no fleet has, or none given where several run), 1 for the fleets' state."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def ensure_not_running(name: str) -> None:
@@ -86,7 +91,8 @@ def pick_fleet(name: str | None) -> FleetState:
         match = [f for f in fleets + dead if f.name == name]
         if not match:
             known = ", ".join(f.name for f in fleets) or "none"
-            raise FleetError(f"no running fleet named {name!r} (running: {known})")
+            exists = any(f.name == name for f in list_fleets())  # stopped: nothing to do, not a bad name
+            raise FleetError(f"no running fleet named {name!r} (running: {known})", 1 if exists else 2)
         return match[0]
     if not fleets and len(dead) == 1:
         return dead[0]
@@ -94,7 +100,7 @@ def pick_fleet(name: str | None) -> FleetState:
         raise FleetError("no fleet is running" + (f" (stale: {', '.join(f.name for f in dead)}; name one)"
                                                   if dead else ""))
     if len(fleets) > 1:
-        raise FleetError(f"several fleets are running ({', '.join(f.name for f in fleets)}); name one")
+        raise FleetError(f"several fleets are running ({', '.join(f.name for f in fleets)}); name one", 2)
     return fleets[0]
 
 
