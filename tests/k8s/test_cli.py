@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from fleetserve.cli.app import app
@@ -110,3 +111,28 @@ def test_an_endpoint_of_the_same_name_in_another_namespace_is_never_overwritten(
     clash = _run("render", "k8s", str(other), "-o", str(out))
     assert clash.exit_code == 2 and "--output" in clash.stderr and "in namespace" in clash.stderr, clash.output
     assert {p.name: p.read_text() for p in out.iterdir()} == before
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--prometheus-url", "notaurl"), ("--image", ""), ("--image", "a b"), ("--node-class", "Bad Name!"),
+    ("--service-account", "Bad_SA"), ("--zone", "not a zone!"), ("--model-pvc", "-x"),
+])
+def test_flag_values_kubernetes_would_refuse_are_exit_2_naming_the_flag(flag, value):
+    """Each exited 0 and wrote manifests that `kubectl apply` refused."""
+    import typer
+
+    from fleetserve.cli.render_commands import _options
+
+    with pytest.raises(typer.Exit) as info:
+        _options(**{"image": None, "prometheus_url": None, "node_class": None, "zone": None, "router_replicas": None,
+                    "service_account": None, "model_pvc": None,
+                    flag[2:].replace("-", "_"): [value] if flag == "--zone" else value})
+    assert info.value.exit_code == 2
+
+
+def test_bad_flags_and_an_install_namespace_exit_2_from_the_command_line(tmp_path):
+    r = _run("render", "k8s", str(ROOT / "examples" / "hyperpod.yaml"), "-o", str(tmp_path / "a"), "--node-class",
+             "Bad Name!")
+    assert r.exit_code == 2 and "--node-class 'Bad Name!'" in r.stderr and not (tmp_path / "a").exists()
+    r = _run("render", "k8s", "--install", "-o", str(tmp_path / "b"), "--namespace", "BAD NS")
+    assert r.exit_code == 2 and "--namespace 'BAD NS'" in r.stderr
