@@ -297,3 +297,18 @@ def test_the_generation_thread_takes_l2_blocks_read_before_and_never_waits_for_r
     _, cached, _ = runner.cached_prefix(ids, 0, None, l2_values)
     assert cached > 0 and readers == []  # the lookup used what was read: no Redis call on this thread
     cache.close()
+
+
+def test_prefix_cache_queries_count_every_prompt_token_as_vllm_does(tiny_model, tmp_path):
+    """Only the tokens of whole reusable blocks were counted: a hit rate of 1.0 where vLLM's gives 0.9."""
+    e = engine(tiny_model, tmp_path, name="queries")
+    try:
+        body = {"model": "tiny", "prompt": PROMPT + "tail", "max_tokens": 1}
+        usage = [httpx.post(e.url + "/v1/completions", json=body, headers=TOKENS[e.url], timeout=60).json()["usage"]
+                 for _ in range(2)]
+        queries = sample(e.url, "vllm:prefix_cache_queries_total", TOKENS[e.url], model_name="tiny")
+        hits = sample(e.url, "vllm:prefix_cache_hits_total", TOKENS[e.url], model_name="tiny")
+        assert queries == sum(u["prompt_tokens"] for u in usage)
+        assert hits == usage[1]["prompt_tokens_details"]["cached_tokens"] > 0 and hits < usage[1]["prompt_tokens"]
+    finally:
+        e.stop()

@@ -125,8 +125,9 @@ def test_prefix_cache_collector_exports_each_family_once_with_a_sample_per_tier(
                                 get_seconds=[0.002, 0.02], put_seconds=[0.5])
         return SimpleNamespace(name=name, stats=stats)
 
-    cache = SimpleNamespace(block_shape=(2, 1, 1, 16, 8), queries=10, hits={"engine": 3, "l1": 2, "l2": 1},
-                            engine_misses=7, _blocks=[1, 2], engine_blocks=8, l1=store("l1", 2), l2=store("l2", 1),
+    cache = SimpleNamespace(block_shape=(2, 1, 1, 16, 8), queries=10, query_tokens=175,
+                            hits={"engine": 3, "l1": 2, "l2": 1}, engine_misses=7, _blocks=[1, 2], engine_blocks=8,
+                            l1=store("l1", 2), l2=store("l2", 1),
                             tenant_l2={"acme": store("l2", 0)})
     reg = CollectorRegistry()
     reg.register(PrefixCacheCollector(cache, "m"))
@@ -138,7 +139,7 @@ def test_prefix_cache_collector_exports_each_family_once_with_a_sample_per_tier(
     families = {f.name: f for f in text_string_to_metric_families(text)}
     tiers = {s.labels["tier"] for s in families["fleetserve_kv_tier_misses"].samples}
     assert tiers == {"engine", "l1", "l2", "l2:acme"}  # the engine tier's too, or its ratio is never recorded
-    assert families["vllm:prefix_cache_queries"].samples[0].value == 160  # blocks x block size
+    assert families["vllm:prefix_cache_queries"].samples[0].value == 175  # every prompt token, as vLLM counts
     get = {s.labels["le"]: s.value for s in families["fleetserve_kv_tier_get_seconds"].samples
            if s.name.endswith("_bucket") and s.labels["tier"] == "l1"}
     assert get["0.005"] == 1 and get["0.025"] == 2 and get["+Inf"] == 2

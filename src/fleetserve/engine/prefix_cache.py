@@ -42,7 +42,8 @@ class PrefixCache:
         self._writer.start()
         self.l2_watchers = [L2EvictionWatcher(store, self._l2_evicted).start() for store in self._l2_stores()]
         self.hits = {"engine": 0, "l1": 0, "l2": 0}
-        self.queries = 0
+        self.queries = 0  # blocks looked up
+        self.query_tokens = 0  # prompt tokens looked up, all of them (vLLM's prefix_cache_queries)
         self.engine_misses = 0  # blocks looked up that the engine tier did not hold
         self.dropped_writes = 0
 
@@ -74,10 +75,13 @@ class PrefixCache:
         return {k: v for k, v in zip(rest, store.get_many(rest), strict=True) if v is not None} if rest else {}
 
     def lookup(self, keys: list[int], tenant: str | None = None,
-               l2_values: dict[int, bytes] | None = None) -> list[tuple[str, torch.Tensor]]:
+               l2_values: dict[int, bytes] | None = None, prompt_tokens: int | None = None
+               ) -> list[tuple[str, torch.Tensor]]:
         """The longest cached prefix of `keys`, as (tier, block) pairs; `l2_values`: what `prefetch_l2` read
-        (then L2 is not read here)."""
+        (then L2 is not read here); `prompt_tokens`: the prompt's length, for the queries counter (default: the
+        blocks' tokens)."""
         self.queries += len(keys)
+        self.query_tokens += prompt_tokens if prompt_tokens is not None else len(keys) * self.block_shape[3]
         blocks = self._blocks
         found = [("engine", blocks[key]) for key in keys[:match_prefix(blocks, keys, touch=True)]]
         self.engine_misses += len(keys) - len(found)

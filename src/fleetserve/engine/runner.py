@@ -104,7 +104,7 @@ class ModelRunner:
             return DynamicCache(config=self.model.config), 0, []
         keys = chain_keys(prompt_ids, self.block_size, root)
         found = self.prefix_cache.lookup(keys[: reusable_blocks(len(prompt_ids), self.block_size)], tenant,
-                                         l2_values)
+                                         l2_values, len(prompt_ids))
         if not found:
             return DynamicCache(config=self.model.config), 0, keys
         return self._cache_from_blocks([block for _, block in found]), len(found) * self.block_size, keys
