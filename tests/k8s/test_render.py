@@ -884,3 +884,33 @@ def test_long_endpoint_names_keep_alerts_and_overflow_on_their_pods():
         check = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True,
                                timeout=60)
         assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_node_affinity_preferences_reach_the_pods_and_add_no_identical_tiers():
+    """AWS's node-affinity sample: its two preferences (a zone, and a misspelt instance-type key) narrowed
+    nothing the catalog models, so three identical tiers, NodePools and overflow ScaledObjects were rendered,
+    and the pods lost both preferences; ml.g5.16xlarge (then outside the catalog) was dropped unsaid."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["placement"] = {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "node.kubernetes.io/instance-type", "operator": "In",
+             "values": ["ml.g5.16xlarge", "ml.g5.12xlarge", "ml.g5.8xlarge"]}]}]},
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "preference": {"matchExpressions": [
+                {"key": "node.kubernetes.io/instanceType", "operator": "In", "values": ["ml.g5.8xlarge"]}]}},
+            {"weight": 50, "preference": {"matchExpressions": [
+                {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-2a"]}]}}]}}
+    rendered, loaded = _objects(doc)
+    (pool,) = _by(rendered, "NodePool")
+    types = next(r["values"] for r in pool["spec"]["template"]["spec"]["requirements"]
+                 if r["key"] == "node.kubernetes.io/instance-type")
+    assert sorted(types) == ["g5.12xlarge", "g5.16xlarge", "g5.8xlarge"]
+    engines = [d for d in _by(rendered, "Deployment") if d["metadata"]["labels"]["app.kubernetes.io/component"]
+               == "engine"]
+    assert len(engines) == 1
+    preferred = engines[0]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert [p["weight"] for p in preferred] == [100, 50]
+    assert preferred[0]["preference"]["matchExpressions"][0]["values"] == ["ml.g5.8xlarge"]  # another key: as given
+    notes = [w.message for w in loaded.warnings if w.path == "spec.placement.nodeAffinity"]
+    assert any("'node.kubernetes.io/instanceType' is not the instance-type label" in n for n in notes)

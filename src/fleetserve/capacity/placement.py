@@ -227,4 +227,7 @@ def _affinity_tiers(affinity: dict, catalog: Catalog, capacity_types: tuple[str,
     rest = tuple(n for n in names if any(allowed(n, c) for c in capacity_types))
     if rest:
         tiers.append(Tier(rest, tuple(c for c in capacity_types if any(allowed(n, c) for n in rest))))
-    return tiers
+    # a preference on a label the catalog does not model (a zone; AWS's sample misspells the instance-type
+    # key) narrows nothing here: it rendered three identical tiers, NodePools and overflow ScaledObjects. The
+    # pods carry every preference as written (k8s/engine.py), where the scheduler weighs it.
+    return [t for i, t in enumerate(tiers) if t not in tiers[:i]]

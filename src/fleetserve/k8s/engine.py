@@ -20,6 +20,7 @@ import math
 from pathlib import PurePosixPath
 
 from fleetserve.api.limits import engine_body_limit, engine_header_limit
+from fleetserve.capacity.catalog import Catalog
 from fleetserve.capacity.placement import (
     CAPACITY_TYPE_LABEL,
     INSTANCE_TYPE_LABEL,
@@ -256,7 +257,16 @@ def _affinity(ctx: Context, tier: int) -> dict | None:
         exprs.append({"key": ZONE_LABEL, "operator": "In", "values": list(ctx.options.zones)})
     terms = [{"matchExpressions": exprs + extra} for extra in required_extras(ctx) or [[]]]
     unique = [t for i, t in enumerate(terms) if t not in terms[:i]]
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": unique}}}
+    node = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": unique}}
+    preferred = (ctx.endpoint.spec.placement.node_affinity or {}).get("preferredDuringSchedulingIgnoredDuringExecution")
+    if preferred:  # soft: the scheduler weighs them among the nodes the tier allows (they were dropped); types
+        # named as the tiers name them (EC2's, as Karpenter labels nodes: ml.g5.8xlarge -> g5.8xlarge)
+        node["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            {**p, "preference": {**(p.get("preference") or {}), "matchExpressions": [
+                {**e, "values": [Catalog.canonical(v) for v in e.get("values") or []]}
+                if e.get("key") == INSTANCE_TYPE_LABEL and "values" in e else dict(e)
+                for e in (p.get("preference") or {}).get("matchExpressions") or []]}} for p in preferred]
+    return {"nodeAffinity": node}
 
 
 def required_extras(ctx: Context) -> list[list[dict]]:

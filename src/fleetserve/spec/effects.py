@@ -85,6 +85,8 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if auto is not None and auto.enabled and spec.replicas > auto.max_replica_count:
         note("spec.replicas", f"{spec.replicas} is above autoscaling.maxReplicaCount ({auto.max_replica_count}): "
                               f"the fleet runs at most {auto.max_replica_count}")
+    if spec.placement.node_affinity:
+        _affinity_notes(spec.placement.node_affinity, note)
     if spec.placement.instance_types:
         from fleetserve.capacity.catalog import Catalog
         from fleetserve.capacity.placement import fits, replica_request
@@ -182,3 +184,27 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if spec.model.prefetch:
         note("spec.model.prefetch", "weights are loaded from the local cache at start; prefetch is implicit")
     return notes
+
+
+def _affinity_notes(affinity: dict, note) -> None:
+    """Instance types the catalog does not know, in nodeAffinity (they were dropped without a word: tiers and
+    NodePools list catalog types only), and a misspelt instance-type key (AWS's own sample has one)."""
+    from fleetserve.capacity.catalog import Catalog
+    from fleetserve.capacity.placement import INSTANCE_TYPE_LABEL
+
+    catalog = Catalog.builtin()
+    required = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    preferred = [p.get("preference") or {} for p in
+                 affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []]
+    for term in [*required, *preferred]:
+        for expr in term.get("matchExpressions") or []:
+            key = expr.get("key")
+            if key == INSTANCE_TYPE_LABEL:
+                unknown = [v for v in expr.get("values") or [] if v not in catalog]
+                if unknown:
+                    note("spec.placement.nodeAffinity", f"{', '.join(map(repr, unknown))} not in the built-in "
+                         "catalog: no tier, NodePool, simulation or plan uses them (a misspelt type would leave "
+                         f"pods Pending); known: {', '.join(catalog.names())}")
+            elif isinstance(key, str) and key.replace("-", "").lower().endswith("instancetype"):
+                note("spec.placement.nodeAffinity", f"key {key!r} is not the instance-type label; "
+                                                    f"{INSTANCE_TYPE_LABEL!r} is, and nodes carry only that")
