@@ -235,8 +235,9 @@ KV_TIER_HITS = _m("fleetserve_kv_tier_hits_total", "counter", "Blocks found per 
                   by=(ENGINE,))
 KV_TIER_MISSES = _m("fleetserve_kv_tier_misses_total", "counter", "Blocks that reached the tier and were not "
                     "found there (a prefix ends at its first miss)", "kv", "blocks", _T, by=(ENGINE,))
-KV_TIER_EVICTIONS = _m("fleetserve_kv_tier_evictions_total", "counter", "Blocks evicted", "kv", "blocks", _T,
-                       by=(ENGINE,))
+KV_TIER_EVICTIONS = _m("fleetserve_kv_tier_evictions_total", "counter", "Blocks evicted (l2: the shared Redis's "
+                       "evictions of this model's blocks, which every replica sees alike: take the max across "
+                       "replicas, not the sum)", "kv", "blocks", _T, by=(ENGINE,))
 KV_TIER_BYTES_IN = _m("fleetserve_kv_tier_bytes_in_total", "counter", "Bytes written to the tier", "kv",
                       "bytes", _T, by=(ENGINE,))
 KV_TIER_BYTES_OUT = _m("fleetserve_kv_tier_bytes_out_total", "counter", "Bytes loaded from the tier", "kv",
