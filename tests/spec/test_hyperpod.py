@@ -446,3 +446,21 @@ def test_settings_the_gateway_does_not_honour_are_warned():
     assert "POST /invocations" in warned["spec.invocationEndpoint"]
     assert "'round_robin' not used" in warned["spec.loadBalancer.routingAlgorithm"]
     assert "spec.invocationEndpoint" not in {w.path for w in _loaded(lambda spec: None).warnings}
+
+
+def test_each_cloudwatch_trigger_of_a_list_is_named_in_the_warning():
+    """A list of two (Invocations, ModelLatency) became one concurrency trigger under a warning that named
+    `cloudWatchTrigger`, a field the document did not have."""
+    def two(spec):
+        spec["autoScalingSpec"].pop("prometheusTrigger", None)
+        spec["autoScalingSpec"]["cloudWatchTriggerList"] = [
+            {"name": "inv", "metricName": "Invocations", "metricStat": "Sum", "targetValue": 10},
+            {"name": "lat", "metricName": "ModelLatency", "metricStat": "Average", "targetValue": 500,
+             "metricType": "Value"}]
+
+    loaded = _loaded(two)
+    warned = {w.path: w.message for w in loaded.warnings if "cloudWatch" in w.path}
+    assert set(warned) == {"spec.autoScalingSpec.cloudWatchTriggerList[0]",
+                           "spec.autoScalingSpec.cloudWatchTriggerList[1]"}
+    assert "'Invocations Sum 10'" in warned["spec.autoScalingSpec.cloudWatchTriggerList[0]"]
+    assert [t.metric for t in loaded.endpoint.spec.autoscaling.triggers] == ["concurrency"]

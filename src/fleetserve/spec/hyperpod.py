@@ -242,11 +242,16 @@ def _triggers(a: dict[str, Any], warn) -> list[dict[str, Any]]:
                                        "tenant) is not set")
         if trig.get("name"):
             warn(f"{where}.name", f"the ScaledObject trigger is named t{len(out) - 1}-prometheus")
-    if a.get("cloudWatchTrigger") or a.get("cloudWatchTriggerList"):
-        warn(
-            "spec.autoScalingSpec.cloudWatchTrigger",
-            "CloudWatch is AWS-only; replaced by a concurrency trigger (target 4 per replica) on our own metrics",
-        )
+    watched = [("spec.autoScalingSpec.cloudWatchTrigger", a["cloudWatchTrigger"])] if a.get("cloudWatchTrigger") \
+        else [(f"spec.autoScalingSpec.cloudWatchTriggerList[{i}]", t)
+              for i, t in enumerate(a.get("cloudWatchTriggerList") or [])]
+    for where, trig in watched:  # each named: a list of two (Invocations, ModelLatency) read as one trigger
+        what = " ".join(str(trig.get(k)) for k in ("metricName", "metricStat", "targetValue") if trig.get(k)) \
+            if isinstance(trig, dict) else ""
+        warn(where, f"CloudWatch{' ' + repr(what) if what else ''} is AWS-only: not rendered; "
+                    + ("the fleet scales on concurrency (target 4 per replica) on its own metrics instead"
+                       if where == watched[0][0] else "the concurrency trigger above replaces the list"))
+    if watched:
         out.append({"metric": "concurrency", "target": 4, "activationTarget": 0})
     return out
 
