@@ -183,3 +183,11 @@ def test_tool_calls_in_the_history_are_refused_as_tools_are():
     assert (err.param, err.code) == ("messages[1].tool_calls", "unsupported_value")
     parse_chat({**CHAT, "messages": [{"role": "assistant", "content": "x", "tool_calls": []},
                                      {"role": "user", "content": "hi"}]})
+
+
+def test_the_names_remembered_for_the_ignored_fields_log_are_bounded(monkeypatch):
+    """Clients choose the names: one new name per request grew the set without end."""
+    monkeypatch.setattr(protocol, "_IGNORED_SEEN", set())
+    for i in range(protocol.MAX_IGNORED_NAMES + 50):
+        parse_chat({**CHAT, f"x{i}": 1, f"y{i}": 2})
+    assert len(protocol._IGNORED_SEEN) == protocol.MAX_IGNORED_NAMES

@@ -206,6 +206,7 @@ _COMMON = frozenset({
     "safety_identifier", *_UNSUPPORTED})
 _KNOWN = {"chat": _COMMON | {"messages"}, "completion": _COMMON | {"prompt", "echo"}}
 _IGNORED_SEEN: set[str] = set()
+MAX_IGNORED_NAMES = 256
 
 
 def _unsupported(body: dict) -> None:
@@ -221,9 +222,13 @@ def _unsupported(body: dict) -> None:
 
 
 def _note_ignored(body: dict, kind: str) -> None:
-    """Log, once per process and name, a request field this endpoint does not know and so ignores."""
+    """Log, once per process and name, a request field this endpoint does not know and so ignores; at most
+    `MAX_IGNORED_NAMES` names are remembered (clients choose them: an unbounded set was a slow memory leak)."""
+    if len(_IGNORED_SEEN) >= MAX_IGNORED_NAMES:
+        return
     unknown = [name for name in body if name not in _KNOWN[kind] and name not in _IGNORED_SEEN]
     if unknown:
+        unknown = unknown[:MAX_IGNORED_NAMES - len(_IGNORED_SEEN)]
         _IGNORED_SEEN.update(unknown)
         log.warning("ignored unknown request field(s) %s in /v1/%s (logged once per name)",
                     ", ".join(map(repr, unknown[:10])), "chat/completions" if kind == "chat" else "completions")
