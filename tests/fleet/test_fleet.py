@@ -183,6 +183,17 @@ def test_fleet_starts_its_own_redis_for_l2_and_stops_it(tmp_path, tiny_model, ho
     again = httpx.post(state["url"] + "/completions", json=body, timeout=60).json()
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    # the supervisor pings L2 for status: a stopped (SIGSTOP) Redis read "up" before
+    import os
+    import signal
+
+    os.kill(state["redis_pid"], signal.SIGSTOP)
+    try:
+        wait_until(lambda: status(home)[0]["l2_status"].startswith("not answering"), 60, what="L2 not answering")
+        assert "l2: redis://127.0.0.1:" in fleetserve("status", env=home, check=True).stdout
+    finally:
+        os.kill(state["redis_pid"], signal.SIGCONT)
+    wait_until(lambda: status(home)[0]["l2_status"] == "up", 60, what="L2 up again")
     assert fleetserve("down", env=home).returncode == 0
     assert leftovers(home) == []  # redis-server included
 

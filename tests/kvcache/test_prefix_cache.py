@@ -312,3 +312,21 @@ def test_prefix_cache_queries_count_every_prompt_token_as_vllm_does(tiny_model, 
         assert hits == usage[1]["prompt_tokens_details"]["cached_tokens"] > 0 and hits < usage[1]["prompt_tokens"]
     finally:
         e.stop()
+
+
+def test_redis_health_says_why_it_is_not_up(redis_server):
+    import os
+    import signal
+
+    from fleetserve.kvcache.tiers import redis_health
+
+    url = redis_server["url"]
+    assert redis_health(url) == "up"
+    os.kill(redis_server["proc"].pid, signal.SIGSTOP)
+    try:
+        assert redis_health(url) == "not answering (TimeoutError)"
+    finally:
+        os.kill(redis_server["proc"].pid, signal.SIGCONT)
+    redis_server["proc"].kill()
+    redis_server["proc"].wait()
+    assert redis_health(url).startswith("unreachable")

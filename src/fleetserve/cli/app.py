@@ -278,6 +278,9 @@ def _print_fleet(f) -> None:
     if f.prometheus_url:
         out.print(f"  prometheus: {f.prometheus_url}" + (f" (was; the fleet is {f.status})" if gone else
                                                           f" ({_prometheus_login(f)})"), markup=False)
+    if f.l2_url:
+        out.print(f"  l2: {f.l2_url} {f.l2_status or 'unknown'}" + (f" (was; the fleet is {f.status})" if gone else ""),
+                  markup=False)
     if f.last_decision:
         out.print(f"  last decision: {f.last_decision['desired']} replica(s): {f.last_decision['reason']}",
                   markup=False)

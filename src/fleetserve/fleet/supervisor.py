@@ -74,6 +74,7 @@ MAX_PORT_MOVES = 3
 ENGINE_STOP_GRACE_S = 1.0
 ROUTER_EXIT_S = 5.0  # a stopping router's time to exit after its drain, before the replicas stop anyway
 REDIS_PASSWORD = "redis.password"  # in the fleet's run folder, 0600
+L2_PROBE_S = 10.0  # how often the L2 Redis is pinged for `status` (an external one was never checked)
 
 
 def engine_url(port: int) -> str:
@@ -127,6 +128,7 @@ class Supervisor:
         self._token_file: Path | None = None
         self._router_backoff = Backoff(cap=RESTART_BACKOFF_MAX)
         self._redis_backoff = Backoff(cap=RESTART_BACKOFF_MAX)
+        self._l2_probe_at = 0.0
         self.redis: Child | None = None
         self.l2_url = ""
         self.prometheus: Child | None = None
@@ -588,7 +590,14 @@ class Supervisor:
         if not l2.enabled:
             return
         if l2.url:
+            from fleetserve.kvcache.tiers import split_credentials
+
             self.l2_url = l2.url
+            self.state.l2_url = split_credentials(l2.url)[0]  # shown by status: never its password
+            self._probe_l2(self.monotonic())
+            if self.state.l2_status != "up":
+                self.say(f"L2 Redis at {self.state.l2_url} is {self.state.l2_status}: engines serve from L1 and "
+                         "recompute until it answers")
             return
         if not shutil.which("redis-server"):
             raise StartupError("spec.kvCache.l2.enabled needs redis-server (apt-get install redis-server) "
@@ -831,7 +840,19 @@ class Supervisor:
                 self.state.l2_status, self.state.redis_pid = "up", self.redis.pid
             if self._keep_alive(self.prometheus, self._prometheus_backoff, mono, "prometheus"):
                 self.state.prometheus_pid = self.prometheus.pid
+            self._probe_l2(mono)
             time.sleep(self.poll_interval)
+
+    def _probe_l2(self, mono: float) -> None:
+        """Ping the L2 Redis every L2_PROBE_S: `status` said nothing of an unreachable external one, and a
+        stopped (SIGSTOP) own one still read "up". Our own one while the supervisor restarts it keeps that."""
+        if not self.l2_url or mono < self._l2_probe_at or self.state.l2_status.startswith("restarting"):
+            return
+        from fleetserve.kvcache.tiers import redis_health
+
+        self._l2_probe_at = mono + L2_PROBE_S
+        password = (self.dir / REDIS_PASSWORD).read_text() if self.redis is not None else None
+        self.state.l2_status = redis_health(self.l2_url, password)
 
     def _keep_alive(self, child: Child | None, backoff: Backoff, mono: float, what: str) -> bool:
         """Restart a supervised service that exited, after its back-off; True when it was restarted now."""

@@ -114,6 +114,27 @@ class L1Store:
         return self._bytes
 
 
+def redis_health(url: str, password: str | None = None, timeout: float = 0.5) -> str:
+    """"up", or why not ("unreachable (ConnectionError)", "not answering (TimeoutError)", "refused
+    (AuthenticationError)"): what `status` shows for the L2 tier, probed by the supervisor."""
+    import redis
+
+    bare, user, in_url = split_credentials(url)
+    auth = {k: v for k, v in (("username", user), ("password", password or in_url)) if v}
+    client = redis.Redis.from_url(bare, socket_timeout=timeout, socket_connect_timeout=timeout, **auth)
+    try:
+        client.ping()
+        return "up"
+    except redis.TimeoutError as exc:
+        return f"not answering ({type(exc).__name__})"
+    except (redis.AuthenticationError, redis.ResponseError) as exc:
+        return f"refused ({type(exc).__name__}: {str(exc)[:80]})"
+    except (redis.RedisError, OSError) as exc:
+        return f"unreachable ({type(exc).__name__})"
+    finally:
+        client.close()
+
+
 def split_credentials(url: str) -> tuple[str, str | None, str | None]:
     """(the URL without its user and password, user, password). redis-py's URL parser stops a password at its
     first `/` (the 'Port could not be cast to integer' of a base64 password); the host never holds an `@`, so
