@@ -54,6 +54,13 @@ def test_reuse_from_every_tier_gives_identical_greedy_output(tiny_model, tmp_pat
         clear(cached.url, "engine,l1")
         from_l2, hit_l2 = ask(cached.url)
         assert from_l2 == reference and hit_l2 == hit
+        # an L2 hit is promoted into L1: the next read after the engine tier lets go does not cross the network
+        l1_before = sample(cached.url, "fleetserve_kv_tier_hits_total", TOKENS[cached.url], tier="l1")
+        l2_before = sample(cached.url, "fleetserve_kv_tier_hits_total", TOKENS[cached.url], tier="l2")
+        clear(cached.url, "engine")
+        assert ask(cached.url) == (reference, hit)
+        assert sample(cached.url, "fleetserve_kv_tier_hits_total", TOKENS[cached.url], tier="l1") > l1_before
+        assert sample(cached.url, "fleetserve_kv_tier_hits_total", TOKENS[cached.url], tier="l2") == l2_before
         for tier in ("engine", "l1", "l2"):
             assert sample(cached.url, "fleetserve_kv_tier_hits_total", TOKENS[cached.url], tier=tier) > 0
             # every tier's misses (the engine's were not exported: its hit ratio was never recorded)

@@ -89,7 +89,7 @@ class PrefixCache:
             rest = keys[len(found):]
             if store is None or not rest:
                 continue
-            promoted = []
+            promoted, raw = [], []
             values = [l2_values.get(k) for k in rest] if l2_values is not None and store is not self.l1 else \
                 store.get_many(rest)
             for key, value in zip(rest, values, strict=True):
@@ -102,13 +102,23 @@ class PrefixCache:
                 store.stats.hits += 1
                 found.append((store.name, block))
                 promoted.append((key, block))
+                raw.append((key, value))
             # a prefix ends at its first miss: every block of the rest that this tier did not give is missed
             # here, so hits / (hits + misses) is the share of the blocks reaching the tier that it held
             store.stats.misses += len(rest) - len(promoted)
             self._admit(promoted)
+            if store is not self.l1 and self.l1 is not None and raw:
+                self._promote_to_l1(raw)  # a block read from L2 is likely read again: next time, not over the network
         for tier, _ in found:
             self.hits[tier] += 1
         return found
+
+    def _promote_to_l1(self, raw: list[tuple[int, bytes]]) -> None:
+        stored = self.l1.put_many(raw)  # the values as stored (key header included): no copy, no packing
+        self.events.publish("stored", stored, self.l1.name)
+        evicted = self.l1.drain_evicted()
+        if evicted:
+            self.events.publish("removed", evicted, self.l1.name)
 
     def _admit(self, items: list[tuple[int, torch.Tensor]]) -> None:
         stored = []
@@ -154,9 +164,10 @@ class PrefixCache:
             try:
                 stored = store.put_many(values)
                 self.events.publish("stored", stored, store.name)
-                if isinstance(store, L1Store) and store.evicted:
-                    evicted, store.evicted = store.evicted, []
-                    self.events.publish("removed", evicted, store.name)
+                if isinstance(store, L1Store):
+                    evicted = store.drain_evicted()
+                    if evicted:
+                        self.events.publish("removed", evicted, store.name)
             except Exception:  # a tier failure must never take the engine down
                 log.exception("writing KV blocks to %s failed", store.name)
 

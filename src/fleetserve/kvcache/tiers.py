@@ -99,6 +99,13 @@ class L1Store:
                     self.evicted.append(evicted_key)
         return stored
 
+    def drain_evicted(self) -> list[int]:
+        """The keys evicted since the last call (for KV events); under the lock, as puts from the writer thread
+        and promotions from the generation thread both evict."""
+        with self._lock:
+            evicted, self.evicted = self.evicted, []
+        return evicted
+
     def keys(self) -> list[int]:
         with self._lock:
             return list(self._blocks)
