@@ -269,15 +269,14 @@ def test_a_full_redis_under_noeviction_pauses_writes_not_reads(redis_server, cap
     assert store.stats.failures == 1
 
 
-def test_the_generation_thread_takes_l2_blocks_read_before_and_never_waits_for_redis(tiny_model, redis_server):
-    """L2 was read (one MGET, up to its 0.5 s timeout) inside the generation thread at each new request's
-    lookup: a slow Redis stalled every running stream. The tokenizer pool now reads them with the prompt."""
-    import asyncio
+def _runner_with_l2(tiny_model, redis_url):
+    """An in-process runner and engine with an L2 on `redis_url`, whose L2 holds PROMPT's blocks and whose
+    engine tier does not."""
     import threading
 
     import redis
 
-    from fleetserve.api.protocol import SamplingParams, parse_completion
+    from fleetserve.api.protocol import SamplingParams
     from fleetserve.engine.main import attach_prefix_cache
     from fleetserve.engine.runner import ModelRunner
     from fleetserve.engine.server import Engine, EngineSettings
@@ -285,24 +284,81 @@ def test_the_generation_thread_takes_l2_blocks_read_before_and_never_waits_for_r
 
     runner = ModelRunner(tiny_model, threads=1)
     engine = Engine(runner, EngineSettings("tiny", ModelIdentity("default", "tiny", "1", "local", "r0")))
-    attach_prefix_cache(engine, 16, 1 << 20, 0, redis_server["url"])
-    cache = runner.prefix_cache
+    attach_prefix_cache(engine, 16, 1 << 20, 0, redis_url)
     ids = runner.encode(PROMPT)
     runner.generate(ids, SamplingParams(temperature=0.0), 1, lambda token: True, threading.Event())  # fills L2
-    wait_until(lambda: redis.Redis.from_url(redis_server["url"]).dbsize() > 0, 30, what="L2 writes")
-    cache.clear({"engine"})
+    wait_until(lambda: redis.Redis.from_url(redis_url).dbsize() > 0, 30, what="L2 writes")
+    runner.prefix_cache.clear({"engine"})
+    return runner, engine, ids
+
+
+def _record_l2_readers(cache):
+    import threading
+
     readers = []
     original = cache.l2.get_many
     cache.l2.get_many = lambda keys: readers.append(threading.current_thread().name) or original(keys)
+    return readers
+
+
+def test_the_generation_thread_takes_l2_blocks_read_before_and_never_waits_for_redis(tiny_model, redis_server):
+    """L2 was read (one MGET, up to its 0.5 s timeout) inside the generation thread at each new request's
+    lookup: a slow Redis stalled every running stream. The tokenizer pool now reads them with the prompt, and
+    the batching scheduler hands them to the lookup."""
+    import asyncio
+
+    from fleetserve.api.protocol import SamplingParams, parse_completion
+    from fleetserve.engine.batching import BatchScheduler
+    from fleetserve.engine.scheduler import Job
+
+    runner, engine, ids = _runner_with_l2(tiny_model, redis_server["url"])
+    cache = runner.prefix_cache
+    readers = _record_l2_readers(cache)
 
     async def tokenize():
         return await engine._tokenize(parse_completion({"prompt": PROMPT, "max_tokens": 1}))
 
-    prompt_ids, _, l2_values = asyncio.run(tokenize())
-    assert prompt_ids == ids and l2_values and readers and all(r.startswith("tokenize") for r in readers)
+    prompt_ids, _, prefetched = asyncio.run(tokenize())
+    assert prompt_ids == ids and prefetched.values and readers and all(r.startswith("tokenize") for r in readers)
+    assert cache._prefetched > 0
     readers.clear()
-    _, cached, _ = runner.cached_prefix(ids, 0, None, l2_values)
-    assert cached > 0 and readers == []  # the lookup used what was read: no Redis call on this thread
+    scheduler = BatchScheduler.__new__(BatchScheduler)  # its loop thread is not needed: one admission
+    scheduler.runner = runner
+    job = Job(ids, SamplingParams(temperature=0.0), 1, asyncio.new_event_loop(), prefetched=prefetched)
+    del prefetched
+    scheduler._start_prefill(job)
+    assert scheduler.prefill.cached_tokens > 0 and readers == []  # no Redis call on the generation thread
+    assert job.prefetched is None and cache._prefetched == 0  # released at admission: the budget is free again
+    cache.close()
+
+
+def test_a_block_the_engine_tier_let_go_after_the_prefetch_is_still_read_from_l2(tiny_model, redis_server):
+    """The prefetch skips what the engine tier holds; evicted before the job's admission, the lookup missed
+    at the first such block and lost the whole L2 prefix."""
+    runner, engine, ids = _runner_with_l2(tiny_model, redis_server["url"])
+    cache = runner.prefix_cache
+    cold = runner.cached_prefix(ids, 0, None)[1]  # from L2, into the engine tier
+    assert cold > 0
+    prefetched = runner.prefetch_l2(ids, 0, None)
+    assert prefetched.start > 0 and not prefetched.values  # the engine tier held it all
+    cache.clear({"engine"})  # evicted before the admission
+    assert runner.cached_prefix(ids, 0, None, prefetched)[1] == cold
+    cache.close()
+
+
+def test_prefetching_stops_at_its_byte_budget_and_a_dropped_job_gives_its_share_back(tiny_model, redis_server):
+    import gc
+
+    runner, engine, ids = _runner_with_l2(tiny_model, redis_server["url"])
+    cache = runner.prefix_cache
+    first = runner.prefetch_l2(ids, 0, None)
+    held = cache._prefetched
+    assert first is not None and held > 0
+    cache.prefetch_budget = held + 1  # room for no second one
+    assert runner.prefetch_l2(ids, 0, None) is None  # the lookup then reads L2 itself, as before
+    del first  # a job refused or cancelled before admission
+    gc.collect()
+    assert cache._prefetched == 0 and runner.prefetch_l2(ids, 0, None) is not None
     cache.close()
 
 

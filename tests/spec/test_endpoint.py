@@ -390,3 +390,7 @@ def test_a_block_size_no_prompt_can_fill_is_warned():
     text = GOOD.replace("version: \"3\"}", "version: \"3\", contextLength: 4096}") + "  kvCache: {blockSize: 100000}\n"
     (warning,) = [w for w in load_spec_text(text).warnings if w.path == "spec.kvCache.blockSize"]
     assert "nothing is cached" in warning.message
+
+
+def test_an_upper_case_redis_scheme_still_validates():  # redis-py lower-cases it: REDIS:// had worked
+    load_spec_text(GOOD + "  kvCache: {l2: {enabled: true, url: 'REDIS://localhost:6379/0'}}\n")

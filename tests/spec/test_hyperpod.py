@@ -464,3 +464,16 @@ def test_each_cloudwatch_trigger_of_a_list_is_named_in_the_warning():
                            "spec.autoScalingSpec.cloudWatchTriggerList[1]"}
     assert "'Invocations Sum 10'" in warned["spec.autoScalingSpec.cloudWatchTriggerList[0]"]
     assert [t.metric for t in loaded.endpoint.spec.autoscaling.triggers] == ["concurrency"]
+
+
+@pytest.mark.parametrize("args", [["--download-dir", "/tmp", "--port"], ["--host"], ["--served-model-name"]])
+def test_a_flag_last_without_its_value_is_no_traceback(args):
+    """`--port` as the last argument raised IndexError in the mapping: validate and the webhook failed."""
+    from fleetserve.spec.load import load_spec_data
+
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["worker"]["args"] = args
+    try:
+        load_spec_data(doc)
+    except SpecError as exc:  # refused naming the flag is fine; a traceback is not
+        assert args[-1] in str(exc) and "without a value" in str(exc)

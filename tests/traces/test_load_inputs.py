@@ -251,3 +251,14 @@ def test_session_keys_are_text_and_anything_else_is_refused(tmp_path):
         path.write_text(json.dumps({"timestamp": 0, "input_length": 5, "output_length": 1, "session": bad}) + "\n")
         with pytest.raises(TraceError, match=r"s.jsonl:1: session must be a string or a whole number"):
             load_trace(path)
+
+
+def test_an_agent_log_with_tool_calls_in_assistant_turns_loads(tmp_path):
+    """The engines' refusal of tool calls in the history reached the trace loader: agent logs, which vLLM and
+    SGLang fleets answer, were refused."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    log = tmp_path / "agent.jsonl"
+    log.write_text(json.dumps({"messages": [{"role": "user", "content": "weather?"},
+                                            {"role": "assistant", "content": None, "tool_calls": [call]},
+                                            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}) + "\n")
+    assert len(load_trace(log)) == 1

@@ -249,7 +249,7 @@ def _content_text(content: Any, where: str) -> str:
     raise invalid(where, "must be a string or a list of text parts", "invalid_type")
 
 
-def _messages(body: dict) -> list[dict[str, str]]:
+def _messages(body: dict, tool_calls: bool = False) -> list[dict[str, str]]:
     if "messages" not in body:
         raise invalid("messages", "is required", "missing_required_parameter")
     messages = body["messages"]
@@ -265,7 +265,7 @@ def _messages(body: dict) -> list[dict[str, str]]:
         if msg.get("content") is None and role in ("system", "developer", "user"):
             raise invalid(f"messages[{i}].content", f"is required for a {role} message", "missing_required_parameter")
         for name in ("tool_calls", "function_call"):  # the template would drop them: the model never saw the call
-            if msg.get(name) not in (None, []):
+            if not tool_calls and msg.get(name) not in (None, []):
                 raise invalid(f"messages[{i}].{name}", "tool and function calls are not supported by this engine; "
                               "allowed: [] or omitted", "unsupported_value")
         # OpenAI's developer message is the system prompt of newer models; chat templates know only "system"
@@ -318,7 +318,9 @@ def cache_salt_of(body: dict) -> str | None:
     return _utf8(salt, "cache_salt") if salt is not None else None
 
 
-def parse_chat(body: dict) -> ParsedRequest:
+def parse_chat(body: dict, *, tool_calls: bool = False) -> ParsedRequest:
+    """`tool_calls`: an assistant turn's tool calls pass (a trace log replayed against vLLM or SGLang, which
+    render them); the built-in engines refuse them, as they refuse `tools`."""
     _unsupported(body)
     _note_ignored(body, "chat")
     stream = _bool(body, "stream")
@@ -328,7 +330,7 @@ def parse_chat(body: dict) -> ParsedRequest:
         stream=stream,
         include_usage=_stream_options(body, stream),
         sampling=_sampling(body),
-        messages=_messages(body),
+        messages=_messages(body, tool_calls),
         cache_salt=cache_salt_of(body),
     )
 

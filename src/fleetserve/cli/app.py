@@ -397,12 +397,12 @@ def engine(
     from fleetserve.spec.endpoint import REDIS_SCHEMES
 
     schemes = ", ".join(REDIS_SCHEMES)
-    if l2_url is not None and not l2_url.startswith(REDIS_SCHEMES):
+    if l2_url is not None and not l2_url.lower().startswith(REDIS_SCHEMES):
         raise typer.BadParameter(f"{l2_url!r}: expected a URL starting with one of {schemes}", param_hint="--l2-url")
     tenant_l2 = {}
     for item in l2_tenant or []:
         tenant, _, url = item.partition("=")
-        if not tenant or not url.startswith(REDIS_SCHEMES):
+        if not tenant or not url.lower().startswith(REDIS_SCHEMES):
             raise typer.BadParameter(f"{item!r}: expected TENANT=URL, the URL starting with one of {schemes}",
                                      param_hint="--l2-tenant")
         tenant_l2[tenant] = url

@@ -238,7 +238,8 @@ class BatchScheduler(JobQueue):
             self.prefill = None
 
     def _start_prefill(self, job: Job) -> None:
-        cache, cached, keys = self.runner.cached_prefix(job.prompt_ids, job.root, job.tenant, job.l2_values)
+        cache, cached, keys = self.runner.cached_prefix(job.prompt_ids, job.root, job.tenant, job.prefetched)
+        job.prefetched = None  # its bytes are blocks in the engine tier now: the job must not hold a second copy
         self.prefill = Prefill(job, cache, cached, cached, keys)
 
     def _prefill_chunk(self) -> None:

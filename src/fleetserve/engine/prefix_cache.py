@@ -1,10 +1,11 @@
 """The engine's prefix KV cache: its working set of blocks, then L1 (CPU) and L2 (Redis) below it.
 
-Lookup is prefix-contiguous across tiers: engine blocks first, then one batched L1 read, then one batched
-L2 read for what is still missing, stopping at the first miss. Blocks found below the engine are promoted
-into it. New blocks enter the working set at once and are written to L1/L2 by a background thread, so the
-decode loop never waits for Redis. Every change is published as a KV event per tier, Redis's own
-evictions too (kvcache.l2watch).
+Lookup is prefix-contiguous across tiers: engine blocks first, then one batched L1 read, then the L2 blocks
+for what is still missing, stopping at the first miss; those are read ahead with the prompt's tokenizing
+(`prefetch_l2`, within a byte budget), so the generation thread does not wait for Redis. Blocks found
+below the engine are promoted into it (and L2's into L1). New blocks enter the working set at once and are
+written to L1/L2 by a background thread, so the decode loop never waits for Redis. Every change is
+published as a KV event per tier, Redis's own evictions too (kvcache.l2watch).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -25,12 +27,26 @@ from fleetserve.kvcache.tiers import L1Store, RedisStore, pack_block, unpack_blo
 log = logging.getLogger(__name__)
 
 
+class Prefetched:
+    """A prompt's blocks read from L2 before its job was queued: `values` from `start` (the first key the engine
+    tier did not hold then) on. Its bytes count against the cache's prefetch budget until `release()` (called
+    at admission) or until the job is dropped (garbage collected: a refused or cancelled job)."""
+
+    def __init__(self, values: dict[int, bytes], start: int, cache: PrefixCache):
+        self.values = values
+        self.start = start
+        size = sum(len(v) for v in values.values())
+        cache._prefetch_held(size)
+        self.release = weakref.finalize(self, cache._prefetch_held, -size)
+
+
 class PrefixCache:
     def __init__(self, block_shape: tuple[int, ...], dtype: torch.dtype, engine_blocks: int,
                  l1: L1Store | None = None, l2: RedisStore | None = None, events: KVEventLog | None = None,
                  tenant_l2: dict[str, RedisStore] | None = None):
         self.block_shape = block_shape  # (layers, 2, kv_heads, block_size, head_dim)
         self.dtype = dtype
+        self._block_bytes = int(np.prod(block_shape)) * torch.empty((), dtype=dtype).element_size()
         self.engine_blocks = engine_blocks
         self.l1 = l1
         self.l2 = l2
@@ -46,6 +62,11 @@ class PrefixCache:
         self.query_tokens = 0  # prompt tokens looked up, all of them (vLLM's prefix_cache_queries)
         self.engine_misses = 0  # blocks looked up that the engine tier did not hold
         self.dropped_writes = 0
+        # L2 bytes read ahead for queued jobs: at most half the engine tier's size (a queue of 256 long prompts
+        # held gigabytes); past it a job's L2 blocks are read at admission, as before
+        self.prefetch_budget = engine_blocks * self.block_bytes() // 2
+        self._prefetched = 0
+        self._prefetch_lock = threading.Lock()
 
     # --- (de)serialisation ---------------------------------------------------------------------------------
 
@@ -53,7 +74,7 @@ class PrefixCache:
         return block.contiguous().view(torch.uint8).numpy().tobytes()
 
     def _from_bytes(self, payload: bytes) -> torch.Tensor | None:
-        expected = int(np.prod(self.block_shape)) * torch.empty((), dtype=self.dtype).element_size()
+        expected = self.block_bytes()
         if len(payload) != expected:
             return None
         raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
@@ -64,22 +85,35 @@ class PrefixCache:
     def l2_for(self, tenant: str | None) -> RedisStore | None:
         return self.tenant_l2.get(tenant, self.l2) if tenant else self.l2
 
-    def prefetch_l2(self, keys: list[int], tenant: str | None = None) -> dict[int, bytes]:
+    def block_bytes(self) -> int:
+        return self._block_bytes
+
+    def _prefetch_held(self, delta: int) -> None:
+        with self._prefetch_lock:
+            self._prefetched += delta
+
+    def prefetch_l2(self, keys: list[int], tenant: str | None = None) -> Prefetched | None:
         """Read from L2 the blocks of `keys` past what the engine tier holds now, on the caller's thread (the
         tokenizer pool): the generation thread's lookup then takes them from here, and the step loop never waits
-        for Redis (a slow or hung Redis stalled every running stream at each new request's lookup)."""
+        for Redis (a slow or hung Redis stalled every running stream at each new request's lookup). None: no
+        L2, or the prefetch budget is spent (the lookup reads L2 itself)."""
         store = self.l2_for(tenant)
         if store is None or not store.available:
-            return {}
-        rest = keys[match_prefix(self._blocks, keys):]
-        return {k: v for k, v in zip(rest, store.get_many(rest), strict=True) if v is not None} if rest else {}
+            return None
+        start = match_prefix(self._blocks, keys)  # `in` per key: safe beside the generation thread's changes
+        rest = keys[start:]
+        with self._prefetch_lock:
+            if self._prefetched + len(rest) * self.block_bytes() > self.prefetch_budget:
+                return None
+        values = {k: v for k, v in zip(rest, store.get_many(rest), strict=True) if v is not None} if rest else {}
+        return Prefetched(values, start, self)
 
     def lookup(self, keys: list[int], tenant: str | None = None,
-               l2_values: dict[int, bytes] | None = None, prompt_tokens: int | None = None
+               prefetched: Prefetched | None = None, prompt_tokens: int | None = None
                ) -> list[tuple[str, torch.Tensor]]:
-        """The longest cached prefix of `keys`, as (tier, block) pairs; `l2_values`: what `prefetch_l2` read
-        (then L2 is not read here); `prompt_tokens`: the prompt's length, for the queries counter (default: the
-        blocks' tokens)."""
+        """The longest cached prefix of `keys`, as (tier, block) pairs; `prefetched`: what `prefetch_l2` read (L2
+        is then read here only for blocks the engine tier held at the prefetch and has let go since);
+        `prompt_tokens`: the prompt's length, for the queries counter (default: the blocks' tokens)."""
         self.queries += len(keys)
         self.query_tokens += prompt_tokens if prompt_tokens is not None else len(keys) * self.block_shape[3]
         blocks = self._blocks
@@ -90,8 +124,11 @@ class PrefixCache:
             if store is None or not rest:
                 continue
             promoted, raw = [], []
-            values = [l2_values.get(k) for k in rest] if l2_values is not None and store is not self.l1 else \
-                store.get_many(rest)
+            if prefetched is not None and store is not self.l1:
+                gap = max(0, prefetched.start - len(found))  # held by the engine tier then, evicted since
+                values = (store.get_many(rest[:gap]) if gap else []) + [prefetched.values.get(k) for k in rest[gap:]]
+            else:
+                values = store.get_many(rest)
             for key, value in zip(rest, values, strict=True):
                 payload = unpack_block(key, value) if value is not None else None
                 block = self._from_bytes(payload) if payload is not None else None

@@ -82,8 +82,9 @@ class ModelRunner:
             layers.append((keys, values))
         return DynamicCache(ddp_cache_data=layers, config=self.model.config)
 
-    def prefetch_l2(self, prompt_ids: list[int], root: int, tenant: str | None) -> dict[int, bytes] | None:
-        """The prompt's blocks in L2, read before the job reaches the generation thread (None: no L2)."""
+    def prefetch_l2(self, prompt_ids: list[int], root: int, tenant: str | None):
+        """The prompt's blocks in L2 (`prefix_cache.Prefetched`), read before the job reaches the generation
+        thread; None without L2 or past the prefetch budget."""
         from fleetserve.kvcache.blocks import chain_keys
 
         if self.prefix_cache is None or self.prefix_cache.l2_for(tenant) is None:
@@ -91,11 +92,10 @@ class ModelRunner:
         keys = chain_keys(prompt_ids, self.block_size, root)
         return self.prefix_cache.prefetch_l2(keys[: reusable_blocks(len(prompt_ids), self.block_size)], tenant)
 
-    def cached_prefix(self, prompt_ids: list[int], root: int, tenant: str | None,
-                      l2_values: dict[int, bytes] | None = None):
+    def cached_prefix(self, prompt_ids: list[int], root: int, tenant: str | None, prefetched=None):
         """(cache, cached tokens, block keys): the longest cached prefix (engine -> L1 -> L2) loaded into a
         fresh cache; at least one prompt token is always left to compute. Without a prefix cache: empty.
-        `l2_values`: the L2 blocks `prefetch_l2` read (None: L2 is read here)."""
+        `prefetched`: the L2 blocks `prefetch_l2` read (None: L2 is read here); its budget is released here."""
         from transformers import DynamicCache
 
         from fleetserve.kvcache.blocks import chain_keys
@@ -104,7 +104,9 @@ class ModelRunner:
             return DynamicCache(config=self.model.config), 0, []
         keys = chain_keys(prompt_ids, self.block_size, root)
         found = self.prefix_cache.lookup(keys[: reusable_blocks(len(prompt_ids), self.block_size)], tenant,
-                                         l2_values, len(prompt_ids))
+                                         prefetched, len(prompt_ids))
+        if prefetched is not None:
+            prefetched.release()
         if not found:
             return DynamicCache(config=self.model.config), 0, keys
         return self._cache_from_blocks([block for _, block in found]), len(found) * self.block_size, keys
@@ -177,7 +179,7 @@ class ModelRunner:
         cancelled: threading.Event,
         root: int = 0,
         tenant: str | None = None,
-        l2_values: dict[int, bytes] | None = None,
+        prefetched=None,
     ) -> GenerationResult:
         """Generate up to `max_new_tokens`; `on_token` returns False to stop (a stop string was seen).
 
@@ -191,7 +193,7 @@ class ModelRunner:
         if sampling.seed is not None:
             generator = torch.Generator().manual_seed(sampling.seed)
         counts: dict[int, int] = {}
-        cache, cached_tokens, keys = self.cached_prefix(prompt_ids, root, tenant, l2_values)
+        cache, cached_tokens, keys = self.cached_prefix(prompt_ids, root, tenant, prefetched)
         inputs = torch.tensor([prompt_ids[cached_tokens:]], dtype=torch.long)
         produced = 0
         with torch.inference_mode():

@@ -34,7 +34,7 @@ class Job:
     enqueued_at: float = field(default_factory=time.monotonic)
     root: int = 0  # block-key namespace: model build and tenant salt
     tenant: str | None = None  # the router-authenticated tenant (selects a tenant's own L2, if it has one)
-    l2_values: dict[int, bytes] | None = None  # the prompt's L2 blocks, read before the job was queued
+    prefetched: object | None = None  # the prompt's L2 blocks (prefix_cache.Prefetched), read before queueing
 
     def post(self, *event) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -100,7 +100,7 @@ class SerialScheduler(JobQueue):
             return not stream.stopped
 
         result = self.runner.generate(job.prompt_ids, job.sampling, job.max_new_tokens, on_token, job.cancelled,
-                                      job.root, job.tenant, job.l2_values)
+                                      job.root, job.tenant, job.prefetched)
         tail = stream.finish()
         if tail:
             job.post("token", tail)

@@ -114,7 +114,7 @@ class Engine:
                            param="messages" if parsed.kind == "chat" else "prompt", code="context_length_exceeded")
 
     async def _tokenize(self, parsed: ParsedRequest, root: int = 0,
-                        tenant: str | None = None) -> tuple[list[int], int, dict[int, bytes] | None]:
+                        tenant: str | None = None) -> tuple[list[int], int, object | None]:
         """Prompt ids, the token budget and the prompt's blocks in L2, computed off the event loop (health
         probes stay responsive) and off the generation thread (it never waits for Redis)."""
         self._check_text_size(parsed)
@@ -122,7 +122,7 @@ class Engine:
             raise APIError(503, f"{self._tokenizing} prompts are being tokenized; retry shortly", code="overloaded",
                            headers={"Retry-After": "1"})
 
-        def work() -> tuple[list[int], int, dict[int, bytes] | None]:
+        def work() -> tuple[list[int], int, object | None]:
             ids = self._prompt_ids(parsed)
             budget = self._budget(len(ids), parsed.sampling.max_tokens, parsed.kind)
             return ids, budget, self.runner.prefetch_l2(ids, root, tenant)
@@ -194,9 +194,9 @@ class Engine:
             tenant = request.headers.get(TENANT_HEADER)  # EngineGuard lets it through from the router only
             ctx["tenant"] = tenant_hash(tenant)
             root = self.kv_root(tenant, parsed.cache_salt)
-            prompt_ids, max_new, l2_values = await self._tokenize(parsed, root, tenant)
+            prompt_ids, max_new, prefetched = await self._tokenize(parsed, root, tenant)
             job = Job(prompt_ids, parsed.sampling, max_new, asyncio.get_running_loop(), root=root, tenant=tenant,
-                      l2_values=l2_values)
+                      prefetched=prefetched)
             self.scheduler.submit(job)
         except APIError as err:
             m.error(err.status)

@@ -38,6 +38,9 @@ def unpack_block(key: int, value: bytes) -> bytes | None:
 
 @dataclass
 class TierStats:
+    """Counters of one tier. `add` is for counters that several threads change (L2's: the tokenizer pool
+    reads, the writer thread writes): `+=` from two threads can lose a count."""
+
     hits: int = 0
     misses: int = 0
     evictions: int = 0
@@ -47,6 +50,12 @@ class TierStats:
     rejected: int = 0  # values whose header did not match the key
     get_seconds: list[float] = field(default_factory=list)
     put_seconds: list[float] = field(default_factory=list)
+
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + n)
 
     def timing(self, kind: str, seconds: float) -> None:
         target = self.get_seconds if kind == "get" else self.put_seconds
@@ -209,7 +218,7 @@ class RedisStore:
         return time.monotonic() >= self._down_until
 
     def _failed(self, exc: Exception) -> None:
-        self.stats.failures += 1
+        self.stats.add("failures")
         if self.available:
             log.warning("L2 Redis at %s unavailable (%s); serving from L1 and recompute for %.0fs", self.url,
                         type(exc).__name__, self.backoff)
@@ -218,7 +227,7 @@ class RedisStore:
     def _full(self, exc: Exception) -> None:
         """A write refused for memory (OOM under a noeviction policy): writes pause, reads go on. It went the
         way of a dead server, and every read of blocks already there missed for the back-off."""
-        self.stats.failures += 1
+        self.stats.add("failures")
         if time.monotonic() >= self._full_until:
             log.warning("L2 Redis at %s is full (%s: maxmemory reached under a noeviction policy); new blocks are "
                         "not written for %.0fs, blocks already there are still read", self.url, exc, self.backoff)
@@ -236,9 +245,7 @@ class RedisStore:
             self._failed(exc)
             return [None] * len(keys)
         self.stats.timing("get", time.perf_counter() - started)
-        for v in values:
-            if v is not None:
-                self.stats.bytes_out += len(v)
+        self.stats.add("bytes_out", sum(len(v) for v in values if v is not None))
         return list(values)
 
     def put_many(self, items: list[tuple[int, bytes]]) -> list[int]:
@@ -259,7 +266,7 @@ class RedisStore:
             self._failed(exc)
             return []
         self.stats.timing("put", time.perf_counter() - started)
-        self.stats.bytes_in += sum(len(v) for _, v in items)
+        self.stats.add("bytes_in", sum(len(v) for _, v in items))
         return [k for k, _ in items]
 
     def clear(self) -> list[int]:

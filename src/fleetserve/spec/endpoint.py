@@ -414,7 +414,7 @@ class L2Section(SpecModel):
     @classmethod
     def _redis_url(cls, value: str | None) -> str | None:
         """`http://...` passed validate, and every replica of `up` died in redis-py's URL parser."""
-        if value is not None and not value.startswith(REDIS_SCHEMES):
+        if value is not None and not value.lower().startswith(REDIS_SCHEMES):
             raise ValueError(f"{value!r} must be a {', '.join(REDIS_SCHEMES[:-1])} or {REDIS_SCHEMES[-1]} URL "
                              "(rediss: TLS; unix: a socket path)")
         return value
@@ -423,7 +423,7 @@ class L2Section(SpecModel):
     @classmethod
     def _redis_urls(cls, value: dict[str, str]) -> dict[str, str]:
         for tenant, url in value.items():
-            if not url.startswith(REDIS_SCHEMES):
+            if not url.lower().startswith(REDIS_SCHEMES):
                 raise ValueError(f"tenantUrls[{tenant}]: {url!r} must be a {', '.join(REDIS_SCHEMES[:-1])} or "
                                  f"{REDIS_SCHEMES[-1]} URL (rediss: TLS; unix: a socket path)")
         return value
@@ -730,6 +730,9 @@ class Endpoint(SpecModel):
 
         found = flag_in_args(self.spec.engine.args, SERVED_NAME_FLAG) if self.spec.engine.kind in ("vllm", "sglang") \
             else None
+        if found and found[1] is None:
+            raise ValueError(f"spec.engine.args: {SERVED_NAME_FLAG} is last, without a value; the model is served as "
+                             f"{self.served_model_name!r} (spec.model.name, else metadata.name): leave the flag out")
         if found and found[1] != self.served_model_name:
             raise ValueError(f"spec.engine.args sets {SERVED_NAME_FLAG} {found[1]}, but the router and the metrics "
                              f"serve the model as {self.served_model_name!r} (spec.model.name, else metadata.name): "

@@ -256,13 +256,14 @@ def _triggers(a: dict[str, Any], warn) -> list[dict[str, Any]]:
     return out
 
 
-def _take_flag(args: list[str], flag: str) -> list[str] | None:
-    """Remove the first `flag VALUE` or `flag=VALUE` from `args`; what was removed, None when absent."""
+def _take_flag(args: list[str], flag: str) -> tuple[str, str] | None:
+    """Remove the first `flag VALUE` or `flag=VALUE` from `args`: (what was removed, as written; the value, ""
+    for a flag last without one); None when absent."""
     for i, a in enumerate(args):
         if a == flag or a.startswith(flag + "="):
             taken = args[i:i + 2] if a == flag else args[i:i + 1]
             del args[i:i + len(taken)]
-            return taken
+            return " ".join(taken), taken[1] if len(taken) == 2 else a.partition("=")[2]
     return None
 
 
@@ -280,13 +281,13 @@ def _server_args(args: list[str], kind: str, port: int, warn) -> list[str]:
     named = []  # `--model PATH` / `--model-path PATH` (SGLang's): the same as a positional path
     for flag in ("--model", "--model-path"):
         while (taken := _take_flag(args, flag)) is not None:
-            named.append(" ".join(taken))
+            named.append(taken[0])
     if launcher or named:
         warn("spec.worker.args", f"{' '.join(launcher + named)!r} dropped: the {kind} command line (launcher and "
                                  "model path) comes from the model section; a second one would stop the server")
     for flag in ("--port", "--host"):
         while (taken := _take_flag(args, flag)) is not None:
-            value = taken[1] if len(taken) == 2 else taken[0].split("=", 1)[1]
+            value = taken[1] or "(no value)"
             where = (f"worker.modelInvocationPort.containerPort {port}, where the Service sends requests"
                      if flag == "--port" else "0.0.0.0 in the pod, 127.0.0.1 locally")
             warn("spec.worker.args", f"{flag} {value} dropped: the server listens on {where}")
@@ -371,7 +372,7 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
         # clients call it so (AWS's prefetch samples): that name is the model's, not a disagreement to refuse
         named = list(engine["args"])
         taken = _take_flag(named, SERVED_NAME_FLAG)
-        value = (taken[1] if len(taken) == 2 else taken[0].split("=", 1)[1]) if taken else None
+        value = taken[1] if taken else None
         if value and value != served:
             warn("spec.worker.args", f"the model is served as {value!r} ({SERVED_NAME_FLAG}), not as modelName "
                                      f"{served!r}: clients name it so")

@@ -319,9 +319,10 @@ def _azure_rows(p: Path, limit: int | None) -> list[tuple[datetime, int, int]]:
 def _check_chat(messages: list, where: str) -> None:
     """The messages as the engines check them (`api.protocol.parse_chat`: roles, content a string or text parts,
     null only where the API allows it): a log the simulator accepts is one the engines answer, not a 400 at
-    replay (a mistyped message became a 1-token prompt here)."""
+    replay (a mistyped message became a 1-token prompt here). Tool calls in an assistant turn pass: agent logs
+    carry them, and vLLM and SGLang fleets answer them."""
     try:
-        parse_chat({"messages": messages})
+        parse_chat({"messages": messages}, tool_calls=True)
     except APIError as exc:
         raise TraceError(f"{where}: {exc}") from None
 
