@@ -547,10 +547,11 @@ def test_hyperpods_model_metric_trigger_reads_series_the_router_exports_in_front
     assert args[args.index("--namespace") + 1] == "ns-team-a" and args[args.index("--model-version") + 1] == "1.0"
     (so,) = _by(rendered, "ScaledObject")
     assert 'model_name="Llama-3.1-8B-Instruct"' in so["spec"]["triggers"][0]["metadata"]["query"]
-    builtin, _ = _objects(BUILTIN_TENANTS)  # the built-in engine exports them itself: the router must not
+    builtin, _ = _objects(BUILTIN_TENANTS)  # the built-in engine exports them itself: the router adds only the
     (bargs,) = [d["spec"]["template"]["spec"]["containers"][0]["args"] for d in _by(builtin, "Deployment")
-                if d["metadata"]["name"].endswith("-router")]
-    assert "--model-metrics" not in bargs
+                if d["metadata"]["name"].endswith("-router")]  # errors it produces (scope router)
+    assert bargs[bargs.index("--model-metrics-scope") + 1] == "router"
+    assert "--model-metrics-scope" not in args
 
 
 def test_a_budget_that_falls_on_another_utc_day_is_shifted_with_its_weekdays_and_warned_once():

@@ -103,7 +103,9 @@ def test_promtool_checks_both_rule_files(tmp_path):
 
 
 MODEL = 'namespace="team-a",model_name="tiny",model_version="1",instance_type="g5.xlarge"'
+ENDPOINT_LABELS = 'namespace="team-a",model_name="tiny",model_version="1"'
 KEEP = {"namespace": "team-a", "model_name": "tiny", "model_version": "1", "instance_type": "g5.xlarge"}
+ENDPOINT = {k: v for k, v in KEEP.items() if k != "instance_type"}
 SUP = 'fleet="chat",component="supervisor"'
 ENGINES = 'fleet="chat",component="engine"'  # the labels of the local fleet's engine targets
 
@@ -164,7 +166,7 @@ def test_promtool_unit_tests_of_records_and_alerts(tmp_path):
         ],
         "promql_expr_test": [
             {"expr": "fleetserve:model_error_ratio:rate5m", "eval_time": "30m",
-             "exp_samples": [{"labels": f"fleetserve:model_error_ratio:rate5m{{{MODEL}}}", "value": 0.2}]},
+             "exp_samples": [{"labels": f"fleetserve:model_error_ratio:rate5m{{{ENDPOINT_LABELS}}}", "value": 0.2}]},
             {"expr": "fleetserve:model_invocations:rate1m", "eval_time": "30m",
              "exp_samples": [{"labels": f"fleetserve:model_invocations:rate1m{{{MODEL}}}", "value": 10}]},
             {"expr": "fleetserve:model_concurrent_requests:sum", "eval_time": "30m",
@@ -191,8 +193,8 @@ def test_promtool_unit_tests_of_records_and_alerts(tmp_path):
         ],
         "alert_rule_test": [
             # both windows of the fast burn are over 14.4x once an hour of errors is in
-            _fires(alerts, "FleetserveErrorBudgetBurnFast", KEEP, "70m"),
-            _fires(alerts, "FleetserveErrorBudgetBurnSlow", KEEP, "70m"),
+            _fires(alerts, "FleetserveErrorBudgetBurnFast", ENDPOINT, "70m"),  # per endpoint: the router's
+            _fires(alerts, "FleetserveErrorBudgetBurnSlow", ENDPOINT, "70m"),  # refusals carry no instance type
             _quiet("FleetserveLatencyBudgetBurn", "70m"),
             _quiet("FleetserveCacheHitCollapse", "50m"),
             _fires(alerts, "FleetserveCacheHitCollapse", {"model_name": "tiny", "namespace": "team-a"}, "80m"),

@@ -213,3 +213,48 @@ def test_the_router_exports_hyperpods_model_metrics_for_engines_that_do_not(tmp_
         gw.stop()
         for e in engines:
             e.stop()
+
+
+def test_in_front_of_engines_that_count_themselves_the_router_adds_only_its_own_errors(tmp_path):
+    """The built-in engine counts its invocations; the router's own refusals (a full queue's 429, 503 at zero,
+    its 504s) reached no engine, so the error ratio, its burn alerts and the error panels read 0 % while the
+    router refused most requests. Scope `router` counts those, and nothing an engine counts; every series of a
+    preset status exists at 0 from the start (rate() loses a new series' first burst)."""
+    engines = sims(tmp_path, 1)
+    args = ["router", "--strategy", "roundrobin", "--health-interval", "0.2", "--model-metrics",
+            "--model-metrics-scope", "router", "--namespace", "team-a", "--served-model-name", "sim",
+            "--instance-type", "g5", "--max-concurrent-per-replica", "1", "--max-queue", "0",
+            "--backend", engines[0].url]
+    gw = Server(args, tmp_path / "router-scope.log").start()
+    labels = {"namespace": "team-a", "model_name": "sim", "model_version": "1", "instance_type": "g5"}
+    try:
+        assert sample(gw.url, "model_errors_total", **labels, replica="router", status="429") == 0  # preset
+        import concurrent.futures
+
+        def ask(_):
+            return httpx.post(gw.url + "/v1/completions", json={"model": "sim", "prompt": [7] * 20,
+                                                                 "max_tokens": 400}, timeout=60).status_code
+
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            codes = list(pool.map(ask, range(6)))
+        refused = codes.count(429)
+        assert refused >= 1 and codes.count(200) >= 1
+        assert sample(gw.url, "model_errors_total", **labels, replica="router", status="429") == refused
+        assert sample(gw.url, "model_invocations_total", **labels, replica="router") == refused
+        replica = engines[0].url.split("//")[1]  # what the engine counts itself is not counted again
+        with pytest.raises(KeyError):
+            sample(gw.url, "model_invocations_total", **labels, replica=replica)
+    finally:
+        gw.stop()
+        for e in engines:
+            e.stop()
+
+
+def test_the_error_ratio_is_per_endpoint_so_router_refusals_join_the_engines_answers():
+    """Grouped by instance type too, the router's refusals (before any replica) made a series of their own
+    that read 100 % at one refusal among thousands of answers."""
+    from fleetserve.observe.rules import RuleTarget, recording_rules
+
+    rules = {r["record"]: r["expr"] for r in recording_rules(RuleTarget("team-a", "sim", "g", 'job="router"'))}
+    ratio = rules["fleetserve:model_error_ratio:rate5m"]
+    assert "sum by (namespace, model_name, model_version) (" in ratio and "instance_type" not in ratio

@@ -489,6 +489,9 @@ def router(
     model_metrics: Annotated[bool, typer.Option(
         "--model-metrics", help="Export HyperPod's model_* invocation metrics per replica (engines that do not "
                                 "export them: vLLM, SGLang), labelled with the four options below")] = False,
+    model_metrics_scope: Annotated[str, typer.Option(
+        help="--model-metrics: all (per replica, for engines that export none) or router (only the errors the "
+             "router produces itself, beside engines that count the rest: the built-in one)")] = "all",
     namespace: Annotated[str, typer.Option(help="--model-metrics: the namespace label")] = "default",
     served_model_name: Annotated[str | None, typer.Option(help="--model-metrics: the model_name label")] = None,
     model_version: Annotated[str, typer.Option(help="--model-metrics: the model_version label")] = "1",
@@ -555,6 +558,11 @@ def router(
         cert, key = ensure_self_signed(Path(tls_self_signed))
         tls = (str(cert), str(key))
     identity = None
+    from fleetserve.router.model_metrics import SCOPES
+
+    if model_metrics_scope not in SCOPES:
+        raise typer.BadParameter(f"{model_metrics_scope!r}; allowed values: {', '.join(SCOPES)}",
+                                 param_hint="--model-metrics-scope")
     if model_metrics:
         if not served_model_name:
             raise typer.BadParameter("the model_name label of the model_* series: give the served model's name",
@@ -574,6 +582,7 @@ def router(
                               tenant_cache_salt=tenant_cache_salt, backend_dns=dns,
                               size_limits=SizeLimits(max_body_bytes, max_header_bytes), log_prompts=log_prompts,
                               access_log=access_log, model_identity=identity, queue_metrics=queue_metrics,
+                              model_metrics_scope=model_metrics_scope,
                               served_models=tuple(dict.fromkeys(model or ())))
     if workers > 1 and (max_concurrent_per_replica or max_queue is not None):
         from fleetserve.spec.effects import limits_split

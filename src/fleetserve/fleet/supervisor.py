@@ -58,7 +58,7 @@ from fleetserve.fleet.state import (
 from fleetserve.observe.vocabulary import decision_reason
 from fleetserve.router.auth import key_digest, write_key_file
 from fleetserve.router.engine_queue import QUEUE_GAUGES
-from fleetserve.router.model_metrics import ENGINES_WITHOUT, router_args
+from fleetserve.router.model_metrics import router_args, scope_for
 from fleetserve.router.policies import registered_policies
 from fleetserve.router.served import served_model_args
 from fleetserve.router.tls import ensure_self_signed
@@ -330,10 +330,11 @@ class Supervisor:
         vLLM and SGLang publish on /metrics only (/admin/load's `waiting`: a queue_depth trigger read nothing
         from them but the router's own queue)."""
         kind, args = self.spec.engine.kind, []
-        if kind in ENGINES_WITHOUT:
+        scope = scope_for(kind)
+        if scope is not None:  # the built-in engine's labels: the instance type it reports
             types = self.spec.placement.instance_types
             args += router_args(self.endpoint.metadata.namespace, self.endpoint.served_model_name,
-                                self.spec.model.version, types[0] if len(types) == 1 else "local")
+                                self.spec.model.version, types[0] if len(types) == 1 else "local", scope)
         if kind in QUEUE_GAUGES:
             args += ["--queue-metrics", kind]
         return args

@@ -27,7 +27,7 @@ from fleetserve.k8s.context import (
     Context,
 )
 from fleetserve.k8s.engine import engine_port, instance_label
-from fleetserve.router.model_metrics import ENGINES_WITHOUT, router_args
+from fleetserve.router.model_metrics import router_args, scope_for
 from fleetserve.router.served import served_model_args
 from fleetserve.spec.effects import limits_split
 
@@ -83,7 +83,7 @@ def _args(ctx: Context) -> list[str]:
              "--max-body-bytes", str(limits.max_body_bytes), "--max-header-bytes", str(limits.max_header_bytes)]
     if spec.engine.kind in GPU_ENGINES:  # their API key: what their logs may show is not the internal token
         args += ["--engine-token-file", f"{INTERNAL_TOKEN_DIR}/{ENGINE_TOKEN_KEY}"]
-    if spec.engine.kind in ENGINES_WITHOUT:
+    if scope_for(spec.engine.kind) is not None:
         args += model_metric_args(ctx)
     args += served_model_args(ctx.endpoint.served_model_name, spec.engine.kind, spec.engine.args)
     return args + router_trust_args(spec.engine.kind, spec.auth.enabled)
@@ -93,7 +93,8 @@ def model_metric_args(ctx: Context) -> list[str]:
     """HyperPod's model_* series, which vLLM and SGLang do not export, counted by the router per replica
     (router/model_metrics.py), with the labels the built-in engine gives its own."""
     return router_args(ctx.namespace, ctx.endpoint.served_model_name, ctx.endpoint.spec.model.version,
-                       instance_label(t for tier in ctx.tiers for t in tier.instance_types))
+                       instance_label(t for tier in ctx.tiers for t in tier.instance_types),
+                       scope_for(ctx.endpoint.spec.engine.kind) or "all")
 
 
 ROUTER_CPU = "500m"  # one worker: an event loop, mostly waiting on sockets

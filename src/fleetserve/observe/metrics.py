@@ -18,6 +18,9 @@ __all__ = ["LATENCY_BUCKETS_MS", "MODEL_LABELS", "SECONDS_BUCKETS", "EngineMetri
            "PrefixCacheCollector", "RouterMetrics", "SimEngineMetrics", "exposition"]
 
 
+PRESET_ERROR_STATUSES = ("429", "500", "502", "503", "504")  # model_errors_total series made at 0 at start
+
+
 @dataclass(frozen=True)
 class ModelIdentity:
     namespace: str = "default"
@@ -49,6 +52,11 @@ class EngineMetrics:
         self.e2e_s = v.VLLM_E2E.make(r)
         self._labels = identity.labels()
         self._vllm = {"model_name": identity.model_name}
+        # series that exist from the start at 0: rate() reads a counter's first sample as its start, so the
+        # first burst of a status that appeared mid-run (an incident's beginning) was lost to every panel and alert
+        self.model(self.invocations)
+        for status in PRESET_ERROR_STATUSES:
+            self.errors.labels(**self._labels, status=status)
 
     def model(self, metric):
         return metric.labels(**self._labels)

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from fleetserve.observe.vocabulary import LATENCY_BUCKETS_MS
 
 LABELS = "namespace, model_name, model_version, instance_type"
+ENDPOINT_LABELS = "namespace, model_name, model_version"
 PREFIX = "fleetserve:"
 LATENCY_BUDGET = 0.05  # a p95 target: 5 % of requests may be slower than it
 BURN_WINDOWS = (("5m", "1h", 14.4, "critical"), ("30m", "6h", 6.0, "warning"))  # (short, long, factor, severity)
@@ -137,10 +138,13 @@ def recording_rules(t: RuleTarget) -> list[dict]:
         suffix = f"p{round(q * 100)}"
         rules.append(_rec(f"model_ttfb_milliseconds:{suffix}", quantile(q, "model_ttfb_milliseconds")))
         rules.append(_rec(f"model_latency_milliseconds:{suffix}", quantile(q, "model_latency_milliseconds")))
+    # per endpoint, not per instance type: the router's refusals before any replica carry no replica's type,
+    # and a series of their own read 100 % at one refusal among thousands of answers
+    endpoint = f"sum by ({ENDPOINT_LABELS})"
     for w in ERROR_WINDOWS:
         rules.append(_rec(f"model_error_ratio:rate{w}", _ratio(
-            f"{by} (rate(model_errors_total{{{sel},{SERVER_ERRORS}}}[{w}]))",
-            f"{by} (rate(model_invocations_total{{{sel}}}[{w}]))")))
+            f"{endpoint} (rate(model_errors_total{{{sel},{SERVER_ERRORS}}}[{w}]))",
+            f"{endpoint} (rate(model_invocations_total{{{sel}}}[{w}]))")))
     le = _le(slow_bucket(t.ttft_p95_ms))
     for w in SLOW_WINDOWS:
         fast = f'{by} (rate(model_ttfb_milliseconds_bucket{{{sel},le="{le}"}}[{w}]))'

@@ -91,6 +91,7 @@ class RouterSettings:
     log_prompts: bool = False  # the request line carries the prompt text (default: never)
     access_log: bool = True  # one line per request (observe/logs.py)
     model_identity: ModelIdentity | None = None  # export HyperPod's model_* per replica (router/model_metrics.py)
+    model_metrics_scope: str = "all"  # or "router": only the router's own errors (the engines count the rest)
     queue_metrics: str | None = None  # engines' queue from their /metrics gauges: vllm, sglang (engine_queue.py)
     # the model name(s) clients use: while no replica is ready the router answers /v1/models itself and refuses
     # other names (404) instead of holding them, so neither wakes a fleet at zero (empty: everything is held)
@@ -123,7 +124,8 @@ class Gateway:
         self.kv_index = None  # router/kvindex.py, once an engine publishes KV events
         self.metrics = RouterMetrics()
         self._exported: set[str] = set()  # backends whose per-backend gauges this process has written
-        self.model_metrics = ModelMetrics(settings.model_identity, self.metrics.registry) \
+        self.model_metrics = ModelMetrics(settings.model_identity, self.metrics.registry,
+                                          settings.model_metrics_scope) \
             if settings.model_identity is not None else None
         self.internal = InternalAuth(settings.internal_token)
         self.upstream = upstream or Upstream(read_timeout=settings.upstream_read_timeout,

@@ -10,34 +10,51 @@ version and instance type, as the sidecar would: an invocation and a concurrent 
 sent there (a non-streamed answer's headers come only at its end), an error for an error status, a timeout
 (504) or an unreachable replica (502). Requests it answers itself before any replica (a full queue, a bad body,
 no replica left) are counted under `replica="router"`.
+
+Scope `router` (in front of the built-in engine, which counts its own invocations): only what the router
+produces itself, which no engine counts: its refusals before any replica (429 overflow, 503 at zero or
+replicas failing), a replica it timed out (504: the engine finished later and counted a success) or could not
+reach (502). Without it the error ratio, its burn-rate alerts and the error panels read 0 % while the
+router refused most requests.
 """
 
 from __future__ import annotations
 
 from fleetserve.observe import vocabulary as v
-from fleetserve.observe.metrics import ModelIdentity, child
+from fleetserve.observe.metrics import PRESET_ERROR_STATUSES, ModelIdentity, child
 
 ENGINES_WITHOUT = ("vllm", "sglang")  # engine kinds that export no model_* series of their own
+ENGINES_WITH = ("builtin",)  # engine kinds that export them: the router adds only its own errors (scope router)
 ROUTER_REPLICA = "router"  # the replica label of requests refused before one was chosen
+SCOPES = ("all", "router")
 
 
 class ModelMetrics:
-    def __init__(self, identity: ModelIdentity, registry) -> None:
+    def __init__(self, identity: ModelIdentity, registry, scope: str = "all") -> None:
         self.base = (identity.namespace, identity.model_name, identity.model_version, identity.instance_type)
+        self.every_request = scope == "all"  # else only the router's own errors (the module's docstring)
         self.invocations = v.MODEL_INVOCATIONS.make(registry)
         self.errors = v.MODEL_ERRORS.make(registry)
         self.concurrent = v.MODEL_CONCURRENT.make(registry)
         self.latency_ms = v.MODEL_LATENCY.make(registry)
         self.ttfb_ms = v.MODEL_TTFB.make(registry)
+        labels = (*self.base, ROUTER_REPLICA)  # at 0 from the start: rate() loses a new series' first burst
+        child(self.invocations, *labels)
+        for status in PRESET_ERROR_STATUSES:
+            child(self.errors, *labels, status)
 
     def sent(self, replica: str) -> None:
         """A request went to a replica: an invocation there, in flight until it ends or fails."""
+        if not self.every_request:
+            return
         labels = (*self.base, replica)
         child(self.invocations, *labels).inc()
         child(self.concurrent, *labels).inc()
 
     def answered(self, replica: str, status: int, ttfb_ms: float) -> None:
         """The replica's status and first bytes are here."""
+        if not self.every_request:
+            return
         labels = (*self.base, replica)
         child(self.ttfb_ms, *labels).observe(ttfb_ms)
         if status >= 400:
@@ -47,11 +64,19 @@ class ModelMetrics:
         """No usable answer from the replica: a retryable status, a timeout (504), unreachable (502), or the client
         left first (None: no error, as the engine counts none)."""
         labels = (*self.base, replica)
+        if not self.every_request:  # the engine counted the rest: a status it sent, and the invocation of a
+            if status == 502:  # request it timed out on; one it could not reach it never saw
+                child(self.invocations, *labels).inc()
+            if status in (502, 504):
+                child(self.errors, *labels, str(status)).inc()
+            return
         child(self.concurrent, *labels).dec()
         if status is not None:
             child(self.errors, *labels, str(status)).inc()
 
     def ended(self, replica: str, latency_ms: float) -> None:
+        if not self.every_request:
+            return
         labels = (*self.base, replica)
         child(self.concurrent, *labels).dec()
         child(self.latency_ms, *labels).observe(latency_ms)
@@ -63,7 +88,15 @@ class ModelMetrics:
         child(self.errors, *labels, str(status)).inc()
 
 
-def router_args(namespace: str, model_name: str, model_version: str, instance_type: str) -> list[str]:
+def router_args(namespace: str, model_name: str, model_version: str, instance_type: str,
+                scope: str = "all") -> list[str]:
     """The router's command-line options for these series (`fleetserve up` and `render k8s` alike)."""
     return ["--model-metrics", "--namespace", namespace, "--served-model-name", model_name, "--model-version",
-            model_version, "--instance-type", instance_type]
+            model_version, "--instance-type", instance_type] + (["--model-metrics-scope", scope] if scope != "all"
+                                                                 else [])
+
+
+def scope_for(engine_kind: str) -> str | None:
+    """What the router counts of the model_* series for this engine kind: all, only its own errors, or none
+    (an external engine: which series it exports is unknown)."""
+    return "all" if engine_kind in ENGINES_WITHOUT else "router" if engine_kind in ENGINES_WITH else None
