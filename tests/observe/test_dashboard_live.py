@@ -180,3 +180,16 @@ def test_only_decisions_that_change_the_fleet_are_marked():
         live.add(Sample(t, values))
     assert live.payload()["annotations"] == [{"t": 20, "text": "scaling: scale up"}]
     assert 'reason=~"scale up|scale down|' in DECISIONS and "steady" not in DECISIONS
+
+
+def test_a_time_nobody_watched_is_a_gap_not_a_line_and_no_rate_spans_it():
+    """Reopened after two minutes, every panel drew a straight line across them, and the first point after
+    the gap was a rate over 100 s shown as the last window's."""
+    live = LiveData(window_s=5)
+    live.add(sample(0, engine(calls=0)))
+    live.add(sample(5, engine(calls=20)))
+    live.add(sample(105, engine(calls=520)))  # nobody watched from 5 s to 105 s
+    live.add(sample(110, engine(calls=540)))
+    payload = live.payload()
+    assert panel(payload, "concurrency")["g5"][2] == [55.0, None]  # the break
+    assert panel(payload, "throughput")["2"] == [[5, 4.0], [55.0, None], [110, 4.0]]  # no rate from 5 s to 105 s

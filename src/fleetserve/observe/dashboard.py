@@ -111,6 +111,7 @@ function fmt(v, unit) {
   if (unit === "ms") return v >= 1000 ? (v / 1000).toFixed(2) + " s" : v.toFixed(v < 10 ? 1 : 0) + " ms";
   if (unit === "currencyUSD") return "$" + v.toFixed(3);
   if (unit === "reqps") return v.toFixed(2) + "/s";
+  if (unit.startsWith("suffix:")) return (Math.abs(v) >= 100 ? v.toFixed(0) : +v.toFixed(2) + "") + unit.slice(7);
   return Math.abs(v) >= 100 ? v.toFixed(0) : +v.toFixed(2) + "";
 }
 function el(tag, attrs, parent) {

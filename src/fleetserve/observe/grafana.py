@@ -88,15 +88,17 @@ PANELS: tuple[PanelDef, ...] = (
                      f"{RATE})) / sum(rate(vllm:prefix_cache_queries_total{{{NAME},{NAMESPACE}}}{RATE})))"),),
              "Share of looked-up prompt blocks found in each tier (engine memory, L1 CPU, L2 Redis): "
              "fleetserve_kv_tier_hits_total split of vllm:prefix_cache_hits/queries"),
-    PanelDef("cached_tokens", "Cached prompt tokens: predicted vs reported", "short",
+    PanelDef("cached_tokens", "Cached prompt tokens: predicted vs reported", "suffix: tokens/s",
              (Series("{{source}}",
                      f"sum by (source) (rate(fleetserve_router_cached_tokens_total{{{NAMESPACE}}}{RATE}))"),),
              "fleetserve_router_cached_tokens_total{source}: what the routing policy expected the replica to "
              "have cached, and what the engine reported"),
     PanelDef("replicas", "Replicas desired / ready", "short",
-             (Series("desired", "max(fleetserve_autoscaler_desired_replicas) or "
+             # the supervisor's series carry the fleet's namespace (its scrape target's label): a Prometheus of
+             # several fleets showed the largest count and the total cost of all of them under any namespace
+             (Series("desired", f"max(fleetserve_autoscaler_desired_replicas{{{NAMESPACE}}}) or "
                                 f"sum(kube_deployment_spec_replicas{{{ENGINE_DEPLOYMENTS}}})"),
-              Series("ready", "max(fleetserve_autoscaler_ready_replicas) or "
+              Series("ready", f"max(fleetserve_autoscaler_ready_replicas{{{NAMESPACE}}}) or "
                               f"sum(kube_deployment_status_replicas_available{{{ENGINE_DEPLOYMENTS}}}) or "
                               # engine Deployments whose names were hashed (long endpoint names) lose the -engine
                               # suffix: then what a router sees healthy, by name of nothing
@@ -107,13 +109,14 @@ PANELS: tuple[PanelDef, ...] = (
              "only)"),
     PanelDef("nodes", "Nodes by instance type", "short",
              (Series("{{instance_type}} {{capacity_type}}",
-                     'sum by (instance_type, capacity_type) (fleetserve_nodes{instance_type=~"$instance_type"}) or '
+                     'sum by (instance_type, capacity_type) (fleetserve_nodes{instance_type=~"$instance_type",'
+                     f'{NAMESPACE}}}) or '
                      f"count by (instance_type, capacity_type) ({KARPENTER_NODES})"),),
              "fleetserve_nodes by instance and capacity type: the fleet supervisor's (fleetserve up); on "
              "Kubernetes, the nodes of the namespace's NodePools from Karpenter's karpenter_nodes_allocatable "
              "(one series per node and resource: the cpu one is counted)"),
     PanelDef("cost", "Cost per hour", "currencyUSD",
-             (Series("$/h", "sum(fleetserve_cost_per_hour_dollars)"),),
+             (Series("$/h", f"sum(fleetserve_cost_per_hour_dollars{{{NAMESPACE}}})"),),
              "fleetserve_cost_per_hour_dollars: what the fleet's nodes cost, from the fleet supervisor (fleetserve "
              "up); Kubernetes has no price source, so the panel is empty there"),
 )

@@ -49,6 +49,9 @@ def parse(text: str, source: str) -> dict[Key, float]:
     return samples
 
 
+GAP_WINDOWS = 3  # samples further apart than this many windows: a gap in the lines, no rate across it
+
+
 @dataclass
 class Sample:
     t: float
@@ -154,10 +157,13 @@ class LiveData:
         return {k: sorted(v) for k, v in found.items()}
 
     def _then(self, i: int) -> Sample | None:
+        """The sample a rate at sample i is taken from: `window_s` before it, or None when the nearest such one
+        is more than GAP_WINDOWS windows old (nobody watched: a rate over 100 s was drawn as the last 15 s')."""
         s = self.samples[i]
         for j in range(i - 1, -1, -1):
-            if s.t - self.samples[j].t >= self.window_s:
-                return self.samples[j]
+            age = s.t - self.samples[j].t
+            if age >= self.window_s:
+                return self.samples[j] if age <= GAP_WINDOWS * self.window_s else None
         return self.samples[0] if i > 0 else None
 
     def _points(self, i: int, filters: dict[str, str]) -> dict[str, dict[str, float | None]]:
@@ -223,8 +229,14 @@ class LiveData:
         # after a scale to zero) reads 0 where it counts things, and a gap (None) where it is a ratio or a
         # latency; without it the line and the panel's headline kept the last value the source reported
         series: dict[str, dict[str, list]] = {p.key: {} for p in PANELS}
+        previous = None
         for s in self.samples:
             points, t = s.points[cache_key], round(s.t, 3)
+            if previous is not None and s.t - previous > GAP_WINDOWS * self.window_s:
+                for lines in series.values():  # a break in every line: a straight one across the time nobody
+                    for line in lines.values():  # watched looked like data
+                        line.append([round((previous + s.t) / 2, 3), None])
+            previous = s.t
             for key, known in names.items():
                 values, absent = points.get(key), (0.0 if key in COUNTS else None)
                 if values is None and key in NEED_TWO_SAMPLES:
