@@ -230,6 +230,9 @@ def _note_ignored(body: dict, kind: str) -> None:
     if unknown:
         unknown = unknown[:MAX_IGNORED_NAMES - len(_IGNORED_SEEN)]
         _IGNORED_SEEN.update(unknown)
+        if len(_IGNORED_SEEN) >= MAX_IGNORED_NAMES:
+            log.warning("%d unknown request field names logged: further ones are ignored without a log line",
+                        MAX_IGNORED_NAMES)
         log.warning("ignored unknown request field(s) %s in /v1/%s (logged once per name)",
                     ", ".join(map(repr, unknown[:10])), "chat/completions" if kind == "chat" else "completions")
 

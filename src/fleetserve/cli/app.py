@@ -394,17 +394,22 @@ def engine(
     if model is None:
         raise typer.BadParameter("give --model (a model source) or --simulate (a performance profile)",
                                  param_hint="--model")
-    from fleetserve.spec.endpoint import REDIS_SCHEMES
+    from fleetserve.spec.endpoint import redis_url_problem
 
-    schemes = ", ".join(REDIS_SCHEMES)
-    if l2_url is not None and not l2_url.lower().startswith(REDIS_SCHEMES):
-        raise typer.BadParameter(f"{l2_url!r}: expected a URL starting with one of {schemes}", param_hint="--l2-url")
+    try:
+        if l2_url is not None:
+            redis_url_problem(l2_url)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--l2-url") from None
     tenant_l2 = {}
     for item in l2_tenant or []:
         tenant, _, url = item.partition("=")
-        if not tenant or not url.lower().startswith(REDIS_SCHEMES):
-            raise typer.BadParameter(f"{item!r}: expected TENANT=URL, the URL starting with one of {schemes}",
-                                     param_hint="--l2-tenant")
+        try:
+            if not tenant:
+                raise ValueError("expected TENANT=URL")
+            redis_url_problem(url)
+        except ValueError as exc:
+            raise typer.BadParameter(f"{item!r}: {exc}", param_hint="--l2-tenant") from None
         tenant_l2[tenant] = url
     if dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise typer.BadParameter(f"{dtype!r}; allowed values: auto, float32, bfloat16, float16", param_hint="--dtype")

@@ -230,7 +230,8 @@ class RedisStore:
         self.stats.add("failures")
         if time.monotonic() >= self._full_until:
             log.warning("L2 Redis at %s is full (%s: maxmemory reached under a noeviction policy); new blocks are "
-                        "not written for %.0fs, blocks already there are still read", self.url, exc, self.backoff)
+                        "not written for %.0fs, blocks already there are still read", self.url, type(exc).__name__,
+                        self.backoff)  # not the message: redis-py quotes the refused command, block bytes and all
         self._full_until = time.monotonic() + self.backoff
 
     def get_many(self, keys: list[int]) -> list[bytes | None]:

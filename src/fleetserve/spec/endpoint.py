@@ -400,6 +400,32 @@ class L1Section(SpecModel):
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py's from_url reads
 
 
+def redis_url_problem(url: str) -> None:
+    """ValueError naming what redis-py would refuse or misread: the scheme, a port out of range, no host, a
+    database that is not a number (`redis://h/abc` started engines that only warned at the first read)."""
+    from urllib.parse import urlsplit
+
+    if not url.lower().startswith(REDIS_SCHEMES):
+        raise ValueError(f"{url!r} must be a {', '.join(REDIS_SCHEMES[:-1])} or {REDIS_SCHEMES[-1]} URL "
+                         "(rediss: TLS; unix: a socket path)")
+    parts = urlsplit(url)
+    if parts.scheme.lower() == "unix":
+        if not parts.path:
+            raise ValueError(f"{url!r}: a unix:// URL needs the socket's path (unix:///run/redis.sock)")
+        return
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"{url!r}: the port must be a number from 1 to 65535")
+    if not parts.hostname:
+        raise ValueError(f"{url!r}: give the host (redis://host:6379/0)")
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise ValueError(f"{url!r}: the database after the host is a number (redis://host:6379/0), got {db!r}")
+
+
 class L2Section(SpecModel):
     enabled: bool = False
     backend: Literal["redis"] = "redis"
@@ -414,18 +440,18 @@ class L2Section(SpecModel):
     @classmethod
     def _redis_url(cls, value: str | None) -> str | None:
         """`http://...` passed validate, and every replica of `up` died in redis-py's URL parser."""
-        if value is not None and not value.lower().startswith(REDIS_SCHEMES):
-            raise ValueError(f"{value!r} must be a {', '.join(REDIS_SCHEMES[:-1])} or {REDIS_SCHEMES[-1]} URL "
-                             "(rediss: TLS; unix: a socket path)")
+        if value is not None:
+            redis_url_problem(value)
         return value
 
     @field_validator("tenant_urls")
     @classmethod
     def _redis_urls(cls, value: dict[str, str]) -> dict[str, str]:
         for tenant, url in value.items():
-            if not url.lower().startswith(REDIS_SCHEMES):
-                raise ValueError(f"tenantUrls[{tenant}]: {url!r} must be a {', '.join(REDIS_SCHEMES[:-1])} or "
-                                 f"{REDIS_SCHEMES[-1]} URL (rediss: TLS; unix: a socket path)")
+            try:
+                redis_url_problem(url)
+            except ValueError as exc:
+                raise ValueError(f"tenantUrls[{tenant}]: {exc}") from None
         return value
 
 
