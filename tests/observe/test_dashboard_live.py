@@ -193,3 +193,21 @@ def test_a_time_nobody_watched_is_a_gap_not_a_line_and_no_rate_spans_it():
     payload = live.payload()
     assert panel(payload, "concurrency")["g5"][2] == [55.0, None]  # the break
     assert panel(payload, "throughput")["2"] == [[5, 4.0], [55.0, None], [110, 4.0]]  # no rate from 5 s to 105 s
+
+
+def test_the_wait_for_a_replica_is_a_panel_of_its_own():
+    """A request that woke the fleet took 6.9 s and the latency panels (the engines' figures) showed 50 ms."""
+    def held(n_fast, n_slow):
+        text = ("# TYPE fleetserve_router_buffer_wait_seconds histogram\n"
+                f'fleetserve_router_buffer_wait_seconds_bucket{{le="1.0"}} {n_fast}\n'
+                f'fleetserve_router_buffer_wait_seconds_bucket{{le="10.0"}} {n_fast + n_slow}\n'
+                f'fleetserve_router_buffer_wait_seconds_bucket{{le="+Inf"}} {n_fast + n_slow}\n'
+                f"fleetserve_router_buffer_wait_seconds_count {n_fast + n_slow}\n"
+                "fleetserve_router_buffer_wait_seconds_sum 0\n")
+        return parse(text, "router")
+
+    live = LiveData(window_s=5)
+    live.add(sample(0, engine(calls=0), held(0, 0)))
+    live.add(sample(5, engine(calls=2), held(0, 2)))  # two requests held 1-10 s while the fleet woke
+    p95 = panel(live.payload(), "held")["p95"][-1][1]
+    assert 1000 < p95 <= 10_000

@@ -119,6 +119,14 @@ PANELS: tuple[PanelDef, ...] = (
              (Series("$/h", f"sum(fleetserve_cost_per_hour_dollars{{{NAMESPACE}}})"),),
              "fleetserve_cost_per_hour_dollars: what the fleet's nodes cost, from the fleet supervisor (fleetserve "
              "up); Kubernetes has no price source, so the panel is empty there"),
+    # a request that woke the fleet from zero waited a cold start in the router, before any engine saw it: the
+    # latency panels (the engines' own figures) showed 50 ms for a 6.9 s answer
+    PanelDef("held", "Wait for a replica (scale from zero)", "ms",
+             tuple(Series(f"p{int(q * 100)}", f"histogram_quantile({q}, sum by (le) (rate("
+                                             f"fleetserve_router_buffer_wait_seconds_bucket{{{NAMESPACE}}}{RATE})))"
+                                             " * 1000") for q in (0.5, 0.95)),
+             "fleetserve_router_buffer_wait_seconds: how long the router held requests while no replica was "
+             "ready (a wake from zero, a fleet whose replicas all failed); the engines' latency starts after it"),
 )
 
 DECISIONS = ('sum by (reason) (increase(fleetserve_autoscaler_decisions_total{reason=~"'

@@ -210,6 +210,9 @@ class LiveData:
                               for tier, n in tier_hits.items()} if queries else {}
         out["cached_tokens"] = {k: x / dt for k, x in
                                 _delta(v, w, "fleetserve_router_cached_tokens_total", by="source").items()}
+        held = _delta(v, w, "fleetserve_router_buffer_wait_seconds_bucket", by="le")
+        out["held"] = {f"p{int(q * 100)}": (s * 1000 if (s := quantile(q, held)) is not None else None)
+                       for q in (0.5, 0.95)}
         return out
 
     def payload(self, filters: dict[str, str] | None = None) -> dict:
