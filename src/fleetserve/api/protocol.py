@@ -96,6 +96,8 @@ def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
     value = body.get(name)
     if value is None:
         return None
+    if isinstance(value, float) and value.is_integer() and not lo <= value <= hi:  # an integer past 64 bits,
+        raise invalid(name, f"must be between {lo} and {hi}, got {value:.0f}")  # which orjson reads as a float
     if isinstance(value, bool) or not isinstance(value, int):
         raise invalid(name, f"must be an integer between {lo} and {hi}, got {json.dumps(value)[:80]}", "invalid_type")
     if not lo <= value <= hi:
