@@ -412,8 +412,9 @@ def plan(
         static = w["static_peak_cost_usd"]
         static = (f"${static:.2f}" if static is not None else "not found before the search was cut short"
                   if result.cut_short else "none passed" if result.statics_tried else "not tried")
+        zero = f" ($0: {w['baseline_note']})" if w["baseline_note"] else ""
         out.print(f"winner ({w['winner']}): ${w['cost_usd']:.2f} against ${w['baseline_cost_usd']:.2f} for the input "
-                  f"at its max replicas, which {base} (static peak-sized fleet: {static}); "
+                  f"at its max replicas{zero}, which {base} (static peak-sized fleet: {static}); "
                   f"{result.trials} simulations; written to {output}", markup=False)
         if result.cut_short:  # the winner is the cheapest of what ran, not of what the search would have tried
             out.print(f"search cut short: {result.cut_short}; a larger --max-trials may find a cheaper spec",

@@ -81,11 +81,23 @@ class PlanResult:
     statics_tried: int = 0  # static fleets of the candidate types simulated (none: "not tried", not "none passed")
 
 
+    def baseline_note(self) -> str | None:
+        """Why the input at its max replicas cost $0, when it did: it served nothing (no replica could be
+        placed: a $0.00 against the winner's price read as a bargain the input had), or its capacity is local."""
+        if self.baseline.cost:
+            return None
+        report = self.baseline.verdict.result.report
+        if report.get("requests") and report.get("failed") == report.get("requests"):
+            why = next((c.reason for c in self.baseline.verdict.checks if not c.passed), "")
+            return f"it served none of the {report['requests']} requests" + (f": {why}" if why else "")
+        return "its capacity is this machine's, priced at capacity.localPricePerHour (0 unless set)"
+
     def to_json(self) -> dict:
         w = self.winner
         shown = w or self.closest  # the trial whose warnings and failures are reported
         return {"verified": bool(w and w.verdict.passed), "cost_usd": w.cost if w else None,
                 "baseline_cost_usd": self.baseline.cost, "baseline_verified": self.baseline.verdict.passed,
+                "baseline_note": self.baseline_note(),
                 "static_peak_cost_usd": self.static_peak.cost if self.static_peak else None,
                 "savings_vs_baseline": round(1 - w.cost / self.baseline.cost, 4) if w and self.baseline.cost else None,
                 "changes": self.changes, "evaluated": self.trials, "winner": w.label if w else None,
