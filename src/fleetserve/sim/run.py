@@ -53,7 +53,7 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
 
 
 #: the spec's own warnings (`fleetserve validate`) that hold for the simulated fleet too
-SIMULATED_NOTES = frozenset({"spec.replicas", "spec.routing.sessionKey"})
+SIMULATED_NOTES = frozenset({"spec.replicas", "spec.routing.sessionKey", "spec.placement.nodeAffinity"})
 
 
 def spec_notes(endpoint) -> list[str]:
