@@ -207,3 +207,13 @@ def test_nothing_listening_is_a_failed_record():
 
     [r] = asyncio.run(replay(f"http://127.0.0.1:{free_port()}", trace(1), model="m", stream=True, timeout=5))
     assert r.status == 0 and r.error.startswith("Unreachable:")
+
+
+def test_an_error_answer_is_failed_and_no_answer_is_lost():
+    """A 404 (the /v1/v1 of a URL with /v1) counted as lost, which the chaos bench keeps for no answer at all."""
+    from fleetserve.bench.replay import Record, summarize
+
+    records = [Record(0, 0.0, status=200), Record(1, 0.0, status=404), Record(2, 0.0, status=0, error="reset"),
+               Record(3, 0.0, status=200, error="stream cut")]
+    summary = summarize(records)
+    assert (summary["answered"], summary["failed"], summary["lost"]) == (1, 1, 2)

@@ -398,3 +398,7 @@ def test_a_block_size_no_prompt_can_fill_is_warned():
 
 def test_an_upper_case_redis_scheme_still_validates():  # redis-py lower-cases it: REDIS:// had worked
     load_spec_text(GOOD + "  kvCache: {l2: {enabled: true, url: 'REDIS://localhost:6379/0'}}\n")
+
+
+def test_a_redis_password_with_a_slash_is_no_bad_port():  # the credentials end at the last @, as redis-py's reader
+    load_spec_text(GOOD + "  kvCache: {l2: {enabled: true, url: 'redis://:ab/cd@redis.example.com:6379/0'}}\n")

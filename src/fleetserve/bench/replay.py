@@ -280,7 +280,10 @@ def summarize(records: list[Record]) -> dict:
     return {
         "requests": len(records),
         "answered": len(ok),
-        "lost": len(records) - len(ok),
+        # answered with an error status (a 404 or a 429 is an answer) apart from what got no answer at all,
+        # as the chaos bench counts them: both were "lost"
+        "failed": sum(1 for r in records if r.status and r.status != 200),
+        "lost": sum(1 for r in records if not r.status or (r.status == 200 and r.error)),
         "errors": sorted({r.error[:120] for r in records if r.error})[:5],
         "hit_rate": round(sum(r.cached_tokens for r in ok) / prompt, 4) if prompt else 0.0,
         "ttft_ms": percentiles([r.ttft_ms for r in ok if r.ttft_ms is not None]),

@@ -966,7 +966,7 @@ def bench_kvcache(
 
 @bench_app.command("replay")
 def bench_replay(
-    url: Annotated[str, typer.Option(help="Gateway base URL (without /v1)")],
+    url: Annotated[str, typer.Option(help="Gateway base URL (http://host:port; the /v1 that `up` prints may stay)")],
     trace: Annotated[str, typer.Option(help="Trace file (Mooncake JSONL, Azure CSV, prompt log)")],
     model: Annotated[str, typer.Option(help="Model name to send")],
     speedup: Annotated[float, float_option(min=0.001, help="Replay this many times faster than recorded")] = 1.0,
@@ -989,7 +989,9 @@ def bench_replay(
         requests = load_trace(trace, limit)
     except TraceError as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
-    records = asyncio.run(replay(url.rstrip("/"), requests, model=model, speedup=speedup, stream=stream,
+    base = url.rstrip("/")  # the endpoint `up` and `status` print ends in /v1: it went to /v1/v1/... (404s)
+    base = base[:-3] if base.endswith("/v1") else base
+    records = asyncio.run(replay(base, requests, model=model, speedup=speedup, stream=stream,
                                  max_output=max_output))
     summary = summarize(records)
     print(json.dumps(summary, indent=2))

@@ -38,7 +38,7 @@ ProfileOpt = Annotated[str | None, typer.Option(help="Performance profile preset
 RateOpt = Annotated[float, float_option(min=0.001, help="Multiply the trace's request rate (copies spread in gaps)")]
 ReportOpt = Annotated[str | None, typer.Option("--report", help="Write a self-contained HTML report here")]
 LimitOpt = Annotated[int | None, typer.Option(min=1, help="Only the first N requests of the trace file, in file "
-                                                           "order (taken before --rate-scale makes copies or thins "
+                                                           "order (taken before the rate scale makes copies or thins "
                                                            "them; sort a file whose rows are out of time order)")]
 WindowOpt = Annotated[float, float_option(min=1, help="Peak/idle window length in seconds")]
 PeakOpt = Annotated[float, float_option(min=0.001, max=1, help="Busiest fraction of windows counted as peak")]

@@ -18,7 +18,9 @@ from fleetserve.sim.workload import scale_rate
 from fleetserve.spec.load import load_spec_data
 from fleetserve.traces.load import load_trace
 
-AZURE_CODE = Path("/work/shared/traces/AzureLLMInferenceTrace_code.csv")
+# the Azure code trace as the repository ships it (tests/data; a copy of Azure's public trace): a path outside
+# the repository worked on one machine only
+AZURE_CODE = Path(__file__).resolve().parents[3] / "tests" / "data" / "azure_code_trace.csv"
 SPEED_SPEC = {
     "apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "sim-speed"},
     "spec": {

@@ -408,8 +408,9 @@ def redis_url_problem(url: str) -> None:
     if not url.lower().startswith(REDIS_SCHEMES):
         raise ValueError(f"{url!r} must be a {', '.join(REDIS_SCHEMES[:-1])} or {REDIS_SCHEMES[-1]} URL "
                          "(rediss: TLS; unix: a socket path)")
-    parts = urlsplit(url)
-    if parts.scheme.lower() == "unix":
+    scheme, _, rest = url.partition("://")
+    parts = urlsplit(f"{scheme}://{rest.rpartition('@')[2]}")  # credentials end at the last @ (a password may
+    if parts.scheme.lower() == "unix":  # hold a /, which urlsplit reads as the path's start: kvcache.tiers too)
         if not parts.path:
             raise ValueError(f"{url!r}: a unix:// URL needs the socket's path (unix:///run/redis.sock)")
         return
