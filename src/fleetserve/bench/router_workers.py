@@ -107,6 +107,7 @@ def run(strategies: tuple[str, ...] = STRATEGIES, requests: int = 300, replicas:
             "worker_requests": runs[2]["worker_requests"],
             "requests": len(reqs),
             "answered": {"workers_1": runs[1]["answered"], "workers_2": runs[2]["answered"]},
+            "failed": {"workers_1": runs[1]["failed"], "workers_2": runs[2]["failed"]},
             "lost": {"workers_1": runs[1]["lost"], "workers_2": runs[2]["lost"]},
             "errors": sorted(set(runs[1]["errors"]) | set(runs[2]["errors"]))[:5],
             "peak_in_flight": {"workers_1": runs[1]["peak_in_flight"], "workers_2": runs[2]["peak_in_flight"]},
@@ -139,7 +140,8 @@ def _run_once(strategy: str, workers: int, reqs: list[TraceRequest], replicas: i
     summary = summarize(records)
     names = {url.removeprefix("http://"): f"engine{i}" for i, url in enumerate(engines)}
     per_replica = {names.get(r, r or "none"): s["requests"] for r, s in summary["per_replica"].items()}
-    return {"hit_rate": summary["hit_rate"], "answered": summary["answered"], "lost": summary["lost"],
+    return {"hit_rate": summary["hit_rate"], "answered": summary["answered"], "failed": summary["failed"],
+            "lost": summary["lost"],
             "errors": summary["errors"], "worker_requests": load.get("worker_requests", [load.get("requests_total")]),
             "peak_in_flight": peak, "per_replica_requests": dict(sorted(per_replica.items())),
             "e2e_ms": {k: summary["e2e_ms"][k] for k in ("p50", "p99")}, "wall_s": round(wall, 2)}

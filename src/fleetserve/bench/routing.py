@@ -252,6 +252,7 @@ def _run_strategy(strategy: str, requests, replicas: int, cap: int, engine_speed
         "load_skew": round(max(busy) / mean_busy, 3) if mean_busy else None,
         "utilization": round(mean_busy / wall, 3),
         "answered": summary["answered"],
+        "failed": summary["failed"],  # answered with an error status
         "lost": summary["lost"],
         "errors": summary["errors"],
         "per_replica_hit_rate": {k: v["hit_rate"] for k, v in sorted(summary["per_replica"].items())},

@@ -451,7 +451,9 @@ def bench_sim_speed(
                                  param_hint="--strategy")
     path = Path(trace) if trace else AZURE_CODE
     if not path.is_file():
-        raise typer.BadParameter(f"{path} {'is a directory' if path.is_dir() else 'does not exist'}",
+        hint = "" if trace else " (the repository's copy of the Azure code trace; an installed package has none: " \
+                                "give --trace)"
+        raise typer.BadParameter(f"{path} {'is a directory' if path.is_dir() else 'does not exist'}{hint}",
                                  param_hint="--trace")
     from fleetserve.sim.speed import RateError
     from fleetserve.traces.load import TraceError

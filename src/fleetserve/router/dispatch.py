@@ -74,6 +74,17 @@ class Dispatcher:
         self.gw = gateway  # pool, policy, upstream client, gate, metrics, settings
 
     async def dispatch(self, out: Outgoing, route: RouteRequest) -> Attempt:
+        """The answering attempt. An APIError raised after a replica was tried says so (`after_attempts`): each
+        attempt was counted already (by the engine, or `ModelMetrics.failed`), and counting the final refusal
+        too read one timed-out request as two invocations and two errors."""
+        tried = [False]  # per request: one Dispatcher serves every request of the gateway
+        try:
+            return await self._dispatch(out, route, tried)
+        except APIError as err:
+            err.after_attempts = tried[0]
+            raise
+
+    async def _dispatch(self, out: Outgoing, route: RouteRequest, tried: list[bool]) -> Attempt:
         gw = self.gw
         settings = gw.settings
         excluded: frozenset[str] = frozenset()
@@ -96,6 +107,7 @@ class Dispatcher:
                 gw.peers.routed(choice.replica.id, route.blocks, route.exact_keys)  # other workers' indexes
             gw.count_decision(choice.branch if not excluded else "retry")
             backend = gw.pool.get(choice.replica.id)
+            tried[0] = True
             outcome = await self._try(backend, out, choice.prefill_tokens)
             if isinstance(outcome, tuple):
                 response, first, ended = outcome
@@ -174,7 +186,7 @@ class Dispatcher:
                 gw.mark_unreachable(backend, f"{exc.kind}: {exc}")  # doing: the probes judge the replica
             gw.request_failed(backend, exc.kind)
             if model is not None:
-                model.failed(backend.id, 502)
+                model.failed(backend.id, 502, reached=exc.kind != "unreachable")
             return "dropped" if exc.kind == "dropped" else "unreachable"
         except BaseException:  # the client went away (cancelled) or a bug: the replica sees the cut
             if response is not None:

@@ -324,8 +324,8 @@ class Gateway:
                 body: dict | None) -> None:
         self._count(self.metrics.requests, path, str(err.status))
         self._count(self.metrics.tenant_requests, tenant or "-", str(err.status))
-        if self.model_metrics is not None and path in GENERATION_PATHS:
-            self.model_metrics.refused(err.status)
+        if self.model_metrics is not None and path in GENERATION_PATHS and not err.after_attempts:
+            self.model_metrics.refused(err.status)  # after attempts, each was counted where it failed
         self.send_error(responder, err, [(b"x-request-id", rid)])
         self._log(rid.decode("latin-1"), tenant, path, err.status, started, body=body, error=err.code)
 

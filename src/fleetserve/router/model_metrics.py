@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from fleetserve.observe import vocabulary as v
 from fleetserve.observe.metrics import PRESET_ERROR_STATUSES, ModelIdentity, child
+from fleetserve.observe.rules import is_server_error
 
 ENGINES_WITHOUT = ("vllm", "sglang")  # engine kinds that export no model_* series of their own
 ENGINES_WITH = ("builtin",)  # engine kinds that export them: the router adds only its own errors (scope router)
@@ -60,12 +61,13 @@ class ModelMetrics:
         if status >= 400:
             child(self.errors, *labels, str(status)).inc()
 
-    def failed(self, replica: str, status: int | None) -> None:
+    def failed(self, replica: str, status: int | None, reached: bool = True) -> None:
         """No usable answer from the replica: a retryable status, a timeout (504), unreachable (502), or the client
-        left first (None: no error, as the engine counts none)."""
+        left first (None: no error, as the engine counts none). `reached`: the request got to the replica (a
+        502 for a connection it closed, or an answer that broke); an unreachable one never saw it."""
         labels = (*self.base, replica)
         if not self.every_request:  # the engine counted the rest: a status it sent, and the invocation of a
-            if status == 502:  # request it timed out on; one it could not reach it never saw
+            if status == 502 and not reached:  # request it saw (timed out, dropped, broken)
                 child(self.invocations, *labels).inc()
             if status in (502, 504):
                 child(self.errors, *labels, str(status)).inc()
@@ -82,7 +84,11 @@ class ModelMetrics:
         child(self.latency_ms, *labels).observe(latency_ms)
 
     def refused(self, status: int) -> None:
-        """Answered by the router itself before any replica: an invocation that failed."""
+        """Answered by the router itself before any replica: an invocation that failed. Beside engines that count
+        their own (scope router), only a server error or a refusal for load: a client's bad body or key is
+        none of the model's invocations (it diluted the ratio, and fed triggers on the invocation rate)."""
+        if not self.every_request and not is_server_error(str(status)):
+            return
         labels = (*self.base, ROUTER_REPLICA)
         child(self.invocations, *labels).inc()
         child(self.errors, *labels, str(status)).inc()

@@ -403,14 +403,20 @@ REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py's from_url
 def redis_url_problem(url: str) -> None:
     """ValueError naming what redis-py would refuse or misread: the scheme, a port out of range, no host, a
     database that is not a number (`redis://h/abc` started engines that only warned at the first read)."""
-    from urllib.parse import urlsplit
+    from urllib.parse import parse_qs, unquote, urlsplit
 
     if not url.lower().startswith(REDIS_SCHEMES):
         raise ValueError(f"{url!r} must be a {', '.join(REDIS_SCHEMES[:-1])} or {REDIS_SCHEMES[-1]} URL "
                          "(rediss: TLS; unix: a socket path)")
     scheme, _, rest = url.partition("://")
-    parts = urlsplit(f"{scheme}://{rest.rpartition('@')[2]}")  # credentials end at the last @ (a password may
-    if parts.scheme.lower() == "unix":  # hold a /, which urlsplit reads as the path's start: kvcache.tiers too)
+    try:  # credentials end at the last @ (a password may hold a /, which urlsplit reads as the path's start)
+        parts = urlsplit(f"{scheme}://{rest.rpartition('@')[2]}")
+    except ValueError as exc:  # a bracket left open: "Invalid IPv6 URL"
+        raise ValueError(f"{url!r}: {exc}") from None
+    for db in parse_qs(parts.query).get("db", []):
+        if not db.isdigit():
+            raise ValueError(f"{url!r}: db= is a database number, got {db!r}")
+    if parts.scheme.lower() == "unix":
         if not parts.path:
             raise ValueError(f"{url!r}: a unix:// URL needs the socket's path (unix:///run/redis.sock)")
         return
@@ -422,7 +428,7 @@ def redis_url_problem(url: str) -> None:
         raise ValueError(f"{url!r}: the port must be a number from 1 to 65535")
     if not parts.hostname:
         raise ValueError(f"{url!r}: give the host (redis://host:6379/0)")
-    db = parts.path.strip("/")
+    db = unquote(parts.path.strip("/"))
     if db and not db.isdigit():
         raise ValueError(f"{url!r}: the database after the host is a number (redis://host:6379/0), got {db!r}")
 
