@@ -269,7 +269,7 @@ def test_a_full_redis_under_noeviction_pauses_writes_not_reads(redis_server, cap
     assert store.stats.failures == 1
 
 
-def _runner_with_l2(tiny_model, redis_url):
+def _runner_with_l2(tiny_model, redis_url, l1_bytes=0):
     """An in-process runner and engine with an L2 on `redis_url`, whose L2 holds PROMPT's blocks and whose
     engine tier does not."""
     import threading
@@ -284,7 +284,7 @@ def _runner_with_l2(tiny_model, redis_url):
 
     runner = ModelRunner(tiny_model, threads=1)
     engine = Engine(runner, EngineSettings("tiny", ModelIdentity("default", "tiny", "1", "local", "r0")))
-    attach_prefix_cache(engine, 16, 1 << 20, 0, redis_url)
+    attach_prefix_cache(engine, 16, 1 << 20, l1_bytes, redis_url)
     ids = runner.encode(PROMPT)
     runner.generate(ids, SamplingParams(temperature=0.0), 1, lambda token: True, threading.Event())  # fills L2
     wait_until(lambda: redis.Redis.from_url(redis_url).dbsize() > 0, 30, what="L2 writes")
@@ -393,3 +393,16 @@ def test_redis_health_says_why_it_is_not_up(redis_server):
     redis_server["proc"].kill()
     redis_server["proc"].wait()
     assert redis_health(url).startswith("unreachable")
+
+
+def test_the_prefetch_skips_what_l1_holds(tiny_model, redis_server):
+    """Blocks in L1 were read from Redis too, ahead of the lookup that takes them from L1: a full L1 hit cost the
+    network's time (bench kvcache: L1 0.086 x cold where it had read 0.06)."""
+    runner, engine, ids = _runner_with_l2(tiny_model, redis_server["url"], l1_bytes=64 << 20)
+    cache = runner.prefix_cache
+    cache.flush()
+    readers = _record_l2_readers(cache)
+    prefetched = runner.prefetch_l2(ids, 0, None)
+    assert prefetched.start > 0 and not prefetched.values and readers == []
+    assert runner.cached_prefix(ids, 0, None, prefetched)[1] > 0  # from L1
+    cache.close()

@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 
 
 class Prefetched:
-    """A prompt's blocks read from L2 before its job was queued: `values` from `start` (the first key the engine
-    tier did not hold then) on. Its bytes count against the cache's prefetch budget until `release()` (called
+    """A prompt's blocks read from L2 before its job was queued: `values` from `start` (the first key neither the
+    engine tier nor L1 held then) on. Its bytes count against the cache's prefetch budget until `release()` (called
     at admission) or until the job is dropped (garbage collected: a refused or cancelled job)."""
 
     def __init__(self, values: dict[int, bytes], start: int, cache: PrefixCache):
@@ -101,6 +101,8 @@ class PrefixCache:
         if store is None or not store.available:
             return None
         start = match_prefix(self._blocks, keys)  # `in` per key: safe beside the generation thread's changes
+        if self.l1 is not None:  # what L1 holds is read from L1 at admission: reading it from Redis as well
+            start += match_prefix(self.l1, keys[start:])  # cost a full L1 hit the network's time
         rest = keys[start:]
         with self._prefetch_lock:
             if self._prefetched + len(rest) * self.block_bytes() > self.prefetch_budget:

@@ -108,6 +108,10 @@ class L1Store:
                     self.evicted.append(evicted_key)
         return stored
 
+    def __contains__(self, key: int) -> bool:
+        with self._lock:
+            return key in self._blocks
+
     def drain_evicted(self) -> list[int]:
         """The keys evicted since the last call (for KV events); under the lock, as puts from the writer thread
         and promotions from the generation thread both evict."""
