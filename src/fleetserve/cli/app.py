@@ -181,7 +181,8 @@ def status(
     name: Annotated[str | None, typer.Argument(help="Fleet name (default: all)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="A live table, redrawn from the state files")] = False,
-    interval: Annotated[float, float_option(min=0.1, help="Seconds between redraws (--watch)")] = 2.0,
+    interval: Annotated[float | None, float_option(min=0.1, help="Seconds between redraws (--watch; default 2)")
+                        ] = None,
     iterations: Annotated[int | None, typer.Option(min=1, help="Stop after N redraws (--watch; default: Ctrl-C)")
                           ] = None,
     show_all: Annotated[bool, typer.Option("--all", "-a", help="Also the fleets that were stopped (hidden "
@@ -192,7 +193,7 @@ def status(
     """Show fleets, their replicas and states."""
     from fleetserve.fleet.state import list_fleets, mark_stale
 
-    if not watch and (interval != 2.0 or iterations is not None):
+    if not watch and (interval is not None or iterations is not None):
         raise typer.BadParameter("redraws only with --watch", param_hint="--interval/--iterations")
     if prune:
         _prune_fleets(name)
@@ -203,7 +204,7 @@ def status(
 
         # the fleets stopped before the watch began stay hidden; one that stops while it runs is shown stopped
         hidden = set() if show_all or name else {f.name for f in load(None) if f.status == "stopped"}
-        watch_fleets(name, interval, iterations, out,
+        watch_fleets(name, interval or 2.0, iterations, out,
                      loader=lambda n: [f for f in load(n) if f.name not in hidden])
         return
 

@@ -68,7 +68,9 @@ def render_k8s(
             raise _fail("--install renders the operator, not an endpoint: leave out SPEC")
         if output is None:
             raise _fail("--output/-o DIR is required")
-        if not _DNS_LABEL.fullmatch(namespace):
+        from fleetserve.spec.endpoint import is_dns_label
+
+        if not is_dns_label(namespace):
             raise _fail(f"--namespace {namespace!r}: a namespace name (lower-case letters, digits and '-', starting "
                         "and ending with a letter or digit, at most 63)")
         _install(options, output, namespace, webhook_ca_bundle)
@@ -103,15 +105,14 @@ def render_k8s(
                           "warnings": warnings}, indent=2))
 
 
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _SUBDOMAIN_RULE = "lower-case letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253"
 
 
 def _checked(image, prometheus_url, node_class, zone, service_account, model_pvc) -> None:
     """The flags' values as the API server takes them: each of these exited 0 and wrote manifests that
     `kubectl apply` refused (an empty image, `--node-class 'Bad Name!'`, `--prometheus-url notaurl`)."""
+    from fleetserve.spec.endpoint import is_dns_subdomain, is_label_value
+
     if image is not None and (not image.strip() or any(c.isspace() for c in image)):
         raise _fail(f"--image {image!r}: an image reference, e.g. ghcr.io/org/fleetserve:1.0 (no spaces)")
     if prometheus_url is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", prometheus_url):
@@ -119,10 +120,10 @@ def _checked(image, prometheus_url, node_class, zone, service_account, model_pvc
                     "http://prometheus.monitoring:9090")
     for flag, value in (("--node-class", node_class), ("--service-account", service_account),
                         ("--model-pvc", model_pvc)):
-        if value is not None and not _DNS_SUBDOMAIN.fullmatch(value):
+        if value is not None and not is_dns_subdomain(value):
             raise _fail(f"{flag} {value!r}: a Kubernetes object name ({_SUBDOMAIN_RULE})")
     for value in zone or []:
-        if not _LABEL_VALUE.fullmatch(value):
+        if not is_label_value(value):
             raise _fail(f"--zone {value!r}: a label value such as us-west-2a (letters, digits, '-', '_' and '.', "
                         "starting and ending with a letter or digit, at most 63)")
 

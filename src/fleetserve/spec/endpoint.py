@@ -32,6 +32,21 @@ _LABEL_NAME = re.compile(r"(?=.{1,63}\Z)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 
 
+def is_dns_label(value: str) -> bool:
+    """A namespace's or a Service's name as Kubernetes takes it."""
+    return len(value) <= 63 and bool(_DNS_LABEL.fullmatch(value))
+
+
+def is_dns_subdomain(value: str) -> bool:
+    """Most objects' names (a service account, a claim, a NodeClass) as Kubernetes takes them."""
+    return len(value) <= 253 and bool(_DNS_SUBDOMAIN.match(value))
+
+
+def is_label_value(value: str) -> bool:
+    """A non-empty label value (a zone) as Kubernetes takes it: the grammar of a label key's name part."""
+    return bool(_LABEL_NAME.match(value))
+
+
 class Metadata(SpecModel):
     name: str = Field(min_length=1, max_length=63)
     namespace: str = "default"
@@ -405,12 +420,13 @@ def redis_url_problem(url: str) -> None:
     database that is not a number (`redis://h/abc` started engines that only warned at the first read)."""
     from urllib.parse import parse_qs, unquote, urlsplit
 
+    from fleetserve.kvcache.tiers import split_credentials
+
     if not url.lower().startswith(REDIS_SCHEMES):
         raise ValueError(f"{url!r} must be a {', '.join(REDIS_SCHEMES[:-1])} or {REDIS_SCHEMES[-1]} URL "
                          "(rediss: TLS; unix: a socket path)")
-    scheme, _, rest = url.partition("://")
-    try:  # credentials end at the last @ (a password may hold a /, which urlsplit reads as the path's start)
-        parts = urlsplit(f"{scheme}://{rest.rpartition('@')[2]}")
+    try:  # without the credentials: a password may hold a /, which urlsplit reads as the path's start
+        parts = urlsplit(split_credentials(url)[0])
     except ValueError as exc:  # a bracket left open: "Invalid IPv6 URL"
         raise ValueError(f"{url!r}: {exc}") from None
     for db in parse_qs(parts.query).get("db", []):

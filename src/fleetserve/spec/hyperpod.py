@@ -19,6 +19,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from fleetserve.spec.context import flag_in_args
 from fleetserve.spec.endpoint import SERVED_NAME_FLAG
 from fleetserve.spec.errors import SpecError, SpecProblem
 
@@ -370,9 +371,8 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
     served = s["modelName"]
     if engine["kind"] in ("vllm", "sglang"):  # the server answers to its --served-model-name, and HyperPod's
         # clients call it so (AWS's prefetch samples): that name is the model's, not a disagreement to refuse
-        named = list(engine["args"])
-        taken = _take_flag(named, SERVED_NAME_FLAG)
-        value = taken[1] if taken else None
+        found = flag_in_args(engine["args"], SERVED_NAME_FLAG)
+        value = found[1] if found else None
         if value and value != served:
             warn("spec.worker.args", f"the model is served as {value!r} ({SERVED_NAME_FLAG}), not as modelName "
                                      f"{served!r}: clients name it so")
