@@ -191,3 +191,12 @@ def test_the_names_remembered_for_the_ignored_fields_log_are_bounded(monkeypatch
     for i in range(protocol.MAX_IGNORED_NAMES + 50):
         parse_chat({**CHAT, f"x{i}": 1, f"y{i}": 2})
     assert len(protocol._IGNORED_SEEN) == protocol.MAX_IGNORED_NAMES
+
+
+def test_a_huge_unknown_field_name_is_kept_and_logged_cut(monkeypatch, caplog):
+    """One body can hold a name of megabytes: it was remembered and logged whole."""
+    monkeypatch.setattr(protocol, "_IGNORED_SEEN", set())
+    with caplog.at_level("WARNING", logger="fleetserve.api.protocol"):
+        parse_chat({**CHAT, "x" * 1_000_000: 1})
+    assert protocol._IGNORED_SEEN == {"x" * protocol.MAX_NAME_CHARS}
+    assert max(len(r.getMessage()) for r in caplog.records) < 1_000

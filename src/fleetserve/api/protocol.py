@@ -209,6 +209,7 @@ _COMMON = frozenset({
 _KNOWN = {"chat": _COMMON | {"messages"}, "completion": _COMMON | {"prompt", "echo"}}
 _IGNORED_SEEN: set[str] = set()
 MAX_IGNORED_NAMES = 256
+MAX_NAME_CHARS = 64
 
 
 def _unsupported(body: dict) -> None:
@@ -228,7 +229,9 @@ def _note_ignored(body: dict, kind: str) -> None:
     `MAX_IGNORED_NAMES` names are remembered (clients choose them: an unbounded set was a slow memory leak)."""
     if len(_IGNORED_SEEN) >= MAX_IGNORED_NAMES:
         return
-    unknown = [name for name in body if name not in _KNOWN[kind] and name not in _IGNORED_SEEN]
+    # cut to MAX_NAME_CHARS: a name of megabytes (one body holds it) was kept and logged whole
+    unknown = list(dict.fromkeys(name[:MAX_NAME_CHARS] for name in body if name not in _KNOWN[kind]))
+    unknown = [name for name in unknown if name not in _IGNORED_SEEN]
     if unknown:
         unknown = unknown[:MAX_IGNORED_NAMES - len(_IGNORED_SEEN)]
         _IGNORED_SEEN.update(unknown)

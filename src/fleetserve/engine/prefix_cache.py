@@ -46,7 +46,7 @@ class PrefixCache:
                  tenant_l2: dict[str, RedisStore] | None = None):
         self.block_shape = block_shape  # (layers, 2, kv_heads, block_size, head_dim)
         self.dtype = dtype
-        self._block_bytes = int(np.prod(block_shape)) * torch.empty((), dtype=dtype).element_size()
+        self.block_bytes = int(np.prod(block_shape)) * torch.empty((), dtype=dtype).element_size()
         self.engine_blocks = engine_blocks
         self.l1 = l1
         self.l2 = l2
@@ -64,7 +64,7 @@ class PrefixCache:
         self.dropped_writes = 0
         # L2 bytes read ahead for queued jobs: at most half the engine tier's size (a queue of 256 long prompts
         # held gigabytes); past it a job's L2 blocks are read at admission, as before
-        self.prefetch_budget = engine_blocks * self.block_bytes() // 2
+        self.prefetch_budget = engine_blocks * self.block_bytes // 2
         self._prefetched = 0
         self._prefetch_lock = threading.Lock()
 
@@ -74,7 +74,7 @@ class PrefixCache:
         return block.contiguous().view(torch.uint8).numpy().tobytes()
 
     def _from_bytes(self, payload: bytes) -> torch.Tensor | None:
-        expected = self.block_bytes()
+        expected = self.block_bytes
         if len(payload) != expected:
             return None
         raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
@@ -84,9 +84,6 @@ class PrefixCache:
 
     def l2_for(self, tenant: str | None) -> RedisStore | None:
         return self.tenant_l2.get(tenant, self.l2) if tenant else self.l2
-
-    def block_bytes(self) -> int:
-        return self._block_bytes
 
     def _prefetch_held(self, delta: int) -> None:
         with self._prefetch_lock:
@@ -105,7 +102,7 @@ class PrefixCache:
             start += match_prefix(self.l1, keys[start:])  # cost a full L1 hit the network's time
         rest = keys[start:]
         with self._prefetch_lock:
-            if self._prefetched + len(rest) * self.block_bytes() > self.prefetch_budget:
+            if self._prefetched + len(rest) * self.block_bytes > self.prefetch_budget:
                 return None
         values = {k: v for k, v in zip(rest, store.get_many(rest), strict=True) if v is not None} if rest else {}
         return Prefetched(values, start, self)
