@@ -89,6 +89,8 @@ class SimulatedEngine:
         self.m_ttft, self.m_busy, self.m_config = m.ttft, m.busy, m.config
         self.m_config.labels(str(profile.block_size), str(profile.cache_blocks)).set(1)
         self._lbl = {"model_name": model_name}
+        for counter in (self.m_queries, self.m_hits, self.m_gpu_queries, self.m_gpu_hits):
+            counter.labels(**self._lbl)  # at 0 from the start, as the engines' are: exposed before a request
         self.identity = identity or ModelIdentity(model_name=model_name, model_version=model_version)
         self._model_lbl = self.identity.labels()
         self._metrics = m
