@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 # 400 codes for which the whole body, not one parameter, is at fault.
@@ -40,7 +41,7 @@ def openai_errors(ctx, response, case) -> bool | None:
     """Every non-2xx is OpenAI error JSON; a 400 about a parameter names one the operation has; streams that
     started (200) carry no error event (validation must happen before the first byte)."""
     status = response.status_code
-    SEEN[(response.request.url.split("/v1/")[0].split("/health")[0].split("/metrics")[0], case.operation.label,
+    SEEN[(re.split(r"/v1/|/health|/metrics|/invocations", response.request.url)[0], case.operation.label,
           status)] += 1
     content_type = response.headers.get("content-type", [""])
     content_type = content_type[0] if isinstance(content_type, list) else content_type
@@ -69,10 +70,12 @@ def openai_errors(ctx, response, case) -> bool | None:
 
 
 def _body_properties(case) -> set[str]:
-    """The request parameters the operation declares (empty for operations without a body)."""
+    """The request parameters the operation declares (empty for operations without a body); for a body of one
+    of several schemas (/invocations: chat or completions), the parameters of any of them."""
     body = case.operation.definition.raw.get("requestBody")
     if not body:
         return set()
-    ref = body["content"]["application/json"]["schema"]["$ref"]
+    schema = body["content"]["application/json"]["schema"]
     schemas = case.operation.schema.raw_schema["components"]["schemas"]
-    return set(schemas[ref.rsplit("/", 1)[1]]["properties"])
+    refs = [one["$ref"] for one in schema["oneOf"]] if "oneOf" in schema else [schema["$ref"]]
+    return {name for ref in refs for name in schemas[ref.rsplit("/", 1)[1]]["properties"]}

@@ -67,7 +67,7 @@ def test_engine_api(engine_schema, fuzz_fleet, method, path):
         base_url=engine.url, headers=fuzz_fleet["engine_headers"], checks=CHECKS, timeout=REQUEST_TIMEOUT_S))
 
 
-@pytest.mark.parametrize("method,path", [*OPERATIONS, ("GET", "/metrics")])
+@pytest.mark.parametrize("method,path", [*OPERATIONS, ("GET", "/metrics"), ("POST", "/invocations")])
 def test_router_api(router_schema, fuzz_fleet, method, path):
     router = fuzz_fleet["router"]
     fuzz_both_ways(router_schema, router.url, method, path, lambda case: case.call_and_validate(

@@ -71,6 +71,30 @@ def test_the_openai_client_retrieves_the_served_model_through_the_router(pair):
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
 
 
+def test_sagemaker_invocations_are_answered_as_the_openai_route_the_body_names(pair):
+    """HyperPod's default invocationEndpoint: SageMaker posts every request to /invocations; the body's shape picks
+    chat or completions (as vLLM's server does), streamed or not; other bodies are a 400 naming what is served."""
+    gw, _ = pair
+    chat = httpx.post(gw.url + "/invocations", json=CHAT, timeout=30)
+    assert chat.status_code == 200 and chat.json()["object"] == "chat.completion", chat.text
+    text = httpx.post(gw.url + "/invocations", json={"prompt": "hi", "max_tokens": 3}, timeout=30)
+    assert text.status_code == 200 and text.json()["object"] == "text_completion", text.text
+    with httpx.stream("POST", gw.url + "/invocations", json={**CHAT, "stream": True}, timeout=30) as streamed:
+        events = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+    assert streamed.headers["content-type"].startswith("text/event-stream") and events[-1] == "data: [DONE]"
+    client = openai.OpenAI(base_url=gw.url, api_key="x", max_retries=0)  # a SageMaker-style client's raw call
+    answer = client.post("/invocations", body=CHAT, cast_to=httpx.Response)
+    assert answer.json()["choices"][0]["message"]["role"] == "assistant"
+    for body, param in (({"inputs": "hi", "parameters": {"max_new_tokens": 4}}, "inputs"),
+                        ({"model": "tiny"}, "messages"), ({**CHAT, "prompt": "hi"}, "prompt")):
+        refused = httpx.post(gw.url + "/invocations", json=body, timeout=30)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+        assert "messages" in refused.json()["error"]["message"] and "prompt" in refused.json()["error"]["message"]
+    assert httpx.get(gw.url + "/invocations", timeout=30).status_code == 405
+    missing = httpx.post(gw.url + "/invocations", json={**CHAT, "model": "other"}, timeout=30)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
 def test_request_id_propagates(pair):
     gw, _ = pair
     r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers={"x-request-id": "abc-123"}, timeout=30)

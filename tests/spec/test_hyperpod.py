@@ -440,12 +440,14 @@ def test_null_fields_are_pruned_as_the_api_server_prunes_them():
 
 
 def test_settings_the_gateway_does_not_honour_are_warned():
-    loaded = _loaded(lambda spec: spec.update(invocationEndpoint="invocations",
+    loaded = _loaded(lambda spec: spec.update(invocationEndpoint="generate",
                                               loadBalancer={"routingAlgorithm": "round_robin"}))
     warned = {w.path: w.message for w in loaded.warnings}
-    assert "POST /invocations" in warned["spec.invocationEndpoint"]
+    assert "/invocations, /v1/chat/completions, /v1/completions" in warned["spec.invocationEndpoint"]
     assert "'round_robin' not used" in warned["spec.loadBalancer.routingAlgorithm"]
-    assert "spec.invocationEndpoint" not in {w.path for w in _loaded(lambda spec: None).warnings}
+    for served in (None, "invocations", "/invocations", "v1/chat/completions"):  # the CRD's default is served
+        quiet = _loaded(lambda spec, path=served: spec.update(invocationEndpoint=path))
+        assert "spec.invocationEndpoint" not in {w.path for w in quiet.warnings}
 
 
 def test_each_cloudwatch_trigger_of_a_list_is_named_in_the_warning():

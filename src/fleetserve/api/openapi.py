@@ -240,6 +240,14 @@ def openapi_document(variant: Variant, models: Sequence[str] = ()) -> dict[str, 
         }},
     }
     if variant == "router":
+        invocations = _generation_op(variant, "invoke", "SageMaker's invocation path: a chat body (messages) or a "
+                                     "completions body (prompt), answered as that OpenAI route",
+                                     "ChatCompletionRequest", "ChatCompletion")
+        invocations["post"]["requestBody"]["content"]["application/json"]["schema"] = {
+            "oneOf": [{"$ref": _REF + "ChatCompletionRequest"}, {"$ref": _REF + "CompletionRequest"}]}
+        invocations["post"]["responses"]["200"]["content"]["application/json"]["schema"] = {
+            "oneOf": [{"$ref": _REF + "ChatCompletion"}, {"$ref": _REF + "Completion"}]}
+        paths["/invocations"] = invocations
         paths["/metrics"] = {"get": {
             "operationId": "metrics",
             "responses": {"200": {"description": "Prometheus text exposition",

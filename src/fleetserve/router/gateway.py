@@ -43,6 +43,7 @@ from fleetserve.router.dispatch import Attempt, Dispatcher, Outgoing
 from fleetserve.router.features import KVLayout, prompt_tokens_estimate, request_features
 from fleetserve.router.gate import AdmissionGate, Refused
 from fleetserve.router.http1 import Request, Responder
+from fleetserve.router.invocations import INVOCATIONS_PATH, openai_path
 from fleetserve.router.model_metrics import ModelMetrics
 from fleetserve.router.policies import FleetSnapshot, RouteRequest, RoutingPolicy, create_policy, needs_of
 from fleetserve.router.pool import Backend, BackendPool
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger("fleetserve.router.access")
 
 # The OpenAI routes the gateway proxies, and their method; everything else is the control app's.
-PROXIED = {**dict.fromkeys(GENERATION_PATHS, "POST"), "/v1/models": "GET"}
+PROXIED = {**dict.fromkeys(GENERATION_PATHS, "POST"), INVOCATIONS_PATH: "POST", "/v1/models": "GET"}
 MODEL_PATH = "/v1/models/"  # GET /v1/models/{model} (the openai client's models.retrieve) is proxied too
 # Never forwarded: framing and connection headers, the client's credentials (the key stays at the gateway),
 # and what the gateway sets itself (the tenant and the internal token are ours to set, never a client's).
@@ -212,6 +213,8 @@ class Gateway:
             if self.settings.keyring is not None:
                 tenant = self.settings.keyring.tenant(authorization.decode("latin-1") if authorization else None)
             body = parse_json_body(request.body) if post else {}
+            if request.path == INVOCATIONS_PATH:  # SageMaker's path: the body says which OpenAI route it is
+                request.path = openai_path(body)
             route = self._route(request, body, tenant)
             sent = request.body
             if self.salter is not None and post:

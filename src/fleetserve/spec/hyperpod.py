@@ -29,6 +29,8 @@ CRD_FILE = "inference.sagemaker.aws.amazon.com_inferenceendpointconfigs.yaml"
 CRD_VERSION = "v1"
 
 HYPERPOD_METRICS_PORT = 8080  # the CRD's default for metrics.modelMetrics.port
+# invocationEndpoint values the gateway serves: the CRD's default (SageMaker's, router/invocations.py) and OpenAI's
+SERVED_INVOCATION_PATHS = ("invocations", "v1/chat/completions", "v1/completions")
 
 
 def _strict(schema: Any) -> Any:
@@ -497,9 +499,9 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
     ):
         if s.get(field):
             warn(f"spec.{field}", why)
-    if s.get("invocationEndpoint") not in (None, "v1/chat/completions", "v1/completions"):
-        warn("spec.invocationEndpoint", f"{s['invocationEndpoint']!r}: the gateway serves the OpenAI paths "
-                                        "/v1/chat/completions and /v1/completions, not SageMaker's POST /invocations")
+    if str(s.get("invocationEndpoint") or "invocations").strip("/") not in SERVED_INVOCATION_PATHS:
+        warn("spec.invocationEndpoint", f"{s['invocationEndpoint']!r}: the gateway serves "
+                                        + ", ".join(f"/{p}" for p in SERVED_INVOCATION_PATHS) + ", not this path")
     return out
 
 
