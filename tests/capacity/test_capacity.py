@@ -328,13 +328,18 @@ def test_a_replica_asks_for_the_memory_its_l1_tier_fills():
 
     from fleetserve.capacity.placement import fits, replica_request
 
-    l1 = SimpleNamespace(l1=SimpleNamespace(enabled=True, max_bytes=64 << 30))
-    engine = SimpleNamespace(gpus=1, resources={"requests": {"cpu": "6", "memory": "30Gi"}})
+    no_l2 = SimpleNamespace(enabled=False)
+    l1 = SimpleNamespace(l1=SimpleNamespace(enabled=True, max_bytes=64 << 30), l2=no_l2)
+    engine = SimpleNamespace(kind="vllm", gpus=1, resources={"requests": {"cpu": "6", "memory": "30Gi"}})
     assert replica_request(engine, kv_cache=l1).memory_gb == 64.0
-    assert replica_request(SimpleNamespace(gpus=1, resources=None), kv_cache=l1).memory_gb == 64.0
-    off = SimpleNamespace(l1=SimpleNamespace(enabled=False, max_bytes=64 << 30))
+    assert replica_request(SimpleNamespace(kind="vllm", gpus=1, resources=None), kv_cache=l1).memory_gb == 64.0
+    off = SimpleNamespace(l1=SimpleNamespace(enabled=False, max_bytes=64 << 30), l2=no_l2)
     assert replica_request(engine, kv_cache=off).memory_gb == 30.0
+    # vLLM with L2 only: LMCache still holds a CPU staging buffer on each GPU rank, 1 GiB each as adapters size it
+    l2_only = SimpleNamespace(l1=off.l1, l2=SimpleNamespace(enabled=True))
+    assert replica_request(SimpleNamespace(kind="vllm", gpus=4, resources=None), kv_cache=l2_only).memory_gb == 4.0
+    assert replica_request(SimpleNamespace(kind="sglang", gpus=4, resources=None), kv_cache=l2_only).memory_gb == 0
     assert not fits(CATALOG.get("g5.2xlarge"), replica_request(engine, kv_cache=l1), allow_larger=False)  # 32 GiB
     # a memory limit below the L1 caps the request, as the rendered pod's (k8s/engine.memory_for_l1 warns)
-    capped = SimpleNamespace(gpus=1, resources={"limits": {"memory": "32Gi"}})
+    capped = SimpleNamespace(kind="vllm", gpus=1, resources={"limits": {"memory": "32Gi"}})
     assert replica_request(capped, kv_cache=l1).memory_gb == 32.0

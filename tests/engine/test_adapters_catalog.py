@@ -4,10 +4,11 @@ import json
 
 import pytest
 
-from fleetserve.engine.adapters import launch_for, sglang_launch, vllm_launch
+from fleetserve.engine.adapters import args_after, launch_for, lmcache_url, sglang_launch, vllm_launch
 from fleetserve.engine.catalog import CATALOG, preset
 from fleetserve.engine.sources import resolve_source
 from fleetserve.spec import SpecError, load_spec_text
+from fleetserve.spec.effects import inert_settings
 from tests.helpers import fleetserve
 
 SPEC = """
@@ -40,7 +41,7 @@ def test_vllm_command_line_and_lmcache_environment():
     assert connector == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
     env = launch.env
     assert env["LMCACHE_CHUNK_SIZE"] == "256" and env["LMCACHE_LOCAL_CPU"] == "True"
-    assert env["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "20"
+    assert env["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "10"  # 20 GiB a replica: LMCache allocates it on each of 2 ranks
     assert env["LMCACHE_REMOTE_URL"] == "redis://r:6379" and env["LMCACHE_REMOTE_SERDE"] == "naive"
     assert env["PYTHONHASHSEED"] == "0" and env["HF_HOME"] == "/cache"
     assert launch.health_path == "/health" and launch.metrics_path == "/metrics"
@@ -63,6 +64,58 @@ def test_sglang_command_line():
     assert argv[argv.index("--context-length") + 1] == "8192"
     assert "--enable-hierarchical-cache" in argv and "--enable-metrics" in argv
     assert "--enable-cache-report" in argv  # cached_tokens in usage: what the blind router learns from
+
+
+def test_sglang_host_cache_is_whole_gb_per_rank_and_off_unless_asked():
+    """--hicache-size is an integer of GB (1e9 bytes) per GPU rank; SGLang (0.5.x) stops at start when it is not
+    larger than the GPU's KV pool, so the default L1's 2 GiB is not turned on for SGLang."""
+    argv = sglang_launch(spec("sglang"), "/m", 30000).argv  # 20 GiB over 2 ranks
+    assert argv[argv.index("--hicache-size") + 1] == "10"
+    default = load_spec_text(SPEC.format(kind="sglang").replace(
+        'l1: {enabled: true, maxBytes: 21474836480}, ', "")).endpoint.spec
+    assert not default.kv_cache.l1.enabled and "--enable-hierarchical-cache" not in sglang_launch(
+        default, "/m", 1).argv
+    assert load_spec_text(SPEC.format(kind="vllm").replace(  # vLLM keeps the default L1 (LMCache's CPU buffer)
+        'l1: {enabled: true, maxBytes: 21474836480}, ', "")).endpoint.spec.kv_cache.l1.enabled
+    with pytest.raises(SpecError, match=r"kvCache.l1.maxBytes.*whole GB.*at least 2000000000"):
+        load_spec_text(SPEC.format(kind="sglang").replace("21474836480", "1500000000"))
+
+
+def test_a_host_cache_below_the_gpu_kv_pool_is_warned_for_sglang():
+    small = load_spec_text(SPEC.format(kind="sglang").replace(
+        "kvCache:", "placement: {instanceTypes: [p5.48xlarge]}\n  kvCache:")).endpoint  # 10 GB a rank, 80 GB GPUs
+    notes = {n.path: n.message for n in inert_settings(small)}
+    assert "refuses to start" in notes["spec.kvCache.l1.maxBytes"], notes
+    big = load_spec_text(SPEC.format(kind="sglang").replace("21474836480", "300000000000").replace(
+        "kvCache:", "placement: {instanceTypes: [p5.48xlarge]}\n  kvCache:")).endpoint
+    assert "spec.kvCache.l1.maxBytes" not in {n.path for n in inert_settings(big)}
+
+
+def test_vllm_l2_only_sizes_lmcache_staging_and_the_url_gets_a_port():
+    s = load_spec_text(SPEC.format(kind="vllm").replace(
+        "l1: {enabled: true, maxBytes: 21474836480}", "l1: {enabled: false}").replace(
+        "redis://r:6379", "redis://r")).endpoint.spec
+    env = vllm_launch(s, "/m", 8000).env
+    assert env["LMCACHE_LOCAL_CPU"] == "False" and env["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "1"  # not its 5 GiB default
+    assert env["LMCACHE_REMOTE_URL"] == "redis://r:6379"
+    assert lmcache_url("rediss://:p@h/0") == "rediss://:p@h:6379/0" and lmcache_url("h:7000") == "redis://h:7000"
+    assert lmcache_url("redis://[::1]") == "redis://[::1]:6379" and lmcache_url("redis://[::1]:1") == "redis://[::1]:1"
+    with pytest.raises(SpecError, match=r"kvCache.l2.url.*not a unix socket"):
+        load_spec_text(SPEC.format(kind="vllm").replace("redis://r:6379", "unix:///run/r.sock"))
+
+
+@pytest.mark.parametrize("kind,command,expected", [
+    ("vllm", ["vllm", "serve"], ["/m", "--host"]),
+    ("vllm", ["/usr/local/bin/vllm"], ["serve", "/m", "--host"]),
+    ("vllm", ["python3", "-m", "vllm.entrypoints.openai.api_server"], ["--model", "/m", "--host"]),
+    ("sglang", ["python3", "-m", "sglang.launch_server"], ["--model-path", "/m", "--host"]),
+    ("sglang", ["python3"], ["-m", "sglang.launch_server", "--model-path", "/m"]),
+])
+def test_a_replaced_entrypoint_gets_the_arguments_without_our_launcher(kind, command, expected):
+    """HyperPod's worker.command replaced `vllm serve`, and `serve serve /m` (or a module without --model) exited."""
+    argv = launch_for(spec(kind), "/m", 8000).argv
+    args = args_after(kind, argv, command)
+    assert args[:len(expected)] == expected and args.count("/m") == 1
 
 
 def test_launch_for_rejects_builtin():
@@ -142,3 +195,10 @@ def test_render_of_a_catalog_only_spec_is_the_presets_deployment(tmp_path):
     rendered = "\n".join(p.read_text() for p in sorted((tmp_path / "out").glob("*.yaml")))
     assert "vllm-openai:" in rendered and "--max-model-len" in rendered and "nvidia.com/gpu" in rendered
     assert "- g5.2xlarge" in rendered and "- g6e.xlarge" in rendered  # the nodes of the preset's types
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_kvaware_in_front_of_a_gpu_engine_says_it_routes_as_prefixaware(kind):
+    """Neither publishes KV events the router reads: kvaware quietly became prefixaware."""
+    endpoint = load_spec_text(SPEC.format(kind=kind) + "  routing: {strategy: kvaware}\n").endpoint
+    assert "routes as prefixaware" in {n.path: n.message for n in inert_settings(endpoint)}["spec.routing.strategy"]

@@ -266,6 +266,9 @@ def test_gpu_engines_require_the_internal_token_and_tenants_reach_them_as_cache_
         assert not [o for o in rendered.objects if o["kind"] == "StatefulSet"] and "REDIS_PASSWORD" not in env
         assert any(w.path == "spec.kvCache.l2" for w in rendered.warnings)
     assert c["readinessProbe"]["httpGet"]["path"] == "/health"  # left open by both engines' API-key checks
+    # SGLang's /health generates a token behind the running batch, waiting up to 20 s: no 3 s probe for it
+    assert c["readinessProbe"]["timeoutSeconds"] == (25 if kind == "sglang" else 3)
+    assert c["livenessProbe"]["timeoutSeconds"] == (25 if kind == "sglang" else 5)
     router = _by(rendered, "Deployment", "chat-router")[0]["spec"]["template"]["spec"]
     args = router["containers"][0]["args"]
     assert "--tenant-cache-salt" in args and "--no-send-internal-token" not in args
@@ -915,3 +918,21 @@ def test_node_affinity_preferences_reach_the_pods_and_add_no_identical_tiers():
     assert preferred[0]["preference"]["matchExpressions"][0]["values"] == ["ml.g5.8xlarge"]  # another key: as given
     notes = [w.message for w in loaded.warnings if w.path == "spec.placement.nodeAffinity"]
     assert any("'node.kubernetes.io/instanceType' is not the instance-type label" in n for n in notes)
+
+
+@pytest.mark.parametrize("command,args_start", [
+    (["python3", "-m", "vllm.entrypoints.openai.api_server"], ["--model", "/opt/ml/model/llama", "--host"]),
+    (["vllm", "serve"], ["/opt/ml/model/llama", "--host"]),
+])
+def test_a_hyperpod_worker_command_gets_the_servers_arguments_without_our_launcher(command, args_start):
+    """HyperPod's worker.command replaced our `vllm serve` but our args kept `serve MODEL`: the pod ran
+    `python3 -m vllm.entrypoints.openai.api_server serve /opt/ml/model/llama` and exited."""
+    from tests.spec.test_hyperpod import AUDIT
+
+    doc = yaml.safe_load(AUDIT)
+    doc["spec"]["worker"]["command"] = command
+    rendered, _ = _objects(doc)
+    (deployment,) = _by(rendered, "Deployment", "audit-engine")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == command and container["args"][:len(args_start)] == args_start
+    assert "serve" not in container["args"] and container["args"].count("/opt/ml/model/llama") == 1

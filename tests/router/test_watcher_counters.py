@@ -21,3 +21,47 @@ def test_vllm_and_sglang_counters_give_queried_and_hit_tokens():
     assert prefix_cache_totals(SGLANG) == (1000.0, 750.0)  # every cache source
     assert prefix_cache_totals("# TYPE other counter\nother_total 1\n") is None
     assert prefix_cache_totals("not { metrics") is None
+
+
+class GpuEngineLike:
+    """vLLM's or SGLang's answers to what the watcher asks: healthy, no KV layout, no KV events (404)."""
+
+    def __init__(self):
+        self.asked: list[str] = []
+
+    async def get(self, url: str, timeout: float):
+        path = "/" + url.split("/", 3)[3]
+        self.asked.append(path)
+        return (200, b"{}") if path == "/health" else (200, b"") if path == "/metrics" else (404, b"")
+
+    async def get_json(self, url: str, timeout: float):
+        status, _ = await self.get(url, timeout)
+        return status, None
+
+    async def aclose(self):
+        pass
+
+
+def test_a_replica_without_kv_events_or_layout_is_not_asked_again_every_round():
+    """kvaware in front of vLLM: every probe round sent each replica a /kv/blocks and a /get_model_info that
+    could only be 404s. Asked once, remembered while the replica stays in the pool."""
+    import asyncio
+
+    from fleetserve.router.gateway import Gateway, RouterSettings
+    from fleetserve.router.pool import BackendPool
+    from tests.virtual_loop import run_virtual
+
+    async def scenario():
+        engine = GpuEngineLike()
+        pool = BackendPool(["http://10.0.0.1:8000"], interval=1.0)
+        pool.client = engine
+        gw = Gateway(pool, RouterSettings(strategy="kvaware"), upstream=engine)
+        await gw.start()
+        await asyncio.sleep(30)  # 30 probe rounds, virtual time
+        await gw.stop()
+        return engine.asked, gw.watcher.no_events
+
+    asked, no_events = run_virtual(scenario())
+    assert asked.count("/health") >= 25
+    assert asked.count("/kv/blocks") == 1 and asked.count("/get_model_info") == 1, sorted(set(asked))
+    assert no_events == {"10.0.0.1:8000"}

@@ -479,3 +479,13 @@ def test_a_flag_last_without_its_value_is_no_traceback(args):
         load_spec_data(doc)
     except SpecError as exc:  # refused naming the flag is fine; a traceback is not
         assert args[-1] in str(exc) and "without a value" in str(exc)
+
+
+def test_an_lmcache_config_file_reaches_vllm_and_is_said_to_override_the_spec():
+    """kvCacheSpec.cacheConfigFile was dropped while its warning said it was passed to vLLM."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["kvCacheSpec"]["cacheConfigFile"] = "/opt/ml/model/lmcache.yaml"
+    loaded = load_spec_text(yaml.safe_dump(doc))
+    assert loaded.endpoint.spec.engine.kind == "vllm"
+    assert loaded.endpoint.spec.engine.env["LMCACHE_CONFIG_FILE"] == "/opt/ml/model/lmcache.yaml"
+    assert "instead of" in {w.path: w.message for w in loaded.warnings}["spec.kvCacheSpec.cacheConfigFile"]

@@ -156,10 +156,19 @@ def quantity(value) -> float:
     return float(text)
 
 
-def l1_memory_bytes(kv_cache) -> int:
+def l1_memory_bytes(kv_cache, engine=None) -> int:
     """The host memory the L1 tier fills (the built-in engine's L1, LMCache's local CPU buffer under vLLM, SGLang's
-    HiCache): a replica's pod must hold at least that much."""
-    return kv_cache.l1.max_bytes if kv_cache is not None and kv_cache.l1.enabled else 0
+    HiCache): a replica's pod must hold at least that much. Under vLLM with L2 only, LMCache's staging buffer on
+    each GPU rank (engine/adapters.py)."""
+    if kv_cache is None:
+        return 0
+    if kv_cache.l1.enabled:
+        return kv_cache.l1.max_bytes
+    if engine is not None and engine.kind == "vllm" and kv_cache.l2.enabled:
+        from fleetserve.engine.adapters import LMCACHE_STAGING_BYTES
+
+        return LMCACHE_STAGING_BYTES * max(engine.gpus, 1)
+    return 0
 
 
 def replica_request(engine, model=None, kv_cache=None) -> ReplicaRequest:
@@ -173,8 +182,9 @@ def replica_request(engine, model=None, kv_cache=None) -> ReplicaRequest:
     cpu = quantity(asked["cpu"]) if "cpu" in asked else 0.0
     memory = quantity(asked["memory"]) if "memory" in asked else 0.0
     limit = (resources.get("limits") or {}).get("memory")
-    if limit is None or quantity(limit) >= l1_memory_bytes(kv_cache):  # a pod never requests past its limit (a
-        memory = max(memory, l1_memory_bytes(kv_cache))  # limit below the L1 is warned about: k8s/engine.py)
+    host = l1_memory_bytes(kv_cache, engine)
+    if limit is None or quantity(limit) >= host:  # a pod never requests past its limit (a limit below the L1 is
+        memory = max(memory, host)  # warned about: k8s/engine.py)
     memory /= 2**30  # GiB, as instance types state it
     gpus = engine.gpus or 1
     size = stated_size(model, engine) if model is not None else None

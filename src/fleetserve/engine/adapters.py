@@ -9,6 +9,13 @@ Both report the cached prompt tokens of each answer (`usage.prompt_tokens_detail
 `--enable-prompt-tokens-details`, SGLang with `--enable-cache-report`, off by default in both): without them the
 blind router learns nothing of the engines' caches (`router/feedback.py`) and its cached-token counters stay at 0.
 
+`kvCache.l1.maxBytes` is the replica's host memory for L1: LMCache and SGLang allocate their buffer per GPU rank,
+so each of `engine.gpus` ranks gets its share (a TP-4 replica told 64 GiB pinned 256). SGLang takes whole GB (1e9
+bytes) per rank and refuses to start with a host pool not larger than its GPU KV pool (spec/effects.py warns),
+so its L1 is on only where the spec asks for it (spec/endpoint.py). LMCache under vLLM keeps a CPU staging
+buffer even with L2 only: it is sized (`LMCACHE_STAGING_BYTES` per rank, its default is 5 GiB) and the pod requests
+it (`capacity/placement.py`).
+
 Both require an API key of their own (the `engine-token` of the fleet's Secret) as a bearer token on their
 OpenAI API (`--api-key`; /health and /metrics stay open to probes and scrapers), which the router sends
 (`router --engine-token-file`): not the internal token, since SGLang prints its arguments in its log.
@@ -38,8 +45,32 @@ ENGINE_TOKEN_ENV = "FLEETSERVE_ENGINE_TOKEN"
 VLLM_TOKEN_ENV = "VLLM_API_KEY"  # vLLM's --api-key default
 
 
+LMCACHE_STAGING_BYTES = 1 << 30  # per rank: LMCache's CPU buffer when L1 is off (L2 only)
+
+
 def _gib(n: int) -> str:
     return f"{max(n / (1 << 30), 0.001):g}"
+
+
+def ranks(spec) -> int:
+    """The GPU ranks of one replica (tensor parallelism): each allocates its own host KV buffer."""
+    return max(spec.engine.gpus, 1)
+
+
+def sglang_hicache_gb(spec) -> int:
+    """SGLang's --hicache-size: whole GB (1e9 bytes) per rank, an integer flag."""
+    return spec.kv_cache.l1.max_bytes // ranks(spec) // 10**9
+
+
+def lmcache_url(url: str) -> str:
+    """LMCache's remote URL: redis:// or rediss:// with a port (its parser asserts one; Redis's default here)."""
+    url = url if url.startswith(("redis://", "rediss://")) else f"redis://{url}"
+    scheme, rest = url.split("://", 1)
+    host, slash, tail = rest.partition("/")
+    hostport = host.rsplit("@", 1)[-1]
+    if ":" not in hostport.rsplit("]", 1)[-1]:  # after an IPv6 literal's bracket, or in a name
+        host += ":6379"
+    return f"{scheme}://{host}{slash}{tail}"
 
 
 def vllm_launch(spec, model_path: str, port: int, host: str = "0.0.0.0", l2_url: str | None = None) -> EngineLaunch:
@@ -60,10 +91,10 @@ def vllm_launch(spec, model_path: str, port: int, host: str = "0.0.0.0", l2_url:
         argv += ["--kv-transfer-config", json.dumps(LMCACHE_CONNECTOR, separators=(",", ":"))]
         env.update({"LMCACHE_CHUNK_SIZE": str(kv.block_size), "PYTHONHASHSEED": "0"})
         env["LMCACHE_LOCAL_CPU"] = "True" if kv.l1.enabled else "False"
-        if kv.l1.enabled:
-            env["LMCACHE_MAX_LOCAL_CPU_SIZE"] = _gib(kv.l1.max_bytes)
+        per_rank = kv.l1.max_bytes // ranks(spec) if kv.l1.enabled else LMCACHE_STAGING_BYTES
+        env["LMCACHE_MAX_LOCAL_CPU_SIZE"] = _gib(per_rank)
         if kv.l2.enabled and url:
-            env["LMCACHE_REMOTE_URL"] = url if url.startswith(("redis://", "rediss://")) else f"redis://{url}"
+            env["LMCACHE_REMOTE_URL"] = lmcache_url(url)
             env["LMCACHE_REMOTE_SERDE"] = "naive"
     return EngineLaunch(argv + list(spec.engine.args), env, spec.engine.health_path, token_env=VLLM_TOKEN_ENV)
 
@@ -80,10 +111,32 @@ def sglang_launch(spec, model_path: str, port: int, host: str = "0.0.0.0") -> En
     if spec.model.dtype != "auto":
         argv += ["--dtype", spec.model.dtype]
     if spec.kv_cache.l1.enabled:
-        argv += ["--enable-hierarchical-cache", "--hicache-size", _gib(spec.kv_cache.l1.max_bytes)]
+        argv += ["--enable-hierarchical-cache", "--hicache-size", str(sglang_hicache_gb(spec))]
     argv += ["--api-key", f"$({ENGINE_TOKEN_ENV})"]
     return EngineLaunch(argv + list(spec.engine.args), dict(spec.engine.env), spec.engine.health_path,
                         token_env=ENGINE_TOKEN_ENV)
+
+
+def args_after(kind: str, argv: list[str], command: list[str]) -> list[str]:
+    """The arguments to give after `command`, an entrypoint that replaces the launcher (HyperPod's worker.command):
+    our launcher words dropped, what the command leaves out kept. `vllm serve MODEL` after `vllm serve` repeated
+    `serve`, and after `python3 -m vllm.entrypoints.openai.api_server` the model needs its flag; every such pod
+    exited at start."""
+    words = [str(w) for w in command]
+    base = words[-1].rsplit("/", 1)[-1] if words else ""
+    if kind == "vllm":  # argv: vllm serve MODEL ...
+        model, rest = argv[2], argv[3:]
+        if base == "serve":
+            return [model, *rest]
+        if base == "vllm":
+            return ["serve", model, *rest]
+        return ["--model", model, *rest]  # the API server module, or a wrapper of it
+    if kind == "sglang":  # argv: python3 -m sglang.launch_server --model-path MODEL ...
+        rest = argv[3:]
+        if base.startswith("python") and not any("sglang" in w for w in words):
+            return ["-m", "sglang.launch_server", *rest]
+        return rest
+    raise ValueError(f"no GPU engine adapter for engine.kind {kind!r}; allowed: vllm, sglang")
 
 
 def launch_for(spec, model_path: str, port: int, l2_url: str | None = None) -> EngineLaunch:

@@ -28,7 +28,7 @@ from fleetserve.capacity.placement import (
     l1_memory_bytes,
     quantity,
 )
-from fleetserve.engine.adapters import ENGINE_TOKEN_ENV, VLLM_TOKEN_ENV, launch_for
+from fleetserve.engine.adapters import ENGINE_TOKEN_ENV, VLLM_TOKEN_ENV, args_after, launch_for
 from fleetserve.k8s.context import (
     ENGINE_PORT,
     ENGINE_TOKEN_KEY,
@@ -124,6 +124,9 @@ def _builtin_args(ctx: Context, model_path: str, instance_type: str, l2_url: str
     return args + list(spec.engine.args)
 
 
+SGLANG_HEALTH_SECONDS = 25  # SGLang's own health check timeout (20 s) and some margin
+
+
 def _probes(ctx: Context) -> dict:
     """Ours, sized to the model's load time; `engine.probes` (HyperPod's worker.probes) replaces them by name."""
     engine = ctx.endpoint.spec.engine
@@ -135,6 +138,10 @@ def _probes(ctx: Context) -> dict:
         "readinessProbe": {"httpGet": get, "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 2},
         "livenessProbe": {"httpGet": get, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
     }
+    if engine.kind == "sglang":  # its /health generates a token, waiting up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s)
+        # behind the running batch: a 3 s probe took a busy replica out of the Service and a 5 s one restarted it
+        ours["readinessProbe"].update(periodSeconds=10, timeoutSeconds=SGLANG_HEALTH_SECONDS)
+        ours["livenessProbe"].update(periodSeconds=30, timeoutSeconds=SGLANG_HEALTH_SECONDS)
     return {**ours, **(engine.probes or {})}
 
 
@@ -175,8 +182,10 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
     reserved = reserved_env(ctx)
     env += [{"name": k, "valueFrom": v} for k, v in spec.engine.env_from.items() if k not in reserved]
     env += [{"name": k, "value": v} for k, v in extra_env.items() if k not in reserved]
-    if spec.engine.command:  # HyperPod's worker.command: the image's entrypoint replaced, our args kept
+    if spec.engine.command:  # HyperPod's worker.command: the image's entrypoint replaced; our launcher words go
         command = list(spec.engine.command)
+        if kind != "builtin":
+            args = args_after(kind, launch.argv, command)
     ports = [{"name": "http", "containerPort": engine_port(ctx), "protocol": "TCP"}]
     if metrics_port(ctx) != engine_port(ctx):
         ports.append({"name": "metrics", "containerPort": metrics_port(ctx), "protocol": "TCP"})
@@ -227,11 +236,12 @@ def memory_for_l1(ctx: Context, resources: dict) -> tuple[dict, str | None]:
     """The pod's resources with memory for its L1 tier (`placement.l1_memory_bytes`), and why when the spec's own
     memory cannot hold it. A vLLM pod with a 64 GiB LMCache buffer requested no memory: it was scheduled on any
     node and OOM-killed when L1 filled; the simulator and `plan` placed it by that memory all along."""
-    need = l1_memory_bytes(ctx.endpoint.spec.kv_cache)
+    need = l1_memory_bytes(ctx.endpoint.spec.kv_cache, ctx.endpoint.spec.engine)
     if not need:
         return resources, None
     requests, limits = dict(resources.get("requests") or {}), resources.get("limits") or {}
-    l1 = f"the L1 tier's {memory_quantity(need)} (kvCache.l1.maxBytes)"
+    l1 = f"the L1 tier's {memory_quantity(need)} (kvCache.l1.maxBytes)" if ctx.endpoint.spec.kv_cache.l1.enabled \
+        else f"LMCache's {memory_quantity(need)} staging buffer for L2 (1 GiB a GPU rank)"
     if "memory" in limits and quantity(limits["memory"]) < need:
         return resources, (f"limits.memory {limits['memory']} is below {l1}: the engine is OOM-killed when L1 "
                            "fills; raise the limit or lower l1.maxBytes")

@@ -57,6 +57,10 @@ class ReplicaWatcher:
         self.layout_known = False
         self.subscribed: set[str] = set()
         self._kv_tasks: dict[str, asyncio.Task] = {}
+        # replicas that answered 404 (vLLM, SGLang: no KV events, no KV layout): not asked again every round while
+        # they stay in the pool (each probe round sent every one a request that could only be a 404)
+        self.no_events: set[str] = set()
+        self._no_layout: set[str] = set()
         self._engine_totals: dict[str, tuple[float, float]] = {}  # (queries, hits) at the last read
         self.engine_hit_rate: dict[str, float] = {}  # per replica, over the last interval with lookups
         self._task: asyncio.Task | None = None
@@ -105,20 +109,26 @@ class ReplicaWatcher:
             if needs_of(self.gw.policy).kv_events:
                 for b in pool.backends.values():
                     task = self._kv_tasks.get(b.id)
-                    if b.healthy and (task is None or task.done()):
+                    if b.healthy and b.id not in self.no_events and (task is None or task.done()):
                         self._kv_tasks[b.id] = asyncio.create_task(self._follow_kv_events(b))
                 for gone in [bid for bid in self._kv_tasks if bid not in pool.backends]:
                     self._kv_tasks.pop(gone).cancel()
                     if self.gw.kv_index is not None:
                         self.gw.kv_index.forget(gone)
+            self.no_events &= pool.backends.keys()
+            self._no_layout &= pool.backends.keys()
             if self.gw.peers is not None:  # workers: a scrape reads every worker's file, answered by one of them,
                 self.gw.refresh_gauges()  # so each keeps its own fresh (they were as old as its last scrape)
             await asyncio.sleep(pool.interval)
 
     async def _learn_layout(self) -> None:
         for b in self.gw.pool.healthy():
+            if b.id in self._no_layout:
+                continue
             try:
                 status, info = await self.gw.upstream.get_json(b.url + "/get_model_info", timeout=2.0)
+                if status == 404:
+                    self._no_layout.add(b.id)
                 if status != 200 or not isinstance(info, dict):
                     continue
                 self.gw.layout = KVLayout(int(info.get("block_size", 256)), str(info.get("kv_model", "")),
@@ -157,7 +167,8 @@ class ReplicaWatcher:
                 if seq < 0:
                     status, data = await get(backend.url + "/kv/blocks", timeout=10.0)
                     if status == 404:
-                        return  # this engine publishes no events
+                        self.no_events.add(backend.id)  # this engine publishes no events: not asked again
+                        return
                     if status != 200 or not isinstance(data, dict):
                         raise ValueError(f"/kv/blocks answered {status}")
                     if self.gw.kv_index is None:

@@ -124,6 +124,11 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         note("spec.requestLimits.maxQueueSize", "has no effect without maxConcurrentRequests")
     if spec.engine.kind in ("vllm", "sglang"):
         note("spec.engine.kind", f"{spec.engine.kind} needs a GPU; `fleetserve up` cannot start it on this machine")
+        if spec.routing.strategy == "kvaware":
+            note("spec.routing.strategy", f"kvaware reads the built-in engine's KV events; {spec.engine.kind} "
+                 "publishes none the router reads, so it routes as prefixaware (learning each replica's cache "
+                 "from the cached tokens it reports)")
+    _sglang_host_cache_note(spec, note)
     if spec.engine.image:
         note("spec.engine.image", "container images apply to Kubernetes rendering only")
     if spec.engine.gpus and spec.capacity.provider != "simulated":  # the simulated cloud packs nodes by them
@@ -184,6 +189,37 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if spec.model.prefetch:
         note("spec.model.prefetch", "weights are loaded from the local cache at start; prefetch is implicit")
     return notes
+
+
+def _sglang_host_cache_note(spec, note) -> None:
+    """SGLang (0.5.x) refuses to start when its host pool per GPU rank is not larger than that GPU's KV pool, and
+    the KV pool is most of the GPU's memory after the weights: say so where the listed types show it."""
+    if spec.engine.kind != "sglang" or not spec.kv_cache.l1.enabled:
+        return
+    from fleetserve.capacity.catalog import Catalog
+    from fleetserve.capacity.model_fit import (
+        BYTES_PER_PARAMETER,
+        GIB,
+        GPU_MEMORY_UTILIZATION,
+        RESERVED_PER_GPU,
+        stated_size,
+    )
+    from fleetserve.engine.adapters import ranks, sglang_hicache_gb
+
+    catalog = Catalog.builtin()
+    gpus = ranks(spec)
+    weights = (stated_size(spec.model, spec.engine) or 0) * 1e9 * BYTES_PER_PARAMETER / gpus
+    pools = {t.name: t.gpu_memory_gb / t.gpus * GIB * GPU_MEMORY_UTILIZATION - RESERVED_PER_GPU - weights
+             for t in (catalog.get(n) for n in spec.placement.instance_types if n in catalog and n != "local")
+             if t.gpus}
+    host = sglang_hicache_gb(spec) * 10**9
+    short = {name: pool for name, pool in pools.items() if pool >= host}
+    if short:
+        name, pool = max(short.items(), key=lambda item: item[1])
+        note("spec.kvCache.l1.maxBytes", f"SGLang's host cache gets {host / 1e9:g} GB per GPU rank "
+             f"(--hicache-size {sglang_hicache_gb(spec)}), not above the GPU KV pool of about {pool / 1e9:.0f} GB "
+             f"on {name}: SGLang refuses to start; give at least {int(pool * gpus / 1e9) + 1} GB "
+             f"({(int(pool / 1e9) + 1) * gpus * 10**9} bytes), or l1.enabled: false")
 
 
 def _affinity_notes(affinity: dict, note) -> None:

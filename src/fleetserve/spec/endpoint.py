@@ -722,7 +722,7 @@ class EndpointSpec(SpecModel):
     def _catalog_defaults(cls, data: Any) -> Any:
         from fleetserve.spec.catalog_defaults import fill_from_catalog
 
-        return fill_from_catalog(data)
+        return _sglang_default_l1(fill_from_catalog(data))
 
     @model_validator(mode="after")
     def _context_flag_valid(self) -> EndpointSpec:
@@ -736,6 +736,29 @@ class EndpointSpec(SpecModel):
                 DTYPE_ALIASES.get(dtype[1] or "", dtype[1]) != self.model.dtype:  # the engine keeps the last
             raise ValueError(f"engine.args: --dtype {dtype[1]} disagrees with model.dtype {self.model.dtype}: give "
                              "the dtype once, in model.dtype")
+        return self
+
+    @model_validator(mode="after")
+    def _lmcache_reads_the_l2_url(self) -> EndpointSpec:
+        """vLLM's L2 is LMCache's Redis backend, whose URL parser takes host:port: a unix socket became
+        `redis://unix:///run/r.sock` and the server stopped at start."""
+        url = self.kv_cache.l2.url
+        if self.engine.kind == "vllm" and self.kv_cache.l2.enabled and url and url.lower().startswith("unix://"):
+            raise ValueError(f"kvCache.l2.url: {url!r}: vLLM's L2 (LMCache) connects to redis://host:port or "
+                             "rediss://host:port, not a unix socket")
+        return self
+
+    @model_validator(mode="after")
+    def _sglang_host_cache(self) -> EndpointSpec:
+        """An L1 an SGLang spec gives takes whole GB (1e9 bytes) per GPU rank (`--hicache-size`, an integer)."""
+        if self.engine.kind != "sglang" or not self.kv_cache.l1.enabled:
+            return self
+        from fleetserve.engine.adapters import ranks, sglang_hicache_gb
+
+        if sglang_hicache_gb(self) < 1:
+            raise ValueError(f"kvCache.l1.maxBytes: {self.kv_cache.l1.max_bytes} bytes over {ranks(self)} GPU "
+                             "rank(s) is below 1 GB a rank: SGLang's --hicache-size is whole GB (1e9 bytes) per "
+                             f"rank; give at least {ranks(self) * 10**9}, or l1.enabled: false")
         return self
 
     @model_validator(mode="after")
@@ -759,6 +782,20 @@ class EndpointSpec(SpecModel):
             if catalog.first_unknown([name]):
                 raise ValueError(f"{path}: unknown instance type {name!r}; known: {', '.join(catalog.names())}")
         return self
+
+
+def _sglang_default_l1(data: Any) -> Any:
+    """SGLang's L1 is its HiCache, which must be larger than the GPU's KV pool (0.5.x asserts so at start): the
+    default L1's 2 GiB stopped every SGLang server that did not ask for L1, so for SGLang it is off unless the spec
+    gives `kvCache.l1` (raw `spec` mapping in, as the model reads it)."""
+    if not isinstance(data, dict) or not isinstance(data.get("engine"), dict) or \
+            data["engine"].get("kind") != "sglang":
+        return data
+    key = "kv_cache" if "kv_cache" in data else "kvCache"
+    kv = data.get(key, {})
+    if not isinstance(kv, dict) or "l1" in kv:
+        return data  # a wrong type is named by the model's validation
+    return {**data, key: {**kv, "l1": {"enabled": False}}}
 
 
 class Endpoint(SpecModel):

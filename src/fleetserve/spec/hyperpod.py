@@ -461,8 +461,14 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
                 url = l2spec["l2CacheLocalUrl"]
                 l2["url"] = url if "://" in url else f"redis://{url}"
         spec["kvCache"] = {"l1": {"enabled": kv.get("enableL1Cache", True)}, "l2": l2}
-        if kv.get("cacheConfigFile"):
-            warn("spec.kvCacheSpec.cacheConfigFile", "LMCache config files are passed to vLLM only; builtin ignores it")
+        if kv.get("cacheConfigFile") and engine["kind"] == "vllm":  # LMCache reads the file, not its environment
+            engine["env"]["LMCACHE_CONFIG_FILE"] = kv["cacheConfigFile"]
+            warn("spec.kvCacheSpec.cacheConfigFile", "LMCache reads this file (LMCACHE_CONFIG_FILE) instead of the "
+                 "chunk size, CPU buffer and Redis URL that kvCacheSpec sets: the file's settings apply to the "
+                 "server; the router, the simulator and the pod's memory request read kvCacheSpec's")
+        elif kv.get("cacheConfigFile"):
+            warn("spec.kvCacheSpec.cacheConfigFile", f"not read: LMCache config files are vLLM's; the "
+                                                     f"{engine['kind']} engine uses kvCacheSpec's settings")
     else:
         # HyperPod offloads KV to CPU memory only when kvCacheSpec is given (its L1 default applies inside it);
         # our own default L1 turned on LMCache / SGLang's HiCache for a spec that asked for none
