@@ -292,3 +292,28 @@ def test_promtool_sglang_prefix_cache_ratio_sums_its_cache_sources(tmp_path):
                                          "tests": [case]}, sort_keys=False))
     done = promtool("test", "rules", str(test_file), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@needs_promtool
+@pytest.mark.parametrize("names,ratio", [(("vllm:gpu_prefix_cache",), 0.5),  # vLLM V1 around 0.8-0.9 only
+                                         (("vllm:prefix_cache", "vllm:gpu_prefix_cache"), 0.5)])  # both: not summed
+def test_promtool_vllm_prefix_cache_ratio_reads_the_older_names_and_never_both(tmp_path, names, ratio):
+    text = SPEC.replace("engine: {startupTimeoutSeconds: 300}", "engine: {kind: vllm, gpus: 1}")
+    groups = rule_groups(rule_target(load_spec_text(text).endpoint, "chat"))
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": groups}))
+    series = []
+    for name, hits in zip(names, ("0+500x30", "0+100x30")[:len(names)], strict=True):  # summed, both read 0.3
+        series += [{"series": f'{name}_queries_total{{model_name="tiny",{ENGINES}}}', "values": "0+1000x30"},
+                   {"series": f'{name}_hits_total{{model_name="tiny",{ENGINES}}}', "values": hits}]
+    case = {
+        "interval": "1m",
+        "input_series": series,
+        "promql_expr_test": [{"expr": "fleetserve:prefix_cache_hit_ratio:rate5m", "eval_time": "20m",
+                              "exp_samples": [{"labels": 'fleetserve:prefix_cache_hit_ratio:rate5m'
+                                                         '{model_name="tiny",namespace="team-a"}', "value": ratio}]}],
+    }
+    test_file = tmp_path / "rules_test.yml"
+    test_file.write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "evaluation_interval": "1m",
+                                         "tests": [case]}, sort_keys=False))
+    done = promtool("test", "rules", str(test_file), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr

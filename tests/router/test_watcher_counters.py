@@ -65,3 +65,11 @@ def test_a_replica_without_kv_events_or_layout_is_not_asked_again_every_round():
     assert asked.count("/health") >= 25
     assert asked.count("/kv/blocks") == 1 and asked.count("/get_model_info") == 1, sorted(set(asked))
     assert no_events == {"10.0.0.1:8000"}
+
+
+def test_an_older_vllm_s_counter_names_are_read_and_the_current_ones_win():
+    """vLLM V1 around 0.8-0.9 publishes vllm:gpu_prefix_cache_* only: its replicas' hit rate stayed empty."""
+    legacy = VLLM.replace("vllm:prefix_cache", "vllm:gpu_prefix_cache")
+    assert prefix_cache_totals(legacy) == (320.0, 160.0)
+    both = VLLM + legacy.replace("320.0", "999.0")  # releases that publish both: the current names
+    assert prefix_cache_totals(both) == (320.0, 160.0)

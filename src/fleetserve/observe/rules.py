@@ -56,6 +56,7 @@ def is_server_error(status: str) -> bool:
     return status.startswith("5") or status == "429"
 PREFIX_CACHE_COUNTERS = {"vllm": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
                          "sglang": ("sglang:cached_tokens_total", "sglang:prompt_tokens_total")}
+LEGACY_VLLM_PREFIX_CACHE = ("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total")
 KV_TIER_ENGINES = ("builtin", "external")  # engines that export fleetserve_kv_tier_* (external: maybe ours)
 
 
@@ -158,12 +159,15 @@ def recording_rules(t: RuleTarget) -> list[dict]:
         hits = f"sum by (tier) (rate(fleetserve_kv_tier_hits_total{engines}[5m]))"
         misses = f"sum by (tier) (rate(fleetserve_kv_tier_misses_total{engines}[5m]))"
         rules.append(_rec("kv_tier_hit_ratio:rate5m", f"{hits} / ({hits} + {misses})", own))
-    hits_metric, queries_metric = prefix_cache_counters(t.engine_kind)
     model = ",".join(x for x in (f"model_name={promql_string(t.model_name)}", t.engines) if x)
+
+    def rate(metrics: tuple[str, ...], w: str) -> str:  # the current name, else an older engine's
+        return "sum by (model_name) (" + " or ".join(f"rate({m}{{{model}}}[{w}])" for m in metrics) + ")"
+
+    pairs = prefix_cache_counter_names(t.engine_kind)
     for w in ("5m", "1h"):
         rules.append(_rec(f"prefix_cache_hit_ratio:rate{w}", _ratio(
-            f"sum by (model_name) (rate({hits_metric}{{{model}}}[{w}]))",
-            f"sum by (model_name) (rate({queries_metric}{{{model}}}[{w}]))"), own))
+            rate(tuple(hits for hits, _ in pairs), w), rate(tuple(queries for _, queries in pairs), w)), own))
     return rules
 
 
@@ -171,6 +175,13 @@ def prefix_cache_counters(engine_kind: str) -> tuple[str, str]:
     """(cached prompt tokens, prompt tokens looked up) counters of `engine_kind`: the built-in engine exports
     vLLM's names; SGLang has its own, and read vLLM's the hit ratio and its collapse alert stayed empty."""
     return PREFIX_CACHE_COUNTERS.get(engine_kind, PREFIX_CACHE_COUNTERS["vllm"])
+
+
+def prefix_cache_counter_names(engine_kind: str) -> list[tuple[str, str]]:
+    """`prefix_cache_counters`, then the names older releases of the engine publish instead (vLLM V1 around 0.8-0.9:
+    `vllm:gpu_prefix_cache_*` only, whose replicas' hit ratio stayed empty)."""
+    current = prefix_cache_counters(engine_kind)
+    return [current, *([LEGACY_VLLM_PREFIX_CACHE] if current == PREFIX_CACHE_COUNTERS["vllm"] else [])]
 
 
 def alert(name: str, expr: str, for_: str, severity: str, summary: str) -> dict:

@@ -13,7 +13,7 @@ import contextlib
 import logging
 
 from fleetserve.observe.metrics import child
-from fleetserve.observe.rules import PREFIX_CACHE_COUNTERS
+from fleetserve.observe.rules import LEGACY_VLLM_PREFIX_CACHE, PREFIX_CACHE_COUNTERS
 from fleetserve.router.discovery import system_resolver
 from fleetserve.router.features import KVLayout
 from fleetserve.router.kvindex import KVIndex
@@ -27,7 +27,8 @@ DISCOVERY_EVERY = 5  # health rounds between DNS resolutions of backend names
 ENGINE_COUNTERS_EVERY = 10  # health rounds between reads of the engines' prefix-cache counters
 # (hits, queries) counter families of each engine (observe/rules.PREFIX_CACHE_COUNTERS: vLLM's names, which the
 # built-in engine exports too, and SGLang's cached and prompt tokens, summed over its cache sources)
-_FAMILIES = [tuple(name.removesuffix("_total") for name in pair) for pair in PREFIX_CACHE_COUNTERS.values()]
+_FAMILIES = [tuple(name.removesuffix("_total") for name in pair)
+             for pair in [*PREFIX_CACHE_COUNTERS.values(), LEGACY_VLLM_PREFIX_CACHE]]  # the current names first
 
 
 def prefix_cache_totals(text: str) -> tuple[float, float] | None:
