@@ -1,6 +1,7 @@
 import json
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,16 @@ def test_router_overhead_bench_names_the_wrk_install_when_it_is_missing(tmp_path
                         env={**os.environ, "PATH": str(python_only)}, timeout=120)
     assert result.returncode == 2
     assert "apt-get install wrk" in result.stderr
+
+
+@pytest.mark.parametrize("flag,module", [("--sglang-python", "sglang_router"), ("--vllm-python", "vllm_router")])
+def test_a_peer_routers_python_that_cannot_run_it_is_exit_2_naming_the_flag(tmp_path, flag, module):
+    """A wrong path was a row reading "failed" after the other configurations had run; vllm-router had no flag."""
+    wide = {"COLUMNS": "400"}  # the error box wraps long paths
+    missing = fleetserve("bench", "router-overhead", flag, str(tmp_path / "nope"), "--json", env=wide, timeout=120)
+    assert missing.returncode == 2 and flag in missing.stderr and "not an executable file" in missing.stderr
+    without = fleetserve("bench", "router-overhead", flag, sys.executable, "--json", env=wide, timeout=120)
+    assert without.returncode == 2 and f"cannot import {module}" in without.stderr, without.stderr
 
 
 def test_routing_targets_are_judged_where_the_ttft_floor_allows_them():

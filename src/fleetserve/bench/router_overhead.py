@@ -54,7 +54,12 @@ def router_supports_workers() -> bool:
     return "--workers" in out.stdout
 
 
-def find_vllm_router_python() -> str | None:
+def find_vllm_router_python(explicit: str | None = None) -> str | None:
+    """A Python that can run vllm_router (FLEETSERVE_VLLM_ROUTER_PYTHON, or this one if it has it), as
+    `find_sglang_python`: a peer installed in a venv of its own was not measured."""
+    candidate = explicit or os.environ.get("FLEETSERVE_VLLM_ROUTER_PYTHON")
+    if candidate:
+        return candidate
     return sys.executable if importlib.util.find_spec("vllm_router") else None
 
 
@@ -81,7 +86,7 @@ def unavailable(config: Config, pythons: dict, workers_ok: bool) -> str | None:
     if config.kind == "sglang" and not pythons["sglang"]:
         return "sglang-router is not installed: pip install sglang-router==0.3.2 (or --sglang-python)"
     if config.kind == "vllm" and not pythons["vllm"]:
-        return "vllm-router is not installed: pip install vllm-router==0.1.17"
+        return "vllm-router is not installed: pip install vllm-router==0.1.17 (or --vllm-python)"
     if config.workers > 1 and not workers_ok:
         return "`fleetserve router` has no --workers option yet"
     return None
@@ -106,10 +111,10 @@ def measure_router(name: str, cmd: list[str], env: dict, backends: list[str], sc
 
 
 def run(seconds: float = 5.0, configs: tuple[str, ...] = NAMES, sglang_python: str | None = None,
-        progress=None) -> dict:
+        progress=None, vllm_python: str | None = None) -> dict:
     wrkbench.find_wrk()
     cores = wrkbench.split_cores()
-    pythons = {"sglang": find_sglang_python(sglang_python), "vllm": find_vllm_router_python()}
+    pythons = {"sglang": find_sglang_python(sglang_python), "vllm": find_vllm_router_python(vllm_python)}
     workers_ok = any(c.workers > 1 for c in CONFIGS if c.name in configs) and router_supports_workers()
     rows, skipped = {}, {}
     with tempfile.TemporaryDirectory(prefix="fleetserve-bench-overhead-") as tmp:

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from fleetserve import __version__
-from fleetserve.cli.checks import float_option
+from fleetserve.cli.checks import float_option, peer_python
 
 app = typer.Typer(
     name="fleetserve",
@@ -839,7 +839,7 @@ def bench_routing(
         result = run(trace, replicas, names, limit or 600, duration, cache_fraction=cache_fraction,
                      target_utilization=target_utilization, profile_name=profile,
                      max_output=max_output or 256, progress=None if as_json else _say, prompt_format=prompt_format,
-                     sglang_python=find_sglang_python(sglang_python))
+                     sglang_python=find_sglang_python(peer_python(sglang_python, "sglang_router", "--sglang-python")))
     except (TraceError, ValueError) as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
     for warning in result["warnings"]:
@@ -853,6 +853,8 @@ def bench_router_overhead(
     configs: Annotated[str | None, typer.Option(help="Comma-separated configurations (default: all)")] = None,
     sglang_python: Annotated[str | None, typer.Option(help="Python with sglang-router, to measure it beside")
                              ] = None,
+    vllm_python: Annotated[str | None, typer.Option(help="Python with vllm-router, to measure it beside")
+                           ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
 ) -> None:
     """Each router's req/s, p50/p99 (32 connections), added p50 (1 connection) and CPU per request, by wrk."""
@@ -860,8 +862,10 @@ def bench_router_overhead(
     from fleetserve.bench.wrkbench import WrkMissing
 
     names = _bench_configs(configs, NAMES, "--configs")
+    sglang_python = peer_python(sglang_python, "sglang_router", "--sglang-python")
+    vllm_python = peer_python(vllm_python, "vllm_router", "--vllm-python")
     try:
-        result = run(seconds, names, sglang_python, progress=None if as_json else _say)
+        result = run(seconds, names, sglang_python, progress=None if as_json else _say, vllm_python=vllm_python)
     except WrkMissing as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
     print(json.dumps(result, indent=2))

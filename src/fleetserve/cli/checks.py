@@ -41,6 +41,24 @@ def _bounded(low: float | None, high: float | None) -> Callable[[str], float]:
     return parse
 
 
+def peer_python(path: str | None, module: str, flag: str) -> str | None:
+    """A Python a bench runs a peer router with (`--sglang-python`): an executable file that imports `module`,
+    else exit 2 naming the flag (a wrong path was a row reading "failed: ... No such file" after minutes)."""
+    if path is None:
+        return None
+    import subprocess
+
+    if not Path(path).is_file() or not os.access(path, os.X_OK):
+        raise typer.BadParameter(f"{path} is not an executable file", param_hint=flag)
+    try:
+        found = subprocess.run([path, "-c", f"import {module}"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise typer.BadParameter(f"{path} does not run: {exc}", param_hint=flag) from None
+    if not found:
+        raise typer.BadParameter(f"{path} cannot import {module}; install it there", param_hint=flag)
+    return path
+
+
 def writable_folder(path: str, flag: str) -> None:
     """A folder a command will write into: made if missing; a file in its place or above it is exit 2 naming
     `flag` (it was a traceback)."""
