@@ -936,3 +936,37 @@ def test_a_hyperpod_worker_command_gets_the_servers_arguments_without_our_launch
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["command"] == command and container["args"][:len(args_start)] == args_start
     assert "serve" not in container["args"] and container["args"].count("/opt/ml/model/llama") == 1
+
+
+def test_a_hyperpod_image_neither_vllm_nor_sglang_is_rendered_as_given_and_never_sees_our_token():
+    """DJL-LMI from AWS's samples: its own entrypoint, args and port, probed on SageMaker's /ping, sent chat bodies
+    on /invocations by the router, never given the fleet's internal token (nor by Prometheus)."""
+    doc = yaml.safe_load((ROOT / "examples" / "hyperpod.yaml").read_text())
+    image = "763104351884.dkr.ecr.us-east-2.amazonaws.com/djl-inference:0.32.0-lmi14.0.0-cu124"
+    doc["spec"]["worker"].update(image=image, command=["dockerd-entrypoint.sh"], args=["--model-id", "/opt/ml/model"])
+    doc["spec"].pop("loadBalancer", None)
+    doc["spec"]["invocationEndpoint"] = "invocations"
+    doc["spec"].pop("metrics", None)
+    rendered, loaded = _objects(doc)
+    (deployment,) = [d for d in _by(rendered, "Deployment") if "-engine" in d["metadata"]["name"]]
+    (c,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert (c["image"], c["command"], c["args"]) == (image, ["dockerd-entrypoint.sh"], ["--model-id", "/opt/ml/model"])
+    assert c["readinessProbe"]["httpGet"]["path"] == "/ping"
+    assert {p["containerPort"] for p in c["ports"]} == {8000}
+    secrets = [e for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})]
+    assert not [e for e in secrets if e["valueFrom"]["secretKeyRef"]["key"] in ("token", "engine-token")]
+    (router,) = [d for d in _by(rendered, "Deployment") if d["metadata"]["name"].endswith("-router")]
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--invocation-path") + 1] == "/invocations" and "--no-send-internal-token" in args
+    assert "--model-metrics" in args and "--model" not in args  # its served names are its own
+    # where the image serves metrics is not known: no engine ServiceMonitor, and the warning says how to give it
+    engine_monitors = [m for m in rendered.objects if m["kind"] == "ServiceMonitor" and "-engine" in
+                       m["metadata"]["name"]]
+    assert not engine_monitors and "modelMetricsPath" in {w.path: w.message for w in rendered.warnings}[
+        "spec.metrics"]
+    doc["spec"]["metrics"] = {"enabled": True, "modelMetrics": {"path": "/metrics", "port": 8000}}
+    rendered, _ = _objects(doc)
+    (monitor,) = [m for m in rendered.objects if m["kind"] == "ServiceMonitor" and "-engine" in m["metadata"]["name"]]
+    assert "authorization" not in monitor["spec"]["endpoints"][0]  # Prometheus sends it no token of ours
+    for obj in rendered.objects:
+        assert validate(obj) == [], obj["kind"]

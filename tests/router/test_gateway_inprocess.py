@@ -54,9 +54,11 @@ class FakeUpstream:
     def __init__(self, script: dict[str, list]):
         self.script = script
         self.sent: list[str] = []
+        self.paths: list[str] = []
 
     async def request(self, base_url, method, path, headers=(), body=b"", read_timeout=None):
         self.sent.append(base_url)
+        self.paths.append(path)
         outcome = self.script[base_url].pop(0)
         if isinstance(outcome, Exception):
             raise outcome
@@ -91,6 +93,23 @@ def test_non_streaming_answer_goes_out_in_one_write_with_our_headers():
     out, up = run_virtual(main())
     assert out.status == 200 and out.body == OK and out.ended
     assert out.header(b"x-fleetserve-replica") == b"10.0.0.1:8000" and out.header(b"x-request-id")
+
+
+def test_an_invocation_path_sends_generation_there_and_counts_it_as_the_openai_route():
+    """A SageMaker-style image (DJL-LMI) serves chat bodies on /invocations only: engine.invocationPath."""
+    async def main():
+        gw, up = gateway({A: [FakeResponse(200, [OK])], B: [FakeResponse(200, [OK])]}, invocation_path="/invocations")
+        first, second = Recorder(), Recorder()
+        await gw.handle(chat(), first)
+        text = Request("POST", "/v1/completions", b"", [(b"content-type", b"application/json")],
+                       orjson.dumps({"model": "m", "prompt": "hi"}), ("127.0.0.1", 5555), "1.1", True)
+        await gw.handle(text, second)
+        return first, second, up, gw
+
+    first, second, up, gw = run_virtual(main())
+    assert first.status == second.status == 200 and up.paths == ["/invocations", "/invocations"]
+    counted = {s.labels["path"] for s in gw.metrics.requests.collect()[0].samples if s.name.endswith("_total")}
+    assert counted == {"/v1/chat/completions", "/v1/completions"}
 
 
 @pytest.mark.parametrize("failure", [FakeResponse(503, [b"busy"]), Unreachable("refused")])

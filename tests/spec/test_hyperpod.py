@@ -123,11 +123,11 @@ def test_without_intelligent_routing_uses_alb_algorithm():
     assert load_spec_text(yaml.safe_dump(doc)).endpoint.spec.routing.strategy == "roundrobin"
 
 
-def test_builtin_image_falls_back_with_warning():
+def test_an_image_neither_vllm_nor_sglang_runs_as_given_with_a_warning():
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["spec"]["worker"]["image"] = "763104351884.dkr.ecr.us-west-2.amazonaws.com/djl-inference:0.32.0"
     loaded = load_spec_text(yaml.safe_dump(doc))
-    assert loaded.endpoint.spec.engine.kind == "builtin"
+    assert loaded.endpoint.spec.engine.kind == "container"
     assert "spec.worker.image" in {w.path for w in loaded.warnings}
 
 
@@ -392,21 +392,33 @@ def _loaded(mutate):
     return load_spec_data(doc)
 
 
-def test_an_image_neither_vllm_nor_sglang_is_served_by_the_builtin_engine_in_fleetserves_image():
-    """AWS's DJL/LMI and TGI samples rendered their own image with `fleetserve engine ...` as its command line:
-    the pod crash-looped (no fleetserve in that image), and worker.command replaced our command too."""
+def test_an_image_neither_vllm_nor_sglang_runs_as_given():
+    """AWS's DJL/LMI and TGI samples rendered their own image with `fleetserve engine ...` as its command line
+    (the pod crash-looped), then the built-in engine in fleetserve's image instead of theirs. They run as given:
+    their entrypoint, arguments and port, SageMaker's /ping and /invocations for DJL-LMI, /health for TGI."""
     def djl(spec):
         spec["worker"]["image"] = "763104351884.dkr.ecr.us-east-2.amazonaws.com/djl-inference:0.32.0-lmi14.0.0-cu124"
         spec["worker"]["command"] = ["dockerd-entrypoint.sh"]
         spec["worker"]["args"] = ["--model-id", "/opt/ml/model"]
+        spec.pop("loadBalancer")  # its healthCheckPath would be the one probed
+        spec["invocationEndpoint"] = "invocations"  # the CRD's default
 
     loaded = _loaded(djl)
     engine = loaded.endpoint.spec.engine
-    assert (engine.kind, engine.image, engine.command, engine.args) == ("builtin", None, [], [])
+    assert (engine.kind, engine.command, engine.args) == ("container", ["dockerd-entrypoint.sh"],
+                                                          ["--model-id", "/opt/ml/model"])
+    assert "djl-inference" in engine.image and engine.health_path == "/ping"
+    assert engine.invocation_path == "/invocations" and engine.port == 8000
+    assert not loaded.endpoint.spec.kv_cache.l1.enabled  # no tier of ours inside someone else's image
     (why,) = [w.message for w in loaded.warnings if w.path == "spec.worker.image"]
-    assert "fleetserve's image" in why and "dockerd-entrypoint.sh" in why and "--model-id" in why
+    assert "runs as given" in why and "/invocations" in why
+    tgi = _loaded(lambda spec: spec.update(invocationEndpoint="v1/chat/completions", loadBalancer={}) or
+                  spec["worker"].update(image="ghcr.io/huggingface/text-generation-inference:3.0"))
+    assert (tgi.endpoint.spec.engine.kind, tgi.endpoint.spec.engine.health_path,
+            tgi.endpoint.spec.engine.invocation_path) == ("container", "/health", None)
     loaded = _loaded(lambda spec: spec["worker"].update(image="registry.example/fleetserve:1.2"))
-    assert loaded.endpoint.spec.engine.image == "registry.example/fleetserve:1.2"  # our own image is kept
+    assert loaded.endpoint.spec.engine.kind == "builtin"  # our own image runs the built-in engine
+    assert loaded.endpoint.spec.engine.image == "registry.example/fleetserve:1.2"
 
 
 @pytest.mark.parametrize("image, args, kept", [

@@ -113,8 +113,9 @@ def engine_front_door(app, limits: SizeLimits, auth: InternalAuth):
 
 def router_trust_args(engine_kind: str, tenants: bool) -> list[str]:
     """The router flags that fit its engines (local fleet and Kubernetes alike): engines outside the fleet never
-    get the internal token; vLLM and SGLang ignore the tenant header, so tenants reach them as `cache_salt`."""
-    if engine_kind == "external":
+    get the internal token, nor does an image run as given (`container`: what it logs is not ours to know); vLLM
+    and SGLang ignore the tenant header, so tenants reach them as `cache_salt`."""
+    if engine_kind in ("external", "container"):
         return ["--no-send-internal-token"]
     if engine_kind in ("vllm", "sglang") and tenants:
         return ["--tenant-cache-salt"]

@@ -509,6 +509,9 @@ def router(
         "--model", help="A model name the replicas serve (repeat): while none is ready the router answers "
                         "/v1/models itself and refuses other names (404), instead of holding them (which wakes a "
                         "fleet at zero)")] = None,
+    invocation_path: Annotated[str | None, typer.Option(
+        help="The path the replicas serve chat and completions on, when not OpenAI's (a SageMaker-style "
+             "container's /invocations, which reads the body's shape)")] = None,
     drain_timeout: Annotated[float, float_option(min=0, help="Seconds requests under way may run on after SIGTERM "
                                                         "(Kubernetes passes the smaller of router.bufferTimeoutSeconds"
                                                         " and engine.drainTimeoutSeconds)")] = 5.0,
@@ -529,6 +532,12 @@ def router(
     for url in backend or []:
         if not url.startswith(("http://", "https://")):
             raise typer.BadParameter(f"{url!r} must start with http:// or https://", param_hint="--backend")
+    if invocation_path is not None:
+        from fleetserve.spec.endpoint import invocation_path_problem
+
+        problem = invocation_path_problem(invocation_path)
+        if problem:
+            raise typer.BadParameter(problem, param_hint="--invocation-path")
     from fleetserve.router.discovery import DnsBackends
 
     try:
@@ -589,7 +598,7 @@ def router(
                               size_limits=SizeLimits(max_body_bytes, max_header_bytes), log_prompts=log_prompts,
                               access_log=access_log, model_identity=identity, queue_metrics=queue_metrics,
                               model_metrics_scope=model_metrics_scope,
-                              served_models=tuple(dict.fromkeys(model or ())))
+                              served_models=tuple(dict.fromkeys(model or ())), invocation_path=invocation_path)
     if workers > 1 and (max_concurrent_per_replica or max_queue is not None):
         from fleetserve.spec.effects import limits_split
 

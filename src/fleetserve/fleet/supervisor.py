@@ -293,6 +293,12 @@ class Supervisor:
                 f"engine.kind {kind!r} runs the {kind} server, which needs a GPU; this machine has none. "
                 "Use engine.kind builtin here, or deploy with `fleetserve render k8s`."
             )
+        if kind == "container":
+            raise StartupError(
+                f"engine.kind 'container' runs the image {self.spec.engine.image!r}, and `fleetserve up` runs no "
+                "containers: deploy with `fleetserve render k8s`, or start the image yourself and put its URL in "
+                "engine.urls with engine.kind external."
+            )
         if kind == "builtin":
             self.model_dir = self._prepare_model()
             self._start_redis()
@@ -357,6 +363,8 @@ class Supervisor:
             cmd += ["--workers", str(self.spec.router.workers)]
         if self.spec.routing.session_key:
             cmd += ["--session-key", self.spec.routing.session_key]
+        if self.spec.engine.invocation_path:
+            cmd += ["--invocation-path", self.spec.engine.invocation_path]
         limits = self.spec.request_limits
         if limits.max_concurrent_requests:
             cmd += ["--max-concurrent-per-replica", str(limits.max_concurrent_requests),

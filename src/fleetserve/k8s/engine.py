@@ -168,6 +168,10 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
         command, args = ["fleetserve"], _builtin_args(ctx, model_path, instance_type, l2_url, tenant_urls)
         extra_env = dict(spec.engine.env)
         metrics_path = "/metrics"
+    elif kind == "container":  # the image as given: its own entrypoint (or engine.command), args and environment
+        image, command, args = spec.engine.image, [], list(spec.engine.args)
+        extra_env = dict(spec.engine.env)
+        metrics_path = "/metrics"
     else:
         served = spec.model.model_copy(update={"name": ctx.endpoint.served_model_name})
         launch = launch_for(spec.model_copy(update={"model": served}), model_path, engine_port(ctx), l2_url=l2_url)
@@ -184,7 +188,7 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
     env += [{"name": k, "value": v} for k, v in extra_env.items() if k not in reserved]
     if spec.engine.command:  # HyperPod's worker.command: the image's entrypoint replaced; our launcher words go
         command = list(spec.engine.command)
-        if kind != "builtin":
+        if kind in GPU_ENGINES:
             args = args_after(kind, launch.argv, command)
     ports = [{"name": "http", "containerPort": engine_port(ctx), "protocol": "TCP"}]
     if metrics_port(ctx) != engine_port(ctx):
@@ -192,7 +196,7 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
     container = {
         "name": "engine",
         "image": image,
-        "command": command,
+        **({"command": command} if command else {}),  # none: the image's own entrypoint
         "args": args,
         "ports": ports,
         "env": env,

@@ -18,11 +18,13 @@ from fleetserve.observe.rules import RuleTarget, alert, rule_groups
 
 
 def _service_monitor(ctx: Context, name: str, component: str, port: str, scheme: str,
-                     path: str = "/metrics", key: str = "token") -> dict:
+                     path: str = "/metrics", key: str | None = "token") -> dict:
+    """`key`: the internal Secret's key Prometheus sends as a bearer token; None for an image run as given, which
+    must never see the fleet's token."""
     interval = f"{ctx.endpoint.spec.metrics.scrape_interval_seconds}s"
-    endpoint: dict = {"port": port, "path": path, "interval": interval, "scheme": scheme,
-                      "authorization": {"type": "Bearer",
-                                        "credentials": {"name": ctx.internal_secret, "key": key}}}
+    endpoint: dict = {"port": port, "path": path, "interval": interval, "scheme": scheme}
+    if key is not None:
+        endpoint["authorization"] = {"type": "Bearer", "credentials": {"name": ctx.internal_secret, "key": key}}
     if scheme == "https":
         endpoint["tlsConfig"] = {"insecureSkipVerify": True}  # the router's certificate names its public host
     return {
@@ -68,18 +70,25 @@ def monitoring_objects(ctx: Context, warn) -> list[dict]:
         return []
     out = [_service_monitor(ctx, ctx.router_name, "router", "https" if spec.tls.enabled else "http",
                             "https" if spec.tls.enabled else "http")]
-    if spec.engine.kind != "external":
+    container = spec.engine.kind == "container"
+    told = spec.metrics.model_metrics_path or spec.metrics.model_metrics_port
+    if container and not told:
+        warn("spec.metrics", f"no engine ServiceMonitor: where the image {spec.engine.image} serves metrics is not "
+                             "known (set metrics.modelMetricsPath / modelMetricsPort); HyperPod's model_* series "
+                             "come from the router, per replica")
+    if spec.engine.kind != "external" and (told or not container):
         # metrics.modelMetricsPath/Port (HyperPod's metrics.modelMetrics): a separate port is named "metrics"
         from fleetserve.k8s.engine import engine_port, metrics_port
 
         port = "metrics" if metrics_port(ctx) != engine_port(ctx) else "http"
-        if port == "metrics" and not spec.engine.command:
+        if port == "metrics" and not spec.engine.command and not container:
             warn("spec.metrics.modelMetricsPort", f"{metrics_port(ctx)}: the {spec.engine.kind} engine serves "
                  f"/metrics on its serving port {engine_port(ctx)} only, so the engine ServiceMonitor scrapes a "
                  "closed port; drop it, or set it to the serving port, unless the image serves metrics there")
         out.append(_service_monitor(ctx, ctx.engine_service, "engine", port, "http",
                                     spec.metrics.model_metrics_path or "/metrics",
-                                    ENGINE_TOKEN_KEY if spec.engine.kind in GPU_ENGINES else "token"))
+                                    None if container else ENGINE_TOKEN_KEY if spec.engine.kind in GPU_ENGINES
+                                    else "token"))
     if spec.engine.kind in GPU_ENGINES:
         warn("spec.metrics", f"{spec.engine.kind} exports no fleetserve_kv_tier_* series: the KV-tier ratio and "
                              "panel stay empty (the prefix-cache hit ratio reads the engine's own counters, and "

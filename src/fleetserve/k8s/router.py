@@ -69,6 +69,8 @@ def _args(ctx: Context) -> list[str]:
         args += ["--workers", str(spec.router.workers)]
     if spec.routing.session_key:
         args += ["--session-key", spec.routing.session_key]
+    if spec.engine.invocation_path:
+        args += ["--invocation-path", spec.engine.invocation_path]
     limits = spec.request_limits
     if limits.max_concurrent_requests:
         args += ["--max-concurrent-per-replica", str(limits.max_concurrent_requests),

@@ -64,9 +64,10 @@ class Outgoing:
     """What is sent upstream: the same for every attempt."""
 
     method: str
-    path: str
+    path: str  # the OpenAI route the client called (what metrics and policies read)
     headers: list[tuple[bytes, bytes]]
     body: bytes
+    wire_path: str | None = None  # where the replicas serve it, when not there (a container's /invocations)
 
 
 class Dispatcher:
@@ -155,7 +156,8 @@ class Dispatcher:
             model.sent(backend.id)
         response = None
         try:
-            response = await gw.upstream.request(backend.url, out.method, out.path, out.headers, out.body)
+            response = await gw.upstream.request(backend.url, out.method, out.wire_path or out.path, out.headers,
+                                                 out.body)
             if retryable(response.status):
                 response.close()
                 book.failed(backend.id, prefill)

@@ -97,6 +97,9 @@ class RouterSettings:
     # the model name(s) clients use: while no replica is ready the router answers /v1/models itself and refuses
     # other names (404) instead of holding them, so neither wakes a fleet at zero (empty: everything is held)
     served_models: tuple[str, ...] = ()
+    # the path the replicas serve chat and completions on, when not OpenAI's (a SageMaker-style container's
+    # /invocations, which reads the body's shape): engine.invocationPath
+    invocation_path: str | None = None
 
 
 def upstream_credentials(settings: RouterSettings) -> dict[str, str]:
@@ -230,7 +233,8 @@ class Gateway:
                 forwarded.append((TENANT_HEADER.encode(), tenant.encode()))
             if request.client:
                 forwarded.append((b"x-forwarded-for", request.client[0].encode()))
-            attempt = await self.dispatcher.dispatch(Outgoing(request.method, request.path, forwarded, sent),
+            wire = self.settings.invocation_path if post and request.path in GENERATION_PATHS else None
+            attempt = await self.dispatcher.dispatch(Outgoing(request.method, request.path, forwarded, sent, wire),
                                                      route)
         except Refused as refused:
             r = refused.rejection

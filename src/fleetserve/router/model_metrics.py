@@ -24,7 +24,7 @@ from fleetserve.observe import vocabulary as v
 from fleetserve.observe.metrics import PRESET_ERROR_STATUSES, ModelIdentity, child
 from fleetserve.observe.rules import is_server_error
 
-ENGINES_WITHOUT = ("vllm", "sglang")  # engine kinds that export no model_* series of their own
+ENGINES_WITHOUT = ("vllm", "sglang", "container")  # engine kinds that export no model_* series of their own
 ENGINES_WITH = ("builtin",)  # engine kinds that export them: the router adds only its own errors (scope router)
 ROUTER_REPLICA = "router"  # the replica label of requests refused before one was chosen
 SCOPES = ("all", "router")

@@ -13,6 +13,6 @@ LORA_FLAGS = frozenset({"--enable-lora", "--lora-modules", "--lora-paths", "--ma
 
 def served_model_args(name: str, engine_kind: str, engine_args: list[str]) -> list[str]:
     """`--model NAME` for the router, or nothing when the replicas may serve other names."""
-    if engine_kind == "external" or any(a.split("=", 1)[0] in LORA_FLAGS for a in engine_args):
+    if engine_kind in ("external", "container") or any(a.split("=", 1)[0] in LORA_FLAGS for a in engine_args):
         return []
     return ["--model", name]

@@ -128,8 +128,21 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
             note("spec.routing.strategy", f"kvaware reads the built-in engine's KV events; {spec.engine.kind} "
                  "publishes none the router reads, so it routes as prefixaware (learning each replica's cache "
                  "from the cached tokens it reports)")
+    if spec.engine.kind == "container":
+        note("spec.engine.kind", f"'container' runs the image {spec.engine.image} as given: `fleetserve up` runs no "
+                                 "containers (render k8s does; locally, start it yourself and use kind external)")
+        if spec.routing.strategy == "kvaware":
+            note("spec.routing.strategy", "kvaware reads the built-in engine's KV events; an image run as given "
+                                          "publishes none, so it routes as prefixaware")
+        if spec.kv_cache.l1.enabled or spec.kv_cache.l2.enabled:
+            note("spec.kvCache", "an image run as given keeps its own KV cache: kvCache's tiers are not wired to "
+                                 "it (the simulator still models those the spec gives)")
+        for i, trig in enumerate(spec.autoscaling.triggers if spec.autoscaling else []):
+            if trig.metric == "queue_depth":
+                note(f"spec.autoscaling.triggers[{i}]", "queue_depth: the image's own queue is not known; the "
+                                                        "router's queue and buffer are read")
     _sglang_host_cache_note(spec, note)
-    if spec.engine.image:
+    if spec.engine.image and spec.engine.kind != "container":
         note("spec.engine.image", "container images apply to Kubernetes rendering only")
     if spec.engine.gpus and spec.capacity.provider != "simulated":  # the simulated cloud packs nodes by them
         note("spec.engine.gpus", "GPU requests apply to Kubernetes rendering and the simulated cloud only")

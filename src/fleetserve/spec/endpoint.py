@@ -20,7 +20,7 @@ KIND = "Endpoint"
 
 #: HyperPod's four strategy names plus leastload; the router registry says which ones it implements.
 ROUTING_STRATEGIES = ("prefixaware", "kvaware", "session", "roundrobin", "leastload")
-ENGINE_KINDS = ("builtin", "vllm", "sglang", "external")
+ENGINE_KINDS = ("builtin", "vllm", "sglang", "container", "external")
 SOURCE_SCHEMES = ("local path", "s3://bucket/prefix", "hf:org/name", "builtin:NAME", "catalog:NAME")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -166,12 +166,23 @@ def _check_requests_within_limits(resources: dict[str, Any]) -> None:
             raise ValueError(f"requests.{name} ({asked}) is above limits.{name} ({cap})")
 
 
+def invocation_path_problem(path: str) -> str | None:
+    """Why `path` cannot be a server's generation path (engine.invocationPath, router --invocation-path), or None."""
+    if not re.fullmatch(r"/[A-Za-z0-9._~\-/]*", path):
+        return (f"{path!r} must be an absolute URL path of letters, digits and . _ ~ - / (such as /invocations), "
+                "with no query")
+    return None
+
+
 class EngineSection(SpecModel):
     """Which server runs the model on each replica."""
 
-    kind: Literal["builtin", "vllm", "sglang", "external"] = "builtin"
+    kind: Literal["builtin", "vllm", "sglang", "container", "external"] = "builtin"
     urls: list[str] = Field(default_factory=list, description="backends for kind=external")
     image: str | None = None
+    invocation_path: str | None = Field(default=None, description="container, external: the path the server "
+                                        "serves chat and completions on when not OpenAI's (a SageMaker-style "
+                                        "image's /invocations, which reads the body's shape)")
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     port: int | None = Field(default=None, ge=1, le=65535)
@@ -248,6 +259,22 @@ class EngineSection(SpecModel):
                 raise ValueError(f"engine.resources.{section}.{GPU_RESOURCE} ({asked}) disagrees with engine.gpus "
                                  f"({self.gpus}); GPUs come from engine.gpus: drop it from resources or make them "
                                  "equal")
+        return self
+
+    @model_validator(mode="after")
+    def _container_runs_its_image(self) -> EngineSection:
+        """kind container runs an OpenAI-compatible server image as given (TGI, DJL-LMI, one's own): the image is
+        the server, so it must be named; the invocation path is where it serves generation."""
+        if self.kind == "container" and not self.image:
+            raise ValueError("engine.kind 'container' runs engine.image as given: name the image (an "
+                             "OpenAI-compatible server: TGI, DJL-LMI, one's own)")
+        if self.invocation_path is not None:
+            if self.kind not in ("container", "external"):
+                raise ValueError(f"engine.invocationPath is for engine.kind 'container' or 'external' (servers "
+                                 f"that may not serve the OpenAI paths), not {self.kind!r}")
+            problem = invocation_path_problem(self.invocation_path)
+            if problem:
+                raise ValueError(f"engine.invocationPath: {problem}")
         return self
 
     @model_validator(mode="after")
@@ -722,7 +749,7 @@ class EndpointSpec(SpecModel):
     def _catalog_defaults(cls, data: Any) -> Any:
         from fleetserve.spec.catalog_defaults import fill_from_catalog
 
-        return _sglang_default_l1(fill_from_catalog(data))
+        return _default_l1(fill_from_catalog(data))
 
     @model_validator(mode="after")
     def _context_flag_valid(self) -> EndpointSpec:
@@ -784,12 +811,13 @@ class EndpointSpec(SpecModel):
         return self
 
 
-def _sglang_default_l1(data: Any) -> Any:
-    """SGLang's L1 is its HiCache, which must be larger than the GPU's KV pool (0.5.x asserts so at start): the
-    default L1's 2 GiB stopped every SGLang server that did not ask for L1, so for SGLang it is off unless the spec
-    gives `kvCache.l1` (raw `spec` mapping in, as the model reads it)."""
+def _default_l1(data: Any) -> Any:
+    """The default L1 where it does harm or nothing: SGLang's L1 is its HiCache, which must be larger than the GPU's
+    KV pool (0.5.x asserts so at start), and the default L1's 2 GiB stopped every SGLang server that did not ask for
+    L1; an image run as given (`container`) has no tier of ours, and the simulator modelled one. For them it is off
+    unless the spec gives `kvCache.l1` (raw `spec` mapping in, as the model reads it)."""
     if not isinstance(data, dict) or not isinstance(data.get("engine"), dict) or \
-            data["engine"].get("kind") != "sglang":
+            data["engine"].get("kind") not in ("sglang", "container"):
         return data
     key = "kv_cache" if "kv_cache" in data else "kvCache"
     kv = data.get(key, {})

@@ -185,7 +185,15 @@ def _engine_kind(image: str) -> str:
         return "sglang"
     if "vllm" in lowered:
         return "vllm"
-    return "builtin"
+    if "fleetserve" in lowered:
+        return "builtin"
+    return "container"  # TGI, DJL-LMI, one's own: the image is the server, run as given
+
+
+def _container_health_path(image: str) -> str:
+    """Where an image run as given answers health checks: DJL-LMI's (SageMaker's /ping), else /health (TGI's)."""
+    lowered = image.lower()
+    return "/ping" if "djl" in lowered or "lmi" in lowered else "/health"
 
 
 def _gpu_count(resources: dict[str, Any]) -> int:
@@ -310,16 +318,13 @@ def _engine(spec: dict[str, Any], warn) -> tuple[dict[str, Any], dict[str, str]]
             warn(f"spec.worker.environmentVariables[{i}]", "both value and valueFrom: valueFrom is used")
     kind = _engine_kind(w["image"])
     image, command, args = w["image"], list(w.get("command") or []), [str(a) for a in w.get("args") or []]
-    if kind == "builtin" and "fleetserve" not in image.lower():
-        # a DJL/LMI or TGI image got `fleetserve engine ...` as its command line and crash-looped: the built-in
-        # engine serves the model in fleetserve's own image (render --image), locally and on Kubernetes
-        dropped = " and its ".join(f"{name} {' '.join(value)!r}" for name, value in
-                                   (("command", command), ("args", args)) if value)
+    if kind == "container":  # a DJL/LMI or TGI image got `fleetserve engine ...` as its command line and
+        # crash-looped, then was replaced by the built-in engine: it now runs as given
+        served = (spec.get("invocationEndpoint") or "invocations").strip("/")
+        where = "the OpenAI paths" if served.startswith("v1/") else f"/{served} (invocationEndpoint)"
         warn("spec.worker.image",
-             f"image {image!r} is neither vLLM nor SGLang: the built-in engine serves the model in fleetserve's "
-             "image instead (locally, and on Kubernetes `render k8s --image`)"
-             + (f"; the image's {dropped} dropped" if dropped else ""))
-        image, command, args = None, [], []
+             f"image {image!r} is neither vLLM nor SGLang: it runs as given (engine.kind container) on Kubernetes; "
+             f"the router sends it chat and completions bodies on {where}; `fleetserve up` cannot run it")
     port = w["modelInvocationPort"]["containerPort"]
     if kind in ("vllm", "sglang"):
         args = _server_args(args, kind, port, warn)
@@ -343,6 +348,12 @@ def _engine(spec: dict[str, Any], warn) -> tuple[dict[str, Any], dict[str, str]]
         warn("spec.worker.modelInvocationPort.name", "engines speak HTTP; the container port is named 'http'")
     if spec.get("loadBalancer", {}).get("healthCheckPath"):
         engine["healthPath"] = spec["loadBalancer"]["healthCheckPath"]
+    elif kind == "container":
+        engine["healthPath"] = _container_health_path(image)
+    if kind == "container":
+        served = (spec.get("invocationEndpoint") or "invocations").strip("/")
+        if not served.startswith("v1/"):
+            engine["invocationPath"] = f"/{served}"
     return engine, env
 
 
@@ -448,7 +459,11 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
             "scaleDownStabilizationTime": a.get("scaleDownStabilizationTime", 300),
             "triggers": _triggers(a, warn),
         }
-    if s.get("kvCacheSpec") is not None:
+    if s.get("kvCacheSpec") is not None and engine["kind"] == "container":
+        warn("spec.kvCacheSpec", "HyperPod's tiers are LMCache inside vLLM: an image run as given keeps its own KV "
+                                 "cache, so no L1 or L2 is wired to it")
+        spec["kvCache"] = {"l1": {"enabled": False}}
+    elif s.get("kvCacheSpec") is not None:
         kv = s["kvCacheSpec"]
         l2: dict[str, Any] = {"enabled": kv.get("enableL2Cache", False)}
         l2spec = kv.get("l2CacheSpec") or {}
