@@ -207,6 +207,47 @@ def test_overlapping_windows_are_rejected():
     assert Schedule.from_spec(apart).floor(datetime(2026, 12, 24, 12, tzinfo=UTC)) == 1
 
 
+def test_windows_of_one_name_are_refused_and_errors_name_start_or_end():
+    """Two windows named alike were never compared for overlap (the sweep compared names), and a bad cron said
+    neither which of start and end it was nor the names a day may take."""
+    import pytest
+
+    from fleetserve.autoscale.schedule import ScheduleError
+
+    def floor(start, end, name="x"):
+        return ScheduleFloor(name=name, timezone="UTC", start=start, end=end, min_replicas=1)
+
+    with pytest.raises(ScheduleError, match=r"schedules\[1\]\.name: 'x' is schedules\[0\]'s name too"):
+        Schedule.from_spec([floor("0 9 * * *", "0 18 * * *"), floor("0 10 * * *", "0 11 * * *")])
+    with pytest.raises(ScheduleError, match=r"schedules\[0\]\.end: day of week: 'fry' .*sun, mon"):
+        Schedule.from_spec([floor("0 9 * * mon", "0 18 * * fry")])
+    with pytest.raises(ScheduleError, match=r"schedules\[0\]\.start: hour: '25' is outside 0-23"):
+        Schedule.from_spec([floor("0 25 * * *", "0 18 * * *")])
+
+
+def test_spec_errors_inside_a_section_carry_the_fields_path():
+    from fleetserve.spec import SpecError, load_spec_text
+
+    spec = """
+apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {name: s}
+spec:
+  model: {source: "builtin:tiny"}
+  autoscaling: {minReplicaCount: 0, schedules: [{name: x, start: "0 9 * * mon-fry", end: "0 18 * * *", minReplicas: 1}]}
+"""
+    import pytest
+
+    with pytest.raises(SpecError) as bad:
+        load_spec_text(spec)
+    (problem,) = bad.value.problems
+    assert problem.path == "spec.autoscaling.schedules[0].start" and problem.message.startswith("day of week")
+    with pytest.raises(SpecError) as no_buffer:  # a fleet at zero wakes on held requests: none could be held
+        load_spec_text(spec.replace('"0 9 * * mon-fry"', '"0 9 * * mon-fri"') + "  router: {bufferSize: 0}\n")
+    (problem,) = no_buffer.value.problems
+    assert problem.path == "spec.router.bufferSize" and "none wakes the fleet" in problem.message
+
+
 def test_metrics_source_down_triggers_fallback():
     policy = ScalingPolicy(min_replicas=1, max_replicas=8, triggers=CONCURRENCY, fallback_threshold=3,
                            fallback_replicas=4)

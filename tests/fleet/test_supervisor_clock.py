@@ -190,17 +190,18 @@ def test_the_router_is_told_when_no_replica_can_start(make):
     sup.router_url, sup.admin_token = "http://router", "t"
     sup._http.put = lambda url, json, headers: pushed.append(json) or type(
         "Ok", (), {"raise_for_status": lambda self: None})()
-    r = Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.READY, node="n0"), 9, "n0",
+    # restarted before, long ago (the fleet's whole life counts in `restarts`): its next crash is no crash loop
+    r = Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.READY, node="n0", restarts=3), 9, "n0",
                 requested_at=mono(), child=ExitedChild(), started_at=mono())
     sup.replicas.append(r)
     sup._tend(r, mono(), starting_up=False)  # the first crash: it may come back
     sup._push_backends()
     assert pushed[-1]["failing"] is None
-    r.state.restarts, r.child = 1, ExitedChild()
+    r.state.restarts, r.child = 4, ExitedChild()
     r.state.state = Phase.STARTING
-    sup._tend(r, mono(), starting_up=False)  # crashed again after a restart
+    sup._tend(r, mono(), starting_up=False)  # crashed again after a restart, before it was ready
     sup._push_backends()
-    assert pushed[-1]["failing"].startswith("replica r0 exited with code 1 (restart 2)")
+    assert pushed[-1]["failing"].startswith("replica r0 exited with code 1 (restart 5)")
     sup.state.error = "cannot place a replica: no offering fits"
     assert sup._failing() == "cannot place a replica: no offering fits"
     r.state.state = Phase.READY  # one serves again: nothing to tell

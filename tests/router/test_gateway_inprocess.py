@@ -288,6 +288,44 @@ def test_no_replica_holds_the_request_then_503_after_the_buffer_timeout_in_virtu
     assert waited == pytest.approx(600.0)
 
 
+@pytest.mark.parametrize("death", [Unreachable("refused"), Dropped("closed")])
+def test_a_request_whose_only_replica_died_under_it_waits_for_one_to_come_back(death):
+    """A crash of the only replica: the request sent to it (refused, or cut before any answer) was a 503
+    no_replica at once while the fleet restarted it in seconds. It waits as a request at zero does, once."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        gw, up = gateway({A: [death, FakeResponse(200, [OK])]}, clock=loop.time, buffer_timeout=600.0)
+        backend = gw.pool.backends["10.0.0.1:8000"]
+        if isinstance(death, Dropped):  # a drop leaves the replica to the probes: here they find it gone
+            # before the retry's back-off ends (at least 50 ms); later, the request is a 502 as before
+            loop.call_later(0.01, lambda: (setattr(backend, "healthy", False), gw.pool._signal()))
+
+        def back():
+            backend.healthy = True
+            gw.pool._signal()
+
+        loop.call_later(5.0, back)  # restarted
+        out = Recorder()
+        started = loop.time()
+        await gw.handle(chat(), out)
+        return out, loop.time() - started, up
+
+    out, waited, up = run_virtual(main())
+    assert out.status == 200 and out.body == OK and up.sent == [A, A]
+    assert waited == pytest.approx(5.0, abs=0.6)
+
+
+def test_a_request_held_after_its_replica_died_is_refused_when_none_comes_back():
+    async def main():
+        gw, up = gateway({A: [Unreachable("refused")]}, buffer_timeout=30.0)
+        out = Recorder()
+        await gw.handle(chat(), out)
+        return out, up
+
+    out, up = run_virtual(main())
+    assert out.status == 503 and up.sent == [A] and out.header(b"retry-after")
+
+
 def test_a_held_request_goes_as_soon_as_a_replica_is_ready():
     async def main():
         loop = asyncio.get_running_loop()

@@ -42,7 +42,8 @@ def _parse_field(text: str, index: int) -> frozenset[int]:
             start = _value(part, index)
             end = hi if step > 1 else start
         if not (lo <= start <= hi and lo <= end <= hi) or start > end:
-            raise ScheduleError(f"{name}: {part!r} is outside {lo}-{hi}")
+            raise ScheduleError(f"{name}: {part!r} is outside {lo}-{hi}"
+                                + (" (or a range from low to high)" if "-" in part else ""))
         values.update(range(start, end + 1, step))
     if index == 4 and 7 in values:  # both 0 and 7 mean Sunday
         values.discard(7)
@@ -56,7 +57,9 @@ def _value(text: str, index: int) -> int:
     try:
         return _NAMES[index][text[:3]]
     except KeyError:
-        raise ScheduleError(f"{_FIELDS[index][0]}: {text!r} is not a number or name") from None
+        name, lo, hi = _FIELDS[index]
+        names = f" or {', '.join(_NAMES[index])}" if index in _NAMES else ""
+        raise ScheduleError(f"{name}: {text!r} is not a number or name; allowed: {lo}-{hi}{names}") from None
 
 
 @dataclass(frozen=True)
@@ -165,17 +168,25 @@ class Schedule:
     @classmethod
     def from_spec(cls, floors) -> Schedule:
         windows = []
+        named: dict[str, int] = {}
         for i, f in enumerate(floors):
             where = f"spec.autoscaling.schedules[{i}]"
+            if f.name in named:  # the name labels the floor's metrics and the decisions that name it
+                raise ScheduleError(f"{where}.name: {f.name!r} is schedules[{named[f.name]}]'s name too; give each "
+                                    "window a name of its own")
+            named[f.name] = i
             try:
                 tz = ZoneInfo(f.timezone)
             except (ZoneInfoNotFoundError, ValueError):
                 raise ScheduleError(f"{where}.timezone: {f.timezone!r} is not an IANA time zone "
                                     "(e.g. Asia/Seoul, Europe/Berlin, UTC)") from None
-            try:
-                start, end = Cron.parse(f.start), Cron.parse(f.end)
-            except ScheduleError as exc:
-                raise ScheduleError(f"{where}: {exc}") from None
+            crons = []
+            for field in ("start", "end"):
+                try:
+                    crons.append(Cron.parse(getattr(f, field)))
+                except ScheduleError as exc:
+                    raise ScheduleError(f"{where}.{field}: {exc}") from None
+            start, end = crons
             if f.start.split() == f.end.split():
                 raise ScheduleError(f"{where}: start and end must differ")
             windows.append(Window(f.name, start, end, tz, f.min_replicas))
@@ -204,12 +215,14 @@ class Schedule:
             raise ScheduleError(found)
 
     def _first_overlap(self, first: date, days: int) -> str | None:
-        spans = sorted((a, b, w.name) for w in self.windows for a, b in w.intervals(first, days))
-        latest: tuple[datetime, str] | None = None  # the active interval that ends last so far
-        for a, b, name in spans:
-            if latest is not None and a < latest[0] and name != latest[1]:
-                return (f"spec.autoscaling.schedules: windows {latest[1]!r} and {name!r} overlap (both active at "
-                        f"{a.isoformat()}); give each hour one floor")
+        # by index: two windows of one name were never compared (the name is unique now, the index always was)
+        spans = sorted((a, b, i) for i, w in enumerate(self.windows) for a, b in w.intervals(first, days))
+        latest: tuple[datetime, int] | None = None  # the active interval that ends last so far, and its window
+        for a, b, i in spans:
+            if latest is not None and a < latest[0] and i != latest[1]:
+                return (f"spec.autoscaling.schedules: windows {self.windows[latest[1]].name!r} and "
+                        f"{self.windows[i].name!r} overlap (both active at {a.isoformat()}); give each hour one "
+                        "floor")
             if latest is None or b > latest[0]:
-                latest = (b, name)
+                latest = (b, i)
         return None

@@ -102,6 +102,7 @@ class Replica:
     drain_deadline: float | None = None
     drain_announced: bool = False  # the router was told it drains: its load reports since count no new requests
     port_moves: int = 0  # new ports taken after another process bound the one chosen for it
+    crashes_since_ready: int = 0  # crashes since it was last ready: 2 is a crash loop (0 once it is ready)
 
 
 class Supervisor:
@@ -508,7 +509,9 @@ class Supervisor:
             return None
         if self.state.error.startswith("cannot place a replica"):
             return self.state.error
-        if any(r.state.state == Phase.RESTARTING and r.state.restarts >= 1 for r in self.replicas):
+        if any(r.state.state == Phase.RESTARTING and r.crashes_since_ready >= 2 for r in self.replicas):
+            # not `restarts`, which counts the fleet's whole life: one crash of a replica that had served, and
+            # restarted once long before, told clients no replica could start and to come back in 30 s
             return self.state.error or "every replica fails to start"
         return None
 
@@ -685,6 +688,7 @@ class Supervisor:
             raise StartupError(f"replica {r.state.id} {why} during start-up; last log lines "
                                f"({r.child.log_path if r.child else '-'}):\n{tail}")
         delay = r.backoff.crashed(mono)
+        r.crashes_since_ready += 1
         r.state.state = advance(r.state.state, Phase.RESTARTING)
         r.state.last_exit, r.state.pid = code, None
         r.requested_at = mono  # the restart's cold start counts from the crash, not from the first launch
@@ -716,6 +720,7 @@ class Supervisor:
         if s.state == Phase.STARTING:
             if self._get(s.url + self.spec.engine.health_path) is not None:
                 s.state = advance(s.state, Phase.READY)
+                r.crashes_since_ready = 0
                 cold = mono - r.requested_at
                 s.cold_start_s = round(cold, 3)
                 self.metrics.cold_start.observe(cold)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from fleetserve.api.errors import APIError
 from fleetserve.api.protocol import GENERATION_PATHS
+from fleetserve.router.gate import Refused
 from fleetserve.router.policies import Choice, RouteRequest
 from fleetserve.router.pool import Backend
 from fleetserve.router.retry import backoff, busy, exclude, retry_after_seconds, retryable
@@ -81,11 +82,12 @@ class Dispatcher:
         tried = [False]  # per request: one Dispatcher serves every request of the gateway
         try:
             return await self._dispatch(out, route, tried)
-        except APIError as err:
+        except (APIError, Refused) as err:
             err.after_attempts = tried[0]
             raise
 
-    async def _dispatch(self, out: Outgoing, route: RouteRequest, tried: list[bool]) -> Attempt:
+    async def _dispatch(self, out: Outgoing, route: RouteRequest, tried: list[bool], held: bool = False) -> Attempt:
+        """`held`: the request already waited once for a replica to come back (it waits at most once)."""
         gw = self.gw
         settings = gw.settings
         excluded: frozenset[str] = frozenset()
@@ -135,6 +137,11 @@ class Dispatcher:
             raise APIError(503, "every model replica tried is at capacity (its waiting queue is full); retry after "
                                 f"{busy_for}s", code="overloaded", headers={"Retry-After": str(busy_for)})
         if not gw.pool.healthy():
+            if failures and not held and all(f in UNDELIVERED for f in failures):
+                # the replicas it went to died under it (a crash took every one) before any answer began: it
+                # waits for one to come back, bounded as a request held at zero is, not a 503 at once
+                await gw.gate.admit()
+                return await self._dispatch(out, _excluding(route, frozenset()), tried, held=True)
             raise APIError(503, "no healthy model replica is available; retry shortly", code="no_replica",
                            headers={"Retry-After": "2"})
         if failures and len(set(failures)) == 1 and failures[0].startswith("status_"):
@@ -208,6 +215,9 @@ class Dispatcher:
             def ended(replica=backend.id) -> None:
                 model.ended(replica, (gw.clock() - sent_at) * 1000)
         return response, first, ended
+
+
+UNDELIVERED = ("unreachable", "dropped")  # attempts no replica answered: nothing of them reached the client
 
 
 def _excluding(route: RouteRequest, excluded: frozenset[str]) -> RouteRequest:

@@ -238,8 +238,9 @@ class Gateway:
                                                      route)
         except Refused as refused:
             r = refused.rejection
-            self._refuse(responder, APIError(r.status, r.message, code=r.code, headers={"Retry-After": r.retry_after}),
-                         rid, request.path, tenant, started, body)
+            err = APIError(r.status, r.message, code=r.code, headers={"Retry-After": r.retry_after})
+            err.after_attempts = getattr(refused, "after_attempts", False)  # held again after replicas died
+            self._refuse(responder, err, rid, request.path, tenant, started, body)
             return
         except APIError as err:
             self._refuse(responder, err, rid, request.path, tenant, started, body)

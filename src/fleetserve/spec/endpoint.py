@@ -766,6 +766,17 @@ class EndpointSpec(SpecModel):
         return self
 
     @model_validator(mode="after")
+    def _zero_wakes_on_held_requests(self) -> EndpointSpec:
+        """A fleet at zero wakes on the requests its router holds: with no buffer every request was refused at
+        once (503 buffer_full) and none ever woke it."""
+        auto = self.autoscaling
+        if auto is not None and auto.enabled and auto.min_replica_count == 0 and self.router.buffer_size == 0:
+            raise ValueError("router.bufferSize: 0 with autoscaling.minReplicaCount 0: at zero replicas every "
+                             "request is refused and none wakes the fleet (it wakes on the requests the router "
+                             "holds); give bufferSize at least 1, or minReplicaCount at least 1")
+        return self
+
+    @model_validator(mode="after")
     def _lmcache_reads_the_l2_url(self) -> EndpointSpec:
         """vLLM's L2 is LMCache's Redis backend, whose URL parser takes host:port: a unix socket became
         `redis://unix:///run/r.sock` and the server stopped at start."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -74,6 +75,25 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+_INNER_PATH = re.compile(r"^([A-Za-z][A-Za-z0-9]*)((?:\[\d+\]|\.[A-Za-z][A-Za-z0-9]*)*): (.+)$", re.S)
+
+
+def _named_inside(root: type[BaseModel], at: tuple, loc: tuple, msg: str) -> tuple[tuple, str]:
+    """A section's check that names a field inside it ("schedules[0].end: ...") is reported at that field's path
+    (spec.autoscaling.schedules[0].end), when the name's first part is a field of the section."""
+    found = _INNER_PATH.match(msg)
+    model = _model_at(root, at)
+    if not found or model is None:
+        return loc, msg
+    first = found[1]
+    if not any(first in (name, f.alias) for name, f in model.model_fields.items()):
+        return loc, msg
+    inner: list[str | int] = [first]
+    for part in re.findall(r"\[(\d+)\]|\.([A-Za-z][A-Za-z0-9]*)", found[2]):
+        inner.append(int(part[0]) if part[0] else part[1])
+    return loc + tuple(inner), found[3]
+
+
 def problems_from_validation(
     error: ValidationError, root: type[BaseModel], prefix: tuple[str | int, ...] = ()
 ) -> list[SpecProblem]:
@@ -92,6 +112,7 @@ def problems_from_validation(
             msg = f"got {_short(item.get('input'))}; allowed values: {item['ctx']['expected']}"
         elif kind == "value_error":
             msg = msg.removeprefix("Value error, ")
+            loc, msg = _named_inside(root, tuple(item["loc"]), loc, msg)
         else:
             msg = f"{msg} (got {_short(item.get('input'))})"
         problems.append(SpecProblem(format_path(loc), msg))
