@@ -225,6 +225,24 @@ def test_local_provider_is_one_node_with_slots():
     assert manager.acquire("r2", 2.0).node.id == "local"
 
 
+def test_this_machine_is_released_at_zero_as_before_the_first_replica():
+    """A local fleet that scaled to zero kept this machine's price ($3.60/h, accruing) where it read $0/h before
+    its first request; an underutilized one is never cordoned (there is no other machine to move to)."""
+    manager = CapacityManager(LocalProvider(slots=2, price_per_hour=3.6), Catalog.builtin(local_price=3.6),
+                              [Tier(("local",))], ReplicaRequest(), local_slots=2)
+    assert manager.cost_per_hour() == 0.0
+    manager.acquire("r0", 0.0)
+    manager.acquire("r1", 0.0)
+    assert manager.cost_per_hour() == pytest.approx(3.6)
+    manager.release("r1", "local", 10.0)
+    assert manager.consolidate(20.0, load_ratio=0.1) == [] and manager.nodes()  # half used: kept, not cordoned
+    manager.release("r0", "local", 30.0)
+    manager.consolidate(40.0, load_ratio=0.0)
+    assert manager.nodes() == [] and manager.cost_per_hour() == 0.0
+    assert manager.ledger.totals(now=3600.0)["total"] == pytest.approx(3.6 * 40 / 3600)
+    assert manager.acquire("r2", 50.0).node.id == "local"  # woken: the machine is taken again
+
+
 def test_underutilized_node_is_cordoned_emptied_by_moves_then_deleted():
     """WhenEmptyOrUnderutilized is applied, not only computed: cordon, replacements elsewhere, then delete."""
     provider = RecordingProvider(CATALOG)

@@ -119,7 +119,8 @@ class CapacityManager:
             self._delete(node_id, now, "consolidation removed emptied node")
             self.terminating.append(now)
         for r in removals:
-            if r.reason == "Empty" and self.provider.name != "local" and r.node_id not in emptied:
+            if r.reason == "Empty" and r.node_id not in emptied:  # this machine too: a fleet at zero holds no
+                # node, as before its first replica (it read $0/h at the start and the local price after a wake)
                 self._delete(r.node_id, now, "consolidation removed empty node")
                 self.terminating.append(now)
             elif r.reason == "Underutilized" and r.node_id not in self.cordoned and self.provider.name != "local":
