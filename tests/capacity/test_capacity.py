@@ -167,7 +167,8 @@ def test_simulated_cloud_delays_shortages_and_spot_interruptions():
         cloud.create(Offering("g6.xlarge", "on-demand"), 1, now=10.0)
     assert [e.kind for e in cloud.poll(100.0)] == ["ready"]
     cloud.interrupt(node.id, now=200.0)  # spot notice: 120 s
-    assert cloud.poll(250.0) == []
+    assert [(e.kind, e.at) for e in cloud.poll(250.0)] == [("interruption-notice", 200.0)]
+    assert cloud.poll(260.0) == []
     assert [(e.kind, e.node_id) for e in cloud.poll(320.0)] == [("terminated", node.id)]
     later = cloud.create(Offering("g6.xlarge", "on-demand"), 1, now=600.0)  # the shortage is over
     assert [(e.kind, e.node_id) for e in cloud.poll(700.0)] == [("ready", later.id)]

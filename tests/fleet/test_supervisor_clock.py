@@ -273,3 +273,81 @@ def test_a_childs_log_of_this_run_leaves_out_the_earlier_runs_lines(tmp_path):
     child.proc.wait(timeout=10)
     assert child.log_tail(this_run=True) == "second run"
     assert child.log_tail() == "first run\nsecond run"
+
+
+SPOT_SPEC = """apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {name: spotted}
+spec:
+  model: {source: /models/m}
+  engine: {drainTimeoutSeconds: 30}
+  replicas: 1
+  placement: {instanceTypes: [ml.g5.xlarge]}
+  capacity:
+    provider: simulated
+    capacityTypes: [spot]
+    simulated: {provisioningDelaySeconds: 0}
+"""
+
+
+def test_a_spot_notice_keeps_the_replica_serving_until_its_replacement_is_ready_or_its_drain_is_due(tmp_path):
+    """A spot notice drained the fleet's only replica at once: no ready replica for the replacement's whole cold
+    start, 90 s of the 120 s notice unused. It moves (make-before-break) and drains at the latest
+    drainTimeoutSeconds before the node goes; the emptied node is released then, not at the end of the notice."""
+    path = tmp_path / "e.yaml"
+    path.write_text(SPOT_SPEC)
+    said: list[str] = []
+    wall = ManualClock(datetime.fromisoformat("2026-01-05T10:00:00+00:00").timestamp())
+    mono = ManualClock(100.0)
+    sup = Supervisor(load_spec_text(SPOT_SPEC), str(path), say=said.append, clock=wall, monotonic=mono)
+    try:
+        assert sup._launch(mono())
+        old = sup.replicas[0]
+        old.state.state, old.child = Phase.READY, StoppingChild()
+        sup._capacity_events(mono())  # the node's "ready"
+        sup.capacity.provider.interrupt(old.node_id, wall())
+        sup._capacity_events(mono())
+        assert old.state.state == Phase.MOVING and any("moving 1 replica" in m for m in said)
+        assert any(f"spot interruption notice: node {old.node_id} terminates in 120s" in m for m in sup.capacity.log)
+        sup._scale_to(1, mono())
+        new = sup.replicas[1]
+        assert new.state.state == Phase.PENDING and new.node_id != old.node_id  # not on the noticed node
+        wall.advance(89.9)
+        mono.advance(89.9)
+        sup._drain_interrupted(mono())
+        sup._cancel_moves("no capacity")  # a cancelled consolidation does not keep it: its node goes
+        assert old.state.state == Phase.MOVING  # it serves on: 30.1 s left before the node goes
+        wall.advance(0.1)
+        mono.advance(0.1)
+        sup._drain_interrupted(mono())
+        assert old.state.state == Phase.DRAINING and old.drain_deadline == mono() + 30  # ends with the notice
+        sup._remove(old)
+        sup.capacity.release_interrupted(wall())
+        assert old.node_id not in {n.id for n in sup.capacity.nodes()}
+        assert any("interrupted node emptied: released" in m for m in sup.capacity.log)
+    finally:
+        sup._http.close()
+
+
+def test_a_noticed_replica_drains_as_soon_as_its_replacement_is_ready(tmp_path):
+    path = tmp_path / "e.yaml"
+    path.write_text(SPOT_SPEC)
+    wall = ManualClock(datetime.fromisoformat("2026-01-05T10:00:00+00:00").timestamp())
+    mono = ManualClock(100.0)
+    sup = Supervisor(load_spec_text(SPOT_SPEC), str(path), say=lambda _m: None, clock=wall, monotonic=mono)
+    try:
+        assert sup._launch(mono())
+        old = sup.replicas[0]
+        old.state.state, old.child = Phase.READY, StoppingChild()
+        sup.capacity.provider.interrupt(old.node_id, wall())
+        sup._capacity_events(mono())
+        sup._scale_to(1, mono())
+        assert old.state.state == Phase.MOVING
+        wall.advance(20)
+        mono.advance(20)
+        new = sup.replicas[1]
+        new.state.state, new.child = Phase.READY, ReadyChild()
+        sup._scale_to(1, mono())
+        assert old.state.state == Phase.DRAINING and new.state.state == Phase.READY
+    finally:
+        sup._http.close()

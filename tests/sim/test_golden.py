@@ -14,6 +14,7 @@ from fleetserve.sim.verify import verify
 from fleetserve.sim.workload import build_workload
 from fleetserve.spec import load_spec
 from fleetserve.spec.load import load_spec_data
+from fleetserve.traces.model import TraceRequest
 from tests.sim.conftest import azure_slice
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -265,3 +266,30 @@ def test_plan_never_picks_a_type_the_replicas_pod_cannot_fit_on():
     catalog = Catalog.builtin()
     tried = {t.data["spec"]["placement"]["instanceTypes"][0] for t in [result.winner] if t is not None}
     assert tried and all(fits(catalog.get(t), asked, allow_larger=True) for t in tried), tried
+
+
+def test_a_spot_notice_moves_the_replica_make_before_break_in_the_simulator_as_live():
+    """The simulator drained a noticed spot node's replica at once, as the supervisor did: a fleet of one held
+    every request for its replacement's cold start. Both now keep it serving until the replacement is ready or
+    drainTimeoutSeconds before the node goes (autoscale/scaledown.spot_drain_due)."""
+    worst = {}
+    for drain in (30, 120):
+        endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "s"},
+                                   "spec": {"model": {"source": "/m"}, "replicas": 1,
+                                            "engine": {"drainTimeoutSeconds": drain},
+                                            "placement": {"instanceTypes": ["ml.g5.xlarge"]},
+                                            "capacity": {"provider": "simulated", "capacityTypes": ["spot"]}}}).endpoint
+        trace = [TraceRequest(i * 1.0, 200, 20) for i in range(400)]
+        fleet = SimFleet(endpoint, build_workload(trace, 16, False), SimOptions(provisioning_delay_s=20.0))
+        notice_at = fleet.t0 + 200.0
+
+        def notice(_arg, fleet=fleet):
+            node = next(n for n in fleet.capacity.nodes() if any(r.node_id == n.id for r in fleet.replicas))
+            fleet.capacity.provider.interrupt(node.id, fleet.sim.now)
+
+        fleet.sim.at(notice_at, notice)
+        fleet.run()
+        assert fleet.disruptions["spot_notices"] == 1 and all(r.error is None for r in fleet.requests)
+        after = [r for r in fleet.requests if r.arrival >= notice_at]
+        worst[drain] = max(r.first - r.arrival for r in after)
+    assert worst[30] < 5.0 < worst[120], worst  # drained at the notice: requests waited for the cold start

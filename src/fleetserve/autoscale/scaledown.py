@@ -30,3 +30,12 @@ def victims(candidates: Sequence[Candidate], node_used: Mapping[str, int], count
     ranked = sorted(candidates, key=lambda c: (STATE_RANK.get(c.state, 0), c.in_flight > 0,
                                                node_used.get(c.node_id, 0), c.in_flight, -c.ordinal))
     return ranked[:max(0, count)]
+
+
+def spot_drain_due(interrupt_at: float, now: float, drain_timeout: float) -> bool:
+    """A replica on a spot node with an interruption notice serves on while its replacement starts (make-before-
+    break, as consolidation moves replicas) and drains once the replacement is ready, or at the latest
+    `drain_timeout` before the node goes, so that what it serves has the time a scale-in gives it. A drain
+    timeout as long as the notice (120 s, the default) drains it at the notice; a shorter one keeps it serving
+    the rest, where draining at the notice left a fleet of one without a ready replica for the whole cold start."""
+    return now >= interrupt_at - drain_timeout

@@ -101,7 +101,19 @@ class CapacityManager:
         for e in events:
             if e.kind == "terminated":
                 self.ledger.node_stopped(e.node_id, e.at)
+                self.log.append(f"spot node {e.node_id} terminated")
+            elif e.kind == "interruption-notice":
+                node = next((n for n in self.provider.nodes() if n.id == e.node_id), None)
+                left = f" in {node.interrupt_at - now:.0f}s" if node is not None and node.interrupt_at else ""
+                self.log.append(f"spot interruption notice: node {e.node_id} terminates{left}; its replicas move")
         return events
+
+    def release_interrupted(self, now: float) -> None:
+        """A noticed spot node whose replicas all moved away is given back at once, as Karpenter deletes it: it
+        stayed, empty and billed, until the notice ran out."""
+        for node in list(self.provider.nodes()):
+            if node.interrupt_at is not None and node.used == 0:
+                self._delete(node.id, now, "interrupted node emptied: released")
 
     def consolidate(self, now: float, load_ratio: float) -> list[Removal]:
         """Apply what consolidation allows: empty nodes are deleted; underutilized ones are cordoned and returned,

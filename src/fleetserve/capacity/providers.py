@@ -137,6 +137,7 @@ class SimulatedCloud:
         self._ids = itertools.count(1)
         self._rng = random.Random(self.seed)
         self._announced: set[str] = set()
+        self._noticed: list[tuple[str, float]] = []  # scripted notices, announced by the next poll
         self._last_poll: float | None = None
 
     def _short(self, offering: Offering, now: float) -> bool:
@@ -166,6 +167,10 @@ class SimulatedCloud:
         events = []
         since = self._last_poll if self._last_poll is not None else now
         self._last_poll = now
+        for node_id, at in self._noticed:
+            if node_id in self._nodes:
+                events.append(NodeEvent("interruption-notice", node_id, at))
+        self._noticed.clear()
         for node in list(self._nodes.values()):
             if node.ready(now) and node.id not in self._announced:
                 self._announced.add(node.id)
@@ -181,8 +186,9 @@ class SimulatedCloud:
         return events
 
     def interrupt(self, node_id: str, now: float) -> None:
-        """Schedule a spot interruption (for tests and scripted scenarios)."""
+        """Schedule a spot interruption (tests, scripted scenarios); the next poll announces it, as a drawn one."""
         self._nodes[node_id].interrupt_at = now + SPOT_NOTICE_SECONDS
+        self._noticed.append((node_id, now))
 
     def nodes(self) -> list[Node]:
         return list(self._nodes.values())

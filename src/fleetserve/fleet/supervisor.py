@@ -36,7 +36,7 @@ from fleetserve.api.internal import router_trust_args, write_token_file
 from fleetserve.api.limits import engine_body_limit, engine_header_limit
 from fleetserve.autoscale.controller import Controller
 from fleetserve.autoscale.policy import ScaleDecision, ScalingPolicy, ScalingState
-from fleetserve.autoscale.scaledown import Candidate, victims
+from fleetserve.autoscale.scaledown import Candidate, spot_drain_due, victims
 from fleetserve.capacity.placement import InsufficientCapacity
 from fleetserve.capacity.utilization import load_ratio, target_per_replica
 from fleetserve.clock import Clock
@@ -792,8 +792,21 @@ class Supervisor:
             if on_node:
                 self.say(f"consolidation: node {removal.node_id} is underutilized; moving {len(on_node)} replica(s)")
 
+    def _interrupting(self) -> dict[str, float]:
+        """Node id -> when it goes, for the spot nodes with an interruption notice."""
+        return {n.id: n.interrupt_at for n in self.capacity.nodes() if n.interrupt_at is not None}
+
+    def _drain_interrupted(self, mono: float) -> None:
+        """Replicas moving off a noticed spot node drain at the latest a drain timeout before it goes."""
+        going, now = self._interrupting(), self.clock()
+        for r in self.replicas:
+            if r.state.state == Phase.MOVING and r.node_id in going and \
+                    spot_drain_due(going[r.node_id], now, self.spec.engine.drain_timeout_seconds):
+                self._drain(r, mono)
+
     def _cancel_moves(self, why: str) -> None:
-        moving = [r for r in self.replicas if r.state.state == Phase.MOVING]
+        going = self._interrupting()  # a replica on a node that goes cannot stay: it drains at its deadline
+        moving = [r for r in self.replicas if r.state.state == Phase.MOVING and r.node_id not in going]
         if not moving:
             return
         for r in moving:
@@ -804,10 +817,13 @@ class Supervisor:
     def _capacity_events(self, mono: float) -> None:
         for event in self.capacity.poll(self.clock()):
             on_node = [r for r in self.replicas if r.node_id == event.node_id]
-            if event.kind == "interruption-notice":
-                self.say(f"spot interruption notice for node {event.node_id}: draining {len(on_node)} replica(s)")
+            if event.kind == "interruption-notice":  # make-before-break: the ready ones move (scaledown.py)
+                self.say(f"spot interruption notice for node {event.node_id}: moving {len(on_node)} replica(s)")
                 for r in on_node:
-                    self._drain(r, mono)
+                    if r.state.state == Phase.READY:
+                        r.state.state = advance(r.state.state, Phase.MOVING)
+                    elif r.state.state != Phase.MOVING:  # not serving yet: nothing to keep
+                        self._drain(r, mono)
             elif event.kind == "terminated":
                 for r in on_node:
                     self._remove(r)
@@ -830,6 +846,7 @@ class Supervisor:
         if not starting_up:
             self._autoscale(load)
         self._scale_to(self._desired(), mono)
+        self._drain_interrupted(mono)
         for r in list(self.replicas):
             self._tend(r, mono, starting_up)
         self._finish_drains(mono, load)
@@ -837,6 +854,7 @@ class Supervisor:
         target = target_per_replica(self.controller.policy if self.controller else None)
         ratio = load_ratio(load["in_flight"], load["pending"], target, serving) if load is not None else 0.0
         self._apply_consolidation(self.capacity.consolidate(self.clock(), ratio))
+        self.capacity.release_interrupted(self.clock())
         self._push_backends()
         self._write_prometheus_targets()
         self._save()

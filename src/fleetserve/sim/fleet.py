@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from fleetserve.autoscale.controller import Controller
 from fleetserve.autoscale.policy import ScalingState
-from fleetserve.autoscale.scaledown import Candidate, victims
+from fleetserve.autoscale.scaledown import Candidate, spot_drain_due, victims
 from fleetserve.capacity.placement import InsufficientCapacity
 from fleetserve.capacity.utilization import load_ratio, target_per_replica
 from fleetserve.router.admission import BUFFER, GO, AdmissionSettings, Rejection, admit, buffer_timeout, overflow
@@ -532,11 +532,15 @@ class SimFleet:
             self._loads.popleft()
         for event in self.capacity.poll(now):
             on_node = [r for r in list(self.replicas) if r.node_id == event.node_id]
-            if event.kind == "interruption-notice":
+            if event.kind == "interruption-notice":  # make-before-break: the ready ones move (scaledown.py)
                 self.disruptions["spot_notices"] += 1
                 self._noticed.add(event.node_id)
                 for r in on_node:
-                    self._drain(r)
+                    if r.state == "ready":
+                        r.state = "moving"
+                        self._membership()
+                    elif r.state != "moving":
+                        self._drain(r)
             elif event.kind == "terminated":
                 for r in on_node:
                     self._remove(r, killed=True, cause="spot")
@@ -546,6 +550,10 @@ class SimFleet:
             decision = self.controller.tick(now, self._lagged_load())
             self.decisions.append((now - self.t0, decision.desired, decision.reason))
         self._scale_to(self.desired)
+        going = {n.id: n.interrupt_at for n in self.capacity.nodes() if n.interrupt_at is not None}
+        for r in [r for r in self.replicas if r.state == "moving" and r.node_id in going]:
+            if spot_drain_due(going[r.node_id], now, self.spec.engine.drain_timeout_seconds):
+                self._drain(r)
         for r in [r for r in self.replicas if r.state == "draining"]:
             if (self.book.in_flight[r.id] <= 0 and r.model.idle) or now >= (r.drain_deadline or now):
                 self._remove(r, killed=self.book.in_flight[r.id] > 0,
@@ -554,6 +562,7 @@ class SimFleet:
         ratio = load_ratio(load["in_flight"], load["pending"], target_per_replica(self.policy_scaling), ready)
         before = len(self.capacity.nodes())
         self._apply_consolidation(self.capacity.consolidate(now, ratio))
+        self.capacity.release_interrupted(now)
         if len(self.capacity.nodes()) != before:
             self._record()
         if self.progress is not None:
@@ -609,7 +618,8 @@ class SimFleet:
                     self._membership()
 
     def _cancel_moves(self, why: str) -> None:
-        moving = [r for r in self.replicas if r.state == "moving"]
+        going = {n.id for n in self.capacity.nodes() if n.interrupt_at is not None}  # these drain at their deadline
+        moving = [r for r in self.replicas if r.state == "moving" and r.node_id not in going]
         for r in moving:
             r.state = "ready"
         if moving:
