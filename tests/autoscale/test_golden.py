@@ -111,7 +111,9 @@ def test_a_count_the_schedule_floor_holds_names_the_window():
 def test_activation_is_strictly_greater_than():
     policy = ScalingPolicy(min_replicas=0, max_replicas=4, triggers=(Trigger("concurrency", 4.0, 1.0),))
     fleet = VirtualFleet(policy, 0.0, replicas=0)
-    assert fleet.poll(0.0, 1.0).desired == 0  # equal to activationTarget: stays asleep
+    asleep = fleet.poll(0.0, 1.0)
+    assert asleep.desired == 0  # equal to activationTarget: stays asleep, and says what wakes it
+    assert asleep.reason.startswith("idle at zero: nothing waiting and no trigger above its activationTarget")
     assert fleet.poll(30.0, 1.5).desired == 1
 
 
@@ -166,6 +168,11 @@ def test_nightly_zero_then_0900_ramp_with_floor_ready_before_0900():
     assert fleet.ready(nine_tuesday) >= 2  # the floor is ready when the window opens
     ramp = next(t for t, r, _ in fleet.history if t > start + 7200 and r >= 2)
     assert ramp <= nine_tuesday - cold_start
+    # the ramp from zero names its window, and the night's zero says what wakes the fleet
+    reasons = {r for t, d, r in fleet.history}
+    assert "scale up 0 -> 2: schedule floor 2: business-hours" in reasons, reasons
+    assert any(r.startswith("no activity for") for r in reasons)
+    assert any(r.startswith("idle at zero: ") for r in reasons)
 
 
 def test_schedule_is_dst_correct():

@@ -59,3 +59,24 @@ def test_cli_status_watch_iterations_reads_the_state_file(tmp_path, monkeypatch)
     assert "demo" in result.output and "r1" in result.output and "prefixaware" in result.output
     bad = CliRunner().invoke(app, ["status", "--watch", "--interval", "0"])
     assert bad.exit_code == 2
+
+
+def test_a_ready_fleet_without_a_serving_replica_says_so(tmp_path, monkeypatch):
+    """`status` read "ready" for a fleet that could not place a replica: nothing served, only the error line hinted."""
+    from fleetserve.fleet.state import serving_note
+
+    assert serving_note(fleet(ready=3)) == "" and serving_note(fleet(ready=0, status="starting")) == ""
+    assert serving_note(fleet(ready=2)) == "2 of 3 replicas serving"
+    placed_none = fleet(ready=0)
+    placed_none.error = "cannot place a replica: no offering fits"
+    assert serving_note(placed_none) == "no replica serving; see error"
+    asleep = fleet(ready=0)
+    asleep.desired = 0
+    assert serving_note(asleep) == "scaled to zero: the next request wakes it"
+    assert "ready: no replica serving; see error" in text_of(render([placed_none], now=0))
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path))
+    write_state(placed_none)
+    shown = CliRunner().invoke(app, ["status"])
+    assert shown.exit_code == 0 and "ready (no replica serving; see error)" in shown.output, shown.output
+    as_json = CliRunner().invoke(app, ["status", "--json"])
+    assert '"serving": "no replica serving; see error"' in as_json.output

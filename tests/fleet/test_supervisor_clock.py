@@ -168,7 +168,8 @@ def test_a_crash_looping_replica_is_said_in_the_status_until_it_is_ready_again(m
     sup.replicas.append(r)
     sup._tend(r, mono(), starting_up=False)
     assert r.state.state == Phase.RESTARTING
-    assert sup.state.error.startswith("replica r0 exited with code 1 (restart 1); last log line: SafetensorError")
+    assert sup.state.error.startswith("replica r0 exited with code 1 (restarts: 0, the next in 1s); last log line: "
+                                   "SafetensorError")
     r.child, r.state.state = ReadyChild(), Phase.STARTING
     sup._get = lambda *_a, **_k: object()  # /health answers
     sup._tend(r, mono(), starting_up=False)
@@ -201,7 +202,7 @@ def test_the_router_is_told_when_no_replica_can_start(make):
     r.state.state = Phase.STARTING
     sup._tend(r, mono(), starting_up=False)  # crashed again after a restart, before it was ready
     sup._push_backends()
-    assert pushed[-1]["failing"].startswith("replica r0 exited with code 1 (restart 5)")
+    assert pushed[-1]["failing"].startswith("replica r0 exited with code 1 (restarts: 4, the next in")
     sup.state.error = "cannot place a replica: no offering fits"
     assert sup._failing() == "cannot place a replica: no offering fits"
     r.state.state = Phase.READY  # one serves again: nothing to tell

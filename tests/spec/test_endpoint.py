@@ -113,6 +113,25 @@ def test_a_floor_above_max_replicas_is_refused_and_replicas_above_it_warned():
     text = GOOD.replace("  replicas: 2", "  replicas: 10\n" + auto.replace("minReplicas: 5", "minReplicas: 2"))
     warnings = {w.path: w.message for w in load_spec_text(text).warnings}
     assert "the fleet runs at most 2" in warnings["spec.replicas"]
+    below = GOOD.replace("  replicas: 2", "  replicas: 1\n" + auto.replace("minReplicaCount: 1", "minReplicaCount: 2")
+                         .replace("minReplicas: 5", "minReplicas: 2"))
+    warnings = {w.path: w.message for w in load_spec_text(below).warnings}
+    assert "1 is below autoscaling.minReplicaCount (2): the fleet starts at 2" in warnings["spec.replicas"]
+    unset = below.replace("  replicas: 1\n", "")  # the default 1 is not the user's word: nothing to warn
+    assert "spec.replicas" not in {w.path for w in load_spec_text(unset).warnings}
+    (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n" + auto.replace("maxReplicaCount: 2",
+                                                                                   "maxReplicaCount: 1000")))
+    assert "maxReplicaCount" in msg and "256" in msg, msg
+
+
+def test_a_schedule_that_never_fires_is_refused():
+    """31 February was accepted: the window never opened and its floor was never held, unsaid."""
+    auto = ("  autoscaling: {minReplicaCount: 1, maxReplicaCount: 4, triggers: [{metric: concurrency, target: 4}], "
+            "schedules: [{name: leap, start: '0 9 %s *', end: '0 17 * * *', minReplicas: 2}]}")
+    (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n" + auto % "31 2"))
+    assert "schedules[0].start" in msg and "never fires: day of month 31 does not occur in month 2" in msg, msg
+    assert load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n" + auto % "29 2"))  # leap years
+    assert load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n" + auto % "31 1-2"))
 
 
 def test_per_replica_limits_with_several_router_workers_are_warned_as_split():

@@ -287,7 +287,10 @@ def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, 
 
     if current == 0:
         if not active:
-            return done(floor, f"idle at {'floor' if floor else 'zero'}")
+            if not floor:
+                return done(0, "idle at zero: nothing waiting and no trigger above its activationTarget; the next "
+                               "request wakes the fleet")
+            return done(floor, f"scale up 0 -> {floor}: {_floor_label(policy, floor, now)}")
         raw, why = _recommend(policy, 1, values)
         cause = f"{metrics.pending} request(s) waiting" if metrics.pending else why
         woken = max(1, floor, raw)
@@ -319,9 +322,17 @@ def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, 
                     else "maxReplicaCount" if policy.max_replicas == current else "floor")
             reason += f" (wants {raw}, held by {held})"
         elif asked < current and floor >= current and floor > policy.min_replicas:
-            reason += f" (held by the schedule floor {floor}: {', '.join(policy.floor_names(now))})"
+            reason += f" (held by the {_floor_label(policy, floor, now)})"
     else:
         reason = f"{'scale up' if desired > current else 'scale down'} {current} -> {desired}: {why}"
         if floor > 1 and desired == floor:
-            reason += f" (floor {floor})"
+            reason += f" ({_floor_label(policy, floor, now)})"
     return done(desired, reason, recs)
+
+
+def _floor_label(policy: ScalingPolicy, floor: int, now: float) -> str:
+    """Which floor holds the fleet: the schedule windows open now (by name), or minReplicaCount. A reason that said
+    "floor 3" left the reader to find which window of the schedule it was."""
+    if floor > policy.min_replicas:
+        return f"schedule floor {floor}: {', '.join(policy.floor_names(now)) or 'a window'}"
+    return f"floor {floor}: minReplicaCount"

@@ -17,6 +17,7 @@ _NAMES = {
     4: {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())},
 }
 _LOOKBACK_DAYS = 400
+_MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # 29 February fires in leap years
 
 
 class ScheduleError(ValueError):
@@ -81,7 +82,12 @@ class Cron:
         if len(parts) != 5:
             raise ScheduleError(f"cron {text!r} needs 5 fields (minute hour day-of-month month day-of-week)")
         fields = [_parse_field(p, i) for i, p in enumerate(parts)]
-        return cls(text, *fields, dom_any=parts[2] == "*", dow_any=parts[4] == "*")
+        cron = cls(text, *fields, dom_any=parts[2] == "*", dow_any=parts[4] == "*")
+        if cron.dow_any and not any(d <= _MONTH_DAYS[m - 1] for m in cron.months for d in cron.days):
+            # 31 February: a window that never opens (or never closes) was accepted, its floor never held
+            raise ScheduleError(f"cron {text!r} never fires: day of month {','.join(map(str, sorted(cron.days)))} "
+                                f"does not occur in month {','.join(map(str, sorted(cron.months)))}")
+        return cron
 
     def _day_matches(self, d: date) -> bool:
         if d.month not in self.months:

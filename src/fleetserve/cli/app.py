@@ -191,7 +191,7 @@ def status(
                                                          "gone (stopped, failed, dead): state and logs")] = False,
 ) -> None:
     """Show fleets, their replicas and states."""
-    from fleetserve.fleet.state import list_fleets, mark_stale
+    from fleetserve.fleet.state import list_fleets, mark_stale, serving_note
 
     if not watch and (interval is not None or iterations is not None):
         raise typer.BadParameter("redraws only with --watch", param_hint="--interval/--iterations")
@@ -215,7 +215,7 @@ def status(
     shown = fleets if show_all or name else [f for f in fleets if f.status != "stopped"]
     hidden = len(fleets) - len(shown)
     if as_json:
-        print(json.dumps([f.to_json() for f in shown], indent=2))
+        print(json.dumps([{**f.to_json(), "serving": serving_note(f)} for f in shown], indent=2))
         if name and not fleets:
             raise typer.Exit(2)  # as without --json: the fleet asked for does not exist
         return
@@ -271,7 +271,11 @@ def _prometheus_login(state) -> str:
 
 
 def _print_fleet(f) -> None:
-    out.print(f"[bold]{escape(f.name)}[/bold] ({f.namespace}) {f.status} {escape(f.url)} "
+    from fleetserve.fleet.state import serving_note
+
+    note = serving_note(f)
+    out.print(f"[bold]{escape(f.name)}[/bold] ({f.namespace}) {f.status}{escape(f' ({note})' if note else '')} "
+              f"{escape(f.url)} "
               f"model {escape(f.model)} routing {f.strategy}")
     out.print(f"  replicas: desired {f.desired}, ready {f.ready}; cost ${f.cost_per_hour:.3f}/h, "
               f"${f.cost_total:.4f} so far", markup=False)

@@ -12,6 +12,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from fleetserve.fleet.state import serving_note
+
 STATE_STYLES = {"ready": "green", "starting": "yellow", "pending": "yellow", "restarting": "red",
                 "draining": "magenta", "stopped": "dim", "dead": "red", "failed": "red"}
 
@@ -29,7 +31,9 @@ def render(fleets: list, now: float | None = None, interval: float | None = None
     table = Table("fleet", "status", "desired/ready", "$/h", "replica", "state", "node", "restarts", "cold start",
                   title="fleetserve fleets", title_justify="left", expand=False)
     for f in fleets:
-        head = [f.name, _styled(f.status), f"{f.desired}/{f.ready}", f"{f.cost_per_hour:.3f}"]
+        note = serving_note(f)
+        status = _styled(f.status) if not note else Text(f"{f.status}: {note}", style="yellow")
+        head = [f.name, status, f"{f.desired}/{f.ready}", f"{f.cost_per_hour:.3f}"]
         if not f.replicas:
             table.add_row(*head, "-", "-", "-", "-", "-")
         for i, r in enumerate(f.replicas):

@@ -121,6 +121,17 @@ def read_previous_state(name: str) -> FleetState | None:
     return None
 
 
+def serving_note(state: FleetState) -> str:
+    """What a running fleet serves, beside its status: "ready" alone read as serving while no replica could be
+    placed or none had started yet. Empty when every wanted replica serves."""
+    if state.status != "ready" or state.ready >= max(state.desired, 1):
+        return ""
+    if state.desired == 0:
+        return "scaled to zero: the next request wakes it"
+    serving = "no replica serving" if state.ready == 0 else f"{state.ready} of {state.desired} replicas serving"
+    return serving + ("; see error" if state.error else "")
+
+
 def mark_stale(state: FleetState) -> FleetState:
     """What `status` shows for a fleet whose supervisor vanished without writing its end: nothing is ready."""
     if pid_alive(state.supervisor_pid) or state.status in ("stopped", "failed"):

@@ -696,7 +696,8 @@ class Supervisor:
         # `status` says it (it showed a fleet crash-looping at zero as ready, the cause only in the logs)
         last = next((line.strip() for line in reversed((r.child.log_tail() if r.child else "").splitlines())
                      if line.strip()), "")
-        self.state.error = (f"replica {r.state.id} {why} (restart {r.state.restarts + 1}); "
+        # the count is the status table's `restarts` (it said "restart 2" beside a column that read 1)
+        self.state.error = (f"replica {r.state.id} {why} (restarts: {r.state.restarts}, the next in {delay:.0f}s); "
                             f"last log line: {last[:300] or '-'}")
 
     def _tend(self, r: Replica, mono: float, starting_up: bool) -> None:

@@ -85,6 +85,10 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if auto is not None and auto.enabled and spec.replicas > auto.max_replica_count:
         note("spec.replicas", f"{spec.replicas} is above autoscaling.maxReplicaCount ({auto.max_replica_count}): "
                               f"the fleet runs at most {auto.max_replica_count}")
+    if auto is not None and auto.enabled and "replicas" in spec.model_fields_set and \
+            spec.replicas < auto.min_replica_count:
+        note("spec.replicas", f"{spec.replicas} is below autoscaling.minReplicaCount ({auto.min_replica_count}): "
+                              f"the fleet starts at {auto.min_replica_count} and never runs fewer")
     if spec.placement.node_affinity:
         _affinity_notes(spec.placement.node_affinity, note)
     if spec.placement.instance_types:

@@ -394,8 +394,8 @@ class AutoscalingSection(SpecModel):
     """KEDA ScaledObject semantics, with KEDA's and HyperPod's defaults."""
 
     enabled: bool = True
-    min_replica_count: int = Field(default=1, ge=0)
-    max_replica_count: int = Field(default=5, ge=0)
+    min_replica_count: int = Field(default=1, ge=0, le=256)
+    max_replica_count: int = Field(default=5, ge=0, le=256, description="at most 256, as spec.replicas")
     polling_interval: float = Field(default=30, gt=0)
     cooldown_period: float = Field(default=300, ge=0)
     initial_cooldown_period: float = Field(default=300, ge=0)
