@@ -362,3 +362,31 @@ def test_a_replica_asks_for_the_memory_its_l1_tier_fills():
     # a memory limit below the L1 caps the request, as the rendered pod's (k8s/engine.memory_for_l1 warns)
     capped = SimpleNamespace(kind="vllm", gpus=1, resources={"limits": {"memory": "32Gi"}})
     assert replica_request(capped, kv_cache=l1).memory_gb == 32.0
+
+
+def test_the_l2_redis_price_is_booked_in_the_live_fleets_cost_as_in_the_simulators():
+    """kvCache.l2.pricePerHour was counted by simulate, verify and plan only: `status` of the same fleet showed the
+    nodes' cost alone. One ledger books it for both, from the fleet's start to its stop."""
+    from fleetserve.fleet.capacity import build_capacity
+    from fleetserve.spec.load import load_spec_text
+
+    text = """apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {name: l2cost}
+spec:
+  model: {source: /models/m}
+  capacity: {localPricePerHour: 1.0}
+  kvCache: {l2: {enabled: true, pricePerHour: 0.5}}
+"""
+    manager = build_capacity(load_spec_text(text).endpoint.spec, "team-a", 0.0)
+    assert manager.cost_per_hour() == pytest.approx(0.5)  # before any replica: the Redis runs
+    slot = manager.acquire("r0", now=0.0)
+    assert manager.cost_per_hour() == pytest.approx(1.5)
+    manager.release("r0", slot.node.id, 3600.0)
+    totals = manager.ledger.totals(3600.0)
+    assert totals["by_service"] == {"l2": pytest.approx(0.5)} and totals["total"] == pytest.approx(1.5)
+    manager.release_all(7200.0)
+    # the machine to its release at the stop (2 h, $2) and the Redis as long (2 h, $1); nothing after
+    assert manager.cost_per_hour() == 0 and manager.ledger.totals(9000.0)["total"] == pytest.approx(3.0)
+    off = build_capacity(load_spec_text(text.replace("enabled: true", "enabled: false")).endpoint.spec, "a", 0.0)
+    assert off.cost_per_hour() == 0 and off.ledger.totals(3600.0)["by_service"] == {}

@@ -1,7 +1,8 @@
 """Cost accounting: dollars per node, replica, namespace and model version, from node prices over time.
 
 A replica pays its node's price divided by the node's slots for as long as it runs there; slots nobody
-uses are booked as the node's idle cost (that is the money scale-down and consolidation can save).
+uses are booked as the node's idle cost (that is the money scale-down and consolidation can save). Services
+the fleet runs whatever its replicas do (the L2 Redis, `kvCache.l2.pricePerHour`) are booked apart, by name.
 """
 
 from __future__ import annotations
@@ -37,9 +38,24 @@ class _ReplicaRecord:
 
 
 @dataclass
+class _ServiceRecord:
+    price: float
+    span: _Span
+
+
+@dataclass
 class CostLedger:
     nodes: dict[str, _NodeRecord] = field(default_factory=dict)
     replicas: dict[str, list[_ReplicaRecord]] = field(default_factory=lambda: defaultdict(list))
+    services: dict[str, _ServiceRecord] = field(default_factory=dict)
+
+    def service_started(self, name: str, price: float, now: float) -> None:
+        self.services[name] = _ServiceRecord(price, _Span(now))
+
+    def service_stopped(self, name: str, now: float) -> None:
+        record = self.services.get(name)
+        if record and record.span.end is None:
+            record.span.end = now
 
     def node_started(self, node_id: str, price: float, slots: int, instance_type: str, capacity_type: str,
                      now: float) -> None:
@@ -66,8 +82,9 @@ class CostLedger:
         return {t: round(h, 6) for t, h in sorted(out.items())}
 
     def per_hour(self) -> float:
-        """What the running nodes cost per hour right now."""
-        return sum(n.price for n in self.nodes.values() if n.span.end is None)
+        """What the running nodes and services cost per hour right now."""
+        return sum(n.price for n in self.nodes.values() if n.span.end is None) + \
+            sum(s.price for s in self.services.values() if s.span.end is None)
 
     def totals(self, now: float) -> dict:
         by_node = {nid: round(n.price * n.span.hours(now), 6) for nid, n in self.nodes.items()}
@@ -86,10 +103,12 @@ class CostLedger:
                 by_version[r.model_version] += dollars
                 used[r.node_id] += dollars
         idle = {nid: round(total - used.get(nid, 0.0), 6) for nid, total in by_node.items()}
+        by_service = {name: round(s.price * s.span.hours(now), 6) for name, s in self.services.items()}
         return {
-            "total": round(sum(by_node.values()), 6),
+            "total": round(sum(by_node.values()) + sum(by_service.values()), 6),
             "per_hour": round(self.per_hour(), 6),
             "by_node": by_node,
+            "by_service": by_service,
             "idle_by_node": idle,
             "by_replica": {k: round(v, 6) for k, v in by_replica.items()},
             "by_namespace": {k: round(v, 6) for k, v in by_namespace.items()},

@@ -30,7 +30,19 @@ def local_slots(spec, at_least: int = 0) -> int:
 def capacity_manager(spec, catalog: Catalog, now: float, namespace: str, *, cloud: bool,
                      provisioning_delay: float | None = None, spot_interruption_rate: float | None = None,
                      seed_offset: int = 0, at_least_slots: int = 0) -> CapacityManager:
-    """Placement by the spec's tiers on a simulated cloud (`cloud`), else slots on the local machine."""
+    """Placement by the spec's tiers on a simulated cloud (`cloud`), else slots on the local machine; the L2
+    Redis's price (`kvCache.l2.pricePerHour`) is booked from `now`, as it runs whatever the replicas do."""
+    manager = _manager(spec, catalog, now, namespace, cloud=cloud, provisioning_delay=provisioning_delay,
+                       spot_interruption_rate=spot_interruption_rate, seed_offset=seed_offset,
+                       at_least_slots=at_least_slots)
+    l2 = spec.kv_cache.l2
+    if l2.enabled and l2.price_per_hour:
+        manager.ledger.service_started("l2", l2.price_per_hour, now)
+    return manager
+
+
+def _manager(spec, catalog: Catalog, now: float, namespace: str, *, cloud: bool, provisioning_delay: float | None,
+             spot_interruption_rate: float | None, seed_offset: int, at_least_slots: int) -> CapacityManager:
     cap = spec.capacity
     capacity_types = tuple(c for c in ("spot", "on-demand") if c in cap.capacity_types)
     consolidation = ConsolidationPolicy(

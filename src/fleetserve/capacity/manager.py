@@ -156,6 +156,8 @@ class CapacityManager:
         node and $/h in `status`)."""
         for node in list(self.provider.nodes()):
             self._delete(node.id, now, "fleet stopped: released node")
+        for name in self.ledger.services:
+            self.ledger.service_stopped(name, now)
 
     def nodes(self) -> list[Node]:
         return self.provider.nodes()

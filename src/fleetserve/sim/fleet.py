@@ -127,7 +127,6 @@ class SimFleet:
         self.l1_bytes = kv.l1.max_bytes if kv.l1.enabled else 0
         self.l2: BlockLRU | None = None
         self._l2_bytes = kv.l2.max_bytes if kv.l2.enabled else 0
-        self.l2_price = kv.l2.price_per_hour if kv.l2.enabled else 0.0  # Redis runs whatever the replicas do
         self.replicas: list[SimReplica] = []
         self._by_id: dict[str, SimReplica] = {}
         self._ids = 0
@@ -667,7 +666,7 @@ class SimFleet:
             t = n.offering.instance_type
             gpus += self.catalog.get(t).gpus if t != "local" else 0
         point = (self.sim.now - self.t0, sum(1 for r in reps if r.state in ROUTED), len(reps),
-                 len(nodes), self.capacity.cost_per_hour() + self.l2_price, gpus)
+                 len(nodes), self.capacity.cost_per_hour(), gpus)  # the L2 Redis's price too (ledger)
         if self.series and self.series[-1][0] == point[0]:
             self.series[-1] = point
         else:

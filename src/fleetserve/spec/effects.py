@@ -58,9 +58,6 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if (spec.placement.instance_types or spec.placement.node_affinity) and spec.capacity.provider == "local":
         note("spec.placement", "capacity.provider is 'local': this machine is the only node, instance types "
                                "apply to the simulated provider and to Kubernetes rendering")
-    if spec.kv_cache.l2.price_per_hour:
-        note("spec.kvCache.l2.pricePerHour", "counted by simulate, verify and plan only: the cost `fleetserve up` "
-                                             "shows and Kubernetes are the nodes'")
     cloud = spec.capacity.simulated
     if spec.capacity.provider == "simulated":
         from fleetserve.capacity.prices import sagemaker_pricing

@@ -483,8 +483,8 @@ class L2Section(SpecModel):
     max_bytes: int = Field(default=4 << 30, gt=0)
     tenant_urls: dict[str, str] = Field(default_factory=dict, description="hard isolation: a Redis per tenant")
     price_per_hour: float = Field(default=0, ge=0, description="$/hour of the Redis server (a managed cache, a node): "
-                                                               "simulate, verify and plan add it to the fleet's cost "
-                                                               "for the whole run; 0: not counted")
+                                                               "simulate, verify, plan and up add it to the fleet's "
+                                                               "cost for the whole run; 0: not counted")
 
     @field_validator("url")
     @classmethod
