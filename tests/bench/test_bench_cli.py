@@ -1,5 +1,6 @@
 import json
 import math
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -136,6 +137,27 @@ def test_a_peer_routers_python_that_cannot_run_it_is_exit_2_naming_the_flag(tmp_
     assert missing.returncode == 2 and flag in missing.stderr and "not an executable file" in missing.stderr
     without = fleetserve("bench", "router-overhead", flag, sys.executable, "--json", env=wide, timeout=120)
     assert without.returncode == 2 and f"cannot import {module}" in without.stderr, without.stderr
+
+
+def test_a_peer_python_by_name_on_path_is_found_and_its_environment_variable_checked(monkeypatch, tmp_path):
+    """`--sglang-python python3` was refused as "not an executable file", and a wrong FLEETSERVE_SGLANG_PYTHON was
+    not checked at all: the peer's row failed after minutes."""
+    import typer
+
+    from fleetserve.cli.app import _peer
+    from fleetserve.cli.checks import peer_python
+
+    name = os.path.basename(sys.executable)
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    assert peer_python(name, "json", "--sglang-python") == shutil.which(name)
+    monkeypatch.setenv("FLEETSERVE_SGLANG_PYTHON", str(tmp_path / "nope"))
+    with pytest.raises(typer.BadParameter) as bad:
+        _peer(None, "json", "--sglang-python", "FLEETSERVE_SGLANG_PYTHON")
+    assert bad.value.param_hint == "FLEETSERVE_SGLANG_PYTHON" and "not an executable file" in str(bad.value)
+    monkeypatch.setenv("FLEETSERVE_SGLANG_PYTHON", sys.executable)
+    assert _peer(None, "json", "--sglang-python", "FLEETSERVE_SGLANG_PYTHON") == sys.executable
+    monkeypatch.delenv("FLEETSERVE_SGLANG_PYTHON")
+    assert _peer(None, "json", "--sglang-python", "FLEETSERVE_SGLANG_PYTHON") is None
 
 
 def test_routing_targets_are_judged_where_the_ttft_floor_allows_them():

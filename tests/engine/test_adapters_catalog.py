@@ -100,6 +100,7 @@ def test_vllm_l2_only_sizes_lmcache_staging_and_the_url_gets_a_port():
     assert env["LMCACHE_REMOTE_URL"] == "redis://r:6379"
     assert lmcache_url("rediss://:p@h/0") == "rediss://:p@h:6379/0" and lmcache_url("h:7000") == "redis://h:7000"
     assert lmcache_url("redis://[::1]") == "redis://[::1]:6379" and lmcache_url("redis://[::1]:1") == "redis://[::1]:1"
+    assert lmcache_url("redis://h?ssl=1") == "redis://h:6379?ssl=1"  # the port went after the query
     with pytest.raises(SpecError, match=r"kvCache.l2.url.*not a unix socket"):
         load_spec_text(SPEC.format(kind="vllm").replace("redis://r:6379", "unix:///run/r.sock"))
 

@@ -308,7 +308,7 @@ def test_a_spot_notice_keeps_the_replica_serving_until_its_replacement_is_ready_
         sup._capacity_events(mono())  # the node's "ready"
         sup.capacity.provider.interrupt(old.node_id, wall())
         sup._capacity_events(mono())
-        assert old.state.state == Phase.MOVING and any("moving 1 replica" in m for m in said)
+        assert old.state.state == Phase.MOVING and any("moving 1 serving replica(s)" in m for m in said)
         assert any(f"spot interruption notice: node {old.node_id} terminates in 120s" in m for m in sup.capacity.log)
         sup._scale_to(1, mono())
         new = sup.replicas[1]
@@ -350,5 +350,35 @@ def test_a_noticed_replica_drains_as_soon_as_its_replacement_is_ready(tmp_path):
         new.state.state, new.child = Phase.READY, ReadyChild()
         sup._scale_to(1, mono())
         assert old.state.state == Phase.DRAINING and new.state.state == Phase.READY
+    finally:
+        sup._http.close()
+
+
+def test_a_moving_replica_that_crashes_is_not_restarted_on_the_node_that_goes(tmp_path):
+    """It restarted in place, counted as active again, its replacement was scaled away as the least useful
+    replica, and it served on the noticed node until the node was terminated under it."""
+    spec = SPOT_SPEC.replace("provisioningDelaySeconds: 0", "provisioningDelaySeconds: 90")
+    path = tmp_path / "e.yaml"
+    path.write_text(spec)
+    wall = ManualClock(datetime.fromisoformat("2026-01-05T10:00:00+00:00").timestamp())
+    mono = ManualClock(100.0)
+    said: list[str] = []
+    sup = Supervisor(load_spec_text(spec), str(path), say=said.append, clock=wall, monotonic=mono)
+    try:
+        assert sup._launch(mono())
+        wall.advance(90)
+        mono.advance(90)
+        sup._capacity_events(mono())
+        old = sup.replicas[0]
+        old.state.state, old.child = Phase.READY, StoppingChild()
+        sup.capacity.provider.interrupt(old.node_id, wall())
+        sup._capacity_events(mono())
+        sup._scale_to(1, mono())
+        assert old.state.state == Phase.MOVING and len(sup.replicas) == 2
+        old.child = ExitedChild()
+        sup._tend(old, mono(), starting_up=False)  # it crashes while its replacement's node provisions
+        sup._scale_to(1, mono())
+        assert [(r.state.id, r.state.state) for r in sup.replicas] == [("r1", Phase.PENDING)]
+        assert any("not restarted there" in m for m in said)
     finally:
         sup._http.close()

@@ -315,6 +315,30 @@ def test_a_request_whose_only_replica_died_under_it_waits_for_one_to_come_back(d
     assert waited == pytest.approx(5.0, abs=0.6)
 
 
+def test_the_wait_for_a_replica_that_died_is_left_out_of_the_served_ttft():
+    """The second wait's seconds were dropped: a streamed request that waited 5 s for its restarted replica
+    counted 5,000 ms in the ttft_p95 scaling signal, which scaled the fleet up after every crash."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        gw, up = gateway({A: [Unreachable("refused"), FakeResponse(200, [b"data: x\n\n"], length=False)]},
+                         clock=loop.time, buffer_timeout=600.0)
+        backend = gw.pool.backends["10.0.0.1:8000"]
+
+        def back():
+            backend.healthy = True
+            gw.pool._signal()
+
+        loop.call_later(5.0, back)
+        out = Recorder()
+        started = loop.time()
+        await gw.handle(chat(stream=True), out)
+        return out, gw, loop.time() - started
+
+    out, gw, took = run_virtual(main())
+    assert out.status == 200 and took == pytest.approx(5.0, abs=0.6)
+    assert [ms for _, ms in gw._ttfb] and all(ms < 1000 for _, ms in gw._ttfb), gw._ttfb
+
+
 def test_a_request_held_after_its_replica_died_is_refused_when_none_comes_back():
     async def main():
         gw, up = gateway({A: [Unreachable("refused")]}, buffer_timeout=30.0)

@@ -317,7 +317,7 @@ def test_engine_args_may_not_set_the_flags_the_adapters_set():
     for args, flag in ((["--port", "9000"], "--port"), (["--port=9000"], "--port"), (["--host", "::"], "--host")):
         spec = f"  replicas: 2\n  engine: {{kind: vllm, args: {args}}}"
         (msg,) = problems(GOOD.replace("  replicas: 2", spec))
-        assert f"engine.args sets {flag}" in msg, msg
+        assert f"spec.engine.args: sets {flag}" in msg, msg
     engine = "  engine: {kind: vllm, args: [--max-model-len, '4096'], port: 9000}"
     ok = GOOD.replace("  replicas: 2", "  replicas: 2\n" + engine)
     assert load_spec_text(ok).endpoint.spec.engine.port == 9000
@@ -332,7 +332,7 @@ def test_engine_args_may_not_set_the_flags_the_adapters_set():
             ("sglang", ["--served-model-name", "zz"], "--served-model-name", "use spec.model.name")):
         spec = f"  replicas: 2\n  engine: {{kind: {kind}, args: {args}}}"
         (msg,) = problems(GOOD.replace("  replicas: 2", spec))
-        assert f"engine.args sets {flag}" in msg and says in msg, msg
+        assert f"spec.engine.args: sets {flag}" in msg and says in msg, msg
     spec = "  replicas: 2\n  engine: {kind: vllm, args: [--dtype, float16]}"
     (msg,) = problems(GOOD.replace("  replicas: 2", spec).replace("model: {", "model: {dtype: bfloat16, "))
     assert "--dtype float16 disagrees with model.dtype bfloat16" in msg, msg

@@ -10,8 +10,11 @@ Shared by the local fleet supervisor and the simulator.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 STATE_RANK = {"pending": 0, "restarting": 1, "starting": 2, "moving": 3, "ready": 4}
 
@@ -39,3 +42,12 @@ def spot_drain_due(interrupt_at: float, now: float, drain_timeout: float) -> boo
     timeout as long as the notice (120 s, the default) drains it at the notice; a shorter one keeps it serving
     the rest, where draining at the notice left a fleet of one without a ready replica for the whole cold start."""
     return now >= interrupt_at - drain_timeout
+
+
+def moves_to_finish(moving: Sequence[T], node_of: Callable[[T], str], going: Collection[str], ready: int,
+                    desired: int) -> list[T]:
+    """The moving replicas whose replacements are ready (make-before-break), those on a node with a spot notice
+    first: a consolidation can wait, the notice cannot (in list order, a consolidated one left while a noticed one
+    served on until its deadline)."""
+    first = sorted(moving, key=lambda r: node_of(r) not in going)
+    return first[:max(0, ready + len(moving) - desired)]

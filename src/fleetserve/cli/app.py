@@ -231,6 +231,14 @@ def status(
         out.print(_hidden_note(hidden).strip(), markup=False)
 
 
+def _peer(given: str | None, module: str, flag: str, variable: str) -> str | None:
+    """A peer router's Python from its flag, else from its environment variable, checked alike (a wrong path in
+    the variable still failed the peer's row after minutes)."""
+    if given is not None:
+        return peer_python(given, module, flag)
+    return peer_python(os.environ.get(variable) or None, module, variable)
+
+
 def _hidden_note(hidden: int) -> str:
     if not hidden:
         return ""
@@ -852,7 +860,8 @@ def bench_routing(
         result = run(trace, replicas, names, limit or 600, duration, cache_fraction=cache_fraction,
                      target_utilization=target_utilization, profile_name=profile,
                      max_output=max_output or 256, progress=None if as_json else _say, prompt_format=prompt_format,
-                     sglang_python=find_sglang_python(peer_python(sglang_python, "sglang_router", "--sglang-python")))
+                     sglang_python=find_sglang_python(_peer(sglang_python, "sglang_router", "--sglang-python",
+                                                            "FLEETSERVE_SGLANG_PYTHON")))
     except (TraceError, ValueError) as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
     for warning in result["warnings"]:
@@ -875,8 +884,8 @@ def bench_router_overhead(
     from fleetserve.bench.wrkbench import WrkMissing
 
     names = _bench_configs(configs, NAMES, "--configs")
-    sglang_python = peer_python(sglang_python, "sglang_router", "--sglang-python")
-    vllm_python = peer_python(vllm_python, "vllm_router", "--vllm-python")
+    sglang_python = _peer(sglang_python, "sglang_router", "--sglang-python", "FLEETSERVE_SGLANG_PYTHON")
+    vllm_python = _peer(vllm_python, "vllm_router", "--vllm-python", "FLEETSERVE_VLLM_ROUTER_PYTHON")
     try:
         result = run(seconds, names, sglang_python, progress=None if as_json else _say, vllm_python=vllm_python)
     except WrkMissing as exc:

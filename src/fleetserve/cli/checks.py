@@ -42,12 +42,15 @@ def _bounded(low: float | None, high: float | None) -> Callable[[str], float]:
 
 
 def peer_python(path: str | None, module: str, flag: str) -> str | None:
-    """A Python a bench runs a peer router with (`--sglang-python`): an executable file that imports `module`,
-    else exit 2 naming the flag (a wrong path was a row reading "failed: ... No such file" after minutes)."""
+    """A Python a bench runs a peer router with (`--sglang-python`, or the environment variable named as `flag`):
+    an executable file, or a name on PATH (`python3.11`), that imports `module`, else exit 2 naming the flag (a
+    wrong path was a row reading "failed: ... No such file" after minutes)."""
     if path is None:
         return None
+    import shutil
     import subprocess
 
+    path = path if "/" in path else shutil.which(path) or path
     if not Path(path).is_file() or not os.access(path, os.X_OK):
         raise typer.BadParameter(f"{path} is not an executable file", param_hint=flag)
     try:

@@ -64,13 +64,14 @@ def sglang_hicache_gb(spec) -> int:
 
 def lmcache_url(url: str) -> str:
     """LMCache's remote URL: redis:// or rediss:// with a port (its parser asserts one; Redis's default here)."""
+    from urllib.parse import urlsplit, urlunsplit
+
     url = url if url.startswith(("redis://", "rediss://")) else f"redis://{url}"
-    scheme, rest = url.split("://", 1)
-    host, slash, tail = rest.partition("/")
-    hostport = host.rsplit("@", 1)[-1]
+    parts = urlsplit(url)  # the host ends at the first / ? or # (redis://h?ssl=1 became redis://h?ssl=1:6379)
+    hostport = parts.netloc.rsplit("@", 1)[-1]
     if ":" not in hostport.rsplit("]", 1)[-1]:  # after an IPv6 literal's bracket, or in a name
-        host += ":6379"
-    return f"{scheme}://{host}{slash}{tail}"
+        parts = parts._replace(netloc=parts.netloc + ":6379")
+    return urlunsplit(parts)
 
 
 def vllm_launch(spec, model_path: str, port: int, host: str = "0.0.0.0", l2_url: str | None = None) -> EngineLaunch:

@@ -36,7 +36,7 @@ from fleetserve.api.internal import router_trust_args, write_token_file
 from fleetserve.api.limits import engine_body_limit, engine_header_limit
 from fleetserve.autoscale.controller import Controller
 from fleetserve.autoscale.policy import ScaleDecision, ScalingPolicy, ScalingState
-from fleetserve.autoscale.scaledown import Candidate, spot_drain_due, victims
+from fleetserve.autoscale.scaledown import Candidate, moves_to_finish, spot_drain_due, victims
 from fleetserve.capacity.placement import InsufficientCapacity
 from fleetserve.capacity.utilization import load_ratio, target_per_replica
 from fleetserve.clock import Clock
@@ -670,6 +670,13 @@ class Supervisor:
         r.state.pid = r.child.pid
 
     def _crashed(self, r: Replica, code: int | None, mono: float, why: str, starting_up: bool) -> None:
+        if r.node_id in self._interrupting() and not starting_up:
+            # its node goes: restarted there, it counted as active again, its replacement was scaled away, and
+            # it served until the node was terminated under it
+            self.say(f"replica {r.state.id} {why} on node {r.node_id}, which has a spot interruption notice; "
+                     "not restarted there (its replacement starts elsewhere)")
+            self._remove(r)
+            return
         if code is not None and r.port_moves < MAX_PORT_MOVES and r.child is not None \
                 and PORT_TAKEN in r.child.log_tail(this_run=True).lower():  # not an earlier run's line
             # another process bound the free port between its choice and the engine's bind (a busy machine):
@@ -779,7 +786,7 @@ class Supervisor:
                 self._drain(by_id[c.id], mono)
         moving = [r for r in self.replicas if r.state.state == Phase.MOVING]
         ready = sum(1 for r in self.replicas if r.state.state == Phase.READY)
-        for r in moving[: max(0, ready + len(moving) - desired)]:
+        for r in moves_to_finish(moving, lambda r: r.node_id, self._interrupting(), ready, desired):
             self._drain(r, mono)  # its replacement is ready: make-before-break
 
     def _apply_consolidation(self, removals) -> None:
@@ -819,7 +826,9 @@ class Supervisor:
         for event in self.capacity.poll(self.clock()):
             on_node = [r for r in self.replicas if r.node_id == event.node_id]
             if event.kind == "interruption-notice":  # make-before-break: the ready ones move (scaledown.py)
-                self.say(f"spot interruption notice for node {event.node_id}: moving {len(on_node)} replica(s)")
+                serving = sum(1 for r in on_node if r.state.state in (Phase.READY, Phase.MOVING))
+                self.say(f"spot interruption notice for node {event.node_id}: moving {serving} serving replica(s), "
+                         f"stopping {len(on_node) - serving} not serving yet")
                 for r in on_node:
                     if r.state.state == Phase.READY:
                         r.state.state = advance(r.state.state, Phase.MOVING)

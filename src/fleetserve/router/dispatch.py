@@ -35,7 +35,8 @@ MAX_DROPS = 2  # replicas that may close the connection under one request before
 class Attempt:
     """An answer whose first body bytes arrived; owns the replica's in-flight slot until `release`."""
 
-    __slots__ = ("backend", "response", "first", "choice", "tries", "_book", "_freed", "_released", "_ended")
+    __slots__ = ("backend", "response", "first", "choice", "tries", "held", "_book", "_freed", "_released",
+                 "_ended")
 
     def __init__(self, backend: Backend, response: UpstreamResponse, first: bytes, choice: Choice, tries: int,
                  book, freed, ended=None):
@@ -44,6 +45,7 @@ class Attempt:
         self.first = first
         self.choice = choice
         self.tries = tries  # replicas tried, this one included
+        self.held = 0.0  # seconds it waited in the scale-from-zero buffer while dispatched (replicas died under it)
         self._book = book
         self._freed = freed
         self._ended = ended  # the model metrics' end of this invocation (router/model_metrics.py), if counted
@@ -80,13 +82,17 @@ class Dispatcher:
         attempt was counted already (by the engine, or `ModelMetrics.failed`), and counting the final refusal
         too read one timed-out request as two invocations and two errors."""
         tried = [False]  # per request: one Dispatcher serves every request of the gateway
+        waited = [0.0]  # seconds held for a replica to come back: a cold start, not the served TTFT
         try:
-            return await self._dispatch(out, route, tried)
+            attempt = await self._dispatch(out, route, tried, waited)
+            attempt.held = waited[0]
+            return attempt
         except (APIError, Refused) as err:
             err.after_attempts = tried[0]
             raise
 
-    async def _dispatch(self, out: Outgoing, route: RouteRequest, tried: list[bool], held: bool = False) -> Attempt:
+    async def _dispatch(self, out: Outgoing, route: RouteRequest, tried: list[bool], waited: list[float],
+                        held: bool = False) -> Attempt:
         """`held`: the request already waited once for a replica to come back (it waits at most once)."""
         gw = self.gw
         settings = gw.settings
@@ -102,7 +108,7 @@ class Dispatcher:
             choice = gw.policy.choose(route, gw.snapshot())
             if (choice is None and not excluded and gw.gate.settings.max_concurrent_per_replica
                     and gw.pool.healthy()):
-                await gw.gate.admit()  # another request took the slot we waited for: wait again
+                waited[0] += await gw.gate.admit()  # another request took the slot we waited for: wait again
                 choice = gw.policy.choose(route, gw.snapshot())
             if choice is None:
                 break
@@ -140,8 +146,8 @@ class Dispatcher:
             if failures and not held and all(f in UNDELIVERED for f in failures):
                 # the replicas it went to died under it (a crash took every one) before any answer began: it
                 # waits for one to come back, bounded as a request held at zero is, not a 503 at once
-                await gw.gate.admit()
-                return await self._dispatch(out, _excluding(route, frozenset()), tried, held=True)
+                waited[0] += await gw.gate.admit()
+                return await self._dispatch(out, _excluding(route, frozenset()), tried, waited, held=True)
             raise APIError(503, "no healthy model replica is available; retry shortly", code="no_replica",
                            headers={"Retry-After": "2"})
         if failures and len(set(failures)) == 1 and failures[0].startswith("status_"):

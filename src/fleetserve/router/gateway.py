@@ -252,7 +252,8 @@ class Gateway:
             raise
         status = attempt.response.status
         ttfb_ms = (self.clock() - started) * 1000
-        served_ms = max(0.0, ttfb_ms - held * 1000)  # less a cold start: the scaling signal (ttft_p95)
+        # less a cold start (held before dispatch, or again when its replicas died): the scaling signal (ttft_p95)
+        served_ms = max(0.0, ttfb_ms - (held + attempt.held) * 1000)
         self.metrics.ttfb_ms.observe(ttfb_ms)
         if status == 200 and body.get("stream") is True:
             # a first token the client saw: the scaling signal (ttft_p95). A non-streamed answer's first byte is its

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from fleetserve.autoscale.controller import Controller
 from fleetserve.autoscale.policy import ScalingState
-from fleetserve.autoscale.scaledown import Candidate, spot_drain_due, victims
+from fleetserve.autoscale.scaledown import Candidate, moves_to_finish, spot_drain_due, victims
 from fleetserve.capacity.placement import InsufficientCapacity
 from fleetserve.capacity.utilization import load_ratio, target_per_replica
 from fleetserve.router.admission import BUFFER, GO, AdmissionSettings, Rejection, admit, buffer_timeout, overflow
@@ -642,7 +642,8 @@ class SimFleet:
                 self._drain(self._by_id[c.id])
         moving = [r for r in self.replicas if r.state == "moving"]
         ready = sum(1 for r in self.replicas if r.state == "ready")
-        for r in moving[: max(0, ready + len(moving) - desired)]:
+        going = {n.id for n in self.capacity.nodes() if n.interrupt_at is not None}
+        for r in moves_to_finish(moving, lambda r: r.node_id, going, ready, desired):
             self._drain(r)  # its replacement is ready: make-before-break
 
     def _node_ready(self, rep: SimReplica) -> bool:

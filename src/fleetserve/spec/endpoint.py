@@ -239,14 +239,14 @@ class EngineSection(SpecModel):
         for arg in self.args:
             flag = str(arg).split("=", 1)[0]
             if flag in OWNED_ENGINE_FLAGS:
-                raise ValueError(f"engine.args sets {flag}, which fleetserve sets itself: "
+                raise ValueError(f"engine.args: sets {flag}, which fleetserve sets itself: "
                                  f"{OWNED_ENGINE_FLAGS[flag]}")
         from fleetserve.spec.context import flag_in_args
 
         for flag in TENSOR_FLAGS:
             found = flag_in_args(self.args, flag)
             if found and found[1] != str(max(self.gpus, 1)):
-                raise ValueError(f"engine.args sets {flag} {found[1]}, but the replica has engine.gpus "
+                raise ValueError(f"engine.args: sets {flag} {found[1]}, but the replica has engine.gpus "
                                  f"({self.gpus}) and fleetserve runs tensor parallelism over them: use engine.gpus")
         return self
 
@@ -266,11 +266,11 @@ class EngineSection(SpecModel):
         """kind container runs an OpenAI-compatible server image as given (TGI, DJL-LMI, one's own): the image is
         the server, so it must be named; the invocation path is where it serves generation."""
         if self.kind == "container" and not self.image:
-            raise ValueError("engine.kind 'container' runs engine.image as given: name the image (an "
-                             "OpenAI-compatible server: TGI, DJL-LMI, one's own)")
+            raise ValueError("engine.image: required with engine.kind 'container', which runs the image as given "
+                             "(an OpenAI-compatible server: TGI, DJL-LMI, one's own)")
         if self.invocation_path is not None:
             if self.kind not in ("container", "external"):
-                raise ValueError(f"engine.invocationPath is for engine.kind 'container' or 'external' (servers "
+                raise ValueError(f"engine.invocationPath: for engine.kind 'container' or 'external' (servers "
                                  f"that may not serve the OpenAI paths), not {self.kind!r}")
             problem = invocation_path_problem(self.invocation_path)
             if problem:
@@ -280,12 +280,12 @@ class EngineSection(SpecModel):
     @model_validator(mode="after")
     def _external_needs_urls(self) -> EngineSection:
         if self.kind == "external" and not self.urls:
-            raise ValueError("engine.kind 'external' needs engine.urls (one URL per backend)")
+            raise ValueError("engine.urls: required with engine.kind 'external' (one URL per backend)")
         if self.kind != "external" and self.urls:
-            raise ValueError(f"engine.urls is only for engine.kind 'external', not {self.kind!r}")
+            raise ValueError(f"engine.urls: only for engine.kind 'external', not {self.kind!r}")
         for url in self.urls:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"engine.urls entry {url!r} must start with http:// or https://")
+                raise ValueError(f"engine.urls: entry {url!r} must start with http:// or https://")
         return self
 
 
@@ -859,7 +859,7 @@ class Endpoint(SpecModel):
             raise ValueError(f"spec.engine.args: {SERVED_NAME_FLAG} is last, without a value; the model is served as "
                              f"{self.served_model_name!r} (spec.model.name, else metadata.name): leave the flag out")
         if found and found[1] != self.served_model_name:
-            raise ValueError(f"spec.engine.args sets {SERVED_NAME_FLAG} {found[1]}, but the router and the metrics "
+            raise ValueError(f"spec.engine.args: sets {SERVED_NAME_FLAG} {found[1]}, but the router and the metrics "
                              f"serve the model as {self.served_model_name!r} (spec.model.name, else metadata.name): "
                              "use spec.model.name")
         return self

@@ -81,13 +81,21 @@ _INNER_PATH = re.compile(r"^([A-Za-z][A-Za-z0-9]*)((?:\[\d+\]|\.[A-Za-z][A-Za-z0
 def _named_inside(root: type[BaseModel], at: tuple, loc: tuple, msg: str) -> tuple[tuple, str]:
     """A section's check that names a field inside it ("schedules[0].end: ...") is reported at that field's path
     (spec.autoscaling.schedules[0].end), when the name's first part is a field of the section."""
-    found = _INNER_PATH.match(msg)
     model = _model_at(root, at)
-    if not found or model is None:
+    if model is None:
+        return loc, msg
+
+    def field_of_section(text: str):
+        found = _INNER_PATH.match(text)
+        return found if found and any(found[1] in (name, f.alias) for name, f in model.model_fields.items()) else None
+
+    section = f"{at[-1]}." if at and isinstance(at[-1], str) else ""
+    found = field_of_section(msg)
+    if found is None and section and msg.startswith(section):  # "engine.image: ..." from the engine section
+        found = field_of_section(msg[len(section):])
+    if found is None:
         return loc, msg
     first = found[1]
-    if not any(first in (name, f.alias) for name, f in model.model_fields.items()):
-        return loc, msg
     inner: list[str | int] = [first]
     for part in re.findall(r"\[(\d+)\]|\.([A-Za-z][A-Za-z0-9]*)", found[2]):
         inner.append(int(part[0]) if part[0] else part[1])
