@@ -421,3 +421,17 @@ def test_an_upper_case_redis_scheme_still_validates():  # redis-py lower-cases i
 
 def test_a_redis_password_with_a_slash_is_no_bad_port():  # the credentials end at the last @, as redis-py's reader
     load_spec_text(GOOD + "  kvCache: {l2: {enabled: true, url: 'redis://:ab/cd@redis.example.com:6379/0'}}\n")
+
+
+def test_a_spot_fleet_of_one_with_a_drain_as_long_as_the_notice_is_told_what_a_notice_does():
+    """A spot notice drains a replica at once when drainTimeoutSeconds takes the whole 120 s notice: a fleet of one
+    holds every request for the replacement's cold start. Said, with what keeps it serving."""
+    spot = ("  placement: {instanceTypes: [ml.g5.xlarge]}\n"
+            "  capacity: {provider: simulated, capacityTypes: [spot]}\n")
+    one = GOOD.replace("  replicas: 2", "  replicas: 1\n" + spot)
+    warned = {w.path: w.message for w in load_spec_text(one).warnings}
+    assert "drains at its node's interruption notice" in warned["spec.engine.drainTimeoutSeconds"]
+    shorter = one.replace("  replicas: 1\n", "  replicas: 1\n  engine: {drainTimeoutSeconds: 30}\n")
+    assert "spec.engine.drainTimeoutSeconds" not in {w.path for w in load_spec_text(shorter).warnings}
+    two = GOOD.replace("  replicas: 2", "  replicas: 2\n" + spot)
+    assert "spec.engine.drainTimeoutSeconds" not in {w.path for w in load_spec_text(two).warnings}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from fleetserve.capacity.providers import SPOT_NOTICE_SECONDS
 from fleetserve.spec.endpoint import Endpoint
 from fleetserve.spec.errors import SpecProblem
 
@@ -67,6 +68,15 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         if cloud.spot_interruption_rate_per_hour and "spot" not in spec.capacity.capacity_types:
             note("spec.capacity.simulated.spotInterruptionRatePerHour",
                  f"{cloud.spot_interruption_rate_per_hour:g}/h has no effect: capacity.capacityTypes has no spot")
+        fewest = (spec.autoscaling.min_replica_count if spec.autoscaling is not None and spec.autoscaling.enabled
+                  else spec.replicas)
+        if "spot" in spec.capacity.capacity_types and fewest <= 1 and \
+                spec.engine.drain_timeout_seconds >= SPOT_NOTICE_SECONDS:
+            note("spec.engine.drainTimeoutSeconds",
+                 f"{spec.engine.drain_timeout_seconds:g} s on spot capacity with {fewest} replica(s) at the fewest: "
+                 f"a replica drains at its node's interruption notice ({SPOT_NOTICE_SECONDS:.0f} s), so requests "
+                 "wait for its replacement's cold start; under the notice, it serves on until its replacement is "
+                 "ready or that long before the node goes")
         placed = {t.removeprefix("ml.") for t in spec.placement.instance_types}
         named = [(f"spec.capacity.simulated.limits.{n}", n) for n in cloud.limits]
         named += [(f"spec.capacity.simulated.shortages[{i}].instanceType", s.instance_type)
