@@ -160,7 +160,7 @@ def _governing_service(ctx: Context, service: str, tenant: str | None) -> dict:
 
 def redis_objects(ctx: Context, warn) -> list[dict]:
     kind = ctx.endpoint.spec.engine.kind
-    if ctx.endpoint.spec.kv_cache.l2.enabled and kind not in L2_ENGINES:
+    if ctx.endpoint.spec.kv_cache.l2.enabled and kind not in (*L2_ENGINES, "container"):  # container: spec.kvCache
         warn("spec.kvCache.l2", f"{kind} engines are not wired to a Redis L2 (built-in and vLLM through LMCache "
                                 "are): no Redis is rendered and the engines keep L1 only")
     out: list[dict] = []
