@@ -276,6 +276,9 @@ def test_live_routing_bench_keys_a_prompt_log_as_its_engines_do(tmp_path):
     for flag, value in (("--time-scale", "2"), ("--modes", "blind"), ("--sweep", "0.7"), ("--seed", "3")):
         result = fleetserve("bench", "routing", "--live", "--trace", str(log), flag, value)
         assert result.returncode == 2 and flag in result.stderr, flag  # each was ignored
+    for flag, value in (("--duration", "30"), ("--prompt-format", "text"), ("--sglang-python", sys.executable)):
+        result = fleetserve("bench", "routing", "--trace", str(log), flag, value)  # the reverse: --live's own
+        assert result.returncode == 2 and flag in result.stderr and "applies to --live only" in result.stderr, flag
 
 
 def test_a_completion_longer_than_the_bench_models_context_is_cut_and_said(tmp_path):

@@ -242,6 +242,13 @@ def test_this_machine_is_released_at_zero_as_before_the_first_replica():
     assert manager.nodes() == [] and manager.cost_per_hour() == 0.0
     assert manager.ledger.totals(now=3600.0)["total"] == pytest.approx(3.6 * 40 / 3600)
     assert manager.acquire("r2", 50.0).node.id == "local"  # woken: the machine is taken again
+    # both stints count (the second took the first's place in the ledger: node_hours_by_type read 2 minutes of a
+    # 2-hour run, and the cost total lost the earlier hours)
+    manager.release("r2", "local", 50.0 + 3600)
+    totals = manager.ledger.totals(now=3650.0)
+    assert totals["total"] == pytest.approx(3.6 * (40 + 3600) / 3600)
+    assert totals["by_node"] == {"local": pytest.approx(3.6 * (40 + 3600) / 3600)}
+    assert manager.ledger.hours_by_instance_type(3650.0) == {"local": pytest.approx((40 + 3600) / 3600)}
 
 
 def test_underutilized_node_is_cordoned_emptied_by_moves_then_deleted():

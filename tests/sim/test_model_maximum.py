@@ -73,3 +73,17 @@ def test_a_candidate_type_no_node_of_its_gpu_can_take_is_named_not_dropped():
     assert "ml.g6.xlarge" in planner.unfit and "no L4 type takes the replica" in planner.unfit["ml.g6.xlarge"]
     assert "ml.g6.xlarge" not in planner.types
     assert "ml.g6.xlarge: not a candidate, no L4 type takes the replica" in _types(planner)  # what the why lists
+
+
+def test_max_trials_bounds_the_search_when_the_context_is_raised_too():
+    """A raised context ran one more probe past --max-trials 2: "no candidate passed verify in 3 simulations"."""
+    from fleetserve.sim.plan import Planner
+    from fleetserve.traces.model import TraceRequest
+    from tests.sim.test_golden import spec
+
+    trace = [TraceRequest(i * 2.0, 20_000 if i % 5 == 0 else 800, 50) for i in range(30)]
+    for most in (2, 3):
+        planner = Planner(spec("hyperpod.yaml"), trace, SimOptions(), max_trials=most)
+        planner.plan()
+        assert planner.context["to"] > planner.context["from"]  # what the check is about happened
+        assert planner.trials <= most, (most, [t.label for t in planner.history])

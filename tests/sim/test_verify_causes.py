@@ -102,6 +102,19 @@ def test_a_trace_of_one_instant_is_judged_on_the_run_with_its_money_not_on_a_win
         assert abs(section["cost_per_hour_usd"] - report["cost_usd"] / (end / 3600)) < 0.01
 
 
+def test_a_one_window_trace_is_judged_alike_on_either_side_of_half_a_window():
+    """149 s of arrivals were judged with their drain (window [0, 235.6], $8.55/h) and 151 s without it
+    ([0, 151], $7.85/h): one rule on both sides of half a window now."""
+    ends = {}
+    for span in (149, 151):
+        trace = [TraceRequest(float(i), 3000, 300, (i,)) for i in range(span + 1)]
+        report = verify(gpu_endpoint(minimum=1), trace, SimOptions(), {"ttft_p95_ms": 600000}).result.report
+        (window,) = report["peak"]["windows"]
+        ends[span] = (window[1], report["duration_s"], report["peak"]["cost_per_hour_usd"])
+        assert window[1] == min(report["duration_s"], 300.0) > span, (span, window, report["duration_s"])
+    assert abs(ends[149][2] - ends[151][2]) < 0.05 * ends[149][2], ends
+
+
 def test_a_trace_of_one_request_is_judged_on_the_time_until_its_answer():
     report = verify(gpu_endpoint(minimum=1), [TraceRequest(0.0, 500, 100, (1,))], SimOptions(),
                     {"ttft_p95_ms": 600000}).result.report

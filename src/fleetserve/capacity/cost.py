@@ -48,6 +48,7 @@ class CostLedger:
     nodes: dict[str, _NodeRecord] = field(default_factory=dict)
     replicas: dict[str, list[_ReplicaRecord]] = field(default_factory=lambda: defaultdict(list))
     services: dict[str, _ServiceRecord] = field(default_factory=dict)
+    past_nodes: list[tuple[str, _NodeRecord]] = field(default_factory=list)  # earlier runs of a node id reused
 
     def service_started(self, name: str, price: float, now: float) -> None:
         self.services[name] = _ServiceRecord(price, _Span(now))
@@ -59,6 +60,9 @@ class CostLedger:
 
     def node_started(self, node_id: str, price: float, slots: int, instance_type: str, capacity_type: str,
                      now: float) -> None:
+        earlier = self.nodes.get(node_id)
+        if earlier is not None:  # the local machine, taken again after a release at zero: its earlier hours count
+            self.past_nodes.append((node_id, earlier))
         self.nodes[node_id] = _NodeRecord(price, slots, instance_type, capacity_type, _Span(now))
 
     def node_stopped(self, node_id: str, now: float) -> None:
@@ -77,9 +81,12 @@ class CostLedger:
     def hours_by_instance_type(self, now: float) -> dict[str, float]:
         """Node-hours per instance type: where the replicas really ran (a fallback, when the first was short)."""
         out: dict[str, float] = defaultdict(float)
-        for n in self.nodes.values():
+        for _, n in self._all_nodes():
             out[n.instance_type] += n.span.hours(now)
         return {t: round(h, 6) for t, h in sorted(out.items())}
+
+    def _all_nodes(self) -> list[tuple[str, _NodeRecord]]:
+        return [*self.past_nodes, *self.nodes.items()]
 
     def per_hour(self) -> float:
         """What the running nodes and services cost per hour right now."""
@@ -87,7 +94,10 @@ class CostLedger:
             sum(s.price for s in self.services.values() if s.span.end is None)
 
     def totals(self, now: float) -> dict:
-        by_node = {nid: round(n.price * n.span.hours(now), 6) for nid, n in self.nodes.items()}
+        by_node: dict[str, float] = defaultdict(float)
+        for nid, n in self._all_nodes():
+            by_node[nid] += n.price * n.span.hours(now)
+        by_node = {nid: round(dollars, 6) for nid, dollars in by_node.items()}
         by_replica: dict[str, float] = defaultdict(float)
         by_namespace: dict[str, float] = defaultdict(float)
         by_version: dict[str, float] = defaultdict(float)

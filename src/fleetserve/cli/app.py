@@ -809,6 +809,12 @@ def bench_routing(
         from fleetserve.bench.routing_sim import run as run_sim
         from fleetserve.sim.profiles import ProfileError
 
+        for flag, given, default in (("--duration", duration, 60), ("--prompt-format", prompt_format, "tokens"),
+                                     ("--sglang-python", sglang_python, None)):
+            if given != default:  # they were accepted and did nothing (the reverse is refused too)
+                raise typer.BadParameter("applies to --live only (the real-time bench): the simulator bench runs the "
+                                         "whole trace in simulated time, keyed by its token ids", param_hint=flag)
+
         mode_names = tuple(m.strip() for m in modes.split(",") if m.strip())
         bad_modes = [m for m in mode_names if m not in KNOWLEDGE_MODES]
         if bad_modes or not mode_names:

@@ -121,9 +121,9 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
                                      param_hint="--start") from None
         if not 1970 <= moment.year <= 9000:  # cron floors and budgets compute the days around the trace
             raise typer.BadParameter(f"{start!r}: the year must be within 1970..9000", param_hint="--start")
-        if moment.tzinfo is None:  # UTC, as an Azure stamp without an offset: never the machine's own zone (the
-            # same command gave $3.62 under TZ=UTC and $2.66 under Asia/Seoul)
-            start = moment.replace(tzinfo=UTC).isoformat()
+        # without an offset: UTC, as an Azure stamp, never the machine's own zone (the same command gave $3.62
+        # under TZ=UTC and $2.66 under Asia/Seoul); every form is echoed in one (2026-01-05T10:00:00+00:00, not Z)
+        start = (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).isoformat()
     if profile is not None:
         try:
             resolve(profile)

@@ -458,8 +458,9 @@ class Planner:
         own = [naming + n for n in own]
         baseline = self.run_trial(_static(base, _max_replicas(base["spec"])), "input static at max replicas",
                                   "baseline", "the input's types")
-        if _autoscaling_on(base):  # the input as written is a candidate: its own target and bounds may lie off the
-            # search's grid (a passing input at $3.39 lost to a planned $3.87 that plan called the cheapest)
+        # the input as written is a candidate: its own target and bounds may lie off the search's grid (a passing
+        # input at $3.39 lost to a planned $3.87 that plan called the cheapest)
+        if _autoscaling_on(base) and self._room():
             self.run_trial(copy.deepcopy(base), "input as written", "input", "the input's types")
         types = list(dict.fromkeys([*own[:1], *(naming + t for t in self.instance_types)])) if own else ["local"]
         asked = replica_request(self.endpoint.spec.engine, self.endpoint.spec.model,
@@ -471,7 +472,7 @@ class Planner:
         fitted = self._fit_context(base)
         # what the input's largest fleet meets, read with the context the search uses: the requests the input
         # refused are the longest, and a spot notice cut none of them (the switch to on-demand missed such cuts)
-        probe = baseline if fitted == base else self.run_trial(
+        probe = baseline if fitted == base or not self._room() else self.run_trial(
             _static(fitted, _max_replicas(fitted["spec"])), "input static at max replicas, context raised",
             "baseline", "the input's types")
         fitted = self._fit_drain(self._on_demand_if_spot_cut(fitted, probe), probe)
@@ -695,7 +696,7 @@ class Planner:
             if info["cold_start_s"] is None:
                 info["cold_start_s"] = round(cold, 1)
             lead = lead_time(cold)
-            on = "the best so far" if base is before else f"{base.label} (missed latency or errors)"
+            on = "the best so far" if base is before else f"{base.label} (which alone missed latency or errors)"
             what = ", ".join(f"{w.label} x{n}" for w, n in kept)
             floors = schedules([w for w, _ in kept], [n for _, n in kept])
             candidates.append(((1, order), f"floors {what}, min {low}, on {on}", _with_floors(base.data, floors, lead),

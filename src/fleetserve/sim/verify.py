@@ -341,7 +341,8 @@ def judge(result: SimResult) -> list[Check]:
             why = f"{window}: {name} p95 {value:.0f} ms <= {limit:.0f} ms" if ok else \
                 f"{window}: {name} p95 {value:.0f} ms > {limit:.0f} ms target: " \
                 f"{_cause(result, window, metric, value, floor)}"
-            checks.append(Check(window, metric, value, limit, ok, why, floor))
+            checks.append(Check(window, metric, value, limit, ok, why,
+                                None if floor is None else round(floor, 3)))  # ms, as the report's figures
         rate, most = sec["error_rate"], slo["max_error_rate"]
         ok = rate <= most
         why = f"{window}: error rate {rate:.2%} <= {most:.2%}" if ok else \
