@@ -62,6 +62,34 @@ def test_pipelined_requests_are_answered_in_order_then_close():
     assert out.count(b"HTTP/1.1 200 OK") == 2 and b"connection: close" in out
 
 
+def test_requests_before_a_malformed_one_in_the_same_packet_are_answered_then_the_error():
+    """A valid request followed, in the same read, by garbage, an oversized body or headers got no answer at all:
+    the stream was shut under the request being served ("Cannot call write() after write_eof()")."""
+    limits = SizeLimits(max_body_bytes=1024, max_header_bytes=1024)
+
+    async def slow_echo(request, responder):
+        await asyncio.sleep(0.05)  # still serving when the bad bytes are parsed
+        responder.send(200, [(b"x-path", request.path.encode())], request.body)
+
+    async def main():
+        door, port = await start(slow_echo, limits)
+        good = b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\none"
+        second = b"POST /b HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\ntwo"
+        outs = [await exchange(port, good + tail) for tail in (
+            b"GARBAGE\r\n\r\n", b"POST /c HTTP/1.1\r\nhost: x\r\ncontent-length: 999999\r\n\r\n",
+            b"GET / HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 2000 + b"\r\n\r\n", second + b"GARBAGE\r\n\r\n")]
+        await door.shutdown(1)
+        return outs
+
+    garbage, too_large, headers, two_then_garbage = run(main())
+    for out, status in ((garbage, b"400"), (too_large, b"413"), (headers, b"431"), (two_then_garbage, b"400")):
+        assert out.startswith(b"HTTP/1.1 200 OK") and b"x-path: /a" in out and out.endswith(b"}"), out
+        assert out.index(b"one") < out.index(b"HTTP/1.1 " + status), out
+        assert b"connection: close" in out.split(b"HTTP/1.1 " + status)[1]
+    assert two_then_garbage.index(b"x-path: /b") < two_then_garbage.index(b"HTTP/1.1 400")
+    assert b"connection: close" not in garbage.split(b"HTTP/1.1 400")[0]  # the first answer kept the connection
+
+
 def test_headers_and_bodies_past_the_limits_get_431_and_413_in_openai_shape():
     limits = SizeLimits(max_body_bytes=1024, max_header_bytes=1024)
 

@@ -187,3 +187,37 @@ def test_an_answer_that_ends_with_the_connection_is_complete_on_a_clean_close_an
         server.close()
 
     run(main())
+
+
+def test_abandon_cuts_only_the_requests_a_replica_has_not_begun_to_answer():
+    """A stalled replica (SIGSTOP, a hung GPU) held what it was sent until the read timeout, 30 minutes by default,
+    after its probes had taken it out. `abandon` fails those with no body byte yet (Stalled); a stream under way
+    is left alone."""
+    from fleetserve.router.upstream import Stalled
+
+    async def silent_or_streaming(reader, writer):
+        request = await read_request(reader)
+        if request is not None and b"/stream" in request:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                         b"9\r\ndata: 1\n\n\r\n")
+            await writer.drain()
+        await asyncio.sleep(30)  # then nothing more
+
+    async def main():
+        server, url = await serve(silent_or_streaming)
+        client = Upstream(read_timeout=25)
+        stream = await client.request(url, "POST", "/stream", [], b"{}")
+        first = await stream.read()
+        waiting = asyncio.ensure_future(client.request(url, "POST", "/v1/chat/completions", [], b"{}"))
+        await asyncio.sleep(0.2)
+        assert client.abandon(url, "the replica stopped answering its health checks") == 1
+        assert client.abandon("http://127.0.0.1:9", "never used") == 0
+        with pytest.raises(Stalled, match="stopped answering its health checks"):
+            await waiting
+        assert not stream._conn.closed  # the stream under way stays
+        stream.close()
+        await client.aclose()
+        server.close()
+        return first
+
+    assert run(main()) == b"data: 1\n\n"

@@ -51,7 +51,8 @@ LABELS: dict[str, str] = {
     "tenant": "tenant name from the router's API key file; '-' without keys. Bounded by the key file; "
               "never derived from request content",
     "reason": "a fixed set per metric: retry reasons (status_502, status_503, status_504, busy: a 503 with "
-              "Retry-After, unreachable, dropped: closed under the request, dropped_not_retried, "
+              "Retry-After, unreachable, dropped: closed under the request, stalled: its replica was taken out by "
+              "its health checks before it answered, dropped_not_retried, "
               "timeout_not_retried), ejection reasons (breaker, unreachable), autoscaler decision kinds "
               "(DECISION_REASONS: the decision's full text, with numbers, goes to the log, not the label)",
     "policy": "routing strategy name from the policy registry (prefixaware, kvaware, session, roundrobin, "

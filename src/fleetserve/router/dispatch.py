@@ -197,6 +197,10 @@ class Dispatcher:
                 response.close()
             book.failed(backend.id, prefill)
             gw.gate.slot_freed()
+            if exc.kind == "stalled":  # its probes took it out (pool.py) before it answered: another replica
+                if model is not None:
+                    model.failed(backend.id, 504)
+                return "stalled"
             if exc.kind != "dropped":  # no connection: out until a probe passes. A drop may be this request's
                 gw.mark_unreachable(backend, f"{exc.kind}: {exc}")  # doing: the probes judge the replica
             gw.request_failed(backend, exc.kind)
@@ -223,7 +227,7 @@ class Dispatcher:
         return response, first, ended
 
 
-UNDELIVERED = ("unreachable", "dropped")  # attempts no replica answered: nothing of them reached the client
+UNDELIVERED = ("unreachable", "dropped", "stalled")  # attempts no replica answered: nothing reached the client
 
 
 def _excluding(route: RouteRequest, excluded: frozenset[str]) -> RouteRequest:

@@ -183,6 +183,7 @@ class HTTPConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_bytes = 0
         self._rejected = False
+        self._deferred: tuple[int, str, str] | None = None  # a parse error after requests still to answer
         self._queue: collections.deque[Request] = collections.deque()
         self._task: asyncio.Task | None = None
         self._keep_alive = True
@@ -356,7 +357,17 @@ class HTTPConnection(asyncio.Protocol):
 
     def response_done(self) -> None:
         """The response was written: keep the connection for the next request, or close it."""
+        if self._deferred is not None and self._keep_alive:  # a request after these was malformed
+            if self._queue:
+                self.loop.call_soon(self._next)
+            else:
+                self._task = None
+                deferred, self._deferred = self._deferred, None
+                self.loop.call_soon(self._answer_rejection, *deferred)
+            return
         if self._rejected:
+            if self._deferred is not None:  # the client asked to close after that answer: nothing more to say
+                self.close()
             return  # _reject closes, after letting the client read the answer
         if not self._keep_alive:
             self.close()
@@ -393,10 +404,18 @@ class HTTPConnection(asyncio.Protocol):
                 self.transport.close()
 
     def _reject(self, status: int, message: str, code: str) -> None:
-        """An input error found while parsing: answer it (when no response is under way) and close."""
+        """An input error found while parsing: answer it and close. Requests read whole before it (pipelined in
+        the same packet) are answered first, in order (RFC 9112 9.3.2): they got no answer at all, the stream
+        shut under the request being served."""
         self._rejected = True
+        if (self._task is not None or self._queue) and not self.closed:
+            self._deferred = (status, message, code)  # answered by response_done once those are
+            return
+        self._answer_rejection(status, message, code)
+
+    def _answer_rejection(self, status: int, message: str, code: str) -> None:
         self._keep_alive = False
-        if self._task is None and not self.closed:
+        if not self.closed:
             self.on_error(Responder(self, False), status, message, code)
         # Stop writing but keep reading (and discarding) briefly: closing a socket with unread client data makes
         # the kernel send a reset, which can destroy the error answer before the client reads it.

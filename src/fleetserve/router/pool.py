@@ -242,6 +242,14 @@ class BackendPool:
         if backend.healthy and backend.failures >= self.unhealthy_after:
             log.warning("backend %s out: %s", backend.url, error)
             backend.healthy = False
+            # what it was sent and has not begun to answer goes elsewhere: a stalled replica (SIGSTOP, a hung
+            # GPU) held those requests until the read timeout, long after it was out
+            abandon = getattr(self.client, "abandon", None)
+            cut = abandon(backend.url, f"the replica stopped answering its health checks ({error})") if abandon \
+                else 0
+            if cut:
+                log.warning("backend %s: %d request(s) it had not begun to answer go to another replica", backend.url,
+                            cut)
             self._signal()
 
     def _start_queue_read(self, backend: Backend) -> None:

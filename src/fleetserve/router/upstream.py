@@ -50,10 +50,17 @@ class Broken(UpstreamError):
     kind = "broken"
 
 
+class Stalled(UpstreamError):
+    """The replica was taken out (its health probes failed) before any of this answer's body came: nothing
+    reached the client, so the request goes to another replica instead of waiting out the read timeout."""
+
+    kind = "stalled"
+
+
 class _Origin:
     """Where one base URL points, and its idle connections."""
 
-    __slots__ = ("host", "port", "ssl", "host_header", "idle")
+    __slots__ = ("host", "port", "ssl", "host_header", "idle", "busy")
 
     def __init__(self, base_url: str):
         parts = urlsplit(base_url)
@@ -64,6 +71,7 @@ class _Origin:
         self.ssl = parts.scheme == "https"
         self.host_header = parts.netloc.encode("latin-1")
         self.idle: collections.deque[_Connection] = collections.deque()
+        self.busy: set[_Connection] = set()  # connections with a request under way
 
 
 class UpstreamResponse:
@@ -181,6 +189,8 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.received = False  # any byte of the current answer
         self.sent = False  # a request was written on this connection
+        self.body_seen = False  # any body byte of the current answer (what the client may have been sent)
+        self.abandoned: str | None = None  # why `Upstream.abandon` cut it
         self.idle_since = 0.0
         self._paused = False
 
@@ -201,7 +211,8 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.closed = True
         response = self.response
-        if exc is None and response is not None and response.status and response.content_length is None \
+        if not self.abandoned and exc is None and response is not None and response.status \
+                and response.content_length is None \
                 and not response.chunked and (self.headers_ready is None or self.headers_ready.done()):
             # an answer with neither a length nor chunking ends when the server closes (HTTP/1.1 allows it; the
             # parser waits for an EOF it cannot be told of): a clean close completes it, a reset does not
@@ -210,11 +221,13 @@ class _Connection(asyncio.Protocol):
             self._forget()
             return
         with_bytes = self.received
-        self._lost(Broken("connection closed mid-answer") if with_bytes else
+        self._lost(Stalled(self.abandoned) if self.abandoned else
+                   Broken("connection closed mid-answer") if with_bytes else
                    Dropped("connection closed without an answer") if self.sent else Unreachable("connection closed"))
         self._forget()
 
     def _forget(self) -> None:
+        self.origin.busy.discard(self)
         try:
             self.origin.idle.remove(self)
         except ValueError:
@@ -243,11 +256,13 @@ class _Connection(asyncio.Protocol):
             self.headers_ready.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        self.body_seen = True
         self.response._data(body)
 
     def on_message_complete(self) -> None:
         response, keep = self.response, self.parser.should_keep_alive()
         self.response = None
+        self.origin.busy.discard(self)
         response._done()
         if keep and not self.closed:
             self.client._release(self)
@@ -305,6 +320,19 @@ class Upstream:
                 pass  # most likely closed as idle just as the request went out: once more, on a fresh connection
         conn = await self._connect(origin)
         return await self._exchange(conn, head, body, timeout)
+
+    def abandon(self, base_url: str, why: str) -> int:
+        """Cut the requests under way to a replica that have had no body byte yet (its probes took it out: it
+        answers nothing, and they waited out the read timeout, 30 minutes by default); each fails `Stalled`, which
+        the dispatcher retries elsewhere. Streams already under way are left to run or fail. Returns how many."""
+        origin = self._origins.get(base_url)
+        if origin is None:
+            return 0
+        cut = [c for c in origin.busy if not c.body_seen and not c.closed]
+        for conn in cut:
+            conn.abandoned = why
+            conn.abort()
+        return len(cut)
 
     async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
         """A small control-plane GET (layout, KV events, a replica's metrics): status and whole body."""
@@ -373,8 +401,9 @@ class Upstream:
     async def _exchange(self, conn: _Connection, head: bytes, body: bytes, timeout: float) -> UpstreamResponse:
         response = UpstreamResponse(conn, timeout)
         conn.response = response
-        conn.received = False
+        conn.received = conn.body_seen = False
         conn.sent = True
+        conn.origin.busy.add(conn)
         conn.headers_ready = ready = conn.loop.create_future()
         conn.transport.write(head + body if len(body) < 65536 else head)
         if len(body) >= 65536:
