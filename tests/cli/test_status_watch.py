@@ -80,3 +80,13 @@ def test_a_ready_fleet_without_a_serving_replica_says_so(tmp_path, monkeypatch):
     assert shown.exit_code == 0 and "ready (no replica serving; see error)" in shown.output, shown.output
     as_json = CliRunner().invoke(app, ["status", "--json"])
     assert '"serving": "no replica serving; see error"' in as_json.output
+
+
+def test_a_replica_the_router_has_out_says_so_in_both_views(tmp_path, monkeypatch):
+    stalled = fleet(ready=1)
+    stalled.replicas[0].router_healthy = False
+    assert "ready (router: out)" in text_of(render([stalled], now=0))
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path))
+    write_state(stalled)
+    shown = CliRunner().invoke(app, ["status"], env={"COLUMNS": "200"})
+    assert "ready (router: failing health checks)" in shown.output, shown.output

@@ -168,7 +168,7 @@ def test_a_crash_looping_replica_is_said_in_the_status_until_it_is_ready_again(m
     sup.replicas.append(r)
     sup._tend(r, mono(), starting_up=False)
     assert r.state.state == Phase.RESTARTING
-    assert sup.state.error.startswith("replica r0 exited with code 1 (restarts: 0, the next in 1s); last log line: "
+    assert sup.state.error.startswith("replica r0 exited with code 1 and is restarting; last log line: "
                                    "SafetensorError")
     r.child, r.state.state = ReadyChild(), Phase.STARTING
     sup._get = lambda *_a, **_k: object()  # /health answers
@@ -202,7 +202,7 @@ def test_the_router_is_told_when_no_replica_can_start(make):
     r.state.state = Phase.STARTING
     sup._tend(r, mono(), starting_up=False)  # crashed again after a restart, before it was ready
     sup._push_backends()
-    assert pushed[-1]["failing"].startswith("replica r0 exited with code 1 (restarts: 4, the next in")
+    assert pushed[-1]["failing"].startswith("replica r0 exited with code 1 and is restarting")
     sup.state.error = "cannot place a replica: no offering fits"
     assert sup._failing() == "cannot place a replica: no offering fits"
     r.state.state = Phase.READY  # one serves again: nothing to tell
@@ -382,3 +382,18 @@ def test_a_moving_replica_that_crashes_is_not_restarted_on_the_node_that_goes(tm
         assert any("not restarted there" in m for m in said)
     finally:
         sup._http.close()
+
+
+def test_a_replica_the_router_has_out_is_not_counted_as_serving(make, tmp_path, monkeypatch):
+    """A stalled replica (SIGSTOP) kept running, so `status` read "ready 2" while the router sent it nothing."""
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path / "home"))
+    sup, _, mono = make(1)
+    r = Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.READY, node="n0"), 9, "n0",
+                requested_at=mono(), child=ReadyChild(), started_at=mono())
+    sup.replicas.append(r)
+    sup._router_out = {"http://127.0.0.1:9"}  # the router's last load report: healthy false
+    sup._save()
+    assert sup.state.ready == 0 and r.state.router_healthy is False
+    sup._router_out = set()
+    sup._save()
+    assert sup.state.ready == 1 and r.state.router_healthy is True

@@ -302,7 +302,8 @@ def _print_fleet(f) -> None:
     table = Table("replica", "url", "state", "node", "pid", "restarts", "cold start")
     for r in f.replicas:
         cold = f"{r.cold_start_s:.1f}s" if r.cold_start_s is not None else "-"
-        table.add_row(r.id, r.url, r.state, f"{r.node} {r.instance_type}".strip(), str(r.pid or "-"),
+        state = f"{r.state} (router: failing health checks)" if r.router_healthy is False else r.state
+        table.add_row(r.id, r.url, state, f"{r.node} {r.instance_type}".strip(), str(r.pid or "-"),
                       str(r.restarts), cold)
     width = None if out.is_terminal else 160  # piped output: do not squeeze URLs into 80 columns
     out.print(table, width=width)

@@ -39,7 +39,8 @@ def render(fleets: list, now: float | None = None, interval: float | None = None
         for i, r in enumerate(f.replicas):
             cold = f"{r.cold_start_s:.1f}s" if r.cold_start_s is not None else "-"
             cells = head if i == 0 else ["", "", "", ""]
-            table.add_row(*cells, r.id, _styled(r.state), f"{r.node} {r.instance_type}".strip() or "-",
+            state = _styled(r.state) if r.router_healthy is not False else Text(f"{r.state} (router: out)", "red")
+            table.add_row(*cells, r.id, state, f"{r.node} {r.instance_type}".strip() or "-",
                           str(r.restarts), cold)
         table.add_section()
     notes = []

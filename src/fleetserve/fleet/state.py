@@ -22,6 +22,9 @@ class ReplicaState:
     node: str = ""
     instance_type: str = ""
     cold_start_s: float | None = None
+    # the router's view of a ready replica: False while its health checks fail (a stalled process the supervisor
+    # still sees running read "ready" while the router sent it nothing); None: not known
+    router_healthy: bool | None = None
 
 
 @dataclass

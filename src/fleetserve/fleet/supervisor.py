@@ -153,6 +153,7 @@ class Supervisor:
         self._pushed: list | None = None
         self._pushed_failing: str | None = None  # the failure the router was last told of, with `_pushed`
         self._in_flight_by_url: dict[str, int] = {}  # the router's last load report, per replica (scale-down order)
+        self._router_out: set[str] = set()  # replica URLs the router's last load report has out (health checks)
         self._written: tuple | None = None
         self._written_at = 0.0
 
@@ -200,7 +201,11 @@ class Supervisor:
     def _save(self) -> None:
         s = self.state
         s.replicas = [r.state for r in self.replicas]
-        s.ready = sum(1 for r in self.replicas if r.state.state in SERVING)
+        for r in self.replicas:
+            r.state.router_healthy = None if r.state.state not in SERVING else r.state.url not in self._router_out
+        # serving: ready here and not taken out by the router's health checks (a stalled process is both running
+        # and useless; status said "ready 2" while the router sent one of them nothing)
+        s.ready = sum(1 for r in self.replicas if r.state.state in SERVING and r.state.url not in self._router_out)
         s.desired = self._desired()
         if self.controller and self.controller.last:
             d = self.controller.last
@@ -703,8 +708,9 @@ class Supervisor:
         # `status` says it (it showed a fleet crash-looping at zero as ready, the cause only in the logs)
         last = next((line.strip() for line in reversed((r.child.log_tail() if r.child else "").splitlines())
                      if line.strip()), "")
-        # the count is the status table's `restarts` (it said "restart 2" beside a column that read 1)
-        self.state.error = (f"replica {r.state.id} {why} (restarts: {r.state.restarts}, the next in {delay:.0f}s); "
+        # no counts: the error stands until the replica is ready again, and counts in it went stale beside the
+        # table's `restarts` ("restart 2" beside 1, then "restarts: 0" beside 1)
+        self.state.error = (f"replica {r.state.id} {why} and is restarting; "
                             f"last log line: {last[:300] or '-'}")
 
     def _tend(self, r: Replica, mono: float, starting_up: bool) -> None:
@@ -853,6 +859,8 @@ class Supervisor:
         self._capacity_events(mono)
         load = self._router_load() if self.router else None
         self._in_flight_by_url = {b["url"]: b["in_flight"] for b in (load or {}).get("backends", [])}
+        if load is not None:
+            self._router_out = {b["url"] for b in load.get("backends", []) if b.get("healthy") is False}
         if not starting_up:
             self._autoscale(load)
         self._scale_to(self._desired(), mono)
