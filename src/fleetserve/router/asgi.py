@@ -12,7 +12,9 @@ import asyncio
 from fleetserve.router.http1 import Request, Responder
 
 
-async def call_asgi(app, request: Request, responder: Responder, *, scheme: str, server: tuple[str, int]) -> None:
+async def call_asgi(app, request: Request, responder: Responder, *, scheme: str, server: tuple[str, int],
+                    extra_headers: list[tuple[bytes, bytes]] = ()) -> int:
+    """Serve `request` with an ASGI app; `extra_headers` go on its answer. Returns the answer's status."""
     scope = {
         "type": "http",
         "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -52,6 +54,7 @@ async def call_asgi(app, request: Request, responder: Responder, *, scheme: str,
                     length = int(v)
                 elif k not in (b"connection", b"transfer-encoding"):
                     headers.append((k, bytes(v)))
+            headers.extend(extra_headers)
         elif kind == "http.response.body":
             body = message.get("body", b"")
             more = message.get("more_body", False)
@@ -66,3 +69,4 @@ async def call_asgi(app, request: Request, responder: Responder, *, scheme: str,
                 responder.end()
 
     await app(scope, receive, send)
+    return status

@@ -67,6 +67,7 @@ NOT_FORWARDED = frozenset({
     TENANT_HEADER.encode(), INTERNAL_HEADER.encode(),
 })
 JSON = (b"content-type", b"application/json")
+MAX_REQUEST_ID = 128  # a client x-request-id longer than this (or not visible ASCII) is replaced by ours
 
 
 @dataclass(frozen=True)
@@ -173,18 +174,37 @@ class Gateway:
 
     async def handle(self, request: Request, responder: Responder) -> None:
         method = PROXIED.get(request.path) or ("GET" if request.path.startswith(MODEL_PATH) else None)
-        if method is None:
-            await call_asgi(self.control, request, responder, scheme=self.scheme, server=self.server_address)
+        if method is None:  # the control app: health, metrics, admin, or a path nobody serves (404)
+            rid = [(b"x-request-id", self.request_id(request.headers))]
+            status = await call_asgi(self.control, request, responder, scheme=self.scheme,
+                                     server=self.server_address, extra_headers=rid)
+            if status >= 400:  # a 404 was neither counted nor traceable; health and scrapes stay uncounted
+                self._count(self.metrics.requests, "other", str(status))
         elif request.method != method:
             self.error(responder, 405, f"{request.method} {request.path}: method not allowed; use {method}",
-                       "method_not_allowed", [(b"allow", method.encode())])
+                       "method_not_allowed", [(b"allow", method.encode())], path=request.path,
+                       request_id=self.request_id(request.headers))
         else:
             await self.proxy(request, responder)
 
+    def request_id(self, headers: list[tuple[bytes, bytes]] = ()) -> bytes:
+        """The client's x-request-id when it is a sane one (1-128 visible ASCII characters), else ours: a 50,000-
+        character id was echoed in the answer and written into every router and engine log line."""
+        for k, v in headers:
+            if k == b"x-request-id":
+                if 0 < len(v) <= MAX_REQUEST_ID and all(0x21 <= c <= 0x7E for c in v):
+                    return v
+                break
+        return f"{self._id_prefix}{next(self._ids):08x}".encode("latin-1")
+
     def error(self, responder: Responder, status: int, message: str, code: str | None = None,
-              headers: list[tuple[bytes, bytes]] | None = None) -> None:
-        """An OpenAI error answer (also the front door's, for input refused while parsing)."""
-        self.send_error(responder, APIError(status, message, code=code), headers or [])
+              headers: list[tuple[bytes, bytes]] | None = None, path: str = "other",
+              request_id: bytes | None = None) -> None:
+        """An OpenAI error answer (also the front door's, for input refused while parsing: counted under path
+        "other", with an id of ours, as every answer carries one)."""
+        rid = request_id or self.request_id()
+        self._count(self.metrics.requests, path, str(status))
+        self.send_error(responder, APIError(status, message, code=code), [*(headers or []), (b"x-request-id", rid)])
 
     def send_error(self, responder: Responder, err: APIError, extra: list[tuple[bytes, bytes]]) -> None:
         headers = [JSON] + [(k.lower().encode(), str(v).encode()) for k, v in err.headers.items()] + extra
@@ -193,17 +213,15 @@ class Gateway:
     async def proxy(self, request: Request, responder: Responder) -> None:
         started = self.clock()
         forwarded: list[tuple[bytes, bytes]] = []
-        authorization = request_id = None
+        authorization = None
         for k, v in request.headers:
             if k in NOT_FORWARDED:
                 if k == b"authorization":
                     authorization = v
-                elif k == b"x-request-id":
-                    request_id = v
                 continue
             forwarded.append((k, v))
-        request_id = request_id.decode("latin-1") if request_id else f"{self._id_prefix}{next(self._ids):08x}"
-        rid = request_id.encode("latin-1")
+        rid = self.request_id(request.headers)
+        request_id = rid.decode("latin-1")
         post = request.method == "POST"
         if post:
             self.requests_total += 1
