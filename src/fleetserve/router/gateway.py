@@ -188,13 +188,14 @@ class Gateway:
             await self.proxy(request, responder)
 
     def request_id(self, headers: list[tuple[bytes, bytes]] = ()) -> bytes:
-        """The client's x-request-id when it is a sane one (1-128 visible ASCII characters), else ours: a 50,000-
-        character id was echoed in the answer and written into every router and engine log line."""
-        for k, v in headers:
-            if k == b"x-request-id":
-                if 0 < len(v) <= MAX_REQUEST_ID and all(0x21 <= c <= 0x7E for c in v):
-                    return v
-                break
+        """The client's x-request-id when it is a sane one, else ours."""
+        return self._own_or_ours(next((v for k, v in headers if k == b"x-request-id"), None))
+
+    def _own_or_ours(self, given: bytes | None) -> bytes:
+        """A client's id of 1-128 visible ASCII characters is kept; any other is replaced by ours (a 50,000-
+        character id was echoed in the answer and written into every router and engine log line)."""
+        if given and len(given) <= MAX_REQUEST_ID and all(0x21 <= c <= 0x7E for c in given):
+            return given
         return f"{self._id_prefix}{next(self._ids):08x}".encode("latin-1")
 
     def error(self, responder: Responder, status: int, message: str, code: str | None = None,
@@ -213,14 +214,16 @@ class Gateway:
     async def proxy(self, request: Request, responder: Responder) -> None:
         started = self.clock()
         forwarded: list[tuple[bytes, bytes]] = []
-        authorization = None
+        authorization = given_id = None
         for k, v in request.headers:
             if k in NOT_FORWARDED:
                 if k == b"authorization":
                     authorization = v
+                elif k == b"x-request-id":
+                    given_id = v
                 continue
             forwarded.append((k, v))
-        rid = self.request_id(request.headers)
+        rid = self._own_or_ours(given_id)
         request_id = rid.decode("latin-1")
         post = request.method == "POST"
         if post:
