@@ -13,6 +13,8 @@ class Recorder:
         self.started = self.ended = self.aborted = False
         self.client_gone = False
         self.stopping = False
+        self.request_id = self.path = None
+        self.counted = False
 
     def send(self, status, headers, body):
         self.status, self.headers, self.body, self.started, self.ended = status, headers, body, True, True

@@ -29,6 +29,9 @@ def test_the_routers_own_answers_carry_a_request_id_and_its_errors_are_counted()
                                          + b"a" * 5000 + b"\r\nconnection: close\r\n\r\n"),
             "health": await exchange(port, b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"),
         }
+        for name in ("rand-0", "rand-1"):  # a model card's name is the client's: one label, not one per name
+            await exchange(port, b"DELETE /v1/models/" + name.encode() + b" HTTP/1.1\r\nhost: x\r\n"
+                                 b"connection: close\r\n\r\n")
         counted = {(s.labels["path"], s.labels["code"]): s.value for m in gw.metrics.registry.collect()
                    if m.name == "fleetserve_router_requests" for s in m.samples if s.name.endswith("_total")}
         await door.shutdown(1)
@@ -43,4 +46,28 @@ def test_the_routers_own_answers_carry_a_request_id_and_its_errors_are_counted()
     assert b"x-request-id: " in outs["health"]
     assert counted[("other", "404")] == 1 and counted[("/v1/chat/completions", "405")] == 2
     assert counted[("other", "413")] == 1 and counted[("other", "400")] == 1
-    assert not any(code == "200" for _, code in counted)  # health checks and scrapes are not requests
+    # health checks (503 with no replica: SageMaker's /ping every few seconds) and scrapes are not requests
+    assert not any(code in ("200", "503") for _, code in counted), counted
+    assert counted[("/v1/models/{model}", "405")] == 2 and not any("rand" in path for path, _ in counted)
+
+
+def test_an_error_answered_after_the_handler_counted_it_is_not_counted_again_and_keeps_its_id():
+    """A request cut when the router stops was counted 503 by its handler and again under "other" by the front
+    door's answer, which also gave it a new id."""
+    from tests.recording_responder import Recorder
+
+    gw = Gateway(BackendPool([]), RouterSettings())
+    responder = Recorder()
+    responder.request_id, responder.path = b"client-42", "/v1/chat/completions"
+    gw._count_request(responder, "/v1/chat/completions", 503)
+    gw.error(responder, 503, "the router stopped", "router_stopping")
+    assert (b"x-request-id", b"client-42") in responder.headers
+    counted = {(s.labels["path"], s.labels["code"]): s.value for m in gw.metrics.registry.collect()
+               if m.name == "fleetserve_router_requests" for s in m.samples if s.name.endswith("_total")}
+    assert counted == {("/v1/chat/completions", "503"): 1}
+    failed = Recorder()  # a handler that failed before counting: counted once, under the path it knew
+    failed.path = "/v1/completions"
+    gw.error(failed, 500, "internal router error", "internal_error")
+    counted = {(s.labels["path"], s.labels["code"]): s.value for m in gw.metrics.registry.collect()
+               if m.name == "fleetserve_router_requests" for s in m.samples if s.name.endswith("_total")}
+    assert counted[("/v1/completions", "500")] == 1

@@ -54,3 +54,55 @@ def test_requests_a_stalled_replica_had_not_answered_move_when_its_probes_take_i
     out, retries = asyncio.run(asyncio.wait_for(main(), 30))
     assert out.status == 200 and orjson.loads(out.body)["id"] == "x"
     assert retries == 1
+
+
+class RecordingClient:
+    """The pool's client: health checks fail as told; abandon calls recorded."""
+
+    def __init__(self, failure):
+        self.failure = failure
+        self.abandoned: list[str] = []
+
+    async def get(self, url, timeout):
+        raise self.failure
+
+    def abandon(self, base_url, why):
+        self.abandoned.append(base_url)
+        return 0
+
+
+def test_a_replica_taken_out_by_a_failed_request_first_still_has_its_waiting_requests_moved():
+    """abandon ran only on the probe that took a replica out: when a failed request had done that first, what it
+    had been sent waited out the read timeout."""
+    from fleetserve.router.upstream import Timeout
+
+    async def main():
+        pool = BackendPool(["http://10.0.0.1:8000"], interval=60)
+        backend = next(iter(pool.backends.values()))
+        backend.healthy = True
+        pool.client = RecordingClient(Timeout("no answer"))
+        pool.mark_unreachable(backend, "connect timed out")  # out before any probe failed
+        await pool.probe(backend)
+        await pool.probe(backend)
+        return pool.client.abandoned
+
+    assert set(asyncio.run(main())) == {"http://10.0.0.1:8000"}  # every silent round while out
+
+
+def test_a_replica_that_answers_its_checks_unhealthy_keeps_what_it_serves():
+    """A 503 from /health is an answer: a slow, working replica's requests were all thrown away and resent."""
+    async def main():
+        pool = BackendPool(["http://10.0.0.1:8000"], interval=60)
+        backend = next(iter(pool.backends.values()))
+        backend.healthy = True
+
+        class Unhealthy(RecordingClient):
+            async def get(self, url, timeout):
+                return 503, b"{}"
+
+        pool.client = Unhealthy(None)
+        for _ in range(3):
+            await pool.probe(backend)
+        return backend.healthy, pool.client.abandoned
+
+    assert asyncio.run(main()) == (False, [])

@@ -859,8 +859,8 @@ class Supervisor:
         self._capacity_events(mono)
         load = self._router_load() if self.router else None
         self._in_flight_by_url = {b["url"]: b["in_flight"] for b in (load or {}).get("backends", [])}
-        if load is not None:
-            self._router_out = {b["url"] for b in load.get("backends", []) if b.get("healthy") is False}
+        # unknown without a report (the router restarting): the supervisor's own view stands, not a stale one
+        self._router_out = {b["url"] for b in (load or {}).get("backends", []) if b.get("healthy") is False}
         if not starting_up:
             self._autoscale(load)
         self._scale_to(self._desired(), mono)

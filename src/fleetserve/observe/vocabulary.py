@@ -256,7 +256,8 @@ KV_TIER_PUT = _m("fleetserve_kv_tier_put_seconds", "histogram", "Tier store late
 # --- autoscaler -------------------------------------------------------------------------------------------
 AUTOSCALER_DESIRED = _m("fleetserve_autoscaler_desired_replicas", "gauge", "Replicas the policy wants",
                         "autoscaler", "replicas", by=(SUPERVISOR,))
-AUTOSCALER_READY = _m("fleetserve_autoscaler_ready_replicas", "gauge", "Replicas answering /health",
+AUTOSCALER_READY = _m("fleetserve_autoscaler_ready_replicas", "gauge", "Replicas serving: ready (answering "
+                      "/health) and not taken out by the router's health checks",
                       "autoscaler", "replicas", by=(SUPERVISOR,))
 AUTOSCALER_DECISIONS = _m("fleetserve_autoscaler_decisions_total", "counter", "Scaling decisions by reason",
                           "autoscaler", "decisions", ("reason",), by=(SUPERVISOR,))

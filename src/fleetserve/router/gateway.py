@@ -18,6 +18,7 @@ import collections
 import dataclasses
 import itertools
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -67,7 +68,9 @@ NOT_FORWARDED = frozenset({
     TENANT_HEADER.encode(), INTERNAL_HEADER.encode(),
 })
 JSON = (b"content-type", b"application/json")
-MAX_REQUEST_ID = 128  # a client x-request-id longer than this (or not visible ASCII) is replaced by ours
+SANE_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # a client x-request-id that is not is replaced by ours
+MODEL_PATH_LABEL = "/v1/models/{model}"  # the request counter's label for any model card's path
+COUNTED_CONTROL = frozenset({401, 403, 404, 405})  # the control app's answers that are counted as requests
 
 
 @dataclass(frozen=True)
@@ -178,8 +181,8 @@ class Gateway:
             rid = [(b"x-request-id", self.request_id(request.headers))]
             status = await call_asgi(self.control, request, responder, scheme=self.scheme,
                                      server=self.server_address, extra_headers=rid)
-            if status >= 400:  # a 404 was neither counted nor traceable; health and scrapes stay uncounted
-                self._count(self.metrics.requests, "other", str(status))
+            if status in COUNTED_CONTROL:  # a 404 was neither counted nor traceable; health checks (503 at zero
+                self._count_request(responder, "other", status)  # replicas, SageMaker's /ping) and scrapes are not
         elif request.method != method:
             self.error(responder, 405, f"{request.method} {request.path}: method not allowed; use {method}",
                        "method_not_allowed", [(b"allow", method.encode())], path=request.path,
@@ -194,17 +197,24 @@ class Gateway:
     def _own_or_ours(self, given: bytes | None) -> bytes:
         """A client's id of 1-128 visible ASCII characters is kept; any other is replaced by ours (a 50,000-
         character id was echoed in the answer and written into every router and engine log line)."""
-        if given and len(given) <= MAX_REQUEST_ID and all(0x21 <= c <= 0x7E for c in given):
+        if given and SANE_REQUEST_ID.fullmatch(given):
             return given
         return f"{self._id_prefix}{next(self._ids):08x}".encode("latin-1")
 
+    def _count_request(self, responder: Responder, path: str, status: int | str) -> None:
+        """One count per answer, under a bounded path label (a model card's name is the client's to choose)."""
+        self._count(self.metrics.requests, MODEL_PATH_LABEL if path.startswith(MODEL_PATH) else path, str(status))
+        responder.counted = True
+
     def error(self, responder: Responder, status: int, message: str, code: str | None = None,
-              headers: list[tuple[bytes, bytes]] | None = None, path: str = "other",
+              headers: list[tuple[bytes, bytes]] | None = None, path: str | None = None,
               request_id: bytes | None = None) -> None:
-        """An OpenAI error answer (also the front door's, for input refused while parsing: counted under path
-        "other", with an id of ours, as every answer carries one)."""
-        rid = request_id or self.request_id()
-        self._count(self.metrics.requests, path, str(status))
+        """An OpenAI error answer, also the front door's: input refused while parsing (counted under path "other",
+        with an id of ours, as every answer carries one), or a request the router stops under or fails on (with
+        the id and path its handler knew, counted once)."""
+        rid = request_id or responder.request_id or self.request_id()
+        if not responder.counted:
+            self._count_request(responder, path or responder.path or "other", status)
         self.send_error(responder, APIError(status, message, code=code), [*(headers or []), (b"x-request-id", rid)])
 
     def send_error(self, responder: Responder, err: APIError, extra: list[tuple[bytes, bytes]]) -> None:
@@ -225,6 +235,7 @@ class Gateway:
             forwarded.append((k, v))
         rid = self._own_or_ours(given_id)
         request_id = rid.decode("latin-1")
+        responder.request_id, responder.path = rid, request.path
         post = request.method == "POST"
         if post:
             self.requests_total += 1
@@ -268,7 +279,7 @@ class Gateway:
             return
         except asyncio.CancelledError:  # the client left, or the router stops (the front door answers it 503)
             status = "503" if responder.stopping else "499"
-            self._count(self.metrics.requests, request.path, status)
+            self._count_request(responder, request.path, status)
             self._log(request_id, tenant, request.path, int(status), started, body=body)
             raise
         status = attempt.response.status
@@ -282,7 +293,7 @@ class Gateway:
             # error's is no token at all
             self.metrics.served_ttfb_ms.observe(served_ms)
             self._ttfb.append((started, served_ms))
-        self._count(self.metrics.requests, request.path, str(status))
+        self._count_request(responder, request.path, status)
         self._count(self.metrics.tenant_requests, tenant or "-", str(status))
         learn = None
         if status == 200 and self.needs.prefix_keys:
@@ -352,7 +363,7 @@ class Gateway:
 
     def _refuse(self, responder: Responder, err: APIError, rid: bytes, path: str, tenant: str | None, started: float,
                 body: dict | None) -> None:
-        self._count(self.metrics.requests, path, str(err.status))
+        self._count_request(responder, path, err.status)
         self._count(self.metrics.tenant_requests, tenant or "-", str(err.status))
         if self.model_metrics is not None and path in GENERATION_PATHS and not err.after_attempts:
             self.model_metrics.refused(err.status)  # after attempts, each was counted where it failed

@@ -78,7 +78,7 @@ class Request:
 class Responder:
     """Writes one response: `start` then `write`* then `end`, or `send` for a whole body at once."""
 
-    __slots__ = ("_conn", "_chunked", "started", "ended", "status", "_head_only")
+    __slots__ = ("_conn", "_chunked", "started", "ended", "status", "_head_only", "request_id", "path", "counted")
 
     def __init__(self, conn: HTTPConnection, head_only: bool):
         self._conn = conn
@@ -87,6 +87,11 @@ class Responder:
         self.started = False
         self.ended = False
         self.status = 0
+        # what the handler knew of the request, for an error answered after it (router stopping, a bug): its id,
+        # its path, and whether it was counted already (it was counted twice, and answered with a new id)
+        self.request_id: bytes | None = None
+        self.path: str | None = None
+        self.counted = False
 
     def send(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """A complete response with its content-length: one write."""

@@ -16,6 +16,8 @@ from fleetserve.router.upstream import Upstream, UpstreamError
 
 log = logging.getLogger(__name__)
 
+SILENT = frozenset({"timeout", "unreachable", "dropped", "stalled"})  # probe failures with no answer at all
+
 
 @dataclass
 class Backend:
@@ -208,6 +210,7 @@ class BackendPool:
 
     async def probe(self, backend: Backend) -> None:
         before = backend.in_flight  # ours when the report may have been made: sent, answered, or in between
+        silent = False  # no answer at all (timeout, refused, cut), not an unhealthy answer
         try:
             status, body = await self.client.get(backend.url + self.health_path, timeout=self.timeout)
             ok = status == 200
@@ -224,6 +227,7 @@ class BackendPool:
                     pass
         except UpstreamError as exc:
             ok, error = False, f"health check failed: {exc.kind}"
+            silent = exc.kind in SILENT
         if ok and self.queue_metrics:
             self._start_queue_read(backend)  # beside the probes: a slow /metrics must not slow health detection
         elif not ok:
@@ -239,17 +243,20 @@ class BackendPool:
         backend.successes = 0
         backend.failures += 1
         backend.last_error = error
-        if backend.healthy and backend.failures >= self.unhealthy_after:
-            log.warning("backend %s out: %s", backend.url, error)
-            backend.healthy = False
-            # what it was sent and has not begun to answer goes elsewhere: a stalled replica (SIGSTOP, a hung
-            # GPU) held those requests until the read timeout, long after it was out
+        if backend.failures >= self.unhealthy_after and silent:
+            # what a replica that answers nothing (SIGSTOP, a hung GPU) was sent and has not begun to answer goes
+            # elsewhere: they waited out the read timeout, long after it was out. Every such round, not only the
+            # one that took it out (a failed request may have done that first). A replica that answers its checks
+            # unhealthy (an HTTP error) is answering: what it serves is left to finish
             abandon = getattr(self.client, "abandon", None)
             cut = abandon(backend.url, f"the replica stopped answering its health checks ({error})") if abandon \
                 else 0
             if cut:
                 log.warning("backend %s: %d request(s) it had not begun to answer go to another replica", backend.url,
                             cut)
+        if backend.healthy and backend.failures >= self.unhealthy_after:
+            log.warning("backend %s out: %s", backend.url, error)
+            backend.healthy = False
             self._signal()
 
     def _start_queue_read(self, backend: Backend) -> None:
