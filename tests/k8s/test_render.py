@@ -536,6 +536,23 @@ def test_pods_require_every_key_of_the_specs_required_node_affinity():
     assert [t["matchExpressions"][-1]["values"] for t in terms] == [["a"], ["b"]]
 
 
+def test_a_hostname_rule_stays_on_the_pods_and_out_of_the_nodepool_karpenter_refuses_it_in():
+    """kubernetes.io/hostname in the spec's required node affinity was copied into the NodePool's requirements,
+    which Karpenter v1's CRD refuses ("label kubernetes.io/hostname is restricted"): the whole apply failed."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["placement"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["bad-node"]},
+            {"key": "team", "operator": "Exists"}]}]}}}
+    rendered, _ = _objects(doc)
+    pools = _by(rendered, "NodePool")
+    keys = [{r["key"] for r in p["spec"]["template"]["spec"]["requirements"]} for p in pools]
+    assert keys and all("kubernetes.io/hostname" not in k and "team" in k for k in keys), keys
+    engine = _by(rendered, "Deployment", "chat-engine")[0]["spec"]["template"]["spec"]
+    terms = engine["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert "kubernetes.io/hostname" in {e["key"] for t in terms for e in t["matchExpressions"]}
+
+
 def test_hyperpods_model_metric_trigger_reads_series_the_router_exports_in_front_of_vllm():
     """HyperPod's example scales on sum(model_concurrent_requests{...}), which vLLM does not export (HyperPod's
     reverse-proxy sidecar does, per pod): it read 0 and never scaled past minReplicaCount (then render only
@@ -970,3 +987,25 @@ def test_a_hyperpod_image_neither_vllm_nor_sglang_is_rendered_as_given_and_never
     assert "authorization" not in monitor["spec"]["endpoints"][0]  # Prometheus sends it no token of ours
     for obj in rendered.objects:
         assert validate(obj) == [], obj["kind"]
+
+
+def test_a_long_endpoint_name_makes_pods_it_can_start_and_render_names_the_secrets_to_create():
+    """A 63-character Redis StatefulSet never made a pod (its controller-revision-hash label would be 74
+    characters), and the hashed Secret names the pods read were printed nowhere: pods waited without a word."""
+    from fleetserve.k8s.secrets_needed import describe, secrets_needed
+
+    doc = copy.deepcopy(FULL)
+    doc["metadata"]["name"] = "llama-3-1-8b-instruct-production-kv-routing-endpoint-us-west-2"  # 62
+    rendered, loaded = _objects(doc)
+    for sts in _by(rendered, "StatefulSet"):
+        assert len(sts["metadata"]["name"]) <= 52, sts["metadata"]["name"]
+    needed = dict(secrets_needed(rendered.objects))
+    referenced = {v["secret"]["secretName"] for o in rendered.objects
+                  for v in (o.get("spec", {}).get("template", {}).get("spec", {}).get("volumes") or [])
+                  if "secret" in v}
+    assert referenced and referenced <= set(needed) | {o["metadata"]["name"] for o in _by(rendered, "Secret")}
+    internal = next(n for n in needed if n.endswith("internal") or "internal" in n or "token" in needed[n])
+    assert "token" in needed[internal]
+    assert all(len(n) <= 63 for n in needed)
+    text = describe(sorted(needed.items()), "team-b")
+    assert text.startswith("note: create before applying, in namespace team-b, the Secret(s) ") and internal in text

@@ -100,9 +100,16 @@ def render_k8s(
             raise _fail(f"--output {output}: {exc.strerror or exc}", 1) from None
         if not as_json:
             print(f"{len(paths)} object(s) written to {output}")
+    from fleetserve.k8s.secrets_needed import describe, secrets_needed
+
+    needed = secrets_needed(rendered.objects)
+    if needed and not as_json:  # their names are hashed under long endpoint names, and nothing said them
+        err.print(describe(needed, loaded.endpoint.metadata.namespace) + " (docs/kubernetes.md: their contents)",
+                  markup=False)
     if as_json:
         print(json.dumps({"format": loaded.source_format, "objects": list(rendered.objects),
-                          "warnings": warnings}, indent=2))
+                          "warnings": warnings,
+                          "secrets_needed": [{"name": n, "keys": k} for n, k in needed]}, indent=2))
 
 
 _SUBDOMAIN_RULE = "lower-case letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253"

@@ -74,6 +74,9 @@ def _utc_cron(budget: Budget, index: int, warn) -> str:
     return " ".join([str(total % 60), str(total // 60)] + fields[2:])
 
 
+NODEPOOL_RESTRICTED = frozenset({"kubernetes.io/hostname"})  # karpenter.sh_nodepools: "label ... is restricted"
+
+
 def _requirements(ctx: Context, tier: int) -> list[dict]:
     t = ctx.tiers[tier]
     reqs = [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": sorted(t.instance_types)},
@@ -81,7 +84,9 @@ def _requirements(ctx: Context, tier: int) -> list[dict]:
     zones = list(ctx.options.zones)
     extras = required_extras(ctx)
     if len(extras) == 1:  # extra keys (zones, custom labels) carry over when the terms are not alternatives
-        reqs += extras[0]
+        # but not a key Karpenter v1 refuses in a NodePool (kubernetes.io/hostname: the API server rejected the
+        # whole NodePool); the pods keep it, so the scheduler still honours it
+        reqs += [e for e in extras[0] if e.get("key") not in NODEPOOL_RESTRICTED]
     if zones:
         reqs.append({"key": ZONE_LABEL, "operator": "In", "values": sorted(zones)})
     return reqs

@@ -22,14 +22,17 @@ ENDPOINT_LABEL = "fleetserve.io/endpoint"
 MAX_NAME = 63
 
 
-def dns_name(*parts: str) -> str:
-    """`a-b-c` as a DNS label; over 63 characters: cut, then `-` and 8 hex digits of the full name."""
+MAX_STATEFULSET_NAME = 52  # its pods' controller-revision-hash label is the name, `-` and 10 characters (63)
+
+
+def dns_name(*parts: str, limit: int = MAX_NAME) -> str:
+    """`a-b-c` as a DNS label; over `limit` characters: cut, then `-` and 8 hex digits of the full name."""
     raw = "-".join(p for p in parts if p)
     name = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-") or "x"
-    if len(name) <= MAX_NAME:
+    if len(name) <= limit:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return f"{name[:MAX_NAME - 9].rstrip('-')}-{digest}"
+    return f"{name[:limit - 9].rstrip('-')}-{digest}"
 
 
 def label_value(text: str) -> str:

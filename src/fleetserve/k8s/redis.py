@@ -19,7 +19,7 @@ import ipaddress
 from urllib.parse import urlsplit
 
 from fleetserve.k8s.context import REDIS_PORT, Context
-from fleetserve.k8s.labels import REDIS_LABEL, TENANT_LABEL, dns_name, env_name, label_value
+from fleetserve.k8s.labels import MAX_STATEFULSET_NAME, REDIS_LABEL, TENANT_LABEL, dns_name, env_name, label_value
 
 PASSWORD_ENV = "REDIS_PASSWORD"
 
@@ -107,7 +107,8 @@ def _statefulset(ctx: Context, service: str, tenant: str | None) -> dict:
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": ctx.meta(service, "redis", **extra),
+        # at most 52 characters (a 63-character one never made a pod: its revision label would be 74)
+        "metadata": ctx.meta(dns_name(service, limit=MAX_STATEFULSET_NAME), "redis", **extra),
         "spec": {
             "serviceName": dns_name(service, "headless"),  # a StatefulSet's governing Service is headless
             "replicas": 1,

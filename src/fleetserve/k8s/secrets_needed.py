@@ -1,0 +1,47 @@
+"""The Secrets rendered objects read but do not create, with the keys they read: `render k8s` names them.
+
+The pods of a render mount or read Secrets the user creates (the internal token, a Redis password, API keys, TLS):
+under a long endpoint name their names are hashed, and nothing printed them, so pods sat in ContainerCreating or
+CreateContainerConfigError without a word. Pure: rendered objects in, (name, keys) out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def _pod_specs(obj: dict) -> list[dict]:
+    spec = obj.get("spec") or {}
+    template = (spec.get("template") or {}).get("spec")
+    return [template] if isinstance(template, dict) else []
+
+
+def secrets_needed(objects: Iterable[dict]) -> list[tuple[str, list[str]]]:
+    """(Secret name, keys read, sorted; empty when a whole Secret is mounted) for every Secret the objects'
+    pods read that the objects do not themselves create, sorted by name."""
+    objects = list(objects)
+    created = {o["metadata"]["name"] for o in objects if o.get("kind") == "Secret"}
+    needed: dict[str, set[str]] = {}
+    for obj in objects:
+        for pod in _pod_specs(obj):
+            for volume in pod.get("volumes") or []:
+                secret = volume.get("secret")
+                if secret:
+                    keys = needed.setdefault(secret["secretName"], set())
+                    keys.update(item["key"] for item in secret.get("items") or [])
+            for container in [*(pod.get("containers") or []), *(pod.get("initContainers") or [])]:
+                for env in container.get("env") or []:
+                    ref = (env.get("valueFrom") or {}).get("secretKeyRef")
+                    if ref and not ref.get("optional"):
+                        needed.setdefault(ref["name"], set()).add(ref["key"])
+                for source in container.get("envFrom") or []:
+                    ref = source.get("secretRef")
+                    if ref and not ref.get("optional"):
+                        needed.setdefault(ref["name"], set())
+    return sorted((name, sorted(keys)) for name, keys in needed.items() if name not in created)
+
+
+def describe(needed: list[tuple[str, list[str]]], namespace: str) -> str:
+    """One `note:` line, for the terminal: the Secrets to create before `kubectl apply`."""
+    each = [f"{name}" + (f" (keys {', '.join(keys)})" if keys else "") for name, keys in needed]
+    return f"note: create before applying, in namespace {namespace}, the Secret(s) {'; '.join(each)}"
