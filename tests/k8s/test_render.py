@@ -1009,3 +1009,34 @@ def test_a_long_endpoint_name_makes_pods_it_can_start_and_render_names_the_secre
     assert all(len(n) <= 63 for n in needed)
     text = describe(sorted(needed.items()), "team-b")
     assert text.startswith("note: create before applying, in namespace team-b, the Secret(s) ") and internal in text
+
+
+def test_a_builtin_engine_on_gpus_runs_the_cuda_build_of_the_default_image():
+    """It requested a GPU and ran the CPU-only image: the GPU node was paid for and never used."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["engine"] = {"kind": "builtin", "gpus": 1}
+    rendered, _ = _objects(doc)
+    engines = [d["spec"]["template"]["spec"]["containers"][0] for d in _by(rendered, "Deployment")
+               if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"]
+    assert engines and all(e["image"].endswith(":0.1.0-cuda") for e in engines)
+    doc["spec"]["engine"] = {"kind": "builtin"}
+    rendered, _ = _objects(doc)
+    engines = [d["spec"]["template"]["spec"]["containers"][0] for d in _by(rendered, "Deployment")
+               if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"]
+    assert engines and all(e["image"].endswith(":0.1.0") for e in engines)
+
+
+def test_a_vllm_image_without_lmcache_and_a_token_in_engine_env_are_warned():
+    """LMCache's connector went to any vLLM image (one built without it stops at start), and HF_TOKEN in
+    engine.env went into the Deployment as plain text, both without a word."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["engine"] = {"kind": "vllm", "gpus": 1, "image": "vllm/vllm-openai:v0.10.1",
+                             "env": {"HF_TOKEN": "hf_abc", "LOG_LEVEL": "info", "API_KEY": "$(FROM_SECRET)"}}
+    rendered, _ = _objects(doc)
+    said = {w.path: w.message for w in rendered.warnings}
+    assert "LMCacheConnectorV1" in said["spec.engine.image"]
+    assert "plain text" in said["spec.engine.env.HF_TOKEN"]
+    assert "spec.engine.env.LOG_LEVEL" not in said and "spec.engine.env.API_KEY" not in said
+    doc["spec"]["engine"]["image"] = "lmcache/vllm-openai:v0.3.7"
+    rendered, _ = _objects(doc)
+    assert "spec.engine.image" not in {w.path for w in rendered.warnings}

@@ -501,3 +501,17 @@ def test_an_lmcache_config_file_reaches_vllm_and_is_said_to_override_the_spec():
     assert loaded.endpoint.spec.engine.kind == "vllm"
     assert loaded.endpoint.spec.engine.env["LMCACHE_CONFIG_FILE"] == "/opt/ml/model/lmcache.yaml"
     assert "instead of" in {w.path: w.message for w in loaded.warnings}["spec.kvCacheSpec.cacheConfigFile"]
+
+
+def test_an_sglang_worker_over_four_gpus_with_l1_gets_a_host_cache_it_can_start():
+    """The 2 GiB default over 4 ranks is under SGLang's whole GB a rank: the spec was refused, naming
+    kvCacheSpec.l1.maxBytes, a field HyperPod does not have. The conversion sizes it: a GiB a rank."""
+    def sglang(spec):
+        spec["worker"].update(image="lmsysorg/sglang:latest", args=["--tp", "4"])
+        spec["worker"]["resources"] = {"requests": {"nvidia.com/gpu": "4"}, "limits": {"nvidia.com/gpu": "4"}}
+        spec["instanceType"] = "ml.g5.12xlarge"
+        spec["kvCacheSpec"] = {"enableL1Cache": True}
+
+    engine = _loaded(sglang).endpoint.spec
+    assert engine.engine.kind == "sglang" and engine.engine.gpus == 4
+    assert engine.kv_cache.l1.enabled and engine.kv_cache.l1.max_bytes == 4 << 30

@@ -28,11 +28,14 @@ MODELS_DIR = "/models"
 EXIT_SECONDS = 5  # a pod's grace after its process's own drain: time to exit before SIGKILL
 
 
+DEFAULT_IMAGE = "ghcr.io/fleetserve/fleetserve:0.1.0"  # container/Containerfile; container/Containerfile.cuda: -cuda
+
+
 @dataclass(frozen=True)
 class RenderOptions:
     """Cluster facts the spec does not hold; every one has a CLI flag."""
 
-    image: str = "ghcr.io/fleetserve/fleetserve:0.1.0"
+    image: str = DEFAULT_IMAGE  # built-in engines on GPUs take its -cuda build
     vllm_image: str = "lmcache/vllm-openai:v0.3.7"
     sglang_image: str = "lmsysorg/sglang:v0.5.4"
     redis_image: str = "redis:7.4-alpine"

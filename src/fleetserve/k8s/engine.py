@@ -30,6 +30,7 @@ from fleetserve.capacity.placement import (
 )
 from fleetserve.engine.adapters import ENGINE_TOKEN_ENV, VLLM_TOKEN_ENV, args_after, launch_for
 from fleetserve.k8s.context import (
+    DEFAULT_IMAGE,
     ENGINE_PORT,
     ENGINE_TOKEN_KEY,
     EXIT_SECONDS,
@@ -165,6 +166,9 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
     env += secret_env  # before any value that expands $(REDIS_PASSWORD...)
     if kind == "builtin":
         image = spec.engine.image or ctx.options.image
+        if spec.engine.gpus and not spec.engine.image and image == DEFAULT_IMAGE:
+            # the default image carries the CPU torch wheel: a GPU was requested, paid for and never used
+            image = f"{DEFAULT_IMAGE}-cuda"
         command, args = ["fleetserve"], _builtin_args(ctx, model_path, instance_type, l2_url, tenant_urls)
         extra_env = dict(spec.engine.env)
         metrics_path = "/metrics"
@@ -428,6 +432,13 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
                                  f"{ENGINE_TOKEN_KEY} of {ctx.internal_secret}, which fleetserve passes as the "
                                  "engine's API key; an API key set here replaces it and the router's requests get "
                                  "401: remove it")  # one in engine.env is not used (reserved_env, below)
+    kv = spec.kv_cache
+    image = spec.engine.image or ctx.options.vllm_image
+    if spec.engine.kind == "vllm" and (kv.l1.enabled or kv.l2.enabled) and "lmcache" not in image.lower():
+        warn("spec.engine.image", f"{image} is started with LMCache's connector (--kv-transfer-config "
+                                  "LMCacheConnectorV1) for kvCache's tiers: a vLLM image built without LMCache "
+                                  "stops at start; use an image with it (lmcache/vllm-openai, the default) or turn "
+                                  "kvCache.l1 and kvCache.l2 off")
     if spec.engine.kind == "vllm" and not any(a.split("=")[0].split()[0] == "--shutdown-timeout"
                                               for a in spec.engine.args if a.strip()):
         warn("spec.engine.args", f"vLLM aborts its in-flight requests at SIGTERM unless started with "

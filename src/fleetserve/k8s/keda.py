@@ -167,7 +167,8 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
                  f"cannot move {window.start.text!r} earlier by scheduleLeadTime in cron; the cron trigger starts "
                  "on time")
             start = window.start.text
-        out.append({"type": "cron", "name": f"floor-{window.name}",
+        # a DNS-label name, as KEDA's metric names need ("Bad Name!" went in as given)
+        out.append({"type": "cron", "name": dns_name("floor", window.name),
                     "metadata": {"timezone": window.tz.key, "start": start, "end": window.end.text,
                                  "desiredReplicas": str(window.floor)}})
     for trigger in out:  # every query of AMP, the activation on pending requests included

@@ -9,6 +9,7 @@ field; they never vanish silently.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,7 +84,13 @@ def _plain_credentials(endpoint: Endpoint) -> list[tuple[str, str]]:
              if url and split_credentials(url)[2] and "$(" not in url]
     found += [(f"spec.autoscaling.triggers[{i}].customHeaders", "an authorization header")
               for i, t in enumerate(triggers) if t.custom_headers and "authorization" in t.custom_headers.lower()]
+    found += [(f"spec.engine.env.{name}", "a credential (by its name)")  # HF_TOKEN: hf_... went in silently
+              for name, value in sorted(spec.engine.env.items())
+              if CREDENTIAL_NAME.search(name) and value and "$(" not in value]
     return found
+
+
+CREDENTIAL_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|CREDENTIAL", re.I)
 
 
 #: warnings about settings that only the local fleet ignores: they render here (and the local fleet's count of

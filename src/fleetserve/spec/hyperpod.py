@@ -475,7 +475,13 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
             elif l2spec.get("l2CacheLocalUrl"):
                 url = l2spec["l2CacheLocalUrl"]
                 l2["url"] = url if "://" in url else f"redis://{url}"
-        spec["kvCache"] = {"l1": {"enabled": kv.get("enableL1Cache", True)}, "l2": l2}
+        l1: dict[str, Any] = {"enabled": kv.get("enableL1Cache", True)}
+        ranks = max(int(engine.get("gpus") or 1), 1)
+        if l1["enabled"] and engine["kind"] == "sglang" and ranks > 2:
+            # SGLang's host cache is whole GB a rank: the 2 GiB default over 4 ranks was refused, naming
+            # kvCacheSpec.l1.maxBytes, a field HyperPod does not have; HyperPod's spec states no size, so a GiB a rank
+            l1["maxBytes"] = ranks << 30
+        spec["kvCache"] = {"l1": l1, "l2": l2}
         if kv.get("cacheConfigFile") and engine["kind"] == "vllm":  # LMCache reads the file, not its environment
             engine["env"]["LMCACHE_CONFIG_FILE"] = kv["cacheConfigFile"]
             warn("spec.kvCacheSpec.cacheConfigFile", "LMCache reads this file (LMCACHE_CONFIG_FILE) instead of the "
