@@ -56,8 +56,11 @@ def openai_errors(ctx, response, case) -> bool | None:
             param = err["param"]
             if not param:
                 raise NotOpenAIError(f"400 does not name the parameter at fault: {err}")
+            # a parameter the schema declares, or one the request itself sent: a field the engine refuses by name
+            # (chat's `prediction` in a completions body) is rightly named, whether or not the schema lists it
+            sent = set(case.body) if isinstance(case.body, dict) else set()
             known = _body_properties(case)
-            if known and _param_root(param) not in known:
+            if known and _param_root(param) not in known | sent:
                 raise NotOpenAIError(f"400 names {param!r}, which is no parameter of {case.operation.label}: {err}")
         return None
     if content_type.startswith("text/event-stream"):
