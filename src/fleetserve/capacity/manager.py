@@ -108,6 +108,10 @@ class CapacityManager:
                 self.log.append(f"spot interruption notice: node {e.node_id} terminates{left}; its replicas move")
         return events
 
+    def interrupting(self) -> dict[str, float]:
+        """Node id -> when it goes, for the spot nodes with an interruption notice (their replicas move)."""
+        return {n.id: n.interrupt_at for n in self.provider.nodes() if n.interrupt_at is not None}
+
     def release_interrupted(self, now: float) -> None:
         """A noticed spot node whose replicas all moved away is given back at once, as Karpenter deletes it: it
         stayed, empty and billed, until the notice ran out."""

@@ -675,7 +675,7 @@ class Supervisor:
         r.state.pid = r.child.pid
 
     def _crashed(self, r: Replica, code: int | None, mono: float, why: str, starting_up: bool) -> None:
-        if r.node_id in self._interrupting() and not starting_up:
+        if r.node_id in self.capacity.interrupting() and not starting_up:
             # its node goes: restarted there, it counted as active again, its replacement was scaled away, and
             # it served until the node was terminated under it
             self.say(f"replica {r.state.id} {why} on node {r.node_id}, which has a spot interruption notice; "
@@ -792,7 +792,7 @@ class Supervisor:
                 self._drain(by_id[c.id], mono)
         moving = [r for r in self.replicas if r.state.state == Phase.MOVING]
         ready = sum(1 for r in self.replicas if r.state.state == Phase.READY)
-        for r in moves_to_finish(moving, lambda r: r.node_id, self._interrupting(), ready, desired):
+        for r in moves_to_finish(moving, lambda r: r.node_id, self.capacity.interrupting(), ready, desired):
             self._drain(r, mono)  # its replacement is ready: make-before-break
 
     def _apply_consolidation(self, removals) -> None:
@@ -806,20 +806,16 @@ class Supervisor:
             if on_node:
                 self.say(f"consolidation: node {removal.node_id} is underutilized; moving {len(on_node)} replica(s)")
 
-    def _interrupting(self) -> dict[str, float]:
-        """Node id -> when it goes, for the spot nodes with an interruption notice."""
-        return {n.id: n.interrupt_at for n in self.capacity.nodes() if n.interrupt_at is not None}
-
     def _drain_interrupted(self, mono: float) -> None:
         """Replicas moving off a noticed spot node drain at the latest a drain timeout before it goes."""
-        going, now = self._interrupting(), self.clock()
+        going, now = self.capacity.interrupting(), self.clock()
         for r in self.replicas:
             if r.state.state == Phase.MOVING and r.node_id in going and \
                     spot_drain_due(going[r.node_id], now, self.spec.engine.drain_timeout_seconds):
                 self._drain(r, mono)
 
     def _cancel_moves(self, why: str) -> None:
-        going = self._interrupting()  # a replica on a node that goes cannot stay: it drains at its deadline
+        going = self.capacity.interrupting()  # a replica on a node that goes cannot stay: it drains at its deadline
         moving = [r for r in self.replicas if r.state.state == Phase.MOVING and r.node_id not in going]
         if not moving:
             return

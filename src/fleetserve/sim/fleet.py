@@ -549,7 +549,7 @@ class SimFleet:
             decision = self.controller.tick(now, self._lagged_load())
             self.decisions.append((now - self.t0, decision.desired, decision.reason))
         self._scale_to(self.desired)
-        going = {n.id: n.interrupt_at for n in self.capacity.nodes() if n.interrupt_at is not None}
+        going = self.capacity.interrupting()
         for r in [r for r in self.replicas if r.state == "moving" and r.node_id in going]:
             if spot_drain_due(going[r.node_id], now, self.spec.engine.drain_timeout_seconds):
                 self._drain(r)
@@ -617,7 +617,7 @@ class SimFleet:
                     self._membership()
 
     def _cancel_moves(self, why: str) -> None:
-        going = {n.id for n in self.capacity.nodes() if n.interrupt_at is not None}  # these drain at their deadline
+        going = self.capacity.interrupting()  # these drain at their deadline
         moving = [r for r in self.replicas if r.state == "moving" and r.node_id not in going]
         for r in moving:
             r.state = "ready"
@@ -642,7 +642,7 @@ class SimFleet:
                 self._drain(self._by_id[c.id])
         moving = [r for r in self.replicas if r.state == "moving"]
         ready = sum(1 for r in self.replicas if r.state == "ready")
-        going = {n.id for n in self.capacity.nodes() if n.interrupt_at is not None}
+        going = self.capacity.interrupting()
         for r in moves_to_finish(moving, lambda r: r.node_id, going, ready, desired):
             self._drain(r)  # its replacement is ready: make-before-break
 
