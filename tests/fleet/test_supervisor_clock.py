@@ -291,97 +291,95 @@ spec:
 """
 
 
-def test_a_spot_notice_keeps_the_replica_serving_until_its_replacement_is_ready_or_its_drain_is_due(tmp_path):
+@pytest.fixture
+def spotted(tmp_path):
+    """A supervisor of SPOT_SPEC (or `spec`) in virtual time: (supervisor, wall clock, monotonic clock, what it
+    said); closed at teardown."""
+    made = []
+
+    def supervisor(spec: str = SPOT_SPEC):
+        path = tmp_path / "e.yaml"
+        path.write_text(spec)
+        said: list[str] = []
+        wall = ManualClock(datetime.fromisoformat("2026-01-05T10:00:00+00:00").timestamp())
+        mono = ManualClock(100.0)
+        sup = Supervisor(load_spec_text(spec), str(path), say=said.append, clock=wall, monotonic=mono)
+        made.append(sup)
+        return sup, wall, mono, said
+
+    yield supervisor
+    for sup in made:
+        sup._http.close()
+
+
+def advance(seconds: float, *clocks: ManualClock) -> None:
+    for clock in clocks:
+        clock.advance(seconds)
+
+
+def test_a_spot_notice_keeps_the_replica_serving_until_its_replacement_is_ready_or_its_drain_is_due(spotted):
     """A spot notice drained the fleet's only replica at once: no ready replica for the replacement's whole cold
     start, 90 s of the 120 s notice unused. It moves (make-before-break) and drains at the latest
     drainTimeoutSeconds before the node goes; the emptied node is released then, not at the end of the notice."""
-    path = tmp_path / "e.yaml"
-    path.write_text(SPOT_SPEC)
-    said: list[str] = []
-    wall = ManualClock(datetime.fromisoformat("2026-01-05T10:00:00+00:00").timestamp())
-    mono = ManualClock(100.0)
-    sup = Supervisor(load_spec_text(SPOT_SPEC), str(path), say=said.append, clock=wall, monotonic=mono)
-    try:
-        assert sup._launch(mono())
-        old = sup.replicas[0]
-        old.state.state, old.child = Phase.READY, StoppingChild()
-        sup._capacity_events(mono())  # the node's "ready"
-        sup.capacity.provider.interrupt(old.node_id, wall())
-        sup._capacity_events(mono())
-        assert old.state.state == Phase.MOVING and any("moving 1 serving replica(s)" in m for m in said)
-        assert any(f"spot interruption notice: node {old.node_id} terminates in 120s" in m for m in sup.capacity.log)
-        sup._scale_to(1, mono())
-        new = sup.replicas[1]
-        assert new.state.state == Phase.PENDING and new.node_id != old.node_id  # not on the noticed node
-        wall.advance(89.9)
-        mono.advance(89.9)
-        sup._drain_interrupted(mono())
-        sup._cancel_moves("no capacity")  # a cancelled consolidation does not keep it: its node goes
-        assert old.state.state == Phase.MOVING  # it serves on: 30.1 s left before the node goes
-        wall.advance(0.1)
-        mono.advance(0.1)
-        sup._drain_interrupted(mono())
-        assert old.state.state == Phase.DRAINING and old.drain_deadline == mono() + 30  # ends with the notice
-        sup._remove(old)
-        sup.capacity.release_interrupted(wall())
-        assert old.node_id not in {n.id for n in sup.capacity.nodes()}
-        assert any("interrupted node emptied: released" in m for m in sup.capacity.log)
-    finally:
-        sup._http.close()
+    sup, wall, mono, said = spotted()
+    assert sup._launch(mono())
+    old = sup.replicas[0]
+    old.state.state, old.child = Phase.READY, StoppingChild()
+    sup._capacity_events(mono())  # the node's "ready"
+    sup.capacity.provider.interrupt(old.node_id, wall())
+    sup._capacity_events(mono())
+    assert old.state.state == Phase.MOVING and any("moving 1 serving replica(s)" in m for m in said)
+    assert any(f"spot interruption notice: node {old.node_id} terminates in 120s" in m for m in sup.capacity.log)
+    sup._scale_to(1, mono())
+    new = sup.replicas[1]
+    assert new.state.state == Phase.PENDING and new.node_id != old.node_id  # not on the noticed node
+    advance(89.9, wall, mono)
+    sup._drain_interrupted(mono())
+    sup._cancel_moves("no capacity")  # a cancelled consolidation does not keep it: its node goes
+    assert old.state.state == Phase.MOVING  # it serves on: 30.1 s left before the node goes
+    advance(0.1, wall, mono)
+    sup._drain_interrupted(mono())
+    assert old.state.state == Phase.DRAINING and old.drain_deadline == mono() + 30  # ends with the notice
+    sup._remove(old)
+    sup.capacity.release_interrupted(wall())
+    assert old.node_id not in {n.id for n in sup.capacity.nodes()}
+    assert any("interrupted node emptied: released" in m for m in sup.capacity.log)
 
 
-def test_a_noticed_replica_drains_as_soon_as_its_replacement_is_ready(tmp_path):
-    path = tmp_path / "e.yaml"
-    path.write_text(SPOT_SPEC)
-    wall = ManualClock(datetime.fromisoformat("2026-01-05T10:00:00+00:00").timestamp())
-    mono = ManualClock(100.0)
-    sup = Supervisor(load_spec_text(SPOT_SPEC), str(path), say=lambda _m: None, clock=wall, monotonic=mono)
-    try:
-        assert sup._launch(mono())
-        old = sup.replicas[0]
-        old.state.state, old.child = Phase.READY, StoppingChild()
-        sup.capacity.provider.interrupt(old.node_id, wall())
-        sup._capacity_events(mono())
-        sup._scale_to(1, mono())
-        assert old.state.state == Phase.MOVING
-        wall.advance(20)
-        mono.advance(20)
-        new = sup.replicas[1]
-        new.state.state, new.child = Phase.READY, ReadyChild()
-        sup._scale_to(1, mono())
-        assert old.state.state == Phase.DRAINING and new.state.state == Phase.READY
-    finally:
-        sup._http.close()
+def test_a_noticed_replica_drains_as_soon_as_its_replacement_is_ready(spotted):
+    sup, wall, mono, _ = spotted()
+    assert sup._launch(mono())
+    old = sup.replicas[0]
+    old.state.state, old.child = Phase.READY, StoppingChild()
+    sup.capacity.provider.interrupt(old.node_id, wall())
+    sup._capacity_events(mono())
+    sup._scale_to(1, mono())
+    assert old.state.state == Phase.MOVING
+    advance(20, wall, mono)
+    new = sup.replicas[1]
+    new.state.state, new.child = Phase.READY, ReadyChild()
+    sup._scale_to(1, mono())
+    assert old.state.state == Phase.DRAINING and new.state.state == Phase.READY
 
 
-def test_a_moving_replica_that_crashes_is_not_restarted_on_the_node_that_goes(tmp_path):
+def test_a_moving_replica_that_crashes_is_not_restarted_on_the_node_that_goes(spotted):
     """It restarted in place, counted as active again, its replacement was scaled away as the least useful
     replica, and it served on the noticed node until the node was terminated under it."""
-    spec = SPOT_SPEC.replace("provisioningDelaySeconds: 0", "provisioningDelaySeconds: 90")
-    path = tmp_path / "e.yaml"
-    path.write_text(spec)
-    wall = ManualClock(datetime.fromisoformat("2026-01-05T10:00:00+00:00").timestamp())
-    mono = ManualClock(100.0)
-    said: list[str] = []
-    sup = Supervisor(load_spec_text(spec), str(path), say=said.append, clock=wall, monotonic=mono)
-    try:
-        assert sup._launch(mono())
-        wall.advance(90)
-        mono.advance(90)
-        sup._capacity_events(mono())
-        old = sup.replicas[0]
-        old.state.state, old.child = Phase.READY, StoppingChild()
-        sup.capacity.provider.interrupt(old.node_id, wall())
-        sup._capacity_events(mono())
-        sup._scale_to(1, mono())
-        assert old.state.state == Phase.MOVING and len(sup.replicas) == 2
-        old.child = ExitedChild()
-        sup._tend(old, mono(), starting_up=False)  # it crashes while its replacement's node provisions
-        sup._scale_to(1, mono())
-        assert [(r.state.id, r.state.state) for r in sup.replicas] == [("r1", Phase.PENDING)]
-        assert any("not restarted there" in m for m in said)
-    finally:
-        sup._http.close()
+    sup, wall, mono, said = spotted(SPOT_SPEC.replace("provisioningDelaySeconds: 0", "provisioningDelaySeconds: 90"))
+    assert sup._launch(mono())
+    advance(90, wall, mono)
+    sup._capacity_events(mono())
+    old = sup.replicas[0]
+    old.state.state, old.child = Phase.READY, StoppingChild()
+    sup.capacity.provider.interrupt(old.node_id, wall())
+    sup._capacity_events(mono())
+    sup._scale_to(1, mono())
+    assert old.state.state == Phase.MOVING and len(sup.replicas) == 2
+    old.child = ExitedChild()
+    sup._tend(old, mono(), starting_up=False)  # it crashes while its replacement's node provisions
+    sup._scale_to(1, mono())
+    assert [(r.state.id, r.state.state) for r in sup.replicas] == [("r1", Phase.PENDING)]
+    assert any("not restarted there" in m for m in said)
 
 
 def test_a_replica_the_router_has_out_is_not_counted_as_serving(make, tmp_path, monkeypatch):

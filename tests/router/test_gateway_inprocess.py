@@ -77,6 +77,15 @@ def gateway(script: dict[str, list], clock=None, **settings) -> tuple[Gateway, F
     return Gateway(pool, RouterSettings(strategy="roundrobin", **settings), upstream=upstream), upstream
 
 
+def healthy_after(gw: Gateway, backend, seconds: float) -> None:
+    """The replica answers its probes again `seconds` from now (virtual time): restarted, or its cold start over."""
+    def back():
+        backend.healthy = True
+        gw.pool._signal()
+
+    asyncio.get_running_loop().call_later(seconds, back)
+
+
 def chat(stream: bool = False) -> Request:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
     return Request("POST", "/v1/chat/completions", b"", [(b"content-type", b"application/json")],
@@ -300,11 +309,7 @@ def test_a_request_whose_only_replica_died_under_it_waits_for_one_to_come_back(d
             # before the retry's back-off ends (at least 50 ms); later, the request is a 502 as before
             loop.call_later(0.01, lambda: (setattr(backend, "healthy", False), gw.pool._signal()))
 
-        def back():
-            backend.healthy = True
-            gw.pool._signal()
-
-        loop.call_later(5.0, back)  # restarted
+        healthy_after(gw, backend, 5.0)  # restarted
         out = Recorder()
         started = loop.time()
         await gw.handle(chat(), out)
@@ -324,11 +329,7 @@ def test_the_wait_for_a_replica_that_died_is_left_out_of_the_served_ttft():
                          clock=loop.time, buffer_timeout=600.0)
         backend = gw.pool.backends["10.0.0.1:8000"]
 
-        def back():
-            backend.healthy = True
-            gw.pool._signal()
-
-        loop.call_later(5.0, back)
+        healthy_after(gw, backend, 5.0)
         out = Recorder()
         started = loop.time()
         await gw.handle(chat(stream=True), out)
@@ -360,11 +361,7 @@ def test_a_held_request_goes_as_soon_as_a_replica_is_ready():
         backend.healthy = False
         gw.pool._signal()
 
-        def ready():
-            backend.healthy = True
-            gw.pool._signal()
-
-        loop.call_later(42.0, ready)
+        healthy_after(gw, backend, 42.0)
         out = Recorder()
         started = loop.time()
         await gw.handle(chat(stream=True), out)
