@@ -88,8 +88,10 @@ def test_rbac_is_derived_from_the_reconcile_verbs():
     for kind in CHILD_KINDS:
         verbs = granted[(kind.group, kind.plural)]
         assert set(ACTION_VERBS) | {"get", "list"} <= verbs
-        assert ("watch" in verbs) == (kind.kind == "Deployment")
+        assert ("watch" in verbs) == (kind.kind in ("Deployment", "StatefulSet"))  # status follows their pods
     assert granted[("fleetserve.io", "endpoints/status")] == {"patch"}
+    # blockOwnerDeletion in the children's ownerReferences: OwnerReferencesPermissionEnforcement asks for it
+    assert granted[("fleetserve.io", "endpoints/finalizers")] == {"update"}
     flat = json.dumps(rules)
     assert "*" not in flat and '"pods"' not in flat
     assert ("", "secrets") in granted and "watch" not in granted[("", "secrets")]

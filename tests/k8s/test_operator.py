@@ -281,6 +281,12 @@ def test_status_follows_ready_replicas(env):
     client.set_ready(NS, router[3], 1)
     assert reconciler.reconcile_owner_of(client.objects[router]).status["state"] == "DeploymentInProgress"
     client.set_ready(NS, router[3])
+    # the L2 Redis counts too: an Endpoint whose Redis pod cannot start is not complete
+    (redis,) = [k for k in client.objects if k[1] == "StatefulSet"]
+    status = reconciler.reconcile_owner_of(client.objects[router]).status
+    assert status["state"] == "DeploymentInProgress" and f"{redis[3]} 0/1" in \
+        next(c["message"] for c in status["conditions"] if c["status"] == "True")
+    client.set_ready(NS, redis[3], kind="StatefulSet")
     t_before = clock.t
     status = reconciler.reconcile_owner_of(client.objects[router]).status
     assert status["state"] == "DeploymentComplete" and status["readyReplicas"] == status["replicas"]
@@ -392,3 +398,98 @@ def test_the_simulated_clouds_notes_stay_out_of_kubernetes_warnings():
     local = {w.path for w in loaded.warnings}
     assert {"spec.placement.instanceTypes", "spec.capacity.simulated.limits.p5.48xlarge"} <= local
     assert not [w for w in kubernetes_warnings(loaded) if w.path.startswith(("spec.placement", "spec.capacity"))]
+
+
+def test_two_passes_over_one_endpoint_take_turns():
+    """kopf runs the create handler, the timer and child events in threads at once: a second pass that ran
+    inside the first created what the first was about to, and the new Endpoint failed AlreadyExists."""
+    import threading
+
+    class Interleaving(RecordingClient):
+        second: threading.Thread | None = None
+        armed = False
+
+        def create(self, obj):
+            if self.armed and self.second is None:  # the first child: its event starts another pass now
+                self.second = threading.Thread(target=lambda: results.append(reconciler.reconcile(_endpoint(self))))
+                self.second.start()
+                self.second.join(0.2)
+                assert self.second.is_alive()  # it waits for this pass
+            return super().create(obj)
+
+    results: list = []
+    client = Interleaving()
+    client.create(_resource())
+    reconciler = Reconciler(client, clock=Clock())
+    client.armed = True
+    first = reconciler.reconcile(_endpoint(client))
+    client.second.join(10)
+    assert first.failure is None and results and results[0].failure is None, (first.failure, results)
+    assert results[0].actions == []  # the second pass found everything made
+
+
+def test_a_create_that_finds_our_own_object_is_not_a_conflict(env):
+    """A list that had not caught up with an earlier create (a watch cache, another operator replica): the
+    object is ours, so the pass goes on; an object someone else owns is still the Endpoint's failure."""
+    client, reconciler = env
+    reconciler.reconcile(_endpoint(client))
+    real_list = client.list
+    client.list = lambda av, kind, ns, sel="": [] if kind == "Deployment" else real_list(av, kind, ns, sel)
+    outcome = reconciler.reconcile(_endpoint(client))
+    assert outcome.failure is None and {a.kind for a in outcome.actions if a.verb == "create"} == {"Deployment"}
+
+
+def test_a_pass_over_an_endpoint_being_deleted_creates_nothing(env):
+    """A timer pass that started before the deletion recreated the NodePools the delete handler removed
+    (cluster-scoped: nothing else deletes them)."""
+    client, reconciler = env
+    stale = _endpoint(client)
+    reconciler.reconcile(stale)
+    reconciler.cleanup(stale)
+    assert not [k for k in client.objects if k[1] == "NodePool"]
+    client.objects[(OWNER_API_VERSION, "Endpoint", NS, NAME)]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    client.clear()
+    outcome = reconciler.reconcile(stale)
+    assert outcome.actions == [] and client.writes() == []
+    assert not [k for k in client.objects if k[1] == "NodePool"]
+
+
+def test_a_renamed_deployment_leaves_the_status(env):
+    """The status went out as a merge patch of a map: a Deployment renamed (one instance type instead of
+    two) stayed listed forever."""
+    client, reconciler = env
+    reconciler.reconcile(_endpoint(client))
+    before = set(_endpoint(client)["status"]["deployments"])
+    _update_spec(client, lambda s: s["placement"].update(instanceTypes=s["placement"]["instanceTypes"][:1]))
+    reconciler.reconcile(_endpoint(client))
+    after = set(_endpoint(client)["status"]["deployments"])
+    now = {k[3] for k in client.objects if k[1] in ("Deployment", "StatefulSet")}
+    assert before != after and after == now
+
+
+def test_a_rolling_update_is_not_complete_while_old_pods_serve(env):
+    client, reconciler = env
+    reconciler.reconcile(_endpoint(client))
+    for k in [k for k in client.objects if k[1] in ("Deployment", "StatefulSet")]:
+        client.set_ready(NS, k[3], kind=k[1])
+    assert reconciler.reconcile(_endpoint(client)).status["state"] == "DeploymentComplete"
+    router = next(k for k in client.objects if k[1] == "Deployment" and k[3].endswith("router"))
+    # maxSurge 1: both new pods updated, one not ready yet, one old pod still serving
+    client.objects[router]["status"].update(replicas=3, updatedReplicas=2, readyReplicas=2, availableReplicas=2)
+    status = reconciler.reconcile(_endpoint(client)).status
+    assert status["state"] == "DeploymentInProgress", status
+    assert "rolling out" in next(c["message"] for c in status["conditions"] if c["status"] == "True")
+
+
+def test_a_failed_list_keeps_the_status_and_retries(env):
+    """A 500 on the Deployment list had set DeploymentPending, "no Deployment created yet"."""
+    from fleetserve.k8s.client import ApiError
+
+    client, reconciler = env
+    reconciler.reconcile(_endpoint(client))
+    before = _endpoint(client)["status"]
+    client.fail("list", "Deployment", ApiError("etcd timeout", 500, "InternalError"))
+    client.fail("list", "Deployment", ApiError("etcd timeout", 500, "InternalError"))  # the actions' list first
+    outcome = reconciler.reconcile(_endpoint(client))
+    assert outcome.retry and outcome.failure.reason == "InternalError"
+    assert _endpoint(client)["status"] == before

@@ -125,13 +125,15 @@ class RecordingClient:
     def clear(self) -> None:
         self.calls.clear()
 
-    def set_ready(self, namespace: str, name: str, ready: int | None = None) -> dict:
-        """Play the Deployment controller: `ready` pods ready (default: all of spec.replicas)."""
-        obj = self.objects[self._key("apps/v1", "Deployment", namespace, name)]
+    def set_ready(self, namespace: str, name: str, ready: int | None = None, kind: str = "Deployment") -> dict:
+        """Play the Deployment (or StatefulSet) controller: `ready` pods ready (default: all of spec.replicas)."""
+        obj = self.objects[self._key("apps/v1", kind, namespace, name)]
         want = obj["spec"].get("replicas", 1)
         n = want if ready is None else ready
         obj["status"] = {"observedGeneration": obj["metadata"]["generation"], "replicas": want,
                          "updatedReplicas": n, "readyReplicas": n, "availableReplicas": n}
+        if kind == "StatefulSet":
+            obj["status"].update(currentRevision="r1", updateRevision="r1" if n >= want else "r2")
         obj["metadata"]["resourceVersion"] = str(next(self._versions))
         return copy.deepcopy(obj)
 

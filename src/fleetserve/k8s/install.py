@@ -37,7 +37,7 @@ WEBHOOK_SECRET = f"{NAME}-webhook-tls"
 CERT_DIR = "/etc/fleetserve/webhook"
 LIVENESS_PORT = 8081
 #: the kinds whose events the operator watches (operator.build_registry: child_changed)
-WATCHED = frozenset({("apps/v1", "Deployment")})
+WATCHED = frozenset({("apps/v1", "Deployment"), ("apps/v1", "StatefulSet")})
 ORDER = ("Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
          "Service", "Deployment", "ValidatingWebhookConfiguration")
 
@@ -72,6 +72,9 @@ def rbac_rules() -> list[dict]:
     rules += [
         {"apiGroups": [GROUP], "resources": [OWNER_PLURAL], "verbs": ["get", "list", "patch", "watch"]},
         {"apiGroups": [GROUP], "resources": [f"{OWNER_PLURAL}/status"], "verbs": ["patch"]},
+        # ownerReferences with blockOwnerDeletion need it where OwnerReferencesPermissionEnforcement runs
+        # (OpenShift, hardened clusters): without it every child's create is Forbidden there
+        {"apiGroups": [GROUP], "resources": [f"{OWNER_PLURAL}/finalizers"], "verbs": ["update"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
     return rules

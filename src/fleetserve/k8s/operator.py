@@ -23,10 +23,11 @@ the CRD's structural schema would prune.
 from __future__ import annotations
 
 import datetime
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from fleetserve.k8s.client import ApiError, Client, NotFound, apply_merge_patch
+from fleetserve.k8s.client import ApiError, Client, Conflict, NotFound, apply_merge_patch
 from fleetserve.k8s.context import RenderOptions
 from fleetserve.k8s.reconcile import (
     CHILD_KINDS,
@@ -64,6 +65,14 @@ def plain(value):
     return value
 
 
+class StatusUnread(Exception):
+    """The children could not be listed for the status (an API error): it is left as it was."""
+
+    def __init__(self, error: ApiError):
+        super().__init__(str(error))
+        self.error = error
+
+
 @dataclass
 class Outcome:
     actions: list[Action] = field(default_factory=list)
@@ -77,6 +86,14 @@ class Reconciler:
         self.client = client
         self.options = options or RenderOptions()
         self.clock = clock
+        # kopf runs the Endpoint's handlers, its timer and child events in threads at once: one pass per Endpoint
+        # at a time, or a second pass creates what the first is about to and the first fails AlreadyExists
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def _lock(self, uid: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(uid, threading.Lock())
 
     @staticmethod
     def owner(body: Mapping) -> Owner:
@@ -91,10 +108,17 @@ class Reconciler:
                     if owner.owns(o)]
         return out
 
-    def _apply(self, action: Action) -> None:
+    def _apply(self, action: Action, owner: Owner) -> None:
         c = self.client
         if action.verb == "create":
-            c.create(action.body)
+            try:
+                c.create(action.body)
+            except Conflict:
+                # a list that had not caught up with an earlier create (another operator replica, a watch
+                # lag): ours already, the next pass compares it; anything else's is the Endpoint's failure
+                existing = c.get(action.api_version, action.kind, action.namespace, action.name)
+                if existing is None or not owner.owns(existing):
+                    raise
         elif action.verb == "patch":
             c.patch(action.api_version, action.kind, action.namespace, action.name, action.body)
         else:
@@ -106,6 +130,21 @@ class Reconciler:
     def reconcile(self, body: Mapping) -> Outcome:
         body = plain(body)
         owner = self.owner(body)
+        with self._lock(owner.uid):
+            # what the pass waited behind may have changed it, or begun its deletion: a pass over a stale body
+            # recreated the NodePools that the delete handler had just removed (cluster-scoped: nothing collects
+            # them)
+            try:
+                fresh = self.client.get(OWNER_API_VERSION, OWNER_KIND, owner.namespace, owner.name)
+            except ApiError as exc:  # the status cannot be written either: kopf retries the pass
+                return Outcome(failure=Failure(exc.reason, f"read Endpoint {owner.namespace}/{owner.name}: {exc}"),
+                               retry=True)
+            if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp") or \
+                    (fresh.get("metadata") or {}).get("uid") != owner.uid:
+                return Outcome()
+            return self._reconcile(plain(fresh), owner)
+
+    def _reconcile(self, body: dict, owner: Owner) -> Outcome:
         outcome = Outcome()
         warnings: list[str] = []
         try:
@@ -121,22 +160,28 @@ class Reconciler:
             try:
                 outcome.actions = reconcile(rendered.objects, self.observed(owner), owner)
                 for current in outcome.actions:
-                    self._apply(current)
+                    self._apply(current, owner)
             except ApiError as exc:
                 what = f"{current}: " if current is not None else ""
                 outcome.failure, outcome.retry = Failure(exc.reason, f"{what}{exc}"), True
-        outcome.status = self.write_status(body, owner, outcome.failure, warnings)
+        try:
+            outcome.status = self.write_status(body, owner, outcome.failure, warnings)
+        except StatusUnread as exc:
+            outcome.status = body.get("status") or {}
+            if outcome.failure is None:
+                outcome.failure, outcome.retry = Failure(exc.error.reason, f"list workloads: {exc.error}"), True
         return outcome
 
     def write_status(self, body: dict, owner: Owner, failure: Failure | None, warnings: list[str] | None = None
                      ) -> dict:
-        try:
-            deployments = [d for d in self.client.list("apps/v1", "Deployment", owner.namespace, owner.selector)
-                           if owner.owns(d)]
-        except ApiError:
-            deployments = []
         previous = body.get("status") or {}
-        status = endpoint_status(deployments, body["metadata"].get("generation", 1), previous, self.clock(),
+        try:
+            workloads = [d for kind in ("Deployment", "StatefulSet")
+                         for d in self.client.list("apps/v1", kind, owner.namespace, owner.selector) if owner.owns(d)]
+        except ApiError as exc:
+            # no observation is not "nothing created yet": the status stays as it was, and the pass is retried
+            raise StatusUnread(exc) from None
+        status = endpoint_status(workloads, body["metadata"].get("generation", 1), previous, self.clock(),
                                  failure, warnings or ())
         if apply_merge_patch(previous, status) != previous:
             self.client.patch_status(OWNER_API_VERSION, OWNER_KIND, owner.namespace, owner.name, status)
@@ -145,6 +190,13 @@ class Reconciler:
     def cleanup(self, body: Mapping) -> list[str]:
         """Delete the cluster-scoped children (no ownerReference can reach them); names deleted."""
         owner = self.owner(plain(body))
+        with self._lock(owner.uid):  # after any pass under way, which could create one more
+            gone = self._cleanup(owner)
+        with self._locks_guard:
+            self._locks.pop(owner.uid, None)
+        return gone
+
+    def _cleanup(self, owner: Owner) -> list[str]:
         gone = []
         for kind in CHILD_KINDS:
             if kind.namespaced:
@@ -213,6 +265,7 @@ def build_registry(reconciler: Reconciler, webhook_cert_dir: str | None = None, 
             logger.info(f"drift: {action}")
 
     @kopf.on.event("apps", "v1", "deployments", labels={ENDPOINT_LABEL: kopf.PRESENT}, registry=registry)
+    @kopf.on.event("apps", "v1", "statefulsets", labels={ENDPOINT_LABEL: kopf.PRESENT}, registry=registry)
     def child_changed(body, **_):
         reconciler.reconcile_owner_of(plain(body))
 

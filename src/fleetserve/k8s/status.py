@@ -1,11 +1,12 @@
-"""An Endpoint's status from its child Deployments, with HyperPod's state names.
+"""An Endpoint's status from its child Deployments and StatefulSets (the L2 Redis), with HyperPod's state names.
 
-    endpoint_status(deployments, generation, previous, now, failure=None, warnings=()) -> status
+    endpoint_status(workloads, generation, previous, now, failure=None, warnings=()) -> status
 
-`state` is one of DeploymentPending (nothing created yet), DeploymentInProgress (some Deployment has fewer
-ready replicas than it wants, or has not seen its latest spec), DeploymentComplete (every Deployment has
-observed its generation and has all its replicas ready and updated; one scaled to zero counts as ready) and
-DeploymentFailed (an invalid spec, an API error, or a Deployment past its progress deadline), the values
+`state` is one of DeploymentPending (nothing created yet), DeploymentInProgress (some workload has fewer
+ready replicas than it wants, has not seen its latest spec, or is still replacing old pods),
+DeploymentComplete (every workload has observed its generation and its rollout is done, as `kubectl rollout
+status` judges it: all replicas updated and available, no old pod left; one scaled to zero counts as ready)
+and DeploymentFailed (an invalid spec, an API error, or a Deployment past its progress deadline), the values
 of HyperPod's `status.state`. `conditions` holds one condition per state with `status: "True"` on the
 current one only; its `reason` and `message` say why. `lastTransitionTime` changes only when a condition's
 status flips, so a status computed twice from the same observations is equal (no needless status writes).
@@ -30,26 +31,40 @@ CONDITION = {PENDING: "DeploymentPending", IN_PROGRESS: "DeploymentInProgress", 
 
 @dataclass(frozen=True)
 class Failure:
-    reason: str  # InvalidSpec, RenderFailed, Conflict, Forbidden, ApiError, ProgressDeadlineExceeded
+    reason: str  # InvalidSpec, RenderFailed, an API error's reason (AlreadyExists, ...), ProgressDeadlineExceeded
     message: str
 
 
+def _rolled_out(d: dict, wanted: int) -> bool:
+    """`kubectl rollout status`'s verdict: every replica updated, no old pod left, the updated ones available
+    (a StatefulSet: every replica updated and ready, its current revision the update revision)."""
+    status = d.get("status") or {}
+    updated = status.get("updatedReplicas") or 0
+    if d.get("kind") == "StatefulSet":
+        revision = status.get("updateRevision")
+        return (status.get("readyReplicas") or 0) >= wanted and (
+            revision is None or status.get("currentRevision") == revision or updated >= wanted)
+    return updated >= wanted and (status.get("replicas") or 0) <= updated and \
+        (status.get("availableReplicas") or 0) >= updated
+
+
 def _deployment_progress(d: dict) -> tuple[int, int, bool, str | None]:
-    """(ready, wanted, settled, deadline message) of one Deployment."""
+    """(ready, wanted, settled, deadline message) of one Deployment or StatefulSet."""
     spec, status, meta = d.get("spec") or {}, d.get("status") or {}, d.get("metadata") or {}
     wanted = spec.get("replicas", 1)
-    ready = min(status.get("readyReplicas") or 0, status.get("updatedReplicas") or 0)
+    ready = min(status.get("readyReplicas") or 0, status.get("updatedReplicas") or 0) \
+        if d.get("kind") != "StatefulSet" else status.get("readyReplicas") or 0
     seen = (status.get("observedGeneration") or 0) >= meta.get("generation", 1)
     deadline = next((c.get("message") or "progress deadline exceeded" for c in status.get("conditions") or ()
                      if c.get("type") == "Progressing" and c.get("status") == "False"
                      and c.get("reason") == "ProgressDeadlineExceeded"), None)
-    return ready, wanted, seen and ready >= wanted, deadline
+    return ready, wanted, seen and ready >= wanted and _rolled_out(d, wanted), deadline
 
 
-def endpoint_status(deployments: Sequence[dict], generation: int, previous: dict | None, now: str,
+def endpoint_status(workloads: Sequence[dict], generation: int, previous: dict | None, now: str,
                     failure: Failure | None = None, warnings: Sequence[str] = ()) -> dict:
     previous = previous or {}
-    rows = sorted((d["metadata"]["name"], *_deployment_progress(d)) for d in deployments)
+    rows = sorted((d["metadata"]["name"], *_deployment_progress(d)) for d in workloads)
     ready = sum(r[1] for r in rows)
     wanted = sum(r[2] for r in rows)
     late = [(name, msg) for name, _, _, _, msg in rows if msg]
@@ -62,7 +77,8 @@ def endpoint_status(deployments: Sequence[dict], generation: int, previous: dict
     elif all(r[3] for r in rows):
         state, reason, message = COMPLETE, "AllReplicasReady", f"{ready}/{wanted} replicas ready"
     else:
-        waiting = ", ".join(f"{n} {r}/{w}" for n, r, w, settled, _ in rows if not settled)
+        waiting = ", ".join(f"{n} {r}/{w}" + (" (rolling out: old pods still running)" if r >= w else "")
+                            for n, r, w, settled, _ in rows if not settled)
         state, reason, message = IN_PROGRESS, "ReplicasNotReady", f"waiting for {waiting}"
     old = {c.get("type"): c for c in previous.get("conditions") or ()}
     conditions = []
@@ -75,8 +91,10 @@ def endpoint_status(deployments: Sequence[dict], generation: int, previous: dict
         if flag == "True":
             cond.update(reason=reason, message=message)
         conditions.append(cond)
+    # a merge patch keeps keys it does not name: a workload no longer there (renamed tiers) is removed by name
+    gone = dict.fromkeys(set(previous.get("deployments") or {}) - {r[0] for r in rows})
     out = {"state": state, "observedGeneration": generation, "replicas": wanted, "readyReplicas": ready,
-           "deployments": {n: f"{r}/{w}" for n, r, w, _, _ in rows}, "conditions": conditions}
+           "deployments": {**gone, **{n: f"{r}/{w}" for n, r, w, _, _ in rows}} or None, "conditions": conditions}
     out["failureReason"] = message if state == FAILED else None  # None: a merge patch removes an old one
     out["warnings"] = list(warnings) or None
     return out
