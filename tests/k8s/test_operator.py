@@ -144,7 +144,7 @@ def test_server_defaults_are_not_drift(env):
     reconciler.reconcile(_endpoint(client))
     for obj in _children(client):
         if obj["kind"] == "Deployment":  # what the API server adds
-            obj["spec"]["progressDeadlineSeconds"] = 600
+            obj["spec"]["revisionHistoryLimit"] = 10
             for c in obj["spec"]["template"]["spec"]["containers"]:
                 c["terminationMessagePath"] = "/dev/termination-log"
                 c["imagePullPolicy"] = "IfNotPresent"
@@ -493,3 +493,19 @@ def test_a_failed_list_keeps_the_status_and_retries(env):
     outcome = reconciler.reconcile(_endpoint(client))
     assert outcome.retry and outcome.failure.reason == "InternalError"
     assert _endpoint(client)["status"] == before
+
+
+def test_the_endpoints_annotations_reach_the_engine_pods_as_render_puts_them(env):
+    """The operator read name, namespace and labels only: an istio sidecar switch on the Endpoint reached the
+    pods through `render k8s` and not through the operator. kopf's and kubectl's own records stay off."""
+    client, reconciler = env
+    client.patch(OWNER_API_VERSION, "Endpoint", NS, NAME, {"metadata": {"annotations": {
+        "sidecar.istio.io/inject": "false", "fleetserve.io/last-handled-configuration": "{}",
+        "kubectl.kubernetes.io/last-applied-configuration": "{}"}}})
+    reconciler.reconcile(_endpoint(client))
+    engines = [o for k, o in client.objects.items() if k[1] == "Deployment" and "engine" in k[3]]
+    assert engines
+    for d in engines:
+        pod = d["spec"]["template"]["metadata"].get("annotations") or {}
+        assert pod.get("sidecar.istio.io/inject") == "false", pod
+        assert not any(k.startswith(("fleetserve.io/last-handled", "kubectl.kubernetes.io")) for k in pod), pod

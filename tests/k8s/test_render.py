@@ -241,6 +241,13 @@ def test_vllm_engine_uses_the_adapter_and_rendered_redis():
     assert names.index("REDIS_PASSWORD") < names.index("LMCACHE_REMOTE_URL")
     assert c["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 600
+    # the rollout may take the model load and a new node, an image pull and the fetch before it: Kubernetes'
+    # default 600 s deadline failed the Endpoint (ProgressDeadlineExceeded) on a slow but healthy start
+    assert dep["spec"]["progressDeadlineSeconds"] >= 600 + 600
+    slow = copy.deepcopy(FULL)
+    slow["spec"]["engine"]["startupTimeoutSeconds"] = 1800
+    slow_dep = _by(_objects(slow)[0], "Deployment", "chat-engine-t0")[0]
+    assert slow_dep["spec"]["progressDeadlineSeconds"] > 1800
     assert dep["spec"]["template"]["spec"]["initContainers"][0]["args"][:2] == [
         "fetch", "hf:meta-llama/Llama-3.1-8B-Instruct"]
     redis = _by(rendered, "StatefulSet", "chat-redis")[0]["spec"]["template"]["spec"]["containers"][0]

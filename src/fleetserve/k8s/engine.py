@@ -9,7 +9,9 @@
   source (s3://, hf:, builtin:, catalog:) is fetched by an init container running `fleetserve model
   prepare` into an emptyDir, which the engine reads as /models/current.
 - Probes: startup allows `engine.startupTimeoutSeconds` (the model load), readiness takes a pod out after 2
-  failed probes like the router does, liveness restarts a hung engine.
+  failed probes like the router does, liveness restarts a hung engine. The rollout's progress deadline is
+  that plus `PROGRESS_ALLOWANCE_S` for a new node, the image pull and the model fetch: at Kubernetes' default
+  600 s a large model that starts slowly but well read ProgressDeadlineExceeded (the Endpoint Failed).
 - Graceful termination drains: preStop waits until the endpoints and the router's health probes have
   moved traffic away, then SIGTERM lets in-flight requests finish within the grace period.
 """
@@ -44,6 +46,7 @@ from fleetserve.k8s.redis import engine_l2
 from fleetserve.spec.endpoint import GPU_RESOURCE
 
 GPU = GPU_RESOURCE
+PROGRESS_ALLOWANCE_S = 900  # a GPU node from Karpenter, a ~10 GB engine image, the model fetch
 ROLLOUT_SURGE = 1  # pods a rolling update adds before it removes one; the NodePool's GPU limit leaves room for it
 
 
@@ -356,6 +359,7 @@ def engine_deployment(ctx: Context, tier: int) -> dict:
             "replicas": tier_replicas(ctx, tier),
             "selector": {"matchLabels": ctx.selector("engine", **extra)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": ROLLOUT_SURGE, "maxUnavailable": 0}},
+            "progressDeadlineSeconds": max(600, math.ceil(spec.engine.startup_timeout_seconds) + PROGRESS_ALLOWANCE_S),
             "template": {
                 "metadata": {"labels": ctx.labels("engine", **extra),
                              "annotations": {**user, "fleetserve.io/model-version": spec.model.version}},

@@ -14,14 +14,23 @@ comes back as admission warnings, which kubectl prints; a spec that cannot be re
 from __future__ import annotations
 
 from fleetserve.k8s.context import RenderOptions
-from fleetserve.k8s.reconcile import OWNER_API_VERSION, OWNER_KIND
+from fleetserve.k8s.reconcile import GROUP, OWNER_API_VERSION, OWNER_KIND
 from fleetserve.k8s.render import render, rendered_warnings
 from fleetserve.spec.errors import SpecError, SpecProblem
 from fleetserve.spec.load import LoadedSpec, load_spec_data
 
+#: annotations that are the tools' own records, not the user's settings: kopf's (under our group's prefix) and
+#: kubectl's copy of the whole object
+BOOKKEEPING_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+
+
+def _bookkeeping(key: str) -> bool:
+    return key in BOOKKEEPING_ANNOTATIONS or key.startswith(f"{GROUP}/") or key.startswith(f"kopf.{GROUP}")
+
 
 def endpoint_from_resource(body: dict) -> LoadedSpec:
-    """The Endpoint custom resource as our spec: its name, namespace and labels, and its spec as written."""
+    """The Endpoint custom resource as our spec: its name, namespace, labels and annotations (less the tools'
+    bookkeeping), and its spec as written."""
     meta = body.get("metadata") or {}
     doc = {"apiVersion": OWNER_API_VERSION, "kind": OWNER_KIND,
            "metadata": {"name": meta.get("name") or meta.get("generateName") or "",
@@ -29,6 +38,9 @@ def endpoint_from_resource(body: dict) -> LoadedSpec:
            "spec": body.get("spec")}
     if meta.get("labels"):
         doc["metadata"]["labels"] = dict(meta["labels"])
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if not _bookkeeping(k)}
+    if annotations:  # they go onto the engine pods, as `render k8s` puts them (an istio sidecar switch, ...)
+        doc["metadata"]["annotations"] = annotations
     source = f"{doc['metadata']['namespace']}/{doc['metadata']['name']}"
     return load_spec_data(doc, source)
 
