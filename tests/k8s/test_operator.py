@@ -4,6 +4,7 @@ patches, deletion through ownerReferences, a bad spec, status as Deployments bec
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -509,3 +510,25 @@ def test_the_endpoints_annotations_reach_the_engine_pods_as_render_puts_them(env
         pod = d["spec"]["template"]["metadata"].get("annotations") or {}
         assert pod.get("sidecar.istio.io/inject") == "false", pod
         assert not any(k.startswith(("fleetserve.io/last-handled", "kubectl.kubernetes.io")) for k in pod), pod
+
+
+def test_what_the_api_server_rewrites_is_not_drift():
+    """The API server returns stringData folded into data, leaves out false omitempty bools and writes
+    quantities in canonical form (`4000000000` as `4G`, `0.5` as `500m`): compared as written, the API-key
+    Secret, the engine-pods Service and the Redis StatefulSet were patched on every pass, forever."""
+    spec = copy.deepcopy(FULL["spec"])
+    spec["kvCache"]["l2"]["maxBytes"] = 4_000_000_000
+    spec["engine"]["resources"] = {"requests": {"cpu": "0.5", "memory": "16000000000"}}
+    client = RecordingClient()
+    client.create(_resource(spec))
+    reconciler = Reconciler(client, clock=Clock())
+    reconciler.reconcile(_endpoint(client))
+    stored = client.get("apps/v1", "StatefulSet", NS, "chat-redis")
+    assert "G" in json.dumps(stored["spec"]["template"]["spec"]["containers"][0]["resources"])  # rewritten
+    for _ in range(2):
+        client.clear()
+        assert reconciler.reconcile(_endpoint(client)).actions == []
+        assert client.writes() == []
+    # a real change of amount is still drift
+    _update_spec(client, lambda s: s["kvCache"]["l2"].update(maxBytes=5_000_000_000))
+    assert [a.name for a in reconciler.reconcile(_endpoint(client)).actions if a.verb == "patch"] == ["chat-redis"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 from pathlib import Path
 
@@ -316,7 +317,7 @@ def test_router_flags_secrets_and_pdb():
     one = _by(_objects(BUILTIN_TENANTS)[0], "Deployment", "iso-router")[0]["spec"]["template"]["spec"]["containers"]
     assert one[0]["resources"] == {"requests": {"cpu": "500m", "memory": "256Mi"}}  # it had none: BestEffort
     secret = _by(rendered, "Secret", "chat-api-keys")[0]
-    assert ("a" * 64) in secret["stringData"]["auth.json"]
+    assert ("a" * 64) in base64.b64decode(secret["data"]["auth.json"]).decode()
     assert _by(rendered, "PodDisruptionBudget", "chat-router")
     # the probes ask the router of itself: /health is 503 at zero replicas, which took the routers out of the
     # Service (no request reached the buffer that wakes the fleet) and restarted them every 30 s

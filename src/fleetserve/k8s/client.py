@@ -13,8 +13,9 @@ the RBAC from `render k8s --install` is missing a rule; any other ApiError is re
 None for cluster-scoped kinds (and for `list`, all namespaces).
 
 `RecordingClient` keeps objects in memory the way the API server would for what the operator touches:
-uids, resourceVersion, metadata.generation bumped on spec changes, merge patches, a status subresource, and
-the garbage collector: deleting an owner deletes (cascading) every object whose ownerReferences name its
+uids, resourceVersion, metadata.generation bumped on spec changes, merge patches, a status subresource, what
+it rewrites (`server_normalized`: stringData into data, false omitempty bools dropped, canonical quantities),
+and the garbage collector: deleting an owner deletes (cascading) every object whose ownerReferences name its
 uid. Every call is recorded in `calls`; `fail(verb, kind, error)` injects one failure; `set_ready` plays
 the Deployment controller. No Kubernetes API server runs where fleetserve is developed: this fake is what
 the operator's tests run against.
@@ -92,6 +93,50 @@ def matches(labels: dict[str, str], selector: str) -> bool:
     return True
 
 
+_DECIMAL_SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
+
+
+def canonical_quantity(value: object) -> object:
+    """A resource quantity as the API server writes it back (decimal ones: `4000000000` -> `4G`, `0.5` ->
+    `500m`); binary-suffixed ones and what is not a quantity stay as they were."""
+    from fleetserve.capacity.placement import quantity
+
+    if isinstance(value, bool) or not isinstance(value, str | int | float) or str(value).endswith("i"):
+        return value
+    try:
+        amount = quantity(value)
+    except ValueError:
+        return value
+    if amount != int(amount):
+        milli = amount * 1000
+        return f"{int(milli)}m" if milli == int(milli) else value
+    n, k = int(amount), 0
+    while n and n % 1000 == 0 and k < len(_DECIMAL_SUFFIXES) - 1:
+        n, k = n // 1000, k + 1
+    return f"{n}{_DECIMAL_SUFFIXES[k]}"
+
+
+def server_normalized(obj: object, key: str | None = None, quantities: bool = False) -> object:
+    """What the API server stores and returns for what was written: Secret `stringData` folded into `data`,
+    bools it omits when false left out, resource quantities in canonical form (the operator must see none of
+    these as drift)."""
+    import base64
+
+    from fleetserve.k8s.reconcile import OMITTED_WHEN_FALSE, QUANTITY_MAPS
+
+    if isinstance(obj, dict):
+        out = {k: server_normalized(v, k, key in QUANTITY_MAPS) for k, v in obj.items()
+               if not (v is False and k in OMITTED_WHEN_FALSE)}
+        if obj.get("kind") == "Secret" and "stringData" in out:
+            data = dict(out.get("data") or {})
+            data.update({k: base64.b64encode(str(v).encode()).decode() for k, v in out.pop("stringData").items()})
+            out["data"] = data
+        return out
+    if isinstance(obj, list):
+        return [server_normalized(v) for v in obj]
+    return canonical_quantity(obj) if quantities else obj
+
+
 @dataclass(frozen=True)
 class Call:
     verb: str
@@ -167,7 +212,7 @@ class RecordingClient:
         k = self._key(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
         if k in self.objects:
             raise Conflict(f"{obj['kind']} {meta['name']} already exists")
-        stored = copy.deepcopy(obj)
+        stored = server_normalized(copy.deepcopy(obj))
         stored["metadata"].update(uid=f"uid-{next(self._uids)}", resourceVersion=str(next(self._versions)),
                                   generation=1)
         self.objects[k] = stored
@@ -180,7 +225,7 @@ class RecordingClient:
         if k not in self.objects:
             raise NotFound(f"{kind} {name} not found")
         old = self.objects[k]
-        new = apply_merge_patch(old, {key: v for key, v in patch.items() if key != "status"})
+        new = server_normalized(apply_merge_patch(old, {key: v for key, v in patch.items() if key != "status"}))
         new["metadata"]["resourceVersion"] = str(next(self._versions))
         if new.get("spec") != old.get("spec"):
             new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -180,10 +181,42 @@ def last_applied(obj: dict) -> dict | None:
 _MISSING = object()
 
 
-def covers(have: object, want: object) -> bool:
-    """`have` holds `want`: every wanted key (recursively), lists element by element, scalars equal."""
+#: maps whose values are resource quantities, which the API server writes back in its canonical form
+#: (`4000000000` as `4G`, `0.5` as `500m`): equal amounts are no drift
+QUANTITY_MAPS = frozenset({"limits", "requests"})
+
+
+def _same_quantity(have: object, want: object) -> bool:
+    from fleetserve.capacity.placement import quantity
+
+    if not isinstance(have, str | int | float) or not isinstance(want, str | int | float) or \
+            isinstance(have, bool) or isinstance(want, bool):
+        return False
+    try:
+        a, b = quantity(have), quantity(want)
+    except ValueError:
+        return False
+    return math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
+
+
+#: bools the API server leaves out when false (non-pointer, omitempty): their absence holds `false`. Pointer
+#: bools (allowPrivilegeEscalation, readOnlyRootFilesystem) come back as written, and a missing one is drift
+OMITTED_WHEN_FALSE = frozenset({"publishNotReadyAddresses", "hostNetwork", "hostPID", "hostIPC", "readOnly",
+                                "stdin", "tty"})
+
+
+def _held(have: dict, k: str, want: object, quantities: bool) -> bool:
+    """`have[k]` holds `want`."""
+    if k not in have:
+        return want is False and k in OMITTED_WHEN_FALSE
+    return covers(have[k], want, k in QUANTITY_MAPS) or (quantities and _same_quantity(have[k], want))
+
+
+def covers(have: object, want: object, quantities: bool = False) -> bool:
+    """`have` holds `want`: every wanted key (recursively), lists element by element, scalars equal (quantities
+    in `QUANTITY_MAPS` by amount)."""
     if isinstance(want, dict):
-        return isinstance(have, dict) and all(k in have and covers(have[k], v) for k, v in want.items())
+        return isinstance(have, dict) and all(_held(have, k, v, quantities) for k, v in want.items())
     if isinstance(want, list):
         return isinstance(have, list) and len(have) == len(want) and all(map(covers, have, want))
     if isinstance(want, bool) or isinstance(have, bool):
@@ -191,7 +224,7 @@ def covers(have: object, want: object) -> bool:
     return have == want
 
 
-def merge_patch(last: dict | None, desired: dict, observed: dict) -> dict:
+def merge_patch(last: dict | None, desired: dict, observed: dict, quantities: bool = False) -> dict:
     """The smallest JSON merge patch that takes `observed` to `desired` (three-way, with `last` applied)."""
     last = last or {}
     patch: dict = {}
@@ -199,10 +232,11 @@ def merge_patch(last: dict | None, desired: dict, observed: dict) -> dict:
         have = observed.get(k, _MISSING)
         prev = last.get(k, _MISSING)
         if isinstance(want, dict) and isinstance(have, dict):
-            sub = merge_patch(prev if isinstance(prev, dict) else None, want, have)
+            sub = merge_patch(prev if isinstance(prev, dict) else None, want, have, k in QUANTITY_MAPS)
             if sub:
                 patch[k] = sub
-        elif not covers(have, want) or (isinstance(want, list) and prev is not _MISSING and prev != want):
+        elif not (_held(observed, k, want, quantities)) or \
+                (isinstance(want, list) and prev is not _MISSING and prev != want):
             patch[k] = copy.deepcopy(want)
     for k in last:
         if k not in desired and k in observed:

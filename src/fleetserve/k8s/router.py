@@ -15,6 +15,7 @@ Backends: the engine Service (kube-proxy spreads connections over the ready engi
 
 from __future__ import annotations
 
+import base64
 import json
 
 from fleetserve.api.internal import router_trust_args
@@ -185,12 +186,15 @@ def api_keys_secret(ctx: Context) -> dict | None:
     if not keys or any(k.key_sha256 is None for k in keys):
         return None
     digests = {k.key_sha256: k.tenant for k in keys}
+    text = json.dumps({"keys": dict(sorted(digests.items()))}, sort_keys=True)
+    # `data`, not `stringData`: the API server folds stringData into data and never returns it, so the operator
+    # saw the Secret changed on every pass and patched it again
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": ctx.meta(ctx.api_keys_secret, "router"),
         "type": "Opaque",
-        "stringData": {"auth.json": json.dumps({"keys": dict(sorted(digests.items()))}, sort_keys=True)},
+        "data": {"auth.json": base64.b64encode(text.encode()).decode()},
     }
 
 
