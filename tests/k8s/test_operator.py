@@ -532,3 +532,26 @@ def test_what_the_api_server_rewrites_is_not_drift():
     # a real change of amount is still drift
     _update_spec(client, lambda s: s["kvCache"]["l2"].update(maxBytes=5_000_000_000))
     assert [a.name for a in reconciler.reconcile(_endpoint(client)).actions if a.verb == "patch"] == ["chat-redis"]
+
+
+def test_renamed_engine_deployments_are_replaced_make_before_break(env):
+    """One instance type instead of two renames the engine Deployment: the new one was created with render's
+    replica count (1) and the KEDA-scaled old ones (5 busy replicas) deleted in the same pass."""
+    client, reconciler = env
+    reconciler.reconcile(_endpoint(client))
+    old = sorted(k for k in client.objects if k[1] == "Deployment" and "-engine-t" in k[3])
+    assert len(old) == 2
+    client.objects[old[0]]["spec"]["replicas"] = 5  # KEDA scaled tier 0
+    _update_spec(client, lambda s: s["placement"].update(instanceTypes=s["placement"]["instanceTypes"][:1]))
+    outcome = reconciler.reconcile(_endpoint(client))
+    (created,) = [a for a in outcome.actions if a.verb == "create" and a.kind == "Deployment"]
+    assert created.name == "chat-engine" and created.body["spec"]["replicas"] == 5
+    assert not [a for a in outcome.actions if a.verb == "delete" and a.kind == "Deployment"]
+    assert all(k in client.objects for k in old)  # still serving
+    client.set_ready(NS, "chat-engine", 2)  # not all ready yet: the old ones stay
+    assert not [a for a in reconciler.reconcile(_endpoint(client)).actions if a.kind == "Deployment"]
+    client.set_ready(NS, "chat-engine")
+    deleted = [a.name for a in reconciler.reconcile(_endpoint(client)).actions if a.verb == "delete"]
+    assert sorted(deleted) == sorted(k[3] for k in old)
+    assert not any(k in client.objects for k in old)
+    assert reconciler.reconcile(_endpoint(client)).actions == []
