@@ -435,3 +435,12 @@ def test_a_spot_fleet_of_one_with_a_drain_as_long_as_the_notice_is_told_what_a_n
     assert "spec.engine.drainTimeoutSeconds" not in {w.path for w in load_spec_text(shorter).warnings}
     two = GOOD.replace("  replicas: 2", "  replicas: 2\n" + spot)
     assert "spec.engine.drainTimeoutSeconds" not in {w.path for w in load_spec_text(two).warnings}
+
+
+@pytest.mark.parametrize("key,camel", [("request_limits", "requestLimits"), ("kv_cache", "kvCache")])
+def test_field_names_in_python_form_are_refused_as_the_crd_refuses_them(key, camel):
+    """`request_limits:` passed `fleetserve validate` and the admission webhook (pydantic read fields by their
+    Python names too), while the CRD has only the camelCase names: the API server pruned the section, and the
+    Endpoint ran without its limits."""
+    (msg,) = problems(GOOD + f"  {key}: {{}}\n")
+    assert f"spec.{key}: unknown field" in msg and camel in msg, msg

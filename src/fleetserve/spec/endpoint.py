@@ -702,7 +702,7 @@ class SloSection(SpecModel):
 
     ttft_p95_ms: float = Field(default=2000.0, ge=1, description="time to first token, 95th percentile")
     e2e_p95_ms: float = Field(default=30000.0, ge=1, alias="e2eP95Ms",  # to_camel's "e2EP95Ms" still read
-                              validation_alias=AliasChoices("e2eP95Ms", "e2EP95Ms", "e2e_p95_ms"),
+                              validation_alias=AliasChoices("e2eP95Ms", "e2EP95Ms"),
                               description="end-to-end latency, 95th percentile")
     cost_per_hour_usd: float | None = Field(default=None, ge=0.0001,  # as the flags
                                             description="GPU spend per hour; none: no limit")

@@ -68,7 +68,7 @@ def load_spec_data(data: Any, source: str | None = None) -> LoadedSpec:
             raise SpecError(exc.problems, source) from None
         fmt = "hyperpod"
     try:
-        endpoint = Endpoint.model_validate(data)
+        endpoint = Endpoint.model_validate(data, by_alias=True, by_name=False)
     except ValidationError as exc:
         problems = problems_from_validation(exc, Endpoint)
         if fmt == "hyperpod":
