@@ -10,11 +10,12 @@ from typer.testing import CliRunner
 
 from fleetserve.cli.app import app
 from fleetserve.cli.status_view import render, watch
-from fleetserve.fleet.state import FleetState, NodeState, ReplicaState, write_state
+from fleetserve.fleet.state import FleetState, NodeState, ReplicaState, process_start, write_state
 
 
 def fleet(name="demo", ready=2, status="ready") -> FleetState:
     return FleetState(name=name, namespace="team-a", model="tiny", spec_path="x.yaml", supervisor_pid=os.getpid(),
+                      supervisor_start=process_start(os.getpid()),  # this process stands for a live supervisor
                       status=status, url="http://127.0.0.1:8000/v1", strategy="prefixaware", desired=3, ready=ready,
                       cost_per_hour=1.234, cost_total=0.5,
                       last_decision={"desired": 3, "reason": "concurrency 9.0 > target 4"},

@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -65,6 +66,23 @@ def test_up_detach_serves_restarts_crashed_replica_and_down_cleans_up(tmp_path, 
     again = fleetserve("up", spec, "--detach", env=home)
     assert again.returncode == 1 and "already running" in again.stderr
 
+    # a router that cannot come back (its port taken meanwhile) is named, not hidden behind "ready"
+    state = status(home)[0]
+    assert state["router_status"] == "up" and "serving" not in state or not state["serving"]
+    port = int(state["url"].rsplit(":", 1)[1].split("/")[0])
+    os.kill(state["router_pid"], signal.SIGKILL)
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        wait_until(lambda: _bound(squatter, port), 10, interval=0.05, what="the router's port taken")
+        squatter.listen()
+        wait_until(lambda: "restarting (exit code 1" in status(home)[0]["router_status"], 60, interval=0.3,
+                   what="the router's failed restart reported")
+        now = status(home)[0]
+        assert now["serving"].startswith("router restarting (exit code") and "nothing is served" in now["serving"]
+        assert "in use" in now["router_status"], now["router_status"]
+    wait_until(lambda: status(home)[0]["router_status"] == "up", 60, interval=0.3, what="the router back")
+    client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+
     down = fleetserve("down", env=home)
     assert down.returncode == 0, down.stderr
     assert leftovers(home) == []
@@ -78,6 +96,31 @@ def test_up_detach_serves_restarts_crashed_replica_and_down_cleans_up(tmp_path, 
     assert gone.returncode == 2 and f"no fleet named {name!r}" in gone.stderr
     assert fleetserve("down", name, env=home).returncode == 2
     assert fleetserve("status", "--interval", "5", env=home).returncode == 2  # redraws only with --watch
+
+
+def _bound(sock, port) -> bool:
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
+
+
+def test_a_router_port_in_use_fails_the_start_naming_the_field(tmp_path, tiny_model, home):
+    """Another fleet's router on the port answered the readiness check: the second fleet read "ready" with the
+    first one's endpoint, its own router restarting in a loop behind it."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        path = write_spec(tmp_path, tiny_model, name="busy", replicas=1)
+        with open(path, "a") as f:
+            f.write(f"  router: {{port: {port}}}\n")
+        up = fleetserve("up", path, "--detach", env=home)
+    assert up.returncode == 1
+    assert f"spec.router.port: port {port} on 127.0.0.1 is already in use" in up.stderr, up.stderr
+    assert "Traceback" not in up.stderr
+    assert leftovers(home) == []
 
 
 def test_failed_start_reports_the_cause_and_leaves_nothing(tmp_path, home):
@@ -97,7 +140,9 @@ def test_replica_crashing_at_start_fails_the_fleet_with_its_log(tmp_path, tiny_m
     assert leftovers(home) == []
 
 
-def test_foreground_up_stops_everything_on_sigterm(tmp_path, tiny_model, home):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_foreground_up_stops_everything_on_sigterm(tmp_path, tiny_model, home, sig):
+    """SIGHUP too (the terminal closed): it had killed the supervisor at once, its requests in flight cut."""
     spec = write_spec(tmp_path, tiny_model, name="fg", replicas=1)
     proc = subprocess.Popen([sys.executable, "-m", "fleetserve", "up", spec], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, **home})
@@ -106,11 +151,13 @@ def test_foreground_up_stops_everything_on_sigterm(tmp_path, tiny_model, home):
             if line.startswith("endpoint:"):
                 break
         assert status(home, "fg")[0]["status"] == "ready"
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         assert proc.wait(timeout=60) == 0
         assert leftovers(home) == []
+        assert status(home, "fg")[0]["status"] == "stopped"
         said = proc.stderr.read()  # it said nothing between the signal and its exit
-        assert "stopping fleet fg: the router, then 1 replica(s)" in said and "fleet fg stopped; it cost $" in said
+        if sig == signal.SIGTERM:  # after a hang-up there is no terminal to tell
+            assert "stopping fleet fg: the router, then 1 replica(s)" in said and "fleet fg stopped; it cost $" in said
     finally:
         proc.kill()
 
@@ -223,3 +270,44 @@ def test_down_lets_a_stream_under_way_finish_before_the_replicas_stop(tmp_path, 
     usage = next(c.usage for c in reversed(rest) if c.usage is not None)
     assert usage.completion_tokens == 1500 and not stopping.is_alive()
     assert leftovers(home) == [] and status(home, "drain")[0]["status"] == "stopped"
+
+
+def test_a_dead_supervisors_pid_taken_by_another_process_is_not_the_fleet(home, tmp_path):
+    """The state keeps the supervisor's pid; once it died, and the pid went to another process (a reboot, a
+    long uptime), `status` read the fleet ready, `up` refused to start it, and `down` SIGTERMed that process."""
+    from fleetserve.fleet.state import FleetState
+
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        run = tmp_path / "home" / "run" / "gone"
+        run.mkdir(parents=True)
+        state = FleetState(name="gone", namespace="default", model="tiny", spec_path="/x.yaml", status="ready",
+                           supervisor_pid=stranger.pid, supervisor_start="1", url="http://127.0.0.1:1/v1")
+        (run / "state.json").write_text(json.dumps(state.to_json()))
+        (shown,) = status(home, "gone")
+        assert shown["status"] != "ready", shown
+        assert fleetserve("down", "gone", env=home).returncode == 0
+        assert stranger.poll() is None  # untouched
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_replicas_zero_without_autoscaling_answers_at_once_and_says_why(tmp_path, tiny_model, home):
+    """Nothing wakes such a fleet: status promised "the next request wakes it" while requests waited out the
+    buffer timeout (10 minutes by default) for a 503 naming nothing."""
+    spec = write_spec(tmp_path, tiny_model, name="paused", replicas=0)
+    checked = fleetserve("validate", spec, env=home)
+    assert checked.returncode == 0 and "spec.replicas: 0 with no autoscaling" in checked.stdout + checked.stderr
+    up = fleetserve("up", spec, "--detach", env=home)
+    assert up.returncode == 0, up.stderr
+    try:
+        (state,) = status(home)
+        assert state["serving"] == "no replica wanted; see error" and "no autoscaling" in state["error"]
+        client = openai.OpenAI(base_url=state["url"], api_key="x", max_retries=0, timeout=30)
+        with pytest.raises(openai.APIStatusError) as info:
+            client.completions.create(model="tiny", prompt="hi", max_tokens=2)
+        assert info.value.status_code == 503 and "spec.replicas is 0" in str(info.value)
+    finally:
+        assert fleetserve("down", env=home).returncode == 0
+    assert leftovers(home) == []

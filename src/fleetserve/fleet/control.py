@@ -19,6 +19,7 @@ from fleetserve.fleet.state import (
     pid_alive,
     read_state,
     running_fleets,
+    supervisor_alive,
     write_state,
 )
 
@@ -34,7 +35,7 @@ class FleetError(Exception):
 
 def ensure_not_running(name: str) -> None:
     state = read_state(name)
-    if state and pid_alive(state.supervisor_pid) and state.status not in ("stopped", "failed"):
+    if state and supervisor_alive(state) and state.status not in ("stopped", "failed"):
         raise FleetError(f"fleet {name!r} is already running (supervisor pid {state.supervisor_pid}, "
                          f"{state.url or 'starting'}); stop it with: fleetserve down {name}")
 
@@ -80,7 +81,7 @@ def start_detached(spec_path: str, name: str, timeout: float, extra_args: tuple[
 def dead_fleets() -> list[FleetState]:
     """Fleets whose supervisor was killed before it could write its end (state says running, no process)."""
     return [mark_stale(f) for f in list_fleets()
-            if f.status not in ("stopped", "failed") and not pid_alive(f.supervisor_pid)]
+            if f.status not in ("stopped", "failed") and not supervisor_alive(f)]
 
 
 def pick_fleet(name: str | None) -> FleetState:
@@ -117,13 +118,13 @@ def _is_ours(pid: int, state: FleetState) -> bool:
 def stop_fleet(state: FleetState, timeout: float = 60.0) -> None:
     """SIGTERM the supervisor (it stops its children in order); SIGKILL whatever is left after `timeout`."""
     pid = state.supervisor_pid
-    if pid_alive(pid):
+    if supervisor_alive(state):  # never a process that took over a dead supervisor's pid
         os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if pid_alive(pid):
-        os.kill(pid, signal.SIGKILL)  # its children die with it (PR_SET_PDEATHSIG)
+        deadline = time.monotonic() + timeout
+        while supervisor_alive(state) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if supervisor_alive(state):
+            os.kill(pid, signal.SIGKILL)  # its children die with it (PR_SET_PDEATHSIG)
     leftovers = [state.router_pid, state.redis_pid, state.prometheus_pid] + [r.pid for r in state.replicas]
     for child in leftovers:
         if child and pid_alive(child) and _is_ours(child, state):

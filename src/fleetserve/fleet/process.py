@@ -8,6 +8,7 @@ router gets SIGTERM and shuts down gracefully within seconds; the others SIGKILL
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
 import socket
@@ -34,6 +35,27 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on host:port here, or None when it can (checked by binding, as the router
+    will, with SO_REUSEADDR); port 0 checks the host alone."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"host {host!r} does not resolve ({exc.strerror})"
+    family, kind, proto, _name, address = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is already in use (another fleet's router, or another server)"
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return f"{host} is not an address of this machine"
+            return f"cannot listen on {host}:{port}: {exc.strerror}"
+    return None
 
 
 def fleetserve_command(*args: str) -> list[str]:

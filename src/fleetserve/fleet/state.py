@@ -66,9 +66,11 @@ class FleetState:
     tls_cert: str = ""  # the certificate clients should trust (https endpoints)
     l2_url: str = ""  # the Redis the fleet started for the L2 tier
     l2_status: str = ""  # "up", or "restarting (...)" while the supervisor brings it back
+    router_status: str = ""  # "up" once it answers this fleet's admin token; "restarting (exit code ...)"
     redis_pid: int | None = None
     prometheus_url: str = ""  # the fleet's own Prometheus (spec.observability.prometheus), if it runs one
     prometheus_pid: int | None = None
+    supervisor_start: str = ""  # process_start(supervisor_pid): tells the supervisor from a process reusing its pid
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -119,7 +121,7 @@ def read_previous_state(name: str) -> FleetState | None:
             state = FleetState.from_json(json.loads((folder / file).read_text()))
         except (OSError, json.JSONDecodeError, TypeError):
             continue
-        if not pid_alive(state.supervisor_pid):
+        if not supervisor_alive(state):
             return state
     return None
 
@@ -127,17 +129,19 @@ def read_previous_state(name: str) -> FleetState | None:
 def serving_note(state: FleetState) -> str:
     """What a running fleet serves, beside its status: "ready" alone read as serving while no replica could be
     placed or none had started yet. Empty when every wanted replica serves."""
+    if state.status == "ready" and state.router_status not in ("", "up"):
+        return f"router {state.router_status}: nothing is served"
     if state.status != "ready" or state.ready >= max(state.desired, 1):
         return ""
     if state.desired == 0:
-        return "scaled to zero: the next request wakes it"
+        return "no replica wanted; see error" if state.error else "scaled to zero: the next request wakes it"
     serving = "no replica serving" if state.ready == 0 else f"{state.ready} of {state.desired} replicas serving"
     return serving + ("; see error" if state.error else "")
 
 
 def mark_stale(state: FleetState) -> FleetState:
     """What `status` shows for a fleet whose supervisor vanished without writing its end: nothing is ready."""
-    if pid_alive(state.supervisor_pid) or state.status in ("stopped", "failed"):
+    if supervisor_alive(state) or state.status in ("stopped", "failed"):
         return state
     state.status = "dead"
     state.ready = 0
@@ -150,6 +154,31 @@ def mark_stale(state: FleetState) -> FleetState:
     if not running:  # nothing runs, so nothing costs: the last $/h and nodes were shown as if billing went on
         state.cost_per_hour, state.nodes = 0.0, []
     return state
+
+
+def process_start(pid: int) -> str | None:
+    """When the process started (clock ticks since boot, /proc/PID/stat), None where that cannot be read: with
+    the pid it names one process, which a reused pid does not."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def supervisor_alive(state: FleetState) -> bool:
+    """The fleet's supervisor still runs: its pid is alive and is the same process (a pid reused after the
+    supervisor died, or after a reboot, made `status` read ready and `down` SIGTERM an unrelated process)."""
+    pid = state.supervisor_pid
+    if not pid_alive(pid):
+        return False
+    now = process_start(pid)
+    if state.supervisor_start and now is not None:
+        return now == state.supervisor_start
+    try:  # a state written before start times were recorded: the process must at least be ours
+        return b"fleetserve" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -177,4 +206,4 @@ def list_fleets() -> list[FleetState]:
 
 
 def running_fleets() -> list[FleetState]:
-    return [s for s in list_fleets() if pid_alive(s.supervisor_pid) and s.status not in ("stopped", "failed")]
+    return [s for s in list_fleets() if supervisor_alive(s) and s.status not in ("stopped", "failed")]

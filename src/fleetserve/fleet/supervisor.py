@@ -17,6 +17,7 @@ only the start-up waits on child processes, which sleep for real, read `time.mon
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -44,7 +45,7 @@ from fleetserve.fleet import prometheus
 from fleetserve.fleet.capacity import build_capacity
 from fleetserve.fleet.lifecycle import ROUTER_STATE, SERVING, Phase, advance
 from fleetserve.fleet.metrics import SupervisorMetrics
-from fleetserve.fleet.process import Child, fleetserve_command, free_port
+from fleetserve.fleet.process import Child, bind_problem, fleetserve_command, free_port
 from fleetserve.fleet.restarts import Backoff
 from fleetserve.fleet.state import (
     FleetState,
@@ -52,6 +53,7 @@ from fleetserve.fleet.state import (
     ReplicaState,
     fleet_dir,
     pid_alive,
+    process_start,
     read_previous_state,
     write_state,
 )
@@ -80,6 +82,9 @@ L2_PROBE_S = 10.0  # how often the L2 Redis is pinged for `status` (an external 
 def engine_url(port: int) -> str:
     """A local replica's address: engines listen on loopback only."""
     return f"http://127.0.0.1:{port}"
+
+
+STATIC_ZERO = "spec.replicas is 0 and the fleet has no autoscaling: no replica starts (set replicas, or autoscaling)"
 
 
 class StartupError(Exception):
@@ -147,6 +152,7 @@ class Supervisor:
             model=self.endpoint.served_model_name,
             spec_path=os.path.abspath(spec_path),
             supervisor_pid=os.getpid(),
+            supervisor_start=process_start(os.getpid()) or "",
             warnings=[str(w) for w in loaded.warnings],
         )
         self._http = httpx.Client(timeout=1.0, trust_env=False)
@@ -166,10 +172,20 @@ class Supervisor:
             self._force = True
         self._stop = True
 
+    def hang_up(self, *_args) -> None:
+        """SIGHUP (the terminal of a foreground `up` closed): a graceful stop like SIGTERM, not the default death
+        that cut every request in flight; what the stop prints goes nowhere, the terminal being gone."""
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+        self.request_stop()
+
     def run(self, on_ready: Callable[[FleetState], None] | None = None) -> int:
         """Start, supervise until a stop is requested, stop. Returns the process exit code."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+        signal.signal(signal.SIGHUP, self.hang_up)
         code = 0
         try:
             self._start()
@@ -356,6 +372,10 @@ class Supervisor:
         if strategy not in registered_policies():
             strategy = "leastload"
         host = self.spec.router.host
+        problem = bind_problem(host, self.spec.router.port)
+        if problem:  # the router would exit at once; a port another fleet's router held even read as ready
+            field = "spec.router.port" if "port" in problem else "spec.router.host"
+            raise StartupError(f"{field}: {problem}")
         port = self.spec.router.port or free_port(host)
         security = self._security_args()
         cmd = fleetserve_command("router", "--host", host, "--port", str(port), "--strategy", strategy,
@@ -399,7 +419,9 @@ class Supervisor:
             if self.router.exit_code() is not None:
                 raise StartupError(f"router exited with code {self.router.exit_code()} during start-up; "
                                    f"last log lines ({self.router.log_path}):\n{self.router.log_tail()}")
-            if self._get(self.router_url + "/metrics", {"x-fleetserve-admin": self.admin_token}) is not None:
+            # an admin path, which answers only this fleet's token: another server on the port is not our router
+            if self._router_load() is not None:
+                self.state.router_status = "up"
                 return
             if time.monotonic() > deadline:
                 raise StartupError(f"router was not ready after 60s; see {self.router.log_path}")
@@ -510,6 +532,9 @@ class Supervisor:
         """Why no replica can start now, for the router to tell the requests it holds (a crash loop at zero had
         them wait out the buffer timeout, 10 minutes by default, for a 503 naming nothing): none serves, one is
         wanted, and the last launch found no capacity or a replica failed to start twice in a row."""
+        if self._desired() == 0 and self.controller is None and self.spec.engine.kind != "external":
+            self.state.error = STATIC_ZERO  # status read "the next request wakes it"
+            return STATIC_ZERO  # nothing wakes it: held requests waited out the buffer timeout
         if self._desired() == 0 or any(r.state.state in SERVING for r in self.replicas):
             return None
         if self.state.error.startswith("cannot place a replica"):
@@ -854,6 +879,8 @@ class Supervisor:
     def _reconcile(self, mono: float, starting_up: bool = False) -> None:
         self._capacity_events(mono)
         load = self._router_load() if self.router else None
+        if load is not None:
+            self.state.router_status = "up"
         self._in_flight_by_url = {b["url"]: b["in_flight"] for b in (load or {}).get("backends", [])}
         # unknown without a report (the router restarting): the supervisor's own view stands, not a stale one
         self._router_out = {b["url"] for b in (load or {}).get("backends", []) if b.get("healthy") is False}
@@ -881,6 +908,7 @@ class Supervisor:
             self._reconcile(mono)
             if self._keep_alive(self.router, self._router_backoff, mono, "router"):
                 self.state.router_pid = self.router.pid
+                self.state.router_status = "restarted, not answering yet"
                 self._pushed = None
             if self._keep_alive(self.redis, self._redis_backoff, mono, "redis-server (the L2 tier)"):
                 self.state.l2_status, self.state.redis_pid = "up", self.redis.pid
@@ -913,6 +941,10 @@ class Supervisor:
             log.warning("%s exited with code %s; last log lines:\n%s", what, code, child.log_tail(5))
             if child is self.redis:
                 self.state.l2_status = f"restarting (exit code {code})"
+            if child is self.router:  # the fleet serves nothing meanwhile: status must not read plain "ready"
+                last = next((line.strip() for line in reversed(child.log_tail(5).splitlines())
+                             if "error" in line.lower()), "")  # its own last error, never an access-log line
+                self.state.router_status = f"restarting (exit code {code}{': ' + last[-160:] if last else ''})"
             return False
         if not backoff.due(mono):
             return False

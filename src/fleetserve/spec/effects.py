@@ -96,6 +96,9 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
             spec.replicas < auto.min_replica_count:
         note("spec.replicas", f"{spec.replicas} is below autoscaling.minReplicaCount ({auto.min_replica_count}): "
                               f"the fleet starts at {auto.min_replica_count} and never runs fewer")
+    if spec.replicas == 0 and (auto is None or not auto.enabled) and spec.engine.kind != "external":
+        note("spec.replicas", "0 with no autoscaling: no replica ever starts, and every request is answered 503 "
+                              "(set replicas, or autoscaling with minReplicaCount 0 to wake on requests)")
     if spec.placement.node_affinity:
         _affinity_notes(spec.placement.node_affinity, note)
     if spec.placement.instance_types:
