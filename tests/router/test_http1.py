@@ -229,3 +229,30 @@ def test_a_trickling_request_behind_one_being_answered_lets_that_answer_out_firs
 
     out = run(main())
     assert out.index(b"x-path: /first") < out.index(b"x-path: /second") < out.index(b"HTTP/1.1 408")
+
+
+def test_an_answer_finished_during_a_stop_says_connection_close():
+    """A keep-alive client whose request was under way at the stop got its answer without `connection: close`,
+    sent its next request on that connection, and found it closed under it: no answer at all."""
+    release = asyncio.Event()
+
+    async def slow(request, responder):
+        await release.wait()
+        responder.send(200, [], b"ok")
+
+    async def main():
+        door, port = await start(slow)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.1)  # the request is under way
+        stopping = asyncio.create_task(door.shutdown(10))
+        await asyncio.sleep(0.1)
+        release.set()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        await stopping
+        writer.close()
+        return head
+
+    head = run(main()).lower()
+    assert head.startswith(b"http/1.1 200") and b"connection: close" in head, head

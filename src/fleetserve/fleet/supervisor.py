@@ -301,8 +301,10 @@ class Supervisor:
             time.sleep(0.1)
         out, err = proc.communicate()
         if proc.returncode != 0:
+            self._check_stop()  # a terminal's Ctrl-C reaches the preparing child too: a stop, not a bad model
             last = (err or out).strip().splitlines()[-1:] or ["no output"]
-            raise StartupError(f"cannot prepare model {model.source}: {last[0]}")
+            reason = last[0].removeprefix("error: ")
+            raise StartupError(f"spec.model.source: cannot prepare model {model.source}: {reason}")
         return out.strip().splitlines()[-1]
 
     def _start(self) -> None:

@@ -341,6 +341,7 @@ class HTTPConnection(asyncio.Protocol):
         except asyncio.CancelledError:
             if not self.closed:  # cancelled while the client is still there: shutting down
                 if not responder.started:
+                    self.keep_alive_off()
                     self.on_error(responder, 503, "the router stopped (a restart or a scale-in) before this request "
                                                   "was answered; retry", "router_stopping")
                 elif not responder.ended:
@@ -480,6 +481,9 @@ class FrontDoor:
             for conn in list(self.connections):
                 if conn.idle:
                     conn.close()
+                else:  # what it answers now says `connection: close`: a client that reused the connection for
+                    # its next request found it closed under that request, unanswered
+                    conn.keep_alive_off()
             busy = [c for c in self.connections if not c.idle]
             if not busy or loop.time() >= deadline:
                 break
