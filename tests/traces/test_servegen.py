@@ -127,3 +127,34 @@ def test_a_folder_is_read_as_servegen_lays_it_out_never_deeper(tmp_path):
         load_trace(tmp_path)
     assert load_trace(deep, limit=5) and load_trace(deep / "reason", limit=5) and \
         load_trace(deep / "reason" / "deepseek-r1", limit=5)
+
+
+def test_unreadable_rate_files_are_trace_errors_naming_the_file(tmp_path):
+    """Bytes that are not UTF-8 (a file, or one inside a folder or a .tar.gz), a .tar.gz that is no tar archive,
+    and an aggregate file of a header alone had ended in tracebacks, or blamed a --model nobody gave."""
+    import gzip
+    import tarfile
+
+    bad = tmp_path / "chunk-1-trace.csv"
+    bad.write_bytes(b"0,1,1,,0,0\n\xff\n")
+    with pytest.raises(ValueError, match=r"chunk-1-trace.csv:2: not UTF-8 text"):
+        read_clients(bad)
+    folder = tmp_path / "folder" / "cat" / "model"
+    folder.mkdir(parents=True)
+    (folder / "chunk-1-trace.csv").write_bytes(bad.read_bytes())
+    with pytest.raises(ValueError, match=r"chunk-1-trace.csv:2: not UTF-8 text"):
+        read_clients(tmp_path / "folder")
+    archive = tmp_path / "rates.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder / "chunk-1-trace.csv", arcname="cat/model/chunk-1-trace.csv")
+    with pytest.raises(ValueError, match=r"chunk-1-trace.csv:2: not UTF-8 text"):
+        read_clients(archive)
+    fake = tmp_path / "fake.tar.gz"
+    fake.write_bytes(gzip.compress(b'{"timestamp": 0, "input_length": 5, "output_length": 1}\n'))
+    with pytest.raises(TraceError, match=r"fake.tar.gz is not a readable tar archive"):
+        load_trace(fake)
+    header = tmp_path / "aggregate.csv"
+    header.write_text("model,window_start_s,total_rate_rps,active_clients\n")
+    with pytest.raises(TraceError, match=r"no rows after the header") as info:
+        load_trace(header)
+    assert "model" not in (info.value.param or "")

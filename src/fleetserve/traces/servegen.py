@@ -128,17 +128,31 @@ def read_clients(path: str | Path, model: str | None = None) -> list[list[RateWi
         # ServeGen's own layout, CATEGORY/MODEL/chunk-N-trace.csv, or a part of it: never deeper (a search of the
         # whole tree took test fixtures of unrelated checkouts under /tmp for one model's clients)
         found = [f for depth in ("", "*/", "*/*/") for f in p.glob(depth + "chunk-*-trace.csv")]
-        files = {str(f.relative_to(p)): f.read_text() for f in sorted(found)}
+        files = {str(f.relative_to(p)): _text(f.read_bytes(), f) for f in sorted(found)}
         return _select(files, model, p)
     if p.name.endswith((".tar.gz", ".tgz")):
-        with tarfile.open(p) as tar:
-            files = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers()
-                     if m.isfile() and m.name.endswith("-trace.csv")}
+        try:
+            with tarfile.open(p) as tar:
+                files = {m.name: _text(tar.extractfile(m).read(), f"{p}:{m.name}") for m in tar.getmembers()
+                         if m.isfile() and m.name.endswith("-trace.csv")}
+        except (tarfile.TarError, EOFError, OSError) as exc:  # a cut download, a gzipped JSONL of that name
+            why = str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
+            raise ServeGenError(f"{p} is not a readable tar archive ({why}); ServeGen's rate files come as a "
+                                ".tar.gz of CATEGORY/MODEL/chunk-N-trace.csv") from None
         return _select(files, model, p)
-    text = p.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the first row
+    text = _text(p.read_bytes(), p)
     if text.startswith("model,window_start_s"):
         return [_aggregate(text, model, p)]
     return [_read_chunk(text, str(p))]
+
+
+def _text(data: bytes, name) -> str:
+    """A rate file's text (a byte-order mark is not part of the first row); not UTF-8 names where."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ServeGenError(f"{name}:{line}: not UTF-8 text ({exc.reason})") from None
 
 
 def _model_of(name: str) -> str:
@@ -162,6 +176,9 @@ def _select(files: dict[str, str], model: str | None, p: Path) -> list[list[Rate
 
 def _aggregate(text: str, model: str | None, p: Path) -> list[RateWindow]:
     rows = list(csv.DictReader(io.StringIO(text)))
+    if not rows:  # it had blamed a --model nobody gave ("unknown ServeGen model None")
+        raise ServeGenError(f"{p}: no rows after the header; expected model,window_start_s,total_rate_rps,"
+                            "active_clients")
     models = sorted({r["model"] for r in rows})
     if model is None and len(models) > 1:
         raise ServeGenError(f"{p} holds several models: {CHOOSE_MODEL}; allowed: {', '.join(models)}", "model")
