@@ -155,3 +155,14 @@ def test_a_completion_past_the_simulated_models_context_is_cut_and_said(tmp_path
     assert any(w.startswith("1 of 2 requests ask for more output tokens than the 131,072-token context")
                for w in report["warnings"]), report["warnings"]
     assert report["strategies"]["blind"]["prefixaware"]["ttft_ms"]["p50"] is not None
+
+
+def test_a_mooncake_trace_in_seconds_is_warned_as_simulate_warns_it(tmp_path):
+    """analyze said nothing while simulate warned: its strategy figures were those of 1,000 x the load."""
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
+    seconds = tmp_path / "seconds.jsonl"
+    seconds.write_text("".join(json.dumps({**r, "timestamp": r["timestamp"] / 1000}) + "\n" for r in rows))
+    out = analyze_json(str(seconds), "--replicas", "2", "--cache-blocks", "300")
+    assert any("Mooncake timestamps are milliseconds" in w for w in out["warnings"]), out["warnings"]
+    assert not any("milliseconds" in w for w in analyze_json(str(SAMPLE), "--replicas", "2", "--cache-blocks",
+                                                                "300")["warnings"])

@@ -262,3 +262,13 @@ def test_an_agent_log_with_tool_calls_in_assistant_turns_loads(tmp_path):
                                             {"role": "assistant", "content": None, "tool_calls": [call]},
                                             {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}) + "\n")
     assert len(load_trace(log)) == 1
+
+
+def test_limit_counts_requests_not_lines(tmp_path):
+    """Two blank lines first, --limit 3 took one request of a JSON-lines file (an Azure CSV's limit counted
+    requests already)."""
+    row = '{"timestamp": %d, "input_length": 10, "output_length": 2}\n'
+    path = tmp_path / "blank.jsonl"
+    path.write_text("\n\n" + "".join(row % (i * 1000) for i in range(5)))
+    assert len(load_trace(path, limit=3)) == 3
+    assert len(load_trace(path)) == 5

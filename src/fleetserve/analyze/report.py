@@ -73,8 +73,13 @@ def analyze(path: str | Path, model: str | None = None, replicas: int = 4, profi
 
 
 def _warnings(trace, model: str | None, blocks: int) -> list[str]:
-    """What the figures do not show: requests the model cannot take, prompts too short to fill a block."""
+    """What the figures do not show: requests the model cannot take, prompts too short to fill a block, a
+    Mooncake file whose timestamps look like seconds (its strategy figures are those of 1,000 x the load)."""
+    from fleetserve.traces.load import millisecond_warning
+
     out = []
+    if (unit := millisecond_warning(trace.requests, trace.fmt)) is not None:
+        out.append(unit)
     if not blocks:
         out.append(f"no prompt fills one {trace.block_tokens}-token block: nothing an engine caches can be found "
                    "again, so every hit rate is 0 (engines cache whole blocks; give the engine's own --block-size)")

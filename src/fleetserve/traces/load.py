@@ -137,11 +137,14 @@ def _rebased(requests: list[TraceRequest]) -> list[TraceRequest]:
 
 
 def _rows(p: Path, limit: int | None):
-    """(line, object) of a JSON-lines file, blank lines skipped; each line must hold a JSON object."""
+    """(line, object) of a JSON-lines file, blank lines skipped; each line must hold a JSON object. `limit`
+    counts requests, as the Azure reader does, not lines (two blank lines first had left one request of three)."""
+    taken = 0
     for n, line in _text_lines(p):
-        if limit is not None and n > limit:
+        if limit is not None and taken >= limit:
             return
         if line.strip():
+            taken += 1
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
