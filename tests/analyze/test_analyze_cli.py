@@ -166,3 +166,20 @@ def test_a_mooncake_trace_in_seconds_is_warned_as_simulate_warns_it(tmp_path):
     assert any("Mooncake timestamps are milliseconds" in w for w in out["warnings"]), out["warnings"]
     assert not any("milliseconds" in w for w in analyze_json(str(SAMPLE), "--replicas", "2", "--cache-blocks",
                                                                 "300")["warnings"])
+
+
+def test_rows_without_hash_ids_count_as_misses_in_every_figure(tmp_path):
+    """A row without ids (others having them) was left out of the block figures and counted as misses in the
+    token figures, without a word."""
+    rows = [{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]},
+            {"timestamp": 1000, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}]
+    both = tmp_path / "both.jsonl"
+    both.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = analyze_json(str(both), "--replicas", "1")
+    assert base["ideal_hit_rate"] == base["ideal_token_hit_rate"] == 0.5
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(both.read_text() + json.dumps({"timestamp": 2000, "input_length": 1024,
+                                                    "output_length": 1}) + "\n")
+    out = analyze_json(str(mixed), "--replicas", "1")
+    assert out["blocks"] == 6 and out["ideal_hit_rate"] == out["ideal_token_hit_rate"] == round(2 / 6, 4)
+    assert any("1 of 3 requests carry no hash_ids" in w for w in out["warnings"]), out["warnings"]

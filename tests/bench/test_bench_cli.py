@@ -185,7 +185,7 @@ def test_routing_targets_are_judged_where_the_ttft_floor_allows_them():
     assert _met_where_reachable({"0.65": {"reachable": True, "targets": verdict}})["met"] is None
 
 
-def test_a_load_the_calibration_missed_is_named_and_the_two_ways_to_set_it_exclude_each_other():
+def test_a_load_the_calibration_missed_is_named_and_the_two_ways_to_set_it_exclude_each_other(tmp_path):
     from fleetserve.bench.routing_sim import load_warnings
 
     rows = {"roundrobin": {"utilization": 0.40}}
@@ -196,6 +196,12 @@ def test_a_load_the_calibration_missed_is_named_and_the_two_ways_to_set_it_exclu
     r = fleetserve("bench", "routing", "--trace", "tests/data/mooncake_sample.jsonl", "--time-scale", "2",
                    "--target-utilization", "0.9")
     assert r.returncode == 2 and "--time-scale" in r.stderr
+    # a span past a year once scaled is refused, as `trace scale --time` refuses it (it ran for minutes)
+    span = tmp_path / "span.csv"
+    span.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-01-01 00:00:00.0000000,100,10\n"
+                    "2023-12-31 00:00:00.0000000,100,10\n")
+    r = fleetserve("bench", "routing", "--trace", str(span), "--time-scale", "10000", "--json")
+    assert r.returncode == 2 and "at --time-scale 10000 spans" in r.stderr, r.stderr
 
 
 def test_routing_bench_runs_at_the_loads_it_labels():

@@ -272,3 +272,21 @@ def test_limit_counts_requests_not_lines(tmp_path):
     path.write_text("\n\n" + "".join(row % (i * 1000) for i in range(5)))
     assert len(load_trace(path, limit=3)) == 3
     assert len(load_trace(path)) == 5
+
+
+@pytest.mark.parametrize("ids,says", [("[-1]", "0 or more, got -1"), ("0", "list of integers"),
+                                      ('""', "list of integers"), ("false", "list of integers")])
+def test_hash_ids_that_are_no_list_of_block_ids_are_refused(tmp_path, ids, says):
+    """A negative id's copy under rate scaling landed on another block's id; `0`, `""` and `false` had read as
+    "no ids" while `5` was refused."""
+    path = tmp_path / "ids.jsonl"
+    path.write_text(f'{{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": {ids}}}\n')
+    with pytest.raises(TraceError, match=says):
+        load_trace(path)
+
+
+@pytest.mark.parametrize("stamp", ["9999-12-31 23:59:58.0000000", "0001-01-01 00:00:00.0000000"])
+def test_azure_stamps_outside_the_years_start_allows_are_refused(tmp_path, stamp):
+    path = _azure(tmp_path, rows=[stamp + ",100,10"])
+    with pytest.raises(TraceError, match=r"t.csv:2: .*the year must be within 1970..9000"):
+        load_trace(path)

@@ -44,8 +44,8 @@ def load_blocks(path: str | Path, model: str | None = None, block_tokens: int = 
     if fmt == "mooncake":
         if not any(r.hash_ids for r in requests):
             raise AnalyzeInputError(f"FILE {p}: no hash_ids in this Mooncake-format trace; nothing to analyse")
-        return BlockTrace(requests, [r.hash_ids for r in requests],
-                          [r.input_tokens for r in requests], MOONCAKE_BLOCK_TOKENS, fmt)
+        return BlockTrace(requests, _ids_or_fresh(requests), [r.input_tokens for r in requests],
+                          MOONCAKE_BLOCK_TOKENS, fmt)
     if model is None:
         raise AnalyzeInputError("--model is needed to tokenize a prompt log (e.g. builtin:smollm2-135m or a "
                                 "model directory)")
@@ -54,6 +54,22 @@ def load_blocks(path: str | Path, model: str | None = None, block_tokens: int = 
     bodies = [_body(r) for r in requests]
     return BlockTrace(requests, [tuple(chain_keys(t, block_tokens)) for t in ids], [len(t) for t in ids],
                       block_tokens, fmt, bodies)
+
+
+def _ids_or_fresh(requests: list[TraceRequest]) -> list[tuple[int, ...]]:
+    """Each request's hash ids; a row without any (in a trace where others have them) gets ids no other row has,
+    one per 512 tokens: its prompt is all misses in the block count as in the token count (the block figures had
+    left it out, the token figures counted it)."""
+    fresh = max((i for r in requests for i in r.hash_ids), default=-1) + 1
+    out = []
+    for r in requests:
+        if r.hash_ids or r.input_tokens <= 0:
+            out.append(r.hash_ids)
+            continue
+        n = -(-r.input_tokens // MOONCAKE_BLOCK_TOKENS)
+        out.append(tuple(range(fresh, fresh + n)))
+        fresh += n
+    return out
 
 
 def load_tokenizer(model: str):

@@ -80,6 +80,10 @@ def _warnings(trace, model: str | None, blocks: int) -> list[str]:
     out = []
     if (unit := millisecond_warning(trace.requests, trace.fmt)) is not None:
         out.append(unit)
+    bare = sum(1 for r in trace.requests if not r.hash_ids) if trace.fmt == "mooncake" else 0
+    if bare:
+        out.append(f"{bare} of {len(trace.requests)} requests carry no hash_ids: their prompts are counted as "
+                   "blocks no other request shares (all misses)")
     if not blocks:
         out.append(f"no prompt fills one {trace.block_tokens}-token block: nothing an engine caches can be found "
                    "again, so every hit rate is 0 (engines cache whole blocks; give the engine's own --block-size)")

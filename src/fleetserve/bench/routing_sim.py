@@ -237,6 +237,12 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
     scale = time_scale if time_scale is not None else calibrate(reference, prof, cap, replicas, target_utilization,
                                                                 seed)
     if scale != 1.0:
+        if time_scale is not None:  # a year-long trace at 10,000 x walked its span for minutes without a word
+            from fleetserve.traces.model import check_span
+
+            first = min((r.arrival_s for r in requests), default=0.0)
+            check_span((max((r.arrival_s for r in requests), default=0.0) - first) * scale,
+                       f"the trace at --time-scale {scale:g}")
         requests = [replace(r, arrival_s=r.arrival_s * scale) for r in requests]
     has_sessions = any(r.session for r in requests)
     oracle = lru_token_hits(reference, block, cap * replicas)

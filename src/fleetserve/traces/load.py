@@ -201,10 +201,14 @@ def _mooncake(p: Path, limit: int | None) -> list[TraceRequest]:
     parents: dict = {}  # id -> the id before it (None: first in its prompt)
     for n, row in _rows(p, limit):
         where = f"{p}:{n}"
-        hash_ids = row.get("hash_ids") or ()
+        hash_ids = row.get("hash_ids")
+        hash_ids = () if hash_ids is None else hash_ids  # `0`, `""`, `false` are no list either: refused below
         if not isinstance(hash_ids, (list, tuple)) or not all(isinstance(h, int) and not isinstance(h, bool)
                                                      for h in hash_ids):
             raise TraceError(f"{where}: hash_ids must be a list of integers")
+        if any(h < 0 for h in hash_ids):  # Mooncake's ids count up from 0; rate scaling offsets copies past the
+            # largest, which a negative id's copy could land on (an id of another block)
+            raise TraceError(f"{where}: hash_ids must be integers of 0 or more, got {min(hash_ids)}")
         length = _count(row, "input_length", where, least=1)  # an empty prompt is no request an engine serves
         blocks = -(-length // MOONCAKE_BLOCK_TOKENS)
         if hash_ids and len(hash_ids) != blocks:  # the ids stand for the prompt's blocks: else hit rates past the
@@ -306,6 +310,9 @@ def _azure_rows(p: Path, limit: int | None) -> list[tuple[datetime, int, int]]:
         except ValueError:
             raise TraceError(f"{p}:{n}: TIMESTAMP {stamp!r} is not a date and time "
                              "(like 2023-11-16 18:15:46.6805900)") from None
+        if not 1970 <= t.year <= 9000:  # as --start: cron floors compute the days around the trace (year 9999
+            # overflowed the date type in a traceback; year 1 was written back as a stamp no reader takes)
+            raise TraceError(f"{p}:{n}: TIMESTAMP {stamp!r}: the year must be within 1970..9000")
         try:
             tokens = int(context), int(generated)
         except ValueError:
