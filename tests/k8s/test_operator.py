@@ -555,3 +555,30 @@ def test_renamed_engine_deployments_are_replaced_make_before_break(env):
     assert sorted(deleted) == sorted(k[3] for k in old)
     assert not any(k in client.objects for k in old)
     assert reconciler.reconcile(_endpoint(client)).actions == []
+
+
+def test_the_kubernetes_client_bounds_every_call():
+    """No timeout: a connection the API server never answered held one of kopf's worker threads for ever."""
+    from fleetserve.k8s.client import REQUEST_TIMEOUT_S, KubeClient
+
+    seen = []
+
+    class Resource:
+        def get(self, **kwargs):
+            seen.append(kwargs)
+            return {"items": []}
+
+        patch = create = delete = get
+
+    class Resources:
+        def get(self, **_):
+            return Resource()
+
+    class Dynamic:
+        resources = Resources()
+
+    client = KubeClient(dynamic=Dynamic())
+    client.list("apps/v1", "Deployment", "ns", "a=b")
+    client.patch("apps/v1", "Deployment", "ns", "d", {"spec": {}})
+    client.delete("apps/v1", "Deployment", "ns", "d")
+    assert len(seen) == 3 and all(k["_request_timeout"] == REQUEST_TIMEOUT_S for k in seen)

@@ -260,6 +260,9 @@ class RecordingClient:
                 self._collect(o["metadata"]["uid"])
 
 
+REQUEST_TIMEOUT_S = 30  # connect and read, per API call
+
+
 class KubeClient:
     """The port over the official `kubernetes` client's DynamicClient (in-cluster config, else kubeconfig).
 
@@ -304,6 +307,7 @@ class KubeClient:
     def _call(self, fn, *args, **kwargs):
         from kubernetes.dynamic.exceptions import DynamicApiError
 
+        kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT_S)  # a hung connection held a kopf worker for ever
         try:
             result = fn(*args, **kwargs)
         except DynamicApiError as exc:

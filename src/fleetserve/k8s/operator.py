@@ -263,6 +263,8 @@ def build_registry(reconciler: Reconciler, webhook_cert_dir: str | None = None, 
         outcome = reconciler.reconcile(body)
         for action in outcome.actions:
             logger.info(f"drift: {action}")
+        if outcome.failure is not None:  # the status says it too; the log had nothing
+            logger.warning(f"resync: {outcome.failure.reason}: {outcome.failure.message}")
 
     @kopf.on.event("apps", "v1", "deployments", labels={ENDPOINT_LABEL: kopf.PRESENT}, registry=registry)
     @kopf.on.event("apps", "v1", "statefulsets", labels={ENDPOINT_LABEL: kopf.PRESENT}, registry=registry)
