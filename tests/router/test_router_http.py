@@ -332,6 +332,11 @@ def test_admin_backends_replaces_and_drains(pair, tiny_model, logs):
     assert picks == {urls[0].split("://")[1]}  # nothing new goes to the draining one
     bad = httpx.put(gw.url + "/admin/backends", json={"backends": [{"url": urls[0], "state": "gone"}]}, timeout=5)
     assert bad.status_code == 400 and "allowed values" in bad.json()["error"]["message"]
+    # a URL without a host or with a port that is no number passed, and every request after it was a 500 while
+    # the health checks had stopped for good
+    for url in ("http://", "http://127.0.0.1:abc", "http://[::1"):
+        bad = httpx.put(gw.url + "/admin/backends", json={"backends": [{"url": url, "state": "ready"}]}, timeout=5)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "backends[].url", (url, bad.text)
     body = {"backends": [{"url": u, "state": "ready"} for u in urls]}
     assert httpx.put(gw.url + "/admin/backends", json=body, timeout=5).status_code == 200
 

@@ -44,6 +44,15 @@ def test_keys_map_to_tenants_and_tenants_do_not_share_cache(tmp_path):
         assert cached("beta-key", spoof="alpha") == 0  # same prompt, other tenant: no sharing
         assert sample(gw.url, "fleetserve_router_tenant_requests_total", tenant="alpha", code="200") == 2
         assert sample(gw.url, "fleetserve_router_tenant_requests_total", tenant="-", code="401") >= 2
+        # bench replay sends a key (from OPENAI_API_KEY, or --api-key-env): without one every request was a 401
+        trace = tmp_path / "t.jsonl"
+        trace.write_text("".join(json.dumps({"timestamp": i * 10, "input_length": 8, "output_length": 2}) + "\n"
+                                 for i in range(3)))
+        args = ("bench", "replay", "--url", gw.url + "/v1", "--trace", str(trace), "--model", "sim")
+        with_key = fleetserve(*args, "--api-key-env", "REPLAY_KEY", env={"REPLAY_KEY": "beta-key"})
+        assert with_key.returncode == 0 and json.loads(with_key.stdout)["answered"] == 3, with_key.stderr
+        without = fleetserve(*args, env={"OPENAI_API_KEY": ""})
+        assert without.returncode == 1 and "missing API key" in without.stdout
     finally:
         gw.stop()
         engine.stop()

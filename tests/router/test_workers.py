@@ -108,3 +108,22 @@ def test_workers_need_a_fixed_port(tmp_path):
 
     result = fleetserve("router", "--backend", "http://127.0.0.1:9", "--workers", "2", "--port", "0")
     assert result.returncode == 2 and "--port" in result.stderr
+
+
+def test_a_worker_that_cannot_start_stops_the_router_instead_of_restarting_for_ever(monkeypatch):
+    """A worker failing at its start (a port, a file) was restarted every second, for ever, a traceback each time."""
+    from fleetserve.router import workers
+
+    def fails(*_args):
+        os._exit(1)
+
+    monkeypatch.setattr(workers, "_worker", fails)
+    monkeypatch.setattr(workers, "RESTART_DELAY_S", 0.01)
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)  # run_workers installs its own
+    try:
+        with pytest.raises(SystemExit) as info:
+            workers.run_workers(2, [], "127.0.0.1", 9, None, {"grace_s": 0.1})
+    finally:
+        signal.signal(signal.SIGTERM, handlers[0])
+        signal.signal(signal.SIGINT, handlers[1])
+    assert info.value.code == 1

@@ -228,7 +228,8 @@ def _origin(url: str) -> tuple[str, str]:
 
 async def replay(url: str, requests: list[TraceRequest], *, model: str, speedup: float = 1.0,
                  stream: bool = False, max_output: int | None = None, timeout: float = 600.0,
-                 prompt_format: str = "tokens", vocab: int | None = None) -> list[Record]:
+                 prompt_format: str = "tokens", vocab: int | None = None, api_key: str | None = None
+                 ) -> list[Record]:
     """Replay `requests` against an OpenAI endpoint (base URL without /v1); `vocab` folds token-id prompts
     into a small model's vocabulary. `timeout`: seconds to connect, and of silence while waiting for the answer
     (between its bytes), as httpx's timeout was."""
@@ -238,6 +239,8 @@ async def replay(url: str, requests: list[TraceRequest], *, model: str, speedup:
     common = [(b"content-type", b"application/json")]
     if stream:
         common.append((b"accept", b"text/event-stream"))
+    if api_key:  # a fleet with API keys: without it every request was a 401, counted as failed
+        common.append((b"authorization", f"Bearer {api_key}".encode()))
     try:
         start = time.monotonic()
         tasks = []

@@ -542,9 +542,13 @@ def router(
     if queue_metrics is not None and queue_metrics not in QUEUE_GAUGES:
         raise typer.BadParameter(f"{queue_metrics!r}; allowed values: {', '.join(QUEUE_GAUGES)}",
                                  param_hint="--queue-metrics")
+    from fleetserve.router.upstream import backend_url_problem
+
     for url in backend or []:
-        if not url.startswith(("http://", "https://")):
-            raise typer.BadParameter(f"{url!r} must start with http:// or https://", param_hint="--backend")
+        if (problem := backend_url_problem(url)) is not None:
+            raise typer.BadParameter(problem, param_hint="--backend")
+    if not health_path.startswith("/"):  # it was glued to the port: http://h:8000health
+        raise typer.BadParameter(f"{health_path!r}: a path, starting with /", param_hint="--health-path")
     if invocation_path is not None:
         from fleetserve.spec.endpoint import invocation_path_problem
 
@@ -563,7 +567,7 @@ def router(
     if auth_file:
         try:
             keyring = KeyRing.from_file(auth_file)
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
             raise typer.BadParameter(f"cannot read API keys from {auth_file}: {exc}",
                                      param_hint="--auth-file") from None
     internal_token = _token(internal_token_file, "--internal-token-file")
@@ -577,14 +581,28 @@ def router(
                                  "--internal-token-file", param_hint="--tenant-cache-salt")
     if bool(tls_cert) != bool(tls_key):
         raise typer.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert/--tls-key")
+    from fleetserve.router.tls import TLSFileError, check_tls_files, ensure_self_signed
+
     tls = (tls_cert, tls_key) if tls_cert else None
-    if tls_self_signed and not tls:
-        from pathlib import Path
+    try:
+        if tls_self_signed and not tls:
+            from pathlib import Path
 
-        from fleetserve.router.tls import ensure_self_signed
+            cert, key = ensure_self_signed(Path(tls_self_signed))
+            tls = (str(cert), str(key))
+        # before the backends are probed and the workers forked: a bad pair was found at the first handshake
+        # setup, as a traceback, and each worker failed on it again for ever
+        expiring = check_tls_files(*tls) if tls else None
+    except (TLSFileError, OSError) as exc:
+        flag = "--tls-self-signed" if tls_self_signed and not tls_cert else "--tls-cert/--tls-key"
+        raise typer.BadParameter(str(exc), param_hint=flag) from None
+    if expiring:
+        err.print(f"warning: {expiring}", markup=False)
+    from fleetserve.fleet.process import bind_problem
 
-        cert, key = ensure_self_signed(Path(tls_self_signed))
-        tls = (str(cert), str(key))
+    # bound here without SO_REUSEPORT: a second router with --workers had shared the port with the first one
+    if (problem := bind_problem(host, port)) is not None:
+        raise typer.BadParameter(problem, param_hint="--port" if "port" in problem else "--host")
     identity = None
     from fleetserve.router.model_metrics import SCOPES
 
@@ -1007,18 +1025,18 @@ def bench_replay(
     limit: Annotated[int | None, typer.Option(min=1, help="First N requests of the file, in file order")] = None,
     stream: Annotated[bool, typer.Option(help="Stream (client-side TTFT/ITL)")] = True,
     max_output: Annotated[int | None, typer.Option(min=1, help="Cap on output tokens")] = None,
+    api_key_env: Annotated[str, typer.Option(help="Environment variable holding the API key to send, for a fleet "
+                                                  "with spec.auth (unset: no key)")] = "OPENAI_API_KEY",
 ) -> None:
     """Replay a trace against a running endpoint; prints TTFT, TPOT, ITL, E2E percentiles and hit rates."""
     import asyncio
-    from urllib.parse import urlsplit
 
     from fleetserve.bench.replay import replay, summarize
+    from fleetserve.router.upstream import backend_url_problem
     from fleetserve.traces.load import TraceError, load_trace
 
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise typer.BadParameter(f"{url!r}; expected http://host:port or https://host:port (the gateway, without "
-                                 "/v1)", param_hint="--url")
+    if (problem := backend_url_problem(url)) is not None:  # `:abc` as the port had been a traceback
+        raise typer.BadParameter(f"{problem} (the gateway; the /v1 that `up` prints may stay)", param_hint="--url")
     try:
         requests = load_trace(trace, limit)
     except TraceError as exc:
@@ -1026,7 +1044,7 @@ def bench_replay(
     base = url.rstrip("/")  # the endpoint `up` and `status` print ends in /v1: it went to /v1/v1/... (404s)
     base = base[:-3] if base.endswith("/v1") else base
     records = asyncio.run(replay(base, requests, model=model, speedup=speedup, stream=stream,
-                                 max_output=max_output))
+                                 max_output=max_output, api_key=os.environ.get(api_key_env) or None))
     summary = summarize(records)
     print(json.dumps(summary, indent=2))
     if records and not summary.get("answered"):  # nothing answered is a failed replay, not figures

@@ -21,6 +21,7 @@ from fleetserve.api.errors import APIError
 from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import parse_json_body
 from fleetserve.observe.metrics import exposition
+from fleetserve.router.upstream import backend_url_problem
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +92,9 @@ def build_control_app(gateway) -> Starlette:
                             param="backends").response()
         except APIError as err:
             return err.response()
-        if not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
-            return APIError(400, "backends[].url: each must be a string starting with http:// or https://",
-                            param="backends[].url").response()
+        problem = next((p for u in urls if (p := backend_url_problem(u))), None)
+        if problem:
+            return APIError(400, f"backends[].url: {problem}", param="backends[].url").response()
         bad = [st for st in states if st not in ("ready", "starting", "draining")]
         if bad:
             return APIError(400, f"backends[].state: got {bad[0]!r}; allowed values: ready, starting, draining",

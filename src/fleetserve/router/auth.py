@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from fleetserve.api.errors import APIError
@@ -16,14 +17,28 @@ def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
 class KeyRing:
     def __init__(self, digests: dict[str, str]):
         self._tenants = {d.lower(): t for d, t in digests.items()}
 
     @classmethod
     def from_file(cls, path: str | Path) -> KeyRing:
+        """{"keys": {sha256-hex-of-key: tenant}}; ValueError names what is wrong (a list of keys had raised
+        AttributeError; plain keys in place of digests loaded, and then every request was 401)."""
         data = json.loads(Path(path).read_text())
-        return cls(data["keys"])
+        keys = data.get("keys") if isinstance(data, dict) else None
+        if not isinstance(keys, dict) or not keys:
+            raise ValueError('expected {"keys": {"<sha256 hex of a key>": "<tenant>", ...}} with at least one key')
+        for digest, tenant in keys.items():
+            if not DIGEST.fullmatch(digest):
+                raise ValueError(f"{digest[:12]!r}...: keys are given as their sha256 hex digest (64 characters "
+                                 "0-9a-f), never in plain text: printf %s KEY | sha256sum")
+            if not isinstance(tenant, str) or not tenant:
+                raise ValueError(f"key {digest[:12]}...: its tenant must be a non-empty string")
+        return cls(keys)
 
     def tenant(self, authorization: str | None) -> str:
         """The tenant of a `Bearer KEY` header, or a 401 the openai client reports as AuthenticationError."""

@@ -287,7 +287,12 @@ class BackendPool:
         backend.engine_waiting, backend.engine_running = queue if queue is not None else (None, None)
 
     async def probe_all(self) -> None:
-        await asyncio.gather(*(self.probe(b) for b in list(self.backends.values())))
+        """Probe every backend; one whose probe fails unexpectedly is logged, and the others' results stand."""
+        backends = list(self.backends.values())
+        results = await asyncio.gather(*(self.probe(b) for b in backends), return_exceptions=True)
+        for backend, result in zip(backends, results, strict=True):
+            if isinstance(result, Exception):
+                log.error("health check of %s failed: %r", backend.url, result)
 
     async def aclose(self) -> None:
         for task in self._queue_reads.values():

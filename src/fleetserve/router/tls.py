@@ -8,17 +8,71 @@ import ipaddress
 import os
 from pathlib import Path
 
+RENEW_BEFORE = datetime.timedelta(days=30)  # a self-signed certificate this close to its end is made again
+
+
+class TLSFileError(ValueError):
+    """A certificate or key the gateway cannot serve with; the message says which file and why."""
+
+
+def not_after(cert_path: str | Path) -> datetime.datetime:
+    """The end of a PEM certificate's validity (the first certificate of the file)."""
+    from cryptography import x509
+
+    return x509.load_pem_x509_certificate(Path(cert_path).read_bytes()).not_valid_after_utc
+
+
+def check_tls_files(cert_path: str, key_path: str) -> str | None:
+    """TLSFileError when the pair cannot serve (a missing file, a folder, not PEM, a key of another certificate,
+    a key behind a passphrase, which OpenSSL would ask for on the terminal); a warning when the certificate has
+    expired or will within 30 days (clients refuse it then), else None."""
+    import ssl
+
+    for flag, path in (("--tls-cert", cert_path), ("--tls-key", key_path)):
+        p = Path(path)
+        if not p.is_file():
+            raise TLSFileError(f"{flag} {path}: {'a folder, not a file' if p.is_dir() else 'no such file'}")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+
+    def passphrase() -> str:
+        raise TLSFileError(f"--tls-key {key_path}: the key is encrypted with a passphrase; give an unencrypted PEM "
+                           "key (openssl pkey -in KEY -out PLAIN)")
+
+    try:
+        context.load_cert_chain(cert_path, key_path, password=passphrase)
+    except TLSFileError:
+        raise
+    except ssl.SSLError as exc:
+        why = "the key is not the certificate's" if "KEY_VALUES_MISMATCH" in str(exc) else \
+            f"not a PEM certificate and its key ({exc.reason or exc})"
+        raise TLSFileError(f"--tls-cert {cert_path} / --tls-key {key_path}: {why}") from None
+    except OSError as exc:
+        raise TLSFileError(f"--tls-cert {cert_path} / --tls-key {key_path}: {exc.strerror or exc}") from None
+    try:
+        end = not_after(cert_path)
+    except ValueError:
+        return None
+    now = datetime.datetime.now(datetime.UTC)
+    if end <= now:
+        return f"--tls-cert {cert_path} expired on {end:%Y-%m-%d}: clients refuse it"
+    if end - now < RENEW_BEFORE:
+        return f"--tls-cert {cert_path} expires on {end:%Y-%m-%d}"
+    return None
+
 
 def ensure_self_signed(folder: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> tuple[Path, Path]:
-    """cert.pem and key.pem in `folder`, created once (EC P-256, one year, SANs for `hosts`)."""
+    """cert.pem and key.pem in `folder`, created once (EC P-256, one year, SANs for `hosts`), and again when the
+    one there ends within 30 days (after a year every client had refused it) or does not name every host."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
     cert_path, key_path = folder / "cert.pem", folder / "key.pem"
-    if cert_path.is_file() and key_path.is_file():
+    if cert_path.is_file() and key_path.is_file() and _still_good(cert_path, hosts):
         return cert_path, key_path
+    if folder.exists() and not folder.is_dir():
+        raise TLSFileError(f"{folder} is a file: the self-signed certificate needs a folder")
     folder.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fleetserve gateway")])
@@ -41,3 +95,16 @@ def ensure_self_signed(folder: Path, hosts: tuple[str, ...] = ("127.0.0.1", "loc
                                   serialization.NoEncryption()))
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return cert_path, key_path
+
+
+def _still_good(cert_path: Path, hosts: tuple[str, ...]) -> bool:
+    from cryptography import x509
+
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (ValueError, x509.ExtensionNotFound):
+        return False
+    held = {str(n) for n in names.get_values_for_type(x509.IPAddress)} | set(names.get_values_for_type(x509.DNSName))
+    fresh = cert.not_valid_after_utc - datetime.datetime.now(datetime.UTC) > RENEW_BEFORE
+    return fresh and all(h in held for h in hosts)

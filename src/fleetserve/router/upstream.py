@@ -57,15 +57,34 @@ class Stalled(UpstreamError):
     kind = "stalled"
 
 
+def backend_url_problem(url: object) -> str | None:
+    """Why `url` is no replica base URL (http(s)://host[:port]), or None: the one check of `--backend`, the
+    admin API's backend set and the connection pool (`http://` passed the admin API, and every request after it
+    was a 500 while the health checks had stopped for good)."""
+    if not isinstance(url, str):
+        return f"expected a string, got {type(url).__name__}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError: not a number, or out of 0..65535
+    except ValueError as exc:
+        return f"{url!r}: {exc}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url!r}: expected http://host:port or https://host:port"
+    if port == 0:
+        return f"{url!r}: port 0 is no port to connect to"
+    return None
+
+
 class _Origin:
     """Where one base URL points, and its idle connections."""
 
     __slots__ = ("host", "port", "ssl", "host_header", "idle", "busy")
 
     def __init__(self, base_url: str):
+        problem = backend_url_problem(base_url)
+        if problem:
+            raise ValueError(f"backend URL {problem}")
         parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"backend URL {base_url!r}: expected http://host:port or https://host:port")
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.ssl = parts.scheme == "https"

@@ -96,31 +96,40 @@ class ReplicaWatcher:
             self.gw.set_backends(urls)
 
     async def _maintain(self) -> None:
+        """The health loop: one round every interval, for the router's whole life. A round that fails is logged
+        and the next one runs (an error that escaped once ended the task without a word, and a replica that died
+        afterwards was never taken out, nor one that came back let in)."""
         rounds = 0
-        pool = self.gw.pool
         while True:
-            if self.gw.settings.backend_dns and rounds % DISCOVERY_EVERY == 0:
-                await self.discover()
             rounds += 1
-            await pool.probe_all()
-            if not self.layout_known:
-                await self._learn_layout()
-            if rounds % ENGINE_COUNTERS_EVERY == 1:
-                await asyncio.gather(*(self._read_engine_counters(b) for b in pool.healthy()))
-            if needs_of(self.gw.policy).kv_events:
-                for b in pool.backends.values():
-                    task = self._kv_tasks.get(b.id)
-                    if b.healthy and b.id not in self.no_events and (task is None or task.done()):
-                        self._kv_tasks[b.id] = asyncio.create_task(self._follow_kv_events(b))
-                for gone in [bid for bid in self._kv_tasks if bid not in pool.backends]:
-                    self._kv_tasks.pop(gone).cancel()
-                    if self.gw.kv_index is not None:
-                        self.gw.kv_index.forget(gone)
-            self.no_events &= pool.backends.keys()
-            self._no_layout &= pool.backends.keys()
-            if self.gw.peers is not None:  # workers: a scrape reads every worker's file, answered by one of them,
-                self.gw.refresh_gauges()  # so each keeps its own fresh (they were as old as its last scrape)
-            await asyncio.sleep(pool.interval)
+            try:
+                await self._round(rounds)
+            except Exception:
+                log.exception("health round %d failed; the next one runs in %.1f s", rounds, self.gw.pool.interval)
+            await asyncio.sleep(self.gw.pool.interval)
+
+    async def _round(self, rounds: int) -> None:
+        pool = self.gw.pool
+        if self.gw.settings.backend_dns and (rounds - 1) % DISCOVERY_EVERY == 0:
+            await self.discover()
+        await pool.probe_all()
+        if not self.layout_known:
+            await self._learn_layout()
+        if rounds % ENGINE_COUNTERS_EVERY == 1:
+            await asyncio.gather(*(self._read_engine_counters(b) for b in pool.healthy()))
+        if needs_of(self.gw.policy).kv_events:
+            for b in pool.backends.values():
+                task = self._kv_tasks.get(b.id)
+                if b.healthy and b.id not in self.no_events and (task is None or task.done()):
+                    self._kv_tasks[b.id] = asyncio.create_task(self._follow_kv_events(b))
+            for gone in [bid for bid in self._kv_tasks if bid not in pool.backends]:
+                self._kv_tasks.pop(gone).cancel()
+                if self.gw.kv_index is not None:
+                    self.gw.kv_index.forget(gone)
+        self.no_events &= pool.backends.keys()
+        self._no_layout &= pool.backends.keys()
+        if self.gw.peers is not None:  # workers: a scrape reads every worker's file, answered by one of them,
+            self.gw.refresh_gauges()  # so each keeps its own fresh (they were as old as its last scrape)
 
     async def _learn_layout(self) -> None:
         for b in self.gw.pool.healthy():

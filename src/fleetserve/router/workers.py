@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 LOAD_EVERY_S = 0.25  # how often a worker tells the others its load
 LOAD_STALE_S = 2.0  # a peer's load older than this no longer counts (the worker died or restarts)
 RESTART_DELAY_S = 1.0
+QUICK_EXIT_S = 10.0  # a worker that exits this soon after its start, QUICK_EXITS times in a row, cannot start
+QUICK_EXITS = 3
 
 
 class PeerBus:
@@ -215,16 +217,23 @@ def run_workers(count: int, backends: list[str], host: str, port: int, settings,
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     procs = [start(i) for i in range(count)]
+    started = [time.monotonic()] * count
+    quick = [0] * count  # exits in a row, each soon after its start
     log.info("router: %d workers on port %d", count, port)
     try:
         while not stopping:
             time.sleep(0.2)
             for i, p in enumerate(procs):
                 if not p.is_alive() and not stopping:
-                    log.warning("router worker %d exited (%s); restarting", i, p.exitcode)
                     _metrics_dead(folder, p.pid)
+                    quick[i] = quick[i] + 1 if time.monotonic() - started[i] < QUICK_EXIT_S else 0
+                    if quick[i] >= QUICK_EXITS:  # it cannot start (a port, a file): restarting forever hid that
+                        log.error("router worker %d exited (%s) %d times within %.0f s of its start; stopping the "
+                                  "router (the cause is in the lines above)", i, p.exitcode, quick[i], QUICK_EXIT_S)
+                        raise SystemExit(1)
+                    log.warning("router worker %d exited (%s); restarting", i, p.exitcode)
                     time.sleep(RESTART_DELAY_S)
-                    procs[i] = start(i)
+                    procs[i], started[i] = start(i), time.monotonic()
     finally:
         for p in procs:
             if p.is_alive():
