@@ -87,6 +87,19 @@ def engine_url(port: int) -> str:
 STATIC_ZERO = "spec.replicas is 0 and the fleet has no autoscaling: no replica starts (set replicas, or autoscaling)"
 
 
+BOX = str.maketrans("", "", "│╭╮╰╯─")
+
+
+def last_error(tail: str) -> str:
+    """A child's own last error from its log's tail: the message of a CLI error box (an input its restart refuses,
+    a port in use), else the last line that says error; never an access-log line."""
+    lines = [" ".join(line.translate(BOX).split()) for line in tail.splitlines()]
+    boxed = max((i for i, line in enumerate(lines) if line == "Error"), default=None)
+    if boxed is not None:
+        return " ".join(line for line in lines[boxed + 1:] if line)
+    return next((line for line in reversed(lines) if "error" in line.lower()), "")
+
+
 class StartupError(Exception):
     """The fleet could not start; the message says which part failed and shows its log."""
 
@@ -944,9 +957,8 @@ class Supervisor:
             if child is self.redis:
                 self.state.l2_status = f"restarting (exit code {code})"
             if child is self.router:  # the fleet serves nothing meanwhile: status must not read plain "ready"
-                last = next((line.strip() for line in reversed(child.log_tail(5).splitlines())
-                             if "error" in line.lower()), "")  # its own last error, never an access-log line
-                self.state.router_status = f"restarting (exit code {code}{': ' + last[-160:] if last else ''})"
+                last = last_error(child.log_tail(12))
+                self.state.router_status = f"restarting (exit code {code}{': ' + last[-200:] if last else ''})"
             return False
         if not backoff.due(mono):
             return False
