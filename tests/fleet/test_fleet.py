@@ -315,3 +315,20 @@ def test_replicas_zero_without_autoscaling_answers_at_once_and_says_why(tmp_path
     finally:
         assert fleetserve("down", env=home).returncode == 0
     assert leftovers(home) == []
+
+
+def test_a_state_without_the_supervisors_start_time_trusts_only_a_fleetserve_process():
+    """States written before start times were recorded: the pid must at least be a fleetserve process."""
+    from fleetserve.fleet.state import FleetState, supervisor_alive
+
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fleetserve", "up"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        def state(pid):
+            return FleetState(name="old", namespace="default", model="m", spec_path="/x.yaml", supervisor_pid=pid)
+
+        assert supervisor_alive(state(ours.pid)) and not supervisor_alive(state(other.pid))
+    finally:
+        for p in (ours, other):
+            p.kill()
+            p.wait()

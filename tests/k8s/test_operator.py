@@ -534,28 +534,56 @@ def test_what_the_api_server_rewrites_is_not_drift():
     assert [a.name for a in reconciler.reconcile(_endpoint(client)).actions if a.verb == "patch"] == ["chat-redis"]
 
 
-def test_renamed_engine_deployments_are_replaced_make_before_break(env):
+def test_renamed_engine_deployments_are_handed_over_make_before_break(env):
     """One instance type instead of two renames the engine Deployment: the new one was created with render's
-    replica count (1) and the KEDA-scaled old ones (5 busy replicas) deleted in the same pass."""
+    replica count (1) and the KEDA-scaled old ones (5 busy replicas) deleted in the same pass. Now the new tier
+    0 starts at 5 and the old ones shrink as its replicas become available, their NodePools kept meanwhile (a
+    NodePool's GPU limit that cannot hold both fleets frees a node per new replica)."""
     client, reconciler = env
     reconciler.reconcile(_endpoint(client))
-    old = sorted(k for k in client.objects if k[1] == "Deployment" and "-engine-t" in k[3])
-    assert len(old) == 2
-    client.objects[old[0]]["spec"]["replicas"] = 5  # KEDA scaled tier 0
+    t0, t1 = sorted(k for k in client.objects if k[1] == "Deployment" and "-engine-t" in k[3])
+    client.objects[t0]["spec"]["replicas"] = 3  # KEDA scaled tier 0, and the overflow tier took 2 more
+    client.objects[t1]["spec"]["replicas"] = 2
+    pool_t1 = next(k for k in client.objects if k[1] == "NodePool" and k[3].endswith("-t1"))
     _update_spec(client, lambda s: s["placement"].update(instanceTypes=s["placement"]["instanceTypes"][:1]))
+
+    def deployments_deleted(outcome):
+        return sorted(a.name for a in outcome.actions if a.verb == "delete" and a.kind == "Deployment")
+
     outcome = reconciler.reconcile(_endpoint(client))
     (created,) = [a for a in outcome.actions if a.verb == "create" and a.kind == "Deployment"]
-    assert created.name == "chat-engine" and created.body["spec"]["replicas"] == 5
-    assert not [a for a in outcome.actions if a.verb == "delete" and a.kind == "Deployment"]
-    assert all(k in client.objects for k in old)  # still serving
-    client.set_ready(NS, "chat-engine", 2)  # not all ready yet: the old ones stay
-    assert not [a for a in reconciler.reconcile(_endpoint(client)).actions if a.kind == "Deployment"]
+    assert created.name == "chat-engine" and created.body["spec"]["replicas"] == 5  # not render's 1
+    assert deployments_deleted(outcome) == [] and t0 in client.objects and t1 in client.objects
+    assert pool_t1 in client.objects  # its replicas still serve there
+    client.set_ready(NS, "chat-engine", 2)  # 2 of 5 available: the old ones serve the other 3
+    outcome = reconciler.reconcile(_endpoint(client))
+    assert deployments_deleted(outcome) == [t1[3]] and client.objects[t0]["spec"]["replicas"] == 3
+    assert pool_t1 not in client.objects
+    client.set_ready(NS, "chat-engine", 4)
+    reconciler.reconcile(_endpoint(client))
+    assert client.objects[t0]["spec"]["replicas"] == 1  # shrinks with each new replica available
     client.set_ready(NS, "chat-engine")
-    deleted = [a.name for a in reconciler.reconcile(_endpoint(client)).actions if a.verb == "delete"]
-    assert sorted(deleted) == sorted(k[3] for k in old)
-    assert not any(k in client.objects for k in old)
+    assert deployments_deleted(reconciler.reconcile(_endpoint(client))) == [t0[3]]
     assert reconciler.reconcile(_endpoint(client)).actions == []
 
+
+def test_a_static_fleet_handed_over_keeps_its_count_and_its_overflow_tier_starts_empty():
+    """The replica bump went to every new scaled Deployment, the overflow tier included (10 new pods for 5)."""
+    spec = copy.deepcopy(FULL["spec"])
+    spec["placement"]["instanceTypes"] = spec["placement"]["instanceTypes"][:1]
+    client = RecordingClient()
+    client.create(_resource(spec))
+    reconciler = Reconciler(client, clock=Clock())
+    reconciler.reconcile(_endpoint(client))
+    client.objects[("apps/v1", "Deployment", NS, "chat-engine")]["spec"]["replicas"] = 4
+    _update_spec(client, lambda s: s["placement"].update(instanceTypes=FULL["spec"]["placement"]["instanceTypes"]))
+    outcome = reconciler.reconcile(_endpoint(client))
+    made = {a.name: a.body["spec"]["replicas"] for a in outcome.actions
+            if a.verb == "create" and a.kind == "Deployment"}
+    assert made == {"chat-engine-t0": 4, "chat-engine-t1": 0}
+    client.set_ready(NS, "chat-engine-t0")
+    deleted = [a.name for a in reconciler.reconcile(_endpoint(client)).actions if a.verb == "delete"]
+    assert "chat-engine" in deleted
 
 def test_the_kubernetes_client_bounds_every_call():
     """No timeout: a connection the API server never answered held one of kopf's worker threads for ever."""
@@ -582,3 +610,35 @@ def test_the_kubernetes_client_bounds_every_call():
     client.patch("apps/v1", "Deployment", "ns", "d", {"spec": {}})
     client.delete("apps/v1", "Deployment", "ns", "d")
     assert len(seen) == 3 and all(k["_request_timeout"] == REQUEST_TIMEOUT_S for k in seen)
+
+
+def test_an_api_server_that_does_not_answer_is_an_api_error_retried():
+    """A timeout escaped as urllib3's own exception: no status was written and kopf's retry was its default."""
+    from urllib3.exceptions import ReadTimeoutError
+
+    from fleetserve.k8s.client import ApiError, KubeClient
+
+    class Resource:
+        def get(self, **_):
+            raise ReadTimeoutError(None, "/apis", "read timed out")
+
+    class Resources:
+        def get(self, **_):
+            return Resource()
+
+    class Dynamic:
+        resources = Resources()
+
+    with pytest.raises(ApiError) as info:
+        KubeClient(dynamic=Dynamic()).list("apps/v1", "Deployment", "ns")
+    assert info.value.code == 504 and info.value.reason == "Timeout"
+
+
+def test_an_invalid_spec_whose_status_cannot_be_written_is_retried(env):
+    from fleetserve.k8s.client import ApiError
+
+    client, reconciler = env
+    _update_spec(client, lambda s: s.update(replicas=-1))
+    client.fail("list", "Deployment", ApiError("etcd timeout", 500, "InternalError"))
+    outcome = reconciler.reconcile(_endpoint(client))
+    assert outcome.failure.reason == "InvalidSpec" and outcome.retry  # PermanentError had left the status stale

@@ -250,17 +250,20 @@ def _prune_fleets(name: str | None) -> None:
     `down`'s to stop first (a recorded pid of a cleanly stopped fleet may belong to another process by now)."""
     import shutil
 
-    from fleetserve.fleet.state import fleet_dir, list_fleets, mark_stale, pid_alive
+    from fleetserve.fleet.control import is_ours
+    from fleetserve.fleet.state import fleet_dir, list_fleets, mark_stale, pid_alive, supervisor_alive
 
     fleets = [mark_stale(f) for f in list_fleets() if name is None or f.name == name]
     if name and not fleets:
         raise _fail(f"no fleet named {name!r} (known: {', '.join(f.name for f in list_fleets()) or 'none'})", 2)
     removed, kept = [], []
     for f in fleets:
-        pids = [f.supervisor_pid, f.router_pid, f.redis_pid, f.prometheus_pid, *(r.pid for r in f.replicas)]
+        children = [f.router_pid, f.redis_pid, f.prometheus_pid, *(r.pid for r in f.replicas)]
+        # ours only: a recorded pid may belong to another process by now
+        alive = supervisor_alive(f) or any(p and pid_alive(p) and is_ours(p, f) for p in children)
         if f.status not in ("stopped", "failed", "dead"):
             kept.append(f"{f.name} ({f.status})")
-        elif f.status == "dead" and any(pid_alive(p) for p in pids):  # a clean stop ended them all
+        elif f.status == "dead" and alive:  # a clean stop ended them all
             kept.append(f"{f.name} ({f.status}, processes still alive: `fleetserve down {f.name}` stops them)")
         else:
             shutil.rmtree(fleet_dir(f.name), ignore_errors=True)
@@ -598,11 +601,12 @@ def router(
         raise typer.BadParameter(str(exc), param_hint=flag) from None
     if expiring:
         err.print(f"warning: {expiring}", markup=False)
-    from fleetserve.fleet.process import bind_problem
+    from fleetserve.fleet.process import bind_refusal
 
     # bound here without SO_REUSEPORT: a second router with --workers had shared the port with the first one
-    if (problem := bind_problem(host, port)) is not None:
-        raise typer.BadParameter(problem, param_hint="--port" if "port" in problem else "--host")
+    field, problem = bind_refusal(host, port)
+    if problem is not None:
+        raise typer.BadParameter(problem, param_hint=f"--{field}")
     identity = None
     from fleetserve.router.model_metrics import SCOPES
 

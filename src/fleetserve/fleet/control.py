@@ -105,7 +105,7 @@ def pick_fleet(name: str | None) -> FleetState:
     return fleets[0]
 
 
-def _is_ours(pid: int, state: FleetState) -> bool:
+def is_ours(pid: int, state: FleetState) -> bool:
     """A recorded pid may have been reused by an unrelated process: kill only ours (our CLI, or a server started
     in this fleet's folder, like its redis-server and its prometheus)."""
     try:
@@ -127,7 +127,7 @@ def stop_fleet(state: FleetState, timeout: float = 60.0) -> None:
             os.kill(pid, signal.SIGKILL)  # its children die with it (PR_SET_PDEATHSIG)
     leftovers = [state.router_pid, state.redis_pid, state.prometheus_pid] + [r.pid for r in state.replicas]
     for child in leftovers:
-        if child and pid_alive(child) and _is_ours(child, state):
+        if child and pid_alive(child) and is_ours(child, state):
             try:
                 os.killpg(child, signal.SIGKILL)
             except ProcessLookupError:

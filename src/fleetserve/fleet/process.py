@@ -40,22 +40,37 @@ def free_port(host: str = "127.0.0.1") -> int:
 def bind_problem(host: str, port: int) -> str | None:
     """Why a server could not listen on host:port here, or None when it can (checked by binding, as the router
     will, with SO_REUSEADDR); port 0 checks the host alone."""
+    return bind_refusal(host, port)[1]
+
+
+def bind_refusal(host: str, port: int) -> tuple[str, str | None]:
+    """(the setting at fault, "host" or "port", and why) for `bind_problem`; every address the name has is tried,
+    as the server binds them all (`localhost`: ::1 and 127.0.0.1)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        return f"host {host!r} does not resolve ({exc.strerror})"
-    family, kind, proto, _name, address = infos[0]
-    with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        return "host", f"host {host!r} does not resolve ({exc.strerror})"
+    for family, kind, proto, _name, address in dict.fromkeys(infos):
         try:
-            s.bind(address)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return f"port {port} on {host} is already in use (another fleet's router, or another server)"
-            if exc.errno == errno.EADDRNOTAVAIL:
-                return f"{host} is not an address of this machine"
-            return f"cannot listen on {host}:{port}: {exc.strerror}"
-    return None
+            s = socket.socket(family, kind, proto)
+        except OSError:
+            continue  # a family this machine lacks (IPv6 off): the server skips it too
+        with s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio binds each family apart
+            try:
+                s.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return "port", (f"port {port} on {host} is already in use (another fleet's router, or another "
+                                    "server)")
+                if exc.errno == errno.EACCES:
+                    return "port", f"port {port} on {host} needs privileges this user lacks (ports below 1024)"
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    return "host", f"{host} is not an address of this machine"
+                return "host", f"cannot listen on {host}:{port}: {exc.strerror}"
+    return "port", None
 
 
 def fleetserve_command(*args: str) -> list[str]:

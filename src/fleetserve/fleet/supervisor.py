@@ -45,7 +45,7 @@ from fleetserve.fleet import prometheus
 from fleetserve.fleet.capacity import build_capacity
 from fleetserve.fleet.lifecycle import ROUTER_STATE, SERVING, Phase, advance
 from fleetserve.fleet.metrics import SupervisorMetrics
-from fleetserve.fleet.process import Child, bind_problem, fleetserve_command, free_port
+from fleetserve.fleet.process import Child, bind_refusal, fleetserve_command, free_port
 from fleetserve.fleet.restarts import Backoff
 from fleetserve.fleet.state import (
     FleetState,
@@ -189,9 +189,11 @@ class Supervisor:
         """SIGHUP (the terminal of a foreground `up` closed): a graceful stop like SIGTERM, not the default death
         that cut every request in flight; what the stop prints goes nowhere, the terminal being gone."""
         with contextlib.suppress(OSError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
+            for fd in (1, 2):
+                if os.isatty(fd):  # a log file (a detached fleet's, `up > log`) keeps what the stop says
+                    devnull = os.open(os.devnull, os.O_WRONLY)
+                    os.dup2(devnull, fd)
+                    os.close(devnull)
         self.request_stop()
 
     def run(self, on_ready: Callable[[FleetState], None] | None = None) -> int:
@@ -337,6 +339,7 @@ class Supervisor:
                 "engine.urls with engine.kind external."
             )
         if kind == "builtin":
+            self._check_router_address()
             self.model_dir = self._prepare_model()
             self._start_redis()
         self._start_router(list(self.spec.engine.urls) if kind == "external" else [])
@@ -382,15 +385,20 @@ class Supervisor:
             args += ["--queue-metrics", kind]
         return args
 
+    def _check_router_address(self) -> None:
+        """The router would exit at once on an address it cannot listen on; a port another fleet's router held
+        even read as ready. Checked before the model is prepared (a download can take minutes) and again at the
+        router's start."""
+        field, problem = bind_refusal(self.spec.router.host, self.spec.router.port)
+        if problem:
+            raise StartupError(f"spec.router.{field}: {problem}")
+
     def _start_router(self, backends: list[str]) -> None:
         strategy = self.spec.routing.strategy
         if strategy not in registered_policies():
             strategy = "leastload"
         host = self.spec.router.host
-        problem = bind_problem(host, self.spec.router.port)
-        if problem:  # the router would exit at once; a port another fleet's router held even read as ready
-            field = "spec.router.port" if "port" in problem else "spec.router.host"
-            raise StartupError(f"{field}: {problem}")
+        self._check_router_address()
         port = self.spec.router.port or free_port(host)
         security = self._security_args()
         cmd = fleetserve_command("router", "--host", host, "--port", str(port), "--strategy", strategy,

@@ -119,11 +119,13 @@ def canonical_quantity(value: object) -> object:
 def server_normalized(obj: object, key: str | None = None, quantities: bool = False) -> object:
     """What the API server stores and returns for what was written: Secret `stringData` folded into `data`,
     bools it omits when false left out, resource quantities in canonical form (the operator must see none of
-    these as drift)."""
+    these as drift). Custom resources (the Endpoint) are stored as written."""
     import base64
 
-    from fleetserve.k8s.reconcile import OMITTED_WHEN_FALSE, QUANTITY_MAPS
+    from fleetserve.k8s.reconcile import OMITTED_WHEN_FALSE, OWNER_KIND, QUANTITY_MAPS
 
+    if key is None and isinstance(obj, dict) and obj.get("kind") == OWNER_KIND:
+        return obj
     if isinstance(obj, dict):
         out = {k: server_normalized(v, k, key in QUANTITY_MAPS) for k, v in obj.items()
                if not (v is False and k in OMITTED_WHEN_FALSE)}
@@ -271,6 +273,9 @@ class KubeClient:
     """
 
     def __init__(self, dynamic=None):
+        from urllib3.exceptions import HTTPError  # the kubernetes client's transport
+
+        self._transport = HTTPError
         if dynamic is None:
             from kubernetes import config
             from kubernetes.client import ApiClient
@@ -288,6 +293,8 @@ class KubeClient:
 
         try:
             return self._dynamic.resources.get(api_version=api_version, kind=kind)
+        except self._transport as exc:  # discovery reads the API server too
+            raise ApiError(f"the API server did not answer: {exc}", 504, "Timeout") from None
         except ResourceNotFoundError:
             raise NotFound(f"the API server does not serve {api_version}/{kind} (is its operator installed?)") \
                 from None
@@ -306,12 +313,13 @@ class KubeClient:
 
     def _call(self, fn, *args, **kwargs):
         from kubernetes.dynamic.exceptions import DynamicApiError
-
         kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT_S)  # a hung connection held a kopf worker for ever
         try:
             result = fn(*args, **kwargs)
         except DynamicApiError as exc:
             raise self._translate(exc) from None
+        except self._transport as exc:  # a timeout, a refused or reset connection: retried like a 5xx
+            raise ApiError(f"the API server did not answer: {exc}", 504, "Timeout") from None
         return result.to_dict() if hasattr(result, "to_dict") else result
 
     def get(self, api_version, kind, namespace, name):

@@ -168,8 +168,9 @@ class Reconciler:
             outcome.status = self.write_status(body, owner, outcome.failure, warnings)
         except StatusUnread as exc:
             outcome.status = body.get("status") or {}
+            outcome.retry = True  # even after an invalid spec, whose status is not written yet
             if outcome.failure is None:
-                outcome.failure, outcome.retry = Failure(exc.error.reason, f"list workloads: {exc.error}"), True
+                outcome.failure = Failure(exc.error.reason, f"list workloads: {exc.error}")
         return outcome
 
     def write_status(self, body: dict, owner: Owner, failure: Failure | None, warnings: list[str] | None = None

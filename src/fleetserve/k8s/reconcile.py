@@ -19,8 +19,8 @@ annotation `fleetserve.io/last-applied`. A JSON merge patch (RFC 7386) then hold
 - `null` for a field we applied last time and want no longer.
 Fields that cannot change in place (a Deployment's selector, a StatefulSet's volumeClaimTemplates) turn a
 patch into delete + create. A Deployment that a ScaledObject scales keeps its `spec.replicas`: KEDA owns it
-after creation, and patching it back would fight the autoscaler. A renamed Deployment is replaced make before
-break (`_replaced_until_ready`).
+after creation, and patching it back would fight the autoscaler. A renamed engine Deployment is handed over make before
+break (`handover.py`).
 """
 
 from __future__ import annotations
@@ -311,7 +311,8 @@ def reconcile(desired: Sequence[dict], observed: Sequence[dict], owner: Owner) -
             continue
         changed = sorted(_leaves(patch))
         patches.append(Action("patch", api_version, kind, namespace, name, patch, ", ".join(changed)))
-    held = _replaced_until_ready(desired, mine, wanted, scaled, creates)
+    held, shrink = handover(desired, mine, wanted, scaled, creates)
+    patches += shrink
     for k in reversed(list(mine)):
         if k not in wanted and k not in held:
             api_version, kind, namespace, name = k
@@ -319,42 +320,10 @@ def reconcile(desired: Sequence[dict], observed: Sequence[dict], owner: Owner) -
     return creates + patches + deletes
 
 
-COMPONENT_LABEL = "app.kubernetes.io/component"
+def handover(*args):
+    from fleetserve.k8s.handover import handover as run
 
-
-def _ready(obj: dict) -> bool:
-    status, meta = obj.get("status") or {}, obj.get("metadata") or {}
-    return (status.get("observedGeneration") or 0) >= meta.get("generation", 1) and \
-        (status.get("availableReplicas") or 0) >= (obj.get("spec") or {}).get("replicas", 1)
-
-
-def _replaced_until_ready(desired: Sequence[dict], mine: dict, wanted: set, scaled: set, creates: list[Action]
-                          ) -> set[Key]:
-    """Make before break for Deployments that change name (engine tiers going from one to several instance
-    types, or back): an autoscaled new one is created with the replicas the old ones run now (KEDA had scaled
-    them; render's count is the minimum), and the old ones stay, serving, until every new Deployment of that
-    component is available. Returns the old ones to keep this pass. Replacing at once dropped a fleet of 5
-    busy replicas to 1 cold one for the minutes of a model load."""
-    def component(obj: dict) -> str | None:
-        return ((obj.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL)
-
-    leaving = {k: o for k, o in mine.items() if k not in wanted and k[1] == "Deployment"}
-    if not leaving:
-        return set()
-    held: set[Key] = set()
-    for comp in {component(o) for o in leaving.values()} - {None}:
-        old = [k for k, o in leaving.items() if component(o) == comp]
-        new = [o for o in desired if o["kind"] == "Deployment" and component(o) == comp]
-        if not new:
-            continue  # the component is gone altogether: nothing replaces it
-        running = sum((mine[k].get("spec") or {}).get("replicas", 0) for k in old)
-        for action in creates:
-            if action.kind == "Deployment" and component(action.body) == comp and running and \
-                    (action.namespace, action.name) in scaled:
-                action.body["spec"]["replicas"] = max(action.body["spec"].get("replicas", 1), running)
-        if not all(key(o) in mine and _ready(mine[key(o)]) for o in new):
-            held.update(old)
-    return held
+    return run(*args)
 
 
 def _leaves(patch: dict, prefix: str = "") -> list[str]:

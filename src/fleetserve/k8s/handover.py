@@ -1,0 +1,87 @@
+"""Make before break for engine Deployments that change name (tiers going from one instance type to several, or
+back): the new tier 0 takes over from the old Deployments replica by replica.
+
+    handover(desired, mine, wanted, scaled, creates) -> (held keys, shrink patches)
+
+- The new tier 0, when created, starts with the replicas the old ones run (KEDA had scaled them; render's count
+  is the minimum), never more than its ScaledObject's maxReplicaCount. Overflow tiers start as rendered (0):
+  they take what tier 0 cannot place, as always.
+- The old Deployments keep serving, and shrink as the new tier 0's replicas become available: together they
+  run what tier 0 wants, so a NodePool's GPU limit that cannot hold both fleets at once frees a node per new
+  replica instead of leaving the rest Pending for ever. At zero they are deleted.
+- Their NodePools (a tier the new layout no longer has) stay while they do: deleting one had Karpenter drain
+  the nodes of replicas that were still serving.
+
+Replacing at once dropped a fleet of 5 busy replicas to 1 cold one for the minutes of a model load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fleetserve.k8s.labels import TIER_LABEL
+from fleetserve.k8s.reconcile import Action, Key, key
+
+COMPONENT_LABEL = "app.kubernetes.io/component"
+ENGINE = "engine"
+
+
+def _labels(obj: dict) -> dict:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def _replicas(obj: dict) -> int:
+    return int((obj.get("spec") or {}).get("replicas", 1))
+
+
+def _available(obj: dict) -> int:
+    """Replicas of `obj`'s current spec that are available (none before the controller has seen that spec)."""
+    status, meta = obj.get("status") or {}, obj.get("metadata") or {}
+    if (status.get("observedGeneration") or 0) < meta.get("generation", 1):
+        return 0
+    return min(int(status.get("availableReplicas") or 0), int(status.get("updatedReplicas") or 0))
+
+
+def _max_replicas(desired: Sequence[dict], target: tuple[str | None, str]) -> int | None:
+    for obj in desired:
+        if obj["kind"] == "ScaledObject" and (obj["metadata"].get("namespace"), obj["spec"]["scaleTargetRef"]
+                                              ["name"]) == target:
+            return obj["spec"].get("maxReplicaCount")
+    return None
+
+
+def handover(desired: Sequence[dict], mine: dict[Key, dict], wanted: set[Key], scaled: set, creates: list[Action]
+             ) -> tuple[set[Key], list[Action]]:
+    """The old engine Deployments (and their tiers' NodePools) to keep this pass, and the patches that shrink
+    them as the new tier 0 becomes available."""
+    old = [k for k, o in mine.items() if k not in wanted and k[1] == "Deployment"
+           and _labels(o).get(COMPONENT_LABEL) == ENGINE]
+    first = next((o for o in desired if o["kind"] == "Deployment" and _labels(o).get(COMPONENT_LABEL) == ENGINE),
+                 None)
+    if not old or first is None:
+        return set(), []
+    old.sort(key=lambda k: _labels(mine[k]).get(TIER_LABEL, ""))
+    running = sum(_replicas(mine[k]) for k in old)
+    target = (first["metadata"].get("namespace"), first["metadata"]["name"])
+    created = next((a for a in creates if a.kind == "Deployment" and (a.namespace, a.name) == target), None)
+    if created is not None and target in scaled:
+        most = _max_replicas(desired, target)
+        start = max(_replicas(created.body), min(running, most) if most is not None else running)
+        created.body["spec"]["replicas"] = start
+    new = mine.get(key(first))
+    wants = _replicas(created.body) if created is not None else _replicas(new)
+    left = max(0, wants - (_available(new) if new is not None else 0))  # what the old ones still serve
+    held: set[Key] = set()
+    shrink: list[Action] = []
+    for k in old:
+        keep = min(_replicas(mine[k]), left)
+        left -= keep
+        if keep == 0:
+            continue  # deleted: the new tier 0 serves its share
+        held.add(k)
+        if keep < _replicas(mine[k]):
+            shrink.append(Action("patch", *k, {"spec": {"replicas": keep}}, "handing over to " + target[1]))
+    tiers = {_labels(mine[k]).get(TIER_LABEL) for k in held}
+    held |= {k for k, o in mine.items() if k not in wanted and k[1] == "NodePool"
+             and _labels(o).get(TIER_LABEL) in tiers}
+    return held, shrink
