@@ -30,6 +30,10 @@ def test_openai_client_chat_and_stream(sim):
     chunks = list(client.completions.create(model="sim", prompt="a b c", max_tokens=5, stream=True,
                                             stream_options={"include_usage": True}))
     assert len([c for c in chunks if c.choices]) == 5 and chunks[-1].usage.completion_tokens == 5
+    # models.retrieve, as the built-in engine answers it (it was a 404 through the router)
+    assert client.models.retrieve("sim").id == "sim"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("other")
 
 
 def test_repeated_prefix_is_cached_and_events_are_published(sim):

@@ -331,10 +331,19 @@ def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = Non
     async def completions(request):
         return await engine.serve(request, "completion")
 
+    def card() -> dict:
+        return {"id": engine.model_name, "object": "model", "owned_by": "fleetserve", "root": "",
+                "max_model_len": 1_000_000}
+
     async def models(request):
-        return JSONResponse({"object": "list", "data": [{"id": engine.model_name, "object": "model",
-                                                         "owned_by": "fleetserve", "root": "",
-                                                         "max_model_len": 1_000_000}]})
+        return JSONResponse({"object": "list", "data": [card()]})
+
+    async def model(request):
+        """GET /v1/models/{model}, as the built-in engine answers the openai client's `models.retrieve`."""
+        name = request.path_params["model"]
+        if name != engine.model_name:
+            return model_not_found(name, [engine.model_name]).response()
+        return JSONResponse(card())
 
     async def health(request):
         return JSONResponse({"status": "ok", "model": engine.model_name, "running": engine.model.num_running,
@@ -384,6 +393,7 @@ def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = Non
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", health), Route("/ping", health),
         Route("/get_load", load), Route("/v1/loads", loads),
         Route("/get_model_info", model_info), Route("/model_info", model_info),
