@@ -102,3 +102,20 @@ def test_fleet_with_tls_self_signed_and_api_keys(tmp_path, tiny_model):
         fleetserve("down", env=home)
         for pid in processes_with_env("FLEETSERVE_HOME", home["FLEETSERVE_HOME"]):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_replica_that_refuses_the_routers_credentials_is_a_502_naming_them(tmp_path):
+    """A router without the engines' internal token looked healthy (their /health needs none) and answered every
+    request 401 invalid_api_key, which a client reads as its own key being wrong."""
+    token_file, _ = internal_token(tmp_path)
+    engine = Server(["engine", "--simulate", "fast", "--served-model-name", "sim", "--internal-token-file",
+                     token_file], tmp_path / "sim.log").start()
+    gw = Server(["router", "--backend", engine.url], tmp_path / "router.log").start()
+    try:
+        r = httpx.post(gw.url + "/v1/completions", json={"model": "sim", "prompt": "hi", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unauthorized", r.text
+        assert "--internal-token-file" in r.json()["error"]["message"]
+        assert "refused the router's credentials" in (tmp_path / "router.log").read_text()
+    finally:
+        gw.stop()
+        engine.stop()

@@ -119,6 +119,9 @@ def test_a_worker_that_cannot_start_stops_the_router_instead_of_restarting_for_e
 
     monkeypatch.setattr(workers, "_worker", fails)
     monkeypatch.setattr(workers, "RESTART_DELAY_S", 0.01)
+    # run_workers points prometheus at its folder in this process's environment: servers that later tests start
+    # from this process would inherit a folder that is gone by then
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
     handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)  # run_workers installs its own
     try:
         with pytest.raises(SystemExit) as info:

@@ -18,7 +18,9 @@ first byte, released when the answer ends or fails.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
+import time
 from dataclasses import dataclass
 
 from fleetserve.api.errors import APIError
@@ -28,6 +30,8 @@ from fleetserve.router.policies import Choice, RouteRequest
 from fleetserve.router.pool import Backend
 from fleetserve.router.retry import backoff, busy, exclude, retry_after_seconds, retryable
 from fleetserve.router.upstream import Timeout, UpstreamError, UpstreamResponse
+
+log = logging.getLogger(__name__)
 
 MAX_DROPS = 2  # replicas that may close the connection under one request before it is answered 502
 
@@ -122,6 +126,11 @@ class Dispatcher:
                 response, first, ended = outcome
                 return Attempt(backend, response, first, choice, attempt + 1, gw.pool.book, gw.gate.slot_freed,
                                ended)
+            if outcome == "refused_router":
+                raise APIError(502, "the model replica refused the router's own credentials (401): the router "
+                                    "and its engines must share the internal token (--internal-token-file), or the "
+                                    "router must send the engines' API key (--engine-token-file); not your API key",
+                               code="upstream_unauthorized")
             if outcome == "timeout":
                 gw.metrics.retries.labels("timeout_not_retried").inc()
                 raise APIError(504, f"the model replica did not answer within {settings.upstream_read_timeout:g}s; "
@@ -171,6 +180,15 @@ class Dispatcher:
         try:
             response = await gw.upstream.request(backend.url, out.method, out.wire_path or out.path, out.headers,
                                                  out.body)
+            if response.status == 401:  # clients' keys never reach a replica (gateway.py drops them): the 401 is
+                # the router's credentials for the engines, and told to the client as its own key's it misled
+                response.close()
+                book.failed(backend.id, prefill)
+                gw.gate.slot_freed()
+                if model is not None:
+                    model.failed(backend.id, 502)
+                log_refused(backend.url)
+                return "refused_router"
             if retryable(response.status):
                 response.close()
                 book.failed(backend.id, prefill)
@@ -225,6 +243,18 @@ class Dispatcher:
             def ended(replica=backend.id) -> None:
                 model.ended(replica, (gw.clock() - sent_at) * 1000)
         return response, first, ended
+
+
+_REFUSED_LOGGED: dict[str, float] = {}
+
+
+def log_refused(url: str, every_s: float = 60.0) -> None:
+    """Once a minute per replica: the operator's signal that router and engines disagree on credentials."""
+    now = time.monotonic()
+    if now - _REFUSED_LOGGED.get(url, -every_s) >= every_s:
+        _REFUSED_LOGGED[url] = now
+        log.error("replica %s refused the router's credentials (401): give the router the engines' "
+                  "--internal-token-file (or --engine-token-file for vLLM/SGLang --api-key)", url)
 
 
 UNDELIVERED = ("unreachable", "dropped", "stalled")  # attempts no replica answered: nothing reached the client
