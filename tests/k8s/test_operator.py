@@ -642,3 +642,67 @@ def test_an_invalid_spec_whose_status_cannot_be_written_is_retried(env):
     client.fail("list", "Deployment", ApiError("etcd timeout", 500, "InternalError"))
     outcome = reconciler.reconcile(_endpoint(client))
     assert outcome.failure.reason == "InvalidSpec" and outcome.retry  # PermanentError had left the status stale
+
+
+def test_a_handover_reverted_midway_keeps_every_serving_replica():
+    """1 tier -> 2 -> 1 before the handover ended: the old name, shrunk by the handover, was taken as the whole
+    fleet, and the 3 serving replicas of the new tier 0 were deleted in that pass."""
+    one = copy.deepcopy(FULL["spec"])
+    one["placement"]["instanceTypes"] = one["placement"]["instanceTypes"][:1]
+    client = RecordingClient()
+    client.create(_resource(one))
+    reconciler = Reconciler(client, clock=Clock())
+    reconciler.reconcile(_endpoint(client))
+    client.objects[("apps/v1", "Deployment", NS, "chat-engine")]["spec"]["replicas"] = 5
+    _update_spec(client, lambda s: s["placement"].update(instanceTypes=FULL["spec"]["placement"]["instanceTypes"]))
+    reconciler.reconcile(_endpoint(client))
+    client.set_ready(NS, "chat-engine-t0", 3)
+    reconciler.reconcile(_endpoint(client))
+    assert client.objects[("apps/v1", "Deployment", NS, "chat-engine")]["spec"]["replicas"] == 2  # handed over 3
+    _update_spec(client, lambda s: s["placement"].update(instanceTypes=one["placement"]["instanceTypes"]))
+    outcome = reconciler.reconcile(_endpoint(client))
+    deleted = [(a.kind, a.name) for a in outcome.actions if a.verb == "delete"]
+    assert ("Deployment", "chat-engine-t0") not in deleted  # its 3 replicas serve until chat-engine takes them
+    assert client.objects[("apps/v1", "Deployment", NS, "chat-engine")]["spec"]["replicas"] == 5  # taken back
+
+
+def test_replicas_the_overflow_tier_serves_count_in_the_handover():
+    """Tier 0's type out of capacity: the overflow tier served the whole fleet, and the old Deployment was held
+    beside it for ever (twice the GPUs)."""
+    one = copy.deepcopy(FULL["spec"])
+    one["placement"]["instanceTypes"] = one["placement"]["instanceTypes"][:1]
+    client = RecordingClient()
+    client.create(_resource(one))
+    reconciler = Reconciler(client, clock=Clock())
+    reconciler.reconcile(_endpoint(client))
+    client.objects[("apps/v1", "Deployment", NS, "chat-engine")]["spec"]["replicas"] = 5
+    _update_spec(client, lambda s: s["placement"].update(instanceTypes=FULL["spec"]["placement"]["instanceTypes"]))
+    reconciler.reconcile(_endpoint(client))
+    client.objects[("apps/v1", "Deployment", NS, "chat-engine-t1")]["spec"]["replicas"] = 5  # KEDA's overflow
+    client.set_ready(NS, "chat-engine-t0", 0)
+    client.set_ready(NS, "chat-engine-t1")
+    outcome = reconciler.reconcile(_endpoint(client))
+    assert [a.name for a in outcome.actions if a.verb == "delete" and a.kind == "Deployment"] == ["chat-engine"]
+
+
+def test_a_held_tiers_nodepool_keeps_the_old_instance_types_while_its_replicas_serve(env):
+    """The pool of tier 0 narrowed to the new types at once: Karpenter replaced the held replicas' nodes as
+    drifted, and nothing offered their type any more."""
+    client, reconciler = env
+    reconciler.reconcile(_endpoint(client))
+    t0 = ("apps/v1", "Deployment", NS, "chat-engine-t0")
+    client.objects[t0]["spec"]["replicas"] = 4
+    pool = next(k for k in client.objects if k[1] == "NodePool" and k[3].endswith("-t0"))
+
+    def types():
+        reqs = client.objects[pool]["spec"]["template"]["spec"]["requirements"]
+        return sorted(v for r in reqs if r["key"] == "node.kubernetes.io/instance-type" for v in r["values"])
+
+    before = types()
+    _update_spec(client, lambda s: s["placement"].update(instanceTypes=s["placement"]["instanceTypes"][1:]))
+    reconciler.reconcile(_endpoint(client))
+    assert set(before) < set(types())  # widened, not narrowed, while chat-engine-t0 serves
+    client.set_ready(NS, "chat-engine")
+    reconciler.reconcile(_endpoint(client))  # handed over: the old one goes
+    reconciler.reconcile(_endpoint(client))  # and the pool narrows
+    assert t0 not in client.objects and not set(before) & set(types())

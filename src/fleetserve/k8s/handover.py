@@ -50,38 +50,71 @@ def _max_replicas(desired: Sequence[dict], target: tuple[str | None, str]) -> in
     return None
 
 
-def handover(desired: Sequence[dict], mine: dict[Key, dict], wanted: set[Key], scaled: set, creates: list[Action]
-             ) -> tuple[set[Key], list[Action]]:
-    """The old engine Deployments (and their tiers' NodePools) to keep this pass, and the patches that shrink
-    them as the new tier 0 becomes available."""
+def handover(desired: Sequence[dict], mine: dict[Key, dict], wanted: set[Key], scaled: set, creates: list[Action],
+             patches: list[Action]) -> tuple[set[Key], list[Action]]:
+    """The old engine Deployments (and their tiers' NodePools) to keep this pass, and the patches of the
+    handover: the old ones shrinking as the new tiers' replicas become available, the new tier 0 raised to what
+    the old ones run. A NodePool of a held tier that the new layout changes keeps the old instance types beside
+    the new ones meanwhile (`patches` are widened in place): narrowed at once, Karpenter replaced the nodes under
+    the held replicas as drifted."""
     old = [k for k, o in mine.items() if k not in wanted and k[1] == "Deployment"
            and _labels(o).get(COMPONENT_LABEL) == ENGINE]
-    first = next((o for o in desired if o["kind"] == "Deployment" and _labels(o).get(COMPONENT_LABEL) == ENGINE),
-                 None)
-    if not old or first is None:
+    tiers_new = [o for o in desired if o["kind"] == "Deployment" and _labels(o).get(COMPONENT_LABEL) == ENGINE]
+    if not old or not tiers_new:
         return set(), []
+    first = tiers_new[0]
     old.sort(key=lambda k: _labels(mine[k]).get(TIER_LABEL, ""))
     running = sum(_replicas(mine[k]) for k in old)
     target = (first["metadata"].get("namespace"), first["metadata"]["name"])
-    created = next((a for a in creates if a.kind == "Deployment" and (a.namespace, a.name) == target), None)
-    if created is not None and target in scaled:
+    extra: list[Action] = []
+    if target in scaled:
         most = _max_replicas(desired, target)
-        start = max(_replicas(created.body), min(running, most) if most is not None else running)
-        created.body["spec"]["replicas"] = start
-    new = mine.get(key(first))
-    wants = _replicas(created.body) if created is not None else _replicas(new)
-    left = max(0, wants - (_available(new) if new is not None else 0))  # what the old ones still serve
+        grown = min(running, most) if most is not None else running
+        created = next((a for a in creates if a.kind == "Deployment" and (a.namespace, a.name) == target), None)
+        if created is not None:
+            wants = created.body["spec"]["replicas"] = max(_replicas(created.body), grown)
+        else:  # it exists: the old name wanted again mid-handover, or KEDA resized it; never below what they run
+            now = _replicas(mine[key(first)])
+            wants = max(now, grown)
+            if wants > now:
+                extra.append(Action("patch", *key(first), {"spec": {"replicas": wants}},
+                                    f"taking over {running} replica(s) from {', '.join(k[3] for k in old)}"))
+    else:
+        wants = _replicas(first)  # a static count: the usual patch sets it
+    # every new tier's available replicas count: the overflow tiers take what tier 0 cannot place
+    serving = sum(_available(mine[key(o)]) for o in tiers_new if key(o) in mine)
+    left = max(0, wants - serving)  # what the old ones still serve
     held: set[Key] = set()
-    shrink: list[Action] = []
     for k in old:
         keep = min(_replicas(mine[k]), left)
         left -= keep
         if keep == 0:
-            continue  # deleted: the new tier 0 serves its share
+            continue  # deleted: the new tiers serve its share
         held.add(k)
         if keep < _replicas(mine[k]):
-            shrink.append(Action("patch", *k, {"spec": {"replicas": keep}}, "handing over to " + target[1]))
+            extra.append(Action("patch", *k, {"spec": {"replicas": keep}}, "handing over to " + target[1]))
     tiers = {_labels(mine[k]).get(TIER_LABEL) for k in held}
-    held |= {k for k, o in mine.items() if k not in wanted and k[1] == "NodePool"
-             and _labels(o).get(TIER_LABEL) in tiers}
-    return held, shrink
+    for k, o in mine.items():
+        if k[1] != "NodePool" or _labels(o).get(TIER_LABEL) not in tiers:
+            continue
+        if k not in wanted:
+            held.add(k)
+        else:
+            for action in patches:
+                if (action.kind, action.name) == ("NodePool", k[3]):
+                    _widen(action.body, o)
+    return held, extra
+
+
+def _widen(patch: dict, observed: dict) -> None:
+    """A NodePool patch's `In` requirements, with the values the observed pool allows kept beside the new ones."""
+    wanted = ((((patch.get("spec") or {}).get("template") or {}).get("spec") or {}).get("requirements"))
+    if not isinstance(wanted, list):
+        return
+    before = {(r.get("key"), r.get("operator")): r.get("values") or []
+              for r in (((observed.get("spec") or {}).get("template") or {}).get("spec") or {}).get("requirements")
+              or ()}
+    for requirement in wanted:
+        if requirement.get("operator") == "In":
+            kept = before.get((requirement.get("key"), "In"), [])
+            requirement["values"] = list(dict.fromkeys([*requirement.get("values", []), *kept]))

@@ -311,8 +311,8 @@ def reconcile(desired: Sequence[dict], observed: Sequence[dict], owner: Owner) -
             continue
         changed = sorted(_leaves(patch))
         patches.append(Action("patch", api_version, kind, namespace, name, patch, ", ".join(changed)))
-    held, shrink = handover(desired, mine, wanted, scaled, creates)
-    patches += shrink
+    held, handing = handover(desired, mine, wanted, scaled, creates, patches)
+    patches += handing
     for k in reversed(list(mine)):
         if k not in wanted and k not in held:
             api_version, kind, namespace, name = k
