@@ -119,3 +119,20 @@ def test_a_replica_that_refuses_the_routers_credentials_is_a_502_naming_them(tmp
     finally:
         gw.stop()
         engine.stop()
+    # a token rotation under way: a replica with another token is passed over, the request answered elsewhere
+    other_file, _ = internal_token(tmp_path / "other")
+    right = Server(["engine", "--simulate", "fast", "--served-model-name", "sim", "--internal-token-file",
+                    token_file], tmp_path / "right.log").start()
+    wrong = Server(["engine", "--simulate", "fast", "--served-model-name", "sim", "--internal-token-file",
+                    other_file], tmp_path / "wrong.log").start()
+    gw = Server(["router", "--backend", right.url, "--backend", wrong.url, "--strategy", "roundrobin",
+                 "--internal-token-file", token_file], tmp_path / "router2.log").start()
+    try:
+        for _ in range(4):
+            r = httpx.post(gw.url + "/v1/completions", json={"model": "sim", "prompt": "hi", "max_tokens": 2},
+                           timeout=30)
+            assert r.status_code == 200, r.text
+    finally:
+        gw.stop()
+        right.stop()
+        wrong.stop()

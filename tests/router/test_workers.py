@@ -130,3 +130,11 @@ def test_a_worker_that_cannot_start_stops_the_router_instead_of_restarting_for_e
         signal.signal(signal.SIGTERM, handlers[0])
         signal.signal(signal.SIGINT, handlers[1])
     assert info.value.code == 1
+
+
+def test_only_a_workers_own_early_exits_count_as_failing_to_start():
+    from fleetserve.router.workers import QUICK_EXIT_S, failed_at_start
+
+    assert failed_at_start(1, 0.5) and failed_at_start(2, QUICK_EXIT_S - 1)
+    assert not failed_at_start(-9, 0.5)  # killed (OOM, SIGKILL): restarted, never the router stopped for it
+    assert not failed_at_start(1, QUICK_EXIT_S + 1)  # it had run: restarted as before

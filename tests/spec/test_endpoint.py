@@ -444,3 +444,14 @@ def test_field_names_in_python_form_are_refused_as_the_crd_refuses_them(key, cam
     Endpoint ran without its limits."""
     (msg,) = problems(GOOD + f"  {key}: {{}}\n")
     assert f"spec.{key}: unknown field" in msg and camel in msg, msg
+
+
+@pytest.mark.parametrize("engine,says", [
+    ('{kind: external, urls: ["http://h:abc"]}', "spec.engine.urls: entry 'http://h:abc': Port could not be cast"),
+    ('{kind: external, urls: ["http://"]}', "spec.engine.urls: entry 'http://': expected http://host:port"),
+    ('{kind: external, urls: ["http://h:8000"], healthPath: health}', "spec.engine.healthPath: 'health' must be"),
+])
+def test_engine_urls_and_health_path_are_checked_as_the_router_checks_them(engine, says):
+    """validate, the webhook and render accepted them; the router refused them at its start (a crash loop)."""
+    (msg,) = problems(GOOD.replace("  replicas: 2", f"  replicas: 2\n  engine: {engine}"))
+    assert says in msg, msg

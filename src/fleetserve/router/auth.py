@@ -32,12 +32,12 @@ class KeyRing:
         keys = data.get("keys") if isinstance(data, dict) else None
         if not isinstance(keys, dict) or not keys:
             raise ValueError('expected {"keys": {"<sha256 hex of a key>": "<tenant>", ...}} with at least one key')
-        for digest, tenant in keys.items():
-            if not DIGEST.fullmatch(digest):
-                raise ValueError(f"{digest[:12]!r}...: keys are given as their sha256 hex digest (64 characters "
-                                 "0-9a-f), never in plain text: printf %s KEY | sha256sum")
+        for n, (digest, tenant) in enumerate(keys.items(), 1):
+            if not DIGEST.fullmatch(digest.lower()):  # never echoed: it may be a key in plain text
+                raise ValueError(f"key {n} of {len(keys)} is not a sha256 hex digest (64 characters 0-9a-f): keys "
+                                 "are given as their digest, never in plain text: printf %s KEY | sha256sum")
             if not isinstance(tenant, str) or not tenant:
-                raise ValueError(f"key {digest[:12]}...: its tenant must be a non-empty string")
+                raise ValueError(f"key {n} of {len(keys)}: its tenant must be a non-empty string")
         return cls(keys)
 
     def tenant(self, authorization: str | None) -> str:

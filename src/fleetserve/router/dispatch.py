@@ -126,11 +126,6 @@ class Dispatcher:
                 response, first, ended = outcome
                 return Attempt(backend, response, first, choice, attempt + 1, gw.pool.book, gw.gate.slot_freed,
                                ended)
-            if outcome == "refused_router":
-                raise APIError(502, "the model replica refused the router's own credentials (401): the router "
-                                    "and its engines must share the internal token (--internal-token-file), or the "
-                                    "router must send the engines' API key (--engine-token-file); not your API key",
-                               code="upstream_unauthorized")
             if outcome == "timeout":
                 gw.metrics.retries.labels("timeout_not_retried").inc()
                 raise APIError(504, f"the model replica did not answer within {settings.upstream_read_timeout:g}s; "
@@ -159,6 +154,11 @@ class Dispatcher:
                 return await self._dispatch(out, _excluding(route, frozenset()), tried, waited, held=True)
             raise APIError(503, "no healthy model replica is available; retry shortly", code="no_replica",
                            headers={"Retry-After": "2"})
+        if failures and all(f == "refused_router" for f in failures):
+            raise APIError(502, f"every model replica tried ({len(failures)}) refused the router's own credentials "
+                                "(401): the router and its engines must share the internal token "
+                                "(--internal-token-file), or the router must send the engines' API key "
+                                "(--engine-token-file); not your API key", code="upstream_unauthorized")
         if failures and len(set(failures)) == 1 and failures[0].startswith("status_"):
             status = int(failures[0][len("status_"):])  # every replica said the same: say it too (a 503 was a 502)
             raise APIError(status, f"every replica tried ({len(failures)}) answered {status}", code="upstream_failed",
@@ -180,16 +180,17 @@ class Dispatcher:
         try:
             response = await gw.upstream.request(backend.url, out.method, out.wire_path or out.path, out.headers,
                                                  out.body)
-            if response.status == 401:  # clients' keys never reach a replica (gateway.py drops them): the 401 is
-                # the router's credentials for the engines, and told to the client as its own key's it misled
-                response.close()
-                book.failed(backend.id, prefill)
-                gw.gate.slot_freed()
-                if model is not None:
-                    model.failed(backend.id, 502)
-                log_refused(backend.url)
-                return "refused_router"
-            if retryable(response.status):
+            if response.status == 401:
+                first = await response.read()
+                if refused_router(gw.settings, first):  # told to the client as its own key's, it misled
+                    response.close()
+                    book.failed(backend.id, prefill)
+                    gw.gate.slot_freed()
+                    if model is not None:
+                        model.failed(backend.id, 502)
+                    log_refused(backend.url)
+                    return "refused_router"  # another replica may hold the right token (a rotation under way)
+            elif retryable(response.status):
                 response.close()
                 book.failed(backend.id, prefill)
                 gw.gate.slot_freed()
@@ -200,7 +201,8 @@ class Dispatcher:
                     return retry_after_seconds(retry_after)
                 gw.request_failed(backend, f"status {response.status}")
                 return f"status_{response.status}"
-            first = await response.read()
+            else:
+                first = await response.read()
         except Timeout:
             if response is not None:
                 response.close()
@@ -243,6 +245,17 @@ class Dispatcher:
             def ended(replica=backend.id) -> None:
                 model.ended(replica, (gw.clock() - sent_at) * 1000)
         return response, first, ended
+
+
+def refused_router(settings, first: bytes) -> bool:
+    """A replica's 401 is about the router's own credentials when the router sent some (the client's
+    Authorization never reaches a replica), or when it names the internal token (our engines, whose token the
+    router lacks); otherwise it may be a client's own key passed through (an `api-key` header to an external
+    server), and it reaches the client as it came."""
+    from fleetserve.api.internal import INTERNAL_HEADER
+
+    sent = bool(settings.engine_token) or bool(settings.internal_token and settings.send_internal_token)
+    return sent or INTERNAL_HEADER.encode() in first
 
 
 _REFUSED_LOGGED: dict[str, float] = {}

@@ -105,6 +105,16 @@ def _still_good(cert_path: Path, hosts: tuple[str, ...]) -> bool:
         names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except (ValueError, x509.ExtensionNotFound):
         return False
-    held = {str(n) for n in names.get_values_for_type(x509.IPAddress)} | set(names.get_values_for_type(x509.DNSName))
+    held = {_canonical(str(n)) for n in names.get_values_for_type(x509.IPAddress)} | \
+        {_canonical(n) for n in names.get_values_for_type(x509.DNSName)}
     fresh = cert.not_valid_after_utc - datetime.datetime.now(datetime.UTC) > RENEW_BEFORE
-    return fresh and all(h in held for h in hosts)
+    return fresh and all(_canonical(h) in held for h in hosts)
+
+
+def _canonical(host: str) -> str:
+    """An address in its one written form (`0:0::1` is `::1`), a name in lower case: a certificate that names
+    the host otherwise spelled was made again at every start, and clients that pinned it broke."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host.lower()

@@ -111,7 +111,10 @@ class ReplicaWatcher:
     async def _round(self, rounds: int) -> None:
         pool = self.gw.pool
         if self.gw.settings.backend_dns and (rounds - 1) % DISCOVERY_EVERY == 0:
-            await self.discover()
+            try:
+                await self.discover()
+            except Exception:  # the backends stay as they were, and are probed all the same
+                log.exception("backend discovery failed; the known backends are kept")
         await pool.probe_all()
         if not self.layout_known:
             await self._learn_layout()

@@ -195,6 +195,12 @@ def _worker(index: int, count: int, folder: str, backends, host, port, settings,
                            **options))
 
 
+def failed_at_start(exitcode: int | None, uptime_s: float) -> bool:
+    """An exit of its own (a positive code) within QUICK_EXIT_S of its start: it cannot start (a port, a file).
+    A death by signal (the OOM killer, a SIGKILL) is no such sign: stopping the router for it was an outage."""
+    return uptime_s < QUICK_EXIT_S and (exitcode or 0) > 0
+
+
 def run_workers(count: int, backends: list[str], host: str, port: int, settings, options: dict) -> None:
     """Start `count` workers, keep them running, stop them on SIGTERM/SIGINT."""
     if port == 0:
@@ -226,7 +232,7 @@ def run_workers(count: int, backends: list[str], host: str, port: int, settings,
             for i, p in enumerate(procs):
                 if not p.is_alive() and not stopping:
                     _metrics_dead(folder, p.pid)
-                    quick[i] = quick[i] + 1 if time.monotonic() - started[i] < QUICK_EXIT_S else 0
+                    quick[i] = quick[i] + 1 if failed_at_start(p.exitcode, time.monotonic() - started[i]) else 0
                     if quick[i] >= QUICK_EXITS:  # it cannot start (a port, a file): restarting forever hid that
                         log.error("router worker %d exited (%s) %d times within %.0f s of its start; stopping the "
                                   "router (the cause is in the lines above)", i, p.exitcode, quick[i], QUICK_EXIT_S)

@@ -283,9 +283,13 @@ class EngineSection(SpecModel):
             raise ValueError("engine.urls: required with engine.kind 'external' (one URL per backend)")
         if self.kind != "external" and self.urls:
             raise ValueError(f"engine.urls: only for engine.kind 'external', not {self.kind!r}")
-        for url in self.urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"engine.urls: entry {url!r} must start with http:// or https://")
+        from fleetserve.router.upstream import backend_url_problem
+
+        for url in self.urls:  # the router's own check: a URL it refuses crash-looped the router pod
+            if (problem := backend_url_problem(url)) is not None:
+                raise ValueError(f"engine.urls: entry {problem}")
+        if not self.health_path.startswith("/"):
+            raise ValueError(f"engine.healthPath: {self.health_path!r} must be a path starting with /")
         return self
 
 
