@@ -60,6 +60,8 @@ def test_cli_status_watch_iterations_reads_the_state_file(tmp_path, monkeypatch)
     assert "demo" in result.output and "r1" in result.output and "prefixaware" in result.output
     bad = CliRunner().invoke(app, ["status", "--watch", "--interval", "0"])
     assert bad.exit_code == 2
+    both = CliRunner().invoke(app, ["status", "--watch", "--json", "--iterations", "1"])  # --json was dropped
+    assert both.exit_code == 2 and "--watch/--json" in both.output
 
 
 def test_a_ready_fleet_without_a_serving_replica_says_so(tmp_path, monkeypatch):

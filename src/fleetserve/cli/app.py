@@ -195,6 +195,9 @@ def status(
 
     if not watch and (interval is not None or iterations is not None):
         raise typer.BadParameter("redraws only with --watch", param_hint="--interval/--iterations")
+    if watch and as_json:  # the table was drawn and --json dropped without a word
+        raise typer.BadParameter("a live table; for JSON run `status --json` again (or poll it)",
+                                 param_hint="--watch/--json")
     if prune:
         _prune_fleets(name)
         return
