@@ -65,6 +65,8 @@ def start_detached(spec_path: str, name: str, timeout: float, extra_args: tuple[
                 proc.wait(timeout=60)
                 raise FleetError(state.error or f"fleet failed to start; see {log_path}")
         code = proc.poll()
+        if code == 0:  # a clean exit before ready: it was stopped (`fleetserve down`, a signal), not broken
+            raise FleetError(f"fleet {name!r} was stopped before it was ready (fleetserve down, or a signal)")
         if code is not None:
             tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
             raise FleetError(f"the supervisor exited with code {code} before the fleet was ready:\n{tail}")
