@@ -60,8 +60,9 @@ async def serve_gateway(backends: list[str], host: str, port: int, settings: Rou
                              reuse_port=reuse_port, sock=sock)
     bound = door.server.sockets[0].getsockname()
     gateway.server_address = (str(bound[0]), int(bound[1]))
-    log.info("router on %s://%s:%d, strategy %s, backends %s", gateway.scheme, host, bound[1], settings.strategy,
-             backends)
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address, bracketed as in a URL
+    log.info("router on %s://%s:%d, strategy %s, backends %s", gateway.scheme, shown, bound[1], settings.strategy,
+             [b.url for b in gateway.pool.backends.values()] or "none yet")  # as the pool holds them
     try:
         await stop.wait()
     finally:
