@@ -71,3 +71,14 @@ def test_hf_source_comes_from_the_local_cache_only(tmp_path, monkeypatch, tiny_m
     assert resolve_source("hf:acme/tiny") == snapshot
     with pytest.raises(ModelSourceError, match="not in the local Hugging Face cache"):
         resolve_source("hf:acme/missing")
+
+
+def test_an_s3_endpoint_that_does_not_answer_is_a_source_error_wherever_it_is_resolved(monkeypatch, tmp_path):
+    """`profile --model s3://...` and `up` printed botocore's traceback; only `model prepare` caught it."""
+    for key, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": "test",
+                       "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+                       "AWS_MAX_ATTEMPTS": "1", "AWS_RETRY_MODE": "standard"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path / "home"))
+    with pytest.raises(ModelSourceError, match=r"s3://models/x: Could not connect"):
+        resolve_source("s3://models/x")

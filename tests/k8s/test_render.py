@@ -1048,3 +1048,22 @@ def test_a_vllm_image_without_lmcache_and_a_token_in_engine_env_are_warned():
     doc["spec"]["engine"]["image"] = "lmcache/vllm-openai:v0.3.7"
     rendered, _ = _objects(doc)
     assert "spec.engine.image" not in {w.path for w in rendered.warnings}
+
+
+@pytest.mark.parametrize("source,ok", [("/usr/local/models/m", False), ("/opt/models/m", False), ("/tmp/m", False),
+                                       ("/", False), ("/fsx/models/m", True), ("/opt/ml/model", True),
+                                       ("/mnt/models/m", True)])
+def test_a_local_model_path_is_never_mounted_over_the_images_own_folders(source, ok):
+    """The volume goes at the path's first folder: /usr/local/models/m was mounted at /usr, hiding Python, and
+    the pod never started."""
+    doc = copy.deepcopy(BUILTIN_TENANTS)
+    doc["spec"]["model"]["source"] = source
+    if ok:
+        rendered, _ = _objects(doc)
+        (engine,) = _by(rendered, "Deployment")[:1]
+        mounts = {m["mountPath"] for c in engine["spec"]["template"]["spec"]["containers"] for m in c.get(
+            "volumeMounts", []) if m["name"] == "model"}
+        assert mounts and not mounts & {"/usr", "/opt", "/tmp", "/"}
+    else:
+        with pytest.raises(ValueError, match=r"spec.model.source: .* over the image's own folder"):
+            _objects(doc)

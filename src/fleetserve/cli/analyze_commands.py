@@ -153,6 +153,8 @@ def profile(
     if not sizes or min(sizes) < 1 or max(sizes) > 256:
         raise typer.BadParameter(f"{batches!r}; allowed values: comma-separated integers 1..256",
                                  param_hint="--batches")
+    if output and Path(output).is_dir():  # found after minutes of measuring, as a traceback
+        raise typer.BadParameter(f"{output} is a folder; give a file name (profile.json)", param_hint="--output")
     progress = None if as_json or not sys.stderr.isatty() else (lambda m: err.print(m, markup=False))
     try:
         result = measure(model, dtype=dtype, threads=threads, max_prompt=max_prompt, batches=sizes, repeats=repeats,

@@ -71,7 +71,14 @@ def resolve_source(source: str, revision: str | None = None, region: str | None 
     if source.startswith("s3://"):
         from fleetserve.engine.s3source import fetch_s3
 
-        return check_model_dir(fetch_s3(source, region, progress=progress))
+        try:
+            fetched = fetch_s3(source, region, progress=progress)
+        except Exception as exc:  # the S3 client's own errors (no credentials, an endpoint it cannot reach) were
+            # tracebacks wherever a source is resolved (`profile`, `up`): one message, as `model prepare` said it
+            if type(exc).__module__.split(".")[0] not in ("botocore", "boto3", "s3transfer"):
+                raise
+            raise ModelSourceError(f"{source}: {exc}") from None
+        return check_model_dir(fetched)
     if source.startswith("catalog:"):
         from fleetserve.engine.catalog import preset
 

@@ -59,6 +59,11 @@ def models_dir(ctx: Context) -> str:
     return (ctx.endpoint.spec.model.mount_path or MODELS_DIR).rstrip("/") or MODELS_DIR
 
 
+#: top-level folders of the engine image (a Debian-based Python image): a model volume mounted there hides them
+IMAGE_ROOTS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
+                         "/sbin", "/sys", "/tmp", "/usr", "/var"})
+
+
 def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str]:
     """(init containers, volumes, engine mounts, model path inside the engine container)."""
     model = ctx.endpoint.spec.model
@@ -74,6 +79,13 @@ def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str
         if path.is_absolute():
             parts = path.parts
             root = "/opt/ml/model" if source.startswith("/opt/ml/model") else str(PurePosixPath(*parts[:2]))
+            if root in IMAGE_ROOTS:
+                # the volume is mounted at the path's first folder: /usr/local/models/m hid the image's /usr
+                # (Python), /opt its fleetserve, and the pod never started
+                raise ValueError(f"spec.model.source: {source!r} would mount the model volume at {root}, over the "
+                                 "image's own folder; keep the weights under a folder of their own (/fsx/..., "
+                                 "/mnt/models/..., /opt/ml/model/...) or give a relative path (under "
+                                 f"{MODELS_DIR}/volume)")
             model_path = source
         else:
             root, model_path = f"{MODELS_DIR}/volume", f"{MODELS_DIR}/volume/{path}"
