@@ -240,7 +240,7 @@ apiVersion: fleetserve.io/v1
 kind: Endpoint
 metadata: {name: s}
 spec:
-  model: {source: "builtin:tiny"}
+  model: {source: "builtin:smollm2-135m"}
   autoscaling: {minReplicaCount: 0, schedules: [{name: x, start: "0 9 * * mon-fry", end: "0 18 * * *", minReplicas: 1}]}
 """
     import pytest

@@ -77,7 +77,7 @@ apiVersion: fleetserve.io/v1
 kind: Endpoint
 metadata: {name: b, labels: {cost-center: "42"}}
 spec:
-  model: {source: "builtin:tiny"}
+  model: {source: "builtin:smollm2-135m"}
   engine: {port: 9000, env: {OMP_NUM_THREADS: "2"}}
   metrics: {scrapeIntervalSeconds: 20}
 """

@@ -18,7 +18,7 @@ apiVersion: fleetserve.io/v1
 kind: Endpoint
 metadata: {{name: chat}}
 spec:
-  model: {{name: tiny, source: builtin:tiny}}
+  model: {{name: tiny, source: builtin:smollm2-135m}}
   metrics: {{scrapeIntervalSeconds: 5}}
   {extra}
 """

@@ -21,7 +21,7 @@ apiVersion: fleetserve.io/v1
 kind: Endpoint
 metadata: {name: chat, namespace: team-a}
 spec:
-  model: {name: tiny, source: builtin:tiny}
+  model: {name: tiny, source: builtin:smollm2-135m}
   engine: {startupTimeoutSeconds: 300}
   slo: {ttftP95Ms: 900, maxErrorRate: 0.01, costPerHourUsd: 2}
 """

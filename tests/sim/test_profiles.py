@@ -96,7 +96,7 @@ def test_a_bad_profile_file_is_exit_2_before_anything_runs(tmp_path):
     trace.write_text('{"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": [1]}\n')
     spec = tmp_path / "s.yaml"
     spec.write_text("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {name: p}\n"
-                    "spec: {model: {source: 'builtin:tiny'}}\n")
+                    "spec: {model: {source: 'builtin:smollm2-135m'}}\n")
     done = subprocess.run([sys.executable, "-m", "fleetserve", "simulate", str(spec), "--trace", str(trace),
                            "--profile", str(path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "max_batch" in done.stderr, done.stdout + done.stderr

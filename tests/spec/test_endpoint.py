@@ -455,3 +455,12 @@ def test_engine_urls_and_health_path_are_checked_as_the_router_checks_them(engin
     """validate, the webhook and render accepted them; the router refused them at its start (a crash loop)."""
     (msg,) = problems(GOOD.replace("  replicas: 2", f"  replicas: 2\n  engine: {engine}"))
     assert says in msg, msg
+
+
+@pytest.mark.parametrize("source,says", [("builtin:nope", "unknown builtin model 'nope'; allowed: smollm2-135m"),
+                                         ("hf:a/b/c", "expected hf:ORG/NAME"), ("hf:org/name@main", "model.revision"),
+                                         ("hf:org/ name", "expected hf:ORG/NAME")])
+def test_model_sources_that_name_no_model_are_refused_at_validate(source, says):
+    """They passed validate and render k8s, and failed only when `up` (or the fetch init container) ran."""
+    (msg,) = problems(GOOD.replace("source: builtin:smollm2-135m", f'source: "{source}"'))
+    assert "spec.model.source" in msg and says in msg, msg

@@ -326,7 +326,7 @@ def test_audit_fields_warn_locally_never_silently():
 
 def test_builtin_engine_port_warns_locally():
     doc = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "p"},
-           "spec": {"model": {"source": "builtin:tiny"}, "engine": {"port": 9000}}}
+           "spec": {"model": {"source": "builtin:smollm2-135m"}, "engine": {"port": 9000}}}
     paths = {w.path for w in load_spec_text(yaml.safe_dump(doc)).warnings}
     assert "spec.engine.port" in paths
 

@@ -131,9 +131,19 @@ class ModelSection(SpecModel):
             if value.removeprefix("catalog:") not in CATALOG:
                 raise ValueError(f"unknown catalog model {value.removeprefix('catalog:')!r}; allowed: "
                                  f"{', '.join(sorted(CATALOG))} (fleetserve models list)")
+        if value.startswith("builtin:"):  # found only when `up` started, and never by render k8s
+            from fleetserve.engine.demo import DEMO_NAME
+
+            if value.removeprefix("builtin:") != DEMO_NAME:
+                raise ValueError(f"unknown builtin model {value.removeprefix('builtin:')!r}; allowed: {DEMO_NAME}")
+        if value.startswith("hf:") and not HF_REPO.fullmatch(value.removeprefix("hf:")):
+            raise ValueError(f"{value!r}: expected hf:ORG/NAME (a Hugging Face repository id; the revision goes in "
+                             "model.revision)")
         return value
 
 
+# a Hugging Face repository id: an optional owner, a name; letters, digits, - _ . (as huggingface_hub checks)
+HF_REPO = re.compile(r"(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}")
 GPU_RESOURCE = "nvidia.com/gpu"
 # flags of vLLM and SGLang that the adapters set (engine/adapters.py), with where to say what they say
 # (a key of the user's own, --api-key, stays a warning of render: spec/effects names the 401s it brings)
