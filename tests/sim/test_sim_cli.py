@@ -323,3 +323,19 @@ def test_a_routing_or_cache_change_must_save_more_than_one_percent():
     kept, switched = trial(3.9457), trial(3.9318)
     assert better(switched, kept) and not better(switched, kept, SWITCH_TOLERANCE)
     assert better(trial(3.85), kept, SWITCH_TOLERANCE)
+
+
+def test_a_block_size_the_profile_overrides_is_said(tmp_path):
+    """kvCache.blockSize 16 gave the same hit rate as 256, without a word: the engines' blocks are the profile's."""
+    from fleetserve.sim.run import simulate
+    from fleetserve.sim.setup import SimOptions
+    from fleetserve.spec import load_spec_text
+    from fleetserve.traces.model import TraceRequest
+
+    text = ("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {name: b}\nspec:\n"
+            "  model: {source: builtin:smollm2-135m}\n  replicas: 1\n  kvCache: {blockSize: 16}\n")
+    trace = [TraceRequest(i * 1.0, 300, 4, tuple(range(1))) for i in range(3)]
+    warnings = simulate(load_spec_text(text).endpoint, trace, SimOptions()).report["warnings"]
+    assert any("kvCache.blockSize 16 is not simulated" in w for w in warnings), warnings
+    plain = load_spec_text(text.replace("  kvCache: {blockSize: 16}\n", "")).endpoint
+    assert not any("blockSize" in w for w in simulate(plain, trace, SimOptions()).report["warnings"])

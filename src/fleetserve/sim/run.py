@@ -43,6 +43,13 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
     report["context_length"], report["warnings"] = context_check(fleet)
     report["warnings"] += sorted(fleet.profile_notes) + sagemaker_pricing(endpoint.spec, options.prices)
     report["warnings"] += silent_defaults(endpoint.spec, workload, options.knowledge) + spec_notes(endpoint)
+    if trace and isinstance(trace[0], TraceRequest):
+        block = engine_block(endpoint, options)
+        asked = endpoint.spec.kv_cache.block_size
+        if "block_size" in endpoint.spec.kv_cache.model_fields_set and asked != block:  # it was used without a word
+            report["warnings"].append(f"kvCache.blockSize {asked} is not simulated: the engines' blocks are the "
+                                      f"profile's {block} tokens (`fleetserve profile --block-size {asked}` "
+                                      "measures a profile with yours)")
     report["prices"] = {name: {"on_demand": od, "spot": spot} for name, (od, spot) in sorted(options.prices.items())
                         } if options.prices else None  # --prices: the $/h the cost figures used instead of the list
     report["placement_failures"] = dict(fleet.unplaced)
