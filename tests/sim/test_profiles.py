@@ -267,3 +267,22 @@ def test_a_profile_measured_on_another_model_is_said(tmp_path):
     said = " ".join(r.stderr.split())
     assert r.returncode == 0, r.stderr
     assert "measured on /models/tiny; the spec serves s3://" in said
+
+
+def test_profile_files_that_cannot_stand_for_an_engine_are_refused_naming_the_file(tmp_path):
+    """A file nested past Python's recursion limit, bytes that are not UTF-8 and a 5,000-digit number were
+    tracebacks; an engine that takes no time at all answered every request in 0 ms and passed verify; a file that
+    is not there was "an unknown profile"."""
+    base = dict(PRESETS["l4-llama-8b"])
+    cases = {"deep.json": ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+             "latin.json": (b'{"name": "\xe9"}', "not JSON"),
+             "digits.json": ('{"cache_blocks": ' + "9" * 5000 + "}", "not JSON"),
+             "zero.json": (json.dumps({**base, "prefill_base_s": 0, "prefill_per_token_s": 0, "decode_base_s": 0,
+                                       "decode_per_seq_s": 0}), "are all 0")}
+    for name, (content, says) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        with pytest.raises(ProfileError, match=says):
+            load_profile_file(path)
+    with pytest.raises(ProfileError, match="no such file"):
+        resolve(str(tmp_path / "missing.json"))

@@ -210,12 +210,15 @@ def profile_from_dict(data: dict) -> PerfProfile:
         most = MAX_SECONDS.get(k)
         if most is not None and v > most:  # a 1e4 s decode step ran simulate for ever, a 1e308 printed 309 digits
             raise ProfileError(f"profile field {k} must be at most {most:g} seconds, got {v!r}")
+    if all(values.get(k, 1) == 0 for k in TIME_FIELDS):  # every request answered in 0 ms, and verify passed
+        raise ProfileError(f"profile fields {', '.join(TIME_FIELDS)} are all 0: an engine that takes no time at all")
     for k in COUNT_FIELDS:
         if k in values:
             values[k] = int(values[k])
     return PerfProfile(**values)
 
 
+TIME_FIELDS = ("prefill_base_s", "prefill_per_token_s", "decode_base_s", "decode_per_seq_s")
 COUNT_FIELDS = ("cache_blocks", "block_size", "max_batch", "prefill_chunk", "kv_bytes_per_token")
 RATE_FIELDS = ("l1_gbps", "l2_gbps")  # divided by
 MAX_STEP_SECONDS = 60.0  # a step, a token or a request's overhead taking longer is a typo, not an engine
@@ -231,11 +234,13 @@ FILE_DEFAULT_PREFILL_CHUNK = 2048  # vLLM V1's max_num_batched_tokens for an API
 def load_profile_file(path: str | Path) -> PerfProfile:
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(p.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ProfileError(f"{p}: cannot read ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"{p}: not JSON ({exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as exc:
+        # nesting past the recursion limit, a 5,000-digit number, bytes that are not UTF-8: tracebacks before
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ProfileError(f"{p}: not JSON ({why})") from None
     fmt = data.get("format") if isinstance(data, dict) else None
     if fmt is not None and fmt != FORMAT:  # a later format may mean other units: refused, not misread
         raise ProfileError(f"{p}: format {fmt!r} is not one this version reads; allowed: {FORMAT}")
@@ -257,6 +262,8 @@ def resolve(name_or_path: str) -> PerfProfile:
         return PROFILES[name_or_path]
     if Path(name_or_path).is_file():
         return load_profile_file(name_or_path)
+    if name_or_path.endswith(".json") or "/" in name_or_path:  # a file that is not there, not an unknown preset
+        raise ProfileError(f"{name_or_path}: no such file (or a folder); a profile is a preset name or a JSON file")
     raise ProfileError(f"unknown profile {name_or_path!r}; allowed: {', '.join([*PRESETS, *PROFILES])} or a "
                        "profile JSON file")
 
