@@ -286,3 +286,20 @@ def test_profile_files_that_cannot_stand_for_an_engine_are_refused_naming_the_fi
             load_profile_file(path)
     with pytest.raises(ProfileError, match="no such file"):
         resolve(str(tmp_path / "missing.json"))
+
+
+def test_a_profile_of_the_same_model_under_another_source_form_is_not_another_model(tmp_path):
+    """measured on builtin:smollm2-135m, the spec serving catalog:smollm2-135m: warned as another model."""
+    from types import SimpleNamespace
+
+    from fleetserve.cli.sim_commands import _profile_of_another_model
+
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"model": "builtin:smollm2-135m"}))
+
+    def spec(source):
+        return SimpleNamespace(model=SimpleNamespace(source=source))
+
+    for same in ("catalog:smollm2-135m", "builtin:smollm2-135m", str(tmp_path / "models" / "smollm2-135m")):
+        assert _profile_of_another_model(str(path), spec(same)) is None, same
+    assert "was measured on" in _profile_of_another_model(str(path), spec("catalog:llama-3.1-8b-instruct"))

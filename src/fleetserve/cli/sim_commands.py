@@ -79,6 +79,19 @@ def _simulatable(loaded) -> None:
         raise _fail(f"{problem.path}: {problem.message}")
 
 
+def _model_key(source: str) -> str:
+    """A model source as the name its weights go by: `catalog:` read through the catalog, the scheme dropped,
+    the last folder (builtin:smollm2-135m, catalog:smollm2-135m and a prepared .../smollm2-135m are one model)."""
+    if source.startswith("catalog:"):
+        from fleetserve.engine.catalog import CATALOG
+
+        entry = CATALOG.get(source.removeprefix("catalog:"))
+        source = entry.source if entry is not None else source.removeprefix("catalog:")
+    for scheme in ("builtin:", "hf:", "s3://"):
+        source = source.removeprefix(scheme)
+    return Path(source.rstrip("/")).name.lower()
+
+
 def _profile_of_another_model(profile: str | None, spec) -> str | None:
     """A measured profile file names the model it was measured on (`model`); one of another model simulates the
     spec's at that model's speed, which is said (a tiny CPU model's profile ran a HyperPod 8B spec in silence)."""
@@ -91,7 +104,7 @@ def _profile_of_another_model(profile: str | None, spec) -> str | None:
     source = spec.model.source if isinstance(spec.model.source, str) else ""
     if not isinstance(measured, str) or not measured or not source:
         return None
-    if Path(measured).name.lower() == Path(source.rstrip("/")).name.lower():
+    if _model_key(measured) == _model_key(source):
         return None
     return (f"--profile {profile} was measured on {measured}; the spec serves {source}: its engines run at the "
             "measured model's speed")
