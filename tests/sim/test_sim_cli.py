@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fleetserve.spec import load_spec
 from tests.helpers import fleetserve
@@ -339,3 +340,29 @@ def test_a_block_size_the_profile_overrides_is_said(tmp_path):
     assert any("kvCache.blockSize 16 is not simulated" in w for w in warnings), warnings
     plain = load_spec_text(text.replace("  kvCache: {blockSize: 16}\n", "")).endpoint
     assert not any("blockSize" in w for w in simulate(plain, trace, SimOptions()).report["warnings"])
+
+
+def test_a_lone_prompt_is_prefilled_whole_on_the_built_in_engines_profiles():
+    """The built-in engine chunks a prompt only while others decode; its measured profile was charged a step's
+    base per 256-token chunk, and a lone 1,020-token prompt simulated 47 % above the profile's own figure."""
+    from dataclasses import replace
+
+    from fleetserve.sim.perf import PerfProfile
+    from fleetserve.sim.run import simulate
+    from fleetserve.sim.setup import SimOptions
+    from fleetserve.spec import load_spec_text
+    from fleetserve.traces.model import TraceRequest
+
+    text = ("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {name: w}\nspec:\n"
+            "  model: {source: builtin:smollm2-135m}\n  replicas: 1\n")
+    builtin = PerfProfile("measured", 0.002, 0.00001, 0.003, 0.0001, 0.0, cache_blocks=512, block_size=256,
+                          max_batch=8, prefill_chunk=256, whole_prefill_when_idle=True)
+    trace = [TraceRequest(0.0, 1020, 1, ())]
+
+    def ttft(prof):
+        report = simulate(load_spec_text(text).endpoint, trace, SimOptions(profile=prof)).report
+        return report["ttft_ms"]["p50"]
+
+    whole, chunked = ttft(builtin), ttft(replace(builtin, whole_prefill_when_idle=False))
+    assert abs(whole - builtin.prefill_time(1020) * 1000) < abs(chunked - builtin.prefill_time(1020) * 1000)
+    assert chunked - whole == pytest.approx(3 * builtin.prefill_base_s * 1000, rel=0.05)  # three more bases

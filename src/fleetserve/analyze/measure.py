@@ -193,6 +193,7 @@ def measure(model: str, *, dtype: str = "auto", threads: int | None = None, max_
         "decode_base_s": float(db), "decode_per_seq_s": float(ds), "decode_per_ctx_token_s": float(dc),
         "cache_blocks": int(cache_bytes // (kv_bytes * block_size)), "block_size": block_size,
         "max_batch": max_batch, "prefill_chunk": prefill_chunk, "load_s": round(load_s, 3),  # the engine's limits
+        "whole_prefill_when_idle": True,  # engine/batching.py: chunks only while decodes wait
         "kv_bytes_per_token": int(kv_bytes),
         "source": f"measured by fleetserve profile on {_cpu_name()} ({torch.get_num_threads()} torch threads)",
         "model": model, "dtype": runner.dtype, "context_length": ctx_limit,

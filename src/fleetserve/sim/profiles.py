@@ -194,8 +194,11 @@ def profile_from_dict(data: dict) -> PerfProfile:
             raise ProfileError(f"profile field request_overhead_samples must be a list of seconds from 0 to "
                                f"{MAX_STEP_SECONDS:g}, got {samples!r}"[:300])
         values["request_overhead_samples"] = tuple(float(x) for x in samples)
+    whole = values.get("whole_prefill_when_idle")
+    if whole is not None and not isinstance(whole, bool):
+        raise ProfileError(f"profile field whole_prefill_when_idle must be true or false, got {whole!r}")
     for k, v in values.items():
-        if k in ("name", "source", "first_text_tokens", "request_overhead_samples"):
+        if k in ("name", "source", "first_text_tokens", "request_overhead_samples", "whole_prefill_when_idle"):
             continue
         if isinstance(v, bool) or not isinstance(v, int | float) or (isinstance(v, float) and not math.isfinite(v)):
             raise ProfileError(f"profile field {k} must be a number, got {v!r}")

@@ -275,6 +275,8 @@ class ReplicaModel:
         completing = self._completing = []
         if self.prefilling:
             budget = prof.prefill_chunk
+            if prof.whole_prefill_when_idle and not self.running:  # alone, the built-in engine takes it whole
+                budget = max(budget, self.prefilling[0].left)
             for seq in self.prefilling:
                 take = seq.left if seq.left < budget - tokens else budget - tokens
                 seq.left -= take
