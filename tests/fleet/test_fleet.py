@@ -130,8 +130,10 @@ def test_a_router_port_in_use_fails_the_start_naming_the_field(tmp_path, tiny_mo
 def test_failed_start_reports_the_cause_and_leaves_nothing(tmp_path, home):
     spec = write_spec(tmp_path, tmp_path / "no-such-model", name="broken")
     up = fleetserve("up", spec, "--detach", env=home)
-    assert up.returncode == 1
-    assert "no-such-model" in up.stderr and "does not exist" in up.stderr
+    assert up.returncode == 2  # bad input: the spec names a model that is not there (it was 1)
+    assert "spec.model.source" in up.stderr and "no-such-model" in up.stderr and "does not exist" in up.stderr
+    foreground = fleetserve("up", spec, env=home)
+    assert foreground.returncode == 2 and "spec.model.source" in foreground.stderr + foreground.stdout
     assert leftovers(home) == []
     assert status(home)[0]["status"] == "failed"
 

@@ -133,7 +133,7 @@ def up(
             return
         ensure_not_running(name)
     except FleetError as exc:
-        raise _fail(str(exc), 1) from None
+        raise _fail(str(exc), exc.exit_code) from None
 
     def ready(state) -> None:
         _announce(state)

@@ -62,8 +62,8 @@ def start_detached(spec_path: str, name: str, timeout: float, extra_args: tuple[
             if state.status == "ready":
                 return state
             if state.status == "failed":
-                proc.wait(timeout=60)
-                raise FleetError(state.error or f"fleet failed to start; see {log_path}")
+                code = proc.wait(timeout=60)  # 2: the spec named something that is not there (bad input)
+                raise FleetError(state.error or f"fleet failed to start; see {log_path}", 2 if code == 2 else 1)
         code = proc.poll()
         if code == 0:  # a clean exit before ready: it was stopped (`fleetserve down`, a signal), not broken
             raise FleetError(f"fleet {name!r} was stopped before it was ready (fleetserve down, or a signal)")

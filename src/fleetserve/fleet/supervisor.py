@@ -101,7 +101,12 @@ def last_error(tail: str) -> str:
 
 
 class StartupError(Exception):
-    """The fleet could not start; the message says which part failed and shows its log."""
+    """The fleet could not start; the message says which part failed and shows its log. `exit_code` 2: the spec
+    names something that is not there (a model source), as the CLI answers bad input."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class Interrupted(Exception):
@@ -216,7 +221,7 @@ class Supervisor:
             self.state.status, self.state.error = "failed", str(exc)
             self._save()
             self.say(f"error: {exc}")
-            code = 1
+            code = exc.exit_code
         except Exception as exc:  # never leave children behind, whatever went wrong
             log.exception("supervisor failed")
             self.state.status, self.state.error = "failed", f"{type(exc).__name__}: {exc}"
@@ -319,7 +324,7 @@ class Supervisor:
             self._check_stop()  # a terminal's Ctrl-C reaches the preparing child too: a stop, not a bad model
             last = (err or out).strip().splitlines()[-1:] or ["no output"]
             reason = last[0].removeprefix("error: ")
-            raise StartupError(f"spec.model.source: cannot prepare model {model.source}: {reason}")
+            raise StartupError(f"spec.model.source: cannot prepare model {model.source}: {reason}", exit_code=2)
         return out.strip().splitlines()[-1]
 
     def _start(self) -> None:
