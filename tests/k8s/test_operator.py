@@ -567,16 +567,23 @@ def test_renamed_engine_deployments_are_handed_over_make_before_break(env):
     assert reconciler.reconcile(_endpoint(client)).actions == []
 
 
-def test_a_static_fleet_handed_over_keeps_its_count_and_its_overflow_tier_starts_empty():
-    """The replica bump went to every new scaled Deployment, the overflow tier included (10 new pods for 5)."""
-    spec = copy.deepcopy(FULL["spec"])
-    spec["placement"]["instanceTypes"] = spec["placement"]["instanceTypes"][:1]
+def _one_tier_going_to_two(replicas: int) -> tuple[RecordingClient, Reconciler, dict]:
+    """An Endpoint on one instance type whose engine Deployment runs `replicas`, its spec just changed to FULL's
+    two types (not reconciled yet); the one-type spec comes back too, to revert to."""
+    one = copy.deepcopy(FULL["spec"])
+    one["placement"]["instanceTypes"] = one["placement"]["instanceTypes"][:1]
     client = RecordingClient()
-    client.create(_resource(spec))
+    client.create(_resource(one))
     reconciler = Reconciler(client, clock=Clock())
     reconciler.reconcile(_endpoint(client))
-    client.objects[("apps/v1", "Deployment", NS, "chat-engine")]["spec"]["replicas"] = 4
+    client.objects[("apps/v1", "Deployment", NS, "chat-engine")]["spec"]["replicas"] = replicas
     _update_spec(client, lambda s: s["placement"].update(instanceTypes=FULL["spec"]["placement"]["instanceTypes"]))
+    return client, reconciler, one
+
+
+def test_a_static_fleet_handed_over_keeps_its_count_and_its_overflow_tier_starts_empty():
+    """The replica bump went to every new scaled Deployment, the overflow tier included (10 new pods for 5)."""
+    client, reconciler, _ = _one_tier_going_to_two(replicas=4)
     outcome = reconciler.reconcile(_endpoint(client))
     made = {a.name: a.body["spec"]["replicas"] for a in outcome.actions
             if a.verb == "create" and a.kind == "Deployment"}
@@ -647,14 +654,7 @@ def test_an_invalid_spec_whose_status_cannot_be_written_is_retried(env):
 def test_a_handover_reverted_midway_keeps_every_serving_replica():
     """1 tier -> 2 -> 1 before the handover ended: the old name, shrunk by the handover, was taken as the whole
     fleet, and the 3 serving replicas of the new tier 0 were deleted in that pass."""
-    one = copy.deepcopy(FULL["spec"])
-    one["placement"]["instanceTypes"] = one["placement"]["instanceTypes"][:1]
-    client = RecordingClient()
-    client.create(_resource(one))
-    reconciler = Reconciler(client, clock=Clock())
-    reconciler.reconcile(_endpoint(client))
-    client.objects[("apps/v1", "Deployment", NS, "chat-engine")]["spec"]["replicas"] = 5
-    _update_spec(client, lambda s: s["placement"].update(instanceTypes=FULL["spec"]["placement"]["instanceTypes"]))
+    client, reconciler, one = _one_tier_going_to_two(replicas=5)
     reconciler.reconcile(_endpoint(client))
     client.set_ready(NS, "chat-engine-t0", 3)
     reconciler.reconcile(_endpoint(client))
@@ -669,14 +669,7 @@ def test_a_handover_reverted_midway_keeps_every_serving_replica():
 def test_replicas_the_overflow_tier_serves_count_in_the_handover():
     """Tier 0's type out of capacity: the overflow tier served the whole fleet, and the old Deployment was held
     beside it for ever (twice the GPUs)."""
-    one = copy.deepcopy(FULL["spec"])
-    one["placement"]["instanceTypes"] = one["placement"]["instanceTypes"][:1]
-    client = RecordingClient()
-    client.create(_resource(one))
-    reconciler = Reconciler(client, clock=Clock())
-    reconciler.reconcile(_endpoint(client))
-    client.objects[("apps/v1", "Deployment", NS, "chat-engine")]["spec"]["replicas"] = 5
-    _update_spec(client, lambda s: s["placement"].update(instanceTypes=FULL["spec"]["placement"]["instanceTypes"]))
+    client, reconciler, one = _one_tier_going_to_two(replicas=5)
     reconciler.reconcile(_endpoint(client))
     client.objects[("apps/v1", "Deployment", NS, "chat-engine-t1")]["spec"]["replicas"] = 5  # KEDA's overflow
     client.set_ready(NS, "chat-engine-t0", 0)

@@ -32,6 +32,15 @@ async def stream(request, responder):
     responder.end()
 
 
+def answered_after(release: asyncio.Event):
+    """A handler whose answer waits for `release`: a request held under way."""
+    async def handler(request, responder):
+        await release.wait()
+        responder.send(200, [], b"ok")
+
+    return handler
+
+
 async def exchange(port: int, data: bytes, read_until_close: bool = True) -> bytes:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(data)
@@ -165,10 +174,7 @@ def test_a_client_that_goes_away_cancels_its_request():
 
 def test_a_client_pipelining_without_end_is_held_in_its_socket_not_in_memory():
     release = asyncio.Event()
-
-    async def held(request, responder):
-        await release.wait()
-        responder.send(200, [], b"ok")
+    held = answered_after(release)
 
     async def main():
         door, port = await start(held)
@@ -235,10 +241,7 @@ def test_an_answer_finished_during_a_stop_says_connection_close():
     """A keep-alive client whose request was under way at the stop got its answer without `connection: close`,
     sent its next request on that connection, and found it closed under it: no answer at all."""
     release = asyncio.Event()
-
-    async def slow(request, responder):
-        await release.wait()
-        responder.send(200, [], b"ok")
+    slow = answered_after(release)
 
     async def main():
         door, port = await start(slow)
