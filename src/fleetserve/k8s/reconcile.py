@@ -236,7 +236,7 @@ def merge_patch(last: dict | None, desired: dict, observed: dict, quantities: bo
             sub = merge_patch(prev if isinstance(prev, dict) else None, want, have, k in QUANTITY_MAPS)
             if sub:
                 patch[k] = sub
-        elif not (_held(observed, k, want, quantities)) or \
+        elif not _held(observed, k, want, quantities) or \
                 (isinstance(want, list) and prev is not _MISSING and prev != want):
             patch[k] = copy.deepcopy(want)
     for k in last:
@@ -311,6 +311,8 @@ def reconcile(desired: Sequence[dict], observed: Sequence[dict], owner: Owner) -
             continue
         changed = sorted(_leaves(patch))
         patches.append(Action("patch", api_version, kind, namespace, name, patch, ", ".join(changed)))
+    from fleetserve.k8s.handover import handover  # it builds Actions of this module
+
     held, handing = handover(desired, mine, wanted, scaled, creates, patches)
     patches += handing
     for k in reversed(list(mine)):
@@ -318,12 +320,6 @@ def reconcile(desired: Sequence[dict], observed: Sequence[dict], owner: Owner) -
             api_version, kind, namespace, name = k
             deletes.append(Action("delete", api_version, kind, namespace, name, None, "no longer rendered"))
     return creates + patches + deletes
-
-
-def handover(*args):
-    from fleetserve.k8s.handover import handover as run
-
-    return run(*args)
 
 
 def _leaves(patch: dict, prefix: str = "") -> list[str]:

@@ -265,6 +265,8 @@ def log_refused(url: str, every_s: float = 60.0) -> None:
     """Once a minute per replica: the operator's signal that router and engines disagree on credentials."""
     now = time.monotonic()
     if now - _REFUSED_LOGGED.get(url, -every_s) >= every_s:
+        if len(_REFUSED_LOGGED) >= 1024:  # replicas come and go (DNS discovery): forget the old ones
+            _REFUSED_LOGGED.clear()
         _REFUSED_LOGGED[url] = now
         log.error("replica %s refused the router's credentials (401): give the router the engines' "
                   "--internal-token-file (or --engine-token-file for vLLM/SGLang --api-key)", url)
