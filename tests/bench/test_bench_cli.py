@@ -144,7 +144,7 @@ def test_a_peer_python_by_name_on_path_is_found_and_its_environment_variable_che
     not checked at all: the peer's row failed after minutes."""
     import typer
 
-    from fleetserve.cli.app import _peer
+    from fleetserve.cli.bench_commands import peer as _peer
     from fleetserve.cli.checks import peer_python
 
     name = os.path.basename(sys.executable)

@@ -9,19 +9,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from fleetserve.cli.checks import float_option, writable
+from fleetserve.cli.console import err, fail
 
-EXIT_USAGE = 2
-err = Console(stderr=True, soft_wrap=True, highlight=False)
 trace_app = typer.Typer(help="Make and reshape workloads: generate, scale.", no_args_is_help=True)
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
-    err.print("[red]error:[/red] ", end="")
-    err.print(message, markup=False)
-    return typer.Exit(code)
 
 
 def _reused(requests: list) -> bool:
@@ -113,9 +107,9 @@ def analyze(
         result = run(file, model=model, replicas=replicas, profile=profile, cache_blocks=cache_blocks, l1_gib=l1_gib,
                      l2_gib=l2_gib, block_tokens=block_size or 256, mode=mode, limit=limit)
     except ProfileError as exc:
-        raise _fail(f"--profile: {exc}") from None
+        raise fail(f"--profile: {exc}") from None
     except (AnalyzeInputError, TraceError) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     for warning in result["warnings"]:
         err.print(f"warning: {warning}", markup=False)
     if as_json:
@@ -160,7 +154,7 @@ def profile(
         result = measure(model, dtype=dtype, threads=threads, max_prompt=max_prompt, batches=sizes, repeats=repeats,
                          cache_bytes=cache_bytes, block_size=block_size, max_batch=max_batch, progress=progress)
     except ModelSourceError as exc:
-        raise _fail(f"--model: {exc}") from None
+        raise fail(f"--model: {exc}") from None
     except MeasureInputError as exc:
         raise typer.BadParameter(str(exc), param_hint=exc.option) from None
     longest = max(p["tokens"] for p in result["measurements"]["prefill"])
@@ -258,12 +252,12 @@ def trace_generate(
     except ValueError as exc:  # a knob past its bound, or too much to build (the bounds name the duration and rate)
         raise typer.BadParameter(str(exc), param_hint=getattr(exc, "option", "--duration/--rate")) from None
     if not requests:
-        raise _fail("the workload has no requests: raise --rate or --duration")
+        raise fail("the workload has no requests: raise --rate or --duration")
     from fleetserve.traces.load import MAX_TOKENS
 
     longest = max(max(r.input_tokens, r.output_tokens) for r in requests)
     if longest > MAX_TOKENS:  # the loader would refuse the file it wrote
-        raise _fail(f"the workload has requests of {longest} tokens, over the trace limit of {MAX_TOKENS} per "
+        raise fail(f"the workload has requests of {longest} tokens, over the trace limit of {MAX_TOKENS} per "
                     "request (chat prompts grow with every turn): lower --input-tokens, --output-tokens, "
                     "--system-tokens, --doc-tokens or --turns")
     from fleetserve.traces.clock import CLOCKLESS_START
@@ -313,7 +307,7 @@ def trace_scale(
     except TraceError as exc:
         if exc.param in flags:
             raise typer.BadParameter(str(exc), param_hint=flags[exc.param]) from None
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     if rate is not None:
         try:
             requests = scale_rate(requests, rate, seed=seed)
@@ -340,7 +334,7 @@ def trace_scale(
     try:
         write_trace(requests, output, fmt, start=start)
     except ValueError as exc:
-        raise _fail(f"--format: {exc}") from None
+        raise fail(f"--format: {exc}") from None
     if detect_format(path) == "servegen":
         from fleetserve.traces.servegen import size_warning
 

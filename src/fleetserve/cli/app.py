@@ -13,7 +13,9 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from fleetserve import __version__
-from fleetserve.cli.checks import float_option, peer_python
+from fleetserve.cli.bench_commands import bench_app
+from fleetserve.cli.checks import float_option
+from fleetserve.cli.console import EXIT_USAGE, err, fail, out, say
 
 app = typer.Typer(
     name="fleetserve",
@@ -27,23 +29,8 @@ app.add_typer(model_app, name="model")
 models_app = typer.Typer(help="The model catalog: presets usable as model.source: catalog:NAME.",
                          no_args_is_help=True)
 app.add_typer(models_app, name="models")
-bench_app = typer.Typer(help="Benchmarks with real processes; figures as JSON.", no_args_is_help=True)
+
 app.add_typer(bench_app, name="bench")
-
-out = Console(soft_wrap=True, highlight=False)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    err.print("[red]error:[/red] ", end="")
-    err.print(message, markup=False)
-    return typer.Exit(code)
-
-
-def _say(message: str) -> None:
-    err.print(message, markup=False)
-
-EXIT_USAGE = 2
 
 
 def _load(path: str):
@@ -52,7 +39,7 @@ def _load(path: str):
     try:
         return load_spec(path)
     except SpecError as exc:
-        raise _fail(str(exc), EXIT_USAGE) from None
+        raise fail(str(exc), EXIT_USAGE) from None
 
 
 def _print_warnings(loaded) -> None:
@@ -81,7 +68,7 @@ def validate(
         if as_json:  # a tool reading stdout gets the problems too
             print(json.dumps({"valid": False, "errors": [{"path": p.path, "message": p.message}
                                                          for p in exc.problems]}, indent=2))
-        raise _fail(str(exc), EXIT_USAGE) from None
+        raise fail(str(exc), EXIT_USAGE) from None
     _print_warnings(loaded)
     if as_json:
         print(json.dumps({"valid": True, "format": loaded.source_format,
@@ -133,13 +120,13 @@ def up(
             return
         ensure_not_running(name)
     except FleetError as exc:
-        raise _fail(str(exc), exc.exit_code) from None
+        raise fail(str(exc), exc.exit_code) from None
 
     def ready(state) -> None:
         _announce(state)
         out.print("press Ctrl-C to stop")
 
-    code = Supervisor(loaded, spec, say=_say, owner_pid=stop_with).run(on_ready=ready)
+    code = Supervisor(loaded, spec, say=say, owner_pid=stop_with).run(on_ready=ready)
     raise typer.Exit(code)
 
 
@@ -225,7 +212,7 @@ def status(
     if not shown:
         if name:
             known = ", ".join(f.name for f in list_fleets()) or "none"
-            raise _fail(f"no fleet named {name!r} (known: {known})", 2)
+            raise fail(f"no fleet named {name!r} (known: {known})", 2)
         out.print("no fleets running" + _hidden_note(hidden), markup=False)
         return
     for f in shown:
@@ -234,12 +221,6 @@ def status(
         out.print(_hidden_note(hidden).strip(), markup=False)
 
 
-def _peer(given: str | None, module: str, flag: str, variable: str) -> str | None:
-    """A peer router's Python from its flag, else from its environment variable, checked alike (a wrong path in
-    the variable still failed the peer's row after minutes)."""
-    if given is not None:
-        return peer_python(given, module, flag)
-    return peer_python(os.environ.get(variable) or None, module, variable)
 
 
 def _hidden_note(hidden: int) -> str:
@@ -258,7 +239,7 @@ def _prune_fleets(name: str | None) -> None:
 
     fleets = [mark_stale(f) for f in list_fleets() if name is None or f.name == name]
     if name and not fleets:
-        raise _fail(f"no fleet named {name!r} (known: {', '.join(f.name for f in list_fleets()) or 'none'})", 2)
+        raise fail(f"no fleet named {name!r} (known: {', '.join(f.name for f in list_fleets()) or 'none'})", 2)
     removed, kept = [], []
     for f in fleets:
         children = [f.router_pid, f.redis_pid, f.prometheus_pid, *(r.pid for r in f.replicas)]
@@ -333,7 +314,7 @@ def down(
     try:
         state = pick_fleet(name)
     except FleetError as exc:
-        raise _fail(str(exc), exc.exit_code) from None
+        raise fail(str(exc), exc.exit_code) from None
     stop_fleet(state)
     out.print(f"fleet {state.name} stopped" + (" (its supervisor had died; leftovers cleaned)"
                                                if state.status == "dead" else ""))
@@ -444,7 +425,7 @@ def engine(
                    max_header_bytes=max_header_bytes, l2_password_file=l2_password_file, log_format=log_format,
                    log_prompts=log_prompts, drain_timeout=drain_timeout)
     except ModelSourceError as exc:
-        raise _fail(f"--model: {exc}", EXIT_USAGE) from None
+        raise fail(f"--model: {exc}", EXIT_USAGE) from None
 
 
 def _token(path: str | None, flag: str) -> str | None:
@@ -689,14 +670,14 @@ def model_prepare(
     try:
         print(resolve_source(source, revision, region, progress=sys.stderr.isatty(), download=download))
     except ModelSourceError as exc:
-        raise _fail(str(exc), EXIT_USAGE) from None
+        raise fail(str(exc), EXIT_USAGE) from None
     except OSError as exc:  # FLEETSERVE_HOME a file, a path too long for the file system, a disk full
-        raise _fail(f"{source}: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""),
+        raise fail(f"{source}: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""),
                     EXIT_USAGE) from None
     except Exception as exc:  # the S3 client's own errors: no credentials, an endpoint it cannot reach
         if type(exc).__module__.split(".")[0] not in ("botocore", "boto3"):
             raise
-        raise _fail(f"{source}: {exc}", EXIT_USAGE) from None
+        raise fail(f"{source}: {exc}", EXIT_USAGE) from None
 
 
 @model_app.command("tiny")
@@ -722,379 +703,6 @@ def model_tiny(
                             context_length=context_length, seed=seed))
 
 
-@bench_app.command("chaos")
-def bench_chaos(
-    scenarios: Annotated[str | None, typer.Option(help="Comma-separated scenarios (default: all)")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
-) -> None:
-    """One fault at a time against a real local fleet: what was answered, shed, cut or lost (must be 0)."""
-    from fleetserve.bench.chaos import SCENARIOS, run
-
-    names = [n.strip() for n in scenarios.split(",") if n.strip()] if scenarios else None
-    bad = [n for n in names or [] if n not in SCENARIOS]
-    if bad:
-        raise typer.BadParameter(f"{bad[0]!r}; allowed values: {', '.join(SCENARIOS)}", param_hint="--scenarios")
-    result = run(names, progress=lambda name: None if as_json else err.print(f"scenario {name} ...",
-                                                                                markup=False))
-    if not as_json:
-        for name, r in result["scenarios"].items():
-            out.print(f"{name}: sent {r['sent']}, answered {r['answered']}, shed {r['rejected_with_retry_after']}, "
-                      f"cut {r['cut_with_error_event']}, failed {r['failed_with_error']}, refused {r['refused']}, "
-                      f"lost {r['lost']}, recovery {r['recovery_s']}s", markup=False)
-    print(json.dumps(result, indent=2))
-    if result["lost_total"]:
-        raise typer.Exit(1)
-
-
-@bench_app.command("scale-from-zero")
-def bench_scale_from_zero(
-    model: Annotated[str, typer.Option(help="tiny (random test model), demo (SmolLM2) or a model source")] = "tiny",
-    requests: Annotated[int | None, typer.Option(min=1, max=1024, help="Requests in the burst (default: ten "
-                                                                          "times --buffer)")] = None,
-    buffer: Annotated[int, typer.Option(min=1, max=256, help="The router's wait buffer at zero replicas")] = 8,
-    max_tokens: Annotated[int, typer.Option(min=1)] = 8,
-    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
-) -> None:
-    """A fleet at zero replicas gets a burst: cold start, first response, lost requests (must be 0)."""
-    from fleetserve.bench.scale_from_zero import run
-
-    _check_bench_model(model)
-    try:
-        result = run(model, requests, max_tokens, buffer)
-    except RuntimeError as exc:
-        raise _fail(str(exc), 1) from None
-    if not as_json:
-        out.print(f"cold start {result['cold_start_s']}s, first response {result['first_response_s']}s "
-                  f"(warm {result['warm']['first_response_s']}s), {result['requests']} requests, "
-                  f"{result['lost']} lost", markup=False)
-    print(json.dumps(result, indent=2))
-    if result["lost"]:
-        raise typer.Exit(1)
-
-
-@bench_app.command("routing")
-def bench_routing(
-    trace: Annotated[str, typer.Option(help="Trace file (Mooncake JSONL, Azure CSV, prompt log)")],
-    replicas: Annotated[int, typer.Option(min=1, max=32)] = 4,
-    strategies: Annotated[str, typer.Option(help="Comma-separated strategies")] =
-        "roundrobin,leastload,session,prefixaware,kvaware",
-    limit: Annotated[int | None, typer.Option(min=1, help="First N requests of the trace (default: all; "
-                                                          "--live: 600)")] = None,
-    modes: Annotated[str, typer.Option(help="Router modes, comma-separated: blind (no KV events, capacity or "
-                                            "queue), informed")] = "blind,informed",
-    cache_fraction: Annotated[float, float_option(min=0.001, max=1.0, help="The fleet's KV caches together hold "
-                                                                           "this share of the trace's blocks")
-                              ] = 1 / 3,
-    target_utilization: Annotated[float | None, float_option(
-        min=0.01, max=0.99, help="Arrival times are scaled so that roundrobin keeps the fleet this busy (0.65; "
-                                  "a share of its time: at most 0.99)")
-                                  ] = None,
-    time_scale: Annotated[float | None, float_option(min=0.0001, max=1e4, help="Scale arrival times by this "
-                                                                               "instead")] = None,
-    sweep: Annotated[str, typer.Option(help="More utilizations for the blind-mode targets, comma-separated "
-                                            "('' for none)")] = "0.8,0.9",
-    seed: Annotated[int, typer.Option(min=0, help="Simulator seed (its random draws; the routing policies break ties "
-                                           "with the live router's fixed seed, so on this bench's fixed fleet "
-                                           "the figures do not depend on it)")] = 0,
-    live: Annotated[bool, typer.Option("--live", help="Real time: simulated engine processes behind a real "
-                                                      "router (minutes)")] = False,
-    duration: Annotated[float, float_option(min=1, help="--live: wall-clock seconds per strategy")] = 60,
-    profile: Annotated[str, typer.Option(help="Engine performance profile")] = "h100-8b",
-    max_output: Annotated[int | None, typer.Option(min=1, help="Cap on output tokens per request (--live: 256)")
-                          ] = None,
-    prompt_format: Annotated[str, typer.Option(help="--live: tokens (exact KV keys) or text (for text-only "
-                                                    "routers)")] = "tokens",
-    sglang_python: Annotated[str | None, typer.Option(help="--live: Python with sglang-router, for the "
-                                                           "sglang_cache_aware row")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
-) -> None:
-    """Routing strategies side by side on one trace: hit rate against the oracle, TTFT, load skew.
-
-    By default on the fleet simulator (the whole trace in seconds, every strategy, blind and informed
-    router); --live replays it in real time against simulated engine processes behind the real router. With
-    --live, add `sglang_cache_aware` to --strategies (and --prompt-format text: sglang-router takes text
-    prompts only) to compare with sglang-router's cache_aware policy on the same engines and trace."""
-    from fleetserve.bench.routing import SGLANG, find_sglang_python, run
-    from fleetserve.router.policies import registered_policies
-    from fleetserve.sim.setup import KNOWLEDGE_MODES
-    from fleetserve.traces.load import TraceError
-
-    names = tuple(n.strip() for n in strategies.split(",") if n.strip())
-    allowed = (*registered_policies(), SGLANG) if live else registered_policies()
-    bad = [n for n in names if n not in allowed]
-    if bad or not names:
-        raise typer.BadParameter(f"{bad[0] if bad else strategies!r}; allowed values: {', '.join(allowed)}",
-                                 param_hint="--strategies")
-    if target_utilization is not None and time_scale is not None:
-        raise typer.BadParameter("give one: --time-scale fixes the arrival times that --target-utilization would "
-                                 "choose", param_hint="--target-utilization/--time-scale")
-    target_utilization = 0.65 if target_utilization is None else target_utilization
-    if prompt_format not in ("tokens", "text"):
-        raise typer.BadParameter(f"{prompt_format!r}; allowed values: tokens, text", param_hint="--prompt-format")
-    if not live:
-        from fleetserve.bench.routing_sim import run as run_sim
-        from fleetserve.sim.profiles import ProfileError
-
-        for flag, given, default in (("--duration", duration, 60), ("--prompt-format", prompt_format, "tokens"),
-                                     ("--sglang-python", sglang_python, None)):
-            if given != default:  # they were accepted and did nothing (the reverse is refused too)
-                raise typer.BadParameter("applies to --live only (the real-time bench): the simulator bench runs the "
-                                         "whole trace in simulated time, keyed by its token ids", param_hint=flag)
-
-        mode_names = tuple(m.strip() for m in modes.split(",") if m.strip())
-        bad_modes = [m for m in mode_names if m not in KNOWLEDGE_MODES]
-        if bad_modes or not mode_names:
-            raise typer.BadParameter(f"{bad_modes[0] if bad_modes else modes!r}; allowed values: "
-                                     f"{', '.join(KNOWLEDGE_MODES)}", param_hint="--modes")
-        parts = [u.strip() for u in sweep.split(",")] if sweep.strip() else []
-        try:
-            if any(not u for u in parts):  # "0.8,,0.9" or ",,": a typo, not "no sweep"
-                raise ValueError(sweep)
-            loads = tuple(float(u) for u in parts)
-        except ValueError:
-            raise typer.BadParameter(f"{sweep!r}; allowed values: utilizations such as 0.8,0.9 (or '')",
-                                     param_hint="--sweep") from None
-        if any(not 0.01 <= u <= 0.99 for u in loads):  # a share of the fleet's time: a fleet is never 1.5 busy
-            raise typer.BadParameter(f"{sweep!r}; each utilization must be within 0.01..0.99", param_hint="--sweep")
-        if len({f"{u:g}" for u in loads}) != len(loads):  # the sweep's keys: 0.8 and 0.8000001 are one
-            raise typer.BadParameter(f"{sweep!r}: a utilization given twice", param_hint="--sweep")
-        try:
-            result = run_sim(trace, replicas, names, mode_names, limit, profile, cache_fraction, target_utilization,
-                             time_scale, max_output, seed, progress=None if as_json else _say,
-                             sweep_utilizations=loads)
-        except ProfileError as exc:
-            raise _fail(f"--profile: {exc}", EXIT_USAGE) from None
-        except (TraceError, ValueError, OSError) as exc:
-            raise _fail(str(exc), EXIT_USAGE) from None
-        for warning in result["warnings"]:
-            err.print(f"warning: {warning}", markup=False)
-        print(json.dumps(result, indent=2))
-        return
-    if SGLANG in names and prompt_format != "text":
-        raise typer.BadParameter("sglang-router accepts text prompts only: add --prompt-format text",
-                                 param_hint="--prompt-format")
-    if time_scale is not None:  # the live bench fits the trace into --duration and sets the engines' speed
-        raise typer.BadParameter("applies to the simulator; --live replays the trace in --duration seconds at "
-                                 "--target-utilization", param_hint="--time-scale")
-    for flag, given, default in (("--modes", modes, "blind,informed"), ("--sweep", sweep, "0.8,0.9"),
-                                 ("--seed", seed, 0)):
-        if given != default:  # the live bench runs the real router once per strategy: no modes, sweep or draws
-            raise typer.BadParameter("applies to the simulator, not to --live (the real router, engine processes, "
-                                     "one run per strategy)", param_hint=flag)
-    from fleetserve.sim.perf import profile as perf_profile
-    from fleetserve.sim.profiles import ProfileError
-
-    try:
-        perf_profile(profile)
-    except ProfileError as exc:
-        raise _fail(f"--profile: {exc}", EXIT_USAGE) from None
-    try:
-        result = run(trace, replicas, names, limit or 600, duration, cache_fraction=cache_fraction,
-                     target_utilization=target_utilization, profile_name=profile,
-                     max_output=max_output or 256, progress=None if as_json else _say, prompt_format=prompt_format,
-                     sglang_python=find_sglang_python(_peer(sglang_python, "sglang_router", "--sglang-python",
-                                                            "FLEETSERVE_SGLANG_PYTHON")))
-    except (TraceError, ValueError) as exc:
-        raise _fail(str(exc), EXIT_USAGE) from None
-    for warning in result["warnings"]:
-        err.print(f"warning: {warning}", markup=False)
-    print(json.dumps(result, indent=2))
-
-
-@bench_app.command("router-overhead")
-def bench_router_overhead(
-    seconds: Annotated[float, float_option(min=1, help="Length of each wrk run (after a 1 s warm-up)")] = 5.0,
-    configs: Annotated[str | None, typer.Option(help="Comma-separated configurations (default: all)")] = None,
-    sglang_python: Annotated[str | None, typer.Option(help="Python with sglang-router, to measure it beside")
-                             ] = None,
-    vllm_python: Annotated[str | None, typer.Option(help="Python with vllm-router, to measure it beside")
-                           ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
-) -> None:
-    """Each router's req/s, p50/p99 (32 connections), added p50 (1 connection) and CPU per request, by wrk."""
-    from fleetserve.bench.router_overhead import NAMES, run
-    from fleetserve.bench.wrkbench import WrkMissing
-
-    names = _bench_configs(configs, NAMES, "--configs")
-    sglang_python = _peer(sglang_python, "sglang_router", "--sglang-python", "FLEETSERVE_SGLANG_PYTHON")
-    vllm_python = _peer(vllm_python, "vllm_router", "--vllm-python", "FLEETSERVE_VLLM_ROUTER_PYTHON")
-    try:
-        result = run(seconds, names, sglang_python, progress=None if as_json else _say, vllm_python=vllm_python)
-    except WrkMissing as exc:
-        raise _fail(str(exc), EXIT_USAGE) from None
-    print(json.dumps(result, indent=2))
-
-
-@bench_app.command("router-stacks")
-def bench_router_stacks(
-    seconds: Annotated[float, float_option(min=1, help="Length of each wrk run (after a 1 s warm-up)")] = 5.0,
-    stacks: Annotated[str | None, typer.Option(help="Comma-separated stacks (default: all)")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
-) -> None:
-    """The same minimal proxy on each candidate HTTP stack, and the real gateway, measured by wrk."""
-    from fleetserve.bench.router_stacks import NAMES, run
-    from fleetserve.bench.wrkbench import WrkMissing
-
-    names = _bench_configs(stacks, NAMES, "--stacks")
-    try:
-        result = run(seconds, names, progress=None if as_json else _say)
-    except WrkMissing as exc:
-        raise _fail(str(exc), EXIT_USAGE) from None
-    print(json.dumps(result, indent=2))
-
-
-@bench_app.command("router-workers")
-def bench_router_workers(
-    strategies: Annotated[str, typer.Option(help="Comma-separated cache-aware strategies")] = "prefixaware,kvaware",
-    requests: Annotated[int, typer.Option(min=2, help="Requests replayed per configuration")] = 300,
-    replicas: Annotated[int, typer.Option(min=1, max=32, help="Simulated engines behind the router")] = 4,
-    duration: Annotated[float, float_option(min=1, help="Wall-clock seconds the replay is compressed into")] = 20.0,
-    trace: Annotated[str, typer.Option(help="chat, system-prompt or rag (generated), or a trace file (Mooncake "
-                                            "JSONL, Azure CSV, prompt log)")] = "chat",
-    max_tokens: Annotated[int, typer.Option(min=1, help="Output tokens per request at most")] = 8,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of a generated trace")] = 0,
-    logs: Annotated[str | None, typer.Option(help="Keep the engines' and routers' logs in this folder")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
-) -> None:
-    """Cache hit rate with `router --workers 2` against `--workers 1`: same trace, fresh simulated engines each."""
-    from fleetserve.bench.router_workers import STRATEGIES, run
-    from fleetserve.traces.load import TraceError
-
-    names = _bench_configs(strategies, STRATEGIES, "--strategies")
-    try:
-        result = run(names, requests, replicas, duration, trace, max_tokens, seed, logs,
-                     progress=None if as_json else _say)
-    except (TraceError, ValueError, OSError) as exc:
-        raise _fail(str(exc), EXIT_USAGE) from None
-    except RuntimeError as exc:
-        raise _fail(str(exc), 1) from None
-    if not as_json:
-        for name, row in result["strategies"].items():
-            out.print(f"{name}: hit rate {row['hit_rate']['workers_1']} (1 worker) -> {row['hit_rate']['workers_2']} "
-                      f"(2 workers), loss {row['loss_pct']}%, worker requests {row['worker_requests']}",
-                      markup=False)
-    print(json.dumps(result, indent=2))
-
-
-def _bench_configs(value: str | None, allowed: tuple[str, ...], hint: str) -> tuple[str, ...]:
-    if not value:
-        return allowed
-    names = tuple(n.strip() for n in value.split(",") if n.strip())
-    unknown = [n for n in names if n not in allowed]
-    if unknown or not names:
-        raise typer.BadParameter(f"{', '.join(unknown) or value!r}; allowed values: {', '.join(allowed)}",
-                                 param_hint=hint)
-    return names
-
-
-def _check_bench_model(model: str) -> None:
-    """--model of a bench that starts engines: tiny, demo, or a source that can exist (a path is checked here;
-    the engine's own error was a traceback, or exit 1 without naming the flag)."""
-    from pathlib import Path
-
-    from fleetserve.engine.sources import ModelSourceError, check_model_dir
-    from fleetserve.spec.endpoint import SOURCE_SCHEMES
-
-    if model in ("tiny", "demo") or model.startswith(("builtin:", "catalog:", "hf:", "s3://")):
-        return
-    try:
-        check_model_dir(Path(model).expanduser())
-    except ModelSourceError as exc:
-        raise typer.BadParameter(f"{exc}; allowed values: tiny, demo, or a model source "
-                                 f"({', '.join(SOURCE_SCHEMES)})", param_hint="--model") from None
-
-
-@bench_app.command("kvcache")
-def bench_kvcache(
-    model: Annotated[str, typer.Option(help="tiny (random, 4 layers), demo (SmolLM2) or a model source")] = "tiny",
-    repeats: Annotated[int, typer.Option(min=1, help="Measurements per figure (median)")] = 3,
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16")] = "auto",
-    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
-) -> None:
-    """TTFT with a 2,048-token prefix cold / in the engine / in L1 / in L2, and decode throughput b1 vs b8."""
-    from fleetserve.bench.kvcache import run
-
-    if dtype not in ("auto", "float32", "bfloat16", "float16"):
-        raise typer.BadParameter(f"{dtype!r}; allowed values: auto, float32, bfloat16, float16", param_hint="--dtype")
-    _check_bench_model(model)
-    try:
-        print(json.dumps(run(model, repeats, dtype=dtype), indent=2))
-    except RuntimeError as exc:  # the engine did not start: its own error, not a traceback
-        raise _fail(str(exc), 1) from None
-
-
-@bench_app.command("replay")
-def bench_replay(
-    url: Annotated[str, typer.Option(help="Gateway base URL (http://host:port; the /v1 that `up` prints may stay)")],
-    trace: Annotated[str, typer.Option(help="Trace file (Mooncake JSONL, Azure CSV, prompt log)")],
-    model: Annotated[str, typer.Option(help="Model name to send")],
-    speedup: Annotated[float, float_option(min=0.001, help="Replay this many times faster than recorded")] = 1.0,
-    limit: Annotated[int | None, typer.Option(min=1, help="First N requests of the file, in file order")] = None,
-    stream: Annotated[bool, typer.Option(help="Stream (client-side TTFT/ITL)")] = True,
-    max_output: Annotated[int | None, typer.Option(min=1, help="Cap on output tokens")] = None,
-    api_key_env: Annotated[str, typer.Option(help="Environment variable holding the API key to send, for a fleet "
-                                                  "with spec.auth (unset: no key)")] = "OPENAI_API_KEY",
-) -> None:
-    """Replay a trace against a running endpoint; prints TTFT, TPOT, ITL, E2E percentiles and hit rates."""
-    import asyncio
-
-    from fleetserve.bench.replay import replay, summarize
-    from fleetserve.router.upstream import backend_url_problem
-    from fleetserve.traces.load import TraceError, load_trace
-
-    if (problem := backend_url_problem(url)) is not None:  # `:abc` as the port had been a traceback
-        raise typer.BadParameter(f"{problem} (the gateway; the /v1 that `up` prints may stay)", param_hint="--url")
-    try:
-        requests = load_trace(trace, limit)
-    except TraceError as exc:
-        raise _fail(str(exc), EXIT_USAGE) from None
-    base = url.rstrip("/")  # the endpoint `up` and `status` print ends in /v1: it went to /v1/v1/... (404s)
-    base = base[:-3] if base.endswith("/v1") else base
-    records = asyncio.run(replay(base, requests, model=model, speedup=speedup, stream=stream,
-                                 max_output=max_output, api_key=os.environ.get(api_key_env) or None))
-    summary = summarize(records)
-    print(json.dumps(summary, indent=2))
-    if records and not summary.get("answered"):  # nothing answered is a failed replay, not figures
-        raise typer.Exit(1)
-
-
-FIDELITY_MAX_RATE = 20  # requests/s per replica of the tiny model that `bench fidelity` accepts
-
-
-@bench_app.command("fidelity")
-def bench_fidelity(
-    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON (the only output)")] = True,
-    requests: Annotated[int, typer.Option(min=2, max=100_000, help="Requests in the generated trace")] = 480,
-    duration: Annotated[float, float_option(min=1.0, help="Seconds the trace spans")] = 160.0,
-    seed: Annotated[int, typer.Option(min=0, help="Trace seed")] = 7,
-    replicas: Annotated[int, typer.Option(min=1, max=8, help="Replicas of the tiny model")] = 2,
-    simulated_engines: Annotated[bool, typer.Option(help="Also replay on real-time simulated engines")] = True,
-    calibration_repeats: Annotated[int, typer.Option(min=1, max=10, help="Calibration rounds per gateway")] = 3,
-    alphabet: Annotated[str, typer.Option(help="The tiny model's tokens: ascii (every token is text at once, as "
-                                                "with a real vocabulary) or bytes (random bytes: many streams "
-                                                "show text only at their end)")] = "ascii",
-) -> None:
-    """The same trace on a live tiny-model fleet, on simulated engines and in the simulator: TTFT/E2E errors."""
-    import sys
-
-    from fleetserve.bench.fidelity import FidelityConfig, run
-    from fleetserve.engine.tiny import ALPHABETS
-
-    if alphabet not in ALPHABETS:
-        raise typer.BadParameter(f"{alphabet!r}; allowed values: {', '.join(ALPHABETS)}", param_hint="--alphabet")
-    rate = requests / duration
-    if rate > FIDELITY_MAX_RATE * replicas:  # a million requests in a second ran out of memory building the trace
-        raise typer.BadParameter(f"{requests} requests in {duration:g} s is {rate:,.0f} requests/s; the tiny-model "
-                                 f"fleet of {replicas} replica(s) measures at most {FIDELITY_MAX_RATE} per replica "
-                                 "(more is a queue, not a latency): fewer --requests or a longer --duration",
-                                 param_hint="--requests")
-    cfg = FidelityConfig(requests=requests, duration_s=duration, seed=seed, replicas=replicas,
-                         simulated_engines=simulated_engines, calibration_repeats=calibration_repeats,
-                         alphabet=alphabet)
-    say = (lambda m: err.print(m, markup=False)) if sys.stderr.isatty() else (lambda _m: None)
-    print(json.dumps(run(cfg, progress=say), indent=2))
-
-
 from fleetserve.cli import analyze_commands  # noqa: E402  (analyze, profile, trace)
 
 analyze_commands.register(app)
@@ -1111,16 +719,6 @@ from fleetserve.cli import dashboard_commands  # noqa: E402  (dashboard grafana,
 
 dashboard_commands.register(app)
 
-
-def main() -> None:
-    try:
-        app()
-    except KeyboardInterrupt:
-        sys.exit(130)
-
-
-if __name__ == "__main__":
-    main()
 
 docs_app = typer.Typer(help="Generated documentation.", no_args_is_help=True)
 app.add_typer(docs_app, name="docs")
@@ -1139,4 +737,15 @@ def docs_metrics(
         print(render_metrics_md(), end="")
         return
     write_metrics_md(Path(output))
-    _say(f"wrote {output}")
+    say(f"wrote {output}")
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -8,10 +8,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-out = Console(soft_wrap=True, highlight=False)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
+from fleetserve.cli.console import err, out
 
 dashboard_app = typer.Typer(help="Dashboards: Grafana JSON, and the fleet's built-in live dashboard.",
                             no_args_is_help=True)

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-EXIT_USAGE = 2
+from fleetserve.cli.console import err, fail
 
 # what `render k8s` and `operator` both take: the rendering options (k8s.context.RenderOptions)
 ImageOption = Annotated[str | None, typer.Option(help="fleetserve image (router, built-in engine, model fetch)")]
@@ -28,13 +27,8 @@ ServiceAccountOption = Annotated[str | None, typer.Option(help="Engine pods' ser
 ModelPvcOption = Annotated[str | None, typer.Option(help="Claim holding local-path models (default NAME-model)")]
 
 render_app = typer.Typer(help="Render an endpoint for a platform (Kubernetes).", no_args_is_help=True)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
-    err.print("[red]error:[/red] ", end="")
-    err.print(message, markup=False)
-    return typer.Exit(code)
 
 
 @render_app.command("k8s")
@@ -65,28 +59,28 @@ def render_k8s(
     options = _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc)
     if install:
         if spec is not None:
-            raise _fail("--install renders the operator, not an endpoint: leave out SPEC")
+            raise fail("--install renders the operator, not an endpoint: leave out SPEC")
         if output is None:
-            raise _fail("--output/-o DIR is required")
+            raise fail("--output/-o DIR is required")
         from fleetserve.spec.endpoint import is_dns_label
 
         if not is_dns_label(namespace):
-            raise _fail(f"--namespace {namespace!r}: a namespace name (lower-case letters, digits and '-', starting "
+            raise fail(f"--namespace {namespace!r}: a namespace name (lower-case letters, digits and '-', starting "
                         "and ending with a letter or digit, at most 63)")
         _install(options, output, namespace, webhook_ca_bundle)
         return
     if spec is None:
-        raise _fail("SPEC is required (or --install)")
+        raise fail("SPEC is required (or --install)")
     if output is None and not as_json:
-        raise _fail("--output/-o DIR is required (or --json to print the objects)")
+        raise fail("--output/-o DIR is required (or --json to print the objects)")
     try:
         loaded = load_spec(spec)
     except SpecError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     try:
         rendered = render(loaded.endpoint, options)
     except ValueError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     warnings = rendered_warnings(loaded, rendered)
     for w in warnings:
         err.print("[yellow]warning:[/yellow] ", end="")
@@ -95,9 +89,9 @@ def render_k8s(
         try:
             paths = write(rendered, output)
         except (NotADirectoryError, FileExistsError) as exc:
-            raise _fail(f"--output: {exc}") from None
+            raise fail(f"--output: {exc}") from None
         except OSError as exc:
-            raise _fail(f"--output {output}: {exc.strerror or exc}", 1) from None
+            raise fail(f"--output {output}: {exc.strerror or exc}", 1) from None
         if not as_json:
             print(f"{len(paths)} object(s) written to {output}")
     from fleetserve.k8s.secrets_needed import describe, secrets_needed
@@ -121,17 +115,17 @@ def _checked(image, prometheus_url, node_class, zone, service_account, model_pvc
     from fleetserve.spec.endpoint import is_dns_subdomain, is_label_value
 
     if image is not None and (not image.strip() or any(c.isspace() for c in image)):
-        raise _fail(f"--image {image!r}: an image reference, e.g. ghcr.io/org/fleetserve:1.0 (no spaces)")
+        raise fail(f"--image {image!r}: an image reference, e.g. ghcr.io/org/fleetserve:1.0 (no spaces)")
     if prometheus_url is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", prometheus_url):
-        raise _fail(f"--prometheus-url {prometheus_url!r}: an http:// or https:// URL, e.g. "
+        raise fail(f"--prometheus-url {prometheus_url!r}: an http:// or https:// URL, e.g. "
                     "http://prometheus.monitoring:9090")
     for flag, value in (("--node-class", node_class), ("--service-account", service_account),
                         ("--model-pvc", model_pvc)):
         if value is not None and not is_dns_subdomain(value):
-            raise _fail(f"{flag} {value!r}: a Kubernetes object name ({_SUBDOMAIN_RULE})")
+            raise fail(f"{flag} {value!r}: a Kubernetes object name ({_SUBDOMAIN_RULE})")
     for value in zone or []:
         if not is_label_value(value):
-            raise _fail(f"--zone {value!r}: a label value such as us-west-2a (letters, digits, '-', '_' and '.', "
+            raise fail(f"--zone {value!r}: a label value such as us-west-2a (letters, digits, '-', '_' and '.', "
                         "starting and ending with a letter or digit, at most 63)")
 
 
@@ -156,14 +150,14 @@ def _install(options, output: str, namespace: str, ca_bundle: str | None) -> Non
     try:
         bundle = Path(ca_bundle).read_bytes() if ca_bundle else None
     except OSError as exc:
-        raise _fail(f"--webhook-ca-bundle {ca_bundle}: {exc.strerror}") from None
+        raise fail(f"--webhook-ca-bundle {ca_bundle}: {exc.strerror}") from None
     objects = install_objects(options, InstallOptions(namespace=namespace, webhook_ca_bundle=bundle))
     if Path(output).exists() and not Path(output).is_dir():
-        raise _fail(f"--output: {output} is a file; give a folder for the manifests")
+        raise fail(f"--output: {output} is a file; give a folder for the manifests")
     try:
         paths = write(objects, output)
     except OSError as exc:
-        raise _fail(f"--output {output}: {exc.strerror or exc}", 1) from None
+        raise fail(f"--output {output}: {exc.strerror or exc}", 1) from None
     print(f"{len(paths)} object(s) written to {output}")
 
 
@@ -189,12 +183,12 @@ def operator(
 
         from fleetserve.k8s.operator import run
     except ImportError as exc:
-        raise _fail(f"the operator needs the k8s extra (pip install 'fleetserve[k8s]'): {exc}", 1) from None
+        raise fail(f"the operator needs the k8s extra (pip install 'fleetserve[k8s]'): {exc}", 1) from None
     options = _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc)
     if webhook_cert_dir is not None:
         missing = [f for f in ("tls.crt", "tls.key") if not (Path(webhook_cert_dir) / f).is_file()]
         if missing:
-            raise _fail(f"--webhook-cert-dir {webhook_cert_dir}: no {' or '.join(missing)} there (the webhook "
+            raise fail(f"--webhook-cert-dir {webhook_cert_dir}: no {' or '.join(missing)} there (the webhook "
                         "serves with tls.crt and tls.key, as a kubernetes.io/tls Secret mounts them)", 2)
     run(client=_kube_client(), options=options, namespaces=tuple(namespace or ()), liveness=liveness or None,
         webhook_cert_dir=webhook_cert_dir, webhook_port=webhook_port)
@@ -210,10 +204,10 @@ def _kube_client():
     try:
         return KubeClient()
     except ConfigException as exc:
-        raise _fail(f"no Kubernetes credentials: not in a pod with a service account, and no usable kubeconfig "
+        raise fail(f"no Kubernetes credentials: not in a pod with a service account, and no usable kubeconfig "
                     f"(KUBECONFIG={os.environ.get('KUBECONFIG', '')!r}, else ~/.kube/config): {exc}", 2) from None
     except HTTPError as exc:
-        raise _fail(f"cannot reach the Kubernetes API server: {exc}", 1) from None
+        raise fail(f"cannot reach the Kubernetes API server: {exc}", 1) from None
 
 
 def register(app: typer.Typer) -> None:

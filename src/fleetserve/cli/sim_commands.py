@@ -15,12 +15,11 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetserve.cli.checks import float_option, writable
+from fleetserve.cli.console import err, fail
 
-EXIT_USAGE = 2
 # piped into a log, rich would fit the tables to 80 columns and cut the numbers ("reque…", "34785… ms")
 _PIPED_WIDTH = None if sys.stdout.isatty() else 160
 out = Console(soft_wrap=True, highlight=False, width=_PIPED_WIDTH)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 Spec = Annotated[str, typer.Argument(help="Endpoint spec (fleetserve.io/v1 or HyperPod InferenceEndpointConfig)")]
 TraceOpt = Annotated[str, typer.Option("--trace", help="Trace: Mooncake JSONL, Azure CSV, prompt log, ServeGen")]
@@ -54,10 +53,6 @@ DelayOpt = Annotated[float | None, float_option(min=0, help="Node provisioning s
                                                            "simulated cloud, else 90)")]
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
-    err.print("[red]error:[/red] ", end="")
-    err.print(message, markup=False)
-    return typer.Exit(code)
 
 
 def _simulatable(loaded) -> None:
@@ -76,7 +71,7 @@ def _simulatable(loaded) -> None:
             from fleetserve.spec.hyperpod import source_of
 
             problem = source_of(problem)
-        raise _fail(f"{problem.path}: {problem.message}")
+        raise fail(f"{problem.path}: {problem.message}")
 
 
 def _model_key(source: str) -> str:
@@ -153,7 +148,7 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
     try:
         loaded = load_spec(spec)
     except SpecError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     _simulatable(loaded)
     _inert_flags(loaded.endpoint.spec, spot_rate, provisioning_delay)
     if (other := _profile_of_another_model(profile, loaded.endpoint.spec)) is not None:

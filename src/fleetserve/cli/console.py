@@ -1,0 +1,26 @@
+"""The CLI's two streams and its one way to fail: figures and tables on stdout (so `--json` output pipes
+clean), progress, warnings and errors on stderr, and every error printed as `error: ...` with its exit code
+(2 for bad input, as click's own usage errors)."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+EXIT_USAGE = 2
+
+out = Console(soft_wrap=True, highlight=False)
+err = Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
+    """Print `error: message` on stderr (never read as rich markup: paths and values hold brackets) and return
+    the exit to raise."""
+    err.print("[red]error:[/red] ", end="")
+    err.print(message, markup=False)
+    return typer.Exit(code)
+
+
+def say(message: str) -> None:
+    """A progress or status line on stderr, as written."""
+    err.print(message, markup=False)
