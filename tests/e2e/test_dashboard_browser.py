@@ -76,6 +76,8 @@ def test_dashboard_in_headless_chromium_shows_live_panels(tmp_path, tiny_model, 
                 page = browser.new_page(viewport={"width": 1366, "height": 768})  # a laptop screen
                 external = []
                 page.on("request", lambda r: external.append(r.url) if not r.url.startswith(base) else None)
+                console_errors = []  # a /favicon.ico 404 logged one on every load
+                page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
                 page.goto(opened, wait_until="load")
                 assert page.url == base + "/dashboard"  # the token went into a cookie, out of the address bar
                 selector = " && ".join(f"+document.getElementById('panel-{k}').dataset.points > 0" for k in MUST_SHOW)
@@ -85,6 +87,9 @@ def test_dashboard_in_headless_chromium_shows_live_panels(tmp_path, tiny_model, 
                 values = {k: page.locator(f"#panel-{k} .value").inner_text() for k in MUST_SHOW}
                 points = {k: int(page.locator(f"#panel-{k}").get_attribute("data-points")) for k in MUST_SHOW}
                 paths = page.locator("#panel-latency svg path").count()
+                # every axis label inside its panel: "0.33 tokens/s" right-aligned at 40 px lost its number
+                clipped = page.evaluate("() => [...document.querySelectorAll('.panel svg text')]"
+                                        ".filter(t => t.getBBox().x < 0).map(t => t.textContent)")
                 page.screenshot(path=str(shot), full_page=True)
                 with page.expect_request(lambda r: "instance_type=local" in r.url, timeout=10_000):
                     page.select_option("#filter-instance_type", "local")  # the filters are the label values seen
@@ -95,6 +100,7 @@ def test_dashboard_in_headless_chromium_shows_live_panels(tmp_path, tiny_model, 
         print(f"\ndashboard screenshot: {shot}")
         assert shot.stat().st_size > 10_000
         assert external == [], f"the page fetched outside the router: {external}"
+        assert console_errors == [] and clipped == [], (console_errors, clipped)
         assert all(n > 0 for n in points.values()), points
         assert values["latency"] != "-" and values["ttfb"] != "-" and paths >= 1, values
         assert values["replicas"] == "2 series" and values["cost"].startswith("$"), values

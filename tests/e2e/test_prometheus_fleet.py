@@ -81,6 +81,8 @@ def test_prometheus_follows_the_fleet_as_it_scales(tmp_path, tiny_model, home):
         password = (Path(home["FLEETSERVE_HOME"]) / "run" / "watched" / "prometheus.password").read_text()
         assert oct((Path(home["FLEETSERVE_HOME"]) / "run" / "watched" / "prometheus.password").stat().st_mode
                    )[-3:] == "600"
+        # Prometheus writes its WAL, tenant names and all, 0644: the run folder keeps other users out
+        assert oct((Path(home["FLEETSERVE_HOME"]) / "run" / "watched").stat().st_mode)[-3:] == "700"
         prom = with_credentials(plain, password)
         assert s["ready"] == 1 and [r["id"] for r in s["replicas"]] == ["r0"]
 

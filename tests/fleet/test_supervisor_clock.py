@@ -395,3 +395,22 @@ def test_a_replica_the_router_has_out_is_not_counted_as_serving(make, tmp_path, 
     sup._router_out = set()
     sup._save()
     assert sup.state.ready == 1 and r.state.router_healthy is True
+
+
+def test_each_scaling_change_is_logged_once_with_its_numbers_and_its_own_time(make, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path / "home"))
+    sup, wall, _ = make(1)
+    said: list[str] = []
+    sup.say = said.append
+    first = sup._autoscale(load(16))  # 1 -> 4
+    wall.advance(10)
+    assert sup._autoscale(load(16)).desired == 4  # held at 4 (steady): not logged
+    decided = wall()
+    assert [m for m in said if m.startswith("autoscaler:")] == ["autoscaler: " + first.reason]
+    assert said[0].startswith("autoscaler: scale up 1 -> 4") and "concurrency=16" in said[0], said
+    wall.advance(5)  # the state is written later than the decision: `at` is the decision's time
+    sup._save()
+    assert sup.state.last_decision["at"] == decided
+    while sup._autoscale(load(0)) is None or sup.controller.last.desired == 4:
+        wall.advance(10)
+    assert said[-1].startswith("autoscaler: scale down 4 -> 1"), said

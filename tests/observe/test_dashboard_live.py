@@ -163,7 +163,8 @@ def test_token_login_sets_a_cookie_and_leaves_the_address_bar(client):
 def test_page_is_self_contained(client):
     html = client.get("/dashboard", headers={"x-fleetserve-admin": ADMIN}).text
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
-    assert "@import" not in html and "<link" not in html and "<script src" not in html
+    assert "@import" not in html and "<script src" not in html
+    assert re.findall(r"<link[^>]*>", html) == ['<link rel="icon" href="data:,">']  # no /favicon.ico request
     assert re.findall(r"https?://[^\"' ]+", html) == ["http://www.w3.org/2000/svg"]  # the SVG namespace name
     for p in PANELS:
         assert p.title in html
@@ -193,6 +194,16 @@ def test_a_time_nobody_watched_is_a_gap_not_a_line_and_no_rate_spans_it():
     payload = live.payload()
     assert panel(payload, "concurrency")["g5"][2] == [55.0, None]  # the break
     assert panel(payload, "throughput")["2"] == [[5, 4.0], [55.0, None], [110, 4.0]]  # no rate from 5 s to 105 s
+
+
+def test_a_decision_made_while_nobody_watched_is_not_marked_at_the_gaps_end():
+    """The fleet scaled down a minute before the page was opened again: its mark stood at the reopening."""
+    live = LiveData(window_s=5)
+    live.add(sample(0, decisions=0))
+    live.add(sample(5, decisions=0))
+    live.add(sample(105, decisions=1))  # the decision came somewhere between 5 s and 105 s
+    live.add(sample(110, decisions=2))  # and this one between 105 s and 110 s
+    assert live.payload()["annotations"] == [{"t": 110, "text": "scaling: scale up"}]
 
 
 def test_the_wait_for_a_replica_is_a_panel_of_its_own():

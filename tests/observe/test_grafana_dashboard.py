@@ -264,3 +264,10 @@ def test_ready_replicas_of_hashed_deployment_names_come_from_what_the_routers_se
     ready = next(p for p in PANELS if p.key == "replicas").series[1]
     promtool_evaluates(tmp_path, {"dash:ready": concrete(ready.expr.replace("$namespace", "ns"))}, HASHED_INPUT,
                        {"dash:ready": [("", 2)]})
+
+
+@pytest.mark.parametrize("flag,value", [("--uid", ""), ("--uid", "a b/c"), ("--uid", "u" * 41), ("--title", " ")])
+def test_a_uid_or_title_grafana_would_refuse_is_exit_2_naming_the_flag(flag, value):
+    result = CliRunner().invoke(app, ["dashboard", "grafana", flag, value])
+    assert result.exit_code == 2 and flag in result.output, result.output
+    assert CliRunner().invoke(app, ["dashboard", "grafana", "--uid", "team-a_fleet1"]).exit_code == 0

@@ -74,6 +74,8 @@ def test_default_follows_the_binary(monkeypatch):
     off = endpoint("observability: {prometheus: {enabled: false}}")
     assert not prometheus.wanted(off.spec)
     assert "spec.observability.prometheus" not in {p.path for p in inert_settings(off)}
+    on = {p.path: p.message for p in inert_settings(endpoint("observability: {prometheus: {enabled: true}}"))}
+    assert "`fleetserve up` will refuse to start" in on["spec.observability.prometheus.enabled"]  # validate said ok
 
     monkeypatch.setattr(prometheus, "binary", lambda: "/usr/bin/prometheus")
     assert prometheus.wanted(endpoint().spec)

@@ -259,3 +259,11 @@ def test_an_answer_finished_during_a_stop_says_connection_close():
 
     head = run(main()).lower()
     assert head.startswith(b"http/1.1 200") and b"connection: close" in head, head
+
+
+def test_a_status_outside_the_common_table_gets_its_standard_reason_phrase():
+    from fleetserve.router.http1 import status_line
+
+    assert status_line(303) == b"HTTP/1.1 303 See Other\r\n"  # the dashboard's login redirect read "303 Status"
+    assert status_line(200) == b"HTTP/1.1 200 OK\r\n"
+    assert status_line(599) == b"HTTP/1.1 599 Status\r\n"  # no standard phrase: still a valid status line

@@ -188,6 +188,11 @@ def status(
     if prune:
         _prune_fleets(name)
         return
+    if name and not any(f.name == name for f in list_fleets()):  # as `down` and `dashboard open`: exit 2
+        known = ", ".join(f.name for f in list_fleets()) or "none"
+        if as_json:
+            print("[]")
+        raise fail(f"no fleet named {name!r} (known: {known})", 2)
     if watch:
         from fleetserve.cli.status_view import load
         from fleetserve.cli.status_view import watch as watch_fleets
@@ -206,13 +211,8 @@ def status(
     hidden = len(fleets) - len(shown)
     if as_json:
         print(json.dumps([{**f.to_json(), "serving": serving_note(f)} for f in shown], indent=2))
-        if name and not fleets:
-            raise typer.Exit(2)  # as without --json: the fleet asked for does not exist
         return
     if not shown:
-        if name:
-            known = ", ".join(f.name for f in list_fleets()) or "none"
-            raise fail(f"no fleet named {name!r} (known: {known})", 2)
         out.print("no fleets running" + _hidden_note(hidden), markup=False)
         return
     for f in shown:

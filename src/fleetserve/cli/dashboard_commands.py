@@ -4,12 +4,15 @@ Registered on the main app by `register(app)`."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from fleetserve.cli.console import err, out
+from fleetserve.cli.console import fail, out
+
+GRAFANA_UID = re.compile(r"[A-Za-z0-9_-]{1,40}")  # what Grafana accepts as a dashboard uid
 
 dashboard_app = typer.Typer(help="Dashboards: Grafana JSON, and the fleet's built-in live dashboard.",
                             no_args_is_help=True)
@@ -27,12 +30,16 @@ def grafana(
     from fleetserve.cli.checks import writable
     from fleetserve.observe.grafana import build_dashboard, structure_errors
 
+    if not title.strip():  # Grafana refuses the import ("Dashboard title cannot be empty")
+        raise typer.BadParameter("empty; allowed values: any non-empty title", param_hint="--title")
+    if not GRAFANA_UID.fullmatch(uid):
+        raise typer.BadParameter(f"{uid!r}; allowed values: 1 to 40 letters, digits, '-' or '_' (Grafana's uid)",
+                                 param_hint="--uid")
     writable(None if output == "-" else output, "--output")
     board = build_dashboard(title=title, uid=uid)
     problems = structure_errors(board)
     if problems:  # a builder bug, never the user's input
-        err.print("[red]error:[/red] " + "; ".join(problems), markup=True)
-        raise typer.Exit(1)
+        raise fail("; ".join(problems), 1)
     text = json.dumps(board, indent=2)
     if output == "-":
         print(text)
@@ -47,16 +54,15 @@ def open_dashboard(
     name: Annotated[str | None, typer.Argument(help="Fleet name (default: the only running one)")] = None,
     browser: Annotated[bool, typer.Option("--browser/--no-browser", help="Also open it in a web browser")] = False,
 ) -> None:
-    """Print the URL of a running fleet's live dashboard (the router's /dashboard), with a one-time login."""
+    """Print the URL of a running fleet's live dashboard (the router's /dashboard). It carries the fleet's internal
+    token (the page trades it for a cookie): share it as you would the token file."""
     from fleetserve.fleet.control import FleetError, pick_fleet
     from fleetserve.fleet.state import fleet_dir
 
     try:
         state = pick_fleet(name)
     except FleetError as exc:
-        err.print("[red]error:[/red] ", end="")
-        err.print(str(exc), markup=False)
-        raise typer.Exit(exc.exit_code) from None
+        raise fail(str(exc), exc.exit_code) from None
     url = dashboard_url(state.url, fleet_dir(state.name) / "internal.token")
     out.print(url, markup=False)
     if browser:

@@ -17,6 +17,7 @@ from fleetserve.fleet.state import (
     list_fleets,
     mark_stale,
     pid_alive,
+    private_fleet_dir,
     read_state,
     running_fleets,
     supervisor_alive,
@@ -48,7 +49,7 @@ def start_detached(spec_path: str, name: str, timeout: float, extra_args: tuple[
         shutil.rmtree(folder / "logs", ignore_errors=True)
         if (folder / "state.json").exists():  # the new supervisor may carry on from it (read_previous_state)
             os.replace(folder / "state.json", folder / PREVIOUS)
-    folder.mkdir(parents=True, exist_ok=True)
+    private_fleet_dir(name)
     log_path = folder / "supervisor.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

@@ -91,9 +91,18 @@ def fleet_dir(name: str) -> Path:
     return runs_dir() / name
 
 
-def write_state(state: FleetState) -> None:
-    folder = fleet_dir(state.name)
+def private_fleet_dir(name: str) -> Path:
+    """The fleet's run folder, made (or made again) readable by its owner only. Besides the 0600 token and key
+    files it holds what their modes alone do not cover: Prometheus's TSDB and WAL (the series name the tenants,
+    written 0644 by Prometheus), logs that carry prompts with `logPrompts`, and Redis's files."""
+    folder = fleet_dir(name)
     folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)  # also a folder an earlier version made 0755
+    return folder
+
+
+def write_state(state: FleetState) -> None:
+    folder = private_fleet_dir(state.name)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".state-")
     with os.fdopen(fd, "w") as f:
         json.dump(state.to_json(), f, indent=2)

@@ -53,6 +53,7 @@ from fleetserve.fleet.state import (
     ReplicaState,
     fleet_dir,
     pid_alive,
+    private_fleet_dir,
     process_start,
     read_previous_state,
     write_state,
@@ -162,6 +163,8 @@ class Supervisor:
         self._prometheus_query_url = ""  # the fleet's Prometheus with its basic auth (never written to state)
         self.capacity = build_capacity(self.spec, self.endpoint.metadata.namespace, clock())
         self.controller: Controller | None = None
+        self._decided_at: float | None = None  # the controller's last decision: its time, and what was logged
+        self._logged_decision: tuple[str, int] | None = None
         self.metrics = SupervisorMetrics()
         self.previous = read_previous_state(self.name)  # an earlier supervisor's last word, if it left one
         self.state = FleetState(
@@ -246,7 +249,7 @@ class Supervisor:
         if self.controller and self.controller.last:
             d = self.controller.last
             s.last_decision = {"desired": d.desired, "reason": d.reason, "active": d.active, "floor": d.floor,
-                               "at": self.clock()}
+                               "at": self._decided_at}
             s.scaling_state = self.controller.state.to_json()
         now = self.clock()
         s.nodes = [NodeState(n.id, n.offering.instance_type, n.offering.capacity_type, n.price_per_hour, n.slots,
@@ -328,7 +331,7 @@ class Supervisor:
         return out.strip().splitlines()[-1]
 
     def _start(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_fleet_dir(self.name)
         self.state.metrics_url = self.metrics.serve()
         self._save()
         kind = self.spec.engine.kind
@@ -344,7 +347,7 @@ class Supervisor:
                 "engine.urls with engine.kind external."
             )
         if kind == "builtin":
-            self._check_router_address()
+            self._check_addresses()
             self.model_dir = self._prepare_model()
             self._start_redis()
         self._start_router(list(self.spec.engine.urls) if kind == "external" else [])
@@ -390,20 +393,24 @@ class Supervisor:
             args += ["--queue-metrics", kind]
         return args
 
-    def _check_router_address(self) -> None:
-        """The router would exit at once on an address it cannot listen on; a port another fleet's router held
-        even read as ready. Checked before the model is prepared (a download can take minutes) and again at the
-        router's start."""
+    def _check_addresses(self) -> None:
+        """The router (and the fleet's Prometheus on a port the spec gives) would exit at once on an address it
+        cannot listen on; a port another fleet's router held even read as ready. Checked before the model is
+        prepared (a download can take minutes) and again at the router's start."""
         field, problem = bind_refusal(self.spec.router.host, self.spec.router.port)
         if problem:
             raise StartupError(f"spec.router.{field}: {problem}")
+        port = self.spec.observability.prometheus.port
+        if port and prometheus.wanted(self.spec) and (problem := bind_refusal("127.0.0.1", port)[1]):
+            # Prometheus's own "address already in use" came as log lines after the model was prepared
+            raise StartupError(f"spec.observability.prometheus.port: {problem}")
 
     def _start_router(self, backends: list[str]) -> None:
         strategy = self.spec.routing.strategy
         if strategy not in registered_policies():
             strategy = "leastload"
         host = self.spec.router.host
-        self._check_router_address()
+        self._check_addresses()
         port = self.spec.router.port or free_port(host)
         security = self._security_args()
         cmd = fleetserve_command("router", "--host", host, "--port", str(port), "--strategy", strategy,
@@ -901,8 +908,22 @@ class Supervisor:
         if not self.controller.due(now, int(load["pending"]) if load else 0):
             return None
         decision = self.controller.tick(now, load)
-        self.metrics.decisions.labels(reason=decision_reason(decision.reason)).inc()
+        kind = decision_reason(decision.reason)
+        self.metrics.decisions.labels(reason=kind).inc()
+        self._decided_at = now
+        self._log_decision(kind, decision)
         return decision
+
+    def _log_decision(self, kind: str, decision: ScaleDecision) -> None:
+        """The metric's label is the decision's kind; its full text (the trigger's value, the target, the counts)
+        goes to the supervisor's log, once per change: a decision that holds (the same kind and count, polled
+        every pollingInterval) is not repeated, and steady ones are not written."""
+        logged = (kind, decision.desired)
+        if logged == self._logged_decision:
+            return
+        self._logged_decision = logged
+        if kind != "steady":
+            self.say(f"autoscaler: {decision.reason}")
 
     def _reconcile(self, mono: float, starting_up: bool = False) -> None:
         self._capacity_events(mono)

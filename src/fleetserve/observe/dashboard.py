@@ -77,7 +77,7 @@ def render_page() -> str:
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
-<title>fleetserve dashboard</title>
+<title>fleetserve dashboard</title><link rel="icon" href="data:,">
 <style>
 :root{--bg:#0f1419;--card:#182028;--fg:#e6e9ec;--dim:#8b98a5;--grid:#2a3541;--warn:#f0a03c}
 *{box-sizing:border-box}body{margin:0;background:var(--bg);color:var(--fg);font:13px/1.4 system-ui,sans-serif}
@@ -114,6 +114,11 @@ function fmt(v, unit) {
   if (unit.startsWith("suffix:")) return (Math.abs(v) >= 100 ? v.toFixed(0) : +v.toFixed(2) + "") + unit.slice(7);
   return Math.abs(v) >= 100 ? v.toFixed(0) : +v.toFixed(2) + "";
 }
+function tick(v, unit) {  // axis labels fit the 44 px margin: a suffix unit is in the panel's value, not here
+  if (!unit.startsWith("suffix:")) return fmt(v, unit);
+  const a = Math.abs(v);
+  return a >= 1e6 ? +(v / 1e6).toFixed(1) + "M" : a >= 1e3 ? +(v / 1e3).toFixed(1) + "k" : fmt(v, "");
+}
 function el(tag, attrs, parent) {
   const e = document.createElementNS(NS, tag);
   for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
@@ -145,7 +150,7 @@ function draw(panel, data, marks, t0, t1) {
     const v = max * i / 3;
     el("line", {x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: "#2a3541", "stroke-width": 1}, svg);
     el("text", {x: L - 4, y: y(v) + 4, "text-anchor": "end", fill: "#8b98a5", "font-size": 10}, svg)
-      .textContent = fmt(v, panel.unit);
+      .textContent = tick(v, panel.unit);
   }
   const minutes = Math.round((t1 - t0) / 60);
   el("text", {x: L, y: H - 3, fill: "#8b98a5", "font-size": 10}, svg).textContent =

@@ -256,15 +256,17 @@ class LiveData:
 
     def annotations(self) -> list[dict]:
         """Scaling decisions that change the fleet (`vocabulary.MARKED_REASONS`): where
-        fleetserve_autoscaler_decisions_total{reason} went up between samples."""
-        marks, previous = [], None
+        fleetserve_autoscaler_decisions_total{reason} went up between samples. Not across a gap in the samples
+        (nobody watched): the decision came somewhere in it, and a mark at the gap's end was drawn a minute or more
+        after it; the lines show the gap."""
+        marks, previous, then = [], None, None
         for s in self.samples:
             if s.decisions is None:
                 s.decisions = dict(_sum(s.values, "fleetserve_autoscaler_decisions_total", by="reason"))
             now = s.decisions
-            if previous is not None:
+            if previous is not None and s.t - then <= GAP_WINDOWS * self.window_s:
                 for reason, n in now.items():
                     if reason in MARKED_REASONS and n > previous.get(reason, 0.0):
                         marks.append({"t": round(s.t, 3), "text": f"scaling: {reason}"})
-            previous = now
+            previous, then = now, s.t
         return marks

@@ -22,6 +22,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 
 import httptools
 
@@ -45,7 +46,13 @@ _STATUS_LINES = {code: f"HTTP/1.1 {code} {reason}\r\n".encode() for code, reason
 
 def status_line(status: int) -> bytes:
     line = _STATUS_LINES.get(status)
-    return line if line is not None else f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}\r\n".encode()
+    if line is not None:
+        return line
+    try:  # the codes answered rarely (303 to the dashboard, an upstream's 418): the standard phrase
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = "Status"
+    return f"HTTP/1.1 {status} {reason}\r\n".encode()
 
 
 class Request:

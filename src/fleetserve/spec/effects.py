@@ -181,6 +181,10 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         note("spec.observability.prometheus", "the prometheus binary is not installed (apt-get install "
                                               "prometheus): `fleetserve up` starts no Prometheus; PromQL triggers "
                                               "need a serverAddress")
+    elif spec.observability.prometheus.enabled and prometheus.binary() is None:
+        note("spec.observability.prometheus.enabled", "true, and the prometheus binary is not installed here "
+                                                      "(apt-get install prometheus): `fleetserve up` will refuse "
+                                                      "to start; Kubernetes rendering is not affected")
     for i, trig in enumerate(spec.autoscaling.triggers if spec.autoscaling else []):
         if trig.metric == "prometheus" and not trig.server_address and not local_prometheus:
             note(f"spec.autoscaling.triggers[{i}].serverAddress", "empty, and the fleet runs no Prometheus: the "
