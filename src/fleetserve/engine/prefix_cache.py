@@ -2,7 +2,8 @@
 
 Lookup is prefix-contiguous across tiers: engine blocks first, then one batched L1 read, then the L2 blocks
 for what is still missing, stopping at the first miss; those are read ahead with the prompt's tokenizing
-(`prefetch_l2`, within a byte budget), so the generation thread does not wait for Redis. Blocks found
+(`prefetch_l2`, as many as a byte budget holds), and a prefetched prompt's lookup reads nothing from Redis,
+so the generation thread does not wait for it. Blocks found
 below the engine are promoted into it (and L2's into L1). New blocks enter the working set at once and are
 written to L1/L2 by a background thread, so the decode loop never waits for Redis. Every change is
 published as a KV event per tier, Redis's own evictions too (kvcache.l2watch).
@@ -22,15 +23,17 @@ import torch
 from fleetserve.kvcache.events import KVEventLog
 from fleetserve.kvcache.l2watch import L2EvictionWatcher
 from fleetserve.kvcache.prefix_match import match_prefix
-from fleetserve.kvcache.tiers import L1Store, RedisStore, pack_block, unpack_block
+from fleetserve.kvcache.tiers import L1Store, RedisStore, pack_block, packed_size, unpack_block
 
 log = logging.getLogger(__name__)
 
 
 class Prefetched:
     """A prompt's blocks read from L2 before its job was queued: `values` from `start` (the first key neither the
-    engine tier nor L1 held then) on. Its bytes count against the cache's prefetch budget until `release()` (called
-    at admission) or until the job is dropped (garbage collected: a refused or cancelled job)."""
+    engine tier nor L1 held then) on, as far as the budget let them be read (possibly none: a key not in `values`
+    is a miss at the lookup, which reads nothing from Redis). Its bytes count against the cache's prefetch budget
+    until `release()` (called at admission) or until the job is dropped (garbage collected: a refused or cancelled
+    job)."""
 
     def __init__(self, values: dict[int, bytes], start: int, cache: PrefixCache):
         self.values = values
@@ -85,25 +88,33 @@ class PrefixCache:
     def l2_for(self, tenant: str | None) -> RedisStore | None:
         return self.tenant_l2.get(tenant, self.l2) if tenant else self.l2
 
+    def tier_of(self, store, tenant: str | None) -> str:
+        """The tier label of a store's hits: a tenant's own Redis is `l2:TENANT`, as its misses, bytes and
+        evictions are (its hits had been counted as the shared L2's, whose ratio could pass 1)."""
+        if tenant and store is not self.l1 and self.tenant_l2.get(tenant) is store:
+            return f"l2:{tenant}"
+        return store.name
+
     def _prefetch_held(self, delta: int) -> None:
         with self._prefetch_lock:
             self._prefetched += delta
 
     def prefetch_l2(self, keys: list[int], tenant: str | None = None) -> Prefetched | None:
         """Read from L2 the blocks of `keys` past what the engine tier holds now, on the caller's thread (the
-        tokenizer pool): the generation thread's lookup then takes them from here, and the step loop never waits
-        for Redis (a slow or hung Redis stalled every running stream at each new request's lookup). None: no
-        L2, or the prefetch budget is spent (the lookup reads L2 itself)."""
+        tokenizer pool): the generation thread's lookup then takes them from here and never waits for Redis (a
+        slow or hung Redis stalled every running stream at each new request's lookup). Only the first blocks
+        that the prefetch budget has room for are read (none when it is spent, or while the store is
+        unavailable): the rest are recomputed rather than read on the generation thread. None: no L2."""
         store = self.l2_for(tenant)
-        if store is None or not store.available:
+        if store is None:
             return None
         start = match_prefix(self._blocks, keys)  # `in` per key: safe beside the generation thread's changes
         if self.l1 is not None:  # what L1 holds is read from L1 at admission: reading it from Redis as well
             start += match_prefix(self.l1, keys[start:])  # cost a full L1 hit the network's time
-        rest = keys[start:]
-        with self._prefetch_lock:
-            if self._prefetched + len(rest) * self.block_bytes > self.prefetch_budget:
-                return None
+        rest = keys[start:] if store.available else []
+        with self._prefetch_lock:  # a prefix of the rest: a lookup stops at its first miss anyway
+            room = max(0, self.prefetch_budget - self._prefetched) // packed_size(self.block_bytes)
+        rest = rest[:room]
         values = {k: v for k, v in zip(rest, store.get_many(rest), strict=True) if v is not None} if rest else {}
         return Prefetched(values, start, self)
 
@@ -111,7 +122,8 @@ class PrefixCache:
                prefetched: Prefetched | None = None, prompt_tokens: int | None = None
                ) -> list[tuple[str, torch.Tensor]]:
         """The longest cached prefix of `keys`, as (tier, block) pairs; `prefetched`: what `prefetch_l2` read (L2
-        is then read here only for blocks the engine tier held at the prefetch and has let go since);
+        is then not read here at all: blocks the engine tier held at the prefetch and has let go since, and those
+        past the budget, are misses; None: L2 is read here, as callers that queue nothing do);
         `prompt_tokens`: the prompt's length, for the queries counter (default: the blocks' tokens)."""
         self.queries += len(keys)
         self.query_tokens += prompt_tokens if prompt_tokens is not None else len(keys) * self.block_shape[3]
@@ -122,10 +134,9 @@ class PrefixCache:
             rest = keys[len(found):]
             if store is None or not rest:
                 continue
-            promoted, raw = [], []
+            promoted, raw, tier = [], [], self.tier_of(store, tenant)
             if prefetched is not None and store is not self.l1:
-                gap = max(0, prefetched.start - len(found))  # held by the engine tier then, evicted since
-                values = (store.get_many(rest[:gap]) if gap else []) + [prefetched.values.get(k) for k in rest[gap:]]
+                values = [prefetched.values.get(k) for k in rest]  # not read here: the step loop never waits
             else:
                 values = store.get_many(rest)
             for key, value in zip(rest, values, strict=True):
@@ -136,7 +147,7 @@ class PrefixCache:
                         store.stats.rejected += 1  # someone else's block under this key: never use it
                     break
                 store.stats.hits += 1
-                found.append((store.name, block))
+                found.append((tier, block))
                 promoted.append((key, block))
                 raw.append((key, value))
             # a prefix ends at its first miss: every block of the rest that this tier did not give is missed
@@ -146,7 +157,7 @@ class PrefixCache:
             if store is not self.l1 and self.l1 is not None and raw:
                 self._promote_to_l1(raw)  # a block read from L2 is likely read again: next time, not over the network
         for tier, _ in found:
-            self.hits[tier] += 1
+            self.hits[tier] = self.hits.get(tier, 0) + 1
         return found
 
     def _promote_to_l1(self, raw: list[tuple[int, bytes]]) -> None:

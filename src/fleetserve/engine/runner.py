@@ -84,7 +84,7 @@ class ModelRunner:
 
     def prefetch_l2(self, prompt_ids: list[int], root: int, tenant: str | None):
         """The prompt's blocks in L2 (`prefix_cache.Prefetched`), read before the job reaches the generation
-        thread; None without L2 or past the prefetch budget."""
+        thread, as many as the prefetch budget holds; None without L2."""
         from fleetserve.kvcache.blocks import chain_keys
 
         if self.prefix_cache is None or self.prefix_cache.l2_for(tenant) is None:

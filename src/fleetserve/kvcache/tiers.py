@@ -22,6 +22,11 @@ MAGIC = b"FSKV1"
 _HEADER = struct.Struct(">5sQI")  # magic, block key, payload length
 
 
+def packed_size(payload_bytes: int) -> int:
+    """The bytes a block of `payload_bytes` takes as stored (its header included)."""
+    return _HEADER.size + payload_bytes
+
+
 def pack_block(key: int, payload: bytes) -> bytes:
     return _HEADER.pack(MAGIC, key, len(payload)) + payload
 
@@ -78,17 +83,24 @@ class L1Store:
         self.evicted: list[int] = []  # keys evicted since the last drain (for KV events)
 
     def get_many(self, keys: list[int]) -> list[bytes | None]:
+        """The values of `keys` (None where absent); counted as L2's reads are (bytes out, latency), so the
+        tier metrics of L1 are not zeros beside its hits."""
         out = []
+        started = time.perf_counter()
         with self._lock:
             for key in keys:
                 value = self._blocks.get(key)
                 if value is not None:
                     self._blocks.move_to_end(key)
+                    self.stats.bytes_out += len(value)
                 out.append(value)
+        if keys:
+            self.stats.timing("get", time.perf_counter() - started)
         return out
 
     def put_many(self, items: list[tuple[int, bytes]]) -> list[int]:
         stored = []
+        started = time.perf_counter()
         with self._lock:
             for key, value in items:
                 if len(value) > self.max_bytes:
@@ -106,6 +118,8 @@ class L1Store:
                     self._bytes -= len(evicted)
                     self.stats.evictions += 1
                     self.evicted.append(evicted_key)
+        if items:
+            self.stats.timing("put", time.perf_counter() - started)
         return stored
 
     def __contains__(self, key: int) -> bool:

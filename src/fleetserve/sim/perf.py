@@ -13,6 +13,7 @@ source; the GPU presets derived from datasheets live in `profiles.py`, which als
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 LLAMA_8B_KV_BYTES_PER_TOKEN = 131_072  # 32 layers x 8 KV heads x 128 dims x (K, V) x 2 bytes
@@ -53,6 +54,14 @@ class PerfProfile:
 
     def prefill_time(self, uncached_tokens: int) -> float:
         return self.prefill_base_s + self.prefill_per_token_s * max(0, uncached_tokens)
+
+    def alone_prefill_time(self, uncached_tokens: int) -> float:
+        """A prompt's prefill on a replica with nothing else to do, as `SimReplica` steps it: one step per
+        `prefill_chunk` tokens, or one step in all where the engine takes a lone prompt whole (the built-in
+        engine's profiles)."""
+        tokens = max(0, uncached_tokens)
+        steps = 1 if self.whole_prefill_when_idle else max(1, math.ceil(tokens / max(self.prefill_chunk, 1)))
+        return steps * self.prefill_base_s + self.prefill_per_token_s * tokens
 
     def decode_time(self, batch: int, context_tokens: int) -> float:
         if batch <= 0:

@@ -78,6 +78,10 @@ def silent_defaults(spec, workload: list[SimRequestSpec], knowledge: str = "blin
     if l2.enabled and not l2.price_per_hour:
         notes.append("kvCache.l2 is enabled without pricePerHour: the Redis server it needs costs nothing in cost_usd "
                      "(set kvCache.l2.pricePerHour to count it; plan weighs L2 by it)")
+    if knowledge == "informed" and spec.engine.kind in ("vllm", "sglang", "container"):
+        notes.append(f"--knowledge informed: the router was given KV events, capacity and queue, which "
+                     f"engine.kind {spec.engine.kind} does not publish to it live; --knowledge blind is what this "
+                     "fleet's router gets")
     strategy = spec.routing.strategy
     reason = cannot_act(strategy, knowledge, any(w.session for w in workload), keys_exact(workload)) \
         if workload else None

@@ -13,7 +13,6 @@ and buffers; for `all`, of the window with the most misses (the report's `worst`
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left, bisect_right
 from dataclasses import asdict, dataclass
 
@@ -100,9 +99,7 @@ def _alone_p95_ms(result: SimResult, window: str, decode: bool) -> float | None:
         if r.replica is None or r.error is not None or r.done is None:
             continue  # as the report's percentiles: answered requests only
         prof = r.replica.profile
-        uncached = max(0, r.spec.prompt - r.cached)
-        chunks = max(1, math.ceil(uncached / max(prof.prefill_chunk, 1)))
-        seconds = chunks * prof.prefill_base_s + prof.prefill_per_token_s * uncached + r.overhead
+        seconds = prof.alone_prefill_time(r.spec.prompt - r.cached) + r.overhead
         if decode and r.spec.output > 1:
             steps = r.spec.output - 1  # the first token comes with the prefill
             seconds += steps * (prof.decode_base_s + prof.decode_per_seq_s) + prof.decode_per_ctx_token_s * (
