@@ -68,6 +68,32 @@ def test_engine_with_missing_model_exits_2(tmp_path):
     assert result.returncode == 2 and "does not exist" in result.stderr
 
 
+def test_engine_secret_files_that_cannot_be_read_exit_2_naming_the_flag(tmp_path):
+    """Both were Python tracebacks (exit 1) after the model had loaded; a Redis password is any length Redis
+    takes, not a token of at least 16 characters."""
+    from fleetserve.api.internal import read_secret_file
+
+    for flag in ("--internal-token-file", "--l2-password-file"):
+        result = fleetserve("engine", "--simulate", "h100-8b", flag, str(tmp_path / "nope"), "--port", "1")
+        assert result.returncode == 2 and flag in result.stderr and "Traceback" not in result.stderr, result.stderr
+    (tmp_path / "pw").write_text("short\n")
+    assert read_secret_file(tmp_path / "pw") == "short"
+    tenant = fleetserve("engine", "--model", "x", "--l2-tenant", "alpha", "--port", "1")
+    assert tenant.returncode == 2 and "expected TENANT=URL" in tenant.stderr
+
+
+def test_a_tenant_database_on_the_shared_l2_server_takes_its_password_and_no_other_server_does():
+    from fleetserve.engine.main import same_server_password
+
+    shared = "redis://127.0.0.1:6380/0"
+    assert same_server_password("redis://127.0.0.1:6380/1", shared, "pw") == "pw"
+    assert same_server_password("redis://127.0.0.1:6381/1", shared, "pw") is None  # another server
+    assert same_server_password("redis://:own@127.0.0.1:6380/1", shared, "pw") is None  # its own credentials
+    assert same_server_password("redis://localhost/2", "redis://localhost:6379/0", "pw") == "pw"  # default port
+    assert same_server_password("unix:///run/r.sock?db=1", "unix:///run/r.sock", "pw") == "pw"
+    assert same_server_password("redis://127.0.0.1:6380/1", shared, None) is None
+
+
 def test_model_prepare_unknown_builtin():
     result = fleetserve("model", "prepare", "builtin:gpt-9")
     assert result.returncode == 2 and "smollm2-135m" in result.stderr

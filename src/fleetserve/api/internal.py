@@ -40,6 +40,14 @@ def write_token_file(path: Path) -> Path:
     return path
 
 
+def read_secret_file(path: str | Path) -> str:
+    """A password another program set (Redis's AUTH), of any length: only an empty file is refused."""
+    secret = Path(path).read_text().strip()
+    if not secret:
+        raise ValueError(f"{path} is empty")
+    return secret
+
+
 def read_token_file(path: str | Path) -> str:
     token = Path(path).read_text().strip()
     if len(token) < 16:

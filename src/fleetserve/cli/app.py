@@ -368,9 +368,16 @@ def engine(
     _check_log_format(log_format)
     from dataclasses import replace
 
+    from fleetserve.api.internal import read_secret_file
     from fleetserve.engine.demo import ModelSourceError
     from fleetserve.engine.main import run_engine
 
+    _token(internal_token_file, "--internal-token-file")  # before the model loads; a traceback before
+    if l2_password_file:
+        try:
+            read_secret_file(l2_password_file)
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--l2-password-file") from None
     if simulate is not None:
         from fleetserve.engine.simulated import run_simulated_engine
         from fleetserve.sim.perf import profile
@@ -404,9 +411,9 @@ def engine(
         raise typer.BadParameter(str(exc), param_hint="--l2-url") from None
     tenant_l2 = {}
     for item in l2_tenant or []:
-        tenant, _, url = item.partition("=")
+        tenant, sep, url = item.partition("=")
         try:
-            if not tenant:
+            if not tenant or not sep:
                 raise ValueError("expected TENANT=URL")
             redis_url_problem(url)
         except ValueError as exc:

@@ -7,7 +7,7 @@ import sys
 
 import uvicorn
 
-from fleetserve.api.internal import read_token_file
+from fleetserve.api.internal import read_secret_file, read_token_file
 from fleetserve.api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES, KEEP_ALIVE_S, SizeLimits
 from fleetserve.engine.runner import ModelRunner
 from fleetserve.engine.server import Engine, EngineSettings, build_app
@@ -22,6 +22,21 @@ def l2_prefix(served_name: str, model_dir) -> str:
     from fleetserve.engine.fingerprint import model_fingerprint
 
     return f"fleetserve:kv:{served_name}:{model_fingerprint(model_dir)}:"
+
+
+def same_server_password(url: str, l2_url: str | None, password: str | None) -> str | None:
+    """A tenant's Redis on the shared L2's server (another logical database of it) takes the L2 password, unless
+    its URL gives its own: such a tenant had failed AUTH for ever. Another server is never sent it."""
+    from urllib.parse import urlsplit
+
+    if not password or not l2_url:
+        return None
+    mine, shared = urlsplit(url), urlsplit(l2_url)
+    if mine.password or mine.scheme != shared.scheme:
+        return None
+    if mine.scheme == "unix":
+        return password if mine.path == shared.path else None
+    return password if (mine.hostname, mine.port or 6379) == (shared.hostname, shared.port or 6379) else None
 
 
 def attach_prefix_cache(engine: Engine, block_size: int, engine_cache_bytes: int, l1_bytes: int,
@@ -42,7 +57,9 @@ def attach_prefix_cache(engine: Engine, block_size: int, engine_cache_bytes: int
     cache = PrefixCache(shape, runner.torch_dtype, max(1, engine_cache_bytes // block_bytes),
                         l1=L1Store(l1_bytes) if l1_bytes else None,
                         l2=RedisStore(l2_url, prefix=prefix, password=l2_password) if l2_url else None,
-                        tenant_l2={t: RedisStore(u, prefix=prefix) for t, u in (tenant_l2 or {}).items()})
+                        tenant_l2={t: RedisStore(u, prefix=prefix,
+                                                 password=same_server_password(u, l2_url, l2_password))
+                                   for t, u in (tenant_l2 or {}).items()})
     runner.prefix_cache = cache
     engine.metrics.registry.register(PrefixCacheCollector(cache, engine.settings.served_model_name))
 
@@ -95,7 +112,7 @@ def run_engine(
         internal_token=read_token_file(internal_token_file) if internal_token_file else None,
         log_prompts=log_prompts))
     if kv_cache:
-        password = read_token_file(l2_password_file) if l2_password_file else None
+        password = read_secret_file(l2_password_file) if l2_password_file else None
         attach_prefix_cache(engine, block_size, engine_cache_bytes, l1_bytes, l2_url, tenant_l2, password)
     logging.getLogger(__name__).info("serving %s (%s) on http://%s:%d", name, path, host, port)
     uvicorn.run(build_app(engine), host=host, port=port, log_level="warning",
