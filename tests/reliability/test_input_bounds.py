@@ -129,3 +129,42 @@ def test_a_stream_just_under_the_routers_limit_reaches_the_engine(tiny_model, tm
     finally:
         router.stop()
         engine.stop()
+
+
+def test_a_completion_budget_over_the_context_names_the_field_the_client_sent(tiny_model):
+    """max_completion_tokens over the context was reported as `max_tokens`, which the client had not sent."""
+    from fleetserve.api.protocol import parse_chat
+
+    runner = ModelRunner(tiny_model, threads=1)
+    engine = Engine(runner, EngineSettings("tiny", ModelIdentity("default", "tiny", "1", "local", "r0")))
+    for field in ("max_completion_tokens", "max_tokens"):
+        body = {"messages": [{"role": "user", "content": "hi"}], field: runner.context_length}
+        with pytest.raises(APIError) as err:
+            asyncio.run(engine._tokenize(parse_chat(body)))
+        assert (err.value.code, err.value.param) == ("context_length_exceeded", field)
+        assert f"Reduce the prompt or {field}." in err.value.message
+
+
+def test_a_context_length_above_the_models_maximum_is_warned_and_the_maximum_served(tiny_model, caplog):
+    import logging
+
+    native = ModelRunner(tiny_model, threads=1).context_length
+    with caplog.at_level(logging.WARNING, logger="fleetserve.engine.runner"):
+        runner = ModelRunner(tiny_model, threads=1, context_length=native * 4)
+    assert runner.context_length == native
+    assert f"context length {native * 4} is above the model's maximum" in caplog.text
+
+
+def test_prompts_being_tokenized_may_fill_the_batch_and_the_queue_before_a_503(tiny_model):
+    from fleetserve.api.protocol import parse_completion
+
+    runner = ModelRunner(tiny_model, threads=1)
+    engine = Engine(runner, EngineSettings("tiny", ModelIdentity("default", "tiny", "1", "local", "r0"),
+                                           max_waiting=2, max_batch=2))
+    engine._tokenizing = 2  # two others being tokenized on an idle engine: this one has a batch slot to go to
+    ids, _, _ = asyncio.run(engine._tokenize(parse_completion({"prompt": "hello", "max_tokens": 1})))
+    assert ids
+    engine._tokenizing = 4  # the batch and the queue are spoken for
+    with pytest.raises(APIError) as err:
+        asyncio.run(engine._tokenize(parse_completion({"prompt": "hello", "max_tokens": 1})))
+    assert err.value.status == 503

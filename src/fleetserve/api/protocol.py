@@ -36,6 +36,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens (benchmarks, tests)
+    max_tokens_param: str = "max_tokens"  # the field that gave max_tokens: errors name what the client sent
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,9 @@ def _stop(body: dict) -> tuple[str, ...]:
 
 
 def _sampling(body: dict) -> SamplingParams:
-    max_tokens = _int(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT)
+    max_tokens, max_tokens_param = _int(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT), "max_completion_tokens"
     if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
+        max_tokens, max_tokens_param = _int(body, "max_tokens", 1, MAX_TOKENS_LIMIT), "max_tokens"
     for name in ("n", "best_of"):  # one choice per request: any other count is refused, whatever its type
         if body.get(name) is not None and (isinstance(body[name], bool) or body[name] != 1):
             raise invalid(name, f"only {name}=1 is supported by this engine, got {json.dumps(body[name])[:80]}",
@@ -156,6 +157,7 @@ def _sampling(body: dict) -> SamplingParams:
     temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
     return SamplingParams(
         max_tokens=max_tokens,
+        max_tokens_param=max_tokens_param,
         temperature=0.0 if temperature < GREEDY_BELOW_TEMPERATURE else temperature,
         top_p=max(top_p, TOP_P_FLOOR),
         stop=_stop(body),

@@ -58,6 +58,9 @@ class ModelRunner:
         config = self.model.config
         native = getattr(config, "max_position_embeddings", None) or 2048
         self.context_length = min(context_length or native, native)
+        if context_length and context_length > native:  # it was cut without a word; /v1/models shows the model's
+            log.warning("context length %d is above the model's maximum (%d positions in its config): serving %d",
+                        context_length, native, native)
         self.eos_ids = self._eos_ids()
         self._torch = torch
         self.torch_dtype = torch_dtype

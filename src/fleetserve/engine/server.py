@@ -118,13 +118,15 @@ class Engine:
         """Prompt ids, the token budget and the prompt's blocks in L2, computed off the event loop (health
         probes stay responsive) and off the generation thread (it never waits for Redis)."""
         self._check_text_size(parsed)
-        if self._tokenizing >= self.settings.max_waiting:
+        # each prompt being tokenized goes on to a free batch slot or the queue: a bound of the queue alone
+        # refused the third of three requests to an idle engine with --max-batch 2 --max-waiting 2
+        if self._tokenizing >= self.settings.max_waiting + self.settings.max_batch:
             raise APIError(503, f"{self._tokenizing} prompts are being tokenized; retry shortly", code="overloaded",
                            headers={"Retry-After": "1"})
 
         def work() -> tuple[list[int], int, object | None]:
             ids = self._prompt_ids(parsed)
-            budget = self._budget(len(ids), parsed.sampling.max_tokens, parsed.kind)
+            budget = self._budget(len(ids), parsed.sampling.max_tokens, parsed.kind, parsed.sampling.max_tokens_param)
             full = self.scheduler.waiting >= self.scheduler.max_waiting  # refused at submit: read nothing for it
             return ids, budget, None if full else self.runner.prefetch_l2(ids, root, tenant)
 
@@ -149,7 +151,7 @@ class Engine:
             raise APIError(400, "prompt: must not be empty", param="prompt", code="invalid_value")
         return ids
 
-    def _budget(self, prompt_len: int, requested: int | None, kind: str = "chat") -> int:
+    def _budget(self, prompt_len: int, requested: int | None, kind: str = "chat", param: str = "max_tokens") -> int:
         limit = self.runner.context_length
         if prompt_len >= limit:
             raise APIError(
@@ -167,8 +169,8 @@ class Engine:
                 400,
                 f"This model's maximum context length is {limit} tokens. However, you requested "
                 f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the completion). "
-                "Reduce the prompt or max_tokens.",
-                param="max_tokens",
+                f"Reduce the prompt or {param}.",
+                param=param,
                 code="context_length_exceeded",
             )
         return requested
