@@ -97,3 +97,15 @@ def test_a_replica_the_router_has_out_says_so_in_both_views(tmp_path, monkeypatc
     write_state(stalled)
     shown = CliRunner().invoke(app, ["status"])
     assert "(router:" in shown.output and "failing" in shown.output, shown.output  # the table may wrap the cell
+
+
+def test_a_detached_start_says_when_the_l2_redis_does_not_answer(capsys):
+    """`up --detach` printed "ready" alone: the warning was in the supervisor's log only."""
+    from dataclasses import replace
+
+    from fleetserve.cli.app import _startup_warnings
+
+    _startup_warnings(replace(fleet(), l2_url="redis://127.0.0.1:16399/0", l2_status="up"))
+    assert capsys.readouterr().err == ""
+    _startup_warnings(replace(fleet(), l2_url="redis://127.0.0.1:16399/0", l2_status="unreachable (ConnectionError)"))
+    assert "L2 Redis at redis://127.0.0.1:16399/0 is unreachable (ConnectionError)" in capsys.readouterr().err

@@ -116,6 +116,7 @@ def up(
                 state = start_detached(spec, name, loaded.endpoint.spec.engine.startup_timeout_seconds + 120,
                                        log_args)
             _announce(state)
+            _startup_warnings(state)
             out.print(f"stop it with: fleetserve down {name}")
             return
         ensure_not_running(name)
@@ -161,6 +162,13 @@ def _announce(state) -> None:
         out.print(f"TLS certificate (trust it in clients): {state.tls_cert}", markup=False)
     if state.prometheus_url:
         out.print(f"prometheus: {state.prometheus_url} ({_prometheus_login(state)})", markup=False)
+
+
+def _startup_warnings(state) -> None:
+    """What the detached supervisor said only in its log (a foreground `up` prints its lines as they come)."""
+    if state.l2_url and state.l2_status not in ("", "up"):
+        err.print(f"[yellow]warning:[/yellow] L2 Redis at {escape(state.l2_url)} is {escape(state.l2_status)}: "
+                  "engines serve from L1 and recompute until it answers")
 
 
 @app.command()
