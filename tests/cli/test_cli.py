@@ -80,6 +80,9 @@ def test_engine_secret_files_that_cannot_be_read_exit_2_naming_the_flag(tmp_path
     assert read_secret_file(tmp_path / "pw") == "short"
     tenant = fleetserve("engine", "--model", "x", "--l2-tenant", "alpha", "--port", "1")
     assert tenant.returncode == 2 and "expected TENANT=URL" in tenant.stderr
+    twice = fleetserve("engine", "--model", "x", "--l2-tenant", "a=redis://h/1", "--l2-tenant", "a=redis://h/2",
+                       "--port", "1")  # the last one had won without a word
+    assert twice.returncode == 2 and "tenant 'a' is given twice" in twice.stderr
 
 
 def test_a_tenant_database_on_the_shared_l2_server_takes_its_password_and_no_other_server_does():

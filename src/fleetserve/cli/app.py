@@ -426,7 +426,14 @@ def engine(
             redis_url_problem(url)
         except ValueError as exc:
             raise typer.BadParameter(f"{item!r}: {exc}", param_hint="--l2-tenant") from None
+        if tenant in tenant_l2 and tenant_l2[tenant] != url:  # the last one had won without a word
+            raise typer.BadParameter(f"tenant {tenant!r} is given twice ({tenant_l2[tenant]} and {url})",
+                                     param_hint="--l2-tenant")
         tenant_l2[tenant] = url
+    if not kv_cache and (l1_bytes or l2_url or tenant_l2):  # the tiers were ignored without a word; not refused:
+        # a fleet's engine.args may add --no-kv-cache to the tiers its kvCache section gives
+        err.print("[yellow]warning:[/yellow] --no-kv-cache turns the prefix cache off: --l1-bytes, --l2-url and "
+                  "--l2-tenant do nothing")
     if dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise typer.BadParameter(f"{dtype!r}; allowed values: auto, float32, bfloat16, float16", param_hint="--dtype")
     try:
