@@ -338,11 +338,9 @@ def test_the_generation_thread_takes_l2_blocks_read_before_and_never_waits_for_r
     cache.close()
 
 
-def test_a_block_the_engine_tier_let_go_after_the_prefetch_is_recomputed_not_read_on_the_generation_thread(
-        tiny_model, redis_server):
-    """The prefetch skips what the engine tier holds. Evicted before the job's admission, such a block had been
-    read from Redis inside the lookup, on the generation thread: with a hung Redis, every running stream
-    stalled for the read's timeout. It is recomputed instead (a miss, where the prefix ends)."""
+def test_a_block_the_engine_tier_let_go_after_the_prefetch_is_still_read_from_l2(tiny_model, redis_server):
+    """The prefetch skips what the engine tier holds; evicted before the job's admission, the lookup missed
+    at the first such block and lost the whole L2 prefix."""
     runner, engine, ids = _runner_with_l2(tiny_model, redis_server["url"])
     cache = runner.prefix_cache
     cold = runner.cached_prefix(ids, 0, None)[1]  # from L2, into the engine tier
@@ -350,35 +348,52 @@ def test_a_block_the_engine_tier_let_go_after_the_prefetch_is_recomputed_not_rea
     prefetched = runner.prefetch_l2(ids, 0, None)
     assert prefetched.start > 0 and not prefetched.values  # the engine tier held it all
     cache.clear({"engine"})  # evicted before the admission
-    readers = _record_l2_readers(cache)
-    assert runner.cached_prefix(ids, 0, None, prefetched)[1] == 0 and readers == []
+    assert runner.cached_prefix(ids, 0, None, prefetched)[1] == cold
     cache.close()
 
 
-def test_prefetching_reads_what_its_byte_budget_holds_and_a_dropped_job_gives_its_share_back(tiny_model,
+def test_after_a_failed_call_the_generation_thread_reads_nothing_from_redis_until_one_answers(tiny_model,
                                                                                               redis_server):
-    """Past the budget the lookup had read L2 itself, on the generation thread: a hung Redis stalled every
-    running stream (0.5 s every 2.5 s). Now the blocks the budget has room for are read ahead, and the rest of
-    the prompt is recomputed."""
+    """A hung Redis past the prefetch budget stalled every running stream for the read timeout at each new
+    request's admission (0.5 s every 2.5 s). After a failure only prefetches and writes call it, until one answers;
+    what the lookup would have read there is recomputed."""
+    runner, engine, ids = _runner_with_l2(tiny_model, redis_server["url"])
+    cache = runner.prefix_cache
+    store = cache.l2
+    assert store.trusted  # its writes answered
+    store._failed(ConnectionError("hung"))
+    store._down_until = 0.0  # the back-off is over: the next call may go
+    readers = _record_l2_readers(cache)
+    assert runner.cached_prefix(ids, 0, None)[1] == 0 and readers == []  # a miss, no call on this thread
+    prefetched = runner.prefetch_l2(ids, 0, None)  # the tokenizer pool's call answers: trusted again
+    assert prefetched.values and store.trusted and readers
+    assert runner.cached_prefix(ids, 0, None, prefetched)[1] > 0
+    cache.close()
+
+
+def test_prefetching_stops_at_its_byte_budget_and_a_dropped_job_gives_its_share_back(tiny_model, redis_server):
+    """Past the budget the rest of a prompt is read at admission (while Redis answers); the room left is read
+    ahead and reserved first, so two tokenizer threads cannot both take it."""
     import gc
 
     from fleetserve.kvcache.tiers import packed_size
 
     runner, engine, ids = _runner_with_l2(tiny_model, redis_server["url"])
     cache = runner.prefix_cache
+    cache.prefetch_budget = 1  # nothing held: a whole prompt is read ahead all the same
     first = runner.prefetch_l2(ids, 0, None)
     held = cache._prefetched
-    assert first is not None and len(first.values) >= 2
-    one = packed_size(cache.block_bytes)  # a block as stored: its header included
+    assert first is not None and len(first.values) >= 2 and held > cache.prefetch_budget
+    one = packed_size(cache.block_bytes)
     cache.prefetch_budget = held + one + 1  # room for one more block only
     second = runner.prefetch_l2(ids, 0, None)
-    assert len(second.values) == 1 and cache._prefetched == held + one
-    readers = _record_l2_readers(cache)
+    assert len(second.values) == 1 and second.end == second.start + 1 and cache._prefetched == held + one
     cache.clear({"engine"})
-    assert runner.cached_prefix(ids, 0, None, second)[1] == 16 and readers == []  # its one block, nothing read
+    full = runner.cached_prefix(ids, 0, None, second)[1]  # its one block, then the rest read at admission
+    assert full == len(first.values) * 16
     del first, second  # jobs refused or cancelled before admission
     gc.collect()
-    assert cache._prefetched == 0 and len(runner.prefetch_l2(ids, 0, None).values) >= 2
+    assert cache._prefetched == 0 and runner.prefetch_l2(ids, 0, None) is not None
     cache.close()
 
 

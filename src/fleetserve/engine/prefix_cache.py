@@ -2,8 +2,8 @@
 
 Lookup is prefix-contiguous across tiers: engine blocks first, then one batched L1 read, then the L2 blocks
 for what is still missing, stopping at the first miss; those are read ahead with the prompt's tokenizing
-(`prefetch_l2`, as many as a byte budget holds), and a prefetched prompt's lookup reads nothing from Redis,
-so the generation thread does not wait for it. Blocks found
+(`prefetch_l2`, within a byte budget), so the generation thread does not wait for Redis; what was not read
+ahead it reads only while the last call to that Redis answered (`RedisStore.trusted`). Blocks found
 below the engine are promoted into it (and L2's into L1). New blocks enter the working set at once and are
 written to L1/L2 by a background thread, so the decode loop never waits for Redis. Every change is
 published as a KV event per tier, Redis's own evictions too (kvcache.l2watch).
@@ -29,15 +29,14 @@ log = logging.getLogger(__name__)
 
 
 class Prefetched:
-    """A prompt's blocks read from L2 before its job was queued: `values` from `start` (the first key neither the
-    engine tier nor L1 held then) on, as far as the budget let them be read (possibly none: a key not in `values`
-    is a miss at the lookup, which reads nothing from Redis). Its bytes count against the cache's prefetch budget
-    until `release()` (called at admission) or until the job is dropped (garbage collected: a refused or cancelled
-    job)."""
+    """A prompt's blocks read from L2 before its job was queued: `values` of the keys from `start` (the first key
+    neither the engine tier nor L1 held then) to `end` (as far as the prefetch budget reached). Its bytes count
+    against the cache's prefetch budget until `release()` (called at admission) or until the job is dropped
+    (garbage collected: a refused or cancelled job)."""
 
-    def __init__(self, values: dict[int, bytes], start: int, cache: PrefixCache):
+    def __init__(self, values: dict[int, bytes], start: int, end: int, cache: PrefixCache):
         self.values = values
-        self.start = start
+        self.start, self.end = start, end
         size = sum(len(v) for v in values.values())
         cache._prefetch_held(size)
         self.release = weakref.finalize(self, cache._prefetch_held, -size)
@@ -60,13 +59,15 @@ class PrefixCache:
         self._writer = threading.Thread(target=self._write_loop, name="kv-writer", daemon=True)
         self._writer.start()
         self.l2_watchers = [L2EvictionWatcher(store, self._l2_evicted).start() for store in self._l2_stores()]
-        self.hits = {"engine": 0, "l1": 0, "l2": 0}
+        # every tier's key made here: a scrape iterates it while the generation thread counts
+        self.hits = {"engine": 0, "l1": 0, "l2": 0, **{f"l2:{t}": 0 for t in self.tenant_l2}}
         self.queries = 0  # blocks looked up
         self.query_tokens = 0  # prompt tokens looked up, all of them (vLLM's prefix_cache_queries)
         self.engine_misses = 0  # blocks looked up that the engine tier did not hold
         self.dropped_writes = 0
         # L2 bytes read ahead for queued jobs: at most half the engine tier's size (a queue of 256 long prompts
-        # held gigabytes); past it a job's L2 blocks are read at admission, as before
+        # held gigabytes), or one whole prompt when none is held; past it a job's L2 blocks are read at admission
+        # while that Redis answers (`RedisStore.trusted`)
         self.prefetch_budget = engine_blocks * self.block_bytes // 2
         self._prefetched = 0
         self._prefetch_lock = threading.Lock()
@@ -101,10 +102,9 @@ class PrefixCache:
 
     def prefetch_l2(self, keys: list[int], tenant: str | None = None) -> Prefetched | None:
         """Read from L2 the blocks of `keys` past what the engine tier holds now, on the caller's thread (the
-        tokenizer pool): the generation thread's lookup then takes them from here and never waits for Redis (a
-        slow or hung Redis stalled every running stream at each new request's lookup). Only the first blocks
-        that the prefetch budget has room for are read (none when it is spent, or while the store is
-        unavailable): the rest are recomputed rather than read on the generation thread. None: no L2."""
+        tokenizer pool): the generation thread's lookup then takes them from here, and the step loop does not
+        wait for Redis (a slow or hung Redis stalled every running stream at each new request's lookup). As many
+        as the prefetch budget has room for, and a whole prompt when nothing else is held. None: no L2."""
         store = self.l2_for(tenant)
         if store is None:
             return None
@@ -112,18 +112,23 @@ class PrefixCache:
         if self.l1 is not None:  # what L1 holds is read from L1 at admission: reading it from Redis as well
             start += match_prefix(self.l1, keys[start:])  # cost a full L1 hit the network's time
         rest = keys[start:] if store.available else []
-        with self._prefetch_lock:  # a prefix of the rest: a lookup stops at its first miss anyway
-            room = max(0, self.prefetch_budget - self._prefetched) // packed_size(self.block_bytes)
-        rest = rest[:room]
-        values = {k: v for k, v in zip(rest, store.get_many(rest), strict=True) if v is not None} if rest else {}
-        return Prefetched(values, start, self)
+        one = packed_size(self.block_bytes)
+        with self._prefetch_lock:  # reserved here: two tokenizer threads each took the whole room
+            room = len(rest) if self._prefetched == 0 else max(0, self.prefetch_budget - self._prefetched) // one
+            rest = rest[:room]  # a prefix of the rest: a lookup stops at its first miss anyway
+            self._prefetched += len(rest) * one
+        try:
+            values = {k: v for k, v in zip(rest, store.get_many(rest), strict=True) if v is not None} if rest else {}
+        finally:
+            self._prefetch_held(-len(rest) * one)
+        return Prefetched(values, start, start + len(rest), self)
 
     def lookup(self, keys: list[int], tenant: str | None = None,
                prefetched: Prefetched | None = None, prompt_tokens: int | None = None
                ) -> list[tuple[str, torch.Tensor]]:
-        """The longest cached prefix of `keys`, as (tier, block) pairs; `prefetched`: what `prefetch_l2` read (L2
-        is then not read here at all: blocks the engine tier held at the prefetch and has let go since, and those
-        past the budget, are misses; None: L2 is read here, as callers that queue nothing do);
+        """The longest cached prefix of `keys`, as (tier, block) pairs; `prefetched`: what `prefetch_l2` read
+        (the rest, blocks the engine tier held at the prefetch and has let go since or those past the budget, is
+        read here, and L2 wholly without it, only while that Redis answered its last call: else they are misses);
         `prompt_tokens`: the prompt's length, for the queries counter (default: the blocks' tokens)."""
         self.queries += len(keys)
         self.query_tokens += prompt_tokens if prompt_tokens is not None else len(keys) * self.block_shape[3]
@@ -135,10 +140,10 @@ class PrefixCache:
             if store is None or not rest:
                 continue
             promoted, raw, tier = [], [], self.tier_of(store, tenant)
-            if prefetched is not None and store is not self.l1:
-                values = [prefetched.values.get(k) for k in rest]  # not read here: the step loop never waits
-            else:
+            if store is self.l1:
                 values = store.get_many(rest)
+            else:
+                values = self._l2_values(store, rest, len(found), prefetched)
             for key, value in zip(rest, values, strict=True):
                 payload = unpack_block(key, value) if value is not None else None
                 block = self._from_bytes(payload) if payload is not None else None
@@ -159,6 +164,22 @@ class PrefixCache:
         for tier, _ in found:
             self.hits[tier] = self.hits.get(tier, 0) + 1
         return found
+
+    @staticmethod
+    def _l2_values(store: RedisStore, rest: list[int], offset: int, prefetched: Prefetched | None
+                   ) -> list[bytes | None]:
+        """L2's values of `rest` (the keys from position `offset` on): the prefetched ones from `prefetched`, the
+        others in one read on this (the generation) thread, only while the store is trusted: a hung Redis costs
+        running streams at most the one read that found it hung, not one per new request."""
+        ahead = range(prefetched.start, prefetched.end) if prefetched is not None else range(0)
+        missing = []  # to read here: up to the first key the prefetch found absent, where the prefix ends
+        for i, k in enumerate(rest, offset):
+            if i not in ahead:
+                missing.append(k)
+            elif k not in prefetched.values:
+                break
+        read = dict(zip(missing, store.get_many(missing), strict=True)) if missing and store.trusted else {}
+        return [prefetched.values.get(k) if i in ahead else read.get(k) for i, k in enumerate(rest, offset)]
 
     def _promote_to_l1(self, raw: list[tuple[int, bytes]]) -> None:
         stored = self.l1.put_many(raw)  # the values as stored (key header included): no copy, no packing

@@ -209,6 +209,9 @@ class RedisStore:
         self._down_until = 0.0
         self._full_until = 0.0  # writes only: a Redis at maxmemory with noeviction still serves reads
         self.stats = TierStats()
+        # the last call to this Redis answered: the engine's generation thread reads it only then, so that after a
+        # failure the first call (up to the read timeout) is a prefetch's or the writer's, never a running stream's
+        self.trusted = False
 
     def _k(self, key: int) -> str:
         return f"{self.prefix}{key:016x}"
@@ -236,6 +239,7 @@ class RedisStore:
         return time.monotonic() >= self._down_until
 
     def _failed(self, exc: Exception) -> None:
+        self.trusted = False
         self.stats.add("failures")
         if self.available:
             log.warning("L2 Redis at %s unavailable (%s); serving from L1 and recompute for %.0fs", self.url,
@@ -265,6 +269,7 @@ class RedisStore:
             return [None] * len(keys)
         self.stats.timing("get", time.perf_counter() - started)
         self.stats.add("bytes_out", sum(len(v) for v in values if v is not None))
+        self.trusted = True
         return list(values)
 
     def put_many(self, items: list[tuple[int, bytes]]) -> list[int]:
@@ -286,6 +291,7 @@ class RedisStore:
             return []
         self.stats.timing("put", time.perf_counter() - started)
         self.stats.add("bytes_in", sum(len(v) for _, v in items))
+        self.trusted = True
         return [k for k, _ in items]
 
     def clear(self) -> list[int]:

@@ -168,7 +168,7 @@ class PrefixCacheCollector:
         usage.add_metric([self.model_name], len(c._blocks) / max(c.engine_blocks, 1))
         yield from (queries, hits, usage)
         tier_hits = v.KV_TIER_HITS.family()
-        for tier, n in c.hits.items():
+        for tier, n in list(c.hits.items()):
             tier_hits.add_metric([tier], n)
         yield tier_hits
         stores = [(s.name, s) for s in (c.l1, c.l2) if s is not None]
