@@ -95,6 +95,8 @@ def test_a_tenant_database_on_the_shared_l2_server_takes_its_password_and_no_oth
     assert same_server_password("redis://localhost/2", "redis://localhost:6379/0", "pw") == "pw"  # default port
     assert same_server_password("unix:///run/r.sock?db=1", "unix:///run/r.sock", "pw") == "pw"
     assert same_server_password("redis://127.0.0.1:6380/1", shared, None) is None
+    assert same_server_password("redis://127.0.0.1:6380/1", "redis://:inurl@127.0.0.1:6380/0", None) == "inurl"
+    assert same_server_password("redis://localhost:6380/1", shared, "pw") == "pw"  # one machine, two spellings
 
 
 def test_model_prepare_unknown_builtin():

@@ -1,7 +1,9 @@
-"""The fleet's run folder is its owner's only: Prometheus writes its TSDB and WAL (whose series name the tenants)
-0644 inside it, and logs there carry prompts with logPrompts, so the folder's own mode is what keeps other
-local users out."""
+"""The fleet's run folder is closed to other users: Prometheus writes its TSDB and WAL (whose series name the
+tenants) 0644 inside it, and logs there carry prompts with logPrompts, so the folder's own mode is what keeps
+other local users out."""
 
+import logging
+import os
 import stat
 
 from fleetserve.fleet.state import FleetState, fleet_dir, private_fleet_dir, read_state, write_state
@@ -11,17 +13,30 @@ def mode(path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def test_the_state_write_makes_the_run_folder_owner_only(monkeypatch, tmp_path):
+def test_a_run_folder_the_state_write_makes_is_owner_only(monkeypatch, tmp_path):
     monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path))
     write_state(FleetState(name="private", namespace="default", model="m", spec_path="s.yaml", supervisor_pid=1))
-    assert mode(fleet_dir("private")) == 0o700
+    assert mode(fleet_dir("private")) & 0o077 == 0
     assert read_state("private").name == "private"
 
 
-def test_a_folder_an_earlier_version_left_world_readable_is_closed(monkeypatch, tmp_path):
+def test_a_fleets_start_closes_a_folder_an_earlier_version_left_readable_and_keeps_the_owners_bits(
+        monkeypatch, tmp_path):
     monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path))
     folder = fleet_dir("old")
     (folder / "prometheus" / "data").mkdir(parents=True)
     folder.chmod(0o755)
     assert private_fleet_dir("old") == folder and mode(folder) == 0o700
     assert (folder / "prometheus" / "data").is_dir()  # nothing inside is touched
+
+
+def test_a_folder_of_another_owner_is_left_with_a_warning_not_a_traceback(monkeypatch, tmp_path, caplog):
+    """A shared FLEETSERVE_HOME: chmod on another user's folder raised PermissionError at every state write."""
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path))
+    folder = fleet_dir("shared")
+    folder.mkdir(parents=True)
+    folder.chmod(0o755)
+    monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)  # as if another user ran the fleet
+    with caplog.at_level(logging.WARNING, logger="fleetserve.fleet.state"):
+        assert private_fleet_dir("shared") == folder
+    assert mode(folder) == 0o755 and "belongs to another user" in caplog.text

@@ -411,6 +411,43 @@ def test_each_scaling_change_is_logged_once_with_its_numbers_and_its_own_time(ma
     wall.advance(5)  # the state is written later than the decision: `at` is the decision's time
     sup._save()
     assert sup.state.last_decision["at"] == decided
-    while sup._autoscale(load(0)) is None or sup.controller.last.desired == 4:
+    for _ in range(100):  # bounded: a regression fails, not hangs
+        if sup._autoscale(load(0)) is not None and sup.controller.last.desired != 4:
+            break
         wall.advance(10)
     assert said[-1].startswith("autoscaler: scale down 4 -> 1"), said
+
+
+def test_a_decision_that_holds_is_logged_once_and_the_metrics_coming_back_are_logged(make, tmp_path, monkeypatch):
+    """Polled every pollingInterval, "holding (metrics not ready)" would be a line per poll; and its last word
+    stood in the log after the metrics came back."""
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path / "home"))
+    sup, wall, _ = make(1)
+    said: list[str] = []
+    sup.say = said.append
+    for reading in (None, None, None, load(4), load(4)):  # three failed reads, then the trigger reads again
+        assert sup._autoscale(reading) is not None
+        wall.advance(10)
+    lines = [m for m in said if m.startswith("autoscaler:")]
+    assert len(lines) == 2 and "metrics not ready" in lines[0], lines
+    assert lines[1].startswith("autoscaler: steady at 1") and lines[1].endswith("(metrics read again)"), lines
+
+
+def test_a_prometheus_port_in_use_is_refused_naming_its_field_before_the_model_is_prepared(tmp_path, monkeypatch):
+    import socket
+
+    from fleetserve.fleet import prometheus
+
+    monkeypatch.setattr(prometheus, "binary", lambda: "/usr/bin/prometheus")  # wherever the binary is missing
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        section = f"  observability: {{prometheus: {{port: {port}}}}}\n"
+        text = (SPEC % 1).replace("  replicas: 1\n", "  replicas: 1\n" + section)
+        sup = Supervisor(load_spec_text(text), str(tmp_path / "e.yaml"), say=lambda _m: None)
+        try:
+            with pytest.raises(StartupError, match=f"spec.observability.prometheus.port: port {port} on 127.0.0.1"):
+                sup._check_addresses()
+        finally:
+            sup._http.close()

@@ -1,6 +1,7 @@
 """CLI: the `bench` commands that start real processes (chaos, scale-from-zero, routing, the router's overhead,
-stacks and workers, kvcache, replay, fidelity). Registered on the main app by `register(bench_app)`; figures
-are printed as JSON on stdout, progress on stderr, and bad flags exit 2 naming the flag and allowed values."""
+stacks and workers, kvcache, replay, fidelity). Added to the main app as `bench` (`app.add_typer`; `sim_commands`
+adds `sim-speed`); figures are printed as JSON on stdout, progress on stderr, and bad flags exit 2 naming the
+flag and allowed values."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from fleetserve.engine.paths import home
 
+log = logging.getLogger(__name__)
 
 @dataclass
 class ReplicaState:
@@ -92,17 +94,27 @@ def fleet_dir(name: str) -> Path:
 
 
 def private_fleet_dir(name: str) -> Path:
-    """The fleet's run folder, made (or made again) readable by its owner only. Besides the 0600 token and key
-    files it holds what their modes alone do not cover: Prometheus's TSDB and WAL (the series name the tenants,
-    written 0644 by Prometheus), logs that carry prompts with `logPrompts`, and Redis's files."""
+    """The fleet's run folder, made (or, at a fleet's start, made again) closed to other users. Besides the 0600
+    token and key files it holds what their modes alone do not cover: Prometheus's TSDB and WAL (the series name
+    the tenants, written 0644 by Prometheus), logs that carry prompts with `logPrompts`, and Redis's files. A
+    folder of another owner (a shared FLEETSERVE_HOME) is left as it is, with a warning."""
     folder = fleet_dir(name)
-    folder.mkdir(parents=True, exist_ok=True)
-    folder.chmod(0o700)  # also a folder an earlier version made 0755
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        mode = folder.stat().st_mode & 0o777
+        if mode & 0o077 and folder.stat().st_uid == os.geteuid():
+            folder.chmod(mode & ~0o077)  # a folder an earlier version made 0755
+        elif mode & 0o077:
+            log.warning("run folder %s belongs to another user and is readable by others (mode %o): Prometheus's "
+                        "data there names the tenants", folder, mode)
+    except OSError as exc:
+        log.warning("cannot close run folder %s to other users: %s", folder, exc)
     return folder
 
 
 def write_state(state: FleetState) -> None:
-    folder = private_fleet_dir(state.name)
+    folder = fleet_dir(state.name)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".state-")
     with os.fdopen(fd, "w") as f:
         json.dump(state.to_json(), f, indent=2)

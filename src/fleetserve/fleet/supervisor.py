@@ -921,9 +921,11 @@ class Supervisor:
         logged = (kind, decision.desired)
         if logged == self._logged_decision:
             return
-        self._logged_decision = logged
+        previous, self._logged_decision = self._logged_decision, logged
         if kind != "steady":
             self.say(f"autoscaler: {decision.reason}")
+        elif previous is not None and previous[0] in ("metrics not ready", "fallback"):  # its last word had stood
+            self.say(f"autoscaler: {decision.reason} (metrics read again)")
 
     def _reconcile(self, mono: float, starting_up: bool = False) -> None:
         self._capacity_events(mono)

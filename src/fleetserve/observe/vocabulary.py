@@ -55,7 +55,8 @@ LABELS: dict[str, str] = {
               "Retry-After, unreachable, dropped: closed under the request, stalled: its replica was taken out by "
               "its health checks before it answered, dropped_not_retried, "
               "timeout_not_retried), ejection reasons (breaker, unreachable), autoscaler decision kinds "
-              "(DECISION_REASONS: the decision's full text, with numbers, goes to the log, not the label)",
+              "(DECISION_REASONS: the decision's full text, with numbers, goes to the supervisor's log as "
+              "`autoscaler: REASON` once per change, steady ones not; not to the label)",
     "policy": "routing strategy name from the policy registry (prefixaware, kvaware, session, roundrobin, "
               "leastload, ...)",
     "branch": "the policy's decision branch, a fixed set per policy: prefixaware and kvaware hit, miss, "
