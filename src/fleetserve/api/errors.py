@@ -65,3 +65,10 @@ def model_not_found(name: str, served) -> APIError:
     """404 for a model name the endpoint does not serve (`served`: the names it does), as engines and router say it."""
     return APIError(404, f"model {name!r} does not exist; this endpoint serves {', '.join(map(repr, served))}",
                     param="model", code="model_not_found")
+
+
+def engine_stopped() -> APIError:
+    """What a request still under way gets when its engine's drain time (--drain-timeout) runs out at a stop: in a
+    stream, an error event and [DONE], where the answer had been cut off mid-stream."""
+    return APIError(503, "the engine stopped (a restart or a scale-in) and its drain time (--drain-timeout) ran out "
+                         "before this answer finished; it is incomplete: retry", code="engine_stopping")

@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-import uvicorn
-
+from fleetserve.api.graceful import serve
 from fleetserve.api.internal import read_secret_file, read_token_file
 from fleetserve.api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES, KEEP_ALIVE_S, SizeLimits
 from fleetserve.engine.runner import ModelRunner
@@ -125,6 +124,6 @@ def run_engine(
         password = read_secret_file(l2_password_file) if l2_password_file else None
         attach_prefix_cache(engine, block_size, engine_cache_bytes, l1_bytes, l2_url, tenant_l2, password)
     logging.getLogger(__name__).info("serving %s (%s) on http://%s:%d", name, path, host, port)
-    uvicorn.run(build_app(engine), host=host, port=port, log_level="warning",
-                timeout_graceful_shutdown=drain_timeout, log_config=uvicorn_log_config(log_format),
-                timeout_keep_alive=KEEP_ALIVE_S)
+    serve(build_app(engine), engine.stop_answers, host=host, port=port, log_level="warning",
+          timeout_graceful_shutdown=drain_timeout, log_config=uvicorn_log_config(log_format),
+          timeout_keep_alive=KEEP_ALIVE_S)

@@ -23,7 +23,7 @@ from fleetserve.engine.textstream import TextStream
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: one request each (Engine.live_jobs)
 class Job:
     prompt_ids: list[int]
     sampling: SamplingParams

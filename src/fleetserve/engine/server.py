@@ -8,6 +8,7 @@ import json
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, until_disconnect
-from fleetserve.api.errors import APIError, model_not_found
+from fleetserve.api.errors import APIError, engine_stopped, model_not_found
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
 from fleetserve.api.limits import SizeLimits
 from fleetserve.api.openapi import openapi_endpoint
@@ -89,6 +90,7 @@ class Engine:
         self.auth = InternalAuth(settings.internal_token)
         self._tokenizer_pool = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
         self._tokenizing = 0
+        self.live_jobs: weakref.WeakSet[Job] = weakref.WeakSet()  # accepted and not answered: `stop_answers`
 
     def kv_root(self, tenant: str | None, client_salt: str | None = None) -> int:
         from fleetserve.kvcache.blocks import kv_salt, namespace_key
@@ -201,6 +203,7 @@ class Engine:
             job = Job(prompt_ids, parsed.sampling, max_new, asyncio.get_running_loop(), root=root, tenant=tenant,
                       prefetched=prefetched)
             self.scheduler.submit(job)
+            self.live_jobs.add(job)
         except APIError as err:
             m.error(err.status)
             self._log_request(ctx, err.status, error=err.code)
@@ -237,6 +240,13 @@ class Engine:
             job.cancelled.set()
             m.model(m.concurrent).dec()
         return JSONResponse(self._final_body(kind, parsed, request_id, outcome))
+
+    def stop_answers(self) -> None:
+        """The drain time is up (api/graceful.py): every request still under way ends now with an error the
+        client reads (an error event and [DONE] in a stream), and its generation stops."""
+        for job in list(self.live_jobs):
+            job.cancelled.set()
+            job.events.put_nowait(("stopped",))
 
     def _observe_first_token(self, started: float) -> None:
         waited = time.monotonic() - started
@@ -277,6 +287,9 @@ class Engine:
             if event[0] == "error":
                 self._log_request(ctx, 500, error="generation_failed")
                 raise APIError(500, event[1], code="generation_failed")
+            if event[0] == "stopped":
+                self._log_request(ctx, 503, error="engine_stopping")
+                raise engine_stopped()
             yield event
             if event[0] == "done":
                 if first:

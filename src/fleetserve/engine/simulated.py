@@ -18,6 +18,7 @@ import json
 import logging
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
@@ -27,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, until_disconnect
-from fleetserve.api.errors import APIError, model_not_found
+from fleetserve.api.errors import APIError, engine_stopped, model_not_found
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
 from fleetserve.api.limits import KEEP_ALIVE_S, SizeLimits
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
@@ -51,7 +52,7 @@ def text_tokens(text: str) -> list[int]:
     return stand_in_tokens(text)
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: one request each (SimulatedEngine.live)
 class SimRequest:
     tokens: list[int]
     keys: list[int]
@@ -95,6 +96,7 @@ class SimulatedEngine:
         self._model_lbl = self.identity.labels()
         self._metrics = m
         self.log_prompts = log_prompts
+        self.live: weakref.WeakSet[SimRequest] = weakref.WeakSet()  # accepted and not answered: `stop_answers`
 
     @property
     def cache(self):
@@ -203,6 +205,7 @@ class SimulatedEngine:
         req = SimRequest(tokens, keys, parsed.sampling.max_tokens or 16, parsed.stream, time.monotonic())
         req.seq = Seq(len(tokens), req.max_tokens, keys, req)
         self.model.add(req.seq)
+        self.live.add(req)
         self._work.set()
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         base = {"id": rid, "created": int(time.time()), "model": self.model_name}
@@ -228,6 +231,9 @@ class SimulatedEngine:
             self._cancel(req)
             finished(499)
             return Response(status_code=499)
+        except APIError as err:  # stopped: the drain time ran out
+            finished(err.status)
+            return err.response()
         finished(200)
         text = " x" * req.produced
         usage = self._usage(req)
@@ -256,9 +262,17 @@ class SimulatedEngine:
                     latency_ms=round((time.monotonic() - started) * 1000, 2), error=error,
                     prompt=prompt_text(body) if self.log_prompts and body else None)
 
+    def stop_answers(self) -> None:
+        """The drain time is up (api/graceful.py): what still runs ends now with an error the client reads."""
+        for req in list(self.live):
+            self._cancel(req)
+            req.events.put_nowait(("stopped", "", True))
+
     async def _finish(self, req: SimRequest) -> None:
         while True:
-            _, _, done = await req.events.get()
+            kind, _, done = await req.events.get()
+            if kind == "stopped":
+                raise engine_stopped()
             if done:
                 return
 
@@ -276,7 +290,10 @@ class SimulatedEngine:
         obj = "chat.completion.chunk" if chat else "text_completion"
         first = True
         while True:
-            _, text, done = await req.events.get()
+            kind_, text, done = await req.events.get()
+            if kind_ == "stopped":  # an error event and [DONE], where the stream had been cut mid-answer
+                yield f"data: {json.dumps(engine_stopped().body())}\n\n".encode()
+                break
             if chat:
                 delta = {"role": "assistant", "content": text} if first else {"content": text}
                 choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": "length" if done else None}
@@ -286,7 +303,7 @@ class SimulatedEngine:
             yield f"data: {json.dumps({**base, 'object': obj, 'choices': [choice]})}\n\n".encode()
             if done:
                 break
-        if include_usage:
+        if include_usage and kind_ != "stopped":
             yield f"data: {json.dumps({**base, 'object': obj, 'choices': [], 'usage': self._usage(req)})}\n\n".encode()
         yield b"data: [DONE]\n\n"
 
@@ -410,8 +427,7 @@ def run_simulated_engine(profile: PerfProfile, host: str, port: int, model_name:
                          internal_token: str | None = None, limits: SizeLimits | None = None,
                          log_format: str = "text", identity: ModelIdentity | None = None,
                          log_prompts: bool = False, drain_timeout: float = 2.0) -> None:
-    import uvicorn
-
+    from fleetserve.api.graceful import serve
     from fleetserve.observe.logs import configure_logging, uvicorn_log_config
 
     configure_logging(log_format, "engine", identity.replica if identity else None)
@@ -419,5 +435,6 @@ def run_simulated_engine(profile: PerfProfile, host: str, port: int, model_name:
     engine = SimulatedEngine(profile, model_name, identity.model_version if identity else "1", identity=identity,
                              log_prompts=log_prompts)
     app = build_simulated_app(engine, limits, InternalAuth(internal_token))
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=drain_timeout,
-                log_config=uvicorn_log_config(log_format), timeout_keep_alive=KEEP_ALIVE_S)
+    serve(app, engine.stop_answers, host=host, port=port, log_level="warning",
+          timeout_graceful_shutdown=drain_timeout, log_config=uvicorn_log_config(log_format),
+          timeout_keep_alive=KEEP_ALIVE_S)
