@@ -12,17 +12,22 @@ from tests.helpers import Server
 REQUEST = {"model": "sim", "prompt": "hello " * 20, "max_tokens": 60, "stream": True}
 
 
-def stream_through_sigterm(server: Server, tokens: int = 60) -> tuple[int, bool]:
-    """Stream `tokens` (60: ~3 s at this speed), SIGTERM `server` after the second chunk; (chunks, saw [DONE])."""
-    chunks, done = 0, False
-    with httpx.stream("POST", server.url + "/v1/completions", json={**REQUEST, "max_tokens": tokens}, timeout=60) as r:
+def lines_through_sigterm(server: Server, body: dict, headers: dict | None = None) -> list[str]:
+    """Stream `body`, SIGTERM `server` after the second chunk; the `data:` lines the client got."""
+    lines = []
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=headers, timeout=60) as r:
         for line in r.iter_lines():
             if line.startswith("data:"):
-                chunks += 1
-                done = done or "[DONE]" in line
-                if chunks == 2:
+                lines.append(line)
+                if len(lines) == 2:
                     server.proc.send_signal(signal.SIGTERM)
-    return chunks, done
+    return lines
+
+
+def stream_through_sigterm(server: Server, tokens: int = 60) -> tuple[int, bool]:
+    """Stream `tokens` (60: ~3 s at this speed) through a SIGTERM; (chunks, saw [DONE])."""
+    lines = lines_through_sigterm(server, {**REQUEST, "max_tokens": tokens})
+    return len(lines), any("[DONE]" in line for line in lines)
 
 
 @pytest.fixture
@@ -51,13 +56,7 @@ def test_a_stream_in_flight_at_sigterm_finishes_within_the_drain_timeout_then_th
 def test_a_stream_outlasting_the_drain_timeout_ends_with_an_error_event_then_done(engine):
     """It was cut mid-answer (an unterminated chunked body), which a client cannot tell from a network fault."""
     server = engine("0.5")
-    lines = []
-    with httpx.stream("POST", server.url + "/v1/completions", json=REQUEST, timeout=60) as r:
-        for line in r.iter_lines():
-            if line.startswith("data:"):
-                lines.append(line)
-                if len(lines) == 2:
-                    server.proc.send_signal(signal.SIGTERM)
+    lines = lines_through_sigterm(server, REQUEST)
     assert lines[-1] == "data: [DONE]" and len(lines) < 60, lines[-3:]
     assert '"code": "engine_stopping"' in lines[-2] and "--drain-timeout" in lines[-2], lines[-2]
     assert server.proc.wait(timeout=30) is not None
@@ -70,14 +69,8 @@ def test_the_built_in_engine_ends_a_stream_outlasting_its_drain_timeout_with_an_
     server = Server(["engine", "--model", str(tiny_model), "--served-model-name", "tiny", "--threads", "1",
                      "--internal-token-file", token_file, "--drain-timeout", "0.5"], tmp_path / "tiny.log").start()
     try:
-        lines = []
         body = {"model": "tiny", "prompt": "hello", "max_tokens": 400, "stream": True, "ignore_eos": True}
-        with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=header, timeout=60) as r:
-            for line in r.iter_lines():
-                if line.startswith("data:"):
-                    lines.append(line)
-                    if len(lines) == 2:
-                        server.proc.send_signal(signal.SIGTERM)
+        lines = lines_through_sigterm(server, body, header)
         assert lines[-1] == "data: [DONE]" and len(lines) < 400, lines[-3:]
         assert '"code": "engine_stopping"' in lines[-2], lines[-2]
         assert server.proc.wait(timeout=30) is not None
