@@ -203,7 +203,7 @@ def test_overlapping_windows_are_rejected():
         return ScheduleFloor(name=name, timezone=tz, start=start, end=end, min_replicas=1)
 
     for first, second in ((floor("xmas", "0 0 24 12 *", "0 0 27 12 *"), floor("boxing", "0 0 25 12 *", "0 0 28 12 *")),
-                          (floor("leap", "0 0 29 2 *", "0 0 1 3 *"), floor("feb", "0 12 29 2 *", "0 13 29 2 *")),
+                          (floor("leap", "0 0 29 2 *", "0 18 29 2 *"), floor("feb", "0 12 29 2 *", "0 20 29 2 *")),
                           (floor("month-end", "0 20 28-31 * *", "0 23 28-31 * *"), floor("on-the-31st", "0 22 31 * *",
                                                                                            "30 22 31 * *"))):
         with pytest.raises(ScheduleError, match=f"'{first.name}' and '{second.name}' overlap|"
@@ -232,6 +232,26 @@ def test_windows_of_one_name_are_refused_and_errors_name_start_or_end():
         Schedule.from_spec([floor("0 25 * * *", "0 18 * * *")])
 
 
+def test_a_window_whose_starts_and_ends_do_not_alternate_is_refused_as_keda_would_read_it_otherwise():
+    """KEDA's cron scaler reads a window by its next start and end, fleetserve (and the simulator) by the last
+    ones: a start every 30 minutes until an end at 18:00 was active all day here and never on Kubernetes."""
+    import pytest
+
+    from fleetserve.autoscale.schedule import ScheduleError
+
+    def floor(start, end):
+        return ScheduleFloor(name="x", timezone="UTC", start=start, end=end, min_replicas=1)
+
+    with pytest.raises(ScheduleError, match=r"schedules\[0\]: its start fires at .* and again at .* with no end"):
+        Schedule.from_spec([floor("*/30 9-17 * * *", "0 18 * * *")])
+    with pytest.raises(ScheduleError, match=r"its start fires .* no end between"):  # a Saturday start, no end
+        Schedule.from_spec([floor("0 9 * * *", "0 17 * * 1-5")])
+    with pytest.raises(ScheduleError, match=r"its end fires .* no start between"):
+        Schedule.from_spec([floor("0 9 * * 1-5", "0 17 * * *")])
+    assert Schedule.from_spec([floor("0 9 * * 1-5", "0 17 * * 1-5")]).floor(datetime(2026, 12, 7, 10, tzinfo=UTC)) == 1
+    assert Schedule.from_spec([floor("0 22 * * *", "0 6 * * *")])  # across midnight: they still alternate
+
+
 def test_spec_errors_inside_a_section_carry_the_fields_path():
     from fleetserve.spec import SpecError, load_spec_text
 
@@ -250,7 +270,7 @@ spec:
     (problem,) = bad.value.problems
     assert problem.path == "spec.autoscaling.schedules[0].start" and problem.message.startswith("day of week")
     with pytest.raises(SpecError) as no_buffer:  # a fleet at zero wakes on held requests: none could be held
-        load_spec_text(spec.replace('"0 9 * * mon-fry"', '"0 9 * * mon-fri"') + "  router: {bufferSize: 0}\n")
+        load_spec_text(spec.replace('"0 9 * * mon-fry"', '"0 9 * * *"') + "  router: {bufferSize: 0}\n")
     (problem,) = no_buffer.value.problems
     assert problem.path == "spec.router.bufferSize" and "none wakes the fleet" in problem.message
 

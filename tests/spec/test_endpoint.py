@@ -127,11 +127,11 @@ def test_a_floor_above_max_replicas_is_refused_and_replicas_above_it_warned():
 def test_a_schedule_that_never_fires_is_refused():
     """31 February was accepted: the window never opened and its floor was never held, unsaid."""
     auto = ("  autoscaling: {minReplicaCount: 1, maxReplicaCount: 4, triggers: [{metric: concurrency, target: 4}], "
-            "schedules: [{name: leap, start: '0 9 %s *', end: '0 17 * * *', minReplicas: 2}]}")
-    (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n" + auto % "31 2"))
+            "schedules: [{name: leap, start: '0 9 %s *', end: '0 17 %s *', minReplicas: 2}]}")
+    (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n" + auto % ("31 2", "31 2")))
     assert "schedules[0].start" in msg and "never fires: day of month 31 does not occur in month 2" in msg, msg
-    assert load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n" + auto % "29 2"))  # leap years
-    assert load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n" + auto % "31 1-2"))
+    assert load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n" + auto % ("29 2", "29 2")))  # leap years
+    assert load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n" + auto % ("31 1-2", "31 1-2")))
 
 
 def test_per_replica_limits_with_several_router_workers_are_warned_as_split():

@@ -1,6 +1,7 @@
 """Time-of-day floors: KEDA-cron-style windows (5-field cron start/end, IANA time zone, floor replicas).
 
-A window is active when its most recent `start` fired more recently than its most recent `end`. Local wall
+A window is active when its most recent `start` fired more recently than its most recent `end` (starts and ends
+must alternate, which makes that KEDA's reading too: `Window.alternation_problem`). Local wall
 times are turned into instants through zoneinfo, so DST changes move the window with the clock on the wall
 (09:00 stays 09:00 local), and comparisons happen in UTC instants. Pure functions of `now`: no clock read.
 """
@@ -151,6 +152,27 @@ class Window:
             out.append((since, datetime.max.replace(tzinfo=UTC)))
         return out
 
+    def alternation_problem(self, first: date, days: int) -> str | None:
+        """Why the window's starts and ends do not alternate, or None. KEDA's cron scaler, which runs the window
+        on Kubernetes, reads it by its *next* start and end (active while the next end comes first); `active`
+        reads the *last* ones. The two agree exactly when starts and ends alternate: a start firing again before
+        an end ("*/30 9-17" to "0 18") was active here all day and never in KEDA."""
+        per_day = max(len(c.hours) * len(c.minutes) for c in (self.start, self.end))
+        days = max(2, min(days, MAX_FIRINGS // per_day))
+        events = sorted({(t.astimezone(UTC), kind) for kind, cron in ((0, self.start), (1, self.end))
+                         for t in cron.firings(first, days, self.tz)})
+        last: tuple[datetime, int] | None = None
+        for t, kind in events:
+            if last is not None and last[1] == kind and last[0] != t:
+                what, other = ("start", "end") if kind == 0 else ("end", "start")
+                return (f"its {what} fires at {last[0].isoformat()} and again at {t.isoformat()} with no {other} "
+                        "between: KEDA's cron scaler (Kubernetes) reads a window by its next start and end, and "
+                        "would keep it active at other times than fleetserve and the simulator do; give it one "
+                        "start and one end per window (e.g. start '0 9 * * 1-5', end '0 17 * * 1-5')")
+            if last is None or last[0] != t or kind == 1:  # a start and an end at one instant: the end stands
+                last = (t, kind)
+        return None
+
     def active(self, now: datetime) -> bool:
         started = self.start.previous(now, self.tz)
         if started is None:
@@ -195,7 +217,13 @@ class Schedule:
             start, end = crons
             if f.start.split() == f.end.split():
                 raise ScheduleError(f"{where}: start and end must differ")
-            windows.append(Window(f.name, start, end, tz, f.min_replicas))
+            window = Window(f.name, start, end, tz, f.min_replicas)
+            key = ("alternation", f.start, f.end, f.timezone)
+            if key not in _CHECKED:  # a spec is read several times (validation, the autoscaler, rendering)
+                _CHECKED[key] = window.alternation_problem(OVERLAP_FROM, OVERLAP_DAYS)
+            if _CHECKED[key]:
+                raise ScheduleError(f"{where}: {_CHECKED[key]}")
+            windows.append(window)
         schedule = cls(windows)
         schedule.check_overlaps()
         return schedule
