@@ -699,3 +699,24 @@ def test_a_held_tiers_nodepool_keeps_the_old_instance_types_while_its_replicas_s
     reconciler.reconcile(_endpoint(client))  # handed over: the old one goes
     reconciler.reconcile(_endpoint(client))  # and the pool narrows
     assert t0 not in client.objects and not set(before) & set(types())
+
+
+def test_a_replica_no_listed_type_takes_is_warned_on_kubernetes_too():
+    """`validate` said "no replica would start"; render k8s, the webhook and the status dropped it with every other
+    note on spec.placement.instanceTypes, and the pods stayed Pending unsaid. A tier whose type takes no replica
+    (the others do) is named too: it never starts one, and each scale-up waited for the next tier."""
+    from fleetserve.k8s.render import kubernetes_warnings
+    from fleetserve.spec.load import load_spec_data
+
+    def spec(types: list[str]) -> dict:
+        return {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "big"},
+                "spec": {"model": {"source": "catalog:llama-3.1-8b-instruct"},
+                         "engine": {"kind": "vllm", "gpus": 4}, "placement": {"instanceTypes": types}}}
+
+    none_fit = [str(w) for w in kubernetes_warnings(load_spec_data(spec(["g5.8xlarge"])))]
+    assert any("no listed type takes a replica of 4 GPU(s)" in w and "no replica would start" in w
+               for w in none_fit), none_fit
+    one_misfit = [str(w) for w in kubernetes_warnings(load_spec_data(spec(["g5.8xlarge", "g5.12xlarge"])))]
+    assert any(w.startswith("spec.placement.instanceTypes[0]: g5.8xlarge (1 GPU(s)") and "its tier never starts"
+               in w for w in one_misfit), one_misfit
+    assert not any("instanceTypes[1]" in w for w in one_misfit)

@@ -104,8 +104,10 @@ LOCAL_ONLY_UNDER = ("spec.capacity.simulated",)  # the simulated cloud is not Ku
 def kubernetes_warnings(loaded: LoadedSpec) -> list[SpecProblem]:
     """The spec's warnings that hold on Kubernetes: not the local fleet's notes about settings rendered here
     (the admission answer printed "no effect" for spec.placement, which becomes the NodePools)."""
-    return [w for w in loaded.warnings if w.path not in LOCAL_ONLY and not w.path.startswith(LOCAL_ONLY_UNDER)
-            and not takes_effect_on_kubernetes(w.path)]
+    def local_only(w: SpecProblem) -> bool:
+        return w.path in LOCAL_ONLY or w.path.startswith(LOCAL_ONLY_UNDER) or takes_effect_on_kubernetes(w.path)
+
+    return [w for w in loaded.warnings if w.everywhere or not local_only(w)]
 
 
 def rendered_warnings(loaded: LoadedSpec, rendered: Rendered) -> list[str]:

@@ -38,8 +38,8 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     spec = endpoint.spec
     notes: list[SpecProblem] = []
 
-    def note(path: str, message: str) -> None:
-        notes.append(SpecProblem(path, message))
+    def note(path: str, message: str, everywhere: bool = False) -> None:
+        notes.append(SpecProblem(path, message, everywhere))
 
     if spec.routing.strategy not in registered_policies():
         note(
@@ -124,7 +124,17 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
             weights = f", with {asked.gpu_memory_gb:g} GiB of GPU memory for the bf16 weights of the size the model " \
                 "states" if asked.gpu_memory_gb else ""
             note("spec.placement.instanceTypes", f"no listed type takes a replica of {asked.gpus} GPU(s), "
-                 f"{asked.vcpu:g} cpu and {asked.memory_gb:g} GiB{weights} ({shapes}{larger}): no replica would start")
+                 f"{asked.vcpu:g} cpu and {asked.memory_gb:g} GiB{weights} ({shapes}{larger}): no replica would start",
+                 everywhere=True)
+        elif known:  # some fit: a tier whose type none does never starts a replica (on Kubernetes its Deployment
+            # stays Pending, and each scale-up waits out the overflow window before the next tier takes it)
+            for i, name in enumerate(spec.placement.instance_types):
+                t = catalog.get(name) if name in catalog and name != "local" else None
+                if t is not None and not fits(t, asked, spec.capacity.allow_larger_instances):
+                    note(f"spec.placement.instanceTypes[{i}]", f"{name} ({t.gpus} GPU(s), {t.vcpu} vCPU, "
+                         f"{t.memory_gb:g} GiB) cannot take a replica of {asked.gpus} GPU(s), {asked.vcpu:g} cpu and "
+                         f"{asked.memory_gb:g} GiB: its tier never starts one, and scale-ups wait for the next tier; "
+                         "leave it out", everywhere=True)
     context = spec.model.context_length
     if context and spec.kv_cache.block_size >= context:
         note("spec.kvCache.blockSize", f"{spec.kv_cache.block_size} tokens is not below model.contextLength "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ValidationError
 
@@ -14,6 +14,9 @@ from pydantic import BaseModel, ValidationError
 class SpecProblem:
     path: str
     message: str
+    # a warning about what the spec asks of any platform (a replica no listed type takes), kept where notes on the
+    # same field about the local fleet only are dropped (render k8s, the webhook, the operator's status)
+    everywhere: bool = field(default=False, compare=False)
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}" if self.path else self.message

@@ -571,7 +571,7 @@ def source_of(problem: SpecProblem) -> SpecProblem:
             if ours == "spec.autoscaling.triggers":
                 tail = tail.split("]", 1)[-1] if "]" in tail else tail
                 tail = _TRIGGER_FIELDS.get(tail, tail)
-            return SpecProblem(theirs + tail, f"{message} (fleetserve's {path})")
+            return SpecProblem(theirs + tail, f"{message} (fleetserve's {path})", problem.everywhere)
     return problem
 
 
