@@ -324,6 +324,21 @@ def test_router_flags_secrets_and_pdb():
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/livez"
 
 
+def test_engine_pods_of_every_tier_are_evicted_one_at_a_time():
+    """No budget covered the engines: Karpenter's consolidation or a drain could take every replica at once."""
+    rendered, _ = _objects(FULL)  # two instance types: two tiers
+    (pdb,) = _by(rendered, "PodDisruptionBudget", "chat-engine")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    selector = pdb["spec"]["selector"]["matchLabels"]
+    tiers = [d for d in _by(rendered, "Deployment") if d["metadata"]["name"].startswith("chat-engine")]
+    assert len(tiers) == 2
+    for d in tiers:
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items(), (selector, labels)
+    router = _by(rendered, "Deployment", "chat-router")[0]["spec"]["template"]["metadata"]["labels"]
+    assert not selector.items() <= router.items()
+
+
 def test_builtin_engine_pvc_model_and_tenant_redis():
     rendered, _ = _objects(BUILTIN_TENANTS)
     dep = _by(rendered, "Deployment", "iso-engine")[0]["spec"]["template"]["spec"]

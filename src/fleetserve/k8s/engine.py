@@ -478,4 +478,17 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
         warn("spec.kvCache.l2.tenantUrls", f"a Redis per tenant is a built-in engine feature; {spec.engine.kind} "
                                            "engines share the one L2")
     return [engine_deployment(ctx, i) for i in range(len(ctx.tiers))] + [engine_service(ctx),
-                                                                        engine_pods_service(ctx)]
+                                                                        engine_pods_service(ctx), engine_pdb(ctx)]
+
+
+def engine_pdb(ctx: Context) -> dict:
+    """At most one engine pod of the endpoint (every tier) evicted at a time. Karpenter's consolidation and drift
+    and `kubectl drain` evict; without a budget they could take every replica at once (several share a node with
+    allowLargerInstances), each back only after a cold start. Scale-in by KEDA and rollouts do not evict: the
+    budget does not slow them."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": ctx.meta(ctx.engine_service, "engine"),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": ctx.selector("engine")}},
+    }
