@@ -168,7 +168,9 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
                  "on time")
             start = window.start.text
         # a DNS-label name, as KEDA's metric names need ("Bad Name!" went in as given)
-        out.append({"type": "cron", "name": dns_name("floor", window.name),
+        # metricType said, not left to the default: KEDA before 2.17 refuses a fallback beside any trigger whose
+        # metricType field is not AverageValue, an empty one included
+        out.append({"type": "cron", "name": dns_name("floor", window.name), "metricType": "AverageValue",
                     "metadata": {"timezone": window.tz.key, "start": start, "end": window.end.text,
                                  "desiredReplicas": str(window.floor)}})
     for trigger in out:  # every query of AMP, the activation on pending requests included
