@@ -341,6 +341,22 @@ def test_engine_pods_of_every_tier_are_evicted_one_at_a_time():
     assert not selector.items() <= router.items()
 
 
+def test_tenant_redis_is_rendered_for_the_built_in_engine_only():
+    """For vLLM the warning said engines share the one L2, and a 4 GiB tenant StatefulSet was rendered all the same,
+    its password Secret wired into the engine pods (which waited for it)."""
+    vllm = copy.deepcopy(BUILTIN_TENANTS)
+    vllm["spec"].update(model={"source": "hf:meta-llama/Llama-3.1-8B-Instruct"}, engine={"kind": "vllm", "gpus": 1})
+    rendered, _ = _objects(vllm)
+    names = {o["metadata"]["name"] for o in _by(rendered, "StatefulSet")}
+    assert not any("alpha" in n for n in names), names
+    env = [e["name"] for d in _by(rendered, "Deployment") if "engine" in d["metadata"]["name"]
+           for c in d["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])]
+    assert not any("REDIS_ALPHA" in n for n in env), env
+    assert any("the tenants' Redis are not rendered" in str(w) for w in rendered.warnings)
+    builtin, _ = _objects(BUILTIN_TENANTS)
+    assert any("alpha" in o["metadata"]["name"] for o in _by(builtin, "StatefulSet"))
+
+
 def test_builtin_engine_pvc_model_and_tenant_redis():
     rendered, _ = _objects(BUILTIN_TENANTS)
     dep = _by(rendered, "Deployment", "iso-engine")[0]["spec"]["template"]["spec"]

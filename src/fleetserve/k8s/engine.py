@@ -476,7 +476,7 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
         warn("spec.engine.resources", memory)
     if spec.kv_cache.l2.tenant_urls and spec.engine.kind != "builtin":
         warn("spec.kvCache.l2.tenantUrls", f"a Redis per tenant is a built-in engine feature; {spec.engine.kind} "
-                                           "engines share the one L2")
+                                           "engines share the one L2, and the tenants' Redis are not rendered")
     return [engine_deployment(ctx, i) for i in range(len(ctx.tiers))] + [engine_service(ctx),
                                                                         engine_pods_service(ctx), engine_pdb(ctx)]
 

@@ -50,11 +50,18 @@ def redis_instances(ctx: Context) -> list[tuple[str, str | None]]:
     if not _l2_wired(ctx):
         return []
     out: list[tuple[str, str | None]] = [] if l2.url else [(ctx.redis_name, None)]
-    for tenant, url in sorted(l2.tenant_urls.items()):
+    for tenant, url in sorted(_tenant_urls(ctx).items()):
         service = _rendered_tenant_service(url)
         if service:
             out.append((dns_name(service), tenant))
     return out
+
+
+def _tenant_urls(ctx: Context) -> dict[str, str]:
+    """A tenant's own Redis is the built-in engine's: vLLM and SGLang share the one L2 (a warning says so), so
+    theirs are neither rendered (a 4 GiB StatefulSet nobody used) nor given to the engine (a Secret it waited for)."""
+    spec = ctx.endpoint.spec
+    return dict(spec.kv_cache.l2.tenant_urls) if spec.engine.kind == "builtin" else {}
 
 
 def auth_secret(service: str) -> str:
@@ -76,7 +83,7 @@ def engine_l2(ctx: Context) -> tuple[str | None, dict[str, str], list[dict]]:
         secret_env(PASSWORD_ENV, ctx.redis_name)
         url = f"redis://:$({PASSWORD_ENV})@{ctx.host(ctx.redis_name)}:{REDIS_PORT}/0"
     tenants: dict[str, str] = {}
-    for tenant, turl in sorted(l2.tenant_urls.items()):
+    for tenant, turl in sorted(_tenant_urls(ctx).items()):
         service = _rendered_tenant_service(turl)
         if service is None:
             tenants[tenant] = turl
