@@ -1100,3 +1100,40 @@ def test_a_local_model_path_is_never_mounted_over_the_images_own_folders(source,
     else:
         with pytest.raises(ValueError, match=r"spec.model.source: .* over the image's own folder"):
             _objects(doc)
+
+
+def test_an_image_run_as_given_finds_the_fetched_model_files_at_its_mount_path(tmp_path):
+    """HyperPod's DJL-LMI sample: the image reads /opt/ml/model itself, where it had found `cache/` and a `current`
+    link that fleetserve's engines are pointed at. The files now go to the volume's `model` folder (the fetcher's
+    symlinks followed) and the engine mounts that folder there. The init script is run here with a stand-in
+    `fleetserve` that answers as `model prepare --download` does: a snapshot of relative symlinks to blobs."""
+    import os
+    import subprocess
+
+    djl = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "djl"},
+           "spec": {"model": {"source": "s3://bucket/models/m", "mountPath": "/opt/ml/model"},
+                    "engine": {"kind": "container", "image": "djl-lmi:latest", "gpus": 1}}}
+    rendered, _ = _objects(djl)
+    pod = _by(rendered, "Deployment", "djl-engine")[0]["spec"]["template"]["spec"]
+    (engine,) = pod["containers"]
+    assert {"name": "model", "mountPath": "/opt/ml/model", "subPath": "model"} in engine["volumeMounts"]
+    (init,) = pod["initContainers"]
+    assert init["volumeMounts"] == [{"name": "model", "mountPath": "/fetch"}]
+    snapshot = tmp_path / "hub" / "snapshots" / "abc"
+    (tmp_path / "hub" / "blobs").mkdir(parents=True)
+    (tmp_path / "hub" / "blobs" / "w1").write_text("weights")
+    snapshot.mkdir(parents=True)
+    (snapshot / "model.safetensors").symlink_to("../../blobs/w1")
+    stub = tmp_path / "bin" / "fleetserve"
+    stub.parent.mkdir()
+    stub.write_text(f"#!/bin/sh\necho {snapshot}\n")
+    stub.chmod(0o755)
+    volume = tmp_path / "volume"
+    script = init["command"][2].replace("/fetch", str(volume))
+    subprocess.run(["sh", "-c", script, *init["args"]], check=True, timeout=30,
+                   env={**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}"})
+    copied = volume / "model" / "model.safetensors"
+    assert copied.read_text() == "weights" and not copied.is_symlink()  # what the engine sees at /opt/ml/model
+    vllm, _ = _objects({**djl, "spec": {**djl["spec"], "engine": {"kind": "vllm", "gpus": 1}}})
+    args = _by(vllm, "Deployment", "djl-engine")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "/opt/ml/model/current" in args  # engines fleetserve starts are pointed at the fetched folder

@@ -59,6 +59,8 @@ def models_dir(ctx: Context) -> str:
     return (ctx.endpoint.spec.model.mount_path or MODELS_DIR).rstrip("/") or MODELS_DIR
 
 
+FETCH_DIR = "/fetch"  # the fetch-model init container's mount of the model volume, for an image run as given
+
 #: top-level folders of the engine image (a Debian-based Python image): a model volume mounted there hides them
 IMAGE_ROOTS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
                          "/sbin", "/sys", "/tmp", "/usr", "/var"})
@@ -92,8 +94,14 @@ def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str
         volumes = [{"name": "model", "persistentVolumeClaim": {"claimName": ctx.model_claim, "readOnly": True}}]
         return [], volumes, [{"name": "model", "mountPath": root, "readOnly": True}], model_path
     root = models_dir(ctx)
-    args = ["sh", "-c", f'set -e; ln -sfn "$(fleetserve model prepare --download "$@")" {root}/current', "fetch",
-            source]
+    if ctx.endpoint.spec.engine.kind == "container":
+        # an image run as given reads its model folder itself (DJL-LMI: /opt/ml/model, where HyperPod mounts the
+        # S3 prefix): the files go to the volume's `model` folder (hard links to the fetched ones, symlinks
+        # followed) and the engine mounts that folder at model.mountPath. It had found `cache/` and `current`.
+        fetch_root, link = FETCH_DIR, f'mkdir -p {FETCH_DIR}/model; cp -rlL "$d"/. {FETCH_DIR}/model/'
+    else:
+        fetch_root, link = root, f'ln -sfn "$d" {root}/current'
+    args = ["sh", "-c", f'set -e; d="$(fleetserve model prepare --download "$@")"; {link}', "fetch", source]
     if model.revision:
         args += ["--revision", model.revision]
     if model.s3_region:
@@ -103,13 +111,15 @@ def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str
         "image": ctx.options.image,
         "command": args[:3],
         "args": args[3:],
-        "env": [{"name": "FLEETSERVE_HOME", "value": f"{root}/cache"}],
-        "volumeMounts": [{"name": "model", "mountPath": root}],
+        "env": [{"name": "FLEETSERVE_HOME", "value": f"{fetch_root}/cache"}],
+        "volumeMounts": [{"name": "model", "mountPath": fetch_root}],
     }
     if model.token_secret:  # HyperPod's tokenSecretRef: the fetcher only, as HyperPod does
         init["env"].append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": model.token_secret.name, "key": model.token_secret.key}}})
     volumes = [{"name": "model", "emptyDir": {}}]
+    if ctx.endpoint.spec.engine.kind == "container":
+        return [init], volumes, [{"name": "model", "mountPath": root, "subPath": "model"}], root
     return [init], volumes, [{"name": "model", "mountPath": root}], f"{root}/current"
 
 
