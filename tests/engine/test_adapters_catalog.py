@@ -26,6 +26,16 @@ def spec(kind):
     return load_spec_text(SPEC.format(kind=kind)).endpoint.spec
 
 
+def test_a_tensor_parallel_flag_the_user_gives_is_not_repeated():
+    """`--tensor-parallel-size 4` came twice (ours from engine.gpus, then the user's): harmless, untidy."""
+    for launch, kind, flag in ((vllm_launch, "vllm", "--tensor-parallel-size"), (sglang_launch, "sglang", "--tp-size")):
+        s = spec(kind)
+        given = s.model_copy(update={"engine": s.engine.model_copy(update={"args": [f"{flag}=2"]})})
+        argv = launch(given, "/m", 8000).argv
+        assert sum(a.split("=")[0] == flag for a in argv) == 1, argv
+        assert sum(a.split("=")[0] == flag for a in launch(s, "/m", 8000).argv) == 1  # engine.gpus alone
+
+
 def test_vllm_command_line_and_lmcache_environment():
     launch = vllm_launch(spec("vllm"), "/opt/ml/model", 8000)
     argv = launch.argv

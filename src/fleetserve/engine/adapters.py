@@ -74,6 +74,13 @@ def lmcache_url(url: str) -> str:
     return urlunsplit(parts)
 
 
+def _given(args, *flags: str) -> bool:
+    """Whether the user's engine args hold one of `flags` (`--flag value` or `--flag=value`)."""
+    from fleetserve.spec.context import flag_in_args
+
+    return any(flag_in_args(args, flag) for flag in flags)
+
+
 def vllm_launch(spec, model_path: str, port: int, host: str = "0.0.0.0", l2_url: str | None = None) -> EngineLaunch:
     """`vllm serve` for the spec, with prefix caching on and LMCache wired to the spec's KV tiers."""
     argv = ["vllm", "serve", model_path, "--host", host, "--port", str(port),
@@ -81,8 +88,8 @@ def vllm_launch(spec, model_path: str, port: int, host: str = "0.0.0.0", l2_url:
             "--enable-prompt-tokens-details"]
     if spec.model.context_length:
         argv += ["--max-model-len", str(spec.model.context_length)]
-    if spec.engine.gpus > 1:
-        argv += ["--tensor-parallel-size", str(spec.engine.gpus)]
+    if spec.engine.gpus > 1 and not _given(spec.engine.args, "--tensor-parallel-size", "-tp"):
+        argv += ["--tensor-parallel-size", str(spec.engine.gpus)]  # a user's own (checked to agree) stands alone
     if spec.model.dtype != "auto":
         argv += ["--dtype", spec.model.dtype]
     env = dict(spec.engine.env)
@@ -107,7 +114,7 @@ def sglang_launch(spec, model_path: str, port: int, host: str = "0.0.0.0") -> En
             "--enable-cache-report"]
     if spec.model.context_length:
         argv += ["--context-length", str(spec.model.context_length)]
-    if spec.engine.gpus > 1:
+    if spec.engine.gpus > 1 and not _given(spec.engine.args, "--tp-size", "--tensor-parallel-size", "--tp"):
         argv += ["--tp-size", str(spec.engine.gpus)]
     if spec.model.dtype != "auto":
         argv += ["--dtype", spec.model.dtype]
