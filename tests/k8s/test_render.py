@@ -1137,3 +1137,14 @@ def test_an_image_run_as_given_finds_the_fetched_model_files_at_its_mount_path(t
     vllm, _ = _objects({**djl, "spec": {**djl["spec"], "engine": {"kind": "vllm", "gpus": 1}}})
     args = _by(vllm, "Deployment", "djl-engine")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "/opt/ml/model/current" in args  # engines fleetserve starts are pointed at the fetched folder
+
+
+def test_a_vllm_probe_on_an_api_path_is_warned():
+    """vLLM checks its API key on /v1/*, which the kubelet does not send: the pod never became ready, unsaid."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["engine"]["probes"] = {"readinessProbe": {"httpGet": {"path": "/v1/models", "port": "http"}}}
+    rendered, _ = _objects(doc)
+    assert any(str(w).startswith("spec.engine.probes.readinessProbe: /v1/models needs the engine's API key")
+               for w in rendered.warnings), rendered.warnings
+    doc["spec"]["engine"]["probes"] = {"readinessProbe": {"httpGet": {"path": "/health", "port": "http"}}}
+    assert not any("probes" in str(w) for w in _objects(doc)[0].warnings)

@@ -477,6 +477,13 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
         warn("spec.kvCache", f"tenants reach {spec.engine.kind} as cache_salt, which divides its GPU prefix cache; "
                              "LMCache and SGLang's HiCache keep the salt in their CPU and remote tier keys only "
                              "in versions from 2026: check the image, or give tenants endpoints of their own")
+    if spec.engine.kind in GPU_ENGINES:
+        for name, probe in sorted((spec.engine.probes or {}).items()):
+            path = str(((probe or {}).get("httpGet") or {}).get("path", ""))
+            if path.startswith("/v1"):  # vLLM and SGLang check the API key on /v1/*; the kubelet sends none
+                warn(f"spec.engine.probes.{name}", f"{path} needs the engine's API key (fleetserve gives "
+                     f"{spec.engine.kind} one, {ENGINE_TOKEN_KEY} of {ctx.internal_secret}) and probes send none: "
+                     "every probe gets 401 and the pod never becomes ready; probe /health")
     _fetch_credentials(ctx, warn)
     taken = sorted(reserved_env(ctx) & (set(spec.engine.env) | set(spec.engine.env_from)))
     if taken:
