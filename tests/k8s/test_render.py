@@ -1148,3 +1148,16 @@ def test_a_vllm_probe_on_an_api_path_is_warned():
                for w in rendered.warnings), rendered.warnings
     doc["spec"]["engine"]["probes"] = {"readinessProbe": {"httpGet": {"path": "/health", "port": "http"}}}
     assert not any("probes" in str(w) for w in _objects(doc)[0].warnings)
+
+
+def test_a_fetched_model_asks_for_the_node_disk_its_weights_take():
+    """The copy lands in an emptyDir on the node's disk, asked for by nobody: a 20 GiB root volume evicted the pod
+    mid-download instead of the node being passed over."""
+    rendered, _ = _objects(ROOT / "examples" / "hyperpod.yaml")  # Llama-3.1-8B: 16 GB of bf16 weights
+    (init,) = [d for d in _by(rendered, "Deployment") if "engine" in d["metadata"]["name"]][0]["spec"]["template"][
+        "spec"]["initContainers"]
+    assert init["resources"]["requests"]["ephemeral-storage"] == "17Gi"
+    unsized = copy.deepcopy(BUILTIN_TENANTS)
+    unsized["spec"]["model"] = {"source": "s3://bucket/models/mine"}  # no size in its name: nothing asked
+    (init,) = _by(_objects(unsized)[0], "Deployment", "iso-engine")[0]["spec"]["template"]["spec"]["initContainers"]
+    assert "resources" not in init

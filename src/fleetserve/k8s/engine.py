@@ -66,6 +66,15 @@ IMAGE_ROOTS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64",
                          "/sbin", "/sys", "/tmp", "/usr", "/var"})
 
 
+def _fetched_disk_gib(ctx: Context) -> int | None:
+    """Node disk a fetched model takes, from the parameter count its name or source states (bf16 weights, a tenth
+    more for the tokenizer, config and download's partial files); None when no size is stated."""
+    from fleetserve.capacity.model_fit import BYTES_PER_PARAMETER, stated_size
+
+    size = stated_size(ctx.endpoint.spec.model, ctx.endpoint.spec.engine)
+    return math.ceil(size * 1e9 * BYTES_PER_PARAMETER * 1.1 / 2**30) if size else None
+
+
 def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str]:
     """(init containers, volumes, engine mounts, model path inside the engine container)."""
     model = ctx.endpoint.spec.model
@@ -114,6 +123,10 @@ def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str
         "env": [{"name": "FLEETSERVE_HOME", "value": f"{fetch_root}/cache"}],
         "volumeMounts": [{"name": "model", "mountPath": fetch_root}],
     }
+    disk = _fetched_disk_gib(ctx)
+    if disk:  # the copy lands in an emptyDir on the node's disk: asked for, so a node without the room is not
+        # picked (a 20 GiB root volume evicted the pod mid-download); the init container's request holds for the pod
+        init["resources"] = {"requests": {"ephemeral-storage": f"{disk}Gi"}}
     if model.token_secret:  # HyperPod's tokenSecretRef: the fetcher only, as HyperPod does
         init["env"].append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": model.token_secret.name, "key": model.token_secret.key}}})
