@@ -451,3 +451,16 @@ def test_a_prometheus_port_in_use_is_refused_naming_its_field_before_the_model_i
                 sup._check_addresses()
         finally:
             sup._http.close()
+
+
+def test_down_waits_for_the_fleets_own_stop_its_drain_included(make):
+    """`down` SIGKILLed the supervisor after a fixed 60 s: a stream the default 120 s drain lets finish was cut
+    with no error event. The supervisor says how long its stop takes, and `down` waits that and a margin."""
+    from fleetserve.fleet.control import STOP_MARGIN_S, stop_wait_s
+    from fleetserve.fleet.state import FleetState
+
+    sup, _, _ = make(1)
+    assert sup.state.stop_timeout_s == 45 + 5 + 10  # engine.drainTimeoutSeconds 45: the router's drain, its exit,
+    assert stop_wait_s(sup.state) == 60 + STOP_MARGIN_S  # then the children's stop
+    old = FleetState(name="o", namespace="default", model="m", spec_path="s.yaml", supervisor_pid=1)
+    assert stop_wait_s(old) == 60 + STOP_MARGIN_S  # a state from before: as it was, with the margin

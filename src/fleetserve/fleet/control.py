@@ -118,9 +118,21 @@ def is_ours(pid: int, state: FleetState) -> bool:
     return b"fleetserve" in cmdline or str(fleet_dir(state.name)).encode() in cmdline
 
 
-def stop_fleet(state: FleetState, timeout: float = 60.0) -> None:
-    """SIGTERM the supervisor (it stops its children in order); SIGKILL whatever is left after `timeout`."""
+STOP_MARGIN_S = 30.0  # past the supervisor's own stop time (state.stop_timeout_s) before `down` SIGKILLs it
+
+
+def stop_wait_s(state: FleetState) -> float:
+    """How long `down` waits for the supervisor's own stop before SIGKILL (60 s plus the margin for a state written
+    before supervisors said how long theirs takes)."""
+    return (state.stop_timeout_s or 60.0) + STOP_MARGIN_S
+
+
+def stop_fleet(state: FleetState, timeout: float | None = None) -> None:
+    """SIGTERM the supervisor (it stops its children in order); SIGKILL whatever is left after `timeout` (default:
+    the time the fleet's stop may take, its drain included, plus a margin: a fixed 60 s had cut streams that the
+    default 120 s drain lets finish, with no error event)."""
     pid = state.supervisor_pid
+    timeout = stop_wait_s(state) if timeout is None else timeout
     if supervisor_alive(state):  # never a process that took over a dead supervisor's pid
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
@@ -128,6 +140,9 @@ def stop_fleet(state: FleetState, timeout: float = 60.0) -> None:
             time.sleep(0.1)
         if supervisor_alive(state):
             os.kill(pid, signal.SIGKILL)  # its children die with it (PR_SET_PDEATHSIG)
+            gone = time.monotonic() + 5.0  # reaped: else mark_stale below took it for alive and kept "ready" rows
+            while supervisor_alive(state) and time.monotonic() < gone:
+                time.sleep(0.05)
     leftovers = [state.router_pid, state.redis_pid, state.prometheus_pid] + [r.pid for r in state.replicas]
     for child in leftovers:
         if child and pid_alive(child) and is_ours(child, state):

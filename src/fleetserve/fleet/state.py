@@ -73,6 +73,7 @@ class FleetState:
     prometheus_url: str = ""  # the fleet's own Prometheus (spec.observability.prometheus), if it runs one
     prometheus_pid: int | None = None
     supervisor_start: str = ""  # process_start(supervisor_pid): tells the supervisor from a process reusing its pid
+    stop_timeout_s: float = 0.0  # how long a stop may take (the router's drain, then the children): `down` waits so
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -75,6 +75,7 @@ MAX_PORT_MOVES = 3
 # a replica is stopped once its drain is over (idle, or engine.drainTimeoutSeconds spent): the engine's own wait
 # after SIGTERM (uvicorn's graceful shutdown, 5 s by default) only pushed the cut of a stream past the drain time
 ENGINE_STOP_GRACE_S = 1.0
+CHILD_STOP_S = 10.0  # a child's time to exit after SIGTERM at the fleet's stop, before SIGKILL
 ROUTER_EXIT_S = 5.0  # a stopping router's time to exit after its drain, before the replicas stop anyway
 REDIS_PASSWORD = "redis.password"  # in the fleet's run folder, 0600
 L2_PROBE_S = 10.0  # how often the L2 Redis is pinged for `status` (an external one was never checked)
@@ -175,6 +176,8 @@ class Supervisor:
             supervisor_pid=os.getpid(),
             supervisor_start=process_start(os.getpid()) or "",
             warnings=[str(w) for w in loaded.warnings],
+            # _shutdown: the router's drain and its exit, then every child's stop together
+            stop_timeout_s=self.spec.router_drain_seconds + ROUTER_EXIT_S + CHILD_STOP_S,
         )
         self._http = httpx.Client(timeout=1.0, trust_env=False)
         self._pushed: list | None = None
@@ -1034,7 +1037,7 @@ class Supervisor:
         for child in children:
             child.signal(signal.SIGTERM)
         for child in children:
-            child.stop(timeout=10.0)
+            child.stop(timeout=CHILD_STOP_S)
         now = self.clock()
         for r in self.replicas:
             r.state.state, r.state.pid = advance(r.state.state, Phase.STOPPED), None
