@@ -168,8 +168,8 @@ def test_a_crash_looping_replica_is_said_in_the_status_until_it_is_ready_again(m
     sup.replicas.append(r)
     sup._tend(r, mono(), starting_up=False)
     assert r.state.state == Phase.RESTARTING
-    assert sup.state.error.startswith("replica r0 exited with code 1 and is restarting; last log line: "
-                                   "SafetensorError")
+    assert sup.state.error.startswith("replica r0 exited with code 1 and is restarting; its last error: "
+                                      "SafetensorError")
     r.child, r.state.state = ReadyChild(), Phase.STARTING
     sup._get = lambda *_a, **_k: object()  # /health answers
     sup._tend(r, mono(), starting_up=False)
@@ -210,17 +210,17 @@ def test_the_router_is_told_when_no_replica_can_start(make):
 
 
 class ExitedChild:
-    """An engine process that exited with code 1, its log ending in `log`."""
+    """An engine process that exited with `code`, its log ending in `log`."""
 
     pid = 4245
     log_path = "r0.log"
 
     def __init__(self, log: str = "loading the model\nSafetensorError: Error while deserializing header: invalid "
-                                  "header length\n"):
-        self.log = log
+                                  "header length\n", code: int = 1):
+        self.log, self.code = log, code
 
     def exit_code(self):
-        return 1
+        return self.code
 
     def log_tail(self, lines=20, this_run=False):
         return self.log
@@ -464,3 +464,14 @@ def test_down_waits_for_the_fleets_own_stop_its_drain_included(make):
     assert stop_wait_s(sup.state) == 60 + STOP_MARGIN_S  # then the children's stop
     old = FleetState(name="o", namespace="default", model="m", spec_path="s.yaml", supervisor_pid=1)
     assert stop_wait_s(old) == 60 + STOP_MARGIN_S  # a state from before: as it was, with the margin
+
+
+def test_a_replica_killed_by_a_signal_is_said_so_and_no_request_line_is_quoted_as_its_error(make):
+    """After a kill -9 the error quoted the log's last line, an earlier request's, as if it had crashed it."""
+    sup, _, mono = make(1)
+    access = 'request id=abc kind=chat status=200 finish_reason=length latency_ms=812.4\n'
+    r = Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.READY, node="n0"), 9, "n0",
+                requested_at=mono(), child=ExitedChild(access, code=-9), started_at=mono())
+    sup.replicas.append(r)
+    sup._tend(r, mono(), starting_up=False)
+    assert sup.state.error == "replica r0 exited with code -9 (killed by SIGKILL) and is restarting"

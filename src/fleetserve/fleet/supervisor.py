@@ -769,12 +769,15 @@ class Supervisor:
         r.requested_at = mono  # the restart's cold start counts from the crash, not from the first launch
         self.say(f"replica {r.state.id} {why}; restarting in {delay:.0f}s")
         # `status` says it (it showed a fleet crash-looping at zero as ready, the cause only in the logs)
-        last = next((line.strip() for line in reversed((r.child.log_tail() if r.child else "").splitlines())
-                     if line.strip()), "")
+        # its own last error, never an access-log line: after a kill -9 the last line was an earlier request's, as
+        # if that request had crashed it; a signal is named
+        cause = last_error(r.child.log_tail() if r.child else "")
+        killed = f" (killed by {signal.Signals(-code).name})" if code is not None and code < 0 and \
+            -code in signal.valid_signals() else ""
         # no counts: the error stands until the replica is ready again, and counts in it went stale beside the
         # table's `restarts` ("restart 2" beside 1, then "restarts: 0" beside 1)
-        self.state.error = (f"replica {r.state.id} {why} and is restarting; "
-                            f"last log line: {last[:300] or '-'}")
+        self.state.error = (f"replica {r.state.id} {why}{killed} and is restarting"
+                            + (f"; its last error: {cause[:300]}" if cause else ""))
 
     def _tend(self, r: Replica, mono: float, starting_up: bool) -> None:
         s = r.state
