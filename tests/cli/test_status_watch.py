@@ -80,6 +80,9 @@ def test_a_ready_fleet_without_a_serving_replica_says_so(tmp_path, monkeypatch):
     asleep = fleet(ready=0)
     asleep.desired = 0
     assert serving_note(asleep) == "scaled to zero: the next request wakes it"
+    waking = fleet(ready=0)  # a burst woke it: "no replica serving" read as stuck
+    waking.last_decision = {"desired": 3, "reason": "activated from zero: 16 request(s) held by the router"}
+    assert serving_note(waking) == "waking from zero: requests are held until a replica is ready"
     assert "ready: no replica serving; see error" in text_of(render([placed_none], now=0))
     monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path))
     write_state(placed_none)
