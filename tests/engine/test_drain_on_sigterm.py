@@ -59,21 +59,21 @@ def test_a_stream_outlasting_the_drain_timeout_ends_with_an_error_event_then_don
     lines = lines_through_sigterm(server, REQUEST)
     assert lines[-1] == "data: [DONE]" and len(lines) < 60, lines[-3:]
     assert '"code": "engine_stopping"' in lines[-2] and "--drain-timeout" in lines[-2], lines[-2]
-    assert server.proc.wait(timeout=30) is not None
+    assert server.proc.wait(timeout=30) in (0, -signal.SIGTERM)
 
 
-def test_the_built_in_engine_ends_a_stream_outlasting_its_drain_timeout_with_an_error_event(tiny_model, tmp_path):
+def test_the_built_in_engine_ends_a_stream_outlasting_its_drain_timeout_with_an_error_event(slow_model, tmp_path):
     from tests.helpers import internal_token
 
     token_file, header = internal_token(tmp_path / "drain")
-    server = Server(["engine", "--model", str(tiny_model), "--served-model-name", "tiny", "--threads", "1",
+    server = Server(["engine", "--model", str(slow_model), "--served-model-name", "tiny", "--threads", "1",
                      "--internal-token-file", token_file, "--drain-timeout", "0.5"], tmp_path / "tiny.log").start()
     try:
-        body = {"model": "tiny", "prompt": "hello", "max_tokens": 400, "stream": True, "ignore_eos": True}
+        body = {"model": "tiny", "prompt": "hello", "max_tokens": 3000, "stream": True, "ignore_eos": True}
         lines = lines_through_sigterm(server, body, header)
-        assert lines[-1] == "data: [DONE]" and len(lines) < 400, lines[-3:]
+        assert lines[-1] == "data: [DONE]" and len(lines) < 3000, lines[-3:]  # 3,000 tokens take seconds
         assert '"code": "engine_stopping"' in lines[-2], lines[-2]
-        assert server.proc.wait(timeout=30) is not None
+        assert server.proc.wait(timeout=30) in (0, -signal.SIGTERM)
     finally:
         server.kill()
 

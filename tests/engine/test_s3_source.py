@@ -82,3 +82,21 @@ def test_an_s3_endpoint_that_does_not_answer_is_a_source_error_wherever_it_is_re
     monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path / "home"))
     with pytest.raises(ModelSourceError, match=r"s3://models/x: Could not connect"):
         resolve_source("s3://models/x")
+
+
+def test_a_hub_download_leaves_out_the_original_folder(monkeypatch, tmp_path):
+    """Meta's repos keep a second copy of the weights in `original/` (their own format, read by no engine here):
+    an 8B model took 32 GB of the node's disk where its init container had asked for 17 GiB."""
+    import huggingface_hub
+
+    from fleetserve.engine.sources import _hf_cache_dir
+
+    asked = {}
+
+    def snapshot_download(repo_id, **kwargs):
+        asked.update(kwargs, repo_id=repo_id)
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    assert _hf_cache_dir("meta-llama/Llama-3.1-8B-Instruct", None, download=True) == tmp_path
+    assert asked["ignore_patterns"] == ["original/*"] and asked["local_files_only"] is False

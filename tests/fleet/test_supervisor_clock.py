@@ -475,3 +475,13 @@ def test_a_replica_killed_by_a_signal_is_said_so_and_no_request_line_is_quoted_a
     sup.replicas.append(r)
     sup._tend(r, mono(), starting_up=False)
     assert sup.state.error == "replica r0 exited with code -9 (killed by SIGKILL) and is restarting"
+
+
+def test_the_last_error_of_a_log_is_never_a_request_line_that_names_an_error():
+    from fleetserve.fleet.supervisor import last_error
+
+    text = ("RuntimeError: CUDA out of memory\n"
+            "2026-12-05 06:48:28,216 engine INFO request kind=completion status=503 latency_ms=0.2 error=overloaded\n")
+    assert last_error(text) == "RuntimeError: CUDA out of memory"
+    as_json = '{"logger": "fleetserve.engine.access", "status": 503, "error": "engine_stopping"}\n'
+    assert last_error(as_json) == ""

@@ -168,3 +168,18 @@ def test_prompts_being_tokenized_may_fill_the_batch_and_the_queue_before_a_503(t
     with pytest.raises(APIError) as err:
         asyncio.run(engine._tokenize(parse_completion({"prompt": "hello", "max_tokens": 1})))
     assert err.value.status == 503
+
+
+def test_a_request_still_tokenizing_when_the_drain_time_runs_out_is_answered_503_not_cut(tiny_model):
+    """`stop_answers` ended the jobs it knew; one still being tokenized was submitted after it and cut by uvicorn's
+    cancel a moment later, unanswered."""
+    from starlette.testclient import TestClient
+
+    from fleetserve.engine.server import build_app
+
+    runner = ModelRunner(tiny_model, threads=1)
+    engine = Engine(runner, EngineSettings("tiny", ModelIdentity("default", "tiny", "1", "local", "r0")))
+    engine.stop_answers()  # the drain time ran out
+    with TestClient(build_app(engine)) as client:
+        r = client.post("/v1/completions", json={"model": "tiny", "prompt": "hello", "max_tokens": 2})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stopping"

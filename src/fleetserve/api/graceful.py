@@ -31,9 +31,9 @@ class _Server(uvicorn.Server):
 
     def handle_exit(self, sig, frame) -> None:  # a signal handler: it only schedules
         super().handle_exit(sig, frame)
-        if self._loop is not None and not self._armed:
+        grace = self.config.timeout_graceful_shutdown
+        if self._loop is not None and not self._armed and grace is not None:  # None: uvicorn waits for ever
             self._armed = True
-            grace = self.config.timeout_graceful_shutdown or 0.0
             self._loop.call_soon_threadsafe(self._loop.call_later, max(0.0, grace - CUT_MARGIN_S), self._before_cut)
 
 

@@ -317,13 +317,14 @@ def down(
     name: Annotated[str | None, typer.Argument(help="Fleet name (default: the only running one)")] = None,
 ) -> None:
     """Stop a detached fleet and all its processes."""
-    from fleetserve.fleet.control import FleetError, pick_fleet, stop_fleet
+    from fleetserve.fleet.control import FleetError, pick_fleet, stop_fleet, stop_wait_s
 
     try:
         state = pick_fleet(name)
     except FleetError as exc:
         raise fail(str(exc), exc.exit_code) from None
-    stop_fleet(state)
+    with err.status(f"stopping fleet {state.name}: requests under way may finish (up to {stop_wait_s(state):.0f} s)"):
+        stop_fleet(state)
     out.print(f"fleet {state.name} stopped" + (" (its supervisor had died; leftovers cleaned)"
                                                if state.status == "dead" else ""))
 

@@ -91,6 +91,7 @@ class Engine:
         self._tokenizer_pool = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
         self._tokenizing = 0
         self.live_jobs: weakref.WeakSet[Job] = weakref.WeakSet()  # accepted and not answered: `stop_answers`
+        self.stopping = False  # the drain time ran out: nothing new is submitted
 
     def kv_root(self, tenant: str | None, client_salt: str | None = None) -> int:
         from fleetserve.kvcache.blocks import kv_salt, namespace_key
@@ -200,6 +201,8 @@ class Engine:
             ctx["tenant"] = tenant_hash(tenant)
             root = self.kv_root(tenant, parsed.cache_salt)
             prompt_ids, max_new, prefetched = await self._tokenize(parsed, root, tenant)
+            if self.stopping:  # tokenized while the drain time ran out: it would be cut unanswered
+                raise engine_stopped()
             job = Job(prompt_ids, parsed.sampling, max_new, asyncio.get_running_loop(), root=root, tenant=tenant,
                       prefetched=prefetched)
             self.scheduler.submit(job)
@@ -244,6 +247,7 @@ class Engine:
     def stop_answers(self) -> None:
         """The drain time is up (api/graceful.py): every request still under way ends now with an error the
         client reads (an error event and [DONE] in a stream), and its generation stops."""
+        self.stopping = True
         for job in list(self.live_jobs):
             job.cancelled.set()
             job.events.put_nowait(("stopped",))

@@ -97,6 +97,7 @@ class SimulatedEngine:
         self._metrics = m
         self.log_prompts = log_prompts
         self.live: weakref.WeakSet[SimRequest] = weakref.WeakSet()  # accepted and not answered: `stop_answers`
+        self.stopping = False
 
     @property
     def cache(self):
@@ -213,6 +214,7 @@ class SimulatedEngine:
         m.concurrent.labels(**labels).inc()
 
         def finished(status: int) -> None:
+            self.live.discard(req)
             m.concurrent.labels(**labels).dec()
             if status == 200:
                 m.latency_ms.labels(**labels).observe((time.monotonic() - started) * 1000)
@@ -220,8 +222,8 @@ class SimulatedEngine:
 
         if parsed.stream:
             def cancel() -> None:
-                self._cancel(req)
-                finished(200 if req.produced >= req.max_tokens else 499)
+                self._cancel(req)  # ended early: the client left (499), or the drain time ran out (503)
+                finished(200 if req.produced >= req.max_tokens else 503 if self.stopping else 499)
 
             return WatchedStreamingResponse(self._sse(req, kind, base, parsed.include_usage),
                                             media_type="text/event-stream", on_close=cancel)
@@ -264,6 +266,7 @@ class SimulatedEngine:
 
     def stop_answers(self) -> None:
         """The drain time is up (api/graceful.py): what still runs ends now with an error the client reads."""
+        self.stopping = True
         for req in list(self.live):
             self._cancel(req)
             req.events.put_nowait(("stopped", "", True))

@@ -42,9 +42,11 @@ def _hf_cache_dir(repo_id: str, revision: str | None, download: bool = False) ->
 
     try:
         # the cache location is read at call time (huggingface_hub reads its environment once, at import)
+        # not `original/`: Meta's repos keep a second copy of the weights there in their own format, which no
+        # engine here reads (an 8B model took 32 GB of a node's disk, not 16)
         folder = snapshot_download(repo_id, revision=revision, local_files_only=not download,
                                    cache_dir=os.environ.get("HF_HUB_CACHE") or None,
-                                   token=os.environ.get("HF_TOKEN") or None)
+                                   token=os.environ.get("HF_TOKEN") or None, ignore_patterns=["original/*"])
     except Exception as exc:  # huggingface_hub raises several types for "not in the cache", "cannot reach"
         if download:
             raise ModelSourceError(f"hf:{repo_id}: cannot download from the Hugging Face Hub "

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -92,6 +93,10 @@ STATIC_ZERO = "spec.replicas is 0 and the fleet has no autoscaling: no replica s
 BOX = str.maketrans("", "", "│╭╮╰╯─")
 
 
+# a request line of the access log (observe/logs.py), text or JSON: it carries `error=overloaded` and the like
+ACCESS_LINE = re.compile(r"\brequest (request_id|kind)=|\bstatus=\d{3}\b|\"logger\": ?\"fleetserve\.\w+\.access\"")
+
+
 def last_error(tail: str) -> str:
     """A child's own last error from its log's tail: the message of a CLI error box (an input its restart refuses,
     a port in use), else the last line that says error; never an access-log line."""
@@ -99,7 +104,7 @@ def last_error(tail: str) -> str:
     boxed = max((i for i, line in enumerate(lines) if line == "Error"), default=None)
     if boxed is not None:
         return " ".join(line for line in lines[boxed + 1:] if line)
-    return next((line for line in reversed(lines) if "error" in line.lower()), "")
+    return next((line for line in reversed(lines) if "error" in line.lower() and not ACCESS_LINE.search(line)), "")
 
 
 class StartupError(Exception):

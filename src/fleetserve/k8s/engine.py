@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import PurePosixPath
 
 from fleetserve.api.limits import engine_body_limit, engine_header_limit
@@ -59,6 +60,7 @@ def models_dir(ctx: Context) -> str:
     return (ctx.endpoint.spec.model.mount_path or MODELS_DIR).rstrip("/") or MODELS_DIR
 
 
+QUANTIZED = re.compile(r"awq|gptq|fp8|int4|int8|4bit|8bit|bnb|gguf|quantiz")  # weights not in bf16: size unknown
 FETCH_DIR = "/fetch"  # the fetch-model init container's mount of the model volume, for an image run as given
 
 #: top-level folders of the engine image (a Debian-based Python image): a model volume mounted there hides them
@@ -71,7 +73,11 @@ def _fetched_disk_gib(ctx: Context) -> int | None:
     more for the tokenizer, config and download's partial files); None when no size is stated."""
     from fleetserve.capacity.model_fit import BYTES_PER_PARAMETER, stated_size
 
-    size = stated_size(ctx.endpoint.spec.model, ctx.endpoint.spec.engine)
+    spec = ctx.endpoint.spec
+    said = " ".join(str(t) for t in (spec.model.source, spec.model.name, *spec.engine.args)).lower()
+    if QUANTIZED.search(said):  # fewer bytes a parameter than bf16: a bf16 estimate kept such pods Pending
+        return None
+    size = stated_size(spec.model, spec.engine)
     return math.ceil(size * 1e9 * BYTES_PER_PARAMETER * 1.1 / 2**30) if size else None
 
 
@@ -107,7 +113,9 @@ def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str
         # an image run as given reads its model folder itself (DJL-LMI: /opt/ml/model, where HyperPod mounts the
         # S3 prefix): the files go to the volume's `model` folder (hard links to the fetched ones, symlinks
         # followed) and the engine mounts that folder at model.mountPath. It had found `cache/` and `current`.
-        fetch_root, link = FETCH_DIR, f'mkdir -p {FETCH_DIR}/model; cp -rlL "$d"/. {FETCH_DIR}/model/'
+        # made again on every run: a pod's restart reruns it on the same emptyDir, and cp refused what was there
+        fetch_root, link = FETCH_DIR, (f'rm -rf {FETCH_DIR}/model; mkdir -p {FETCH_DIR}/model; '
+                                       f'cp -rlL "$d"/. {FETCH_DIR}/model/')
     else:
         fetch_root, link = root, f'ln -sfn "$d" {root}/current'
     args = ["sh", "-c", f'set -e; d="$(fleetserve model prepare --download "$@")"; {link}', "fetch", source]
