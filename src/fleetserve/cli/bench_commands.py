@@ -25,6 +25,13 @@ def peer(given: str | None, module: str, flag: str, variable: str) -> str | None
     return peer_python(os.environ.get(variable) or None, module, variable)
 
 
+def _figures(result: dict, lost: int) -> None:
+    """The bench's figures as JSON on stdout; exit 1 when it lost a request (a figure is not a pass then)."""
+    print(json.dumps(result, indent=2))
+    if lost:
+        raise typer.Exit(1)
+
+
 @bench_app.command("chaos")
 def bench_chaos(
     scenarios: Annotated[str | None, typer.Option(help="Comma-separated scenarios (default: all)")] = None,
@@ -44,9 +51,7 @@ def bench_chaos(
             out.print(f"{name}: sent {r['sent']}, answered {r['answered']}, shed {r['rejected_with_retry_after']}, "
                       f"cut {r['cut_with_error_event']}, failed {r['failed_with_error']}, refused {r['refused']}, "
                       f"lost {r['lost']}, recovery {r['recovery_s']}s", markup=False)
-    print(json.dumps(result, indent=2))
-    if result["lost_total"]:
-        raise typer.Exit(1)
+    _figures(result, result["lost_total"])
 
 
 @bench_app.command("scale-from-zero")
@@ -70,9 +75,7 @@ def bench_scale_from_zero(
         out.print(f"cold start {result['cold_start_s']}s, first response {result['first_response_s']}s "
                   f"(warm {result['warm']['first_response_s']}s), {result['requests']} requests, "
                   f"{result['lost']} lost", markup=False)
-    print(json.dumps(result, indent=2))
-    if result["lost"]:
-        raise typer.Exit(1)
+    _figures(result, result["lost"])
 
 
 @bench_app.command("routing")
