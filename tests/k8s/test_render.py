@@ -1169,3 +1169,23 @@ def test_a_fetched_model_asks_for_the_node_disk_its_weights_take():
     unsized["spec"]["model"] = {"source": "hf:org/Llama-3.1-70B-Instruct-AWQ"}  # 4-bit: a bf16 estimate (143Gi)
     (init,) = _by(_objects(unsized)[0], "Deployment", "iso-engine")[0]["spec"]["template"]["spec"]["initContainers"]
     assert "resources" not in init  # had kept the pod Pending on any sensible volume
+
+
+def test_a_lead_time_that_moves_a_start_before_the_previous_end_is_warned():
+    """fleetserve raises the floor scheduleLeadTime early and holds it to the end; KEDA's cron trigger, its start
+    moved that much earlier, fires before the previous end when the lead is not shorter than the gap, and then
+    holds the floor only until that end."""
+    doc = copy.deepcopy(FULL)
+    auto = doc["spec"]["autoscaling"]
+    auto["scheduleLeadTime"] = 3 * 3600  # each window's own gap (16 h, 20 h) is longer
+    auto["schedules"] = [{"name": "night", "timezone": "UTC", "start": "0 4 * * *", "end": "0 8 * * *",
+                          "minReplicas": 1},
+                         {"name": "day", "timezone": "UTC", "start": "0 9 * * *", "end": "0 17 * * *",
+                          "minReplicas": 2}]
+    rendered, _ = _objects(doc)
+    assert not any("scheduleLeadTime" in str(w) for w in rendered.warnings)  # 16 h between end and start
+    auto["schedules"] = [{"name": "short", "timezone": "UTC", "start": "0 9 * * *", "end": "30 6 * * *",
+                          "minReplicas": 1}]  # open 09:00 to 06:30 the next day; a 3 h lead starts it at 06:00
+    rendered, _ = _objects(doc)
+    assert any(str(w).startswith("spec.autoscaling.schedules[0]: scheduleLeadTime (10800 s) is not shorter than the "
+                                 "gap") for w in rendered.warnings), rendered.warnings

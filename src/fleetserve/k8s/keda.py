@@ -132,6 +132,22 @@ def shift_earlier(cron: Cron, seconds: float) -> str | None:
     return " ".join([str(total % 60), str(total // 60)] + fields[2:])
 
 
+def _lead_problem(window, lead: float) -> str | None:
+    """Why KEDA's cron trigger, its start moved `lead` seconds earlier, reads the window otherwise than fleetserve
+    (which raises the floor `lead` early and holds it to the end): a lead as long as the gap between an end and
+    the next start makes that start fire before the end, and KEDA then holds the floor only from it to the end."""
+    from fleetserve.autoscale.schedule import OVERLAP_DAYS, OVERLAP_FROM
+
+    spans = window.intervals(OVERLAP_FROM, OVERLAP_DAYS)
+    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        if (start - end).total_seconds() <= lead:
+            return (f"scheduleLeadTime ({lead:g} s) is not shorter than the gap between its end at {end.isoformat()} "
+                    f"and its next start at {start.isoformat()}: KEDA's cron trigger, started that much earlier, "
+                    "would open before the end and hold the floor only until it; fleetserve and the simulator hold "
+                    "it the whole window. Shorten the lead below the gap")
+    return None
+
+
 def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
     spec_triggers = ctx.endpoint.spec.autoscaling.triggers if ctx.endpoint.spec.autoscaling else []
     server = ctx.options.prometheus_url
@@ -167,6 +183,8 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
                  f"cannot move {window.start.text!r} earlier by scheduleLeadTime in cron; the cron trigger starts "
                  "on time")
             start = window.start.text
+        elif start != window.start.text and (problem := _lead_problem(window, policy.schedule_lead)):
+            warn(f"spec.autoscaling.schedules[{i}]", problem)
         # a DNS-label name, as KEDA's metric names need ("Bad Name!" went in as given)
         # metricType said, not left to the default: KEDA before 2.17 refuses a fallback beside any trigger whose
         # metricType field is not AverageValue, an empty one included
