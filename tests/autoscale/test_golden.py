@@ -250,6 +250,9 @@ def test_a_window_whose_starts_and_ends_do_not_alternate_is_refused_as_keda_woul
         Schedule.from_spec([floor("0 9 * * 1-5", "0 17 * * *")])
     assert Schedule.from_spec([floor("0 9 * * 1-5", "0 17 * * 1-5")]).floor(datetime(2026, 12, 7, 10, tzinfo=UTC)) == 1
     assert Schedule.from_spec([floor("0 22 * * *", "0 6 * * *")])  # across midnight: they still alternate
+    in_the_gap = ScheduleFloor(name="x", timezone="Europe/Berlin", start="30 2 * * *", end="0 3 * * *", min_replicas=1)
+    with pytest.raises(ScheduleError, match="out of the hour the change to or from daylight saving time skips"):
+        Schedule.from_spec([in_the_gap])  # 02:30 does not occur on the spring change: the message says why
 
 
 def test_spec_errors_inside_a_section_carry_the_fields_path():

@@ -165,10 +165,12 @@ class Window:
         for t, kind in events:
             if last is not None and last[1] == kind and last[0] != t:
                 what, other = ("start", "end") if kind == 0 else ("end", "start")
+                fix = ("keep its start and end out of the hour the change to or from daylight saving time skips "
+                       "or repeats" if last[0].astimezone(self.tz).utcoffset() != t.astimezone(self.tz).utcoffset()
+                       else "give it one start and one end per window (e.g. start '0 9 * * 1-5', end '0 17 * * 1-5')")
                 return (f"its {what} fires at {last[0].isoformat()} and again at {t.isoformat()} with no {other} "
                         "between: KEDA's cron scaler (Kubernetes) reads a window by its next start and end, and "
-                        "would keep it active at other times than fleetserve and the simulator do; give it one "
-                        "start and one end per window (e.g. start '0 9 * * 1-5', end '0 17 * * 1-5')")
+                        f"would keep it active at other times than fleetserve and the simulator do; {fix}")
             if last is None or last[0] != t or kind == 1:  # a start and an end at one instant: the end stands
                 last = (t, kind)
         return None
