@@ -90,7 +90,8 @@ class Engine:
         self.auth = InternalAuth(settings.internal_token)
         self._tokenizer_pool = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
         self._tokenizing = 0
-        self.live_jobs: weakref.WeakSet[Job] = weakref.WeakSet()  # accepted and not answered: `stop_answers`
+        # accepted and not answered (`stop_answers`); weak, as a job a failed path never discards must not stay
+        self.live_jobs: weakref.WeakSet[Job] = weakref.WeakSet()
         self.stopping = False  # the drain time ran out: nothing new is submitted
 
     def kv_root(self, tenant: str | None, client_salt: str | None = None) -> int:
@@ -221,6 +222,7 @@ class Engine:
 
             def close() -> None:
                 job.cancelled.set()
+                self.live_jobs.discard(job)
                 m.model(m.concurrent).dec()
                 self._log_request(ctx, 499)  # only if _events has not (the client left first)
 
@@ -241,6 +243,7 @@ class Engine:
             return err.response()
         finally:
             job.cancelled.set()
+            self.live_jobs.discard(job)
             m.model(m.concurrent).dec()
         return JSONResponse(self._final_body(kind, parsed, request_id, outcome))
 

@@ -13,6 +13,7 @@ from fleetserve.engine.paths import home
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class ReplicaState:
     id: str
