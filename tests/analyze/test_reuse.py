@@ -7,17 +7,16 @@ from fleetserve.traces.generate import WorkloadSpec, generate
 
 
 def lru_hits(keys, capacity: int) -> int:
-    """The plain LRU the curve must agree with."""
+    """The plain LRU the curve must agree with: a request looked up first, then its blocks touched last first
+    (`touch_chain`)."""
     lru, hits = OrderedDict(), 0
     for ks in keys:
-        for k in ks:
-            if k in lru:
-                hits += 1
-                lru.move_to_end(k)
-            else:
-                lru[k] = None
-                if len(lru) > capacity:
-                    lru.popitem(last=False)
+        hits += sum(k in lru for k in ks)
+        for k in reversed(ks):
+            lru[k] = None
+            lru.move_to_end(k)
+        while len(lru) > capacity:
+            lru.popitem(last=False)
     return hits
 
 
@@ -45,7 +44,19 @@ def test_stack_distances_give_the_lru_hit_rate_at_every_size():
 
 
 def test_distance_is_distinct_blocks_in_between():
-    assert stack_distances([(1, 2, 1), (3, 2)]) == [COLD, COLD, 1, COLD, 2]
+    # a request is looked up before its own touches; (1, 2, 1) touches 1, 2, 1, so 2 has 1 after it
+    assert stack_distances([(1, 2, 1), (3, 2)]) == [COLD, COLD, COLD, COLD, 1]
+    assert stack_distances([(1, 2, 3), (4,), (1, 2, 3)]) == [COLD] * 4 + [1, 2, 3]  # the head outlives the tail
+
+
+def test_a_block_never_hits_where_its_parent_misses():
+    """Touched last first, a parent's distance never exceeds its child's: per-block hits are prefix hits."""
+    reqs = generate(WorkloadSpec.for_kind("rag", duration_s=300, rate=3, seed=4))
+    keys = [r.hash_ids for r in reqs]
+    distances = iter(stack_distances(keys))
+    for ks in keys:
+        d = [next(distances) for _ in ks]
+        assert all(d[i] <= d[i + 1] for i in range(len(d) - 1) if d[i + 1] != COLD)
 
 
 def test_a_weighted_curve_counts_tokens():

@@ -6,7 +6,7 @@ import torch
 
 from fleetserve.engine.prefix_cache import PrefixCache
 from fleetserve.kvcache.blocks import chain_keys
-from fleetserve.kvcache.tiers import L1Store, pack_block
+from fleetserve.kvcache.tiers import L1Store, RedisStore, pack_block
 from tests.helpers import Server, internal_token, wait_until
 from tests.metrics_text import sample
 
@@ -441,3 +441,39 @@ def test_the_prefetch_skips_what_l1_holds(tiny_model, redis_server):
     assert prefetched.start > 0 and not prefetched.values and readers == []
     assert runner.cached_prefix(ids, 0, None, prefetched)[1] > 0  # from L1
     cache.close()
+
+
+
+def _blocks(keys):
+    return [(k, torch.full((1, 2, 1, 4, 2), float(k))) for k in keys]
+
+
+def test_the_engine_tier_evicts_a_prompt_from_its_tail():
+    """A prompt's first block is the one every longer prompt needs: evicted first, it took the use of all the
+    blocks after it while they still filled the tier. Now the tail goes first."""
+    cache = PrefixCache((1, 2, 1, 4, 2), torch.float32, engine_blocks=5, l1=L1Store(1 << 20))
+    try:
+        cache.store(_blocks([1, 2, 3, 4]))
+        assert [tier for tier, _ in cache.lookup([1, 2, 3, 4])] == ["engine"] * 4
+        cache.store(_blocks([5]), head=[1, 2, 3, 4])  # a longer prompt over that head: the head touched after
+        cache.store(_blocks([8, 9]))  # other traffic: two blocks must go, the chain's last two
+        cache.flush()
+        assert [k for k in (1, 2, 3, 4, 5) if k in cache._blocks] == [1, 2, 3]
+        assert [tier for tier, _ in cache.lookup([1, 2, 3, 4, 5])] == ["engine"] * 3 + ["l1"] * 2
+    finally:
+        cache.close()
+
+
+def test_l1_and_l2_keep_a_chain_head_first(redis_server):
+    one = len(pack_block(0, bytes(8)))
+    l1 = L1Store(6 * one)
+    l1.put_many([(k, pack_block(k, bytes(8))) for k in (1, 2, 3, 4)])
+    l1.put_many([(5, pack_block(5, bytes(8)))], head=[1, 2, 3, 4])  # the writer touches the head it did not write
+    l1.put_many([(k, pack_block(k, bytes(8))) for k in (8, 9)])
+    assert [k in l1 for k in (1, 2, 3, 4, 5)] == [True] * 4 + [False]
+    l1.get_many([1, 2, 3, 4])  # a lookup leaves the head newest too
+    l1.put_many([(k, pack_block(k, bytes(8))) for k in (10, 11)])
+    assert [k in l1 for k in (1, 2, 3, 4, 8, 9)] == [True, True, True, True, False, False]
+    l2 = RedisStore(redis_server["url"], prefix="head:kv:")
+    assert l2.put_many([(6, b"six"), (7, b"seven")], head=[1, 6]) == [6, 7]  # TOUCH of keys absent is harmless
+    assert l2.get_many([6, 7]) == [b"six", b"seven"]

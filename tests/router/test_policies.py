@@ -298,3 +298,14 @@ def test_the_cost_score_reads_only_the_queue_beyond_our_requests():
     assert ttft_cost(drained, 100, 0, w) < ttft_cost(busy, 100, 0, w)
     shared = ReplicaView("c", "http://c", in_flight=1, waiting=3, running=1, reported_in_flight=2)  # 2 others'
     assert ttft_cost(shared, 0, 0, w) == 2 * w.reported_weight + w.decode_weight * shared.load
+
+
+def test_prefixaware_forgets_a_prompt_from_its_tail_as_the_engines_evict_it():
+    """The engines evict a chain from its tail (`kvcache.prefix_match.touch_chain`); an index that forgot the
+    head first predicted no hit at all for a prompt whose first blocks the engine still held."""
+    policy = create_policy("prefixaware")
+    s = snap(R("a", cache_blocks=10))
+    doc = list(range(8 * 16))
+    policy.choose(req(doc), s)
+    policy.choose(req(range(10**6, 10**6 + 3 * 16)), s)  # three more blocks: one of the doc's must go
+    assert policy.choose(req(doc + [1]), s).prefill_tokens == 16 + 1  # its first 7 blocks are still predicted

@@ -215,3 +215,28 @@ def test_first_text_is_reported_at_its_token_in_single_steps_and_in_decode_runs(
         assert shown[seqs[3].id][0] == pytest.approx(done[seqs[3].id])  # capped at the output: the end
     (a, single, _), (b, coalesced, _) = run(1), run(1 << 20)
     assert [single[s.id][0] for s in a[1:]] == pytest.approx([coalesced[s.id][0] for s in b[1:]])
+
+
+def test_a_chain_is_evicted_from_its_tail_so_what_stays_is_still_a_prefix():
+    """vLLM frees a request's blocks last-first and SGLang evicts radix leaves: what a tight cache keeps of a
+    prompt is its head. Evicting the first block first left the rest held and unusable (a hit of 0)."""
+    m = ReplicaModel(PROF)  # 20 blocks of 4 tokens
+    doc = tuple(range(100, 110))
+    m.add(Seq(41, 1, doc))  # 10 blocks of prompt, 11 with the token: the cache keeps its 10 whole ones
+    drive(m)
+    m.add(Seq(45, 1, tuple(range(200, 211))))  # 12 blocks to reserve: two of the first prompt's must go
+    drive(m)
+    assert len(m.cache) + m.reserved <= PROF.cache_blocks
+    assert [k in m.cache for k in doc] == [True] * 8 + [False] * 2
+    again = Seq(41, 1, doc)
+    m.add(again)
+    drive(m)
+    assert again.cached == 32  # 8 of its 10 blocks
+
+
+def test_l1_and_l2_keep_a_chain_head_first_too():
+    l1 = BlockLRU("l1", 6)
+    l1.put((1, 2, 3, 4))
+    assert l1.match((1, 2, 3, 4), touch=True) == 4
+    l1.put((7, 8, 9))  # one of the first chain's blocks must go: its last
+    assert l1.match((1, 2, 3, 4)) == 3 and 4 not in l1

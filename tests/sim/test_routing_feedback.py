@@ -1,5 +1,7 @@
 """The simulator feeds the engines' cached tokens back to the live policy, as the gateway does."""
 
+import pytest
+
 from fleetserve.bench.routing_sim import endpoint_for, lru_token_hits
 from fleetserve.sim.perf import profile
 from fleetserve.sim.run import simulate
@@ -36,7 +38,9 @@ def test_oracle_is_one_pooled_lru_and_ideal_unbounded():
     work = build_workload(trace, 256, informed=True)
     # the first request misses, the others hit 3 of their 4 blocks: the last holds the token an engine computes
     assert lru_token_hits(work, 256, None) == 0.5
-    assert lru_token_hits(work, 256, 2) == 0.0  # 2 blocks cannot hold a 4-block prompt
+    # 2 blocks hold the first two of a 4-block prompt: a chain is evicted from its tail (head-first, as until
+    # 2026-12-05, it kept the last two, unusable: 0.0)
+    assert lru_token_hits(work, 256, 2) == pytest.approx(1 / 3)
 
 
 def test_a_trace_without_prefix_blocks_gets_figures_and_a_warning_not_a_traceback():

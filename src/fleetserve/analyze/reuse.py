@@ -6,8 +6,12 @@
 - LRU curve: one pass computes every access's LRU stack distance (distinct blocks touched since that block's
   previous access, via a Fenwick tree over access times: O(n log n)); an LRU cache of C blocks hits exactly
   the accesses with distance < C, so the hit rate at *any* size is a count over the sorted distances.
-  Blocks are touched in prompt order; a block's parent is touched right before it, so LRU keeps prefixes
-  whole and the per-block hit rate is the prefix-cache hit rate.
+  A request is looked up before it touches its own blocks, and touches them last first, as the engines order a
+  chain for eviction (`kvcache.prefix_match.touch_chain`): a block's parent is touched right after it, so its
+  distance is never larger, LRU keeps prefixes whole and the per-block hit rate is the prefix-cache hit rate.
+  Until 2026-12-05 each block was looked up as it was touched, in prompt order: a prompt's own first blocks
+  counted against its later ones (a 10-block document missed whole in a cache of 8 that held it all), and a
+  parent could miss where its child hit.
 """
 
 from __future__ import annotations
@@ -54,35 +58,39 @@ def ideal_reuse(keys: list[tuple[int, ...]], prompt_tokens: list[int], block_tok
 
 
 def stack_distances(keys: list[tuple[int, ...]]) -> list[int]:
-    """LRU stack distance of every block access, in access order (COLD for first accesses)."""
+    """LRU stack distance of every block of every request, in prompt order (COLD for first accesses): the
+    distinct blocks touched since the block's last touch, taken when the request is looked up, before it
+    touches its own blocks (last first) as an engine does."""
     n = sum(len(ks) for ks in keys)
     tree = [0] * (n + 1)  # Fenwick tree over access times 1..n: 1 where a block was last touched
     last: dict[int, int] = {}
-    out = []
+    out: list[int] = []
     marked = 0  # marks in the tree (= distinct blocks so far)
     t = 0
+
+    def add(i: int, delta: int) -> None:
+        while i <= n:
+            tree[i] += delta
+            i += i & -i
+
+    def before(i: int) -> int:  # marks at times <= i
+        s = 0
+        while i > 0:
+            s += tree[i]
+            i -= i & -i
+        return s
+
     for ks in keys:
-        for k in ks:
+        for k in ks:  # the lookup: marks after the block's last touch
+            p = last.get(k)
+            out.append(COLD if p is None else marked - before(p))
+        for k in reversed(ks):  # then the touches, the head last
             t += 1
             p = last.get(k)
-            if p is None:
-                out.append(COLD)
-            else:
-                # marks in (p, t): marked - prefix(p)
-                i, s = p, 0
-                while i > 0:
-                    s += tree[i]
-                    i -= i & -i
-                out.append(marked - s)
-                i = p
-                while i <= n:
-                    tree[i] -= 1
-                    i += i & -i
+            if p is not None:
+                add(p, -1)
                 marked -= 1
-            i = t
-            while i <= n:
-                tree[i] += 1
-                i += i & -i
+            add(t, 1)
             marked += 1
             last[k] = t
     return out

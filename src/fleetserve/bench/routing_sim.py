@@ -33,6 +33,7 @@ from pathlib import Path
 
 from fleetserve.engine.catalog import by_source
 from fleetserve.kvcache.blocks import reusable_blocks
+from fleetserve.kvcache.prefix_match import KeyLRU
 from fleetserve.router.policies import registered_policies
 from fleetserve.sim.perf import PerfProfile
 from fleetserve.sim.profiles import resolve
@@ -87,42 +88,26 @@ def cut_completions(requests: list) -> tuple[list, dict]:
 
 def lru_token_hits(workload: list[SimRequestSpec], block: int, capacity: int | None) -> float:
     """Prompt tokens found over prompt tokens for one LRU of `capacity` engine blocks (None: unbounded),
-    requests in arrival order; a hit is the leading run of the prompt's blocks the cache holds."""
-    lru: collections.OrderedDict = collections.OrderedDict()
+    requests in arrival order; a hit is the leading run of the prompt's blocks the cache holds, and a chain is
+    evicted from its tail as the engines do (`KeyLRU`)."""
+    lru = KeyLRU(capacity if capacity is not None else math.inf)
     found = total = 0
     for w in workload:
-        n = 0
-        for k in w.engine_keys:
-            if k not in lru:
-                break
-            n += 1
-        found += min(n, reusable_blocks(w.prompt, block)) * block
+        found += min(lru.match(w.engine_keys), reusable_blocks(w.prompt, block)) * block
         total += max(1, w.prompt)
-        for k in w.engine_keys:
-            lru[k] = None
-            lru.move_to_end(k)
-        if capacity is not None:
-            while len(lru) > capacity:
-                lru.popitem(last=False)
+        lru.put(w.engine_keys)
+        lru.trim()
     return found / total if total else 0.0
 
 
 def _roundrobin_uncached(workload: list[SimRequestSpec], block: int, capacity: int, replicas: int) -> int:
-    lrus = [collections.OrderedDict() for _ in range(replicas)]
+    lrus = [KeyLRU(capacity) for _ in range(replicas)]
     uncached = 0
     for i, w in enumerate(workload):
         lru = lrus[i % replicas]
-        n = 0
-        for k in w.engine_keys:
-            if k not in lru:
-                break
-            n += 1
-        uncached += w.prompt - min(n, reusable_blocks(w.prompt, block)) * block
-        for k in w.engine_keys:
-            lru[k] = None
-            lru.move_to_end(k)
-        while len(lru) > capacity:
-            lru.popitem(last=False)
+        uncached += w.prompt - min(lru.match(w.engine_keys), reusable_blocks(w.prompt, block)) * block
+        lru.put(w.engine_keys)
+        lru.trim()
     return uncached
 
 
@@ -178,21 +163,14 @@ def ttft_floor(workload: list[SimRequestSpec], prof: PerfProfile, capacity: int)
     request alone on an idle replica. No routing can do better on this trace and profile."""
     import numpy as np
 
-    lru: collections.OrderedDict = collections.OrderedDict()
+    lru = KeyLRU(capacity)
     times = []
     for w in workload:
-        n = 0
-        for k in w.engine_keys:
-            if k not in lru:
-                break
-            n += 1
+        n = lru.match(w.engine_keys)
         times.append(prof.prefill_time(w.prompt - min(n, reusable_blocks(w.prompt, prof.block_size))
                                        * prof.block_size) * 1000)
-        for k in w.engine_keys:
-            lru[k] = None
-            lru.move_to_end(k)
-        while len(lru) > capacity:
-            lru.popitem(last=False)
+        lru.put(w.engine_keys)
+        lru.trim()
     p50, p95, p99 = np.percentile(times, [50, 95, 99])
     return {"p50": round(float(p50), 3), "p95": round(float(p95), 3), "p99": round(float(p99), 3)}
 

@@ -22,7 +22,7 @@ import torch
 
 from fleetserve.kvcache.events import KVEventLog
 from fleetserve.kvcache.l2watch import L2EvictionWatcher
-from fleetserve.kvcache.prefix_match import match_prefix
+from fleetserve.kvcache.prefix_match import match_prefix, touch_chain
 from fleetserve.kvcache.tiers import L1Store, RedisStore, pack_block, packed_size, unpack_block
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class PrefixCache:
         self.queries += len(keys)
         self.query_tokens += prompt_tokens if prompt_tokens is not None else len(keys) * self.block_shape[3]
         blocks = self._blocks
-        found = [("engine", blocks[key]) for key in keys[:match_prefix(blocks, keys, touch=True)]]
+        found = [("engine", blocks[key]) for key in keys[:match_prefix(blocks, keys)]]
         self.engine_misses += len(keys) - len(found)
         for store in (self.l1, self.l2_for(tenant)):
             rest = keys[len(found):]
@@ -158,9 +158,13 @@ class PrefixCache:
             # a prefix ends at its first miss: every block of the rest that this tier did not give is missed
             # here, so hits / (hits + misses) is the share of the blocks reaching the tier that it held
             store.stats.misses += len(rest) - len(promoted)
-            self._admit(promoted)
+            head = keys[:len(found) - len(promoted)]
+            self._admit(promoted, head)
             if store is not self.l1 and self.l1 is not None and raw:
-                self._promote_to_l1(raw)  # a block read from L2 is likely read again: next time, not over the network
+                # a block read from L2 is likely read again: next time, not over the network
+                self._promote_to_l1(raw, head)
+        if found and found[-1][0] == "engine":  # else the last `_admit` touched the whole prefix
+            touch_chain(blocks, keys[:len(found)])
         for tier, _ in found:
             self.hits[tier] = self.hits.get(tier, 0) + 1
         return found
@@ -181,36 +185,44 @@ class PrefixCache:
         read = dict(zip(missing, store.get_many(missing), strict=True)) if missing and store.trusted else {}
         return [prefetched.values.get(k) if i in ahead else read.get(k) for i, k in enumerate(rest, offset)]
 
-    def _promote_to_l1(self, raw: list[tuple[int, bytes]]) -> None:
-        stored = self.l1.put_many(raw)  # the values as stored (key header included): no copy, no packing
+    def _promote_to_l1(self, raw: list[tuple[int, bytes]], head: list[int]) -> None:
+        stored = self.l1.put_many(raw, head)  # the values as stored (key header included): no copy, no packing
         self.events.publish("stored", stored, self.l1.name)
         evicted = self.l1.drain_evicted()
         if evicted:
             self.events.publish("removed", evicted, self.l1.name)
 
-    def _admit(self, items: list[tuple[int, torch.Tensor]]) -> None:
+    def _admit(self, items: list[tuple[int, torch.Tensor]], head: list[int]) -> None:
+        """Blocks into the engine tier, the prompt's `head` (its blocks before them) touched after them, so the
+        chain's first block ends most recent (`touch_chain`); then the least recent go beyond the capacity."""
+        blocks = self._blocks
         stored = []
-        for key, block in items:
-            if key not in self._blocks:
+        for key, block in reversed(items):
+            if key not in blocks:
                 stored.append(key)
-            self._blocks[key] = block
-            self._blocks.move_to_end(key)
+            blocks[key] = block
+            blocks.move_to_end(key)
+        stored.reverse()
+        touch_chain(blocks, [key for key in head if key in blocks])
         self.events.publish("stored", stored, "engine")
         removed = []
-        while len(self._blocks) > self.engine_blocks:
-            key, _ = self._blocks.popitem(last=False)
+        while len(blocks) > self.engine_blocks:
+            key, _ = blocks.popitem(last=False)
             removed.append(key)
         self.events.publish("removed", removed, "engine")
 
-    def store(self, items: list[tuple[int, torch.Tensor]], tenant: str | None = None) -> None:
-        """New blocks: into the working set now, into L1/L2 in the background."""
+    def store(self, items: list[tuple[int, torch.Tensor]], tenant: str | None = None,
+              head: list[int] | None = None) -> None:
+        """New blocks: into the working set now, into L1/L2 in the background. `head`: the keys of the prompt's
+        blocks before them (its cached prefix), touched again so that they outlive the new tail."""
         if not items:
             return
-        self._admit(items)
+        head = head or []
+        self._admit(items, head)
         if self.l1 is None and self.l2_for(tenant) is None:
             return
         try:
-            self._writes.put_nowait((items, tenant))
+            self._writes.put_nowait((items, tenant, head))
         except queue.Full:
             self.dropped_writes += 1  # never block the decode loop on a slow tier
 
@@ -224,13 +236,13 @@ class PrefixCache:
             finally:
                 self._writes.task_done()
 
-    def _write(self, items: list[tuple[int, torch.Tensor]], tenant: str | None) -> None:
+    def _write(self, items: list[tuple[int, torch.Tensor]], tenant: str | None, head: list[int]) -> None:
         values = [(key, pack_block(key, self._to_bytes(block))) for key, block in items]
         for store in (self.l1, self.l2_for(tenant)):
             if store is None:
                 continue
             try:
-                stored = store.put_many(values)
+                stored = store.put_many(values, head)
                 self.events.publish("stored", stored, store.name)
                 if isinstance(store, L1Store):
                     evicted = store.drain_evicted()

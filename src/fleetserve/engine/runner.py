@@ -120,7 +120,7 @@ class ModelRunner:
             return
         first = cached_tokens // self.block_size
         new = self._blocks_from_cache(cache, first, len(keys) - first)
-        self.prefix_cache.store(list(zip(keys[first:], new, strict=True)), tenant)
+        self.prefix_cache.store(list(zip(keys[first:], new, strict=True)), tenant, keys[:first])
 
     def _blocks_from_cache(self, cache, first: int, count: int) -> list:
         torch = self._torch

@@ -3,31 +3,39 @@
 A block key hashes its parent's key, so a prompt's cached prefix is its leading run of keys a cache holds:
 the first miss ends it. The engine, the simulator, both router indexes and the benchmarks' oracle all ask
 this question; they share this code so they cannot drift apart.
+
+For the same reason a chain is evicted from its tail: whatever touches a prompt's keys leaves its first block
+the most recently used (`touch_chain`), as vLLM frees a request's blocks last-first and SGLang evicts radix
+leaves. Until 2026-12-05 every tier touched them first-to-last, so the first block went first and took the
+usefulness of every block after it with it while they still filled the cache.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Iterable
+from collections.abc import Container, Sequence
 
 
-def match_prefix(held: Container, keys: Iterable, touch: bool = False) -> int:
+def match_prefix(held: Container, keys: Sequence, touch: bool = False) -> int:
     """How many leading `keys` `held` holds (anything with `in`: a dict, or a view that also checks an
-    entry's age or expiry). `touch` marks the matched keys most recently used (`held` an OrderedDict)."""
+    entry's age or expiry). `touch` marks the matched keys most recently used, the first one last
+    (`touch_chain`; `held` an OrderedDict)."""
     n = 0
-    if touch:
-        move = held.move_to_end
-        for key in keys:
-            if key not in held:
-                break
-            move(key)
-            n += 1
-        return n
     for key in keys:
         if key not in held:
             break
         n += 1
+    if touch and n:
+        touch_chain(held, keys[:n])
     return n
+
+
+def touch_chain(held: OrderedDict, keys: Sequence) -> None:
+    """Mark a chain's `keys` (all held) most recently used with its head newest: an LRU then evicts the chain
+    from its tail, and what stays is still a usable prefix."""
+    move = held.move_to_end
+    for key in reversed(keys):
+        move(key)
 
 
 class KeyLRU:
@@ -45,20 +53,25 @@ class KeyLRU:
     def __contains__(self, key) -> bool:
         return key in self.entries
 
-    def match(self, keys: Iterable, touch: bool = False) -> int:
+    def match(self, keys: Sequence, touch: bool = False) -> int:
         return match_prefix(self.entries, keys, touch)
 
-    def put(self, keys: Iterable, value=None) -> list:
-        """Insert `keys` with `value`, or refresh them (keeping their value), in order, so a prompt's last
-        block ends most recent; returns the keys that were new. Trimming is the caller's (`trim`)."""
+    def put(self, keys: Sequence, value=None, head: Sequence = ()) -> list:
+        """Insert `keys` (a chain, or part of one) with `value`, or refresh them (keeping their value), last
+        first, then touch the `head` keys held (the chain's blocks before `keys`), so the chain's first block
+        ends most recent (`touch_chain`); returns the keys that were new, in chain order. Trimming is the
+        caller's (`trim`)."""
         entries = self.entries
         new = []
-        for key in keys:
+        for key in reversed(keys):
             if key in entries:
                 entries.move_to_end(key)
             else:
                 entries[key] = value
                 new.append(key)
+        if head:
+            touch_chain(entries, [key for key in head if key in entries])
+        new.reverse()
         return new
 
     def trim(self, capacity: int | None = None) -> list:

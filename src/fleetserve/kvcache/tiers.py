@@ -16,6 +16,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from fleetserve.kvcache.prefix_match import touch_chain
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"FSKV1"
@@ -91,18 +93,22 @@ class L1Store:
             for key in keys:
                 value = self._blocks.get(key)
                 if value is not None:
-                    self._blocks.move_to_end(key)
                     self.stats.bytes_out += len(value)
                 out.append(value)
+            touch_chain(self._blocks, [k for k, v in zip(keys, out, strict=True) if v is not None])
         if keys:
             self.stats.timing("get", time.perf_counter() - started)
         return out
 
-    def put_many(self, items: list[tuple[int, bytes]]) -> list[int]:
+    def put_many(self, items: list[tuple[int, bytes]], head: list[int] | tuple = ()) -> list[int]:
+        """Store a chain's blocks (or part of one) last first, then touch its `head` (the blocks before them)
+        where held, so the chain's first block is evicted last (`touch_chain`): a prompt whose head the engine
+        tier served had left that head in L1 to age as if unused. Returns the keys that were new, in chain
+        order."""
         stored = []
         started = time.perf_counter()
         with self._lock:
-            for key, value in items:
+            for key, value in reversed(items):
                 if len(value) > self.max_bytes:
                     continue
                 old = self._blocks.pop(key, None)
@@ -118,8 +124,11 @@ class L1Store:
                     self._bytes -= len(evicted)
                     self.stats.evictions += 1
                     self.evicted.append(evicted_key)
+            if head:
+                touch_chain(self._blocks, [key for key in head if key in self._blocks])
         if items:
             self.stats.timing("put", time.perf_counter() - started)
+        stored.reverse()
         return stored
 
     def __contains__(self, key: int) -> bool:
@@ -272,7 +281,9 @@ class RedisStore:
         self.trusted = True
         return list(values)
 
-    def put_many(self, items: list[tuple[int, bytes]]) -> list[int]:
+    def put_many(self, items: list[tuple[int, bytes]], head: list[int] | tuple = ()) -> list[int]:
+        """Write a chain's new blocks last first, then TOUCH its `head` (the blocks before them) so Redis's LRU
+        (approximate, by idle time in seconds) keeps the head at least as long as the tail."""
         if not items or not self.available or time.monotonic() < self._full_until:
             return []
         import redis
@@ -280,8 +291,10 @@ class RedisStore:
         started = time.perf_counter()
         try:
             pipe = self._client.pipeline(transaction=False)
-            for key, value in items:
+            for key, value in reversed(items):
                 pipe.set(self._k(key), value)
+            if head:
+                pipe.touch(*[self._k(k) for k in head])
             pipe.execute()
         except redis.exceptions.OutOfMemoryError as exc:
             self._full(exc)

@@ -63,7 +63,7 @@ class KVIndex:
         blocks = self._set(replica)
         spec = self._speculative.get(replica)
         bit = tier_bit(tier)
-        for key in keys:
+        for key in reversed(keys):  # a chain's head newest, as the engines evict (`touch_chain`)
             blocks[key] = blocks.get(key, 0) | bit
             blocks.move_to_end(key)
             if spec is not None:

@@ -32,12 +32,14 @@ class BlockLRU(KeyLRU):
     def blocks(self) -> OrderedDict:
         return self.entries
 
-    def put(self, keys: Sequence) -> None:
+    def put(self, keys: Sequence, head: Sequence = ()) -> None:
+        """New blocks of a chain, its `head` (the blocks before them) touched after them where held, as the
+        engine's writer does (`kvcache.tiers`)."""
         if self.capacity <= 0:
             if self.spill is not None:
-                self.spill.put(keys)
+                self.spill.put(keys, head)
             return
-        stored = KeyLRU.put(self, keys)
+        stored = KeyLRU.put(self, keys, head=head)
         if self.listener is not None and stored:
             self.listener("stored", stored, self.name)
         if len(self.entries) > self.capacity:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fleetserve.kvcache.blocks import reusable_blocks
-from fleetserve.kvcache.prefix_match import match_prefix
+from fleetserve.kvcache.prefix_match import match_prefix, touch_chain
 from fleetserve.sim.memory import BlockLRU, Listener
 from fleetserve.sim.perf import PerfProfile
 
@@ -199,17 +199,19 @@ class ReplicaModel:
         """Blocks after the engine's prefix found block by block in L1 or L2 (touched): (from L1, from L2)."""
         l1 = self.l1.blocks if self.l1 is not None else {}
         l2 = self.l2.blocks if self.l2 is not None else {}
-        h1 = h2 = 0
+        found1, found2 = [], []
         for key in keys[start:]:
             if key in l1:
-                l1.move_to_end(key)
-                h1 += 1
+                found1.append(key)
             elif key in l2:
-                l2.move_to_end(key)
-                h2 += 1
+                found2.append(key)
             else:
                 break
-        return h1, h2
+        if found1:
+            touch_chain(l1, found1)
+        if found2:
+            touch_chain(l2, found2)
+        return len(found1), len(found2)
 
     def _admit(self) -> float:
         """Move waiting requests into prefill while slots and memory allow; returns tier load time."""
@@ -393,22 +395,25 @@ class ReplicaModel:
         """The prompt's full blocks enter the engine cache; reserved blocks become cached ones."""
         cache = self.cache
         stored = []
-        for key in seq.keys:
+        for key in reversed(seq.keys):  # the head ends most recent: the chain is evicted from its tail
             if key in cache:
                 cache.move_to_end(key)
             else:
                 cache[key] = None
                 stored.append(key)
+        stored.reverse()
         moved = min(len(stored), seq.reserved)
         seq.reserved -= moved
         self.reserved -= moved
         self._pin(seq, seq.keys[len(seq.pinned):])  # what its prefill stored is its own KV until it finishes
         if self.listener is not None and stored:
             self.listener("stored", stored, "engine")
-        computed = seq.keys[seq.cached // self.block:]  # what this prefill computed (not what it loaded)
+        first = seq.cached // self.block
+        computed = seq.keys[first:]  # what this prefill computed (not what it loaded)
         if computed:  # written through to L1 and L2, as the engine's background writer puts them
+            head = seq.keys[:first]
             if self.l1 is not None:
-                self.l1.put(computed)
+                self.l1.put(computed, head)
             if self.l2 is not None:
-                self.l2.put(computed)
+                self.l2.put(computed, head)
         self._evict(0)

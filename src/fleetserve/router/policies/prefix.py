@@ -83,8 +83,10 @@ class _ReplicaIndex:
         return tuple(ages), tuple(confirmed)
 
     def remember(self, keys: tuple[int, ...], cap: int, max_age: float) -> None:
+        """Keys sent: last first, so the head is youngest, as the engines order a chain for eviction
+        (`kvcache.prefix_match.touch_chain`)."""
         entries = self.entries
-        for key in keys:
+        for key in reversed(keys):
             entry = entries.get(key)
             if entry is None:
                 self.tick += 1
@@ -98,7 +100,7 @@ class _ReplicaIndex:
 
     def confirm(self, keys: tuple[int, ...]) -> None:
         entries = self.entries
-        for key in keys:
+        for key in reversed(keys):
             entry = entries.get(key)
             if entry is not None:
                 entry[1] = True
