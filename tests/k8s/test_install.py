@@ -114,6 +114,17 @@ def test_install_objects_validate_strictly():
     assert pod["securityContext"]["runAsNonRoot"] and pod["serviceAccountName"] == "fleetserve-operator"
 
 
+def test_the_operator_is_ready_only_once_kopf_answers_where_it_was_told_to_listen():
+    """The pod is the webhook Service's endpoint: Ready at once, admission reviews met a closed port."""
+    pod = next(o for o in install_objects() if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    liveness = container["args"][container["args"].index("--liveness") + 1]
+    port = next(p["containerPort"] for p in container["ports"] if p["name"] == "health")
+    for probe in ("readinessProbe", "livenessProbe"):
+        get = container[probe]["httpGet"]
+        assert get["port"] == "health" and liveness.endswith(f":{port}{get['path']}"), probe
+
+
 def test_cli_install_writes_the_files(tmp_path):
     result = CliRunner().invoke(app, ["render", "k8s", "--install", "-o", str(tmp_path), "--image", "reg/fs:1"])
     assert result.exit_code == 0, result.output

@@ -121,6 +121,12 @@ def install_objects(options: RenderOptions | None = None, install: InstallOption
                   {"name": "health", "containerPort": LIVENESS_PORT, "protocol": "TCP"}],
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 20,
                           "failureThreshold": 3, "timeoutSeconds": 5},
+        # this operator serves traffic through a Service (the admission webhook): the pod is its endpoint, and the
+        # Deployment is rolled out (`kubectl rollout status`, `kubectl wait`), only once kopf answers /healthz,
+        # i.e. once it has started; without it a starting pod was Ready at once and admission reviews met a
+        # closed port
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 5,
+                           "failureThreshold": 2, "timeoutSeconds": 5},
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
