@@ -97,7 +97,8 @@ def test_report_ignores_what_it_cannot_learn_from():
 
 
 class EngineLRU:
-    """A stand-in engine: an LRU of block keys with a fixed capacity; reports cached tokens like vLLM."""
+    """A stand-in engine: an LRU of block keys with a fixed capacity, a chain evicted from its tail; reports cached
+    tokens like vLLM."""
 
     def __init__(self, capacity):
         self.capacity = capacity
@@ -109,7 +110,7 @@ class EngineLRU:
             if key not in self.lru:
                 break
             n += 1
-        for key in request.blocks:
+        for key in reversed(request.blocks):
             self.lru[key] = None
             self.lru.move_to_end(key)
         while len(self.lru) > self.capacity:
@@ -169,8 +170,21 @@ def test_kvaware_without_events_passes_feedback_to_its_router_side_index():
     assert policy.fallback.learner.summary()[choice.replica.id]["observations"] == 1
 
 
+def test_one_miss_at_a_young_age_halves_the_horizon_at_most_and_a_few_reach_a_small_cache():
+    """A miss at a young age may be a moment when running prompts' reservations left the engine little room; cut
+    straight to that age, a replica's horizon fell from ~3,500 to 67 keys and stayed there."""
+    learner = CapacityLearner(initial=4000, rate=0.05)
+    # one key found; the next is skipped (the engine's block size is not known yet): key 2, 30 keys old, was gone
+    assert learner.observe(pred([10, 20, 30]), cached_tokens=16) == "lowered"
+    assert learner.horizon("a") == 2000
+    for _ in range(8):  # the engine really holds fewer than 30 keys: every response says so
+        learner.observe(pred([10, 20, 30]), cached_tokens=16)
+    assert 16 <= learner.horizon("a") <= 30
+
+
 def test_a_predicted_hit_reported_as_a_miss_takes_that_prefix_out_of_the_predictions():
     policy = create_policy("prefixaware")
+    policy.learner.initial = 300  # a miss lowers the horizon by half at most: here, to the missed entry's age
     snapshot = FleetSnapshot((R("a"),))  # blind: the horizon is learned
     rng = random.Random(5)
     doc_a, doc_b = ([rng.randrange(10**9) for _ in range(16 * 8)] for _ in range(2))

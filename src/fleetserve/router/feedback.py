@@ -40,7 +40,14 @@ to predicted cached tokens is kept per replica as a plain figure for people (`su
 
 Entries older than the horizon are not deleted at once: the index keeps up to `shadow` x `H` of history, so
 hits beyond the current horizon can still be seen (and `H` raised). A predicted hit the engine reported as a
-miss lowers `H` below that entry's age, which takes it, and every older entry, out of the predictions.
+miss lowers `H` toward that entry's age, which takes it, and every older entry, out of the predictions once
+`H` is there. One miss lowers `H` by half at most (`deepest_cut`): an engine's room for cached blocks shrinks
+while long prompts run (their reservations), so a miss at a young age may be that moment, not the cache's
+size; a small cache is still found in a few halvings. Lowered straight to the age, one such miss had left a
+replica's horizon at 67-128 keys where its engine held ~3,500, and with only 2 x `H` of history the hits that
+would raise it again were out of sight: on the Mooncake trace at 0.90, 0.92 and 0.95 utilization blind
+prefixaware fell to 0.93-0.95 x oracle, 0.97-0.98 x with the bound (found on that trace's load sweep; the
+generated chat and RAG traces never cut that deep and gave the same figures with and without it).
 
 The gateway and the simulator feed it the same way, through `report(policy, choice, cached_tokens)`; the
 policy carries the prediction it made in `Choice.prediction`, so nothing is kept per request here. The
@@ -94,6 +101,7 @@ class CapacityLearner:
     ceiling: int = 1_000_000
     rate: float = 0.05  # fraction of H one piece of evidence moves it
     edge: float = 0.1  # a hit older than (1 - edge) x H raises H by `rate`: the router rarely sends past H
+    deepest_cut: float = 0.5  # one miss lowers H to no less than this share of it (see the module's docstring)
     estimates: dict[str, ReplicaEstimate] = field(default_factory=dict)
 
     def horizon(self, replica: str) -> int:
@@ -149,7 +157,7 @@ class CapacityLearner:
         if action == "kept" and miss < len(keys) and (miss + 1) * block <= reach:
             age = ages[miss]
             if prediction.confirmed[miss] and 0 <= age < h:
-                est.horizon = max(self.floor, min(h * (1 - self.rate), max(age, self.floor)))
+                est.horizon = max(self.floor, min(h * (1 - self.rate), max(age, h * self.deepest_cut)))
                 est.lowered += 1
                 action = "lowered"
         return action
