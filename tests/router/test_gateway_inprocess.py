@@ -580,3 +580,52 @@ def test_a_timed_out_request_is_one_invocation_and_one_error_in_the_model_series
 
     assert total("model_errors_total", status="504") == 1
     assert total("model_invocations_total") == (1 if scope == "all" else 0)  # the engine counted its own
+
+
+def test_a_retry_waits_for_a_slot_when_the_replicas_left_are_at_their_limit():
+    """With per-replica limits, a request whose replica crashed under it was answered 502 while the survivor was
+    busy a moment: a retry now queues for a slot as a first attempt does."""
+    async def main():
+        gw, up = gateway({A: [Unreachable("crashed")], B: [FakeResponse(200, [OK])]}, max_concurrent_per_replica=1,
+                         max_queue=4, buffer_timeout=30.0)
+        book = gw.pool.book
+        book.sent("10.0.0.2:8000", 0)  # B's only slot is taken by a long answer
+        loop = asyncio.get_running_loop()
+        loop.call_later(3.0, lambda: (book.finished("10.0.0.2:8000"), gw.gate.slot_freed()))
+        out = Recorder()
+        await gw.handle(chat(), out)
+        return out, up, loop.time()
+
+    out, up, answered_at = run_virtual(main())
+    assert out.status == 200 and up.sent == [A, B] and answered_at >= 3.0
+
+
+def test_a_replica_answering_500_to_everything_is_taken_out_by_its_breaker():
+    """A 500 is not retried elsewhere (the request may be its cause), but it counted neither as a failure nor as
+    a success: a replica failing every request kept its share of the traffic."""
+    async def main():
+        error = orjson.dumps({"error": {"message": "engine dead", "type": "server_error"}})
+        gw, up = gateway({A: [FakeResponse(500, [error]) for _ in range(10)] + [FakeResponse(501, [error])],
+                          B: [FakeResponse(200, [OK]) for _ in range(30)]})
+        a = gw.pool.backends["10.0.0.1:8000"]
+        statuses = []
+        for _ in range(30):
+            out = Recorder()
+            await gw.handle(chat(), out)
+            statuses.append(out.status)
+        return statuses, up, a
+
+    statuses, up, a = run_virtual(main())
+    assert statuses.count(500) == 10 and a.breaker == "open"  # ten in a row (the default) took it out
+    assert up.sent.count(A) == 10 and statuses.count(200) == 20
+
+
+def test_a_501_does_not_count_against_the_replica():
+    async def main():
+        gw, up = gateway({A: [FakeResponse(501, [b"{}"]) for _ in range(12)], B: []})
+        gw.set_backends([A], ready={A})
+        for _ in range(12):
+            await gw.handle(chat(), Recorder())
+        return gw.pool.backends["10.0.0.1:8000"]
+
+    assert run_virtual(main()).breaker == "closed"

@@ -32,3 +32,49 @@ def test_one_backend_whose_probe_fails_unexpectedly_leaves_the_others_probed():
 
     failures, healthy = asyncio.run(main())
     assert failures == 2 and healthy is False
+
+
+def test_a_replica_back_after_refusing_connections_is_a_restart_and_prefixaware_forgets_what_it_held():
+    """A restarted engine has an empty cache; the router's index still predicted its old prefixes there (a cold
+    prefill each, and misses that read as a small cache). A slow or paused replica (timeouts) keeps its index."""
+    import asyncio
+
+    from fleetserve.kvcache.blocks import chain_keys
+    from fleetserve.router.policies import RouteRequest
+    from tests.helpers import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+
+    async def health(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    async def main():
+        pool = BackendPool([url], timeout=1.0)
+        gateway = Gateway(pool, RouterSettings(strategy="prefixaware"))
+        backend = pool.backends[f"127.0.0.1:{port}"]
+        server = await asyncio.start_server(health, "127.0.0.1", port)
+        await pool.probe_all()
+        tokens = list(range(64))
+        request = RouteRequest("/v1/completions", blocks=tuple(chain_keys(tokens, 16)), block_tokens=16,
+                               prompt_tokens=len(tokens))
+        assert gateway.policy.choose(request, gateway.snapshot()).replica.id == backend.id
+        assert gateway.policy.index_size() == 4
+        restarts = []
+        pool.on_restart.append(restarts.append)
+        server.close()
+        await server.wait_closed()
+        await pool.probe_all()  # refused: the process is gone
+        assert backend.refused and gateway.policy.index_size() == 4
+        server = await asyncio.start_server(health, "127.0.0.1", port)  # a new process on the same address
+        await pool.probe_all()
+        server.close()
+        await pool.aclose()
+        await gateway.upstream.aclose()
+        return restarts, gateway.policy.index_size(), backend
+
+    restarts, size, backend = asyncio.run(main())
+    assert restarts == [backend.id] and size == 0 and not backend.refused and backend.last_error == ""

@@ -202,6 +202,14 @@ def test_at_zero_the_router_answers_models_and_wrong_names_itself_and_holds_only
         assert wrong.value.body["code"] == "model_not_found" and "'tiny'" in wrong.value.body["message"]
         with pytest.raises(openai.NotFoundError):
             client.models.retrieve("other")
+        # answered like every other answer: with the client's id (or ours), counted (they had neither)
+        listed = httpx.get(gw.url + "/v1/models", headers={"x-request-id": "mine-1"}, timeout=5)
+        assert listed.headers["x-request-id"] == "mine-1"
+        refused = httpx.post(gw.url + "/v1/completions", json={"model": "other", "prompt": "x"}, timeout=5)
+        assert refused.status_code == 404 and refused.headers["x-request-id"]
+        assert sample(gw.url, "fleetserve_router_requests_total", path="/v1/models", code="200") == 2
+        assert sample(gw.url, "fleetserve_router_requests_total", path="/v1/models/{model}", code="404") == 1
+        assert sample(gw.url, "fleetserve_router_requests_total", path="/v1/completions", code="404") == 1
         assert httpx.get(gw.url + "/admin/load", timeout=5).json()["pending"] == 0  # nothing held, nothing woken
         with ThreadPoolExecutor(1) as pool:
             held_at_zero(gw, pool, 1, timeout=3)  # the served name is held for a replica, as before

@@ -110,10 +110,14 @@ class Dispatcher:
                 await asyncio.sleep(backoff(attempt, random.random()))
                 route = _excluding(route, excluded)
             choice = gw.policy.choose(route, gw.snapshot())
-            if (choice is None and not excluded and gw.gate.settings.max_concurrent_per_replica
-                    and gw.pool.healthy()):
-                waited[0] += await gw.gate.admit()  # another request took the slot we waited for: wait again
-                choice = gw.policy.choose(route, gw.snapshot())
+            for _ in range(SLOT_WAITS):
+                # every replica left is at its limit: wait in the queue for a slot, on a retry as on the first
+                # attempt (a retry after a crash had been answered 502 while the survivors were busy a moment)
+                if (choice is not None or not gw.gate.settings.max_concurrent_per_replica
+                        or not gw.gate.ready(excluded)):
+                    break
+                waited[0] += await gw.gate.admit(excluded)
+                choice = gw.policy.choose(route, gw.snapshot())  # None: another request took the slot first
             if choice is None:
                 break
             if gw.peers is not None and route.blocks:
@@ -222,7 +226,8 @@ class Dispatcher:
                     model.failed(backend.id, 504)
                 return "stalled"
             if exc.kind != "dropped":  # no connection: out until a probe passes. A drop may be this request's
-                gw.mark_unreachable(backend, f"{exc.kind}: {exc}")  # doing: the probes judge the replica
+                # doing: the probes judge the replica
+                gw.mark_unreachable(backend, f"{exc.kind}: {exc}", getattr(exc, "refused", False))
             gw.request_failed(backend, exc.kind)
             if model is not None:
                 model.failed(backend.id, 502, reached=exc.kind != "unreachable")
@@ -238,6 +243,8 @@ class Dispatcher:
         book.first_byte(backend.id, prefill)
         if response.status < 500:
             gw.pool.request_succeeded(backend)
+        elif response.status != 501:  # a server error, not retried (the request may be its cause) but held against
+            gw.request_failed(backend, f"status {response.status}")  # the replica: one failing them all goes out
         ended = None
         if model is not None:
             model.answered(backend.id, response.status, (gw.clock() - sent_at) * 1000)
@@ -273,6 +280,7 @@ def log_refused(url: str, every_s: float = 60.0) -> None:
 
 
 UNDELIVERED = ("unreachable", "dropped", "stalled")  # attempts no replica answered: nothing reached the client
+SLOT_WAITS = 3  # waits for a free slot per attempt: another request may take the one that was freed
 
 
 def _excluding(route: RouteRequest, excluded: frozenset[str]) -> RouteRequest:

@@ -50,9 +50,15 @@ class AdmissionGate:
         # not only when a request ends (the simulator drains its queue when a replica becomes ready)
         pool.on_change.append(self.slot_freed)
 
-    def views(self):
-        """Replica views with the per-replica concurrency limit applied (a full replica is not eligible)."""
-        return limit_views(self.pool.snapshot().replicas, self.settings.max_concurrent_per_replica)
+    def views(self, excluded: frozenset[str] = frozenset()):
+        """Replica views with the per-replica concurrency limit applied (a full replica is not eligible), but
+        those of the `excluded` replicas (a retry's: they failed this request)."""
+        views = limit_views(self.pool.snapshot().replicas, self.settings.max_concurrent_per_replica)
+        return [v for v in views if v.id not in excluded] if excluded else views
+
+    def ready(self, excluded: frozenset[str] = frozenset()) -> bool:
+        """Some replica other than the `excluded` ones is ready (at its limit or not)."""
+        return any(b.id not in excluded for b in self.pool.healthy())
 
     def fast_go(self) -> bool:
         """The common case, decided without building views: no limits and some replica ready."""
@@ -75,15 +81,16 @@ class AdmissionGate:
         elif self._failed.is_set():  # a fresh event only once the last was used: every backend push says None,
             self._failed = asyncio.Event()  # and swapping an unset one left held requests waiting on an orphan
 
-    async def admit(self) -> float:
+    async def admit(self, excluded: frozenset[str] = frozenset()) -> float:
         """Wait until the request may go; returns the seconds it was held in the scale-from-zero buffer (a cold
-        start, which the ttft_p95 scaling signal leaves out), 0.0 when it was not."""
+        start, which the ttft_p95 scaling signal leaves out), 0.0 when it was not. `excluded`: a retry's replicas
+        that failed it, whose free slots are not the request's."""
         held = 0.0
         while True:
             if self._closed.is_set():
                 raise Refused(stopping())
-            views = self.views()
-            verdict = admit(self.settings, bool(self.pool.healthy()), any(v.healthy for v in views),
+            views = self.views(excluded)
+            verdict = admit(self.settings, self.ready(excluded), any(v.healthy for v in views),
                             self.pending, self.queued)
             if verdict == GO:
                 return held
@@ -94,7 +101,7 @@ class AdmissionGate:
                     raise Refused(replicas_failing(self.failing))
                 held += await self._hold_until_ready()
             else:
-                await self._queue_for_slot()
+                await self._queue_for_slot(excluded)
 
     def slot_freed(self) -> None:
         """A request ended (or failed), or the backends changed: queued requests look again."""
@@ -102,13 +109,13 @@ class AdmissionGate:
             self._slot_free.set()
             self._slot_free = asyncio.Event()
 
-    async def _queue_for_slot(self) -> None:
+    async def _queue_for_slot(self, excluded: frozenset[str] = frozenset()) -> None:
         loop = asyncio.get_running_loop()
         self.queued += 1
         self.metrics.queued.set(self.queued)
         deadline = loop.time() + self.settings.buffer_timeout
         try:
-            while not any(v.healthy for v in self.views()) and self.pool.healthy():
+            while not any(v.healthy for v in self.views(excluded)) and self.ready(excluded):
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise Refused(overflow(self.settings, "no slot became free in time"))

@@ -127,6 +127,7 @@ class Gateway:
         self.settings = settings
         self.clock: Clock = pool.clock  # one clock for the pool's breaker, decisions and latency windows
         self.policy: RoutingPolicy = create_policy(settings.strategy, session_key=settings.session_key)
+        pool.on_restart.append(self.replica_restarted)
         self.needs = needs_of(self.policy)
         self.layout = KVLayout()
         self.kv_index = None  # router/kvindex.py, once an engine publishes KV events
@@ -242,7 +243,7 @@ class Gateway:
         tenant = None
         body: dict | None = None
         if self.settings.served_models and not self.pool.any_eligible() and \
-                self._answered_at_zero(request, responder, authorization):
+                self._answered_at_zero(request, responder, authorization, rid, started):
             return
         try:
             if self.settings.keyring is not None:
@@ -316,26 +317,34 @@ class Gateway:
             self.metrics.latency_ms.observe((self.clock() - started) * 1000)
             self._log(request_id, tenant, request.path, logged, started, attempt, ttfb_ms, body)
 
-    def _answered_at_zero(self, request: Request, responder: Responder, authorization: bytes | None) -> bool:
+    def _answered_at_zero(self, request: Request, responder: Responder, authorization: bytes | None, rid: bytes,
+                          started: float) -> bool:
         """No replica is ready: what the router can answer from the served names alone, without holding it in the
         buffer, whose waiting requests wake the fleet (a client listing models every few seconds cold-started a
         replica every other time; a wrong model name waited for one, then got its 404)."""
         names = self.settings.served_models
+        tenant = None
         if self.settings.keyring is not None:
             try:
-                self.settings.keyring.tenant(authorization.decode("latin-1") if authorization else None)
+                tenant = self.settings.keyring.tenant(authorization.decode("latin-1") if authorization else None)
             except APIError:
                 return False  # the request path answers it 401, as always
+
+        def answer(card: dict) -> None:  # with its id, counted and logged as every answer is
+            responder.send(200, [JSON, (b"x-request-id", rid)], orjson.dumps(card))
+            self._count_request(responder, request.path, 200)
+            self._count(self.metrics.tenant_requests, tenant or "-", "200")
+            self._log(rid.decode("latin-1"), tenant, request.path, 200, started)
+
         if request.method == "GET" and request.path == "/v1/models":
-            data = [self._model_card(n) for n in names]
-            responder.send(200, [JSON], orjson.dumps({"object": "list", "data": data}))
+            answer({"object": "list", "data": [self._model_card(n) for n in names]})
             return True
         if request.method == "GET" and request.path.startswith(MODEL_PATH):
             name = unquote(request.path[len(MODEL_PATH):])
             if name in names:
-                responder.send(200, [JSON], orjson.dumps(self._model_card(name)))
+                answer(self._model_card(name))
             else:
-                self.send_error(responder, model_not_found(name, names), [])
+                self._refuse(responder, model_not_found(name, names), rid, request.path, tenant, started, None)
             return True
         if request.method == "POST":
             try:
@@ -343,7 +352,7 @@ class Gateway:
             except APIError:
                 return False  # the request path says what is wrong with it
             if isinstance(model, str) and model not in names:
-                self.send_error(responder, model_not_found(model, names), [])
+                self._refuse(responder, model_not_found(model, names), rid, request.path, tenant, started, None)
                 return True
         return False
 
@@ -384,10 +393,18 @@ class Gateway:
         if was != "open" and backend.breaker == "open":
             self.metrics.ejections.labels(backend.id, "breaker").inc()
 
-    def mark_unreachable(self, backend: Backend, error: str) -> None:
+    def mark_unreachable(self, backend: Backend, error: str, refused: bool = False) -> None:
         if backend.healthy:
             self.metrics.ejections.labels(backend.id, "unreachable").inc()
-        self.pool.mark_unreachable(backend, error)
+        self.pool.mark_unreachable(backend, error, refused)
+
+    def replica_restarted(self, replica: str) -> None:
+        """A replica is back after refusing connections: a new process with an empty cache. A policy that keeps an
+        index of what it sent there forgets it (it predicted hits for the old prefixes: a cold prefill each, and
+        misses that read as a small cache)."""
+        forget = getattr(self.policy, "replica_restarted", None)
+        if forget is not None:
+            forget(replica)
 
     def learn(self, choice, tail: bytes, routed_prompt_tokens: int) -> None:
         """Feed the engine's reported cached tokens back to the policy and the predicted-against-reported

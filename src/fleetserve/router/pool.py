@@ -36,6 +36,9 @@ class Backend:
     last_error: str = ""
     draining: bool = False  # takes no new requests; in-flight ones finish
     cache_blocks: int = 0
+    # refused a connection since it was last healthy: its process was gone, and back it is a new one, whose
+    # prefix cache is empty (BackendPool.on_restart)
+    refused: bool = False
     # circuit breaker (see BackendPool.request_failed): closed -> open -> half-open -> closed
     request_failures: int = 0  # in a row, while closed
     open_until: float = 0.0
@@ -121,6 +124,9 @@ class BackendPool:
         self.client = Upstream(connect_timeout=timeout, read_timeout=timeout)
         self._ready = asyncio.Event()
         self.on_change: list = []  # called when backends join, leave or change health (the gate's queue looks again)
+        # called with a backend's id when it is healthy again after refusing connections: a restarted process,
+        # whose cache is empty (a router-side index still predicted its old prefixes there)
+        self.on_restart: list = []
         self.set_backends(urls)
 
     def set_backends(self, urls: list[str], ready: set[str] | None = None, draining: set[str] | None = None) -> None:
@@ -199,10 +205,12 @@ class BackendPool:
         if backend.half_open_successes >= self.breaker.successes_to_close:
             backend.tripped, backend.request_failures, backend.half_open_successes = False, 0, 0
 
-    def mark_unreachable(self, backend: Backend, error: str) -> None:
-        """A request could not reach the backend: take it out now, the probes will bring it back."""
+    def mark_unreachable(self, backend: Backend, error: str, refused: bool = False) -> None:
+        """A request could not reach the backend: take it out now, the probes will bring it back. `refused`: the
+        connection was refused (see `Backend.refused`)."""
         if backend.healthy:
             log.warning("backend %s out: %s", backend.url, error)
+        backend.refused = backend.refused or refused
         backend.healthy = False
         backend.failures += 1
         backend.last_error = error
@@ -228,6 +236,7 @@ class BackendPool:
         except UpstreamError as exc:
             ok, error = False, f"health check failed: {exc.kind}"
             silent = exc.kind in SILENT
+            backend.refused = backend.refused or getattr(exc, "refused", False)
         if ok and self.queue_metrics:
             self._start_queue_read(backend)  # beside the probes: a slow /metrics must not slow health detection
         elif not ok:
@@ -236,7 +245,13 @@ class BackendPool:
             backend.successes += 1
             if not backend.healthy and backend.successes >= self.healthy_after:
                 log.info("backend %s healthy", backend.url)
-                backend.healthy, backend.last_error = True, ""
+                backend.healthy = True
+            if backend.healthy:
+                backend.last_error = ""  # one failed probe short of taking it out had stayed on /health for good
+                if backend.refused:  # answering again where nothing listened: a new process (also between probes
+                    backend.refused = False  # too few to take it out)
+                    for listener in self.on_restart:
+                        listener(backend.id)
             backend.failures = 0
             self._signal()
             return

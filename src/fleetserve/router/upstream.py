@@ -36,6 +36,7 @@ class UpstreamError(Exception):
 
 class Unreachable(UpstreamError):
     kind = "unreachable"
+    refused = False  # the host refused the connection: nothing listens there (a process gone), not a slow network
 
 
 class Dropped(UpstreamError):
@@ -414,7 +415,9 @@ class Upstream:
         except TimeoutError:
             raise Unreachable(f"connect to {origin.host}:{origin.port} timed out") from None
         except OSError as exc:
-            raise Unreachable(f"connect to {origin.host}:{origin.port}: {exc.strerror or exc}") from None
+            error = Unreachable(f"connect to {origin.host}:{origin.port}: {exc.strerror or exc}")
+            error.refused = isinstance(exc, ConnectionRefusedError)
+            raise error from None
         return conn
 
     async def _exchange(self, conn: _Connection, head: bytes, body: bytes, timeout: float) -> UpstreamResponse:

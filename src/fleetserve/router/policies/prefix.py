@@ -135,6 +135,11 @@ class PrefixAware:
     def index_size(self) -> int:
         return sum(len(s.entries) for s in self.index.values())
 
+    def replica_restarted(self, replica: str) -> None:
+        """The replica's process was replaced: what it held is gone. Its learned cache size stays (the same
+        engine, configured alike)."""
+        self.index.pop(replica, None)
+
     def _horizon(self, replica, exact: bool) -> float:
         """Keys younger than this count as cached: the stated capacity, else the learned one."""
         if replica.cache_blocks:
@@ -240,6 +245,10 @@ class KVAware:
     def routed_elsewhere(self, replica, blocks: tuple[int, ...], exact: bool, live: int) -> None:
         """Another router process's decision: its router-side index stands in here too (no events, or text)."""
         self.fallback.routed_elsewhere(replica, blocks, exact, live)
+
+    def replica_restarted(self, replica: str) -> None:
+        """Its router-side index forgets the replica's old contents (the KV events resync the event index)."""
+        self.fallback.replica_restarted(replica)
 
     def observe(self, prediction: Prediction, cached_tokens: int, prompt_tokens: int | None = None) -> None:
         """Responses to requests the router-side index placed (no events, or text keys) teach that index."""
