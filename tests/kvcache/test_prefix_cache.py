@@ -477,3 +477,47 @@ def test_l1_and_l2_keep_a_chain_head_first(redis_server):
     l2 = RedisStore(redis_server["url"], prefix="head:kv:")
     assert l2.put_many([(6, b"six"), (7, b"seven")], head=[1, 6]) == [6, 7]  # TOUCH of keys absent is harmless
     assert l2.get_many([6, 7]) == [b"six", b"seven"]
+
+
+def test_a_full_l1_keeps_the_head_whose_tail_the_writer_adds():
+    """The writer's new tail had evicted the head it was about to touch: the tail stayed, unusable."""
+    one = len(pack_block(0, bytes(8)))
+    l1 = L1Store(4 * one)
+    l1.put_many([(k, pack_block(k, bytes(8))) for k in (1, 2)])
+    l1.put_many([(k, pack_block(k, bytes(8))) for k in (8, 9)])
+    l1.put_many([(k, pack_block(k, bytes(8))) for k in (3, 4)], head=[1, 2])
+    assert [k in l1 for k in (1, 2, 3, 4, 8, 9)] == [True] * 4 + [False] * 2
+
+
+def test_a_lookup_the_engine_tier_serves_whole_keeps_l1s_copies_fresh():
+    one = len(pack_block(0, bytes(64)))
+    l1 = L1Store(4 * one)
+    cache = PrefixCache((1, 2, 1, 4, 2), torch.float32, engine_blocks=8, l1=l1)
+    try:
+        cache.store(_blocks([1, 2]))
+        cache.store(_blocks([5, 6]))
+        cache.flush()
+        assert [tier for tier, _ in cache.lookup([1, 2])] == ["engine"] * 2  # L1 is not read, but its copies aged
+        cache.store(_blocks([7]))
+        cache.flush()
+        assert [k in l1 for k in (1, 2, 5, 6, 7)] == [True, True, True, False, True]  # 5, 6 went from its tail
+    finally:
+        cache.close()
+
+
+def test_a_redis_that_refuses_touch_still_takes_the_blocks_and_is_asked_no_more(redis_server, caplog):
+    """TOUCH rode in the writes' pipeline: an ACL without +touch failed every write with a head, and took the
+    store down for its back-off (reads missed too)."""
+    import redis as redis_py
+
+    admin = redis_py.Redis.from_url(redis_server["url"])
+    admin.acl_setuser("notouch", enabled=True, passwords=["+pw"], keys=["*"],
+                      commands=["+set", "+get", "+mget", "+ping", "+scan", "+del", "+info"])
+    url = redis_server["url"].replace("redis://", "redis://notouch:pw@")
+    store = RedisStore(url, prefix="nt:kv:")
+    assert store.put_many([(1, b"one")]) == [1]
+    with caplog.at_level("WARNING"):
+        assert store.put_many([(2, b"two")], head=[1]) == [2]
+        assert store.put_many([(3, b"three")], head=[1, 2]) == [3]
+    assert store.available and store.get_many([1, 2, 3]) == [b"one", b"two", b"three"]
+    assert sum("refused TOUCH" in r.message for r in caplog.records) == 1

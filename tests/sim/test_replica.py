@@ -240,3 +240,35 @@ def test_l1_and_l2_keep_a_chain_head_first_too():
     assert l1.match((1, 2, 3, 4), touch=True) == 4
     l1.put((7, 8, 9))  # one of the first chain's blocks must go: its last
     assert l1.match((1, 2, 3, 4)) == 3 and 4 not in l1
+
+
+def test_a_finished_request_releases_its_blocks_head_last_as_vllm_frees_them():
+    """Eviction walks past blocks in use by moving them to the recent end: a running request's tail, met first,
+    went ahead of its head (touched since by a request sharing it); once it finished, the head went first."""
+    prof = PerfProfile("t", prefill_base_s=0.01, prefill_per_token_s=0.001, decode_base_s=0.02,
+                       decode_per_seq_s=0.001, decode_per_ctx_token_s=0.0, cache_blocks=20, block_size=4,
+                       max_batch=8, prefill_chunk=64)
+    m = ReplicaModel(prof)
+
+    def steps(n):
+        for _ in range(n):
+            if (d := m.begin_step(1)) is None:
+                return
+            m.end_step(d)
+
+    head = (1, 2, 3, 4)
+    m.add(Seq(17, 12, head))  # prefilled, then decoding a long time: its blocks are in use
+    steps(2)
+    m.add(Seq(9, 1, (900, 901)))
+    steps(3)
+    m.add(Seq(9, 1, (1, 50)))  # shares the first block only
+    steps(3)
+    m.add(Seq(41, 1, tuple(range(60, 70))))  # needs room: the eviction meets 4, 3, 2 in use
+    steps(3)
+    drive(m)
+    m.add(Seq(29, 1, tuple(range(80, 87))))  # more pressure once the first request finished
+    drive(m)
+    again = Seq(17, 1, head)
+    m.add(again)
+    drive(m)
+    assert again.cached > 0  # what stayed of it is its head

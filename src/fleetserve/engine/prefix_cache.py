@@ -137,11 +137,15 @@ class PrefixCache:
         self.engine_misses += len(keys) - len(found)
         for store in (self.l1, self.l2_for(tenant)):
             rest = keys[len(found):]
-            if store is None or not rest:
+            if store is None:
+                continue
+            if not rest:
+                if store is self.l1:
+                    store.touch(keys)  # the engine tier served it all: L1's copies of it stay as fresh
                 continue
             promoted, raw, tier = [], [], self.tier_of(store, tenant)
             if store is self.l1:
-                values = store.get_many(rest)
+                values = store.get_many(rest, keys[:len(found)])
             else:
                 values = self._l2_values(store, rest, len(found), prefetched)
             for key, value in zip(rest, values, strict=True):
@@ -203,7 +207,7 @@ class PrefixCache:
             blocks[key] = block
             blocks.move_to_end(key)
         stored.reverse()
-        touch_chain(blocks, [key for key in head if key in blocks])
+        touch_chain(blocks, head)
         self.events.publish("stored", stored, "engine")
         removed = []
         while len(blocks) > self.engine_blocks:

@@ -31,11 +31,12 @@ def match_prefix(held: Container, keys: Sequence, touch: bool = False) -> int:
 
 
 def touch_chain(held: OrderedDict, keys: Sequence) -> None:
-    """Mark a chain's `keys` (all held) most recently used with its head newest: an LRU then evicts the chain
-    from its tail, and what stays is still a usable prefix."""
+    """Mark a chain's `keys` most recently used with its head newest (those not held are skipped): an LRU then
+    evicts the chain from its tail, and what stays is still a usable prefix."""
     move = held.move_to_end
     for key in reversed(keys):
-        move(key)
+        if key in held:
+            move(key)
 
 
 class KeyLRU:
@@ -70,7 +71,7 @@ class KeyLRU:
                 entries[key] = value
                 new.append(key)
         if head:
-            touch_chain(entries, [key for key in head if key in entries])
+            touch_chain(entries, head)
         new.reverse()
         return new
 

@@ -84,9 +84,10 @@ class L1Store:
         self.stats = TierStats()
         self.evicted: list[int] = []  # keys evicted since the last drain (for KV events)
 
-    def get_many(self, keys: list[int]) -> list[bytes | None]:
+    def get_many(self, keys: list[int], head: list[int] | tuple = ()) -> list[bytes | None]:
         """The values of `keys` (None where absent); counted as L2's reads are (bytes out, latency), so the
-        tier metrics of L1 are not zeros beside its hits."""
+        tier metrics of L1 are not zeros beside its hits. `head`: the chain's blocks before `keys` (the engine
+        tier served them), touched with them so that L1's copy of the head does not age under its tail."""
         out = []
         started = time.perf_counter()
         with self._lock:
@@ -95,7 +96,7 @@ class L1Store:
                 if value is not None:
                     self.stats.bytes_out += len(value)
                 out.append(value)
-            touch_chain(self._blocks, [k for k, v in zip(keys, out, strict=True) if v is not None])
+            touch_chain(self._blocks, [*head, *keys])
         if keys:
             self.stats.timing("get", time.perf_counter() - started)
         return out
@@ -119,13 +120,12 @@ class L1Store:
                 self._blocks[key] = value
                 self._bytes += len(value)
                 self.stats.bytes_in += len(value)
-                while self._bytes > self.max_bytes:
-                    evicted_key, evicted = self._blocks.popitem(last=False)
-                    self._bytes -= len(evicted)
-                    self.stats.evictions += 1
-                    self.evicted.append(evicted_key)
-            if head:
-                touch_chain(self._blocks, [key for key in head if key in self._blocks])
+            touch_chain(self._blocks, head)  # before the evictions: the new tail must not push out the old head
+            while self._bytes > self.max_bytes:
+                evicted_key, evicted = self._blocks.popitem(last=False)
+                self._bytes -= len(evicted)
+                self.stats.evictions += 1
+                self.evicted.append(evicted_key)
         if items:
             self.stats.timing("put", time.perf_counter() - started)
         stored.reverse()
@@ -134,6 +134,11 @@ class L1Store:
     def __contains__(self, key: int) -> bool:
         with self._lock:
             return key in self._blocks
+
+    def touch(self, keys: list[int]) -> None:
+        """Mark a chain's blocks held here recently used, the head last (`touch_chain`)."""
+        with self._lock:
+            touch_chain(self._blocks, keys)
 
     def drain_evicted(self) -> list[int]:
         """The keys evicted since the last call (for KV events); under the lock, as puts from the writer thread
@@ -217,6 +222,7 @@ class RedisStore:
                                             health_check_interval=0, max_connections=16, **auth)
         self._down_until = 0.0
         self._full_until = 0.0  # writes only: a Redis at maxmemory with noeviction still serves reads
+        self._touch = True  # TOUCH a chain's head with its new blocks (off once the server refuses it)
         self.stats = TierStats()
         # the last call to this Redis answered: the engine's generation thread reads it only then, so that after a
         # failure the first call (up to the read timeout) is a prefetch's or the writer's, never a running stream's
@@ -283,7 +289,9 @@ class RedisStore:
 
     def put_many(self, items: list[tuple[int, bytes]], head: list[int] | tuple = ()) -> list[int]:
         """Write a chain's new blocks last first, then TOUCH its `head` (the blocks before them) so Redis's LRU
-        (approximate, by idle time in seconds) keeps the head at least as long as the tail."""
+        (approximate, by idle time in seconds) keeps the head at least as long as the tail. TOUCH is best effort:
+        a server or proxy that refuses it (an ACL without +touch) is told once in the log and not asked again,
+        and the blocks are written all the same (in one pipeline, its error had failed the write and the store)."""
         if not items or not self.available or time.monotonic() < self._full_until:
             return []
         import redis
@@ -293,9 +301,18 @@ class RedisStore:
             pipe = self._client.pipeline(transaction=False)
             for key, value in reversed(items):
                 pipe.set(self._k(key), value)
-            if head:
+            touching = bool(head) and self._touch
+            if touching:
                 pipe.touch(*[self._k(k) for k in head])
-            pipe.execute()
+            results = pipe.execute(raise_on_error=False)
+            for result in results[:len(items)]:
+                if isinstance(result, Exception):
+                    raise result
+            if touching and isinstance(results[-1], Exception):
+                self._touch = False
+                log.warning("L2 Redis at %s refused TOUCH (%s): a prompt's earlier blocks are no longer refreshed "
+                            "when its new ones are written, so Redis may evict them first", self.url,
+                            type(results[-1]).__name__)
         except redis.exceptions.OutOfMemoryError as exc:
             self._full(exc)
             return []

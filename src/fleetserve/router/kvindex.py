@@ -105,7 +105,7 @@ class KVIndex:
 
     def speculate(self, replica: str, keys: tuple[int, ...], now: float) -> None:
         spec = self._speculative.setdefault(replica, OrderedDict())
-        for key in keys:
+        for key in reversed(keys):  # the head newest: trimmed last
             spec[key] = now + self.speculative_ttl
             spec.move_to_end(key)
         while len(spec) > self.max_blocks:

@@ -47,4 +47,4 @@ class BlockLRU(KeyLRU):
             if self.listener is not None:
                 self.listener("removed", evicted, self.name)
             if self.spill is not None:
-                self.spill.put(evicted)
+                self.spill.put(evicted[::-1])  # evicted tail first: put takes a chain in order

@@ -155,6 +155,9 @@ class ReplicaModel:
         self.reserved -= seq.reserved
         seq.reserved = 0
         if seq.pinned:
+            # released head last, as vLLM returns a finished request's blocks to its free queue: `_evict` may have
+            # moved the tail it met in use ahead of a head another request touched since
+            touch_chain(self.cache, seq.pinned)
             self._unpin(seq)
             self._evict(0)  # what an oversized sequence held beyond the capacity goes now, not at the next lookup
 
@@ -196,22 +199,25 @@ class ReplicaModel:
             self.listener("removed", evicted, "engine")
 
     def _tier_match(self, keys: Sequence, start: int) -> tuple[int, int]:
-        """Blocks after the engine's prefix found block by block in L1 or L2 (touched): (from L1, from L2)."""
+        """Blocks after the engine's prefix found block by block in L1 or L2: (from L1, from L2). L1 is touched
+        over the whole prefix found (its copies of the engine's part too, as the engine's lookup does), L2 over
+        what it gave."""
         l1 = self.l1.blocks if self.l1 is not None else {}
         l2 = self.l2.blocks if self.l2 is not None else {}
-        found1, found2 = [], []
+        h1 = 0
+        found2 = []
         for key in keys[start:]:
             if key in l1:
-                found1.append(key)
+                h1 += 1
             elif key in l2:
                 found2.append(key)
             else:
                 break
-        if found1:
-            touch_chain(l1, found1)
+        if self.l1 is not None:
+            touch_chain(l1, keys[:start + h1 + len(found2)])
         if found2:
             touch_chain(l2, found2)
-        return len(found1), len(found2)
+        return h1, len(found2)
 
     def _admit(self) -> float:
         """Move waiting requests into prefill while slots and memory allow; returns tier load time."""
@@ -227,6 +233,8 @@ class ReplicaModel:
             h1 = h2 = 0
             if keys and hit < len(keys) and (self.l1 is not None or self.l2 is not None):
                 h1, h2 = self._tier_match(keys, hit)
+            elif keys and self.l1 is not None:
+                touch_chain(self.l1.blocks, keys)  # the engine served it all: L1's copies stay as fresh
             total = (seq.prompt + seq.output + block - 1) // block
             need = max(0, total - hit)
             if hit:
