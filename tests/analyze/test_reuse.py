@@ -91,3 +91,8 @@ def test_a_prompt_of_whole_blocks_saves_all_but_its_last():
     from fleetserve.analyze.reuse import block_tokens_of
 
     assert block_tokens_of([(1, 2), (1, 2)], [1024, 1025], 512) == [512, 0, 512, 512]
+
+
+def test_first_accesses_miss_at_any_size_even_a_huge_one():
+    curve = HitCurve(stack_distances([(1, 2), (1, 2)]))
+    assert curve.hit_rate(10**20) == curve.hit_rate(10**6) == 0.5

@@ -18,3 +18,19 @@ def test_a_zero_dollar_baseline_says_why():
     assert baseline(0.0, 300, 300) == "it served none of the 300 requests: error_rate: no replica could be placed"
     assert "localPricePerHour" in baseline(0.0, 300, 12)
     assert baseline(1.5, 300, 300) is None
+
+
+def test_a_type_of_as_many_gpus_as_a_replica_asks_is_not_larger_than_it():
+    """A 4-GPU replica on g6e.12xlarge (4 GPUs) had allowLargerInstances turned on ("more GPUs than one replica
+    asks"): rendered for Kubernetes, Karpenter could then pick 8-GPU nodes."""
+    from fleetserve.capacity.catalog import Catalog
+    from fleetserve.capacity.placement import ReplicaRequest
+    from fleetserve.sim.plan import _with_type
+
+    data = {"spec": {"placement": {"instanceTypes": ["g5.xlarge"]}, "capacity": {}}}
+    catalog = Catalog.builtin()
+    assert catalog.get("g6e.12xlarge").gpus == 4
+    four = _with_type(data, "g6e.12xlarge", catalog, asked=ReplicaRequest(gpus=4))
+    one = _with_type(data, "g6e.12xlarge", catalog, asked=ReplicaRequest(gpus=1))
+    assert four["spec"]["capacity"]["allowLargerInstances"] is False
+    assert one["spec"]["capacity"]["allowLargerInstances"] is True

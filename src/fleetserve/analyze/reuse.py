@@ -57,10 +57,12 @@ def ideal_reuse(keys: list[tuple[int, ...]], prompt_tokens: list[int], block_tok
                  with_hit / max(len(keys), 1), total, len(seen))
 
 
-def stack_distances(keys: list[tuple[int, ...]]) -> list[int]:
-    """LRU stack distance of every block of every request, in prompt order (COLD for first accesses): the
-    distinct blocks touched since the block's last touch, taken when the request is looked up, before it
-    touches its own blocks (last first) as an engine does."""
+def stack_distances(keys: list[tuple[int, ...]], stored: list[int] | None = None) -> list[int]:
+    """LRU stack distance of every block of every request, in prompt order (COLD for blocks never stored
+    before): the distinct blocks touched since the block's last touch, taken when the request is looked up,
+    before it touches its own blocks (last first) as an engine does. `stored`: per request, how many of its
+    leading blocks the cache stores (an engine, whole blocks only: a prompt's partial last block takes no room);
+    default all."""
     n = sum(len(ks) for ks in keys)
     tree = [0] * (n + 1)  # Fenwick tree over access times 1..n: 1 where a block was last touched
     last: dict[int, int] = {}
@@ -80,11 +82,11 @@ def stack_distances(keys: list[tuple[int, ...]]) -> list[int]:
             i -= i & -i
         return s
 
-    for ks in keys:
+    for i, ks in enumerate(keys):
         for k in ks:  # the lookup: marks after the block's last touch
             p = last.get(k)
             out.append(COLD if p is None else marked - before(p))
-        for k in reversed(ks):  # then the touches, the head last
+        for k in reversed(ks if stored is None else ks[:stored[i]]):  # then the touches, the head last
             t += 1
             p = last.get(k)
             if p is not None:
@@ -133,7 +135,8 @@ class HitCurve:
     def hit_rate(self, cache_blocks: int) -> float:
         if not self.total:
             return 0.0
-        return float(self._cumulative[int(np.searchsorted(self.sorted, cache_blocks, side="left"))]) / self.total
+        size = min(cache_blocks, COLD)  # a first access misses at every size (2**62 blocks had read as hits)
+        return float(self._cumulative[int(np.searchsorted(self.sorted, size, side="left"))]) / self.total
 
     def points(self, unique_blocks: int, smallest: int = 16) -> list[dict]:
         """Powers of two from `smallest` up to the unique block count (where the curve reaches the ideal); none

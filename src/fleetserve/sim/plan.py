@@ -168,9 +168,11 @@ def _with_type(data: dict, instance_type: str, catalog: Catalog, first: str | No
     placement = s.get("placement") or {}
     affinity = placement.get("nodeAffinity")
     capacity = s.setdefault("capacity", {})
+    # larger than a replica: more GPUs than one asks (a 4-GPU replica on a 4-GPU type is not; it had read as one)
+    larger_type = catalog.get(instance_type).gpus > max(1, asked.gpus if asked is not None and asked.gpus else 1)
     if affinity:
         s["placement"] = {**placement, "nodeAffinity": _pinned(affinity, instance_type, first)}
-        capacity["allowLargerInstances"] = catalog.get(instance_type).gpus > 1
+        capacity["allowLargerInstances"] = larger_type
         return d
     larger = bool(capacity.get("allowLargerInstances"))
     fallbacks, seen = [], {Catalog.canonical(instance_type)}
@@ -182,7 +184,7 @@ def _with_type(data: dict, instance_type: str, catalog: Catalog, first: str | No
         seen.add(Catalog.canonical(t))
         fallbacks.append(t)
     s["placement"] = {**placement, "instanceTypes": [instance_type, *fallbacks]}
-    capacity["allowLargerInstances"] = catalog.get(instance_type).gpus > 1 or \
+    capacity["allowLargerInstances"] = larger_type or \
         bool(fallbacks and capacity.get("allowLargerInstances"))  # the input's own, for its fallbacks
     return d
 

@@ -182,10 +182,13 @@ def _larger(search: Planner, winner: Trial, allowed) -> str:
     kind = listed[0] if listed else instance_of(winner.instance_type)
     if kind not in search.catalog:
         return f"as in the winning trial ({winner.label}: {_figures(winner)})"
+    from fleetserve.capacity.placement import replica_request
+
     gpus = search.catalog.get(kind).gpus
-    if allowed and gpus > 1:
-        return (f"{kind} has {gpus} GPUs, more than one replica asks: several replicas share one of its nodes, "
-                "which needs larger instances allowed")
+    asks = replica_request(search.endpoint.spec.engine, search.endpoint.spec.model, search.endpoint.spec.kv_cache).gpus
+    if allowed and gpus > max(1, asks or 1):
+        return (f"{kind} has {gpus} GPUs, more than one replica asks ({max(1, asks or 1)}): several replicas share one "
+                "of its nodes, which needs larger instances allowed")
     if allowed and listed[1:]:
         return f"as the input's, for its fallback types after {kind} ({', '.join(listed[1:])})"
     return f"{kind} has {gpus} GPU(s): one replica per node, no larger instance needed"
