@@ -705,3 +705,18 @@ def test_the_prefill_floor_of_the_built_in_engine_takes_a_lone_prompt_whole_as_i
     ttft = next(c for c in verdict.checks if c.window == "peak" and c.metric == "ttft_p95_ms")
     floor = prefill_floor_ms(verdict.result, "peak")
     assert floor <= ttft.value + 1e-3 and floor >= 0.95 * ttft.value, (floor, ttft.value)
+
+
+def test_a_costliest_first_window_names_the_replicas_the_fleet_started_with():
+    """The first window was read as entered with 0 replicas: a fleet started warm at 2 that only ever scaled down
+    was said to have "scaled from 0 to 2" for a burst, and the reason never named spec.replicas."""
+    from types import SimpleNamespace
+
+    from fleetserve.sim.verify import _ran_on
+
+    series = [(0.0, 2, 2, 2, 2.0, 2), (400.0, 1, 1, 1, 1.0, 1)]
+    policy = SimpleNamespace(max_replicas=4, min_replicas=1, cooldown=300.0, down_window=300.0)
+    report = {"peak": {"windows": [[600.0, 900.0]]}, "windows": {"window_s": 300.0, "arrivals": [30, 10, 90, 5]}}
+    result = SimpleNamespace(report=report, fleet=SimpleNamespace(series=series, policy_scaling=policy))
+    reason = _ran_on(result, (0.0, 300.0), [series[0]])
+    assert "started with 2 replica(s) (spec.replicas)" in reason and "scaled from 0" not in reason, reason

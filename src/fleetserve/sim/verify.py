@@ -438,7 +438,9 @@ def _ran_on(result: SimResult, span, points) -> str:
     policy = fleet.policy_scaling
     peak_rate = max(_rate(report, w) for w in report["peak"]["windows"])
     here = _rate(report, span)
-    enter = series_at(fleet.series, span[0] - 1e-9)[2] if fleet.series and span[0] > 0 else 0
+    # the first window is entered with the replicas the run starts with (spec.replicas): 0 there had blamed the
+    # autoscaler ("scaled from 0 to 2") for the warm start of a fleet that only ever scaled down
+    enter = series_at(fleet.series, span[0] - 1e-9 if span[0] > 0 else 0.0)[2] if fleet.series else 0
     up = max((p[2] for p in points), default=0)
     remedy = (f"a lower maxReplicaCount ({policy.max_replicas} now), a higher target per replica or a shorter "
               "stabilization fits the budget")
@@ -448,6 +450,9 @@ def _ran_on(result: SimResult, span, points) -> str:
     before = _rate(report, (span[0] - w, span[0])) if span[0] >= w else None
     to_zero = f"; to zero after cooldownPeriod {policy.cooldown:.0f} s" if policy.min_replicas == 0 else ""
     kept = f"replicas scale down only after scaleDownStabilizationTime ({policy.down_window:.0f} s{to_zero})"
+    if span[0] <= 0 and up <= enter:
+        return (f"the costliest window is not a peak window ({load}): it is the first, and the fleet started with "
+                f"{enter} replica(s) (spec.replicas) and {kept}: a lower spec.replicas, or {remedy}")
     if here is not None and up > enter and (before is None or here > before):
         return (f"the costliest window is not a peak window ({load}): the fleet scaled from {enter} to {up} "
                 f"replica(s) in it, for a burst the autoscaler answered with more replicas than the peak kept, and "
