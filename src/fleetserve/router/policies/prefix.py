@@ -10,7 +10,8 @@ replica really has to compute.
   capacity (`cache_blocks`), the index holds that many keys (so it forgets roughly when the engine would).
   When it does not (engines that publish nothing: the blind router), the index predicts with keys younger
   than a horizon learned from what the engines report back (`router.feedback`: cached tokens per response
-  against the prediction), keeps `SHADOW` x that horizon of history so a larger cache can be discovered,
+  against the prediction), keeps `SHADOW` x that horizon of history (at least `MIN_HISTORY`) so a larger cache
+  can be discovered,
   and is hard-capped in memory;
 - kvaware reads the KV index the engines' events feed (per tier: engine blocks count fully, L1/L2 hits
   partially) and speculatively inserts what it just routed, with a short TTL, to bridge event lag.
@@ -30,6 +31,9 @@ from fleetserve.router.policies.cost import CostWeights, cheapest
 from fleetserve.router.policies.popularity import PrefixPopularity
 
 DEFAULT_CACHE_BLOCKS = 4096
+# history kept however low the learned horizon went: the evidence that raises a horizon a passing miss cut deep
+# (router.feedback) lies past 2 x H, where the index had forgotten it
+MIN_HISTORY = DEFAULT_CACHE_BLOCKS
 MAX_INDEX_BLOCKS = 1_000_000  # hard cap over all replicas, whatever they report
 SHADOW = 2  # unknown capacity: history kept beyond the learned horizon, to see hits past it
 HOT_ROOM = 0.5  # hot prefixes are credited everywhere only while together they fit in this share of a cache
@@ -193,7 +197,7 @@ class PrefixAware:
         if replica.cache_blocks:
             cap, max_age = min(cap, int(horizon)), float("inf")
         else:
-            max_age = SHADOW * horizon
+            max_age = max(SHADOW * horizon, MIN_HISTORY)
         index.remember(blocks, cap, max_age)
 
     def routed_elsewhere(self, replica, blocks: tuple[int, ...], exact: bool, live: int) -> None:
