@@ -197,3 +197,13 @@ def test_the_oracle_stores_whole_blocks_only_as_the_engines_do(tmp_path):
                                              output_tokens=30)), tmp_path / "rag.jsonl", "mooncake")
     one = analyze(path, replicas=1, cache_blocks=64)
     assert one["oracle_hit_rate"] >= max(v for v in one["strategy_hit_rate"].values() if v is not None)
+
+
+def test_a_strategy_above_the_oracle_is_named():
+    from fleetserve.analyze.report import _above_oracle
+
+    rows = {"blind": {"prefixaware": {"hit_rate": 0.31}, "session": {"hit_rate": None}},
+            "informed": {"kvaware": {"hit_rate": 0.2}}}
+    (warning,) = _above_oracle(rows, 0.25)
+    assert "blind prefixaware 0.310" in warning and "kvaware" not in warning
+    assert _above_oracle(rows, 0.4) == []

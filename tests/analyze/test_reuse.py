@@ -96,3 +96,14 @@ def test_a_prompt_of_whole_blocks_saves_all_but_its_last():
 def test_first_accesses_miss_at_any_size_even_a_huge_one():
     curve = HitCurve(stack_distances([(1, 2), (1, 2)]))
     assert curve.hit_rate(10**20) == curve.hit_rate(10**6) == 0.5
+
+
+def test_a_block_never_hits_where_its_parent_misses():
+    """Looked up before its own touches, which go last first: a parent's distance never exceeds its child's, so
+    per-block hits are prefix hits."""
+    reqs = generate(WorkloadSpec.for_kind("rag", duration_s=300, rate=3, seed=4))
+    keys = [r.hash_ids for r in reqs]
+    distances = iter(stack_distances(keys))
+    for ks in keys:
+        d = [next(distances) for _ in ks]
+        assert all(d[i] <= d[i + 1] for i in range(len(d) - 1) if d[i + 1] != COLD)

@@ -629,3 +629,42 @@ def test_a_501_does_not_count_against_the_replica():
         return gw.pool.backends["10.0.0.1:8000"]
 
     assert run_virtual(main()).breaker == "closed"
+
+
+def test_a_retry_whose_replicas_left_go_out_while_it_waits_ends_instead_of_spinning():
+    """The retry's wait for a slot fell into the hold for a ready replica, which returned at once while the replica
+    it had excluded was ready: thousands of holds a second, until something changed."""
+    async def main():
+        gw, up = gateway({A: [FakeResponse(502, [b""])], B: []}, max_concurrent_per_replica=1, max_queue=4,
+                         buffer_timeout=30.0)
+        gw.pool.book.sent("10.0.0.2:8000", 0)  # B's only slot is taken
+        b = gw.pool.backends["10.0.0.2:8000"]
+        holds = []
+        hold = gw.gate._hold_until_ready
+
+        async def counted():
+            holds.append(1)
+            return await hold()
+
+        gw.gate._hold_until_ready = counted
+        loop = asyncio.get_running_loop()
+        loop.call_later(1.0, lambda: (setattr(b, "healthy", False), gw.pool._signal()))
+        out = Recorder()
+        await gw.handle(chat(), out)
+        return out, holds
+
+    out, holds = run_virtual(main())
+    assert out.status == 502 and len(holds) <= 1
+
+
+def test_server_errors_take_out_at_most_half_of_the_replicas():
+    """A 500 may be the request's own doing: one client's poison requests opened every breaker in turn."""
+    async def main():
+        error = orjson.dumps({"error": {"message": "bad input crashed it", "type": "server_error"}})
+        gw, up = gateway({A: [FakeResponse(500, [error]) for _ in range(40)],
+                          B: [FakeResponse(500, [error]) for _ in range(40)]})
+        for _ in range(40):
+            await gw.handle(chat(), Recorder())
+        return [b.breaker for b in gw.pool.backends.values()]
+
+    assert sorted(run_virtual(main())) == ["closed", "open"]

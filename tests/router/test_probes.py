@@ -78,3 +78,22 @@ def test_a_replica_back_after_refusing_connections_is_a_restart_and_prefixaware_
 
     restarts, size, backend = asyncio.run(main())
     assert restarts == [backend.id] and size == 0 and not backend.refused and backend.last_error == ""
+
+
+def test_the_supervisors_ready_word_after_a_refusal_is_the_restart():
+    """The fleet's `ready` push marked the new process healthy without a word: the next probe then took it for a
+    restart and wiped what the router had sent to the new process meanwhile."""
+    import asyncio
+
+    async def main():
+        pool = BackendPool(["http://127.0.0.1:1"], timeout=0.5)
+        backend = next(iter(pool.backends.values()))
+        restarts = []
+        pool.on_restart.append(restarts.append)
+        await pool.probe_all()  # refused: nothing listens on port 1
+        pool.set_backends(["http://127.0.0.1:1"], ready={"http://127.0.0.1:1"})
+        await pool.aclose()
+        return restarts, backend
+
+    restarts, backend = asyncio.run(main())
+    assert restarts == [backend.id] and not backend.refused and backend.healthy

@@ -719,4 +719,4 @@ def test_a_costliest_first_window_names_the_replicas_the_fleet_started_with():
     report = {"peak": {"windows": [[600.0, 900.0]]}, "windows": {"window_s": 300.0, "arrivals": [30, 10, 90, 5]}}
     result = SimpleNamespace(report=report, fleet=SimpleNamespace(series=series, policy_scaling=policy))
     reason = _ran_on(result, (0.0, 300.0), [series[0]])
-    assert "started with 2 replica(s) (spec.replicas)" in reason and "scaled from 0" not in reason, reason
+    assert "started with 2 replica(s) (spec.replicas" in reason and "scaled from 0" not in reason, reason

@@ -244,7 +244,8 @@ class Dispatcher:
         if response.status < 500:
             gw.pool.request_succeeded(backend)
         elif response.status != 501:  # a server error, not retried (the request may be its cause) but held against
-            gw.request_failed(backend, f"status {response.status}")  # the replica: one failing them all goes out
+            # the replica: one failing them all goes out, within a cap (pool.request_failed)
+            gw.request_failed(backend, f"status {response.status}", server_error=True)
         ended = None
         if model is not None:
             model.answered(backend.id, response.status, (gw.clock() - sent_at) * 1000)

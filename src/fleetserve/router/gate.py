@@ -89,6 +89,9 @@ class AdmissionGate:
         while True:
             if self._closed.is_set():
                 raise Refused(stopping())
+            if excluded and not self.ready(excluded):
+                return held  # none left for this retry: the dispatcher decides (no hold here: the excluded replica
+                # may be ready, and the hold would return at once, again and again)
             views = self.views(excluded)
             verdict = admit(self.settings, self.ready(excluded), any(v.healthy for v in views),
                             self.pending, self.queued)

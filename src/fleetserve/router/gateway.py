@@ -387,9 +387,9 @@ class Gateway:
     def count_decision(self, branch: str) -> None:
         self._count(self.metrics.decisions, self.policy.name, branch)
 
-    def request_failed(self, backend: Backend, error: str) -> None:
+    def request_failed(self, backend: Backend, error: str, server_error: bool = False) -> None:
         was = backend.breaker
-        self.pool.request_failed(backend, error)
+        self.pool.request_failed(backend, error, server_error)
         if was != "open" and backend.breaker == "open":
             self.metrics.ejections.labels(backend.id, "breaker").inc()
 
@@ -405,6 +405,8 @@ class Gateway:
         forget = getattr(self.policy, "replica_restarted", None)
         if forget is not None:
             forget(replica)
+        if self.kv_index is not None:
+            self.kv_index.forget(replica)  # its events resync it; until then it is empty, as the engine is
 
     def learn(self, choice, tail: bytes, routed_prompt_tokens: int) -> None:
         """Feed the engine's reported cached tokens back to the policy and the predicted-against-reported

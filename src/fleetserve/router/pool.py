@@ -143,6 +143,10 @@ class BackendPool:
             backend.draining = url in (draining or set())
             if url in (ready or set()) and not backend.healthy:
                 backend.healthy, backend.failures, backend.last_error = True, 0, ""
+                if backend.refused:  # the supervisor's word that the new process is ready: it restarted
+                    backend.refused = False
+                    for listener in self.on_restart:
+                        listener(backend.id)
             kept[backend_id] = backend
         self.backends = kept
         for gone in [b for b in self._queue_reads if b not in kept]:  # replicas come and go: so do their reads
@@ -179,17 +183,22 @@ class BackendPool:
     def any_eligible(self) -> bool:
         return any(b.eligible for b in self.backends.values())
 
-    def request_failed(self, backend: Backend, error: str) -> None:
+    def request_failed(self, backend: Backend, error: str, server_error: bool = False) -> None:
         """A request failed on the backend (5xx or broken connection).
 
         Closed: `failures_to_open` failures in a row open the breaker for `open_seconds` (no traffic, even if
         health probes pass). Half-open (the open period is over): traffic again, but one failure re-opens it
-        at once; `successes_to_close` successes in a row close it."""
+        at once; `successes_to_close` successes in a row close it. `server_error`: an answer the request itself
+        may have caused (a 500): it opens breakers on at most half of the backends, as Envoy's outlier detection
+        caps ejections, so one client's poison requests cannot take every replica out."""
         now = self.clock()
         state = backend.breaker
         backend.half_open_successes = 0
         if state == "open":
             return
+        if server_error and state == "closed" and \
+                sum(1 for b in self.backends.values() if b.tripped) + 1 > len(self.backends) // 2:
+            return  # the cap is reached: it stays in (a replica failing everything is still one of them)
         backend.request_failures += 1
         if state == "half-open" or backend.request_failures >= self.breaker.failures_to_open:
             backend.tripped = True

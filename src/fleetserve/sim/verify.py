@@ -452,7 +452,8 @@ def _ran_on(result: SimResult, span, points) -> str:
     kept = f"replicas scale down only after scaleDownStabilizationTime ({policy.down_window:.0f} s{to_zero})"
     if span[0] <= 0 and up <= enter:
         return (f"the costliest window is not a peak window ({load}): it is the first, and the fleet started with "
-                f"{enter} replica(s) (spec.replicas) and {kept}: a lower spec.replicas, or {remedy}")
+                f"{enter} replica(s) (spec.replicas, raised to minReplicaCount or a schedule's floor where those are "
+                f"higher) and {kept}: a lower start (spec.replicas, or the floor that raised it), or {remedy}")
     if here is not None and up > enter and (before is None or here > before):
         return (f"the costliest window is not a peak window ({load}): the fleet scaled from {enter} to {up} "
                 f"replica(s) in it, for a burst the autoscaler answered with more replicas than the peak kept, and "
