@@ -143,10 +143,7 @@ class BackendPool:
             backend.draining = url in (draining or set())
             if url in (ready or set()) and not backend.healthy:
                 backend.healthy, backend.failures, backend.last_error = True, 0, ""
-                if backend.refused:  # the supervisor's word that the new process is ready: it restarted
-                    backend.refused = False
-                    for listener in self.on_restart:
-                        listener(backend.id)
+                self._answering(backend)  # the supervisor's word that the process is ready
             kept[backend_id] = backend
         self.backends = kept
         for gone in [b for b in self._queue_reads if b not in kept]:  # replicas come and go: so do their reads
@@ -214,6 +211,14 @@ class BackendPool:
         if backend.half_open_successes >= self.breaker.successes_to_close:
             backend.tripped, backend.request_failures, backend.half_open_successes = False, 0, 0
 
+    def _answering(self, backend: Backend) -> None:
+        """A healthy backend answers: if it refused connections since it last did, nothing listened there, so this
+        is a new process with an empty cache (`on_restart`)."""
+        if backend.refused:
+            backend.refused = False
+            for listener in self.on_restart:
+                listener(backend.id)
+
     def mark_unreachable(self, backend: Backend, error: str, refused: bool = False) -> None:
         """A request could not reach the backend: take it out now, the probes will bring it back. `refused`: the
         connection was refused (see `Backend.refused`)."""
@@ -257,10 +262,7 @@ class BackendPool:
                 backend.healthy = True
             if backend.healthy:
                 backend.last_error = ""  # one failed probe short of taking it out had stayed on /health for good
-                if backend.refused:  # answering again where nothing listened: a new process (also between probes
-                    backend.refused = False  # too few to take it out)
-                    for listener in self.on_restart:
-                        listener(backend.id)
+                self._answering(backend)  # also between probes too few to take it out
             backend.failures = 0
             self._signal()
             return

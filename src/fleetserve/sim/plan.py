@@ -156,6 +156,11 @@ def _fitting(instance_type: str, asked, catalog: Catalog, naming: str) -> str | 
     return naming + min(same_gpu, key=lambda t: (t.gpus, t.on_demand)).name
 
 
+def replica_gpus(asked) -> int:
+    """GPUs one replica takes (`capacity.placement.ReplicaRequest`; none asked, or not known: one)."""
+    return max(1, asked.gpus if asked is not None and asked.gpus else 1)
+
+
 def _with_type(data: dict, instance_type: str, catalog: Catalog, first: str | None = None,
                asked=None) -> dict:
     """The spec placed on `instance_type` first. The input's other listed types follow it as fallbacks, in their
@@ -169,7 +174,7 @@ def _with_type(data: dict, instance_type: str, catalog: Catalog, first: str | No
     affinity = placement.get("nodeAffinity")
     capacity = s.setdefault("capacity", {})
     # larger than a replica: more GPUs than one asks (a 4-GPU replica on a 4-GPU type is not; it had read as one)
-    larger_type = catalog.get(instance_type).gpus > max(1, asked.gpus if asked is not None and asked.gpus else 1)
+    larger_type = catalog.get(instance_type).gpus > replica_gpus(asked)
     if affinity:
         s["placement"] = {**placement, "nodeAffinity": _pinned(affinity, instance_type, first)}
         capacity["allowLargerInstances"] = larger_type

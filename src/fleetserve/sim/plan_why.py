@@ -175,20 +175,20 @@ def _kept(search: Planner, winner: Trial, step: str, what: str) -> str:
 def _larger(search: Planner, winner: Trial, allowed) -> str:
     """allowLargerInstances follows the winner's first type: a type of more GPUs than one replica asks is larger
     than a replica, and Karpenter may only pack several replicas onto it when larger types are allowed."""
-    from fleetserve.sim.plan import instance_of
+    from fleetserve.capacity.placement import replica_request
+    from fleetserve.sim.plan import instance_of, replica_gpus
 
     spec = winner.data["spec"]
     listed = (spec.get("placement") or {}).get("instanceTypes") or []
     kind = listed[0] if listed else instance_of(winner.instance_type)
     if kind not in search.catalog:
         return f"as in the winning trial ({winner.label}: {_figures(winner)})"
-    from fleetserve.capacity.placement import replica_request
-
     gpus = search.catalog.get(kind).gpus
-    asks = replica_request(search.endpoint.spec.engine, search.endpoint.spec.model, search.endpoint.spec.kv_cache).gpus
-    if allowed and gpus > max(1, asks or 1):
-        return (f"{kind} has {gpus} GPUs, more than one replica asks ({max(1, asks or 1)}): several replicas share one "
-                "of its nodes, which needs larger instances allowed")
+    asked = search.endpoint.spec
+    asks = replica_gpus(replica_request(asked.engine, asked.model, asked.kv_cache))
+    if allowed and gpus > asks:
+        return (f"{kind} has {gpus} GPUs, more than one replica asks ({asks}): several replicas share one of its "
+                "nodes, which needs larger instances allowed")
     if allowed and listed[1:]:
         return f"as the input's, for its fallback types after {kind} ({', '.join(listed[1:])})"
     return f"{kind} has {gpus} GPU(s): one replica per node, no larger instance needed"
