@@ -322,6 +322,40 @@ def test_a_non_streamed_answer_longer_than_the_upstream_timeout_is_a_504_naming_
         e.stop()
 
 
+def test_a_stream_whose_replica_hangs_ends_with_an_error_after_the_stream_idle_timeout(slow_model, logs):
+    """A replica stopped mid-stream (SIGSTOP, a hung GPU) kept its streams open until upstreamTimeoutSeconds (30
+    minutes by default): health probes take it out, but a stream under way cannot move. A silence longer than
+    spec.router.streamIdleTimeoutSeconds once the answer began ends it with a 504 error event and [DONE]; the
+    first token's wait stays the upstream timeout's."""
+    e = engine(slow_model, logs, name="slow").start()
+    gw = router([e], logs, "leastload", "--stream-idle-timeout", "2").start()
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    stopped = False
+    try:
+        stream = client.completions.create(model="slow", prompt="a", max_tokens=3000, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        got = [next(stream)]
+        os.kill(e.proc.pid, signal.SIGSTOP)
+        stopped = True
+        with pytest.raises(openai.APIError) as cut:
+            for chunk in stream:
+                got.append(chunk)
+        assert "sent nothing for 2s mid-stream" in str(cut.value) and "streamIdleTimeoutSeconds" in str(cut.value)
+        assert cut.value.body["code"] == "upstream_timeout"
+        os.kill(e.proc.pid, signal.SIGCONT)
+        stopped = False
+        # the replica is back: a stream whose chunks come every decode step is not cut
+        wait_until(lambda: http_ok(gw.url + "/health"), timeout=30)
+        whole = list(client.completions.create(model="slow", prompt="a", max_tokens=8, temperature=0, stream=True,
+                                               extra_body={"ignore_eos": True}))
+        assert whole[-1].choices[0].finish_reason == "length"
+    finally:
+        if stopped:
+            os.kill(e.proc.pid, signal.SIGCONT)
+        gw.stop()
+        e.stop()
+
+
 @pytest.fixture()
 def slow_pair_limited(slow_model, logs):
     e = engine(slow_model, logs, name="slow").start()

@@ -221,3 +221,35 @@ def test_abandon_cuts_only_the_requests_a_replica_has_not_begun_to_answer():
         return first
 
     assert run(main()) == b"data: 1\n\n"
+
+
+def test_once_an_answer_began_a_silence_longer_than_the_stream_idle_timeout_fails_its_read():
+    """The read timeout (30 minutes by default) covers the wait for an answer's first byte, which for a long
+    prompt or a non-streamed answer is long; between a stream's chunks a silence that long is a hung replica.
+    A late first byte is no failure; a stream that stops mid-way fails within the idle timeout."""
+    async def late_then_stalled(reader, writer):
+        await read_request(reader)
+        await asyncio.sleep(0.6)  # longer than the idle timeout, before the body began
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                     b"9\r\ndata: 1\n\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.write(b"9\r\ndata: 2\n\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(30)  # then hung
+
+    async def main():
+        server, url = await serve(late_then_stalled)
+        client = Upstream(read_timeout=60, stream_idle_timeout=0.3)  # 60 s: past run()'s 30 s limit
+        assert client.between == 0.3 and Upstream(read_timeout=5, stream_idle_timeout=60).between == 5
+        stream = await client.request(url, "POST", "/stream", [], b"{}")
+        first = await stream.read()  # waited 0.6 s: the read timeout's
+        second = await stream.read()
+        with pytest.raises(Timeout, match="silent mid-answer"):
+            await stream.read()
+        stream.close()
+        await client.aclose()
+        server.close()
+        return first + second
+
+    assert run(main()) == b"data: 1\n\ndata: 2\n\n"

@@ -480,6 +480,10 @@ def router(
     upstream_timeout: Annotated[float, float_option(
         min=0.1, max=86400, help="Seconds a replica may stay silent (a non-streamed answer: its whole generation) "
                                  "before the request is answered 504")] = 1800.0,
+    stream_idle_timeout: Annotated[float, float_option(
+        min=0.1, max=86400, help="Seconds a replica may stay silent once its answer began (between two chunks of "
+                                 "a stream) before the router ends it with an error (at most --upstream-timeout)")
+                                   ] = 60.0,
     session_key: Annotated[str | None, typer.Option(help="Header or body key for session routing")] = None,
     max_concurrent_per_replica: Annotated[int | None, typer.Option(min=1, help="Requests in flight per replica")
                                           ] = None,
@@ -630,7 +634,7 @@ def router(
     settings = RouterSettings(strategy=strategy, max_attempts=max_attempts, health_interval=health_interval,
                               keyring=keyring,
                               buffer_size=buffer_size, buffer_timeout=buffer_timeout, session_key=session_key,
-                              upstream_read_timeout=upstream_timeout,
+                              upstream_read_timeout=upstream_timeout, stream_idle_timeout=stream_idle_timeout,
                               max_concurrent_per_replica=max_concurrent_per_replica, max_queue=max_queue,
                               overflow_status=overflow_status,
                               admin_token=os.environ.get("FLEETSERVE_ADMIN_TOKEN") or None,

@@ -425,7 +425,8 @@ class Supervisor:
                                  "--health-path", self.spec.engine.health_path,
                                  "--buffer-size", str(self.spec.router.buffer_size),
                                  "--buffer-timeout", str(self.spec.router.buffer_timeout_seconds),
-                                 "--upstream-timeout", str(self.spec.router.upstream_timeout_seconds))
+                                 "--upstream-timeout", str(self.spec.router.upstream_timeout_seconds),
+                                 "--stream-idle-timeout", str(self.spec.router.stream_idle_timeout_seconds))
         for url in backends:
             cmd += ["--backend", url]
         if self.spec.router.workers > 1:

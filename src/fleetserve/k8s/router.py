@@ -60,6 +60,7 @@ def _args(ctx: Context) -> list[str]:
             "--health-path", spec.engine.health_path, "--buffer-size", str(spec.router.buffer_size),
             "--buffer-timeout", f"{spec.router.buffer_timeout_seconds:g}",
             "--upstream-timeout", f"{spec.router.upstream_timeout_seconds:g}",
+            "--stream-idle-timeout", f"{spec.router.stream_idle_timeout_seconds:g}",
             "--drain-timeout", str(ctx.router_drain_seconds)]  # after SIGTERM: what it serves finishes
     if ctx.endpoint.spec.engine.kind == "external":
         for url in backends(ctx):

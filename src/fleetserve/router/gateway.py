@@ -79,6 +79,7 @@ class RouterSettings:
     session_key: str | None = None  # header or body key for session routing
     max_attempts: int = 3
     upstream_read_timeout: float = 1800.0  # a replica's longest silence (spec.router.upstreamTimeoutSeconds)
+    stream_idle_timeout: float = 60.0  # ... once its answer began (spec.router.streamIdleTimeoutSeconds)
     health_interval: float = 1.0
     buffer_size: int = 256  # requests held while no replica is ready (scale from zero)
     buffer_timeout: float = 600.0  # longer than a cold start; then 503 with Retry-After
@@ -138,6 +139,7 @@ class Gateway:
             if settings.model_identity is not None else None
         self.internal = InternalAuth(settings.internal_token)
         self.upstream = upstream or Upstream(read_timeout=settings.upstream_read_timeout,
+                                             stream_idle_timeout=settings.stream_idle_timeout,
                                              headers=upstream_credentials(settings))
         self.salter = TenantSalt(settings.internal_token) if settings.tenant_cache_salt else None
         if upstream is None:

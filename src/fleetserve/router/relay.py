@@ -95,8 +95,7 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
         gw.request_failed(attempt.backend, "failed mid-response")
         log.warning("backend %s failed mid-response: %s", attempt.backend.url, exc)
         if sse and response.content_length is None:
-            _end_with_error(responder, APIError(502, _cut_message(attempt.backend.draining, exc.kind),
-                                                code="upstream_failed"))
+            _end_with_error(responder, _cut_error(attempt.backend.draining, exc))
         else:
             responder.abort()
         return False
@@ -180,10 +179,17 @@ def _end_with_error(responder: Responder, error: APIError) -> None:
     responder.end()
 
 
-def _cut_message(draining: bool, kind: str) -> str:
+def _cut_error(draining: bool, exc: UpstreamError) -> APIError:
     """Why a stream ended early: a replica the fleet was draining (scale-down, a spot notice, a move) stopped
-    when its drain time was up, which is the spec's choice, not a fault of the replica."""
-    if draining:
-        return ("the model replica was draining (scale-down, spot notice or move) and stopped when its drain time "
-                "(engine.drainTimeoutSeconds) ran out before this stream finished; the response is incomplete")
-    return f"the model replica failed mid-stream ({kind}); the response is incomplete"
+    when its drain time was up, which is the spec's choice, not a fault of the replica; a replica silent for
+    longer than a stream allows is hung (SIGSTOP, a stuck GPU), as a 504."""
+    kind = exc.kind
+    if draining and kind != "timeout":
+        return APIError(502, "the model replica was draining (scale-down, spot notice or move) and stopped when its "
+                             "drain time (engine.drainTimeoutSeconds) ran out before this stream finished; the "
+                             "response is incomplete", code="upstream_failed")
+    if kind == "timeout":
+        return APIError(504, f"the model replica sent nothing for {getattr(exc, 'seconds', None) or 0:g}s mid-stream "
+                             "(router.streamIdleTimeoutSeconds); the response is incomplete", code="upstream_timeout")
+    return APIError(502, f"the model replica failed mid-stream ({kind}); the response is incomplete",
+                    code="upstream_failed")

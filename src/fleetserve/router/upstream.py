@@ -46,6 +46,10 @@ class Dropped(UpstreamError):
 class Timeout(UpstreamError):
     kind = "timeout"
 
+    def __init__(self, message: str, seconds: float | None = None):
+        super().__init__(message)
+        self.seconds = seconds  # the silence it waited out
+
 
 class Broken(UpstreamError):
     kind = "broken"
@@ -95,12 +99,16 @@ class _Origin:
 
 
 class UpstreamResponse:
-    """Status and headers of an answer, and its body as it arrives (`read`, b"" at the end)."""
+    """Status and headers of an answer, and its body as it arrives (`read`, b"" at the end).
+
+    Until the body's first byte the replica may stay silent `timeout` seconds (a non-streamed answer is silent
+    for its whole generation); after it, `between` seconds between two arrivals (a stream's chunks come every
+    decode step, so a longer silence is a hung replica, not a slow one)."""
 
     __slots__ = ("status", "headers", "content_length", "_conn", "_chunks", "_buffered", "_complete", "_error",
-                 "_waiter", "_timeout", "_loop")
+                 "_waiter", "_timeout", "_between", "_started", "_loop")
 
-    def __init__(self, conn: _Connection, timeout: float | None):
+    def __init__(self, conn: _Connection, timeout: float | None, between: float | None = None):
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.content_length: int | None = None
@@ -111,6 +119,8 @@ class UpstreamResponse:
         self._error: UpstreamError | None = None
         self._waiter: asyncio.Future | None = None
         self._timeout = timeout
+        self._between = between if between is not None else timeout
+        self._started = False
         self._loop = conn.loop
 
     def header(self, name: bytes) -> bytes | None:
@@ -160,7 +170,8 @@ class UpstreamResponse:
 
     async def _wait(self) -> None:
         self._waiter = waiter = self._loop.create_future()
-        timer = self._loop.call_later(self._timeout, _expire, waiter) if self._timeout else None
+        timeout = self._between if self._started else self._timeout
+        timer = self._loop.call_later(timeout, _expire, waiter, timeout, self._started) if timeout else None
         try:
             await waiter
         finally:
@@ -174,6 +185,7 @@ class UpstreamResponse:
 
     # called by the connection
     def _data(self, data: bytes) -> None:
+        self._started = True
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > PAUSE_ABOVE:
@@ -190,9 +202,10 @@ class UpstreamResponse:
             self._wake()
 
 
-def _expire(waiter: asyncio.Future) -> None:
+def _expire(waiter: asyncio.Future, seconds: float, started: bool = False) -> None:
     if not waiter.done():
-        waiter.set_exception(Timeout("no answer in time"))
+        waiter.set_exception(Timeout(f"silent mid-answer for {seconds:g}s" if started else "no answer in time",
+                                     seconds))
 
 
 class _Connection(asyncio.Protocol):
@@ -309,10 +322,13 @@ class _Connection(asyncio.Protocol):
 class Upstream:
     """A connection pool per replica URL; `request` returns once the answer's headers arrived."""
 
-    def __init__(self, *, connect_timeout: float = 3.0, read_timeout: float = 300.0, max_idle: int = 256,
-                 idle_expiry_s: float = 30.0, headers: dict[str, str] | None = None):
+    def __init__(self, *, connect_timeout: float = 3.0, read_timeout: float = 300.0,
+                 stream_idle_timeout: float | None = None, max_idle: int = 256, idle_expiry_s: float = 30.0,
+                 headers: dict[str, str] | None = None):
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        # the silence allowed once an answer's body began: never more than before it
+        self.between = read_timeout if stream_idle_timeout is None else min(read_timeout, stream_idle_timeout)
         self.max_idle = max_idle
         self.idle_expiry_s = idle_expiry_s  # under the replicas' own keep-alive (75 s), so they never close first
         self._extra = b"".join(k.lower().encode("latin-1") + b": " + v.encode("latin-1") + b"\r\n"
@@ -332,14 +348,15 @@ class Upstream:
         origin = self.origin(base_url)
         head = self._head(origin, method, path, headers, body)
         timeout = self.read_timeout if read_timeout is None else read_timeout
+        between = self.between if read_timeout is None else min(timeout, self.between)
         conn = self._idle(origin)
         if conn is not None:
             try:
-                return await self._exchange(conn, head, body, timeout)
+                return await self._exchange(conn, head, body, timeout, between)
             except (Unreachable, Dropped):
                 pass  # most likely closed as idle just as the request went out: once more, on a fresh connection
         conn = await self._connect(origin)
-        return await self._exchange(conn, head, body, timeout)
+        return await self._exchange(conn, head, body, timeout, between)
 
     def abandon(self, base_url: str, why: str) -> int:
         """Cut the requests under way to a replica that have had no body byte yet (its probes took it out: it
@@ -420,8 +437,9 @@ class Upstream:
             raise error from None
         return conn
 
-    async def _exchange(self, conn: _Connection, head: bytes, body: bytes, timeout: float) -> UpstreamResponse:
-        response = UpstreamResponse(conn, timeout)
+    async def _exchange(self, conn: _Connection, head: bytes, body: bytes, timeout: float,
+                        between: float) -> UpstreamResponse:
+        response = UpstreamResponse(conn, timeout, between)
         conn.response = response
         conn.received = conn.body_seen = False
         conn.sent = True
@@ -430,7 +448,7 @@ class Upstream:
         conn.transport.write(head + body if len(body) < 65536 else head)
         if len(body) >= 65536:
             conn.transport.write(body)
-        timer = conn.loop.call_later(timeout, _expire, ready) if timeout else None
+        timer = conn.loop.call_later(timeout, _expire, ready, timeout) if timeout else None
         try:
             await ready
         except BaseException:

@@ -619,6 +619,10 @@ class RouterSection(SpecModel):
     upstream_timeout_seconds: float = Field(
         default=1800, ge=0.1, le=86400, description="longest silence from a replica (before a non-streamed answer, "
         "its whole generation) before the router answers 504 (sglang-router's default)")
+    stream_idle_timeout_seconds: float = Field(
+        default=60, ge=0.1, le=86400, description="longest silence from a replica once its answer has begun (a "
+        "stream between two chunks; nginx's proxy_read_timeout) before the router ends it with an error: a hung "
+        "replica's streams ended only after upstreamTimeoutSeconds")
     workers: int = Field(default=1, ge=1, le=64, description="router processes sharing the port (one per core the "
                                                              "router may use)")
 
