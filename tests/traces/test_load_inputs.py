@@ -290,3 +290,30 @@ def test_azure_stamps_outside_the_years_start_allows_are_refused(tmp_path, stamp
     path = _azure(tmp_path, rows=[stamp + ",100,10"])
     with pytest.raises(TraceError, match=r"t.csv:2: .*the year must be within 1970..9000"):
         load_trace(path)
+
+
+def test_gzip_compressed_traces_load_as_their_text(tmp_path):
+    """Public traces are often published compressed (.jsonl.gz, .csv.gz); one was refused as "not UTF-8 text".
+    A gzip file loads as the text inside it, whatever its name; one cut short is named as such."""
+    import gzip
+    import shutil
+
+    plain = _azure(tmp_path)
+    packed = tmp_path / "azure.csv.gz"
+    with open(plain, "rb") as src, gzip.open(packed, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    assert _times(load_trace(packed)) == _times(load_trace(plain))
+    shared = Path(__file__).parents[1] / "data" / "mooncake_synthetic_trace.jsonl"
+    mooncake = tmp_path / "mooncake"  # no suffix at all: the bytes say what it is
+    mooncake.write_bytes(gzip.compress(shared.read_bytes()[:200_000]))
+    whole = [r for r in load_trace(shared, limit=50)]
+    assert [(r.arrival_s, r.input_tokens, r.hash_ids) for r in load_trace(mooncake, limit=50)] == \
+        [(r.arrival_s, r.input_tokens, r.hash_ids) for r in whole]
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(shared.read_bytes()[:200_000])[:5_000])
+    with pytest.raises(TraceError, match="cut.jsonl.gz: a gzip file that cannot be decompressed"):
+        load_trace(cut)
+    bad = tmp_path / "latin1.csv.gz"
+    bad.write_bytes(gzip.compress(b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,1 \xff\n"))
+    with pytest.raises(TraceError, match="latin1.csv.gz:2 .byte 25 of the line.: not UTF-8 text"):
+        load_trace(bad)

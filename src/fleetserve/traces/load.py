@@ -10,8 +10,11 @@
 from __future__ import annotations
 
 import csv
+import gzip
+import io
 import json
 import math
+import zlib
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,18 +36,34 @@ class TraceError(ValueError):
         self.param = param
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _is_gzip(p: Path) -> bool:
+    with open(p, "rb") as f:
+        return f.read(2) == GZIP_MAGIC
+
+
+def _binary(p: Path):
+    """The file's bytes, decompressed when it is gzip (public traces are often published as .jsonl.gz / .csv.gz)."""
+    return gzip.open(p, "rb") if _is_gzip(p) else open(p, "rb")
+
+
 def _text_lines(p: Path):
-    """(line number, text) of a UTF-8 file (a BOM, as spreadsheet tools write it, is dropped; any line end)."""
+    """(line number, text) of a UTF-8 file, or of a gzip-compressed one (a BOM, as spreadsheet tools write it, is
+    dropped; any line end)."""
     try:
-        with open(p, encoding="utf-8-sig") as f:
+        with io.TextIOWrapper(_binary(p), encoding="utf-8-sig") as f:
             yield from enumerate(f, 1)
     except UnicodeDecodeError as exc:
         raise TraceError(f"{_bad_byte(p)}: not UTF-8 text ({exc.reason})") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise TraceError(f"{p}: a gzip file that cannot be decompressed ({exc or 'cut short'})") from None
 
 
 def _bad_byte(p: Path) -> str:
     """Where the first byte that is not UTF-8 is, as FILE:LINE (the decoder's offset is into its read buffer)."""
-    with open(p, "rb") as f:
+    with _binary(p) as f:
         for n, raw in enumerate(f, 1):
             try:
                 raw.decode("utf-8")
