@@ -657,8 +657,9 @@ def test_a_retry_whose_replicas_left_go_out_while_it_waits_ends_instead_of_spinn
     assert out.status == 502 and len(holds) <= 1
 
 
-def test_server_errors_take_out_at_most_half_of_the_replicas():
-    """A 500 may be the request's own doing: one client's poison requests opened every breaker in turn."""
+def test_server_errors_every_replica_answers_alike_open_no_breaker():
+    """A 500 may be the request's own doing: one client's poison requests, failing on every replica, opened every
+    breaker in turn (then half of them, with the cap). Failing like the others, no replica is an outlier."""
     async def main():
         error = orjson.dumps({"error": {"message": "bad input crashed it", "type": "server_error"}})
         gw, up = gateway({A: [FakeResponse(500, [error]) for _ in range(40)],
@@ -667,4 +668,23 @@ def test_server_errors_take_out_at_most_half_of_the_replicas():
             await gw.handle(chat(), Recorder())
         return [b.breaker for b in gw.pool.backends.values()]
 
-    assert sorted(run_virtual(main())) == ["closed", "open"]
+    assert run_virtual(main()) == ["closed", "closed"]
+
+
+def test_a_replica_failing_every_other_request_goes_out():
+    """Counted in a row, a replica that failed half of its answers never reached ten in a row and kept its share."""
+    async def main():
+        error = orjson.dumps({"error": {"message": "flaky GPU", "type": "server_error"}})
+        gw, up = gateway({A: [FakeResponse(500 if i % 2 else 200, [error if i % 2 else OK]) for i in range(20)],
+                          B: [FakeResponse(200, [OK]) for _ in range(40)]})
+        statuses = []
+        for _ in range(40):
+            out = Recorder()
+            await gw.handle(chat(), out)
+            statuses.append(out.status)
+        return gw.pool.backends["10.0.0.1:8000"], statuses, gw.metrics.ejections.labels("10.0.0.1:8000",
+                                                                                         "breaker")._value.get()
+
+    a, statuses, ejections = run_virtual(main())
+    assert a.breaker == "open" and ejections == 1
+    assert statuses.count(500) == 5  # out at its 10th answer; the rest of the traffic went to B

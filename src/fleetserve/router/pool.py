@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from fleetserve.clock import Clock
 from fleetserve.router.backlog import LoadBook
 from fleetserve.router.engine_queue import QUEUE_GAUGES, read_queue
+from fleetserve.router.outliers import AnswerWindow, OutlierSettings, is_outlier
 from fleetserve.router.policies import FleetSnapshot, ReplicaView
 from fleetserve.router.upstream import Upstream, UpstreamError
 
@@ -44,6 +45,7 @@ class Backend:
     open_until: float = 0.0
     tripped: bool = False  # opened and not yet closed again by successes (open, then half-open)
     half_open_successes: int = 0
+    answers: AnswerWindow = field(default_factory=lambda: AnswerWindow(OutlierSettings.window), repr=False)
     clock: Clock = field(default=time.monotonic, repr=False)
     book: LoadBook = field(default_factory=LoadBook, repr=False)  # the pool's, shared by its backends
 
@@ -82,9 +84,10 @@ class Backend:
 
 @dataclass(frozen=True)
 class BreakerSettings:
-    failures_to_open: int = 10
+    failures_to_open: int = 10  # failures in a row (no answer, a timeout, a 502-504) that open the breaker
     open_seconds: float = 60.0
     successes_to_close: int = 3
+    outliers: OutlierSettings = OutlierSettings()  # server errors (500s) open it by ratio (router/outliers.py)
 
 
 class BackendPool:
@@ -139,7 +142,8 @@ class BackendPool:
         for url in urls:
             url = url.rstrip("/")
             backend_id = url.split("://", 1)[-1]  # host:port, stable across restarts on the same port
-            backend = self.backends.get(backend_id) or Backend(backend_id, url, clock=self.clock, book=self.book)
+            backend = self.backends.get(backend_id) or Backend(
+                backend_id, url, clock=self.clock, book=self.book, answers=AnswerWindow(self.breaker.outliers.window))
             backend.draining = url in (draining or set())
             if url in (ready or set()) and not backend.healthy:
                 backend.healthy, backend.failures, backend.last_error = True, 0, ""
@@ -186,18 +190,25 @@ class BackendPool:
         Closed: `failures_to_open` failures in a row open the breaker for `open_seconds` (no traffic, even if
         health probes pass). Half-open (the open period is over): traffic again, but one failure re-opens it
         at once; `successes_to_close` successes in a row close it. `server_error`: an answer the request itself
-        may have caused (a 500): it opens breakers on at most half of the backends, as Envoy's outlier detection
-        caps ejections, so one client's poison requests cannot take every replica out."""
+        may have caused (a 500). It does not count in a row: it opens the breaker when the replica is an outlier
+        (router/outliers.py: it fails a large share of its answers, and clearly more than another replica does),
+        and on at most half of the backends, as Envoy caps ejections, so one client's poison requests cannot take
+        every replica out."""
         now = self.clock()
         state = backend.breaker
         backend.half_open_successes = 0
         if state == "open":
             return
-        if server_error and state == "closed" and \
-                sum(1 for b in self.backends.values() if b.tripped) + 1 > len(self.backends) // 2:
-            return  # the cap is reached: it stays in (a replica failing everything is still one of them)
-        backend.request_failures += 1
-        if state == "half-open" or backend.request_failures >= self.breaker.failures_to_open:
+        if server_error and state == "closed":
+            backend.answers.record(True)
+            others = (b.answers for b in self.backends.values() if b is not backend)
+            if not is_outlier(backend.answers, others, self.breaker.outliers):
+                return
+            if sum(1 for b in self.backends.values() if b.tripped) + 1 > len(self.backends) // 2:
+                return  # the cap is reached: it stays in (a replica failing everything is still one of them)
+        else:
+            backend.request_failures += 1
+        if server_error or state == "half-open" or backend.request_failures >= self.breaker.failures_to_open:
             backend.tripped = True
             backend.open_until = now + self.breaker.open_seconds
             log.warning("circuit breaker open for %s (%.0fs): %s", backend.url, self.breaker.open_seconds, error)
@@ -206,10 +217,12 @@ class BackendPool:
     def request_succeeded(self, backend: Backend) -> None:
         if backend.breaker == "closed":
             backend.request_failures = 0  # failures count in a row
+            backend.answers.record(False)
             return
         backend.half_open_successes += 1
         if backend.half_open_successes >= self.breaker.successes_to_close:
             backend.tripped, backend.request_failures, backend.half_open_successes = False, 0, 0
+            backend.answers.clear()  # closed again: judged on what it answers from now on
 
     def _answering(self, backend: Backend) -> None:
         """A healthy backend answers: if it refused connections since it last did, nothing listened there, so this
