@@ -214,10 +214,11 @@ def test_every_fleet_panel_follows_the_namespace_filter_and_replicas_read_kubern
 
 
 K8S_INPUT = [  # a Kubernetes namespace: no fleet supervisor, kube-state-metrics and Karpenter instead
-    ('kube_deployment_spec_replicas{namespace="ns",deployment="chat-engine"}', "2x10"),
-    ('kube_deployment_spec_replicas{namespace="ns",deployment="chat-engine-t1"}', "1x10"),
+    ('kube_deployment_spec_replicas{namespace="ns",deployment="chat-engine-t0"}', "3x10"),
+    ('kube_deployment_spec_replicas{namespace="ns",deployment="chat-engine-t1"}', "2x10"),
     ('kube_deployment_spec_replicas{namespace="ns",deployment="chat-router"}', "2x10"),
-    ('kube_deployment_status_replicas_available{namespace="ns",deployment="chat-engine"}', "1x10"),
+    ('kube_deployment_status_replicas_available{namespace="ns",deployment="chat-engine-t0"}', "1x10"),
+    ('kube_deployment_status_replicas_available{namespace="ns",deployment="chat-engine-t1"}', "1x10"),
     *[(f'karpenter_nodes_allocatable{{nodepool="{pool}",node_name="{node}",instance_type="{it}",'
        f'capacity_type="{ct}",resource_type="{res}"}}', "4x10")
       for pool, node, it, ct in (("ns-chat-t0", "n1", "g5.xlarge", "spot"), ("ns-chat-t0", "n2", "g5.xlarge", "spot"),
@@ -234,8 +235,10 @@ HASHED_INPUT = [  # an endpoint name long enough to be hashed: its Deployments l
                                                         ("10.0.0.3:8000", "0x10"))],
 ]
 K8S_EXPECTED = {
-    ("replicas", 0): [("", 3.0)],  # both engine tiers, not the router
-    ("replicas", 1): [("", 1.0)],
+    # the first tier's spec (what the autoscaler asks for: the overflow tier stands in for its pods that cannot be
+    # placed, and counting its spec too read 5 desired), not the router; ready in every tier
+    ("replicas", 0): [("", 3.0)],
+    ("replicas", 1): [("", 2.0)],
     ("nodes", 0): [('capacity_type="spot",instance_type="g5.xlarge"', 2.0),  # one per node, not per resource
                    ('capacity_type="on-demand",instance_type="g6.xlarge"', 1.0)],  # another namespace's pool: out
 }
@@ -271,3 +274,23 @@ def test_a_uid_or_title_grafana_would_refuse_is_exit_2_naming_the_flag(flag, val
     result = CliRunner().invoke(app, ["dashboard", "grafana", flag, value])
     assert result.exit_code == 2 and flag in result.output, result.output
     assert CliRunner().invoke(app, ["dashboard", "grafana", "--uid", "team-a_fleet1"]).exit_code == 0
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing: scripts/setup.sh installs "
+                                                              "prometheus from Debian as root")
+def test_scaling_decision_annotations_mark_a_first_decision_of_the_picked_namespace_only(tmp_path):
+    """The annotation read a fixed [1m] (under two samples at a 60 s scrape interval), had no namespace filter (every
+    fleet's decisions on every view), and a reason's counter appeared at 1 on its first decision, which increase()
+    never showed: the supervisor now exports every reason from 0."""
+    from fleetserve.fleet.metrics import SupervisorMetrics
+    from fleetserve.observe.grafana import DECISIONS
+
+    assert "$__rate_interval" in DECISIONS and "$namespace" in DECISIONS
+    metrics = SupervisorMetrics()
+    for reason in ("scale up", "scale down", "activated from zero", "cooldownPeriod elapsed", "fallback"):
+        assert metrics.registry.get_sample_value("fleetserve_autoscaler_decisions_total", {"reason": reason}) == 0
+    expr = concrete(DECISIONS.replace("$namespace", "ns"))
+    inputs = [('fleetserve_autoscaler_decisions_total{namespace="ns",reason="scale up"}', "0 0 0 0 0 0 0 0 1 1 1"),
+              ('fleetserve_autoscaler_decisions_total{namespace="other",reason="scale down"}', "0 0 0 0 0 0 0 0 1 1 1"),
+              ('fleetserve_autoscaler_decisions_total{namespace="ns",reason="steady"}', "0+1x10")]
+    promtool_evaluates(tmp_path, {"dash:decisions": expr}, inputs, {"dash:decisions": [('reason="scale up"', 1)]})

@@ -317,3 +317,64 @@ def test_promtool_vllm_prefix_cache_ratio_reads_the_older_names_and_never_both(t
                                          "tests": [case]}, sort_keys=False))
     done = promtool("test", "rules", str(test_file), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+TIERED = SPEC.replace("  engine: {startupTimeoutSeconds: 300}\n", """  engine: {startupTimeoutSeconds: 300, gpus: 1}
+  placement: {instanceTypes: [ml.g5.xlarge, ml.g6e.xlarge]}
+""")
+
+
+@needs_promtool
+def test_promtool_kubernetes_alerts_of_a_tiered_endpoint_and_non_streamed_answers(tmp_path):
+    """Two findings of one pass. (1) The first tier's pods that cannot be placed stay Pending on purpose: the overflow
+    tier serves for them. Desired summed every tier's spec (3 + 2), so ReplicasNotReady fired while 3 of the 3 replicas
+    asked for served. (2) SlowTimeToFirstByte read the router's raw TTFB, a non-streamed answer's whole generation:
+    it fired on a fleet whose clients do not stream, at a TTFT of 100 ms."""
+    ctx = Context.build(load_spec_text(TIERED).endpoint, RenderOptions())
+    assert [ctx.engine_name(t) for t in range(len(ctx.tiers))] == ["chat-engine-t0", "chat-engine-t1"]
+    (rule,) = [o for o in monitoring_objects(ctx, lambda *a: None) if o["kind"] == "PrometheusRule"]
+    groups = rule["spec"]["groups"]
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": groups}))
+    alerts = _alerts(groups)
+    router = 'namespace="team-a",service="chat-router"'
+
+    def deployment(metric, name, values):
+        return {"series": f'{metric}{{namespace="team-a",deployment="{name}"}}', "values": values}
+
+    def ttfb(name, le, values):
+        return {"series": f'{name}_bucket{{{router},le="{le}"}}', "values": values}
+
+    overflow_serving = {
+        "interval": "1m",
+        "input_series": [
+            deployment("kube_deployment_spec_replicas", "chat-engine-t0", "3x60"),
+            deployment("kube_deployment_status_replicas_available", "chat-engine-t0", "1x60"),
+            deployment("kube_deployment_spec_replicas", "chat-engine-t1", "2x60"),
+            deployment("kube_deployment_status_replicas_available", "chat-engine-t1", "2x60"),
+            # non-streamed answers: raw TTFB all over 2.5 s; no streamed answer at all
+            ttfb("fleetserve_router_ttfb_milliseconds", "1000.0", "0x60"),
+            ttfb("fleetserve_router_ttfb_milliseconds", "5000.0", "0+600x60"),
+            ttfb("fleetserve_router_ttfb_milliseconds", "+Inf", "0+600x60"),
+        ],
+        "alert_rule_test": [_quiet("FleetserveReplicasNotReady", "30m"),
+                            _quiet("FleetserveSlowTimeToFirstByte", "30m")],
+    }
+    short = {
+        "interval": "1m",
+        "input_series": [
+            deployment("kube_deployment_spec_replicas", "chat-engine-t0", "3x60"),
+            deployment("kube_deployment_status_replicas_available", "chat-engine-t0", "1x60"),
+            deployment("kube_deployment_spec_replicas", "chat-engine-t1", "2x60"),
+            deployment("kube_deployment_status_replicas_available", "chat-engine-t1", "1x60"),
+            ttfb("fleetserve_router_served_ttfb_milliseconds", "1000.0", "0x60"),
+            ttfb("fleetserve_router_served_ttfb_milliseconds", "5000.0", "0+600x60"),
+            ttfb("fleetserve_router_served_ttfb_milliseconds", "+Inf", "0+600x60"),
+        ],
+        "alert_rule_test": [_fires(alerts, "FleetserveReplicasNotReady", {}, "30m"),
+                            _fires(alerts, "FleetserveSlowTimeToFirstByte", {}, "30m")],
+    }
+    test_file = tmp_path / "rules_test.yml"
+    test_file.write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "evaluation_interval": "1m",
+                                         "tests": [overflow_serving, short]}, sort_keys=False))
+    done = promtool("test", "rules", str(test_file), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -14,6 +14,10 @@ class SupervisorMetrics:
         self.desired = v.AUTOSCALER_DESIRED.make(r)
         self.ready = v.AUTOSCALER_READY.make(r)
         self.decisions = v.AUTOSCALER_DECISIONS.make(r)
+        for reason in {label for _, label in v.DECISION_REASONS} | {"other"}:
+            # every reason's series from 0: a counter that appears at 1 shows no increase(), so the dashboard's
+            # annotations missed the first decision of each reason in a supervisor's life
+            self.decisions.labels(reason)
         self.cold_start = v.REPLICA_COLD_START.make(r)
         self.cost_per_hour = v.COST_PER_HOUR.make(r)
         self.cost_total = v.COST_TOTAL.make(r)

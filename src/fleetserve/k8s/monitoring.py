@@ -53,7 +53,9 @@ def _rules(ctx: Context) -> dict:
     target = RuleTarget.from_endpoint(
         ctx.endpoint, f"fleetserve.{ns}.{ctx.name}", f'namespace="{ns}",service="{ctx.router_name}"',
         engines=f'namespace="{ns}",service="{ctx.engine_service}"',
-        desired=f"sum(kube_deployment_spec_replicas{{{engines}}})",
+        # the first tier's spec is the autoscaler's ask; later tiers serve for its pods that cannot be placed
+        # (keda.py): their spec counted too, the alert fired while the overflow served every replica asked for
+        desired=f'sum(kube_deployment_spec_replicas{{namespace="{ns}",deployment="{ctx.engine_name(0)}"}})',
         ready=f"sum(kube_deployment_status_replicas_available{{{engines}}})",
         extra_alerts=(unschedulable,))
     return {

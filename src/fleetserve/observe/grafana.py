@@ -54,6 +54,9 @@ ERROR_SERIES = ("server (5xx, 429)", "client (other 4xx)")  # rules.SERVER_ERROR
 # the engine Deployments of every tier (NAME-engine, NAME-engine-t1, ...), read from kube-state-metrics where no
 # supervisor exports the autoscaler's gauges (Kubernetes)
 ENGINE_DEPLOYMENTS = f'{NAMESPACE},deployment=~".+-engine(-t[0-9]+)?"'
+# what the autoscaler asks for is the first tier's spec; later tiers stand in for its pods that cannot be placed
+# (k8s/keda.py), so counting their spec too doubled "desired" while the overflow served
+FIRST_TIER_DEPLOYMENTS = f'{NAMESPACE},deployment=~".+-engine(-t0)?"'
 # Karpenter's per-node gauge; `render k8s` names an endpoint's NodePools `<namespace>-<name>-t<tier>` (karpenter.py)
 KARPENTER_NODES = 'karpenter_nodes_allocatable{resource_type="cpu",nodepool=~"$namespace-.+"}'
 PANELS: tuple[PanelDef, ...] = (
@@ -96,9 +99,9 @@ PANELS: tuple[PanelDef, ...] = (
     PanelDef("replicas", "Replicas desired / ready", "short",
              # the supervisor's series carry the fleet's namespace (its scrape target's label): a Prometheus of
              # several fleets showed the largest count and the total cost of all of them under any namespace
-             (Series("desired", f"max(fleetserve_autoscaler_desired_replicas{{{NAMESPACE}}}) or "
-                                f"sum(kube_deployment_spec_replicas{{{ENGINE_DEPLOYMENTS}}})"),
-              Series("ready", f"max(fleetserve_autoscaler_ready_replicas{{{NAMESPACE}}}) or "
+             (Series("desired", f"sum(fleetserve_autoscaler_desired_replicas{{{NAMESPACE}}}) or "
+                                f"sum(kube_deployment_spec_replicas{{{FIRST_TIER_DEPLOYMENTS}}})"),
+              Series("ready", f"sum(fleetserve_autoscaler_ready_replicas{{{NAMESPACE}}}) or "
                               f"sum(kube_deployment_status_replicas_available{{{ENGINE_DEPLOYMENTS}}}) or "
                               # engine Deployments whose names were hashed (long endpoint names) lose the -engine
                               # suffix: then what a router sees healthy, by name of nothing
@@ -129,8 +132,10 @@ PANELS: tuple[PanelDef, ...] = (
              "ready (a wake from zero, a fleet whose replicas all failed); the engines' latency starts after it"),
 )
 
+# per namespace as every panel; over the data source's rate interval (at least four scrapes: a fixed [1m] held
+# fewer than two samples at a 60 s scrape interval and never marked anything)
 DECISIONS = ('sum by (reason) (increase(fleetserve_autoscaler_decisions_total{reason=~"'
-             + "|".join(MARKED_REASONS) + '"}[1m])) > 0')
+             + "|".join(MARKED_REASONS) + f'",{NAMESPACE}}}{RATE})) > 0')
 VARIABLE_SOURCE = "model_invocations_total"
 
 
