@@ -139,6 +139,49 @@ def test_cli_install_writes_the_files(tmp_path):
     assert both.exit_code == 2
 
 
+def test_cli_install_refuses_a_ca_bundle_that_is_no_certificate_and_says_what_must_exist(tmp_path):
+    """A private key given as --webhook-ca-bundle was published base64 in a cluster-scoped object; any other bytes
+    broke every Endpoint create at the TLS check (failurePolicy Fail). `--json` was refused without -o, and nothing
+    said that the serving certificate's Secret (and, without a bundle, cert-manager's Certificate) must exist."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "webhook")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .sign(key, hashes.SHA256()))
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    files = {"ca.pem": pem, "key.pem": key_pem, "both.pem": pem + key_pem, "junk.pem": b"garbage\n"}
+    for file, data in files.items():
+        (tmp_path / file).write_bytes(data)
+
+    def install(*args):
+        return CliRunner().invoke(app, ["render", "k8s", "--install", *args])
+
+    for file, says in (("key.pem", "holds a private key"), ("both.pem", "holds a private key"),
+                       ("junk.pem", "not a PEM certificate")):
+        r = install("-o", str(tmp_path / file[:-4]), "--webhook-ca-bundle", str(tmp_path / file))
+        assert r.exit_code == 2 and f"--webhook-ca-bundle {tmp_path / file}: {says}" in r.stderr, r.output
+        assert not (tmp_path / file[:-4]).exists()
+    r = install("-o", str(tmp_path / "ok"), "--webhook-ca-bundle", str(tmp_path / "ca.pem"))
+    assert r.exit_code == 0 and "fleetserve-operator-webhook-tls" in r.stderr and "cert-manager" not in r.stderr
+    r = install("--json")
+    assert r.exit_code == 0, r.output
+    printed = json.loads(r.stdout)
+    assert printed["objects"][-1]["kind"] == "ValidatingWebhookConfiguration"
+    first, second = printed["prerequisites"]
+    assert "Secret fleetserve-system/fleetserve-operator-webhook-tls" in first
+    assert "Certificate fleetserve-system/fleetserve-operator-webhook," in second
+
+
 def test_cli_operator_help():
     result = CliRunner().invoke(app, ["operator", "--help"])
     assert result.exit_code == 0 and "--webhook-cert-dir" in result.output

@@ -60,14 +60,14 @@ def render_k8s(
     if install:
         if spec is not None:
             raise fail("--install renders the operator, not an endpoint: leave out SPEC")
-        if output is None:
-            raise fail("--output/-o DIR is required")
+        if output is None and not as_json:
+            raise fail("--output/-o DIR is required (or --json to print the objects)")
         from fleetserve.spec.endpoint import is_dns_label
 
         if not is_dns_label(namespace):
             raise fail(f"--namespace {namespace!r}: a namespace name (lower-case letters, digits and '-', starting "
                         "and ending with a letter or digit, at most 63)")
-        _install(options, output, namespace, webhook_ca_bundle)
+        _install(options, output, namespace, webhook_ca_bundle, as_json)
         return
     if spec is None:
         raise fail("SPEC is required (or --install)")
@@ -142,23 +142,44 @@ def _options(image, prometheus_url, node_class, zone, router_replicas, service_a
     return replace(RenderOptions(), **{k: v for k, v in given.items() if v is not None})
 
 
-def _install(options, output: str, namespace: str, ca_bundle: str | None) -> None:
+def _install(options, output: str | None, namespace: str, ca_bundle: str | None, as_json: bool) -> None:
     from pathlib import Path
 
-    from fleetserve.k8s.install import InstallOptions, install_objects, write
+    from fleetserve.k8s.install import (
+        CaBundleError,
+        InstallOptions,
+        check_ca_bundle,
+        install_objects,
+        prerequisites,
+        write,
+    )
 
     try:
         bundle = Path(ca_bundle).read_bytes() if ca_bundle else None
     except OSError as exc:
         raise fail(f"--webhook-ca-bundle {ca_bundle}: {exc.strerror}") from None
-    objects = install_objects(options, InstallOptions(namespace=namespace, webhook_ca_bundle=bundle))
-    if Path(output).exists() and not Path(output).is_dir():
-        raise fail(f"--output: {output} is a file; give a folder for the manifests")
-    try:
-        paths = write(objects, output)
-    except OSError as exc:
-        raise fail(f"--output {output}: {exc.strerror or exc}", 1) from None
-    print(f"{len(paths)} object(s) written to {output}")
+    if bundle is not None:
+        try:
+            check_ca_bundle(bundle)
+        except CaBundleError as exc:
+            raise fail(f"--webhook-ca-bundle {ca_bundle}: {exc}") from None
+    install = InstallOptions(namespace=namespace, webhook_ca_bundle=bundle)
+    objects = install_objects(options, install)
+    notes = prerequisites(install)
+    if output is not None:
+        if Path(output).exists() and not Path(output).is_dir():
+            raise fail(f"--output: {output} is a file; give a folder for the manifests")
+        try:
+            paths = write(objects, output)
+        except OSError as exc:
+            raise fail(f"--output {output}: {exc.strerror or exc}", 1) from None
+        if not as_json:
+            print(f"{len(paths)} object(s) written to {output}")
+    if as_json:
+        print(json.dumps({"objects": list(objects), "prerequisites": notes}, indent=2))
+        return
+    for note in notes:
+        err.print(f"note: {note}", markup=False)
 
 
 def operator(

@@ -173,3 +173,37 @@ def write(objects: tuple[dict, ...], directory: str | Path) -> list[Path]:
         path.write_text(to_yaml(obj))
         paths.append(path)
     return paths
+
+
+class CaBundleError(ValueError):
+    """A webhook CA bundle the API server could not use, or must not be given."""
+
+
+def check_ca_bundle(data: bytes) -> None:
+    """The bundle goes inline into a cluster-scoped object every reader can see, and the API server verifies the
+    webhook's certificate with it (failurePolicy Fail): a private key given by mistake was published there, and
+    any other bytes failed every Endpoint create and update at the TLS handshake."""
+    from cryptography import x509
+
+    if b"PRIVATE KEY-----" in data:
+        raise CaBundleError("holds a private key; give the CA certificate only (PEM, -----BEGIN CERTIFICATE-----): "
+                            "the bundle is published in the ValidatingWebhookConfiguration, which any reader sees")
+    try:
+        certificates = x509.load_pem_x509_certificates(data)
+    except ValueError as exc:
+        raise CaBundleError(f"not a PEM certificate (-----BEGIN CERTIFICATE-----): {exc}") from None
+    if not certificates:
+        raise CaBundleError("holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+
+
+def prerequisites(install: InstallOptions) -> list[str]:
+    """What must exist before the rendered objects work, and is not rendered: the operator pod mounts the serving
+    certificate's Secret, and without a bundle the webhook's CA comes from cert-manager's Certificate."""
+    ns = install.namespace
+    notes = [f"create the kubernetes.io/tls Secret {ns}/{WEBHOOK_SECRET} (the webhook's serving certificate for "
+             f"{NAME}.{ns}.svc) before the operator starts: its pod mounts it"]
+    if not install.webhook_ca_bundle:
+        notes.append(f"no --webhook-ca-bundle: cert-manager injects the CA from the Certificate {ns}/{NAME}-webhook, "
+                     f"which must issue that Secret (dnsNames {NAME}.{ns}.svc); or create the Secret yourself and "
+                     "pass its CA with --webhook-ca-bundle (docs/kubernetes.md)")
+    return notes
