@@ -742,6 +742,33 @@ def test_a_lost_router_scrape_is_a_failure_not_an_idle_fleet(metric, tmp_path):
     assert ignore == {"t0-concurrency": "false", "t1-prometheus": "true", "activation-pending": "false"}
 
 
+@pytest.mark.skipif(__import__("shutil").which("promtool") is None, reason="promtool not installed")
+def test_the_request_rate_query_counts_model_requests_as_the_local_controller_does(tmp_path):
+    """The query counted every answer of every path: a client polling GET /v1/models scaled a Kubernetes fleet, and
+    not a local one, whose /admin/load counts model requests."""
+    import subprocess
+
+    from fleetserve.k8s.context import Context, RenderOptions
+    from fleetserve.k8s.keda import builtin_query
+
+    _, loaded = _objects(FULL)
+    ctx = Context.build(loaded.endpoint, RenderOptions())
+    router = f'namespace="team-b",service="{ctx.router_name}"'
+    (tmp_path / "rules.yml").write_text("groups: []\n")
+    series = [(f"fleetserve_router_pending_requests{{{router}}}", "0x10"),
+              (f'fleetserve_router_requests_total{{{router},path="/v1/chat/completions",code="200"}}', "0+60x10"),
+              (f'fleetserve_router_requests_total{{{router},path="/v1/completions",code="429"}}', "0+30x10"),
+              (f'fleetserve_router_requests_total{{{router},path="/invocations",code="400"}}', "0+30x10"),
+              (f'fleetserve_router_requests_total{{{router},path="/v1/models",code="200"}}', "0+600x10"),
+              (f'fleetserve_router_requests_total{{{router},path="other",code="400"}}', "0+600x10")]
+    test = {"interval": "1m", "input_series": [{"series": n, "values": v} for n, v in series],
+            "promql_expr_test": [{"expr": builtin_query(ctx, "request_rate"), "eval_time": "5m",
+                                  "exp_samples": [{"labels": "{}", "value": 2}]}]}  # (60 + 30 + 30) / 60 s
+    (tmp_path / "t.yml").write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "tests": [test]}))
+    done = subprocess.run(["promtool", "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_autoscaling_without_metrics_names_what_its_triggers_cannot_read():
     """With metrics.enabled false nothing scrapes the router, so the built-in triggers read nothing: a failure on
     every poll since they no longer read a lost scrape as zero load. Render says so."""

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import re
 
+from fleetserve.api.protocol import GENERATION_PATHS
 from fleetserve.autoscale.policy import RatePolicy, ScalingPolicy
 from fleetserve.autoscale.schedule import Cron
 from fleetserve.k8s.context import Context, num
 from fleetserve.k8s.labels import TIER_LABEL, dns_name
 from fleetserve.router.engine_queue import QUEUE_GAUGES
+from fleetserve.router.invocations import INVOCATIONS_PATH
 
 PENDING_METRIC = "fleetserve_router_pending_requests"
 QUEUED_METRIC = "fleetserve_router_queued_requests"  # requests waiting for a replica slot (requestLimits)
@@ -71,7 +73,10 @@ def builtin_query(ctx: Context, metric: str) -> str:
         queued = _or0(ctx, f"sum({QUEUED_METRIC}{{{r}}})")
         return f"{_or0(ctx, f'sum({waiting}{{{e}}})')} + {queued} + {pending}"
     if metric == "request_rate":
-        return _or0(ctx, f"sum(rate(fleetserve_router_requests_total{{{r}}}[1m]))")
+        # model requests only, as the local controller counts them (/admin/load): every path counted, a client
+        # polling GET /v1/models scaled a Kubernetes fleet and not a local one
+        paths = "|".join(sorted(GENERATION_PATHS | {INVOCATIONS_PATH}))
+        return _or0(ctx, f'sum(rate(fleetserve_router_requests_total{{{r},path=~"{paths}"}}[1m]))')
     if metric == "ttft_p95":
         return ("histogram_quantile(0.95, sum by (le) "
                 f"(rate(fleetserve_router_served_ttfb_milliseconds_bucket{{{r}}}[1m])))")
