@@ -464,3 +464,19 @@ def test_model_sources_that_name_no_model_are_refused_at_validate(source, says):
     """They passed validate and render k8s, and failed only when `up` (or the fetch init container) ran."""
     (msg,) = problems(GOOD.replace("source: builtin:smollm2-135m", f'source: "{source}"'))
     assert "spec.model.source" in msg and says in msg, msg
+
+
+def test_a_ttft_target_above_the_largest_histogram_bucket_is_warned_where_the_rules_cannot_hold_it():
+    """The rules counted slow requests at the 120,000 ms bucket (a stricter target than asked) and the TTFT alert,
+    comparing a histogram p95 that tops out there, could never fire: silently."""
+    text = """
+apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {name: chat}
+spec:
+  model: {source: builtin:smollm2-135m}
+  slo: {ttftP95Ms: %s}
+"""
+    said = {w.path: w.message for w in load_spec_text(text % 200000).warnings}
+    assert "above the latency histograms' largest bucket (120000 ms)" in said["spec.slo.ttftP95Ms"]
+    assert "spec.slo.ttftP95Ms" not in {w.path for w in load_spec_text(text % 120000).warnings}

@@ -172,6 +172,13 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         note("spec.engine.gpus", "GPU requests apply to Kubernetes rendering and the simulated cloud only")
     if not spec.metrics.enabled:
         note("spec.metrics.enabled", "metrics stay on locally (/metrics is cheap); false only affects Kubernetes")
+    from fleetserve.observe.vocabulary import LATENCY_BUCKETS_MS
+
+    if spec.slo is not None and spec.slo.ttft_p95_ms > LATENCY_BUCKETS_MS[-1]:
+        note("spec.slo.ttftP95Ms", f"{spec.slo.ttft_p95_ms:g} ms is above the latency histograms' largest bucket "
+                                   f"({LATENCY_BUCKETS_MS[-1]} ms): the Prometheus rules count slow requests at "
+             f"that bucket (a stricter target) and the TTFT alert cannot fire (a p95 read from the histograms tops "
+             f"out there); verify, plan and the autoscaler use the exact target", everywhere=True)
     if spec.model.source.startswith("catalog:"):
         from fleetserve.engine.catalog import CATALOG
 
