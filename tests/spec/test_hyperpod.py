@@ -31,10 +31,13 @@ def test_example_maps_onto_endpoint():
 
 
 def test_example_warns_about_what_has_no_local_effect():
-    paths = {w.path for w in load_spec(EXAMPLE).warnings}
-    assert "spec.endpointName" in paths
-    assert "spec.tlsConfig.tlsCertificateOutputS3Uri" in paths
-    assert "spec.engine.kind" in paths  # vLLM needs a GPU
+    said = {w.path: w.message for w in load_spec(EXAMPLE).warnings}
+    assert "spec.endpointName" in said
+    assert "spec.tlsConfig.tlsCertificateOutputS3Uri" in said
+    # vLLM needs a GPU; named by the user's own field (it read spec.engine.kind, a field the file does not have)
+    assert "(fleetserve's spec.engine.kind)" in said["spec.worker.kind"]
+    assert "(fleetserve's spec.routing.sessionKey)" in said["spec.worker.environmentVariables[SESSION_KEY]"]
+    assert not [p for p in said if p.startswith(("spec.engine", "spec.model.", "spec.routing", "spec.placement"))]
 
 
 def _doc(**spec_changes):
@@ -308,7 +311,7 @@ def test_audit_fields_are_carried_into_our_spec():
 
 
 def test_audit_fields_warn_locally_never_silently():
-    paths = {w.path: w.message for w in load_spec_text(AUDIT).warnings}
+    paths = {w.fleetserve_path: w.message for w in load_spec_text(AUDIT).warnings}
     for path in ("metadata.labels", "metadata.annotations", "spec.engine.command", "spec.engine.workingDir",
                  "spec.engine.probes", "spec.engine.resources", "spec.engine.env", "spec.engine.envFrom",
                  "spec.model.mountPath", "spec.model.volume", "spec.pod",
@@ -320,7 +323,7 @@ def test_audit_fields_warn_locally_never_silently():
     from fleetserve.fleet import prometheus
 
     assert ("spec.metrics.scrapeIntervalSeconds" in paths) == (prometheus.binary() is None)
-    hf = {w.path: w.message for w in load_spec_text(HF_TOKEN).warnings}
+    hf = {w.fleetserve_path: w.message for w in load_spec_text(HF_TOKEN).warnings}
     assert "applies to Kubernetes rendering only" in hf["spec.model.tokenSecret"]
 
 

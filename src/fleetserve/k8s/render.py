@@ -27,6 +27,7 @@ from fleetserve.kvcache.tiers import split_credentials
 from fleetserve.spec.effects import takes_effect_on_kubernetes
 from fleetserve.spec.endpoint import Endpoint
 from fleetserve.spec.errors import SpecProblem
+from fleetserve.spec.hyperpod import source_of
 from fleetserve.spec.load import LoadedSpec
 
 #: apply order: what others reference first (kubectl apply -f DIR applies files in name order)
@@ -105,7 +106,8 @@ def kubernetes_warnings(loaded: LoadedSpec) -> list[SpecProblem]:
     """The spec's warnings that hold on Kubernetes: not the local fleet's notes about settings rendered here
     (the admission answer printed "no effect" for spec.placement, which becomes the NodePools)."""
     def local_only(w: SpecProblem) -> bool:
-        return w.path in LOCAL_ONLY or w.path.startswith(LOCAL_ONLY_UNDER) or takes_effect_on_kubernetes(w.path)
+        path = w.fleetserve_path
+        return path in LOCAL_ONLY or path.startswith(LOCAL_ONLY_UNDER) or takes_effect_on_kubernetes(path)
 
     return [w for w in loaded.warnings if w.everywhere or not local_only(w)]
 
@@ -114,7 +116,10 @@ def rendered_warnings(loaded: LoadedSpec, rendered: Rendered) -> list[str]:
     """What a user of the rendered objects should read: the spec's warnings that hold on Kubernetes, then the
     rendering's own (`render k8s` prints them, the admission webhook answers them, the operator writes them
     into the Endpoint's status)."""
-    return list(dict.fromkeys([str(w) for w in kubernetes_warnings(loaded)] + [str(w) for w in rendered.warnings]))
+    own = rendered.warnings
+    if loaded.source_format == "hyperpod":  # named by the user's own fields (our path in the message)
+        own = [source_of(w) for w in own]
+    return list(dict.fromkeys([str(w) for w in kubernetes_warnings(loaded)] + [str(w) for w in own]))
 
 
 def render(endpoint: Endpoint, options: RenderOptions | None = None) -> Rendered:

@@ -17,6 +17,12 @@ class SpecProblem:
     # a warning about what the spec asks of any platform (a replica no listed type takes), kept where notes on the
     # same field about the local fleet only are dropped (render k8s, the webhook, the operator's status)
     everywhere: bool = field(default=False, compare=False)
+    # fleetserve's path when `path` names the user's own format's field (HyperPod): what filters by path read
+    ours: str = field(default="", compare=False)
+
+    @property
+    def fleetserve_path(self) -> str:
+        return self.ours or self.path
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}" if self.path else self.message

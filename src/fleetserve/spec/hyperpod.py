@@ -539,6 +539,7 @@ _SOURCES = (
     ("spec.autoscaling", "spec.autoScalingSpec"),
     ("spec.placement.instanceTypes", "spec.instanceType(s)"),
     ("spec.placement.nodeAffinity", "spec.nodeAffinity"),
+    ("spec.placement", "spec.instanceType(s)"),
     ("spec.requestLimits", "spec.worker.requestLimits"),
     ("spec.engine.args", "spec.worker.args"),
     ("spec.engine.env", "spec.worker.environmentVariables"),
@@ -550,6 +551,7 @@ _SOURCES = (
     ("spec.model.mountPath", "spec.worker.modelVolumeMount.mountPath"),
     ("spec.model", "spec.modelSourceConfig"),
     ("spec.kvCache", "spec.kvCacheSpec"),
+    ("spec.routing.sessionKey", "spec.worker.environmentVariables[SESSION_KEY]"),
     ("spec.routing", "spec.intelligentRoutingSpec"),
     ("spec.tls", "spec.tlsConfig"),
     ("spec.pod", "spec.kubernetes"),
@@ -571,7 +573,7 @@ def source_of(problem: SpecProblem) -> SpecProblem:
             if ours == "spec.autoscaling.triggers":
                 tail = tail.split("]", 1)[-1] if "]" in tail else tail
                 tail = _TRIGGER_FIELDS.get(tail, tail)
-            return SpecProblem(theirs + tail, f"{message} (fleetserve's {path})", problem.everywhere)
+            return SpecProblem(theirs + tail, f"{message} (fleetserve's {path})", problem.everywhere, path)
     return problem
 
 

@@ -74,4 +74,7 @@ def load_spec_data(data: Any, source: str | None = None) -> LoadedSpec:
         if fmt == "hyperpod":
             problems = [hyperpod.source_of(p) for p in problems]
         raise SpecError(problems, source) from None
-    return LoadedSpec(endpoint, fmt, notes + inert_settings(endpoint))
+    inert = inert_settings(endpoint)
+    if fmt == "hyperpod":  # named by the user's own fields, as its errors are (our path in the message)
+        inert = [hyperpod.source_of(w) for w in inert]
+    return LoadedSpec(endpoint, fmt, notes + inert)
