@@ -140,6 +140,22 @@ def test_keda_owns_the_replicas_of_scaled_deployments(env):
     assert [(a.kind, a.body["spec"]) for a in actions] == [("Deployment", {"replicas": 2})]
 
 
+def test_autoscaling_removed_deletes_the_scaled_object_before_the_replicas_are_set(env):
+    """The Deployment's replicas were patched first and the ScaledObject deleted after: until KEDA removed its HPA,
+    the HPA could scale the Deployment back from the count the spec now asks for."""
+    client, reconciler = env
+    reconciler.reconcile(_endpoint(client))
+    engine = next(k for k in client.objects if k[1] == "Deployment" and k[3].endswith("engine-t0"))
+    client.objects[engine]["spec"]["replicas"] = 5  # the HPA had scaled it
+    body = _update_spec(client, lambda s: s.update(autoscaling=None))  # a merge patch removes it with null
+    actions = reconciler.reconcile(body).actions
+    order = [(a.verb, a.kind, a.name) for a in actions]
+    deleted = [i for i, (verb, kind, _) in enumerate(order) if (verb, kind) == ("delete", "ScaledObject")]
+    resized = [i for i, (verb, kind, name) in enumerate(order) if (verb, kind, name) == ("patch", "Deployment",
+                                                                                          engine[3])]
+    assert deleted and resized and max(deleted) < min(resized), order
+
+
 def test_server_defaults_are_not_drift(env):
     client, reconciler = env
     reconciler.reconcile(_endpoint(client))

@@ -279,8 +279,9 @@ def scaled_targets(desired: Iterable[dict]) -> set[tuple[str | None, str]]:
 
 
 def reconcile(desired: Sequence[dict], observed: Sequence[dict], owner: Owner) -> list[Action]:
-    """Actions that take the observed children to the desired objects (creates and patches in the order of
-    `desired`, which is render's apply order, then deletes in reverse)."""
+    """Actions that take the observed children to the desired objects (ScaledObjects no longer rendered deleted
+    first, creates and patches in the order of `desired`, which is render's apply order, then deletes in
+    reverse)."""
     scaled = scaled_targets(desired)
     mine = {key(o): o for o in observed if owner.owns(o)}
     creates: list[Action] = []
@@ -319,7 +320,10 @@ def reconcile(desired: Sequence[dict], observed: Sequence[dict], owner: Owner) -
         if k not in wanted and k not in held:
             api_version, kind, namespace, name = k
             deletes.append(Action("delete", api_version, kind, namespace, name, None, "no longer rendered"))
-    return creates + patches + deletes
+    # a ScaledObject goes first: while it exists its HPA scales the Deployment, and a replica count patched before
+    # it (autoscaling removed from the spec) could be scaled back (nor does KEDA admit a second one on a target)
+    unscaled = [a for a in deletes if a.kind == "ScaledObject"]
+    return unscaled + creates + patches + [a for a in deletes if a.kind != "ScaledObject"]
 
 
 def _leaves(patch: dict, prefix: str = "") -> list[str]:
