@@ -53,8 +53,8 @@ def test_the_crd_is_structural_and_valid():
     text = json.dumps(crd)
     assert "$ref" not in text and "anyOf" not in text
     # Kubernetes objects passed through as given: placement.nodeAffinity, model.volume, engine.probes,
-    # engine.resources, engine.envFrom values, pod.initContainers/volumes/volumeMounts items
-    assert text.count("x-kubernetes-preserve-unknown-fields") == 8
+    # engine.resources, engine.envFrom values, pod.initContainers/volumes/volumeMounts items, pod.securityContext
+    assert text.count("x-kubernetes-preserve-unknown-fields") == 9
     node = _schema()["properties"]["spec"]["properties"]["placement"]["properties"]["nodeAffinity"]
     assert node["x-kubernetes-preserve-unknown-fields"] is True
 

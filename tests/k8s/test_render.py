@@ -1216,3 +1216,47 @@ def test_a_lead_time_that_moves_a_start_before_the_previous_end_is_warned():
     rendered, _ = _objects(doc)
     assert any(str(w).startswith("spec.autoscaling.schedules[0]: scheduleLeadTime (10800 s) is not shorter than the "
                                  "gap") for w in rendered.warnings), rendered.warnings
+
+
+def test_pod_tolerations_priority_pull_secrets_and_security_context_reach_the_pods():
+    """A cluster's own tainted node groups, preemption order, a private registry and a namespace enforcing the
+    restricted Pod Security level had no place in the spec: every one needed a patch after each render."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["pod"] = {
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoSchedule"},
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},  # ours already
+                        {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}],
+        "priorityClassName": "inference-high", "imagePullSecrets": ["regcred"],
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000}}
+    rendered, _ = _objects(doc)
+    for obj in rendered.objects:
+        assert validate(obj) == [], (obj["kind"], obj["metadata"]["name"], validate(obj))
+    pods = {o["metadata"]["name"]: o["spec"]["template"]["spec"] for o in rendered.objects
+            if o["kind"] in ("Deployment", "StatefulSet")}
+    engine = pods["chat-engine-t0"]
+    assert engine["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoSchedule"},
+        {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}]
+    assert engine["priorityClassName"] == "inference-high" and engine["securityContext"]["runAsUser"] == 1000
+    assert all(pod["imagePullSecrets"] == [{"name": "regcred"}] for pod in pods.values()), sorted(pods)
+    assert "priorityClassName" not in pods["chat-router"]
+
+
+@pytest.mark.parametrize("pod,says", [
+    ({"tolerations": [{"key": "a", "operator": "Exists", "value": "x"}]}, "Exists matches any value"),
+    ({"tolerations": [{"value": "x"}]}, "without a key must have operator Exists"),
+    ({"tolerations": [{"key": "a", "operator": "In"}]}, "'Equal' or 'Exists'"),
+    ({"tolerations": [{"key": "a", "effect": "NoSchedule", "tolerationSeconds": 5}]}, "effect NoExecute only"),
+    ({"priorityClassName": "High Priority"}, "a PriorityClass name"),
+    ({"imagePullSecrets": ["ok", "Not OK"]}, "[1] 'Not OK': a Secret name"),
+])
+def test_bad_pod_settings_are_refused_naming_the_field(pod, says):
+    from fleetserve.spec import SpecError
+
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["pod"] = pod
+    with pytest.raises(SpecError) as info:
+        load_spec_data(doc)
+    message = str(info.value)
+    assert "spec.pod." in message and says in message, message

@@ -102,6 +102,11 @@ class Context:
     def engine_name(self, tier: int) -> str:
         return dns_name(self.name, "engine") if len(self.tiers) == 1 else dns_name(self.name, "engine", f"t{tier}")
 
+    def image_pull_secrets(self) -> list[dict]:
+        """spec.pod.imagePullSecrets, for every pod the endpoint renders: a private registry's images are the
+        engine's, and often the router's and Redis's mirrors too."""
+        return [{"name": name} for name in self.endpoint.spec.pod.image_pull_secrets]
+
     def engine_deployments_regex(self) -> str:
         """The engine Deployments of every tier, for a PromQL `deployment=~` (names: [a-z0-9-], nothing to escape).
         A prefix such as NAME-engine.* missed the hashed names of long endpoints."""

@@ -381,8 +381,17 @@ def engine_deployment(ctx: Context, tier: int) -> dict:
     affinity = _affinity(ctx, tier)
     if affinity:
         pod_spec["affinity"] = affinity
-    if spec.engine.gpus:
-        pod_spec["tolerations"] = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
+    tolerations = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}] if spec.engine.gpus else []
+    tolerations += [t.model_dump(by_alias=True, exclude_none=True) for t in spec.pod.tolerations
+                    if t.model_dump(by_alias=True, exclude_none=True) not in tolerations]
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    if spec.pod.priority_class_name:
+        pod_spec["priorityClassName"] = spec.pod.priority_class_name
+    if spec.pod.security_context:
+        pod_spec["securityContext"] = dict(spec.pod.security_context)
+    if ctx.image_pull_secrets():
+        pod_spec["imagePullSecrets"] = ctx.image_pull_secrets()
     inits = list(inits) + [dict(c) for c in spec.pod.init_containers]
     volumes += [dict(v) for v in spec.pod.volumes]
     if inits:

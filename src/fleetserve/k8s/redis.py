@@ -137,6 +137,7 @@ def _statefulset(ctx: Context, service: str, tenant: str | None) -> dict:
                         "readinessProbe": probe,
                         "livenessProbe": {**probe, "failureThreshold": 3},
                     }],
+                    **({"imagePullSecrets": ctx.image_pull_secrets()} if ctx.image_pull_secrets() else {}),
                 },
             },
         },

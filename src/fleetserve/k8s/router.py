@@ -146,6 +146,8 @@ def router_deployment(ctx: Context) -> dict:
                                            "memory": f"{ROUTER_MEMORY_MI * workers}Mi"}}
     grace = ctx.options.prestop_seconds + ctx.router_drain_seconds + EXIT_SECONDS
     pod_spec: dict = {"containers": [container], "volumes": volumes, "terminationGracePeriodSeconds": grace}
+    if ctx.image_pull_secrets():
+        pod_spec["imagePullSecrets"] = ctx.image_pull_secrets()
     # spread the routers over nodes so that one node going does not take the endpoint down
     pod_spec["topologySpreadConstraints"] = [{
         "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",

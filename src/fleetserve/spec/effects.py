@@ -228,7 +228,8 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         if value:
             note(f"spec.model.{field}", f"{k8s}: the model volume and its fetcher")
     if spec.pod != type(spec.pod)():
-        note("spec.pod", f"{k8s}: the engine pods' init containers, scheduler, service account and volumes")
+        note("spec.pod", f"{k8s}: the engine pods' init containers, scheduler, service account, volumes, "
+                         "tolerations, priority class and security context, and the pods' image pull secrets")
     for i, trig in enumerate(spec.autoscaling.triggers if spec.autoscaling else []):
         for field, value in (("useCachedMetrics", trig.use_cached_metrics), ("customHeaders", trig.custom_headers)):
             if value:

@@ -727,6 +727,27 @@ class SloSection(SpecModel):
     max_error_rate: float = Field(default=0.01, ge=0, le=1, description="refused or failed requests, fraction")
 
 
+class Toleration(SpecModel):
+    """A Kubernetes toleration (core/v1), checked as the API server checks it."""
+
+    key: str | None = None
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(default=None, ge=0, description="NoExecute only: how long the pod "
+                                                                            "stays on a node that gets the taint")
+
+    @model_validator(mode="after")
+    def _as_the_api_server_checks(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError(f"value {self.value!r} with operator Exists: Exists matches any value; leave value out")
+        if self.key is None and self.operator != "Exists":
+            raise ValueError("a toleration without a key must have operator Exists (it tolerates every taint)")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds applies to effect NoExecute only")
+        return self
+
+
 class PodSection(SpecModel):
     """Kubernetes pod settings of the engine pods, passed through as given (HyperPod's `spec.kubernetes`)."""
 
@@ -735,6 +756,31 @@ class PodSection(SpecModel):
     service_account_name: str | None = None
     volumes: list[dict[str, Any]] = Field(default_factory=list)
     volume_mounts: list[dict[str, Any]] = Field(default_factory=list, description="mounts in the engine container")
+    tolerations: list[Toleration] = Field(default_factory=list, description="the engine pods' tolerations, besides "
+                                          "the GPU taint's (a cluster's own node groups with taints of their own)")
+    priority_class_name: str | None = Field(default=None, description="the engine pods' PriorityClass (which "
+                                            "pods the scheduler preempts first)")
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets of a private registry, for "
+                                          "every pod the endpoint renders (engine, router, Redis)")
+    security_context: dict[str, Any] | None = Field(default=None, description="the engine pods' securityContext "
+                                                    "(a namespace that enforces the restricted Pod Security level)")
+
+    @field_validator("priority_class_name")
+    @classmethod
+    def _priority_class_is_a_name(cls, value: str | None) -> str | None:
+        if value is not None and not is_dns_subdomain(value):
+            raise ValueError(f"{value!r}: a PriorityClass name (lower-case letters, digits, '-' and '.', starting "
+                             "and ending with a letter or digit, at most 253)")
+        return value
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _secrets_are_names(cls, value: list[str]) -> list[str]:
+        for i, name in enumerate(value):
+            if not is_dns_subdomain(name):
+                raise ValueError(f"[{i}] {name!r}: a Secret name (lower-case letters, digits, '-' and '.', starting "
+                                 "and ending with a letter or digit, at most 253)")
+        return value
 
 
 class EndpointSpec(SpecModel):
