@@ -226,6 +226,24 @@ def test_local_provider_is_one_node_with_slots():
     assert manager.acquire("r2", 2.0).node.id == "local"
 
 
+def test_this_machine_full_of_its_own_replicas_is_a_wait_not_a_capacity_shortage():
+    """A request that woke a fleet draining its last replica found every slot taken: the local offering was marked
+    unavailable for the ICE TTL (180 s), the emptied node was removed, and nothing could be placed for three
+    minutes (every request a 503). A full machine is waited out, never marked."""
+    from fleetserve.capacity.placement import Offering
+
+    manager = CapacityManager(LocalProvider(slots=1), CATALOG, [Tier(("local",))], ReplicaRequest(), local_slots=1)
+    assert manager.acquire("r0", 0.0).node.id == "local"
+    full = manager.acquire("r1", 1.0)
+    assert isinstance(full, InsufficientCapacity)
+    assert full.reason.startswith("every replica slot of this machine is taken (1 of capacity.localSlots = 1)")
+    assert manager.availability.available(Offering("local", "on-demand"), 1.0)
+    manager.release("r0", "local", 2.0)
+    manager.release_all(now=2.0)  # the empty machine goes, as consolidation removes it
+    assert manager.nodes() == []
+    assert manager.acquire("r1", 3.0).node.id == "local"
+
+
 def test_this_machine_is_released_at_zero_as_before_the_first_replica():
     """A local fleet that scaled to zero kept this machine's price ($3.60/h, accruing) where it read $0/h before
     its first request; an underutilized one is never cordoned (there is no other machine to move to)."""

@@ -127,6 +127,31 @@ def test_a_drained_replica_is_stopped_at_its_deadline_and_its_engine_waits_no_lo
     assert r.child.stopped == 10 and r not in sup.replicas  # at the deadline, whatever is under way
 
 
+def test_a_draining_replica_wanted_again_serves_instead_of_a_new_one(make):
+    """A request that woke a fleet while it drained its last replica asked for a new replica: on one machine its
+    slot was still taken (503 for every request for three minutes), elsewhere a cold start while a warm replica
+    stopped. The draining replica is put back instead: no launch, no slot, no cold start."""
+    sup, _, mono = make(0)
+    said = []
+    sup.say = said.append
+    assert sup._launch(mono())
+    (r,) = sup.replicas
+    r.child, r.state.state = StoppingChild(), Phase.READY
+    sup._scale_to(0, mono())
+    assert r.state.state == Phase.DRAINING and r.drain_deadline is not None
+    sup._scale_to(1, mono())
+    assert sup.replicas == [r] and r.state.state == Phase.READY and r.drain_deadline is None
+    assert not r.drain_announced and not sup.state.error and r.child.stopped is None
+    assert said == ["replica r0 was draining and is wanted again: back to ready (no cold start)"]
+    starting = Replica(ReplicaState("r9", "http://127.0.0.1:8", state=Phase.STARTING, node="local"), 8, "local",
+                       requested_at=mono(), child=StoppingChild(), started_at=mono())
+    sup.replicas.append(starting)
+    sup._scale_to(1, mono())  # the one still starting goes (drained), the ready one stays
+    assert starting.state.state == Phase.DRAINING
+    sup._scale_to(2, mono())
+    assert starting.state.state == Phase.STARTING  # back to what it was: its health check decides when it serves
+
+
 def test_a_drain_is_finished_only_by_a_load_report_read_after_the_router_knew_of_it(make):
     """The round's load report (read before the replica was marked draining) showed it idle: it was stopped before
     the router was told, which sent it new requests (connection refused, retried elsewhere)."""
@@ -158,6 +183,16 @@ def test_scale_down_drains_the_idle_replica_not_the_newest_busy_one():
     assert victims([alone, shared, Candidate("r3", "ready", "b", 3, 6)], {"a": 1, "b": 2}, 1) == [alone]
     assert victims([Candidate("r0", "ready", "n0", 0), Candidate("r1", "ready", "n1", 1)], {}, 1)[0].id == "r1"
     assert victims([old_idle, Candidate("r2", "starting", "n2", 2, 0)], {}, 1)[0].id == "r2"  # not yet useful first
+
+
+def test_revivals_take_the_most_recently_drained_first_and_none_on_a_node_that_goes():
+    from fleetserve.autoscale.scaledown import revivals
+
+    early, late, noticed = ("r0", "n0", 10.0), ("r1", "n1", 50.0), ("r2", "spot", 90.0)
+    pick = [early, late, noticed]
+    assert revivals(pick, lambda r: r[1], lambda r: r[2], {"spot"}, 1) == [late]
+    assert revivals(pick, lambda r: r[1], lambda r: r[2], {"spot"}, 5) == [late, early]
+    assert revivals(pick, lambda r: r[1], lambda r: r[2], set(), 0) == []
 
 
 def test_a_crash_looping_replica_is_said_in_the_status_until_it_is_ready_again(make):

@@ -293,3 +293,30 @@ def test_a_spot_notice_moves_the_replica_make_before_break_in_the_simulator_as_l
         after = [r for r in fleet.requests if r.arrival >= notice_at]
         worst[drain] = max(r.first - r.arrival for r in after)
     assert worst[30] < 5.0 < worst[120], worst  # drained at the notice: requests waited for the cold start
+
+
+def test_a_draining_replica_wanted_again_serves_in_the_simulator_as_live():
+    """The supervisor puts a draining replica back when the fleet wants one again (autoscale/scaledown.revivals);
+    the simulator launched a new one beside it, a cold start the live fleet no longer pays."""
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "s"},
+                               "spec": {"model": {"source": "/m"}, "replicas": 2,
+                                        "placement": {"instanceTypes": ["ml.g5.xlarge"]},
+                                        "capacity": {"provider": "simulated"}}}).endpoint
+    trace = [TraceRequest(i * 0.5, 200, 200) for i in range(600)]
+    fleet = SimFleet(endpoint, build_workload(trace, 16, False), SimOptions(provisioning_delay_s=20.0))
+    seen = {}
+
+    def drain_one(_arg):
+        ready = [r for r in fleet.replicas if r.state == "ready"]
+        seen["ids"], seen["drained"] = sorted(r.id for r in fleet.replicas), ready[0]
+        fleet._drain(ready[0])  # as a scale-down would; the spec still wants 2
+
+    def look(_arg):
+        seen["after"] = sorted(r.id for r in fleet.replicas)
+        seen["state"] = seen["drained"].state
+
+    fleet.sim.at(fleet.t0 + 150.0, drain_one)
+    fleet.sim.at(fleet.t0 + 152.0, look)
+    fleet.run()
+    assert len(seen["ids"]) == 2 and seen["after"] == seen["ids"] and seen["state"] == "ready", seen
+    assert all(r.error is None for r in fleet.requests)

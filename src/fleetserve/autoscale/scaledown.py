@@ -1,4 +1,5 @@
-"""Which replicas go when the desired count drops, pure: the cheapest ones to lose first.
+"""Which replicas go when the desired count drops, pure: the cheapest ones to lose first (and which come back
+when it rises again while they drain).
 
 Not yet useful replicas go before useful ones (pending, then restarting, then starting, then ready); among
 equals, an idle one before a busy one (an idle replica stops at once; a busy one drains, and a stream longer than
@@ -51,3 +52,15 @@ def moves_to_finish(moving: Sequence[T], node_of: Callable[[T], str], going: Col
     served on until its deadline)."""
     first = sorted(moving, key=lambda r: node_of(r) not in going)
     return first[:max(0, ready + len(moving) - desired)]
+
+
+def revivals(draining: Sequence[T], node_of: Callable[[T], str], deadline_of: Callable[[T], float | None],
+             unusable: Collection[str], shortfall: int) -> list[T]:
+    """The draining replicas to put back in service when the fleet wants `shortfall` more, before any new one is
+    launched: a replica still draining is warm (its model loaded, its cache full) and holds its slot, where a new
+    one waits a cold start, and on one machine also the end of the drain for that slot (a request that woke a
+    fleet draining its last replica found the machine full: 503 for three minutes). The most recently drained
+    first (the latest deadline); none on a node that goes (`unusable`: a spot notice, a consolidation)."""
+    usable = [r for r in draining if node_of(r) not in unusable]
+    usable.sort(key=lambda r: -(deadline_of(r) or 0.0))
+    return usable[:max(0, shortfall)]

@@ -20,7 +20,7 @@ from fleetserve.capacity.placement import (
     place,
     replicas_per_node,
 )
-from fleetserve.capacity.providers import InsufficientCapacityError, Node, NodeEvent, Provider
+from fleetserve.capacity.providers import InsufficientCapacityError, MachineFullError, Node, NodeEvent, Provider
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,9 @@ class CapacityManager:
                 return choice
             try:
                 node = self.provider.create(choice.offering, self._slots_for(choice.offering.instance_type), now)
+            except MachineFullError as exc:
+                self._note(f"insufficient capacity: {exc}")
+                return InsufficientCapacity(str(exc))
             except InsufficientCapacityError as exc:
                 self.availability.mark_unavailable(exc.offering, now)
                 self.log.append(f"{exc}; offering unavailable for {self.availability.ttl:.0f}s, trying the next")

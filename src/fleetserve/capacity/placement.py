@@ -28,7 +28,7 @@ class ReplicaRequest:
     memory_gb: float = 0.0
 
     def __str__(self) -> str:
-        parts = [f"{self.gpus} GPU(s)"]
+        parts = [f"{self.gpus} GPU(s)" if self.gpus else "no GPU"]
         if self.gpu_memory_gb:
             parts.append(f"{self.gpu_memory_gb:g} GiB of GPU memory together")
         if self.vcpu:

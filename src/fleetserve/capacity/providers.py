@@ -36,6 +36,16 @@ class InsufficientCapacityError(ProviderError):
         self.offering = offering
 
 
+class MachineFullError(ProviderError):
+    """Every slot of the one node a provider has is taken by this fleet's own replicas: a wait for one of them to
+    go, not a capacity shortage of the offering (marked unavailable for the ICE TTL, this machine could place
+    nothing for three minutes after the drain that freed it)."""
+
+    def __init__(self, node: Node):
+        super().__init__(f"every replica slot of this machine is taken ({node.used} of capacity.localSlots = "
+                         f"{node.slots}); a replica starts when one is free")
+
+
 class NodeNotFoundError(ProviderError):
     """The node does not exist (already deleted or never created)."""
 
@@ -90,7 +100,7 @@ class LocalProvider:
 
     def create(self, offering: Offering, slots: int, now: float) -> Node:
         if self._live:
-            raise InsufficientCapacityError(offering, "this machine is the only local node and it is full")
+            raise MachineFullError(self._node)
         self._live = True
         return self._node
 

@@ -40,7 +40,7 @@ ALLOWED: dict[Phase, frozenset[Phase]] = {
     Phase.READY: frozenset({Phase.MOVING, Phase.RESTARTING, Phase.DRAINING, Phase.STOPPED}),
     Phase.MOVING: frozenset({Phase.READY, Phase.RESTARTING, Phase.DRAINING, Phase.STOPPED}),
     Phase.RESTARTING: frozenset({Phase.STARTING, Phase.STOPPED}),
-    Phase.DRAINING: frozenset({Phase.STOPPED}),
+    Phase.DRAINING: frozenset({Phase.READY, Phase.STARTING, Phase.STOPPED}),  # back: wanted again while draining
     Phase.STOPPED: frozenset(),
 }
 

@@ -38,7 +38,7 @@ from fleetserve.api.internal import router_trust_args, write_token_file
 from fleetserve.api.limits import engine_body_limit, engine_header_limit
 from fleetserve.autoscale.controller import Controller
 from fleetserve.autoscale.policy import ScaleDecision, ScalingPolicy, ScalingState
-from fleetserve.autoscale.scaledown import Candidate, moves_to_finish, spot_drain_due, victims
+from fleetserve.autoscale.scaledown import Candidate, moves_to_finish, revivals, spot_drain_due, victims
 from fleetserve.capacity.placement import InsufficientCapacity
 from fleetserve.capacity.utilization import load_ratio, target_per_replica
 from fleetserve.clock import Clock
@@ -131,6 +131,7 @@ class Replica:
     backoff: Backoff = field(default_factory=lambda: Backoff(cap=RESTART_BACKOFF_MAX))
     drain_deadline: float | None = None
     drain_announced: bool = False  # the router was told it drains: its load reports since count no new requests
+    drained_from: Phase | None = None  # what it was when its drain began (what it returns to if wanted again)
     port_moves: int = 0  # new ports taken after another process bound the one chosen for it
     crashes_since_ready: int = 0  # crashes since it was last ready: 2 is a crash loop (0 once it is ready)
 
@@ -581,8 +582,9 @@ class Supervisor:
             return STATIC_ZERO  # nothing wakes it: held requests waited out the buffer timeout
         if self._desired() == 0 or any(r.state.state in SERVING for r in self.replicas):
             return None
-        if self.state.error.startswith("cannot place a replica"):
-            return self.state.error
+        if self.state.error.startswith("cannot place a replica") and not any(
+                r.state.state in (Phase.PENDING, Phase.STARTING, Phase.DRAINING) for r in self.replicas):
+            return self.state.error  # nothing on its way (a replica starting, or a slot a drain frees): fail held
         if any(r.state.state == Phase.RESTARTING and r.crashes_since_ready >= 2 for r in self.replicas):
             # not `restarts`, which counts the fleet's whole life: one crash of a replica that had served, and
             # restarted once long before, told clients no replica could start and to come back in 30 s
@@ -824,8 +826,16 @@ class Supervisor:
         if r.state.state in (Phase.PENDING, Phase.RESTARTING) or r.child is None:
             self._remove(r)
             return
+        r.drained_from = Phase(r.state.state)
         r.state.state = advance(r.state.state, Phase.DRAINING)
         r.drain_deadline = mono + self.spec.engine.drain_timeout_seconds
+
+    def _revive(self, r: Replica) -> None:
+        """A draining replica wanted again: it serves on (or goes on starting) instead of a new one."""
+        back = Phase.STARTING if r.drained_from == Phase.STARTING else Phase.READY
+        r.state.state = advance(r.state.state, back)
+        r.drain_deadline, r.drain_announced, r.drained_from = None, False, None
+        self.say(f"replica {r.state.id} was draining and is wanted again: back to {back.value} (no cold start)")
 
     def _finish_drains(self, mono: float, load: dict | None) -> None:
         in_flight = {b["url"]: b["in_flight"] for b in (load or {}).get("backends", [])}
@@ -850,6 +860,12 @@ class Supervisor:
         replacements are launched here, and they drain once enough replacements are ready."""
         active = [r for r in self.replicas if r.state.state not in (Phase.DRAINING, Phase.MOVING)]
         if len(active) < desired:
+            draining = [r for r in self.replicas if r.state.state == Phase.DRAINING]
+            unusable = set(self.capacity.interrupting()) | self.capacity.cordoned
+            for r in revivals(draining, lambda r: r.node_id, lambda r: r.drain_deadline, unusable,
+                              desired - len(active)):
+                self._revive(r)
+                active.append(r)
             for _ in range(desired - len(active)):
                 if not self._launch(mono):
                     self._cancel_moves("no capacity for the replacement replicas")

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from fleetserve.autoscale.controller import Controller
 from fleetserve.autoscale.policy import ScalingState
-from fleetserve.autoscale.scaledown import Candidate, moves_to_finish, spot_drain_due, victims
+from fleetserve.autoscale.scaledown import Candidate, moves_to_finish, revivals, spot_drain_due, victims
 from fleetserve.capacity.placement import InsufficientCapacity
 from fleetserve.capacity.utilization import load_ratio, target_per_replica
 from fleetserve.router.admission import BUFFER, GO, AdmissionSettings, Rejection, admit, buffer_timeout, overflow
@@ -629,6 +629,16 @@ class SimFleet:
         """The supervisor's `_scale_to`: launch or drain to `desired`; moving replicas do not count."""
         active = [r for r in self.replicas if r.state not in ("draining", "moving")]
         if len(active) < desired:
+            draining = [r for r in self.replicas if r.state == "draining"]
+            unusable = set(self.capacity.interrupting()) | self.capacity.cordoned
+            revived = revivals(draining, lambda r: r.node_id, lambda r: r.drain_deadline, unusable,
+                               desired - len(active))
+            for r in revived:  # the supervisor's `_revive`: it was serving when its drain began
+                r.state, r.drain_deadline = "ready", None
+                active.append(r)
+            if revived:
+                self._membership()
+                self._record()
             for _ in range(desired - len(active)):
                 if self._launch() is None:
                     self._cancel_moves("no capacity for the replacement replicas")
