@@ -191,33 +191,39 @@ class BackendPool:
         health probes pass). Half-open (the open period is over): traffic again, but one failure re-opens it
         at once; `successes_to_close` successes in a row close it. `server_error`: an answer the request itself
         may have caused (a 500). It does not count in a row: it opens the breaker when the replica is an outlier
-        (router/outliers.py: it fails a large share of its answers, and clearly more than another replica does),
-        and on at most half of the backends, as Envoy caps ejections, so one client's poison requests cannot take
-        every replica out."""
+        (router/outliers.py: it fails much of what it answers, and clearly more than the replicas that take
+        traffic beside it), on at most half of the backends, as Envoy caps ejections, so one client's poison
+        requests cannot take every replica out."""
         now = self.clock()
         state = backend.breaker
-        backend.half_open_successes = 0
         if state == "open":
-            return
-        if server_error and state == "closed":
+            return  # an answer to a request sent before it opened
+        backend.half_open_successes = 0
+        if server_error:
             backend.answers.record(True)
-            others = (b.answers for b in self.backends.values() if b is not backend)
+            others = (b.answers for b in self.backends.values() if b is not backend and b.eligible)
             if not is_outlier(backend.answers, others, self.breaker.outliers):
                 return
-            if sum(1 for b in self.backends.values() if b.tripped) + 1 > len(self.backends) // 2:
+            if state == "closed" and \
+                    sum(1 for b in self.backends.values() if b.breaker == "open") + 1 > len(self.backends) // 2:
                 return  # the cap is reached: it stays in (a replica failing everything is still one of them)
         else:
             backend.request_failures += 1
-        if server_error or state == "half-open" or backend.request_failures >= self.breaker.failures_to_open:
-            backend.tripped = True
-            backend.open_until = now + self.breaker.open_seconds
-            log.warning("circuit breaker open for %s (%.0fs): %s", backend.url, self.breaker.open_seconds, error)
-            self._signal()
+            if state == "closed" and backend.request_failures < self.breaker.failures_to_open:
+                return
+        backend.tripped = True
+        backend.open_until = now + self.breaker.open_seconds
+        backend.answers.clear()  # judged afresh on what it answers when it is back
+        log.warning("circuit breaker open for %s (%.0fs): %s", backend.url, self.breaker.open_seconds, error)
+        self._signal()
 
     def request_succeeded(self, backend: Backend) -> None:
-        if backend.breaker == "closed":
+        state = backend.breaker
+        if state == "open":
+            return  # an answer to a request sent before it opened: no evidence that it is back
+        backend.answers.record(False)
+        if state == "closed":
             backend.request_failures = 0  # failures count in a row
-            backend.answers.record(False)
             return
         backend.half_open_successes += 1
         if backend.half_open_successes >= self.breaker.successes_to_close:
