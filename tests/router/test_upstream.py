@@ -229,21 +229,22 @@ def test_once_an_answer_began_a_silence_longer_than_the_stream_idle_timeout_fail
     A late first byte is no failure; a stream that stops mid-way fails within the idle timeout."""
     async def late_then_stalled(reader, writer):
         await read_request(reader)
-        await asyncio.sleep(0.6)  # longer than the idle timeout, before the body began
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                     b"9\r\ndata: 1\n\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()  # headers at once (as an SSE server sends them), the first event much later:
+        await asyncio.sleep(2.5)  # longer than the idle timeout, before the body began
+        writer.write(b"9\r\ndata: 1\n\n\r\n")
         await writer.drain()
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.05)
         writer.write(b"9\r\ndata: 2\n\n\r\n")
         await writer.drain()
         await asyncio.sleep(30)  # then hung
 
     async def main():
         server, url = await serve(late_then_stalled)
-        client = Upstream(read_timeout=60, stream_idle_timeout=0.3)  # 60 s: past run()'s 30 s limit
-        assert client.between == 0.3 and Upstream(read_timeout=5, stream_idle_timeout=60).between == 5
+        client = Upstream(read_timeout=60, stream_idle_timeout=1.5)  # 60 s: past run()'s 30 s limit
+        assert client.between == 1.5 and Upstream(read_timeout=5, stream_idle_timeout=60).between == 5
         stream = await client.request(url, "POST", "/stream", [], b"{}")
-        first = await stream.read()  # waited 0.6 s: the read timeout's
+        first = await stream.read()  # waited 2.5 s: the read timeout's
         second = await stream.read()
         with pytest.raises(Timeout, match="silent mid-answer"):
             await stream.read()

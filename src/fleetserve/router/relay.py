@@ -91,7 +91,9 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
             if learn and data:
                 tail = (tail + data)[-USAGE_TAIL:]
     except UpstreamError as exc:
-        gw.mark_unreachable(attempt.backend, f"failed mid-response: {exc.kind}")
+        if exc.kind != "timeout":  # a silent stream's replica is its probes' to judge: a hung one fails them, an
+            # overloaded one (preempting under KV pressure) answers them and keeps its other streams
+            gw.mark_unreachable(attempt.backend, f"failed mid-response: {exc.kind}")
         gw.request_failed(attempt.backend, "failed mid-response")
         log.warning("backend %s failed mid-response: %s", attempt.backend.url, exc)
         if sse and response.content_length is None:

@@ -103,7 +103,8 @@ class UpstreamResponse:
 
     Until the body's first byte the replica may stay silent `timeout` seconds (a non-streamed answer is silent
     for its whole generation); after it, `between` seconds between two arrivals (a stream's chunks come every
-    decode step, so a longer silence is a hung replica, not a slow one)."""
+    decode step: a silence that long is a hung replica, or one so overloaded that the stream is better ended
+    with an error than held)."""
 
     __slots__ = ("status", "headers", "content_length", "_conn", "_chunks", "_buffered", "_complete", "_error",
                  "_waiter", "_timeout", "_between", "_started", "_loop")

@@ -172,6 +172,10 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         note("spec.engine.gpus", "GPU requests apply to Kubernetes rendering and the simulated cloud only")
     if not spec.metrics.enabled:
         note("spec.metrics.enabled", "metrics stay on locally (/metrics is cheap); false only affects Kubernetes")
+    if spec.router.stream_idle_timeout_seconds > spec.router.upstream_timeout_seconds:
+        note("spec.router.streamIdleTimeoutSeconds", f"{spec.router.stream_idle_timeout_seconds:g} s is above "
+             f"upstreamTimeoutSeconds ({spec.router.upstream_timeout_seconds:g} s): the silence allowed once an "
+             "answer began is at most the upstream timeout", everywhere=True)
     from fleetserve.observe.vocabulary import LATENCY_BUCKETS_MS
 
     if spec.slo is not None and spec.slo.ttft_p95_ms > LATENCY_BUCKETS_MS[-1]:
