@@ -128,6 +128,19 @@ def test_traffic_falling_to_zero_waits_for_cooldown():
     assert d.desired == 0 and "cooldownPeriod" in d.reason
 
 
+def test_a_fleet_held_at_one_by_the_cooldown_or_the_initial_cooldown_says_which_and_for_how_long():
+    """An idle fleet of one on its way to zero read "steady at 1: concurrency=0" for the whole countdown, while other
+    holds (a stabilization window, a schedule floor) were named."""
+    policy = ScalingPolicy(min_replicas=0, max_replicas=5, cooldown=60, initial_cooldown=100, triggers=CONCURRENCY)
+    fleet = VirtualFleet(policy, 0.0, replicas=1)
+    assert fleet.poll(30.0, 0.0).reason == ("steady at 1: concurrency=0 (target 4/replica) (initialCooldownPeriod: "
+                                            "the countdown to zero starts in 70s)")
+    assert fleet.poll(130.0, 0.0).reason.endswith("(cooldownPeriod: zero in 30s without activity)")
+    assert fleet.poll(160.0, 0.0).desired == 0
+    busy = VirtualFleet(policy, 0.0, replicas=1)
+    assert "cooldownPeriod" not in busy.poll(130.0, 2.0).reason  # active: no countdown
+
+
 def test_traffic_falling_keeps_the_floor():
     policy = ScalingPolicy(min_replicas=2, max_replicas=5, cooldown=60, triggers=CONCURRENCY)
     fleet = VirtualFleet(policy, 0.0, replicas=4)

@@ -83,6 +83,12 @@ def test_a_ready_fleet_without_a_serving_replica_says_so(tmp_path, monkeypatch):
     waking = fleet(ready=0)  # a burst woke it: "no replica serving" read as stuck
     waking.last_decision = {"desired": 3, "reason": "activated from zero: 16 request(s) held by the router"}
     assert serving_note(waking) == "waking from zero: requests are held until a replica is ready"
+    # a poll shorter than the cold start replaced the decision that woke it: the replica on its way still says so
+    polled = fleet(ready=0)
+    polled.last_decision = {"desired": 1, "reason": "steady at 1: concurrency=1 (target 1/replica)"}
+    assert serving_note(polled) == "waking from zero: requests are held until a replica is ready"
+    polled.replicas = [ReplicaState("r0", "http://127.0.0.1:9001", 11, "restarting")]
+    assert serving_note(polled) == "no replica serving"
     assert "ready: no replica serving; see error" in text_of(render([placed_none], now=0))
     monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path))
     write_state(placed_none)

@@ -480,3 +480,33 @@ spec:
     said = {w.path: w.message for w in load_spec_text(text % 200000).warnings}
     assert "above the latency histograms' largest bucket (120000 ms)" in said["spec.slo.ttftP95Ms"]
     assert "spec.slo.ttftP95Ms" not in {w.path for w in load_spec_text(text % 120000).warnings}
+
+
+def test_a_stream_idle_timeout_above_the_upstream_timeout_is_warned_as_the_lower_one_applies():
+    text = """
+apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {name: chat}
+spec:
+  model: {source: builtin:smollm2-135m}
+  router: {upstreamTimeoutSeconds: 30, streamIdleTimeoutSeconds: %s}
+"""
+    said = {w.path: w.message for w in load_spec_text(text % 90).warnings}
+    assert "the silence allowed once an answer began is at most the upstream timeout" in \
+        said["spec.router.streamIdleTimeoutSeconds"]
+    assert "spec.router.streamIdleTimeoutSeconds" not in {w.path for w in load_spec_text(text % 30).warnings}
+
+
+def test_autoscaling_without_triggers_names_the_default_it_scales_on():
+    text = """
+apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {name: chat}
+spec:
+  model: {source: builtin:smollm2-135m}
+  autoscaling: {minReplicaCount: 0, maxReplicaCount: 2%s}
+"""
+    said = {w.path: w.message for w in load_spec_text(text % "").warnings}
+    assert "the default trigger, concurrency with target 4 per replica" in said["spec.autoscaling.triggers"]
+    given = load_spec_text(text % ", triggers: [{metric: concurrency, target: 2}]").warnings
+    assert "spec.autoscaling.triggers" not in {w.path for w in given}

@@ -63,6 +63,10 @@ class Trigger:
         return METRIC_KIND[self.metric]
 
 
+#: what a spec whose autoscaling names no trigger scales on, in every place (KEDA refuses a ScaledObject without one)
+DEFAULT_TRIGGER = Trigger("concurrency", 4.0, 0.0)
+
+
 @dataclass(frozen=True)
 class ScalingPolicy:
     min_replicas: int = 1
@@ -94,7 +98,7 @@ class ScalingPolicy:
             down_window=section.scale_down_stabilization_time,
             triggers=tuple(Trigger(t.metric, t.target, t.activation_target, t.metric_type)
                            for t in section.triggers)
-            or (Trigger("concurrency", 4.0, 0.0),),
+            or (DEFAULT_TRIGGER,),
             schedule=Schedule.from_spec(section.schedules),
             schedule_lead=section.schedule_lead_time,
             fallback_threshold=section.fallback.failure_threshold if section.fallback else None,
@@ -304,12 +308,15 @@ def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, 
     if failed:
         raw = max(raw, current)  # HPA: a metric error never drives a scale-down
         why += "; a trigger failed, no scale-down"
+    to_zero = ""  # what a fleet that may go to zero waits for, named while it holds (it read "steady at 1")
     if not active and floor == 0:
         countdown_from = max(last_active if last_active is not None else state.created,
                              state.created + policy.initial_cooldown)
         idle = now - countdown_from
         if idle >= policy.cooldown:
             return done(0, f"no activity for {idle:.0f}s >= cooldownPeriod {policy.cooldown:.0f}s")
+        to_zero = (f"initialCooldownPeriod: the countdown to zero starts in {-idle:.0f}s" if idle < 0 else
+                   f"cooldownPeriod: zero in {policy.cooldown - idle:.0f}s without activity")
     asked = raw  # what the triggers alone want
     raw = max(raw, floor, 1)
     stabilized, recs = _stabilize(policy, state, raw, now)
@@ -323,6 +330,8 @@ def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, 
             reason += f" (wants {raw}, held by {held})"
         elif asked < current and floor >= current and floor > policy.min_replicas:
             reason += f" (held by the {_floor_label(policy, floor, now)})"
+        elif to_zero:
+            reason += f" ({to_zero})"
     else:
         reason = f"{'scale up' if desired > current else 'scale down'} {current} -> {desired}: {why}"
         if floor > 1 and desired == floor:

@@ -56,6 +56,13 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         note("spec.routing.sessionKey", f"only the session strategy uses it, not {spec.routing.strategy!r}")
     if spec.autoscaling is not None and not spec.autoscaling.enabled:
         note("spec.autoscaling.enabled", f"false: the fleet keeps spec.replicas={spec.replicas}")
+    elif spec.autoscaling is not None and not spec.autoscaling.triggers:
+        from fleetserve.autoscale.policy import DEFAULT_TRIGGER
+
+        default = DEFAULT_TRIGGER
+        note("spec.autoscaling.triggers", f"none given: the fleet scales on the default trigger, {default.metric} "
+             f"with target {default.target:g} per replica (here, in the simulator and in the rendered "
+             "ScaledObject)", everywhere=True)
     if (spec.placement.instance_types or spec.placement.node_affinity) and spec.capacity.provider == "local":
         note("spec.placement", "capacity.provider is 'local': this machine is the only node, instance types "
                                "apply to the simulated provider and to Kubernetes rendering")
