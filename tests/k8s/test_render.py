@@ -1241,6 +1241,9 @@ def test_pod_tolerations_priority_pull_secrets_and_security_context_reach_the_po
     assert engine["priorityClassName"] == "inference-high" and engine["securityContext"]["runAsUser"] == 1000
     assert all(pod["imagePullSecrets"] == [{"name": "regcred"}] for pod in pods.values()), sorted(pods)
     assert "priorityClassName" not in pods["chat-router"]
+    from fleetserve.k8s.secrets_needed import secrets_needed
+
+    assert ("regcred", [".dockerconfigjson"]) in secrets_needed(rendered.objects)  # named with the others to create
 
 
 @pytest.mark.parametrize("pod,says", [
@@ -1248,6 +1251,8 @@ def test_pod_tolerations_priority_pull_secrets_and_security_context_reach_the_po
     ({"tolerations": [{"value": "x"}]}, "without a key must have operator Exists"),
     ({"tolerations": [{"key": "a", "operator": "In"}]}, "'Equal' or 'Exists'"),
     ({"tolerations": [{"key": "a", "effect": "NoSchedule", "tolerationSeconds": 5}]}, "effect NoExecute only"),
+    ({"tolerations": [{"key": "bad key!", "operator": "Exists"}]}, "'bad key!' is not a taint key"),
+    ({"tolerations": [{"key": "a", "value": "no spaces"}]}, "'no spaces' is not a taint value"),
     ({"priorityClassName": "High Priority"}, "a PriorityClass name"),
     ({"imagePullSecrets": ["ok", "Not OK"]}, "[1] 'Not OK': a Secret name"),
 ])

@@ -31,11 +31,13 @@ def test_example_maps_onto_endpoint():
 
 
 def test_example_warns_about_what_has_no_local_effect():
-    said = {w.path: w.message for w in load_spec(EXAMPLE).warnings}
+    said: dict[str, str] = {}
+    for w in load_spec(EXAMPLE).warnings:  # one field may be named by several warnings
+        said[w.path] = said.get(w.path, "") + w.message + "\n"
     assert "spec.endpointName" in said
     assert "spec.tlsConfig.tlsCertificateOutputS3Uri" in said
     # vLLM needs a GPU; named by the user's own field (it read spec.engine.kind, a field the file does not have)
-    assert "(fleetserve's spec.engine.kind)" in said["spec.worker.kind"]
+    assert "(fleetserve's spec.engine.kind)" in said["spec.worker.image"]
     assert "(fleetserve's spec.routing.sessionKey)" in said["spec.worker.environmentVariables[SESSION_KEY]"]
     assert not [p for p in said if p.startswith(("spec.engine", "spec.model.", "spec.routing", "spec.placement"))]
 
@@ -413,8 +415,8 @@ def test_an_image_neither_vllm_nor_sglang_runs_as_given():
     assert "djl-inference" in engine.image and engine.health_path == "/ping"
     assert engine.invocation_path == "/invocations" and engine.port == 8000
     assert not loaded.endpoint.spec.kv_cache.l1.enabled  # no tier of ours inside someone else's image
-    (why,) = [w.message for w in loaded.warnings if w.path == "spec.worker.image"]
-    assert "runs as given" in why and "/invocations" in why
+    (why,) = [w.message for w in loaded.warnings if w.path == "spec.worker.image" and "runs as given" in w.message]
+    assert "/invocations" in why
     tgi = _loaded(lambda spec: spec.update(invocationEndpoint="v1/chat/completions", loadBalancer={}) or
                   spec["worker"].update(image="ghcr.io/huggingface/text-generation-inference:3.0"))
     assert (tgi.endpoint.spec.engine.kind, tgi.endpoint.spec.engine.health_path,
@@ -518,3 +520,27 @@ def test_an_sglang_worker_over_four_gpus_with_l1_gets_a_host_cache_it_can_start(
     engine = _loaded(sglang).endpoint.spec
     assert engine.engine.kind == "sglang" and engine.engine.gpus == 4
     assert engine.kv_cache.l1.enabled and engine.kv_cache.l1.max_bytes == 4 << 30
+
+
+def test_every_field_a_translated_warning_or_error_names_is_in_hyperpods_crd():
+    """Warnings named spec.worker.kind and spec.worker.gpus, fields HyperPod's worker does not have (the engine is
+    read from worker.image, GPUs from worker.resources)."""
+    import re
+
+    from fleetserve.spec.hyperpod import _SOURCES, crd_schema
+
+    def exists(path: str) -> bool:
+        node = crd_schema()
+        for part in re.sub(r"\[[^]]*\]", "", path).split("."):
+            props = node.get("properties") or (node.get("items") or {}).get("properties") or {}
+            base = re.sub(r"\((s|List)\)$", "", part)
+            found = [props[n] for n in (base, part.replace("(s)", "s").replace("(List)", "List")) if n in props]
+            if not found:
+                return False
+            node = found[0]
+        return True
+
+    missing = [theirs for _, theirs in _SOURCES if not theirs.startswith("metadata.") and not exists(theirs)]
+    assert missing == []
+    for w in load_spec(EXAMPLE).warnings:
+        assert w.path in ("spec.endpointName", "spec.metrics") or exists(w.path), w.path

@@ -24,6 +24,8 @@ def secrets_needed(objects: Iterable[dict]) -> list[tuple[str, list[str]]]:
     needed: dict[str, set[str]] = {}
     for obj in objects:
         for pod in _pod_specs(obj):
+            for pull in pod.get("imagePullSecrets") or []:  # a registry's credentials (.dockerconfigjson)
+                needed.setdefault(pull["name"], set()).add(".dockerconfigjson")
             for volume in pod.get("volumes") or []:
                 secret = volume.get("secret")
                 if secret:

@@ -47,6 +47,17 @@ def is_label_value(value: str) -> bool:
     return bool(_LABEL_NAME.match(value))
 
 
+def is_label_key(key: str) -> bool:
+    """A label key (a taint's key too): an optional DNS-subdomain prefix and '/', then a name."""
+    prefix, slash, name = key.rpartition("/")
+    return bool(_LABEL_NAME.match(name)) and (not slash or (len(prefix) <= 253 and bool(_DNS_SUBDOMAIN.match(prefix))))
+
+
+LABEL_KEY_RULE = ("an optional DNS-subdomain prefix and '/', then at most 63 of letters, digits, '-', '_' and '.', "
+                  "starting and ending with a letter or digit")
+LABEL_VALUE_RULE = "at most 63 of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+
+
 class Metadata(SpecModel):
     name: str = Field(min_length=1, max_length=63)
     namespace: str = "default"
@@ -69,14 +80,11 @@ class Metadata(SpecModel):
     def _kubernetes_labels(cls, value: dict[str, str]) -> dict[str, str]:
         """Every rendered object carries these: one the API server refuses failed the whole `kubectl apply`."""
         for key, text in value.items():
-            prefix, slash, name = key.rpartition("/")
-            if not _LABEL_NAME.match(name) or (slash and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix))):
-                raise ValueError(f"label key {key!r} is not a Kubernetes label key: an optional DNS-subdomain prefix "
-                                 "and '/', then at most 63 of letters, digits, '-', '_' and '.', starting and "
-                                 "ending with a letter or digit")
+            if not is_label_key(key):
+                raise ValueError(f"label key {key!r} is not a Kubernetes label key: {LABEL_KEY_RULE}")
             if not isinstance(text, str) or (text and not _LABEL_NAME.match(text)):
-                raise ValueError(f"label {key!r}: value {text!r} is not a Kubernetes label value: empty, or at most "
-                                 "63 of letters, digits, '-', '_' and '.', starting and ending with a letter or digit")
+                raise ValueError(f"label {key!r}: value {text!r} is not a Kubernetes label value: empty, or "
+                                 f"{LABEL_VALUE_RULE}")
         return value
 
     @field_validator("name")
@@ -739,6 +747,10 @@ class Toleration(SpecModel):
 
     @model_validator(mode="after")
     def _as_the_api_server_checks(self) -> Toleration:
+        if self.key is not None and not is_label_key(self.key):
+            raise ValueError(f"key {self.key!r} is not a taint key: {LABEL_KEY_RULE}")
+        if self.value and not is_label_value(self.value):
+            raise ValueError(f"value {self.value!r} is not a taint value: empty, or {LABEL_VALUE_RULE}")
         if self.operator == "Exists" and self.value:
             raise ValueError(f"value {self.value!r} with operator Exists: Exists matches any value; leave value out")
         if self.key is None and self.operator != "Exists":
@@ -762,8 +774,8 @@ class PodSection(SpecModel):
                                             "pods the scheduler preempts first)")
     image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets of a private registry, for "
                                           "every pod the endpoint renders (engine, router, Redis)")
-    security_context: dict[str, Any] | None = Field(default=None, description="the engine pods' securityContext "
-                                                    "(a namespace that enforces the restricted Pod Security level)")
+    security_context: dict[str, Any] | None = Field(default=None, description="the engine pods' pod-level "
+                                                    "securityContext (runAsUser, runAsGroup, fsGroup, seccompProfile)")
 
     @field_validator("priority_class_name")
     @classmethod

@@ -545,6 +545,8 @@ _SOURCES = (
     ("spec.engine.env", "spec.worker.environmentVariables"),
     ("spec.engine.image", "spec.worker.image"),
     ("spec.engine.resources", "spec.worker.resources"),
+    ("spec.engine.kind", "spec.worker.image"),  # the engine is read from the image
+    ("spec.engine.gpus", "spec.worker.resources"),
     ("spec.engine", "spec.worker"),
     ("spec.model.name", "spec.modelName"),
     ("spec.model.version", "spec.modelVersion"),
