@@ -93,32 +93,34 @@ def test_bad_requests(sim):
 
 
 def _stream_seconds(engine, tokens: int) -> float:
-    """Seconds from a request's arrival at an idle in-process engine to its last token."""
+    """Seconds from a request's arrival at an idle in-process engine to its last token, in virtual time."""
     import asyncio
-    import time
 
     from fleetserve.engine.simulated import SimRequest
     from fleetserve.sim.replica import Seq
+    from tests.virtual_loop import run_virtual
 
     async def main() -> float:
+        loop = asyncio.get_running_loop()
         task = asyncio.create_task(engine.loop())
-        req = SimRequest([1] * 8, [], tokens, True, time.monotonic())
+        req = SimRequest([1] * 8, [], tokens, True, loop.time())
         req.seq = Seq(8, tokens, [], req)
-        start = time.monotonic()
+        start = loop.time()
         engine.model.add(req.seq)
         engine._work.set()
         await engine._finish(req)
-        elapsed = time.monotonic() - start
+        elapsed = loop.time() - start
         task.cancel()
         return elapsed
 
-    return asyncio.run(main())
+    return run_virtual(main())
 
 
 def test_steps_keep_the_models_schedule_when_the_loop_is_late():
     """Work the event loop does between steps (here 6 ms of blocking per token, as SSE under load) delays a
-    step's tokens but not the steps after it: 30 tokens take the model's 0.30 s, not 30 x 16 ms."""
-    import time
+    step's tokens but not the steps after it: 30 tokens take the model's 0.30 s, not 30 x 16 ms. In virtual time:
+    the blocking moves the loop's clock (it had asserted on wall time, which a loaded machine stretched)."""
+    import asyncio
 
     from fleetserve.engine.simulated import SimulatedEngine
     from fleetserve.sim.perf import PerfProfile
@@ -129,12 +131,12 @@ def test_steps_keep_the_models_schedule_when_the_loop_is_late():
     emit = engine._emit
 
     def slow_emit(seq):
-        time.sleep(0.006)
+        asyncio.get_running_loop()._virtual_now += 0.006  # 6 ms of the loop's time spent here
         emit(seq)
 
     engine._emit = slow_emit
     elapsed = _stream_seconds(engine, 30)
-    assert 0.30 - 0.002 <= elapsed < 0.40  # drifting from each step's start: 0.01 + 29 x 0.016 = 0.47 s
+    assert elapsed == pytest.approx(0.306)  # the last step's end, plus its emit; drifting: 0.01 + 29 x 0.016 = 0.47
 
 
 def test_the_engine_counts_a_prompt_as_the_simulator_does(sim):

@@ -128,6 +128,7 @@ class SimulatedEngine:
         the queue behind it grew; with the schedule, lateness delays a step's tokens, never the steps after
         it. After idling, the schedule restarts at the wake-up."""
         model = self.model
+        clock = asyncio.get_running_loop().time  # monotonic; the event loop's, so a virtual-time loop runs it too
         due: float | None = None  # when the step in progress ends on the model's clock
         while True:
             batch = list(model.running)  # the sequences this step decodes
@@ -138,11 +139,11 @@ class SimulatedEngine:
                 await self._work.wait()
                 continue
             self.m_busy.labels(**self._lbl).inc(duration)
-            now = time.monotonic()
+            now = clock()
             due = (now if due is None else due) + duration
             # a late loop catches up (no sleep) but still yields, so arrivals and streams are served
             await asyncio.sleep(max(0.0, due - now))
-            firsts, _ = model.end_step(time.monotonic())
+            firsts, _ = model.end_step(clock())
             for seq in batch:
                 if not seq.cancelled:
                     self._emit(seq)
@@ -203,7 +204,8 @@ class SimulatedEngine:
         tokens = self._tokens(parsed)
         salt = kv_salt(request.headers.get(TENANT_HEADER), parsed.cache_salt)  # tenant: from the router only
         keys = chain_keys(tokens, self.profile.block_size, self._root(salt))
-        req = SimRequest(tokens, keys, parsed.sampling.max_tokens or 16, parsed.stream, time.monotonic())
+        req = SimRequest(tokens, keys, parsed.sampling.max_tokens or 16, parsed.stream,
+                         asyncio.get_running_loop().time())  # the step loop's clock: first tokens are stamped on it
         req.seq = Seq(len(tokens), req.max_tokens, keys, req)
         self.model.add(req.seq)
         self.live.add(req)
