@@ -328,10 +328,11 @@ def test_a_stream_whose_replica_hangs_ends_with_an_error_after_the_stream_idle_t
     spec.router.streamIdleTimeoutSeconds once the answer began ends it with a 504 error event and [DONE]; the
     first token's wait stays the upstream timeout's."""
     e = engine(slow_model, logs, name="slow").start()
-    gw = router([e], logs, "leastload", "--stream-idle-timeout", "2").start()
-    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    gw = router([e], logs, "leastload", "--stream-idle-timeout", "2")
     stopped = False
-    try:
+    try:  # a router that fails to start must not leave the engine behind
+        gw.start()
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=60)
         stream = client.completions.create(model="slow", prompt="a", max_tokens=3000, temperature=0, stream=True,
                                            extra_body={"ignore_eos": True})
         got = [next(stream)]
