@@ -165,6 +165,20 @@ def test_a_stream_cut_without_its_end_is_a_failed_record():
     assert r.status == 0 and r.error.startswith("Broken:") and r.streamed and r.e2e_ms is None
 
 
+def test_a_stream_that_ends_cleanly_without_its_done_was_cut_and_is_lost():
+    """A server that closed its chunked stream properly after one event, with no [DONE] and no error event: the
+    record was answered, with TTFT figures, where the chaos bench counts such a stream lost."""
+    async def script(path, writer):
+        writer.write(sse_head() + http_chunk(chunk(CONTENT)) + b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    records = run_against(script, trace(2), stream=True, timeout=10)
+    assert all(r.status == 200 and r.error.startswith("the stream ended without [DONE]") for r in records)
+    summary = summarize(records)
+    assert (summary["answered"], summary["lost"], summary["ttft_ms"]["p50"]) == (0, 2, None)
+
+
 def test_a_silent_server_times_out_and_the_others_are_answered():
     async def script(path, writer):
         if path.endswith("/chat/completions"):
@@ -217,3 +231,37 @@ def test_an_error_answer_is_failed_and_no_answer_is_lost():
                Record(3, 0.0, status=200, error="stream cut")]
     summary = summarize(records)
     assert (summary["answered"], summary["failed"], summary["lost"]) == (1, 1, 2)
+
+
+def test_the_cli_folds_a_mooncake_trace_into_a_small_vocabulary_and_names_a_missing_trace(tiny_model, tmp_path):
+    """Every request of the shipped Mooncake and Azure samples failed against a tiny model ("token id 23281 is
+    outside the vocabulary"): `replay` could fold the ids, the command could not ask it to."""
+    from typer.testing import CliRunner
+
+    from fleetserve.cli.app import app
+
+    server = Server(["engine", "--model", str(tiny_model), "--served-model-name", "tiny", "--threads", "1"],
+                    tmp_path / "tiny.log").start()
+    try:
+        def run(*extra):
+            return CliRunner().invoke(app, ["bench", "replay", "--url", server.url + "/v1", "--model", "tiny",
+                                            "--limit", "2", "--max-output", "2", "--speedup", "1000", *extra])
+
+        short = tmp_path / "short.jsonl"  # Mooncake's format, prompts the tiny model's 512-token context takes
+        short.write_text("".join(json.dumps({"timestamp": i * 10, "input_length": 64 + i, "output_length": 2,
+                                             "hash_ids": [i + 1]}) + "\n" for i in range(2)))
+        azure = tmp_path / "short.csv"
+        azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100,2\n"
+                         "2023-11-16 18:15:47.1000000,120,2\n")
+        unfolded = run("--trace", str(short))
+        assert unfolded.exit_code == 1 and "outside the vocabulary" in unfolded.stdout
+        for trace in (short, azure):
+            folded = run("--trace", str(trace), "--vocab", "256")
+            assert folded.exit_code == 0, folded.output
+            assert json.loads(folded.stdout)["answered"] == 2
+        missing = run("--trace", str(tmp_path / "nope.jsonl"))
+        assert missing.exit_code == 2 and "--trace: " in missing.stderr
+        bad = run("--trace", str(short), "--prompt-format", "words")
+        assert bad.exit_code == 2 and "tokens, text" in bad.stderr
+    finally:
+        server.stop()

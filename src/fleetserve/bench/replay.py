@@ -44,6 +44,7 @@ class Record:
     output_tokens: int = 0
     replica: str = ""
     streamed: bool = False  # the first byte reached the client
+    done: bool = False  # a stream's [DONE] arrived (a stream that ends without it was cut: lost, as chaos counts it)
     sent_s: float | None = None  # when the generator sent it, on the arrivals' clock (scaled by the speedup)
     scheduled_s: float | None = None  # when the trace (scaled) said to send it
 
@@ -89,10 +90,12 @@ async def _one(client: httpx.AsyncClient, url: str, path: str, body: dict, rec: 
             rec.status = r.status_code
             rec.replica = r.headers.get("x-fleetserve-replica", "")
             if r.status_code != 200:
-                rec.error = (await r.aread()).decode(errors="replace")[:200]
+                rec.error = _error_message(await r.aread())
                 return
             last = None
             async for line in r.aiter_lines():
+                if line == "data: [DONE]":
+                    rec.done = True
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
@@ -101,6 +104,9 @@ async def _one(client: httpx.AsyncClient, url: str, path: str, body: dict, rec: 
                     if failed:
                         return
             rec.e2e_ms = (time.monotonic() - start) * 1000
+            if not rec.done:
+                rec.error = "the stream ended without [DONE] or an error event: cut"
+                return
             if rec.itl_ms:
                 rec.tpot_ms = sum(rec.itl_ms) / len(rec.itl_ms)
     except httpx.HTTPError as exc:
@@ -131,7 +137,10 @@ def _sse(rec: Record, lines: list[bytes], now: float, start: float, last: float 
         if not line.startswith(b"data:"):
             continue
         data = line[5:].strip()
-        if not data or data == b"[DONE]":
+        if data == b"[DONE]":
+            rec.done = True
+            continue
+        if not data:
             continue
         chunk = orjson.loads(data)
         if not isinstance(chunk, dict):
@@ -191,7 +200,7 @@ async def _one_lean(client: Upstream, base: str, path: str, body: dict, rec: Rec
                 rec.tpot_ms = (rec.e2e_ms - rec.ttft_ms) / (rec.output_tokens - 1)
             return
         if response.status != 200:
-            rec.error = (await response.body()).decode(errors="replace")[:200]
+            rec.error = _error_message(await response.body())
             return
         last = None
         pending = b""
@@ -207,6 +216,9 @@ async def _one_lean(client: Upstream, base: str, path: str, body: dict, rec: Rec
             if failed:
                 return
         rec.e2e_ms = (time.monotonic() - start) * 1000
+        if not rec.done:
+            rec.error = "the stream ended without [DONE] or an error event: cut"
+            return
         if rec.itl_ms:
             rec.tpot_ms = sum(rec.itl_ms) / len(rec.itl_ms)
     except UpstreamError as exc:

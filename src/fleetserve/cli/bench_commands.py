@@ -340,8 +340,14 @@ def bench_replay(
     max_output: Annotated[int | None, typer.Option(min=1, help="Cap on output tokens")] = None,
     api_key_env: Annotated[str, typer.Option(help="Environment variable holding the API key to send, for a fleet "
                                                   "with spec.auth (unset: no key)")] = "OPENAI_API_KEY",
+    vocab: Annotated[int | None, typer.Option(min=2, help="Fold a Mooncake or Azure trace's token ids into a "
+                                                          "vocabulary this small (a tiny model's: ids outside it are "
+                                                          "a 400)")] = None,
+    prompt_format: Annotated[str, typer.Option(help="How a Mooncake or Azure trace's prompts are sent: tokens "
+                                                    "(token ids) or text (one word per token)")] = "tokens",
 ) -> None:
-    """Replay a trace against a running endpoint; prints TTFT, TPOT, ITL, E2E percentiles and hit rates."""
+    """Replay a trace against a running endpoint; prints TTFT, TPOT, ITL, E2E percentiles and hit rates. Exit 1
+    when a request got no answer at all (lost) or none was answered."""
     import asyncio
 
     from fleetserve.bench.replay import replay, summarize
@@ -350,17 +356,23 @@ def bench_replay(
 
     if (problem := backend_url_problem(url)) is not None:  # `:abc` as the port had been a traceback
         raise typer.BadParameter(f"{problem} (the gateway; the /v1 that `up` prints may stay)", param_hint="--url")
+    if prompt_format not in ("tokens", "text"):
+        raise typer.BadParameter(f"{prompt_format!r}; allowed values: tokens, text", param_hint="--prompt-format")
     try:
         requests = load_trace(trace, limit)
     except TraceError as exc:
-        raise fail(str(exc), EXIT_USAGE) from None
+        raise fail(f"--trace: {exc}", EXIT_USAGE) from None
     base = url.rstrip("/")  # the endpoint `up` and `status` print ends in /v1: it went to /v1/v1/... (404s)
     base = base[:-3] if base.endswith("/v1") else base
     records = asyncio.run(replay(base, requests, model=model, speedup=speedup, stream=stream,
-                                 max_output=max_output, api_key=os.environ.get(api_key_env) or None))
+                                 max_output=max_output, api_key=os.environ.get(api_key_env) or None,
+                                 prompt_format=prompt_format, vocab=vocab))
     summary = summarize(records)
     print(json.dumps(summary, indent=2))
     if records and not summary.get("answered"):  # nothing answered is a failed replay, not figures
+        raise typer.Exit(1)
+    if summary.get("lost"):  # no answer at all, or a stream cut without its end: the endpoint lost requests
+        err.print(f"{summary['lost']} of {summary['requests']} request(s) got no answer (lost)", markup=False)
         raise typer.Exit(1)
 
 
