@@ -102,6 +102,27 @@ def test_kvcache_bench_prints_every_tier_and_ratio():
         assert figures["ttft_ms"][key] > 0
     assert {"l1_vs_cold", "l2_vs_cold", "batch8_vs_batch1"} <= set(figures["ratio"])
     assert figures["throughput"]["b1"] > 0 and figures["throughput"]["b8"] > 0
+    # each figure is what it says: the whole prefix came from its tier, none of it cold
+    tiers = ("engine", "l1", "l2") if shutil.which("redis-server") else ("engine", "l1")
+    assert figures["cached_tokens"]["cold"] == [0] and figures["errors"] == []
+    assert all(figures["cached_tokens"][t] == [2048] for t in tiers), figures["cached_tokens"]
+
+
+def test_kvcache_bench_publishes_no_figure_for_a_tier_that_served_nothing(tmp_path):
+    """A redis-server that never listened gave an exit 0 and an "in L2 only" TTFT (a cold one) as measured."""
+    import os
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "redis-server").write_text("#!/bin/sh\nexec sleep 600\n")  # starts, never listens
+    (fake / "redis-server").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    result = fleetserve("bench", "kvcache", "--repeats", "1", "--json", env=env, timeout=900)
+    assert result.returncode == 1, result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["ttft_ms"]["l2"] is None and figures["ratio"]["l2_vs_cold"] is None
+    assert figures["l2"].startswith("not measured") and figures["errors"][0].startswith("l2: 1 of 1 measurement")
+    assert "error: l2: " in result.stderr and figures["ttft_ms"]["l1"] > 0
 
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (apt-get install wrk)")

@@ -8,6 +8,7 @@ TTFT is the time to the first streamed token at the client. Each figure is the m
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 import tempfile
@@ -25,16 +26,25 @@ PREFIX_TOKENS = 2048
 ADMIN: dict[str, str] = {}  # the engine's internal token header (its admin API needs it), set by run()
 
 
-def _ttft(url: str, prompt: list[int], salt: str) -> float:
+def _ttft(url: str, prompt: list[int], salt: str) -> tuple[float, int]:
+    """(ms to the first streamed token, prompt tokens the engine reports cached): the cached count says which
+    figure this is (a tier that failed serves nothing, and its "hit" had been published as measured)."""
     body = {"model": "bench", "prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True,
-            "cache_salt": salt, "ignore_eos": True}
+            "stream_options": {"include_usage": True}, "cache_salt": salt, "ignore_eos": True}
     start = time.perf_counter()
+    first, cached = None, None
     with httpx.stream("POST", url + "/v1/completions", json=body, headers=ADMIN, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                return (time.perf_counter() - start) * 1000
-    raise RuntimeError("no token streamed")
+                if first is None:
+                    first = (time.perf_counter() - start) * 1000
+                usage = json.loads(line[6:]).get("usage") or {}
+                if usage:
+                    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    if first is None or cached is None:
+        raise RuntimeError("no token streamed" if first is None else "the stream carried no usage")
+    return first, cached
 
 
 def _decode(url: str, prompt: list[int], tokens: int) -> tuple[float, float]:
@@ -104,6 +114,13 @@ def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32, dtype: s
             _decode(url, [(5 * j) % (vocab - 3) + 1 for j in range(PREFIX_TOKENS + 32)], 2)
             _clear(url, "engine,l1" + (",l2" if redis_url else ""))
             ttft: dict[str, list[float]] = {"cold": [], "engine": [], "l1": [], "l2": []}
+            cached: dict[str, list[int]] = {k: [] for k in ttft}
+
+            def measure(tier: str, prompt: list[int], salt: str) -> None:
+                ms, hit = _ttft(url, prompt, salt)
+                ttft[tier].append(ms)
+                cached[tier].append(hit)
+
             for i in range(repeats):
                 prefix = [(7 * j + 13 * i) % (vocab - 3) + 1 for j in range(PREFIX_TOKENS)]
                 salt = f"bench-{i}-{time.time_ns()}"
@@ -111,26 +128,35 @@ def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32, dtype: s
                 def prompt(k: int, prefix=prefix) -> list[int]:
                     return prefix + [(k * 31 + 5) % (vocab - 3) + 1 for _ in range(16)]
 
-                ttft["cold"].append(_ttft(url, prompt(1), salt))
+                measure("cold", prompt(1), salt)
                 _flush(url)  # background writes to L1/L2 would compete for the cores
-                ttft["engine"].append(_ttft(url, prompt(2), salt))
+                measure("engine", prompt(2), salt)
                 _flush(url)
                 _clear(url, "engine")
-                ttft["l1"].append(_ttft(url, prompt(3), salt))
+                measure("l1", prompt(3), salt)
                 if redis_url:
                     _clear(url, "engine,l1")
-                    ttft["l2"].append(_ttft(url, prompt(4), salt))
+                    measure("l2", prompt(4), salt)
             short = [1, 2, 3, 4, 5, 6, 7, 8]
             b1_seconds, b1_first_ms = _decode(url, short, decode_tokens)
             with ThreadPoolExecutor(8) as pool:
                 started = time.perf_counter()
                 list(pool.map(lambda k: _decode(url, [k + 1] + short, decode_tokens), range(8)))
                 b8_seconds = time.perf_counter() - started
-            long_prefill_ms = _ttft(url, [(11 * j) % (vocab - 3) + 1 for j in range(PREFIX_TOKENS)],
-                                    f"prefill-{time.time_ns()}")
+            long_prefill_ms, _ = _ttft(url, [(11 * j) % (vocab - 3) + 1 for j in range(PREFIX_TOKENS)],
+                                       f"prefill-{time.time_ns()}")
         finally:
             for child in children:
                 child.stop(timeout=10)
+    # a figure is what it says only when the prefix came from where it says: all of it cached from the tier, none
+    # cold; a tier that served nothing (Redis down, a broken L1) is not measured, whatever its TTFT read
+    errors = []
+    for tier, hits in cached.items():
+        wrong = [h for h in hits if (h != 0 if tier == "cold" else h < PREFIX_TOKENS)]
+        if wrong:
+            errors.append(f"{tier}: {len(wrong)} of {len(hits)} measurement(s) found {wrong[0]} of the "
+                          f"{PREFIX_TOKENS} prefix tokens cached, not {0 if tier == 'cold' else PREFIX_TOKENS}")
+            ttft[tier] = []
     med = {k: round(statistics.median(v), 2) if v else None for k, v in ttft.items()}
     b1 = decode_tokens / b1_seconds
     b8 = 8 * decode_tokens / b8_seconds
@@ -140,18 +166,25 @@ def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32, dtype: s
         "dtype": dtype,
         "prefix_tokens": PREFIX_TOKENS,
         "ttft_ms": med,
+        "cached_tokens": {k: v for k, v in cached.items() if v},  # per measurement: what the engine reported
         "ratio": {
-            "l1_vs_cold": round(med["l1"] / med["cold"], 3),
-            "l2_vs_cold": round(med["l2"] / med["cold"], 3) if med["l2"] else None,
-            "engine_vs_cold": round(med["engine"] / med["cold"], 3),
+            "l1_vs_cold": _ratio(med["l1"], med["cold"]),
+            "l2_vs_cold": _ratio(med["l2"], med["cold"]),
+            "engine_vs_cold": _ratio(med["engine"], med["cold"]),
             "batch8_vs_batch1": round(b8 / b1, 3),
         },
         "throughput": {"b1": round(b1, 2), "b8": round(b8, 2), "unit": "tokens/s"},
         # time between tokens after the first one, as seen by a streaming client
         "decode_ms_per_token": {"b1": round((1000 * b1_seconds - b1_first_ms) / (decode_tokens - 1), 2)},
         "prefill_ms": {"2048": round(long_prefill_ms, 1)},
-        "l2": "redis" if redis_url else "not measured: redis-server is not installed",
+        "l2": ("redis" if med["l2"] is not None else "not measured: the L2 measurements found the prefix not "
+               "cached (see errors)") if redis_url else "not measured: redis-server is not installed",
+        "errors": errors,
         "note": "throughput: one request alone vs 8 concurrent requests (continuous batching, max batch 8)",
     }
     return result
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
 

@@ -324,9 +324,14 @@ def bench_kvcache(
         raise typer.BadParameter(f"{dtype!r}; allowed values: auto, float32, bfloat16, float16", param_hint="--dtype")
     _check_bench_model(model)
     try:
-        print(json.dumps(run(model, repeats, dtype=dtype), indent=2))
+        result = run(model, repeats, dtype=dtype)
     except RuntimeError as exc:  # the engine did not start: its own error, not a traceback
         raise fail(str(exc), 1) from None
+    print(json.dumps(result, indent=2))
+    for error in result["errors"]:  # a tier that served nothing: its figure is not published as measured
+        err.print(f"error: {error}", markup=False)
+    if result["errors"]:
+        raise typer.Exit(1)
 
 
 @bench_app.command("replay")
