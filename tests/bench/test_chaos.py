@@ -14,11 +14,25 @@ def test_chaos_bench_poison_and_overload_lose_nothing():
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout)
     poison, overload = figures["scenarios"]["poisoned_request"], figures["scenarios"]["overload_10x"]
-    assert figures["lost_total"] == 0
+    assert figures["lost_total"] == 0 and figures["checks_failed"] == []
     assert poison["answered"] == poison["sent"] and poison["poison_answers"] == ["400"]
+    assert poison["poison_refused_4xx"] == poison["poison_sent"] == 10 and poison["fault_lost"] == 0
     assert overload["sent"] == 60 and overload["rejected_with_retry_after"] >= 1 and overload["lost"] == 0
     assert overload["answered"] + overload["rejected_with_retry_after"] == overload["sent"]
+    assert overload["answered_ok"] + overload["answered_client_error"] == overload["answered"]
     assert poison["recovery_s"] is not None and overload["recovery_s"] is not None
+    assert "recovery_from" in poison and "recovery_from" in overload
+
+
+def test_chaos_bench_refuses_an_empty_scenario_list():
+    """`--scenarios ","` ran all eight scenarios (minutes)."""
+    from fleetserve.bench import chaos
+
+    for empty in (",", ""):
+        result = fleetserve("bench", "chaos", "--scenarios", empty)
+        assert result.returncode == 2 and "names no scenario" in result.stderr and "replica_sigkill" in result.stderr
+    with pytest.raises(ValueError, match="no scenario named"):
+        chaos.run([])
 
 
 def test_chaos_bench_rejects_unknown_scenarios():

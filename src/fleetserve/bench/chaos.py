@@ -4,8 +4,10 @@ Every scenario starts its own fleet (a small random model slow enough that strea
 fault hits, real engine, router and Redis processes on loopback), drives load from a thread pool, injects
 one fault, and reports what became of each request (`bench/outcomes.py`: answered,
 rejected_with_retry_after, cut_with_error_event, failed_with_error, refused, lost) and `recovery_s`, the
-time from the fault until the fleet served normally again. `lost` must be 0 everywhere; the command exits 1
-otherwise. Each scenario is bounded in requests and in time.
+time from the fault until the fleet served normally again, measured while the scenario's load still runs
+(`recovery_from` says from what, to what: measured after the load had drained, the figures were the rest of
+the load's schedule). `lost` must be 0 everywhere, the fault's own requests included, and a poisoned request
+must be refused with a 4xx; the command exits 1 otherwise. Each scenario is bounded in requests and in time.
 """
 
 from __future__ import annotations
@@ -75,10 +77,13 @@ class ReplicaKill(Scenario):
         victim = fleet.status()["replicas"][0]
         os.kill(victim["pid"], signal.SIGKILL)
         killed = time.monotonic()
-        outcomes = load.finish()
-        back = fleet.wait(lambda s: s.get("ready") == 2 and s["replicas"][0].get("restarts", 0) >= 1, 120)
+        back = fleet.wait(lambda s: s.get("ready") == 2 and s["replicas"][0].get("restarts", 0) >= 1, 120,
+                          interval=0.1)
         recovery = None if back is None else round(time.monotonic() - killed, 2)
-        return {**tally(outcomes), "recovery_s": recovery, "load": "6 req/s streaming, 2 replicas"}
+        outcomes = load.finish()
+        return {**tally(outcomes), "recovery_s": recovery,
+                "recovery_from": "SIGKILL of a replica to both replicas ready, the killed one restarted",
+                "load": "6 req/s streaming, 2 replicas"}
 
 
 class RedisKill(Scenario):
@@ -99,11 +104,14 @@ class RedisKill(Scenario):
         before = fleet.status()
         os.kill(before["redis_pid"], signal.SIGKILL)
         killed = time.monotonic()
-        outcomes = load.finish()
         back = fleet.wait(lambda s: s.get("l2_status") == "up" and s.get("redis_pid") not in (None,
-                                                                                            before["redis_pid"]), 60)
+                                                                                            before["redis_pid"]), 60,
+                          interval=0.1)
         recovery = None if back is None else round(time.monotonic() - killed, 2)
-        return {**tally(outcomes), "recovery_s": recovery, "load": "5 req/s, shared prefix, L1 + L2"}
+        outcomes = load.finish()
+        return {**tally(outcomes), "recovery_s": recovery,
+                "recovery_from": "SIGKILL of Redis to L2 up again under a new process",
+                "load": "5 req/s, shared prefix, L1 + L2"}
 
 
 class Overload(Scenario):
@@ -114,9 +122,11 @@ class Overload(Scenario):
     def run(self, fleet, url):
         capacity = 2 + 4
         load = Load(url + "/chat/completions", _chat, rate_per_s=500, max_requests=10 * capacity)
-        outcomes = load.finish()
+        load.sent()  # the burst is out (its requests still run): from here, until a new request is served
         recovery = _until(lambda: _serves(url), 60)
+        outcomes = load.finish()
         return {**tally(outcomes), "recovery_s": recovery,
+                "recovery_from": "the 10x burst sent to a new request answered (200)",
                 "load": f"{10 * capacity} at once against 2 in flight + 4 queued"}
 
 
@@ -132,11 +142,12 @@ class SlowReplica(Scenario):
         stalled = time.monotonic()
         time.sleep(6)
         os.kill(victim["pid"], signal.SIGCONT)
+        back = _until(lambda: fleet.status().get("ready") == 2, 60, interval=0.1)
         outcomes = load.finish()
-        back = _until(lambda: fleet.status().get("ready") == 2, 60)
         before = [o.latency_s for o in outcomes if o.started_at < stalled and o.kind == "answered"]
         during = [o.latency_s for o in outcomes if o.started_at >= stalled and o.kind == "answered"]
         return {**tally(outcomes), "recovery_s": None if back is None else round(back, 2),
+                "recovery_from": "SIGCONT of the stalled replica to both replicas ready",
                 "p95_s": {"before_stall": _r(percentile(before, 0.95)), "during_and_after": _r(percentile(during,
                                                                                                         0.95))},
                 "load": "6 req/s, one of 2 replicas SIGSTOPped for 6 s"}
@@ -155,16 +166,23 @@ class PoisonedRequests(Scenario):
             {"model": "chaos", "messages": [{"role": "user", "content": "bad \ud800 text"}]},
             {"model": "chaos", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
         ]
-        statuses = []
+        answers = []
         with httpx.Client(timeout=60, trust_env=False) as client:
             for body in poison * 2:
                 path = "/completions" if "prompt" in body else "/chat/completions"
-                o = send(client, url + path, body)
-                statuses.append(o.status if o.kind == "answered" else o.kind)
-        outcomes = load.finish()
+                answers.append(send(client, url + path, body))
         recovery = _until(lambda: _serves(url), 30)
-        return {**tally(outcomes), "recovery_s": recovery, "poison_answers": sorted(set(map(str, statuses))),
-                "poison_sent": len(statuses), "load": "4 req/s streaming; 10 poisoned requests in between"}
+        outcomes = load.finish()
+        statuses = [o.status if o.kind == "answered" else o.kind for o in answers]
+        # each must be refused as bad input, clearly: a 200 or a 5xx is a check that failed, a lost one is lost
+        refused = sum(1 for o in answers if o.kind == "answered" and 400 <= o.status < 500)
+        return {**tally(outcomes), "recovery_s": recovery,
+                "recovery_from": "the last poisoned request's answer to a new request answered (200)",
+                "poison_answers": sorted(set(map(str, statuses))), "poison_sent": len(answers),
+                "poison_refused_4xx": refused, "fault_lost": sum(1 for o in answers if o.kind == "lost"),
+                "checks_failed": [] if refused == len(answers) else [
+                    f"{len(answers) - refused} of {len(answers)} poisoned requests were not refused with a 4xx"],
+                "load": "4 req/s streaming; 10 poisoned requests in between"}
 
 
 class HugePrompts(Scenario):
@@ -179,10 +197,12 @@ class HugePrompts(Scenario):
         burst = Load(url + "/chat/completions", lambda i: too_big if i == 6 else huge, rate_per_s=100,
                      max_requests=7)
         big = burst.finish()
+        recovery = _until(lambda: _serves(url), 30)
         outcomes = load.finish()
         small = [o.latency_s for o in outcomes if o.kind == "answered"]
-        recovery = _until(lambda: _serves(url), 30)
-        return {**tally(outcomes), "recovery_s": recovery, "huge": tally(big),
+        return {**tally(outcomes), "recovery_s": recovery,
+                "recovery_from": "the huge requests' answers to a new small request answered (200)",
+                "huge": tally(big), "fault_lost": tally(big)["lost"],
                 "huge_statuses": sorted({o.status for o in big}),
                 "small_p95_s": _r(percentile(small, 0.95)),
                 "load": "4 small req/s; six 3 MB prompts and one 10 MB body at once"}
@@ -210,6 +230,7 @@ class ScaleFromZeroBurst(Scenario):
         outcomes = load.finish()
         first = min((o.started_at + o.latency_s for o in outcomes if o.kind == "answered"), default=None)
         return {**tally(outcomes), "recovery_s": None if first is None else round(first - started, 2),
+                "recovery_from": "the burst at zero replicas to its first answer",
                 "rejected_first_attempt": sum(1 for o in outcomes if o.attempts > 1),
                 "load": f"{burst} at once against a buffer of {self.buffer}; clients honour Retry-After"}
 
@@ -228,7 +249,10 @@ class SupervisorKill(Scenario):
         new_url = fleet.status()["url"]
         recovery = _until(lambda: _serves(new_url), 120)
         recovery = None if recovery is None else round(time.monotonic() - killed, 2)
-        return {**tally(outcomes), "recovery_s": recovery, "load": "4 req/s streaming; SIGKILL, then up again"}
+        return {**tally(outcomes), "recovery_s": recovery,
+                "recovery_from": "SIGKILL of the supervisor to a request answered by the fleet started again with "
+                                 "up, after the load sent before it drained",
+                "load": "4 req/s streaming; SIGKILL, then up again"}
 
 
 def _r(value: float | None) -> float | None:
@@ -248,7 +272,10 @@ def _model(folder: Path) -> str:
 
 
 def run(names: list[str] | None = None, progress: Callable[[str], None] = lambda _: None) -> dict:
-    names = names or list(SCENARIOS)
+    """`names`: the scenarios to run, in order (None: all); each once."""
+    names = list(SCENARIOS) if names is None else list(dict.fromkeys(names))
+    if not names:
+        raise ValueError(f"no scenario named; allowed values: {', '.join(SCENARIOS)}")
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario {unknown[0]!r}; allowed values: {', '.join(SCENARIOS)}")
@@ -266,5 +293,7 @@ def run(names: list[str] | None = None, progress: Callable[[str], None] = lambda
                 results[name] = scenario.run(fleet, state["url"])
                 results[name]["seconds"] = round(time.monotonic() - started, 1)
     return {"benchmark": "chaos", "scenarios": results,
-            "lost_total": sum(r["lost"] for r in results.values()),
+            # the load's losses and the fault's own requests' (a huge or a poisoned request that got no answer)
+            "lost_total": sum(r["lost"] + r.get("fault_lost", 0) for r in results.values()),
+            "checks_failed": [f"{name}: {c}" for name, r in results.items() for c in r.get("checks_failed", [])],
             "note": "real processes on loopback (random 4-layer model); lost = accepted without any answer"}

@@ -159,6 +159,10 @@ class Load:
         self._client.close()
         return self.outcomes
 
+    def sent(self) -> None:
+        """Wait until every planned request was sent (their answers may still be under way)."""
+        self._pacer.join()
+
     def finish(self) -> list[Outcome]:
         """Wait until every planned request was sent and answered."""
         self._pacer.join()
@@ -168,6 +172,9 @@ class Load:
 def tally(outcomes: list[Outcome]) -> dict:
     counts = Counter(o.kind for o in outcomes)
     out = {"sent": len(outcomes), **{k: counts.get(k, 0) for k in KINDS}}
+    # `answered` holds the clear 4xx answers to bad input too: how many were a success, how many such a refusal
+    out["answered_ok"] = sum(1 for o in outcomes if o.kind == "answered" and o.status < 300)
+    out["answered_client_error"] = out["answered"] - out["answered_ok"]
     out["retried"] = sum(1 for o in outcomes if o.attempts > 1)
     lost = [o.detail for o in outcomes if o.kind == "lost"][:3]
     if lost:

@@ -17,6 +17,18 @@ from fleetserve.cli.console import EXIT_USAGE, err, fail, out, say
 bench_app = typer.Typer(help="Benchmarks with real processes; figures as JSON.", no_args_is_help=True)
 
 
+@bench_app.callback()
+def _stop_cleanly_on_sigterm() -> None:
+    """SIGTERM ends a bench as Ctrl-C does: its processes stopped and its temporary folder (a model, tokens, a
+    Redis password) removed; Python's default SIGTERM exit skipped both (the folders stayed behind)."""
+    import signal
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def peer(given: str | None, module: str, flag: str, variable: str) -> str | None:
     """A peer router's Python from its flag, else from its environment variable, checked alike (a wrong path in
     the variable still failed the peer's row after minutes)."""
@@ -25,8 +37,8 @@ def peer(given: str | None, module: str, flag: str, variable: str) -> str | None
     return peer_python(os.environ.get(variable) or None, module, variable)
 
 
-def _figures(result: dict, lost: int) -> None:
-    """The bench's figures as JSON on stdout; exit 1 when it lost a request (a figure is not a pass then)."""
+def _figures(result: dict, lost) -> None:
+    """The bench's figures as JSON on stdout; exit 1 when it lost a request or a check failed (truthy `lost`)."""
     print(json.dumps(result, indent=2))
     if lost:
         raise typer.Exit(1)
@@ -40,7 +52,12 @@ def bench_chaos(
     """One fault at a time against a real local fleet: what was answered, shed, cut or lost (must be 0)."""
     from fleetserve.bench.chaos import SCENARIOS, run
 
-    names = [n.strip() for n in scenarios.split(",") if n.strip()] if scenarios else None
+    names = None
+    if scenarios is not None:  # "" or "," named none: all eight had run
+        names = list(dict.fromkeys(n.strip() for n in scenarios.split(",") if n.strip()))
+        if not names:
+            raise typer.BadParameter(f"{scenarios!r} names no scenario; allowed values: {', '.join(SCENARIOS)}",
+                                     param_hint="--scenarios")
     bad = [n for n in names or [] if n not in SCENARIOS]
     if bad:
         raise typer.BadParameter(f"{bad[0]!r}; allowed values: {', '.join(SCENARIOS)}", param_hint="--scenarios")
@@ -51,7 +68,9 @@ def bench_chaos(
             out.print(f"{name}: sent {r['sent']}, answered {r['answered']}, shed {r['rejected_with_retry_after']}, "
                       f"cut {r['cut_with_error_event']}, failed {r['failed_with_error']}, refused {r['refused']}, "
                       f"lost {r['lost']}, recovery {r['recovery_s']}s", markup=False)
-    _figures(result, result["lost_total"])
+    for check in result["checks_failed"]:
+        err.print(f"check failed: {check}", markup=False)
+    _figures(result, result["lost_total"] or result["checks_failed"])
 
 
 @bench_app.command("scale-from-zero")
