@@ -21,6 +21,11 @@ def test_scale_from_zero_bench_overflows_the_buffer_and_still_loses_nothing():
     assert figures["shed_then_answered"] >= 1  # the overflow path was taken, and the clients came back
     assert 0 < figures["cold_start_s"] <= figures["last_response_s"]
     assert figures["first_response_s"] > 0 and figures["ratio"]["first_response_cold_vs_warm"] > 0
+    # every outcome printed, so they add up; the cold burst's apart from both
+    kinds = ("answered", "rejected_with_retry_after", "cut_with_error_event", "failed_with_error", "refused", "lost")
+    assert sum(figures[k] for k in kinds) == figures["sent"]
+    assert figures["cold"]["sent"] == 20 and "ten times the router's wait buffer" not in figures["note"]
+    assert "10 times the router's wait buffer" in figures["note"]
 
 
 def test_routing_bench_prints_the_keys_per_strategy():

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from fleetserve.bench.localfleet import LocalFleet
-from fleetserve.bench.outcomes import Load, Outcome, tally
+from fleetserve.bench.outcomes import KINDS, Load, Outcome, tally
 
 SPEC = """
 apiVersion: fleetserve.io/v1
@@ -78,17 +78,20 @@ def run(model: str = "tiny", requests: int | None = None, max_tokens: int = 8, b
     return {
         "benchmark": "scale-from-zero",
         "model": model,
-        "requests": requests,
+        "requests": requests,  # per burst; the counts below are of both bursts, cold and warm
         "buffer": buffer,
-        **{k: figures[k] for k in ("sent", "answered", "rejected_with_retry_after", "lost")},
+        **{k: figures[k] for k in ("sent", *KINDS)},  # every outcome: they add up to `sent`
+        "cold": {k: v for k, v in tally(cold).items() if k != "lost_examples"},
         "shed_then_answered": sum(1 for o in cold if o.attempts > 1 and o.kind == "answered"),
         "cold_start_s": round(cold_start, 3) if cold_start is not None else None,
         "first_response_s": round(first_cold, 3),
         "last_response_s": round(max((o.latency_s for o in cold), default=0.0), 3),
         "warm": {"first_response_s": round(first_warm, 3),
                  "last_response_s": round(max(warm_answered, default=0.0), 3)},
-        "status_codes": sorted({o.status for o in cold + warm}),
+        "status_codes": sorted({o.status for o in cold + warm}),  # each request's last answer (after retries)
         "ratio": {"first_response_cold_vs_warm": round(first_cold / first_warm, 2) if first_warm else None},
-        "note": "the burst is ten times the router's wait buffer: the rest is shed with 503 + Retry-After and "
-                "answered when the client comes back; lost counts requests that got no answer at all",
+        "note": f"the burst is {requests / buffer:g} times the router's wait buffer: what it cannot hold is shed "
+                "with 503 + Retry-After and answered when the client comes back (shed_then_answered); sent and "
+                "the outcome counts are of both bursts (cold, then warm), `cold` of the cold one alone; lost "
+                "counts requests that got no answer at all",
     }
