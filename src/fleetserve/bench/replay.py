@@ -295,8 +295,8 @@ def summarize(records: list[Record]) -> dict:
     return {
         "requests": len(records),
         "answered": len(ok),
-        # answered with an error status (a 404 or a 429 is an answer) apart from what got no answer at all,
-        # as the chaos bench counts them: both were "lost"
+        # answered with an error status (a 404 or a 429 is an answer) apart from what got no answer at all (both
+        # were "lost"); unlike the chaos bench, a refused connection is lost too: replay has no `refused`
         "failed": sum(1 for r in records if r.status and r.status != 200),
         "lost": sum(1 for r in records if not r.status or (r.status == 200 and r.error)),
         "errors": sorted({r.error[:120] for r in records if r.error})[:5],

@@ -393,6 +393,9 @@ def bench_replay(
                                  prompt_format=prompt_format, vocab=vocab))
     summary = summarize(records)
     print(json.dumps(summary, indent=2))
+    if not stream and summary.get("answered") and summary["ttft_ms"].get("p50") is None:
+        err.print("note: non-streamed answers carry no time to the first token (only a simulated engine reports "
+                  "one in fleetserve_timing): ttft_ms, tpot_ms and itl_ms need --stream", markup=False)
     if records and not summary.get("answered"):  # nothing answered is a failed replay, not figures
         raise typer.Exit(1)
     if summary.get("lost"):  # no answer at all, or a stream cut without its end: the endpoint lost requests
