@@ -466,47 +466,37 @@ def test_model_sources_that_name_no_model_are_refused_at_validate(source, says):
     assert "spec.model.source" in msg and says in msg, msg
 
 
+MINIMAL = """
+apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {name: chat}
+spec:
+  model: {source: builtin:smollm2-135m}
+"""
+
+
+def warned(extra: str) -> dict[str, str]:
+    """The warnings (path -> message) of a minimal spec with `extra` lines under spec."""
+    return {w.path: w.message for w in load_spec_text(MINIMAL + extra).warnings}
+
+
 def test_a_ttft_target_above_the_largest_histogram_bucket_is_warned_where_the_rules_cannot_hold_it():
     """The rules counted slow requests at the 120,000 ms bucket (a stricter target than asked) and the TTFT alert,
     comparing a histogram p95 that tops out there, could never fire: silently."""
-    text = """
-apiVersion: fleetserve.io/v1
-kind: Endpoint
-metadata: {name: chat}
-spec:
-  model: {source: builtin:smollm2-135m}
-  slo: {ttftP95Ms: %s}
-"""
-    said = {w.path: w.message for w in load_spec_text(text % 200000).warnings}
+    said = warned("  slo: {ttftP95Ms: 200000}\n")
     assert "above the latency histograms' largest bucket (120000 ms)" in said["spec.slo.ttftP95Ms"]
-    assert "spec.slo.ttftP95Ms" not in {w.path for w in load_spec_text(text % 120000).warnings}
+    assert "spec.slo.ttftP95Ms" not in warned("  slo: {ttftP95Ms: 120000}\n")
 
 
 def test_a_stream_idle_timeout_above_the_upstream_timeout_is_warned_as_the_lower_one_applies():
-    text = """
-apiVersion: fleetserve.io/v1
-kind: Endpoint
-metadata: {name: chat}
-spec:
-  model: {source: builtin:smollm2-135m}
-  router: {upstreamTimeoutSeconds: 30, streamIdleTimeoutSeconds: %s}
-"""
-    said = {w.path: w.message for w in load_spec_text(text % 90).warnings}
+    router = "  router: {upstreamTimeoutSeconds: 30, streamIdleTimeoutSeconds: %s}\n"
     assert "the silence allowed once an answer began is at most the upstream timeout" in \
-        said["spec.router.streamIdleTimeoutSeconds"]
-    assert "spec.router.streamIdleTimeoutSeconds" not in {w.path for w in load_spec_text(text % 30).warnings}
+        warned(router % 90)["spec.router.streamIdleTimeoutSeconds"]
+    assert "spec.router.streamIdleTimeoutSeconds" not in warned(router % 30)
 
 
 def test_autoscaling_without_triggers_names_the_default_it_scales_on():
-    text = """
-apiVersion: fleetserve.io/v1
-kind: Endpoint
-metadata: {name: chat}
-spec:
-  model: {source: builtin:smollm2-135m}
-  autoscaling: {minReplicaCount: 0, maxReplicaCount: 2%s}
-"""
-    said = {w.path: w.message for w in load_spec_text(text % "").warnings}
-    assert "the default trigger, concurrency with target 4 per replica" in said["spec.autoscaling.triggers"]
-    given = load_spec_text(text % ", triggers: [{metric: concurrency, target: 2}]").warnings
-    assert "spec.autoscaling.triggers" not in {w.path for w in given}
+    autoscaling = "  autoscaling: {minReplicaCount: 0, maxReplicaCount: 2%s}\n"
+    assert "the default trigger, concurrency with target 4 per replica" in \
+        warned(autoscaling % "")["spec.autoscaling.triggers"]
+    assert "spec.autoscaling.triggers" not in warned(autoscaling % ", triggers: [{metric: concurrency, target: 2}]")
