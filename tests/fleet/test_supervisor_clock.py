@@ -152,6 +152,17 @@ def test_a_draining_replica_wanted_again_serves_instead_of_a_new_one(make):
     assert starting.state.state == Phase.STARTING  # back to what it was: its health check decides when it serves
 
 
+def test_a_draining_replica_whose_process_died_is_not_brought_back(make):
+    sup, _, mono = make(0)
+    assert sup._launch(mono())
+    (r,) = sup.replicas
+    r.child, r.state.state = StoppingChild(), Phase.READY
+    sup._scale_to(0, mono())
+    r.child = ExitedChild(code=-9)  # killed while it drained
+    sup._scale_to(1, mono())
+    assert r.state.state == Phase.DRAINING and len(sup.replicas) == 2  # a new one is launched instead
+
+
 def test_a_drain_is_finished_only_by_a_load_report_read_after_the_router_knew_of_it(make):
     """The round's load report (read before the replica was marked draining) showed it idle: it was stopped before
     the router was told, which sent it new requests (connection refused, retried elsewhere)."""
@@ -185,12 +196,12 @@ def test_scale_down_drains_the_idle_replica_not_the_newest_busy_one():
     assert victims([old_idle, Candidate("r2", "starting", "n2", 2, 0)], {}, 1)[0].id == "r2"  # not yet useful first
 
 
-def test_revivals_take_the_most_recently_drained_first_and_none_on_a_node_that_goes():
+def test_revivals_take_the_nearest_deadline_first_and_none_on_a_node_that_goes():
     from fleetserve.autoscale.scaledown import revivals
 
-    early, late, noticed = ("r0", "n0", 10.0), ("r1", "n1", 50.0), ("r2", "spot", 90.0)
+    early, late, noticed = ("r1", "n1", 50.0), ("r0", "n0", 10.0), ("r2", "spot", 5.0)
     pick = [early, late, noticed]
-    assert revivals(pick, lambda r: r[1], lambda r: r[2], {"spot"}, 1) == [late]
+    assert revivals(pick, lambda r: r[1], lambda r: r[2], {"spot"}, 1) == [late]  # its streams are cut first
     assert revivals(pick, lambda r: r[1], lambda r: r[2], {"spot"}, 5) == [late, early]
     assert revivals(pick, lambda r: r[1], lambda r: r[2], set(), 0) == []
 

@@ -320,3 +320,25 @@ def test_a_draining_replica_wanted_again_serves_in_the_simulator_as_live():
     fleet.run()
     assert len(seen["ids"]) == 2 and seen["after"] == seen["ids"] and seen["state"] == "ready", seen
     assert all(r.error is None for r in fleet.requests)
+
+
+def test_a_request_held_while_the_last_replica_drained_is_released_when_it_serves_again():
+    """The revived replica took traffic again, but what the router held while it drained stayed held until its
+    buffer timeout (600 s) and failed: only a replica becoming ready released the buffer."""
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "s"},
+                               "spec": {"model": {"source": "/m"}, "replicas": 1,
+                                        "placement": {"instanceTypes": ["ml.g5.xlarge"]},
+                                        "capacity": {"provider": "simulated"}}}).endpoint
+    trace = [TraceRequest(0.0, 200, 4000), TraceRequest(100.3, 200, 20)]  # between two control rounds
+    fleet = SimFleet(endpoint, build_workload(trace, 16, False), SimOptions(provisioning_delay_s=20.0))
+
+    def drain_the_only_one(_arg):
+        (only,) = [r for r in fleet.replicas if r.state == "ready"]
+        fleet._drain(only)  # busy with the long request: it drains, and the next arrival is held
+
+    fleet.sim.at(fleet.t0 + 100.2, drain_the_only_one)
+    fleet.run()
+    late = fleet.requests[1]
+    assert late.error is None and late.first is not None, late.error
+    assert late.held > 0  # it was held: the replica drained when it came
+    assert late.first - late.arrival < 5.0  # the next control round puts the replica back, not the 600 s timeout

@@ -59,8 +59,8 @@ def revivals(draining: Sequence[T], node_of: Callable[[T], str], deadline_of: Ca
     """The draining replicas to put back in service when the fleet wants `shortfall` more, before any new one is
     launched: a replica still draining is warm (its model loaded, its cache full) and holds its slot, where a new
     one waits a cold start, and on one machine also the end of the drain for that slot (a request that woke a
-    fleet draining its last replica found the machine full: 503 for three minutes). The most recently drained
-    first (the latest deadline); none on a node that goes (`unusable`: a spot notice, a consolidation)."""
+    fleet draining its last replica found the machine full: 503 for three minutes). The nearest deadline first
+    (its streams are the next to be cut); none on a node that goes (`unusable`: a spot notice, a consolidation)."""
     usable = [r for r in draining if node_of(r) not in unusable]
-    usable.sort(key=lambda r: -(deadline_of(r) or 0.0))
+    usable.sort(key=lambda r: deadline_of(r) or 0.0)
     return usable[:max(0, shortfall)]

@@ -12,7 +12,8 @@
 - moving: takes traffic, but its node is being consolidated: a replacement is started elsewhere, then it
   drains (Karpenter's make-before-break for underutilized nodes);
 - restarting: crashed; waits for its back-off before the process starts again;
-- draining: no new requests; stopped when idle (or after the drain timeout);
+- draining: no new requests; stopped when idle (or after the drain timeout), or back to ready (or starting,
+  where its drain began) when the fleet wants a replica again before it stopped (autoscale/scaledown.revivals);
 - stopped: gone (its slot is released).
 
 Every change goes through `advance`, so an impossible move (say, stopped -> ready) is a bug that fails loudly

@@ -583,8 +583,8 @@ class Supervisor:
         if self._desired() == 0 or any(r.state.state in SERVING for r in self.replicas):
             return None
         if self.state.error.startswith("cannot place a replica") and not any(
-                r.state.state in (Phase.PENDING, Phase.STARTING, Phase.DRAINING) for r in self.replicas):
-            return self.state.error  # nothing on its way (a replica starting, or a slot a drain frees): fail held
+                r.state.state in (Phase.PENDING, Phase.STARTING) for r in self.replicas):
+            return self.state.error  # nothing on its way: the held requests get the reason now
         if any(r.state.state == Phase.RESTARTING and r.crashes_since_ready >= 2 for r in self.replicas):
             # not `restarts`, which counts the fleet's whole life: one crash of a replica that had served, and
             # restarted once long before, told clients no replica could start and to come back in 30 s
@@ -860,7 +860,9 @@ class Supervisor:
         replacements are launched here, and they drain once enough replacements are ready."""
         active = [r for r in self.replicas if r.state.state not in (Phase.DRAINING, Phase.MOVING)]
         if len(active) < desired:
-            draining = [r for r in self.replicas if r.state.state == Phase.DRAINING]
+            # a draining replica whose process died is not brought back (its next round would find it gone)
+            draining = [r for r in self.replicas if r.state.state == Phase.DRAINING
+                        and r.child is not None and r.child.exit_code() is None]
             unusable = set(self.capacity.interrupting()) | self.capacity.cordoned
             for r in revivals(draining, lambda r: r.node_id, lambda r: r.drain_deadline, unusable,
                               desired - len(active)):

@@ -224,6 +224,10 @@ class SimFleet:
             return
         rep.state = "ready"
         rep.ready_at = self.sim.now
+        self._serving_again()
+
+    def _serving_again(self) -> None:
+        """A replica takes traffic (ready, or back from a drain): what the router held is released to it."""
         self._membership()
         self._record()
         self.views()
@@ -637,8 +641,7 @@ class SimFleet:
                 r.state, r.drain_deadline = "ready", None
                 active.append(r)
             if revived:
-                self._membership()
-                self._record()
+                self._serving_again()
             for _ in range(desired - len(active)):
                 if self._launch() is None:
                     self._cancel_moves("no capacity for the replacement replicas")
