@@ -261,6 +261,28 @@ def test_a_stream_that_breaks_mid_way_ends_with_an_openai_error_event():
     assert not gw.pool.backends["10.0.0.1:8000"].healthy  # a replica that cut a stream is taken out
 
 
+def test_a_stream_silent_past_the_idle_timeout_ends_with_a_504_event_and_leaves_the_replica_to_its_probes():
+    """A mid-stream silence (a hung replica, or one preempting under KV pressure) ends that stream; it took the
+    replica out of rotation too, so an overloaded one that still answered its probes lost every other stream."""
+    from fleetserve.router.upstream import Timeout
+
+    sse = [(b"content-type", b"text/event-stream")]
+    chunks = [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n', Timeout("silent mid-answer for 60s", 60)]
+
+    async def main():
+        gw, up = gateway({A: [FakeResponse(200, chunks, sse, length=False)], B: []})
+        out = Recorder()
+        await gw.handle(chat(stream=True), out)
+        return gw, out
+
+    gw, out = run_virtual(main())
+    text = out.body.decode()
+    assert '"code":"upstream_timeout"' in text and "sent nothing for 60s mid-stream" in text
+    assert text.endswith("data: [DONE]\n\n")
+    a = gw.pool.backends["10.0.0.1:8000"]
+    assert a.healthy and a.request_failures == 1  # still in rotation; the failure counts toward its breaker
+
+
 def test_a_stream_cut_when_its_draining_replica_stopped_says_the_drain_time_ran_out():
     """It read "the model replica failed mid-stream", as if the replica had crashed."""
     sse = [(b"content-type", b"text/event-stream")]

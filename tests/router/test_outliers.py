@@ -133,3 +133,28 @@ def test_a_replica_back_from_its_breaker_is_judged_on_its_new_answers():
     pool.request_succeeded(a)
     pool.request_succeeded(a)
     assert a.breaker == "closed" and len(a.answers) == 0
+
+
+def test_a_half_open_replica_counts_in_the_cap_and_reopening_respects_it():
+    """The cap counted open breakers only: a replica half-open when two others opened reopened as an outlier,
+    and three of four replicas were out."""
+    clock = ManualClock()
+    pool = pool_of(4, clock, open_seconds=60)
+    a, b, c, d = (pool.get(f"r{i}") for i in range(4))
+
+    def outlier(bad, good):
+        for _ in range(30):
+            if bad.breaker == "open":
+                return
+            pool.request_succeeded(good)
+            pool.request_failed(bad, "status 500", server_error=True)
+
+    outlier(a, d)
+    assert a.breaker == "open"
+    clock.advance(61)
+    assert a.breaker == "half-open"
+    outlier(b, d)
+    assert b.breaker == "open"
+    outlier(c, d)  # a (half-open) and b are out: the cap of 2 holds c in
+    outlier(a, d)
+    assert sum(1 for x in (a, b, c, d) if x.breaker == "open") <= 2

@@ -188,12 +188,13 @@ class BackendPool:
         """A request failed on the backend (5xx or broken connection).
 
         Closed: `failures_to_open` failures in a row open the breaker for `open_seconds` (no traffic, even if
-        health probes pass). Half-open (the open period is over): traffic again, but one failure re-opens it
-        at once; `successes_to_close` successes in a row close it. `server_error`: an answer the request itself
-        may have caused (a 500). It does not count in a row: it opens the breaker when the replica is an outlier
-        (router/outliers.py: it fails much of what it answers, and clearly more than the replicas that take
-        traffic beside it), on at most half of the backends, as Envoy caps ejections, so one client's poison
-        requests cannot take every replica out."""
+        health probes pass). Half-open (the open period is over): traffic again, but one failure (a timeout, no
+        answer, a 502-504) re-opens it at once; `successes_to_close` successes in a row close it.
+        `server_error`: an answer the request itself may have caused (a 500). It does not count in a row, in
+        either state: it opens the breaker when the replica is an outlier (router/outliers.py: it fails much of
+        what it answers, and clearly more than the replicas that take traffic beside it), while fewer than half
+        of the backends are out (open or half-open), as Envoy caps ejections, so one client's poison requests
+        cannot take every replica out."""
         now = self.clock()
         state = backend.breaker
         if state == "open":
@@ -204,8 +205,8 @@ class BackendPool:
             others = (b.answers for b in self.backends.values() if b is not backend and b.eligible)
             if not is_outlier(backend.answers, others, self.breaker.outliers):
                 return
-            if state == "closed" and \
-                    sum(1 for b in self.backends.values() if b.breaker == "open") + 1 > len(self.backends) // 2:
+            out = sum(1 for b in self.backends.values() if b is not backend and b.tripped)  # open or half-open
+            if out + 1 > len(self.backends) // 2:
                 return  # the cap is reached: it stays in (a replica failing everything is still one of them)
         else:
             backend.request_failures += 1
