@@ -86,7 +86,7 @@ def test_a_ready_fleet_without_a_serving_replica_says_so(tmp_path, monkeypatch):
     # a poll shorter than the cold start replaced the decision that woke it: the replica on its way still says so
     polled = fleet(ready=0)
     polled.last_decision = {"desired": 1, "reason": "steady at 1: concurrency=1 (target 1/replica)"}
-    assert serving_note(polled) == "waking from zero: requests are held until a replica is ready"
+    assert serving_note(polled) == "a replica is starting: requests are held until one is ready"
     polled.replicas = [ReplicaState("r0", "http://127.0.0.1:9001", 11, "restarting")]
     assert serving_note(polled) == "no replica serving"
     assert "ready: no replica serving; see error" in text_of(render([placed_none], now=0))

@@ -160,10 +160,12 @@ def serving_note(state: FleetState) -> str:
         return "no replica wanted; see error" if state.error else "scaled to zero: the next request wakes it"
     # a wake read "no replica serving", as if it were stuck; and once a poll shorter than the cold start had
     # replaced the decision that woke it, so did the rest of the wake: a replica on its way says it too
-    woken = str((state.last_decision or {}).get("reason", "")).startswith("activated from zero") or \
-        any(r.state in ("pending", "starting") for r in state.replicas)
-    if state.ready == 0 and woken and not state.error:
-        return "waking from zero: requests are held until a replica is ready"
+    woken = str((state.last_decision or {}).get("reason", "")).startswith("activated from zero")
+    if state.ready == 0 and not state.error:
+        if woken:
+            return "waking from zero: requests are held until a replica is ready"
+        if any(r.state in ("pending", "starting") for r in state.replicas):
+            return "a replica is starting: requests are held until one is ready"
     serving = "no replica serving" if state.ready == 0 else f"{state.ready} of {state.desired} replicas serving"
     return serving + ("; see error" if state.error else "")
 
