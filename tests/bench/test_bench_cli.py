@@ -111,6 +111,7 @@ def test_kvcache_bench_prints_every_tier_and_ratio():
     tiers = ("engine", "l1", "l2") if shutil.which("redis-server") else ("engine", "l1")
     assert figures["cached_tokens"]["cold"] == [0] and figures["errors"] == []
     assert all(figures["cached_tokens"][t] == [2048] for t in tiers), figures["cached_tokens"]
+    assert all(figures["tier_blocks_served"][t] == [8] for t in tiers), figures["tier_blocks_served"]  # by itself
 
 
 def test_kvcache_bench_publishes_no_figure_for_a_tier_that_served_nothing(tmp_path):

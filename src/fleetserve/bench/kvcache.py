@@ -23,6 +23,7 @@ from fleetserve.bench.routing import _wait_ready
 from fleetserve.fleet.process import Child, fleetserve_command, free_port
 
 PREFIX_TOKENS = 2048
+BLOCK_TOKENS = 256  # the engine's --block-size here
 ADMIN: dict[str, str] = {}  # the engine's internal token header (its admin API needs it), set by run()
 
 
@@ -45,6 +46,15 @@ def _ttft(url: str, prompt: list[int], salt: str) -> tuple[float, int]:
     if first is None or cached is None:
         raise RuntimeError("no token streamed" if first is None else "the stream carried no usage")
     return first, cached
+
+
+def _tier_hits(url: str) -> dict[str, float]:
+    """Blocks each tier has served so far (the engine's fleetserve_kv_tier_hits_total)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", headers=ADMIN, timeout=30).text
+    return {s.labels["tier"]: s.value for family in text_string_to_metric_families(text)
+            if family.name == "fleetserve_kv_tier_hits" for s in family.samples if s.name.endswith("_total")}
 
 
 def _decode(url: str, prompt: list[int], tokens: int) -> tuple[float, float]:
@@ -100,7 +110,7 @@ def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32, dtype: s
             token_file = write_token_file(Path(tmp) / "internal.token")
             ADMIN.update(InternalAuth(read_token_file(token_file)).headers())
             cmd = fleetserve_command("engine", "--model", source, "--port", str(port), "--served-model-name",
-                                     "bench", "--block-size", "256", "--l1-bytes", str(2 << 30),
+                                     "bench", "--block-size", str(BLOCK_TOKENS), "--l1-bytes", str(2 << 30),
                                      "--engine-cache-bytes", str(1 << 30), "--dtype", dtype,
                                      "--internal-token-file", str(token_file))
             if redis_url:
@@ -115,11 +125,15 @@ def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32, dtype: s
             _clear(url, "engine,l1" + (",l2" if redis_url else ""))
             ttft: dict[str, list[float]] = {"cold": [], "engine": [], "l1": [], "l2": []}
             cached: dict[str, list[int]] = {k: [] for k in ttft}
+            served: dict[str, list[int]] = {k: [] for k in ttft}  # prefix blocks the measured tier itself served
 
             def measure(tier: str, prompt: list[int], salt: str) -> None:
+                before = _tier_hits(url)
                 ms, hit = _ttft(url, prompt, salt)
+                after = _tier_hits(url)
                 ttft[tier].append(ms)
                 cached[tier].append(hit)
+                served[tier].append(int(after.get(tier, 0) - before.get(tier, 0)))
 
             for i in range(repeats):
                 prefix = [(7 * j + 13 * i) % (vocab - 3) + 1 for j in range(PREFIX_TOKENS)]
@@ -151,11 +165,16 @@ def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32, dtype: s
     # a figure is what it says only when the prefix came from where it says: all of it cached from the tier, none
     # cold; a tier that served nothing (Redis down, a broken L1) is not measured, whatever its TTFT read
     errors = []
+    blocks = PREFIX_TOKENS // BLOCK_TOKENS
     for tier, hits in cached.items():
         wrong = [h for h in hits if (h != 0 if tier == "cold" else h < PREFIX_TOKENS)]
         if wrong:
             errors.append(f"{tier}: {len(wrong)} of {len(hits)} measurement(s) found {wrong[0]} of the "
                           f"{PREFIX_TOKENS} prefix tokens cached, not {0 if tier == 'cold' else PREFIX_TOKENS}")
+            ttft[tier] = []
+        elif tier != "cold" and any(n < blocks for n in served[tier]):  # cached, but by another tier (L2 for L1)
+            errors.append(f"{tier}: the prefix was cached but the {tier} tier served {min(served[tier])} of its "
+                          f"{blocks} blocks")
             ttft[tier] = []
     med = {k: round(statistics.median(v), 2) if v else None for k, v in ttft.items()}
     b1 = decode_tokens / b1_seconds
@@ -167,6 +186,7 @@ def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32, dtype: s
         "prefix_tokens": PREFIX_TOKENS,
         "ttft_ms": med,
         "cached_tokens": {k: v for k, v in cached.items() if v},  # per measurement: what the engine reported
+        "tier_blocks_served": {k: v for k, v in served.items() if v and k != "cold"},  # its tier-hit counter's rise
         "ratio": {
             "l1_vs_cold": _ratio(med["l1"], med["cold"]),
             "l2_vs_cold": _ratio(med["l2"], med["cold"]),

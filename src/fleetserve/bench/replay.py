@@ -94,11 +94,15 @@ async def _one(client: httpx.AsyncClient, url: str, path: str, body: dict, rec: 
                 return
             last = None
             async for line in r.aiter_lines():
-                if line == "data: [DONE]":
-                    rec.done = True
-                if not line.startswith("data: ") or line == "data: [DONE]":
+                if not line.startswith("data:"):
                     continue
-                chunk = json.loads(line[6:])
+                data = line[5:].strip()  # "data:" with or without its space, as the lean reader takes it
+                if data == "[DONE]":
+                    rec.done = True
+                    continue
+                if not data:
+                    continue
+                chunk = json.loads(data)
                 if isinstance(chunk, dict):
                     last, failed = _chunk(rec, chunk, time.monotonic(), start, last)
                     if failed:

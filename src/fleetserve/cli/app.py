@@ -15,7 +15,7 @@ from rich.table import Column, Table
 from fleetserve import __version__
 from fleetserve.cli.bench_commands import bench_app
 from fleetserve.cli.checks import float_option
-from fleetserve.cli.console import EXIT_USAGE, err, fail, out, say
+from fleetserve.cli.console import EXIT_USAGE, Terminated, err, fail, out, say
 
 app = typer.Typer(
     name="fleetserve",
@@ -771,7 +771,11 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(143 if Terminated.raised else 130)
+    except SystemExit as exc:
+        if exc.code == 130 and Terminated.raised:  # typer's exit for a KeyboardInterrupt: this one was SIGTERM
+            sys.exit(143)
+        raise
 
 
 if __name__ == "__main__":

@@ -12,21 +12,24 @@ from typing import Annotated
 import typer
 
 from fleetserve.cli.checks import float_option, peer_python
-from fleetserve.cli.console import EXIT_USAGE, err, fail, out, say
+from fleetserve.cli.console import EXIT_USAGE, Terminated, err, fail, out, say
 
 bench_app = typer.Typer(help="Benchmarks with real processes; figures as JSON.", no_args_is_help=True)
 
 
 @bench_app.callback()
-def _stop_cleanly_on_sigterm() -> None:
+def _stop_cleanly_on_sigterm(ctx: typer.Context) -> None:
     """SIGTERM ends a bench as Ctrl-C does: its processes stopped and its temporary folder (a model, tokens, a
-    Redis password) removed; Python's default SIGTERM exit skipped both (the folders stayed behind)."""
+    Redis password) removed; Python's default SIGTERM exit skipped both (the folders stayed behind). A second
+    SIGTERM does not cut the stop under way; the exit code is 143. The handler is the command's only."""
     import signal
 
-    def stop(signum, _frame):
-        raise SystemExit(128 + signum)
+    def stop(_signum, _frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
 
-    signal.signal(signal.SIGTERM, stop)
+    previous = signal.signal(signal.SIGTERM, stop)
+    ctx.call_on_close(lambda: signal.signal(signal.SIGTERM, previous))
 
 
 def peer(given: str | None, module: str, flag: str, variable: str) -> str | None:

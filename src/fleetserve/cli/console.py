@@ -24,3 +24,14 @@ def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
 def say(message: str) -> None:
     """A progress or status line on stderr, as written."""
     err.print(message, markup=False)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is (what is under way stops cleanly); the process exits 143, not 130. Typer
+    turns any KeyboardInterrupt into exit 130, so `raised` tells `main` which one it was."""
+
+    raised = False
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        Terminated.raised = True
