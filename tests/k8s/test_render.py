@@ -1265,3 +1265,22 @@ def test_bad_pod_settings_are_refused_naming_the_field(pod, says):
         load_spec_data(doc)
     message = str(info.value)
     assert "spec.pod." in message and says in message, message
+
+
+@pytest.mark.parametrize("spec", EXAMPLES + [FULL], ids=lambda s: getattr(s, "name", None) or "full")
+def test_router_pods_meet_the_restricted_pod_security_level(spec):
+    """The routers run fleetserve's own image (uid 10001, writes only /tmp): a namespace enforcing the restricted
+    level refused them, as the operator's own pod already met it."""
+    rendered, _ = _objects(spec)
+    routers = [o for o in rendered.objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("router")]
+    assert routers
+    for router in routers:
+        pod = router["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"] == \
+            {"type": "RuntimeDefault"}
+        for container in pod["containers"]:
+            sc = container["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+            assert sc["readOnlyRootFilesystem"] and {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+        assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
+        assert validate(router) == []

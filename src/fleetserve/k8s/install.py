@@ -31,6 +31,7 @@ from fleetserve.k8s.crd import CRD_NAME, endpoint_crd
 from fleetserve.k8s.operator import WEBHOOK_ID, WEBHOOK_PORT
 from fleetserve.k8s.reconcile import ACTION_VERBS, CHILD_KINDS, GROUP, OWNER_PLURAL, VERSION
 from fleetserve.k8s.render import to_yaml
+from fleetserve.k8s.security import TMP_MOUNT, TMP_VOLUME, restricted_container, restricted_pod
 
 NAME = "fleetserve-operator"
 WEBHOOK_SECRET = f"{NAME}-webhook-tls"
@@ -128,20 +129,16 @@ def install_objects(options: RenderOptions | None = None, install: InstallOption
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 5,
                            "failureThreshold": 2, "timeoutSeconds": 5},
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
-        "volumeMounts": [{"name": "webhook-tls", "mountPath": CERT_DIR, "readOnly": True},
-                         {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": restricted_container(),
+        "volumeMounts": [{"name": "webhook-tls", "mountPath": CERT_DIR, "readOnly": True}, dict(TMP_MOUNT)],
     }
     objects.append({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta(NAME), "spec": {
         "replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": _selector()},
         "template": {"metadata": {"labels": _labels()}, "spec": {
             "serviceAccountName": NAME, "automountServiceAccountToken": True,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
-                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "securityContext": restricted_pod(),
             "containers": [container],
-            "volumes": [{"name": "webhook-tls", "secret": {"secretName": WEBHOOK_SECRET}},
-                        {"name": "tmp", "emptyDir": {}}]}}}})
+            "volumes": [{"name": "webhook-tls", "secret": {"secretName": WEBHOOK_SECRET}}, dict(TMP_VOLUME)]}}}})
     client_config: dict = {"service": {"namespace": ns, "name": NAME, "path": f"/{WEBHOOK_ID}", "port": 443}}
     vwc_meta = meta(f"{OWNER_PLURAL}.{GROUP}", namespaced=False)
     if install.webhook_ca_bundle:

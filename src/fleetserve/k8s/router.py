@@ -28,6 +28,7 @@ from fleetserve.k8s.context import (
     Context,
 )
 from fleetserve.k8s.engine import engine_port, instance_label
+from fleetserve.k8s.security import TMP_MOUNT, TMP_VOLUME, restricted_container, restricted_pod
 from fleetserve.router.model_metrics import router_args, scope_for
 from fleetserve.router.served import served_model_args
 from fleetserve.spec.effects import limits_split
@@ -145,7 +146,12 @@ def router_deployment(ctx: Context) -> dict:
     container["resources"] = {"requests": {"cpu": str(workers) if workers > 1 else ROUTER_CPU,
                                            "memory": f"{ROUTER_MEMORY_MI * workers}Mi"}}
     grace = ctx.options.prestop_seconds + ctx.router_drain_seconds + EXIT_SECONDS
-    pod_spec: dict = {"containers": [container], "volumes": volumes, "terminationGracePeriodSeconds": grace}
+    # fleetserve's own image: the restricted Pod Security level, /tmp (the workers' peer sockets) an emptyDir
+    container["securityContext"] = restricted_container()
+    container["volumeMounts"].append(dict(TMP_MOUNT))
+    volumes.append(dict(TMP_VOLUME))
+    pod_spec: dict = {"containers": [container], "volumes": volumes, "terminationGracePeriodSeconds": grace,
+                      "securityContext": restricted_pod()}
     if ctx.image_pull_secrets():
         pod_spec["imagePullSecrets"] = ctx.image_pull_secrets()
     # spread the routers over nodes so that one node going does not take the endpoint down
