@@ -244,9 +244,10 @@ def test_a_request_that_replicas_drop_tries_one_more_and_takes_none_out():
     assert up.sent[0] == A and len(up.sent) == 2 and out.status == 200
 
 
-def test_a_stream_that_breaks_mid_way_ends_with_an_openai_error_event():
+def stream_failing_with(failure: Exception) -> tuple[Gateway, Recorder]:
+    """A streamed chat whose replica sends one event, then fails with `failure` (in virtual time)."""
     sse = [(b"content-type", b"text/event-stream")]
-    chunks = [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n', Broken("cut")]
+    chunks = [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n', failure]
 
     async def main():
         gw, up = gateway({A: [FakeResponse(200, chunks, sse, length=False)], B: []})
@@ -254,7 +255,11 @@ def test_a_stream_that_breaks_mid_way_ends_with_an_openai_error_event():
         await gw.handle(chat(stream=True), out)
         return gw, out
 
-    gw, out = run_virtual(main())
+    return run_virtual(main())
+
+
+def test_a_stream_that_breaks_mid_way_ends_with_an_openai_error_event():
+    gw, out = stream_failing_with(Broken("cut"))
     text = out.body.decode()
     assert text.startswith('data: {"choices"') and '"code":"upstream_failed"' in text
     assert text.endswith("data: [DONE]\n\n") and out.ended and not out.aborted
@@ -266,16 +271,7 @@ def test_a_stream_silent_past_the_idle_timeout_ends_with_a_504_event_and_leaves_
     replica out of rotation too, so an overloaded one that still answered its probes lost every other stream."""
     from fleetserve.router.upstream import Timeout
 
-    sse = [(b"content-type", b"text/event-stream")]
-    chunks = [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n', Timeout("silent mid-answer for 60s", 60)]
-
-    async def main():
-        gw, up = gateway({A: [FakeResponse(200, chunks, sse, length=False)], B: []})
-        out = Recorder()
-        await gw.handle(chat(stream=True), out)
-        return gw, out
-
-    gw, out = run_virtual(main())
+    gw, out = stream_failing_with(Timeout("silent mid-answer for 60s", 60))
     text = out.body.decode()
     assert '"code":"upstream_timeout"' in text and "sent nothing for 60s mid-stream" in text
     assert text.endswith("data: [DONE]\n\n")
