@@ -111,6 +111,10 @@ class CapacityManager:
                 self.log.append(f"spot interruption notice: node {e.node_id} terminates{left}; its replicas move")
         return events
 
+    def leaving(self) -> set[str]:
+        """Nodes that go: a spot notice, or cordoned by consolidation. No replica is placed or kept there."""
+        return set(self.interrupting()) | self.cordoned
+
     def interrupting(self) -> dict[str, float]:
         """Node id -> when it goes, for the spot nodes with an interruption notice (their replicas move)."""
         return {n.id: n.interrupt_at for n in self.provider.nodes() if n.interrupt_at is not None}

@@ -863,8 +863,7 @@ class Supervisor:
             # a draining replica whose process died is not brought back (its next round would find it gone)
             draining = [r for r in self.replicas if r.state.state == Phase.DRAINING
                         and r.child is not None and r.child.exit_code() is None]
-            unusable = set(self.capacity.interrupting()) | self.capacity.cordoned
-            for r in revivals(draining, lambda r: r.node_id, lambda r: r.drain_deadline, unusable,
+            for r in revivals(draining, lambda r: r.node_id, lambda r: r.drain_deadline, self.capacity.leaving(),
                               desired - len(active)):
                 self._revive(r)
                 active.append(r)

@@ -182,16 +182,15 @@ def _end_with_error(responder: Responder, error: APIError) -> None:
 
 
 def _cut_error(draining: bool, exc: UpstreamError) -> APIError:
-    """Why a stream ended early: a replica the fleet was draining (scale-down, a spot notice, a move) stopped
-    when its drain time was up, which is the spec's choice, not a fault of the replica; a replica silent for
-    longer than a stream allows is hung (SIGSTOP, a stuck GPU), as a 504."""
-    kind = exc.kind
-    if draining and kind != "timeout":
+    """Why a stream ended early: a replica silent for longer than a stream allows (hung, or too overloaded to go
+    on) as a 504; a replica the fleet was draining (scale-down, a spot notice, a move) stopped when its drain
+    time was up, which is the spec's choice, not a fault of the replica; else a failure of the replica."""
+    if exc.kind == "timeout":
+        return APIError(504, f"the model replica sent nothing for {getattr(exc, 'seconds', None) or 0:g}s mid-stream "
+                             "(router.streamIdleTimeoutSeconds); the response is incomplete", code="upstream_timeout")
+    if draining:
         return APIError(502, "the model replica was draining (scale-down, spot notice or move) and stopped when its "
                              "drain time (engine.drainTimeoutSeconds) ran out before this stream finished; the "
                              "response is incomplete", code="upstream_failed")
-    if kind == "timeout":
-        return APIError(504, f"the model replica sent nothing for {getattr(exc, 'seconds', None) or 0:g}s mid-stream "
-                             "(router.streamIdleTimeoutSeconds); the response is incomplete", code="upstream_timeout")
-    return APIError(502, f"the model replica failed mid-stream ({kind}); the response is incomplete",
+    return APIError(502, f"the model replica failed mid-stream ({exc.kind}); the response is incomplete",
                     code="upstream_failed")

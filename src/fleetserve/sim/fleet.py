@@ -634,8 +634,7 @@ class SimFleet:
         active = [r for r in self.replicas if r.state not in ("draining", "moving")]
         if len(active) < desired:
             draining = [r for r in self.replicas if r.state == "draining"]
-            unusable = set(self.capacity.interrupting()) | self.capacity.cordoned
-            revived = revivals(draining, lambda r: r.node_id, lambda r: r.drain_deadline, unusable,
+            revived = revivals(draining, lambda r: r.node_id, lambda r: r.drain_deadline, self.capacity.leaving(),
                                desired - len(active))
             for r in revived:  # the supervisor's `_revive`: it was serving when its drain began
                 r.state, r.drain_deadline = "ready", None
