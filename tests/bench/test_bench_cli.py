@@ -412,7 +412,8 @@ def test_bench_input_that_was_a_traceback_or_a_silent_success_is_exit_2_naming_t
         assert r.returncode == 2 and flag in said(r) and "Traceback" not in r.stderr, (args, r.stderr[-600:])
     # a replay that nobody answered is a failure, not figures
     r = fleetserve("bench", "replay", "--url", "http://127.0.0.1:1", "--trace", TRACE, "--model", "m", "--limit", "2")
-    assert r.returncode == 1 and json.loads(r.stdout)["answered"] == 0
+    assert r.returncode == 1 and json.loads(r.stdout)["answered"] == 0 and json.loads(r.stdout)["refused"] == 2
+    assert "2 of 2 request(s) refused: nothing listened at http://127.0.0.1:1" in r.stderr
 
 
 def test_live_routing_takes_the_simulators_profiles_and_names_the_flag_when_one_is_unknown():

@@ -216,11 +216,15 @@ def test_error_statuses_and_answers_that_are_not_json():
     assert not_json.status == 200 and "not a JSON object" in not_json.error
 
 
-def test_nothing_listening_is_a_failed_record():
+def test_nothing_listening_is_a_refused_record_not_a_lost_one():
+    """A refused connection counted as lost, as if a fleet had accepted the request and dropped it; the chaos bench
+    keeps `refused` apart, and so does replay now."""
     from tests.helpers import free_port
 
-    [r] = asyncio.run(replay(f"http://127.0.0.1:{free_port()}", trace(1), model="m", stream=True, timeout=5))
-    assert r.status == 0 and r.error.startswith("Unreachable:")
+    records = asyncio.run(replay(f"http://127.0.0.1:{free_port()}", trace(2), model="m", stream=True, timeout=5))
+    assert all(r.status == 0 and r.refused and r.error.startswith("Unreachable:") for r in records)
+    summary = summarize(records)
+    assert (summary["answered"], summary["refused"], summary["lost"]) == (0, 2, 0)
 
 
 def test_an_error_answer_is_failed_and_no_answer_is_lost():

@@ -369,7 +369,7 @@ def _replay(url: str, trace: list[TraceRequest], vocab: int) -> tuple[dict, floa
 
 def _brief(summary: dict) -> dict:
     return {"requests": summary["requests"], "answered": summary["answered"], "failed": summary["failed"],
-            "lost": summary["lost"],
+            "lost": summary["lost"] + summary["refused"],  # its own router refused: lost to it
             "errors": summary["errors"], "ttft_ms": summary["ttft_ms"], "e2e_ms": summary["e2e_ms"],
             "tpot_ms": summary["tpot_ms"],
             "per_replica": {k: v["requests"] for k, v in sorted(summary["per_replica"].items())},

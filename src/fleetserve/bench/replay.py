@@ -45,6 +45,7 @@ class Record:
     replica: str = ""
     streamed: bool = False  # the first byte reached the client
     done: bool = False  # a stream's [DONE] arrived (a stream that ends without it was cut: lost, as chaos counts it)
+    refused: bool = False  # the connection was refused: nothing listened, so the request was never accepted
     sent_s: float | None = None  # when the generator sent it, on the arrivals' clock (scaled by the speedup)
     scheduled_s: float | None = None  # when the trace (scaled) said to send it
 
@@ -116,6 +117,18 @@ async def _one(client: httpx.AsyncClient, url: str, path: str, body: dict, rec: 
     except httpx.HTTPError as exc:
         rec.status = 0
         rec.error = f"{type(exc).__name__}: {exc}"
+        rec.refused = isinstance(exc, httpx.ConnectError) and _refused(exc)
+
+
+def _refused(exc: BaseException) -> bool:
+    """A ConnectionRefusedError anywhere in the exception's chain (httpx wraps the socket's error)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, ConnectionRefusedError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _usage(rec: Record, usage: dict) -> None:
@@ -228,6 +241,7 @@ async def _one_lean(client: Upstream, base: str, path: str, body: dict, rec: Rec
     except UpstreamError as exc:
         rec.status = 0
         rec.error = f"{type(exc).__name__}: {exc}"
+        rec.refused = getattr(exc, "refused", False)
     except orjson.JSONDecodeError as exc:
         rec.status = 0
         rec.error = f"malformed stream event: {exc}"
@@ -300,9 +314,11 @@ def summarize(records: list[Record]) -> dict:
         "requests": len(records),
         "answered": len(ok),
         # answered with an error status (a 404 or a 429 is an answer) apart from what got no answer at all (both
-        # were "lost"); unlike the chaos bench, a refused connection is lost too: replay has no `refused`
+        # were "lost"), and, as the chaos bench counts them, connections refused (never accepted: nothing listened;
+        # they had counted as lost, so a fleet that was down read as one that dropped requests)
         "failed": sum(1 for r in records if r.status and r.status != 200),
-        "lost": sum(1 for r in records if not r.status or (r.status == 200 and r.error)),
+        "refused": sum(1 for r in records if r.refused),
+        "lost": sum(1 for r in records if not r.refused and (not r.status or (r.status == 200 and r.error))),
         "errors": sorted({r.error[:120] for r in records if r.error})[:5],
         "hit_rate": round(sum(r.cached_tokens for r in ok) / prompt, 4) if prompt else 0.0,
         "ttft_ms": percentiles([r.ttft_ms for r in ok if r.ttft_ms is not None]),

@@ -141,7 +141,7 @@ def _run_once(strategy: str, workers: int, reqs: list[TraceRequest], replicas: i
     names = {url.removeprefix("http://"): f"engine{i}" for i, url in enumerate(engines)}
     per_replica = {names.get(r, r or "none"): s["requests"] for r, s in summary["per_replica"].items()}
     return {"hit_rate": summary["hit_rate"], "answered": summary["answered"], "failed": summary["failed"],
-            "lost": summary["lost"],
+            "lost": summary["lost"] + summary["refused"],  # its own router refused: lost to it
             "errors": summary["errors"], "worker_requests": load.get("worker_requests", [load.get("requests_total")]),
             "peak_in_flight": peak, "per_replica_requests": dict(sorted(per_replica.items())),
             "e2e_ms": {k: summary["e2e_ms"][k] for k in ("p50", "p99")}, "wall_s": round(wall, 2)}

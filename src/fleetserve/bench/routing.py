@@ -253,7 +253,7 @@ def _run_strategy(strategy: str, requests, replicas: int, cap: int, engine_speed
         "utilization": round(mean_busy / wall, 3),
         "answered": summary["answered"],
         "failed": summary["failed"],  # answered with an error status
-        "lost": summary["lost"],
+        "lost": summary["lost"] + summary["refused"],  # its own router refused: lost to it
         "errors": summary["errors"],
         "per_replica_hit_rate": {k: v["hit_rate"] for k, v in sorted(summary["per_replica"].items())},
         "busy_seconds": [round(b, 3) for b in busy],  # what load_skew is computed from

@@ -374,7 +374,7 @@ def bench_replay(
                                                     "(token ids) or text (one word per token)")] = "tokens",
 ) -> None:
     """Replay a trace against a running endpoint; prints TTFT, TPOT, ITL, E2E percentiles and hit rates. Exit 1
-    when a request got no answer at all (lost) or none was answered."""
+    when a request got no answer at all (lost), its connection was refused, or none was answered."""
     import asyncio
 
     from fleetserve.bench.replay import replay, summarize
@@ -399,11 +399,13 @@ def bench_replay(
     if not stream and summary.get("answered") and summary["ttft_ms"].get("p50") is None:
         err.print("note: non-streamed answers carry no time to the first token (only a simulated engine reports "
                   "one in fleetserve_timing): ttft_ms, tpot_ms and itl_ms need --stream", markup=False)
-    if records and not summary.get("answered"):  # nothing answered is a failed replay, not figures
-        raise typer.Exit(1)
+    if summary.get("refused"):  # nothing listened: the endpoint was down, which no figure beside it describes
+        err.print(f"{summary['refused']} of {summary['requests']} request(s) refused: nothing listened at {url}",
+                  markup=False)
     if summary.get("lost"):  # no answer at all, or a stream cut without its end: the endpoint lost requests
         err.print(f"{summary['lost']} of {summary['requests']} request(s) got no answer (lost)", markup=False)
-        raise typer.Exit(1)
+    if (records and not summary.get("answered")) or summary.get("refused") or summary.get("lost"):
+        raise typer.Exit(1)  # nothing answered is a failed replay, not figures; so is a request refused or lost
 
 
 FIDELITY_MAX_RATE = 20  # requests/s per replica of the tiny model that `bench fidelity` accepts
