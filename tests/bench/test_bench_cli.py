@@ -112,6 +112,7 @@ def test_kvcache_bench_prints_every_tier_and_ratio():
     assert figures["cached_tokens"]["cold"] == [0] and figures["errors"] == []
     assert all(figures["cached_tokens"][t] == [2048] for t in tiers), figures["cached_tokens"]
     assert all(figures["tier_blocks_served"][t] == [8] for t in tiers), figures["tier_blocks_served"]  # by itself
+    assert "starting the engine" not in result.stderr  # --json: the figures only (it had been a no-op flag)
 
 
 def test_kvcache_bench_publishes_no_figure_for_a_tier_that_served_nothing(tmp_path):
@@ -123,8 +124,9 @@ def test_kvcache_bench_publishes_no_figure_for_a_tier_that_served_nothing(tmp_pa
     (fake / "redis-server").write_text("#!/bin/sh\nexec sleep 600\n")  # starts, never listens
     (fake / "redis-server").chmod(0o755)
     env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
-    result = fleetserve("bench", "kvcache", "--repeats", "1", "--json", env=env, timeout=900)
+    result = fleetserve("bench", "kvcache", "--repeats", "1", env=env, timeout=900)  # progress lines on stderr
     assert result.returncode == 1, result.stderr
+    assert "starting the engine (tiny, Redis as L2)" in result.stderr and "round 1 of 1" in result.stderr
     figures = json.loads(result.stdout)
     assert figures["ttft_ms"]["l2"] is None and figures["ratio"]["l2_vs_cold"] is None
     assert figures["l2"].startswith("not measured") and figures["errors"][0].startswith("l2: 1 of 1 measurement")

@@ -92,7 +92,10 @@ def _model(kind: str, folder: Path) -> tuple[str, int]:
     return kind, 1000
 
 
-def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32, dtype: str = "auto") -> dict:
+def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32, dtype: str = "auto",
+        progress=None) -> dict:
+    """The figures; `progress(line)` hears each stage (the engine's start alone takes a minute for the demo)."""
+    say = progress or (lambda _line: None)
     with tempfile.TemporaryDirectory(prefix="fleetserve-bench-kv-") as tmp:
         children: list[Child] = []
         redis_url = None
@@ -115,6 +118,8 @@ def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32, dtype: s
                                      "--internal-token-file", str(token_file))
             if redis_url:
                 cmd += ["--l2-url", redis_url]
+            l2 = "Redis as L2" if redis_url else "no L2: redis-server is missing"
+            say(f"starting the engine ({model}, {l2})")
             engine = Child("engine", cmd, Path(tmp) / "engine.log")
             engine.start()
             children.append(engine)
@@ -136,6 +141,7 @@ def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32, dtype: s
                 served[tier].append(int(after.get(tier, 0) - before.get(tier, 0)))
 
             for i in range(repeats):
+                say(f"TTFT cold / engine / L1{' / L2' if redis_url else ''}: round {i + 1} of {repeats}")
                 prefix = [(7 * j + 13 * i) % (vocab - 3) + 1 for j in range(PREFIX_TOKENS)]
                 salt = f"bench-{i}-{time.time_ns()}"
 
@@ -151,6 +157,7 @@ def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32, dtype: s
                 if redis_url:
                     _clear(url, "engine,l1")
                     measure("l2", prompt(4), salt)
+            say("decode throughput: one request, then 8 at once")
             short = [1, 2, 3, 4, 5, 6, 7, 8]
             b1_seconds, b1_first_ms = _decode(url, short, decode_tokens)
             with ThreadPoolExecutor(8) as pool:

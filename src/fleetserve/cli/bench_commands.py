@@ -337,7 +337,7 @@ def bench_kvcache(
     model: Annotated[str, typer.Option(help="tiny (random, 4 layers), demo (SmolLM2) or a model source")] = "tiny",
     repeats: Annotated[int, typer.Option(min=1, help="Measurements per figure (median)")] = 3,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16")] = "auto",
-    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures (no progress lines)")] = False,
 ) -> None:
     """TTFT with a 2,048-token prefix cold / in the engine / in L1 / in L2, and decode throughput b1 vs b8."""
     from fleetserve.bench.kvcache import run
@@ -346,7 +346,7 @@ def bench_kvcache(
         raise typer.BadParameter(f"{dtype!r}; allowed values: auto, float32, bfloat16, float16", param_hint="--dtype")
     _check_bench_model(model)
     try:
-        result = run(model, repeats, dtype=dtype)
+        result = run(model, repeats, dtype=dtype, progress=None if as_json else say)
     except RuntimeError as exc:  # the engine did not start: its own error, not a traceback
         raise fail(str(exc), 1) from None
     print(json.dumps(result, indent=2))
