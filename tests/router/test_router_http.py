@@ -217,6 +217,30 @@ def test_at_zero_the_router_answers_models_and_wrong_names_itself_and_holds_only
         gw.stop()
 
 
+def test_at_zero_the_router_lists_the_card_a_replica_gave_with_its_context_length(tiny_model, logs):
+    """A fleet scaled to zero listed a bare card without `max_model_len`, which clients size prompts by: the router
+    now answers with the card a replica listed."""
+    one = engine(tiny_model, logs, port=None).start()
+    gw = router([one], logs, "leastload", "--model", "tiny").start()
+    try:
+        served = httpx.get(one.url + "/v1/models", timeout=5).json()["data"][0]
+        assert served["max_model_len"] > 0
+        wait_until(lambda: "tiny" in gw_cards(gw), 30, what="the replica's card read")
+        one.stop()
+        wait_until(lambda: not any(b["healthy"] for b in httpx.get(gw.url + "/admin/load", timeout=5).json()[
+            "backends"]), 30, what="no replica ready")
+        listed = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=10).models.list()
+        assert [m.model_dump(exclude_none=True) for m in listed.data] == [served]  # as the engine gave it
+    finally:
+        gw.stop()
+        one.stop()
+
+
+def gw_cards(gw) -> list:
+    """The served names whose card the router has read from a replica (its load report lists them)."""
+    return httpx.get(gw.url + "/admin/load", timeout=5).json()["model_cards"]
+
+
 def test_held_requests_are_released_when_a_replica_comes_up(tiny_model, logs):
     from concurrent.futures import ThreadPoolExecutor
 

@@ -159,6 +159,7 @@ class Gateway:
         # request ids: a random per-process prefix and a counter (unique, and far cheaper than uuid4 per request)
         self._id_prefix = uuid.uuid4().hex[:24]
         self._created = int(time.time())  # the model cards' `created`, as the engines give theirs
+        self.model_cards: dict[str, dict] = {}  # the served models' cards as a replica listed them (watcher.py)
         self._ids = itertools.count()
 
     # --- lifecycle -----------------------------------------------------------------------------------------
@@ -359,7 +360,9 @@ class Gateway:
         return False
 
     def _model_card(self, name: str) -> dict:
-        return {"id": name, "object": "model", "created": self._created, "owned_by": "fleetserve"}
+        """A replica's card for the model when one was read (`max_model_len` and all), else a bare one."""
+        return self.model_cards.get(name) or {"id": name, "object": "model", "created": self._created,
+                                              "owned_by": "fleetserve"}
 
     def _route(self, request: Request, body: dict, tenant: str | None) -> RouteRequest:
         """What the policy may use; the prompt's prefix keys only when it needs them (hashing costs)."""
@@ -443,6 +446,7 @@ class Gateway:
                   "queued": self.gate.queued,
                   "requests_total": self.requests_total,
                   "ttft_p95_ms": self.ttft_p95_ms(),
+                  "model_cards": sorted(self.model_cards),  # served names whose card a replica gave (for zero)
                   "backends": [{"url": b.url, "healthy": b.healthy, "draining": b.draining, "in_flight": b.in_flight,
                                 "running": b.running if b.engine_running is None else b.engine_running,
                                 "waiting": _engine_waiting(b)} for b in pool]}

@@ -2,8 +2,10 @@
 
 Every `interval`: the DNS names of a headless Service are resolved into backends (every few rounds), each
 backend is probed for health, the engines' KV layout (block size, key namespace, cache capacity) is learned
-once from /get_model_info, and, for a policy that needs them (`Needs.kv_events`), one long-poll of KV events
-per healthy backend keeps the router's KV index current, resynchronising from /kv/blocks when behind.
+once from /get_model_info, the served models' cards are kept from a replica's /v1/models (the router answers
+with them while no replica is ready: `max_model_len` and all, as the engines give them), and, for a policy
+that needs them (`Needs.kv_events`), one long-poll of KV events per healthy backend keeps the router's KV
+index current, resynchronising from /kv/blocks when behind.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ log = logging.getLogger(__name__)
 
 DISCOVERY_EVERY = 5  # health rounds between DNS resolutions of backend names
 ENGINE_COUNTERS_EVERY = 10  # health rounds between reads of the engines' prefix-cache counters
+CARDS_EAGER_ROUNDS = 30  # the served models' cards are asked every round for this many at first, then as above
+CARDS_ASKED = 3  # replicas asked for them at once
 # (hits, queries) counter families of each engine (observe/rules.PREFIX_CACHE_COUNTERS: vLLM's names, which the
 # built-in engine exports too, and SGLang's cached and prompt tokens, summed over its cache sources)
 _FAMILIES = [tuple(name.removesuffix("_total") for name in pair)
@@ -120,6 +124,9 @@ class ReplicaWatcher:
             await self._learn_layout()
         if rounds % ENGINE_COUNTERS_EVERY == 1:
             await asyncio.gather(*(self._read_engine_counters(b) for b in pool.healthy()))
+        if self.gw.settings.served_models and (rounds % ENGINE_COUNTERS_EVERY == 1 or (
+                not self.gw.model_cards and rounds <= CARDS_EAGER_ROUNDS)):
+            await self._learn_model_cards()  # every round at first until a replica gave them, then now and then
         if needs_of(self.gw.policy).kv_events:
             for b in pool.backends.values():
                 task = self._kv_tasks.get(b.id)
@@ -152,6 +159,27 @@ class ReplicaWatcher:
                 return
             except (UpstreamError, ValueError, TypeError):
                 continue
+
+    async def _learn_model_cards(self) -> None:
+        """The served models' cards as a ready replica lists them, for the router's own answers at zero replicas
+        (its bare card lacked `max_model_len`, which clients size their prompts by); kept until a replica says
+        otherwise, so a fleet scaled to zero lists what it served."""
+        names = set(self.gw.settings.served_models)
+
+        async def cards_of(b: Backend) -> dict:
+            try:
+                status, listing = await self.gw.upstream.get_json(b.url + "/v1/models", timeout=2.0)
+            except UpstreamError:
+                return {}
+            data = listing.get("data") if status == 200 and isinstance(listing, dict) else None
+            return {c["id"]: c for c in data if isinstance(c, dict) and c.get("id") in names} \
+                if isinstance(data, list) else {}
+
+        # a few replicas at once (a slow one holds the health round for its timeout at most once, not per replica)
+        for cards in await asyncio.gather(*(cards_of(b) for b in self.gw.pool.healthy()[:CARDS_ASKED])):
+            if cards:
+                self.gw.model_cards.update(cards)
+                return
 
     async def _read_engine_counters(self, backend: Backend) -> None:
         """The engine's own prefix-cache counters (vLLM's names, which the built-in engine publishes too): the hit
