@@ -361,6 +361,19 @@ def test_slo_targets_are_bounded_as_the_flags_are():
     assert msg.startswith("spec.slo.e2eP95Ms") and "greater than or equal to 1" in msg
 
 
+@pytest.mark.parametrize("setting, path", [
+    ("router: {bufferTimeoutSeconds: 604800}", "spec.router.bufferTimeoutSeconds"),
+    ("capacity: {provider: simulated, simulated: {provisioningDelaySeconds: 1e15}}",
+     "spec.capacity.simulated.provisioningDelaySeconds"),
+    ("engine: {startupTimeoutSeconds: 1e9}", "spec.engine.startupTimeoutSeconds"),
+])
+def test_waits_are_at_most_a_day(setting, path):
+    """A week of bufferTimeoutSeconds held a request the simulator walked in 15 s of wall time (a day: 1.6 s), and
+    1e15 s of node provisioning beside a long hold walked longer: no client or cloud waits that long."""
+    (msg,) = problems(GOOD.replace("replicas: 2", setting))
+    assert msg.startswith(path) and "less than or equal to 86400" in msg, msg
+
+
 def test_trigger_fields_of_prometheus_only_and_a_fallback_above_the_max_are_refused():
     """`query` on a concurrency trigger was ignored without a word, and a fallback of 10 under a max of 3 was
     capped by the HPA while the spec said 10."""

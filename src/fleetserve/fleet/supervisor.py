@@ -37,6 +37,7 @@ import httpx
 from fleetserve.api.internal import router_trust_args, write_token_file
 from fleetserve.api.limits import engine_body_limit, engine_header_limit
 from fleetserve.autoscale.controller import Controller
+from fleetserve.autoscale.failing import STATIC_ZERO, UNPLACED, unplaced, why_failing
 from fleetserve.autoscale.policy import ScaleDecision, ScalingPolicy, ScalingState
 from fleetserve.autoscale.scaledown import Candidate, moves_to_finish, revivals, spot_drain_due, victims
 from fleetserve.capacity.placement import InsufficientCapacity
@@ -85,9 +86,6 @@ L2_PROBE_S = 10.0  # how often the L2 Redis is pinged for `status` (an external 
 def engine_url(port: int) -> str:
     """A local replica's address: engines listen on loopback only."""
     return f"http://127.0.0.1:{port}"
-
-
-STATIC_ZERO = "spec.replicas is 0 and the fleet has no autoscaling: no replica starts (set replicas, or autoscaling)"
 
 
 BOX = str.maketrans("", "", "│╭╮╰╯─")
@@ -574,22 +572,18 @@ class Supervisor:
             self._pushed = None
 
     def _failing(self) -> str | None:
-        """Why no replica can start now, for the router to tell the requests it holds (a crash loop at zero had
-        them wait out the buffer timeout, 10 minutes by default, for a 503 naming nothing): none serves, one is
-        wanted, and the last launch found no capacity or a replica failed to start twice in a row."""
-        if self._desired() == 0 and self.controller is None and self.spec.engine.kind != "external":
-            self.state.error = STATIC_ZERO  # status read "the next request wakes it"
-            return STATIC_ZERO  # nothing wakes it: held requests waited out the buffer timeout
-        if self._desired() == 0 or any(r.state.state in SERVING for r in self.replicas):
-            return None
-        if self.state.error.startswith("cannot place a replica") and not any(
-                r.state.state in (Phase.PENDING, Phase.STARTING) for r in self.replicas):
-            return self.state.error  # nothing on its way: the held requests get the reason now
-        if any(r.state.state == Phase.RESTARTING and r.crashes_since_ready >= 2 for r in self.replicas):
+        """Why no replica can start now, for the router to tell the requests it holds (`autoscale/failing.py`,
+        which the simulator asks too)."""
+        reason = why_failing(
+            self._desired(), self.controller is not None, self.spec.engine.kind == "external",
+            any(r.state.state in SERVING for r in self.replicas),
+            any(r.state.state in (Phase.PENDING, Phase.STARTING) for r in self.replicas), self.state.error,
             # not `restarts`, which counts the fleet's whole life: one crash of a replica that had served, and
             # restarted once long before, told clients no replica could start and to come back in 30 s
-            return self.state.error or "every replica fails to start"
-        return None
+            any(r.state.state == Phase.RESTARTING and r.crashes_since_ready >= 2 for r in self.replicas))
+        if reason == STATIC_ZERO:
+            self.state.error = STATIC_ZERO  # status read "the next request wakes it"
+        return reason
 
     # --- replicas ------------------------------------------------------------------------------------------
 
@@ -724,10 +718,10 @@ class Supervisor:
         rid = f"r{self._ids}"
         slot = self.capacity.acquire(rid, self.clock())
         if isinstance(slot, InsufficientCapacity):
-            self.state.error = f"cannot place a replica: {slot.reason}"
+            self.state.error = unplaced(slot.reason)
             return False
         self._ids += 1
-        if self.state.error.startswith("cannot place a replica"):  # placed now; a crash loop's error stays
+        if self.state.error.startswith(UNPLACED):  # placed now; a crash loop's error stays
             self.state.error = ""
         port = free_port()
         node = slot.node

@@ -20,11 +20,21 @@ import random
 from collections.abc import Callable
 
 from fleetserve.autoscale.controller import Controller
+from fleetserve.autoscale.failing import UNPLACED, unplaced, why_failing
 from fleetserve.autoscale.policy import ScalingState
 from fleetserve.autoscale.scaledown import Candidate, moves_to_finish, revivals, spot_drain_due, victims
 from fleetserve.capacity.placement import InsufficientCapacity
 from fleetserve.capacity.utilization import load_ratio, target_per_replica
-from fleetserve.router.admission import BUFFER, GO, AdmissionSettings, Rejection, admit, buffer_timeout, overflow
+from fleetserve.router.admission import (
+    BUFFER,
+    GO,
+    AdmissionSettings,
+    Rejection,
+    admit,
+    buffer_timeout,
+    overflow,
+    replicas_failing,
+)
 from fleetserve.router.backlog import LoadBook
 from fleetserve.router.feedback import report as feed_back
 from fleetserve.router.kvindex import KVIndex
@@ -145,6 +155,8 @@ class SimFleet:
         self.last_done = self.t0  # when the last request was answered or failed, as its client saw it
         self.profile_notes: set[str] = set()  # what the replicas' performance profiles had to guess
         self.unplaced: collections.Counter[str] = collections.Counter()  # launches that found no capacity, by why
+        self.error = ""  # the fleet's last error, as the supervisor keeps it (`unplaced(...)`), for `why_failing`
+        self.failing: str | None = None  # why no replica can start now: held and new requests are refused with it
         self._ttfts: collections.deque[tuple[float, float]] = collections.deque()
         self._loads: collections.deque[tuple[float, dict]] = collections.deque()
         # draws of the token that first shows text (profiles that measured it); its own stream, so profiles
@@ -180,6 +192,7 @@ class SimFleet:
             rep = self._launch()
             if rep is not None and options.warm_start:
                 self._ready(rep, warm=True)
+        self._check_failing()
 
     # --- replicas ------------------------------------------------------------------------------------------
 
@@ -193,8 +206,11 @@ class SimFleet:
         slot = self.capacity.acquire(rid, now)
         if isinstance(slot, InsufficientCapacity):
             self.unplaced[slot.reason] += 1
+            self.error = unplaced(slot.reason)
             return None
         self._ids += 1
+        if self.error.startswith(UNPLACED):  # placed now
+            self.error = ""
         node = slot.node
         prof = profile_for(node.offering.instance_type, self.catalog, self.options, self.spec, self.profile_notes)
         if self.l2 is None and self._l2_bytes:
@@ -225,6 +241,17 @@ class SimFleet:
         rep.state = "ready"
         rep.ready_at = self.sim.now
         self._serving_again()
+
+    def _check_failing(self) -> None:
+        """The supervisor's word to the router (`autoscale.failing`): while no replica can start, what the buffer
+        holds is refused now, with the reason, and so is what would join it (a `replicas: 0` fleet had held every
+        request for the buffer timeout where the live router refuses at once)."""
+        self.failing = why_failing(
+            self.desired, self.controller is not None, self.spec.engine.kind == "external",
+            any(r.state in SERVING for r in self.replicas),
+            any(r.state in ("pending", "starting") for r in self.replicas), self.error)
+        while self.failing and self.buffer:
+            self._fail(self.buffer.popleft(), replicas_failing(self.failing).code)
 
     def _serving_again(self) -> None:
         """A replica takes traffic (ready, or back from a drain): what the router held is released to it."""
@@ -344,6 +371,8 @@ class SimFleet:
             self._route(req, views)
         elif isinstance(verdict, Rejection):
             self._fail(req, verdict.code)
+        elif verdict is BUFFER and self.failing:
+            self._fail(req, replicas_failing(self.failing).code)
         elif verdict is BUFFER:
             req.buffered_at = self.sim.now
             self.buffer.append(req)
@@ -553,6 +582,7 @@ class SimFleet:
             decision = self.controller.tick(now, self._lagged_load())
             self.decisions.append((now - self.t0, decision.desired, decision.reason))
         self._scale_to(self.desired)
+        self._check_failing()
         going = self.capacity.interrupting()
         for r in [r for r in self.replicas if r.state == "moving" and r.node_id in going]:
             if spot_drain_due(going[r.node_id], now, self.spec.engine.drain_timeout_seconds):

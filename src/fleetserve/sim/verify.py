@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from fleetserve.autoscale.failing import STATIC_ZERO
 from fleetserve.capacity.providers import SPOT_NOTICE_SECONDS
 from fleetserve.sim.fleet import series_at, span_hours
 from fleetserve.sim.report import window_bounds, window_requests, windows, worst_section
@@ -216,6 +217,8 @@ def _window_points(fleet, spans) -> list[tuple]:
         i = bisect_right(times, a)
         if i > 0:
             points.append((a, *fleet.series[i - 1][1:]))
+        elif times and times[0] > a:  # before the first placement nothing was placed ("as few as 2" of 2 was said)
+            points.append((a, 0, 0, 0, 0.0, 0))
         points.extend(fleet.series[i:bisect_left(times, b, lo=i)])
     return points or fleet.series[:1]
 
@@ -295,6 +298,8 @@ def _capacity_cause(result: SimResult, window: str, section: dict | None = None)
                     f"{refused}")
         launches = sum(fleet.unplaced.values())
         refused += f"; {launches} replica launch(es) found no capacity ({unplaced_reason(fleet)})"
+    if fleet.policy_scaling is None and not most:
+        return f"{STATIC_ZERO}{refused}"  # not a question of load: nothing serves any
     if fleet.policy_scaling is None:
         return f"a static fleet of {most} replica(s) cannot carry the {name} load{refused}"
     # a p95 far beyond the cold start is not the cold start's doing (a burst at zero that then waited at max)

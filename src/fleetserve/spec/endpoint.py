@@ -206,7 +206,7 @@ class EngineSection(SpecModel):
     port: int | None = Field(default=None, ge=1, le=65535)
     health_path: str = "/health"
     threads: int | None = Field(default=None, ge=1, description="torch threads per builtin replica")
-    startup_timeout_seconds: float = Field(default=600.0, gt=0)
+    startup_timeout_seconds: float = Field(default=600.0, gt=0, le=86400)
     drain_timeout_seconds: float = Field(default=120.0, gt=0, le=86400, description="how long a replica that "
                                          "scale-down, consolidation or a rollout stops may finish its in-flight "
                                          "requests; streams still running then are cut (Kubernetes: the "
@@ -623,7 +623,9 @@ class RouterSection(SpecModel):
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535, description="0: a free port")
     buffer_size: int = Field(default=256, ge=0, description="requests held while no replica is ready")
-    buffer_timeout_seconds: float = Field(default=600, gt=0, description="longer than the cold start")
+    buffer_timeout_seconds: float = Field(
+        default=600, gt=0, le=86400, description="longer than the cold start (at most a day: no client waits longer, "
+        "and the simulator walked a week of holding in seconds of wall time per request)")
     upstream_timeout_seconds: float = Field(
         default=1800, ge=0.1, le=86400, description="longest silence from a replica (before a non-streamed answer, "
         "its whole generation) before the router answers 504 (sglang-router's default)")
@@ -701,7 +703,7 @@ class ShortageSpec(SpecModel):
 class SimulatedCloudSection(SpecModel):
     """A cloud in the loop for local runs: nodes are virtual, replicas are real processes."""
 
-    provisioning_delay_seconds: float = Field(default=5, ge=0)
+    provisioning_delay_seconds: float = Field(default=5, ge=0, le=86400, description="a node's start, at most a day")
     limits: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict, description="most nodes of a type")
     shortages: list[ShortageSpec] = Field(default_factory=list)
     spot_interruption_rate_per_hour: float = Field(default=0, ge=0)
