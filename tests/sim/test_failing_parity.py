@@ -3,7 +3,7 @@ instead of holding every request for the buffer timeout."""
 
 import pytest
 
-from fleetserve.autoscale.failing import STATIC_ZERO, unplaced, why_failing
+from fleetserve.autoscale.failing import CRASH_LOOP, STATIC_ZERO, unplaced, why_failing
 from fleetserve.sim.run import simulate
 from fleetserve.sim.setup import SimOptions
 from fleetserve.sim.verify import verify
@@ -33,10 +33,12 @@ def test_why_failing(args, reason):
     assert why_failing(*args) == reason
 
 
-def test_a_crash_loop_is_failing_with_its_error_or_a_plain_reason():
-    assert why_failing(1, True, False, False, True, "replica r0 exited with code 1", crash_looping=True) == \
-        "replica r0 exited with code 1"
-    assert why_failing(1, True, False, False, True, "", crash_looping=True) == "every replica fails to start"
+def test_a_crash_loop_is_failing_without_the_replicas_own_error():
+    """The replica's last log line (a model path, a traceback's words) had reached every client in the 503: it is
+    the operator's (status, logs); clients hear that no replica can start."""
+    error = "replica r0 exited with code 1 and is restarting; its last error: --model: /srv/models/acme does not exist"
+    assert why_failing(1, True, False, False, True, error, crash_looping=True) == CRASH_LOOP
+    assert "/srv" not in CRASH_LOOP
 
 
 def test_a_static_fleet_of_zero_refuses_every_request_at_once_and_verify_names_why():
