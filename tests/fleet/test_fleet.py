@@ -103,6 +103,36 @@ def test_up_detach_serves_restarts_crashed_replica_and_down_cleans_up(tmp_path, 
     assert fleetserve("status", "--interval", "5", env=home).returncode == 2  # redraws only with --watch
 
 
+def test_ctrl_c_while_a_detached_fleet_starts_stops_it_and_the_next_start_keeps_its_logs(tmp_path, tiny_model, home):
+    """Ctrl-C during `up --detach` exited 130 in silence while the supervisor, in a session of its own, went on
+    starting: a fleet ready later whose URL was never printed. And a start deleted the last run's logs (a crashed
+    run's evidence)."""
+    from pathlib import Path
+
+    spec = write_spec(tmp_path, tiny_model, name="cc", replicas=1)
+    cli = subprocess.Popen([sys.executable, "-m", "fleetserve", "up", spec, "--detach"], env={**os.environ, **home},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folder = Path(home["FLEETSERVE_HOME"]) / "run" / "cc"
+    try:
+        wait_until(lambda: (folder / "state.json").exists(), 60, what="the supervisor started")
+        cli.send_signal(signal.SIGINT)
+        _, stderr = cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert cli.returncode != 0 and "start of fleet cc interrupted: it was stopped" in stderr, stderr
+    assert leftovers(home) == [] and status(home, "cc")[0]["status"] == "stopped"
+    first_run = (folder / "supervisor.log").read_text()
+    assert first_run
+    again = fleetserve("up", spec, "--detach", env=home)
+    assert again.returncode == 0, again.stderr
+    try:
+        assert (folder / "logs.previous" / "supervisor.log").read_text() == first_run  # kept, not deleted
+    finally:
+        assert fleetserve("down", "cc", env=home).returncode == 0
+    assert leftovers(home) == []
+
+
 def _bound(sock, port) -> bool:
     try:
         sock.bind(("127.0.0.1", port))

@@ -112,9 +112,13 @@ def up(
     name = loaded.endpoint.metadata.name
     try:
         if detach:
-            with err.status(f"starting fleet {name} ..."):
-                state = start_detached(spec, name, loaded.endpoint.spec.engine.startup_timeout_seconds + 120,
-                                       log_args)
+            try:
+                with err.status(f"starting fleet {name} ..."):
+                    state = start_detached(spec, name, loaded.endpoint.spec.engine.startup_timeout_seconds + 120,
+                                           log_args)
+            except KeyboardInterrupt:
+                err.print(f"start of fleet {name} interrupted: it was stopped", markup=False)
+                raise
             _announce(state)
             _startup_warnings(state)
             out.print(f"stop it with: fleetserve down {name}")
@@ -122,6 +126,11 @@ def up(
         ensure_not_running(name)
     except FleetError as exc:
         raise fail(str(exc), exc.exit_code) from None
+    from fleetserve.fleet.control import DETACHED_ENV, keep_previous_logs
+    from fleetserve.fleet.state import fleet_dir
+
+    if not os.environ.get(DETACHED_ENV):  # `up --detach` kept them before it started this supervisor
+        keep_previous_logs(fleet_dir(name))  # in the foreground too: the last run's lines came first in its files
 
     def ready(state) -> None:
         _announce(state)

@@ -41,12 +41,34 @@ def ensure_not_running(name: str) -> None:
                          f"{state.url or 'starting'}); stop it with: fleetserve down {name}")
 
 
+PREVIOUS_LOGS = "logs.previous"  # the last run's logs (and its supervisor.log), kept through the next start
+DETACHED_ENV = "FLEETSERVE_DETACHED_SUPERVISOR"  # set for the supervisor `up --detach` starts
+
+
+def keep_previous_logs(folder: Path) -> None:
+    """The last run's logs move to `logs.previous` (the one before goes): a fleet started again after a crash had
+    deleted the crashed run's replica, router and supervisor logs, the evidence of what happened."""
+    previous = folder / PREVIOUS_LOGS
+    if not (folder / "logs").exists() and not (folder / "supervisor.log").exists():
+        return
+    try:
+        shutil.rmtree(previous, ignore_errors=True)
+        if (folder / "logs").exists():
+            os.replace(folder / "logs", previous)
+        previous.mkdir(mode=0o700, exist_ok=True)
+        if (folder / "supervisor.log").exists():
+            os.replace(folder / "supervisor.log", previous / "supervisor.log")
+    except OSError:  # a folder in the way: the new run's lines follow the old ones in the same files, as before
+        pass
+
+
 def start_detached(spec_path: str, name: str, timeout: float, extra_args: tuple[str, ...] = ()) -> FleetState:
-    """Start the supervisor in its own session and wait until the fleet is ready or has failed."""
+    """Start the supervisor in its own session and wait until the fleet is ready or has failed. Ctrl-C or SIGTERM
+    while it starts stops it: in its own session it had gone on starting, ready later, its URL never printed."""
     ensure_not_running(name)
     folder = fleet_dir(name)
     if folder.exists():
-        shutil.rmtree(folder / "logs", ignore_errors=True)
+        keep_previous_logs(folder)
         if (folder / "state.json").exists():  # the new supervisor may carry on from it (read_previous_state)
             os.replace(folder / "state.json", folder / PREVIOUS)
     private_fleet_dir(name)
@@ -55,7 +77,28 @@ def start_detached(spec_path: str, name: str, timeout: float, extra_args: tuple[
         proc = subprocess.Popen(
             fleetserve_command("up", str(Path(spec_path).resolve()), "--quiet-warnings", *extra_args),
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, DETACHED_ENV: "1"},  # its logs were kept here: it writes into this supervisor.log
         )
+    try:
+        return _wait_started(proc, name, log_path, timeout)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli/console.Terminated): the start is called off
+        _stop_starting(proc)
+        raise
+
+
+def _stop_starting(proc: subprocess.Popen) -> None:
+    """SIGTERM the starting supervisor (it stops what it started, in order); its whole session after 30 s."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _wait_started(proc: subprocess.Popen, name: str, log_path: Path, timeout: float) -> FleetState:
     deadline = time.monotonic() + timeout
     while True:
         state = read_state(name)
@@ -72,11 +115,7 @@ def start_detached(spec_path: str, name: str, timeout: float, extra_args: tuple[
             tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
             raise FleetError(f"the supervisor exited with code {code} before the fleet was ready:\n{tail}")
         if time.monotonic() > deadline:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            _stop_starting(proc)
             raise FleetError(f"the fleet was not ready after {timeout:.0f}s; see {log_path}")
         time.sleep(0.2)
 
