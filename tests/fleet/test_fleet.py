@@ -164,6 +164,24 @@ def test_a_port_in_use_fails_the_start_naming_the_field(tmp_path, tiny_model, ho
     assert leftovers(home) == []
 
 
+@pytest.mark.parametrize("section, said", [
+    ("tls: {{enabled: true, certFile: {missing}.pem, keyFile: {missing}.key}}",
+     "spec.tls.certFile {missing}.pem: no such file"),
+    ("router: {{host: 'not a host!'}}", "spec.router.host"),
+])
+def test_what_the_spec_names_and_this_machine_lacks_is_bad_input_before_the_model(tmp_path, tiny_model, home,
+                                                                                    section, said):
+    """A TLS certificate that is not there was a traceback (FileNotFoundError) after the model was prepared, exit
+    1; a router host that is no address here was exit 1 too. Both are the spec's: exit 2, naming the field."""
+    missing = tmp_path / "nowhere"
+    path = write_spec(tmp_path, tiny_model, name="lacks", replicas=1)
+    with open(path, "a") as f:
+        f.write("  " + section.format(missing=missing) + "\n")
+    up = fleetserve("up", path, "--detach", env=home)
+    assert up.returncode == 2 and said.format(missing=missing) in up.stderr, up.stderr
+    assert "Traceback" not in up.stderr and leftovers(home) == []
+
+
 def test_failed_start_reports_the_cause_and_leaves_nothing(tmp_path, home):
     spec = write_spec(tmp_path, tmp_path / "no-such-model", name="broken")
     up = fleetserve("up", spec, "--detach", env=home)

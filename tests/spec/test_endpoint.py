@@ -374,6 +374,12 @@ def test_waits_are_at_most_a_day(setting, path):
     assert msg.startswith(path) and "less than or equal to 86400" in msg, msg
 
 
+def test_auth_enabled_without_keys_is_an_error_of_validate():
+    """`validate` said valid and `up` failed with exit 1: every request would have been a 401."""
+    (msg,) = problems(GOOD.replace("replicas: 2", "auth: {enabled: true}"))
+    assert msg.startswith("spec.auth") and "apiKeys is empty" in msg
+
+
 def test_trigger_fields_of_prometheus_only_and_a_fallback_above_the_max_are_refused():
     """`query` on a concurrency trigger was ignored without a word, and a fallback of 10 under a max of 3 was
     capped by the HPA while the spec said 10."""

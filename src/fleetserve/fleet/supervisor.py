@@ -66,7 +66,7 @@ from fleetserve.router.engine_queue import QUEUE_GAUGES
 from fleetserve.router.model_metrics import router_args, scope_for
 from fleetserve.router.policies import registered_policies
 from fleetserve.router.served import served_model_args
-from fleetserve.router.tls import ensure_self_signed
+from fleetserve.router.tls import TLSFileError, check_tls_files, ensure_self_signed
 from fleetserve.spec.load import LoadedSpec
 
 log = logging.getLogger(__name__)
@@ -405,8 +405,15 @@ class Supervisor:
         cannot listen on; a port another fleet's router held even read as ready. Checked before the model is
         prepared (a download can take minutes) and again at the router's start."""
         field, problem = bind_refusal(self.spec.router.host, self.spec.router.port)
-        if problem:
-            raise StartupError(f"spec.router.{field}: {problem}")
+        if problem:  # a host that is no address of this machine is the spec's fault; a port taken, the machine's
+            raise StartupError(f"spec.router.{field}: {problem}", exit_code=2 if field == "host" else 1)
+        tls = self.spec.tls
+        if tls.enabled and tls.cert_file and tls.key_file:  # a missing file had been a traceback after the model
+            try:
+                check_tls_files(tls.cert_file, tls.key_file)
+            except TLSFileError as exc:
+                raise StartupError(str(exc).replace("--tls-cert", "spec.tls.certFile")
+                                   .replace("--tls-key", "spec.tls.keyFile"), exit_code=2) from None
         port = self.spec.observability.prometheus.port
         if port and prometheus.wanted(self.spec) and (problem := bind_refusal("127.0.0.1", port)[1]):
             # Prometheus's own "address already in use" came as log lines after the model was prepared
@@ -518,8 +525,6 @@ class Supervisor:
                                        "tenant only")
                 digests[digest] = key.tenant
                 owner.setdefault(digest, i)
-            if not digests:
-                raise StartupError("spec.auth.enabled is true but spec.auth.apiKeys is empty")
             path = self.dir / "auth.json"
             write_key_file(path, digests)
             args += ["--auth-file", str(path)]

@@ -603,6 +603,14 @@ class AuthSection(SpecModel):
     api_keys: list[APIKey] = Field(default_factory=list)
 
     @model_validator(mode="after")
+    def _keys_when_enabled(self) -> AuthSection:
+        """Enabled without keys, every request would be a 401: `validate` said valid, and `up` failed (exit 1)."""
+        if self.enabled and not self.api_keys:
+            raise ValueError("enabled is true but apiKeys is empty: list at least one key (keySha256 or keyEnv), or "
+                             "set enabled: false")
+        return self
+
+    @model_validator(mode="after")
     def _one_tenant_per_key(self) -> AuthSection:
         """A key names one tenant: listed twice, the last tenant took it and the first one vanished (its requests
         counted, salted and billed as the other's). The same key twice for the same tenant is harmless."""
