@@ -182,6 +182,19 @@ def test_what_the_spec_names_and_this_machine_lacks_is_bad_input_before_the_mode
     assert "Traceback" not in up.stderr and leftovers(home) == []
 
 
+def test_a_replica_slower_than_its_startup_timeout_names_the_setting(tmp_path, tiny_model, home):
+    """"did not become ready in time during start-up; last log lines (...):" and nothing after it, or "model
+    preparation ... timed out": which time?"""
+    path = tmp_path / "slow.yaml"
+    path.write_text(SPEC.format(name="slow", source=tiny_model, replicas=1, extra_engine="").replace(
+        "startupTimeoutSeconds: 120", "startupTimeoutSeconds: 0.2"))
+    up = fleetserve("up", str(path), "--detach", env=home)
+    assert up.returncode == 1, up.stderr
+    # the model's preparation (a local folder: checked, not copied) or the replica's start, whichever ran out
+    assert "within spec.engine.startupTimeoutSeconds (0.2s)" in up.stderr, up.stderr
+    assert leftovers(home) == []
+
+
 def test_failed_start_reports_the_cause_and_leaves_nothing(tmp_path, home):
     spec = write_spec(tmp_path, tmp_path / "no-such-model", name="broken")
     up = fleetserve("up", spec, "--detach", env=home)

@@ -327,7 +327,8 @@ class Supervisor:
                 proc.kill()
                 proc.wait()
                 self._check_stop()
-                raise StartupError(f"model preparation of {model.source} timed out")
+                raise StartupError(f"model preparation of {model.source} did not finish within "
+                                   f"spec.engine.startupTimeoutSeconds ({self.spec.engine.startup_timeout_seconds:g}s)")
             time.sleep(0.1)
         out, err = proc.communicate()
         if proc.returncode != 0:
@@ -767,8 +768,9 @@ class Supervisor:
             return
         if starting_up:
             tail = r.child.log_tail() if r.child else ""
-            raise StartupError(f"replica {r.state.id} {why} during start-up; last log lines "
-                               f"({r.child.log_path if r.child else '-'}):\n{tail}")
+            lines = f"last log lines ({r.child.log_path if r.child else '-'}):\n{tail}" if tail.strip() else \
+                f"its log ({r.child.log_path if r.child else '-'}) is empty"  # "last log lines:" and nothing
+            raise StartupError(f"replica {r.state.id} {why} during start-up; {lines}")
         delay = r.backoff.crashed(mono)
         r.crashes_since_ready += 1
         r.state.state = advance(r.state.state, Phase.RESTARTING)
@@ -817,7 +819,8 @@ class Supervisor:
                     self.state.error = ""
             elif mono - r.started_at > self.spec.engine.startup_timeout_seconds:
                 r.child.stop(timeout=5)
-                self._crashed(r, None, mono, "did not become ready in time", starting_up)
+                self._crashed(r, None, mono, "did not become ready within spec.engine.startupTimeoutSeconds "
+                              f"({self.spec.engine.startup_timeout_seconds:g}s)", starting_up)
 
     def _drain(self, r: Replica, mono: float) -> None:
         if r.state.state in (Phase.DRAINING, Phase.STOPPED):

@@ -1,0 +1,64 @@
+"""A model folder is checked before anything loads it: a config that is not JSON or weights cut short (a download
+or copy that stopped) had passed, and the engine's start, `profile` and `analyze` failed with a library's
+traceback instead of naming the file (exit 2 where the CLI takes the folder)."""
+
+import json
+import shutil
+
+import pytest
+
+from fleetserve.engine.demo import ModelSourceError
+from fleetserve.engine.sources import check_model_dir
+from tests.helpers import fleetserve
+
+
+@pytest.fixture
+def copy(tiny_model, tmp_path):
+    def make(name: str):
+        folder = tmp_path / name
+        shutil.copytree(tiny_model, folder)
+        return folder
+    return make
+
+
+def test_a_whole_model_passes(tiny_model):
+    assert check_model_dir(tiny_model) == tiny_model
+
+
+def test_a_config_that_is_not_json_is_named(copy):
+    folder = copy("config")
+    (folder / "config.json").write_text("{")
+    with pytest.raises(ModelSourceError, match="config.json is not valid JSON"):
+        check_model_dir(folder)
+    (folder / "config.json").write_text("[1]")
+    with pytest.raises(ModelSourceError, match="config.json is not a JSON object"):
+        check_model_dir(folder)
+
+
+@pytest.mark.parametrize("keep", ["nothing", "half the header", "the header only"])
+def test_weights_cut_short_are_named(copy, keep):
+    folder = copy(keep.replace(" ", "-"))
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    header = 8 + int.from_bytes(data[:8], "little")
+    cut = {"nothing": 0, "half the header": header // 2, "the header only": header + 16}[keep]
+    weights.write_bytes(data[:cut])
+    with pytest.raises(ModelSourceError, match="model.safetensors is not a whole safetensors file"):
+        check_model_dir(folder)
+
+
+def test_a_shard_the_index_names_must_be_there(copy):
+    folder = copy("sharded")
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    with pytest.raises(ModelSourceError, match="missing model-00002-of-00002.safetensors"):
+        check_model_dir(folder)
+
+
+def test_profile_names_the_broken_file_with_exit_2(copy):
+    folder = copy("cli")
+    (folder / "config.json").write_text("{")
+    result = fleetserve("profile", "--model", str(folder), "--max-prompt", "64", "--repeats", "1")
+    assert result.returncode == 2 and "--model" in result.stderr and "config.json is not valid JSON" in result.stderr
+    assert "Traceback" not in result.stderr
