@@ -143,6 +143,23 @@ def test_profile_bad_input_exits_2():
     # one prompt length (32) gives no per-token slope: the fit said 0 s/token and blamed a busy machine
     result = fleetserve("profile", "--model", "x", "--max-prompt", "32")
     assert result.returncode == 2 and "--max-prompt" in said(result)
+    # 100,000 threads could not start: a traceback and a segfault (exit 139)
+    result = fleetserve("profile", "--model", "x", "--threads", "100000")
+    assert result.returncode == 2 and "--threads" in said(result) and "1024" in said(result)
+
+
+def test_profile_never_writes_over_the_model_or_a_read_only_file(tiny_model, tmp_path):
+    """`-o MODEL/config.json` replaced the model's config (the next profile of it was a traceback), and a read-only
+    file was overwritten, where simulate --report, plan -o and trace scale -o refuse both."""
+    config = (tiny_model / "config.json").read_text()
+    result = fleetserve("profile", "--model", str(tiny_model), "-o", str(tiny_model / "config.json"))
+    assert result.returncode == 2 and "--output" in said(result) and "inside the model folder" in said(result)
+    assert (tiny_model / "config.json").read_text() == config
+    locked = tmp_path / "locked.json"
+    locked.write_text("{}")
+    locked.chmod(0o444)
+    result = fleetserve("profile", "--model", str(tiny_model), "-o", str(locked))
+    assert result.returncode == 2 and "read-only" in said(result) and locked.read_text() == "{}"
 
 
 def test_presets_schedule_with_vllms_own_budgets_per_gpu():

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from fleetserve.cli.checks import float_option, writable
+from fleetserve.cli.checks import MAX_THREADS, float_option, writable
 from fleetserve.cli.console import err, fail
 
 trace_app = typer.Typer(help="Make and reshape workloads: generate, scale.", no_args_is_help=True)
@@ -124,7 +124,8 @@ def profile(
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON")] = False,
     output: Annotated[str | None, typer.Option("--output", "-o", help="Write the profile file here")] = None,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16")] = "auto",
-    threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's)")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, max=MAX_THREADS, help="torch threads (default: torch's)")
+                       ] = None,
     max_prompt: Annotated[int, typer.Option(min=64, help="Longest prompt measured (tokens; at least two lengths "
                                                          "of 32, 64, 128, ...)")] = 2048,
     batches: Annotated[str, typer.Option(help="Decode batch sizes, comma-separated")] = "1,2,4,8",
@@ -149,6 +150,12 @@ def profile(
                                  param_hint="--batches")
     if output and Path(output).is_dir():  # found after minutes of measuring, as a traceback
         raise typer.BadParameter(f"{output} is a folder; give a file name (profile.json)", param_hint="--output")
+    folder = Path(model).expanduser()
+    if output and folder.is_dir() and Path(output).resolve().is_relative_to(folder.resolve()):
+        # `-o MODEL/config.json` replaced the model's own config: the next profile of it was a traceback
+        raise typer.BadParameter(f"{output} is inside the model folder {model}; write the profile elsewhere",
+                                 param_hint="--output")
+    writable(output, "--output", (model,))  # a read-only file had been overwritten (root may write anyway)
     progress = None if as_json or not sys.stderr.isatty() else (lambda m: err.print(m, markup=False))
     try:
         result = measure(model, dtype=dtype, threads=threads, max_prompt=max_prompt, batches=sizes, repeats=repeats,

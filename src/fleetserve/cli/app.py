@@ -14,7 +14,7 @@ from rich.table import Column, Table
 
 from fleetserve import __version__
 from fleetserve.cli.bench_commands import bench_app
-from fleetserve.cli.checks import float_option
+from fleetserve.cli.checks import MAX_THREADS, float_option
 from fleetserve.cli.console import EXIT_USAGE, Terminated, err, fail, out, say
 
 app = typer.Typer(
@@ -364,7 +364,7 @@ def engine(
     namespace: Annotated[str, typer.Option()] = "default",
     instance_type: Annotated[str, typer.Option()] = "local",
     replica: Annotated[str, typer.Option(help="Replica id for metric labels")] = "r0",
-    threads: Annotated[int | None, typer.Option(min=1, help="torch threads")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, max=MAX_THREADS, help="torch threads")] = None,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16")] = "auto",
     context_length: Annotated[int | None, typer.Option(min=1)] = None,
     max_tokens_default: Annotated[int, typer.Option(

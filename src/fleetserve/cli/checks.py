@@ -62,6 +62,9 @@ def peer_python(path: str | None, module: str, flag: str) -> str | None:
     return path
 
 
+MAX_THREADS = 1024  # torch threads a command takes at most: 100,000 was a "can't start new thread" and a segfault
+
+
 def writable_folder(path: str, flag: str) -> None:
     """A folder a command will write into: made if missing; a file in its place or above it is exit 2 naming
     `flag` (it was a traceback)."""

@@ -205,7 +205,8 @@ class EngineSection(SpecModel):
     env: dict[str, str] = Field(default_factory=dict)
     port: int | None = Field(default=None, ge=1, le=65535)
     health_path: str = "/health"
-    threads: int | None = Field(default=None, ge=1, description="torch threads per builtin replica")
+    threads: int | None = Field(default=None, ge=1, le=1024, description="torch threads per builtin replica (at "
+                                "most 1024: 100,000 could not start and took the process down)")
     startup_timeout_seconds: float = Field(default=600.0, gt=0, le=86400)
     drain_timeout_seconds: float = Field(default=120.0, gt=0, le=86400, description="how long a replica that "
                                          "scale-down, consolidation or a rollout stops may finish its in-flight "
