@@ -87,3 +87,36 @@ def test_max_trials_bounds_the_search_when_the_context_is_raised_too():
         planner.plan()
         assert planner.context["to"] > planner.context["from"]  # what the check is about happened
         assert planner.trials <= most, (most, [t.label for t in planner.history])
+
+
+def test_with_no_context_known_a_request_over_one_replicas_kv_memory_is_refused_not_run_for_days():
+    """A model whose context nothing states (vLLM, `hf:acme/mystery-7b`) and a legal 16 M-token completion: the
+    request ran alone for simulated days (minutes of wall time; 1 M tokens reported an E2E p99 of 44 hours). No
+    engine serves more than its KV memory holds (vLLM refuses to start with a longer max_model_len)."""
+    from fleetserve.sim.fleet import KV_BOUND
+    from fleetserve.sim.verify import verify
+    from tests.helpers import endpoint_of
+
+    endpoint = endpoint_of("mystery", {"model": {"name": "m", "source": "hf:acme/mystery-7b"}, "replicas": 1,
+                                       "engine": {"kind": "vllm"}, "placement": {"instanceTypes": ["g6e.xlarge"]}})
+    trace = [TraceRequest(i * 2.0, 500, 100) for i in range(20)] + [TraceRequest(41.0, 500, 16_777_216)]
+    result = simulate(endpoint, trace, SimOptions())
+    assert result.report["failed_by_reason"] == {"context_length_exceeded": 1}
+    assert result.report["context_length"]["source"] == KV_BOUND and result.report["e2e_ms"]["p99"] < 60_000
+    verdict = verify(endpoint, trace, SimOptions(), {"ttft_p95_ms": 10_000})
+    reasons = " ".join(c.reason for c in verdict.checks if not c.passed)
+    assert "more KV memory" in reasons and "raise it" not in reasons, reasons
+
+
+
+def test_the_kv_bound_is_a_gpu_engines_only():
+    """An external engine (a vLLM elsewhere, 128k) or a built-in one (its model's own context) had a 30k-token
+    request refused by the CPU stand-in profile's 23,296 tokens, and verify advised a GPU with more memory."""
+    from tests.helpers import endpoint_of
+
+    trace = [TraceRequest(0.0, 30_000, 10), TraceRequest(1.0, 200, 10)]
+    for written in ({"model": {"source": "hf:acme/mystery-7b"}, "engine": {"kind": "external",
+                                                                          "urls": ["http://10.0.0.1:8000"]}},
+                    {"model": {"source": "hf:acme/mystery-7b"}, "engine": {"kind": "builtin"}}):
+        report = simulate(endpoint_of("k", {**written, "replicas": 1}), trace, SimOptions()).report
+        assert "context_length_exceeded" not in report["failed_by_reason"], (written, report["failed_by_reason"])

@@ -50,7 +50,14 @@ from fleetserve.router.retry import exclude
 from fleetserve.sim.core import Simulation
 from fleetserve.sim.memory import BlockLRU
 from fleetserve.sim.replica import ReplicaModel, Seq
-from fleetserve.sim.setup import SimOptions, build_capacity, fake_prometheus, profile_for, scaling_policy
+from fleetserve.sim.setup import (
+    SimOptions,
+    build_capacity,
+    fake_prometheus,
+    gpu_types,
+    profile_for,
+    scaling_policy,
+)
 from fleetserve.sim.workload import SimRequestSpec
 from fleetserve.spec.context import context_limit
 
@@ -58,6 +65,7 @@ TTFT_WINDOW = 60.0  # the router's TTFT p95 window
 RATE_WINDOW = 60.0  # the request rate /admin/load reports is counted over this many seconds
 SERVING = frozenset({"ready", "moving"})  # take new requests (moving: its node is being consolidated)
 ROUTED = SERVING | {"draining"}  # backends the router knows
+KV_BOUND = "the replicas' KV memory: no context length is declared, and no engine serves more"  # `_kv_bound`
 MAX_DECODE_RUN = 1 << 20  # decode steps one event may cover (cut short when a request arrives)
 
 
@@ -130,7 +138,7 @@ class SimFleet:
         self.admission = AdmissionSettings.from_spec(spec)
         self.limit = self.admission.max_concurrent_per_replica
         # an engine answers 400 to a request that does not fit its context: (tokens, where declared) or None
-        self.context = context_limit(spec)
+        self.context = context_limit(spec) or self._kv_bound(spec, options)
         self.context_tokens = self.context[0] if self.context else None
         self.book = LoadBook()
         kv = spec.kv_cache
@@ -193,6 +201,26 @@ class SimFleet:
             if rep is not None and options.warm_start:
                 self._ready(rep, warm=True)
         self._check_failing()
+
+    def _kv_bound(self, spec, options: SimOptions) -> tuple[int, str] | None:
+        """With no context length declared or known, for GPU engines the most one replica's KV memory holds (of
+        the instance types the spec places on, the largest): an engine's context is never longer (vLLM refuses to
+        start when its max_model_len does not fit the KV cache), so a longer request is refused as an engine
+        refuses it. It had been run alone for simulated days: a 16 M-token completion walked minutes of wall time.
+        Not for the built-in engine (its model's own context) nor an external one (its own, unknown here)."""
+        types = gpu_types(spec, self.catalog)
+        if not types or spec.engine.kind not in ("vllm", "sglang", "container"):
+            return None  # the built-in engine's context is its model's own; an external engine's is not known here
+        sizes = []
+        for t in types:
+            try:
+                p = profile_for(t, self.catalog, options, spec)
+            except (KeyError, ValueError):
+                continue
+            sizes.append(p.cache_blocks * p.block_size)
+        if not sizes or max(sizes) <= 0:
+            return None
+        return max(sizes), KV_BOUND
 
     # --- replicas ------------------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from fleetserve.autoscale.failing import STATIC_ZERO
 from fleetserve.capacity.providers import SPOT_NOTICE_SECONDS
-from fleetserve.sim.fleet import series_at, span_hours
+from fleetserve.sim.fleet import KV_BOUND, series_at, span_hours
 from fleetserve.sim.report import window_bounds, window_requests, windows, worst_section
 from fleetserve.sim.run import SimResult, simulate, unplaced_reason
 from fleetserve.sim.setup import SimOptions
@@ -136,8 +136,10 @@ def _cause(result: SimResult, window: str, metric: str = "", value: float | None
     over = in_window.get("context_length_exceeded", 0)
     if metric == "error_rate" and over:
         others = sum(n for code, n in in_window.items() if code != "context_length_exceeded")
-        remedy = ("serve them with a model of a longer context, or shorten them"
-                  if str(ctx.get("source", "")).startswith(MODEL_MAXIMUM) else
+        source = str(ctx.get("source", ""))
+        remedy = ("serve them with a model of a longer context, or shorten them" if source.startswith(MODEL_MAXIMUM)
+                  else "give each replica more KV memory (an instance type with more GPU memory, or more "
+                       "engine.gpus), or shorten them" if source == KV_BOUND else
                   "raise it (the model and KV memory permitting; `plan` does) or shorten them")
         which = "the trace" if window == "all" else f"the {window} window"
         return (f"{over} requests of {which} need more than the {ctx['tokens']}-token context "
