@@ -519,3 +519,19 @@ def test_autoscaling_without_triggers_names_the_default_it_scales_on():
     assert "the default trigger, concurrency with target 4 per replica" in \
         warned(autoscaling % "")["spec.autoscaling.triggers"]
     assert "spec.autoscaling.triggers" not in warned(autoscaling % ", triggers: [{metric: concurrency, target: 2}]")
+
+
+def test_a_gpu_engine_given_no_gpu_is_warned_by_validate_simulate_and_render_once(tmp_path):
+    """`engine.gpus: 0` (the default) on vLLM: validate and simulate said nothing while the simulator priced one GPU
+    and render gave a pod without one, so `plan` could pass a fleet that cannot run once deployed."""
+    from fleetserve.k8s.render import render, rendered_warnings
+    from fleetserve.sim.run import spec_notes
+
+    gpu = "  engine: {kind: vllm}\n  placement: {instanceTypes: [g6e.xlarge]}\n"
+    said = warned(gpu)
+    assert "requests no nvidia.com/gpu" in said["spec.engine.gpus"]
+    assert "requests no" not in warned(gpu.replace("kind: vllm", "kind: vllm, gpus: 1")).get("spec.engine.gpus", "")
+    loaded = load_spec_text(MINIMAL + gpu)
+    assert any("requests no nvidia.com/gpu" in n for n in spec_notes(loaded.endpoint))
+    printed = rendered_warnings(loaded, render(loaded.endpoint))
+    assert sum("nvidia.com/gpu" in w for w in printed) == 1, printed

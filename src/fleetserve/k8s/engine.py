@@ -481,7 +481,7 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
         warn("spec.engine.kind", "'external' engines run outside the cluster: no engine Deployment is rendered; "
                                  "the router forwards to spec.engine.urls")
         return []
-    if spec.engine.kind != "builtin" and not spec.engine.gpus:
+    if spec.engine.kind == "container" and not spec.engine.gpus:  # vLLM's and SGLang's: a spec warning (effects)
         warn("spec.engine.gpus", f"0 GPUs for a {spec.engine.kind} engine: the pod requests no nvidia.com/gpu")
     if spec.engine.kind != "builtin" and any(a.split("=")[0] == "--api-key" for a in spec.engine.args):
         warn("spec.engine.args", f"the router authenticates to its {spec.engine.kind} engines with the key "

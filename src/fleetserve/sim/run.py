@@ -66,9 +66,10 @@ SIMULATED_NOTES = frozenset({"spec.replicas", "spec.routing.sessionKey", "spec.p
 def spec_notes(endpoint) -> list[str]:
     """What `validate` warns about the spec that the run acts on too: a `replicas` above maxReplicaCount ran at
     the max, and `simulate` said nothing of it."""
-    from fleetserve.spec.effects import inert_settings
+    from fleetserve.spec.effects import ZERO_GPUS, inert_settings
 
-    return [str(n) for n in inert_settings(endpoint) if n.path in SIMULATED_NOTES]
+    zero_gpus = ZERO_GPUS.format(kind=endpoint.spec.engine.kind)
+    return [str(n) for n in inert_settings(endpoint) if n.path in SIMULATED_NOTES or n.message == zero_gpus]
 
 
 def silent_defaults(spec, workload: list[SimRequestSpec], knowledge: str = "blind") -> list[str]:

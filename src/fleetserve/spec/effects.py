@@ -32,6 +32,12 @@ def takes_effect_on_kubernetes(path: str) -> bool:
     return bool(_KUBERNETES_ONLY.match(path))
 
 
+# a GPU engine given no GPU: its pod requests none (render) while simulate, verify and plan time and price it on one
+# GPU of the instance, so a plan could pass a fleet that cannot run once deployed; said by validate, render, simulate
+ZERO_GPUS = ("0 for a {kind} engine: its Kubernetes pod requests no nvidia.com/gpu (and cannot run), while the "
+             "simulator times and prices it on one GPU; set the replica's GPUs")
+
+
 def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     from fleetserve.router.policies import registered_policies
 
@@ -175,6 +181,8 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     _sglang_host_cache_note(spec, note)
     if spec.engine.image and spec.engine.kind != "container":
         note("spec.engine.image", "container images apply to Kubernetes rendering only")
+    if spec.engine.kind in ("vllm", "sglang") and not spec.engine.gpus:
+        note("spec.engine.gpus", ZERO_GPUS.format(kind=spec.engine.kind), everywhere=True)
     if spec.engine.gpus and spec.capacity.provider != "simulated":  # the simulated cloud packs nodes by them
         note("spec.engine.gpus", "GPU requests apply to Kubernetes rendering and the simulated cloud only")
     if not spec.metrics.enabled:
