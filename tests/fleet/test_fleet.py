@@ -105,8 +105,8 @@ def test_up_detach_serves_restarts_crashed_replica_and_down_cleans_up(tmp_path, 
 
 def test_ctrl_c_while_a_detached_fleet_starts_stops_it_and_the_next_start_keeps_its_logs(tmp_path, tiny_model, home):
     """Ctrl-C during `up --detach` exited 130 in silence while the supervisor, in a session of its own, went on
-    starting: a fleet ready later whose URL was never printed. And a start deleted the last run's logs (a crashed
-    run's evidence)."""
+    starting: a fleet ready later whose URL was never printed. A start deleted the last run's logs (a crashed
+    run's evidence), and picked a new port: every start gave clients a new URL."""
     from pathlib import Path
 
     spec = write_spec(tmp_path, tiny_model, name="cc", replicas=1)
@@ -128,6 +128,13 @@ def test_ctrl_c_while_a_detached_fleet_starts_stops_it_and_the_next_start_keeps_
     assert again.returncode == 0, again.stderr
     try:
         assert (folder / "logs.previous" / "supervisor.log").read_text() == first_run  # kept, not deleted
+        url = status(home, "cc")[0]["url"]
+    finally:
+        assert fleetserve("down", "cc", env=home).returncode == 0
+    # started again, the fleet keeps the URL its clients were given (every start picked a new port)
+    third = fleetserve("up", spec, "--detach", env=home)
+    try:
+        assert third.returncode == 0 and status(home, "cc")[0]["url"] == url, third.stderr
     finally:
         assert fleetserve("down", "cc", env=home).returncode == 0
     assert leftovers(home) == []

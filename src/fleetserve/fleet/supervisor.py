@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -420,13 +421,29 @@ class Supervisor:
             # Prometheus's own "address already in use" came as log lines after the model was prepared
             raise StartupError(f"spec.observability.prometheus.port: {problem}")
 
+    def _previous_port(self, host: str) -> int | None:
+        """The port this fleet's last router listened on, while it is free: a start after `down` or after a crash
+        keeps the URL its clients were given (every `up` had picked a new one). `spec.router.port` fixes one."""
+        url = self.previous.url if self.previous is not None else None
+        try:
+            port = urlsplit(url).port if url else None
+        except ValueError:
+            return None
+        if not port:
+            return None
+        if bind_refusal(host, port)[1] is None:
+            return port
+        self.say(f"the last run's port {port} is taken: the router listens on another one (spec.router.port keeps "
+                 "one for good)")
+        return None
+
     def _start_router(self, backends: list[str]) -> None:
         strategy = self.spec.routing.strategy
         if strategy not in registered_policies():
             strategy = "leastload"
         host = self.spec.router.host
         self._check_addresses()
-        port = self.spec.router.port or free_port(host)
+        port = self.spec.router.port or self._previous_port(host) or free_port(host)
         security = self._security_args()
         cmd = fleetserve_command("router", "--host", host, "--port", str(port), "--strategy", strategy,
                                  "--health-path", self.spec.engine.health_path,
