@@ -110,6 +110,10 @@ def up(
     if not quiet_warnings:
         _print_warnings(loaded)
     name = loaded.endpoint.metadata.name
+    from fleetserve.fleet.supervisor import local_start_problem
+
+    if problem := local_start_problem(loaded):  # before a fleet is recorded: it had left a failed one behind
+        raise fail(problem, EXIT_USAGE)
     try:
         if detach:
             try:

@@ -115,6 +115,29 @@ class StartupError(Exception):
         self.exit_code = exit_code
 
 
+def local_start_problem(loaded: LoadedSpec) -> str | None:
+    """Why `fleetserve up` cannot run this spec's engines on this machine, named by the user's own field (a
+    HyperPod file has no engine.kind: its worker image decides), with what does run it; None when it can. Asked
+    before a fleet is recorded: a HyperPod spec had left a failed fleet behind, its message naming engine.kind."""
+    spec = loaded.endpoint.spec
+    kind = spec.engine.kind
+    if kind not in ("vllm", "sglang", "container"):
+        return None
+    hyperpod = loaded.source_format == "hyperpod"
+    field = "spec.worker.image" if hyperpod else "spec.engine.kind"
+    image = spec.engine.image
+    if kind == "container":
+        what, why = f"{field} runs the image {image!r} as given", "and `fleetserve up` runs no containers"
+        here = "start the image yourself and give its URL in engine.urls with engine.kind external"
+    else:
+        what = f"{field} {image!r} is a {kind} server" if hyperpod and image else \
+            f"{field} {kind!r} runs the {kind} server"
+        why, here = "which needs a GPU; this machine has none", \
+            "a fleetserve spec with engine.kind builtin serves a model here"
+    return (f"{what}, {why}: `fleetserve simulate` and `verify` run this spec here in virtual time, `fleetserve render "
+            f"k8s` deploys it; {here}")
+
+
 class Interrupted(Exception):
     """A stop was requested while starting."""
 
@@ -139,6 +162,7 @@ class Supervisor:
     def __init__(self, loaded: LoadedSpec, spec_path: str, *, say: Callable[[str], None] = print,
                  poll_interval: float = 0.2, clock: Clock = time.time, monotonic: Clock = time.monotonic,
                  owner_pid: int | None = None):
+        self.loaded = loaded
         self.endpoint = loaded.endpoint
         self.spec = loaded.endpoint.spec
         self.name = loaded.endpoint.metadata.name
@@ -344,17 +368,9 @@ class Supervisor:
         self.state.metrics_url = self.metrics.serve()
         self._save()
         kind = self.spec.engine.kind
-        if kind in ("vllm", "sglang"):
-            raise StartupError(
-                f"engine.kind {kind!r} runs the {kind} server, which needs a GPU; this machine has none. "
-                "Use engine.kind builtin here, or deploy with `fleetserve render k8s`."
-            )
-        if kind == "container":
-            raise StartupError(
-                f"engine.kind 'container' runs the image {self.spec.engine.image!r}, and `fleetserve up` runs no "
-                "containers: deploy with `fleetserve render k8s`, or start the image yourself and put its URL in "
-                "engine.urls with engine.kind external."
-            )
+        problem = local_start_problem(self.loaded)
+        if problem:
+            raise StartupError(problem, exit_code=2)
         if kind == "builtin":
             self._check_addresses()
             self.model_dir = self._prepare_model()
