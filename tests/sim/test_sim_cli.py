@@ -168,7 +168,8 @@ def test_inputs_that_used_to_crash_are_exit_2_and_outputs_never_lost(tmp_path):
     hyperpod = tmp_path / "zz.yaml"
     hyperpod.write_text((EXAMPLES / "hyperpod.yaml").read_text().replace("ml.g5.8xlarge", "ml.zz.8xlarge"))
     r = fleetserve("verify", str(hyperpod), "--trace", TRACE, "--limit", "20")
-    assert r.returncode == 2 and "spec.instanceType(s)[0]" in r.stderr and "Traceback" not in r.stderr  # its own field
+    assert r.returncode == 2 and "spec.instanceType: 'ml.zz.8xlarge'" in r.stderr, r.stderr  # its own field
+    assert "Traceback" not in r.stderr
     r = fleetserve("plan", cloud, "--trace", TRACE, "--limit", "20", "-o", str(tmp_path))
     said = re.sub(r"[\s│╭╮╰╯─]+", " ", r.stderr)  # typer's error box wraps long paths
     assert r.returncode == 2 and "is a directory" in said  # refused before the search, not after it

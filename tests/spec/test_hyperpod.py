@@ -362,7 +362,7 @@ def test_model_metrics_without_a_port_names_the_port_the_server_listens_on():
 
 
 @pytest.mark.parametrize("old,new,path", [
-    ("targetValue: 8", "targetValue: -8", "spec.autoScalingSpec.prometheusTrigger(List).targetValue"),
+    ("targetValue: 8", "targetValue: -8", "spec.autoScalingSpec.prometheusTrigger.targetValue"),
     ('"--max-model-len", "4096"', '"--max-model-len", "abc"', "spec.worker.args"),
 ])
 def test_errors_after_the_mapping_name_the_hyperpod_field(old, new, path):
@@ -544,3 +544,31 @@ def test_every_field_a_translated_warning_or_error_names_is_in_hyperpods_crd():
     assert missing == []
     for w in load_spec(EXAMPLE).warnings:
         assert w.path in ("spec.endpointName", "spec.metrics") or exists(w.path), w.path
+
+
+def test_warnings_and_errors_name_the_fields_the_user_wrote_not_the_mappings_defaults():
+    """A HyperPod file was warned about useCachedMetrics (the mapping's default, not in the file), and problems named
+    `spec.instanceType(s)`, `spec.autoScalingSpec.prometheusTrigger(List)` and `spec.kvCacheSpec.l2.url`: fields no
+    HyperPod file has."""
+    said = {w.path: w.message for w in load_spec(EXAMPLE).warnings}
+    assert not [p for p in said if "useCachedMetrics" in p], said
+    assert "spec.instanceType" in said and "spec.instanceType(s)" not in said
+    empty = yaml.safe_load(EXAMPLE.read_text())
+    empty["spec"]["autoScalingSpec"]["prometheusTrigger"]["useCachedMetrics"] = None  # left empty: not written
+    assert not [w for w in load_spec_text(yaml.safe_dump(empty)).warnings if "useCachedMetrics" in w.path]
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["autoScalingSpec"]["prometheusTrigger"]["useCachedMetrics"] = True  # written: warned
+    assert any(w.path == "spec.autoScalingSpec.prometheusTrigger.useCachedMetrics"
+               for w in load_spec_text(yaml.safe_dump(doc)).warnings)
+    doc["spec"]["autoScalingSpec"]["prometheusTrigger"]["targetValue"] = -1
+    (msg,) = _problems(yaml.safe_dump(doc))
+    assert msg.startswith("spec.autoScalingSpec.prometheusTrigger.targetValue"), msg
+    listed = yaml.safe_load(EXAMPLE.read_text())
+    trigger = listed["spec"]["autoScalingSpec"].pop("prometheusTrigger")
+    listed["spec"]["autoScalingSpec"]["prometheusTriggerList"] = [trigger, {**trigger, "targetValue": -1}]
+    (msg,) = _problems(yaml.safe_dump(listed))
+    assert msg.startswith("spec.autoScalingSpec.prometheusTriggerList[1].targetValue"), msg
+    url = yaml.safe_load(EXAMPLE.read_text())
+    url["spec"]["kvCacheSpec"]["l2CacheSpec"]["l2CacheLocalUrl"] = "http://redis:6379"
+    (msg,) = _problems(yaml.safe_dump(url))
+    assert msg.startswith("spec.kvCacheSpec.l2CacheSpec.l2CacheLocalUrl"), msg

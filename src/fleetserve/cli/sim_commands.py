@@ -70,7 +70,7 @@ def _simulatable(loaded) -> None:
         if loaded.source_format == "hyperpod":  # named by the user's own field, ours kept in the message
             from fleetserve.spec.hyperpod import source_of
 
-            problem = source_of(problem)
+            problem = source_of(problem, loaded.document) or problem
         raise fail(f"{problem.path}: {problem.message}")
 
 

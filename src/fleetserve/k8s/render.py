@@ -118,7 +118,7 @@ def rendered_warnings(loaded: LoadedSpec, rendered: Rendered) -> list[str]:
     into the Endpoint's status)."""
     own = rendered.warnings
     if loaded.source_format == "hyperpod":  # named by the user's own fields (our path in the message)
-        own = [source_of(w) for w in own]
+        own = [source_of(w, loaded.document) or w for w in own]
     return list(dict.fromkeys([str(w) for w in kubernetes_warnings(loaded)] + [str(w) for w in own]))
 
 

@@ -541,7 +541,9 @@ _SOURCES = (
     ("spec.placement.nodeAffinity", "spec.nodeAffinity"),
     ("spec.placement", "spec.instanceType(s)"),
     ("spec.requestLimits", "spec.worker.requestLimits"),
+    ("spec.engine.port", "spec.worker.modelInvocationPort.containerPort"),
     ("spec.engine.args", "spec.worker.args"),
+    ("spec.engine.envFrom", "spec.worker.environmentVariables"),  # the entries with valueFrom
     ("spec.engine.env", "spec.worker.environmentVariables"),
     ("spec.engine.image", "spec.worker.image"),
     ("spec.engine.resources", "spec.worker.resources"),
@@ -552,6 +554,7 @@ _SOURCES = (
     ("spec.model.version", "spec.modelVersion"),
     ("spec.model.mountPath", "spec.worker.modelVolumeMount.mountPath"),
     ("spec.model", "spec.modelSourceConfig"),
+    ("spec.kvCache.l2.url", "spec.kvCacheSpec.l2CacheSpec.l2CacheLocalUrl"),
     ("spec.kvCache", "spec.kvCacheSpec"),
     ("spec.routing.sessionKey", "spec.worker.environmentVariables[SESSION_KEY]"),
     ("spec.routing", "spec.intelligentRoutingSpec"),
@@ -562,8 +565,84 @@ _SOURCES = (
 _TRIGGER_FIELDS = {".target": ".targetValue", ".activationTarget": ".activationTargetValue"}
 
 
-def source_of(problem: SpecProblem) -> SpecProblem:
-    """The problem named by the HyperPod field it came from, our path kept in the message."""
+KUBERNETES_ONLY = "applies to Kubernetes rendering only"  # the start of effects' note on such a setting
+
+
+def _in_crd(path: str) -> bool:
+    """Whether a HyperPod path (`spec.a.b[0].c`) is a field of the CRD's schema."""
+    node: Any = crd_schema()
+    for step in [p for p in re.split(r"\.|(\[\d+\])", path) if p]:
+        if step.startswith("["):
+            node = node.get("items") if isinstance(node, dict) else None
+        else:
+            node = (node.get("properties") or {}).get(step) if isinstance(node, dict) else None
+        if node is None:
+            return False
+    return True
+
+
+def _written(doc: dict, path: str) -> bool | None:
+    """Whether the document has the field at a HyperPod path (`spec.a.b[0].c`): None when a step before the last
+    is not there to look in, so nothing can be said."""
+    node: Any = doc
+    steps = [p for p in re.split(r"\.|(\[\d+\])", path) if p]
+    for k, step in enumerate(steps):
+        last = k == len(steps) - 1
+        if step.startswith("["):
+            i = int(step[1:-1])
+            if not isinstance(node, list) or i >= len(node):
+                return False if last else None
+            node = node[i]
+        else:
+            if not isinstance(node, dict):
+                return None
+            if step not in node:
+                return False if last else None
+            node = node[step]
+    return True
+
+
+def _their_names(theirs: str, ours: str, doc: dict) -> str:
+    """The combined names made exact by what the document has: `instanceType(s)` is the one written, and a
+    trigger `prometheusTrigger(List)` the single trigger or the list's entry (when none was dropped, so the
+    indexes agree)."""
+    spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+    if theirs.startswith("spec.instanceType(s)"):
+        tail = theirs[len("spec.instanceType(s)"):]
+        if "instanceTypes" in spec:
+            return "spec.instanceTypes" + tail
+        return "spec.instanceType" + re.sub(r"^\[\d+\]", "", tail)  # one type, not a list
+    combined = "spec.autoScalingSpec.prometheusTrigger(List)"
+    if theirs.startswith(combined):
+        scaling = spec.get("autoScalingSpec") if isinstance(spec.get("autoScalingSpec"), dict) else {}
+        listed = scaling.get("prometheusTriggerList")
+        index = re.match(r"spec\.autoscaling\.triggers\[(\d+)\]", ours)
+        if isinstance(listed, list) and index and len(listed) == len(_kept_triggers(listed)):
+            return f"spec.autoScalingSpec.prometheusTriggerList[{index.group(1)}]" + theirs[len(combined):]
+        if "prometheusTrigger" in scaling and not listed:
+            return "spec.autoScalingSpec.prometheusTrigger" + theirs[len(combined):]
+    return theirs
+
+
+def _kept_triggers(listed: list) -> list:
+    """The list's triggers the mapping keeps (query and targetValue given), as `_triggers` keeps them."""
+    return [t for t in listed if isinstance(t, dict) and t.get("targetValue") is not None and t.get("query")]
+
+
+def source_of(problem: SpecProblem, doc: dict | None = None) -> SpecProblem | None:
+    """The problem named by the HyperPod field it came from, our path kept in the message. With the user's document
+    `doc`, a combined name is made exact, and a note that a Kubernetes-only setting has no local effect is dropped
+    (None) when the user did not write it: the mapping's own default (useCachedMetrics) was warned as theirs."""
+    named = _source_of(problem)
+    if doc is None or named.ours == "":
+        return named
+    theirs = _their_names(named.path, named.ours, doc)
+    if named.message.startswith(KUBERNETES_ONLY) and _in_crd(theirs) and _written(doc, theirs) is False:
+        return None  # a HyperPod field the user left out: the value is the mapping's default
+    return SpecProblem(theirs, named.message, named.everywhere, named.ours)
+
+
+def _source_of(problem: SpecProblem) -> SpecProblem:
     path, message = problem.path, problem.message
     if path == "spec" and ":" in message:  # a rule over several fields: "engine.args: ..." names one
         head, rest = message.split(":", 1)
@@ -579,21 +658,21 @@ def source_of(problem: SpecProblem) -> SpecProblem:
     return problem
 
 
-def _without_nulls(value: Any) -> Any:
+def without_nulls(value: Any) -> Any:
     """The document as the Kubernetes API server stores it: a null field of a non-nullable schema (the shipped
     CRD marks none nullable) is pruned before validation, so `modelVersion:` left empty, as `hyp`'s template
     writes it, is accepted there and was refused here."""
     if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
+        return [without_nulls(v) for v in value]
     return value
 
 
 def parse(data: dict[str, Any]) -> tuple[dict[str, Any], list[SpecProblem]]:
     """Validate a HyperPod document against the shipped CRD (v1) and the SDK's rules; return our Endpoint as a
     dict and the warnings of the mapping."""
-    data = _without_nulls(data)
+    data = without_nulls(data)
     problems = schema_problems(data)
     if not problems:
         problems = _sdk_problems(data["spec"])

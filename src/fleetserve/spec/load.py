@@ -26,6 +26,7 @@ class LoadedSpec:
     endpoint: Endpoint
     source_format: str  # "fleetserve" or "hyperpod"
     warnings: list[SpecProblem] = field(default_factory=list)
+    document: dict | None = field(default=None, compare=False, repr=False)  # as written: names a HyperPod field
 
 
 def load_spec_text(text: str, source: str | None = None) -> LoadedSpec:
@@ -61,7 +62,9 @@ def load_spec_data(data: Any, source: str | None = None) -> LoadedSpec:
         )
     notes: list[SpecProblem] = []
     fmt = "fleetserve"
+    written = data  # the user's own document: a HyperPod spec's problems are named by its fields
     if api_version == hyperpod.API_VERSION:
+        written = hyperpod.without_nulls(data)  # as the API server stores it: `useCachedMetrics:` left empty is unset
         try:
             data, notes = hyperpod.parse(data)
         except SpecError as exc:
@@ -72,9 +75,9 @@ def load_spec_data(data: Any, source: str | None = None) -> LoadedSpec:
     except ValidationError as exc:
         problems = problems_from_validation(exc, Endpoint)
         if fmt == "hyperpod":
-            problems = [hyperpod.source_of(p) for p in problems]
+            problems = [hyperpod.source_of(p, written) or p for p in problems]
         raise SpecError(problems, source) from None
     inert = inert_settings(endpoint)
     if fmt == "hyperpod":  # named by the user's own fields, as its errors are (our path in the message)
-        inert = [hyperpod.source_of(w) for w in inert]
-    return LoadedSpec(endpoint, fmt, notes + inert)
+        inert = [n for n in (hyperpod.source_of(w, written) for w in inert) if n is not None]
+    return LoadedSpec(endpoint, fmt, notes + inert, written)
