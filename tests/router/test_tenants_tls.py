@@ -17,7 +17,7 @@ from tests.metrics_text import sample
 def test_keys_map_to_tenants_and_tenants_do_not_share_cache(tmp_path):
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps({"keys": {key_digest("alpha-key"): "alpha", key_digest("beta-key"): "beta"}}))
-    token_file, _ = internal_token(tmp_path)
+    token_file, internal = internal_token(tmp_path)
     engine = Server(["engine", "--simulate", "fast", "--served-model-name", "sim", "--block-size", "4",
                      "--internal-token-file", token_file], tmp_path / "sim.log").start()
     gw = Server(["router", "--backend", engine.url, "--auth-file", str(keys), "--internal-token-file", token_file],
@@ -42,8 +42,17 @@ def test_keys_map_to_tenants_and_tenants_do_not_share_cache(tmp_path):
         assert cached("alpha-key") == 0
         assert cached("alpha-key") == 40
         assert cached("beta-key", spoof="alpha") == 0  # same prompt, other tenant: no sharing
-        assert sample(gw.url, "fleetserve_router_tenant_requests_total", tenant="alpha", code="200") == 2
-        assert sample(gw.url, "fleetserve_router_tenant_requests_total", tenant="-", code="401") >= 2
+        assert sample(gw.url, "fleetserve_router_tenant_requests_total", internal, tenant="alpha", code="200") == 2
+        assert sample(gw.url, "fleetserve_router_tenant_requests_total", internal, tenant="-", code="401") >= 2
+        # with keys on, loopback is no credential: any local process (or a TLS proxy on the host) had been admin,
+        # and could PUT its own backend to read the tenants' prompts and the internal token the router sends it
+        alpha = {"authorization": "Bearer alpha-key"}
+        assert httpx.get(gw.url + "/metrics", headers=alpha, timeout=5).status_code == 401
+        assert httpx.get(gw.url + "/admin/load", headers=alpha, timeout=5).status_code == 403
+        hijack = {"backends": [{"url": "http://127.0.0.1:9", "state": "ready"}]}
+        assert httpx.put(gw.url + "/admin/backends", json=hijack, timeout=5).status_code == 403
+        assert "backends" not in httpx.get(gw.url + "/health", timeout=5).json()  # replica URLs: admins only
+        assert httpx.get(gw.url + "/admin/load", headers=internal, timeout=5).status_code == 200
         # bench replay sends a key (from OPENAI_API_KEY, or --api-key-env): without one every request was a 401
         trace = tmp_path / "t.jsonl"
         trace.write_text("".join(json.dumps({"timestamp": i * 10, "input_length": 8, "output_length": 2}) + "\n"

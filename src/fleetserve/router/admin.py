@@ -2,8 +2,8 @@
 
 They are few requests a second, so they stay a Starlette app (served on the same port through router/asgi.py);
 the OpenAI routes never pass through it. Who may call what: /health's status is public, its backend details,
-/admin/* and the dashboard need the admin token or the fleet's internal token (with neither configured,
-loopback clients); /metrics names tenants, so with API keys on it needs the same.
+/admin/* and the dashboard need the admin token or the fleet's internal token (with no secret configured at
+all, loopback clients); /metrics names tenants, so with API keys on it needs the same.
 """
 
 from __future__ import annotations
@@ -29,13 +29,17 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def admin_allowed(gateway, request: Request) -> bool:
-    """The admin token (or the fleet's internal token, which Prometheus may send as a bearer token); with
-    neither configured, loopback clients."""
+    """The admin token (or the fleet's internal token, which Prometheus may send as a bearer token). Loopback
+    clients only on a router with no secret at all (no admin token, internal token or API keys): with API keys on
+    and no admin token, any local process (and, behind a TLS proxy on the host, every client) was admin, could
+    PUT its own backend and read the tenants' prompts and the internal token the router sends it."""
     token = gateway.settings.admin_token
     if gateway.internal.trusted(request.headers):
         return True
     if token:
         return hmac.compare_digest(request.headers.get("x-fleetserve-admin", ""), token)
+    if gateway.internal.enabled or gateway.settings.keyring is not None:
+        return False
     return request.client is not None and request.client.host in LOOPBACK
 
 
