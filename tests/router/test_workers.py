@@ -93,6 +93,32 @@ def test_workers_share_routing_decisions_backends_and_load(fleet):
         assert gone_value("fleetserve_router_backend_in_flight") == 0
 
 
+def test_a_restarted_worker_takes_the_backend_set_the_others_were_given(fleet):
+    """A worker restarted after a crash came back with the command line's backends (under `up`: none), so its
+    share of the requests went to replicas the set had dropped, or was held for the buffer timeout (10 minutes)
+    while `status` read ready."""
+    gw, engines = fleet
+    keep = engines[:2]
+    r = httpx.put(gw.url + "/admin/backends", json={"backends": [{"url": e.url, "state": "ready"} for e in keep]},
+                  timeout=10)
+    assert r.status_code == 200
+    wait_until(lambda: len(load(gw)["backends"]) == 2, 10, what="the new backend set")
+    first = psutil.Process(gw.proc.pid).children()
+    os.kill(first[0].pid, signal.SIGKILL)
+    wait_until(lambda: len(psutil.Process(gw.proc.pid).children()) == 2 and
+               first[0].pid not in {c.pid for c in psutil.Process(gw.proc.pid).children()}, 30,
+               what="the worker restarted")
+    wait_until(lambda: load(gw).get("workers") == 2, 30, what="both workers report their load")
+    # each report is the answering worker's own set (a new connection each: the kernel spreads them over both, so
+    # twenty all from the old worker would be one chance in a million)
+    assert all(len(load(gw)["backends"]) == 2 for _ in range(20))
+    allowed = {e.url.split("://")[1] for e in keep}
+    for i in range(20):  # a new connection each: the kernel spreads them over both workers
+        r = httpx.post(gw.url + "/v1/completions", json={"model": "sim", "prompt": [9, i], "max_tokens": 1},
+                       timeout=30)
+        assert r.status_code == 200 and r.headers["x-fleetserve-replica"] in allowed, r.headers
+
+
 def test_workers_exit_with_their_parent(fleet):
     gw, _ = fleet
     workers = psutil.Process(gw.proc.pid).children()

@@ -9,7 +9,8 @@ worker, fire-and-forget; a lost message costs a prediction, never a request):
 - routing decisions of a policy with a router-side index (`routed_elsewhere`): every worker's index sees
   the whole fleet's traffic, so cache-aware routing loses no hit rate to being split (workers following KV
   events each subscribe to the engines themselves);
-- the backend set the supervisor PUTs to /admin/backends (which reaches one worker);
+- the backend set the supervisor PUTs to /admin/backends (which reaches one worker; the latest is also kept in
+  a file of the bus's folder, which a restarted worker reads);
 - each worker's load, a few times a second, so /admin/load (the autoscaler's input) answers for all.
 """
 
@@ -37,6 +38,7 @@ LOAD_STALE_S = 2.0  # a peer's load older than this no longer counts (the worker
 RESTART_DELAY_S = 1.0
 QUICK_EXIT_S = 10.0  # a worker that exits this soon after its start, QUICK_EXITS times in a row, cannot start
 QUICK_EXITS = 3
+BACKENDS_FILE = "backends.json"  # the latest backend set PUT to any worker, for workers that start after it
 
 
 class PeerBus:
@@ -44,9 +46,11 @@ class PeerBus:
 
     def __init__(self, index: int, count: int, folder: str):
         self.index = index
+        self.folder = folder
         self.paths = [str(Path(folder) / f"w{i}.sock") for i in range(count)]
         self.gateway = None
         self.peer_load: dict[int, tuple[float, dict]] = {}
+        self._backends_stamp = 0  # when the backend set this worker has was given (time.time_ns of the PUT)
         self._sock: socket.socket | None = None
         self._task: asyncio.Task | None = None
 
@@ -60,6 +64,9 @@ class PeerBus:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self._sock.bind(path)
         self._sock.setblocking(False)
+        # bound first: a set PUT to another worker from now on reaches this one, and what was kept before is read
+        # after (the newest of the two applies, by its stamp)
+        self._restore_backends()
         loop = asyncio.get_running_loop()
         loop.add_reader(self._sock.fileno(), self._receive)
         self._task = loop.create_task(self._tell_load())
@@ -89,8 +96,30 @@ class PeerBus:
         self._send({"t": "route", "r": replica_id, "k": blocks, "x": exact})
 
     def backends(self, urls: list[str], ready: set[str], draining: set[str], failing: str | None = None) -> None:
-        self._send({"t": "backends", "urls": urls, "ready": sorted(ready), "draining": sorted(draining),
-                    "failing": failing})
+        message = {"t": "backends", "urls": urls, "ready": sorted(ready), "draining": sorted(draining),
+                   "failing": failing, "stamp": time.time_ns()}
+        self._backends_stamp = message["stamp"]
+        self._send(message)
+        # kept for a worker that starts later (a restart): it had come back with the command line's backends, or
+        # none at all under `up`, and held its share of the requests for the buffer timeout while status read ready
+        latest = Path(self.folder) / BACKENDS_FILE
+        spare = latest.with_suffix(f".{self.index}.tmp")
+        try:
+            spare.write_bytes(orjson.dumps(message))
+            os.replace(spare, latest)
+        except OSError as exc:
+            log.warning("the backend set was not kept for restarted workers: %s", exc)
+
+    def _restore_backends(self) -> None:
+        """The latest backend set any worker was given, when one was given since the router started."""
+        try:
+            message = orjson.loads((Path(self.folder) / BACKENDS_FILE).read_bytes())
+        except FileNotFoundError:
+            return
+        except (OSError, orjson.JSONDecodeError) as exc:
+            log.warning("the kept backend set was not read: %s", exc)
+            return
+        self._apply(message)
 
     async def _tell_load(self) -> None:
         while True:
@@ -132,6 +161,10 @@ class PeerBus:
                 # in the worker that sent them (the event lag would otherwise send a session's next turn away)
                 gw.kv_index.speculate(backend.id, keys, gw.clock())
         elif kind == "backends":
+            stamp = int(message.get("stamp") or 0)
+            if stamp and stamp <= self._backends_stamp:
+                return  # older than the set this worker has (the kept file, read after a newer datagram)
+            self._backends_stamp = stamp or self._backends_stamp
             gw.set_backends(message["urls"], ready=set(message["ready"]), draining=set(message["draining"]),
                             from_peer=True, failing=message.get("failing"))
         elif kind == "load":
