@@ -62,6 +62,7 @@ def test_an_error_answered_after_the_handler_counted_it_is_not_counted_again_and
     gw._count_request(responder, "/v1/chat/completions", 503)
     gw.error(responder, 503, "the router stopped", "router_stopping")
     assert (b"x-request-id", b"client-42") in responder.headers
+    assert (b"retry-after", b"1") in responder.headers  # as every other 503 of ours: it had none
     counted = {(s.labels["path"], s.labels["code"]): s.value for m in gw.metrics.registry.collect()
                if m.name == "fleetserve_router_requests" for s in m.samples if s.name.endswith("_total")}
     assert counted == {("/v1/chat/completions", "503"): 1}

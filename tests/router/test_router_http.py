@@ -324,6 +324,7 @@ def test_requests_still_running_when_the_stop_grace_ends_are_told_so_not_cut_sil
             answer = waiting.result()
         assert "the router stopped" in str(cut.value) and len(got) >= 1
         assert answer.status_code == 503 and answer.json()["error"]["code"] == "router_stopping"
+        assert answer.headers["retry-after"] == "1"  # cut at the drain's end: it had no Retry-After
         assert gw.proc.wait(timeout=30) == 0
         log = gw.log_path.read_text()[before:]
         assert log.count("path=/v1/completions status=503") == 2, log

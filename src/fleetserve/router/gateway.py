@@ -219,7 +219,11 @@ class Gateway:
         rid = request_id or responder.request_id or self.request_id()
         if not responder.counted:
             self._count_request(responder, path or responder.path or "other", status)
-        self.send_error(responder, APIError(status, message, code=code), [*(headers or []), (b"x-request-id", rid)])
+        headers = list(headers or [])
+        if status == 503 and not any(k == b"retry-after" for k, _ in headers):
+            # a request cut by the router's stop had none, where every other 503 of ours says when to come back
+            headers.append((b"retry-after", b"1"))
+        self.send_error(responder, APIError(status, message, code=code), [*headers, (b"x-request-id", rid)])
 
     def send_error(self, responder: Responder, err: APIError, extra: list[tuple[bytes, bytes]]) -> None:
         headers = [JSON] + [(k.lower().encode(), str(v).encode()) for k, v in err.headers.items()] + extra
