@@ -111,6 +111,17 @@ def test_errors_pass_through_in_openai_shape(pair):
     r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "tiny"}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
 
+    # a web page may POST these to another origin without a CORS preflight: a fleet on localhost without keys had
+    # answered them, so any page a user opened could drive it; JSON, or no content-type, is read as JSON
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        r = httpx.post(gw.url + "/v1/chat/completions", content=json.dumps(CHAT), headers={"content-type": kind},
+                       timeout=30)
+        assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", (kind, r.text)
+    for kind in ("application/json; charset=utf-8", None):
+        headers = {"content-type": kind} if kind else {}
+        r = httpx.post(gw.url + "/v1/chat/completions", content=json.dumps(CHAT), headers=headers, timeout=30)
+        assert r.status_code == 200, (kind, r.text)
+
 
 def test_router_metrics(pair):
     gw, _ = pair

@@ -68,6 +68,9 @@ NOT_FORWARDED = frozenset({
     TENANT_HEADER.encode(), INTERNAL_HEADER.encode(),
 })
 JSON = (b"content-type", b"application/json")
+# the bodies a web page may POST to another origin without a CORS preflight: refused, so a page a user opens
+# cannot drive a fleet on localhost (415); JSON, or no content-type at all, is read as JSON
+FORM_TYPES = frozenset({b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data"})
 SANE_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # a client x-request-id that is not is replaced by ours
 MODEL_PATH_LABEL = "/v1/models/{model}"  # the request counter's label for any model card's path
 COUNTED_CONTROL = frozenset({401, 403, 404, 405})  # the control app's answers that are counted as requests
@@ -233,6 +236,7 @@ class Gateway:
         started = self.clock()
         forwarded: list[tuple[bytes, bytes]] = []
         authorization = given_id = None
+        content_type = None
         for k, v in request.headers:
             if k in NOT_FORWARDED:
                 if k == b"authorization":
@@ -240,6 +244,8 @@ class Gateway:
                 elif k == b"x-request-id":
                     given_id = v
                 continue
+            if k == b"content-type":
+                content_type = v
             forwarded.append((k, v))
         rid = self._own_or_ours(given_id)
         request_id = rid.decode("latin-1")
@@ -255,6 +261,9 @@ class Gateway:
         try:
             if self.settings.keyring is not None:
                 tenant = self.settings.keyring.tenant(authorization.decode("latin-1") if authorization else None)
+            if post and content_type is not None and content_type.split(b";", 1)[0].strip().lower() in FORM_TYPES:
+                raise APIError(415, f"content-type {content_type.decode('latin-1')!r}: the body must be JSON; send "
+                                    "content-type: application/json", code="unsupported_media_type")
             body = parse_json_body(request.body) if post else {}
             if request.path == INVOCATIONS_PATH:  # SageMaker's path: the body says which OpenAI route it is
                 request.path = openai_path(body)
