@@ -90,6 +90,32 @@ def test_bad_requests(sim):
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
     r = httpx.post(sim.url + "/v1/completions", json={"model": "sim"}, timeout=5)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    # placeholder text cannot honour a stop sequence or echo a prompt: both had been ignored without a word
+    for extra, param in (({"stop": ["x"]}, "stop"), ({"echo": True}, "echo")):
+        r = httpx.post(sim.url + "/v1/completions", json={"model": "sim", "prompt": "a", "max_tokens": 3, **extra},
+                       timeout=5)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert r.json()["error"]["code"] == "unsupported_value"
+
+
+def test_the_context_length_bounds_what_is_asked_as_the_built_in_engine_does(tmp_path):
+    """`--context-length 100` was ignored: /v1/models said 1,000,000, 500 tokens were generated, and a max_tokens of
+    2,000,000 ran for minutes."""
+    short = Server(["engine", "--simulate", "fast", "--served-model-name", "sim", "--context-length", "100"],
+                   tmp_path / "short.log").start()
+    try:
+        assert httpx.get(short.url + "/v1/models", timeout=5).json()["data"][0]["max_model_len"] == 100
+        r = httpx.post(short.url + "/v1/completions", json={"model": "sim", "prompt": "a b", "max_tokens": 500},
+                       timeout=5)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        assert r.json()["error"]["param"] == "max_tokens"
+        r = httpx.post(short.url + "/v1/chat/completions", timeout=5, json={
+            "model": "sim", "messages": [{"role": "user", "content": " ".join(["w"] * 200)}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+        r = httpx.post(short.url + "/v1/completions", json={"model": "sim", "prompt": "a b"}, timeout=5)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16  # a completion's default
+    finally:
+        short.stop()
 
 
 def _stream_seconds(engine, tokens: int) -> float:

@@ -419,7 +419,8 @@ def engine(
                              SizeLimits(max_body_bytes, max_header_bytes), log_format=log_format,
                              identity=ModelIdentity(namespace, served_model_name or f"sim-{simulate}", model_version,
                                                     instance_type, replica), log_prompts=log_prompts,
-                             drain_timeout=drain_timeout)
+                             drain_timeout=drain_timeout, **({"context_length": context_length} if context_length
+                                                             else {}))
         return
     if model is None:
         raise typer.BadParameter("give --model (a model source) or --simulate (a performance profile)",

@@ -25,6 +25,7 @@ from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_do
 from fleetserve.api.limits import SizeLimits
 from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
+from fleetserve.engine.budget import token_budget
 from fleetserve.engine.runner import ModelRunner
 from fleetserve.engine.scheduler import Job, SerialScheduler
 from fleetserve.observe.logs import log_request, prompt_text, tenant_hash
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger("fleetserve.engine.access")
 
 
-COMPLETION_MAX_TOKENS_DEFAULT = 16  # /v1/completions without max_tokens (OpenAI's legacy default, and vLLM's)
 
 
 @dataclass(frozen=True)
@@ -156,28 +156,8 @@ class Engine:
         return ids
 
     def _budget(self, prompt_len: int, requested: int | None, kind: str = "chat", param: str = "max_tokens") -> int:
-        limit = self.runner.context_length
-        if prompt_len >= limit:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, your prompt has {prompt_len} "
-                "tokens. Shorten the prompt.",
-                param="messages" if kind == "chat" else "prompt",
-                code="context_length_exceeded",
-            )
-        if requested is None:  # a completion stops at 16, as OpenAI's and vLLM's do (it ran to the chat default)
-            default = COMPLETION_MAX_TOKENS_DEFAULT if kind == "completion" else self.settings.max_tokens_default
-            return min(default, limit - prompt_len)
-        if prompt_len + requested > limit:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the completion). "
-                f"Reduce the prompt or {param}.",
-                param=param,
-                code="context_length_exceeded",
-            )
-        return requested
+        return token_budget(prompt_len, requested, self.runner.context_length, kind, param,
+                            self.settings.max_tokens_default)
 
     # --- handlers ----------------------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from fleetserve.api.errors import APIError, engine_stopped, model_not_found
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
 from fleetserve.api.limits import KEEP_ALIVE_S, SizeLimits
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
+from fleetserve.engine.budget import token_budget
 from fleetserve.kvcache.blocks import chain_keys, kv_salt, namespace_key
 from fleetserve.kvcache.events import KVEventLog
 from fleetserve.observe.logs import log_request, prompt_text, tenant_hash
@@ -50,6 +51,10 @@ def text_tokens(text: str) -> list[int]:
     """The simulated tokenizer: the simulator's stand-in (`traces.model.stand_in_tokens`: a stable id per word,
     a token per character of scripts written without spaces), so a prompt log is as long here as there."""
     return stand_in_tokens(text)
+
+
+SIM_CONTEXT_LENGTH = 1_000_000  # a simulated engine's context unless --context-length says otherwise
+SIM_CHAT_MAX_TOKENS_DEFAULT = 16  # a chat without max_tokens: short, as the simulated engine has always answered
 
 
 @dataclass(eq=False)  # compared and hashed by identity: one request each (SimulatedEngine.live)
@@ -73,8 +78,10 @@ access_log = logging.getLogger("fleetserve.engine.access")
 
 class SimulatedEngine:
     def __init__(self, profile: PerfProfile, model_name: str, model_version: str = "1", max_waiting: int = 4096,
-                 identity: ModelIdentity | None = None, log_prompts: bool = False):
+                 identity: ModelIdentity | None = None, log_prompts: bool = False,
+                 context_length: int = SIM_CONTEXT_LENGTH):
         self.profile = profile
+        self.context_length = context_length
         self.model_name = model_name
         self.model_version = model_version
         self.max_waiting = max_waiting
@@ -194,6 +201,10 @@ class SimulatedEngine:
             parsed = parse_chat(body) if kind == "chat" else parse_completion(body)
             if parsed.model is not None and parsed.model != self.model_name:
                 raise model_not_found(parsed.model, [self.model_name])
+            _refuse_what_placeholder_text_cannot_honour(parsed)
+            tokens = self._tokens(parsed)
+            budget = token_budget(len(tokens), parsed.sampling.max_tokens, self.context_length, kind,
+                                  parsed.sampling.max_tokens_param, chat_default=SIM_CHAT_MAX_TOKENS_DEFAULT)
             if len(self.waiting) >= self.max_waiting:
                 raise APIError(503, "engine queue is full; retry later", code="overloaded",
                                headers={"Retry-After": "1"})
@@ -201,10 +212,9 @@ class SimulatedEngine:
             m.errors.labels(**labels, status=str(err.status)).inc()
             self._log_request(ctx, err.status, started, None, body, error=err.code)
             return err.response()
-        tokens = self._tokens(parsed)
         salt = kv_salt(request.headers.get(TENANT_HEADER), parsed.cache_salt)  # tenant: from the router only
         keys = chain_keys(tokens, self.profile.block_size, self._root(salt))
-        req = SimRequest(tokens, keys, parsed.sampling.max_tokens or 16, parsed.stream,
+        req = SimRequest(tokens, keys, budget, parsed.stream,
                          asyncio.get_running_loop().time())  # the step loop's clock: first tokens are stamped on it
         req.seq = Seq(len(tokens), req.max_tokens, keys, req)
         self.model.add(req.seq)
@@ -322,7 +332,7 @@ class SimulatedEngine:
         return {"model_path": "", "served_model_name": self.model_name, "is_generation": True,
                 "block_size": self.profile.block_size, "num_gpu_blocks": self.profile.cache_blocks,
                 "kv_model": self.model_name, "kv_version": self.model_version, "kv_dtype": "sim",
-                "kv_events": "/kv/events", "max_model_len": 1_000_000, "profile": self.profile.name}
+                "kv_events": "/kv/events", "max_model_len": self.context_length, "profile": self.profile.name}
 
     async def kv_events(self, request: Request) -> Response:
         """Long poll: events after `since` (wait up to `wait` s for new ones); `resync` when `since` is too old."""
@@ -345,6 +355,18 @@ class SimulatedEngine:
         return exposition(self.registry)
 
 
+def _refuse_what_placeholder_text_cannot_honour(parsed: ParsedRequest) -> None:
+    """A simulated engine writes placeholder text: a stop sequence or an echoed prompt cannot be honoured, and
+    were ignored without a word (`stop: ["x"]` answered " x x x x x"); refused as the built-in engine refuses
+    what it cannot honour."""
+    if parsed.sampling.stop:
+        raise APIError(400, "stop: a simulated engine generates placeholder text and cannot honour stop sequences",
+                       param="stop", code="unsupported_value")
+    if getattr(parsed, "echo", False):
+        raise APIError(400, "echo: a simulated engine does not echo the prompt", param="echo",
+                       code="unsupported_value")
+
+
 def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = None,
                         auth: InternalAuth | None = None):
     async def chat(request):
@@ -355,7 +377,7 @@ def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = Non
 
     def card() -> dict:
         return {"id": engine.model_name, "object": "model", "owned_by": "fleetserve", "root": "",
-                "max_model_len": 1_000_000}
+                "max_model_len": engine.context_length}
 
     async def models(request):
         return JSONResponse({"object": "list", "data": [card()]})
@@ -396,7 +418,7 @@ def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = Non
         except APIError as err:
             return err.response()
         tokens = engine._tokens(parsed)
-        return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": 1_000_000})
+        return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": engine.context_length})
 
     async def metrics(request):
         data, content_type = engine.metrics_text()
@@ -431,14 +453,15 @@ def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = Non
 def run_simulated_engine(profile: PerfProfile, host: str, port: int, model_name: str,
                          internal_token: str | None = None, limits: SizeLimits | None = None,
                          log_format: str = "text", identity: ModelIdentity | None = None,
-                         log_prompts: bool = False, drain_timeout: float = 2.0) -> None:
+                         log_prompts: bool = False, drain_timeout: float = 2.0,
+                         context_length: int = SIM_CONTEXT_LENGTH) -> None:
     from fleetserve.api.graceful import serve
     from fleetserve.observe.logs import configure_logging, uvicorn_log_config
 
     configure_logging(log_format, "engine", identity.replica if identity else None)
 
     engine = SimulatedEngine(profile, model_name, identity.model_version if identity else "1", identity=identity,
-                             log_prompts=log_prompts)
+                             log_prompts=log_prompts, context_length=context_length)
     app = build_simulated_app(engine, limits, InternalAuth(internal_token))
     serve(app, engine.stop_answers, host=host, port=port, log_level="warning",
           timeout_graceful_shutdown=drain_timeout, log_config=uvicorn_log_config(log_format),
