@@ -88,6 +88,23 @@ def test_an_expired_certificate_is_warned_and_a_self_signed_one_made_again(tmp_p
     assert again.read_bytes() == made.read_bytes()  # and kept while it is good
 
 
+def test_a_router_on_every_address_certifies_the_names_its_clients_use(tmp_path, monkeypatch):
+    """With host 0.0.0.0 the self-signed certificate named 0.0.0.0 and loopback only: no remote client could
+    verify it. 0.0.0.0 stays: the fleet's supervisor reaches its router there."""
+    from cryptography import x509
+
+    from fleetserve.router import tls
+
+    monkeypatch.setattr(tls, "_primary_address", lambda: "192.0.2.7")
+    hosts = tls.certificate_hosts("0.0.0.0")
+    assert {"0.0.0.0", "127.0.0.1", "localhost", "192.0.2.7"} <= set(hosts)  # the supervisor calls 0.0.0.0
+    assert tls.certificate_hosts("10.1.2.3") == ("10.1.2.3", "127.0.0.1", "localhost")
+    cert, _ = ensure_self_signed(tmp_path, hosts)
+    names = x509.load_pem_x509_certificate(cert.read_bytes()).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert "192.0.2.7" in {str(a) for a in names.get_values_for_type(x509.IPAddress)}
+
+
 @pytest.mark.parametrize("document,says", [({"keys": []}, "with at least one key"), ({"keys": {}}, "at least one key"),
                                            (["x"], "at least one key"),
                                            ({"keys": {"sk-alpha-123": "alpha"}}, "sha256 hex digest")])

@@ -609,14 +609,14 @@ def router(
                                  "--internal-token-file", param_hint="--tenant-cache-salt")
     if bool(tls_cert) != bool(tls_key):
         raise typer.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert/--tls-key")
-    from fleetserve.router.tls import TLSFileError, check_tls_files, ensure_self_signed
+    from fleetserve.router.tls import TLSFileError, certificate_hosts, check_tls_files, ensure_self_signed
 
     tls = (tls_cert, tls_key) if tls_cert else None
     try:
         if tls_self_signed and not tls:
             from pathlib import Path
 
-            cert, key = ensure_self_signed(Path(tls_self_signed))
+            cert, key = ensure_self_signed(Path(tls_self_signed), certificate_hosts(host))
             tls = (str(cert), str(key))
         # before the backends are probed and the workers forked: a bad pair was found at the first handshake
         # setup, as a traceback, and each worker failed on it again for ever

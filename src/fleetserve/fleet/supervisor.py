@@ -67,7 +67,7 @@ from fleetserve.router.engine_queue import QUEUE_GAUGES
 from fleetserve.router.model_metrics import router_args, scope_for
 from fleetserve.router.policies import registered_policies
 from fleetserve.router.served import served_model_args
-from fleetserve.router.tls import TLSFileError, check_tls_files, ensure_self_signed
+from fleetserve.router.tls import TLSFileError, certificate_hosts, check_tls_files, ensure_self_signed
 from fleetserve.spec.load import LoadedSpec
 
 log = logging.getLogger(__name__)
@@ -567,7 +567,7 @@ class Supervisor:
             if tls.cert_file and tls.key_file:
                 cert, key = tls.cert_file, tls.key_file
             else:
-                cert_path, key_path = ensure_self_signed(self.dir / "tls", (self.spec.router.host, "localhost"))
+                cert_path, key_path = ensure_self_signed(self.dir / "tls", certificate_hosts(self.spec.router.host))
                 cert, key = str(cert_path), str(key_path)
             args += ["--tls-cert", cert, "--tls-key", key]
             self.state.tls_cert = cert

@@ -60,6 +60,46 @@ def check_tls_files(cert_path: str, key_path: str) -> str | None:
     return None
 
 
+WILDCARDS = ("0.0.0.0", "::", "")  # a router listening on every address
+
+
+def certificate_hosts(host: str) -> tuple[str, ...]:
+    """The names a self-signed certificate must carry for clients of a router on `host`: loopback always, and for
+    a wildcard host this machine's name and addresses (it had named 0.0.0.0, which no client connects to, so no
+    remote client could verify it)."""
+    import socket
+
+    names = ["127.0.0.1", "localhost"]
+    if host not in WILDCARDS:
+        return tuple(dict.fromkeys([host, *names]))
+    # the wildcard itself too: the fleet's supervisor (and its printed URL) reach the router at it
+    names = [host or "0.0.0.0", *names, *(["::1"] if host == "::" else [])]
+    for name in (socket.gethostname(), socket.getfqdn()):
+        if name and name not in names:
+            names.append(name)
+        try:
+            infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        except OSError:
+            continue
+        names += [a[4][0].split("%")[0] for a in infos if a[4][0].split("%")[0] not in names]
+    primary = _primary_address()
+    if primary and primary not in names:
+        names.append(primary)
+    return tuple(dict.fromkeys(names))
+
+
+def _primary_address() -> str | None:
+    """The address this machine reaches other hosts from (a UDP socket's route; nothing is sent)."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: routed like any remote host, never reached
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
 def ensure_self_signed(folder: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> tuple[Path, Path]:
     """cert.pem and key.pem in `folder`, created once (EC P-256, one year, SANs for `hosts`), and again when the
     one there ends within 30 days (after a year every client had refused it) or does not name every host."""
