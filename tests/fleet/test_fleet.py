@@ -138,6 +138,8 @@ def test_ctrl_c_while_a_detached_fleet_starts_stops_it_and_the_next_start_keeps_
     finally:
         assert fleetserve("down", "cc", env=home).returncode == 0
     assert leftovers(home) == []
+    pruned = fleetserve("status", "--prune", "--json", env=home, check=True)  # it printed a sentence
+    assert json.loads(pruned.stdout) == {"removed": ["cc"], "kept": []}
 
 
 def _bound(sock, port) -> bool:

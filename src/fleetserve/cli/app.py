@@ -207,7 +207,7 @@ def status(
         raise typer.BadParameter("a live table; for JSON run `status --json` again (or poll it)",
                                  param_hint="--watch/--json")
     if prune:
-        _prune_fleets(name)
+        _prune_fleets(name, as_json)
         return
     if name and not any(f.name == name for f in list_fleets()):  # as `down` and `dashboard open`: exit 2
         known = ", ".join(f.name for f in list_fleets()) or "none"
@@ -250,7 +250,7 @@ def _hidden_note(hidden: int) -> str:
     return f" ({hidden} stopped fleet(s) not shown: --all lists them, --prune removes them)"
 
 
-def _prune_fleets(name: str | None) -> None:
+def _prune_fleets(name: str | None, as_json: bool = False) -> None:
     """Remove the run folders of fleets that stopped, failed or died; a dead supervisor's live leftovers are
     `down`'s to stop first (a recorded pid of a cleanly stopped fleet may belong to another process by now)."""
     import shutil
@@ -273,6 +273,9 @@ def _prune_fleets(name: str | None) -> None:
         else:
             shutil.rmtree(fleet_dir(f.name), ignore_errors=True)
             removed.append(f.name)
+    if as_json:  # --json had printed the sentence
+        print(json.dumps({"removed": removed, "kept": kept}, indent=2))
+        return
     out.print(f"removed {len(removed)} fleet(s)" + (": " + ", ".join(removed) if removed else ""), markup=False)
     if kept:
         out.print("kept: " + "; ".join(kept), markup=False)
