@@ -34,3 +34,23 @@ def test_a_type_of_as_many_gpus_as_a_replica_asks_is_not_larger_than_it():
     one = _with_type(data, "g6e.12xlarge", catalog, asked=ReplicaRequest(gpus=1))
     assert four["spec"]["capacity"]["allowLargerInstances"] is False
     assert one["spec"]["capacity"]["allowLargerInstances"] is True
+
+
+def test_a_winner_with_the_context_raised_is_not_called_the_baseline_it_does_not_cost():
+    """The input at its max replicas with its context raised won, and its `why` called it "the baseline, $1.0142"
+    beside a baseline_cost_usd of $0.9748 (the input as written, which refused the long requests)."""
+    from types import SimpleNamespace
+
+    from fleetserve.sim.plan_why import _static_replicas
+
+    report = {"gpu_hours": 0.414, "replica_hours": 0.414}
+    trial = SimpleNamespace(step="baseline", parent=None, cost=1.0142, verdict=SimpleNamespace(
+        result=SimpleNamespace(report=report), passed=True))
+    search = SimpleNamespace(types=[], history=[], unfit={}, exhausted=False, max_trials=8,
+                             context={"from": 4096, "to": 22528, "requests_over": 85})
+    raised = _static_replicas(search, SimpleNamespace(**vars(trial), label="input static at max replicas, "
+                                                                                  "context raised"))
+    assert "the baseline," not in raised and "context raised to 22528 ($1.0142" in raised, raised
+    assert "baseline_cost_usd is the input as written (context 4096: 85 requests refused)" in raised
+    as_written = _static_replicas(search, SimpleNamespace(**vars(trial), label="input static at max replicas"))
+    assert as_written.startswith("the input at its max replicas (the baseline, $1.0142")

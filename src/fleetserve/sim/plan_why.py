@@ -109,9 +109,15 @@ def _instance_type(search: Planner, winner: Trial) -> str:
 
 def _static_replicas(search: Planner, winner: Trial) -> str:
     """The static fleets of the winner's type the search ran, fewest replicas first."""
-    if _in_chain(winner, "baseline") is not None:  # the input's own types, fall-through included: no one type
-        return (f"the input at its max replicas (the baseline, {_figures(winner)}), which no cheaper candidate "
-                f"beat; each type's smallest passing static fleet: {_types(search)}{_budget(search)}")
+    start = _in_chain(winner, "baseline")
+    if start is not None:  # the input's own types, fall-through included: no one type
+        raised = bool(search.context) and "context raised" in start.label  # not baseline_cost_usd's trial
+        what = (f"the input at its max replicas with its context raised to {search.context['to']}" if raised else
+                "the input at its max replicas (the baseline")
+        note = (f"; baseline_cost_usd is the input as written (context {search.context['from']}: "
+                f"{search.context['requests_over']} requests refused)" if raised else "")
+        return (f"{what}{' (' if raised else ', '}{_figures(winner)}), which no cheaper candidate beat; each type's "
+                f"smallest passing static fleet: {_types(search)}{note}{_budget(search)}")
     kind = winner.instance_type
     tried = sorted((x for x in search.history if x.step == "static" and x.instance_type == kind),
                    key=lambda x: x.data["spec"]["replicas"])
