@@ -292,6 +292,14 @@ def test_azure_stamps_outside_the_years_start_allows_are_refused(tmp_path, stamp
         load_trace(path)
 
 
+@pytest.mark.parametrize("row", ["2023-11-16 18:15:46.6805900,100", "2023-11-16 18:15:46.6805900,100,10,7"])
+def test_an_azure_row_of_another_width_than_its_header_is_refused(tmp_path, row):
+    """A short row was refused and a long one (a comma inside a value, another file's row) read as if whole."""
+    path = _azure(tmp_path, rows=[row])
+    with pytest.raises(TraceError, match=r"t.csv:2: \d fields; the header has 3"):
+        load_trace(path)
+
+
 def test_gzip_compressed_traces_load_as_their_text(tmp_path):
     """Public traces are often published compressed (.jsonl.gz, .csv.gz); one was refused as "not UTF-8 text".
     A gzip file loads as the text inside it, whatever its name; one cut short is named as such."""

@@ -321,7 +321,7 @@ def _azure_rows(p: Path, limit: int | None) -> list[tuple[datetime, int, int]]:
             break
         if not any(cell.strip() for cell in row):
             continue
-        if len(row) <= max(cols):
+        if len(row) <= max(cols) or len(row) > len(header):  # more: a comma inside a value, or another file's row
             raise TraceError(f"{p}:{n}: {len(row)} fields; the header has {len(header)}")
         stamp, context, generated = (row[i].strip() for i in cols)
         try:
