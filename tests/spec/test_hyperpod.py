@@ -572,3 +572,19 @@ def test_warnings_and_errors_name_the_fields_the_user_wrote_not_the_mappings_def
     url["spec"]["kvCacheSpec"]["l2CacheSpec"]["l2CacheLocalUrl"] = "http://redis:6379"
     (msg,) = _problems(yaml.safe_dump(url))
     assert msg.startswith("spec.kvCacheSpec.l2CacheSpec.l2CacheLocalUrl"), msg
+
+
+def test_a_value_a_pattern_refuses_is_told_in_words_not_by_the_regular_expression():
+    """`requests.memory: lots` said "does not match the pattern '^(\\+|-)?(([0-9]+(\\.[0-9]*)?)..." and a budget's
+    `nodes: abc` "String should match pattern '^\\d+%?$'"."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["worker"]["resources"].setdefault("requests", {})["memory"] = "lots"
+    (msg,) = _problems(yaml.safe_dump(doc))
+    assert msg == "spec.worker.resources.requests.memory: expected a Kubernetes quantity, like 30Gi, 500m or 2 " \
+                  "(got 'lots')", msg
+    ours = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "b"},
+            "spec": {"model": {"source": "builtin:smollm2-135m"},
+                     "capacity": {"consolidation": {"budgets": [{"nodes": "abc"}]}}}}
+    (msg,) = _problems(yaml.safe_dump(ours))
+    assert msg == "spec.capacity.consolidation.budgets[0].nodes: expected a count or a percentage, like 1 or 10% " \
+                  "(got 'abc')", msg

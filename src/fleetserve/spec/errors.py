@@ -111,6 +111,23 @@ def _named_inside(root: type[BaseModel], at: tuple, loc: tuple, msg: str) -> tup
     return loc + tuple(inner), found[3]
 
 
+# what a pattern the schema checks a string against asks for, in words: the raw regular expression was the message
+PATTERN_HINTS = {
+    r"^\d+%?$": "a count or a percentage, like 1 or 10%",
+    r"^/": "an absolute path, starting with /",
+    r"^\d+[smhdwy]$": "a duration, like 12h or 1d",
+    r"^[0-9a-f]{64}$": "a sha256 digest: 64 lower-case hexadecimal digits",
+}
+QUANTITY_PATTERN_START = "^(\\+|-)?(([0-9]+(\\.[0-9]*)?)"  # Kubernetes' resource quantity, as CRDs write it
+
+
+def pattern_hint(pattern: str) -> str | None:
+    """The words for a schema pattern, or None for one without them (then the pattern itself is shown)."""
+    if pattern.startswith(QUANTITY_PATTERN_START):
+        return "a Kubernetes quantity, like 30Gi, 500m or 2"
+    return PATTERN_HINTS.get(pattern)
+
+
 def problems_from_validation(
     error: ValidationError, root: type[BaseModel], prefix: tuple[str | int, ...] = ()
 ) -> list[SpecProblem]:
@@ -127,6 +144,8 @@ def problems_from_validation(
             msg = "required field is missing"
         elif kind == "literal_error":
             msg = f"got {_short(item.get('input'))}; allowed values: {item['ctx']['expected']}"
+        elif kind == "string_pattern_mismatch" and pattern_hint(str((item.get("ctx") or {}).get("pattern", ""))):
+            msg = f"expected {pattern_hint(str(item['ctx']['pattern']))} (got {_short(item.get('input'))})"
         elif kind == "value_error":
             msg = msg.removeprefix("Value error, ")
             loc, msg = _named_inside(root, tuple(item["loc"]), loc, msg)

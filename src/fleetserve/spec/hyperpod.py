@@ -21,7 +21,7 @@ import yaml
 
 from fleetserve.spec.context import flag_in_args
 from fleetserve.spec.endpoint import SERVED_NAME_FLAG
-from fleetserve.spec.errors import SpecError, SpecProblem
+from fleetserve.spec.errors import SpecError, SpecProblem, pattern_hint
 
 API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
 KIND = "InferenceEndpointConfig"
@@ -116,7 +116,9 @@ def _problem(error: jsonschema.ValidationError) -> SpecProblem:
         wanted = " or ".join(_TYPE_NAMES.get(w, w) for w in (wanted if isinstance(wanted, list) else [wanted]))
         return SpecProblem(_path(path), f"expected {wanted} (got {_short(value)})")
     if kind == "pattern":
-        return SpecProblem(_path(path), f"does not match the pattern {error.validator_value!r} (got {_short(value)})")
+        hint = pattern_hint(str(error.validator_value))
+        said = f"expected {hint}" if hint else f"does not match the pattern {error.validator_value!r}"
+        return SpecProblem(_path(path), f"{said} (got {_short(value)})")
     if kind in ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems"):
         return SpecProblem(_path(path), f"{kind} is {error.validator_value} (got {_short(value)})")
     return SpecProblem(_path(path), f"{error.message} (got {_short(value)})")
