@@ -325,3 +325,9 @@ def test_gzip_compressed_traces_load_as_their_text(tmp_path):
     bad.write_bytes(gzip.compress(b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,1 \xff\n"))
     with pytest.raises(TraceError, match="latin1.csv.gz:2 .byte 25 of the line.: not UTF-8 text"):
         load_trace(bad)
+
+
+def test_a_device_is_not_said_to_be_missing():
+    """`--trace /dev/null` said "does not exist"."""
+    with pytest.raises(TraceError, match="/dev/null is not a regular file"):
+        load_trace("/dev/null")

@@ -113,7 +113,8 @@ def load_timed_trace(path: str | Path, limit: int | None = None, fmt: str | None
     stamps without an offset are read as UTC), else None: Mooncake and prompt logs count from their own zero."""
     p = Path(path)
     if not p.is_file() and not (p.is_dir() and fmt in (None, "servegen")):
-        what = "is a directory, not a trace file" if p.is_dir() else "does not exist"
+        what = ("is a directory, not a trace file" if p.is_dir() else
+                "is not a regular file (a device, a pipe or a socket)" if p.exists() else "does not exist")
         raise TraceError(f"trace file {p} {what}")
     if fmt is not None and fmt not in FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}; allowed: {', '.join(FORMATS)}")
