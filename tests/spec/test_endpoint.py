@@ -535,3 +535,9 @@ def test_a_gpu_engine_given_no_gpu_is_warned_by_validate_simulate_and_render_onc
     assert any("requests no nvidia.com/gpu" in n for n in spec_notes(loaded.endpoint))
     printed = rendered_warnings(loaded, render(loaded.endpoint))
     assert sum("nvidia.com/gpu" in w for w in printed) == 1, printed
+
+
+def test_a_version_yaml_read_as_a_number_says_to_quote_it():
+    """`version: 1` said "Input should be a valid string", not how to write it."""
+    (msg,) = problems(GOOD.replace('version: "3"', "version: 1.10"))
+    assert msg.startswith("spec.model.version: expected a string, got the number 1.1: quote the value"), msg

@@ -144,6 +144,10 @@ def problems_from_validation(
             msg = "required field is missing"
         elif kind == "literal_error":
             msg = f"got {_short(item.get('input'))}; allowed values: {item['ctx']['expected']}"
+        elif kind == "string_type" and isinstance(item.get("input"), int | float) and \
+                not isinstance(item.get("input"), bool):  # YAML read `version: 1` as a number
+            msg = (f"expected a string, got the number {item['input']!r}: quote the value as written (unquoted, "
+                   "YAML reads 1.10 as the number 1.1)")
         elif kind == "string_pattern_mismatch" and pattern_hint(str((item.get("ctx") or {}).get("pattern", ""))):
             msg = f"expected {pattern_hint(str(item['ctx']['pattern']))} (got {_short(item.get('input'))})"
         elif kind == "value_error":
