@@ -65,7 +65,7 @@ def test_dashboard_in_headless_chromium_shows_live_panels(tmp_path, tiny_model, 
         (state,) = json.loads(fleetserve("status", "--json", env=home, check=True).stdout)
         opened = fleetserve("dashboard", "open", "dash", env=home, check=True).stdout.strip()
         base = state["url"].removesuffix("/v1")
-        assert opened.startswith(base + "/dashboard?token=")
+        assert opened.startswith(base + "/dashboard?login=")  # a code that expires, not the fleet's token
         assert httpx.get(base + "/dashboard", timeout=5).status_code in (200, 403)  # loopback, or token-only
         worker = threading.Thread(target=traffic, args=(state["url"], stop), daemon=True)
         worker.start()
@@ -79,7 +79,7 @@ def test_dashboard_in_headless_chromium_shows_live_panels(tmp_path, tiny_model, 
                 console_errors = []  # a /favicon.ico 404 logged one on every load
                 page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
                 page.goto(opened, wait_until="load")
-                assert page.url == base + "/dashboard"  # the token went into a cookie, out of the address bar
+                assert page.url == base + "/dashboard"  # the login went into a cookie, out of the address bar
                 selector = " && ".join(f"+document.getElementById('panel-{k}').dataset.points > 0" for k in MUST_SHOW)
                 page.wait_for_function(f"() => document.body.dataset.loaded === '1' && {selector}",
                                        timeout=120_000, polling=500)

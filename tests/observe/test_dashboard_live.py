@@ -149,10 +149,11 @@ def test_dashboard_needs_the_admin(client):
 
 
 def test_token_login_sets_a_cookie_and_leaves_the_address_bar(client):
-    r = client.get(f"/dashboard?token={INTERNAL}")
+    r = client.get(f"/dashboard?token={ADMIN}")
     assert r.status_code == 303 and r.headers["location"] == "/dashboard"
     cookie = r.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/dashboard" in cookie
+    assert ADMIN not in cookie and INTERNAL not in cookie  # a signed session, not the secret itself
     page = client.get("/dashboard")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     data = client.get("/dashboard/data").json()
@@ -222,3 +223,21 @@ def test_the_wait_for_a_replica_is_a_panel_of_its_own():
     live.add(sample(5, engine(calls=2), held(0, 2)))  # two requests held 1-10 s while the fleet woke
     p95 = panel(live.payload(), "held")["p95"][-1][1]
     assert 1000 < p95 <= 10_000
+
+
+def test_a_login_code_works_until_it_expires_and_a_forged_one_never(client):
+    """`dashboard open` prints a code signed with the internal token, never the token (see its test)."""
+    from fleetserve.observe.dashboard import signed
+
+    client.cookies.clear()
+    assert client.get("/dashboard?login=" + signed(INTERNAL, "login", 300)).status_code == 303
+    assert client.get("/dashboard").status_code == 200  # the session cookie it set
+    client.cookies.clear()
+    assert client.get("/dashboard?login=" + signed(INTERNAL, "login", -1)).status_code == 403  # expired
+    assert client.get("/dashboard?login=" + signed("a-guess", "login", 300)).status_code == 403
+    assert client.get("/dashboard?login=" + signed(INTERNAL, "session", 300)).status_code == 403  # not a login
+    client.cookies.clear()
+    client.cookies.set("fleetserve_dashboard", signed(INTERNAL, "login", 300), path="/dashboard")
+    assert client.get("/dashboard").status_code == 403  # a login code is no session cookie
+    for junk in ("².x", "9" * 5000 + ".x", ".", "abc"):  # "²" passed isdigit(), and int() made it a 500
+        assert client.get("/dashboard", params={"login": junk}).status_code == 403

@@ -158,13 +158,21 @@ def test_queries_evaluate_to_the_expected_values_with_promtool_test_rules(tmp_pa
     promtool_evaluates(tmp_path, exprs, INPUT, {f"dash:{key}:{i}": samples for (key, i), samples in EXPECTED.items()})
 
 
-def test_dashboard_open_url_carries_the_fleet_token(tmp_path):
+def test_dashboard_open_url_carries_a_login_that_expires_not_the_fleet_token(tmp_path):
+    """The URL carried the internal token itself (the fleet's strongest secret) into terminals and histories."""
     from fleetserve.cli.dashboard_commands import dashboard_url
+    from fleetserve.observe.dashboard import LOGIN_TTL_S, valid
 
     token = tmp_path / "internal.token"
     assert dashboard_url("http://127.0.0.1:8000/v1", token) == "http://127.0.0.1:8000/dashboard"
     token.write_text("s3cret-token-of-the-fleet\n")
-    assert dashboard_url("https://h:1/v1", token) == "https://h:1/dashboard?token=s3cret-token-of-the-fleet"
+    url = dashboard_url("https://h:1/v1", token, now=1_000_000)
+    assert url.startswith("https://h:1/dashboard?login=") and "s3cret" not in url
+    code = url.split("login=", 1)[1]
+    assert valid(code, "login", ("s3cret-token-of-the-fleet",), now=1_000_000 + LOGIN_TTL_S - 1)
+    assert not valid(code, "login", ("s3cret-token-of-the-fleet",), now=1_000_000 + LOGIN_TTL_S + 1)  # expired
+    assert not valid(code, "session", ("s3cret-token-of-the-fleet",), now=1_000_000)  # a login is no session
+    assert not valid(code, "login", ("another-fleet",), now=1_000_000)
 
 
 def test_every_metric_and_label_the_dashboards_read_is_in_the_vocabulary():

@@ -54,8 +54,8 @@ def open_dashboard(
     name: Annotated[str | None, typer.Argument(help="Fleet name (default: the only running one)")] = None,
     browser: Annotated[bool, typer.Option("--browser/--no-browser", help="Also open it in a web browser")] = False,
 ) -> None:
-    """Print the URL of a running fleet's live dashboard (the router's /dashboard). It carries the fleet's internal
-    token (the page trades it for a cookie): share it as you would the token file."""
+    """Print the URL of a running fleet's live dashboard (the router's /dashboard). It carries a login code signed
+    with the fleet's internal token that works for 5 minutes (the page trades it for a session cookie)."""
     from fleetserve.fleet.control import FleetError, pick_fleet
     from fleetserve.fleet.state import fleet_dir
 
@@ -71,14 +71,17 @@ def open_dashboard(
         webbrowser.open(url)
 
 
-def dashboard_url(endpoint: str, token_file: Path) -> str:
-    """The router's /dashboard; with the fleet's token (0600 file, same user) so a browser can log in."""
+def dashboard_url(endpoint: str, token_file: Path, now: float | None = None) -> str:
+    """The router's /dashboard with a login code signed by the fleet's token (0600 file, same user), so a browser
+    can log in; never the token itself (it had been in the URL, and so in terminals and shell histories)."""
+    from fleetserve.observe.dashboard import LOGIN_TTL_S, signed
+
     base = endpoint.removesuffix("/").removesuffix("/v1")
     try:
         token = token_file.read_text().strip()
     except OSError:
         return f"{base}/dashboard"
-    return f"{base}/dashboard?token={token}"
+    return f"{base}/dashboard?login={signed(token, 'login', LOGIN_TTL_S, now)}"
 
 
 def register(app: typer.Typer) -> None:

@@ -2,15 +2,20 @@
 
 No Grafana and no external assets: the CSS and the JavaScript are inline and the charts are SVG drawn by the
 page itself. Both routes need the router's admin check. A browser cannot send the admin header, so
-`/dashboard?token=T` (T: the admin token, or the fleet's internal token that `fleetserve dashboard open`
-reads from the fleet's 0600 token file) sets an HttpOnly, SameSite=Strict cookie and redirects to the
-bare URL, which keeps the token out of the address bar and the history.
+`fleetserve dashboard open` prints `/dashboard?login=CODE`: a code signed with the fleet's internal token (read
+from its 0600 file) that expires in LOGIN_TTL_S; the page trades it for an HttpOnly, SameSite=Strict session
+cookie (signed likewise, SESSION_TTL_S) and redirects to the bare URL. The printed URL had carried the internal
+token itself, the fleet's strongest secret, into terminals, shell histories and proxy logs, and the cookie had
+held it too. `?token=T` (the admin token, typed by hand) still logs in the same way. Signed, not stored: every
+router worker checks a code or a cookie alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
+import time
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -22,19 +27,40 @@ from fleetserve.observe.livedata import LiveData
 from fleetserve.router.admin import admin_allowed
 
 COOKIE = "fleetserve_dashboard"
+LOGIN_TTL_S = 300  # a printed login URL works this long
+SESSION_TTL_S = 12 * 3600  # a browser's login lasts this long
+
+
+def signed(secret: str, purpose: str, ttl_s: float, now: float | None = None) -> str:
+    """`EXPIRY.SIGNATURE`: what `valid` accepts for `purpose` until EXPIRY (seconds since the epoch)."""
+    expiry = int((time.time() if now is None else now) + ttl_s)
+    return f"{expiry}.{_signature(secret, purpose, expiry)}"
+
+
+def _signature(secret: str, purpose: str, expiry: int) -> str:
+    return hmac.new(secret.encode(), f"fleetserve-dashboard:{purpose}:{expiry}".encode(), hashlib.sha256).hexdigest()
+
+
+def valid(value: str, purpose: str, secrets: tuple[str | None, ...], now: float | None = None) -> bool:
+    expiry, _, signature = value.partition(".")
+    # ASCII digits of a plausible length: "²" passes isdigit() and int() refused it (a 500 for anyone)
+    if not (expiry.isascii() and expiry.isdigit() and len(expiry) <= 12) or not signature or \
+            int(expiry) < (time.time() if now is None else now):
+        return False
+    return any(secret and hmac.compare_digest(signature, _signature(secret, purpose, int(expiry)))
+               for secret in secrets)
+
+
+def _secrets(gateway) -> tuple[str | None, ...]:
+    return gateway.settings.admin_token, gateway.internal.token
 
 
 def _token_ok(gateway, token: str) -> bool:
-    if not token:
-        return False
-    for secret in (gateway.settings.admin_token, gateway.internal.token):
-        if secret and hmac.compare_digest(token, secret):
-            return True
-    return False
+    return bool(token) and any(secret and hmac.compare_digest(token, secret) for secret in _secrets(gateway))
 
 
 def allowed(gateway, request: Request) -> bool:
-    return admin_allowed(gateway, request) or _token_ok(gateway, request.cookies.get(COOKIE, ""))
+    return admin_allowed(gateway, request) or valid(request.cookies.get(COOKIE, ""), "session", _secrets(gateway))
 
 
 def dashboard_routes(gateway) -> list[Route]:
@@ -42,12 +68,15 @@ def dashboard_routes(gateway) -> list[Route]:
     gateway.dashboard = live
 
     async def page(request: Request) -> Response:
-        token = request.query_params.get("token", "")
-        if token:
-            if not _token_ok(gateway, token):
-                return APIError(403, "dashboard: wrong token").response()
+        token, login = request.query_params.get("token", ""), request.query_params.get("login", "")
+        if token or login:
+            if not (_token_ok(gateway, token) if token else valid(login, "login", _secrets(gateway))):
+                return APIError(403, "dashboard: wrong or expired login (`fleetserve dashboard open` prints a new "
+                                     f"URL; it works {LOGIN_TTL_S // 60} minutes)").response()
+            secret = next(s for s in (gateway.internal.token, gateway.settings.admin_token) if s)
             redirect = RedirectResponse("/dashboard", status_code=303)
-            redirect.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/dashboard",
+            redirect.set_cookie(COOKIE, signed(secret, "session", SESSION_TTL_S), max_age=SESSION_TTL_S,
+                                httponly=True, samesite="strict", path="/dashboard",
                                 secure=request.url.scheme == "https")
             return redirect
         if not allowed(gateway, request):
