@@ -349,8 +349,8 @@ class HTTPConnection(asyncio.Protocol):
             if not self.closed:  # cancelled while the client is still there: shutting down
                 if not responder.started:
                     self.keep_alive_off()
-                    self.on_error(responder, 503, "the router stopped (a restart or a scale-in) before this request "
-                                                  "was answered; retry", "router_stopping")
+                    self.on_error(responder, 503, "the router stopped (a restart, a scale-in or the fleet's stop) "
+                                                  "before this request was answered; retry", "router_stopping")
                 elif not responder.ended:
                     responder.abort()
                 self.close()

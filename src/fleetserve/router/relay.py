@@ -103,8 +103,9 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
         return False
     except asyncio.CancelledError:
         if responder.stopping and sse and response.content_length is None and not responder.ended:
-            _end_with_error(responder, APIError(503, "the router stopped (a restart or a scale-in) before this stream "
-                                                     "finished; the response is incomplete", code="router_stopping"))
+            _end_with_error(responder, APIError(503, "the router stopped (a restart, a scale-in or the fleet's stop) "
+                                                     "before this stream finished; the response is incomplete",
+                                                code="router_stopping"))
         raise
     if strip:
         rest = strip.flush()
