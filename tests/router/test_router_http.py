@@ -121,6 +121,15 @@ def test_errors_pass_through_in_openai_shape(pair):
         headers = {"content-type": kind} if kind else {}
         r = httpx.post(gw.url + "/v1/chat/completions", content=json.dumps(CHAT), headers=headers, timeout=30)
         assert r.status_code == 200, (kind, r.text)
+    # nor a body with no content type (fetch's no-cors mode, sendBeacon), known by what the browser says of the page
+    own = gw.url.removeprefix("http://")
+    for headers, status in (({"sec-fetch-site": "cross-site"}, 403), ({"sec-fetch-site": "same-site"}, 403),
+                            ({"origin": "http://evil.example:8000"}, 403), ({"origin": "null"}, 403),
+                            ({"sec-fetch-site": "same-origin", "origin": f"http://{own}"}, 200),
+                            ({"origin": f"http://{own}"}, 200), ({"sec-fetch-site": "none"}, 200)):
+        r = httpx.post(gw.url + "/v1/chat/completions", content=json.dumps(CHAT), headers=headers, timeout=30)
+        assert r.status_code == status, (headers, r.text)
+        assert status == 200 or r.json()["error"]["code"] == "cross_site_request"
 
 
 def test_router_metrics(pair):

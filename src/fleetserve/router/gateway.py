@@ -71,6 +71,25 @@ JSON = (b"content-type", b"application/json")
 # the bodies a web page may POST to another origin without a CORS preflight: refused, so a page a user opens
 # cannot drive a fleet on localhost (415); JSON, or no content-type at all, is read as JSON
 FORM_TYPES = frozenset({b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data"})
+# and a body with no content type at all (fetch's no-cors mode, sendBeacon) is refused by what the browser says of
+# the page that sent it: Sec-Fetch-Site (cross-site, or same-site: localhost:3000 to :8000), else an Origin other
+# than the router's own host. Clients that are not browsers send neither.
+BROWSER_HEADERS = frozenset({b"sec-fetch-site", b"origin"})
+
+
+def cross_site(headers: dict[bytes, bytes], host: bytes | None) -> bool:
+    """Whether a browser sent the request (`headers`: its Sec-Fetch-Site and Origin) from a page of another origin
+    than the router's (`host`: the request's Host)."""
+    fetch_site = headers.get(b"sec-fetch-site", b"").strip().lower()
+    if fetch_site:
+        return fetch_site not in (b"same-origin", b"none")
+    origin = headers.get(b"origin")
+    if origin is None:
+        return False
+    netloc = origin.strip().lower().partition(b"://")[2]
+    return origin.strip().lower() == b"null" or netloc != (host or b"").strip().lower()
+
+
 SANE_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # a client x-request-id that is not is replaced by ours
 MODEL_PATH_LABEL = "/v1/models/{model}"  # the request counter's label for any model card's path
 COUNTED_CONTROL = frozenset({401, 403, 404, 405})  # the control app's answers that are counted as requests
@@ -86,7 +105,7 @@ class RouterSettings:
     health_interval: float = 1.0
     buffer_size: int = 256  # requests held while no replica is ready (scale from zero)
     buffer_timeout: float = 600.0  # longer than a cold start; then 503 with Retry-After
-    admin_token: str | None = None  # required on /admin/* when set; else loopback clients only
+    admin_token: str | None = None  # required on /admin/* when set (else: admin.py says who)
     max_concurrent_per_replica: int | None = None  # HyperPod requestLimits.maxConcurrentRequests
     max_queue: int | None = None  # requests waiting for a free slot (HyperPod maxQueueSize)
     overflow_status: int = 429
@@ -236,16 +255,21 @@ class Gateway:
         started = self.clock()
         forwarded: list[tuple[bytes, bytes]] = []
         authorization = given_id = None
-        content_type = None
+        content_type = host = None
+        browser: dict[bytes, bytes] = {}
         for k, v in request.headers:
             if k in NOT_FORWARDED:
                 if k == b"authorization":
                     authorization = v
                 elif k == b"x-request-id":
                     given_id = v
+                elif k == b"host":
+                    host = v
                 continue
             if k == b"content-type":
                 content_type = v
+            elif k in BROWSER_HEADERS:
+                browser[k] = v
             forwarded.append((k, v))
         rid = self._own_or_ours(given_id)
         request_id = rid.decode("latin-1")
@@ -261,6 +285,10 @@ class Gateway:
         try:
             if self.settings.keyring is not None:
                 tenant = self.settings.keyring.tenant(authorization.decode("latin-1") if authorization else None)
+            if post and browser and cross_site(browser, host):
+                raise APIError(403, "a web page of another site may not call this API (its browser sent "
+                                    "Sec-Fetch-Site or Origin of another site); call it from a server",
+                               code="cross_site_request")
             if post and content_type is not None and content_type.split(b";", 1)[0].strip().lower() in FORM_TYPES:
                 raise APIError(415, f"content-type {content_type.decode('latin-1')!r}: the body must be JSON; send "
                                     "content-type: application/json", code="unsupported_media_type")
