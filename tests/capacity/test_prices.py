@@ -26,6 +26,9 @@ def test_a_price_file_sets_on_demand_and_spot_by_either_name(tmp_path):
     as_json = tmp_path / "prices.json"
     as_json.write_text(json.dumps({"g5.xlarge": 2}))
     assert load_prices(as_json) == {"g5.xlarge": (2.0, round(2 * ratio, 6))}
+    exponent = tmp_path / "exponent.yaml"  # YAML 1.1 reads 2e0 as a string (its floats need a dot)
+    exponent.write_text("g5.xlarge: 2e0\n")
+    assert load_prices(exponent) == {"g5.xlarge": (2.0, round(2 * ratio, 6))}
 
 
 @pytest.mark.parametrize(("text", "says"), [
@@ -77,3 +80,7 @@ def test_simulate_verify_and_plan_cost_with_the_given_prices(tmp_path):
     bad.write_text("g5.8xlarge: -2\n")
     refused = fleetserve("verify", spec, "--trace", TRACE, "--limit", "100", "--prices", str(bad))
     assert refused.returncode == 2 and "--prices" in refused.stderr and "got -2" in refused.stderr
+    other = tmp_path / "other.yaml"  # prices none of the spec's types: echoed as if used, with no word
+    other.write_text("g6e.xlarge: 1\n")
+    unused = fleetserve("simulate", spec, "--trace", TRACE, "--limit", "20", "--json", "--prices", str(other))
+    assert unused.returncode == 0 and "prices none of the spec's instance types (g5.8xlarge)" in unused.stderr

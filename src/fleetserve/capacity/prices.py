@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import yaml
@@ -73,6 +74,8 @@ def load_prices(path: str | Path, catalog: Catalog | None = None) -> dict[str, t
 
 
 def _dollars(value, where: str) -> float:
+    if isinstance(value, str) and re.fullmatch(r"\s*[0-9.]+[eE][+-]?[0-9]+\s*", value):
+        value = float(value)  # YAML 1.1 reads 2e0 as a string (a float needs its dot there); JSON's number
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise PriceError(f"{where}: must be a finite number of $/hour >= 0, got {json.dumps(value, default=str)}")
     return float(value)

@@ -151,6 +151,8 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
         raise fail(str(exc)) from None
     _simulatable(loaded)
     _inert_flags(loaded.endpoint.spec, spot_rate, provisioning_delay)
+    if priced:
+        _unused_prices(loaded.endpoint.spec, priced, prices)
     if (other := _profile_of_another_model(profile, loaded.endpoint.spec)) is not None:
         err.print(f"warning: {other}", markup=False)
     if not Path(trace).exists():
@@ -184,6 +186,18 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
                          peak_fraction=peak_fraction, idle_fraction=idle_fraction, start=start,
                          spot_interruption_rate=spot_rate, provisioning_delay_s=provisioning_delay)
     return loaded, requests, options
+
+
+def _unused_prices(spec, priced: dict, path: str) -> None:
+    """Say so when --prices prices none of the types the spec places on: the run's cost was the catalog's, and
+    the file was echoed as if it had been used (plan's other candidate types may still read it)."""
+    from fleetserve.capacity.catalog import Catalog
+    from fleetserve.sim.setup import gpu_types
+
+    placed = {Catalog.canonical(t) for t in gpu_types(spec, Catalog.builtin())}
+    if placed and not placed & {Catalog.canonical(t) for t in priced}:
+        err.print(f"warning: --prices {path} prices none of the spec's instance types ({', '.join(sorted(placed))}): "
+                  "its cost is the catalog's (plan's other candidate types may use the file)", markup=False)
 
 
 def _inert_flags(spec, spot_rate: float | None, provisioning_delay: float | None) -> None:
