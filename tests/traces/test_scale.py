@@ -122,3 +122,14 @@ def test_an_azure_copy_is_stamped_in_utc_whatever_zone_its_start_is_given_in(tmp
     out = write_trace([TraceRequest(0.0, 10, 5), TraceRequest(2.0, 10, 5)], tmp_path / "t.csv", "azure", start=paris)
     _, start = load_timed_trace(str(out))
     assert (start.hour, start.minute) == (10, 0)  # 11:00 in Paris is 10:00 UTC (it was written as 11:00)
+
+
+def test_a_conversion_that_cannot_be_written_says_so_without_warnings_about_the_file_first(tmp_path):
+    """`trace scale AZURE --format prompts` printed the wall-clock warning about the file it would write, then the
+    error that no file could be written."""
+    from tests.helpers import fleetserve
+
+    sample = Path(__file__).parents[1] / "data" / "azure_code_sample.csv"
+    r = fleetserve("trace", "scale", str(sample), "--format", "prompts", "-o", str(tmp_path / "x.jsonl"))
+    assert r.returncode == 2 and "a prompt log needs prompt text" in r.stderr and "warning:" not in r.stderr
+    assert not (tmp_path / "x.jsonl").exists()

@@ -332,16 +332,17 @@ def trace_scale(
         src = detect_format(path)
         # ServeGen rates are not written back: the output's name picks Azure CSV or Mooncake JSONL
         fmt = src if src in WRITE_FORMATS else "azure" if output.lower().endswith(".csv") else "mooncake"
-    for warning in _write_warnings(requests, output, fmt, start):
-        err.print(f"warning: {warning}", markup=False)
+    warnings = _write_warnings(requests, output, fmt, start)
     if start is None:  # a trace without a wall clock is simulated from the default start: stamp it from there, so
         from fleetserve.traces.clock import CLOCKLESS_START  # that verify and plan read the converted file as
 
         start = CLOCKLESS_START  # they read the original
     try:
         write_trace(requests, output, fmt, start=start)
-    except ValueError as exc:
+    except ValueError as exc:  # before the warnings about the file: none was written (they came first, then this)
         raise fail(f"--format: {exc}") from None
+    for warning in warnings:
+        err.print(f"warning: {warning}", markup=False)
     if detect_format(path) == "servegen":
         from fleetserve.traces.servegen import size_warning
 
