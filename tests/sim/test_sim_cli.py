@@ -173,6 +173,8 @@ def test_inputs_that_used_to_crash_are_exit_2_and_outputs_never_lost(tmp_path):
     r = fleetserve("plan", cloud, "--trace", TRACE, "--limit", "20", "-o", str(tmp_path))
     said = re.sub(r"[\s│╭╮╰╯─]+", " ", r.stderr)  # typer's error box wraps long paths
     assert r.returncode == 2 and "is a directory" in said  # refused before the search, not after it
+    r = fleetserve("plan", cloud, "--trace", TRACE, "--limit", "20", "-o", "")  # it said " is a directory"
+    assert r.returncode == 2 and "an empty file name" in re.sub(r"[\s│╭╮╰╯─]+", " ", r.stderr)
     report = tmp_path / "new" / "folder" / "r.html"
     r = fleetserve("simulate", cloud, "--trace", TRACE, "--limit", "20", "--json", "--report", str(report))
     assert r.returncode == 0 and report.is_file() and json.loads(r.stdout)["requests"] == 20

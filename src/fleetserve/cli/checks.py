@@ -84,6 +84,8 @@ def writable(path: str | None, flag: str, inputs: tuple[str | None, ...] = ()) -
     was reading, a shared read-only one included: root may write anyway), nor a file without write permission."""
     if path is None:
         return
+    if not path.strip():  # Path("") is the current folder: it was called " is a directory"
+        raise typer.BadParameter("an empty file name; give a file name", param_hint=flag)
     target = Path(path)
     if target.is_dir():
         raise typer.BadParameter(f"{path} is a directory; give a file name", param_hint=flag)
