@@ -444,8 +444,9 @@ def plan(
         out.print(_slo_line(result.winner.verdict.result.report["slo"]), markup=False)
         out.print(f"verified as: {w['verify_command']}", markup=False)
         if not [c for c in w["changes"] if not c["path"].startswith("spec.slo.")]:  # the flags it was verified at
-            out.print(f"no change: the input as written is the cheapest spec that passes of the {result.trials} "
-                      "simulated", markup=False)
+            flags = " (only the targets given as flags are written into its slo)" if w["changes"] else ""
+            out.print(f"no change to the fleet: the input as written is the cheapest spec that passes of the "
+                      f"{result.trials} simulated{flags}", markup=False)
         said = set()  # each change under its reason; a reason shared by several changes is said once
         for c in w["changes"]:
             out.print(f"  {c['path']}: {c['from']!r} -> {c['to']!r}", markup=False)
