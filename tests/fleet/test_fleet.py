@@ -355,6 +355,34 @@ def test_down_lets_a_stream_under_way_finish_before_the_replicas_stop(tmp_path, 
     assert leftovers(home) == [] and status(home, "drain")[0]["status"] == "stopped"
 
 
+def test_a_stream_under_way_finishes_when_the_supervisor_is_killed(tmp_path, home):
+    """A SIGKILLed supervisor (kill -9, the OOM killer) took its engines with it (PR_SET_PDEATHSIG SIGKILL): every
+    stream in flight was cut ("the model replica failed mid-stream"). The router drains on its SIGTERM; the
+    engines now get SIGUSR1 and drain as long, then exit: nothing is left behind."""
+    import threading
+
+    from fleetserve.engine.tiny import create_tiny_model
+
+    model = create_tiny_model(tmp_path / "slower", hidden_size=384, layers=6, context_length=2048)
+    spec = write_spec(tmp_path, str(model), name="orphan", replicas=1)
+    up = fleetserve("up", spec, "--detach", env=home)
+    assert up.returncode == 0, up.stderr
+    (state,) = status(home, "orphan")
+    client = openai.OpenAI(base_url=state["url"], api_key="x", max_retries=0, timeout=120)
+    stream = client.completions.create(model="tiny", prompt="count", max_tokens=1500, stream=True,
+                                       extra_body={"ignore_eos": True, "stream_options": {"include_usage": True}})
+    chunks = iter(stream)
+    next(chunks)  # the stream is under way
+    os.kill(state["supervisor_pid"], signal.SIGKILL)
+    rest: list = []
+    reader = threading.Thread(target=lambda: rest.extend(chunks))
+    reader.start()
+    reader.join(timeout=180)
+    usage = next(c.usage for c in reversed(rest) if c.usage is not None)
+    assert usage.completion_tokens == 1500 and not reader.is_alive()
+    wait_until(lambda: leftovers(home) == [], 60, what="the router and the engine exited after their drain")
+
+
 def test_a_dead_supervisors_pid_taken_by_another_process_is_not_the_fleet(home, tmp_path):
     """The state keeps the supervisor's pid; once it died, and the pid went to another process (a reboot, a
     long uptime), `status` read the fleet ready, `up` refused to start it, and `down` SIGTERMed that process."""

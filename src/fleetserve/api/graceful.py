@@ -10,7 +10,10 @@ and `[DONE]` in a stream, a 503 otherwise); the cancel that follows then finds n
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 
 import uvicorn
@@ -18,16 +21,33 @@ import uvicorn
 CUT_MARGIN_S = 0.1  # before uvicorn's own deadline (which starts ~0.2 s after the signal): the last writes go out
 
 
+ORPHAN_SIGNAL = signal.SIGUSR1  # what a fleet's engine gets when its supervisor dies (PR_SET_PDEATHSIG)
+EXIT_WATCHDOG_S = 15.0  # past an orphan's drain, the process exits whatever still runs: nobody else will stop it
+
+
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, before_cut: Callable[[], None]):
+    def __init__(self, config: uvicorn.Config, before_cut: Callable[[], None], orphan_grace: float | None = None):
         super().__init__(config)
         self._before_cut = before_cut
+        self._orphan_grace = orphan_grace
         self._loop: asyncio.AbstractEventLoop | None = None
         self._armed = False
 
     async def startup(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
+        if self._orphan_grace is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(ORPHAN_SIGNAL, self._orphaned)
+
+    def _orphaned(self, sig, frame) -> None:
+        """The supervisor died (a SIGKILL, the OOM killer): stop as on SIGTERM, but let the answers under way run
+        for `orphan_grace`, as long as the router (told by SIGTERM) lets them reach their clients; the streams had
+        been cut, the engines SIGKILLed with their supervisor. Then exit, whatever still runs."""
+        self.config.timeout_graceful_shutdown = self._orphan_grace
+        watchdog = threading.Timer(self._orphan_grace + EXIT_WATCHDOG_S, os._exit, (1,))
+        watchdog.daemon = True
+        watchdog.start()
+        self.handle_exit(signal.SIGTERM, frame)
 
     def handle_exit(self, sig, frame) -> None:  # a signal handler: it only schedules
         super().handle_exit(sig, frame)
@@ -37,10 +57,11 @@ class _Server(uvicorn.Server):
             self._loop.call_soon_threadsafe(self._loop.call_later, max(0.0, grace - CUT_MARGIN_S), self._before_cut)
 
 
-def serve(app, before_cut: Callable[[], None], **config) -> None:
+def serve(app, before_cut: Callable[[], None], orphan_grace: float | None = None, **config) -> None:
     """`uvicorn.run(app, **config)` for one process, with `before_cut` called a margin before the graceful
-    shutdown's end (see the module's docstring). Exits 1 when the server did not start, as uvicorn.run does."""
-    server = _Server(uvicorn.Config(app, **config), before_cut)
+    shutdown's end (see the module's docstring); with `orphan_grace`, ORPHAN_SIGNAL stops it with that grace.
+    Exits 1 when the server did not start, as uvicorn.run does."""
+    server = _Server(uvicorn.Config(app, **config), before_cut, orphan_grace)
     try:
         server.run()
     except KeyboardInterrupt:

@@ -388,6 +388,10 @@ def engine(
                            ] = False,
     drain_timeout: Annotated[float, float_option(min=0, help="Seconds in-flight requests may run on after SIGTERM "
                                                         "(Kubernetes passes engine.drainTimeoutSeconds)")] = 5.0,
+    orphan_drain: Annotated[float | None, float_option(
+        min=0, max=86400, help="Seconds in-flight requests may run on after SIGUSR1, which `fleetserve up` has the "
+                               "kernel send when the fleet's supervisor dies (default: SIGUSR1 is not handled)")
+                            ] = None,
 ) -> None:
     """Run the built-in engine: an OpenAI-compatible server for one model replica (or a simulated one)."""
     _check_log_format(log_format)
@@ -463,7 +467,7 @@ def engine(
                    l1_bytes=l1_bytes, l2_url=l2_url, max_batch=max_batch, prefill_chunk=prefill_chunk,
                    tenant_l2=tenant_l2, internal_token_file=internal_token_file, max_body_bytes=max_body_bytes,
                    max_header_bytes=max_header_bytes, l2_password_file=l2_password_file, log_format=log_format,
-                   log_prompts=log_prompts, drain_timeout=drain_timeout)
+                   log_prompts=log_prompts, drain_timeout=drain_timeout, orphan_drain=orphan_drain)
     except ModelSourceError as exc:
         raise fail(f"--model: {exc}", EXIT_USAGE) from None
 

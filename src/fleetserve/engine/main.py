@@ -104,6 +104,7 @@ def run_engine(
     log_format: str = "text",
     log_prompts: bool = False,
     drain_timeout: float = 5.0,
+    orphan_drain: float | None = None,
 ) -> None:
     configure_logging(log_format, "engine" if log_format == "json" else f"engine[{replica}]", replica)
     if log_format == "json":
@@ -124,6 +125,6 @@ def run_engine(
         password = read_secret_file(l2_password_file) if l2_password_file else None
         attach_prefix_cache(engine, block_size, engine_cache_bytes, l1_bytes, l2_url, tenant_l2, password)
     logging.getLogger(__name__).info("serving %s (%s) on http://%s:%d", name, path, host, port)
-    serve(build_app(engine), engine.stop_answers, host=host, port=port, log_level="warning",
+    serve(build_app(engine), engine.stop_answers, orphan_drain, host=host, port=port, log_level="warning",
           timeout_graceful_shutdown=drain_timeout, log_config=uvicorn_log_config(log_format),
           timeout_keep_alive=KEEP_ALIVE_S)

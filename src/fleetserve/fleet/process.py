@@ -2,7 +2,8 @@
 
 Each child gets its own process group (a terminal's Ctrl-C reaches only the supervisor, which then stops
 children in order) and PR_SET_PDEATHSIG, so that even a SIGKILLed supervisor leaves no orphan behind (the
-router gets SIGTERM and shuts down gracefully within seconds; the others SIGKILL).
+router gets SIGTERM and the engines SIGUSR1: both let the answers under way finish within the router's drain
+time, then exit; the others SIGKILL).
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from fleetserve.api.graceful import ORPHAN_SIGNAL
 from fleetserve.api.internal import router_trust_args, write_token_file
 from fleetserve.api.limits import engine_body_limit, engine_header_limit
 from fleetserve.autoscale.controller import Controller
@@ -635,6 +636,7 @@ class Supervisor:
             "--served-model-name", self.endpoint.served_model_name, "--model-version", spec.model.version,
             "--namespace", meta.namespace, "--instance-type", instance_type, "--replica", replica_id,
             "--threads", str(threads), "--dtype", spec.model.dtype, "--drain-timeout", str(ENGINE_STOP_GRACE_S),
+            "--orphan-drain", str(spec.router_drain_seconds + ROUTER_EXIT_S),
         )
         if spec.model.context_length:
             cmd += ["--context-length", str(spec.model.context_length)]
@@ -772,7 +774,8 @@ class Supervisor:
     def _spawn(self, r: Replica, mono: float) -> None:
         if r.child is None:
             r.child = Child(r.state.id, self._engine_command(r.state.id, r.port, r.state.instance_type),
-                            self.dir / "logs" / f"{r.state.id}.log", env_drop=self._key_env_names())
+                            self.dir / "logs" / f"{r.state.id}.log", env_drop=self._key_env_names(),
+                            death_signal=ORPHAN_SIGNAL)  # this supervisor dies: it drains as the router does
         r.child.start()
         r.started_at = mono
         r.state.state = advance(r.state.state, Phase.STARTING)
