@@ -535,3 +535,8 @@ def test_the_last_error_of_a_log_is_never_a_request_line_that_names_an_error():
     assert last_error(text) == "RuntimeError: CUDA out of memory"
     as_json = '{"logger": "fleetserve.engine.access", "status": 503, "error": "engine_stopping"}\n'
     assert last_error(as_json) == ""
+    # redis-server says "Could not", never "error": its restart showed `restarting (exit code 1)` and no cause
+    redis = ("1:M 05 Dec 2026 12:00:00.000 * Server initialized\n"
+             "1:M 05 Dec 2026 12:00:00.001 # Warning: Could not create server TCP listening socket 127.0.0.1:6379: "
+             "bind: Address already in use\n")
+    assert "Could not create server TCP listening socket" in last_error(redis)

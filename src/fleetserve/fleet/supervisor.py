@@ -104,7 +104,8 @@ def last_error(tail: str) -> str:
     boxed = max((i for i, line in enumerate(lines) if line == "Error"), default=None)
     if boxed is not None:
         return " ".join(line for line in lines[boxed + 1:] if line)
-    return next((line for line in reversed(lines) if "error" in line.lower() and not ACCESS_LINE.search(line)), "")
+    return next((line for line in reversed(lines) if ("error" in line.lower() or "could not" in line.lower())
+                 and not ACCESS_LINE.search(line)), "")  # redis-server: "Could not create server TCP listening ..."
 
 
 class StartupError(Exception):
@@ -1057,10 +1058,10 @@ class Supervisor:
             delay = backoff.crashed(mono)
             self.say(f"{what} exited with code {code}; restarting in {delay:.0f}s")
             log.warning("%s exited with code %s; last log lines:\n%s", what, code, child.log_tail(5))
-            if child is self.redis:
-                self.state.l2_status = f"restarting (exit code {code})"
+            last = last_error(child.log_tail(12))
+            if child is self.redis:  # its cause too (a port taken: "bind: Address already in use"), as the router's
+                self.state.l2_status = f"restarting (exit code {code}{': ' + last[-200:] if last else ''})"
             if child is self.router:  # the fleet serves nothing meanwhile: status must not read plain "ready"
-                last = last_error(child.log_tail(12))
                 self.state.router_status = f"restarting (exit code {code}{': ' + last[-200:] if last else ''})"
             return False
         if not backoff.due(mono):
