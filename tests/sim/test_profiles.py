@@ -131,6 +131,10 @@ def test_profile_command_measures_the_tiny_model(tmp_path):
     result = fleetserve("profile", "--model", str(tiny_model), "--cache-bytes", "100", "--batches", "1",
                         "--repeats", "1", "--max-prompt", "64")
     assert result.returncode == 2 and "--cache-bytes" in said(result) and "bytes per block" in said(result)
+    # the block size is half of it: a block too large for the cache blamed --cache-bytes alone
+    result = fleetserve("profile", "--model", str(tiny_model), "--block-size", "100000000", "--batches", "1",
+                        "--repeats", "1", "--max-prompt", "64")
+    assert result.returncode == 2 and "--cache-bytes/--block-size" in said(result)
 
 
 def test_profile_bad_input_exits_2():

@@ -134,8 +134,9 @@ def measure(model: str, *, dtype: str = "auto", threads: int | None = None, max_
     layers, _, kv_heads, _, head_dim = runner.block_shape(1)  # (layers, K|V, kv heads, tokens, head dim)
     kv_bytes = layers * 2 * kv_heads * head_dim * torch.tensor([], dtype=runner.torch_dtype).element_size()
     if cache_bytes < kv_bytes * block_size:  # a profile of zero blocks is refused by every command that reads it
-        raise MeasureInputError("--cache-bytes", f"{cache_bytes} bytes hold no {block_size}-token block of this "
-                                f"model ({kv_bytes * block_size} bytes per block); allowed: at least that")
+        raise MeasureInputError("--cache-bytes/--block-size", f"{cache_bytes} bytes hold no {block_size}-token "
+                                f"block of this model ({kv_bytes * block_size} bytes per block): give more bytes or "
+                                "fewer tokens per block")
     rng = np.random.default_rng(0)
     vocab = runner.vocab_size()
     ctx_limit = runner.context_length
