@@ -328,24 +328,31 @@ def test_fleet_starts_its_own_redis_for_l2_and_stops_it(tmp_path, tiny_model, ho
     assert leftovers(home) == []  # redis-server included
 
 
-def test_down_lets_a_stream_under_way_finish_before_the_replicas_stop(tmp_path, home):
-    """`fleetserve down` signalled the router and every replica at once: a stream under way ended in a bare
-    connection reset (the openai client's APIConnectionError). The router now stops first and lets it finish
-    while the replicas still run. (A model slow enough that the stream outlasts the stop signal.)"""
-    import threading
-
+def _a_long_stream_under_way(tmp_path, home, name: str) -> tuple[dict, object]:
+    """A one-replica fleet of a model slow enough that a 1,500-token stream outlasts any stop signal, and that
+    stream's chunks once the first arrived: (the fleet's status, the rest of the chunks)."""
     from fleetserve.engine.tiny import create_tiny_model
 
     model = create_tiny_model(tmp_path / "slower", hidden_size=384, layers=6, context_length=2048)
-    spec = write_spec(tmp_path, str(model), name="drain", replicas=1)
+    spec = write_spec(tmp_path, str(model), name=name, replicas=1)
     up = fleetserve("up", spec, "--detach", env=home)
     assert up.returncode == 0, up.stderr
-    (state,) = status(home, "drain")
+    (state,) = status(home, name)
     client = openai.OpenAI(base_url=state["url"], api_key="x", max_retries=0, timeout=120)
     stream = client.completions.create(model="tiny", prompt="count", max_tokens=1500, stream=True,
                                        extra_body={"ignore_eos": True, "stream_options": {"include_usage": True}})
     chunks = iter(stream)
     next(chunks)  # the stream is under way
+    return state, chunks
+
+
+def test_down_lets_a_stream_under_way_finish_before_the_replicas_stop(tmp_path, home):
+    """`fleetserve down` signalled the router and every replica at once: a stream under way ended in a bare
+    connection reset (the openai client's APIConnectionError). The router now stops first and lets it finish
+    while the replicas still run."""
+    import threading
+
+    _, chunks = _a_long_stream_under_way(tmp_path, home, "drain")
     stopping = threading.Thread(target=fleetserve, args=("down", "drain"), kwargs={"env": home})
     stopping.start()
     rest = list(chunks)  # raised APIConnectionError before
@@ -361,18 +368,7 @@ def test_a_stream_under_way_finishes_when_the_supervisor_is_killed(tmp_path, hom
     engines now get SIGUSR1 and drain as long, then exit: nothing is left behind."""
     import threading
 
-    from fleetserve.engine.tiny import create_tiny_model
-
-    model = create_tiny_model(tmp_path / "slower", hidden_size=384, layers=6, context_length=2048)
-    spec = write_spec(tmp_path, str(model), name="orphan", replicas=1)
-    up = fleetserve("up", spec, "--detach", env=home)
-    assert up.returncode == 0, up.stderr
-    (state,) = status(home, "orphan")
-    client = openai.OpenAI(base_url=state["url"], api_key="x", max_retries=0, timeout=120)
-    stream = client.completions.create(model="tiny", prompt="count", max_tokens=1500, stream=True,
-                                       extra_body={"ignore_eos": True, "stream_options": {"include_usage": True}})
-    chunks = iter(stream)
-    next(chunks)  # the stream is under way
+    state, chunks = _a_long_stream_under_way(tmp_path, home, "orphan")
     os.kill(state["supervisor_pid"], signal.SIGKILL)
     rest: list = []
     reader = threading.Thread(target=lambda: rest.extend(chunks))
