@@ -142,6 +142,28 @@ def test_ctrl_c_while_a_detached_fleet_starts_stops_it_and_the_next_start_keeps_
     assert json.loads(pruned.stdout) == {"removed": ["cc"], "kept": []}
 
 
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 130)])
+def test_sigterm_or_a_closed_terminal_while_a_detached_fleet_starts_stops_it(tmp_path, tiny_model, home, sig, code):
+    """Only Ctrl-C stopped the start: SIGTERM and SIGHUP (a closed terminal) took Python's default exit and left
+    the fleet starting, ready later, with nothing printed."""
+    from pathlib import Path
+
+    spec = write_spec(tmp_path, tiny_model, name="hup", replicas=1)
+    cli = subprocess.Popen([sys.executable, "-m", "fleetserve", "up", spec, "--detach"], env={**os.environ, **home},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: (Path(home["FLEETSERVE_HOME"]) / "run" / "hup" / "state.json").exists(), 60,
+                   what="the supervisor started")
+        cli.send_signal(sig)
+        _, stderr = cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert cli.returncode == code and "start of fleet hup interrupted: it was stopped" in stderr, (cli.returncode,
+                                                                                                   stderr)
+    assert leftovers(home) == [] and status(home, "hup")[0]["status"] == "stopped"
+
+
 def _bound(sock, port) -> bool:
     try:
         sock.bind(("127.0.0.1", port))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 from typing import Annotated
 
@@ -117,7 +119,7 @@ def up(
     try:
         if detach:
             try:
-                with err.status(f"starting fleet {name} ..."):
+                with err.status(f"starting fleet {name} ..."), _stopped_by_sigterm_and_sighup():
                     state = start_detached(spec, name, loaded.endpoint.spec.engine.startup_timeout_seconds + 120,
                                            log_args)
             except KeyboardInterrupt:
@@ -142,6 +144,24 @@ def up(
 
     code = Supervisor(loaded, spec, say=say, owner_pid=stop_with).run(on_ready=ready)
     raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm_and_sighup():
+    """SIGTERM and SIGHUP (a closed terminal) while a detached fleet starts end the wait as Ctrl-C does, so the
+    starting fleet is stopped (`start_detached`); Python's default exit had left it starting, unseen. SIGTERM exits
+    143 (`Terminated`), SIGHUP 130."""
+    def stop(signum, _frame):
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second one does not cut the stop under way
+        raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _check_log_format(value: str | None) -> str | None:
