@@ -33,6 +33,18 @@ def test_a_config_that_is_not_json_is_named(copy):
     (folder / "config.json").write_text("[1]")
     with pytest.raises(ModelSourceError, match="config.json is not a JSON object"):
         check_model_dir(folder)
+    (folder / "config.json").write_text("{}")  # transformers: "Should have a model_type key", a traceback
+    with pytest.raises(ModelSourceError, match="config.json names no model_type"):
+        check_model_dir(folder)
+
+
+def test_bytes_after_the_tensors_are_named(copy):
+    """safetensors refuses a file its tensors do not cover whole ("incomplete metadata"): it had passed here."""
+    folder = copy("trailing")
+    with open(folder / "model.safetensors", "ab") as f:
+        f.write(b"\0" * 5000)
+    with pytest.raises(ModelSourceError, match="bytes after its tensors"):
+        check_model_dir(folder)
 
 
 @pytest.mark.parametrize("keep", ["nothing", "half the header", "the header only"])

@@ -43,6 +43,8 @@ def _check_readable(path: Path) -> None:
     config = _json_file(path / "config.json")
     if not isinstance(config, dict):
         raise ModelSourceError(f"{path / 'config.json'} is not a JSON object")
+    if not isinstance(config.get("model_type"), str):  # what transformers reads the architecture by
+        raise ModelSourceError(f"{path / 'config.json'} names no model_type (e.g. \"llama\"): not a model's config")
     index = path / "model.safetensors.index.json"
     if index.is_file():
         shards = _json_file(index)
@@ -78,12 +80,12 @@ def _check_safetensors_header(path: Path) -> None:
             header = json.loads(f.read(min(length, 100 << 20))) if 0 < length <= size - 8 else None
         ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"] \
             if isinstance(header, dict) else None
-        ok = ends is not None and 8 + length + max(ends, default=0) <= size
+        ok = ends is not None and 8 + length + max(ends, default=0) == size  # covered whole, as the format asks
     except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError):
         ok = False
     if not ok:
-        raise ModelSourceError(f"{path} is not a whole safetensors file ({size} bytes; truncated or damaged): "
-                               "prepare the model again")
+        raise ModelSourceError(f"{path} is not a whole safetensors file ({size} bytes; truncated, damaged or with "
+                               "bytes after its tensors): prepare the model again")
 
 
 def _hf_cache_dir(repo_id: str, revision: str | None, download: bool = False) -> Path:
