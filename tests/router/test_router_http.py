@@ -132,6 +132,17 @@ def test_errors_pass_through_in_openai_shape(pair):
         assert status == 200 or r.json()["error"]["code"] == "cross_site_request"
 
 
+def test_a_router_without_secrets_is_admin_to_loopback_named_as_loopback_only(pair):
+    """With no secret, loopback is admin: a page whose name a DNS rebinding pointed at 127.0.0.1 came from loopback
+    too, with its own name as Host, and could PUT its own backends."""
+    gw, _ = pair
+    port = gw.url.rsplit(":", 1)[1]
+    assert httpx.get(gw.url + "/admin/load", timeout=5).status_code == 200
+    assert httpx.get(gw.url + "/admin/load", headers={"host": f"localhost:{port}"}, timeout=5).status_code == 200
+    rebound = httpx.get(gw.url + "/admin/load", headers={"host": f"evil.example:{port}"}, timeout=5)
+    assert rebound.status_code == 403
+
+
 def test_router_metrics(pair):
     gw, _ = pair
     httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=30)

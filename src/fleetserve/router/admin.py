@@ -40,7 +40,17 @@ def admin_allowed(gateway, request: Request) -> bool:
         return hmac.compare_digest(request.headers.get("x-fleetserve-admin", ""), token)
     if gateway.internal.enabled or gateway.settings.keyring is not None:
         return False
-    return request.client is not None and request.client.host in LOOPBACK
+    # and named as loopback: a page whose name a DNS rebinding pointed at 127.0.0.1 sends its own name as Host
+    return request.client is not None and request.client.host in LOOPBACK and \
+        _host_name(request.headers.get("host", "")) in LOOPBACK
+
+
+def _host_name(host: str) -> str:
+    """A Host header's name without its port (`[::1]:8000` is `::1`)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
 def _forbidden() -> Response:
