@@ -588,3 +588,19 @@ def test_a_value_a_pattern_refuses_is_told_in_words_not_by_the_regular_expressio
     (msg,) = _problems(yaml.safe_dump(ours))
     assert msg == "spec.capacity.consolidation.budgets[0].nodes: expected a count or a percentage, like 1 or 10% " \
                   "(got 'abc')", msg
+
+
+
+def test_an_sglang_host_cache_warning_names_the_hyperpod_switch_and_a_gpu_less_engine_reads_whole():
+    """An SGLang image warned on `spec.kvCacheSpec.l1.maxBytes`, a field HyperPod has not, and a GPU-less vLLM
+    worker read "spec.worker.resources: 0 for a vllm engine"."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["worker"]["image"] = "lmsysorg/sglang:v0.4.9"
+    doc["spec"]["worker"]["resources"] = {"limits": {"nvidia.com/gpu": 4}, "requests": {"nvidia.com/gpu": 4}}
+    said = {w.path: w.message for w in load_spec_text(yaml.safe_dump(doc)).warnings}
+    assert not [p for p in said if p.startswith("spec.kvCacheSpec.l1")], said
+    assert "SGLang's host cache" in said["spec.kvCacheSpec.enableL1Cache"]  # the switch the file has
+    none = yaml.safe_load(EXAMPLE.read_text())
+    none["spec"]["worker"]["resources"] = {"limits": {}, "requests": {}}
+    said = {w.path: w.message for w in load_spec_text(yaml.safe_dump(none)).warnings}
+    assert said["spec.worker.resources"].startswith("a vllm engine given no GPU"), said

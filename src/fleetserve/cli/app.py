@@ -287,9 +287,10 @@ def _prune_fleets(name: str | None, as_json: bool = False) -> None:
         # ours only: a recorded pid may belong to another process by now
         alive = supervisor_alive(f) or any(p and pid_alive(p) and is_ours(p, f) for p in children)
         if f.status not in ("stopped", "failed", "dead"):
-            kept.append(f"{f.name} ({f.status})")
+            kept.append({"name": f.name, "status": f.status, "why": "running"})
         elif f.status == "dead" and alive:  # a clean stop ended them all
-            kept.append(f"{f.name} ({f.status}, processes still alive: `fleetserve down {f.name}` stops them)")
+            kept.append({"name": f.name, "status": f.status,
+                         "why": f"processes still alive: `fleetserve down {f.name}` stops them"})
         else:
             shutil.rmtree(fleet_dir(f.name), ignore_errors=True)
             removed.append(f.name)
@@ -298,7 +299,9 @@ def _prune_fleets(name: str | None, as_json: bool = False) -> None:
         return
     out.print(f"removed {len(removed)} fleet(s)" + (": " + ", ".join(removed) if removed else ""), markup=False)
     if kept:
-        out.print("kept: " + "; ".join(kept), markup=False)
+        out.print("kept: " + "; ".join(f"{k['name']} ({k['status']}"
+                                       + (f", {k['why']})" if k["why"] != "running" else ")") for k in kept),
+                  markup=False)
 
 
 def _prometheus_login(state) -> str:

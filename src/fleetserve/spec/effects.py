@@ -34,8 +34,8 @@ def takes_effect_on_kubernetes(path: str) -> bool:
 
 # a GPU engine given no GPU: its pod requests none (render) while simulate, verify and plan time and price it on one
 # GPU of the instance, so a plan could pass a fleet that cannot run once deployed; said by validate, render, simulate
-ZERO_GPUS = ("0 for a {kind} engine: its Kubernetes pod requests no nvidia.com/gpu (and cannot run), while the "
-             "simulator times and prices it on one GPU; set the replica's GPUs")
+ZERO_GPUS = ("a {kind} engine given no GPU: its Kubernetes pod requests no nvidia.com/gpu (and cannot run), while "
+             "the simulator times and prices it on one GPU; set the replica's GPUs")
 
 
 def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:

@@ -557,6 +557,9 @@ _SOURCES = (
     ("spec.model.mountPath", "spec.worker.modelVolumeMount.mountPath"),
     ("spec.model", "spec.modelSourceConfig"),
     ("spec.kvCache.l2.url", "spec.kvCacheSpec.l2CacheSpec.l2CacheLocalUrl"),
+    ("spec.kvCache.l1.maxBytes", "spec.kvCacheSpec.enableL1Cache"),  # HyperPod sizes no tier: the switch names it
+    ("spec.kvCache.l1.enabled", "spec.kvCacheSpec.enableL1Cache"),
+    ("spec.kvCache.l2.enabled", "spec.kvCacheSpec.enableL2Cache"),
     ("spec.kvCache", "spec.kvCacheSpec"),
     ("spec.routing.sessionKey", "spec.worker.environmentVariables[SESSION_KEY]"),
     ("spec.routing", "spec.intelligentRoutingSpec"),
