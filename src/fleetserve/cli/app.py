@@ -689,10 +689,6 @@ def router(
                               access_log=access_log, model_identity=identity, queue_metrics=queue_metrics,
                               model_metrics_scope=model_metrics_scope,
                               served_models=tuple(dict.fromkeys(model or ())), invocation_path=invocation_path)
-    if keyring is not None and not settings.admin_token and not internal_token:
-        err.print("warning: API keys are on and neither FLEETSERVE_ADMIN_TOKEN nor --internal-token-file is set: "
-                  "the admin API (/admin/*, /metrics, the dashboard) answers nobody (loopback is no credential "
-                  "where clients have keys)", markup=False)
     if workers > 1 and (max_concurrent_per_replica or max_queue is not None):
         from fleetserve.spec.effects import limits_split
 
