@@ -362,7 +362,7 @@ def _refuse_what_placeholder_text_cannot_honour(parsed: ParsedRequest) -> None:
     if parsed.sampling.stop:
         raise APIError(400, "stop: a simulated engine generates placeholder text and cannot honour stop sequences",
                        param="stop", code="unsupported_value")
-    if getattr(parsed, "echo", False):
+    if parsed.echo:
         raise APIError(400, "echo: a simulated engine does not echo the prompt", param="echo",
                        code="unsupported_value")
 

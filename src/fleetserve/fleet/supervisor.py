@@ -1059,10 +1059,11 @@ class Supervisor:
             self.say(f"{what} exited with code {code}; restarting in {delay:.0f}s")
             log.warning("%s exited with code %s; last log lines:\n%s", what, code, child.log_tail(5))
             last = last_error(child.log_tail(12))
+            restarting = f"restarting (exit code {code}{': ' + last[-200:] if last else ''})"
             if child is self.redis:  # its cause too (a port taken: "bind: Address already in use"), as the router's
-                self.state.l2_status = f"restarting (exit code {code}{': ' + last[-200:] if last else ''})"
+                self.state.l2_status = restarting
             if child is self.router:  # the fleet serves nothing meanwhile: status must not read plain "ready"
-                self.state.router_status = f"restarting (exit code {code}{': ' + last[-200:] if last else ''})"
+                self.state.router_status = restarting
             return False
         if not backoff.due(mono):
             return False

@@ -6,8 +6,8 @@ page itself. Both routes need the router's admin check. A browser cannot send th
 from its 0600 file) that expires in LOGIN_TTL_S; the page trades it for an HttpOnly, SameSite=Strict session
 cookie (signed likewise, SESSION_TTL_S) and redirects to the bare URL. The printed URL had carried the internal
 token itself, the fleet's strongest secret, into terminals, shell histories and proxy logs, and the cookie had
-held it too. `?token=T` (the admin token, typed by hand) still logs in the same way. Signed, not stored: every
-router worker checks a code or a cookie alone.
+held it too. `?token=T` (the admin token or the internal token, typed by hand) still logs in the same way.
+Signed, not stored: every router worker checks a code or a cookie alone.
 """
 
 from __future__ import annotations

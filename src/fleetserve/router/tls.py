@@ -74,18 +74,14 @@ def certificate_hosts(host: str) -> tuple[str, ...]:
         return tuple(dict.fromkeys([host, *names]))
     # the wildcard itself too: the fleet's supervisor (and its printed URL) reach the router at it
     names = [host or "0.0.0.0", *names, *(["::1"] if host == "::" else [])]
-    for name in (socket.gethostname(), socket.getfqdn()):
-        if name and name not in names:
-            names.append(name)
+    for name in filter(None, (socket.gethostname(), socket.getfqdn())):
+        names.append(name)
         try:
             infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
         except OSError:
             continue
-        names += [a[4][0].split("%")[0] for a in infos if a[4][0].split("%")[0] not in names]
-    primary = _primary_address()
-    if primary and primary not in names:
-        names.append(primary)
-    return tuple(dict.fromkeys(names))
+        names += [a[4][0].split("%")[0] for a in infos]  # an IPv6 address without its scope
+    return tuple(dict.fromkeys([*names, *filter(None, [_primary_address()])]))
 
 
 def _primary_address() -> str | None:

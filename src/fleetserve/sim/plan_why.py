@@ -111,13 +111,13 @@ def _static_replicas(search: Planner, winner: Trial) -> str:
     """The static fleets of the winner's type the search ran, fewest replicas first."""
     start = _in_chain(winner, "baseline")
     if start is not None:  # the input's own types, fall-through included: no one type
-        raised = bool(search.context) and "context raised" in start.label  # not baseline_cost_usd's trial
-        what = (f"the input at its max replicas with its context raised to {search.context['to']}" if raised else
-                "the input at its max replicas (the baseline")
-        note = (f"; baseline_cost_usd is the input as written (context {search.context['from']}: "
-                f"{search.context['requests_over']} requests refused)" if raised else "")
-        return (f"{what}{' (' if raised else ', '}{_figures(winner)}), which no cheaper candidate beat; each type's "
-                f"smallest passing static fleet: {_types(search)}{note}{_budget(search)}")
+        ctx = search.context if "context raised" in start.label else None  # not baseline_cost_usd's trial
+        what = (f"with its context raised to {ctx['to']} ({_figures(winner)})" if ctx else
+                f"(the baseline, {_figures(winner)})")
+        note = (f"; baseline_cost_usd is the input as written (context {ctx['from']}: {ctx['requests_over']} "
+                "requests refused)" if ctx else "")
+        return (f"the input at its max replicas {what}, which no cheaper candidate beat; each type's smallest passing "
+                f"static fleet: {_types(search)}{note}{_budget(search)}")
     kind = winner.instance_type
     tried = sorted((x for x in search.history if x.step == "static" and x.instance_type == kind),
                    key=lambda x: x.data["spec"]["replicas"])

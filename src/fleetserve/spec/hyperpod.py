@@ -573,10 +573,15 @@ _TRIGGER_FIELDS = {".target": ".targetValue", ".activationTarget": ".activationT
 KUBERNETES_ONLY = "applies to Kubernetes rendering only"  # the start of effects' note on such a setting
 
 
+def _steps(path: str) -> list[str]:
+    """A HyperPod path's steps: `spec.a[0].b` is spec, a, [0], b."""
+    return [p for p in re.split(r"\.|(\[\d+\])", path) if p]
+
+
 def _in_crd(path: str) -> bool:
     """Whether a HyperPod path (`spec.a.b[0].c`) is a field of the CRD's schema."""
     node: Any = crd_schema()
-    for step in [p for p in re.split(r"\.|(\[\d+\])", path) if p]:
+    for step in _steps(path):
         if step.startswith("["):
             node = node.get("items") if isinstance(node, dict) else None
         else:
@@ -590,7 +595,7 @@ def _written(doc: dict, path: str) -> bool | None:
     """Whether the document has the field at a HyperPod path (`spec.a.b[0].c`): None when a step before the last
     is not there to look in, so nothing can be said."""
     node: Any = doc
-    steps = [p for p in re.split(r"\.|(\[\d+\])", path) if p]
+    steps = _steps(path)
     for k, step in enumerate(steps):
         last = k == len(steps) - 1
         if step.startswith("["):
