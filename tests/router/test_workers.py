@@ -1,7 +1,12 @@
 """`fleetserve router --workers 2`: two processes on one port that route as one router."""
 
 import os
+import shutil
 import signal
+import socket
+import tempfile
+import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -128,6 +133,72 @@ def test_workers_exit_with_their_parent(fleet):
     _, alive = psutil.wait_procs(workers, timeout=15)
     assert not alive, f"orphaned router workers: {[p.pid for p in alive]}"
 
+
+def test_a_sigkilled_routers_bus_folder_is_removed_by_the_next_start(monkeypatch):
+    """Each SIGKILLed multi-worker router (the OOM killer, kill -9) had left its folder of metric files in the
+    temporary directory for good."""
+    from fleetserve.router.workers import FOLDER_PREFIX, remove_stale_folders
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="fs-", dir="/tmp"))  # short: a unix socket's path is at most 107 bytes
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the router's temporary directory: this test's alone
+    try:
+        gw = Server(["router", "--backend", "http://127.0.0.1:9", "--workers", "2"], tmp_path / "router.log").start(
+            ready_path="/livez")
+        try:
+            workers = psutil.Process(gw.proc.pid).children()
+            wait_until(lambda: len(list(tmp_path.glob(f"{FOLDER_PREFIX}*/w*.sock"))) == 2, 30,
+                       what="both bus sockets")
+            (folder,) = tmp_path.glob(f"{FOLDER_PREFIX}*")
+            assert not remove_stale_folders(str(tmp_path), now=time.time() + 3600)  # live: its workers listen
+            os.kill(gw.proc.pid, signal.SIGKILL)
+            gw.proc.wait(timeout=10)
+            psutil.wait_procs(workers, timeout=15)
+        finally:
+            gw.stop()
+        assert folder.is_dir()  # nobody ran the parent's cleanup
+        assert not remove_stale_folders(str(tmp_path), now=folder.stat().st_mtime + 1)  # young: spared
+        assert remove_stale_folders(str(tmp_path), now=time.time() + 3600) == [str(folder)]
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_a_deep_temporary_directory_puts_the_bus_under_tmp(tmp_path, monkeypatch):
+    """A worker's socket path past 107 bytes made every worker fail at bind, and the router stop."""
+    from fleetserve.router.workers import bus_parent
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / ("deep" * 30)))
+    assert bus_parent() == "/tmp"
+    monkeypatch.setattr(tempfile, "tempdir", "/var/tmp")
+    assert bus_parent() == "/var/tmp"
+
+
+def test_only_the_bus_folders_of_routers_that_are_gone_are_removed():
+    import subprocess
+    import sys
+
+    from fleetserve.router.workers import FOLDER_PREFIX, PARENT_FILE, _mark_parent, remove_stale_folders
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="fs-", dir="/tmp"))  # short: a unix socket's path is at most 107 bytes
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        live, dead, other = tmp_path / f"{FOLDER_PREFIX}live", tmp_path / f"{FOLDER_PREFIX}dead", tmp_path / "other"
+        restarting = tmp_path / f"{FOLDER_PREFIX}restarting"  # its parent runs; its workers are all restarting
+        for folder in (live, dead, other, restarting):
+            folder.mkdir()
+        listening.bind(str(live / "w0.sock"))
+        for folder in (dead, restarting):
+            closed = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            closed.bind(str(folder / "w1.sock"))
+            closed.close()  # its file stays, as a killed worker's does
+        _mark_parent(restarting)  # this process plays the live parent
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        (dead / PARENT_FILE).write_text(f"{gone} 1")  # a parent that exited
+        assert remove_stale_folders(str(tmp_path), now=time.time() + 3600) == [str(dead)]
+        assert live.is_dir() and other.is_dir() and restarting.is_dir() and not dead.exists()
+    finally:
+        listening.close()
+        shutil.rmtree(tmp_path, ignore_errors=True)
 
 def test_workers_need_a_fixed_port(tmp_path):
     from tests.helpers import fleetserve

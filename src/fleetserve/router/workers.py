@@ -39,6 +39,8 @@ RESTART_DELAY_S = 1.0
 QUICK_EXIT_S = 10.0  # a worker that exits this soon after its start, QUICK_EXITS times in a row, cannot start
 QUICK_EXITS = 3
 BACKENDS_FILE = "backends.json"  # the latest backend set PUT to any worker, for workers that start after it
+FOLDER_PREFIX = "fleetserve-router-peers-"
+STALE_FOLDER_S = 60.0  # a bus folder younger than this may belong to a router whose workers are still binding
 
 
 class PeerBus:
@@ -239,7 +241,10 @@ def run_workers(count: int, backends: list[str], host: str, port: int, settings,
     if port == 0:
         raise ValueError("--workers needs a fixed --port: every worker binds the same one")
     context = multiprocessing.get_context("fork")  # before any event loop: a clean copy, fast to start
-    folder = tempfile.mkdtemp(prefix="fleetserve-router-peers-")
+    parent = bus_parent()
+    remove_stale_folders(parent)
+    folder = tempfile.mkdtemp(prefix=FOLDER_PREFIX, dir=parent)
+    _mark_parent(Path(folder))
     (Path(folder) / "metrics").mkdir()
     stopping = False
 
@@ -284,6 +289,79 @@ def run_workers(count: int, backends: list[str], host: str, port: int, settings,
                 p.kill()
                 p.join(1)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+SOCKET_PATH_MAX = 107  # a unix socket's path, in bytes (sun_path is 108 with its terminating NUL)
+
+
+def bus_parent() -> str:
+    """Where the bus folder goes: the temporary directory (TMPDIR), or /tmp when a worker's socket path there
+    would be too long for a unix socket (a deep TMPDIR had made every worker fail at bind, and the router stop)."""
+    parent = tempfile.gettempdir()
+    longest = len(os.fsencode(os.path.join(parent, FOLDER_PREFIX + "x" * 8, "w999.sock")))
+    return parent if longest <= SOCKET_PATH_MAX else "/tmp"
+
+
+def remove_stale_folders(parent: str | None = None, now: float | None = None) -> list[str]:
+    """Remove the bus folders of routers that are gone: a router SIGKILLed (the OOM killer, kill -9) never ran
+    its cleanup, and each such start had left a folder of metric files in the temporary directory for good.
+    A folder is gone when its router parent no longer runs and none of its workers' sockets accepts a connection
+    (a live router's workers may all be restarting at once); a young one is spared (its workers may not have
+    bound yet)."""
+    parent = parent or tempfile.gettempdir()
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        candidates = [p for p in Path(parent).iterdir() if p.name.startswith(FOLDER_PREFIX)]
+    except OSError:
+        return removed
+    for folder in candidates:
+        try:
+            info = folder.lstat()
+        except OSError:
+            continue
+        if not folder.is_dir() or folder.is_symlink() or info.st_uid != os.getuid() \
+                or now - info.st_mtime < STALE_FOLDER_S or _parent_alive(folder) or _any_worker_listens(folder):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(str(folder))
+    if removed:
+        log.info("router: removed %d bus folder(s) of routers that are gone", len(removed))
+    return removed
+
+
+PARENT_FILE = "parent"  # in the bus folder: the router parent's pid and start time, while it runs
+
+
+def _mark_parent(folder: Path) -> None:
+    from fleetserve.fleet.state import process_start
+
+    (folder / PARENT_FILE).write_text(f"{os.getpid()} {process_start(os.getpid()) or ''}")
+
+
+def _parent_alive(folder: Path) -> bool:
+    """The router that made the folder still runs (its workers may all be restarting, their sockets closed)."""
+    from fleetserve.fleet.state import pid_alive, process_start
+
+    try:
+        pid_text, _, start = (folder / PARENT_FILE).read_text().partition(" ")
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return False
+    return pid_alive(pid) and (not start or process_start(pid) == start)
+
+
+def _any_worker_listens(folder: Path) -> bool:
+    for path in folder.glob("w*.sock"):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            probe.connect(str(path))  # connects without sending: a bound socket is a live worker
+            return True
+        except OSError:
+            pass
+        finally:
+            probe.close()
+    return False
 
 
 def _metrics_dead(folder: str, pid: int) -> None:
