@@ -241,3 +241,33 @@ def test_a_login_code_works_until_it_expires_and_a_forged_one_never(client):
     assert client.get("/dashboard").status_code == 403  # a login code is no session cookie
     for junk in ("².x", "9" * 5000 + ".x", ".", "abc"):  # "²" passed isdigit(), and int() made it a 500
         assert client.get("/dashboard", params={"login": junk}).status_code == 403
+
+
+def test_a_login_code_works_once(client):
+    """A printed URL seen afterwards (a terminal, a shell history, a proxy log) had been a session for anyone for
+    the rest of its five minutes."""
+    from fleetserve.observe.dashboard import signed
+
+    client.cookies.clear()
+    code = signed(INTERNAL, "login", 300)
+    assert client.get("/dashboard?login=" + code).status_code == 303
+    client.cookies.clear()
+    second = client.get("/dashboard?login=" + code)
+    assert second.status_code == 403 and "used already" in second.json()["error"]["message"]
+    assert client.get("/dashboard?login=" + signed(INTERNAL, "login", 300)).status_code == 303  # a new one works
+
+
+def test_router_workers_spend_a_login_code_for_each_other(tmp_path):
+    """Each worker checks codes alone: the bus folder they share is what tells one that another took the code."""
+    from fleetserve.observe.dashboard import UsedLogins, signed
+
+    code, other = signed(INTERNAL, "login", 300, now=1000), signed(INTERNAL, "login", 300, now=1000)
+    first, second = UsedLogins(), UsedLogins()
+    assert first.first_use(code, str(tmp_path), now=1000)
+    assert not second.first_use(code, str(tmp_path), now=1001)
+    assert second.first_use(other, str(tmp_path), now=1001)
+    assert len(list((tmp_path / "used-logins").iterdir())) == 2
+    assert first.first_use(signed(INTERNAL, "login", 300, now=2000), str(tmp_path), now=2000)
+    assert len(list((tmp_path / "used-logins").iterdir())) == 1  # the expired ones are forgotten
+    memory = UsedLogins()  # a single-process router
+    assert memory.first_use(code, now=1000) and not memory.first_use(code, now=1001)

@@ -7,7 +7,10 @@ from its 0600 file) that expires in LOGIN_TTL_S; the page trades it for an HttpO
 cookie (signed likewise, SESSION_TTL_S) and redirects to the bare URL. The printed URL had carried the internal
 token itself, the fleet's strongest secret, into terminals, shell histories and proxy logs, and the cookie had
 held it too. `?token=T` (the admin token or the internal token, typed by hand) still logs in the same way.
-Signed, not stored: every router worker checks a code or a cookie alone.
+Signed, not stored: every router worker checks a code or a cookie alone. A login code is also used once
+(`UsedLogins`): a URL seen in a terminal, a shell history or a proxy log after its owner opened it is dead, not a
+session for anyone for the rest of its five minutes. The workers of one router share what was used through
+their bus folder; separate router replicas (Kubernetes) each accept a code once.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
+import secrets as secrets_module
 import time
+from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -32,23 +38,63 @@ SESSION_TTL_S = 12 * 3600  # a browser's login lasts this long
 
 
 def signed(secret: str, purpose: str, ttl_s: float, now: float | None = None) -> str:
-    """`EXPIRY.SIGNATURE`: what `valid` accepts for `purpose` until EXPIRY (seconds since the epoch)."""
+    """`EXPIRY.NONCE.SIGNATURE`: what `valid` accepts for `purpose` until EXPIRY (seconds since the epoch); the
+    nonce makes each code its own, so that using one (`UsedLogins`) spends no other."""
     expiry = int((time.time() if now is None else now) + ttl_s)
-    return f"{expiry}.{_signature(secret, purpose, expiry)}"
+    nonce = secrets_module.token_hex(8)
+    return f"{expiry}.{nonce}.{_signature(secret, purpose, expiry, nonce)}"
 
 
-def _signature(secret: str, purpose: str, expiry: int) -> str:
-    return hmac.new(secret.encode(), f"fleetserve-dashboard:{purpose}:{expiry}".encode(), hashlib.sha256).hexdigest()
+def _signature(secret: str, purpose: str, expiry: int, nonce: str) -> str:
+    message = f"fleetserve-dashboard:{purpose}:{expiry}:{nonce}".encode()
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
 
 
 def valid(value: str, purpose: str, secrets: tuple[str | None, ...], now: float | None = None) -> bool:
-    expiry, _, signature = value.partition(".")
+    expiry, _, rest = value.partition(".")
+    nonce, _, signature = rest.partition(".")
     # ASCII digits of a plausible length: "²" passes isdigit() and int() refused it (a 500 for anyone)
     if not (expiry.isascii() and expiry.isdigit() and len(expiry) <= 12) or not signature or \
-            int(expiry) < (time.time() if now is None else now):
+            not _is_nonce(nonce) or int(expiry) < (time.time() if now is None else now):
         return False
-    return any(secret and hmac.compare_digest(signature, _signature(secret, purpose, int(expiry)))
+    return any(secret and hmac.compare_digest(signature, _signature(secret, purpose, int(expiry), nonce))
                for secret in secrets)
+
+
+def _is_nonce(nonce: str) -> bool:
+    return len(nonce) == 16 and all(c in "0123456789abcdef" for c in nonce)
+
+
+class UsedLogins:
+    """The login codes already traded for a session, until they expire. Given a folder (the router workers' bus),
+    a code is spent by creating a file named after its nonce (O_EXCL: one worker wins), so it is spent for every
+    worker; without one, in this process's memory."""
+
+    def __init__(self) -> None:
+        self._used: dict[str, int] = {}
+
+    def first_use(self, code: str, folder: str | None = None, now: float | None = None) -> bool:
+        """True once per code (which `valid` accepted), False on any later use."""
+        expiry_text, nonce, _ = code.split(".", 2)
+        expiry, now = int(expiry_text), time.time() if now is None else now
+        if folder is None:
+            self._used = {n: e for n, e in self._used.items() if e >= now}
+            if nonce in self._used:
+                return False
+            self._used[nonce] = expiry
+            return True
+        spent = Path(folder) / "used-logins"
+        try:
+            spent.mkdir(exist_ok=True)
+            for entry in spent.iterdir():
+                if int(entry.name.partition(".")[0]) < now:
+                    entry.unlink(missing_ok=True)
+            os.close(os.open(spent / f"{expiry}.{nonce}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            return True
+        except FileExistsError:
+            return False
+        except (OSError, ValueError):  # the folder is gone (the router stops): no session from a code not spent
+            return False
 
 
 def _secrets(gateway) -> tuple[str | None, ...]:
@@ -66,6 +112,7 @@ def allowed(gateway, request: Request) -> bool:
 def dashboard_routes(gateway) -> list[Route]:
     live = LiveData()
     gateway.dashboard = live
+    used = UsedLogins()
 
     async def page(request: Request) -> Response:
         token, login = request.query_params.get("token", ""), request.query_params.get("login", "")
@@ -73,6 +120,10 @@ def dashboard_routes(gateway) -> list[Route]:
             if not (_token_ok(gateway, token) if token else valid(login, "login", _secrets(gateway))):
                 return APIError(403, "dashboard: wrong or expired login (`fleetserve dashboard open` prints a new "
                                      f"URL; it works {LOGIN_TTL_S // 60} minutes)").response()
+            folder = gateway.peers.folder if gateway.peers is not None else None  # attached after this app is built
+            if login and not token and not used.first_use(login, folder):
+                return APIError(403, "dashboard: this login URL was used already; each works once (`fleetserve "
+                                     "dashboard open` prints a new one)").response()
             secret = next(s for s in (gateway.internal.token, gateway.settings.admin_token) if s)
             redirect = RedirectResponse("/dashboard", status_code=303)
             redirect.set_cookie(COOKIE, signed(secret, "session", SESSION_TTL_S), max_age=SESSION_TTL_S,
