@@ -4,12 +4,25 @@ clean), progress, warnings and errors on stderr, and every error printed as `err
 
 from __future__ import annotations
 
+import os
+
 import typer
 from rich.console import Console
 
 EXIT_USAGE = 2
+PIPED_WIDTH = 400  # stdout into a pipe or a file: as wide as a table needs, up to this
 
-out = Console(soft_wrap=True, highlight=False)
+
+def _stdout() -> Console:
+    """stdout's console. Into a pipe or a file rich assumed 80 columns and folded every wide table's cells onto
+    extra lines, so `fleetserve status | grep NAME` found half a row; COLUMNS, when set, still wins."""
+    console = Console(soft_wrap=True, highlight=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = PIPED_WIDTH
+    return console
+
+
+out = _stdout()
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
