@@ -46,6 +46,25 @@ def test_validate_json_output(tmp_path):
     assert data["errors"][0]["path"] == "spec.routing.strategy" and "leastload" in data["errors"][0]["message"]
 
 
+def test_validate_warns_of_a_local_model_folder_that_up_would_refuse(tmp_path, tiny_model):
+    """validate called such a spec valid without a word; `up` then exited 2 on it."""
+    import json
+
+    text = ("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {{name: m}}\n"
+            "spec: {{model: {{name: m, source: {}}}}}\n")
+    spec = tmp_path / "m.yaml"
+    spec.write_text(text.format(tmp_path / "absent"))
+    result = fleetserve("validate", str(spec), "--json")
+    assert result.returncode == 0  # a warning: the spec may be meant for another machine
+    (warning,) = [w for w in json.loads(result.stdout)["warnings"] if w.startswith("spec.model.source")]
+    assert "does not exist" in warning and "fleetserve up" in warning
+    (tmp_path / "empty").mkdir()
+    spec.write_text(text.format(tmp_path / "empty"))
+    assert "missing config.json" in fleetserve("validate", str(spec)).stderr
+    spec.write_text(text.format(tiny_model))
+    assert "spec.model.source" not in fleetserve("validate", str(spec)).stderr
+
+
 def test_validate_missing_file_exits_2(tmp_path):
     result = fleetserve("validate", str(tmp_path / "none.yaml"))
     assert result.returncode == 2 and "cannot read" in result.stderr

@@ -71,6 +71,11 @@ def validate(
             print(json.dumps({"valid": False, "errors": [{"path": p.path, "message": p.message}
                                                          for p in exc.problems]}, indent=2))
         raise fail(str(exc), EXIT_USAGE) from None
+    from fleetserve.spec.effects import local_model_problem
+
+    model_problem = local_model_problem(loaded.endpoint)
+    if model_problem is not None:
+        loaded.warnings.append(model_problem)
     _print_warnings(loaded)
     if as_json:
         print(json.dumps({"valid": True, "format": loaded.source_format,

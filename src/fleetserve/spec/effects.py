@@ -6,6 +6,7 @@ When a component starts to honour a setting, its line goes from this table; a se
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from fleetserve.capacity.providers import SPOT_NOTICE_SECONDS
 from fleetserve.spec.endpoint import Endpoint
@@ -257,6 +258,24 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if spec.model.prefetch:
         note("spec.model.prefetch", "weights are loaded from the local cache at start; prefetch is implicit")
     return notes
+
+
+def local_model_problem(endpoint: Endpoint) -> SpecProblem | None:
+    """`validate`'s warning for a built-in engine's model folder that is not a model here: `up` refuses it (exit
+    2), and validate had called the spec valid without a word. A warning, not an error: the spec may be meant
+    for another machine (or a pod that mounts the path). Not among `inert_settings`: `up` says it as its error."""
+    spec = endpoint.spec
+    source = spec.model.source
+    if spec.engine.kind != "builtin" or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", source):
+        return None  # builtin:, hf:, catalog:, s3:// are checked where they are prepared
+    from fleetserve.engine.demo import ModelSourceError
+    from fleetserve.engine.sources import check_model_dir
+
+    try:
+        check_model_dir(Path(source).expanduser().resolve())
+    except ModelSourceError as exc:
+        return SpecProblem("spec.model.source", f"{exc}: `fleetserve up` on this machine will refuse to start")
+    return None
 
 
 def _sglang_host_cache_note(spec, note) -> None:
