@@ -93,7 +93,8 @@ def test_rbac_is_derived_from_the_reconcile_verbs():
     # blockOwnerDeletion in the children's ownerReferences: OwnerReferencesPermissionEnforcement asks for it
     assert granted[("fleetserve.io", "endpoints/finalizers")] == {"update"}
     flat = json.dumps(rules)
-    assert "*" not in flat and '"pods"' not in flat
+    assert "*" not in flat
+    assert granted[("", "pods")] == {"get", "list"}  # read for the router (k8s/failing.py), never written
     assert ("", "secrets") in granted and "watch" not in granted[("", "secrets")]
 
 

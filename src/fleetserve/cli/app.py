@@ -518,6 +518,10 @@ def router(
     backend_dns: Annotated[list[str] | None, typer.Option(
         help="HOST:PORT whose addresses are the replicas, resolved every few seconds (a Kubernetes headless "
              "Service); repeatable")] = None,
+    failing_file: Annotated[str | None, typer.Option(
+        help="A file holding why no replica can start (empty: nothing stops them), re-read every health round: "
+             "while it names a reason, requests that would wait for a replica are refused 503 replicas_failing "
+             "(on Kubernetes the operator writes it)")] = None,
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8080,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     strategy: Annotated[str, typer.Option(help="Routing strategy")] = "leastload",
@@ -689,7 +693,7 @@ def router(
                               admin_token=os.environ.get("FLEETSERVE_ADMIN_TOKEN") or None,
                               internal_token=internal_token, send_internal_token=send_internal_token,
                               engine_token=engine_token,
-                              tenant_cache_salt=tenant_cache_salt, backend_dns=dns,
+                              tenant_cache_salt=tenant_cache_salt, backend_dns=dns, failing_file=failing_file,
                               size_limits=SizeLimits(max_body_bytes, max_header_bytes), log_prompts=log_prompts,
                               access_log=access_log, model_identity=identity, queue_metrics=queue_metrics,
                               model_metrics_scope=model_metrics_scope,

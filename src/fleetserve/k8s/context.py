@@ -133,6 +133,11 @@ class Context:
         return dns_name(self.name, "router")
 
     @property
+    def router_state(self) -> str:
+        """The ConfigMap the router pods mount: the operator's word on why no engine pod can start (failing.py)."""
+        return dns_name(self.name, "router", "state")
+
+    @property
     def redis_name(self) -> str:
         return dns_name(self.name, "redis")
 

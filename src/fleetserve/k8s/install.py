@@ -8,7 +8,8 @@
   (reconcile.ACTION_VERBS: create, patch, delete) plus get and list (client.list before each pass; watch only
   on Deployments, whose events move the status); on endpoints get/list/watch/patch (kopf's finalizer and
   annotations), endpoints/status patch (client.patch_status) and events create (kopf's event posting).
-  no pods, no wildcard, no watch on Secrets (but get/list on them: it writes the API-key Secret, and RBAC
+  pods get/list only (the operator reads the engine pods' states for the router: k8s/failing.py), no wildcard,
+  no watch on Secrets (but get/list on them: it writes the API-key Secret, and RBAC
   cannot narrow a read to the Secrets it owns);
 - the operator Deployment (one replica, strategy Recreate: kopf runs standalone, without peering), non-root,
   read-only root filesystem, all capabilities dropped, kopf's liveness endpoint as probe;
@@ -77,6 +78,8 @@ def rbac_rules() -> list[dict]:
         # (OpenShift, hardened clusters): without it every child's create is Forbidden there
         {"apiGroups": [GROUP], "resources": [f"{OWNER_PLURAL}/finalizers"], "verbs": ["update"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        # the engine pods' states, read for the router: why none can start (failing.py); never written
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
     ]
     return rules
 

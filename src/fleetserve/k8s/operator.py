@@ -5,7 +5,8 @@
     build_registry(reconciler) -> kopf.OperatorRegistry              the handlers, for kopf.run
 
 One pass reads the Endpoint as our spec (webhook.endpoint_from_resource: the CLI's messages), renders the
-desired objects (`render`, the function behind `fleetserve render k8s`), lists the children it owns,
+desired objects (`render`, the function behind `fleetserve render k8s`) with the router's state ConfigMap
+saying why no engine pod can start (failing.py: read from the engine pods), lists the children it owns,
 computes the actions (`reconcile`, pure) and applies them through the one client port (client.py), then
 writes the status computed from the child Deployments (status.py), with the warnings `render k8s` would
 print (`status.warnings`: settings that render differently or not at all). An invalid spec or a render error leaves
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 
 from fleetserve.k8s.client import ApiError, Client, Conflict, NotFound, apply_merge_patch
 from fleetserve.k8s.context import RenderOptions
+from fleetserve.k8s.failing import failing_now, with_reason
 from fleetserve.k8s.reconcile import (
     CHILD_KINDS,
     ENDPOINT_LABEL,
@@ -158,7 +160,10 @@ class Reconciler:
             warnings = rendered_warnings(loaded, rendered)
             current = None
             try:
-                outcome.actions = reconcile(rendered.objects, self.observed(owner), owner)
+                observed = self.observed(owner)
+                objects = with_reason(rendered.objects, self.failing(loaded.endpoint, rendered.objects, observed,
+                                                                    owner))
+                outcome.actions = reconcile(objects, observed, owner)
                 for current in outcome.actions:
                     self._apply(current, owner)
             except ApiError as exc:
@@ -172,6 +177,13 @@ class Reconciler:
             if outcome.failure is None:
                 outcome.failure = Failure(exc.error.reason, f"list workloads: {exc.error}")
         return outcome
+
+    def failing(self, endpoint, rendered: tuple[dict, ...], observed: list[dict], owner: Owner) -> str | None:
+        """Why no engine pod can start, for the router's state ConfigMap (failing.py)."""
+        def list_pods(selector: str) -> list[dict]:
+            return self.client.list("v1", "Pod", owner.namespace, selector)
+
+        return failing_now(rendered, observed, list_pods, endpoint.spec.engine.kind == "external")
 
     def write_status(self, body: dict, owner: Owner, failure: Failure | None, warnings: list[str] | None = None
                      ) -> dict:

@@ -57,6 +57,7 @@ class ChildKind:
 #: every kind `render` produces (render.KIND_ORDER), in apply order; the operator lists these, RBAC grants these
 CHILD_KINDS: tuple[ChildKind, ...] = (
     ChildKind("v1", "Secret", "secrets"),
+    ChildKind("v1", "ConfigMap", "configmaps"),
     ChildKind("v1", "Service", "services"),
     ChildKind("apps/v1", "StatefulSet", "statefulsets"),
     ChildKind("apps/v1", "Deployment", "deployments"),

@@ -31,7 +31,7 @@ from fleetserve.spec.hyperpod import source_of
 from fleetserve.spec.load import LoadedSpec
 
 #: apply order: what others reference first (kubectl apply -f DIR applies files in name order)
-KIND_ORDER = ("Secret", "Service", "StatefulSet", "Deployment", "PodDisruptionBudget", "NodePool",
+KIND_ORDER = ("Secret", "ConfigMap", "Service", "StatefulSet", "Deployment", "PodDisruptionBudget", "NodePool",
               "TriggerAuthentication", "ScaledObject", "ServiceMonitor", "PodMonitor", "PrometheusRule")
 
 

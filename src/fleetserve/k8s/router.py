@@ -1,4 +1,5 @@
-"""The router (the gateway): Deployment, Service, PodDisruptionBudget, and its key Secret when renderable.
+"""The router (the gateway): Deployment, Service, PodDisruptionBudget, its state ConfigMap, and its key Secret when
+renderable.
 
 The router runs `fleetserve router` with the flags the local supervisor gives it (strategy, session key,
 buffer at zero, request limits, size limits), so one spec means one behaviour. Secrets are referenced,
@@ -9,8 +10,9 @@ never invented (a renderer that made up tokens would not be deterministic):
 - `<name>-api-keys`: `auth.json` (`{"keys": {sha256: tenant}}`); rendered here when every key is given
   as `keySha256` (digests are not secrets), otherwise created by the user from the plaintext keys;
 - `<name>-tls`: a `kubernetes.io/tls` Secret (cert-manager or the user).
-Backends: the engine Service (kube-proxy spreads connections over the ready engine pods), or
-`engine.urls` for external engines.
+Backends: every engine pod, found through the engines' headless Service (`--backend-dns`), or `engine.urls`
+for external engines. The state ConfigMap `<name>-router-state` holds why no engine pod can start (`failing`),
+which the operator keeps current and the router re-reads (`--failing-file`; k8s/failing.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from fleetserve.k8s.context import (
     Context,
 )
 from fleetserve.k8s.engine import engine_port, instance_label
+from fleetserve.k8s.failing import STATE_KEY, static_reason
 from fleetserve.k8s.security import TMP_MOUNT, TMP_VOLUME, restricted_container, restricted_pod
 from fleetserve.router.model_metrics import router_args, scope_for
 from fleetserve.router.served import served_model_args
@@ -35,6 +38,7 @@ from fleetserve.spec.effects import limits_split
 
 AUTH_DIR = "/etc/fleetserve/auth"
 TLS_DIR = "/etc/fleetserve/tls"
+STATE_DIR = "/etc/fleetserve/state"
 
 
 def strategy(ctx: Context) -> str:
@@ -84,7 +88,7 @@ def _args(ctx: Context) -> list[str]:
         args += ["--auth-file", f"{AUTH_DIR}/auth.json"]
     if spec.tls.enabled:
         args += ["--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key"]
-    args += ["--internal-token-file", f"{INTERNAL_TOKEN_DIR}/token",
+    args += ["--failing-file", f"{STATE_DIR}/{STATE_KEY}", "--internal-token-file", f"{INTERNAL_TOKEN_DIR}/token",
              "--max-body-bytes", str(limits.max_body_bytes), "--max-header-bytes", str(limits.max_header_bytes)]
     if spec.engine.kind in GPU_ENGINES:  # their API key: what their logs may show is not the internal token
         args += ["--engine-token-file", f"{INTERNAL_TOKEN_DIR}/{ENGINE_TOKEN_KEY}"]
@@ -124,6 +128,9 @@ def router_deployment(ctx: Context) -> dict:
     if spec.tls.enabled:
         mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
         volumes.append({"name": "tls", "secret": {"secretName": ctx.tls_secret}})
+    # optional: a router whose ConfigMap is gone (deleted by hand) still starts, and holds requests as before
+    mounts.append({"name": "state", "mountPath": STATE_DIR, "readOnly": True})
+    volumes.append({"name": "state", "configMap": {"name": ctx.router_state, "optional": True}})
     container = {
         "name": "router",
         "image": ctx.options.image,
@@ -190,6 +197,15 @@ def router_pdb(ctx: Context) -> dict:
     }
 
 
+def router_state(ctx: Context) -> dict:
+    """Why no engine pod can start, for the router (k8s/failing.py): as rendered, what the spec alone decides (a
+    static zero); the operator writes what the pods say."""
+    spec = ctx.endpoint.spec
+    reason = static_reason(spec.replicas, ctx.policy is not None, spec.engine.kind == "external")
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": ctx.meta(ctx.router_state, "router"),
+            "data": {STATE_KEY: reason or ""}}
+
+
 def api_keys_secret(ctx: Context) -> dict | None:
     keys = ctx.endpoint.spec.auth.api_keys
     if not keys or any(k.key_sha256 is None for k in keys):
@@ -221,7 +237,7 @@ def router_objects(ctx: Context, warn) -> list[dict]:
                                   f"{ctx.tls_secret!r} (kubernetes.io/tls)")
     if spec.router.host not in ("127.0.0.1", "0.0.0.0"):
         warn("spec.router.host", "on Kubernetes the router listens on 0.0.0.0 behind its Service")
-    out = [router_deployment(ctx), router_service(ctx), router_pdb(ctx)]
+    out = [router_deployment(ctx), router_service(ctx), router_pdb(ctx), router_state(ctx)]
     secret = api_keys_secret(ctx)
     if spec.auth.enabled and secret is not None:
         out.append(secret)

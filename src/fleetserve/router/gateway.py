@@ -116,6 +116,9 @@ class RouterSettings:
     tenant_cache_salt: bool = False  # write each tenant's cache_salt (vLLM, SGLang: router/salting.py)
     size_limits: SizeLimits = dataclasses.field(default_factory=SizeLimits)
     backend_dns: tuple[DnsBackends, ...] = ()  # names whose addresses are replicas (a headless Service)
+    # a file holding the fleet's reason no replica can start (empty: none), re-read every health round: on
+    # Kubernetes the operator writes it into a ConfigMap the router pods mount (k8s/failing.py)
+    failing_file: str | None = None
     log_prompts: bool = False  # the request line carries the prompt text (default: never)
     access_log: bool = True  # one line per request (observe/logs.py)
     model_identity: ModelIdentity | None = None  # export HyperPod's model_* per replica (router/model_metrics.py)

@@ -3,7 +3,8 @@
 Every `interval`: the DNS names of a headless Service are resolved into backends (every few rounds), each
 backend is probed for health, the engines' KV layout (block size, key namespace, cache capacity) is learned
 once from /get_model_info, the served models' cards are kept from a replica's /v1/models (the router answers
-with them while no replica is ready: `max_model_len` and all, as the engines give them), and, for a policy
+with them while no replica is ready: `max_model_len` and all, as the engines give them), the fleet's reason no
+replica can start is read from `--failing-file` (Kubernetes: the operator's word, `k8s/failing.py`), and, for a policy
 that needs them (`Needs.kv_events`), one long-poll of KV events per healthy backend keeps the router's KV
 index current, resynchronising from /kv/blocks when behind.
 """
@@ -68,9 +69,11 @@ class ReplicaWatcher:
         self._no_layout: set[str] = set()
         self._engine_totals: dict[str, tuple[float, float]] = {}  # (queries, hits) at the last read
         self.engine_hit_rate: dict[str, float] = {}  # per replica, over the last interval with lookups
+        self.failing: str | None = None  # the reason in --failing-file, as last read
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
+        self.read_failing()
         if self.gw.settings.backend_dns:
             await self.discover()
         await self.gw.pool.probe_all()
@@ -97,7 +100,30 @@ class ReplicaWatcher:
         known = {b.url for b in self.gw.pool.backends.values()}
         if set(urls) != known:
             log.info("backends from DNS: %s", ", ".join(urls) or "none")
-            self.gw.set_backends(urls)
+            self.gw.set_backends(urls, failing=self.failing)
+
+    def read_failing(self) -> None:
+        """Apply the reason in --failing-file when it changed. A file that cannot be read is no reason: the
+        requests are held as before (a refusal on a guess would be an outage of its own)."""
+        path = self.gw.settings.failing_file
+        if not path:
+            return
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                reason = " ".join(f.read(2000).split()) or None
+        except FileNotFoundError:
+            reason = None
+        except OSError as exc:
+            log.warning("could not read %s (%s); held requests keep waiting", path, exc)
+            reason = None
+        if reason != self.failing:
+            if reason:
+                log.warning("no replica can start: %s; held and new requests are refused (503) until that changes",
+                            reason)
+            else:
+                log.info("the fleet's replicas can start again (%s is empty)", path)
+            self.failing = reason
+            self.gw.gate.set_failing(reason)
 
     async def _maintain(self) -> None:
         """The health loop: one round every interval, for the router's whole life. A round that fails is logged
@@ -114,6 +140,7 @@ class ReplicaWatcher:
 
     async def _round(self, rounds: int) -> None:
         pool = self.gw.pool
+        self.read_failing()
         if self.gw.settings.backend_dns and (rounds - 1) % DISCOVERY_EVERY == 0:
             try:
                 await self.discover()

@@ -1,0 +1,106 @@
+"""Why no engine pod can start, read from the pods: the third place of `autoscale/failing.py`'s rule.
+
+The local supervisor tells its router why no replica can start (a static zero, a crash loop, no capacity), the
+router refuses held requests at once with 503 `replicas_failing`, and the simulator refuses alike. On Kubernetes
+the router finds its replicas through DNS and cannot tell an engine pod loading its model from one that never
+will start: each held request waited out the buffer timeout (10 minutes by default) for a 503 naming nothing.
+
+So the operator reads the engine pods at every pass (and its one-minute resync), asks `why_failing`, and writes
+the reason into the router's state ConfigMap (`<name>-router-state`, key `failing`), which the router pods mount
+and re-read every health round (`fleetserve router --failing-file`). The kubelet refreshes a mounted ConfigMap
+within about a minute, so a crash loop is refused within about two; a reason that is stale when a replica is
+ready stops nothing (the router refuses only requests that would wait for one). `render k8s` without the
+operator writes what the spec alone decides: a static zero.
+
+A pod cannot start when one of its containers waits for a reason that will not pass by waiting: a crash loop,
+an image that cannot be pulled, a configuration that names what does not exist. A pod still scheduling,
+pulling or loading is on its way, and while one is, nothing is refused (as the supervisor does with a replica
+starting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from fleetserve.autoscale.failing import why_failing
+
+STATE_KEY = "failing"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+CANNOT_START = frozenset({"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",
+                          "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+
+
+def _statuses(pod: dict) -> list[dict]:
+    status = pod.get("status") or {}
+    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
+def pod_ready(pod: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def pod_cannot_start(pod: dict) -> bool:
+    return any(((s.get("state") or {}).get("waiting") or {}).get("reason") in CANNOT_START for s in _statuses(pod))
+
+
+def _counts(pod: dict) -> bool:
+    """A pod that is not on its way out (deleted, or ended: a Job-like exit, an eviction)."""
+    return not (pod.get("metadata") or {}).get("deletionTimestamp") and \
+        (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+def engines_failing(pods: Iterable[dict], desired: int, autoscaled: bool, external: bool) -> str | None:
+    """The reason no engine pod can start now, or None while one may (or one serves). `desired`: the replicas
+    the engine Deployments want now (KEDA's choice when it scales them)."""
+    live = [p for p in pods if _counts(p)]
+    serving = any(pod_ready(p) for p in live)
+    stuck = [p for p in live if not pod_ready(p) and pod_cannot_start(p)]
+    on_the_way = any(not pod_ready(p) and not pod_cannot_start(p) for p in live)
+    return why_failing(desired, autoscaled, external, serving, on_the_way, "",
+                       crash_looping=bool(stuck) and not on_the_way)
+
+
+def static_reason(desired: int, autoscaled: bool, external: bool) -> str | None:
+    """What the spec alone decides (rendered without the operator): a static zero."""
+    return why_failing(desired, autoscaled, external, False, True, "")
+
+
+def _component(obj: dict) -> str | None:
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL)
+
+
+def _engine_deployments(objects: Iterable[dict]) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in objects if o.get("kind") == "Deployment" and _component(o) == "engine"}
+
+
+def pods_selector(deployment: dict) -> str:
+    """The label selector of a Deployment's pods, as the API's `labelSelector` parameter reads it."""
+    match = ((deployment.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(match.items()))
+
+
+def failing_now(rendered: Iterable[dict], observed: Iterable[dict], list_pods, external: bool) -> str | None:
+    """The reason for the router, from the engine Deployments as the cluster holds them (their replicas: KEDA's
+    choice; one not created yet: as rendered) and their pods (`list_pods(selector)`)."""
+    rendered = tuple(rendered)
+    wanted, running = _engine_deployments(rendered), _engine_deployments(observed)
+    desired, pods = 0, []
+    for name, deployment in wanted.items():
+        current = running.get(name, deployment)
+        replicas = (current.get("spec") or {}).get("replicas")
+        desired += 1 if replicas is None else int(replicas)  # the API's default is 1
+        if name in running:
+            pods += list_pods(pods_selector(current))
+    autoscaled = any(o.get("kind") == "ScaledObject" for o in rendered)
+    return engines_failing(pods, desired, autoscaled, external)
+
+
+def with_reason(objects: Iterable[dict], reason: str | None) -> tuple[dict, ...]:
+    """The rendered objects with the router's state ConfigMap (the one holding STATE_KEY) saying `reason`."""
+    out = []
+    for obj in objects:
+        if obj.get("kind") == "ConfigMap" and STATE_KEY in (obj.get("data") or {}):
+            obj = {**obj, "data": {**obj["data"], STATE_KEY: reason or ""}}
+        out.append(obj)
+    return tuple(out)

@@ -1,0 +1,95 @@
+"""Why no engine pod can start, on Kubernetes: read from the pods by the operator, rendered into the router's state
+ConfigMap, which the router pods mount and re-read (`--failing-file`). A crash loop had held every request for
+the buffer timeout (10 minutes) for a 503 naming nothing."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from fleetserve.autoscale.failing import CRASH_LOOP, STATIC_ZERO
+from fleetserve.k8s.client import RecordingClient
+from fleetserve.k8s.failing import STATE_KEY, engines_failing, pods_selector
+from fleetserve.k8s.operator import Reconciler
+from fleetserve.k8s.reconcile import OWNER_API_VERSION
+from fleetserve.k8s.render import render
+from fleetserve.k8s.router import STATE_DIR
+from fleetserve.k8s.webhook import endpoint_from_resource
+
+NS, NAME = "team-c", "demo"
+SPEC = {"model": {"name": "m", "source": "/fsx/models/small"}, "replicas": 2}
+
+
+def pod(name: str, ready: bool = False, waiting: str | None = None, phase: str = "Running",
+        deleting: bool = False, labels: dict | None = None) -> dict:
+    status: dict = {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    if waiting:
+        status["containerStatuses"] = [{"name": "engine", "state": {"waiting": {"reason": waiting}}}]
+    meta: dict = {"name": name, "namespace": NS, "labels": labels or {}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "status": status}
+
+
+def test_the_rule_is_the_fleets_rule_read_from_pods():
+    crash, pull = pod("a", waiting="CrashLoopBackOff"), pod("b", waiting="ImagePullBackOff")
+    assert engines_failing([crash], 1, False, False) == CRASH_LOOP
+    assert engines_failing([crash, pull], 2, True, False) == CRASH_LOOP
+    assert engines_failing([crash, pod("c", ready=True)], 2, False, False) is None  # one serves
+    assert engines_failing([crash, pod("c", waiting="ContainerCreating")], 2, False, False) is None  # on its way
+    assert engines_failing([crash, pod("c", phase="Pending")], 2, False, False) is None  # scheduling, a node coming
+    assert engines_failing([crash, pod("old", ready=True, deleting=True)], 1, False, False) == CRASH_LOOP
+    assert engines_failing([], 1, False, False) is None  # nothing created yet: on its way
+    assert engines_failing([], 0, True, False) is None  # KEDA scaled it to zero: the next request wakes it
+    assert engines_failing([], 0, False, False) == STATIC_ZERO
+
+
+def test_the_router_mounts_its_state_and_a_static_zero_is_rendered():
+    rendered = render(endpoint_from_resource(resource({**SPEC, "replicas": 0})).endpoint).objects
+    (state,) = [o for o in rendered if o["kind"] == "ConfigMap"]
+    assert state["data"] == {STATE_KEY: STATIC_ZERO}
+    router = next(o for o in rendered if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("router"))
+    pod_spec = router["spec"]["template"]["spec"]
+    args = pod_spec["containers"][0]["args"]
+    assert args[args.index("--failing-file") + 1] == f"{STATE_DIR}/{STATE_KEY}"
+    assert {"name": "state", "configMap": {"name": state["metadata"]["name"], "optional": True}} in pod_spec["volumes"]
+    rendered = render(endpoint_from_resource(resource(SPEC)).endpoint).objects
+    assert next(o for o in rendered if o["kind"] == "ConfigMap")["data"] == {STATE_KEY: ""}
+
+
+def resource(spec: dict) -> dict:
+    return {"apiVersion": OWNER_API_VERSION, "kind": "Endpoint", "metadata": {"name": NAME, "namespace": NS},
+            "spec": copy.deepcopy(spec)}
+
+
+@pytest.fixture
+def cluster():
+    client = RecordingClient()
+    client.create(resource(SPEC))
+    return client, Reconciler(client, clock=lambda: "2026-01-01T00:00:00Z")
+
+
+def reason(client) -> str:
+    (state,) = [o for k, o in client.objects.items() if k[1] == "ConfigMap"]
+    return state["data"][STATE_KEY]
+
+
+def test_the_operator_tells_the_router_when_every_engine_pod_crash_loops_and_when_one_serves(cluster):
+    client, reconciler = cluster
+    endpoint = lambda: client.get(OWNER_API_VERSION, "Endpoint", NS, NAME)  # noqa: E731
+    reconciler.reconcile(endpoint())
+    assert reason(client) == ""
+    (engine,) = [o for k, o in client.objects.items() if k[1] == "Deployment" and "engine" in k[3]]
+    labels = dict(part.split("=") for part in pods_selector(engine).split(","))
+    for i in range(2):
+        client.create(pod(f"engine-{i}", waiting="CrashLoopBackOff", labels=labels))
+    client.create(pod("someone-else", waiting="CrashLoopBackOff"))  # not an engine pod of this endpoint
+    reconciler.reconcile(endpoint())
+    assert reason(client) == CRASH_LOOP
+    client.clear()
+    reconciler.reconcile(endpoint())
+    assert client.writes() == []  # the same reason: nothing written again
+    client.objects[("v1", "Pod", NS, "engine-1")]["status"] = pod("x", ready=True)["status"]
+    reconciler.reconcile(endpoint())
+    assert reason(client) == ""
