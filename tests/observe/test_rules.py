@@ -102,6 +102,56 @@ def test_promtool_checks_both_rule_files(tmp_path):
         assert "SUCCESS" in done.stdout
 
 
+def test_rate_windows_hold_at_least_four_scrapes():
+    from fleetserve.observe.rules import rate_window
+
+    assert [rate_window("1m", s) for s in (5, 15, 30, 120)] == ["1m", "1m", "2m", "8m"]
+    assert [rate_window("5m", s) for s in (15, 120, 300)] == ["5m", "8m", "20m"]
+    assert rate_window("1h", 300) == "1h" and rate_window("1m", 16) == "64s"
+
+
+@needs_promtool
+def test_a_slow_scrape_widens_every_window_the_rules_and_triggers_read(tmp_path):
+    """At a 120 s scrape the triggers and records read rate(...[1m]): never two samples, so the request-rate
+    trigger read 0 under load (the fleet scaled down) and the 1 m records stayed empty."""
+    import re
+
+    from fleetserve.k8s.render import render
+
+    text = SPEC.replace("  slo:", "  metrics: {scrapeIntervalSeconds: 120}\n  autoscaling: {maxReplicaCount: 4, "
+                                  "triggers: [{metric: request_rate, target: 2}, {metric: ttft_p95, target: 900}]}\n"
+                                  "  slo:")
+    objects = render(load_spec_text(text).endpoint).objects
+    (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
+    (scaled,) = [o for o in objects if o["kind"] == "ScaledObject"]
+    queries = [t["metadata"]["query"] for t in scaled["spec"]["triggers"] if t["type"] == "prometheus"]
+    local = rule_groups(rule_target(load_spec_text(text).endpoint, "chat"))
+    for groups in (rule["spec"]["groups"], local):
+        exprs = [r["expr"] for g in groups for r in g["rules"]]
+        windows = {w for e in exprs + queries for w in re.findall(r"\[(\w+)\]", e)}
+        assert windows == {"8m", "30m", "1h", "6h"}, windows  # 1m and 5m widened to four 120 s scrapes
+        recorded = {r["record"] for g in groups for r in g["rules"] if "record" in r}
+        assert "fleetserve:model_invocations:rate8m" in recorded  # named by the window it reads
+        used = {name for e in exprs for name in re.findall(r"fleetserve:[\w:]+", e)}
+        assert used <= recorded, used - recorded  # every alert reads a record that exists
+        path = tmp_path / "rules.yml"
+        path.write_text(yaml.safe_dump({"groups": groups}))
+        done = promtool("check", "rules", str(path))
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_kubernetes_cold_start_alerts_allow_for_a_node_an_image_and_the_model():
+    """They fired after the engine's startup timeout alone, during a normal cold start on a new GPU node."""
+    from fleetserve.k8s.engine import PROGRESS_ALLOWANCE_S
+
+    local = {r["alert"]: r["for"] for g in rule_groups(rule_target(endpoint(), "chat")) for r in g["rules"]
+             if "alert" in r}
+    k8s = {r["alert"]: r["for"] for g in k8s_prometheus_rule()["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert local["FleetserveReplicasNotReady"] == local["FleetserveRequestsHeldAtZero"] == "300s"
+    wanted = f"{300 + PROGRESS_ALLOWANCE_S}s"
+    assert k8s["FleetserveReplicasNotReady"] == k8s["FleetserveRequestsHeldAtZero"] == wanted
+
+
 MODEL = 'namespace="team-a",model_name="tiny",model_version="1",instance_type="g5.xlarge"'
 ENDPOINT_LABELS = 'namespace="team-a",model_name="tiny",model_version="1"'
 KEEP = {"namespace": "team-a", "model_name": "tiny", "model_version": "1", "instance_type": "g5.xlarge"}

@@ -32,6 +32,7 @@ from fleetserve.autoscale.policy import RatePolicy, ScalingPolicy
 from fleetserve.autoscale.schedule import Cron
 from fleetserve.k8s.context import Context, num
 from fleetserve.k8s.labels import TIER_LABEL, dns_name
+from fleetserve.observe.rules import rate_window
 from fleetserve.router.engine_queue import QUEUE_GAUGES
 from fleetserve.router.invocations import INVOCATIONS_PATH
 
@@ -60,6 +61,11 @@ def _or0(ctx: Context, expr: str) -> str:
     return f"({expr} or 0 * {_pending(ctx)})"
 
 
+def _window(ctx: Context) -> str:
+    """The triggers' rate window: a minute, or four scrapes when they are slower (observe/rules.rate_window)."""
+    return rate_window("1m", ctx.endpoint.spec.metrics.scrape_interval_seconds)
+
+
 def builtin_query(ctx: Context, metric: str) -> str:
     r, e = _router_sel(ctx), _engine_sel(ctx)
     pending = _pending(ctx)
@@ -76,10 +82,10 @@ def builtin_query(ctx: Context, metric: str) -> str:
         # model requests only, as the local controller counts them (/admin/load): every path counted, a client
         # polling GET /v1/models scaled a Kubernetes fleet and not a local one
         paths = "|".join(sorted(GENERATION_PATHS | {INVOCATIONS_PATH}))
-        return _or0(ctx, f'sum(rate(fleetserve_router_requests_total{{{r},path=~"{paths}"}}[1m]))')
+        return _or0(ctx, f'sum(rate(fleetserve_router_requests_total{{{r},path=~"{paths}"}}[{_window(ctx)}]))')
     if metric == "ttft_p95":
         return ("histogram_quantile(0.95, sum by (le) "
-                f"(rate(fleetserve_router_served_ttfb_milliseconds_bucket{{{r}}}[1m])))")
+                f"(rate(fleetserve_router_served_ttfb_milliseconds_bucket{{{r}}}[{_window(ctx)}])))")
     raise ValueError(f"no query for metric {metric!r}")
 
 

@@ -13,6 +13,7 @@ be placed).
 from __future__ import annotations
 
 from fleetserve.k8s.context import ENGINE_TOKEN_KEY, GPU_ENGINES, Context
+from fleetserve.k8s.engine import PROGRESS_ALLOWANCE_S
 from fleetserve.k8s.labels import DISCOVERY_LABEL
 from fleetserve.observe.rules import RuleTarget, alert, rule_groups
 
@@ -52,6 +53,9 @@ def _rules(ctx: Context) -> dict:
         f"{model} in {ns}: engine pods cannot be placed on any tier")
     target = RuleTarget.from_endpoint(
         ctx.endpoint, f"fleetserve.{ns}.{ctx.name}", f'namespace="{ns}",service="{ctx.router_name}"',
+        # a cold start here also waits for a GPU node, the image and the model (the Deployments' progress deadline
+        # allows as much): without it, replicas-not-ready and held-at-zero fired during normal cold starts
+        cold_start_allowance_s=PROGRESS_ALLOWANCE_S,
         engines=f'namespace="{ns}",service="{ctx.engine_service}"',
         # the first tier's spec is the autoscaler's ask; later tiers serve for its pods that cannot be placed
         # (keda.py): their spec counted too, the alert fired while the overflow served every replica asked for

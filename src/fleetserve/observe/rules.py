@@ -34,6 +34,7 @@ Alerts:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from fleetserve.observe.vocabulary import LATENCY_BUCKETS_MS
@@ -60,6 +61,18 @@ LEGACY_VLLM_PREFIX_CACHE = ("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix
 KV_TIER_ENGINES = ("builtin", "external")  # engines that export fleetserve_kv_tier_* (external: maybe ours)
 
 
+def rate_window(window: str, scrape_interval_s: float) -> str:
+    """`window` ("1m", "5m", "1h"), widened to at least four scrapes: rate() needs two samples in its window, and
+    with fewer than four one missed scrape empties it (Grafana's $__rate_interval follows the same rule). At a
+    120 s scrape a fixed [1m] read nothing: the request-rate trigger fell to 0 under load and the 1 m recording
+    rules stayed empty. Named by what it is: a rule over a widened window says so in its name."""
+    seconds = {"s": 1, "m": 60, "h": 3600}[window[-1]] * int(window[:-1])
+    seconds = max(seconds, math.ceil(4 * scrape_interval_s))
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
+
+
 def promql_string(value: str) -> str:
     """A PromQL string literal: model names come from specs (HyperPod allows quotes and spaces in them)."""
     return json.dumps(value)  # the escapes of a PromQL double-quoted string are Go's, which JSON's are a subset of
@@ -80,7 +93,8 @@ class RuleTarget:
     ttft_p95_ms: float = 2000.0
     max_error_rate: float = 0.01
     cost_per_hour_usd: float | None = None
-    hold_seconds: int = 600
+    hold_seconds: int = 600  # a cold start: how long replicas may stay unready, requests held, before an alert
+    scrape_interval_s: float = 15.0  # every rate window is at least four of these (rate_window)
     engines: str = ""  # the label selector of this endpoint's engine targets (their KV-tier series carry no model)
     engine_kind: str = "builtin"  # which engine's cache counters exist (PREFIX_CACHE_COUNTERS)
     desired: str | None = None
@@ -88,18 +102,25 @@ class RuleTarget:
     cost_per_hour: str | None = None
     extra_alerts: tuple[dict, ...] = field(default_factory=tuple)
 
+    def window(self, nominal: str) -> str:
+        return rate_window(nominal, self.scrape_interval_s)
+
     @property
     def selector(self) -> str:
         return f'namespace={promql_string(self.namespace)},model_name={promql_string(self.model_name)}'
 
     @classmethod
-    def from_endpoint(cls, endpoint, group: str, router: str, **kwargs) -> RuleTarget:
+    def from_endpoint(cls, endpoint, group: str, router: str, cold_start_allowance_s: int = 0,
+                      **kwargs) -> RuleTarget:
+        """`cold_start_allowance_s`: what a cold start takes on this platform besides the engine's own start (on
+        Kubernetes a new GPU node, the image pull, the model fetch)."""
         slo = endpoint.spec.slo
         return cls(namespace=endpoint.metadata.namespace, model_name=endpoint.served_model_name, group=group,
                    router=router, ttft_p95_ms=slo.ttft_p95_ms if slo else 2000.0,
                    max_error_rate=slo.max_error_rate if slo else 0.01,
                    cost_per_hour_usd=slo.cost_per_hour_usd if slo else None,
-                   hold_seconds=max(60, int(endpoint.spec.engine.startup_timeout_seconds)),
+                   hold_seconds=max(60, int(endpoint.spec.engine.startup_timeout_seconds)) + cold_start_allowance_s,
+                   scrape_interval_s=endpoint.spec.metrics.scrape_interval_seconds,
                    engine_kind=endpoint.spec.engine.kind, **kwargs)
 
 
@@ -127,12 +148,14 @@ def recording_rules(t: RuleTarget) -> list[dict]:
     sel = t.selector
     by = f"sum by ({LABELS})"
 
+    w1, w5 = t.window("1m"), t.window("5m")
+
     def quantile(q: float, metric: str) -> str:
-        return f"histogram_quantile({q}, sum by (le, {LABELS}) (rate({metric}_bucket{{{sel}}}[5m])))"
+        return f"histogram_quantile({q}, sum by (le, {LABELS}) (rate({metric}_bucket{{{sel}}}[{w5}])))"
 
     rules = [
-        _rec("model_invocations:rate1m", f"{by} (rate(model_invocations_total{{{sel}}}[1m]))"),
-        _rec("model_errors:rate1m", f"{by} (rate(model_errors_total{{{sel}}}[1m]))"),
+        _rec(f"model_invocations:rate{w1}", f"{by} (rate(model_invocations_total{{{sel}}}[{w1}]))"),
+        _rec(f"model_errors:rate{w1}", f"{by} (rate(model_errors_total{{{sel}}}[{w1}]))"),
         _rec("model_concurrent_requests:sum", f"{by} (model_concurrent_requests{{{sel}}})"),
     ]
     for q in (0.5, 0.95):
@@ -142,12 +165,12 @@ def recording_rules(t: RuleTarget) -> list[dict]:
     # per endpoint, not per instance type: the router's refusals before any replica carry no replica's type,
     # and a series of their own read 100 % at one refusal among thousands of answers
     endpoint = f"sum by ({ENDPOINT_LABELS})"
-    for w in ERROR_WINDOWS:
+    for w in map(t.window, ERROR_WINDOWS):
         rules.append(_rec(f"model_error_ratio:rate{w}", _ratio(
             f"{endpoint} (rate(model_errors_total{{{sel},{SERVER_ERRORS}}}[{w}]))",
             f"{endpoint} (rate(model_invocations_total{{{sel}}}[{w}]))")))
     le = _le(slow_bucket(t.ttft_p95_ms))
-    for w in SLOW_WINDOWS:
+    for w in map(t.window, SLOW_WINDOWS):
         fast = f'{by} (rate(model_ttfb_milliseconds_bucket{{{sel},le="{le}"}}[{w}]))'
         total = f"{by} (rate(model_ttfb_milliseconds_count{{{sel}}}[{w}]))"
         rules.append(_rec(f"model_ttfb_slow_ratio:rate{w}", f"1 - ({fast}) / ({total})"))
@@ -156,16 +179,16 @@ def recording_rules(t: RuleTarget) -> list[dict]:
     own = {"namespace": t.namespace, "model_name": t.model_name}
     engines = f"{{{t.engines}}}" if t.engines else ""
     if t.engine_kind in KV_TIER_ENGINES:
-        hits = f"sum by (tier) (rate(fleetserve_kv_tier_hits_total{engines}[5m]))"
-        misses = f"sum by (tier) (rate(fleetserve_kv_tier_misses_total{engines}[5m]))"
-        rules.append(_rec("kv_tier_hit_ratio:rate5m", f"{hits} / ({hits} + {misses})", own))
+        hits = f"sum by (tier) (rate(fleetserve_kv_tier_hits_total{engines}[{w5}]))"
+        misses = f"sum by (tier) (rate(fleetserve_kv_tier_misses_total{engines}[{w5}]))"
+        rules.append(_rec(f"kv_tier_hit_ratio:rate{w5}", f"{hits} / ({hits} + {misses})", own))
     model = ",".join(x for x in (f"model_name={promql_string(t.model_name)}", t.engines) if x)
 
     def rate(metrics: tuple[str, ...], w: str) -> str:  # the current name, else an older engine's
         return "sum by (model_name) (" + " or ".join(f"rate({m}{{{model}}}[{w}])" for m in metrics) + ")"
 
     pairs = prefix_cache_counter_names(t.engine_kind)
-    for w in ("5m", "1h"):
+    for w in map(t.window, ("5m", "1h")):
         rules.append(_rec(f"prefix_cache_hit_ratio:rate{w}", _ratio(
             rate(tuple(hits for hits, _ in pairs), w), rate(tuple(queries for _, queries in pairs), w)), own))
     return rules
@@ -192,13 +215,15 @@ def alert(name: str, expr: str, for_: str, severity: str, summary: str) -> dict:
 def alerting_rules(t: RuleTarget) -> list[dict]:
     who = f"{t.model_name} in {t.namespace}"
     sel = t.selector
-    errors = f"sum(rate(model_errors_total{{{sel},{SERVER_ERRORS}}}[5m]))"
-    calls = f"clamp_min(sum(rate(model_invocations_total{{{sel}}}[5m])), 1e-9)"
+    w5, w1h = t.window("5m"), t.window("1h")
+    errors = f"sum(rate(model_errors_total{{{sel},{SERVER_ERRORS}}}[{w5}]))"
+    calls = f"clamp_min(sum(rate(model_invocations_total{{{sel}}}[{w5}])), 1e-9)"
     # streamed answers' first token less a cold start's wait (as the ttft_p95 trigger reads it): the raw TTFB of a
     # non-streamed answer is its whole generation, and the alert fired on fleets whose clients do not stream
-    router_ttfb = f"sum by (le) (rate(fleetserve_router_served_ttfb_milliseconds_bucket{{{t.router}}}[5m]))"
+    router_ttfb = f"sum by (le) (rate(fleetserve_router_served_ttfb_milliseconds_bucket{{{t.router}}}[{w5}]))"
     alerts = []
     for short, long, factor, severity in BURN_WINDOWS:
+        short, long = t.window(short), t.window(long)
         speed = "Fast" if severity == "critical" else "Slow"
         bound = factor * t.max_error_rate
         alerts.append(alert(
@@ -210,16 +235,16 @@ def alerting_rules(t: RuleTarget) -> list[dict]:
     bound = 14.4 * LATENCY_BUDGET
     alerts.append(alert(
         "FleetserveLatencyBudgetBurn",
-        f"{PREFIX}model_ttfb_slow_ratio:rate1h{{{sel}}} > {bound:g} "
-        f"and {PREFIX}model_ttfb_slow_ratio:rate5m{{{sel}}} > {bound:g}",
+        f"{PREFIX}model_ttfb_slow_ratio:rate{w1h}{{{sel}}} > {bound:g} "
+        f"and {PREFIX}model_ttfb_slow_ratio:rate{w5}{{{sel}}} > {bound:g}",
         "2m", "critical",
         f"{who}: more than {bound:.0%} of requests miss the TTFT target of {t.ttft_p95_ms:g} ms (counted at the "
-        f"histogram's {slow_bucket(t.ttft_p95_ms):g} ms bucket; 1h and 5m); "
+        f"histogram's {slow_bucket(t.ttft_p95_ms):g} ms bucket; {w1h} and {w5}); "
         "check cache reuse and instance type before adding replicas"))
     alerts.append(alert(
         "FleetserveCacheHitCollapse",
-        f"{PREFIX}prefix_cache_hit_ratio:rate5m{{{sel}}} < 0.5 * {PREFIX}prefix_cache_hit_ratio:rate1h{{{sel}}} "
-        f"and {PREFIX}prefix_cache_hit_ratio:rate1h{{{sel}}} >= 0.1",
+        f"{PREFIX}prefix_cache_hit_ratio:rate{w5}{{{sel}}} < 0.5 * {PREFIX}prefix_cache_hit_ratio:rate{w1h}{{{sel}}} "
+        f"and {PREFIX}prefix_cache_hit_ratio:rate{w1h}{{{sel}}} >= 0.1",
         "10m", "warning",
         f"{who}: the prefix-cache hit ratio fell below half of the last hour's (routing, evictions, a lost L2?)"))
     if t.desired and t.ready:
