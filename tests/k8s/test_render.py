@@ -1284,3 +1284,42 @@ def test_router_pods_meet_the_restricted_pod_security_level(spec):
             assert sc["readOnlyRootFilesystem"] and {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
         assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
         assert validate(router) == []
+
+
+def _meets_restricted(pod: dict) -> list[str]:
+    """What Pod Security's restricted level refuses in a pod spec (the checks that concern our containers)."""
+    problems = []
+    pod_sc = pod.get("securityContext") or {}
+    for c in [*pod.get("initContainers", []), *pod["containers"]]:
+        sc = c.get("securityContext") or {}
+        if sc.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{c['name']}: allowPrivilegeEscalation")
+        if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+            problems.append(f"{c['name']}: capabilities.drop ALL")
+        if not (sc.get("runAsNonRoot") or pod_sc.get("runAsNonRoot")) or 0 in (sc.get("runAsUser"),
+                                                                            pod_sc.get("runAsUser")):
+            problems.append(f"{c['name']}: runAsNonRoot")
+        if (sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
+            problems.append(f"{c['name']}: seccompProfile")
+    return problems
+
+
+def test_builtin_engines_their_model_fetch_and_the_l2_redis_meet_the_restricted_level():
+    """They run fleetserve's own image (uid 10001) or Redis, yet had no container security context: a namespace
+    enforcing the restricted level refused them, and Redis ran as root (its `command` replaced the entrypoint
+    that drops to the redis user) with every default capability."""
+    doc = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "r", "namespace": "ns"},
+           "spec": {"model": {"name": "m", "source": "hf:org/model"}, "kvCache": {"l2": {"enabled": True}}}}
+    rendered, _ = _objects(doc)
+    (engine,) = [o for o in rendered.objects if o["kind"] == "Deployment" and "engine" in o["metadata"]["name"]]
+    (redis,) = _by(rendered, "StatefulSet")
+    engine_pod, redis_pod = engine["spec"]["template"]["spec"], redis["spec"]["template"]["spec"]
+    assert [c["name"] for c in engine_pod["initContainers"]] == ["fetch-model"]
+    assert _meets_restricted(engine_pod) == [] and _meets_restricted(redis_pod) == []
+    assert redis_pod["securityContext"]["runAsUser"] == 999
+    assert redis_pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"]  # it keeps no file
+    assert validate(engine) == [] and validate(redis) == []
+    doc["spec"]["engine"] = {"image": "registry.example.com/our-engine:1"}  # the user's image: its user, its rules
+    rendered, _ = _objects(doc)
+    (engine,) = [o for o in rendered.objects if o["kind"] == "Deployment" and "engine" in o["metadata"]["name"]]
+    assert "securityContext" not in engine["spec"]["template"]["spec"]["containers"][0]

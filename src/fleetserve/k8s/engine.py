@@ -44,6 +44,7 @@ from fleetserve.k8s.context import (
 )
 from fleetserve.k8s.labels import DISCOVERY_LABEL, ENDPOINT_LABEL, TIER_LABEL, node_owner
 from fleetserve.k8s.redis import engine_l2
+from fleetserve.k8s.security import restricted_engine
 from fleetserve.spec.endpoint import GPU_RESOURCE
 
 GPU = GPU_RESOURCE
@@ -130,6 +131,7 @@ def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str
         "args": args[3:],
         "env": [{"name": "FLEETSERVE_HOME", "value": f"{fetch_root}/cache"}],
         "volumeMounts": [{"name": "model", "mountPath": fetch_root}],
+        "securityContext": restricted_engine(),  # fleetserve's image: the restricted level's container settings
     }
     disk = _fetched_disk_gib(ctx)
     if disk:  # the copy lands in an emptyDir on the node's disk: asked for, so a node without the room is not
@@ -254,6 +256,8 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
         **_probes(ctx),
         "lifecycle": {"preStop": {"sleep": {"seconds": ctx.options.prestop_seconds}}},
     }
+    if kind == "builtin" and not spec.engine.image:  # fleetserve's image (uid 10001), not one of the user's
+        container["securityContext"] = restricted_engine()
     if kind == "builtin":
         container["env"].append({"name": "FLEETSERVE_HOME", "value": f"{models_dir(ctx)}/cache"})
         container["volumeMounts"].append({"name": "internal-token", "mountPath": INTERNAL_TOKEN_DIR,

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from fleetserve.k8s.context import REDIS_PORT, Context
 from fleetserve.k8s.labels import MAX_STATEFULSET_NAME, REDIS_LABEL, TENANT_LABEL, dns_name, env_name, label_value
+from fleetserve.k8s.security import restricted_redis
 
 PASSWORD_ENV = "REDIS_PASSWORD"
 
@@ -136,7 +137,11 @@ def _statefulset(ctx: Context, service: str, tenant: str | None) -> dict:
                         "resources": {"requests": {"memory": str(limit)}, "limits": {"memory": str(limit)}},
                         "readinessProbe": probe,
                         "livenessProbe": {**probe, "failureThreshold": 3},
+                        "securityContext": restricted_redis()[1],
                     }],
+                    # `command` replaced the image's entrypoint, which is what drops root for the redis user:
+                    # redis-server ran as root with every default capability
+                    "securityContext": restricted_redis()[0],
                     **({"imagePullSecrets": ctx.image_pull_secrets()} if ctx.image_pull_secrets() else {}),
                 },
             },
