@@ -1323,3 +1323,22 @@ def test_builtin_engines_their_model_fetch_and_the_l2_redis_meet_the_restricted_
     rendered, _ = _objects(doc)
     (engine,) = [o for o in rendered.objects if o["kind"] == "Deployment" and "engine" in o["metadata"]["name"]]
     assert "securityContext" not in engine["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_karpenter_durations_are_whole_minutes_and_seconds_as_its_crd_asks():
+    """A 90 s budget rendered `duration: 90s`, which Karpenter v1's NodePool CRD refuses (its pattern takes whole
+    minutes): the apply failed, and the operator retried the same error for ever, without a word at render."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["capacity"]["consolidation"] = {"consolidateAfter": 45.5, "budgets": [
+        {"nodes": "0", "schedule": "0 9 * * *", "durationSeconds": 90, "timezone": "UTC"},
+        {"nodes": "1", "schedule": "0 18 * * *", "durationSeconds": 5400, "timezone": "UTC"}]}
+    rendered, _ = _objects(doc)
+    for pool in _by(rendered, "NodePool"):
+        disruption = pool["spec"]["disruption"]
+        assert [b["duration"] for b in disruption["budgets"]] == ["2m", "90m"]
+        assert disruption["consolidateAfter"] == "46s"
+        assert validate(pool) == []
+    warned = {w.path: w.message for w in rendered.warnings}
+    assert "whole minutes; rendered as 2 min" in warned["spec.capacity.consolidation.budgets[0].durationSeconds"]
+    assert "spec.capacity.consolidation.budgets[1].durationSeconds" not in warned
+    assert "46 s" in warned["spec.capacity.consolidation.consolidateAfter"]

@@ -45,6 +45,24 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}h" if s and s % 3600 == 0 else f"{s // 60}m" if s and s % 60 == 0 else f"{s}s"
 
 
+def _budget_duration(seconds: float, index: int, warn) -> str:
+    """Karpenter v1 takes a budget's duration in whole minutes (its CRD's pattern: `90s` refused the NodePool, and
+    the operator retried the same API error for ever): rounded up, with a warning when that changed it."""
+    minutes = math.ceil(seconds / 60)
+    if minutes * 60 != seconds:
+        warn(f"spec.capacity.consolidation.budgets[{index}].durationSeconds",
+             f"{seconds:g} s: Karpenter budgets last whole minutes; rendered as {minutes} min (the local fleet and "
+             "the simulator keep the exact duration)")
+    return _duration(minutes * 60)
+
+
+def _whole_seconds(seconds: float, path: str, warn) -> str:
+    whole = math.ceil(seconds)
+    if whole != seconds:
+        warn(path, f"{seconds:g} s: Karpenter takes whole seconds; rendered as {whole} s")
+    return _duration(whole)
+
+
 def _utc_cron(budget: Budget, index: int, warn) -> str:
     cron = budget.schedule
     assert cron is not None
@@ -120,7 +138,7 @@ def nodepool(ctx: Context, tier: int, warn) -> dict:
         entry: dict = {"nodes": b.nodes}
         if b.schedule is not None:
             entry["schedule"] = _utc_cron(b, i, warn)
-            entry["duration"] = _duration(b.duration)
+            entry["duration"] = _budget_duration(b.duration, i, warn)
         budgets.append(entry)
     template_spec: dict = {
         "nodeClassRef": {"group": ctx.options.node_class_group, "kind": ctx.options.node_class_kind,
@@ -134,7 +152,9 @@ def nodepool(ctx: Context, tier: int, warn) -> dict:
         "template": {"metadata": {"labels": {ENDPOINT_LABEL: node_owner(ctx.namespace, ctx.name),
                                              TIER_LABEL: str(tier)}},
                      "spec": template_spec},
-        "disruption": {"consolidationPolicy": c.policy, "consolidateAfter": _duration(c.consolidate_after),
+        "disruption": {"consolidationPolicy": c.policy,
+                       "consolidateAfter": _whole_seconds(c.consolidate_after,
+                                                          "spec.capacity.consolidation.consolidateAfter", warn),
                        "budgets": budgets},
     }
     limits = _limits(ctx, tier)
