@@ -136,3 +136,32 @@ def test_bad_flags_and_an_install_namespace_exit_2_from_the_command_line(tmp_pat
     assert r.exit_code == 2 and "--node-class 'Bad Name!'" in r.stderr and not (tmp_path / "a").exists()
     r = _run("render", "k8s", "--install", "-o", str(tmp_path / "b"), "--namespace", "BAD NS")
     assert r.exit_code == 2 and "--namespace 'BAD NS'" in r.stderr
+
+
+def test_install_only_flags_without_install_and_a_bad_spec_under_json_say_so(tmp_path):
+    """`--namespace foo` rendered the spec's namespace without a word; `--json` on a bad spec printed nothing on
+    stdout; a missing spec file without -o was reported as the missing -o."""
+    spec = str(ROOT / "examples" / "autoscaling.yaml")
+    for flags in (["--namespace", "foo"], ["--webhook-ca-bundle", str(tmp_path / "ca.pem")]):
+        r = _run("render", "k8s", spec, "--json", *flags)
+        assert r.exit_code == 2 and flags[0] in r.stderr and "metadata.namespace" in r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {name: x}\n"
+                   "spec: {model: {source: builtin:smollm2-135m}, replicas: -1}\n")
+    r = _run("render", "k8s", str(bad), "--json")
+    assert r.exit_code == 2
+    body = json.loads(r.stdout)
+    assert body["valid"] is False and body["errors"][0]["path"] == "spec.replicas"
+    r = _run("render", "k8s", str(tmp_path / "absent.yaml"))
+    assert r.exit_code == 2 and "absent.yaml" in r.stderr and "--output" not in r.stderr
+
+
+def test_the_tls_secret_to_create_is_named_with_its_keys(tmp_path):
+    text = (ROOT / "examples" / "quickstart.yaml").read_text() + "  tls: {enabled: true}\n"
+    spec = tmp_path / "tls.yaml"
+    spec.write_text(text)
+    r = _run("render", "k8s", str(spec), "--json")
+    assert r.exit_code == 0, r.output
+    needed = {s["name"]: s["keys"] for s in json.loads(r.stdout)["secrets_needed"]}
+    (tls,) = [keys for name, keys in needed.items() if name.endswith("-tls")]
+    assert tls == ["tls.crt", "tls.key"]  # it was []: the mount took the whole Secret

@@ -47,7 +47,9 @@ def render_k8s(
     model_pvc: ModelPvcOption = None,
     install: Annotated[bool, typer.Option("--install", help="Instead of an endpoint: the operator's CRD, RBAC, "
                                                             "Deployment and admission webhook")] = False,
-    namespace: Annotated[str, typer.Option(help="--install: the operator's namespace")] = "fleetserve-system",
+    namespace: Annotated[str | None, typer.Option(help="--install: the operator's namespace (default "
+                                                       "fleetserve-system); an endpoint's is its metadata.namespace")
+                         ] = None,
     webhook_ca_bundle: Annotated[str | None, typer.Option(help="--install: PEM CA of the webhook's serving "
                                                                "certificate (default: cert-manager injects it)")
                                  ] = None,
@@ -57,6 +59,12 @@ def render_k8s(
     from fleetserve.spec import SpecError, load_spec
 
     options = _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc)
+    if not install:  # accepted and ignored, they had rendered the spec's namespace without a word
+        for flag, value in (("--namespace", namespace), ("--webhook-ca-bundle", webhook_ca_bundle)):
+            if value is not None:
+                raise fail(f"{flag} applies to --install (the operator's objects); an endpoint renders into its "
+                           "spec's metadata.namespace")
+    namespace = namespace or "fleetserve-system"
     if install:
         if spec is not None:
             raise fail("--install renders the operator, not an endpoint: leave out SPEC")
@@ -71,12 +79,15 @@ def render_k8s(
         return
     if spec is None:
         raise fail("SPEC is required (or --install)")
-    if output is None and not as_json:
-        raise fail("--output/-o DIR is required (or --json to print the objects)")
-    try:
+    try:  # the spec first: a missing file was reported as a missing --output
         loaded = load_spec(spec)
     except SpecError as exc:
+        if as_json:  # a tool reading stdout gets the problems too, as from `validate --json`
+            print(json.dumps({"valid": False, "errors": [{"path": p.path, "message": p.message}
+                                                         for p in exc.problems]}, indent=2))
         raise fail(str(exc)) from None
+    if output is None and not as_json:
+        raise fail("--output/-o DIR is required (or --json to print the objects)")
     try:
         rendered = render(loaded.endpoint, options)
     except ValueError as exc:

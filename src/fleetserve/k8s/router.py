@@ -127,7 +127,9 @@ def router_deployment(ctx: Context) -> dict:
                                                       "items": [{"key": "auth.json", "path": "auth.json"}]}})
     if spec.tls.enabled:
         mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
-        volumes.append({"name": "tls", "secret": {"secretName": ctx.tls_secret}})
+        # its two keys named (a kubernetes.io/tls Secret's): `render k8s` lists them among the Secrets to create
+        volumes.append({"name": "tls", "secret": {"secretName": ctx.tls_secret, "items": [
+            {"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}]}})
     # optional: a router whose ConfigMap is gone (deleted by hand) still starts, and holds requests as before
     mounts.append({"name": "state", "mountPath": STATE_DIR, "readOnly": True})
     volumes.append({"name": "state", "configMap": {"name": ctx.router_state, "optional": True}})
