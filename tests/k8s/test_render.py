@@ -714,7 +714,7 @@ def test_amazon_managed_prometheus_triggers_are_signed_with_the_keda_operators_i
 
 
 @pytest.mark.skipif(__import__("shutil").which("promtool") is None, reason="promtool not installed")
-@pytest.mark.parametrize("metric", ["concurrency", "queue_depth", "request_rate"])
+@pytest.mark.parametrize("metric", ["concurrency", "queue_depth", "request_rate", "ttft_p95"])
 def test_a_lost_router_scrape_is_a_failure_not_an_idle_fleet(metric, tmp_path):
     """`or vector(0)` with ignoreNullValues read a router that Prometheus could not scrape (a wrong token or
     selector) as 0 load: the fleet scaled to zero, never woke, and the fallback never applied. The built-in queries
@@ -740,6 +740,38 @@ def test_a_lost_router_scrape_is_a_failure_not_an_idle_fleet(metric, tmp_path):
     (so,) = _by(render(loaded.endpoint), "ScaledObject", "chat-engine-t0")
     ignore = {t["name"]: t["metadata"]["ignoreNullValues"] for t in so["spec"]["triggers"] if t["type"] == "prometheus"}
     assert ignore == {"t0-concurrency": "false", "t1-prometheus": "true", "activation-pending": "false"}
+
+
+@pytest.mark.skipif(__import__("shutil").which("promtool") is None, reason="promtool not installed")
+def test_an_idle_fleets_ttft_reads_zero_not_nan(tmp_path):
+    """With nothing served in the window the quantile is NaN (KEDA before kedacore/keda#7522 made it -9.2e15), and
+    the trigger kept ignoreNullValues, so a lost scrape read as an idle fleet there too."""
+    import subprocess
+
+    from fleetserve.k8s.context import Context, RenderOptions
+    from fleetserve.k8s.keda import builtin_query
+
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["autoscaling"]["triggers"] = [{"metric": "ttft_p95", "target": 800}]
+    _, loaded = _objects(doc)
+    ctx = Context.build(loaded.endpoint, RenderOptions())
+    router = f'namespace="team-b",service="{ctx.router_name}"'
+    bucket = f"fleetserve_router_served_ttfb_milliseconds_bucket{{{router}"
+    (tmp_path / "rules.yml").write_text("groups: []\n")
+    series = [(f"fleetserve_router_pending_requests{{{router}}}", "0x20"),
+              (f'{bucket},le="100.0"}}', "0+6x5 30x14"), (f'{bucket},le="+Inf"}}', "0+6x5 30x14")]
+    test = {"interval": "1m", "input_series": [{"series": n, "values": v} for n, v in series],
+            "promql_expr_test": [
+                {"expr": builtin_query(ctx, "ttft_p95"), "eval_time": "4m", "exp_samples": [{"labels": "{}",
+                                                                                               "value": 95}]},
+                {"expr": builtin_query(ctx, "ttft_p95"), "eval_time": "15m", "exp_samples": [{"labels": "{}",
+                                                                                                "value": 0}]}]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "tests": [test]}))
+    done = subprocess.run(["promtool", "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (so,) = _by(render(loaded.endpoint), "ScaledObject", "chat-engine-t0")
+    assert {t["metadata"]["ignoreNullValues"] for t in so["spec"]["triggers"] if t["type"] == "prometheus"} == \
+        {"false"}
 
 
 @pytest.mark.skipif(__import__("shutil").which("promtool") is None, reason="promtool not installed")

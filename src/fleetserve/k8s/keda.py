@@ -84,8 +84,11 @@ def builtin_query(ctx: Context, metric: str) -> str:
         paths = "|".join(sorted(GENERATION_PATHS | {INVOCATIONS_PATH}))
         return _or0(ctx, f'sum(rate(fleetserve_router_requests_total{{{r},path=~"{paths}"}}[{_window(ctx)}]))')
     if metric == "ttft_p95":
-        return ("histogram_quantile(0.95, sum by (le) "
-                f"(rate(fleetserve_router_served_ttfb_milliseconds_bucket{{{r}}}[{_window(ctx)}])))")
+        # NaN while nothing was served in the window (an idle fleet): `>= 0` drops it and `_or0` reads 0, as for
+        # the other triggers; KEDA releases before kedacore/keda#7522 turned the NaN into -9.2e15
+        p95 = ("histogram_quantile(0.95, sum by (le) "
+               f"(rate(fleetserve_router_served_ttfb_milliseconds_bucket{{{r}}}[{_window(ctx)}])))")
+        return _or0(ctx, f"({p95} >= 0)")
     raise ValueError(f"no query for metric {metric!r}")
 
 
@@ -171,10 +174,10 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
             out.append(_prometheus(f"t{i}-prometheus", st.server_address or server, st.query, trig.target,
                                    trig.activation_target, trig.kind))
         else:
-            # ttft_p95 keeps ignoreNullValues: its quantile of an idle minute has no value (NaN), scraped or not
+            # every built-in query is empty only when the router is not scraped (ttft_p95's idle NaN reads 0 now,
+            # builtin_query): KEDA counts that as a failure and the fallback holds
             out.append(_prometheus(f"t{i}-{trig.metric.replace('_', '-')}", server, builtin_query(ctx, trig.metric),
-                                   trig.target, trig.activation_target, trig.kind,
-                                   ignore_null=trig.metric == "ttft_p95"))
+                                   trig.target, trig.activation_target, trig.kind, ignore_null=False))
     for i, st in enumerate(spec_triggers[:len(out)]):
         # KEDA-only trigger settings (HyperPod's metricType, useCachedMetrics, customHeaders)
         if st.metric_type:
