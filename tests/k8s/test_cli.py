@@ -165,3 +165,26 @@ def test_the_tls_secret_to_create_is_named_with_its_keys(tmp_path):
     needed = {s["name"]: s["keys"] for s in json.loads(r.stdout)["secrets_needed"]}
     (tls,) = [keys for name, keys in needed.items() if name.endswith("-tls")]
     assert tls == ["tls.crt", "tls.key"]  # it was []: the mount took the whole Secret
+
+
+def test_monitoring_labels_reach_what_the_prometheus_operator_selects(tmp_path):
+    """kube-prometheus-stack selects ServiceMonitors and rules by `release: <its release>`: without a way to say
+    so, it loaded neither (the router unscraped, every trigger failing, and the alert that says so unloaded)."""
+    spec = str(ROOT / "examples" / "autoscaling.yaml")
+    r = _run("render", "k8s", spec, "--json", "--monitoring-label", "release=kps", "--monitoring-label", "team=ml")
+    assert r.exit_code == 0, r.output
+    objects = json.loads(r.stdout)["objects"]
+    monitoring = [o for o in objects if o["kind"] in ("ServiceMonitor", "PrometheusRule")]
+    assert monitoring
+    for obj in monitoring:
+        labels = obj["metadata"]["labels"]
+        assert labels["release"] == "kps" and labels["team"] == "ml"
+        assert labels["app.kubernetes.io/name"] == "fleetserve"
+    assert all("release" not in o["metadata"].get("labels", {}) for o in objects if o not in monitoring)
+    for bad in ("release", "=x", "release=a b", "app.kubernetes.io/name=x"):
+        r = _run("render", "k8s", spec, "--json", "--monitoring-label", bad)
+        assert r.exit_code == 2 and "--monitoring-label" in r.stderr, bad
+    r = _run("render", "k8s", "--install", "--json", "--monitoring-label", "release=kps")
+    (operator,) = [o for o in json.loads(r.stdout)["objects"] if o["kind"] == "Deployment"]
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--monitoring-label") + 1] == "release=kps"  # the operator renders them too

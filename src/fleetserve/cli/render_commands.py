@@ -25,6 +25,9 @@ ZoneOption = Annotated[list[str] | None, typer.Option(help="Allowed zone for eng
 RouterReplicasOption = Annotated[int | None, typer.Option(min=1, max=64, help="Router pods")]
 ServiceAccountOption = Annotated[str | None, typer.Option(help="Engine pods' service account (S3 access)")]
 ModelPvcOption = Annotated[str | None, typer.Option(help="Claim holding local-path models (default NAME-model)")]
+MonitoringLabelOption = Annotated[list[str] | None, typer.Option(
+    help="KEY=VALUE label for the ServiceMonitors and PrometheusRule, as your Prometheus selects them "
+         "(kube-prometheus-stack: release=RELEASE); repeat")]
 
 render_app = typer.Typer(help="Render an endpoint for a platform (Kubernetes).", no_args_is_help=True)
 
@@ -45,6 +48,7 @@ def render_k8s(
     router_replicas: RouterReplicasOption = None,
     service_account: ServiceAccountOption = None,
     model_pvc: ModelPvcOption = None,
+    monitoring_label: MonitoringLabelOption = None,
     install: Annotated[bool, typer.Option("--install", help="Instead of an endpoint: the operator's CRD, RBAC, "
                                                             "Deployment and admission webhook")] = False,
     namespace: Annotated[str | None, typer.Option(help="--install: the operator's namespace (default "
@@ -58,7 +62,8 @@ def render_k8s(
     from fleetserve.k8s.render import render, rendered_warnings, write
     from fleetserve.spec import SpecError, load_spec
 
-    options = _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc)
+    options = _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc,
+                       monitoring_label)
     if not install:  # accepted and ignored, they had rendered the spec's namespace without a word
         for flag, value in (("--namespace", namespace), ("--webhook-ca-bundle", webhook_ca_bundle)):
             if value is not None:
@@ -140,7 +145,25 @@ def _checked(image, prometheus_url, node_class, zone, service_account, model_pvc
                         "starting and ending with a letter or digit, at most 63)")
 
 
-def _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc):
+def _monitoring_labels(values: list[str] | None) -> tuple[tuple[str, str], ...] | None:
+    from fleetserve.spec.endpoint import LABEL_KEY_RULE, is_label_key, is_label_value
+
+    if not values:
+        return None
+    out = {}
+    for value in values:
+        key, sep, label = value.partition("=")
+        if not sep or not is_label_key(key) or not is_label_value(label):
+            raise fail(f"--monitoring-label {value!r}: KEY=VALUE, a label such as release=kube-prometheus-stack (the "
+                       f"key: {LABEL_KEY_RULE}; the value: letters, digits, '-', '_' and '.', at most 63)")
+        if key.startswith(("app.kubernetes.io/", "fleetserve.io/")):
+            raise fail(f"--monitoring-label {value!r}: {key} is a label fleetserve sets itself")
+        out[key] = label
+    return tuple(sorted(out.items()))
+
+
+def _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc,
+             monitoring_label=None):
     from dataclasses import replace
 
     from fleetserve.k8s.context import RenderOptions
@@ -149,7 +172,7 @@ def _options(image, prometheus_url, node_class, zone, router_replicas, service_a
 
     given = {"image": image, "prometheus_url": prometheus_url, "node_class": node_class,
              "router_replicas": router_replicas, "service_account": service_account, "model_pvc": model_pvc,
-             "zones": tuple(zone) if zone else None}
+             "zones": tuple(zone) if zone else None, "monitoring_labels": _monitoring_labels(monitoring_label)}
     return replace(RenderOptions(), **{k: v for k, v in given.items() if v is not None})
 
 
@@ -207,6 +230,7 @@ def operator(
     router_replicas: RouterReplicasOption = None,
     service_account: ServiceAccountOption = None,
     model_pvc: ModelPvcOption = None,
+    monitoring_label: MonitoringLabelOption = None,
 ) -> None:
     """Run the Kubernetes operator: keep every Endpoint resource's objects as `render k8s` makes them."""
     try:
@@ -216,7 +240,8 @@ def operator(
         from fleetserve.k8s.operator import run
     except ImportError as exc:
         raise fail(f"the operator needs the k8s extra (pip install 'fleetserve[k8s]'): {exc}", 1) from None
-    options = _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc)
+    options = _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc,
+                       monitoring_label)
     if webhook_cert_dir is not None:
         missing = [f for f in ("tls.crt", "tls.key") if not (Path(webhook_cert_dir) / f).is_file()]
         if missing:

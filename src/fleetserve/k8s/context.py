@@ -49,6 +49,9 @@ class RenderOptions:
     model_pvc: str | None = None  # claim holding local-path models (FSx, NFS); default <name>-model
     prestop_seconds: int = 10  # endpoints and router health probes notice the pod is going
     kubernetes_version: str = "1.33"
+    # labels the Prometheus operator selects ServiceMonitors and PrometheusRules by (kube-prometheus-stack:
+    # `release: <its Helm release>`); without them it loaded neither, and nothing said so
+    monitoring_labels: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

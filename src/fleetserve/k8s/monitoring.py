@@ -18,6 +18,14 @@ from fleetserve.k8s.labels import DISCOVERY_LABEL
 from fleetserve.observe.rules import RuleTarget, alert, rule_groups
 
 
+def _meta(ctx: Context, name: str, component: str) -> dict:
+    """An object the Prometheus operator must select: our labels, plus --monitoring-label's (which never replace
+    ours: selectors and ownership read them)."""
+    meta = ctx.meta(name, component)
+    meta["labels"] = {**dict(ctx.options.monitoring_labels), **meta["labels"]}
+    return meta
+
+
 def _service_monitor(ctx: Context, name: str, component: str, port: str, scheme: str,
                      path: str = "/metrics", key: str | None = "token") -> dict:
     """`key`: the internal Secret's key Prometheus sends as a bearer token; None for an image run as given, which
@@ -31,7 +39,7 @@ def _service_monitor(ctx: Context, name: str, component: str, port: str, scheme:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": ctx.meta(name, component),
+        "metadata": _meta(ctx, name, component),
         # the headless Service over the same pods is for the router's DNS: scraping it too counted every engine
         # series twice in any sum without a `service` filter (invocations, concurrency, users' KEDA queries)
         "spec": {"selector": {"matchLabels": ctx.selector(component),
@@ -65,7 +73,7 @@ def _rules(ctx: Context) -> dict:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": ctx.meta(ctx.name, "monitoring"),
+        "metadata": _meta(ctx, ctx.name, "monitoring"),
         "spec": {"groups": rule_groups(target)},
     }
 
