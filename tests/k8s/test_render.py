@@ -1374,3 +1374,31 @@ def test_karpenter_durations_are_whole_minutes_and_seconds_as_its_crd_asks():
     assert "whole minutes; rendered as 2 min" in warned["spec.capacity.consolidation.budgets[0].durationSeconds"]
     assert "spec.capacity.consolidation.budgets[1].durationSeconds" not in warned
     assert "46 s" in warned["spec.capacity.consolidation.consolidateAfter"]
+
+
+@pytest.mark.parametrize("cron, end, lead_s, shifted", [
+    ("0 9 * * 1-5", "0 17 * * 1-5", 600, "50 8 * * 1-5"),
+    ("0 0 * * 1", "0 6 * * 1", 600, "50 23 * * 0"),  # across midnight: the weekday moves with it
+    ("30 0 * * 1-5", "0 6 * * 1-5", 3600, "30 23 * * 0,1,2,3,4"),
+    ("0 9 * * 1", "0 17 * * 1", 86400, "0 9 * * 0"),
+    ("0 0 * * *", "0 6 * * *", 60, "59 23 * * *"),  # every day stays every day
+    ("0 0 1 * *", "0 6 1 * *", 600, None),  # the 1st less ten minutes is a month's last day: no cron says it
+    ("0 0 * 6 *", "0 6 * 6 *", 60, None),
+    ("0,30 9 * * *", "15,45 9 * * *", 60, None),
+])
+def test_a_floors_lead_moves_its_start_across_midnight_as_the_local_controller_does(cron, end, lead_s, shifted):
+    """A start at 00:00 Monday with a 10-minute lead was left on time on Kubernetes (with a warning), while the
+    local controller and the simulator raised the floor at 23:50 Sunday."""
+    from fleetserve.autoscale.schedule import Cron
+    from fleetserve.k8s.keda import shift_earlier
+
+    assert shift_earlier(Cron.parse(cron), lead_s) == shifted
+    doc = copy.deepcopy(FULL)
+    auto = doc["spec"]["autoscaling"]
+    auto["scheduleLeadTime"] = lead_s
+    auto["schedules"] = [{"name": "w", "timezone": "UTC", "start": cron, "end": end, "minReplicas": 1}]
+    rendered, _ = _objects(doc)
+    (so,) = _by(rendered, "ScaledObject", "chat-engine-t0")
+    (trigger,) = [t for t in so["spec"]["triggers"] if t["type"] == "cron"]
+    assert trigger["metadata"]["start"] == (shifted or cron)
+    assert any("cannot move" in str(w) for w in rendered.warnings) == (shifted is None)

@@ -90,6 +90,25 @@ class Cron:
                                 f"does not occur in month {','.join(map(str, sorted(cron.months)))}")
         return cron
 
+    def shifted(self, minutes: int) -> str | None:
+        """The cron text that fires `minutes` later (earlier when negative), or None where no 5-field cron can: a
+        minute or hour that is not one value, or a day of the month or a month (which a move across midnight
+        would carry across month ends). Weekdays move with a shift across midnight: 00:00 Monday less ten
+        minutes is 23:50 Sunday (the time-of-day floors' lead on KEDA, a Karpenter budget written in UTC)."""
+        if not minutes:
+            return self.text
+        if len(self.minutes) != 1 or len(self.hours) != 1:
+            return None
+        fields = self.text.split()
+        total = next(iter(self.hours)) * 60 + next(iter(self.minutes)) + minutes
+        days, total = divmod(total, 24 * 60)
+        if days:
+            if fields[2:4] != ["*", "*"]:
+                return None
+            if not self.dow_any:
+                fields[4] = ",".join(str(d) for d in sorted((d + days) % 7 for d in self.weekdays))
+        return " ".join([str(total % 60), str(total // 60)] + fields[2:])
+
     def _day_matches(self, d: date) -> bool:
         if d.month not in self.months:
             return False

@@ -74,22 +74,16 @@ def _utc_cron(budget: Budget, index: int, warn) -> str:
         warn(f"spec.capacity.consolidation.budgets[{index}].timezone",
              f"Karpenter schedules are UTC; {cron.text!r} cannot be shifted from {budget.timezone}, used as UTC")
         return cron.text
-    total = next(iter(cron.hours)) * 60 + next(iter(cron.minutes)) - minutes
-    fields = cron.text.split()
-    if not 0 <= total < 24 * 60:
-        if fields[2:4] != ["*", "*"]:  # a day of the month would move across month ends with it
-            warn(f"spec.capacity.consolidation.budgets[{index}].timezone",
-                 f"{cron.text!r} in {budget.timezone} falls on another UTC day; used as UTC")
-            return cron.text
-        if fields[4] != "*":  # weekdays move with it: 01:00 Monday in Berlin is 00:00 Monday UTC, 02:00 Monday in
-            # Kolkata is 20:30 Sunday UTC
-            shift = total // (24 * 60)
-            fields[4] = ",".join(str(d) for d in sorted((d + shift) % 7 for d in cron.weekdays))
-        total %= 24 * 60  # every day: the UTC day it falls on is every day too (02:00 Kolkata is 20:30 UTC)
+    # weekdays move with it: 01:00 Monday in Berlin is 00:00 Monday UTC, 02:00 Monday in Kolkata 20:30 Sunday UTC
+    utc = cron.shifted(-minutes)
+    if utc is None:  # a day of the month would move across month ends with it
+        warn(f"spec.capacity.consolidation.budgets[{index}].timezone",
+             f"{cron.text!r} in {budget.timezone} falls on another UTC day; used as UTC")
+        return cron.text
     if ZoneInfo(budget.timezone).utcoffset(datetime(2026, 7, 15)) != offset:
         warn(f"spec.capacity.consolidation.budgets[{index}].timezone",
              f"{budget.timezone} has daylight saving time; the UTC schedule is off by an hour half the year")
-    return " ".join([str(total % 60), str(total // 60)] + fields[2:])
+    return utc
 
 
 NODEPOOL_RESTRICTED = frozenset({"kubernetes.io/hostname"})  # karpenter.sh_nodepools: "label ... is restricted"

@@ -134,16 +134,8 @@ def _rates(policies: tuple[RatePolicy, ...]) -> list[dict]:
 
 
 def shift_earlier(cron: Cron, seconds: float) -> str | None:
-    """The cron text fired `seconds` earlier, when minute and hour are single values on the same day."""
-    if not seconds:
-        return cron.text
-    if len(cron.minutes) != 1 or len(cron.hours) != 1:
-        return None
-    total = next(iter(cron.hours)) * 60 + next(iter(cron.minutes)) - int(-(-seconds // 60))
-    if total < 0:
-        return None
-    fields = cron.text.split()
-    return " ".join([str(total % 60), str(total // 60)] + fields[2:])
+    """The cron text fired `seconds` earlier (whole minutes, rounded up), or None where no cron can say it."""
+    return cron.shifted(-int(-(-seconds // 60)))
 
 
 def _lead_problem(window, lead: float) -> str | None:
