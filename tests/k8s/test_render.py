@@ -1402,3 +1402,13 @@ def test_a_floors_lead_moves_its_start_across_midnight_as_the_local_controller_d
     (trigger,) = [t for t in so["spec"]["triggers"] if t["type"] == "cron"]
     assert trigger["metadata"]["start"] == (shifted or cron)
     assert any("cannot move" in str(w) for w in rendered.warnings) == (shifted is None)
+
+
+def test_keda_rounding_warnings_name_the_specs_fields():
+    """They named the policy's attributes (`spec.autoscaling: down_window=10.5s`), which no spec has."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["autoscaling"].update(cooldownPeriod=600.5, scaleDownStabilizationTime=240.5)
+    warned = {w.path: w.message for w in _objects(doc)[0].warnings}
+    assert warned["spec.autoscaling.cooldownPeriod"].startswith("600.5s is rounded down")
+    assert warned["spec.autoscaling.scaleDownStabilizationTime"].startswith("240.5s is rounded down")
+    assert "spec.autoscaling" not in warned

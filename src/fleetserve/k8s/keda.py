@@ -227,13 +227,16 @@ def scaled_object(ctx: Context, policy: ScalingPolicy, warn) -> dict:
             warn("spec.autoscaling.fallback", f"{', '.join(uncovered)} (metricType Value) fall back only on KEDA "
                                               "2.18 or later, as the local controller and the simulator do; older "
                                               "KEDA refuses a fallback over a Value trigger")
-    for name in ("polling_interval", "cooldown", "initial_cooldown", "up_window", "down_window"):
+    fields = {"polling_interval": "pollingInterval", "cooldown": "cooldownPeriod",
+              "initial_cooldown": "initialCooldownPeriod", "up_window": "scaleUpStabilizationTime",
+              "down_window": "scaleDownStabilizationTime"}  # the spec's names: the warnings named the policy's
+    for name, field in fields.items():
         value = getattr(policy, name)
         if name == "polling_interval" and value < 1:
             warn("spec.autoscaling.pollingInterval", f"{value:g}s is raised to KEDA's least, 1 s (0 would poll "
                                                       "the metrics without a pause)")
         elif not float(value).is_integer():
-            warn("spec.autoscaling", f"{name}={value:g}s is rounded down to whole seconds for KEDA")
+            warn(f"spec.autoscaling.{field}", f"{value:g}s is rounded down to whole seconds for KEDA")
     return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
             "metadata": ctx.meta(target, "engine", **{TIER_LABEL: "0"}), "spec": spec}
 
