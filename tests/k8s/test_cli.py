@@ -188,3 +188,21 @@ def test_monitoring_labels_reach_what_the_prometheus_operator_selects(tmp_path):
     (operator,) = [o for o in json.loads(r.stdout)["objects"] if o["kind"] == "Deployment"]
     args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--monitoring-label") + 1] == "release=kps"  # the operator renders them too
+
+
+def test_a_cluster_domain_other_than_cluster_local_reaches_every_service_name():
+    """svc.cluster.local was written into the router's --backend-dns, the Redis URLs and the Prometheus address:
+    on a cluster with its own domain none of them resolved."""
+    spec = str(ROOT / "examples" / "autoscaling.yaml")
+    r = _run("render", "k8s", spec, "--json", "--cluster-domain", "corp.internal")
+    assert r.exit_code == 0, r.output
+    text = json.dumps(json.loads(r.stdout)["objects"])
+    assert "cluster.local" not in text
+    assert ".svc.corp.internal:" in text and "prometheus-operated.monitoring.svc.corp.internal:9090" in text
+    r = _run("render", "k8s", spec, "--json", "--cluster-domain", "Bad Domain")
+    assert r.exit_code == 2 and "--cluster-domain" in r.stderr
+    r = _run("render", "k8s", "--install", "--json", "--cluster-domain", "corp.internal")
+    (operator,) = [o for o in json.loads(r.stdout)["objects"] if o["kind"] == "Deployment"]
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--cluster-domain") + 1] == "corp.internal"
+    assert "http://prometheus-operated.monitoring.svc.corp.internal:9090" in args

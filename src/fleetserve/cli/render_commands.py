@@ -25,6 +25,8 @@ ZoneOption = Annotated[list[str] | None, typer.Option(help="Allowed zone for eng
 RouterReplicasOption = Annotated[int | None, typer.Option(min=1, max=64, help="Router pods")]
 ServiceAccountOption = Annotated[str | None, typer.Option(help="Engine pods' service account (S3 access)")]
 ModelPvcOption = Annotated[str | None, typer.Option(help="Claim holding local-path models (default NAME-model)")]
+ClusterDomainOption = Annotated[str | None, typer.Option(
+    help="The cluster's DNS domain, in the Services' names the pods are given (default cluster.local)")]
 MonitoringLabelOption = Annotated[list[str] | None, typer.Option(
     help="KEY=VALUE label for the ServiceMonitors and PrometheusRule, as your Prometheus selects them "
          "(kube-prometheus-stack: release=RELEASE); repeat")]
@@ -49,6 +51,7 @@ def render_k8s(
     service_account: ServiceAccountOption = None,
     model_pvc: ModelPvcOption = None,
     monitoring_label: MonitoringLabelOption = None,
+    cluster_domain: ClusterDomainOption = None,
     install: Annotated[bool, typer.Option("--install", help="Instead of an endpoint: the operator's CRD, RBAC, "
                                                             "Deployment and admission webhook")] = False,
     namespace: Annotated[str | None, typer.Option(help="--install: the operator's namespace (default "
@@ -63,7 +66,7 @@ def render_k8s(
     from fleetserve.spec import SpecError, load_spec
 
     options = _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc,
-                       monitoring_label)
+                       monitoring_label, cluster_domain)
     if not install:  # accepted and ignored, they had rendered the spec's namespace without a word
         for flag, value in (("--namespace", namespace), ("--webhook-ca-bundle", webhook_ca_bundle)):
             if value is not None:
@@ -163,14 +166,21 @@ def _monitoring_labels(values: list[str] | None) -> tuple[tuple[str, str], ...] 
 
 
 def _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc,
-             monitoring_label=None):
+             monitoring_label=None, cluster_domain=None):
     from dataclasses import replace
 
     from fleetserve.k8s.context import RenderOptions
 
     _checked(image, prometheus_url, node_class, zone, service_account, model_pvc)
+    from fleetserve.spec.endpoint import is_dns_subdomain
 
-    given = {"image": image, "prometheus_url": prometheus_url, "node_class": node_class,
+    if cluster_domain is not None and not is_dns_subdomain(cluster_domain):
+        raise fail(f"--cluster-domain {cluster_domain!r}: a DNS domain such as cluster.local ({_SUBDOMAIN_RULE})")
+
+    if cluster_domain is not None and prometheus_url is None:  # the default Prometheus is in the cluster too
+        prometheus_url = RenderOptions.prometheus_url.replace(".svc.cluster.local", f".svc.{cluster_domain}")
+    given = {"cluster_domain": cluster_domain, "image": image, "prometheus_url": prometheus_url,
+             "node_class": node_class,
              "router_replicas": router_replicas, "service_account": service_account, "model_pvc": model_pvc,
              "zones": tuple(zone) if zone else None, "monitoring_labels": _monitoring_labels(monitoring_label)}
     return replace(RenderOptions(), **{k: v for k, v in given.items() if v is not None})
@@ -231,6 +241,7 @@ def operator(
     service_account: ServiceAccountOption = None,
     model_pvc: ModelPvcOption = None,
     monitoring_label: MonitoringLabelOption = None,
+    cluster_domain: ClusterDomainOption = None,
 ) -> None:
     """Run the Kubernetes operator: keep every Endpoint resource's objects as `render k8s` makes them."""
     try:
@@ -241,7 +252,7 @@ def operator(
     except ImportError as exc:
         raise fail(f"the operator needs the k8s extra (pip install 'fleetserve[k8s]'): {exc}", 1) from None
     options = _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc,
-                       monitoring_label)
+                       monitoring_label, cluster_domain)
     if webhook_cert_dir is not None:
         missing = [f for f in ("tls.crt", "tls.key") if not (Path(webhook_cert_dir) / f).is_file()]
         if missing:

@@ -52,6 +52,7 @@ class RenderOptions:
     # labels the Prometheus operator selects ServiceMonitors and PrometheusRules by (kube-prometheus-stack:
     # `release: <its Helm release>`); without them it loaded neither, and nothing said so
     monitoring_labels: tuple[tuple[str, str], ...] = ()
+    cluster_domain: str = "cluster.local"  # the cluster's DNS domain (kubelet --cluster-domain)
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ class Context:
         return self.options.model_pvc or dns_name(self.name, "model")
 
     def host(self, service: str) -> str:
-        return f"{service}.{self.namespace}.svc.cluster.local"
+        return f"{service}.{self.namespace}.svc.{self.options.cluster_domain}"
 
     def labels(self, component: str, **extra: str) -> dict[str, str]:
         return labels(self.name, component, self.endpoint.metadata.labels, **extra)

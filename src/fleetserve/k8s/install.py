@@ -94,6 +94,8 @@ def _operator_args(options: RenderOptions) -> list[str]:
         args += ["--service-account", options.service_account]
     if options.model_pvc:
         args += ["--model-pvc", options.model_pvc]
+    if options.cluster_domain != RenderOptions.cluster_domain:
+        args += ["--cluster-domain", options.cluster_domain]
     for key, value in options.monitoring_labels:
         args += ["--monitoring-label", f"{key}={value}"]
     return args
