@@ -244,13 +244,13 @@ def test_a_request_that_replicas_drop_tries_one_more_and_takes_none_out():
     assert up.sent[0] == A and len(up.sent) == 2 and out.status == 200
 
 
-def stream_failing_with(failure: Exception) -> tuple[Gateway, Recorder]:
+def stream_failing_with(failure: Exception, **settings) -> tuple[Gateway, Recorder]:
     """A streamed chat whose replica sends one event, then fails with `failure` (in virtual time)."""
     sse = [(b"content-type", b"text/event-stream")]
     chunks = [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n', failure]
 
     async def main():
-        gw, up = gateway({A: [FakeResponse(200, chunks, sse, length=False)], B: []})
+        gw, up = gateway({A: [FakeResponse(200, chunks, sse, length=False)], B: []}, **settings)
         out = Recorder()
         await gw.handle(chat(stream=True), out)
         return gw, out
@@ -264,6 +264,26 @@ def test_a_stream_that_breaks_mid_way_ends_with_an_openai_error_event():
     assert text.startswith('data: {"choices"') and '"code":"upstream_failed"' in text
     assert text.endswith("data: [DONE]\n\n") and out.ended and not out.aborted
     assert not gw.pool.backends["10.0.0.1:8000"].healthy  # a replica that cut a stream is taken out
+
+
+@pytest.mark.parametrize("scope", ["all", "router"])
+def test_a_stream_cut_mid_way_is_an_error_in_the_model_series_and_a_warning_in_the_access_log(scope, caplog):
+    """The client got an error event under a 200 status line, and that was all anyone counted: the access line said
+    200 at INFO, and no model_errors_total moved (the engine that would have counted it was dead), so the error
+    ratio, the burn-rate alerts and the dashboards' error panels read 0 % for what streaming clients saw."""
+    import logging
+
+    from fleetserve.observe.metrics import ModelIdentity
+
+    with caplog.at_level(logging.INFO, logger="fleetserve.router.access"):
+        gw, out = stream_failing_with(Broken("cut"), model_identity=ModelIdentity("ns", "m", "1", "g5", ""),
+                                      model_metrics_scope=scope)
+    assert '"code":"upstream_failed"' in out.body.decode()
+    errors = {s.labels["status"]: s.value for f in gw.metrics.registry.collect() for s in f.samples
+              if s.name == "model_errors_total" and s.labels["replica"] == "10.0.0.1:8000"}
+    assert errors == {"502": 1.0}
+    (line,) = [r for r in caplog.records if r.getMessage() == "request"]
+    assert line.levelname == "WARNING" and line.status == 502 and line.error == "upstream_failed"
 
 
 def test_a_stream_silent_past_the_idle_timeout_ends_with_a_504_event_and_leaves_the_replica_to_its_probes():

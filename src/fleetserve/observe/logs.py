@@ -112,9 +112,16 @@ def uvicorn_log_config(log_format: str):
     return LOGGING_CONFIG
 
 
+def request_level(fields: dict) -> int:
+    """A request line's level: WARNING for a server error (5xx: a replica failed it, or the router could not
+    serve it), so that a filter on warnings finds them; INFO otherwise (a client's 4xx is the client's)."""
+    status = fields.get("status")
+    return logging.WARNING if isinstance(status, int) and status >= 500 else logging.INFO
+
+
 def log_request(logger: logging.Logger, **fields) -> None:
     """The per-request line: message `request`, the fields as the record's attributes (None dropped)."""
-    logger.info(REQUEST, extra={k: v for k, v in fields.items() if v is not None})
+    logger.log(request_level(fields), REQUEST, extra={k: v for k, v in fields.items() if v is not None})
 
 
 def quiet_progress_bars() -> None:
@@ -165,8 +172,9 @@ class AccessLog:
             return
         now = time.time()
         formatter = handler.formatter
+        level = logging.getLevelName(request_level(fields))
         if isinstance(formatter, JsonFormatter):
-            line = {"ts": self._iso(now), "level": "info", "component": formatter.component}
+            line = {"ts": self._iso(now), "level": level.lower(), "component": formatter.component}
             if formatter.replica:
                 line["replica"] = formatter.replica
             line["logger"] = self.logger.name
@@ -176,7 +184,7 @@ class AccessLog:
         else:
             extra = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) and (' ' in v or not v) else v}"
                              for k, v in fields.items() if v is not None)
-            text = f"{self._asctime(now)} {formatter.component} INFO {REQUEST} {extra}"
+            text = f"{self._asctime(now)} {formatter.component} {level} {REQUEST} {extra}"
         self._lines.append(text)
         if len(self._lines) >= self.max_lines:
             self.flush()

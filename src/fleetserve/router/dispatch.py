@@ -39,7 +39,7 @@ MAX_DROPS = 2  # replicas that may close the connection under one request before
 class Attempt:
     """An answer whose first body bytes arrived; owns the replica's in-flight slot until `release`."""
 
-    __slots__ = ("backend", "response", "first", "choice", "tries", "held", "_book", "_freed", "_released",
+    __slots__ = ("backend", "response", "first", "choice", "tries", "held", "cut", "_book", "_freed", "_released",
                  "_ended")
 
     def __init__(self, backend: Backend, response: UpstreamResponse, first: bytes, choice: Choice, tries: int,
@@ -50,6 +50,7 @@ class Attempt:
         self.choice = choice
         self.tries = tries  # replicas tried, this one included
         self.held = 0.0  # seconds it waited in the scale-from-zero buffer while dispatched (replicas died under it)
+        self.cut: APIError | None = None  # why the answer broke off after it began (relay.py), if it did
         self._book = book
         self._freed = freed
         self._ended = ended  # the model metrics' end of this invocation (router/model_metrics.py), if counted

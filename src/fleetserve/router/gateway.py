@@ -347,14 +347,20 @@ class Gateway:
         if status == 200 and self.needs.prefix_keys:
             def learn(tail: bytes, choice=attempt.choice, routed=route.prompt_tokens) -> None:
                 self.learn(choice, tail, routed)
-        logged = status
+        logged, error = status, None
         try:
             extra = [(b"x-request-id", rid)]
             if self.settings.keyring is None:  # with API keys the clients are tenants: a replica's address is
                 # the operator's business, as in /health (the access log names it)
                 extra.append((b"x-fleetserve-replica", attempt.backend.id.encode()))
             whole = await relay(self, attempt, responder, extra, learn, strip_usage=asked_usage and status == 200)
-            if not whole and responder.client_gone:
+            if not whole and attempt.cut is not None:
+                # broken off after it began: the client got an error (an SSE error event, or a cut body) under a
+                # 200 status line, which the access line and the error series had counted as a success
+                logged, error = attempt.cut.status, attempt.cut.code
+                if self.model_metrics is not None and request.path in GENERATION_PATHS:
+                    self.model_metrics.cut(attempt.backend.id, attempt.cut.status)
+            elif not whole and responder.client_gone:
                 logged = 499  # the client left mid-answer: the access line says so, as the engine's does
         except asyncio.CancelledError:  # the front door cancels a request whose client left, or at a stop
             logged = 503 if responder.stopping else 499
@@ -362,7 +368,7 @@ class Gateway:
         finally:
             attempt.release()
             self.metrics.latency_ms.observe((self.clock() - started) * 1000)
-            self._log(request_id, tenant, request.path, logged, started, attempt, ttfb_ms, body)
+            self._log(request_id, tenant, request.path, logged, started, attempt, ttfb_ms, body, error=error)
 
     def _answered_at_zero(self, request: Request, responder: Responder, authorization: bytes | None, rid: bytes,
                           started: float) -> bool:

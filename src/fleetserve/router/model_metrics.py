@@ -76,6 +76,12 @@ class ModelMetrics:
         if status is not None:
             child(self.errors, *labels, str(status)).inc()
 
+    def cut(self, replica: str, status: int) -> None:
+        """An answer that broke off after it began (the replica died mid-stream, or went silent): an error the
+        client got, whatever the status line said (200). Counted in both scopes: an engine that died counts
+        nothing, and the stream's status had read as a success in every error ratio and alert."""
+        child(self.errors, *self.base, replica, str(status)).inc()
+
     def ended(self, replica: str, latency_ms: float) -> None:
         if not self.every_request:
             return

@@ -96,8 +96,9 @@ async def relay(gw, attempt: Attempt, responder: Responder, extra: list[tuple[by
             gw.mark_unreachable(attempt.backend, f"failed mid-response: {exc.kind}")
         gw.request_failed(attempt.backend, "failed mid-response")
         log.warning("backend %s failed mid-response: %s", attempt.backend.url, exc)
+        attempt.cut = _cut_error(attempt.backend.draining, exc)  # an error the client got: counted and logged so
         if sse and response.content_length is None:
-            _end_with_error(responder, _cut_error(attempt.backend.draining, exc))
+            _end_with_error(responder, attempt.cut)
         else:
             responder.abort()
         return False
