@@ -71,6 +71,36 @@ def test_reuse_from_every_tier_gives_identical_greedy_output(tiny_model, tmp_pat
         cached.stop()
 
 
+def test_a_block_changed_inside_redis_is_rejected_and_recomputed(tiny_model, tmp_path, redis_server):
+    """Bytes flipped inside a value of the right length (a bad write, bit rot, a tool that edited it) passed the
+    header checks: the engine answered from tensors that were not its own (an empty answer), and counted nothing."""
+    import redis
+
+    plain = engine(tiny_model, tmp_path, "--no-kv-cache", name="plain")
+    cached = engine(tiny_model, tmp_path, "--l2-url", redis_server["url"])
+    try:
+        reference, _ = ask(plain.url)
+        assert ask(cached.url)[0] == reference
+        client = redis.Redis.from_url(redis_server["url"])
+        keys = [k for k in client.scan_iter(count=1000) if client.type(k) == b"string"]
+        # the value format is in the key space: a rolling upgrade's two versions never share (or fight over) keys
+        assert keys and all(k.startswith(b"fleetserve:kv2:") for k in keys)
+        for key in keys:
+            value = bytearray(client.get(key))
+            middle = len(value) // 2
+            value[middle:middle + 64] = bytes(b ^ 0xFF for b in value[middle:middle + 64])
+            client.set(key, bytes(value))
+        clear(cached.url, "engine")
+        text, hit = ask(cached.url)
+        assert (text, hit) == (reference, 0)  # recomputed, not served from the changed blocks
+        assert sample(cached.url, "fleetserve_kv_tier_rejected_total", TOKENS[cached.url], tier="l2") >= 1
+        clear(cached.url, "engine")
+        assert ask(cached.url)[1] > 0  # the recompute wrote good blocks over the changed ones
+    finally:
+        plain.stop()
+        cached.stop()
+
+
 def test_two_tenants_never_share_and_one_tenant_hits(tiny_model, tmp_path):
     e = engine(tiny_model, tmp_path)
     try:

@@ -19,8 +19,9 @@ def l2_prefix(served_name: str, model_dir) -> str:
     """The Redis key prefix of one model build: its name and its files' fingerprint. Two models served under
     one name on a shared Redis read each other's blocks and answered wrongly when only the name was in it."""
     from fleetserve.engine.fingerprint import model_fingerprint
+    from fleetserve.kvcache.tiers import KEY_SPACE
 
-    return f"fleetserve:kv:{served_name}:{model_fingerprint(model_dir)}:"
+    return f"fleetserve:{KEY_SPACE}:{served_name}:{model_fingerprint(model_dir)}:"
 
 
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})

@@ -1,7 +1,9 @@
 """KV block tiers below the engine's working set: L1 (CPU memory, LRU by bytes) and L2 (Redis).
 
-A block value carries its own key in a header and is checked on load, so a foreign or corrupted value is
-never used (a reordered block would still give plausible logits; identity is what proves reuse is right).
+A block value carries its own key and a CRC-32 of its bytes in a header and is checked on load, so a foreign or
+corrupted value is never used (a reordered block would still give plausible logits; identity is what proves
+reuse is right). The checksum catches accidents, not a writer who means harm: the L2 Redis is the fleet's, behind
+its password.
 L2 keeps one Redis value per block (never two keys that can disagree), reads with one MGET, writes with one
 pipeline, has per-operation timeouts, and when Redis is down it is skipped for a back-off period and
 retried by itself: the engine keeps serving from L1 and recompute.
@@ -13,6 +15,7 @@ import logging
 import struct
 import threading
 import time
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -20,8 +23,12 @@ from fleetserve.kvcache.prefix_match import touch_chain
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"FSKV1"
-_HEADER = struct.Struct(">5sQI")  # magic, block key, payload length
+MAGIC = b"FSKV2"  # FSKV1 values (no checksum) read as foreign: recomputed once, then written again as FSKV2
+# the value format in the Redis key space: engines of two versions on one Redis (a rolling upgrade) never read or
+# overwrite each other's blocks (under one key space they rejected and rewrote each other's, and the hit ratio
+# fell for the whole rollout)
+KEY_SPACE = "kv2"
+_HEADER = struct.Struct(">5sQII")  # magic, block key, payload length, CRC-32 of the payload
 
 
 def packed_size(payload_bytes: int) -> int:
@@ -30,17 +37,22 @@ def packed_size(payload_bytes: int) -> int:
 
 
 def pack_block(key: int, payload: bytes) -> bytes:
-    return _HEADER.pack(MAGIC, key, len(payload)) + payload
+    return _HEADER.pack(MAGIC, key, len(payload), zlib.crc32(payload)) + payload
 
 
 def unpack_block(key: int, value: bytes) -> bytes | None:
-    """The payload if `value` is the block stored under `key`, else None (foreign, torn or corrupt)."""
+    """The payload if `value` is the block stored under `key`, else None (foreign, torn or corrupt). The checksum
+    is what catches bytes changed inside a value of the right length (a bad write, bit rot, a tool that edited
+    it): such a block had been used, and the model answered from tensors that were not its own."""
     if len(value) < _HEADER.size:
         return None
-    magic, stored_key, length = _HEADER.unpack_from(value)
+    magic, stored_key, length, checksum = _HEADER.unpack_from(value)
     if magic != MAGIC or stored_key != key or len(value) - _HEADER.size != length:
         return None
-    return value[_HEADER.size:]
+    payload = memoryview(value)[_HEADER.size:]
+    if zlib.crc32(payload) != checksum:
+        return None
+    return bytes(payload)
 
 
 @dataclass
@@ -204,7 +216,7 @@ class RedisStore:
 
     name = "l2"
 
-    def __init__(self, url: str, prefix: str = "fleetserve:kv:", timeout: float = 0.5, backoff: float = 2.0,
+    def __init__(self, url: str, prefix: str = f"fleetserve:{KEY_SPACE}:", timeout: float = 0.5, backoff: float = 2.0,
                  password: str | None = None):
         import redis
 

@@ -248,7 +248,8 @@ KV_TIER_BYTES_OUT = _m("fleetserve_kv_tier_bytes_out_total", "counter", "Bytes l
 KV_TIER_FAILURES = _m("fleetserve_kv_tier_failures_total", "counter", "Tier operations that failed (e.g. Redis "
                       "down)", "kv", "operations", _T, by=(ENGINE,))
 KV_TIER_REJECTED = _m("fleetserve_kv_tier_rejected_total", "counter", "Values whose header did not match the "
-                      "key (foreign or corrupt; never used)", "kv", "blocks", _T, by=(ENGINE,))
+                      "key or whose bytes did not match their checksum (foreign or corrupt; never used)", "kv",
+                      "blocks", _T, by=(ENGINE,))
 KV_TIER_GET = _m("fleetserve_kv_tier_get_seconds", "histogram", "Tier load latency (recent operations)", "kv",
                  "seconds", _T, TIER_LATENCY_BUCKETS_S, by=(ENGINE,))
 KV_TIER_PUT = _m("fleetserve_kv_tier_put_seconds", "histogram", "Tier store latency (recent operations)", "kv",
