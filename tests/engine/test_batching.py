@@ -127,6 +127,44 @@ def test_cancel_frees_the_slot(runner):
     assert asyncio.run(main())[1] == "length"
 
 
+def test_a_lone_prefill_whose_client_left_stops_at_its_next_chunk(slow_model):
+    """A prompt alone in the engine went in one pass: a client that hung up during it kept the replica busy until the
+    whole prompt was computed (tens of seconds near the context length on CPU), and every request waited."""
+    runner = ModelRunner(slow_model, threads=1)
+    sampling = SamplingParams(temperature=0, ignore_eos=True)
+    passes: list[int] = []
+    model = runner.model
+
+    class Counting:
+        def __call__(self, input_ids, **kw):
+            passes.append(input_ids.shape[1])
+            if len(passes) == 1 and leaving is not None:
+                leaving.cancelled.set()  # the client hangs up while the first chunk computes
+            return model(input_ids=input_ids, **kw)
+
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+    runner.model = Counting()
+    leaving = None
+
+    async def main():
+        nonlocal leaving
+        loop = asyncio.get_running_loop()
+        sched = BatchScheduler(runner, max_batch=2, prefill_chunk=16, lone_prefill_chunk=64)
+        sched.start()
+        leaving = Job([5, 6, 7, 8] * 500, sampling, 5, loop)  # 2,000 tokens: 32 passes of 64
+        sched.submit(leaving)
+        after = Job([1, 2, 3], sampling, 2, loop)
+        sched.submit(after)
+        done = await collect(after)
+        sched.stop()
+        return done
+
+    assert asyncio.run(main())[1] == "length"
+    assert passes[:1] == [64] and sum(passes[:-1]) <= 128, passes  # at most one more chunk, then the next request
+
+
 def test_slot_cache_admit_remove_repack():
     cache = SlotCache(layers=1, kv_heads=1, head_dim=1, slots=3, dtype=torch.float32, capacity=4)
 
@@ -146,3 +184,34 @@ def test_slot_cache_admit_remove_repack():
     cache.repack()
     assert cache.pos == 5 and cache.k[0, 1, 0, cache.valid[1]].flatten().tolist() == [5, 6, 7, 8, 9]
     assert cache.valid[0].nonzero().squeeze(1).tolist() == [4]  # right-aligned
+
+
+def test_one_at_a_time_a_long_prompt_is_chunked_the_same_tokens_and_a_client_that_left_stops_it(slow_model,
+                                                                                                   monkeypatch):
+    """--max-batch 1 generates one request at a time (runner.generate), which computed a prompt in one pass: a
+    client that hung up during it was seen only after the whole prompt."""
+    import threading
+
+    from fleetserve.engine import runner as runner_module
+
+    runner = ModelRunner(slow_model, threads=1, dtype="float32")
+    sampling = SamplingParams(temperature=0, ignore_eos=True)
+    prompt = [5, 6, 7, 8] * 100
+    whole = serial_tokens(runner, prompt, 6, sampling)
+    monkeypatch.setattr(runner_module, "PREFILL_CHUNK", 64)
+    assert serial_tokens(runner, prompt, 6, sampling) == whole  # chunks give the same tokens
+    passes, model = [], runner.model
+    left = threading.Event()
+
+    class Counting:
+        def __call__(self, input_ids, **kw):
+            passes.append(input_ids.shape[1])
+            left.set()  # the client hangs up during the first chunk
+            return model(input_ids=input_ids, **kw)
+
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+    runner.model = Counting()
+    result = runner.generate(prompt, sampling, 6, lambda _t: True, left)
+    assert result.finish_reason == "cancelled" and passes == [64]

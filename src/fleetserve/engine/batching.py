@@ -8,8 +8,9 @@ the shared position runs out. Active rows stay packed in slots [0, B): a finishe
 the last row.
 
 Prefill runs in chunks (`prefill_chunk` tokens) on its own batch-1 cache, one chunk between decode steps,
-so a long prompt never stalls running decodes for its whole duration; the prefix cache (engine -> L1 -> L2)
-is consulted first, exactly as in the serial path. Cancellation frees a slot at the next step.
+so a long prompt never stalls running decodes for its whole duration; alone, it goes in larger chunks
+(`lone_prefill_chunk`). The prefix cache (engine -> L1 -> L2) is consulted first, exactly as in the serial path.
+Cancellation frees a slot at the next step, and drops a prefill at its next chunk.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fleetserve.engine.runner import ModelRunner
+from fleetserve.engine.runner import PREFILL_CHUNK, ModelRunner
 from fleetserve.engine.sampling import choose_token
 from fleetserve.engine.scheduler import Job, JobQueue
 from fleetserve.engine.textstream import TextStream
@@ -155,11 +156,14 @@ class BatchScheduler(JobQueue):
     """Same interface as SerialScheduler: submit jobs, `running`/`waiting` for the gauges."""
 
     def __init__(self, runner: ModelRunner, max_waiting: int = 256, on_token: Callable[[], None] | None = None,
-                 max_batch: int = 8, prefill_chunk: int = 256):
+                 max_batch: int = 8, prefill_chunk: int = 256, lone_prefill_chunk: int = PREFILL_CHUNK):
         self.runner = runner
         self.max_waiting = max_waiting
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
+        # alone, a prefill still goes in chunks this large: a client that hung up is seen between them (one pass
+        # over a prompt near the context length went on for tens of seconds after it left, on CPU)
+        self.lone_prefill_chunk = max(prefill_chunk, lone_prefill_chunk)
         self._count_token = on_token or (lambda: None)
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="batching", daemon=True)
@@ -246,8 +250,9 @@ class BatchScheduler(JobQueue):
         p = self.prefill
         runner = self.runner
         ids = p.job.prompt_ids
-        # chunks only matter when decodes are waiting behind the prefill; alone, one pass is fastest
-        end = min(len(ids), p.done + self.prefill_chunk) if self.rows else len(ids)
+        # small chunks when decodes wait behind the prefill; alone, larger ones (fewer passes), between which a
+        # cancelled request is dropped (_iteration)
+        end = min(len(ids), p.done + (self.prefill_chunk if self.rows else self.lone_prefill_chunk))
         out = runner.model(input_ids=torch.tensor([ids[p.done:end]]), cache=p.cache, use_cache=True,
                            logits_to_keep=1)
         p.cache, p.done = out.cache, end

@@ -20,6 +20,7 @@ from fleetserve.kvcache.blocks import reusable_blocks
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+PREFILL_CHUNK = 2048  # a prompt alone is computed in chunks this large: a client that left is seen between them
 
 
 def _auto_dtype(torch):
@@ -197,9 +198,17 @@ class ModelRunner:
             generator = torch.Generator().manual_seed(sampling.seed)
         counts: dict[int, int] = {}
         cache, cached_tokens, keys = self.cached_prefix(prompt_ids, root, tenant, prefetched)
-        inputs = torch.tensor([prompt_ids[cached_tokens:]], dtype=torch.long)
+        rest = prompt_ids[cached_tokens:]
         produced = 0
         with torch.inference_mode():
+            # the prompt but its last chunk in chunks, a hung-up client seen between them (one pass had gone on
+            # long after it left); the last chunk gives the first token's logits below
+            for start in range(0, max(0, len(rest) - 1) // PREFILL_CHUNK * PREFILL_CHUNK, PREFILL_CHUNK):
+                if cancelled.is_set():
+                    return GenerationResult("cancelled", produced, cached_tokens)
+                cache = self.model(input_ids=torch.tensor([rest[start:start + PREFILL_CHUNK]], dtype=torch.long),
+                                   cache=cache, use_cache=True, logits_to_keep=1).cache
+            inputs = torch.tensor([rest[max(0, len(rest) - 1) // PREFILL_CHUNK * PREFILL_CHUNK:]], dtype=torch.long)
             while produced < max_new_tokens:
                 if cancelled.is_set():
                     return GenerationResult("cancelled", produced, cached_tokens)
