@@ -124,6 +124,10 @@ def test_ctrl_c_while_a_detached_fleet_starts_stops_it_and_the_next_start_keeps_
     assert leftovers(home) == [] and status(home, "cc")[0]["status"] == "stopped"
     first_run = (folder / "supervisor.log").read_text()
     assert first_run
+    import re  # every line with its time, as the router's and engines' have it (they had none)
+
+    assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} supervisor (INFO|WARNING|ERROR) ", line)
+               for line in first_run.splitlines()), first_run
     again = fleetserve("up", spec, "--detach", env=home)
     assert again.returncode == 0, again.stderr
     try:

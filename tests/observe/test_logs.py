@@ -181,3 +181,22 @@ def test_up_passes_the_log_options_to_the_router_and_every_engine(tmp_path):
     cmd = sup._engine_command("r0", 8001, "local")
     assert cmd[cmd.index("--log-format") + 1] == "json" and "--log-prompts" in cmd
     sup._http.close()
+
+
+def test_http_client_chatter_stays_out_of_our_logs(capsys):
+    """The detached supervisor's log took a line per HTTP call (it polls its router every second): 56 of 61 lines
+    a minute after its start."""
+    from fleetserve.observe.logs import configure_logging
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level, logging.getLogger("httpx").level
+    try:
+        configure_logging("text", "supervisor")
+        logging.getLogger("httpx").info('HTTP Request: GET http://127.0.0.1:1/admin/load "HTTP/1.1 200 OK"')
+        logging.getLogger("httpx").warning("a failure worth a line")
+        logging.getLogger("fleetserve.supervisor").info("starting 2 engine replica(s) ...")
+        text = capsys.readouterr().err
+    finally:
+        root.handlers[:], _ = saved[0], root.setLevel(saved[1])
+        logging.getLogger("httpx").setLevel(saved[2])
+    assert "HTTP Request" not in text and "a failure worth a line" in text and "starting 2 engine" in text

@@ -147,8 +147,28 @@ def up(
         _announce(state)
         out.print("press Ctrl-C to stop")
 
-    code = Supervisor(loaded, spec, say=say, owner_pid=stop_with).run(on_ready=ready)
+    lines = _logged_say(loaded.endpoint.spec.observability.log_format) if os.environ.get(DETACHED_ENV) else say
+    code = Supervisor(loaded, spec, say=lines, owner_pid=stop_with).run(on_ready=ready)
     raise typer.Exit(code)
+
+
+def _logged_say(log_format: str):
+    """A detached supervisor's lines (its supervisor.log) with their time, as the router's and engines' lines have
+    it, in the fleet's log format: scaling, crash and restart lines had no time, and could not be lined up with
+    what the other logs said. Its own warnings (logging) go the same way."""
+    import logging
+
+    from fleetserve.observe.logs import configure_logging
+
+    configure_logging(log_format, "supervisor")
+    logger = logging.getLogger("fleetserve.supervisor")
+
+    def logged(message: str) -> None:
+        level = logging.ERROR if message.startswith("error:") else \
+            logging.WARNING if message.startswith("warning:") else logging.INFO
+        logger.log(level, message)
+
+    return logged
 
 
 @contextlib.contextmanager

@@ -101,6 +101,8 @@ def configure_logging(log_format: str = "text", component: str = "fleetserve", r
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    for chatty in ("httpx", "httpcore"):  # a line per HTTP call at INFO: the supervisor polls its router every second
+        logging.getLogger(chatty).setLevel(max(level, logging.WARNING))
 
 
 def uvicorn_log_config(log_format: str):
