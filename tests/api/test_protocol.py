@@ -97,6 +97,13 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
     ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
     ({"web_search_options": {}}, "web_search_options"),
     ({"guided_json": {"type": "object"}}, "guided_json"),
+    # logged once as unknown and ignored: a 200 that did not do what was asked
+    ({"stop_token_ids": [2]}, "stop_token_ids"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
+    ({"echo": True}, "echo"),  # chat's; completions honour it
+    ({"continue_final_message": True}, "continue_final_message"),
+    ({"add_generation_prompt": False}, "add_generation_prompt"),
 ])
 def test_what_the_engine_cannot_honour_is_refused_not_ignored(change, param):
     """tools and JSON mode were answered 200 with plain text: a client relying on them got the wrong output."""
@@ -108,7 +115,9 @@ def test_defaults_of_unsupported_parameters_and_ignorable_ones_pass():
     parse_chat({**CHAT, "tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "logit_bias": {},
                 "user": "u1", "metadata": {"k": "v"}, "store": False})
     parse_completion({"model": "m", "prompt": "hi", "suffix": ""})
-    parse_chat({**CHAT, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "min_tokens": 0})  # vLLM's defaults
+    parse_chat({**CHAT, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "min_tokens": 0,
+                "stop_token_ids": [], "echo": False, "add_generation_prompt": True})  # vLLM's defaults
+    parse_completion({"model": "m", "prompt": "hi", "echo": True, "stop_token_ids": []})
     err = error_of(parse_completion, {"model": "m", "prompt": "hi", "suffix": "tail"})
     assert (err.param, err.code) == ("suffix", "unsupported_value")
 

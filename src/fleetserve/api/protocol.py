@@ -199,6 +199,28 @@ _UNSUPPORTED = {  # name: (why, the values allowed, the test of a value)
     "guided_regex": ("guided decoding is not supported by this engine", "omitted", lambda v: v is None),
     "guided_choice": ("guided decoding is not supported by this engine", "omitted", lambda v: v is None),
     "guided_grammar": ("guided decoding is not supported by this engine", "omitted", lambda v: v is None),
+    # more of vLLM's, each changing the answer: they were logged once as unknown and ignored, a 200 that did not do
+    # what was asked
+    "stop_token_ids": ("stop_token_ids is not supported by this engine (stop strings are)", "[] or omitted",
+                       lambda v: v in (None, [])),
+    "prompt_logprobs": ("prompt_logprobs is not supported by this engine", "omitted", lambda v: v is None),
+    "include_stop_str_in_output": ("include_stop_str_in_output is not supported by this engine", "false or omitted",
+                                   lambda v: v in (None, False)),
+    "allowed_token_ids": ("allowed_token_ids is not supported by this engine", "omitted", lambda v: v is None),
+    "bad_words": ("bad_words is not supported by this engine", "[] or omitted", lambda v: v in (None, [])),
+    "truncate_prompt_tokens": ("truncate_prompt_tokens is not supported by this engine", "omitted",
+                               lambda v: v is None),
+}
+# the same for chat alone (vLLM's chat extensions; `echo` is a completions parameter, honoured there)
+_UNSUPPORTED_CHAT = {
+    "echo": ("echo is not supported in chat completions (it is in /v1/completions)", "false or omitted",
+             lambda v: v in (None, False)),
+    "continue_final_message": ("continue_final_message is not supported by this engine", "false or omitted",
+                               lambda v: v in (None, False)),
+    "add_generation_prompt": ("add_generation_prompt is not supported by this engine (the assistant's turn is "
+                              "always opened)", "true or omitted", lambda v: v in (None, True)),
+    "chat_template": ("chat_template is not supported by this engine (the model's own template is used)", "omitted",
+                      lambda v: v is None),
 }
 # Parameters that change nothing here and pass without a word; any other name is logged once as ignored (a typo
 # such as "max_token" otherwise generated the default length unsaid), not refused: clients send newer OpenAI
@@ -208,14 +230,15 @@ _COMMON = frozenset({
     "top_logprobs", "top_p", "temperature", "stop", "seed", "presence_penalty", "frequency_penalty", "ignore_eos",
     "cache_salt", "user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
     "safety_identifier", *_UNSUPPORTED})
-_KNOWN = {"chat": _COMMON | {"messages"}, "completion": _COMMON | {"prompt", "echo"}}
+_KNOWN = {"chat": _COMMON | {"messages", *_UNSUPPORTED_CHAT}, "completion": _COMMON | {"prompt", "echo"}}
 _IGNORED_SEEN: set[str] = set()
 MAX_IGNORED_NAMES = 256
 MAX_NAME_CHARS = 64
 
 
-def _unsupported(body: dict) -> None:
-    for name, (why, allowed, default) in _UNSUPPORTED.items():
+def _unsupported(body: dict, kind: str) -> None:
+    refused = {**_UNSUPPORTED, **_UNSUPPORTED_CHAT} if kind == "chat" else _UNSUPPORTED
+    for name, (why, allowed, default) in refused.items():
         if name in body and not default(body[name]):
             raise invalid(name, f"{why}; allowed: {allowed}, got {json.dumps(body[name])[:80]}",
                           "unsupported_value")
@@ -331,7 +354,7 @@ def cache_salt_of(body: dict) -> str | None:
 def parse_chat(body: dict, *, tool_calls: bool = False) -> ParsedRequest:
     """`tool_calls`: an assistant turn's tool calls pass (a trace log replayed against vLLM or SGLang, which
     render them); the built-in engines refuse them, as they refuse `tools`."""
-    _unsupported(body)
+    _unsupported(body, "chat")
     _note_ignored(body, "chat")
     stream = _bool(body, "stream")
     return ParsedRequest(
@@ -346,7 +369,7 @@ def parse_chat(body: dict, *, tool_calls: bool = False) -> ParsedRequest:
 
 
 def parse_completion(body: dict) -> ParsedRequest:
-    _unsupported(body)
+    _unsupported(body, "completion")
     _note_ignored(body, "completion")
     stream = _bool(body, "stream")
     return ParsedRequest(
