@@ -51,6 +51,19 @@ def test_completions_stream_and_echo(client):
     assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")
 
 
+def test_echo_of_a_token_id_prompt_is_its_text(client, tiny_model):
+    """A prompt of token ids was not echoed: the answer read as if echo had not been asked."""
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(tiny_model)("the quick brown fox")["input_ids"]
+    text = AutoTokenizer.from_pretrained(tiny_model).decode(ids)
+    whole = client.completions.create(model="tiny", prompt=ids, max_tokens=3, echo=True, temperature=0)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt=ids, max_tokens=3, echo=True, temperature=0, stream=True) if c.choices)
+    plain = client.completions.create(model="tiny", prompt=ids, max_tokens=3, temperature=0).choices[0].text
+    assert whole.choices[0].text == streamed == text + plain
+
+
 def test_seed_reproduces_sampling(client):
     def run():
         return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],

@@ -303,10 +303,15 @@ class Engine:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
                       "logprobs": None, "finish_reason": outcome.finish_reason}
             return {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
-        if parsed.echo and isinstance(parsed.prompt, str):
-            text = parsed.prompt + text
+        if parsed.echo:
+            text = self._echoed(parsed) + text
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": outcome.finish_reason}
         return {**base, "object": "text_completion", "choices": [choice], "usage": usage}
+
+    def _echoed(self, parsed: ParsedRequest) -> str:
+        """The prompt `echo` repeats: as sent, or a prompt of token ids decoded to text, as vLLM echoes it (it was
+        left out, and the answer read as if echo had not been asked)."""
+        return parsed.prompt if isinstance(parsed.prompt, str) else self.runner.decode(list(parsed.prompt or []))
 
     async def _stream(self, job: Job, parsed: ParsedRequest, request_id: str, started: float):
         chat = parsed.kind == "chat"
@@ -329,8 +334,8 @@ class Engine:
                     opened = True
                     if chat:
                         yield chunk(None, role=True)
-                    elif parsed.echo and isinstance(parsed.prompt, str):
-                        yield chunk(parsed.prompt)
+                    elif parsed.echo:
+                        yield chunk(self._echoed(parsed))
                 if event[0] == "token":
                     if event[1]:
                         yield chunk(event[1])
