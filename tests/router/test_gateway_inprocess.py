@@ -727,3 +727,18 @@ def test_a_replica_failing_every_other_request_goes_out():
     a, statuses, ejections = run_virtual(main())
     assert a.breaker == "open" and ejections == 1
     assert statuses.count(500) == 13  # out at its 26th answer (z 4.1); the rest of the traffic went to B
+
+
+def test_retry_and_ejection_counters_exist_at_zero_before_their_first_event():
+    """They had no series at all (not even a TYPE line) until the first retry or ejection: rate() missed an
+    incident's first burst, as it would have for model_errors_total, which is made at 0 for that reason."""
+    from fleetserve.observe.metrics import EJECTION_REASONS, RETRY_REASONS
+
+    gw, _ = gateway({A: [], B: []})
+    gw.refresh_gauges()
+    samples = [s for f in gw.metrics.registry.collect() for s in f.samples]
+    retries = {s.labels["reason"]: s.value for s in samples if s.name == "fleetserve_router_retries_total"}
+    ejections = {(s.labels["backend"], s.labels["reason"]): s.value for s in samples
+                 if s.name == "fleetserve_router_ejections_total"}
+    assert retries == dict.fromkeys(RETRY_REASONS, 0.0)
+    assert ejections == {(b, r): 0.0 for b in ("10.0.0.1:8000", "10.0.0.2:8000") for r in EJECTION_REASONS}

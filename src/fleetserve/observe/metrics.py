@@ -19,6 +19,11 @@ __all__ = ["LATENCY_BUCKETS_MS", "MODEL_LABELS", "SECONDS_BUCKETS", "EngineMetri
 
 
 PRESET_ERROR_STATUSES = ("429", "500", "502", "503", "504")  # model_errors_total series made at 0 at start
+# fleetserve_router_retries_total's reasons (router/dispatch.py), made at 0 at start: the series did not exist until
+# the first retry, so rate() missed an incident's first burst and a panel over it read "no data"
+RETRY_REASONS = ("unreachable", "dropped", "stalled", "busy", "refused_router", "status_502", "status_503",
+                 "status_504", "timeout_not_retried", "dropped_not_retried")
+EJECTION_REASONS = ("breaker", "unreachable")
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,8 @@ class RouterMetrics:
         self.requests = v.ROUTER_REQUESTS.make(r)
         self.tenant_requests = v.ROUTER_TENANT_REQUESTS.make(r)
         self.retries = v.ROUTER_RETRIES.make(r)
+        for reason in RETRY_REASONS:  # at 0 from the start, as model_errors_total: rate() sees a first burst
+            self.retries.labels(reason)
         self.decisions = v.ROUTER_DECISIONS.make(r)
         self.ejections = v.ROUTER_EJECTIONS.make(r)
         self.healthy = v.ROUTER_BACKEND_HEALTHY.make(r)

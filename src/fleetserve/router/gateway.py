@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -33,7 +34,7 @@ from fleetserve.api.protocol import GENERATION_PATHS, parse_json_body
 from fleetserve.clock import Clock
 from fleetserve.kvcache.blocks import kv_salt
 from fleetserve.observe.logs import AccessLog, prompt_text, tenant_hash
-from fleetserve.observe.metrics import ModelIdentity, RouterMetrics, child, clear
+from fleetserve.observe.metrics import EJECTION_REASONS, ModelIdentity, RouterMetrics, child, clear
 from fleetserve.router import feedback
 from fleetserve.router.admin import admin_allowed, build_control_app
 from fleetserve.router.admission import AdmissionSettings
@@ -159,6 +160,8 @@ class Gateway:
         self.kv_index = None  # router/kvindex.py, once an engine publishes KV events
         self.metrics = RouterMetrics()
         self._exported: set[str] = set()  # backends whose per-backend gauges this process has written
+        self._ejections_made: set[str] = set()  # backends whose ejection counters exist (at 0 or more)
+        self._ejected: set[str] = set()  # backends ejected at least once (their counters are history)
         self.model_metrics = ModelMetrics(settings.model_identity, self.metrics.registry,
                                           settings.model_metrics_scope) \
             if settings.model_identity is not None else None
@@ -447,10 +450,12 @@ class Gateway:
         self.pool.request_failed(backend, error, server_error)
         if was != "open" and backend.breaker == "open":
             self.metrics.ejections.labels(backend.id, "breaker").inc()
+            self._ejected.add(backend.id)
 
     def mark_unreachable(self, backend: Backend, error: str, refused: bool = False) -> None:
         if backend.healthy:
             self.metrics.ejections.labels(backend.id, "unreachable").inc()
+            self._ejected.add(backend.id)
         self.pool.mark_unreachable(backend, error, refused)
 
     def replica_restarted(self, replica: str) -> None:
@@ -536,7 +541,17 @@ class Gateway:
                 for gauge in gauges:
                     gauge.labels(gone).set(0)
         self._exported = current
+        for gone in self._ejections_made - current:  # made at 0 for a replica that left, never ejected: removed
+            if self.peers is None and gone not in self._ejected:  # (pod churn had added two series per pod ever
+                for reason in EJECTION_REASONS:  # seen); one ejected keeps its count (history), as workers' do
+                    with contextlib.suppress(KeyError):
+                        m.ejections.remove(gone, reason)
+                self._ejections_made.discard(gone)
         for b in self.pool.backends.values():
+            if b.id not in self._ejections_made:  # each replica's at 0 from its start, as the retry reasons
+                for reason in EJECTION_REASONS:
+                    m.ejections.labels(b.id, reason)
+                self._ejections_made.add(b.id)
             m.healthy.labels(b.id).set(1 if b.healthy else 0)
             m.in_flight.labels(b.id).set(b.in_flight)
             if learner is not None and b.id in learner.estimates:
