@@ -179,3 +179,17 @@ def test_the_docs_command_writes_what_the_test_compares(tmp_path):
     result = CliRunner().invoke(app, ["docs", "metrics", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert out.read_text() == render_metrics_md()
+
+
+def test_a_tier_the_engine_does_not_have_has_no_hit_series():
+    """An engine without L2 exported fleetserve_kv_tier_hits_total{tier="l2"} 0: the tier panels drew an "l2 0%"
+    line for a tier that did not exist."""
+    stats = SimpleNamespace(misses=1, evictions=0, bytes_in=0, bytes_out=0, failures=0, rejected=0, get_seconds=[],
+                            put_seconds=[])
+    cache = SimpleNamespace(block_shape=(2, 1, 1, 16, 8), queries=1, query_tokens=16,
+                            hits={"engine": 3, "l1": 2, "l2": 0}, engine_misses=1, _blocks=[], engine_blocks=8,
+                            l1=SimpleNamespace(name="l1", stats=stats), l2=None, tenant_l2={})
+    reg = CollectorRegistry()
+    reg.register(PrefixCacheCollector(cache, "m"))
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    assert {s.labels["tier"] for s in families["fleetserve_kv_tier_hits"].samples} == {"engine", "l1"}

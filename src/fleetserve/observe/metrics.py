@@ -174,12 +174,14 @@ class PrefixCacheCollector:
         usage = v.VLLM_KV_USAGE.family()
         usage.add_metric([self.model_name], len(c._blocks) / max(c.engine_blocks, 1))
         yield from (queries, hits, usage)
-        tier_hits = v.KV_TIER_HITS.family()
-        for tier, n in list(c.hits.items()):
-            tier_hits.add_metric([tier], n)
-        yield tier_hits
         stores = [(s.name, s) for s in (c.l1, c.l2) if s is not None]
         stores += [(f"l2:{tenant}", s) for tenant, s in c.tenant_l2.items()]
+        present = {"engine", *(tier for tier, _ in stores)}
+        tier_hits = v.KV_TIER_HITS.family()
+        for tier, n in list(c.hits.items()):
+            if tier in present:  # a tier the engine does not have is no 0 % tier (its panels drew an "l2 0%" line)
+                tier_hits.add_metric([tier], n)
+        yield tier_hits
         misses = v.KV_TIER_MISSES.family()  # the engine tier's too: without it its hit ratio was never recorded
         misses.add_metric(["engine"], c.engine_misses)
         for tier, store in stores:
