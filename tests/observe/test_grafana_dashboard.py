@@ -302,3 +302,19 @@ def test_scaling_decision_annotations_mark_a_first_decision_of_the_picked_namesp
               ('fleetserve_autoscaler_decisions_total{namespace="other",reason="scale down"}', "0 0 0 0 0 0 0 0 1 1 1"),
               ('fleetserve_autoscaler_decisions_total{namespace="ns",reason="steady"}', "0+1x10")]
     promtool_evaluates(tmp_path, {"dash:decisions": expr}, inputs, {"dash:decisions": [('reason="scale up"', 1)]})
+
+
+def test_dashboard_open_says_when_no_browser_could_be_opened(tmp_path, monkeypatch):
+    """With no display (or BROWSER failing) it printed the URL and exited 0 without a word that nothing opened."""
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    from fleetserve.cli.app import app
+    from fleetserve.fleet import control
+
+    monkeypatch.setattr(control, "pick_fleet", lambda name: SimpleNamespace(url="http://127.0.0.1:9/v1", name="f"))
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path))
+    result = CliRunner().invoke(app, ["dashboard", "open", "f", "--browser"], env={"BROWSER": "/bin/false"})
+    assert result.exit_code == 0 and "http://127.0.0.1:9/dashboard" in result.stdout
+    assert "no web browser could be opened" in result.stderr

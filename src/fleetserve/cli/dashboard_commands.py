@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from fleetserve.cli.console import fail, out
+from fleetserve.cli.console import err, fail, out
 
 GRAFANA_UID = re.compile(r"[A-Za-z0-9_-]{1,40}")  # what Grafana accepts as a dashboard uid
 
@@ -55,7 +55,7 @@ def open_dashboard(
     browser: Annotated[bool, typer.Option("--browser/--no-browser", help="Also open it in a web browser")] = False,
 ) -> None:
     """Print the URL of a running fleet's live dashboard (the router's /dashboard). It carries a login code signed
-    with the fleet's internal token that works for 5 minutes (the page trades it for a session cookie)."""
+    with the fleet's internal token that works once, within 5 minutes (the page trades it for a session cookie)."""
     from fleetserve.fleet.control import FleetError, pick_fleet
     from fleetserve.fleet.state import fleet_dir
 
@@ -68,7 +68,13 @@ def open_dashboard(
     if browser:
         import webbrowser
 
-        webbrowser.open(url)
+        try:
+            opened = webbrowser.open(url)
+        except webbrowser.Error:
+            opened = False
+        if not opened:  # it exited 0 without a word, the page never opened
+            err.print("warning: no web browser could be opened here (no display, or none found; BROWSER names one): "
+                      "open the URL above yourself", markup=False)
 
 
 def dashboard_url(endpoint: str, token_file: Path, now: float | None = None) -> str:
