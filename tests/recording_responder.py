@@ -13,7 +13,7 @@ class Recorder:
         self.started = self.ended = self.aborted = False
         self.client_gone = False
         self.stopping = False
-        self.request_id = self.path = None
+        self.request_id = self.path = self.rejected_path = None
         self.counted = False
 
     def send(self, status, headers, body):

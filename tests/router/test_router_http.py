@@ -117,6 +117,14 @@ def test_errors_pass_through_in_openai_shape(pair):
         r = httpx.post(gw.url + "/v1/chat/completions", content=json.dumps(CHAT), headers={"content-type": kind},
                        timeout=30)
         assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", (kind, r.text)
+    import gzip  # a compressed body read as JSON had been a 400 "'utf-8' codec can't decode byte 0x8b"
+
+    r = httpx.post(gw.url + "/v1/chat/completions", content=gzip.compress(json.dumps(CHAT).encode()),
+                   headers={"content-type": "application/json", "content-encoding": "gzip"}, timeout=30)
+    assert r.status_code == 415 and "content-encoding 'gzip'" in r.json()["error"]["message"]
+    r = httpx.post(gw.url + "/v1/chat/completions", content=json.dumps(CHAT),
+                   headers={"content-type": "application/json", "content-encoding": "identity"}, timeout=30)
+    assert r.status_code == 200
     for kind in ("application/json; charset=utf-8", None):
         headers = {"content-type": kind} if kind else {}
         r = httpx.post(gw.url + "/v1/chat/completions", content=json.dumps(CHAT), headers=headers, timeout=30)

@@ -246,7 +246,11 @@ class Gateway:
         the id and path its handler knew, counted once)."""
         rid = request_id or responder.request_id or self.request_id()
         if not responder.counted:
-            self._count_request(responder, path or responder.path or "other", status)
+            # a request refused while parsing (413, 431) counts under its API path when it has one (a 413 to the
+            # chat path had counted as "other"); any other path is the client's to choose: "other"
+            rejected = responder.rejected_path
+            known = rejected if rejected in PROXIED or (rejected or "").startswith(MODEL_PATH) else None
+            self._count_request(responder, path or responder.path or known or "other", status)
         headers = list(headers or [])
         if status == 503 and not any(k == b"retry-after" for k, _ in headers):
             # a request cut by the router's stop had none, where every other 503 of ours says when to come back
@@ -261,7 +265,7 @@ class Gateway:
         started = self.clock()
         forwarded: list[tuple[bytes, bytes]] = []
         authorization = given_id = None
-        content_type = host = None
+        content_type = host = encoding = None
         browser: dict[bytes, bytes] = {}
         for k, v in request.headers:
             if k in NOT_FORWARDED:
@@ -274,6 +278,8 @@ class Gateway:
                 continue
             if k == b"content-type":
                 content_type = v
+            elif k == b"content-encoding":
+                encoding = v
             elif k in BROWSER_HEADERS:
                 browser[k] = v
             forwarded.append((k, v))
@@ -298,6 +304,10 @@ class Gateway:
             if post and content_type is not None and content_type.split(b";", 1)[0].strip().lower() in FORM_TYPES:
                 raise APIError(415, f"content-type {content_type.decode('latin-1')!r}: the body must be JSON; send "
                                     "content-type: application/json", code="unsupported_media_type")
+            if post and encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
+                # a gzip body read as JSON had been a 400 "'utf-8' codec can't decode byte 0x8b"
+                raise APIError(415, f"content-encoding {encoding.decode('latin-1')!r} is not accepted: send the body "
+                                    "uncompressed (content-encoding identity, or none)", code="unsupported_media_type")
             body = parse_json_body(request.body) if post else {}
             if request.path == INVOCATIONS_PATH:  # SageMaker's path: the body says which OpenAI route it is
                 request.path = openai_path(body)

@@ -85,7 +85,8 @@ class Request:
 class Responder:
     """Writes one response: `start` then `write`* then `end`, or `send` for a whole body at once."""
 
-    __slots__ = ("_conn", "_chunked", "started", "ended", "status", "_head_only", "request_id", "path", "counted")
+    __slots__ = ("_conn", "_chunked", "started", "ended", "status", "_head_only", "request_id", "path", "counted",
+                 "rejected_path")
 
     def __init__(self, conn: HTTPConnection, head_only: bool):
         self._conn = conn
@@ -99,6 +100,7 @@ class Responder:
         self.request_id: bytes | None = None
         self.path: str | None = None
         self.counted = False
+        self.rejected_path: str | None = None  # a request refused while parsing: its path, when the URL came whole
 
     def send(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """A complete response with its content-length: one write."""
@@ -429,7 +431,12 @@ class HTTPConnection(asyncio.Protocol):
     def _answer_rejection(self, status: int, message: str, code: str) -> None:
         self._keep_alive = False
         if not self.closed:
-            self.on_error(Responder(self, False), status, message, code)
+            responder = Responder(self, False)
+            try:  # the path, where the request line came whole (a body too large): its answer is counted there
+                responder.rejected_path = httptools.parse_url(self._url).path.decode("latin-1") if self._url else None
+            except httptools.HttpParserError:
+                responder.rejected_path = None
+            self.on_error(responder, status, message, code)
         # Stop writing but keep reading (and discarding) briefly: closing a socket with unread client data makes
         # the kernel send a reset, which can destroy the error answer before the client reads it.
         if not self.closed and self.transport is not None and self.transport.can_write_eof():
