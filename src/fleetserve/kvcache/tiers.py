@@ -188,11 +188,22 @@ def redis_health(url: str, password: str | None = None, timeout: float = 0.5) ->
     except redis.TimeoutError as exc:
         return f"not answering ({type(exc).__name__})"
     except (redis.AuthenticationError, redis.ResponseError) as exc:
-        return f"refused ({type(exc).__name__}: {str(exc)[:80]})"
+        return f"refused ({type(exc).__name__}: {refusal_reason(str(exc))})"
     except (redis.RedisError, OSError) as exc:
         return f"unreachable ({type(exc).__name__})"
     finally:
         client.close()
+
+
+def refusal_reason(message: str) -> str:
+    """A Redis refusal in a few words: the password ones said plainly, any other to its first sentence (cut at 80
+    characters it had ended mid-sentence: "...otherwise the HELLO )")."""
+    if any(sign in message for sign in ("NOAUTH", "Authentication required", "already authenticated")):
+        return "the server needs a password: give it in the URL (redis://:PASSWORD@HOST:PORT)"
+    if "WRONGPASS" in message or "invalid username-password" in message:
+        return "wrong user name or password"
+    first = message.split(". ")[0].split(", otherwise")[0].strip()
+    return first if len(first) <= 120 else first[:117].rsplit(" ", 1)[0] + " ..."
 
 
 def split_credentials(url: str) -> tuple[str, str | None, str | None]:
