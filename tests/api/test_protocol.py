@@ -149,13 +149,49 @@ def test_error_types_are_openais_for_a_bad_key_and_an_unknown_model():
     ({"response_format": "json"}, "response_format", 'allowed: {"type": "text"} or omitted'),
     ({"tool_choice": "bogus"}, "tool_choice", 'allowed: "none", "auto" or omitted'),
     ({"tools": "x"}, "tools", "allowed: [] or omitted"),
-    ({"logprobs": "yes"}, "logprobs", "allowed: logprobs false"),
+    ({"logprobs": "yes"}, "logprobs", "must be true or false"),
     ({"top_logprobs": 3}, "top_logprobs", "allowed: logprobs false"),
 ])
 def test_every_refusal_names_the_values_it_allows(change, param, allowed):
     err = error_of(parse_chat, {**CHAT, **change})
     assert (err.status, err.param) == (400, param)
     assert allowed in err.message and "got" in err.message
+
+
+@pytest.mark.parametrize("change, param, code", [
+    ({"n": "2"}, "n", "invalid_type"),  # a wrong type is the request's error, not a refused feature
+    ({"response_format": "json"}, "response_format", "invalid_type"),
+    ({"logprobs": "yes"}, "logprobs", "invalid_type"),
+    ({"top_logprobs": -1}, "top_logprobs", "invalid_value"),
+    ({"max_tokens": 0.0}, "max_tokens", "invalid_type"),  # as 5.0 is: a float is no token count
+    ({"messages": [{"content": "hi"}]}, "messages[0].role", "missing_required_parameter"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text",
+     "missing_required_parameter"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[0].type", "unsupported_value"),
+])
+def test_each_bad_parameter_gets_the_openai_code_that_names_what_is_wrong(change, param, code):
+    err = error_of(parse_chat, {**CHAT, **change})
+    assert (err.status, err.param, err.code) == (400, param, code), err.message
+
+
+def test_what_was_accepted_before_the_codes_were_sharpened_still_is():
+    """n=1.0 is 1; a legacy completions `logprobs` of 0 asks for none (it is a count there, 0-5)."""
+    parse_chat({**CHAT, "n": 1.0, "best_of": 1})
+    parse_completion({"model": "m", "prompt": "hi", "logprobs": 0})
+    err = error_of(parse_completion, {"model": "m", "prompt": "hi", "logprobs": 3})
+    assert (err.param, err.code) == ("logprobs", "unsupported_value")  # a count asks for them: refused, not a type
+    err = error_of(parse_chat, {**CHAT, "n": 2.0})
+    assert (err.param, err.code) == ("n", "unsupported_value")
+
+
+def test_a_huge_integer_is_shown_as_what_was_read_and_an_empty_prompt_says_so():
+    import orjson
+
+    err = error_of(parse_chat, {**CHAT, **orjson.loads(b'{"max_tokens": 99999999999999999999999}')})
+    assert err.param == "max_tokens" and "got 1e+23" in err.message  # it echoed 99999999999999991611392
+    err = error_of(parse_completion, {"model": "m", "prompt": []})
+    assert err.param == "prompt" and "must not be empty" in err.message
 
 
 def test_passing_fields_of_the_wrong_type_are_refused():

@@ -81,15 +81,15 @@ def test_mooncake_epoch_stamps_and_unsorted_rows_replay_from_zero(tmp_path):
     ("empty.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,12,3\n"
                   "2023-11-16 18:15:47.6805900,0,3\n", "empty.csv:3: ContextTokens must be from 1"),
     ("ctext.jsonl", '{"messages": [{"role": "user", "content": [{"type": "text", "text": 123}]}]}\n',
-     "ctext.jsonl:1: messages.0..content.0.: only text content parts"),
+     "ctext.jsonl:1: messages.0..content.0..text: must be a string"),
     ("cnotext.jsonl", '{"messages": [{"role": "user", "content": [{"type": "text"}]}]}\n', "cnotext.jsonl:1: messages"),
     ("cnull.jsonl", '{"messages": [{"role": "user", "content": null}]}\n',
      "cnull.jsonl:1: messages.0..content: is required for a user message"),
     ("norole.jsonl", '{"messages": [{"content": "hi"}]}\n',
-     "norole.jsonl:1: messages.0..role: got null; allowed values: system, developer, user"),
+     "norole.jsonl:1: messages.0..role: is required; allowed values: system, developer, user"),
     # what the engines refuse (only text parts; roles they know), so a replay would fail where the simulator passed
     ("cimage.jsonl", '{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}\n',
-     "cimage.jsonl:1: messages.0..content.0.: only text content parts"),
+     "cimage.jsonl:1: messages.0..content.0..type: only text content parts are supported"),
     ("crole.jsonl", '{"messages": [{"role": "bot", "content": "hi"}]}\n', "crole.jsonl:1: messages.0..role: got"),
     ("sname.jsonl", '{"messages": [{"role": "user", "name": "\\ud800", "content": "x"}]}\n', "sname.jsonl:1: holds"),
     ("both.jsonl", '{"prompt": "hello", "messages": [{"role": "user", "content": 42}]}\n',

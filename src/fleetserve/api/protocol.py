@@ -97,8 +97,9 @@ def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, float) and value.is_integer() and not lo <= value <= hi:  # an integer past 64 bits,
-        raise invalid(name, f"must be between {lo} and {hi}, got {value:.0f}")  # which orjson reads as a float
+    if isinstance(value, float) and value.is_integer() and abs(value) >= 2 ** 63:  # an integer past 64 bits, which
+        # orjson reads as a float: its digits are not all there (99999999999999999999999 read 99999999999999991611392)
+        raise invalid(name, f"must be between {lo} and {hi}, got {value:.3g}")
     if isinstance(value, bool) or not isinstance(value, int):
         raise invalid(name, f"must be an integer between {lo} and {hi}, got {json.dumps(value)[:80]}", "invalid_type")
     if not lo <= value <= hi:
@@ -145,12 +146,24 @@ def _sampling(body: dict) -> SamplingParams:
     max_tokens, max_tokens_param = _int(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT), "max_completion_tokens"
     if max_tokens is None:
         max_tokens, max_tokens_param = _int(body, "max_tokens", 1, MAX_TOKENS_LIMIT), "max_tokens"
-    for name in ("n", "best_of"):  # one choice per request: any other count is refused, whatever its type
-        if body.get(name) is not None and (isinstance(body[name], bool) or body[name] != 1):
+    for name in ("n", "best_of"):  # one choice per request: any other count is refused
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):  # "2": a bad type
+            raise invalid(name, f"must be an integer (only {name}=1 is supported by this engine), got "
+                                f"{json.dumps(value)[:80]}", "invalid_type")
+        if value not in (None, 1):  # 1.0 is 1, as it always was
             raise invalid(name, f"only {name}=1 is supported by this engine, got {json.dumps(body[name])[:80]}",
                           "unsupported_value")
-    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
-        name = "logprobs" if body.get("logprobs") not in (None, False) else "top_logprobs"
+    # OpenAI's types first: "yes" or -1 is an error of the request, not a refusal. `logprobs` is a boolean in chat
+    # and a count (0-5) in the legacy completions API, where 0 asks for none
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool) and not (isinstance(logprobs, int) and
+                                                                          0 <= logprobs <= 5):
+        raise invalid("logprobs", f"must be true or false (chat), or a count from 0 to 5 (completions), got "
+                                  f"{json.dumps(logprobs)[:80]}", "invalid_type")
+    _int(body, "top_logprobs", 0, 20)
+    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
+        name = "logprobs" if body.get("logprobs") not in (None, False, 0) else "top_logprobs"
         raise invalid(name, "log probabilities are not supported by this engine; allowed: logprobs false (or "
                             f"omitted) and top_logprobs 0, got {json.dumps(body[name])[:80]}", "unsupported_value")
     top_p = _number(body, "top_p", 0.0, 1.0, 1.0, above_lo=True)
@@ -237,6 +250,9 @@ MAX_NAME_CHARS = 64
 
 
 def _unsupported(body: dict, kind: str) -> None:
+    if body.get("response_format") is not None and not isinstance(body["response_format"], dict):
+        raise invalid("response_format", 'must be an object; allowed: {"type": "text"} or omitted, got '
+                                         f"{json.dumps(body['response_format'])[:80]}", "invalid_type")
     refused = {**_UNSUPPORTED, **_UNSUPPORTED_CHAT} if kind == "chat" else _UNSUPPORTED
     for name, (why, allowed, default) in refused.items():
         if name in body and not default(body[name]):
@@ -273,8 +289,16 @@ def _content_text(content: Any, where: str) -> str:
     if isinstance(content, list):
         parts = []
         for i, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise invalid(f"{where}[{i}]", "only text content parts ({'type': 'text', 'text': ...}) are supported")
+            if not isinstance(part, dict):
+                raise invalid(f"{where}[{i}]", "must be an object such as {'type': 'text', 'text': ...}",
+                              "invalid_type")
+            if part.get("type") != "text":
+                raise invalid(f"{where}[{i}].type", f"only text content parts are supported, got "
+                                                   f"{json.dumps(part.get('type'))[:80]}", "unsupported_value")
+            if "text" not in part:
+                raise invalid(f"{where}[{i}].text", "is required for a text part", "missing_required_parameter")
+            if not isinstance(part["text"], str):
+                raise invalid(f"{where}[{i}].text", "must be a string", "invalid_type")
             parts.append(_utf8(part["text"], f"{where}[{i}].text"))
         return "".join(parts)
     if content is None:
@@ -293,6 +317,9 @@ def _messages(body: dict, tool_calls: bool = False) -> list[dict[str, str]]:
         if not isinstance(msg, dict):
             raise invalid(f"messages[{i}]", "must be an object with role and content", "invalid_type")
         role = msg.get("role")
+        if role is None:
+            raise invalid(f"messages[{i}].role", f"is required; allowed values: {', '.join(ROLES)}",
+                          "missing_required_parameter")
         if role not in ROLES:
             raise invalid(f"messages[{i}].role", f"got {json.dumps(role)}; allowed values: {', '.join(ROLES)}")
         if msg.get("content") is None and role in ("system", "developer", "user"):
@@ -316,6 +343,8 @@ def _prompt(body: dict) -> str | list[int]:
         prompt = prompt[0]
     if isinstance(prompt, str):
         return _utf8(prompt, "prompt")
+    if prompt == []:
+        raise invalid("prompt", "must not be empty: a string, or an array of at least one token id")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         bad = next((t for t in prompt if not 0 <= t <= TOKEN_ID_LIMIT), None)
         if bad is not None:
