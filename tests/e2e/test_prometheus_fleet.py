@@ -160,3 +160,12 @@ def test_prometheus_follows_the_fleet_as_it_scales(tmp_path, tiny_model, home):
         down = fleetserve("down", env=home)
     assert down.returncode == 0, down.stderr
     assert processes_with_env("FLEETSERVE_HOME", home["FLEETSERVE_HOME"]) == []
+    # started again, its Prometheus keeps its address and password: a Grafana data source given them works on
+    # (each start had picked a new port and made a new password)
+    again = fleetserve("up", str(spec), "--detach", env=home)
+    try:
+        assert again.returncode == 0, again.stderr
+        assert status(home)["prometheus_url"] == plain
+        wait_until(lambda: http_ok(prom + "/-/ready"), 60, interval=0.5, what="prometheus with the same credentials")
+    finally:
+        assert fleetserve("down", env=home).returncode == 0

@@ -144,6 +144,19 @@ USER = "fleetserve"  # the one user of the fleet's Prometheus; its password lies
 PASSWORD_FILE = "prometheus.password"
 
 
+def kept_password(path: Path) -> str | None:
+    """The password of the fleet's last run, when its file is still ours alone (0600, this user): a Grafana data
+    source given it keeps working across `down` and `up` (each start had made a new one)."""
+    try:
+        info = path.stat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o077:
+            return None
+        password = path.read_text().strip()
+    except OSError:
+        return None
+    return password if len(password) >= 32 else None
+
+
 def write_web_config(folder: Path, password: str) -> Path:
     """Prometheus' web configuration: basic auth for every path. Its series name the tenants (the router's own
     /metrics answers only the admin and the internal token), and loopback is open to every local process."""

@@ -439,10 +439,13 @@ class Supervisor:
             # Prometheus's own "address already in use" came as log lines after the model was prepared
             raise StartupError(f"spec.observability.prometheus.port: {problem}")
 
-    def _previous_port(self, host: str) -> int | None:
-        """The port this fleet's last router listened on, while it is free: a start after `down` or after a crash
-        keeps the URL its clients were given (every `up` had picked a new one). `spec.router.port` fixes one."""
-        url = self.previous.url if self.previous is not None else None
+    def _previous_port(self, host: str, url: str | None = None, what: str = "the router",
+                       field: str = "spec.router.port") -> int | None:
+        """The port this fleet's last router (or `url`: its Prometheus) listened on, while it is free: a start after
+        `down` or after a crash keeps the URL its clients (a Grafana data source) were given (every `up` had
+        picked a new one). `field` fixes one."""
+        if url is None:
+            url = self.previous.url if self.previous is not None else None
         try:
             port = urlsplit(url).port if url else None
         except ValueError:
@@ -451,8 +454,7 @@ class Supervisor:
             return None
         if bind_refusal(host, port)[1] is None:
             return port
-        self.say(f"the last run's port {port} is taken: the router listens on another one (spec.router.port keeps "
-                 "one for good)")
+        self.say(f"the last run's port {port} is taken: {what} listens on another one ({field} keeps one for good)")
         return None
 
     def _start_router(self, backends: list[str]) -> None:
@@ -673,8 +675,12 @@ class Supervisor:
         prometheus.write_targets(folder, "supervisor", self.name,
                                  [prometheus.Target(self.state.metrics_url, "supervisor")], ns)
         self._write_prometheus_targets()
-        port = section.port or free_port()
-        password = write_token_file(self.dir / prometheus.PASSWORD_FILE).read_text()
+        last = self.previous.prometheus_url if self.previous is not None else ""
+        port = section.port or (self._previous_port("127.0.0.1", last, "its Prometheus",
+                                                    "spec.observability.prometheus.port") if last else None) \
+            or free_port()
+        password = prometheus.kept_password(self.dir / prometheus.PASSWORD_FILE) or \
+            write_token_file(self.dir / prometheus.PASSWORD_FILE).read_text()
         prometheus.write_web_config(folder, password)
         self.prometheus = prometheus.child(folder, port, section.retention, self.dir / "logs" / "prometheus.log")
         self.prometheus.start()
