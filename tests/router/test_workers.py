@@ -235,3 +235,26 @@ def test_only_a_workers_own_early_exits_count_as_failing_to_start():
     assert failed_at_start(1, 0.5) and failed_at_start(2, QUICK_EXIT_S - 1)
     assert not failed_at_start(-9, 0.5)  # killed (OOM, SIGKILL): restarted, never the router stopped for it
     assert not failed_at_start(1, QUICK_EXIT_S + 1)  # it had run: restarted as before
+
+
+def test_the_dashboard_reads_the_whole_router_whichever_worker_answers(fleet):
+    """Each worker answered with its own counts and its own history: the page's header alternated between two
+    request totals, and read "in flight 0" while a panel showed requests in flight."""
+    gw, _ = fleet
+    wait_until(lambda: load(gw).get("workers") == 2, 30, what="both workers report their load")
+    for i in range(12):  # a new connection each: the kernel spreads them over both workers
+        r = httpx.post(gw.url + "/v1/completions", json={"model": "sim", "prompt": [7, i], "max_tokens": 2},
+                       timeout=30)
+        assert r.status_code == 200
+    wait_until(lambda: sum(load(gw)["worker_requests"]) == 12, 10, what="both workers' counts")
+
+    def data() -> dict:
+        return httpx.get(gw.url + "/dashboard/data", timeout=10).json()
+
+    def points(body: dict) -> int:
+        return max([len(line["points"]) for panel in body["panels"] for line in panel["series"]] or [0])
+
+    wait_until(lambda: all(data()["fleet"]["requests_total"] == 12 for _ in range(6)), 15,
+               what="every worker's answer to count the whole router's requests")
+    # watched: every worker samples, so whichever answers has a history, not only those it answered itself
+    wait_until(lambda: min(points(data()) for _ in range(6)) >= 3, 30, what="a history in every worker")

@@ -138,13 +138,16 @@ def dashboard_routes(gateway) -> list[Route]:
     async def data(request: Request) -> Response:
         if not allowed(gateway, request):
             return APIError(403, "dashboard data: admin only").response()
+        live.watched(gateway.peers.folder if gateway.peers is not None else None)
         await live.sample(gateway)
         body = live.payload({k: request.query_params.get(k, "") for k in FILTER_LABELS})
-        pool = list(gateway.pool.backends.values())
-        body["fleet"] = {"strategy": gateway.policy.name, "requests_total": gateway.requests_total,
-                         "pending": gateway.pending, "in_flight": sum(b.in_flight for b in pool),
-                         "backends": [{"id": b.id, "healthy": b.healthy, "draining": b.draining,
-                                       "in_flight": b.in_flight} for b in pool]}
+        load = gateway.load_report()  # every router worker's, as /admin/load: one worker's alone had alternated
+        ids = {b.url: b.id for b in gateway.pool.backends.values()}
+        body["fleet"] = {"strategy": gateway.policy.name, "requests_total": load["requests_total"],
+                         "pending": load["pending"], "in_flight": load["in_flight"],
+                         "backends": [{"id": ids.get(b["url"], b["url"]), "healthy": b["healthy"],
+                                       "draining": b["draining"], "in_flight": b["in_flight"]}
+                                      for b in load["backends"]]}
         return JSONResponse(body, headers={"cache-control": "no-store"})
 
     return [Route("/dashboard", page, methods=["GET"]), Route("/dashboard/data", data, methods=["GET"])]

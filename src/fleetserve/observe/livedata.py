@@ -21,6 +21,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -100,7 +101,16 @@ def quantile(q: float, buckets: dict[str, float]) -> float | None:
     return prev_le
 
 
+WATCHED_FILE = "dashboard-watched"  # in the router workers' bus folder: touched when a page asks for data
+WATCH_S = 120.0  # every worker samples while a page asked within this long
+
+
 class LiveData:
+    """The samples behind the page. With several router workers each keeps its own history, and the page's polls
+    reach them in turn: so every worker samples while anyone watches (the bus folder's WATCHED_FILE, touched at
+    each poll), and each one samples the router's merged metrics (every worker's counters), not its own. A page
+    had read requests totals alternating between two workers' counts, and "in flight 0" beside a panel of 4."""
+
     def __init__(self, history_s: float = 600.0, window_s: float = 15.0, min_interval_s: float = 1.5,
                  clock=time.time):
         self.history_s, self.window_s, self.min_interval_s = history_s, window_s, min_interval_s
@@ -108,8 +118,32 @@ class LiveData:
         self.samples: collections.deque[Sample] = collections.deque()
         self.supervisor_url = os.environ.get(SUPERVISOR_ENV, "")
         self._lock = asyncio.Lock()
+        self._watched_at = -math.inf
 
     # --- sampling ---------------------------------------------------------------------------------------
+
+    def watched(self, folder: str | None) -> None:
+        """A page asked for data now."""
+        self._watched_at = self.clock()
+        if folder:
+            try:
+                Path(folder, WATCHED_FILE).touch()
+            except OSError:
+                pass  # the router is stopping: this worker's own history still serves the page
+
+    def watching(self, folder: str | None) -> bool:
+        last = self._watched_at
+        if folder:
+            try:
+                last = max(last, Path(folder, WATCHED_FILE).stat().st_mtime)
+            except OSError:
+                pass
+        return self.clock() - last < WATCH_S
+
+    async def keep_sampling(self, gateway) -> None:
+        """Every health round: a sample while a page watches (any worker's), so each worker's history is whole."""
+        if self.watching(gateway.peers.folder if gateway.peers is not None else None):
+            await self.sample(gateway)
 
     async def sample(self, gateway) -> None:
         """Take a sample unless the last one is fresher than `min_interval_s`."""
@@ -119,7 +153,7 @@ class LiveData:
                 return
             from prometheus_client import generate_latest
 
-            values = parse(generate_latest(gateway.metrics.registry).decode(), "router")
+            values = parse(generate_latest(gateway.metrics_registry()).decode(), "router")
             urls = [(b.id, b.url.rstrip("/") + "/metrics") for b in gateway.pool.backends.values() if b.healthy]
             if self.supervisor_url:
                 urls.append(("supervisor", self.supervisor_url))

@@ -165,6 +165,9 @@ class ReplicaWatcher:
                     self.gw.kv_index.forget(gone)
         self.no_events &= pool.backends.keys()
         self._no_layout &= pool.backends.keys()
+        live = getattr(self.gw, "dashboard", None)
+        if live is not None:  # the dashboard's history, whole in every worker while a page watches
+            await live.keep_sampling(self.gw)
         if self.gw.peers is not None:  # workers: a scrape reads every worker's file, answered by one of them,
             self.gw.refresh_gauges()  # so each keeps its own fresh (they were as old as its last scrape)
 
