@@ -95,12 +95,21 @@ def test_dashboard_in_headless_chromium_shows_live_panels(tmp_path, tiny_model, 
                     page.select_option("#filter-instance_type", "local")  # the filters are the label values seen
                 page.wait_for_timeout(500)
                 filtered = int(page.locator("#panel-latency").get_attribute("data-points"))
+                title = page.locator("#title").inner_text()
+                errors_while_up = list(console_errors)
+                stale_before = page.evaluate("() => document.body.classList.contains('stale')")
+                stop.set()
+                fleetserve("down", "dash", env=home)  # the page must say its data is old, not show it as live
+                page.wait_for_function("() => document.body.classList.contains('stale')", timeout=30_000)
+                banner = page.locator("#stale").inner_text()
             finally:
                 browser.close()
         print(f"\ndashboard screenshot: {shot}")
         assert shot.stat().st_size > 10_000
         assert external == [], f"the page fetched outside the router: {external}"
-        assert console_errors == [] and clipped == [], (console_errors, clipped)
+        assert errors_while_up == [] and clipped == [], (errors_while_up, clipped)
+        assert title == "fleetserve \u00b7 tiny" and not stale_before
+        assert banner.startswith("No data since ") and "does not answer" in banner, banner
         assert all(n > 0 for n in points.values()), points
         assert values["latency"] != "-" and values["ttfb"] != "-" and paths >= 1, values
         assert values["replicas"] == "2 series" and values["cost"].startswith("$"), values

@@ -143,7 +143,8 @@ def dashboard_routes(gateway) -> list[Route]:
         body = live.payload({k: request.query_params.get(k, "") for k in FILTER_LABELS})
         load = gateway.load_report()  # every router worker's, as /admin/load: one worker's alone had alternated
         ids = {b.url: b.id for b in gateway.pool.backends.values()}
-        body["fleet"] = {"strategy": gateway.policy.name, "requests_total": load["requests_total"],
+        body["fleet"] = {"strategy": gateway.policy.name, "model": ", ".join(gateway.settings.served_models),
+                         "requests_total": load["requests_total"],
                          "pending": load["pending"], "in_flight": load["in_flight"],
                          "backends": [{"id": ids.get(b["url"], b["url"]), "healthy": b["healthy"],
                                        "draining": b["draining"], "in_flight": b["in_flight"]}
@@ -175,8 +176,11 @@ main{display:grid;grid-template-columns:repeat(auto-fill,minmax(400px,1fr));gap:
 .panel svg{width:100%;height:150px;display:block}.legend{display:flex;flex-wrap:wrap;gap:4px 12px;color:var(--dim)}
 .legend i{display:inline-block;width:10px;height:3px;margin-right:4px;vertical-align:middle}
 .empty{fill:var(--dim);font-size:12px}
+#stale{display:none;background:#4a2b12;color:#ffd7a8;padding:8px 16px;border-bottom:1px solid var(--warn)}
+body.stale #stale{display:block}body.stale main{opacity:.45;filter:grayscale(.6)}
 </style></head><body>
-<header><h1>fleetserve</h1><span class="stat">strategy <b id="strategy">-</b></span>
+<div id="stale" role="alert"></div>
+<header><h1 id="title">fleetserve</h1><span class="stat">strategy <b id="strategy">-</b></span>
 <span class="stat">requests <b id="requests">-</b></span><span class="stat">in flight <b id="inflight">-</b></span>
 <span class="stat">replicas <b id="backends">-</b></span><span id="filters"></span>
 <span class="dim" id="updated">connecting ...</span></header>
@@ -292,22 +296,38 @@ async function refresh() {
   try {
     const q = new URLSearchParams(Object.entries(chosen).filter(([, v]) => v));
     const r = await fetch("/dashboard/data?" + q, {credentials: "same-origin", cache: "no-store"});
-    if (!r.ok) throw new Error("HTTP " + r.status);
+    if (!r.ok) throw Object.assign(new Error("HTTP " + r.status), {status: r.status});
     const data = await r.json();
     const t1 = data.now, t0 = Math.min(t1 - 60, ...data.panels.flatMap(p => p.series.map(s =>
       s.points.length ? s.points[0][0] : t1)));
     for (const p of data.panels) draw(p, p, data.annotations, t0, t1);
     const f = data.fleet;
+    if (f.model) {
+      $("title").textContent = "fleetserve \u00b7 " + f.model; document.title = f.model + " \u00b7 fleetserve";
+    }
     $("strategy").textContent = f.strategy; $("requests").textContent = f.requests_total;
     $("inflight").textContent = f.in_flight + (f.pending ? " (+" + f.pending + " held)" : "");
-    $("backends").textContent = f.backends.filter(b => b.healthy).length + "/" + f.backends.length + " healthy";
+    $("backends").textContent = f.backends.length ? f.backends.filter(b => b.healthy).length + "/" +
+      f.backends.length + " healthy" : "none (scaled to zero, or starting)";
     filterBar(data.options);
+    lastData = t1;
     $("updated").textContent = "updated " + new Date(t1 * 1000).toLocaleTimeString();
+    document.body.classList.remove("stale");
     document.body.dataset.loaded = "1";
   } catch (e) {
-    $("updated").textContent = "cannot read /dashboard/data: " + e.message;
+    // what the page shows is old: said at the top, the panels greyed (the last values had stayed, as if live)
+    const since = lastData ? "No data since " + new Date(lastData * 1000).toLocaleTimeString() + ": "
+                           : "No data yet: ";
+    $("stale").textContent = since + (e.status === 403
+      ? "this browser's login ended (sessions last 12 hours) or the fleet was restarted; run `fleetserve dashboard " +
+        "open` for a new URL"
+      : e.status ? "the router answered HTTP " + e.status
+      : "the router does not answer (is the fleet running? `fleetserve status`)");
+    document.body.classList.add("stale");
+    $("updated").textContent = lastData ? "last data " + new Date(lastData * 1000).toLocaleTimeString() : "";
   }
 }
+let lastData = 0;
 refresh(); setInterval(refresh, 2000);
 </script></body></html>
 """
