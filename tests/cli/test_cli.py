@@ -198,3 +198,14 @@ def test_outputs_under_a_file_or_onto_a_folder_are_exit_2_not_tracebacks(tmp_pat
         assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
     made = tmp_path / "new" / "folder" / "d.json"  # a missing folder is made, as plan -o and --report make theirs
     assert fleetserve("dashboard", "grafana", "-o", str(made)).returncode == 0 and made.exists()
+
+
+def test_an_l2_size_beside_an_l2_url_is_warned(tmp_path):
+    """maxBytes sizes the Redis fleetserve starts: beside a Redis of the user's own it changed nothing, unsaid."""
+    spec = tmp_path / "l2.yaml"
+    spec.write_text("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {name: m}\nspec:\n"
+                    "  model: {name: m, source: builtin:smollm2-135m}\n"
+                    "  kvCache: {l2: {enabled: true, url: 'redis://127.0.0.1:6399/0', maxBytes: 1000000}}\n")
+    assert "spec.kvCache.l2.maxBytes" in fleetserve("validate", str(spec)).stderr
+    spec.write_text(spec.read_text().replace(", maxBytes: 1000000", ""))
+    assert "maxBytes" not in fleetserve("validate", str(spec)).stderr

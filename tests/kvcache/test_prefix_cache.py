@@ -552,3 +552,15 @@ def test_a_redis_that_refuses_touch_still_takes_the_blocks_and_is_asked_no_more(
         assert store.put_many([(3, b"three")], head=[1, 2]) == [3]
     assert store.available and store.get_many([1, 2, 3]) == [b"one", b"two", b"three"]
     assert sum("refused TOUCH" in r.message for r in caplog.records) == 1
+
+
+def test_an_l1_smaller_than_one_block_is_named_at_start(caplog):
+    """kvCache.l1.maxBytes: 1000 stored nothing (every block is larger), and no metric or line said so."""
+    import logging
+
+    shape = (2, 2, 1, 16, 8)
+    with caplog.at_level(logging.WARNING, logger="fleetserve.engine.prefix_cache"):
+        PrefixCache(shape, torch.float32, engine_blocks=4, l1=L1Store(1000))
+        PrefixCache(shape, torch.float32, engine_blocks=4, l1=L1Store(1 << 20))
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "(kvCache.l1.maxBytes, 1000 bytes) is smaller than one KV block" in line

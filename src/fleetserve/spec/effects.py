@@ -149,6 +149,10 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
                          f"{t.memory_gb:g} GiB) cannot take a replica of {asked.gpus} GPU(s), {asked.vcpu:g} cpu and "
                          f"{asked.memory_gb:g} GiB: its tier never starts one, and scale-ups wait for the next tier; "
                          "leave it out", everywhere=True)
+    l2 = spec.kv_cache.l2
+    if l2.enabled and l2.url and "max_bytes" in l2.model_fields_set:
+        note("spec.kvCache.l2.maxBytes", "sizes the Redis fleetserve starts (and renders); the Redis at l2.url keeps "
+                                         "its own maxmemory, which this does not change", everywhere=True)
     context = spec.model.context_length
     if context and spec.kv_cache.block_size >= context:
         note("spec.kvCache.blockSize", f"{spec.kv_cache.block_size} tokens is not below model.contextLength "
