@@ -35,3 +35,23 @@ def test_a_refusal_says_what_is_wrong_in_whole_words(guarded):
     long = "ERR " + "word " * 60 + "end. Second sentence"
     assert refusal_reason(long).endswith(" ...") and len(refusal_reason(long)) <= 121
     assert refusal_reason("ERR unknown command 'HELLO'. Try again") == "ERR unknown command 'HELLO'"
+
+
+def test_a_full_redis_that_evicts_nothing_is_not_up(guarded):
+    """Every write refused (OOM under noeviction) while `status` read "up"; the engines' logs alone said it."""
+    import redis
+
+    client = redis.Redis.from_url(guarded, password="s3cret")
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", str(used // 2))
+    health = redis_health(guarded, "s3cret")
+    assert health.startswith("full (") and "noeviction" in health
+    client.config_set("maxmemory-policy", "volatile-lru")  # ElastiCache's default: only keys with a TTL go
+    assert redis_health(guarded, "s3cret").startswith("full (")
+    client.config_set("maxmemory-policy", "allkeys-lru")  # it evicts: writes go on
+    assert redis_health(guarded, "s3cret") == "up"
+    # a user that may not read INFO (a least-privilege ACL) is no refusal: GET and SET work
+    client.execute_command("ACL", "SETUSER", "kv", "on", ">kvpass", "~*", "+@all", "-info")
+    bare = guarded.replace("redis://", "redis://kv@")
+    assert redis_health(bare, "kvpass") == "up"

@@ -184,7 +184,11 @@ def redis_health(url: str, password: str | None = None, timeout: float = 0.5) ->
     client = redis.Redis.from_url(bare, socket_timeout=timeout, socket_connect_timeout=timeout, **auth)
     try:
         client.ping()
-        return "up"
+        try:
+            memory = client.info("memory")
+        except redis.ResponseError:  # an ACL user without +info, a managed Redis that hides it: GET/SET still work
+            return "up"
+        return _full(memory) or "up"
     except redis.TimeoutError as exc:
         return f"not answering ({type(exc).__name__})"
     except (redis.AuthenticationError, redis.ResponseError) as exc:
@@ -193,6 +197,18 @@ def redis_health(url: str, password: str | None = None, timeout: float = 0.5) ->
         return f"unreachable ({type(exc).__name__})"
     finally:
         client.close()
+
+
+def _full(memory: dict) -> str | None:
+    """A Redis at its memory limit that cannot evict refuses every write: the engines say so in their logs, and
+    `status` had read "up". `noeviction` never evicts; a `volatile-*` policy evicts only keys with a TTL, and the
+    blocks have none (ElastiCache's default is volatile-lru). Its own Redis (fleetserve's) is allkeys-lru."""
+    limit, used = int(memory.get("maxmemory") or 0), int(memory.get("used_memory") or 0)
+    policy = str(memory.get("maxmemory_policy") or "")
+    if limit and used >= limit and (policy == "noeviction" or policy.startswith("volatile-")):
+        return (f"full (used {used:,} of maxmemory {limit:,} bytes, maxmemory-policy {policy}): new blocks are not "
+                "written; set an allkeys-lru policy, or more memory")
+    return None
 
 
 def refusal_reason(message: str) -> str:
