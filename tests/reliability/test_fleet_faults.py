@@ -86,6 +86,8 @@ def test_after_a_supervisor_sigkill_status_is_stale_down_cleans_and_up_carries_o
     stale = _status(home, "phoenix")
     assert stale["status"] == "dead" and stale["ready"] == 0
     assert [r["state"] for r in stale["replicas"]] == ["stale"]  # never "ready" for a process that is gone
+    shown = fleetserve("status", "phoenix", env=home).stdout  # "dead", and what to do about it, and where to look
+    assert "`fleetserve down phoenix` stops what it left running" in shown and "supervisor.log" in shown
     down = fleetserve("down", env=home)  # no name: the one stale fleet
     assert down.returncode == 0 and "supervisor had died" in down.stdout
     assert _status(home, "phoenix")["status"] == "stopped"

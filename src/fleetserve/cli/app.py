@@ -358,14 +358,20 @@ def _print_fleet(f) -> None:
                   markup=False)
     if f.error:
         out.print(f"  error: {f.error}", markup=False)
-    table = Table("replica", "url", "state", "node", "pid", "restarts", "cold start")
+    from fleetserve.fleet.state import fleet_dir
+
+    out.print(f"  logs: {fleet_dir(f.name) / 'logs'}" + (f" (supervisor: {fleet_dir(f.name) / 'supervisor.log'})"
+              if (fleet_dir(f.name) / "supervisor.log").exists() else ""), markup=False)
+    if f.status == "dead":  # it read "dead" with no word of what to do
+        out.print(f"  the supervisor is gone (killed, or the machine restarted): `fleetserve down {f.name}` stops "
+                  "what it left running; `fleetserve up SPEC` starts the fleet again", markup=False)
+    table = Table("replica", Column("url", overflow="fold"), "state", "node", "pid", "restarts", "cold start")
     for r in f.replicas:
         cold = f"{r.cold_start_s:.1f}s" if r.cold_start_s is not None else "-"
         state = f"{r.state} (router: failing health checks)" if r.router_healthy is False else r.state
         table.add_row(r.id, r.url, state, f"{r.node} {r.instance_type}".strip(), str(r.pid or "-"),
                       str(r.restarts), cold)
-    width = None if out.is_terminal else 160  # piped output: do not squeeze URLs into 80 columns
-    out.print(table, width=width)
+    out.print(table)  # piped: as wide as it needs (cli/console.py); on a terminal a URL folds, never cut to "…"
     if f.nodes:
         nodes = Table("node", "instance type", "capacity", "$/h", "replicas", "ready")
         for n in f.nodes:
@@ -373,7 +379,7 @@ def _print_fleet(f) -> None:
                 ("yes" if n.ready else "provisioning") + (" (interrupting)" if n.interrupting else "")
             nodes.add_row(n.id, n.instance_type, n.capacity_type, f"{n.price_per_hour:.3f}", f"{n.used}/{n.slots}",
                           ready)
-        out.print(nodes, width=width)
+        out.print(nodes)
 
 
 @app.command()
