@@ -540,3 +540,45 @@ def test_the_last_error_of_a_log_is_never_a_request_line_that_names_an_error():
              "1:M 05 Dec 2026 12:00:00.001 # Warning: Could not create server TCP listening socket 127.0.0.1:6379: "
              "bind: Address already in use\n")
     assert "Could not create server TCP listening socket" in last_error(redis)
+
+
+def test_the_alerts_its_prometheus_fires_reach_status_and_the_log(make):
+    """They were evaluated by the fleet's own Prometheus and reached nobody: no Alertmanager is wired locally, and
+    status said nothing while the error budget burned."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    firing = [{"labels": {"alertname": "FleetserveErrorBudgetBurnFast", "severity": "critical"}, "state": "firing"},
+              {"labels": {"alertname": "FleetserveHighErrorRate", "severity": "warning"}, "state": "pending"}]
+
+    class Alerts(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"status": "success", "data": {"alerts": firing}}).encode()
+            self.send_response(200 if self.path == "/api/v1/alerts" else 404)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Alerts)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        sup, _, mono = make(1)
+        said = []
+        sup.say, sup._save = said.append, lambda: None
+        sup._prometheus_query_url = f"http://127.0.0.1:{server.server_address[1]}"
+        sup._read_alerts(mono())
+        assert sup.state.alerts == ["FleetserveErrorBudgetBurnFast (critical)"]  # pending is not firing yet
+        assert said == ["alert firing: FleetserveErrorBudgetBurnFast (critical)"]
+        firing.clear()
+        sup._read_alerts(mono())  # within ALERTS_EVERY_S: not asked again
+        assert sup.state.alerts == ["FleetserveErrorBudgetBurnFast (critical)"]
+        mono.advance(16)
+        sup._read_alerts(mono())
+        assert sup.state.alerts == [] and said[-1] == "alert resolved: FleetserveErrorBudgetBurnFast (critical)"
+    finally:
+        server.shutdown()

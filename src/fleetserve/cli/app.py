@@ -353,6 +353,8 @@ def _print_fleet(f) -> None:
     if f.l2_url:
         out.print(f"  l2: {f.l2_url} {f.l2_status or 'unknown'}" + (f" (was; the fleet is {f.status})" if gone else ""),
                   markup=False)
+    if f.alerts and not gone:
+        out.print(f"  alerts firing: {', '.join(f.alerts)} (its Prometheus: /api/v1/alerts)", markup=False)
     if f.last_decision:
         out.print(f"  last decision: {f.last_decision['desired']} replica(s): {f.last_decision['reason']}",
                   markup=False)

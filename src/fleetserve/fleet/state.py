@@ -73,6 +73,9 @@ class FleetState:
     redis_pid: int | None = None
     prometheus_url: str = ""  # the fleet's own Prometheus (spec.observability.prometheus), if it runs one
     prometheus_pid: int | None = None
+    # the fleet's Prometheus alerts that fire now ("FleetserveErrorBudgetBurnFast (critical)"), read every
+    # ALERTS_EVERY_S: they were computed and reached nobody (no Alertmanager is wired locally)
+    alerts: list[str] = field(default_factory=list)
     supervisor_start: str = ""  # process_start(supervisor_pid): tells the supervisor from a process reusing its pid
     stop_timeout_s: float = 0.0  # how long a stop may take (the router's drain, then the children): `down` waits so
 

@@ -83,6 +83,7 @@ CHILD_STOP_S = 10.0  # a child's time to exit after SIGTERM at the fleet's stop,
 ROUTER_EXIT_S = 5.0  # a stopping router's time to exit after its drain, before the replicas stop anyway
 REDIS_PASSWORD = "redis.password"  # in the fleet's run folder, 0600
 L2_PROBE_S = 10.0  # how often the L2 Redis is pinged for `status` (an external one was never checked)
+ALERTS_EVERY_S = 15.0  # how often the fleet's own Prometheus is asked which alerts fire (for `status`)
 
 
 def engine_url(port: int) -> str:
@@ -193,6 +194,7 @@ class Supervisor:
         self._prometheus_targets: list | None = None
         self._prometheus_dir: Path | None = None  # set when the fleet runs its own Prometheus
         self._prometheus_query_url = ""  # the fleet's Prometheus with its basic auth (never written to state)
+        self._alerts_at = 0.0  # when its firing alerts are read next (monotonic)
         self.capacity = build_capacity(self.spec, self.endpoint.metadata.namespace, clock())
         self.controller: Controller | None = None
         self._decided_at: float | None = None  # the controller's last decision: its time, and what was logged
@@ -1040,7 +1042,31 @@ class Supervisor:
             if self._keep_alive(self.prometheus, self._prometheus_backoff, mono, "prometheus"):
                 self.state.prometheus_pid = self.prometheus.pid
             self._probe_l2(mono)
+            self._read_alerts(mono)
             time.sleep(self.poll_interval)
+
+    def _read_alerts(self, mono: float) -> None:
+        """The alerts the fleet's own Prometheus fires now, for `status` (every ALERTS_EVERY_S). They were evaluated
+        and reached nobody: no Alertmanager is wired to a local Prometheus, and status said nothing."""
+        if not self._prometheus_query_url or mono < self._alerts_at:
+            return
+        self._alerts_at = mono + ALERTS_EVERY_S
+        r = self._get(self._prometheus_query_url + "/api/v1/alerts")
+        if r is None:
+            return  # not answering (starting, restarting): the last reading stands until it does
+        try:
+            alerts = r.json()["data"]["alerts"]
+            firing = sorted({f"{a['labels']['alertname']} ({a['labels'].get('severity', 'none')})"
+                             for a in alerts if a.get("state") == "firing"})
+        except (ValueError, KeyError, TypeError):
+            return
+        if firing != self.state.alerts:
+            for alert in sorted(set(firing) - set(self.state.alerts)):
+                self.say(f"alert firing: {alert}")
+            for alert in sorted(set(self.state.alerts) - set(firing)):
+                self.say(f"alert resolved: {alert}")
+            self.state.alerts = firing
+            self._save()
 
     def _probe_l2(self, mono: float) -> None:
         """Ping the L2 Redis every L2_PROBE_S: `status` said nothing of an unreachable external one, and a
