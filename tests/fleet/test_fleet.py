@@ -461,3 +461,22 @@ def test_a_state_without_the_supervisors_start_time_trusts_only_a_fleetserve_pro
         for p in (ours, other):
             p.kill()
             p.wait()
+
+
+def test_a_fleets_logs_past_their_limit_are_rotated_while_it_serves(tmp_path, tiny_model, home):
+    """The run folder's logs grew without end (about 370 bytes a request across the router's and an engine's)."""
+    from pathlib import Path
+
+    spec = Path(write_spec(tmp_path, tiny_model, name="rot", replicas=1))
+    spec.write_text(spec.read_text() + "  observability: {logMaxBytes: 1}\n")  # every line past it: rotated
+    assert fleetserve("up", str(spec), "--detach", env=home).returncode == 0
+    try:
+        folder = Path(home["FLEETSERVE_HOME"]) / "run" / "rot"
+        wait_until(lambda: (folder / "logs" / "r0.log.1").exists() and (folder / "logs" / "router.log.1").exists()
+                   and (folder / "supervisor.log.1").exists(), 60, what="the first rotation")
+        client = openai.OpenAI(base_url=status(home)[0]["url"], api_key="x", max_retries=0)
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        wait_until(lambda: (folder / "logs" / "router.log").stat().st_size > 0, 30, what="new router lines")
+        assert b"\0" not in (folder / "logs" / "router.log").read_bytes()[:64]  # written from the start: no hole
+    finally:
+        assert fleetserve("down", "rot", env=home).returncode == 0

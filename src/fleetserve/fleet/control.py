@@ -73,7 +73,7 @@ def start_detached(spec_path: str, name: str, timeout: float, extra_args: tuple[
             os.replace(folder / "state.json", folder / PREVIOUS)
     private_fleet_dir(name)
     log_path = folder / "supervisor.log"
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab") as log:  # appended to, as the children's logs are: rotated by copy and truncate
         proc = subprocess.Popen(
             fleetserve_command("up", str(Path(spec_path).resolve()), "--quiet-warnings", *extra_args),
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

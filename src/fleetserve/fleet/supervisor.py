@@ -45,7 +45,7 @@ from fleetserve.autoscale.scaledown import Candidate, moves_to_finish, revivals,
 from fleetserve.capacity.placement import InsufficientCapacity
 from fleetserve.capacity.utilization import load_ratio, target_per_replica
 from fleetserve.clock import Clock
-from fleetserve.fleet import prometheus
+from fleetserve.fleet import logfiles, prometheus
 from fleetserve.fleet.capacity import build_capacity
 from fleetserve.fleet.lifecycle import ROUTER_STATE, SERVING, Phase, advance
 from fleetserve.fleet.metrics import SupervisorMetrics
@@ -195,6 +195,7 @@ class Supervisor:
         self._prometheus_dir: Path | None = None  # set when the fleet runs its own Prometheus
         self._prometheus_query_url = ""  # the fleet's Prometheus with its basic auth (never written to state)
         self._alerts_at = 0.0  # when its firing alerts are read next (monotonic)
+        self._rotate_at = 0.0  # when the log files' sizes are checked next (monotonic)
         self.capacity = build_capacity(self.spec, self.endpoint.metadata.namespace, clock())
         self.controller: Controller | None = None
         self._decided_at: float | None = None  # the controller's last decision: its time, and what was logged
@@ -1043,7 +1044,21 @@ class Supervisor:
                 self.state.prometheus_pid = self.prometheus.pid
             self._probe_l2(mono)
             self._read_alerts(mono)
+            self._rotate_logs(mono)
             time.sleep(self.poll_interval)
+
+    def _rotate_logs(self, mono: float) -> None:
+        """The run folder's log files past observability.logMaxBytes, rotated (fleet/logfiles.py)."""
+        if mono < self._rotate_at:
+            return
+        self._rotate_at = mono + logfiles.ROTATE_EVERY_S
+        paths = [*sorted((self.dir / "logs").glob("*.log")), self.dir / "supervisor.log"]
+        for path in logfiles.rotate_over(paths, self.spec.observability.log_max_bytes):
+            log.info("rotated %s (past %d bytes)", path, self.spec.observability.log_max_bytes)
+        for child in (self.router, self.redis, self.prometheus, *(r.child for r in self.replicas)):
+            # the current run's lines now start at the top of the file (log_tail reads from log_start)
+            if child is not None and child.log_start > logfiles.size(child.log_path):
+                child.log_start = 0
 
     def _read_alerts(self, mono: float) -> None:
         """The alerts the fleet's own Prometheus fires now, for `status` (every ALERTS_EVERY_S). They were evaluated

@@ -56,7 +56,10 @@ def render_metrics_md() -> str:
               "name)`, first 12 hex digits; never the name), replica, policy and branch, status and timings. "
               "Prompt text only with `--log-prompts` (`spec.observability.logPrompts`), off by default. The "
               "router writes its request lines in batches every 100 ms (a line per request through `logging` "
-              "cost more CPU than routing it); `fleetserve router --no-access-log` turns them off.", ""]
+              "cost more CPU than routing it); `fleetserve router --no-access-log` turns them off. A local fleet's log "
+              "files are rotated past `spec.observability.logMaxBytes` (100 MiB by default, 0: never; "
+              "`fleet/logfiles.py`: copy and truncate, `NAME.1` to `NAME.3` kept); on Kubernetes the kubelet rotates "
+              "container logs.", ""]
     return "\n".join(lines)
 
 

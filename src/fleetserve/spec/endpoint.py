@@ -573,6 +573,9 @@ class ObservabilitySection(SpecModel):
                                                 "JSON lines (one per request: id, hashed tenant, replica, policy "
                                                 "and branch, timings)")
     log_prompts: bool = Field(default=False, description="put prompt text in the request lines (default: never)")
+    log_max_bytes: int = Field(default=100 << 20, ge=0, description="a local fleet's log file past this many bytes "
+                               "is rotated (NAME.1 to NAME.3 kept); 0: never. Kubernetes: the kubelet rotates "
+                               "container logs")
 
 
 class TLSSection(SpecModel):
