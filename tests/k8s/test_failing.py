@@ -85,11 +85,14 @@ def test_the_operator_tells_the_router_when_every_engine_pod_crash_loops_and_whe
     for i in range(2):
         client.create(pod(f"engine-{i}", waiting="CrashLoopBackOff", labels=labels))
     client.create(pod("someone-else", waiting="CrashLoopBackOff"))  # not an engine pod of this endpoint
-    reconciler.reconcile(endpoint())
+    status = reconciler.reconcile(endpoint()).status
     assert reason(client) == CRASH_LOOP
+    # and the Endpoint's status says it (kubectl get endpoint), not only the router's ConfigMap
+    assert status["state"] == "DeploymentFailed" and CRASH_LOOP in status["failureReason"]
+    assert "app.kubernetes.io/instance=demo,app.kubernetes.io/component=engine" in status["failureReason"]
     client.clear()
     reconciler.reconcile(endpoint())
     assert client.writes() == []  # the same reason: nothing written again
     client.objects[("v1", "Pod", NS, "engine-1")]["status"] = pod("x", ready=True)["status"]
-    reconciler.reconcile(endpoint())
-    assert reason(client) == ""
+    status = reconciler.reconcile(endpoint()).status
+    assert reason(client) == "" and status["state"] != "DeploymentFailed"

@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from fleetserve.autoscale.failing import STATIC_ZERO
 from fleetserve.k8s.client import ApiError, Client, Conflict, NotFound, apply_merge_patch
 from fleetserve.k8s.context import RenderOptions
 from fleetserve.k8s.failing import failing_now, with_reason
@@ -149,6 +150,7 @@ class Reconciler:
     def _reconcile(self, body: dict, owner: Owner) -> Outcome:
         outcome = Outcome()
         warnings: list[str] = []
+        stuck: Failure | None = None  # engine pods that cannot start: the status's failure, never kopf's retry
         try:
             loaded = endpoint_from_resource(body)
             rendered = render(loaded.endpoint, self.options)
@@ -161,8 +163,12 @@ class Reconciler:
             current = None
             try:
                 observed = self.observed(owner)
-                objects = with_reason(rendered.objects, self.failing(loaded.endpoint, rendered.objects, observed,
-                                                                    owner))
+                reason = self.failing(loaded.endpoint, rendered.objects, observed, owner)
+                if reason and reason != STATIC_ZERO:  # pods that cannot start: the status says so too, not only
+                    # the router's ConfigMap (a static zero is the spec's choice, no failure)
+                    stuck = Failure("EnginePodsCannotStart", f"{reason}: kubectl -n {owner.namespace} describe pods "
+                                    f"-l app.kubernetes.io/instance={owner.name},app.kubernetes.io/component=engine")
+                objects = with_reason(rendered.objects, reason)
                 outcome.actions = reconcile(objects, observed, owner)
                 for current in outcome.actions:
                     self._apply(current, owner)
@@ -170,7 +176,7 @@ class Reconciler:
                 what = f"{current}: " if current is not None else ""
                 outcome.failure, outcome.retry = Failure(exc.reason, f"{what}{exc}"), True
         try:
-            outcome.status = self.write_status(body, owner, outcome.failure, warnings)
+            outcome.status = self.write_status(body, owner, outcome.failure or stuck, warnings)
         except StatusUnread as exc:
             outcome.status = body.get("status") or {}
             outcome.retry = True  # even after an invalid spec, whose status is not written yet
