@@ -22,11 +22,13 @@ SPEC = {"model": {"name": "m", "source": "/fsx/models/small"}, "replicas": 2}
 
 
 def pod(name: str, ready: bool = False, waiting: str | None = None, phase: str = "Running",
-        deleting: bool = False, labels: dict | None = None) -> dict:
+        deleting: bool = False, labels: dict | None = None, restarts: int = 2,
+        created: str = "2025-12-31T23:00:00Z") -> dict:
     status: dict = {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
     if waiting:
-        status["containerStatuses"] = [{"name": "engine", "state": {"waiting": {"reason": waiting}}}]
-    meta: dict = {"name": name, "namespace": NS, "labels": labels or {}}
+        status["containerStatuses"] = [{"name": "engine", "state": {"waiting": {"reason": waiting}},
+                                        "restartCount": restarts}]
+    meta: dict = {"name": name, "namespace": NS, "labels": labels or {}, "creationTimestamp": created}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "status": status}
@@ -43,6 +45,22 @@ def test_the_rule_is_the_fleets_rule_read_from_pods():
     assert engines_failing([], 1, False, False) is None  # nothing created yet: on its way
     assert engines_failing([], 0, True, False) is None  # KEDA scaled it to zero: the next request wakes it
     assert engines_failing([], 0, False, False) == STATIC_ZERO
+
+
+def test_what_may_still_pass_is_no_failure_yet():
+    """The kubelet says CrashLoopBackOff after one crash (an OOM once refused requests while the pod restarted),
+    ErrImagePull at the first try, and a config error for a Secret created a moment after the Deployment."""
+    from datetime import datetime
+
+    now = datetime.fromisoformat("2026-01-01T00:00:00+00:00")
+    assert engines_failing([pod("a", waiting="CrashLoopBackOff", restarts=1)], 1, False, False, now) is None
+    assert engines_failing([pod("a", waiting="CrashLoopBackOff", restarts=2)], 1, False, False, now) == CRASH_LOOP
+    assert engines_failing([pod("a", waiting="ErrImagePull")], 1, False, False, now) is None
+    assert engines_failing([pod("a", waiting="ImagePullBackOff")], 1, False, False, now) == CRASH_LOOP
+    young = pod("a", waiting="CreateContainerConfigError", created="2025-12-31T23:59:30Z")
+    assert engines_failing([young], 1, False, False, now) is None
+    old = pod("a", waiting="CreateContainerConfigError", created="2025-12-31T23:55:00Z")
+    assert engines_failing([old], 1, False, False, now) == CRASH_LOOP
 
 
 def test_the_router_mounts_its_state_and_a_static_zero_is_rendered():
@@ -68,6 +86,28 @@ def cluster():
     client = RecordingClient()
     client.create(resource(SPEC))
     return client, Reconciler(client, clock=lambda: "2026-01-01T00:00:00Z")
+
+
+def test_pods_that_cannot_be_read_hold_back_nothing_and_keep_the_last_word(cluster):
+    """Listing pods ran inside the pass that applies the spec: without RBAC for pods (an operator upgraded before
+    its ClusterRole) or at an API timeout, no spec change was applied at all, and the Endpoint read Forbidden."""
+    from fleetserve.k8s.client import ApiError
+
+    client, reconciler = cluster
+    endpoint = lambda: client.get(OWNER_API_VERSION, "Endpoint", NS, NAME)  # noqa: E731
+    reconciler.reconcile(endpoint())
+    (engine,) = [o for k, o in client.objects.items() if k[1] == "Deployment" and "engine" in k[3]]
+    labels = dict(part.split("=") for part in pods_selector(engine).split(","))
+    client.create(pod("engine-0", waiting="CrashLoopBackOff", labels=labels))
+    reconciler.reconcile(endpoint())
+    assert reason(client) == CRASH_LOOP
+    client.patch(OWNER_API_VERSION, "Endpoint", NS, NAME, {"spec": {**SPEC, "replicas": 3}})
+    client.fail("list", "Pod", ApiError("pods is forbidden", 403, "Forbidden"))
+    outcome = reconciler.reconcile(endpoint())
+    assert outcome.failure is None
+    (engine,) = [o for k, o in client.objects.items() if k[1] == "Deployment" and "engine" in k[3]]
+    assert engine["spec"]["replicas"] == 3  # applied
+    assert reason(client) == CRASH_LOOP  # kept, not cleared on a guess
 
 
 def reason(client) -> str:

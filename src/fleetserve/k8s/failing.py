@@ -12,22 +12,28 @@ within about a minute, so a crash loop is refused within about two; a reason tha
 ready stops nothing (the router refuses only requests that would wait for one). `render k8s` without the
 operator writes what the spec alone decides: a static zero.
 
-A pod cannot start when one of its containers waits for a reason that will not pass by waiting: a crash loop,
-an image that cannot be pulled, a configuration that names what does not exist. A pod still scheduling,
-pulling or loading is on its way, and while one is, nothing is refused (as the supervisor does with a replica
-starting).
+A pod cannot start when one of its containers waits for a reason that will not pass by waiting: a crash loop (a
+second restart, as the local rule counts two failed starts in a row), an image that cannot be pulled (after its
+first try), a configuration that names what does not exist (after two minutes: a Secret may come a moment
+later). A pod still scheduling, pulling or loading is on its way, and while one is, nothing is refused (as the
+supervisor does with a replica starting).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 
 from fleetserve.autoscale.failing import why_failing
 
 STATE_KEY = "failing"
 COMPONENT_LABEL = "app.kubernetes.io/component"
-CANNOT_START = frozenset({"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",
-                          "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+# waiting reasons of a container that will not start by waiting, and what makes each final:
+CRASH_LOOP_RESTARTS = 2  # CrashLoopBackOff after this many restarts (the local rule: failed to start twice in a row;
+# the kubelet says CrashLoopBackOff after one crash, and an OOM once had refused requests while the pod restarted)
+PULL_FAILED = frozenset({"ImagePullBackOff", "InvalidImageName"})  # ErrImagePull is the first try: it may pass
+CONFIG_FAILED = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+CONFIG_GRACE_S = 120.0  # ... once the pod is this old (a Secret created a moment after the Deployment is no failure)
 
 
 def _statuses(pod: dict) -> list[dict]:
@@ -40,8 +46,28 @@ def pod_ready(pod: dict) -> bool:
                for c in (pod.get("status") or {}).get("conditions") or [])
 
 
-def pod_cannot_start(pod: dict) -> bool:
-    return any(((s.get("state") or {}).get("waiting") or {}).get("reason") in CANNOT_START for s in _statuses(pod))
+def _age_s(pod: dict, now: datetime | None) -> float:
+    created = (pod.get("metadata") or {}).get("creationTimestamp")
+    if now is None or not created:
+        return float("inf")
+    try:
+        return (now - datetime.fromisoformat(created.replace("Z", "+00:00"))).total_seconds()
+    except ValueError:
+        return float("inf")
+
+
+def pod_cannot_start(pod: dict, now: datetime | None = None) -> bool:
+    """One of its containers waits for a reason that waiting will not cure (see CRASH_LOOP_RESTARTS, PULL_FAILED,
+    CONFIG_FAILED)."""
+    for status in _statuses(pod):
+        reason = ((status.get("state") or {}).get("waiting") or {}).get("reason")
+        if reason == "CrashLoopBackOff" and (status.get("restartCount") or 0) >= CRASH_LOOP_RESTARTS:
+            return True
+        if reason in PULL_FAILED:
+            return True
+        if reason in CONFIG_FAILED and _age_s(pod, now) >= CONFIG_GRACE_S:
+            return True
+    return False
 
 
 def _counts(pod: dict) -> bool:
@@ -50,13 +76,14 @@ def _counts(pod: dict) -> bool:
         (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
 
-def engines_failing(pods: Iterable[dict], desired: int, autoscaled: bool, external: bool) -> str | None:
+def engines_failing(pods: Iterable[dict], desired: int, autoscaled: bool, external: bool,
+                    now: datetime | None = None) -> str | None:
     """The reason no engine pod can start now, or None while one may (or one serves). `desired`: the replicas
-    the engine Deployments want now (KEDA's choice when it scales them)."""
+    the engine Deployments want now (KEDA's choice when it scales them); `now`: for the pods' ages."""
     live = [p for p in pods if _counts(p)]
     serving = any(pod_ready(p) for p in live)
-    stuck = [p for p in live if not pod_ready(p) and pod_cannot_start(p)]
-    on_the_way = any(not pod_ready(p) and not pod_cannot_start(p) for p in live)
+    stuck = [p for p in live if not pod_ready(p) and pod_cannot_start(p, now)]
+    on_the_way = any(not pod_ready(p) and not pod_cannot_start(p, now) for p in live)
     return why_failing(desired, autoscaled, external, serving, on_the_way, "",
                        crash_looping=bool(stuck) and not on_the_way)
 
@@ -80,7 +107,8 @@ def pods_selector(deployment: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(match.items()))
 
 
-def failing_now(rendered: Iterable[dict], observed: Iterable[dict], list_pods, external: bool) -> str | None:
+def failing_now(rendered: Iterable[dict], observed: Iterable[dict], list_pods, external: bool,
+                now: datetime | None = None) -> str | None:
     """The reason for the router, from the engine Deployments as the cluster holds them (their replicas: KEDA's
     choice; one not created yet: as rendered) and their pods (`list_pods(selector)`)."""
     rendered = tuple(rendered)
@@ -93,7 +121,15 @@ def failing_now(rendered: Iterable[dict], observed: Iterable[dict], list_pods, e
         if name in running:
             pods += list_pods(pods_selector(current))
     autoscaled = any(o.get("kind") == "ScaledObject" for o in rendered)
-    return engines_failing(pods, desired, autoscaled, external)
+    return engines_failing(pods, desired, autoscaled, external, now)
+
+
+def current_reason(observed: Iterable[dict]) -> str | None:
+    """What the router's state ConfigMap says now (kept when the pods cannot be read)."""
+    for obj in observed:
+        if obj.get("kind") == "ConfigMap" and STATE_KEY in (obj.get("data") or {}):
+            return obj["data"][STATE_KEY] or None
+    return None
 
 
 def with_reason(objects: Iterable[dict], reason: str | None) -> tuple[dict, ...]:

@@ -24,6 +24,7 @@ the CRD's structural schema would prune.
 from __future__ import annotations
 
 import datetime
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from fleetserve.autoscale.failing import STATIC_ZERO
 from fleetserve.k8s.client import ApiError, Client, Conflict, NotFound, apply_merge_patch
 from fleetserve.k8s.context import RenderOptions
-from fleetserve.k8s.failing import failing_now, with_reason
+from fleetserve.k8s.failing import current_reason, failing_now, with_reason
 from fleetserve.k8s.reconcile import (
     CHILD_KINDS,
     ENDPOINT_LABEL,
@@ -49,6 +50,8 @@ from fleetserve.k8s.render import render, rendered_warnings
 from fleetserve.k8s.status import Failure, endpoint_status
 from fleetserve.k8s.webhook import endpoint_from_resource, validate_handler
 from fleetserve.spec.errors import SpecError
+
+log = logging.getLogger(__name__)
 
 WEBHOOK_ID = "validate-endpoint"  # kopf serves it at /validate-endpoint
 WEBHOOK_PORT = 9443
@@ -149,6 +152,7 @@ class Reconciler:
 
     def _reconcile(self, body: dict, owner: Owner) -> Outcome:
         outcome = Outcome()
+        now = self.clock()  # one reading per pass: the pods' ages and the status's transition times
         warnings: list[str] = []
         stuck: Failure | None = None  # engine pods that cannot start: the status's failure, never kopf's retry
         try:
@@ -163,7 +167,7 @@ class Reconciler:
             current = None
             try:
                 observed = self.observed(owner)
-                reason = self.failing(loaded.endpoint, rendered.objects, observed, owner)
+                reason = self.failing(loaded.endpoint, rendered.objects, observed, owner, now)
                 if reason and reason != STATIC_ZERO:  # pods that cannot start: the status says so too, not only
                     # the router's ConfigMap (a static zero is the spec's choice, no failure)
                     stuck = Failure("EnginePodsCannotStart", f"{reason}: kubectl -n {owner.namespace} describe pods "
@@ -176,7 +180,7 @@ class Reconciler:
                 what = f"{current}: " if current is not None else ""
                 outcome.failure, outcome.retry = Failure(exc.reason, f"{what}{exc}"), True
         try:
-            outcome.status = self.write_status(body, owner, outcome.failure or stuck, warnings)
+            outcome.status = self.write_status(body, owner, outcome.failure or stuck, warnings, now)
         except StatusUnread as exc:
             outcome.status = body.get("status") or {}
             outcome.retry = True  # even after an invalid spec, whose status is not written yet
@@ -184,15 +188,27 @@ class Reconciler:
                 outcome.failure = Failure(exc.error.reason, f"list workloads: {exc.error}")
         return outcome
 
-    def failing(self, endpoint, rendered: tuple[dict, ...], observed: list[dict], owner: Owner) -> str | None:
-        """Why no engine pod can start, for the router's state ConfigMap (failing.py)."""
+    def failing(self, endpoint, rendered: tuple[dict, ...], observed: list[dict], owner: Owner,
+                now_text: str) -> str | None:
+        """Why no engine pod can start, for the router's state ConfigMap (failing.py). Pods that cannot be read (no
+        RBAC for them yet after an upgrade, an API timeout) keep what the ConfigMap says: a hint must never hold
+        back the pass that applies the spec."""
         def list_pods(selector: str) -> list[dict]:
             return self.client.list("v1", "Pod", owner.namespace, selector)
 
-        return failing_now(rendered, observed, list_pods, endpoint.spec.engine.kind == "external")
+        try:
+            now = datetime.datetime.fromisoformat(now_text.replace("Z", "+00:00"))
+        except ValueError:
+            now = None
+        try:
+            return failing_now(rendered, observed, list_pods, endpoint.spec.engine.kind == "external", now)
+        except ApiError as exc:
+            log.warning("engine pods of %s/%s not read (%s): the router keeps its last word on them",
+                        owner.namespace, owner.name, exc)
+            return current_reason(observed)
 
-    def write_status(self, body: dict, owner: Owner, failure: Failure | None, warnings: list[str] | None = None
-                     ) -> dict:
+    def write_status(self, body: dict, owner: Owner, failure: Failure | None, warnings: list[str] | None = None,
+                     now: str | None = None) -> dict:
         previous = body.get("status") or {}
         try:
             workloads = [d for kind in ("Deployment", "StatefulSet")
@@ -200,7 +216,7 @@ class Reconciler:
         except ApiError as exc:
             # no observation is not "nothing created yet": the status stays as it was, and the pass is retried
             raise StatusUnread(exc) from None
-        status = endpoint_status(workloads, body["metadata"].get("generation", 1), previous, self.clock(),
+        status = endpoint_status(workloads, body["metadata"].get("generation", 1), previous, now or self.clock(),
                                  failure, warnings or ())
         if apply_merge_patch(previous, status) != previous:
             self.client.patch_status(OWNER_API_VERSION, OWNER_KIND, owner.namespace, owner.name, status)
