@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-import time
 
 from fleetserve.fleet.logfiles import KEEP, rotate_over, rotated_name
 from tests.helpers import wait_until
@@ -21,7 +20,7 @@ def test_a_file_past_its_limit_is_rotated_under_a_writer_that_appends(tmp_path):
             assert rotated_name(path, min(generation, KEEP)).exists()
             assert rotate_over([path], 0) == []  # 0: never
         assert not rotated_name(path, KEEP + 1).exists()  # KEEP generations, the oldest dropped
-        time.sleep(0.2)
+        wait_until(lambda: path.stat().st_size >= 64, 30, what="the writer's next lines")
         head = path.read_bytes()[:64]
     finally:
         writer.kill()

@@ -582,3 +582,7 @@ def test_the_alerts_its_prometheus_fires_reach_status_and_the_log(make):
         assert sup.state.alerts == [] and said[-1] == "alert resolved: FleetserveErrorBudgetBurnFast (critical)"
     finally:
         server.shutdown()
+        server.server_close()
+    mono.advance(16)
+    sup._read_alerts(mono())  # its Prometheus gone: no reading, not the last one shown as if current
+    assert sup.state.alerts == ["unknown (the fleet's Prometheus does not answer)"]

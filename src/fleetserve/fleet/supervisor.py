@@ -83,6 +83,7 @@ CHILD_STOP_S = 10.0  # a child's time to exit after SIGTERM at the fleet's stop,
 ROUTER_EXIT_S = 5.0  # a stopping router's time to exit after its drain, before the replicas stop anyway
 REDIS_PASSWORD = "redis.password"  # in the fleet's run folder, 0600
 L2_PROBE_S = 10.0  # how often the L2 Redis is pinged for `status` (an external one was never checked)
+ALERTS_UNKNOWN = "unknown (the fleet's Prometheus does not answer)"
 ALERTS_EVERY_S = 15.0  # how often the fleet's own Prometheus is asked which alerts fire (for `status`)
 
 
@@ -1053,11 +1054,11 @@ class Supervisor:
             return
         self._rotate_at = mono + logfiles.ROTATE_EVERY_S
         paths = [*sorted((self.dir / "logs").glob("*.log")), self.dir / "supervisor.log"]
-        for path in logfiles.rotate_over(paths, self.spec.observability.log_max_bytes):
+        rotated = set(logfiles.rotate_over(paths, self.spec.observability.log_max_bytes))
+        for path in sorted(rotated):
             log.info("rotated %s (past %d bytes)", path, self.spec.observability.log_max_bytes)
         for child in (self.router, self.redis, self.prometheus, *(r.child for r in self.replicas)):
-            # the current run's lines now start at the top of the file (log_tail reads from log_start)
-            if child is not None and child.log_start > logfiles.size(child.log_path):
+            if child is not None and child.log_path in rotated:  # this run's lines now start at the top
                 child.log_start = 0
 
     def _read_alerts(self, mono: float) -> None:
@@ -1067,8 +1068,11 @@ class Supervisor:
             return
         self._alerts_at = mono + ALERTS_EVERY_S
         r = self._get(self._prometheus_query_url + "/api/v1/alerts")
-        if r is None:
-            return  # not answering (starting, restarting): the last reading stands until it does
+        if r is None:  # not answering (starting, restarting): the last reading is no reading
+            if self.state.alerts != [ALERTS_UNKNOWN]:
+                self.state.alerts = [ALERTS_UNKNOWN]
+                self._save()
+            return
         try:
             alerts = r.json()["data"]["alerts"]
             firing = sorted({f"{a['labels']['alertname']} ({a['labels'].get('severity', 'none')})"
@@ -1076,9 +1080,10 @@ class Supervisor:
         except (ValueError, KeyError, TypeError):
             return
         if firing != self.state.alerts:
-            for alert in sorted(set(firing) - set(self.state.alerts)):
+            before = set(self.state.alerts) - {ALERTS_UNKNOWN}
+            for alert in sorted(set(firing) - before):
                 self.say(f"alert firing: {alert}")
-            for alert in sorted(set(self.state.alerts) - set(firing)):
+            for alert in sorted(before - set(firing)):
                 self.say(f"alert resolved: {alert}")
             self.state.alerts = firing
             self._save()
