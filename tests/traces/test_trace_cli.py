@@ -224,3 +224,24 @@ def test_writing_what_a_format_cannot_carry_is_said(tmp_path):
                         str(tmp_path / "az.jsonl"))
     assert result.returncode == 0 and "carries no wall clock" in said(result)
     assert "--start 2023-11-16T18:00:00+00:00" in said(result)
+
+
+def test_a_bad_file_under_servegen_options_and_a_chosen_format_are_said_plainly(tmp_path):
+    """--duration on an empty or non-JSON file was a traceback; a ServeGen chunk file with a bad first row "is a
+    azure trace"; and `-o x.csv --format mooncake` was told to choose another format with --format."""
+    bad = tmp_path / "g.jsonl"
+    bad.write_text("garbage\n")
+    result = fleetserve("trace", "scale", str(bad), "--duration", "60", "--rate", "2", "-o", str(tmp_path / "x.jsonl"))
+    assert result.returncode == 2 and "g.jsonl:1: not JSON" in said(result) and "Traceback" not in result.stderr
+    (tmp_path / "e.jsonl").write_text("")
+    result = fleetserve("trace", "scale", str(tmp_path / "e.jsonl"), "--model", "x", "-o", str(tmp_path / "y.jsonl"))
+    assert result.returncode == 2 and "holds no request" in said(result)
+    chunk = tmp_path / "chunk-9-trace.csv"
+    chunk.write_text("0,1,1,Gamma,1\n")
+    result = fleetserve("trace", "scale", str(chunk), "--format", "azure", "--duration", "60", "-o",
+                        str(tmp_path / "o.csv"))
+    assert result.returncode == 2 and "chunk-9-trace.csv:1: expected window_start_s" in said(result)
+    result = fleetserve("trace", "generate", "chat", "-o", str(tmp_path / "w.csv"), "--format", "mooncake",
+                        "--duration", "30")
+    assert result.returncode == 0 and "which its name does not say" in said(result)
+    assert "--format chooses another" not in said(result)

@@ -28,7 +28,7 @@ def _reused(requests: list) -> bool:
     return False
 
 
-def _write_warnings(requests: list, output: str, fmt: str, start=None) -> list[str]:
+def _write_warnings(requests: list, output: str, fmt: str, start=None, chosen: bool = False) -> list[str]:
     """What writing `requests` to `output` as `fmt` does not say by itself: a file name of the other format, what
     an Azure CSV cannot carry (prefix ids that recur, sessions, prompt text: a simulator finds no cache hit in
     it), and the wall clock (`start`, the trace's own) that Mooncake and prompt-log files cannot."""
@@ -38,8 +38,10 @@ def _write_warnings(requests: list, output: str, fmt: str, start=None) -> list[s
 
     out = []
     if (fmt == "azure") != output.lower().endswith(".csv"):
-        out.append(f"{output} gets the {fmt} format ({'CSV' if fmt == 'azure' else 'JSON lines'}); --format "
-                   "chooses another")
+        kind = "CSV" if fmt == "azure" else "JSON lines"
+        out.append(f"{output} holds the {fmt} format ({kind}), which its name does not say (its readers go by "
+                   "its content)" if chosen else  # --format was given: its advice was no advice
+                   f"{output} gets the {fmt} format ({kind}); --format chooses another")
     if fmt != "azure" and start is not None and start != CLOCKLESS_START and requests:
         # the copy is replayed from its first request: after --rate below 1 that may be a later one than the trace's
         first = (start + timedelta(seconds=min(r.arrival_s for r in requests))).isoformat()
@@ -55,6 +57,11 @@ def _write_warnings(requests: list, output: str, fmt: str, start=None) -> list[s
             out.append(f"an Azure CSV carries times and lengths only: the {named} of the workload are not "
                        "written, so no run of this file finds a cache hit (--format mooncake keeps them)")
     return out
+
+
+def _a(word: str) -> str:
+    """The article and the word: "an azure", "a mooncake"."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
 
 
 def _choice(value: str, allowed: tuple[str, ...] | list[str], hint: str) -> str:
@@ -192,8 +199,8 @@ def profile(
 def trace_generate(
     kind: Annotated[str, typer.Argument(help="diurnal, bursts, chat, system-prompt or rag")],
     output: Annotated[str, typer.Option("--output", "-o", help="File to write")],
-    fmt: Annotated[str, typer.Option("--format", help="mooncake (hash ids), prompts (prompt log) or azure")
-                   ] = "mooncake",
+    fmt: Annotated[str | None, typer.Option("--format", help="mooncake (hash ids; the default), prompts (prompt "
+                                                             "log) or azure")] = None,
     duration: Annotated[float, float_option(min=1, help="Seconds of traffic")] = 600.0,
     rate: Annotated[float, float_option(min=0.001, help="Mean requests per second (diurnal: over the whole "
                                                          "--period; a shorter trace gets the part of the day it "
@@ -226,6 +233,7 @@ def trace_generate(
     from fleetserve.traces.write import WRITE_FORMATS, write_trace
 
     _choice(kind, tuple(KINDS), "KIND")
+    chosen, fmt = fmt is not None, fmt or "mooncake"
     _choice(fmt, WRITE_FORMATS, "--format")
     if arrivals is not None:
         _choice(arrivals, ARRIVALS, "--arrivals")
@@ -269,7 +277,7 @@ def trace_generate(
                     "--system-tokens, --doc-tokens or --turns")
     from fleetserve.traces.clock import CLOCKLESS_START
 
-    for warning in _write_warnings(requests, output, fmt):
+    for warning in _write_warnings(requests, output, fmt, chosen=chosen):
         err.print(f"warning: {warning}", markup=False)
     write_trace(requests, output, fmt, start=CLOCKLESS_START)  # the workload's own clock, in every format
     err.print(f"{len(requests)} requests over {duration:g}s ({len(requests) / duration:.3g}/s; {spec.arrivals} "
@@ -306,9 +314,14 @@ def trace_scale(
         raise typer.BadParameter(f"{file} does not exist", param_hint="FILE")
     options = {k: v for k, v in {"model": model, "duration_s": duration}.items() if v is not None}
     flags = {"model": "--model", "duration_s": "--duration"}
-    if options and (found := detect_format(path)) != "servegen":  # said in the command line's words
-        raise typer.BadParameter(f"applies to ServeGen rate files only; {file} is a {found} trace",
-                                 param_hint="/".join(flags[k] for k in options))
+    if options:
+        try:
+            found = detect_format(path)
+        except TraceError as exc:  # an empty or unreadable file: its own error (it was a traceback here)
+            raise fail(str(exc)) from None
+        if found != "servegen":  # said in the command line's words
+            raise typer.BadParameter(f"applies to ServeGen rate files only; {file} is {_a(found)} trace",
+                                     param_hint="/".join(flags[k] for k in options))
     try:
         requests, start = load_timed_trace(path, limit, **options)
     except TraceError as exc:
@@ -328,11 +341,12 @@ def trace_scale(
     if not requests:
         raise typer.BadParameter(f"{rate:g} leaves none of the trace's requests; use a larger factor",
                                  param_hint="--rate")
+    chosen = fmt is not None
     if fmt is None:
         src = detect_format(path)
         # ServeGen rates are not written back: the output's name picks Azure CSV or Mooncake JSONL
         fmt = src if src in WRITE_FORMATS else "azure" if output.lower().endswith(".csv") else "mooncake"
-    warnings = _write_warnings(requests, output, fmt, start)
+    warnings = _write_warnings(requests, output, fmt, start, chosen)
     if start is None:  # a trace without a wall clock is simulated from the default start: stamp it from there, so
         from fleetserve.traces.clock import CLOCKLESS_START  # that verify and plan read the converted file as
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,8 @@ def is_servegen(path: Path) -> bool:
         return True
     if path.suffix != ".csv":
         return False
+    if re.fullmatch(r"chunk-\d+-trace\.csv", path.name):  # ServeGen's own name: its loader names a bad first row
+        return True  # (a malformed first row, or another header, had made it "an azure trace")
     with open(path, encoding="utf-8-sig", errors="replace") as f:  # not text: the CSV loader names it
         first = f.readline().strip()
     return (first.startswith("model,window_start_s") or first.replace(" ", "") == CHUNK_HEADER
