@@ -478,3 +478,36 @@ def test_sigterm_stops_a_bench_as_ctrl_c_does_its_processes_and_temporary_folder
             return False
 
     assert [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and names_folder(p)] == []
+
+
+def test_replay_refuses_flags_a_prompt_log_ignores_and_an_endpoints_path_as_its_url(tmp_path):
+    """`--vocab` and `--prompt-format text` on a prompt log changed nothing, and an endpoint's full path as --url
+    sent every request to .../v1/chat/completions/v1/completions (404 each)."""
+    log = tmp_path / "chat.jsonl"
+    log.write_text('{"timestamp": 0, "messages": [{"role": "user", "content": "hi"}]}\n')
+    for flags in (["--vocab", "100"], ["--prompt-format", "text"]):
+        result = fleetserve("bench", "replay", "--url", "http://127.0.0.1:9", "--trace", str(log), "--model", "m",
+                            *flags)
+        assert result.returncode == 2 and flags[0] in result.stderr and "prompt log" in result.stderr, flags
+    result = fleetserve("bench", "replay", "--url", "http://127.0.0.1:9/v1/chat/completions", "--trace", str(log),
+                        "--model", "m")
+    assert result.returncode == 2 and "--url" in result.stderr and "base URL" in result.stderr
+
+
+def test_replay_over_https_to_a_plain_http_gateway_is_refused_not_lost(tmp_path):
+    """Every request read "lost" (an endpoint that dropped requests it took) where none was accepted at all."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)  # plain HTTP
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        trace = Path(__file__).parents[1] / "data" / "mooncake_sample.jsonl"
+        result = fleetserve("bench", "replay", "--url", f"https://127.0.0.1:{server.server_address[1]}", "--trace",
+                            str(trace), "--model", "m", "--limit", "2", "--speedup", "1000")
+    finally:
+        server.shutdown()
+        server.server_close()
+    summary = json.loads(result.stdout)
+    assert result.returncode == 1 and summary["refused"] == 2 and summary["lost"] == 0, result.stdout
+    assert "TLS handshake failed" in result.stderr

@@ -117,7 +117,20 @@ async def _one(client: httpx.AsyncClient, url: str, path: str, body: dict, rec: 
     except httpx.HTTPError as exc:
         rec.status = 0
         rec.error = f"{type(exc).__name__}: {exc}"
-        rec.refused = isinstance(exc, httpx.ConnectError) and _refused(exc)
+        rec.refused = isinstance(exc, httpx.ConnectError) and (_refused(exc) or _tls_failed(exc))
+
+
+def _tls_failed(exc: BaseException) -> bool:
+    """An ssl.SSLError anywhere in the chain, or its words in the message (a wrapped one)."""
+    import ssl
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, ssl.SSLError) or "WRONG_VERSION_NUMBER" in str(exc) or "SSL:" in str(exc):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _refused(exc: BaseException) -> bool:
@@ -241,7 +254,9 @@ async def _one_lean(client: Upstream, base: str, path: str, body: dict, rec: Rec
     except UpstreamError as exc:
         rec.status = 0
         rec.error = f"{type(exc).__name__}: {exc}"
-        rec.refused = getattr(exc, "refused", False)
+        # a TLS handshake that failed (https to a plain-HTTP gateway, or the reverse) accepted nothing either: it
+        # had counted as lost, a request the endpoint dropped
+        rec.refused = getattr(exc, "refused", False) or _tls_failed(exc)
     except orjson.JSONDecodeError as exc:
         rec.status = 0
         rec.error = f"malformed stream event: {exc}"

@@ -389,8 +389,18 @@ def bench_replay(
         requests = load_trace(trace, limit)
     except TraceError as exc:
         raise fail(f"--trace: {exc}", EXIT_USAGE) from None
+    if requests and all(r.messages or r.prompt for r in requests):  # a prompt log sends its own text
+        for flag, given in (("--vocab", vocab is not None), ("--prompt-format", prompt_format != "tokens")):
+            if given:  # accepted and ignored, it had changed nothing without a word
+                raise typer.BadParameter(f"applies to Mooncake and Azure traces only; {trace} is a prompt log, "
+                                         "whose requests are sent as they are", param_hint=flag)
     base = url.rstrip("/")  # the endpoint `up` and `status` print ends in /v1: it went to /v1/v1/... (404s)
     base = base[:-3] if base.endswith("/v1") else base
+    from urllib.parse import urlsplit
+
+    if urlsplit(base).path.strip("/"):  # an endpoint's full path: the requests went to .../v1/completions/v1/...
+        raise typer.BadParameter(f"{url}: the gateway's base URL (http://host:port, or with /v1), not an endpoint's "
+                                 "path", param_hint="--url")
     records = asyncio.run(replay(base, requests, model=model, speedup=speedup, stream=stream,
                                  max_output=max_output, api_key=os.environ.get(api_key_env) or None,
                                  prompt_format=prompt_format, vocab=vocab))
@@ -400,8 +410,10 @@ def bench_replay(
         err.print("note: non-streamed answers carry no time to the first token (only a simulated engine reports "
                   "one in fleetserve_timing): ttft_ms, tpot_ms and itl_ms need --stream", markup=False)
     if summary.get("refused"):  # nothing listened: the endpoint was down, which no figure beside it describes
-        err.print(f"{summary['refused']} of {summary['requests']} request(s) refused: nothing listened at {url}",
-                  markup=False)
+        tls = any(r.refused and "SSL" in (r.error or "") for r in records)
+        why = ("the TLS handshake failed (https to a plain-HTTP gateway, or the reverse?)" if tls else
+               f"nothing listened at {url}")
+        err.print(f"{summary['refused']} of {summary['requests']} request(s) refused: {why}", markup=False)
     if summary.get("lost"):  # no answer at all, or a stream cut without its end: the endpoint lost requests
         err.print(f"{summary['lost']} of {summary['requests']} request(s) got no answer (lost)", markup=False)
     if (records and not summary.get("answered")) or summary.get("refused") or summary.get("lost"):
