@@ -245,3 +245,16 @@ def test_a_bad_file_under_servegen_options_and_a_chosen_format_are_said_plainly(
                         "--duration", "30")
     assert result.returncode == 0 and "which its name does not say" in said(result)
     assert "--format chooses another" not in said(result)
+
+
+def test_a_compressed_clock_keeps_its_order_and_its_span(tmp_path):
+    """Written in whole milliseconds, `--time 0.1` put every request of a 3 ms trace at 0 (and 2.5 ms read 2)."""
+    src = tmp_path / "ms.jsonl"
+    src.write_text("".join(f'{{"timestamp": {t}, "input_length": 10, "output_length": 5, "hash_ids": [{i}]}}\n'
+                           for i, t in enumerate((0, 1, 3, 2.5))))
+    out = tmp_path / "fast.jsonl"
+    assert fleetserve("trace", "scale", str(src), "--time", "0.1", "-o", str(out)).returncode == 0
+    assert sorted(r.arrival_s for r in load_trace(out)) == pytest.approx([0, 0.0001, 0.00025, 0.0003])
+    same = tmp_path / "same.jsonl"
+    assert fleetserve("trace", "scale", str(src), "--time", "1", "-o", str(same)).returncode == 0
+    assert '"timestamp": 2.5' in same.read_text() and '"timestamp": 1,' in same.read_text()  # whole stays whole

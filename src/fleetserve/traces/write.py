@@ -62,8 +62,15 @@ def _text_hashed(r: TraceRequest, ids: dict[tuple, int]) -> TraceRequest:
     return replace(r, input_tokens=max(1, len(tokens)), hash_ids=tuple(chain))
 
 
+def _stamp(value: float, places: int) -> int | float:
+    """A time as written: whole when it is, else to `places` decimals. Rounded to whole milliseconds, a trace
+    compressed with `trace scale --time 0.0001` had most of its requests at one instant."""
+    whole = round(value)
+    return whole if abs(value - whole) < 10 ** -(places + 1) else round(value, places)
+
+
 def _mooncake(r: TraceRequest) -> dict:
-    row = {"timestamp": round(r.arrival_s * 1000), "input_length": r.input_tokens,
+    row = {"timestamp": _stamp(r.arrival_s * 1000, 3), "input_length": r.input_tokens,
            "output_length": r.output_tokens, "hash_ids": list(r.hash_ids)}
     if r.session is not None:
         row["session"] = r.session
@@ -71,7 +78,7 @@ def _mooncake(r: TraceRequest) -> dict:
 
 
 def _prompt(r: TraceRequest) -> dict:
-    row: dict = {"timestamp": round(r.arrival_s, 3)}
+    row: dict = {"timestamp": _stamp(r.arrival_s, 6)}
     if r.messages is not None:
         row["messages"] = list(r.messages)
     else:
