@@ -108,3 +108,25 @@ def test_promtool_checks_the_generated_config(tmp_path):
     done = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout and "rules found" in done.stdout
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus is not installed")
+def test_prometheus_logs_json_lines_when_the_fleet_does(tmp_path):
+    """logFormat json left prometheus.log in logfmt beside the router's and engines' JSON lines."""
+    from fleetserve.fleet.process import free_port
+    from tests.helpers import wait_until
+
+    folder = tmp_path / "prom"
+    folder.mkdir()
+    (folder / "prometheus.yml").write_text("global: {scrape_interval: 15s}\n")
+    (folder / "web.yml").write_text("{}\n")
+    log = tmp_path / "prometheus.log"
+    child = prometheus.child(folder, free_port(), "1h", log, "json")
+    child.start()
+    try:
+        wait_until(lambda: log.exists() and log.read_text().count("\n") >= 2, 30, what="prometheus's first lines")
+    finally:
+        child.proc.kill()
+        child.proc.wait()
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    assert lines and all(isinstance(json.loads(line), dict) for line in lines[:2]), lines[:2]

@@ -686,7 +686,8 @@ class Supervisor:
         password = prometheus.kept_password(self.dir / prometheus.PASSWORD_FILE) or \
             write_token_file(self.dir / prometheus.PASSWORD_FILE).read_text()
         prometheus.write_web_config(folder, password)
-        self.prometheus = prometheus.child(folder, port, section.retention, self.dir / "logs" / "prometheus.log")
+        self.prometheus = prometheus.child(folder, port, section.retention, self.dir / "logs" / "prometheus.log",
+                                           self.spec.observability.log_format)
         self.prometheus.start()
         # not waited for here: it gets ready while the replicas start (see _await_prometheus)
         self.state.prometheus_url, self.state.prometheus_pid = f"http://127.0.0.1:{port}", self.prometheus.pid
