@@ -130,8 +130,8 @@ def test_cli_install_writes_the_files(tmp_path):
     result = CliRunner().invoke(app, ["render", "k8s", "--install", "-o", str(tmp_path), "--image", "reg/fs:1"])
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names[0].startswith("00-namespace-") and names[-1].startswith("07-validatingwebhookconfiguration-")
-    deployment = yaml.safe_load(next(tmp_path.glob("06-deployment-*")).read_text())
+    assert names[0].startswith("00-namespace-") and names[-1].startswith("09-validatingwebhookconfiguration-")
+    deployment = yaml.safe_load(next(tmp_path.glob("08-deployment-*")).read_text())
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "reg/fs:1" and container["args"][0] == "operator"
     assert "--image" in container["args"]
@@ -186,3 +186,30 @@ def test_cli_install_refuses_a_ca_bundle_that_is_no_certificate_and_says_what_mu
 def test_cli_operator_help():
     result = CliRunner().invoke(app, ["operator", "--help"])
     assert result.exit_code == 0 and "--webhook-cert-dir" in result.output
+
+
+def test_an_operator_watching_some_namespaces_is_granted_rights_there_only(tmp_path):
+    """The install was cluster-wide only: read and write on every Secret of every namespace, kube-system included,
+    even for an operator told to watch one namespace."""
+    result = CliRunner().invoke(app, ["render", "k8s", "--install", "-o", str(tmp_path), "--watch-namespace",
+                                      "team-a", "--watch-namespace", "team-b"])
+    assert result.exit_code == 0, result.output
+    objects = [yaml.safe_load(p.read_text()) for p in sorted(tmp_path.iterdir())]
+    for obj in objects:
+        assert kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    (cluster_role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    cluster_wide = {r for rule in cluster_role["rules"] for r in rule["resources"]}
+    assert cluster_wide == {"nodepools"}  # cluster-scoped children only: no Secrets, no pods anywhere
+    roles = {o["metadata"]["namespace"]: o for o in objects if o["kind"] == "Role"}
+    bindings = {o["metadata"]["namespace"]: o for o in objects if o["kind"] == "RoleBinding"}
+    assert set(roles) == set(bindings) == {"team-a", "team-b"}
+    granted = {r for rule in roles["team-a"]["rules"] for r in rule["resources"]}
+    assert {"secrets", "configmaps", "deployments", "pods", "endpoints", "endpoints/status", "events"} <= granted
+    assert bindings["team-b"]["subjects"][0]["name"] == "fleetserve-operator"
+    (operator,) = [o for o in objects if o["kind"] == "Deployment"]
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--namespace"] == ["team-a", "team-b"]
+    (webhook,) = [o for o in objects if o["kind"] == "ValidatingWebhookConfiguration"]
+    assert webhook["webhooks"][0]["namespaceSelector"]["matchExpressions"][0]["values"] == ["team-a", "team-b"]
+    bad = CliRunner().invoke(app, ["render", "k8s", "--install", "--json", "--watch-namespace", "Team A"])
+    assert bad.exit_code == 2 and "--watch-namespace" in bad.output

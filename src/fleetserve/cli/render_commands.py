@@ -60,6 +60,9 @@ def render_k8s(
     webhook_ca_bundle: Annotated[str | None, typer.Option(help="--install: PEM CA of the webhook's serving "
                                                                "certificate (default: cert-manager injects it)")
                                  ] = None,
+    watch_namespace: Annotated[list[str] | None, typer.Option(
+        help="--install: a namespace the operator watches (repeat); its rights there come from a Role each "
+             "(default: every namespace, through a ClusterRole)")] = None,
 ) -> None:
     """Write Deployments, Services, KEDA ScaledObjects, Karpenter NodePools, Redis and monitoring objects."""
     from fleetserve.k8s.render import render, rendered_warnings, write
@@ -68,7 +71,8 @@ def render_k8s(
     options = _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc,
                        monitoring_label, cluster_domain)
     if not install:  # accepted and ignored, they had rendered the spec's namespace without a word
-        for flag, value in (("--namespace", namespace), ("--webhook-ca-bundle", webhook_ca_bundle)):
+        for flag, value in (("--namespace", namespace), ("--webhook-ca-bundle", webhook_ca_bundle),
+                            ("--watch-namespace", watch_namespace)):
             if value is not None:
                 raise fail(f"{flag} applies to --install (the operator's objects); an endpoint renders into its "
                            "spec's metadata.namespace")
@@ -83,7 +87,11 @@ def render_k8s(
         if not is_dns_label(namespace):
             raise fail(f"--namespace {namespace!r}: a namespace name (lower-case letters, digits and '-', starting "
                         "and ending with a letter or digit, at most 63)")
-        _install(options, output, namespace, webhook_ca_bundle, as_json)
+        for value in watch_namespace or []:
+            if not is_dns_label(value):
+                raise fail(f"--watch-namespace {value!r}: a namespace name (lower-case letters, digits and '-', "
+                           "starting and ending with a letter or digit, at most 63)")
+        _install(options, output, namespace, webhook_ca_bundle, as_json, tuple(dict.fromkeys(watch_namespace or [])))
         return
     if spec is None:
         raise fail("SPEC is required (or --install)")
@@ -186,7 +194,8 @@ def _options(image, prometheus_url, node_class, zone, router_replicas, service_a
     return replace(RenderOptions(), **{k: v for k, v in given.items() if v is not None})
 
 
-def _install(options, output: str | None, namespace: str, ca_bundle: str | None, as_json: bool) -> None:
+def _install(options, output: str | None, namespace: str, ca_bundle: str | None, as_json: bool,
+             watch_namespaces: tuple[str, ...] = ()) -> None:
     from pathlib import Path
 
     from fleetserve.k8s.install import (
@@ -207,7 +216,7 @@ def _install(options, output: str | None, namespace: str, ca_bundle: str | None,
             check_ca_bundle(bundle)
         except CaBundleError as exc:
             raise fail(f"--webhook-ca-bundle {ca_bundle}: {exc}") from None
-    install = InstallOptions(namespace=namespace, webhook_ca_bundle=bundle)
+    install = InstallOptions(namespace=namespace, webhook_ca_bundle=bundle, watch_namespaces=watch_namespaces)
     objects = install_objects(options, install)
     notes = prerequisites(install)
     if output is not None:

@@ -40,8 +40,8 @@ CERT_DIR = "/etc/fleetserve/webhook"
 LIVENESS_PORT = 8081
 #: the kinds whose events the operator watches (operator.build_registry: child_changed)
 WATCHED = frozenset({("apps/v1", "Deployment"), ("apps/v1", "StatefulSet")})
-ORDER = ("Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-         "Service", "Deployment", "ValidatingWebhookConfiguration")
+ORDER = ("Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+         "RoleBinding", "Service", "Deployment", "ValidatingWebhookConfiguration")
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,10 @@ class InstallOptions:
     namespace: str = "fleetserve-system"
     webhook_ca_bundle: bytes | None = None  # PEM; None: cert-manager injects it (Certificate NAMESPACE/NAME-webhook)
     create_namespace: bool = True
+    # the namespaces the operator watches (--watch-namespace); empty: all, through a ClusterRole. Given, what it
+    # manages in a namespace (Secrets among them) is granted there only, by a Role and RoleBinding each, and the
+    # ClusterRole keeps the cluster-scoped kinds (Karpenter NodePools)
+    watch_namespaces: tuple[str, ...] = ()
 
 
 def _labels() -> dict[str, str]:
@@ -61,16 +65,22 @@ def _selector() -> dict[str, str]:
     return {"app.kubernetes.io/name": "fleetserve", "app.kubernetes.io/component": "operator"}
 
 
-def rbac_rules() -> list[dict]:
-    """The ClusterRole's rules, derived from what the reconcile and the handlers do."""
+def rbac_rules(scope: str = "all") -> list[dict]:
+    """The rules, derived from what the reconcile and the handlers do. `scope`: "all" (one ClusterRole), or the
+    rules of the namespaced kinds ("namespaced": a Role per watched namespace) or of the cluster-scoped ones
+    ("cluster": NodePools)."""
     by_group: dict[tuple[str, tuple[str, ...]], list[str]] = {}
     for kind in CHILD_KINDS:
+        if (scope == "namespaced" and not kind.namespaced) or (scope == "cluster" and kind.namespaced):
+            continue
         verbs = {*ACTION_VERBS, *(v for v in READ_VERBS if v != "watch")}
         if (kind.api_version, kind.kind) in WATCHED:
             verbs.add("watch")
         by_group.setdefault((kind.group, tuple(sorted(verbs))), []).append(kind.plural)
     rules = [{"apiGroups": [group], "resources": sorted(set(plurals)), "verbs": list(verbs)}
              for (group, verbs), plurals in sorted(by_group.items())]
+    if scope == "cluster":
+        return rules
     rules += [
         {"apiGroups": [GROUP], "resources": [OWNER_PLURAL], "verbs": ["get", "list", "patch", "watch"]},
         {"apiGroups": [GROUP], "resources": [f"{OWNER_PLURAL}/status"], "verbs": ["patch"]},
@@ -113,18 +123,27 @@ def install_objects(options: RenderOptions | None = None, install: InstallOption
         objects.append({"apiVersion": "v1", "kind": "Namespace", "metadata": meta(ns, namespaced=False)})
     objects.append(endpoint_crd())
     objects.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(NAME)})
-    objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                    "metadata": meta(NAME, namespaced=False), "rules": rbac_rules()})
-    objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                    "metadata": meta(NAME, namespaced=False),
+    rbac = "rbac.authorization.k8s.io/v1"
+    subjects = [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}]
+    watched = install.watch_namespaces
+    objects.append({"apiVersion": rbac, "kind": "ClusterRole", "metadata": meta(NAME, namespaced=False),
+                    "rules": rbac_rules("cluster" if watched else "all")})
+    objects.append({"apiVersion": rbac, "kind": "ClusterRoleBinding", "metadata": meta(NAME, namespaced=False),
                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
-                    "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}]})
+                    "subjects": subjects})
+    for watched_ns in watched:  # what it manages there, granted there only (Secrets among them)
+        role_meta = {**meta(NAME, namespaced=False), "namespace": watched_ns}
+        objects.append({"apiVersion": rbac, "kind": "Role", "metadata": role_meta, "rules": rbac_rules("namespaced")})
+        objects.append({"apiVersion": rbac, "kind": "RoleBinding", "metadata": dict(role_meta),
+                        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME},
+                        "subjects": subjects})
     objects.append({"apiVersion": "v1", "kind": "Service", "metadata": meta(NAME), "spec": {
         "selector": _selector(),
         "ports": [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]}})
     container = {
         "name": "operator", "image": options.image, "imagePullPolicy": "IfNotPresent",
-        "command": ["fleetserve"], "args": _operator_args(options),
+        "command": ["fleetserve"],
+        "args": _operator_args(options) + [arg for n in watched for arg in ("--namespace", n)],
         "ports": [{"name": "webhook", "containerPort": WEBHOOK_PORT, "protocol": "TCP"},
                   {"name": "health", "containerPort": LIVENESS_PORT, "protocol": "TCP"}],
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 20,
@@ -157,6 +176,10 @@ def install_objects(options: RenderOptions | None = None, install: InstallOption
                         "name": CRD_NAME, "clientConfig": client_config,
                         "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE", "UPDATE"],
                                    "resources": [OWNER_PLURAL], "scope": "Namespaced"}],
+                        # watching some namespaces, it reviews theirs only: elsewhere nobody would reconcile them
+                        **({"namespaceSelector": {"matchExpressions": [{
+                            "key": "kubernetes.io/metadata.name", "operator": "In", "values": list(watched)}]}}
+                           if watched else {}),
                         "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
                         "timeoutSeconds": 10}]})
     objects.sort(key=lambda o: ORDER.index(o["kind"]))
@@ -164,7 +187,9 @@ def install_objects(options: RenderOptions | None = None, install: InstallOption
 
 
 def file_name(obj: dict) -> str:
-    return f"{ORDER.index(obj['kind']):02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+    """Unique per object: a Role and its binding per watched namespace share their name, so the namespace is in."""
+    where = f"{obj['metadata']['namespace']}-" if obj["kind"] in ("Role", "RoleBinding") else ""
+    return f"{ORDER.index(obj['kind']):02d}-{obj['kind'].lower()}-{where}{obj['metadata']['name']}.yaml"
 
 
 def write(objects: tuple[dict, ...], directory: str | Path) -> list[Path]:
