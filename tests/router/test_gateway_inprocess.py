@@ -742,3 +742,23 @@ def test_retry_and_ejection_counters_exist_at_zero_before_their_first_event():
                  if s.name == "fleetserve_router_ejections_total"}
     assert retries == dict.fromkeys(RETRY_REASONS, 0.0)
     assert ejections == {(b, r): 0.0 for b in ("10.0.0.1:8000", "10.0.0.2:8000") for r in EJECTION_REASONS}
+
+
+def test_the_model_series_name_a_replica_as_its_fleet_and_engine_do():
+    """The router labelled them by address (10.0.0.1:8000) where the engine labels its own r0: one replica read
+    as two series in every per-replica view."""
+    from fleetserve.observe.metrics import ModelIdentity
+
+    async def main():
+        gw, _ = gateway({A: [Unreachable("refused")], B: [FakeResponse(200, [OK])]},
+                        model_identity=ModelIdentity("ns", "m", "1", "g5", ""), model_metrics_scope="all")
+        gw.set_backends([A, B], ready={A, B}, names={A: "r0", B: "r1"})
+        out = Recorder()
+        await gw.handle(chat(), out)
+        return gw, out
+
+    gw, out = run_virtual(main())
+    assert out.status == 200
+    replicas = {s.labels["replica"] for f in gw.metrics.registry.collect() for s in f.samples
+                if s.name in ("model_invocations_total", "model_errors_total") and s.value}
+    assert replicas == {"r0", "r1"}

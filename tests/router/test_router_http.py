@@ -444,7 +444,10 @@ def test_admin_backends_replaces_and_drains(pair, tiny_model, logs):
     for url in ("http://", "http://127.0.0.1:abc", "http://[::1"):
         bad = httpx.put(gw.url + "/admin/backends", json={"backends": [{"url": url, "state": "ready"}]}, timeout=5)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "backends[].url", (url, bad.text)
-    body = {"backends": [{"url": u, "state": "ready"} for u in urls]}
+    for name in ("", "r 0", 7, "x" * 64):  # the replica's name is a label value of the model_* series
+        bad = httpx.put(gw.url + "/admin/backends", json={"backends": [{"url": urls[0], "name": name}]}, timeout=5)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "backends[].name", (name, bad.text)
+    body = {"backends": [{"url": u, "state": "ready", "name": f"r{i}"} for i, u in enumerate(urls)]}
     assert httpx.put(gw.url + "/admin/backends", json=body, timeout=5).status_code == 200
 
 

@@ -602,8 +602,8 @@ class Supervisor:
         in the scale-from-zero buffer until it timed out)."""
         if self.spec.engine.kind == "external":
             return
-        entries = [{"url": r.state.url, "state": ROUTER_STATE[Phase(r.state.state)]}
-                   for r in self.replicas if r.state.state in ROUTER_STATE]
+        entries = [{"url": r.state.url, "state": ROUTER_STATE[Phase(r.state.state)], "name": r.state.id}
+                   for r in self.replicas if r.state.state in ROUTER_STATE]  # the name: its engine's replica label
         failing = self._failing()
         if entries == self._pushed and failing == self._pushed_failing:
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -26,6 +27,7 @@ from fleetserve.router.upstream import backend_url_problem
 log = logging.getLogger(__name__)
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+REPLICA_NAME = re.compile(r"[A-Za-z0-9._-]{1,63}")  # a label value: the replica of the model_* series
 
 
 def admin_allowed(gateway, request: Request) -> bool:
@@ -91,8 +93,8 @@ def build_control_app(gateway) -> Starlette:
         return JSONResponse(gateway.load_report())
 
     async def admin_backends(request: Request) -> Response:
-        """Replace the backend set: {"backends": [{"url": ..., "state": "ready" | "starting" | "draining"}],
-        "failing": why no replica can start now, or null}."""
+        """Replace the backend set: {"backends": [{"url": ..., "state": "ready" | "starting" | "draining",
+        "name": the replica's name, optional}], "failing": why no replica can start now, or null}."""
         if not admin_allowed(gateway, request):
             return _forbidden()
         try:
@@ -101,6 +103,7 @@ def build_control_app(gateway) -> Starlette:
             failing = document.get("failing")
             urls = [e["url"] for e in entries]
             states = [e.get("state", "starting") for e in entries]
+            names = {e["url"].rstrip("/"): e["name"] for e in entries if e.get("name") is not None}
         except (KeyError, TypeError, AttributeError):
             return APIError(400, 'backends: expected {"backends": [{"url": "http://...", "state": "ready"}]}',
                             param="backends").response()
@@ -113,11 +116,14 @@ def build_control_app(gateway) -> Starlette:
         if bad:
             return APIError(400, f"backends[].state: got {bad[0]!r}; allowed values: ready, starting, draining",
                             param="backends[].state").response()
+        if any(not (isinstance(n, str) and REPLICA_NAME.fullmatch(n)) for n in names.values()):
+            return APIError(400, "backends[].name: a replica name of 1-63 letters, digits, '.', '_' or '-' (a label "
+                                 "value of the model_* series)", param="backends[].name").response()
         if failing is not None and not isinstance(failing, str):
             return APIError(400, "failing: a string (why no replica can start) or null", param="failing").response()
         gateway.set_backends(urls, ready={u.rstrip("/") for u, st in zip(urls, states, strict=True) if st == "ready"},
                              draining={u.rstrip("/") for u, st in zip(urls, states, strict=True) if st == "draining"},
-                             from_peer=False, failing=failing)
+                             from_peer=False, failing=failing, names=names)
         return JSONResponse({"backends": len(urls)})
 
     async def metrics(request: Request) -> Response:

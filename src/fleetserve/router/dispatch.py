@@ -180,7 +180,7 @@ class Dispatcher:
         model = gw.model_metrics if out.method == "POST" and out.path in GENERATION_PATHS else None
         sent_at = gw.clock()
         if model is not None:
-            model.sent(backend.id)
+            model.sent(backend.label)
         response = None
         try:
             response = await gw.upstream.request(backend.url, out.method, out.wire_path or out.path, out.headers,
@@ -192,7 +192,7 @@ class Dispatcher:
                     book.failed(backend.id, prefill)
                     gw.gate.slot_freed()
                     if model is not None:
-                        model.failed(backend.id, 502)
+                        model.failed(backend.label, 502)
                     log_refused(backend.url)
                     return "refused_router"  # another replica may hold the right token (a rotation under way)
             elif retryable(response.status):
@@ -200,7 +200,7 @@ class Dispatcher:
                 book.failed(backend.id, prefill)
                 gw.gate.slot_freed()
                 if model is not None:
-                    model.failed(backend.id, response.status)
+                    model.failed(backend.label, response.status)
                 retry_after = response.header(b"retry-after")
                 if busy(response.status, retry_after):
                     return retry_after_seconds(retry_after)
@@ -215,7 +215,7 @@ class Dispatcher:
             gw.gate.slot_freed()
             gw.request_failed(backend, "ReadTimeout")
             if model is not None:
-                model.failed(backend.id, 504)
+                model.failed(backend.label, 504)
             return "timeout"
         except UpstreamError as exc:
             if response is not None:
@@ -224,14 +224,14 @@ class Dispatcher:
             gw.gate.slot_freed()
             if exc.kind == "stalled":  # its probes took it out (pool.py) before it answered: another replica
                 if model is not None:
-                    model.failed(backend.id, 504)
+                    model.failed(backend.label, 504)
                 return "stalled"
             if exc.kind != "dropped":  # no connection: out until a probe passes. A drop may be this request's
                 # doing: the probes judge the replica
                 gw.mark_unreachable(backend, f"{exc.kind}: {exc}", getattr(exc, "refused", False))
             gw.request_failed(backend, exc.kind)
             if model is not None:
-                model.failed(backend.id, 502, reached=exc.kind != "unreachable")
+                model.failed(backend.label, 502, reached=exc.kind != "unreachable")
             return "dropped" if exc.kind == "dropped" else "unreachable"
         except BaseException:  # the client went away (cancelled) or a bug: the replica sees the cut
             if response is not None:
@@ -239,7 +239,7 @@ class Dispatcher:
             book.failed(backend.id, prefill)
             gw.gate.slot_freed()
             if model is not None:
-                model.failed(backend.id, None)
+                model.failed(backend.label, None)
             raise
         book.first_byte(backend.id, prefill)
         if response.status < 500:
@@ -249,9 +249,9 @@ class Dispatcher:
             gw.request_failed(backend, f"status {response.status}", server_error=True)
         ended = None
         if model is not None:
-            model.answered(backend.id, response.status, (gw.clock() - sent_at) * 1000)
+            model.answered(backend.label, response.status, (gw.clock() - sent_at) * 1000)
 
-            def ended(replica=backend.id) -> None:
+            def ended(replica=backend.label) -> None:
                 model.ended(replica, (gw.clock() - sent_at) * 1000)
         return response, first, ended
 

@@ -372,7 +372,7 @@ class Gateway:
                 # 200 status line, which the access line and the error series had counted as a success
                 logged, error = attempt.cut.status, attempt.cut.code
                 if self.model_metrics is not None and request.path in GENERATION_PATHS:
-                    self.model_metrics.cut(attempt.backend.id, attempt.cut.status)
+                    self.model_metrics.cut(attempt.backend.label, attempt.cut.status)
             elif not whole and responder.client_gone:
                 logged = 499  # the client left mid-answer: the access line says so, as the engine's does
         except asyncio.CancelledError:  # the front door cancels a request whose client left, or at a stop
@@ -489,13 +489,14 @@ class Gateway:
     # --- control -------------------------------------------------------------------------------------------
 
     def set_backends(self, urls: list[str], ready: set[str] | None = None, draining: set[str] | None = None,
-                     from_peer: bool = True, failing: str | None = None) -> None:
+                     from_peer: bool = True, failing: str | None = None, names: dict[str, str] | None = None) -> None:
         """Replace the backend set (the supervisor's PUT /admin/backends, DNS discovery); every worker follows.
-        `failing`: the fleet's reason no replica can start now (held requests are refused with it)."""
-        self.pool.set_backends(urls, ready=ready, draining=draining)
+        `failing`: the fleet's reason no replica can start now (held requests are refused with it); `names`: the
+        replicas' names by URL (the `replica` label of the model_* series counted here)."""
+        self.pool.set_backends(urls, ready=ready, draining=draining, names=names)
         self.gate.set_failing(failing)
         if self.peers is not None and not from_peer:
-            self.peers.backends(urls, ready or set(), draining or set(), failing)
+            self.peers.backends(urls, ready or set(), draining or set(), failing, names)
 
     def _admin_allowed(self, request) -> bool:
         return admin_allowed(self, request)

@@ -5,7 +5,8 @@ latency and time to first byte per pod, whatever the serving framework (docs: "I
 integration"). The built-in engine exports these series itself; vLLM and SGLang do not, so in front of them the
 recording rules, burn alerts, dashboard model panels and HyperPod's own example trigger
 (`sum(model_concurrent_requests{model_name=...})`) read nothing. With `--model-metrics` the router counts the
-requests it proxies per replica (label `replica`: the backend), with the endpoint's namespace, model name,
+requests it proxies per replica (label `replica`: the name its fleet gave it, r0 under `up`, as its engine labels
+its own series; else the backend's address: a pod IP on Kubernetes), with the endpoint's namespace, model name,
 version and instance type, as the sidecar would: an invocation and a concurrent request from the moment it is
 sent there (a non-streamed answer's headers come only at its end), an error for an error status, a timeout
 (504) or an unreachable replica (502). Requests it answers itself before any replica (a full queue, a bad body,

@@ -47,6 +47,14 @@ class Backend:
     half_open_successes: int = 0
     answers: AnswerWindow = field(default_factory=lambda: AnswerWindow(OutlierSettings.window), repr=False)
     clock: Clock = field(default=time.monotonic, repr=False)
+    # the replica's name as its fleet knows it (`up`: r0, r1, ...), which its engine's own model_* series carry:
+    # the router's series of a replica used its address, and one replica read as two ("" when not given)
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        """The `replica` label of the model_* series the router counts for this replica."""
+        return self.name or self.id
     book: LoadBook = field(default_factory=LoadBook, repr=False)  # the pool's, shared by its backends
 
     # in flight and prefill backlog (prompt tokens sent that have not produced a first byte) live in the
@@ -132,11 +140,12 @@ class BackendPool:
         self.on_restart: list = []
         self.set_backends(urls)
 
-    def set_backends(self, urls: list[str], ready: set[str] | None = None, draining: set[str] | None = None) -> None:
+    def set_backends(self, urls: list[str], ready: set[str] | None = None, draining: set[str] | None = None,
+                     names: dict[str, str] | None = None) -> None:
         """Replace the backend list, keeping the state of backends that stay.
 
         URLs in `ready` were just checked by the supervisor and take traffic at once; those in `draining`
-        get no new requests while their in-flight ones finish.
+        get no new requests while their in-flight ones finish; `names`: the replicas' names by URL.
         """
         kept = {}
         for url in urls:
@@ -145,6 +154,7 @@ class BackendPool:
             backend = self.backends.get(backend_id) or Backend(
                 backend_id, url, clock=self.clock, book=self.book, answers=AnswerWindow(self.breaker.outliers.window))
             backend.draining = url in (draining or set())
+            backend.name = (names or {}).get(url, backend.name)
             if url in (ready or set()) and not backend.healthy:
                 backend.healthy, backend.failures, backend.last_error = True, 0, ""
                 self._answering(backend)  # the supervisor's word that the process is ready

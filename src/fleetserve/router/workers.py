@@ -97,9 +97,10 @@ class PeerBus:
     def routed(self, replica_id: str, blocks: tuple[int, ...], exact: bool) -> None:
         self._send({"t": "route", "r": replica_id, "k": blocks, "x": exact})
 
-    def backends(self, urls: list[str], ready: set[str], draining: set[str], failing: str | None = None) -> None:
+    def backends(self, urls: list[str], ready: set[str], draining: set[str], failing: str | None = None,
+                 names: dict[str, str] | None = None) -> None:
         message = {"t": "backends", "urls": urls, "ready": sorted(ready), "draining": sorted(draining),
-                   "failing": failing, "stamp": time.time_ns()}
+                   "failing": failing, "names": names or {}, "stamp": time.time_ns()}
         self._backends_stamp = message["stamp"]
         self._send(message)
         # kept for a worker that starts later (a restart): it had come back with the command line's backends, or
@@ -168,7 +169,7 @@ class PeerBus:
                 return  # older than the set this worker has (the kept file, read after a newer datagram)
             self._backends_stamp = stamp or self._backends_stamp
             gw.set_backends(message["urls"], ready=set(message["ready"]), draining=set(message["draining"]),
-                            from_peer=True, failing=message.get("failing"))
+                            from_peer=True, failing=message.get("failing"), names=message.get("names") or None)
         elif kind == "load":
             self.peer_load[int(message["w"])] = (time.monotonic(), message)
 
