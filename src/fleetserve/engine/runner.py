@@ -202,13 +202,14 @@ class ModelRunner:
         produced = 0
         with torch.inference_mode():
             # the prompt but its last chunk in chunks, a hung-up client seen between them (one pass had gone on
-            # long after it left); the last chunk gives the first token's logits below
-            for start in range(0, max(0, len(rest) - 1) // PREFILL_CHUNK * PREFILL_CHUNK, PREFILL_CHUNK):
+            # long after it left); the last chunk (at least one token) gives the first token's logits below
+            last = max(0, len(rest) - 1) // PREFILL_CHUNK * PREFILL_CHUNK
+            for start in range(0, last, PREFILL_CHUNK):
                 if cancelled.is_set():
                     return GenerationResult("cancelled", produced, cached_tokens)
                 cache = self.model(input_ids=torch.tensor([rest[start:start + PREFILL_CHUNK]], dtype=torch.long),
                                    cache=cache, use_cache=True, logits_to_keep=1).cache
-            inputs = torch.tensor([rest[max(0, len(rest) - 1) // PREFILL_CHUNK * PREFILL_CHUNK:]], dtype=torch.long)
+            inputs = torch.tensor([rest[last:]], dtype=torch.long)
             while produced < max_new_tokens:
                 if cancelled.is_set():
                     return GenerationResult("cancelled", produced, cached_tokens)
