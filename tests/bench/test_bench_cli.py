@@ -121,7 +121,12 @@ def test_kvcache_bench_publishes_no_figure_for_a_tier_that_served_nothing(tmp_pa
 
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "redis-server").write_text("#!/bin/sh\nexec sleep 600\n")  # starts, never listens
+    # starts and never listens, but holds its port bound: a free port it left unbound had been taken by another
+    # test's real redis-server (pytest-xdist), and the bench then measured that one as its L2
+    (fake / "redis-server").write_text(
+        f"#!{sys.executable}\nimport socket, sys, time\n"
+        "s = socket.socket()\ns.bind(('127.0.0.1', int(sys.argv[sys.argv.index('--port') + 1])))\n"
+        "time.sleep(600)\n")
     (fake / "redis-server").chmod(0o755)
     env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
     result = fleetserve("bench", "kvcache", "--repeats", "1", env=env, timeout=900)  # progress lines on stderr
