@@ -730,9 +730,9 @@ def test_a_replica_no_listed_type_takes_is_warned_on_kubernetes_too():
                          "engine": {"kind": "vllm", "gpus": 4}, "placement": {"instanceTypes": types}}}
 
     none_fit = [str(w) for w in kubernetes_warnings(load_spec_data(spec(["g5.8xlarge"])))]
-    assert any("no listed type takes a replica of 4 GPU(s)" in w and "no replica would start" in w
+    assert any("no listed type takes a replica of 4 GPU(s)" in w and "No replica would start" in w
                for w in none_fit), none_fit
     one_misfit = [str(w) for w in kubernetes_warnings(load_spec_data(spec(["g5.8xlarge", "g5.12xlarge"])))]
-    assert any(w.startswith("spec.placement.instanceTypes[0]: g5.8xlarge (1 GPU(s)") and "its tier never starts"
+    assert any(w.startswith("spec.placement.instanceTypes[0]: g5.8xlarge (1 GPU(s)") and "no replica is placed"
                in w for w in one_misfit), one_misfit
     assert not any("instanceTypes[1]" in w for w in one_misfit)

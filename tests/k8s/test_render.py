@@ -211,6 +211,7 @@ def test_the_gpu_limit_admits_a_node_larger_than_one_replica():
     (8 GPUs) need a limit of 8, or the type is never launched (the limit was 4, and `plan` chose that type)."""
     doc = copy.deepcopy(FULL)
     doc["spec"]["placement"] = {"instanceTypes": ["p5.48xlarge"]}
+    doc["spec"]["capacity"] = {**doc["spec"].get("capacity", {}), "allowLargerInstances": True}
     doc["spec"]["autoscaling"]["maxReplicaCount"] = 4
     pool = _by(_objects(doc)[0], "NodePool")[0]["spec"]
     assert pool["limits"] == {"nvidia.com/gpu": "8"}
@@ -649,6 +650,7 @@ def test_engine_pods_request_the_memory_of_their_l1_tier():
     doc = copy.deepcopy(FULL)
     doc["spec"]["kvCache"]["l1"] = {"enabled": True, "maxBytes": 64 << 30}
     doc["spec"]["placement"]["instanceTypes"] = ["ml.g5.12xlarge"]
+    doc["spec"]["capacity"] = {**doc["spec"].get("capacity", {}), "allowLargerInstances": True}
 
     def engine(d):
         rendered, _ = _objects(d)
@@ -1025,7 +1027,9 @@ def test_node_affinity_preferences_reach_the_pods_and_add_no_identical_tiers():
     (pool,) = _by(rendered, "NodePool")
     types = next(r["values"] for r in pool["spec"]["template"]["spec"]["requirements"]
                  if r["key"] == "node.kubernetes.io/instance-type")
-    assert sorted(types) == ["g5.12xlarge", "g5.16xlarge", "g5.8xlarge"]
+    assert sorted(types) == ["g5.16xlarge", "g5.8xlarge"]  # a 4-GPU type takes no 1-GPU replica (not allowed larger)
+    left = [w.message for w in rendered.warnings if w.path == "spec.placement.nodeAffinity" and "left out" in w.message]
+    assert len(left) == 1 and "g5.12xlarge (4 GPU(s))" in left[0] and "allowLargerInstances" in left[0], left
     engines = [d for d in _by(rendered, "Deployment") if d["metadata"]["labels"]["app.kubernetes.io/component"]
                == "engine"]
     assert len(engines) == 1
@@ -1412,3 +1416,50 @@ def test_keda_rounding_warnings_name_the_specs_fields():
     assert warned["spec.autoscaling.cooldownPeriod"].startswith("600.5s is rounded down")
     assert warned["spec.autoscaling.scaleDownStabilizationTime"].startswith("240.5s is rounded down")
     assert "spec.autoscaling" not in warned
+
+
+def test_render_leaves_out_the_instance_types_the_local_fleet_never_places_on():
+    """`capacity.allowLargerInstances` was honoured by `fleetserve up` and the simulator only: render k8s offered
+    p5.48xlarge to a 1-GPU replica, and Karpenter packed replicas onto 8-GPU nodes that `plan` never priced. A type
+    no replica fits (larger without the flag, or too small) is left out of the NodePools and the pods' affinity; a
+    spec with none left is refused with the reason, as `validate` says "no replica would start"."""
+    import pytest
+
+    from fleetserve.k8s.render import render
+    from fleetserve.spec.load import load_spec_data
+
+    def endpoint(types: list[str], **capacity):
+        return load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "big"},
+                               "spec": {"model": {"source": "catalog:llama-3.1-8b-instruct"},
+                                        "engine": {"kind": "vllm", "gpus": 1}, "capacity": capacity,
+                                        "placement": {"instanceTypes": types}}}).endpoint
+
+    def pools(rendered) -> list[list[str]]:
+        return [next(r["values"] for r in o["spec"]["template"]["spec"]["requirements"]
+                     if r["key"] == "node.kubernetes.io/instance-type")
+                for o in rendered.objects if o["kind"] == "NodePool"]
+
+    assert pools(render(endpoint(["p5.48xlarge", "g5.xlarge"]))) == [["g5.xlarge"]]
+    engines = [o for o in render(endpoint(["p5.48xlarge", "g5.xlarge"])).objects if o["kind"] == "Deployment"
+               and "p5.48xlarge" in str(o)]
+    assert not engines
+    assert pools(render(endpoint(["p5.48xlarge", "g5.xlarge"], allowLargerInstances=True))) == \
+        [["p5.48xlarge"], ["g5.xlarge"]]
+    # a tier left out keeps the others' names: renumbered, t1 had become g6.xlarge's NodePool, and on an upgrade
+    # its running g5.12xlarge nodes drifted
+    three = render(endpoint(["g5.xlarge", "g5.12xlarge", "g6.xlarge"]))
+    named = {o["metadata"]["name"]: o for o in three.objects if o["kind"] in ("NodePool", "Deployment")}
+    assert {"default-big-t0", "default-big-t2", "big-engine-t0", "big-engine-t2"} <= set(named), sorted(named)
+    assert not any(n.endswith("-t1") for n in named)
+    assert pools(three) == [["g5.xlarge"], ["g6.xlarge"]]
+    assert next(r["values"] for r in named["default-big-t2"]["spec"]["template"]["spec"]["requirements"]
+                if r["key"] == "node.kubernetes.io/instance-type") == ["g6.xlarge"]
+    assert named["big-engine-t2"]["metadata"]["labels"]["fleetserve.io/tier"] == "2"
+    first_out = {o["metadata"]["name"] for o in render(endpoint(["p5.48xlarge", "g5.xlarge"])).objects}
+    assert "big-engine-t1" in first_out and "default-big-t1" in first_out  # not renamed to the one-tier name
+    last_out = {o["metadata"]["name"] for o in render(endpoint(["g5.xlarge", "p5.48xlarge"])).objects
+                if o["kind"] == "Deployment"}
+    assert "big-engine-t0" in last_out and "big-engine" not in last_out  # the name it had with both tiers
+    with pytest.raises(ValueError, match=r"spec.placement: no listed instance type \(p5.48xlarge\).*"
+                                         r"no replica would start.*allowLargerInstances"):
+        render(endpoint(["p5.48xlarge"]))

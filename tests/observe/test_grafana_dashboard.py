@@ -259,7 +259,8 @@ def test_replicas_and_nodes_panels_read_kubernetes_sources_for_the_picked_namesp
     the namespace's Karpenter NodePools, named `<namespace>-<endpoint>-t<tier>` by `render k8s`."""
     from fleetserve.k8s.karpenter import nodepool_name
 
-    assert nodepool_name(type("Ctx", (), {"namespace": "ns", "name": "chat"})(), 1) == "ns-chat-t1"
+    ctx = type("Ctx", (), {"namespace": "ns", "name": "chat", "tier_id": lambda self, t: str(t)})()
+    assert nodepool_name(ctx, 1) == "ns-chat-t1"
     panels = {p.key: p for p in PANELS}
     exprs = {f"dash:{key}:{i}": concrete(panels[key].series[i].expr.replace("$namespace", "ns"))
              for key, i in K8S_EXPECTED}

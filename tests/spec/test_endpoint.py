@@ -241,7 +241,8 @@ def test_instance_types_no_replica_fits_on_are_a_warning():
                                                                "capacity": {"allowLargerInstances": True}}))
     cpu = warnings({"placement": {"instanceTypes": ["g6e.xlarge"]},
                     "engine": {"resources": {"requests": {"cpu": "6", "memory": "30Gi"}}}})
-    assert any("no listed type takes a replica of 1 GPU(s), 6 cpu and 30 GiB" in w for w in cpu)
+    assert any("no listed type takes a replica of 1 GPU(s), 17.7 GiB of GPU memory together, 6 cpu, 30 GiB of "
+               "memory" in w and "allowLargerInstances" not in w for w in cpu), cpu
 
 
 def test_a_model_its_gpus_cannot_hold_is_a_validate_warning():
@@ -256,7 +257,7 @@ def test_a_model_its_gpus_cannot_hold_is_a_validate_warning():
         return [w.message for w in loaded.warnings if w.path == "spec.placement.instanceTypes"]
 
     big = warnings("hf:meta-llama/Llama-3.1-70B-Instruct", "g5.xlarge")
-    assert len(big) == 1 and "GPU memory for the bf16 weights" in big[0] and "g5.xlarge: 1 GPU(s) of 24 GiB" in big[0]
+    assert len(big) == 1 and "GPU memory holds the bf16 weights" in big[0] and "g5.xlarge: 1 GPU(s) of 24 GiB" in big[0]
     assert warnings("hf:meta-llama/Llama-3.1-8B-Instruct", "g5.xlarge") == []
     assert warnings("hf:meta-llama/Llama-3.1-70B-Instruct", "p4d.24xlarge", gpus=8) == []  # 8 x 40 GB holds it
 

@@ -118,13 +118,34 @@ def fits(t: InstanceType, req: ReplicaRequest, allow_larger: bool) -> bool:
     return cpu >= req.vcpu and memory >= req.memory_gb
 
 
+def fitting_types(tier: Tier, catalog: Catalog, req: ReplicaRequest, allow_larger: bool) -> list[InstanceType]:
+    """The tier's catalog types that can take a replica (`fits`)."""
+    return [t for t in (catalog.get(n) for n in tier.instance_types if n in catalog) if fits(t, req, allow_larger)]
+
+
+def tiers_that_fit(tiers: list[Tier], catalog: Catalog, req: ReplicaRequest,
+                   allow_larger: bool) -> tuple[list[Tier], list[tuple[int, tuple[str, ...]]]]:
+    """The tiers as a cluster should get them: without the catalog types `place` never chooses (too small, or larger
+    than the replica asks without `allow_larger`), and a tier left with none dropped; then `(index, left out)` for
+    each tier that lost types. A type the catalog does not know, and `local` (no cluster node), stay as given."""
+    kept, left_out = [], []
+    for index, tier in enumerate(tiers):
+        fitting = {t.name for t in fitting_types(tier, catalog, req, allow_larger)}
+        drop = tuple(n for n in tier.instance_types if n in catalog and n != "local" and n not in fitting)
+        if drop:
+            left_out.append((index, drop))
+        types = tuple(n for n in tier.instance_types if n not in drop)
+        if types:
+            kept.append(Tier(types, tier.capacity_types))
+    return kept, left_out
+
+
 def place(req: ReplicaRequest, tiers: list[Tier], catalog: Catalog, availability: Availability, now: float,
           allow_larger: bool = False) -> Placement | InsufficientCapacity:
     tried: list[Offering] = []
     notes: list[str] = []
     for index, tier in enumerate(tiers):
-        fitting = [catalog.get(n) for n in tier.instance_types if n in catalog]
-        fitting = [t for t in fitting if fits(t, req, allow_larger)]
+        fitting = fitting_types(tier, catalog, req, allow_larger)
         if len(fitting) == 1 and len(tier.instance_types) > 1:
             notes.append(f"tier {index} collapses to the single type {fitting[0].name}: no fallback inside it")
         order = sorted(CAPACITY_TYPES, key=lambda c: CAPACITY_TYPES.index(c))

@@ -14,7 +14,7 @@ from fleetserve.autoscale.policy import ScalingPolicy
 from fleetserve.autoscale.schedule import Cron
 from fleetserve.capacity.catalog import Catalog
 from fleetserve.capacity.consolidation import Budget, ConsolidationPolicy
-from fleetserve.capacity.placement import Tier, tiers_from_spec
+from fleetserve.capacity.placement import Tier, replica_request, tiers_from_spec, tiers_that_fit
 from fleetserve.k8s.labels import dns_name, labels, selector
 from fleetserve.spec.endpoint import Endpoint
 
@@ -63,16 +63,20 @@ class Context:
     policy: ScalingPolicy | None
     consolidation: ConsolidationPolicy
     catalog: Catalog = field(repr=False, default_factory=Catalog.builtin)
+    left_out: tuple[str, ...] = ()  # why each type the spec's node affinity allows takes no replica
+    tier_ids: tuple[int, ...] = ()  # each tier's index among the spec's (names and labels keep it)
+    spec_tiers: int = 0  # how many tiers the spec lists, those left out included
 
     @classmethod
     def build(cls, endpoint: Endpoint, options: RenderOptions) -> Context:
         spec = endpoint.spec
         catalog = Catalog.builtin()
         capacity_types = tuple(c for c in ("spot", "on-demand") if c in spec.capacity.capacity_types)
-        tiers = tuple(tiers_from_spec(spec.placement, catalog, capacity_types))
+        tiers, left_out, ids = placeable_tiers(spec, catalog, capacity_types)
         scaling = spec.autoscaling
         policy = ScalingPolicy.from_spec(scaling) if scaling is not None and scaling.enabled else None
-        return cls(endpoint, options, tiers, policy, consolidation_policy(spec), catalog)
+        return cls(endpoint, options, tiers, policy, consolidation_policy(spec), catalog, left_out, ids,
+                   len(tiers_from_spec(spec.placement, catalog, capacity_types)))
 
     # --- names ---------------------------------------------------------------------------------------------
     @property
@@ -103,8 +107,15 @@ class Context:
         p = self.endpoint.spec.placement
         return bool([t for t in p.instance_types if t != "local"] or p.node_affinity)
 
+    def tier_id(self, tier: int) -> str:
+        """The tier's name in object names and labels: its index among the spec's tiers, whichever were left out
+        (renumbered, a kept tier's NodePool took the next one's name, and its nodes drifted to another type)."""
+        return str(self.tier_ids[tier] if self.tier_ids else tier)
+
     def engine_name(self, tier: int) -> str:
-        return dns_name(self.name, "engine") if len(self.tiers) == 1 else dns_name(self.name, "engine", f"t{tier}")
+        # one tier in the spec: no suffix; a second one left out keeps the first's name (NAME-engine-t0)
+        return dns_name(self.name, "engine") if max(len(self.tiers), self.spec_tiers) == 1 else \
+            dns_name(self.name, "engine", f"t{self.tier_id(tier)}")
 
     def image_pull_secrets(self) -> list[dict]:
         """spec.pod.imagePullSecrets, for every pod the endpoint renders: a private registry's images are the
@@ -176,6 +187,33 @@ class Context:
             out["namespace"] = self.namespace
         out["labels"] = self.labels(component, **extra)
         return out
+
+
+def placeable_tiers(spec, catalog: Catalog, capacity_types: tuple[str, ...]
+                    ) -> tuple[tuple[Tier, ...], tuple[str, ...], tuple[int, ...]]:
+    """The placement tiers without the instance types that cannot take a replica, as `fleetserve up` and the
+    simulator place (`tiers_that_fit`; `validate` names each type left out): a type of more GPUs than a replica
+    asks is used only with capacity.allowLargerInstances (a NodePool had offered it anyway, and Karpenter packed
+    replicas onto 8-GPU nodes the local fleet and `plan` never pay for), and a too small one had left its tier's
+    pods Pending. A spec with no type left is not rendered (ValueError). Second: why each type the node affinity
+    allows was left out (`validate` names those of instanceTypes); third, each kept tier's index among the spec's."""
+    tiers = tiers_from_spec(spec.placement, catalog, capacity_types)
+    asked = replica_request(spec.engine, spec.model, spec.kv_cache)
+    larger = spec.capacity.allow_larger_instances
+    kept, dropped = tiers_that_fit(tiers, catalog, asked, larger)
+    gone = {i for i, types in dropped if len(types) == len(tiers[i].instance_types)}
+    ids = tuple(i for i in range(len(tiers)) if i not in gone)
+    names = list(dict.fromkeys(n for _, types in dropped for n in types))
+    hint = "" if larger or all(catalog.get(n).gpus <= asked.gpus for n in names) else \
+        "; a type of more GPUs than a replica asks needs capacity.allowLargerInstances"
+    if not kept:
+        raise ValueError(f"spec.placement: no listed instance type ({', '.join(names)}) can take {asked}: no replica "
+                         f"would start{hint}")
+    if spec.placement.instance_types or not names:
+        return tuple(kept), (), ids
+    listed = ", ".join(f"{t.name} ({t.gpus} GPU(s))" for t in (catalog.get(n) for n in names))
+    return tuple(kept), (f"{len(names)} instance type(s) the node affinity allows cannot take {asked}: {listed}; "
+                         f"left out of the NodePools and the pods' affinity{hint}",), ids
 
 
 def consolidation_policy(spec) -> ConsolidationPolicy:

@@ -375,7 +375,7 @@ def engine_deployment(ctx: Context, tier: int) -> dict:
                                                             "items": [{"key": "token", "path": "token"}]}})
     else:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
-    extra = {TIER_LABEL: str(tier)}
+    extra = {TIER_LABEL: ctx.tier_id(tier)}
     pod_spec: dict = {}
     account = spec.pod.service_account_name or ctx.options.service_account
     if account:

@@ -37,7 +37,7 @@ def weight(tier: int, tiers: int) -> int:
 
 
 def nodepool_name(ctx: Context, tier: int) -> str:
-    return dns_name(ctx.namespace, ctx.name, f"t{tier}")
+    return dns_name(ctx.namespace, ctx.name, f"t{ctx.tier_id(tier)}")
 
 
 def _duration(seconds: float) -> str:
@@ -144,7 +144,7 @@ def nodepool(ctx: Context, tier: int, warn) -> dict:
     spec: dict = {
         "weight": weight(tier, len(ctx.tiers)),
         "template": {"metadata": {"labels": {ENDPOINT_LABEL: node_owner(ctx.namespace, ctx.name),
-                                             TIER_LABEL: str(tier)}},
+                                             TIER_LABEL: ctx.tier_id(tier)}},
                      "spec": template_spec},
         "disruption": {"consolidationPolicy": c.policy,
                        "consolidateAfter": _whole_seconds(c.consolidate_after,
@@ -155,7 +155,8 @@ def nodepool(ctx: Context, tier: int, warn) -> dict:
     if limits:
         spec["limits"] = limits
     return {"apiVersion": "karpenter.sh/v1", "kind": "NodePool",
-            "metadata": ctx.meta(nodepool_name(ctx, tier), "nodepool", namespaced=False, **{TIER_LABEL: str(tier)}),
+            "metadata": ctx.meta(nodepool_name(ctx, tier), "nodepool", namespaced=False,
+                                 **{TIER_LABEL: ctx.tier_id(tier)}),
             "spec": spec}
 
 

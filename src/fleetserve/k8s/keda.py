@@ -238,7 +238,7 @@ def scaled_object(ctx: Context, policy: ScalingPolicy, warn) -> dict:
         elif not float(value).is_integer():
             warn(f"spec.autoscaling.{field}", f"{value:g}s is rounded down to whole seconds for KEDA")
     return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
-            "metadata": ctx.meta(target, "engine", **{TIER_LABEL: "0"}), "spec": spec}
+            "metadata": ctx.meta(target, "engine", **{TIER_LABEL: ctx.tier_id(0)}), "spec": spec}
 
 
 def overflow_object(ctx: Context, tier: int, max_replicas: int) -> dict:
@@ -256,7 +256,7 @@ def overflow_object(ctx: Context, tier: int, max_replicas: int) -> dict:
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
-        "metadata": ctx.meta(name, "engine", **{TIER_LABEL: str(tier)}),
+        "metadata": ctx.meta(name, "engine", **{TIER_LABEL: ctx.tier_id(tier)}),
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
             "pollingInterval": 30,

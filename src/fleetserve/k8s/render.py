@@ -131,6 +131,8 @@ def render(endpoint: Endpoint, options: RenderOptions | None = None) -> Rendered
         if note not in notes:  # one per finding, however many objects (a budget's NodePool per tier) meet it
             notes.append(note)
 
+    for why in ctx.left_out:
+        warn("spec.placement.nodeAffinity", why)
     objects: list[dict] = []
     for family in (engine_objects, router_objects, redis_objects, keda_objects, karpenter_objects,
                    monitoring_objects):

@@ -133,22 +133,22 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         if known and not any(fits(t, asked, spec.capacity.allow_larger_instances) for t in known):
             shapes = ", ".join(f"{t.name}: {t.gpus} GPU(s) of {t.gpu_memory_gb / max(t.gpus, 1):g} GiB, {t.vcpu} vCPU, "
                                f"{t.memory_gb:g} GiB" for t in known)
-            larger = "" if spec.capacity.allow_larger_instances else \
+            larger = "" if spec.capacity.allow_larger_instances or all(t.gpus <= asked.gpus for t in known) else \
                 "; a type of more GPUs than a replica asks needs capacity.allowLargerInstances"
-            weights = f", with {asked.gpu_memory_gb:g} GiB of GPU memory for the bf16 weights of the size the model " \
-                "states" if asked.gpu_memory_gb else ""
-            note("spec.placement.instanceTypes", f"no listed type takes a replica of {asked.gpus} GPU(s), "
-                 f"{asked.vcpu:g} cpu and {asked.memory_gb:g} GiB{weights} ({shapes}{larger}): no replica would start",
-                 everywhere=True)
+            weights = " (its GPU memory holds the bf16 weights of the size the model states)" \
+                if asked.gpu_memory_gb else ""
+            note("spec.placement.instanceTypes", f"no listed type takes {asked}{weights}; listed: {shapes}{larger}. "
+                 "No replica would start (render k8s refuses the spec)", everywhere=True)
         elif known:  # some fit: a tier whose type none does never starts a replica (on Kubernetes its Deployment
             # stays Pending, and each scale-up waits out the overflow window before the next tier takes it)
             for i, name in enumerate(spec.placement.instance_types):
                 t = catalog.get(name) if name in catalog and name != "local" else None
                 if t is not None and not fits(t, asked, spec.capacity.allow_larger_instances):
+                    larger = "" if spec.capacity.allow_larger_instances or t.gpus < asked.gpus else \
+                        " (a type of more GPUs than a replica asks needs capacity.allowLargerInstances)"
                     note(f"spec.placement.instanceTypes[{i}]", f"{name} ({t.gpus} GPU(s), {t.vcpu} vCPU, "
-                         f"{t.memory_gb:g} GiB) cannot take a replica of {asked.gpus} GPU(s), {asked.vcpu:g} cpu and "
-                         f"{asked.memory_gb:g} GiB: its tier never starts one, and scale-ups wait for the next tier; "
-                         "leave it out", everywhere=True)
+                         f"{t.memory_gb:g} GiB) cannot take {asked}{larger}: no replica is placed there (render k8s "
+                         "leaves it out of the NodePools and the pods' affinity); leave it out", everywhere=True)
     l2 = spec.kv_cache.l2
     if l2.enabled and l2.url and "max_bytes" in l2.model_fields_set:
         note("spec.kvCache.l2.maxBytes", "sizes the Redis fleetserve starts (and renders); the Redis at l2.url keeps "
