@@ -215,3 +215,36 @@ def test_one_at_a_time_a_long_prompt_is_chunked_the_same_tokens_and_a_client_tha
     runner.model = Counting()
     result = runner.generate(prompt, sampling, 6, lambda _t: True, left)
     assert result.finish_reason == "cancelled" and passes == [64]
+
+
+@pytest.mark.parametrize("scheduler", ["serial", "batch"])
+def test_a_queued_job_whose_client_left_neither_counts_as_waiting_nor_fills_the_queue(scheduler, runner):
+    """A client that hung up while queued left its job in the queue until the generation thread reached it: it
+    counted in num_requests_waiting (the autoscaler's and the router's queue signal) and against max_waiting, so
+    a live client got 503 "queue is full" from a queue of cancelled jobs. (The threads are not started here.)"""
+    from fleetserve.api.errors import APIError
+    from fleetserve.engine.scheduler import SerialScheduler
+
+    sched = SerialScheduler(runner, max_waiting=2) if scheduler == "serial" else BatchScheduler(runner, max_waiting=2)
+    jobs = [Job([1, 2], SamplingParams(), 4, loop=None) for _ in range(3)]
+    sched.submit(jobs[0])
+    sched.submit(jobs[1])
+    with pytest.raises(APIError):
+        sched.submit(jobs[2])
+    jobs[0].cancelled.set()
+    assert sched.waiting == 1
+    sched.submit(jobs[2])  # the hung-up client's slot is free
+    assert sched.waiting == 2
+
+
+def test_hung_up_clients_do_not_grow_the_queue_without_bound(runner):
+    """Cancelled jobs stayed queued until the generation thread reached them: a flood of clients that hung up
+    grew the queue past max_waiting without limit, and each count of it scanned them all."""
+    from fleetserve.engine.scheduler import SerialScheduler
+
+    sched = SerialScheduler(runner, max_waiting=4)  # not started: nothing takes jobs off the queue
+    for _ in range(200):
+        job = Job([1, 2], SamplingParams(), 4, loop=None)
+        sched.submit(job)
+        job.cancelled.set()
+    assert sched._queue.qsize() <= 1 and sched.waiting == 0
