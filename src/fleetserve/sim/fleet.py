@@ -74,7 +74,7 @@ _EMPTY: dict = {}  # shared, never written: policies only read bodies and header
 
 class Req:
     __slots__ = ("i", "spec", "arrival", "replica", "prefill", "excluded", "first", "done", "error", "seq",
-                 "cached", "choice", "overhead", "held", "buffered_at")
+                 "cached", "choice", "overhead", "held", "buffered_at", "attempt")
 
     def __init__(self, i: int, spec: SimRequestSpec, arrival: float):
         self.i = i
@@ -92,6 +92,7 @@ class Req:
         self.overhead = 0.0  # client-visible time outside the engine's steps (the profile's, or a draw)
         self.held = 0.0  # seconds in the scale-from-zero buffer: a cold start, left out of the ttft_p95 signal
         self.buffered_at = 0.0
+        self.attempt = 0  # sends to a replica so far (a retry's upstream deadline is its own)
 
 
 class SimReplica:
@@ -141,6 +142,11 @@ class SimFleet:
         self.context = context_limit(spec) or self._kv_bound(spec, options)
         self.context_tokens = self.context[0] if self.context else None
         self.book = LoadBook()
+        # the router's wait for a replica's first byte (router.upstreamTimeoutSeconds): one deadline per send, in
+        # send order (the timeout is one constant), checked by one pending event (`_upstream_deadlines`)
+        self.upstream_timeout = spec.router.upstream_timeout_seconds
+        self._deadlines: collections.deque[tuple[float, Req, int]] = collections.deque()
+        self._deadline_armed = False
         kv = spec.kv_cache
         self.l1_bytes = kv.l1.max_bytes if kv.l1.enabled else 0
         self.l2: BlockLRU | None = None
@@ -446,6 +452,11 @@ class SimFleet:
             k = text[self._text_rng.randrange(len(text))]
             seq.visible = k if k > 0 else spec.output
         rep.model.add(seq)
+        req.attempt += 1
+        self._deadlines.append((self.sim.now + self.upstream_timeout, req, req.attempt))
+        if not self._deadline_armed:
+            self._deadline_armed = True
+            self.sim.at(self._deadlines[0][0], self._upstream_deadlines)
         if not rep.busy:
             self._step(rep)
         elif rep.model.planned_steps > 1:  # it is in a run of decode steps: stop the run at the current step
@@ -454,6 +465,38 @@ class SimFleet:
             if j < rep.model.planned_steps:
                 rep.gen += 1
                 self.sim.at(rep.step_start + rep.model.truncate(j), self._step_done, (rep, rep.gen))
+
+    def _upstream_deadlines(self, _arg=None) -> None:
+        """Sends whose replica gave no first byte within router.upstreamTimeoutSeconds fail 504 upstream_timeout,
+        as the live router answers them (router/dispatch.py: not retried elsewhere), and their replica drops them
+        (the client is gone). An overloaded fleet's requests had waited 40 minutes in the simulator and counted
+        as answered where the live router refused them after 30."""
+        self._deadline_armed = False
+        now, deadlines = self.sim.now, self._deadlines
+        while deadlines:
+            deadline, req, attempt = deadlines[0]
+            answered = req.done is not None or req.attempt != attempt or req.replica is None or (
+                req.seq is not None and req.seq.first_at is not None)
+            if not answered and deadline > now:
+                break
+            deadlines.popleft()
+            if not answered:
+                self._upstream_timeout(req)
+        if deadlines:
+            self._deadline_armed = True
+            self.sim.at(deadlines[0][0], self._upstream_deadlines)
+
+    def _upstream_timeout(self, req: Req) -> None:
+        rep = req.replica
+        rep.model.cancel(req.seq)
+        self.book.failed(rep.id, req.prefill)
+        req.choice = None  # no response: nothing for a learning policy
+        self._fail(req, "upstream_timeout")
+        self._touch(rep)
+        if rep.state == "draining":
+            self._maybe_drained(rep)
+        if self.queue:
+            self._drain_queue()
 
     def _fail(self, req: Req, code: str) -> None:
         self._active_at = self.last_done = self.sim.now

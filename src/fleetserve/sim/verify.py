@@ -263,7 +263,7 @@ def _capacity_cause(result: SimResult, window: str, section: dict | None = None)
     by_reason = section["failed_by_reason"]  # this window's requests, not the whole trace's
     if by_reason:
         codes = ", ".join(f"{k} x{v}" for k, v in sorted(by_reason.items()))
-        refused = f"; requests refused: {codes}"
+        refused = f"; requests failed: {codes}"
     else:
         refused = ""
     cold, cold_s = "", 0.0
