@@ -564,3 +564,34 @@ def test_an_l1_smaller_than_one_block_is_named_at_start(caplog):
         PrefixCache(shape, torch.float32, engine_blocks=4, l1=L1Store(1 << 20))
     (line,) = [r.getMessage() for r in caplog.records]
     assert "(kvCache.l1.maxBytes, 1000 bytes) is smaller than one KV block" in line
+
+
+def test_one_changed_byte_anywhere_in_a_large_weight_file_changes_the_fingerprint(tmp_path, monkeypatch):
+    """The weights were sampled (edges and sixteen slices): a model edited in one layer (a ROME-style edit, a
+    partial fine-tune) had its base's fingerprint and read its blocks from a shared Redis. Every byte counts now;
+    the digest is cached while the file is unchanged, and a rewrite in place is seen."""
+    import os
+
+    from fleetserve.engine import fingerprint
+
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path / "home"))
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    weights = model / "model.safetensors"
+    data = bytearray(os.urandom(12 << 20))
+    weights.write_bytes(data)
+    first = fingerprint.model_fingerprint(model)
+    assert list((tmp_path / "home" / "fingerprints").iterdir())  # kept for the next start
+    reads = []
+    real = fingerprint.hashlib.file_digest
+    monkeypatch.setattr(fingerprint.hashlib, "file_digest", lambda f, alg: reads.append(1) or real(f, alg))
+    assert fingerprint.model_fingerprint(model) == first and not reads  # unchanged: not read again
+    at = (12 << 20) * 5 // 34 + 4096  # between two of the old samples
+    data[at] ^= 0xFF
+    with weights.open("r+b") as f:  # in place: same size, same inode
+        f.seek(at)
+        f.write(bytes([data[at]]))
+    later = weights.stat().st_mtime_ns + 10**9  # a coarse file-system clock could give the same tick in a test
+    os.utime(weights, ns=(later, later))
+    assert fingerprint.model_fingerprint(model) != first and reads

@@ -2,36 +2,53 @@
 
 Why: a Redis shared by several fleets held blocks keyed by the served name, version and dtype only, so two
 different models served under one name (a fine-tune and its base, two test models) read each other's KV and
-answered wrongly. The fingerprint separates them. It reads the small files whole and samples the weights
-(their size, the first and last MiB and sixteen 64 KiB slices between), so a multi-GB model costs a few MiB
-of reads at start, not a full hash.
+answered wrongly. The fingerprint separates them. Every byte counts: a first version sampled the weights (the
+first and last MiB and sixteen 64 KiB slices), and a model that differed from another in one layer's k_proj and
+v_proj (a ROME-style edit, a partial fine-tune) had the same fingerprint and read its blocks. A weight file's
+SHA-256 (about 1.4 GB/s here) is kept under $FLEETSERVE_HOME/fingerprints, keyed by the file's path, size,
+inode and modification and change times, so an engine restart does not read a 16 GB model twice.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
-SMALL_FILE = 8 << 20  # read whole below this
-EDGE = 1 << 20
-SLICE = 64 << 10
-SLICES = 16
+from fleetserve.engine.paths import home
+
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+SMALL_FILE = 8 << 20  # read each start: not worth a cache entry
 
 
-def _sample(path: Path, h) -> None:
-    size = path.stat().st_size
-    h.update(f"{path.name}\0{size}\0".encode())
+def _stat_key(path: Path) -> str:
+    st = path.stat()
+    ident = f"{path.resolve()}\0{st.st_size}\0{st.st_ino}\0{st.st_dev}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
+    return hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def file_digest(path: Path) -> str:
+    """The file's SHA-256, from the cache while the file is unchanged (same path, size, inode and times)."""
+    if path.stat().st_size <= SMALL_FILE:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    folder = home() / "fingerprints"
+    cached = folder / _stat_key(path)
+    try:
+        value = cached.read_text().strip()
+        if len(value) == 64:
+            return value
+    except OSError:
+        pass
     with path.open("rb") as f:
-        if size <= SMALL_FILE:
-            h.update(f.read())
-            return
-        h.update(f.read(EDGE))
-        for i in range(1, SLICES + 1):
-            f.seek(size * i // (SLICES + 1))
-            h.update(f.read(SLICE))
-        f.seek(size - EDGE)
-        h.update(f.read(EDGE))
+        value = hashlib.file_digest(f, "sha256").hexdigest()
+    try:  # a read-only home (a pod's) only costs the next start another read
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = folder / f".{cached.name}.{os.getpid()}"
+        tmp.write_text(value)
+        os.replace(tmp, cached)
+    except OSError:
+        pass
+    return value
 
 
 def model_fingerprint(model_dir: str | Path) -> str:
@@ -45,5 +62,5 @@ def model_fingerprint(model_dir: str | Path) -> str:
         if path.suffix in WEIGHT_SUFFIXES or path.suffix == ".json" or path.name.startswith(("tokenizer", "vocab",
                                                                                               "merges")):
             h.update(str(rel).encode("utf-8", "surrogatepass") + b"\0")
-            _sample(path, h)
+            h.update(f"{path.stat().st_size}\0{file_digest(path)}\0".encode())
     return h.hexdigest()[:16]
