@@ -44,7 +44,8 @@ PORT_ATTEMPTS = 3  # a server whose free port another process bound first starts
 class Server:
     """A fleetserve server (engine or router) as a real child process."""
 
-    def __init__(self, args: list[str], log_path: Path, port: int | None = None):
+    def __init__(self, args: list[str], log_path: Path, port: int | None = None, env: dict[str, str] | None = None):
+        self.env = None if env is None else {**os.environ, **env}
         self._fixed_port = port is not None  # a port the test chose is kept: an error when it is taken
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -57,7 +58,7 @@ class Server:
             start = self.log_path.stat().st_size if self.log_path.exists() else 0
             log = open(self.log_path, "ab")
             self.proc = subprocess.Popen([sys.executable, "-m", "fleetserve", *self.args], stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
             log.close()
             if not ready_path:
                 return self

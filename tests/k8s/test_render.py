@@ -364,9 +364,17 @@ def test_builtin_engine_pvc_model_and_tenant_redis():
     c = dep["containers"][0]
     assert c["args"][c["args"].index("--model") + 1] == "/fsx/models/small"
     assert dep["volumes"][0]["persistentVolumeClaim"] == {"claimName": "iso-model", "readOnly": True}
-    tenants = [c["args"][i + 1] for i, a in enumerate(c["args"]) if a == "--l2-tenant"]
-    assert tenants == ["alpha=redis://:$(REDIS_PASSWORD_REDIS_ALPHA)@redis-alpha.default.svc.cluster.local:6379/0",
-                       "beta=redis://redis.example.com:6379/1"]
+    # in the environment, after the password it expands: as arguments the kubelet's expansion put the Redis
+    # password on the engine's command line (`ps` on the node)
+    assert "--l2-tenant" not in c["args"] and "--l2-url" not in c["args"]
+    env = [e["name"] for e in c["env"]]
+    value = {e["name"]: e.get("value") for e in c["env"]}
+    assert value["FLEETSERVE_L2_TENANTS"] == (
+        "alpha=redis://:$(REDIS_PASSWORD_REDIS_ALPHA)@redis-alpha.default.svc.cluster.local:6379/0 "
+        "beta=redis://redis.example.com:6379/1")
+    assert env.index("REDIS_PASSWORD_REDIS_ALPHA") < env.index("FLEETSERVE_L2_TENANTS")
+    assert "$(REDIS_PASSWORD)" in value["FLEETSERVE_L2_URL"] and env.index("REDIS_PASSWORD") < env.index(
+        "FLEETSERVE_L2_URL")
     assert _by(rendered, "StatefulSet", "redis-alpha") and _by(rendered, "StatefulSet", "iso-redis")
     assert "--internal-token-file" in c["args"]
     # the engine takes what the router forwards: its own additions (cache_salt, include_usage) included
@@ -935,7 +943,8 @@ def test_render_findings_of_a_second_black_box_pass():
     tls = copy.deepcopy(BUILTIN_TENANTS)
     tls["spec"]["kvCache"]["l2"]["tenantUrls"] = {"alpha": "rediss://redis-alpha:6380/0"}
     engine = _by(_objects(tls)[0], "Deployment", "iso-engine")[0]["spec"]["template"]["spec"]["containers"][0]
-    assert "alpha=rediss://redis-alpha:6380/0" in engine["args"]  # the user's own: not rendered, not rewritten
+    env = {e["name"]: e.get("value") for e in engine["env"]}  # the user's own: not rendered, not rewritten
+    assert "alpha=rediss://redis-alpha:6380/0" in env["FLEETSERVE_L2_TENANTS"].split()
     from fleetserve.engine.adapters import vllm_launch
 
     gpu = load_spec_data({**copy.deepcopy(FULL), "spec": {**copy.deepcopy(FULL)["spec"], "kvCache": {

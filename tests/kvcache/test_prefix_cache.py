@@ -595,3 +595,58 @@ def test_one_changed_byte_anywhere_in_a_large_weight_file_changes_the_fingerprin
     later = weights.stat().st_mtime_ns + 10**9  # a coarse file-system clock could give the same tick in a test
     os.utime(weights, ns=(later, later))
     assert fingerprint.model_fingerprint(model) != first and reads
+
+
+def test_an_l2_password_reaches_the_engine_off_its_command_line(tiny_model, tmp_path):
+    """`fleetserve up` put a spec's `l2.url` with its password on the engine's command line, which any local user
+    reads (`ps`, /proc/PID/cmdline is 0444). The supervisor now hands such URLs over in the environment
+    (/proc/PID/environ is the owner's alone): the engine reads $FLEETSERVE_L2_URL and $FLEETSERVE_L2_TENANTS."""
+    import shutil
+    import subprocess
+
+    import redis
+
+    from fleetserve.fleet.process import free_port
+    from fleetserve.fleet.supervisor import Supervisor
+    from fleetserve.spec.load import load_spec_text
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (scripts/setup.sh installs it as root)")
+    password, port = "pw-SECRET-1", free_port()
+    url = f"redis://:{password}@127.0.0.1:{port}/0"
+    spec = load_spec_text(f"""apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {{name: pw}}
+spec:
+  model: {{source: {tiny_model}}}
+  kvCache: {{l2: {{enabled: true, url: "{url}", tenantUrls: {{acme: "redis://:{password}@127.0.0.1:{port}/1"}}}}}}
+""")
+    sup = Supervisor(spec, str(tmp_path / "pw.yaml"), say=lambda _m: None)
+    try:
+        sup.l2_url = url
+        cmd = sup._engine_command("r0", 8001, "local")
+        assert password not in " ".join(cmd) and "--l2-url" not in cmd and "--l2-tenant" not in cmd
+        assert sup._engine_env() == {"FLEETSERVE_L2_URL": url,
+                                     "FLEETSERVE_L2_TENANTS": f"acme=redis://:{password}@127.0.0.1:{port}/1"}
+    finally:
+        sup._http.close()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--requirepass", password, "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = None
+    try:
+        client = redis.Redis(port=port, password=password)
+        wait_until(lambda: client.ping(), 30, what="redis-server")
+        token_file, header = internal_token(tmp_path / "envurl")
+        server = Server(["engine", "--model", str(tiny_model), "--served-model-name", "tiny", "--threads", "1",
+                         "--block-size", "16", "--internal-token-file", token_file], tmp_path / "envurl.log",
+                        env=sup._engine_env()).start()
+        TOKENS[server.url] = header
+        assert password not in open(f"/proc/{server.proc.pid}/cmdline").read()
+        ask(server.url)
+        wait_until(lambda: client.dbsize() > 0, 30, what="the engine's L2 writes through the URL in its environment")
+    finally:
+        if server is not None:
+            server.stop()
+        proc.kill()
+        proc.wait()

@@ -413,10 +413,13 @@ def engine(
     engine_cache_bytes: Annotated[int, typer.Option(min=1, help="Bytes of KV blocks kept ready in the engine")
                                   ] = 512 << 20,
     l1_bytes: Annotated[int, typer.Option(min=0, help="L1 tier: CPU bytes for offloaded blocks (0: off)")] = 0,
-    l2_url: Annotated[str | None, typer.Option(help="L2 tier: redis://host:port/db (none: off)")] = None,
+    l2_url: Annotated[str | None, typer.Option(envvar="FLEETSERVE_L2_URL", show_envvar=False,
+                                               help="L2 tier: redis://host:port/db (none: off; a URL with a password "
+                                                    "may come in $FLEETSERVE_L2_URL, off the command line)")] = None,
     l2_password_file: Annotated[str | None, typer.Option(help="File with the L2 Redis password (AUTH)")] = None,
-    l2_tenant: Annotated[list[str] | None, typer.Option(help="TENANT=redis://... : a tenant's own L2 (repeat)")
-                         ] = None,
+    l2_tenant: Annotated[list[str] | None, typer.Option(envvar="FLEETSERVE_L2_TENANTS", show_envvar=False,
+                                                        help="TENANT=redis://... : a tenant's own L2 (repeat; or "
+                                                             "$FLEETSERVE_L2_TENANTS, space-separated)")] = None,
     max_batch: Annotated[int, typer.Option(min=1, max=256, help="Sequences decoded together (1: serial)")] = 8,
     prefill_chunk: Annotated[int, typer.Option(min=16, help="Prompt tokens per prefill step")] = 256,
     speedup: Annotated[float, float_option(min=0.001, help="Simulated engine runs this many times faster")] = 1.0,

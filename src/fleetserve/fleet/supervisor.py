@@ -62,6 +62,7 @@ from fleetserve.fleet.state import (
     read_previous_state,
     write_state,
 )
+from fleetserve.kvcache.tiers import has_credentials
 from fleetserve.observe.vocabulary import decision_reason
 from fleetserve.router.auth import key_digest, write_key_file
 from fleetserve.router.engine_queue import QUEUE_GAUGES
@@ -651,11 +652,11 @@ class Supervisor:
         cmd += ["--block-size", str(kv.block_size)]
         if kv.l1.enabled:
             cmd += ["--l1-bytes", str(kv.l1.max_bytes)]
-        if self.l2_url:
+        if self.l2_url and not has_credentials(self.l2_url):  # one with credentials: `_engine_env`
             cmd += ["--l2-url", self.l2_url]
-            if self.redis is not None:  # our own Redis requires a password (a file, never the command line)
-                cmd += ["--l2-password-file", str(self.dir / REDIS_PASSWORD)]
-        if kv.l2.enabled:
+        if self.l2_url and self.redis is not None:  # our own Redis requires a password (a file, never the command
+            cmd += ["--l2-password-file", str(self.dir / REDIS_PASSWORD)]  # line)
+        if kv.l2.enabled and not any(has_credentials(u) for u in kv.l2.tenant_urls.values()):
             for tenant, url in kv.l2.tenant_urls.items():
                 cmd += ["--l2-tenant", f"{tenant}={url}"]
         return cmd + self._limit_args(engine=True) + self._log_args() + list(spec.engine.args)
@@ -783,10 +784,23 @@ class Supervisor:
         self.replicas.append(Replica(state, port, node.id, requested_at=mono))
         return True
 
+    def _engine_env(self) -> dict[str, str]:
+        """L2 URLs that carry a password go to the engine in its environment (/proc/PID/environ is its owner's
+        alone), not on its command line, which any local user reads (`ps`): a spec's l2.url with a password had
+        been there in full."""
+        env = {}
+        if self.l2_url and has_credentials(self.l2_url):
+            env["FLEETSERVE_L2_URL"] = self.l2_url
+        tenants = self.spec.kv_cache.l2.tenant_urls if self.spec.kv_cache.l2.enabled else {}
+        if any(has_credentials(u) for u in tenants.values()):
+            env["FLEETSERVE_L2_TENANTS"] = " ".join(f"{t}={u}" for t, u in tenants.items())
+        return env
+
     def _spawn(self, r: Replica, mono: float) -> None:
         if r.child is None:
             r.child = Child(r.state.id, self._engine_command(r.state.id, r.port, r.state.instance_type),
-                            self.dir / "logs" / f"{r.state.id}.log", env_drop=self._key_env_names(),
+                            self.dir / "logs" / f"{r.state.id}.log", env=self._engine_env(),
+                            env_drop=self._key_env_names() | {"FLEETSERVE_L2_URL", "FLEETSERVE_L2_TENANTS"},
                             death_signal=ORPHAN_SIGNAL)  # this supervisor dies: it drains as the router does
         r.child.start()
         r.started_at = mono

@@ -146,8 +146,7 @@ def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str
     return [init], volumes, [{"name": "model", "mountPath": root}], f"{root}/current"
 
 
-def _builtin_args(ctx: Context, model_path: str, instance_type: str, l2_url: str | None,
-                  tenant_urls: dict[str, str]) -> list[str]:
+def _builtin_args(ctx: Context, model_path: str, instance_type: str) -> list[str]:
     spec, meta = ctx.endpoint.spec, ctx.endpoint.metadata
     limits = spec.request_limits
     args = ["engine", "--model", model_path, "--host", "0.0.0.0", "--port", str(engine_port(ctx)),
@@ -162,10 +161,6 @@ def _builtin_args(ctx: Context, model_path: str, instance_type: str, l2_url: str
     args += ["--block-size", str(kv.block_size)]
     if kv.l1.enabled:
         args += ["--l1-bytes", str(kv.l1.max_bytes)]
-    if l2_url:
-        args += ["--l2-url", l2_url]
-    for tenant, url in tenant_urls.items():
-        args += ["--l2-tenant", f"{tenant}={url}"]
     args += ["--internal-token-file", f"{INTERNAL_TOKEN_DIR}/token",
              "--max-body-bytes", str(engine_body_limit(limits.max_body_bytes)),
              "--max-header-bytes", str(engine_header_limit(limits.max_header_bytes)),
@@ -194,12 +189,24 @@ def _probes(ctx: Context) -> dict:
     return {**ours, **(engine.probes or {})}
 
 
+L2_ENV = ("FLEETSERVE_L2_URL", "FLEETSERVE_L2_TENANTS")  # what `fleetserve engine` reads them from
+
+
+def l2_env(url: str | None, tenants: dict[str, str]) -> dict[str, str]:
+    """The built-in engine's L2 URLs, in its environment: as arguments, the Redis password the kubelet expands
+    into them ($(REDIS_PASSWORD)) was on the process's command line, which `ps` on the node shows."""
+    env = {L2_ENV[0]: url} if url else {}
+    if tenants:
+        env[L2_ENV[1]] = " ".join(f"{t}={u}" for t, u in tenants.items())
+    return env
+
+
 def reserved_env(ctx: Context) -> set[str]:
     """Environment variables the engine container gets from us: a user's value for one would be a duplicate."""
     kind = ctx.endpoint.spec.engine.kind
     names = {"POD_NAME"} | {e["name"] for e in engine_l2(ctx)[2]}
     if kind == "builtin":
-        names.add("FLEETSERVE_HOME")
+        names |= {"FLEETSERVE_HOME", *L2_ENV}
     elif kind in GPU_ENGINES:
         names.add(VLLM_TOKEN_ENV if kind == "vllm" else ENGINE_TOKEN_ENV)
     return names
@@ -217,7 +224,7 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
         if spec.engine.gpus and not spec.engine.image and image == DEFAULT_IMAGE:
             # the default image carries the CPU torch wheel: a GPU was requested, paid for and never used
             image = f"{DEFAULT_IMAGE}-cuda"
-        command, args = ["fleetserve"], _builtin_args(ctx, model_path, instance_type, l2_url, tenant_urls)
+        command, args = ["fleetserve"], _builtin_args(ctx, model_path, instance_type)
         extra_env = dict(spec.engine.env)
         metrics_path = "/metrics"
     elif kind == "container":  # the image as given: its own entrypoint (or engine.command), args and environment
@@ -238,6 +245,8 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
     reserved = reserved_env(ctx)
     env += [{"name": k, "valueFrom": v} for k, v in spec.engine.env_from.items() if k not in reserved]
     env += [{"name": k, "value": v} for k, v in extra_env.items() if k not in reserved]
+    if kind == "builtin":  # after the passwords they expand
+        env += [{"name": k, "value": v} for k, v in l2_env(l2_url, tenant_urls).items()]
     if spec.engine.command:  # HyperPod's worker.command: the image's entrypoint replaced; our launcher words go
         command = list(spec.engine.command)
         if kind in GPU_ENGINES:

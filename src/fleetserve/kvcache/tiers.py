@@ -238,6 +238,12 @@ def split_credentials(url: str) -> tuple[str, str | None, str | None]:
     return (f"{scheme}://{host}", unquote(user) or None, unquote(password) if colon and password else None)
 
 
+def has_credentials(url: str) -> bool:
+    """The URL names a user or a password (keep it off command lines)."""
+    _, user, password = split_credentials(url)
+    return bool(user or password)
+
+
 class RedisStore:
     """L2 in Redis: one value per block under `prefix + key`, batched, with timeouts and back-off."""
 
