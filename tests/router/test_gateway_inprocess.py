@@ -284,6 +284,15 @@ def test_a_stream_cut_mid_way_is_an_error_in_the_model_series_and_a_warning_in_t
     assert errors == {"502": 1.0}
     (line,) = [r for r in caplog.records if r.getMessage() == "request"]
     assert line.levelname == "WARNING" and line.status == 502 and line.error == "upstream_failed"
+    # the router's own request series too (they counted a 200 at the first byte: an error ratio built on them
+    # read a replica killed under streaming load as error-free)
+    counted = {(s.name, s.labels.get("code")): s.value for f in gw.metrics.registry.collect() for s in f.samples
+               if s.name in ("fleetserve_router_requests_total", "fleetserve_router_tenant_requests_total")}
+    assert counted == {("fleetserve_router_requests_total", "502"): 1.0,
+                       ("fleetserve_router_tenant_requests_total", "502"): 1.0}, counted
+    received = [s.value for f in gw.metrics.registry.collect() for s in f.samples
+                if s.name == "fleetserve_router_requests_received_total"]
+    assert received == [1.0]  # on arrival: the request_rate scaling signal on Kubernetes reads it
 
 
 def test_a_stream_silent_past_the_idle_timeout_ends_with_a_504_event_and_leaves_the_replica_to_its_probes():

@@ -82,7 +82,9 @@ def builtin_query(ctx: Context, metric: str) -> str:
         # model requests only, as the local controller counts them (/admin/load): every path counted, a client
         # polling GET /v1/models scaled a Kubernetes fleet and not a local one
         paths = "|".join(sorted(GENERATION_PATHS | {INVOCATIONS_PATH}))
-        return _or0(ctx, f'sum(rate(fleetserve_router_requests_total{{{r},path=~"{paths}"}}[{_window(ctx)}]))')
+        # as they arrive (requests_total counts an answer when it ends: a rush of long streams read minutes late)
+        return _or0(ctx, f'sum(rate(fleetserve_router_requests_received_total{{{r},path=~"{paths}"}}'
+                         f'[{_window(ctx)}]))')
     if metric == "ttft_p95":
         # NaN while nothing was served in the window (an idle fleet): `>= 0` drops it and `_or0` reads 0, as for
         # the other triggers; KEDA releases before kedacore/keda#7522 turned the NaN into -9.2e15

@@ -103,6 +103,7 @@ class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = r = registry or CollectorRegistry()
         self.requests = v.ROUTER_REQUESTS.make(r)
+        self.received = v.ROUTER_REQUESTS_RECEIVED.make(r)
         self.tenant_requests = v.ROUTER_TENANT_REQUESTS.make(r)
         self.retries = v.ROUTER_RETRIES.make(r)
         for reason in RETRY_REASONS:  # at 0 from the start, as model_errors_total: rate() sees a first burst

@@ -176,8 +176,14 @@ SIM_BUSY = _m("fleetserve_sim_busy_seconds_total", "counter", "Time the simulate
               "seconds", _V, by=(SIM,))
 
 # --- router -----------------------------------------------------------------------------------------------
-ROUTER_REQUESTS = _m("fleetserve_router_requests_total", "counter", "Requests answered", "router", "requests",
+ROUTER_REQUESTS = _m("fleetserve_router_requests_total", "counter", "Requests answered, counted when the answer "
+                     "ends with the status the client got (a stream cut after its 200 line: its 502 or 504; one its "
+                     "client left: 499)", "router", "requests",
                      ("path", "code"), by=(ROUTER,))
+ROUTER_REQUESTS_RECEIVED = _m("fleetserve_router_requests_received_total", "counter", "Model requests (POST) as "
+                              "they arrive, before any answer: the request_rate scaling signal on Kubernetes, as the "
+                              "local autoscaler and the simulator count arrivals", "router", "requests", ("path",),
+                              by=(ROUTER,))
 ROUTER_TENANT_REQUESTS = _m("fleetserve_router_tenant_requests_total", "counter", "Requests by tenant (tenants "
                             "from the API key file; '-' without keys)", "router", "requests", ("tenant", "code"),
                             by=(ROUTER,))

@@ -289,6 +289,7 @@ class Gateway:
         post = request.method == "POST"
         if post:
             self.requests_total += 1
+            self._count(self.metrics.received, request.path)
         tenant = None
         body: dict | None = None
         if self.settings.served_models and not self.pool.any_eligible() and \
@@ -354,8 +355,8 @@ class Gateway:
             # error's is no token at all
             self.metrics.served_ttfb_ms.observe(served_ms)
             self._ttfb.append((started, served_ms))
-        self._count_request(responder, request.path, status)
-        self._count(self.metrics.tenant_requests, tenant or "-", str(status))
+        responder.counted = True  # counted at the end, with the status the client really got (a stream cut after
+        # its 200 status line, or left by its client, had counted as a 200 in both request series)
         learn = None
         if status == 200 and self.needs.prefix_keys:
             def learn(tail: bytes, choice=attempt.choice, routed=route.prompt_tokens) -> None:
@@ -380,6 +381,8 @@ class Gateway:
             raise
         finally:
             attempt.release()
+            self._count_request(responder, request.path, logged)
+            self._count(self.metrics.tenant_requests, tenant or "-", str(logged))
             self.metrics.latency_ms.observe((self.clock() - started) * 1000)
             self._log(request_id, tenant, request.path, logged, started, attempt, ttfb_ms, body, error=error)
 
