@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetserve.kvcache.tiers import Latency
 from fleetserve.observe import vocabulary as v
 from fleetserve.observe.docs import DOC_PATH, REGENERATE, render_metrics_md
 from fleetserve.observe.metrics import (
@@ -121,8 +122,12 @@ def test_supervisor_metrics_are_the_vocabulary():
 
 def test_prefix_cache_collector_exports_each_family_once_with_a_sample_per_tier():
     def store(name, hits):
+        get, put = Latency(), Latency()
+        for seconds in (0.002, 0.02):
+            get.observe(seconds)
+        put.observe(0.5)
         stats = SimpleNamespace(misses=1, evictions=2, bytes_in=3, bytes_out=4, failures=0, rejected=0,
-                                get_seconds=[0.002, 0.02], put_seconds=[0.5])
+                                get_seconds=get, put_seconds=put)
         return SimpleNamespace(name=name, stats=stats)
 
     cache = SimpleNamespace(block_shape=(2, 1, 1, 16, 8), queries=10, query_tokens=175,
@@ -184,8 +189,8 @@ def test_the_docs_command_writes_what_the_test_compares(tmp_path):
 def test_a_tier_the_engine_does_not_have_has_no_hit_series():
     """An engine without L2 exported fleetserve_kv_tier_hits_total{tier="l2"} 0: the tier panels drew an "l2 0%"
     line for a tier that did not exist."""
-    stats = SimpleNamespace(misses=1, evictions=0, bytes_in=0, bytes_out=0, failures=0, rejected=0, get_seconds=[],
-                            put_seconds=[])
+    stats = SimpleNamespace(misses=1, evictions=0, bytes_in=0, bytes_out=0, failures=0, rejected=0,
+                            get_seconds=Latency(), put_seconds=Latency())
     cache = SimpleNamespace(block_shape=(2, 1, 1, 16, 8), queries=1, query_tokens=16,
                             hits={"engine": 3, "l1": 2, "l2": 0}, engine_misses=1, _blocks=[], engine_blocks=8,
                             l1=SimpleNamespace(name="l1", stats=stats), l2=None, tenant_l2={})
@@ -193,3 +198,27 @@ def test_a_tier_the_engine_does_not_have_has_no_hit_series():
     reg.register(PrefixCacheCollector(cache, "m"))
     families = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
     assert {s.labels["tier"] for s in families["fleetserve_kv_tier_hits"].samples} == {"engine", "l1"}
+
+
+def test_tier_latency_histograms_never_go_backwards():
+    """The histograms were built from a window of the last 512-1,024 operations: their count read 200, 400, ...,
+    1000 and then 688, a counter reset to Prometheus every ~512 operations, so rate() and quantiles were wrong."""
+    from fleetserve.kvcache.tiers import TierStats
+
+    stats = TierStats()
+    cache = SimpleNamespace(block_shape=(2, 1, 1, 16, 8), queries=1, query_tokens=16, hits={"engine": 0, "l1": 0},
+                            engine_misses=1, _blocks=[], engine_blocks=8,
+                            l1=SimpleNamespace(name="l1", stats=stats), l2=None, tenant_l2={})
+    reg = CollectorRegistry()
+    reg.register(PrefixCacheCollector(cache, "m"))
+    counts = []
+    for i in range(1, 2501):
+        stats.timing("get", 0.002 if i % 2 else 0.3)
+        if i % 250 == 0:
+            families = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+            samples = {(s.name, s.labels.get("le")): s.value for s in families["fleetserve_kv_tier_get_seconds"].samples
+                       if s.labels["tier"] == "l1"}
+            counts.append(samples[("fleetserve_kv_tier_get_seconds_count", None)])
+            assert samples[("fleetserve_kv_tier_get_seconds_bucket", "0.005")] == (i + 1) // 2
+            assert samples[("fleetserve_kv_tier_get_seconds_bucket", "+Inf")] == i
+    assert counts == [float(n) for n in range(250, 2501, 250)]

@@ -11,6 +11,7 @@ retried by itself: the engine keeps serving from L1 and recompute.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import struct
 import threading
@@ -55,6 +56,36 @@ def unpack_block(key: int, value: bytes) -> bytes | None:
     return bytes(payload)
 
 
+TIER_LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+@dataclass
+class Latency:
+    """Every operation's time since the start, as a Prometheus histogram counts: per bucket, count and sum. A
+    window of the last 512-1,024 samples had been exported as the histogram, so its count fell back every ~512
+    operations and `rate()` and quantiles read counter resets."""
+
+    buckets: tuple[float, ...] = TIER_LATENCY_BUCKETS_S
+    per_bucket: list[int] = field(default_factory=lambda: [0] * len(TIER_LATENCY_BUCKETS_S))
+    count: int = 0
+    total: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        i = bisect.bisect_left(self.buckets, seconds)
+        if i < len(self.per_bucket):
+            self.per_bucket[i] += 1
+        self.count += 1
+        self.total += seconds
+
+    def cumulative(self) -> list[int]:
+        """Counts at or below each bucket's bound (`le`), then +Inf."""
+        out, n = [], 0
+        for c in self.per_bucket:
+            n += c
+            out.append(n)
+        return out + [self.count]
+
+
 @dataclass
 class TierStats:
     """Counters of one tier. `add` is for counters that several threads change (L2's: the tokenizer pool
@@ -67,8 +98,8 @@ class TierStats:
     bytes_out: int = 0
     failures: int = 0
     rejected: int = 0  # values whose header did not match the key
-    get_seconds: list[float] = field(default_factory=list)
-    put_seconds: list[float] = field(default_factory=list)
+    get_seconds: Latency = field(default_factory=Latency)
+    put_seconds: Latency = field(default_factory=Latency)
 
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -77,10 +108,8 @@ class TierStats:
             setattr(self, name, getattr(self, name) + n)
 
     def timing(self, kind: str, seconds: float) -> None:
-        target = self.get_seconds if kind == "get" else self.put_seconds
-        target.append(seconds)
-        if len(target) > 1024:
-            del target[:512]
+        with self._lock:
+            (self.get_seconds if kind == "get" else self.put_seconds).observe(seconds)
 
 
 class L1Store:

@@ -198,8 +198,8 @@ class PrefixCacheCollector:
         for kind, metric in (("get", v.KV_TIER_GET), ("put", v.KV_TIER_PUT)):
             hist = metric.family()
             for tier, store in stores:
-                samples = list(getattr(store.stats, f"{kind}_seconds"))
-                counts = [sum(1 for x in samples if x <= b) for b in metric.buckets]
-                hist.add_metric([tier], [(str(b), n) for b, n in zip(metric.buckets, counts, strict=True)]
-                                + [("+Inf", len(samples))], sum_value=sum(samples))
+                latency = getattr(store.stats, f"{kind}_seconds")
+                *counts, total = latency.cumulative()
+                hist.add_metric([tier], [(str(b), n) for b, n in zip(latency.buckets, counts, strict=True)]
+                                + [("+Inf", total)], sum_value=latency.total)
             yield hist

@@ -26,6 +26,8 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
+from fleetserve.kvcache.tiers import TIER_LATENCY_BUCKETS_S  # the tiers count into these (kvcache/tiers.Latency)
+
 disable_created_metrics()
 
 Kind = Literal["counter", "gauge", "histogram"]
@@ -33,7 +35,6 @@ Kind = Literal["counter", "gauge", "histogram"]
 LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000)
 SECONDS_BUCKETS = tuple(b / 1000 for b in LATENCY_BUCKETS_MS)
 BUFFER_WAIT_BUCKETS_S = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
-TIER_LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 COLD_START_BUCKETS_S = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
 MODEL_LABELS = ("namespace", "model_name", "model_version", "instance_type", "replica")
@@ -256,9 +257,9 @@ KV_TIER_FAILURES = _m("fleetserve_kv_tier_failures_total", "counter", "Tier oper
 KV_TIER_REJECTED = _m("fleetserve_kv_tier_rejected_total", "counter", "Values whose header did not match the "
                       "key or whose bytes did not match their checksum (foreign or corrupt; never used)", "kv",
                       "blocks", _T, by=(ENGINE,))
-KV_TIER_GET = _m("fleetserve_kv_tier_get_seconds", "histogram", "Tier load latency (recent operations)", "kv",
+KV_TIER_GET = _m("fleetserve_kv_tier_get_seconds", "histogram", "Tier load latency", "kv",
                  "seconds", _T, TIER_LATENCY_BUCKETS_S, by=(ENGINE,))
-KV_TIER_PUT = _m("fleetserve_kv_tier_put_seconds", "histogram", "Tier store latency (recent operations)", "kv",
+KV_TIER_PUT = _m("fleetserve_kv_tier_put_seconds", "histogram", "Tier store latency", "kv",
                  "seconds", _T, TIER_LATENCY_BUCKETS_S, by=(ENGINE,))
 
 # --- autoscaler -------------------------------------------------------------------------------------------
