@@ -441,7 +441,9 @@ def test_admin_backends_replaces_and_drains(pair, tiny_model, logs):
     assert bad.status_code == 400 and "allowed values" in bad.json()["error"]["message"]
     # a URL without a host or with a port that is no number passed, and every request after it was a 500 while
     # the health checks had stopped for good
-    for url in ("http://", "http://127.0.0.1:abc", "http://[::1"):
+    # ... and an OpenAI base URL (a path: the health probe went to /v1/health, the replica never became healthy,
+    # and every request waited out the buffer)
+    for url in ("http://", "http://127.0.0.1:abc", "http://[::1", urls[0] + "/v1"):
         bad = httpx.put(gw.url + "/admin/backends", json={"backends": [{"url": url, "state": "ready"}]}, timeout=5)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "backends[].url", (url, bad.text)
     for name in ("", "r 0", 7, "x" * 64):  # the replica's name is a label value of the model_* series

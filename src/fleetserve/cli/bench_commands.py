@@ -381,7 +381,7 @@ def bench_replay(
     from fleetserve.router.upstream import backend_url_problem
     from fleetserve.traces.load import TraceError, load_trace
 
-    if (problem := backend_url_problem(url)) is not None:  # `:abc` as the port had been a traceback
+    if (problem := backend_url_problem(url, allow_path=True)) is not None:  # `:abc` as the port: a traceback
         raise typer.BadParameter(f"{problem} (the gateway; the /v1 that `up` prints may stay)", param_hint="--url")
     if prompt_format not in ("tokens", "text"):
         raise typer.BadParameter(f"{prompt_format!r}; allowed values: tokens, text", param_hint="--prompt-format")

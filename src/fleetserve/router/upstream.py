@@ -62,10 +62,12 @@ class Stalled(UpstreamError):
     kind = "stalled"
 
 
-def backend_url_problem(url: object) -> str | None:
+def backend_url_problem(url: object, allow_path: bool = False) -> str | None:
     """Why `url` is no replica base URL (http(s)://host[:port]), or None: the one check of `--backend`, the
     admin API's backend set and the connection pool (`http://` passed the admin API, and every request after it
-    was a 500 while the health checks had stopped for good)."""
+    was a 500 while the health checks had stopped for good). A path is refused unless `allow_path`: requests go
+    with their own path, so only the health probe used it (an OpenAI base URL's /v1 probed /v1/health, the
+    replica never became healthy, and every request waited out the buffer)."""
     if not isinstance(url, str):
         return f"expected a string, got {type(url).__name__}"
     try:
@@ -77,6 +79,9 @@ def backend_url_problem(url: object) -> str | None:
         return f"{url!r}: expected http://host:port or https://host:port"
     if port == 0:
         return f"{url!r}: port 0 is no port to connect to"
+    if not allow_path and parts.path not in ("", "/"):
+        return (f"{url!r}: expected http://host:port without a path (requests keep their own, /v1/...); got the "
+                f"path {parts.path!r}")
     return None
 
 
