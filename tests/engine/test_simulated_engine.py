@@ -187,3 +187,24 @@ def test_tokenize_counts_a_chat_as_serving_does(sim):
     bad = httpx.post(sim.url + "/tokenize", json={"messages": [{"role": "user", "content": 42}]}, timeout=30)
     assert bad.status_code == 400 and "messages[0].content" in bad.json()["error"]["message"]
     assert httpx.post(sim.url + "/tokenize", json={"prompt": "x y"}, timeout=30).json()["count"] == 2
+
+
+def test_options_the_other_engine_kind_would_ignore_are_refused(tmp_path):
+    """`engine --simulate fast --max-waiting 1 --max-batch 1` ran and took 7 concurrent requests (no queue-full
+    503 ever), and --max-tokens-default was ignored too, without a word: a test of those paths against a
+    simulated engine tested nothing. --speedup and --cache-blocks mean nothing to a model engine."""
+    import subprocess
+    import sys
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "fleetserve", "engine", *args, "--port", "1"], text=True,
+                              capture_output=True, timeout=60)
+
+    simulated = run("--simulate", "fast", "--max-waiting", "1", "--max-batch", "1")
+    def said(p: subprocess.CompletedProcess) -> str:  # the message without the error box's borders
+        return " ".join(p.stderr.replace("│", " ").split())
+
+    assert simulated.returncode == 2 and "--max-batch, --max-waiting: not used by the simulated engine" in \
+        said(simulated), simulated.stderr
+    model = run("--model", str(tmp_path / "none"), "--speedup", "2")
+    assert model.returncode == 2 and "--speedup: not used by a model engine" in said(model), model.stderr

@@ -401,8 +401,27 @@ def down(
                                                if state.status == "dead" else ""))
 
 
+#: `fleetserve engine` options of the model engine that the simulated one has no use for, and the reverse
+MODEL_ENGINE_ONLY = ("engine_cache_bytes", "l1_bytes", "l2_url", "l2_password_file", "l2_tenant", "max_batch",
+                     "prefill_chunk", "threads", "dtype", "max_tokens_default", "max_waiting", "revision",
+                     "orphan_drain", "kv_cache")
+SIMULATED_ONLY = ("cache_blocks", "speedup")
+
+
+def _given(ctx: typer.Context, names: tuple[str, ...]) -> list[str]:
+    """The options among `names` the user gave on the command line, as flags."""
+    def set_by_user(name: str) -> bool:  # by its name: typer's click is not always the `click` package; on the
+        # command line only (an exported $FLEETSERVE_L2_URL had stopped every simulated engine of that shell)
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name == "COMMANDLINE"
+
+    given = [n for n in names if set_by_user(n)]
+    return ["--" + n.replace("_", "-") if n != "kv_cache" else "--no-kv-cache" for n in given]
+
+
 @app.command()
 def engine(
+    ctx: typer.Context,
     model: Annotated[str | None, typer.Option(help="Model directory or source (builtin:NAME, hf:org/name, path)")
                      ] = None,
     simulate: Annotated[str | None, typer.Option(help="Run a simulated engine with this performance profile "
@@ -466,6 +485,10 @@ def engine(
             read_secret_file(l2_password_file)
         except (OSError, ValueError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--l2-password-file") from None
+    unused = _given(ctx, MODEL_ENGINE_ONLY if simulate is not None else SIMULATED_ONLY)
+    if unused:  # they had been ignored without a word: a queue-full test against a simulated engine tested nothing
+        which = "the simulated engine (--simulate)" if simulate is not None else "a model engine (--model)"
+        raise typer.BadParameter(f"{', '.join(unused)}: not used by {which}", param_hint=unused[0])
     if simulate is not None:
         from fleetserve.engine.simulated import run_simulated_engine
         from fleetserve.sim.perf import profile
