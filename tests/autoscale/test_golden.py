@@ -470,3 +470,32 @@ def test_a_steady_decision_names_what_held_it():
     cooling = VirtualFleet(ScalingPolicy(min_replicas=1, max_replicas=4, triggers=CONCURRENCY), t0, 3)
     cooling.poll(t0 + 30, 12.0)
     assert cooling.poll(t0 + 60, 4.0).reason.endswith("(wants 1, held by stabilization window)")
+
+
+def test_a_window_shorter_than_the_lead_holds_its_floor_through_the_whole_lead():
+    """The floor read only `now` and `now + lead`: a 12:00-12:02 window with a 300 s lead gave 2 at 11:55-11:56,
+    0 at 11:57-11:59 (both instants outside the window) and 2 again at 12:00, so a fleet went to zero just before
+    the window it was meant to be warm for. It holds from start - lead to the end now, as the Kubernetes cron
+    trigger whose start is moved earlier does."""
+    floors = [ScheduleFloor(name="rush", timezone="UTC", start="0 12 * * *", end="2 12 * * *", min_replicas=2)]
+    policy = ScalingPolicy(min_replicas=0, max_replicas=4, cooldown=60, initial_cooldown=0, triggers=CONCURRENCY,
+                           schedule=Schedule.from_spec(floors), schedule_lead=300.0)
+    at = {m: datetime(2026, 12, 7, 11, 54, tzinfo=UTC).timestamp() + 60 * m for m in range(10)}  # 11:54 .. 12:03
+    floors_by_minute = [policy.floor(at[m]) for m in range(10)]
+    assert floors_by_minute == [0, 2, 2, 2, 2, 2, 2, 2, 0, 0], floors_by_minute
+    assert policy.floor_names(at[4]) == ["rush"]  # 11:58: the decision names the window it prepares for
+
+
+def test_a_lead_of_part_of_a_minute_raises_the_floor_as_early_as_kubernetes_does():
+    """Cron fires on minutes: KEDA's trigger moved a 90 s lead to 2 minutes, while the live autoscaler and the
+    simulator raised the floor 90 s early. All three round the lead up to whole minutes now."""
+    from fleetserve.spec.endpoint import AutoscalingSection
+
+    section = AutoscalingSection.model_validate({
+        "minReplicaCount": 0, "maxReplicaCount": 4, "scheduleLeadTime": 90,
+        "schedules": [{"name": "rush", "timezone": "UTC", "start": "0 12 * * *", "end": "0 13 * * *",
+                       "minReplicas": 2}]})
+    policy = ScalingPolicy.from_spec(section)
+    assert policy.schedule_lead == 120
+    noon = datetime(2026, 12, 7, 12, 0, tzinfo=UTC).timestamp()
+    assert policy.floor(noon - 119) == 2 and policy.floor(noon - 121) == 0

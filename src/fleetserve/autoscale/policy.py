@@ -33,7 +33,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
-from fleetserve.autoscale.schedule import Schedule
+from fleetserve.autoscale.schedule import Schedule, lead_minutes
 
 TOLERANCE = 0.1
 #: metric name -> HPA metric type: fleet totals are AverageValue, latencies are Value.
@@ -100,7 +100,7 @@ class ScalingPolicy:
                            for t in section.triggers)
             or (DEFAULT_TRIGGER,),
             schedule=Schedule.from_spec(section.schedules),
-            schedule_lead=section.schedule_lead_time,
+            schedule_lead=60.0 * lead_minutes(section.schedule_lead_time),
             fallback_threshold=section.fallback.failure_threshold if section.fallback else None,
             fallback_replicas=section.fallback.replicas if section.fallback else 0,
         )
@@ -108,15 +108,12 @@ class ScalingPolicy:
     def floor(self, now: float) -> int:
         scheduled = 0
         if self.schedule.windows:
-            scheduled = max(self.schedule.floor(datetime.fromtimestamp(now, UTC)),
-                            self.schedule.floor(datetime.fromtimestamp(now + self.schedule_lead, UTC)))
+            scheduled = self.schedule.floor(datetime.fromtimestamp(now, UTC), self.schedule_lead)
         return min(self.max_replicas, max(self.min_replicas, scheduled))
 
     def floor_names(self, now: float) -> list[str]:
         """The schedule windows open now, or opening within the lead time: what `floor` reads."""
-        names = self.schedule.active_names(datetime.fromtimestamp(now, UTC))
-        names += self.schedule.active_names(datetime.fromtimestamp(now + self.schedule_lead, UTC))
-        return list(dict.fromkeys(names))
+        return self.schedule.active_names(datetime.fromtimestamp(now, UTC), self.schedule_lead)
 
 
 @dataclass(frozen=True)

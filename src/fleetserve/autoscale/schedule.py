@@ -201,11 +201,30 @@ class Window:
         ended = self.end.previous(now, self.tz)
         return ended is None or started.astimezone(UTC) > ended.astimezone(UTC)
 
+    def active_within(self, now: datetime, lead_s: float) -> bool:
+        """Active now, or opening within the next `lead_s` seconds: the floor holds from start - lead to the end,
+        as the Kubernetes cron trigger's start moved earlier does. Reading only `now` and `now + lead` dropped it
+        in between for a window shorter than the lead (a 2-minute window with a 5-minute lead: floor 2 at 11:55,
+        0 from 11:57, 2 at 12:00, and the fleet went to zero just before its rush)."""
+        if self.active(now):
+            return True
+        if lead_s <= 0:
+            return False
+        started = self.start.previous(now + timedelta(seconds=lead_s), self.tz)
+        return started is not None and started.astimezone(UTC) > now.astimezone(UTC)
+
 
 OVERLAP_FROM = date(2027, 6, 1)  # two years from here hold 29 February 2028
 OVERLAP_DAYS = 2 * 366
 MAX_FIRINGS = 20_000  # per cron and window in the overlap check
 _CHECKED: dict[tuple, str | None] = {}  # overlap verdicts per set of windows
+
+
+def lead_minutes(seconds: float) -> int:
+    """scheduleLeadTime in whole minutes, rounded up: cron fires on minutes, so the Kubernetes trigger's start
+    moves by whole minutes, and the live autoscaler and the simulator raise the floor as early (a 90 s lead had
+    been 120 s on KEDA and 90 s here)."""
+    return int(-(-seconds // 60))
 
 
 class Schedule:
@@ -249,11 +268,11 @@ class Schedule:
         schedule.check_overlaps()
         return schedule
 
-    def floor(self, now: datetime) -> int:
-        return max((w.floor for w in self.windows if w.active(now)), default=0)
+    def floor(self, now: datetime, lead_s: float = 0.0) -> int:
+        return max((w.floor for w in self.windows if w.active_within(now, lead_s)), default=0)
 
-    def active_names(self, now: datetime) -> list[str]:
-        return [w.name for w in self.windows if w.active(now)]
+    def active_names(self, now: datetime, lead_s: float = 0.0) -> list[str]:
+        return [w.name for w in self.windows if w.active_within(now, lead_s)]
 
     def check_overlaps(self, first: date = OVERLAP_FROM, days: int = OVERLAP_DAYS) -> None:
         """Reject windows that are active at the same time: each window's active intervals over `days` (two years

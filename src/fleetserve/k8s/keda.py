@@ -137,7 +137,9 @@ def _rates(policies: tuple[RatePolicy, ...]) -> list[dict]:
 
 def shift_earlier(cron: Cron, seconds: float) -> str | None:
     """The cron text fired `seconds` earlier (whole minutes, rounded up), or None where no cron can say it."""
-    return cron.shifted(-int(-(-seconds // 60)))
+    from fleetserve.autoscale.schedule import lead_minutes
+
+    return cron.shifted(-lead_minutes(seconds))
 
 
 def _lead_problem(window, lead: float) -> str | None:
