@@ -223,8 +223,32 @@ def test_a_crash_looping_replica_is_said_in_the_status_until_it_is_ready_again(m
     r.child = ExitedChild()
     sup._tend(r, mono(), starting_up=False)
     assert sup.state.error.startswith("replica r0 ")
+    healthy = Replica(ReplicaState("r1", "http://127.0.0.1:8", state=Phase.READY, node="n0"), 8, "n0",
+                      requested_at=mono(), child=ReadyChild(), started_at=mono())
+    sup.replicas.append(healthy)
     sup._remove(r)  # scaled away while it crash-looped: its error goes with it (it stayed on a healthy fleet)
     assert sup.state.error == ""
+
+
+def test_a_crash_loop_scaled_to_zero_stays_in_the_status_until_a_replica_is_ready(make):
+    """The only replica crash-looped, its clients got 503 "the fleet's status and its replica logs say why", and
+    the fleet scaled to zero: `status` read "ready (scaled to zero)" with no error, while every next start failed
+    the same way. The error stays, said as past, until a replica is ready."""
+    sup, _, mono = make(0)
+    r = Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.STARTING, node="n0"), 9, "n0",
+                requested_at=mono(), child=ExitedChild(), started_at=mono())
+    sup.replicas.append(r)
+    sup._tend(r, mono(), starting_up=False)
+    sup._remove(r)
+    error = sup.state.error
+    assert error.startswith("replica r0 exited with code 1; its last error: SafetensorError") and error.endswith(
+        " (it was stopped by a scale-down before it started again; the next replica may fail alike)"), error
+    fresh = Replica(ReplicaState("r1", "http://127.0.0.1:8", state=Phase.STARTING, node="n0"), 8, "n0",
+                    requested_at=mono(), child=ReadyChild(), started_at=mono())
+    sup.replicas.append(fresh)
+    sup._get = lambda *_a, **_k: object()  # /health answers
+    sup._tend(fresh, mono(), starting_up=False)
+    assert fresh.state.state == Phase.READY and sup.state.error == ""
 
 
 def test_the_router_is_told_when_no_replica_can_start(make):

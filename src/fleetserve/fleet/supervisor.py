@@ -83,6 +83,7 @@ ENGINE_STOP_GRACE_S = 1.0
 CHILD_STOP_S = 10.0  # a child's time to exit after SIGTERM at the fleet's stop, before SIGKILL
 ROUTER_EXIT_S = 5.0  # a stopping router's time to exit after its drain, before the replicas stop anyway
 REDIS_PASSWORD = "redis.password"  # in the fleet's run folder, 0600
+STOPPED_FAILING = " (it was stopped by a scale-down before it started again; the next replica may fail alike)"
 L2_PROBE_S = 10.0  # how often the L2 Redis is pinged for `status` (an external one was never checked)
 ALERTS_UNKNOWN = "unknown (the fleet's Prometheus does not answer)"
 ALERTS_EVERY_S = 15.0  # how often the fleet's own Prometheus is asked which alerts fire (for `status`)
@@ -877,8 +878,8 @@ class Supervisor:
                 self.metrics.cold_start.observe(cold)
                 if s.restarts:
                     self.say(f"replica {s.id} is ready again")
-                if self.state.error.startswith(f"replica {s.id} "):
-                    self.state.error = ""
+                if self.state.error.startswith(f"replica {s.id} ") or self.state.error.endswith(STOPPED_FAILING):
+                    self.state.error = ""  # its crash loop is over, or a replica starts where a gone one failed
             elif mono - r.started_at > self.spec.engine.startup_timeout_seconds:
                 r.child.stop(timeout=5)
                 self._crashed(r, None, mono, "did not become ready within spec.engine.startupTimeoutSeconds "
@@ -911,8 +912,13 @@ class Supervisor:
                 self._remove(r)
 
     def _remove(self, r: Replica) -> None:
-        if self.state.error.startswith(f"replica {r.state.id} "):  # its crash loop is over: it is gone
-            self.state.error = ""
+        if self.state.error.startswith(f"replica {r.state.id} "):
+            if r.crashes_since_ready and not any(o is not r and o.state.state in SERVING for o in self.replicas):
+                # it never started again and none serves: the next replica may fail alike, and the 503 its clients
+                # got sends them to `status` (which had read "ready, scaled to zero" at once)
+                self.state.error = self.state.error.replace(" and is restarting", "", 1) + STOPPED_FAILING
+            else:  # it had served since: its crash is over
+                self.state.error = ""
         if r.child is not None:
             r.child.stop(timeout=10)
         r.state.state, r.state.pid = advance(r.state.state, Phase.STOPPED), None
