@@ -55,3 +55,31 @@ def test_a_full_redis_that_evicts_nothing_is_not_up(guarded):
     client.execute_command("ACL", "SETUSER", "kv", "on", ">kvpass", "~*", "+@all", "-info")
     bare = guarded.replace("redis://", "redis://kv@")
     assert redis_health(bare, "kvpass") == "up"
+
+
+def test_a_redis_a_block_short_of_its_limit_that_refuses_writes_is_full(guarded):
+    """A KV block is large: a write that would pass maxmemory is refused and the memory stays below the limit, so
+    `status` read "up" at 96 % used while the engine's log said every write was refused. Writes refused for
+    memory with most of it used count as full; the same usage without refusals is up."""
+    import redis
+
+    client = redis.Redis.from_url(guarded, password="s3cret")
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", str(used + 300_000))
+    assert redis_health(guarded, "s3cret") == "up"  # nothing refused yet
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        client.set("block", b"x" * 737_000)  # one block of the demo model
+    health = redis_health(guarded, "s3cret")
+    assert health.startswith("full (") and "1 writes refused for memory" in health, health
+
+
+def test_writes_refused_with_most_memory_used_is_full_below_the_limit():
+    """The case a real Redis shows once its client buffers are freed: 96 % used, every block write refused."""
+    from fleetserve.kvcache.tiers import _full
+
+    memory = {"maxmemory": 8_545_688, "used_memory": 8_245_688, "maxmemory_policy": "noeviction"}
+    assert _full(memory) is None  # no write refused: a block may still fit
+    assert _full(memory, refused=4).startswith("full (used 8,245,688 of maxmemory 8,545,688 bytes")
+    assert _full({**memory, "used_memory": 4_000_000}, refused=4) is None  # room again (maxmemory raised, flushed)
+    assert _full({**memory, "maxmemory_policy": "allkeys-lru"}, refused=4) is None  # it evicts

@@ -217,7 +217,11 @@ def redis_health(url: str, password: str | None = None, timeout: float = 0.5) ->
             memory = client.info("memory")
         except redis.ResponseError:  # an ACL user without +info, a managed Redis that hides it: GET/SET still work
             return "up"
-        return _full(memory) or "up"
+        try:  # writes refused for memory since Redis started (Redis 6.2+; a managed Redis may hide it)
+            refused = int((client.info("errorstats").get("errorstat_OOM") or {}).get("count", 0))
+        except (redis.ResponseError, TypeError, ValueError, AttributeError):
+            refused = 0
+        return _full(memory, refused) or "up"
     except redis.TimeoutError as exc:
         return f"not answering ({type(exc).__name__})"
     except (redis.AuthenticationError, redis.ResponseError) as exc:
@@ -228,15 +232,24 @@ def redis_health(url: str, password: str | None = None, timeout: float = 0.5) ->
         client.close()
 
 
-def _full(memory: dict) -> str | None:
+NEAR_FULL = 0.9  # with writes refused for memory, this much of maxmemory used is full: a block does not fit
+
+
+def _full(memory: dict, refused: int = 0) -> str | None:
     """A Redis at its memory limit that cannot evict refuses every write: the engines say so in their logs, and
     `status` had read "up". `noeviction` never evicts; a `volatile-*` policy evicts only keys with a TTL, and the
-    blocks have none (ElastiCache's default is volatile-lru). Its own Redis (fleetserve's) is allkeys-lru."""
+    blocks have none (ElastiCache's default is volatile-lru). Its own Redis (fleetserve's) is allkeys-lru. A
+    block is large (0.7 MB for the demo model, megabytes for an 8B one): a Redis a block short of its limit
+    refuses it and stays below the limit, so `refused` (writes refused for memory since it started) with most of
+    the memory used counts as full too (it had read "up" at 96 % used while every write was refused)."""
     limit, used = int(memory.get("maxmemory") or 0), int(memory.get("used_memory") or 0)
     policy = str(memory.get("maxmemory_policy") or "")
-    if limit and used >= limit and (policy == "noeviction" or policy.startswith("volatile-")):
-        return (f"full (used {used:,} of maxmemory {limit:,} bytes, maxmemory-policy {policy}): new blocks are not "
-                "written; set an allkeys-lru policy, or more memory")
+    if not limit or not (policy == "noeviction" or policy.startswith("volatile-")):
+        return None
+    if used >= limit or (refused and used >= NEAR_FULL * limit):
+        writes = f", {refused:,} writes refused for memory since it started" if refused else ""
+        return (f"full (used {used:,} of maxmemory {limit:,} bytes, maxmemory-policy {policy}{writes}): new blocks "
+                "are not written; set an allkeys-lru policy, or more memory")
     return None
 
 
