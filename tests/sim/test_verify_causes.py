@@ -722,3 +722,32 @@ def test_a_costliest_first_window_names_the_replicas_the_fleet_started_with():
     result = SimpleNamespace(report=report, fleet=SimpleNamespace(series=series, policy_scaling=policy))
     reason = _ran_on(result, (0.0, 300.0), [series[0]])
     assert "started with 2 replica(s) (spec.replicas" in reason and "scaled from 0" not in reason, reason
+
+
+def test_idle_misses_after_a_scale_down_are_not_blamed_on_max_replicas():
+    """At idle the fleet was at max (4) for most of the window, but dropped to 1 in a lull and took a cold start to
+    come back, and its misses came then: verify said "replicas held at maxReplicaCount=4", and raising it would
+    not have helped. Misses arriving mostly below max say so instead; misses at max still blame max."""
+    from types import SimpleNamespace
+
+    from fleetserve.sim.verify import _capacity_cause
+
+    series = [(0.0, 4, 4, 4, 4.0, 4), (240.0, 1, 1, 1, 1.0, 1), (300.0, 4, 4, 4, 4.0, 4)]  # 1 from 240 to 300 s
+    slo = {"ttft_p95_ms": 2000.0, "e2e_p95_ms": 30000.0}
+
+    def request(at: float, ttft: float):
+        return SimpleNamespace(arrival=at, first=at + ttft, done=at + ttft + 1, error=None)
+
+    def cause(slow_at: list[float]) -> str:
+        requests = [request(t, 0.5) for t in range(0, 600, 10)] + [request(t, 40.0) for t in slow_at]
+        fleet = SimpleNamespace(series=series, policy_scaling=SimpleNamespace(max_replicas=4, min_replicas=1),
+                                static=0, replicas=[], unplaced={}, capacity=SimpleNamespace(provider=None),
+                                disruptions={}, requests=requests, t0=0.0)
+        section = {"windows": [[0.0, 600.0]], "failed_by_reason": {}, "ttft_ms": {"p95": 40_000.0}}
+        return _capacity_cause(SimpleNamespace(fleet=fleet, report={"idle": section, "slo": slo}), "idle")
+
+    lull = cause([245.0, 255.0, 265.0, 275.0, 285.0, 320.0])
+    assert "replicas went down to 1 during the idle" in lull and "5 of its 6 misses" in lull, lull
+    assert "maxReplicaCount" not in lull
+    at_max = cause([100.0, 150.0, 400.0, 450.0, 500.0, 250.0])
+    assert "held at maxReplicaCount=4" in at_max, at_max

@@ -21,7 +21,7 @@ import numpy as np
 from fleetserve.autoscale.failing import STATIC_ZERO
 from fleetserve.capacity.providers import SPOT_NOTICE_SECONDS
 from fleetserve.sim.fleet import KV_BOUND, series_at, span_hours
-from fleetserve.sim.report import window_bounds, window_requests, windows, worst_section
+from fleetserve.sim.report import missed, window_bounds, window_requests, windows, worst_section
 from fleetserve.sim.run import SimResult, simulate, unplaced_reason
 from fleetserve.sim.setup import SimOptions
 from fleetserve.spec.context import MODEL_MAXIMUM
@@ -309,6 +309,9 @@ def _capacity_cause(result: SimResult, window: str, section: dict | None = None)
     from_zero = zero and least == 0
     if from_zero and not (at_max and p95_s > 2 * cold_s):
         return f"scale from zero: requests wait for a cold start{cold}{refused}"
+    if at_max and window == "idle" and not from_zero and (lull := _misses_in_a_lull(fleet, report, section, most)):
+        return lull + cold + " (a longer scaleDownStabilizationTime or cooldownPeriod, or a higher minReplicaCount, " \
+            f"keeps replicas through such a lull){refused}"
     if at_max:
         after = f", after a scale from zero{cold}" if from_zero else ""
         return f"replicas held at maxReplicaCount={most} during the {name}: not enough capacity{after}{refused}"
@@ -322,6 +325,22 @@ def _capacity_cause(result: SimResult, window: str, section: dict | None = None)
     ready = sorted({p[1] for p in points}) or [0]
     kept = f"{ready[0]}" if len(ready) == 1 else f"{ready[0]}-{ready[-1]}"
     return f"too little capacity at idle: {kept} replica(s) ready (minReplicaCount {least}){refused}"
+
+
+def _misses_in_a_lull(fleet, report: dict, section: dict, most: int) -> str | None:
+    """At idle a fleet can be at max most of the time and still miss mostly while it was not: a scale-down in a
+    lull, then a scale-up a cold start too late. "replicas held at maxReplicaCount" was said there, and raising the
+    maximum would not mend it. Says so when most misses arrived with fewer than `most` replicas ready."""
+    spans = section["windows"]
+    missed_at = [t for r in fleet.requests if missed(r, report["slo"])
+                 for t in (r.arrival - fleet.t0,) if any(a <= t < b for a, b in spans)]
+    below = sum(1 for t in missed_at if series_at(fleet.series, t)[1] < most)
+    if not missed_at or below < 0.5 * len(missed_at):
+        return None
+    fewest = min(p[1] for p in _window_points(fleet, spans))
+    return (f"replicas went down to {fewest} during the idle and {below} of its {len(missed_at)} misses came while "
+            f"fewer than the {most} it had most of the time were ready: the scale-down came before the load did, "
+            "and the scale-up after it")
 
 
 def judge(result: SimResult) -> list[Check]:
