@@ -196,6 +196,24 @@ def test_scale_down_drains_the_idle_replica_not_the_newest_busy_one():
     assert victims([old_idle, Candidate("r2", "starting", "n2", 2, 0)], {}, 1)[0].id == "r2"  # not yet useful first
 
 
+def test_scale_down_empties_the_dearest_node_it_can():
+    """r0 alone on a $0.805/h g6.xlarge, r1 and r2 on a $5.672/h g5.12xlarge (4 slots): the emptiest node went
+    first, so a scale-down from 3 to 1 kept the dear node at $5.672/h where the cheap one could carry the replica.
+    With prices, whole nodes go first, the dearest that the count can empty; equal prices keep the old order."""
+    from fleetserve.autoscale.scaledown import Candidate, victims
+
+    r0, r1, r2 = Candidate("r0", "ready", "cheap", 0), Candidate("r1", "ready", "dear", 1), \
+        Candidate("r2", "ready", "dear", 2)
+    used, prices = {"cheap": 1, "dear": 2}, {"cheap": 0.805, "dear": 5.672}
+    assert {c.id for c in victims([r0, r1, r2], used, 2, prices)} == {"r1", "r2"}
+    assert victims([r0, r1, r2], used, 2)[0] == r0  # without prices: the emptiest node, as before
+    assert victims([r0, r1, r2], used, 1, prices) == [r0]  # one cannot empty the dear node: the cheap one frees $0.8
+    same = {"cheap": 1.0, "dear": 1.0}
+    assert victims([r0, r1, r2], used, 1, same) == victims([r0, r1, r2], used, 1)
+    starting = Candidate("r3", "starting", "dear", 3)  # not yet useful: still first
+    assert victims([r0, r1, r2, starting], {"cheap": 1, "dear": 3}, 1, prices) == [starting]
+
+
 def test_revivals_take_the_nearest_deadline_first_and_none_on_a_node_that_goes():
     from fleetserve.autoscale.scaledown import revivals
 

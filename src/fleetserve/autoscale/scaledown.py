@@ -29,11 +29,29 @@ class Candidate:
     in_flight: int = 0  # requests it serves (the router's count)
 
 
-def victims(candidates: Sequence[Candidate], node_used: Mapping[str, int], count: int) -> list[Candidate]:
-    """The `count` replicas to drain, in order."""
+def victims(candidates: Sequence[Candidate], node_used: Mapping[str, int], count: int,
+            node_price: Mapping[str, float] | None = None) -> list[Candidate]:
+    """The `count` replicas to drain, in order. With `node_price` ($/h per node), after the not yet useful ones, the
+    replicas of whole nodes come first, the dearest node that the count can empty first: its price stops. By the
+    emptiest node alone, a fleet of a $0.81/h 1-GPU node and a $5.67/h 4-GPU node holding two replicas kept the
+    dear node and dropped the cheap one at a scale-down from 3 to 1."""
+    count = max(0, count)
     ranked = sorted(candidates, key=lambda c: (STATE_RANK.get(c.state, 0), c.in_flight > 0,
                                                node_used.get(c.node_id, 0), c.in_flight, -c.ordinal))
-    return ranked[:max(0, count)]
+    if not node_price or count == 0:
+        return ranked[:count]
+    chosen = [c for c in ranked if STATE_RANK.get(c.state, 0) < STATE_RANK["ready"]][:count]
+    rest = [c for c in ranked if c not in chosen]
+    on: dict[str, list[Candidate]] = {}
+    for c in rest:
+        on.setdefault(c.node_id, []).append(c)
+    for node in sorted(on, key=lambda n: (-node_price.get(n, 0.0), node_used.get(n, 0))):
+        members = on[node]
+        whole = len(members) >= node_used.get(node, len(members))  # nothing else of the fleet's runs there
+        if whole and node_price.get(node, 0.0) > 0 and len(chosen) + len(members) <= count:
+            chosen += members
+    chosen += [c for c in rest if c not in chosen][:count - len(chosen)]
+    return chosen
 
 
 def spot_drain_due(interrupt_at: float, now: float, drain_timeout: float) -> bool:

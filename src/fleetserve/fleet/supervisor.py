@@ -947,7 +947,8 @@ class Supervisor:
             in_flight = self._in_flight_by_url
             candidates = [Candidate(r.state.id, str(r.state.state), r.node_id, int(r.state.id[1:]),
                                     in_flight.get(r.state.url, 0)) for r in active]
-            for c in victims(candidates, used, len(active) - desired):
+            prices = {n.id: n.price_per_hour for n in self.capacity.nodes()}
+            for c in victims(candidates, used, len(active) - desired, prices):
                 self._drain(by_id[c.id], mono)
         moving = [r for r in self.replicas if r.state.state == Phase.MOVING]
         ready = sum(1 for r in self.replicas if r.state.state == Phase.READY)

@@ -751,7 +751,8 @@ class SimFleet:
             in_flight = self.book.in_flight
             cands = [Candidate(r.id, "starting" if r.state == "pending" and self._node_ready(r) else r.state,
                                r.node_id, r.ordinal, in_flight[r.id]) for r in active]
-            for c in victims(cands, used, len(active) - desired):
+            prices = {n.id: n.price_per_hour for n in self.capacity.nodes()}
+            for c in victims(cands, used, len(active) - desired, prices):
                 self._drain(self._by_id[c.id])
         moving = [r for r in self.replicas if r.state == "moving"]
         ready = sum(1 for r in self.replicas if r.state == "ready")
