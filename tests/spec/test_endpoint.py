@@ -170,7 +170,14 @@ def test_the_simulated_clouds_typos_and_impossible_values_are_refused_or_warned(
     assert "no node of it is ever launched" in warnings["spec.capacity.simulated.limits.g6e.xlarge"]
     assert "has no spot" in warnings["spec.capacity.simulated.spotInterruptionRatePerHour"]
     # up and status price ml.* types at EC2 rates, as simulate does (only simulate said so); gpus pack its nodes
-    assert "SageMaker instance types are priced at EC2 on-demand rates" in warnings["spec.placement.instanceTypes"]
+    assert "SageMaker instance types are priced at EC2 rates" in warnings["spec.placement.instanceTypes"]
+    from fleetserve.capacity.prices import sagemaker_pricing  # a fleet that may run on spot was billed at spot rates,
+    # and the warning quoted the on-demand one alone (the cost looked wrong)
+    endpoint = load_spec_text(spec(limits="g6e.xlarge: 1", spot=5)).endpoint
+    assert "on demand" in sagemaker_pricing(endpoint.spec)[0]
+    spotted = endpoint.spec.model_copy(update={"capacity": endpoint.spec.capacity.model_copy(
+        update={"capacity_types": ["spot", "on-demand"]})})
+    assert "/h spot" in sagemaker_pricing(spotted)[0]
     gpus = GOOD.replace("  replicas: 2", "  replicas: 2\n  engine: {gpus: 1}\n" + cloud.format(**ok))
     assert "spec.engine.gpus" not in {w.path for w in load_spec_text(gpus).warnings}
     assert not {p for p in (w.path for w in load_spec_text(spec()).warnings) if "simulated" in p}

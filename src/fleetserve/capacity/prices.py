@@ -99,8 +99,15 @@ def sagemaker_pricing(spec, prices: dict | None = None) -> list[str]:
                        and catalog.canonical(n) not in {catalog.canonical(p) for p in prices or ()})
     if not sagemaker:
         return []
-    priced = ", ".join(f"{n} at {catalog.canonical(n)}'s ${catalog.get(n).on_demand:.2f}/h" for n in sagemaker)
-    return [f"SageMaker instance types are priced at EC2 on-demand rates ({priced}): SageMaker bills ml.* instances "
+    spot = "spot" in spec.capacity.capacity_types
+
+    def rates(n: str) -> str:  # what the figures used: the spot rate too where the fleet may run on spot
+        t = catalog.get(n)
+        return f"{catalog.canonical(n)}'s ${t.on_demand:.2f}/h on demand" + (f", ${t.price('spot'):.2f}/h spot"
+                                                                              if spot else "")
+
+    priced = ", ".join(f"{n} at {rates(n)}" for n in sagemaker)
+    return [f"SageMaker instance types are priced at EC2 rates ({priced}): SageMaker bills ml.* instances "
             "at its own, higher rates (a 15-20 % premium is reported for ml.p5), so cost figures are a lower bound "
             "(--prices FILE gives your own rates)"]
 
