@@ -189,7 +189,10 @@ def test_a_huge_integer_is_shown_as_what_was_read_and_an_empty_prompt_says_so():
     import orjson
 
     err = error_of(parse_chat, {**CHAT, **orjson.loads(b'{"max_tokens": 99999999999999999999999}')})
-    assert err.param == "max_tokens" and "got 1e+23" in err.message  # it echoed 99999999999999991611392
+    assert err.param == "max_tokens" and "got a number beyond 64 bits (about 1e+23)" in err.message  # it echoed
+    # 99999999999999991611392; then "got 1.84e+19" for 2**64, which read as the bound 18446744073709551615 itself
+    seed = error_of(parse_chat, {**CHAT, **orjson.loads(b'{"seed": 18446744073709551616}')})
+    assert seed.param == "seed" and "beyond 64 bits" in seed.message
     err = error_of(parse_completion, {"model": "m", "prompt": []})
     assert err.param == "prompt" and "must not be empty" in err.message
 

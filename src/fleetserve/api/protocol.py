@@ -99,7 +99,8 @@ def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
         return None
     if isinstance(value, float) and value.is_integer() and abs(value) >= 2 ** 63:  # an integer past 64 bits, which
         # orjson reads as a float: its digits are not all there (99999999999999999999999 read 99999999999999991611392)
-        raise invalid(name, f"must be between {lo} and {hi}, got {value:.3g}")
+        # (a rounded figure read as the bound itself: "got 1.84e+19" against 18446744073709551615)
+        raise invalid(name, f"must be between {lo} and {hi}, got a number beyond 64 bits (about {value:.3g})")
     if isinstance(value, bool) or not isinstance(value, int):
         raise invalid(name, f"must be an integer between {lo} and {hi}, got {json.dumps(value)[:80]}", "invalid_type")
     if not lo <= value <= hi:
