@@ -81,21 +81,23 @@ def test_workers_share_routing_decisions_backends_and_load(fleet):
     for _ in range(4):
         assert sample(gw.url, "fleetserve_router_requests_total", path="/v1/completions", code="200") == 36
 
-    # the replica that left reads 0 in every scrape, whichever worker answers it: its series cannot be removed
-    # from the workers' shared files, and each worker's last values stayed (healthy 1, in flight 1) until that
-    # worker answered a scrape itself
+    # the replica that left has no per-backend gauge in any scrape, whichever worker answers it, as with one
+    # process: the workers' shared files cannot drop a series, and it had stayed at 0 for good (a dead replica
+    # to a reader, one more series per pod that ever came and went); each worker's last values (healthy 1, in
+    # flight 1) had stayed before that until the worker answered a scrape itself
     gone = engines[2].url.split("://")[1]
 
-    def gone_value(name: str) -> float:
+    def gone_value(name: str) -> float | None:
         try:
             return sample(gw.url, name, backend=gone)
         except KeyError:
-            return 0.0
+            return None
 
-    wait_until(lambda: gone_value("fleetserve_router_backend_healthy") == 0, 10, what="the departed replica at 0")
+    wait_until(lambda: gone_value("fleetserve_router_backend_healthy") is None, 10, what="the departed replica gone")
     for _ in range(10):
-        assert gone_value("fleetserve_router_backend_healthy") == 0
-        assert gone_value("fleetserve_router_backend_in_flight") == 0
+        assert gone_value("fleetserve_router_backend_healthy") is None
+        assert gone_value("fleetserve_router_backend_in_flight") is None
+        assert sample(gw.url, "fleetserve_router_backend_healthy", backend=keep[0].url.split("://")[1]) == 1
 
 
 def test_a_restarted_worker_takes_the_backend_set_the_others_were_given(fleet):

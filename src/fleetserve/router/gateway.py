@@ -535,7 +535,10 @@ class Gateway:
         if self.peers is not None:
             from fleetserve.router.workers import metrics_registry
 
-            return metrics_registry()
+            m = self.metrics
+            gauges = frozenset(g._name for g in (m.healthy, m.in_flight, m.backend_cache_horizon,
+                                                 m.backend_engine_hit_rate))
+            return metrics_registry(gauges, frozenset(self.pool.backends))
         return self.metrics.registry
 
     def refresh_gauges(self) -> None:

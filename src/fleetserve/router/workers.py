@@ -204,12 +204,29 @@ def _die_with_parent() -> None:
         pass
 
 
-def metrics_registry():
-    """All workers' metrics as one scrape: prometheus_client's multiprocess files, merged at read time."""
+class _LiveBackendsOnly:
+    """The merged files without the per-backend gauges of replicas that left: prometheus_client cannot remove a
+    series from the workers' files, so a replica removed by `PUT /admin/backends` kept its
+    `backend_healthy == 0` (read as a dead replica) for good, one more series per pod that ever came and went.
+    Counters keep their history, as a single process's do."""
+
+    def __init__(self, inner, families: frozenset[str], live: frozenset[str]):
+        self.inner, self.families, self.live = inner, families, live
+
+    def collect(self):
+        for family in self.inner.collect():
+            if family.name in self.families:
+                family.samples = [s for s in family.samples if s.labels.get("backend") in self.live]
+            yield family
+
+
+def metrics_registry(per_backend: frozenset[str] = frozenset(), live: frozenset[str] = frozenset()):
+    """All workers' metrics as one scrape: prometheus_client's multiprocess files, merged at read time; the
+    `per_backend` gauge families keep the `live` backends' series only."""
     from prometheus_client import CollectorRegistry, multiprocess
 
     registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)
+    registry.register(_LiveBackendsOnly(multiprocess.MultiProcessCollector(None), per_backend, live))
     return registry
 
 
