@@ -415,3 +415,18 @@ spec:
     assert manager.cost_per_hour() == 0 and manager.ledger.totals(9000.0)["total"] == pytest.approx(3.0)
     off = build_capacity(load_spec_text(text.replace("enabled: true", "enabled: false")).endpoint.spec, "a", 0.0)
     assert off.cost_per_hour() == 0 and off.ledger.totals(3600.0)["by_service"] == {}
+
+
+def test_a_shortage_is_said_as_one_not_as_a_size_mismatch():
+    """Every fitting offering out of capacity read "no available offering fits a replica of 1 GPU(s)", as if the
+    replica were too large for the types; only the capacity log said "insufficient capacity"."""
+    tiers = [Tier(("g5.xlarge",), ("spot", "on-demand"))]
+    availability = Availability()
+    availability.mark_unavailable(Offering("g5.xlarge", "spot"), 0.0)
+    availability.mark_unavailable(Offering("g5.xlarge", "on-demand"), 0.0)
+    short = place(ONE_GPU, tiers, CATALOG, availability, 1.0)
+    assert isinstance(short, InsufficientCapacity)
+    assert short.reason.startswith("no capacity for a replica of 1 GPU(s)") and \
+        "out of capacity for now (g5.xlarge spot, g5.xlarge on-demand)" in short.reason, short.reason
+    misfit = place(ONE_GPU, [Tier(("g5.12xlarge",), ("on-demand",))], CATALOG, Availability(), 0.0)
+    assert misfit.reason.startswith("no listed offering fits")

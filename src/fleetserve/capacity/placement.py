@@ -161,7 +161,11 @@ def place(req: ReplicaRequest, tiers: list[Tier], catalog: Catalog, availability
                                               and fits(catalog.get(n), req, True)})
     why = f"; {', '.join(larger)} {'has' if len(larger) == 1 else 'have'} more GPUs than a replica asks: " \
           "capacity.allowLargerInstances lets a replica take one" if larger else ""
-    return InsufficientCapacity(f"no available offering fits {req} in tiers [{wanted}]{why}", tuple(tried))
+    if tried:  # it fits, but there is no capacity: "no available offering fits" had read as a size mismatch
+        short = ", ".join(f"{o.instance_type} {o.capacity_type}" for o in tried)
+        return InsufficientCapacity(f"no capacity for {req} in tiers [{wanted}]: every offering that fits is out of "
+                                    f"capacity for now ({short}){why}", tuple(tried))
+    return InsufficientCapacity(f"no listed offering fits {req} in tiers [{wanted}]{why}", tuple(tried))
 
 
 _QUANTITY_FACTORS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "m": 1e-3,
