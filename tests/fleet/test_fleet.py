@@ -480,3 +480,25 @@ def test_a_fleets_logs_past_their_limit_are_rotated_while_it_serves(tmp_path, ti
         assert b"\0" not in (folder / "logs" / "router.log").read_bytes()[:64]  # written from the start: no hole
     finally:
         assert fleetserve("down", "rot", env=home).returncode == 0
+
+
+def test_down_of_a_dead_fleet_leaves_a_stopped_record_without_stale_replicas_or_running_cost(home, tmp_path):
+    """After `down` of a fleet whose supervisor had been SIGKILLed, status read the fleet stopped but its replica
+    rows "stale", and printed "$X so far" and its last decision as if it still ran."""
+    from fleetserve.fleet.state import FleetState, ReplicaState
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that no longer runs
+    run = tmp_path / "home" / "run" / "dead"
+    run.mkdir(parents=True)
+    state = FleetState(name="dead", namespace="default", model="tiny", spec_path="/x.yaml", status="ready",
+                       supervisor_pid=gone.pid, supervisor_start="1", url="http://127.0.0.1:1/v1", cost_total=0.25,
+                       cost_per_hour=1.0, last_decision={"desired": 2, "reason": "steady at 2"},
+                       replicas=[ReplicaState("r0", "http://127.0.0.1:2", state="ready", pid=gone.pid)])
+    (run / "state.json").write_text(json.dumps(state.to_json()))
+    assert fleetserve("down", "dead", env=home).returncode == 0
+    (shown,) = status(home, "dead")
+    assert shown["status"] == "stopped" and [r["state"] for r in shown["replicas"]] == ["stopped"], shown
+    text = fleetserve("status", "dead", env=home, check=True).stdout
+    assert "it cost $0.2500 in all" in text and "so far" not in text, text
+    assert "last decision (before it stopped): 2 replica(s)" in text

@@ -344,9 +344,10 @@ def _print_fleet(f) -> None:
     out.print(f"[bold]{escape(f.name)}[/bold] ({f.namespace}) {f.status}{escape(f' ({note})' if note else '')} "
               f"{escape(f.url)} "
               f"model {escape(f.model)} routing {f.strategy}")
-    out.print(f"  replicas: desired {f.desired}, ready {f.ready}; cost ${f.cost_per_hour:.3f}/h, "
-              f"${f.cost_total:.4f} so far", markup=False)
     gone = f.status in ("stopped", "failed", "dead")  # its processes are gone: nothing below is listening
+    cost = f"it cost ${f.cost_total:.4f} in all" if gone else \
+        f"cost ${f.cost_per_hour:.3f}/h, ${f.cost_total:.4f} so far"  # a stopped fleet bills nothing more
+    out.print(f"  replicas: desired {f.desired}, ready {f.ready}; {cost}", markup=False)
     if f.prometheus_url:
         out.print(f"  prometheus: {f.prometheus_url}" + (f" (was; the fleet is {f.status})" if gone else
                                                           f" ({_prometheus_login(f)})"), markup=False)
@@ -356,8 +357,8 @@ def _print_fleet(f) -> None:
     if f.alerts and not gone:
         out.print(f"  alerts firing: {', '.join(f.alerts)} (its Prometheus: /api/v1/alerts)", markup=False)
     if f.last_decision:
-        out.print(f"  last decision: {f.last_decision['desired']} replica(s): {f.last_decision['reason']}",
-                  markup=False)
+        out.print(f"  last decision{' (before it stopped)' if gone else ''}: {f.last_decision['desired']} "
+                  f"replica(s): {f.last_decision['reason']}", markup=False)
     if f.error:
         out.print(f"  error: {f.error}", markup=False)
     from fleetserve.fleet.state import fleet_dir

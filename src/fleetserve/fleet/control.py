@@ -195,5 +195,7 @@ def stop_fleet(state: FleetState, timeout: float | None = None) -> None:
         # the supervisor died without writing its end: record it, so status stops showing ready replicas
         mark_stale(final)
         final.status = "stopped"
+        for r in final.replicas:  # their leftovers were stopped just now ("stale" stayed in every later status)
+            r.state, r.pid = "stopped", None
         final.error = final.error or "the supervisor had died; its leftovers were stopped by `fleetserve down`"
         write_state(final)
