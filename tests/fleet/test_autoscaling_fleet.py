@@ -118,6 +118,10 @@ def test_shortage_falls_through_and_idle_fleet_returns_to_floor(tmp_path, tiny_m
         status(home)), 90, interval=0.5, what="scale down to the floor and consolidate")
     s = status(home)
     assert s["cost_per_hour"] == pytest.approx(1.861) and s["cost_total"] > 0
+    # what no replica held (a free slot, a node starting or draining, a Redis) is named: the parts add up to the
+    # whole (half of a 2-slot machine running one replica had been unaccounted)
+    assert s["cost_unattributed"] >= 0
+    assert sum(s["cost_by_replica"].values()) + s["cost_unattributed"] == pytest.approx(s["cost_total"], abs=2e-6)
     shown = fleetserve("status", env=home).stdout
     assert "g6e.xlarge" in shown and "last decision" in shown and "$1.861/h" in shown
     assert fleetserve("down", env=home).returncode == 0

@@ -63,7 +63,10 @@ class FleetState:
     nodes: list[NodeState] = field(default_factory=list)
     cost_per_hour: float = 0.0
     cost_total: float = 0.0
-    cost_by_replica: dict[str, float] = field(default_factory=dict)
+    cost_by_replica: dict[str, float] = field(default_factory=dict)  # each replica's share of its node's slots
+    # node time no replica held (a free slot, a node starting or draining) and services (the fleet's Redis): with
+    # cost_by_replica they add up to cost_total (a 2-slot machine running one replica had left half unattributed)
+    cost_unattributed: float = 0.0
     capacity_log: list[str] = field(default_factory=list)
     metrics_url: str = ""
     tls_cert: str = ""  # the certificate clients should trust (https endpoints)

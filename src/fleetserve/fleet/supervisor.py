@@ -297,6 +297,7 @@ class Supervisor:
         totals = self.capacity.ledger.totals(now)
         s.cost_per_hour, s.cost_total = totals["per_hour"], totals["total"]
         s.cost_by_replica = totals["by_replica"]
+        s.cost_unattributed = round(totals["total"] - sum(s.cost_by_replica.values()), 6)
         s.capacity_log = list(self.capacity.log)[-10:]
         self.metrics.update(s)
         # the loop runs every 0.2 s: write the file when something other than the running cost changed,
