@@ -1474,3 +1474,23 @@ def test_render_leaves_out_the_instance_types_the_local_fleet_never_places_on():
     with pytest.raises(ValueError, match=r"spec.placement: no listed instance type \(p5.48xlarge\).*"
                                          r"no replica would start.*allowLargerInstances"):
         render(endpoint(["p5.48xlarge"]))
+
+
+def test_strings_kubernetes_would_read_as_numbers_are_quoted_in_the_files():
+    """PyYAML (YAML 1.1) wrote `7e1`, `1e-5`, `0o17` and `+1e3` unquoted; Kubernetes' go-yaml reads them as numbers,
+    and kubectl refused every file with such a label, version or env value ("cannot unmarshal number")."""
+    from fleetserve.k8s.render import render, to_yaml
+    from fleetserve.spec.load import load_spec_data
+
+    endpoint = load_spec_data({"apiVersion": "fleetserve.io/v1", "kind": "Endpoint",
+                               "metadata": {"name": "numeric", "labels": {"build": "7e1"}},
+                               "spec": {"model": {"name": "smollm2", "version": "7e1",
+                                                  "source": "builtin:smollm2-135m"},
+                                        "engine": {"kind": "builtin", "env": {"EPSILON": "1e-5", "MODE": "0o17"}},
+                                        "replicas": 1}}).endpoint
+    text = "\n".join(to_yaml(o) for o in render(endpoint).objects)
+    for value in ("7e1", "1e-5", "0o17"):
+        assert f": {value}\n" not in text and f"- {value}\n" not in text, value
+    for obj in render(endpoint).objects:  # every string stays a string when read back
+        assert yaml.safe_load(to_yaml(obj)) == obj
+    assert to_yaml({"a": "+1e3", "b": "yes", "c": "plain", "d": "v1e3"}) == "a: '+1e3'\nb: 'yes'\nc: plain\nd: v1e3\n"

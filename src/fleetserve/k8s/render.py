@@ -67,6 +67,27 @@ class _NoAliases(yaml.SafeDumper):
         return True
 
 
+# plain scalars Kubernetes' YAML parser (go-yaml) reads as numbers, booleans or null where PyYAML's YAML 1.1 rules
+# read strings: `7e1`, `1e-5`, `0o17`, `+1e3` were written unquoted, and kubectl refused the whole file ("cannot
+# unmarshal number into ... of type string")
+_NOT_A_STRING_TO_GO_YAML = re.compile(r"""^(?:
+    [-+]?(?:\.[0-9_]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?
+  | [-+]?0[xX][0-9a-fA-F_]+ | [-+]?0[oO]?[0-7_]+ | [-+]?0[bB][01_]+
+  | [-+]?\.(?:inf|Inf|INF) | \.(?:nan|NaN|NAN)
+  | [-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?
+  | y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF
+  | ~|null|Null|NULL
+)$""", re.X)
+
+
+def _string(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    style = "'" if _NOT_A_STRING_TO_GO_YAML.match(data) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_NoAliases.add_representer(str, _string)
+
+
 def to_yaml(obj: dict) -> str:
     return yaml.dump(obj, Dumper=_NoAliases, sort_keys=False, default_flow_style=False, width=120,
                      allow_unicode=True)
