@@ -1494,3 +1494,18 @@ def test_strings_kubernetes_would_read_as_numbers_are_quoted_in_the_files():
     for obj in render(endpoint).objects:  # every string stays a string when read back
         assert yaml.safe_load(to_yaml(obj)) == obj
     assert to_yaml({"a": "+1e3", "b": "yes", "c": "plain", "d": "v1e3"}) == "a: '+1e3'\nb: 'yes'\nc: plain\nd: v1e3\n"
+
+
+def test_the_unschedulable_alert_reads_this_endpoints_pods_only():
+    """`NAME-engine-.*` matched the pods of an endpoint named NAME-engine in the same namespace (its pods are
+    NAME-engine-engine-HASH-XXXXX): its Pending pods fired this endpoint's alert."""
+    import re
+
+    one = copy.deepcopy(FULL)
+    one["spec"]["placement"] = {"instanceTypes": ["ml.g5.xlarge"]}  # one tier: NAME-engine
+    rendered, _ = _objects(one)
+    rules = yaml.safe_dump(_by(rendered, "PrometheusRule")[0]["spec"])
+    (pods,) = set(re.findall(r'kube_pod_status_unschedulable\{[^}]*pod=~"([^"]+)"', rules))
+    name = FULL["metadata"]["name"]
+    assert re.fullmatch(pods, f"{name}-engine-6d4cf56db6-x7k2p")
+    assert not re.fullmatch(pods, f"{name}-engine-engine-6d4cf56db6-x7k2p")  # the other endpoint's

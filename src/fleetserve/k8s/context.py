@@ -131,8 +131,15 @@ class Context:
         """The engine pods of every tier, for a PromQL `pod=~`. A pod's name is its ReplicaSet's name, a hash and 5
         characters, with the generated part's base cut to 58 characters (Kubernetes' maxGeneratedNameLength):
         `DEPLOYMENT-.*` stopped matching past a 57-character Deployment name. (The cut can drop a tier's suffix:
-        one tier's pods are selected by their owner instead, keda.overflow_object.)"""
-        return "|".join(sorted({f"{(self.engine_name(t) + '-')[:58]}.*" for t in range(len(self.tiers))}))
+        one tier's pods are selected by their owner instead, keda.overflow_object.) Where the name is not cut, the
+        hash and the 5 characters are matched as such: `NAME-engine-.*` matched the pods of an endpoint named
+        NAME-engine in the same namespace, and its Pending pods fired this endpoint's alert."""
+        def pods(deployment: str) -> str:
+            if len(deployment) + 12 <= 58:  # "-" + a pod-template hash of at most 10 + "-": never cut
+                return f"{deployment}-[a-z0-9]{{1,10}}-[a-z0-9]{{5}}"
+            return f"{(deployment + '-')[:58]}.*"
+
+        return "|".join(sorted({pods(self.engine_name(t)) for t in range(len(self.tiers))}))
 
     @property
     def engine_service(self) -> str:
