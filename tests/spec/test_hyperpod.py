@@ -604,3 +604,17 @@ def test_an_sglang_host_cache_warning_names_the_hyperpod_switch_and_a_gpu_less_e
     none["spec"]["worker"]["resources"] = {"limits": {}, "requests": {}}
     said = {w.path: w.message for w in load_spec_text(yaml.safe_dump(none)).warnings}
     assert said["spec.worker.resources"].startswith("a vllm engine given no GPU"), said
+
+
+def test_a_hyperpod_name_longer_than_a_dns_label_is_warned():
+    """A 76-character HyperPod name was cut to 63 without a word: two endpoints sharing their first 63 characters
+    were the same endpoint."""
+    import yaml
+
+    from fleetserve.spec.load import load_spec_data
+
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["metadata"]["name"] = "n" * 76
+    loaded = load_spec_data(doc)
+    assert loaded.endpoint.metadata.name == "n" * 63
+    assert any("metadata.name" in str(w) and "76 characters" in str(w) for w in loaded.warnings), loaded.warnings

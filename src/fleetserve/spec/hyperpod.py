@@ -405,13 +405,17 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
     if token:
         model["tokenSecret"] = {"name": token.get("name") or "", "key": token.get("key") or "token"}
     pod = _pod(s, model)
+    name = _k8s_name(meta["name"])
+    if len(meta["name"]) > 63:  # cut without a word, two endpoints whose names share 63 characters were one
+        warn("metadata.name", f"{len(meta['name'])} characters: the endpoint is named {name!r} (a DNS label holds "
+                              "63), and another whose name begins alike is the same endpoint; shorten it")
     metrics = s.get("metrics") or {}
     model_metrics = metrics.get("modelMetrics") or {}
     out: dict[str, Any] = {
         "apiVersion": "fleetserve.io/v1",
         "kind": "Endpoint",
         "metadata": {
-            "name": _k8s_name(meta["name"]),
+            "name": name,
             "namespace": _k8s_name(meta.get("namespace", "default"), names_services=False),
             "labels": dict(meta.get("labels") or {}),
             "annotations": dict(meta.get("annotations") or {}),
