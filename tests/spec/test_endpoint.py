@@ -549,3 +549,26 @@ def test_a_version_yaml_read_as_a_number_says_to_quote_it():
     """`version: 1` said "Input should be a valid string", not how to write it."""
     (msg,) = problems(GOOD.replace('version: "3"', "version: 1.10"))
     assert msg.startswith("spec.model.version: expected a string, got the number 1.1: quote the value"), msg
+
+
+@pytest.mark.parametrize("change, path", [
+    ({"engine": {"env": {"1BAD=": "x"}}}, "spec.engine.env"),
+    ({"engine": {"env": {"": "x"}}}, "spec.engine.env"),
+    ({"engine": {"envFrom": {"A B": {"secretKeyRef": {"name": "s", "key": "k"}}}}}, "spec.engine.envFrom"),
+    ({"pod": {"serviceAccountName": "Bad SA"}}, "spec.pod.serviceAccountName"),
+    ({"pod": {"schedulerName": "x y"}}, "spec.pod.schedulerName"),
+    ({"pod": {"volumes": [{"name": "Bad_Vol", "emptyDir": {}}]}}, "spec.pod.volumes"),
+    ({"pod": {"volumes": [{"name": "model", "emptyDir": {}}]}}, "spec.pod.volumes"),
+    ({"pod": {"volumes": [{"name": "data", "emptyDir": {}}, {"name": "data", "emptyDir": {}}]}}, "spec.pod.volumes"),
+])
+def test_names_the_api_server_refuses_are_refused_naming_the_field(change, path):
+    """An env name `1BAD=`, a service account `Bad SA`, a volume `Bad_Vol` or a second `model` volume validated and
+    rendered with exit 0; the API server then refused the Deployment and `kubectl apply` stopped half-way."""
+    from fleetserve.spec.errors import SpecError
+    from fleetserve.spec.load import load_spec_data
+
+    doc = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "names"},
+           "spec": {"model": {"source": "catalog:llama-3.1-8b-instruct"}, **change}}
+    with pytest.raises(SpecError) as info:
+        load_spec_data(doc)
+    assert any(p.path.startswith(path) for p in info.value.problems), info.value.problems

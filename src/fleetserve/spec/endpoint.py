@@ -24,6 +24,7 @@ ENGINE_KINDS = ("builtin", "vllm", "sglang", "container", "external")
 SOURCE_SCHEMES = ("local path", "s3://bucket/prefix", "hf:org/name", "builtin:NAME", "catalog:NAME")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 # Kubernetes' quantity grammar, no negative ones for resources: a decimal number and a binary-SI, decimal-SI
 # or exponent suffix
 _QUANTITY = re.compile(r"^\+?(\d+\.?\d*|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
@@ -221,6 +222,17 @@ class EngineSection(SpecModel):
                                              "memory, ...); GPUs come from engine.gpus")
     env_from: dict[str, dict[str, Any]] = Field(default_factory=dict, description="environment variables from a "
                                                 "Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef)")
+
+    @field_validator("env", "env_from")
+    @classmethod
+    def _env_names(cls, value: dict) -> dict:
+        """The API server refuses an environment variable name outside its rule (a C-like identifier, '-' and '.'
+        allowed): `1BAD=` or an empty name rendered, and the whole `kubectl apply` of the Deployment failed."""
+        for name in value:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name: letters, digits, '_', '-' and '.', "
+                                 "not starting with a digit")
+        return value
 
     @field_validator("resources")
     @classmethod
@@ -774,6 +786,9 @@ class Toleration(SpecModel):
         return self
 
 
+RENDERED_VOLUMES = frozenset({"model", "internal-token", "dshm"})  # the engine pod's own (k8s/engine.py)
+
+
 class PodSection(SpecModel):
     """Kubernetes pod settings of the engine pods, passed through as given (HyperPod's `spec.kubernetes`)."""
 
@@ -790,6 +805,32 @@ class PodSection(SpecModel):
                                           "every pod the endpoint renders (engine, router, Redis)")
     security_context: dict[str, Any] | None = Field(default=None, description="the engine pods' pod-level "
                                                     "securityContext (runAsUser, runAsGroup, fsGroup, seccompProfile)")
+
+    @field_validator("service_account_name", "scheduler_name")
+    @classmethod
+    def _object_names(cls, value: str | None) -> str | None:
+        if value is not None and not is_dns_subdomain(value):  # the API server refused the Deployment
+            raise ValueError(f"{value!r}: a Kubernetes object name (lower-case letters, digits, '-' and '.', starting "
+                             "and ending with a letter or digit, at most 253)")
+        return value
+
+    @field_validator("volumes")
+    @classmethod
+    def _volume_names(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each a DNS label, none twice, and none of the pod's own (`model`, the engine's token, shared memory):
+        a duplicate or a `Bad_Vol` rendered, and the API server refused the Deployment."""
+        seen: set[str] = set()
+        for i, volume in enumerate(value):
+            name = volume.get("name") if isinstance(volume, dict) else None
+            if not isinstance(name, str) or not is_dns_label(name):
+                raise ValueError(f"[{i}].name: {name!r} is not a volume name (a DNS label: lower-case letters, "
+                                 "digits and '-', at most 63)")
+            if name in RENDERED_VOLUMES or name in seen:
+                taken = "a volume fleetserve renders" if name in RENDERED_VOLUMES else "given twice"
+                raise ValueError(f"[{i}].name: {name!r} is {taken}; volume names in a pod are unique (fleetserve's "
+                                 f"own: {', '.join(sorted(RENDERED_VOLUMES))})")
+            seen.add(name)
+        return value
 
     @field_validator("priority_class_name")
     @classmethod
