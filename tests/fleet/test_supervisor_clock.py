@@ -628,3 +628,21 @@ def test_the_alerts_its_prometheus_fires_reach_status_and_the_log(make):
     mono.advance(16)
     sup._read_alerts(mono())  # its Prometheus gone: no reading, not the last one shown as if current
     assert sup.state.alerts == ["unknown (the fleet's Prometheus does not answer)"]
+
+
+@pytest.mark.parametrize("provider, types, expected", [("simulated", ["ml.g5.xlarge"], "g5.xlarge"),
+                                                        ("local", ["ml.g5.xlarge"], "local"),
+                                                        ("simulated", ["ml.g5.xlarge", "ml.g6e.xlarge"], "local")])
+def test_the_router_labels_a_replica_with_the_instance_type_its_engine_reports(tmp_path, provider, types, expected):
+    """The router's model_* series carried the spec's `ml.g5.xlarge` while the engines (and status) said
+    `g5.xlarge`: one replica had two sets of series, and filtering the dashboard by instance type hid the router's
+    errors. It takes the placed node's name, as the engines do."""
+    text = SPEC % 1 + f"  placement: {{instanceTypes: [{', '.join(types)}]}}\n  capacity: {{provider: {provider}}}\n"
+    path = tmp_path / "e.yaml"
+    path.write_text(text)
+    sup = Supervisor(load_spec_text(text), str(path), say=lambda _m: None)
+    try:
+        args = sup._engine_kind_router_args()
+        assert args[args.index("--instance-type") + 1] == expected
+    finally:
+        sup._http.close()

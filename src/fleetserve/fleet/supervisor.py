@@ -42,6 +42,7 @@ from fleetserve.autoscale.controller import Controller
 from fleetserve.autoscale.failing import STATIC_ZERO, UNPLACED, unplaced, why_failing
 from fleetserve.autoscale.policy import ScaleDecision, ScalingPolicy, ScalingState
 from fleetserve.autoscale.scaledown import Candidate, moves_to_finish, revivals, spot_drain_due, victims
+from fleetserve.capacity.catalog import Catalog
 from fleetserve.capacity.placement import InsufficientCapacity
 from fleetserve.capacity.utilization import load_ratio, target_per_replica
 from fleetserve.clock import Clock
@@ -419,10 +420,12 @@ class Supervisor:
         from them but the router's own queue)."""
         kind, args = self.spec.engine.kind, []
         scope = scope_for(kind)
-        if scope is not None:  # the built-in engine's labels: the instance type it reports
+        if scope is not None:  # the built-in engine's labels: the instance type it reports, its node's (EC2's name
+            # on the simulated cloud, `local` on this machine): the spec's `ml.g5.xlarge` split a replica's series
             types = self.spec.placement.instance_types
+            placed = len(types) == 1 and self.spec.capacity.provider == "simulated"
             args += router_args(self.endpoint.metadata.namespace, self.endpoint.served_model_name,
-                                self.spec.model.version, types[0] if len(types) == 1 else "local", scope)
+                                self.spec.model.version, Catalog.canonical(types[0]) if placed else "local", scope)
         if kind in QUEUE_GAUGES:
             args += ["--queue-metrics", kind]
         return args
