@@ -118,3 +118,12 @@ def test_a_detached_start_says_when_the_l2_redis_does_not_answer(capsys):
     assert capsys.readouterr().err == ""
     _startup_warnings(replace(fleet(), l2_url="redis://127.0.0.1:16399/0", l2_status="unreachable (ConnectionError)"))
     assert "L2 Redis at redis://127.0.0.1:16399/0 is unreachable (ConnectionError)" in capsys.readouterr().err
+
+
+def test_the_watch_shows_the_alerts_firing():
+    """`status` listed a critical burn-rate alert; the live table of `status --watch` showed "ready 2/2" alone."""
+    firing = fleet()
+    firing.alerts = ["FleetserveErrorBudgetBurnFast (critical)"]
+    assert "demo: alerts firing: FleetserveErrorBudgetBurnFast (critical)" in text_of(render([firing], now=0))
+    firing.status = "stopped"  # its Prometheus is gone with it: nothing fires
+    assert "alerts firing" not in text_of(render([firing], now=0))

@@ -49,6 +49,8 @@ def render(fleets: list, now: float | None = None, interval: float | None = None
         if f.last_decision:
             line += f"  last decision: {f.last_decision.get('desired')} ({f.last_decision.get('reason')})"
         notes.append(Text(line))
+        if f.alerts and f.status not in ("stopped", "failed", "dead"):  # the watch had hidden a critical one
+            notes.append(Text(f"{f.name}: alerts firing: {', '.join(f.alerts)}", style="red"))
         if f.error:
             notes.append(Text(f"{f.name}: error: {f.error}", style="red"))
     return Group(table, *notes, Text(footer, style="dim"))
