@@ -572,3 +572,26 @@ def test_names_the_api_server_refuses_are_refused_naming_the_field(change, path)
     with pytest.raises(SpecError) as info:
         load_spec_data(doc)
     assert any(p.path.startswith(path) for p in info.value.problems), info.value.problems
+
+
+@pytest.mark.parametrize("trigger, said", [
+    ({"query": "sum(foo"}, "is never closed"),
+    ({"query": 'x{a="b}'}, "a quote is never closed"),
+    ({"query": "up", "serverAddress": "not a url"}, "a Prometheus URL"),
+])
+def test_a_prometheus_trigger_that_cannot_work_is_refused(trigger, said):
+    """`query: sum(foo` and `serverAddress: not a url` rendered with exit 0, and KEDA (and the local autoscaler)
+    failed at every poll."""
+    from fleetserve.spec.errors import SpecError
+    from fleetserve.spec.load import load_spec_data
+
+    doc = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "trig"},
+           "spec": {"model": {"source": "catalog:llama-3.1-8b-instruct"},
+                    "autoscaling": {"triggers": [{"metric": "prometheus", "target": 1, **trigger}]}}}
+    with pytest.raises(SpecError) as info:
+        load_spec_data(doc)
+    assert any(p.path.startswith("spec.autoscaling.triggers[0]") and said in p.message
+               for p in info.value.problems), info.value.problems
+    ok = {"metric": "prometheus", "target": 1, "query": 'sum(rate(x{a="(\\")"}[1m]))',
+          "serverAddress": "https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1"}
+    load_spec_data({**doc, "spec": {**doc["spec"], "autoscaling": {"triggers": [ok]}}})

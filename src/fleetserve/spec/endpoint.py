@@ -397,6 +397,53 @@ class ScalingTrigger(SpecModel):
     use_cached_metrics: bool = Field(default=False, description="KEDA: cache the value for the polling interval")
     custom_headers: str | None = Field(default=None, description="KEDA prometheus customHeaders (k=v,k2=v2)")
 
+    @field_validator("server_address")
+    @classmethod
+    def _server_is_a_url(cls, value: str | None) -> str | None:
+        """KEDA and the local autoscaler read Prometheus at this address: `not a url` rendered with exit 0 and
+        failed every poll at run time."""
+        if value is None:
+            return value
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018  (ValueError: a port that is no number)
+        except ValueError as exc:
+            raise ValueError(f"{value!r}: {exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value!r}: a Prometheus URL, http(s)://host[:port][/path]")
+        return value
+
+    @field_validator("query")
+    @classmethod
+    def _query_brackets_close(cls, value: str | None) -> str | None:
+        """A query whose brackets or quotes do not close (`sum(foo`) rendered and failed at every KEDA poll; the
+        whole of PromQL is checked by Prometheus, this much here."""
+        if value is None:
+            return value
+        depth: list[str] = []
+        quote, escaped = None, False
+        for ch in value:
+            if quote:
+                if escaped:
+                    escaped = False
+                elif ch == "\\" and quote != "`":
+                    escaped = True
+                elif ch == quote:
+                    quote = None
+            elif ch in "\"'`":
+                quote = ch
+            elif ch in "([{":
+                depth.append({"(": ")", "[": "]", "{": "}"}[ch])
+            elif ch in ")]}":
+                if not depth or depth.pop() != ch:
+                    raise ValueError(f"{value!r}: {ch!r} closes nothing")
+        if quote or depth:
+            raise ValueError(f"{value!r}: {'a quote' if quote else 'a bracket'} is never closed"
+                             + ("" if quote else f" (a {depth[-1]!r} is missing)"))
+        return value
+
     @model_validator(mode="after")
     def _prometheus_needs_query(self) -> ScalingTrigger:
         if self.metric == "prometheus" and not self.query:
