@@ -736,3 +736,14 @@ def test_a_replica_no_listed_type_takes_is_warned_on_kubernetes_too():
     assert any(w.startswith("spec.placement.instanceTypes[0]: g5.8xlarge (1 GPU(s)") and "no replica is placed"
                in w for w in one_misfit), one_misfit
     assert not any("instanceTypes[1]" in w for w in one_misfit)
+
+
+def test_a_new_empty_tier_is_not_said_to_be_rolling_out_old_pods():
+    """A new overflow tier at 0/0 its controller had not read yet read "(rolling out: old pods still running)"."""
+    from fleetserve.k8s.status import endpoint_status
+
+    new = {"kind": "Deployment", "metadata": {"name": "chat-engine-t1", "generation": 1}, "spec": {"replicas": 0},
+           "status": {}}
+    message = endpoint_status([new], 1, None, "2026-12-05T00:00:00Z")["conditions"]
+    said = " ".join(c.get("message", "") for c in message)
+    assert "old pods" not in said and "not yet seen by its controller" in said, said

@@ -48,8 +48,8 @@ def _rolled_out(d: dict, wanted: int) -> bool:
         (status.get("availableReplicas") or 0) >= updated
 
 
-def _deployment_progress(d: dict) -> tuple[int, int, bool, str | None]:
-    """(ready, wanted, settled, deadline message) of one Deployment or StatefulSet."""
+def _deployment_progress(d: dict) -> tuple[int, int, bool, str | None, bool]:
+    """(ready, wanted, settled, deadline message, seen by its controller) of one Deployment or StatefulSet."""
     spec, status, meta = d.get("spec") or {}, d.get("status") or {}, d.get("metadata") or {}
     wanted = spec.get("replicas", 1)
     ready = min(status.get("readyReplicas") or 0, status.get("updatedReplicas") or 0) \
@@ -58,7 +58,7 @@ def _deployment_progress(d: dict) -> tuple[int, int, bool, str | None]:
     deadline = next((c.get("message") or "progress deadline exceeded" for c in status.get("conditions") or ()
                      if c.get("type") == "Progressing" and c.get("status") == "False"
                      and c.get("reason") == "ProgressDeadlineExceeded"), None)
-    return ready, wanted, seen and ready >= wanted and _rolled_out(d, wanted), deadline
+    return ready, wanted, seen and ready >= wanted and _rolled_out(d, wanted), deadline, seen
 
 
 def endpoint_status(workloads: Sequence[dict], generation: int, previous: dict | None, now: str,
@@ -67,7 +67,7 @@ def endpoint_status(workloads: Sequence[dict], generation: int, previous: dict |
     rows = sorted((d["metadata"]["name"], *_deployment_progress(d)) for d in workloads)
     ready = sum(r[1] for r in rows)
     wanted = sum(r[2] for r in rows)
-    late = [(name, msg) for name, _, _, _, msg in rows if msg]
+    late = [(name, msg) for name, _, _, _, msg, _ in rows if msg]
     if failure is None and late:
         failure = Failure("ProgressDeadlineExceeded", "; ".join(f"Deployment {n}: {m}" for n, m in late))
     if failure is not None:
@@ -77,8 +77,10 @@ def endpoint_status(workloads: Sequence[dict], generation: int, previous: dict |
     elif all(r[3] for r in rows):
         state, reason, message = COMPLETE, "AllReplicasReady", f"{ready}/{wanted} replicas ready"
     else:
-        waiting = ", ".join(f"{n} {r}/{w}" + (" (rolling out: old pods still running)" if r >= w else "")
-                            for n, r, w, settled, _ in rows if not settled)
+        # a Deployment its controller has not read yet (a new tier's, at 0/0) is no rollout of old pods
+        waiting = ", ".join(f"{n} {r}/{w}" + ("" if r < w else " (rolling out: old pods still running)" if seen
+                                              else " (not yet seen by its controller)")
+                            for n, r, w, settled, _, seen in rows if not settled)
         state, reason, message = IN_PROGRESS, "ReplicasNotReady", f"waiting for {waiting}"
     old = {c.get("type"): c for c in previous.get("conditions") or ()}
     conditions = []
@@ -94,7 +96,7 @@ def endpoint_status(workloads: Sequence[dict], generation: int, previous: dict |
     # a merge patch keeps keys it does not name: a workload no longer there (renamed tiers) is removed by name
     gone = dict.fromkeys(set(previous.get("deployments") or {}) - {r[0] for r in rows})
     out = {"state": state, "observedGeneration": generation, "replicas": wanted, "readyReplicas": ready,
-           "deployments": {**gone, **{n: f"{r}/{w}" for n, r, w, _, _ in rows}} or None, "conditions": conditions}
+           "deployments": {**gone, **{n: f"{r}/{w}" for n, r, w, _, _, _ in rows}} or None, "conditions": conditions}
     out["failureReason"] = message if state == FAILED else None  # None: a merge patch removes an old one
     out["warnings"] = list(warnings) or None
     return out
