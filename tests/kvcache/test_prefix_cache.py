@@ -294,7 +294,9 @@ def test_a_full_redis_under_noeviction_pauses_writes_not_reads(redis_server, cap
     from fleetserve.kvcache.tiers import RedisStore
 
     store = RedisStore(redis_server["url"], prefix="t:")
+    assert store.state == "unknown"
     assert store.put_many([(1, b"x" * 1000)]) == [1]
+    assert store.state == "up"  # the engine's /metrics says so (fleetserve_kv_tier_state): only status had
     client = redis.Redis.from_url(redis_server["url"])
     client.config_set("maxmemory-policy", "noeviction")
     client.config_set("maxmemory", client.info("memory")["used_memory"] + 10_000)
@@ -303,6 +305,9 @@ def test_a_full_redis_under_noeviction_pauses_writes_not_reads(redis_server, cap
     assert "is full" in caplog.text and "unavailable" not in caplog.text
     assert store.get_many([1, 2]) == [b"x" * 1000, None]  # reads go on
     assert store.stats.failures == 1
+    assert store.state == "full"  # a read that worked says nothing of the writes
+    gone = RedisStore(redis_server["url"].rsplit(":", 1)[0] + ":1/0", prefix="t:", timeout=0.2)
+    assert gone.get_many([1]) == [None] and gone.state == "unavailable"
 
 
 def _runner_with_l2(tiny_model, redis_url, l1_bytes=0):

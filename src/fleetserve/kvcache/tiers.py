@@ -309,6 +309,9 @@ class RedisStore:
                                             health_check_interval=0, max_connections=16, **auth)
         self._down_until = 0.0
         self._full_until = 0.0  # writes only: a Redis at maxmemory with noeviction still serves reads
+        # what the last operation found (the engine's /metrics: fleetserve_kv_tier_state): up, full (writes refused
+        # for memory, reads go on), unavailable, or unknown before the first one; only `status` had said it
+        self.state = "unknown"
         self._touch = True  # TOUCH a chain's head with its new blocks (off once the server refuses it)
         self.stats = TierStats()
         # the last call to this Redis answered: the engine's generation thread reads it only then, so that after a
@@ -342,6 +345,7 @@ class RedisStore:
 
     def _failed(self, exc: Exception) -> None:
         self.trusted = False
+        self.state = "unavailable"
         self.stats.add("failures")
         if self.available:
             log.warning("L2 Redis at %s unavailable (%s); serving from L1 and recompute for %.0fs", self.url,
@@ -352,6 +356,7 @@ class RedisStore:
         """A write refused for memory (OOM under a noeviction policy): writes pause, reads go on. It went the
         way of a dead server, and every read of blocks already there missed for the back-off."""
         self.stats.add("failures")
+        self.state = "full"
         if time.monotonic() >= self._full_until:
             log.warning("L2 Redis at %s is full (%s: maxmemory reached under a noeviction policy); new blocks are "
                         "not written for %.0fs, blocks already there are still read", self.url, type(exc).__name__,
@@ -372,6 +377,8 @@ class RedisStore:
         self.stats.timing("get", time.perf_counter() - started)
         self.stats.add("bytes_out", sum(len(v) for v in values if v is not None))
         self.trusted = True
+        if self.state != "full" or time.monotonic() >= self._full_until:  # a read says nothing of the writes
+            self.state = "up"
         return list(values)
 
     def put_many(self, items: list[tuple[int, bytes]], head: list[int] | tuple = ()) -> list[int]:
@@ -409,6 +416,7 @@ class RedisStore:
         self.stats.timing("put", time.perf_counter() - started)
         self.stats.add("bytes_in", sum(len(v) for _, v in items))
         self.trusted = True
+        self.state = "up"
         return [k for k, _ in items]
 
     def clear(self) -> list[int]:

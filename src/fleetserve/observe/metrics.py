@@ -195,6 +195,12 @@ class PrefixCacheCollector:
             for tier, store in stores:
                 fam.add_metric([tier], getattr(store.stats, attr))
             yield fam
+        states = v.KV_TIER_STATE.family()
+        for tier, store in stores:
+            if isinstance(getattr(store, "state", None), str):
+                for state in v.KV_TIER_STATES:
+                    states.add_metric([tier, state], 1.0 if store.state == state else 0.0)
+        yield states
         for kind, metric in (("get", v.KV_TIER_GET), ("put", v.KV_TIER_PUT)):
             hist = metric.family()
             for tier, store in stores:

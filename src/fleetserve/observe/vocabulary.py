@@ -69,6 +69,7 @@ LABELS: dict[str, str] = {
     "backend": "backend id of a replica behind the router (one per live replica)",
     "tier": "KV tier: engine, l1, l2, or l2:TENANT for a tenant's own Redis (bounded by "
             "kvCache.l2.tenantUrls)",
+    "state": "a Redis tier's state: up, full, unavailable or unknown",
     "capacity_type": "on-demand or spot",
     "block_size": "KV block size in tokens (one value per engine)",
     "num_gpu_blocks": "KV capacity in blocks (one value per engine)",
@@ -257,6 +258,10 @@ KV_TIER_FAILURES = _m("fleetserve_kv_tier_failures_total", "counter", "Tier oper
 KV_TIER_REJECTED = _m("fleetserve_kv_tier_rejected_total", "counter", "Values whose header did not match the "
                       "key or whose bytes did not match their checksum (foreign or corrupt; never used)", "kv",
                       "blocks", _T, by=(ENGINE,))
+KV_TIER_STATES = ("up", "full", "unavailable", "unknown")
+KV_TIER_STATE = _m("fleetserve_kv_tier_state", "gauge", "1 for what the tier's last operation found: up, full "
+                   "(writes refused for memory, reads go on), unavailable, or unknown before the first (Redis "
+                   "tiers)", "kv", "", ("tier", "state"), by=(ENGINE,))
 KV_TIER_GET = _m("fleetserve_kv_tier_get_seconds", "histogram", "Tier load latency", "kv",
                  "seconds", _T, TIER_LATENCY_BUCKETS_S, by=(ENGINE,))
 KV_TIER_PUT = _m("fleetserve_kv_tier_put_seconds", "histogram", "Tier store latency", "kv",
