@@ -58,11 +58,12 @@ class JobQueue:
         with self._queue.mutex:  # jobs whose clients hung up go now: they had filled the queue without a bound,
             # each scan slower (20,000 hung-up clients: 20,000 queued, 12 s of CPU in scans)
             queued = self._queue.queue
-            if any(j is not None and j.cancelled.is_set() for j in queued):
-                live = [j for j in queued if j is None or not j.cancelled.is_set()]
+            live = [j for j in queued if j is None or not j.cancelled.is_set()]
+            if len(live) < len(queued):
                 queued.clear()
                 queued.extend(live)
-        if self.waiting >= self.max_waiting:
+            waiting = sum(1 for j in live if j is not None)
+        if waiting >= self.max_waiting:
             raise APIError(503, f"engine queue is full ({self.max_waiting} waiting); retry later",
                            code="overloaded", headers={"Retry-After": "1"})
         self._queue.put(job)

@@ -72,11 +72,11 @@ class Context:
         spec = endpoint.spec
         catalog = Catalog.builtin()
         capacity_types = tuple(c for c in ("spot", "on-demand") if c in spec.capacity.capacity_types)
-        tiers, left_out, ids = placeable_tiers(spec, catalog, capacity_types)
+        listed = tiers_from_spec(spec.placement, catalog, capacity_types)
+        tiers, left_out, ids = placeable_tiers(spec, listed, catalog)
         scaling = spec.autoscaling
         policy = ScalingPolicy.from_spec(scaling) if scaling is not None and scaling.enabled else None
-        return cls(endpoint, options, tiers, policy, consolidation_policy(spec), catalog, left_out, ids,
-                   len(tiers_from_spec(spec.placement, catalog, capacity_types)))
+        return cls(endpoint, options, tiers, policy, consolidation_policy(spec), catalog, left_out, ids, len(listed))
 
     # --- names ---------------------------------------------------------------------------------------------
     @property
@@ -196,15 +196,14 @@ class Context:
         return out
 
 
-def placeable_tiers(spec, catalog: Catalog, capacity_types: tuple[str, ...]
+def placeable_tiers(spec, tiers: list[Tier], catalog: Catalog
                     ) -> tuple[tuple[Tier, ...], tuple[str, ...], tuple[int, ...]]:
-    """The placement tiers without the instance types that cannot take a replica, as `fleetserve up` and the
+    """The spec's placement `tiers` without the instance types that cannot take a replica, as `fleetserve up` and the
     simulator place (`tiers_that_fit`; `validate` names each type left out): a type of more GPUs than a replica
     asks is used only with capacity.allowLargerInstances (a NodePool had offered it anyway, and Karpenter packed
     replicas onto 8-GPU nodes the local fleet and `plan` never pay for), and a too small one had left its tier's
     pods Pending. A spec with no type left is not rendered (ValueError). Second: why each type the node affinity
     allows was left out (`validate` names those of instanceTypes); third, each kept tier's index among the spec's."""
-    tiers = tiers_from_spec(spec.placement, catalog, capacity_types)
     asked = replica_request(spec.engine, spec.model, spec.kv_cache)
     larger = spec.capacity.allow_larger_instances
     kept, dropped = tiers_that_fit(tiers, catalog, asked, larger)
