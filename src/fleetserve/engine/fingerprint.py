@@ -21,18 +21,18 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 SMALL_FILE = 8 << 20  # read each start: not worth a cache entry
 
 
-def _stat_key(path: Path) -> str:
-    st = path.stat()
+def _stat_key(path: Path, st: os.stat_result) -> str:
     ident = f"{path.resolve()}\0{st.st_size}\0{st.st_ino}\0{st.st_dev}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
     return hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def file_digest(path: Path) -> str:
     """The file's SHA-256, from the cache while the file is unchanged (same path, size, inode and times)."""
-    if path.stat().st_size <= SMALL_FILE:
+    st = path.stat()
+    if st.st_size <= SMALL_FILE:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     folder = home() / "fingerprints"
-    cached = folder / _stat_key(path)
+    cached = folder / _stat_key(path, st)
     try:
         value = cached.read_text().strip()
         if len(value) == 64:
