@@ -535,11 +535,14 @@ class Gateway:
         if self.peers is not None:
             from fleetserve.router.workers import metrics_registry
 
-            m = self.metrics
-            gauges = frozenset(g._name for g in (m.healthy, m.in_flight, m.backend_cache_horizon,
-                                                 m.backend_engine_hit_rate))
-            return metrics_registry(gauges, frozenset(self.pool.backends))
+            return metrics_registry(frozenset(g._name for g in self._per_backend_gauges()),
+                                    frozenset(self.pool.backends))
         return self.metrics.registry
+
+    def _per_backend_gauges(self) -> tuple:
+        """The gauges with a series per live replica (a replica that left leaves none behind)."""
+        m = self.metrics
+        return m.healthy, m.in_flight, m.backend_cache_horizon, m.backend_engine_hit_rate
 
     def refresh_gauges(self) -> None:
         self.metrics.kv_subscriptions.set(len(self.watcher.subscribed))
@@ -548,7 +551,7 @@ class Gateway:
         m = self.metrics
         learner = feedback.learner_of(self.policy)
         engine_rates = self.watcher.engine_hit_rate
-        gauges = (m.healthy, m.in_flight, m.backend_cache_horizon, m.backend_engine_hit_rate)
+        gauges = self._per_backend_gauges()
         current = set(self.pool.backends)
         if self.peers is None:
             for gauge in gauges:
