@@ -94,7 +94,11 @@ def test_rbac_is_derived_from_the_reconcile_verbs():
     assert granted[("fleetserve.io", "endpoints/finalizers")] == {"update"}
     flat = json.dumps(rules)
     assert "*" not in flat
-    assert granted[("", "pods")] == {"get", "list"}  # read for the router (k8s/failing.py), never written
+    # read for the router (k8s/failing.py); patched for their deletion cost only (k8s/deletion_cost.py)
+    assert granted[("", "pods")] == {"get", "list", "patch"}
+    assert granted[("", "nodes")] == {"get"}  # their prices, by their labels; cluster-scoped, so in the ClusterRole
+    assert any("nodes" in rule["resources"] for rule in rbac_rules("cluster"))
+    assert not any("nodes" in rule["resources"] for rule in rbac_rules("namespaced"))
     assert ("", "secrets") in granted and "watch" not in granted[("", "secrets")]
 
 
@@ -199,7 +203,8 @@ def test_an_operator_watching_some_namespaces_is_granted_rights_there_only(tmp_p
         assert kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
     (cluster_role,) = [o for o in objects if o["kind"] == "ClusterRole"]
     cluster_wide = {r for rule in cluster_role["rules"] for r in rule["resources"]}
-    assert cluster_wide == {"nodepools"}  # cluster-scoped children only: no Secrets, no pods anywhere
+    # cluster-scoped kinds only (NodePools; nodes, read for their prices): no Secrets, no pods anywhere
+    assert cluster_wide == {"nodepools", "nodes"}
     roles = {o["metadata"]["namespace"]: o for o in objects if o["kind"] == "Role"}
     bindings = {o["metadata"]["namespace"]: o for o in objects if o["kind"] == "RoleBinding"}
     assert set(roles) == set(bindings) == {"team-a", "team-b"}

@@ -154,7 +154,7 @@ class RecordingClient:
 
     objects: dict[tuple, dict] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
-    cluster_scoped: frozenset[str] = frozenset({"NodePool", "CustomResourceDefinition", "ClusterRole"})
+    cluster_scoped: frozenset[str] = frozenset({"NodePool", "CustomResourceDefinition", "ClusterRole", "Node"})
 
     def __post_init__(self) -> None:
         self._uids = itertools.count(1)

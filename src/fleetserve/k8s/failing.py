@@ -107,21 +107,18 @@ def pods_selector(deployment: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(match.items()))
 
 
-def failing_now(rendered: Iterable[dict], observed: Iterable[dict], list_pods, external: bool,
-                now: datetime | None = None) -> str | None:
-    """The reason for the router, from the engine Deployments as the cluster holds them (their replicas: KEDA's
-    choice; one not created yet: as rendered) and their pods (`list_pods(selector)`)."""
-    rendered = tuple(rendered)
-    wanted, running = _engine_deployments(rendered), _engine_deployments(observed)
-    desired, pods = 0, []
+def engine_pods(rendered: Iterable[dict], observed: Iterable[dict], list_pods) -> tuple[int, dict[str, list[dict]]]:
+    """The replicas the engine Deployments want now (as the cluster holds them: KEDA's choice; one not created
+    yet: as rendered) and, per Deployment the cluster holds, its pods (`list_pods(selector)`)."""
+    wanted, running = _engine_deployments(tuple(rendered)), _engine_deployments(observed)
+    desired, pods = 0, {}
     for name, deployment in wanted.items():
         current = running.get(name, deployment)
         replicas = (current.get("spec") or {}).get("replicas")
         desired += 1 if replicas is None else int(replicas)  # the API's default is 1
         if name in running:
-            pods += list_pods(pods_selector(current))
-    autoscaled = any(o.get("kind") == "ScaledObject" for o in rendered)
-    return engines_failing(pods, desired, autoscaled, external, now)
+            pods[name] = list_pods(pods_selector(current))
+    return desired, pods
 
 
 def current_reason(observed: Iterable[dict]) -> str | None:

@@ -8,7 +8,8 @@
   (reconcile.ACTION_VERBS: create, patch, delete) plus get and list (client.list before each pass; watch only
   on Deployments, whose events move the status); on endpoints get/list/watch/patch (kopf's finalizer and
   annotations), endpoints/status patch (client.patch_status) and events create (kopf's event posting).
-  pods get/list only (the operator reads the engine pods' states for the router: k8s/failing.py), no wildcard,
+  pods get/list (the operator reads the engine pods' states for the router: k8s/failing.py) and patch (their
+  pod-deletion-cost annotation: k8s/deletion_cost.py), nodes get (their prices, by their labels), no wildcard,
   no watch on Secrets (but get/list on them: it writes the API-key Secret, and RBAC
   cannot narrow a read to the Secrets it owns);
 - the operator Deployment (one replica, strategy Recreate: kopf runs standalone, without peering), non-root,
@@ -79,6 +80,8 @@ def rbac_rules(scope: str = "all") -> list[dict]:
         by_group.setdefault((kind.group, tuple(sorted(verbs))), []).append(kind.plural)
     rules = [{"apiGroups": [group], "resources": sorted(set(plurals)), "verbs": list(verbs)}
              for (group, verbs), plurals in sorted(by_group.items())]
+    if scope != "namespaced":  # the prices of the nodes the engine pods run on (their instance-type labels)
+        rules.append({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]})
     if scope == "cluster":
         return rules
     rules += [
@@ -88,8 +91,9 @@ def rbac_rules(scope: str = "all") -> list[dict]:
         # (OpenShift, hardened clusters): without it every child's create is Forbidden there
         {"apiGroups": [GROUP], "resources": [f"{OWNER_PLURAL}/finalizers"], "verbs": ["update"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-        # the engine pods' states, read for the router: why none can start (failing.py); never written
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+        # the engine pods' states, read for the router: why none can start (failing.py); and their scale-in
+        # ranks, the pod-deletion-cost annotation (deletion_cost.py), the only write to them
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]},
     ]
     return rules
 

@@ -30,9 +30,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from fleetserve.autoscale.failing import STATIC_ZERO
+from fleetserve.capacity.catalog import Catalog
 from fleetserve.k8s.client import ApiError, Client, Conflict, NotFound, apply_merge_patch
 from fleetserve.k8s.context import RenderOptions
-from fleetserve.k8s.failing import current_reason, failing_now, with_reason
+from fleetserve.k8s.deletion_cost import cost_patches, deletion_costs
+from fleetserve.k8s.failing import current_reason, engine_pods, engines_failing, with_reason
 from fleetserve.k8s.reconcile import (
     CHILD_KINDS,
     ENDPOINT_LABEL,
@@ -92,6 +94,7 @@ class Reconciler:
         self.client = client
         self.options = options or RenderOptions()
         self.clock = clock
+        self.catalog = Catalog.builtin()  # node prices for the scale-in ranks (deletion_cost.py)
         # kopf runs the Endpoint's handlers, its timer and child events in threads at once: one pass per Endpoint
         # at a time, or a second pass creates what the first is about to and the first fails AlreadyExists
         self._locks: dict[str, threading.Lock] = {}
@@ -167,7 +170,7 @@ class Reconciler:
             current = None
             try:
                 observed = self.observed(owner)
-                reason = self.failing(loaded.endpoint, rendered.objects, observed, owner, now)
+                reason, pods = self.failing(loaded.endpoint, rendered.objects, observed, owner, now)
                 if reason and reason != STATIC_ZERO:  # pods that cannot start: the status says so too, not only
                     # the router's ConfigMap (a static zero is the spec's choice, no failure)
                     stuck = Failure("EnginePodsCannotStart", f"{reason}: kubectl -n {owner.namespace} describe pods "
@@ -176,6 +179,8 @@ class Reconciler:
                 outcome.actions = reconcile(objects, observed, owner)
                 for current in outcome.actions:
                     self._apply(current, owner)
+                current = None
+                self.rank_for_scale_in(pods, owner)
             except ApiError as exc:
                 what = f"{current}: " if current is not None else ""
                 outcome.failure, outcome.retry = Failure(exc.reason, f"{what}{exc}"), True
@@ -189,10 +194,10 @@ class Reconciler:
         return outcome
 
     def failing(self, endpoint, rendered: tuple[dict, ...], observed: list[dict], owner: Owner,
-                now_text: str) -> str | None:
-        """Why no engine pod can start, for the router's state ConfigMap (failing.py). Pods that cannot be read (no
-        RBAC for them yet after an upgrade, an API timeout) keep what the ConfigMap says: a hint must never hold
-        back the pass that applies the spec."""
+                now_text: str) -> tuple[str | None, dict[str, list[dict]]]:
+        """Why no engine pod can start, for the router's state ConfigMap (failing.py), and the engine pods per
+        Deployment. Pods that cannot be read (no RBAC for them yet after an upgrade, an API timeout) keep what the
+        ConfigMap says: a hint must never hold back the pass that applies the spec."""
         def list_pods(selector: str) -> list[dict]:
             return self.client.list("v1", "Pod", owner.namespace, selector)
 
@@ -201,11 +206,36 @@ class Reconciler:
         except ValueError:
             now = None
         try:
-            return failing_now(rendered, observed, list_pods, endpoint.spec.engine.kind == "external", now)
+            desired, pods = engine_pods(rendered, observed, list_pods)
         except ApiError as exc:
             log.warning("engine pods of %s/%s not read (%s): the router keeps its last word on them",
                         owner.namespace, owner.name, exc)
-            return current_reason(observed)
+            return current_reason(observed), {}
+        autoscaled = any(o.get("kind") == "ScaledObject" for o in rendered)
+        return engines_failing([p for ps in pods.values() for p in ps], desired, autoscaled,
+                               endpoint.spec.engine.kind == "external", now), pods
+
+    def rank_for_scale_in(self, pods: dict[str, list[dict]], owner: Owner) -> None:
+        """Each engine pod's deletion cost: which one a scale-in removes, as the local fleet would drain
+        (deletion_cost.py). A node or pod that cannot be read or written leaves the ranks as they are: a
+        hint, never the pass's failure."""
+        names = {p["spec"]["nodeName"] for ps in pods.values() for p in ps if (p.get("spec") or {}).get("nodeName")}
+        if not names:
+            return
+        try:
+            nodes = {}
+            for name in sorted(names):
+                node = self.client.get("v1", "Node", None, name)
+                if node is not None:
+                    nodes[name] = node
+            for name, patch in cost_patches(pods, deletion_costs(pods, nodes, self.catalog)):
+                try:
+                    self.client.patch("v1", "Pod", owner.namespace, name, patch)
+                except NotFound:
+                    continue  # deleted since the list: nothing to rank
+        except ApiError as exc:
+            log.warning("scale-in ranks of %s/%s not written (%s): a scale-in picks pods without them",
+                        owner.namespace, owner.name, exc)
 
     def write_status(self, body: dict, owner: Owner, failure: Failure | None, warnings: list[str] | None = None,
                      now: str | None = None) -> dict:
