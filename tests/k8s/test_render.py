@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from fleetserve.autoscale.policy import ScalingPolicy
+from fleetserve.k8s.context import RenderOptions
 from fleetserve.k8s.render import render, write
 from fleetserve.spec.load import load_spec, load_spec_data
 from tests.k8s.validate import validate
@@ -130,6 +131,14 @@ def test_scaled_object_equals_the_live_policy():
     # at zero replicas the router's held requests activate the engines
     pending = trig["activation-pending"]["metadata"]
     assert "fleetserve_router_pending_requests" in pending["query"] and pending["activationThreshold"] == "0"
+    # ... and asks for one replica at most (the routers hold bufferSize each): the triggers size the fleet, as
+    # locally; it had been the first trigger's target, or 1 (N held requests woke N replicas with ttft_p95 alone)
+    assert pending["threshold"] == str(256 * FULL["spec"]["router"].get("workers", 1) * RenderOptions().router_replicas)
+    workers = copy.deepcopy(FULL)
+    workers["spec"]["router"] = {**workers["spec"].get("router", {}), "workers": 4, "bufferSize": 100}
+    so = _by(_objects(workers)[0], "ScaledObject")[0]
+    (held,) = [t["metadata"] for t in so["spec"]["triggers"] if t["name"] == "activation-pending"]
+    assert held["threshold"] == str(100 * 4 * RenderOptions().router_replicas)  # every worker's buffer
     cron = trig["floor-day"]["metadata"]
     assert cron == {"timezone": "Europe/Berlin", "start": "55 8 * * 1-5", "end": "0 18 * * 1-5",
                     "desiredReplicas": "2"}

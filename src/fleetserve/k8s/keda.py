@@ -183,9 +183,14 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
         if st.custom_headers:
             out[i]["metadata"]["customHeaders"] = st.custom_headers
     if policy.min_replicas == 0:
-        first = next((t for t in policy.triggers if t.kind == "average"), None)
-        out.append(_prometheus("activation-pending", server, _pending(ctx), first.target if first else 1.0, 0.0,
-                               "average", ignore_null=False))
+        # it activates and asks for one replica, never more: the triggers size the fleet, as the local controller
+        # wakes to max(1, floor, the triggers' count). Its threshold is the most the routers can hold (bufferSize
+        # per worker), so ceil(pending / threshold) is 1. It had been the first AverageValue trigger's target, or
+        # 1: with only a ttft_p95 trigger a burst of N requests held at zero woke min(N, maxReplicaCount) GPU pods
+        router = ctx.endpoint.spec.router  # each worker of each router pod holds its own buffer
+        most = max(1, router.buffer_size * max(1, router.workers) * max(1, ctx.options.router_replicas))
+        out.append(_prometheus("activation-pending", server, _pending(ctx), most, 0.0, "average",
+                               ignore_null=False))
     for i, window in enumerate(policy.schedule.windows):
         start = shift_earlier(window.start, policy.schedule_lead)
         if start is None:
