@@ -1272,6 +1272,19 @@ def test_a_lead_time_that_moves_a_start_before_the_previous_end_is_warned():
     rendered, _ = _objects(doc)
     assert any(str(w).startswith("spec.autoscaling.schedules[0]: scheduleLeadTime (10800 s) is not shorter than the "
                                  "gap") for w in rendered.warnings), rendered.warnings
+    # a whole day's lead gives the start's own text back: it had passed unwarned while the floor held all day
+    auto["scheduleLeadTime"] = 86400
+    auto["schedules"] = [{"name": "hour", "timezone": "UTC", "start": "0 9 * * *", "end": "0 10 * * *",
+                          "minReplicas": 1}]
+    rendered, _ = _objects(doc)
+    assert any("is not shorter than the gap" in str(w) for w in rendered.warnings), rendered.warnings
+    # 23 h moves 09:00 to 10:00, its end: KEDA refuses a cron trigger whose start is its end
+    auto["scheduleLeadTime"] = 82800
+    rendered, _ = _objects(doc)
+    so = _by(rendered, "ScaledObject")[0]
+    (cron,) = [t["metadata"] for t in so["spec"]["triggers"] if t["name"] == "floor-hour"]
+    assert cron["start"] != cron["end"] and cron["start"] == "0 9 * * *"
+    assert any("KEDA's cron scaler refuses" in str(w) for w in rendered.warnings), rendered.warnings
 
 
 def test_pod_tolerations_priority_pull_secrets_and_security_context_reach_the_pods():

@@ -595,3 +595,17 @@ def test_a_prometheus_trigger_that_cannot_work_is_refused(trigger, said):
     ok = {"metric": "prometheus", "target": 1, "query": 'sum(rate(x{a="(\\")"}[1m]))',
           "serverAddress": "https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1"}
     load_spec_data({**doc, "spec": {**doc["spec"], "autoscaling": {"triggers": [ok]}}})
+
+
+def test_schedule_names_that_kubernetes_reads_as_one_are_refused():
+    """`Biz` and `biz` (or `biz-1` and `biz_1`) validated, then rendered two KEDA cron triggers named `floor-biz`,
+    and KEDA refused the ScaledObject."""
+    auto = ("  autoscaling: {minReplicaCount: 0, maxReplicaCount: 4, triggers: [{metric: concurrency, target: 4}], "
+            "schedules: [{name: %s, start: '0 9 * * *', end: '0 10 * * *', minReplicas: 1}, "
+            "{name: %s, start: '0 11 * * *', end: '0 12 * * *', minReplicas: 1}]}")
+    for first, second in (("Biz", "biz"), ("biz-1", "biz_1")):
+        (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n" + auto % (first, second)))
+        assert "schedules[1].name" in msg and f"({first!r}) as a Kubernetes name too" in msg, msg
+    (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n" + auto % ("biz", "biz")))
+    assert "is schedules[0]'s name too" in msg, msg
+    assert load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n" + auto % ("biz", "lunch")))

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from fleetserve.k8s.labels import dns_name
+
 _FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 7))
 _NAMES = {
     3: {m: i + 1 for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split())},
@@ -239,10 +241,17 @@ class Schedule:
         named: dict[str, int] = {}
         for i, f in enumerate(floors):
             where = f"spec.autoscaling.schedules[{i}]"
-            if f.name in named:  # the name labels the floor's metrics and the decisions that name it
-                raise ScheduleError(f"{where}.name: {f.name!r} is schedules[{named[f.name]}]'s name too; give each "
-                                    "window a name of its own")
-            named[f.name] = i
+            # the name labels the floor's metrics and the decisions that name it, and names its KEDA cron trigger
+            # as a DNS label: `Biz` and `biz`, or `biz-1` and `biz_1`, made two triggers of one name, and KEDA
+            # refused the ScaledObject
+            key = dns_name("floor", f.name)
+            if key in named:
+                j = named[key]
+                same = "'s name too" if floors[j].name == f.name else \
+                    f" ({floors[j].name!r}) as a Kubernetes name too ({key})"
+                raise ScheduleError(f"{where}.name: {f.name!r} is schedules[{j}]{same}; give each window a name of "
+                                    "its own")
+            named[key] = i
             try:
                 tz = ZoneInfo(f.timezone)
             except (ZoneInfoNotFoundError, ValueError):

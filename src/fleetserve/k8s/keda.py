@@ -198,8 +198,14 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
                  f"cannot move {window.start.text!r} earlier by scheduleLeadTime in cron; the cron trigger starts "
                  "on time")
             start = window.start.text
-        elif start != window.start.text and (problem := _lead_problem(window, policy.schedule_lead)):
+        elif policy.schedule_lead > 0 and (problem := _lead_problem(window, policy.schedule_lead)):
+            # a whole day's lead gives the start's own text back: the check had been skipped there
             warn(f"spec.autoscaling.schedules[{i}]", problem)
+        if start == window.end.text:  # KEDA's cron scaler refuses a start equal to its end
+            warn(f"spec.autoscaling.schedules[{i}].start",
+                 f"{window.start.text!r} moved earlier by scheduleLeadTime is its end {window.end.text!r}, which "
+                 "KEDA's cron scaler refuses; the cron trigger starts on time")
+            start = window.start.text
         # a DNS-label name, as KEDA's metric names need ("Bad Name!" went in as given)
         # metricType said, not left to the default: KEDA before 2.17 refuses a fallback beside any trigger whose
         # metricType field is not AverageValue, an empty one included
