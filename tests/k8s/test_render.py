@@ -631,6 +631,8 @@ def test_hyperpods_model_metric_trigger_reads_series_the_router_exports_in_front
                 if d["metadata"]["name"].endswith("-router")]  # errors it produces (scope router)
     assert bargs[bargs.index("--model-metrics-scope") + 1] == "router"
     assert "--model-metrics-scope" not in args
+    # at zero the router answers a body the built-in engines refuse (router/served.py); vLLM's checks are its own
+    assert "--check-bodies" in bargs and "--check-bodies" not in args
 
 
 def test_a_budget_that_falls_on_another_utc_day_is_shifted_with_its_weekdays_and_warned_once():

@@ -771,3 +771,35 @@ def test_the_model_series_name_a_replica_as_its_fleet_and_engine_do():
     replicas = {s.labels["replica"] for f in gw.metrics.registry.collect() for s in f.samples
                 if s.name in ("model_invocations_total", "model_errors_total") and s.value}
     assert replicas == {"r0", "r1"}
+
+
+def test_a_bad_body_held_for_want_of_a_replica_is_a_400_at_once_in_front_of_built_in_engines():
+    """A malformed request woke a fleet at zero and got its 400 after the cold start (or a 503 replicas_failing
+    where the answer was a 400): in front of the built-in engines the router runs their checks on what it holds."""
+    def bad_chat(**fields) -> Request:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+        return Request("POST", "/v1/chat/completions", b"", [(b"content-type", b"application/json")],
+                       orjson.dumps(body), ("127.0.0.1", 5555), "1.1", True)
+
+    async def main(check: bool, request: Request):
+        loop = asyncio.get_running_loop()
+        gw, up = gateway({A: [FakeResponse(200, [b"{}"], [(b"content-type", b"application/json")])]},
+                         clock=loop.time, buffer_timeout=600.0, check_bodies=check)
+        backend = gw.pool.backends["10.0.0.1:8000"]
+        backend.healthy = False
+        gw.pool._signal()
+        healthy_after(gw, backend, 42.0)
+        out, started = Recorder(), loop.time()
+        await gw.handle(request, out)
+        return out, loop.time() - started, gw.gate.pending
+
+    out, waited, _ = run_virtual(main(True, bad_chat(temperature="hot")))
+    assert out.status == 400 and waited == 0.0
+    err = orjson.loads(out.body)["error"]
+    assert err["param"] == "temperature" and err["type"] == "invalid_request_error"
+    out, waited, _ = run_virtual(main(True, bad_chat(n=5)))  # what the built-in engines do not support, too
+    assert out.status == 400 and orjson.loads(out.body)["error"]["param"] == "n"
+    out, waited, _ = run_virtual(main(True, chat()))  # a good one waits for the replica, as before
+    assert out.status == 200 and waited == pytest.approx(42.0)
+    out, waited, _ = run_virtual(main(False, bad_chat(n=5)))  # vLLM, SGLang: their checks are not ours to run
+    assert out.status == 200 and waited == pytest.approx(42.0)

@@ -256,6 +256,24 @@ def test_at_zero_the_router_answers_models_and_wrong_names_itself_and_holds_only
         gw.stop()
 
 
+def test_at_zero_a_bad_body_is_a_400_at_once_in_front_of_built_in_engines(tiny_model, logs):
+    """A malformed request was held, woke the fleet, and got its 400 after the cold start (minutes on a GPU, paid
+    for); with --check-bodies (what `up` and `render k8s` pass for built-in engines) the router answers it."""
+    future_engine = engine(tiny_model, logs)  # never started: the fleet is at zero
+    gw = router([future_engine], logs, "leastload", "--model", "tiny", "--check-bodies").start(ready_path="/metrics")
+    try:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=10)
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.chat.completions.create(model="tiny", messages=CHAT["messages"], max_tokens=2, temperature=7)
+        assert bad.value.body["param"] == "temperature"
+        with pytest.raises(openai.BadRequestError) as empty:
+            client.chat.completions.create(model="tiny", messages=[], max_tokens=2)
+        assert empty.value.body["param"] == "messages"
+        assert httpx.get(gw.url + "/admin/load", timeout=5).json()["pending"] == 0  # nothing held, nothing woken
+    finally:
+        gw.stop()
+
+
 def test_at_zero_the_router_lists_the_card_a_replica_gave_with_its_context_length(tiny_model, logs):
     """A fleet scaled to zero listed a bare card without `max_model_len`, which clients size prompts by: the router
     now answers with the card a replica listed."""

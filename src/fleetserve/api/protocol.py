@@ -412,3 +412,8 @@ def parse_completion(body: dict) -> ParsedRequest:
         echo=_bool(body, "echo"),
         cache_salt=cache_salt_of(body),
     )
+
+
+def parse_generation(path: str, body: dict) -> ParsedRequest:
+    """The body of a generation path (GENERATION_PATHS) as the built-in engines read it: a 400 naming the field."""
+    return parse_chat(body) if path == "/v1/chat/completions" else parse_completion(body)

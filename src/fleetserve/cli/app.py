@@ -647,6 +647,9 @@ def router(
     invocation_path: Annotated[str | None, typer.Option(
         help="The path the replicas serve chat and completions on, when not OpenAI's (a SageMaker-style "
              "container's /invocations, which reads the body's shape)")] = None,
+    check_bodies: Annotated[bool, typer.Option(
+        "--check-bodies", help="The replicas are fleetserve's built-in engines: while none is ready, answer a body "
+                               "they would refuse 400 at once (it had waited for a cold start, or got a 503)")] = False,
     drain_timeout: Annotated[float, float_option(min=0, help="Seconds requests under way may run on after SIGTERM "
                                                         "(Kubernetes passes the smaller of router.bufferTimeoutSeconds"
                                                         " and engine.drainTimeoutSeconds)")] = 5.0,
@@ -752,7 +755,8 @@ def router(
                               size_limits=SizeLimits(max_body_bytes, max_header_bytes), log_prompts=log_prompts,
                               access_log=access_log, model_identity=identity, queue_metrics=queue_metrics,
                               model_metrics_scope=model_metrics_scope,
-                              served_models=tuple(dict.fromkeys(model or ())), invocation_path=invocation_path)
+                              served_models=tuple(dict.fromkeys(model or ())), invocation_path=invocation_path,
+                              check_bodies=check_bodies)
     if workers > 1 and (max_concurrent_per_replica or max_queue is not None):
         from fleetserve.spec.effects import limits_split
 

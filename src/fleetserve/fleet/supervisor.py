@@ -69,7 +69,7 @@ from fleetserve.router.auth import key_digest, write_key_file
 from fleetserve.router.engine_queue import QUEUE_GAUGES
 from fleetserve.router.model_metrics import router_args, scope_for
 from fleetserve.router.policies import registered_policies
-from fleetserve.router.served import served_model_args
+from fleetserve.router.served import body_check_args, served_model_args
 from fleetserve.router.tls import TLSFileError, certificate_hosts, check_tls_files, ensure_self_signed
 from fleetserve.spec.load import LoadedSpec
 
@@ -500,6 +500,7 @@ class Supervisor:
         cmd += ["--drain-timeout", str(self.spec.router_drain_seconds)]  # what it serves finishes on a stop
         cmd += self._engine_kind_router_args()
         cmd += served_model_args(self.endpoint.served_model_name, self.spec.engine.kind, self.spec.engine.args)
+        cmd += body_check_args(self.spec.engine.kind)
         self.router = Child("router", cmd, self.dir / "logs" / "router.log",
                             env={"FLEETSERVE_ADMIN_TOKEN": self.admin_token,
                                  "FLEETSERVE_SUPERVISOR_METRICS": self.state.metrics_url},  # /dashboard reads it

@@ -33,7 +33,7 @@ from fleetserve.k8s.engine import engine_port, instance_label
 from fleetserve.k8s.failing import STATE_KEY, static_reason
 from fleetserve.k8s.security import TMP_MOUNT, TMP_VOLUME, restricted_container, restricted_pod
 from fleetserve.router.model_metrics import router_args, scope_for
-from fleetserve.router.served import served_model_args
+from fleetserve.router.served import body_check_args, served_model_args
 from fleetserve.spec.effects import limits_split
 
 AUTH_DIR = "/etc/fleetserve/auth"
@@ -95,6 +95,7 @@ def _args(ctx: Context) -> list[str]:
     if scope_for(spec.engine.kind) is not None:
         args += model_metric_args(ctx)
     args += served_model_args(ctx.endpoint.served_model_name, spec.engine.kind, spec.engine.args)
+    args += body_check_args(spec.engine.kind)
     return args + router_trust_args(spec.engine.kind, spec.auth.enabled)
 
 

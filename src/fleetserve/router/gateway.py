@@ -30,7 +30,7 @@ import orjson
 from fleetserve.api.errors import APIError, model_not_found
 from fleetserve.api.internal import INTERNAL_HEADER, InternalAuth
 from fleetserve.api.limits import SizeLimits
-from fleetserve.api.protocol import GENERATION_PATHS, parse_json_body
+from fleetserve.api.protocol import GENERATION_PATHS, parse_generation, parse_json_body
 from fleetserve.clock import Clock
 from fleetserve.kvcache.blocks import kv_salt
 from fleetserve.observe.logs import AccessLog, prompt_text, tenant_hash
@@ -131,6 +131,9 @@ class RouterSettings:
     # the path the replicas serve chat and completions on, when not OpenAI's (a SageMaker-style container's
     # /invocations, which reads the body's shape): engine.invocationPath
     invocation_path: str | None = None
+    # the engines read bodies as api/protocol does (the built-in kind): a request held for want of a replica is
+    # checked here first, and a bad one answered 400 at once (router/served.py)
+    check_bodies: bool = False
 
 
 def upstream_credentials(settings: RouterSettings) -> dict[str, str]:
@@ -321,7 +324,13 @@ class Gateway:
                 with_usage = asking_usage(request.path, body, sent)
                 if with_usage is not None:
                     sent, asked_usage = with_usage, True
-            held = 0.0 if self.gate.fast_go() else await self.gate.admit()
+            if self.gate.fast_go():
+                held = 0.0
+            else:
+                if self.settings.check_bodies and post and request.path in GENERATION_PATHS and \
+                        not self.pool.any_eligible():  # a 400 now, not after a cold start (router/served.py)
+                    parse_generation(request.path, body)
+                held = await self.gate.admit()
             forwarded.append((b"x-request-id", rid))
             if tenant:
                 forwarded.append((TENANT_HEADER.encode(), tenant.encode()))
