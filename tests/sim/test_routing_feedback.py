@@ -54,3 +54,17 @@ def test_a_trace_without_prefix_blocks_gets_figures_and_a_warning_not_a_tracebac
     assert result["effective_cache_fraction"] is None and result["oracle_hit_rate"] == 0
     assert result["targets"]["met"] is None and "nothing to find" in result["targets"]["reason"]
     assert any("no prefix blocks" in w for w in result["warnings"])
+
+
+def test_the_seed_breaks_the_policys_ties_and_seed_0_is_the_live_routers(mooncake):
+    """`--seed` never reached the routing policy: every seed gave the same numbers, and no command could show
+    how much of a routing figure is the tie-break's draw."""
+    prof = profile("h100-8b")
+
+    def placement(seed: int) -> list[str]:
+        result = simulate(endpoint_for("prefixaware", 4), mooncake[:300], SimOptions(profile=prof, seed=seed))
+        return [r.replica.id if r.replica else "" for r in result.fleet.requests]
+
+    zero = placement(0)
+    assert placement(0) == zero
+    assert placement(1) != zero

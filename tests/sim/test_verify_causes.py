@@ -751,3 +751,20 @@ def test_idle_misses_after_a_scale_down_are_not_blamed_on_max_replicas():
     assert "maxReplicaCount" not in lull
     at_max = cause([100.0, 150.0, 400.0, 450.0, 500.0, 250.0])
     assert "held at maxReplicaCount=4" in at_max, at_max
+
+
+def test_prompts_the_router_timed_out_count_in_the_engine_floor():
+    """An overloaded fleet's long prompts time out (upstream_timeout) and only its short ones are answered: the
+    floor was computed over the answered alone, so at peak (1,699 of 1,739 timed out) verify blamed capacity only,
+    while each prompt alone took 26 s on the engine, and plan read the engine-bound cause as none."""
+    from fleetserve.traces.load import load_trace
+    from tests.sim.conftest import MOONCAKE
+
+    spec = {"model": {"name": "Llama-3.1-8B-Instruct", "source": "s3://bucket/models/Llama-3.1-8B-Instruct"},
+            "engine": {"kind": "vllm", "args": ["--max-model-len", "131072"]}, "replicas": 2,
+            "placement": {"instanceTypes": ["ml.g5.8xlarge"]}, "routing": {"strategy": "prefixaware"}}
+    verdict = verify(endpoint_of("floor", spec), load_trace(str(MOONCAKE)), SimOptions(), {"ttft_p95_ms": 2000})
+    peak = next(c for c in verdict.checks if c.window == "peak" and c.metric == "ttft_p95_ms")
+    assert verdict.result.fleet.rejected["upstream_timeout"] > 1000
+    assert not peak.passed and peak.floor is not None and peak.floor > 20_000, peak
+    assert "more replicas cannot meet it" in peak.reason and "queueing on top" in peak.reason, peak.reason

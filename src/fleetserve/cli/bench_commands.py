@@ -121,9 +121,9 @@ def bench_routing(
                                                                                "instead")] = None,
     sweep: Annotated[str, typer.Option(help="More utilizations for the blind-mode targets, comma-separated "
                                             "('' for none)")] = "0.8,0.9",
-    seed: Annotated[int, typer.Option(min=0, help="Simulator seed (its random draws; the routing policies break ties "
-                                           "with the live router's fixed seed, so on this bench's fixed fleet "
-                                           "the figures do not depend on it)")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Simulator seed: its random draws and the routing policies' "
+                                           "tie-breaks (0: the live router's own); another seed shows how much "
+                                           "of a figure is the draw")] = 0,
     live: Annotated[bool, typer.Option("--live", help="Real time: simulated engine processes behind a real "
                                                       "router (minutes)")] = False,
     duration: Annotated[float, float_option(min=1, help="--live: wall-clock seconds per strategy")] = 60,

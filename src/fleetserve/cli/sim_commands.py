@@ -29,7 +29,8 @@ PricesOpt = Annotated[str | None, typer.Option(
 TraceModelOpt = Annotated[str | None, typer.Option("--trace-model", help="ServeGen files of several models: the "
                                                                          "one whose arrivals to replay")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON")]
-SeedOpt = Annotated[int, typer.Option(min=0, help="Random seed: the same seed gives the same numbers")]
+SeedOpt = Annotated[int, typer.Option(min=0, help="Random seed (the simulator's draws and the routing tie-breaks; "
+                                                  "0: the live router's own): the same seed gives the same numbers")]
 KnowOpt = Annotated[str, typer.Option("--knowledge", help="What the router knows: blind (no KV events, capacity or "
                                                           "queue) or informed")]
 ProfileOpt = Annotated[str | None, typer.Option(help="Performance profile preset or profile.json (default: by "

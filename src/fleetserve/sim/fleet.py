@@ -133,7 +133,8 @@ class SimFleet:
         self.informed = options.knowledge == "informed"
         strategy = spec.routing.strategy if spec.routing.strategy in registered_policies() else "leastload"
         self.strategy = strategy
-        self.policy = create_policy(strategy, session_key=spec.routing.session_key)
+        # ties broken with the run's seed: seed 0 is the live router's own (it had been 0 whatever --seed said)
+        self.policy = create_policy(strategy, session_key=spec.routing.session_key, seed=options.seed)
         self.learns = hasattr(self.policy, "observe")  # responses' cached tokens go back (router.feedback)
         self.kv_index = KVIndex() if self.informed and needs_of(self.policy).kv_events else None
         self.admission = AdmissionSettings.from_spec(spec)
