@@ -205,7 +205,7 @@ def test_gpu_requests_that_differ_from_the_limits_are_refused_as_in_our_own_spec
 def test_names_become_valid_kubernetes_names():
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["metadata"]["name"] = "3B_Chat." + "x" * 60 + "-y"
-    doc["metadata"]["namespace"] = "2024-Team"
+    doc["metadata"]["namespace"] = "2024-team"
     meta = load_spec_text(yaml.safe_dump(doc)).endpoint.metadata
     assert meta.name.startswith("ep-3b-chat-xx") and len(meta.name) <= 63 and not meta.name.endswith("-")
     assert meta.namespace == "2024-team"  # a namespace may start with a digit; it is not renamed
@@ -618,3 +618,21 @@ def test_a_hyperpod_name_longer_than_a_dns_label_is_warned():
     loaded = load_spec_data(doc)
     assert loaded.endpoint.metadata.name == "n" * 63
     assert any("metadata.name" in str(w) and "76 characters" in str(w) for w in loaded.warnings), loaded.warnings
+
+
+def test_a_namespace_is_taken_as_given_and_a_rewritten_name_is_said():
+    """`NS_A` rendered into namespace ns-a, a 70-character one was cut to 63, both without a word; the name
+    `3B_Chat` became ep-3b-chat unsaid. A namespace Kubernetes holds is a DNS label already: one that is not is
+    an error naming metadata.namespace; an empty one is default."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    for bad, said in (("NS_A", "is not a DNS label"), ("x" * 70, "at most 63 characters")):
+        doc["metadata"]["namespace"] = bad
+        with pytest.raises(SpecError) as caught:
+            load_spec_text(yaml.safe_dump(doc))
+        assert "metadata.namespace" in str(caught.value) and said in str(caught.value)
+    doc["metadata"]["namespace"] = ""
+    loaded = load_spec_text(yaml.safe_dump(doc))
+    assert loaded.endpoint.metadata.namespace == "default"
+    doc["metadata"]["name"] = "3B_Chat"
+    warned = {w.path: w.message for w in load_spec_text(yaml.safe_dump(doc)).warnings}
+    assert "'ep-3b-chat'" in warned["metadata.name"]

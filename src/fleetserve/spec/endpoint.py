@@ -61,7 +61,7 @@ LABEL_VALUE_RULE = "at most 63 of letters, digits, '-', '_' and '.', starting an
 
 class Metadata(SpecModel):
     name: str = Field(min_length=1, max_length=63)
-    namespace: str = "default"
+    namespace: str = Field(default="default", min_length=1, max_length=63)
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict, description="Kubernetes annotations of the engine "
                                         "Deployments and their pods")

@@ -172,11 +172,11 @@ def _sdk_problems(spec: dict[str, Any]) -> list[SpecProblem]:
     return out
 
 
-def _k8s_name(value: str, names_services: bool = True) -> str:
+def _k8s_name(value: str) -> str:
     """HyperPod model names allow upper case; our metadata is a DNS label, and a name that names Services starts
     with a letter: `Llama_3.1` -> `llama-3-1`, `3b-chat` -> `ep-3b-chat`; cut to 63 without a trailing '-'."""
     name = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")
-    if names_services and name[:1].isdigit():
+    if name[:1].isdigit():
         name = "ep-" + name
     return name[:63].rstrip("-") or "endpoint"
 
@@ -409,6 +409,9 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
     if len(meta["name"]) > 63:  # cut without a word, two endpoints whose names share 63 characters were one
         warn("metadata.name", f"{len(meta['name'])} characters: the endpoint is named {name!r} (a DNS label holds "
                               "63), and another whose name begins alike is the same endpoint; shorten it")
+    elif name != meta["name"]:  # its objects, metrics and `fleetserve status` go by the DNS label: say which
+        warn("metadata.name", f"{meta['name']!r} is named {name!r} here (a DNS label: lower case, digits and '-'; "
+                              "a name that names Services starts with a letter)")
     metrics = s.get("metrics") or {}
     model_metrics = metrics.get("modelMetrics") or {}
     out: dict[str, Any] = {
@@ -416,7 +419,9 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
         "kind": "Endpoint",
         "metadata": {
             "name": name,
-            "namespace": _k8s_name(meta.get("namespace", "default"), names_services=False),
+            # as given (empty: default): a namespace Kubernetes holds is a DNS label already, and one that is not
+            # is refused naming metadata.namespace (`NS_A` had been rendered into ns-a, another namespace, unsaid)
+            "namespace": meta.get("namespace") or "default",
             "labels": dict(meta.get("labels") or {}),
             "annotations": dict(meta.get("annotations") or {}),
         },
