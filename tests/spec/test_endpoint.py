@@ -609,3 +609,15 @@ def test_schedule_names_that_kubernetes_reads_as_one_are_refused():
     (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n" + auto % ("biz", "biz")))
     assert "is schedules[0]'s name too" in msg, msg
     assert load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n" + auto % ("biz", "lunch")))
+
+
+def test_instance_type_names_and_capacity_types_kubernetes_can_match():
+    """`instanceTypes: [""]` or `["G5 XLARGE"]` were only "not in the catalog" warnings, and rendered NodePools
+    requiring `In [""]`, which no node matches; `capacityTypes: [spot, spot]` passed."""
+    for bad in ('""', '"G5 XLARGE"'):
+        (msg,) = problems(GOOD.replace("  replicas: 2", f"  replicas: 2\n  placement: {{instanceTypes: [{bad}]}}"))
+        assert "spec.placement.instanceTypes[0]" in msg and "is not an instance type name" in msg, msg
+    (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n  capacity: {capacityTypes: [spot, spot]}"))
+    assert "spec.capacity.capacityTypes" in msg and "twice" in msg, msg
+    assert load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n  placement: {instanceTypes: [ml.g5.xlarge, "
+                                                        "g6e.xlarge]}\n  capacity: {capacityTypes: [spot, on-demand]}"))

@@ -367,6 +367,9 @@ def _check_node_affinity(affinity: dict) -> None:
             _check_term(pref.get("preference") or {}, f"{where}[{i}].preference")
 
 
+_INSTANCE_TYPE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
+
+
 class PlacementSection(SpecModel):
     """Where replicas may run: an instance-type priority list or Kubernetes node affinity."""
 
@@ -379,6 +382,10 @@ class PlacementSection(SpecModel):
             raise ValueError("placement.instanceTypes and placement.nodeAffinity are mutually exclusive")
         if len(set(self.instance_types)) != len(self.instance_types):
             raise ValueError("placement.instanceTypes lists a type twice")
+        for i, name in enumerate(self.instance_types):  # a label value Karpenter matches: `In [""]` never did
+            if not _INSTANCE_TYPE.match(name):
+                raise ValueError(f"placement.instanceTypes[{i}]: {name!r} is not an instance type name: lower-case "
+                                 "letters, digits, '.' and '-', as EC2 names them (g5.xlarge, or ml.g5.xlarge)")
         if self.node_affinity:
             _check_node_affinity(self.node_affinity)
         return self
@@ -790,6 +797,13 @@ class CapacitySection(SpecModel):
     unavailable_offering_ttl: float = Field(default=180, ge=0)
     consolidation: ConsolidationSection = Field(default_factory=ConsolidationSection)
     simulated: SimulatedCloudSection = Field(default_factory=SimulatedCloudSection)
+
+    @field_validator("capacity_types")
+    @classmethod
+    def _once_each(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"lists a capacity type twice ({value}); allowed: spot, on-demand, each once")
+        return value
 
 
 class SloSection(SpecModel):
