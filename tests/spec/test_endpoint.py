@@ -621,3 +621,16 @@ def test_instance_type_names_and_capacity_types_kubernetes_can_match():
     assert "spec.capacity.capacityTypes" in msg and "twice" in msg, msg
     assert load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n  placement: {instanceTypes: [ml.g5.xlarge, "
                                                         "g6e.xlarge]}\n  capacity: {capacityTypes: [spot, on-demand]}"))
+
+
+def test_values_kubernetes_cannot_carry_are_errors_naming_the_field():
+    """A trigger target of 1e-9 rendered a KEDA threshold the HPA reads as 0 (refused), 1e300 a 300-digit one;
+    consolidateAfter 1e12 s overflowed Karpenter's Go duration; engine.gpus 1000 asked for a node none has."""
+    for section, field, value, bound in (
+            ("autoscaling: {triggers: [{metric: concurrency, target: %s}]}", "triggers[0].target", "1e-9", "0.001"),
+            ("autoscaling: {triggers: [{metric: concurrency, target: %s}]}", "triggers[0].target", "1e300", "1e12"),
+            ("capacity: {consolidation: {consolidateAfter: %s}}", "consolidateAfter", "1e12", "31536000"),
+            ("engine: {gpus: %s}", "engine.gpus", "1000", "64")):
+        (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n  " + section % value))
+        assert field in msg, msg
+        assert bound in msg or str(int(float(bound))) in msg, msg

@@ -213,7 +213,7 @@ class EngineSection(SpecModel):
                                          "scale-down, consolidation or a rollout stops may finish its in-flight "
                                          "requests; streams still running then are cut (Kubernetes: the "
                                          "engine pod's terminationGracePeriodSeconds, after its preStop)")
-    gpus: int = Field(default=0, ge=0)
+    gpus: int = Field(default=0, ge=0, le=64, description="GPUs per replica (no node has more than 64)")
     command: list[str] = Field(default_factory=list, description="container entrypoint override (Kubernetes)")
     working_dir: str | None = Field(default=None, description="container working directory (Kubernetes)")
     probes: dict[str, dict[str, Any]] | None = Field(default=None, description="Kubernetes Probe objects by name "
@@ -395,8 +395,11 @@ class ScalingTrigger(SpecModel):
     """One KEDA-style trigger: a metric, its per-replica target and the 0<->1 activation threshold."""
 
     metric: Literal["concurrency", "queue_depth", "request_rate", "ttft_p95", "prometheus"]
-    target: float = Field(gt=0)
-    activation_target: float = Field(default=0.0, ge=0)
+    # KEDA hands a threshold to the HPA in thousandths (a milli-quantity of an int64): 1e-9 became 0, which the HPA
+    # refuses, and 1e300 rendered a 300-digit threshold
+    target: float = Field(ge=0.001, le=1e12, description="per replica (AverageValue) or for the fleet (Value); "
+                          "0.001 to 1e12, as KEDA passes it to the HPA in thousandths")
+    activation_target: float = Field(default=0.0, ge=0, le=1e12)
     query: str | None = None
     server_address: str | None = None
     metric_type: Literal["AverageValue", "Value"] | None = Field(
@@ -754,7 +757,8 @@ class BudgetSpec(SpecModel):
 
 class ConsolidationSection(SpecModel):
     policy: Literal["WhenEmpty", "WhenEmptyOrUnderutilized"] = "WhenEmptyOrUnderutilized"
-    consolidate_after: float = Field(default=0, ge=0)
+    # a year at most: Karpenter reads it as a Go duration, and 1e12 s overflowed it (292 years is its limit)
+    consolidate_after: float = Field(default=0, ge=0, le=365 * 86400)
     budgets: list[BudgetSpec] = Field(default_factory=lambda: [BudgetSpec()])
 
 
