@@ -634,3 +634,30 @@ def test_values_kubernetes_cannot_carry_are_errors_naming_the_field():
         (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n  " + section % value))
         assert field in msg, msg
         assert bound in msg or str(int(float(bound))) in msg, msg
+
+
+def test_kubernetes_fields_passed_through_are_checked_against_kubernetes_own_schema():
+    """Passed through to the pods as given, each of these validated and rendered a Deployment the API server or the
+    kubelet refused: an init container without a name, `runAsUser: root`, an unknown volume field, an env source of
+    no known kind, a mount of a volume that does not exist, an annotation key `bad key!`, an image `UPPER:tag`."""
+    cases = (
+        ("  pod: {initContainers: [{nam: x}]}", "spec.pod.initContainers", "'nam' was unexpected"),
+        ("  pod: {securityContext: {runAsUser: root}}", "spec.pod.securityContext", "runAsUser: 'root' is not of type"),
+        ("  pod: {volumes: [{name: v, bogus: 1}]}", "spec.pod.volumes[0]", "'bogus' was unexpected"),
+        ("  pod: {volumeMounts: [{name: nosuchvol, mountPath: /x}]}", "spec.pod.volumeMounts[0].name",
+         "'nosuchvol' is no volume of the pod"),
+        ("  pod: {volumeMounts: [{name: dshm, mountPath: /x}]}", "spec.pod.volumeMounts[0].name",
+         "'dshm' is no volume of the pod"),  # the built-in engine's pod has no shared-memory volume
+        ("  engine: {envFrom: {X: {y: 1}}}", "spec.engine.envFrom", "'y' was unexpected"),
+        ("  engine: {image: 'UPPER:tag'}", "spec.engine.image", "is not an image reference"),
+    )
+    for text, path, said in cases:
+        (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n" + text))
+        assert path in msg and said in msg, msg
+    (msg,) = problems(GOOD.replace("metadata: {name: chat, namespace: team-a}",
+                                   "metadata: {name: chat, namespace: team-a, annotations: {'bad key!': x}}"))
+    assert "metadata.annotations" in msg and "'bad key!'" in msg, msg
+    assert load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n  pod: {volumes: [{name: v, emptyDir: {}}], "
+                                                        "volumeMounts: [{name: v, mountPath: /x}, {name: model, "
+                                                        "mountPath: /m}], securityContext: {runAsUser: 1000}}\n"
+                                                        "  engine: {envFrom: {T: {secretKeyRef: {name: s, key: k}}}}"))

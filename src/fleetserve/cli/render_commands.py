@@ -139,10 +139,10 @@ _SUBDOMAIN_RULE = "lower-case letters, digits, '-' and '.', starting and ending 
 def _checked(image, prometheus_url, node_class, zone, service_account, model_pvc) -> None:
     """The flags' values as the API server takes them: each of these exited 0 and wrote manifests that
     `kubectl apply` refused (an empty image, `--node-class 'Bad Name!'`, `--prometheus-url notaurl`)."""
-    from fleetserve.spec.endpoint import is_dns_subdomain, is_label_value
+    from fleetserve.spec.endpoint import IMAGE_RULE, is_dns_subdomain, is_image_reference, is_label_value
 
-    if image is not None and (not image.strip() or any(c.isspace() for c in image)):
-        raise fail(f"--image {image!r}: an image reference, e.g. ghcr.io/org/fleetserve:1.0 (no spaces)")
+    if image is not None and not is_image_reference(image):
+        raise fail(f"--image {image!r}: not an image reference: {IMAGE_RULE}")
     if prometheus_url is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", prometheus_url):
         raise fail(f"--prometheus-url {prometheus_url!r}: an http:// or https:// URL, e.g. "
                     "http://prometheus.monitoring:9090")

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from fleetserve.spec.base import SpecModel
+from fleetserve.spec.kubernetes_schema import schema_problem
 
 API_VERSION = "fleetserve.io/v1"
 KIND = "Endpoint"
@@ -54,6 +55,19 @@ def is_label_key(key: str) -> bool:
     return bool(_LABEL_NAME.match(name)) and (not slash or (len(prefix) <= 253 and bool(_DNS_SUBDOMAIN.match(prefix))))
 
 
+# a container image reference as the container runtimes read it: [registry[:port]/]path[:tag][@digest], the path in
+# lower case (distribution's reference grammar, simplified: `UPPER:tag`, `foo::bar` and `Bad Image` rendered)
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(rf"(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*"
+                    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?\Z")
+IMAGE_RULE = ("[registry[:port]/]path[:tag][@digest], the path in lower-case letters, digits and separators "
+              "(e.g. ghcr.io/org/fleetserve:1.0)")
+
+
+def is_image_reference(value: str) -> bool:
+    return len(value) <= 4096 and bool(_IMAGE.match(value))
+
+
 LABEL_KEY_RULE = ("an optional DNS-subdomain prefix and '/', then at most 63 of letters, digits, '-', '_' and '.', "
                   "starting and ending with a letter or digit")
 LABEL_VALUE_RULE = "at most 63 of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
@@ -74,6 +88,15 @@ class Metadata(SpecModel):
                 f"{value!r} is not a DNS label: use lower-case letters, digits and '-', starting and ending "
                 "with a letter or digit"
             )
+        return value
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotation_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        """The engine pods carry them: a key the API server refuses (`bad key!`) failed the Deployment."""
+        for key in value:
+            if not is_label_key(key):
+                raise ValueError(f"annotation key {key!r} is not a Kubernetes annotation key: {LABEL_KEY_RULE}")
         return value
 
     @field_validator("labels")
@@ -123,6 +146,14 @@ class ModelSection(SpecModel):
                                           "model; default: the PVC NAME-model")
     token_secret: SecretKeyRef | None = Field(default=None, description="a Secret key holding the Hugging Face token, "
                                               "given to the model fetcher as HF_TOKEN on Kubernetes")
+
+    @field_validator("volume")
+    @classmethod
+    def _volume_source(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Rendered as the pod's `model` volume, as given: `{bogus: 1}` went into the Deployment."""
+        if value is not None and (problem := schema_problem("Volume", {**value, "name": "model"})) is not None:
+            raise ValueError(problem)
+        return value
 
     @field_validator("source")
     @classmethod
@@ -199,6 +230,14 @@ class EngineSection(SpecModel):
     kind: Literal["builtin", "vllm", "sglang", "container", "external"] = "builtin"
     urls: list[str] = Field(default_factory=list, description="backends for kind=external")
     image: str | None = None
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, value: str | None) -> str | None:
+        if value is not None and not is_image_reference(value):
+            raise ValueError(f"{value!r} is not an image reference: {IMAGE_RULE}")
+        return value
+
     invocation_path: str | None = Field(default=None, description="container, external: the path the server "
                                         "serves chat and completions on when not OpenAI's (a SageMaker-style "
                                         "image's /invocations, which reads the body's shape)")
@@ -232,6 +271,15 @@ class EngineSection(SpecModel):
             if not _ENV_NAME.match(name):
                 raise ValueError(f"{name!r} is not an environment variable name: letters, digits, '_', '-' and '.', "
                                  "not starting with a digit")
+        return value
+
+    @field_validator("env_from")
+    @classmethod
+    def _env_sources(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Each rendered as the variable's valueFrom, as given: `{y: 1}` went into the Deployment."""
+        for name, source in value.items():
+            if (problem := schema_problem("EnvVarSource", source)) is not None:
+                raise ValueError(f"{name!r}: {problem}")
         return value
 
     @field_validator("resources")
@@ -854,6 +902,12 @@ class Toleration(SpecModel):
 RENDERED_VOLUMES = frozenset({"model", "internal-token", "dshm"})  # the engine pod's own (k8s/engine.py)
 
 
+def engine_pod_volumes(kind: str) -> frozenset[str]:
+    """The volumes an engine pod of this kind has of its own (k8s/engine.py): the internal token's for the
+    built-in engine, shared memory for the others'."""
+    return frozenset({"model", "internal-token" if kind == "builtin" else "dshm"})
+
+
 class PodSection(SpecModel):
     """Kubernetes pod settings of the engine pods, passed through as given (HyperPod's `spec.kubernetes`)."""
 
@@ -896,6 +950,33 @@ class PodSection(SpecModel):
                                  f"own: {', '.join(sorted(RENDERED_VOLUMES))})")
             seen.add(name)
         return value
+
+    @field_validator("init_containers")
+    @classmethod
+    def _init_containers(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, container in enumerate(value):
+            if (problem := schema_problem("Container", container)) is not None:
+                raise ValueError(f"[{i}]: {problem}")
+        return value
+
+    @field_validator("security_context")
+    @classmethod
+    def _pod_security_context(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and (problem := schema_problem("PodSecurityContext", value)) is not None:
+            raise ValueError(problem)
+        return value
+
+    @model_validator(mode="after")
+    def _volumes_and_mounts(self) -> PodSection:
+        """Volumes and mounts as Kubernetes reads them, and every mount of a volume the pod has (`nosuchvol`
+        rendered a Deployment whose pods never started)."""
+        for i, volume in enumerate(self.volumes):
+            if (problem := schema_problem("Volume", volume)) is not None:
+                raise ValueError(f"volumes[{i}]: {problem}")
+        for i, mount in enumerate(self.volume_mounts):
+            if (problem := schema_problem("VolumeMount", mount)) is not None:
+                raise ValueError(f"volumeMounts[{i}]: {problem}")
+        return self
 
     @field_validator("priority_class_name")
     @classmethod
@@ -946,6 +1027,19 @@ class EndpointSpec(SpecModel):
         from fleetserve.spec.catalog_defaults import fill_from_catalog
 
         return _default_l1(fill_from_catalog(data))
+
+    @model_validator(mode="after")
+    def _mounts_name_volumes_the_pod_has(self) -> EndpointSpec:
+        """Every mount names a volume the engine pod has: `nosuchvol`, or `dshm` on a built-in engine's pod (which
+        has none), rendered a Deployment whose pods never started."""
+        own = engine_pod_volumes(self.engine.kind)
+        names = {v["name"] for v in self.pod.volumes} | own
+        for i, mount in enumerate(self.pod.volume_mounts):
+            if mount["name"] not in names:
+                raise ValueError(f"pod.volumeMounts[{i}].name: {mount['name']!r} is no volume of the pod; "
+                                 f"pod.volumes names {', '.join(sorted(v['name'] for v in self.pod.volumes)) or 'none'}"
+                                 f" (and the {self.engine.kind} engine's pod its own: {', '.join(sorted(own))})")
+        return self
 
     @model_validator(mode="after")
     def _context_flag_valid(self) -> EndpointSpec:
