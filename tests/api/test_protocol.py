@@ -148,7 +148,7 @@ def test_error_types_are_openais_for_a_bad_key_and_an_unknown_model():
     ({"response_format": {"type": "bogus"}}, "response_format", 'allowed: {"type": "text"} or omitted'),
     ({"response_format": "json"}, "response_format", 'allowed: {"type": "text"} or omitted'),
     ({"tool_choice": "bogus"}, "tool_choice", 'allowed: "none", "auto" or omitted'),
-    ({"tools": "x"}, "tools", "allowed: [] or omitted"),
+    ({"tools": [{"type": "function"}]}, "tools", "allowed: [] or omitted"),
     ({"logprobs": "yes"}, "logprobs", "must be true or false"),
     ({"top_logprobs": 3}, "top_logprobs", "allowed: logprobs false"),
 ])
@@ -169,6 +169,19 @@ def test_every_refusal_names_the_values_it_allows(change, param, allowed):
      "missing_required_parameter"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content[0].type", "unsupported_value"),
+    # each passed, or read as a refused feature, where OpenAI answers the type (found by a black-box pass)
+    ({"tools": "x"}, "tools", "invalid_type"),
+    ({"tool_choice": 5}, "tool_choice", "invalid_type"),
+    ({"logit_bias": "x"}, "logit_bias", "invalid_type"),
+    ({"n": 1.5}, "n", "invalid_type"),
+    ({"max_completion_tokens": 2, "max_tokens": "x"}, "max_tokens", "invalid_type"),
+    ({"store": "yes"}, "store", "invalid_type"),
+    ({"parallel_tool_calls": "x"}, "parallel_tool_calls", "invalid_type"),
+    ({"service_tier": 5}, "service_tier", "invalid_type"),
+    ({"metadata": {"a": 1}}, "metadata", "invalid_type"),
+    ({"logprobs": 0}, "logprobs", "invalid_type"),  # a boolean in chat (a count in completions)
+    ({"messages": [{"role": "user", "content": "hi", "name": 5}]}, "messages[0].name", "invalid_type"),
+    ({"messages": [{"role": "user", "content": []}]}, "messages[0].content", "invalid_value"),
 ])
 def test_each_bad_parameter_gets_the_openai_code_that_names_what_is_wrong(change, param, code):
     err = error_of(parse_chat, {**CHAT, **change})
@@ -248,3 +261,20 @@ def test_a_huge_unknown_field_name_is_kept_and_logged_cut(monkeypatch, caplog):
         parse_chat({**CHAT, "x" * 1_000_000: 1})
     assert protocol._IGNORED_SEEN == {"x" * protocol.MAX_NAME_CHARS}
     assert max(len(r.getMessage()) for r in caplog.records) < 1_000
+
+
+def test_tools_with_tool_choice_none_are_answered_in_plain_text():
+    """OpenAI and vLLM answer tools with tool_choice "none" without calling one; agents send it routinely, and it
+    was refused (400 tools unsupported_value). A completions logprobs count out of range is a value, not a type."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    parse_chat({**CHAT, "tools": tools, "tool_choice": "none"})
+    assert error_of(parse_chat, {**CHAT, "tools": tools}).param == "tools"  # "auto" (the default) would call one
+    err = error_of(parse_completion, {"model": "m", "prompt": "hi", "logprobs": 6})
+    assert (err.param, err.code) == ("logprobs", "invalid_value")
+
+
+def test_an_unknown_model_name_is_not_echoed_whole():
+    from fleetserve.api.errors import model_not_found
+
+    err = model_not_found("x" * 100_000, ["m"])
+    assert len(err.message) < 400 and "100,000 characters" in err.message

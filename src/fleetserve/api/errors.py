@@ -63,7 +63,9 @@ def invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
 
 def model_not_found(name: str, served) -> APIError:
     """404 for a model name the endpoint does not serve (`served`: the names it does), as engines and router say it."""
-    return APIError(404, f"model {name!r} does not exist; this endpoint serves {', '.join(map(repr, served))}",
+    shown = repr(name) if len(name) <= 200 else repr(name[:200]) + f" (cut; {len(name):,} characters)"  # echoed
+    # whole, a 100 KB name came back in full
+    return APIError(404, f"model {shown} does not exist; this endpoint serves {', '.join(map(repr, served))}",
                     param="model", code="model_not_found")
 
 

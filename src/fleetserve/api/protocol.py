@@ -145,11 +145,13 @@ def _stop(body: dict) -> tuple[str, ...]:
 
 def _sampling(body: dict) -> SamplingParams:
     max_tokens, max_tokens_param = _int(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT), "max_completion_tokens"
+    legacy = _int(body, "max_tokens", 1, MAX_TOKENS_LIMIT)  # checked either way: "x" beside the other had passed
     if max_tokens is None:
-        max_tokens, max_tokens_param = _int(body, "max_tokens", 1, MAX_TOKENS_LIMIT), "max_tokens"
+        max_tokens, max_tokens_param = legacy, "max_tokens"
     for name in ("n", "best_of"):  # one choice per request: any other count is refused
         value = body.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):  # "2": a bad type
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or
+                                  (isinstance(value, float) and not value.is_integer())):  # "2", 1.5: a bad type
             raise invalid(name, f"must be an integer (only {name}=1 is supported by this engine), got "
                                 f"{json.dumps(value)[:80]}", "invalid_type")
         if value not in (None, 1):  # 1.0 is 1, as it always was
@@ -161,7 +163,8 @@ def _sampling(body: dict) -> SamplingParams:
     if logprobs is not None and not isinstance(logprobs, bool) and not (isinstance(logprobs, int) and
                                                                           0 <= logprobs <= 5):
         raise invalid("logprobs", f"must be true or false (chat), or a count from 0 to 5 (completions), got "
-                                  f"{json.dumps(logprobs)[:80]}", "invalid_type")
+                                  f"{json.dumps(logprobs)[:80]}", "invalid_value" if isinstance(logprobs, int)
+                      else "invalid_type")
     _int(body, "top_logprobs", 0, 20)
     if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
         name = "logprobs" if body.get("logprobs") not in (None, False, 0) else "top_logprobs"
@@ -254,15 +257,31 @@ def _unsupported(body: dict, kind: str) -> None:
     if body.get("response_format") is not None and not isinstance(body["response_format"], dict):
         raise invalid("response_format", 'must be an object; allowed: {"type": "text"} or omitted, got '
                                          f"{json.dumps(body['response_format'])[:80]}", "invalid_type")
+    for name, types, what in (("tools", list, "an array"), ("functions", list, "an array"),
+                              ("tool_choice", str | dict, "a string or an object"),
+                              ("function_call", str | dict, "a string or an object"),
+                              ("logit_bias", dict, "an object")):
+        if body.get(name) is not None and not isinstance(body[name], types):  # a bad type before a refusal
+            raise invalid(name, f"must be {what}, got {json.dumps(body[name])[:80]}", "invalid_type")
+    if kind == "chat" and body.get("logprobs") is not None and not isinstance(body["logprobs"], bool):
+        raise invalid("logprobs", f"must be true or false in chat completions, got {json.dumps(body['logprobs'])[:80]}",
+                      "invalid_type")
     refused = {**_UNSUPPORTED, **_UNSUPPORTED_CHAT} if kind == "chat" else _UNSUPPORTED
+    if body.get("tool_choice") == "none" and isinstance(body.get("tools"), list):
+        # no tool is called, as OpenAI and vLLM answer it: in plain text (agents send their tools with "none")
+        refused = {k: v for k, v in refused.items() if k != "tools"}
     for name, (why, allowed, default) in refused.items():
         if name in body and not default(body[name]):
             raise invalid(name, f"{why}; allowed: {allowed}, got {json.dumps(body[name])[:80]}",
                           "unsupported_value")
-    for name in ("user", "safety_identifier", "prompt_cache_key"):  # strings in OpenAI's API
+    for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier"):  # strings in OpenAI's API
         if body.get(name) is not None and not isinstance(body[name], str):
             raise invalid(name, f"must be a string, got {json.dumps(body[name])[:80]}", "invalid_type")
-    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+    for name in ("store", "parallel_tool_calls"):  # booleans in OpenAI's API ("yes" had passed)
+        _bool(body, name)
+    metadata = body.get("metadata")
+    if metadata is not None and (not isinstance(metadata, dict) or
+                                 not all(isinstance(v, str) for v in metadata.values())):
         raise invalid("metadata", "must be an object of string keys and values", "invalid_type")
 
 
@@ -325,6 +344,11 @@ def _messages(body: dict, tool_calls: bool = False) -> list[dict[str, str]]:
             raise invalid(f"messages[{i}].role", f"got {json.dumps(role)}; allowed values: {', '.join(ROLES)}")
         if msg.get("content") is None and role in ("system", "developer", "user"):
             raise invalid(f"messages[{i}].content", f"is required for a {role} message", "missing_required_parameter")
+        if msg.get("content") == [] and role in ("system", "developer", "user"):
+            raise invalid(f"messages[{i}].content", "must not be an empty array: a string, or at least one text part")
+        if msg.get("name") is not None and not isinstance(msg["name"], str):
+            raise invalid(f"messages[{i}].name", f"must be a string, got {json.dumps(msg['name'])[:80]}",
+                          "invalid_type")
         for name in ("tool_calls", "function_call"):  # the template would drop them: the model never saw the call
             if not tool_calls and msg.get(name) not in (None, []):
                 raise invalid(f"messages[{i}].{name}", "tool and function calls are not supported by this engine; "
