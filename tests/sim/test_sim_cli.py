@@ -369,3 +369,17 @@ def test_a_lone_prompt_is_prefilled_whole_on_the_built_in_engines_profiles():
     whole, chunked = ttft(builtin), ttft(replace(builtin, whole_prefill_when_idle=False))
     assert abs(whole - builtin.prefill_time(1020) * 1000) < abs(chunked - builtin.prefill_time(1020) * 1000)
     assert chunked - whole == pytest.approx(3 * builtin.prefill_base_s * 1000, rel=0.05)  # three more bases
+
+
+def test_a_bad_spec_with_json_prints_its_problems_on_stdout_too(tmp_path):
+    """`verify --json` on an invalid spec exited 2 with text on stderr and nothing on stdout, where `validate
+    --json` gives an object: a CI script parsing verify's stdout got nothing to parse."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {name: x}\n"
+                   "spec: {model: {source: builtin:smollm2-135m}, replicas: two}\n")
+    for command in ("simulate", "verify", "plan"):
+        extra = ("-o", str(tmp_path / "p.yaml")) if command == "plan" else ()
+        r = fleetserve(command, str(bad), "--trace", TRACE, "--json", *extra)
+        assert r.returncode == 2, (command, r.stderr)
+        said = json.loads(r.stdout)
+        assert said["valid"] is False and said["errors"][0]["path"] == "spec.replicas", (command, said)

@@ -17,7 +17,7 @@ from rich.table import Column, Table
 from fleetserve import __version__
 from fleetserve.cli.bench_commands import bench_app
 from fleetserve.cli.checks import MAX_THREADS, float_option
-from fleetserve.cli.console import EXIT_USAGE, Terminated, err, fail, out, say
+from fleetserve.cli.console import EXIT_USAGE, Terminated, err, fail, out, print_spec_errors, say
 
 app = typer.Typer(
     name="fleetserve",
@@ -67,9 +67,8 @@ def validate(
     try:
         loaded = load_spec(spec)
     except SpecError as exc:
-        if as_json:  # a tool reading stdout gets the problems too
-            print(json.dumps({"valid": False, "errors": [{"path": p.path, "message": p.message}
-                                                         for p in exc.problems]}, indent=2))
+        if as_json:
+            print_spec_errors(exc)
         raise fail(str(exc), EXIT_USAGE) from None
     from fleetserve.spec.effects import local_model_problem
 

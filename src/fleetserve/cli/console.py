@@ -34,6 +34,15 @@ def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
     return typer.Exit(code)
 
 
+def print_spec_errors(exc) -> None:
+    """A spec's problems as JSON on stdout, for a command run with --json: a tool reading stdout gets them too
+    (`validate`, `render`, `simulate`, `verify` and `plan`; the last three had printed nothing there)."""
+    import json
+
+    print(json.dumps({"valid": False, "errors": [{"path": p.path, "message": p.message} for p in exc.problems]},
+                     indent=2))
+
+
 def say(message: str) -> None:
     """A progress or status line on stderr, as written."""
     err.print(message, markup=False)

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from fleetserve.cli.console import err, fail
+from fleetserve.cli.console import err, fail, print_spec_errors
 
 # what `render k8s` and `operator` both take: the rendering options (k8s.context.RenderOptions)
 ImageOption = Annotated[str | None, typer.Option(help="fleetserve image (router, built-in engine, model fetch)")]
@@ -98,9 +98,8 @@ def render_k8s(
     try:  # the spec first: a missing file was reported as a missing --output
         loaded = load_spec(spec)
     except SpecError as exc:
-        if as_json:  # a tool reading stdout gets the problems too, as from `validate --json`
-            print(json.dumps({"valid": False, "errors": [{"path": p.path, "message": p.message}
-                                                         for p in exc.problems]}, indent=2))
+        if as_json:
+            print_spec_errors(exc)
         raise fail(str(exc)) from None
     if output is None and not as_json:
         raise fail("--output/-o DIR is required (or --json to print the objects)")

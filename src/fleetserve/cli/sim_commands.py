@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetserve.cli.checks import float_option, writable
-from fleetserve.cli.console import err, fail
+from fleetserve.cli.console import err, fail, print_spec_errors
 
 # piped into a log, rich would fit the tables to 80 columns and cut the numbers ("reque…", "34785… ms")
 _PIPED_WIDTH = None if sys.stdout.isatty() else 160
@@ -109,8 +109,9 @@ def _profile_of_another_model(profile: str | None, spec) -> str | None:
 def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_scale: float, limit: int | None,
             seed: int, window: float, peak_fraction: float, idle_fraction: float, start: str | None,
             spot_rate: float | None = None, provisioning_delay: float | None = None, trace_model: str | None = None,
-            prices: str | None = None):
-    """The spec, the trace and the options, or exit 2 naming what is wrong."""
+            prices: str | None = None, as_json: bool = False):
+    """The spec, the trace and the options, or exit 2 naming what is wrong (a spec's problems also as JSON on
+    stdout with --json)."""
     from datetime import UTC, datetime
 
     from fleetserve.sim.profiles import ProfileError, resolve
@@ -149,6 +150,8 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
     try:
         loaded = load_spec(spec)
     except SpecError as exc:
+        if as_json:
+            print_spec_errors(exc)
         raise fail(str(exc)) from None
     _simulatable(loaded)
     _inert_flags(loaded.endpoint.spec, spot_rate, provisioning_delay)
@@ -233,6 +236,8 @@ class _Progress:
         return self
 
     def __exit__(self, *exc):
+        if exc[0] is None and self.enabled:  # a search that stops early (plan: fewer trials than --max-trials)
+            self.bar.update(self.task, completed=self.total)  # ends at 100 %, not at 29 %
         self.bar.__exit__(*exc)
 
     def __call__(self, done) -> None:
@@ -263,7 +268,7 @@ def simulate(
     writable(report, "--report", (spec, trace, profile, prices))
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
-                                        provisioning_delay, trace_model, prices)
+                                        provisioning_delay, trace_model, prices, as_json)
     with _Progress(requests[-1].arrival_s, "simulating") as progress:
         result = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress)
     if report:
@@ -325,7 +330,7 @@ def verify(
     writable(report, "--report", (spec, trace, profile, prices))
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
-                                        provisioning_delay, trace_model, prices)
+                                        provisioning_delay, trace_model, prices, as_json)
     with _Progress(requests[-1].arrival_s, "verifying") as progress:
         verdict = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress)
     _print_warnings(verdict.result.report)
@@ -374,7 +379,7 @@ def plan(
     writable(output, "--output", (spec, trace, profile, prices))
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
-                                        provisioning_delay, trace_model, prices)
+                                        provisioning_delay, trace_model, prices, as_json)
     with _Progress(max_trials, "planning") as progress:
         result = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress,
                      max_trials)
