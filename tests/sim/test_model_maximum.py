@@ -120,3 +120,19 @@ def test_the_kv_bound_is_a_gpu_engines_only():
                     {"model": {"source": "hf:acme/mystery-7b"}, "engine": {"kind": "builtin"}}):
         report = simulate(endpoint_of("k", {**written, "replicas": 1}), trace, SimOptions()).report
         assert "context_length_exceeded" not in report["failed_by_reason"], (written, report["failed_by_reason"])
+
+
+def test_a_local_winner_of_several_replicas_says_they_share_the_machine():
+    """plan chose 15 local replicas of the CPU engine on a 2-core machine, each simulated at the speed of a whole
+    machine, and said nothing; with capacity.localSlots set it is the user's count, and the note goes."""
+    from copy import deepcopy
+
+    from fleetserve.spec.load import load_spec_data
+
+    busy = [TraceRequest(i * 0.05, 600, 60) for i in range(1200)]  # 20 requests/s: more than one CPU replica
+    result = plan(spec("quickstart.yaml"), busy, SimOptions()).to_json()
+    assert any("replicas on this machine" in w and "capacity.localSlots" in w for w in result["warnings"]), result
+    data = deepcopy(spec("quickstart.yaml").model_dump(by_alias=True, exclude_none=True, mode="json"))
+    data["spec"]["capacity"] = {**data["spec"].get("capacity", {}), "localSlots": 32}
+    slotted = plan(load_spec_data(data).endpoint, busy, SimOptions()).to_json()
+    assert not any("replicas on this machine" in w for w in slotted["warnings"])

@@ -507,6 +507,7 @@ class Planner:
         if winner is not None:
             self._write_slo(winner)
             self._say_where_it_ran(winner)
+            self._say_the_machine_is_shared(winner)
         changes = diff(base, winner.data) if winner else []
         self._explain_floors(changes)
         for c in changes:
@@ -646,6 +647,21 @@ class Planner:
             self.notes.append(f"the winner lists {listed[0]} first, but its replicas ran mostly on {mostly} "
                               f"({ran[mostly]:.2f} of {total:.2f} node-hours): {listed[0]} was short of capacity for "
                               f"most of the trace, and the cost is mostly {mostly}'s")
+
+    def _say_the_machine_is_shared(self, winner: Trial) -> None:
+        """A local winner of several replicas: the profile times one engine with the machine to itself, and nothing
+        bounds the count but `capacity.localSlots` (x15 of the CPU engine won on 2 cores, unsaid)."""
+        spec = winner.data["spec"]
+        placement = (spec.get("placement") or {}).get("instanceTypes")
+        most = winner.verdict.result.report.get("replicas_max") or 0
+        if placement or most <= 1 or (spec.get("capacity") or {}).get("localSlots"):
+            return
+        import os
+
+        self.notes.append(f"the winner runs up to {most} replicas on this machine, each at the speed the profile "
+                          f"measured for one engine with the machine to itself ({os.cpu_count()} CPU core(s) here): "
+                          "replicas on one machine share its cores and memory, so its figures hold only where each "
+                          "has its own; set capacity.localSlots to the replicas this machine holds and plan again")
 
     def _autoscale(self, data: dict, n: int, label: str, static: Trial) -> None:
         # the input's own target first: on a tie (the first found stays) it is kept, not changed for nothing
