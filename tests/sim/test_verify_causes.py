@@ -768,3 +768,18 @@ def test_prompts_the_router_timed_out_count_in_the_engine_floor():
     assert verdict.result.fleet.rejected["upstream_timeout"] > 1000
     assert not peak.passed and peak.floor is not None and peak.floor > 20_000, peak
     assert "more replicas cannot meet it" in peak.reason and "queueing on top" in peak.reason, peak.reason
+
+
+def test_a_latency_row_says_its_misses_are_among_the_answered_when_requests_failed():
+    """The whole trace's TTFT row named "most misses" in one window and the error-rate row in another: latency is
+    judged on the answered requests, and the row now says so where requests failed."""
+    spec = {"model": {"name": "llama-8b", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 1,
+            "routing": {"strategy": "leastload"}, "placement": {"instanceTypes": ["g6e.xlarge"]},
+            "router": {"upstreamTimeoutSeconds": 30}}
+    long = [TraceRequest(i * 0.4, 8000, 10, tuple(range(100_000 * i, 100_000 * i + 31))) for i in range(300)]
+    short = [TraceRequest(i * 0.4 + 0.2, 200, 10, (10**9 + i,)) for i in range(300)]
+    trace = sorted(long + short, key=lambda r: r.arrival_s)
+    verdict = verify(endpoint_of("answered", spec), trace, SimOptions(), {"ttft_p95_ms": 5000, "e2e_p95_ms": 120000})
+    rows = {c.metric: c.reason for c in verdict.checks if c.window == "all"}
+    assert "most answered requests over the target" in rows["ttft_p95_ms"], rows["ttft_p95_ms"]
+    assert "most misses" in rows["error_rate"], rows["error_rate"]

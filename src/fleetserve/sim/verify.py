@@ -210,7 +210,11 @@ def _where_misses_fall(result: SimResult, metric: str) -> str:
     where = {"peak": "a peak window", "idle": "an idle window"}.get(worst["kind"], "neither a peak nor an idle window")
     spread = worst["windows_with_misses"]
     others = f" (misses in {spread} windows of {len(counts)})" if spread > 1 else ""
-    return (f"most misses ({worst['misses']} of its {worst['requests']} requests) fall in {a:.0f}-{b:.0f} s, "
+    # a latency target is judged on the answered requests: where most requests failed, the error rate's row names
+    # that window, and this one said "most misses" of another window in the same table
+    failed = metric in ("ttft_p95_ms", "e2e_p95_ms") and result.report.get("failed")
+    what = "most answered requests over the target" if failed else "most misses"
+    return (f"{what} ({worst['misses']} of its {worst['requests']} requests) fall in {a:.0f}-{b:.0f} s, "
             f"{where}{others}: " + _capacity_cause(result, "worst", worst))
 
 
