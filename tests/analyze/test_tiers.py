@@ -47,3 +47,11 @@ def test_an_l1_larger_than_the_engines_memory_comes_with_cache_aware_routing(far
     rec = out["recommendation"]
     assert rec["tiers"] == "L1 only" and rec["strategy"] == "prefixaware"
     assert "per replica" in rec["reasons"][-1]
+
+
+def test_one_replica_gets_no_routing_advice_it_cannot_use(far_reuse):
+    """With one replica every strategy sends it everything: "L1 only with prefixaware", because "the L1s are per
+    replica", was advised where routing has no choice."""
+    out = analyze(far_reuse, l1_gib=640, replicas=1)
+    rec = out["recommendation"]
+    assert rec["strategy"] == "leastload" and "one replica" in rec["reasons"][-1], rec

@@ -4,11 +4,13 @@
                            cache of the fleet would reuse < 5%;
     L1+L2                  when the shared L2 adds >= 5 points of hit rate over engine memory + L1 (L2 only
                            when L1 adds < 1 point: at its size it holds copies of what the engines hold);
-    engine only            when neither L1 adds 1 point nor L2 5 points over the engines' own memory, which
-                           does not already hold nearly all the reuse;
-    L1 only                otherwise (CPU memory is cheap; the reasons say how much it adds).
+    L1 only                when L1 adds >= 1 point (an L2 < 5), or when the engines' own memory already holds
+                           nearly all the reuse and L1 is larger than it (a cheap margin for longer traffic);
+    engine only            otherwise: L1 adds < 1 point and L2 < 5, or the engines hold nearly all the reuse
+                           and an L1 no larger than their memory would only copy it.
     strategy               the cache-aware strategy with the best hit rate (prefixaware unless another beats
-                           it by > 1 point); leastload when routing by cache wins < 2 points over roundrobin.
+                           it by > 1 point); leastload when routing by cache wins < 2 points over roundrobin,
+                           and with one replica, where every strategy sends it everything.
 
 The capacities are the fleet's, pooled as one LRU (the oracle's bound) and written through as the engines do:
 replicas x the larger of engine blocks and L1 blocks, then the larger of that and the shared L2 (a tier holds
@@ -28,7 +30,7 @@ CACHE_AWARE = ("prefixaware", "kvaware", "session")
 
 
 def recommend(ideal: float, tiers: dict, strategies: dict, filled: bool = True, block_tokens: int = 256,
-              engine_blocks: int | None = None, l1_blocks: int | None = None) -> dict:
+              engine_blocks: int | None = None, l1_blocks: int | None = None, replicas: int = 2) -> dict:
     """`filled`: some prompt fills one block of `block_tokens` (else nothing cached is ever found again);
     `engine_blocks` and `l1_blocks` (per replica) say why an L1 adds nothing when it is the smaller."""
     reasons = []
@@ -75,7 +77,10 @@ def recommend(ideal: float, tiers: dict, strategies: dict, filled: bool = True, 
     else:
         tier = "engine only"
         reasons.append(f"{copies}; an L2 would add only {l2 - l1:.1%} (below {L2_GAIN:.0%}): not worth a Redis")
-    strategy, why = _strategy(strategies, per_replica_tier=tier in ("L1 only", "L1+L2") and l1_pays)
+    if replicas == 1:  # "L1+L2 with prefixaware" had been advised for one replica, "as the L1s are per replica"
+        strategy, why = "leastload", "one replica: every strategy sends it everything, so routing has no choice"
+    else:
+        strategy, why = _strategy(strategies, per_replica_tier=tier in ("L1 only", "L1+L2") and l1_pays)
     reasons.append(why)
     return {"summary": f"{tier} with {strategy} routing", "tiers": tier, "strategy": strategy, "reasons": reasons}
 

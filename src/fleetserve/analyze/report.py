@@ -71,7 +71,8 @@ def analyze(path: str | Path, model: str | None = None, replicas: int = 4, profi
         "engine": "the fleet simulator with the live routing policies, the trace at its own arrival times "
                   "(analyze.routing -> sim.fleet)",
         "recommendation": recommend(ideal.token_hit_rate, tiers, chosen, filled=ideal.blocks > 0,
-                                    block_tokens=trace.block_tokens, engine_blocks=engine, l1_blocks=l1),
+                                    block_tokens=trace.block_tokens, engine_blocks=engine, l1_blocks=l1,
+                                    replicas=replicas),
         "warnings": warnings,
     }
 
