@@ -65,6 +65,20 @@ def test_validate_warns_of_a_local_model_folder_that_up_would_refuse(tmp_path, t
     assert "spec.model.source" not in fleetserve("validate", str(spec)).stderr
 
 
+def test_validate_warns_of_tls_files_that_up_would_refuse(tmp_path):
+    """`tls: {certFile: /nonexistent.crt, ...}` validated without a word; `up` then exited 2 naming the field."""
+    import json
+
+    spec = tmp_path / "t.yaml"
+    spec.write_text("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {name: t}\nspec: {model: {source: "
+                    f"builtin:smollm2-135m}}, tls: {{enabled: true, certFile: {tmp_path / 'no.crt'}, keyFile: "
+                    f"{tmp_path / 'no.key'}}}}}\n")
+    result = fleetserve("validate", str(spec), "--json")
+    assert result.returncode == 0, result.stderr
+    (warning,) = [w for w in json.loads(result.stdout)["warnings"] if w.startswith("spec.tls")]
+    assert "spec.tls.certFile" in warning and "no such file" in warning and "fleetserve up" in warning
+
+
 def test_validate_missing_file_exits_2(tmp_path):
     result = fleetserve("validate", str(tmp_path / "none.yaml"))
     assert result.returncode == 2 and "cannot read" in result.stderr

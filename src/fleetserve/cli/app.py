@@ -70,11 +70,11 @@ def validate(
         if as_json:
             print_spec_errors(exc)
         raise fail(str(exc), EXIT_USAGE) from None
-    from fleetserve.spec.effects import local_model_problem
+    from fleetserve.spec.effects import local_model_problem, local_tls_problem
 
-    model_problem = local_model_problem(loaded.endpoint)
-    if model_problem is not None:
-        loaded.warnings.append(model_problem)
+    for problem in (local_model_problem(loaded.endpoint), local_tls_problem(loaded.endpoint)):
+        if problem is not None:
+            loaded.warnings.append(problem)
     _print_warnings(loaded)
     if as_json:
         print(json.dumps({"valid": True, "format": loaded.source_format,

@@ -70,7 +70,8 @@ from fleetserve.router.engine_queue import QUEUE_GAUGES
 from fleetserve.router.model_metrics import router_args, scope_for
 from fleetserve.router.policies import registered_policies
 from fleetserve.router.served import body_check_args, served_model_args
-from fleetserve.router.tls import TLSFileError, certificate_hosts, check_tls_files, ensure_self_signed
+from fleetserve.router.tls import certificate_hosts, ensure_self_signed
+from fleetserve.spec.effects import tls_files_problem
 from fleetserve.spec.load import LoadedSpec
 
 log = logging.getLogger(__name__)
@@ -437,13 +438,8 @@ class Supervisor:
         field, problem = bind_refusal(self.spec.router.host, self.spec.router.port)
         if problem:  # a host that is no address of this machine is the spec's fault; a port taken, the machine's
             raise StartupError(f"spec.router.{field}: {problem}", exit_code=2 if field == "host" else 1)
-        tls = self.spec.tls
-        if tls.enabled and tls.cert_file and tls.key_file:  # a missing file had been a traceback after the model
-            try:
-                check_tls_files(tls.cert_file, tls.key_file)
-            except TLSFileError as exc:
-                raise StartupError(str(exc).replace("--tls-cert", "spec.tls.certFile")
-                                   .replace("--tls-key", "spec.tls.keyFile"), exit_code=2) from None
+        if (problem := tls_files_problem(self.spec.tls)) is not None:  # a missing file had been a traceback
+            raise StartupError(problem, exit_code=2)  # after the model was prepared
         port = self.spec.observability.prometheus.port
         if port and prometheus.wanted(self.spec) and (problem := bind_refusal("127.0.0.1", port)[1]):
             # Prometheus's own "address already in use" came as log lines after the model was prepared

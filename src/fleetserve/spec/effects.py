@@ -282,6 +282,30 @@ def local_model_problem(endpoint: Endpoint) -> SpecProblem | None:
     return None
 
 
+def tls_files_problem(tls) -> str | None:
+    """Why `spec.tls`'s files cannot serve (missing, not PEM, not a pair), named by their fields; None when they
+    can or none are given (`up` refuses them, exit 2; `validate` warns)."""
+    if not (tls.enabled and tls.cert_file and tls.key_file):
+        return None
+    from fleetserve.router.tls import TLSFileError, check_tls_files
+
+    try:
+        check_tls_files(tls.cert_file, tls.key_file)
+    except TLSFileError as exc:
+        return str(exc).replace("--tls-cert", "spec.tls.certFile").replace("--tls-key", "spec.tls.keyFile")
+    return None
+
+
+def local_tls_problem(endpoint: Endpoint) -> SpecProblem | None:
+    """`validate`'s warning for TLS files `up` could not serve with: validate had called the spec valid. A
+    warning, as for the model folder: the files may be meant for another machine."""
+    said = tls_files_problem(endpoint.spec.tls)
+    if said is None:
+        return None
+    path = "spec.tls.keyFile" if said.startswith("spec.tls.keyFile") else "spec.tls.certFile"
+    return SpecProblem(path, f"{said}: `fleetserve up` on this machine will refuse to start")
+
+
 def _sglang_host_cache_note(spec, note) -> None:
     """SGLang (0.5.x) refuses to start when its host pool per GPU rank is not larger than that GPU's KV pool, and
     the KV pool is most of the GPU's memory after the weights: say so where the listed types show it."""
