@@ -636,3 +636,17 @@ def test_a_namespace_is_taken_as_given_and_a_rewritten_name_is_said():
     doc["metadata"]["name"] = "3B_Chat"
     warned = {w.path: w.message for w in load_spec_text(yaml.safe_dump(doc)).warnings}
     assert "'ep-3b-chat'" in warned["metadata.name"]
+
+
+def test_a_trigger_beside_a_list_is_warned_and_warnings_name_the_routing_strategy_field():
+    """prometheusTrigger beside prometheusTriggerList was dropped without a word; the kvaware warning named
+    spec.intelligentRoutingSpec.strategy, a field HyperPod does not have (it is routingStrategy)."""
+    import copy
+
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    trigger = doc["spec"]["autoScalingSpec"]["prometheusTrigger"]
+    doc["spec"]["autoScalingSpec"]["prometheusTriggerList"] = [copy.deepcopy(trigger)]
+    doc["spec"]["intelligentRoutingSpec"]["routingStrategy"] = "kvaware"
+    warned = {w.path: w.message for w in load_spec_text(yaml.safe_dump(doc)).warnings}
+    assert "prometheusTriggerList is given too" in warned["spec.autoScalingSpec.prometheusTrigger"]
+    assert "spec.intelligentRoutingSpec.routingStrategy" in warned

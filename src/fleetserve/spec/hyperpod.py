@@ -233,6 +233,9 @@ _METRIC_TYPES = {"Average": "AverageValue", "Value": "Value"}
 def _triggers(a: dict[str, Any], warn) -> list[dict[str, Any]]:
     listed = a.get("prometheusTriggerList") or ([a["prometheusTrigger"]] if a.get("prometheusTrigger") else [])
     field = "prometheusTriggerList" if a.get("prometheusTriggerList") else "prometheusTrigger"
+    if a.get("prometheusTriggerList") and a.get("prometheusTrigger"):  # it had been dropped without a word
+        warn("spec.autoScalingSpec.prometheusTrigger", "ignored: prometheusTriggerList is given too, and its "
+                                                       "triggers are used; move this one into the list")
     out = []
     for i, trig in enumerate(listed):
         where = f"spec.autoScalingSpec.{field}" + (f"[{i}]" if field.endswith("List") else "")
@@ -571,6 +574,7 @@ _SOURCES = (
     ("spec.kvCache.l2.enabled", "spec.kvCacheSpec.enableL2Cache"),
     ("spec.kvCache", "spec.kvCacheSpec"),
     ("spec.routing.sessionKey", "spec.worker.environmentVariables[SESSION_KEY]"),
+    ("spec.routing.strategy", "spec.intelligentRoutingSpec.routingStrategy"),  # "...Spec.strategy" named no field
     ("spec.routing", "spec.intelligentRoutingSpec"),
     ("spec.tls", "spec.tlsConfig"),
     ("spec.pod", "spec.kubernetes"),
