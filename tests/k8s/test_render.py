@@ -939,6 +939,14 @@ def test_render_findings_of_a_second_black_box_pass():
     slash = copy.deepcopy(BUILTIN_TENANTS)
     slash["spec"]["kvCache"]["l2"]["tenantUrls"] = {"alpha": "redis://:ab/cd@redis.example.com:6379/0"}
     assert any(w.path == "spec.kvCache.l2.tenantUrls.alpha" for w in _objects(slash)[0].warnings)
+    # a bare Service name is a Redis the render deploys with its own password: the URL's is not used, and it had
+    # been warned of as written into the manifests (it is in none of them)
+    replaced = copy.deepcopy(BUILTIN_TENANTS)
+    replaced["spec"]["kvCache"]["l2"]["tenantUrls"] = {"alpha": "redis://:pw2@redis-alpha:6379/1"}
+    rendered, _ = _objects(replaced)
+    (said,) = [w.message for w in rendered.warnings if w.path == "spec.kvCache.l2.tenantUrls.alpha"]
+    assert "is not used" in said and "redis-alpha-auth" in said and "plain text" not in said
+    assert "pw2" not in yaml.safe_dump_all(rendered.objects)
     trailing = copy.deepcopy(FULL)
     trailing["metadata"]["labels"] = {"team": "b\n"}
     with pytest.raises(SpecError, match="not a Kubernetes label value"):

@@ -21,11 +21,13 @@ from urllib.parse import urlsplit
 from fleetserve.k8s.context import REDIS_PORT, Context
 from fleetserve.k8s.labels import MAX_STATEFULSET_NAME, REDIS_LABEL, TENANT_LABEL, dns_name, env_name, label_value
 from fleetserve.k8s.security import restricted_redis
+from fleetserve.kvcache.tiers import split_credentials
 
 PASSWORD_ENV = "REDIS_PASSWORD"
 
 
-def _rendered_tenant_service(url: str) -> str | None:
+def rendered_tenant_service(url: str) -> str | None:
+    """The Service a tenant URL names for the render to deploy (a bare host), or None for a Redis of the user's."""
     if url.startswith("rediss://"):  # TLS: a Redis of the user's own (the rendered one speaks plain redis://)
         return None
     host = urlsplit(url).hostname or ""
@@ -52,7 +54,7 @@ def redis_instances(ctx: Context) -> list[tuple[str, str | None]]:
         return []
     out: list[tuple[str, str | None]] = [] if l2.url else [(ctx.redis_name, None)]
     for tenant, url in sorted(_tenant_urls(ctx).items()):
-        service = _rendered_tenant_service(url)
+        service = rendered_tenant_service(url)
         if service:
             out.append((dns_name(service), tenant))
     return out
@@ -85,7 +87,7 @@ def engine_l2(ctx: Context) -> tuple[str | None, dict[str, str], list[dict]]:
         url = f"redis://:$({PASSWORD_ENV})@{ctx.host(ctx.redis_name)}:{REDIS_PORT}/0"
     tenants: dict[str, str] = {}
     for tenant, turl in sorted(_tenant_urls(ctx).items()):
-        service = _rendered_tenant_service(turl)
+        service = rendered_tenant_service(turl)
         if service is None:
             tenants[tenant] = turl
             continue
@@ -177,6 +179,13 @@ def redis_objects(ctx: Context, warn) -> list[dict]:
     if ctx.endpoint.spec.kv_cache.l2.enabled and kind not in (*L2_ENGINES, "container"):  # container: spec.kvCache
         warn("spec.kvCache.l2", f"{kind} engines are not wired to a Redis L2 (built-in and vLLM through LMCache "
                                 "are): no Redis is rendered and the engines keep L1 only")
+    for tenant, url in sorted(_tenant_urls(ctx).items()) if _l2_wired(ctx) else ():  # rendered only when wired
+        service = rendered_tenant_service(url)
+        if service and split_credentials(url)[2]:  # it had been warned as "in the manifests as plain text"
+            warn(f"spec.kvCache.l2.tenantUrls.{tenant}",
+                 f"the password in the URL is not used: {service!r} is a bare Service name, so the render deploys "
+                 "this tenant's Redis there, with a password of its own in the Secret "
+                 f"{auth_secret(dns_name(service))} (for a Redis of your own, give its address: a host with a dot, or rediss://)")
     out: list[dict] = []
     for service, tenant in redis_instances(ctx):
         out += [_statefulset(ctx, service, tenant), _service(ctx, service, tenant),

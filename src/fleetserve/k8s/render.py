@@ -21,7 +21,7 @@ from fleetserve.k8s.karpenter import karpenter_objects
 from fleetserve.k8s.keda import keda_objects
 from fleetserve.k8s.labels import TIER_LABEL, labels
 from fleetserve.k8s.monitoring import monitoring_objects
-from fleetserve.k8s.redis import redis_objects
+from fleetserve.k8s.redis import redis_objects, rendered_tenant_service
 from fleetserve.k8s.router import router_objects
 from fleetserve.kvcache.tiers import split_credentials
 from fleetserve.spec.effects import takes_effect_on_kubernetes
@@ -98,7 +98,8 @@ def _plain_credentials(endpoint: Endpoint) -> list[tuple[str, str]]:
     that authorize. (A password the renderer takes from a Secret is written as $(VAR), never as itself.)"""
     spec = endpoint.spec
     urls = [("spec.kvCache.l2.url", spec.kv_cache.l2.url)]
-    urls += [(f"spec.kvCache.l2.tenantUrls.{t}", u) for t, u in spec.kv_cache.l2.tenant_urls.items()]
+    urls += [(f"spec.kvCache.l2.tenantUrls.{t}", u) for t, u in spec.kv_cache.l2.tenant_urls.items()
+             if spec.engine.kind != "builtin" or not rendered_tenant_service(u)]  # its password is replaced (redis.py)
     urls += [(f"spec.engine.urls[{i}]", u) for i, u in enumerate(spec.engine.urls)]
     triggers = spec.autoscaling.triggers if spec.autoscaling is not None else []
     urls += [(f"spec.autoscaling.triggers[{i}].serverAddress", t.server_address) for i, t in enumerate(triggers)]
