@@ -646,3 +646,32 @@ def test_the_router_labels_a_replica_with_the_instance_type_its_engine_reports(t
         assert args[args.index("--instance-type") + 1] == expected
     finally:
         sup._http.close()
+
+
+def test_a_state_file_that_cannot_be_written_stops_nothing(make, tmp_path, monkeypatch):
+    """A full disk under FLEETSERVE_HOME: the state write raised ENOSPC inside the control loop, the supervisor
+    failed and stopped the router and every replica (16,730 requests refused), leaving .state-* files behind."""
+    import errno
+
+    from fleetserve.fleet import state as state_module
+
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path / "home"))
+    sup, _, mono = make(1)
+    said: list[str] = []
+    sup.say = said.append
+    real_dump = state_module.json.dump
+
+    def full_disk(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(state_module.json, "dump", full_disk)
+    sup._save()  # no exception: the fleet serves on
+    mono.advance(2)
+    sup._save()
+    folder = state_module.fleet_dir(sup.state.name)
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".state-")]  # no temporary files left
+    assert sum("could not be written" in m for m in said) == 1, said  # said once, not every round
+    monkeypatch.setattr(state_module.json, "dump", real_dump)
+    mono.advance(2)
+    sup._save()
+    assert (folder / "state.json").exists() and said[-1] == "the fleet's state is written again"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -121,12 +122,19 @@ def private_fleet_dir(name: str) -> Path:
 
 
 def write_state(state: FleetState) -> None:
+    """Atomically (a temporary file renamed over state.json); a write that fails (a full disk) leaves no temporary
+    file behind and raises OSError."""
     folder = fleet_dir(state.name)
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".state-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(state.to_json(), f, indent=2)
-    os.replace(tmp, folder / "state.json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(state.to_json(), f, indent=2)
+        os.replace(tmp, folder / "state.json")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def read_state(name: str) -> FleetState | None:

@@ -225,6 +225,7 @@ class Supervisor:
         self._router_out: set[str] = set()  # replica URLs the router's last load report has out (health checks)
         self._written: tuple | None = None
         self._written_at = 0.0
+        self._state_unwritten = False  # the last write of state.json failed (a full disk): said once
 
     # --- public --------------------------------------------------------------------------------------------
 
@@ -308,7 +309,18 @@ class Supervisor:
         decision = (s.last_decision or {}).get("reason"), (s.last_decision or {}).get("desired")
         now = self.monotonic()
         if (snapshot, decision) != self._written or now - self._written_at >= 1.0:
-            write_state(s)
+            try:
+                write_state(s)
+            except OSError as exc:  # a full disk had stopped the whole fleet ("supervisor failed"): serving goes
+                # on, `status` reads the last state written, and the write is tried again at the next round
+                if not self._state_unwritten:
+                    self.say(f"warning: the fleet's state could not be written ({exc}); serving goes on, "
+                             "`fleetserve status` shows the last state written until it can be")
+                self._state_unwritten = True
+                return
+            if self._state_unwritten:
+                self.say("the fleet's state is written again")
+            self._state_unwritten = False
             self._written, self._written_at = (snapshot, decision), now
 
     def _owner_gone(self) -> bool:
