@@ -40,3 +40,34 @@ def test_a_folder_of_another_owner_is_left_with_a_warning_not_a_traceback(monkey
     with caplog.at_level(logging.WARNING, logger="fleetserve.fleet.state"):
         assert private_fleet_dir("shared") == folder
     assert mode(folder) == 0o755 and "belongs to another user" in caplog.text
+
+
+def test_one_supervisor_per_fleet_name_holds_its_lock_until_it_ends(monkeypatch, tmp_path):
+    """Two `up` of one new name at once both passed the state file's check: two whole fleets ran, `down` stopped
+    one, and the loser had moved the winner's logs. The name's lock is taken before anything is touched; the
+    kernel releases it when its holder ends (a SIGKILLed supervisor leaves no stale lock)."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from fleetserve.fleet.control import LOCK_FILE, FleetError, take_fleet_lock
+
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path))
+    first = take_fleet_lock("chat")
+    with pytest.raises(FleetError, match="already running or starting"):
+        take_fleet_lock("chat")
+    assert take_fleet_lock("other") >= 0  # names are apart
+    os.close(first)
+    os.close(take_fleet_lock("chat"))
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
+        "print('held', flush=True); time.sleep(60)"), str(fleet_dir("chat") / LOCK_FILE)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"held"
+        with pytest.raises(FleetError):
+            take_fleet_lock("chat")
+    finally:
+        holder.kill()
+        holder.wait()
+    os.close(take_fleet_lock("chat"))  # released with its holder, killed

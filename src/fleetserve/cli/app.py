@@ -134,6 +134,10 @@ def up(
             out.print(f"stop it with: fleetserve down {name}")
             return
         ensure_not_running(name)
+        from fleetserve.fleet.control import inherited_fleet_lock, take_fleet_lock
+
+        # held until this process ends (the descriptor stays open): one supervisor per name
+        fleet_lock = inherited_fleet_lock() or take_fleet_lock(name)  # noqa: F841
     except FleetError as exc:
         raise fail(str(exc), exc.exit_code) from None
     from fleetserve.fleet.control import DETACHED_ENV, keep_previous_logs

@@ -34,6 +34,38 @@ class FleetError(Exception):
         self.exit_code = exit_code
 
 
+LOCK_FILE = "supervisor.lock"
+LOCK_FD_ENV = "FLEETSERVE_FLEET_LOCK_FD"  # the lock `up --detach` took, inherited by the supervisor it starts
+
+
+def take_fleet_lock(name: str) -> int:
+    """An exclusive lock on the fleet's name, held by its supervisor for its whole life (the kernel releases it
+    when the process ends, SIGKILL included): the descriptor, or FleetError when another holds it. Two `up` of one
+    name at once had both passed the state file's check and started two whole fleets, and the loser had moved
+    the winner's logs; `down` stopped only one."""
+    import fcntl
+
+    folder = private_fleet_dir(name)
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # EWOULDBLOCK: held
+        os.close(fd)
+        raise FleetError(f"fleet {name!r} is already running or starting (another supervisor holds "
+                         f"{folder / LOCK_FILE}); stop it with: fleetserve down {name}") from None
+    except OSError as exc:  # a file system without locks (NFS without lockd, some FUSE homes): said as it is
+        os.close(fd)
+        raise FleetError(f"cannot lock {folder / LOCK_FILE} ({exc.strerror or exc}): FLEETSERVE_HOME must be on a "
+                         "file system with file locks (a local disk)") from None
+    return fd
+
+
+def inherited_fleet_lock() -> int | None:
+    """The lock descriptor `up --detach` passed to the supervisor it started, if any."""
+    value = os.environ.pop(LOCK_FD_ENV, None)
+    return int(value) if value and value.isdigit() else None
+
+
 def ensure_not_running(name: str) -> None:
     state = read_state(name)
     if state and supervisor_alive(state) and state.status not in ("stopped", "failed"):
@@ -66,19 +98,22 @@ def start_detached(spec_path: str, name: str, timeout: float, extra_args: tuple[
     """Start the supervisor in its own session and wait until the fleet is ready or has failed. Ctrl-C or SIGTERM
     while it starts stops it: in its own session it had gone on starting, ready later, its URL never printed."""
     ensure_not_running(name)
-    folder = fleet_dir(name)
-    if folder.exists():
+    lock = take_fleet_lock(name)  # before the logs move: a second `up` of the name touches nothing
+    try:
+        folder = fleet_dir(name)
         keep_previous_logs(folder)
         if (folder / "state.json").exists():  # the new supervisor may carry on from it (read_previous_state)
             os.replace(folder / "state.json", folder / PREVIOUS)
-    private_fleet_dir(name)
-    log_path = folder / "supervisor.log"
-    with open(log_path, "ab") as log:  # appended to, as the children's logs are: rotated by copy and truncate
-        proc = subprocess.Popen(
-            fleetserve_command("up", str(Path(spec_path).resolve()), "--quiet-warnings", *extra_args),
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, DETACHED_ENV: "1"},  # its logs were kept here: it writes into this supervisor.log
-        )
+        log_path = folder / "supervisor.log"
+        with open(log_path, "ab") as log:  # appended to, as the children's logs are: rotated by copy and truncate
+            proc = subprocess.Popen(
+                fleetserve_command("up", str(Path(spec_path).resolve()), "--quiet-warnings", *extra_args),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                # its logs were kept here: it writes into this supervisor.log; and it holds the lock from here on
+                env={**os.environ, DETACHED_ENV: "1", LOCK_FD_ENV: str(lock)}, pass_fds=(lock,),
+            )
+    finally:
+        os.close(lock)  # the supervisor's copy holds it
     try:
         return _wait_started(proc, name, log_path, timeout)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli/console.Terminated): the start is called off
