@@ -502,3 +502,71 @@ def test_down_of_a_dead_fleet_leaves_a_stopped_record_without_stale_replicas_or_
     text = fleetserve("status", "dead", env=home, check=True).stdout
     assert "it cost $0.2500 in all" in text and "so far" not in text, text
     assert "last decision (before it stopped): 2 replica(s)" in text
+
+
+def test_a_process_that_binds_a_crashed_replicas_port_is_never_taken_for_it(tmp_path, tiny_model, home):
+    """After a replica crashed, a local process that bound its port first was taken for it: the supervisor said
+    "ready again", the router sent it every other client request and probed it with the internal token. Each
+    start now answers /health with its own id; what answers otherwise gets nothing, no token either."""
+    import http.server
+    import threading
+    import time
+
+    spec = write_spec(tmp_path, tiny_model, name="squat")
+    up = fleetserve("up", spec, "--detach", env=home)
+    assert up.returncode == 0, up.stderr
+    try:
+        (state,) = status(home)
+        victim = state["replicas"][0]
+        port = int(victim["url"].rsplit(":", 1)[1])
+        seen: list[tuple[str, str, str | None]] = []
+        import httpx
+
+        replayed = httpx.get(victim["url"] + "/health", timeout=10).content  # the real one's id, as any local
+        assert b'"instance"' in replayed  # process could read it: it names the start that dies next
+
+        class Squatter(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                seen.append((self.command, self.path, self.headers.get("authorization")))
+                body = replayed
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *_):
+                pass
+
+        os.kill(victim["pid"], signal.SIGKILL)
+        server = None
+        deadline = time.monotonic() + 5
+        while server is None:
+            try:
+                server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Squatter)
+            except OSError:
+                assert time.monotonic() < deadline, "the crashed replica's port never came free"
+                time.sleep(0.02)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            client = openai.OpenAI(base_url=state["url"], api_key="x", max_retries=0, timeout=60)
+            for _ in range(10):  # the other replica answers them all
+                reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                                       max_tokens=2)
+                assert reply.choices[0].message is not None
+
+            def moved():  # the restart finds its port taken and starts on another
+                r = status(home)[0]["replicas"][0]
+                return r["state"] == "ready" and r["url"] != victim["url"]
+
+            wait_until(moved, 120, interval=0.5, what="the replica restarted on another port")
+            assert status(home)[0]["replicas"][0]["restarts"] >= 1
+            assert not [s for s in seen if s[0] == "POST"], seen  # no client request reached it
+            assert not [s for s in seen if s[2]], seen  # nor the internal token
+        finally:
+            server.shutdown()
+            server.server_close()
+    finally:
+        fleetserve("down", "squat", env=home)

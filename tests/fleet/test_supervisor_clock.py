@@ -55,6 +55,19 @@ def make(tmp_path):
         sup._http.close()
 
 
+def health_answers(sup):
+    """A stand-in for the supervisor's GET: every replica's /health answers with the id of its last start."""
+    class Answer:
+        def __init__(self, url: str):
+            self.url = url
+
+        def json(self) -> dict:
+            r = next(r for r in sup.replicas if self.url.startswith(r.state.url))
+            return {"status": "ok", "instance": r.instance}
+
+    return lambda url, *_a, **_k: Answer(url)
+
+
 def test_scale_down_stabilization_holds_then_releases_as_the_virtual_clock_advances(make):
     sup, wall, _ = make(1)
     assert sup._autoscale(load(16)).desired == 4  # 16 in flight at 4 per replica
@@ -98,7 +111,7 @@ def test_cold_start_and_drain_deadline_use_the_injected_monotonic_clock(make):
                 requested_at=mono(), child=ReadyChild(), started_at=mono())
     sup.replicas.append(r)
     mono.advance(42.5)
-    sup._get = lambda *_a, **_k: object()  # /health answers
+    sup._get = health_answers(sup)  # /health answers, as the process started last
     sup._tend(r, sup.monotonic(), starting_up=False)
     assert r.state.state == Phase.READY and r.state.cold_start_s == 42.5
     sup._drain(r, sup.monotonic())
@@ -235,7 +248,7 @@ def test_a_crash_looping_replica_is_said_in_the_status_until_it_is_ready_again(m
     assert sup.state.error.startswith("replica r0 exited with code 1 and is restarting; its last error: "
                                       "SafetensorError")
     r.child, r.state.state = ReadyChild(), Phase.STARTING
-    sup._get = lambda *_a, **_k: object()  # /health answers
+    sup._get = health_answers(sup)  # /health answers, as the process started last
     sup._tend(r, mono(), starting_up=False)
     assert r.state.state == Phase.READY and sup.state.error == ""
     r.child = ExitedChild()
@@ -264,7 +277,7 @@ def test_a_crash_loop_scaled_to_zero_stays_in_the_status_until_a_replica_is_read
     fresh = Replica(ReplicaState("r1", "http://127.0.0.1:8", state=Phase.STARTING, node="n0"), 8, "n0",
                     requested_at=mono(), child=ReadyChild(), started_at=mono())
     sup.replicas.append(fresh)
-    sup._get = lambda *_a, **_k: object()  # /health answers
+    sup._get = health_answers(sup)  # /health answers, as the process started last
     sup._tend(fresh, mono(), starting_up=False)
     assert fresh.state.state == Phase.READY and sup.state.error == ""
 

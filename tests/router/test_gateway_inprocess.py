@@ -56,7 +56,7 @@ class FakeUpstream:
         self.sent: list[str] = []
         self.paths: list[str] = []
 
-    async def request(self, base_url, method, path, headers=(), body=b"", read_timeout=None):
+    async def request(self, base_url, method, path, headers=(), body=b"", read_timeout=None, credentials=True):
         self.sent.append(base_url)
         self.paths.append(path)
         outcome = self.script[base_url].pop(0)

@@ -100,7 +100,7 @@ def test_a_health_probe_records_our_in_flight_count_with_the_report(tmp_path):
         backend = pool.get("b")
         backend.in_flight = 3
 
-        async def get(url, timeout=None):
+        async def get(url, timeout=None, credentials=True):
             backend.in_flight = 0
             return 200, b'{"running": 3, "waiting": 0}'
 
@@ -111,3 +111,21 @@ def test_a_health_probe_records_our_in_flight_count_with_the_report(tmp_path):
 
     drained = asyncio.run(finishing_during_the_probe())
     assert drained.reported_in_flight == 3 and drained.view().load == 0  # the larger of the two rules said 3
+
+
+def test_a_backend_restarted_as_a_new_process_takes_nothing_until_its_probes_pass():
+    """The router's own probes had taken a replica in before its supervisor said ready; when it crashed and was
+    started again (a new instance id), it stayed healthy, and whatever bound its port got requests."""
+    from fleetserve.router.pool import BackendPool
+
+    pool = BackendPool([], interval=0.05)
+    url = "http://127.0.0.1:9"
+    pool.set_backends([url], instances={url: "first"})
+    backend = next(iter(pool.backends.values()))
+    backend.healthy = True  # its probes passed; the supervisor has not said ready yet
+    pool.set_backends([url], instances={url: "second"})
+    assert not backend.healthy and backend.instance == "second"
+    pool.set_backends([url], ready={url}, instances={url: "second"})  # the supervisor checked the new one
+    assert backend.healthy
+    pool.set_backends([url], instances={url: "third"})  # said ready, now starting again: a restart
+    assert not backend.healthy

@@ -174,7 +174,7 @@ class SimulatedTimeline:
         self.chosen: dict[int, str] = {}
         self.queued = 0  # requests the gateway sent later than they arrived (its gate held them)
 
-    async def request(self, base_url, method, path, headers=(), body=b"", read_timeout=None):
+    async def request(self, base_url, method, path, headers=(), body=b"", read_timeout=None, credentials=True):
         i = int(dict(headers)[b"x-request-id"])
         req = self.by_index[i]
         loop = asyncio.get_running_loop()

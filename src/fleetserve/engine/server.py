@@ -26,6 +26,7 @@ from fleetserve.api.limits import SizeLimits
 from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
 from fleetserve.engine.budget import token_budget
+from fleetserve.engine.instance import instance_field
 from fleetserve.engine.runner import ModelRunner
 from fleetserve.engine.scheduler import Job, SerialScheduler
 from fleetserve.observe.logs import log_request, prompt_text, tenant_hash
@@ -423,7 +424,8 @@ class Engine:
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": self.settings.served_model_name,
-                             "running": self.scheduler.running, "waiting": self.scheduler.waiting})
+                             "running": self.scheduler.running, "waiting": self.scheduler.waiting,
+                             **instance_field()})
 
     async def metrics_endpoint(self, request: Request) -> Response:
         m = self.metrics

@@ -46,6 +46,8 @@ from fleetserve.capacity.catalog import Catalog
 from fleetserve.capacity.placement import InsufficientCapacity
 from fleetserve.capacity.utilization import load_ratio, target_per_replica
 from fleetserve.clock import Clock
+from fleetserve.engine.instance import ENV as INSTANCE_ENV
+from fleetserve.engine.instance import answered_by, new_instance_id
 from fleetserve.fleet import logfiles, prometheus
 from fleetserve.fleet.capacity import build_capacity
 from fleetserve.fleet.lifecycle import ROUTER_STATE, SERVING, Phase, advance
@@ -164,6 +166,7 @@ class Replica:
     drained_from: Phase | None = None  # what it was when its drain began (what it returns to if wanted again)
     port_moves: int = 0  # new ports taken after another process bound the one chosen for it
     crashes_since_ready: int = 0  # crashes since it was last ready: 2 is a crash loop (0 once it is ready)
+    instance: str | None = None  # the id this start was given, echoed in its /health (engine/instance.py)
 
 
 class Supervisor:
@@ -600,6 +603,23 @@ class Supervisor:
 
     # --- router I/O ----------------------------------------------------------------------------------------
 
+    def _echoes_instance(self) -> bool:
+        """The built-in engines (and their simulated kind) echo their start's id in /health; vLLM and SGLang
+        do not, and are known by their health answer alone."""
+        return self.spec.engine.kind == "builtin"
+
+    def _answers_as(self, r: Replica) -> bool:
+        """Its port answers /health 200, as the process started last (another process that bound the port after
+        a crash had been taken for the replica, `ready again`, and sent requests and the internal token)."""
+        answer = self._get(r.state.url + self.spec.engine.health_path)
+        if answer is None:
+            return False
+        try:
+            body = answer.json()
+        except ValueError:
+            body = None
+        return answered_by(body, r.instance if self._echoes_instance() else None)
+
     def _get(self, url: str, headers: dict | None = None) -> httpx.Response | None:
         try:
             r = self._http.get(url, headers=headers)
@@ -617,8 +637,9 @@ class Supervisor:
         in the scale-from-zero buffer until it timed out)."""
         if self.spec.engine.kind == "external":
             return
-        entries = [{"url": r.state.url, "state": ROUTER_STATE[Phase(r.state.state)], "name": r.state.id}
-                   for r in self.replicas if r.state.state in ROUTER_STATE]  # the name: its engine's replica label
+        entries = [{"url": r.state.url, "state": ROUTER_STATE[Phase(r.state.state)], "name": r.state.id,
+                    **({"instance": r.instance} if r.instance else {})}  # the name: its engine's replica label;
+                   for r in self.replicas if r.state.state in ROUTER_STATE]  # the instance: what must answer there
         failing = self._failing()
         if entries == self._pushed and failing == self._pushed_failing:
             return
@@ -816,12 +837,17 @@ class Supervisor:
                             self.dir / "logs" / f"{r.state.id}.log", env=self._engine_env(),
                             env_drop=self._key_env_names() | {"FLEETSERVE_L2_URL", "FLEETSERVE_L2_TENANTS"},
                             death_signal=ORPHAN_SIGNAL)  # this supervisor dies: it drains as the router does
+        if self._echoes_instance():  # a fresh id per start: what answers its port must be this process
+            r.instance = new_instance_id()
+            r.child.env = {**(r.child.env or {}), INSTANCE_ENV: r.instance}
         r.child.start()
         r.started_at = mono
         r.state.state = advance(r.state.state, Phase.STARTING)
         r.state.pid = r.child.pid
 
     def _crashed(self, r: Replica, code: int | None, mono: float, why: str, starting_up: bool) -> None:
+        if r.instance is not None:  # until its restart, no process answers as it: a /health body the dead one
+            r.instance = new_instance_id()  # gave, replayed by whatever binds the port, is not taken for it
         if r.node_id in self.capacity.interrupting() and not starting_up:
             # its node goes: restarted there, it counted as active again, its replacement was scaled away, and
             # it served until the node was terminated under it
@@ -883,7 +909,7 @@ class Supervisor:
             self._crashed(r, code, mono, f"exited with code {code}", starting_up)
             return
         if s.state == Phase.STARTING:
-            if self._get(s.url + self.spec.engine.health_path) is not None:
+            if self._answers_as(r):
                 s.state = advance(s.state, Phase.READY)
                 r.crashes_since_ready = 0
                 cold = mono - r.requested_at

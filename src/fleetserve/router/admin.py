@@ -94,7 +94,8 @@ def build_control_app(gateway) -> Starlette:
 
     async def admin_backends(request: Request) -> Response:
         """Replace the backend set: {"backends": [{"url": ..., "state": "ready" | "starting" | "draining",
-        "name": the replica's name, optional}], "failing": why no replica can start now, or null}."""
+        "name": the replica's name, optional, "instance": the id its process answers /health with, optional}],
+        "failing": why no replica can start now, or null}."""
         if not admin_allowed(gateway, request):
             return _forbidden()
         try:
@@ -104,6 +105,7 @@ def build_control_app(gateway) -> Starlette:
             urls = [e["url"] for e in entries]
             states = [e.get("state", "starting") for e in entries]
             names = {e["url"].rstrip("/"): e["name"] for e in entries if e.get("name") is not None}
+            given = {e["url"].rstrip("/"): e["instance"] for e in entries if e.get("instance") is not None}
         except (KeyError, TypeError, AttributeError):
             return APIError(400, 'backends: expected {"backends": [{"url": "http://...", "state": "ready"}]}',
                             param="backends").response()
@@ -119,11 +121,15 @@ def build_control_app(gateway) -> Starlette:
         if any(not (isinstance(n, str) and REPLICA_NAME.fullmatch(n)) for n in names.values()):
             return APIError(400, "backends[].name: a replica name of 1-63 letters, digits, '.', '_' or '-' (a label "
                                  "value of the model_* series)", param="backends[].name").response()
+        if any(not (isinstance(i, str) and 0 < len(i) <= 128) for i in given.values()):
+            return APIError(400, "backends[].instance: the id its process answers /health with (1-128 characters)",
+                            param="backends[].instance").response()
         if failing is not None and not isinstance(failing, str):
             return APIError(400, "failing: a string (why no replica can start) or null", param="failing").response()
         gateway.set_backends(urls, ready={u.rstrip("/") for u, st in zip(urls, states, strict=True) if st == "ready"},
                              draining={u.rstrip("/") for u, st in zip(urls, states, strict=True) if st == "draining"},
-                             from_peer=False, failing=failing, names=names)
+                             from_peer=False, failing=failing, names=names,
+                             instances={u.rstrip("/"): given.get(u.rstrip("/")) for u in urls} if given else None)
         return JSONResponse({"backends": len(urls)})
 
     async def metrics(request: Request) -> Response:

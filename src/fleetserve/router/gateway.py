@@ -501,14 +501,16 @@ class Gateway:
     # --- control -------------------------------------------------------------------------------------------
 
     def set_backends(self, urls: list[str], ready: set[str] | None = None, draining: set[str] | None = None,
-                     from_peer: bool = True, failing: str | None = None, names: dict[str, str] | None = None) -> None:
+                     from_peer: bool = True, failing: str | None = None, names: dict[str, str] | None = None,
+                     instances: dict[str, str] | None = None) -> None:
         """Replace the backend set (the supervisor's PUT /admin/backends, DNS discovery); every worker follows.
         `failing`: the fleet's reason no replica can start now (held requests are refused with it); `names`: the
-        replicas' names by URL (the `replica` label of the model_* series counted here)."""
-        self.pool.set_backends(urls, ready=ready, draining=draining, names=names)
+        replicas' names by URL (the `replica` label of the model_* series counted here); `instances`: the id of the
+        process that must answer each one's /health (engine/instance.py)."""
+        self.pool.set_backends(urls, ready=ready, draining=draining, names=names, instances=instances)
         self.gate.set_failing(failing)
         if self.peers is not None and not from_peer:
-            self.peers.backends(urls, ready or set(), draining or set(), failing, names)
+            self.peers.backends(urls, ready or set(), draining or set(), failing, names, instances)
 
     def _admin_allowed(self, request) -> bool:
         return admin_allowed(self, request)

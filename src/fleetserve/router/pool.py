@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from fleetserve.clock import Clock
+from fleetserve.engine.instance import answered_by
 from fleetserve.router.backlog import LoadBook
 from fleetserve.router.engine_queue import QUEUE_GAUGES, read_queue
 from fleetserve.router.outliers import AnswerWindow, OutlierSettings, is_outlier
@@ -50,6 +51,10 @@ class Backend:
     # the replica's name as its fleet knows it (`up`: r0, r1, ...), which its engine's own model_* series carry:
     # the router's series of a replica used its address, and one replica read as two ("" when not given)
     name: str = ""
+    # the id of the process its supervisor started last, which must answer its /health (engine/instance.py): a
+    # process that bound the port after a crash had been taken for the replica. None: not given (any answer)
+    instance: str | None = None
+    announced_ready: bool = False  # the supervisor last said it is ready (a later "starting" is a restart)
 
     @property
     def label(self) -> str:
@@ -141,11 +146,14 @@ class BackendPool:
         self.set_backends(urls)
 
     def set_backends(self, urls: list[str], ready: set[str] | None = None, draining: set[str] | None = None,
-                     names: dict[str, str] | None = None) -> None:
+                     names: dict[str, str] | None = None, instances: dict[str, str] | None = None) -> None:
         """Replace the backend list, keeping the state of backends that stay.
 
         URLs in `ready` were just checked by the supervisor and take traffic at once; those in `draining`
-        get no new requests while their in-flight ones finish; `names`: the replicas' names by URL.
+        get no new requests while their in-flight ones finish; `names`: the replicas' names by URL; `instances`:
+        the id of the process that must answer each one's /health. A backend the supervisor had said ready and
+        now says starting has crashed and restarts: it takes nothing until its probes pass again (its port had
+        kept taking requests until a probe failed, whatever bound it meanwhile).
         """
         kept = {}
         for url in urls:
@@ -155,7 +163,17 @@ class BackendPool:
                 backend_id, url, clock=self.clock, book=self.book, answers=AnswerWindow(self.breaker.outliers.window))
             backend.draining = url in (draining or set())
             backend.name = (names or {}).get(url, backend.name)
-            if url in (ready or set()) and not backend.healthy:
+            instance = (instances or {}).get(url)
+            now_ready = url in (ready or set())
+            if instances is not None and instance != backend.instance:
+                backend.instance, backend.successes = instance, 0  # another start: its own probes count, and
+                if not now_ready and backend.healthy:  # until they pass it takes nothing (a replica the router's
+                    backend.healthy, backend.last_error = False, "restarting (a new process)"  # probes had taken in
+                    # before its supervisor said ready kept taking requests through its restart)
+            if backend.announced_ready and not now_ready and not backend.draining and backend.healthy:
+                backend.healthy, backend.last_error = False, "restarting (its supervisor says)"
+            backend.announced_ready = now_ready
+            if now_ready and not backend.healthy:
                 backend.healthy, backend.failures, backend.last_error = True, 0, ""
                 self._answering(backend)  # the supervisor's word that the process is ready
             kept[backend_id] = backend
@@ -264,19 +282,29 @@ class BackendPool:
         before = backend.in_flight  # ours when the report may have been made: sent, answered, or in between
         silent = False  # no answer at all (timeout, refused, cut), not an unhealthy answer
         try:
-            status, body = await self.client.get(backend.url + self.health_path, timeout=self.timeout)
+            # no credentials: /health needs none, and whatever answers the port is not known to be ours yet
+            status, body = await self.client.get(backend.url + self.health_path, timeout=self.timeout,
+                                                 credentials=False)
             ok = status == 200
             error = "" if ok else f"health check returned {status}"
             if ok:
                 try:
                     data = json.loads(body)
-                    backend.running = int(data.get("running", 0))
-                    backend.waiting = int(data.get("waiting", 0))
-                    # ours as the report may have counted them: those that finished during the round trip are
-                    # in it, so the larger count (a report read as others' load is never ours over-counted)
-                    backend.reported_in_flight = max(before, backend.in_flight)
-                except (ValueError, AttributeError, TypeError):
-                    pass
+                except ValueError:
+                    data = None
+                if not answered_by(data, backend.instance):
+                    ok, error = False, ("health check answered by another process than the replica's (another "
+                                        "program bound its port)")
+                elif isinstance(data, dict):
+                    try:
+                        backend.running = int(data.get("running", 0))
+                        backend.waiting = int(data.get("waiting", 0))
+                        # ours as the report may have counted them: those that finished during the round trip
+                        # are in it, so the larger count (a report read as others' load is never ours
+                        # over-counted)
+                        backend.reported_in_flight = max(before, backend.in_flight)
+                    except (ValueError, AttributeError, TypeError):
+                        pass
         except UpstreamError as exc:
             ok, error = False, f"health check failed: {exc.kind}"
             silent = exc.kind in SILENT

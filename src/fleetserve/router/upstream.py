@@ -349,10 +349,12 @@ class Upstream:
         return origin
 
     async def request(self, base_url: str, method: str, path: str, headers: list[tuple[bytes, bytes]] = (),
-                      body: bytes = b"", read_timeout: float | None = None) -> UpstreamResponse:
-        """Send one request; the answer's status and headers are there when this returns."""
+                      body: bytes = b"", read_timeout: float | None = None, credentials: bool = True
+                      ) -> UpstreamResponse:
+        """Send one request; the answer's status and headers are there when this returns. `credentials`: with the
+        headers every request to the backends carries (the internal token), or without (a health probe)."""
         origin = self.origin(base_url)
-        head = self._head(origin, method, path, headers, body)
+        head = self._head(origin, method, path, headers, body, credentials)
         timeout = self.read_timeout if read_timeout is None else read_timeout
         between = self.between if read_timeout is None else min(timeout, self.between)
         conn = self._idle(origin)
@@ -377,12 +379,12 @@ class Upstream:
             conn.abort()
         return len(cut)
 
-    async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
+    async def get(self, url: str, timeout: float, credentials: bool = True) -> tuple[int, bytes]:
         """A small control-plane GET (layout, KV events, a replica's metrics): status and whole body."""
         parts = urlsplit(url)
         base = f"{parts.scheme}://{parts.netloc}"
         path = parts.path + (f"?{parts.query}" if parts.query else "")
-        response = await self.request(base, "GET", path or "/", read_timeout=timeout)
+        response = await self.request(base, "GET", path or "/", read_timeout=timeout, credentials=credentials)
         try:
             return response.status, await response.body()
         finally:
@@ -405,9 +407,9 @@ class Upstream:
 
     # --- internals -----------------------------------------------------------------------------------------
 
-    def _head(self, origin: _Origin, method: str, path: str, headers, body: bytes) -> bytes:
+    def _head(self, origin: _Origin, method: str, path: str, headers, body: bytes, credentials: bool = True) -> bytes:
         parts = [method.encode("latin-1"), b" ", path.encode("latin-1"), b" HTTP/1.1\r\nhost: ", origin.host_header,
-                 b"\r\n", self._extra]
+                 b"\r\n", self._extra if credentials else b""]
         for k, v in headers:
             parts += (k, b": ", v, b"\r\n")
         if body or method in ("POST", "PUT", "PATCH"):

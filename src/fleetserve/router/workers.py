@@ -98,9 +98,9 @@ class PeerBus:
         self._send({"t": "route", "r": replica_id, "k": blocks, "x": exact})
 
     def backends(self, urls: list[str], ready: set[str], draining: set[str], failing: str | None = None,
-                 names: dict[str, str] | None = None) -> None:
+                 names: dict[str, str] | None = None, instances: dict[str, str] | None = None) -> None:
         message = {"t": "backends", "urls": urls, "ready": sorted(ready), "draining": sorted(draining),
-                   "failing": failing, "names": names or {}, "stamp": time.time_ns()}
+                   "failing": failing, "names": names or {}, "instances": instances, "stamp": time.time_ns()}
         self._backends_stamp = message["stamp"]
         self._send(message)
         # kept for a worker that starts later (a restart): it had come back with the command line's backends, or
@@ -169,7 +169,8 @@ class PeerBus:
                 return  # older than the set this worker has (the kept file, read after a newer datagram)
             self._backends_stamp = stamp or self._backends_stamp
             gw.set_backends(message["urls"], ready=set(message["ready"]), draining=set(message["draining"]),
-                            from_peer=True, failing=message.get("failing"), names=message.get("names") or None)
+                            from_peer=True, failing=message.get("failing"), names=message.get("names") or None,
+                            instances=message.get("instances"))
         elif kind == "load":
             self.peer_load[int(message["w"])] = (time.monotonic(), message)
 
