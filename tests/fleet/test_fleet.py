@@ -333,20 +333,22 @@ def test_fleet_starts_its_own_redis_for_l2_and_stops_it(tmp_path, tiny_model, ho
     up = fleetserve("up", spec, "--detach", env=home)
     assert up.returncode == 0, up.stderr
     (state,) = status(home)
-    assert state["l2_url"].startswith("redis://127.0.0.1:")
+    # on a unix socket in the 0700 run folder: on a TCP port, a process that bound it while Redis restarted got
+    # every engine's AUTH, password and all
+    assert state["l2_url"].startswith("unix://") and state["l2_url"].endswith("/run/tiers/redis.sock?db=0")
+    sock = state["l2_url"].removeprefix("unix://").split("?")[0]
+    assert os.stat(sock).st_mode & 0o077 == 0 and os.stat(os.path.dirname(sock)).st_mode & 0o077 == 0
     body = {"model": "tiny", "prompt": "a shared prefix that is long enough to fill blocks " * 4, "max_tokens": 2}
     first = httpx.post(state["url"] + "/completions", json=body, timeout=60).json()
     again = httpx.post(state["url"] + "/completions", json=body, timeout=60).json()
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     # the supervisor pings L2 for status: a stopped (SIGSTOP) Redis read "up" before
-    import os
-    import signal
 
     os.kill(state["redis_pid"], signal.SIGSTOP)
     try:
         wait_until(lambda: status(home)[0]["l2_status"].startswith("not answering"), 60, what="L2 not answering")
-        assert "l2: redis://127.0.0.1:" in fleetserve("status", env=home, check=True).stdout
+        assert "l2: unix://" in fleetserve("status", env=home, check=True).stdout
     finally:
         os.kill(state["redis_pid"], signal.SIGCONT)
     wait_until(lambda: status(home)[0]["l2_status"] == "up", 60, what="L2 up again")

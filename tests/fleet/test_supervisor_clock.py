@@ -688,3 +688,36 @@ def test_a_state_file_that_cannot_be_written_stops_nothing(make, tmp_path, monke
     mono.advance(2)
     sup._save()
     assert (folder / "state.json").exists() and said[-1] == "the fleet's state is written again"
+
+
+def test_a_run_folder_too_deep_for_a_socket_puts_redis_in_a_private_folder_of_its_own(tmp_path, monkeypatch):
+    """The fleet's Redis listens on a unix socket in its run folder; a folder too deep for a socket's path (108
+    bytes) had fallen back to a TCP port, where a process that bound it while Redis restarted got the engines'
+    AUTH. It goes in a short 0700 folder of its own, removed at the stop."""
+    import shutil
+    import stat
+
+    import pytest
+
+    from fleetserve.fleet import supervisor as module
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path / ("deep" * 30)))
+    monkeypatch.setattr(module, "MAX_SOCKET_PATH", 10)
+    text = SPEC % 1 + "  kvCache: {l2: {enabled: true, maxBytes: 16777216}}\n"
+    sup = Supervisor(load_spec_text(text), str(tmp_path / "e.yaml"), say=lambda _m: None)
+    sup.dir.mkdir(parents=True, exist_ok=True)
+    try:
+        sup._start_redis()
+        assert sup.l2_url.startswith("unix:///tmp/fleetserve-redis-") and sup._socket_dir is not None
+        assert stat.S_IMODE(sup._socket_dir.stat().st_mode) == 0o700
+        from fleetserve.kvcache.tiers import redis_health
+
+        assert redis_health(sup.l2_url, (sup.dir / module.REDIS_PASSWORD).read_text()) == "up"
+        sup._shutdown()
+        assert not sup._socket_dir.exists()
+    finally:
+        if sup.redis is not None and sup.redis.alive():
+            sup.redis.stop(timeout=5)
+        sup._http.close()

@@ -87,6 +87,8 @@ ENGINE_STOP_GRACE_S = 1.0
 CHILD_STOP_S = 10.0  # a child's time to exit after SIGTERM at the fleet's stop, before SIGKILL
 ROUTER_EXIT_S = 5.0  # a stopping router's time to exit after its drain, before the replicas stop anyway
 REDIS_PASSWORD = "redis.password"  # in the fleet's run folder, 0600
+REDIS_SOCKET = "redis.sock"  # the fleet's own Redis listens here, in the 0700 run folder
+MAX_SOCKET_PATH = 100  # bytes: sun_path holds 108 with its NUL, and redis-server wants some margin
 STOPPED_FAILING = " (it was stopped by a scale-down before it started again; the next replica may fail alike)"
 L2_PROBE_S = 10.0  # how often the L2 Redis is pinged for `status` (an external one was never checked)
 ALERTS_UNKNOWN = "unknown (the fleet's Prometheus does not answer)"
@@ -196,6 +198,7 @@ class Supervisor:
         self._redis_backoff = Backoff(cap=RESTART_BACKOFF_MAX)
         self._l2_probe_at = 0.0
         self.redis: Child | None = None
+        self._socket_dir: Path | None = None  # Redis's socket folder when the run folder is too deep for one
         self.l2_url = ""
         self.prometheus: Child | None = None
         self._prometheus_backoff = Backoff(cap=RESTART_BACKOFF_MAX)
@@ -773,7 +776,6 @@ class Supervisor:
         if not shutil.which("redis-server"):
             raise StartupError("spec.kvCache.l2.enabled needs redis-server (apt-get install redis-server) "
                                "or spec.kvCache.l2.url pointing at a Redis")
-        port = free_port()
         # AUTH: any local process could otherwise read blocks or plant forged ones under a tenant's keys. The
         # password lives in 0600 files (Redis's config, the engines' password file), never on a command line.
         password = write_token_file(self.dir / REDIS_PASSWORD).read_text()
@@ -781,13 +783,24 @@ class Supervisor:
         fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(f"requirepass {password}\n")
-        self.redis = Child("redis", ["redis-server", str(config), "--port", str(port), "--bind", "127.0.0.1",
-                                     "--save", "",
+        # a unix socket in the run folder (0700): no other user can bind it or reach it. On a TCP port, a process
+        # that bound it while Redis restarted got every engine's AUTH, password and all, and the restart kept the
+        # password (`redis-cli -a` then read and planted blocks). A run folder too deep for a socket's path: it
+        # lies in a short private folder of its own (mkdtemp: 0700, removed at the stop)
+        sock = self.dir / REDIS_SOCKET
+        if len(str(sock).encode()) > MAX_SOCKET_PATH:
+            import tempfile
+
+            self._socket_dir = Path(tempfile.mkdtemp(prefix="fleetserve-redis-", dir="/tmp"))
+            sock = self._socket_dir / REDIS_SOCKET
+        sock.unlink(missing_ok=True)
+        listen, where = ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "600"], str(sock)
+        self.l2_url = f"unix://{sock}?db=0"
+        self.redis = Child("redis", ["redis-server", str(config), *listen, "--save", "",
                                      "--appendonly", "no", "--maxmemory", str(l2.max_bytes),
                                      "--maxmemory-policy", "allkeys-lru", "--dir", str(self.dir)],
                            self.dir / "logs" / "redis.log")
         self.redis.start()
-        self.l2_url = f"redis://127.0.0.1:{port}/0"
         self.state.l2_url, self.state.l2_status, self.state.redis_pid = self.l2_url, "up", self.redis.pid
         deadline = time.monotonic() + 30
         import socket
@@ -795,8 +808,9 @@ class Supervisor:
         while True:
             if self.redis.exit_code() is not None:
                 raise StartupError(f"redis-server exited during start-up:\n{self.redis.log_tail()}")
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
+            family = socket.AF_UNIX if isinstance(where, str) else socket.AF_INET
+            with socket.socket(family) as probe:
+                if probe.connect_ex(where) == 0:
                     return
             if time.monotonic() > deadline:
                 raise StartupError("redis-server did not listen within 30s")
@@ -1217,6 +1231,8 @@ class Supervisor:
             child.signal(signal.SIGTERM)
         for child in children:
             child.stop(timeout=CHILD_STOP_S)
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
         now = self.clock()
         for r in self.replicas:
             r.state.state, r.state.pid = advance(r.state.state, Phase.STOPPED), None
