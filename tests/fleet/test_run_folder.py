@@ -71,3 +71,37 @@ def test_one_supervisor_per_fleet_name_holds_its_lock_until_it_ends(monkeypatch,
         holder.kill()
         holder.wait()
     os.close(take_fleet_lock("chat"))  # released with its holder, killed
+
+
+def test_a_silent_supervisor_is_said_and_its_dead_replicas_are_not_ready(monkeypatch, tmp_path):
+    """A supervisor stopped with SIGSTOP while both replicas died: `status` said "ready, desired 2, ready 2" with
+    pids that no longer existed, and requests waited in the buffer unsaid."""
+    import subprocess
+    import sys
+    import time
+
+    from fleetserve.fleet.state import ReplicaState, mark_stale, process_start
+
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        state = FleetState("f", "default", "m", "f.yaml", os.getpid(), status="ready",
+                           supervisor_start=process_start(os.getpid()), ready=2,
+                           replicas=[ReplicaState("r0", "http://127.0.0.1:1", pid=gone.pid, state="ready"),
+                                     ReplicaState("r1", "http://127.0.0.1:2", pid=live.pid, state="ready")])
+        write_state(state)
+        assert mark_stale(read_state("f")).error == ""  # written just now: its word stands
+        old = time.time() - 60
+        os.utime(fleet_dir("f") / "state.json", (old, old))
+        seen = mark_stale(read_state("f"))
+        assert "has not written the fleet's state for 60 s" in seen.error and "SIGSTOP" in seen.error
+        assert [(r.id, r.state) for r in seen.replicas] == [("r0", "gone"), ("r1", "ready")] and seen.ready == 1
+        state.status = "starting"  # a start prepares its model (minutes) without writing: no false alarm
+        write_state(state)
+        os.utime(fleet_dir("f") / "state.json", (old, old))
+        assert mark_stale(read_state("f")).error == ""
+    finally:
+        live.kill()
+        live.wait()

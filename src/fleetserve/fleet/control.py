@@ -209,6 +209,7 @@ def stop_fleet(state: FleetState, timeout: float | None = None) -> None:
     timeout = stop_wait_s(state) if timeout is None else timeout
     if supervisor_alive(state):  # never a process that took over a dead supervisor's pid
         os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGCONT)  # one stopped (SIGSTOP) handles it now: `down` had waited its whole timeout
         deadline = time.monotonic() + timeout
         while supervisor_alive(state) and time.monotonic() < deadline:
             time.sleep(0.1)

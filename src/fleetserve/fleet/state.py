@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -184,9 +185,34 @@ def serving_note(state: FleetState) -> str:
     return serving + ("; see error" if state.error else "")
 
 
+SILENT_AFTER_S = 15.0  # a running supervisor rewrites state.json at least once a second
+
+
+def _state_age(name: str) -> float | None:
+    try:
+        return time.time() - (fleet_dir(name) / "state.json").stat().st_mtime
+    except OSError:
+        return None
+
+
 def mark_stale(state: FleetState) -> FleetState:
-    """What `status` shows for a fleet whose supervisor vanished without writing its end: nothing is ready."""
-    if supervisor_alive(state) or state.status in ("stopped", "failed"):
+    """What `status` shows for a fleet whose supervisor vanished without writing its end: nothing is ready. One
+    whose supervisor lives but has not written its state for SILENT_AFTER_S (stopped with SIGSTOP, hung, or a full
+    disk) reads so, and its replicas whose processes are gone read `gone`: `status` had shown a hung supervisor's
+    dead replicas ready."""
+    if state.status in ("stopped", "failed"):
+        return state
+    if supervisor_alive(state):
+        age = _state_age(state.name)
+        # not while it starts: preparing the model (a download of minutes) and Redis block its loop, unwritten
+        if age is not None and age > SILENT_AFTER_S and state.status != "starting":
+            for r in state.replicas:
+                if r.pid and not pid_alive(r.pid):
+                    r.state, r.pid = "gone", None
+            state.ready = sum(1 for r in state.replicas if r.state in ("ready", "moving"))
+            state.error = (f"its supervisor (pid {state.supervisor_pid}) has not written the fleet's state for "
+                           f"{age:.0f} s: stopped (SIGSTOP), hung, or its disk is full; this is its last word, "
+                           "checked against the processes that still run")
         return state
     state.status = "dead"
     state.ready = 0
