@@ -107,6 +107,16 @@ def test_fleet_with_tls_self_signed_and_api_keys(tmp_path, tiny_model):
             httpx.get(state["url"] + "/models", timeout=5)
         auth_file = tmp_path / "home" / "run" / "secure" / "auth.json"
         assert "secret-a" not in auth_file.read_text() and oct(auth_file.stat().st_mode & 0o777) == "0o600"
+        # the plaintext key is the supervisor's alone: Prometheus's /proc/PID/environ had held it too
+        children = [p for p in processes_with_env("FLEETSERVE_HOME", home["FLEETSERVE_HOME"])
+                    if p != state["supervisor_pid"]]
+        assert children
+        for pid in children:
+            try:
+                environ = open(f"/proc/{pid}/environ", "rb").read()
+            except OSError:
+                continue  # gone meanwhile
+            assert b"TEAM_A_KEY=" not in environ, open(f"/proc/{pid}/cmdline", "rb").read()
     finally:
         fleetserve("down", env=home)
         for pid in processes_with_env("FLEETSERVE_HOME", home["FLEETSERVE_HOME"]):

@@ -175,11 +175,12 @@ def with_credentials(url: str, password: str) -> str:
     return parts._replace(netloc=f"{USER}:{password}@{parts.netloc}").geturl()
 
 
-def child(folder: Path, port: int, retention: str, log_path: Path, log_format: str = "text") -> Child:
+def child(folder: Path, port: int, retention: str, log_path: Path, log_format: str = "text",
+          env_drop: frozenset[str] = frozenset()) -> Child:
     """The Prometheus process: loopback only, basic auth (web.yml), its TSDB in the fleet's folder; its log in the
     fleet's format (logFormat json had left prometheus.log in logfmt beside the other JSON logs)."""
     cmd = [binary() or "prometheus", f"--config.file={folder / 'prometheus.yml'}",
            f"--storage.tsdb.path={folder / 'data'}", f"--storage.tsdb.retention.time={retention}",
            f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={folder / 'web.yml'}",
            f"--log.format={'json' if log_format == 'json' else 'logfmt'}"]
-    return Child("prometheus", cmd, log_path)
+    return Child("prometheus", cmd, log_path, env_drop=env_drop)  # without the fleet's plaintext API keys

@@ -374,7 +374,9 @@ class Supervisor:
         if model.s3_region:
             cmd += ["--region", model.s3_region]
         self.say(f"preparing model {model.source} ...")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        drop = self._key_env_names()  # the download is a child too: no plaintext API key in its environment
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={k: v for k, v in os.environ.items() if k not in drop})
         deadline = time.monotonic() + self.spec.engine.startup_timeout_seconds
         while proc.poll() is None:
             if self._stop or time.monotonic() > deadline:
@@ -541,7 +543,8 @@ class Supervisor:
             time.sleep(self.poll_interval)
 
     def _key_env_names(self) -> frozenset[str]:
-        """Environment variables that hold plaintext API keys: the router hashes them, engines never see them."""
+        """Environment variables that hold plaintext API keys: the supervisor hashes them for the router, and no
+        child sees them (engines, the router, Redis and Prometheus: /proc/PID/environ of Prometheus had held them)."""
         return frozenset(k.key_env for k in self.spec.auth.api_keys if k.key_env)
 
     def _internal_token_file(self) -> Path:
@@ -726,7 +729,7 @@ class Supervisor:
             write_token_file(self.dir / prometheus.PASSWORD_FILE).read_text()
         prometheus.write_web_config(folder, password)
         self.prometheus = prometheus.child(folder, port, section.retention, self.dir / "logs" / "prometheus.log",
-                                           self.spec.observability.log_format)
+                                           self.spec.observability.log_format, env_drop=self._key_env_names())
         self.prometheus.start()
         # not waited for here: it gets ready while the replicas start (see _await_prometheus)
         self.state.prometheus_url, self.state.prometheus_pid = f"http://127.0.0.1:{port}", self.prometheus.pid
@@ -799,7 +802,7 @@ class Supervisor:
         self.redis = Child("redis", ["redis-server", str(config), *listen, "--save", "",
                                      "--appendonly", "no", "--maxmemory", str(l2.max_bytes),
                                      "--maxmemory-policy", "allkeys-lru", "--dir", str(self.dir)],
-                           self.dir / "logs" / "redis.log")
+                           self.dir / "logs" / "redis.log", env_drop=self._key_env_names())
         self.redis.start()
         self.state.l2_url, self.state.l2_status, self.state.redis_pid = self.l2_url, "up", self.redis.pid
         deadline = time.monotonic() + 30
