@@ -79,6 +79,17 @@ def test_validate_warns_of_tls_files_that_up_would_refuse(tmp_path):
     assert "spec.tls.certFile" in warning and "no such file" in warning and "fleetserve up" in warning
 
 
+def test_an_unusable_fleetserve_home_is_exit_2_naming_it(tmp_path):
+    """FLEETSERVE_HOME naming a file gave a NotADirectoryError traceback from `up`."""
+    home = tmp_path / "a-file"
+    home.write_text("")
+    spec = tmp_path / "q.yaml"
+    spec.write_text("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {name: q}\n"
+                    "spec: {model: {source: builtin:smollm2-135m}}\n")
+    result = fleetserve("up", str(spec), "--detach", env={"FLEETSERVE_HOME": str(home)})
+    assert result.returncode == 2 and "FLEETSERVE_HOME" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_validate_missing_file_exits_2(tmp_path):
     result = fleetserve("validate", str(tmp_path / "none.yaml"))
     assert result.returncode == 2 and "cannot read" in result.stderr

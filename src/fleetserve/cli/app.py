@@ -887,6 +887,18 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         sys.exit(143 if Terminated.raised else 130)
+    except OSError as exc:  # FLEETSERVE_HOME a file, missing, or not writable: a traceback had said it
+        from pathlib import Path
+
+        from fleetserve.engine.paths import home
+
+        where = home()
+        usable = where.is_dir() and os.access(where, os.W_OK | os.X_OK)
+        if usable or exc.filename is None or not Path(str(exc.filename)).is_relative_to(where):
+            raise  # the home itself is fine: another error (a full disk, a file of a cached model) says itself
+        fail(f"FLEETSERVE_HOME ({where}) cannot be used: {exc.strerror or exc} ({exc.filename}); point it at a "
+             "folder this user can write, or leave it unset (~/.cache/fleetserve)")
+        sys.exit(EXIT_USAGE)
     except SystemExit as exc:
         if exc.code == 130 and Terminated.raised:  # typer's exit for a KeyboardInterrupt: this one was SIGTERM
             sys.exit(143)
