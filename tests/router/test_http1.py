@@ -267,3 +267,28 @@ def test_a_status_outside_the_common_table_gets_its_standard_reason_phrase():
     assert status_line(303) == b"HTTP/1.1 303 See Other\r\n"  # the dashboard's login redirect read "303 Status"
     assert status_line(200) == b"HTTP/1.1 200 OK\r\n"
     assert status_line(599) == b"HTTP/1.1 599 Status\r\n"  # no standard phrase: still a valid status line
+
+
+def test_a_request_sent_on_an_idle_connection_as_the_router_stops_is_answered():
+    """`down` closed idle keep-alive connections at once: a client that had just written its next request on one
+    got no answer at all (3 of 49 requests under load). They stay open briefly, answer with `connection: close`,
+    and close."""
+    async def main():
+        door, port = await start(echo)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /first HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\na")
+        await writer.drain()
+        first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        await asyncio.wait_for(reader.readexactly(1), 10)
+        stopping = asyncio.create_task(door.shutdown(5))
+        await asyncio.sleep(0.1)  # the router is stopping; the idle connection is still open
+        writer.write(b"POST /second HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\nb")
+        await writer.drain()
+        second = await asyncio.wait_for(reader.read(), 10)  # answered, then closed
+        writer.close()
+        await stopping
+        return first, second
+
+    first, second = run(main())
+    assert b"x-path: /first" in first
+    assert second.startswith(b"HTTP/1.1 200") and b"x-path: /second" in second  # and then closed (read to EOF)
