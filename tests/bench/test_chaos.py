@@ -84,3 +84,11 @@ def test_retry_after_is_honoured_until_answered():
         outcome = send(client, "http://x/v1/chat/completions", {"stream": False}, retries=5)
     assert outcome.kind == "answered" and outcome.attempts == 3
     assert tally([outcome])["retried"] == 1
+
+
+def test_the_help_lists_every_scenario_by_its_name():
+    """`bench chaos --help` named none: `replica_kill` was a guess, refused."""
+    from fleetserve.bench.chaos import SCENARIOS
+    from fleetserve.cli.bench_commands import CHAOS_SCENARIOS
+
+    assert CHAOS_SCENARIOS == tuple(SCENARIOS)

@@ -47,9 +47,16 @@ def _figures(result: dict, lost) -> None:
         raise typer.Exit(1)
 
 
+# the names of bench/chaos.SCENARIOS, for the help (a test holds them equal; importing the module here would
+# load the fleet's whole code for every command's help)
+CHAOS_SCENARIOS = ("replica_sigkill", "redis_sigkill", "overload_10x", "slow_replica", "poisoned_request",
+                   "huge_prompts", "scale_from_zero_burst", "supervisor_sigkill_then_up")
+
+
 @bench_app.command("chaos")
 def bench_chaos(
-    scenarios: Annotated[str | None, typer.Option(help="Comma-separated scenarios (default: all)")] = None,
+    scenarios: Annotated[str | None, typer.Option(help="Comma-separated scenarios (default: all): "
+                                                       + ", ".join(CHAOS_SCENARIOS))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
 ) -> None:
     """One fault at a time against a real local fleet: what was answered, shed, cut or lost (must be 0)."""
