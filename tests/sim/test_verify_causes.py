@@ -783,3 +783,13 @@ def test_a_latency_row_says_its_misses_are_among_the_answered_when_requests_fail
     rows = {c.metric: c.reason for c in verdict.checks if c.window == "all"}
     assert "most answered requests over the target" in rows["ttft_p95_ms"], rows["ttft_p95_ms"]
     assert "most misses" in rows["error_rate"], rows["error_rate"]
+
+
+def test_one_request_over_the_context_is_said_in_the_singular():
+    """"1 requests of the idle window need more than ..." read in verify's table."""
+    spec = {"model": {"name": "llama-8b", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 1,
+            "placement": {"instanceTypes": ["g6e.xlarge"]}}
+    trace = [TraceRequest(float(i), 300, 10, (i,)) for i in range(20)] + [TraceRequest(20.0, 9000, 10, (99,))]
+    verdict = verify(endpoint_of("one", spec), trace, SimOptions())
+    reasons = [c.reason for c in verdict.checks if c.metric == "error_rate" and not c.passed]
+    assert reasons and all("1 request of" in r and " needs more than " in r for r in reasons), reasons

@@ -146,7 +146,8 @@ def _cause(result: SimResult, window: str, metric: str = "", value: float | None
                        "engine.gpus), or shorten them" if source == KV_BOUND else
                   "raise it (the model and KV memory permitting; `plan` does) or shorten them")
         which = "the trace" if window == "all" else f"the {window} window"
-        return (f"{over} requests of {which} need more than the {ctx['tokens']}-token context "
+        return (f"{over} {'request' if over == 1 else 'requests'} of {which} "
+                f"{'needs' if over == 1 else 'need'} more than the {ctx['tokens']}-token context "
                 f"length ({ctx['source']}) and are refused: {remedy}"
                 + (f"; and {others} more failed: {capacity}" if others else ""))
     lost = in_window.get("upstream_failed", 0)
@@ -363,7 +364,8 @@ def judge(result: SimResult) -> list[Check]:
             value = sec[key]["p95"]
             if not has or value is None:
                 ok = sec["failed"] == 0
-                why = "no requests in this window" if ok else f"all {sec['failed']} requests failed"
+                why = "no requests in this window" if ok else \
+                    ("its one request failed" if sec["failed"] == 1 else f"all {sec['failed']} requests failed")
                 checks.append(Check(window, metric, value, limit, ok, f"{window}: {metric}: {why}"))
                 continue
             ok = value <= limit
