@@ -661,3 +661,9 @@ def test_kubernetes_fields_passed_through_are_checked_against_kubernetes_own_sch
                                                         "volumeMounts: [{name: v, mountPath: /x}, {name: model, "
                                                         "mountPath: /m}], securityContext: {runAsUser: 1000}}\n"
                                                         "  engine: {envFrom: {T: {secretKeyRef: {name: s, key: k}}}}"))
+
+
+def test_a_served_model_name_clients_can_send():
+    for bad in ('""', '" "', '" smollm2"'):
+        (msg,) = problems(GOOD.replace("name: smollm2,", f"name: {bad},"))
+        assert "spec.model.name" in msg and "not empty" in msg, msg

@@ -147,6 +147,15 @@ class ModelSection(SpecModel):
     token_secret: SecretKeyRef | None = Field(default=None, description="a Secret key holding the Hugging Face token, "
                                               "given to the model fetcher as HF_TOKEN on Kubernetes")
 
+    @field_validator("name")
+    @classmethod
+    def _served_name(cls, value: str | None) -> str | None:
+        """The name clients send as `model`: "" had become metadata.name unsaid, and " " was served as is."""
+        if value is not None and (not value.strip() or value != value.strip() or len(value) > 256):
+            raise ValueError(f"{value!r}: the served model name clients send as `model`: not empty, no leading or "
+                             "trailing spaces, at most 256 characters (or leave it out: metadata.name)")
+        return value
+
     @field_validator("volume")
     @classmethod
     def _volume_source(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
