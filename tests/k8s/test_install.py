@@ -218,3 +218,10 @@ def test_an_operator_watching_some_namespaces_is_granted_rights_there_only(tmp_p
     assert webhook["webhooks"][0]["namespaceSelector"]["matchExpressions"][0]["values"] == ["team-a", "team-b"]
     bad = CliRunner().invoke(app, ["render", "k8s", "--install", "--json", "--watch-namespace", "Team A"])
     assert bad.exit_code == 2 and "--watch-namespace" in bad.output
+
+
+def test_operator_flags_are_checked_before_the_clusters_credentials():
+    """`operator --namespace 'Bad NS'` and `--liveness notaurl` were answered with the missing kubeconfig."""
+    for args, flag in ((["--namespace", "Bad NS"], "--namespace"), (["--liveness", "notaurl"], "--liveness")):
+        result = CliRunner().invoke(app, ["operator", *args])
+        assert result.exit_code == 2 and flag in result.output, result.output

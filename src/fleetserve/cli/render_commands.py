@@ -261,6 +261,15 @@ def operator(
         raise fail(f"the operator needs the k8s extra (pip install 'fleetserve[k8s]'): {exc}", 1) from None
     options = _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc,
                        monitoring_label, cluster_domain)
+    from fleetserve.spec.endpoint import is_dns_label
+
+    for value in namespace or []:  # before the cluster's credentials: they had been the error said instead
+        if not is_dns_label(value):
+            raise fail(f"--namespace {value!r}: a namespace name (lower-case letters, digits and '-', starting and "
+                       "ending with a letter or digit, at most 63)")
+    if liveness and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", liveness):
+        raise fail(f"--liveness {liveness!r}: an http:// URL kopf serves its liveness probe at, e.g. "
+                   "http://0.0.0.0:8081/healthz")
     if webhook_cert_dir is not None:
         missing = [f for f in ("tls.crt", "tls.key") if not (Path(webhook_cert_dir) / f).is_file()]
         if missing:
