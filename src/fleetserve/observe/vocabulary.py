@@ -44,7 +44,9 @@ LABELS: dict[str, str] = {
     "namespace": "the endpoint's metadata.namespace (one per endpoint)",
     "model_name": "the served model name (one per endpoint)",
     "model_version": "spec.model.version (one per deployed version)",
-    "instance_type": "the instance type the replica was placed on (the spec's priority list)",
+    "instance_type": "the instance type the replica was placed on (the spec's priority list; on Kubernetes the "
+                     "tier's one type, or `kubernetes` where a tier allows several: a pod cannot read its node's "
+                     "labels)",
     "replica": "replica id, r0, r1, ... (grows with replacements over a fleet's life; one per live replica)",
     "status": "HTTP status code of a failed invocation (a few dozen values at most)",
     "path": "the router's API path (/v1/chat/completions, /v1/completions, /v1/models, /invocations), or other: "
