@@ -56,16 +56,18 @@ def make(tmp_path):
 
 
 def health_answers(sup):
-    """A stand-in for the supervisor's GET: every replica's /health answers with the id of its last start."""
+    """A stand-in for the supervisor's GET: every replica's /health answers as its last start would."""
+    from fleetserve.engine.instance import CHALLENGE_HEADER, proof
+
     class Answer:
-        def __init__(self, url: str):
-            self.url = url
+        def __init__(self, url: str, headers: dict | None):
+            self.url, self.challenge = url, (headers or {}).get(CHALLENGE_HEADER, "")
 
         def json(self) -> dict:
             r = next(r for r in sup.replicas if self.url.startswith(r.state.url))
-            return {"status": "ok", "instance": r.instance}
+            return {"status": "ok", **({"instance": proof(r.instance, self.challenge)} if r.instance else {})}
 
-    return lambda url, *_a, **_k: Answer(url)
+    return lambda url, headers=None: Answer(url, headers)
 
 
 def test_scale_down_stabilization_holds_then_releases_as_the_virtual_clock_advances(make):

@@ -100,7 +100,7 @@ def test_a_health_probe_records_our_in_flight_count_with_the_report(tmp_path):
         backend = pool.get("b")
         backend.in_flight = 3
 
-        async def get(url, timeout=None, credentials=True):
+        async def get(url, timeout=None, credentials=True, headers=()):
             backend.in_flight = 0
             return 200, b'{"running": 3, "waiting": 0}'
 

@@ -63,7 +63,7 @@ class RecordingClient:
         self.failure = failure
         self.abandoned: list[str] = []
 
-    async def get(self, url, timeout, credentials=True):
+    async def get(self, url, timeout, credentials=True, headers=()):
         raise self.failure
 
     def abandon(self, base_url, why):
@@ -97,7 +97,7 @@ def test_a_replica_that_answers_its_checks_unhealthy_keeps_what_it_serves():
         backend.healthy = True
 
         class Unhealthy(RecordingClient):
-            async def get(self, url, timeout, credentials=True):
+            async def get(self, url, timeout, credentials=True, headers=()):
                 return 503, b"{}"
 
         pool.client = Unhealthy(None)

@@ -107,6 +107,15 @@ def test_fleet_with_tls_self_signed_and_api_keys(tmp_path, tiny_model):
             httpx.get(state["url"] + "/models", timeout=5)
         auth_file = tmp_path / "home" / "run" / "secure" / "auth.json"
         assert "secret-a" not in auth_file.read_text() and oct(auth_file.stat().st_mode & 0o777) == "0o600"
+        # the internal token, which every replica is sent, reads the admin API but never changes the backend set:
+        # a process that took a crashed replica's port had read it and PUT itself as the only backend
+        token = (tmp_path / "home" / "run" / "secure" / "internal.token").read_text().strip()
+        with httpx.Client(verify=ssl.create_default_context(cafile=state["tls_cert"])) as http:
+            bearer = {"authorization": f"Bearer {token}"}
+            assert http.get(state["url"].removesuffix("/v1") + "/admin/load", headers=bearer).status_code == 200
+            hijack = {"backends": [{"url": "http://127.0.0.1:9", "state": "ready"}]}
+            assert http.put(state["url"].removesuffix("/v1") + "/admin/backends", json=hijack,
+                            headers=bearer).status_code == 403
         # the plaintext key is the supervisor's alone: Prometheus's /proc/PID/environ had held it too
         children = [p for p in processes_with_env("FLEETSERVE_HOME", home["FLEETSERVE_HOME"])
                     if p != state["supervisor_pid"]]

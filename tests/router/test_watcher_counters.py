@@ -29,7 +29,7 @@ class GpuEngineLike:
     def __init__(self):
         self.asked: list[str] = []
 
-    async def get(self, url: str, timeout: float, credentials: bool = True):
+    async def get(self, url: str, timeout: float, credentials: bool = True, headers=()):
         path = "/" + url.split("/", 3)[3]
         self.asked.append(path)
         return (200, b"{}") if path == "/health" else (200, b"") if path == "/metrics" else (404, b"")

@@ -26,7 +26,7 @@ from fleetserve.api.limits import SizeLimits
 from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
 from fleetserve.engine.budget import token_budget
-from fleetserve.engine.instance import instance_field
+from fleetserve.engine.instance import CHALLENGE_HEADER, instance_field
 from fleetserve.engine.runner import ModelRunner
 from fleetserve.engine.scheduler import Job, SerialScheduler
 from fleetserve.observe.logs import log_request, prompt_text, tenant_hash
@@ -425,7 +425,7 @@ class Engine:
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": self.settings.served_model_name,
                              "running": self.scheduler.running, "waiting": self.scheduler.waiting,
-                             **instance_field()})
+                             **instance_field(request.headers.get(CHALLENGE_HEADER))})
 
     async def metrics_endpoint(self, request: Request) -> Response:
         m = self.metrics

@@ -33,7 +33,7 @@ from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_do
 from fleetserve.api.limits import KEEP_ALIVE_S, SizeLimits
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
 from fleetserve.engine.budget import token_budget
-from fleetserve.engine.instance import instance_field
+from fleetserve.engine.instance import CHALLENGE_HEADER, instance_field
 from fleetserve.kvcache.blocks import chain_keys, kv_salt, namespace_key
 from fleetserve.kvcache.events import KVEventLog
 from fleetserve.observe.logs import log_request, prompt_text, tenant_hash
@@ -392,7 +392,8 @@ def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = Non
 
     async def health(request):
         return JSONResponse({"status": "ok", "model": engine.model_name, "running": engine.model.num_running,
-                             "waiting": engine.model.num_waiting, **instance_field()})
+                             "waiting": engine.model.num_waiting,
+                             **instance_field(request.headers.get(CHALLENGE_HEADER))})
 
     async def load(request):
         return JSONResponse(engine.load())

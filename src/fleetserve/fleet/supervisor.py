@@ -46,8 +46,8 @@ from fleetserve.capacity.catalog import Catalog
 from fleetserve.capacity.placement import InsufficientCapacity
 from fleetserve.capacity.utilization import load_ratio, target_per_replica
 from fleetserve.clock import Clock
+from fleetserve.engine.instance import CHALLENGE_HEADER, answered_by, new_challenge, new_instance_id
 from fleetserve.engine.instance import ENV as INSTANCE_ENV
-from fleetserve.engine.instance import answered_by, new_instance_id
 from fleetserve.fleet import logfiles, prometheus
 from fleetserve.fleet.capacity import build_capacity
 from fleetserve.fleet.lifecycle import ROUTER_STATE, SERVING, Phase, advance
@@ -617,14 +617,15 @@ class Supervisor:
     def _answers_as(self, r: Replica) -> bool:
         """Its port answers /health 200, as the process started last (another process that bound the port after
         a crash had been taken for the replica, `ready again`, and sent requests and the internal token)."""
-        answer = self._get(r.state.url + self.spec.engine.health_path)
+        challenge = new_challenge()
+        answer = self._get(r.state.url + self.spec.engine.health_path, {CHALLENGE_HEADER: challenge})
         if answer is None:
             return False
         try:
             body = answer.json()
         except ValueError:
             body = None
-        return answered_by(body, r.instance if self._echoes_instance() else None)
+        return answered_by(body, r.instance if self._echoes_instance() else None, challenge)
 
     def _get(self, url: str, headers: dict | None = None) -> httpx.Response | None:
         try:
@@ -753,7 +754,9 @@ class Supervisor:
         """Rewrite the engine targets file when the replicas whose process may serve have changed."""
         if self._prometheus_dir is None:
             return
-        live = (Phase.STARTING, *SERVING, Phase.DRAINING)
+        # ready ones only (and draining): Prometheus scrapes with the internal token, and a starting replica's port
+        # may be held by another process (one that bound a crashed replica's port got the token from its scrapes)
+        live = (*SERVING, Phase.DRAINING)
         targets = [prometheus.Target(r.state.url, "engine", r.state.id, r.state.instance_type)
                    for r in self.replicas if r.state.state in live]
         if targets != self._prometheus_targets:

@@ -47,6 +47,17 @@ def admin_allowed(gateway, request: Request) -> bool:
         _host_name(request.headers.get("host", "")) in LOOPBACK
 
 
+def admin_write_allowed(gateway, request: Request) -> bool:
+    """Changing the backend set: the admin token alone where the router has one. The internal token is sent to
+    every replica, and a process that took a crashed replica's port in the moment before the router knew had
+    read it and PUT itself as the only backend (every tenant's requests went to it for minutes); it reads the
+    admin API (load, metrics), never writes it."""
+    token = gateway.settings.admin_token
+    if token:
+        return hmac.compare_digest(request.headers.get("x-fleetserve-admin", ""), token)
+    return admin_allowed(gateway, request)
+
+
 def _host_name(host: str) -> str:
     """A Host header's name without its port (`[::1]:8000` is `::1`)."""
     host = host.strip().lower()
@@ -96,7 +107,7 @@ def build_control_app(gateway) -> Starlette:
         """Replace the backend set: {"backends": [{"url": ..., "state": "ready" | "starting" | "draining",
         "name": the replica's name, optional, "instance": the id its process answers /health with, optional}],
         "failing": why no replica can start now, or null}."""
-        if not admin_allowed(gateway, request):
+        if not admin_write_allowed(gateway, request):
             return _forbidden()
         try:
             document = parse_json_body(await request.body())

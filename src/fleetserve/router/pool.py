@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from fleetserve.clock import Clock
-from fleetserve.engine.instance import answered_by
+from fleetserve.engine.instance import CHALLENGE_HEADER, answered_by, new_challenge
 from fleetserve.router.backlog import LoadBook
 from fleetserve.router.engine_queue import QUEUE_GAUGES, read_queue
 from fleetserve.router.outliers import AnswerWindow, OutlierSettings, is_outlier
@@ -282,9 +282,12 @@ class BackendPool:
         before = backend.in_flight  # ours when the report may have been made: sent, answered, or in between
         silent = False  # no answer at all (timeout, refused, cut), not an unhealthy answer
         try:
-            # no credentials: /health needs none, and whatever answers the port is not known to be ours yet
-            status, body = await self.client.get(backend.url + self.health_path, timeout=self.timeout,
-                                                 credentials=False)
+            # no credentials: /health needs none, and whatever answers the port is not known to be ours yet; a
+            # fresh challenge, which only the process started with the backend's secret answers (engine/instance.py)
+            challenge = new_challenge() if backend.instance else None
+            status, body = await self.client.get(
+                backend.url + self.health_path, timeout=self.timeout, credentials=False,
+                headers=[(CHALLENGE_HEADER.encode(), challenge.encode())] if challenge else ())
             ok = status == 200
             error = "" if ok else f"health check returned {status}"
             if ok:
@@ -292,7 +295,7 @@ class BackendPool:
                     data = json.loads(body)
                 except ValueError:
                     data = None
-                if not answered_by(data, backend.instance):
+                if not answered_by(data, backend.instance, challenge):
                     ok, error = False, ("health check answered by another process than the replica's (another "
                                         "program bound its port)")
                 elif isinstance(data, dict):

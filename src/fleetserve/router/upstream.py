@@ -379,12 +379,14 @@ class Upstream:
             conn.abort()
         return len(cut)
 
-    async def get(self, url: str, timeout: float, credentials: bool = True) -> tuple[int, bytes]:
+    async def get(self, url: str, timeout: float, credentials: bool = True,
+                  headers: list[tuple[bytes, bytes]] = ()) -> tuple[int, bytes]:
         """A small control-plane GET (layout, KV events, a replica's metrics): status and whole body."""
         parts = urlsplit(url)
         base = f"{parts.scheme}://{parts.netloc}"
         path = parts.path + (f"?{parts.query}" if parts.query else "")
-        response = await self.request(base, "GET", path or "/", read_timeout=timeout, credentials=credentials)
+        response = await self.request(base, "GET", path or "/", headers=headers, read_timeout=timeout,
+                                      credentials=credentials)
         try:
             return response.status, await response.body()
         finally:
