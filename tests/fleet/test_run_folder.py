@@ -105,3 +105,24 @@ def test_a_silent_supervisor_is_said_and_its_dead_replicas_are_not_ready(monkeyp
     finally:
         live.kill()
         live.wait()
+
+
+def test_down_on_a_full_disk_stops_the_fleet_without_a_traceback(monkeypatch, tmp_path):
+    """`down` of a fleet whose supervisor had died, on a full disk: everything stopped, then a traceback from the
+    state's write, exit 1."""
+    import errno
+    import subprocess
+    import sys
+
+    from fleetserve.fleet import control
+
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    write_state(FleetState("f", "default", "m", "f.yaml", gone.pid, status="ready"))
+
+    def full(_state):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(control, "write_state", full)
+    control.stop_fleet(read_state("f"), timeout=1)  # no exception: the fleet is stopped all the same

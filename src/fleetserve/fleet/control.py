@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -23,6 +25,8 @@ from fleetserve.fleet.state import (
     supervisor_alive,
     write_state,
 )
+
+log = logging.getLogger(__name__)
 
 
 class FleetError(Exception):
@@ -201,6 +205,10 @@ def stop_wait_s(state: FleetState) -> float:
     return (state.stop_timeout_s or 60.0) + STOP_MARGIN_S
 
 
+def _children_of(state: FleetState) -> list[int | None]:
+    return [state.router_pid, state.redis_pid, state.prometheus_pid] + [r.pid for r in state.replicas]
+
+
 def stop_fleet(state: FleetState, timeout: float | None = None) -> None:
     """SIGTERM the supervisor (it stops its children in order); SIGKILL whatever is left after `timeout` (default:
     the time the fleet's stop may take, its drain included, plus a margin: a fixed 60 s had cut streams that the
@@ -209,7 +217,11 @@ def stop_fleet(state: FleetState, timeout: float | None = None) -> None:
     timeout = stop_wait_s(state) if timeout is None else timeout
     if supervisor_alive(state):  # never a process that took over a dead supervisor's pid
         os.kill(pid, signal.SIGTERM)
-        os.kill(pid, signal.SIGCONT)  # one stopped (SIGSTOP) handles it now: `down` had waited its whole timeout
+        # one stopped (SIGSTOP) handles it now, and its children drain (a stopped router had held `down` for its
+        # whole drain time): `down` had waited its whole timeout
+        for stopped in [pid] + [c for c in _children_of(state) if c and pid_alive(c) and is_ours(c, state)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
         deadline = time.monotonic() + timeout
         while supervisor_alive(state) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -218,8 +230,7 @@ def stop_fleet(state: FleetState, timeout: float | None = None) -> None:
             gone = time.monotonic() + 5.0  # reaped: else mark_stale below took it for alive and kept "ready" rows
             while supervisor_alive(state) and time.monotonic() < gone:
                 time.sleep(0.05)
-    leftovers = [state.router_pid, state.redis_pid, state.prometheus_pid] + [r.pid for r in state.replicas]
-    for child in leftovers:
+    for child in _children_of(state):
         if child and pid_alive(child) and is_ours(child, state):
             try:
                 os.killpg(child, signal.SIGKILL)
@@ -234,4 +245,8 @@ def stop_fleet(state: FleetState, timeout: float | None = None) -> None:
         for r in final.replicas:  # their leftovers were stopped just now ("stale" stayed in every later status)
             r.state, r.pid = "stopped", None
         final.error = final.error or "the supervisor had died; its leftovers were stopped by `fleetserve down`"
-        write_state(final)
+        try:
+            write_state(final)
+        except OSError as exc:  # a full disk: everything is stopped all the same (it had ended in a traceback)
+            log.warning("fleet %s is stopped, but its state could not be written (%s): status reads it dead",
+                        state.name, exc)
