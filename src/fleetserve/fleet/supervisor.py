@@ -168,7 +168,7 @@ class Replica:
     drained_from: Phase | None = None  # what it was when its drain began (what it returns to if wanted again)
     port_moves: int = 0  # new ports taken after another process bound the one chosen for it
     crashes_since_ready: int = 0  # crashes since it was last ready: 2 is a crash loop (0 once it is ready)
-    instance: str | None = None  # the id this start was given, echoed in its /health (engine/instance.py)
+    instance: str | None = None  # this start's secret, proved in its /health (engine/instance.py)
 
 
 class Supervisor:

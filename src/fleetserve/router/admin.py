@@ -105,7 +105,7 @@ def build_control_app(gateway) -> Starlette:
 
     async def admin_backends(request: Request) -> Response:
         """Replace the backend set: {"backends": [{"url": ..., "state": "ready" | "starting" | "draining",
-        "name": the replica's name, optional, "instance": the id its process answers /health with, optional}],
+        "name": the replica's name, optional, "instance": the secret its process proves in /health, optional}],
         "failing": why no replica can start now, or null}."""
         if not admin_write_allowed(gateway, request):
             return _forbidden()
@@ -133,7 +133,7 @@ def build_control_app(gateway) -> Starlette:
             return APIError(400, "backends[].name: a replica name of 1-63 letters, digits, '.', '_' or '-' (a label "
                                  "value of the model_* series)", param="backends[].name").response()
         if any(not (isinstance(i, str) and 0 < len(i) <= 128) for i in given.values()):
-            return APIError(400, "backends[].instance: the id its process answers /health with (1-128 characters)",
+            return APIError(400, "backends[].instance: the secret its process proves in /health (1-128 characters)",
                             param="backends[].instance").response()
         if failing is not None and not isinstance(failing, str):
             return APIError(400, "failing: a string (why no replica can start) or null", param="failing").response()

@@ -51,8 +51,9 @@ class Backend:
     # the replica's name as its fleet knows it (`up`: r0, r1, ...), which its engine's own model_* series carry:
     # the router's series of a replica used its address, and one replica read as two ("" when not given)
     name: str = ""
-    # the id of the process its supervisor started last, which must answer its /health (engine/instance.py): a
-    # process that bound the port after a crash had been taken for the replica. None: not given (any answer)
+    # the secret of the process its supervisor started last, whose HMAC of each probe's challenge must answer its
+    # /health (engine/instance.py): a process that bound the port after a crash had been taken for the replica.
+    # None: not given (any answer)
     instance: str | None = None
     announced_ready: bool = False  # the supervisor last said it is ready (a later "starting" is a restart)
 
@@ -151,9 +152,9 @@ class BackendPool:
 
         URLs in `ready` were just checked by the supervisor and take traffic at once; those in `draining`
         get no new requests while their in-flight ones finish; `names`: the replicas' names by URL; `instances`:
-        the id of the process that must answer each one's /health. A backend the supervisor had said ready and
-        now says starting has crashed and restarts: it takes nothing until its probes pass again (its port had
-        kept taking requests until a probe failed, whatever bound it meanwhile).
+        the secret of the process that must answer each one's /health probes (engine/instance.py). A backend the
+        supervisor had said ready and now says starting has crashed and restarts: it takes nothing until its
+        probes pass again (its port had kept taking requests until a probe failed, whatever bound it meanwhile).
         """
         kept = {}
         for url in urls:
