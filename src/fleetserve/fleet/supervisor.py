@@ -609,8 +609,8 @@ class Supervisor:
 
     # --- router I/O ----------------------------------------------------------------------------------------
 
-    def _echoes_instance(self) -> bool:
-        """The built-in engines (and their simulated kind) echo their start's id in /health; vLLM and SGLang
+    def _proves_instance(self) -> bool:
+        """The built-in engines (and their simulated kind) prove their start's secret in /health; vLLM and SGLang
         do not, and are known by their health answer alone."""
         return self.spec.engine.kind == "builtin"
 
@@ -625,7 +625,7 @@ class Supervisor:
             body = answer.json()
         except ValueError:
             body = None
-        return answered_by(body, r.instance if self._echoes_instance() else None, challenge)
+        return answered_by(body, r.instance if self._proves_instance() else None, challenge)
 
     def _get(self, url: str, headers: dict | None = None) -> httpx.Response | None:
         try:
@@ -800,9 +800,9 @@ class Supervisor:
             self._socket_dir = Path(tempfile.mkdtemp(prefix="fleetserve-redis-", dir="/tmp"))
             sock = self._socket_dir / REDIS_SOCKET
         sock.unlink(missing_ok=True)
-        listen, where = ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "600"], str(sock)
         self.l2_url = f"unix://{sock}?db=0"
-        self.redis = Child("redis", ["redis-server", str(config), *listen, "--save", "",
+        self.redis = Child("redis", ["redis-server", str(config), "--port", "0", "--unixsocket", str(sock),
+                                     "--unixsocketperm", "600", "--save", "",
                                      "--appendonly", "no", "--maxmemory", str(l2.max_bytes),
                                      "--maxmemory-policy", "allkeys-lru", "--dir", str(self.dir)],
                            self.dir / "logs" / "redis.log", env_drop=self._key_env_names())
@@ -814,9 +814,8 @@ class Supervisor:
         while True:
             if self.redis.exit_code() is not None:
                 raise StartupError(f"redis-server exited during start-up:\n{self.redis.log_tail()}")
-            family = socket.AF_UNIX if isinstance(where, str) else socket.AF_INET
-            with socket.socket(family) as probe:
-                if probe.connect_ex(where) == 0:
+            with socket.socket(socket.AF_UNIX) as probe:
+                if probe.connect_ex(str(sock)) == 0:
                     return
             if time.monotonic() > deadline:
                 raise StartupError("redis-server did not listen within 30s")
@@ -857,7 +856,7 @@ class Supervisor:
                             self.dir / "logs" / f"{r.state.id}.log", env=self._engine_env(),
                             env_drop=self._key_env_names() | {"FLEETSERVE_L2_URL", "FLEETSERVE_L2_TENANTS"},
                             death_signal=ORPHAN_SIGNAL)  # this supervisor dies: it drains as the router does
-        if self._echoes_instance():  # a fresh id per start: what answers its port must be this process
+        if self._proves_instance():  # a fresh secret per start: what answers its port must be this process
             r.instance = new_instance_id()
             r.child.env = {**(r.child.env or {}), INSTANCE_ENV: r.instance}
         r.child.start()
