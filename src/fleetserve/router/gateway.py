@@ -505,8 +505,8 @@ class Gateway:
                      instances: dict[str, str] | None = None) -> None:
         """Replace the backend set (the supervisor's PUT /admin/backends, DNS discovery); every worker follows.
         `failing`: the fleet's reason no replica can start now (held requests are refused with it); `names`: the
-        replicas' names by URL (the `replica` label of the model_* series counted here); `instances`: the id of the
-        process that must answer each one's /health (engine/instance.py)."""
+        replicas' names by URL (the `replica` label of the model_* series counted here); `instances`: the secret of
+        the process that must answer each one's /health probes (engine/instance.py)."""
         self.pool.set_backends(urls, ready=ready, draining=draining, names=names, instances=instances)
         self.gate.set_failing(failing)
         if self.peers is not None and not from_peer:
