@@ -254,3 +254,90 @@ def test_once_an_answer_began_a_silence_longer_than_the_stream_idle_timeout_fail
         return first + second
 
     assert run(main()) == b"data: 1\n\ndata: 2\n\n"
+
+
+def _prover(secret: str | None, replay: bytes | None = None, close_after_proof: bool = False):
+    """A server that answers /health with the HMAC of the challenge under `secret` (or replays `replay`), every
+    other request with OK, and records what it received."""
+    import json as json_module
+
+    from fleetserve.engine.instance import proof
+
+    received: list[bytes] = []
+
+    async def behaviour(reader, writer):
+        while (request := await read_request(reader)) is not None:
+            received.append(request)
+            if request.startswith(b"GET /health"):
+                challenge = next((line.split(b":", 1)[1].strip().decode() for line in request.split(b"\r\n")
+                                  if line.lower().startswith(b"x-fleetserve-challenge:")), "")
+                body = replay if replay is not None else json_module.dumps(
+                    {"status": "ok", **({"instance": proof(secret, challenge)} if secret else {})}).encode()
+                writer.write(answer(body))
+                await writer.drain()
+                if close_after_proof:
+                    break
+                continue
+            writer.write(answer())
+            await writer.drain()
+        writer.close()
+
+    return behaviour, received
+
+
+def test_a_fresh_connection_carries_a_request_only_after_the_replica_proves_its_secret():
+    # A process that bound a crashed replica's port got what the router routed there until the supervisor's next
+    # round (and the internal token with it): each fresh connection now proves the start first, on its own.
+    from fleetserve.router.upstream import Impostor
+
+    async def main():
+        behaviour, received = _prover("right")
+        server, url = await serve(behaviour)
+        client = Upstream(read_timeout=5, headers={"authorization": "Bearer internal"})
+        client.identity = lambda base: ("right", "/health") if base == url else None
+        for _ in range(3):
+            response = await client.request(url, "POST", "/v1/completions", body=b"{}")
+            assert await response.body() == OK
+        # one connection, proved once, then reused: the challenge went first and without the token
+        assert [r.split(b"\r\n", 1)[0] for r in received] == [b"GET /health HTTP/1.1"] + [
+            b"POST /v1/completions HTTP/1.1"] * 3
+        assert b"authorization" not in received[0].lower() and b"x-fleetserve-challenge" in received[0]
+        assert b"authorization: Bearer internal" in received[1]
+
+        # a squatter replaying a proof it read earlier (for a challenge of its own) gets the challenge alone
+        from fleetserve.engine.instance import proof
+
+        replayed = b'{"status": "ok", "instance": "%s"}' % proof("right", "c0ffee").encode()
+        behaviour, seen = _prover(None, replay=replayed)
+        squat, squat_url = await serve(behaviour)
+        client.identity = lambda base: ("right", "/health")
+        with pytest.raises(Impostor) as caught:
+            await client.request(squat_url, "POST", "/v1/completions", body=b"{}")
+        assert caught.value.kind == "unreachable" and "another process" in str(caught.value)
+        assert [r.split(b"\r\n", 1)[0] for r in seen] == [b"GET /health HTTP/1.1"]
+        assert all(b"authorization" not in r.lower() for r in seen)
+        assert not client.origin(squat_url).idle and not client.origin(squat_url).busy
+
+        # one with no proof at all, and one that closes after proving: neither takes the request
+        behaviour, seen = _prover(None)
+        bare, bare_url = await serve(behaviour)
+        with pytest.raises(Impostor):
+            await client.request(bare_url, "POST", "/v1/completions", body=b"{}")
+        behaviour, seen = _prover("right", close_after_proof=True)
+        closing, closing_url = await serve(behaviour)
+        with pytest.raises((Unreachable, Dropped)):  # closed before the request went, or under it
+            await client.request(closing_url, "POST", "/v1/completions", body=b"{}")
+        assert [r.split(b"\r\n", 1)[0] for r in seen] == [b"GET /health HTTP/1.1"]
+
+        # no identity expected (vLLM, SGLang, a backend given by URL alone): no challenge
+        behaviour, seen = _prover(None)
+        plain, plain_url = await serve(behaviour)
+        client.identity = lambda base: None
+        assert await (await client.request(plain_url, "POST", "/v1/completions", body=b"{}")).body() == OK
+        assert [r.split(b"\r\n", 1)[0] for r in seen] == [b"POST /v1/completions HTTP/1.1"]
+        await client.aclose()
+        for s in (server, squat, bare, closing, plain):
+            s.close()
+
+    run(main())
+

@@ -14,10 +14,11 @@ from fleetserve.router.backlog import LoadBook
 from fleetserve.router.engine_queue import QUEUE_GAUGES, read_queue
 from fleetserve.router.outliers import AnswerWindow, OutlierSettings, is_outlier
 from fleetserve.router.policies import FleetSnapshot, ReplicaView
-from fleetserve.router.upstream import Upstream, UpstreamError
+from fleetserve.router.upstream import Impostor, Upstream, UpstreamError
 
 log = logging.getLogger(__name__)
 
+IMPOSTOR = "health check answered by another process than the replica's (another program bound its port)"
 SILENT = frozenset({"timeout", "unreachable", "dropped", "stalled"})  # probe failures with no answer at all
 
 
@@ -138,13 +139,30 @@ class BackendPool:
         self.queue_metrics = queue_metrics  # an engine kind of engine_queue.QUEUE_GAUGES: read its /metrics too
         self._queue_reads: dict[str, asyncio.Task] = {}  # at most one /metrics read in flight per backend
         # health probes share the gateway's pooled client (router/upstream.py) once it hands it over
-        self.client = Upstream(connect_timeout=timeout, read_timeout=timeout)
+        self._client = Upstream(connect_timeout=timeout, read_timeout=timeout)
+        self._client.identity = self.expected_identity
         self._ready = asyncio.Event()
         self.on_change: list = []  # called when backends join, leave or change health (the gate's queue looks again)
         # called with a backend's id when it is healthy again after refusing connections: a restarted process,
         # whose cache is empty (a router-side index still predicted its old prefixes there)
         self.on_restart: list = []
         self.set_backends(urls)
+
+    @property
+    def client(self) -> Upstream:
+        return self._client
+
+    @client.setter
+    def client(self, client: Upstream) -> None:
+        """The gateway hands over its pooled client: its fresh connections prove the replica as the probes do."""
+        self._client = client
+        client.identity = self.expected_identity
+
+    def expected_identity(self, base_url: str) -> tuple[str, str] | None:
+        """(secret, health path) that the process answering `base_url` must prove on each fresh connection before
+        a request goes on it (router/upstream.py), or None: any process (no secret given)."""
+        backend = self.backends.get(base_url.split("://", 1)[-1])
+        return (backend.instance, self.health_path) if backend is not None and backend.instance else None
 
     def set_backends(self, urls: list[str], ready: set[str] | None = None, draining: set[str] | None = None,
                      names: dict[str, str] | None = None, instances: dict[str, str] | None = None) -> None:
@@ -297,8 +315,7 @@ class BackendPool:
                 except ValueError:
                     data = None
                 if not answered_by(data, backend.instance, challenge):
-                    ok, error = False, ("health check answered by another process than the replica's (another "
-                                        "program bound its port)")
+                    ok, error = False, IMPOSTOR
                 elif isinstance(data, dict):
                     try:
                         backend.running = int(data.get("running", 0))
@@ -309,6 +326,8 @@ class BackendPool:
                         backend.reported_in_flight = max(before, backend.in_flight)
                     except (ValueError, AttributeError, TypeError):
                         pass
+        except Impostor:
+            ok, error = False, IMPOSTOR
         except UpstreamError as exc:
             ok, error = False, f"health check failed: {exc.kind}"
             silent = exc.kind in SILENT

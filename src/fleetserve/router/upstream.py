@@ -13,16 +13,25 @@ went silent: never retried elsewhere) and `Broken` (cut mid-answer). A pooled co
 under a request is retried once on a fresh one, transparently: the replica closed it as idle just as the
 request went out (the idle expiry, under the replicas' keep-alive, makes that rare); on a fresh connection a
 drop is the replica's answer.
+
+A fresh connection to a replica whose process must prove itself (`identity`, given by the backend pool: the
+secret of the start its supervisor made last, engine/instance.py) carries first a challenge to its health path,
+and no request, token included, goes on it unless the HMAC answers: the router's probes proved the port's owner
+only once a second, and a process that bound a crashed replica's port in between got what was routed there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import ssl as ssl_module
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httptools
+
+from fleetserve.engine.instance import CHALLENGE_HEADER, answered_by, new_challenge
 
 RESUME_BELOW = 64 * 1024  # buffered body bytes under which a paused upstream is read again
 PAUSE_ABOVE = 256 * 1024  # a slow client: stop reading the replica past this much unread body
@@ -37,6 +46,11 @@ class UpstreamError(Exception):
 class Unreachable(UpstreamError):
     kind = "unreachable"
     refused = False  # the host refused the connection: nothing listens there (a process gone), not a slow network
+
+
+class Impostor(Unreachable):
+    """What answers the replica's port did not prove the start its supervisor made (another process bound the port
+    after a crash): nothing was sent to it but the challenge."""
 
 
 class Dropped(UpstreamError):
@@ -231,6 +245,7 @@ class _Connection(asyncio.Protocol):
         self.body_seen = False  # any body byte of the current answer (what the client may have been sent)
         self.abandoned: str | None = None  # why `Upstream.abandon` cut it
         self.idle_since = 0.0
+        self.proving = False  # its identity challenge is under way: kept for the request it was opened for
         self._paused = False
 
     def connection_made(self, transport) -> None:
@@ -304,7 +319,8 @@ class _Connection(asyncio.Protocol):
         self.origin.busy.discard(self)
         response._done()
         if keep and not self.closed:
-            self.client._release(self)
+            if not self.proving:
+                self.client._release(self)
         else:
             self.abort()
 
@@ -341,6 +357,9 @@ class Upstream:
                                for k, v in (headers or {}).items())
         self._origins: dict[str, _Origin] = {}
         self._ssl: ssl_module.SSLContext | None = None
+        # base URL -> (secret, health path) of the process that must answer there, or None (any process): set by
+        # the backend pool (BackendPool.expected_identity)
+        self.identity: Callable[[str], tuple[str, str] | None] | None = None
 
     def origin(self, base_url: str) -> _Origin:
         origin = self._origins.get(base_url)
@@ -364,6 +383,9 @@ class Upstream:
             except (Unreachable, Dropped):
                 pass  # most likely closed as idle just as the request went out: once more, on a fresh connection
         conn = await self._connect(origin)
+        expected = self.identity(base_url) if self.identity is not None else None
+        if expected is not None:
+            await self._prove(conn, *expected)
         return await self._exchange(conn, head, body, timeout, between)
 
     def abandon(self, base_url: str, why: str) -> int:
@@ -472,6 +494,33 @@ class Upstream:
             if conn.headers_ready is ready:
                 conn.headers_ready = None
         return response
+
+    async def _prove(self, conn: _Connection, secret: str, path: str) -> None:
+        """Send a fresh connection's first request: a challenge to the health path, without credentials; raise
+        `Impostor` unless the answer proves `secret`. The connection then carries the request it was opened for."""
+        origin = conn.origin
+        challenge = new_challenge()
+        head = self._head(origin, "GET", path, [(CHALLENGE_HEADER.encode(), challenge.encode())], b"",
+                          credentials=False)
+        conn.proving = True
+        try:
+            response = await self._exchange(conn, head, b"", self.connect_timeout, self.connect_timeout)
+            raw = await response.body()
+        except UpstreamError as exc:
+            conn.abort()
+            raise Unreachable(f"{origin.host}:{origin.port} did not answer its identity challenge: {exc}") from None
+        finally:
+            conn.proving = False
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+        if conn.closed:
+            raise Unreachable(f"{origin.host}:{origin.port} closed the connection after its identity challenge")
+        if not answered_by(data, secret, challenge):
+            conn.abort()
+            raise Impostor(f"{origin.host}:{origin.port} is answered by another process than the replica's "
+                           "(another program bound its port)")
 
     def _release(self, conn: _Connection) -> None:
         origin = conn.origin
