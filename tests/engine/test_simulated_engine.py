@@ -208,3 +208,26 @@ def test_options_the_other_engine_kind_would_ignore_are_refused(tmp_path):
         said(simulated), simulated.stderr
     model = run("--model", str(tmp_path / "none"), "--speedup", "2")
     assert model.returncode == 2 and "--speedup: not used by a model engine" in said(model), model.stderr
+
+
+@pytest.mark.parametrize("kind", ["simulated", "builtin"])
+def test_an_engine_whose_port_is_taken_exits_98_before_loading_its_model(tmp_path, kind, tiny_model):
+    """The supervisor read a taken port from the engine's log (gone with a tiny logMaxBytes: the replica spent a
+    failed start more before it moved), and a model loading for minutes left its chosen port to any process.
+    The engines bind first, and say a taken port by their exit code (api/graceful.EXIT_PORT_TAKEN)."""
+    import socket
+    import subprocess
+    import sys
+
+    from fleetserve.api.graceful import EXIT_PORT_TAKEN
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        source = ["--simulate", "fast"] if kind == "simulated" else ["--model", str(tiny_model), "--threads", "1"]
+        done = subprocess.run([sys.executable, "-m", "fleetserve", "engine", *source, "--served-model-name", "x",
+                               "--port", str(port)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == EXIT_PORT_TAKEN, done.stderr
+    assert f"127.0.0.1:{port}: address already in use" in done.stderr
+    assert "Traceback" not in done.stderr

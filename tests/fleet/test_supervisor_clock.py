@@ -4,6 +4,7 @@ from datetime import datetime
 
 import pytest
 
+from fleetserve.api.graceful import EXIT_PORT_TAKEN
 from fleetserve.autoscale.controller import Controller
 from fleetserve.autoscale.policy import ScalingPolicy, ScalingState
 from fleetserve.clock import ManualClock
@@ -362,6 +363,11 @@ def test_a_replica_whose_port_another_process_took_starts_again_on_a_new_one(mak
     sup._tend(r, sup.monotonic(), starting_up=True)  # no StartupError
     assert r.state.state == Phase.RESTARTING and r.port != 9 and r.state.url.endswith(f":{r.port}")
     assert r.child is None and r.backoff.due(sup.monotonic()) and r.port_moves == 1
+    # the built-in engines say it by their exit code: a log rotated away (logMaxBytes: 1) no longer hides it
+    moved_from = r.port
+    r.state.state, r.child = Phase.STARTING, ExitedChild("", code=EXIT_PORT_TAKEN)
+    sup._tend(r, sup.monotonic(), starting_up=True)
+    assert r.state.state == Phase.RESTARTING and r.port != moved_from and r.port_moves == 2
     r.state.state, r.child = Phase.STARTING, ExitedChild(PORT_TAKEN_LOG)
     r.port_moves = 3  # bounded: past it, the crash is one
     with pytest.raises(StartupError, match="during start-up"):

@@ -5,13 +5,20 @@ way, then cancels them: a stream still running was cut mid-answer (an unterminat
 cannot tell it from a network fault). `serve` runs uvicorn with one change: shortly before that deadline it calls
 `before_cut` on the server's loop, which ends what still runs with an error the client can read (an error event
 and `[DONE]` in a stream, a 503 otherwise); the cancel that follows then finds nothing left to cut.
+
+`bind_port` takes an engine's port before its model loads, and exits `EXIT_PORT_TAKEN` when another process holds
+it: the supervisor had read the cause from the engine's log (gone with `logMaxBytes` tiny, and the replica spent
+a failed start more before it moved), and during a load of minutes any process could bind the port it had chosen.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -57,13 +64,37 @@ class _Server(uvicorn.Server):
             self._loop.call_soon_threadsafe(self._loop.call_later, max(0.0, grace - CUT_MARGIN_S), self._before_cut)
 
 
-def serve(app, before_cut: Callable[[], None], orphan_grace: float | None = None, **config) -> None:
+EXIT_PORT_TAKEN = 98  # errno's EADDRINUSE: the supervisor moves the replica to another port (fleet/supervisor.py)
+
+
+def bind_port(host: str, port: int) -> socket.socket:
+    """The engine's listening address, bound now (it listens once the server starts); exit `EXIT_PORT_TAKEN` with
+    the cause in the log when another process has it."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT port is free
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        logging.getLogger(__name__).error("cannot listen on %s:%d: address already in use (another process has "
+                                          "the port)", host, port)
+        sys.exit(EXIT_PORT_TAKEN)
+    return sock
+
+
+def serve(app, before_cut: Callable[[], None], orphan_grace: float | None = None,
+          sock: socket.socket | None = None, **config) -> None:
     """`uvicorn.run(app, **config)` for one process, with `before_cut` called a margin before the graceful
-    shutdown's end (see the module's docstring); with `orphan_grace`, ORPHAN_SIGNAL stops it with that grace.
-    Exits 1 when the server did not start, as uvicorn.run does."""
+    shutdown's end (see the module's docstring); with `orphan_grace`, ORPHAN_SIGNAL stops it with that grace;
+    `sock`: the address `bind_port` took (else uvicorn binds `host` and `port`). Exits 1 when the server did not
+    start, as uvicorn.run does."""
     server = _Server(uvicorn.Config(app, **config), before_cut, orphan_grace)
     try:
-        server.run()
+        server.run(sockets=[sock] if sock is not None else None)
     except KeyboardInterrupt:
         pass
     if not server.started:

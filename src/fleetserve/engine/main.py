@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from fleetserve.api.graceful import serve
+from fleetserve.api.graceful import bind_port, serve
 from fleetserve.api.internal import read_secret_file, read_token_file
 from fleetserve.api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES, KEEP_ALIVE_S, SizeLimits
 from fleetserve.engine.runner import ModelRunner
@@ -113,6 +113,7 @@ def run_engine(
     # The generation thread and the event loop share the GIL; the default 5 ms switch interval adds up to
     # several ms per token while the loop waits to deliver it (measured: 38.7 -> 28.8 ms/token at 0.2 ms).
     sys.setswitchinterval(0.0002)
+    sock = bind_port(host, port)  # before the model loads (minutes): nothing else takes the port meanwhile
     path = resolve_source(model, revision)
     runner = ModelRunner(path, dtype=dtype, threads=threads, context_length=context_length)
     name = served_model_name or path.name
@@ -126,6 +127,6 @@ def run_engine(
         password = read_secret_file(l2_password_file) if l2_password_file else None
         attach_prefix_cache(engine, block_size, engine_cache_bytes, l1_bytes, l2_url, tenant_l2, password)
     logging.getLogger(__name__).info("serving %s (%s) on http://%s:%d", name, path, host, port)
-    serve(build_app(engine), engine.stop_answers, orphan_drain, host=host, port=port, log_level="warning",
+    serve(build_app(engine), engine.stop_answers, orphan_drain, sock, host=host, port=port, log_level="warning",
           timeout_graceful_shutdown=drain_timeout, log_config=uvicorn_log_config(log_format),
           timeout_keep_alive=KEEP_ALIVE_S)

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from fleetserve.api.graceful import ORPHAN_SIGNAL
+from fleetserve.api.graceful import EXIT_PORT_TAKEN, ORPHAN_SIGNAL
 from fleetserve.api.internal import router_trust_args, write_token_file
 from fleetserve.api.limits import engine_body_limit, engine_header_limit
 from fleetserve.autoscale.controller import Controller
@@ -874,8 +874,9 @@ class Supervisor:
                      "not restarted there (its replacement starts elsewhere)")
             self._remove(r)
             return
-        if code is not None and r.port_moves < MAX_PORT_MOVES and r.child is not None \
-                and PORT_TAKEN in r.child.log_tail(this_run=True).lower():  # not an earlier run's line
+        if code is not None and r.port_moves < MAX_PORT_MOVES and r.child is not None and (
+                code == EXIT_PORT_TAKEN  # the built-in engines say so by their exit (api/graceful.bind_port)
+                or PORT_TAKEN in r.child.log_tail(this_run=True).lower()):  # vLLM, SGLang: not an earlier run's line
             # another process bound the free port between its choice and the engine's bind (a busy machine):
             # not a crash of the engine, and the same port would fail every restart, and `up` with it
             r.port_moves += 1
