@@ -803,3 +803,52 @@ def test_a_bad_body_held_for_want_of_a_replica_is_a_400_at_once_in_front_of_buil
     assert out.status == 200 and waited == pytest.approx(42.0)
     out, waited, _ = run_virtual(main(False, bad_chat(n=5)))  # vLLM, SGLang: their checks are not ours to run
     assert out.status == 200 and waited == pytest.approx(42.0)
+
+
+def test_at_zero_a_request_no_context_of_the_served_model_holds_is_a_400_once_a_replica_gave_its_card():
+    """An over-long request held at zero woke the fleet and got its 400 after the cold start. Once a replica gave
+    the model's card, its max_model_len refuses at once what no replica could take: a token-id prompt as the
+    engines count it, and a max_tokens that leaves no room for a prompt; a text prompt's length waits."""
+    def post(path: str, **fields) -> Request:
+        body = {"model": "m", **fields}
+        return Request("POST", path, b"", [(b"content-type", b"application/json")], orjson.dumps(body),
+                       ("127.0.0.1", 5555), "1.1", True)
+
+    async def main(request: Request, card: dict | None):
+        loop = asyncio.get_running_loop()
+        gw, up = gateway({A: [FakeResponse(200, [b"{}"], [(b"content-type", b"application/json")])]},
+                         clock=loop.time, buffer_timeout=600.0, check_bodies=True)
+        if card is not None:
+            gw.model_cards["m"] = card
+        backend = gw.pool.backends["10.0.0.1:8000"]
+        backend.healthy = False
+        gw.pool._signal()
+        healthy_after(gw, backend, 42.0)
+        out, started = Recorder(), loop.time()
+        await gw.handle(request, out)
+        return out, loop.time() - started
+
+    card = {"id": "m", "object": "model", "max_model_len": 100}
+    chat_messages = [{"role": "user", "content": "hi"}]
+    refused = [
+        (post("/v1/chat/completions", messages=chat_messages, max_tokens=100), "max_tokens"),
+        (post("/v1/chat/completions", messages=chat_messages, max_completion_tokens=500), "max_completion_tokens"),
+        (post("/v1/completions", prompt=[1] * 100), "prompt"),
+        (post("/v1/completions", prompt=[1] * 90, max_tokens=11), "max_tokens"),
+    ]
+    for request, param in refused:
+        out, waited = run_virtual(main(request, card))
+        assert out.status == 400 and waited == 0.0, (param, out.body)
+        err = orjson.loads(out.body)["error"]
+        assert err["param"] == param and err["code"] == "context_length_exceeded", err
+        assert "100 tokens" in err["message"]
+    held = [
+        (post("/v1/chat/completions", messages=chat_messages, max_tokens=99), card),  # fits with a 1-token prompt
+        (post("/v1/completions", prompt=[1] * 90, max_tokens=10), card),  # exactly the context
+        (post("/v1/completions", prompt="x" * 10_000, max_tokens=10), card),  # its tokens are the engines' to count
+        (post("/v1/chat/completions", messages=chat_messages, max_tokens=100), None),  # no card read yet
+        (post("/v1/chat/completions", messages=chat_messages, max_tokens=100), {"id": "m"}),  # a card without it
+    ]
+    for request, given in held:
+        out, waited = run_virtual(main(request, given))
+        assert out.status == 200 and waited == pytest.approx(42.0), out.body

@@ -51,6 +51,7 @@ from fleetserve.router.policies import FleetSnapshot, RouteRequest, RoutingPolic
 from fleetserve.router.pool import Backend, BackendPool
 from fleetserve.router.relay import CACHED_TOKENS, PROMPT_TOKENS, last_int, relay
 from fleetserve.router.salting import TenantSalt
+from fleetserve.router.served import context_refusal
 from fleetserve.router.upstream import Upstream
 from fleetserve.router.usage import asking_usage
 from fleetserve.router.watcher import ReplicaWatcher
@@ -329,7 +330,8 @@ class Gateway:
             else:
                 if self.settings.check_bodies and post and request.path in GENERATION_PATHS and \
                         not self.pool.any_eligible():  # a 400 now, not after a cold start (router/served.py)
-                    parse_generation(request.path, body)
+                    parsed = parse_generation(request.path, body)
+                    context_refusal(parsed, self.model_cards.get(parsed.model or self._only_model()))
                 held = await self.gate.admit()
             forwarded.append((b"x-request-id", rid))
             if tenant:
@@ -433,6 +435,11 @@ class Gateway:
                 self._refuse(responder, model_not_found(model, names), rid, request.path, tenant, started, None)
                 return True
         return False
+
+    def _only_model(self) -> str:
+        """The name a request without `model` is served by: the one served model (or none known)."""
+        names = self.settings.served_models
+        return names[0] if len(names) == 1 else ""
 
     def _model_card(self, name: str) -> dict:
         """A replica's card for the model when one was read (`max_model_len` and all), else a bare one."""

@@ -12,9 +12,18 @@ the built-in engines (and their simulated kind), whose checks the router shares 
 types, ranges, what they do not support), the router runs them on a request it would hold or refuse for want
 of a replica; a replica ready takes the request at once, unchecked here, as before. vLLM and SGLang support
 what the built-in engines refuse (tools, n, logprobs): in front of them the router checks nothing.
+
+Once a replica gave its model card, its `max_model_len` also refuses what no context holds (`context_refusal`):
+a token-id prompt with its `max_tokens` exactly as the engines count them (`engine/budget.py`), and a text prompt's
+`max_tokens` that leaves no room for one token of prompt. A text prompt's own length is the engines' tokenizer's
+to count: such a prompt still waits for a replica.
 """
 
 from __future__ import annotations
+
+from fleetserve.api.errors import APIError
+from fleetserve.api.protocol import ParsedRequest
+from fleetserve.engine.budget import token_budget
 
 LORA_FLAGS = frozenset({"--enable-lora", "--lora-modules", "--lora-paths", "--max-loras"})
 
@@ -29,3 +38,17 @@ def served_model_args(name: str, engine_kind: str, engine_args: list[str]) -> li
 def body_check_args(engine_kind: str) -> list[str]:
     """`--check-bodies` for the router in front of engines that read bodies as `api/protocol` does."""
     return ["--check-bodies"] if engine_kind == "builtin" else []
+
+
+def context_refusal(parsed: ParsedRequest, card: dict | None) -> None:
+    """Raise the engines' 400 `context_length_exceeded` for a request no replica of this card could take."""
+    limit = (card or {}).get("max_model_len")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        return
+    requested, param = parsed.sampling.max_tokens, parsed.sampling.max_tokens_param
+    if parsed.kind == "completion" and isinstance(parsed.prompt, list) and parsed.prompt:
+        token_budget(len(parsed.prompt), requested, limit, "completion", param)
+    elif requested is not None and requested >= limit:
+        raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                            f"{requested} tokens for the completion alone, which leaves no room for the prompt. "
+                            f"Reduce {param}.", param=param, code="context_length_exceeded")
