@@ -363,6 +363,27 @@ def test_a_boolean_is_not_a_number(setting, path):
     assert msg.startswith(path) and "boolean" in msg
 
 
+@pytest.mark.parametrize("setting,path", [
+    ('replicas: "3"', "spec.replicas"),
+    ("slo: {ttftP95Ms: '500'}", "spec.slo.ttftP95Ms"),
+    ('autoscaling: {maxReplicaCount: "4"}', "spec.autoscaling.maxReplicaCount"),
+    ('capacity: {simulated: {limits: {g6e.xlarge: "2"}}}', "spec.capacity.simulated.limits"),
+])
+def test_a_quoted_number_is_refused_as_kubernetes_refuses_it(setting, path):
+    """`replicas: "3"` ran under `up` (pydantic coerced it) while the CRD's schema refuses it: the spec said valid
+    what `kubectl apply` would not take."""
+    (msg,) = problems(GOOD.replace("replicas: 2", setting))
+    assert msg.startswith(path) and ("got the string" in msg or "got a string" in msg), msg
+
+
+def test_numbers_are_read_as_kubernetes_reads_them():
+    """YAML 1.1 took `1e6` (no dot) for a string; Kubernetes' YAML 1.2 reads a number. Refusing quoted numbers, the
+    spec must read it as the number it is."""
+    loaded = load_spec_text(GOOD.replace("replicas: 2", "replicas: 2\n  slo: {ttftP95Ms: 1e3, e2eP95Ms: 2E+4}"))
+    slo = loaded.endpoint.spec.slo
+    assert slo.ttft_p95_ms == 1000 and slo.e2e_p95_ms == 20000
+
+
 def test_slo_targets_are_bounded_as_the_flags_are():
     """The flags take at least 1 ms; the spec took 0.5 and printed it as "<= 0 ms"."""
     (msg,) = problems(GOOD.replace("replicas: 2", "slo: {e2eP95Ms: 0.5}"))

@@ -38,14 +38,20 @@ class SpecModel(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_numbers(cls, value, info: ValidationInfo):
-        """pydantic reads `true` as 1 in a number field (`replicas: true`, `ttftP95Ms: true`): a typo, refused."""
+        """pydantic reads `true` as 1 in a number field (`replicas: true`, `ttftP95Ms: true`), and `"3"` as 3: the
+        first a typo, the second what Kubernetes refuses; both are refused."""
         if not info.field_name:
             return value
         annotation = cls.model_fields[info.field_name].annotation
         if isinstance(value, bool) and _numeric(annotation):
             raise ValueError("expected a number, got a boolean")
+        if isinstance(value, str) and _numeric(annotation):  # `replicas: "3"`: the CRD's schema refuses it, so
+            # `render k8s` and the operator would disagree with `up` and `validate`, which pydantic let through
+            raise ValueError(f"expected a number, got the string {value[:40]!r} (write it without quotes)")
         if isinstance(value, dict) and typing.get_origin(annotation) is dict:  # {"g6e.xlarge": true}
             _key, item = typing.get_args(annotation) or (None, None)
             if _numeric(item) and any(isinstance(v, bool) for v in value.values()):
                 raise ValueError("expected numbers as values, got a boolean")
+            if _numeric(item) and any(isinstance(v, str) for v in value.values()):
+                raise ValueError("expected numbers as values, got a string (write them without quotes)")
         return value
