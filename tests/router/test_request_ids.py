@@ -76,3 +76,24 @@ def test_an_error_answered_after_the_handler_counted_it_is_not_counted_again_and
     counted = {(s.labels["path"], s.labels["code"]): s.value for m in gw.metrics.registry.collect()
                if m.name == "fleetserve_router_requests" for s in m.samples if s.name.endswith("_total")}
     assert counted[("/v1/completions", "500")] == 1
+
+
+def test_head_on_the_model_paths_answers_what_get_does_without_a_body():
+    """HEAD /v1/models had been a 405 (monitors check an endpoint with HEAD); GET's answer now, with no body."""
+    async def main():
+        gw = Gateway(BackendPool([]), RouterSettings(served_models=("m",)))
+        door = await http1.serve(gw.handle, gw.error, "127.0.0.1", 0, limits=SizeLimits(max_body_bytes=1024))
+        port = door.server.sockets[0].getsockname()[1]
+        outs = {path: await exchange(port, b"HEAD " + path + b" HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                for path in (b"/v1/models", b"/v1/models/m", b"/v1/models/other")}
+        get = await exchange(port, b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        await door.shutdown(1)
+        return outs, get
+
+    outs, get = asyncio.run(asyncio.wait_for(main(), 30))
+    head, body = outs[b"/v1/models"].split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200") and body == b""
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    assert length == len(get.split(b"\r\n\r\n", 1)[1]) > 0  # the length GET's body has
+    assert outs[b"/v1/models/m"].startswith(b"HTTP/1.1 200") and outs[b"/v1/models/m"].endswith(b"\r\n\r\n")
+    assert outs[b"/v1/models/other"].startswith(b"HTTP/1.1 404") and outs[b"/v1/models/other"].endswith(b"\r\n\r\n")

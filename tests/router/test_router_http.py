@@ -69,6 +69,8 @@ def test_the_openai_client_retrieves_the_served_model_through_the_router(pair):
     assert missing.value.body["code"] == "model_not_found" and missing.value.body["param"] == "model"
     r = httpx.post(gw.url + "/v1/models/tiny", json={}, timeout=30)
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    head = httpx.head(gw.url + "/v1/models/tiny", timeout=30)  # a replica's GET answer, without its body
+    assert head.status_code == 200 and head.content == b"" and int(head.headers["content-length"]) > 0
 
 
 def test_sagemaker_invocations_are_answered_as_the_openai_route_the_body_names(pair):
@@ -278,7 +280,7 @@ def test_at_zero_the_router_lists_the_card_a_replica_gave_with_its_context_lengt
     """A fleet scaled to zero listed a bare card without `max_model_len`, which clients size prompts by: the router
     now answers with the card a replica listed."""
     one = engine(tiny_model, logs, port=None).start()
-    gw = router([one], logs, "leastload", "--model", "tiny").start()
+    gw = router([one], logs, "leastload", "--model", "tiny", "--check-bodies").start()
     try:
         served = httpx.get(one.url + "/v1/models", timeout=5).json()["data"][0]
         assert served["max_model_len"] > 0
@@ -288,6 +290,14 @@ def test_at_zero_the_router_lists_the_card_a_replica_gave_with_its_context_lengt
             "backends"]), 30, what="no replica ready")
         listed = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=10).models.list()
         assert [m.model_dump(exclude_none=True) for m in listed.data] == [served]  # as the engine gave it
+        # and what that context cannot hold is refused at once, without waking the fleet (the client's timeout is
+        # far below the router's buffer, which would hold it)
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=10)
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model="tiny", messages=CHAT["messages"],
+                                           max_tokens=served["max_model_len"])
+        assert refused.value.body["code"] == "context_length_exceeded" and refused.value.body["param"] == "max_tokens"
+        assert httpx.get(gw.url + "/admin/load", timeout=5).json()["pending"] == 0
     finally:
         gw.stop()
         one.stop()

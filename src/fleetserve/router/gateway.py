@@ -219,6 +219,9 @@ class Gateway:
                                      server=self.server_address, extra_headers=rid)
             if status in COUNTED_CONTROL:  # a 404 was neither counted nor traceable; health checks (503 at zero
                 self._count_request(responder, "other", status)  # replicas, SageMaker's /ping) and scrapes are not
+        elif request.method == "HEAD" and method == "GET":  # what GET answers, without its body (RFC 9110): the
+            request.method = "GET"  # responder of a HEAD sends no body; a 405 had answered monitors' HEAD checks
+            await self.proxy(request, responder)
         elif request.method != method:
             self.error(responder, 405, f"{request.method} {request.path}: method not allowed; use {method}",
                        "method_not_allowed", [(b"allow", method.encode())], path=request.path,
