@@ -773,6 +773,21 @@ def test_the_model_series_name_a_replica_as_its_fleet_and_engine_do():
     assert replicas == {"r0", "r1"}
 
 
+async def at_zero_for_42s(request: Request, check_bodies: bool, cards: dict | None = None) -> tuple[Recorder, float]:
+    """The answer to `request` at zero replicas (one comes up after 42 s), and how long it waited (virtual time)."""
+    loop = asyncio.get_running_loop()
+    gw, up = gateway({A: [FakeResponse(200, [b"{}"], [(b"content-type", b"application/json")])]},
+                     clock=loop.time, buffer_timeout=600.0, check_bodies=check_bodies)
+    gw.model_cards.update(cards or {})
+    backend = gw.pool.backends["10.0.0.1:8000"]
+    backend.healthy = False
+    gw.pool._signal()
+    healthy_after(gw, backend, 42.0)
+    out, started = Recorder(), loop.time()
+    await gw.handle(request, out)
+    return out, loop.time() - started
+
+
 def test_a_bad_body_held_for_want_of_a_replica_is_a_400_at_once_in_front_of_built_in_engines():
     """A malformed request woke a fleet at zero and got its 400 after the cold start (or a 503 replicas_failing
     where the answer was a 400): in front of the built-in engines the router runs their checks on what it holds."""
@@ -781,27 +796,18 @@ def test_a_bad_body_held_for_want_of_a_replica_is_a_400_at_once_in_front_of_buil
         return Request("POST", "/v1/chat/completions", b"", [(b"content-type", b"application/json")],
                        orjson.dumps(body), ("127.0.0.1", 5555), "1.1", True)
 
-    async def main(check: bool, request: Request):
-        loop = asyncio.get_running_loop()
-        gw, up = gateway({A: [FakeResponse(200, [b"{}"], [(b"content-type", b"application/json")])]},
-                         clock=loop.time, buffer_timeout=600.0, check_bodies=check)
-        backend = gw.pool.backends["10.0.0.1:8000"]
-        backend.healthy = False
-        gw.pool._signal()
-        healthy_after(gw, backend, 42.0)
-        out, started = Recorder(), loop.time()
-        await gw.handle(request, out)
-        return out, loop.time() - started, gw.gate.pending
+    def main(check: bool, request: Request):
+        return at_zero_for_42s(request, check)
 
-    out, waited, _ = run_virtual(main(True, bad_chat(temperature="hot")))
+    out, waited = run_virtual(main(True, bad_chat(temperature="hot")))
     assert out.status == 400 and waited == 0.0
     err = orjson.loads(out.body)["error"]
     assert err["param"] == "temperature" and err["type"] == "invalid_request_error"
-    out, waited, _ = run_virtual(main(True, bad_chat(n=5)))  # what the built-in engines do not support, too
+    out, waited = run_virtual(main(True, bad_chat(n=5)))  # what the built-in engines do not support, too
     assert out.status == 400 and orjson.loads(out.body)["error"]["param"] == "n"
-    out, waited, _ = run_virtual(main(True, chat()))  # a good one waits for the replica, as before
+    out, waited = run_virtual(main(True, chat()))  # a good one waits for the replica, as before
     assert out.status == 200 and waited == pytest.approx(42.0)
-    out, waited, _ = run_virtual(main(False, bad_chat(n=5)))  # vLLM, SGLang: their checks are not ours to run
+    out, waited = run_virtual(main(False, bad_chat(n=5)))  # vLLM, SGLang: their checks are not ours to run
     assert out.status == 200 and waited == pytest.approx(42.0)
 
 
@@ -814,19 +820,8 @@ def test_at_zero_a_request_no_context_of_the_served_model_holds_is_a_400_once_a_
         return Request("POST", path, b"", [(b"content-type", b"application/json")], orjson.dumps(body),
                        ("127.0.0.1", 5555), "1.1", True)
 
-    async def main(request: Request, card: dict | None):
-        loop = asyncio.get_running_loop()
-        gw, up = gateway({A: [FakeResponse(200, [b"{}"], [(b"content-type", b"application/json")])]},
-                         clock=loop.time, buffer_timeout=600.0, check_bodies=True)
-        if card is not None:
-            gw.model_cards["m"] = card
-        backend = gw.pool.backends["10.0.0.1:8000"]
-        backend.healthy = False
-        gw.pool._signal()
-        healthy_after(gw, backend, 42.0)
-        out, started = Recorder(), loop.time()
-        await gw.handle(request, out)
-        return out, loop.time() - started
+    def main(request: Request, card: dict | None):
+        return at_zero_for_42s(request, True, {"m": card} if card is not None else {})
 
     card = {"id": "m", "object": "model", "max_model_len": 100}
     chat_messages = [{"role": "user", "content": "hi"}]
