@@ -376,6 +376,23 @@ def test_a_quoted_number_is_refused_as_kubernetes_refuses_it(setting, path):
     assert msg.startswith(path) and ("got the string" in msg or "got a string" in msg), msg
 
 
+def test_byte_sizes_take_kubernetes_quantities_as_the_pods_they_size_do():
+    """`l1.maxBytes: 4Gi` was refused as no integer, where the pod's memory beside it is written so."""
+    spec = GOOD.replace("replicas: 2", "replicas: 2\n  kvCache: {l1: {maxBytes: 4Gi}, l2: {maxBytes: 1.5G}}\n"
+                                       "  observability: {logMaxBytes: 10Mi}")
+    loaded = load_spec_text(spec).endpoint.spec
+    assert loaded.kv_cache.l1.max_bytes == 4 << 30 and loaded.kv_cache.l2.max_bytes == 1_500_000_000
+    assert loaded.observability.log_max_bytes == 10 << 20
+    for value, said in [("'1500m'", "not a whole number of bytes"), ("'4 Gi'", "Kubernetes quantity (4Gi"),
+                        ("true", "boolean"), ("0Gi", "greater than 0")]:
+        (msg,) = problems(GOOD.replace("replicas: 2", f"replicas: 2\n  kvCache: {{l1: {{maxBytes: {value}}}}}"))
+        assert msg.startswith("spec.kvCache.l1.maxBytes") and said in msg, msg
+    from fleetserve.k8s.crd import spec_schema
+
+    l1 = spec_schema()["properties"]["kvCache"]["properties"]["l1"]["properties"]["maxBytes"]
+    assert l1["x-kubernetes-int-or-string"] is True and "type" not in l1  # the CRD takes either, as the spec
+
+
 def test_numbers_are_read_as_kubernetes_reads_them():
     """YAML 1.1 took `1e6` (no dot) for a string; Kubernetes' YAML 1.2 reads a number. Refusing quoted numbers, the
     spec must read it as the number it is."""

@@ -93,7 +93,8 @@ def structural(node: Any, path: str = "spec") -> Any:
             out[k] = True
         else:
             out[k] = v
-    if "type" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+    if "type" not in out and not out.get("x-kubernetes-preserve-unknown-fields") and \
+            not out.get("x-kubernetes-int-or-string"):
         raise SchemaError(f"{path}: no type")
     _describe(out, default)
     return out

@@ -9,6 +9,11 @@ from pydantic.alias_generators import to_camel
 _NUMBERS = (int, float)
 
 
+class TakesQuantity:
+    """Marks a number field that also reads a Kubernetes quantity string (`maxBytes: 4Gi`): its strings are the
+    field's own validator's to read, not a quoted number to refuse."""
+
+
 def _numeric(annotation) -> bool:
     """A field typed int or float (optionally None): YAML's `true` is not a number there."""
     if annotation in _NUMBERS:
@@ -42,11 +47,14 @@ class SpecModel(BaseModel):
         first a typo, the second what Kubernetes refuses; both are refused."""
         if not info.field_name:
             return value
-        annotation = cls.model_fields[info.field_name].annotation
+        field = cls.model_fields[info.field_name]
+        annotation = field.annotation
         if isinstance(value, bool) and _numeric(annotation):
             raise ValueError("expected a number, got a boolean")
-        if isinstance(value, str) and _numeric(annotation):  # `replicas: "3"`: the CRD's schema refuses it, so
-            # `render k8s` and the operator would disagree with `up` and `validate`, which pydantic let through
+        # `replicas: "3"`: the CRD's schema refuses it, so `render k8s` and the operator would disagree with `up`
+        # and `validate`, which pydantic let through
+        if isinstance(value, str) and _numeric(annotation) and \
+                not any(isinstance(m, TakesQuantity) for m in field.metadata):
             raise ValueError(f"expected a number, got the string {value[:40]!r} (write it without quotes)")
         if isinstance(value, dict) and typing.get_origin(annotation) is dict:  # {"g6e.xlarge": true}
             _key, item = typing.get_args(annotation) or (None, None)

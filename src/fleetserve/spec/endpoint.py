@@ -11,9 +11,9 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
-from fleetserve.spec.base import SpecModel
+from fleetserve.spec.base import SpecModel, TakesQuantity
 from fleetserve.spec.kubernetes_schema import schema_problem
 
 API_VERSION = "fleetserve.io/v1"
@@ -30,6 +30,27 @@ _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 # or exponent suffix
 _QUANTITY = re.compile(r"^\+?(\d+\.?\d*|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
 RESOURCE_SECTIONS = ("limits", "requests", "claims")
+
+
+def _byte_count(value: object) -> object:
+    """A byte count as a number or a Kubernetes quantity (`4Gi`, `512Mi`, `2G`): the memory fields of the pods it
+    sizes are written so, and `maxBytes: 4Gi` had been refused as no integer."""
+    if not isinstance(value, str):
+        return value
+    from fleetserve.capacity.placement import quantity
+
+    text = value.strip()
+    if not _QUANTITY.match(text):
+        raise ValueError(f"expected a number of bytes or a Kubernetes quantity (4Gi, 512Mi, 2G), got {value[:40]!r}")
+    amount = quantity(text)
+    if amount != int(amount):
+        raise ValueError(f"{value!r} is {amount:g} bytes: not a whole number of bytes")
+    return int(amount)
+
+
+# bytes as a number or a quantity string; the CRD takes either (x-kubernetes-int-or-string)
+Bytes = Annotated[int, TakesQuantity(), BeforeValidator(_byte_count),
+                  WithJsonSchema({"x-kubernetes-int-or-string": True})]
 _LABEL_NAME = re.compile(r"(?=.{1,63}\Z)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")  # \Z: no newline at the end
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 
@@ -585,7 +606,7 @@ class AutoscalingSection(SpecModel):
 
 class L1Section(SpecModel):
     enabled: bool = True
-    max_bytes: int = Field(default=2 << 30, gt=0)
+    max_bytes: Bytes = Field(default=2 << 30, gt=0)
 
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py's from_url reads
@@ -629,7 +650,7 @@ class L2Section(SpecModel):
     enabled: bool = False
     backend: Literal["redis"] = "redis"
     url: str | None = Field(default=None, description="redis://host:port/db; empty: fleetserve starts Redis")
-    max_bytes: int = Field(default=4 << 30, gt=0)
+    max_bytes: Bytes = Field(default=4 << 30, gt=0)
     tenant_urls: dict[str, str] = Field(default_factory=dict, description="hard isolation: a Redis per tenant")
     price_per_hour: float = Field(default=0, ge=0, description="$/hour of the Redis server (a managed cache, a node): "
                                                                "simulate, verify, plan and up add it to the fleet's "
@@ -699,7 +720,7 @@ class ObservabilitySection(SpecModel):
                                                 "JSON lines (one per request: id, hashed tenant, replica, policy "
                                                 "and branch, timings)")
     log_prompts: bool = Field(default=False, description="put prompt text in the request lines (default: never)")
-    log_max_bytes: int = Field(default=100 << 20, ge=0, description="a local fleet's log file past this many bytes "
+    log_max_bytes: Bytes = Field(default=100 << 20, ge=0, description="a local fleet's log file past this many bytes "
                                "is rotated (NAME.1 to NAME.3 kept); 0: never. Kubernetes: the kubelet rotates "
                                "container logs")
 
