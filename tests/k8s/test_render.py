@@ -1541,3 +1541,26 @@ def test_the_unschedulable_alert_reads_this_endpoints_pods_only():
     name = FULL["metadata"]["name"]
     assert re.fullmatch(pods, f"{name}-engine-6d4cf56db6-x7k2p")
     assert not re.fullmatch(pods, f"{name}-engine-engine-6d4cf56db6-x7k2p")  # the other endpoint's
+
+
+def test_a_trigger_target_reaches_keda_exactly():
+    """`target: 1234.5678` rendered threshold '1234.57' (and 1234567.5 '1.23457e+06'): KEDA scaled on another
+    number than the local controller and the simulator."""
+    from fleetserve.k8s.context import num
+
+    assert [num(v) for v in (4.0, 1234.5678, 1234567.5, 0.001, 1e12)] == [
+        "4", "1234.5678", "1234567.5", "0.001", "1000000000000"]
+    assert all(float(num(v)) == v for v in (1234.5678, 1234567.5, 0.1 + 0.2, 2 / 3))
+
+
+def test_cron_macros_karpenter_and_keda_take_are_read_as_the_fields_they_stand_for():
+    """A budget `schedule: "@daily"`, which Karpenter's pattern takes, was refused: "needs 5 fields"."""
+    from fleetserve.autoscale.schedule import Cron
+
+    assert Cron.parse("@daily") == Cron.parse("0 0 * * *") and Cron.parse("@WEEKLY") == Cron.parse("0 0 * * 0")
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["capacity"]["consolidation"]["budgets"] = [
+        {"nodes": "0", "schedule": "@daily", "durationSeconds": 3600, "timezone": "Asia/Kolkata"}]
+    rendered, _ = _objects(doc)
+    (budget,) = _by(rendered, "NodePool")[0]["spec"]["disruption"]["budgets"]
+    assert budget["schedule"] == "30 18 * * *"  # midnight in Kolkata, written in UTC

@@ -307,6 +307,19 @@ def test_a_budget_zone_and_a_node_affinity_render_cannot_read_are_errors_naming_
             {"weight": 500, "preference": {"matchExpressions": []}}]}}}, "spec.placement", "weight"),
         ({"placement": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "k", "operator": "Near", "values": ["a"]}]}]}}}}, "spec.placement", "Near"),
+        # what the API server and Karpenter refuse, which rendered with exit 0: values per operator, a karpenter.sh/
+        # key in the NodePool's requirements, a budget Karpenter's pattern or a Go duration cannot take
+        *[({"placement": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [expr]}]}}}}, "spec.placement", said) for expr, said in [
+            ({"key": "a", "operator": "Gt", "values": ["x"]}, "exactly one whole number"),
+            ({"key": "a", "operator": "Lt", "values": ["1", "2"]}, "exactly one whole number"),
+            ({"key": "a", "operator": "In", "values": []}, "at least one value"),
+            ({"key": "a", "operator": "Exists", "values": ["v"]}, "takes no values"),
+            ({"key": "karpenter.sh/nodepool", "operator": "In", "values": ["gpu"]}, "Karpenter refuses it")]],
+        ({"capacity": {"consolidation": {"budgets": [{"nodes": "007%"}]}}}, "spec.capacity.consolidation", "007%"),
+        ({"capacity": {"consolidation": {"budgets": [{"nodes": "1", "schedule": "0 9 * * *",
+                                                      "durationSeconds": 1e30}]}}},
+         "spec.capacity.consolidation", "31536000"),
     ]
     for spec, path, said in cases:
         with pytest.raises(SpecError) as caught:
@@ -314,7 +327,10 @@ def test_a_budget_zone_and_a_node_affinity_render_cannot_read_are_errors_naming_
         text = str(caught.value)
         assert said in text and (path in text or path.replace(".0", "[0]") in text), text
     load({"placement": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2a"]}]}]},
+        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2a"]},
+                              {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]},
+                              {"key": "gpu-memory", "operator": "Gt", "values": ["40"]},
+                              {"key": "dedicated", "operator": "DoesNotExist"}]}]},
         "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 50, "preference": {"matchExpressions": [
             {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["g5.xlarge"]}]}}]}}})
 
@@ -598,6 +614,11 @@ def test_a_version_yaml_read_as_a_number_says_to_quote_it():
     ({"pod": {"volumes": [{"name": "Bad_Vol", "emptyDir": {}}]}}, "spec.pod.volumes"),
     ({"pod": {"volumes": [{"name": "model", "emptyDir": {}}]}}, "spec.pod.volumes"),
     ({"pod": {"volumes": [{"name": "data", "emptyDir": {}}, {"name": "data", "emptyDir": {}}]}}, "spec.pod.volumes"),
+    # "may not specify more than 1 volume type": the schema of its fields cannot say it
+    ({"pod": {"volumes": [{"name": "v", "hostPath": {"path": "/x"}, "emptyDir": {}}]}}, "spec.pod.volumes"),
+    ({"pod": {"volumes": [{"name": "v"}]}}, "spec.pod.volumes"),
+    ({"model": {"source": "/models/m", "volume": {"nfs": {"server": "s", "path": "/m"}, "emptyDir": {}}}},
+     "spec.model.volume"),
 ])
 def test_names_the_api_server_refuses_are_refused_naming_the_field(change, path):
     """An env name `1BAD=`, a service account `Bad SA`, a volume `Bad_Vol` or a second `model` volume validated and

@@ -66,6 +66,11 @@ def _value(text: str, index: int) -> int:
         raise ScheduleError(f"{name}: {text!r} is not a number or name; allowed: {lo}-{hi}{names}") from None
 
 
+# the descriptors robfig/cron (KEDA's cron scaler) and Karpenter's budget schedules take
+MACROS = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * 0",
+          "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
+
+
 @dataclass(frozen=True)
 class Cron:
     """A parsed 5-field cron expression (minute hour day-of-month month day-of-week)."""
@@ -81,6 +86,8 @@ class Cron:
 
     @classmethod
     def parse(cls, text: str) -> Cron:
+        """Five fields, or a macro of KEDA's and Karpenter's parsers (`@daily`), read as the five it stands for."""
+        text = MACROS.get(text.strip().lower(), text)
         parts = text.split()
         if len(parts) != 5:
             raise ScheduleError(f"cron {text!r} needs 5 fields (minute hour day-of-month month day-of-week)")

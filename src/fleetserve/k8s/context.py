@@ -236,5 +236,6 @@ def consolidation_policy(spec) -> ConsolidationPolicy:
 
 
 def num(value: float) -> str:
-    """A number as KEDA wants trigger metadata: a string, without a needless `.0`."""
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+    """A number as KEDA wants trigger metadata: a string, without a needless `.0`, and exact (the shortest that reads
+    back as the same float: `:g` rounded 1234.5678 to 1234.57, which KEDA then scaled on)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))

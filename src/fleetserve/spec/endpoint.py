@@ -405,8 +405,12 @@ class EngineSection(SpecModel):
 NODE_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 
 
-def _check_term(term: Any, where: str) -> None:
-    """A Kubernetes NodeSelectorTerm: {matchExpressions: [{key, operator, values}]}."""
+KARPENTER_KEYS_ALLOWED = ("karpenter.sh/capacity-type",)  # the only karpenter.sh/ key a NodePool may require
+
+
+def _check_term(term: Any, where: str, required: bool = False) -> None:
+    """A Kubernetes NodeSelectorTerm: {matchExpressions: [{key, operator, values}]}, with the values each operator
+    takes (the API server's rules); a `required` one also as the NodePools it is copied into take it."""
     if not isinstance(term, dict):
         raise ValueError(f"{where} must be an object with matchExpressions")
     exprs = term.get("matchExpressions") or []
@@ -421,6 +425,18 @@ def _check_term(term: Any, where: str) -> None:
         values = expr.get("values", [])
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             raise ValueError(f"{at}.values must be a list of strings")
+        operator = expr.get("operator", "In")
+        if operator in ("In", "NotIn") and not values:
+            raise ValueError(f"{at}.values: {operator} needs at least one value")
+        if operator in ("Exists", "DoesNotExist") and values:
+            raise ValueError(f"{at}.values: {operator} takes no values")
+        if operator in ("Gt", "Lt") and (len(values) != 1 or not re.fullmatch(r"-?[0-9]{1,18}", values[0])):
+            raise ValueError(f"{at}.values: {operator} takes exactly one whole number, got {values!r}")
+        key = expr["key"]
+        if required and key.startswith("karpenter.sh/") and key not in KARPENTER_KEYS_ALLOWED:
+            raise ValueError(f"{at}.key {key!r}: Karpenter refuses it in the NodePools fleetserve makes for the "
+                             "endpoint (and pods held to another NodePool never get a node of theirs); choose nodes "
+                             "with placement.instanceTypes, capacityTypes or node labels")
 
 
 def _check_node_affinity(affinity: dict) -> None:
@@ -432,7 +448,7 @@ def _check_node_affinity(affinity: dict) -> None:
         if not isinstance(required, dict) or not isinstance(required.get("nodeSelectorTerms", []), list):
             raise ValueError(f"{where} must be an object with a nodeSelectorTerms list")
         for i, term in enumerate(required.get("nodeSelectorTerms", [])):
-            _check_term(term, f"{where}.nodeSelectorTerms[{i}]")
+            _check_term(term, f"{where}.nodeSelectorTerms[{i}]", required=True)
     preferred = affinity.get("preferredDuringSchedulingIgnoredDuringExecution")
     if preferred is not None:
         where = "nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
@@ -807,9 +823,12 @@ class BudgetSpec(SpecModel):
     def _percent_at_most_100(cls, value: str) -> str:
         if value.endswith("%") and int(value[:-1]) > 100:
             raise ValueError(f"{value!r}: a share of the nodes is at most 100%")
+        if value.endswith("%") and value != f"{int(value[:-1])}%":  # Karpenter's pattern refuses "007%"
+            raise ValueError(f"{value!r}: write the share without leading zeros ({int(value[:-1])}%)")
         return value
 
-    duration_seconds: float = Field(default=0, ge=0)
+    # a year at most, as consolidateAfter: Karpenter reads a Go duration (1e30 s rendered, and overflowed it)
+    duration_seconds: float = Field(default=0, ge=0, le=365 * 86400)
     timezone: str = "UTC"
 
     @model_validator(mode="after")

@@ -30,8 +30,19 @@ def schema_problem(kind: str, value: Any) -> str | None:
     """Why `value` is not a Kubernetes `kind` (one of TYPES), naming the field within it; None when it is."""
     errors = sorted(_validator(kind).iter_errors(value), key=lambda e: (len(e.absolute_path), list(e.absolute_path)))
     if not errors:
-        return None
+        return _one_source(value) if kind == "Volume" else None
     first = errors[0]
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.absolute_path)
     message = first.message if len(first.message) <= 200 else first.message[:200] + "..."
     return f"{where.lstrip('.') + ': ' if where else ''}{message} (a Kubernetes {kind})"
+
+
+def _one_source(volume: dict) -> str | None:
+    """A Volume has exactly one source, which a JSON schema of its fields cannot say (the API server refuses two:
+    "may not specify more than 1 volume type", after `validate` and `render` had passed it)."""
+    sources = sorted(k for k in volume if k != "name")
+    if len(sources) == 1:
+        return None
+    said = f"{len(sources)} ({', '.join(sources)})" if sources else "none"
+    return f"a volume has exactly one source (emptyDir, persistentVolumeClaim, hostPath, ...), got {said} " \
+           "(a Kubernetes Volume)"
