@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -479,9 +480,16 @@ def test_render_findings_of_a_black_box_pass(tmp_path):
     stale.write_text(yaml.safe_dump({"kind": "Service", "metadata": {"name": "chat-old", "namespace": "team-b",
                                      "labels": {"app.kubernetes.io/managed-by": "fleetserve",
                                                 "app.kubernetes.io/instance": "chat"}}}))
-    write(_objects(FULL)[0], out)
+    removed: list[dict] = []
+    write(_objects(FULL)[0], out, removed)
     names = {p.name for p in out.iterdir()}
     assert "00-namespace.yaml" in names and set(first.files()) <= names and not stale.exists()
+    # and said: `kubectl apply` of the folder leaves the object running
+    from fleetserve.k8s.render import delete_commands
+
+    assert delete_commands(removed) == ["kubectl -n team-b delete service chat-old"]
+    assert delete_commands([{"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "p"}}]) == [
+        "kubectl delete nodepool.karpenter.sh p"]
 
 
 def test_user_env_keeps_its_order_and_never_duplicates_ours():
@@ -1491,14 +1499,17 @@ def test_render_leaves_out_the_instance_types_the_local_fleet_never_places_on():
     # a tier left out keeps the others' names: renumbered, t1 had become g6.xlarge's NodePool, and on an upgrade
     # its running g5.12xlarge nodes drifted
     three = render(endpoint(["g5.xlarge", "g5.12xlarge", "g6.xlarge"]))
-    named = {o["metadata"]["name"]: o for o in three.objects if o["kind"] in ("NodePool", "Deployment")}
+    def short(name: str) -> str:  # a NodePool's default-big-DIGEST-tK read as default-big-tK
+        return re.sub(r"^default-big-[0-9a-f]{6}-", "default-big-", name)
+
+    named = {short(o["metadata"]["name"]): o for o in three.objects if o["kind"] in ("NodePool", "Deployment")}
     assert {"default-big-t0", "default-big-t2", "big-engine-t0", "big-engine-t2"} <= set(named), sorted(named)
     assert not any(n.endswith("-t1") for n in named)
     assert pools(three) == [["g5.xlarge"], ["g6.xlarge"]]
     assert next(r["values"] for r in named["default-big-t2"]["spec"]["template"]["spec"]["requirements"]
                 if r["key"] == "node.kubernetes.io/instance-type") == ["g6.xlarge"]
     assert named["big-engine-t2"]["metadata"]["labels"]["fleetserve.io/tier"] == "2"
-    first_out = {o["metadata"]["name"] for o in render(endpoint(["p5.48xlarge", "g5.xlarge"])).objects}
+    first_out = {short(o["metadata"]["name"]) for o in render(endpoint(["p5.48xlarge", "g5.xlarge"])).objects}
     assert "big-engine-t1" in first_out and "default-big-t1" in first_out  # not renamed to the one-tier name
     last_out = {o["metadata"]["name"] for o in render(endpoint(["g5.xlarge", "p5.48xlarge"])).objects
                 if o["kind"] == "Deployment"}
@@ -1564,3 +1575,18 @@ def test_cron_macros_karpenter_and_keda_take_are_read_as_the_fields_they_stand_f
     rendered, _ = _objects(doc)
     (budget,) = _by(rendered, "NodePool")[0]["spec"]["disruption"]["budgets"]
     assert budget["schedule"] == "30 18 * * *"  # midnight in Kolkata, written in UTC
+
+
+def test_endpoints_whose_namespace_and_name_join_alike_get_nodepools_of_their_own(tmp_path):
+    """`team-a`/`chat` and `team`/`a-chat` both made NodePool `team-a-chat-t0` (cluster-wide): the second apply took
+    the first endpoint's pool, and its pods never got a node. Both now render into one folder, pools apart."""
+    def pools(namespace: str, name: str) -> set[str]:
+        doc = copy.deepcopy(FULL)
+        doc["metadata"].update(namespace=namespace, name=name)
+        rendered, _ = _objects(doc)
+        write(rendered, tmp_path / "cluster")  # cluster-wide objects of both meet in one folder without a clash
+        return {o["metadata"]["name"] for o in rendered.objects if o["kind"] == "NodePool"}
+
+    first, second = pools("team-a", "chat"), pools("team", "a-chat")
+    assert first and second and not first & second, (first, second)
+    assert all(n.startswith("team-a-chat-") and len(n) <= 63 for n in first | second)

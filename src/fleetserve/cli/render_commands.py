@@ -65,7 +65,7 @@ def render_k8s(
              "(default: every namespace, through a ClusterRole)")] = None,
 ) -> None:
     """Write Deployments, Services, KEDA ScaledObjects, Karpenter NodePools, Redis and monitoring objects."""
-    from fleetserve.k8s.render import render, rendered_warnings, write
+    from fleetserve.k8s.render import delete_commands, render, rendered_warnings, write
     from fleetserve.spec import SpecError, load_spec
 
     options = _options(image, prometheus_url, node_class, zone, router_replicas, service_account, model_pvc,
@@ -112,14 +112,21 @@ def render_k8s(
         err.print("[yellow]warning:[/yellow] ", end="")
         err.print(w, markup=False)
     if output is not None:
+        removed: list[dict] = []
         try:
-            paths = write(rendered, output)
+            paths = write(rendered, output, removed)
         except (NotADirectoryError, FileExistsError) as exc:
             raise fail(f"--output: {exc}") from None
         except OSError as exc:
             raise fail(f"--output {output}: {exc.strerror or exc}", 1) from None
         if not as_json:
             print(f"{len(paths)} object(s) written to {output}")
+        if removed:  # on stderr with --json too: stdout is the objects
+            err.print(f"[yellow]warning:[/yellow] {len(removed)} object(s) an earlier render of this endpoint made "
+                      f"are no longer rendered; their files were removed from {output}, but `kubectl apply` leaves "
+                      "them running on a cluster (the operator deletes them itself). Delete them after applying:")
+            for line in delete_commands(removed):
+                err.print(f"  {line}", markup=False)
     from fleetserve.k8s.secrets_needed import describe, secrets_needed
 
     needed = secrets_needed(rendered.objects)

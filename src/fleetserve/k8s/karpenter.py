@@ -12,6 +12,7 @@ NodePools are cluster-scoped, so their names carry the namespace.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
@@ -37,7 +38,11 @@ def weight(tier: int, tiers: int) -> int:
 
 
 def nodepool_name(ctx: Context, tier: int) -> str:
-    return dns_name(ctx.namespace, ctx.name, f"t{ctx.tier_id(tier)}")
+    """`NAMESPACE-NAME-DIGEST-tK`: NodePools are cluster-wide, and `team-a`/`chat` and `team`/`a-chat` had both made
+    `team-a-chat-t0` (the second apply took the first endpoint's pool, whose pods then never got a node); the
+    digest of namespace/name keeps them apart."""
+    digest = hashlib.sha256(f"{ctx.namespace}/{ctx.name}".encode()).hexdigest()[:6]
+    return dns_name(ctx.namespace, ctx.name, digest, f"t{ctx.tier_id(tier)}")
 
 
 def _duration(seconds: float) -> str:

@@ -184,9 +184,11 @@ def _owner(obj: dict) -> tuple | None:
     return labels.get("app.kubernetes.io/instance"), meta.get("namespace")
 
 
-def write(rendered: Rendered, directory: str | Path) -> list[Path]:
+def write(rendered: Rendered, directory: str | Path, removed: list[dict] | None = None) -> list[Path]:
     """Write one file per object. Files an earlier render of the same endpoint wrote that are no longer wanted
-    are removed; anything else in the folder (a user's own manifests, another endpoint's) is left alone."""
+    are removed, and their objects appended to `removed` (`kubectl apply` of the folder leaves them running:
+    a tier dropped from instanceTypes kept its pods behind the Service, and its GPU NodePool);
+    anything else in the folder (a user's own manifests, another endpoint's) is left alone."""
     out = Path(directory)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out} is a file; give a folder for the manifests")
@@ -202,21 +204,37 @@ def write(rendered: Rendered, directory: str | Path) -> list[Path]:
         except (yaml.YAMLError, UnicodeDecodeError, AttributeError):
             owner = None
         if owner not in ours:
-            whose = f"endpoint {owner[0]} in namespace {owner[1]}" if owner else "a file that is not this endpoint's"
+            whose = (f"endpoint {owner[0]} in namespace {owner[1]}" if owner[1] else f"a cluster-wide object of "
+                     f"endpoint {owner[0]}") if owner else "a file that is not this endpoint's"
             raise FileExistsError(f"{there} holds {whose}: render this one into another folder (file names carry "
                                   "the object's name, not its namespace)")
     for stale in sorted(out.glob("[0-9][0-9]-*.yaml")):
         if stale.name in files:
             continue
         try:
-            owner = _owner(yaml.safe_load(stale.read_text()) or {})
+            obj = yaml.safe_load(stale.read_text()) or {}
+            owner = _owner(obj)
         except (yaml.YAMLError, UnicodeDecodeError, AttributeError):
             continue
         if owner in ours:
             stale.unlink()
+            if removed is not None:
+                removed.append(obj)
     paths = []
     for name, text in files.items():
         path = out / name
         path.write_text(text)
         paths.append(path)
     return paths
+
+
+def delete_commands(objects: list[dict]) -> list[str]:
+    """`kubectl delete` lines for objects a render no longer makes (the reverse of the apply order)."""
+    lines = []
+    for obj in sorted(objects, key=_sort_key, reverse=True):
+        meta = obj.get("metadata") or {}
+        group = (obj.get("apiVersion") or "").rpartition("/")[0]
+        kind = obj.get("kind", "").lower() + (f".{group}" if group else "")
+        where = f"-n {meta['namespace']} " if meta.get("namespace") else ""
+        lines.append(f"kubectl {where}delete {kind} {meta.get('name')}")
+    return lines
