@@ -726,3 +726,25 @@ def test_a_served_model_name_clients_can_send():
     for bad in ('""', '" "', '" smollm2"'):
         (msg,) = problems(GOOD.replace("name: smollm2,", f"name: {bad},"))
         assert "spec.model.name" in msg and "not empty" in msg, msg
+
+
+@pytest.mark.parametrize("urls, said", [
+    ({"alpha": "redis://shared:6379/0", "beta": "redis://shared:6379/1"}, "that tenantUrls[alpha] names too"),
+    ({"alpha": "redis://names-router:6379/0"}, "named like this endpoint's own Services"),
+])
+def test_tenant_redis_hosts_render_would_clash_on_are_refused_by_validate(urls, said):
+    """validate passed both, then `render k8s` exited 2 naming two files: two tenants on one rendered Redis (no
+    isolation either), and a tenant's Redis named as the endpoint's router Service."""
+    from fleetserve.spec.errors import SpecError
+    from fleetserve.spec.load import load_spec_data
+
+    doc = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "names"},
+           "spec": {"model": {"source": "builtin:smollm2-135m"},
+                    "kvCache": {"l2": {"enabled": True, "tenantUrls": urls}}}}
+    with pytest.raises(SpecError) as info:
+        load_spec_data(doc)
+    assert any("tenantUrls" in p.path + p.message and said in p.message for p in info.value.problems), \
+        info.value.problems
+    doc["spec"]["kvCache"]["l2"]["tenantUrls"] = {"alpha": "redis://a:6379/0", "beta": "redis://b.ext:6379/0",
+                                                  "gamma": "redis://b.ext:6379/1"}  # a Redis of the user's: theirs
+    load_spec_data(doc)

@@ -15,29 +15,15 @@ selector cannot change in place, so an L2 Redis rendered before this label is re
 
 from __future__ import annotations
 
-import ipaddress
 from urllib.parse import urlsplit
 
 from fleetserve.k8s.context import REDIS_PORT, Context
 from fleetserve.k8s.labels import MAX_STATEFULSET_NAME, REDIS_LABEL, TENANT_LABEL, dns_name, env_name, label_value
 from fleetserve.k8s.security import restricted_redis
 from fleetserve.kvcache.tiers import split_credentials
+from fleetserve.spec.endpoint import rendered_tenant_service
 
 PASSWORD_ENV = "REDIS_PASSWORD"
-
-
-def rendered_tenant_service(url: str) -> str | None:
-    """The Service a tenant URL names for the render to deploy (a bare host), or None for a Redis of the user's."""
-    if url.startswith("rediss://"):  # TLS: a Redis of the user's own (the rendered one speaks plain redis://)
-        return None
-    host = urlsplit(url).hostname or ""
-    if not host or "." in host or host == "localhost":
-        return None
-    try:
-        ipaddress.ip_address(host)
-        return None
-    except ValueError:
-        return host
 
 
 L2_ENGINES = ("builtin", "vllm")  # engines wired to a Redis L2 (vLLM through LMCache); SGLang's HiCache is not

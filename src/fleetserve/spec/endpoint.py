@@ -7,6 +7,7 @@ auth. Every component reads its section from here; nothing else carries configur
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from typing import Annotated, Any, Literal
@@ -662,6 +663,22 @@ def redis_url_problem(url: str) -> None:
         raise ValueError(f"{url!r}: the database after the host is a number (redis://host:6379/0), got {db!r}")
 
 
+def rendered_tenant_service(url: str) -> str | None:
+    """The Service a tenant URL names for the render to deploy (a bare host), or None for a Redis of the user's."""
+    if url.startswith("rediss://"):  # TLS: a Redis of the user's own (the rendered one speaks plain redis://)
+        return None
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    if not host or "." in host or host == "localhost":
+        return None
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        return host
+
+
 class L2Section(SpecModel):
     enabled: bool = False
     backend: Literal["redis"] = "redis"
@@ -688,6 +705,16 @@ class L2Section(SpecModel):
                 redis_url_problem(url)
             except ValueError as exc:
                 raise ValueError(f"tenantUrls[{tenant}]: {exc}") from None
+        named: dict[str, str] = {}
+        for tenant, url in sorted(value.items()):  # `render k8s` deploys a bare host's Redis for its tenant
+            service = rendered_tenant_service(url)
+            if service and service.lower() in named:
+                raise ValueError(f"tenantUrls[{tenant}]: names the Redis {service!r} that tenantUrls"
+                                 f"[{named[service.lower()]}] names too; a tenant's own Redis is its alone (on "
+                                 "Kubernetes a bare host is a Redis rendered for that tenant): give each tenant its "
+                                 "own host, or a Redis of yours by a host with a dot")
+            if service:
+                named[service.lower()] = tenant
         return value
 
 
@@ -1187,6 +1214,19 @@ class Endpoint(SpecModel):
     @property
     def served_model_name(self) -> str:
         return self.spec.model.name or self.metadata.name
+
+    @model_validator(mode="after")
+    def _tenant_redis_not_ours(self) -> Endpoint:
+        """A tenant's Redis rendered under a name of the endpoint's own Services (`NAME-router`) made two objects of
+        one name: `render k8s` refused it naming files, after `validate` passed it."""
+        name = self.metadata.name
+        for tenant, url in sorted(self.spec.kv_cache.l2.tenant_urls.items()):
+            service = (rendered_tenant_service(url) or "").lower()
+            if service == name or service.startswith(f"{name}-"):
+                raise ValueError(f"spec.kvCache.l2.tenantUrls[{tenant}]: the host {service!r} is named like this "
+                                 f"endpoint's own Services ({name}, {name}-...), which a tenant's Redis rendered on "
+                                 "Kubernetes would clash with; name it otherwise")
+        return self
 
     @model_validator(mode="after")
     def _served_name_agrees(self) -> Endpoint:
