@@ -70,8 +70,11 @@ EXIT_PORT_TAKEN = 98  # errno's EADDRINUSE: the supervisor moves the replica to 
 def bind_port(host: str, port: int) -> socket.socket:
     """The engine's listening address, bound now (it listens once the server starts); exit `EXIT_PORT_TAKEN` with
     the cause in the log when another process has it."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                         flags=socket.AI_PASSIVE)[0]
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:  # uvicorn had said it in a line; a traceback is no answer
+        _cannot_listen(host, port, exc.strerror or str(exc))
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT port is free
     try:
@@ -79,11 +82,35 @@ def bind_port(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         if exc.errno != errno.EADDRINUSE:
-            raise
-        logging.getLogger(__name__).error("cannot listen on %s:%d: address already in use (another process has "
-                                          "the port)", host, port)
-        sys.exit(EXIT_PORT_TAKEN)
+            _cannot_listen(host, port, exc.strerror or str(exc))  # an address not this machine's
+        _port_taken(host, port)
+    # held alone until it listens: while both have SO_REUSEADDR, Linux lets another socket bind the same port (a
+    # server of any kind sets it), and the one that listens first has it
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
     return sock
+
+
+def _cannot_listen(host: str, port: int, why: str):
+    logging.getLogger(__name__).error("cannot listen on %s:%d: %s", host, port, why)
+    sys.exit(1)
+
+
+def _port_taken(host: str, port: int):
+    logging.getLogger(__name__).error("cannot listen on %s:%d: address already in use (another process has the "
+                                      "port)", host, port)
+    sys.exit(EXIT_PORT_TAKEN)
+
+
+def _listen(sock: socket.socket, host: str, port: int) -> None:
+    """Listen on the socket `bind_port` held (exit `EXIT_PORT_TAKEN` if another took the port after all): uvloop
+    does not say a failed listen, and an engine had served nowhere, alive, its probes failing until its timeout."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.listen(2048)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        _port_taken(host, port)
 
 
 def serve(app, before_cut: Callable[[], None], orphan_grace: float | None = None,
@@ -92,6 +119,8 @@ def serve(app, before_cut: Callable[[], None], orphan_grace: float | None = None
     shutdown's end (see the module's docstring); with `orphan_grace`, ORPHAN_SIGNAL stops it with that grace;
     `sock`: the address `bind_port` took (else uvicorn binds `host` and `port`). Exits 1 when the server did not
     start, as uvicorn.run does."""
+    if sock is not None:
+        _listen(sock, config.get("host", ""), config.get("port", 0))
     server = _Server(uvicorn.Config(app, **config), before_cut, orphan_grace)
     try:
         server.run(sockets=[sock] if sock is not None else None)
