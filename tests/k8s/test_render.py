@@ -1590,3 +1590,19 @@ def test_endpoints_whose_namespace_and_name_join_alike_get_nodepools_of_their_ow
     first, second = pools("team-a", "chat"), pools("team", "a-chat")
     assert first and second and not first & second, (first, second)
     assert all(n.startswith("team-a-chat-") and len(n) <= 63 for n in first | second)
+
+
+def test_a_change_of_the_served_models_context_rolls_the_routers():
+    """At zero the router refuses what its cached model card's max_model_len cannot hold; on Kubernetes nothing
+    restarted it when the engines' context grew, and it refused at zero what the new engines take."""
+    def digest(change) -> str:
+        doc = copy.deepcopy(FULL)
+        change(doc["spec"])
+        rendered, _ = _objects(doc)
+        (router,) = _by(rendered, "Deployment", "chat-router")
+        return router["spec"]["template"]["metadata"]["annotations"]["fleetserve.io/model-config"]
+
+    same = digest(lambda s: None)
+    assert digest(lambda s: s["model"].update(contextLength=16384)) != same
+    assert digest(lambda s: s["engine"].update(args=["--enforce-eager"])) != same
+    assert digest(lambda s: s.update(replicas=5)) == same  # what leaves the card alone rolls nothing

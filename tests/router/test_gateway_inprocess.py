@@ -847,3 +847,37 @@ def test_at_zero_a_request_no_context_of_the_served_model_holds_is_a_400_once_a_
     for request, given in held:
         out, waited = run_virtual(main(request, given))
         assert out.status == 200 and waited == pytest.approx(42.0), out.body
+
+
+def test_a_replica_late_to_prove_itself_is_passed_over_for_the_request_but_not_taken_out():
+    """A challenge on a fresh connection answered late (a burst) had taken a working replica out as unreachable."""
+    from fleetserve.router.upstream import Impostor, Unproven
+
+    async def main(error):
+        gw, _ = gateway({A: [error], B: [FakeResponse(200, [OK])]})
+        gw.set_backends([A, B], ready={A, B})
+        out = Recorder()
+        await gw.handle(chat(), out)
+        return out.status, gw.pool.backends["10.0.0.1:8000"].healthy
+
+    assert run_virtual(main(Unproven("late"))) == (200, True)  # the other replica answered; this one stays in
+    assert run_virtual(main(Impostor("another process"))) == (200, False)  # what is not the replica goes out
+
+
+def test_a_head_at_zero_never_wakes_the_fleet():
+    """An uptime monitor's HEAD /v1/models (a 405 before the router took HEAD) waited in the scale-from-zero buffer
+    when the router knows no served name (LoRA, external engines), and woke the fleet every time (found in review):
+    a 503 at once; with the served names the router answers it itself, as GET."""
+    async def main(models: tuple[str, ...]):
+        loop = asyncio.get_running_loop()
+        gw, up = gateway({A: [FakeResponse(200, [b'{"data": []}'])]}, clock=loop.time, buffer_timeout=600.0,
+                         served_models=models)
+        backend = gw.pool.backends["10.0.0.1:8000"]
+        backend.healthy = False
+        gw.pool._signal()
+        out, started = Recorder(), loop.time()
+        await gw.handle(Request("HEAD", "/v1/models", b"", [], b"", ("127.0.0.1", 1), "1.1", True), out)
+        return out.status, loop.time() - started, gw.gate.pending
+
+    assert run_virtual(main(())) == (503, 0.0, 0)
+    assert run_virtual(main(("m",))) == (200, 0.0, 0)

@@ -341,3 +341,67 @@ def test_a_fresh_connection_carries_a_request_only_after_the_replica_proves_its_
 
     run(main())
 
+
+
+def test_a_challenge_answered_late_or_a_backend_moved_mid_connect_never_lets_a_request_through_unproved():
+    """Found in review: (1) a challenge answered after the client's connect timeout had taken a working replica out
+    as unreachable (a burst makes health answers late); it is `Unproven` now, which the dispatcher retries elsewhere
+    without taking the replica out, and its wait is at least the probes'. (2) The identity was looked up after the
+    connect: a supervisor's push that moved the backend meanwhile let the request, token included, go unproved."""
+    from fleetserve.router.pool import BackendPool
+    from fleetserve.router.upstream import Unproven
+
+    async def main():
+        behaviour, seen = _prover(None)  # proves nothing: an impostor, or a replica not answering its challenge
+        server, url = await serve(behaviour)
+        pool = BackendPool([url], timeout=0.2)
+        pool.set_backends([url], instances={url: "secret"})
+        client = Upstream(connect_timeout=0.1, read_timeout=5, headers={"authorization": "Bearer internal"})
+        pool.client = client
+        assert client.proof_timeout == 0.2  # the probes' wait, not the shorter connect timeout
+        connect = client._connect
+
+        async def moved_while_connecting(origin):
+            conn = await connect(origin)
+            pool.set_backends(["http://127.0.0.1:1"], instances={"http://127.0.0.1:1": "new"})
+            return conn
+
+        client._connect = moved_while_connecting
+        with pytest.raises(Unreachable):
+            await client.request(url, "POST", "/v1/completions", body=b"{}")
+        assert [r.split(b"\r\n", 1)[0] for r in seen] == [b"GET /health HTTP/1.1"]  # the challenge alone
+        client._connect = connect
+
+        async def late(reader, writer):  # the challenge read, no answer within the wait
+            await read_request(reader)
+            await asyncio.sleep(1)
+            writer.close()
+
+        slow, slow_url = await serve(late)
+        client.identity = lambda base: ("secret", "/health")
+        with pytest.raises(Unproven):
+            await client.request(slow_url, "POST", "/v1/completions", body=b"{}")
+        for s in (server, slow):
+            s.close()
+
+    run(main())
+
+
+def test_a_new_start_of_a_replica_closes_the_idle_connections_to_the_one_before():
+    from fleetserve.router.pool import BackendPool
+
+    async def main():
+        behaviour, seen = _prover("first")
+        server, url = await serve(behaviour)
+        pool = BackendPool([url])
+        pool.set_backends([url], instances={url: "first"})
+        client = Upstream(read_timeout=5)
+        pool.client = client
+        await (await client.request(url, "POST", "/v1/completions", body=b"{}")).body()
+        assert len(client.origin(url).idle) == 1
+        pool.set_backends([url], instances={url: "second"})
+        assert not client.origin(url).idle
+        await client.aclose()
+        server.close()
+
+    run(main())

@@ -18,6 +18,7 @@ which the operator keeps current and the router re-reads (`--failing-file`; k8s/
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 
 from fleetserve.api.internal import router_trust_args
@@ -111,6 +112,20 @@ ROUTER_CPU = "500m"  # one worker: an event loop, mostly waiting on sockets
 ROUTER_MEMORY_MI = 256  # per worker process: Python, the app, the prefix index and the metrics
 
 
+MODEL_CONFIG_ANNOTATION = "fleetserve.io/model-config"
+
+
+def model_config_digest(ctx: Context) -> str:
+    """What decides the served model's card (its `max_model_len` above all): the router refuses at zero what that
+    card's context cannot hold (router/served.py), so a change rolls the routers, which read the card again from
+    the new engines (a longer context had still been refused at zero by the routers' old card)."""
+    spec = ctx.endpoint.spec
+    model = spec.model
+    parts = [model.source, model.revision or "", str(model.context_length or ""), spec.engine.image or "",
+             *spec.engine.args]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
 def router_deployment(ctx: Context) -> dict:
     spec = ctx.endpoint.spec
     scheme = "HTTPS" if spec.tls.enabled else "HTTP"
@@ -175,7 +190,8 @@ def router_deployment(ctx: Context) -> dict:
         "spec": {
             "replicas": ctx.options.router_replicas,
             "selector": {"matchLabels": ctx.selector("router")},
-            "template": {"metadata": {"labels": ctx.labels("router")}, "spec": pod_spec},
+            "template": {"metadata": {"labels": ctx.labels("router"), "annotations": {
+                MODEL_CONFIG_ANNOTATION: model_config_digest(ctx)}}, "spec": pod_spec},
         },
     }
 

@@ -29,7 +29,7 @@ from fleetserve.router.gate import Refused
 from fleetserve.router.policies import Choice, RouteRequest
 from fleetserve.router.pool import Backend
 from fleetserve.router.retry import backoff, busy, exclude, retry_after_seconds, retryable
-from fleetserve.router.upstream import Timeout, UpstreamError, UpstreamResponse
+from fleetserve.router.upstream import Timeout, Unproven, UpstreamError, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
@@ -226,8 +226,8 @@ class Dispatcher:
                 if model is not None:
                     model.failed(backend.label, 504)
                 return "stalled"
-            if exc.kind != "dropped":  # no connection: out until a probe passes. A drop may be this request's
-                # doing: the probes judge the replica
+            if exc.kind != "dropped" and not isinstance(exc, Unproven):  # no connection: out until a probe passes.
+                # A drop may be this request's doing, and a challenge answered late a burst's: the probes judge them
                 gw.mark_unreachable(backend, f"{exc.kind}: {exc}", getattr(exc, "refused", False))
             gw.request_failed(backend, exc.kind)
             if model is not None:

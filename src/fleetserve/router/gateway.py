@@ -221,6 +221,12 @@ class Gateway:
                 self._count_request(responder, "other", status)  # replicas, SageMaker's /ping) and scrapes are not
         elif request.method == "HEAD" and method == "GET":  # what GET answers, without its body (RFC 9110): the
             request.method = "GET"  # responder of a HEAD sends no body; a 405 had answered monitors' HEAD checks
+            if not self.settings.served_models and not self.pool.any_eligible():  # held, it would wake the fleet
+                # (the router answers the model paths itself at zero only when it knows the served names)
+                self.error(responder, 503, "no model replica is ready, and a HEAD request does not wake the fleet; "
+                                           "send GET to wait for one", "no_replica", [(b"retry-after", b"5")],
+                           path=request.path, request_id=self.request_id(request.headers))
+                return
             await self.proxy(request, responder)
         elif request.method != method:
             self.error(responder, 405, f"{request.method} {request.path}: method not allowed; use {method}",

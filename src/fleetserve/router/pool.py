@@ -157,6 +157,7 @@ class BackendPool:
         """The gateway hands over its pooled client: its fresh connections prove the replica as the probes do."""
         self._client = client
         client.identity = self.expected_identity
+        client.proof_timeout = max(getattr(client, "proof_timeout", 0.0), self.timeout)  # no shorter than a probe
 
     def expected_identity(self, base_url: str) -> tuple[str, str] | None:
         """(secret, health path) that the process answering `base_url` must prove on each fresh connection before
@@ -185,6 +186,8 @@ class BackendPool:
             instance = (instances or {}).get(url)
             now_ready = url in (ready or set())
             if instances is not None and instance != backend.instance:
+                if backend.instance is not None:  # what its idle connections reach is the start before this one
+                    self._client.forget_idle(backend.url)
                 backend.instance, backend.successes = instance, 0  # another start: its own probes count, and
                 if not now_ready and backend.healthy:  # until they pass it takes nothing (a replica the router's
                     backend.healthy, backend.last_error = False, "restarting (a new process)"  # probes had taken in

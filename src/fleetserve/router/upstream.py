@@ -53,6 +53,12 @@ class Impostor(Unreachable):
     after a crash): nothing was sent to it but the challenge."""
 
 
+class Unproven(Unreachable):
+    """The challenge on a fresh connection went unanswered in time (a replica busy with a burst answers its health
+    path late): nothing was sent, and another replica may take the request, but this one is not taken out for it
+    (its probes judge it)."""
+
+
 class Dropped(UpstreamError):
     kind = "dropped"
 
@@ -360,6 +366,7 @@ class Upstream:
         # base URL -> (secret, health path) of the process that must answer there, or None (any process): set by
         # the backend pool (BackendPool.expected_identity)
         self.identity: Callable[[str], tuple[str, str] | None] | None = None
+        self.proof_timeout = connect_timeout  # the pool makes it at least its probes' timeout
 
     def origin(self, base_url: str) -> _Origin:
         origin = self._origins.get(base_url)
@@ -382,11 +389,18 @@ class Upstream:
                 return await self._exchange(conn, head, body, timeout, between)
             except (Unreachable, Dropped):
                 pass  # most likely closed as idle just as the request went out: once more, on a fresh connection
-        conn = await self._connect(origin)
+        # looked up before connecting: a backend the set dropped meanwhile is still proved as the one it was
         expected = self.identity(base_url) if self.identity is not None else None
+        conn = await self._connect(origin)
         if expected is not None:
             await self._prove(conn, *expected)
         return await self._exchange(conn, head, body, timeout, between)
+
+    def forget_idle(self, base_url: str) -> None:
+        """Close the idle connections to `base_url` (another start of the replica there: what they reach is not it)."""
+        origin = self._origins.get(base_url)
+        while origin is not None and origin.idle:
+            origin.idle.popleft().abort()
 
     def abandon(self, base_url: str, why: str) -> int:
         """Cut the requests under way to a replica that have had no body byte yet (its probes took it out: it
@@ -504,11 +518,11 @@ class Upstream:
                           credentials=False)
         conn.proving = True
         try:
-            response = await self._exchange(conn, head, b"", self.connect_timeout, self.connect_timeout)
+            response = await self._exchange(conn, head, b"", self.proof_timeout, self.proof_timeout)
             raw = await response.body()
         except UpstreamError as exc:
             conn.abort()
-            raise Unreachable(f"{origin.host}:{origin.port} did not answer its identity challenge: {exc}") from None
+            raise Unproven(f"{origin.host}:{origin.port} did not answer its identity challenge: {exc}") from None
         finally:
             conn.proving = False
         try:
@@ -516,7 +530,7 @@ class Upstream:
         except ValueError:
             data = None
         if conn.closed:
-            raise Unreachable(f"{origin.host}:{origin.port} closed the connection after its identity challenge")
+            raise Unproven(f"{origin.host}:{origin.port} closed the connection after its identity challenge")
         if not answered_by(data, secret, challenge):
             conn.abort()
             raise Impostor(f"{origin.host}:{origin.port} is answered by another process than the replica's "
