@@ -122,6 +122,9 @@ def test_profile_command_measures_the_tiny_model(tmp_path):
     assert {(d["batch"], d["context"]) for d in m["decode"]} >= {(1, 64), (4, 64)}
     assert all(p["seconds"] > 0 for p in m["prefill"]) and all(d["step_s"] > 0 for d in m["decode"])
     assert data["load_s"] > 0 and data["cache_blocks"] == (512 << 20) // (data["kv_bytes_per_token"] * 256)
+    # the cold start is an engine process's, start to /health 200: the model's load is a part of it (the load alone
+    # had verify pass a scale-from-zero spec whose live cold starts took twice as long)
+    assert data["load_s"] == m["load_s"] > 0 and m["model_load_s"] > 0
     profile = load_profile_file(out)  # what the simulator builds from the file
     assert profile.prefill_time(128) > 0 and profile.decode_time(4, 256) > 0
     assert profile.max_batch == 6  # the engine's limit, not the largest batch measured (--batches 1,4 set 4)
