@@ -499,3 +499,44 @@ def test_a_lead_of_part_of_a_minute_raises_the_floor_as_early_as_kubernetes_does
     assert policy.schedule_lead == 120
     noon = datetime(2026, 12, 7, 12, 0, tzinfo=UTC).timestamp()
     assert policy.floor(noon - 119) == 2 and policy.floor(noon - 121) == 0
+
+
+def test_requests_routed_between_polls_hold_off_the_cooldown_to_zero_but_never_wake_a_fleet():
+    """One short request every 7 s, none in flight at most 2 s polls: the fleet went to zero every cooldownPeriod
+    (20 s) and the next request waited for a cold start, five times in 150 s (found in a black-box pass). Requests
+    routed since the last poll are activity; at zero nothing is routed, and what waits there is `pending`."""
+    from fleetserve.autoscale.policy import ScalingMetrics, ScalingPolicy, ScalingState, Trigger, decide
+
+    policy = ScalingPolicy(min_replicas=0, max_replicas=3, cooldown=20.0, initial_cooldown=0.0,
+                           triggers=(Trigger("concurrency", 2.0),))
+    state = ScalingState.initial(policy, 1, 0.0)
+    for t in range(2, 150, 2):  # a request routed every 7 s, never in flight at a poll
+        routed = 1 if t % 7 in (0, 1) else 0
+        decision = decide(policy, state, ScalingMetrics((0.0,), 0, routed), float(t))
+        state = decision.state
+        assert decision.desired == 1, (t, decision.reason)
+    zero_at = None
+    for t in range(150, 200, 2):  # then silence: zero after cooldownPeriod from the last routed request (147 s)
+        decision = decide(policy, state, ScalingMetrics((0.0,), 0, 0), float(t))
+        state = decision.state
+        if decision.desired == 0 and zero_at is None:
+            zero_at = t
+            assert "no activity" in decision.reason
+    assert zero_at == 168
+    # at zero, a count of routed requests (a stale reading) wakes nothing; a held request does
+    assert decide(policy, state, ScalingMetrics((0.0,), 0, 5), 300.0).desired == 0
+    assert decide(policy, state, ScalingMetrics((0.0,), 1, 0), 300.0).desired == 1
+
+
+def test_the_routers_load_report_gives_the_requests_routed_since_the_last_poll():
+    from fleetserve.autoscale.policy import ScalingPolicy, Trigger
+    from fleetserve.autoscale.signals import metrics_from_load
+
+    policy = ScalingPolicy(min_replicas=0, triggers=(Trigger("concurrency", 2.0),))
+    load = {"pending": 0, "in_flight": 0, "waiting": 0, "requests_total": 10, "routed_total": 12, "ttft_p95_ms": 0}
+    first, reading = metrics_from_load(policy, load, None, 0.0)
+    assert first.routed == 0  # nothing to compare with yet
+    second, _ = metrics_from_load(policy, {**load, "requests_total": 13, "routed_total": 16}, reading, 2.0)
+    assert second.routed == 4 and second.values == (0.0,)
+    third, _ = metrics_from_load(policy, None, reading, 4.0)  # an unread report: no activity claimed
+    assert third.routed == 0

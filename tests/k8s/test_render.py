@@ -140,6 +140,12 @@ def test_scaled_object_equals_the_live_policy():
     so = _by(_objects(workers)[0], "ScaledObject")[0]
     (held,) = [t["metadata"] for t in so["spec"]["triggers"] if t["name"] == "activation-pending"]
     assert held["threshold"] == str(100 * 4 * RenderOptions().router_replicas)  # every worker's buffer
+    # requests routed in the window are activity, as locally (one short request every few seconds had the fleet go
+    # to zero and cold-start over and over): a trigger that is active then, and never asks for a second replica
+    routed = trig["activity-routed"]
+    assert "increase(fleetserve_router_routing_decisions_total{" in routed["metadata"]["query"]
+    assert routed["metadata"]["activationThreshold"] == "0" and routed["metricType"] == "AverageValue"
+    assert float(routed["metadata"]["threshold"]) >= 1e9
     cron = trig["floor-day"]["metadata"]
     assert cron == {"timezone": "Europe/Berlin", "start": "55 8 * * 1-5", "end": "0 18 * * 1-5",
                     "desiredReplicas": "2"}
@@ -768,7 +774,8 @@ def test_a_lost_router_scrape_is_a_failure_not_an_idle_fleet(metric, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     (so,) = _by(render(loaded.endpoint), "ScaledObject", "chat-engine-t0")
     ignore = {t["name"]: t["metadata"]["ignoreNullValues"] for t in so["spec"]["triggers"] if t["type"] == "prometheus"}
-    assert ignore == {"t0-concurrency": "false", "t1-prometheus": "true", "activation-pending": "false"}
+    assert ignore == {"t0-concurrency": "false", "t1-prometheus": "true", "activation-pending": "false",
+                      "activity-routed": "false"}
 
 
 @pytest.mark.skipif(__import__("shutil").which("promtool") is None, reason="promtool not installed")

@@ -3,7 +3,8 @@
 KEDA semantics in one function, so that the live controller, the simulator and the Kubernetes rendering
 share it:
 - activation (0<->1): a trigger is active when its value is strictly greater than its activationTarget, or
-  when requests are buffered at the router; scale to 0 only after `cooldownPeriod` without activity (its
+  when requests are buffered at the router; requests routed to replicas since the last poll are activity too
+  (they keep a serving fleet from zero, never wake one); scale to 0 only after `cooldownPeriod` without activity (its
   countdown starts no earlier than `initialCooldownPeriod` after creation) and only when no floor holds. A
   time-of-day floor counts as activity while it holds, as KEDA's cron trigger (which renders it) is active
   to its window's end: the countdown to zero starts when the window closes, not at the last request before
@@ -122,6 +123,10 @@ class ScalingMetrics:
 
     values: tuple[float | None, ...]
     pending: int = 0
+    # requests sent to replicas since the last poll: a fleet serving is active, even when no request is in flight
+    # at the poll itself (one short request every few seconds had it go to zero and cold-start over and over);
+    # never a reason to wake from zero (at zero nothing is routed: what waits there is `pending`)
+    routed: int = 0
 
 
 @dataclass(frozen=True)
@@ -258,7 +263,7 @@ def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, 
              if v is not None and v > t.activation_target]
     active = metrics.pending > 0 or bool(fired)
     held = floor > policy.min_replicas  # a schedule window is open (KEDA: its cron trigger is active)
-    last_active = now if active or held else state.last_active
+    last_active = now if active or held or metrics.routed > 0 else state.last_active
     state = replace(state, failures=failures, last_active=last_active)
     current = state.current
 

@@ -17,6 +17,7 @@ from fleetserve.autoscale.policy import ScalingMetrics, ScalingPolicy
 class LoadReading:
     at: float
     requests_total: int
+    routed_total: int = 0
 
 
 def query_prometheus(server: str, query: str, timeout: float = 5.0) -> float | None:
@@ -47,7 +48,7 @@ def metrics_from_load(
 ) -> tuple[ScalingMetrics, LoadReading | None]:
     """Trigger values in the policy's order; `queries[i]` is (server, query) for prometheus triggers."""
     values: list[float | None] = []
-    reading = LoadReading(now, int(load["requests_total"])) if load else None
+    reading = LoadReading(now, int(load["requests_total"]), int(load.get("routed_total", 0))) if load else None
     for i, trig in enumerate(policy.triggers):
         if trig.metric == "prometheus":
             server, query = queries[i] if i < len(queries) and queries[i] else ("", "")
@@ -68,4 +69,5 @@ def metrics_from_load(
         elif trig.metric == "ttft_p95":
             values.append(float(load["ttft_p95_ms"]))
     pending = int(load["pending"]) if load else 0
-    return ScalingMetrics(tuple(values), pending), reading or previous
+    routed = max(0, reading.routed_total - previous.routed_total) if reading and previous else 0
+    return ScalingMetrics(tuple(values), pending, routed), reading or previous

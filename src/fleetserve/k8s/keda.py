@@ -12,7 +12,8 @@
   lead), end, timezone, desiredReplicas; a cron trigger is active for its whole window, so cooldownPeriod
   counts from its end, as `decide` counts an open window as activity;
 - requests pending at zero activate -> a prometheus trigger on fleetserve_router_pending_requests with
-  activationThreshold 0.
+  activationThreshold 0; requests routed to replicas in the rate window are activity (the cooldown to zero waits
+  for them) -> a trigger on fleetserve_router_routing_decisions_total, activationThreshold 0.
 
 The built-in metrics are read from the router, as the live controller reads the router's /admin/load:
 concurrency = requests in flight at the engines + held at the router; queue_depth = engines' waiting
@@ -38,6 +39,7 @@ from fleetserve.router.invocations import INVOCATIONS_PATH
 
 PENDING_METRIC = "fleetserve_router_pending_requests"
 QUEUED_METRIC = "fleetserve_router_queued_requests"  # requests waiting for a replica slot (requestLimits)
+ACTIVITY_THRESHOLD = 1e9  # the activity trigger's: ceil(routed requests / this) is 1 whatever the traffic
 
 
 def _router_sel(ctx: Context) -> str:
@@ -190,6 +192,13 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
         router = ctx.endpoint.spec.router  # each worker of each router pod holds its own buffer
         most = max(1, router.buffer_size * max(1, router.workers) * max(1, ctx.options.router_replicas))
         out.append(_prometheus("activation-pending", server, _pending(ctx), most, 0.0, "average",
+                               ignore_null=False))
+        # requests routed to replicas in the window are activity, as the local controller counts them since its
+        # last poll (autoscale/policy.py): a fleet serving one short request every few seconds had no request in
+        # flight at most polls and went to zero and cold-started over and over. Never more than one replica (the
+        # threshold is out of any count's reach), and nothing at zero, where nothing is routed
+        routed = f"sum(increase(fleetserve_router_routing_decisions_total{{{_router_sel(ctx)}}}[{_window(ctx)}]))"
+        out.append(_prometheus("activity-routed", server, _or0(ctx, routed), ACTIVITY_THRESHOLD, 0.0, "average",
                                ignore_null=False))
     for i, window in enumerate(policy.schedule.windows):
         start = shift_earlier(window.start, policy.schedule_lead)

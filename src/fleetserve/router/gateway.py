@@ -185,6 +185,7 @@ class Gateway:
         self.scheme = "http"
         self.server_address: tuple[str, int] = ("127.0.0.1", 0)
         self.requests_total = 0
+        self.routed_total = 0  # requests sent to a replica (retries too): activity that holds off scale-to-zero
         self.access = AccessLog(access_log)  # the request lines, buffered (observe/logs.py)
         self.peers = None  # router/workers.py: the other worker processes on this port
         self._ttfb: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)
@@ -481,6 +482,7 @@ class Gateway:
         return FleetSnapshot(self.gate.views(), self.clock(), self.kv_index)
 
     def count_decision(self, branch: str) -> None:
+        self.routed_total += 1
         self._count(self.metrics.decisions, self.policy.name, branch)
 
     def request_failed(self, backend: Backend, error: str, server_error: bool = False) -> None:
@@ -541,6 +543,7 @@ class Gateway:
                   "waiting": sum(_engine_waiting(b) for b in pool) + self.gate.queued,
                   "queued": self.gate.queued,
                   "requests_total": self.requests_total,
+                  "routed_total": self.routed_total,
                   "ttft_p95_ms": self.ttft_p95_ms(),
                   "model_cards": sorted(self.model_cards),  # served names whose card a replica gave (for zero)
                   "backends": [{"url": b.url, "healthy": b.healthy, "draining": b.draining, "in_flight": b.in_flight,

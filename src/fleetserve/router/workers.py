@@ -129,7 +129,7 @@ class PeerBus:
             await asyncio.sleep(LOAD_EVERY_S)
             gw = self.gateway
             self._send({"t": "load", "w": self.index, "pending": gw.gate.pending, "queued": gw.gate.queued,
-                        "total": gw.requests_total,
+                        "total": gw.requests_total, "routed": gw.routed_total,
                         "p95": gw.ttft_p95_ms(),
                         "in_flight": {b.url: b.in_flight for b in gw.pool.backends.values()}})
 
@@ -184,6 +184,7 @@ class PeerBus:
         merged["queued"] = own["queued"] + others_queued
         merged["waiting"] = own["waiting"] + others_queued
         merged["requests_total"] = own["requests_total"] + sum(m["total"] for m in fresh)
+        merged["routed_total"] = own["routed_total"] + sum(m.get("routed", 0) for m in fresh)
         merged["ttft_p95_ms"] = max([own["ttft_p95_ms"]] + [m["p95"] for m in fresh])
         backends = []
         for b in own["backends"]:

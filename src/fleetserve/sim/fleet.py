@@ -164,6 +164,7 @@ class SimFleet:
         self.queue: collections.deque[Req] = collections.deque()
         self.requests: list[Req] = []
         self.arrived = 0
+        self.routed = 0  # requests sent to a replica (retries too), as the gateway's routed_total
         self.outstanding = 0
         self.ticks = 0  # control-loop rounds run (idle stretches are skipped: `_next_tick`)
         self._active_at = self.t0  # the last arrival, first token, completion or refusal
@@ -438,6 +439,7 @@ class SimFleet:
             self.queue.append(req)
             return
         rep = self._by_id[choice.replica.id]
+        self.routed += 1  # as the gateway's count_decision: the autoscaler's activity
         req.replica = rep
         req.prefill = choice.prefill_tokens
         if self.learns:
@@ -604,6 +606,7 @@ class SimFleet:
         # health bodies), plus the router's own queue, as /admin/load counts it
         return {"pending": len(self.buffer), "in_flight": sum(self.book.in_flight[r.id] for r in reps),
                 "waiting": sum(r.model.num_waiting for r in reps) + len(self.queue), "requests_total": self.arrived,
+                "routed_total": self.routed,
                 "request_rate": rate, "ttft_p95_ms": None}
 
     def _lagged_load(self) -> dict | None:
