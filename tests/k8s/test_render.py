@@ -1613,3 +1613,22 @@ def test_a_change_of_the_served_models_context_rolls_the_routers():
     assert digest(lambda s: s["model"].update(contextLength=16384)) != same
     assert digest(lambda s: s["engine"].update(args=["--enforce-eager"])) != same
     assert digest(lambda s: s.update(replicas=5)) == same  # what leaves the card alone rolls nothing
+
+
+def test_node_affinity_terms_a_nodepool_cannot_carry_are_said():
+    """(g5 AND zone a) OR (g6 AND zone b): each NodePool dropped the zones and the pairing, silently."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["placement"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [kind]},
+            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [zone]}]}
+            for kind, zone in (("g5.xlarge", "us-west-2a"), ("g6.xlarge", "us-west-2b"))]}}}
+    rendered, _ = _objects(doc)
+    said = [w for w in rendered.warnings if "nodeSelectorTerms" in w.path]
+    assert len(said) == 1 and "alternatives" in said[0].message
+    engines = [o for o in rendered.objects if o["kind"] == "Deployment" and "engine" in o["metadata"]["name"]]
+    assert engines
+    for dep in engines:
+        terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert len(terms) == 2  # the pods keep both
