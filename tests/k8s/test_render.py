@@ -143,7 +143,7 @@ def test_scaled_object_equals_the_live_policy():
     # requests routed in the window are activity, as locally (one short request every few seconds had the fleet go
     # to zero and cold-start over and over): a trigger that is active then, and never asks for a second replica
     routed = trig["activity-routed"]
-    assert "increase(fleetserve_router_routing_decisions_total{" in routed["metadata"]["query"]
+    assert "increase(fleetserve_router_requests_routed_total{" in routed["metadata"]["query"]
     assert routed["metadata"]["activationThreshold"] == "0" and routed["metricType"] == "AverageValue"
     assert float(routed["metadata"]["threshold"]) >= 1e9
     cron = trig["floor-day"]["metadata"]

@@ -853,15 +853,20 @@ def test_a_replica_late_to_prove_itself_is_passed_over_for_the_request_but_not_t
     """A challenge on a fresh connection answered late (a burst) had taken a working replica out as unreachable."""
     from fleetserve.router.upstream import Impostor, Unproven
 
-    async def main(error):
-        gw, _ = gateway({A: [error], B: [FakeResponse(200, [OK])]})
+    async def main(error, times: int = 1):
+        gw, _ = gateway({A: [error] * times, B: [FakeResponse(200, [OK])] * times})
         gw.set_backends([A, B], ready={A, B})
-        out = Recorder()
-        await gw.handle(chat(), out)
-        return out.status, gw.pool.backends["10.0.0.1:8000"].healthy
+        statuses = []
+        for _ in range(times):
+            out = Recorder()
+            await gw.handle(chat(), out)
+            statuses.append(out.status)
+        backend = gw.pool.backends["10.0.0.1:8000"]
+        return set(statuses), backend.healthy, backend.breaker
 
-    assert run_virtual(main(Unproven("late"))) == (200, True)  # the other replica answered; this one stays in
-    assert run_virtual(main(Impostor("another process"))) == (200, False)  # what is not the replica goes out
+    # the other replica answered; this one stays in, and late answers never open its breaker (12 in a row had)
+    assert run_virtual(main(Unproven("late"), 12)) == ({200}, True, "closed")
+    assert run_virtual(main(Impostor("another process"))) == ({200}, False, "closed")  # not the replica: out
 
 
 def test_a_head_at_zero_never_wakes_the_fleet():
@@ -881,3 +886,18 @@ def test_a_head_at_zero_never_wakes_the_fleet():
 
     assert run_virtual(main(())) == (503, 0.0, 0)
     assert run_virtual(main(("m",))) == (200, 0.0, 0)
+
+
+def test_only_model_requests_routed_count_as_the_autoscalers_activity():
+    """Found in review: every proxied request counted, so a monitor polling GET /v1/models with a replica ready kept
+    the fleet from ever reaching zero."""
+    async def main():
+        gw, _ = gateway({A: [FakeResponse(200, [b'{"data": []}'])] * 3 + [FakeResponse(200, [OK])]})
+        gw.set_backends([A], ready={A})
+        for method in ("GET", "HEAD", "GET"):
+            await gw.handle(Request(method, "/v1/models", b"", [], b"", ("127.0.0.1", 1), "1.1", True), Recorder())
+        listed = gw.load_report()["routed_total"]
+        await gw.handle(chat(), Recorder())
+        return listed, gw.load_report()["routed_total"]
+
+    assert run_virtual(main()) == (0, 1)

@@ -405,3 +405,48 @@ def test_a_new_start_of_a_replica_closes_the_idle_connections_to_the_one_before(
         server.close()
 
     run(main())
+
+
+def test_a_proof_cut_short_never_leaves_an_unproved_connection_in_the_pool():
+    """Found in review: a request cancelled while its challenge's answer came (the client left) let the answer
+    complete later and the connection go to the idle pool unchecked: the next request, token included, went to
+    the impostor. And a squatter answering HTTP/1.0 with `connection: close` was classed late, not wrong."""
+    from fleetserve.router.upstream import Impostor
+
+    async def slow_body(reader, writer):
+        await read_request(reader)
+        body = b'{"status": "ok"}'
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body))
+        await writer.drain()
+        await asyncio.sleep(0.3)  # the body after the client gave up
+        writer.write(body)
+        await writer.drain()
+        while await read_request(reader) is not None:  # a request on it would be answered
+            writer.write(answer())
+            await writer.drain()
+        writer.close()
+
+    async def http10_squatter(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.0 200 OK\r\ncontent-type: text/html\r\nconnection: close\r\n\r\n<html></html>")
+        await writer.drain()
+        writer.close()
+
+    async def main():
+        server, url = await serve(slow_body)
+        client = Upstream(read_timeout=5)
+        client.identity = lambda base: ("secret", "/health")
+        task = asyncio.create_task(client.request(url, "POST", "/v1/completions", body=b"{}"))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.5)  # the answer's body has come by now
+        assert not client.origin(url).idle
+        squat, squat_url = await serve(http10_squatter)
+        with pytest.raises(Impostor):
+            await client.request(squat_url, "POST", "/v1/completions", body=b"{}")
+        for s in (server, squat):
+            s.close()
+
+    run(main())

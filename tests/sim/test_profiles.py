@@ -327,3 +327,15 @@ def test_a_profile_of_the_same_model_under_another_source_form_is_not_another_mo
     for same in ("catalog:smollm2-135m", "builtin:smollm2-135m", str(tmp_path / "models" / "smollm2-135m")):
         assert _profile_of_another_model(str(path), spec(same)) is None, same
     assert "was measured on" in _profile_of_another_model(str(path), spec("catalog:llama-3.1-8b-instruct"))
+
+
+def test_the_cold_start_measure_never_blocks_on_an_engine_that_writes_much(tmp_path, monkeypatch):
+    """Found in review: the engine's stderr went to a pipe read only after it exited; an engine writing more than
+    the pipe holds before it was ready (a long load's progress bar, a burst of warnings) blocked there, and the
+    profile failed "not ready" after its timeout."""
+    from fleetserve.analyze.measure import cold_start_s
+    from fleetserve.engine.tiny import create_tiny_model
+
+    model = create_tiny_model(tmp_path / "tiny", context_length=128)
+    monkeypatch.setenv("PYTHONVERBOSE", "1")  # every import said on stderr: far more than a pipe holds
+    assert 0 < cold_start_s(str(model), threads=1, timeout_s=240) < 240

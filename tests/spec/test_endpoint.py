@@ -730,7 +730,7 @@ def test_a_served_model_name_clients_can_send():
 
 @pytest.mark.parametrize("urls, said", [
     ({"alpha": "redis://shared:6379/0", "beta": "redis://shared:6379/1"}, "that tenantUrls[alpha] names too"),
-    ({"alpha": "redis://names-router:6379/0"}, "named like this endpoint's own Services"),
+    ({"alpha": "redis://names-router:6379/0"}, "one of this endpoint's own objects"),
 ])
 def test_tenant_redis_hosts_render_would_clash_on_are_refused_by_validate(urls, said):
     """validate passed both, then `render k8s` exited 2 naming two files: two tenants on one rendered Redis (no
@@ -746,5 +746,10 @@ def test_tenant_redis_hosts_render_would_clash_on_are_refused_by_validate(urls, 
     assert any("tenantUrls" in p.path + p.message and said in p.message for p in info.value.problems), \
         info.value.problems
     doc["spec"]["kvCache"]["l2"]["tenantUrls"] = {"alpha": "redis://a:6379/0", "beta": "redis://b.ext:6379/0",
-                                                  "gamma": "redis://b.ext:6379/1"}  # a Redis of the user's: theirs
+                                                  "gamma": "redis://b.ext:6379/1",  # a Redis of the user's: theirs
+                                                  "delta": "redis://names-acme:6379/0"}  # no name of ours
+    load_spec_data(doc)
+    doc["spec"]["kvCache"]["l2"]["tenantUrls"] = urls  # vLLM shares the one L2: nothing is rendered per tenant
+    doc["spec"]["engine"] = {"kind": "vllm", "gpus": 1}
+    doc["spec"]["model"] = {"source": "hf:org/m"}
     load_spec_data(doc)

@@ -21,6 +21,7 @@ real models; a random model's byte tokens often show nothing until the end: 0).
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import platform
@@ -188,6 +189,8 @@ def measure(model: str, *, dtype: str = "auto", threads: int | None = None, max_
     c = np.array([d["context"] for d in decodes], dtype=float)
     db, ds, dc = nonneg_fit(np.column_stack([np.ones_like(b), b, b * c]), np.array([d["step_s"] for d in decodes]))
     measured_dtype, torch_threads = runner.dtype, torch.get_num_threads()
+    runner = None  # the engine process loads its own copy: a model that fits once need not fit twice
+    gc.collect()
     say("starting an engine process on it (the cold start) ...")
     cold_s = cold_start_s(str(path), dtype, threads)
     return {
@@ -220,21 +223,26 @@ def cold_start_s(path: str, dtype: str = "auto", threads: int | None = None, tim
     (the interpreter, imports, the tokenizer, the model's load, the server), the load alone being part of it."""
     import subprocess
     import sys
+    import tempfile
 
     import httpx
 
-    from fleetserve.fleet.process import free_port
+    from fleetserve.fleet.process import die_with_parent, free_port
 
     port = free_port()
     argv = [sys.executable, "-m", "fleetserve", "engine", "--model", path, "--port", str(port), "--dtype", dtype,
             *(["--threads", str(threads)] if threads else [])]
+    log = tempfile.TemporaryFile()  # never a pipe: an engine writing more than it holds would block there
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    # it dies with this process (a SIGTERMed profile had left it loading)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+                            preexec_fn=die_with_parent())
     try:
         while time.perf_counter() - start < timeout_s:
             if proc.poll() is not None:
+                log.seek(0)
                 raise MeasureInputError("--model", f"an engine process on it exited with code {proc.returncode}: "
-                                        f"{(proc.stderr.read() or b'').decode(errors='replace')[-500:]}")
+                                        f"{log.read().decode(errors='replace')[-500:]}")
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0, trust_env=False).status_code == 200:
                     return time.perf_counter() - start
@@ -245,7 +253,7 @@ def cold_start_s(path: str, dtype: str = "auto", threads: int | None = None, tim
     finally:
         proc.kill()
         proc.wait()
-        proc.stderr.close()
+        log.close()
 
 
 def first_text_tokens(runner, prompts: list[list[int]], tokens: int) -> list[int]:

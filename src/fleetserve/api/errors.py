@@ -72,6 +72,7 @@ def model_not_found(name: str, served) -> APIError:
 def engine_stopped() -> APIError:
     """What a request still under way gets when its engine's drain time (--drain-timeout) runs out at a stop: in a
     stream, an error event and [DONE], where the answer had been cut off mid-stream."""
-    return APIError(503, "the engine stopped (a restart, a scale-in or the fleet's stop) and its drain time "
-                         "(spec.engine.drainTimeoutSeconds; the engine's --drain-timeout when run alone) ran out "
-                         "before this answer finished; it is incomplete: retry", code="engine_stopping")
+    return APIError(503, "the engine stopped (a restart, a scale-in or the fleet's stop) and its drain time ran "
+                         "out before this answer finished (in a fleet spec.engine.drainTimeoutSeconds, at the "
+                         "fleet's stop the shorter of it and router.bufferTimeoutSeconds; an engine run alone: its "
+                         "--drain-timeout); it is incomplete: retry", code="engine_stopping")

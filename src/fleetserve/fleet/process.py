@@ -22,7 +22,7 @@ from pathlib import Path
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
+def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
     def arm() -> None:
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
@@ -106,7 +106,7 @@ class Child:
                 stderr=subprocess.STDOUT,
                 env={**{k: v for k, v in os.environ.items() if k not in self.env_drop}, **(self.env or {})},
                 process_group=0,
-                preexec_fn=_die_with_parent(self.death_signal),
+                preexec_fn=die_with_parent(self.death_signal),
                 close_fds=True,
             )
         finally:

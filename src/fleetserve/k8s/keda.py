@@ -13,7 +13,7 @@
   counts from its end, as `decide` counts an open window as activity;
 - requests pending at zero activate -> a prometheus trigger on fleetserve_router_pending_requests with
   activationThreshold 0; requests routed to replicas in the rate window are activity (the cooldown to zero waits
-  for them) -> a trigger on fleetserve_router_routing_decisions_total, activationThreshold 0.
+  for them) -> a trigger on fleetserve_router_requests_routed_total, activationThreshold 0.
 
 The built-in metrics are read from the router, as the live controller reads the router's /admin/load:
 concurrency = requests in flight at the engines + held at the router; queue_depth = engines' waiting
@@ -197,7 +197,7 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
         # last poll (autoscale/policy.py): a fleet serving one short request every few seconds had no request in
         # flight at most polls and went to zero and cold-started over and over. Never more than one replica (the
         # threshold is out of any count's reach), and nothing at zero, where nothing is routed
-        routed = f"sum(increase(fleetserve_router_routing_decisions_total{{{_router_sel(ctx)}}}[{_window(ctx)}]))"
+        routed = f"sum(increase(fleetserve_router_requests_routed_total{{{_router_sel(ctx)}}}[{_window(ctx)}]))"
         out.append(_prometheus("activity-routed", server, _or0(ctx, routed), ACTIVITY_THRESHOLD, 0.0, "average",
                                ignore_null=False))
     for i, window in enumerate(policy.schedule.windows):

@@ -109,6 +109,7 @@ class RouterMetrics:
         for reason in RETRY_REASONS:  # at 0 from the start, as model_errors_total: rate() sees a first burst
             self.retries.labels(reason)
         self.decisions = v.ROUTER_DECISIONS.make(r)
+        self.routed = v.ROUTER_REQUESTS_ROUTED.make(r)
         self.ejections = v.ROUTER_EJECTIONS.make(r)
         self.healthy = v.ROUTER_BACKEND_HEALTHY.make(r)
         self.in_flight = v.ROUTER_BACKEND_IN_FLIGHT.make(r)

@@ -193,6 +193,10 @@ ROUTER_TENANT_REQUESTS = _m("fleetserve_router_tenant_requests_total", "counter"
                             by=(ROUTER,))
 ROUTER_RETRIES = _m("fleetserve_router_retries_total", "counter", "Attempts moved to another replica", "router",
                     "attempts", ("reason",), by=(ROUTER,))
+ROUTER_REQUESTS_ROUTED = _m("fleetserve_router_requests_routed_total", "counter", "Model requests (the "
+                            "generation and SageMaker paths; a model listing is none) sent to a replica, retries "
+                            "included: activity that holds off scale-to-zero (the activity trigger on Kubernetes, "
+                            "/admin/load's routed_total locally)", "router", "requests", (), by=(ROUTER,))
 ROUTER_DECISIONS = _m("fleetserve_router_routing_decisions_total", "counter", "Routing decisions per policy and "
                       "branch", "router", "decisions", ("policy", "branch"), by=(ROUTER,))
 ROUTER_EJECTIONS = _m("fleetserve_router_ejections_total", "counter", "Replicas taken out of rotation by a "

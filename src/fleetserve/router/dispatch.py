@@ -123,7 +123,7 @@ class Dispatcher:
                 break
             if gw.peers is not None and route.blocks:
                 gw.peers.routed(choice.replica.id, route.blocks, route.exact_keys)  # other workers' indexes
-            gw.count_decision(choice.branch if not excluded else "retry")
+            gw.count_decision(choice.branch if not excluded else "retry", out.path)
             backend = gw.pool.get(choice.replica.id)
             tried[0] = True
             outcome = await self._try(backend, out, choice.prefill_tokens)
@@ -226,8 +226,11 @@ class Dispatcher:
                 if model is not None:
                     model.failed(backend.label, 504)
                 return "stalled"
-            if exc.kind != "dropped" and not isinstance(exc, Unproven):  # no connection: out until a probe passes.
-                # A drop may be this request's doing, and a challenge answered late a burst's: the probes judge them
+            if isinstance(exc, Unproven):  # its challenge answered late (a burst): nothing was sent, and nothing is
+                # held against it (not out, no breaker count): another replica takes the request, its probes judge it
+                return "unreachable"
+            if exc.kind != "dropped":  # no connection: out until a probe passes. A drop may be this request's
+                # doing: the probes judge the replica
                 gw.mark_unreachable(backend, f"{exc.kind}: {exc}", getattr(exc, "refused", False))
             gw.request_failed(backend, exc.kind)
             if model is not None:

@@ -93,6 +93,7 @@ def cross_site(headers: dict[bytes, bytes], host: bytes | None) -> bool:
 
 
 SANE_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # a client x-request-id that is not is replaced by ours
+ACTIVITY_PATHS = GENERATION_PATHS | {INVOCATIONS_PATH}  # what a request routed there keeps a fleet from zero
 MODEL_PATH_LABEL = "/v1/models/{model}"  # the request counter's label for any model card's path
 COUNTED_CONTROL = frozenset({401, 403, 404, 405})  # the control app's answers that are counted as requests
 
@@ -481,8 +482,12 @@ class Gateway:
     def snapshot(self) -> FleetSnapshot:
         return FleetSnapshot(self.gate.views(), self.clock(), self.kv_index)
 
-    def count_decision(self, branch: str) -> None:
-        self.routed_total += 1
+    def count_decision(self, branch: str, path: str = "") -> None:
+        """A routing decision; one for a model request (not a listing of models, which monitors poll) is activity
+        for the autoscaler too (`routed_total`)."""
+        if path in ACTIVITY_PATHS:
+            self.routed_total += 1
+            self.metrics.routed.inc()
         self._count(self.metrics.decisions, self.policy.name, branch)
 
     def request_failed(self, backend: Backend, error: str, server_error: bool = False) -> None:

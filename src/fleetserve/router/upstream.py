@@ -520,21 +520,28 @@ class Upstream:
         try:
             response = await self._exchange(conn, head, b"", self.proof_timeout, self.proof_timeout)
             raw = await response.body()
-        except UpstreamError as exc:
+        except Timeout as exc:  # late, not wrong: a replica busy with a burst answers its health path late
             conn.abort()
-            raise Unproven(f"{origin.host}:{origin.port} did not answer its identity challenge: {exc}") from None
+            raise Unproven(f"{origin.host}:{origin.port} did not answer its identity challenge in time: {exc}") \
+                from None
+        except UpstreamError as exc:  # cut or malformed: whatever is there is out of reach, as a refused connect
+            conn.abort()
+            raise Unreachable(f"{origin.host}:{origin.port} failed its identity challenge: {exc}") from None
+        except BaseException:  # cancelled (the client left): the answer must never land in the pool unchecked
+            conn.abort()
+            raise
         finally:
             conn.proving = False
         try:
             data = json.loads(raw)
         except ValueError:
             data = None
-        if conn.closed:
-            raise Unproven(f"{origin.host}:{origin.port} closed the connection after its identity challenge")
-        if not answered_by(data, secret, challenge):
+        if not answered_by(data, secret, challenge):  # closed after its answer or not, it is not the replica
             conn.abort()
             raise Impostor(f"{origin.host}:{origin.port} is answered by another process than the replica's "
                            "(another program bound its port)")
+        if conn.closed:  # the replica, closing the connection after its proof: the request needs another
+            raise Unproven(f"{origin.host}:{origin.port} closed the connection after its identity challenge")
 
     def _release(self, conn: _Connection) -> None:
         origin = conn.origin

@@ -705,16 +705,6 @@ class L2Section(SpecModel):
                 redis_url_problem(url)
             except ValueError as exc:
                 raise ValueError(f"tenantUrls[{tenant}]: {exc}") from None
-        named: dict[str, str] = {}
-        for tenant, url in sorted(value.items()):  # `render k8s` deploys a bare host's Redis for its tenant
-            service = rendered_tenant_service(url)
-            if service and service.lower() in named:
-                raise ValueError(f"tenantUrls[{tenant}]: names the Redis {service!r} that tenantUrls"
-                                 f"[{named[service.lower()]}] names too; a tenant's own Redis is its alone (on "
-                                 "Kubernetes a bare host is a Redis rendered for that tenant): give each tenant its "
-                                 "own host, or a Redis of yours by a host with a dot")
-            if service:
-                named[service.lower()] = tenant
         return value
 
 
@@ -1217,15 +1207,28 @@ class Endpoint(SpecModel):
 
     @model_validator(mode="after")
     def _tenant_redis_not_ours(self) -> Endpoint:
-        """A tenant's Redis rendered under a name of the endpoint's own Services (`NAME-router`) made two objects of
-        one name: `render k8s` refused it naming files, after `validate` passed it."""
+        """What `render k8s` would make two objects of one name, which it refused naming files after `validate`
+        passed it: two tenants on one bare host, or a tenant's bare host named as one of the endpoint's own objects.
+        A bare host names a Redis rendered for that tenant, for the built-in engine only (vLLM and SGLang share the
+        one L2: k8s/redis.py), so only then."""
+        if self.spec.engine.kind != "builtin":
+            return self
         name = self.metadata.name
+        ours = {name, *(f"{name}-{part}" for part in ("router", "engine", "engine-pods", "router-state", "redis"))}
+        named: dict[str, str] = {}
         for tenant, url in sorted(self.spec.kv_cache.l2.tenant_urls.items()):
             service = (rendered_tenant_service(url) or "").lower()
-            if service == name or service.startswith(f"{name}-"):
-                raise ValueError(f"spec.kvCache.l2.tenantUrls[{tenant}]: the host {service!r} is named like this "
-                                 f"endpoint's own Services ({name}, {name}-...), which a tenant's Redis rendered on "
-                                 "Kubernetes would clash with; name it otherwise")
+            if service in ours:
+                raise ValueError(f"spec.kvCache.l2.tenantUrls[{tenant}]: the host {service!r} is the name of one of "
+                                 "this endpoint's own objects on Kubernetes, where a bare host is a Redis rendered "
+                                 "for that tenant; name it otherwise")
+            if service in named:
+                raise ValueError(f"spec.kvCache.l2.tenantUrls[{tenant}]: names the Redis {service!r} that "
+                                 f"tenantUrls[{named[service]}] names too; a tenant's own Redis is its alone (on "
+                                 "Kubernetes a bare host is a Redis rendered for that tenant): give each tenant its "
+                                 "own host, or a Redis of yours by a host with a dot")
+            if service:
+                named[service] = tenant
         return self
 
     @model_validator(mode="after")
