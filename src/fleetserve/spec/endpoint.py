@@ -44,6 +44,8 @@ def _byte_count(value: object) -> object:
     if not _QUANTITY.match(text):
         raise ValueError(f"expected a number of bytes or a Kubernetes quantity (4Gi, 512Mi, 2G), got {value[:40]!r}")
     amount = quantity(text)
+    if not math.isfinite(amount):  # '1e400': int() of it had been an OverflowError, a traceback in validate
+        raise ValueError(f"{value[:40]!r} is too large to be a number of bytes")
     if amount != int(amount):
         raise ValueError(f"{value!r} is {amount:g} bytes: not a whole number of bytes")
     return int(amount)
