@@ -400,7 +400,8 @@ def test_byte_sizes_take_kubernetes_quantities_as_the_pods_they_size_do():
     assert loaded.kv_cache.l1.max_bytes == 4 << 30 and loaded.kv_cache.l2.max_bytes == 1_500_000_000
     assert loaded.observability.log_max_bytes == 10 << 20
     for value, said in [("'1500m'", "not a whole number of bytes"), ("'4 Gi'", "Kubernetes quantity (4Gi"),
-                        ("'1e400'", "too large"),
+                        ("'1e400'", "too large"), ("9Ei", "less than or equal to 9223372036854775807"),
+                        ("99999999999999999999", "less than or equal"),
                         ("true", "boolean"), ("0Gi", "greater than 0")]:
         (msg,) = problems(GOOD.replace("replicas: 2", f"replicas: 2\n  kvCache: {{l1: {{maxBytes: {value}}}}}"))
         assert msg.startswith("spec.kvCache.l1.maxBytes") and said in msg, msg

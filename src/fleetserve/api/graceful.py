@@ -22,6 +22,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
+from typing import NoReturn
 
 import uvicorn
 
@@ -90,12 +91,12 @@ def bind_port(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _cannot_listen(host: str, port: int, why: str):
+def _cannot_listen(host: str, port: int, why: str) -> NoReturn:
     logging.getLogger(__name__).error("cannot listen on %s:%d: %s", host, port, why)
     sys.exit(1)
 
 
-def _port_taken(host: str, port: int):
+def _port_taken(host: str, port: int) -> NoReturn:
     logging.getLogger(__name__).error("cannot listen on %s:%d: address already in use (another process has the "
                                       "port)", host, port)
     sys.exit(EXIT_PORT_TAKEN)

@@ -51,8 +51,10 @@ def _byte_count(value: object) -> object:
     return int(amount)
 
 
+# the most a Kubernetes quantity, Redis' maxmemory or a log size takes: a signed 64-bit integer
+MAX_BYTES = 2**63 - 1
 # bytes as a number or a quantity string; the CRD takes either (x-kubernetes-int-or-string)
-Bytes = Annotated[int, TakesQuantity(), BeforeValidator(_byte_count),
+Bytes = Annotated[int, TakesQuantity(), BeforeValidator(_byte_count), Field(le=MAX_BYTES),
                   WithJsonSchema({"x-kubernetes-int-or-string": True})]
 _LABEL_NAME = re.compile(r"(?=.{1,63}\Z)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")  # \Z: no newline at the end
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
