@@ -153,3 +153,28 @@ def test_a_completion_without_max_tokens_stops_at_16_as_openai_and_vllm_do(clien
     """It ran to the chat default (512, or the context): a client moved from OpenAI or vLLM got 30x the tokens."""
     r = client.completions.create(model="tiny", prompt="abc", extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 16 and r.choices[0].finish_reason == "length"
+
+
+def test_a_stream_whose_text_is_held_back_says_it_is_alive(tiny_model, tmp_path_factory):
+    """A random bytes-alphabet model decodes to incomplete UTF-8 for token after token: the engine held its text
+    back and sent nothing, and the router's stream idle timeout cut a stream that was generating. Held-back tokens
+    now send an SSE comment past `--stream-keepalive` (0 here: at each one), which the openai client skips."""
+    server = Server(["engine", "--model", str(tiny_model), "--served-model-name", "tiny", "--threads", "1",
+                     "--stream-keepalive", "0"], tmp_path_factory.mktemp("logs") / "keepalive.log").start()
+    try:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64,
+                "temperature": 1.0, "seed": 0, "ignore_eos": True}
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True},
+                          timeout=60) as r:
+            events = r.read().decode().split("\n\n")
+        assert events[0].startswith("data: {")  # an answer begins with a chunk, never with a comment
+        assert ": keep-alive" in events  # a byte-level random model holds text back (checked on this seed)
+        assert all(e.startswith("data: ") or e in (": keep-alive", "") for e in events), events
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        asked = {k: v for k, v in body.items() if k != "ignore_eos"}
+        whole = client.chat.completions.create(**asked, extra_body={"ignore_eos": True})
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            **asked, stream=True, extra_body={"ignore_eos": True}) if c.choices)
+        assert streamed == whole.choices[0].message.content
+    finally:
+        server.stop()

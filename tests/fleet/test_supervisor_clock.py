@@ -129,6 +129,7 @@ def test_a_drained_replica_is_stopped_at_its_deadline_and_its_engine_waits_no_lo
     sup, _, mono = make(1)
     cmd = sup._engine_command("r0", 8001, "local")
     assert float(cmd[cmd.index("--drain-timeout") + 1]) == ENGINE_STOP_GRACE_S
+    assert float(cmd[cmd.index("--stream-keepalive") + 1]) == 15  # under the router's 60 s stream idle timeout
     r = Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.READY, node="n0"), 9, "n0",
                 requested_at=mono(), child=StoppingChild(), started_at=mono())
     sup.replicas.append(r)

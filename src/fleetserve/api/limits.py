@@ -22,6 +22,15 @@ KEEP_ALIVE_S = 75
 # a stalled upload) is answered 408 and closed. Before, a partial request held its connection for ever: the idle
 # timer stops at the first byte. 60 s, as nginx's client_header_timeout and Node's headersTimeout.
 REQUEST_READ_S = 60
+# How often an engine's stream whose text is held back (incomplete UTF-8, a possible stop string) says it is alive
+# with an SSE comment: the router's stream idle timeout had cut such a stream while it generated
+STREAM_KEEPALIVE_S = 15.0
+
+
+def stream_keepalive_s(stream_idle_timeout_s: float) -> float:
+    """The keep-alive of an engine behind a router with this stream idle timeout: a third of it, so one late
+    comment is no cut."""
+    return min(STREAM_KEEPALIVE_S, stream_idle_timeout_s / 3)
 
 
 @dataclass(frozen=True)

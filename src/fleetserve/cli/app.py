@@ -408,7 +408,7 @@ def down(
 #: `fleetserve engine` options of the model engine that the simulated one has no use for, and the reverse
 MODEL_ENGINE_ONLY = ("engine_cache_bytes", "l1_bytes", "l2_url", "l2_password_file", "l2_tenant", "max_batch",
                      "prefill_chunk", "threads", "dtype", "max_tokens_default", "max_waiting", "revision",
-                     "orphan_drain", "kv_cache")
+                     "orphan_drain", "kv_cache", "stream_keepalive")
 SIMULATED_ONLY = ("cache_blocks", "speedup")
 
 
@@ -474,6 +474,12 @@ def engine(
         min=0, max=86400, help="Seconds in-flight requests may run on after SIGUSR1, which `fleetserve up` has the "
                                "kernel send when the fleet's supervisor dies (default: SIGUSR1 is not handled)")
                             ] = None,
+    stream_keepalive: Annotated[float, float_option(
+        min=0, max=3600, help="Seconds a stream whose text is held back (incomplete UTF-8, a possible stop string) "
+                              "may go without a chunk before an SSE comment goes out (0: at every such token): "
+                              "under the router's stream idle timeout (`up` passes a third of "
+                              "router.streamIdleTimeoutSeconds)")
+                            ] = 15.0,
 ) -> None:
     """Run the built-in engine: an OpenAI-compatible server for one model replica (or a simulated one)."""
     _check_log_format(log_format)
@@ -553,7 +559,8 @@ def engine(
                    l1_bytes=l1_bytes, l2_url=l2_url, max_batch=max_batch, prefill_chunk=prefill_chunk,
                    tenant_l2=tenant_l2, internal_token_file=internal_token_file, max_body_bytes=max_body_bytes,
                    max_header_bytes=max_header_bytes, l2_password_file=l2_password_file, log_format=log_format,
-                   log_prompts=log_prompts, drain_timeout=drain_timeout, orphan_drain=orphan_drain)
+                   log_prompts=log_prompts, drain_timeout=drain_timeout, orphan_drain=orphan_drain,
+                   stream_keepalive=stream_keepalive)
     except ModelSourceError as exc:
         raise fail(f"--model: {exc}", EXIT_USAGE) from None
 

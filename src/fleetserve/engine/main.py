@@ -7,7 +7,13 @@ import sys
 
 from fleetserve.api.graceful import bind_port, serve
 from fleetserve.api.internal import read_secret_file, read_token_file
-from fleetserve.api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES, KEEP_ALIVE_S, SizeLimits
+from fleetserve.api.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_HEADER_BYTES,
+    KEEP_ALIVE_S,
+    STREAM_KEEPALIVE_S,
+    SizeLimits,
+)
 from fleetserve.engine.runner import ModelRunner
 from fleetserve.engine.server import Engine, EngineSettings, build_app
 from fleetserve.engine.sources import resolve_source
@@ -106,6 +112,7 @@ def run_engine(
     log_prompts: bool = False,
     drain_timeout: float = 5.0,
     orphan_drain: float | None = None,
+    stream_keepalive: float = STREAM_KEEPALIVE_S,
 ) -> None:
     configure_logging(log_format, "engine" if log_format == "json" else f"engine[{replica}]", replica)
     if log_format == "json":
@@ -122,7 +129,7 @@ def run_engine(
         name, identity, max_tokens_default, max_waiting, runner.dtype, max_batch, prefill_chunk,
         size_limits=SizeLimits(max_body_bytes, max_header_bytes),
         internal_token=read_token_file(internal_token_file) if internal_token_file else None,
-        log_prompts=log_prompts))
+        log_prompts=log_prompts, stream_keepalive_s=stream_keepalive))
     if kv_cache:
         password = read_secret_file(l2_password_file) if l2_password_file else None
         attach_prefix_cache(engine, block_size, engine_cache_bytes, l1_bytes, l2_url, tenant_l2, password)

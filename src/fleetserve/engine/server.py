@@ -22,7 +22,7 @@ from starlette.routing import Route
 from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, until_disconnect
 from fleetserve.api.errors import APIError, engine_stopped, model_not_found
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
-from fleetserve.api.limits import SizeLimits
+from fleetserve.api.limits import STREAM_KEEPALIVE_S, SizeLimits
 from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
 from fleetserve.engine.budget import token_budget
@@ -38,6 +38,9 @@ access_log = logging.getLogger("fleetserve.engine.access")
 
 
 
+KEEPALIVE_EVENT = b": keep-alive\n\n"  # an SSE comment: clients skip it, the router relays it as any event
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     served_model_name: str
@@ -51,6 +54,9 @@ class EngineSettings:
     internal_token: str | None = None  # from the fleet: only its router may name a tenant or use the admin API
     tokenizer_threads: int = 2  # tokenizing runs here, never on the event loop
     log_prompts: bool = False  # the request line carries the prompt text (default: never)
+    # a stream whose tokens all decode to held-back text (incomplete UTF-8, a possible stop string) sends an SSE
+    # comment at least this often: the router's stream idle timeout had cut a stream that was generating
+    stream_keepalive_s: float = STREAM_KEEPALIVE_S
 
 
 class _Outcome:
@@ -330,16 +336,20 @@ class Engine:
         try:
             # Nothing is sent before the first token: until then the router may still retry elsewhere.
             opened = False
+            wrote = None  # when a chunk last went out; None: none yet (a keep-alive never begins an answer)
             async for event in self._events(job, started):
                 if not opened:
                     opened = True
-                    if chat:
-                        yield chunk(None, role=True)
-                    elif parsed.echo:
-                        yield chunk(self._echoed(parsed))
+                    if chat or parsed.echo:
+                        yield chunk(None, role=True) if chat else chunk(self._echoed(parsed))
+                        wrote = time.monotonic()
                 if event[0] == "token":
                     if event[1]:
                         yield chunk(event[1])
+                        wrote = time.monotonic()
+                    elif wrote is not None and time.monotonic() - wrote >= self.settings.stream_keepalive_s:
+                        yield KEEPALIVE_EVENT  # generating, its text held back: no silence the router cuts
+                        wrote = time.monotonic()
                     continue
                 _, finish, prompt_tokens, completion_tokens, cached = event
                 yield chunk(None, finish=finish)

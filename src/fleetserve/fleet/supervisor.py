@@ -37,7 +37,7 @@ import httpx
 
 from fleetserve.api.graceful import EXIT_PORT_TAKEN, ORPHAN_SIGNAL
 from fleetserve.api.internal import router_trust_args, write_token_file
-from fleetserve.api.limits import engine_body_limit, engine_header_limit
+from fleetserve.api.limits import engine_body_limit, engine_header_limit, stream_keepalive_s
 from fleetserve.autoscale.controller import Controller
 from fleetserve.autoscale.failing import STATIC_ZERO, UNPLACED, unplaced, why_failing
 from fleetserve.autoscale.policy import ScaleDecision, ScalingPolicy, ScalingState
@@ -687,6 +687,7 @@ class Supervisor:
             "--namespace", meta.namespace, "--instance-type", instance_type, "--replica", replica_id,
             "--threads", str(threads), "--dtype", spec.model.dtype, "--drain-timeout", str(ENGINE_STOP_GRACE_S),
             "--orphan-drain", str(spec.router_drain_seconds + ROUTER_EXIT_S),
+            "--stream-keepalive", f"{stream_keepalive_s(spec.router.stream_idle_timeout_seconds):g}",
         )
         if spec.model.context_length:
             cmd += ["--context-length", str(spec.model.context_length)]

@@ -22,7 +22,7 @@ import math
 import re
 from pathlib import PurePosixPath
 
-from fleetserve.api.limits import engine_body_limit, engine_header_limit
+from fleetserve.api.limits import engine_body_limit, engine_header_limit, stream_keepalive_s
 from fleetserve.capacity.catalog import Catalog
 from fleetserve.capacity.placement import (
     CAPACITY_TYPE_LABEL,
@@ -164,7 +164,8 @@ def _builtin_args(ctx: Context, model_path: str, instance_type: str) -> list[str
     args += ["--internal-token-file", f"{INTERNAL_TOKEN_DIR}/token",
              "--max-body-bytes", str(engine_body_limit(limits.max_body_bytes)),
              "--max-header-bytes", str(engine_header_limit(limits.max_header_bytes)),
-             "--drain-timeout", str(ctx.drain_seconds)]  # after SIGTERM: in-flight requests finish
+             "--drain-timeout", str(ctx.drain_seconds),  # after SIGTERM: in-flight requests finish
+             "--stream-keepalive", f"{stream_keepalive_s(spec.router.stream_idle_timeout_seconds):g}"]
     return args + list(spec.engine.args)
 
 
