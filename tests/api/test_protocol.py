@@ -16,8 +16,10 @@ def error_of(fn, body) -> APIError:
 DEEP = b'{"model": "m", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # 200 KB: a 500 (RecursionError)
 DEEP_AND_ODD = b'{"x": ' + b"[" * 1000 + b"]" * 1000 + b', "y": 1e400}'  # orjson refuses 1e400, the stdlib recursed
 
+LONG_INT = b'{"max_tokens": ' + b"9" * 5000 + b"}"  # past Python's 4,300-digit conversion limit: it was a 500
 
-@pytest.mark.parametrize("raw", [b"", b"{bad", b"[1, 2]", b"\xff\xfe", DEEP, DEEP_AND_ODD])
+
+@pytest.mark.parametrize("raw", [b"", b"{bad", b"[1, 2]", b"\xff\xfe", DEEP, DEEP_AND_ODD, LONG_INT])
 def test_malformed_json_is_400(raw):
     err = error_of(parse_json_body, raw)
     assert err.status == 400 and err.code == "invalid_json"
@@ -189,11 +191,13 @@ def test_each_bad_parameter_gets_the_openai_code_that_names_what_is_wrong(change
 
 
 def test_what_was_accepted_before_the_codes_were_sharpened_still_is():
-    """n=1.0 is 1; a legacy completions `logprobs` of 0 asks for none (it is a count there, 0-5)."""
-    parse_chat({**CHAT, "n": 1.0, "best_of": 1})
-    parse_completion({"model": "m", "prompt": "hi", "logprobs": 0})
-    err = error_of(parse_completion, {"model": "m", "prompt": "hi", "logprobs": 3})
-    assert (err.param, err.code) == ("logprobs", "unsupported_value")  # a count asks for them: refused, not a type
+    """n=1.0 is 1; a legacy completions `logprobs` count (0-5) asks for log probabilities, even 0 (the sampled
+    token's, as OpenAI and vLLM answer it: it had been answered with `logprobs: null`): refused, not a type."""
+    parse_chat({**CHAT, "n": 1.0, "best_of": 1, "logprobs": False, "top_logprobs": 0})
+    parse_completion({"model": "m", "prompt": "hi", "logprobs": None})
+    for count in (0, 3):
+        err = error_of(parse_completion, {"model": "m", "prompt": "hi", "logprobs": count})
+        assert (err.param, err.code) == ("logprobs", "unsupported_value"), count
     err = error_of(parse_chat, {**CHAT, "n": 2.0})
     assert (err.param, err.code) == ("n", "unsupported_value")
 

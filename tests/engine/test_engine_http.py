@@ -108,6 +108,42 @@ def test_malformed_json_and_unknown_path(tiny_engine):
     assert r.status_code == 404 and "error" in r.json()
 
 
+def test_an_engine_on_its_own_refuses_what_the_router_refuses(tiny_engine):
+    """An engine with no router in front (no internal token) took what a web page may send any address without
+    a preflight, answered a 5,000-digit number with a 500, redirected a trailing slash to the client's own Host
+    header, and logged two ERROR tracebacks for a client that left while sending its body."""
+    import socket
+    import time
+
+    url = tiny_engine.url + "/v1/chat/completions"
+    body = b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}'
+    for headers, status, code in [
+        ({"content-type": "text/plain"}, 415, "unsupported_media_type"),
+        ({"content-type": "application/json", "content-encoding": "gzip"}, 415, "unsupported_media_type"),
+        ({"content-type": "application/json", "sec-fetch-site": "cross-site"}, 403, "cross_site_request"),
+        ({"content-type": "application/json", "origin": "http://evil.example"}, 403, "cross_site_request"),
+    ]:
+        r = httpx.post(url, content=body, headers=headers, timeout=30)
+        assert (r.status_code, r.json()["error"]["code"]) == (status, code), headers
+    same_site = {"content-type": "application/json", "origin": tiny_engine.url, "sec-fetch-site": "same-origin"}
+    assert httpx.post(url, content=body, headers=same_site, timeout=30).status_code == 200
+    r = httpx.post(url, content=b'{"max_tokens": ' + b"9" * 5000 + b"}", timeout=30)
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_json")
+    r = httpx.post(url + "/", content=body, headers={"host": "evil.example"}, timeout=30)
+    assert r.status_code == 404 and "location" not in r.headers
+    logged = tiny_engine.log_path.stat().st_size
+    with socket.create_connection(("127.0.0.1", tiny_engine.port)) as sock:  # leaves after half its body
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"a\": 1")
+        time.sleep(0.3)
+
+    def since() -> str:
+        return tiny_engine.log_path.read_bytes()[logged:].decode(errors="replace")
+
+    wait_until(lambda: "status=499" in since() or "Traceback" in since(), 30, what="the engine to log the client")
+    assert "Traceback" not in since() and "ERROR" not in since(), since()
+
+
 def test_openai_client_raises_typed_errors(client):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])

@@ -23,6 +23,7 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
+from fleetserve.api.browser import scope_post_refusal
 from fleetserve.api.errors import APIError
 from fleetserve.api.limits import RequestSizeLimit, SizeLimits, send_error
 
@@ -109,6 +110,10 @@ class EngineGuard:
         if path.startswith("/admin/"):
             await send_error(send, APIError(403, "engine admin API: start the engine with --internal-token-file "
                                                  f"and send the token in {INTERNAL_HEADER}", code="forbidden"))
+            return
+        # an engine on its own (no router in front, which refuses these): a web page could drive it on loopback
+        if scope.get("method") == "POST" and (refused := scope_post_refusal(headers)) is not None:
+            await send_error(send, refused)
             return
         untrusted = [(k, v) for k, v in headers if k.lower() not in (TENANT_HEADER.encode(), INTERNAL_HEADER.encode())]
         await self.app({**scope, "headers": untrusted}, receive, send)

@@ -73,6 +73,9 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise APIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+        except ValueError:  # an integer of more digits than Python converts (4,300): it had been a 500
+            raise APIError(400, "request body has a number too long to read (more than 4,300 digits)",
+                           code="invalid_json") from None
         except RecursionError:
             raise APIError(400, TOO_DEEP, code="invalid_json") from None
     if not isinstance(body, dict):
@@ -158,7 +161,8 @@ def _sampling(body: dict) -> SamplingParams:
             raise invalid(name, f"only {name}=1 is supported by this engine, got {json.dumps(body[name])[:80]}",
                           "unsupported_value")
     # OpenAI's types first: "yes" or -1 is an error of the request, not a refusal. `logprobs` is a boolean in chat
-    # and a count (0-5) in the legacy completions API, where 0 asks for none
+    # and a count (0-5) in the legacy completions API, where even 0 asks for the sampled token's (OpenAI's "up to
+    # logprobs+1 elements", as vLLM answers it): it had been answered with `logprobs: null`
     logprobs = body.get("logprobs")
     if logprobs is not None and not isinstance(logprobs, bool) and not (isinstance(logprobs, int) and
                                                                           0 <= logprobs <= 5):
@@ -166,10 +170,10 @@ def _sampling(body: dict) -> SamplingParams:
                                   f"{json.dumps(logprobs)[:80]}", "invalid_value" if isinstance(logprobs, int)
                       else "invalid_type")
     _int(body, "top_logprobs", 0, 20)
-    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
-        name = "logprobs" if body.get("logprobs") not in (None, False, 0) else "top_logprobs"
-        raise invalid(name, "log probabilities are not supported by this engine; allowed: logprobs false (or "
-                            f"omitted) and top_logprobs 0, got {json.dumps(body[name])[:80]}", "unsupported_value")
+    if not (logprobs is None or logprobs is False) or body.get("top_logprobs") not in (None, 0):
+        name = "logprobs" if not (logprobs is None or logprobs is False) else "top_logprobs"
+        raise invalid(name, "log probabilities are not supported by this engine; allowed: logprobs false or "
+                            f"omitted, and top_logprobs 0, got {json.dumps(body[name])[:80]}", "unsupported_value")
     top_p = _number(body, "top_p", 0.0, 1.0, 1.0, above_lo=True)
     temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
     return SamplingParams(

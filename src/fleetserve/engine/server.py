@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -180,7 +180,12 @@ class Engine:
         m.model(m.invocations).inc()
         ctx = {"request_id": request.headers.get("x-request-id"), "kind": kind, "started": started}
         try:
-            body = parse_json_body(await request.body())
+            raw = await request.body()
+        except ClientDisconnect:  # gone while sending its body: no answer to give, and no error of ours (it had
+            self._log_request(ctx, 499)  # logged two tracebacks at ERROR)
+            return Response(status_code=499)
+        try:
+            body = parse_json_body(raw)
             if self.settings.log_prompts:
                 ctx["prompt"] = prompt_text(body)
             parsed = parse_chat(body) if kind == "chat" else parse_completion(body)
@@ -483,4 +488,5 @@ def build_app(engine: Engine) -> Starlette:
         exception_handlers={HTTPException: _http_error, Exception: _server_error},
         lifespan=lifespan,
     )
+    app.router.redirect_slashes = False  # a 307 to the client's own Host header; the router answers 404, as here
     return engine_front_door(app, engine.settings.size_limits, engine.auth)

@@ -449,6 +449,7 @@ def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = Non
         Route("/metrics", metrics),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
+    app.router.redirect_slashes = False  # as the built-in engine: 404, not a redirect to the client's Host
     return engine_front_door(app, limits or SizeLimits(), auth or InternalAuth(None))
 
 

@@ -27,6 +27,7 @@ from urllib.parse import unquote
 
 import orjson
 
+from fleetserve.api.browser import BROWSER_HEADERS, post_refusal
 from fleetserve.api.errors import APIError, model_not_found
 from fleetserve.api.internal import INTERNAL_HEADER, InternalAuth
 from fleetserve.api.limits import SizeLimits
@@ -70,28 +71,6 @@ NOT_FORWARDED = frozenset({
     TENANT_HEADER.encode(), INTERNAL_HEADER.encode(),
 })
 JSON = (b"content-type", b"application/json")
-# the bodies a web page may POST to another origin without a CORS preflight: refused, so a page a user opens
-# cannot drive a fleet on localhost (415); JSON, or no content-type at all, is read as JSON
-FORM_TYPES = frozenset({b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data"})
-# and a body with no content type at all (fetch's no-cors mode, sendBeacon) is refused by what the browser says of
-# the page that sent it: Sec-Fetch-Site (cross-site, or same-site: localhost:3000 to :8000), else an Origin other
-# than the router's own host. Clients that are not browsers send neither.
-BROWSER_HEADERS = frozenset({b"sec-fetch-site", b"origin"})
-
-
-def cross_site(headers: dict[bytes, bytes], host: bytes | None) -> bool:
-    """Whether a browser sent the request (`headers`: its Sec-Fetch-Site and Origin) from a page of another origin
-    than the router's (`host`: the request's Host)."""
-    fetch_site = headers.get(b"sec-fetch-site", b"").strip().lower()
-    if fetch_site:
-        return fetch_site not in (b"same-origin", b"none")
-    origin = headers.get(b"origin")
-    if origin is None:
-        return False
-    netloc = origin.strip().lower().partition(b"://")[2]
-    return origin.strip().lower() == b"null" or netloc != (host or b"").strip().lower()
-
-
 SANE_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # a client x-request-id that is not is replaced by ours
 ACTIVITY_PATHS = GENERATION_PATHS | {INVOCATIONS_PATH}  # what a request routed there keeps a fleet from zero
 MODEL_PATH_LABEL = "/v1/models/{model}"  # the request counter's label for any model card's path
@@ -295,8 +274,9 @@ class Gateway:
                 content_type = v
             elif k == b"content-encoding":
                 encoding = v
-            elif k in BROWSER_HEADERS:
-                browser[k] = v
+            elif k in BROWSER_HEADERS:  # judged here, and not forwarded: an engine on its own judges them against
+                browser[k] = v  # its own Host, which is not the one the browser called
+                continue
             forwarded.append((k, v))
         rid = self._own_or_ours(given_id)
         request_id = rid.decode("latin-1")
@@ -313,17 +293,8 @@ class Gateway:
         try:
             if self.settings.keyring is not None:
                 tenant = self.settings.keyring.tenant(authorization.decode("latin-1") if authorization else None)
-            if post and browser and cross_site(browser, host):
-                raise APIError(403, "a web page of another site may not call this API (its browser sent "
-                                    "Sec-Fetch-Site or Origin of another site); call it from a server",
-                               code="cross_site_request")
-            if post and content_type is not None and content_type.split(b";", 1)[0].strip().lower() in FORM_TYPES:
-                raise APIError(415, f"content-type {content_type.decode('latin-1')!r}: the body must be JSON; send "
-                                    "content-type: application/json", code="unsupported_media_type")
-            if post and encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
-                # a gzip body read as JSON had been a 400 "'utf-8' codec can't decode byte 0x8b"
-                raise APIError(415, f"content-encoding {encoding.decode('latin-1')!r} is not accepted: send the body "
-                                    "uncompressed (content-encoding identity, or none)", code="unsupported_media_type")
+            if post and (refused := post_refusal(browser, host, content_type, encoding)) is not None:
+                raise refused
             body = parse_json_body(request.body) if post else {}
             if request.path == INVOCATIONS_PATH:  # SageMaker's path: the body says which OpenAI route it is
                 request.path = openai_path(body)

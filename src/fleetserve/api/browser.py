@@ -1,0 +1,61 @@
+"""What a web page may send to another origin without a CORS preflight, refused at every front door.
+
+A page a user opens may POST a form body, or a body with no content type (fetch's no-cors mode, sendBeacon), to
+any address, localhost included, and the browser asks no one first. A router or a lone engine on loopback would
+have run it as a request of its own user's. So a POST body must be JSON (or untyped), uncompressed, and, when a
+browser says who sent it (Sec-Fetch-Site, else Origin), from the server's own origin. Clients that are not
+browsers send neither header.
+"""
+
+from __future__ import annotations
+
+from fleetserve.api.errors import APIError
+
+# the bodies a web page may POST to another origin without a preflight: refused (415); JSON, or no content-type at
+# all, is read as JSON
+FORM_TYPES = frozenset({b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data"})
+BROWSER_HEADERS = frozenset({b"sec-fetch-site", b"origin"})  # what a browser says of the page that sent a request
+
+
+def cross_site(headers: dict[bytes, bytes], host: bytes | None) -> bool:
+    """Whether a browser sent the request (`headers`: its Sec-Fetch-Site and Origin) from a page of another origin
+    than the server's (`host`: the request's Host)."""
+    fetch_site = headers.get(b"sec-fetch-site", b"").strip().lower()
+    if fetch_site:
+        return fetch_site not in (b"same-origin", b"none")
+    origin = headers.get(b"origin")
+    if origin is None:
+        return False
+    netloc = origin.strip().lower().partition(b"://")[2]
+    return origin.strip().lower() == b"null" or netloc != (host or b"").strip().lower()
+
+
+def post_refusal(browser: dict[bytes, bytes], host: bytes | None, content_type: bytes | None,
+                 encoding: bytes | None) -> APIError | None:
+    """The error for a POST a page of another site sent, or whose body is not plain JSON; None when it may go on."""
+    if browser and cross_site(browser, host):
+        return APIError(403, "a web page of another site may not call this API (its browser sent Sec-Fetch-Site or "
+                             "Origin of another site); call it from a server", code="cross_site_request")
+    if content_type is not None and content_type.split(b";", 1)[0].strip().lower() in FORM_TYPES:
+        return APIError(415, f"content-type {content_type.decode('latin-1')!r}: the body must be JSON; send "
+                             "content-type: application/json", code="unsupported_media_type")
+    if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
+        # a gzip body read as JSON had been a 400 "'utf-8' codec can't decode byte 0x8b"
+        return APIError(415, f"content-encoding {encoding.decode('latin-1')!r} is not accepted: send the body "
+                             "uncompressed (content-encoding identity, or none)", code="unsupported_media_type")
+    return None
+
+
+def scope_post_refusal(headers: list[tuple[bytes, bytes]]) -> APIError | None:
+    """`post_refusal` for an ASGI request's headers (names lower case, as ASGI gives them)."""
+    browser, host, content_type, encoding = {}, None, None, None
+    for k, v in headers:
+        if k in BROWSER_HEADERS:
+            browser[k] = v
+        elif k == b"host":
+            host = v
+        elif k == b"content-type":
+            content_type = v
+        elif k == b"content-encoding":
+            encoding = v
+    return post_refusal(browser, host, content_type, encoding)
