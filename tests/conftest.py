@@ -10,14 +10,20 @@ from tests.helpers import Server, processes_with_env
 
 @pytest.fixture(scope="session", autouse=True)
 def fleetserve_home(tmp_path_factory) -> Path:
-    """Every test run gets its own FLEETSERVE_HOME (fleet state, model cache) unless the demo cache is reused."""
+    """Every test run gets its own FLEETSERVE_HOME (fleet state, model cache); the demo model is imported once per
+    run for all workers (a link the import follows; 45 s of CPU each, and every worker had imported it), or reused
+    from the user's own cache."""
     home = tmp_path_factory.mktemp("fleetserve-home")
     os.environ["FLEETSERVE_HOME"] = str(home)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     demo = Path.home() / ".cache" / "fleetserve" / "models" / "smollm2-135m"
-    if demo.is_dir():  # reuse an imported demo model instead of importing it again (15 s)
-        (home / "models").mkdir(parents=True, exist_ok=True)
-        (home / "models" / "smollm2-135m").symlink_to(demo)
+    if not demo.is_dir():
+        base = tmp_path_factory.getbasetemp()
+        shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's, across its workers
+        demo = shared / "demo-models" / "smollm2-135m"
+        demo.parent.mkdir(exist_ok=True)
+    (home / "models").mkdir(parents=True, exist_ok=True)
+    (home / "models" / "smollm2-135m").symlink_to(demo)
     return home
 
 

@@ -37,16 +37,18 @@ def demo_gguf_dir() -> Path:
 
 
 def demo_model_dir(target: Path | None = None) -> Path:
-    """The HF-format directory of the demo model, importing it from the GGUF on first use."""
+    """The HF-format directory of the demo model, importing it from the GGUF on first use. A cache entry that is
+    a link (to a folder shared by several caches) is imported where it points, once for all of them."""
     out = target or models_dir() / DEMO_NAME
     if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
+    real = out.resolve() if out.is_symlink() else out
+    real.parent.mkdir(parents=True, exist_ok=True)
+    with open(real.parent / f".{real.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (out / "model.safetensors").is_file():
+        if (real / "model.safetensors").is_file():
             return out
-        _import_gguf(demo_gguf_dir(), out)
+        _import_gguf(demo_gguf_dir(), real)
     return out
 
 
