@@ -202,7 +202,7 @@ def test_simulate_option_reads_a_profile_file(tmp_path):
 
 def test_bench_fidelity_tiny_run_prints_finite_errors_and_matching_counts():
     result = fleetserve("bench", "fidelity", "--json", "--requests", "12", "--duration", "4",
-                        "--calibration-repeats", "1", timeout=900)
+                        "--calibration-repeats", "1", "--text-probes", "4", timeout=900)
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout)
     assert figures["requests"] == figures["trace"]["requests"] == 12
@@ -220,6 +220,7 @@ def test_bench_fidelity_tiny_run_prints_finite_errors_and_matching_counts():
             assert isinstance(value, float | int) and math.isfinite(value) and value >= 0, (group, key, value)
     assert set(figures["targets_met"]) == {"live", "simulated_engines"}
     assert figures["time"]["simulated_s"] > 0
+    assert figures["profile"]["first_text_tokens"]["samples"] == 4  # --text-probes
     assert figures["calibration"]["live"]["request_overhead_s"] >= 0
     for place in ("live", "simulated_engines"):
         noise = figures["draw_noise"][place]

@@ -439,6 +439,9 @@ def bench_fidelity(
     replicas: Annotated[int, typer.Option(min=1, max=8, help="Replicas of the tiny model")] = 2,
     simulated_engines: Annotated[bool, typer.Option(help="Also replay on real-time simulated engines")] = True,
     calibration_repeats: Annotated[int, typer.Option(min=1, max=10, help="Calibration rounds per gateway")] = 3,
+    text_probes: Annotated[int, typer.Option(
+        min=0, max=4096, help="Greedy generations that measure which output token first shows text (0: none, every "
+                              "first token is taken to show text; the probe is most of the profile's time)")] = 128,
     alphabet: Annotated[str, typer.Option(help="The tiny model's tokens: ascii (every token is text at once, as "
                                                 "with a real vocabulary) or bytes (random bytes: many streams "
                                                 "show text only at their end)")] = "ascii",
@@ -459,5 +462,5 @@ def bench_fidelity(
                                  param_hint="--requests")
     cfg = FidelityConfig(requests=requests, duration_s=duration, seed=seed, replicas=replicas,
                          simulated_engines=simulated_engines, calibration_repeats=calibration_repeats,
-                         alphabet=alphabet)
+                         text_probe=text_probes, alphabet=alphabet)
     print(json.dumps(run(cfg, progress=say if sys.stderr.isatty() else (lambda _m: None)), indent=2))
