@@ -131,6 +131,9 @@ def test_bad_settings_name_the_setting():
         generate(WorkloadSpec.for_kind("chat", turns=10_000))
     with pytest.raises(ValueError, match="--think x --turns makes chat's warm-up"):
         generate(WorkloadSpec.for_kind("chat", think_s=100_000))
+    with pytest.raises(ValueError, match="--think x --turns makes chat's warm-up") as info:  # a short trace at a low
+        generate(WorkloadSpec.for_kind("chat", think_s=1e12, duration_s=60))  # rate: --think, not --duration/--rate
+    assert info.value.option == "--think"
     with pytest.raises(ValueError, match="--input-tokens must be at most 16,777,216"):
         generate(WorkloadSpec.for_kind("diurnal", input_tokens=100_000_000))
     with pytest.raises(ValueError, match="--documents must be at most 100,000"):

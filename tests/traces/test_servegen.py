@@ -158,3 +158,20 @@ def test_unreadable_rate_files_are_trace_errors_naming_the_file(tmp_path):
     with pytest.raises(TraceError, match=r"no rows after the header") as info:
         load_trace(header)
     assert "model" not in (info.value.param or "")
+
+
+def test_a_model_folder_is_that_models_and_the_archives_top_folder_is_read(tmp_path):
+    """`--trace-model deepseek-r1` on the model's own folder was refused as an unknown model with nothing allowed
+    (its files were named without the folder), and the archive once extracted (TOP/CATEGORY/MODEL/, as the .tar.gz
+    is laid out) was refused at its top while the .tar.gz was read."""
+    import shutil
+
+    model = DATA / "reason" / "deepseek-r1"
+    whole = load_trace(model, limit=5)
+    assert load_trace(model, model="deepseek-r1", limit=5) == whole
+    assert load_trace(model, model="reason/deepseek-r1", limit=5) == whole
+    with pytest.raises(TraceError, match=r"unknown ServeGen model 'qwen'; allowed: reason/deepseek-r1"):
+        load_trace(model, model="qwen")
+    top = tmp_path / "extracted" / "servegen_rate_traces"
+    shutil.copytree(DATA, top)
+    assert load_trace(tmp_path / "extracted", model="deepseek-r1", limit=5) == whole

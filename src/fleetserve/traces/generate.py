@@ -110,6 +110,12 @@ class WorkloadSpec:
             if getattr(self, name) > most:
                 raise WorkloadError(name, f"must be at most {most:,}, got {getattr(self, name):,}")
         warmup = chat_warmup_s(self) if self.content == "chat" else 0.0
+        # built, then dropped: work without a request to show for it; checked first, so a warm-up too long is
+        # blamed on --think/--turns, not on a --duration and --rate that are small
+        if warmup * self.rate > MAX_WARMUP_REQUESTS:
+            raise WorkloadError("think_s", f"x --turns makes chat's warm-up {warmup:,.0f} s long (turns x think x "
+                                f"ln 100), about {warmup * self.rate:,.0f} requests built before the trace starts; "
+                                f"at most {MAX_WARMUP_REQUESTS:,}: lower --think or --turns")
         what = f"{self.duration_s:g} s at {self.rate:g} requests/s"
         if warmup:
             what += f" (and chat's warm-up of turns x think x ln 100 = {warmup:,.0f} s before it)"
@@ -120,10 +126,6 @@ class WorkloadSpec:
             check_request_count((self.duration_s + warmup) * self.rate * drawn, what)
         except ValueError as exc:
             raise WorkloadError(None, str(exc)) from None
-        if warmup * self.rate > MAX_WARMUP_REQUESTS:  # built, then dropped: work without a request to show for it
-            raise WorkloadError("think_s", f"x --turns makes chat's warm-up {warmup:,.0f} s long (turns x think x "
-                                f"ln 100), about {warmup * self.rate:,.0f} requests built before the trace starts; "
-                                f"at most {MAX_WARMUP_REQUESTS:,}: lower --think or --turns")
         tokens = self.duration_s * self.rate * self.mean_prompt_tokens()
         if tokens > MAX_TRACE_TOKENS:
             raise WorkloadError(None, f"{what} of about {self.mean_prompt_tokens():,.0f} prompt tokens each "

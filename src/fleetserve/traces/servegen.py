@@ -128,10 +128,14 @@ def read_clients(path: str | Path, model: str | None = None) -> list[list[RateWi
     if not p.exists():
         raise ServeGenError(f"rate file {p} does not exist")
     if p.is_dir():
-        # ServeGen's own layout, CATEGORY/MODEL/chunk-N-trace.csv, or a part of it: never deeper (a search of the
-        # whole tree took test fixtures of unrelated checkouts under /tmp for one model's clients)
-        found = [f for depth in ("", "*/", "*/*/") for f in p.glob(depth + "chunk-*-trace.csv")]
-        files = {str(f.relative_to(p)): _text(f.read_bytes(), f) for f in sorted(found)}
+        # ServeGen's own layout, CATEGORY/MODEL/chunk-N-trace.csv, or a part of it, or the archive's extracted top
+        # folder above it: never deeper (a search of the whole tree took test fixtures of unrelated checkouts under
+        # /tmp for one model's clients)
+        found = [f for depth in ("", "*/", "*/*/", "*/*/*/") for f in p.glob(depth + "chunk-*-trace.csv")]
+        # named with the folder's own two last parts: a MODEL folder's files are that model's (`--trace-model
+        # deepseek-r1` on reason/deepseek-r1/ was refused as unknown, with nothing allowed)
+        own = Path(*p.resolve().parts[-2:])
+        files = {str(own / f.relative_to(p)): _text(f.read_bytes(), f) for f in sorted(found)}
         return _select(files, model, p)
     if p.name.endswith((".tar.gz", ".tgz")):
         try:
@@ -166,9 +170,9 @@ def _model_of(name: str) -> str:
 def _select(files: dict[str, str], model: str | None, p: Path) -> list[list[RateWindow]]:
     models = sorted({_model_of(n) for n in files})
     if not files:
-        raise ServeGenError(f"{p} is a folder without ServeGen rate files (chunk-*-trace.csv, at most two folders "
-                            "down: CATEGORY/MODEL/); a trace is a file: Mooncake JSONL, Azure CSV, a prompt log, or "
-                            "a ServeGen folder or .tar.gz")
+        raise ServeGenError(f"{p} is a folder without ServeGen rate files (chunk-*-trace.csv, at most three "
+                            "folders down: TOP/CATEGORY/MODEL/); a trace is a file: Mooncake JSONL, Azure CSV, a "
+                            "prompt log, or a ServeGen folder or .tar.gz")
     if model is None and len(models) > 1:
         raise ServeGenError(f"{p} holds several models: {CHOOSE_MODEL}; allowed: {', '.join(models)}", "model")
     wanted = [n for n in files if model is None or _model_of(n) == model or _model_of(n).endswith("/" + model)]
