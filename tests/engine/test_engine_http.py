@@ -130,7 +130,9 @@ def test_an_engine_on_its_own_refuses_what_the_router_refuses(tiny_engine):
     r = httpx.post(url, content=b'{"max_tokens": ' + b"9" * 5000 + b"}", timeout=30)
     assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_json")
     r = httpx.post(url + "/", content=body, headers={"host": "evil.example"}, timeout=30)
-    assert r.status_code == 404 and "location" not in r.headers
+    assert r.status_code == 404 and "location" not in r.headers and r.json()["error"]["code"] == "not_found"
+    r = httpx.get(url, timeout=30)  # as the router answers it: the code, and the method allowed
+    assert (r.status_code, r.json()["error"]["code"], r.headers["allow"]) == (405, "method_not_allowed", "POST")
     logged = tiny_engine.log_path.stat().st_size
     with socket.create_connection(("127.0.0.1", tiny_engine.port)) as sock:  # leaves after half its body
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

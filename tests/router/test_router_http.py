@@ -248,6 +248,8 @@ def test_at_zero_the_router_answers_models_and_wrong_names_itself_and_holds_only
         assert listed.headers["x-request-id"] == "mine-1"
         refused = httpx.post(gw.url + "/v1/completions", json={"model": "other", "prompt": "x"}, timeout=5)
         assert refused.status_code == 404 and refused.headers["x-request-id"]
+        nowhere = httpx.get(gw.url + "/v1/nowhere", timeout=5)  # the control app's: coded as the engines' are
+        assert (nowhere.status_code, nowhere.json()["error"]["code"]) == (404, "not_found")
         assert sample(gw.url, "fleetserve_router_requests_total", path="/v1/models", code="200") == 2
         assert sample(gw.url, "fleetserve_router_requests_total", path="/v1/models/{model}", code="404") == 1
         assert sample(gw.url, "fleetserve_router_requests_total", path="/v1/completions", code="404") == 1

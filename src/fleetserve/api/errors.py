@@ -69,6 +69,16 @@ def model_not_found(name: str, served) -> APIError:
                     param="model", code="model_not_found")
 
 
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
+async def starlette_http_error(request, exc):
+    """A starlette HTTPException (no route, wrong method) as OpenAI error JSON, the same from the router's control
+    app and both engines, with its headers (405's `Allow`): they had differed in code and header."""
+    return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                    code=HTTP_CODES.get(exc.status_code), headers=dict(exc.headers or {})).response()
+
+
 def engine_stopped() -> APIError:
     """What a request still under way gets when its engine's drain time (--drain-timeout) runs out at a stop: in a
     stream, an error event and [DONE], where the answer had been cut off mid-stream."""

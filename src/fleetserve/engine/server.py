@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, until_disconnect
-from fleetserve.api.errors import APIError, engine_stopped, model_not_found
+from fleetserve.api.errors import APIError, engine_stopped, model_not_found, starlette_http_error
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
 from fleetserve.api.limits import STREAM_KEEPALIVE_S, SizeLimits
 from fleetserve.api.openapi import openapi_endpoint
@@ -450,11 +450,6 @@ class Engine:
         return Response(data, media_type=content_type)
 
 
-async def _http_error(request: Request, exc: HTTPException) -> Response:
-    return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
-                    code="not_found" if exc.status_code == 404 else None).response()
-
-
 async def _server_error(request: Request, exc: Exception) -> Response:
     log.exception("engine error on %s", request.url.path)
     return APIError(500, f"internal error ({type(exc).__name__}); see the engine log",
@@ -485,7 +480,7 @@ def build_app(engine: Engine) -> Starlette:
 
     app = Starlette(
         routes=routes,
-        exception_handlers={HTTPException: _http_error, Exception: _server_error},
+        exception_handlers={HTTPException: starlette_http_error, Exception: _server_error},
         lifespan=lifespan,
     )
     app.router.redirect_slashes = False  # a 307 to the client's own Host header; the router answers 404, as here

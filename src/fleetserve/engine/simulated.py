@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, until_disconnect
-from fleetserve.api.errors import APIError, engine_stopped, model_not_found
+from fleetserve.api.errors import APIError, engine_stopped, model_not_found, starlette_http_error
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
 from fleetserve.api.limits import KEEP_ALIVE_S, SizeLimits
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
@@ -426,9 +426,6 @@ def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = Non
         data, content_type = engine.metrics_text()
         return Response(data, media_type=content_type)
 
-    async def not_found(request, exc):
-        return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}").response()
-
     @contextlib.asynccontextmanager
     async def lifespan(app):
         task = asyncio.create_task(engine.loop())
@@ -448,7 +445,7 @@ def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = Non
         Route("/kv/events", engine.kv_events), Route("/kv/blocks", engine.kv_blocks),
         Route("/metrics", metrics),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: starlette_http_error})
     app.router.redirect_slashes = False  # as the built-in engine: 404, not a redirect to the client's Host
     return engine_front_door(app, limits or SizeLimits(), auth or InternalAuth(None))
 

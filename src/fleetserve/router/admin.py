@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fleetserve.api.errors import APIError
+from fleetserve.api.errors import APIError, starlette_http_error
 from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import parse_json_body
 from fleetserve.observe.metrics import exposition
@@ -166,11 +166,7 @@ def build_control_app(gateway) -> Starlette:
     from fleetserve.observe.dashboard import dashboard_routes  # /dashboard, /dashboard/data (admin only)
 
     routes += dashboard_routes(gateway)
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _server_error})
-
-
-async def _http_error(request: Request, exc: HTTPException) -> Response:
-    return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}").response()
+    return Starlette(routes=routes, exception_handlers={HTTPException: starlette_http_error, Exception: _server_error})
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
