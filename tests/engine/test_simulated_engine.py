@@ -4,7 +4,7 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers import Server
+from tests.helpers import Server, wait_until
 from tests.metrics_text import sample
 
 
@@ -96,6 +96,20 @@ def test_bad_requests(sim):
                        timeout=5)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
         assert r.json()["error"]["code"] == "unsupported_value"
+    # a client that leaves while sending its body is a 499 line, as the built-in engine logs it (a traceback)
+    import socket
+    import time
+
+    logged = sim.log_path.stat().st_size
+    with socket.create_connection(("127.0.0.1", sim.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"a\": 1")
+        time.sleep(0.3)
+
+    def since() -> str:
+        return sim.log_path.read_bytes()[logged:].decode(errors="replace")
+
+    wait_until(lambda: "status=499" in since() or "Traceback" in since(), 30, what="the engine to log the client")
+    assert "Traceback" not in since(), since()
 
 
 def test_the_context_length_bounds_what_is_asked_as_the_built_in_engine_does(tmp_path):

@@ -272,8 +272,18 @@ def test_foreground_up_stops_everything_on_sigterm(tmp_path, tiny_model, home, s
 
 
 def test_killed_supervisor_takes_its_children_along(tmp_path, tiny_model, home):
+    """Also: a detached fleet's JSON supervisor.log is JSON lines only (its ready announcement had been five plain
+    lines, "press Ctrl-C to stop" among them)."""
+    import json
+    from pathlib import Path
+
     spec = write_spec(tmp_path, tiny_model, name="orphan", replicas=1)
+    Path(spec).write_text(Path(spec).read_text() + "  observability: {logFormat: json}\n")
     assert fleetserve("up", spec, "--detach", env=home).returncode == 0
+    log = Path(home["FLEETSERVE_HOME"]) / "run" / "orphan" / "supervisor.log"
+    wait_until(lambda: "ready" in log.read_text(), 30, what="the ready line")
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]  # each one JSON
+    assert any("fleet orphan ready: 1 replica(s)" in line.get("message", line.get("msg", "")) for line in lines), lines
     (state,) = status(home)
     os.kill(state["supervisor_pid"], signal.SIGKILL)
     wait_until(lambda: leftovers(home) == [], 30, what="children to die with their supervisor")

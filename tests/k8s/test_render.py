@@ -886,13 +886,14 @@ def test_the_drain_timeout_sets_the_grace_periods_and_the_builtin_engines_own_wa
     cut whatever the pod's grace)."""
     doc = copy.deepcopy(BUILTIN_TENANTS)
     doc["spec"]["engine"] = {"drainTimeoutSeconds": 299.5}
-    doc["spec"]["router"] = {"bufferTimeoutSeconds": 900, "streamIdleTimeoutSeconds": 6}
+    doc["spec"]["router"] = {"bufferTimeoutSeconds": 900, "streamIdleTimeoutSeconds": 6, "upstreamTimeoutSeconds": 4.5}
     rendered, _ = _objects(doc)
     engine = _by(rendered, "Deployment", "iso-engine")[0]["spec"]["template"]["spec"]
     assert engine["terminationGracePeriodSeconds"] == 10 + 300 + 5  # preStop, the drain, then the exit
     args = engine["containers"][0]["args"]
     assert args[args.index("--drain-timeout") + 1] == "300"
-    assert args[args.index("--stream-keepalive") + 1] == "2"  # a held-back stream outlives the router's idle cut
+    # a held-back stream outlives the router's cut: its stream idle timeout, or its upstream timeout when shorter
+    assert args[args.index("--stream-keepalive") + 1] == "1.5"
     # the router waits as long for the streams it proxies (its own --drain-timeout: it was a fixed 5 s)
     router = _by(rendered, "Deployment", "iso-router")[0]["spec"]["template"]["spec"]
     assert router["terminationGracePeriodSeconds"] == 10 + 300 + 5

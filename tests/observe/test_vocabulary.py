@@ -222,3 +222,11 @@ def test_tier_latency_histograms_never_go_backwards():
             assert samples[("fleetserve_kv_tier_get_seconds_bucket", "0.005")] == (i + 1) // 2
             assert samples[("fleetserve_kv_tier_get_seconds_bucket", "+Inf")] == i
     assert counts == [float(n) for n in range(250, 2501, 250)]
+
+
+def test_every_reason_the_router_counts_is_documented():
+    """`refused_router` was exported as a retry reason and missing from the documented values."""
+    from fleetserve.observe.metrics import EJECTION_REASONS, RETRY_REASONS
+
+    said = v.LABELS["reason"]
+    assert [r for r in (*RETRY_REASONS, *EJECTION_REASONS) if r not in said] == []

@@ -134,6 +134,9 @@ def test_bad_settings_name_the_setting():
     with pytest.raises(ValueError, match="--think x --turns makes chat's warm-up") as info:  # a short trace at a low
         generate(WorkloadSpec.for_kind("chat", think_s=1e12, duration_s=60))  # rate: --think, not --duration/--rate
     assert info.value.option == "--think"
+    with pytest.raises(ValueError, match="20000 requests/s would make") as info:  # a --rate too high is the rate's,
+        generate(WorkloadSpec.for_kind("chat", rate=20_000, duration_s=300))  # not the default --think's
+    assert info.value.option == "--duration/--rate"
     with pytest.raises(ValueError, match="--input-tokens must be at most 16,777,216"):
         generate(WorkloadSpec.for_kind("diurnal", input_tokens=100_000_000))
     with pytest.raises(ValueError, match="--documents must be at most 100,000"):

@@ -17,23 +17,32 @@ FORM_TYPES = frozenset({b"text/plain", b"application/x-www-form-urlencoded", b"m
 BROWSER_HEADERS = frozenset({b"sec-fetch-site", b"origin"})  # what a browser says of the page that sent a request
 
 
+FORWARDED_HOST = b"x-forwarded-host"  # the Host a proxy in front was called with (nginx's proxy_pass rewrites Host)
+
+
 def cross_site(headers: dict[bytes, bytes], host: bytes | None) -> bool:
-    """Whether a browser sent the request (`headers`: its Sec-Fetch-Site and Origin) from a page of another origin
-    than the server's (`host`: the request's Host)."""
+    """Whether a browser sent the request (`headers`: its Sec-Fetch-Site and Origin, and a proxy's
+    X-Forwarded-Host) from a page of another origin than the server's (`host`: the request's Host). A page cannot
+    set X-Forwarded-Host on a request it sends without a preflight, so the proxy's word is taken: behind nginx's
+    default proxy_pass every same-origin POST of a web UI had been refused."""
     fetch_site = headers.get(b"sec-fetch-site", b"").strip().lower()
     if fetch_site:
         return fetch_site not in (b"same-origin", b"none")
     origin = headers.get(b"origin")
     if origin is None:
         return False
-    netloc = origin.strip().lower().partition(b"://")[2]
-    return origin.strip().lower() == b"null" or netloc != (host or b"").strip().lower()
+    origin = origin.strip().lower()
+    netloc = origin.partition(b"://")[2]
+    called = {(host or b"").strip().lower()}
+    if FORWARDED_HOST in headers:
+        called.add(headers[FORWARDED_HOST].split(b",", 1)[0].strip().lower())
+    return origin == b"null" or netloc not in called
 
 
 def post_refusal(browser: dict[bytes, bytes], host: bytes | None, content_type: bytes | None,
                  encoding: bytes | None) -> APIError | None:
     """The error for a POST a page of another site sent, or whose body is not plain JSON; None when it may go on."""
-    if browser and cross_site(browser, host):
+    if (b"origin" in browser or b"sec-fetch-site" in browser) and cross_site(browser, host):
         return APIError(403, "a web page of another site may not call this API (its browser sent Sec-Fetch-Site or "
                              "Origin of another site); call it from a server", code="cross_site_request")
     if content_type is not None and content_type.split(b";", 1)[0].strip().lower() in FORM_TYPES:
@@ -50,7 +59,7 @@ def scope_post_refusal(headers: list[tuple[bytes, bytes]]) -> APIError | None:
     """`post_refusal` for an ASGI request's headers (names lower case, as ASGI gives them)."""
     browser, host, content_type, encoding = {}, None, None, None
     for k, v in headers:
-        if k in BROWSER_HEADERS:
+        if k in BROWSER_HEADERS or k == FORWARDED_HOST:
             browser[k] = v
         elif k == b"host":
             host = v

@@ -49,7 +49,7 @@ def _sampling_properties() -> dict[str, Any]:
         "top_p": _nullable({"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0}),
         "n": _nullable({"type": "integer", "minimum": 1, "maximum": 1, "description": "only 1 is supported"}),
         "best_of": _nullable({"type": "integer", "minimum": 1, "maximum": 1, "description": "only 1 is supported"}),
-        "logprobs": _nullable({"enum": [False, 0], "description": "log probabilities are not supported"}),
+        "logprobs": _nullable({"enum": [False], "description": "log probabilities are not supported"}),
         "top_logprobs": _nullable({"enum": [0, False]}),  # api.protocol compares with ==: false is 0
         "stop": _nullable({"anyOf": [
             {"type": "string", "minLength": 1},

@@ -146,11 +146,18 @@ def up(
     if not os.environ.get(DETACHED_ENV):  # `up --detach` kept them before it started this supervisor
         keep_previous_logs(fleet_dir(name))  # in the foreground too: the last run's lines came first in its files
 
+    detached = bool(os.environ.get(DETACHED_ENV))
+    lines = _logged_say(loaded.endpoint.spec.observability.log_format) if detached else say
+
     def ready(state) -> None:
+        if detached:  # `up --detach` announces it; its log gets one line in the log's format (plain lines, with no
+            # time or level and a "press Ctrl-C" nobody could, had broken a JSON log's readers)
+            lines(f"fleet {state.name} ready: {len(state.replicas)} replica(s), routing {state.strategy}, endpoint "
+                  f"{state.url}")
+            return
         _announce(state)
         out.print("press Ctrl-C to stop")
 
-    lines = _logged_say(loaded.endpoint.spec.observability.log_format) if os.environ.get(DETACHED_ENV) else say
     code = Supervisor(loaded, spec, say=lines, owner_pid=stop_with).run(on_ready=ready)
     raise typer.Exit(code)
 

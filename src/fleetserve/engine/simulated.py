@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -198,7 +198,12 @@ class SimulatedEngine:
                "tenant": tenant_hash(request.headers.get(TENANT_HEADER))}
         body: dict = {}
         try:
-            body = parse_json_body(await request.body())
+            raw = await request.body()
+        except ClientDisconnect:  # gone while sending its body: a 499, as the built-in engine logs it (a traceback)
+            self._log_request(ctx, 499, started, None, body)
+            return Response(status_code=499)
+        try:
+            body = parse_json_body(raw)
             parsed = parse_chat(body) if kind == "chat" else parse_completion(body)
             if parsed.model is not None and parsed.model != self.model_name:
                 raise model_not_found(parsed.model, [self.model_name])
@@ -414,6 +419,8 @@ def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = Non
             body = parse_json_body(await request.body())
         except APIError as err:
             return err.response()
+        except ClientDisconnect:
+            return Response(status_code=499)
         try:  # the prompt as serving it would count it (chat: `role: content` lines, list content's text)
             parsed = parse_chat(_only(body, "messages")) if "messages" in body else parse_completion(
                 _only(body, "prompt"))

@@ -687,7 +687,7 @@ class Supervisor:
             "--namespace", meta.namespace, "--instance-type", instance_type, "--replica", replica_id,
             "--threads", str(threads), "--dtype", spec.model.dtype, "--drain-timeout", str(ENGINE_STOP_GRACE_S),
             "--orphan-drain", str(spec.router_drain_seconds + ROUTER_EXIT_S),
-            "--stream-keepalive", f"{stream_keepalive_s(spec.router.stream_idle_timeout_seconds):g}",
+            "--stream-keepalive", f"{stream_keepalive_s(spec.router.stream_silence_seconds):g}",
         )
         if spec.model.context_length:
             cmd += ["--context-length", str(spec.model.context_length)]

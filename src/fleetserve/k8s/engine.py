@@ -165,7 +165,7 @@ def _builtin_args(ctx: Context, model_path: str, instance_type: str) -> list[str
              "--max-body-bytes", str(engine_body_limit(limits.max_body_bytes)),
              "--max-header-bytes", str(engine_header_limit(limits.max_header_bytes)),
              "--drain-timeout", str(ctx.drain_seconds),  # after SIGTERM: in-flight requests finish
-             "--stream-keepalive", f"{stream_keepalive_s(spec.router.stream_idle_timeout_seconds):g}"]
+             "--stream-keepalive", f"{stream_keepalive_s(spec.router.stream_silence_seconds):g}"]
     return args + list(spec.engine.args)
 
 

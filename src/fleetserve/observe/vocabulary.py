@@ -56,7 +56,8 @@ LABELS: dict[str, str] = {
               "never derived from request content",
     "reason": "a fixed set per metric: retry reasons (status_502, status_503, status_504, busy: a 503 with "
               "Retry-After, unreachable, dropped: closed under the request, stalled: its replica was taken out by "
-              "its health checks before it answered, dropped_not_retried, "
+              "its health checks before it answered, refused_router: a replica's 401 "
+              "to the router's own credentials (a token that does not match the engines'), dropped_not_retried, "
               "timeout_not_retried), ejection reasons (breaker, unreachable), autoscaler decision kinds "
               "(DECISION_REASONS: the decision's full text, with numbers, goes to the supervisor's log as "
               "`autoscaler: REASON` once per change, steady ones not; not to the label)",

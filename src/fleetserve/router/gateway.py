@@ -27,7 +27,7 @@ from urllib.parse import unquote
 
 import orjson
 
-from fleetserve.api.browser import BROWSER_HEADERS, post_refusal
+from fleetserve.api.browser import BROWSER_HEADERS, FORWARDED_HOST, post_refusal
 from fleetserve.api.errors import APIError, model_not_found
 from fleetserve.api.internal import INTERNAL_HEADER, InternalAuth
 from fleetserve.api.limits import SizeLimits
@@ -277,6 +277,8 @@ class Gateway:
             elif k in BROWSER_HEADERS:  # judged here, and not forwarded: an engine on its own judges them against
                 browser[k] = v  # its own Host, which is not the one the browser called
                 continue
+            elif k == FORWARDED_HOST:
+                browser[k] = v
             forwarded.append((k, v))
         rid = self._own_or_ours(given_id)
         request_id = rid.decode("latin-1")

@@ -832,6 +832,11 @@ class RouterSection(SpecModel):
     workers: int = Field(default=1, ge=1, le=64, description="router processes sharing the port (one per core the "
                                                              "router may use)")
 
+    @property
+    def stream_silence_seconds(self) -> float:
+        """The longest silence the router allows a stream once it began: the shorter of its two timeouts."""
+        return min(self.stream_idle_timeout_seconds, self.upstream_timeout_seconds)
+
 
 class BudgetSpec(SpecModel):
     """A Karpenter disruption budget; unlike Karpenter's, its schedule may name a time zone."""

@@ -110,8 +110,16 @@ class WorkloadSpec:
             if getattr(self, name) > most:
                 raise WorkloadError(name, f"must be at most {most:,}, got {getattr(self, name):,}")
         warmup = chat_warmup_s(self) if self.content == "chat" else 0.0
-        # built, then dropped: work without a request to show for it; checked first, so a warm-up too long is
-        # blamed on --think/--turns, not on a --duration and --rate that are small
+        drawn = self.burst_factor if self.arrivals == "bursts" else 1.0  # thinning draws at the burst's rate
+        # the trace itself first (--duration/--rate), then chat's warm-up (built, then dropped: work without a
+        # request to show for it): a warm-up too long is blamed on --think/--turns, not on a small --duration
+        # and --rate, and a --rate too high on itself, not on the default --think
+        bursts = f" (drawn at the bursts' {self.burst_factor:g} x)" if drawn > 1 else ""
+        try:
+            check_request_count(self.duration_s * self.rate * drawn,
+                                f"{self.duration_s:g} s at {self.rate:g} requests/s{bursts}")
+        except ValueError as exc:
+            raise WorkloadError(None, str(exc)) from None
         if warmup * self.rate > MAX_WARMUP_REQUESTS:
             raise WorkloadError("think_s", f"x --turns makes chat's warm-up {warmup:,.0f} s long (turns x think x "
                                 f"ln 100), about {warmup * self.rate:,.0f} requests built before the trace starts; "
@@ -119,9 +127,7 @@ class WorkloadSpec:
         what = f"{self.duration_s:g} s at {self.rate:g} requests/s"
         if warmup:
             what += f" (and chat's warm-up of turns x think x ln 100 = {warmup:,.0f} s before it)"
-        drawn = self.burst_factor if self.arrivals == "bursts" else 1.0  # thinning draws at the burst's rate
-        if drawn > 1:
-            what += f" (drawn at the bursts' {self.burst_factor:g} x)"
+        what += bursts
         try:
             check_request_count((self.duration_s + warmup) * self.rate * drawn, what)
         except ValueError as exc:
