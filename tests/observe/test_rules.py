@@ -428,3 +428,41 @@ def test_promtool_kubernetes_alerts_of_a_tiered_endpoint_and_non_streamed_answer
                                          "tests": [overflow_serving, short]}, sort_keys=False))
     done = promtool("test", "rules", str(test_file), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@needs_promtool
+def test_promtool_a_replica_that_starts_serving_between_scrapes_is_counted_from_zero(tmp_path):
+    """After a scale from zero the new replica's first scrape already read 64 invocations (the requests held at
+    zero went to it at once), which increase() drops, while the router's 6 refusals, in a series there from its
+    start, counted whole: the error ratio read 40 % for 6 %, and the fast burn paged."""
+    groups = rule_groups(rule_target(endpoint(), "chat"))
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": groups}))
+    r0, r1, router = MODEL + ',replica="r0"', MODEL + ',replica="r1"', MODEL + ',replica="router"'
+    minutes = 40
+    scale_from_zero = {
+        "interval": "1m",
+        "input_series": [
+            {"series": f"model_invocations_total{{{r0}}}", "values": f"0+10x{minutes}"},
+            {"series": f'model_errors_total{{{r0},status="500"}}', "values": f"0x{minutes}"},
+            # the router's own answers: 6 refused at minute 20 (its buffer full), series made at 0 at its start
+            {"series": f"model_invocations_total{{{router}}}", "values": " ".join(["0"] * 20 + ["6"] * 21)},
+            {"series": f'model_errors_total{{{router},status="503"}}', "values": " ".join(["0"] * 20 + ["6"] * 21)},
+            # the new replica: first scraped at minute 20 with the 64 it was sent at once, then one a minute
+            {"series": f"model_invocations_total{{{r1}}}", "values": " ".join(["_"] * 20) + " 64+1x20"},
+        ],
+        "promql_expr_test": [
+            # over minutes 17-22: r0 50, the router 6, r1 all of its 66 (it began within the window)
+            {"expr": "fleetserve:model_error_ratio:rate5m", "eval_time": "22m",
+             "exp_samples": [{"labels": f"fleetserve:model_error_ratio:rate5m{{{ENDPOINT_LABELS}}}",
+                              "value": 6 / 122}]},
+            # once it is older than the window, its increase alone: 5 more, and no error in the window
+            {"expr": "fleetserve:model_error_ratio:rate5m", "eval_time": "30m",
+             "exp_samples": [{"labels": f"fleetserve:model_error_ratio:rate5m{{{ENDPOINT_LABELS}}}",
+                              "value": 0}]},
+        ],
+    }
+    test_file = tmp_path / "rules_test.yml"
+    test_file.write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "evaluation_interval": "1m",
+                                         "tests": [scale_from_zero]}, sort_keys=False))
+    done = promtool("test", "rules", str(test_file), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
