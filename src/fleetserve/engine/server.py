@@ -180,11 +180,11 @@ class Engine:
         m.model(m.invocations).inc()
         ctx = {"request_id": request.headers.get("x-request-id"), "kind": kind, "started": started}
         try:
-            raw = await request.body()
-        except ClientDisconnect:  # gone while sending its body: no answer to give, and no error of ours (it had
-            self._log_request(ctx, 499)  # logged two tracebacks at ERROR)
-            return Response(status_code=499)
-        try:
+            try:
+                raw = await request.body()  # a body past the limit raises its 413 (an APIError) here
+            except ClientDisconnect:  # gone while sending its body: no answer to give, and no error of ours (it
+                self._log_request(ctx, 499)  # had logged two tracebacks at ERROR)
+                return Response(status_code=499)
             body = parse_json_body(raw)
             if self.settings.log_prompts:
                 ctx["prompt"] = prompt_text(body)

@@ -198,11 +198,11 @@ class SimulatedEngine:
                "tenant": tenant_hash(request.headers.get(TENANT_HEADER))}
         body: dict = {}
         try:
-            raw = await request.body()
-        except ClientDisconnect:  # gone while sending its body: a 499, as the built-in engine logs it (a traceback)
-            self._log_request(ctx, 499, started, None, body)
-            return Response(status_code=499)
-        try:
+            try:
+                raw = await request.body()  # a body past the limit raises its 413 (an APIError) here
+            except ClientDisconnect:  # gone while sending its body: a 499, as the built-in engine logs it (a
+                self._log_request(ctx, 499, started, None, body)  # traceback)
+                return Response(status_code=499)
             body = parse_json_body(raw)
             parsed = parse_chat(body) if kind == "chat" else parse_completion(body)
             if parsed.model is not None and parsed.model != self.model_name:
