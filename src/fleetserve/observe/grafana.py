@@ -100,7 +100,8 @@ PANELS: tuple[PanelDef, ...] = (
              (Series("{{source}}",
                      f"sum by (source) (rate(fleetserve_router_cached_tokens_total{{{NAMESPACE}}}{RATE}))"),),
              "fleetserve_router_cached_tokens_total{source}: what the routing policy expected the replica to "
-             "have cached, and what the engine reported"),
+             "have cached, and what the engine reported (cache-aware policies only: empty under leastload, "
+             "roundrobin and session)"),
     PanelDef("replicas", "Replicas desired / ready", "short",
              # the supervisor's series carry the fleet's namespace (its scrape target's label): a Prometheus of
              # several fleets showed the largest count and the total cost of all of them under any namespace
