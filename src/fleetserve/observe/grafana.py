@@ -16,14 +16,13 @@ import json
 import re
 from dataclasses import dataclass
 
-from fleetserve.observe.rules import SERVER_ERRORS, window_total
+from fleetserve.observe.rules import SERVER_ERRORS
 from fleetserve.observe.vocabulary import MARKED_REASONS
 
 FILTER_LABELS = ("namespace", "model_name", "model_version", "instance_type")
 MODEL = ",".join(f'{label}=~"${label}"' for label in FILTER_LABELS)  # the HyperPod model_* series
 NAME = 'model_name=~"$model_name"'  # the vLLM-compatible series carry only model_name
-WINDOW = "$__rate_interval"
-RATE = f"[{WINDOW}]"
+RATE = "[$__rate_interval]"
 DATASOURCE_VAR = "datasource"
 
 
@@ -60,11 +59,6 @@ ENGINE_DEPLOYMENTS = f'{NAMESPACE},deployment=~".+-engine(-t[0-9]+)?"'
 FIRST_TIER_DEPLOYMENTS = f'{NAMESPACE},deployment=~".+-engine(-t0)?"'
 # Karpenter's per-node gauge; `render k8s` names an endpoint's NodePools `<namespace>-<name>-t<tier>` (karpenter.py)
 KARPENTER_NODES = 'karpenter_nodes_allocatable{resource_type="cpu",nodepool=~"$namespace-.+"}'
-def _share(errors: str) -> str:
-    """`errors` per invocation over the panel's window, counted as the recorded error ratio is."""
-    return f"{window_total(errors, WINDOW)} / {window_total(f'model_invocations_total{{{MODEL}}}', WINDOW)}"
-
-
 PANELS: tuple[PanelDef, ...] = (
     PanelDef("latency", "Invocation latency (p50 / p95 / p99)", "ms",
              tuple(Series(f"p{int(q * 100)}", _quantile(q, "model_latency_milliseconds")) for q in (0.5, 0.95, 0.99)),
@@ -76,10 +70,11 @@ PANELS: tuple[PanelDef, ...] = (
              (Series("{{instance_type}}", f"sum by (instance_type) (model_concurrent_requests{{{MODEL}}})"),),
              "model_concurrent_requests, per instance type"),
     PanelDef("errors", "Error rate", "percentunit",
-             # counted as the recorded error ratio is (observe/rules.py `window_total`): a replica that started
-             # serving within the window is counted from zero, or the ratio jumps after every scale from zero
-             (Series(ERROR_SERIES[0], _share(f"model_errors_total{{{MODEL},{SERVER_ERRORS}}}")),
-              Series(ERROR_SERIES[1], _share(f'model_errors_total{{{MODEL},status=~"4..",status!="429"}}'))),
+             (Series(ERROR_SERIES[0], f"sum(rate(model_errors_total{{{MODEL},{SERVER_ERRORS}}}{RATE})) / "
+                                      f"sum(rate(model_invocations_total{{{MODEL}}}{RATE}))"),
+              Series(ERROR_SERIES[1], f'sum(rate(model_errors_total{{{MODEL},status=~"4..",status!="429"}}'
+                                      f"{RATE})) / sum(rate(model_invocations_total{{{MODEL}}}{RATE}))"),
+              ),
              "model_errors_total / model_invocations_total: the server's errors spend the error budget, a "
              "client's bad requests do not"),
     PanelDef("throughput", "Invocations per second", "reqps",
