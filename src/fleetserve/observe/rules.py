@@ -144,16 +144,6 @@ def _ratio(num: str, den: str) -> str:
     return f"({num}) / ({den})"
 
 
-def window_total(series: str, w: str, by: str = "sum") -> str:
-    """How many a counter counted over `w`, a series that began within it counted from zero (its value now).
-    increase() takes a series' first sample for its start: a replica that starts serving between two scrapes (the
-    requests held at zero go to it at once) had its first burst left out of the invocations while the router's
-    refusals, in series that exist from its start, were counted whole, and the error ratio after a scale from
-    zero read 40 % for 6 %, paging. `m unless m offset w` is the series absent a window ago (the lookback of
-    `offset` bridges a missed scrape)."""
-    return f"{by} ((increase({series}[{w}]) and {series} offset {w}) or ({series} unless {series} offset {w}))"
-
-
 def recording_rules(t: RuleTarget) -> list[dict]:
     sel = t.selector
     by = f"sum by ({LABELS})"
@@ -177,8 +167,8 @@ def recording_rules(t: RuleTarget) -> list[dict]:
     endpoint = f"sum by ({ENDPOINT_LABELS})"
     for w in map(t.window, ERROR_WINDOWS):
         rules.append(_rec(f"model_error_ratio:rate{w}", _ratio(
-            window_total(f"model_errors_total{{{sel},{SERVER_ERRORS}}}", w, endpoint),
-            window_total(f"model_invocations_total{{{sel}}}", w, endpoint))))
+            f"{endpoint} (rate(model_errors_total{{{sel},{SERVER_ERRORS}}}[{w}]))",
+            f"{endpoint} (rate(model_invocations_total{{{sel}}}[{w}]))")))
     le = _le(slow_bucket(t.ttft_p95_ms))
     for w in map(t.window, SLOW_WINDOWS):
         fast = f'{by} (rate(model_ttfb_milliseconds_bucket{{{sel},le="{le}"}}[{w}]))'
@@ -226,8 +216,8 @@ def alerting_rules(t: RuleTarget) -> list[dict]:
     who = f"{t.model_name} in {t.namespace}"
     sel = t.selector
     w5, w1h = t.window("5m"), t.window("1h")
-    errors = window_total(f"model_errors_total{{{sel},{SERVER_ERRORS}}}", w5)
-    calls = f"clamp_min({window_total(f'model_invocations_total{{{sel}}}', w5)}, 1e-9)"
+    errors = f"sum(rate(model_errors_total{{{sel},{SERVER_ERRORS}}}[{w5}]))"
+    calls = f"clamp_min(sum(rate(model_invocations_total{{{sel}}}[{w5}])), 1e-9)"
     # streamed answers' first token less a cold start's wait (as the ttft_p95 trigger reads it): the raw TTFB of a
     # non-streamed answer is its whole generation, and the alert fired on fleets whose clients do not stream
     router_ttfb = f"sum by (le) (rate(fleetserve_router_served_ttfb_milliseconds_bucket{{{t.router}}}[{w5}]))"
