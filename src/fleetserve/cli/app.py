@@ -484,8 +484,8 @@ def engine(
     stream_keepalive: Annotated[float, float_option(
         min=0, max=3600, help="Seconds a stream whose text is held back (incomplete UTF-8, a possible stop string) "
                               "may go without a chunk before an SSE comment goes out (0: at every such token): "
-                              "under the router's stream idle timeout (`up` passes a third of "
-                              "router.streamIdleTimeoutSeconds)")
+                              "under the router's stream idle timeout (`up` passes a third of the shorter of "
+                              "router.streamIdleTimeoutSeconds and upstreamTimeoutSeconds, at most 15)")
                             ] = 15.0,
 ) -> None:
     """Run the built-in engine: an OpenAI-compatible server for one model replica (or a simulated one)."""
