@@ -230,3 +230,15 @@ def test_every_reason_the_router_counts_is_documented():
 
     said = v.LABELS["reason"]
     assert [r for r in (*RETRY_REASONS, *EJECTION_REASONS) if r not in said] == []
+
+
+def test_a_fresh_engine_exports_every_request_series_at_zero():
+    """A new replica's first request was lost to rate() (its series appeared with it), and an idle replica was
+    missing from the concurrency panel."""
+    metrics = EngineMetrics(ModelIdentity("team", "tiny", "1", "local", "r0"))
+    text = generate_latest(metrics.registry).decode()
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    for name in ("model_invocations_total", "model_concurrent_requests", "model_latency_milliseconds_count",
+                 "model_ttfb_milliseconds_count", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                 "vllm:time_to_first_token_seconds_count", "vllm:e2e_request_latency_seconds_count"):
+        assert samples.get(name) == 0, name

@@ -62,6 +62,12 @@ class EngineMetrics:
         self.model(self.invocations)
         for status in PRESET_ERROR_STATUSES:
             self.errors.labels(**self._labels, status=status)
+        # and the rest of a request's series, whose labels are known now: a new replica's first request was lost to
+        # rate(), and an idle one was missing from the concurrency panel
+        for metric in (self.concurrent, self.latency_ms, self.ttfb_ms):
+            self.model(metric)
+        for metric in (self.prompt_tokens, self.generation_tokens, self.ttft_s, self.e2e_s):
+            self.vllm(metric)
 
     def model(self, metric):
         return metric.labels(**self._labels)
