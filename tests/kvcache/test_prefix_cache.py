@@ -77,8 +77,9 @@ def test_a_block_changed_inside_redis_is_rejected_and_recomputed(tiny_model, tmp
     import redis
 
     plain = engine(tiny_model, tmp_path, "--no-kv-cache", name="plain")
-    cached = engine(tiny_model, tmp_path, "--l2-url", redis_server["url"])
-    try:
+    cached = None
+    try:  # the second start inside: one that failed had left the first engine running after the test
+        cached = engine(tiny_model, tmp_path, "--l2-url", redis_server["url"])
         reference, _ = ask(plain.url)
         assert ask(cached.url)[0] == reference
         client = redis.Redis.from_url(redis_server["url"])
@@ -98,7 +99,8 @@ def test_a_block_changed_inside_redis_is_rejected_and_recomputed(tiny_model, tmp
         assert ask(cached.url)[1] > 0  # the recompute wrote good blocks over the changed ones
     finally:
         plain.stop()
-        cached.stop()
+        if cached is not None:
+            cached.stop()
 
 
 def test_two_tenants_never_share_and_one_tenant_hits(tiny_model, tmp_path):
