@@ -15,8 +15,6 @@ from fleetserve.api.errors import APIError
 # all, is read as JSON
 FORM_TYPES = frozenset({b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data"})
 BROWSER_HEADERS = frozenset({b"sec-fetch-site", b"origin"})  # what a browser says of the page that sent a request
-
-
 FORWARDED_HOST = b"x-forwarded-host"  # the Host a proxy in front was called with (nginx's proxy_pass rewrites Host)
 
 

@@ -27,10 +27,10 @@ REQUEST_READ_S = 60
 STREAM_KEEPALIVE_S = 15.0
 
 
-def stream_keepalive_s(stream_idle_timeout_s: float) -> float:
-    """The keep-alive of an engine behind a router with this stream idle timeout: a third of it, so one late
-    comment is no cut."""
-    return min(STREAM_KEEPALIVE_S, stream_idle_timeout_s / 3)
+def stream_keepalive_s(silence_s: float) -> float:
+    """The keep-alive of an engine behind a router that cuts a stream silent for `silence_s` (the shorter of its
+    stream idle and upstream timeouts): a third of it, so one late comment is no cut."""
+    return min(STREAM_KEEPALIVE_S, silence_s / 3)
 
 
 @dataclass(frozen=True)

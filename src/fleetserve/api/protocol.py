@@ -170,8 +170,9 @@ def _sampling(body: dict) -> SamplingParams:
                                   f"{json.dumps(logprobs)[:80]}", "invalid_value" if isinstance(logprobs, int)
                       else "invalid_type")
     _int(body, "top_logprobs", 0, 20)
-    if not (logprobs is None or logprobs is False) or body.get("top_logprobs") not in (None, 0):
-        name = "logprobs" if not (logprobs is None or logprobs is False) else "top_logprobs"
+    asked = not (logprobs is None or logprobs is False)
+    if asked or body.get("top_logprobs") not in (None, 0):
+        name = "logprobs" if asked else "top_logprobs"
         raise invalid(name, "log probabilities are not supported by this engine; allowed: logprobs false or "
                             f"omitted, and top_logprobs 0, got {json.dumps(body[name])[:80]}", "unsupported_value")
     top_p = _number(body, "top_p", 0.0, 1.0, 1.0, above_lo=True)
