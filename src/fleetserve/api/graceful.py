@@ -9,6 +9,11 @@ and `[DONE]` in a stream, a 503 otherwise); the cancel that follows then finds n
 `bind_port` takes an engine's port before its model loads, and exits `EXIT_PORT_TAKEN` when another process holds
 it: the supervisor had read the cause from the engine's log (gone with `logMaxBytes` tiny, and the replica spent
 a failed start more before it moved), and during a load of minutes any process could bind the port it had chosen.
+
+`serve` never lets uvicorn configure logging (the process did, with `observe.logs.configure_logging`; uvicorn's
+loggers reach that handler): uvicorn's `dictConfig` flushes every handler the process has registered, and a
+handler under construction on another thread (`StreamHandler` registers itself before it sets its stream) made
+an engine die at start with `'StreamHandler' object has no attribute 'stream'`.
 """
 
 from __future__ import annotations
@@ -119,10 +124,12 @@ def serve(app, before_cut: Callable[[], None], orphan_grace: float | None = None
     """`uvicorn.run(app, **config)` for one process, with `before_cut` called a margin before the graceful
     shutdown's end (see the module's docstring); with `orphan_grace`, ORPHAN_SIGNAL stops it with that grace;
     `sock`: the address `bind_port` took (else uvicorn binds `host` and `port`). Exits 1 when the server did not
-    start, as uvicorn.run does."""
+    start, as uvicorn.run does. `config` carries no `log_config`: see the module's docstring."""
+    if "log_config" in config:
+        raise TypeError("serve() configures no logging: call observe.logs.configure_logging first")
     if sock is not None:
         _listen(sock, config.get("host", ""), config.get("port", 0))
-    server = _Server(uvicorn.Config(app, **config), before_cut, orphan_grace)
+    server = _Server(uvicorn.Config(app, log_config=None, **config), before_cut, orphan_grace)
     try:
         server.run(sockets=[sock] if sock is not None else None)
     except KeyboardInterrupt:

@@ -17,7 +17,7 @@ from fleetserve.api.limits import (
 from fleetserve.engine.runner import ModelRunner
 from fleetserve.engine.server import Engine, EngineSettings, build_app
 from fleetserve.engine.sources import resolve_source
-from fleetserve.observe.logs import configure_logging, quiet_progress_bars, uvicorn_log_config
+from fleetserve.observe.logs import configure_logging, quiet_progress_bars
 from fleetserve.observe.metrics import ModelIdentity
 
 
@@ -135,5 +135,5 @@ def run_engine(
         attach_prefix_cache(engine, block_size, engine_cache_bytes, l1_bytes, l2_url, tenant_l2, password)
     logging.getLogger(__name__).info("serving %s (%s) on http://%s:%d", name, path, host, port)
     serve(build_app(engine), engine.stop_answers, orphan_drain, sock, host=host, port=port, log_level="warning",
-          timeout_graceful_shutdown=drain_timeout, log_config=uvicorn_log_config(log_format),
+          timeout_graceful_shutdown=drain_timeout,
           timeout_keep_alive=KEEP_ALIVE_S)

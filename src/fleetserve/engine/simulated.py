@@ -463,7 +463,7 @@ def run_simulated_engine(profile: PerfProfile, host: str, port: int, model_name:
                          log_prompts: bool = False, drain_timeout: float = 2.0,
                          context_length: int = SIM_CONTEXT_LENGTH) -> None:
     from fleetserve.api.graceful import bind_port, serve
-    from fleetserve.observe.logs import configure_logging, uvicorn_log_config
+    from fleetserve.observe.logs import configure_logging
 
     configure_logging(log_format, "engine", identity.replica if identity else None)
     sock = bind_port(host, port)
@@ -472,5 +472,5 @@ def run_simulated_engine(profile: PerfProfile, host: str, port: int, model_name:
                              log_prompts=log_prompts, context_length=context_length)
     app = build_simulated_app(engine, limits, InternalAuth(internal_token))
     serve(app, engine.stop_answers, sock=sock, host=host, port=port, log_level="warning",
-          timeout_graceful_shutdown=drain_timeout, log_config=uvicorn_log_config(log_format),
+          timeout_graceful_shutdown=drain_timeout,
           timeout_keep_alive=KEEP_ALIVE_S)

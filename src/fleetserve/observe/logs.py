@@ -105,15 +105,6 @@ def configure_logging(log_format: str = "text", component: str = "fleetserve", r
         logging.getLogger(chatty).setLevel(max(level, logging.WARNING))
 
 
-def uvicorn_log_config(log_format: str):
-    """uvicorn's `log_config`: its own (default) in text, none in json (its loggers reach our handler)."""
-    if log_format == "json":
-        return None
-    from uvicorn.config import LOGGING_CONFIG
-
-    return LOGGING_CONFIG
-
-
 def request_level(fields: dict) -> int:
     """A request line's level: WARNING for a server error (5xx: a replica failed it, or the router could not
     serve it), so that a filter on warnings finds them; INFO otherwise (a client's 4xx is the client's)."""
