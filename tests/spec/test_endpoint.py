@@ -755,3 +755,49 @@ def test_tenant_redis_hosts_render_would_clash_on_are_refused_by_validate(urls, 
     doc["spec"]["engine"] = {"kind": "vllm", "gpus": 1}
     doc["spec"]["model"] = {"source": "hf:org/m"}
     load_spec_data(doc)
+
+
+@pytest.mark.parametrize("tenant", ["team=b", "acme corp", "-x", "é", "a" * 129])
+def test_a_tenant_name_the_fleet_cannot_carry_is_refused_naming_the_rule(tenant):
+    """`team=b` passed validate and `up` started engines that read `--l2-tenant team=b=redis://...` as tenant
+    `team` (exit 2); `acme corp` split in $FLEETSERVE_L2_TENANTS (found in review)."""
+    auth = f"  auth: {{enabled: true, apiKeys: [{{tenant: '{tenant}', keyEnv: K}}]}}"
+    (msg,) = problems(GOOD.replace("  routing: {strategy: roundrobin}", auth))
+    assert msg.startswith("spec.auth.apiKeys[0].tenant") and "letters, digits and . _ @ : + -" in msg, msg
+    l2 = f"  kvCache: {{l2: {{enabled: true, tenantUrls: {{'{tenant}': 'redis://r.x:6379/0'}}}}}}"
+    (msg,) = problems(GOOD.replace("  routing: {strategy: roundrobin}", l2))
+    assert "tenantUrls[" in msg and "letters, digits" in msg, msg
+    auth = "  auth: {enabled: true, apiKeys: [{tenant: 'org:team-a.b@x+1', keyEnv: K}]}"
+    load_spec_text(GOOD.replace("  routing: {strategy: roundrobin}", auth))
+
+
+@pytest.mark.parametrize("urls, shared, clash", [
+    ({"beta": "redis://localhost/0"}, "redis://127.0.0.1:6379", "as url"),
+    ({"beta": "redis://:pw@r.x:6379?db=2"}, "redis://r.x/2", "as url"),
+    ({"alpha": "redis://r.x:6379/1", "beta": "redis://user:pw@R.X/1"}, None, "as tenantUrls[alpha]"),
+    ({"alpha": "unix:///run/r.sock?db=1", "beta": "unix:///run/../run/r.sock?db=1"}, None, "as tenantUrls[alpha]"),
+])
+def test_a_tenant_redis_that_reaches_the_shared_database_or_another_tenants_is_refused(urls, shared, clash):
+    """Hard isolation passed validate with a tenant on the shared L2's database (a typo or a copied line): the
+    tenants' blocks mixed, and each engine's eviction watch counted the other's evictions too (found in review)."""
+    l2 = {"enabled": True, "tenantUrls": urls} | ({"url": shared} if shared else {})
+    text = GOOD.replace("  routing: {strategy: roundrobin}", f"  kvCache: {{l2: {l2!r}}}".replace("True", "true"))
+    (msg,) = problems(text)
+    assert msg.startswith("spec.kvCache.l2") and "reaches the same Redis database " + clash in msg, msg
+    apart = {tenant: url.replace("/1", "/3", 1) if i else url for i, (tenant, url) in enumerate(urls.items())}
+    apart = {t: u.replace("db=1", "db=3") if i else u for i, (t, u) in enumerate(apart.items())}
+    if shared:
+        apart = {t: u.replace("/0", "/5").replace("db=2", "db=5") for t, u in apart.items()}
+    l2["tenantUrls"] = apart
+    load_spec_text(GOOD.replace("  routing: {strategy: roundrobin}", f"  kvCache: {{l2: {l2!r}}}".replace("True",
+                                                                                                          "true")))
+
+
+def test_a_tenant_redis_no_key_names_is_a_warning():
+    from fleetserve.spec.effects import inert_settings
+
+    text = GOOD.replace("  routing: {strategy: roundrobin}",
+                        "  auth: {enabled: true, apiKeys: [{tenant: beta, keyEnv: K}]}\n"
+                        "  kvCache: {l2: {enabled: true, tenantUrls: {Beta: 'redis://r.x/1', beta: 'redis://r.x/2'}}}")
+    (note,) = [n for n in inert_settings(load_spec_text(text).endpoint) if "tenantUrls" in n.path]
+    assert note.path == "spec.kvCache.l2.tenantUrls[Beta]" and "no API key has the tenant 'Beta'" in note.message

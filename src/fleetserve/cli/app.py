@@ -531,7 +531,7 @@ def engine(
     if model is None:
         raise typer.BadParameter("give --model (a model source) or --simulate (a performance profile)",
                                  param_hint="--model")
-    from fleetserve.spec.endpoint import redis_url_problem
+    from fleetserve.spec.endpoint import redis_url_problem, tenant_name_problem
 
     try:
         if l2_url is not None:
@@ -544,6 +544,7 @@ def engine(
         try:
             if not tenant or not sep:
                 raise ValueError("expected TENANT=URL")
+            tenant_name_problem(tenant)
             redis_url_problem(url)
         except ValueError as exc:
             raise typer.BadParameter(f"{item!r}: {exc}", param_hint="--l2-tenant") from None

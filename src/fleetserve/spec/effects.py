@@ -161,6 +161,11 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if spec.kv_cache.l2.tenant_urls and not spec.auth.enabled:
         note("spec.kvCache.l2.tenantUrls", "tenants come from API keys: without auth.enabled no request has a "
                                            "tenant, so these Redis servers are never used")
+    elif spec.kv_cache.l2.tenant_urls:
+        keyed = {key.tenant for key in spec.auth.api_keys}
+        for tenant in sorted(set(spec.kv_cache.l2.tenant_urls) - keyed):
+            note(f"spec.kvCache.l2.tenantUrls[{tenant}]", f"no API key has the tenant {tenant!r} (names are "
+                 f"case-sensitive; keys' tenants: {', '.join(sorted(keyed))}): this Redis is never used")
     limits = spec.request_limits
     if limits.max_queue_size is not None and limits.max_concurrent_requests is None:
         note("spec.requestLimits.maxQueueSize", "has no effect without maxConcurrentRequests")

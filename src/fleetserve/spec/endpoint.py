@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import os
 import re
 from typing import Annotated, Any, Literal
 
@@ -667,6 +668,37 @@ def redis_url_problem(url: str) -> None:
         raise ValueError(f"{url!r}: the database after the host is a number (redis://host:6379/0), got {db!r}")
 
 
+TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:+-]{0,127}")
+TENANT_NAME_RULE = ("letters, digits and . _ @ : + -, beginning with a letter or a digit, at most 128 characters (a "
+                    "tenant travels in a header, a TENANT=URL flag and a space-separated variable)")
+
+
+def tenant_name_problem(tenant: str) -> None:
+    """ValueError for a tenant name the fleet cannot carry: `team=b` passed validate, and `up` started engines that
+    read `--l2-tenant team=b=redis://...` as tenant `team` (exit 2); `acme corp` split in $FLEETSERVE_L2_TENANTS."""
+    if not TENANT_NAME.fullmatch(tenant):
+        raise ValueError(f"tenant {tenant!r}: {TENANT_NAME_RULE}")
+
+
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0", "::"})
+
+
+def redis_identity(url: str) -> tuple:
+    """The server and database a Redis URL reaches, for telling two URLs that share one: loopback names alike,
+    the default port and database filled in, credentials and options left out."""
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    from fleetserve.kvcache.tiers import split_credentials
+
+    parts = urlsplit(split_credentials(url)[0])
+    query_db = parse_qs(parts.query).get("db", [])
+    if parts.scheme.lower() == "unix":
+        return "unix", os.path.normpath(parts.path), int(query_db[-1]) if query_db else 0
+    host = (parts.hostname or "").lower()
+    db = unquote(parts.path.strip("/")) or (query_db[-1] if query_db else "0")
+    return "tcp", "loopback" if host in LOOPBACK_HOSTS else host, parts.port or 6379, int(db)
+
+
 def rendered_tenant_service(url: str) -> str | None:
     """The Service a tenant URL names for the render to deploy (a bare host), or None for a Redis of the user's."""
     if url.startswith("rediss://"):  # TLS: a Redis of the user's own (the rendered one speaks plain redis://)
@@ -706,10 +738,23 @@ class L2Section(SpecModel):
     def _redis_urls(cls, value: dict[str, str]) -> dict[str, str]:
         for tenant, url in value.items():
             try:
+                tenant_name_problem(tenant)
                 redis_url_problem(url)
             except ValueError as exc:
                 raise ValueError(f"tenantUrls[{tenant}]: {exc}") from None
         return value
+
+    @model_validator(mode="after")
+    def _a_tenant_redis_is_its_own(self) -> L2Section:
+        """Hard isolation is a Redis database per tenant: a tenant URL reaching the shared L2's database or another
+        tenant's passed, and the tenants' blocks mixed (each engine's eviction watch also counted the other's)."""
+        taken = {redis_identity(self.url): "url"} if self.url else {}
+        for tenant, url in sorted(self.tenant_urls.items()):
+            where = taken.setdefault(redis_identity(url), f"tenantUrls[{tenant}]")
+            if where != f"tenantUrls[{tenant}]":
+                raise ValueError(f"tenantUrls[{tenant}]: {url!r} reaches the same Redis database as {where}; a "
+                                 "tenant's L2 is its own: give it another server or another database number")
+        return self
 
 
 class KVCacheSection(SpecModel):
@@ -775,9 +820,15 @@ class TLSSection(SpecModel):
 
 
 class APIKey(SpecModel):
-    tenant: str = Field(min_length=1)
+    tenant: str = Field(min_length=1, description=f"the key's tenant: {TENANT_NAME_RULE}")
     key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     key_env: str | None = None
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant_name(cls, value: str) -> str:
+        tenant_name_problem(value)
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> APIKey:
