@@ -1586,6 +1586,28 @@ def test_cron_macros_karpenter_and_keda_take_are_read_as_the_fields_they_stand_f
     assert budget["schedule"] == "30 18 * * *"  # midnight in Kolkata, written in UTC
 
 
+@pytest.mark.parametrize("written, rendered_as", [
+    ("0 9 * * 7", "0 9 * * 0"), ("0 9 * * 5-7", "0 9 * * 0,5,6"), ("0 9 * * 0-7", "0 9 * * 0,1,2,3,4,5,6"),
+    ("0 9 * * 1-7/2", "0 9 * * 0,1,3,5"), ("0 9 * * sun", "0 9 * * sun"), ("0 9 * * 1-5", "0 9 * * 1-5"),
+])
+def test_sunday_written_7_reaches_keda_and_karpenter_as_0(written, rendered_as):
+    """Cron takes 7 for Sunday, and validate passed it; KEDA's cron scaler and Karpenter's budget schedules
+    (robfig/cron: day of week 0-6) refuse it, so the ScaledObject (scaling included) and the budget failed."""
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["autoscaling"]["scheduleLeadTime"] = 0
+    doc["spec"]["autoscaling"]["schedules"] = [{"name": "w", "timezone": "UTC", "start": written,
+                                                "end": written.replace("0 9", "0 18", 1), "minReplicas": 1}]
+    doc["spec"]["capacity"]["consolidation"]["budgets"] = [
+        {"nodes": "0", "schedule": written, "durationSeconds": 3600, "timezone": "UTC"}]
+    rendered, _ = _objects(doc)
+    (so,) = _by(rendered, "ScaledObject", "chat-engine-t0")
+    (trigger,) = [t for t in so["spec"]["triggers"] if t["type"] == "cron"]
+    assert (trigger["metadata"]["start"], trigger["metadata"]["end"]) == (
+        rendered_as, rendered_as.replace("0 9", "0 18", 1))
+    (budget,) = _by(rendered, "NodePool")[0]["spec"]["disruption"]["budgets"]
+    assert budget["schedule"] == rendered_as
+
+
 def test_endpoints_whose_namespace_and_name_join_alike_get_nodepools_of_their_own(tmp_path):
     """`team-a`/`chat` and `team`/`a-chat` both made NodePool `team-a-chat-t0` (cluster-wide): the second apply took
     the first endpoint's pool, and its pods never got a node. Both now render into one folder, pools apart."""

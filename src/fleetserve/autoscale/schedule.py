@@ -8,6 +8,7 @@ times are turned into instants through zoneinfo, so DST changes move the window 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -86,12 +87,15 @@ class Cron:
 
     @classmethod
     def parse(cls, text: str) -> Cron:
-        """Five fields, or a macro of KEDA's and Karpenter's parsers (`@daily`), read as the five it stands for."""
+        """Five fields, or a macro of KEDA's and Karpenter's parsers (`@daily`), read as the five it stands for;
+        `text` is what those parsers take: a day of the week written 7 becomes 0 (`5-7` is `0,5,6`)."""
         text = MACROS.get(text.strip().lower(), text)
         parts = text.split()
         if len(parts) != 5:
             raise ScheduleError(f"cron {text!r} needs 5 fields (minute hour day-of-month month day-of-week)")
         fields = [_parse_field(p, i) for i, p in enumerate(parts)]
+        if "7" in re.findall(r"\d+", parts[4]):  # Sunday as 7: KEDA's and Karpenter's parser refuse it (0-6)
+            text = " ".join(parts[:4] + [",".join(map(str, sorted(fields[4])))])
         cron = cls(text, *fields, dom_any=parts[2] == "*", dow_any=parts[4] == "*")
         if cron.dow_any and not any(d <= _MONTH_DAYS[m - 1] for m in cron.months for d in cron.days):
             # 31 February: a window that never opens (or never closes) was accepted, its floor never held
