@@ -801,3 +801,16 @@ def test_a_tenant_redis_no_key_names_is_a_warning():
                         "  kvCache: {l2: {enabled: true, tenantUrls: {Beta: 'redis://r.x/1', beta: 'redis://r.x/2'}}}")
     (note,) = [n for n in inert_settings(load_spec_text(text).endpoint) if "tenantUrls" in n.path]
     assert note.path == "spec.kvCache.l2.tenantUrls[Beta]" and "no API key has the tenant 'Beta'" in note.message
+
+
+def test_autoscaling_an_external_engine_is_said_to_do_nothing():
+    """Autoscaling on engine.kind external passed without a word; nothing scales there (no ScaledObject either),
+    and validate's summary said 1 replica for two URLs (found in review)."""
+    from fleetserve.spec.effects import inert_settings
+
+    text = GOOD.replace("  model: {source: builtin:smollm2-135m, name: smollm2, version: \"3\"}\n  replicas: 2\n",
+                        "  model: {source: 'hf:o/m'}\n  engine: {kind: external, urls: ['http://a:1', 'http://b:2']}\n"
+                        "  autoscaling: {minReplicaCount: 0, maxReplicaCount: 4}\n")
+    notes = {n.path: n for n in inert_settings(load_spec_text(text).endpoint)}
+    assert "nothing scales" in notes["spec.autoscaling"].message and notes["spec.autoscaling"].everywhere
+    assert "spec.autoscaling.triggers" not in notes  # "scales on the default trigger" would say the opposite

@@ -650,3 +650,21 @@ def test_a_trigger_beside_a_list_is_warned_and_warnings_name_the_routing_strateg
     warned = {w.path: w.message for w in load_spec_text(yaml.safe_dump(doc)).warnings}
     assert "prometheusTriggerList is given too" in warned["spec.autoScalingSpec.prometheusTrigger"]
     assert "spec.intelligentRoutingSpec.routingStrategy" in warned
+
+
+def test_resource_claims_are_refused_naming_the_field_not_a_traceback():
+    """`worker.resources.claims`, which the CRD allows (a list), crashed the mapping (exit 1, AttributeError); ours
+    was rendered into the container without the pod's resourceClaims, which the API server refuses."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["worker"]["resources"]["claims"] = [{"name": "gpu"}]
+    with pytest.raises(SpecError) as info:
+        load_spec_text(yaml.safe_dump(doc))
+    (problem,) = info.value.problems
+    assert problem.path == "spec.worker.resources" and problem.message.startswith("claims: "), problem
+    assert "resourceClaims" in problem.message
+    ours = ("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {name: c}\nspec:\n  model: {source: hf:o/m}\n"
+            "  engine: {kind: vllm, gpus: 1, resources: {claims: [{name: gpu}]}}\n")
+    with pytest.raises(SpecError) as info:
+        load_spec_text(ours)
+    (problem,) = info.value.problems
+    assert problem.path == "spec.engine.resources" and "claims: " in problem.message, problem

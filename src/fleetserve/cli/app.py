@@ -85,7 +85,8 @@ def validate(
     out.print("[green]valid[/green] ", end="")
     out.print(f"{loaded.source_format} spec: endpoint {e.metadata.namespace}/{e.metadata.name}, "
               f"model {e.served_model_name} ({e.spec.model.source}), engine {e.spec.engine.kind}, "
-              f"{e.spec.replicas} replica(s), routing {e.spec.routing.strategy}", markup=False)
+              f"{len(e.spec.engine.urls) if e.spec.engine.kind == 'external' else e.spec.replicas} replica(s), "
+              f"routing {e.spec.routing.strategy}", markup=False)
 
 
 @app.command()

@@ -61,7 +61,11 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         note("spec.model.contextLength" if spec.model.context_length else "spec.engine.args", too_long)
     if spec.routing.session_key and spec.routing.strategy != "session":
         note("spec.routing.sessionKey", f"only the session strategy uses it, not {spec.routing.strategy!r}")
-    if spec.autoscaling is not None and not spec.autoscaling.enabled:
+    if spec.autoscaling is not None and spec.engine.kind == "external":
+        note("spec.autoscaling", f"engine.kind external: the replicas are the {len(spec.engine.urls)} server(s) "
+                                 "of engine.urls, which fleetserve neither starts nor stops; nothing scales (no "
+                                 "ScaledObject is rendered)", everywhere=True)
+    elif spec.autoscaling is not None and not spec.autoscaling.enabled:
         note("spec.autoscaling.enabled", f"false: the fleet keeps spec.replicas={spec.replicas}")
     elif spec.autoscaling is not None and not spec.autoscaling.triggers:
         from fleetserve.autoscale.policy import DEFAULT_TRIGGER

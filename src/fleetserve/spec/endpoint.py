@@ -31,7 +31,7 @@ _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 # Kubernetes' quantity grammar, no negative ones for resources: a decimal number and a binary-SI, decimal-SI
 # or exponent suffix
 _QUANTITY = re.compile(r"^\+?(\d+\.?\d*|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
-RESOURCE_SECTIONS = ("limits", "requests", "claims")
+RESOURCE_SECTIONS = ("limits", "requests")
 
 
 def _byte_count(value: object) -> object:
@@ -323,10 +323,12 @@ class EngineSection(SpecModel):
     def _resource_quantities(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         """The API server refuses a Deployment with `memory: 30GB` or `cpu: two`; say so at validate time."""
         for section, amounts in (value or {}).items():
+            if section == "claims":  # a container's claim names one of the pod's resourceClaims, which the
+                # spec does not carry: the API server refused the Deployment (or a cluster without DRA dropped it)
+                raise ValueError("claims: a container's resource claim needs the pod's spec.resourceClaims, which "
+                                 "fleetserve does not render; leave claims out (GPUs: engine.gpus)")
             if section not in RESOURCE_SECTIONS:
                 raise ValueError(f"{section}: unknown field; allowed: {', '.join(RESOURCE_SECTIONS)}")
-            if section == "claims":
-                continue
             if not isinstance(amounts, dict):
                 raise ValueError(f"{section} must map resource names to quantities (memory: 30Gi)")
             for name, amount in amounts.items():

@@ -334,7 +334,9 @@ def _engine(spec: dict[str, Any], warn) -> tuple[dict[str, Any], dict[str, str]]
     if kind in ("vllm", "sglang"):
         args = _server_args(args, kind, port, warn)
     res = {section: {k: v for k, v in (w["resources"].get(section) or {}).items() if k != "nvidia.com/gpu"}
-           for section in ("limits", "requests", "claims") if w["resources"].get(section)}
+           for section in ("limits", "requests") if w["resources"].get(section)}
+    if w["resources"].get("claims"):  # a list, refused with its name by the spec (it had crashed the mapping)
+        res["claims"] = w["resources"]["claims"]
     engine: dict[str, Any] = {
         "kind": kind,
         "image": image,
