@@ -570,7 +570,7 @@ def test_an_l1_smaller_than_one_block_is_named_at_start(caplog):
         PrefixCache(shape, torch.float32, engine_blocks=4, l1=L1Store(1000))
         PrefixCache(shape, torch.float32, engine_blocks=4, l1=L1Store(1 << 20))
     (line,) = [r.getMessage() for r in caplog.records]
-    assert "(kvCache.l1.maxBytes, 1000 bytes) is smaller than one KV block" in line
+    assert "(--l1-bytes, a spec's kvCache.l1.maxBytes: 1000 bytes) is smaller than one KV block" in line
 
 
 def test_one_changed_byte_anywhere_in_a_large_weight_file_changes_the_fingerprint(tmp_path, monkeypatch):
@@ -657,3 +657,23 @@ spec:
             server.stop()
         proc.kill()
         proc.wait()
+
+
+def test_a_block_size_the_context_cannot_fill_is_named_at_start(tiny_model, caplog):
+    """`--block-size 4096` on a model of 2,048 tokens cached nothing without a word: validate sees only a
+    contextLength written in the spec, not the model's own (found in review)."""
+    import logging
+
+    from fleetserve.engine.main import attach_prefix_cache
+    from fleetserve.engine.runner import ModelRunner
+    from fleetserve.engine.server import Engine, EngineSettings
+    from fleetserve.observe.metrics import ModelIdentity
+
+    runner = ModelRunner(tiny_model, threads=1)
+    engine = Engine(runner, EngineSettings("tiny", ModelIdentity("default", "tiny", "1", "local", "r0")))
+    with caplog.at_level(logging.WARNING, logger="fleetserve.engine.main"):
+        attach_prefix_cache(engine, runner.context_length // 2, 1 << 20, 0, None)
+        assert not caplog.records
+        attach_prefix_cache(engine, runner.context_length, 1 << 20, 0, None)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert f"--block-size {runner.context_length} is not below the model's context length" in line

@@ -83,3 +83,50 @@ def test_writes_refused_with_most_memory_used_is_full_below_the_limit():
     assert _full(memory, refused=4).startswith("full (used 8,245,688 of maxmemory 8,545,688 bytes")
     assert _full({**memory, "used_memory": 4_000_000}, refused=4) is None  # room again (maxmemory raised, flushed)
     assert _full({**memory, "maxmemory_policy": "allkeys-lru"}, refused=4) is None  # it evicts
+
+
+def test_a_maxmemory_too_small_for_redis_itself_is_full_under_allkeys_lru(guarded):
+    """`l2.maxBytes: 512`: Redis used 1.1 MB of its 512 bytes, refused every block under allkeys-lru, and `status`
+    read "up" (found in review)."""
+    import redis
+
+    client = redis.Redis.from_url(guarded, password="s3cret")
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    client.config_set("maxmemory", "512")
+    assert redis_health(guarded, "s3cret") == "up"  # nothing refused yet
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        client.set("block", b"x" * 1000)
+    health = redis_health(guarded, "s3cret")
+    assert health.startswith("full (") and "allkeys-lru" in health and "too small" in health, health
+    client.config_set("maxmemory", "0")  # no limit: room again
+    assert redis_health(guarded, "s3cret") == "up"
+
+
+def test_an_outage_is_said_once_with_its_reason_and_its_end(guarded, caplog):
+    """A wrong and a missing password both read `unavailable (AuthenticationError)`, again after every back-off
+    as long as requests came (5 lines in 7 s), and nothing said when Redis answered again (found in review)."""
+    import logging
+    import time
+
+    from fleetserve.kvcache.tiers import RedisStore
+
+    store = RedisStore(guarded, prefix="t:", password="not-it", backoff=0.01)
+    with caplog.at_level(logging.INFO, logger="fleetserve.kvcache.tiers"):
+        for _ in range(5):
+            assert store.get_many([1]) == [None]
+            time.sleep(0.02)  # past the back-off: each read tries the server again
+        assert store.stats.failures == 5 and store.state == "unavailable"
+        (line,) = [r.getMessage() for r in caplog.records]
+        assert "unavailable (AuthenticationError: wrong user name or password)" in line, line
+        import redis
+
+        redis.Redis.from_url(guarded, password="s3cret").config_set("requirepass", "not-it")  # the operator's fix
+        time.sleep(0.02)
+        assert store.get_many([1]) == [None] and store.state == "up"
+        assert store.get_many([1]) == [None]
+    assert [r.getMessage() for r in caplog.records][1:] == [f"L2 Redis at {guarded} answers again"]
+    missing = RedisStore(guarded, prefix="t:")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fleetserve.kvcache.tiers"):
+        missing.put_many([(1, b"x")])
+    assert "the server needs a password" in caplog.text

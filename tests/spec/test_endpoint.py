@@ -814,3 +814,18 @@ def test_autoscaling_an_external_engine_is_said_to_do_nothing():
     notes = {n.path: n for n in inert_settings(load_spec_text(text).endpoint)}
     assert "nothing scales" in notes["spec.autoscaling"].message and notes["spec.autoscaling"].everywhere
     assert "spec.autoscaling.triggers" not in notes  # "scales on the default trigger" would say the opposite
+
+
+def test_an_l2_too_small_for_a_block_is_a_warning():
+    """`l2.maxBytes: 512` passed validate, and the Redis `up` started refused every block (found in review)."""
+    from fleetserve.spec.effects import inert_settings
+
+    def said(max_bytes: str) -> list[str]:
+        text = GOOD.replace("  routing: {strategy: roundrobin}", f"  kvCache: {{l2: {{enabled: true, maxBytes: "
+                                                                     f"{max_bytes}}}}}")
+        return [n.message for n in inert_settings(load_spec_text(text).endpoint)
+                if n.path == "spec.kvCache.l2.maxBytes"]
+
+    (message,) = said("512")
+    assert "512 bytes" in message and "at least 16Mi" in message
+    assert said("16Mi") == [] and said("4Gi") == []

@@ -64,6 +64,11 @@ def attach_prefix_cache(engine: Engine, block_size: int, engine_cache_bytes: int
     from fleetserve.observe.metrics import PrefixCacheCollector
 
     runner = engine.runner
+    if block_size >= runner.context_length:  # validate can say it only of a contextLength written in the spec
+        logging.getLogger(__name__).warning(
+            "--block-size %d is not below the model's context length %d: a prompt leaves one token to compute, so "
+            "no block ever fills and nothing is cached; use at most %d (kvCache.blockSize)", block_size,
+            runner.context_length, runner.context_length // 2)
     runner.block_size = block_size
     shape = runner.block_shape(block_size)
     block_bytes = runner.torch_dtype.itemsize

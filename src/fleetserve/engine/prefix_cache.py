@@ -73,9 +73,9 @@ class PrefixCache:
         self._prefetch_lock = threading.Lock()
         one = packed_size(self.block_bytes)
         if l1 is not None and l1.max_bytes < one:  # it stored nothing, and no metric said so
-            log.warning("the L1 tier (kvCache.l1.maxBytes, %d bytes) is smaller than one KV block of this model "
-                        "(%d bytes at %d tokens a block): it stores nothing; give it at least %d bytes, or disable "
-                        "it", l1.max_bytes, one, block_shape[3], one * 64)
+            log.warning("the L1 tier (--l1-bytes, a spec's kvCache.l1.maxBytes: %d bytes) is smaller than one KV "
+                        "block of this model (%d bytes at %d tokens a block): it stores nothing; give it at least "
+                        "%d bytes, or disable it", l1.max_bytes, one, block_shape[3], one * 64)
 
     # --- (de)serialisation ---------------------------------------------------------------------------------
 

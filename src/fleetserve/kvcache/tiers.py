@@ -244,10 +244,14 @@ def _full(memory: dict, refused: int = 0) -> str | None:
     the memory used counts as full too (it had read "up" at 96 % used while every write was refused)."""
     limit, used = int(memory.get("maxmemory") or 0), int(memory.get("used_memory") or 0)
     policy = str(memory.get("maxmemory_policy") or "")
+    writes = f", {refused:,} writes refused for memory since it started" if refused else ""
+    if limit and refused and used >= limit and policy.startswith("allkeys-"):  # evicting all it may, still over:
+        # a maxmemory below Redis's own use (about 1 MB) or a block's size (`l2.maxBytes: 512` read "up")
+        return (f"full (used {used:,} of maxmemory {limit:,} bytes with policy {policy}{writes}): maxmemory is too "
+                "small for Redis and a block; give it more (l2.maxBytes for the Redis fleetserve starts)")
     if not limit or not (policy == "noeviction" or policy.startswith("volatile-")):
         return None
     if used >= limit or (refused and used >= NEAR_FULL * limit):
-        writes = f", {refused:,} writes refused for memory since it started" if refused else ""
         return (f"full (used {used:,} of maxmemory {limit:,} bytes, maxmemory-policy {policy}{writes}): new blocks "
                 "are not written; set an allkeys-lru policy, or more memory")
     return None
@@ -262,6 +266,17 @@ def refusal_reason(message: str) -> str:
         return "wrong user name or password"
     first = message.split(". ")[0].split(", otherwise")[0].strip()
     return first if len(first) <= 120 else first[:117].rsplit(" ", 1)[0] + " ..."
+
+
+def _failure(exc: Exception) -> str:
+    """What failed, for the log: the exception's type, and a refusal's reason (never another message: redis-py
+    quotes the command it sent, block bytes and all)."""
+    import redis
+
+    if isinstance(exc, redis.AuthenticationError) or (isinstance(exc, redis.ResponseError) and any(
+            sign in str(exc) for sign in ("NOAUTH", "WRONGPASS", "Authentication required"))):
+        return f"{type(exc).__name__}: {refusal_reason(str(exc))}"
+    return type(exc).__name__
 
 
 def split_credentials(url: str) -> tuple[str, str | None, str | None]:
@@ -344,22 +359,30 @@ class RedisStore:
         return time.monotonic() >= self._down_until
 
     def _failed(self, exc: Exception) -> None:
+        """Said once per outage (it had been said again after every back-off, as long as requests came), with the
+        refusal in words when it is one (a wrong or missing password read alike as AuthenticationError)."""
         self.trusted = False
-        self.state = "unavailable"
         self.stats.add("failures")
-        if self.available:
-            log.warning("L2 Redis at %s unavailable (%s); serving from L1 and recompute for %.0fs", self.url,
-                        type(exc).__name__, self.backoff)
+        if self.state != "unavailable":
+            log.warning("L2 Redis at %s unavailable (%s); serving from L1 and recompute, trying again every %gs "
+                        "(a line when it answers)", self.url, _failure(exc), self.backoff)
+        self.state = "unavailable"
         self._down_until = time.monotonic() + self.backoff
 
+    def _answered(self) -> None:
+        self.trusted = True
+        if self.state == "unavailable":
+            log.info("L2 Redis at %s answers again", self.url)
+
     def _full(self, exc: Exception) -> None:
-        """A write refused for memory (OOM under a noeviction policy): writes pause, reads go on. It went the
-        way of a dead server, and every read of blocks already there missed for the back-off."""
+        """A write refused for memory: writes pause, reads go on. It went the way of a dead server, and every read
+        of blocks already there missed for the back-off."""
         self.stats.add("failures")
         self.state = "full"
         if time.monotonic() >= self._full_until:
-            log.warning("L2 Redis at %s is full (%s: maxmemory reached under a noeviction policy); new blocks are "
-                        "not written for %.0fs, blocks already there are still read", self.url, type(exc).__name__,
+            log.warning("L2 Redis at %s is full (%s: a write refused for memory: its maxmemory-policy does not "
+                        "evict these blocks, or its maxmemory is too small for one); new blocks are not written for "
+                        "%.0fs, blocks already there are still read", self.url, type(exc).__name__,
                         self.backoff)  # not the message: redis-py quotes the refused command, block bytes and all
         self._full_until = time.monotonic() + self.backoff
 
@@ -376,7 +399,7 @@ class RedisStore:
             return [None] * len(keys)
         self.stats.timing("get", time.perf_counter() - started)
         self.stats.add("bytes_out", sum(len(v) for v in values if v is not None))
-        self.trusted = True
+        self._answered()
         if self.state != "full" or time.monotonic() >= self._full_until:  # a read says nothing of the writes
             self.state = "up"
         return list(values)
@@ -415,7 +438,7 @@ class RedisStore:
             return []
         self.stats.timing("put", time.perf_counter() - started)
         self.stats.add("bytes_in", sum(len(v) for _, v in items))
-        self.trusted = True
+        self._answered()
         self.state = "up"
         return [k for k, _ in items]
 

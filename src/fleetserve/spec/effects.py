@@ -21,6 +21,9 @@ _KUBERNETES_ONLY = re.compile(
     r"|^metadata\.(labels|annotations)$")
 
 
+L2_SMALL_BYTES = 16 << 20  # below this, the Redis fleetserve starts holds few blocks or none
+
+
 def limits_split(routers: int) -> str:
     """Per-replica limits are counted by each router process on its own (its requests in flight): N of them let a
     replica see up to N x the limit."""
@@ -154,6 +157,10 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
                          f"{t.memory_gb:g} GiB) cannot take {asked}{larger}: no replica is placed there (render k8s "
                          "leaves it out of the NodePools and the pods' affinity); leave it out", everywhere=True)
     l2 = spec.kv_cache.l2
+    if l2.enabled and not l2.url and l2.max_bytes < L2_SMALL_BYTES:
+        note("spec.kvCache.l2.maxBytes", f"{l2.max_bytes:,} bytes is the maxmemory of the Redis fleetserve starts, "
+             "which uses about 1 MB itself; a block is 0.7 MB for the demo model at 256 tokens and tens of MB for "
+             "an 8B one, so few or none fit (every write refused): give it at least 16Mi", everywhere=True)
     if l2.enabled and l2.url and "max_bytes" in l2.model_fields_set:
         note("spec.kvCache.l2.maxBytes", "sizes the Redis fleetserve starts (and renders); the Redis at l2.url keeps "
                                          "its own maxmemory, which this does not change", everywhere=True)
