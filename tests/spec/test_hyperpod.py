@@ -616,7 +616,8 @@ def test_a_hyperpod_name_longer_than_a_dns_label_is_warned():
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["metadata"]["name"] = "n" * 76
     loaded = load_spec_data(doc)
-    assert loaded.endpoint.metadata.name == "n" * 63
+    name = loaded.endpoint.metadata.name
+    assert len(name) == 63 and name.startswith("n" * 54 + "-")  # and 8 hex digits of the whole name
     assert any("metadata.name" in str(w) and "76 characters" in str(w) for w in loaded.warnings), loaded.warnings
 
 
@@ -668,3 +669,17 @@ def test_resource_claims_are_refused_naming_the_field_not_a_traceback():
         load_spec_text(ours)
     (problem,) = info.value.problems
     assert problem.path == "spec.engine.resources" and "claims: " in problem.message, problem
+
+
+def test_long_names_that_begin_alike_stay_two_endpoints():
+    """A name over 63 characters was cut to 63: two endpoints whose names began alike rendered the same objects,
+    each apply taking the other's (found in review)."""
+    names = []
+    for tail in ("alpha", "bravo"):
+        doc = yaml.safe_load(EXAMPLE.read_text())
+        doc["metadata"]["name"] = "llama-" * 12 + tail
+        loaded = load_spec_text(yaml.safe_dump(doc))
+        names.append(loaded.endpoint.metadata.name)
+        (said,) = [w.message for w in loaded.warnings if w.path == "metadata.name"]
+        assert "the last 8 characters stand for the whole name" in said
+    assert names[0] != names[1] and all(len(n) <= 63 and n[:54] == names[0][:54] for n in names), names

@@ -11,6 +11,7 @@ ALB settings, ...) is left out and reported as a warning naming the field: nothi
 
 from __future__ import annotations
 
+import hashlib
 import re
 from functools import cache
 from importlib import resources
@@ -174,11 +175,14 @@ def _sdk_problems(spec: dict[str, Any]) -> list[SpecProblem]:
 
 def _k8s_name(value: str) -> str:
     """HyperPod model names allow upper case; our metadata is a DNS label, and a name that names Services starts
-    with a letter: `Llama_3.1` -> `llama-3-1`, `3b-chat` -> `ep-3b-chat`; cut to 63 without a trailing '-'."""
+    with a letter: `Llama_3.1` -> `llama-3-1`, `3b-chat` -> `ep-3b-chat`; over 63 characters, cut and 8 hex digits
+    of the whole name (two long names that began alike were one endpoint, each apply taking the other's objects)."""
     name = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")
     if name[:1].isdigit():
         name = "ep-" + name
-    return name[:63].rstrip("-") or "endpoint"
+    if len(name) > 63:
+        return f"{name[:54].rstrip('-')}-{hashlib.sha256(value.encode()).hexdigest()[:8]}"
+    return name or "endpoint"
 
 
 def _engine_kind(image: str) -> str:
@@ -413,7 +417,7 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
     name = _k8s_name(meta["name"])
     if len(meta["name"]) > 63:  # cut without a word, two endpoints whose names share 63 characters were one
         warn("metadata.name", f"{len(meta['name'])} characters: the endpoint is named {name!r} (a DNS label holds "
-                              "63), and another whose name begins alike is the same endpoint; shorten it")
+                              "63; the last 8 characters stand for the whole name)")
     elif name != meta["name"]:  # its objects, metrics and `fleetserve status` go by the DNS label: say which
         warn("metadata.name", f"{meta['name']!r} is named {name!r} here (a DNS label: lower case, digits and '-'; "
                               "a name that names Services starts with a letter)")
