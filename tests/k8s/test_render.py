@@ -1188,6 +1188,13 @@ def test_a_vllm_image_without_lmcache_and_a_token_in_engine_env_are_warned():
     assert "LMCacheConnectorV1" in said["spec.engine.image"]
     assert "plain text" in said["spec.engine.env.HF_TOKEN"]
     assert "spec.engine.env.LOG_LEVEL" not in said and "spec.engine.env.API_KEY" not in said
+    # a credential given as a flag's value went into the container's arguments without a word (found in review)
+    doc["spec"]["engine"]["args"] = ["--api-key", "sk-abc", "--hf-token=hf_x", "--max-num-seqs", "64",
+                                     "--api-key=$(FROM_SECRET)", "--disable-api-key-check"]
+    said = {w.path: w.message for w in _objects(doc)[0].warnings}
+    assert "a credential (--api-key) goes into the rendered manifests as plain text" in said["spec.engine.args[0]"]
+    assert "a credential (--hf-token)" in said["spec.engine.args[2]"]
+    assert not {f"spec.engine.args[{i}]" for i in (3, 5, 6)} & set(said), said
     doc["spec"]["engine"]["image"] = "lmcache/vllm-openai:v0.3.7"
     rendered, _ = _objects(doc)
     assert "spec.engine.image" not in {w.path for w in rendered.warnings}

@@ -110,6 +110,21 @@ def _plain_credentials(endpoint: Endpoint) -> list[tuple[str, str]]:
     found += [(f"spec.engine.env.{name}", "a credential (by its name)")  # HF_TOKEN: hf_... went in silently
               for name, value in sorted(spec.engine.env.items())
               if CREDENTIAL_NAME.search(name) and value and "$(" not in value]
+    found += [(f"spec.engine.args[{i}]", f"a credential ({flag})") for i, flag in _credential_flags(spec.engine.args)]
+    return found
+
+
+def _credential_flags(args: list[str]) -> list[tuple[int, str]]:
+    """(index, flag) of the engine arguments that give a credential as a value: `--api-key sk-...`,
+    `--hf-token=hf_...` (went into the container's arguments without a word)."""
+    found = []
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if not flag.startswith("--") or not CREDENTIAL_NAME.search(flag.replace("-", "_")):
+            continue
+        value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+        if value and not value.startswith("-") and "$(" not in value:
+            found.append((i, flag))
     return found
 
 
