@@ -130,7 +130,7 @@ def test_engine_secret_files_that_cannot_be_read_exit_2_naming_the_flag(tmp_path
 
 
 def test_a_tenant_database_on_the_shared_l2_server_takes_its_password_and_no_other_server_does():
-    from fleetserve.engine.main import same_server_password
+    from fleetserve.kvcache.redis_urls import same_server_password
 
     shared = "redis://127.0.0.1:6380/0"
     assert same_server_password("redis://127.0.0.1:6380/1", shared, "pw") == "pw"

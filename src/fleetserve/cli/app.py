@@ -238,6 +238,11 @@ def _startup_warnings(state) -> None:
     if state.l2_url and state.l2_status not in ("", "up"):
         err.print(f"[yellow]warning:[/yellow] L2 Redis at {escape(state.l2_url)} is {escape(state.l2_status)}: "
                   "engines serve from L1 and recompute until it answers")
+    for tenant, l2 in sorted(state.l2_tenants.items()):
+        if l2.get("status") not in ("", "up"):
+            err.print(f"[yellow]warning:[/yellow] L2 Redis of tenant {escape(tenant)} at {escape(l2['url'])} is "
+                      f"{escape(l2['status'])}: that tenant's requests are served from L1 and recompute until it "
+                      "answers")
 
 
 @app.command()
@@ -365,6 +370,9 @@ def _print_fleet(f) -> None:
     if f.l2_url:
         out.print(f"  l2: {f.l2_url} {f.l2_status or 'unknown'}" + (f" (was; the fleet is {f.status})" if gone else ""),
                   markup=False)
+    for tenant, l2 in sorted(f.l2_tenants.items()):
+        out.print(f"  l2 of tenant {tenant}: {l2['url']} {l2.get('status') or 'unknown'}"
+                  + (f" (was; the fleet is {f.status})" if gone else ""), markup=False)
     if f.alerts and not gone:
         out.print(f"  alerts firing: {', '.join(f.alerts)} (its Prometheus: /api/v1/alerts)", markup=False)
     if f.last_decision:

@@ -30,29 +30,6 @@ def l2_prefix(served_name: str, model_dir) -> str:
     return f"fleetserve:{KEY_SPACE}:{served_name}:{model_fingerprint(model_dir)}:"
 
 
-LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
-
-
-def same_server_password(url: str, l2_url: str | None, password: str | None) -> str | None:
-    """A tenant's Redis on the shared L2's server (another logical database of it) takes the L2 password (the
-    file's, or the one in the L2 URL), unless its URL gives its own: such a tenant had failed AUTH for ever.
-    Another server is never sent it."""
-    from urllib.parse import urlsplit
-
-    if not l2_url:
-        return None
-    mine, shared = urlsplit(url), urlsplit(l2_url)
-    password = password or shared.password
-    if not password or mine.password or mine.scheme != shared.scheme:
-        return None
-    if mine.scheme == "unix":
-        return password if mine.path == shared.path else None
-
-    def server(parts) -> tuple[str | None, int]:
-        host = parts.hostname
-        return ("loopback" if host in LOOPBACK else host), parts.port or 6379
-
-    return password if server(mine) == server(shared) else None
 
 
 def attach_prefix_cache(engine: Engine, block_size: int, engine_cache_bytes: int, l1_bytes: int,
@@ -60,6 +37,7 @@ def attach_prefix_cache(engine: Engine, block_size: int, engine_cache_bytes: int
                         l2_password: str | None = None) -> None:
     """Give the engine its prefix KV cache: working set, optional L1 (CPU bytes) and L2 (Redis URL)."""
     from fleetserve.engine.prefix_cache import PrefixCache
+    from fleetserve.kvcache.redis_urls import same_server_password
     from fleetserve.kvcache.tiers import L1Store, RedisStore
     from fleetserve.observe.metrics import PrefixCacheCollector
 

@@ -766,7 +766,8 @@ class Supervisor:
             self._prometheus_targets = targets
 
     def _start_redis(self) -> None:
-        """The L2 tier: the spec's Redis URL, or a redis-server of our own that evicts LRU at its cap."""
+        """The L2 tier: the spec's Redis URL, or a redis-server of our own that evicts LRU at its cap; each
+        tenant's own Redis is probed with it (status shows each)."""
         l2 = self.spec.kv_cache.l2
         if not l2.enabled:
             return
@@ -779,7 +780,9 @@ class Supervisor:
             if self.state.l2_status != "up":
                 self.say(f"L2 Redis at {self.state.l2_url} is {self.state.l2_status}: engines serve from L1 and "
                          "recompute until it answers")
+            self._probe_tenant_l2s()  # after l2_url: a tenant on the shared server takes its password
             return
+        self._probe_tenant_l2s()  # none is on our own Redis (a socket in the fleet's private folder)
         if not shutil.which("redis-server"):
             raise StartupError("spec.kvCache.l2.enabled needs redis-server (apt-get install redis-server) "
                                "or spec.kvCache.l2.url pointing at a Redis")
@@ -1170,16 +1173,37 @@ class Supervisor:
             self.state.alerts = firing
             self._save()
 
+    def _tenant_l2_password(self, url: str) -> str | None:
+        """What the engines send a tenant's Redis: the shared L2's password when it is on that server."""
+        from fleetserve.kvcache.redis_urls import same_server_password
+
+        own = (self.dir / REDIS_PASSWORD).read_text() if self.redis is not None else None
+        return same_server_password(url, self.l2_url, own)
+
+    def _probe_tenant_l2s(self) -> None:
+        from fleetserve.kvcache.tiers import redis_health, split_credentials
+
+        for tenant, url in sorted(self.spec.kv_cache.l2.tenant_urls.items()):
+            entry = self.state.l2_tenants[tenant] = {"url": split_credentials(url)[0],
+                                                     "status": redis_health(url, self._tenant_l2_password(url))}
+            if entry["status"] != "up":
+                self.say(f"L2 Redis of tenant {tenant} at {entry['url']} is {entry['status']}: that tenant's "
+                         "requests are served from L1 and recompute until it answers")
+
     def _probe_l2(self, mono: float) -> None:
         """Ping the L2 Redis every L2_PROBE_S: `status` said nothing of an unreachable external one, and a
         stopped (SIGSTOP) own one still read "up". Our own one while the supervisor restarts it keeps that."""
-        if not self.l2_url or mono < self._l2_probe_at or self.state.l2_status.startswith("restarting"):
+        if not (self.l2_url or self.state.l2_tenants) or mono < self._l2_probe_at:
             return
         from fleetserve.kvcache.tiers import redis_health
 
         self._l2_probe_at = mono + L2_PROBE_S
-        password = (self.dir / REDIS_PASSWORD).read_text() if self.redis is not None else None
-        self.state.l2_status = redis_health(self.l2_url, password)
+        if self.l2_url and not self.state.l2_status.startswith("restarting"):
+            password = (self.dir / REDIS_PASSWORD).read_text() if self.redis is not None else None
+            self.state.l2_status = redis_health(self.l2_url, password)
+        for tenant, entry in self.state.l2_tenants.items():  # a tenant's own: it was never checked
+            url = self.spec.kv_cache.l2.tenant_urls[tenant]
+            entry["status"] = redis_health(url, self._tenant_l2_password(url))
 
     def _keep_alive(self, child: Child | None, backoff: Backoff, mono: float, what: str) -> bool:
         """Restart a supervised service that exited, after its back-off; True when it was restarted now."""

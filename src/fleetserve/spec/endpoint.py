@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import math
-import os
 import re
 from typing import Annotated, Any, Literal
 
@@ -682,25 +681,6 @@ def tenant_name_problem(tenant: str) -> None:
         raise ValueError(f"tenant {tenant!r}: {TENANT_NAME_RULE}")
 
 
-LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0", "::"})
-
-
-def redis_identity(url: str) -> tuple:
-    """The server and database a Redis URL reaches, for telling two URLs that share one: loopback names alike,
-    the default port and database filled in, credentials and options left out."""
-    from urllib.parse import parse_qs, unquote, urlsplit
-
-    from fleetserve.kvcache.tiers import split_credentials
-
-    parts = urlsplit(split_credentials(url)[0])
-    query_db = parse_qs(parts.query).get("db", [])
-    if parts.scheme.lower() == "unix":
-        return "unix", os.path.normpath(parts.path), int(query_db[-1]) if query_db else 0
-    host = (parts.hostname or "").lower()
-    db = unquote(parts.path.strip("/")) or (query_db[-1] if query_db else "0")
-    return "tcp", "loopback" if host in LOOPBACK_HOSTS else host, parts.port or 6379, int(db)
-
-
 def rendered_tenant_service(url: str) -> str | None:
     """The Service a tenant URL names for the render to deploy (a bare host), or None for a Redis of the user's."""
     if url.startswith("rediss://"):  # TLS: a Redis of the user's own (the rendered one speaks plain redis://)
@@ -750,9 +730,11 @@ class L2Section(SpecModel):
     def _a_tenant_redis_is_its_own(self) -> L2Section:
         """Hard isolation is a Redis database per tenant: a tenant URL reaching the shared L2's database or another
         tenant's passed, and the tenants' blocks mixed (each engine's eviction watch also counted the other's)."""
-        taken = {redis_identity(self.url): "url"} if self.url else {}
+        from fleetserve.kvcache.redis_urls import redis_database
+
+        taken = {redis_database(self.url): "url"} if self.url else {}
         for tenant, url in sorted(self.tenant_urls.items()):
-            where = taken.setdefault(redis_identity(url), f"tenantUrls[{tenant}]")
+            where = taken.setdefault(redis_database(url), f"tenantUrls[{tenant}]")
             if where != f"tenantUrls[{tenant}]":
                 raise ValueError(f"tenantUrls[{tenant}]: {url!r} reaches the same Redis database as {where}; a "
                                  "tenant's L2 is its own: give it another server or another database number")
