@@ -901,3 +901,34 @@ def test_only_model_requests_routed_count_as_the_autoscalers_activity():
         return listed, gw.load_report()["routed_total"]
 
     assert run_virtual(main()) == (0, 1)
+
+
+def test_answers_refused_before_routing_have_a_request_line_and_a_tenant_count(caplog):
+    """A 404 on an unknown path, a 405, a 413 or 431 found while parsing were counted and carried a request id,
+    but wrote no request line, and the tenant series missed them: the id a client quoted led nowhere."""
+    import logging
+
+    async def main():
+        gw, _ = gateway({A: [], B: []})
+        wrong_method = Request("GET", "/v1/chat/completions", b"", [(b"x-request-id", b"mine-1")], b"",
+                               ("127.0.0.1", 5555), "1.1", True)
+        await gw.handle(wrong_method, Recorder())
+        unknown = Request("GET", "/v1/" + "x" * 300, b"", [], b"", ("127.0.0.1", 5555), "1.1", True)
+        await gw.handle(unknown, Recorder())
+        too_large = Recorder()
+        too_large.rejected_path = "/v1/completions"
+        gw.error(too_large, 413, "request body is over 1024 bytes", "request_too_large")
+        headers_too_large = Recorder()  # the request line never came whole
+        gw.error(headers_too_large, 431, "request headers are over 1024 bytes", "request_header_fields_too_large")
+        gw.access.close()
+        return gw
+
+    with caplog.at_level(logging.INFO, logger="fleetserve.router.access"):
+        gw = run_virtual(main())
+    lines = [(r.status, r.path, getattr(r, "error", None)) for r in caplog.records if r.getMessage() == "request"]
+    assert lines == [(405, "/v1/chat/completions", "method_not_allowed"), (404, "/v1/" + "x" * 196 + "...", None),
+                     (413, "/v1/completions", "request_too_large"), (431, "?", "request_header_fields_too_large")]
+    assert [r.request_id for r in caplog.records if r.getMessage() == "request"][0] == "mine-1"
+    tenants = {s.labels["code"]: s.value for f in gw.metrics.registry.collect() for s in f.samples
+               if s.name == "fleetserve_router_tenant_requests_total"}
+    assert tenants == {"405": 1.0, "404": 1.0, "413": 1.0, "431": 1.0}

@@ -52,8 +52,9 @@ LABELS: dict[str, str] = {
     "path": "the router's API path (/v1/chat/completions, /v1/completions, /v1/models, /invocations), or other: "
             "errors on any other path and input refused before its path was read (404, 413, 431, 400)",
     "code": "HTTP status code answered",
-    "tenant": "tenant name from the router's API key file; '-' without keys. Bounded by the key file; "
-              "never derived from request content",
+    "tenant": "tenant name from the router's API key file; '-' without keys, and for answers given before a "
+              "request's key was read (404, 405, 413, 431). Bounded by the key file; never derived from request "
+              "content",
     "reason": "a fixed set per metric: retry reasons (status_502, status_503, status_504, busy: a 503 with "
               "Retry-After, unreachable, dropped: closed under the request, stalled: its replica was taken out by "
               "its health checks before it answered, refused_router: a replica's 401 "

@@ -75,6 +75,11 @@ SANE_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # a client x-request-id th
 ACTIVITY_PATHS = GENERATION_PATHS | {INVOCATIONS_PATH}  # what a request routed there keeps a fleet from zero
 MODEL_PATH_LABEL = "/v1/models/{model}"  # the request counter's label for any model card's path
 COUNTED_CONTROL = frozenset({401, 403, 404, 405})  # the control app's answers that are counted as requests
+LOGGED_PATH_CHARS = 200  # a path the client chose (a 404's) is cut here in its request line
+
+
+def logged_path(path: str) -> str:
+    return path if len(path) <= LOGGED_PATH_CHARS else path[:LOGGED_PATH_CHARS] + "..."
 
 
 @dataclass(frozen=True)
@@ -200,6 +205,8 @@ class Gateway:
                                      server=self.server_address, extra_headers=rid)
             if status in COUNTED_CONTROL:  # a 404 was neither counted nor traceable; health checks (503 at zero
                 self._count_request(responder, "other", status)  # replicas, SageMaker's /ping) and scrapes are not
+                self._unknown_tenant(status)
+                self._log(rid[0][1].decode("latin-1"), None, logged_path(request.path), status, self.clock())
         elif request.method == "HEAD" and method == "GET":  # what GET answers, without its body (RFC 9110): the
             request.method = "GET"  # responder of a HEAD sends no body; a 405 had answered monitors' HEAD checks
             if not self.settings.served_models and not self.pool.any_eligible():  # held, it would wake the fleet
@@ -245,6 +252,9 @@ class Gateway:
             rejected = responder.rejected_path
             known = rejected if rejected in PROXIED or (rejected or "").startswith(MODEL_PATH) else None
             self._count_request(responder, path or responder.path or known or "other", status)
+            self._unknown_tenant(status)  # refused before its key was read: a 413, 431, 405 had no request line
+            self._log(rid.decode("latin-1"), None, logged_path(path or responder.path or rejected or "?"), status,
+                      self.clock(), error=code)
         headers = list(headers or [])
         if status == 503 and not any(k == b"retry-after" for k, _ in headers):
             # a request cut by the router's stop had none, where every other 503 of ours says when to come back
@@ -337,6 +347,7 @@ class Gateway:
         except asyncio.CancelledError:  # the client left, or the router stops (the front door answers it 503)
             status = "503" if responder.stopping else "499"
             self._count_request(responder, request.path, status)
+            self._count(self.metrics.tenant_requests, tenant or "-", status)
             self._log(request_id, tenant, request.path, int(status), started, body=body)
             raise
         status = attempt.response.status
@@ -591,6 +602,10 @@ class Gateway:
 
     def _count(self, metric, *labels: str) -> None:
         child(metric, *labels).inc()
+
+    def _unknown_tenant(self, status: int | str) -> None:
+        """An answer given before the request's key was read counts under tenant "-", as one without auth."""
+        self._count(self.metrics.tenant_requests, "-", str(status))
 
     def _log(self, request_id: str, tenant: str | None, path: str, status: int, started: float,
              attempt: Attempt | None = None, ttfb_ms: float | None = None, body: dict | None = None,
