@@ -31,6 +31,8 @@ from typing import NoReturn
 
 import uvicorn
 
+from fleetserve.api.limits import REQUEST_READ_S
+
 CUT_MARGIN_S = 0.1  # before uvicorn's own deadline (which starts ~0.2 s after the signal): the last writes go out
 
 
@@ -129,6 +131,9 @@ def serve(app, before_cut: Callable[[], None], orphan_grace: float | None = None
         raise TypeError("serve() configures no logging: call observe.logs.configure_logging first")
     if sock is not None:
         _listen(sock, config.get("host", ""), config.get("port", 0))
+    from fleetserve.api.read_timeout import read_timeout_protocol
+
+    config.setdefault("http", read_timeout_protocol(REQUEST_READ_S))  # uvicorn's own waits for ever on a request
     server = _Server(uvicorn.Config(app, log_config=None, **config), before_cut, orphan_grace)
     try:
         server.run(sockets=[sock] if sock is not None else None)
