@@ -589,3 +589,15 @@ def test_a_process_that_binds_a_crashed_replicas_port_is_never_taken_for_it(tmp_
             server.server_close()
     finally:
         fleetserve("down", "squat", env=home)
+
+
+def test_up_refuses_at_once_a_count_the_machines_slots_cannot_hold(tmp_path, tiny_model, home):
+    """`replicas: 2` on `localSlots: 1` served one replica while `up` waited out startupTimeoutSeconds (10 min by
+    default) and exited 1; slots free up only as replicas drain, and none does while starting (found in review)."""
+    spec = write_spec(tmp_path, tiny_model, name="over")
+    with open(spec, "a") as f:
+        f.write("  capacity: {localSlots: 1}\n")
+    up = fleetserve("up", spec, "--detach", env=home, timeout=300)
+    assert up.returncode == 2, (up.stdout, up.stderr)
+    assert "2 replica(s) wanted at the start" in up.stderr and "spec.capacity.localSlots" in up.stderr, up.stderr
+    wait_until(lambda: leftovers(home) == [], 30, what="nothing left running")

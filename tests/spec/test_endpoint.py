@@ -829,3 +829,23 @@ def test_an_l2_too_small_for_a_block_is_a_warning():
     (message,) = said("512")
     assert "512 bytes" in message and "at least 16Mi" in message
     assert said("16Mi") == [] and said("4Gi") == []
+
+
+@pytest.mark.parametrize("extra, path", [
+    ("  capacity: {localSlots: 1}\n", "spec.replicas"),
+    ("  capacity: {localSlots: 2}\n  autoscaling: {minReplicaCount: 3, maxReplicaCount: 4}\n",
+     "spec.autoscaling.minReplicaCount"),
+    ("  capacity: {localSlots: 2}\n  autoscaling: {minReplicaCount: 0, maxReplicaCount: 4, schedules: [{name: d, "
+     "start: '0 9 * * *', end: '0 17 * * *', minReplicas: 3}]}\n", "spec.autoscaling.schedules[0].minReplicas"),
+])
+def test_a_count_the_machines_slots_cannot_hold_is_a_warning(extra, path):
+    """`replicas: 3` with `localSlots: 2` passed validate, and `up` waited out startupTimeoutSeconds (10 min) for
+    a failure the spec alone showed (found in review)."""
+    from fleetserve.spec.effects import inert_settings
+
+    notes = [n for n in inert_settings(load_spec_text(GOOD + extra).endpoint) if n.path == "spec.capacity.localSlots"]
+    (note,) = notes
+    assert f"replicas of {path}:" in note.message and "refuses to start" in note.message, note
+    fine = GOOD.replace("replicas: 2", "replicas: 1") + "  capacity: {localSlots: 2}\n"
+    fine += "  autoscaling: {maxReplicaCount: 9}\n"  # above the slots: a shortage status reports, not a refusal
+    assert not [n for n in inert_settings(load_spec_text(fine).endpoint) if n.path == "spec.capacity.localSlots"]

@@ -429,6 +429,10 @@ class Supervisor:
             ready = sum(1 for r in self.replicas if r.state.state in SERVING)
             if ready >= initial:
                 return
+            if self.spec.capacity.provider == "local" and self.state.error.startswith(UNPLACED):  # this machine's
+                # slots free up only as replicas drain, and none does while starting: it had waited out the timeout
+                raise StartupError(f"{initial} replica(s) wanted at the start and {self.state.error}: raise "
+                                   "spec.capacity.localSlots or ask for fewer", exit_code=2)
             if time.monotonic() > deadline:
                 why = f": {self.state.error}" if self.state.error else ""  # no capacity: not in any log file
                 raise StartupError(f"{ready} of {initial} replica(s) ready after "
@@ -992,6 +996,8 @@ class Supervisor:
         """Launch or drain to `desired`. Moving replicas (on a node being consolidated) do not count: their
         replacements are launched here, and they drain once enough replacements are ready."""
         active = [r for r in self.replicas if r.state.state not in (Phase.DRAINING, Phase.MOVING)]
+        if len(active) >= desired and self.state.error.startswith(UNPLACED):  # nothing is wanted that lacks a
+            self.state.error = ""  # place now: the shortage's error had stayed for good (status, the router's 503)
         if len(active) < desired:
             # a draining replica whose process died is not brought back (its next round would find it gone)
             draining = [r for r in self.replicas if r.state.state == Phase.DRAINING

@@ -122,6 +122,7 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
                               "(set replicas, or autoscaling with minReplicaCount 0 to wake on requests)")
     if spec.placement.node_affinity:
         _affinity_notes(spec.placement.node_affinity, note)
+    _local_slots_note(spec, note)
     if spec.placement.instance_types:
         from fleetserve.capacity.catalog import Catalog
         from fleetserve.capacity.placement import fits, replica_request
@@ -351,6 +352,30 @@ def _sglang_host_cache_note(spec, note) -> None:
              f"(--hicache-size {sglang_hicache_gb(spec)}), not above the GPU KV pool of about {pool / 1e9:.0f} GB "
              f"on {name}: SGLang refuses to start; give at least {int(pool * gpus / 1e9) + 1} GB "
              f"({(int(pool / 1e9) + 1) * gpus * 10**9} bytes), or l1.enabled: false")
+
+
+def _local_slots_note(spec, note) -> None:
+    """A count the machine's slots can never hold: `up` waited out startupTimeoutSeconds (10 minutes by default)
+    for a failure the spec alone showed. Autoscaling above the slots is no such case: it reports the shortage."""
+    slots = spec.capacity.local_slots
+    if spec.capacity.provider != "local" or slots is None:
+        return
+    auto = spec.autoscaling
+    if auto is None or not auto.enabled:
+        asked = [("spec.replicas", spec.replicas)]
+    else:
+        asked = [("spec.autoscaling.minReplicaCount", auto.min_replica_count)]
+        asked += [(f"spec.autoscaling.schedules[{i}].minReplicas", floor.min_replicas)
+                  for i, floor in enumerate(auto.schedules)]
+        if "replicas" in spec.model_fields_set:
+            asked.append(("spec.replicas", min(spec.replicas, auto.max_replica_count)))
+    for path, count in asked:
+        if count > slots:
+            when = "while it holds" if "schedules" in path else "at all"
+            note("spec.capacity.localSlots", f"{slots} slot(s) cannot hold the {count} replicas of {path}: `fleetserve "
+                 f"up` refuses to start {when} (exit 2), and status reports the shortage; raise localSlots or lower "
+                 f"{path.removeprefix('spec.')}")
+            return
 
 
 def _affinity_notes(affinity: dict, note) -> None:
