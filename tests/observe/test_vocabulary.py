@@ -242,3 +242,25 @@ def test_a_fresh_engine_exports_every_request_series_at_zero():
                  "model_ttfb_milliseconds_count", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
                  "vllm:time_to_first_token_seconds_count", "vllm:e2e_request_latency_seconds_count"):
         assert samples.get(name) == 0, name
+
+
+def test_a_node_kind_once_seen_reads_0_at_zero_nodes():
+    """At zero nodes `fleetserve_nodes` vanished: a gap in the panel (the built-in dashboard read 0)."""
+    from types import SimpleNamespace
+
+    from fleetserve.fleet.metrics import SupervisorMetrics
+
+    def nodes(m) -> dict:
+        return {(s.labels["instance_type"], s.labels["capacity_type"]): s.value for f in m.registry.collect()
+                for s in f.samples if s.name == "fleetserve_nodes"}
+
+    m = SupervisorMetrics()
+    state = SimpleNamespace(desired=2, ready=2, cost_per_hour=1.0, cost_total=0.1, nodes=[
+        SimpleNamespace(instance_type="g5.xlarge", capacity_type="spot")] * 2)
+    m.update(state)
+    assert nodes(m) == {("g5.xlarge", "spot"): 2.0}
+    m.update(SimpleNamespace(desired=0, ready=0, cost_per_hour=0.0, cost_total=0.1, nodes=[
+        SimpleNamespace(instance_type="g6e.xlarge", capacity_type="on-demand")]))
+    assert nodes(m) == {("g5.xlarge", "spot"): 0.0, ("g6e.xlarge", "on-demand"): 1.0}
+    m.update(SimpleNamespace(desired=0, ready=0, cost_per_hour=0.0, cost_total=0.1, nodes=[]))
+    assert set(nodes(m).values()) == {0.0}

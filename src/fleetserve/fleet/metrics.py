@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from prometheus_client import CollectorRegistry, start_http_server
 
 from fleetserve.fleet.process import free_port
@@ -22,6 +24,7 @@ class SupervisorMetrics:
         self.cost_per_hour = v.COST_PER_HOUR.make(r)
         self.cost_total = v.COST_TOTAL.make(r)
         self.nodes = v.NODES.make(r)
+        self._node_kinds: set[tuple[str, str]] = set()
         self._server = None
 
     def serve(self, host: str = "127.0.0.1") -> str:
@@ -34,9 +37,10 @@ class SupervisorMetrics:
         self.ready.set(state.ready)
         self.cost_per_hour.set(state.cost_per_hour)
         self.cost_total.set(state.cost_total)
-        self.nodes.clear()
-        for n in state.nodes:
-            self.nodes.labels(n.instance_type, n.capacity_type).inc()
+        counts = Counter((n.instance_type, n.capacity_type) for n in state.nodes)
+        self._node_kinds |= set(counts)  # a kind once seen stays, at 0: at zero nodes the series had vanished (a
+        for kind in self._node_kinds:  # gap in the panel, "no data" to an alert, where the answer was 0)
+            self.nodes.labels(*kind).set(counts.get(kind, 0))
 
     def stop(self) -> None:
         if self._server is not None:
