@@ -509,6 +509,23 @@ def test_user_env_keeps_its_order_and_never_duplicates_ours():
     assert any(w.path == "spec.engine.env" and "POD_NAME" in w.message for w in rendered.warnings)
 
 
+def test_an_l2_url_of_this_machine_is_named_before_it_reaches_a_pod():
+    """`unix:///run/redis.sock` or `redis://127.0.0.1` rendered into pods without a word: in a pod it is the pod
+    itself, and no engine ever reached its L2 (found in review)."""
+    doc = copy.deepcopy(BUILTIN_TENANTS)  # the built-in engine: vLLM's L2 refuses a socket already
+    doc["spec"]["kvCache"]["l2"]["url"] = "unix:///run/redis.sock?db=0"
+    doc["spec"]["kvCache"]["l2"]["tenantUrls"]["beta"] = "redis://127.0.0.1:6379/1"
+    said = {w.path: w.message for w in _objects(doc)[0].warnings}
+    assert "names this machine" in said["spec.kvCache.l2.url"]
+    assert "names this machine" in said["spec.kvCache.l2.tenantUrls.beta"]
+    doc = copy.deepcopy(FULL)
+    doc["spec"]["kvCache"]["l2"]["url"] = "redis://:pw@localhost:6379/0"
+    said = [w.message for w in _objects(doc)[0].warnings if w.path == "spec.kvCache.l2.url"]
+    assert any(m.startswith("'redis://localhost:6379/0' names this machine") for m in said), said  # no password
+    doc["spec"]["kvCache"]["l2"]["url"] = "redis://redis.cache.svc:6379/0"
+    assert not [w for w in _objects(doc)[0].warnings if "names this machine" in w.message]
+
+
 def test_credentials_written_in_the_spec_are_named_before_they_reach_the_manifests():
     doc = copy.deepcopy(FULL)
     doc["spec"]["kvCache"]["l2"]["url"] = "redis://:s3cret@redis.example.com:6379/0"

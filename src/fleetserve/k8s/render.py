@@ -93,6 +93,20 @@ def to_yaml(obj: dict) -> str:
                      allow_unicode=True)
 
 
+def _machine_local_redis(endpoint: Endpoint) -> list[tuple[str, str]]:
+    """L2 URLs that reach the local machine only: `fleetserve up` runs beside them, a pod does not."""
+    from fleetserve.kvcache.redis_urls import redis_server
+    from fleetserve.kvcache.tiers import split_credentials
+
+    l2 = endpoint.spec.kv_cache.l2
+    if not l2.enabled:
+        return []
+    urls = [("spec.kvCache.l2.url", l2.url)] + [(f"spec.kvCache.l2.tenantUrls.{t}", u)
+                                                 for t, u in sorted(l2.tenant_urls.items())]
+    return [(path, split_credentials(url)[0]) for path, url in urls
+            if url and (redis_server(url)[0] == "unix" or redis_server(url)[1] == "loopback")]
+
+
 def _plain_credentials(endpoint: Endpoint) -> list[tuple[str, str]]:
     """Spec fields that carry a password or token in their value: URLs with user information, KEDA headers
     that authorize. (A password the renderer takes from a Secret is written as $(VAR), never as itself.)"""
@@ -179,6 +193,10 @@ def render(endpoint: Endpoint, options: RenderOptions | None = None) -> Rendered
         if key in ours or key.startswith("fleetserve.io/"):
             warn(f"metadata.labels.{key}", "is a label fleetserve sets on its objects (selectors, tiers, "
                                            "ownership): its own value replaces yours")
+    for path, url in _machine_local_redis(endpoint):
+        warn(path, f"{url!r} names this machine (a unix socket or a loopback address): in a pod it is the pod "
+                   "itself, where no Redis runs, so the engines never reach it; give the Redis's Service or host "
+                   "(or leave l2.url empty for the Redis render k8s makes)")
     for path, value in _plain_credentials(endpoint):
         warn(path, f"{value} goes into the rendered manifests as plain text (container arguments, environment or "
                    "ScaledObject metadata, readable by anyone who can read the objects): keep it in a Secret and "
