@@ -3,6 +3,7 @@ that refused its tenant or had died read nothing anywhere but an engine's log li
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import replace
 
@@ -43,13 +44,17 @@ def test_the_supervisor_probes_each_tenants_redis_and_says_which_is_not_up(redis
     (line,) = [s for s in said if "tenant" in s]
     assert line.startswith(f"L2 Redis of tenant beta at {beta} is unreachable")
     redis.Redis.from_url(shared, password="pw").config_set("requirepass", "changed")  # alpha's password is wrong now
-    sup._probe_l2(sup._l2_probe_at + 1)
+    sup._probe_l2(sup._l2_probe_at + 1, wait=True)
     assert "wrong user name or password" in tenants["alpha"]["status"], tenants
-    state = replace(fleet(), l2_url=shared, l2_status="up", l2_tenants=tenants)
+    state = replace(fleet(), l2_url=shared, l2_status="up", l2_tenants=copy.deepcopy(tenants))
     monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path / "status"))
     write_state(state)
     shown = CliRunner().invoke(app, ["status"]).output
     assert f"l2 of tenant alpha: {alpha} refused (" in shown and f"l2 of tenant beta: {beta} unreachable (" in shown
+    redis.Redis.from_url(shared, password="changed").config_set("requirepass", "pw")  # fixed again
+    sup._probe_l2(sup._l2_probe_at + 1)  # as the supervisor's loop does: on a thread, which holds nothing up
+    sup._l2_prober.join(30)
+    assert tenants["alpha"]["status"] == "up", tenants
 
 
 def test_a_detached_start_says_which_tenants_redis_does_not_answer(capsys):

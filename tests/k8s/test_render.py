@@ -1207,11 +1207,14 @@ def test_a_vllm_image_without_lmcache_and_a_token_in_engine_env_are_warned():
     assert "spec.engine.env.LOG_LEVEL" not in said and "spec.engine.env.API_KEY" not in said
     # a credential given as a flag's value went into the container's arguments without a word (found in review)
     doc["spec"]["engine"]["args"] = ["--api-key", "sk-abc", "--hf-token=hf_x", "--max-num-seqs", "64",
-                                     "--api-key=$(FROM_SECRET)", "--disable-api-key-check"]
+                                     "--api-key=$(FROM_SECRET)", "--disable-api-key-check", "--tokenizer", "o/t",
+                                     "--max-num-batched-tokens", "8192", "--password-file", "/x", "--tokenizer-mode",
+                                     "auto"]
     said = {w.path: w.message for w in _objects(doc)[0].warnings}
     assert "a credential (--api-key) goes into the rendered manifests as plain text" in said["spec.engine.args[0]"]
     assert "a credential (--hf-token)" in said["spec.engine.args[2]"]
-    assert not {f"spec.engine.args[{i}]" for i in (3, 5, 6)} & set(said), said
+    flagged = {p for p in said if p.startswith("spec.engine.args[")}
+    assert flagged == {"spec.engine.args[0]", "spec.engine.args[2]"}, said  # vLLM's ordinary flags are not
     doc["spec"]["engine"]["image"] = "lmcache/vllm-openai:v0.3.7"
     rendered, _ = _objects(doc)
     assert "spec.engine.image" not in {w.path for w in rendered.warnings}
@@ -1613,6 +1616,7 @@ def test_cron_macros_karpenter_and_keda_take_are_read_as_the_fields_they_stand_f
 @pytest.mark.parametrize("written, rendered_as", [
     ("0 9 * * 7", "0 9 * * 0"), ("0 9 * * 5-7", "0 9 * * 0,5,6"), ("0 9 * * 0-7", "0 9 * * 0,1,2,3,4,5,6"),
     ("0 9 * * 1-7/2", "0 9 * * 0,1,3,5"), ("0 9 * * sun", "0 9 * * sun"), ("0 9 * * 1-5", "0 9 * * 1-5"),
+    ("0 9 * * 1/3", "0 9 * * 1/3"), ("0 9 * * 5/2", "0 9 * * 5/2"),
 ])
 def test_sunday_written_7_reaches_keda_and_karpenter_as_0(written, rendered_as):
     """Cron takes 7 for Sunday, and validate passed it; KEDA's cron scaler and Karpenter's budget schedules
@@ -1630,6 +1634,21 @@ def test_sunday_written_7_reaches_keda_and_karpenter_as_0(written, rendered_as):
         rendered_as, rendered_as.replace("0 9", "0 18", 1))
     (budget,) = _by(rendered, "NodePool")[0]["spec"]["disruption"]["budgets"]
     assert budget["schedule"] == rendered_as
+    # the days the local controller and the simulator hold are the days robfig/cron reads in the rendered text
+    from fleetserve.autoscale.schedule import Cron
+
+    def robfig_days(field: str) -> set[int]:  # day of week 0-6; `N/step` runs to 6
+        days: set[int] = set()
+        for part in field.split(","):
+            if part.isalpha():
+                days.add("sun mon tue wed thu fri sat".split().index(part[:3].lower()))
+                continue
+            rng, _, step = part.partition("/")
+            lo, _, hi = rng.partition("-")
+            days |= set(range(int(lo), int(hi or (6 if step else lo)) + 1, int(step or 1)))
+        return days
+
+    assert Cron.parse(written).weekdays == robfig_days(rendered_as.split()[4])
 
 
 def test_endpoints_whose_namespace_and_name_join_alike_get_nodepools_of_their_own(tmp_path):

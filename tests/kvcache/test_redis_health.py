@@ -83,6 +83,9 @@ def test_writes_refused_with_most_memory_used_is_full_below_the_limit():
     assert _full(memory, refused=4).startswith("full (used 8,245,688 of maxmemory 8,545,688 bytes")
     assert _full({**memory, "used_memory": 4_000_000}, refused=4) is None  # room again (maxmemory raised, flushed)
     assert _full({**memory, "maxmemory_policy": "allkeys-lru"}, refused=4) is None  # it evicts
+    evicting = {"maxmemory": 1000, "used_memory": 1100, "maxmemory_policy": "allkeys-lru"}
+    assert "too small" in _full(evicting, refused=1)  # it evicted all it may and is still over
+    assert _full({**evicting, "mem_not_counted_for_evict": 200}, refused=1) is None  # its replication buffers
 
 
 def test_a_maxmemory_too_small_for_redis_itself_is_full_under_allkeys_lru(guarded):

@@ -758,22 +758,23 @@ def test_tenant_redis_hosts_render_would_clash_on_are_refused_by_validate(urls, 
 
 
 @pytest.mark.parametrize("tenant", ["team=b", "acme corp", "-x", "é", "a" * 129])
-def test_a_tenant_name_the_fleet_cannot_carry_is_refused_naming_the_rule(tenant):
-    """`team=b` passed validate and `up` started engines that read `--l2-tenant team=b=redis://...` as tenant
-    `team` (exit 2); `acme corp` split in $FLEETSERVE_L2_TENANTS (found in review)."""
-    auth = f"  auth: {{enabled: true, apiKeys: [{{tenant: '{tenant}', keyEnv: K}}]}}"
-    (msg,) = problems(GOOD.replace("  routing: {strategy: roundrobin}", auth))
-    assert msg.startswith("spec.auth.apiKeys[0].tenant") and "letters, digits and . _ @ : + -" in msg, msg
+def test_a_tenant_name_the_fleet_cannot_carry_to_its_redis_is_refused_naming_the_rule(tenant):
+    """`team=b` with a Redis of its own passed validate and `up` started engines that read `--l2-tenant
+    team=b=redis://...` as tenant `team` (exit 2); `acme corp` split in $FLEETSERVE_L2_TENANTS (found in review).
+    A tenant without its own Redis keeps a free-text name (a header carries it)."""
     l2 = f"  kvCache: {{l2: {{enabled: true, tenantUrls: {{'{tenant}': 'redis://r.x:6379/0'}}}}}}"
     (msg,) = problems(GOOD.replace("  routing: {strategy: roundrobin}", l2))
-    assert "tenantUrls[" in msg and "letters, digits" in msg, msg
-    auth = "  auth: {enabled: true, apiKeys: [{tenant: 'org:team-a.b@x+1', keyEnv: K}]}"
+    assert "tenantUrls[" in msg and "letters, digits and . _ @ : + -" in msg, msg
+    auth = f"  auth: {{enabled: true, apiKeys: [{{tenant: '{tenant}', keyEnv: K}}, {{tenant: 'org/team', keyEnv: L}}]}}"
     load_spec_text(GOOD.replace("  routing: {strategy: roundrobin}", auth))
+    l2 = "  kvCache: {l2: {enabled: true, tenantUrls: {'org:team-a.b@x+1': 'redis://r.x:6379/0'}}}"
+    load_spec_text(GOOD.replace("  routing: {strategy: roundrobin}", l2))
 
 
 @pytest.mark.parametrize("urls, shared, clash", [
     ({"beta": "redis://localhost/0"}, "redis://127.0.0.1:6379", "as url"),
     ({"beta": "redis://:pw@r.x:6379?db=2"}, "redis://r.x/2", "as url"),
+    ({"beta": "redis://r.x/7?db=2"}, "redis://r.x/2", "as url"),  # redis-py reads ?db= before the path
     ({"alpha": "redis://r.x:6379/1", "beta": "redis://user:pw@R.X/1"}, None, "as tenantUrls[alpha]"),
     ({"alpha": "unix:///run/r.sock?db=1", "beta": "unix:///run/../run/r.sock?db=1"}, None, "as tenantUrls[alpha]"),
 ])

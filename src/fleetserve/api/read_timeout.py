@@ -6,7 +6,10 @@ router had the bound (`REQUEST_READ_S`, router/http1.py); an engine on its own h
 engine's port is reachable by any pod of the cluster. This protocol is uvicorn's httptools one with the
 router's rule: from a request's first byte to its last, at most `read_timeout_s`, else a 408 in OpenAI's error
 JSON and the connection closed. The time an earlier pipelined answer takes does not count against the next
-request (uvicorn stops reading meanwhile), and an app that takes long to answer a request read whole is not cut.
+request (its time starts again, whole, when that answer ends), and an app that takes long to answer a request read
+whole is not cut. The app reading a body that stops arriving reads a disconnect (the engines log that request
+as 499, the client gets the 408); an app that began answering before it read the whole body has its connection
+closed (the engines read the body first).
 """
 
 from __future__ import annotations
@@ -53,6 +56,12 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._stop_reading_timer()
         super().on_message_complete()
 
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._reading is not None:  # a pipelined request waited for that answer: its time starts now, whole
+            self._reading.cancel()
+            self._reading = self.loop.call_later(self.read_timeout_s, self._read_too_slow)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_reading_timer()
         super().connection_lost(exc)
@@ -75,7 +84,9 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         if self._headers_done and cycle is not None:  # the app has the request and waits for the rest of its body
             cycle.disconnected = True  # its answer is ours now: it reads a disconnect, and writes nothing more
             cycle.message_event.set()
-            if cycle.response_started:  # it had begun answering before the body came whole: end the connection
+            if cycle.response_started:  # it had begun answering before the body came whole (no engine route
+                log.warning("request from %s did not arrive whole within %gs after its answer began: connection "
+                            "closed", self.client and self.client[0], self.read_timeout_s)  # does)
                 self.transport.close()
                 return
         log.warning("request from %s did not arrive whole within %gs: answered 408", self.client and self.client[0],

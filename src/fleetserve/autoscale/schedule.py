@@ -45,7 +45,9 @@ def _parse_field(text: str, index: int) -> frozenset[int]:
             start, end = _value(a, index), _value(b, index)
         else:
             start = _value(part, index)
-            end = hi if step > 1 else start
+            # `N/step` runs to the field's end: Saturday (6) for the day of week, as robfig/cron (KEDA, Karpenter)
+            # reads it; to 7 it had added a Sunday the cluster never held (`1/3`: 1, 4 and 7)
+            end = (6 if index == 4 else hi) if step > 1 else start
         if not (lo <= start <= hi and lo <= end <= hi) or start > end:
             raise ScheduleError(f"{name}: {part!r} is outside {lo}-{hi}"
                                 + (" (or a range from low to high)" if "-" in part else ""))

@@ -27,6 +27,7 @@ import shutil
 import signal
 import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -197,6 +198,7 @@ class Supervisor:
         self._router_backoff = Backoff(cap=RESTART_BACKOFF_MAX)
         self._redis_backoff = Backoff(cap=RESTART_BACKOFF_MAX)
         self._l2_probe_at = 0.0
+        self._l2_prober: threading.Thread | None = None
         self.redis: Child | None = None
         self._socket_dir: Path | None = None  # Redis's socket folder when the run folder is too deep for one
         self.l2_url = ""
@@ -780,7 +782,7 @@ class Supervisor:
 
             self.l2_url = l2.url
             self.state.l2_url = split_credentials(l2.url)[0]  # shown by status: never its password
-            self._probe_l2(self.monotonic())
+            self._probe_l2(self.monotonic(), wait=True)
             if self.state.l2_status != "up":
                 self.say(f"L2 Redis at {self.state.l2_url} is {self.state.l2_status}: engines serve from L1 and "
                          "recompute until it answers")
@@ -1196,18 +1198,30 @@ class Supervisor:
                 self.say(f"L2 Redis of tenant {tenant} at {entry['url']} is {entry['status']}: that tenant's "
                          "requests are served from L1 and recompute until it answers")
 
-    def _probe_l2(self, mono: float) -> None:
-        """Ping the L2 Redis every L2_PROBE_S: `status` said nothing of an unreachable external one, and a
-        stopped (SIGSTOP) own one still read "up". Our own one while the supervisor restarts it keeps that."""
+    def _probe_l2(self, mono: float, wait: bool = False) -> None:
+        """Ping the L2 Redis and each tenant's every L2_PROBE_S: `status` said nothing of an unreachable external
+        one, and a stopped (SIGSTOP) own one still read "up". On a thread of its own (`wait`: here), so that Redis
+        servers that do not answer (0.5 s each, DNS unbounded) never hold the loop that tends the replicas."""
         if not (self.l2_url or self.state.l2_tenants) or mono < self._l2_probe_at:
             return
+        if self._l2_prober is not None and self._l2_prober.is_alive():
+            return
+        self._l2_probe_at = mono + L2_PROBE_S
+        if wait:
+            self._probe_l2_now()
+            return
+        self._l2_prober = threading.Thread(target=self._probe_l2_now, name="l2-probe", daemon=True)
+        self._l2_prober.start()
+
+    def _probe_l2_now(self) -> None:
         from fleetserve.kvcache.tiers import redis_health
 
-        self._l2_probe_at = mono + L2_PROBE_S
         if self.l2_url and not self.state.l2_status.startswith("restarting"):
             password = (self.dir / REDIS_PASSWORD).read_text() if self.redis is not None else None
-            self.state.l2_status = redis_health(self.l2_url, password)
-        for tenant, entry in self.state.l2_tenants.items():  # a tenant's own: it was never checked
+            status = redis_health(self.l2_url, password)
+            if not self.state.l2_status.startswith("restarting"):  # our own one went down meanwhile: that stays
+                self.state.l2_status = status
+        for tenant, entry in list(self.state.l2_tenants.items()):  # a tenant's own: it was never checked
             url = self.spec.kv_cache.l2.tenant_urls[tenant]
             entry["status"] = redis_health(url, self._tenant_l2_password(url))
 

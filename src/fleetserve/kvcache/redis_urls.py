@@ -21,11 +21,12 @@ def redis_server(url: str) -> tuple:
 
 
 def redis_database(url: str) -> tuple:
-    """The server and the database number (the path's, else `?db=`, else 0): two URLs alike here share data."""
+    """The server and the database number (`?db=`, else the path's, else 0, as redis-py reads them): two URLs
+    alike here share data."""
     parts = urlsplit(split_credentials(url)[0])
     query_db = parse_qs(parts.query).get("db", [])
     path_db = "" if parts.scheme.lower() == "unix" else unquote(parts.path.strip("/"))
-    return *redis_server(url), int(path_db or (query_db[-1] if query_db else 0))
+    return *redis_server(url), int(query_db[-1] if query_db else path_db or 0)
 
 
 def same_server_password(url: str, l2_url: str | None, password: str | None) -> str | None:

@@ -245,8 +245,11 @@ def _full(memory: dict, refused: int = 0) -> str | None:
     limit, used = int(memory.get("maxmemory") or 0), int(memory.get("used_memory") or 0)
     policy = str(memory.get("maxmemory_policy") or "")
     writes = f", {refused:,} writes refused for memory since it started" if refused else ""
-    if limit and refused and used >= limit and policy.startswith("allkeys-"):  # evicting all it may, still over:
-        # a maxmemory below Redis's own use (about 1 MB) or a block's size (`l2.maxBytes: 512` read "up")
+    # what eviction counts (replication and AOF buffers are not): at the limit while evicting as it should, a
+    # replicated Redis's used_memory may stay above maxmemory
+    counted = used - int(memory.get("mem_not_counted_for_evict") or 0)
+    if limit and refused and counted >= limit and policy.startswith("allkeys-"):  # evicting all it may, still
+        # over: a maxmemory below Redis's own use (about 1 MB) or a block's size (`l2.maxBytes: 512` read "up")
         return (f"full (used {used:,} of maxmemory {limit:,} bytes with policy {policy}{writes}): maxmemory is too "
                 "small for Redis and a block; give it more (l2.maxBytes for the Redis fleetserve starts)")
     if not limit or not (policy == "noeviction" or policy.startswith("volatile-")):

@@ -53,8 +53,8 @@ LABELS: dict[str, str] = {
             "errors on any other path and input refused before its path was read (404, 413, 431, 400)",
     "code": "HTTP status code answered",
     "tenant": "tenant name from the router's API key file; '-' without keys, and for answers given before a "
-              "request's key was read (404, 405, 413, 431). Bounded by the key file; never derived from request "
-              "content",
+              "request's key was read (404, 405, 413, 431, a HEAD at zero replicas, the router's own 500). Bounded "
+              "by the key file; never derived from request content",
     "reason": "a fixed set per metric: retry reasons (status_502, status_503, status_504, busy: a 503 with "
               "Retry-After, unreachable, dropped: closed under the request, stalled: its replica was taken out by "
               "its health checks before it answered, refused_router: a replica's 401 "

@@ -671,12 +671,13 @@ def redis_url_problem(url: str) -> None:
 
 TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:+-]{0,127}")
 TENANT_NAME_RULE = ("letters, digits and . _ @ : + -, beginning with a letter or a digit, at most 128 characters (a "
-                    "tenant travels in a header, a TENANT=URL flag and a space-separated variable)")
+                    "tenant with its own Redis travels in a TENANT=URL flag and a space-separated variable)")
 
 
 def tenant_name_problem(tenant: str) -> None:
-    """ValueError for a tenant name the fleet cannot carry: `team=b` passed validate, and `up` started engines that
-    read `--l2-tenant team=b=redis://...` as tenant `team` (exit 2); `acme corp` split in $FLEETSERVE_L2_TENANTS."""
+    """ValueError for a tenant name that cannot have a Redis of its own: `team=b` passed validate, and `up` started
+    engines that read `--l2-tenant team=b=redis://...` as tenant `team` (exit 2); `acme corp` split in
+    $FLEETSERVE_L2_TENANTS. Other tenants' names are free text (a header carries them)."""
     if not TENANT_NAME.fullmatch(tenant):
         raise ValueError(f"tenant {tenant!r}: {TENANT_NAME_RULE}")
 
@@ -804,15 +805,9 @@ class TLSSection(SpecModel):
 
 
 class APIKey(SpecModel):
-    tenant: str = Field(min_length=1, description=f"the key's tenant: {TENANT_NAME_RULE}")
+    tenant: str = Field(min_length=1)
     key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     key_env: str | None = None
-
-    @field_validator("tenant")
-    @classmethod
-    def _tenant_name(cls, value: str) -> str:
-        tenant_name_problem(value)
-        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> APIKey:

@@ -177,12 +177,15 @@ def _k8s_name(value: str) -> str:
     """HyperPod model names allow upper case; our metadata is a DNS label, and a name that names Services starts
     with a letter: `Llama_3.1` -> `llama-3-1`, `3b-chat` -> `ep-3b-chat`; over 63 characters, cut and 8 hex digits
     of the whole name (two long names that began alike were one endpoint, each apply taking the other's objects)."""
-    name = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")
-    if name[:1].isdigit():
-        name = "ep-" + name
+    name = _dns_label_of(value)
     if len(name) > 63:
         return f"{name[:54].rstrip('-')}-{hashlib.sha256(value.encode()).hexdigest()[:8]}"
     return name or "endpoint"
+
+
+def _dns_label_of(value: str) -> str:
+    name = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")
+    return "ep-" + name if name[:1].isdigit() else name
 
 
 def _engine_kind(image: str) -> str:
@@ -415,7 +418,7 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
         model["tokenSecret"] = {"name": token.get("name") or "", "key": token.get("key") or "token"}
     pod = _pod(s, model)
     name = _k8s_name(meta["name"])
-    if len(meta["name"]) > 63:  # cut without a word, two endpoints whose names share 63 characters were one
+    if len(_dns_label_of(meta["name"])) > 63:  # cut without a word, two names sharing 63 characters were one
         warn("metadata.name", f"{len(meta['name'])} characters: the endpoint is named {name!r} (a DNS label holds "
                               "63; the last 8 characters stand for the whole name)")
     elif name != meta["name"]:  # its objects, metrics and `fleetserve status` go by the DNS label: say which
