@@ -110,6 +110,20 @@ def test_a_replica_that_went_away_does_not_make_rates_negative():
     assert panel(live.payload(), "throughput")["2"][-1][1] == pytest.approx(0.8)
 
 
+def test_a_replica_that_did_not_answer_one_sample_adds_no_traffic_and_a_restart_counts_from_zero():
+    """A replica whose /metrics missed the 2 s limit once (a busy machine) had its whole lifetime's counters read
+    as the next window's traffic: 1.8 invocations/s and a p95 on an idle fleet (found in review). A counter that
+    went down (its engine restarted) counts from 0, as rate() does; it had read nothing."""
+    live = LiveData(window_s=5)
+    both = frozenset({"router", "supervisor", "r0", "r1"})
+    live.add(Sample(0, {**engine(calls=10), **engine(r="r1", calls=50)}, sources=both))
+    live.add(Sample(5, {**engine(calls=10)}, sources=both - {"r1"}))  # r1 did not answer in time
+    live.add(Sample(10, {**engine(calls=10), **engine(r="r1", calls=50)}, sources=both))
+    assert [p[1] for p in panel(live.payload(), "throughput")["2"]] == [0.0, 0.0]
+    live.add(Sample(15, {**engine(calls=3), **engine(r="r1", calls=50)}, sources=both))  # r0 restarted, 3 since
+    assert panel(live.payload(), "throughput")["2"][-1][1] == pytest.approx(3 / 5)
+
+
 def test_after_a_scale_to_zero_counts_read_zero_and_latencies_a_gap():
     """The replicas' series vanish with them: the panels' lines and headlines kept the last value (3 requests in
     flight, 2.4 invocations/s, a p95) while the fleet sat at zero."""

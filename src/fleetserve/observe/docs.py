@@ -38,6 +38,11 @@ def render_metrics_md() -> str:
         "(`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`, `fleetserve_kv_tier_hits_total`) "
         "and `instance_type` before the replica count.",
         "",
+        "The router emits the `model_*` series as HyperPod's router does only in front of vLLM and SGLang (which "
+        "export none of them); in front of the built-in engine, which exports them itself, the router adds "
+        "`model_invocations_total` and `model_errors_total` of the answers only it gives (`--model-metrics-scope "
+        "router`), and in front of an external engine none.",
+        "",
     ]
     for group, title in GROUPS.items():
         members = [m for m in METRICS if m.group == group]

@@ -59,6 +59,19 @@ class Sample:
     values: dict[Key, float]
     points: dict[tuple, dict] = field(default_factory=dict, repr=False)  # per filter set, computed once
     decisions: dict[str, float] | None = field(default=None, repr=False)
+    sources: frozenset[str] | None = None  # the sources that answered (None: all of its values' sources)
+
+
+def _source(key: Key) -> str:
+    return dict(key[1]).get("__source", "")
+
+
+def comparable(now: Sample, then: Sample) -> dict[Key, float]:
+    """`now`'s values of the sources that answered at `then` too: a replica whose /metrics did not answer in time
+    at `then` (over 2 s on a busy machine) had its whole lifetime's counters read as that window's traffic."""
+    if then.sources is None:
+        return now.values
+    return {key: v for key, v in now.values.items() if _source(key) in then.sources}
 
 
 def _match(labels: tuple[tuple[str, str], ...], filters: dict[str, str]) -> bool:
@@ -81,7 +94,8 @@ def _delta(now: dict[Key, float], then: dict[Key, float], name: str, filters: di
     for key, v in now.items():
         n, labels = key
         if n == name and (not filters or _match(labels, filters)):
-            out[dict(labels).get(by, "") if by else ""] += max(0.0, v - then.get(key, 0.0))
+            before = then.get(key, 0.0)
+            out[dict(labels).get(by, "") if by else ""] += v - before if v >= before else v  # a reset: from 0
     return out
 
 
@@ -158,10 +172,12 @@ class LiveData:
             if self.supervisor_url:
                 urls.append(("supervisor", self.supervisor_url))
             texts = await asyncio.gather(*(self._get(gateway.upstream, url) for _id, url in urls))
+            answered = {"router"}
             for (source, _url), text in zip(urls, texts, strict=True):
                 if text:
                     values.update(parse(text, source))
-            self.add(Sample(now, values))
+                    answered.add(source)
+            self.add(Sample(now, values, sources=frozenset(answered)))
 
     @staticmethod
     async def _get(client, url: str) -> str:
@@ -219,6 +235,7 @@ class LiveData:
             return out
         dt = max(now.t - then_s.t, 1e-9)
         w = then_s.values
+        v = comparable(now, then_s)  # the gauges above read every source; rates only those answered both times
         for key, metric in (("latency", "model_latency_milliseconds"), ("ttfb", "model_ttfb_milliseconds")):
             buckets = _delta(v, w, metric + "_bucket", filters, by="le")
             out[key] = {f"p{int(q * 100)}": quantile(q, buckets) for q in QUANTILES}

@@ -34,7 +34,8 @@ Kind = Literal["counter", "gauge", "histogram"]
 
 LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000)
 SECONDS_BUCKETS = tuple(b / 1000 for b in LATENCY_BUCKETS_MS)
-BUFFER_WAIT_BUCKETS_S = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
+# a local cold start takes 10-30 s: from 10 straight to 30 s, histogram_quantile read a 13 s wait as 20 s
+BUFFER_WAIT_BUCKETS_S = (0.1, 0.5, 1, 2, 5, 10, 15, 20, 25, 30, 45, 60, 90, 120, 180, 300, 600)
 COLD_START_BUCKETS_S = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
 MODEL_LABELS = ("namespace", "model_name", "model_version", "instance_type", "replica")
