@@ -45,7 +45,8 @@ LABELS: dict[str, str] = {
     "namespace": "the endpoint's metadata.namespace (one per endpoint)",
     "model_name": "the served model name (one per endpoint)",
     "model_version": "spec.model.version (one per deployed version)",
-    "instance_type": "the instance type the replica was placed on (the spec's priority list; on Kubernetes the "
+    "instance_type": "the instance type the replica was placed on (the spec's priority list, by its EC2 name: "
+                     "SageMaker's `ml.g5.xlarge` reads `g5.xlarge`, `local` on this machine; on Kubernetes the "
                      "tier's one type, or `kubernetes` where a tier allows several: a pod cannot read its node's "
                      "labels)",
     "replica": "replica id, r0, r1, ... (grows with replacements over a fleet's life; one per live replica)",
