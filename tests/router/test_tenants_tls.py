@@ -164,3 +164,17 @@ def test_a_replica_that_refuses_the_routers_credentials_is_a_502_naming_them(tmp
         gw.stop()
         right.stop()
         wrong.stop()
+
+
+@pytest.mark.parametrize("tenant", ["a\r\nx-evil: 1", "équipe", " acme", ""])
+def test_a_key_files_tenant_a_header_cannot_carry_is_refused(tmp_path, tenant):
+    """A tenant travels to the engines in a header: a line break in it wrote a header of its own into every
+    upstream request, and a letter past ASCII reached the engines as another tenant (found in review)."""
+    from fleetserve.router.auth import KeyRing
+
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"keys": {"a" * 64: tenant}}))
+    with pytest.raises(ValueError, match="printable ASCII"):
+        KeyRing.from_file(path)
+    path.write_text(json.dumps({"keys": {key_digest("k"): "Acme Corp/team-1"}}))  # free text otherwise
+    assert KeyRing.from_file(path).tenant("Bearer k") == "Acme Corp/team-1"

@@ -765,10 +765,20 @@ def test_a_tenant_name_the_fleet_cannot_carry_to_its_redis_is_refused_naming_the
     l2 = f"  kvCache: {{l2: {{enabled: true, tenantUrls: {{'{tenant}': 'redis://r.x:6379/0'}}}}}}"
     (msg,) = problems(GOOD.replace("  routing: {strategy: roundrobin}", l2))
     assert "tenantUrls[" in msg and "letters, digits and . _ @ : + -" in msg, msg
-    auth = f"  auth: {{enabled: true, apiKeys: [{{tenant: '{tenant}', keyEnv: K}}, {{tenant: 'org/team', keyEnv: L}}]}}"
+    auth = ("  auth: {enabled: true, apiKeys: [{tenant: 'team=b acme corp', keyEnv: K}, "
+            "{tenant: 'org/team', keyEnv: L}]}")
     load_spec_text(GOOD.replace("  routing: {strategy: roundrobin}", auth))
     l2 = "  kvCache: {l2: {enabled: true, tenantUrls: {'org:team-a.b@x+1': 'redis://r.x:6379/0'}}}"
     load_spec_text(GOOD.replace("  routing: {strategy: roundrobin}", l2))
+
+
+@pytest.mark.parametrize("tenant", ['"a\\r\\nx-evil: 1"', '"équipe"', '" acme"', '"tab\\there"'])
+def test_a_tenant_a_header_cannot_carry_is_refused(tenant):
+    """A line break in a tenant wrote a header of its own into every upstream request, and a letter past ASCII
+    reached the engines as another tenant (found in review)."""
+    auth = f"  auth: {{enabled: true, apiKeys: [{{tenant: {tenant}, keyEnv: K}}]}}"
+    (msg,) = problems(GOOD.replace("  routing: {strategy: roundrobin}", auth))
+    assert msg.startswith("spec.auth.apiKeys[0].tenant") and "printable ASCII" in msg, msg
 
 
 @pytest.mark.parametrize("urls, shared, clash", [

@@ -23,11 +23,17 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
+    """The child's pre-exec step. libc is loaded here, in the parent: loaded in the forked child (a dlopen), it
+    could hang there for good when another thread of the parent (a metrics server, the L2 probe's DNS lookup)
+    held the loader's lock at the fork."""
+    try:
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:
+        prctl = None  # not Linux: the supervisor's own shutdown path still stops children
+
     def arm() -> None:
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
-        except OSError:
-            pass  # not Linux: the supervisor's own shutdown path still stops children
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, sig)
 
     return arm
 

@@ -199,6 +199,7 @@ class Supervisor:
         self._redis_backoff = Backoff(cap=RESTART_BACKOFF_MAX)
         self._l2_probe_at = 0.0
         self._l2_prober: threading.Thread | None = None
+        self._redis_generation = 0  # moves when our own Redis goes down or comes back: a probe from before is stale
         self.redis: Child | None = None
         self._socket_dir: Path | None = None  # Redis's socket folder when the run folder is too deep for one
         self.l2_url = ""
@@ -1134,6 +1135,7 @@ class Supervisor:
                 self._pushed = None
             if self._keep_alive(self.redis, self._redis_backoff, mono, "redis-server (the L2 tier)"):
                 self.state.l2_status, self.state.redis_pid = "up", self.redis.pid
+                self._redis_generation += 1
             if self._keep_alive(self.prometheus, self._prometheus_backoff, mono, "prometheus"):
                 self.state.prometheus_pid = self.prometheus.pid
             self._probe_l2(mono)
@@ -1216,14 +1218,19 @@ class Supervisor:
     def _probe_l2_now(self) -> None:
         from fleetserve.kvcache.tiers import redis_health
 
-        if self.l2_url and not self.state.l2_status.startswith("restarting"):
-            password = (self.dir / REDIS_PASSWORD).read_text() if self.redis is not None else None
-            status = redis_health(self.l2_url, password)
-            if not self.state.l2_status.startswith("restarting"):  # our own one went down meanwhile: that stays
-                self.state.l2_status = status
-        for tenant, entry in list(self.state.l2_tenants.items()):  # a tenant's own: it was never checked
-            url = self.spec.kv_cache.l2.tenant_urls[tenant]
-            entry["status"] = redis_health(url, self._tenant_l2_password(url))
+        try:
+            generation = self._redis_generation
+            if self.l2_url and not self.state.l2_status.startswith("restarting"):
+                password = (self.dir / REDIS_PASSWORD).read_text() if self.redis is not None else None
+                status = redis_health(self.l2_url, password)
+                # our own one went down, or came back, while it was asked: what the loop said then stays
+                if generation == self._redis_generation and not self.state.l2_status.startswith("restarting"):
+                    self.state.l2_status = status
+            for tenant, entry in list(self.state.l2_tenants.items()):  # a tenant's own: it was never checked
+                url = self.spec.kv_cache.l2.tenant_urls[tenant]
+                entry["status"] = redis_health(url, self._tenant_l2_password(url))
+        except Exception:  # noqa: BLE001 - a probe that fails says so in the log, and the next one tries again
+            log.exception("probing the L2 Redis failed")
 
     def _keep_alive(self, child: Child | None, backoff: Backoff, mono: float, what: str) -> bool:
         """Restart a supervised service that exited, after its back-off; True when it was restarted now."""
@@ -1240,6 +1247,7 @@ class Supervisor:
             restarting = f"restarting (exit code {code}{': ' + last[-200:] if last else ''})"
             if child is self.redis:  # its cause too (a port taken: "bind: Address already in use"), as the router's
                 self.state.l2_status = restarting
+                self._redis_generation += 1
             if child is self.router:  # the fleet serves nothing meanwhile: status must not read plain "ready"
                 self.state.router_status = restarting
             return False
@@ -1275,6 +1283,8 @@ class Supervisor:
         running = sum(1 for r in self.replicas if r.child)
         self.say(f"stopping fleet {self.name}: the router, then {running} replica(s)")
         self._drain_router()
+        if self._l2_prober is not None:  # it writes the state, which is saved last
+            self._l2_prober.join(timeout=5)
         children = ([self.router] if self.router else []) + [r.child for r in self.replicas if r.child]
         children += [self.redis] if self.redis else []  # last: replicas may still write to it while stopping
         children += [self.prometheus] if self.prometheus else []

@@ -18,6 +18,7 @@ def key_digest(key: str) -> str:
 
 
 DIGEST = re.compile(r"[0-9a-f]{64}")
+HEADER_TEXT = re.compile(r"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?")  # a tenant as a header carries it, whole
 
 
 class KeyRing:
@@ -36,8 +37,9 @@ class KeyRing:
             if not DIGEST.fullmatch(digest.lower()):  # never echoed: it may be a key in plain text
                 raise ValueError(f"key {n} of {len(keys)} is not a sha256 hex digest (64 characters 0-9a-f): keys "
                                  "are given as their digest, never in plain text: printf %s KEY | sha256sum")
-            if not isinstance(tenant, str) or not tenant:
-                raise ValueError(f"key {n} of {len(keys)}: its tenant must be a non-empty string")
+            if not isinstance(tenant, str) or not HEADER_TEXT.fullmatch(tenant):  # it travels in a header
+                raise ValueError(f"key {n} of {len(keys)}: its tenant must be printable ASCII, not beginning or "
+                                 "ending with a space (a line break in it wrote a header into upstream requests)")
         return cls(keys)
 
     def tenant(self, authorization: str | None) -> str:

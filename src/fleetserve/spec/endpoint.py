@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
+from fleetserve.router.auth import HEADER_TEXT
 from fleetserve.spec.base import SpecModel, TakesQuantity
 from fleetserve.spec.kubernetes_schema import schema_problem
 
@@ -808,6 +809,16 @@ class APIKey(SpecModel):
     tenant: str = Field(min_length=1)
     key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     key_env: str | None = None
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant_in_a_header(cls, value: str) -> str:
+        """Free text, as a header carries it to the engines: a line break in it wrote a header of its own into
+        every upstream request, and a letter past ASCII reached the engines as another tenant (read as latin-1)."""
+        if not HEADER_TEXT.fullmatch(value):
+            raise ValueError(f"tenant {value!r}: printable ASCII (letters, digits, spaces and punctuation), not "
+                             "beginning or ending with a space (it travels in a header)")
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> APIKey:
