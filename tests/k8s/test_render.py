@@ -1616,7 +1616,7 @@ def test_cron_macros_karpenter_and_keda_take_are_read_as_the_fields_they_stand_f
 @pytest.mark.parametrize("written, rendered_as", [
     ("0 9 * * 7", "0 9 * * 0"), ("0 9 * * 5-7", "0 9 * * 0,5,6"), ("0 9 * * 0-7", "0 9 * * 0,1,2,3,4,5,6"),
     ("0 9 * * 1-7/2", "0 9 * * 0,1,3,5"), ("0 9 * * sun", "0 9 * * sun"), ("0 9 * * 1-5", "0 9 * * 1-5"),
-    ("0 9 * * 1/3", "0 9 * * 1/3"), ("0 9 * * 5/2", "0 9 * * 5/2"),
+    ("0 9 * * 1/3", "0 9 * * 1/3"), ("0 9 * * 5/2", "0 9 * * 5/2"), ("0 9 * * 5/1", "0 9 * * 5/1"),
 ])
 def test_sunday_written_7_reaches_keda_and_karpenter_as_0(written, rendered_as):
     """Cron takes 7 for Sunday, and validate passed it; KEDA's cron scaler and Karpenter's budget schedules
@@ -1649,6 +1649,14 @@ def test_sunday_written_7_reaches_keda_and_karpenter_as_0(written, rendered_as):
         return days
 
     assert Cron.parse(written).weekdays == robfig_days(rendered_as.split()[4])
+
+
+def test_a_step_from_a_start_past_saturday_is_refused_and_n_slash_1_runs_to_the_end_as_robfig_reads_it():
+    from fleetserve.autoscale.schedule import Cron, ScheduleError
+
+    with pytest.raises(ScheduleError, match="7/2 starts past Saturday"):
+        Cron.parse("0 9 * * 7/2")
+    assert Cron.parse("0 8/1 * * *").hours == frozenset(range(8, 24))  # robfig: N/step is N to the field's end
 
 
 def test_endpoints_whose_namespace_and_name_join_alike_get_nodepools_of_their_own(tmp_path):

@@ -122,6 +122,32 @@ def test_a_replica_that_did_not_answer_one_sample_adds_no_traffic_and_a_restart_
     assert [p[1] for p in panel(live.payload(), "throughput")["2"]] == [0.0, 0.0]
     live.add(Sample(15, {**engine(calls=3), **engine(r="r1", calls=50)}, sources=both))  # r0 restarted, 3 since
     assert panel(live.payload(), "throughput")["2"][-1][1] == pytest.approx(3 / 5)
+    # a replica new since the window began (a scale-up) counts from 0: it had been left out for a window
+    live.add(Sample(20, {**engine(calls=3), **engine(r="r1", calls=50), **engine(r="r2", calls=10)},
+                    sources=both | {"r2"}))
+    assert panel(live.payload(), "throughput")["2"][-1][1] == pytest.approx(10 / 5)
+
+
+def test_a_restarted_replicas_histogram_counts_from_zero_whole():
+    """Series by series, a restart left buckets that were no longer cumulative (p95 38 ms for one over 100 ms)."""
+    live = LiveData(window_s=5)
+    srcs = frozenset({"router", "supervisor", "r0"})
+    live.add(Sample(0, engine(calls=10, fast=10), sources=srcs))  # 10 fast, before the restart
+    live.add(Sample(5, engine(calls=12, fast=5), sources=srcs))  # restarted: 5 fast, 7 slow since
+    p95 = panel(live.payload(), "latency")["p95"][-1][1]
+    assert p95 > 100, p95
+    assert panel(live.payload(), "throughput")["2"][-1][1] == pytest.approx(12 / 5)  # all 12 since it started
+
+
+def test_a_supervisor_that_missed_a_sample_marks_no_old_decision():
+    live = LiveData(window_s=5)
+    all_of = frozenset({"router", "supervisor", "r0"})
+    live.add(Sample(0, sample(0, decisions=7).values, sources=all_of))
+    live.add(Sample(5, engine(calls=1), sources=all_of - {"supervisor"}))
+    live.add(Sample(10, sample(10, decisions=7).values, sources=all_of))
+    assert live.annotations() == []
+    live.add(Sample(15, sample(15, decisions=8).values, sources=all_of))
+    assert live.annotations() == [{"t": 15, "text": "scaling: scale up"}]
 
 
 def test_after_a_scale_to_zero_counts_read_zero_and_latencies_a_gap():

@@ -32,8 +32,8 @@ def _parse_field(text: str, index: int) -> frozenset[int]:
     name, lo, hi = _FIELDS[index]
     values: set[int] = set()
     for part in text.lower().split(","):
-        step = 1
-        if "/" in part:
+        step, stepped = 1, "/" in part
+        if stepped:
             part, step_text = part.split("/", 1)
             if not step_text.isdigit() or int(step_text) == 0:
                 raise ScheduleError(f"{name}: bad step {step_text!r}")
@@ -45,9 +45,12 @@ def _parse_field(text: str, index: int) -> frozenset[int]:
             start, end = _value(a, index), _value(b, index)
         else:
             start = _value(part, index)
-            # `N/step` runs to the field's end: Saturday (6) for the day of week, as robfig/cron (KEDA, Karpenter)
-            # reads it; to 7 it had added a Sunday the cluster never held (`1/3`: 1, 4 and 7)
-            end = (6 if index == 4 else hi) if step > 1 else start
+            # `N/step` (any step, 1 too) runs to the field's end: Saturday (6) for the day of week, as robfig/cron
+            # (KEDA, Karpenter) reads it; to 7 it had added a Sunday the cluster never held (`1/3`: 1, 4 and 7)
+            end = (6 if index == 4 else hi) if stepped else start
+            if stepped and start > end:
+                raise ScheduleError(f"{name}: {part}/{step} starts past Saturday (6), where KEDA's and Karpenter's "
+                                    f"cron read it; write 0/{step} for Sunday")
         if not (lo <= start <= hi and lo <= end <= hi) or start > end:
             raise ScheduleError(f"{name}: {part!r} is outside {lo}-{hi}"
                                 + (" (or a range from low to high)" if "-" in part else ""))

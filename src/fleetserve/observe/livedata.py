@@ -60,18 +60,27 @@ class Sample:
     points: dict[tuple, dict] = field(default_factory=dict, repr=False)  # per filter set, computed once
     decisions: dict[str, float] | None = field(default=None, repr=False)
     sources: frozenset[str] | None = None  # the sources that answered (None: all of its values' sources)
+    known: frozenset[str] = frozenset()  # the sources seen in this sample or any before it
 
 
 def _source(key: Key) -> str:
     return dict(key[1]).get("__source", "")
 
 
-def comparable(now: Sample, then: Sample) -> dict[Key, float]:
-    """`now`'s values of the sources that answered at `then` too: a replica whose /metrics did not answer in time
-    at `then` (over 2 s on a busy machine) had its whole lifetime's counters read as that window's traffic."""
+def comparable(now: Sample, then: Sample) -> tuple[dict[Key, float], dict[Key, float]]:
+    """(now, then) values to take rates from, source by source, as rate() would:
+    - a source known before `then` that did not answer at `then` (its /metrics over 2 s on a busy machine) is left
+      out: its whole lifetime's counters had read as that window's traffic;
+    - a source new since `then` (a replica that just started) counts from 0;
+    - a source any of whose counters went down restarted: all of it counts from 0 (series by series, a histogram's
+      buckets across a restart were no longer cumulative)."""
     if then.sources is None:
-        return now.values
-    return {key: v for key, v in now.values.items() if _source(key) in then.sources}
+        return now.values, then.values
+    before = then.values
+    restarted = {_source(key) for key, v in now.values.items() if v < before.get(key, 0.0)}
+    kept = {key: v for key, v in now.values.items()
+            if _source(key) in then.sources or _source(key) not in then.known}
+    return kept, {key: v for key, v in before.items() if _source(key) not in restarted}
 
 
 def _match(labels: tuple[tuple[str, str], ...], filters: dict[str, str]) -> bool:
@@ -94,8 +103,7 @@ def _delta(now: dict[Key, float], then: dict[Key, float], name: str, filters: di
     for key, v in now.items():
         n, labels = key
         if n == name and (not filters or _match(labels, filters)):
-            before = then.get(key, 0.0)
-            out[dict(labels).get(by, "") if by else ""] += v - before if v >= before else v  # a reset: from 0
+            out[dict(labels).get(by, "") if by else ""] += max(0.0, v - then.get(key, 0.0))
     return out
 
 
@@ -188,6 +196,8 @@ class LiveData:
             return ""
 
     def add(self, sample: Sample) -> None:
+        if sample.sources is not None:
+            sample.known = sample.sources | (self.samples[-1].known if self.samples else frozenset())
         self.samples.append(sample)
         while self.samples and sample.t - self.samples[0].t > self.history_s:
             self.samples.popleft()
@@ -234,8 +244,7 @@ class LiveData:
         if then_s is None:
             return out
         dt = max(now.t - then_s.t, 1e-9)
-        w = then_s.values
-        v = comparable(now, then_s)  # the gauges above read every source; rates only those answered both times
+        v, w = comparable(now, then_s)  # the gauges above read every source as it is now
         for key, metric in (("latency", "model_latency_milliseconds"), ("ttfb", "model_ttfb_milliseconds")):
             buckets = _delta(v, w, metric + "_bucket", filters, by="le")
             out[key] = {f"p{int(q * 100)}": quantile(q, buckets) for q in QUANTILES}
@@ -312,6 +321,8 @@ class LiveData:
         after it; the lines show the gap."""
         marks, previous, then = [], None, None
         for s in self.samples:
+            if s.sources is not None and "supervisor" not in s.sources:
+                continue  # its /metrics did not answer then: every decision ever made read as new at the next one
             if s.decisions is None:
                 s.decisions = dict(_sum(s.values, "fleetserve_autoscaler_decisions_total", by="reason"))
             now = s.decisions
