@@ -58,7 +58,8 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self._reading is not None:  # a pipelined request waited for that answer: its time starts now, whole
+        if self._reading is not None and not self.transport.is_closing():  # a pipelined request waited for that
+            # answer: its time starts now, whole
             self._reading.cancel()
             self._reading = self.loop.call_later(self.read_timeout_s, self._read_too_slow)
 
@@ -76,17 +77,20 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         if self.transport is None or self.transport.is_closing():
             return
         cycle = self.cycle
-        waiting_for_us = self.pipeline or (not self._headers_done and cycle is not None and
-                                           not cycle.response_complete)
-        if waiting_for_us:  # an earlier answer is under way (uvicorn reads no more meanwhile): its time restarts
+        waiting_for_us = (self.pipeline or (not self._headers_done and cycle is not None and
+                                            not cycle.response_complete)
+                          or (self.flow is not None and self.flow.read_paused)
+                          or (self._headers_done and cycle is not None and cycle.waiting_for_100_continue))
+        if waiting_for_us:  # an earlier answer is under way, or uvicorn holds the body back until the app reads it
+            # (64 KiB buffered, or `Expect: 100-continue` not answered yet): the client is not late, its time restarts
             self._reading = self.loop.call_later(self.read_timeout_s, self._read_too_slow)
             return
         if self._headers_done and cycle is not None:  # the app has the request and waits for the rest of its body
             cycle.disconnected = True  # its answer is ours now: it reads a disconnect, and writes nothing more
             cycle.message_event.set()
-            if cycle.response_started:  # it had begun answering before the body came whole (no engine route
-                log.warning("request from %s did not arrive whole within %gs after its answer began: connection "
-                            "closed", self.client and self.client[0], self.read_timeout_s)  # does)
+            if cycle.response_started:  # it had answered before the body came whole (an early refusal; no
+                log.warning("request from %s did not arrive whole within %gs, after it was answered: connection "
+                            "closed", self.client and self.client[0], self.read_timeout_s)  # engine route streams)
                 self.transport.close()
                 return
         log.warning("request from %s did not arrive whole within %gs: answered 408", self.client and self.client[0],
