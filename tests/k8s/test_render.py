@@ -1209,12 +1209,12 @@ def test_a_vllm_image_without_lmcache_and_a_token_in_engine_env_are_warned():
     doc["spec"]["engine"]["args"] = ["--api-key", "sk-abc", "--hf-token=hf_x", "--max-num-seqs", "64",
                                      "--api-key=$(FROM_SECRET)", "--disable-api-key-check", "--tokenizer", "o/t",
                                      "--max-num-batched-tokens", "8192", "--password-file", "/x", "--tokenizer-mode",
-                                     "auto"]
+                                     "auto", "--gcs-credentials", "/etc/gcs.json", "--api-keys", "a,b"]
     said = {w.path: w.message for w in _objects(doc)[0].warnings}
     assert "a credential (--api-key) goes into the rendered manifests as plain text" in said["spec.engine.args[0]"]
     assert "a credential (--hf-token)" in said["spec.engine.args[2]"]
     flagged = {p for p in said if p.startswith("spec.engine.args[")}
-    assert flagged == {"spec.engine.args[0]", "spec.engine.args[2]"}, said  # vLLM's ordinary flags are not
+    assert flagged == {"spec.engine.args[0]", "spec.engine.args[2]", "spec.engine.args[17]"}, said  # not the rest
     doc["spec"]["engine"]["image"] = "lmcache/vllm-openai:v0.3.7"
     rendered, _ = _objects(doc)
     assert "spec.engine.image" not in {w.path for w in rendered.warnings}

@@ -138,7 +138,7 @@ def _credential_flags(args: list[str]) -> list[tuple[int, str]]:
         if not flag.startswith("--") or not (words[-1] in CREDENTIAL_WORDS or words[-2:] in CREDENTIAL_PAIRS):
             continue  # --tokenizer, --max-num-batched-tokens, --password-file: no credential in the value
         value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-        if value and not value.startswith("-") and "$(" not in value:
+        if value and not value.startswith(("-", "/", "./", "~")) and "$(" not in value:  # a path names a file
             found.append((i, flag))
     return found
 
@@ -146,7 +146,8 @@ def _credential_flags(args: list[str]) -> list[tuple[int, str]]:
 CREDENTIAL_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|CREDENTIAL", re.I)
 # a flag whose value is a credential ends in one of these words (`--hf-token`, `--api-key`)
 CREDENTIAL_WORDS = frozenset({"token", "secret", "password", "passwd", "apikey", "credential", "credentials"})
-CREDENTIAL_PAIRS = frozenset({("api", "key"), ("access", "key"), ("secret", "key")})
+CREDENTIAL_PAIRS = frozenset({("api", "key"), ("api", "keys"), ("access", "key"), ("secret", "key"),
+                              ("private", "key")})
 
 
 #: warnings about settings that only the local fleet ignores: they render here (and the local fleet's count of
