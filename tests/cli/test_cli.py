@@ -46,6 +46,27 @@ def test_validate_json_output(tmp_path):
     assert data["errors"][0]["path"] == "spec.routing.strategy" and "leastload" in data["errors"][0]["message"]
 
 
+def test_validate_for_kubernetes_fails_where_render_refuses_and_lists_renders_warnings(tmp_path):
+    """`validate` exited 0 for a spec `render k8s` refused (4 GPUs a replica on a 1-GPU type), and showed none of
+    render's warnings (a token written in engine.env): a CI that gated on validate passed both (found in review)."""
+    import json
+
+    four = tmp_path / "four.yaml"
+    four.write_text((EXAMPLES / "hyperpod.yaml").read_text().replace('nvidia.com/gpu: "1"', 'nvidia.com/gpu: "4"'))
+    assert fleetserve("validate", str(four)).returncode == 0  # locally it is a note
+    result = fleetserve("validate", "--kubernetes", str(four))
+    assert result.returncode == 2 and "render k8s refuses it: spec.placement: no listed instance type" in result.stderr
+    result = fleetserve("validate", "--kubernetes", "--json", str(four))
+    assert result.returncode == 2 and json.loads(result.stdout)["valid"] is False
+    token = tmp_path / "token.yaml"
+    token.write_text((EXAMPLES / "quickstart.yaml").read_text().replace(
+        "    kind: builtin\n", "    kind: builtin\n    env: {HF_TOKEN: hf_abc}\n"))
+    plain = fleetserve("validate", str(token))
+    assert plain.returncode == 0 and "plain text" not in plain.stderr
+    result = fleetserve("validate", "--kubernetes", str(token))
+    assert result.returncode == 0 and "spec.engine.env.HF_TOKEN: a credential" in result.stderr, result.stderr
+
+
 def test_validate_warns_of_a_local_model_folder_that_up_would_refuse(tmp_path, tiny_model):
     """validate called such a spec valid without a word; `up` then exited 2 on it."""
     import json

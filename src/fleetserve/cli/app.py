@@ -60,6 +60,9 @@ def version() -> None:
 def validate(
     spec: Annotated[str, typer.Argument(help="Endpoint spec (fleetserve.io/v1 or HyperPod InferenceEndpointConfig)")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the normalised spec as JSON")] = False,
+    kubernetes: Annotated[bool, typer.Option("--kubernetes", help="Check it as `render k8s` would (exit 2 where "
+                                                                  "it refuses) and list the warnings that hold "
+                                                                  "there, not the local fleet's")] = False,
 ) -> None:
     """Check a spec: field errors exit 2; settings without local effect are listed as warnings."""
     from fleetserve.spec import SpecError, load_spec
@@ -70,11 +73,23 @@ def validate(
         if as_json:
             print_spec_errors(exc)
         raise fail(str(exc), EXIT_USAGE) from None
-    from fleetserve.spec.effects import local_model_problem, local_tls_problem
+    if kubernetes:  # a CI that gated on validate passed specs render k8s then refused (no node type fits)
+        from fleetserve.k8s.render import render, rendered_warnings
+        from fleetserve.spec.errors import SpecProblem
 
-    for problem in (local_model_problem(loaded.endpoint), local_tls_problem(loaded.endpoint)):
-        if problem is not None:
-            loaded.warnings.append(problem)
+        try:
+            rendered = render(loaded.endpoint)
+        except ValueError as exc:
+            if as_json:
+                print_spec_errors(SpecError([SpecProblem("", f"render k8s refuses it: {exc}")]))
+            raise fail(f"render k8s refuses it: {exc}", EXIT_USAGE) from None
+        loaded.warnings[:] = [SpecProblem("", text) for text in rendered_warnings(loaded, rendered)]
+    else:
+        from fleetserve.spec.effects import local_model_problem, local_tls_problem
+
+        for problem in (local_model_problem(loaded.endpoint), local_tls_problem(loaded.endpoint)):
+            if problem is not None:
+                loaded.warnings.append(problem)
     _print_warnings(loaded)
     if as_json:
         print(json.dumps({"valid": True, "format": loaded.source_format,
