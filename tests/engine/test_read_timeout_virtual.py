@@ -10,10 +10,11 @@ import re
 import uvicorn
 from uvicorn.server import ServerState
 
-from fleetserve.api.read_timeout import read_timeout_protocol
+from fleetserve.api.read_timeout import disconnect_status, read_timeout_protocol
 from tests.virtual_loop import run_virtual
 
 BOUND = 60.0
+GONE: list[int] = []  # the status the app logs a request whose client it saw go away with
 
 
 class Transport(asyncio.Transport):
@@ -50,6 +51,7 @@ async def app(scope, receive, send):
     while more:
         message = await receive()
         if message["type"] == "http.disconnect":
+            GONE.append(disconnect_status(scope))
             return
         body, more = body + message.get("body", b""), message.get("more_body", False)
     await asyncio.sleep(float(query.get("slow", 0)))
@@ -128,3 +130,17 @@ def test_a_client_waiting_for_100_continue_or_for_the_app_to_read_is_not_late():
     continued, transport, paused, transport2 = run_virtual(main())
     assert continued and statuses(transport) == [100, 200], transport.written
     assert paused and statuses(transport2) == [200] and transport2.written.endswith(str(256 << 10).encode())
+
+
+def test_a_body_that_stops_arriving_is_a_408_the_app_logs_as_408():
+    """The app reading the body saw a disconnect and logged 499, while the client got the bound's 408."""
+    async def main():
+        protocol, transport = connection()
+        protocol.data_received(b"POST /echo HTTP/1.1\r\nHost: x\r\ncontent-length: 10\r\n\r\nabc")
+        await asyncio.sleep(BOUND + 1)
+        return transport
+
+    GONE.clear()
+    transport = run_virtual(main())
+    assert statuses(transport) == [408] and transport.closed and GONE == [408]
+    assert disconnect_status({"type": "http"}) == 499  # a client that left on its own

@@ -8,8 +8,8 @@ router's rule: from a request's first byte to its last, at most `read_timeout_s`
 JSON and the connection closed. The time an earlier pipelined answer takes does not count against the next
 request (its time starts again, whole, when that answer ends), and an app that takes long to answer a request read
 whole is not cut. The app reading a body that stops arriving reads a disconnect (the engines log that request
-as 499, the client gets the 408); an app that began answering before it read the whole body has its connection
-closed (the engines read the body first).
+as 408, as the client got it: `disconnect_status`); an app that began answering before it read the whole body has
+its connection closed (the engines read the body first).
 """
 
 from __future__ import annotations
@@ -24,6 +24,15 @@ from fleetserve.api.errors import APIError
 from fleetserve.api.limits import REQUEST_READ_S
 
 log = logging.getLogger(__name__)
+
+
+READ_TIMED_OUT = "fleetserve.read_timed_out"  # in a request's scope["extensions"] once the bound answered it
+
+
+def disconnect_status(scope: dict) -> int:
+    """The status a request whose client went away mid-body is logged with: 408 when the bound cut it (the client
+    got that answer), else 499."""
+    return 408 if (scope.get("extensions") or {}).get(READ_TIMED_OUT) else 499
 
 
 def request_timeout_answer(read_timeout_s: float) -> bytes:
@@ -86,6 +95,7 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             self._reading = self.loop.call_later(self.read_timeout_s, self._read_too_slow)
             return
         if self._headers_done and cycle is not None:  # the app has the request and waits for the rest of its body
+            cycle.scope.setdefault("extensions", {})[READ_TIMED_OUT] = True  # its request line says 408, not 499
             cycle.disconnected = True  # its answer is ours now: it reads a disconnect, and writes nothing more
             cycle.message_event.set()
             if cycle.response_started:  # it had answered before the body came whole (an early refusal; no

@@ -25,6 +25,7 @@ from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_do
 from fleetserve.api.limits import STREAM_KEEPALIVE_S, SizeLimits
 from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
+from fleetserve.api.read_timeout import disconnect_status
 from fleetserve.engine.budget import token_budget
 from fleetserve.engine.instance import CHALLENGE_HEADER, instance_field
 from fleetserve.engine.runner import ModelRunner
@@ -183,7 +184,7 @@ class Engine:
             try:
                 raw = await request.body()  # a body past the limit raises its 413 (an APIError) here
             except ClientDisconnect:  # gone while sending its body: no answer to give, and no error of ours (it
-                self._log_request(ctx, 499)  # had logged two tracebacks at ERROR)
+                self._log_request(ctx, disconnect_status(request.scope))  # had logged two tracebacks at ERROR)
                 return Response(status_code=499)
             body = parse_json_body(raw)
             if self.settings.log_prompts:

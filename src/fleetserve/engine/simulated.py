@@ -32,6 +32,7 @@ from fleetserve.api.errors import APIError, engine_stopped, model_not_found, sta
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
 from fleetserve.api.limits import KEEP_ALIVE_S, SizeLimits
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
+from fleetserve.api.read_timeout import disconnect_status
 from fleetserve.engine.budget import token_budget
 from fleetserve.engine.instance import CHALLENGE_HEADER, instance_field
 from fleetserve.kvcache.blocks import chain_keys, kv_salt, namespace_key
@@ -200,8 +201,8 @@ class SimulatedEngine:
         try:
             try:
                 raw = await request.body()  # a body past the limit raises its 413 (an APIError) here
-            except ClientDisconnect:  # gone while sending its body: a 499, as the built-in engine logs it (a
-                self._log_request(ctx, 499, started, None, body)  # traceback)
+            except ClientDisconnect:  # gone while sending its body: a 499 (408 when the read bound cut it), as the
+                self._log_request(ctx, disconnect_status(request.scope), started, None, body)  # built-in engine
                 return Response(status_code=499)
             body = parse_json_body(raw)
             parsed = parse_chat(body) if kind == "chat" else parse_completion(body)
