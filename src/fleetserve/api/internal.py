@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import re
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +30,7 @@ from fleetserve.api.limits import RequestSizeLimit, SizeLimits, send_error
 
 INTERNAL_HEADER = "x-fleetserve-internal"
 TENANT_HEADER = "x-fleetserve-tenant"
+HEADER_TEXT = re.compile(r"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?")  # a tenant as a header carries it, whole
 OPEN_PATHS = frozenset({"/health", "/ping", "/openapi.json"})  # the contract is public, like /health
 
 

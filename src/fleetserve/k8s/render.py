@@ -103,8 +103,12 @@ def _machine_local_redis(endpoint: Endpoint) -> list[tuple[str, str]]:
         return []
     urls = [("spec.kvCache.l2.url", l2.url)] + [(f"spec.kvCache.l2.tenantUrls.{t}", u)
                                                  for t, u in sorted(l2.tenant_urls.items())]
-    return [(path, split_credentials(url)[0]) for path, url in urls
-            if url and (redis_server(url)[0] == "unix" or redis_server(url)[1] == "loopback")]
+    local = []
+    for path, url in urls:
+        kind, host, *_ = redis_server(url) if url else ("", "")
+        if kind == "unix" or host == "loopback":
+            local.append((path, split_credentials(url)[0]))
+    return local
 
 
 def _plain_credentials(endpoint: Endpoint) -> list[tuple[str, str]]:

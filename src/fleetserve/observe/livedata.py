@@ -76,10 +76,13 @@ def comparable(now: Sample, then: Sample) -> tuple[dict[Key, float], dict[Key, f
       buckets across a restart were no longer cumulative)."""
     if then.sources is None:
         return now.values, then.values
-    before = then.values
-    restarted = {_source(key) for key, v in now.values.items() if v < before.get(key, 0.0)}
-    kept = {key: v for key, v in now.values.items()
-            if _source(key) in then.sources or _source(key) not in then.known}
+    before, kept, restarted = then.values, {}, set()
+    for key, v in now.values.items():
+        source = _source(key)
+        if source in then.sources or source not in then.known:
+            kept[key] = v
+        if v < before.get(key, 0.0):
+            restarted.add(source)
     return kept, {key: v for key, v in before.items() if _source(key) not in restarted}
 
 

@@ -9,8 +9,7 @@ import re
 from pathlib import Path
 
 from fleetserve.api.errors import APIError
-
-TENANT_HEADER = "x-fleetserve-tenant"
+from fleetserve.api.internal import HEADER_TEXT
 
 
 def key_digest(key: str) -> str:
@@ -18,7 +17,6 @@ def key_digest(key: str) -> str:
 
 
 DIGEST = re.compile(r"[0-9a-f]{64}")
-HEADER_TEXT = re.compile(r"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?")  # a tenant as a header carries it, whole
 
 
 class KeyRing:

@@ -29,7 +29,7 @@ import orjson
 
 from fleetserve.api.browser import BROWSER_HEADERS, FORWARDED_HOST, post_refusal
 from fleetserve.api.errors import APIError, model_not_found
-from fleetserve.api.internal import INTERNAL_HEADER, InternalAuth
+from fleetserve.api.internal import INTERNAL_HEADER, TENANT_HEADER, InternalAuth
 from fleetserve.api.limits import SizeLimits
 from fleetserve.api.protocol import GENERATION_PATHS, parse_generation, parse_json_body
 from fleetserve.clock import Clock
@@ -40,7 +40,7 @@ from fleetserve.router import feedback
 from fleetserve.router.admin import admin_allowed, build_control_app
 from fleetserve.router.admission import AdmissionSettings
 from fleetserve.router.asgi import call_asgi
-from fleetserve.router.auth import TENANT_HEADER, KeyRing
+from fleetserve.router.auth import KeyRing
 from fleetserve.router.discovery import DnsBackends
 from fleetserve.router.dispatch import Attempt, Dispatcher, Outgoing
 from fleetserve.router.features import KVLayout, prompt_tokens_estimate, request_features

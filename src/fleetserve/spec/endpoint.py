@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
-from fleetserve.router.auth import HEADER_TEXT
+from fleetserve.api.internal import HEADER_TEXT
 from fleetserve.spec.base import SpecModel, TakesQuantity
 from fleetserve.spec.kubernetes_schema import schema_problem
 

@@ -11,7 +11,6 @@ ALB settings, ...) is left out and reported as a warning naming the field: nothi
 
 from __future__ import annotations
 
-import hashlib
 import re
 from functools import cache
 from importlib import resources
@@ -177,10 +176,10 @@ def _k8s_name(value: str) -> str:
     """HyperPod model names allow upper case; our metadata is a DNS label, and a name that names Services starts
     with a letter: `Llama_3.1` -> `llama-3-1`, `3b-chat` -> `ep-3b-chat`; over 63 characters, cut and 8 hex digits
     of the whole name (two long names that began alike were one endpoint, each apply taking the other's objects)."""
+    from fleetserve.k8s.labels import dns_name
+
     name = _dns_label_of(value)
-    if len(name) > 63:
-        return f"{name[:54].rstrip('-')}-{hashlib.sha256(value.encode()).hexdigest()[:8]}"
-    return name or "endpoint"
+    return dns_name(name) if name else "endpoint"
 
 
 def _dns_label_of(value: str) -> str:
