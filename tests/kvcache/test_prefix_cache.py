@@ -83,7 +83,11 @@ def test_a_block_changed_inside_redis_is_rejected_and_recomputed(tiny_model, tmp
         reference, _ = ask(plain.url)
         assert ask(cached.url)[0] == reference
         client = redis.Redis.from_url(redis_server["url"])
-        keys = [k for k in client.scan_iter(count=1000) if client.type(k) == b"string"]
+        def written() -> list:  # the engine writes L2 behind its answer: wait for the writes, not a race
+            return [k for k in client.scan_iter(count=1000) if client.type(k) == b"string"]
+
+        wait_until(written, 30, what="the blocks in Redis")
+        keys = written()
         # the value format is in the key space: a rolling upgrade's two versions never share (or fight over) keys
         assert keys and all(k.startswith(b"fleetserve:kv2:") for k in keys)
         for key in keys:
