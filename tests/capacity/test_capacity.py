@@ -430,3 +430,79 @@ def test_a_shortage_is_said_as_one_not_as_a_size_mismatch():
         "out of capacity for now (g5.xlarge spot, g5.xlarge on-demand)" in short.reason, short.reason
     misfit = place(ONE_GPU, [Tier(("g5.12xlarge",), ("on-demand",))], CATALOG, Availability(), 0.0)
     assert misfit.reason.startswith("no listed offering fits")
+
+
+def _replacing_with(offering: Offering, price: float, slots: int = 1):
+    from fleetserve.capacity.consolidation import Replacement
+    from fleetserve.capacity.placement import Placement
+
+    return lambda node: Replacement(Placement(offering, price, 0), slots)
+
+
+def test_an_on_demand_node_is_replaced_by_a_cheaper_node_placement_takes_now():
+    """Karpenter replaces a node when its pods fit elsewhere plus on one cheaper node. Without it a fleet that fell
+    back to a dearer type during a shortage paid for it until the next scale-down."""
+    policy = ConsolidationPolicy("WhenEmptyOrUnderutilized", budgets=(Budget("100%"),))
+    dear = Node("dear", Offering("g6e.xlarge", "on-demand"), 1.861, 1, 0.0, 0.0, used=1, last_change=0.0)
+    cheaper = _replacing_with(Offering("g5.xlarge", "on-demand"), 1.006)
+    (removal,) = consolidate([dear], policy, now=1.0, load_ratio=0.9, replacement=cheaper)
+    assert removal.node_id == "dear" and removal.reason == "Underutilized"  # made first: no load check
+    assert removal.replacement.placement.offering.instance_type == "g5.xlarge"
+    same = _replacing_with(Offering("g6e.xlarge", "on-demand"), 1.861)
+    assert consolidate([dear], policy, now=1.0, replacement=same) == []  # no saving, no move
+    # a spot node is not replaced (Karpenter's SpotToSpotConsolidation gate is off by default)
+    spot = Node("spot", Offering("g6e.xlarge", "spot"), 0.9, 1, 0.0, 0.0, used=1, last_change=0.0)
+    assert consolidate([spot], policy, now=1.0, replacement=_replacing_with(Offering("g5.xlarge", "spot"), 0.4)) == []
+    # not before consolidateAfter settles it
+    late = ConsolidationPolicy("WhenEmptyOrUnderutilized", consolidate_after=60, budgets=(Budget("100%"),))
+    assert consolidate([dear], late, now=59.0, replacement=cheaper) == []
+
+
+def test_a_replacement_needs_room_for_the_replicas_that_do_not_fit_elsewhere():
+    policy = ConsolidationPolicy("WhenEmptyOrUnderutilized", budgets=(Budget("100%"),))
+    big = Node("big", Offering("g5.12xlarge", "on-demand"), 5.672, 4, 0.0, 0.0, used=3, last_change=0.0)
+    one_slot = _replacing_with(Offering("g5.xlarge", "on-demand"), 1.006, slots=1)
+    assert consolidate([big], policy, now=1.0, replacement=one_slot) == []  # 3 replicas, room for 1
+    other = Node("other", Offering("g5.12xlarge", "on-demand"), 5.672, 4, 0.0, 0.0, used=2, last_change=0.0)
+    # two fit in `other`'s free slots, the third on the new node; `other` is not replaced too on the same slots
+    removals = consolidate([big, other], policy, now=1.0, load_ratio=1.0, replacement=one_slot)
+    assert [(r.node_id, r.replacement is not None) for r in removals] == [("big", True)]
+    # replicas that all fit elsewhere are the deletion's to move: when the load forbids it, no replacement either
+    small = Node("small", Offering("g6e.xlarge", "on-demand"), 1.861, 1, 0.0, 0.0, used=1, last_change=0.0)
+    roomy = Node("roomy", Offering("g5.12xlarge", "spot"), 2.2, 4, 0.0, 0.0, used=1, last_change=0.0)
+    cheaper = _replacing_with(Offering("g5.xlarge", "on-demand"), 1.006)
+    assert consolidate([small, roomy], policy, now=1.0, load_ratio=0.9, replacement=cheaper) == []
+
+
+def test_a_fleet_that_fell_back_during_a_shortage_moves_to_the_cheaper_type_when_it_returns():
+    cloud = SimulatedCloud(CATALOG, shortages=[Shortage("g5.xlarge", 0.0, 100.0)], provisioning_delay=90)
+    tiers = [Tier(("g5.xlarge",), ("on-demand",)), Tier(("g6e.xlarge",), ("on-demand",))]
+    manager = CapacityManager(cloud, CATALOG, tiers, ONE_GPU,
+                              consolidation=ConsolidationPolicy(consolidate_after=30, budgets=(Budget("100%"),)))
+    fallback = manager.acquire("r0", 0.0).node
+    assert fallback.offering.instance_type == "g6e.xlarge"
+    assert manager.consolidate(150.0, load_ratio=1.0) == []  # g5.xlarge is marked out of capacity until 180 s
+    (removal,) = manager.consolidate(181.0, load_ratio=1.0)
+    assert removal.node_id == fallback.id and manager.cordoned == {fallback.id}
+    new = next(n for n in manager.nodes() if n.id != fallback.id)
+    assert (new.offering.instance_type, new.used) == ("g5.xlarge", 0)
+    assert any(f"replacing node {fallback.id} (g6e.xlarge" in line and "g5.xlarge" in line for line in manager.log)
+    assert manager.acquire("r1", 182.0).node is new  # the moving replica's replacement lands on it
+    manager.release("r0", fallback.id, 300.0)  # the moved replica drained
+    manager.consolidate(301.0, load_ratio=1.0)
+    assert [n.offering.instance_type for n in manager.nodes()] == ["g5.xlarge"] and manager.cordoned == set()
+    assert manager.cost_per_hour() == pytest.approx(CATALOG.get("g5.xlarge").on_demand)
+
+
+def test_a_replacement_out_of_capacity_leaves_the_node_and_is_tried_after_the_mark_expires():
+    cloud = SimulatedCloud(CATALOG, limits={"g5.xlarge": 0}, provisioning_delay=0)
+    tiers = [Tier(("g5.xlarge",), ("on-demand",)), Tier(("g6e.xlarge",), ("on-demand",))]
+    manager = CapacityManager(cloud, CATALOG, tiers, ONE_GPU,
+                              consolidation=ConsolidationPolicy(budgets=(Budget("100%"),)))
+    node = manager.acquire("r0", 0.0).node  # g5.xlarge refused: marked until 180 s
+    assert manager.consolidate(181.0, load_ratio=0.5) == []  # tried, refused again, marked again
+    assert manager.cordoned == set() and [n.id for n in manager.nodes()] == [node.id]
+    assert any("no replacement for node" in line for line in manager.log)
+    assert manager.consolidate(200.0, load_ratio=0.5) == []
+    cloud.limits.clear()
+    assert manager.consolidate(362.0, load_ratio=0.5)[0].node_id == node.id

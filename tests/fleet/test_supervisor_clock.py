@@ -496,6 +496,31 @@ def test_a_moving_replica_that_crashes_is_not_restarted_on_the_node_that_goes(sp
     assert any("not restarted there" in m for m in said)
 
 
+def test_a_replica_on_a_fallback_node_moves_to_the_cheaper_node_consolidation_makes(spotted):
+    """The live fleet applies consolidation's replacement as it applies a spot notice: the cheaper node first, the
+    replica's replacement there, and the old replica drains once the new one is ready."""
+    spec = SPOT_SPEC.replace("[ml.g5.xlarge]", "[ml.g5.xlarge, ml.g6e.xlarge]").replace("[spot]", "[on-demand]")
+    spec = spec.replace("provisioningDelaySeconds: 0}", "provisioningDelaySeconds: 0, shortages: [{instanceType: "
+                        "ml.g5.xlarge, startSeconds: 0, endSeconds: 100}]}\n    consolidation: {consolidateAfter: 0, "
+                        "budgets: [{nodes: '100%'}]}")
+    sup, wall, mono, said = spotted(spec)
+    assert sup._launch(mono())
+    old = sup.replicas[0]
+    old.state.state, old.child = Phase.READY, StoppingChild()
+    old_node = next(n for n in sup.capacity.nodes() if n.id == old.node_id)
+    assert old_node.offering.instance_type == "g6e.xlarge"  # g5.xlarge was short: the fallback
+    advance(181, wall, mono)  # the shortage is over, and so is its out-of-capacity mark
+    sup._apply_consolidation(sup.capacity.consolidate(wall(), 0.5))
+    assert old.state.state == Phase.MOVING and any("a cheaper node replaces it; moving 1" in m for m in said)
+    sup._scale_to(1, mono())
+    new = sup.replicas[1]
+    (new_node,) = [n for n in sup.capacity.nodes() if n.id == new.node_id]
+    assert new_node.offering.instance_type == "g5.xlarge"
+    new.state.state, new.child = Phase.READY, ReadyChild()
+    sup._scale_to(1, mono())
+    assert old.state.state == Phase.DRAINING and new.state.state == Phase.READY
+
+
 def test_a_replica_the_router_has_out_is_not_counted_as_serving(make, tmp_path, monkeypatch):
     """A stalled replica (SIGSTOP) kept running, so `status` read "ready 2" while the router sent it nothing."""
     monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path / "home"))

@@ -57,3 +57,17 @@ def test_spot_nodes_keep_every_round():
     fast, fast_ticks = run(endpoint, trace, True, spot_interruption_rate=0.5)
     assert fast == slow
     assert fast_ticks == slow_ticks
+
+
+def test_an_out_of_capacity_mark_expiring_in_a_quiet_stretch_is_a_round():
+    """An on-demand node on its fallback type is replaced once the cheaper offering's mark expires: that round runs
+    however quiet a fleet without an autoscaler is (g5.xlarge is short for the first hour, and every retry marks it
+    again), and the run-up to the next burst found the fleet still on its fallback."""
+    from tests.sim.test_consolidation_replaces import fell_back
+
+    endpoint, trace = fell_back(shortage_end_s=3600.0), bursts_with_quiet_hours(5, bursts=2, gap_s=3 * 3600)
+    slow, slow_ticks = run(endpoint, trace, False)
+    fast, fast_ticks = run(endpoint, trace, True)
+    assert fast == slow
+    assert any("replacing node" in line for line in fast[3]), fast[3]
+    assert fast_ticks * 5 < slow_ticks

@@ -5,7 +5,11 @@
 - `WhenEmptyOrUnderutilized`: also nodes whose replicas fit in the free slots of the other occupied nodes (the
   emptiest first, the dearest among equals), but only when
   the remaining replicas can absorb the load: load_ratio x N / (N - k) <= 1 (the consolidation-aware
-  scale-down check), where load_ratio is the fleet's load over its target;
+  scale-down check), where load_ratio is the fleet's load over its target; and, as Karpenter's single-node
+  consolidation replaces, an on-demand node whose replicas fit in the others' free slots plus one node that
+  placement would take now and that costs less (a spot offering back after a shortage, or the cheaper type a
+  fallback had passed over): the new node is made first and the replicas move onto it, so no load check.
+  Spot nodes are not replaced (Karpenter needs its SpotToSpotConsolidation gate and 15 types for that);
 - budgets: `nodes: "10%"` or `"2"`: allowed = ceil(total x pct) - deleting - notready; the most restrictive
   active budget wins; a budget may be limited to a cron window in a time zone. A node consolidation deleted
   counts as deleting (and in the total) for `NODE_TERMINATION_S`, as Karpenter counts a node as disrupting until
@@ -16,10 +20,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from fleetserve.autoscale.schedule import Cron
+from fleetserve.capacity.placement import Placement
 from fleetserve.capacity.providers import Node
 
 NODE_TERMINATION_S = 60.0  # a node's drain and instance termination, for the budgets
@@ -57,14 +63,25 @@ class ConsolidationPolicy:
 
 
 @dataclass(frozen=True)
+class Replacement:
+    """The cheaper node a replaced one's replicas move to: what placement takes now, and the replicas it holds."""
+
+    placement: Placement
+    slots: int
+
+
+@dataclass(frozen=True)
 class Removal:
     node_id: str
     reason: str  # "Empty" or "Underutilized"
+    replacement: Replacement | None = None  # set when the node is replaced rather than deleted
 
 
 def consolidate(nodes: list[Node], policy: ConsolidationPolicy, now: float, load_ratio: float = 0.0,
-                deleting: int = 0, terminating: int = 0) -> list[Removal]:
-    """`deleting`: nodes being emptied; `terminating`: nodes deleted within NODE_TERMINATION_S (gone from `nodes`)."""
+                deleting: int = 0, terminating: int = 0,
+                replacement: Callable[[Node], Replacement | None] | None = None) -> list[Removal]:
+    """`deleting`: nodes being emptied; `terminating`: nodes deleted within NODE_TERMINATION_S (gone from `nodes`);
+    `replacement`: the node placement would make now for a node's replicas (None: none, or replacing is off)."""
     ready = [n for n in nodes if n.ready(now) and n.interrupt_at is None]
     not_ready = len(nodes) - len(ready)
     budgets = [b for b in policy.budgets if b.active(now)] or [Budget("100%")]
@@ -91,4 +108,26 @@ def consolidate(nodes: list[Node], policy: ConsolidationPolicy, now: float, load
             moved += n.used
             free_held -= n.free
             out.append(Removal(n.id, "Underutilized"))
+        if replacement is not None:
+            out += _replacements(settled, {r.node_id for r in out}, free_held, replacement)
     return out[:allowed]
+
+
+def _replacements(settled: list[Node], removed: set[str], free_held: int,
+                  replacement: Callable[[Node], Replacement | None]) -> list[Removal]:
+    """On-demand nodes that one cheaper new node (with the others' free slots) can stand in for, the dearest first.
+    Each takes the free slots it fills, so two replacements never count on the same ones."""
+    out = []
+    for n in sorted((n for n in settled if n.used > 0 and n.id not in removed
+                     and n.offering.capacity_type == "on-demand"), key=lambda n: -n.price_per_hour):
+        new = replacement(n)
+        if new is None or new.placement.price_per_hour >= n.price_per_hour:
+            continue
+        free_elsewhere = free_held - n.free
+        # replicas that all fit elsewhere are the deletion's to move (it declined: the load); the new node would
+        # stay empty, as replacements take the fullest node with room first
+        if n.used <= free_elsewhere or new.slots + free_elsewhere < n.used:
+            continue
+        free_held -= n.free + free_elsewhere  # the others' free slots fill first
+        out.append(Removal(n.id, "Underutilized", new))
+    return out

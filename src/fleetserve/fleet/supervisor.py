@@ -1036,7 +1036,8 @@ class Supervisor:
             for r in on_node:
                 r.state.state = advance(r.state.state, Phase.MOVING)
             if on_node:
-                self.say(f"consolidation: node {removal.node_id} is underutilized; moving {len(on_node)} replica(s)")
+                why = "a cheaper node replaces it" if removal.replacement is not None else "it is underutilized"
+                self.say(f"consolidation: node {removal.node_id}: {why}; moving {len(on_node)} replica(s)")
 
     def _drain_interrupted(self, mono: float) -> None:
         """Replicas moving off a noticed spot node drain at the latest a drain timeout before it goes."""

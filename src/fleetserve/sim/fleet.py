@@ -680,13 +680,13 @@ class SimFleet:
 
     def _next_tick(self, now: float) -> float:
         """When the control loop looks next: one `reconcile_s` later, or, through an idle stretch, the first round
-        on the same grid that can see or do anything (a scaling poll, a node's consolidateAfter timer, the run-up
-        to the next arrival). Such a round finds what every skipped one would have: no request anywhere, every
-        replica ready, the fleet at its desired size, no node starting, cordoned or exposed to spot
-        interruptions (their draws are per round), and load samples that stopped changing: the last activity
-        is older than the rate, TTFT and lag windows together, and rounds resume that long before the next
-        arrival, so every window it reads is filled as without the skip. A day of silence costs a poll
-        interval's rounds instead of 86,400."""
+        on the same grid that can see or do anything (a scaling poll, a node's consolidateAfter timer, an offering's
+        out-of-capacity mark expiring, the run-up to the next arrival). Such a round finds what every skipped one
+        would have: no request anywhere, every replica ready, the fleet at its desired size, no node starting,
+        cordoned or exposed to spot interruptions (their draws are per round), and load samples that stopped
+        changing: the last activity is older than the rate, TTFT and lag windows together, and rounds resume
+        that long before the next arrival, so every window it reads is filled as without the skip. A day of
+        silence costs a poll interval's rounds instead of 86,400."""
         step = self.options.reconcile_s
         tick = now + step
         if not self.options.fast_forward or self.outstanding or self.buffer or self.queue:
@@ -707,6 +707,9 @@ class SimFleet:
             settle = node.last_change + capacity.consolidation.consolidate_after
             if settle > now:
                 must = min(must, settle)
+        if any(n.offering.capacity_type == "on-demand" for n in capacity.nodes()):
+            # an offering out of capacity comes back when its mark expires: consolidation may then replace a node
+            must = min([must, *(t for t in capacity.availability.until.values() if t > now)])
         if self.controller is not None:
             must = min(must, self.controller.next_poll)
         resume = self.t0 + self.workload[self.arrived].arrival - quiet  # the last round at or before this runs
