@@ -194,3 +194,34 @@ spec:
         assert "authorization" not in headers and "x-fleetserve-internal" not in headers
     finally:
         assert fleetserve("down", "ext", env=home).returncode == 0
+
+
+def test_a_standalone_routers_internal_token_never_writes_its_backends_and_odd_credentials_are_no_500(
+        tmp_path, engine):
+    """Without FLEETSERVE_ADMIN_TOKEN the internal token, which every replica receives, PUT the backend set (any
+    replica, or a process on a replica's port, made itself the only one). A non-ASCII credential made the public
+    /health a 500 with a traceback per request (`compare_digest` refuses non-ASCII strings)."""
+    router, token = _router(tmp_path, engine)
+    base = router.url
+    try:
+        bearer = {"authorization": f"Bearer {token}"}
+        assert httpx.get(base + "/admin/load", headers=bearer, timeout=5).status_code == 200  # it reads
+        hijack = {"backends": [{"url": "http://127.0.0.1:9", "state": "ready"}]}
+        refused = httpx.put(base + "/admin/backends", json=hijack, headers=bearer, timeout=5)
+        assert refused.status_code == 403 and "FLEETSERVE_ADMIN_TOKEN" in refused.json()["error"]["message"]
+        assert httpx.get(base + "/admin/load", headers=bearer, timeout=5).json()["backends"][0]["url"] == engine.url
+        odd = "Bearer \u00e9t\u00e9".encode()  # sent as the raw UTF-8 bytes a client may put there
+        for path, headers in (("/health", [(b"authorization", odd)]), ("/ping", [(b"x-fleetserve-internal", odd)]),
+                              ("/admin/load", [(b"authorization", odd)]), ("/metrics", [(b"authorization", odd)])):
+            answer = httpx.get(base + path, headers=headers, timeout=5)
+            assert answer.status_code in (200, 401, 403), (path, answer.status_code, answer.text)
+        # the router's own credentials stay with it, and so do the headers a client's Connection names
+        _client(router, "alpha-key").completions.create(
+            model="m", prompt="p", max_tokens=1,
+            extra_headers={"x-fleetserve-admin": "adm", "connection": "keep-alive, x-hop", "x-hop": "1",
+                           "x-kept": "2"})
+        _, headers, _ = engine.seen[-1]
+        assert "x-fleetserve-admin" not in headers and "x-hop" not in headers and headers["x-kept"] == "2"
+    finally:
+        router.stop()
+    assert "Traceback" not in (tmp_path / "router.log").read_text()

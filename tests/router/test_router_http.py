@@ -479,6 +479,10 @@ def test_admin_backends_replaces_and_drains(pair, tiny_model, logs):
     for name in ("", "r 0", 7, "x" * 64):  # the replica's name is a label value of the model_* series
         bad = httpx.put(gw.url + "/admin/backends", json={"backends": [{"url": urls[0], "name": name}]}, timeout=5)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "backends[].name", (name, bad.text)
+    # the same replica twice, in two states: kept once, draining, and answered 200 ("backends": 2)
+    twice = {"backends": [{"url": urls[0], "state": "ready"}, {"url": urls[0] + "/", "state": "draining"}]}
+    bad = httpx.put(gw.url + "/admin/backends", json=twice, timeout=5)
+    assert bad.status_code == 400 and "listed twice" in bad.json()["error"]["message"], bad.text
     body = {"backends": [{"url": u, "state": "ready", "name": f"r{i}"} for i, u in enumerate(urls)]}
     assert httpx.put(gw.url + "/admin/backends", json=body, timeout=5).status_code == 200
 

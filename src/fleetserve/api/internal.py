@@ -58,6 +58,13 @@ def read_token_file(path: str | Path) -> str:
     return token
 
 
+def same_secret(given: str, expected: str) -> bool:
+    """A constant-time comparison of a secret a client sent with ours, for any text it sends: `compare_digest` on
+    strings refuses non-ASCII ones with a TypeError, and a header `Bearer é` on the public /health answered 500
+    with a traceback in the log for each request."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
+
+
 class InternalAuth:
     """Checks the internal token in a request's headers (constant-time)."""
 
@@ -80,10 +87,10 @@ class InternalAuth:
             (k.decode("latin-1"), v.decode("latin-1")) for k, v in headers)
         for key, value in items:
             key = key.lower()
-            if key == INTERNAL_HEADER and hmac.compare_digest(value, self.token):
+            if key == INTERNAL_HEADER and same_secret(value, self.token):
                 return True
             if key == "authorization" and value[:7].lower() == "bearer " and \
-                    hmac.compare_digest(value[7:].strip(), self.token):
+                    same_secret(value[7:].strip(), self.token):
                 return True
         return False
 

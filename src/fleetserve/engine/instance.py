@@ -18,6 +18,8 @@ import hmac
 import os
 import secrets
 
+from fleetserve.api.internal import same_secret
+
 ENV = "FLEETSERVE_INSTANCE"
 CHALLENGE_HEADER = "x-fleetserve-challenge"
 MAX_CHALLENGE = 128
@@ -49,5 +51,4 @@ def answered_by(body: object, secret: str | None, challenge: str | None) -> bool
     if secret is None:
         return True
     answer = body.get("instance") if isinstance(body, dict) else None
-    return isinstance(answer, str) and challenge is not None and hmac.compare_digest(answer,
-                                                                                    proof(secret, challenge))
+    return isinstance(answer, str) and challenge is not None and same_secret(answer, proof(secret, challenge))

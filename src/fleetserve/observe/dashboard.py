@@ -28,6 +28,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from fleetserve.api.errors import APIError
+from fleetserve.api.internal import same_secret
 from fleetserve.observe.grafana import FILTER_LABELS, PANELS
 from fleetserve.observe.livedata import LiveData
 from fleetserve.router.admin import admin_allowed
@@ -57,7 +58,7 @@ def valid(value: str, purpose: str, secrets: tuple[str | None, ...], now: float 
     if not (expiry.isascii() and expiry.isdigit() and len(expiry) <= 12) or not signature or \
             not _is_nonce(nonce) or int(expiry) < (time.time() if now is None else now):
         return False
-    return any(secret and hmac.compare_digest(signature, _signature(secret, purpose, int(expiry), nonce))
+    return any(secret and same_secret(signature, _signature(secret, purpose, int(expiry), nonce))
                for secret in secrets)
 
 
@@ -102,7 +103,7 @@ def _secrets(gateway) -> tuple[str | None, ...]:
 
 
 def _token_ok(gateway, token: str) -> bool:
-    return bool(token) and any(secret and hmac.compare_digest(token, secret) for secret in _secrets(gateway))
+    return bool(token) and any(secret and same_secret(token, secret) for secret in _secrets(gateway))
 
 
 def allowed(gateway, request: Request) -> bool:

@@ -8,7 +8,6 @@ all, loopback clients); /metrics names tenants, so with API keys on it needs the
 
 from __future__ import annotations
 
-import hmac
 import logging
 import re
 
@@ -19,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fleetserve.api.errors import APIError, starlette_http_error
+from fleetserve.api.internal import same_secret
 from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import parse_json_body
 from fleetserve.observe.metrics import exposition
@@ -39,7 +39,7 @@ def admin_allowed(gateway, request: Request) -> bool:
     if gateway.internal.trusted(request.headers):
         return True
     if token:
-        return hmac.compare_digest(request.headers.get("x-fleetserve-admin", ""), token)
+        return same_secret(request.headers.get("x-fleetserve-admin", ""), token)
     if gateway.internal.enabled or gateway.settings.keyring is not None:
         return False
     # and named as loopback: a page whose name a DNS rebinding pointed at 127.0.0.1 sends its own name as Host
@@ -54,7 +54,9 @@ def admin_write_allowed(gateway, request: Request) -> bool:
     admin API (load, metrics), never writes it."""
     token = gateway.settings.admin_token
     if token:
-        return hmac.compare_digest(request.headers.get("x-fleetserve-admin", ""), token)
+        return same_secret(request.headers.get("x-fleetserve-admin", ""), token)
+    if gateway.internal.enabled or gateway.settings.keyring is not None:
+        return False  # without an admin token (FLEETSERVE_ADMIN_TOKEN) the internal token wrote it: nobody may
     return admin_allowed(gateway, request)
 
 
@@ -64,6 +66,15 @@ def _host_name(host: str) -> str:
     if host.startswith("["):
         return host[1:].partition("]")[0]
     return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def _write_forbidden(gateway) -> Response:
+    if gateway.settings.admin_token:
+        return _forbidden()
+    return APIError(403, "admin API: changing the backend set needs the router's admin token, and this router has "
+                         "none: start it with FLEETSERVE_ADMIN_TOKEN set and send that token as x-fleetserve-admin "
+                         "(the internal token reaches every replica, so it reads the admin API and never writes it)"
+                    ).response()
 
 
 def _forbidden() -> Response:
@@ -108,7 +119,7 @@ def build_control_app(gateway) -> Starlette:
         "name": the replica's name, optional, "instance": the secret its process proves in /health, optional}],
         "failing": why no replica can start now, or null}."""
         if not admin_write_allowed(gateway, request):
-            return _forbidden()
+            return _write_forbidden(gateway)
         try:
             document = parse_json_body(await request.body())
             entries = document["backends"]
@@ -125,6 +136,11 @@ def build_control_app(gateway) -> Starlette:
         problem = next((p for u in urls if (p := backend_url_problem(u))), None)
         if problem:
             return APIError(400, f"backends[].url: {problem}", param="backends[].url").response()
+        seen: set[str] = set()
+        twice = next((u for u in urls if u.rstrip("/") in seen or seen.add(u.rstrip("/"))), None)
+        if twice is not None:  # kept once, in one of its states: a typo had drained the whole fleet, answered 200
+            return APIError(400, f"backends[].url: {twice} is listed twice (a trailing / names the same replica); "
+                                 "list each replica once, with one state", param="backends[].url").response()
         bad = [st for st in states if st not in ("ready", "starting", "draining")]
         if bad:
             return APIError(400, f"backends[].state: got {bad[0]!r}; allowed values: ready, starting, draining",

@@ -64,11 +64,13 @@ access_log = logging.getLogger("fleetserve.router.access")
 PROXIED = {**dict.fromkeys(GENERATION_PATHS, "POST"), INVOCATIONS_PATH: "POST", "/v1/models": "GET"}
 MODEL_PATH = "/v1/models/"  # GET /v1/models/{model} (the openai client's models.retrieve) is proxied too
 # Never forwarded: framing and connection headers, the client's credentials (the key stays at the gateway),
-# and what the gateway sets itself (the tenant and the internal token are ours to set, never a client's).
+# and what the gateway sets itself (the tenant and the internal token are ours to set, never a client's), and the
+# router's own admin token (a client that sent it had it reach every replica, an external engine's included).
+# Headers a client's `Connection` names are hop-by-hop too (RFC 9110 7.6.1), and stay here.
 NOT_FORWARDED = frozenset({
     b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
     b"proxy-authorization", b"proxy-authenticate", b"accept-encoding", b"expect", b"authorization", b"x-request-id",
-    TENANT_HEADER.encode(), INTERNAL_HEADER.encode(),
+    TENANT_HEADER.encode(), INTERNAL_HEADER.encode(), b"x-fleetserve-admin",
 })
 JSON = (b"content-type", b"application/json")
 SANE_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # a client x-request-id that is not is replaced by ours
@@ -271,6 +273,7 @@ class Gateway:
         authorization = given_id = None
         content_type = host = encoding = None
         browser: dict[bytes, bytes] = {}
+        hop_by_hop: set[bytes] = set()
         for k, v in request.headers:
             if k in NOT_FORWARDED:
                 if k == b"authorization":
@@ -279,6 +282,8 @@ class Gateway:
                     given_id = v
                 elif k == b"host":
                     host = v
+                elif k == b"connection":
+                    hop_by_hop.update(t.strip().lower() for t in v.split(b","))
                 continue
             if k == b"content-type":
                 content_type = v
@@ -290,6 +295,8 @@ class Gateway:
             elif k == FORWARDED_HOST:
                 browser[k] = v
             forwarded.append((k, v))
+        if hop_by_hop:
+            forwarded = [(k, v) for k, v in forwarded if k not in hop_by_hop]
         rid = self._own_or_ours(given_id)
         request_id = rid.decode("latin-1")
         responder.request_id, responder.path = rid, request.path
