@@ -54,3 +54,24 @@ def test_a_winner_with_the_context_raised_is_not_called_the_baseline_it_does_not
     assert "baseline_cost_usd is the input as written (context 4096: 85 requests refused)" in raised
     as_written = _static_replicas(search, SimpleNamespace(**vars(trial), label="input static at max replicas"))
     assert as_written.startswith("the input at its max replicas (the baseline, $1.0142")
+
+
+def test_a_cache_blind_input_is_planned_routed_by_prefix_where_no_fleet_of_it_passes():
+    """Roundrobin over a conversation trace: every turn reloads its prefix from L2 on another replica, which no
+    number of replicas helps. Only the winner's routing was varied, so plan bought a p5.48xlarge at $8.20 where two
+    g6e.xlarge routed by prefix pass at $0.34; each type is now searched routed by prefix too."""
+    from fleetserve.sim.plan import plan
+    from fleetserve.sim.setup import SimOptions
+    from fleetserve.traces.generate import WorkloadSpec, generate
+    from tests.helpers import endpoint_of
+
+    trace = generate(WorkloadSpec(content="chat", duration_s=300, rate=2, seed=3), with_text=False)
+    endpoint = endpoint_of("rr", {
+        "model": {"name": "llama", "source": "catalog:llama-3.1-8b-instruct", "contextLength": 131072},
+        "replicas": 4, "routing": {"strategy": "roundrobin"}, "placement": {"instanceTypes": ["g6e.xlarge"]},
+        "kvCache": {"l1": {"enabled": True, "maxBytes": "8Gi"}, "l2": {"enabled": True, "maxBytes": "512Gi"}},
+        "capacity": {"provider": "simulated"}})
+    out = plan(endpoint, trace, SimOptions(), {"ttft_p95_ms": 400}, max_trials=40).to_json()
+    assert out["verified"] and out["cost_usd"] < 1.0, out["winner"]
+    (routing,) = [c for c in out["changes"] if c["path"] == "spec.routing.strategy"]
+    assert routing["to"] == "prefixaware" and "ignores the prompts' shared prefixes" in routing["why"], routing

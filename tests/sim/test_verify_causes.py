@@ -793,3 +793,20 @@ def test_one_request_over_the_context_is_said_in_the_singular():
     verdict = verify(endpoint_of("one", spec), trace, SimOptions())
     reasons = [c.reason for c in verdict.checks if c.metric == "error_rate" and not c.passed]
     assert reasons and all("1 request of" in r and " needs more than " in r for r in reasons), reasons
+
+
+def test_a_ttft_the_prefix_loads_from_l2_alone_miss_is_the_engines_not_the_fleets_size():
+    """Roundrobin with L1 and L2: most turns of a conversation find their prefix in L2 and load it at 1.2 GB/s, which
+    no queue causes. The floor left the load out, so verify blamed capacity ("a static fleet of 64 replica(s)
+    cannot carry the peak load" at TTFT p95 719 ms) and plan doubled to 64 replicas, then bought a p5."""
+    from fleetserve.traces.generate import WorkloadSpec, generate
+
+    trace = generate(WorkloadSpec(content="chat", duration_s=300, rate=2, seed=3), with_text=False)
+    endpoint = endpoint_of("rr", {
+        "model": {"name": "llama", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 16,
+        "routing": {"strategy": "roundrobin"}, "placement": {"instanceTypes": ["g6e.xlarge"]},
+        "kvCache": {"l1": {"enabled": True, "maxBytes": "8Gi"}, "l2": {"enabled": True, "maxBytes": "512Gi"}}})
+    verdict = verify(endpoint, trace, SimOptions(), {"ttft_p95_ms": 400})
+    reasons = [c.reason for c in verdict.checks if not c.passed and c.metric == "ttft_p95_ms"]
+    assert reasons and all("prompts alone take" in r and "L1 or L2" in r for r in reasons), reasons
+    assert not any("cannot carry" in r for r in reasons), reasons

@@ -209,11 +209,13 @@ def _allows(term: dict, instance_type: str) -> bool:
 
 
 ON_DEMAND = " on-demand"  # the label of a type's on-demand variant (`Planner._spot_churn`)
+PREFIX_ROUTED = " routed prefixaware"  # the label of a type's variant that routes for cache hits (`_cache_routed`)
+CACHE_BLIND = ("roundrobin", "leastload")  # strategies that send a prompt wherever, whatever its prefix
 
 
 def instance_of(label: str) -> str:
-    """The instance type a candidate's label names (its on-demand variant's too)."""
-    return label.removesuffix(ON_DEMAND)
+    """The instance type a candidate's label names (its on-demand and prefix-routed variants' too)."""
+    return label.removesuffix(PREFIX_ROUTED).removesuffix(ON_DEMAND)
 
 
 def _on_demand(data: dict) -> dict:
@@ -490,6 +492,12 @@ class Planner:
             self.types = [t for t, _ in candidates]
         statics: list[tuple[str, int, Trial, dict]] = []
         for t, data in candidates:
+            found = self.smallest_static(data, t)
+            if found:
+                n, trial = found
+                statics.append((t, n, trial, data))
+        passed = {t for t, *_ in statics}
+        for t, data in self._cache_routed([c for c in candidates if c[0] not in passed]):
             found = self.smallest_static(data, t)
             if found:
                 n, trial = found
@@ -783,6 +791,22 @@ class Planner:
                 touched = True
         if not touched:  # the winner's floors are the input's: its own, or none when it had none
             info["chosen"] = "input" if floors else "none"
+
+    def _cache_routed(self, candidates: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+        """The candidates no static fleet passed on, again routed by prefix, where the input's strategy ignores
+        prefixes and the trace shares them. Only the winner's routing was varied, so a roundrobin input whose
+        prompts loaded their prefixes from L2 on every replica missed its TTFT on every type but the fastest:
+        plan chose a p5 at $8.20 where two g6e.xlarge routed by prefix passed for $0.34."""
+        if not self.keyed:
+            return []
+        out = []
+        for t, data in candidates:
+            if data["spec"].get("routing", {}).get("strategy", "prefixaware") in CACHE_BLIND:
+                d = copy.deepcopy(data)
+                d["spec"].setdefault("routing", {})["strategy"] = "prefixaware"
+                out.append((t + PREFIX_ROUTED, d))
+        self.types += [t for t, _ in out]
+        return out
 
     def _alternatives(self) -> None:
         best = self.best

@@ -202,6 +202,8 @@ def _larger(search: Planner, winner: Trial, allowed) -> str:
 
 def explain(changes: list[dict], search: Planner, winner: Trial) -> None:
     """Give every change that has no `why` yet one from the trials (in place)."""
+    from fleetserve.sim.plan import PREFIX_ROUTED, instance_of
+
     spec = winner.data["spec"]
     autoscaled = bool(spec.get("autoscaling")) and spec["autoscaling"].get("enabled", True)
     routing, cache = _in_chain(winner, "routing"), _in_chain(winner, "cache")
@@ -223,6 +225,10 @@ def explain(changes: list[dict], search: Planner, winner: Trial) -> None:
                 _static_replicas(search, winner)
         elif path.startswith(AUTOSCALING_DECIDED):
             why = _autoscaled(search, winner) if autoscaled else _static_won(search, winner)
+        elif path.startswith("spec.routing.") and routing is None and winner.instance_type.endswith(PREFIX_ROUTED):
+            why = (f"the input's {c['from'] or 'default'} routing ignores the prompts' shared prefixes and no static "
+                   f"fleet of {instance_of(winner.instance_type)} passed with it (each replica loads or recomputes "
+                   f"them); routed by prefix one did: {_types(search)}")
         elif path.startswith("spec.routing."):
             why = _alternative(search, routing, "the strategy") if routing is not None else \
                 _kept(search, winner, "routing", "the input's strategy")
