@@ -1,5 +1,6 @@
 """`fleetserve router --workers 2`: two processes on one port that route as one router."""
 
+import contextlib
 import os
 import shutil
 import signal
@@ -260,3 +261,30 @@ def test_the_dashboard_reads_the_whole_router_whichever_worker_answers(fleet):
                what="every worker's answer to count the whole router's requests")
     # watched: every worker samples, so whichever answers has a history, not only those it answered itself
     wait_until(lambda: min(points(data()) for _ in range(6)) >= 3, 30, what="a history in every worker")
+
+
+def test_a_stopped_worker_is_restarted_and_the_routers_counts_never_go_back(fleet):
+    """A SIGSTOPped (or hung) worker kept its share of new connections, each of which hung, and the parent never
+    noticed; a restarted worker's counts started from 0, so /admin/load's requests_total went back (20 to 6)."""
+    gw, _ = fleet
+    for i in range(12):  # a new connection each: both workers take some
+        r = httpx.post(gw.url + "/v1/completions", json={"model": "sim", "prompt": [7, i], "max_tokens": 1},
+                       timeout=30)
+        assert r.status_code == 200
+    wait_until(lambda: load(gw).get("workers") == 2 and load(gw)["requests_total"] == 12, 10,
+               what="both workers' counts")
+    time.sleep(2 * 0.25)  # past a state write of each worker
+    workers = psutil.Process(gw.proc.pid).children()
+    stopped = max(workers, key=lambda c: c.pid)
+    os.kill(stopped.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: stopped.pid not in {c.pid for c in psutil.Process(gw.proc.pid).children()} and
+                   len(psutil.Process(gw.proc.pid).children()) == 2, 60, interval=0.5,
+                   what="the stopped worker killed and replaced")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stopped.pid, signal.SIGCONT)
+    wait_until(lambda: load(gw).get("workers") == 2, 30, what="both workers report their load")
+    totals = [load(gw)["requests_total"] for _ in range(20)]  # either worker answers, the new one too
+    assert min(totals) >= 12, totals
+    assert "wrote no heartbeat" in Path(gw.log_path).read_text()

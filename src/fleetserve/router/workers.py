@@ -12,6 +12,11 @@ worker, fire-and-forget; a lost message costs a prediction, never a request):
 - the backend set the supervisor PUTs to /admin/backends (which reaches one worker; the latest is also kept in
   a file of the bus's folder, which a restarted worker reads);
 - each worker's load, a few times a second, so /admin/load (the autoscaler's input) answers for all.
+
+Each worker also writes its counters to a state file of the bus's folder at that pace: a restarted worker
+continues its predecessor's counts (they had gone back, 20 to 6, when one restarted), and the file's age is
+the worker's heartbeat: one that stops writing (SIGSTOP, a blocked event loop) is killed and restarted by the
+parent (it had kept taking its share of new connections, and each of them hung).
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ import orjson
 
 log = logging.getLogger(__name__)
 
-LOAD_EVERY_S = 0.25  # how often a worker tells the others its load
+LOAD_EVERY_S = 0.25  # how often a worker tells the others its load (and writes its state file: its heartbeat)
+HUNG_S = 15.0  # a worker whose state file is older than this is stopped or hung: the parent kills and restarts it
 LOAD_STALE_S = 2.0  # a peer's load older than this no longer counts (the worker died or restarts)
 RESTART_DELAY_S = 1.0
 QUICK_EXIT_S = 10.0  # a worker that exits this soon after its start, QUICK_EXITS times in a row, cannot start
@@ -69,6 +75,8 @@ class PeerBus:
         # bound first: a set PUT to another worker from now on reaches this one, and what was kept before is read
         # after (the newest of the two applies, by its stamp)
         self._restore_backends()
+        self._restore_counts()
+        self._write_state()
         loop = asyncio.get_running_loop()
         loop.add_reader(self._sock.fileno(), self._receive)
         self._task = loop.create_task(self._tell_load())
@@ -124,10 +132,39 @@ class PeerBus:
             return
         self._apply(message)
 
+    def _state_path(self) -> Path:
+        return Path(self.folder) / f"w{self.index}.state"
+
+    def _restore_counts(self) -> None:
+        """A restarted worker's counters go on from its predecessor's (the last state it wrote)."""
+        try:
+            state = orjson.loads(self._state_path().read_bytes())
+        except FileNotFoundError:
+            return
+        except (OSError, orjson.JSONDecodeError) as exc:
+            log.warning("the counts of this worker's predecessor were not read: %s", exc)
+            return
+        self.gateway.requests_total += int(state.get("total", 0))
+        self.gateway.routed_total += int(state.get("routed", 0))
+
+    def _write_state(self) -> None:
+        """The counters, written before the load message that carries them (so a successor never starts below
+        what the others saw); the write is also the heartbeat the parent watches."""
+        gw, path = self.gateway, self._state_path()
+        spare = path.with_suffix(".tmp")
+        try:
+            spare.write_bytes(orjson.dumps({"total": gw.requests_total, "routed": gw.routed_total}))
+            os.replace(spare, path)
+        except OSError as exc:  # a full disk: the heartbeat at least, or the parent takes this worker for hung
+            log.warning("router worker state not written: %s", exc)
+            with contextlib.suppress(OSError):
+                os.utime(path)
+
     async def _tell_load(self) -> None:
         while True:
             await asyncio.sleep(LOAD_EVERY_S)
             gw = self.gateway
+            self._write_state()
             self._send({"t": "load", "w": self.index, "pending": gw.gate.pending, "queued": gw.gate.queued,
                         "total": gw.requests_total, "routed": gw.routed_total,
                         "p95": gw.ttft_p95_ms(),
@@ -183,8 +220,11 @@ class PeerBus:
         others_queued = sum(m.get("queued", 0) for m in fresh)  # each worker queues its own requests for a slot
         merged["queued"] = own["queued"] + others_queued
         merged["waiting"] = own["waiting"] + others_queued
-        merged["requests_total"] = own["requests_total"] + sum(m["total"] for m in fresh)
-        merged["routed_total"] = own["routed_total"] + sum(m.get("routed", 0) for m in fresh)
+        # counters from every worker ever heard, a silent one's too: a worker restarting goes on from its last
+        # count (its state file), and dropping it for the restart's seconds made the totals go back meanwhile
+        everyone = [m for _, m in self.peer_load.values()]
+        merged["requests_total"] = own["requests_total"] + sum(m["total"] for m in everyone)
+        merged["routed_total"] = own["routed_total"] + sum(m.get("routed", 0) for m in everyone)
         merged["ttft_p95_ms"] = max([own["ttft_p95_ms"]] + [m["p95"] for m in fresh])
         backends = []
         for b in own["backends"]:
@@ -288,7 +328,10 @@ def run_workers(count: int, backends: list[str], host: str, port: int, settings,
         while not stopping:
             time.sleep(0.2)
             for i, p in enumerate(procs):
-                if not p.is_alive() and not stopping:
+                if p.is_alive() and not stopping:
+                    _kill_if_hung(i, p, Path(folder), started[i])
+                    continue
+                if not stopping:
                     _metrics_dead(folder, p.pid)
                     quick[i] = quick[i] + 1 if failed_at_start(p.exitcode, time.monotonic() - started[i]) else 0
                     if quick[i] >= QUICK_EXITS:  # it cannot start (a port, a file): restarting forever hid that
@@ -309,6 +352,27 @@ def run_workers(count: int, backends: list[str], host: str, port: int, settings,
                 p.kill()
                 p.join(1)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _kill_if_hung(index: int, proc, folder: Path, started: float, now: float | None = None) -> bool:
+    """Kill a worker whose state file (its heartbeat, every LOAD_EVERY_S) is older than HUNG_S; the loop restarts
+    it as it does a worker that died. A young worker that has written none yet is given HUNG_S from its start."""
+    now = time.time() if now is None else now
+    try:
+        beat = (folder / f"w{index}.state").stat().st_mtime
+    except FileNotFoundError:
+        beat = None
+    if beat is not None and beat >= now - (time.monotonic() - started):  # written by this worker, not its predecessor
+        silent = now - beat
+    else:
+        silent = time.monotonic() - started
+    if silent <= HUNG_S:
+        return False
+    log.error("router worker %d wrote no heartbeat for %.0f s (stopped or hung: its connections would hang); "
+              "killing it to restart it", index, silent)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGKILL)
+    return True
 
 
 SOCKET_PATH_MAX = 107  # a unix socket's path, in bytes (sun_path is 108 with its terminating NUL)
