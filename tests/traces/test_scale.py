@@ -5,6 +5,7 @@ import pytest
 
 from fleetserve.traces.generate import WorkloadSpec, generate
 from fleetserve.traces.load import load_trace
+from fleetserve.traces.model import TraceRequest
 from fleetserve.traces.scale import compress, scale_rate, scale_time, window
 from tests.traces.test_generate import ideal
 
@@ -133,3 +134,15 @@ def test_a_conversion_that_cannot_be_written_says_so_without_warnings_about_the_
     r = fleetserve("trace", "scale", str(sample), "--format", "prompts", "-o", str(tmp_path / "x.jsonl"))
     assert r.returncode == 2 and "a prompt log needs prompt text" in r.stderr and "warning:" not in r.stderr
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_copies_stay_beside_their_burst_and_an_idle_gap_stays_idle():
+    """Bursts half an hour apart, scaled 3.5x: copies of a burst's last request had spread halfway into the gap
+    after it (the Azure code trace kept 2 of its 13 empty minutes), and verify's idle windows became stray single
+    requests that met a cold start."""
+    bursts = [TraceRequest(start + i * 0.5, 100, 10) for start in (0.0, 1800.0, 3600.0) for i in range(60)]
+    scaled = scale_rate(bursts, 3.5, seed=1)
+    assert 3.3 * len(bursts) < len(scaled) < 3.7 * len(bursts)
+    assert min(r.arrival_s for r in scaled) == 0.0 and max(r.arrival_s for r in scaled) == bursts[-1].arrival_s
+    in_gaps = [r.arrival_s for r in scaled if 30.5 < r.arrival_s % 1800 < 1799]
+    assert in_gaps == []  # within one inner half-stretch (2 x 0.25 s) of each burst's edge

@@ -5,8 +5,9 @@
 - `scale_rate(requests, factor, seed)` keeps the time axis and multiplies the number of requests: each
   request is copied `floor(factor)` times (plus one more with probability `factor - floor(factor)`), a copy
   placed at a uniform random point of the request's own stretch of the timeline (from halfway to the request
-  before it to halfway to the next; the first and last requests' stretches end at theirs), so the load curve
-  keeps its shape at the trace's own resolution and the span stays the trace's.
+  before it to halfway to the next; the first and last requests' stretches end at theirs; a half beside a gap
+  reaches at most twice as far as the other half, so an idle stretch stays idle), so the load curve keeps its
+  shape at the trace's own resolution and the span stays the trace's.
   Copies are new users, not repeats: their hash ids move to a fresh id range,
   their session key gets a suffix and the first message a copy tag, so a copy shares no prefix with its
   original that the original did not share with itself (the prefix-reuse *structure* is kept, not inflated).
@@ -52,8 +53,8 @@ def scale_rate(requests: list[TraceRequest], factor: float, seed: int = 0) -> li
     whole, frac = int(factor), factor - int(factor)
     id_span = 1 + max((h for r in ordered for h in r.hash_ids), default=-1)
     times = np.array([r.arrival_s for r in ordered])
-    before = np.diff(times, prepend=times[0]) / 2  # the stretch's half before the request (0 for the first)
-    width = before + np.diff(times, append=times[-1]) / 2  # and after it (0 for the last: the span is kept)
+    before, after = _stretch(times)
+    width = before + after
     out: list[TraceRequest] = []
     copies_total = whole + (1 if frac > 0 else 0)
     for c in range(copies_total):
@@ -64,6 +65,23 @@ def scale_rate(requests: list[TraceRequest], factor: float, seed: int = 0) -> li
             out.append(r if c == 0 else _copy(r, c, float(times[i] + offsets[i]), id_span))
     out.sort(key=lambda r: r.arrival_s)
     return out
+
+
+SPREAD = 2.0  # a stretch's half reaches at most this many times its other half into a gap
+
+
+def _stretch(times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's stretch of the timeline, as (half before it, half after it): halfway to its neighbours (none
+    before the first, none after the last: the span is kept), a half beside a gap cut to SPREAD times the other
+    half (the first's and last's to SPREAD times their neighbour's inner half). Uncut, copies of the last request
+    of a burst spread halfway into the idle half hour after it: the Azure code trace scaled 3.5x kept 2 of its 13
+    empty minutes, and verify's idle windows became single stray requests that failed on a cold start."""
+    before = np.diff(times, prepend=times[0]) / 2
+    after = np.diff(times, append=times[-1]) / 2
+    caps_after, caps_before = before.copy(), after.copy()
+    if len(times) > 1:
+        caps_after[0], caps_before[-1] = after[1], before[-2]
+    return np.minimum(before, SPREAD * caps_before), np.minimum(after, SPREAD * caps_after)
 
 
 def _copy(r: TraceRequest, c: int, arrival: float, id_span: int) -> TraceRequest:
