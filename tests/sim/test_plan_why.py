@@ -75,3 +75,11 @@ def test_a_cache_blind_input_is_planned_routed_by_prefix_where_no_fleet_of_it_pa
     assert out["verified"] and out["cost_usd"] < 1.0, out["winner"]
     (routing,) = [c for c in out["changes"] if c["path"] == "spec.routing.strategy"]
     assert routing["to"] == "prefixaware" and "ignores the prompts' shared prefixes" in routing["why"], routing
+
+
+def test_the_baseline_of_a_static_input_at_zero_is_no_fleet():
+    """`replicas: 0` without autoscaling serves nothing: its baseline ran one replica ($0.02 "for the input")."""
+    from fleetserve.sim.plan import _max_replicas
+
+    assert _max_replicas({"replicas": 0}) == 0 and _max_replicas({"replicas": 3}) == 3
+    assert _max_replicas({"replicas": 0, "autoscaling": {"maxReplicaCount": 4}}) == 4

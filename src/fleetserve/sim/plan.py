@@ -125,10 +125,12 @@ def _shortfall(trial: Trial) -> tuple[int, float]:
 
 
 def _max_replicas(spec: dict) -> int:
+    """The input's largest fleet: a static `replicas: 0` is none (its baseline had run one replica, and plan
+    compared its winner with a fleet the input never runs)."""
     auto = spec.get("autoscaling")
     if auto and auto.get("enabled", True):
         return int(auto.get("maxReplicaCount", 5))
-    return max(1, int(spec.get("replicas", 1)))
+    return max(0, int(spec.get("replicas", 1)))
 
 
 def _static(data: dict, n: int) -> dict:
