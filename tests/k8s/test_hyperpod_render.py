@@ -58,6 +58,7 @@ def test_audit_fields_are_rendered():
     assert trig["metricType"] == "Value"                                                    # trigger metricType
     assert trig["useCachedMetrics"] is True                                                 # useCachedMetrics
     assert trig["metadata"]["customHeaders"] == "X-Scope-OrgID=team-a"                      # customHeaders
+    assert trig["metadata"]["namespace"] == "team-a"                                        # namespace
 
 
 def test_hf_token_secret_reaches_the_fetcher_only():

@@ -267,6 +267,7 @@ spec:
       metricType: Value
       useCachedMetrics: true
       customHeaders: X-Scope-OrgID=team-a
+      namespace: team-a
 """
 
 HF_TOKEN = """
@@ -308,6 +309,7 @@ def test_audit_fields_are_carried_into_our_spec():
     assert (e.spec.metrics.model_metrics_path, e.spec.metrics.model_metrics_port) == ("/stats", 9100)
     t = e.spec.autoscaling.triggers[0]
     assert (t.metric_type, t.use_cached_metrics, t.custom_headers) == ("Value", True, "X-Scope-OrgID=team-a")
+    assert t.namespace == "team-a"  # KEDA's namespaced queries (Thanos): it had been dropped with a warning
     tok = load_spec_text(HF_TOKEN).endpoint.spec.model.token_secret
     assert (tok.name, tok.key) == ("hf-token", "token")
 
@@ -318,7 +320,8 @@ def test_audit_fields_warn_locally_never_silently():
                  "spec.engine.probes", "spec.engine.resources", "spec.engine.env", "spec.engine.envFrom",
                  "spec.model.mountPath", "spec.model.volume", "spec.pod",
                  "spec.metrics.modelMetrics",
-                 "spec.autoscaling.triggers[0].useCachedMetrics", "spec.autoscaling.triggers[0].customHeaders"):
+                 "spec.autoscaling.triggers[0].useCachedMetrics", "spec.autoscaling.triggers[0].customHeaders",
+                 "spec.autoscaling.triggers[0].namespace"):
         assert "applies to Kubernetes rendering only" in paths[path], path
     assert "spec.autoscaling.triggers[0].metricType" not in paths  # the local controller and simulator read it
     # the scrape interval takes effect locally when the fleet runs its own Prometheus (fleet/prometheus.py)

@@ -177,13 +177,15 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
             out.append(_prometheus(f"t{i}-{trig.metric.replace('_', '-')}", server, builtin_query(ctx, trig.metric),
                                    trig.target, trig.activation_target, trig.kind, ignore_null=False))
     for i, st in enumerate(spec_triggers[:len(out)]):
-        # KEDA-only trigger settings (HyperPod's metricType, useCachedMetrics, customHeaders)
+        # KEDA-only trigger settings (HyperPod's metricType, useCachedMetrics, customHeaders, namespace)
         if st.metric_type:
             out[i]["metricType"] = st.metric_type
         if st.use_cached_metrics:
             out[i]["useCachedMetrics"] = True
         if st.custom_headers:
             out[i]["metadata"]["customHeaders"] = st.custom_headers
+        if st.namespace:
+            out[i]["metadata"]["namespace"] = st.namespace
     if policy.min_replicas == 0:
         # it activates and asks for one replica, never more: the triggers size the fleet, as the local controller
         # wakes to max(1, floor, the triggers' count). Its threshold is the most the routers can hold (bufferSize

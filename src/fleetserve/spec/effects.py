@@ -17,7 +17,7 @@ from fleetserve.spec.errors import SpecProblem
 _KUBERNETES_ONLY = re.compile(
     r"^spec\.(engine\.(env|envFrom|port|command|workingDir|probes|resources)"
     r"|model\.(mountPath|volume|tokenSecret)|pod|metrics\.(scrapeIntervalSeconds|modelMetrics)"
-    r"|autoscaling\.triggers\[\d+\]\.(useCachedMetrics|customHeaders))$"
+    r"|autoscaling\.triggers\[\d+\]\.(useCachedMetrics|customHeaders|namespace))$"
     r"|^metadata\.(labels|annotations)$")
 
 
@@ -272,7 +272,8 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         note("spec.pod", f"{k8s}: the engine pods' init containers, scheduler, service account, volumes, "
                          "tolerations, priority class and security context, and the pods' image pull secrets")
     for i, trig in enumerate(spec.autoscaling.triggers if spec.autoscaling else []):
-        for field, value in (("useCachedMetrics", trig.use_cached_metrics), ("customHeaders", trig.custom_headers)):
+        for field, value in (("useCachedMetrics", trig.use_cached_metrics), ("customHeaders", trig.custom_headers),
+                             ("namespace", trig.namespace)):
             if value:
                 note(f"spec.autoscaling.triggers[{i}].{field}", f"{k8s}: the KEDA trigger's {field}; the local "
                                                                 "controller reads the metric every pollingInterval")

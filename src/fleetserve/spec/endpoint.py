@@ -508,6 +508,9 @@ class ScalingTrigger(SpecModel):
         default=None, description="KEDA metricType; default AverageValue for totals, Value for ttft_p95")
     use_cached_metrics: bool = Field(default=False, description="KEDA: cache the value for the polling interval")
     custom_headers: str | None = Field(default=None, description="KEDA prometheus customHeaders (k=v,k2=v2)")
+    namespace: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$",
+                                  description="KEDA prometheus namespace: sent with each query for namespaced "
+                                              "queries (Thanos' querier tenancy)")
 
     @field_validator("server_address")
     @classmethod
@@ -562,7 +565,8 @@ class ScalingTrigger(SpecModel):
             raise ValueError("a prometheus trigger needs a query (serverAddress: default the fleet's Prometheus)")
         if self.metric != "prometheus":
             given = [name for name, value in (("query", self.query), ("serverAddress", self.server_address),
-                                              ("customHeaders", self.custom_headers)) if value]
+                                              ("customHeaders", self.custom_headers),
+                                              ("namespace", self.namespace)) if value]
             if given:  # the built-in metrics read the router's own gauges: these were ignored without a word
                 raise ValueError(f"{', '.join(given)} apply to metric 'prometheus' only; a {self.metric!r} trigger "
                                  "reads the router's own gauge (use metric: prometheus for a query of yours)")

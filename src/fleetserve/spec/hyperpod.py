@@ -258,10 +258,8 @@ def _triggers(a: dict[str, Any], warn) -> list[dict[str, Any]]:
             "metricType": _METRIC_TYPES[trig.get("metricType", "Average")],
             "useCachedMetrics": trig.get("useCachedMetrics", True),
             "customHeaders": trig.get("customHeaders"),
+            "namespace": trig.get("namespace") or None,  # KEDA's, sent with each query (it had been dropped)
         })
-        if trig.get("namespace"):
-            warn(f"{where}.namespace", "the query names its own labels; KEDA's prometheus namespace (Cortex "
-                                       "tenant) is not set")
         if trig.get("name"):
             warn(f"{where}.name", f"the ScaledObject trigger is named t{len(out) - 1}-prometheus")
     watched = [("spec.autoScalingSpec.cloudWatchTrigger", a["cloudWatchTrigger"])] if a.get("cloudWatchTrigger") \
