@@ -860,3 +860,20 @@ def test_a_count_the_machines_slots_cannot_hold_is_a_warning(extra, path):
     fine = GOOD.replace("replicas: 2", "replicas: 1") + "  capacity: {localSlots: 2}\n"
     fine += "  autoscaling: {maxReplicaCount: 9}\n"  # above the slots: a shortage status reports, not a refusal
     assert not [n for n in inert_settings(load_spec_text(fine).endpoint) if n.path == "spec.capacity.localSlots"]
+
+
+def test_a_start_count_the_simulated_clouds_limits_cannot_place_is_a_warning():
+    """`replicas: 2` on one g5.xlarge node at most: validate said nothing, and the fleet ran one replica for good."""
+    from fleetserve.spec.effects import inert_settings
+
+    def said(placement: str, limits: str) -> list[str]:
+        text = GOOD + f"  placement: {{instanceTypes: [{placement}]}}\n" \
+            f"  capacity: {{provider: simulated, simulated: {{limits: {{{limits}}}}}}}\n"
+        return [n.message for n in inert_settings(load_spec_text(text).endpoint)
+                if n.path == "spec.capacity.simulated.limits"]
+
+    (message,) = said("ml.g5.xlarge", "ml.g5.xlarge: 1")
+    assert "at most 1 replica(s)" in message and "the 2 of spec.replicas" in message, message
+    assert said("g5.xlarge", "g5.xlarge: 2") == []
+    assert said("g5.xlarge, g6e.xlarge", "g5.xlarge: 1") == []  # the second type has no limit
+    assert said("g5.xlarge, g6e.xlarge", "g5.xlarge: 1, g6e.xlarge: 0") != []

@@ -123,6 +123,7 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if spec.placement.node_affinity:
         _affinity_notes(spec.placement.node_affinity, note)
     _local_slots_note(spec, note)
+    _simulated_limits_note(spec, note)
     if spec.placement.instance_types:
         from fleetserve.capacity.catalog import Catalog
         from fleetserve.capacity.placement import fits, replica_request
@@ -355,12 +356,9 @@ def _sglang_host_cache_note(spec, note) -> None:
              f"({(int(pool / 1e9) + 1) * gpus * 10**9} bytes), or l1.enabled: false")
 
 
-def _local_slots_note(spec, note) -> None:
-    """A count the machine's slots can never hold: `up` waited out startupTimeoutSeconds (10 minutes by default)
-    for a failure the spec alone showed. Autoscaling above the slots is no such case: it reports the shortage."""
-    slots = spec.capacity.local_slots
-    if spec.capacity.provider != "local" or slots is None:
-        return
+def _start_counts(spec) -> list[tuple[str, int]]:
+    """The replica counts a fleet must hold whatever its load: (the field that asks, the count). Autoscaling above
+    capacity is no such count: the fleet reports the shortage."""
     auto = spec.autoscaling
     if auto is None or not auto.enabled:
         asked = [("spec.replicas", spec.replicas)]
@@ -370,11 +368,46 @@ def _local_slots_note(spec, note) -> None:
                   for i, floor in enumerate(auto.schedules)]
         if "replicas" in spec.model_fields_set:
             asked.append(("spec.replicas", min(spec.replicas, auto.max_replica_count)))
-    for path, count in asked:
+    return asked
+
+
+def _local_slots_note(spec, note) -> None:
+    """A count the machine's slots can never hold: `up` waited out startupTimeoutSeconds (10 minutes by default)
+    for a failure the spec alone showed."""
+    slots = spec.capacity.local_slots
+    if spec.capacity.provider != "local" or slots is None:
+        return
+    for path, count in _start_counts(spec):
         if count > slots:
             when = "while it holds" if "schedules" in path else "at all"
             note("spec.capacity.localSlots", f"{slots} slot(s) cannot hold the {count} replicas of {path}: `fleetserve "
                  f"up` refuses to start {when} (exit 2), and status reports the shortage; raise localSlots or lower "
+                 f"{path.removeprefix('spec.')}")
+            return
+
+
+def _simulated_limits_note(spec, note) -> None:
+    """A count the simulated cloud's `limits` can never place, on every listed type together: validate said
+    nothing, and the fleet (or the simulation) ran short of it for good."""
+    from fleetserve.capacity.catalog import Catalog
+    from fleetserve.capacity.placement import fits, replica_request, replicas_per_node, tiers_from_spec
+
+    cloud, cap = spec.capacity.simulated, spec.capacity
+    if cap.provider != "simulated" or not cloud.limits:
+        return
+    catalog = Catalog.builtin()
+    request = replica_request(spec.engine, spec.model, spec.kv_cache)
+    types = {n for tier in tiers_from_spec(spec.placement, catalog, tuple(cap.capacity_types))
+             for n in tier.instance_types if n in catalog and fits(catalog.get(n), request, cap.allow_larger_instances)}
+    limits = {Catalog.canonical(name): most for name, most in cloud.limits.items()}
+    if not types or any(t not in limits for t in types):
+        return  # a type without a limit places any count (one that fits none is validate's other warning)
+    most = sum(limits[t] * replicas_per_node(catalog.get(t), request) for t in types)
+    for path, count in _start_counts(spec):
+        if count > most:
+            note("spec.capacity.simulated.limits", f"the simulated cloud places at most {most} replica(s) on the "
+                 f"listed types ({', '.join(f'{t}: {limits[t]} node(s)' for t in sorted(types))}), not the {count} "
+                 f"of {path}: the fleet, simulate and verify run short of it for good; raise the limits or lower "
                  f"{path.removeprefix('spec.')}")
             return
 
