@@ -59,6 +59,7 @@ class PeerBus:
         self.gateway = None
         self.peer_load: dict[int, tuple[float, dict]] = {}
         self._backends_stamp = 0  # when the backend set this worker has was given (time.time_ns of the PUT)
+        self._state_failed = False  # the last state file write failed (said once)
         self._sock: socket.socket | None = None
         self._task: asyncio.Task | None = None
 
@@ -156,9 +157,13 @@ class PeerBus:
             spare.write_bytes(orjson.dumps({"total": gw.requests_total, "routed": gw.routed_total}))
             os.replace(spare, path)
         except OSError as exc:  # a full disk: the heartbeat at least, or the parent takes this worker for hung
-            log.warning("router worker state not written: %s", exc)
+            if not self._state_failed:  # said once until it works again, not four times a second
+                log.warning("router worker state not written (its counts restart with it): %s", exc)
+            self._state_failed = True
             with contextlib.suppress(OSError):
                 os.utime(path)
+        else:
+            self._state_failed = False
 
     async def _tell_load(self) -> None:
         while True:
