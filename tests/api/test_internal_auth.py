@@ -3,7 +3,7 @@ TypeError (`hmac.compare_digest` refuses non-ASCII strings, and the engine's gua
 
 import asyncio
 
-from fleetserve.api.internal import EngineGuard, InternalAuth, same_secret
+from fleetserve.api.internal import EngineGuard, InternalAuth, header_has_secret, same_secret
 
 
 def test_same_secret_compares_any_text():
@@ -32,3 +32,11 @@ def test_the_engines_guard_answers_401_to_a_non_ascii_bearer():
              "root_path": "", "raw_path": b"/v1/models", "http_version": "1.1", "asgi": {"version": "3.0"}}
     asyncio.run(EngineGuard(app, auth)(scope, receive, send))
     assert not reached and sent[0]["status"] == 401
+
+
+def test_a_non_ascii_secret_in_a_header_is_compared_as_the_bytes_the_client_sent():
+    """ASGI decodes header values as latin-1: re-encoded as UTF-8 for the comparison, a correct non-ASCII admin token
+    could never match."""
+    sent = "t\u00f6ken".encode().decode("latin-1")  # what Starlette hands over for its UTF-8 bytes
+    assert header_has_secret(sent, "t\u00f6ken") and not header_has_secret(sent, "token")
+    assert header_has_secret("token", "token") and not header_has_secret("\u20ac", "token")

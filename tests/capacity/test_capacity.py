@@ -145,6 +145,21 @@ def test_underutilized_only_when_the_rest_absorbs_the_load():
     assert consolidate(nodes, policy, now=1.0, load_ratio=0.9) == []  # 0.9 x 4/3 > 1
 
 
+def test_two_underutilized_nodes_never_count_on_the_same_free_slot():
+    """Each removal's replicas fill free slots elsewhere: the second removal of a round had counted them again."""
+    policy = ConsolidationPolicy("WhenEmptyOrUnderutilized", budgets=(Budget("100%"),))
+    host = _node(1, 3, slots=4)  # one free slot
+    a, b = _node(2, 1, slots=4), _node(3, 1, slots=4)
+    removed = [r.node_id for r in consolidate([host, a, b], policy, now=1.0, load_ratio=0.1)]
+    # one of a, b: its replica takes the host's slot or the other's, and the other's then has none left (both had
+    # gone, and the second replica needed a new node)
+    assert len(removed) == 1 and "n1" not in removed
+    full = _node(4, 4, slots=4)
+    one, two = _node(5, 3, slots=4), _node(6, 3, slots=4)
+    removed = [r.node_id for r in consolidate([full, one, two], policy, now=1.0, load_ratio=0.1)]
+    assert removed == []  # either one's 3 replicas need the other's 1 free slot and more
+
+
 def test_underutilized_takes_the_dearest_of_equals_and_never_swaps_a_node_for_an_empty_one():
     """The cheapest of equally used nodes went first (g5 at $0.40/h moved onto g6e at $0.74/h, which stayed), and
     a full node was "moved" onto an identical empty one, restarting its replica for nothing."""
@@ -464,9 +479,13 @@ def test_a_replacement_needs_room_for_the_replicas_that_do_not_fit_elsewhere():
     one_slot = _replacing_with(Offering("g5.xlarge", "on-demand"), 1.006, slots=1)
     assert consolidate([big], policy, now=1.0, replacement=one_slot) == []  # 3 replicas, room for 1
     other = Node("other", Offering("g5.12xlarge", "on-demand"), 5.672, 4, 0.0, 0.0, used=2, last_change=0.0)
-    # two fit in `other`'s free slots, the third on the new node; `other` is not replaced too on the same slots
+    # two fit in `other`'s free slots, the third on the new node; one replacement a round (`other` is not replaced
+    # too, on the same slots)
     removals = consolidate([big, other], policy, now=1.0, load_ratio=1.0, replacement=one_slot)
     assert [(r.node_id, r.replacement is not None) for r in removals] == [("big", True)]
+    # a cordoned node's free slots take no replica: counted, the two moved replicas had needed two new nodes
+    assert consolidate([big, other], policy, now=1.0, load_ratio=1.0, replacement=one_slot,
+                       cordoned={"other"}) == []
     # replicas that all fit elsewhere are the deletion's to move: when the load forbids it, no replacement either
     small = Node("small", Offering("g6e.xlarge", "on-demand"), 1.861, 1, 0.0, 0.0, used=1, last_change=0.0)
     roomy = Node("roomy", Offering("g5.12xlarge", "spot"), 2.2, 4, 0.0, 0.0, used=1, last_change=0.0)
@@ -502,7 +521,7 @@ def test_a_replacement_out_of_capacity_leaves_the_node_and_is_tried_after_the_ma
     node = manager.acquire("r0", 0.0).node  # g5.xlarge refused: marked until 180 s
     assert manager.consolidate(181.0, load_ratio=0.5) == []  # tried, refused again, marked again
     assert manager.cordoned == set() and [n.id for n in manager.nodes()] == [node.id]
-    assert any("no replacement for node" in line for line in manager.log)
+    assert any("no cheaper node to replace one with yet" in line for line in manager.log)
     assert manager.consolidate(200.0, load_ratio=0.5) == []
     cloud.limits.clear()
     assert manager.consolidate(362.0, load_ratio=0.5)[0].node_id == node.id

@@ -8,7 +8,7 @@ from fleetserve.traces.model import TraceRequest
 from tests.helpers import endpoint_of
 
 
-def fell_back(shortage_end_s: float = 600.0, policy: str = "WhenEmptyOrUnderutilized"):
+def fell_back(shortage_end_s: float = 600.0, policy: str = "WhenEmptyOrUnderutilized", budget: str | None = "100%"):
     return endpoint_of("fallback", {
         "model": {"name": "llama-8b", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 2,
         "routing": {"strategy": "leastload"}, "placement": {"instanceTypes": ["g5.xlarge", "g6e.xlarge"]},
@@ -16,7 +16,8 @@ def fell_back(shortage_end_s: float = 600.0, policy: str = "WhenEmptyOrUnderutil
                      "simulated": {"provisioningDelaySeconds": 90,
                                    "shortages": [{"instanceType": "g5.xlarge", "startSeconds": 0,
                                                   "endSeconds": shortage_end_s}]},
-                     "consolidation": {"policy": policy, "consolidateAfter": 60, "budgets": [{"nodes": "100%"}]}}})
+                     "consolidation": {"policy": policy, "consolidateAfter": 60,
+                                       **({"budgets": [{"nodes": budget}]} if budget else {})}}})
 
 
 def steady(seconds: float = 3600.0) -> list[TraceRequest]:

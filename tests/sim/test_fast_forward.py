@@ -59,13 +59,16 @@ def test_spot_nodes_keep_every_round():
     assert fast_ticks == slow_ticks
 
 
-def test_an_out_of_capacity_mark_expiring_in_a_quiet_stretch_is_a_round():
+@pytest.mark.parametrize("budget", ["100%", None])  # None: Karpenter's default 10 %, one node at a time
+def test_an_out_of_capacity_mark_expiring_in_a_quiet_stretch_is_a_round(budget):
     """An on-demand node on its fallback type is replaced once the cheaper offering's mark expires: that round runs
     however quiet a fleet without an autoscaler is (g5.xlarge is short for the first hour, and every retry marks it
-    again), and the run-up to the next burst found the fleet still on its fallback."""
+    again), and the run-up to the next burst found the fleet still on its fallback. Under a budget of one node at a
+    time the second replacement waits for the first deleted node to stop counting (60 s): that is a round too."""
     from tests.sim.test_consolidation_replaces import fell_back
 
-    endpoint, trace = fell_back(shortage_end_s=3600.0), bursts_with_quiet_hours(5, bursts=2, gap_s=3 * 3600)
+    endpoint = fell_back(shortage_end_s=3600.0, budget=budget)
+    trace = bursts_with_quiet_hours(5, bursts=2, gap_s=3 * 3600)
     slow, slow_ticks = run(endpoint, trace, False)
     fast, fast_ticks = run(endpoint, trace, True)
     assert fast == slow

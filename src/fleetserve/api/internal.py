@@ -65,6 +65,16 @@ def same_secret(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
 
 
+def header_has_secret(value: str, secret: str) -> bool:
+    """`same_secret` for a header value, which ASGI servers and Starlette decode as latin-1: compared as the bytes
+    the client sent, so a non-ASCII secret sent as UTF-8 matches (re-encoded as UTF-8, it never could)."""
+    try:
+        raw = value.encode("latin-1")
+    except UnicodeEncodeError:  # not from the wire (a mapping a caller built): its text as UTF-8
+        raw = value.encode("utf-8", "surrogatepass")
+    return hmac.compare_digest(raw, secret.encode("utf-8", "surrogatepass"))
+
+
 class InternalAuth:
     """Checks the internal token in a request's headers (constant-time)."""
 
@@ -87,10 +97,10 @@ class InternalAuth:
             (k.decode("latin-1"), v.decode("latin-1")) for k, v in headers)
         for key, value in items:
             key = key.lower()
-            if key == INTERNAL_HEADER and same_secret(value, self.token):
+            if key == INTERNAL_HEADER and header_has_secret(value, self.token):
                 return True
             if key == "authorization" and value[:7].lower() == "bearer " and \
-                    same_secret(value[7:].strip(), self.token):
+                    header_has_secret(value[7:].strip(), self.token):
                 return True
         return False
 

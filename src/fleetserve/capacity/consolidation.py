@@ -79,11 +79,14 @@ class Removal:
 
 def consolidate(nodes: list[Node], policy: ConsolidationPolicy, now: float, load_ratio: float = 0.0,
                 deleting: int = 0, terminating: int = 0,
-                replacement: Callable[[Node], Replacement | None] | None = None) -> list[Removal]:
+                replacement: Callable[[Node], Replacement | None] | None = None,
+                cordoned: frozenset[str] | set[str] = frozenset()) -> list[Removal]:
     """`deleting`: nodes being emptied; `terminating`: nodes deleted within NODE_TERMINATION_S (gone from `nodes`);
-    `replacement`: the node placement would make now for a node's replicas (None: none, or replacing is off)."""
-    ready = [n for n in nodes if n.ready(now) and n.interrupt_at is None]
-    not_ready = len(nodes) - len(ready)
+    `replacement`: the node placement would make now for a node's replicas (None: none, or replacing is off);
+    `cordoned`: nodes being emptied, whose free slots take no replica (a replacement had counted on them, and its
+    replicas needed a second new node)."""
+    ready = [n for n in nodes if n.ready(now) and n.interrupt_at is None and n.id not in cordoned]
+    not_ready = sum(1 for n in nodes if not n.ready(now) or n.interrupt_at is not None)
     budgets = [b for b in policy.budgets if b.active(now)] or [Budget("100%")]
     allowed = min(b.allowed(len(nodes) + terminating, deleting + terminating, not_ready) for b in budgets)
     settled = [n for n in ready if now - n.last_change >= policy.consolidate_after]
@@ -106,28 +109,27 @@ def consolidate(nodes: list[Node], policy: ConsolidationPolicy, now: float, load
             if survivors <= 0 or load_ratio * replicas / survivors > 1.0:
                 continue
             moved += n.used
-            free_held -= n.free
+            free_held -= n.free + n.used  # its own free slots go with it, and its replicas fill others'
             out.append(Removal(n.id, "Underutilized"))
         if replacement is not None:
-            out += _replacements(settled, {r.node_id for r in out}, free_held, replacement)
+            out += _replacement(settled, {r.node_id for r in out}, free_held, replacement)
     return out[:allowed]
 
 
-def _replacements(settled: list[Node], removed: set[str], free_held: int,
-                  replacement: Callable[[Node], Replacement | None]) -> list[Removal]:
-    """On-demand nodes that one cheaper new node (with the others' free slots) can stand in for, the dearest first.
-    Each takes the free slots it fills, so two replacements never count on the same ones."""
-    out = []
+def _replacement(settled: list[Node], removed: set[str], free_held: int,
+                 replacement: Callable[[Node], Replacement | None]) -> list[Removal]:
+    """The dearest on-demand node that one cheaper new node (with the others' free slots) can stand in for: one per
+    round, as Karpenter's single-node consolidation replaces one node at a time (two in a round had counted on
+    the same free slots)."""
     for n in sorted((n for n in settled if n.used > 0 and n.id not in removed
                      and n.offering.capacity_type == "on-demand"), key=lambda n: -n.price_per_hour):
         new = replacement(n)
         if new is None or new.placement.price_per_hour >= n.price_per_hour:
             continue
-        free_elsewhere = free_held - n.free
+        free_elsewhere = max(0, free_held - n.free)
         # replicas that all fit elsewhere are the deletion's to move (it declined: the load); the new node would
         # stay empty, as replacements take the fullest node with room first
         if n.used <= free_elsewhere or new.slots + free_elsewhere < n.used:
             continue
-        free_held -= n.free + free_elsewhere  # the others' free slots fill first
-        out.append(Removal(n.id, "Underutilized", new))
-    return out
+        return [Removal(n.id, "Underutilized", new)]
+    return []

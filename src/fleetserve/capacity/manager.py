@@ -151,7 +151,7 @@ class CapacityManager:
             self.terminating.popleft()
         removals = consolidate(self.provider.nodes(), self.consolidation, now, load_ratio,
                                deleting=len(self.cordoned), terminating=len(self.terminating),
-                               replacement=self._replacement_now(now))
+                               replacement=self._replacement_now(now), cordoned=self.cordoned)
         emptied = [n.id for n in self.provider.nodes() if n.id in self.cordoned and n.used == 0]
         for node_id in emptied:
             self._delete(node_id, now, "consolidation removed emptied node")
@@ -205,10 +205,10 @@ class CapacityManager:
             node = self.provider.create(choice.offering, removal.replacement.slots, now)
         except InsufficientCapacityError as exc:
             self.availability.mark_unavailable(exc.offering, now)
-            self._note(f"consolidation: no replacement for node {old.id} yet: {exc}")
-            return False
+            self._note(f"consolidation: no cheaper node to replace one with yet: {exc}")  # one line per
+            return False  # shortage, not one per node and retry
         except ProviderError as exc:
-            self._note(f"consolidation: no replacement for node {old.id} yet: {exc}")
+            self._note(f"consolidation: no cheaper node to replace one with yet: {exc}")
             return False
         self.ledger.node_started(node.id, node.price_per_hour, node.slots, node.offering.instance_type,
                                  node.offering.capacity_type, now)

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fleetserve.api.errors import APIError, starlette_http_error
-from fleetserve.api.internal import same_secret
+from fleetserve.api.internal import header_has_secret
 from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import parse_json_body
 from fleetserve.observe.metrics import exposition
@@ -39,7 +39,7 @@ def admin_allowed(gateway, request: Request) -> bool:
     if gateway.internal.trusted(request.headers):
         return True
     if token:
-        return same_secret(request.headers.get("x-fleetserve-admin", ""), token)
+        return header_has_secret(request.headers.get("x-fleetserve-admin", ""), token)
     if gateway.internal.enabled or gateway.settings.keyring is not None:
         return False
     # and named as loopback: a page whose name a DNS rebinding pointed at 127.0.0.1 sends its own name as Host
@@ -54,7 +54,7 @@ def admin_write_allowed(gateway, request: Request) -> bool:
     admin API (load, metrics), never writes it."""
     token = gateway.settings.admin_token
     if token:
-        return same_secret(request.headers.get("x-fleetserve-admin", ""), token)
+        return header_has_secret(request.headers.get("x-fleetserve-admin", ""), token)
     if gateway.internal.enabled or gateway.settings.keyring is not None:
         return False  # without an admin token (FLEETSERVE_ADMIN_TOKEN) the internal token wrote it: nobody may
     return admin_allowed(gateway, request)

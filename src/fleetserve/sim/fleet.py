@@ -23,6 +23,7 @@ from fleetserve.autoscale.controller import Controller
 from fleetserve.autoscale.failing import UNPLACED, unplaced, why_failing
 from fleetserve.autoscale.policy import ScalingState
 from fleetserve.autoscale.scaledown import Candidate, moves_to_finish, revivals, spot_drain_due, victims
+from fleetserve.capacity.consolidation import NODE_TERMINATION_S
 from fleetserve.capacity.placement import InsufficientCapacity
 from fleetserve.capacity.utilization import load_ratio, target_per_replica
 from fleetserve.router.admission import (
@@ -681,7 +682,8 @@ class SimFleet:
     def _next_tick(self, now: float) -> float:
         """When the control loop looks next: one `reconcile_s` later, or, through an idle stretch, the first round
         on the same grid that can see or do anything (a scaling poll, a node's consolidateAfter timer, an offering's
-        out-of-capacity mark expiring, the run-up to the next arrival). Such a round finds what every skipped one
+        out-of-capacity mark expiring, a deleted node leaving the disruption budget, the run-up to the next
+        arrival). Such a round finds what every skipped one
         would have: no request anywhere, every replica ready, the fleet at its desired size, no node starting,
         cordoned or exposed to spot interruptions (their draws are per round), and load samples that stopped
         changing: the last activity is older than the rate, TTFT and lag windows together, and rounds resume
@@ -707,6 +709,8 @@ class SimFleet:
             settle = node.last_change + capacity.consolidation.consolidate_after
             if settle > now:
                 must = min(must, settle)
+        # a node consolidation deleted stops counting against the disruption budgets: what waited for it may go
+        must = min([must, *(t + NODE_TERMINATION_S for t in capacity.terminating if t + NODE_TERMINATION_S > now)])
         if any(n.offering.capacity_type == "on-demand" for n in capacity.nodes()):
             # an offering out of capacity comes back when its mark expires: consolidation may then replace a node
             must = min([must, *(t for t in capacity.availability.until.values() if t > now)])

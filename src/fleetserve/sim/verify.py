@@ -53,9 +53,7 @@ class Verdict:
 
 
 def prefill_floor_ms(result: SimResult, window: str) -> float | None:
-    """TTFT p95 of the window's requests with no queueing at all: each one's uncached prompt alone on its replica,
-    after loading what it found in L1 or L2 (that load is no queue either: 64 replicas of a fleet whose prefixes
-    came from L2 at 1.2 GB/s missed a 400 ms TTFT by the load alone, blamed on capacity, and plan doubled on).
+    """TTFT p95 of the window's requests with no queueing at all: each one's uncached prompt alone on its replica.
 
     When this alone exceeds the target, more replicas cannot help (a faster instance type, a smaller model or
     more cache hits can), and `verify` says so instead of blaming capacity."""
@@ -96,7 +94,15 @@ def _requests(result: SimResult, window: str) -> list:
     return window_requests(fleet, _account(result.report, window)["windows"], len(windows(fleet)[2]))
 
 
-def _alone_p95_ms(result: SimResult, window: str, decode: bool) -> float | None:
+def load_floor_ms(result: SimResult, window: str) -> float | None:
+    """The prefill floor with each request's load of the prefix it found in L1 or L2 added: no queue causes that
+    either, but it is no engine floor (`plan` stops doubling on those): more replicas keep more prefixes in engine
+    memory under a cache-aware strategy, and under roundrobin each turn reloads its prefix wherever it lands (64
+    replicas missed a 400 ms TTFT by the load alone, and verify blamed the fleet's size)."""
+    return _alone_p95_ms(result, window, decode=False, loads=True)
+
+
+def _alone_p95_ms(result: SimResult, window: str, decode: bool, loads: bool = False) -> float | None:
     alone = []
     for r in _requests(result, window):
         # answered requests, and those the router timed out waiting at a replica: an overloaded fleet's long
@@ -106,7 +112,7 @@ def _alone_p95_ms(result: SimResult, window: str, decode: bool) -> float | None:
             continue
         prof = r.replica.profile
         cached = r.cached if r.error is None else (r.seq.cached if r.seq is not None else 0)  # not looked up: 0
-        loaded = r.seq.load_s if r.seq is not None and r.error is None else 0.0  # from L1 / L2, before the prefill
+        loaded = r.seq.load_s if loads and r.seq is not None else 0.0  # from L1 / L2, before the prefill
         seconds = prof.alone_prefill_time(r.spec.prompt - cached) + loaded + r.overhead
         if decode and r.spec.output > 1:
             steps = r.spec.output - 1  # the first token comes with the prefill
@@ -161,6 +167,12 @@ def _cause(result: SimResult, window: str, metric: str = "", value: float | None
         engine = ENGINE_BOUND[metric][1].format(floor=floor)
         queued = value is not None and value > 1.5 * floor
         return f"{engine}; and queueing on top: {capacity}" if queued else engine
+    if metric == "ttft_p95_ms":
+        loaded = load_floor_ms(result, window)
+        if loaded is not None and loaded > result.report["slo"][metric]:
+            loads = LOADS_BOUND.format(floor=loaded, strategy=result.fleet.strategy)
+            queued = value is not None and value > 1.5 * loaded
+            return f"{loads}; and queueing on top: {capacity}" if queued else loads
     return capacity
 
 
@@ -190,12 +202,16 @@ def _cut_streams(result: SimResult, lost: int) -> str:
 
 
 # a latency target the requests miss alone, with no queueing, is the engine's: (the floor, what to say)
+# a TTFT target the requests miss alone only with their loads from L1 / L2: the tiers' speed and where prefixes land
+LOADS_BOUND = ("the prompts alone, with no queueing, take {floor:.0f} ms to first token at p95 with the load of the "
+               "prefixes they found in L1 or L2 (at the tiers' speed): the fleet's size is not the cause while the "
+               "prefixes come from there; prefixes kept in engine memory cut it (routing {strategy}: a cache-aware "
+               "strategy keeps a conversation on the replica that holds it; more replicas or GPU memory hold more)")
 ENGINE_BOUND = {
     "ttft_p95_ms": (prefill_floor_ms,
-                    "the prompts alone take {floor:.0f} ms to prefill at p95 on this engine (loading the prefix "
-                    "they found in L1 or L2 included), with no queueing: more replicas cannot meet it (a faster "
-                    "instance type or engine profile, a smaller model, or more prefix-cache hits in engine memory, "
-                    "which a cache-aware routing strategy brings, can)"),
+                    "the prompts alone take {floor:.0f} ms to prefill at p95 on this engine, with no queueing: more "
+                    "replicas cannot meet it (a faster instance type or engine profile, a smaller model, or more "
+                    "prefix-cache hits can)"),
     "e2e_p95_ms": (decode_floor_ms,
                    "each request alone (its prefill, then its output decoded at a batch of one) takes {floor:.0f} ms "
                    "at p95 on this engine: more replicas cannot meet it (shorter answers (max_tokens), a faster "
