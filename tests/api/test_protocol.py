@@ -106,6 +106,17 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
     ({"echo": True}, "echo"),  # chat's; completions honour it
     ({"continue_final_message": True}, "continue_final_message"),
     ({"add_generation_prompt": False}, "add_generation_prompt"),
+    # structured outputs as vLLM 0.12+ and SGLang name them, and template extensions: answered 200 in free text
+    ({"structured_outputs": {"choice": ["yes", "no"]}}, "structured_outputs"),
+    ({"structural_tag": "{}"}, "structural_tag"),
+    ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
+    ({"regex": "[a-z]+"}, "regex"),
+    ({"ebnf": "root ::= 'a'"}, "ebnf"),
+    ({"json_schema": "{}"}, "json_schema"),
+    ({"logits_processors": ["x"]}, "logits_processors"),
+    ({"skip_special_tokens": False}, "skip_special_tokens"),
+    ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+    ({"documents": [{"text": "d"}]}, "documents"),
 ])
 def test_what_the_engine_cannot_honour_is_refused_not_ignored(change, param):
     """tools and JSON mode were answered 200 with plain text: a client relying on them got the wrong output."""
@@ -226,10 +237,10 @@ def test_unknown_fields_pass_and_are_logged_once_per_name(caplog, monkeypatch):
     monkeypatch.setattr(protocol, "_IGNORED_SEEN", set())
     with caplog.at_level("WARNING", logger="fleetserve.api.protocol"):
         for _ in range(3):
-            parse_chat({**CHAT, "max_token": 5, "skip_special_tokens": True})
+            parse_chat({**CHAT, "max_token": 5, "spaces_between_special_tokens": True})
         parse_completion({"prompt": "hi", "max_token": 5, "echo": True})
     lines = [r.getMessage() for r in caplog.records if "ignored unknown request field" in r.getMessage()]
-    assert len(lines) == 1 and "'max_token'" in lines[0] and "'skip_special_tokens'" in lines[0]
+    assert len(lines) == 1 and "'max_token'" in lines[0] and "'spaces_between_special_tokens'" in lines[0]
 
 
 def test_a_developer_message_is_the_system_prompt():
@@ -273,6 +284,10 @@ def test_tools_with_tool_choice_none_are_answered_in_plain_text():
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     parse_chat({**CHAT, "tools": tools, "tool_choice": "none"})
     assert error_of(parse_chat, {**CHAT, "tools": tools}).param == "tools"  # "auto" (the default) would call one
+    functions = [tools[0]["function"]]  # the legacy form, as the README promised it (it was refused)
+    parse_chat({**CHAT, "functions": functions, "function_call": "none"})
+    parse_chat({**CHAT, "functions": functions, "tool_choice": "none"})
+    assert error_of(parse_chat, {**CHAT, "functions": functions, "function_call": "auto"}).param == "functions"
     err = error_of(parse_completion, {"model": "m", "prompt": "hi", "logprobs": 6})
     assert (err.param, err.code) == ("logprobs", "invalid_value")
 

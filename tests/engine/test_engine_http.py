@@ -216,3 +216,30 @@ def test_a_stream_whose_text_is_held_back_says_it_is_alive(tiny_model, tmp_path_
         assert streamed == whole.choices[0].message.content
     finally:
         server.stop()
+
+
+def test_a_conversation_the_models_template_refuses_is_a_400_naming_messages(tiny_model, tmp_path):
+    """Gemma's template refuses a system turn, Mistral's roles that do not alternate (`raise_exception`): the
+    engine answered 500 "internal error (TemplateError)" with two tracebacks, and the openai client retried it."""
+    import shutil
+
+    strict = tmp_path / "strict"
+    shutil.copytree(tiny_model, strict)
+    template = strict / "chat_template.jinja"
+    template.write_text("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+                        "{% endif %}" + template.read_text())
+    server = Server(["engine", "--model", str(strict), "--served-model-name", "strict", "--threads", "1"],
+                    tmp_path / "engine.log").start()
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model="strict", max_tokens=2, messages=[
+                {"role": "system", "content": "s"}, {"role": "user", "content": "x"}])
+        error = refused.value.body
+        assert error["param"] == "messages" and "System role not supported" in error["message"], error
+        answer = client.chat.completions.create(model="strict", max_tokens=2,
+                                                messages=[{"role": "user", "content": "x"}])
+        assert answer.choices  # the template itself works
+    finally:
+        server.stop()
+    assert "Traceback" not in (tmp_path / "engine.log").read_text()

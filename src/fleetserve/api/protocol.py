@@ -232,6 +232,20 @@ _UNSUPPORTED = {  # name: (why, the values allowed, the test of a value)
     "bad_words": ("bad_words is not supported by this engine", "[] or omitted", lambda v: v in (None, [])),
     "truncate_prompt_tokens": ("truncate_prompt_tokens is not supported by this engine", "omitted",
                                lambda v: v is None),
+    # structured outputs as vLLM (0.12 and later: `structured_outputs` replaced the guided_* fields) and SGLang
+    # name them: a client moved from either asked for constrained text and got free text, answered 200
+    "structured_outputs": ("structured outputs are not supported by this engine", "omitted", lambda v: v is None),
+    "structural_tag": ("structured outputs are not supported by this engine", "omitted", lambda v: v is None),
+    "guided_whitespace_pattern": ("guided decoding is not supported by this engine", "omitted", lambda v: v is None),
+    "guided_decoding_backend": ("guided decoding is not supported by this engine", "omitted", lambda v: v is None),
+    "regex": ("constrained decoding (SGLang's regex) is not supported by this engine", "omitted",
+              lambda v: v is None),
+    "ebnf": ("constrained decoding (SGLang's ebnf) is not supported by this engine", "omitted", lambda v: v is None),
+    "json_schema": ("constrained decoding (SGLang's json_schema) is not supported by this engine", "omitted",
+                    lambda v: v is None),
+    "logits_processors": ("logits_processors are not supported by this engine", "omitted", lambda v: v is None),
+    "skip_special_tokens": ("special tokens are always left out of the text here", "true or omitted",
+                            lambda v: v in (None, True)),
 }
 # the same for chat alone (vLLM's chat extensions; `echo` is a completions parameter, honoured there)
 _UNSUPPORTED_CHAT = {
@@ -243,6 +257,10 @@ _UNSUPPORTED_CHAT = {
                               "always opened)", "true or omitted", lambda v: v in (None, True)),
     "chat_template": ("chat_template is not supported by this engine (the model's own template is used)", "omitted",
                       lambda v: v is None),
+    "chat_template_kwargs": ("chat_template_kwargs is not supported by this engine (the model's template is applied "
+                             "with its defaults)", "{} or omitted", lambda v: v in (None, {})),
+    "documents": ("documents for the chat template are not supported by this engine", "[] or omitted",
+                  lambda v: v in (None, [])),
 }
 # Parameters that change nothing here and pass without a word; any other name is logged once as ignored (a typo
 # such as "max_token" otherwise generated the default length unsaid), not refused: clients send newer OpenAI
@@ -275,6 +293,8 @@ def _unsupported(body: dict, kind: str) -> None:
     if body.get("tool_choice") == "none" and isinstance(body.get("tools"), list):
         # no tool is called, as OpenAI and vLLM answer it: in plain text (agents send their tools with "none")
         refused = {k: v for k, v in refused.items() if k != "tools"}
+    if "none" in (body.get("function_call"), body.get("tool_choice")) and isinstance(body.get("functions"), list):
+        refused = {k: v for k, v in refused.items() if k != "functions"}  # the legacy form of the same
     for name, (why, allowed, default) in refused.items():
         if name in body and not default(body[name]):
             raise invalid(name, f"{why}; allowed: {allowed}, got {json.dumps(body[name])[:80]}",

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetserve.api.errors import invalid
 from fleetserve.api.protocol import SamplingParams
 from fleetserve.engine.sources import check_model_dir
 from fleetserve.kvcache.blocks import reusable_blocks
@@ -151,7 +152,13 @@ class ModelRunner:
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
         if self.has_chat_template:
-            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            from jinja2 import TemplateError
+
+            try:
+                out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            except TemplateError as exc:  # the template refuses the conversation on purpose (Gemma: no system
+                # turn; Mistral: roles must alternate): the client's to fix, said in its words (it was a 500)
+                raise invalid("messages", f"the model's chat template refuses this conversation: {exc}") from None
             if isinstance(out, dict) or hasattr(out, "input_ids"):
                 out = out["input_ids"]
             return list(out)
