@@ -40,3 +40,14 @@ def test_a_non_ascii_secret_in_a_header_is_compared_as_the_bytes_the_client_sent
     sent = "t\u00f6ken".encode().decode("latin-1")  # what Starlette hands over for its UTF-8 bytes
     assert header_has_secret(sent, "t\u00f6ken") and not header_has_secret(sent, "token")
     assert header_has_secret("token", "token") and not header_has_secret("\u20ac", "token")
+
+
+def test_a_non_ascii_internal_token_the_router_sends_reaches_its_engines():
+    """The router sends its upstream headers as latin-1: compared with the token in UTF-8 alone, every request to
+    an engine of a fleet whose token is not ASCII was a 401."""
+    from fleetserve.router.upstream import Upstream
+
+    auth = InternalAuth("schl\u00fcssel-f\u00fcr-die-engines")
+    lines = Upstream(headers=auth.headers())._extra.split(b"\r\n")  # the header lines it writes on the wire
+    sent = [tuple(line.split(b": ", 1)) for line in lines if line]
+    assert len(sent) == 2 and auth.trusted(sent)

@@ -115,7 +115,6 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
     ({"json_schema": "{}"}, "json_schema"),
     ({"logits_processors": ["x"]}, "logits_processors"),
     ({"skip_special_tokens": False}, "skip_special_tokens"),
-    ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
     ({"documents": [{"text": "d"}]}, "documents"),
 ])
 def test_what_the_engine_cannot_honour_is_refused_not_ignored(change, param):
@@ -288,6 +287,8 @@ def test_tools_with_tool_choice_none_are_answered_in_plain_text():
     parse_chat({**CHAT, "functions": functions, "function_call": "none"})
     parse_chat({**CHAT, "functions": functions, "tool_choice": "none"})
     assert error_of(parse_chat, {**CHAT, "functions": functions, "function_call": "auto"}).param == "functions"
+    conflicting = {**CHAT, "functions": functions, "function_call": "auto", "tool_choice": "none"}
+    assert error_of(parse_chat, conflicting).param == "functions"  # its own choice calls one
     err = error_of(parse_completion, {"model": "m", "prompt": "hi", "logprobs": 6})
     assert (err.param, err.code) == ("logprobs", "invalid_value")
 
@@ -297,3 +298,14 @@ def test_an_unknown_model_name_is_not_echoed_whole():
 
     err = model_not_found("x" * 100_000, ["m"])
     assert len(err.message) < 400 and "100,000 characters" in err.message
+
+
+def test_chat_template_kwargs_reach_the_template_but_never_the_engines_own_arguments():
+    """Qwen's clients send {"enable_thinking": false} by default: honoured, as vLLM does. What the engine sets
+    itself (the conversation, the generation prompt, tokenizing) is no template variable."""
+    parsed = parse_chat({**CHAT, "chat_template_kwargs": {"enable_thinking": False}})
+    assert parsed.template_kwargs == {"enable_thinking": False}
+    assert parse_chat(CHAT).template_kwargs == {}
+    for bad, code in (({"add_generation_prompt": False}, "unsupported_value"), ([1], "invalid_type")):
+        err = error_of(parse_chat, {**CHAT, "chat_template_kwargs": bad})
+        assert (err.param, err.code) == ("chat_template_kwargs", code), err.message

@@ -243,3 +243,34 @@ def test_a_conversation_the_models_template_refuses_is_a_400_naming_messages(tin
     finally:
         server.stop()
     assert "Traceback" not in (tmp_path / "engine.log").read_text()
+
+
+def test_a_broken_chat_template_is_the_models_fault_not_the_clients(tiny_model):
+    """Only the template's own raise_exception (a TemplateError as such) refuses a conversation: a syntax error or
+    an unknown filter (its subclasses) is a broken model, and answering every chat 400 would blame the client."""
+    from jinja2 import TemplateError
+
+    from fleetserve.api.errors import APIError
+    from fleetserve.engine.runner import ModelRunner
+
+    runner = ModelRunner(tiny_model, threads=1)
+    messages = [{"role": "user", "content": "x"}]
+    runner.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }"
+    with pytest.raises(TemplateError) as broken:
+        runner.chat_ids(messages)
+    assert not isinstance(broken.value, APIError)
+    runner.tokenizer.chat_template = "{{ raise_exception('Conversation roles must alternate') }}"
+    with pytest.raises(APIError) as refused:
+        runner.chat_ids(messages)
+    assert refused.value.status == 400 and "roles must alternate" in refused.value.message
+
+
+def test_chat_template_kwargs_are_the_templates_variables(tiny_model):
+    from fleetserve.engine.runner import ModelRunner
+
+    runner = ModelRunner(tiny_model, threads=1)
+    runner.tokenizer.chat_template = ("{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}"
+                                      "{{ messages[0]['content'] }}")
+    messages = [{"role": "user", "content": "hi"}]
+    assert runner.decode(runner.chat_ids(messages, {"enable_thinking": False})).startswith("/no_think")
+    assert not runner.decode(runner.chat_ids(messages)).startswith("/no_think")

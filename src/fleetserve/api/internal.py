@@ -67,12 +67,18 @@ def same_secret(given: str, expected: str) -> bool:
 
 def header_has_secret(value: str, secret: str) -> bool:
     """`same_secret` for a header value, which ASGI servers and Starlette decode as latin-1: compared as the bytes
-    the client sent, so a non-ASCII secret sent as UTF-8 matches (re-encoded as UTF-8, it never could)."""
+    the client sent, against the secret in UTF-8 (httpx, curl) and in latin-1 (our router's upstream headers,
+    Python's http.client), both compared in constant time."""
     try:
         raw = value.encode("latin-1")
     except UnicodeEncodeError:  # not from the wire (a mapping a caller built): its text as UTF-8
         raw = value.encode("utf-8", "surrogatepass")
-    return hmac.compare_digest(raw, secret.encode("utf-8", "surrogatepass"))
+    as_utf8 = hmac.compare_digest(raw, secret.encode("utf-8", "surrogatepass"))
+    try:
+        as_latin1 = hmac.compare_digest(raw, secret.encode("latin-1"))
+    except UnicodeEncodeError:
+        as_latin1 = False
+    return as_utf8 or as_latin1
 
 
 class InternalAuth:

@@ -52,6 +52,7 @@ class ParsedRequest:
     prompt: str | list[int] | None = None
     echo: bool = False
     cache_salt: str | None = None
+    template_kwargs: dict = field(default_factory=dict)  # chat_template_kwargs: more variables for the template
 
 
 TOO_DEEP = "request body is nested too deeply: arrays and objects at most about 1,000 levels deep"
@@ -257,8 +258,6 @@ _UNSUPPORTED_CHAT = {
                               "always opened)", "true or omitted", lambda v: v in (None, True)),
     "chat_template": ("chat_template is not supported by this engine (the model's own template is used)", "omitted",
                       lambda v: v is None),
-    "chat_template_kwargs": ("chat_template_kwargs is not supported by this engine (the model's template is applied "
-                             "with its defaults)", "{} or omitted", lambda v: v in (None, {})),
     "documents": ("documents for the chat template are not supported by this engine", "[] or omitted",
                   lambda v: v in (None, [])),
 }
@@ -270,7 +269,8 @@ _COMMON = frozenset({
     "top_logprobs", "top_p", "temperature", "stop", "seed", "presence_penalty", "frequency_penalty", "ignore_eos",
     "cache_salt", "user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
     "safety_identifier", *_UNSUPPORTED})
-_KNOWN = {"chat": _COMMON | {"messages", *_UNSUPPORTED_CHAT}, "completion": _COMMON | {"prompt", "echo"}}
+_KNOWN = {"chat": _COMMON | {"messages", "chat_template_kwargs", *_UNSUPPORTED_CHAT},
+          "completion": _COMMON | {"prompt", "echo"}}
 _IGNORED_SEEN: set[str] = set()
 MAX_IGNORED_NAMES = 256
 MAX_NAME_CHARS = 64
@@ -293,7 +293,8 @@ def _unsupported(body: dict, kind: str) -> None:
     if body.get("tool_choice") == "none" and isinstance(body.get("tools"), list):
         # no tool is called, as OpenAI and vLLM answer it: in plain text (agents send their tools with "none")
         refused = {k: v for k, v in refused.items() if k != "tools"}
-    if "none" in (body.get("function_call"), body.get("tool_choice")) and isinstance(body.get("functions"), list):
+    legacy = body.get("function_call", body.get("tool_choice"))  # the legacy form's own choice first
+    if legacy == "none" and isinstance(body.get("functions"), list):
         refused = {k: v for k, v in refused.items() if k != "functions"}  # the legacy form of the same
     for name, (why, allowed, default) in refused.items():
         if name in body and not default(body[name]):
@@ -444,7 +445,29 @@ def parse_chat(body: dict, *, tool_calls: bool = False) -> ParsedRequest:
         sampling=_sampling(body),
         messages=_messages(body, tool_calls),
         cache_salt=cache_salt_of(body),
+        template_kwargs=_template_kwargs(body),
     )
+
+
+# what the engine itself gives apply_chat_template: a request's chat_template_kwargs may not set them
+TEMPLATE_OWN = frozenset({"conversation", "messages", "add_generation_prompt", "continue_final_message", "tokenize",
+                          "chat_template", "tools", "documents", "return_dict", "return_tensors", "padding",
+                          "truncation", "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask"})
+
+
+def _template_kwargs(body: dict) -> dict:
+    """vLLM's `chat_template_kwargs` (Qwen's clients send `{"enable_thinking": false}` by default): variables the
+    model's template reads, as vLLM passes them; refused (400) for a while, they are honoured now."""
+    given = body.get("chat_template_kwargs")
+    if given is None:
+        return {}
+    if not isinstance(given, dict):
+        raise invalid("chat_template_kwargs", f"must be an object, got {json.dumps(given)[:80]}", "invalid_type")
+    own = sorted(TEMPLATE_OWN & set(given))
+    if own:
+        raise invalid("chat_template_kwargs", f"{', '.join(own)} {'is' if len(own) == 1 else 'are'} the engine's to "
+                      f"set, not a template variable; allowed: any other name", "unsupported_value")
+    return given
 
 
 def parse_completion(body: dict) -> ParsedRequest:

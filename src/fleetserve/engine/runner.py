@@ -150,15 +150,22 @@ class ModelRunner:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+    def chat_ids(self, messages: list[dict[str, str]], template_kwargs: dict | None = None) -> list[int]:
         if self.has_chat_template:
             from jinja2 import TemplateError
 
             try:
-                out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            except TemplateError as exc:  # the template refuses the conversation on purpose (Gemma: no system
-                # turn; Mistral: roles must alternate): the client's to fix, said in its words (it was a 500)
-                raise invalid("messages", f"the model's chat template refuses this conversation: {exc}") from None
+                out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                         **(template_kwargs or {}))
+            except TemplateError as exc:
+                if type(exc) is not TemplateError:  # a broken template (syntax, an unknown filter): the model's
+                    raise  # fault, a 500 that alerts, not the client's
+                # the template's raise_exception: it refuses the conversation on purpose (Gemma: no system turn;
+                # Mistral: roles must alternate), the client's to fix, said in its words (it was a 500)
+                said = "; a developer message is given to it as system" if any(
+                    m.get("role") == "system" for m in messages) else ""
+                raise invalid("messages", f"the model's chat template refuses this conversation: {exc}{said}") \
+                    from None
             if isinstance(out, dict) or hasattr(out, "input_ids"):
                 out = out["input_ids"]
             return list(out)

@@ -150,7 +150,7 @@ class Engine:
 
     def _prompt_ids(self, parsed: ParsedRequest) -> list[int]:
         if parsed.kind == "chat":
-            return self.runner.chat_ids(parsed.messages)
+            return self.runner.chat_ids(parsed.messages, parsed.template_kwargs)
         if isinstance(parsed.prompt, list):
             vocab = self.runner.vocab_size()
             bad = next((t for t in parsed.prompt if not 0 <= t < vocab), None)

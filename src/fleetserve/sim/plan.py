@@ -375,6 +375,7 @@ class Planner:
         self.floors: dict | None = None
         self.context: dict | None = None  # the context length the search raised, and why (`_fit_context`)
         self.engine_bound: dict[str, Trial] = {}  # types whose doubling stopped: the engine alone misses a target
+        self.loads_bound: set[str] = set()  # of those, the ones that miss it by their prefix loads from L1 / L2
         self.placement_bound: dict[str, Trial] = {}  # types whose doubling stopped: no more replicas could be placed
         self.budget_bound: dict[str, Trial] = {}  # types whose doubling stopped: over the budget already
         self.history: list[Trial] = []  # every trial, in order: what each change of the winner is explained by
@@ -440,10 +441,18 @@ class Planner:
                                    or short_placed(fleet, n, span) >= 0.5):
                 self.placement_bound[label] = t
                 return None
-            floors = [c.floor / c.limit for c in t.verdict.checks if not c.passed and c.floor and c.limit]
+            # an engine floor; under cache-blind routing also a TTFT floor of prefix loads, which more replicas only
+            # raise (each reloads what another holds: roundrobin fleets were doubled to x64); under a cache-aware one
+            # more replicas hold more prefixes in engine memory (a g6.xlarge fleet whose loads fell 3 % from x1 to
+            # x2 passed at x17), so the doubling goes on
+            blind = data["spec"].get("routing", {}).get("strategy", "prefixaware") in CACHE_BLIND
+            floors = [f / c.limit for c in t.verdict.checks
+                      if not c.passed and c.limit and (f := c.floor or (c.load_floor if blind else None))]
             now = max(floors, default=None)
             if now is not None and bound is not None and now >= ENGINE_BOUND_STEADY * bound:
                 self.engine_bound[label] = t
+                if not any(c.floor for c in t.verdict.checks if not c.passed):
+                    self.loads_bound.add(label)
                 return None
             bound = now
             last_fail, n = n, n * 2

@@ -82,7 +82,9 @@ def _types(search: Planner) -> str:
             parts.append(f"{t} x{smallest.data['spec']['replicas']} {_figures(smallest)}")
         elif tried:
             largest = max(tried, key=lambda x: x.data["spec"]["replicas"])
-            stopped = " (more were not tried: the engine alone misses the target)" if t in search.engine_bound else \
+            stopped = " (more were not tried: its requests miss the target alone, with their prefix loads from L1 " \
+                "or L2)" if t in search.loads_bound else \
+                " (more were not tried: the engine alone misses the target)" if t in search.engine_bound else \
                 " (more were not tried: capacity placed no more, or not for most of the trace)" \
                 if t in search.placement_bound else \
                 " (more were not tried: this many already cost more than the budget)" if t in search.budget_bound \

@@ -38,6 +38,9 @@ class Check:
     passed: bool
     reason: str
     floor: float | None = None  # a latency target the requests miss alone (no queueing): their p95 then, in ms
+    # a TTFT target they miss alone only with the loads of the prefixes they found in L1 / L2: that p95, in ms
+    # (more replicas may keep more prefixes in engine memory and lower it, or, under roundrobin, not)
+    load_floor: float | None = None
 
 
 @dataclass
@@ -134,7 +137,7 @@ def _engine_floor(result: SimResult, window: str, metric: str) -> float | None:
 
 
 def _cause(result: SimResult, window: str, metric: str = "", value: float | None = None,
-           floor: float | None = None) -> str:
+           floor: float | None = None, loaded: float | None = None) -> str:
     """Why a window failed; a latency target the requests miss alone (`floor`, from `_engine_floor`), and requests
     refused for the context length, are named first."""
     single = window == "idle" and _single(result.report)
@@ -167,12 +170,10 @@ def _cause(result: SimResult, window: str, metric: str = "", value: float | None
         engine = ENGINE_BOUND[metric][1].format(floor=floor)
         queued = value is not None and value > 1.5 * floor
         return f"{engine}; and queueing on top: {capacity}" if queued else engine
-    if metric == "ttft_p95_ms":
-        loaded = load_floor_ms(result, window)
-        if loaded is not None and loaded > result.report["slo"][metric]:
-            loads = LOADS_BOUND.format(floor=loaded, strategy=result.fleet.strategy)
-            queued = value is not None and value > 1.5 * loaded
-            return f"{loads}; and queueing on top: {capacity}" if queued else loads
+    if loaded is not None:
+        loads = LOADS_BOUND.format(floor=loaded, strategy=result.fleet.strategy)
+        queued = value is not None and value > 1.5 * loaded
+        return f"{loads}; and queueing on top: {capacity}" if queued else loads
     return capacity
 
 
@@ -204,9 +205,10 @@ def _cut_streams(result: SimResult, lost: int) -> str:
 # a latency target the requests miss alone, with no queueing, is the engine's: (the floor, what to say)
 # a TTFT target the requests miss alone only with their loads from L1 / L2: the tiers' speed and where prefixes land
 LOADS_BOUND = ("the prompts alone, with no queueing, take {floor:.0f} ms to first token at p95 with the load of the "
-               "prefixes they found in L1 or L2 (at the tiers' speed): the fleet's size is not the cause while the "
-               "prefixes come from there; prefixes kept in engine memory cut it (routing {strategy}: a cache-aware "
-               "strategy keeps a conversation on the replica that holds it; more replicas or GPU memory hold more)")
+               "prefixes they found in L1 or L2 (at the tiers' speed): queueing is not the cause while the prefixes "
+               "come from there; prefixes kept in engine memory cut it (routing {strategy}: under a cache-blind one, "
+               "a cache-aware strategy keeps a conversation on the replica that holds it; under a cache-aware one, "
+               "more replicas or GPU memory hold more)")
 ENGINE_BOUND = {
     "ttft_p95_ms": (prefill_floor_ms,
                     "the prompts alone take {floor:.0f} ms to prefill at p95 on this engine, with no queueing: more "
@@ -391,11 +393,14 @@ def judge(result: SimResult) -> list[Check]:
             ok = value <= limit
             name = metric.split("_")[0].upper()
             floor = None if ok else _engine_floor(result, window, metric)
+            loaded = None if ok or floor is not None or metric != "ttft_p95_ms" else load_floor_ms(result, window)
+            loaded = loaded if loaded is not None and loaded > limit else None
             why = f"{window}: {name} p95 {value:.0f} ms <= {limit:.0f} ms" if ok else \
                 f"{window}: {name} p95 {value:.0f} ms > {limit:.0f} ms target: " \
-                f"{_cause(result, window, metric, value, floor)}"
+                f"{_cause(result, window, metric, value, floor, loaded)}"
             checks.append(Check(window, metric, value, limit, ok, why,
-                                None if floor is None else round(floor, 3)))  # ms, as the report's figures
+                                None if floor is None else round(floor, 3),  # ms, as the report's figures
+                                None if loaded is None else round(loaded, 3)))
         rate, most = sec["error_rate"], slo["max_error_rate"]
         ok = rate <= most
         why = f"{window}: error rate {rate:.2%} <= {most:.2%}" if ok else \
