@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fleetserve.sim.fleet import SimFleet
 from fleetserve.sim.plan import Planner, plan
 from fleetserve.sim.run import simulate
@@ -77,6 +79,7 @@ def test_a_replica_no_node_type_fits_is_named_as_such():
     assert any("no replica could be placed" in w for w in verdict.result.report["warnings"])
 
 
+@pytest.mark.timeout(900)  # ~60 s alone on one core; 4 workers on 2 cores have stretched it past the default 300
 def test_the_planners_winner_passes_verify_and_costs_less_than_a_static_peak_fleet():
     """The whole code trace (its hour of bursts and idle gaps), where autoscaling pays. The test ran on the last half
     hour, where an autoscaled winner passed only because its misses fell outside the peak and idle windows (TTFT
