@@ -74,7 +74,7 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(tiny_model):
     runner = ModelRunner(tiny_model, threads=1)
     engine = Engine(runner, EngineSettings("tiny", ModelIdentity("default", "tiny", "1", "local", "r0")))
     calls = []
-    runner.chat_ids = lambda messages: calls.append(1) or [1]
+    runner.chat_ids = lambda *args: calls.append(1) or [1]
     too_long = runner.context_length * runner.max_token_chars() + 1
     with pytest.raises(APIError) as err:
         asyncio.run(engine._tokenize(parse_chat(_chat(too_long))))
@@ -86,7 +86,7 @@ def test_tokenizing_runs_off_the_event_loop_thread(tiny_model):
     engine = Engine(runner, EngineSettings("tiny", ModelIdentity("default", "tiny", "1", "local", "r0")))
     seen = []
     original = runner.chat_ids
-    runner.chat_ids = lambda messages: seen.append(threading.current_thread()) or original(messages)
+    runner.chat_ids = lambda *args: seen.append(threading.current_thread()) or original(*args)
 
     async def main():
         ids, budget, _ = await engine._tokenize(parse_chat(_chat(20)))
