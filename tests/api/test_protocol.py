@@ -306,6 +306,7 @@ def test_chat_template_kwargs_reach_the_template_but_never_the_engines_own_argum
     parsed = parse_chat({**CHAT, "chat_template_kwargs": {"enable_thinking": False}})
     assert parsed.template_kwargs == {"enable_thinking": False}
     assert parse_chat(CHAT).template_kwargs == {}
-    for bad, code in (({"add_generation_prompt": False}, "unsupported_value"), ([1], "invalid_type")):
+    for bad, code in (({"add_generation_prompt": False}, "unsupported_value"), ({"raise_exception": "x"},
+                      "unsupported_value"), ([1], "invalid_type")):
         err = error_of(parse_chat, {**CHAT, "chat_template_kwargs": bad})
         assert (err.param, err.code) == ("chat_template_kwargs", code), err.message

@@ -449,10 +449,12 @@ def parse_chat(body: dict, *, tool_calls: bool = False) -> ParsedRequest:
     )
 
 
-# what the engine itself gives apply_chat_template: a request's chat_template_kwargs may not set them
+# what the engine itself gives apply_chat_template, and the functions the template environment defines (a string
+# in place of raise_exception made a refused conversation a 500): a request's chat_template_kwargs may not set them
 TEMPLATE_OWN = frozenset({"conversation", "messages", "add_generation_prompt", "continue_final_message", "tokenize",
                           "chat_template", "tools", "documents", "return_dict", "return_tensors", "padding",
-                          "truncation", "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask"})
+                          "truncation", "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask",
+                          "raise_exception", "strftime_now"})
 
 
 def _template_kwargs(body: dict) -> dict:
