@@ -747,3 +747,37 @@ def test_a_new_empty_tier_is_not_said_to_be_rolling_out_old_pods():
     message = endpoint_status([new], 1, None, "2026-12-05T00:00:00Z")["conditions"]
     said = " ".join(c.get("message", "") for c in message)
     assert "old pods" not in said and "not yet seen by its controller" in said, said
+
+
+def test_a_shortage_the_overflow_tier_serves_in_full_is_a_complete_deployment():
+    """Tier 0 short of its type: 1 of its 3 pods placed, the overflow tier serving the other 2. Counted per
+    Deployment it read DeploymentInProgress for the whole shortage, wanting 5 replicas where the autoscaler asked
+    for 3."""
+    from fleetserve.k8s.status import COMPLETE, IN_PROGRESS, endpoint_status
+
+    def deployment(name: str, component: str, wanted: int, ready: int, tier: str | None = None,
+                   updated: int | None = None, pods: int | None = None) -> dict:
+        labels = {"app.kubernetes.io/component": component, **({"fleetserve.io/tier": tier} if tier else {})}
+        return {"kind": "Deployment", "metadata": {"name": name, "generation": 1, "labels": labels},
+                "spec": {"replicas": wanted},
+                "status": {"observedGeneration": 1, "replicas": wanted if pods is None else pods,
+                           "updatedReplicas": wanted if updated is None else updated, "readyReplicas": ready,
+                           "availableReplicas": ready}}
+
+    router = deployment("chat-router", "router", 1, 1)
+
+    def status(*engines):
+        return endpoint_status([*engines, router], 1, None, "2026-12-06T00:00:00Z")
+
+    served = status(deployment("chat-engine-t0", "engine", 3, 1, "0"),
+                    deployment("chat-engine-t1", "engine", 2, 2, "1"))
+    assert (served["state"], served["replicas"], served["readyReplicas"]) == (COMPLETE, 4, 4)  # 3 engines + router
+    assert served["deployments"] == {"chat-engine-t0": "1/3", "chat-engine-t1": "2/2", "chat-router": "1/1"}
+    short = status(deployment("chat-engine-t0", "engine", 3, 1, "0"),
+                   deployment("chat-engine-t1", "engine", 2, 1, "1"))
+    assert (short["state"], short["readyReplicas"]) == (IN_PROGRESS, 3)
+    rolling = status(deployment("chat-engine-t0", "engine", 3, 3, "0", updated=1, pods=4),
+                     deployment("chat-engine-t1", "engine", 0, 0, "1"))
+    assert rolling["state"] == IN_PROGRESS  # old pods left: a rollout, however many are ready
+    one_tier = endpoint_status([deployment("chat-engine", "engine", 3, 1, "0"), router], 1, None, "x")
+    assert (one_tier["state"], one_tier["replicas"]) == (IN_PROGRESS, 4)

@@ -343,19 +343,24 @@ def test_router_flags_secrets_and_pdb():
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/livez"
 
 
-def test_engine_pods_of_every_tier_are_evicted_one_at_a_time():
-    """No budget covered the engines: Karpenter's consolidation or a drain could take every replica at once."""
+def test_engine_pods_of_each_tier_are_evicted_one_at_a_time():
+    """No budget covered the engines: Karpenter's consolidation or a drain could take every replica at once. One
+    budget over every tier then blocked every eviction while a tier-0 pod stayed Pending in a shortage (the
+    disruption controller expects every replica the Deployments ask for): one budget per tier."""
     rendered, _ = _objects(FULL)  # two instance types: two tiers
-    (pdb,) = _by(rendered, "PodDisruptionBudget", "chat-engine")
-    assert pdb["spec"]["maxUnavailable"] == 1
-    selector = pdb["spec"]["selector"]["matchLabels"]
     tiers = [d for d in _by(rendered, "Deployment") if d["metadata"]["name"].startswith("chat-engine")]
+    pdbs = _by(rendered, "PodDisruptionBudget")
     assert len(tiers) == 2
+    everyone = [d["spec"]["template"]["metadata"]["labels"] for d in _by(rendered, "Deployment")]
     for d in tiers:
-        labels = d["spec"]["template"]["metadata"]["labels"]
-        assert selector.items() <= labels.items(), (selector, labels)
-    router = _by(rendered, "Deployment", "chat-router")[0]["spec"]["template"]["metadata"]["labels"]
-    assert not selector.items() <= router.items()
+        (pdb,) = [p for p in pdbs if p["metadata"]["name"] == d["metadata"]["name"]]
+        assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+        selector = pdb["spec"]["selector"]["matchLabels"]
+        chosen = [labels for labels in everyone if selector.items() <= labels.items()]
+        assert chosen == [d["spec"]["template"]["metadata"]["labels"]], (selector, chosen)
+    one, _ = _objects(EXAMPLES[0])
+    assert [p["metadata"]["name"] for p in _by(one, "PodDisruptionBudget") if "engine" in p["metadata"]["name"]] \
+        == [d["metadata"]["name"] for d in _by(one, "Deployment") if "engine" in d["metadata"]["name"]]
 
 
 def test_tenant_redis_is_rendered_for_the_built_in_engine_only():
@@ -1045,10 +1050,12 @@ def test_long_endpoint_names_keep_alerts_and_overflow_on_their_pods():
     rules = yaml.safe_dump(_by(rendered, "PrometheusRule")[0]["spec"])
     (selector,) = set(re.findall(r'deployment=~"([^"]+)"', rules))
     assert all(re.fullmatch(selector, d) for d in deployments)
-    for d in deployments:  # a pod: its ReplicaSet's name (DEPLOYMENT-HASH) cut to 58, then 5 characters
-        pod = f"{d}-6d4cf56db6-"[:58] + "x7k2p"
-        (unschedulable,) = set(re.findall(r'kube_pod_status_unschedulable\{[^}]*pod=~"([^"]+)"', rules))
-        assert re.fullmatch(unschedulable, pod)
+    # the unschedulable alert selects the last tier's pods by their owner, the ReplicaSet DEPLOYMENT-HASH (never
+    # cut, where a pod's name is cut to 58 characters, then 5 more)
+    (owner,) = set(re.findall(r'owner_name=~"([^"]+)"', rules))
+    tier = {d["metadata"]["labels"]["fleetserve.io/tier"]: d["metadata"]["name"] for d in _by(rendered, "Deployment")
+            if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"}
+    assert re.fullmatch(owner, f"{tier['1']}-6d4cf56db6") and not re.fullmatch(owner, f"{tier['0']}-6d4cf56db6")
     # a tier's overflow counts the tier before it by owner: for names of 59-63 characters (not hashed), the cut
     # at 58 dropped the tier suffix and a pod prefix counted the tier's own pods too
     for name in ("a" * 55, "b" * 50):
@@ -1584,10 +1591,10 @@ def test_the_unschedulable_alert_reads_this_endpoints_pods_only():
     one["spec"]["placement"] = {"instanceTypes": ["ml.g5.xlarge"]}  # one tier: NAME-engine
     rendered, _ = _objects(one)
     rules = yaml.safe_dump(_by(rendered, "PrometheusRule")[0]["spec"])
-    (pods,) = set(re.findall(r'kube_pod_status_unschedulable\{[^}]*pod=~"([^"]+)"', rules))
+    (owner,) = set(re.findall(r'owner_name=~"([^"]+)"', rules))  # by the pods' ReplicaSet
     name = FULL["metadata"]["name"]
-    assert re.fullmatch(pods, f"{name}-engine-6d4cf56db6-x7k2p")
-    assert not re.fullmatch(pods, f"{name}-engine-engine-6d4cf56db6-x7k2p")  # the other endpoint's
+    assert re.fullmatch(owner, f"{name}-engine-6d4cf56db6")
+    assert not re.fullmatch(owner, f"{name}-engine-engine-6d4cf56db6")  # the other endpoint's
 
 
 def test_a_trigger_target_reaches_keda_exactly():
@@ -1707,3 +1714,62 @@ def test_node_affinity_terms_a_nodepool_cannot_carry_are_said():
         terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         assert len(terms) == 2  # the pods keep both
+
+
+@pytest.mark.skipif(__import__("shutil").which("promtool") is None, reason="promtool not installed")
+def test_the_overflow_tier_waits_the_whole_ttl_before_it_takes_a_pending_pod(tmp_path):
+    """kube-state-metrics writes kube_pod_status_unschedulable only while a pod is unschedulable, so a
+    min_over_time over the TTL was 1 from the pod's first sample: a pod waiting a minute for Karpenter's node
+    started a second, dearer node on the next tier at every cold start."""
+    import subprocess
+
+    rendered, loaded = _objects(FULL)  # two tiers, the default 180 s TTL
+    assert loaded.endpoint.spec.capacity.unavailable_offering_ttl == 180
+    tiers = sorted(d["metadata"]["name"] for d in _by(rendered, "Deployment")
+                   if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine")
+    query = _by(rendered, "ScaledObject", tiers[1])[0]["spec"]["triggers"][0]["metadata"]["query"]
+    pod = 'namespace="team-b",pod="{}"'
+    owner = 'kube_pod_owner{{{},owner_kind="ReplicaSet",owner_name="{}"}}'
+    series = [  # minutes 0-5 at 15 s: a placed pod, then a new one Pending from 5 min; tier 1's own pod Pending
+        (f"kube_pod_status_unschedulable{{{pod.format('p-new')}}}", "_x20 1x40"),
+        (owner.format(pod.format("p-old"), f"{tiers[0]}-6d4cf56db6"), "1x60"),
+        (owner.format(pod.format("p-new"), f"{tiers[0]}-6d4cf56db6"), "1x60"),
+        (f"kube_pod_status_unschedulable{{{pod.format('q-own')}}}", "1x60"),
+        (owner.format(pod.format("q-own"), f"{tiers[1]}-7f9b8c6d5e"), "1x60")]
+    expect = {"5m30s": 0, "7m": 0, "8m15s": 1}  # Pending 30 s, 120 s: Karpenter's node may still come; 195 s: ICE
+    test = {"interval": "15s", "input_series": [{"series": s, "values": v} for s, v in series],
+            "promql_expr_test": [{"expr": query, "eval_time": t, "exp_samples": [{"labels": "{}", "value": v}]}
+                                 for t, v in expect.items()]}
+    (tmp_path / "rules.yml").write_text("groups: []\n")
+    (tmp_path / "t.yml").write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "tests": [test]}))
+    done = subprocess.run(["promtool", "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.skipif(__import__("shutil").which("promtool") is None, reason="promtool not installed")
+def test_the_unschedulable_alert_waits_for_the_last_tier(tmp_path):
+    """A tier-0 pod Pending while the overflow tier serves for it is the design, not "cannot be placed on any
+    tier": the alert counted every tier's Pending pods and fired in every shortage over 15 minutes."""
+    import subprocess
+
+    rendered, _ = _objects(FULL)
+    (expr,) = [r["expr"] for g in _by(rendered, "PrometheusRule")[0]["spec"]["groups"] for r in g["rules"]
+               if r.get("alert") == "FleetserveEngineUnschedulable"]
+    tiers = {d["metadata"]["labels"]["fleetserve.io/tier"]: d["metadata"]["name"] for d in _by(rendered, "Deployment")
+             if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"}
+
+    def pending(tier: str, pod: str) -> list[tuple[str, str]]:
+        where = f'namespace="team-b",pod="{pod}"'
+        return [(f"kube_pod_status_unschedulable{{{where}}}", "1x60"),
+                (f'kube_pod_owner{{{where},owner_kind="ReplicaSet",owner_name="{tiers[tier]}-6d4cf56db6"}}', "1x60")]
+
+    def case(series, fires: bool) -> dict:
+        return {"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
+                "promql_expr_test": [{"expr": expr, "eval_time": "30m",
+                                      "exp_samples": [{"labels": "{}", "value": 1}] if fires else []}]}
+
+    (tmp_path / "rules.yml").write_text("groups: []\n")
+    (tmp_path / "t.yml").write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "tests": [
+        case(pending("0", "a-0"), fires=False), case(pending("0", "a-0") + pending("1", "b-0"), fires=True)]}))
+    done = subprocess.run(["promtool", "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

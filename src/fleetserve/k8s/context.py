@@ -127,19 +127,14 @@ class Context:
         A prefix such as NAME-engine.* missed the hashed names of long endpoints."""
         return "|".join(self.engine_name(t) for t in range(len(self.tiers)))
 
-    def engine_pods_regex(self) -> str:
-        """The engine pods of every tier, for a PromQL `pod=~`. A pod's name is its ReplicaSet's name, a hash and 5
-        characters, with the generated part's base cut to 58 characters (Kubernetes' maxGeneratedNameLength):
-        `DEPLOYMENT-.*` stopped matching past a 57-character Deployment name. (The cut can drop a tier's suffix:
-        one tier's pods are selected by their owner instead, keda.overflow_object.) Where the name is not cut, the
-        hash and the 5 characters are matched as such: `NAME-engine-.*` matched the pods of an endpoint named
-        NAME-engine in the same namespace, and its Pending pods fired this endpoint's alert."""
-        def pods(deployment: str) -> str:
-            if len(deployment) + 12 <= 58:  # "-" + a pod-template hash of at most 10 + "-": never cut
-                return f"{deployment}-[a-z0-9]{{1,10}}-[a-z0-9]{{5}}"
-            return f"{(deployment + '-')[:58]}.*"
-
-        return "|".join(sorted({pods(self.engine_name(t)) for t in range(len(self.tiers))}))
+    def tier_pods(self, tier: int, series: str) -> str:
+        """PromQL: `series` (a kube-state-metrics pod series of this namespace) for the engine pods of one tier,
+        selected by their owner, the tier's ReplicaSets (DEPLOYMENT-HASH, never cut). By pod name it could not be
+        done: Kubernetes cuts a generated name's base to 58 characters, which can drop the tier's suffix, and a
+        prefix such as `NAME-engine-.*` also matched the pods of an endpoint named NAME-engine."""
+        ns = self.namespace
+        return (f'{series} * on(namespace, pod) group_left() kube_pod_owner{{namespace="{ns}",'
+                f'owner_kind="ReplicaSet",owner_name=~"{self.engine_name(tier)}-[a-z0-9]+"}}')
 
     @property
     def engine_service(self) -> str:

@@ -539,17 +539,24 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
         warn("spec.kvCache.l2.tenantUrls", f"a Redis per tenant is a built-in engine feature; {spec.engine.kind} "
                                            "engines share the one L2, and the tenants' Redis are not rendered")
     return [engine_deployment(ctx, i) for i in range(len(ctx.tiers))] + [engine_service(ctx),
-                                                                        engine_pods_service(ctx), engine_pdb(ctx)]
+                                                                        engine_pods_service(ctx), *engine_pdbs(ctx)]
 
 
-def engine_pdb(ctx: Context) -> dict:
-    """At most one engine pod of the endpoint (every tier) evicted at a time. Karpenter's consolidation and drift
-    and `kubectl drain` evict; without a budget they could take every replica at once (several share a node with
+def engine_pdbs(ctx: Context) -> list[dict]:
+    """At most one engine pod of each tier evicted at a time. Karpenter's consolidation and drift and `kubectl
+    drain` evict; without a budget they could take every replica at once (several share a node with
     allowLargerInstances), each back only after a cold start. Scale-in by KEDA and rollouts do not evict: the
-    budget does not slow them."""
-    return {
+    budget does not slow them.
+
+    One budget per tier, not one over the endpoint: the disruption controller expects every replica its
+    Deployments ask for, so a tier-0 pod left Pending in a shortage (the overflow tier serving for it) took one
+    budget over all tiers to 0 allowed, and blocked consolidation, drift and drains of every node for the whole
+    shortage. `AlwaysAllow`: a pod that is not ready (crash-looping, never loaded) may always be evicted, else it
+    alone blocks a drain the same way."""
+    return [{
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": ctx.meta(ctx.engine_service, "engine"),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": ctx.selector("engine")}},
-    }
+        "metadata": ctx.meta(ctx.engine_name(tier), "engine", **{TIER_LABEL: ctx.tier_id(tier)}),
+        "spec": {"maxUnavailable": 1, "unhealthyPodEvictionPolicy": "AlwaysAllow",
+                 "selector": {"matchLabels": ctx.selector("engine", **{TIER_LABEL: ctx.tier_id(tier)})}},
+    } for tier in range(len(ctx.tiers))]

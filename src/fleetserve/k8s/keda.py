@@ -267,15 +267,20 @@ def scaled_object(ctx: Context, policy: ScalingPolicy, warn) -> dict:
             "metadata": ctx.meta(target, "engine", **{TIER_LABEL: ctx.tier_id(0)}), "spec": spec}
 
 
+OVERFLOW_STEP_S = 15  # the overflow query's subquery resolution
+
+
 def overflow_object(ctx: Context, tier: int, max_replicas: int) -> dict:
-    """Tier k > 0 takes the replicas that tier k-1 cannot place (pods unschedulable past the ICE TTL)."""
+    """Tier k > 0 takes the replicas that tier k-1 cannot place (pods unschedulable for the whole ICE TTL).
+
+    kube-state-metrics writes `kube_pod_status_unschedulable` (1) only while a pod is unschedulable, and no sample
+    at all once it is placed, so `min_over_time` over the TTL was 1 from a pod's first unschedulable second: every
+    pod waiting its minute or two for Karpenter's new node started a second, dearer node on the next tier. A pod
+    counts once it was unschedulable at every 15 s step of the TTL."""
     ttl = int(ctx.endpoint.spec.capacity.unavailable_offering_ttl) or 60
-    # the previous tier's pods by their owner (its ReplicaSets, DEPLOYMENT-HASH, never cut): a pod-name prefix lost
-    # the tier suffix where Kubernetes cut the generated names at 58 characters, and counted this tier's own pods
-    ns, previous = ctx.namespace, ctx.engine_name(tier - 1)
-    query = (f'sum(min_over_time((kube_pod_status_unschedulable{{namespace="{ns}"}} * on(namespace, pod) '
-             f'group_left() kube_pod_owner{{namespace="{ns}",owner_kind="ReplicaSet",'
-             f'owner_name=~"{previous}-[a-z0-9]+"}})[{ttl}s:15s])) or vector(0)')
+    steps = max(1, ttl // OVERFLOW_STEP_S)  # a range (t - ttl, t] holds at least this many 15 s steps
+    pending = ctx.tier_pods(tier - 1, f'kube_pod_status_unschedulable{{namespace="{ctx.namespace}"}}')
+    query = f'count(count_over_time(({pending})[{ttl}s:{OVERFLOW_STEP_S}s]) >= {steps}) or vector(0)'
     name = ctx.engine_name(tier)
     trigger = _prometheus("overflow", ctx.options.prometheus_url, query, 1.0, 0.0, "average")
     _signed_for_amp(ctx, trigger)

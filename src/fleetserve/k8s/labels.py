@@ -15,6 +15,7 @@ from fleetserve import __version__
 
 APP = "fleetserve"
 TIER_LABEL = "fleetserve.io/tier"
+COMPONENT_LABEL = "app.kubernetes.io/component"
 TENANT_LABEL = "fleetserve.io/tenant"
 DISCOVERY_LABEL = "fleetserve.io/discovery"  # on the headless engine Service: DNS for the router, never scraped
 REDIS_LABEL = "fleetserve.io/redis"  # which rendered Redis a pod is: the shared one's selectors took tenants' too
@@ -53,7 +54,7 @@ def node_owner(namespace: str, name: str) -> str:
 
 def selector(instance: str, component: str, **extra: str) -> dict[str, str]:
     out = {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": instance,
-           "app.kubernetes.io/component": component}
+           COMPONENT_LABEL: component}
     out.update(extra)
     return out
 

@@ -54,9 +54,11 @@ def _rules(ctx: Context) -> dict:
     replicas from kube-state-metrics, and an alert for engine pods no tier can place."""
     ns, model = ctx.namespace, ctx.endpoint.served_model_name
     engines = f'namespace="{ns}",deployment=~"{ctx.engine_deployments_regex()}"'
+    # the last tier's pods only: an earlier tier's Pending pods are what the next tier serves for (keda.py), and
+    # counting them fired "cannot be placed on any tier" in every shortage over 15 minutes with every replica up
+    last = ctx.tier_pods(len(ctx.tiers) - 1, f'kube_pod_status_unschedulable{{namespace="{ns}"}}')
     unschedulable = alert(
-        "FleetserveEngineUnschedulable",
-        f'sum(kube_pod_status_unschedulable{{namespace="{ns}",pod=~"{ctx.engine_pods_regex()}"}}) > 0', "15m",
+        "FleetserveEngineUnschedulable", f"sum({last}) > 0", "15m",
         "warning",
         f"{model} in {ns}: engine pods cannot be placed on any tier")
     target = RuleTarget.from_endpoint(

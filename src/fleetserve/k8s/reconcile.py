@@ -66,7 +66,6 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
     ChildKind("keda.sh/v1alpha1", "TriggerAuthentication", "triggerauthentications"),
     ChildKind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects"),
     ChildKind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors"),
-    ChildKind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
     ChildKind("monitoring.coreos.com/v1", "PrometheusRule", "prometheusrules"),
 )
 _BY_KIND = {(c.api_version, c.kind): c for c in CHILD_KINDS}

@@ -32,7 +32,7 @@ from fleetserve.spec.load import LoadedSpec
 
 #: apply order: what others reference first (kubectl apply -f DIR applies files in name order)
 KIND_ORDER = ("Secret", "ConfigMap", "Service", "StatefulSet", "Deployment", "PodDisruptionBudget", "NodePool",
-              "TriggerAuthentication", "ScaledObject", "ServiceMonitor", "PodMonitor", "PrometheusRule")
+              "TriggerAuthentication", "ScaledObject", "ServiceMonitor", "PrometheusRule")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fleetserve.k8s.labels import COMPONENT_LABEL, TIER_LABEL
+
 PENDING = "DeploymentPending"
 IN_PROGRESS = "DeploymentInProgress"
 COMPLETE = "DeploymentComplete"
@@ -61,12 +63,44 @@ def _deployment_progress(d: dict) -> tuple[int, int, bool, str | None, bool]:
     return ready, wanted, seen and ready >= wanted and _rolled_out(d, wanted), deadline, seen
 
 
+def _engine_tier(d: dict) -> int | None:
+    """The placement tier of an engine Deployment (its tier label), None for any other workload."""
+    labels = (d.get("metadata") or {}).get("labels") or {}
+    tier = labels.get(TIER_LABEL)
+    if d.get("kind") != "Deployment" or labels.get(COMPONENT_LABEL) != "engine" or not (tier or "").isdigit():
+        return None
+    return int(tier)
+
+
+def _rows(workloads: Sequence[dict]) -> tuple[list[tuple], int, int]:
+    """(name, ready, wanted, settled, deadline message, seen) per workload, and the endpoint's ready and wanted.
+
+    With several placement tiers, the engines are one fleet: the first tier's Deployment holds what the
+    autoscaler asks for, and the later tiers take the replicas it cannot place (its pods stay Pending meanwhile,
+    k8s/keda.py). Counted per Deployment, a shortage the overflow tier served in full read as a rollout in
+    progress for as long as it lasted, with its Pending pods counted twice in `replicas`. So the engines want
+    the first tier's count, are ready by all tiers' ready pods, and are settled once those are enough and no
+    tier is still replacing old pods."""
+    rows = sorted((d["metadata"]["name"], *_deployment_progress(d)) for d in workloads)
+    tiers = {d["metadata"]["name"]: (t, d) for d in workloads if (t := _engine_tier(d)) is not None}
+    if len(tiers) < 2:
+        return rows, sum(r[1] for r in rows), sum(r[2] for r in rows)
+    first = min(tiers.values(), key=lambda td: td[0])[1]["metadata"]["name"]
+    engines = [r for r in rows if r[0] in tiers]
+    asked = next(r[2] for r in engines if r[0] == first)
+    served = sum(r[1] for r in engines)
+    no_old_pods = all((tiers[r[0]][1].get("status") or {}).get("replicas", 0) <=
+                      (tiers[r[0]][1].get("status") or {}).get("updatedReplicas", 0) for r in engines)
+    fleet_settled = all(r[5] for r in engines) and served >= asked and no_old_pods
+    rows = [(*r[:3], r[3] or fleet_settled, *r[4:]) if r[0] in tiers else r for r in rows]
+    others = [r for r in rows if r[0] not in tiers]
+    return rows, served + sum(r[1] for r in others), asked + sum(r[2] for r in others)
+
+
 def endpoint_status(workloads: Sequence[dict], generation: int, previous: dict | None, now: str,
                     failure: Failure | None = None, warnings: Sequence[str] = ()) -> dict:
     previous = previous or {}
-    rows = sorted((d["metadata"]["name"], *_deployment_progress(d)) for d in workloads)
-    ready = sum(r[1] for r in rows)
-    wanted = sum(r[2] for r in rows)
+    rows, ready, wanted = _rows(workloads)
     late = [(name, msg) for name, _, _, _, msg, _ in rows if msg]
     if failure is None and late:
         failure = Failure("ProgressDeadlineExceeded", "; ".join(f"Deployment {n}: {m}" for n, m in late))
