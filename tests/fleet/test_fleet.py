@@ -271,6 +271,27 @@ def test_foreground_up_stops_everything_on_sigterm(tmp_path, tiny_model, home, s
         proc.kill()
 
 
+def test_a_foreground_up_whose_stderr_is_gone_still_stops_gracefully(tmp_path, tiny_model, home):
+    """`up 2>&1 | tee log` and Ctrl-C: tee died with it, the stop's first line raised EPIPE and the supervisor
+    died halfway through the stop (exit 1, its fleet marked dead, requests in flight cut). A closed terminal's
+    EIO did the same."""
+    spec = write_spec(tmp_path, tiny_model, name="piped", replicas=1)
+    proc = subprocess.Popen([sys.executable, "-m", "fleetserve", "up", spec], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, **home})
+    try:
+        for line in proc.stdout:
+            if line.startswith("endpoint:"):
+                break
+        assert status(home, "piped")[0]["status"] == "ready"
+        proc.stdout.close()  # the reader is gone: every write from now on is EPIPE
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        assert leftovers(home) == []
+        assert status(home, "piped")[0]["status"] == "stopped"
+    finally:
+        proc.kill()
+
+
 def test_killed_supervisor_takes_its_children_along(tmp_path, tiny_model, home):
     """Also: a detached fleet's JSON supervisor.log is JSON lines only (its ready announcement had been five plain
     lines, "press Ctrl-C to stop" among them)."""
@@ -407,14 +428,34 @@ def test_a_stream_under_way_finishes_when_the_supervisor_is_killed(tmp_path, hom
     import threading
 
     state, chunks = _a_long_stream_under_way(tmp_path, home, "orphan")
+    # and a request answered whole at its end: the engine's closed listener read as a replica gone silent, and it
+    # was cut mid-generation (503 router_stopping, its work thrown away)
+    client = openai.OpenAI(base_url=state["url"], api_key="x", max_retries=0, timeout=180)
+    whole: list = []
+    asked = threading.Thread(target=lambda: whole.append(client.completions.create(
+        model="tiny", prompt="count", max_tokens=1000, extra_body={"ignore_eos": True})))
+    asked.start()
+    wait_until(lambda: _engine_running(state) >= 2, 30, what="both requests on the engine")
     os.kill(state["supervisor_pid"], signal.SIGKILL)
     rest: list = []
     reader = threading.Thread(target=lambda: rest.extend(chunks))
     reader.start()
     reader.join(timeout=180)
+    asked.join(timeout=180)
     usage = next(c.usage for c in reversed(rest) if c.usage is not None)
     assert usage.completion_tokens == 1500 and not reader.is_alive()
+    assert whole and whole[0].usage.completion_tokens == 1000
     wait_until(lambda: leftovers(home) == [], 60, what="the router and the engine exited after their drain")
+
+
+def _engine_running(state: dict) -> int:
+    """Requests the fleet's one engine is running, from its /health body."""
+    import httpx
+
+    try:
+        return int(httpx.get(state["replicas"][0]["url"] + "/health", timeout=5).json().get("running", 0))
+    except (httpx.HTTPError, ValueError):
+        return 0
 
 
 def test_a_dead_supervisors_pid_taken_by_another_process_is_not_the_fleet(home, tmp_path):

@@ -126,3 +126,25 @@ def test_down_on_a_full_disk_stops_the_fleet_without_a_traceback(monkeypatch, tm
 
     monkeypatch.setattr(control, "write_state", full)
     control.stop_fleet(read_state("f"), timeout=1)  # no exception: the fleet is stopped all the same
+
+
+def test_a_relative_home_is_read_from_where_the_command_ran_and_handed_on_whole(monkeypatch, tmp_path):
+    """FLEETSERVE_HOME=relhome: the fleet's prometheus.yml named relative paths, which Prometheus reads from the
+    configuration's own folder (no target, no rule, no alert), and `status` from any other folder saw no fleet."""
+    import subprocess
+    import sys
+
+    from fleetserve.engine.paths import home, pin_home
+    from fleetserve.fleet.prometheus import config
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FLEETSERVE_HOME", "relhome")
+    assert home() == tmp_path / "relhome" and fleet_dir("x") == tmp_path / "relhome" / "run" / "x"
+    made = config(fleet_dir("x") / "prometheus", scrape_interval_s=5, token_file=fleet_dir("x") / "t")
+    assert all(os.path.isabs(f) for f in made["rule_files"])
+    pin_home()
+    assert os.environ["FLEETSERVE_HOME"] == str(tmp_path / "relhome")  # what its children inherit
+    script = "import os; from fleetserve.engine.paths import pin_home; pin_home(); print(os.environ['FLEETSERVE_HOME'])"
+    child = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                           env={**os.environ, "FLEETSERVE_HOME": "relhome"})
+    assert child.stdout.strip() == str(tmp_path / "relhome"), child.stderr

@@ -106,3 +106,23 @@ def test_a_replica_that_answers_its_checks_unhealthy_keeps_what_it_serves():
         return backend.healthy, pool.client.abandoned
 
     assert asyncio.run(main()) == (False, [])
+
+
+def test_a_replica_whose_listener_is_closed_keeps_what_it_serves():
+    """A replica stopping gracefully (its supervisor gone: the orphan signal) closes its listener, then finishes
+    what it serves. The refused probes read as silence, and its non-streamed requests mid-generation were cut:
+    retried on another replica, or, with the router stopping too, answered 503 after their work was thrown away."""
+    from fleetserve.router.upstream import Unreachable
+
+    async def main():
+        pool = BackendPool(["http://10.0.0.1:8000"], interval=60)
+        backend = next(iter(pool.backends.values()))
+        backend.healthy = True
+        refused = Unreachable("connection refused")
+        refused.refused = True
+        pool.client = RecordingClient(refused)
+        for _ in range(3):
+            await pool.probe(backend)
+        return backend.healthy, backend.refused, pool.client.abandoned
+
+    assert asyncio.run(main()) == (False, True, [])

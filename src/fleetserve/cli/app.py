@@ -922,6 +922,9 @@ def docs_metrics(
 
 
 def main() -> None:
+    from fleetserve.engine.paths import pin_home
+
+    pin_home()
     try:
         app()
     except KeyboardInterrupt:

@@ -26,6 +26,7 @@ import secrets
 import shutil
 import signal
 import ssl
+import stat
 import subprocess
 import threading
 import time
@@ -172,6 +173,18 @@ class Replica:
     instance: str | None = None  # this start's secret, proved in its /health (engine/instance.py)
 
 
+def _never_raising(say: Callable[[str], None]) -> Callable[[str], None]:
+    """`say`, whose failure to write is ignored: a progress line must never end the supervisor. A closed
+    terminal (EIO) or the `| tee` that Ctrl-C ended with it (EPIPE) made the stop's first line raise, and the
+    supervisor died halfway through the stop, its fleet marked dead and its requests in flight cut."""
+    def quiet(message: str) -> None:
+        # ValueError: a closed file; SystemExit: rich's console turns a broken pipe into SystemExit(1)
+        with contextlib.suppress(OSError, ValueError, SystemExit):
+            say(message)
+
+    return quiet
+
+
 class Supervisor:
     def __init__(self, loaded: LoadedSpec, spec_path: str, *, say: Callable[[str], None] = print,
                  poll_interval: float = 0.2, clock: Clock = time.time, monotonic: Clock = time.monotonic,
@@ -181,7 +194,7 @@ class Supervisor:
         self.spec = loaded.endpoint.spec
         self.name = loaded.endpoint.metadata.name
         self.dir = fleet_dir(self.name)
-        self.say = say
+        self.say = _never_raising(say)
         self.poll_interval = poll_interval
         self.clock = clock  # wall time: cron floors, the controller's windows, cost
         self.monotonic = monotonic  # cold starts, drain deadlines, restart back-off
@@ -250,7 +263,9 @@ class Supervisor:
         that cut every request in flight; what the stop prints goes nowhere, the terminal being gone."""
         with contextlib.suppress(OSError):
             for fd in (1, 2):
-                if os.isatty(fd):  # a log file (a detached fleet's, `up > log`) keeps what the stop says
+                # a log file (a detached fleet's, `up > log`) keeps what the stop says; a terminal is a character
+                # device (isatty asks the terminal itself, which answers EIO once it hung up: it read "no tty")
+                if stat.S_ISCHR(os.fstat(fd).st_mode):
                     devnull = os.open(os.devnull, os.O_WRONLY)
                     os.dup2(devnull, fd)
                     os.close(devnull)
@@ -267,8 +282,8 @@ class Supervisor:
             self._await_prometheus()
             self.state.status = "ready"
             self._save()
-            if on_ready:
-                on_ready(self.state)
+            if on_ready:  # what announces the fleet: a reader gone (`up | head -3`) does not stop it
+                _never_raising(lambda _: on_ready(self.state))("")
             self._supervise()
         except Interrupted:
             self.say("stop requested during start-up")

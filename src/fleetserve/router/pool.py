@@ -333,8 +333,12 @@ class BackendPool:
             ok, error = False, IMPOSTOR
         except UpstreamError as exc:
             ok, error = False, f"health check failed: {exc.kind}"
-            silent = exc.kind in SILENT
-            backend.refused = backend.refused or getattr(exc, "refused", False)
+            refused = getattr(exc, "refused", False)
+            # a refused connection is an answer: nothing listens. A replica stopping gracefully closed its listener
+            # first and finishes what it serves on the connections it has (a crashed one resets them itself), so
+            # its requests were cut and retried elsewhere, and a stopping router could not retry them at all
+            silent = exc.kind in SILENT and not refused
+            backend.refused = backend.refused or refused
         if ok and self.queue_metrics:
             self._start_queue_read(backend)  # beside the probes: a slow /metrics must not slow health detection
         elif not ok:
