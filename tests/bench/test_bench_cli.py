@@ -421,6 +421,11 @@ def test_bench_input_that_was_a_traceback_or_a_silent_success_is_exit_2_naming_t
     r = fleetserve("bench", "replay", "--url", "http://127.0.0.1:1", "--trace", TRACE, "--model", "m", "--limit", "2")
     assert r.returncode == 1 and json.loads(r.stdout)["answered"] == 0 and json.loads(r.stdout)["refused"] == 2
     assert "2 of 2 request(s) refused: nothing listened at http://127.0.0.1:1" in r.stderr
+    # a host name that does not resolve reached no endpoint either: it had counted as lost (dropped by it)
+    r = fleetserve("bench", "replay", "--url", "http://nosuchhost.invalid:80", "--trace", TRACE, "--model", "m",
+                   "--limit", "1")
+    assert r.returncode == 1 and json.loads(r.stdout)["refused"] == 1 and json.loads(r.stdout)["lost"] == 0
+    assert "the host name of http://nosuchhost.invalid:80 does not resolve" in r.stderr
 
 
 def test_live_routing_takes_the_simulators_profiles_and_names_the_flag_when_one_is_unknown():

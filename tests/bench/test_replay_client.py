@@ -284,3 +284,30 @@ def test_an_engine_reported_ttft_is_at_most_the_e2e_the_client_measured():
     assert rec.ttft_ms == 2.0 and rec.tpot_ms == 2.0
     _engine_ttft(rec, {})
     assert rec.ttft_ms is None
+
+
+def test_chunks_without_output_are_no_tokens():
+    """A chat stream's role-only first chunk (vLLM sends it before the prefill) and the empty finish chunk were
+    counted as tokens: TTFT was the time to the role, and every answer had one more ITL than it has gaps, of ~0
+    (32 ITL samples for 32 tokens; a 4-token answer's TPOT read 0.0)."""
+    role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+    word = {"choices": [{"index": 0, "delta": {"content": " x"}, "finish_reason": None}]}
+    done = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+
+    async def script(path, writer):
+        writer.write(sse_head() + http_chunk(chunk(role)))
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the prefill: the role came first
+        for event in (word, word, word, done, USAGE):
+            writer.write(http_chunk(chunk(event)))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        writer.write(http_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    reqs = [TraceRequest(arrival_s=0.0, input_tokens=4, output_tokens=3, messages=({"role": "user", "content": "a"},))]
+    [r] = run_against(script, reqs, stream=True, timeout=10)
+    assert r.status == 200 and not r.error and r.output_tokens == 3
+    assert r.ttft_ms >= 200 and len(r.itl_ms) == 2  # three words: two gaps
+    assert r.tpot_ms == pytest.approx((r.e2e_ms - r.ttft_ms) / 2)

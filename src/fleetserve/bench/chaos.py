@@ -279,7 +279,7 @@ def run(names: list[str] | None = None, progress: Callable[[str], None] = lambda
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario {unknown[0]!r}; allowed values: {', '.join(SCENARIOS)}")
-    results = {}
+    results, not_started = {}, {}
     with tempfile.TemporaryDirectory(prefix="fleetserve-chaos-") as tmp:
         source = _model(Path(tmp))
         for name in names:
@@ -289,11 +289,16 @@ def run(names: list[str] | None = None, progress: Callable[[str], None] = lambda
                                extra=scenario.extra)
             with LocalFleet(Path(tmp), name.replace("_", "-"), spec) as fleet:
                 started = time.monotonic()
-                state = fleet.up()
+                try:
+                    state = fleet.up()
+                except RuntimeError as exc:  # its fleet never started (no redis-server, a port): the others run
+                    not_started[name] = str(exc)
+                    continue
                 results[name] = scenario.run(fleet, state["url"])
                 results[name]["seconds"] = round(time.monotonic() - started, 1)
-    return {"benchmark": "chaos", "scenarios": results,
+    return {"benchmark": "chaos", "scenarios": results, "not_started": not_started,
             # the load's losses and the fault's own requests' (a huge or a poisoned request that got no answer)
             "lost_total": sum(r["lost"] + r.get("fault_lost", 0) for r in results.values()),
-            "checks_failed": [f"{name}: {c}" for name, r in results.items() for c in r.get("checks_failed", [])],
+            "checks_failed": [f"{name}: {c}" for name, r in results.items() for c in r.get("checks_failed", [])]
+            + [f"{name}: the fleet did not start: {why}" for name, why in not_started.items()],
             "note": "real processes on loopback (random 4-layer model); lost = accepted without any answer"}

@@ -36,6 +36,7 @@ class Outcome:
     attempts: int = 1
     detail: str = ""
     retry_after: float | None = None  # seconds, when the server said when to come back
+    code: str = ""  # the OpenAI error's code, when it had one
 
 
 def _is_openai_error(data: object) -> bool:
@@ -57,7 +58,7 @@ def _classify_response(r: httpx.Response, body: bytes) -> Outcome:
         except ValueError:
             wait = 1.0
         return Outcome("rejected_with_retry_after", r.status_code, detail=data["error"]["message"][:120],
-                       retry_after=wait)
+                       retry_after=wait, code=str(data["error"].get("code") or ""))
     if r.status_code < 500:
         return Outcome("answered", r.status_code, detail=data["error"]["message"][:120])
     return Outcome("failed_with_error", r.status_code, detail=data["error"]["message"][:120])
@@ -105,7 +106,9 @@ def send(client: httpx.Client, url: str, body: dict, headers: dict | None = None
             outcome = Outcome("refused", detail=type(exc).__name__)
         except httpx.HTTPError as exc:
             outcome = Outcome("lost", detail=f"{type(exc).__name__}: {exc}"[:160])
-        if outcome.kind != "rejected_with_retry_after" or attempts > retries:
+        # no replica can start (the router says why): coming back changes nothing, and 30 tries of a burst had
+        # taken 10 minutes to report it
+        if outcome.kind != "rejected_with_retry_after" or attempts > retries or outcome.code == "replicas_failing":
             break
         time.sleep(min(max_retry_wait, max(0.1, outcome.retry_after or 1.0)))
     outcome.attempts, outcome.started_at = attempts, started

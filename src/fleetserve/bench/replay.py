@@ -119,8 +119,7 @@ async def _one(client: httpx.AsyncClient, url: str, path: str, body: dict, rec: 
             if not rec.done:
                 rec.error = "the stream ended without [DONE] or an error event: cut"
                 return
-            if rec.itl_ms:
-                rec.tpot_ms = sum(rec.itl_ms) / len(rec.itl_ms)
+            _stream_tpot(rec)
     except httpx.HTTPError as exc:
         rec.status = 0
         rec.error = f"{type(exc).__name__}: {exc}"
@@ -141,10 +140,14 @@ def _tls_failed(exc: BaseException) -> bool:
 
 
 def _refused(exc: BaseException) -> bool:
-    """A ConnectionRefusedError anywhere in the exception's chain (httpx wraps the socket's error)."""
+    """A ConnectionRefusedError anywhere in the exception's chain (httpx wraps the socket's error), or a host name
+    that does not resolve: either way the request reached no endpoint, which `lost` (dropped by the endpoint) had
+    claimed for a mistyped host."""
+    import socket
+
     seen = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, ConnectionRefusedError):
+        if isinstance(exc, (ConnectionRefusedError, socket.gaierror)):
             return True
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
@@ -188,6 +191,29 @@ def _sse(rec: Record, lines: list[bytes], now: float, start: float, last: float 
     return last, False
 
 
+def _carries_output(choice) -> bool:
+    """A streamed choice with generated output in it: text, content, reasoning or a tool call. A chat stream's
+    role-only first chunk (vLLM sends it before the prefill) and the empty finish chunk carry none: counted as
+    tokens, they had made TTFT the time to the role and added an ITL of ~0 per request (a 4-token answer's
+    TPOT read 0.0)."""
+    if not isinstance(choice, dict):
+        return False
+    if "text" in choice:
+        return bool(choice["text"])
+    delta = choice.get("delta")
+    return isinstance(delta, dict) and any(delta.get(k) for k in ("content", "reasoning_content", "reasoning",
+                                                                  "tool_calls", "function_call"))
+
+
+def _stream_tpot(rec: Record) -> None:
+    """Time per output token after the first, (E2E - TTFT) / (tokens - 1) as vLLM's benchmark has it, from the
+    usage the stream reported; the mean inter-chunk gap when it reported none (a chunk may hold several tokens)."""
+    if rec.ttft_ms is not None and rec.output_tokens > 1:
+        rec.tpot_ms = max(0.0, rec.e2e_ms - rec.ttft_ms) / (rec.output_tokens - 1)
+    elif rec.itl_ms and not rec.output_tokens:
+        rec.tpot_ms = sum(rec.itl_ms) / len(rec.itl_ms)
+
+
 def _chunk(rec: Record, chunk: dict, now: float, start: float, last: float | None) -> tuple[float | None, bool]:
     """One parsed SSE chunk into `rec`: an error event fails the record; a content chunk stamps TTFT or an
     inter-token latency at `now`; usage fills the token counts. Returns the last content time and the failure."""
@@ -196,7 +222,7 @@ def _chunk(rec: Record, chunk: dict, now: float, start: float, last: float | Non
         rec.error = error.get("message", "stream error") if isinstance(error, dict) else str(error)
         rec.status = 502
         return last, True
-    if chunk.get("choices"):
+    if any(_carries_output(c) for c in chunk.get("choices") or ()):
         rec.streamed = True
         if last is None:
             rec.ttft_ms = (now - start) * 1000
@@ -254,14 +280,13 @@ async def _one_lean(client: Upstream, base: str, path: str, body: dict, rec: Rec
         if not rec.done:
             rec.error = "the stream ended without [DONE] or an error event: cut"
             return
-        if rec.itl_ms:
-            rec.tpot_ms = sum(rec.itl_ms) / len(rec.itl_ms)
+        _stream_tpot(rec)
     except UpstreamError as exc:
         rec.status = 0
         rec.error = f"{type(exc).__name__}: {exc}"
         # a TLS handshake that failed (https to a plain-HTTP gateway, or the reverse) accepted nothing either: it
         # had counted as lost, a request the endpoint dropped
-        rec.refused = getattr(exc, "refused", False) or _tls_failed(exc)
+        rec.refused = getattr(exc, "refused", False) or _tls_failed(exc) or _refused(exc)
     except orjson.JSONDecodeError as exc:
         rec.status = 0
         rec.error = f"malformed stream event: {exc}"

@@ -37,6 +37,10 @@ spec:
 """
 
 
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
 def _burst(url: str, requests: int, max_tokens: int) -> list[Outcome]:
     """`requests` at once; clients honour Retry-After (as the openai client does), up to 30 tries each."""
     body = {"model": "bench", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": max_tokens}
@@ -70,10 +74,12 @@ def run(model: str = "tiny", requests: int | None = None, max_tokens: int = 8, b
             cold_start = min((r["cold_start_s"] for r in status["replicas"] if r["cold_start_s"] is not None),
                              default=None)
             warm = _burst(url, requests, max_tokens)
-    answered = [o for o in cold if o.kind == "answered"]
-    first_cold = min((o.started_at + o.latency_s for o in answered), default=started) - started
-    warm_answered = [o.latency_s for o in warm if o.kind == "answered"]
-    first_warm = min(warm_answered, default=0.0)
+    # None where nothing was answered (a fleet that never started had read "first response 0.0 s")
+    answered = [o for o in cold if o.kind == "answered" and o.status < 300]
+    first_cold = min((o.started_at + o.latency_s - started for o in answered), default=None)
+    last_cold = max((o.latency_s for o in answered), default=None)
+    warm_answered = [o.latency_s for o in warm if o.kind == "answered" and o.status < 300]
+    first_warm = min(warm_answered, default=None)
     figures = tally(cold + warm)
     return {
         "benchmark": "scale-from-zero",
@@ -84,12 +90,14 @@ def run(model: str = "tiny", requests: int | None = None, max_tokens: int = 8, b
         "cold": {k: v for k, v in tally(cold).items() if k != "lost_examples"},
         "shed_then_answered": sum(1 for o in cold if o.attempts > 1 and o.kind == "answered"),
         "cold_start_s": round(cold_start, 3) if cold_start is not None else None,
-        "first_response_s": round(first_cold, 3),
-        "last_response_s": round(max((o.latency_s for o in cold), default=0.0), 3),
-        "warm": {"first_response_s": round(first_warm, 3),
-                 "last_response_s": round(max(warm_answered, default=0.0), 3)},
+        "first_response_s": _r(first_cold),
+        "last_response_s": _r(last_cold),  # of the answered requests, as warm's
+        "warm": {"first_response_s": _r(first_warm), "last_response_s": _r(max(warm_answered, default=None))},
+        "served": bool(answered) and bool(warm_answered),  # false: a figure above is missing, the bench failed
+        "fleet_error": status.get("error") or None,  # why no replica served, as `status` says it
         "status_codes": sorted({o.status for o in cold + warm}),  # each request's last answer (after retries)
-        "ratio": {"first_response_cold_vs_warm": round(first_cold / first_warm, 2) if first_warm else None},
+        "ratio": {"first_response_cold_vs_warm": round(first_cold / first_warm, 2)
+                  if first_cold is not None and first_warm else None},
         "note": f"the burst is {requests / buffer:g} times the router's wait buffer: what it cannot hold is shed "
                 "with 503 + Retry-After and answered when the client comes back (shed_then_answered); sent and "
                 "the outcome counts are of both bursts (cold, then warm), `cold` of the cold one alone; lost "

@@ -104,7 +104,10 @@ def bench_scale_from_zero(
         out.print(f"cold start {result['cold_start_s']}s, first response {result['first_response_s']}s "
                   f"(warm {result['warm']['first_response_s']}s), {result['requests']} requests, "
                   f"{result['lost']} lost", markup=False)
-    _figures(result, result["lost"])
+    if not result["served"]:  # no figure to report: a failed run, whatever `lost` says
+        why = result["fleet_error"] or f"status codes {result['status_codes']}"
+        err.print(f"error: a burst got no answer, so no response time was measured: {why}", markup=False)
+    _figures(result, result["lost"] or not result["served"])
 
 
 @bench_app.command("routing")
@@ -418,8 +421,10 @@ def bench_replay(
                   "one in fleetserve_timing): ttft_ms, tpot_ms and itl_ms need --stream", markup=False)
     if summary.get("refused"):  # nothing listened: the endpoint was down, which no figure beside it describes
         tls = any(r.refused and "SSL" in (r.error or "") for r in records)
+        unresolved = any(r.refused and any(w in (r.error or "") for w in ("not known", "name resolution",
+                                                                           "servname")) for r in records)
         why = ("the TLS handshake failed (https to a plain-HTTP gateway, or the reverse?)" if tls else
-               f"nothing listened at {url}")
+               f"the host name of {url} does not resolve" if unresolved else f"nothing listened at {url}")
         err.print(f"{summary['refused']} of {summary['requests']} request(s) refused: {why}", markup=False)
     if summary.get("lost"):  # no answer at all, or a stream cut without its end: the endpoint lost requests
         err.print(f"{summary['lost']} of {summary['requests']} request(s) got no answer (lost)", markup=False)
