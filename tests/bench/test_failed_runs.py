@@ -73,3 +73,22 @@ def test_a_chaos_scenario_whose_fleet_does_not_start_fails_alone(monkeypatch):
     assert result["scenarios"] == {} and "redis-server exited" in result["not_started"]["redis_sigkill"]
     why = result["not_started"]["redis_sigkill"]
     assert result["checks_failed"] == [f"redis_sigkill: the fleet did not start: {why}"]
+
+
+def test_kvcache_names_a_model_whose_context_cannot_hold_its_prefix(tiny_model):
+    """`--model DIR` assumed a vocabulary of 1000 and any context: a 259-token, 512-context test model ended in a
+    traceback (400 Bad Request from the warm-up)."""
+    from tests.helpers import fleetserve
+
+    result = fleetserve("bench", "kvcache", "--model", str(tiny_model), "--repeats", "1", "--json")
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "--model" in said and "512 tokens" in said and "Traceback" not in said
+
+
+def test_kvcache_reads_a_model_folders_vocabulary(tmp_path):
+    import json
+
+    from fleetserve.bench.kvcache import _model
+
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 259, "max_position_embeddings": 4096}))
+    assert _model(str(tmp_path), tmp_path) == (str(tmp_path), 259)

@@ -29,3 +29,19 @@ def test_router_workers_bench_reports_both_configurations_and_both_workers_serve
 def test_router_workers_bench_rejects_a_strategy_without_a_cache():
     result = fleetserve("bench", "router-workers", "--strategies", "roundrobin")
     assert result.returncode == 2 and "prefixaware" in result.stderr
+    empty = fleetserve("bench", "router-workers", "--strategies", "")  # it had run both, at full size
+    assert empty.returncode == 2 and "--strategies" in empty.stderr and "prefixaware" in empty.stderr
+
+
+def test_a_prompt_log_of_chats_is_sent_as_chats(tmp_path):
+    """A prompt log's `messages` went to /v1/completions: every request failed ("prompt: is required"), and the
+    run exited 0 with a null ratio."""
+    log = tmp_path / "chat.jsonl"
+    log.write_text("".join(json.dumps({"timestamp": i * 0.2, "max_tokens": 3, "messages": [
+        {"role": "system", "content": "You answer briefly. " * 40}, {"role": "user", "content": f"question {i}"}]})
+        + "\n" for i in range(6)))
+    result = fleetserve("bench", "router-workers", "--strategies", "prefixaware", "--requests", "6", "--replicas",
+                        "1", "--duration", "2", "--trace", str(log), "--json", timeout=600)
+    assert result.returncode == 0, result.stderr
+    row = json.loads(result.stdout)["strategies"]["prefixaware"]
+    assert row["failed"] == {"workers_1": 0, "workers_2": 0} and row["answered"] == {"workers_1": 6, "workers_2": 6}

@@ -24,6 +24,7 @@ from fleetserve.fleet.process import Child, fleetserve_command, free_port
 
 PREFIX_TOKENS = 2048
 BLOCK_TOKENS = 256  # the engine's --block-size here
+NEEDED_CONTEXT = PREFIX_TOKENS + 64  # the warm-up's prompt (prefix + 32) and its few generated tokens
 ADMIN: dict[str, str] = {}  # the engine's internal token header (its admin API needs it), set by run()
 
 
@@ -79,6 +80,10 @@ def _clear(url: str, tiers: str) -> None:
     httpx.post(url + "/admin/kv/clear", params={"tiers": tiers}, headers=ADMIN, timeout=60).raise_for_status()
 
 
+class ModelUnfit(ValueError):
+    """A --model the bench cannot measure (its context too short for the prefix)."""
+
+
 def _model(kind: str, folder: Path) -> tuple[str, int]:
     """(model source, vocabulary size) for `tiny`, `demo` or a path."""
     if kind == "tiny":
@@ -89,6 +94,20 @@ def _model(kind: str, folder: Path) -> tuple[str, int]:
         return str(path), 250
     if kind == "demo":
         return "builtin:smollm2-135m", 49152
+    config = Path(kind) / "config.json"
+    if config.is_file():  # a model folder: its own vocabulary and context (a tiny test model has 259 tokens)
+        try:
+            data = json.loads(config.read_text())
+        except (OSError, ValueError) as exc:
+            raise ModelUnfit(f"--model: {config} is not readable JSON ({exc})") from None
+        context = data.get("max_position_embeddings")
+        if isinstance(context, int) and context < NEEDED_CONTEXT:
+            raise ModelUnfit(f"--model: {kind} holds {context} tokens; the bench needs a context of at least "
+                             f"{NEEDED_CONTEXT} (its {PREFIX_TOKENS}-token prefix and the decode run), as tiny and "
+                             "demo have")
+        vocab = data.get("vocab_size")
+        if isinstance(vocab, int) and vocab > 3:
+            return kind, vocab
     return kind, 1000
 
 

@@ -209,7 +209,8 @@ async def _send(gateway: str, reqs: list[TraceRequest], speedup: float, max_toke
         in_flight += 1
         peak = max(peak, in_flight)
         try:
-            await _one(client, gateway, "/v1/completions", body, records[i], {"connection": "close"})
+            path = "/v1/chat/completions" if "messages" in body else "/v1/completions"  # a prompt log's chats
+            await _one(client, gateway, path, body, records[i], {"connection": "close"})
         finally:
             in_flight -= 1
 

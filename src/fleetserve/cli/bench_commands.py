@@ -311,11 +311,18 @@ def bench_router_workers(
             out.print(f"{name}: hit rate {row['hit_rate']['workers_1']} (1 worker) -> {row['hit_rate']['workers_2']} "
                       f"(2 workers), loss {row['loss_pct']}%, worker requests {row['worker_requests']}",
                       markup=False)
-    print(json.dumps(result, indent=2))
+    # requests that failed or got no answer: the hit rates are of what was served, and a run whose requests all
+    # failed (chats sent to /v1/completions) had exited 0 with a null ratio
+    broken = {f"{name} with {k.replace('_', ' ')}": f"{row['failed'][k]} failed, {row['lost'][k]} lost"
+              for name, row in result["strategies"].items() for k in row["failed"]
+              if row["failed"][k] or row["lost"][k] or not row["answered"][k]}
+    for where, what in broken.items():
+        err.print(f"error: {where}: {what}", markup=False)
+    _figures(result, broken)
 
 
 def _bench_configs(value: str | None, allowed: tuple[str, ...], hint: str) -> tuple[str, ...]:
-    if not value:
+    if value is None:
         return allowed
     names = tuple(n.strip() for n in value.split(",") if n.strip())
     unknown = [n for n in names if n not in allowed]
@@ -350,13 +357,15 @@ def bench_kvcache(
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures (no progress lines)")] = False,
 ) -> None:
     """TTFT with a 2,048-token prefix cold / in the engine / in L1 / in L2, and decode throughput b1 vs b8."""
-    from fleetserve.bench.kvcache import run
+    from fleetserve.bench.kvcache import ModelUnfit, run
 
     if dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise typer.BadParameter(f"{dtype!r}; allowed values: auto, float32, bfloat16, float16", param_hint="--dtype")
     _check_bench_model(model)
     try:
         result = run(model, repeats, dtype=dtype, progress=None if as_json else say)
+    except ModelUnfit as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
     except RuntimeError as exc:  # the engine did not start: its own error, not a traceback
         raise fail(str(exc), 1) from None
     print(json.dumps(result, indent=2))
