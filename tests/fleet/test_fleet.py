@@ -308,7 +308,11 @@ def test_killed_supervisor_takes_its_children_along(tmp_path, tiny_model, home):
     (state,) = status(home)
     os.kill(state["supervisor_pid"], signal.SIGKILL)
     wait_until(lambda: leftovers(home) == [], 30, what="children to die with their supervisor")
-    assert status(home)[0]["status"] == "dead"
+    (dead,) = status(home)
+    assert dead["status"] == "dead"
+    # the dead supervisor's last word is not shown as now: its router "up", pids of processes gone
+    assert dead["router_status"] == "gone" and dead["router_pid"] is None and dead["prometheus_pid"] is None
+    assert all(r["router_healthy"] is None for r in dead["replicas"])
 
 
 def test_stop_with_stops_the_fleet_when_its_owner_is_killed(tmp_path, tiny_model, home):
@@ -327,7 +331,7 @@ def test_stop_with_stops_the_fleet_when_its_owner_is_killed(tmp_path, tiny_model
         owner.wait()
         wait_until(lambda: leftovers(home) == [], 60, what="the fleet to stop with its owner")
         stopped = status(home, "owned")[0]
-        assert stopped["status"] == "stopped"
+        assert stopped["status"] == "stopped" and stopped["router_status"] == "stopped"
         assert stopped["nodes"] == [] and stopped["cost_per_hour"] == 0  # its nodes were given back: no cost runs
         shown = fleetserve("status", "owned", env=home).stdout  # a stopped fleet's node is not shown ready
         assert "instance type" not in shown

@@ -224,6 +224,12 @@ def mark_stale(state: FleetState) -> FleetState:
         running |= alive
         r.state = "stale (process alive)" if alive else "stale"
         r.pid = r.pid if alive else None
+        r.router_healthy = None  # the router's last word, from a supervisor that is gone
+    # the router's and Prometheus's pids and the router's "up" were the dead supervisor's last word too
+    router_alive = pid_alive(state.router_pid)
+    state.router_pid = state.router_pid if router_alive else None
+    state.router_status = "stale (process alive)" if router_alive else "gone"
+    state.prometheus_pid = state.prometheus_pid if pid_alive(state.prometheus_pid) else None
     if not running:  # nothing runs, so nothing costs: the last $/h and nodes were shown as if billing went on
         state.cost_per_hour, state.nodes = 0.0, []
     return state

@@ -1316,6 +1316,7 @@ class Supervisor:
             self.capacity.release(r.state.id, r.node_id, now)
         self.capacity.release_all(now)
         self.state.router_pid = self.state.prometheus_pid = None
+        self.state.router_status = "stopped"  # `status --json` had said "up" of a stopped fleet's router
         if self.state.status != "failed":
             self.state.status = "stopped"
         self._save()
