@@ -413,6 +413,8 @@ def test_bench_input_that_was_a_traceback_or_a_silent_success_is_exit_2_naming_t
 
     for args, flag in ((("kvcache", "--model", str(tmp_path / "none"), "--json"), "--model"),
                        (("scale-from-zero", "--model", "foo", "--buffer", "1", "--json"), "--model"),
+                       (("scale-from-zero", "--model", "catalog:nosuch", "--json"), "smollm2-135m"),
+                       (("kvcache", "--model", "catalog:nosuch", "--json"), "--model"),
                        (("replay", "--url", "notaurl", "--trace", TRACE, "--model", "m", "--limit", "3"), "--url"),
                        (("fidelity", "--requests", "50000", "--duration", "1", "--json"), "--requests")):
         r = fleetserve("bench", *args)

@@ -74,3 +74,16 @@ def test_profile_names_the_broken_file_with_exit_2(copy):
     result = fleetserve("profile", "--model", str(folder), "--max-prompt", "64", "--repeats", "1")
     assert result.returncode == 2 and "--model" in result.stderr and "config.json is not valid JSON" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_weights_that_do_not_fit_the_config_are_named(copy):
+    """A config.json of another size: a traceback ending "For details look at the above report!", which is all
+    `up` and `status` showed of why the replica crash-looped."""
+    from fleetserve.engine.runner import ModelRunner
+
+    folder = copy("resized")
+    config = json.loads((folder / "config.json").read_text())
+    config["hidden_size"] *= 2
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelSourceError, match="its weights do not match its config.json"):
+        ModelRunner(folder, threads=1)

@@ -340,7 +340,15 @@ def _check_bench_model(model: str) -> None:
     from fleetserve.engine.sources import ModelSourceError, check_model_dir
     from fleetserve.spec.endpoint import SOURCE_SCHEMES
 
-    if model in ("tiny", "demo") or model.startswith(("builtin:", "catalog:", "hf:", "s3://")):
+    if model.startswith("catalog:"):  # the catalog is known here: an unknown name had exited 1 after a fleet start
+        from fleetserve.engine.catalog import preset
+
+        try:
+            preset(model.removeprefix("catalog:"))
+        except KeyError as exc:
+            raise typer.BadParameter(str(exc.args[0]), param_hint="--model") from None
+        return
+    if model in ("tiny", "demo") or model.startswith(("builtin:", "hf:", "s3://")):
         return
     try:
         check_model_dir(Path(model).expanduser())

@@ -42,6 +42,22 @@ class GenerationResult:
     cached_tokens: int = 0
 
 
+def _load_model(auto, path: Path, torch_dtype):
+    """The model in eval mode. Weights whose sizes differ from config.json's (the config of another model, or a
+    cut copy of the weights) were a traceback ending "For details look at the above report!", the one line that
+    `up` and `status` showed: it now says what is wrong, as the model source's error (exit 2)."""
+    from fleetserve.engine.demo import ModelSourceError
+
+    try:
+        return auto.from_pretrained(path, dtype=torch_dtype).eval()
+    except RuntimeError as exc:
+        if "mismatched_sizes" not in str(exc) and "size mismatch" not in str(exc):
+            raise
+        raise ModelSourceError(f"model directory {path}: its weights do not match its config.json (tensor sizes "
+                               "differ, listed in the load report above): the config of another model, or weights "
+                               "of another size") from None
+
+
 class ModelRunner:
     """Owns the model and tokenizer of one replica. Not thread-safe: one scheduler thread calls `generate`."""
 
@@ -56,7 +72,7 @@ class ModelRunner:
         torch_dtype = getattr(torch, _DTYPES[dtype]) if dtype in _DTYPES else _auto_dtype(torch)
         self.dtype = str(torch_dtype).removeprefix("torch.")
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
-        self.model = AutoModelForCausalLM.from_pretrained(self.path, dtype=torch_dtype).eval()
+        self.model = _load_model(AutoModelForCausalLM, self.path, torch_dtype)
         config = self.model.config
         native = getattr(config, "max_position_embeddings", None) or 2048
         self.context_length = min(context_length or native, native)
