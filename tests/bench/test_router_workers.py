@@ -31,6 +31,8 @@ def test_router_workers_bench_rejects_a_strategy_without_a_cache():
     assert result.returncode == 2 and "prefixaware" in result.stderr
     empty = fleetserve("bench", "router-workers", "--strategies", "")  # it had run both, at full size
     assert empty.returncode == 2 and "--strategies" in empty.stderr and "prefixaware" in empty.stderr
+    missing = fleetserve("bench", "router-workers", "--trace", "no-such-trace.jsonl")
+    assert missing.returncode == 2 and "--trace: " in missing.stderr and "system-prompt" in missing.stderr
 
 
 def test_a_prompt_log_of_chats_is_sent_as_chats(tmp_path):

@@ -148,3 +148,16 @@ def test_a_relative_home_is_read_from_where_the_command_ran_and_handed_on_whole(
     child = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
                            env={**os.environ, "FLEETSERVE_HOME": "relhome"})
     assert child.stdout.strip() == str(tmp_path / "relhome"), child.stderr
+
+
+def test_a_state_that_cannot_be_read_is_said_once(monkeypatch, tmp_path, caplog):
+    """A fleet whose state.json cannot be parsed vanished from `status` and `down` without a word."""
+    from fleetserve.fleet.state import list_fleets, read_state
+
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path))
+    fleet_dir("bad").mkdir(parents=True)
+    (fleet_dir("bad") / "state.json").write_text('{"name": "bad", ')
+    with caplog.at_level(logging.WARNING):
+        assert read_state("bad") is None and list_fleets() == [] and read_state("missing") is None
+    said = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+    assert len(said) == 1 and "fleet bad" in said[0] and "state.json" in said[0]

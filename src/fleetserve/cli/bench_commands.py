@@ -302,7 +302,12 @@ def bench_router_workers(
     try:
         result = run(names, requests, replicas, duration, trace, max_tokens, seed, logs,
                      progress=None if as_json else say)
-    except (TraceError, ValueError, OSError) as exc:
+    except TraceError as exc:
+        raise fail(f"--trace: {exc} (or a generated trace: chat, system-prompt, rag)", EXIT_USAGE) from None
+    except OSError as exc:
+        flag = "--logs" if logs and exc.filename and str(exc.filename).startswith(logs) else "--trace"
+        raise fail(f"{flag}: {exc}", EXIT_USAGE) from None
+    except ValueError as exc:
         raise fail(str(exc), EXIT_USAGE) from None
     except RuntimeError as exc:
         raise fail(str(exc), 1) from None

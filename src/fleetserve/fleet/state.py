@@ -141,10 +141,22 @@ def write_state(state: FleetState) -> None:
 
 
 def read_state(name: str) -> FleetState | None:
+    """The fleet's state; None when it has none, or one that cannot be read, which is said: such a fleet had
+    vanished from `status` and `down` without a word."""
+    path = fleet_dir(name) / "state.json"
     try:
-        return FleetState.from_json(json.loads((fleet_dir(name) / "state.json").read_text()))
-    except (OSError, json.JSONDecodeError, TypeError):
+        return FleetState.from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError, TypeError) as exc:
+        if path not in _UNREADABLE_SAID:  # once per command: `down` reads the state several times
+            _UNREADABLE_SAID.add(path)
+            log.warning("fleet %s: its state %s cannot be read (%s); status and down do not see it: remove the "
+                        "file once its processes are stopped", name, path, exc)
+        return None
+
+
+_UNREADABLE_SAID: set[Path] = set()
 
 
 PREVIOUS = "state.previous.json"
