@@ -32,10 +32,10 @@ def http_ok(url: str) -> bool:
         return False
 
 
-def fleetserve(*args: str, env: dict | None = None, timeout: float = 300, check: bool = False
-               ) -> subprocess.CompletedProcess:
+def fleetserve(*args: str, env: dict | None = None, timeout: float = 300, check: bool = False,
+               cwd: str | Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fleetserve", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout, check=check)
+                          env={**os.environ, **(env or {})}, timeout=timeout, check=check, cwd=cwd)
 
 
 PORT_ATTEMPTS = 3  # a server whose free port another process bound first starts again on a new one

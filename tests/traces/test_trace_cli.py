@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import pytest
@@ -258,3 +259,16 @@ def test_a_compressed_clock_keeps_its_order_and_its_span(tmp_path):
     same = tmp_path / "same.jsonl"
     assert fleetserve("trace", "scale", str(src), "--time", "1", "-o", str(same)).returncode == 0
     assert '"timestamp": 2.5' in same.read_text() and '"timestamp": 1,' in same.read_text()  # whole stays whole
+
+
+def test_dash_writes_the_trace_to_standard_output(tmp_path):
+    """`-o -` wrote a file named "-" in the current folder (and warned that its name did not say the format)."""
+    made = fleetserve("trace", "generate", "chat", "-o", "-", "--duration", "5", "--seed", "1", cwd=tmp_path)
+    assert made.returncode == 0 and not (tmp_path / "-").exists()
+    rows = [json.loads(line) for line in made.stdout.splitlines()]
+    assert rows and all("hash_ids" in r for r in rows) and "written to standard output" in made.stderr
+    source = tmp_path / "t.jsonl"
+    source.write_text(made.stdout)
+    scaled = fleetserve("trace", "scale", str(source), "-o", "-", "--rate", "2", "--format", "azure", cwd=tmp_path)
+    assert scaled.returncode == 0 and scaled.stdout.startswith("TIMESTAMP,ContextTokens,GeneratedTokens")
+    assert "its name does not say" not in scaled.stderr and not (tmp_path / "-").exists()

@@ -37,7 +37,7 @@ def _write_warnings(requests: list, output: str, fmt: str, start=None, chosen: b
     from fleetserve.traces.clock import CLOCKLESS_START
 
     out = []
-    if (fmt == "azure") != output.lower().endswith(".csv"):
+    if output != "-" and (fmt == "azure") != output.lower().endswith(".csv"):  # "-": standard output, no name
         kind = "CSV" if fmt == "azure" else "JSON lines"
         out.append(f"{output} holds the {fmt} format ({kind}), which its name does not say (its readers go by "
                    "its content)" if chosen else  # --format was given: its advice was no advice
@@ -281,7 +281,13 @@ def trace_generate(
         err.print(f"warning: {warning}", markup=False)
     write_trace(requests, output, fmt, start=CLOCKLESS_START)  # the workload's own clock, in every format
     err.print(f"{len(requests)} requests over {duration:g}s ({len(requests) / duration:.3g}/s; {spec.arrivals} "
-              f"arrivals, {spec.content} prompts) written to {output} ({fmt})", markup=False)
+              f"arrivals, {spec.content} prompts) written to {_named(output)} ({fmt})", markup=False)
+
+
+def _named(output: str) -> str:
+    from fleetserve.traces.write import STDOUT
+
+    return "standard output" if output == STDOUT else output
 
 
 @trace_app.command("scale")
@@ -362,7 +368,7 @@ def trace_scale(
 
         err.print(f"warning: {size_warning()}; {output} carries these sizes as if measured, and runs on it "
                   "cannot tell", markup=False)
-    err.print(f"{len(requests)} requests written to {output} ({fmt})", markup=False)
+    err.print(f"{len(requests)} requests written to {_named(output)} ({fmt})", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,11 +20,13 @@ from pathlib import Path
 from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, stand_in_tokens
 
 WRITE_FORMATS = ("mooncake", "prompts", "azure")
+STDOUT = "-"  # `-o -`: the trace on standard output, for a pipe (it had written a file named "-")
 AZURE_EPOCH = datetime(2023, 11, 16, 18, 0, 0)  # where Azure's own 2023 traces start
 
 
 def write_trace(requests: list[TraceRequest], path: str | Path, fmt: str, start: datetime | None = None) -> Path:
-    """Write `requests`; an Azure CSV's stamps count from `start` (naive: UTC; default AZURE_EPOCH)."""
+    """Write `requests` to `path` (STDOUT: standard output); an Azure CSV's stamps count from `start` (naive: UTC;
+    default AZURE_EPOCH)."""
     p = Path(path)
     if start is not None and start.tzinfo is not None:
         start = start.astimezone(UTC)  # the stamps are UTC: an aware start elsewhere was written as if it were
@@ -33,20 +36,27 @@ def write_trace(requests: list[TraceRequest], path: str | Path, fmt: str, start:
     if fmt == "prompts" and any(r.messages is None and r.prompt is None for r in requests):
         raise ValueError("a prompt log needs prompt text; this trace has lengths or hash ids only "
                          "(write it as mooncake or azure)")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "azure":
-        with open(p, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
-            for r in requests:
-                stamp = (epoch + timedelta(seconds=r.arrival_s)).strftime("%Y-%m-%d %H:%M:%S.%f") + "0"
-                w.writerow([stamp, r.input_tokens, r.output_tokens])
+    if str(path) == STDOUT:
+        _write(requests, sys.stdout, fmt, epoch)
+        sys.stdout.flush()
         return p
-    ids: dict[tuple, int] = {}  # (parent id, block tokens) -> hash id, over the whole trace
-    with open(p, "w") as f:
-        for r in requests:
-            f.write(json.dumps(_mooncake(_text_hashed(r, ids)) if fmt == "mooncake" else _prompt(r)) + "\n")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "w", newline="" if fmt == "azure" else None) as f:
+        _write(requests, f, fmt, epoch)
     return p
+
+
+def _write(requests: list[TraceRequest], f, fmt: str, epoch: datetime) -> None:
+    if fmt == "azure":
+        w = csv.writer(f)
+        w.writerow(["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
+        for r in requests:
+            stamp = (epoch + timedelta(seconds=r.arrival_s)).strftime("%Y-%m-%d %H:%M:%S.%f") + "0"
+            w.writerow([stamp, r.input_tokens, r.output_tokens])
+        return
+    ids: dict[tuple, int] = {}  # (parent id, block tokens) -> hash id, over the whole trace
+    for r in requests:
+        f.write(json.dumps(_mooncake(_text_hashed(r, ids)) if fmt == "mooncake" else _prompt(r)) + "\n")
 
 
 def _text_hashed(r: TraceRequest, ids: dict[tuple, int]) -> TraceRequest:
