@@ -14,13 +14,13 @@ def test_a_request_refused_because_no_replica_can_start_is_not_retried():
 
     def answer(request: httpx.Request) -> httpx.Response:
         calls.append(request)
-        return httpx.Response(503, headers={"retry-after": "1"}, json={"error": {
+        return httpx.Response(503, headers={"retry-after": "0.1"}, json={"error": {
             "message": "no replica can start: bad weights", "type": "server_error", "code": "replicas_failing"}})
 
     with httpx.Client(transport=httpx.MockTransport(answer)) as client:
         outcome = send(client, "http://fleet/v1/chat/completions", {"model": "m"}, retries=30)
     assert (outcome.kind, outcome.code, outcome.attempts, len(calls)) == \
-        ("rejected_with_retry_after", "replicas_failing", 1, 1)
+        ("rejected_with_retry_after", "replicas_failing", 3, 3)  # a few tries: a shortage or a crash loop may pass
 
 
 def test_scale_from_zero_with_nothing_answered_has_no_response_times(monkeypatch, tmp_path):
@@ -47,7 +47,7 @@ def test_scale_from_zero_with_nothing_answered_has_no_response_times(monkeypatch
     result = scale_from_zero.run(str(tmp_path / "model"), requests=2, buffer=1)
     assert result["first_response_s"] is None and result["last_response_s"] is None
     assert result["warm"] == {"first_response_s": None, "last_response_s": None}
-    assert result["served"] is False and result["fleet_error"] == "replica r0 exited with code 1"
+    assert result["unanswered"] == 4 and result["fleet_error"] == "replica r0 exited with code 1"
     assert result["ratio"]["first_response_cold_vs_warm"] is None
 
 

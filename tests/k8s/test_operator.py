@@ -779,5 +779,12 @@ def test_a_shortage_the_overflow_tier_serves_in_full_is_a_complete_deployment():
     rolling = status(deployment("chat-engine-t0", "engine", 3, 3, "0", updated=1, pods=4),
                      deployment("chat-engine-t1", "engine", 0, 0, "1"))
     assert rolling["state"] == IN_PROGRESS  # old pods left: a rollout, however many are ready
+    late = deployment("chat-engine-t0", "engine", 3, 1, "0")  # Pending past its progress deadline: the shortage
+    late["status"]["conditions"] = [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+                                     "message": "ReplicaSet chat-engine-t0-x has timed out progressing."}]
+    lagging = status(late, deployment("chat-engine-t1", "engine", 4, 4, "1"))  # the overflow not yet scaled in
+    assert (lagging["state"], lagging["replicas"], lagging["readyReplicas"]) == (COMPLETE, 4, 4)
+    late_alone = status(late, deployment("chat-engine-t1", "engine", 2, 1, "1"))
+    assert late_alone["state"] == "DeploymentFailed"  # short as well: the deadline is a failure again
     one_tier = endpoint_status([deployment("chat-engine", "engine", 3, 1, "0"), router], 1, None, "x")
     assert (one_tier["state"], one_tier["replicas"]) == (IN_PROGRESS, 4)

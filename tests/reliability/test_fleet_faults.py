@@ -90,7 +90,8 @@ def test_after_a_supervisor_sigkill_status_is_stale_down_cleans_and_up_carries_o
     assert "`fleetserve down phoenix` stops what it left running" in shown and "supervisor.log" in shown
     down = fleetserve("down", env=home)  # no name: the one stale fleet
     assert down.returncode == 0 and "supervisor had died" in down.stdout
-    assert _status(home, "phoenix")["status"] == "stopped"
+    stopped = _status(home, "phoenix")
+    assert stopped["status"] == "stopped" and stopped["router_status"] == "stopped" and stopped["router_pid"] is None
     # killed again, then straight back up: the new supervisor carries on from the old scaling state
     assert fleetserve("up", spec, "--detach", env=home).returncode == 0
     os.kill(_status(home, "phoenix")["supervisor_pid"], signal.SIGKILL)

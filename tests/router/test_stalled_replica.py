@@ -112,10 +112,13 @@ def test_a_replica_whose_listener_is_closed_keeps_what_it_serves():
     """A replica stopping gracefully (its supervisor gone: the orphan signal) closes its listener, then finishes
     what it serves. The refused probes read as silence, and its non-streamed requests mid-generation were cut:
     retried on another replica, or, with the router stopping too, answered 503 after their work was thrown away."""
+    from fleetserve.router.pool import REFUSED_DRAIN_S
     from fleetserve.router.upstream import Unreachable
 
+    now = [1000.0]
+
     async def main():
-        pool = BackendPool(["http://10.0.0.1:8000"], interval=60)
+        pool = BackendPool(["http://10.0.0.1:8000"], interval=60, clock=lambda: now[0])
         backend = next(iter(pool.backends.values()))
         backend.healthy = True
         refused = Unreachable("connection refused")
@@ -123,6 +126,10 @@ def test_a_replica_whose_listener_is_closed_keeps_what_it_serves():
         pool.client = RecordingClient(refused)
         for _ in range(3):
             await pool.probe(backend)
-        return backend.healthy, backend.refused, pool.client.abandoned
+            now[0] += 5
+        draining = (backend.healthy, backend.refused, list(pool.client.abandoned))
+        now[0] += REFUSED_DRAIN_S  # refused past any drain: wedged after it closed its listener, silence again
+        await pool.probe(backend)
+        return draining, pool.client.abandoned
 
-    assert asyncio.run(main()) == (False, True, [])
+    assert asyncio.run(main()) == ((False, True, []), ["http://10.0.0.1:8000"])

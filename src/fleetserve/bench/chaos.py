@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from fleetserve.bench.localfleet import LocalFleet
-from fleetserve.bench.outcomes import Load, percentile, send, tally
+from fleetserve.bench.outcomes import Load, percentile, rounded, send, tally
 
 SPEC = """
 apiVersion: fleetserve.io/v1
@@ -148,8 +149,8 @@ class SlowReplica(Scenario):
         during = [o.latency_s for o in outcomes if o.started_at >= stalled and o.kind == "answered"]
         return {**tally(outcomes), "recovery_s": None if back is None else round(back, 2),
                 "recovery_from": "SIGCONT of the stalled replica to both replicas ready",
-                "p95_s": {"before_stall": _r(percentile(before, 0.95)), "during_and_after": _r(percentile(during,
-                                                                                                        0.95))},
+                "p95_s": {"before_stall": rounded(percentile(before, 0.95)),
+                          "during_and_after": rounded(percentile(during, 0.95))},
                 "load": "6 req/s, one of 2 replicas SIGSTOPped for 6 s"}
 
 
@@ -204,7 +205,7 @@ class HugePrompts(Scenario):
                 "recovery_from": "the huge requests' answers to a new small request answered (200)",
                 "huge": tally(big), "fault_lost": tally(big)["lost"],
                 "huge_statuses": sorted({o.status for o in big}),
-                "small_p95_s": _r(percentile(small, 0.95)),
+                "small_p95_s": rounded(percentile(small, 0.95)),
                 "load": "4 small req/s; six 3 MB prompts and one 10 MB body at once"}
 
 
@@ -255,10 +256,6 @@ class SupervisorKill(Scenario):
                 "load": "4 req/s streaming; SIGKILL, then up again"}
 
 
-def _r(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
-
-
 SCENARIOS: dict[str, type[Scenario]] = {s.name: s for s in (
     ReplicaKill, RedisKill, Overload, SlowReplica, PoisonedRequests, HugePrompts, ScaleFromZeroBurst,
     SupervisorKill)}
@@ -291,7 +288,8 @@ def run(names: list[str] | None = None, progress: Callable[[str], None] = lambda
                 started = time.monotonic()
                 try:
                     state = fleet.up()
-                except RuntimeError as exc:  # its fleet never started (no redis-server, a port): the others run
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:  # its fleet never started (no
+                    # redis-server, a port, a start past 15 minutes): the other scenarios run
                     not_started[name] = str(exc)
                     continue
                 results[name] = scenario.run(fleet, state["url"])

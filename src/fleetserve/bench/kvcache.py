@@ -94,13 +94,13 @@ def _model(kind: str, folder: Path) -> tuple[str, int]:
         return str(path), 250
     if kind == "demo":
         return "builtin:smollm2-135m", 49152
-    config = Path(kind) / "config.json"
+    config = Path(kind).expanduser() / "config.json"
     if config.is_file():  # a model folder: its own vocabulary and context (a tiny test model has 259 tokens)
         try:
             data = json.loads(config.read_text())
         except (OSError, ValueError) as exc:
             raise ModelUnfit(f"--model: {config} is not readable JSON ({exc})") from None
-        context = data.get("max_position_embeddings")
+        context = data.get("max_position_embeddings") or 2048  # the engine's own default (engine/runner.py)
         if isinstance(context, int) and context < NEEDED_CONTEXT:
             raise ModelUnfit(f"--model: {kind} holds {context} tokens; the bench needs a context of at least "
                              f"{NEEDED_CONTEXT} (its {PREFIX_TOKENS}-token prefix and the decode run), as tiny and "
@@ -118,6 +118,7 @@ def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32, dtype: s
     with tempfile.TemporaryDirectory(prefix="fleetserve-bench-kv-") as tmp:
         children: list[Child] = []
         redis_url = None
+        source, vocab = _model(model, Path(tmp))  # before anything starts: a model it cannot measure is refused
         try:
             if shutil.which("redis-server"):
                 rport = free_port()
@@ -127,7 +128,6 @@ def run(model: str = "tiny", repeats: int = 3, decode_tokens: int = 32, dtype: s
                 redis.start()
                 children.append(redis)
                 redis_url = f"redis://127.0.0.1:{rport}/0"
-            source, vocab = _model(model, Path(tmp))
             port = free_port()
             token_file = write_token_file(Path(tmp) / "internal.token")
             ADMIN.update(InternalAuth(read_token_file(token_file)).headers())

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+FAILING_TRIES = 3  # answers "no replica can start" (replicas_failing) a request takes before it gives up
 KINDS = ("answered", "rejected_with_retry_after", "cut_with_error_event", "failed_with_error", "refused", "lost")
 
 
@@ -92,7 +93,7 @@ def send(client: httpx.Client, url: str, body: dict, headers: dict | None = None
          max_retry_wait: float = 10.0) -> Outcome:
     """One request (streaming when body["stream"]), classified; retried on Retry-After up to `retries` times."""
     started = time.monotonic()
-    attempts = 0
+    attempts = failing = 0
     while True:
         attempts += 1
         try:
@@ -106,9 +107,10 @@ def send(client: httpx.Client, url: str, body: dict, headers: dict | None = None
             outcome = Outcome("refused", detail=type(exc).__name__)
         except httpx.HTTPError as exc:
             outcome = Outcome("lost", detail=f"{type(exc).__name__}: {exc}"[:160])
-        # no replica can start (the router says why): coming back changes nothing, and 30 tries of a burst had
-        # taken 10 minutes to report it
-        if outcome.kind != "rejected_with_retry_after" or attempts > retries or outcome.code == "replicas_failing":
+        failing += outcome.code == "replicas_failing"
+        # no replica can start (the router says why): a shortage or a crash loop may pass, so a few tries, not 30
+        # (a burst's had taken 10 minutes to report a model that cannot load)
+        if outcome.kind != "rejected_with_retry_after" or attempts > retries or failing >= FAILING_TRIES:
             break
         time.sleep(min(max_retry_wait, max(0.1, outcome.retry_after or 1.0)))
     outcome.attempts, outcome.started_at = attempts, started
@@ -190,3 +192,8 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def rounded(value: float | None) -> float | None:
+    """A figure to the millisecond (seconds to 3 decimals), None kept: not measured."""
+    return None if value is None else round(value, 3)

@@ -43,9 +43,10 @@ class Record:
     cached_tokens: int = 0
     output_tokens: int = 0
     replica: str = ""
-    streamed: bool = False  # the first byte reached the client
+    streamed: bool = False  # a chunk with output reached the client
     done: bool = False  # a stream's [DONE] arrived (a stream that ends without it was cut: lost, as chaos counts it)
     refused: bool = False  # the connection was refused: nothing listened, so the request was never accepted
+    unresolved: bool = False  # refused as its host name does not resolve
     sent_s: float | None = None  # when the generator sent it, on the arrivals' clock (scaled by the speedup)
     scheduled_s: float | None = None  # when the trace (scaled) said to send it
 
@@ -124,6 +125,7 @@ async def _one(client: httpx.AsyncClient, url: str, path: str, body: dict, rec: 
         rec.status = 0
         rec.error = f"{type(exc).__name__}: {exc}"
         rec.refused = isinstance(exc, httpx.ConnectError) and (_refused(exc) or _tls_failed(exc))
+        rec.unresolved = _unresolved(exc)
 
 
 def _tls_failed(exc: BaseException) -> bool:
@@ -143,11 +145,19 @@ def _refused(exc: BaseException) -> bool:
     """A ConnectionRefusedError anywhere in the exception's chain (httpx wraps the socket's error), or a host name
     that does not resolve: either way the request reached no endpoint, which `lost` (dropped by the endpoint) had
     claimed for a mistyped host."""
+    return _in_chain(exc, ConnectionRefusedError) or _unresolved(exc)
+
+
+def _unresolved(exc: BaseException) -> bool:
     import socket
 
+    return _in_chain(exc, socket.gaierror)
+
+
+def _in_chain(exc: BaseException | None, kind: type) -> bool:
     seen = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, (ConnectionRefusedError, socket.gaierror)):
+        if isinstance(exc, kind):
             return True
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
@@ -287,6 +297,7 @@ async def _one_lean(client: Upstream, base: str, path: str, body: dict, rec: Rec
         # a TLS handshake that failed (https to a plain-HTTP gateway, or the reverse) accepted nothing either: it
         # had counted as lost, a request the endpoint dropped
         rec.refused = getattr(exc, "refused", False) or _tls_failed(exc) or _refused(exc)
+        rec.unresolved = _unresolved(exc)
     except orjson.JSONDecodeError as exc:
         rec.status = 0
         rec.error = f"malformed stream event: {exc}"

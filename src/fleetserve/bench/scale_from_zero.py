@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from fleetserve.bench.localfleet import LocalFleet
-from fleetserve.bench.outcomes import KINDS, Load, Outcome, tally
+from fleetserve.bench.outcomes import KINDS, Load, Outcome, rounded, tally
 
 SPEC = """
 apiVersion: fleetserve.io/v1
@@ -35,10 +35,6 @@ spec:
     initialCooldownPeriod: 0
     triggers: [{{metric: concurrency, target: {target}}}]
 """
-
-
-def _r(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
 
 
 def _burst(url: str, requests: int, max_tokens: int) -> list[Outcome]:
@@ -88,12 +84,13 @@ def run(model: str = "tiny", requests: int | None = None, max_tokens: int = 8, b
         "buffer": buffer,
         **{k: figures[k] for k in ("sent", *KINDS)},  # every outcome: they add up to `sent`
         "cold": {k: v for k, v in tally(cold).items() if k != "lost_examples"},
-        "shed_then_answered": sum(1 for o in cold if o.attempts > 1 and o.kind == "answered"),
+        "shed_then_answered": sum(1 for o in answered if o.attempts > 1),
         "cold_start_s": round(cold_start, 3) if cold_start is not None else None,
-        "first_response_s": _r(first_cold),
-        "last_response_s": _r(last_cold),  # of the answered requests, as warm's
-        "warm": {"first_response_s": _r(first_warm), "last_response_s": _r(max(warm_answered, default=None))},
-        "served": bool(answered) and bool(warm_answered),  # false: a figure above is missing, the bench failed
+        "first_response_s": rounded(first_cold),
+        "last_response_s": rounded(last_cold),  # of the answered requests, as warm's
+        "warm": {"first_response_s": rounded(first_warm), "last_response_s": rounded(max(warm_answered, default=None))},
+        # requests of either burst that did not end answered (after their retries): a failed run
+        "unanswered": sum(1 for o in cold + warm if not (o.kind == "answered" and o.status < 300)),
         "fleet_error": status.get("error") or None,  # why no replica served, as `status` says it
         "status_codes": sorted({o.status for o in cold + warm}),  # each request's last answer (after retries)
         "ratio": {"first_response_cold_vs_warm": round(first_cold / first_warm, 2)

@@ -924,8 +924,8 @@ def docs_metrics(
 def main() -> None:
     from fleetserve.engine.paths import pin_home
 
-    pin_home()
     try:
+        pin_home()
         app()
     except KeyboardInterrupt:
         sys.exit(143 if Terminated.raised else 130)

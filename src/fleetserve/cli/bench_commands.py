@@ -104,10 +104,11 @@ def bench_scale_from_zero(
         out.print(f"cold start {result['cold_start_s']}s, first response {result['first_response_s']}s "
                   f"(warm {result['warm']['first_response_s']}s), {result['requests']} requests, "
                   f"{result['lost']} lost", markup=False)
-    if not result["served"]:  # no figure to report: a failed run, whatever `lost` says
+    if result["unanswered"]:  # a failed run, whatever `lost` says (a response time may be missing)
         why = result["fleet_error"] or f"status codes {result['status_codes']}"
-        err.print(f"error: a burst got no answer, so no response time was measured: {why}", markup=False)
-    _figures(result, result["lost"] or not result["served"])
+        err.print(f"error: {result['unanswered']} of {result['sent']} request(s) did not end answered: {why}",
+                  markup=False)
+    _figures(result, result["lost"] or result["unanswered"])
 
 
 @bench_app.command("routing")
@@ -318,7 +319,8 @@ def bench_router_workers(
                       markup=False)
     # requests that failed or got no answer: the hit rates are of what was served, and a run whose requests all
     # failed (chats sent to /v1/completions) had exited 0 with a null ratio
-    broken = {f"{name} with {k.replace('_', ' ')}": f"{row['failed'][k]} failed, {row['lost'][k]} lost"
+    broken = {f"{name} with {k.replace('_', ' ')}": f"{row['answered'][k]} of {row['requests']} answered "
+              f"({row['failed'][k]} failed, {row['lost'][k]} lost)"
               for name, row in result["strategies"].items() for k in row["failed"]
               if row["failed"][k] or row["lost"][k] or not row["answered"][k]}
     for where, what in broken.items():
@@ -443,8 +445,7 @@ def bench_replay(
                   "one in fleetserve_timing): ttft_ms, tpot_ms and itl_ms need --stream", markup=False)
     if summary.get("refused"):  # nothing listened: the endpoint was down, which no figure beside it describes
         tls = any(r.refused and "SSL" in (r.error or "") for r in records)
-        unresolved = any(r.refused and any(w in (r.error or "") for w in ("not known", "name resolution",
-                                                                           "servname")) for r in records)
+        unresolved = any(r.unresolved for r in records)
         why = ("the TLS handshake failed (https to a plain-HTTP gateway, or the reverse?)" if tls else
                f"the host name of {url} does not resolve" if unresolved else f"nothing listened at {url}")
         err.print(f"{summary['refused']} of {summary['requests']} request(s) refused: {why}", markup=False)

@@ -51,11 +51,13 @@ def _load_model(auto, path: Path, torch_dtype):
     try:
         return auto.from_pretrained(path, dtype=torch_dtype).eval()
     except RuntimeError as exc:
-        if "mismatched_sizes" not in str(exc) and "size mismatch" not in str(exc):
+        text = str(exc)
+        if "ignore_mismatched_sizes" not in text and "size mismatch for" not in text:
             raise
-        raise ModelSourceError(f"model directory {path}: its weights do not match its config.json (tensor sizes "
-                               "differ, listed in the load report above): the config of another model, or weights "
-                               "of another size") from None
+        first = next((line.strip() for line in text.splitlines() if "size mismatch for" in line), "")
+        which = first[:240] if first else "tensor sizes differ: the load report in this log lists them"
+        raise ModelSourceError(f"model directory {path}: its weights do not match its config.json ({which}): "
+                               "the config of another model, or weights of another size") from None
 
 
 class ModelRunner:

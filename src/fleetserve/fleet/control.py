@@ -244,6 +244,7 @@ def stop_fleet(state: FleetState, timeout: float | None = None) -> None:
         final.status = "stopped"
         for r in final.replicas:  # their leftovers were stopped just now ("stale" stayed in every later status)
             r.state, r.pid = "stopped", None
+        final.router_status, final.router_pid, final.prometheus_pid = "stopped", None, None  # stopped with them
         final.error = final.error or "the supervisor had died; its leftovers were stopped by `fleetserve down`"
         try:
             write_state(final)

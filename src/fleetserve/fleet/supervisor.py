@@ -178,9 +178,16 @@ def _never_raising(say: Callable[[str], None]) -> Callable[[str], None]:
     terminal (EIO) or the `| tee` that Ctrl-C ended with it (EPIPE) made the stop's first line raise, and the
     supervisor died halfway through the stop, its fleet marked dead and its requests in flight cut."""
     def quiet(message: str) -> None:
-        # ValueError: a closed file; SystemExit: rich's console turns a broken pipe into SystemExit(1)
-        with contextlib.suppress(OSError, ValueError, SystemExit):
+        try:
             say(message)
+        except OSError:
+            pass
+        except ValueError as exc:  # a closed file; anything else is a fault of its own
+            if "closed file" not in str(exc):
+                raise
+        except SystemExit as exc:  # rich's console turns a broken pipe into SystemExit(1); a real exit goes on
+            if not isinstance(exc.__context__, OSError):
+                raise
 
     return quiet
 

@@ -127,14 +127,18 @@ class Context:
         A prefix such as NAME-engine.* missed the hashed names of long endpoints."""
         return "|".join(self.engine_name(t) for t in range(len(self.tiers)))
 
-    def tier_pods(self, tier: int, series: str) -> str:
+    def tier_pods(self, tier: int, series: str, bridge: str = "") -> str:
         """PromQL: `series` (a kube-state-metrics pod series of this namespace) for the engine pods of one tier,
         selected by their owner, the tier's ReplicaSets (DEPLOYMENT-HASH, never cut). By pod name it could not be
         done: Kubernetes cuts a generated name's base to 58 characters, which can drop the tier's suffix, and a
-        prefix such as `NAME-engine-.*` also matched the pods of an endpoint named NAME-engine."""
+        prefix such as `NAME-engine-.*` also matched the pods of an endpoint named NAME-engine. `bridge` (a
+        range such as 1m): both series as their max over it, so a missed scrape is no gap."""
         ns = self.namespace
-        return (f'{series} * on(namespace, pod) group_left() kube_pod_owner{{namespace="{ns}",'
-                f'owner_kind="ReplicaSet",owner_name=~"{self.engine_name(tier)}-[a-z0-9]+"}}')
+        owner = (f'kube_pod_owner{{namespace="{ns}",owner_kind="ReplicaSet",'
+                 f'owner_name=~"{self.engine_name(tier)}-[a-z0-9]+"}}')
+        if bridge:
+            series, owner = f"max_over_time({series}[{bridge}])", f"max_over_time({owner}[{bridge}])"
+        return f"{series} * on(namespace, pod) group_left() {owner}"
 
     @property
     def engine_service(self) -> str:

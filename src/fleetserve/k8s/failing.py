@@ -25,9 +25,9 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from fleetserve.autoscale.failing import why_failing
+from fleetserve.k8s.labels import COMPONENT_LABEL
 
 STATE_KEY = "failing"
-COMPONENT_LABEL = "app.kubernetes.io/component"
 # waiting reasons of a container that will not start by waiting, and what makes each final:
 CRASH_LOOP_RESTARTS = 2  # CrashLoopBackOff after this many restarts (the local rule: failed to start twice in a row;
 # the kubelet says CrashLoopBackOff after one crash, and an OOM once had refused requests while the pod restarted)

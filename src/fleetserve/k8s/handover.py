@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fleetserve.k8s.labels import TIER_LABEL
+from fleetserve.k8s.labels import COMPONENT_LABEL, TIER_LABEL
 from fleetserve.k8s.reconcile import Action, Key, key
 
-COMPONENT_LABEL = "app.kubernetes.io/component"
 ENGINE = "engine"
 
 

@@ -276,11 +276,15 @@ def overflow_object(ctx: Context, tier: int, max_replicas: int) -> dict:
     kube-state-metrics writes `kube_pod_status_unschedulable` (1) only while a pod is unschedulable, and no sample
     at all once it is placed, so `min_over_time` over the TTL was 1 from a pod's first unschedulable second: every
     pod waiting its minute or two for Karpenter's new node started a second, dearer node on the next tier. A pod
-    counts once it was unschedulable at every 15 s step of the TTL."""
+    counts once it has been unschedulable at every 15 s step spanning the TTL (rounded up to 15 s): `steps`
+    steps, the first and the last (steps - 1) x 15 s apart, in a range that holds no more than steps + 1 of them
+    (Prometheus 3 reads a range left-open, 2 closed). A scrape missed (kube-state-metrics restarting) is bridged
+    by the series' max over a minute: its gap had started every pod's count again."""
     ttl = int(ctx.endpoint.spec.capacity.unavailable_offering_ttl) or 60
-    steps = max(1, ttl // OVERFLOW_STEP_S)  # a range (t - ttl, t] holds at least this many 15 s steps
-    pending = ctx.tier_pods(tier - 1, f'kube_pod_status_unschedulable{{namespace="{ctx.namespace}"}}')
-    query = f'count(count_over_time(({pending})[{ttl}s:{OVERFLOW_STEP_S}s]) >= {steps}) or vector(0)'
+    steps = -(-ttl // OVERFLOW_STEP_S) + 1
+    pending = ctx.tier_pods(tier - 1, f'kube_pod_status_unschedulable{{namespace="{ctx.namespace}"}}', bridge="1m")
+    window = steps * OVERFLOW_STEP_S
+    query = f'count(count_over_time(({pending})[{window}s:{OVERFLOW_STEP_S}s]) >= {steps}) or vector(0)'
     name = ctx.engine_name(tier)
     trigger = _prometheus("overflow", ctx.options.prometheus_url, query, 1.0, 0.0, "average")
     _signed_for_amp(ctx, trigger)

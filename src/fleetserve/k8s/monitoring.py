@@ -54,11 +54,21 @@ def _rules(ctx: Context) -> dict:
     replicas from kube-state-metrics, and an alert for engine pods no tier can place."""
     ns, model = ctx.namespace, ctx.endpoint.served_model_name
     engines = f'namespace="{ns}",deployment=~"{ctx.engine_deployments_regex()}"'
-    # the last tier's pods only: an earlier tier's Pending pods are what the next tier serves for (keda.py), and
-    # counting them fired "cannot be placed on any tier" in every shortage over 15 minutes with every replica up
-    last = ctx.tier_pods(len(ctx.tiers) - 1, f'kube_pod_status_unschedulable{{namespace="{ns}"}}')
+    # the first tier's spec is the autoscaler's ask; later tiers serve for its pods that cannot be placed
+    # (keda.py): their spec counted too, the alert fired while the overflow served every replica asked for
+    desired = f'sum(kube_deployment_spec_replicas{{namespace="{ns}",deployment="{ctx.engine_name(0)}"}})'
+    ready = f"sum(kube_deployment_status_replicas_available{{{engines}}})"
+    pending = f'kube_pod_status_unschedulable{{namespace="{ns}"}}'
+    # the last tier's pods, or any tier's while fewer are ready than asked for: an earlier tier's Pending pods are
+    # what the next tier serves for (keda.py), and counting them alone fired "cannot be placed on any tier" in
+    # every shortage over 15 minutes with every replica up; the second arm is an overflow that does not take them
+    # (KEDA down, its query failing, its maximum reached)
+    tiers = [ctx.tier_pods(t, pending) for t in range(len(ctx.tiers))]
+    expr = f"sum({tiers[-1]}) > 0"
+    if len(tiers) > 1:
+        expr = f"{expr} or (sum({' or '.join(tiers)}) > 0 and on() ({ready} < {desired}))"
     unschedulable = alert(
-        "FleetserveEngineUnschedulable", f"sum({last}) > 0", "15m",
+        "FleetserveEngineUnschedulable", expr, "15m",
         "warning",
         f"{model} in {ns}: engine pods cannot be placed on any tier")
     target = RuleTarget.from_endpoint(
@@ -67,11 +77,7 @@ def _rules(ctx: Context) -> dict:
         # allows as much): without it, replicas-not-ready and held-at-zero fired during normal cold starts
         cold_start_allowance_s=PROGRESS_ALLOWANCE_S,
         engines=f'namespace="{ns}",service="{ctx.engine_service}"',
-        # the first tier's spec is the autoscaler's ask; later tiers serve for its pods that cannot be placed
-        # (keda.py): their spec counted too, the alert fired while the overflow served every replica asked for
-        desired=f'sum(kube_deployment_spec_replicas{{namespace="{ns}",deployment="{ctx.engine_name(0)}"}})',
-        ready=f"sum(kube_deployment_status_replicas_available{{{engines}}})",
-        extra_alerts=(unschedulable,))
+        desired=desired, ready=ready, extra_alerts=(unschedulable,))
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",

@@ -92,9 +92,13 @@ def _rows(workloads: Sequence[dict]) -> tuple[list[tuple], int, int]:
     no_old_pods = all((tiers[r[0]][1].get("status") or {}).get("replicas", 0) <=
                       (tiers[r[0]][1].get("status") or {}).get("updatedReplicas", 0) for r in engines)
     fleet_settled = all(r[5] for r in engines) and served >= asked and no_old_pods
-    rows = [(*r[:3], r[3] or fleet_settled, *r[4:]) if r[0] in tiers else r for r in rows]
+    # settled, a tier's progress deadline is the shortage its Pending pods wait out, not a failed rollout; and
+    # the overflow's replicas not yet scaled in do not make 5 of 3 ready
+    rows = [(name, ready, wanted, settled or fleet_settled, None if fleet_settled else late, seen)
+            if name in tiers else (name, ready, wanted, settled, late, seen)
+            for name, ready, wanted, settled, late, seen in rows]
     others = [r for r in rows if r[0] not in tiers]
-    return rows, served + sum(r[1] for r in others), asked + sum(r[2] for r in others)
+    return rows, min(served, asked) + sum(r[1] for r in others), asked + sum(r[2] for r in others)
 
 
 def endpoint_status(workloads: Sequence[dict], generation: int, previous: dict | None, now: str,

@@ -19,6 +19,7 @@ from fleetserve.router.upstream import Impostor, Upstream, UpstreamError
 log = logging.getLogger(__name__)
 
 IMPOSTOR = "health check answered by another process than the replica's (another program bound its port)"
+REFUSED_DRAIN_S = 180.0  # longer than a replica's drain once its supervisor is gone (up: --orphan-drain 125 s)
 SILENT = frozenset({"timeout", "unreachable", "dropped", "stalled"})  # probe failures with no answer at all
 
 
@@ -42,6 +43,7 @@ class Backend:
     # refused a connection since it was last healthy: its process was gone, and back it is a new one, whose
     # prefix cache is empty (BackendPool.on_restart)
     refused: bool = False
+    refusing_since: float | None = None  # when its probes began to be refused (None: they are not)
     # circuit breaker (see BackendPool.request_failed): closed -> open -> half-open -> closed
     request_failures: int = 0  # in a row, while closed
     open_until: float = 0.0
@@ -336,8 +338,12 @@ class BackendPool:
             refused = getattr(exc, "refused", False)
             # a refused connection is an answer: nothing listens. A replica stopping gracefully closed its listener
             # first and finishes what it serves on the connections it has (a crashed one resets them itself), so
-            # its requests were cut and retried elsewhere, and a stopping router could not retry them at all
-            silent = exc.kind in SILENT and not refused
+            # its requests were cut and retried elsewhere, and a stopping router could not retry them at all. Past
+            # any drain (a process wedged after it closed its listener), it is silence again
+            if refused and backend.refusing_since is None:
+                backend.refusing_since = self.clock()
+            draining = refused and self.clock() - backend.refusing_since < REFUSED_DRAIN_S
+            silent = exc.kind in SILENT and not draining
             backend.refused = backend.refused or refused
         if ok and self.queue_metrics:
             self._start_queue_read(backend)  # beside the probes: a slow /metrics must not slow health detection
@@ -352,6 +358,7 @@ class BackendPool:
                 backend.last_error = ""  # one failed probe short of taking it out had stayed on /health for good
                 self._answering(backend)  # also between probes too few to take it out
             backend.failures = 0
+            backend.refusing_since = None
             self._signal()
             return
         backend.successes = 0
