@@ -30,10 +30,18 @@ class LeastLoad:
         self._counter = itertools.count()
 
     def choose(self, request: RouteRequest, snapshot: FleetSnapshot) -> Choice | None:
-        eligible = snapshot.eligible(request.excluded)
-        if not eligible:
+        # one pass, in the snapshot's order: this runs for every request, live and simulated (an eligible list, a
+        # list of loads, their min and a tied list were a fifth of the simulator's time on 64 replicas)
+        excluded = request.excluded
+        low, tied = None, []
+        for r in snapshot.replicas:
+            if not r.healthy or (excluded and r.id in excluded):
+                continue
+            load = r.load
+            if low is None or load < low:
+                low, tied = load, [r]
+            elif load == low:
+                tied.append(r)
+        if not tied:
             return None
-        loads = [r.load for r in eligible]  # once each: this runs for every request, live and simulated
-        low = min(loads)
-        tied = [r for r, load in zip(eligible, loads, strict=True) if load == low]
         return Choice(tied[next(self._counter) % len(tied)], "least_load", request.prompt_tokens)
