@@ -245,6 +245,34 @@ def test_a_conversation_the_models_template_refuses_is_a_400_naming_messages(tin
     assert "Traceback" not in (tmp_path / "engine.log").read_text()
 
 
+def test_an_internal_error_is_counted_and_logged_as_an_error(tiny_model, tmp_path):
+    """A 500 of the engine's own (here a template that fails on every chat) was counted as an invocation and never
+    as an error, and wrote no request line: a fleet failing every request read an error ratio of 0, and no alert
+    fired."""
+    import shutil
+
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model, broken)
+    (broken / "chat_template.jinja").write_text("{{ messages[0]['content'] + 1 }}")
+    server = Server(["engine", "--model", str(broken), "--served-model-name", "broken", "--threads", "1"],
+                    tmp_path / "engine.log").start()
+    try:
+        for _ in range(2):
+            r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+                "model": "broken", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})
+            assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+        text = httpx.get(server.url + "/metrics", timeout=30).text
+    finally:
+        server.stop()
+    errors = {s.labels.get("status"): s.value for f in text_string_to_metric_families(text)
+              if f.name == "model_errors" for s in f.samples if s.name == "model_errors_total"}
+    assert errors.get("500") == 2, errors
+    assert sum(" status=500" in line for line in (tmp_path / "engine.log").read_text().splitlines()) == 2
+
+
 def test_a_broken_chat_template_is_the_models_fault_not_the_clients(tiny_model):
     """Only the template's own raise_exception (a TemplateError as such) refuses a conversation: a syntax error or
     an unknown filter (its subclasses) is a broken model, and answering every chat 400 would blame the client."""

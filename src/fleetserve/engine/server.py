@@ -205,6 +205,9 @@ class Engine:
             m.error(err.status)
             self._log_request(ctx, err.status, error=err.code)
             return err.response()
+        except Exception:
+            self._internal_error(ctx)
+            raise
         m.model(m.concurrent).inc()
         m.vllm(m.prompt_tokens).inc(len(prompt_ids))
         request_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
@@ -227,6 +230,7 @@ class Engine:
             )
         try:
             outcome = await until_disconnect(request, self._collect(job, started))
+            body = self._final_body(kind, parsed, request_id, outcome)
         except ClientGone:
             self._log_request(ctx, 499)
             return Response(status_code=499)
@@ -234,11 +238,21 @@ class Engine:
             m.error(err.status)
             self._log_request(ctx, err.status, error=err.code)
             return err.response()
+        except Exception:
+            self._internal_error(ctx)
+            raise
         finally:
             job.cancelled.set()
             self.live_jobs.discard(job)
             m.model(m.concurrent).dec()
-        return JSONResponse(self._final_body(kind, parsed, request_id, outcome))
+        return JSONResponse(body)
+
+    def _internal_error(self, ctx: dict) -> None:
+        """A fault of ours (a broken chat template, a bug) that the app's handler answers 500: counted and logged
+        as a request like any error. It was counted as an invocation only, so a fleet failing every request read
+        an error ratio of 0 and no alert fired."""
+        self.metrics.error(500)
+        self._log_request(ctx, 500, error="internal_error")
 
     def stop_answers(self) -> None:
         """The drain time is up (api/graceful.py): every request still under way ends now with an error the

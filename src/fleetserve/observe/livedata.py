@@ -73,7 +73,7 @@ def comparable(now: Sample, then: Sample) -> tuple[dict[Key, float], dict[Key, f
       out: its whole lifetime's counters had read as that window's traffic;
     - a source new since `then` (a replica that just started) counts from 0;
     - a source any of whose counters went down restarted: all of it counts from 0 (series by series, a histogram's
-      buckets across a restart were no longer cumulative)."""
+      buckets across a restart were no longer cumulative); a gauge that went down says nothing."""
     if then.sources is None:
         return now.values, then.values
     before, kept, restarted = then.values, {}, set()
@@ -81,9 +81,12 @@ def comparable(now: Sample, then: Sample) -> tuple[dict[Key, float], dict[Key, f
         source = _source(key)
         if source in then.sources or source not in then.known:
             kept[key] = v
-        if v < before.get(key, 0.0):
-            restarted.add(source)
+        if v < before.get(key, 0.0) and key[0].endswith(COUNTER_SUFFIXES):  # a gauge goes down as it likes: one
+            restarted.add(source)  # that did (in flight 1 -> 0) had counted the source's lifetime as one window's
     return kept, {key: v for key, v in before.items() if _source(key) not in restarted}
+
+
+COUNTER_SUFFIXES = ("_total", "_bucket", "_count", "_sum")  # series that only grow while their process lives
 
 
 def _match(labels: tuple[tuple[str, str], ...], filters: dict[str, str]) -> bool:
