@@ -430,3 +430,12 @@ def test_promtool_kubernetes_alerts_of_a_tiered_endpoint_and_non_streamed_answer
                                          "tests": [overflow_serving, short]}, sort_keys=False))
     done = promtool("test", "rules", str(test_file), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_alert_names_its_endpoint_in_its_labels():
+    """Alerts summed over the endpoint carried `severity` only: two endpoints' FleetserveReplicasNotReady were one
+    label set in Alertmanager, merged, and could not be routed by namespace."""
+    for groups in (rule_groups(rule_target(endpoint(), "chat")), k8s_prometheus_rule()["spec"]["groups"]):
+        alerts = [r for g in groups for r in g["rules"] if "alert" in r]
+        assert alerts and all(set(a["labels"]) == {"severity", "namespace", "model_name"} for a in alerts)
+        assert {a["labels"]["namespace"] for a in alerts} == {alerts[0]["labels"]["namespace"]}

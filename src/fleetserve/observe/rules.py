@@ -269,7 +269,9 @@ def alerting_rules(t: RuleTarget) -> list[dict]:
                                  "check cache reuse and instance type before adding replicas"),
         *t.extra_alerts,
     ]
-    return alerts
+    # the endpoint's own labels on every alert: the ones summed over the endpoint carried only `severity`, so two
+    # endpoints' alerts of one name were one label set (Alertmanager merged them and could not route them)
+    return [{**a, "labels": {**a["labels"], "namespace": t.namespace, "model_name": t.model_name}} for a in alerts]
 
 
 def rule_groups(t: RuleTarget) -> list[dict]:

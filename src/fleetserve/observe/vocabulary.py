@@ -51,7 +51,8 @@ LABELS: dict[str, str] = {
                      "labels)",
     "replica": "replica id, r0, r1, ... (grows with replacements over a fleet's life; one per live replica)",
     "status": "HTTP status code of a failed invocation (a few dozen values at most)",
-    "path": "the router's API path (/v1/chat/completions, /v1/completions, /v1/models, /invocations), or other: "
+    "path": "the router's API path (/v1/chat/completions, /v1/completions, /v1/models, /v1/models/{model}, "
+            "/invocations), or other: "
             "errors on any other path and input refused before its path was read (404, 413, 431, 400)",
     "code": "HTTP status code answered",
     "tenant": "tenant name from the router's API key file; '-' without keys, and for answers given before a "
