@@ -44,6 +44,9 @@ def test_keys_map_to_tenants_and_tenants_do_not_share_cache(tmp_path):
         assert cached("beta-key", spoof="alpha") == 0  # same prompt, other tenant: no sharing
         assert sample(gw.url, "fleetserve_router_tenant_requests_total", internal, tenant="alpha", code="200") == 2
         assert sample(gw.url, "fleetserve_router_tenant_requests_total", internal, tenant="-", code="401") >= 2
+        # the scaling signal counts the 3 requests with a valid key: the 2 refused 401 had moved it too (a client
+        # without a key could scale a Kubernetes fleet up by its request rate)
+        assert sample(gw.url, "fleetserve_router_requests_received_total", internal, path="/v1/completions") == 3
         # with keys on, loopback is no credential: any local process (or a TLS proxy on the host) had been admin,
         # and could PUT its own backend to read the tenants' prompts and the internal token the router sends it
         alpha = {"authorization": "Bearer alpha-key"}

@@ -190,8 +190,9 @@ ROUTER_REQUESTS = _m("fleetserve_router_requests_total", "counter", "Requests an
                      "client left: 499)", "router", "requests",
                      ("path", "code"), by=(ROUTER,))
 ROUTER_REQUESTS_RECEIVED = _m("fleetserve_router_requests_received_total", "counter", "Model requests (POST) as "
-                              "they arrive, before any answer: the request_rate scaling signal on Kubernetes, as the "
-                              "local autoscaler and the simulator count arrivals", "router", "requests", ("path",),
+                              "they arrive, before any answer, once their API key is valid: the request_rate scaling "
+                              "signal on Kubernetes, as the local autoscaler and the simulator count arrivals",
+                              "router", "requests", ("path",),
                               by=(ROUTER,))
 ROUTER_TENANT_REQUESTS = _m("fleetserve_router_tenant_requests_total", "counter", "Requests by tenant (tenants "
                             "from the API key file; '-' without keys)", "router", "requests", ("tenant", "code"),

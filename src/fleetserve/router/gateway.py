@@ -301,9 +301,6 @@ class Gateway:
         request_id = rid.decode("latin-1")
         responder.request_id, responder.path = rid, request.path
         post = request.method == "POST"
-        if post:
-            self.requests_total += 1
-            self._count(self.metrics.received, request.path)
         tenant = None
         body: dict | None = None
         if self.settings.served_models and not self.pool.any_eligible() and \
@@ -312,6 +309,9 @@ class Gateway:
         try:
             if self.settings.keyring is not None:
                 tenant = self.settings.keyring.tenant(authorization.decode("latin-1") if authorization else None)
+            if post:  # the scaling signals (request_rate, activity): a client without a valid key moved them too
+                self.requests_total += 1
+                self._count(self.metrics.received, request.path)
             if post and (refused := post_refusal(browser, host, content_type, encoding)) is not None:
                 raise refused
             body = parse_json_body(request.body) if post else {}
