@@ -183,3 +183,29 @@ def test_a_request_still_tokenizing_when_the_drain_time_runs_out_is_answered_503
     with TestClient(build_app(engine)) as client:
         r = client.post("/v1/completions", json={"model": "tiny", "prompt": "hello", "max_tokens": 2})
     assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stopping"
+
+
+def test_a_fault_of_the_engine_mid_stream_is_an_error_event_counted_as_a_500(tiny_model):
+    """A non-API exception inside a stream cut the connection (the client saw no error event) and was logged as
+    the client's 499, never counted as an error."""
+    from starlette.testclient import TestClient
+
+    from fleetserve.engine.server import build_app
+
+    runner = ModelRunner(tiny_model, threads=1)
+    engine = Engine(runner, EngineSettings("tiny", ModelIdentity("default", "tiny", "1", "local", "r0")))
+
+    async def breaks_after_one_token(job, started):
+        yield ("token", "a")
+        raise RuntimeError("a bug")
+
+    engine._events = breaks_after_one_token
+    with TestClient(build_app(engine)) as client:
+        with client.stream("POST", "/v1/completions", json={"model": "tiny", "prompt": "hello", "max_tokens": 4,
+                                                             "stream": True}) as r:
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+        metrics = client.get("/metrics").text
+    assert '"internal_error"' in events[-2] and events[-1] == "data: [DONE]", events
+    assert 'model_errors_total{' in metrics and any('status="500"' in line and line.endswith(" 1.0")
+                                                    for line in metrics.splitlines()
+                                                    if line.startswith("model_errors_total")), metrics

@@ -247,7 +247,7 @@ class Engine:
             m.model(m.concurrent).dec()
         return JSONResponse(body)
 
-    def _internal_error(self, ctx: dict) -> None:
+    def _internal_error(self, ctx: dict | None) -> None:
         """A fault of ours (a broken chat template, a bug) that the app's handler answers 500: counted and logged
         as a request like any error. It was counted as an invocation only, so a fleet failing every request read
         an error ratio of 0 and no alert fired."""
@@ -379,6 +379,12 @@ class Engine:
         except APIError as err:
             self.metrics.error(err.status)
             yield _sse(err.body())
+            yield _sse("[DONE]")
+        except Exception as exc:  # a fault of ours mid-stream: an error event the client reads, counted as a 500
+            log.exception("engine error in a stream")  # (it was a cut connection, logged as the client's 499)
+            self._internal_error(getattr(job, "log_ctx", None))
+            yield _sse(APIError(500, f"internal error ({type(exc).__name__}); see the engine log",
+                                code="internal_error").body())
             yield _sse("[DONE]")
 
     async def models(self, request: Request) -> Response:

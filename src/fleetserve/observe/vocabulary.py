@@ -190,7 +190,8 @@ ROUTER_REQUESTS = _m("fleetserve_router_requests_total", "counter", "Requests an
                      "client left: 499)", "router", "requests",
                      ("path", "code"), by=(ROUTER,))
 ROUTER_REQUESTS_RECEIVED = _m("fleetserve_router_requests_received_total", "counter", "Model requests (POST) as "
-                              "they arrive, before any answer, once their API key is valid: the request_rate scaling "
+                              "they arrive, before any answer, once their API key is valid (not a wrong model refused "
+                              "at zero replicas): the request_rate scaling "
                               "signal on Kubernetes, as the local autoscaler and the simulator count arrivals",
                               "router", "requests", ("path",),
                               by=(ROUTER,))

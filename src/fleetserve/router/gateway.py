@@ -309,7 +309,7 @@ class Gateway:
         try:
             if self.settings.keyring is not None:
                 tenant = self.settings.keyring.tenant(authorization.decode("latin-1") if authorization else None)
-            if post:  # the scaling signals (request_rate, activity): a client without a valid key moved them too
+            if post:  # the request_rate scaling signal: a client without a valid key had moved it too
                 self.requests_total += 1
                 self._count(self.metrics.received, request.path)
             if post and (refused := post_refusal(browser, host, content_type, encoding)) is not None:
