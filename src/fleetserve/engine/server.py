@@ -383,8 +383,7 @@ class Engine:
         except Exception as exc:  # a fault of ours mid-stream: an error event the client reads, counted as a 500
             log.exception("engine error in a stream")  # (it was a cut connection, logged as the client's 499)
             self._internal_error(getattr(job, "log_ctx", None))
-            yield _sse(APIError(500, f"internal error ({type(exc).__name__}); see the engine log",
-                                code="internal_error").body())
+            yield _sse(internal_error(exc).body())
             yield _sse("[DONE]")
 
     async def models(self, request: Request) -> Response:
@@ -471,10 +470,14 @@ class Engine:
         return Response(data, media_type=content_type)
 
 
+def internal_error(exc: Exception) -> APIError:
+    """The 500 of a fault of the engine's own: its kind, never its message (which may quote a prompt)."""
+    return APIError(500, f"internal error ({type(exc).__name__}); see the engine log", code="internal_error")
+
+
 async def _server_error(request: Request, exc: Exception) -> Response:
     log.exception("engine error on %s", request.url.path)
-    return APIError(500, f"internal error ({type(exc).__name__}); see the engine log",
-                    code="internal_error").response()
+    return internal_error(exc).response()
 
 
 def build_app(engine: Engine) -> Starlette:
