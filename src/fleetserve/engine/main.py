@@ -42,6 +42,12 @@ def attach_prefix_cache(engine: Engine, block_size: int, engine_cache_bytes: int
     from fleetserve.observe.metrics import PrefixCacheCollector
 
     runner = engine.runner
+    if runner.sliding_window is not None:
+        logging.getLogger(__name__).warning(
+            "the prefix KV cache is off for this model: its sliding-window attention layers (a %d-token window, "
+            "under the %d-token context) keep only the window's last positions, so a prompt's blocks cannot be "
+            "stored for reuse", runner.sliding_window, runner.context_length)
+        return
     if block_size >= runner.context_length:  # validate can say it only of a contextLength written in the spec
         logging.getLogger(__name__).warning(
             "--block-size %d is not below the model's context length %d: a prompt leaves one token to compute, so "

@@ -82,11 +82,25 @@ class ModelRunner:
             log.warning("context length %d is above the model's maximum (%d positions in its config): serving %d",
                         context_length, native, native)
         self.eos_ids = self._eos_ids()
+        self.sliding_window = self._sliding_window()
         self._torch = torch
         self.torch_dtype = torch_dtype
         self.prefix_cache = None  # fleetserve.engine.prefix_cache.PrefixCache, when the KV cache is on
         self.block_size = 256
         self._max_token_chars: int | None = None
+
+    def _sliding_window(self) -> int | None:
+        """The narrowest attention window of the model's sliding-window layers (Mistral-7B-v0.1, Gemma 2 and 3's
+        local layers, Qwen2 with use_sliding_window), when it is narrower than the served context; None when every
+        layer sees the whole context. Such a layer's cache keeps only its window's last positions, which the
+        prefix cache's blocks and the batch's KV buffer both took for the whole prompt: wrong tokens reused, or a
+        500 on every prompt past the window (`Engine` and `attach_prefix_cache` turn both off for it)."""
+        from transformers import DynamicCache
+
+        windows = [int(layer.sliding_window) for layer in DynamicCache(config=self.model.config).layers
+                   if getattr(layer, "is_sliding", False)]
+        narrowest = min(windows, default=None)
+        return narrowest if narrowest is not None and narrowest <= self.context_length else None
 
     def block_shape(self, block_size: int) -> tuple[int, ...]:
         c = self.model.config

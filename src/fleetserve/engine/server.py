@@ -11,7 +11,7 @@ import uuid
 import weakref
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -87,6 +87,13 @@ class Engine:
         self.settings = settings
         self.metrics = EngineMetrics(settings.identity)
         count = self.metrics.vllm(self.metrics.generation_tokens).inc
+        if settings.max_batch > 1 and runner.sliding_window is not None:
+            log.warning("continuous batching is off for this model (one sequence at a time): its sliding-window "
+                        "attention layers (a %d-token window, under the %d-token context) keep only the window's "
+                        "last positions, which the batch's KV buffer cannot hold", runner.sliding_window,
+                        runner.context_length)
+            settings = replace(settings, max_batch=1)
+            self.settings = settings
         if settings.max_batch > 1:
             from fleetserve.engine.batching import BatchScheduler
 

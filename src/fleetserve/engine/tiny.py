@@ -62,15 +62,20 @@ def create_tiny_model(
     context_length: int = 2048,
     seed: int = 0,
     alphabet: str = "bytes",
+    sliding_window: int | None = None,
 ) -> Path:
-    """Write a random Llama (safetensors) plus tokenizer and chat template to `path`; same seed, same weights."""
+    """Write a random Llama (safetensors) plus tokenizer and chat template to `path`; same seed, same weights.
+    `sliding_window`: a Qwen2 instead, whose layers after the first attend to that many positions only (the
+    pattern of Gemma 2 and 3's local layers)."""
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_byte_tokenizer(alphabet)
-    config = LlamaConfig(
+    windowed = {"use_sliding_window": True, "sliding_window": sliding_window, "max_window_layers": 1}
+    config = (Qwen2Config if sliding_window else LlamaConfig)(
+        **(windowed if sliding_window else {}),
         hidden_size=hidden_size,
         num_hidden_layers=layers,
         num_attention_heads=heads,
@@ -84,7 +89,7 @@ def create_tiny_model(
         bos_token_id=None,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    model = (Qwen2ForCausalLM if sliding_window else LlamaForCausalLM)(config).eval()
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
