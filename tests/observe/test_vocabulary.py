@@ -132,6 +132,7 @@ def test_prefix_cache_collector_exports_each_family_once_with_a_sample_per_tier(
 
     cache = SimpleNamespace(block_shape=(2, 1, 1, 16, 8), queries=10, query_tokens=175,
                             hits={"engine": 3, "l1": 2, "l2": 1}, engine_misses=7, _blocks=[1, 2], engine_blocks=8,
+                            engine_evictions=5, dropped_blocks=6, write_bytes=1024,
                             l1=store("l1", 2), l2=store("l2", 1),
                             tenant_l2={"acme": store("l2", 0)})
     reg = CollectorRegistry()
@@ -144,6 +145,10 @@ def test_prefix_cache_collector_exports_each_family_once_with_a_sample_per_tier(
     families = {f.name: f for f in text_string_to_metric_families(text)}
     tiers = {s.labels["tier"] for s in families["fleetserve_kv_tier_misses"].samples}
     assert tiers == {"engine", "l1", "l2", "l2:acme"}  # the engine tier's too, or its ratio is never recorded
+    evictions = {s.labels["tier"]: s.value for s in families["fleetserve_kv_tier_evictions"].samples}
+    assert evictions == {"engine": 5, "l1": 2, "l2": 2, "l2:acme": 2}  # the engine tier's had no series
+    assert families["fleetserve_kv_writes_dropped_blocks"].samples[0].value == 6
+    assert families["fleetserve_kv_write_queue_bytes"].samples[0].value == 1024
     assert families["vllm:prefix_cache_queries"].samples[0].value == 175  # every prompt token, as vLLM counts
     get = {s.labels["le"]: s.value for s in families["fleetserve_kv_tier_get_seconds"].samples
            if s.name.endswith("_bucket") and s.labels["tier"] == "l1"}
@@ -193,6 +198,7 @@ def test_a_tier_the_engine_does_not_have_has_no_hit_series():
                             get_seconds=Latency(), put_seconds=Latency())
     cache = SimpleNamespace(block_shape=(2, 1, 1, 16, 8), queries=1, query_tokens=16,
                             hits={"engine": 3, "l1": 2, "l2": 0}, engine_misses=1, _blocks=[], engine_blocks=8,
+                            engine_evictions=0, dropped_blocks=0, write_bytes=0,
                             l1=SimpleNamespace(name="l1", stats=stats), l2=None, tenant_l2={})
     reg = CollectorRegistry()
     reg.register(PrefixCacheCollector(cache, "m"))
@@ -207,8 +213,8 @@ def test_tier_latency_histograms_never_go_backwards():
 
     stats = TierStats()
     cache = SimpleNamespace(block_shape=(2, 1, 1, 16, 8), queries=1, query_tokens=16, hits={"engine": 0, "l1": 0},
-                            engine_misses=1, _blocks=[], engine_blocks=8,
-                            l1=SimpleNamespace(name="l1", stats=stats), l2=None, tenant_l2={})
+                            engine_misses=1, _blocks=[], engine_blocks=8, engine_evictions=0, dropped_blocks=0,
+                            write_bytes=0, l1=SimpleNamespace(name="l1", stats=stats), l2=None, tenant_l2={})
     reg = CollectorRegistry()
     reg.register(PrefixCacheCollector(cache, "m"))
     counts = []

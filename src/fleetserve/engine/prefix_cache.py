@@ -5,15 +5,20 @@ for what is still missing, stopping at the first miss; those are read ahead with
 (`prefetch_l2`, within a byte budget), so the generation thread does not wait for Redis; what was not read
 ahead it reads only while the last call to that Redis answered (`RedisStore.trusted`). Blocks found
 below the engine are promoted into it (and L2's into L1). New blocks enter the working set at once and are
-written to L1/L2 by a background thread, so the decode loop never waits for Redis. Every change is
-published as a KV event per tier, Redis's own evictions too (kvcache.l2watch).
+written to L1/L2 by a background thread, so the decode loop never waits for Redis; the writes queued for it
+hold at most the engine tier's size in blocks (past it a prompt's blocks stay in the engine tier only, counted
+and said), and an engine that stops gives them a bounded time to land. Every change is published as a KV
+event per tier, Redis's own evictions too (kvcache.l2watch). The engine tier is changed by the generation
+thread and read by the event loop (`/kv/blocks`, `/admin/kv/clear`): both hold its lock.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
+import time
 import weakref
 from collections import OrderedDict
 
@@ -55,7 +60,16 @@ class PrefixCache:
         self.tenant_l2 = tenant_l2 or {}  # hard separation: these tenants' blocks live in their own Redis
         self.events = events or KVEventLog()
         self._blocks: OrderedDict[int, torch.Tensor] = OrderedDict()
-        self._writes: queue.Queue = queue.Queue(maxsize=1024)
+        self._lock = threading.RLock()  # the engine tier: changed by the generation thread, read by the event loop
+        self.engine_evictions = 0
+        self._writes: queue.Queue = queue.Queue()
+        # the queued blocks are tensors the engine tier may have let go: bounded by bytes, the engine tier's size
+        # (a count of 1,024 prompts held 512 x that tier's memory behind a slow Redis)
+        self.write_budget = engine_blocks * self.block_bytes
+        self.write_bytes = 0
+        self._write_lock = threading.Lock()
+        self.dropped_blocks = 0
+        self._dropped_said_at = -math.inf
         self._writer = threading.Thread(target=self._write_loop, name="kv-writer", daemon=True)
         self._writer.start()
         self.l2_watchers = [L2EvictionWatcher(store, self._l2_evicted).start() for store in self._l2_stores()]
@@ -64,7 +78,6 @@ class PrefixCache:
         self.queries = 0  # blocks looked up
         self.query_tokens = 0  # prompt tokens looked up, all of them (vLLM's prefix_cache_queries)
         self.engine_misses = 0  # blocks looked up that the engine tier did not hold
-        self.dropped_writes = 0
         # L2 bytes read ahead for queued jobs: at most half the engine tier's size (a queue of 256 long prompts
         # held gigabytes), or one whole prompt when none is held; past it a job's L2 blocks are read at admission
         # while that Redis answers (`RedisStore.trusted`)
@@ -138,7 +151,8 @@ class PrefixCache:
         self.queries += len(keys)
         self.query_tokens += prompt_tokens if prompt_tokens is not None else len(keys) * self.block_shape[3]
         blocks = self._blocks
-        found = [("engine", blocks[key]) for key in keys[:match_prefix(blocks, keys)]]
+        with self._lock:
+            found = [("engine", blocks[key]) for key in keys[:match_prefix(blocks, keys)]]
         self.engine_misses += len(keys) - len(found)
         for store in (self.l1, self.l2_for(tenant)):
             rest = keys[len(found):]
@@ -173,7 +187,8 @@ class PrefixCache:
                 # a block read from L2 is likely read again: next time, not over the network
                 self._promote_to_l1(raw, head)
         if found and found[-1][0] == "engine":  # else the last `_admit` touched the whole prefix
-            touch_chain(blocks, keys[:len(found)])
+            with self._lock:
+                touch_chain(blocks, keys[:len(found)])
         for tier, _ in found:
             self.hits[tier] = self.hits.get(tier, 0) + 1
         return found
@@ -205,20 +220,21 @@ class PrefixCache:
         """Blocks into the engine tier, the prompt's `head` (its blocks before them) touched after them, so the
         chain's first block ends most recent (`touch_chain`); then the least recent go beyond the capacity."""
         blocks = self._blocks
-        stored = []
-        for key, block in reversed(items):
-            if key not in blocks:
-                stored.append(key)
-            blocks[key] = block
-            blocks.move_to_end(key)
-        stored.reverse()
-        touch_chain(blocks, head)
-        self.events.publish("stored", stored, "engine")
-        removed = []
-        while len(blocks) > self.engine_blocks:
-            key, _ = blocks.popitem(last=False)
-            removed.append(key)
-        self.events.publish("removed", removed, "engine")
+        stored, removed = [], []
+        with self._lock:  # the events too: a snapshot's sequence number covers exactly what it lists
+            for key, block in reversed(items):
+                if key not in blocks:
+                    stored.append(key)
+                blocks[key] = block
+                blocks.move_to_end(key)
+            stored.reverse()
+            touch_chain(blocks, head)
+            self.events.publish("stored", stored, "engine")
+            while len(blocks) > self.engine_blocks:
+                key, _ = blocks.popitem(last=False)
+                removed.append(key)
+            self.engine_evictions += len(removed)
+            self.events.publish("removed", removed, "engine")
 
     def store(self, items: list[tuple[int, torch.Tensor]], tenant: str | None = None,
               head: list[int] | None = None) -> None:
@@ -230,10 +246,27 @@ class PrefixCache:
         self._admit(items, head)
         if self.l1 is None and self.l2_for(tenant) is None:
             return
-        try:
-            self._writes.put_nowait((items, tenant, head))
-        except queue.Full:
-            self.dropped_writes += 1  # never block the decode loop on a slow tier
+        size = len(items) * self.block_bytes
+        with self._write_lock:  # never block the decode loop on a slow tier: past the budget, drop
+            dropped = bool(self.write_bytes) and self.write_bytes + size > self.write_budget
+            if dropped:
+                self.dropped_blocks += len(items)
+            else:
+                self.write_bytes += size
+        if dropped:
+            self._say_dropped()
+            return
+        self._writes.put_nowait((items, tenant, head))
+
+    def _say_dropped(self) -> None:
+        """Once a minute at most: the L1/L2 writes fall behind the prefills."""
+        now = time.monotonic()
+        if now - self._dropped_said_at < 60.0:
+            return
+        self._dropped_said_at = now
+        log.warning("KV block writes to L1/L2 fall behind the prefills: %d blocks kept in the engine tier only so "
+                    "far (the writes queued hold %d of at most %d bytes; fleetserve_kv_writes_dropped_blocks_total)",
+                    self.dropped_blocks, self.write_bytes, self.write_budget)
 
     def _write_loop(self) -> None:
         while True:
@@ -243,6 +276,8 @@ class PrefixCache:
             try:
                 self._write(*work)
             finally:
+                with self._write_lock:
+                    self.write_bytes -= len(work[0]) * self.block_bytes
                 self._writes.task_done()
 
     def _write(self, items: list[tuple[int, torch.Tensor]], tenant: str | None, head: list[int]) -> None:
@@ -267,24 +302,31 @@ class PrefixCache:
     def _l2_evicted(self, keys: list[int]) -> None:
         self.events.publish("removed", keys, "l2")
 
-    def close(self) -> None:
-        """Stop the L2 eviction watchers (the writer thread is a daemon)."""
+    def close(self, timeout: float = 10.0) -> None:
+        """The engine stops: give the queued writes to L1/L2 `timeout` seconds to land (a rolling restart lost
+        every one queued, without a word), say how many did not, and stop the L2 eviction watchers."""
+        if not self.flush(timeout):
+            log.warning("stopping with KV block writes to L1/L2 not done after %.0f s: %d bytes of blocks dropped",
+                        timeout, self.write_bytes)
         for watcher in self.l2_watchers:
             watcher.stop()
 
-    def flush(self, timeout: float = 30.0) -> None:
-        """Wait until queued background writes are done (tests, benchmarks)."""
-        import time
-
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until queued background writes are done (an admin call, benchmarks, stopping); False when some
+        were still queued after `timeout` seconds."""
         deadline = time.monotonic() + timeout
-        while (self._writes.unfinished_tasks or not self._writes.empty()) and time.monotonic() < deadline:
+        while self._writes.unfinished_tasks or not self._writes.empty():
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.01)
+        return True
 
     def clear(self, tiers: set[str]) -> None:
         """Drop tiers (benchmarks measure each tier alone this way)."""
         if "engine" in tiers:
-            self.events.publish("removed", list(self._blocks), "engine")
-            self._blocks.clear()
+            with self._lock:
+                self.events.publish("removed", list(self._blocks), "engine")
+                self._blocks.clear()
         if "l1" in tiers and self.l1 is not None:
             self.events.publish("removed", self.l1.keys(), "l1")
             self.l1.clear()
@@ -294,8 +336,15 @@ class PrefixCache:
                 self.events.publish("removed", store.clear(), "l2")
 
     def snapshot(self) -> dict:
-        entries = {k: "engine" for k in self._blocks}
+        """The blocks held, each with every tier that holds it (`tiers`; `tier`: the nearest, for routers that
+        read one) and the sequence number of the last event it reflects. L2 is not listed (a shared Redis's keys
+        are not this engine's to scan): a router learns them from later events. A block in the engine tier and
+        in L1 had been listed as the engine's alone, and a resynchronised router lost its L1 credit once the
+        engine tier evicted it."""
+        with self._lock:  # the generation thread reorders the engine tier: iterating it beside that raised
+            seq = self.events.seq
+            entries: dict[int, list[str]] = {k: ["engine"] for k in self._blocks}
         if self.l1 is not None:
             for k in self.l1.keys():
-                entries.setdefault(k, "l1")
-        return {"seq": self.events.seq, "blocks": [{"key": k, "tier": t} for k, t in entries.items()]}
+                entries.setdefault(k, []).append("l1")
+        return {"seq": seq, "blocks": [{"key": k, "tier": t[0], "tiers": t} for k, t in entries.items()]}

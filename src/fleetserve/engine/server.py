@@ -460,8 +460,11 @@ class Engine:
         if bad or not tiers:
             return APIError(400, f"tiers: got {sorted(bad) or 'nothing'}; allowed values: engine, l1, l2",
                             param="tiers").response()
-        cache.flush()
-        cache.clear(tiers)
+        def flush_and_clear() -> None:  # waits on the writer and on Redis: never on the event loop (it stalled
+            cache.flush()  # every stream and /health for as long)
+            cache.clear(tiers)
+
+        await asyncio.get_running_loop().run_in_executor(None, flush_and_clear)
         return JSONResponse({"cleared": sorted(tiers)})
 
     async def health(self, request: Request) -> Response:
@@ -508,6 +511,8 @@ def build_app(engine: Engine) -> Starlette:
         engine.scheduler.start()
         yield
         engine.scheduler.stop()
+        if engine.runner.prefix_cache is not None:  # the writes queued for L1/L2 land, within a bound, or are said
+            await asyncio.get_running_loop().run_in_executor(None, engine.runner.prefix_cache.close)
 
     app = Starlette(
         routes=routes,

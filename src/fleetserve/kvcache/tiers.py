@@ -126,18 +126,22 @@ class L1Store:
         self.evicted: list[int] = []  # keys evicted since the last drain (for KV events)
 
     def get_many(self, keys: list[int], head: list[int] | tuple = ()) -> list[bytes | None]:
-        """The values of `keys` (None where absent); counted as L2's reads are (bytes out, latency), so the
-        tier metrics of L1 are not zeros beside its hits. `head`: the chain's blocks before `keys` (the engine
-        tier served them), touched with them so that L1's copy of the head does not age under its tail."""
-        out = []
+        """The values of `keys` up to the first one absent (None from there: a prefix ends at its first miss, and
+        the values past it, never loaded, had been counted as bytes out); counted as L2's reads are (bytes out,
+        latency), so the tier metrics of L1 are not zeros beside its hits. `head`: the chain's blocks before
+        `keys` (the engine tier served them), touched with them so that L1's copy of the head does not age under
+        its tail."""
+        out: list[bytes | None] = []
         started = time.perf_counter()
         with self._lock:
             for key in keys:
                 value = self._blocks.get(key)
-                if value is not None:
-                    self.stats.bytes_out += len(value)
+                if value is None:
+                    break
+                self.stats.bytes_out += len(value)
                 out.append(value)
-            touch_chain(self._blocks, [*head, *keys])
+            touch_chain(self._blocks, [*head, *keys[:len(out)]])
+            out += [None] * (len(keys) - len(out))
         if keys:
             self.stats.timing("get", time.perf_counter() - started)
         return out

@@ -182,6 +182,8 @@ class PrefixCacheCollector:
         usage = v.VLLM_KV_USAGE.family()
         usage.add_metric([self.model_name], len(c._blocks) / max(c.engine_blocks, 1))
         yield from (queries, hits, usage)
+        engine_evictions = v.KV_TIER_EVICTIONS.family()
+        engine_evictions.add_metric(["engine"], c.engine_evictions)
         stores = [(s.name, s) for s in (c.l1, c.l2) if s is not None]
         stores += [(f"l2:{tenant}", s) for tenant, s in c.tenant_l2.items()]
         present = {"engine", *(tier for tier, _ in stores)}
@@ -196,12 +198,18 @@ class PrefixCacheCollector:
             misses.add_metric([tier], store.stats.misses)
         yield misses
         if not stores:
+            yield engine_evictions
             return
         for attr, metric in _TIER_COUNTERS:
-            fam = metric.family()
+            fam = engine_evictions if metric is v.KV_TIER_EVICTIONS else metric.family()
             for tier, store in stores:
                 fam.add_metric([tier], getattr(store.stats, attr))
             yield fam
+        dropped = v.KV_WRITES_DROPPED.family()
+        dropped.add_metric([], c.dropped_blocks)
+        queued = v.KV_WRITE_QUEUE.family()
+        queued.add_metric([], c.write_bytes)
+        yield from (dropped, queued)
         states = v.KV_TIER_STATE.family()
         for tier, store in stores:
             if isinstance(getattr(store, "state", None), str):

@@ -271,6 +271,11 @@ KV_TIER_FAILURES = _m("fleetserve_kv_tier_failures_total", "counter", "Tier oper
 KV_TIER_REJECTED = _m("fleetserve_kv_tier_rejected_total", "counter", "Values whose header did not match the "
                       "key or whose bytes did not match their checksum (foreign or corrupt; never used)", "kv",
                       "blocks", _T, by=(ENGINE,))
+KV_WRITES_DROPPED = _m("fleetserve_kv_writes_dropped_blocks_total", "counter", "New blocks not written to L1/L2 "
+                       "(kept in the engine tier only): the writes already queued held the engine tier's size, "
+                       "the tiers below being slower than the prefills", "kv", "blocks", by=(ENGINE,))
+KV_WRITE_QUEUE = _m("fleetserve_kv_write_queue_bytes", "gauge", "Bytes of blocks queued for writing to L1/L2 (at "
+                    "most the engine tier's size)", "kv", "bytes", by=(ENGINE,))
 KV_TIER_STATES = ("up", "full", "unavailable", "unknown")
 KV_TIER_STATE = _m("fleetserve_kv_tier_state", "gauge", "1 for what the tier's last operation found: up, full "
                    "(writes refused for memory, reads go on), unavailable, or unknown before the first (Redis "

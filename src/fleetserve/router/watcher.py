@@ -244,8 +244,8 @@ class ReplicaWatcher:
                         raise ValueError(f"/kv/blocks answered {status}")
                     if self.gw.kv_index is None:
                         self.gw.kv_index = KVIndex()
-                    if "blocks" in data:  # the built-in engine: every tier
-                        entries = {int(b["key"]): b["tier"] for b in data["blocks"]}
+                    if "blocks" in data:  # the built-in engine: every tier (`tiers`; an older one: the nearest)
+                        entries = {int(b["key"]): b.get("tiers") or b["tier"] for b in data["blocks"]}
                     else:  # the simulated engine: one tier
                         entries = {int(k): data.get("tier", "engine") for k in data["keys"]}
                     self.gw.kv_index.replace(backend.id, entries)
