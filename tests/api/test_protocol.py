@@ -210,6 +210,9 @@ def test_what_was_accepted_before_the_codes_were_sharpened_still_is():
         assert (err.param, err.code) == ("logprobs", "unsupported_value"), count
     err = error_of(parse_chat, {**CHAT, "n": 2.0})
     assert (err.param, err.code) == ("n", "unsupported_value")
+    for zero in (0, -1):  # outside OpenAI's range: the request's error, as max_tokens 0 is
+        err = error_of(parse_chat, {**CHAT, "n": zero})
+        assert (err.param, err.code) == ("n", "invalid_value") and "at least 1" in err.message
 
 
 def test_a_huge_integer_is_shown_as_what_was_read_and_an_empty_prompt_says_so():

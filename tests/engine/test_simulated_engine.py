@@ -78,6 +78,12 @@ def test_peer_router_probes_and_vllm_metrics(sim):
         assert httpx.get(sim.url + path, timeout=5).status_code == 200, path
     info = httpx.get(sim.url + "/get_model_info", timeout=5).json()
     assert info["block_size"] == 4 and info["num_gpu_blocks"] == 8
+    card = httpx.get(sim.url + "/v1/models", timeout=5).json()["data"][0]
+    assert isinstance(card["created"], int) and card["created"] > 0  # OpenAI's Model requires it
+    with httpx.stream("POST", sim.url + "/v1/completions", timeout=30,
+                      json={"model": "sim", "prompt": "a b", "max_tokens": 2, "stream": True}) as stream:
+        stream.read()  # as the built-in engine's: no proxy may buffer it, or TTFT reads the proxy's flush
+        assert stream.headers["cache-control"] == "no-cache" and stream.headers["x-accel-buffering"] == "no"
     assert httpx.post(sim.url + "/tokenize", json={"prompt": "one two three"}, timeout=5).json()["count"] == 3
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:gpu_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):

@@ -28,6 +28,10 @@ async def _wait_disconnect(receive: Receive) -> None:
             return
 
 
+# an event stream is never cached, and a proxy in front (nginx) must not buffer it: TTFT is the first event's
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
 class WatchedStreamingResponse(StreamingResponse):
     """Streams the body while watching for disconnect; on disconnect the body iterator is closed at once.
 

@@ -158,6 +158,9 @@ def _sampling(body: dict) -> SamplingParams:
                                   (isinstance(value, float) and not value.is_integer())):  # "2", 1.5: a bad type
             raise invalid(name, f"must be an integer (only {name}=1 is supported by this engine), got "
                                 f"{json.dumps(value)[:80]}", "invalid_type")
+        if value is not None and value < 1:  # outside OpenAI's range: the request's error, not a refusal
+            raise invalid(name, f"must be at least 1 (only {name}=1 is supported by this engine), got "
+                                f"{json.dumps(body[name])[:80]}")
         if value not in (None, 1):  # 1.0 is 1, as it always was
             raise invalid(name, f"only {name}=1 is supported by this engine, got {json.dumps(body[name])[:80]}",
                           "unsupported_value")

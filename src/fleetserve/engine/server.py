@@ -19,7 +19,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, until_disconnect
+from fleetserve.api.disconnect import SSE_HEADERS, ClientGone, WatchedStreamingResponse, until_disconnect
 from fleetserve.api.errors import APIError, engine_stopped, model_not_found, starlette_http_error
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
 from fleetserve.api.limits import STREAM_KEEPALIVE_S, SizeLimits
@@ -232,7 +232,7 @@ class Engine:
             return WatchedStreamingResponse(
                 self._stream(job, parsed, request_id, started),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                headers=SSE_HEADERS,
                 on_close=close,
             )
         try:

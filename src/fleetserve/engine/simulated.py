@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fleetserve.api.disconnect import ClientGone, WatchedStreamingResponse, until_disconnect
+from fleetserve.api.disconnect import SSE_HEADERS, ClientGone, WatchedStreamingResponse, until_disconnect
 from fleetserve.api.errors import APIError, engine_stopped, model_not_found, starlette_http_error
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
 from fleetserve.api.limits import KEEP_ALIVE_S, SizeLimits
@@ -245,7 +245,7 @@ class SimulatedEngine:
                 finished(200 if req.produced >= req.max_tokens else 503 if self.stopping else 499)
 
             return WatchedStreamingResponse(self._sse(req, kind, base, parsed.include_usage),
-                                            media_type="text/event-stream", on_close=cancel)
+                                            media_type="text/event-stream", headers=SSE_HEADERS, on_close=cancel)
         try:
             await until_disconnect(request, self._finish(req))
         except ClientGone:
@@ -382,8 +382,10 @@ def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = Non
     async def completions(request):
         return await engine.serve(request, "completion")
 
-    def card() -> dict:
-        return {"id": engine.model_name, "object": "model", "owned_by": "fleetserve", "root": "",
+    created = int(time.time())
+
+    def card() -> dict:  # OpenAI's Model object requires `created` (the openai client read None)
+        return {"id": engine.model_name, "object": "model", "created": created, "owned_by": "fleetserve", "root": "",
                 "max_model_len": engine.context_length}
 
     async def models(request):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 
 from fleetserve.observe.metrics import child
@@ -67,6 +68,9 @@ class ReplicaWatcher:
         # they stay in the pool (each probe round sent every one a request that could only be a 404)
         self.no_events: set[str] = set()
         self._no_layout: set[str] = set()
+        # each replica's served model names, asked once when first healthy (None-free: an unanswered ask is retried)
+        self.models_of: dict[str, frozenset[str]] = {}
+        self._mismatch_said: set[frozenset[frozenset[str]]] = set()
         self._engine_totals: dict[str, tuple[float, float]] = {}  # (queries, hits) at the last read
         self.engine_hit_rate: dict[str, float] = {}  # per replica, over the last interval with lookups
         self.failing: str | None = None  # the reason in --failing-file, as last read
@@ -147,6 +151,7 @@ class ReplicaWatcher:
             except Exception:  # the backends stay as they were, and are probed all the same
                 log.exception("backend discovery failed; the known backends are kept")
         await pool.probe_all()
+        await self._check_models()
         if not self.layout_known:
             await self._learn_layout()
         if rounds % ENGINE_COUNTERS_EVERY == 1:
@@ -170,6 +175,37 @@ class ReplicaWatcher:
             await live.keep_sampling(self.gw)
         if self.gw.peers is not None:  # workers: a scrape reads every worker's file, answered by one of them,
             self.gw.refresh_gauges()  # so each keeps its own fresh (they were as old as its last scrape)
+
+    async def _check_models(self) -> None:
+        """Ask each replica once, when first healthy, which models it serves; say (once for each two lists) when
+        two replicas share none. One router sends any request to any replica: behind it, replicas of two models
+        answered half the requests 404 "model does not exist" for a model its /v1/models had just listed, with
+        nothing in the log but "healthy"."""
+        pool = self.gw.pool
+        new = [b for b in pool.healthy() if b.id not in self.models_of][:CARDS_ASKED]
+
+        async def served(b: Backend) -> frozenset[str] | None:
+            try:
+                status, listing = await self.gw.upstream.get_json(b.url + "/v1/models", timeout=2.0)
+            except UpstreamError:
+                return None
+            data = listing.get("data") if status == 200 and isinstance(listing, dict) else None
+            return frozenset(str(c["id"]) for c in data if isinstance(c, dict) and c.get("id")) \
+                if isinstance(data, list) else frozenset()  # no list (an engine without /v1/models): not compared
+
+        for b, names in zip(new, await asyncio.gather(*(served(b) for b in new)), strict=True):
+            if names is not None:
+                self.models_of[b.id] = names
+        for gone in [bid for bid in self.models_of if bid not in pool.backends]:
+            del self.models_of[gone]
+        lists = {names: bid for bid, names in self.models_of.items() if names}
+        for a, b in itertools.combinations(sorted(lists, key=sorted), 2):
+            if a & b or frozenset((a, b)) in self._mismatch_said:
+                continue
+            self._mismatch_said.add(frozenset((a, b)))
+            log.warning("replicas behind this router serve different models: %s serves %s, %s serves %s; every "
+                        "request goes to any replica, and one that lacks the model answers 404: run one router "
+                        "per model", pool.backends[lists[a]].url, sorted(a), pool.backends[lists[b]].url, sorted(b))
 
     async def _learn_layout(self) -> None:
         for b in self.gw.pool.healthy():
