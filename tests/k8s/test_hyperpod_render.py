@@ -116,3 +116,32 @@ def test_wrong_type_exits_2_naming_the_path(tmp_path):
     result = CliRunner().invoke(app, ["render", "k8s", str(spec), "-o", str(tmp_path / "out")])
     assert result.exit_code == 2
     assert "spec.worker.workingDir: expected a string (got [1])" in result.stderr
+
+
+FSX_LMI = """
+apiVersion: inference.sagemaker.aws.amazon.com/v1
+kind: InferenceEndpointConfig
+metadata: {name: deepseek15b, namespace: default}
+spec:
+  modelName: deepseek15b
+  instanceType: ml.g5.8xlarge
+  modelSourceConfig:
+    modelSourceType: fsx
+    fsxStorage: {fileSystemId: fs-0123456789abcdef0}
+    modelLocation: deepseek-1-5b
+  worker:
+    image: 763104351884.dkr.ecr.us-east-2.amazonaws.com/djl-inference:0.32.0-lmi14.0.0-cu124
+    resources: {limits: {nvidia.com/gpu: 1}, requests: {nvidia.com/gpu: 1, cpu: 25600m, memory: 102Gi}}
+    modelInvocationPort: {containerPort: 8080, name: http}
+    modelVolumeMount: {name: model-weights, mountPath: /opt/ml/model}
+"""
+
+
+def test_an_fsx_model_is_mounted_where_an_image_run_as_given_reads_it():
+    """AWS's FSx + DJL-LMI example: the file system had been mounted at /fsx, and the image found an empty
+    /opt/ml/model (a crash loop). The model's folder of the volume is mounted at modelVolumeMount.mountPath."""
+    pod = _one(_render(FSX_LMI), "Deployment", "engine")["spec"]["template"]["spec"]
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model"]
+    assert mount == {"name": "model", "mountPath": "/opt/ml/model", "subPath": "deepseek-1-5b", "readOnly": True}
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "model"]
+    assert "persistentVolumeClaim" in volume

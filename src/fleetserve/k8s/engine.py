@@ -94,6 +94,16 @@ def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str
         return [], [{"name": "model", **model.volume}], [{"name": "model", "mountPath": root}], path
     if not fetched:
         path = PurePosixPath(source)
+        volumes = [{"name": "model", "persistentVolumeClaim": {"claimName": ctx.model_claim, "readOnly": True}}]
+        if ctx.endpoint.spec.engine.kind == "container" and model.mount_path:
+            # an image run as given reads its model folder itself (DJL-LMI: /opt/ml/model): the weights' folder of
+            # the volume is mounted there. It had been mounted at /fsx, and the image found an empty folder
+            mount = models_dir(ctx)
+            inside = PurePosixPath(*path.parts[2:]) if path.is_absolute() else path  # past the volume's own folder
+            if source.startswith("/opt/ml/model"):
+                inside = path.relative_to("/opt/ml/model")
+            sub = {"subPath": str(inside)} if str(inside) not in ("", ".") else {}
+            return [], volumes, [{"name": "model", "mountPath": mount, **sub, "readOnly": True}], mount
         if path.is_absolute():
             parts = path.parts
             root = "/opt/ml/model" if source.startswith("/opt/ml/model") else str(PurePosixPath(*parts[:2]))
@@ -107,7 +117,6 @@ def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str
             model_path = source
         else:
             root, model_path = f"{MODELS_DIR}/volume", f"{MODELS_DIR}/volume/{path}"
-        volumes = [{"name": "model", "persistentVolumeClaim": {"claimName": ctx.model_claim, "readOnly": True}}]
         return [], volumes, [{"name": "model", "mountPath": root, "readOnly": True}], model_path
     root = models_dir(ctx)
     if ctx.endpoint.spec.engine.kind == "container":
