@@ -686,3 +686,28 @@ def test_long_names_that_begin_alike_stay_two_endpoints():
         (said,) = [w.message for w in loaded.warnings if w.path == "metadata.name"]
         assert "the last 8 characters stand for the whole name" in said
     assert names[0] != names[1] and all(len(n) <= 63 and n[:54] == names[0][:54] for n in names), names
+
+
+def test_a_resource_exported_from_a_cluster_is_accepted_as_is():
+    """`kubectl get ... -o yaml` adds status, uid, resourceVersion, creationTimestamp, finalizers and kubectl's
+    last-applied annotation: such a HyperPod file (and one of ours) exited 2 "unknown field"."""
+    import yaml
+
+    from fleetserve.spec.load import load_spec_data
+
+    for example in ("hyperpod.yaml", "quickstart.yaml"):
+        data = yaml.safe_load((Path(__file__).parents[2] / "examples" / example).read_text())
+        plain = load_spec_data(data).endpoint
+        data["metadata"].update(uid="5f1c", resourceVersion="123456", generation=1,
+                                creationTimestamp="2025-07-01T10:00:00Z", finalizers=["x.io/finalizer"],
+                                annotations={**data["metadata"].get("annotations", {}),
+                                             "kubectl.kubernetes.io/last-applied-configuration": "{}"})
+        data["status"] = {"state": "DeploymentComplete"}
+        loaded = load_spec_data(data)
+        assert loaded.endpoint == plain, example  # nothing of it reaches the endpoint (no annotation on the pods)
+        (note,) = [w for w in loaded.warnings if "exported from a cluster" in w.message]
+        assert "metadata.uid" in note.message and "status" in note.message and note.everywhere
+    data["metadata"]["generateName"] = "x-"  # what a user may write is still checked
+    with pytest.raises(SpecError) as exc:
+        load_spec_data(data)
+    assert "metadata.generateName" in str(exc.value)

@@ -13,6 +13,7 @@ from fleetserve.spec import hyperpod
 from fleetserve.spec.effects import inert_settings
 from fleetserve.spec.endpoint import API_VERSION, Endpoint
 from fleetserve.spec.errors import SpecError, SpecProblem, problems_from_validation
+from fleetserve.spec.exported import without_server_fields
 from fleetserve.spec.strict_yaml import load_strict
 
 ACCEPTED = {
@@ -60,13 +61,18 @@ def load_spec_data(data: Any, source: str | None = None) -> LoadedSpec:
         raise SpecError(
             [SpecProblem("kind", f"got {kind!r}; allowed value for {api_version}: {ACCEPTED[api_version]!r}")], source
         )
+    data, exported = without_server_fields(data)
     notes: list[SpecProblem] = []
+    if exported:
+        notes.append(SpecProblem(exported[0], "ignored, as the API server and kubectl wrote them (a resource "
+                                              f"exported from a cluster): {', '.join(exported)}", everywhere=True))
     fmt = "fleetserve"
     written = data  # the user's own document: a HyperPod spec's problems are named by its fields
     if api_version == hyperpod.API_VERSION:
         written = hyperpod.without_nulls(data)  # as the API server stores it: `useCachedMetrics:` left empty is unset
         try:
-            data, notes = hyperpod.parse(data)
+            data, parsed = hyperpod.parse(data)
+            notes += parsed
         except SpecError as exc:
             raise SpecError(exc.problems, source) from None
         fmt = "hyperpod"
