@@ -1792,3 +1792,22 @@ def test_the_unschedulable_alert_waits_for_the_last_tier(tmp_path):
         case(pending("0", "a-0") + deployments(3, 1, 0), fires=True)]}))
     done = subprocess.run(["promtool", "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_users_label_under_fleetserve_io_never_reaches_the_objects():
+    """`fleetserve.io/discovery: pods` in metadata.labels went onto every Service: the ServiceMonitors, which select
+    Services without that label, matched none (nothing scraped, every built-in scaling query empty), while the
+    warning said fleetserve's value replaced the user's."""
+    data = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint",
+            "metadata": {"name": "a", "labels": {"fleetserve.io/discovery": "pods", "fleetserve.io/endpoint": "x",
+                                                 "team": "search"}},
+            "spec": {"model": {"source": "builtin:smollm2-135m"}, "kvCache": {"l2": {"enabled": True}}}}
+    rendered = render(load_spec_data(data).endpoint)
+    for obj in rendered.objects:
+        mine = obj["metadata"].get("labels", {})
+        assert mine.get("team") == "search", obj["metadata"]["name"]  # the user's own labels still go on
+        assert mine.get("fleetserve.io/endpoint") != "x", obj["metadata"]["name"]
+    services = [o for o in rendered.objects if o["kind"] == "Service"]
+    scraped = [o["metadata"]["name"] for o in services if "fleetserve.io/discovery" not in o["metadata"]["labels"]]
+    assert {"a-engine", "a-router"} <= set(scraped), scraped
+    assert any(w.path == "metadata.labels.fleetserve.io/discovery" for w in rendered.warnings), rendered.warnings

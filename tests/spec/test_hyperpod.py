@@ -202,6 +202,18 @@ def test_gpu_requests_that_differ_from_the_limits_are_refused_as_in_our_own_spec
                for m in msgs), msgs
 
 
+def test_a_gpu_count_with_a_unit_is_refused_naming_the_field():
+    """500m, 1k or 2Gi became 0 GPUs without a word: a vLLM pod without a GPU, which never starts."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    for bad in ("500m", "1k", "2Gi", "1.5"):
+        doc["spec"]["worker"]["resources"] = {"requests": {"nvidia.com/gpu": bad}, "limits": {"nvidia.com/gpu": bad}}
+        msgs = _problems(yaml.safe_dump(doc))
+        assert any(m.startswith("spec.worker.resources.limits.nvidia.com/gpu") and "whole number of GPUs" in m
+                   and repr(bad) in m for m in msgs), (bad, msgs)
+    doc["spec"]["worker"]["resources"] = {"requests": {"nvidia.com/gpu": 2}, "limits": {"nvidia.com/gpu": "2"}}
+    assert load_spec_text(yaml.safe_dump(doc)).endpoint.spec.engine.gpus == 2
+
+
 def test_names_become_valid_kubernetes_names():
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["metadata"]["name"] = "3B_Chat." + "x" * 60 + "-y"

@@ -59,8 +59,13 @@ def selector(instance: str, component: str, **extra: str) -> dict[str, str]:
     return out
 
 
+RESERVED_PREFIX = "fleetserve.io/"  # fleetserve's own labels: selectors (discovery, tiers, Redis) read them
+
+
 def labels(instance: str, component: str, user: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
-    out = dict(sorted((user or {}).items()))
+    """The spec's labels, less those under fleetserve.io/ (a user's `fleetserve.io/discovery` on every Service
+    had hidden them all from their ServiceMonitors: nothing scraped, every scaling query empty), then ours."""
+    out = {k: v for k, v in sorted((user or {}).items()) if not k.startswith(RESERVED_PREFIX)}
     out.update(selector(instance, component, **extra))
     out.update({"app.kubernetes.io/part-of": APP, "app.kubernetes.io/managed-by": APP,
                 "app.kubernetes.io/version": __version__})

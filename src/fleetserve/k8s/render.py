@@ -19,7 +19,7 @@ from fleetserve.k8s.context import Context, RenderOptions
 from fleetserve.k8s.engine import engine_objects
 from fleetserve.k8s.karpenter import karpenter_objects
 from fleetserve.k8s.keda import keda_objects
-from fleetserve.k8s.labels import TIER_LABEL, labels
+from fleetserve.k8s.labels import RESERVED_PREFIX, TIER_LABEL, labels
 from fleetserve.k8s.monitoring import monitoring_objects
 from fleetserve.k8s.redis import redis_objects, rendered_tenant_service
 from fleetserve.k8s.router import router_objects
@@ -199,9 +199,9 @@ def render(endpoint: Endpoint, options: RenderOptions | None = None) -> Rendered
         objects += family(ctx, warn)
     ours = labels(ctx.name, "engine", **{TIER_LABEL: "0"})
     for key in sorted(endpoint.metadata.labels):
-        if key in ours or key.startswith("fleetserve.io/"):
+        if key in ours or key.startswith(RESERVED_PREFIX):
             warn(f"metadata.labels.{key}", "is a label fleetserve sets on its objects (selectors, tiers, "
-                                           "ownership): its own value replaces yours")
+                                           "ownership): its own value replaces yours, or none where it sets none")
     for path, url in _machine_local_redis(endpoint):
         warn(path, f"{url!r} names this machine (a unix socket or a loopback address): in a pod it is the pod "
                    "itself, where no Redis runs, so the engines never reach it; give the Redis's Service or host "

@@ -150,6 +150,12 @@ def _sdk_problems(spec: dict[str, Any]) -> list[SpecProblem]:
                                             "(worker.modelVolumeMount.name)")
     resources = spec["worker"].get("resources") or {}
     asked, cap = ((resources.get(section) or {}).get("nvidia.com/gpu") for section in ("requests", "limits"))
+    for section, value in (("requests", asked), ("limits", cap)):
+        # a count of whole GPUs: "500m", "1k" or "2Gi" had become 0 GPUs without a word (a vLLM pod that never
+        # started), and Kubernetes refuses a fraction of an extended resource
+        if value is not None and not re.fullmatch(r"\d+", str(value)):
+            rule(f"spec.worker.resources.{section}.nvidia.com/gpu",
+                 f"got {value!r}; a whole number of GPUs, written without a unit (0, 1, 2, ...)")
     if asked is not None and (cap is None or str(asked) != str(cap)):  # as the API server, and our own spec
         rule("spec.worker.resources.requests.nvidia.com/gpu",
              f"{asked} needs limits.nvidia.com/gpu of the same amount (got {cap}): extended resources cannot be "
