@@ -1811,3 +1811,17 @@ def test_a_users_label_under_fleetserve_io_never_reaches_the_objects():
     scraped = [o["metadata"]["name"] for o in services if "fleetserve.io/discovery" not in o["metadata"]["labels"]]
     assert {"a-engine", "a-router"} <= set(scraped), scraped
     assert any(w.path == "metadata.labels.fleetserve.io/discovery" for w in rendered.warnings), rendered.warnings
+
+
+def test_a_mount_at_a_path_the_engine_container_mounts_already_is_refused_naming_the_field():
+    """`pod.volumeMounts` at /models (the built-in engine's model volume) rendered two mounts at one path: the API
+    server refused the Deployment."""
+    data = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "a"},
+            "spec": {"model": {"source": "builtin:smollm2-135m"},
+                     "pod": {"volumes": [{"name": "x", "emptyDir": {}}],
+                             "volumeMounts": [{"name": "x", "mountPath": "/models/"}]}}}
+    with pytest.raises(ValueError, match=r"spec\.pod\.volumeMounts\[0\]\.mountPath: '/models/' is where the engine "
+                                         r"container mounts its 'model' volume"):
+        render(load_spec_data(data).endpoint)
+    data["spec"]["pod"]["volumeMounts"][0]["mountPath"] = "/data"
+    render(load_spec_data(data).endpoint)

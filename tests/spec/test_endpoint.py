@@ -711,6 +711,18 @@ def test_kubernetes_fields_passed_through_are_checked_against_kubernetes_own_sch
          "'dshm' is no volume of the pod"),  # the built-in engine's pod has no shared-memory volume
         ("  engine: {envFrom: {X: {y: 1}}}", "spec.engine.envFrom", "'y' was unexpected"),
         ("  engine: {image: 'UPPER:tag'}", "spec.engine.image", "is not an image reference"),
+        # each of these passed validate and render, and the API server refused the Deployment (a review's finds)
+        ("  pod: {initContainers: [{name: side, image: busybox, volumeMounts: [{name: nope, mountPath: /s}]}]}",
+         "spec.pod.initContainers[0].volumeMounts[0].name", "'nope' is no volume of the pod"),
+        ("  pod: {initContainers: [{name: fetch-model, image: busybox}]}", "spec.pod.initContainers",
+         "'fetch-model' is an init container fleetserve renders"),
+        ("  pod: {initContainers: [{name: x, image: busybox}, {name: x, image: busybox}]}", "spec.pod.initContainers",
+         "[1].name: 'x' is given twice"),
+        ("  engine: {kind: vllm, gpus: 1}\n  pod: {volumes: [{name: x, emptyDir: {}}], volumeMounts: [{name: x, "
+         "mountPath: /dev/shm}]}", "spec.pod.volumeMounts[0].mountPath", "the vllm engine's shared memory"),
+        ("  pod: {volumes: [{name: x, emptyDir: {}}, {name: y, emptyDir: {}}], volumeMounts: [{name: x, mountPath: "
+         "/d}, {name: y, mountPath: /d/}]}", "spec.pod.volumeMounts[1].mountPath", "mounted by pod.volumeMounts[0]"),
+        ("  pod: {securityContext: {runAsUser: -1}}", "spec.pod.securityContext", "allowed values: 0 to 2147483647"),
     )
     for text, path, said in cases:
         (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n" + text))

@@ -285,6 +285,12 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
         container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
     if spec.engine.working_dir:
         container["workingDir"] = spec.engine.working_dir
+    own = {m["mountPath"].rstrip("/") or "/": m["name"] for m in container["volumeMounts"]}
+    for i, mount in enumerate(spec.pod.volume_mounts):  # one mount a path (the API server refuses a second)
+        path = mount["mountPath"].rstrip("/") or "/"
+        if path in own:
+            raise ValueError(f"spec.pod.volumeMounts[{i}].mountPath: {mount['mountPath']!r} is where the engine "
+                             f"container mounts its {own[path]!r} volume; a path takes one mount in a container")
     container["volumeMounts"] += [dict(m) for m in spec.pod.volume_mounts]
     resources = {k: dict(v) if isinstance(v, dict) else v for k, v in (spec.engine.resources or {}).items()}
     if spec.engine.gpus:

@@ -1020,6 +1020,9 @@ class Toleration(SpecModel):
 
 
 RENDERED_VOLUMES = frozenset({"model", "internal-token", "dshm"})  # the engine pod's own (k8s/engine.py)
+RENDERED_INIT_CONTAINERS = frozenset({"fetch-model"})  # the engine pod's own init containers (k8s/engine.py)
+SHARED_MEMORY = "/dev/shm"  # where the engine container mounts `dshm` (GPU engines)
+POSIX_ID_MAX = 2147483647  # runAsUser, runAsGroup, fsGroup: the API server's range is 0 to this
 
 
 def engine_pod_volumes(kind: str) -> frozenset[str]:
@@ -1074,9 +1077,15 @@ class PodSection(SpecModel):
     @field_validator("init_containers")
     @classmethod
     def _init_containers(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        seen: set[str] = set()
         for i, container in enumerate(value):
             if (problem := schema_problem("Container", container)) is not None:
                 raise ValueError(f"[{i}]: {problem}")
+            name = container["name"]
+            if name in RENDERED_INIT_CONTAINERS or name in seen:  # two `fetch-model`: the API server refused it
+                taken = "an init container fleetserve renders" if name in RENDERED_INIT_CONTAINERS else "given twice"
+                raise ValueError(f"[{i}].name: {name!r} is {taken}; container names in a pod are unique")
+            seen.add(name)
         return value
 
     @field_validator("security_context")
@@ -1084,6 +1093,10 @@ class PodSection(SpecModel):
     def _pod_security_context(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value is not None and (problem := schema_problem("PodSecurityContext", value)) is not None:
             raise ValueError(problem)
+        for key in ("runAsUser", "runAsGroup", "fsGroup"):
+            given = (value or {}).get(key)
+            if isinstance(given, int) and not 0 <= given <= POSIX_ID_MAX:
+                raise ValueError(f"{key}: got {given}; allowed values: 0 to {POSIX_ID_MAX}")
         return value
 
     @model_validator(mode="after")
@@ -1154,11 +1167,24 @@ class EndpointSpec(SpecModel):
         has none), rendered a Deployment whose pods never started."""
         own = engine_pod_volumes(self.engine.kind)
         names = {v["name"] for v in self.pod.volumes} | own
-        for i, mount in enumerate(self.pod.volume_mounts):
+        mounts = [(f"pod.volumeMounts[{i}]", m) for i, m in enumerate(self.pod.volume_mounts)]
+        mounts += [(f"pod.initContainers[{c}].volumeMounts[{i}]", m)  # an init container's too: it had rendered
+                   for c, container in enumerate(self.pod.init_containers)  # a pod that never started
+                   for i, m in enumerate(container.get("volumeMounts") or [])]
+        for where, mount in mounts:
             if mount["name"] not in names:
-                raise ValueError(f"pod.volumeMounts[{i}].name: {mount['name']!r} is no volume of the pod; "
+                raise ValueError(f"{where}.name: {mount['name']!r} is no volume of the pod; "
                                  f"pod.volumes names {', '.join(sorted(v['name'] for v in self.pod.volumes)) or 'none'}"
                                  f" (and the {self.engine.kind} engine's pod its own: {', '.join(sorted(own))})")
+        paths: dict[str, int] = {}
+        for i, mount in enumerate(self.pod.volume_mounts):  # one path, one mount in a container (the API server)
+            path = mount["mountPath"].rstrip("/") or "/"
+            if path in paths or ("dshm" in own and path == SHARED_MEMORY):
+                other = f"pod.volumeMounts[{paths[path]}]" if path in paths else \
+                    f"the {self.engine.kind} engine's shared memory"
+                raise ValueError(f"pod.volumeMounts[{i}].mountPath: {mount['mountPath']!r} is mounted by {other} "
+                                 "already; a path takes one mount in a container")
+            paths[path] = i
         return self
 
     @model_validator(mode="after")
