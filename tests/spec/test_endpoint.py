@@ -392,6 +392,20 @@ def test_a_quoted_number_is_refused_as_kubernetes_refuses_it(setting, path):
     assert msg.startswith(path) and ("got the string" in msg or "got a string" in msg), msg
 
 
+@pytest.mark.parametrize("setting,path,quoted", [
+    ('tls: {enabled: "true"}', "spec.tls.enabled", True),
+    ("tls: {enabled: 'off'}", "spec.tls.enabled", False),
+    ("metrics: {enabled: 1}", "spec.metrics.enabled", False),
+    ("observability: {logPrompts: 'y'}", "spec.observability.logPrompts", False),
+])
+def test_a_boolean_field_takes_true_or_false_only_as_the_crd_does(setting, path, quoted):
+    """pydantic read "true", "off", 1 and "y" as booleans; the CRD's `type: boolean` refuses them, so `kubectl
+    apply` failed on what validate had passed."""
+    (msg,) = problems(GOOD.replace("replicas: 2", "replicas: 2\n  " + setting))
+    assert msg.startswith(path) and "expected true or false" in msg, msg
+    assert ("without quotes" in msg) == quoted, msg
+
+
 def test_byte_sizes_take_kubernetes_quantities_as_the_pods_they_size_do():
     """`l1.maxBytes: 4Gi` was refused as no integer, where the pod's memory beside it is written so."""
     spec = GOOD.replace("replicas: 2", "replicas: 2\n  kvCache: {l1: {maxBytes: 4Gi}, l2: {maxBytes: 1.5G}}\n"

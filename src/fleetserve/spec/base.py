@@ -14,6 +14,18 @@ class TakesQuantity:
     field's own validator's to read, not a quoted number to refuse."""
 
 
+def _boolean(annotation) -> bool:
+    """A field typed bool (optionally None)."""
+    if annotation is bool:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args == [bool]
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _boolean(typing.get_args(annotation)[0])
+    return False
+
+
 def _numeric(annotation) -> bool:
     """A field typed int or float (optionally None): YAML's `true` is not a number there."""
     if annotation in _NUMBERS:
@@ -56,6 +68,12 @@ class SpecModel(BaseModel):
         if isinstance(value, str) and _numeric(annotation) and \
                 not any(isinstance(m, TakesQuantity) for m in field.metadata):
             raise ValueError(f"expected a number, got the string {value[:40]!r} (write it without quotes)")
+        # `enabled: "true"`, `"off"` or `1`: pydantic read them as booleans, and the CRD (type: boolean) refuses them,
+        # so `kubectl apply` of what `validate` passed failed
+        if _boolean(annotation) and value is not None and not isinstance(value, bool):
+            quoted = isinstance(value, str) and value.lower() in ("true", "false")
+            raise ValueError(f"expected true or false, got {value!r}"[:80] + (" (write it without quotes)"
+                                                                             if quoted else ""))
         if isinstance(value, dict) and typing.get_origin(annotation) is dict:  # {"g6e.xlarge": true}
             _key, item = typing.get_args(annotation) or (None, None)
             if _numeric(item) and any(isinstance(v, bool) for v in value.values()):
