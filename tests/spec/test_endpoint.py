@@ -705,7 +705,9 @@ def test_values_kubernetes_cannot_carry_are_errors_naming_the_field():
             ("autoscaling: {triggers: [{metric: concurrency, target: %s}]}", "triggers[0].target", "1e-9", "0.001"),
             ("autoscaling: {triggers: [{metric: concurrency, target: %s}]}", "triggers[0].target", "1e300", "1e12"),
             ("capacity: {consolidation: {consolidateAfter: %s}}", "consolidateAfter", "1e12", "31536000"),
-            ("engine: {gpus: %s}", "engine.gpus", "1000", "64")):
+            ("engine: {gpus: %s}", "engine.gpus", "1000", "64"),
+            ("autoscaling: {pollingInterval: %s}", "autoscaling.pollingInterval", "1e12", "2147483647"),
+            ("autoscaling: {cooldownPeriod: %s}", "autoscaling.cooldownPeriod", "1e12", "2147483647")):
         (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n  " + section % value))
         assert field in msg, msg
         assert bound in msg or str(int(float(bound))) in msg, msg

@@ -588,15 +588,19 @@ class ScalingFallback(SpecModel):
     replicas: int = Field(default=1, ge=0)
 
 
+KEDA_INT32 = 2_147_483_647
+
+
 class AutoscalingSection(SpecModel):
     """KEDA ScaledObject semantics, with KEDA's and HyperPod's defaults."""
 
     enabled: bool = True
     min_replica_count: int = Field(default=1, ge=0, le=256)
     max_replica_count: int = Field(default=5, ge=0, le=256, description="at most 256, as spec.replicas")
-    polling_interval: float = Field(default=30, gt=0)
-    cooldown_period: float = Field(default=300, ge=0)
-    initial_cooldown_period: float = Field(default=300, ge=0)
+    # KEDA's ScaledObject holds them as int32 seconds: 1e12 rendered an object KEDA cannot decode
+    polling_interval: float = Field(default=30, gt=0, le=KEDA_INT32)
+    cooldown_period: float = Field(default=300, ge=0, le=KEDA_INT32)
+    initial_cooldown_period: float = Field(default=300, ge=0, le=KEDA_INT32)
     # at most an hour: the HorizontalPodAutoscaler KEDA makes refuses a longer window (the ScaledObject never got
     # Ready), and the local controller and the simulator keep the same bound
     scale_up_stabilization_time: float = Field(default=0, ge=0, le=3600)
