@@ -498,12 +498,15 @@ def test_one_api_key_names_one_tenant(tmp_path, monkeypatch):
 @pytest.mark.parametrize("url, says", [
     ("http://localhost:6379", "unix://"), ("not a url", "unix://"), ("localhost:6379", "unix://"),
     ("redis://h:99999", "port"), ("redis://", "host"), ("redis://h/abc", "database"), ("unix://", "path"),
+    ("redis://not a url", "no host name"), ("redis://a b:6379/0", "no host name"), ("redis://-x:1", "no host name"),
 ])
 def test_an_l2_url_redis_cannot_read_is_refused_naming_the_field(url, says):
     """`http://...` was valid, and `up` then died in every replica with redis-py's ValueError."""
     (msg,) = problems(GOOD + f"  kvCache: {{l2: {{enabled: true, url: {url!r}}}}}\n")
     assert msg.startswith("spec.kvCache.l2.url") and says in msg
     load_spec_text(GOOD + "  kvCache: {l2: {enabled: true, url: 'unix:///run/redis.sock'}}\n")
+    for good in ("redis://[::1]:6379", "redis://10.0.0.5/1", "rediss://redis_1.cache.svc.cluster.local:6380"):
+        load_spec_text(GOOD + f"  kvCache: {{l2: {{enabled: true, url: {good!r}}}}}\n")
 
 
 def test_a_block_size_no_prompt_can_fill_is_warned():

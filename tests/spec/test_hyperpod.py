@@ -723,3 +723,12 @@ def test_a_resource_exported_from_a_cluster_is_accepted_as_is():
     with pytest.raises(SpecError) as exc:
         load_spec_data(data)
     assert "metadata.generateName" in str(exc.value)
+
+
+def test_an_l2_local_url_is_checked_as_our_own_l2_url_is():
+    """`l2CacheLocalUrl: not a url` rendered LMCACHE_REMOTE_URL redis://not a url:6379 without a word."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["kvCacheSpec"] = {"enableL2Cache": True,
+                                  "l2CacheSpec": {"l2CacheBackend": "redis", "l2CacheLocalUrl": "not a url"}}
+    msgs = _problems(yaml.safe_dump(doc))
+    assert any(m.startswith("spec.kvCacheSpec.l2CacheSpec.l2CacheLocalUrl") and "no host name" in m for m in msgs), msgs

@@ -644,6 +644,22 @@ class L1Section(SpecModel):
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py's from_url reads
 
 
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def _host_name(host: str) -> bool:
+    """A DNS name (RFC 1123 labels; `_` as resolvers take it) or an IP address."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    labels = host.removesuffix(".").split(".")
+    return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+
+
 def redis_url_problem(url: str) -> None:
     """ValueError naming what redis-py would refuse or misread: the scheme, a port out of range, no host, a
     database that is not a number (`redis://h/abc` started engines that only warned at the first read)."""
@@ -673,6 +689,9 @@ def redis_url_problem(url: str) -> None:
         raise ValueError(f"{url!r}: the port must be a number from 1 to 65535")
     if not parts.hostname:
         raise ValueError(f"{url!r}: give the host (redis://host:6379/0)")
+    if not _host_name(parts.hostname):  # `redis://not a url` passed, and every engine failed to resolve it
+        raise ValueError(f"{url!r}: {parts.hostname!r} is no host name or IP address (letters, digits, '-', '_' "
+                         "and '.', or an address such as 10.0.0.5 or [::1])")
     db = unquote(parts.path.strip("/"))
     if db and not db.isdigit():
         raise ValueError(f"{url!r}: the database after the host is a number (redis://host:6379/0), got {db!r}")
