@@ -1825,3 +1825,24 @@ def test_a_mount_at_a_path_the_engine_container_mounts_already_is_refused_naming
         render(load_spec_data(data).endpoint)
     data["spec"]["pod"]["volumeMounts"][0]["mountPath"] = "/data"
     render(load_spec_data(data).endpoint)
+
+
+def test_an_affinity_that_asks_for_capacity_the_spec_does_not_list_is_named_for_it():
+    """Spot only in the node affinity beside the default capacityTypes [on-demand]: validate said nothing, and render
+    refused with "no listed instance type () can take a replica of 1 GPU(s)", as if the size were the fault."""
+    data = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "a"},
+            "spec": {"model": {"source": "builtin:smollm2-135m"}, "engine": {"kind": "vllm", "gpus": 1},
+                     "placement": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                         "nodeSelectorTerms": [{"matchExpressions": [
+                             {"key": "node.kubernetes.io/instance-type", "operator": "In",
+                              "values": ["g5.xlarge", "g6.xlarge"]},
+                             {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]}]}]}}}}}
+    loaded = load_spec_data(data)
+    (note,) = [w for w in loaded.warnings if w.path == "spec.placement.nodeAffinity"]
+    assert "only as spot capacity" in note.message and "add spot to capacity.capacityTypes" in note.message
+    with pytest.raises(ValueError, match=r"spec\.placement\.nodeAffinity: allows instance types only as spot"):
+        render(loaded.endpoint)
+    data["spec"]["capacity"] = {"capacityTypes": ["spot"]}
+    loaded = load_spec_data(data)
+    assert not [w for w in loaded.warnings if w.path == "spec.placement.nodeAffinity"]
+    render(loaded.endpoint)

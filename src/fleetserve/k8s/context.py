@@ -212,6 +212,11 @@ def placeable_tiers(spec, tiers: list[Tier], catalog: Catalog
     hint = "" if larger or all(catalog.get(n).gpus <= asked.gpus for n in names) else \
         "; a type of more GPUs than a replica asks needs capacity.allowLargerInstances"
     if not kept:
+        from fleetserve.spec.effects import capacity_type_conflict
+
+        conflict = capacity_type_conflict(spec) if not names else None
+        if conflict:
+            raise ValueError(f"spec.placement.nodeAffinity: {conflict.replace(' (render k8s refuses the spec)', '')}")
         raise ValueError(f"spec.placement: no listed instance type ({', '.join(names)}) can take {asked}: no replica "
                          f"would start{hint}")
     if spec.placement.instance_types or not names:

@@ -122,6 +122,9 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
                               "(set replicas, or autoscaling with minReplicaCount 0 to wake on requests)")
     if spec.placement.node_affinity:
         _affinity_notes(spec.placement.node_affinity, note)
+        conflict = capacity_type_conflict(spec)
+        if conflict:
+            note("spec.placement.nodeAffinity", conflict, everywhere=True)
     _local_slots_note(spec, note)
     _simulated_limits_note(spec, note)
     if spec.placement.instance_types:
@@ -410,6 +413,26 @@ def _simulated_limits_note(spec, note) -> None:
                  f"of {path}: the fleet, simulate and verify run short of it for good; raise the limits or lower "
                  f"{path.removeprefix('spec.')}")
             return
+
+
+def capacity_type_conflict(spec) -> str | None:
+    """Why the node affinity leaves no instance type at all, when that is the capacity types: an affinity that
+    asks for spot beside the default capacityTypes [on-demand] passed validate, and render refused it with "no
+    listed instance type () can take a replica of 1 GPU(s)", as if the size were the fault."""
+    from fleetserve.capacity.catalog import Catalog
+    from fleetserve.capacity.placement import tiers_from_spec
+
+    catalog = Catalog.builtin()
+    placement, listed = spec.placement, tuple(spec.capacity.capacity_types)
+    if any(t.instance_types for t in tiers_from_spec(placement, catalog, listed)):
+        return None
+    either = [t for t in tiers_from_spec(placement, catalog, ("spot", "on-demand")) if t.instance_types]
+    if not either:
+        return None
+    wanted = sorted({c for t in either for c in t.capacity_types} - set(listed))
+    return (f"allows instance types only as {', '.join(wanted)} capacity, and capacity.capacityTypes lists "
+            f"{', '.join(listed)}: no instance type is left, and no replica would start (render k8s refuses the "
+            f"spec); add {', '.join(wanted)} to capacity.capacityTypes")
 
 
 def _affinity_notes(affinity: dict, note) -> None:
