@@ -697,6 +697,10 @@ def test_instance_type_names_and_capacity_types_kubernetes_can_match():
         assert "spec.placement.instanceTypes[0]" in msg and "is not an instance type name" in msg, msg
     (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n  capacity: {capacityTypes: [spot, spot]}"))
     assert "spec.capacity.capacityTypes" in msg and "twice" in msg, msg
+    # one EC2 type in SageMaker's spelling and in EC2's rendered two tiers (Deployments, NodePools, an overflow)
+    (msg,) = problems(GOOD.replace("  replicas: 2", "  replicas: 2\n  placement: {instanceTypes: [g5.xlarge, "
+                                                    "ml.g5.xlarge]}"))
+    assert "lists a type twice: [0] and [1] 'ml.g5.xlarge'" in msg and "names the same EC2 type" in msg, msg
     assert load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n  placement: {instanceTypes: [ml.g5.xlarge, "
                                                         "g6e.xlarge]}\n  capacity: {capacityTypes: [spot, on-demand]}"))
 
@@ -749,6 +753,10 @@ def test_kubernetes_fields_passed_through_are_checked_against_kubernetes_own_sch
     (msg,) = problems(GOOD.replace("metadata: {name: chat, namespace: team-a}",
                                    "metadata: {name: chat, namespace: team-a, annotations: {'bad key!': x}}"))
     assert "metadata.annotations" in msg and "'bad key!'" in msg, msg
+    big = "x" * 300_000
+    (msg,) = problems(GOOD.replace("metadata: {name: chat, namespace: team-a}",
+                                   "metadata: {name: chat, namespace: team-a, annotations: {k: " + big + "}}"))
+    assert "metadata.annotations" in msg and "at most 262,144" in msg, msg  # the API server's limit
     assert load_spec_text(GOOD.replace("  replicas: 2", "  replicas: 2\n  pod: {volumes: [{name: v, emptyDir: {}}], "
                                                         "volumeMounts: [{name: v, mountPath: /x}, {name: model, "
                                                         "mountPath: /m}], securityContext: {runAsUser: 1000}}\n"

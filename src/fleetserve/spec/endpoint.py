@@ -100,6 +100,9 @@ LABEL_KEY_RULE = ("an optional DNS-subdomain prefix and '/', then at most 63 of 
 LABEL_VALUE_RULE = "at most 63 of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
 
 
+ANNOTATIONS_MAX_BYTES = 256 * 1024
+
+
 class Metadata(SpecModel):
     name: str = Field(min_length=1, max_length=63)
     namespace: str = Field(default="default", min_length=1, max_length=63)
@@ -124,6 +127,10 @@ class Metadata(SpecModel):
         for key in value:
             if not is_label_key(key):
                 raise ValueError(f"annotation key {key!r} is not a Kubernetes annotation key: {LABEL_KEY_RULE}")
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in value.items())
+        if size > ANNOTATIONS_MAX_BYTES:  # the API server's limit on an object's annotations together
+            raise ValueError(f"{size:,} bytes of keys and values together; Kubernetes takes at most "
+                             f"{ANNOTATIONS_MAX_BYTES:,} (256 KiB) on an object")
         return value
 
     @field_validator("labels")
@@ -482,8 +489,13 @@ class PlacementSection(SpecModel):
     def _exclusive(self) -> PlacementSection:
         if self.instance_types and self.node_affinity:
             raise ValueError("placement.instanceTypes and placement.nodeAffinity are mutually exclusive")
-        if len(set(self.instance_types)) != len(self.instance_types):
-            raise ValueError("placement.instanceTypes lists a type twice")
+        seen: dict[str, int] = {}
+        for i, name in enumerate(self.instance_types):  # ml.g5.xlarge is g5.xlarge: two tiers of one EC2 type
+            j = seen.setdefault(name.removeprefix("ml."), i)
+            if j != i:
+                same = "" if self.instance_types[j] == name else f" (as {self.instance_types[j]!r}: SageMaker's ml. " \
+                                                                 "names the same EC2 type)"
+                raise ValueError(f"placement.instanceTypes lists a type twice: [{j}] and [{i}] {name!r}{same}")
         for i, name in enumerate(self.instance_types):  # a label value Karpenter matches: `In [""]` never did
             if not _INSTANCE_TYPE.match(name):
                 raise ValueError(f"placement.instanceTypes[{i}]: {name!r} is not an instance type name: lower-case "
