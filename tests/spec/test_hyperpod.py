@@ -732,3 +732,18 @@ def test_an_l2_local_url_is_checked_as_our_own_l2_url_is():
                                   "l2CacheSpec": {"l2CacheBackend": "redis", "l2CacheLocalUrl": "not a url"}}
     msgs = _problems(yaml.safe_dump(doc))
     assert any(m.startswith("spec.kvCacheSpec.l2CacheSpec.l2CacheLocalUrl") and "no host name" in m for m in msgs), msgs
+
+
+def test_settings_read_otherwise_than_written_are_said():
+    """pollingInterval 0 became 30, a routingStrategy beside enabled: false was dropped, and a metrics path vLLM never
+    serves was scraped: each without a word."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["autoScalingSpec"]["pollingInterval"] = 0
+    doc["spec"]["intelligentRoutingSpec"] = {"enabled": False, "routingStrategy": "kvaware"}
+    doc["spec"]["metrics"] = {"enabled": True, "modelMetrics": {"path": "/custom/metrics", "port": 8000}}
+    loaded = load_spec_text(yaml.safe_dump(doc))
+    said = {w.path: w.message for w in loaded.warnings}
+    assert "0 is read as 30 s" in said["spec.autoScalingSpec.pollingInterval"]
+    assert loaded.endpoint.spec.autoscaling.polling_interval == 30
+    assert "'kvaware' not used" in said["spec.intelligentRoutingSpec.routingStrategy"]
+    assert "serves its metrics at /metrics only" in said["spec.metrics.modelMetrics.path"]

@@ -452,6 +452,9 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
     spec = out["spec"]
     if model_metrics:
         spec["metrics"]["modelMetricsPath"] = model_metrics.get("path", "/metrics")
+        if engine["kind"] in ("vllm", "sglang") and spec["metrics"]["modelMetricsPath"] != "/metrics":
+            warn("spec.metrics.modelMetrics.path", f"{spec['metrics']['modelMetricsPath']!r}: {engine['kind']} serves "
+                 "its metrics at /metrics only, so the engine ServiceMonitor scrapes a path that answers 404")
         spec["metrics"]["modelMetricsPort"] = model_metrics.get("port", HYPERPOD_METRICS_PORT)
         serves = s["worker"]["modelInvocationPort"]["containerPort"]
         if "port" not in model_metrics and serves != HYPERPOD_METRICS_PORT:
@@ -475,6 +478,10 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
             warn("spec.worker.requestLimits", "HyperPod enforces requestLimits only with metrics.enabled; we always do")
     if s.get("autoScalingSpec") is not None:
         a = s["autoScalingSpec"]
+        if a.get("pollingInterval") == 0:  # HyperPod's CRD takes 0; ours refuses it: said, not changed unsaid
+            warn("spec.autoScalingSpec.pollingInterval", "0 is read as 30 s (KEDA's default): a poll without a pause "
+                                                         "has no meaning here (fleetserve's spec.autoscaling."
+                                                         "pollingInterval)")
         spec["autoscaling"] = {
             "minReplicaCount": a.get("minReplicaCount", 1),
             "maxReplicaCount": a.get("maxReplicaCount", 5),
@@ -534,6 +541,10 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
         strategy = "roundrobin"
     else:
         strategy = "leastload"  # the ALB's least_outstanding_requests
+    if not routing.get("enabled") and routing.get("routingStrategy"):  # dropped without a word
+        warn("spec.intelligentRoutingSpec.routingStrategy", f"{routing['routingStrategy']!r} not used: intelligent "
+                                                            f"routing is off (enabled: false), and the gateway "
+                                                            f"routes by {strategy}")
     spec["routing"] = {"strategy": strategy, "sessionKey": env.get("SESSION_KEY")}
     if s.get("tlsConfig") is not None:
         spec["tls"] = {"enabled": True}
