@@ -58,6 +58,10 @@ def test_validate_for_kubernetes_fails_where_render_refuses_and_lists_renders_wa
     assert result.returncode == 2 and "render k8s refuses it: spec.placement: no listed instance type" in result.stderr
     result = fleetserve("validate", "--kubernetes", "--json", str(four))
     assert result.returncode == 2 and json.loads(result.stdout)["valid"] is False
+    (error,) = json.loads(result.stdout)["errors"]
+    assert error["path"] == "spec.placement" and error["message"].startswith("render k8s refuses it: no listed")
+    result = fleetserve("render", "k8s", "--json", str(four))  # its stdout had been empty
+    assert result.returncode == 2 and json.loads(result.stdout)["errors"][0]["path"] == "spec.placement"
     token = tmp_path / "token.yaml"
     token.write_text((EXAMPLES / "quickstart.yaml").read_text().replace(
         "    kind: builtin\n", "    kind: builtin\n    env: {HF_TOKEN: hf_abc}\n"))

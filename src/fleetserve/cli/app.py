@@ -17,7 +17,7 @@ from rich.table import Column, Table
 from fleetserve import __version__
 from fleetserve.cli.bench_commands import bench_app
 from fleetserve.cli.checks import MAX_THREADS, float_option
-from fleetserve.cli.console import EXIT_USAGE, Terminated, err, fail, out, print_spec_errors, say
+from fleetserve.cli.console import EXIT_USAGE, Terminated, err, fail, out, print_spec_errors, render_refusal, say
 
 app = typer.Typer(
     name="fleetserve",
@@ -81,7 +81,7 @@ def validate(
             rendered = render(loaded.endpoint)
         except ValueError as exc:
             if as_json:
-                print_spec_errors(SpecError([SpecProblem("", f"render k8s refuses it: {exc}")]))
+                print_spec_errors(render_refusal(exc, "render k8s refuses it: "))
             raise fail(f"render k8s refuses it: {exc}", EXIT_USAGE) from None
         loaded.warnings[:] = [SpecProblem("", text) for text in rendered_warnings(loaded, rendered)]
     else:

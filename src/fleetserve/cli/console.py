@@ -43,6 +43,19 @@ def print_spec_errors(exc) -> None:
                      indent=2))
 
 
+def render_refusal(exc: Exception, prefix: str = ""):
+    """`render k8s`'s refusal (a ValueError "spec.x.y: why") as a SpecError naming that field: `validate --json
+    --kubernetes` gave it path "" and `render k8s --json` printed nothing on stdout."""
+    import re
+
+    from fleetserve.spec.errors import SpecError, SpecProblem
+
+    text = str(exc)
+    found = re.match(r"(spec(?:\.[\w\-/\[\]]+)*|metadata(?:\.[\w\-/\[\]]+)*): (.*)", text, re.S)
+    path, message = (found.group(1), found.group(2)) if found else ("", text)
+    return SpecError([SpecProblem(path, prefix + message)])
+
+
 def say(message: str) -> None:
     """A progress or status line on stderr, as written."""
     err.print(message, markup=False)

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from fleetserve.cli.console import err, fail, print_spec_errors
+from fleetserve.cli.console import err, fail, print_spec_errors, render_refusal
 
 # what `render k8s` and `operator` both take: the rendering options (k8s.context.RenderOptions)
 ImageOption = Annotated[str | None, typer.Option(help="fleetserve image (router, built-in engine, model fetch)")]
@@ -106,6 +106,8 @@ def render_k8s(
     try:
         rendered = render(loaded.endpoint, options)
     except ValueError as exc:
+        if as_json:  # stdout had been empty: a tool reading it got nothing to parse
+            print_spec_errors(render_refusal(exc))
         raise fail(str(exc)) from None
     warnings = rendered_warnings(loaded, rendered)
     for w in warnings:
