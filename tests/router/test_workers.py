@@ -62,6 +62,8 @@ def test_workers_share_routing_decisions_backends_and_load(fleet):
                what="both workers' request counts in /admin/load")
     per_worker = load(gw)["worker_requests"]
     assert min(per_worker) > 0, f"one worker served everything: {per_worker}"
+    # in worker order, whichever worker answers the read (it came first, and the order changed between reads)
+    assert all(load(gw)["worker_requests"] == per_worker for _ in range(8))
 
     for _ in range(10):  # scrapes, answered by either worker, write the per-backend gauges of all three replicas
         assert sample(gw.url, "fleetserve_router_backend_healthy", backend=engines[2].url.split("://")[1]) == 1

@@ -238,7 +238,11 @@ class PeerBus:
         merged["backends"] = backends
         merged["in_flight"] = sum(b["in_flight"] for b in backends)
         merged["workers"] = 1 + len(fresh)
-        merged["worker_requests"] = [own["requests_total"]] + [m["total"] for m in fresh]
+        # by worker number, whichever worker answers (this one first had made the list's order change from one
+        # read to the next, so a count could not be told apart by worker)
+        counts = {self.index: own["requests_total"]}
+        counts.update({w: m["total"] for w, (t, m) in self.peer_load.items() if now - t < LOAD_STALE_S})
+        merged["worker_requests"] = [counts[w] for w in sorted(counts)]
         return merged
 
 
