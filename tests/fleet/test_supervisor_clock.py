@@ -772,3 +772,12 @@ def test_a_shortage_is_no_longer_said_once_no_replica_wanted_lacks_a_place(make)
     sup.state.error = "replica r0 exited with code 1 and is restarting"  # a crash loop's error is not a shortage's
     sup._scale_to(1, mono())
     assert sup.state.error.startswith("replica r0 exited")
+
+
+def test_redis_and_prometheus_stop_after_the_replicas_that_use_them():
+    """Every child was told to stop at once: a stopping replica's last KV writes went to a Redis already exiting."""
+    from fleetserve.fleet.supervisor import stop_groups
+
+    assert stop_groups("router", ["r0", None, "r1"], "redis", "prom") == [["router", "r0", "r1"], ["redis", "prom"]]
+    assert stop_groups(None, ["r0"], None, None) == [["r0"]]
+    assert stop_groups(None, [], "redis", None) == [["redis"]]

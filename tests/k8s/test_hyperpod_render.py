@@ -145,3 +145,24 @@ def test_an_fsx_model_is_mounted_where_an_image_run_as_given_reads_it():
     assert mount == {"name": "model", "mountPath": "/opt/ml/model", "subPath": "deepseek-1-5b", "readOnly": True}
     (volume,) = [v for v in pod["volumes"] if v["name"] == "model"]
     assert "persistentVolumeClaim" in volume
+
+
+def test_a_model_path_that_only_begins_like_opt_ml_model_is_not_taken_for_it():
+    """`/opt/ml/models/llama` made render fail with pathlib's "is not in the subpath of '/opt/ml/model'" (an image
+    run as given), and was mounted at /opt/ml/model, outside its own path (a GPU engine)."""
+    import pytest
+
+    from fleetserve.spec.load import load_spec_data
+
+    def spec(kind, **model):
+        return {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "a"},
+                "spec": {"model": {"name": "m", "source": "/opt/ml/models/llama", **model},
+                         "engine": {"kind": kind, "gpus": 1,
+                                    **({"image": "example.com/lmi:1"} if kind == "container" else {})}}}
+
+    pod = _one(render(load_spec_data(spec("container", mountPath="/opt/ml/model")).endpoint), "Deployment",
+               "engine")["spec"]["template"]["spec"]
+    (m,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model"]
+    assert m["mountPath"] == "/opt/ml/model" and m["subPath"] == "ml/models/llama", m  # the volume is /opt's
+    with pytest.raises(ValueError, match="would mount the model volume at /opt, over the image's own folder"):
+        render(load_spec_data(spec("vllm")).endpoint)

@@ -31,6 +31,9 @@ from fleetserve.kvcache.prefix_match import match_prefix, touch_chain
 from fleetserve.kvcache.tiers import L1Store, RedisStore, pack_block, packed_size, unpack_block
 
 log = logging.getLogger(__name__)
+# a stopping engine's wait for its queued L1/L2 writes: within what it has after its drain before it is killed (a
+# pod's EXIT_SECONDS, 5 s; `up`'s 10 s after SIGTERM): 10 s had outlived both, and the warning never came
+STOP_FLUSH_S = 3.0
 
 
 class Prefetched:
@@ -302,14 +305,16 @@ class PrefixCache:
     def _l2_evicted(self, keys: list[int]) -> None:
         self.events.publish("removed", keys, "l2")
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = STOP_FLUSH_S) -> None:
         """The engine stops: give the queued writes to L1/L2 `timeout` seconds to land (a rolling restart lost
-        every one queued, without a word), say how many did not, and stop the L2 eviction watchers."""
+        every one queued, without a word), say how many did not, and stop the L2 eviction watchers, all within
+        `timeout`."""
+        deadline = time.monotonic() + timeout
         if not self.flush(timeout):
             log.warning("stopping with KV block writes to L1/L2 not done after %.0f s: %d bytes of blocks dropped",
                         timeout, self.write_bytes)
         for watcher in self.l2_watchers:
-            watcher.stop()
+            watcher.stop(max(0.0, deadline - time.monotonic()))
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until queued background writes are done (an admin call, benchmarks, stopping); False when some

@@ -173,6 +173,14 @@ class Replica:
     instance: str | None = None  # this start's secret, proved in its /health (engine/instance.py)
 
 
+def stop_groups(router, replicas, redis, prometheus) -> list[list]:
+    """The fleet's processes in the order they stop, each group told at once and awaited before the next: what
+    serves (router, replicas), then what they use (Redis, Prometheus). A stopping replica writes its queued KV
+    blocks to Redis, which had been told to stop with it (those writes failed); Prometheus scrapes to the end."""
+    serving = [c for c in [router, *replicas] if c is not None]
+    return [g for g in (serving, [c for c in (redis, prometheus) if c is not None]) if g]
+
+
 def _never_raising(say: Callable[[str], None]) -> Callable[[str], None]:
     """`say`, whose failure to write is ignored: a progress line must never end the supervisor. A closed
     terminal (EIO) or the `| tee` that Ctrl-C ended with it (EPIPE) made the stop's first line raise, and the
@@ -1308,13 +1316,11 @@ class Supervisor:
         self._drain_router()
         if self._l2_prober is not None:  # it writes the state, which is saved last
             self._l2_prober.join(timeout=5)
-        children = ([self.router] if self.router else []) + [r.child for r in self.replicas if r.child]
-        children += [self.redis] if self.redis else []  # last: replicas may still write to it while stopping
-        children += [self.prometheus] if self.prometheus else []
-        for child in children:
-            child.signal(signal.SIGTERM)
-        for child in children:
-            child.stop(timeout=CHILD_STOP_S)
+        for group in stop_groups(self.router, [r.child for r in self.replicas], self.redis, self.prometheus):
+            for child in group:
+                child.signal(signal.SIGTERM)
+            for child in group:
+                child.stop(timeout=CHILD_STOP_S)
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
         now = self.clock()

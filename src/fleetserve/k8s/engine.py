@@ -100,13 +100,14 @@ def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str
             # the volume is mounted there. It had been mounted at /fsx, and the image found an empty folder
             mount = models_dir(ctx)
             inside = PurePosixPath(*path.parts[2:]) if path.is_absolute() else path  # past the volume's own folder
-            if source.startswith("/opt/ml/model"):
+            if path.is_relative_to("/opt/ml/model"):  # a folder boundary: /opt/ml/models/x is not under it
                 inside = path.relative_to("/opt/ml/model")
             sub = {"subPath": str(inside)} if str(inside) not in ("", ".") else {}
             return [], volumes, [{"name": "model", "mountPath": mount, **sub, "readOnly": True}], mount
         if path.is_absolute():
             parts = path.parts
-            root = "/opt/ml/model" if source.startswith("/opt/ml/model") else str(PurePosixPath(*parts[:2]))
+            # at a folder boundary: /opt/ml/models/x had been mounted at /opt/ml/model, outside its own path
+            root = "/opt/ml/model" if path.is_relative_to("/opt/ml/model") else str(PurePosixPath(*parts[:2]))
             if root in IMAGE_ROOTS:
                 # the volume is mounted at the path's first folder: /usr/local/models/m hid the image's /usr
                 # (Python), /opt its fleetserve, and the pod never started

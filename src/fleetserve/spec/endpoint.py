@@ -100,7 +100,10 @@ LABEL_KEY_RULE = ("an optional DNS-subdomain prefix and '/', then at most 63 of 
 LABEL_VALUE_RULE = "at most 63 of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
 
 
-ANNOTATIONS_MAX_BYTES = 256 * 1024
+# the API server's limit on an object's annotations together (256 KiB), less room for those fleetserve adds to the
+# engine Deployment and its pods (metrics path, model source and version): a spec at the limit rendered objects
+# over it
+ANNOTATIONS_MAX_BYTES = 256 * 1024 - 8 * 1024
 
 
 class Metadata(SpecModel):
@@ -129,8 +132,8 @@ class Metadata(SpecModel):
                 raise ValueError(f"annotation key {key!r} is not a Kubernetes annotation key: {LABEL_KEY_RULE}")
         size = sum(len(k.encode()) + len(v.encode()) for k, v in value.items())
         if size > ANNOTATIONS_MAX_BYTES:  # the API server's limit on an object's annotations together
-            raise ValueError(f"{size:,} bytes of keys and values together; Kubernetes takes at most "
-                             f"{ANNOTATIONS_MAX_BYTES:,} (256 KiB) on an object")
+            raise ValueError(f"{size:,} bytes of keys and values together; at most {ANNOTATIONS_MAX_BYTES:,} (the "
+                             "256 KiB Kubernetes takes on an object, less 8 KiB for fleetserve's own annotations)")
         return value
 
     @field_validator("labels")
