@@ -44,3 +44,28 @@ def test_replicas_of_one_model_say_nothing(tmp_path):
         gw.stop()
         for e in engines:
             e.stop()
+
+
+def test_a_replica_whose_model_list_never_answers_is_asked_three_rounds_only():
+    """Each ask waits up to 2 s in the health round: a replica whose /v1/models hangs had been asked every round."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from fleetserve.router.upstream import UpstreamError
+    from fleetserve.router.watcher import MODELS_TRIES, ReplicaWatcher
+
+    asked = []
+    hung = SimpleNamespace(id="a", url="http://a")
+
+    async def get_json(url, timeout):
+        asked.append(url)
+        raise UpstreamError("timed out")
+
+    pool = SimpleNamespace(backends={"a": hung}, healthy=lambda: [hung])
+    watcher = ReplicaWatcher(SimpleNamespace(pool=pool, upstream=SimpleNamespace(get_json=get_json)))
+    for _ in range(MODELS_TRIES + 3):
+        asyncio.run(watcher._check_models())
+    assert len(asked) == MODELS_TRIES and watcher.models_of == {"a": frozenset()}
+    pool.backends.clear()  # it leaves: forgotten, asked again if it comes back
+    asyncio.run(watcher._check_models())
+    assert watcher.models_of == {} and watcher._models_tries == {}

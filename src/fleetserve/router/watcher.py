@@ -31,6 +31,7 @@ DISCOVERY_EVERY = 5  # health rounds between DNS resolutions of backend names
 ENGINE_COUNTERS_EVERY = 10  # health rounds between reads of the engines' prefix-cache counters
 CARDS_EAGER_ROUNDS = 30  # the served models' cards are asked every round for this many at first, then as above
 CARDS_ASKED = 3  # replicas asked for them at once
+MODELS_TRIES = 3  # health rounds a replica's served models are asked in before it is taken to list none
 # (hits, queries) counter families of each engine (observe/rules.PREFIX_CACHE_COUNTERS: vLLM's names, which the
 # built-in engine exports too, and SGLang's cached and prompt tokens, summed over its cache sources)
 _FAMILIES = [tuple(name.removesuffix("_total") for name in pair)
@@ -71,6 +72,7 @@ class ReplicaWatcher:
         # each replica's served model names, asked once when first healthy (None-free: an unanswered ask is retried)
         self.models_of: dict[str, frozenset[str]] = {}
         self._mismatch_said: set[frozenset[frozenset[str]]] = set()
+        self._models_tries: dict[str, int] = {}
         self._engine_totals: dict[str, tuple[float, float]] = {}  # (queries, hits) at the last read
         self.engine_hit_rate: dict[str, float] = {}  # per replica, over the last interval with lookups
         self.failing: str | None = None  # the reason in --failing-file, as last read
@@ -194,10 +196,12 @@ class ReplicaWatcher:
                 if isinstance(data, list) else frozenset()  # no list (an engine without /v1/models): not compared
 
         for b, names in zip(new, await asyncio.gather(*(served(b) for b in new)), strict=True):
-            if names is not None:
-                self.models_of[b.id] = names
-        for gone in [bid for bid in self.models_of if bid not in pool.backends]:
-            del self.models_of[gone]
+            tries = self._models_tries[b.id] = self._models_tries.get(b.id, 0) + 1
+            if names is not None or tries >= MODELS_TRIES:  # one that never answers is not asked every round
+                self.models_of[b.id] = names or frozenset()
+        for gone in [bid for bid in self._models_tries if bid not in pool.backends]:
+            self.models_of.pop(gone, None)
+            del self._models_tries[gone]
         lists = {names: bid for bid, names in self.models_of.items() if names}
         for a, b in itertools.combinations(sorted(lists, key=sorted), 2):
             if a & b or frozenset((a, b)) in self._mismatch_said:
