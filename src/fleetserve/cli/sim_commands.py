@@ -4,6 +4,7 @@ when the spec fails its SLO, `plan` when no candidate passes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import sys
@@ -380,9 +381,9 @@ def plan(
     loaded, requests, options = _inputs(spec, trace, knowledge, profile, rate_scale, limit, seed, window,
                                         peak_fraction, idle_fraction, start, spot_interruption_rate,
                                         provisioning_delay, trace_model, prices, as_json)
-    with _Progress(max_trials, "planning") as progress:
+    with _stop_on_first_interrupt() as stop, _Progress(max_trials, "planning") as progress:
         result = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress,
-                     max_trials)
+                     max_trials, stop=stop.is_set)
     data = result.to_json()
     _print_warnings(data)  # the winner's, or the closest trial's
     # the conditions the winner was verified under that the written spec does not carry: verify of the file
@@ -461,7 +462,35 @@ def plan(
                 out.print(f"      why: {c['why']}", markup=False)
     if not as_json and result.context and result.context["to"] == result.context["from"]:
         out.print(f"context length not raised: {result.context['why']}", markup=False)  # the model's own maximum
+    if result.interrupted:  # what it had is said (and a spec that passed written); the exit says it was stopped
+        raise typer.Exit(130)
     raise typer.Exit(0 if data["verified"] else 1)
+
+
+@contextlib.contextmanager
+def _stop_on_first_interrupt():
+    """The first Ctrl-C asks the search to stop after the simulation under way and report what it found (it had
+    exited 130 at once, saying nothing and throwing away every trial); a second one stops at once."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+
+    def interrupted(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        err.print("interrupted: stopping after the simulation under way, then reporting what the search found "
+                  "(Ctrl-C again to stop now)", markup=False)
+
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield stop
+        return
+    previous = signal.signal(signal.SIGINT, interrupted)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def bench_sim_speed(

@@ -79,6 +79,7 @@ class PlanResult:
     cut_short: str | None = None  # --max-trials ended the search before these steps: a "no winner" is not final
     notes: list[str] = field(default_factory=list)  # what the search left out, and why (said with the warnings)
     statics_tried: int = 0  # static fleets of the candidate types simulated (none: "not tried", not "none passed")
+    interrupted: bool = False  # the user stopped the search (Ctrl-C): `cut_short` says after how many simulations
 
 
     def baseline_note(self) -> str | None:
@@ -104,7 +105,8 @@ class PlanResult:
                 "floors": self.floors or {**floors_section(), "skipped": "--max-trials ran out before the floors step"},
                 "report": w.verdict.result.report if w else None,
                 "closest": self.closest.label if self.closest else None, "context": self.context,
-                "cut_short": self.cut_short, "prices": self.baseline.verdict.result.report.get("prices"),
+                "cut_short": self.cut_short, "interrupted": self.interrupted,
+                "prices": self.baseline.verdict.result.report.get("prices"),
                 "warnings": self.notes + (list(shown.verdict.result.report.get("warnings") or []) if shown else []),
                 "failures": [c.reason for c in shown.verdict.checks if not c.passed] if shown else []}
 
@@ -381,6 +383,8 @@ class Planner:
         self.history: list[Trial] = []  # every trial, in order: what each change of the winner is explained by
         self.types: list[str] = []  # the candidate instance types, in the order tried
         self.exhausted = False  # a step wanted a simulation that --max-trials did not leave
+        self.stop: Callable[[], bool] = lambda: False  # the user's interrupt: no simulation after the current one
+        self.interrupted = False
         self.unfit: dict[str, str] = {}  # candidate types dropped: no type of their GPU takes the replica's pod
 
     def run_trial(self, data: dict, label: str, step: str = "", instance_type: str = "",
@@ -410,6 +414,9 @@ class Planner:
     def _room(self) -> bool:
         """Whether --max-trials leaves room for one more simulation; a step that wanted one and found none marks
         the search as cut short (a search whose last planned trial used the last of the budget was not)."""
+        if self.stop():
+            self.interrupted = True
+            return False
         if self.trials < self.max_trials:
             return True
         self.exhausted = True
@@ -603,13 +610,15 @@ class Planner:
 
     def _cut_short(self) -> str | None:
         """That --max-trials ended the search, and the steps that ran no trial; None when it did not end it."""
-        if not self.exhausted:
+        if not (self.exhausted or self.interrupted):
             return None
         steps = {t.step for t in self.history}
         missing = [name for step, name in (("static", "instance types' static fleets"), ("auto", "autoscaling"),
                                            ("floors", "time-of-day floors"), ("routing", "routing strategies"),
                                            ("cache", "cache tiers")) if step not in steps]
         left = f"; not tried: {', '.join(missing)}" if missing else ""
+        if self.interrupted:
+            return f"interrupted (Ctrl-C) after {self.trials} simulations{left}"
         return f"--max-trials ({self.max_trials}) ended the search{left}"
 
     def _write_slo(self, winner: Trial) -> None:
@@ -842,5 +851,13 @@ class Planner:
 
 
 def plan(endpoint, trace, options: SimOptions | None = None, slo: dict | None = None, progress=None,
-         max_trials: int = 80, instance_types: tuple[str, ...] = CANDIDATE_TYPES) -> PlanResult:
-    return Planner(endpoint, trace, options or SimOptions(), slo, progress, max_trials, instance_types).plan()
+         max_trials: int = 80, instance_types: tuple[str, ...] = CANDIDATE_TYPES,
+         stop: Callable[[], bool] | None = None) -> PlanResult:
+    """`stop`: asked before each simulation; once true the search ends there, and the result says it was
+    interrupted (with the best spec that passed so far, as --max-trials cutting it short does)."""
+    planner = Planner(endpoint, trace, options or SimOptions(), slo, progress, max_trials, instance_types)
+    if stop is not None:
+        planner.stop = stop
+    result = planner.plan()
+    result.interrupted = planner.interrupted
+    return result
