@@ -70,6 +70,11 @@ def test_bad_input_exits_2_naming_the_parameter(tmp_path):
     r = fleetserve("simulate", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--limit", "20",
                    "--spot-interruption-rate", "5")
     assert r.returncode == 0 and "--spot-interruption-rate has no effect" in r.stderr and "on-demand" in r.stderr
+    assert r.stderr.count("--spot-interruption-rate has no effect") == 1  # once, with the report's warnings
+    r = fleetserve("verify", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--limit", "20",
+                   "--spot-interruption-rate", "5", "--json")  # in the JSON too: a CI reads only that
+    assert any("--spot-interruption-rate has no effect" in w for w in json.loads(r.stdout)["report"]["warnings"]), \
+        r.stdout
     # a negative seed was blamed on --rate-scale (numpy refused it while scaling) or taken silently
     r = fleetserve("simulate", str(EXAMPLES / "hyperpod.yaml"), "--trace", TRACE, "--seed", "-3", "--rate-scale", "2")
     assert r.returncode == 2 and "--seed" in r.stderr and "--rate-scale" not in r.stderr

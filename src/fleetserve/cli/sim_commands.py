@@ -155,11 +155,13 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
             print_spec_errors(exc)
         raise fail(str(exc)) from None
     _simulatable(loaded)
-    _inert_flags(loaded.endpoint.spec, spot_rate, provisioning_delay)
+    # what the inputs carry, in every report's warnings: on stderr and in --json alike (a CI reading the JSON had
+    # not learnt that its latencies came from another model's profile)
+    said = _inert_flags(loaded.endpoint.spec, spot_rate, provisioning_delay)
     if priced:
-        _unused_prices(loaded.endpoint.spec, priced, prices)
+        said += _unused_prices(loaded.endpoint.spec, priced, prices)
     if (other := _profile_of_another_model(profile, loaded.endpoint.spec)) is not None:
-        err.print(f"warning: {other}", markup=False)
+        said.append(other)
     if not Path(trace).exists():
         raise typer.BadParameter(f"{trace} does not exist", param_hint="--trace")
     try:
@@ -171,12 +173,12 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
         raise typer.BadParameter(str(exc), param_hint="--trace-model" if exc.param == "model" else "--trace") from None
     fmt = detect_format(Path(trace))
     if (unit := millisecond_warning(requests, fmt)) is not None:
-        err.print(f"warning: {unit}", markup=False)
+        said.append(unit)
     if fmt == "servegen":  # sizes the figures depend on, which the file does not carry
         from fleetserve.traces.servegen import size_warning
 
-        err.print(f"warning: {size_warning()}, so latency, cost and hit rate are those of that size (a Mooncake "
-                  "or Azure trace carries real sizes)", markup=False)
+        said.append(f"{size_warning()}, so latency, cost and hit rate are those of that size (a Mooncake or Azure "
+                    "trace carries real sizes)")
     if start is None:  # the trace's own clock where it has one: its cron floors are those of its day
         start = own.isoformat() if own is not None else DEFAULT_START
     if rate_scale != 1.0:
@@ -189,11 +191,12 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
                                      param_hint="--rate-scale")
     options = SimOptions(seed=seed, knowledge=knowledge, profile=profile, window_s=window, prices=priced,
                          peak_fraction=peak_fraction, idle_fraction=idle_fraction, start=start,
-                         spot_interruption_rate=spot_rate, provisioning_delay_s=provisioning_delay)
+                         spot_interruption_rate=spot_rate, provisioning_delay_s=provisioning_delay,
+                         input_warnings=tuple(said))
     return loaded, requests, options
 
 
-def _unused_prices(spec, priced: dict, path: str) -> None:
+def _unused_prices(spec, priced: dict, path: str) -> list[str]:
     """Say so when --prices prices none of the types the spec places on: the run's cost was the catalog's, and
     the file was echoed as if it had been used (plan's other candidate types may still read it)."""
     from fleetserve.capacity.catalog import Catalog
@@ -201,23 +204,26 @@ def _unused_prices(spec, priced: dict, path: str) -> None:
 
     placed = {Catalog.canonical(t) for t in gpu_types(spec, Catalog.builtin())}
     if placed and not placed & {Catalog.canonical(t) for t in priced}:
-        err.print(f"warning: --prices {path} prices none of the spec's instance types ({', '.join(sorted(placed))}): "
-                  "its cost is the catalog's (plan's other candidate types may use the file)", markup=False)
+        return [f"--prices {path} prices none of the spec's instance types ({', '.join(sorted(placed))}): its cost "
+                "is the catalog's (plan's other candidate types may use the file)"]
+    return []
 
 
-def _inert_flags(spec, spot_rate: float | None, provisioning_delay: float | None) -> None:
+def _inert_flags(spec, spot_rate: float | None, provisioning_delay: float | None) -> list[str]:
     """Say so when a cloud flag cannot change this spec's run (it changed nothing, silently)."""
     from fleetserve.capacity.catalog import Catalog
     from fleetserve.sim.setup import uses_cloud
 
     cloud = uses_cloud(spec, Catalog.builtin())
+    out = []
     if provisioning_delay is not None and not cloud:
-        err.print("warning: --provisioning-delay has no effect: the spec names no instance types, so it runs on "
-                  "the local node, which provisions nothing", markup=False)
+        out.append("--provisioning-delay has no effect: the spec names no instance types, so it runs on the local "
+                   "node, which provisions nothing")
     if spot_rate is not None and (not cloud or "spot" not in spec.capacity.capacity_types):
         where = "names no instance types (the local node)" if not cloud else \
             f"allows only {', '.join(spec.capacity.capacity_types)} capacity (capacity.capacityTypes)"
-        err.print(f"warning: --spot-interruption-rate has no effect: the spec {where}", markup=False)
+        out.append(f"--spot-interruption-rate has no effect: the spec {where}")
+    return out
 
 
 class _Progress:

@@ -41,6 +41,7 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
     targets, source = slo_of(endpoint, slo)
     report = build_report(fleet, targets, source)
     report["context_length"], report["warnings"] = context_check(fleet)
+    report["warnings"][:0] = options.input_warnings
     report["warnings"] += sorted(fleet.profile_notes) + sagemaker_pricing(endpoint.spec, options.prices)
     report["warnings"] += silent_defaults(endpoint.spec, workload, options.knowledge) + spec_notes(endpoint)
     if trace and isinstance(trace[0], TraceRequest):

@@ -49,6 +49,9 @@ class SimOptions:
     fast_forward: bool = True  # skip the control loop's rounds through idle stretches (same results, faster)
     prices: dict[str, tuple[float, float]] | None = None  # (on-demand, spot) $/h by instance type (--prices)
     extra: dict = field(default_factory=dict)
+    # what the inputs carry that every report says first (a profile of another model, a trace in seconds, a flag
+    # without effect): printed with the report's warnings and in its JSON
+    input_warnings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.knowledge not in KNOWLEDGE_MODES:
