@@ -45,7 +45,7 @@ from fleetserve.k8s.context import (
 from fleetserve.k8s.labels import DISCOVERY_LABEL, ENDPOINT_LABEL, TIER_LABEL, node_owner
 from fleetserve.k8s.redis import engine_l2
 from fleetserve.k8s.security import restricted_engine
-from fleetserve.spec.endpoint import GPU_RESOURCE
+from fleetserve.spec.endpoint import FETCH_MODEL, GPU_RESOURCE, SHARED_MEMORY
 
 GPU = GPU_RESOURCE
 PROGRESS_ALLOWANCE_S = 900  # a GPU node from Karpenter, a ~10 GB engine image, the model fetch
@@ -135,7 +135,7 @@ def _model_volume(ctx: Context) -> tuple[list[dict], list[dict], list[dict], str
     if model.s3_region:
         args += ["--region", model.s3_region]
     init = {
-        "name": "fetch-model",
+        "name": FETCH_MODEL,
         "image": ctx.options.image,
         "command": args[:3],
         "args": args[3:],
@@ -283,7 +283,7 @@ def _container(ctx: Context, tier: int, model_path: str, mounts: list[dict]) -> 
         container["volumeMounts"].append({"name": "internal-token", "mountPath": INTERNAL_TOKEN_DIR,
                                           "readOnly": True})
     else:
-        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+        container["volumeMounts"].append({"name": "dshm", "mountPath": SHARED_MEMORY})
     if spec.engine.working_dir:
         container["workingDir"] = spec.engine.working_dir
     own = {m["mountPath"].rstrip("/") or "/": m["name"] for m in container["volumeMounts"]}

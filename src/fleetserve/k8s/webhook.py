@@ -17,15 +17,14 @@ from fleetserve.k8s.context import RenderOptions
 from fleetserve.k8s.reconcile import GROUP, OWNER_API_VERSION, OWNER_KIND
 from fleetserve.k8s.render import render, rendered_warnings
 from fleetserve.spec.errors import SpecError, SpecProblem
+from fleetserve.spec.exported import KUBECTL_ANNOTATIONS
 from fleetserve.spec.load import LoadedSpec, load_spec_data
-
-#: annotations that are the tools' own records, not the user's settings: kopf's (under our group's prefix) and
-#: kubectl's copy of the whole object
-BOOKKEEPING_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
 
 
 def _bookkeeping(key: str) -> bool:
-    return key in BOOKKEEPING_ANNOTATIONS or key.startswith(f"{GROUP}/") or key.startswith(f"kopf.{GROUP}")
+    """The tools' own records, not the user's settings: kopf's (under our group's prefix) and kubectl's copy of
+    the whole object."""
+    return key in KUBECTL_ANNOTATIONS or key.startswith(f"{GROUP}/") or key.startswith(f"kopf.{GROUP}")
 
 
 def endpoint_from_resource(body: dict) -> LoadedSpec:

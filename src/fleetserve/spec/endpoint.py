@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
 from fleetserve.api.internal import HEADER_TEXT
+from fleetserve.capacity.catalog import Catalog
 from fleetserve.spec.base import SpecModel, TakesQuantity
 from fleetserve.spec.kubernetes_schema import schema_problem
 
@@ -494,7 +495,7 @@ class PlacementSection(SpecModel):
             raise ValueError("placement.instanceTypes and placement.nodeAffinity are mutually exclusive")
         seen: dict[str, int] = {}
         for i, name in enumerate(self.instance_types):  # ml.g5.xlarge is g5.xlarge: two tiers of one EC2 type
-            j = seen.setdefault(name.removeprefix("ml."), i)
+            j = seen.setdefault(Catalog.canonical(name), i)
             if j != i:
                 same = "" if self.instance_types[j] == name else f" (as {self.instance_types[j]!r}: SageMaker's ml. " \
                                                                  "names the same EC2 type)"
@@ -662,15 +663,18 @@ REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py's from_url
 _HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 
 
-def _host_name(host: str) -> bool:
-    """A DNS name (RFC 1123 labels; `_` as resolvers take it) or an IP address."""
-    import ipaddress
-
+def _is_ip_address(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
-        return True
     except ValueError:
-        pass
+        return False
+    return True
+
+
+def _host_name(host: str) -> bool:
+    """A DNS name (RFC 1123 labels; `_` as resolvers take it) or an IP address."""
+    if _is_ip_address(host):
+        return True
     labels = host.removesuffix(".").split(".")
     return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
 
@@ -732,13 +736,9 @@ def rendered_tenant_service(url: str) -> str | None:
     from urllib.parse import urlsplit
 
     host = urlsplit(url).hostname or ""
-    if not host or "." in host or host == "localhost":
+    if not host or "." in host or host == "localhost" or _is_ip_address(host):
         return None
-    try:
-        ipaddress.ip_address(host)
-        return None
-    except ValueError:
-        return host
+    return host
 
 
 class L2Section(SpecModel):
@@ -1058,7 +1058,8 @@ class Toleration(SpecModel):
 
 
 RENDERED_VOLUMES = frozenset({"model", "internal-token", "dshm"})  # the engine pod's own (k8s/engine.py)
-RENDERED_INIT_CONTAINERS = frozenset({"fetch-model"})  # the engine pod's own init containers (k8s/engine.py)
+FETCH_MODEL = "fetch-model"  # the init container that downloads the model (k8s/engine.py)
+RENDERED_INIT_CONTAINERS = frozenset({FETCH_MODEL})  # the engine pod's own init containers
 SHARED_MEMORY = "/dev/shm"  # where the engine container mounts `dshm` (GPU engines)
 POSIX_ID_MAX = 2147483647  # runAsUser, runAsGroup, fsGroup: the API server's range is 0 to this
 
@@ -1277,8 +1278,6 @@ class EndpointSpec(SpecModel):
     def _instance_types_known(self) -> EndpointSpec:
         if self.capacity.provider != "simulated":
             return self
-        from fleetserve.capacity.catalog import Catalog
-
         catalog = Catalog.builtin()
         unknown = catalog.first_unknown(self.placement.instance_types)
         if unknown:
