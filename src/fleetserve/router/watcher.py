@@ -186,14 +186,9 @@ class ReplicaWatcher:
         pool = self.gw.pool
         new = [b for b in pool.healthy() if b.id not in self.models_of][:CARDS_ASKED]
 
-        async def served(b: Backend) -> frozenset[str] | None:
-            try:
-                status, listing = await self.gw.upstream.get_json(b.url + "/v1/models", timeout=2.0)
-            except UpstreamError:
-                return None
-            data = listing.get("data") if status == 200 and isinstance(listing, dict) else None
-            return frozenset(str(c["id"]) for c in data if isinstance(c, dict) and c.get("id")) \
-                if isinstance(data, list) else frozenset()  # no list (an engine without /v1/models): not compared
+        async def served(b: Backend) -> frozenset[str] | None:  # no list (no /v1/models): empty, not compared
+            cards = await self._model_cards_of(b)
+            return None if cards is None else frozenset(str(c["id"]) for c in cards if c.get("id"))
 
         for b, names in zip(new, await asyncio.gather(*(served(b) for b in new)), strict=True):
             tries = self._models_tries[b.id] = self._models_tries.get(b.id, 0) + 1
@@ -210,6 +205,16 @@ class ReplicaWatcher:
             log.warning("replicas behind this router serve different models: %s serves %s, %s serves %s; every "
                         "request goes to any replica, and one that lacks the model answers 404: run one router "
                         "per model", pool.backends[lists[a]].url, sorted(a), pool.backends[lists[b]].url, sorted(b))
+
+    async def _model_cards_of(self, b: Backend) -> list[dict] | None:
+        """The model cards a replica's /v1/models lists; [] when it lists none (or answers no list), None when it
+        did not answer."""
+        try:
+            status, listing = await self.gw.upstream.get_json(b.url + "/v1/models", timeout=2.0)
+        except UpstreamError:
+            return None
+        data = listing.get("data") if status == 200 and isinstance(listing, dict) else None
+        return [c for c in data if isinstance(c, dict)] if isinstance(data, list) else []
 
     async def _learn_layout(self) -> None:
         for b in self.gw.pool.healthy():
@@ -237,13 +242,7 @@ class ReplicaWatcher:
         names = set(self.gw.settings.served_models)
 
         async def cards_of(b: Backend) -> dict:
-            try:
-                status, listing = await self.gw.upstream.get_json(b.url + "/v1/models", timeout=2.0)
-            except UpstreamError:
-                return {}
-            data = listing.get("data") if status == 200 and isinstance(listing, dict) else None
-            return {c["id"]: c for c in data if isinstance(c, dict) and c.get("id") in names} \
-                if isinstance(data, list) else {}
+            return {c["id"]: c for c in await self._model_cards_of(b) or () if c.get("id") in names}
 
         # a few replicas at once (a slow one holds the health round for its timeout at most once, not per replica)
         for cards in await asyncio.gather(*(cards_of(b) for b in self.gw.pool.healthy()[:CARDS_ASKED])):

@@ -219,7 +219,8 @@ class PeerBus:
     def merged_load(self, own: dict) -> dict:
         """/admin/load for the whole router: this worker's report plus the others' latest."""
         now = time.monotonic()
-        fresh = [m for t, m in self.peer_load.values() if now - t < LOAD_STALE_S]
+        by_worker = {w: m for w, (t, m) in self.peer_load.items() if now - t < LOAD_STALE_S}
+        fresh = list(by_worker.values())
         merged = dict(own)
         merged["pending"] = own["pending"] + sum(m["pending"] for m in fresh)
         others_queued = sum(m.get("queued", 0) for m in fresh)  # each worker queues its own requests for a slot
@@ -240,8 +241,7 @@ class PeerBus:
         merged["workers"] = 1 + len(fresh)
         # by worker number, whichever worker answers (this one first had made the list's order change from one
         # read to the next, so a count could not be told apart by worker)
-        counts = {self.index: own["requests_total"]}
-        counts.update({w: m["total"] for w, (t, m) in self.peer_load.items() if now - t < LOAD_STALE_S})
+        counts = {self.index: own["requests_total"], **{w: m["total"] for w, m in by_worker.items()}}
         merged["worker_requests"] = [counts[w] for w in sorted(counts)]
         return merged
 

@@ -348,7 +348,7 @@ def diff(before: dict, after: dict) -> list[dict]:
 class Planner:
     def __init__(self, endpoint, trace, options: SimOptions, slo: dict | None = None,
                  progress: Callable[[str], None] | None = None, max_trials: int = 80,
-                 instance_types: tuple[str, ...] = CANDIDATE_TYPES):
+                 instance_types: tuple[str, ...] = CANDIDATE_TYPES, stop: Callable[[], bool] | None = None):
         self.base = endpoint.model_dump(mode="json", by_alias=True, exclude_none=True)
         self.endpoint = endpoint
         self.options = options
@@ -383,7 +383,7 @@ class Planner:
         self.history: list[Trial] = []  # every trial, in order: what each change of the winner is explained by
         self.types: list[str] = []  # the candidate instance types, in the order tried
         self.exhausted = False  # a step wanted a simulation that --max-trials did not leave
-        self.stop: Callable[[], bool] = lambda: False  # the user's interrupt: no simulation after the current one
+        self.stop = stop or (lambda: False)  # the user's interrupt: no simulation after the current one
         self.interrupted = False
         self.unfit: dict[str, str] = {}  # candidate types dropped: no type of their GPU takes the replica's pod
 
@@ -554,7 +554,7 @@ class Planner:
             explain(changes, self, winner)
         return PlanResult(winner, baseline, static_peak, self.trials, changes, self.floors,
                           None if winner else self.closest, self.context, self._cut_short(), self.notes,
-                          sum(1 for t in self.history if t.step == "static"))
+                          sum(1 for t in self.history if t.step == "static"), self.interrupted)
 
     def _on_demand_if_spot_cut(self, data: dict, baseline: Trial) -> dict:
         """Spot interruptions that cut streams at the input's own size are not cured by more replicas (plan doubled
@@ -855,9 +855,4 @@ def plan(endpoint, trace, options: SimOptions | None = None, slo: dict | None = 
          stop: Callable[[], bool] | None = None) -> PlanResult:
     """`stop`: asked before each simulation; once true the search ends there, and the result says it was
     interrupted (with the best spec that passed so far, as --max-trials cutting it short does)."""
-    planner = Planner(endpoint, trace, options or SimOptions(), slo, progress, max_trials, instance_types)
-    if stop is not None:
-        planner.stop = stop
-    result = planner.plan()
-    result.interrupted = planner.interrupted
-    return result
+    return Planner(endpoint, trace, options or SimOptions(), slo, progress, max_trials, instance_types, stop).plan()
