@@ -302,3 +302,23 @@ def test_chat_template_kwargs_are_the_templates_variables(tiny_model):
     messages = [{"role": "user", "content": "hi"}]
     assert runner.decode(runner.chat_ids(messages, {"enable_thinking": False})).startswith("/no_think")
     assert not runner.decode(runner.chat_ids(messages)).startswith("/no_think")
+
+
+def test_a_clients_request_id_is_echoed_and_an_insane_one_is_dropped(tiny_engine):
+    """An engine on its own had answered without the client's x-request-id, and logged any id as sent (a
+    50,000-character one in every line about the request)."""
+    url = tiny_engine.url + "/v1/chat/completions"
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    r = httpx.post(url, json=body, headers={"x-request-id": "trace-42"}, timeout=30)
+    assert r.status_code == 200 and r.headers["x-request-id"] == "trace-42"
+    r = httpx.post(url, json={**body, "max_tokens": -1}, headers={"x-request-id": "trace-43"}, timeout=30)
+    assert r.status_code == 400 and r.headers["x-request-id"] == "trace-43"  # on refusals too
+    logged = tiny_engine.log_path.stat().st_size
+    r = httpx.post(url, json=body, headers={"x-request-id": "y" * 50_000}, timeout=30)
+    assert r.status_code == 200 and "x-request-id" not in r.headers
+
+    def since() -> str:
+        return tiny_engine.log_path.read_bytes()[logged:].decode(errors="replace")
+
+    wait_until(lambda: "status=200" in since(), 30, what="the request's log line")
+    assert "y" * 129 not in since() and "chatcmpl-" in since(), since()

@@ -251,3 +251,13 @@ def test_an_engine_whose_port_is_taken_exits_98_before_loading_its_model(tmp_pat
     assert done.returncode == EXIT_PORT_TAKEN, done.stderr
     assert f"127.0.0.1:{port}: address already in use" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_an_empty_prompt_is_refused_and_a_request_id_echoed_as_the_built_in_engine_does(sim):
+    """The simulated engine had answered an empty prompt with 0 prompt tokens, where the built-in engine (and
+    vLLM) refuse it, and had not echoed the client's x-request-id."""
+    r = httpx.post(sim.url + "/v1/completions", json={"model": "sim", "prompt": "", "max_tokens": 3},
+                   headers={"x-request-id": "sim-7"}, timeout=5)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert r.headers["x-request-id"] == "sim-7"
+    assert complete(sim.url, "   ")["usage"]["prompt_tokens"] >= 1  # whitespace is text to a tokenizer

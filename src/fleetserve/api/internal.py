@@ -27,6 +27,7 @@ from pathlib import Path
 from fleetserve.api.browser import scope_post_refusal
 from fleetserve.api.errors import APIError
 from fleetserve.api.limits import RequestSizeLimit, SizeLimits, send_error
+from fleetserve.api.request_id import RequestIdEcho
 
 INTERNAL_HEADER = "x-fleetserve-internal"
 TENANT_HEADER = "x-fleetserve-tenant"
@@ -145,8 +146,9 @@ class EngineGuard:
 
 
 def engine_front_door(app, limits: SizeLimits, auth: InternalAuth):
-    """The engines' front door (built-in and simulated): size limits first, then the internal token."""
-    return RequestSizeLimit(EngineGuard(app, auth), limits)
+    """The engines' front door (built-in and simulated): the request id's echo (on every answer, refusals too),
+    size limits, then the internal token."""
+    return RequestIdEcho(RequestSizeLimit(EngineGuard(app, auth), limits))
 
 
 def router_trust_args(engine_kind: str, tenants: bool) -> list[str]:

@@ -190,7 +190,9 @@ class SimulatedEngine:
             return text_tokens("".join(f"{m['role']}: {m['content']}\n" for m in parsed.messages))
         if isinstance(parsed.prompt, list):
             return list(parsed.prompt)
-        return text_tokens(parsed.prompt or "")
+        if not parsed.prompt:  # as the built-in engine: nothing to prefill had been answered with 0 prompt tokens
+            raise APIError(400, "prompt: must not be empty", param="prompt", code="invalid_value")
+        return text_tokens(parsed.prompt) or [0]  # only whitespace: still a token to a real tokenizer
 
     async def serve(self, request: Request, kind: str) -> Response:
         m, labels, started = self._metrics, self._model_lbl, time.monotonic()

@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from fleetserve.api.errors import APIError, model_not_found
 from fleetserve.api.internal import INTERNAL_HEADER, TENANT_HEADER, InternalAuth
 from fleetserve.api.limits import SizeLimits
 from fleetserve.api.protocol import GENERATION_PATHS, parse_generation, parse_json_body
+from fleetserve.api.request_id import REQUEST_ID_HEADER, sane_request_id
 from fleetserve.clock import Clock
 from fleetserve.kvcache.blocks import kv_salt
 from fleetserve.observe.logs import AccessLog, prompt_text, tenant_hash
@@ -69,11 +69,10 @@ MODEL_PATH = "/v1/models/"  # GET /v1/models/{model} (the openai client's models
 # Headers a client's `Connection` names are hop-by-hop too (RFC 9110 7.6.1), and stay here.
 NOT_FORWARDED = frozenset({
     b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
-    b"proxy-authorization", b"proxy-authenticate", b"accept-encoding", b"expect", b"authorization", b"x-request-id",
+    b"proxy-authorization", b"proxy-authenticate", b"accept-encoding", b"expect", b"authorization", REQUEST_ID_HEADER,
     TENANT_HEADER.encode(), INTERNAL_HEADER.encode(), b"x-fleetserve-admin",
 })
 JSON = (b"content-type", b"application/json")
-SANE_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # a client x-request-id that is not is replaced by ours
 ACTIVITY_PATHS = GENERATION_PATHS | {INVOCATIONS_PATH}  # what a request routed there keeps a fleet from zero
 MODEL_PATH_LABEL = "/v1/models/{model}"  # the request counter's label for any model card's path
 COUNTED_CONTROL = frozenset({401, 403, 404, 405})  # the control app's answers that are counted as requests
@@ -202,7 +201,7 @@ class Gateway:
     async def handle(self, request: Request, responder: Responder) -> None:
         method = PROXIED.get(request.path) or ("GET" if request.path.startswith(MODEL_PATH) else None)
         if method is None:  # the control app: health, metrics, admin, or a path nobody serves (404)
-            rid = [(b"x-request-id", self.request_id(request.headers))]
+            rid = [(REQUEST_ID_HEADER, self.request_id(request.headers))]
             status = await call_asgi(self.control, request, responder, scheme=self.scheme,
                                      server=self.server_address, extra_headers=rid)
             if status in COUNTED_CONTROL:  # a 404 was neither counted nor traceable; health checks (503 at zero
@@ -227,14 +226,12 @@ class Gateway:
 
     def request_id(self, headers: list[tuple[bytes, bytes]] = ()) -> bytes:
         """The client's x-request-id when it is a sane one, else ours."""
-        return self._own_or_ours(next((v for k, v in headers if k == b"x-request-id"), None))
+        return self._own_or_ours(next((v for k, v in headers if k == REQUEST_ID_HEADER), None))
 
     def _own_or_ours(self, given: bytes | None) -> bytes:
         """A client's id of 1-128 visible ASCII characters is kept; any other is replaced by ours (a 50,000-
         character id was echoed in the answer and written into every router and engine log line)."""
-        if given and SANE_REQUEST_ID.fullmatch(given):
-            return given
-        return f"{self._id_prefix}{next(self._ids):08x}".encode("latin-1")
+        return sane_request_id(given) or f"{self._id_prefix}{next(self._ids):08x}".encode("latin-1")
 
     def _count_request(self, responder: Responder, path: str, status: int | str) -> None:
         """One count per answer, under a bounded path label (a model card's name is the client's to choose)."""
@@ -261,7 +258,7 @@ class Gateway:
         if status == 503 and not any(k == b"retry-after" for k, _ in headers):
             # a request cut by the router's stop had none, where every other 503 of ours says when to come back
             headers.append((b"retry-after", b"1"))
-        self.send_error(responder, APIError(status, message, code=code), [*headers, (b"x-request-id", rid)])
+        self.send_error(responder, APIError(status, message, code=code), [*headers, (REQUEST_ID_HEADER, rid)])
 
     def send_error(self, responder: Responder, err: APIError, extra: list[tuple[bytes, bytes]]) -> None:
         headers = [JSON] + [(k.lower().encode(), str(v).encode()) for k, v in err.headers.items()] + extra
@@ -278,7 +275,7 @@ class Gateway:
             if k in NOT_FORWARDED:
                 if k == b"authorization":
                     authorization = v
-                elif k == b"x-request-id":
+                elif k == REQUEST_ID_HEADER:
                     given_id = v
                 elif k == b"host":
                     host = v
@@ -334,7 +331,7 @@ class Gateway:
                     parsed = parse_generation(request.path, body)
                     context_refusal(parsed, self.model_cards.get(parsed.model or self._only_model()))
                 held = await self.gate.admit()
-            forwarded.append((b"x-request-id", rid))
+            forwarded.append((REQUEST_ID_HEADER, rid))
             if tenant:
                 forwarded.append((TENANT_HEADER.encode(), tenant.encode()))
             if request.client:
@@ -376,7 +373,7 @@ class Gateway:
                 self.learn(choice, tail, routed)
         logged, error = status, None
         try:
-            extra = [(b"x-request-id", rid)]
+            extra = [(REQUEST_ID_HEADER, rid)]
             if self.settings.keyring is None:  # with API keys the clients are tenants: a replica's address is
                 # the operator's business, as in /health (the access log names it)
                 extra.append((b"x-fleetserve-replica", attempt.backend.id.encode()))
@@ -413,7 +410,7 @@ class Gateway:
                 return False  # the request path answers it 401, as always
 
         def answer(card: dict) -> None:  # with its id, counted and logged as every answer is
-            responder.send(200, [JSON, (b"x-request-id", rid)], orjson.dumps(card))
+            responder.send(200, [JSON, (REQUEST_ID_HEADER, rid)], orjson.dumps(card))
             self._count_request(responder, request.path, 200)
             self._count(self.metrics.tenant_requests, tenant or "-", "200")
             self._log(rid.decode("latin-1"), tenant, request.path, 200, started)
@@ -465,7 +462,7 @@ class Gateway:
         self._count(self.metrics.tenant_requests, tenant or "-", str(err.status))
         if self.model_metrics is not None and path in GENERATION_PATHS and not err.after_attempts:
             self.model_metrics.refused(err.status)  # after attempts, each was counted where it failed
-        self.send_error(responder, err, [(b"x-request-id", rid)])
+        self.send_error(responder, err, [(REQUEST_ID_HEADER, rid)])
         self._log(rid.decode("latin-1"), tenant, path, err.status, started, body=body, error=err.code)
 
     # --- what dispatch and relay report ------------------------------------------------------------------
