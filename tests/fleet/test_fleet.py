@@ -347,7 +347,8 @@ def test_down_without_fleet_and_status_unknown_name(home):
     missing = fleetserve("status", "nope", env=home)  # a name no fleet has is bad input: 2 (it was 1)
     assert missing.returncode == 2 and "no fleet named 'nope' (known: none)" in missing.stderr
     missing = fleetserve("status", "nope", "--json", env=home)  # it exited 0 with --json
-    assert missing.returncode == 2 and missing.stdout.strip() == "[]"
+    assert missing.returncode == 2 and json.loads(missing.stdout) == {  # the one shape of bad input under --json
+        "valid": False, "errors": [{"path": "NAME", "message": "no fleet named 'nope' (known: none)"}]}
     for args in (["down", "nope"], ["status", "--prune", "nope"], ["dashboard", "open", "nope"]):
         assert fleetserve(*args, env=home).returncode == 2, args
 

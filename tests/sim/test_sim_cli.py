@@ -388,3 +388,25 @@ def test_a_bad_spec_with_json_prints_its_problems_on_stdout_too(tmp_path):
         assert r.returncode == 2, (command, r.stderr)
         said = json.loads(r.stdout)
         assert said["valid"] is False and said["errors"][0]["path"] == "spec.replicas", (command, said)
+
+
+def test_every_bad_input_with_json_prints_one_errors_object_on_stdout(tmp_path):
+    """Only a spec's problems reached stdout: a bad --trace, a flag click refused or a check of the command
+    itself printed nothing there, so a CI reading `--json` had nothing to parse for most causes of exit 2."""
+    garbage = tmp_path / "bad.csv"
+    garbage.write_text("garbage\n")
+    spec = str(EXAMPLES / "simulated-cloud.yaml")
+    for args, path in (
+        (("simulate", spec, "--trace", str(tmp_path / "none.csv")), "--trace"),  # refused while parsing
+        (("verify", spec, "--trace", str(garbage)), "--trace"),
+        (("simulate", spec, "--trace", TRACE, "--no-such-flag"), "--no-such-flag"),
+        (("plan", spec, "--trace", TRACE, "--profile", "no-such-profile", "-o", str(tmp_path / "p.yaml")),
+         "--profile"),
+        (("analyze", str(garbage)), None),
+    ):
+        r = fleetserve(*args, "--json")
+        assert r.returncode == 2, (args, r.stderr)
+        said = json.loads(r.stdout)  # one document, whatever refused the input
+        assert said["valid"] is False and len(said["errors"]) == 1, (args, said)
+        assert path is None or said["errors"][0]["path"] == path, (args, said)
+        assert said["errors"][0]["message"] and "Traceback" not in r.stderr, (args, r.stderr)

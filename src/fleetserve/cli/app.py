@@ -17,7 +17,17 @@ from rich.table import Column, Table
 from fleetserve import __version__
 from fleetserve.cli.bench_commands import bench_app
 from fleetserve.cli.checks import MAX_THREADS, float_option
-from fleetserve.cli.console import EXIT_USAGE, Terminated, err, fail, out, print_spec_errors, render_refusal, say
+from fleetserve.cli.console import (
+    EXIT_USAGE,
+    Terminated,
+    err,
+    fail,
+    out,
+    print_spec_errors,
+    render_refusal,
+    say,
+    usage_error_json,
+)
 
 app = typer.Typer(
     name="fleetserve",
@@ -287,9 +297,7 @@ def status(
         return
     if name and not any(f.name == name for f in list_fleets()):  # as `down` and `dashboard open`: exit 2
         known = ", ".join(f.name for f in list_fleets()) or "none"
-        if as_json:
-            print("[]")
-        raise fail(f"no fleet named {name!r} (known: {known})", 2)
+        raise fail(f"no fleet named {name!r} (known: {known})", 2, path="NAME")
     if watch:
         from fleetserve.cli.status_view import load
         from fleetserve.cli.status_view import watch as watch_fleets
@@ -921,12 +929,33 @@ def docs_metrics(
     say(f"wrote {output}")
 
 
+def _show_click_error(exc) -> None:
+    """A usage error as typer prints it (a usage line and a panel), or as click does without rich."""
+    try:
+        from typer.rich_utils import rich_format_error
+    except ImportError:
+        exc.show()
+        return
+    rich_format_error(exc)
+
+
 def main() -> None:
     from fleetserve.engine.paths import pin_home
 
+    # click's (typer vendors its own copy): the base of the usage errors it raises while parsing
+    click_exception = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
     try:
         pin_home()
-        app()
+        try:  # click's own handling, but for usage errors, which a command run with --json also prints as JSON
+            code = app(standalone_mode=False)
+        except click_exception as exc:
+            usage_error_json(exc)
+            _show_click_error(exc)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            err.print("Aborted!")
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
     except KeyboardInterrupt:
         sys.exit(143 if Terminated.raised else 130)
     except OSError as exc:  # FLEETSERVE_HOME a file, missing, or not writable: a traceback had said it

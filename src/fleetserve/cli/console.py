@@ -5,6 +5,8 @@ clean), progress, warnings and errors on stderr, and every error printed as `err
 from __future__ import annotations
 
 import os
+import re
+import sys
 
 import typer
 from rich.console import Console
@@ -26,21 +28,68 @@ out = _stdout()
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
-def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
+def fail(message: str, code: int = EXIT_USAGE, path: str | None = None) -> typer.Exit:
     """Print `error: message` on stderr (never read as rich markup: paths and values hold brackets) and return
-    the exit to raise."""
+    the exit to raise. Bad input to a command run with --json is also printed as JSON on stdout, under `path`
+    (by default the flag or field the message starts with)."""
+    if code == EXIT_USAGE and wants_json():
+        print_errors_json([(_named_path(message) if path is None else path, message)])
     err.print("[red]error:[/red] ", end="")
     err.print(message, markup=False)
     return typer.Exit(code)
 
 
-def print_spec_errors(exc) -> None:
-    """A spec's problems as JSON on stdout, for a command run with --json: a tool reading stdout gets them too
-    (`validate`, `render`, `simulate`, `verify` and `plan`; the last three had printed nothing there)."""
+class _ErrorsJson:
+    printed = False  # this run has printed its errors on stdout: a second document would break the reader
+
+
+def wants_json() -> bool:
+    """Whether the command line asked for --json (read from it: an option that fails to parse comes before the
+    rest are read)."""
+    args = sys.argv[1:]
+    return "--json" in (args[:args.index("--")] if "--" in args else args)
+
+
+def print_errors_json(errors: list[tuple[str, str]]) -> None:
+    """Bad input as JSON on stdout, `{"valid": false, "errors": [{"path", "message"}]}`, once per run: whatever
+    refused it (the spec, a flag click refused, a check of the command), a tool reading stdout reads one shape.
+    Only the spec's problems had been printed there; a bad --trace printed nothing."""
     import json
 
-    print(json.dumps({"valid": False, "errors": [{"path": p.path, "message": p.message} for p in exc.problems]},
-                     indent=2))
+    if _ErrorsJson.printed:
+        return
+    _ErrorsJson.printed = True
+    print(json.dumps({"valid": False, "errors": [{"path": p, "message": m} for p, m in errors]}, indent=2))
+
+
+def print_spec_errors(exc) -> None:
+    """A spec's problems as JSON on stdout, for a command run with --json (`validate`, `render`, `simulate`,
+    `verify` and `plan`)."""
+    print_errors_json([(p.path, p.message) for p in exc.problems])
+
+
+_NAMED = re.compile(r"(--[a-z][\w-]*|(?:spec|metadata)(?:\.[\w\-/\[\]]+)*|[A-Z]+): ")
+
+
+def _named_path(message: str) -> str:
+    """The field or flag a message of ours starts with (`--profile: ...`, `spec.slo.ttftP95Ms: ...`), or ""."""
+    found = _NAMED.match(message)
+    return found.group(1) if found else ""
+
+
+def usage_error_json(exc) -> None:
+    """A usage error click raised (a flag's value refused while parsing, a missing argument) as JSON, when the
+    command line asked for --json."""
+    if exc.exit_code != EXIT_USAGE or not wants_json():
+        return
+    hint = getattr(exc, "param_hint", None)
+    if isinstance(hint, list | tuple):
+        hint = "/".join(hint)
+    param = getattr(exc, "param", None)
+    if not hint and param is not None:
+        hint = param.opts[0] if getattr(param, "opts", None) else param.name
+    hint = hint or getattr(exc, "option_name", None) or ""
+    print_errors_json([(str(hint).strip("'\""), exc.format_message())])
 
 
 def render_refusal(exc: Exception, prefix: str = ""):
