@@ -677,6 +677,59 @@ def test_the_alerts_its_prometheus_fires_reach_status_and_the_log(make):
     assert sup.state.alerts == ["unknown (the fleet's Prometheus does not answer)"]
 
 
+def test_a_restarted_prometheus_neither_resolves_nor_fires_again_what_fired_before_it(make):
+    """After a supervised Prometheus restart its alerts read pending until it restored their state, and the
+    supervisor logged them resolved (and fired again a while later): the cost alert had gone silent in status."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    burn = {"labels": {"alertname": "FleetserveCostOverBudget", "severity": "warning"}, "state": "firing"}
+    alerts, answering = [burn], [True]
+
+    class Alerts(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"status": "success", "data": {"alerts": alerts}}).encode()
+            self.send_response(200 if answering[0] else 503)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Alerts)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        sup, _, mono = make(1)
+        said = []
+        sup.say, sup._save = said.append, lambda: None
+        sup._prometheus_query_url = f"http://127.0.0.1:{server.server_address[1]}"
+        sup._read_alerts(mono())
+        assert said == ["alert firing: FleetserveCostOverBudget (warning)"]
+        answering[0] = False  # restarting: no reading
+        mono.advance(16)
+        sup._read_alerts(mono())
+        assert sup.state.alerts == ["unknown (the fleet's Prometheus does not answer)"]
+        answering[0], alerts[0] = True, {**burn, "state": "pending"}  # back, its state not restored yet
+        sup._alerts_settle_until = mono() + 30  # as _supervise sets it when it restarts Prometheus
+        mono.advance(16)
+        sup._read_alerts(mono())
+        assert sup.state.alerts == ["FleetserveCostOverBudget (warning)"] and len(said) == 1, said
+        alerts[0] = burn  # restored: firing again, which is no news
+        mono.advance(16)
+        sup._read_alerts(mono())
+        assert sup.state.alerts == ["FleetserveCostOverBudget (warning)"] and len(said) == 1, said
+        alerts.clear()  # past the settling, a resolution is one
+        mono.advance(16)
+        sup._read_alerts(mono())
+        assert sup.state.alerts == [] and said[-1] == "alert resolved: FleetserveCostOverBudget (warning)"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.mark.parametrize("provider, types, expected", [("simulated", ["ml.g5.xlarge"], "g5.xlarge"),
                                                         ("local", ["ml.g5.xlarge"], "local"),
                                                         ("simulated", ["ml.g5.xlarge", "ml.g6e.xlarge"], "local")])

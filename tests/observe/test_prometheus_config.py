@@ -130,3 +130,44 @@ def test_prometheus_logs_json_lines_when_the_fleet_does(tmp_path):
         child.proc.wait()
     lines = [line for line in log.read_text().splitlines() if line.strip()]
     assert lines and all(isinstance(json.loads(line), dict) for line in lines[:2]), lines[:2]
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus is not installed")
+def test_an_alert_firing_before_a_prometheus_crash_keeps_its_start_after_the_restart(tmp_path):
+    """Prometheus restores an alert's `for` state only for a `for` longer than --rules.alert.for-grace-period
+    (10m by default, longer than every alert of ours): after a crash every alert started over as pending, and a
+    cost alert was silent for its whole `for` again."""
+    import httpx
+
+    from fleetserve.fleet.process import free_port
+    from tests.helpers import wait_until
+
+    folder = tmp_path / "prom"
+    folder.mkdir()
+    (folder / "rules.yml").write_text("groups:\n- name: g\n  rules:\n  - alert: AlwaysOn\n    expr: vector(1)\n"
+                                      "    for: 3s\n")
+    (folder / "prometheus.yml").write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                                           f"rule_files: [{folder / 'rules.yml'}]\n")
+    (folder / "web.yml").write_text("{}\n")
+    port = free_port()
+
+    def alert() -> dict | None:
+        try:
+            found = httpx.get(f"http://127.0.0.1:{port}/api/v1/alerts", timeout=2).json()["data"]["alerts"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            return None
+        return found[0] if found else None
+
+    child = prometheus.child(folder, port, "1h", tmp_path / "prometheus.log")
+    child.start()
+    try:
+        wait_until(lambda: (alert() or {}).get("state") == "firing", 60, what="the alert to fire")
+        first = alert()["activeAt"]
+        child.proc.kill()  # a crash, as SIGKILL: its WAL holds ALERTS_FOR_STATE
+        child.proc.wait()
+        child.start()
+        wait_until(lambda: (alert() or {}).get("state") == "firing", 60, what="the alert to fire again")
+        assert alert()["activeAt"][:19] == first[:19]  # restored: the same alert, not a new one
+    finally:
+        child.proc.kill()
+        child.proc.wait()

@@ -153,6 +153,16 @@ def test_a_router_without_secrets_is_admin_to_loopback_named_as_loopback_only(pa
     assert rebound.status_code == 403
 
 
+def test_a_trailing_slash_on_the_routers_own_paths_is_a_404_not_a_redirect_to_the_clients_host(pair):
+    """The control app redirected `/health/` (and /metrics/, /livez/, /admin/load/, /dashboard/) with a 307 to
+    whatever Host the client sent, where the engines and the API paths answer 404."""
+    gw, _ = pair
+    for path in ("/health/", "/livez/", "/metrics/", "/admin/load/", "/dashboard/"):
+        r = httpx.get(gw.url + path, headers={"host": "evil.example"}, timeout=5)
+        assert r.status_code == 404 and "location" not in r.headers, (path, r.status_code, r.headers)
+        assert r.json()["error"]["code"] == "not_found", path
+
+
 def test_router_metrics(pair):
     gw, _ = pair
     httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=30)

@@ -79,6 +79,21 @@ async def starlette_http_error(request, exc):
                     code=HTTP_CODES.get(exc.status_code), headers=dict(exc.headers or {})).response()
 
 
+def api_app(routes, server_error=None, lifespan=None):
+    """A Starlette app of ours (the router's control app, both engines): a missing route or a wrong method as
+    OpenAI error JSON, and a trailing slash answered 404, never a 307 redirect to the client's own Host header
+    (the router's control app had redirected `/health/` to `http://evil.example/health`)."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+
+    handlers = {HTTPException: starlette_http_error}
+    if server_error is not None:
+        handlers[Exception] = server_error
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    app.router.redirect_slashes = False
+    return app
+
+
 def engine_stopped() -> APIError:
     """What a request still under way gets when its engine's drain time (--drain-timeout) runs out at a stop: in a
     stream, an error event and [DONE], where the answer had been cut off mid-stream."""

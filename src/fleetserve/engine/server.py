@@ -14,13 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fleetserve.api.disconnect import SSE_HEADERS, ClientGone, WatchedStreamingResponse, until_disconnect
-from fleetserve.api.errors import APIError, engine_stopped, model_not_found, starlette_http_error
+from fleetserve.api.errors import APIError, api_app, engine_stopped, model_not_found
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
 from fleetserve.api.limits import STREAM_KEEPALIVE_S, SizeLimits
 from fleetserve.api.openapi import openapi_endpoint
@@ -514,10 +513,5 @@ def build_app(engine: Engine) -> Starlette:
         if engine.runner.prefix_cache is not None:  # the writes queued for L1/L2 land, within a bound, or are said
             await asyncio.get_running_loop().run_in_executor(None, engine.runner.prefix_cache.close)
 
-    app = Starlette(
-        routes=routes,
-        exception_handlers={HTTPException: starlette_http_error, Exception: _server_error},
-        lifespan=lifespan,
-    )
-    app.router.redirect_slashes = False  # a 307 to the client's own Host header; the router answers 404, as here
+    app = api_app(routes, server_error=_server_error, lifespan=lifespan)
     return engine_front_door(app, engine.settings.size_limits, engine.auth)

@@ -21,14 +21,12 @@ import uuid
 import weakref
 from dataclasses import dataclass, field
 
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fleetserve.api.disconnect import SSE_HEADERS, ClientGone, WatchedStreamingResponse, until_disconnect
-from fleetserve.api.errors import APIError, engine_stopped, model_not_found, starlette_http_error
+from fleetserve.api.errors import APIError, api_app, engine_stopped, model_not_found
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
 from fleetserve.api.limits import KEEP_ALIVE_S, SizeLimits
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
@@ -457,8 +455,7 @@ def build_simulated_app(engine: SimulatedEngine, limits: SizeLimits | None = Non
         Route("/kv/events", engine.kv_events), Route("/kv/blocks", engine.kv_blocks),
         Route("/metrics", metrics),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: starlette_http_error})
-    app.router.redirect_slashes = False  # as the built-in engine: 404, not a redirect to the client's Host
+    app = api_app(routes, lifespan=lifespan)
     return engine_front_door(app, limits or SizeLimits(), auth or InternalAuth(None))
 
 

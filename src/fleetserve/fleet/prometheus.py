@@ -182,5 +182,9 @@ def child(folder: Path, port: int, retention: str, log_path: Path, log_format: s
     cmd = [binary() or "prometheus", f"--config.file={folder / 'prometheus.yml'}",
            f"--storage.tsdb.path={folder / 'data'}", f"--storage.tsdb.retention.time={retention}",
            f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={folder / 'web.yml'}",
-           f"--log.format={'json' if log_format == 'json' else 'logfmt'}"]
+           f"--log.format={'json' if log_format == 'json' else 'logfmt'}",
+           # a restarted Prometheus restores its alerts' `for` state from its TSDB only for a `for` longer than
+           # this grace (10m by default, longer than every alert of ours): a cost alert firing before a crash had
+           # read as resolved after it, and was silent for its whole `for` again
+           "--rules.alert.for-grace-period=0s"]
     return Child("prometheus", cmd, log_path, env_drop=env_drop)  # without the fleet's plaintext API keys

@@ -94,6 +94,9 @@ MAX_SOCKET_PATH = 100  # bytes: sun_path holds 108 with its NUL, and redis-serve
 STOPPED_FAILING = " (it was stopped by a scale-down before it started again; the next replica may fail alike)"
 L2_PROBE_S = 10.0  # how often the L2 Redis is pinged for `status` (an external one was never checked)
 ALERTS_UNKNOWN = "unknown (the fleet's Prometheus does not answer)"
+# evaluations of a restarted Prometheus before what it no longer fires counts as resolved: its first ones show
+# alerts pending until it restored their `for` state (fleet/prometheus.py); the second restores
+ALERTS_SETTLE_EVALUATIONS = 3
 ALERTS_EVERY_S = 15.0  # how often the fleet's own Prometheus is asked which alerts fire (for `status`)
 
 
@@ -237,6 +240,8 @@ class Supervisor:
         self._prometheus_dir: Path | None = None  # set when the fleet runs its own Prometheus
         self._prometheus_query_url = ""  # the fleet's Prometheus with its basic auth (never written to state)
         self._alerts_at = 0.0  # when its firing alerts are read next (monotonic)
+        self._alerts_known: list[str] = []  # the firing alerts of the last reading (status shows unknown meanwhile)
+        self._alerts_settle_until = 0.0  # a restarted Prometheus resolves nothing before this (monotonic)
         self._rotate_at = 0.0  # when the log files' sizes are checked next (monotonic)
         self.capacity = build_capacity(self.spec, self.endpoint.metadata.namespace, clock())
         self.controller: Controller | None = None
@@ -1169,6 +1174,8 @@ class Supervisor:
                 self._redis_generation += 1
             if self._keep_alive(self.prometheus, self._prometheus_backoff, mono, "prometheus"):
                 self.state.prometheus_pid = self.prometheus.pid
+                # its first evaluations see its alerts pending until it restored their state from its TSDB
+                self._alerts_settle_until = mono + ALERTS_SETTLE_EVALUATIONS * self.spec.metrics.scrape_interval_seconds
             self._probe_l2(mono)
             self._read_alerts(mono)
             self._rotate_logs(mono)
@@ -1201,17 +1208,20 @@ class Supervisor:
             return
         try:
             alerts = r.json()["data"]["alerts"]
-            firing = sorted({f"{a['labels']['alertname']} ({a['labels'].get('severity', 'none')})"
-                             for a in alerts if a.get("state") == "firing"})
+            firing = {f"{a['labels']['alertname']} ({a['labels'].get('severity', 'none')})"
+                      for a in alerts if a.get("state") == "firing"}
         except (ValueError, KeyError, TypeError):
             return
-        if firing != self.state.alerts:
-            before = set(self.state.alerts) - {ALERTS_UNKNOWN}
-            for alert in sorted(set(firing) - before):
-                self.say(f"alert firing: {alert}")
-            for alert in sorted(before - set(firing)):
-                self.say(f"alert resolved: {alert}")
-            self.state.alerts = firing
+        before = set(self._alerts_known)  # a Prometheus that did not answer for a while neither resolved nor fired
+        if mono < self._alerts_settle_until:  # restarted: what fired before still does until it says otherwise
+            firing |= before
+        for alert in sorted(firing - before):
+            self.say(f"alert firing: {alert}")
+        for alert in sorted(before - firing):
+            self.say(f"alert resolved: {alert}")
+        self._alerts_known = sorted(firing)
+        if self._alerts_known != self.state.alerts:
+            self.state.alerts = self._alerts_known
             self._save()
 
     def _tenant_l2_password(self, url: str) -> str | None:

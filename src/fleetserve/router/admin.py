@@ -12,12 +12,11 @@ import logging
 import re
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fleetserve.api.errors import APIError, starlette_http_error
+from fleetserve.api.errors import APIError, api_app
 from fleetserve.api.internal import header_has_secret
 from fleetserve.api.openapi import openapi_endpoint
 from fleetserve.api.protocol import parse_json_body
@@ -182,7 +181,7 @@ def build_control_app(gateway) -> Starlette:
     from fleetserve.observe.dashboard import dashboard_routes  # /dashboard, /dashboard/data (admin only)
 
     routes += dashboard_routes(gateway)
-    return Starlette(routes=routes, exception_handlers={HTTPException: starlette_http_error, Exception: _server_error})
+    return api_app(routes, server_error=_server_error)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
