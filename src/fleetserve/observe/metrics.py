@@ -6,6 +6,7 @@ model_version, instance_type and replica, which separate cost and cause in any d
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -150,6 +151,18 @@ def clear(metric) -> None:
     """Drop every labelled series of `metric` (and the children `child` remembered)."""
     metric.clear()
     metric.__dict__.pop("_fleetserve_children", None)
+
+
+def forget(metric, position: int, values) -> None:
+    """Remove the series of `metric` made through `child` whose label at `position` is one of `values` (a replica
+    that left: router/departed.py)."""
+    cache = metric.__dict__.get("_fleetserve_children")
+    if not cache or not values:
+        return
+    for labels in [k for k in cache if k[position] in values]:
+        with contextlib.suppress(KeyError):
+            metric.remove(*labels)
+        del cache[labels]
 
 
 def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:

@@ -49,7 +49,9 @@ LABELS: dict[str, str] = {
                      "SageMaker's `ml.g5.xlarge` reads `g5.xlarge`, `local` on this machine; on Kubernetes the "
                      "tier's one type, or `kubernetes` where a tier allows several: a pod cannot read its node's "
                      "labels)",
-    "replica": "replica id, r0, r1, ... (grows with replacements over a fleet's life; one per live replica)",
+    "replica": "replica id, r0, r1, ... (grows with replacements over a fleet's life; one per live replica; in "
+               "the router's series also a replica that left within 5 minutes, so its last increments are "
+               "scraped)",
     "status": "HTTP status code of a failed invocation (a few dozen values at most)",
     "path": "the router's API path (/v1/chat/completions, /v1/completions, /v1/models, /v1/models/{model}, "
             "/invocations), or other: "
@@ -73,7 +75,8 @@ LABELS: dict[str, str] = {
               "overload_fallback, all_overloaded, no_key; roundrobin rotate; leastload least_load; retry (a "
               "retried request, any policy)",
     "source": "predicted (the policy's estimate) or reported (the engine's usage.cached_tokens)",
-    "backend": "backend id of a replica behind the router (one per live replica)",
+    "backend": "backend id of a replica behind the router (one per live replica; the counters also keep a "
+               "replica that left within 5 minutes, so its last increments are scraped)",
     "tier": "KV tier: engine, l1, l2, or l2:TENANT for a tenant's own Redis (bounded by "
             "kvCache.l2.tenantUrls)",
     "state": "a Redis tier's state: up, full, unavailable or unknown",

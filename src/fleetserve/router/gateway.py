@@ -35,19 +35,20 @@ from fleetserve.api.request_id import REQUEST_ID_HEADER, sane_request_id
 from fleetserve.clock import Clock
 from fleetserve.kvcache.blocks import kv_salt
 from fleetserve.observe.logs import AccessLog, prompt_text, tenant_hash
-from fleetserve.observe.metrics import EJECTION_REASONS, ModelIdentity, RouterMetrics, child, clear
+from fleetserve.observe.metrics import EJECTION_REASONS, ModelIdentity, RouterMetrics, child, clear, forget
 from fleetserve.router import feedback
 from fleetserve.router.admin import admin_allowed, build_control_app
 from fleetserve.router.admission import AdmissionSettings
 from fleetserve.router.asgi import call_asgi
 from fleetserve.router.auth import KeyRing
+from fleetserve.router.departed import Departures
 from fleetserve.router.discovery import DnsBackends
 from fleetserve.router.dispatch import Attempt, Dispatcher, Outgoing
 from fleetserve.router.features import KVLayout, prompt_tokens_estimate, request_features
 from fleetserve.router.gate import AdmissionGate, Refused
 from fleetserve.router.http1 import Request, Responder
 from fleetserve.router.invocations import INVOCATIONS_PATH, openai_path
-from fleetserve.router.model_metrics import ModelMetrics
+from fleetserve.router.model_metrics import ROUTER_REPLICA, ModelMetrics
 from fleetserve.router.policies import FleetSnapshot, RouteRequest, RoutingPolicy, create_policy, needs_of
 from fleetserve.router.pool import Backend, BackendPool
 from fleetserve.router.relay import CACHED_TOKENS, PROMPT_TOKENS, last_int, relay
@@ -151,7 +152,8 @@ class Gateway:
         self.metrics = RouterMetrics()
         self._exported: set[str] = set()  # backends whose per-backend gauges this process has written
         self._ejections_made: set[str] = set()  # backends whose ejection counters exist (at 0 or more)
-        self._ejected: set[str] = set()  # backends ejected at least once (their counters are history)
+        self._ejected: set[str] = set()  # backends ejected at least once (their counters are history, for a while)
+        self.departures = Departures()  # replicas that left, whose series go after a while (router/departed.py)
         self.model_metrics = ModelMetrics(settings.model_identity, self.metrics.registry,
                                           settings.model_metrics_scope) \
             if settings.model_identity is not None else None
@@ -558,14 +560,40 @@ class Gateway:
         if self.peers is not None:
             from fleetserve.router.workers import metrics_registry
 
-            return metrics_registry(frozenset(g._name for g in self._per_backend_gauges()),
-                                    frozenset(self.pool.backends))
+            kept, labels = self.departures.kept()
+            shown = {g._name: ("backend", frozenset(self.pool.backends)) for g in self._per_backend_gauges()}
+            shown |= {c._name: ("backend", kept) for c in self._per_backend_counters()}
+            if self.model_metrics is not None:
+                shown |= {f._name: ("replica", labels | {ROUTER_REPLICA}) for f in self.model_metrics.families()}
+            return metrics_registry(shown)
         return self.metrics.registry
 
     def _per_backend_gauges(self) -> tuple:
         """The gauges with a series per live replica (a replica that left leaves none behind)."""
         m = self.metrics
         return m.healthy, m.in_flight, m.backend_cache_horizon, m.backend_engine_hit_rate
+
+    def _per_backend_counters(self) -> tuple:
+        """The counters with a series per replica, kept a while after it left (router/departed.py)."""
+        m = self.metrics
+        return m.backend_cached_tokens, m.backend_prompt_tokens, m.ejections
+
+    def forget_departed(self) -> None:
+        """The series of replicas that left RETAIN_S ago go (with workers, the scrape leaves them out)."""
+        expired, labels = self.departures.update({b.id: b.label for b in self.pool.backends.values()}, self.clock())
+        if self.peers is not None or not (expired or labels):
+            return
+        m = self.metrics
+        forget(m.backend_cached_tokens, 0, expired)
+        forget(m.backend_prompt_tokens, 0, expired)
+        for gone in expired:
+            for reason in EJECTION_REASONS:
+                with contextlib.suppress(KeyError):
+                    m.ejections.remove(gone, reason)
+            self._ejections_made.discard(gone)
+            self._ejected.discard(gone)
+        if self.model_metrics is not None:
+            self.model_metrics.forget(labels)
 
     def refresh_gauges(self) -> None:
         self.metrics.kv_subscriptions.set(len(self.watcher.subscribed))
@@ -578,15 +606,16 @@ class Gateway:
         current = set(self.pool.backends)
         if self.peers is None:
             for gauge in gauges:
-                clear(gauge)  # a replica that left the fleet leaves no series behind (its counters stay: history)
+                clear(gauge)  # a replica that left the fleet leaves no series behind (its counters: for a while)
         else:  # workers share metrics through files, from which prometheus_client cannot remove a series: a
             for gone in self._exported - current:  # replica that left reads 0, not its last value
                 for gauge in gauges:
                     gauge.labels(gone).set(0)
         self._exported = current
+        self.forget_departed()
         for gone in self._ejections_made - current:  # made at 0 for a replica that left, never ejected: removed
             if self.peers is None and gone not in self._ejected:  # (pod churn had added two series per pod ever
-                for reason in EJECTION_REASONS:  # seen); one ejected keeps its count (history), as workers' do
+                for reason in EJECTION_REASONS:  # seen); one ejected keeps its count for RETAIN_S (router/departed.py)
                     with contextlib.suppress(KeyError):
                         m.ejections.remove(gone, reason)
                 self._ejections_made.discard(gone)

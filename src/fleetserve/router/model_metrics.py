@@ -22,7 +22,7 @@ router refused most requests.
 from __future__ import annotations
 
 from fleetserve.observe import vocabulary as v
-from fleetserve.observe.metrics import PRESET_ERROR_STATUSES, ModelIdentity, child
+from fleetserve.observe.metrics import PRESET_ERROR_STATUSES, ModelIdentity, child, forget
 from fleetserve.observe.rules import is_server_error
 
 ENGINES_WITHOUT = ("vllm", "sglang", "container")  # engine kinds that export no model_* series of their own
@@ -99,6 +99,16 @@ class ModelMetrics:
         labels = (*self.base, ROUTER_REPLICA)
         child(self.invocations, *labels).inc()
         child(self.errors, *labels, str(status)).inc()
+
+
+    def families(self) -> tuple:
+        """The metrics with a series per replica."""
+        return self.invocations, self.errors, self.concurrent, self.latency_ms, self.ttfb_ms
+
+    def forget(self, replicas) -> None:
+        """Remove the series of replicas that left (router/departed.py); the router's own stay."""
+        for metric in self.families():
+            forget(metric, len(self.base), set(replicas) - {ROUTER_REPLICA})
 
 
 def router_args(namespace: str, model_name: str, model_version: str, instance_type: str,

@@ -172,6 +172,7 @@ class ReplicaWatcher:
                     self.gw.kv_index.forget(gone)
         self.no_events &= pool.backends.keys()
         self._no_layout &= pool.backends.keys()
+        self.gw.forget_departed()  # a departure is timed from here, not from the next scrape, if any comes
         live = getattr(self.gw, "dashboard", None)
         if live is not None:  # the dashboard's history, whole in every worker while a page watches
             await live.keep_sampling(self.gw)

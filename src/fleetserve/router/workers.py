@@ -256,28 +256,30 @@ def _die_with_parent() -> None:
 
 
 class _LiveBackendsOnly:
-    """The merged files without the per-backend gauges of replicas that left: prometheus_client cannot remove a
-    series from the workers' files, so a replica removed by `PUT /admin/backends` kept its
-    `backend_healthy == 0` (read as a dead replica) for good, one more series per pod that ever came and went.
-    Counters keep their history, as a single process's do."""
+    """The merged files without the series of replicas that left: prometheus_client cannot remove a series from
+    the workers' files, so a replica removed by `PUT /admin/backends` kept its `backend_healthy == 0` (read as a
+    dead replica) for good, one more series per pod that ever came and went. `shown`: family -> (label, the
+    values shown): the per-backend gauges of live replicas only, counters (and the model_* series) of replicas
+    live or gone within router/departed.py's time, as a single process removes them."""
 
-    def __init__(self, inner, families: frozenset[str], live: frozenset[str]):
-        self.inner, self.families, self.live = inner, families, live
+    def __init__(self, inner, shown: dict[str, tuple[str, frozenset[str]]]):
+        self.inner, self.shown = inner, shown
 
     def collect(self):
         for family in self.inner.collect():
-            if family.name in self.families:
-                family.samples = [s for s in family.samples if s.labels.get("backend") in self.live]
+            if family.name in self.shown:
+                label, values = self.shown[family.name]
+                family.samples = [s for s in family.samples if s.labels.get(label) in values]
             yield family
 
 
-def metrics_registry(per_backend: frozenset[str] = frozenset(), live: frozenset[str] = frozenset()):
-    """All workers' metrics as one scrape: prometheus_client's multiprocess files, merged at read time; the
-    `per_backend` gauge families keep the `live` backends' series only."""
+def metrics_registry(shown: dict[str, tuple[str, frozenset[str]]] | None = None):
+    """All workers' metrics as one scrape: prometheus_client's multiprocess files, merged at read time, the
+    series of replicas that left filtered out (`_LiveBackendsOnly`)."""
     from prometheus_client import CollectorRegistry, multiprocess
 
     registry = CollectorRegistry()
-    registry.register(_LiveBackendsOnly(multiprocess.MultiProcessCollector(None), per_backend, live))
+    registry.register(_LiveBackendsOnly(multiprocess.MultiProcessCollector(None), shown or {}))
     return registry
 
 
