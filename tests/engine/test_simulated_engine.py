@@ -124,6 +124,12 @@ def test_the_context_length_bounds_what_is_asked_as_the_built_in_engine_does(tmp
     short = Server(["engine", "--simulate", "fast", "--served-model-name", "sim", "--context-length", "100"],
                    tmp_path / "short.log").start()
     try:
+        # before any request its model_* series are there at 0, as the built-in engine's: rate() had lost the
+        # first burst of a fleet of simulated engines (bench --live), its errors' included
+        assert sample(short.url, "model_invocations_total") == 0
+        assert sample(short.url, "model_errors_total", status="503") == 0
+        assert sample(short.url, "model_concurrent_requests") == 0
+        assert sample(short.url, "model_ttfb_milliseconds_count") == 0
         assert httpx.get(short.url + "/v1/models", timeout=5).json()["data"][0]["max_model_len"] == 100
         r = httpx.post(short.url + "/v1/completions", json={"model": "sim", "prompt": "a b", "max_tokens": 500},
                        timeout=5)

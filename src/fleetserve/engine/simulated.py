@@ -36,7 +36,7 @@ from fleetserve.engine.instance import CHALLENGE_HEADER, instance_field
 from fleetserve.kvcache.blocks import chain_keys, kv_salt, namespace_key
 from fleetserve.kvcache.events import KVEventLog
 from fleetserve.observe.logs import log_request, prompt_text, tenant_hash
-from fleetserve.observe.metrics import ModelIdentity, SimEngineMetrics, exposition
+from fleetserve.observe.metrics import ModelIdentity, SimEngineMetrics, exposition, start_model_series
 from fleetserve.sim.perf import PerfProfile
 from fleetserve.sim.replica import ReplicaModel, Seq
 from fleetserve.traces.model import stand_in_tokens
@@ -101,6 +101,7 @@ class SimulatedEngine:
             counter.labels(**self._lbl)  # at 0 from the start, as the engines' are: exposed before a request
         self.identity = identity or ModelIdentity(model_name=model_name, model_version=model_version)
         self._model_lbl = self.identity.labels()
+        start_model_series(m, self._model_lbl)  # as the built-in engine: exposed at 0 before a request
         self._metrics = m
         self.log_prompts = log_prompts
         self.live: weakref.WeakSet[SimRequest] = weakref.WeakSet()  # accepted and not answered: `stop_answers`

@@ -39,6 +39,17 @@ class ModelIdentity:
         return {name: getattr(self, name) for name in MODEL_LABELS}
 
 
+def start_model_series(m, labels: dict[str, str]) -> None:
+    """A replica's model_* series at 0 from its start (`m`: an engine's metrics, built-in or simulated). rate()
+    reads a counter's first sample as its start, so the first burst of a status that appeared mid-run (an
+    incident's beginning) was lost to every panel and alert, a new replica's first request too, and an idle
+    replica was missing from the concurrency panel."""
+    for metric in (m.invocations, m.concurrent, m.latency_ms, m.ttfb_ms):
+        metric.labels(**labels)
+    for status in PRESET_ERROR_STATUSES:
+        m.errors.labels(**labels, status=status)
+
+
 class EngineMetrics:
     """Per-replica engine metrics; gauges of the scheduler are sampled at scrape time."""
 
@@ -58,15 +69,7 @@ class EngineMetrics:
         self.e2e_s = v.VLLM_E2E.make(r)
         self._labels = identity.labels()
         self._vllm = {"model_name": identity.model_name}
-        # series that exist from the start at 0: rate() reads a counter's first sample as its start, so the
-        # first burst of a status that appeared mid-run (an incident's beginning) was lost to every panel and alert
-        self.model(self.invocations)
-        for status in PRESET_ERROR_STATUSES:
-            self.errors.labels(**self._labels, status=status)
-        # and the rest of a request's series, whose labels are known now: a new replica's first request was lost to
-        # rate(), and an idle one was missing from the concurrency panel
-        for metric in (self.concurrent, self.latency_ms, self.ttfb_ms):
-            self.model(metric)
+        start_model_series(self, self._labels)
         for metric in (self.prompt_tokens, self.generation_tokens, self.ttft_s, self.e2e_s):
             self.vllm(metric)
 
