@@ -523,3 +523,47 @@ def test_replay_over_https_to_a_plain_http_gateway_is_refused_not_lost(tmp_path)
     summary = json.loads(result.stdout)
     assert result.returncode == 1 and summary["refused"] == 2 and summary["lost"] == 0, result.stdout
     assert "TLS handshake failed" in result.stderr
+
+
+def test_live_routing_bench_oracle_counts_what_an_engine_can_reuse_and_names_what_cannot_act(tmp_path):
+    """The live oracle counted the block of each prompt's last token, which no engine reuses: 0.9 where 0.45 was
+    the most possible, so every live hit_vs_oracle read half what it was. A strategy that cannot act on the trace
+    (session without session keys) was run and reported under its own name with another policy's figures."""
+    from fleetserve.bench.routing import run
+
+    same = tmp_path / "same.jsonl"  # ten copies of one 512-token prompt: two blocks of 256, the last one computed
+    same.write_text("".join(json.dumps({"timestamp": i * 500, "input_length": 512, "output_length": 4,
+                                        "hash_ids": [7]}) + "\n" for i in range(10)))
+    figures = run(str(same), replicas=2, strategies=("session",), limit=10, duration=5)  # nothing to start
+    assert figures["block_size"] == 256 and figures["oracle_hit_rate"] == 0.45  # 9 x 256 of 10 x 512
+    assert figures["strategies"]["session"]["hit_rate"] is None
+    assert "no session keys" in figures["strategies"]["session"]["reason"]
+
+
+def test_live_routing_bench_refuses_what_it_cannot_run_before_it_starts_anything(tmp_path):
+    """A sparse trace made the engines slower than `engine --speedup` takes: a traceback naming a flag the user
+    never gave. A missing sglang-router was said after the strategies before it had run, their figures lost."""
+    from fleetserve.bench.routing import find_sglang_python
+
+    sparse = tmp_path / "sparse.jsonl"
+    sparse.write_text("".join(json.dumps({"timestamp": i * 500, "input_length": 512, "output_length": 4,
+                                          "hash_ids": [i]}) + "\n" for i in range(2)))
+    r = fleetserve("bench", "routing", "--live", "--trace", str(sparse), "--strategies", "roundrobin", "--json")
+    assert r.returncode == 2 and "too sparse" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert json.loads(r.stdout)["valid"] is False
+    if find_sglang_python() is None:
+        r = fleetserve("bench", "routing", "--live", "--trace", str(sparse), "--strategies",
+                       "roundrobin,sglang_cache_aware", "--prompt-format", "text")
+        assert r.returncode == 2 and "needs sglang-router" in " ".join(r.stderr.replace("│", " ").split())
+
+
+def test_requests_that_failed_are_said_beside_the_percentiles_they_are_not_in():
+    """A row's ttft_ms is of its answered requests: 449 of 3,993 timed out unsaid, and a strategy that failed more
+    could read faster."""
+    from fleetserve.bench.routing_sim import failed_warnings
+
+    rows = {"blind": {"roundrobin": {"failed": 449}, "prefixaware": {"failed": 0},
+                      "session": {"hit_rate": None, "reason": "no session keys"}}}
+    (said,) = failed_warnings({"requests": 3993, "modes": rows})
+    assert "blind roundrobin 449 of 3993" in said and "answered requests only" in said
+    assert failed_warnings({"requests": 10, "modes": {"blind": {"roundrobin": {"failed": 0}}}}) == []

@@ -227,14 +227,20 @@ def bench_routing(
         perf_profile(profile)
     except ProfileError as exc:
         raise fail(f"--profile: {exc}", EXIT_USAGE) from None
+    sglang = find_sglang_python(peer(sglang_python, "sglang_router", "--sglang-python", "FLEETSERVE_SGLANG_PYTHON"))
+    if SGLANG in names and sglang is None:  # it was said after the strategies before it had run, and lost them
+        raise typer.BadParameter("sglang_cache_aware needs sglang-router: pip install sglang-router==0.3.2, or give "
+                                 "--sglang-python (or FLEETSERVE_SGLANG_PYTHON) a Python that has it",
+                                 param_hint="--strategies")
     try:
         result = run(trace, replicas, names, limit or 600, duration, cache_fraction=cache_fraction,
                      target_utilization=target_utilization, profile_name=profile,
                      max_output=max_output or 256, progress=None if as_json else say, prompt_format=prompt_format,
-                     sglang_python=find_sglang_python(peer(sglang_python, "sglang_router", "--sglang-python",
-                                                            "FLEETSERVE_SGLANG_PYTHON")))
+                     sglang_python=sglang)
     except (TraceError, ValueError) as exc:
         raise fail(str(exc), EXIT_USAGE) from None
+    except RuntimeError as exc:  # an engine or router process that did not come up: its log's tail, no traceback
+        raise fail(str(exc), 1) from None
     for warning in result["warnings"]:
         err.print(f"warning: {warning}", markup=False)
     print(json.dumps(result, indent=2))
