@@ -62,6 +62,8 @@ def test_cli_status_watch_iterations_reads_the_state_file(tmp_path, monkeypatch)
     assert bad.exit_code == 2
     both = CliRunner().invoke(app, ["status", "--watch", "--json", "--iterations", "1"])  # --json was dropped
     assert both.exit_code == 2 and "--watch/--json" in both.output
+    pruned = CliRunner().invoke(app, ["status", "--watch", "--prune", "--iterations", "1"])  # had pruned, exit 0
+    assert pruned.exit_code == 2 and "--watch/--prune" in pruned.output
     unknown = CliRunner().invoke(app, ["status", "--watch", "nosuch", "--iterations", "1"])  # "no fleets", exit 0
     assert unknown.exit_code == 2 and "no fleet named 'nosuch' (known: demo)" in unknown.output
     named = CliRunner().invoke(app, ["status", "--watch", "demo", "--iterations", "1", "--interval", "0.1"])

@@ -181,3 +181,17 @@ def test_a_key_files_tenant_a_header_cannot_carry_is_refused(tmp_path, tenant):
         KeyRing.from_file(path)
     path.write_text(json.dumps({"keys": {key_digest("k"): "Acme Corp/team-1"}}))  # free text otherwise
     assert KeyRing.from_file(path).tenant("Bearer k") == "Acme Corp/team-1"
+
+
+def test_an_unset_key_variable_is_a_validate_warning_and_bad_input_to_up_before_anything_starts(tmp_path):
+    """validate called the spec valid; up exited 1 after it had started Redis, and left a failed fleet whose
+    state the next start took for the last run's (a new URL, the last run's logs rotated away)."""
+    home = {"FLEETSERVE_HOME": str(tmp_path / "home")}  # TEAM_A_KEY unset
+    spec = tmp_path / "secure.yaml"
+    spec.write_text(SPEC.format(source=tmp_path / "no-model-needed", digest=key_digest("secret-b")))
+    checked = fleetserve("validate", str(spec), env=home)
+    assert checked.returncode == 0 and "spec.auth.apiKeys[0].keyEnv" in checked.stderr, checked.stderr
+    assert "'TEAM_A_KEY'" in checked.stderr
+    up = fleetserve("up", str(spec), "--detach", env=home)
+    assert up.returncode == 2 and "spec.auth.apiKeys[0].keyEnv: environment variable 'TEAM_A_KEY'" in up.stderr
+    assert json.loads(fleetserve("status", "--json", "--all", env=home).stdout) == []  # no fleet recorded

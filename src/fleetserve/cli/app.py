@@ -95,9 +95,10 @@ def validate(
             raise fail(f"render k8s refuses it: {exc}", EXIT_USAGE) from None
         loaded.warnings[:] = [SpecProblem("", text) for text in rendered_warnings(loaded, rendered)]
     else:
-        from fleetserve.spec.effects import local_model_problem, local_tls_problem
+        from fleetserve.spec.effects import local_auth_problem, local_model_problem, local_tls_problem
 
-        for problem in (local_model_problem(loaded.endpoint), local_tls_problem(loaded.endpoint)):
+        for problem in (local_model_problem(loaded.endpoint), local_tls_problem(loaded.endpoint),
+                        local_auth_problem(loaded.endpoint)):
             if problem is not None:
                 loaded.warnings.append(problem)
     _print_warnings(loaded)
@@ -289,6 +290,9 @@ def status(
 
     if not watch and (interval is not None or iterations is not None):
         raise typer.BadParameter("redraws only with --watch", param_hint="--interval/--iterations")
+    if watch and prune:  # it removed state and logs without a word and watched nothing
+        raise typer.BadParameter("one: --prune removes what is kept of stopped fleets, --watch redraws the table",
+                                 param_hint="--watch/--prune")
     if watch and as_json:  # the table was drawn and --json dropped without a word
         raise typer.BadParameter("a live table; for JSON run `status --json` again (or poll it)",
                                  param_hint="--watch/--json")

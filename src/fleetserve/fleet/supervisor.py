@@ -136,6 +136,10 @@ def local_start_problem(loaded: LoadedSpec) -> str | None:
     """Why `fleetserve up` cannot run this spec's engines on this machine, named by the user's own field (a
     HyperPod file has no engine.kind: its worker image decides), with what does run it; None when it can. Asked
     before a fleet is recorded: a HyperPod spec had left a failed fleet behind, its message naming engine.kind."""
+    from fleetserve.spec.effects import local_auth_problem
+
+    if (auth := local_auth_problem(loaded.endpoint)) is not None:  # before anything starts (Redis had)
+        return f"{auth.path}: {auth.message.removesuffix(': `fleetserve up` in this environment will refuse to start')}"
     spec = loaded.endpoint.spec
     kind = spec.engine.kind
     if kind not in ("vllm", "sglang", "container"):
@@ -624,13 +628,13 @@ class Supervisor:
                     secret = os.environ.get(key.key_env or "")
                     if not secret:
                         raise StartupError(f"spec.auth.apiKeys[{i}].keyEnv: environment variable {key.key_env!r} "
-                                           "is not set")
+                                           "is not set", exit_code=2)
                     digest = key_digest(secret)
                 if digest in digests and digests[digest] != key.tenant:  # the last tenant took the key: the first
                     # vanished, its requests counted, salted and billed as the other's
                     raise StartupError(f"spec.auth.apiKeys[{i}] (tenant {key.tenant!r}) holds the same key as "
                                        f"apiKeys[{owner[digest]}] (tenant {digests[digest]!r}): one key can name one "
-                                       "tenant only")
+                                       "tenant only", exit_code=2)
                 digests[digest] = key.tenant
                 owner.setdefault(digest, i)
             path = self.dir / "auth.json"

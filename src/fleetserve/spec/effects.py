@@ -328,6 +328,23 @@ def local_tls_problem(endpoint: Endpoint) -> SpecProblem | None:
     return SpecProblem(path, f"{said}: `fleetserve up` on this machine will refuse to start")
 
 
+def local_auth_problem(endpoint: Endpoint) -> SpecProblem | None:
+    """An API key read from an environment variable this shell does not set: `validate` had called the spec valid,
+    and `up` failed with exit 1 after it had started Redis. A warning for `validate` (the key may be set where
+    the fleet runs), bad input for `up`."""
+    import os
+
+    auth = endpoint.spec.auth
+    if not auth.enabled:
+        return None
+    for i, key in enumerate(auth.api_keys):
+        if not key.key_sha256 and not os.environ.get(key.key_env or ""):
+            return SpecProblem(f"spec.auth.apiKeys[{i}].keyEnv",
+                               f"environment variable {key.key_env!r} (tenant {key.tenant!r}'s key) is not set "
+                               "here: `fleetserve up` in this environment will refuse to start")
+    return None
+
+
 def _sglang_host_cache_note(spec, note) -> None:
     """SGLang (0.5.x) refuses to start when its host pool per GPU rank is not larger than that GPU's KV pool, and
     the KV pool is most of the GPU's memory after the weights: say so where the listed types show it."""
