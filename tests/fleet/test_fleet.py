@@ -146,6 +146,33 @@ def test_ctrl_c_while_a_detached_fleet_starts_stops_it_and_the_next_start_keeps_
     assert json.loads(pruned.stdout) == {"removed": ["cc"], "kept": []}
 
 
+def test_a_start_that_failed_keeps_the_last_runs_url_and_logs(tmp_path, tiny_model, home):
+    """One failed `up` between two good ones gave the next start a new URL (it read the failed start's state, which
+    had none) and pushed the last run's logs away for the failed attempt's."""
+    from pathlib import Path
+
+    spec = write_spec(tmp_path, tiny_model, name="keep", replicas=1)
+    folder = Path(home["FLEETSERVE_HOME"]) / "run" / "keep"
+    assert fleetserve("up", spec, "--detach", env=home).returncode == 0
+    url = status(home, "keep")[0]["url"]
+    assert fleetserve("down", "keep", env=home).returncode == 0
+    good_run = (folder / "supervisor.log").read_text()
+    (tmp_path / "bad").mkdir()
+    bad = write_spec(tmp_path / "bad", tmp_path / "no-such-model", name="keep", replicas=1)
+    failed = fleetserve("up", bad, "--detach", env=home)
+    assert failed.returncode == 2 and "spec.model.source" in failed.stderr, failed.stderr
+    assert status(home, "keep")[0]["status"] == "failed"  # shown, with its error, until the next start
+    again = fleetserve("up", spec, "--detach", env=home)
+    try:
+        assert again.returncode == 0, again.stderr
+        assert status(home, "keep")[0]["url"] == url
+        assert (folder / "logs.previous" / "supervisor.log").read_text() == good_run
+        assert "spec.model.source" in (folder / "logs.failed-start" / "supervisor.log").read_text()
+    finally:
+        assert fleetserve("down", "keep", env=home).returncode == 0
+    assert leftovers(home) == []
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 130)])
 def test_sigterm_or_a_closed_terminal_while_a_detached_fleet_starts_stops_it(tmp_path, tiny_model, home, sig, code):
     """Only Ctrl-C stopped the start: SIGTERM and SIGHUP (a closed terminal) took Python's default exit and left

@@ -167,11 +167,11 @@ def up(
         fleet_lock = inherited_fleet_lock() or take_fleet_lock(name)  # noqa: F841
     except FleetError as exc:
         raise fail(str(exc), exc.exit_code) from None
-    from fleetserve.fleet.control import DETACHED_ENV, keep_previous_logs
+    from fleetserve.fleet.control import DETACHED_ENV, set_aside_last_run
     from fleetserve.fleet.state import fleet_dir
 
-    if not os.environ.get(DETACHED_ENV):  # `up --detach` kept them before it started this supervisor
-        keep_previous_logs(fleet_dir(name))  # in the foreground too: the last run's lines came first in its files
+    if not os.environ.get(DETACHED_ENV):  # `up --detach` set them aside before it started this supervisor
+        set_aside_last_run(fleet_dir(name))  # in the foreground too: the last run's lines came first in its files
 
     detached = bool(os.environ.get(DETACHED_ENV))
     lines = _logged_say(loaded.endpoint.spec.observability.log_format) if detached else say

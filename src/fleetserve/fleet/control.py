@@ -15,6 +15,7 @@ from fleetserve.fleet.process import fleetserve_command
 from fleetserve.fleet.state import (
     PREVIOUS,
     FleetState,
+    failed_start,
     fleet_dir,
     list_fleets,
     mark_stale,
@@ -78,13 +79,16 @@ def ensure_not_running(name: str) -> None:
 
 
 PREVIOUS_LOGS = "logs.previous"  # the last run's logs (and its supervisor.log), kept through the next start
+FAILED_START_LOGS = "logs.failed-start"  # a failed start's, which do not displace the last run's
 DETACHED_ENV = "FLEETSERVE_DETACHED_SUPERVISOR"  # set for the supervisor `up --detach` starts
 
 
 def keep_previous_logs(folder: Path) -> None:
     """The last run's logs move to `logs.previous` (the one before goes): a fleet started again after a crash had
-    deleted the crashed run's replica, router and supervisor logs, the evidence of what happened."""
-    previous = folder / PREVIOUS_LOGS
+    deleted the crashed run's replica, router and supervisor logs, the evidence of what happened. A start that
+    failed before it was ready (its error was printed) keeps its logs in `logs.failed-start` instead: it had
+    pushed the last run's away."""
+    previous = folder / (FAILED_START_LOGS if failed_start(folder) else PREVIOUS_LOGS)
     if not (folder / "logs").exists() and not (folder / "supervisor.log").exists():
         return
     try:
@@ -98,6 +102,19 @@ def keep_previous_logs(folder: Path) -> None:
         pass
 
 
+def set_aside_last_run(folder: Path) -> None:
+    """Before a supervisor starts: the last run's logs and state move aside (`logs.previous`, PREVIOUS), where the
+    new supervisor carries on from them (read_previous_state: its port, its scaling state). A start that failed
+    before it was ready is no last run: its state goes, its logs go to `logs.failed-start`, and the run before
+    it stays (one failed `up` had given the next start a new URL and the failed attempt's logs only)."""
+    failed = failed_start(folder)
+    keep_previous_logs(folder)
+    if failed:
+        (folder / "state.json").unlink(missing_ok=True)
+    elif (folder / "state.json").exists():
+        os.replace(folder / "state.json", folder / PREVIOUS)
+
+
 def start_detached(spec_path: str, name: str, timeout: float, extra_args: tuple[str, ...] = ()) -> FleetState:
     """Start the supervisor in its own session and wait until the fleet is ready or has failed. Ctrl-C or SIGTERM
     while it starts stops it: in its own session it had gone on starting, ready later, its URL never printed."""
@@ -105,9 +122,7 @@ def start_detached(spec_path: str, name: str, timeout: float, extra_args: tuple[
     lock = take_fleet_lock(name)  # before the logs move: a second `up` of the name touches nothing
     try:
         folder = fleet_dir(name)
-        keep_previous_logs(folder)
-        if (folder / "state.json").exists():  # the new supervisor may carry on from it (read_previous_state)
-            os.replace(folder / "state.json", folder / PREVIOUS)
+        set_aside_last_run(folder)
         log_path = folder / "supervisor.log"
         with open(log_path, "ab") as log:  # appended to, as the children's logs are: rotated by copy and truncate
             proc = subprocess.Popen(

@@ -52,6 +52,9 @@ class FleetState:
     spec_path: str
     supervisor_pid: int
     status: str = "starting"  # starting | ready | stopping | stopped | failed
+    # whether this run got as far as ready (None: a state written before this was kept): a start that failed
+    # displaces neither the last run's state (its port, its scaling state) nor its logs (fleet/control.py)
+    served: bool | None = None
     url: str = ""
     router_pid: int | None = None
     strategy: str = ""
@@ -165,17 +168,27 @@ PREVIOUS = "state.previous.json"
 def read_previous_state(name: str) -> FleetState | None:
     """The state an earlier supervisor of this fleet left, if it is gone: `up` after a crash carries on from it.
 
-    A detached start moves state.json aside (PREVIOUS) before its supervisor starts; a foreground `up` finds
-    it in place."""
+    `up` moves state.json aside (PREVIOUS) before its supervisor starts (fleet/control.set_aside_last_run); one
+    still in place is a supervisor's that started otherwise."""
     folder = fleet_dir(name)
     for file in ("state.json", PREVIOUS):
         try:
             state = FleetState.from_json(json.loads((folder / file).read_text()))
         except (OSError, json.JSONDecodeError, TypeError):
             continue
-        if not supervisor_alive(state):
-            return state
+        if not supervisor_alive(state) and not (state.status == "failed" and state.served is False):
+            return state  # a start that failed is not the last run
     return None
+
+
+def failed_start(folder: Path) -> bool:
+    """Whether the state this fleet's folder holds is of a start that failed before it was ready (one stopped by
+    Ctrl-C while starting is a run of its own: its logs are the last run's)."""
+    try:
+        data = json.loads((folder / "state.json").read_text())
+        return data.get("status") == "failed" and data.get("served") is False
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False
 
 
 def serving_note(state: FleetState) -> str:

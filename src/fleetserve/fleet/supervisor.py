@@ -259,6 +259,7 @@ class Supervisor:
             model=self.endpoint.served_model_name,
             spec_path=os.path.abspath(spec_path),
             supervisor_pid=os.getpid(),
+            served=False,
             supervisor_start=process_start(os.getpid()) or "",
             warnings=[str(w) for w in loaded.warnings],
             # _shutdown: the router's drain and its exit, then every child's stop together
@@ -304,7 +305,7 @@ class Supervisor:
         try:
             self._start()
             self._await_prometheus()
-            self.state.status = "ready"
+            self.state.status, self.state.served = "ready", True
             self._save()
             if on_ready:  # what announces the fleet: a reader gone (`up | head -3`) does not stop it
                 _never_raising(lambda _: on_ready(self.state))("")
