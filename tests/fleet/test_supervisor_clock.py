@@ -834,3 +834,31 @@ def test_redis_and_prometheus_stop_after_the_replicas_that_use_them():
     assert stop_groups("router", ["r0", None, "r1"], "redis", "prom") == [["router", "r0", "r1"], ["redis", "prom"]]
     assert stop_groups(None, ["r0"], None, None) == [["r0"]]
     assert stop_groups(None, [], "redis", None) == [["redis"]]
+
+
+def test_a_router_alive_that_does_not_answer_is_said_and_then_killed_to_be_restarted(make, tmp_path):
+    """A SIGSTOPped router (or one whose event loop is blocked) read "up" in status while every request hung,
+    and was never restarted: the supervisor logged "could not update the router's backends" every few seconds."""
+    import sys
+
+    from fleetserve.fleet.process import Child, free_port
+
+    sup, _, mono = make(1)
+    said = []
+    sup.say, sup._save = said.append, lambda: None
+    sup.router = Child("router", [sys.executable, "-c", "import time; time.sleep(120)"], tmp_path / "router.log")
+    sup.router.start()
+    try:
+        sup.router_url, sup.admin_token = f"http://127.0.0.1:{free_port()}", "t"  # nothing answers there
+        sup.state.router_status = "up"
+        sup._reconcile(mono())
+        assert sup.state.router_status == "up" and sup.router.alive()
+        mono.advance(6)
+        sup._reconcile(mono())
+        assert sup.state.router_status.startswith("not answering") and sup.router.alive()
+        mono.advance(25)
+        sup._reconcile(mono())
+        sup.router.proc.wait(timeout=10)  # killed: _keep_alive restarts it after its back-off
+        assert sup.router.exit_code() == -9 and "killed, to be restarted" in said[-1], said
+    finally:
+        sup.router.stop(timeout=1)

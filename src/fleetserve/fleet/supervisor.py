@@ -97,7 +97,11 @@ ALERTS_UNKNOWN = "unknown (the fleet's Prometheus does not answer)"
 # evaluations of a restarted Prometheus before what it no longer fires counts as resolved: its first ones show
 # alerts pending until it restored their `for` state (fleet/prometheus.py); the second restores
 ALERTS_SETTLE_EVALUATIONS = 3
-ALERTS_EVERY_S = 15.0  # how often the fleet's own Prometheus is asked which alerts fire (for `status`)
+ALERTS_EVERY_S = 15.0
+# a router alive that does not answer its admin API: said in status after this, killed (and so restarted) after
+# ROUTER_HANG_S, as a Kubernetes liveness probe with its default period and threshold (10 s x 3) would
+ROUTER_SILENT_STATUS_S = 5.0
+ROUTER_HANG_S = 30.0  # how often the fleet's own Prometheus is asked which alerts fire (for `status`)
 
 
 def engine_url(port: int) -> str:
@@ -244,6 +248,8 @@ class Supervisor:
         self._prometheus_dir: Path | None = None  # set when the fleet runs its own Prometheus
         self._prometheus_query_url = ""  # the fleet's Prometheus with its basic auth (never written to state)
         self._alerts_at = 0.0  # when its firing alerts are read next (monotonic)
+        self._router_silent_since: float | None = None  # the router's admin API has not answered since (monotonic)
+        self._router_answered = False  # the last read of its /admin/load got an answer, of any status
         self._alerts_known: list[str] = []  # the firing alerts of the last reading (status shows unknown meanwhile)
         self._alerts_settle_until = 0.0  # a restarted Prometheus resolves nothing before this (monotonic)
         self._rotate_at = 0.0  # when the log files' sizes are checked next (monotonic)
@@ -682,8 +688,33 @@ class Supervisor:
             return None
 
     def _router_load(self) -> dict | None:
-        r = self._get(self.router_url + "/admin/load", {"x-fleetserve-admin": self.admin_token})
-        return r.json() if r is not None else None
+        """The router's /admin/load, or None; `_router_answered` says whether it answered at all (any status: a
+        process that answers is not hung)."""
+        try:
+            r = self._http.get(self.router_url + "/admin/load", headers={"x-fleetserve-admin": self.admin_token})
+        except httpx.HTTPError:
+            self._router_answered = False
+            return None
+        self._router_answered = True
+        return r.json() if r.status_code == 200 else None
+
+    def _router_not_answering(self, mono: float) -> None:
+        """A router process alive that does not answer its admin API (SIGSTOPped, its event loop blocked): status
+        says so after ROUTER_SILENT_STATUS_S, and after ROUTER_HANG_S it is killed, so it is restarted (it had
+        read "up" while every request hung, until someone sent it SIGCONT; `--workers` routers restart a hung
+        worker themselves, a single process had nothing)."""
+        if self._router_silent_since is None:
+            self._router_silent_since = mono
+        silent = mono - self._router_silent_since
+        if silent >= ROUTER_SILENT_STATUS_S and self.state.router_status in ("up", ""):
+            self.state.router_status = "not answering (its admin API times out or refuses)"
+            self.say(f"the router (pid {self.router.pid}) does not answer its admin API")
+        if silent >= ROUTER_HANG_S:
+            self.say(f"the router (pid {self.router.pid}) has not answered for {silent:.0f}s (hung: a stopped "
+                     "process, a blocked event loop): killed, to be restarted")
+            log.warning("router hung for %.0fs; last log lines:\n%s", silent, self.router.log_tail(5))
+            self.router.signal(signal.SIGKILL)
+            self._router_silent_since = None
 
     def _push_backends(self) -> None:
         """The router's backends are the replicas this fleet runs; engines outside it (`engine.urls`) are the
@@ -1145,6 +1176,11 @@ class Supervisor:
         load = self._router_load() if self.router else None
         if load is not None:
             self.state.router_status = "up"
+            self._router_silent_since = None
+        elif self.router is not None and self.router.alive() and not starting_up and not self._router_answered:
+            self._router_not_answering(mono)
+        else:
+            self._router_silent_since = None
         self._in_flight_by_url = {b["url"]: b["in_flight"] for b in (load or {}).get("backends", [])}
         # unknown without a report (the router restarting): the supervisor's own view stands, not a stale one
         self._router_out = {b["url"] for b in (load or {}).get("backends", []) if b.get("healthy") is False}
