@@ -24,3 +24,13 @@ def test_the_refusals_name_what_to_send_instead():
     headers = [(b"host", b"127.0.0.1:9"), (b"origin", b"http://127.0.0.1:9"), (b"content-type", b"application/json")]
     assert scope_post_refusal(headers) is None
     assert scope_post_refusal([*headers[:1], (b"sec-fetch-site", b"same-site")]).code == "cross_site_request"
+
+
+def test_only_json_or_no_content_type_is_read_as_json():
+    """image/png, text/html, application/xml and garbage were read as JSON: only the form types were refused."""
+    for given in (b"image/png", b"text/html", b"application/xml", b"application/octet-stream", b"garbage",
+                  b"text/json+", b"+json"):
+        refused = post_refusal({}, b"h", given, None)
+        assert refused is not None and refused.status == 415 and given.decode() in refused.message, given
+    for given in (b"application/json", b"Application/JSON; charset=utf-8", b"application/vnd.api+json", None):
+        assert post_refusal({}, b"h", given, None) is None, given

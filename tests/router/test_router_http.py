@@ -115,7 +115,8 @@ def test_errors_pass_through_in_openai_shape(pair):
 
     # a web page may POST these to another origin without a CORS preflight: a fleet on localhost without keys had
     # answered them, so any page a user opened could drive it; JSON, or no content-type, is read as JSON
-    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
+                 "image/png", "application/xml"):  # and any other type that is not JSON (they were read as JSON)
         r = httpx.post(gw.url + "/v1/chat/completions", content=json.dumps(CHAT), headers={"content-type": kind},
                        timeout=30)
         assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", (kind, r.text)
