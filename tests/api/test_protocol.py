@@ -71,6 +71,23 @@ def test_stream_usage_option():
     assert parsed.stream and parsed.include_usage
 
 
+def test_stream_options_the_engines_cannot_honour_are_refused_and_unknown_ones_logged(caplog, monkeypatch):
+    """continuous_usage_stats (vLLM's usage in every chunk) was ignored without a word, "x" for it passed, and an
+    unknown stream_options key was not logged as an unknown top-level field is."""
+    monkeypatch.setattr(protocol, "_IGNORED_SEEN", set())
+    stream = {**CHAT, "stream": True}
+    refused = error_of(parse_chat, {**stream, "stream_options": {"continuous_usage_stats": True}})
+    assert (refused.param, refused.code) == ("stream_options.continuous_usage_stats", "unsupported_value")
+    mistyped = error_of(parse_completion, {"prompt": "a", "stream": True,
+                                           "stream_options": {"continuous_usage_stats": "x"}})
+    assert (mistyped.param, mistyped.code) == ("stream_options.continuous_usage_stats", "invalid_type")
+    assert parse_chat({**stream, "stream_options": {"continuous_usage_stats": False, "include_obfuscation": True,
+                                                    "include_usage": True}}).include_usage
+    with caplog.at_level("WARNING", logger="fleetserve.api.protocol"):
+        parse_chat({**stream, "stream_options": {"include_usage": True, "chunk_size": 4}})
+    assert any("'stream_options.chunk_size'" in r.getMessage() for r in caplog.records), caplog.records
+
+
 def test_completion_prompt_forms():
     assert parse_completion({"prompt": "hi"}).prompt == "hi"
     assert parse_completion({"prompt": ["hi"]}).prompt == "hi"

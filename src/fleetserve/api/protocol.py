@@ -314,13 +314,15 @@ def _unsupported(body: dict, kind: str) -> None:
         raise invalid("metadata", "must be an object of string keys and values", "invalid_type")
 
 
-def _note_ignored(body: dict, kind: str) -> None:
-    """Log, once per process and name, a request field this endpoint does not know and so ignores; at most
-    `MAX_IGNORED_NAMES` names are remembered (clients choose them: an unbounded set was a slow memory leak)."""
+def _note_ignored(body: dict, kind: str, known: frozenset[str] | None = None, prefix: str = "") -> None:
+    """Log, once per process and name, a request field this endpoint does not know and so ignores (`known`, under
+    `prefix`: an object's own fields); at most `MAX_IGNORED_NAMES` names are remembered (clients choose them: an
+    unbounded set was a slow memory leak)."""
     if len(_IGNORED_SEEN) >= MAX_IGNORED_NAMES:
         return
+    known = _KNOWN[kind] if known is None else known
     # cut to MAX_NAME_CHARS: a name of megabytes (one body holds it) was kept and logged whole
-    unknown = list(dict.fromkeys(name[:MAX_NAME_CHARS] for name in body if name not in _KNOWN[kind]))
+    unknown = list(dict.fromkeys(prefix + name[:MAX_NAME_CHARS] for name in body if name not in known))
     unknown = [name for name in unknown if name not in _IGNORED_SEEN]
     if unknown:
         unknown = unknown[:MAX_IGNORED_NAMES - len(_IGNORED_SEEN)]
@@ -415,7 +417,10 @@ def _model(body: dict) -> str | None:
     return model
 
 
-def _stream_options(body: dict, stream: bool) -> bool:
+STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation", "continuous_usage_stats"})
+
+
+def _stream_options(body: dict, stream: bool, kind: str) -> bool:
     options = body.get("stream_options")
     if options is None:
         return False
@@ -423,6 +428,13 @@ def _stream_options(body: dict, stream: bool) -> bool:
         raise invalid("stream_options", "must be an object", "invalid_type")
     if not stream:
         raise invalid("stream_options", "is only allowed when stream is true")
+    # OpenAI's obfuscation pads chunks against side channels: none here to pad, so taking it changes nothing
+    _bool(options, "include_obfuscation", where="stream_options.include_obfuscation")
+    if _bool(options, "continuous_usage_stats", where="stream_options.continuous_usage_stats"):
+        raise invalid("stream_options.continuous_usage_stats", "usage in every chunk (vLLM's extension) is not "
+                      "supported; allowed: false or omitted (include_usage gives it in the last chunk)",
+                      "unsupported_value")  # it had been ignored without a word
+    _note_ignored(options, kind, STREAM_OPTIONS, "stream_options.")
     return _bool(options, "include_usage", where="stream_options.include_usage")
 
 
@@ -444,7 +456,7 @@ def parse_chat(body: dict, *, tool_calls: bool = False) -> ParsedRequest:
         kind="chat",
         model=_model(body),
         stream=stream,
-        include_usage=_stream_options(body, stream),
+        include_usage=_stream_options(body, stream, "chat"),
         sampling=_sampling(body),
         messages=_messages(body, tool_calls),
         cache_salt=cache_salt_of(body),
@@ -483,7 +495,7 @@ def parse_completion(body: dict) -> ParsedRequest:
         kind="completion",
         model=_model(body),
         stream=stream,
-        include_usage=_stream_options(body, stream),
+        include_usage=_stream_options(body, stream, "completion"),
         sampling=_sampling(body),
         prompt=_prompt(body),
         echo=_bool(body, "echo"),
