@@ -92,3 +92,15 @@ def test_kvcache_reads_a_model_folders_vocabulary(tmp_path):
 
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 259, "max_position_embeddings": 4096}))
     assert _model(str(tmp_path), tmp_path) == (str(tmp_path), 259)
+
+
+def test_a_bursts_first_and_last_answers_are_timed_from_one_origin():
+    """The first answer was timed from before the load generator started and the last from its own request's
+    send: the first read 6.734 s and the last 6.689 s, and the cold-vs-warm ratio carried the generator's start."""
+    burst = [Outcome("answered", 200, latency_s=6.6, started_at=100.05),   # sent late, answered first
+             Outcome("answered", 200, latency_s=6.6, started_at=100.00),
+             Outcome("answered", 200, latency_s=6.7, started_at=100.10),   # answered last
+             Outcome("rejected_with_retry_after", 503, latency_s=9.0, started_at=100.0)]
+    first, last = scale_from_zero._responses(burst)
+    assert abs(first - 6.6) < 1e-9 and abs(last - 6.8) < 1e-9 and first <= last
+    assert scale_from_zero._responses([]) == (None, None)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from pathlib import Path
 
 from fleetserve.bench.localfleet import LocalFleet
@@ -45,6 +44,18 @@ def _burst(url: str, requests: int, max_tokens: int) -> list[Outcome]:
     return load.finish()
 
 
+def _responses(burst: list[Outcome]) -> tuple[float | None, float | None]:
+    """The first and the last answer of a burst, both from its first send: the first had been timed from before
+    the load generator started and the last from its own request's send, so the first could read later than the
+    last, and the cold-vs-warm ratio carried the generator's start. None where nothing was answered (a fleet that
+    never started had read "first response 0.0 s")."""
+    if not burst:
+        return None, None
+    origin = min(o.started_at for o in burst)
+    ends = [o.started_at + o.latency_s - origin for o in burst if o.kind == "answered" and o.status < 300]
+    return min(ends, default=None), max(ends, default=None)
+
+
 def run(model: str = "tiny", requests: int | None = None, max_tokens: int = 8, buffer: int = 8) -> dict:
     """A burst of `requests` (default ten times the router's wait buffer) at a fleet at zero replicas."""
     requests = requests or 10 * buffer
@@ -64,18 +75,14 @@ def run(model: str = "tiny", requests: int | None = None, max_tokens: int = 8, b
         spec = SPEC.format(source=source, threads=os.cpu_count() or 1, buffer=buffer, target=max(requests, 1))
         with LocalFleet(Path(tmp), "bench-zero", spec) as fleet:
             url = fleet.up()["url"]
-            started = time.monotonic()
             cold = _burst(url, requests, max_tokens)
             status = fleet.status()
             cold_start = min((r["cold_start_s"] for r in status["replicas"] if r["cold_start_s"] is not None),
                              default=None)
             warm = _burst(url, requests, max_tokens)
-    # None where nothing was answered (a fleet that never started had read "first response 0.0 s")
     answered = [o for o in cold if o.kind == "answered" and o.status < 300]
-    first_cold = min((o.started_at + o.latency_s - started for o in answered), default=None)
-    last_cold = max((o.latency_s for o in answered), default=None)
-    warm_answered = [o.latency_s for o in warm if o.kind == "answered" and o.status < 300]
-    first_warm = min(warm_answered, default=None)
+    first_cold, last_cold = _responses(cold)
+    first_warm, last_warm = _responses(warm)
     figures = tally(cold + warm)
     return {
         "benchmark": "scale-from-zero",
@@ -88,7 +95,7 @@ def run(model: str = "tiny", requests: int | None = None, max_tokens: int = 8, b
         "cold_start_s": round(cold_start, 3) if cold_start is not None else None,
         "first_response_s": rounded(first_cold),
         "last_response_s": rounded(last_cold),  # of the answered requests, as warm's
-        "warm": {"first_response_s": rounded(first_warm), "last_response_s": rounded(max(warm_answered, default=None))},
+        "warm": {"first_response_s": rounded(first_warm), "last_response_s": rounded(last_warm)},
         # requests of either burst that did not end answered (after their retries): a failed run
         "unanswered": sum(1 for o in cold + warm if not (o.kind == "answered" and o.status < 300)),
         "fleet_error": status.get("error") or None,  # why no replica served, as `status` says it
