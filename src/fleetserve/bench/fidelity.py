@@ -507,10 +507,13 @@ def run(cfg: FidelityConfig | None = None, progress: Callable[[str], None] = lam
         # bytes: the headline uses the probes' median: few probes on a shared machine, and a draw from them
         # hands any stall of the calibration windows to the replay's low TTFT mode, whose tail is where p50 sits
         median_only = {**live_cal, "request_overhead_samples": []}
-        cal_profiles = {"live": calibrated(prof, live_cal if text_at_once else median_only),
+        headline = live_cal if text_at_once else median_only
+        cal_profiles = {"live": calibrated(prof, headline),
                         "live_overhead_samples": calibrated(prof, live_cal),
                         "live_median_overhead": calibrated(prof, median_only),
-                        "live_without_first_text": calibrated(plain, median_only),
+                        # the headline but for its first-text model: it had also swapped the sampled overheads
+                        # for their median, crediting that change to the first-text model
+                        "live_without_first_text": calibrated(plain, headline),
                         "live_idle_and_burst_calibration": calibrated(prof, idle)}
         if cfg.simulated_engines:
             sims["raw_plain"] = simulate_trace(spec_text, trace, plain_path, cfg.seed)
