@@ -289,11 +289,13 @@ def test_at_zero_a_bad_body_is_a_400_at_once_in_front_of_built_in_engines(tiny_m
         gw.stop()
 
 
-def test_at_zero_the_router_lists_the_card_a_replica_gave_with_its_context_length(tiny_model, logs):
+def test_at_zero_the_router_lists_the_card_a_replica_gave_with_its_context_length(tiny_model, logs, tmp_path):
     """A fleet scaled to zero listed a bare card without `max_model_len`, which clients size prompts by: the router
-    now answers with the card a replica listed."""
+    now answers with the card a replica listed. A router restarted at zero had lost it (held, and woke the fleet
+    for, what the context cannot hold): it keeps the card in --model-cards-file."""
+    cards = tmp_path / "cards.json"
     one = engine(tiny_model, logs, port=None).start()
-    gw = router([one], logs, "leastload", "--model", "tiny", "--check-bodies").start()
+    gw = router([one], logs, "leastload", "--model", "tiny", "--check-bodies", "--model-cards-file", str(cards)).start()
     try:
         served = httpx.get(one.url + "/v1/models", timeout=5).json()["data"][0]
         assert served["max_model_len"] > 0
@@ -311,6 +313,15 @@ def test_at_zero_the_router_lists_the_card_a_replica_gave_with_its_context_lengt
                                            max_tokens=served["max_model_len"])
         assert refused.value.body["code"] == "context_length_exceeded" and refused.value.body["param"] == "max_tokens"
         assert httpx.get(gw.url + "/admin/load", timeout=5).json()["pending"] == 0
+        gw.stop()  # restarted with no replica ready: the card it had learnt is read back
+        assert json.loads(cards.read_text()) == {"tiny": served}
+        gw = router([], logs, "leastload", "--model", "tiny", "--check-bodies", "--model-cards-file",
+                    str(cards)).start(ready_path="/livez")
+        listed = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=10).models.list()
+        assert [m.model_dump(exclude_none=True) for m in listed.data] == [served]
+        with pytest.raises(openai.BadRequestError):
+            client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=10)
+            client.chat.completions.create(model="tiny", messages=CHAT["messages"], max_tokens=served["max_model_len"])
     finally:
         gw.stop()
         one.stop()

@@ -704,6 +704,9 @@ def router(
     check_bodies: Annotated[bool, typer.Option(
         "--check-bodies", help="The replicas are fleetserve's built-in engines: while none is ready, answer a body "
                                "they would refuse 400 at once (it had waited for a cold start, or got a 503)")] = False,
+    model_cards_file: Annotated[str | None, typer.Option(
+        help="Keep the model cards a replica gave in this file (read at start, written when learnt): a router "
+             "restarted at zero answers with them (max_model_len) and refuses what no context holds")] = None,
     drain_timeout: Annotated[float, float_option(min=0, help="Seconds requests under way may run on after SIGTERM "
                                                         "(Kubernetes passes the smaller of router.bufferTimeoutSeconds"
                                                         " and engine.drainTimeoutSeconds)")] = 5.0,
@@ -810,7 +813,7 @@ def router(
                               access_log=access_log, model_identity=identity, queue_metrics=queue_metrics,
                               model_metrics_scope=model_metrics_scope,
                               served_models=tuple(dict.fromkeys(model or ())), invocation_path=invocation_path,
-                              check_bodies=check_bodies)
+                              check_bodies=check_bodies, model_cards_file=model_cards_file)
     if workers > 1 and (max_concurrent_per_replica or max_queue is not None):
         from fleetserve.spec.effects import limits_split
 

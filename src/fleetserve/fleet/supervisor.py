@@ -97,6 +97,7 @@ ALERTS_UNKNOWN = "unknown (the fleet's Prometheus does not answer)"
 # evaluations of a restarted Prometheus before what it no longer fires counts as resolved: its first ones show
 # alerts pending until it restored their `for` state (fleet/prometheus.py); the second restores
 ALERTS_SETTLE_EVALUATIONS = 3
+MODEL_CARDS_FILE = "model-cards.json"  # the router's learnt model cards, kept across its restarts in a run
 ALERTS_EVERY_S = 15.0
 # a router alive that does not answer its admin API: said in status after this, killed (and so restarted) after
 # ROUTER_HANG_S, as a Kubernetes liveness probe with its default period and threshold (10 s x 3) would
@@ -570,6 +571,12 @@ class Supervisor:
         cmd += self._engine_kind_router_args()
         cmd += served_model_args(self.endpoint.served_model_name, self.spec.engine.kind, self.spec.engine.args)
         cmd += body_check_args(self.spec.engine.kind)
+        if served_model_args(self.endpoint.served_model_name, self.spec.engine.kind, self.spec.engine.args):
+            # this run's router keeps the cards a replica gave across its own restarts; a new run (another model,
+            # another context length) starts without the last run's
+            cards = self.dir / MODEL_CARDS_FILE
+            cards.unlink(missing_ok=True)
+            cmd += ["--model-cards-file", str(cards)]
         self.router = Child("router", cmd, self.dir / "logs" / "router.log",
                             env={"FLEETSERVE_ADMIN_TOKEN": self.admin_token,
                                  "FLEETSERVE_SUPERVISOR_METRICS": self.state.metrics_url},  # /dashboard reads it

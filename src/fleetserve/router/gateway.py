@@ -53,7 +53,7 @@ from fleetserve.router.policies import FleetSnapshot, RouteRequest, RoutingPolic
 from fleetserve.router.pool import Backend, BackendPool
 from fleetserve.router.relay import CACHED_TOKENS, PROMPT_TOKENS, last_int, relay
 from fleetserve.router.salting import TenantSalt
-from fleetserve.router.served import context_refusal
+from fleetserve.router.served import context_refusal, read_model_cards
 from fleetserve.router.upstream import Upstream
 from fleetserve.router.usage import asking_usage
 from fleetserve.router.watcher import ReplicaWatcher
@@ -122,6 +122,8 @@ class RouterSettings:
     # the engines read bodies as api/protocol does (the built-in kind): a request held for want of a replica is
     # checked here first, and a bad one answered 400 at once (router/served.py)
     check_bodies: bool = False
+    # where the cards a replica gave are kept, so a restarted router has them at zero (router/served.py)
+    model_cards_file: str | None = None
 
 
 def upstream_credentials(settings: RouterSettings) -> dict[str, str]:
@@ -180,7 +182,8 @@ class Gateway:
         # request ids: a random per-process prefix and a counter (unique, and far cheaper than uuid4 per request)
         self._id_prefix = uuid.uuid4().hex[:24]
         self._created = int(time.time())  # the model cards' `created`, as the engines give theirs
-        self.model_cards: dict[str, dict] = {}  # the served models' cards as a replica listed them (watcher.py)
+        # the served models' cards as a replica listed them (watcher.py), or as this router's predecessor had
+        self.model_cards: dict[str, dict] = read_model_cards(settings.model_cards_file, settings.served_models)
         self._ids = itertools.count()
 
     # --- lifecycle -----------------------------------------------------------------------------------------

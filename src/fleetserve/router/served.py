@@ -21,9 +21,16 @@ to count: such a prompt still waits for a replica.
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+from pathlib import Path
+
 from fleetserve.api.errors import APIError
 from fleetserve.api.protocol import ParsedRequest
 from fleetserve.engine.budget import token_budget
+
+log = logging.getLogger(__name__)
 
 LORA_FLAGS = frozenset({"--enable-lora", "--lora-modules", "--lora-paths", "--max-loras"})
 
@@ -52,3 +59,30 @@ def context_refusal(parsed: ParsedRequest, card: dict | None) -> None:
         raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
                             f"{requested} tokens for the completion alone, which leaves no room for the prompt. "
                             f"Reduce {param}.", param=param, code="context_length_exceeded")
+
+
+def read_model_cards(path: str | None, names: tuple[str, ...]) -> dict[str, dict]:
+    """The cards a router of this fleet learnt before it restarted (`--model-cards-file`), for the served names:
+    a router restarted at zero had a bare card again (no `max_model_len`), and held, and so woke the fleet for,
+    a request its context cannot hold. Nothing when the file is missing or unreadable."""
+    if not path:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {n: c for n, c in data.items() if n in names and isinstance(c, dict) and c.get("id") == n}
+
+
+def write_model_cards(path: str | None, cards: dict[str, dict]) -> None:
+    """The learnt cards, written whole (a temporary file renamed over it: a worker reading it never sees half)."""
+    if not path:
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        Path(tmp).write_text(json.dumps(cards, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError as exc:  # the cards are a convenience at zero: serving goes on without them
+        log.warning("could not keep the model cards in %s: %s", path, exc)

@@ -23,6 +23,7 @@ from fleetserve.router.features import KVLayout
 from fleetserve.router.kvindex import KVIndex
 from fleetserve.router.policies import needs_of
 from fleetserve.router.pool import Backend
+from fleetserve.router.served import write_model_cards
 from fleetserve.router.upstream import UpstreamError
 
 log = logging.getLogger(__name__)
@@ -248,7 +249,9 @@ class ReplicaWatcher:
         # a few replicas at once (a slow one holds the health round for its timeout at most once, not per replica)
         for cards in await asyncio.gather(*(cards_of(b) for b in self.gw.pool.healthy()[:CARDS_ASKED])):
             if cards:
-                self.gw.model_cards.update(cards)
+                if any(self.gw.model_cards.get(n) != c for n, c in cards.items()):
+                    self.gw.model_cards.update(cards)
+                    write_model_cards(self.gw.settings.model_cards_file, self.gw.model_cards)
                 return
 
     async def _read_engine_counters(self, backend: Backend) -> None:
