@@ -862,3 +862,28 @@ def test_a_router_alive_that_does_not_answer_is_said_and_then_killed_to_be_resta
         assert sup.router.exit_code() == -9 and "killed, to be restarted" in said[-1], said
     finally:
         sup.router.stop(timeout=1)
+
+
+def test_a_service_restarted_after_it_exited_is_counted_in_state_and_metrics(make, tmp_path):
+    """A Redis (or router, or Prometheus) crash and restart left no trace but a supervisor.log line: status read
+    "up" and no metric moved."""
+    import sys
+
+    from prometheus_client import generate_latest
+
+    from fleetserve.fleet.process import Child
+
+    sup, _, mono = make(1)
+    sup.say = lambda _m: None
+    sup.redis = Child("redis", [sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "redis.log")
+    assert 'fleetserve_service_restarts_total{service="redis"} 0.0' in generate_latest(sup.metrics.registry).decode()
+    sup.redis.start()
+    sup.redis.proc.wait(timeout=30)
+    assert not sup._keep_alive(sup.redis, sup._redis_backoff, mono(), "redis-server")  # its back-off first
+    mono.advance(60)
+    assert sup._keep_alive(sup.redis, sup._redis_backoff, mono(), "redis-server")
+    sup.redis.proc.wait(timeout=30)
+    assert sup.state.service_restarts == {"redis": 1}
+    text = generate_latest(sup.metrics.registry).decode()
+    assert 'fleetserve_service_restarts_total{service="redis"} 1.0' in text
+    assert 'fleetserve_service_restarts_total{service="router"} 0.0' in text

@@ -397,6 +397,9 @@ def _print_fleet(f) -> None:
     if f.l2_url:
         out.print(f"  l2: {f.l2_url} {f.l2_status or 'unknown'}" + (f" (was; the fleet is {f.status})" if gone else ""),
                   markup=False)
+    if f.service_restarts:
+        out.print("  restarted: " + ", ".join(f"{service} {count} time(s)" for service, count
+                                              in sorted(f.service_restarts.items())), markup=False)
     for tenant, l2 in sorted(f.l2_tenants.items()):
         out.print(f"  l2 of tenant {tenant}: {l2['url']} {l2.get('status') or 'unknown'}"
                   + (f" (was; the fleet is {f.status})" if gone else ""), markup=False)

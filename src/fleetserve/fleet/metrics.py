@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from fleetserve.fleet.process import free_port
 from fleetserve.observe import vocabulary as v
 
+SERVICES = ("router", "redis", "prometheus")  # the fleet's own services the supervisor restarts
+
 
 class SupervisorMetrics:
     def __init__(self) -> None:
@@ -21,6 +23,9 @@ class SupervisorMetrics:
             # annotations missed the first decision of each reason in a supervisor's life
             self.decisions.labels(reason)
         self.cold_start = v.REPLICA_COLD_START.make(r)
+        self.service_restarts = v.SERVICE_RESTARTS.make(r)
+        for service in SERVICES:  # at 0 from the start: increase() sees the first restart
+            self.service_restarts.labels(service)
         self.cost_per_hour = v.COST_PER_HOUR.make(r)
         self.cost_total = v.COST_TOTAL.make(r)
         self.nodes = v.NODES.make(r)

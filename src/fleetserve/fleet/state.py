@@ -79,6 +79,9 @@ class FleetState:
     l2_status: str = ""  # "up", or "restarting (...)" while the supervisor brings it back
     # each tenant's own Redis (kvCache.l2.tenantUrls): {tenant: {"url": without its password, "status": as l2_status}}
     l2_tenants: dict[str, dict[str, str]] = field(default_factory=dict)
+    # the fleet's own services restarted after they exited (router, redis, prometheus): a Redis crash and restart
+    # had left no trace outside supervisor.log
+    service_restarts: dict[str, int] = field(default_factory=dict)
     router_status: str = ""  # "up" once it answers this fleet's admin token; "restarting (exit code ...)"
     redis_pid: int | None = None
     prometheus_url: str = ""  # the fleet's own Prometheus (spec.observability.prometheus), if it runs one

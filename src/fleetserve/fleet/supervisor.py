@@ -1343,6 +1343,9 @@ class Supervisor:
         if not backoff.due(mono):
             return False
         child.start()
+        service = "router" if child is self.router else "redis" if child is self.redis else "prometheus"
+        self.state.service_restarts[service] = self.state.service_restarts.get(service, 0) + 1
+        self.metrics.service_restarts.labels(service).inc()
         self.say(f"{what} restarted (pid {child.pid})")
         return True
 

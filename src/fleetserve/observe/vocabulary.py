@@ -75,6 +75,7 @@ LABELS: dict[str, str] = {
               "overload_fallback, all_overloaded, no_key; roundrobin rotate; leastload least_load; retry (a "
               "retried request, any policy)",
     "source": "predicted (the policy's estimate) or reported (the engine's usage.cached_tokens)",
+    "service": "one of the fleet's own services: router, redis or prometheus",
     "backend": "backend id of a replica behind the router (one per live replica; the counters also keep a "
                "replica that left within 5 minutes, so its last increments are scraped)",
     "tier": "KV tier: engine, l1, l2, or l2:TENANT for a tenant's own Redis (bounded by "
@@ -296,6 +297,9 @@ AUTOSCALER_READY = _m("fleetserve_autoscaler_ready_replicas", "gauge", "Replicas
                       "autoscaler", "replicas", by=(SUPERVISOR,))
 AUTOSCALER_DECISIONS = _m("fleetserve_autoscaler_decisions_total", "counter", "Scaling decisions by reason",
                           "autoscaler", "decisions", ("reason",), by=(SUPERVISOR,))
+SERVICE_RESTARTS = _m("fleetserve_service_restarts_total", "counter", "The fleet's own services restarted after "
+                      "they exited (the router, the L2 Redis, Prometheus): the replicas' restarts are in status",
+                      "autoscaler", "restarts", ("service",), by=(SUPERVISOR,))
 REPLICA_COLD_START = _m("fleetserve_replica_cold_start_seconds", "histogram", "From the request for a replica "
                         "to its first healthy answer", "autoscaler", "seconds", (), COLD_START_BUCKETS_S,
                         by=(SUPERVISOR,))
