@@ -141,6 +141,7 @@ EXPECTED = {  # (panel key, series index): [(labels, value)]
     ("ttfb", 0): [("", 100.0)],
     ("concurrency", 0): [('instance_type="g5"', 3.0)],
     ("errors", 0): [("", 0.1)],
+    ("errors", 1): [("", 0.0)],  # no client error series at all: 0 %, where it had been "no data"
     ("throughput", 0): [('model_version="1"', 1.0)],
     ("cache_tiers", 0): [('tier="engine"', 0.25), ('tier="l1"', 0.25)],  # an even split of a 50% token hit rate
     ("cached_tokens", 0): [('source="predicted"', 2.0)],

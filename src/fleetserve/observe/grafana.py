@@ -72,8 +72,10 @@ PANELS: tuple[PanelDef, ...] = (
     PanelDef("errors", "Error rate", "percentunit",
              (Series(ERROR_SERIES[0], f"sum(rate(model_errors_total{{{MODEL},{SERVER_ERRORS}}}{RATE})) / "
                                       f"sum(rate(model_invocations_total{{{MODEL}}}{RATE}))"),
-              Series(ERROR_SERIES[1], f'sum(rate(model_errors_total{{{MODEL},status=~"4..",status!="429"}}'
-                                      f"{RATE})) / sum(rate(model_invocations_total{{{MODEL}}}{RATE}))"),
+              # no client error yet is no series at all (the engines make only 429 and 5xx at 0): 0 %, not "no
+              # data", while there are invocations
+              Series(ERROR_SERIES[1], f'(sum(rate(model_errors_total{{{MODEL},status=~"4..",status!="429"}}'
+                                      f"{RATE})) or vector(0)) / sum(rate(model_invocations_total{{{MODEL}}}{RATE}))"),
               ),
              "model_errors_total / model_invocations_total: the server's errors spend the error budget, a "
              "client's bad requests do not"),
