@@ -10,10 +10,11 @@ quickstart: setup
 
 # Installs everything, then runs the whole test suite. Most tests wait on real child processes (fleets, engines,
 # Redis, Prometheus), so 4 workers on 2 cores finish in about a third of the serial time; TEST_WORKERS=0 runs serially.
+# The 25 slowest tests are listed at the end: where the suite's time goes.
 TEST_WORKERS ?= 4
 test: setup
 	.venv/bin/ruff check src tests
-	.venv/bin/python -m pytest -q -n $(TEST_WORKERS)
+	.venv/bin/python -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 lint: setup
 	.venv/bin/ruff check src tests
