@@ -136,3 +136,19 @@ def test_the_operator_tells_the_router_when_every_engine_pod_crash_loops_and_whe
     client.objects[("v1", "Pod", NS, "engine-1")]["status"] = pod("x", ready=True)["status"]
     status = reconciler.reconcile(endpoint()).status
     assert reason(client) == "" and status["state"] != "DeploymentFailed"
+
+
+def test_a_static_zero_over_two_instance_types_keeps_its_reason_through_the_operator():
+    """The overflow tier's ScaledObject (made for any two or more instance types) counted as autoscaling: the
+    operator cleared the static-zero reason render had written, and the router held each request for its buffer
+    timeout (10 minutes) where it answers 503 replicas_failing at once."""
+    spec = {"model": {"name": "llama", "source": "hf:meta-llama/Llama-3.1-8B-Instruct"},
+            "engine": {"kind": "vllm", "gpus": 1}, "replicas": 0,
+            "placement": {"instanceTypes": ["ml.g5.2xlarge", "ml.g6e.xlarge"]}}
+    rendered = render(endpoint_from_resource(resource(spec)).endpoint).objects
+    assert sum(o["kind"] == "ScaledObject" for o in rendered) >= 1  # the overflow tier's, which wakes nothing
+    client = RecordingClient()
+    client.create(resource(spec))
+    Reconciler(client, clock=lambda: "2026-01-01T00:00:00Z").reconcile(
+        client.get(OWNER_API_VERSION, "Endpoint", NS, NAME))
+    assert reason(client) == STATIC_ZERO

@@ -211,7 +211,11 @@ class Reconciler:
             log.warning("engine pods of %s/%s not read (%s): the router keeps its last word on them",
                         owner.namespace, owner.name, exc)
             return current_reason(observed), {}
-        autoscaled = any(o.get("kind") == "ScaledObject" for o in rendered)
+        # the spec's word, as render's router_state: the overflow tiers' ScaledObjects (made for any two or more
+        # instance types) scale on tier 0's unschedulable pods and wake nothing, yet had counted as autoscaling,
+        # and the operator cleared the static-zero reason render had written (10-minute holds, not a 503)
+        scaling = endpoint.spec.autoscaling
+        autoscaled = scaling is not None and scaling.enabled
         return engines_failing([p for ps in pods.values() for p in ps], desired, autoscaled,
                                endpoint.spec.engine.kind == "external", now), pods
 
