@@ -1846,3 +1846,18 @@ def test_an_affinity_that_asks_for_capacity_the_spec_does_not_list_is_named_for_
     loaded = load_spec_data(data)
     assert not [w for w in loaded.warnings if w.path == "spec.placement.nodeAffinity"]
     render(loaded.endpoint)
+
+
+def test_a_tenant_host_that_is_no_service_name_is_refused_naming_the_field():
+    """`redis://9redis` rendered Services `9redis` and `9redis-headless`, which the API server refuses (a Service
+    name starts with a letter): the operator retried them every 30 s, holding back the rest of its pass."""
+    from fleetserve.cli.console import render_refusal
+
+    doc = copy.deepcopy(BUILTIN_TENANTS)
+    doc["spec"]["kvCache"]["l2"]["tenantUrls"] = {"alpha": "redis://9redis:6379/0"}
+    with pytest.raises(ValueError) as refused:
+        _objects(doc)
+    (problem,) = render_refusal(refused.value).problems
+    assert problem.path == "spec.kvCache.l2.tenantUrls[alpha]" and "starts with a letter" in problem.message
+    doc["spec"]["kvCache"]["l2"]["tenantUrls"] = {"alpha": "redis://r9:6379/0"}
+    assert {s["metadata"]["name"] for s in _by(_objects(doc)[0], "Service")} >= {"r9", "r9-headless"}

@@ -315,7 +315,9 @@ def test_a_budget_zone_and_a_node_affinity_render_cannot_read_are_errors_naming_
             ({"key": "a", "operator": "Lt", "values": ["1", "2"]}, "exactly one whole number"),
             ({"key": "a", "operator": "In", "values": []}, "at least one value"),
             ({"key": "a", "operator": "Exists", "values": ["v"]}, "takes no values"),
-            ({"key": "karpenter.sh/nodepool", "operator": "In", "values": ["gpu"]}, "Karpenter refuses it")]],
+            ({"key": "karpenter.sh/nodepool", "operator": "In", "values": ["gpu"]}, "Karpenter refuses it"),
+            # its rule is on the domain: a subdomain of karpenter.sh had passed, and the NodePool was refused
+            ({"key": "node.karpenter.sh/x", "operator": "In", "values": ["gpu"]}, "Karpenter refuses it")]],
         ({"capacity": {"consolidation": {"budgets": [{"nodes": "007%"}]}}}, "spec.capacity.consolidation", "007%"),
         ({"capacity": {"consolidation": {"budgets": [{"nodes": "1", "schedule": "0 9 * * *",
                                                       "durationSeconds": 1e30}]}}},

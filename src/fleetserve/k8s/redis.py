@@ -33,6 +33,21 @@ def _l2_wired(ctx: Context) -> bool:
     return ctx.endpoint.spec.kv_cache.l2.enabled and ctx.endpoint.spec.engine.kind in L2_ENGINES
 
 
+def tenant_service(tenant: str, url: str) -> str | None:
+    """The Service a tenant's bare host becomes, a Kubernetes Service name (DNS-1035: it starts with a letter), or
+    None for a Redis of the user's. `redis://9redis` had rendered Services `9redis` and `9redis-headless` that the
+    API server refuses, and the operator retried them every 30 s."""
+    service = rendered_tenant_service(url)
+    if service is None:
+        return None
+    name = dns_name(service)
+    if not name[0].isalpha():
+        raise ValueError(f"spec.kvCache.l2.tenantUrls[{tenant}]: the bare host {service!r} names the Redis "
+                         "rendered for this tenant, and a Kubernetes Service name starts with a letter: name it so "
+                         "(or give a Redis of yours by a host with a dot)")
+    return name
+
+
 def redis_instances(ctx: Context) -> list[tuple[str, str | None]]:
     """(service name, tenant or None) of every Redis this endpoint renders."""
     l2 = ctx.endpoint.spec.kv_cache.l2
@@ -40,9 +55,9 @@ def redis_instances(ctx: Context) -> list[tuple[str, str | None]]:
         return []
     out: list[tuple[str, str | None]] = [] if l2.url else [(ctx.redis_name, None)]
     for tenant, url in sorted(_tenant_urls(ctx).items()):
-        service = rendered_tenant_service(url)
+        service = tenant_service(tenant, url)
         if service:
-            out.append((dns_name(service), tenant))
+            out.append((service, tenant))
     return out
 
 
@@ -73,11 +88,10 @@ def engine_l2(ctx: Context) -> tuple[str | None, dict[str, str], list[dict]]:
         url = f"redis://:$({PASSWORD_ENV})@{ctx.host(ctx.redis_name)}:{REDIS_PORT}/0"
     tenants: dict[str, str] = {}
     for tenant, turl in sorted(_tenant_urls(ctx).items()):
-        service = rendered_tenant_service(turl)
+        service = tenant_service(tenant, turl)
         if service is None:
             tenants[tenant] = turl
             continue
-        service = dns_name(service)
         var = f"{PASSWORD_ENV}_{env_name(service)}"  # one per Redis: tenants a-b and a.b may not share it
         secret_env(var, service)
         parts = urlsplit(turl)

@@ -452,7 +452,8 @@ def _check_term(term: Any, where: str, required: bool = False) -> None:
         if operator in ("Gt", "Lt") and (len(values) != 1 or not re.fullmatch(r"-?[0-9]{1,18}", values[0])):
             raise ValueError(f"{at}.values: {operator} takes exactly one whole number, got {values!r}")
         key = expr["key"]
-        if required and key.startswith("karpenter.sh/") and key not in KARPENTER_KEYS_ALLOWED:
+        # Karpenter's rule is on the domain (the text before the first "/"): node.karpenter.sh/x is refused too
+        if required and key.split("/", 1)[0].endswith("karpenter.sh") and key not in KARPENTER_KEYS_ALLOWED:
             raise ValueError(f"{at}.key {key!r}: Karpenter refuses it in the NodePools fleetserve makes for the "
                              "endpoint (and pods held to another NodePool never get a node of theirs); choose nodes "
                              "with placement.instanceTypes, capacityTypes or node labels")
