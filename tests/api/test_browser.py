@@ -32,5 +32,8 @@ def test_only_json_or_no_content_type_is_read_as_json():
                   b"text/json+", b"+json"):
         refused = post_refusal({}, b"h", given, None)
         assert refused is not None and refused.status == 415 and given.decode() in refused.message, given
-    for given in (b"application/json", b"Application/JSON; charset=utf-8", b"application/vnd.api+json", None):
+    for given in (b"application/json", b"Application/JSON; charset=utf-8", b"application/vnd.api+json", None, b""):
         assert post_refusal({}, b"h", given, None) is None, given
+    # SageMaker's /invocations: its SDK's Predictor sends application/octet-stream by default
+    assert post_refusal({}, b"h", b"application/octet-stream", None, any_but_forms=True) is None
+    assert post_refusal({}, b"h", b"text/plain", None, any_but_forms=True).status == 415

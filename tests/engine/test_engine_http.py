@@ -316,6 +316,8 @@ def test_a_clients_request_id_is_echoed_and_an_insane_one_is_dropped(tiny_engine
     logged = tiny_engine.log_path.stat().st_size
     r = httpx.post(url, json=body, headers={"x-request-id": "y" * 50_000}, timeout=30)
     assert r.status_code == 200 and "x-request-id" not in r.headers
+    huge = httpx.post(url, json=body, headers={"x-request-id": "y" * 1_000_000}, timeout=30)
+    assert huge.status_code == 431  # counted by the header limit before the echo drops it
 
     def since() -> str:
         return tiny_engine.log_path.read_bytes()[logged:].decode(errors="replace")

@@ -84,6 +84,9 @@ def test_sagemaker_invocations_are_answered_as_the_openai_route_the_body_names(p
     with httpx.stream("POST", gw.url + "/invocations", json={**CHAT, "stream": True}, timeout=30) as streamed:
         events = [line for line in streamed.iter_lines() if line.startswith("data: ")]
     assert streamed.headers["content-type"].startswith("text/event-stream") and events[-1] == "data: [DONE]"
+    sdk = httpx.post(gw.url + "/invocations", content=json.dumps(CHAT),  # the SageMaker SDK Predictor's default
+                     headers={"content-type": "application/octet-stream"}, timeout=30)
+    assert sdk.status_code == 200 and sdk.json()["object"] == "chat.completion", sdk.text
     client = openai.OpenAI(base_url=gw.url, api_key="x", max_retries=0)  # a SageMaker-style client's raw call
     answer = client.post("/invocations", body=CHAT, cast_to=httpx.Response)
     assert answer.json()["choices"][0]["message"]["role"] == "assistant"

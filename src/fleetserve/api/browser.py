@@ -15,13 +15,19 @@ BROWSER_HEADERS = frozenset({b"sec-fetch-site", b"origin"})  # what a browser sa
 FORWARDED_HOST = b"x-forwarded-host"  # the Host a proxy in front was called with (nginx's proxy_pass rewrites Host)
 
 
-def is_json_type(content_type: bytes) -> bool:
-    """application/json, or a JSON type of its own (`application/vnd.api+json`): what a body is read as. Any other
-    had been read as JSON too (`image/png`, `text/html`, `application/xml`), where only the types a web page may
-    post to another origin without a preflight were refused (text/plain, a form, multipart). No content type at
-    all is read as JSON."""
+# what a web page may POST to another origin without a preflight: refused on every path
+FORM_TYPES = frozenset({b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data"})
+
+
+def is_json_type(content_type: bytes, any_but_forms: bool = False) -> bool:
+    """application/json, or a JSON type of its own (`application/vnd.api+json`), or none (an empty header): what a
+    body is read as. Any other had been read as JSON too (`image/png`, `text/html`, `application/xml`), where only
+    the form types were refused. `any_but_forms`: SageMaker's /invocations, whose SDK's Predictor sends
+    `application/octet-stream` by default: there only the form types are refused."""
     media = content_type.split(b";", 1)[0].strip().lower()
-    return media == b"application/json" or (media.endswith(b"+json") and b"/" in media)
+    if any_but_forms:
+        return media not in FORM_TYPES
+    return media in (b"", b"application/json") or (media.endswith(b"+json") and b"/" in media)
 
 
 def cross_site(headers: dict[bytes, bytes], host: bytes | None) -> bool:
@@ -44,12 +50,13 @@ def cross_site(headers: dict[bytes, bytes], host: bytes | None) -> bool:
 
 
 def post_refusal(browser: dict[bytes, bytes], host: bytes | None, content_type: bytes | None,
-                 encoding: bytes | None) -> APIError | None:
-    """The error for a POST a page of another site sent, or whose body is not plain JSON; None when it may go on."""
+                 encoding: bytes | None, any_but_forms: bool = False) -> APIError | None:
+    """The error for a POST a page of another site sent, or whose body is not plain JSON; None when it may go on.
+    `any_but_forms`: see `is_json_type`."""
     if (b"origin" in browser or b"sec-fetch-site" in browser) and cross_site(browser, host):
         return APIError(403, "a web page of another site may not call this API (its browser sent Sec-Fetch-Site or "
                              "Origin of another site); call it from a server", code="cross_site_request")
-    if content_type is not None and not is_json_type(content_type):
+    if content_type is not None and not is_json_type(content_type, any_but_forms):
         return APIError(415, f"content-type {content_type.decode('latin-1')!r}: the body must be JSON; send "
                              "content-type: application/json", code="unsupported_media_type")
     if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):

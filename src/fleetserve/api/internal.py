@@ -146,9 +146,10 @@ class EngineGuard:
 
 
 def engine_front_door(app, limits: SizeLimits, auth: InternalAuth):
-    """The engines' front door (built-in and simulated): the request id's echo (on every answer, refusals too),
-    size limits, then the internal token."""
-    return RequestIdEcho(RequestSizeLimit(EngineGuard(app, auth), limits))
+    """The engines' front door (built-in and simulated): size limits (every header counted, the request id's too:
+    the echo in front of them had dropped a 1 MB id before they saw it), the request id's echo, then the internal
+    token."""
+    return RequestSizeLimit(RequestIdEcho(EngineGuard(app, auth)), limits)
 
 
 def router_trust_args(engine_kind: str, tenants: bool) -> list[str]:

@@ -314,11 +314,15 @@ class Gateway:
             if post:  # the request_rate scaling signal: a client without a valid key had moved it too
                 self.requests_total += 1
                 self._count(self.metrics.received, request.path)
-            if post and (refused := post_refusal(browser, host, content_type, encoding)) is not None:
+            if post and (refused := post_refusal(browser, host, content_type, encoding,
+                                                 any_but_forms=request.path == INVOCATIONS_PATH)) is not None:
                 raise refused
             body = parse_json_body(request.body) if post else {}
             if request.path == INVOCATIONS_PATH:  # SageMaker's path: the body says which OpenAI route it is
                 request.path = openai_path(body)
+                # read as JSON here, whatever type the SDK named (application/octet-stream by default): sent as such
+                forwarded = [(k, v) for k, v in forwarded if k != b"content-type"]
+                forwarded.append((b"content-type", b"application/json"))
             route = self._route(request, body, tenant)
             sent = request.body
             if self.salter is not None and post:
