@@ -712,8 +712,10 @@ def test_a_restarted_prometheus_neither_resolves_nor_fires_again_what_fired_befo
         mono.advance(16)
         sup._read_alerts(mono())
         assert sup.state.alerts == ["unknown (the fleet's Prometheus does not answer)"]
+        sup._alerts_settling = True  # as _supervise sets it when it restarts Prometheus
+        mono.advance(48)  # a slow start (its WAL replayed): the settling is timed from its first answer
+        sup._read_alerts(mono())
         answering[0], alerts[0] = True, {**burn, "state": "pending"}  # back, its state not restored yet
-        sup._alerts_settle_until = mono() + 30  # as _supervise sets it when it restarts Prometheus
         mono.advance(16)
         sup._read_alerts(mono())
         assert sup.state.alerts == ["FleetserveCostOverBudget (warning)"] and len(said) == 1, said
@@ -721,8 +723,11 @@ def test_a_restarted_prometheus_neither_resolves_nor_fires_again_what_fired_befo
         mono.advance(16)
         sup._read_alerts(mono())
         assert sup.state.alerts == ["FleetserveCostOverBudget (warning)"] and len(said) == 1, said
-        alerts.clear()  # past the settling, a resolution is one
+        alerts.clear()  # past the settling (4 evaluations from its first answer), a resolution is one
         mono.advance(16)
+        sup._read_alerts(mono())
+        assert sup.state.alerts == ["FleetserveCostOverBudget (warning)"] and len(said) == 1, said
+        mono.advance(30)
         sup._read_alerts(mono())
         assert sup.state.alerts == [] and said[-1] == "alert resolved: FleetserveCostOverBudget (warning)"
     finally:
@@ -842,14 +847,19 @@ def test_a_router_alive_that_does_not_answer_is_said_and_then_killed_to_be_resta
     import sys
 
     from fleetserve.fleet.process import Child, free_port
+    from tests.helpers import wait_until
 
     sup, _, mono = make(1)
     said = []
     sup.say, sup._save = said.append, lambda: None
-    sup.router = Child("router", [sys.executable, "-c", "import time; time.sleep(120)"], tmp_path / "router.log")
+    port = free_port()  # it accepts connections (the kernel does) and answers none, as a SIGSTOPped router
+    sup.router = Child("router", [sys.executable, "-c", "import socket, time; s = socket.socket(); "
+                                  f"s.bind(('127.0.0.1', {port})); s.listen(64); time.sleep(120)"],
+                       tmp_path / "router.log")
     sup.router.start()
     try:
-        sup.router_url, sup.admin_token = f"http://127.0.0.1:{free_port()}", "t"  # nothing answers there
+        sup.router_url, sup.admin_token = f"http://127.0.0.1:{port}", "t"
+        wait_until(lambda: socket_open(port), 30, what="the stand-in router listening")
         sup.state.router_status = "up"
         sup._reconcile(mono())
         assert sup.state.router_status == "up" and sup.router.alive()
@@ -862,6 +872,23 @@ def test_a_router_alive_that_does_not_answer_is_said_and_then_killed_to_be_resta
         assert sup.router.exit_code() == -9 and "killed, to be restarted" in said[-1], said
     finally:
         sup.router.stop(timeout=1)
+    sup.router = Child("router", [sys.executable, "-c", "import time; time.sleep(120)"], tmp_path / "router2.log")
+    sup.router.start()  # alive, and refusing connections (still binding its port): no hang, never killed for it
+    try:
+        sup.router_url = f"http://127.0.0.1:{free_port()}"
+        for _ in range(3):
+            mono.advance(20)
+            sup._reconcile(mono())
+        assert sup.router.alive()
+    finally:
+        sup.router.stop(timeout=1)
+
+
+def socket_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_a_service_restarted_after_it_exited_is_counted_in_state_and_metrics(make, tmp_path):

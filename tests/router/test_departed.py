@@ -23,6 +23,9 @@ def test_departures_expire_after_the_time_and_a_label_in_use_again_is_kept():
     d.update({"c:3": "r1", "d:4": "r2"}, 230)
     d.update({"c:3": "r1"}, 240)
     assert d.update({"c:3": "r1", "d:4": "r2"}, 400) == ([], [])  # back within the time: never gone
+    d.update({"c:3": "r1", "d:4": "r5"}, 500)  # a new replica given r2's freed port: r2's label is gone
+    assert d.update({"c:3": "r1", "d:4": "r5"}, 600) == ([], ["r2"])
+    assert d.kept() == (frozenset({"c:3", "d:4"}), frozenset({"r1", "r5"}))
 
 
 def scrape(gw: Gateway) -> str:

@@ -94,15 +94,16 @@ MAX_SOCKET_PATH = 100  # bytes: sun_path holds 108 with its NUL, and redis-serve
 STOPPED_FAILING = " (it was stopped by a scale-down before it started again; the next replica may fail alike)"
 L2_PROBE_S = 10.0  # how often the L2 Redis is pinged for `status` (an external one was never checked)
 ALERTS_UNKNOWN = "unknown (the fleet's Prometheus does not answer)"
-# evaluations of a restarted Prometheus before what it no longer fires counts as resolved: its first ones show
-# alerts pending until it restored their `for` state (fleet/prometheus.py); the second restores
-ALERTS_SETTLE_EVALUATIONS = 3
+# evaluations of a restarted Prometheus, from its first answer, before what it no longer fires counts as
+# resolved: its alerts read pending until it restored their `for` state (fleet/prometheus.py), which it does at
+# its second evaluation, firing again at the third (measured: 14.9 s after its start at a 5 s interval)
+ALERTS_SETTLE_EVALUATIONS = 4
 MODEL_CARDS_FILE = "model-cards.json"  # the router's learnt model cards, kept across its restarts in a run
-ALERTS_EVERY_S = 15.0
-# a router alive that does not answer its admin API: said in status after this, killed (and so restarted) after
+ALERTS_EVERY_S = 15.0  # how often the fleet's own Prometheus is asked which alerts fire (for `status`)
+# a router alive whose admin API times out: said in status after this, killed (and so restarted) after
 # ROUTER_HANG_S, as a Kubernetes liveness probe with its default period and threshold (10 s x 3) would
 ROUTER_SILENT_STATUS_S = 5.0
-ROUTER_HANG_S = 30.0  # how often the fleet's own Prometheus is asked which alerts fire (for `status`)
+ROUTER_HANG_S = 30.0
 
 
 def engine_url(port: int) -> str:
@@ -253,6 +254,7 @@ class Supervisor:
         self._router_answered = False  # the last read of its /admin/load got an answer, of any status
         self._alerts_known: list[str] = []  # the firing alerts of the last reading (status shows unknown meanwhile)
         self._alerts_settle_until = 0.0  # a restarted Prometheus resolves nothing before this (monotonic)
+        self._alerts_settling = False  # restarted, not read since: its first answer starts the settling
         self._rotate_at = 0.0  # when the log files' sizes are checked next (monotonic)
         self.capacity = build_capacity(self.spec, self.endpoint.metadata.namespace, clock())
         self.controller: Controller | None = None
@@ -695,18 +697,21 @@ class Supervisor:
             return None
 
     def _router_load(self) -> dict | None:
-        """The router's /admin/load, or None; `_router_answered` says whether it answered at all (any status: a
-        process that answers is not hung)."""
+        """The router's /admin/load, or None; `_router_answered` is False only when it timed out (a process that
+        answers any status, or refuses the connection, is not hung)."""
         try:
             r = self._http.get(self.router_url + "/admin/load", headers={"x-fleetserve-admin": self.admin_token})
-        except httpx.HTTPError:
+        except httpx.TimeoutException:  # accepted and never answered: a stopped process, a blocked event loop
             self._router_answered = False
+            return None
+        except httpx.HTTPError:  # refused, or TLS the supervisor does not trust (a certificate rotated on disk):
+            self._router_answered = True  # no hang, and a kill would not help
             return None
         self._router_answered = True
         return r.json() if r.status_code == 200 else None
 
     def _router_not_answering(self, mono: float) -> None:
-        """A router process alive that does not answer its admin API (SIGSTOPped, its event loop blocked): status
+        """A router process alive whose admin API times out (SIGSTOPped, its event loop blocked): status
         says so after ROUTER_SILENT_STATUS_S, and after ROUTER_HANG_S it is killed, so it is restarted (it had
         read "up" while every request hung, until someone sent it SIGCONT; `--workers` routers restart a hung
         worker themselves, a single process had nothing)."""
@@ -1222,8 +1227,9 @@ class Supervisor:
                 self._redis_generation += 1
             if self._keep_alive(self.prometheus, self._prometheus_backoff, mono, "prometheus"):
                 self.state.prometheus_pid = self.prometheus.pid
-                # its first evaluations see its alerts pending until it restored their state from its TSDB
-                self._alerts_settle_until = mono + ALERTS_SETTLE_EVALUATIONS * self.spec.metrics.scrape_interval_seconds
+                # its first evaluations see its alerts pending until it restored their state from its TSDB: the
+                # settling is timed from its first answer (a slow WAL replay had outlasted a window from its start)
+                self._alerts_settling = True
             self._probe_l2(mono)
             self._read_alerts(mono)
             self._rotate_logs(mono)
@@ -1260,6 +1266,9 @@ class Supervisor:
                       for a in alerts if a.get("state") == "firing"}
         except (ValueError, KeyError, TypeError):
             return
+        if self._alerts_settling:
+            self._alerts_settling = False
+            self._alerts_settle_until = mono + ALERTS_SETTLE_EVALUATIONS * self.spec.metrics.scrape_interval_seconds
         before = set(self._alerts_known)  # a Prometheus that did not answer for a while neither resolved nor fired
         if mono < self._alerts_settle_until:  # restarted: what fired before still does until it says otherwise
             firing |= before

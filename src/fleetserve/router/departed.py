@@ -15,27 +15,31 @@ RETAIN_S = 300.0  # 20 scrapes at Prometheus's default 15 s interval
 
 
 class Departures:
-    """Which replicas left when, and the `replica` label each had (the model_* series are labelled by it)."""
+    """Which replicas left when, by (backend id, `replica` label) pair: the model_* series are labelled by the
+    label, the router's own by the id, and a port a departed replica had can come back under another label (a
+    new replica given a freed port: r0's label had stayed for good)."""
 
     def __init__(self, retain_s: float = RETAIN_S) -> None:
         self.retain_s = retain_s
-        self.labels: dict[str, str] = {}  # backend id -> replica label, for the live and the recently departed
-        self.gone_at: dict[str, float] = {}
+        self.known: set[tuple[str, str]] = set()  # live, or left within the time
+        self.gone_at: dict[tuple[str, str], float] = {}
 
     def update(self, live: dict[str, str], now: float) -> tuple[list[str], list[str]]:
         """`live`: backend id -> replica label. The backend ids whose time is up, and the replica labels that go
-        with them (a label a live replica now carries, as a restarted `r0` on a new port, is kept)."""
-        for backend, label in live.items():
-            self.labels[backend] = label
-            self.gone_at.pop(backend, None)
-        for backend in self.labels.keys() - live.keys():
-            self.gone_at.setdefault(backend, now)
-        expired = [b for b, at in self.gone_at.items() if now - at >= self.retain_s]
-        labels = {self.labels[b] for b in expired}
-        for backend in expired:
-            del self.gone_at[backend], self.labels[backend]
-        return expired, sorted(labels - set(self.labels.values()))
+        with them; an id or a label still held by another pair (a restarted `r0` on a new port) is kept."""
+        pairs = set(live.items())
+        for pair in pairs:
+            self.known.add(pair)
+            self.gone_at.pop(pair, None)
+        for pair in self.known - pairs:
+            self.gone_at.setdefault(pair, now)
+        expired = [pair for pair, at in self.gone_at.items() if now - at >= self.retain_s]
+        for pair in expired:
+            del self.gone_at[pair]
+            self.known.discard(pair)
+        ids, labels = self.kept()
+        return sorted({b for b, _ in expired} - ids), sorted({lbl for _, lbl in expired} - labels)
 
     def kept(self) -> tuple[frozenset[str], frozenset[str]]:
         """The backend ids and replica labels whose series are still shown: live, or left within the time."""
-        return frozenset(self.labels), frozenset(self.labels.values())
+        return frozenset(b for b, _ in self.known), frozenset(lbl for _, lbl in self.known)
