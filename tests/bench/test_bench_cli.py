@@ -564,6 +564,8 @@ def test_requests_that_failed_are_said_beside_the_percentiles_they_are_not_in():
 
     rows = {"blind": {"roundrobin": {"failed": 449}, "prefixaware": {"failed": 0},
                       "session": {"hit_rate": None, "reason": "no session keys"}}}
-    (said,) = failed_warnings({"requests": 3993, "modes": rows})
-    assert "blind roundrobin 449 of 3993" in said and "answered requests only" in said
+    sweep = {"0.9": {"rows": {"prefixaware": {"failed": 12}, "roundrobin": {"failed": 0}}}}
+    (said,) = failed_warnings({"requests": 3993, "modes": rows, "load_sweep": sweep})
+    assert "blind roundrobin 449, blind prefixaware at utilization 0.9 12 of 3993" in said, said
+    assert "answered requests only" in said
     assert failed_warnings({"requests": 10, "modes": {"blind": {"roundrobin": {"failed": 0}}}}) == []

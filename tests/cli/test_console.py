@@ -24,3 +24,12 @@ def test_columns_still_sets_the_width(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "60")
     _stdout().print(wide_table())
     assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 60
+
+
+def test_a_failures_json_path_is_the_flag_or_field_its_message_starts_with():
+    from fleetserve.cli.console import _named_path
+
+    assert _named_path("--profile: unknown profile 'x'") == "--profile"
+    assert _named_path("--namespace applies to --install") == "--namespace"  # had been ""
+    assert _named_path("spec.slo.ttftP95Ms: must be > 0") == "spec.slo.ttftP95Ms"
+    assert _named_path("no fleet named 'x'") == "" and _named_path("spec is bad") == ""

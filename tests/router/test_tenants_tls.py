@@ -195,3 +195,6 @@ def test_an_unset_key_variable_is_a_validate_warning_and_bad_input_to_up_before_
     up = fleetserve("up", str(spec), "--detach", env=home)
     assert up.returncode == 2 and "spec.auth.apiKeys[0].keyEnv: environment variable 'TEAM_A_KEY'" in up.stderr
     assert json.loads(fleetserve("status", "--json", "--all", env=home).stdout) == []  # no fleet recorded
+    same = fleetserve("up", str(spec), "--detach", env={**home, "TEAM_A_KEY": "secret-b"})  # team-b's key too
+    assert same.returncode == 2 and "holds the same key as apiKeys[0]" in same.stderr, same.stderr
+    assert json.loads(fleetserve("status", "--json", "--all", env=home).stdout) == []

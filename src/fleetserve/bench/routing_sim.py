@@ -398,6 +398,9 @@ def failed_warnings(result: dict) -> list[str]:
     the answered requests only, so a strategy that fails more can read faster. They had been left out unsaid."""
     failed = [f"{mode} {name} {row['failed']}" for mode, rows in result["modes"].items()
               for name, row in rows.items() if row.get("failed")]
+    failed += [f"blind {name} at utilization {load} {row['failed']}"  # the sweep's rows judge the targets too
+               for load, entry in (result.get("load_sweep") or {}).items()
+               for name, row in entry["rows"].items() if row.get("failed")]
     if not failed:
         return []
     return [f"requests failed ({', '.join(failed)} of {result['requests']}): ttft_ms and e2e_ms are of the "
@@ -437,7 +440,7 @@ def _reachable(floor: float | None) -> bool | None:
 
 def _brief(row: dict) -> dict:
     return {k: row.get(k) for k in ("hit_rate", "hit_vs_oracle", "ttft_ms", "ttft_p95_vs_roundrobin", "load_skew",
-                                    "request_skew", "utilization")}
+                                    "request_skew", "utilization", "failed")}
 
 
 def _sweep_load(u: float, reference: list[SimRequestSpec], requests, main_scale: float, strategies: tuple[str, ...],

@@ -68,11 +68,12 @@ def print_spec_errors(exc) -> None:
     print_errors_json([(p.path, p.message) for p in exc.problems])
 
 
-_NAMED = re.compile(r"(--[a-z][\w-]*|(?:spec|metadata)(?:\.[\w\-/\[\]]+)*|[A-Z]+): ")
+_NAMED = re.compile(r"(--[a-z][\w-]*(?=[: ])|(?:spec|metadata)(?:\.[\w\-/\[\]]+)*(?=: )|[A-Z]+(?=: ))")
 
 
 def _named_path(message: str) -> str:
-    """The field or flag a message of ours starts with (`--profile: ...`, `spec.slo.ttftP95Ms: ...`), or ""."""
+    """The field or flag a message of ours starts with (`--profile: ...`, `--namespace applies to ...`,
+    `spec.slo.ttftP95Ms: ...`), or ""."""
     found = _NAMED.match(message)
     return found.group(1) if found else ""
 

@@ -179,17 +179,23 @@ def read_previous_state(name: str) -> FleetState | None:
             state = FleetState.from_json(json.loads((folder / file).read_text()))
         except (OSError, json.JSONDecodeError, TypeError):
             continue
-        if not supervisor_alive(state) and not (state.status == "failed" and state.served is False):
+        if not supervisor_alive(state) and not _failed_start(state.status, state.served):
             return state  # a start that failed is not the last run
     return None
 
 
+def _failed_start(status: str, served: bool | None) -> bool:
+    """A start that failed before it was ready, or whose supervisor died while starting (SIGKILLed: its state
+    still reads starting). One stopped by Ctrl-C while starting is a run of its own: its logs are the last run's."""
+    return served is False and status in ("failed", "starting")
+
+
 def failed_start(folder: Path) -> bool:
-    """Whether the state this fleet's folder holds is of a start that failed before it was ready (one stopped by
-    Ctrl-C while starting is a run of its own: its logs are the last run's)."""
+    """Whether the state this fleet's folder holds is of a start that failed (`_failed_start`); asked while no
+    supervisor of the fleet runs (its lock is held)."""
     try:
         data = json.loads((folder / "state.json").read_text())
-        return data.get("status") == "failed" and data.get("served") is False
+        return _failed_start(data.get("status"), data.get("served"))
     except (OSError, json.JSONDecodeError, AttributeError):
         return False
 

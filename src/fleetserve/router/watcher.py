@@ -249,9 +249,9 @@ class ReplicaWatcher:
         # a few replicas at once (a slow one holds the health round for its timeout at most once, not per replica)
         for cards in await asyncio.gather(*(cards_of(b) for b in self.gw.pool.healthy()[:CARDS_ASKED])):
             if cards:
-                if any(self.gw.model_cards.get(n) != c for n, c in cards.items()):
-                    self.gw.model_cards.update(cards)
-                    write_model_cards(self.gw.settings.model_cards_file, self.gw.model_cards)
+                if any(_card_changed(self.gw.model_cards.get(n), c) for n, c in cards.items()):
+                    write_model_cards(self.gw.settings.model_cards_file, {**self.gw.model_cards, **cards})
+                self.gw.model_cards.update(cards)
                 return
 
     async def _read_engine_counters(self, backend: Backend) -> None:
@@ -312,3 +312,9 @@ class ReplicaWatcher:
             log.info("KV events of %s interrupted (%s); will resubscribe", backend.url, exc)
         finally:
             self.subscribed.discard(backend.id)
+
+
+def _card_changed(known: dict | None, card: dict) -> bool:
+    """A card worth writing down again: another replica's differs in `created` (its own start) alone."""
+    return known is None or {k: v for k, v in known.items() if k != "created"} != \
+        {k: v for k, v in card.items() if k != "created"}

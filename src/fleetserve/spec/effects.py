@@ -334,14 +334,23 @@ def local_auth_problem(endpoint: Endpoint) -> SpecProblem | None:
     the fleet runs), bad input for `up`."""
     import os
 
+    from fleetserve.router.auth import key_digest
+
     auth = endpoint.spec.auth
     if not auth.enabled:
         return None
+    holder: dict[str, tuple[int, str]] = {}  # key digest -> the first apiKeys entry holding it
     for i, key in enumerate(auth.api_keys):
         if not key.key_sha256 and not os.environ.get(key.key_env or ""):
             return SpecProblem(f"spec.auth.apiKeys[{i}].keyEnv",
                                f"environment variable {key.key_env!r} (tenant {key.tenant!r}'s key) is not set "
                                "here: `fleetserve up` in this environment will refuse to start")
+        digest = key.key_sha256.lower() if key.key_sha256 else key_digest(os.environ[key.key_env or ""])
+        first = holder.setdefault(digest, (i, key.tenant))
+        if first[1] != key.tenant:  # one key naming two tenants: the last had taken it, the first vanished
+            return SpecProblem(f"spec.auth.apiKeys[{i}]",
+                               f"tenant {key.tenant!r} holds the same key as apiKeys[{first[0]}] (tenant "
+                               f"{first[1]!r}): one key can name one tenant only")
     return None
 
 
