@@ -631,20 +631,16 @@ def test_the_last_error_of_a_log_is_never_a_request_line_that_names_an_error():
     assert "Could not create server TCP listening socket" in last_error(redis)
 
 
-def test_the_alerts_its_prometheus_fires_reach_status_and_the_log(make):
-    """They were evaluated by the fleet's own Prometheus and reached nobody: no Alertmanager is wired locally, and
-    status said nothing while the error budget burned."""
+def alerts_server(alerts: list[dict], answering: list[bool]):
+    """A stand-in Prometheus: /api/v1/alerts lists `alerts` while `answering[0]`, else 503; other paths 404."""
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    firing = [{"labels": {"alertname": "FleetserveErrorBudgetBurnFast", "severity": "critical"}, "state": "firing"},
-              {"labels": {"alertname": "FleetserveHighErrorRate", "severity": "warning"}, "state": "pending"}]
-
     class Alerts(BaseHTTPRequestHandler):
         def do_GET(self):
-            body = json.dumps({"status": "success", "data": {"alerts": firing}}).encode()
-            self.send_response(200 if self.path == "/api/v1/alerts" else 404)
+            body = json.dumps({"status": "success", "data": {"alerts": alerts}}).encode()
+            self.send_response(404 if self.path != "/api/v1/alerts" else 200 if answering[0] else 503)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(body)))
             self.end_headers()
@@ -655,11 +651,26 @@ def test_the_alerts_its_prometheus_fires_reach_status_and_the_log(make):
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Alerts)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def reading_alerts(make, server):
+    """A supervisor that reads its alerts from `server` and keeps what it says."""
+    sup, _, mono = make(1)
+    said: list[str] = []
+    sup.say, sup._save = said.append, lambda: None
+    sup._prometheus_query_url = f"http://127.0.0.1:{server.server_address[1]}"
+    return sup, mono, said
+
+
+def test_the_alerts_its_prometheus_fires_reach_status_and_the_log(make):
+    """They were evaluated by the fleet's own Prometheus and reached nobody: no Alertmanager is wired locally, and
+    status said nothing while the error budget burned."""
+    firing = [{"labels": {"alertname": "FleetserveErrorBudgetBurnFast", "severity": "critical"}, "state": "firing"},
+              {"labels": {"alertname": "FleetserveHighErrorRate", "severity": "warning"}, "state": "pending"}]
+    server = alerts_server(firing, [True])
     try:
-        sup, _, mono = make(1)
-        said = []
-        sup.say, sup._save = said.append, lambda: None
-        sup._prometheus_query_url = f"http://127.0.0.1:{server.server_address[1]}"
+        sup, mono, said = reading_alerts(make, server)
         sup._read_alerts(mono())
         assert sup.state.alerts == ["FleetserveErrorBudgetBurnFast (critical)"]  # pending is not firing yet
         assert said == ["alert firing: FleetserveErrorBudgetBurnFast (critical)"]
@@ -680,32 +691,11 @@ def test_the_alerts_its_prometheus_fires_reach_status_and_the_log(make):
 def test_a_restarted_prometheus_neither_resolves_nor_fires_again_what_fired_before_it(make):
     """After a supervised Prometheus restart its alerts read pending until it restored their state, and the
     supervisor logged them resolved (and fired again a while later): the cost alert had gone silent in status."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     burn = {"labels": {"alertname": "FleetserveCostOverBudget", "severity": "warning"}, "state": "firing"}
     alerts, answering = [burn], [True]
-
-    class Alerts(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = json.dumps({"status": "success", "data": {"alerts": alerts}}).encode()
-            self.send_response(200 if answering[0] else 503)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Alerts)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = alerts_server(alerts, answering)
     try:
-        sup, _, mono = make(1)
-        said = []
-        sup.say, sup._save = said.append, lambda: None
-        sup._prometheus_query_url = f"http://127.0.0.1:{server.server_address[1]}"
+        sup, mono, said = reading_alerts(make, server)
         sup._read_alerts(mono())
         assert said == ["alert firing: FleetserveCostOverBudget (warning)"]
         answering[0] = False  # restarting: no reading
