@@ -46,3 +46,36 @@ def test_a_prompt_log_row_without_max_tokens_takes_what_an_engine_would_answer(t
                    '{"timestamp": 1, "messages": [{"role": "user", "content": "hi"}]}\n'
                    '{"timestamp": 2, "prompt": "x", "max_tokens": 5}\n')
     assert [r.output_tokens for r in load_trace(log)] == [16, 64, 5]
+
+
+def test_a_trace_written_to_a_file_is_whole_or_not_at_all_and_a_full_disk_is_said(tmp_path, monkeypatch):
+    """Ctrl-C or a full disk mid-write left a shorter trace that loads as a valid one, over the file it replaced;
+    -o /dev/full was a traceback."""
+    from fleetserve.traces import write as write_module
+    from fleetserve.traces.model import TraceRequest
+    from fleetserve.traces.write import write_trace
+
+    path = tmp_path / "t.jsonl"
+    path.write_text("the trace that was there\n")
+    requests = [TraceRequest(arrival_s=i, input_tokens=10, output_tokens=2, hash_ids=(i,)) for i in range(3)]
+
+    def cut(reqs, f, fmt, epoch):
+        f.write("{\"timestamp\": 0")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(write_module, "_write", cut)
+    with pytest.raises(KeyboardInterrupt):
+        write_trace(requests, path, "mooncake")
+    assert path.read_text() == "the trace that was there\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl"]
+    monkeypatch.undo()
+    write_trace(requests, path, "mooncake")
+    assert len(path.read_text().splitlines()) == 3
+    import os
+
+    if os.path.exists("/dev/full"):
+        from tests.helpers import fleetserve
+
+        full = fleetserve("trace", "generate", "chat", "-o", "/dev/full")
+        assert full.returncode == 2 and "--output: cannot write /dev/full" in full.stderr, full.stderr
+        assert not os.path.isfile("/dev/full")  # written to as a device, never replaced by a file

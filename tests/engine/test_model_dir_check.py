@@ -87,3 +87,32 @@ def test_weights_that_do_not_fit_the_config_are_named(copy):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelSourceError, match="its weights do not match its config.json"):
         ModelRunner(folder, threads=1)
+
+
+def test_a_symlink_loop_an_empty_source_and_a_tokenizer_config_alone_are_named(copy, tmp_path):
+    """A symlink loop was a traceback (exit 1) in model prepare, profile and validate; "" read the current folder;
+    a folder with tokenizer_config.json and no tokenizer passed, and the engine died at its start."""
+    from fleetserve.engine.sources import resolve_source
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(ModelSourceError, match="ymlink loop"):
+        resolve_source(str(tmp_path / "a"))
+    with pytest.raises(ModelSourceError, match="the model source is empty"):
+        resolve_source("")
+    folder = copy("half-tokenizer")
+    (folder / "tokenizer.json").unlink()
+    (folder / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(ModelSourceError, match=r"missing tokenizer \(tokenizer.json or tokenizer.model"):
+        check_model_dir(folder)
+    looped = fleetserve("model", "prepare", str(tmp_path / "a"))
+    assert looped.returncode == 2 and "Traceback" not in looped.stderr, looped.stderr
+
+
+def test_model_tiny_refuses_an_empty_path_an_odd_head_size_and_sizes_it_cannot_build(tmp_path):
+    for args, said in ((["model", "tiny", ""], "is empty"),
+                       (["model", "tiny", str(tmp_path / "m"), "--hidden-size", "12", "--heads", "4"], "odd head size"),
+                       (["model", "tiny", str(tmp_path / "m"), "--layers", "100000"], "less than or equal to 128")):
+        r = fleetserve(*args)
+        assert r.returncode == 2 and said in " ".join(r.stderr.replace("│", " ").split()), (args, r.stderr)
+    assert not (tmp_path / "m").exists()

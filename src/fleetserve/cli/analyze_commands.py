@@ -279,7 +279,10 @@ def trace_generate(
 
     for warning in _write_warnings(requests, output, fmt, chosen=chosen):
         err.print(f"warning: {warning}", markup=False)
-    write_trace(requests, output, fmt, start=CLOCKLESS_START)  # the workload's own clock, in every format
+    try:
+        write_trace(requests, output, fmt, start=CLOCKLESS_START)  # the workload's own clock, in every format
+    except OSError as exc:  # a full disk (/dev/full) had been a traceback
+        raise fail(f"--output: cannot write {output}: {exc.strerror or exc}") from None
     err.print(f"{len(requests)} requests over {duration:g}s ({len(requests) / duration:.3g}/s; {spec.arrivals} "
               f"arrivals, {spec.content} prompts) written to {_named(output)} ({fmt})", markup=False)
 
@@ -361,6 +364,8 @@ def trace_scale(
         write_trace(requests, output, fmt, start=start)
     except ValueError as exc:  # before the warnings about the file: none was written (they came first, then this)
         raise fail(f"--format: {exc}") from None
+    except OSError as exc:
+        raise fail(f"--output: cannot write {output}: {exc.strerror or exc}") from None
     for warning in warnings:
         err.print(f"warning: {warning}", markup=False)
     if detect_format(path) == "servegen":

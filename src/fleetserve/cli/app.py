@@ -866,6 +866,10 @@ def model_prepare(
     from fleetserve.engine.demo import ModelSourceError
     from fleetserve.engine.sources import resolve_source
 
+    given = source.removeprefix("catalog:")
+    for flag, value, applies in (("--revision", revision, "hf:"), ("--region", region, "s3://")):
+        if value is not None and not given.startswith(applies) and not source.startswith("catalog:"):
+            err.print(f"warning: {flag} applies to {applies} sources; ignored for {source}", markup=False)
     try:
         print(resolve_source(source, revision, region, progress=sys.stderr.isatty(), download=download))
     except ModelSourceError as exc:
@@ -882,11 +886,12 @@ def model_prepare(
 @model_app.command("tiny")
 def model_tiny(
     path: Annotated[str, typer.Argument(help="Directory to write the model to")],
-    hidden_size: Annotated[int, typer.Option(min=8)] = 64,
-    layers: Annotated[int, typer.Option(min=1)] = 2,
-    heads: Annotated[int, typer.Option(min=1)] = 4,
-    kv_heads: Annotated[int, typer.Option(min=1)] = 2,
-    context_length: Annotated[int, typer.Option(min=16)] = 2048,
+    # bounded: a test model (65,536 hidden or 100,000 layers had tried to allocate ~100 GB, a traceback)
+    hidden_size: Annotated[int, typer.Option(min=8, max=8192)] = 64,
+    layers: Annotated[int, typer.Option(min=1, max=128)] = 2,
+    heads: Annotated[int, typer.Option(min=1, max=256)] = 4,
+    kv_heads: Annotated[int, typer.Option(min=1, max=256)] = 2,
+    context_length: Annotated[int, typer.Option(min=16, max=1 << 20)] = 2048,
     seed: Annotated[int, typer.Option(min=0)] = 0,
 ) -> None:
     """Create a tiny random-initialised Llama with a byte-level tokenizer (for tests)."""
@@ -895,6 +900,9 @@ def model_tiny(
     if hidden_size % heads or heads % kv_heads:
         raise typer.BadParameter("hidden-size must be a multiple of heads, heads a multiple of kv-heads",
                                  param_hint="--hidden-size/--heads/--kv-heads")
+    if (hidden_size // heads) % 2:  # rotary embeddings rotate pairs: an odd head size made a model that crashed
+        raise typer.BadParameter(f"hidden-size / heads is {hidden_size // heads}, an odd head size (rotary "
+                                 "embeddings need an even one)", param_hint="--hidden-size/--heads")
     from fleetserve.cli.checks import writable_folder
 
     writable_folder(path, "PATH")

@@ -68,6 +68,8 @@ MAX_THREADS = 1024  # torch threads a command takes at most: 100,000 was a "can'
 def writable_folder(path: str, flag: str) -> None:
     """A folder a command will write into: made if missing; a file in its place or above it is exit 2 naming
     `flag` (it was a traceback)."""
+    if not path.strip():  # Path("") is the current folder: `model tiny ""` had written a model into it
+        raise typer.BadParameter("is empty: give a folder name", param_hint=flag)
     target = Path(path)
     folder = next((p for p in [target, *target.parents] if p.exists()), None)
     if folder is not None and not folder.is_dir():

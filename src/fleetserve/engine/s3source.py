@@ -21,6 +21,10 @@ from fleetserve.engine.paths import models_dir
 MANIFEST = ".fleetserve-s3.json"
 
 
+CONNECT_TIMEOUT_S = 10
+READ_TIMEOUT_S = 20
+
+
 def _filesystem(region: str | None):
     import s3fs
 
@@ -30,7 +34,14 @@ def _filesystem(region: str | None):
         client_kwargs["endpoint_url"] = endpoint
     if region:
         client_kwargs["region_name"] = region
-    return s3fs.S3FileSystem(client_kwargs=client_kwargs, skip_instance_cache=True)
+    # bounded: an endpoint that accepts connections and never answers had held `model prepare` silent for 7
+    # minutes (botocore's 60 s read timeout, retried by botocore and again by s3fs); a read of a large object's
+    # chunk that takes longer than READ_TIMEOUT_S without a byte is as good as gone
+    config = {"connect_timeout": CONNECT_TIMEOUT_S, "read_timeout": READ_TIMEOUT_S,
+              "retries": {"max_attempts": 1, "mode": "standard"}}  # s3fs retries the call itself
+    fs = s3fs.S3FileSystem(client_kwargs=client_kwargs, config_kwargs=config, skip_instance_cache=True)
+    fs.retries = 2  # s3fs's own retries of a failed call (5 by default), on top of botocore's
+    return fs
 
 
 def fetch_s3(source: str, region: str | None = None, progress: bool = False) -> Path:

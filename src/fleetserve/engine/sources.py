@@ -15,6 +15,9 @@ from fleetserve.spec.endpoint import SOURCE_SCHEMES
 
 BUILTIN = {DEMO_NAME: demo_model_dir}
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+# what a tokenizer is built from: a fast tokenizer's file, SentencePiece's model, BPE's vocabulary (GPT-2's
+# vocab.json with merges.txt), WordPiece's vocabulary
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
 def check_model_dir(path: Path) -> Path:
@@ -28,8 +31,8 @@ def check_model_dir(path: Path) -> Path:
         missing.append("config.json")
     if not any((path / f).is_file() for f in WEIGHT_FILES):
         missing.append("weights (" + " or ".join(WEIGHT_FILES) + ")")
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
-        missing.append("tokenizer (tokenizer.json)")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):  # tokenizer_config.json alone builds none: the
+        missing.append("tokenizer (" + " or ".join(TOKENIZER_FILES) + ")")  # engine had died at its start
     if missing:
         raise ModelSourceError(f"model directory {path} is incomplete: missing {', '.join(missing)}")
     _check_readable(path)
@@ -147,4 +150,10 @@ def resolve_source(source: str, revision: str | None = None, region: str | None 
     if scheme:  # gs://, https://, ...: not a folder name, and read as one it was "/cwd/gs:/bucket does not exist"
         raise ModelSourceError(f"unsupported model source scheme {scheme.group(1)}:// in {source!r}; allowed: "
                                f"{', '.join(SOURCE_SCHEMES)} (copy it to a local folder or to S3 first)")
-    return check_model_dir(Path(source).expanduser().resolve())
+    if not source.strip():  # "" had read the current folder as the model
+        raise ModelSourceError(f"the model source is empty; allowed: {', '.join(SOURCE_SCHEMES)}")
+    try:
+        path = Path(source).expanduser().resolve()
+    except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError on Python 3.11): a traceback had said it
+        raise ModelSourceError(f"model path {source}: {exc}") from None
+    return check_model_dir(path)

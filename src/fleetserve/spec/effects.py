@@ -6,7 +6,6 @@ When a component starts to honour a setting, its line goes from this table; a se
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from fleetserve.capacity.providers import SPOT_NOTICE_SECONDS
 from fleetserve.spec.endpoint import Endpoint
@@ -295,10 +294,10 @@ def local_model_problem(endpoint: Endpoint) -> SpecProblem | None:
     if spec.engine.kind != "builtin" or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", source):
         return None  # builtin:, hf:, catalog:, s3:// are checked where they are prepared
     from fleetserve.engine.demo import ModelSourceError
-    from fleetserve.engine.sources import check_model_dir
+    from fleetserve.engine.sources import resolve_source
 
     try:
-        check_model_dir(Path(source).expanduser().resolve())
+        resolve_source(source)  # a local folder here: resolved as `up` resolves it (a symlink loop, too)
     except ModelSourceError as exc:
         return SpecProblem("spec.model.source", f"{exc}: `fleetserve up` on this machine will refuse to start")
     return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -41,8 +42,19 @@ def write_trace(requests: list[TraceRequest], path: str | Path, fmt: str, start:
         sys.stdout.flush()
         return p
     p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "w", newline="" if fmt == "azure" else None) as f:
-        _write(requests, f, fmt, epoch)
+    if p.exists() and not p.is_file():  # a device or a pipe (/dev/stdout, a FIFO): written to as it is
+        with open(p, "w", newline="" if fmt == "azure" else None) as f:
+            _write(requests, f, fmt, epoch)
+        return p
+    # a file, whole or not at all: a write cut short (Ctrl-C, a full disk) had left a shorter trace that loads as a
+    # valid one, over the file it replaced
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", newline="" if fmt == "azure" else None) as f:
+            _write(requests, f, fmt, epoch)
+        os.replace(tmp, p)
+    finally:
+        tmp.unlink(missing_ok=True)
     return p
 
 
