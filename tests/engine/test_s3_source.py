@@ -49,6 +49,17 @@ def test_s3_model_is_fetched_once_and_loads(s3, tiny_model):
     assert ModelRunner(local).vocab_size() > 0
 
 
+def test_a_damaged_local_copy_is_fetched_again(s3, tiny_model):
+    """A copy whose manifest still matched was kept however damaged; its check said to prepare it again, which
+    kept it again."""
+    upload(s3, tiny_model, "team/tiny")
+    local = resolve_source("s3://models/team/tiny")
+    weights = local / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[:len(whole) // 2])
+    assert resolve_source("s3://models/team/tiny") == local and weights.read_bytes() == whole
+
+
 def test_missing_and_incomplete_s3_models_are_clear_errors(s3, tiny_model):
     with pytest.raises(ModelSourceError, match="no objects under this prefix"):
         resolve_source("s3://models/nothing-here")

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from fleetserve.k8s.client import Conflict, NotFound, RecordingClient, apply_merge_patch
+from fleetserve.k8s.client import ApiError, Conflict, NotFound, RecordingClient, apply_merge_patch
 from fleetserve.k8s.operator import Reconciler, build_registry
 from fleetserve.k8s.reconcile import (
     ENDPOINT_LABEL,
@@ -327,9 +327,57 @@ def test_api_errors_fail_the_endpoint_and_ask_for_a_retry(env):
     assert outcome.retry and outcome.failure.reason == "NotFound"
     assert "create ScaledObject" in outcome.failure.message and "keda.sh" in outcome.failure.message
     assert _endpoint(client)["status"]["state"] == "DeploymentFailed"
-    outcome = reconciler.reconcile(_endpoint(client))  # the retry creates what is missing
-    assert outcome.failure is None and [a.kind for a in outcome.actions if a.verb == "create"] == \
-        ["ScaledObject", "ScaledObject", "ServiceMonitor", "ServiceMonitor", "PrometheusRule"][:len(outcome.actions)]
+    # what comes after it was applied all the same: KEDA not installed had left the fleet without monitoring
+    kinds = {k[1] for k in client.objects}
+    assert {"ServiceMonitor", "PrometheusRule"} <= kinds, kinds
+    outcome = reconciler.reconcile(_endpoint(client))  # the retry creates what is missing, and only that
+    assert outcome.failure is None and [(a.verb, a.kind) for a in outcome.actions] == [("create", "ScaledObject")]
+    assert _endpoint(client)["status"]["state"] != "DeploymentFailed"
+
+
+def test_every_refusal_in_a_pass_is_counted_in_its_failure(env):
+    client, reconciler = env
+    client.fail("create", "ServiceMonitor", ApiError("servicemonitors.monitoring.coreos.com not found", 404,
+                                                     "NotFound"))
+    client.fail("create", "PrometheusRule", ApiError("admission webhook denied the rule", 422, "Invalid"))
+    outcome = reconciler.reconcile(_endpoint(client))
+    assert outcome.retry and outcome.failure.message.startswith("create ServiceMonitor")
+    assert "(and 1 more: create PrometheusRule" in outcome.failure.message
+    assert {"ScaledObject", "Deployment"} <= {k[1] for k in client.objects}
+
+
+def test_a_failed_scaled_object_delete_holds_back_the_replica_patches_it_precedes(env):
+    """While the ScaledObject is there KEDA scales the Deployment: a replica count patched anyway would be
+    scaled back."""
+    client, reconciler = env
+    reconciler.reconcile(_endpoint(client))
+    engine = next(k for k in client.objects if k[1] == "Deployment" and k[3].endswith("engine-t0"))
+    client.objects[engine]["spec"]["replicas"] = 5
+    body = _update_spec(client, lambda s: s.update(autoscaling=None))
+    client.fail("delete", "ScaledObject", ApiError("etcdserver: request timed out", 500, "InternalError"))
+    client.clear()
+    outcome = reconciler.reconcile(body)
+    assert outcome.retry and "delete ScaledObject" in outcome.failure.message
+    assert not [c for c in client.writes() if c.kind == "Deployment"]
+    assert reconciler.reconcile(_endpoint(client)).failure is None
+    assert client.objects[engine]["spec"]["replicas"] != 5
+
+
+def test_a_scaled_object_keda_holds_not_ready_is_a_status_warning(env):
+    """KEDA accepted it and cannot use it (a trigger it cannot evaluate): the status read DeploymentComplete and
+    nothing said that the engines were not autoscaled."""
+    client, reconciler = env
+    reconciler.reconcile(_endpoint(client))
+    scaled = next(k for k in client.objects if k[1] == "ScaledObject")
+    client.objects[scaled]["status"] = {"conditions": [
+        {"type": "Ready", "status": "False", "reason": "ScaledObjectCheckFailed",
+         "message": "error parsing prometheus metadata: no serverAddress given"}]}
+    status = reconciler.reconcile(_endpoint(client)).status
+    assert any(f"ScaledObject {scaled[3]} is not ready (ScaledObjectCheckFailed: error parsing prometheus" in w
+               for w in status["warnings"]), status["warnings"]
+    client.objects[scaled]["status"]["conditions"][0]["status"] = "True"
+    status = reconciler.reconcile(_endpoint(client)).status
+    assert not any("is not ready" in w for w in status["warnings"] or ())
 
 
 def test_an_existing_object_we_do_not_own_is_a_conflict(env):

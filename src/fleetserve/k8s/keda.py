@@ -327,3 +327,18 @@ def keda_objects(ctx: Context, warn) -> list[dict]:
 
 
 __all__ = ["keda_objects", "scaled_object", "builtin_query", "shift_earlier"]
+
+
+def scaler_warnings(observed) -> list[str]:
+    """ScaledObjects KEDA holds as not ready (a trigger it cannot evaluate, a target it refuses): their
+    Deployments are not autoscaled, and the Endpoint's status had read DeploymentComplete without a word."""
+    out = []
+    for obj in observed:
+        if obj.get("kind") != "ScaledObject":
+            continue
+        for cond in (obj.get("status") or {}).get("conditions") or ():
+            if cond.get("type") == "Ready" and cond.get("status") == "False":
+                why = ": ".join(str(x) for x in (cond.get("reason"), cond.get("message")) if x) or "no reason given"
+                out.append(f"ScaledObject {obj['metadata']['name']} is not ready ({why}): KEDA does not scale "
+                           f"{obj['spec']['scaleTargetRef']['name']}")
+    return out

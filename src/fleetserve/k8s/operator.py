@@ -35,6 +35,7 @@ from fleetserve.k8s.client import ApiError, Client, Conflict, NotFound, apply_me
 from fleetserve.k8s.context import RenderOptions
 from fleetserve.k8s.deletion_cost import cost_patches, deletion_costs
 from fleetserve.k8s.failing import current_reason, engine_pods, engines_failing, with_reason
+from fleetserve.k8s.keda import scaler_warnings
 from fleetserve.k8s.reconcile import (
     CHILD_KINDS,
     ENDPOINT_LABEL,
@@ -136,6 +137,25 @@ class Reconciler:
             except NotFound:
                 pass  # already gone: what we wanted
 
+    def _apply_all(self, actions: list[Action], owner: Owner) -> Failure | None:
+        """Apply every action, each whatever the others did: one the API server refuses (KEDA's CRD not installed,
+        an object its webhook rejects) had held back everything after it, monitoring and all, until it was
+        fixed. A failed delete of a ScaledObject stops the pass: the Deployment patches after it assume KEDA no
+        longer scales them. The failure names the first refusal and counts the rest."""
+        failed: list[tuple[Action, ApiError]] = []
+        for action in actions:
+            try:
+                self._apply(action, owner)
+            except ApiError as exc:
+                failed.append((action, exc))
+                if action.verb == "delete" and action.kind == "ScaledObject":
+                    break
+        if not failed:
+            return None
+        action, exc = failed[0]
+        more = f" (and {len(failed) - 1} more: {'; '.join(str(a) for a, _ in failed[1:4])})" if len(failed) > 1 else ""
+        return Failure(exc.reason, f"{action}: {exc}{more}")
+
     def reconcile(self, body: Mapping) -> Outcome:
         body = plain(body)
         owner = self.owner(body)
@@ -167,7 +187,6 @@ class Reconciler:
             outcome.failure = Failure("RenderFailed", str(exc))
         else:
             warnings = rendered_warnings(loaded, rendered)
-            current = None
             try:
                 observed = self.observed(owner)
                 reason, pods = self.failing(loaded.endpoint, rendered.objects, observed, owner, now)
@@ -177,13 +196,13 @@ class Reconciler:
                                     f"-l app.kubernetes.io/instance={owner.name},app.kubernetes.io/component=engine")
                 objects = with_reason(rendered.objects, reason)
                 outcome.actions = reconcile(objects, observed, owner)
-                for current in outcome.actions:
-                    self._apply(current, owner)
-                current = None
+                failed = self._apply_all(outcome.actions, owner)
+                if failed:
+                    outcome.failure, outcome.retry = failed, True
+                warnings += scaler_warnings(observed)
                 self.rank_for_scale_in(pods, owner)
-            except ApiError as exc:
-                what = f"{current}: " if current is not None else ""
-                outcome.failure, outcome.retry = Failure(exc.reason, f"{what}{exc}"), True
+            except ApiError as exc:  # the children or the pods could not be listed
+                outcome.failure, outcome.retry = Failure(exc.reason, str(exc)), True
         try:
             outcome.status = self.write_status(body, owner, outcome.failure or stuck, warnings, now)
         except StatusUnread as exc:

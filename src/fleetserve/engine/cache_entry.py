@@ -1,0 +1,70 @@
+"""One entry of the model cache (the demo model's import, an S3 copy), written whole or not at all.
+
+    with locked(target):                 # one writer per entry, across processes (flock on .NAME.lock)
+        with partial(target) as tmp:     # write into tmp; renamed onto target when the block ends without error
+            ...
+
+A writer killed mid-write (SIGTERM, SIGKILL, a node that lost power) runs no `finally`: its `.NAME.partial-*`
+folder stayed in the cache for good, as large as the model. The next writer, holding the lock, removes them:
+no live writer can own one. The folder is made with the mode the umask gives a new folder (mkdtemp makes it
+0700), so a cache shared by several users, or a pod running as another uid, can read the entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+PARTIAL = ".partial-"
+
+
+def _umask() -> int:
+    """This process's umask, read without setting it (os.umask sets it, racing other threads' new files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def locked(target: Path) -> Iterator[None]:
+    """Hold the entry's lock (the entry's folder's parent is made if missing)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def stale_partials(target: Path) -> list[Path]:
+    """What writers of this entry that died left behind."""
+    return sorted(target.parent.glob(f".{target.name}{PARTIAL}*"))
+
+
+@contextlib.contextmanager
+def partial(target: Path) -> Iterator[Path]:
+    """A fresh folder beside `target`, renamed onto it (replacing what was there) when the block succeeds and
+    removed when it raises. Call it under `locked(target)`."""
+    for left in stale_partials(target):
+        shutil.rmtree(left, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}{PARTIAL}", dir=target.parent))
+    try:
+        tmp.chmod(0o777 & ~_umask())
+        yield tmp
+        if target.exists() or target.is_symlink():
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            else:
+                target.unlink()
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
