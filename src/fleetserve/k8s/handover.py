@@ -10,7 +10,8 @@ back): the new tier 0 takes over from the old Deployments replica by replica.
   run what tier 0 wants, so a NodePool's GPU limit that cannot hold both fleets at once frees a node per new
   replica instead of leaving the rest Pending for ever. At zero they are deleted.
 - Their NodePools (a tier the new layout no longer has) stay while they do: deleting one had Karpenter drain
-  the nodes of replicas that were still serving.
+  the nodes of replicas that were still serving. So do their PodDisruptionBudgets: deleted at once, a drain or a
+  consolidation could evict every replica still serving at the same time.
 
 Replacing at once dropped a fleet of 5 busy replicas to 1 cold one for the minutes of a model load.
 """
@@ -51,11 +52,11 @@ def _max_replicas(desired: Sequence[dict], target: tuple[str | None, str]) -> in
 
 def handover(desired: Sequence[dict], mine: dict[Key, dict], wanted: set[Key], scaled: set, creates: list[Action],
              patches: list[Action]) -> tuple[set[Key], list[Action]]:
-    """The old engine Deployments (and their tiers' NodePools) to keep this pass, and the patches of the
-    handover: the old ones shrinking as the new tiers' replicas become available, the new tier 0 raised to what
-    the old ones run. A NodePool of a held tier that the new layout changes keeps the old instance types beside
-    the new ones meanwhile (`patches` are widened in place): narrowed at once, Karpenter replaced the nodes under
-    the held replicas as drifted."""
+    """The old engine Deployments (and their tiers' NodePools and PodDisruptionBudgets) to keep this pass, and the
+    patches of the handover: the old ones shrinking as the new tiers' replicas become available, the new tier 0
+    raised to what the old ones run. A NodePool of a held tier that the new layout changes keeps the old instance
+    types beside the new ones meanwhile (`patches` are widened in place): narrowed at once, Karpenter replaced the
+    nodes under the held replicas as drifted."""
     old = [k for k, o in mine.items() if k not in wanted and k[1] == "Deployment"
            and _labels(o).get(COMPONENT_LABEL) == ENGINE]
     tiers_new = [o for o in desired if o["kind"] == "Deployment" and _labels(o).get(COMPONENT_LABEL) == ENGINE]
@@ -94,11 +95,11 @@ def handover(desired: Sequence[dict], mine: dict[Key, dict], wanted: set[Key], s
             extra.append(Action("patch", *k, {"spec": {"replicas": keep}}, "handing over to " + target[1]))
     tiers = {_labels(mine[k]).get(TIER_LABEL) for k in held}
     for k, o in mine.items():
-        if k[1] != "NodePool" or _labels(o).get(TIER_LABEL) not in tiers:
+        if k[1] not in ("NodePool", "PodDisruptionBudget") or _labels(o).get(TIER_LABEL) not in tiers:
             continue
         if k not in wanted:
             held.add(k)
-        else:
+        elif k[1] == "NodePool":
             for action in patches:
                 if (action.kind, action.name) == ("NodePool", k[3]):
                     _widen(action.body, o)
