@@ -116,3 +116,15 @@ def test_model_tiny_refuses_an_empty_path_an_odd_head_size_and_sizes_it_cannot_b
         r = fleetserve(*args)
         assert r.returncode == 2 and said in " ".join(r.stderr.replace("│", " ").split()), (args, r.stderr)
     assert not (tmp_path / "m").exists()
+
+
+def test_model_tiny_refuses_a_folder_that_is_not_empty_unless_forced(copy):
+    """`model tiny` into a real model's folder replaced its config.json and weights without a word."""
+    folder = copy("real")
+    before = (folder / "config.json").read_bytes()
+    r = fleetserve("model", "tiny", str(folder), "--hidden-size", "32")
+    assert r.returncode == 2 and "is not empty" in " ".join(r.stderr.replace("│", " ").split()), r.stderr
+    assert (folder / "config.json").read_bytes() == before
+    forced = fleetserve("model", "tiny", str(folder), "--hidden-size", "32", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads((folder / "config.json").read_text())["hidden_size"] == 32

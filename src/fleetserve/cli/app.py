@@ -893,6 +893,8 @@ def model_tiny(
     kv_heads: Annotated[int, typer.Option(min=1, max=256)] = 2,
     context_length: Annotated[int, typer.Option(min=16, max=1 << 20)] = 2048,
     seed: Annotated[int, typer.Option(min=0)] = 0,
+    force: Annotated[bool, typer.Option("--force", help="Write into a folder that is not empty (its config, "
+                                        "weights and tokenizer files are replaced)")] = False,
 ) -> None:
     """Create a tiny random-initialised Llama with a byte-level tokenizer (for tests)."""
     from fleetserve.engine.tiny import create_tiny_model
@@ -903,9 +905,14 @@ def model_tiny(
     if (hidden_size // heads) % 2:  # rotary embeddings rotate pairs: an odd head size made a model that crashed
         raise typer.BadParameter(f"hidden-size / heads is {hidden_size // heads}, an odd head size (rotary "
                                  "embeddings need an even one)", param_hint="--hidden-size/--heads")
+    from pathlib import Path
+
     from fleetserve.cli.checks import writable_folder
 
     writable_folder(path, "PATH")
+    if not force and any(Path(path).iterdir()):  # a real model's folder had its config.json replaced without a word
+        raise typer.BadParameter(f"{path} is not empty; give a new folder, or --force to write over what it holds",
+                                 param_hint="PATH")
     print(create_tiny_model(path, hidden_size=hidden_size, layers=layers, heads=heads, kv_heads=kv_heads,
                             context_length=context_length, seed=seed))
 
