@@ -79,3 +79,23 @@ def test_a_trace_written_to_a_file_is_whole_or_not_at_all_and_a_full_disk_is_sai
         full = fleetserve("trace", "generate", "chat", "-o", "/dev/full")
         assert full.returncode == 2 and "--output: cannot write /dev/full" in full.stderr, full.stderr
         assert not os.path.isfile("/dev/full")  # written to as a device, never replaced by a file
+
+
+def test_a_trace_written_to_a_fifo_reaches_its_one_reader(tmp_path):
+    """The path check opened the FIFO to probe it: the reader saw an empty file and left, and the command then
+    blocked for ever on a pipe nobody read."""
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True)
+    try:
+        writer = subprocess.run([sys.executable, "-m", "fleetserve", "trace", "generate", "chat", "--duration", "60",
+                                 "-o", str(fifo)], capture_output=True, text=True, timeout=120)
+        out, _ = reader.communicate(timeout=60)
+    finally:
+        reader.kill()
+    assert writer.returncode == 0, writer.stderr
+    assert len(out.splitlines()) > 10 and all(line.startswith("{") for line in out.splitlines())

@@ -100,6 +100,10 @@ def writable(path: str | None, flag: str, inputs: tuple[str | None, ...] = ()) -
         if not target.stat().st_mode & 0o222:
             raise typer.BadParameter(f"{path} is read-only; choose another file (or make it writable)",
                                      param_hint=flag)
+    if existed and not target.is_file():  # a pipe or a device: opened to probe it, a FIFO blocked the command
+        if not os.access(target, os.W_OK):  # until a reader came (and then got nothing from the probe)
+            raise typer.BadParameter(f"cannot write {path}: permission denied", param_hint=flag)
+        return
     folder = next((p for p in [target.parent, *target.parent.parents] if p.exists()), None)
     if folder is not None and not folder.is_dir():
         raise typer.BadParameter(f"cannot write {path}: {folder} is a file, not a folder", param_hint=flag)
