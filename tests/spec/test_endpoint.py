@@ -918,3 +918,35 @@ def test_a_start_count_the_simulated_clouds_limits_cannot_place_is_a_warning():
     assert said("g5.xlarge", "g5.xlarge: 2") == []
     assert said("g5.xlarge, g6e.xlarge", "g5.xlarge: 1") == []  # the second type has no limit
     assert said("g5.xlarge, g6e.xlarge", "g5.xlarge: 1, g6e.xlarge: 0") != []
+
+
+def test_keys_or_certificates_without_enabled_turn_their_section_on_and_an_explicit_off_is_warned():
+    """`auth: {apiKeys: [...]}` without `enabled` served everyone, with no tenant, and `tls` with its files but
+    `enabled: false` served plain HTTP: both read as protected and validate said nothing."""
+    from fleetserve.spec.effects import inert_settings
+
+    keys = "apiKeys: [{tenant: a, keySha256: '" + "a" * 64 + "'}]"
+    files = "certFile: c.pem, keyFile: k.pem"
+    on = load_spec_text(GOOD.replace("  routing: {strategy: roundrobin}", f"  auth: {{{keys}}}\n  tls: {{{files}}}"))
+    assert on.endpoint.spec.auth.enabled and on.endpoint.spec.tls.enabled
+    assert not [n for n in inert_settings(on.endpoint) if n.path in ("spec.auth.enabled", "spec.tls.enabled")]
+    off = load_spec_text(GOOD.replace("  routing: {strategy: roundrobin}", f"  auth: {{enabled: false, {keys}}}\n"
+                                      f"  tls: {{enabled: false, {files}}}"))
+    assert not off.endpoint.spec.auth.enabled and not off.endpoint.spec.tls.enabled
+    notes = {n.path: n.message for n in inert_settings(off.endpoint)}
+    assert "the 1 apiKeys listed are not checked" in notes["spec.auth.enabled"]
+    assert "serves plain HTTP" in notes["spec.tls.enabled"]
+    assert not load_spec_text(GOOD).endpoint.spec.auth.enabled  # nothing listed: off, as before
+
+
+def test_a_router_on_every_interface_without_keys_is_warned():
+    from fleetserve.spec.effects import inert_settings
+
+    def notes(router: str, auth: str = "") -> dict:
+        text = GOOD.replace("  routing: {strategy: roundrobin}", f"  router: {router}" + auth)
+        return {n.path: n.message for n in inert_settings(load_spec_text(text).endpoint)}
+
+    assert "anyone who reaches it is served" in notes("{host: 0.0.0.0}")["spec.router.host"]
+    assert "spec.router.host" not in notes("{host: 127.0.0.1}") and "spec.router.host" not in notes("{host: '::1'}")
+    keyed = "\n  auth: {apiKeys: [{tenant: a, keySha256: '" + "a" * 64 + "'}]}"
+    assert "spec.router.host" not in notes("{host: 0.0.0.0}", keyed)

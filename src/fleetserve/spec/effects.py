@@ -173,6 +173,17 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         note("spec.kvCache.blockSize", f"{spec.kv_cache.block_size} tokens is not below model.contextLength "
              f"{context}: a prompt leaves one token to compute, so no block ever fills and nothing is cached; "
              f"use at most {context // 2} (engines default to 256)")
+    if spec.auth.api_keys and not spec.auth.enabled:
+        note("spec.auth.enabled", f"is false: the {len(spec.auth.api_keys)} apiKeys listed are not checked, and "
+             "anyone who reaches the router is served, with no tenant (leave enabled out, or set it true, to "
+             "require them)", everywhere=True)
+    if not spec.auth.enabled and not _loopback(spec.router.host):
+        note("spec.router.host", f"{spec.router.host} takes requests from other machines, and without auth.apiKeys "
+             "anyone who reaches it is served: list API keys, or keep the router on 127.0.0.1 behind your own "
+             "gateway")
+    if (spec.tls.cert_file or spec.tls.key_file) and not spec.tls.enabled:
+        note("spec.tls.enabled", "is false: the router serves plain HTTP and certFile/keyFile are not used (leave "
+             "enabled out, or set it true, to serve HTTPS with them)", everywhere=True)
     if spec.kv_cache.l2.tenant_urls and not spec.auth.enabled:
         note("spec.kvCache.l2.tenantUrls", "tenants come from API keys: without auth.enabled no request has a "
                                            "tenant, so these Redis servers are never used")
@@ -351,6 +362,17 @@ def local_auth_problem(endpoint: Endpoint) -> SpecProblem | None:
                                f"tenant {key.tenant!r} holds the same key as apiKeys[{first[0]}] (tenant "
                                f"{first[1]!r}): one key can name one tenant only")
     return None
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _sglang_host_cache_note(spec, note) -> None:

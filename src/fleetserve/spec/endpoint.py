@@ -836,10 +836,23 @@ class ObservabilitySection(SpecModel):
                                "container logs")
 
 
+def _enabled_by(data, *given: str):
+    """`enabled` left out of a section that lists what only an enabled one uses (API keys, certificate files):
+    on, not off. Off had served the endpoint to anyone, in plain HTTP, while the spec read as protected."""
+    if isinstance(data, dict) and "enabled" not in data and any(data.get(k) for k in given):
+        return {**data, "enabled": True}
+    return data
+
+
 class TLSSection(SpecModel):
     enabled: bool = False
     cert_file: str | None = None
     key_file: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_with_files(cls, data):
+        return _enabled_by(data, "certFile", "cert_file", "keyFile", "key_file")
 
     @model_validator(mode="after")
     def _pair(self) -> TLSSection:
@@ -873,6 +886,11 @@ class APIKey(SpecModel):
 class AuthSection(SpecModel):
     enabled: bool = False
     api_keys: list[APIKey] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_with_keys(cls, data):
+        return _enabled_by(data, "apiKeys", "api_keys")
 
     @model_validator(mode="after")
     def _keys_when_enabled(self) -> AuthSection:
