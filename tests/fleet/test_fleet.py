@@ -220,7 +220,7 @@ def test_a_port_in_use_fails_the_start_naming_the_field(tmp_path, tiny_model, ho
         with open(path, "a") as f:
             f.write("  " + section.format(port=port) + "\n")
         up = fleetserve("up", path, "--detach", env=home)
-    assert up.returncode == 1
+    assert up.returncode == 2  # the spec's field to change, as `router --port` on a taken port (it was 1)
     assert f"{field}: port {port} on 127.0.0.1 is already in use" in up.stderr, up.stderr
     assert "Traceback" not in up.stderr
     assert leftovers(home) == []

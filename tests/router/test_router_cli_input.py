@@ -127,3 +127,11 @@ def test_a_port_another_server_holds(workers):
         port = str(other.getsockname()[1])
         refused("--backend", "http://127.0.0.1:9", "--port", port, "--workers", workers, flag="--port",
                 says="already in use")
+
+
+def test_a_self_signed_folder_beside_a_certificate_is_refused(tmp_path):
+    """--tls-self-signed with --tls-cert/--tls-key started on the given pair, the folder ignored without a word."""
+    refused("--backend", "http://127.0.0.1:9", "--tls-self-signed", str(tmp_path / "self"), "--tls-cert",
+            str(tmp_path / "c.pem"), "--tls-key", str(tmp_path / "k.pem"), flag="--tls-self-signed",
+            says="not both")
+    assert not (tmp_path / "self").exists()

@@ -198,3 +198,14 @@ def test_an_unset_key_variable_is_a_validate_warning_and_bad_input_to_up_before_
     same = fleetserve("up", str(spec), "--detach", env={**home, "TEAM_A_KEY": "secret-b"})  # team-b's key too
     assert same.returncode == 2 and "holds the same key as apiKeys[0]" in same.stderr, same.stderr
     assert json.loads(fleetserve("status", "--json", "--all", env=home).stdout) == []
+
+
+def test_a_tenant_named_like_requests_without_one_is_refused(tmp_path):
+    """`-` is the metrics' tenant of requests without one (no key, a wrong key): a tenant of that name shared its
+    series with everyone else's auth failures."""
+    from fleetserve.router.auth import KeyRing
+
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"keys": {"a" * 64: "-"}}))
+    with pytest.raises(ValueError, match="names requests without a tenant"):
+        KeyRing.from_file(path)

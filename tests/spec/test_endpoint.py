@@ -950,3 +950,9 @@ def test_a_router_on_every_interface_without_keys_is_warned():
     assert "spec.router.host" not in notes("{host: 127.0.0.1}") and "spec.router.host" not in notes("{host: '::1'}")
     keyed = "\n  auth: {apiKeys: [{tenant: a, keySha256: '" + "a" * 64 + "'}]}"
     assert "spec.router.host" not in notes("{host: 0.0.0.0}", keyed)
+
+
+def test_a_tenant_named_like_requests_without_one_is_refused():
+    auth = "  auth: {apiKeys: [{tenant: '-', keyEnv: K}]}"
+    (msg,) = problems(GOOD.replace("  routing: {strategy: roundrobin}", auth))
+    assert msg.startswith("spec.auth.apiKeys[0].tenant") and "names requests without a tenant" in msg, msg

@@ -32,6 +32,7 @@ from fleetserve.api.request_id import RequestIdEcho
 INTERNAL_HEADER = "x-fleetserve-internal"
 TENANT_HEADER = "x-fleetserve-tenant"
 HEADER_TEXT = re.compile(r"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?")  # a tenant as a header carries it, whole
+NO_TENANT = "-"  # the tenant label of requests without one (no auth, or refused before their key was read)
 OPEN_PATHS = frozenset({"/health", "/ping", "/openapi.json"})  # the contract is public, like /health
 
 

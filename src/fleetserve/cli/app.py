@@ -766,6 +766,9 @@ def router(
                                  "--internal-token-file", param_hint="--tenant-cache-salt")
     if bool(tls_cert) != bool(tls_key):
         raise typer.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert/--tls-key")
+    if tls_self_signed and tls_cert:  # the self-signed folder was ignored without a word
+        raise typer.BadParameter("give either --tls-self-signed or --tls-cert/--tls-key, not both",
+                                 param_hint="--tls-self-signed")
     from fleetserve.router.tls import TLSFileError, certificate_hosts, check_tls_files, ensure_self_signed
 
     tls = (tls_cert, tls_key) if tls_cert else None

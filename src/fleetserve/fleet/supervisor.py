@@ -512,14 +512,14 @@ class Supervisor:
         cannot listen on; a port another fleet's router held even read as ready. Checked before the model is
         prepared (a download can take minutes) and again at the router's start."""
         field, problem = bind_refusal(self.spec.router.host, self.spec.router.port)
-        if problem:  # a host that is no address of this machine is the spec's fault; a port taken, the machine's
-            raise StartupError(f"spec.router.{field}: {problem}", exit_code=2 if field == "host" else 1)
+        if problem:  # the spec's field to change, as `fleetserve router --port` on a taken port says (exit 2)
+            raise StartupError(f"spec.router.{field}: {problem}", exit_code=2)
         if (problem := tls_files_problem(self.spec.tls)) is not None:  # a missing file had been a traceback
             raise StartupError(problem, exit_code=2)  # after the model was prepared
         port = self.spec.observability.prometheus.port
         if port and prometheus.wanted(self.spec) and (problem := bind_refusal("127.0.0.1", port)[1]):
             # Prometheus's own "address already in use" came as log lines after the model was prepared
-            raise StartupError(f"spec.observability.prometheus.port: {problem}")
+            raise StartupError(f"spec.observability.prometheus.port: {problem}", exit_code=2)
 
     def _previous_port(self, host: str, url: str | None = None, what: str = "the router",
                        field: str = "spec.router.port") -> int | None:

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from fleetserve.api.errors import APIError
-from fleetserve.api.internal import HEADER_TEXT
+from fleetserve.api.internal import HEADER_TEXT, NO_TENANT
 
 
 def key_digest(key: str) -> str:
@@ -38,6 +38,9 @@ class KeyRing:
             if not isinstance(tenant, str) or not HEADER_TEXT.fullmatch(tenant):  # it travels in a header
                 raise ValueError(f"key {n} of {len(keys)}: its tenant must be printable ASCII, not beginning or "
                                  "ending with a space (a line break in it wrote a header into upstream requests)")
+            if tenant == NO_TENANT:  # the metrics' label of requests without a tenant: the two were one series
+                raise ValueError(f"key {n} of {len(keys)}: the tenant {NO_TENANT!r} names requests without a tenant "
+                                 "in the metrics; give the tenant another name")
         return cls(keys)
 
     def tenant(self, authorization: str | None) -> str:

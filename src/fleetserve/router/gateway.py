@@ -28,7 +28,7 @@ import orjson
 
 from fleetserve.api.browser import BROWSER_HEADERS, FORWARDED_HOST, post_refusal
 from fleetserve.api.errors import APIError, model_not_found
-from fleetserve.api.internal import INTERNAL_HEADER, TENANT_HEADER, InternalAuth
+from fleetserve.api.internal import INTERNAL_HEADER, NO_TENANT, TENANT_HEADER, InternalAuth
 from fleetserve.api.limits import SizeLimits
 from fleetserve.api.protocol import GENERATION_PATHS, parse_generation, parse_json_body
 from fleetserve.api.request_id import REQUEST_ID_HEADER, sane_request_id
@@ -360,7 +360,7 @@ class Gateway:
         except asyncio.CancelledError:  # the client left, or the router stops (the front door answers it 503)
             status = "503" if responder.stopping else "499"
             self._count_request(responder, request.path, status)
-            self._count(self.metrics.tenant_requests, tenant or "-", status)
+            self._count(self.metrics.tenant_requests, tenant or NO_TENANT, status)
             self._log(request_id, tenant, request.path, int(status), started, body=body)
             raise
         status = attempt.response.status
@@ -401,7 +401,7 @@ class Gateway:
         finally:
             attempt.release()
             self._count_request(responder, request.path, logged)
-            self._count(self.metrics.tenant_requests, tenant or "-", str(logged))
+            self._count(self.metrics.tenant_requests, tenant or NO_TENANT, str(logged))
             self.metrics.latency_ms.observe((self.clock() - started) * 1000)
             self._log(request_id, tenant, request.path, logged, started, attempt, ttfb_ms, body, error=error)
 
@@ -421,7 +421,7 @@ class Gateway:
         def answer(card: dict) -> None:  # with its id, counted and logged as every answer is
             responder.send(200, [JSON, (REQUEST_ID_HEADER, rid)], orjson.dumps(card))
             self._count_request(responder, request.path, 200)
-            self._count(self.metrics.tenant_requests, tenant or "-", "200")
+            self._count(self.metrics.tenant_requests, tenant or NO_TENANT, "200")
             self._log(rid.decode("latin-1"), tenant, request.path, 200, started)
 
         if request.method == "GET" and request.path == "/v1/models":
@@ -468,7 +468,7 @@ class Gateway:
     def _refuse(self, responder: Responder, err: APIError, rid: bytes, path: str, tenant: str | None, started: float,
                 body: dict | None) -> None:
         self._count_request(responder, path, err.status)
-        self._count(self.metrics.tenant_requests, tenant or "-", str(err.status))
+        self._count(self.metrics.tenant_requests, tenant or NO_TENANT, str(err.status))
         if self.model_metrics is not None and path in GENERATION_PATHS and not err.after_attempts:
             self.model_metrics.refused(err.status)  # after attempts, each was counted where it failed
         self.send_error(responder, err, [(REQUEST_ID_HEADER, rid)])
@@ -645,7 +645,7 @@ class Gateway:
 
     def _unknown_tenant(self, status: int | str) -> None:
         """An answer given before the request's key was read counts under tenant "-", as one without auth."""
-        self._count(self.metrics.tenant_requests, "-", str(status))
+        self._count(self.metrics.tenant_requests, NO_TENANT, str(status))
 
     def _log(self, request_id: str, tenant: str | None, path: str, status: int, started: float,
              attempt: Attempt | None = None, ttfb_ms: float | None = None, body: dict | None = None,

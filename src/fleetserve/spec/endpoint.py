@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
-from fleetserve.api.internal import HEADER_TEXT
+from fleetserve.api.internal import HEADER_TEXT, NO_TENANT
 from fleetserve.capacity.catalog import Catalog
 from fleetserve.spec.base import SpecModel, TakesQuantity
 from fleetserve.spec.kubernetes_schema import schema_problem
@@ -874,6 +874,9 @@ class APIKey(SpecModel):
         if not HEADER_TEXT.fullmatch(value):
             raise ValueError(f"tenant {value!r}: printable ASCII (letters, digits, spaces and punctuation), not "
                              "beginning or ending with a space (it travels in a header)")
+        if value == NO_TENANT:  # the metrics' label of requests without a tenant: the two were one series
+            raise ValueError(f"tenant {NO_TENANT!r} names requests without a tenant in the metrics; give it "
+                             "another name")
         return value
 
     @model_validator(mode="after")
