@@ -292,3 +292,40 @@ def test_a_request_sent_on_an_idle_connection_as_the_router_stops_is_answered():
     first, second = run(main())
     assert b"x-path: /first" in first
     assert second.startswith(b"HTTP/1.1 200") and b"x-path: /second" in second  # and then closed (read to EOF)
+
+
+def test_a_client_that_stops_reading_is_cut_and_its_request_ends():
+    """A stream whose client took no bytes held its replica slot for as long as the socket stayed open: one
+    tenant's idle readers starved the others (found in a black-box pass)."""
+    ended = asyncio.Event()
+
+    async def firehose(request, responder):
+        responder.start(200, [(b"content-type", b"text/event-stream")])
+        try:
+            while True:
+                responder.write(b"data: " + b"x" * 65536 + b"\n\n")
+                await responder.drain()
+        except asyncio.CancelledError:
+            ended.set()
+            raise
+
+    async def main():
+        door = await http1.serve(firehose, error, "127.0.0.1", 0, send_timeout_s=0.5)
+        port = door.server.sockets[0].getsockname()[1]
+        import socket
+
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")  # and never reads
+        await asyncio.wait_for(ended.wait(), 20)
+        for _ in range(100):
+            if not door.connections:
+                break
+            await asyncio.sleep(0.05)
+        left = len(door.connections)
+        sock.close()
+        await door.shutdown(1)
+        return left
+
+    assert run(main()) == 0

@@ -129,3 +129,32 @@ def test_a_backend_restarted_as_a_new_process_takes_nothing_until_its_probes_pas
     assert backend.healthy
     pool.set_backends([url], instances={url: "third"})  # said ready, now starting again: a restart
     assert not backend.healthy
+
+
+def test_a_client_that_stops_reading_gives_its_replica_slot_back(tmp_path):
+    """A stream whose client took no bytes held its slot for as long as its socket stayed open: with one slot per
+    replica every other tenant waited out the queue and got 429 (found in a black-box pass)."""
+    import json
+    import socket
+
+    engine = Server(["engine", "--simulate", "fast", "--served-model-name", "sim"], tmp_path / "sim.log").start()
+    gw = Server(["router", "--backend", engine.url, "--max-concurrent-per-replica", "1", "--max-queue", "5",
+                 "--client-send-timeout", "1"], tmp_path / "router.log").start()
+    stalled = socket.socket()
+    try:
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", gw.port))
+        body = json.dumps({"model": "sim", "prompt": "x", "max_tokens": 30000, "stream": True}).encode()
+        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(body), body))  # and never reads
+        wait_until(lambda: httpx.get(gw.url + "/health", timeout=5).json()["backends"][0]["in_flight"] == 1, 30)
+        other = httpx.post(gw.url + "/v1/completions", json={"model": "sim", "prompt": "y", "max_tokens": 4},
+                           timeout=60)
+        assert other.status_code == 200, other.text
+        wait_until(lambda: httpx.get(gw.url + "/health", timeout=5).json()["backends"][0]["in_flight"] == 0, 30,
+                   what="the cut stream's slot given back")
+        assert "took no byte of its answer" in gw.log()
+    finally:
+        stalled.close()
+        gw.stop()
+        engine.stop()

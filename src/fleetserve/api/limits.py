@@ -22,6 +22,11 @@ KEEP_ALIVE_S = 75
 # a stalled upload) is answered 408 and closed. Before, a partial request held its connection for ever: the idle
 # timer stops at the first byte. 60 s, as nginx's client_header_timeout and Node's headersTimeout.
 REQUEST_READ_S = 60
+# Longest a client may take no byte of its answer while we have bytes for it (its socket buffer full): past it
+# the connection is cut and the request ends as the client's (499). A stream whose client stopped reading had
+# held its replica slot, its queue place and its engine's sequence for as long as the socket stayed open: one
+# tenant's idle readers starved the others, and kept a fleet from scaling to zero. 60 s, as nginx's send_timeout.
+SEND_S = 60
 # How often an engine's stream whose text is held back (incomplete UTF-8, a possible stop string) says it is alive
 # with an SSE comment: the router's stream idle timeout had cut such a stream while it generated
 STREAM_KEEPALIVE_S = 15.0

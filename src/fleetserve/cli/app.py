@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from fleetserve import __version__
+from fleetserve.api.limits import SEND_S
 from fleetserve.cli.bench_commands import bench_app
 from fleetserve.cli.checks import MAX_THREADS, float_option
 from fleetserve.cli.console import (
@@ -649,6 +650,9 @@ def router(
         min=0.1, max=86400, help="Seconds a replica may stay silent once its answer began (between two chunks of "
                                  "a stream) before the router ends it with an error (at most --upstream-timeout)")
                                    ] = 60.0,
+    client_send_timeout: Annotated[float, float_option(
+        min=0.1, max=86400, help="Seconds a client may take no byte of its answer (its socket full) before the "
+                                 "router cuts the connection and ends the request as the client's (499)")] = SEND_S,
     session_key: Annotated[str | None, typer.Option(help="Header or body key for session routing")] = None,
     max_concurrent_per_replica: Annotated[int | None, typer.Option(min=1, help="Requests in flight per replica")
                                           ] = None,
@@ -809,6 +813,7 @@ def router(
                               keyring=keyring,
                               buffer_size=buffer_size, buffer_timeout=buffer_timeout, session_key=session_key,
                               upstream_read_timeout=upstream_timeout, stream_idle_timeout=stream_idle_timeout,
+                              client_send_timeout=client_send_timeout,
                               max_concurrent_per_replica=max_concurrent_per_replica, max_queue=max_queue,
                               overflow_status=overflow_status,
                               admin_token=os.environ.get("FLEETSERVE_ADMIN_TOKEN") or None,

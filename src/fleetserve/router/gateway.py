@@ -29,7 +29,7 @@ import orjson
 from fleetserve.api.browser import BROWSER_HEADERS, FORWARDED_HOST, post_refusal
 from fleetserve.api.errors import APIError, model_not_found
 from fleetserve.api.internal import INTERNAL_HEADER, NO_TENANT, TENANT_HEADER, InternalAuth
-from fleetserve.api.limits import SizeLimits
+from fleetserve.api.limits import SEND_S, SizeLimits
 from fleetserve.api.protocol import GENERATION_PATHS, parse_generation, parse_json_body
 from fleetserve.api.request_id import REQUEST_ID_HEADER, sane_request_id
 from fleetserve.clock import Clock
@@ -91,6 +91,7 @@ class RouterSettings:
     max_attempts: int = 3
     upstream_read_timeout: float = 1800.0  # a replica's longest silence (spec.router.upstreamTimeoutSeconds)
     stream_idle_timeout: float = 60.0  # ... once its answer began (spec.router.streamIdleTimeoutSeconds)
+    client_send_timeout: float = SEND_S  # a client's longest refusal of its answer's bytes (router/http1.py)
     health_interval: float = 1.0
     buffer_size: int = 256  # requests held while no replica is ready (scale from zero)
     buffer_timeout: float = 600.0  # longer than a cold start; then 503 with Retry-After

@@ -13,20 +13,22 @@ What a production front door owes its clients, kept here:
   pipelined requests are answered in order, one at a time;
 - `Expect: 100-continue` answered before the body is read;
 - a client that goes away cancels its request's task, so the upstream request is aborted too;
-- back-pressure: when the client's socket buffer is full, writers wait (`Responder.drain`).
+- back-pressure: when the client's socket buffer is full, writers wait (`Responder.drain`), for at most
+  `SEND_S` without the client taking a byte: then the connection is cut, as a client that left.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
 import httptools
 
-from fleetserve.api.limits import KEEP_ALIVE_S, REQUEST_READ_S, SizeLimits
+from fleetserve.api.limits import KEEP_ALIVE_S, REQUEST_READ_S, SEND_S, SizeLimits
 
 log = logging.getLogger(__name__)
 
@@ -178,9 +180,10 @@ class HTTPConnection(asyncio.Protocol):
     """One client connection: parse, hand each request to `handler`, one at a time."""
 
     def __init__(self, handler: Handler, limits: SizeLimits, on_error: OnError, keep_alive_s: float,
-                 registry: set | None = None, read_timeout_s: float = REQUEST_READ_S):
+                 registry: set | None = None, read_timeout_s: float = REQUEST_READ_S, send_timeout_s: float = SEND_S):
         self.handler = handler
         self.read_timeout_s = read_timeout_s
+        self.send_timeout_s = send_timeout_s
         self._reading: asyncio.TimerHandle | None = None  # a request has begun arriving: it must end in time
         self.registry = registry if registry is not None else set()
         self.limits = limits
@@ -400,9 +403,20 @@ class HTTPConnection(asyncio.Protocol):
             self.transport.write(data)
 
     async def drain(self) -> None:
+        """Wait while the client's socket buffer is full; a client that takes nothing for `send_timeout_s` is
+        cut (its buffered bytes dropped: a graceful close would wait on them for ever)."""
         if self._paused and not self.closed:
             self._drained = self.loop.create_future()
-            await self._drained
+            try:
+                await asyncio.wait_for(self._drained, self.send_timeout_s)
+            except TimeoutError:
+                log.info("client %s took no byte of its answer for %gs: connection cut", self.client,
+                         self.send_timeout_s)
+                if self.transport is not None:  # connection_lost follows and cancels the request's task, here:
+                    self.transport.abort()  # the request ends as one whose client left, by the same path
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self.wait_closed()), 5)
+                self.closed = True
 
     def wait_closed(self) -> asyncio.Future:
         if self._gone is None:
@@ -518,13 +532,15 @@ class FrontDoor:
 
 async def serve(handler: Handler, on_error: OnError, host: str, port: int, *, limits: SizeLimits = SizeLimits(),
                 ssl=None, reuse_port: bool = False, sock=None, keep_alive_s: float = KEEP_ALIVE_S,
-                backlog: int = 2048, read_timeout_s: float = REQUEST_READ_S) -> FrontDoor:
+                backlog: int = 2048, read_timeout_s: float = REQUEST_READ_S,
+                send_timeout_s: float = SEND_S) -> FrontDoor:
     """Listen (or use `sock`, a socket bound by a parent) and serve `handler`."""
     loop = asyncio.get_running_loop()
     door = FrontDoor()
 
     def factory() -> HTTPConnection:
-        return HTTPConnection(handler, limits, on_error, keep_alive_s, door.connections, read_timeout_s)
+        return HTTPConnection(handler, limits, on_error, keep_alive_s, door.connections, read_timeout_s,
+                              send_timeout_s)
 
     if sock is not None:
         door.server = await loop.create_server(factory, sock=sock, ssl=ssl, backlog=backlog)

@@ -57,7 +57,7 @@ async def serve_gateway(backends: list[str], host: str, port: int, settings: Rou
     context = server_tls(tls)
     gateway.scheme = "https" if context else "http"
     door = await http1.serve(gateway.handle, gateway.error, host, port, limits=settings.size_limits, ssl=context,
-                             reuse_port=reuse_port, sock=sock)
+                             reuse_port=reuse_port, sock=sock, send_timeout_s=settings.client_send_timeout)
     bound = door.server.sockets[0].getsockname()
     gateway.server_address = (str(bound[0]), int(bound[1]))
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address, bracketed as in a URL
