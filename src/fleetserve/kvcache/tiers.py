@@ -308,6 +308,10 @@ def has_credentials(url: str) -> bool:
     return bool(user or password)
 
 
+class MalformedReply(Exception):
+    """Redis (or what answers at its address) replied something that is not the reply to what was asked."""
+
+
 class RedisStore:
     """L2 in Redis: one value per block under `prefix + key`, batched, with timeouts and back-off."""
 
@@ -382,33 +386,43 @@ class RedisStore:
             log.info("L2 Redis at %s answers again", self.url)
 
     def _full(self, exc: Exception) -> None:
-        """A write refused for memory: writes pause, reads go on. It went the way of a dead server, and every read
-        of blocks already there missed for the back-off."""
+        """A write refused for memory, or refused outright (a read-only replica, a primary that failed over, a user
+        whose ACL allows no writes): writes pause, reads go on. Either had gone the way of a dead server, and every
+        read of blocks already there missed for the back-off."""
+        import redis
+
         self.stats.add("failures")
-        self.state = "full"
+        memory = isinstance(exc, redis.exceptions.OutOfMemoryError)
+        self.state = "full" if memory else "read_only"
         if time.monotonic() >= self._full_until:
-            log.warning("L2 Redis at %s is full (%s: a write refused for memory: its maxmemory-policy does not "
-                        "evict these blocks, or its maxmemory is too small for one); new blocks are not written for "
-                        "%.0fs, blocks already there are still read", self.url, type(exc).__name__,
-                        self.backoff)  # not the message: redis-py quotes the refused command, block bytes and all
+            why = ("is full ({}: a write refused for memory: its maxmemory-policy does not evict these blocks, or "
+                   "its maxmemory is too small for one)" if memory else
+                   "refuses writes ({}: a read-only replica, or a user whose ACL allows no SET)").format(
+                       type(exc).__name__)  # not the message: redis-py quotes the refused command, block bytes and all
+            log.warning("L2 Redis at %s %s; new blocks are not written for %.0fs, blocks already there are still read",
+                        self.url, why, self.backoff)
         self._full_until = time.monotonic() + self.backoff
 
     def get_many(self, keys: list[int]) -> list[bytes | None]:
         if not keys or not self.available:
             return [None] * len(keys)
-        import redis
 
         started = time.perf_counter()
         try:
             values = self._client.mget([self._k(k) for k in keys])
-        except (redis.RedisError, OSError) as exc:
+            if not isinstance(values, list) or len(values) != len(keys) or \
+                    not all(v is None or isinstance(v, bytes) for v in values):
+                raise MalformedReply(f"MGET of {len(keys)} keys answered {type(values).__name__}"
+                                     + (f" of {len(values)}" if isinstance(values, list) else ""))
+        except Exception as exc:  # a server or proxy that answers garbage (redis-py raises
+            # TypeError, AttributeError, ValueError on it) had failed every request with a 500: recompute instead
             self._failed(exc)
             return [None] * len(keys)
         self.stats.timing("get", time.perf_counter() - started)
         self.stats.add("bytes_out", sum(len(v) for v in values if v is not None))
         self._answered()
-        if self.state != "full" or time.monotonic() >= self._full_until:  # a read says nothing of the writes
-            self.state = "up"
+        if self.state not in ("full", "read_only") or time.monotonic() >= self._full_until:  # a read says nothing
+            self.state = "up"  # of the writes
         return list(values)
 
     def put_many(self, items: list[tuple[int, bytes]], head: list[int] | tuple = ()) -> list[int]:
@@ -437,10 +451,11 @@ class RedisStore:
                 log.warning("L2 Redis at %s refused TOUCH (%s): a prompt's earlier blocks are no longer refreshed "
                             "when its new ones are written, so Redis may evict them first", self.url,
                             type(results[-1]).__name__)
-        except redis.exceptions.OutOfMemoryError as exc:
+        except (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
+                redis.exceptions.NoPermissionError) as exc:
             self._full(exc)
             return []
-        except (redis.RedisError, OSError) as exc:
+        except Exception as exc:  # garbage answered (as for get_many): the store is down a while
             self._failed(exc)
             return []
         self.stats.timing("put", time.perf_counter() - started)
@@ -451,13 +466,12 @@ class RedisStore:
 
     def clear(self) -> list[int]:
         """Delete this store's blocks; returns their keys (for the removed event)."""
-        import redis
 
         try:
             names = list(self._client.scan_iter(match=self.prefix + "*", count=1000))
             if names:
                 self._client.delete(*names)
-        except (redis.RedisError, OSError) as exc:
+        except Exception as exc:  # as get_many
             self._failed(exc)
             return []
         return [k for k in map(self.block_key, names) if k is not None]

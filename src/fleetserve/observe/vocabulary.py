@@ -280,10 +280,11 @@ KV_WRITES_DROPPED = _m("fleetserve_kv_writes_dropped_blocks_total", "counter", "
                        "the tiers below being slower than the prefills", "kv", "blocks", by=(ENGINE,))
 KV_WRITE_QUEUE = _m("fleetserve_kv_write_queue_bytes", "gauge", "Bytes of blocks queued for writing to L1/L2 (at "
                     "most the engine tier's size)", "kv", "bytes", by=(ENGINE,))
-KV_TIER_STATES = ("up", "full", "unavailable", "unknown")
+KV_TIER_STATES = ("up", "full", "read_only", "unavailable", "unknown")
 KV_TIER_STATE = _m("fleetserve_kv_tier_state", "gauge", "1 for what the tier's last operation found: up, full "
-                   "(writes refused for memory, reads go on), unavailable, or unknown before the first (Redis "
-                   "tiers)", "kv", "", ("tier", "state"), by=(ENGINE,))
+                   "(writes refused for memory, reads go on), read_only (writes refused: a replica, or an ACL; "
+                   "reads go on), unavailable, or unknown before the first (Redis tiers)", "kv", "",
+                   ("tier", "state"), by=(ENGINE,))
 KV_TIER_GET = _m("fleetserve_kv_tier_get_seconds", "histogram", "Tier load latency", "kv",
                  "seconds", _T, TIER_LATENCY_BUCKETS_S, by=(ENGINE,))
 KV_TIER_PUT = _m("fleetserve_kv_tier_put_seconds", "histogram", "Tier store latency", "kv",
