@@ -501,13 +501,17 @@ def test_one_api_key_names_one_tenant(tmp_path, monkeypatch):
     ("http://localhost:6379", "unix://"), ("not a url", "unix://"), ("localhost:6379", "unix://"),
     ("redis://h:99999", "port"), ("redis://", "host"), ("redis://h/abc", "database"), ("unix://", "path"),
     ("redis://not a url", "no host name"), ("redis://a b:6379/0", "no host name"), ("redis://-x:1", "no host name"),
+    # validate passed them, and every replica died at its start with redis-py's traceback (found in a black-box pass)
+    ("redis://h:6379/0?socket_timeout=abc", "Invalid value for 'socket_timeout'"),
+    ("redis://h:6379/0?sockettimeout=1", "unknown query parameter(s) sockettimeout"),
 ])
 def test_an_l2_url_redis_cannot_read_is_refused_naming_the_field(url, says):
     """`http://...` was valid, and `up` then died in every replica with redis-py's ValueError."""
     (msg,) = problems(GOOD + f"  kvCache: {{l2: {{enabled: true, url: {url!r}}}}}\n")
     assert msg.startswith("spec.kvCache.l2.url") and says in msg
     load_spec_text(GOOD + "  kvCache: {l2: {enabled: true, url: 'unix:///run/redis.sock'}}\n")
-    for good in ("redis://[::1]:6379", "redis://10.0.0.5/1", "rediss://redis_1.cache.svc.cluster.local:6380"):
+    for good in ("redis://[::1]:6379", "redis://10.0.0.5/1", "rediss://redis_1.cache.svc.cluster.local:6380",
+                 "redis://h/0?socket_timeout=0.5&max_connections=4", "rediss://h:6380/0?ssl_cert_reqs=none"):
         load_spec_text(GOOD + f"  kvCache: {{l2: {{enabled: true, url: {good!r}}}}}\n")
 
 
@@ -956,3 +960,15 @@ def test_a_tenant_named_like_requests_without_one_is_refused():
     auth = "  auth: {apiKeys: [{tenant: '-', keyEnv: K}]}"
     (msg,) = problems(GOOD.replace("  routing: {strategy: roundrobin}", auth))
     assert msg.startswith("spec.auth.apiKeys[0].tenant") and "names requests without a tenant" in msg, msg
+
+
+def test_an_l2_url_without_enabled_turns_l2_on_and_an_explicit_off_is_warned():
+    """`l2: {url: ...}` without `enabled` left L2 off without a word (found in a black-box pass)."""
+    from fleetserve.spec.effects import inert_settings
+
+    on = load_spec_text(GOOD + "  kvCache: {l2: {url: 'redis://r.x:6379/0'}}\n").endpoint
+    assert on.spec.kv_cache.l2.enabled
+    off = load_spec_text(GOOD + "  kvCache: {l2: {enabled: false, url: 'redis://r.x:6379/0'}}\n").endpoint
+    notes = {n.path: n.message for n in inert_settings(off)}
+    assert not off.spec.kv_cache.l2.enabled
+    assert "the L2 Redis URLs given are not used" in notes["spec.kvCache.l2.enabled"]

@@ -181,6 +181,10 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         note("spec.router.host", f"{spec.router.host} takes requests from other machines, and without auth.apiKeys "
              "anyone who reaches it is served: list API keys, or keep the router on 127.0.0.1 behind your own "
              "gateway")
+    l2_given = spec.kv_cache.l2
+    if (l2_given.url or l2_given.tenant_urls) and not l2_given.enabled:
+        note("spec.kvCache.l2.enabled", "is false: the L2 Redis URLs given are not used, and no block is shared "
+             "between replicas (leave enabled out, or set it true, to use them)", everywhere=True)
     if (spec.tls.cert_file or spec.tls.key_file) and not spec.tls.enabled:
         note("spec.tls.enabled", "is false: the router serves plain HTTP and certFile/keyFile are not used (leave "
              "enabled out, or set it true, to serve HTTPS with them)", everywhere=True)

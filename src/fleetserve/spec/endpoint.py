@@ -697,6 +697,7 @@ def redis_url_problem(url: str) -> None:
     for db in parse_qs(parts.query).get("db", []):
         if not db.isdigit():
             raise ValueError(f"{url!r}: db= is a database number, got {db!r}")
+    _redis_query_problem(url, parts)
     if parts.scheme.lower() == "unix":
         if not parts.path:
             raise ValueError(f"{url!r}: a unix:// URL needs the socket's path (unix:///run/redis.sock)")
@@ -715,6 +716,33 @@ def redis_url_problem(url: str) -> None:
     db = unquote(parts.path.strip("/"))
     if db and not db.isdigit():
         raise ValueError(f"{url!r}: the database after the host is a number (redis://host:6379/0), got {db!r}")
+
+
+def _redis_query_problem(url: str, parts) -> None:
+    """A query parameter redis-py refuses (`?socket_timeout=abc`: ValueError) or does not know (`?foo=1`:
+    TypeError at the first connection) had passed validate, and every replica died at its start with a
+    traceback."""
+    import inspect
+    from urllib.parse import parse_qs
+
+    import redis.connection as rc
+
+    from fleetserve.kvcache.tiers import split_credentials
+
+    if not parts.query:
+        return
+    try:
+        rc.parse_url(split_credentials(url)[0])
+    except ValueError as exc:
+        raise ValueError(f"{url!r}: {exc}") from None
+    kind = {"rediss": rc.SSLConnection, "unix": rc.UnixDomainSocketConnection}.get(parts.scheme.lower(),
+                                                                                    rc.Connection)
+    known = {name for cls in (*kind.__mro__, rc.ConnectionPool) if "__init__" in vars(cls)
+             for name in inspect.signature(vars(cls)["__init__"]).parameters} - {"self", "args", "kwargs"}
+    unknown = sorted(set(parse_qs(parts.query)) - known)
+    if unknown:
+        raise ValueError(f"{url!r}: unknown query parameter(s) {', '.join(unknown)}; redis-py's connection "
+                         f"takes e.g. {', '.join(sorted(set(rc.URL_QUERY_ARGUMENT_PARSERS) & known))}")
 
 
 TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:+-]{0,127}")
@@ -742,6 +770,14 @@ def rendered_tenant_service(url: str) -> str | None:
     return host
 
 
+def _enabled_by(data, *given: str):
+    """`enabled` left out of a section that lists what only an enabled one uses (API keys, certificate files):
+    on, not off. Off had served the endpoint to anyone, in plain HTTP, while the spec read as protected."""
+    if isinstance(data, dict) and "enabled" not in data and any(data.get(k) for k in given):
+        return {**data, "enabled": True}
+    return data
+
+
 class L2Section(SpecModel):
     enabled: bool = False
     backend: Literal["redis"] = "redis"
@@ -751,6 +787,11 @@ class L2Section(SpecModel):
     price_per_hour: float = Field(default=0, ge=0, description="$/hour of the Redis server (a managed cache, a node): "
                                                                "simulate, verify, plan and up add it to the fleet's "
                                                                "cost for the whole run; 0: not counted")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_with_a_url(cls, data):
+        return _enabled_by(data, "url", "tenantUrls", "tenant_urls")
 
     @field_validator("url")
     @classmethod
@@ -834,14 +875,6 @@ class ObservabilitySection(SpecModel):
     log_max_bytes: Bytes = Field(default=100 << 20, ge=0, description="a local fleet's log file past this many bytes "
                                "is rotated (NAME.1 to NAME.3 kept); 0: never. Kubernetes: the kubelet rotates "
                                "container logs")
-
-
-def _enabled_by(data, *given: str):
-    """`enabled` left out of a section that lists what only an enabled one uses (API keys, certificate files):
-    on, not off. Off had served the endpoint to anyone, in plain HTTP, while the spec read as protected."""
-    if isinstance(data, dict) and "enabled" not in data and any(data.get(k) for k in given):
-        return {**data, "enabled": True}
-    return data
 
 
 class TLSSection(SpecModel):
