@@ -90,3 +90,32 @@ def test_an_unreachable_l2_does_not_stop_the_cache():
         assert [t for t, _ in cache.lookup([0, 1, 2])] == ["engine"] * 3
     finally:
         cache.close()
+
+
+def test_a_redis_restarted_empty_makes_the_routers_forget_this_engines_l2_blocks(redis_server):
+    """A Redis restarted without persistence holds none of the blocks the routers were told it had; they kept
+    crediting every one of them for good (found in a black-box pass). The engine's event log now asks its
+    subscribers to resynchronise, and its snapshot lists no L2 block."""
+    from fleetserve.router.kvindex import KVIndex
+
+    cache = PrefixCache(SHAPE, torch.float32, engine_blocks=8, l2=RedisStore(redis_server["url"], prefix="r:kv:"))
+    index = KVIndex()
+    try:
+        assert cache.l2_watchers[0].subscribed.wait(10)
+        cache.store(blocks(20, 500))
+        cache.flush()
+        seq = 0
+        update = cache.events.since(seq)
+        for event in update["events"]:
+            getattr(index, event["type"])("r0", event["keys"], event["tier"])
+        seq = update["seq"]
+        assert "l2" in index.tiers("r0", 500)
+        redis_server["proc"].kill()
+        redis_server["proc"].wait()
+        redis_server["restart"]()
+        wait_until(lambda: cache.events.since(seq).get("resync"), 30, what="a resync asked of the subscribers")
+        snapshot = cache.snapshot()
+        index.replace("r0", {b["key"]: b["tiers"] for b in snapshot["blocks"]})
+        assert "l2" not in index.tiers("r0", 500)
+    finally:
+        cache.close()

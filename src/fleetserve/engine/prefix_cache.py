@@ -75,7 +75,8 @@ class PrefixCache:
         self._dropped_said_at = -math.inf
         self._writer = threading.Thread(target=self._write_loop, name="kv-writer", daemon=True)
         self._writer.start()
-        self.l2_watchers = [L2EvictionWatcher(store, self._l2_evicted).start() for store in self._l2_stores()]
+        self.l2_watchers = [L2EvictionWatcher(store, self._l2_evicted, on_restarted=self.events.resync).start()
+                            for store in self._l2_stores()]
         # every tier's key made here: a scrape iterates it while the generation thread counts
         self.hits = {"engine": 0, "l1": 0, "l2": 0, **{f"l2:{t}": 0 for t in self.tenant_l2}}
         self.queries = 0  # blocks looked up

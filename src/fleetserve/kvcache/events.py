@@ -29,6 +29,14 @@ class KVEventLog:
             self.seq += 1
             self._log.append((self.seq, {"type": kind, "keys": list(keys), "tier": tier}))
 
+    def resync(self) -> None:
+        """What was published cannot be trusted any more (an L2 Redis restarted empty): every subscriber is told to
+        fetch the snapshot again, which lists what this engine holds now (L2 left out: learnt again from later
+        events)."""
+        with self._lock:
+            self.seq += 1
+            self._log.clear()
+
     def since(self, seq: int) -> dict:
         with self._lock:
             oldest = self._log[0][0] if self._log else self.seq + 1

@@ -5,6 +5,10 @@ Redis under `maxmemory` evicts blocks on its own. The watcher turns on keyevent 
 a background thread and hands the block keys under the store's prefix to `on_removed`. A Redis that refuses
 CONFIG (managed services, ACLs) is logged once and watched anyway: it notifies only if its operator turned
 notifications on. A lost connection is retried, and the configuration redone (a restarted Redis forgot it).
+
+A Redis that restarted (its `run_id` changed between two connections) without persistence holds none of the
+blocks the routers were told it had: `on_restarted` makes them forget this engine's L2 blocks (the engine's
+event log asks its subscribers to resynchronise). They had kept crediting every one of them for good.
 """
 
 from __future__ import annotations
@@ -31,9 +35,12 @@ def notify_flags(current: str) -> str | None:
 
 
 class L2EvictionWatcher:
-    def __init__(self, store: RedisStore, on_removed: Callable[[list[int]], None], retry_s: float = 2.0):
+    def __init__(self, store: RedisStore, on_removed: Callable[[list[int]], None], retry_s: float = 2.0,
+                 on_restarted: Callable[[], None] | None = None):
         self.store = store
         self.on_removed = on_removed
+        self.on_restarted = on_restarted
+        self.run_id: str | None = None  # the Redis server's instance id at the last connection
         self.retry_s = retry_s
         self.configured: bool | None = None  # whether our CONFIG SET took (None: not tried yet)
         self.subscribed = threading.Event()
@@ -77,6 +84,7 @@ class L2EvictionWatcher:
             client = pubsub = None
             try:
                 client = self.store.watch_client()
+                self._check_restart(client)
                 self._configure(client)
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
                 db = client.connection_pool.connection_kwargs.get("db", 0)
@@ -96,6 +104,20 @@ class L2EvictionWatcher:
                             closing.close()
                         except (redis.RedisError, OSError):
                             pass
+
+    def _check_restart(self, client) -> None:
+        import redis
+
+        try:
+            run_id = str((client.info("server") or {}).get("run_id") or "") or None
+        except redis.ResponseError:  # INFO denied (an ACL): a restart goes unseen, as before
+            return
+        if run_id and self.run_id and run_id != self.run_id:
+            log.warning("L2 Redis at %s restarted (a new run_id): the blocks it held are gone unless it persists "
+                        "them; routers forget this engine's L2 blocks and learn them again", self.store.url)
+            if self.on_restarted is not None:
+                self.on_restarted()
+        self.run_id = run_id or self.run_id
 
     def _drain(self, pubsub) -> None:
         """Wait up to half a second for notifications; publish what arrived as one event."""
