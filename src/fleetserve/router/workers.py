@@ -58,7 +58,9 @@ class PeerBus:
         self.paths = [str(Path(folder) / f"w{i}.sock") for i in range(count)]
         self.gateway = None
         self.peer_load: dict[int, tuple[float, dict]] = {}
-        self._backends_stamp = 0  # when the backend set this worker has was given (time.time_ns of the PUT)
+        # when the backend set this worker has was given: CLOCK_MONOTONIC, one clock for every process on the machine
+        # (the wall clock stepped back by NTP had the other workers drop a newer set)
+        self._backends_stamp = 0
         self._state_failed = False  # the last state file write failed (said once)
         self._sock: socket.socket | None = None
         self._task: asyncio.Task | None = None
@@ -109,7 +111,7 @@ class PeerBus:
     def backends(self, urls: list[str], ready: set[str], draining: set[str], failing: str | None = None,
                  names: dict[str, str] | None = None, instances: dict[str, str] | None = None) -> None:
         message = {"t": "backends", "urls": urls, "ready": sorted(ready), "draining": sorted(draining),
-                   "failing": failing, "names": names or {}, "instances": instances, "stamp": time.time_ns()}
+                   "failing": failing, "names": names or {}, "instances": instances, "stamp": time.monotonic_ns()}
         self._backends_stamp = message["stamp"]
         self._send(message)
         # kept for a worker that starts later (a restart): it had come back with the command line's backends, or
