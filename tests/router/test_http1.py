@@ -329,3 +329,40 @@ def test_a_client_that_stops_reading_is_cut_and_its_request_ends():
         return left
 
     assert run(main()) == 0
+
+
+def test_connections_past_the_limit_get_503_and_a_close_and_room_comes_back():
+    """Connections that idle or dribble took every file descriptor, and then the router could reach no replica
+    either; the clients got a reset and the log said nothing (found in a black-box pass)."""
+    async def main():
+        door = await http1.serve(echo, error, "127.0.0.1", 0, max_connections=3)
+        port = door.server.sockets[0].getsockname()[1]
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+        await asyncio.sleep(0.1)
+        refused = await exchange(port, b"GET /x HTTP/1.1\r\nhost: x\r\n\r\n")
+        _, writer = held.pop()
+        writer.close()
+        for _ in range(100):
+            if len(door.connections) < 3:
+                break
+            await asyncio.sleep(0.02)
+        answered = await exchange(port, b"GET /y HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        for _, w in held:
+            w.close()
+        await door.shutdown(1)
+        return refused, answered
+
+    refused, answered = run(main())
+    assert refused.startswith(b"HTTP/1.1 503") and b"too_many_connections" in refused, refused
+    assert b"connection: close" in refused and b"retry-after: 1" in refused
+    assert answered.startswith(b"HTTP/1.1 200") and b"x-path: /y" in answered
+
+
+def test_the_connection_limit_leaves_descriptors_for_the_replicas():
+    import resource
+
+    from fleetserve.router.server import FD_RESERVE, connection_limit
+
+    limit = connection_limit()
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert limit <= max(16, soft - FD_RESERVE) and connection_limit(100) == min(100, limit)

@@ -158,3 +158,42 @@ def test_a_client_that_stops_reading_gives_its_replica_slot_back(tmp_path):
         stalled.close()
         gw.stop()
         engine.stop()
+
+
+def test_a_router_at_its_connection_limit_answers_503_and_says_so(tmp_path):
+    import socket
+
+    engine = Server(["engine", "--simulate", "fast", "--served-model-name", "sim"], tmp_path / "sim.log").start()
+    gw = Server(["router", "--backend", engine.url, "--max-connections", "16"], tmp_path / "router.log").start()
+    held = []
+    try:
+        for _ in range(16):
+            held.append(socket.create_connection(("127.0.0.1", gw.port)))
+        wait_until(lambda: "connections open, the most this router takes" in gw.log()
+                   or _refused(gw.port), 30, what="a refusal")
+        refused = _refused(gw.port)
+        assert refused.startswith(b"HTTP/1.1 503") and b"too_many_connections" in refused, refused
+        assert "the most this router takes (--max-connections)" in gw.log()
+        for s in held:
+            s.close()
+        held.clear()
+        wait_until(lambda: httpx.get(gw.url + "/health", timeout=5).status_code == 200, 30, what="room again")
+    finally:
+        for s in held:
+            s.close()
+        gw.stop()
+        engine.stop()
+
+
+def _refused(port: int) -> bytes:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        s.settimeout(10)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+            if data.startswith(b"HTTP/1.1 200"):
+                break
+        return data

@@ -653,6 +653,9 @@ def router(
     client_send_timeout: Annotated[float, float_option(
         min=0.1, max=86400, help="Seconds a client may take no byte of its answer (its socket full) before the "
                                  "router cuts the connection and ends the request as the client's (499)")] = SEND_S,
+    max_connections: Annotated[int | None, typer.Option(
+        min=16, help="Client connections each router process holds; past it a new one gets 503 and a close "
+                     "[default: 10000, at most the process's file descriptors less 1024]")] = None,
     session_key: Annotated[str | None, typer.Option(help="Header or body key for session routing")] = None,
     max_concurrent_per_replica: Annotated[int | None, typer.Option(min=1, help="Requests in flight per replica")
                                           ] = None,
@@ -813,7 +816,7 @@ def router(
                               keyring=keyring,
                               buffer_size=buffer_size, buffer_timeout=buffer_timeout, session_key=session_key,
                               upstream_read_timeout=upstream_timeout, stream_idle_timeout=stream_idle_timeout,
-                              client_send_timeout=client_send_timeout,
+                              client_send_timeout=client_send_timeout, max_connections=max_connections,
                               max_concurrent_per_replica=max_concurrent_per_replica, max_queue=max_queue,
                               overflow_status=overflow_status,
                               admin_token=os.environ.get("FLEETSERVE_ADMIN_TOKEN") or None,

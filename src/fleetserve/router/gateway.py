@@ -92,6 +92,7 @@ class RouterSettings:
     upstream_read_timeout: float = 1800.0  # a replica's longest silence (spec.router.upstreamTimeoutSeconds)
     stream_idle_timeout: float = 60.0  # ... once its answer began (spec.router.streamIdleTimeoutSeconds)
     client_send_timeout: float = SEND_S  # a client's longest refusal of its answer's bytes (router/http1.py)
+    max_connections: int | None = None  # client connections per process (None: server.connection_limit's default)
     health_interval: float = 1.0
     buffer_size: int = 256  # requests held while no replica is ready (scale from zero)
     buffer_timeout: float = 600.0  # longer than a cold start; then 503 with Retry-After

@@ -43,6 +43,9 @@ REASONS = {
 # parsed requests waiting behind the one being answered, per connection: past it the socket is not read (what one
 # read already brought, at most the loop's read buffer, is still parsed)
 MAX_PIPELINED = 16
+REFUSED_SAID_EVERY_S = 10.0
+REFUSED_LINGER_S = 1.0  # a refused connection is closed this long after its 503 (its request read meanwhile)
+_refused_said_at = -REFUSED_SAID_EVERY_S
 _STATUS_LINES = {code: f"HTTP/1.1 {code} {reason}\r\n".encode() for code, reason in REASONS.items()}
 
 
@@ -180,8 +183,10 @@ class HTTPConnection(asyncio.Protocol):
     """One client connection: parse, hand each request to `handler`, one at a time."""
 
     def __init__(self, handler: Handler, limits: SizeLimits, on_error: OnError, keep_alive_s: float,
-                 registry: set | None = None, read_timeout_s: float = REQUEST_READ_S, send_timeout_s: float = SEND_S):
+                 registry: set | None = None, read_timeout_s: float = REQUEST_READ_S, send_timeout_s: float = SEND_S,
+                 max_connections: int | None = None):
         self.handler = handler
+        self.max_connections = max_connections
         self.read_timeout_s = read_timeout_s
         self.send_timeout_s = send_timeout_s
         self._reading: asyncio.TimerHandle | None = None  # a request has begun arriving: it must end in time
@@ -233,10 +238,37 @@ class HTTPConnection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if self.max_connections is not None and len(self.registry) >= self.max_connections:
+            self._refuse_connection()
+            return
         self.registry.add(self)
         peer = transport.get_extra_info("peername")
         self.client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and len(peer) >= 2 else None
         self._arm_idle()
+
+    def _refuse_connection(self) -> None:
+        """Over `max_connections`: a 503 and a close, before anything is read. Without a bound, connections that
+        idle or dribble took every file descriptor, and then the router could open none to its replicas either;
+        the clients got a reset and the log said nothing."""
+        global _refused_said_at
+        self._rejected = True
+        self.closed = True
+        body = (b'{"error":{"message":"the router holds its maximum of open connections; retry shortly",'
+                b'"type":"overloaded","param":null,"code":"too_many_connections"}}')
+        self.transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                             b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%b"
+                             % (len(body), body))
+        # the answer, then our end of the stream: closed at once with the request still unread, the kernel sent a
+        # reset that could arrive before the answer; what the client sends meanwhile is read and dropped
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
+        now = self.loop.time()
+        if now - _refused_said_at >= REFUSED_SAID_EVERY_S:
+            _refused_said_at = now
+            log.warning("%d connections open, the most this router takes (--max-connections): new ones are "
+                        "answered 503 and closed (said at most every %.0f s)", len(self.registry),
+                        REFUSED_SAID_EVERY_S)
 
     def data_received(self, data: bytes) -> None:
         if self._rejected:
@@ -533,14 +565,14 @@ class FrontDoor:
 async def serve(handler: Handler, on_error: OnError, host: str, port: int, *, limits: SizeLimits = SizeLimits(),
                 ssl=None, reuse_port: bool = False, sock=None, keep_alive_s: float = KEEP_ALIVE_S,
                 backlog: int = 2048, read_timeout_s: float = REQUEST_READ_S,
-                send_timeout_s: float = SEND_S) -> FrontDoor:
+                send_timeout_s: float = SEND_S, max_connections: int | None = None) -> FrontDoor:
     """Listen (or use `sock`, a socket bound by a parent) and serve `handler`."""
     loop = asyncio.get_running_loop()
     door = FrontDoor()
 
     def factory() -> HTTPConnection:
         return HTTPConnection(handler, limits, on_error, keep_alive_s, door.connections, read_timeout_s,
-                              send_timeout_s)
+                              send_timeout_s, max_connections)
 
     if sock is not None:
         door.server = await loop.create_server(factory, sock=sock, ssl=ssl, backlog=backlog)

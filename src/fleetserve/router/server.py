@@ -26,6 +26,27 @@ GC_YOUNG_THRESHOLD = 20_000  # allocations between young-generation collections 
 __all__ = ["Gateway", "RouterSettings", "run_router", "serve_gateway"]
 
 
+FD_RESERVE = 1024  # descriptors kept for what is not a client: replica connections, scrapes, logs, the workers' bus
+DEFAULT_MAX_CONNECTIONS = 10_000
+
+
+def connection_limit(asked: int | None = None) -> int:
+    """The client connections one router process takes: `asked`, or 10,000, never more than its file descriptors
+    less `FD_RESERVE` (the soft limit raised to the hard one first, as servers do): connections that idle or
+    dribble had taken every descriptor, and then no replica could be reached either."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    room = soft - FD_RESERVE if soft != resource.RLIM_INFINITY else DEFAULT_MAX_CONNECTIONS
+    return max(16, min(asked or DEFAULT_MAX_CONNECTIONS, room))
+
+
 def server_tls(tls: tuple[str, str] | None) -> ssl_module.SSLContext | None:
     if not tls:
         return None
@@ -57,7 +78,8 @@ async def serve_gateway(backends: list[str], host: str, port: int, settings: Rou
     context = server_tls(tls)
     gateway.scheme = "https" if context else "http"
     door = await http1.serve(gateway.handle, gateway.error, host, port, limits=settings.size_limits, ssl=context,
-                             reuse_port=reuse_port, sock=sock, send_timeout_s=settings.client_send_timeout)
+                             reuse_port=reuse_port, sock=sock, send_timeout_s=settings.client_send_timeout,
+                             max_connections=connection_limit(settings.max_connections))
     bound = door.server.sockets[0].getsockname()
     gateway.server_address = (str(bound[0]), int(bound[1]))
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address, bracketed as in a URL
