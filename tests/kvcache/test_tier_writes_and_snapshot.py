@@ -167,3 +167,25 @@ def test_the_engine_clears_tiers_off_the_event_loop_and_closes_its_cache_when_it
         assert blocks == []
     assert on_loop and not any(on_loop)
     assert closed == [True]
+
+
+def test_the_engine_metrics_say_how_full_l1_is_and_it_stays_within_its_size():
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from fleetserve.observe.metrics import PrefixCacheCollector
+
+    l1 = L1Store(2048)
+    cache = PrefixCache(SHAPE, torch.float32, engine_blocks=4, l1=l1)
+    try:
+        for start in range(0, 200, 20):
+            cache.store(_blocks(list(range(start, start + 20))))
+        assert cache.flush(10)
+        registry = CollectorRegistry()
+        registry.register(PrefixCacheCollector(cache, "m"))
+        families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+        (used,) = families["fleetserve_kv_tier_used_bytes"].samples
+        (capacity,) = families["fleetserve_kv_tier_capacity_bytes"].samples
+        assert capacity.value == 2048 and 0 < used.value <= 2048 and used.value == l1.used_bytes
+    finally:
+        cache.close()

@@ -135,6 +135,7 @@ def test_prefix_cache_collector_exports_each_family_once_with_a_sample_per_tier(
                             engine_evictions=5, dropped_blocks=6, write_bytes=1024,
                             l1=store("l1", 2), l2=store("l2", 1),
                             tenant_l2={"acme": store("l2", 0)})
+    cache.l1.used_bytes, cache.l1.max_bytes = 300, 1000
     reg = CollectorRegistry()
     reg.register(PrefixCacheCollector(cache, "m"))
     text = generate_latest(reg).decode()
@@ -149,6 +150,9 @@ def test_prefix_cache_collector_exports_each_family_once_with_a_sample_per_tier(
     assert evictions == {"engine": 5, "l1": 2, "l2": 2, "l2:acme": 2}  # the engine tier's had no series
     assert families["fleetserve_kv_writes_dropped_blocks"].samples[0].value == 6
     assert families["fleetserve_kv_write_queue_bytes"].samples[0].value == 1024
+    # how full L1 is: it had to be worked out from bytes in, the block size and evictions (found in a black-box pass)
+    assert [(s.labels["tier"], s.value) for s in families["fleetserve_kv_tier_used_bytes"].samples] == [("l1", 300)]
+    assert families["fleetserve_kv_tier_capacity_bytes"].samples[0].value == 1000
     assert families["vllm:prefix_cache_queries"].samples[0].value == 175  # every prompt token, as vLLM counts
     get = {s.labels["le"]: s.value for s in families["fleetserve_kv_tier_get_seconds"].samples
            if s.name.endswith("_bucket") and s.labels["tier"] == "l1"}
@@ -199,7 +203,8 @@ def test_a_tier_the_engine_does_not_have_has_no_hit_series():
     cache = SimpleNamespace(block_shape=(2, 1, 1, 16, 8), queries=1, query_tokens=16,
                             hits={"engine": 3, "l1": 2, "l2": 0}, engine_misses=1, _blocks=[], engine_blocks=8,
                             engine_evictions=0, dropped_blocks=0, write_bytes=0,
-                            l1=SimpleNamespace(name="l1", stats=stats), l2=None, tenant_l2={})
+                            l1=SimpleNamespace(name="l1", stats=stats, used_bytes=0, max_bytes=1024), l2=None,
+                            tenant_l2={})
     reg = CollectorRegistry()
     reg.register(PrefixCacheCollector(cache, "m"))
     families = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
@@ -214,7 +219,8 @@ def test_tier_latency_histograms_never_go_backwards():
     stats = TierStats()
     cache = SimpleNamespace(block_shape=(2, 1, 1, 16, 8), queries=1, query_tokens=16, hits={"engine": 0, "l1": 0},
                             engine_misses=1, _blocks=[], engine_blocks=8, engine_evictions=0, dropped_blocks=0,
-                            write_bytes=0, l1=SimpleNamespace(name="l1", stats=stats), l2=None, tenant_l2={})
+                            write_bytes=0, l1=SimpleNamespace(name="l1", stats=stats, used_bytes=0, max_bytes=1024),
+                            l2=None, tenant_l2={})
     reg = CollectorRegistry()
     reg.register(PrefixCacheCollector(cache, "m"))
     counts = []

@@ -226,6 +226,11 @@ class PrefixCacheCollector:
         queued = v.KV_WRITE_QUEUE.family()
         queued.add_metric([], c.write_bytes)
         yield from (dropped, queued)
+        if c.l1 is not None:  # how full L1 is could only be worked out from bytes in, block size and evictions
+            used, capacity = v.KV_TIER_USED.family(), v.KV_TIER_CAPACITY.family()
+            used.add_metric([c.l1.name], c.l1.used_bytes)
+            capacity.add_metric([c.l1.name], c.l1.max_bytes)
+            yield from (used, capacity)
         states = v.KV_TIER_STATE.family()
         for tier, store in stores:
             if isinstance(getattr(store, "state", None), str):

@@ -280,6 +280,11 @@ KV_WRITES_DROPPED = _m("fleetserve_kv_writes_dropped_blocks_total", "counter", "
                        "the tiers below being slower than the prefills", "kv", "blocks", by=(ENGINE,))
 KV_WRITE_QUEUE = _m("fleetserve_kv_write_queue_bytes", "gauge", "Bytes of blocks queued for writing to L1/L2 (at "
                     "most the engine tier's size)", "kv", "bytes", by=(ENGINE,))
+KV_TIER_USED = _m("fleetserve_kv_tier_used_bytes", "gauge", "Bytes of blocks the tier holds (L1, in this engine's "
+                  "memory): beside fleetserve_kv_tier_capacity_bytes, how full it is", "kv", "bytes", _T,
+                  by=(ENGINE,))
+KV_TIER_CAPACITY = _m("fleetserve_kv_tier_capacity_bytes", "gauge", "Most bytes of blocks the tier holds (L1: "
+                      "kvCache.l1.maxBytes)", "kv", "bytes", _T, by=(ENGINE,))
 KV_TIER_STATES = ("up", "full", "read_only", "unavailable", "unknown")
 KV_TIER_STATE = _m("fleetserve_kv_tier_state", "gauge", "1 for what the tier's last operation found: up, full "
                    "(writes refused for memory, reads go on), read_only (writes refused: a replica, or an ACL; "
