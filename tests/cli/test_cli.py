@@ -90,6 +90,23 @@ def test_validate_warns_of_a_local_model_folder_that_up_would_refuse(tmp_path, t
     assert "spec.model.source" not in fleetserve("validate", str(spec)).stderr
 
 
+def test_validate_warns_of_l1_tiers_this_machine_cannot_hold(tmp_path, tiny_model):
+    """`l1.maxBytes: 1Ti` per replica on a machine of a few GiB passed without a word (found in a black-box pass):
+    each engine holds its L1 in its own memory."""
+    import json
+
+    spec = tmp_path / "l1.yaml"
+    text = ("apiVersion: fleetserve.io/v1\nkind: Endpoint\nmetadata: {{name: m}}\n"
+            "spec: {{model: {{name: m, source: {}}}, replicas: 2, kvCache: {{l1: {{maxBytes: {}}}}}}}\n")
+    spec.write_text(text.format(tiny_model, "64Pi"))
+    result = fleetserve("validate", str(spec), "--json")
+    assert result.returncode == 0, result.stderr
+    (warning,) = [w for w in json.loads(result.stdout)["warnings"] if w.startswith("spec.kvCache.l1.maxBytes")]
+    assert "2 replica(s) x" in warning and "more than this machine's" in warning
+    spec.write_text(text.format(tiny_model, "1Mi"))
+    assert "spec.kvCache.l1.maxBytes" not in fleetserve("validate", str(spec)).stderr
+
+
 def test_validate_warns_of_tls_files_that_up_would_refuse(tmp_path):
     """`tls: {certFile: /nonexistent.crt, ...}` validated without a word; `up` then exited 2 naming the field."""
     import json

@@ -96,10 +96,15 @@ def validate(
             raise fail(f"render k8s refuses it: {exc}", EXIT_USAGE) from None
         loaded.warnings[:] = [SpecProblem("", text) for text in rendered_warnings(loaded, rendered)]
     else:
-        from fleetserve.spec.effects import local_auth_problem, local_model_problem, local_tls_problem
+        from fleetserve.spec.effects import (
+            local_auth_problem,
+            local_memory_problem,
+            local_model_problem,
+            local_tls_problem,
+        )
 
         for problem in (local_model_problem(loaded.endpoint), local_tls_problem(loaded.endpoint),
-                        local_auth_problem(loaded.endpoint)):
+                        local_auth_problem(loaded.endpoint), local_memory_problem(loaded.endpoint)):
             if problem is not None:
                 loaded.warnings.append(problem)
     _print_warnings(loaded)
@@ -142,6 +147,10 @@ def up(
             raise typer.BadParameter(f"no running process {stop_with}", param_hint="--stop-with")
         log_args += ("--stop-with", str(stop_with))
     if not quiet_warnings:
+        from fleetserve.spec.effects import local_memory_problem
+
+        if (short := local_memory_problem(loaded.endpoint)) is not None:  # as validate warns of it
+            loaded.warnings.append(short)
         _print_warnings(loaded)
     name = loaded.endpoint.metadata.name
     from fleetserve.fleet.supervisor import local_start_problem

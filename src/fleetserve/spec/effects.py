@@ -332,6 +332,29 @@ def tls_files_problem(tls) -> str | None:
     return None
 
 
+def local_memory_problem(endpoint: Endpoint) -> SpecProblem | None:
+    """`validate`'s warning for built-in engines whose L1 tiers, at the most replicas the spec runs, ask for more
+    memory than this machine has: each engine holds its L1 in its own memory, so `up` ran into swap or the
+    kernel's OOM killer at the first long prompts (`l1.maxBytes: 1Ti` passed without a word)."""
+    import os
+
+    spec = endpoint.spec
+    if spec.engine.kind != "builtin" or not spec.kv_cache.l1.enabled:
+        return None
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+    scaling = spec.autoscaling
+    most = max(spec.replicas, scaling.max_replica_count if scaling is not None and scaling.enabled else 0, 1)
+    asked = most * spec.kv_cache.l1.max_bytes
+    if asked <= memory:
+        return None
+    return SpecProblem("spec.kvCache.l1.maxBytes", f"{most} replica(s) x {spec.kv_cache.l1.max_bytes:,} bytes of L1 "
+                       f"is {asked / 2**30:.1f} GiB, more than this machine's {memory / 2**30:.1f} GiB of memory "
+                       "(each engine holds its L1 in its own memory): `fleetserve up` here would run out of it")
+
+
 def local_tls_problem(endpoint: Endpoint) -> SpecProblem | None:
     """`validate`'s warning for TLS files `up` could not serve with: validate had called the spec valid. A
     warning, as for the model folder: the files may be meant for another machine."""
