@@ -10,7 +10,7 @@ import pytest
 
 from fleetserve.engine import demo, model_dir
 from fleetserve.engine.cache_entry import locked, partial, stale_partials
-from fleetserve.engine.model_dir import ModelSourceError, UnreadableModelFile, check_model_dir
+from fleetserve.engine.model_dir import UnreadableModelFile, check_model_dir
 
 WRITER = textwrap.dedent("""
     import sys, time
@@ -61,29 +61,6 @@ def test_an_entry_is_as_readable_as_the_umask_makes_a_folder(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "entry").stat().st_mode & 0o777 == 0o755
-
-
-def test_a_damaged_demo_entry_is_imported_again(tmp_path, monkeypatch, tiny_model):
-    """Its check said "prepare the model again", and prepare returned the same damaged entry."""
-    import shutil
-
-    imported = []
-
-    def fake_import(src, out):
-        imported.append(out)
-        shutil.copytree(tiny_model, out, dirs_exist_ok=True)
-
-    monkeypatch.setattr(demo, "_import_gguf", fake_import)
-    monkeypatch.setattr(demo, "demo_gguf_dir", lambda: tmp_path / "gguf")
-    entry = tmp_path / "models" / "smollm2-135m"
-    shutil.copytree(tiny_model, entry)
-    weights = entry / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:100])  # a copy cut short
-    with pytest.raises(ModelSourceError, match="not a whole safetensors file"):
-        check_model_dir(entry)
-    assert demo.demo_model_dir(entry) == entry and check_model_dir(entry) == entry
-    assert len(imported) == 1 and imported[0].name.startswith(".smollm2-135m.partial-")
-    assert demo.demo_model_dir(entry) == entry and len(imported) == 1  # whole now: not imported again
 
 
 def test_an_unreadable_file_is_named_as_unreadable_not_as_damaged(tmp_path, monkeypatch, tiny_model):
