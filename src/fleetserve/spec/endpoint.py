@@ -779,7 +779,7 @@ def _enabled_by(data, *given: str):
 
 
 class L2Section(SpecModel):
-    enabled: bool = False
+    enabled: bool = Field(default=False, description="left out: on when url or tenantUrls is given")
     backend: Literal["redis"] = "redis"
     url: str | None = Field(default=None, description="redis://host:port/db; empty: fleetserve starts Redis")
     max_bytes: Bytes = Field(default=4 << 30, gt=0)
@@ -878,7 +878,7 @@ class ObservabilitySection(SpecModel):
 
 
 class TLSSection(SpecModel):
-    enabled: bool = False
+    enabled: bool = Field(default=False, description="left out: on when certFile and keyFile are given")
     cert_file: str | None = None
     key_file: str | None = None
 
@@ -920,7 +920,7 @@ class APIKey(SpecModel):
 
 
 class AuthSection(SpecModel):
-    enabled: bool = False
+    enabled: bool = Field(default=False, description="left out: on when apiKeys lists keys")
     api_keys: list[APIKey] = Field(default_factory=list)
 
     @model_validator(mode="before")
