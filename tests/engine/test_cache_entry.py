@@ -42,6 +42,18 @@ def test_what_a_killed_writer_left_is_removed_by_the_next_one(tmp_path, sig):
     assert stale_partials(target) == [] and (target / "weights").read_bytes() == b"y"
 
 
+def test_what_writers_before_the_partial_names_left_is_removed_and_no_other_entrys(tmp_path):
+    target = tmp_path / "entry"
+    legacy = tmp_path / ".entry-k3x_9a0b"  # mkdtemp's name for it before 2026-12-06
+    other = tmp_path / ".entry-b.partial-abc"  # a writer of the entry "entry-b", under way
+    for folder in (legacy, other):
+        folder.mkdir()
+    assert stale_partials(target) == [legacy]
+    with locked(target), partial(target) as tmp:
+        (tmp / "weights").write_bytes(b"w")
+    assert not legacy.exists() and other.is_dir()
+
+
 def test_a_failed_write_keeps_the_entry_it_would_have_replaced(tmp_path):
     target = tmp_path / "entry"
     with locked(target), partial(target) as tmp:

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import boto3
 import pytest
@@ -66,6 +67,11 @@ def test_missing_and_incomplete_s3_models_are_clear_errors(s3, tiny_model):
     s3.upload_file(str(tiny_model / "config.json"), "models", "half/config.json")
     with pytest.raises(ModelSourceError, match="incomplete: missing weights"):
         resolve_source("s3://models/half")
+    copy = next((Path(os.environ["FLEETSERVE_HOME"]) / "models" / "s3").glob("*/config.json"))
+    fetched = copy.stat().st_mtime_ns
+    with pytest.raises(ModelSourceError, match="incomplete: missing weights"):
+        resolve_source("s3://models/half")
+    assert copy.stat().st_mtime_ns == fetched  # what the objects lack is no reason to download them all again
     assert os.environ["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
 
 

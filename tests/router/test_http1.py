@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from resource import RLIM_INFINITY
 
 import orjson
+import pytest
 
 from fleetserve.api.limits import SizeLimits
 from fleetserve.router import http1
@@ -358,11 +360,59 @@ def test_connections_past_the_limit_get_503_and_a_close_and_room_comes_back():
     assert answered.startswith(b"HTTP/1.1 200") and b"x-path: /y" in answered
 
 
-def test_the_connection_limit_leaves_descriptors_for_the_replicas():
+@pytest.mark.parametrize("soft, hard, asked, limit", [
+    (1024, 1024, None, 768),  # a quarter kept for replica connections: `soft - 1024` had left 16
+    (1024, 65536, None, 10_000),  # the soft limit raised to the hard one first
+    (256, RLIM_INFINITY, 500, 500),  # an unlimited hard limit: raised to a finite one
+    (20_000, 20_000, 50_000, 18_976),
+])
+def test_the_connection_limit_leaves_descriptors_for_the_replicas(monkeypatch, caplog, soft, hard, asked, limit):
     import resource
 
-    from fleetserve.router.server import FD_RESERVE, connection_limit
+    from fleetserve.router import server
 
-    limit = connection_limit()
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    assert limit <= max(16, soft - FD_RESERVE) and connection_limit(100) == min(100, limit)
+    limits = {"now": (soft, hard)}
+    monkeypatch.setattr(resource, "getrlimit", lambda _: limits["now"])
+    monkeypatch.setattr(resource, "setrlimit", lambda _, value: limits.__setitem__("now", value))
+    assert server.connection_limit(asked) == limit
+    assert ("takes at most" in caplog.text) == (limit < (asked or server.DEFAULT_MAX_CONNECTIONS))
+
+
+def test_a_client_that_reads_slowly_but_reads_is_not_cut():
+    """The send timeout timed the whole wait for the buffer to drain, not the time since the client last took a
+    byte: a reader slower than the buffer's low-water mark per timeout was cut while it read (found in review)."""
+    ended = asyncio.Event()
+
+    async def firehose(request, responder):
+        responder.start(200, [(b"content-type", b"text/event-stream")])
+        try:
+            while True:
+                responder.write(b"data: " + b"x" * 65536 + b"\n\n")
+                await responder.drain()
+        except asyncio.CancelledError:
+            ended.set()
+            raise
+
+    async def main():
+        door = await http1.serve(firehose, error, "127.0.0.1", 0, send_timeout_s=0.5)
+        port = door.server.sockets[0].getsockname()[1]
+        import socket
+
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.setblocking(False)
+        sock.send(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+        loop = asyncio.get_running_loop()
+        got = 0
+        for _ in range(30):  # 3 s of 2 KiB every 0.1 s: far slower than the buffer drains per timeout
+            got += len(await loop.sock_recv(sock, 2048))
+            await asyncio.sleep(0.1)
+        cut_while_reading = ended.is_set()
+        await asyncio.wait_for(ended.wait(), 20)  # and once it stops reading, it is cut
+        sock.close()
+        await door.shutdown(1)
+        return cut_while_reading, got
+
+    cut_while_reading, got = run(main())
+    assert not cut_while_reading and got > 0

@@ -503,7 +503,9 @@ def test_one_api_key_names_one_tenant(tmp_path, monkeypatch):
     ("redis://not a url", "no host name"), ("redis://a b:6379/0", "no host name"), ("redis://-x:1", "no host name"),
     # validate passed them, and every replica died at its start with redis-py's traceback (found in a black-box pass)
     ("redis://h:6379/0?socket_timeout=abc", "Invalid value for 'socket_timeout'"),
-    ("redis://h:6379/0?sockettimeout=1", "unknown query parameter(s) sockettimeout"),
+    ("redis://h:6379/0?sockettimeout=1", "query parameter(s) sockettimeout not taken here"),
+    ("redis://h:6379/0?decode_responses=true", "decode_responses not taken"),  # every read a malformed reply
+    ("redis://h:6379/0?connection_class=x", "connection_class not taken"),
 ])
 def test_an_l2_url_redis_cannot_read_is_refused_naming_the_field(url, says):
     """`http://...` was valid, and `up` then died in every replica with redis-py's ValueError."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -46,8 +47,11 @@ def locked(target: Path) -> Iterator[None]:
 
 
 def stale_partials(target: Path) -> list[Path]:
-    """What writers of this entry that died left behind."""
-    return sorted(target.parent.glob(f".{target.name}{PARTIAL}*"))
+    """What writers of this entry that died left behind, under this name and the name versions before
+    2026-12-06 gave them (mkdtemp's `.NAME-` and 8 characters)."""
+    legacy = re.compile(rf"\.{re.escape(target.name)}-[a-z0-9_]{{8}}")
+    return sorted([*target.parent.glob(f".{target.name}{PARTIAL}*"),
+                   *(p for p in target.parent.glob(f".{target.name}-*") if legacy.fullmatch(p.name) and p.is_dir())])
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from fleetserve.engine.cache_entry import locked, partial
-from fleetserve.engine.model_dir import ModelSourceError, UnreadableModelFile, check_model_dir
+from fleetserve.engine.model_dir import ModelSourceError
 from fleetserve.engine.paths import models_dir
 
 MANIFEST = ".fleetserve-s3.json"
@@ -77,16 +77,13 @@ def fetch_s3(source: str, region: str | None = None, progress: bool = False) -> 
 
 
 def _current(target: Path, manifest: dict) -> bool:
-    """The local copy is of these objects and whole: the same manifest, every file of the size it records, and a
-    model folder that passes its check (a damaged copy had been kept, and its error said to prepare it again)."""
+    """The local copy is of these objects and whole: the same manifest and every file of the size it records (a
+    copy cut short had been kept, and its check said to prepare it again, which kept it again). What the objects
+    themselves lack (no tokenizer under the prefix) is the model check's to say, not a reason to download it all
+    again at every start."""
     try:
         if json.loads((target / MANIFEST).read_text()) != manifest:
             return False
-        if any((target / name).stat().st_size != size for name, (size, _) in manifest.items()):
-            return False
-        check_model_dir(target)
-    except UnreadableModelFile:
-        raise
-    except (OSError, ValueError, ModelSourceError):
+        return all((target / name).stat().st_size == size for name, (size, _) in manifest.items())
+    except (OSError, ValueError):
         return False
-    return True

@@ -94,8 +94,13 @@ def handover(desired: Sequence[dict], mine: dict[Key, dict], wanted: set[Key], s
         if keep < _replicas(mine[k]):
             extra.append(Action("patch", *k, {"spec": {"replicas": keep}}, "handing over to " + target[1]))
     tiers = {_labels(mine[k]).get(TIER_LABEL) for k in held}
+    # a budget the new layout has for the same pods already covers them: two budgets over one pod make the
+    # Eviction API refuse it, and every drain and consolidation failed for the whole handover
+    budgets = {_selector(o) for o in desired if o["kind"] == "PodDisruptionBudget"}
     for k, o in mine.items():
         if k[1] not in ("NodePool", "PodDisruptionBudget") or _labels(o).get(TIER_LABEL) not in tiers:
+            continue
+        if k[1] == "PodDisruptionBudget" and _selector(o) in budgets:
             continue
         if k not in wanted:
             held.add(k)
@@ -104,6 +109,10 @@ def handover(desired: Sequence[dict], mine: dict[Key, dict], wanted: set[Key], s
                 if (action.kind, action.name) == ("NodePool", k[3]):
                     _widen(action.body, o)
     return held, extra
+
+
+def _selector(obj: dict) -> str:
+    return repr(sorted((((obj.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}).items()))
 
 
 def _widen(patch: dict, observed: dict) -> None:

@@ -339,6 +339,7 @@ def scaler_warnings(observed) -> list[str]:
         for cond in (obj.get("status") or {}).get("conditions") or ():
             if cond.get("type") == "Ready" and cond.get("status") == "False":
                 why = ": ".join(str(x) for x in (cond.get("reason"), cond.get("message")) if x) or "no reason given"
-                out.append(f"ScaledObject {obj['metadata']['name']} is not ready ({why}): KEDA does not scale "
-                           f"{obj['spec']['scaleTargetRef']['name']}")
+                name = (obj.get("metadata") or {}).get("name", "?")
+                target = ((obj.get("spec") or {}).get("scaleTargetRef") or {}).get("name", "its target")
+                out.append(f"ScaledObject {name} is not ready ({why}): KEDA does not scale {target}")
     return out

@@ -22,7 +22,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import fcntl
 import logging
+import sys
+import termios
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
@@ -47,6 +50,21 @@ REFUSED_SAID_EVERY_S = 10.0
 REFUSED_LINGER_S = 1.0  # a refused connection is closed this long after its 503 (its request read meanwhile)
 _refused_said_at = -REFUSED_SAID_EVERY_S
 _STATUS_LINES = {code: f"HTTP/1.1 {code} {reason}\r\n".encode() for code, reason in REASONS.items()}
+
+
+def _unsent(transport) -> int:
+    """Bytes written to the client that it has not taken yet: the transport's buffer and the kernel's send queue
+    (SIOCOUTQ; the transport's buffer alone does not move while a slow reader takes a little at a time, since the
+    socket reads writable again only once a third of its send buffer is free)."""
+    if transport is None:
+        return 0
+    queued = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    try:
+        raw = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+    except (AttributeError, OSError, ValueError):
+        return queued
+    return queued + int.from_bytes(raw, sys.byteorder, signed=True)
 
 
 def status_line(status: int) -> bytes:
@@ -435,13 +453,18 @@ class HTTPConnection(asyncio.Protocol):
             self.transport.write(data)
 
     async def drain(self) -> None:
-        """Wait while the client's socket buffer is full; a client that takes nothing for `send_timeout_s` is
-        cut (its buffered bytes dropped: a graceful close would wait on them for ever)."""
-        if self._paused and not self.closed:
+        """Wait while the client's socket buffer is full; a client that takes no byte for `send_timeout_s` is cut
+        (its buffered bytes dropped: a graceful close would wait on them for ever). One that reads slowly but
+        reads is waited for, as nginx's send_timeout judges it: between two of its reads."""
+        while self._paused and not self.closed:
+            before = _unsent(self.transport)
             self._drained = self.loop.create_future()
             try:
                 await asyncio.wait_for(self._drained, self.send_timeout_s)
+                return
             except TimeoutError:
+                if _unsent(self.transport) < before:
+                    continue  # it took bytes meanwhile: slow, not gone
                 log.info("client %s took no byte of its answer for %gs: connection cut", self.client,
                          self.send_timeout_s)
                 if self.transport is not None:  # connection_lost follows and cancels the request's task, here:

@@ -26,25 +26,35 @@ GC_YOUNG_THRESHOLD = 20_000  # allocations between young-generation collections 
 __all__ = ["Gateway", "RouterSettings", "run_router", "serve_gateway"]
 
 
-FD_RESERVE = 1024  # descriptors kept for what is not a client: replica connections, scrapes, logs, the workers' bus
+FD_RESERVE = 1024  # descriptors kept for what is not a client (replica connections, scrapes, logs), at most
 DEFAULT_MAX_CONNECTIONS = 10_000
+UNLIMITED_NOFILE = 1 << 20  # the soft limit asked for when the hard one is unlimited
 
 
 def connection_limit(asked: int | None = None) -> int:
-    """The client connections one router process takes: `asked`, or 10,000, never more than its file descriptors
-    less `FD_RESERVE` (the soft limit raised to the hard one first, as servers do): connections that idle or
-    dribble had taken every descriptor, and then no replica could be reached either."""
+    """The client connections one router process takes: `asked`, or 10,000, within its file descriptors less a
+    reserve for everything else (a quarter of them, at most 1,024; each request in flight holds a replica
+    connection too). The soft limit is raised to the hard one first, as servers do. Connections that idle or
+    dribble had taken every descriptor, and then no replica could be reached either. A limit below what was asked
+    (or the default) is said in the log."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, UNLIMITED_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
         except (ValueError, OSError):
             pass
-    room = soft - FD_RESERVE if soft != resource.RLIM_INFINITY else DEFAULT_MAX_CONNECTIONS
-    return max(16, min(asked or DEFAULT_MAX_CONNECTIONS, room))
+    goal = asked or DEFAULT_MAX_CONNECTIONS
+    if soft == resource.RLIM_INFINITY:
+        return goal
+    limit = max(16, min(goal, soft - min(FD_RESERVE, soft // 4)))
+    if limit < goal:
+        log.warning("this router takes at most %d client connections (its file descriptors: %d, `ulimit -n`; "
+                    "asked: %d): raise the limit for more", limit, soft, goal)
+    return limit
 
 
 def server_tls(tls: tuple[str, str] | None) -> ssl_module.SSLContext | None:

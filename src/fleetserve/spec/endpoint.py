@@ -719,9 +719,9 @@ def redis_url_problem(url: str) -> None:
 
 
 def _redis_query_problem(url: str, parts) -> None:
-    """A query parameter redis-py refuses (`?socket_timeout=abc`: ValueError) or does not know (`?foo=1`:
-    TypeError at the first connection) had passed validate, and every replica died at its start with a
-    traceback."""
+    """A query parameter redis-py refuses (`?socket_timeout=abc`: ValueError), does not know (`?foo=1`: TypeError
+    at the first connection) or that breaks the tier had passed validate, and every replica died at its start
+    with a traceback (or read nothing from L2)."""
     import inspect
     from urllib.parse import parse_qs
 
@@ -735,14 +735,17 @@ def _redis_query_problem(url: str, parts) -> None:
         rc.parse_url(split_credentials(url)[0])
     except ValueError as exc:
         raise ValueError(f"{url!r}: {exc}") from None
-    kind = {"rediss": rc.SSLConnection, "unix": rc.UnixDomainSocketConnection}.get(parts.scheme.lower(),
-                                                                                    rc.Connection)
-    known = {name for cls in (*kind.__mro__, rc.ConnectionPool) if "__init__" in vars(cls)
-             for name in inspect.signature(vars(cls)["__init__"]).parameters} - {"self", "args", "kwargs"}
+    # what the URL may set: the typed settings redis-py parses, names, and the scheme's own connection options
+    # (TLS files, a socket path); not what changes the replies (decode_responses=true made every block read a
+    # malformed reply) nor classes and hooks, which a URL can only name as text
+    own = {"rediss": rc.SSLConnection, "unix": rc.UnixDomainSocketConnection}.get(parts.scheme.lower())
+    known = set(rc.URL_QUERY_ARGUMENT_PARSERS) | {"client_name", "lib_name", "lib_version", "username", "password"}
+    if own is not None:
+        known |= set(inspect.signature(vars(own)["__init__"]).parameters) - {"self", "args", "kwargs"}
     unknown = sorted(set(parse_qs(parts.query)) - known)
     if unknown:
-        raise ValueError(f"{url!r}: unknown query parameter(s) {', '.join(unknown)}; redis-py's connection "
-                         f"takes e.g. {', '.join(sorted(set(rc.URL_QUERY_ARGUMENT_PARSERS) & known))}")
+        raise ValueError(f"{url!r}: query parameter(s) {', '.join(unknown)} not taken here; allowed: "
+                         f"{', '.join(sorted(known))}")
 
 
 TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:+-]{0,127}")
