@@ -55,12 +55,14 @@ def test_scale_from_zero_answers_every_request_then_returns_to_zero(tmp_path, ti
         replies = list(pool.map(ask, range(8)))
     assert len(replies) == 8 and all(r.choices[0].finish_reason in ("stop", "length") for r in replies)
     s = status(home)
-    assert s["ready"] >= 1
+    # what the activation left, read from counters: a replica count read after the replies can already be back at
+    # zero (a 4 s cooldown; on a loaded machine `status` alone took longer under CI)
     metrics = s["metrics_url"].removesuffix("/metrics")
     assert sample(metrics, "fleetserve_autoscaler_decisions_total", reason="activated from zero") >= 1
+    assert sample(metrics, "fleetserve_replica_cold_start_seconds_count") >= 1
+    assert sample(metrics, "fleetserve_replica_cold_start_seconds_sum") > 0
     colds = [r["cold_start_s"] for r in s["replicas"] if r["cold_start_s"] is not None]
-    assert colds and all(c > 0 for c in colds)
-    assert sample(s["metrics_url"].removesuffix("/metrics"), "fleetserve_replica_cold_start_seconds_count") >= 1
+    assert all(c > 0 for c in colds)  # the replicas still listed say theirs
 
     # idle: after the cooldown the fleet drains back to zero and stops the replica processes
     wait_until(lambda: (lambda st: st["desired"] == 0 and st["replicas"] == [])(status(home)), 90, interval=0.5,
