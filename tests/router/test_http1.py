@@ -296,11 +296,8 @@ def test_a_request_sent_on_an_idle_connection_as_the_router_stops_is_answered():
     assert second.startswith(b"HTTP/1.1 200") and b"x-path: /second" in second  # and then closed (read to EOF)
 
 
-def test_a_client_that_stops_reading_is_cut_and_its_request_ends():
-    """A stream whose client took no bytes held its replica slot for as long as the socket stayed open: one
-    tenant's idle readers starved the others (found in a black-box pass)."""
-    ended = asyncio.Event()
-
+def firehose_until_cancelled(ended: asyncio.Event):
+    """A handler that streams as fast as the client takes it, and sets `ended` when its request is cut."""
     async def firehose(request, responder):
         responder.start(200, [(b"content-type", b"text/event-stream")])
         try:
@@ -311,15 +308,28 @@ def test_a_client_that_stops_reading_is_cut_and_its_request_ends():
             ended.set()
             raise
 
-    async def main():
-        door = await http1.serve(firehose, error, "127.0.0.1", 0, send_timeout_s=0.5)
-        port = door.server.sockets[0].getsockname()[1]
-        import socket
+    return firehose
 
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", port))
-        sock.sendall(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")  # and never reads
+
+def small_window_stream(port: int):
+    """A client socket with a 4 KiB receive buffer that has asked for the stream (it reads only if the test does)."""
+    import socket
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+    return sock
+
+
+def test_a_client_that_stops_reading_is_cut_and_its_request_ends():
+    """A stream whose client took no bytes held its replica slot for as long as the socket stayed open: one
+    tenant's idle readers starved the others (found in a black-box pass)."""
+    ended = asyncio.Event()
+
+    async def main():
+        door = await http1.serve(firehose_until_cancelled(ended), error, "127.0.0.1", 0, send_timeout_s=0.5)
+        sock = small_window_stream(door.server.sockets[0].getsockname()[1])  # and never reads
         await asyncio.wait_for(ended.wait(), 20)
         for _ in range(100):
             if not door.connections:
@@ -383,26 +393,10 @@ def test_a_client_that_reads_slowly_but_reads_is_not_cut():
     byte: a reader slower than the buffer's low-water mark per timeout was cut while it read (found in review)."""
     ended = asyncio.Event()
 
-    async def firehose(request, responder):
-        responder.start(200, [(b"content-type", b"text/event-stream")])
-        try:
-            while True:
-                responder.write(b"data: " + b"x" * 65536 + b"\n\n")
-                await responder.drain()
-        except asyncio.CancelledError:
-            ended.set()
-            raise
-
     async def main():
-        door = await http1.serve(firehose, error, "127.0.0.1", 0, send_timeout_s=0.5)
-        port = door.server.sockets[0].getsockname()[1]
-        import socket
-
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", port))
+        door = await http1.serve(firehose_until_cancelled(ended), error, "127.0.0.1", 0, send_timeout_s=0.5)
+        sock = small_window_stream(door.server.sockets[0].getsockname()[1])
         sock.setblocking(False)
-        sock.send(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
         loop = asyncio.get_running_loop()
         got = 0
         for _ in range(30):  # 3 s of 2 KiB every 0.1 s: far slower than the buffer drains per timeout
