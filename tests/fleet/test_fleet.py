@@ -110,8 +110,10 @@ def test_ctrl_c_while_a_detached_fleet_starts_stops_it_and_the_next_start_keeps_
     from pathlib import Path
 
     spec = write_spec(tmp_path, tiny_model, name="cc", replicas=1)
+    # a shell that started this suite in the background ignores SIGINT, and children inherit that: as at a terminal
     cli = subprocess.Popen([sys.executable, "-m", "fleetserve", "up", spec, "--detach"], env={**os.environ, **home},
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     folder = Path(home["FLEETSERVE_HOME"]) / "run" / "cc"
     try:
         wait_until(lambda: (folder / "state.json").exists(), 60, what="the supervisor started")
@@ -180,8 +182,10 @@ def test_sigterm_or_a_closed_terminal_while_a_detached_fleet_starts_stops_it(tmp
     from pathlib import Path
 
     spec = write_spec(tmp_path, tiny_model, name="hup", replicas=1)
+    # a shell that started this suite in the background ignores SIGINT, and children inherit that: as at a terminal
     cli = subprocess.Popen([sys.executable, "-m", "fleetserve", "up", spec, "--detach"], env={**os.environ, **home},
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_until(lambda: (Path(home["FLEETSERVE_HOME"]) / "run" / "hup" / "state.json").exists(), 60,
                    what="the supervisor started")
