@@ -120,6 +120,25 @@ def test_the_oracle_counts_tokens_as_the_strategies_do(tmp_path):
         assert rate is None or rate <= out["oracle_hit_rate"] + 1e-9, name
 
 
+def test_a_mooncake_trace_whose_prompts_fill_no_block_says_so():
+    """Hash ids seen again gave an ideal 0.667 beside 0 everywhere else, no warning, and "reuse is too far apart in
+    time" for requests 1 s apart: no 100-token prompt fills a 512-token block, which engines store whole."""
+    import tempfile
+
+    from fleetserve.analyze.report import analyze
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "short.jsonl"
+        path.write_text("".join(json.dumps({"timestamp": t, "input_length": 100, "output_length": 10,
+                                            "hash_ids": [1]}) + "\n" for t in (0, 1000, 2000)))
+        out = analyze(path)
+    assert out["ideal_hit_rate"] == 0.6667 and out["oracle_hit_rate"] == 0
+    (warning,) = [w for w in out["warnings"] if "no prompt fills one 512-token block" in w]
+    assert "hash ids stand for 512-token blocks" in warning and "--block-size" not in warning
+    reasons = " ".join(out["recommendation"]["reasons"])
+    assert "no prompt fills one 512-token block" in reasons and "too far apart" not in reasons
+
+
 def test_what_the_figures_do_not_show_is_warned(tmp_path):
     """Prompts shorter than one block read as "prompts share too little", and requests over the model's context
     (which simulate refuses) were analysed without a word."""

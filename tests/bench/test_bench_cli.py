@@ -569,3 +569,17 @@ def test_requests_that_failed_are_said_beside_the_percentiles_they_are_not_in():
     assert "blind roundrobin 449, blind prefixaware at utilization 0.9 12 of 3993" in said, said
     assert "answered requests only" in said
     assert failed_warnings({"requests": 10, "modes": {"blind": {"roundrobin": {"failed": 0}}}}) == []
+
+
+def test_a_strategy_or_mode_given_twice_runs_once():
+    """`--strategies roundrobin,roundrobin` ran it twice under one key; an unknown name is still exit 2."""
+    import typer
+
+    from fleetserve.cli.bench_commands import _bench_configs
+
+    assert _bench_configs("roundrobin, prefixaware,roundrobin", ("roundrobin", "prefixaware"), "--strategies") == \
+        ("roundrobin", "prefixaware")
+    assert _bench_configs(None, ("blind", "informed"), "--modes") == ("blind", "informed")
+    for bad in ("nope", " , "):
+        with pytest.raises(typer.BadParameter, match="allowed values: blind, informed"):
+            _bench_configs(bad, ("blind", "informed"), "--modes")

@@ -410,3 +410,27 @@ def test_every_bad_input_with_json_prints_one_errors_object_on_stdout(tmp_path):
         assert said["valid"] is False and len(said["errors"]) == 1, (args, said)
         assert path is None or said["errors"][0]["path"] == path, (args, said)
         assert said["errors"][0]["message"] and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_a_result_whose_file_cannot_be_written_is_printed_and_exits_2(tmp_path):
+    """A full disk at the end of a run was a traceback and exit 1 (`verify`'s failed SLO) over a cut-off file that
+    had replaced the last good one; a plan's search was lost with it."""
+    cloud = str(EXAMPLES / "simulated-cloud.yaml")
+    r = fleetserve("verify", cloud, "--trace", TRACE, "--limit", "20", "--json", "--report", "/dev/full")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "error: --report: cannot write /dev/full: No space left on device" in r.stderr
+    assert json.loads(r.stdout)["passed"] in (True, False)  # the verdict is still there: one JSON document
+    r = fleetserve("simulate", cloud, "--trace", TRACE, "--limit", "20", "--report", "/dev/full")
+    assert r.returncode == 2 and "TTFT p50" in r.stdout and "report: /dev/full" not in r.stdout, r.stdout
+    assert "cannot write /dev/full" in r.stderr
+    r = fleetserve("plan", cloud, "--trace", TRACE, "--limit", "20", "--max-trials", "3", "-o", "/dev/full")
+    assert r.returncode == 2 and "error: --output: cannot write /dev/full" in r.stderr, r.stderr
+    assert "not written: its spec follows" in r.stdout and not re.search(r"^verified as:", r.stdout, re.M)
+    planned = r.stdout[r.stdout.index("# planned by fleetserve plan"):]
+    (tmp_path / "planned.yaml").write_text(planned)
+    assert load_spec(tmp_path / "planned.yaml").endpoint.metadata.name  # the spec printed is the winner, whole
+    r = fleetserve("plan", cloud, "--trace", TRACE, "--limit", "20", "--max-trials", "3", "-o", "/dev/full",
+                   "--json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 2 and out["output"] is None and out["verify_command"] is None
+    assert out["planned_spec"].startswith("# planned by fleetserve plan")

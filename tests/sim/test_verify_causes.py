@@ -813,3 +813,26 @@ def test_a_ttft_the_prefix_loads_from_l2_alone_miss_is_not_blamed_on_the_fleets_
                            for r in reasons), reasons
     assert not any("cannot carry" in r for r in reasons), reasons
     assert all(c.floor is None for c in verdict.checks)  # not the engine's: plan keeps searching
+
+
+def test_a_fleet_that_only_scaled_down_from_its_start_is_not_blamed_on_the_autoscaler():
+    """Found by a black-box pass: on a one-window trace the peak row compared the window with itself (the
+    costliest window's end takes in the drain, the peak window's does not) and the idle row said "the
+    autoscaler ran up to 4 replica(s) at the peak" for the 4 replicas of spec.replicas, never scaled up; a
+    three-request trace whose first window is its peak got the same blame."""
+    spec = {"model": {"name": "llama-8b", "source": "catalog:llama-3.1-8b-instruct"}, "replicas": 4,
+            "routing": {"strategy": "prefixaware"}, "placement": {"instanceTypes": ["g6e.xlarge"]},
+            "autoscaling": {"minReplicaCount": 0, "maxReplicaCount": 4, "pollingInterval": 15,
+                            "cooldownPeriod": 60, "triggers": [{"metric": "concurrency", "target": 4}]}}
+    slo = {"ttft_p95_ms": 600_000, "e2e_p95_ms": 900_000, "cost_per_hour_usd": 1}
+    one_window = [TraceRequest(i * 0.2, 500, 100, (i,)) for i in range(1000)]
+    sparse = [TraceRequest(t, 500, 50, (i,)) for i, t in enumerate((0.0, 1800.0, 3600.0))]
+    for trace in (one_window, sparse):
+        verdict = verify(endpoint_of("warm", spec), trace, SimOptions(), slo)
+        assert verdict.result.report["scaling"]["changes"] == 0 or trace is sparse
+        reasons = [c.reason for c in verdict.checks if c.metric == "cost_per_hour_usd" and not c.passed]
+        assert reasons and any(r.startswith("peak:") for r in reasons), reasons
+        for reason in reasons:
+            if reason.startswith("peak:") or trace is one_window:
+                assert "the fleet started with 4 replica(s) (spec.replicas" in reason, reason
+            assert "autoscaler ran up to" not in reason and "is not a peak window" not in reason, reason

@@ -30,8 +30,10 @@ CACHE_AWARE = ("prefixaware", "kvaware", "session")
 
 
 def recommend(ideal: float, tiers: dict, strategies: dict, filled: bool = True, block_tokens: int = 256,
-              engine_blocks: int | None = None, l1_blocks: int | None = None, replicas: int = 2) -> dict:
-    """`filled`: some prompt fills one block of `block_tokens` (else nothing cached is ever found again);
+              engine_blocks: int | None = None, l1_blocks: int | None = None, replicas: int = 2,
+              block_hint: str = "with a smaller engine block, give --block-size") -> dict:
+    """`filled`: some prompt fills one block of `block_tokens` (else nothing cached is ever found again; `block_hint`
+    says what to do about it);
     `engine_blocks` and `l1_blocks` (per replica) say why an L1 adds nothing when it is the smaller."""
     reasons = []
     ideal = round(ideal, 4)  # as the tiers' rates: 19.0 % ideal beside 19.1 % reachable read as a bounded cache
@@ -40,7 +42,7 @@ def recommend(ideal: float, tiers: dict, strategies: dict, filled: bool = True, 
     if ideal < NOT_WORTH_IDEAL or l2 < NOT_WORTH_REACHABLE:
         if not filled:
             reasons.append(f"no prompt fills one {block_tokens}-token block, and engines cache whole blocks: nothing "
-                           "cached is found again (with a smaller engine block, give --block-size)")
+                           f"cached is found again ({block_hint})")
         elif ideal < NOT_WORTH_IDEAL:
             reasons.append(f"even an unbounded cache would reuse only {ideal:.1%} of prompt tokens "
                            f"(below {NOT_WORTH_IDEAL:.0%}): prompts share too little")

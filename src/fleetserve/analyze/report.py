@@ -46,7 +46,9 @@ def analyze(path: str | Path, model: str | None = None, replicas: int = 4, profi
     tiers = {name: {"blocks": size, "hit_rate": round(by_tokens.hit_rate(size), 4)} for name, size in sizes.items()}
     by_mode = {m: strategy_hit_rates(trace, replicas, engine, perf, mode=m, seed=seed) for m in ("blind", "informed")}
     chosen = by_mode[mode]
-    warnings = _warnings(trace, model, ideal.blocks) + _above_oracle(by_mode, tiers["engine"]["hit_rate"])
+    filled = any(whole)  # a Mooncake hash id stands for a block even when its prompt is shorter than one: ids
+    # seen again made an ideal rate of 0.667 while no engine could store a block, with no word of it
+    warnings = _warnings(trace, model, filled) + _above_oracle(by_mode, tiers["engine"]["hit_rate"])
     return {
         "trace": str(path),
         "format": trace.fmt,
@@ -70,9 +72,9 @@ def analyze(path: str | Path, model: str | None = None, replicas: int = 4, profi
         "strategies": by_mode,
         "engine": "the fleet simulator with the live routing policies, the trace at its own arrival times "
                   "(analyze.routing -> sim.fleet)",
-        "recommendation": recommend(ideal.token_hit_rate, tiers, chosen, filled=ideal.blocks > 0,
+        "recommendation": recommend(ideal.token_hit_rate, tiers, chosen, filled=filled,
                                     block_tokens=trace.block_tokens, engine_blocks=engine, l1_blocks=l1,
-                                    replicas=replicas),
+                                    replicas=replicas, block_hint=_block_hint(trace.fmt)),
         "warnings": warnings,
     }
 
@@ -89,7 +91,13 @@ def _above_oracle(by_mode: dict, oracle: float) -> list[str]:
             "the oracle is the bar, not the best; compare at another --cache-blocks"]
 
 
-def _warnings(trace, model: str | None, blocks: int) -> list[str]:
+def _block_hint(fmt: str) -> str:
+    """What a user can do about prompts shorter than a block: a prompt log is cut here, a Mooncake trace was not."""
+    return ("a Mooncake trace's hash ids stand for 512-token blocks: its requests share only partial blocks"
+            if fmt == "mooncake" else "with a smaller engine block, give --block-size")
+
+
+def _warnings(trace, model: str | None, filled: bool) -> list[str]:
     """What the figures do not show: requests the model cannot take, prompts too short to fill a block, a
     Mooncake file whose timestamps look like seconds (its strategy figures are those of 1,000 x the load)."""
     from fleetserve.traces.load import millisecond_warning
@@ -101,9 +109,10 @@ def _warnings(trace, model: str | None, blocks: int) -> list[str]:
     if bare:
         out.append(f"{bare} of {len(trace.requests)} requests carry no hash_ids: their prompts are counted as "
                    "blocks no other request shares (all misses)")
-    if not blocks:
+    if not filled:
         out.append(f"no prompt fills one {trace.block_tokens}-token block: nothing an engine caches can be found "
-                   "again, so every hit rate is 0 (engines cache whole blocks; give the engine's own --block-size)")
+                   f"again, so every hit rate but the ideal one is 0 (engines cache whole blocks; "
+                   f"{_block_hint(trace.fmt)})")
     from fleetserve.engine.catalog import by_source
 
     preset = by_source(model) if model else None

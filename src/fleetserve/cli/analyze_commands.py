@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from fleetserve.cli.checks import MAX_THREADS, float_option, writable
+from fleetserve.cli.checks import MAX_THREADS, float_option, output_failed, writable, write_output
 from fleetserve.cli.console import err, fail
 
 trace_app = typer.Typer(help="Make and reshape workloads: generate, scale.", no_args_is_help=True)
@@ -179,11 +179,11 @@ def profile(
                   markup=False)
     for warning in result["warnings"]:
         err.print(f"warning: {warning}", markup=False)
-    if output:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        Path(output).write_text(json.dumps(result, indent=2) + "\n")
+    unwritten = write_output(output, json.dumps(result, indent=2) + "\n", "--output") if output else None
     if as_json:
         print(json.dumps(result, indent=2))
+        if unwritten:
+            raise output_failed(unwritten)
         return
     print(f"{result['model']} ({result['dtype']}) on {result['device']['cpu']}: load {result['load_s']}s, "
           f"KV {result['kv_bytes_per_token']} bytes/token")
@@ -191,6 +191,8 @@ def profile(
                                                           for k, v in result["prefill_tokens_per_s"].items()))
     print("decode step: " + ", ".join(f"b{d['batch']}/ctx{d['context']}: {d['step_s'] * 1000:.1f} ms"
                                       for d in result["measurements"]["decode"]))
+    if unwritten:
+        raise output_failed(unwritten)
     if output:
         print(f"profile written to {output}")
 

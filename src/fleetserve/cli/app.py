@@ -17,7 +17,7 @@ from rich.table import Column, Table
 from fleetserve import __version__
 from fleetserve.api.limits import SEND_S
 from fleetserve.cli.bench_commands import bench_app
-from fleetserve.cli.checks import MAX_THREADS, float_option
+from fleetserve.cli.checks import MAX_THREADS, float_option, output_failed, write_output
 from fleetserve.cli.console import (
     EXIT_USAGE,
     Terminated,
@@ -963,14 +963,14 @@ def docs_metrics(
     output: Annotated[str | None, typer.Option("--output", "-o", help="Write here (default: print)")] = None,
 ) -> None:
     """Every metric's name, type, unit, labels and help, from the one vocabulary (docs/metrics.md)."""
-    from pathlib import Path
-
-    from fleetserve.observe.docs import render_metrics_md, write_metrics_md
+    from fleetserve.observe.docs import render_metrics_md
 
     if output is None:
         print(render_metrics_md(), end="")
         return
-    write_metrics_md(Path(output))
+    unwritten = write_output(output, render_metrics_md(), "--output")
+    if unwritten:
+        raise output_failed(unwritten)
     say(f"wrote {output}")
 
 

@@ -158,12 +158,8 @@ def bench_routing(
     from fleetserve.sim.setup import KNOWLEDGE_MODES
     from fleetserve.traces.load import TraceError
 
-    names = tuple(n.strip() for n in strategies.split(",") if n.strip())
-    allowed = (*registered_policies(), SGLANG) if live else registered_policies()
-    bad = [n for n in names if n not in allowed]
-    if bad or not names:
-        raise typer.BadParameter(f"{bad[0] if bad else strategies!r}; allowed values: {', '.join(allowed)}",
-                                 param_hint="--strategies")
+    names = _bench_configs(strategies, (*registered_policies(), SGLANG) if live else registered_policies(),
+                           "--strategies")
     if target_utilization is not None and time_scale is not None:
         raise typer.BadParameter("give one: --time-scale fixes the arrival times that --target-utilization would "
                                  "choose", param_hint="--target-utilization/--time-scale")
@@ -180,11 +176,7 @@ def bench_routing(
                 raise typer.BadParameter("applies to --live only (the real-time bench): the simulator bench runs the "
                                          "whole trace in simulated time, keyed by its token ids", param_hint=flag)
 
-        mode_names = tuple(m.strip() for m in modes.split(",") if m.strip())
-        bad_modes = [m for m in mode_names if m not in KNOWLEDGE_MODES]
-        if bad_modes or not mode_names:
-            raise typer.BadParameter(f"{bad_modes[0] if bad_modes else modes!r}; allowed values: "
-                                     f"{', '.join(KNOWLEDGE_MODES)}", param_hint="--modes")
+        mode_names = _bench_configs(modes, KNOWLEDGE_MODES, "--modes")
         parts = [u.strip() for u in sweep.split(",")] if sweep.strip() else []
         try:
             if any(not u for u in parts):  # "0.8,,0.9" or ",,": a typo, not "no sweep"
@@ -335,9 +327,11 @@ def bench_router_workers(
 
 
 def _bench_configs(value: str | None, allowed: tuple[str, ...], hint: str) -> tuple[str, ...]:
+    """A comma-separated choice of `allowed` (None: all), each once in the order given (a name given twice had
+    run twice under one key)."""
     if value is None:
         return allowed
-    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    names = tuple(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
     unknown = [n for n in names if n not in allowed]
     if unknown or not names:
         raise typer.BadParameter(f"{', '.join(unknown) or value!r}; allowed values: {', '.join(allowed)}",

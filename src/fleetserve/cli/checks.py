@@ -80,6 +80,29 @@ def writable_folder(path: str, flag: str) -> None:
         raise typer.BadParameter(f"cannot write into {path}: {exc.strerror}", param_hint=flag) from None
 
 
+def write_output(path: str, text: str, flag: str) -> str | None:
+    """Write a command's output file whole (`whole_file`): the `error:` message when it cannot be, else None. A
+    full disk had been a traceback and exit 1 (`verify` read as failed) over a cut-off file that replaced the
+    last good one; the caller prints its results first, then exits 2 (`output_failed`), so that minutes of
+    simulation are not lost with the file."""
+    from fleetserve.whole_file import write_whole_text
+
+    try:
+        write_whole_text(path, text)
+    except OSError as exc:
+        return f"{flag}: cannot write {path}: {exc.strerror or exc}"
+    return None
+
+
+def output_failed(problem: str) -> typer.Exit:
+    """Exit 2 after the results were printed: `error:` on stderr only (stdout keeps the one JSON document)."""
+    from fleetserve.cli.console import EXIT_USAGE, err
+
+    err.print("[red]error:[/red] ", end="")
+    err.print(problem, markup=False)
+    return typer.Exit(EXIT_USAGE)
+
+
 def writable(path: str | None, flag: str, inputs: tuple[str | None, ...] = ()) -> None:
     """Checked before a run, so that minutes of simulation are not lost to a path that cannot be written;
     missing folders are made. Never one of the command's `inputs` (`trace scale T -o T` replaced the trace it

@@ -27,7 +27,7 @@ def grafana(
 ) -> None:
     """Build an importable Grafana dashboard (datasource variable; filters namespace, model_name, model_version,
     instance_type; latency/TTFB percentiles, concurrency, errors, cache tiers, replicas, nodes, cost)."""
-    from fleetserve.cli.checks import writable
+    from fleetserve.cli.checks import output_failed, writable, write_output
     from fleetserve.observe.grafana import build_dashboard, structure_errors
 
     if not title.strip():  # Grafana refuses the import ("Dashboard title cannot be empty")
@@ -44,7 +44,9 @@ def grafana(
     if output == "-":
         print(text)
         return
-    Path(output).write_text(text + "\n")
+    unwritten = write_output(output, text + "\n", "--output")
+    if unwritten:
+        raise output_failed(unwritten)
     panels = sum(1 for p in board["panels"] if p.get("type") != "row")
     out.print(f"wrote {output}: {panels} panels, import it in Grafana (Dashboards > New > Import)", markup=False)
 

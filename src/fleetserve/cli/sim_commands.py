@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fleetserve.cli.checks import float_option, writable
+from fleetserve.cli.checks import float_option, output_failed, writable, write_output
 from fleetserve.cli.console import err, fail, print_spec_errors
 
 # piped into a log, rich would fit the tables to 80 columns and cut the numbers ("reque…", "34785… ms")
@@ -278,14 +278,18 @@ def simulate(
                                         provisioning_delay, trace_model, prices, as_json)
     with _Progress(requests[-1].arrival_s, "simulating") as progress:
         result = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress)
+    unwritten = None
     if report:
         from fleetserve.sim.html import render_html
 
-        Path(report).write_text(render_html(result.fleet, result.report, f"fleetserve simulate {Path(spec).name}"))
+        unwritten = write_output(report, render_html(result.fleet, result.report,
+                                                     f"fleetserve simulate {Path(spec).name}"), "--report")
     r = result.report
     _print_warnings(r)  # on stderr in every mode: --json keeps stdout to the JSON
     if as_json:
         print(json.dumps(r, indent=2))
+        if unwritten:
+            raise output_failed(unwritten)
         return
     table = Table(title=f"{loaded.endpoint.metadata.name}: {r['requests']} requests, {r['duration_s']:.0f} s "
                         f"simulated, routing {r['routing']['strategy']} ({r['routing']['knowledge']})")
@@ -300,11 +304,13 @@ def simulate(
     out.print(table)
     out.print(f"GPU-hours {r['gpu_hours']:.2f}, replicas up to {r['replicas_max']}, hit rate "
               f"{r['hit_rate']['total']:.3f} (engine {r['hit_rate']['engine']:.3f}, L1 {r['hit_rate']['l1']:.3f}, "
-              f"L2 {r['hit_rate']['l2']:.3f})" + (f"; report: {report}" if report else ""))
+              f"L2 {r['hit_rate']['l2']:.3f})" + (f"; report: {report}" if report and not unwritten else ""))
     if r.get("costliest_window") and r["cost_per_hour_max_usd"] > 0:  # a free local fleet has no costliest
         a, b = r["costliest_window"]
         out.print(f"costliest window {a:.0f}-{b:.0f} s: ${r['cost_per_hour_max_usd']:.2f}/h")
     out.print(f"trace start (cron floors, budgets): {r['start']}", markup=False)
+    if unwritten:
+        raise output_failed(unwritten)
 
 
 def _print_warnings(report: dict) -> None:
@@ -341,11 +347,13 @@ def verify(
     with _Progress(requests[-1].arrival_s, "verifying") as progress:
         verdict = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress)
     _print_warnings(verdict.result.report)
+    unwritten = None
     if report:
         from fleetserve.sim.html import render_html
 
-        Path(report).write_text(render_html(verdict.result.fleet, verdict.result.report,
-                                            f"fleetserve verify {Path(spec).name}", verdict.checks))
+        unwritten = write_output(report, render_html(verdict.result.fleet, verdict.result.report,
+                                                     f"fleetserve verify {Path(spec).name}", verdict.checks),
+                                 "--report")
     if as_json:
         print(json.dumps(verdict.to_json(), indent=2))
     else:
@@ -363,6 +371,8 @@ def verify(
         for c in verdict.checks:
             if not c.passed:
                 out.print(f"  - {c.reason}", markup=False)
+    if unwritten:  # neither pass nor fail: the report asked for is not there
+        raise output_failed(unwritten)
     raise typer.Exit(0 if verdict.passed else 1)
 
 
@@ -419,12 +429,16 @@ def plan(
 
     # a command naming a file no run wrote is no command: null when nothing passed
     data["verify_command"] = command(str) if result.winner is not None else None
+    unwritten = None
     if result.winner is not None:
-        Path(output).write_text(f"# planned by fleetserve plan from {Path(spec).resolve()} against "
-                                f"{Path(trace).resolve()}\n"
-                                f"# verified as: {command(lambda f: str(Path(f).resolve()))}\n"
-                                + yaml.safe_dump(result.winner.data, sort_keys=False))
-        data["output"] = output
+        planned = (f"# planned by fleetserve plan from {Path(spec).resolve()} against {Path(trace).resolve()}\n"
+                   f"# verified as: {command(lambda f: str(Path(f).resolve()))}\n"
+                   + yaml.safe_dump(result.winner.data, sort_keys=False))
+        unwritten = write_output(output, planned, "--output")
+        data["output"] = None if unwritten else output
+        if unwritten:  # the search's result is still printed, and the spec with it: minutes of simulation
+            data["verify_command"] = None  # name no file that is not there
+            data["planned_spec"] = planned
     else:  # nothing is written; a file already there (an earlier run's, or the input) must not pass for this one's
         data["output"] = None
         stale = Path(output).exists()
@@ -450,12 +464,14 @@ def plan(
         zero = f" ($0: {w['baseline_note']})" if w["baseline_note"] else ""
         out.print(f"winner ({w['winner']}): ${w['cost_usd']:.2f} against ${w['baseline_cost_usd']:.2f} for the input "
                   f"at its max replicas{zero}, which {base} (static peak-sized fleet: {static}); "
-                  f"{result.trials} simulations; written to {output}", markup=False)
+                  f"{result.trials} simulations; "
+                  + ("not written: its spec follows" if unwritten else f"written to {output}"), markup=False)
         if result.cut_short:  # the winner is the cheapest of what ran, not of what the search would have tried
             out.print(f"search cut short: {result.cut_short}; a larger --max-trials may find a cheaper spec",
                       markup=False)
         out.print(_slo_line(result.winner.verdict.result.report["slo"]), markup=False)
-        out.print(f"verified as: {w['verify_command']}", markup=False)
+        if w["verify_command"]:
+            out.print(f"verified as: {w['verify_command']}", markup=False)
         if not [c for c in w["changes"] if not c["path"].startswith("spec.slo.")]:  # the flags it was verified at
             flags = " (only the targets given as flags are written into its slo)" if w["changes"] else ""
             out.print(f"no change to the fleet: the input as written is the cheapest spec that passes of the "
@@ -468,6 +484,10 @@ def plan(
                 out.print(f"      why: {c['why']}", markup=False)
     if not as_json and result.context and result.context["to"] == result.context["from"]:
         out.print(f"context length not raised: {result.context['why']}", markup=False)  # the model's own maximum
+    if unwritten:
+        if not as_json:
+            print(data["planned_spec"], end="")
+        raise output_failed(unwritten)
     if result.interrupted:  # what it had is said (and a spec that passed written); the exit says it was stopped
         raise typer.Exit(130)
     raise typer.Exit(0 if data["verified"] else 1)

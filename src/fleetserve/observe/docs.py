@@ -66,8 +66,3 @@ def render_metrics_md() -> str:
               "`fleet/logfiles.py`: copy and truncate, `NAME.1` to `NAME.3` kept); on Kubernetes the kubelet rotates "
               "container logs.", ""]
     return "\n".join(lines)
-
-
-def write_metrics_md(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_metrics_md())

@@ -471,10 +471,16 @@ def _overspend(result: SimResult, window: str) -> str:
                 f"load in these windows asked for them, or the load before them did and they scale down only after "
                 f"scaleDownStabilizationTime ({policy.down_window:.0f} s); a higher target per replica or a shorter "
                 "stabilization fits the budget if fewer meet the latency targets")
-    if span and list(span) not in report["peak"]["windows"]:
-        return _ran_on(result, span, points)
+    if span and span[0] not in {w[0] for w in report["peak"]["windows"]}:  # by its start: the last window's
+        return _ran_on(result, span, points)  # end takes in the drain in one and not in the other
     reached = max((p[2] for p in points), default=0)  # the autoscaler's doing, not necessarily the load's need:
     # a 1-4 fleet at target 4 ran 4 at the peak where a fleet of 1 passed every check under the budget
+    first = min(a for a, _ in spans)
+    if first <= 0 and reached <= _entered(fleet, first):  # what the fleet started with: it had blamed the
+        return (f"the fleet started with {reached} replica(s) (spec.replicas, raised to minReplicaCount or a "  # scaler
+                "schedule's floor where those are higher) and the autoscaler never ran more: a lower start "
+                f"(spec.replicas, or the floor that raised it) fits the budget if fewer replicas meet the latency "
+                "targets")
     return (f"the autoscaler ran up to {reached} replica(s) at the peak (maxReplicaCount "
             f"{fleet.policy_scaling.max_replicas}, {_target(fleet)}): a higher target per replica or a lower "
             "maxReplicaCount fits the budget if fewer replicas meet the latency targets; otherwise the peak needs "
@@ -499,9 +505,7 @@ def _ran_on(result: SimResult, span, points) -> str:
     policy = fleet.policy_scaling
     peak_rate = max(_rate(report, w) for w in report["peak"]["windows"])
     here = _rate(report, span)
-    # the first window is entered with the replicas the run starts with (spec.replicas): 0 there had blamed the
-    # autoscaler ("scaled from 0 to 2") for the warm start of a fleet that only ever scaled down
-    enter = series_at(fleet.series, span[0] - 1e-9 if span[0] > 0 else 0.0)[2] if fleet.series else 0
+    enter = _entered(fleet, span[0])
     up = max((p[2] for p in points), default=0)
     remedy = (f"a lower maxReplicaCount ({policy.max_replicas} now), a higher target per replica or a shorter "
               "stabilization fits the budget")
@@ -522,6 +526,13 @@ def _ran_on(result: SimResult, span, points) -> str:
     grew = f"grew from {enter} to {up} replica(s) in it" if up > enter else f"entered it with {enter} replica(s)"
     return (f"the costliest window is not a peak window ({load}): the fleet {grew}, scaled for load before it "
             f"(scaling lags the load: polling, node provisioning, model load), and {kept}: {remedy}")
+
+
+def _entered(fleet, start: float) -> int:
+    """Replicas the fleet had as a window began; the first window is entered with the replicas the run starts
+    with (spec.replicas): 0 there had blamed the autoscaler ("scaled from 0 to 2") for the warm start of a fleet
+    that only ever scaled down."""
+    return series_at(fleet.series, start - 1e-9 if start > 0 else 0.0)[2] if fleet.series else 0
 
 
 def _rate(report: dict, span) -> float | None:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import sys
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, stand_in_tokens
+from fleetserve.whole_file import write_whole
 
 WRITE_FORMATS = ("mooncake", "prompts", "azure")
 STDOUT = "-"  # `-o -`: the trace on standard output, for a pipe (it had written a file named "-")
@@ -41,20 +41,9 @@ def write_trace(requests: list[TraceRequest], path: str | Path, fmt: str, start:
         _write(requests, sys.stdout, fmt, epoch)
         sys.stdout.flush()
         return p
-    p.parent.mkdir(parents=True, exist_ok=True)
-    if p.exists() and not p.is_file():  # a device or a pipe (/dev/stdout, a FIFO): written to as it is
-        with open(p, "w", newline="" if fmt == "azure" else None) as f:
-            _write(requests, f, fmt, epoch)
-        return p
     # a file, whole or not at all: a write cut short (Ctrl-C, a full disk) had left a shorter trace that loads as a
     # valid one, over the file it replaced
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", newline="" if fmt == "azure" else None) as f:
-            _write(requests, f, fmt, epoch)
-        os.replace(tmp, p)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_whole(p, lambda f: _write(requests, f, fmt, epoch), newline="" if fmt == "azure" else None)
     return p
 
 
