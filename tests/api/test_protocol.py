@@ -330,3 +330,26 @@ def test_chat_template_kwargs_reach_the_template_but_never_the_engines_own_argum
                       "unsupported_value"), ([1], "invalid_type")):
         err = error_of(parse_chat, {**CHAT, "chat_template_kwargs": bad})
         assert (err.param, err.code) == ("chat_template_kwargs", code), err.message
+
+
+def test_openais_own_rules_for_tool_choice_tool_messages_and_refusals():
+    """Found by a conformance pass: tool_choice "auto" without tools and a tool message without tool_call_id were
+    answered 200 (OpenAI and vLLM refuse both), and an assistant turn with OpenAI's refusal part, replayed, was
+    refused."""
+    err = error_of(parse_chat, {**CHAT, "tool_choice": "auto"})
+    assert (err.param, err.code) == ("tool_choice", "invalid_value") and "only allowed when tools" in err.message
+    parse_chat({**CHAT, "tool_choice": "none"})
+    tool = {"role": "tool", "content": "42"}
+    err = error_of(parse_chat, {**CHAT, "messages": [{"role": "user", "content": "hi"}, tool]})
+    assert (err.param, err.code) == ("messages[1].tool_call_id", "missing_required_parameter")
+    err = error_of(parse_chat, {**CHAT, "messages": [{"role": "user", "content": "hi"}, {**tool, "tool_call_id": 7}]})
+    assert (err.param, err.code) == ("messages[1].tool_call_id", "invalid_type")
+    parse_chat({**CHAT, "messages": [{"role": "user", "content": "hi"}, {**tool, "tool_call_id": "c1"}]})
+    replayed = parse_chat({**CHAT, "messages": [
+        {"role": "user", "content": "how?"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help with that."}]},
+        {"role": "user", "content": "ok"}]})
+    assert replayed.messages[1] == {"role": "assistant", "content": "I can't help with that."}
+    err = error_of(parse_chat, {**CHAT, "messages": [{"role": "user", "content": [{"type": "refusal",
+                                                                                   "refusal": "no"}]}]})
+    assert (err.param, err.code) == ("messages[0].content[0].type", "unsupported_value")

@@ -303,6 +303,10 @@ def _unsupported(body: dict, kind: str) -> None:
         if name in body and not default(body[name]):
             raise invalid(name, f"{why}; allowed: {allowed}, got {json.dumps(body[name])[:80]}",
                           "unsupported_value")
+    if body.get("tool_choice") == "auto" and not body.get("tools") and not body.get("functions"):
+        # as OpenAI and vLLM answer it: a choice among no tools is a client's mistake (it had passed)
+        raise invalid("tool_choice", 'is only allowed when tools are given; allowed without tools: "none" or '
+                                     'omitted, got "auto"')
     for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier"):  # strings in OpenAI's API
         if body.get(name) is not None and not isinstance(body[name], str):
             raise invalid(name, f"must be a string, got {json.dumps(body[name])[:80]}", "invalid_type")
@@ -334,7 +338,9 @@ def _note_ignored(body: dict, kind: str, known: frozenset[str] | None = None, pr
                     ", ".join(map(repr, unknown[:10])), "chat/completions" if kind == "chat" else "completions")
 
 
-def _content_text(content: Any, where: str) -> str:
+def _content_text(content: Any, where: str, assistant: bool = False) -> str:
+    """A message's text; an assistant's refusal parts are its text too (a conversation replayed with OpenAI's
+    refusal in it was a 400)."""
     if isinstance(content, str):
         return _utf8(content, where)
     if isinstance(content, list):
@@ -343,14 +349,17 @@ def _content_text(content: Any, where: str) -> str:
             if not isinstance(part, dict):
                 raise invalid(f"{where}[{i}]", "must be an object such as {'type': 'text', 'text': ...}",
                               "invalid_type")
-            if part.get("type") != "text":
-                raise invalid(f"{where}[{i}].type", f"only text content parts are supported, got "
+            key = "refusal" if assistant and part.get("type") == "refusal" else "text"
+            if part.get("type") != key:
+                served = "text content parts (and refusal parts in an assistant message)" if assistant else \
+                    "text content parts"
+                raise invalid(f"{where}[{i}].type", f"only {served} are supported, got "
                                                    f"{json.dumps(part.get('type'))[:80]}", "unsupported_value")
-            if "text" not in part:
-                raise invalid(f"{where}[{i}].text", "is required for a text part", "missing_required_parameter")
-            if not isinstance(part["text"], str):
-                raise invalid(f"{where}[{i}].text", "must be a string", "invalid_type")
-            parts.append(_utf8(part["text"], f"{where}[{i}].text"))
+            if key not in part:
+                raise invalid(f"{where}[{i}].{key}", f"is required for a {key} part", "missing_required_parameter")
+            if not isinstance(part[key], str):
+                raise invalid(f"{where}[{i}].{key}", "must be a string", "invalid_type")
+            parts.append(_utf8(part[key], f"{where}[{i}].{key}"))
         return "".join(parts)
     if content is None:
         return ""
@@ -380,6 +389,9 @@ def _messages(body: dict, tool_calls: bool = False) -> list[dict[str, str]]:
         if msg.get("name") is not None and not isinstance(msg["name"], str):
             raise invalid(f"messages[{i}].name", f"must be a string, got {json.dumps(msg['name'])[:80]}",
                           "invalid_type")
+        if role == "tool" and not isinstance(msg.get("tool_call_id"), str):  # OpenAI's 400: the call it answers
+            raise invalid(f"messages[{i}].tool_call_id", "is required for a tool message (a string)",
+                          "missing_required_parameter" if msg.get("tool_call_id") is None else "invalid_type")
         for name in ("tool_calls", "function_call"):  # the template would drop them: the model never saw the call
             if not tool_calls and msg.get(name) not in (None, []):
                 raise invalid(f"messages[{i}].{name}", "tool and function calls are not supported by this engine; "
@@ -387,7 +399,7 @@ def _messages(body: dict, tool_calls: bool = False) -> list[dict[str, str]]:
         # OpenAI's developer message is the system prompt of newer models; chat templates know only "system"
         # (SmolLM2's added its own default system prompt and an unknown "developer" turn)
         out.append({"role": "system" if role == "developer" else role,
-                    "content": _content_text(msg.get("content"), f"messages[{i}].content")})
+                    "content": _content_text(msg.get("content"), f"messages[{i}].content", role == "assistant")})
     return out
 
 
