@@ -34,8 +34,10 @@ def tiny_model(tmp_path_factory) -> Path:
     return create_tiny_model(tmp_path_factory.mktemp("models") / "tiny", context_length=512)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_engine(tiny_model, tmp_path_factory):
+    """One per worker for every module that uses it (their tests read it as shared: counters at least 1, prompts
+    of their own): as a module fixture each module started its own, and again when xdist came back to it."""
     server = Server(["engine", "--model", str(tiny_model), "--served-model-name", "tiny", "--threads", "1"],
                     tmp_path_factory.mktemp("logs") / "engine.log").start()
     yield server

@@ -38,6 +38,27 @@ def fleetserve(*args: str, env: dict | None = None, timeout: float = 300, check:
                           env={**os.environ, **(env or {})}, timeout=timeout, check=check, cwd=cwd)
 
 
+def fleet_status(home: dict[str, str], name: str | None = None) -> list[dict]:
+    """What `fleetserve status --json [NAME]` prints, read in this process by the functions the command calls: for
+    wait_until's polls only (a CLI start is ~0.6 s of CPU, and a poll every 0.1-0.5 s kept a core busy beside the
+    fleet under test). What a test asserts is still read through the command."""
+    import json
+
+    from fleetserve.fleet.state import list_fleets, mark_stale, serving_note
+
+    key, before = "FLEETSERVE_HOME", os.environ.get("FLEETSERVE_HOME")
+    os.environ[key] = home[key]  # one variable, set and put back (never the whole environment: threads read it)
+    try:
+        fleets = [mark_stale(f) for f in list_fleets() if name is None or f.name == name]
+        shown = fleets if name else [f for f in fleets if f.status != "stopped"]
+        return json.loads(json.dumps([{**f.to_json(), "serving": serving_note(f)} for f in shown]))
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
 PORT_ATTEMPTS = 3  # a server whose free port another process bound first starts again on a new one
 
 

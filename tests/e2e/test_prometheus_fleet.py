@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from fleetserve.fleet.prometheus import with_credentials
-from tests.helpers import fleetserve, http_ok, processes_with_env, wait_until
+from tests.helpers import fleet_status, fleetserve, http_ok, processes_with_env, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     shutil.which("prometheus") is None,
@@ -95,7 +95,8 @@ def test_prometheus_follows_the_fleet_as_it_scales(tmp_path, tiny_model, home):
 
         pool = ThreadPoolExecutor(4)
         workers = [pool.submit(load, i) for i in range(4)]
-        wait_until(lambda: status(home)["ready"] == 2, 180, interval=0.5, what="the scale-up to 2 ready replicas")
+        wait_until(lambda: fleet_status(home)[0]["ready"] == 2, 180, interval=0.5,
+                   what="the scale-up to 2 ready replicas")
         assert {r["id"] for r in status(home)["replicas"]} == {"r0", "r1"}
 
         # the replica that started after the fleet did is scraped, with the model labels and real traffic
@@ -150,7 +151,7 @@ def test_prometheus_follows_the_fleet_as_it_scales(tmp_path, tiny_model, home):
         # a Prometheus that dies is restarted (the Redis back-off) on the same port, its TSDB kept
         old_pid = status(home)["prometheus_pid"]
         os.kill(old_pid, signal.SIGKILL)
-        wait_until(lambda: status(home)["prometheus_pid"] not in (None, old_pid), 60, interval=0.5,
+        wait_until(lambda: fleet_status(home)[0]["prometheus_pid"] not in (None, old_pid), 60, interval=0.5,
                    what="the supervisor to restart prometheus")
         wait_until(lambda: http_ok(prom + "/-/ready"), 60, interval=0.5, what="the restarted prometheus")
         wait_until(lambda: {"r0", "r1"} <= by_replica(prom, "model_invocations_total").keys(), 60, interval=1,

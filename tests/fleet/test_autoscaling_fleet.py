@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers import fleetserve, processes_with_env, wait_until
+from tests.helpers import fleet_status, fleetserve, processes_with_env, wait_until
 from tests.metrics_text import sample
 
 
@@ -65,8 +65,8 @@ def test_scale_from_zero_answers_every_request_then_returns_to_zero(tmp_path, ti
     assert all(c > 0 for c in colds)  # the replicas still listed say theirs
 
     # idle: after the cooldown the fleet drains back to zero and stops the replica processes
-    wait_until(lambda: (lambda st: st["desired"] == 0 and st["replicas"] == [])(status(home)), 90, interval=0.5,
-               what="scale back to zero")
+    wait_until(lambda: (lambda st: st["desired"] == 0 and st["replicas"] == [])(fleet_status(home)[0]), 90,
+               interval=0.5, what="scale back to zero")
     # the decision that took it there (later polls say "idle at zero", so read the decision counters)
     text = httpx.get(metrics + "/metrics", timeout=5).text
     assert any("cooldownPeriod" in line for line in text.splitlines()
@@ -118,7 +118,7 @@ def test_shortage_falls_through_and_idle_fleet_returns_to_floor(tmp_path, tiny_m
 
     # idle: back to the floor of 1 replica, and the emptied node is consolidated away
     wait_until(lambda: (lambda st: st["desired"] == 1 and len(st["replicas"]) == 1 and len(st["nodes"]) == 1)(
-        status(home)), 180, interval=0.5, what="scale down to the floor and consolidate")
+        fleet_status(home)[0]), 180, interval=0.5, what="scale down to the floor and consolidate")
     s = status(home)
     assert s["cost_per_hour"] == pytest.approx(1.861) and s["cost_total"] > 0
     # what no replica held (a free slot, a node starting or draining, a Redis) is named: the parts add up to the

@@ -11,7 +11,7 @@ import sys
 import openai
 import pytest
 
-from tests.helpers import fleetserve, processes_with_env, wait_until
+from tests.helpers import fleet_status, fleetserve, processes_with_env, wait_until
 
 SPEC = """
 apiVersion: fleetserve.io/v1
@@ -58,7 +58,7 @@ def test_up_detach_serves_restarts_crashed_replica_and_down_cleans_up(tmp_path, 
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2)
 
     def restarted():
-        r = status(home)[0]["replicas"][0]
+        r = fleet_status(home)[0]["replicas"][0]
         return r["restarts"] >= 1 and r["state"] == "ready"
 
     wait_until(restarted, 120, interval=0.5, what="crashed replica restarted")
@@ -85,7 +85,7 @@ def test_up_detach_serves_restarts_crashed_replica_and_down_cleans_up(tmp_path, 
         wait_until(failed_restart, 60, interval=0.3, what="the router's failed restart reported")
         assert now["serving"].startswith("router restarting (exit code") and "nothing is served" in now["serving"]
         assert "in use" in now["router_status"], now["router_status"]
-    wait_until(lambda: status(home)[0]["router_status"] == "up", 60, interval=0.3, what="the router back")
+    wait_until(lambda: fleet_status(home)[0]["router_status"] == "up", 60, interval=0.3, what="the router back")
     client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2)
 
     down = fleetserve("down", env=home)
@@ -414,11 +414,11 @@ def test_fleet_starts_its_own_redis_for_l2_and_stops_it(tmp_path, tiny_model, ho
 
     os.kill(state["redis_pid"], signal.SIGSTOP)
     try:
-        wait_until(lambda: status(home)[0]["l2_status"].startswith("not answering"), 60, what="L2 not answering")
+        wait_until(lambda: fleet_status(home)[0]["l2_status"].startswith("not answering"), 60, what="L2 not answering")
         assert "l2: unix://" in fleetserve("status", env=home, check=True).stdout
     finally:
         os.kill(state["redis_pid"], signal.SIGCONT)
-    wait_until(lambda: status(home)[0]["l2_status"] == "up", 60, what="L2 up again")
+    wait_until(lambda: fleet_status(home)[0]["l2_status"] == "up", 60, what="L2 up again")
     assert fleetserve("down", env=home).returncode == 0
     assert leftovers(home) == []  # redis-server included
 
@@ -654,7 +654,7 @@ def test_a_process_that_binds_a_crashed_replicas_port_is_never_taken_for_it(tmp_
                 assert reply.choices[0].message is not None
 
             def moved():  # the restart finds its port taken and starts on another
-                r = status(home)[0]["replicas"][0]
+                r = fleet_status(home)[0]["replicas"][0]
                 return r["state"] == "ready" and r["url"] != victim["url"]
 
             wait_until(moved, 120, interval=0.5, what="the replica restarted on another port")

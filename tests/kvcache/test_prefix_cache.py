@@ -23,6 +23,15 @@ def engine(tiny_model, tmp_path, *extra, name="kv"):
     return server
 
 
+@pytest.fixture(scope="module")
+def plain_engine(tiny_model, tmp_path_factory):
+    """One engine with the default cache settings for the tests that only ask it and clear its engine tier (each
+    started its own: about 10 s of CPU apiece)."""
+    server = engine(tiny_model, tmp_path_factory.mktemp("plain-kv"))
+    yield server
+    server.stop()
+
+
 def ask(url, prompt=PROMPT, salt=None, headers=None):
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}
     if salt:
@@ -107,15 +116,13 @@ def test_a_block_changed_inside_redis_is_rejected_and_recomputed(tiny_model, tmp
             cached.stop()
 
 
-def test_two_tenants_never_share_and_one_tenant_hits(tiny_model, tmp_path):
-    e = engine(tiny_model, tmp_path)
-    try:
-        _, first = ask(e.url, salt="tenant-a")
-        _, again = ask(e.url, salt="tenant-a")
-        _, other = ask(e.url, headers={"x-fleetserve-tenant": "tenant-b"})
-        assert first == 0 and again > 0 and other == 0
-    finally:
-        e.stop()
+def test_two_tenants_never_share_and_one_tenant_hits(plain_engine):
+    e = plain_engine
+    clear(e.url, "engine")  # the engine is the module's: no other test's blocks
+    _, first = ask(e.url, salt="tenant-a")
+    _, again = ask(e.url, salt="tenant-a")
+    _, other = ask(e.url, headers={"x-fleetserve-tenant": "tenant-b"})
+    assert first == 0 and again > 0 and other == 0
 
 
 def test_redis_killed_mid_run_then_restarted(tiny_model, tmp_path, redis_server):
@@ -140,20 +147,18 @@ def test_redis_killed_mid_run_then_restarted(tiny_model, tmp_path, redis_server)
         e.stop()
 
 
-def test_kv_events_and_model_info_for_routers(tiny_model, tmp_path):
-    e = engine(tiny_model, tmp_path)
-    try:
-        info = httpx.get(e.url + "/get_model_info", headers=TOKENS[e.url], timeout=5).json()
-        assert info["block_size"] == 16 and info["kv_model"] == "tiny"
-        seq = httpx.get(e.url + "/kv/blocks", headers=TOKENS[e.url], timeout=5).json()["seq"]
-        ask(e.url)
-        events = httpx.get(e.url + "/kv/events", params={"since": seq, "wait": 0}, headers=TOKENS[e.url],
-                           timeout=5).json()
-        assert any(ev["type"] == "stored" and ev["tier"] == "engine" for ev in events["events"])
-        blocks = httpx.get(e.url + "/kv/blocks", headers=TOKENS[e.url], timeout=5).json()["blocks"]
-        assert blocks and all(b["tier"] == "engine" for b in blocks)
-    finally:
-        e.stop()
+def test_kv_events_and_model_info_for_routers(plain_engine):
+    e = plain_engine
+    clear(e.url, "engine")  # the engine is the module's: the prompt is stored anew
+    info = httpx.get(e.url + "/get_model_info", headers=TOKENS[e.url], timeout=5).json()
+    assert info["block_size"] == 16 and info["kv_model"] == "tiny"
+    seq = httpx.get(e.url + "/kv/blocks", headers=TOKENS[e.url], timeout=5).json()["seq"]
+    ask(e.url)
+    events = httpx.get(e.url + "/kv/events", params={"since": seq, "wait": 0}, headers=TOKENS[e.url],
+                       timeout=5).json()
+    assert any(ev["type"] == "stored" and ev["tier"] == "engine" for ev in events["events"])
+    blocks = httpx.get(e.url + "/kv/blocks", headers=TOKENS[e.url], timeout=5).json()["blocks"]
+    assert blocks and all(b["tier"] == "engine" for b in blocks)
 
 
 def test_foreign_or_reordered_blocks_are_never_used():
@@ -191,13 +196,10 @@ def test_block_keys_are_namespaced_and_deterministic():
 
 
 @pytest.mark.parametrize("tiers", ["gpu", ""])
-def test_clear_rejects_unknown_tiers(tiny_model, tmp_path, tiers):
-    e = engine(tiny_model, tmp_path)
-    try:
-        r = httpx.post(e.url + "/admin/kv/clear", params={"tiers": tiers}, headers=TOKENS[e.url], timeout=5)
-        assert r.status_code == 400 and "allowed values: engine, l1, l2" in r.json()["error"]["message"]
-    finally:
-        e.stop()
+def test_clear_rejects_unknown_tiers(plain_engine, tiers):
+    e = plain_engine
+    r = httpx.post(e.url + "/admin/kv/clear", params={"tiers": tiers}, headers=TOKENS[e.url], timeout=5)
+    assert r.status_code == 400 and "allowed values: engine, l1, l2" in r.json()["error"]["message"]
 
 
 def test_a_tenant_with_its_own_l2_never_writes_to_the_shared_one(tiny_model, tmp_path, redis_server):
@@ -439,19 +441,19 @@ def test_prefetching_stops_at_its_byte_budget_and_a_dropped_job_gives_its_share_
     cache.close()
 
 
-def test_prefix_cache_queries_count_every_prompt_token_as_vllm_does(tiny_model, tmp_path):
+def test_prefix_cache_queries_count_every_prompt_token_as_vllm_does(plain_engine):
     """Only the tokens of whole reusable blocks were counted: a hit rate of 1.0 where vLLM's gives 0.9."""
-    e = engine(tiny_model, tmp_path, name="queries")
-    try:
-        body = {"model": "tiny", "prompt": PROMPT + "tail", "max_tokens": 1}
-        usage = [httpx.post(e.url + "/v1/completions", json=body, headers=TOKENS[e.url], timeout=60).json()["usage"]
-                 for _ in range(2)]
-        queries = sample(e.url, "vllm:prefix_cache_queries_total", TOKENS[e.url], model_name="tiny")
-        hits = sample(e.url, "vllm:prefix_cache_hits_total", TOKENS[e.url], model_name="tiny")
-        assert queries == sum(u["prompt_tokens"] for u in usage)
-        assert hits == usage[1]["prompt_tokens_details"]["cached_tokens"] > 0 and hits < usage[1]["prompt_tokens"]
-    finally:
-        e.stop()
+    e = plain_engine
+    clear(e.url, "engine")  # the engine is the module's: the first request is cold; its counters count from here
+    queries_before = sample(e.url, "vllm:prefix_cache_queries_total", TOKENS[e.url], model_name="tiny")
+    hits_before = sample(e.url, "vllm:prefix_cache_hits_total", TOKENS[e.url], model_name="tiny")
+    body = {"model": "tiny", "prompt": PROMPT + "tail", "max_tokens": 1}
+    usage = [httpx.post(e.url + "/v1/completions", json=body, headers=TOKENS[e.url], timeout=60).json()["usage"]
+             for _ in range(2)]
+    queries = sample(e.url, "vllm:prefix_cache_queries_total", TOKENS[e.url], model_name="tiny") - queries_before
+    hits = sample(e.url, "vllm:prefix_cache_hits_total", TOKENS[e.url], model_name="tiny") - hits_before
+    assert queries == sum(u["prompt_tokens"] for u in usage)
+    assert hits == usage[1]["prompt_tokens_details"]["cached_tokens"] > 0 and hits < usage[1]["prompt_tokens"]
 
 
 def test_redis_health_says_why_it_is_not_up(redis_server):

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import redis
 
-from tests.helpers import fleetserve, processes_with_env, wait_until
+from tests.helpers import fleet_status, fleetserve, processes_with_env, wait_until
 
 SPEC = """
 apiVersion: fleetserve.io/v1
@@ -45,8 +45,8 @@ def test_killed_redis_is_restarted_and_the_l2_tier_comes_back(tmp_path, tiny_mod
         state = _status(home, "l2")
         assert state["l2_status"] == "up" and state["redis_pid"]
         os.kill(state["redis_pid"], signal.SIGKILL)
-        wait_until(lambda: _status(home, "l2")["redis_pid"] not in (None, state["redis_pid"])
-                   and _status(home, "l2")["l2_status"] == "up", 60, interval=0.3, what="redis restarted")
+        wait_until(lambda: (lambda st: st["redis_pid"] not in (None, state["redis_pid"]) and st["l2_status"] == "up")(
+            fleet_status(home, "l2")[0]), 60, interval=0.3, what="redis restarted")
         log = (tmp_path / "home" / "run" / "l2" / "supervisor.log").read_text()
         assert "redis-server (the L2 tier) exited with code" in log and "restarted" in log
         token = (tmp_path / "home" / "run" / "l2" / "internal.token").read_text().strip()
@@ -112,8 +112,8 @@ def test_cold_start_after_a_crash_counts_from_the_crash(tmp_path, tiny_model, ho
         replica = _status(home, "cold")["replicas"][0]
         killed_at = time.monotonic()
         os.kill(replica["pid"], signal.SIGKILL)
-        wait_until(lambda: _status(home, "cold")["replicas"][0]["restarts"] == 1
-                   and _status(home, "cold")["replicas"][0]["state"] == "ready", 120, interval=0.3)
+        wait_until(lambda: (lambda r: r["restarts"] == 1 and r["state"] == "ready")(
+            fleet_status(home, "cold")[0]["replicas"][0]), 120, interval=0.3)
         seen_ready_after = time.monotonic() - killed_at
         restarted = _status(home, "cold")["replicas"][0]
         # consistency, not speed: the restart cannot have taken longer than the test saw it take
