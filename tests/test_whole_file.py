@@ -19,8 +19,10 @@ def test_a_write_cut_short_leaves_the_old_file_and_no_temporary_one(tmp_path):
     with pytest.raises(OSError):
         write_whole(target, cut_short)
     assert target.read_text() == "the last good plan\n" and os.listdir(tmp_path) == ["planned.yaml"]
+    target.chmod(0o600)
     write_whole_text(target, "the new plan\n")
     assert target.read_text() == "the new plan\n" and os.listdir(tmp_path) == ["planned.yaml"]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600  # replaced, not made readable to all
 
 
 def test_a_link_stays_a_link_and_a_device_stays_a_device(tmp_path):

@@ -22,9 +22,12 @@ def write_whole(path: str | Path, write: Callable[[TextIO], object], newline: st
             write(f)
         return Path(path)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    mode = p.stat().st_mode & 0o7777 if p.exists() else None  # a file made private stays private
     try:
         with open(tmp, "w", newline=newline) as f:
             write(f)
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, p)
     finally:
         tmp.unlink(missing_ok=True)
