@@ -904,3 +904,35 @@ def test_a_service_restarted_after_it_exited_is_counted_in_state_and_metrics(mak
     text = generate_latest(sup.metrics.registry).decode()
     assert 'fleetserve_service_restarts_total{service="redis"} 1.0' in text
     assert 'fleetserve_service_restarts_total{service="router"} 0.0' in text
+
+
+def test_scrape_targets_that_cannot_be_written_stop_nothing(make, tmp_path, monkeypatch):
+    """Found by a black-box pass: on a full disk the first replica change (a crash's restart, a scale-down) raised
+    ENOSPC from the write of Prometheus' engine targets, and the supervisor failed, stopping the router and every
+    replica; status then read `dead`. The state write had been guarded, this one not."""
+    import errno
+
+    from fleetserve.fleet import prometheus
+
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path / "home"))
+    sup, _, _ = make(1)
+    said: list[str] = []
+    sup.say = said.append
+    sup._prometheus_dir = tmp_path / "prometheus"
+    sup._prometheus_targets = ["a replica that left"]  # what the file says differs from the replicas now
+    real_dump = prometheus.json.dump
+
+    def full_disk(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(prometheus.json, "dump", full_disk)
+    sup._write_prometheus_targets()  # no exception: the fleet serves on
+    sup._write_prometheus_targets()
+    assert sum("scrape targets could not be written" in m for m in said) == 1, said  # said once
+    assert sup._prometheus_targets == ["a replica that left"]  # so the next round tries again
+    assert [p.name for p in (tmp_path / "prometheus").rglob("*")
+            if p.is_file()] == []  # no cut-off temporary file left for Prometheus to find
+    monkeypatch.setattr(prometheus.json, "dump", real_dump)
+    sup._write_prometheus_targets()
+    assert said[-1] == "Prometheus' scrape targets are written again"
+    assert prometheus.read_targets(tmp_path / "prometheus", "engine") == []

@@ -186,13 +186,14 @@ def test_the_router_exports_hyperpods_model_metrics_for_engines_that_do_not(tmp_
         labels = {"namespace": "team-a", "model_name": "sim", "model_version": "3", "instance_type": "g5"}
         per_replica = [sample(gw.url, "model_invocations_total", **labels, replica=e.url.split("//")[1])
                        for e in engines]
-        assert sum(per_replica) == 5 and min(per_replica) >= 2  # four answered and the engine's refusal
+        # four answered; the engine's refusal of another model is no invocation of this one
+        assert sum(per_replica) == 4 and min(per_replica) >= 1
         assert sample(gw.url, "model_invocations_total", **labels, replica="router") == 1  # refused here
         assert sample(gw.url, "model_errors_total", **labels, replica="router", status="400") == 1
         assert sum(sample(gw.url, "model_concurrent_requests", **labels, replica=e.url.split("//")[1])
                    for e in engines) == 0  # every answer ended
         assert sum(sample(gw.url, "model_latency_milliseconds_count", **labels, replica=e.url.split("//")[1])
-                   for e in engines) == 5
+                   for e in engines) == 5  # every answer's latency, the 404's too
         # in flight from the moment a request is sent, streamed or not (a non-streamed answer's headers come only
         # at its end: the gauge read 0 while ten of them ran)
         import concurrent.futures
@@ -263,20 +264,27 @@ def test_the_error_ratio_is_per_endpoint_so_router_refusals_join_the_engines_ans
     assert "sum by (namespace, model_name, model_version) (" in ratio and "instance_type" not in ratio
 
 
-def test_each_failed_attempt_is_counted_once_and_the_final_refusal_not_again():
+def test_each_failed_request_is_counted_once_and_where_the_engine_did_not():
     """A timed-out request read as two invocations and two errors (the attempt, then the final 504), and in front
     of the built-in engine a request the replica had seen (dropped, broken) added an invocation to its own."""
     from prometheus_client import CollectorRegistry
 
     from fleetserve.api.errors import APIError
     from fleetserve.observe.metrics import ModelIdentity
-    from fleetserve.router.model_metrics import ModelMetrics
+    from fleetserve.router.model_metrics import FailedAttempts, ModelMetrics
 
     registry = CollectorRegistry()
     m = ModelMetrics(ModelIdentity("ns", "m", "1", "g5", ""), registry, scope="router")
-    m.failed("r0", 504)  # timed out: the engine counted the invocation
-    m.failed("r1", 502, reached=True)  # dropped under the request: the engine saw it
-    m.failed("r2", 502, reached=False)  # unreachable: it never did
+
+    def ended_on(replica, saw, counted_error, status):
+        tried = FailedAttempts()
+        tried.add(replica, saw, counted_error)
+        m.gave_up(tried, status)
+
+    ended_on("r0", True, False, 504)  # timed out: the engine counted the invocation
+    ended_on("r1", True, False, 502)  # dropped under the request: the engine saw it
+    ended_on("r2", False, False, 502)  # unreachable: it never did
+    ended_on("r3", True, True, 503)  # its own full queue: the engine counted the invocation and the error
     m.refused(400)  # a client's bad body: not counted beside engines that count their own
     m.refused(429)
 
@@ -288,6 +296,8 @@ def test_each_failed_attempt_is_counted_once_and_the_final_refusal_not_again():
         is None
     assert value("model_invocations_total", replica="r2") == 1
     assert value("model_errors_total", replica="r0", status="504") == 1
+    assert value("model_invocations_total", replica="r3") is None and value("model_errors_total", replica="r3",
+                                                                            status="503") is None
     assert value("model_invocations_total", replica="router") == 1
     assert value("model_errors_total", replica="router", status="429") == 1
     assert value("model_errors_total", replica="router", status="400") is None

@@ -45,6 +45,7 @@ def test_the_counters_of_a_replica_that_left_go_after_the_time_in_one_router_pro
         gw.metrics.ejections.labels(backend.id, "breaker").inc()
         gw._ejected.add(backend.id)
         gw.model_metrics.sent(backend.label)
+        gw.model_metrics.answered(backend.label, 200, 3.0)
         gw.model_metrics.ended(backend.label, 12.0)
     gw.model_metrics.refused(503)
     text = scrape(gw)

@@ -759,18 +759,50 @@ def test_the_model_series_name_a_replica_as_its_fleet_and_engine_do():
     from fleetserve.observe.metrics import ModelIdentity
 
     async def main():
-        gw, _ = gateway({A: [Unreachable("refused")], B: [FakeResponse(200, [OK])]},
+        gw, _ = gateway({A: [FakeResponse(200, [OK])], B: [FakeResponse(200, [OK])]},
                         model_identity=ModelIdentity("ns", "m", "1", "g5", ""), model_metrics_scope="all")
         gw.set_backends([A, B], ready={A, B}, names={A: "r0", B: "r1"})
+        outs = [Recorder(), Recorder()]
+        for out in outs:
+            await gw.handle(chat(), out)
+        return gw, outs
+
+    gw, outs = run_virtual(main())
+    assert [out.status for out in outs] == [200, 200]
+    replicas = {s.labels["replica"] for f in gw.metrics.registry.collect() for s in f.samples
+                if s.name == "model_invocations_total" and s.value}
+    assert replicas == {"r0", "r1"}
+
+
+def model_samples(gw, name: str) -> dict[tuple, float]:
+    return {(s.labels["replica"], s.labels.get("status")): s.value for f in gw.metrics.registry.collect()
+            for s in f.samples if s.name == name and s.value}
+
+
+@pytest.mark.parametrize("scope", ["all", "router"])
+def test_a_request_answered_after_a_retry_is_one_invocation_and_no_error(scope):
+    """A request answered 200 after a dead replica counted an invocation and a 502 there (and in scope all a
+    second invocation where it was answered): the error ratio and the burn alerts read errors no client got. A
+    request no replica answered is one invocation and one error, on the last replica tried."""
+    from fleetserve.observe.metrics import ModelIdentity
+
+    async def main(script):
+        gw, _ = gateway(script, model_identity=ModelIdentity("ns", "m", "1", "g5", ""), model_metrics_scope=scope)
+        gw.set_backends(list(script), ready=set(script), names={A: "r0", B: "r1"})
         out = Recorder()
         await gw.handle(chat(), out)
         return gw, out
 
-    gw, out = run_virtual(main())
+    gw, out = run_virtual(main({A: [Unreachable("refused")], B: [FakeResponse(200, [OK])]}))
     assert out.status == 200
-    replicas = {s.labels["replica"] for f in gw.metrics.registry.collect() for s in f.samples
-                if s.name in ("model_invocations_total", "model_errors_total") and s.value}
-    assert replicas == {"r0", "r1"}
+    assert model_samples(gw, "model_errors_total") == {}
+    assert model_samples(gw, "model_invocations_total") == ({("r1", None): 1.0} if scope == "all" else {})
+    assert [s.value for f in gw.metrics.registry.collect() for s in f.samples
+            if s.name == "fleetserve_router_retries_total" and s.labels["reason"] == "unreachable"] == [1.0]
+    gw, out = run_virtual(main({A: [Unreachable("refused")], B: [Unreachable("refused")]}))
+    assert out.status in (502, 503)
+    (where,) = model_samples(gw, "model_errors_total")  # the engines saw nothing: the router counts it, in both
+    assert where[0] in ("r0", "r1") and model_samples(gw, "model_invocations_total") == {(where[0], None): 1.0}
 
 
 async def at_zero_for_42s(request: Request, check_bodies: bool, cards: dict | None = None) -> tuple[Recorder, float]:
@@ -932,3 +964,22 @@ def test_answers_refused_before_routing_have_a_request_line_and_a_tenant_count(c
     tenants = {s.labels["code"]: s.value for f in gw.metrics.registry.collect() for s in f.samples
                if s.name == "fleetserve_router_tenant_requests_total"}
     assert tenants == {"405": 1.0, "404": 1.0, "413": 1.0, "431": 1.0}
+
+
+def test_a_bad_key_or_another_models_name_is_no_invocation_of_this_model_in_either_scope():
+    """In front of vLLM (scope all) a wrong API key counted an invocation and a 401 error of the model: a scanner
+    fed the invocation rate, request-rate triggers and the error panels."""
+    from prometheus_client import CollectorRegistry
+
+    from fleetserve.observe.metrics import ModelIdentity
+    from fleetserve.router.model_metrics import ModelMetrics
+
+    for scope in ("all", "router"):
+        registry = CollectorRegistry()
+        metrics = ModelMetrics(ModelIdentity("ns", "m", "1", "g5", ""), registry, scope)
+        for status in (401, 403, 404):
+            metrics.refused(status)
+        metrics.refused(503)
+        counted = {(s.name, s.labels.get("status")): s.value for f in registry.collect() for s in f.samples
+                   if s.value and s.name in ("model_invocations_total", "model_errors_total")}
+        assert counted == {("model_invocations_total", None): 1.0, ("model_errors_total", "503"): 1.0}, scope

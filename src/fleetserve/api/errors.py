@@ -61,12 +61,15 @@ def invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
     return APIError(400, f"{param}: {message}", param=param, code=code)
 
 
+MODEL_NOT_FOUND = "model_not_found"
+
+
 def model_not_found(name: str, served) -> APIError:
     """404 for a model name the endpoint does not serve (`served`: the names it does), as engines and router say it."""
     shown = repr(name) if len(name) <= 200 else repr(name[:200]) + f" (cut; {len(name):,} characters)"  # echoed
     # whole, a 100 KB name came back in full
     return APIError(404, f"model {shown} does not exist; this endpoint serves {', '.join(map(repr, served))}",
-                    param="model", code="model_not_found")
+                    param="model", code=MODEL_NOT_FOUND)
 
 
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fleetserve.api.disconnect import SSE_HEADERS, ClientGone, WatchedStreamingResponse, until_disconnect
-from fleetserve.api.errors import APIError, api_app, engine_stopped, model_not_found
+from fleetserve.api.errors import MODEL_NOT_FOUND, APIError, api_app, engine_stopped, model_not_found
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
 from fleetserve.api.limits import STREAM_KEEPALIVE_S, SizeLimits
 from fleetserve.api.openapi import openapi_endpoint
@@ -184,13 +184,15 @@ class Engine:
     async def _serve(self, request: Request, kind: str) -> Response:
         started = time.monotonic()
         m = self.metrics
-        m.model(m.invocations).inc()
+        # counted once the request is known to be this model's: another model's name (a 404) is none of its
+        # invocations (it fed this model's invocation rate and error panels)
         ctx = {"request_id": request.headers.get("x-request-id"), "kind": kind, "started": started}
         try:
             try:
                 raw = await request.body()  # a body past the limit raises its 413 (an APIError) here
             except ClientDisconnect:  # gone while sending its body: no answer to give, and no error of ours (it
-                self._log_request(ctx, disconnect_status(request.scope))  # had logged two tracebacks at ERROR)
+                m.model(m.invocations).inc()  # had logged two tracebacks at ERROR)
+                self._log_request(ctx, disconnect_status(request.scope))
                 return Response(status_code=499)
             body = parse_json_body(raw)
             if self.settings.log_prompts:
@@ -208,12 +210,16 @@ class Engine:
             self.scheduler.submit(job)
             self.live_jobs.add(job)
         except APIError as err:
-            m.error(err.status)
+            if err.code != MODEL_NOT_FOUND:
+                m.model(m.invocations).inc()
+                m.error(err.status)
             self._log_request(ctx, err.status, error=err.code)
             return err.response()
         except Exception:
+            m.model(m.invocations).inc()
             self._internal_error(ctx)
             raise
+        m.model(m.invocations).inc()
         m.model(m.concurrent).inc()
         m.vllm(m.prompt_tokens).inc(len(prompt_ids))
         request_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex

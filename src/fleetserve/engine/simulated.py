@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fleetserve.api.disconnect import SSE_HEADERS, ClientGone, WatchedStreamingResponse, until_disconnect
-from fleetserve.api.errors import APIError, api_app, engine_stopped, model_not_found
+from fleetserve.api.errors import MODEL_NOT_FOUND, APIError, api_app, engine_stopped, model_not_found
 from fleetserve.api.internal import TENANT_HEADER, InternalAuth, engine_front_door
 from fleetserve.api.limits import KEEP_ALIVE_S, SizeLimits
 from fleetserve.api.protocol import ParsedRequest, parse_chat, parse_completion, parse_json_body
@@ -194,8 +194,7 @@ class SimulatedEngine:
         return text_tokens(parsed.prompt) or [0]  # only whitespace: still a token to a real tokenizer
 
     async def serve(self, request: Request, kind: str) -> Response:
-        m, labels, started = self._metrics, self._model_lbl, time.monotonic()
-        m.invocations.labels(**labels).inc()
+        m, labels, started = self._metrics, self._model_lbl, time.monotonic()  # an invocation once it is this model's
         ctx = {"request_id": request.headers.get("x-request-id"), "kind": kind,
                "tenant": tenant_hash(request.headers.get(TENANT_HEADER))}
         body: dict = {}
@@ -203,7 +202,8 @@ class SimulatedEngine:
             try:
                 raw = await request.body()  # a body past the limit raises its 413 (an APIError) here
             except ClientDisconnect:  # gone while sending its body: a 499 (408 when the read bound cut it), as the
-                self._log_request(ctx, disconnect_status(request.scope), started, None, body)  # built-in engine
+                m.invocations.labels(**labels).inc()  # built-in engine
+                self._log_request(ctx, disconnect_status(request.scope), started, None, body)
                 return Response(status_code=499)
             body = parse_json_body(raw)
             parsed = parse_chat(body) if kind == "chat" else parse_completion(body)
@@ -217,9 +217,12 @@ class SimulatedEngine:
                 raise APIError(503, "engine queue is full; retry later", code="overloaded",
                                headers={"Retry-After": "1"})
         except APIError as err:
-            m.errors.labels(**labels, status=str(err.status)).inc()
+            if err.code != MODEL_NOT_FOUND:  # another model's request is none of this one's (as the built-in engine)
+                m.invocations.labels(**labels).inc()
+                m.errors.labels(**labels, status=str(err.status)).inc()
             self._log_request(ctx, err.status, started, None, body, error=err.code)
             return err.response()
+        m.invocations.labels(**labels).inc()
         salt = kv_salt(request.headers.get(TENANT_HEADER), parsed.cache_salt)  # tenant: from the router only
         keys = chain_keys(tokens, self.profile.block_size, self._root(salt))
         req = SimRequest(tokens, keys, budget, parsed.stream,

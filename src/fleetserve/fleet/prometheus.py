@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -35,6 +34,7 @@ import yaml
 
 from fleetserve.fleet.process import Child
 from fleetserve.observe.rules import RuleTarget, rule_groups
+from fleetserve.whole_file import write_whole
 
 JOBS = ("engine", "router", "supervisor")
 
@@ -75,12 +75,8 @@ def targets_file(folder: Path, job: str) -> Path:
 
 def write_targets(folder: Path, job: str, fleet: str, targets: list[Target], namespace: str = "") -> None:
     """Replace a job's target list atomically (Prometheus reads the file on change)."""
-    path = targets_file(folder, job)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{job}-")
-    with os.fdopen(fd, "w") as f:
-        json.dump([t.group(fleet, namespace) for t in targets], f, indent=1)
-    os.replace(tmp, path)
+    write_whole(targets_file(folder, job), lambda f: json.dump([t.group(fleet, namespace) for t in targets], f,
+                                                               indent=1))  # no cut-off temporary left on a full disk
 
 
 def read_targets(folder: Path, job: str) -> list[dict]:

@@ -256,6 +256,7 @@ class Supervisor:
         self._alerts_settle_until = 0.0  # a restarted Prometheus resolves nothing before this (monotonic)
         self._alerts_settling = False  # restarted, not read since: its first answer starts the settling
         self._rotate_at = 0.0  # when the log files' sizes are checked next (monotonic)
+        self._targets_unwritten = False  # the last write of Prometheus' engine targets failed (a full disk)
         self.capacity = build_capacity(self.spec, self.endpoint.metadata.namespace, clock())
         self.controller: Controller | None = None
         self._decided_at: float | None = None  # the controller's last decision: its time, and what was logged
@@ -851,8 +852,19 @@ class Supervisor:
         targets = [prometheus.Target(r.state.url, "engine", r.state.id, r.state.instance_type)
                    for r in self.replicas if r.state.state in live]
         if targets != self._prometheus_targets:
-            prometheus.write_targets(self._prometheus_dir, "engine", self.name, targets,
-                                     self.endpoint.metadata.namespace)
+            try:
+                prometheus.write_targets(self._prometheus_dir, "engine", self.name, targets,
+                                         self.endpoint.metadata.namespace)
+            except OSError as exc:  # a full disk had stopped the whole fleet ("supervisor failed") at its first
+                # replica change: serving goes on, Prometheus scrapes the last targets written, retried each round
+                if not self._targets_unwritten:
+                    self.say(f"warning: Prometheus' scrape targets could not be written ({exc}); serving goes on, "
+                             "the replicas that came or went are scraped once they can be")
+                self._targets_unwritten = True
+                return
+            if self._targets_unwritten:
+                self.say("Prometheus' scrape targets are written again")
+                self._targets_unwritten = False
             self._prometheus_targets = targets
 
     def _start_redis(self) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from fleetserve.api.errors import APIError
 from fleetserve.api.protocol import GENERATION_PATHS
 from fleetserve.router.gate import Refused
+from fleetserve.router.model_metrics import FailedAttempts
 from fleetserve.router.policies import Choice, RouteRequest
 from fleetserve.router.pool import Backend
 from fleetserve.router.retry import backoff, busy, exclude, retry_after_seconds, retryable
@@ -83,20 +84,19 @@ class Dispatcher:
         self.gw = gateway  # pool, policy, upstream client, gate, metrics, settings
 
     async def dispatch(self, out: Outgoing, route: RouteRequest) -> Attempt:
-        """The answering attempt. An APIError raised after a replica was tried says so (`after_attempts`): each
-        attempt was counted already (by the engine, or `ModelMetrics.failed`), and counting the final refusal
-        too read one timed-out request as two invocations and two errors."""
-        tried = [False]  # per request: one Dispatcher serves every request of the gateway
+        """The answering attempt. An APIError raised after a replica was tried carries the failed attempts
+        (`after_attempts`), which the model metrics count once (`ModelMetrics.gave_up`)."""
+        tried = FailedAttempts()  # per request: one Dispatcher serves every request of the gateway
         waited = [0.0]  # seconds held for a replica to come back: a cold start, not the served TTFT
         try:
             attempt = await self._dispatch(out, route, tried, waited)
             attempt.held = waited[0]
             return attempt
         except (APIError, Refused) as err:
-            err.after_attempts = tried[0]
+            err.after_attempts = tried if tried.any else False
             raise
 
-    async def _dispatch(self, out: Outgoing, route: RouteRequest, tried: list[bool], waited: list[float],
+    async def _dispatch(self, out: Outgoing, route: RouteRequest, tried: FailedAttempts, waited: list[float],
                         held: bool = False) -> Attempt:
         """`held`: the request already waited once for a replica to come back (it waits at most once)."""
         gw = self.gw
@@ -125,8 +125,7 @@ class Dispatcher:
                 gw.peers.routed(choice.replica.id, route.blocks, route.exact_keys)  # other workers' indexes
             gw.count_decision(choice.branch if not excluded else "retry", out.path)
             backend = gw.pool.get(choice.replica.id)
-            tried[0] = True
-            outcome = await self._try(backend, out, choice.prefill_tokens)
+            outcome = await self._try(backend, out, choice.prefill_tokens, tried)
             if isinstance(outcome, tuple):
                 response, first, ended = outcome
                 return Attempt(backend, response, first, choice, attempt + 1, gw.pool.book, gw.gate.slot_freed,
@@ -171,9 +170,9 @@ class Dispatcher:
         raise APIError(502, f"all attempts failed (last: {last_reason or 'no eligible replica'})",
                        code="upstream_failed", headers={"Retry-After": "1"})
 
-    async def _try(self, backend: Backend, out: Outgoing, prefill: int) -> tuple | str | int:
+    async def _try(self, backend: Backend, out: Outgoing, prefill: int, tried: FailedAttempts) -> tuple | str | int:
         """Send to one replica: (answer, first body bytes, what ends its model metrics), or why another replica
-        should be tried (the seconds of its Retry-After when it said it is busy)."""
+        should be tried (the seconds of its Retry-After when it said it is busy), noted in `tried`."""
         gw = self.gw
         book = gw.pool.book
         book.sent(backend.id, prefill)
@@ -181,6 +180,7 @@ class Dispatcher:
         sent_at = gw.clock()
         if model is not None:
             model.sent(backend.label)
+        tried.any = True
         response = None
         try:
             response = await gw.upstream.request(backend.url, out.method, out.wire_path or out.path, out.headers,
@@ -191,16 +191,14 @@ class Dispatcher:
                     response.close()
                     book.failed(backend.id, prefill)
                     gw.gate.slot_freed()
-                    if model is not None:
-                        model.failed(backend.label, 502)
+                    self._failed(model, tried, backend, saw=False, counted_error=False)  # its guard counts none
                     log_refused(backend.url)
                     return "refused_router"  # another replica may hold the right token (a rotation under way)
             elif retryable(response.status):
                 response.close()
                 book.failed(backend.id, prefill)
                 gw.gate.slot_freed()
-                if model is not None:
-                    model.failed(backend.label, response.status)
+                self._failed(model, tried, backend, saw=True, counted_error=True)  # its own status, counted there
                 retry_after = response.header(b"retry-after")
                 if busy(response.status, retry_after):
                     return retry_after_seconds(retry_after)
@@ -214,8 +212,7 @@ class Dispatcher:
             book.failed(backend.id, prefill)
             gw.gate.slot_freed()
             gw.request_failed(backend, "ReadTimeout")
-            if model is not None:
-                model.failed(backend.label, 504)
+            self._failed(model, tried, backend, saw=True, counted_error=False)  # it counts a success, later
             return "timeout"
         except UpstreamError as exc:
             if response is not None:
@@ -223,18 +220,17 @@ class Dispatcher:
             book.failed(backend.id, prefill)
             gw.gate.slot_freed()
             if exc.kind == "stalled":  # its probes took it out (pool.py) before it answered: another replica
-                if model is not None:
-                    model.failed(backend.label, 504)
+                self._failed(model, tried, backend, saw=True, counted_error=False)
                 return "stalled"
             if isinstance(exc, Unproven):  # its challenge answered late (a burst): nothing was sent, and nothing is
                 # held against it (not out, no breaker count): another replica takes the request, its probes judge it
+                self._failed(model, tried, backend, saw=False, counted_error=False)
                 return "unreachable"
             if exc.kind != "dropped":  # no connection: out until a probe passes. A drop may be this request's
                 # doing: the probes judge the replica
                 gw.mark_unreachable(backend, f"{exc.kind}: {exc}", getattr(exc, "refused", False))
             gw.request_failed(backend, exc.kind)
-            if model is not None:
-                model.failed(backend.label, 502, reached=exc.kind != "unreachable")
+            self._failed(model, tried, backend, saw=exc.kind != "unreachable", counted_error=False)
             return "dropped" if exc.kind == "dropped" else "unreachable"
         except BaseException:  # the client went away (cancelled) or a bug: the replica sees the cut
             if response is not None:
@@ -242,7 +238,7 @@ class Dispatcher:
             book.failed(backend.id, prefill)
             gw.gate.slot_freed()
             if model is not None:
-                model.failed(backend.label, None)
+                model.abandoned(backend.label)
             raise
         book.first_byte(backend.id, prefill)
         if response.status < 500:
@@ -257,6 +253,15 @@ class Dispatcher:
             def ended(replica=backend.label) -> None:
                 model.ended(replica, (gw.clock() - sent_at) * 1000)
         return response, first, ended
+
+
+    @staticmethod
+    def _failed(model, tried: FailedAttempts, backend: Backend, saw: bool, counted_error: bool) -> None:
+        """An attempt without a usable answer: out of flight, and noted for the request's end (`saw`: its engine
+        received it; `counted_error`: its engine answered it with an error status)."""
+        tried.add(backend.label, saw, counted_error)
+        if model is not None:
+            model.failed(backend.label)
 
 
 def refused_router(settings, first: bytes) -> bool:

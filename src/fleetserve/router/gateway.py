@@ -471,8 +471,11 @@ class Gateway:
                 body: dict | None) -> None:
         self._count_request(responder, path, err.status)
         self._count(self.metrics.tenant_requests, tenant or NO_TENANT, str(err.status))
-        if self.model_metrics is not None and path in GENERATION_PATHS and not err.after_attempts:
-            self.model_metrics.refused(err.status)  # after attempts, each was counted where it failed
+        if self.model_metrics is not None and path in GENERATION_PATHS:
+            if err.after_attempts:  # once, on the last replica tried (router/model_metrics.py)
+                self.model_metrics.gave_up(err.after_attempts, err.status)
+            else:
+                self.model_metrics.refused(err.status)
         self.send_error(responder, err, [(REQUEST_ID_HEADER, rid)])
         self._log(rid.decode("latin-1"), tenant, path, err.status, started, body=body, error=err.code)
 

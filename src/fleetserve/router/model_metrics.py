@@ -7,19 +7,25 @@ recording rules, burn alerts, dashboard model panels and HyperPod's own example 
 (`sum(model_concurrent_requests{model_name=...})`) read nothing. With `--model-metrics` the router counts the
 requests it proxies per replica (label `replica`: the name its fleet gave it, r0 under `up`, as its engine labels
 its own series; else the backend's address: a pod IP on Kubernetes), with the endpoint's namespace, model name,
-version and instance type, as the sidecar would: an invocation and a concurrent request from the moment it is
-sent there (a non-streamed answer's headers come only at its end), an error for an error status, a timeout
-(504) or an unreachable replica (502). Requests it answers itself before any replica (a full queue, a bad body,
-no replica left) are counted under `replica="router"`.
+version and instance type: a concurrent request from the moment it is sent there (a non-streamed answer's headers
+come only at its end), and one invocation per client request, where it ended: the replica whose answer the client
+got (an error for an error status), or, when no attempt answered, the last replica tried (an error for the
+status the client got: a timeout, 504, or replicas unreachable, 502). An attempt the router retried elsewhere is
+in `fleetserve_router_retries_total` and the ejections, not here: a request answered 200 after a dead replica had
+counted an invocation and a 502 there, so the error ratio and the burn alerts read errors no client got.
+Requests it answers itself before any replica (a full queue, a bad body, no replica left) are counted under
+`replica="router"`; a bad key (401, 403) and a model it does not serve (404) are no invocation of this model.
 
 Scope `router` (in front of the built-in engine, which counts its own invocations): only what the router
 produces itself, which no engine counts: its refusals before any replica (429 overflow, 503 at zero or
-replicas failing), a replica it timed out (504: the engine finished later and counted a success) or could not
-reach (502). Without it the error ratio, its burn-rate alerts and the error panels read 0 % while the
-router refused most requests.
+replicas failing), and a request that ended on a replica it timed out (504: the engine finished later and counted
+a success) or could not reach (502). Without it the error ratio, its burn-rate alerts and the error panels read
+0 % while the router refused most requests.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from fleetserve.observe import vocabulary as v
 from fleetserve.observe.metrics import PRESET_ERROR_STATUSES, ModelIdentity, child, forget
@@ -29,6 +35,22 @@ ENGINES_WITHOUT = ("vllm", "sglang", "container")  # engine kinds that export no
 ENGINES_WITH = ("builtin",)  # engine kinds that export them: the router adds only its own errors (scope router)
 ROUTER_REPLICA = "router"  # the replica label of requests refused before one was chosen
 SCOPES = ("all", "router")
+NOT_AN_INVOCATION = (401, 403, 404)  # a bad key, and a model this endpoint does not serve
+
+
+@dataclass
+class FailedAttempts:
+    """A request's attempts that got no usable answer, as `ModelMetrics.gave_up` counts them once it has none."""
+
+    any: bool = False  # a replica was tried
+    last: str = ROUTER_REPLICA  # the last replica tried
+    engine_saw: bool = False  # an engine received one (it counts that invocation itself, beside scope router)
+    engine_counted_error: bool = False  # an engine answered one with an error status (it counted that error)
+
+    def add(self, replica: str, saw: bool, counted_error: bool) -> None:
+        self.last = replica
+        self.engine_saw |= saw
+        self.engine_counted_error |= counted_error
 
 
 class ModelMetrics:
@@ -46,36 +68,48 @@ class ModelMetrics:
             child(self.errors, *labels, status)
 
     def sent(self, replica: str) -> None:
-        """A request went to a replica: an invocation there, in flight until it ends or fails."""
-        if not self.every_request:
+        """An attempt went to a replica: in flight there until it ends or fails."""
+        if self.every_request:
+            child(self.concurrent, *self.base, replica).inc()
+
+    def answered(self, replica: str, status: int, ttfb_ms: float) -> None:
+        """The replica's status and first bytes are here: the request's one invocation, on the replica that gave the
+        client its answer."""
+        if not self.every_request or status in NOT_AN_INVOCATION:  # a bad key, another model: as `refused`
             return
         labels = (*self.base, replica)
         child(self.invocations, *labels).inc()
-        child(self.concurrent, *labels).inc()
-
-    def answered(self, replica: str, status: int, ttfb_ms: float) -> None:
-        """The replica's status and first bytes are here."""
-        if not self.every_request:
-            return
-        labels = (*self.base, replica)
         child(self.ttfb_ms, *labels).observe(ttfb_ms)
         if status >= 400:
             child(self.errors, *labels, str(status)).inc()
 
-    def failed(self, replica: str, status: int | None, reached: bool = True) -> None:
-        """No usable answer from the replica: a retryable status, a timeout (504), unreachable (502), or the client
-        left first (None: no error, as the engine counts none). `reached`: the request got to the replica (a
-        502 for a connection it closed, or an answer that broke); an unreachable one never saw it."""
-        labels = (*self.base, replica)
-        if not self.every_request:  # the engine counted the rest: a status it sent, and the invocation of a
-            if status == 502 and not reached:  # request it saw (timed out, dropped, broken)
-                child(self.invocations, *labels).inc()
-            if status in (502, 504):
-                child(self.errors, *labels, str(status)).inc()
-            return
-        child(self.concurrent, *labels).dec()
-        if status is not None:
+    def failed(self, replica: str) -> None:
+        """An attempt got no usable answer (a retryable status, a timeout, unreachable): no longer in flight there.
+        Nothing is counted yet: the request may be answered elsewhere (`gave_up` when it is not)."""
+        if self.every_request:
+            child(self.concurrent, *self.base, replica).dec()
+
+    def abandoned(self, replica: str) -> None:
+        """The client left before any answer: an invocation (the engine counts the one it saw), no error."""
+        if self.every_request:
+            child(self.concurrent, *self.base, replica).dec()
+            child(self.invocations, *self.base, replica).inc()
+
+    def gave_up(self, tried: FailedAttempts, status: int) -> None:
+        """No replica tried answered: the request's one invocation and error (the status the client got), on the
+        last replica tried. Beside engines that count their own (scope router), only where none did: an engine
+        that answered an attempt with an error counted the request's error; one that saw it (a timeout, a dropped
+        connection) counted its invocation."""
+        labels = (*self.base, tried.last)
+        if self.every_request:
+            child(self.invocations, *labels).inc()
             child(self.errors, *labels, str(status)).inc()
+            return
+        if tried.engine_counted_error:
+            return
+        if not tried.engine_saw:
+            child(self.invocations, *labels).inc()
+        child(self.errors, *labels, str(status)).inc()
 
     def cut(self, replica: str, status: int) -> None:
         """An answer that broke off after it began (the replica died mid-stream, or went silent): an error the
@@ -91,10 +125,12 @@ class ModelMetrics:
         child(self.latency_ms, *labels).observe(latency_ms)
 
     def refused(self, status: int) -> None:
-        """Answered by the router itself before any replica: an invocation that failed. Beside engines that count
-        their own (scope router), only a server error or a refusal for load: a client's bad body or key is
-        none of the model's invocations (it diluted the ratio, and fed triggers on the invocation rate)."""
-        if not self.every_request and not is_server_error(str(status)):
+        """Answered by the router itself before any replica: an invocation that failed. A bad key and another
+        model's name are none of this model's invocations (in front of vLLM a scanner's bad keys fed the invocation
+        rate and the error panels); beside engines that count their own (scope router), only a server error or a
+        refusal for load: a client's bad body is none either (it diluted the ratio, and fed triggers on the
+        invocation rate)."""
+        if status in NOT_AN_INVOCATION or (not self.every_request and not is_server_error(str(status))):
             return
         labels = (*self.base, ROUTER_REPLICA)
         child(self.invocations, *labels).inc()
