@@ -673,7 +673,7 @@ def test_the_alerts_its_prometheus_fires_reach_status_and_the_log(make):
         sup, mono, said = reading_alerts(make, server)
         sup._read_alerts(mono())
         assert sup.state.alerts == ["FleetserveErrorBudgetBurnFast (critical)"]  # pending is not firing yet
-        assert said == ["alert firing: FleetserveErrorBudgetBurnFast (critical)"]
+        assert said == ["warning: alert firing: FleetserveErrorBudgetBurnFast (critical)"]
         firing.clear()
         sup._read_alerts(mono())  # within ALERTS_EVERY_S: not asked again
         assert sup.state.alerts == ["FleetserveErrorBudgetBurnFast (critical)"]
@@ -697,7 +697,7 @@ def test_a_restarted_prometheus_neither_resolves_nor_fires_again_what_fired_befo
     try:
         sup, mono, said = reading_alerts(make, server)
         sup._read_alerts(mono())
-        assert said == ["alert firing: FleetserveCostOverBudget (warning)"]
+        assert said == ["warning: alert firing: FleetserveCostOverBudget (warning)"]
         answering[0] = False  # restarting: no reading
         mono.advance(16)
         sup._read_alerts(mono())

@@ -753,9 +753,12 @@ def test_retry_and_ejection_counters_exist_at_zero_before_their_first_event():
     assert ejections == {(b, r): 0.0 for b in ("10.0.0.1:8000", "10.0.0.2:8000") for r in EJECTION_REASONS}
 
 
-def test_the_model_series_name_a_replica_as_its_fleet_and_engine_do():
+def test_the_model_series_name_a_replica_as_its_fleet_and_engine_do(caplog):
     """The router labelled them by address (10.0.0.1:8000) where the engine labels its own r0: one replica read
-    as two series in every per-replica view."""
+    as two series in every per-replica view. Its request lines named the address alone, so a line could not be
+    matched with the replica's series or its engine's lines without a lookup."""
+    import logging
+
     from fleetserve.observe.metrics import ModelIdentity
 
     async def main():
@@ -767,11 +770,14 @@ def test_the_model_series_name_a_replica_as_its_fleet_and_engine_do():
             await gw.handle(chat(), out)
         return gw, outs
 
-    gw, outs = run_virtual(main())
+    with caplog.at_level(logging.INFO, logger="fleetserve.router.access"):
+        gw, outs = run_virtual(main())
     assert [out.status for out in outs] == [200, 200]
     replicas = {s.labels["replica"] for f in gw.metrics.registry.collect() for s in f.samples
                 if s.name == "model_invocations_total" and s.value}
     assert replicas == {"r0", "r1"}
+    lines = [r for r in caplog.records if r.getMessage() == "request"]
+    assert {(r.replica, r.backend) for r in lines} == {("r0", "10.0.0.1:8000"), ("r1", "10.0.0.2:8000")}
 
 
 def model_samples(gw, name: str) -> dict[tuple, float]:

@@ -1284,8 +1284,8 @@ class Supervisor:
         before = set(self._alerts_known)  # a Prometheus that did not answer for a while neither resolved nor fired
         if mono < self._alerts_settle_until:  # restarted: what fired before still does until it says otherwise
             firing |= before
-        for alert in sorted(firing - before):
-            self.say(f"alert firing: {alert}")
+        for alert in sorted(firing - before):  # a warning in the log: a WARNING filter had missed a critical page
+            self.say(f"warning: alert firing: {alert}")
         for alert in sorted(before - firing):
             self.say(f"alert resolved: {alert}")
         self._alerts_known = sorted(firing)

@@ -58,7 +58,9 @@ def render_metrics_md() -> str:
     lines += ["", "## Logs", "",
               "The router and the engines write one line per request (`--log-format text|json`, "
               "`spec.observability.logFormat`): request id, tenant as a hash (`sha256(\"fleetserve-tenant:\" + "
-              "name)`, first 12 hex digits; never the name), replica, policy and branch, status and timings. "
+              "name)`, first 12 hex digits; never the name), replica (as its model_* series and its engine's lines "
+              "name it, r0 under `up`; the router adds its address as `backend`), policy and branch, status and "
+              "timings. "
               "Prompt text only with `--log-prompts` (`spec.observability.logPrompts`), off by default. The "
               "router writes its request lines in batches every 100 ms (a line per request through `logging` "
               "cost more CPU than routing it); `fleetserve router --no-access-log` turns them off. A local fleet's log "

@@ -660,8 +660,12 @@ class Gateway:
         if not self.settings.access_log or not self.access.enabled:
             return
         choice = attempt.choice if attempt is not None else None
+        backend = attempt.backend if attempt is not None else None
+        # the replica as its model_* series and its engine's lines name it (r0 under `up`), and its address
         self.access.write(request_id=request_id, tenant=tenant_hash(tenant), path=path, status=status,
-                    replica=attempt.backend.id if attempt is not None else None, policy=self.policy.name,
+                    replica=backend.label if backend is not None else None,
+                    backend=backend.id if backend is not None and backend.label != backend.id else None,
+                    policy=self.policy.name,
                     branch=getattr(choice, "branch", None), attempts=attempt.tries if attempt is not None else None,
                     ttfb_ms=round(ttfb_ms, 2) if ttfb_ms is not None else None,
                     latency_ms=round((self.clock() - started) * 1000, 2), error=error,
