@@ -936,3 +936,52 @@ def test_scrape_targets_that_cannot_be_written_stop_nothing(make, tmp_path, monk
     sup._write_prometheus_targets()
     assert said[-1] == "Prometheus' scrape targets are written again"
     assert prometheus.read_targets(tmp_path / "prometheus", "engine") == []
+
+
+def test_a_router_port_taken_after_the_check_is_said_as_the_check_says_it(tmp_path, monkeypatch):
+    """Found by a black-box pass: two fleets started at once on one router.port; the loser's router exited 2 on the
+    taken port and `up` printed the router's usage panel and exited 1, where a port taken before the start is
+    exit 2 naming spec.router.port."""
+    import socket
+
+    from fleetserve.fleet import supervisor as module
+    from fleetserve.fleet.process import free_port
+
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path / "home"))
+    port = free_port("127.0.0.1")
+    text = f"""apiVersion: fleetserve.io/v1
+kind: Endpoint
+metadata: {{name: racer}}
+spec:
+  model: {{source: /models/m}}
+  replicas: 1
+  router: {{port: {port}}}
+"""
+    sup = module.Supervisor(load_spec_text(text), str(tmp_path / "e.yaml"), say=lambda _m: None)
+    (sup.dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    class ExitedOnTheTakenPort:  # the router process: it found the port taken and exited 2
+        pid, log_path = 1, tmp_path / "router.log"
+
+        def __init__(self, *_a, **_k):
+            pass
+
+        def start(self):
+            pass
+
+        def exit_code(self):
+            return 2
+
+        def log_tail(self):
+            return "Usage: python -m fleetserve router ... Invalid value for --port"
+
+    monkeypatch.setattr(module, "Child", ExitedOnTheTakenPort)
+    monkeypatch.setattr(sup, "_check_addresses", lambda: None)  # it passed: the other router bound the port after
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        with pytest.raises(module.StartupError) as info:
+            sup._start_router([])
+    assert info.value.exit_code == 2 and str(info.value).startswith(f"spec.router.port: port {port} on 127.0.0.1 "
+                                                                    "is already in use")

@@ -595,6 +595,10 @@ class Supervisor:
         while True:
             self._check_stop()
             if self.router.exit_code() is not None:
+                taken = bind_refusal(host, port) if self.spec.router.port else ("port", None)
+                if taken[1] is not None:  # another server took it since `up` checked it (two fleets started at once):
+                    # said as `up` says it, exit 2, not the router's usage panel and exit 1
+                    raise StartupError(f"spec.router.{taken[0]}: {taken[1]}", exit_code=2)
                 raise StartupError(f"router exited with code {self.router.exit_code()} during start-up; "
                                    f"last log lines ({self.router.log_path}):\n{self.router.log_tail()}")
             # an admin path, which answers only this fleet's token: another server on the port is not our router
