@@ -199,8 +199,9 @@ def test_the_router_exports_hyperpods_model_metrics_for_engines_that_do_not(tmp_
         import concurrent.futures
 
         def slow(_):
+            # ~4 s each: at 1,500 tokens (under a second) a loaded machine's scrapes saw them all end first
             return httpx.post(gw.url + "/v1/completions", json={"model": "sim", "prompt": [7] * 20,
-                                                                 "max_tokens": 1500}, timeout=60).status_code
+                                                                 "max_tokens": 8000}, timeout=120).status_code
 
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             running = pool.map(slow, range(6))
