@@ -256,7 +256,6 @@ class Supervisor:
         self._alerts_settle_until = 0.0  # a restarted Prometheus resolves nothing before this (monotonic)
         self._alerts_settling = False  # restarted, not read since: its first answer starts the settling
         self._rotate_at = 0.0  # when the log files' sizes are checked next (monotonic)
-        self._targets_unwritten = False  # the last write of Prometheus' engine targets failed (a full disk)
         self.capacity = build_capacity(self.spec, self.endpoint.metadata.namespace, clock())
         self.controller: Controller | None = None
         self._decided_at: float | None = None  # the controller's last decision: its time, and what was logged
@@ -282,7 +281,7 @@ class Supervisor:
         self._router_out: set[str] = set()  # replica URLs the router's last load report has out (health checks)
         self._written: tuple | None = None
         self._written_at = 0.0
-        self._state_unwritten = False  # the last write of state.json failed (a full disk): said once
+        self._unwritten: set[str] = set()  # files whose last write failed (a full disk): said once each
 
     # --- public --------------------------------------------------------------------------------------------
 
@@ -368,19 +367,25 @@ class Supervisor:
         decision = (s.last_decision or {}).get("reason"), (s.last_decision or {}).get("desired")
         now = self.monotonic()
         if (snapshot, decision) != self._written or now - self._written_at >= 1.0:
-            try:
-                write_state(s)
-            except OSError as exc:  # a full disk had stopped the whole fleet ("supervisor failed"): serving goes
-                # on, `status` reads the last state written, and the write is tried again at the next round
-                if not self._state_unwritten:
-                    self.say(f"warning: the fleet's state could not be written ({exc}); serving goes on, "
-                             "`fleetserve status` shows the last state written until it can be")
-                self._state_unwritten = True
-                return
-            if self._state_unwritten:
-                self.say("the fleet's state is written again")
-            self._state_unwritten = False
-            self._written, self._written_at = (snapshot, decision), now
+            if self._written_or_said(lambda: write_state(s), "the fleet's state",
+                                     "`fleetserve status` shows the last state written until it can be"):
+                self._written, self._written_at = (snapshot, decision), now
+
+    def _written_or_said(self, write, what: str, meanwhile: str, be: str = "is") -> bool:
+        """A file the fleet serves on without (a full disk had stopped the whole fleet, "supervisor failed", at
+        the state's write and again at the scrape targets'): a failure is said once, the caller tries again at
+        the next round, and the write that succeeds again is said."""
+        try:
+            write()
+        except OSError as exc:
+            if what not in self._unwritten:
+                self.say(f"warning: {what} could not be written ({exc}); serving goes on, {meanwhile}")
+            self._unwritten.add(what)
+            return False
+        if what in self._unwritten:
+            self._unwritten.discard(what)
+            self.say(f"{what} {be} written again")
+        return True
 
     def _owner_gone(self) -> bool:
         """True (once, and the stop is requested) when the process named by --stop-with has exited."""
@@ -855,20 +860,10 @@ class Supervisor:
         live = (*SERVING, Phase.DRAINING)
         targets = [prometheus.Target(r.state.url, "engine", r.state.id, r.state.instance_type)
                    for r in self.replicas if r.state.state in live]
-        if targets != self._prometheus_targets:
-            try:
-                prometheus.write_targets(self._prometheus_dir, "engine", self.name, targets,
-                                         self.endpoint.metadata.namespace)
-            except OSError as exc:  # a full disk had stopped the whole fleet ("supervisor failed") at its first
-                # replica change: serving goes on, Prometheus scrapes the last targets written, retried each round
-                if not self._targets_unwritten:
-                    self.say(f"warning: Prometheus' scrape targets could not be written ({exc}); serving goes on, "
-                             "the replicas that came or went are scraped once they can be")
-                self._targets_unwritten = True
-                return
-            if self._targets_unwritten:
-                self.say("Prometheus' scrape targets are written again")
-                self._targets_unwritten = False
+        if targets != self._prometheus_targets and self._written_or_said(
+                lambda: prometheus.write_targets(self._prometheus_dir, "engine", self.name, targets,
+                                                 self.endpoint.metadata.namespace),
+                "Prometheus' scrape targets", "the replicas that came or went are scraped once they can be", "are"):
             self._prometheus_targets = targets
 
     def _start_redis(self) -> None:
