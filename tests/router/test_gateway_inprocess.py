@@ -989,3 +989,41 @@ def test_a_bad_key_or_another_models_name_is_no_invocation_of_this_model_in_eith
         counted = {(s.name, s.labels.get("status")): s.value for f in registry.collect() for s in f.samples
                    if s.value and s.name in ("model_invocations_total", "model_errors_total")}
         assert counted == {("model_invocations_total", None): 1.0, ("model_errors_total", "503"): 1.0}, scope
+
+
+def test_a_client_that_leaves_between_attempts_is_one_invocation_and_a_404_only_for_another_model_is_none():
+    """Found by review: a client gone during the backoff after a failed attempt counted no invocation at all (the
+    failed attempt no longer counts one); and every upstream 404 had been read as another model's, so a container
+    without the invocation path (404 to everything) read as an idle fleet."""
+    from fleetserve.observe.metrics import ModelIdentity
+
+    identity = ModelIdentity("ns", "m", "1", "g5", "")
+
+    async def left_during_backoff():
+        gw, _ = gateway({A: [Unreachable("refused")], B: [FakeResponse(200, [OK])]}, model_identity=identity,
+                        model_metrics_scope="all")
+        gw.set_backends([A, B], ready={A, B}, names={A: "r0", B: "r1"})
+        task = asyncio.ensure_future(gw.handle(chat(), Recorder()))
+        await asyncio.sleep(0.02)  # the first attempt failed at once; the retry waits 50-150 ms
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return gw
+
+    gw = run_virtual(left_during_backoff())
+    assert model_samples(gw, "model_invocations_total") == {("r0", None): 1.0}
+    assert model_samples(gw, "model_errors_total") == {}
+    assert not any(s.value for f in gw.metrics.registry.collect() for s in f.samples
+                   if s.name == "model_concurrent_requests")
+
+    async def answered_404(body: bytes):
+        gw, _ = gateway({A: [FakeResponse(404, [body], [(b"content-type", b"application/json")])]},
+                        model_identity=identity, model_metrics_scope="all")
+        out = Recorder()
+        await gw.handle(chat(), out)
+        return gw, out
+
+    gw, out = run_virtual(answered_404(b'{"error": {"message": "no route", "code": "not_found"}}'))
+    assert out.status == 404 and model_samples(gw, "model_errors_total") == {("10.0.0.1:8000", "404"): 1.0}
+    gw, out = run_virtual(answered_404(b'{"error": {"message": "no such model", "code": "model_not_found"}}'))
+    assert out.status == 404 and model_samples(gw, "model_errors_total") == {}
+    assert model_samples(gw, "model_invocations_total") == {}

@@ -836,3 +836,4 @@ def test_a_fleet_that_only_scaled_down_from_its_start_is_not_blamed_on_the_autos
             if reason.startswith("peak:") or trace is one_window:
                 assert "the fleet started with 4 replica(s) (spec.replicas" in reason, reason
             assert "autoscaler ran up to" not in reason and "is not a peak window" not in reason, reason
+            assert "ran no more in these windows" in reason or not reason.startswith("peak:"), reason

@@ -95,6 +95,12 @@ class Dispatcher:
         except (APIError, Refused) as err:
             err.after_attempts = tried if tried.any else False
             raise
+        except asyncio.CancelledError:  # the client left between attempts (a backoff, a wait for a slot): the
+            model = self.gw.model_metrics  # request's invocation, which no failed attempt counted
+            if model is not None and tried.any and not tried.ended and out.method == "POST" and \
+                    out.path in GENERATION_PATHS:
+                model.left(tried.last)
+            raise
 
     async def _dispatch(self, out: Outgoing, route: RouteRequest, tried: FailedAttempts, waited: list[float],
                         held: bool = False) -> Attempt:
@@ -237,6 +243,7 @@ class Dispatcher:
                 response.close()
             book.failed(backend.id, prefill)
             gw.gate.slot_freed()
+            tried.ended = True
             if model is not None:
                 model.abandoned(backend.label)
             raise
@@ -248,7 +255,7 @@ class Dispatcher:
             gw.request_failed(backend, f"status {response.status}", server_error=True)
         ended = None
         if model is not None:
-            model.answered(backend.label, response.status, (gw.clock() - sent_at) * 1000)
+            model.answered(backend.label, response.status, (gw.clock() - sent_at) * 1000, first)
 
             def ended(replica=backend.label) -> None:
                 model.ended(replica, (gw.clock() - sent_at) * 1000)

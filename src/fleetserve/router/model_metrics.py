@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fleetserve.api.errors import MODEL_NOT_FOUND
 from fleetserve.observe import vocabulary as v
 from fleetserve.observe.metrics import PRESET_ERROR_STATUSES, ModelIdentity, child, forget
 from fleetserve.observe.rules import is_server_error
@@ -43,6 +44,7 @@ class FailedAttempts:
     """A request's attempts that got no usable answer, as `ModelMetrics.gave_up` counts them once it has none."""
 
     any: bool = False  # a replica was tried
+    ended: bool = False  # the client left while one was tried (`ModelMetrics.abandoned` counted it)
     last: str = ROUTER_REPLICA  # the last replica tried
     engine_saw: bool = False  # an engine received one (it counts that invocation itself, beside scope router)
     engine_counted_error: bool = False  # an engine answered one with an error status (it counted that error)
@@ -72,10 +74,11 @@ class ModelMetrics:
         if self.every_request:
             child(self.concurrent, *self.base, replica).inc()
 
-    def answered(self, replica: str, status: int, ttfb_ms: float) -> None:
+    def answered(self, replica: str, status: int, ttfb_ms: float, first: bytes = b"") -> None:
         """The replica's status and first bytes are here: the request's one invocation, on the replica that gave the
-        client its answer."""
-        if not self.every_request or status in NOT_AN_INVOCATION:  # a bad key, another model: as `refused`
+        client its answer. Not one where the replica refused the client's own key or named the model unknown (as
+        `refused`); any other 404 (a container without the invocation path) is the fleet's error."""
+        if not self.every_request or status in (401, 403) or (status == 404 and MODEL_NOT_FOUND.encode() in first):
             return
         labels = (*self.base, replica)
         child(self.invocations, *labels).inc()
@@ -93,6 +96,11 @@ class ModelMetrics:
         """The client left before any answer: an invocation (the engine counts the one it saw), no error."""
         if self.every_request:
             child(self.concurrent, *self.base, replica).dec()
+            child(self.invocations, *self.base, replica).inc()
+
+    def left(self, replica: str) -> None:
+        """The client left between attempts (none in flight): its invocation, on the last replica tried."""
+        if self.every_request:
             child(self.invocations, *self.base, replica).inc()
 
     def gave_up(self, tried: FailedAttempts, status: int) -> None:

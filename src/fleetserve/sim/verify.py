@@ -476,9 +476,9 @@ def _overspend(result: SimResult, window: str) -> str:
     reached = max((p[2] for p in points), default=0)  # the autoscaler's doing, not necessarily the load's need:
     # a 1-4 fleet at target 4 ran 4 at the peak where a fleet of 1 passed every check under the budget
     first = min(a for a, _ in spans)
-    if first <= 0 and reached <= _entered(fleet, first):  # what the fleet started with: it had blamed the
+    if first <= 0 and 0 < reached <= _entered(fleet, first):  # what the fleet started with: it had blamed the
         return (f"the fleet started with {reached} replica(s) (spec.replicas, raised to minReplicaCount or a "  # scaler
-                "schedule's floor where those are higher) and the autoscaler never ran more: a lower start "
+                "schedule's floor where those are higher) and ran no more in these windows: a lower start "
                 f"(spec.replicas, or the floor that raised it) fits the budget if fewer replicas meet the latency "
                 "targets")
     return (f"the autoscaler ran up to {reached} replica(s) at the peak (maxReplicaCount "
