@@ -33,7 +33,7 @@ def write_whole(path: str | Path, write: Callable[[TextIO], object], newline: st
         if mode is not None:
             os.fchmod(fd, mode)
         else:  # a new file gets what open() would have given it
-            os.fchmod(fd, 0o666 & ~_umask())
+            os.fchmod(fd, 0o666 & ~process_umask())
         with os.fdopen(fd, "w", newline=newline) as f:
             write(f)
         os.replace(tmp, p)
@@ -42,15 +42,17 @@ def write_whole(path: str | Path, write: Callable[[TextIO], object], newline: st
     return given
 
 
-def _umask() -> int:
-    """The process's umask, read without setting it (os.umask sets it for every thread meanwhile)."""
+def process_umask() -> int:
+    """This process's umask, read without setting it (os.umask sets it, racing other threads' new files)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
     except (OSError, ValueError, IndexError):
         pass
-    return 0o022
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _in_place(path: Path) -> bool:

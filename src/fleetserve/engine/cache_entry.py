@@ -14,27 +14,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import os
 import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from fleetserve.whole_file import process_umask
+
 PARTIAL = ".partial-"
-
-
-def _umask() -> int:
-    """This process's umask, read without setting it (os.umask sets it, racing other threads' new files)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 @contextlib.contextmanager
@@ -62,7 +50,7 @@ def partial(target: Path) -> Iterator[Path]:
         shutil.rmtree(left, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}{PARTIAL}", dir=target.parent))
     try:
-        tmp.chmod(0o777 & ~_umask())
+        tmp.chmod(0o777 & ~process_umask())
         yield tmp
         if target.exists() or target.is_symlink():
             if target.is_dir() and not target.is_symlink():
