@@ -985,27 +985,3 @@ spec:
             sup._start_router([])
     assert info.value.exit_code == 2 and str(info.value).startswith(f"spec.router.port: port {port} on 127.0.0.1 "
                                                                     "is already in use")
-
-
-def test_an_edited_spec_file_is_said_once_per_edit(make, tmp_path, monkeypatch):
-    """Found by a black-box pass: a trigger target and a stabilization window edited in the spec of a running
-    fleet were ignored without a word (a second `up` said only "already running")."""
-    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path / "home"))
-    sup, _, mono = make(1)
-    said: list[str] = []
-    sup.say = said.append
-    sup._note_spec_edit(mono())
-    assert said == []  # as it started
-    path = tmp_path / "e.yaml"
-    path.write_text(path.read_text().replace("target: 4", "target: 3"))
-    sup._note_spec_edit(mono())  # within the check interval: not looked at yet
-    assert said == []
-    mono.advance(5)
-    sup._note_spec_edit(mono())
-    mono.advance(5)
-    sup._note_spec_edit(mono())
-    assert len(said) == 1 and said[0].startswith(f"warning: {path} changed on disk; fleet clocked keeps the spec")
-    path.unlink()  # gone: nothing to compare, nothing said
-    mono.advance(5)
-    sup._note_spec_edit(mono())
-    assert len(said) == 1

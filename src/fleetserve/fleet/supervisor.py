@@ -129,24 +129,6 @@ def last_error(tail: str) -> str:
                  and not ACCESS_LINE.search(line)), "")  # redis-server: "Could not create server TCP listening ..."
 
 
-SPEC_CHECK_EVERY_S = 5.0  # how often a running fleet looks at its spec file for edits
-
-
-def _file_digest(path: str) -> str | None:
-    """The file's content hash; None when it cannot be read (gone, or not a regular file: a pipe such as
-    `up <(...)` is never opened again, and opening one without a writer blocks)."""
-    import hashlib
-    import stat
-
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return None
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read(1 << 22)).hexdigest()
-    except OSError:
-        return None
-
-
 class StartupError(Exception):
     """The fleet could not start; the message says which part failed and shows its log. `exit_code` 2: the spec
     names something that is not there (a model source), as the CLI answers bad input."""
@@ -300,9 +282,6 @@ class Supervisor:
         self._written: tuple | None = None
         self._written_at = 0.0
         self._unwritten: set[str] = set()  # files whose last write failed (a full disk): said once each
-        self._spec_path = os.path.abspath(spec_path)
-        self._spec_seen = _file_digest(self._spec_path)  # the spec file as the fleet started from it
-        self._spec_check_at = 0.0  # when the spec file is looked at next (monotonic)
 
     # --- public --------------------------------------------------------------------------------------------
 
@@ -1265,22 +1244,7 @@ class Supervisor:
             self._probe_l2(mono)
             self._read_alerts(mono)
             self._rotate_logs(mono)
-            self._note_spec_edit(mono)
             time.sleep(self.poll_interval)
-
-    def _note_spec_edit(self, mono: float) -> None:
-        """Say once per edit that the spec file changed on disk: a running fleet keeps the spec it started with,
-        and an edited target or floor had been ignored without a word (a second `up` only said "already
-        running")."""
-        if mono < self._spec_check_at or self._spec_seen is None:
-            return
-        self._spec_check_at = mono + SPEC_CHECK_EVERY_S
-        now = _file_digest(self._spec_path)
-        if now is None or now == self._spec_seen:
-            return
-        self._spec_seen = now
-        self.say(f"warning: {self._spec_path} changed on disk; fleet {self.name} keeps the spec it started with: "
-                 f"`fleetserve down {self.name}`, then `fleetserve up` again, applies the change")
 
     def _rotate_logs(self, mono: float) -> None:
         """The run folder's log files past observability.logMaxBytes, rotated (fleet/logfiles.py)."""
