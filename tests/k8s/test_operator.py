@@ -168,6 +168,28 @@ def test_server_defaults_are_not_drift(env):
     assert reconciler.reconcile(_endpoint(client)).actions == []
 
 
+def test_empty_lists_the_api_server_omits_are_not_drift():
+    """A container engine without args renders `args: []`; the API server stores no args (omitempty), and every
+    pass patched the Deployment's whole container list again."""
+    spec = {"model": {"name": "m", "source": "/models/x", "volume": {"persistentVolumeClaim": {"claimName": "w"}}},
+            "engine": {"kind": "container", "image": "docker.io/acme/server:1.0", "port": 8080, "gpus": 1},
+            "replicas": 1}
+    client = RecordingClient()
+    client.create(_resource(spec))
+    reconciler = Reconciler(client, clock=Clock())
+    assert reconciler.reconcile(_endpoint(client)).failure is None
+    dropped = 0
+    for obj in _children(client):
+        if obj["kind"] == "Deployment":
+            for c in obj["spec"]["template"]["spec"]["containers"]:
+                for field in [f for f, v in c.items() if v == [] or v == {}]:
+                    del c[field]
+                    dropped += 1
+    assert dropped  # the case is there
+    client.clear()
+    assert reconciler.reconcile(_endpoint(client)).actions == []
+
+
 def test_an_immutable_field_change_recreates_the_object():
     owner = Owner(NAME, NS, "u1")
     desired = render(endpoint_from_resource(_resource()).endpoint).objects

@@ -1861,3 +1861,81 @@ def test_a_tenant_host_that_is_no_service_name_is_refused_naming_the_field():
     assert problem.path == "spec.kvCache.l2.tenantUrls[alpha]" and "starts with a letter" in problem.message
     doc["spec"]["kvCache"]["l2"]["tenantUrls"] = {"alpha": "redis://r9:6379/0"}
     assert {s["metadata"]["name"] for s in _by(_objects(doc)[0], "Service")} >= {"r9", "r9-headless"}
+
+
+@pytest.mark.parametrize("command,args", [
+    (["/bin/bash", "-c"], ["vllm serve /opt/ml/model --port 8000"]),
+    (["sh", "-c", "exec python3 -m vllm.entrypoints.openai.api_server --model /opt/ml/model"], []),
+])
+def test_a_hyperpod_shell_wrapper_with_one_command_line_runs_that_line_with_the_adapters_flags(command, args):
+    """`bash -c "vllm serve ..."` as worker.command/args: our flags had replaced the script and landed after
+    `bash -c` (bash: --: invalid option), the pod crash-looping while render exited 0."""
+    from tests.spec.test_hyperpod import AUDIT
+
+    doc = yaml.safe_load(AUDIT)
+    doc["spec"]["worker"].update(command=command, args=args)
+    rendered, loaded = _objects(doc)
+    (deployment,) = _by(rendered, "Deployment", "audit-engine")
+    (c,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["vllm"] and c["args"][:2] == ["serve", "/opt/ml/model/llama"]
+    assert c["args"][c["args"].index("--port") + 1] == "8000" and "--served-model-name" in c["args"]
+    notes = [w.message for w in loaded.warnings if w.path == "spec.worker.command"]
+    assert len(notes) == 1 and "read as that command line" in notes[0], notes
+
+
+def test_a_shell_script_that_does_more_than_launch_the_engine_is_refused_naming_the_command():
+    """`pip install ... && vllm serve ...`: flags after the script are its $0, $1, ..., so the pod served without
+    the model's name, prefix caching or tensor parallelism, with no warning."""
+    from fleetserve.spec.errors import SpecError
+    from tests.spec.test_hyperpod import AUDIT
+
+    doc = yaml.safe_load(AUDIT)
+    doc["spec"]["worker"].update(command=["/bin/sh", "-c", "pip install foo && exec vllm serve /opt/ml/model"],
+                                 args=[])
+    with pytest.raises(SpecError) as caught:
+        load_spec_data(doc)
+    (problem,) = caught.value.problems
+    assert problem.path == "spec.worker.command" and "shell script" in problem.message
+    assert "vllm serve" in problem.message  # what to write instead
+    native = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "sh"},
+              "spec": {"model": {"name": "m", "source": "hf:org/m"},
+                       "engine": {"kind": "sglang", "gpus": 1, "command": ["bash", "-lc"], "args": ["x"]}}}
+    with pytest.raises(SpecError) as caught:
+        load_spec_data(native)
+    assert [p.path for p in caught.value.problems] == ["spec.engine.command"]
+
+
+def test_lmcache_settings_in_the_engine_env_that_the_adapter_writes_over_are_warned():
+    """LMCACHE_CHUNK_SIZE=512 in engine.env rendered as 256 (kvCache.blockSize) without a word."""
+    doc = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "lm"},
+           "spec": {"model": {"name": "m", "source": "hf:org/m"},
+                    "engine": {"kind": "vllm", "gpus": 1,
+                               "env": {"LMCACHE_CHUNK_SIZE": "512", "PYTHONHASHSEED": "42", "LOG_LEVEL": "debug",
+                                       "LMCACHE_REMOTE_URL": "redis://x:6379"}},
+                    "kvCache": {"l1": {"enabled": True}}}}
+    rendered, _ = _objects(doc)
+    warned = {w.path: w.message for w in rendered.warnings if w.path.startswith("spec.engine.env.")}
+    # no L2 here: the adapter writes no LMCACHE_REMOTE_URL, so the user's stands
+    assert set(warned) == {"spec.engine.env.LMCACHE_CHUNK_SIZE", "spec.engine.env.PYTHONHASHSEED"}, warned
+    assert "kvCache.blockSize" in warned["spec.engine.env.LMCACHE_CHUNK_SIZE"] and "'512'" in \
+        warned["spec.engine.env.LMCACHE_CHUNK_SIZE"]
+    (deployment,) = [d for d in _by(rendered, "Deployment") if d["metadata"]["name"] == "lm-engine"]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["LMCACHE_CHUNK_SIZE"] == "256" and env["LOG_LEVEL"] == "debug"
+    assert env["LMCACHE_REMOTE_URL"] == "redis://x:6379"
+
+
+def test_a_scale_to_zero_endpoint_whose_triggers_ask_another_prometheus_is_warned_about_its_wake_up():
+    """The triggers that wake an endpoint from zero ask --prometheus-url (in-cluster by default); with the user's
+    triggers on an Amazon Managed Prometheus workspace nothing said that the wake-up asked a server that may not
+    exist."""
+    amp = "https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1"
+    doc = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "z"},
+           "spec": {"model": {"name": "m", "source": "hf:org/m"}, "engine": {"kind": "vllm", "gpus": 1},
+                    "autoscaling": {"minReplicaCount": 0, "maxReplicaCount": 2, "triggers": [
+                        {"metric": "prometheus", "query": "sum(rate(x[1m]))", "target": 5, "serverAddress": amp}]}}}
+    loaded = load_spec_data(copy.deepcopy(doc))
+    warned = [w.message for w in render(loaded.endpoint).warnings if "never wakes" in w.message]
+    assert len(warned) == 1 and amp in warned[0], warned
+    told = render(loaded.endpoint, RenderOptions(prometheus_url=amp)).warnings
+    assert not [w for w in told if "never wakes" in w.message]

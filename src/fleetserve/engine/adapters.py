@@ -95,7 +95,7 @@ def vllm_launch(spec, model_path: str, port: int, host: str = "0.0.0.0", l2_url:
     env = dict(spec.engine.env)
     kv = spec.kv_cache
     url = l2_url or kv.l2.url
-    if kv.l1.enabled or (kv.l2.enabled and url):
+    if lmcache_wanted(spec, url):
         argv += ["--kv-transfer-config", json.dumps(LMCACHE_CONNECTOR, separators=(",", ":"))]
         env.update({"LMCACHE_CHUNK_SIZE": str(kv.block_size), "PYTHONHASHSEED": "0"})
         env["LMCACHE_LOCAL_CPU"] = "True" if kv.l1.enabled else "False"
@@ -145,6 +145,30 @@ def args_after(kind: str, argv: list[str], command: list[str]) -> list[str]:
             return ["-m", "sglang.launch_server", *rest]
         return rest
     raise ValueError(f"no GPU engine adapter for engine.kind {kind!r}; allowed: vllm, sglang")
+
+
+def lmcache_wanted(spec, l2_url: str | None = None) -> bool:
+    kv = spec.kv_cache
+    return kv.l1.enabled or (kv.l2.enabled and bool(l2_url or kv.l2.url))
+
+
+#: the LMCache environment the vLLM adapter writes, and the setting each comes from: a user's value for one is
+#: replaced (the router keys blocks of kvCache.blockSize; every replica must hash chunks alike)
+LMCACHE_OWNED_ENV = {"LMCACHE_CHUNK_SIZE": "from kvCache.blockSize",
+                     "PYTHONHASHSEED": "to 0: every replica must hash LMCache's chunks alike",
+                     "LMCACHE_LOCAL_CPU": "from kvCache.l1.enabled", "LMCACHE_MAX_LOCAL_CPU_SIZE": "from "
+                     "kvCache.l1.maxBytes", "LMCACHE_REMOTE_URL": "from kvCache.l2.url", "LMCACHE_REMOTE_SERDE":
+                     "to naive, as fleetserve's Redis tier reads it"}
+
+
+def replaced_env(spec, l2_url: str | None = None) -> dict[str, str]:
+    """The user's engine.env names the vLLM adapter writes over, each with the setting to use instead."""
+    if spec.engine.kind != "vllm" or not lmcache_wanted(spec, l2_url):
+        return {}
+    kv = spec.kv_cache
+    remote = kv.l2.enabled and bool(l2_url or kv.l2.url)
+    return {name: LMCACHE_OWNED_ENV[name] for name in spec.engine.env if name in LMCACHE_OWNED_ENV
+            and (remote or name not in ("LMCACHE_REMOTE_URL", "LMCACHE_REMOTE_SERDE"))}
 
 
 def launch_for(spec, model_path: str, port: int, l2_url: str | None = None) -> EngineLaunch:

@@ -31,7 +31,7 @@ from fleetserve.capacity.placement import (
     l1_memory_bytes,
     quantity,
 )
-from fleetserve.engine.adapters import ENGINE_TOKEN_ENV, VLLM_TOKEN_ENV, args_after, launch_for
+from fleetserve.engine.adapters import ENGINE_TOKEN_ENV, VLLM_TOKEN_ENV, args_after, launch_for, replaced_env
 from fleetserve.k8s.context import (
     DEFAULT_IMAGE,
     ENGINE_PORT,
@@ -548,6 +548,9 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
     taken = sorted(reserved_env(ctx) & (set(spec.engine.env) | set(spec.engine.env_from)))
     if taken:
         warn("spec.engine.env", f"{', '.join(taken)} set by fleetserve in the engine container; yours not used")
+    for name, setting in replaced_env(spec, engine_l2(ctx)[0]).items():
+        warn(f"spec.engine.env.{name}", f"{spec.engine.env[name]!r} not used: for LMCache's L1/L2 tiers the "
+                                        f"vLLM adapter sets {name} {setting}")
     _resources, memory = memory_for_l1(ctx, spec.engine.resources or {})
     if memory:
         warn("spec.engine.resources", memory)

@@ -202,6 +202,13 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
         routed = f"sum(increase(fleetserve_router_requests_routed_total{{{_router_sel(ctx)}}}[{_window(ctx)}]))"
         out.append(_prometheus("activity-routed", server, _or0(ctx, routed), ACTIVITY_THRESHOLD, 0.0, "average",
                                ignore_null=False))
+        elsewhere = sorted({st.server_address for st in spec_triggers if st.server_address
+                            and st.server_address.rstrip("/") != server.rstrip("/")})
+        if elsewhere:  # an Amazon Managed Prometheus workspace, say: the wake-up asked a server that may not exist
+            warn("spec.autoscaling.triggers", f"the triggers that wake the endpoint from zero (activation-pending, "
+                 f"activity-routed) read the router's series from {server} (--prometheus-url), while yours ask "
+                 f"{', '.join(elsewhere)}: unless that Prometheus scrapes the routers, the endpoint never wakes from "
+                 "zero; pass --prometheus-url with the server your triggers use")
     for i, window in enumerate(policy.schedule.windows):
         start = shift_earlier(window.start, policy.schedule_lead)
         if start is None:

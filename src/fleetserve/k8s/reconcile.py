@@ -208,8 +208,9 @@ OMITTED_WHEN_FALSE = frozenset({"publishNotReadyAddresses", "hostNetwork", "host
 
 def _held(have: dict, k: str, want: object, quantities: bool) -> bool:
     """`have[k]` holds `want`."""
-    if k not in have:
-        return want is False and k in OMITTED_WHEN_FALSE
+    if k not in have:  # the API server omits empty lists and maps (omitempty): `args: []` comes back without args,
+        # and a container engine without args was patched at every pass
+        return (want is False and k in OMITTED_WHEN_FALSE) or (isinstance(want, (list, dict)) and not want)
     return covers(have[k], want, k in QUANTITY_MAPS) or (quantities and _same_quantity(have[k], want))
 
 

@@ -237,6 +237,20 @@ GPU_RESOURCE = "nvidia.com/gpu"
 _TENSOR = "use engine.gpus: fleetserve runs tensor parallelism over the replica's GPUs"
 _PIPELINE = ("pipeline parallelism is not supported: fleetserve runs tensor parallelism over engine.gpus (a pod "
              "with tensor x pipeline GPUs it never asked for would not start)")
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
+
+
+def shell_script_at(command: list[str]) -> int | None:
+    """Where a shell's `-c` (also `-lc`, `-ec`, ...) stands in `command`, or None when it is no shell running a
+    script: after `bash -c` the next word is a script, and flags given after it are $0, $1, ... of it."""
+    if not command or str(command[0]).rsplit("/", 1)[-1] not in SHELLS:
+        return None
+    for i, word in enumerate(command[1:], 1):
+        if re.fullmatch(r"-[a-z]*c[a-z]*", str(word)):
+            return i
+    return None
+
+
 OWNED_ENGINE_FLAGS = {"--port": "use engine.port", "--host": "the engine listens on every interface of its pod",
                       "--model": "use model.source", "--model-path": "use model.source",
                       "--pipeline-parallel-size": _PIPELINE, "-pp": _PIPELINE, "--pp-size": _PIPELINE,
@@ -376,6 +390,20 @@ class EngineSection(SpecModel):
             if found and found[1] != str(max(self.gpus, 1)):
                 raise ValueError(f"engine.args: sets {flag} {found[1]}, but the replica has engine.gpus "
                                  f"({self.gpus}) and fleetserve runs tensor parallelism over them: use engine.gpus")
+        return self
+
+    @model_validator(mode="after")
+    def _no_shell_script(self) -> EngineSection:
+        """`bash -c SCRIPT`: the flags the adapter gives vLLM or SGLang (served name, port, prefix caching, tensor
+        parallelism over engine.gpus) landed after the script as its $0, $1, ..., or replaced it, and the pod
+        crash-looped or served under another name without a word."""
+        if self.kind in ("vllm", "sglang") and shell_script_at(self.command) is not None:
+            raise ValueError(f"engine.command: {' '.join(self.command[:2])!r} runs a shell script, which cannot be "
+                             f"given the flags fleetserve runs {self.kind} with (the served model name, the port, "
+                             "prefix caching, tensor parallelism over engine.gpus): use the engine's own command "
+                             "(vllm serve, python3 -m vllm.entrypoints.openai.api_server, python3 -m "
+                             "sglang.launch_server) with its extra flags in engine.args, or leave engine.command out "
+                             "(the image's entrypoint); set-up steps belong in the image")
         return self
 
     @model_validator(mode="after")

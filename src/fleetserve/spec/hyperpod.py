@@ -12,6 +12,7 @@ ALB settings, ...) is left out and reported as a warning naming the field: nothi
 from __future__ import annotations
 
 import re
+import shlex
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -20,7 +21,7 @@ import jsonschema
 import yaml
 
 from fleetserve.spec.context import flag_in_args
-from fleetserve.spec.endpoint import SERVED_NAME_FLAG
+from fleetserve.spec.endpoint import SERVED_NAME_FLAG, shell_script_at
 from fleetserve.spec.errors import SpecError, SpecProblem, pattern_hint
 
 API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
@@ -320,6 +321,32 @@ def _server_args(args: list[str], kind: str, port: int, warn) -> list[str]:
     return args
 
 
+SHELL_SYNTAX = re.compile(r"[;&|<>$`(){}\\\n*?~]")
+
+
+def _unwrapped_script(command: list[str], args: list[str], warn) -> tuple[list[str], list[str]]:
+    """`worker.command: [/bin/bash, -c]` with a one-line `vllm serve ...` (in args, or after the -c) is that command
+    line: read as worker.args, the adapter then launches it with its own flags. A script that does more (`pip
+    install ... && vllm serve ...`, variables, pipes) stays, and the spec refuses it (engine.command): flags added
+    after it are the script's $0, $1, ..., which it ignores, and the pod served without the model's name, prefix
+    caching or tensor parallelism."""
+    at = shell_script_at(command)
+    if at is None:
+        return command, args
+    script_words = command[at + 1:] + args
+    if len(script_words) != 1 or SHELL_SYNTAX.search(script_words[0]):
+        return command, args
+    words = shlex.split(script_words[0])
+    if words[:1] == ["exec"]:
+        words = words[1:]
+    if not words:
+        return command, args
+    warn("spec.worker.command", f"{' '.join(command[:at + 1])!r} with the one-line script {script_words[0]!r} is "
+                                "read as that command line (worker.args), which the engine adapter launches with "
+                                "its own flags")
+    return [], words
+
+
 def _engine(spec: dict[str, Any], warn) -> tuple[dict[str, Any], dict[str, str]]:
     """Our engine section from `worker`, and the plain environment (SESSION_KEY feeds routing)."""
     w = spec["worker"]
@@ -342,6 +369,7 @@ def _engine(spec: dict[str, Any], warn) -> tuple[dict[str, Any], dict[str, str]]
              f"the router sends it chat and completions bodies on {where}; `fleetserve up` cannot run it")
     port = w["modelInvocationPort"]["containerPort"]
     if kind in ("vllm", "sglang"):
+        command, args = _unwrapped_script(command, args, warn)
         args = _server_args(args, kind, port, warn)
     res = {section: {k: v for k, v in (w["resources"].get(section) or {}).items() if k != "nvidia.com/gpu"}
            for section in ("limits", "requests") if w["resources"].get(section)}
