@@ -583,3 +583,17 @@ def test_a_strategy_or_mode_given_twice_runs_once():
     for bad in ("nope", " , "):
         with pytest.raises(typer.BadParameter, match="allowed values: blind, informed"):
             _bench_configs(bad, ("blind", "informed"), "--modes")
+
+
+def test_engine_start_bench_times_both_starts_side_by_side():
+    result = fleetserve("bench", "engine-start", "--starts", "1", "--json", timeout=600)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["benchmark"] == "engine-start" and figures["starts"] == 1
+    for kind in ("plain_s", "forked_s"):
+        assert len(figures[kind]["all"]) == 1 and figures[kind]["p50"] > 0
+    forked, plain = figures["forked_s"]["p50"], figures["plain_s"]["p50"]
+    assert figures["ratio"]["forked_vs_plain_p50"] == pytest.approx(forked / plain, abs=0.002)  # unrounded medians
+    assert figures["fork_server_ready_s"] > 0
+    bad = fleetserve("bench", "engine-start", "--starts", "0")
+    assert bad.returncode == 2 and "--starts" in bad.stderr

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import openai
 import pytest
@@ -40,6 +41,13 @@ def leftovers(home):
     return processes_with_env("FLEETSERVE_HOME", home["FLEETSERVE_HOME"])
 
 
+def forked(pid: int) -> bool:
+    """Whether `pid`'s parent is an engine fork server (fleet/forkserver.py)."""
+    with open(f"/proc/{pid}/stat") as f:
+        parent = int(f.read().rsplit(") ", 1)[1].split()[1])
+    return b"fleetserve.fleet.forkserver" in Path(f"/proc/{parent}/cmdline").read_bytes()
+
+
 def test_up_detach_serves_restarts_crashed_replica_and_down_cleans_up(tmp_path, tiny_model, home):
     spec = write_spec(tmp_path, tiny_model)
     up = fleetserve("up", spec, "--detach", env=home)
@@ -53,6 +61,7 @@ def test_up_detach_serves_restarts_crashed_replica_and_down_cleans_up(tmp_path, 
     assert reply.usage.completion_tokens <= 5
 
     victim = state["replicas"][0]
+    assert forked(victim["pid"])  # from the fleet's engine fork server: no interpreter start, no torch import
     os.kill(victim["pid"], signal.SIGKILL)
     for _ in range(5):  # the router keeps answering while the replica is down
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2)
@@ -63,6 +72,7 @@ def test_up_detach_serves_restarts_crashed_replica_and_down_cleans_up(tmp_path, 
 
     wait_until(restarted, 120, interval=0.5, what="crashed replica restarted")
     assert status(home)[0]["replicas"][0]["last_exit"] == -signal.SIGKILL
+    assert forked(status(home)[0]["replicas"][0]["pid"])  # the restart too
 
     again = fleetserve("up", spec, "--detach", env=home)
     assert again.returncode == 1 and "already running" in again.stderr

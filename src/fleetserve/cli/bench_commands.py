@@ -1,7 +1,7 @@
-"""CLI: the `bench` commands that start real processes (chaos, scale-from-zero, routing, the router's overhead,
-stacks and workers, kvcache, replay, fidelity). Added to the main app as `bench` (`app.add_typer`; `sim_commands`
-adds `sim-speed`); figures are printed as JSON on stdout, progress on stderr, and bad flags exit 2 naming the
-flag and allowed values."""
+"""CLI: the `bench` commands that start real processes (chaos, scale-from-zero, engine-start, routing, the router's
+overhead, stacks and workers, kvcache, replay, fidelity). Added to the main app as `bench` (`app.add_typer`;
+`sim_commands` adds `sim-speed`); figures are printed as JSON on stdout, progress on stderr, and bad flags exit 2
+naming the flag and allowed values."""
 
 from __future__ import annotations
 
@@ -109,6 +109,27 @@ def bench_scale_from_zero(
         err.print(f"error: {result['unanswered']} of {result['sent']} request(s) did not end answered: {why}",
                   markup=False)
     _figures(result, result["lost"] or result["unanswered"])
+
+
+@bench_app.command("engine-start")
+def bench_engine_start(
+    model: Annotated[str, typer.Option(help="tiny (random test model), demo (SmolLM2) or a model source")] = "tiny",
+    starts: Annotated[int, typer.Option(min=1, max=50, help="Measured starts of each kind")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON figures")] = False,
+) -> None:
+    """A replica's start to /health 200: forked from the engine fork server against a new interpreter."""
+    from fleetserve.bench.engine_start import run
+
+    _check_bench_model(model)
+    try:
+        result = run(model, starts, progress=lambda line: None if as_json else err.print(line, markup=False))
+    except RuntimeError as exc:
+        raise fail(str(exc), 1) from None
+    if not as_json:
+        out.print(f"replica start to /health: {result['plain_s']['p50']}s as a new interpreter, "
+                  f"{result['forked_s']['p50']}s forked (x{result['ratio']['forked_vs_plain_p50']}); the fork "
+                  f"server's imports {result['fork_server_ready_s']}s, once per fleet", markup=False)
+    _figures(result, False)
 
 
 @bench_app.command("routing")

@@ -88,7 +88,7 @@ class Child:
     """One supervised process with its log file."""
 
     def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 env_drop: frozenset[str] = frozenset(), death_signal: int = signal.SIGKILL):
+                 env_drop: frozenset[str] = frozenset(), death_signal: int = signal.SIGKILL, forks=None):
         self.name = name
         self.cmd = cmd
         self.log_path = log_path
@@ -97,29 +97,38 @@ class Child:
         # what the child gets when its supervisor dies: SIGKILL, or SIGTERM for a server that should first
         # answer what it accepted (the router: streams end with an error event, queued requests get a 503)
         self.death_signal = death_signal
-        self.proc: subprocess.Popen | None = None
+        self.forks = forks  # a fork server (fleet/forkserver.py) that starts `fleetserve ...` commands warm
+        self.proc = None  # a subprocess.Popen, or the fork server's ForkedProcess
         self.log_start = 0  # where this run's lines begin: the log is appended to across restarts
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        self.log_start = log.tell()
-        try:
-            self.proc = subprocess.Popen(
+        with open(self.log_path, "ab") as log:
+            self.log_start = log.tell()
+        env = {**{k: v for k, v in os.environ.items() if k not in self.env_drop}, **(self.env or {})}
+        command = fleetserve_command()
+        if self.forks is not None and self.cmd[:len(command)] == command and self.forks.usable():
+            self.proc = self.forks.spawn(self.cmd[len(command):], env, self.log_path, self.death_signal,
+                                         fallback=lambda: self._popen(env))
+        else:
+            self.proc = self._popen(env)
+
+    def _popen(self, env: dict[str, str]) -> subprocess.Popen:
+        with open(self.log_path, "ab") as log:
+            return subprocess.Popen(
                 self.cmd,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**{k: v for k, v in os.environ.items() if k not in self.env_drop}, **(self.env or {})},
+                env=env,
                 process_group=0,
                 preexec_fn=die_with_parent(self.death_signal),
                 close_fds=True,
             )
-        finally:
-            log.close()
 
     @property
     def pid(self) -> int | None:
+        """None until started; for a forked start, also until the fork server has made the process."""
         return self.proc.pid if self.proc else None
 
     def exit_code(self) -> int | None:
@@ -130,11 +139,15 @@ class Child:
         return self.proc is not None and self.proc.poll() is None
 
     def signal(self, sig: int) -> None:
-        if self.alive():
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
+        if not self.alive():
+            return
+        if hasattr(self.proc, "signal_group"):  # forked: it may not have a pid yet
+            self.proc.signal_group(sig)
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `timeout`; always reaps."""

@@ -50,7 +50,7 @@ from fleetserve.capacity.utilization import load_ratio, target_per_replica
 from fleetserve.clock import Clock
 from fleetserve.engine.instance import CHALLENGE_HEADER, answered_by, new_challenge, new_instance_id
 from fleetserve.engine.instance import ENV as INSTANCE_ENV
-from fleetserve.fleet import logfiles, prometheus
+from fleetserve.fleet import forkserver, logfiles, prometheus
 from fleetserve.fleet.capacity import build_capacity
 from fleetserve.fleet.lifecycle import ROUTER_STATE, SERVING, Phase, advance
 from fleetserve.fleet.metrics import SupervisorMetrics
@@ -282,6 +282,7 @@ class Supervisor:
         self._written: tuple | None = None
         self._written_at = 0.0
         self._unwritten: set[str] = set()  # files whose last write failed (a full disk): said once each
+        self.forks: forkserver.ForkServer | None = None  # starts the engines warm (fleet/forkserver.py)
 
     # --- public --------------------------------------------------------------------------------------------
 
@@ -341,6 +342,10 @@ class Supervisor:
     def _save(self) -> None:
         s = self.state
         s.replicas = [r.state for r in self.replicas]
+        for r in self.replicas:  # a forked start's pid comes once the fork server has made the process
+            if r.state.pid is None and r.child is not None and r.state.state not in (Phase.STOPPED, Phase.RESTARTING) \
+                    and r.child.pid is not None and r.child.exit_code() is None:
+                r.state.pid = r.child.pid
         for r in self.replicas:
             r.state.router_healthy = None if r.state.state not in SERVING else r.state.url not in self._router_out
         # serving: ready here and not taken out by the router's health checks (a stalled process is both running
@@ -423,6 +428,24 @@ class Supervisor:
                 return dataclasses.replace(restored, current=current)
         return ScalingState.initial(policy, self.spec.replicas, self.clock())
 
+    def _start_fork_server(self) -> None:
+        """The engine fork server (fleet/forkserver.py): replicas, restarts and wakes from zero start without
+        importing torch again. Not having one only makes starts slower."""
+        if not forkserver.enabled():
+            return
+        drop = self._engine_env_drop()  # no secret of ours in it, as in the engines it forks
+        server = forkserver.ForkServer(self.dir / "logs" / "forkserver.log",
+                                       {k: v for k, v in os.environ.items() if k not in drop}, self.say)
+        try:
+            server.start()
+        except OSError as exc:
+            self.say(f"warning: the engine fork server did not start ({exc}); replicas start as new processes")
+            return
+        self.forks = server
+
+    def _engine_env_drop(self) -> frozenset[str]:
+        return self._key_env_names() | {"FLEETSERVE_L2_URL", "FLEETSERVE_L2_TENANTS"}
+
     def _prepare_model(self) -> str:
         """Resolve the model source once, in a child process, and return the local directory."""
         model = self.spec.model
@@ -462,6 +485,7 @@ class Supervisor:
             raise StartupError(problem, exit_code=2)
         if kind == "builtin":
             self._check_addresses()
+            self._start_fork_server()  # its imports overlap the model's preparation and the router's start
             self.model_dir = self._prepare_model()
             self._start_redis()
         self._start_router(list(self.spec.engine.urls) if kind == "external" else [])
@@ -959,7 +983,7 @@ class Supervisor:
         if r.child is None:
             r.child = Child(r.state.id, self._engine_command(r.state.id, r.port, r.state.instance_type),
                             self.dir / "logs" / f"{r.state.id}.log", env=self._engine_env(),
-                            env_drop=self._key_env_names() | {"FLEETSERVE_L2_URL", "FLEETSERVE_L2_TENANTS"},
+                            env_drop=self._engine_env_drop(), forks=self.forks,
                             death_signal=ORPHAN_SIGNAL)  # this supervisor dies: it drains as the router does
         if self._proves_instance():  # a fresh secret per start: what answers its port must be this process
             r.instance = new_instance_id()
@@ -1402,6 +1426,8 @@ class Supervisor:
                 child.signal(signal.SIGTERM)
             for child in group:
                 child.stop(timeout=CHILD_STOP_S)
+        if self.forks is not None:  # after its engines: they get their death signal when it goes
+            self.forks.stop()
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
         now = self.clock()
