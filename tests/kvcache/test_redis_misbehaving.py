@@ -5,6 +5,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -114,8 +115,8 @@ def primary_and_replica(tmp_path):
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         urls.append(f"redis://127.0.0.1:{port}/0")
     try:
-        for url in urls:
-            wait_until(lambda url=url: redis_health(url) == "up", 30, what="redis-server")
+        for url in urls:  # the replica reads as read-only, once it answers
+            wait_until(lambda url=url: redis_health(url).startswith(("up", "read-only")), 30, what="redis-server")
         yield urls
     finally:
         for proc in procs:
@@ -134,3 +135,28 @@ def test_a_read_only_l2_pauses_writes_and_keeps_reading(primary_and_replica):
     assert reader.put_many([(3, b"three")]) == [] and reader.state == "read_only" and reader.available
     assert reader.get_many([1, 2, 3]) == [b"one", b"two", None] and reader.state == "read_only"
     assert reader.put_many([(4, b"four")]) == []  # paused for the back-off: not even tried
+
+
+def test_a_read_only_l2_is_said_once_per_episode_and_shown_by_status(primary_and_replica, caplog):
+    """The refusal was logged again after every 2 s back-off for as long as traffic lasted (43,000 lines a day),
+    and `status` read "up" for a replica that refused every write."""
+    import logging
+
+    import redis
+
+    primary_url, replica_url = primary_and_replica
+    primary_port = primary_url.rsplit(":", 1)[1].split("/")[0]
+    assert redis_health(replica_url).startswith(f"read-only (a replica of 127.0.0.1:{primary_port}")
+    assert redis_health(primary_url) == "up"
+    reader = RedisStore(replica_url, prefix="t:", backoff=0.01)
+    with caplog.at_level(logging.INFO, logger="fleetserve.kvcache.tiers"):
+        for key in range(5):
+            time.sleep(0.05)  # past the back-off: each write is tried, and refused
+            assert reader.put_many([(key, b"v")]) == [] and reader.state == "read_only"
+        said = [r.getMessage() for r in caplog.records if "refuses writes" in r.getMessage()]
+        assert len(said) == 1, said
+        redis.Redis.from_url(replica_url).execute_command("REPLICAOF", "NO", "ONE")
+        wait_until(lambda: reader.put_many([(9, b"nine")]) == [9], 30, what="writes taken again")
+        assert any(r.getMessage().endswith("takes writes again") for r in caplog.records)
+        assert reader.put_many([(10, b"ten")]) == [10]
+        assert len([r for r in caplog.records if r.getMessage().endswith("takes writes again")]) == 1

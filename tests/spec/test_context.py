@@ -198,3 +198,17 @@ def test_a_folder_models_context_is_read_under_its_architectures_name(tmp_path, 
                            "spec": {"model": {"source": str(tmp_path)}}}).endpoint.spec
     got = context_limit(spec)
     assert (got[0], got[1].rsplit(": ", 1)[-1].rstrip(")")) == expected if expected else got is None
+
+
+def test_a_block_size_the_models_own_context_cannot_fill_is_warned_by_validate(tiny_model):
+    """The replica's log alone had said that nothing would be cached: the model's context came from its folder's
+    config, which the warning did not read (it knew model.contextLength only)."""
+    import json
+
+    native = json.loads((tiny_model / "config.json").read_text())["max_position_embeddings"]
+    doc = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "b"},
+           "spec": {"model": {"source": str(tiny_model)}, "kvCache": {"blockSize": native}}}
+    warned = [w.message for w in load_spec_data(doc).warnings if w.path == "spec.kvCache.blockSize"]
+    assert len(warned) == 1 and "nothing is cached" in warned[0] and "config.json" in warned[0], warned
+    doc["spec"]["kvCache"]["blockSize"] = native // 2
+    assert not [w for w in load_spec_data(doc).warnings if w.path == "spec.kvCache.blockSize"]

@@ -221,6 +221,14 @@ def redis_health(url: str, password: str | None = None, timeout: float = 0.5) ->
             memory = client.info("memory")
         except redis.ResponseError:  # an ACL user without +info, a managed Redis that hides it: GET/SET still work
             return "up"
+        try:  # a replica refuses every write (`replicaof`, a failed-over primary): engines said so, `status` "up"
+            replication = client.info("replication")
+        except redis.ResponseError:
+            replication = {}
+        if replication.get("role") in ("slave", "replica"):
+            primary = f"{replication.get('master_host', '?')}:{replication.get('master_port', '?')}"
+            return (f"read-only (a replica of {primary}: every write is refused, blocks already there are read; "
+                    "point kvCache.l2.url at the primary)")
         try:  # writes refused for memory since Redis started (Redis 6.2+; a managed Redis may hide it)
             refused = int((client.info("errorstats").get("errorstat_OOM") or {}).get("count", 0))
         except (redis.ResponseError, TypeError, ValueError, AttributeError):
@@ -335,6 +343,7 @@ class RedisStore:
                                             health_check_interval=0, max_connections=16, **auth)
         self._down_until = 0.0
         self._full_until = 0.0  # writes only: a Redis at maxmemory with noeviction still serves reads
+        self._refusing: str | None = None  # "full" or "read_only" while writes are refused: said once per episode
         # what the last operation found (the engine's /metrics: fleetserve_kv_tier_state): up, full (writes refused
         # for memory, reads go on), unavailable, or unknown before the first one; only `status` had said it
         self.state = "unknown"
@@ -394,13 +403,14 @@ class RedisStore:
         self.stats.add("failures")
         memory = isinstance(exc, redis.exceptions.OutOfMemoryError)
         self.state = "full" if memory else "read_only"
-        if time.monotonic() >= self._full_until:
+        if self._refusing != self.state:  # once per episode: it had been said after every back-off, every 2 s
+            self._refusing = self.state
             why = ("is full ({}: a write refused for memory: its maxmemory-policy does not evict these blocks, or "
                    "its maxmemory is too small for one)" if memory else
                    "refuses writes ({}: a read-only replica, or a user whose ACL allows no SET)").format(
                        type(exc).__name__)  # not the message: redis-py quotes the refused command, block bytes and all
-            log.warning("L2 Redis at %s %s; new blocks are not written for %.0fs, blocks already there are still read",
-                        self.url, why, self.backoff)
+            log.warning("L2 Redis at %s %s; new blocks are not written (tried again every %.0fs), blocks already there "
+                        "are still read (a line when it takes writes again)", self.url, why, self.backoff)
         self._full_until = time.monotonic() + self.backoff
 
     def get_many(self, keys: list[int]) -> list[bytes | None]:
@@ -462,6 +472,9 @@ class RedisStore:
         self.stats.add("bytes_in", sum(len(v) for _, v in items))
         self._answered()
         self.state = "up"
+        if self._refusing is not None:
+            self._refusing = None
+            log.info("L2 Redis at %s takes writes again", self.url)
         return [k for k, _ in items]
 
     def clear(self) -> list[int]:

@@ -168,10 +168,13 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     if l2.enabled and l2.url and "max_bytes" in l2.model_fields_set:
         note("spec.kvCache.l2.maxBytes", "sizes the Redis fleetserve starts (and renders); the Redis at l2.url keeps "
                                          "its own maxmemory, which this does not change", everywhere=True)
-    context = spec.model.context_length
-    if context and spec.kv_cache.block_size >= context:
-        note("spec.kvCache.blockSize", f"{spec.kv_cache.block_size} tokens is not below model.contextLength "
-             f"{context}: a prompt leaves one token to compute, so no block ever fills and nothing is cached; "
+    from fleetserve.spec.context import context_limit
+
+    limit = context_limit(spec)  # the spec's, or the model's own (a local folder's config, a catalog preset)
+    if limit and spec.kv_cache.block_size >= limit[0]:  # only the replica's log had said it
+        context, where = limit
+        note("spec.kvCache.blockSize", f"{spec.kv_cache.block_size} tokens is not below the context, {context} "
+             f"({where}): a prompt leaves one token to compute, so no block ever fills and nothing is cached; "
              f"use at most {context // 2} (engines default to 256)")
     if spec.auth.api_keys and not spec.auth.enabled:
         note("spec.auth.enabled", f"is false: the {len(spec.auth.api_keys)} apiKeys listed are not checked, and "
