@@ -42,10 +42,9 @@ def leftovers(home):
 
 
 def forked(pid: int) -> bool:
-    """Whether `pid`'s parent is an engine fork server (fleet/forkserver.py)."""
-    with open(f"/proc/{pid}/stat") as f:
-        parent = int(f.read().rsplit(") ", 1)[1].split()[1])
-    return b"fleetserve.fleet.forkserver" in Path(f"/proc/{parent}/cmdline").read_bytes()
+    """Whether `pid` was forked from an engine fork server (fleet/forkserver.py): it keeps the server's first
+    environment, which names setproctitle's SPT_NOENV (an engine started as a new interpreter has its own)."""
+    return b"SPT_NOENV=1" in Path(f"/proc/{pid}/environ").read_bytes()
 
 
 def test_up_detach_serves_restarts_crashed_replica_and_down_cleans_up(tmp_path, tiny_model, home):

@@ -5,20 +5,25 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from fleetserve.fleet.forkserver import ForkServer, become
-from fleetserve.fleet.process import Child, fleetserve_command, free_port
+from fleetserve.fleet.process import Child, fleetserve_command
 from fleetserve.fleet.state import pid_alive
-from tests.helpers import http_ok, wait_until
+from tests.helpers import wait_until
+
+ROOT = Path(__file__).parents[2]
 
 
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(") ", 1)[1].split()[1])
+def _driver(scenario: str, tiny_model, folder) -> subprocess.Popen:
+    """A stand-in supervisor (tests/fleet/forkserver_driver.py): a subreaper, which this test process must not be."""
+    return subprocess.Popen([sys.executable, "-m", "tests.fleet.forkserver_driver", scenario, str(tiny_model),
+                             str(folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"})
 
 
 @pytest.fixture
@@ -26,30 +31,51 @@ def said():
     return []
 
 
-@pytest.fixture
-def server(tmp_path, said):
-    forks = ForkServer(tmp_path / "forkserver.log", dict(os.environ), said.append)
-    yield forks
-    forks.stop()
+def test_a_forked_engine_is_its_supervisors_child_and_outlives_its_fork_server(tmp_path, tiny_model):
+    driver = _driver("serve", tiny_model, tmp_path)
+    try:
+        out, _ = driver.communicate(timeout=900)
+    finally:
+        driver.kill()
+    facts = json.loads(out.splitlines()[-1])
+    assert "error" not in facts, facts
+    assert facts["parent_is_me"] and facts["own_group"]  # re-parented to the supervisor, in its own group
+    assert "fleetserve engine --model" in facts["cmdline"]  # `ps` names the engine, not the fork server
+    assert facts["home_in_environ"]  # /proc/PID/environ stays readable (the suite finds leftovers by it)
+    assert facts["serving_logged"]
+    assert facts["stopped_in_flight"] == -signal.SIGTERM  # the stop reached it: not lost, not a SIGKILL later
+    assert facts["survived_server"]  # the server's death takes no replica with it (it had taken all of them)
+    assert facts["fallback_served"]  # and the next start is a new interpreter
+    assert facts["exit_code"] == -signal.SIGTERM  # its real status, as Popen reports it
+    assert len(facts["said"]) == 1 and "fork server stopped" in facts["said"][0], facts["said"]
 
 
-def test_a_forked_engine_serves_names_itself_and_reports_its_exit(server, tmp_path, tiny_model, said):
-    server.start()
-    port = free_port()
-    engine = Child("r0", fleetserve_command("engine", "--model", str(tiny_model), "--port", str(port),
-                                            "--threads", "1"), tmp_path / "r0.log", env={"MARK": "r0"},
-                   forks=server)
-    engine.start()
-    wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 120, what="the forked engine serving")
-    assert _parent(engine.pid) == server.pid  # forked, not started by its own interpreter
-    cmdline = Path(f"/proc/{engine.pid}/cmdline").read_bytes().decode()
-    assert "fleetserve engine --model" in cmdline and f"--port {port}" in cmdline  # `ps` names the engine
-    assert os.getpgid(engine.pid) == engine.pid  # its own group, as process_group=0 gives a plain start
-    assert "serving tiny" in (tmp_path / "r0.log").read_text()
-    engine.stop(timeout=20)
-    assert engine.exit_code() is not None and not pid_alive(engine.pid)
-    server.stop()
-    assert said == []  # a stop the fleet asked for is not news
+def test_an_engine_whose_server_died_before_reporting_it_is_still_tracked(tmp_path, tiny_model):
+    """The server died between its fork and its report: the supervisor started the replica again as a plain
+    process, which found its port taken by the forked engine nobody tracked (it served, and lived on)."""
+    driver = _driver("lost_report", tiny_model, tmp_path)
+    try:
+        out, _ = driver.communicate(timeout=900)
+    finally:
+        driver.kill()
+    facts = json.loads(out.splitlines()[-1])
+    assert "error" not in facts, facts
+    assert facts["dead"] and facts["forked"]  # the server is gone; the replica is still the forked one
+    assert facts["on_port"] == [facts["tracked"]], facts  # one engine on the port, the one the supervisor knows
+
+
+def test_an_engine_goes_with_its_supervisor(tmp_path, tiny_model):
+    """SIGKILL the supervisor: the fork server goes (its own death signal), and each engine gets its own."""
+    driver = _driver("orphan", tiny_model, tmp_path)
+    try:
+        line = driver.stdout.readline()
+        facts = json.loads(line)
+        assert "engine" in facts, facts
+        os.kill(driver.pid, signal.SIGKILL)
+        wait_until(lambda: not pid_alive(facts["engine"]), 60, what="the engine gone with its supervisor")
+    finally:
+        driver.kill()
+        driver.wait()
 
 
 def test_a_forked_child_gets_its_own_environment_group_streams_and_random_draws(tmp_path):
@@ -65,8 +91,8 @@ def test_a_forked_child_gets_its_own_environment_group_streams_and_random_draws(
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child reports through its log
             try:
-                become({"args": ["version"], "env": {"ONLY": str(i)}, "log": str(log),
-                        "death_signal": int(signal.SIGTERM)}, lambda: None)
+                become({"id": i, "args": ["version"], "env": {"ONLY": str(i)}, "log": str(log),
+                        "death_signal": int(signal.SIGTERM), "supervisor": os.getppid()}, lambda: None)
                 # through the descriptors: pytest's capture holds sys.stdout here (the engine's is fd 1's)
                 os.write(1, json.dumps({"env": dict(os.environ), "pgid": os.getpgid(0), "pid": os.getpid(),
                                         "stdin": os.read(0, 10).decode(), "draw": random.random(),
@@ -91,7 +117,7 @@ def test_a_server_that_never_starts_leaves_replicas_starting_as_plain_processes(
     child.start()  # asked before the server died
     wait_until(lambda: child.exit_code() is not None, 120, what="the version command run anyway")
     assert child.exit_code() == 0 and (tmp_path / "v.log").read_text().strip()  # the version printed
-    assert _parent(os.getpid()) != child.pid and len(said) == 1 and "did not start" in said[0], said
+    assert len(said) == 1 and "did not start" in said[0], said
     later = Child("v2", fleetserve_command("version"), tmp_path / "v2.log", forks=forks)
     later.start()  # asked after: not even tried
     assert later.proc is not None and not hasattr(later.proc, "signal_group")
@@ -112,17 +138,18 @@ def test_a_replica_stopped_before_the_server_is_ready_is_never_forked(tmp_path, 
     assert forks.proc.returncode == -signal.SIGKILL and said == []
 
 
-def test_an_engine_goes_with_its_fork_server(server, tmp_path, tiny_model):
-    """The server dies with the supervisor (SIGKILL); its engines then get their own death signal, as they did
-    from a supervisor that started them itself."""
-    server.start()
-    port = free_port()
-    engine = Child("r0", fleetserve_command("engine", "--model", str(tiny_model), "--port", str(port),
-                                            "--threads", "1"), tmp_path / "r0.log", forks=server,
-                   death_signal=signal.SIGTERM)
-    engine.start()
-    wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 120, what="the forked engine serving")
-    pid = engine.pid
-    os.kill(server.pid, signal.SIGKILL)
-    wait_until(lambda: not pid_alive(pid), 60, what="the engine gone with its server")
-    wait_until(lambda: engine.exit_code() is not None, 30, what="its end reported")
+def test_adopted_orphans_are_reaped_and_known_children_are_left_to_their_owners():
+    """The supervisor, a subreaper, adopts what its children leave behind (a killed router's workers): their
+    zombies are reaped; a child whose exit Popen or a ForkedProcess reads is not (its status would be lost)."""
+    from fleetserve.fleet.supervisor import reap_adopted
+
+    def zombie() -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        wait_until(lambda: Path(f"/proc/{proc.pid}/stat").read_text().rsplit(") ", 1)[1].startswith("Z"), 30,
+                   what="a zombie")
+        return proc
+
+    owned, adopted = zombie(), zombie()
+    reap_adopted({owned.pid})
+    assert not Path(f"/proc/{adopted.pid}").exists()  # reaped
+    assert Path(f"/proc/{owned.pid}").exists() and owned.wait(timeout=5) == 0  # its owner read its status

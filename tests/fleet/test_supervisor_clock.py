@@ -985,3 +985,49 @@ spec:
             sup._start_router([])
     assert info.value.exit_code == 2 and str(info.value).startswith(f"spec.router.port: port {port} on 127.0.0.1 "
                                                                     "is already in use")
+
+
+def test_a_fork_server_that_died_is_started_again_a_minute_later_in_virtual_time(make):
+    """Replicas start as new interpreters meanwhile; the running ones never noticed (they are the supervisor's).
+    One that dies again without getting ready is retried after twice the wait (it had been every minute, for
+    ever, a server that cannot import paying a partial torch import each time)."""
+    import threading
+
+    from fleetserve.fleet.supervisor import FORK_SERVER_RETRY_S
+
+    sup, _, mono = make(1)
+
+    class DeadServer:
+        pid = None
+
+        def __init__(self):
+            self.dead, self.ready = threading.Event(), threading.Event()
+            self.dead.set()
+
+    started = []
+
+    def start_again():
+        started.append(mono())
+        sup.forks = type("Fresh", (), {"dead": threading.Event(), "ready": threading.Event(), "pid": 4321})()
+
+    sup.forks, sup.state.forkserver_pid = DeadServer(), 1234
+    sup._start_fork_server = start_again
+    sup._tend_fork_server(mono())
+    assert sup.state.forkserver_pid is None and started == []  # said dead; not restarted at once
+    mono.advance(FORK_SERVER_RETRY_S - 1)
+    sup._tend_fork_server(mono())
+    assert started == []
+    mono.advance(1)
+    sup._tend_fork_server(mono())
+    assert started == [mono()]
+    mono.advance(FORK_SERVER_RETRY_S * 3)
+    sup._tend_fork_server(mono())
+    assert len(started) == 1  # the new one lives: nothing more
+    sup.forks.dead.set()  # and dies before it got ready
+    sup._tend_fork_server(mono())
+    mono.advance(FORK_SERVER_RETRY_S * 2 - 1)
+    sup._tend_fork_server(mono())
+    assert len(started) == 1
+    mono.advance(1)
+    sup._tend_fork_server(mono())
+    assert len(started) == 2

@@ -221,7 +221,8 @@ def stop_wait_s(state: FleetState) -> float:
 
 
 def _children_of(state: FleetState) -> list[int | None]:
-    return [state.router_pid, state.redis_pid, state.prometheus_pid] + [r.pid for r in state.replicas]
+    return [state.router_pid, state.redis_pid, state.prometheus_pid, state.forkserver_pid] + \
+        [r.pid for r in state.replicas]
 
 
 def stop_fleet(state: FleetState, timeout: float | None = None) -> None:

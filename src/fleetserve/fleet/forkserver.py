@@ -7,21 +7,23 @@ The fork server pays it once per fleet: the supervisor starts it with the fleet,
 `fork()` of it that runs `fleetserve engine ...` as the command line would (same arguments, environment, log
 file, process group and parent-death signal), so only the model's load and the server's start remain.
 
-The server does nothing but import, fork and reap: it never loads a model or runs a tensor operation, so no
-thread pool or lock of torch is live at a fork. It is the engines' parent: it reports each one's exit status
-to the supervisor (a JSON line per event on its stdout), and it dies with the supervisor (SIGKILL on the
-supervisor's death), whereupon its engines get their own death signal, as they had from a supervisor that
-started them directly. Nothing depends on it for serving: a server that fails to start or dies is said once,
-and replicas start as plain processes again (`ForkedProcess` falls back by itself when its fork never came).
-`FLEETSERVE_FORK_SERVER=0` turns it off.
+The engines are the supervisor's children, not the server's: the supervisor is a child subreaper
+(PR_SET_CHILD_SUBREAPER), and the server forks each engine through a middle process that exits at once, so the
+engine is re-parented to the supervisor before its pid is reported. The supervisor then waits for it as for any
+child (real exit statuses, no pid kept past its reaping), its parent-death signal is armed against the supervisor
+(armed against the server, a crash of the server had stopped every replica at once), and the server can die,
+or be restarted, without touching a replica. The server does nothing but import and fork: it never loads a
+model or runs a tensor operation, so nothing of torch is live at a fork. It dies with the supervisor (SIGKILL).
+A server that fails to start, hangs or dies is said once, and replicas start as new interpreters meanwhile
+(`ForkedProcess` falls back by itself when its fork never came). `FLEETSERVE_FORK_SERVER=0` turns it off.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import queue
-import select
 import signal
 import subprocess
 import sys
@@ -31,10 +33,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fleetserve.fleet.process import die_with_parent
-from fleetserve.fleet.state import pid_alive
 
 ENV_SWITCH = "FLEETSERVE_FORK_SERVER"
 READY_TIMEOUT_S = 300.0  # imports that take longer: the server is given up and replicas start as processes
+READY_WAIT_S = 60.0  # a start asked of a server not ready this long after its own start goes to a new interpreter
+FORK_TIMEOUT_S = 30.0  # a fork asked for and not reported within this: the server is taken for hung
+PR_SET_CHILD_SUBREAPER = 36
+# the title a forked engine gets is written over the server's own command line (setproctitle, with SPT_NOENV so
+# that /proc/PID/environ stays readable): the server starts with this much room for it
+TITLE_ROOM = 4096
 # what a replica's start imports: the CLI and the engine, torch, and what transformers imports lazily to load a
 # model (its modeling and generation code with torch.distributed, dynamo and sympy under them: about 1,200
 # modules, 4 s of a forked start before they were here) and the Llama code most small models use
@@ -45,6 +52,16 @@ PRELOAD = ("torch", "transformers", "fleetserve.cli.app", "fleetserve.engine.mai
 
 def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def become_subreaper() -> bool:
+    """Make this process (the supervisor) the parent of orphaned descendants: the forked engines. False where
+    the kernel cannot (not Linux): then there is no fork server."""
+    try:
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:
+        return False
+    return prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
 # --- the server (python -m fleetserve.fleet.forkserver) --------------------------------------------------------
@@ -70,65 +87,75 @@ def _preload() -> None:
         pass
 
 
-def _reap() -> None:
-    while True:
+def _fork_engine(request: dict) -> tuple[int | None, bool]:
+    """Fork the engine through a middle process that exits at once, so that the engine is re-parented to the
+    supervisor (the subreaper). Returns (the engine's pid, or None if a fork failed; True in the engine)."""
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        _send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+            os.close(read_end)
+            engine = os.fork()
+            if engine == 0:
+                os.close(write_end)
+                return None, True
+            try:  # its process group exists before its pid is reported: a signal to the group reaches it
+                os.setpgid(engine, engine)
+            except OSError:
+                pass
+            os.write(write_end, str(engine).encode())
+        except BaseException:  # noqa: S110  the server hears of it as a fork that made no engine
+            pass
+        os._exit(0)  # the middle process only: the engine returned above
+    os.close(write_end)
+    data = b""
+    while chunk := os.read(read_end, 64):
+        data += chunk
+    os.close(read_end)
+    os.waitpid(middle, 0)  # gone: the engine's parent is the supervisor now
+    return (int(data) if data else None), False
 
 
 def serve() -> tuple[dict, Callable[[], None]] | None:
-    """Import, then fork one engine per request line until stdin closes. Returns only in a forked child: its
+    """Import, then fork one engine per request line until stdin closes. Returns only in a forked engine: its
     request, and the setter of its parent-death signal (made here, before the fork: `die_with_parent`)."""
     _preload()
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wake-up fd hears it
     _send({"ready": os.getpid()})
-    pending = b""
-    while True:
+    for line in sys.stdin.buffer:
+        request = json.loads(line)
+        sys.stdout.flush()  # nothing buffered may be written twice, by the child too
+        arm = die_with_parent(int(request["death_signal"]))
         try:
-            readable, _, _ = select.select([0, wake_r], [], [])
-        except InterruptedError:
+            pid, engine = _fork_engine(request)
+        except OSError as exc:  # no memory or pids for a fork: that replica starts as a process
+            _send({"id": request["id"], "error": f"{type(exc).__name__}: {exc}"})
             continue
-        if wake_r in readable:
-            os.read(wake_r, 4096)
-            _reap()
-        if 0 not in readable:
-            continue
-        chunk = os.read(0, 1 << 16)
-        if not chunk:  # the supervisor closed the pipe (its fleet stops) or died
-            return None
-        pending += chunk
-        while b"\n" in pending:
-            line, pending = pending.split(b"\n", 1)
-            request = json.loads(line)
-            sys.stdout.flush()  # nothing buffered may be written twice, by the child too
-            arm = die_with_parent(int(request["death_signal"]))
-            pid = os.fork()
-            if pid == 0:
-                signal.set_wakeup_fd(-1)
-                for fd in (wake_r, wake_w):
-                    os.close(fd)
-                return request, arm
-            _send({"id": request["id"], "pid": pid})
-        _reap()
+        if engine:
+            return request, arm
+        _send({"id": request["id"], "pid": pid} if pid else {"id": request["id"], "error": "the fork failed"})
+    return None
 
 
 def become(request: dict, arm: Callable[[], None]) -> None:
-    """In the forked child: make this process what `subprocess.Popen(cmd, process_group=0, stdout=log,
-    stderr=STDOUT, stdin=DEVNULL, env=env)` with the parent-death signal would have started."""
-    os.setpgid(0, 0)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    parent = os.getppid()
-    arm()
-    if os.getppid() != parent:  # the server died before the death signal was armed
-        os.kill(os.getpid(), int(request["death_signal"]))
+    """In the forked engine: make this process what `subprocess.Popen(cmd, process_group=0, stdout=log,
+    stderr=STDOUT, stdin=DEVNULL, env=env)` with the parent-death signal would have started, as the supervisor's
+    child."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    supervisor, death = int(request["supervisor"]), int(request["death_signal"])
+    waited = time.monotonic()
+    while os.getppid() != supervisor:  # until the middle process has exited
+        if os.getppid() == 1 or time.monotonic() - waited > 10:  # no subreaper took it: the supervisor is gone
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.001)
+    arm()  # against the supervisor now
+    if os.getppid() != supervisor:  # it died before the signal was armed
+        os.kill(os.getpid(), death)
+    # report itself on the server's stdout, still its fd 1: a server that dies between the fork and its own report
+    # leaves the supervisor knowing this engine (the server's pipe cannot close before this process lets fd 1 go)
+    os.write(1, (json.dumps({"id": request["id"], "pid": os.getpid()}) + "\n").encode())
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -136,6 +163,7 @@ def become(request: dict, arm: Callable[[], None]) -> None:
     os.dup2(log, 2)
     os.close(log)
     os.close(null)
+    sys.stdin = open(os.devnull)  # the server's reader may hold requests it had read ahead
     os.environ.clear()
     os.environ.update(request["env"])
     import random
@@ -164,7 +192,7 @@ def main() -> None:
 class ForkServer:
     """The supervisor's handle on its fork server. Requests wait in a writer thread until the server has done
     its imports (a start never blocks the supervisor's loop, and one stopped before it was sent is dropped);
-    the forks' pids and exits come back through a reader thread."""
+    the forks' pids come back through a reader thread, which alone declares the server dead (at its end)."""
 
     def __init__(self, log_path: Path, env: dict[str, str], say: Callable[[str], None]):
         self.log_path = log_path
@@ -175,18 +203,19 @@ class ForkServer:
         self.dead = threading.Event()
         self._lock = threading.Lock()
         self._waiting: dict[int, ForkedProcess] = {}
-        self._exits: dict[int, int] = {}
+        self._settled: dict[int, int | None] = {}  # request id -> the pid it got (None: it fell back)
         self._outbox: queue.Queue = queue.Queue()
         self._next_id = 0
         self._started_at = 0.0
         self._stopping = False
-        self.command = [sys.executable, "-m", "fleetserve.fleet.forkserver"]
+        self._why: str | None = None  # what killed it, when we did
+        self.command = [sys.executable, "-m", "fleetserve.fleet.forkserver", " " * TITLE_ROOM]
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=log, env=self.env, process_group=0,
+            self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                         env={**self.env, "SPT_NOENV": "1"}, process_group=0,
                                          preexec_fn=die_with_parent(signal.SIGKILL), close_fds=True)
         self._started_at = time.monotonic()
         threading.Thread(target=self._read, name="forkserver-reader", daemon=True).start()
@@ -197,14 +226,22 @@ class ForkServer:
         return self.proc.pid if self.proc else None
 
     def usable(self) -> bool:
-        """Worth asking: running, and ready or still importing within its time."""
+        """Worth asking: alive, and ready or still within READY_WAIT_S of its start (a start asked of a server
+        that hangs in its imports waited for it to be given up, READY_TIMEOUT_S)."""
         if self.proc is None or self.dead.is_set():
             return False
-        if not self.ready.is_set() and time.monotonic() - self._started_at > READY_TIMEOUT_S:
+        return self.ready.is_set() or time.monotonic() - self._started_at < READY_WAIT_S
+
+    def in_flight(self) -> bool:
+        """A fork asked for whose pid has not come back: its engine may already be this process's child."""
+        with self._lock:
+            return bool(self._waiting)
+
+    def kill(self, why: str) -> None:
+        """Give a hung server up: killed, its reader declares it dead and what waits falls back."""
+        if self.proc is not None and self.proc.poll() is None:
+            self._why = why
             self.proc.kill()
-            self._fail(f"it did not finish its imports within {READY_TIMEOUT_S:.0f}s")
-            return False
-        return True
 
     def spawn(self, args: list[str], env: dict[str, str], log_path: Path, death_signal: int,
               fallback: Callable[[], subprocess.Popen]) -> ForkedProcess:
@@ -213,20 +250,21 @@ class ForkServer:
         with self._lock:
             self._next_id += 1
             forked = ForkedProcess(self, self._next_id, fallback)
+            if self.dead.is_set():  # died since `usable`: never sent, never answered
+                forked.unforked()
+                return forked
             self._waiting[forked.request_id] = forked
         self._outbox.put((forked, {"id": forked.request_id, "args": args, "env": env, "log": str(log_path),
-                                   "death_signal": int(death_signal)}))
+                                   "death_signal": int(death_signal), "supervisor": os.getpid()}))
         return forked
 
-    def exit_code(self, pid: int) -> int | None:
-        with self._lock:
-            return self._exits.get(pid)
-
     def stop(self, timeout: float = 5.0) -> None:
-        """Close its pipe (it exits), kill it if it does not; its engines must have been stopped first."""
+        """Close its pipe (it exits), kill it if it does not."""
         if self.proc is None:
             return
         self._stopping = True
+        if not self.ready.is_set():  # still importing: its writer waits for it, and nothing is forked
+            self.proc.kill()
         self._outbox.put(None)
         try:
             self.proc.wait(timeout=timeout)
@@ -240,8 +278,12 @@ class ForkServer:
         while True:
             item = self._outbox.get()
             if item is not None:
+                deadline = self._started_at + READY_TIMEOUT_S
                 while not self.ready.wait(0.1):
-                    if self.dead.is_set():
+                    if self.dead.is_set() or self._stopping:
+                        return
+                    if time.monotonic() > deadline:  # hung in its imports (a stalled disk, a deadlock)
+                        self.kill(f"it did not finish its imports within {READY_TIMEOUT_S:.0f}s")
                         return
                 forked, message = item
                 if not forked.sending():
@@ -252,8 +294,7 @@ class ForkServer:
                     return
                 self.proc.stdin.write((json.dumps(message) + "\n").encode())
                 self.proc.stdin.flush()
-            except (OSError, ValueError):
-                self._fail("its pipe closed")
+            except (OSError, ValueError):  # it died: the reader sees its end
                 return
 
     def _read(self) -> None:
@@ -264,58 +305,69 @@ class ForkServer:
                 continue
             if "ready" in message:
                 self.ready.set()
-            elif "pid" in message:
+            elif "id" in message:
+                pid = message.get("pid")
                 with self._lock:
                     forked = self._waiting.pop(message["id"], None)
-                    self._exits.pop(message["pid"], None)  # a pid used again: its earlier exit is not this one's
-                if forked is not None:
-                    forked.forked(message["pid"])
-            elif "exit" in message:
-                with self._lock:
-                    self._exits[message["exit"]] = message["code"]
+                    if forked is None:  # a second report (the engine's own and the server's), or a late one
+                        late = pid is not None and self._settled.get(message["id"]) != pid
+                    else:
+                        self._settled[message["id"]] = pid
+                if forked is None:
+                    if late:  # its request had fallen back to a plain start: an engine nobody tracks
+                        _killpg(pid, signal.SIGKILL)
+                    continue
+                if pid:
+                    forked.forked(pid)
+                else:
+                    forked.unforked()
         code = self.proc.wait()
-        self._fail(f"it exited ({code})")
+        self._fail(self._why or f"it exited ({code})")
 
     def _fail(self, why: str) -> None:
         with self._lock:
-            first = not self.dead.is_set()
             self.dead.set()
             orphans, self._waiting = list(self._waiting.values()), {}
+            self._settled.update((forked.request_id, None) for forked in orphans)
         for forked in orphans:
             forked.unforked()
-        if not first or self._stopping:  # said once; and not of the stop the fleet asked for
+        if self._stopping:  # the stop the fleet asked for is not news
             return
         if self.ready.is_set():
-            self.say(f"warning: the engine fork server stopped: {why}; replicas start as new processes from now "
-                     f"on (see {self.log_path})")
+            self.say(f"warning: the engine fork server stopped: {why}; replicas start as new processes until it is "
+                     f"started again (its log: {self.log_path})")
         else:
             self.say(f"warning: the engine fork server did not start: {why}; replicas start as new processes "
-                     f"(see {self.log_path})")
+                     f"(its log: {self.log_path})")
 
 
 class ForkedProcess:
     """What `Child` needs of a `subprocess.Popen`, for a replica the fork server starts: `pid` (None until the
-    fork is done), `poll()`, `wait()` and its process group's signals. A stop before the request was sent drops
-    it; a signal sent while the fork is under way is delivered to the process it makes; a fork that never comes
-    (the server died) starts the replica as a plain process instead, and everything is then that process's."""
+    fork is done), `poll()`, `wait()` and its process group's signals. The forked engine is this process's child
+    (re-parented to it, the subreaper), so `poll` waits for it as Popen does. A stop before the request was sent
+    drops it; a signal sent while the fork is under way is delivered to the process it makes; a fork that never
+    comes (the server died, or failed to fork) starts the replica as a plain process instead."""
 
     def __init__(self, server: ForkServer, request_id: int, fallback: Callable[[], subprocess.Popen]):
         self.server = server
         self.request_id = request_id
         self._fallback = fallback
         self._pid: int | None = None
-        self._sent = False
+        self._code: int | None = None
+        self._sent_at: float | None = None
         self._failed = False
         self._stopped: int | None = None  # the signal that ended it before it was sent
         self._plain: subprocess.Popen | None = None
+        self._start_error: str | None = None
         self._signals: list[int] = []
         self._lock = threading.Lock()
 
     # called by the server's threads
     def sending(self) -> bool:
         with self._lock:
-            self._sent = self._stopped is None
-            return self._sent
+            if self._stopped is None:
+                self._sent_at = time.monotonic()
+            return self._stopped is None
 
     def forked(self, pid: int) -> None:
         with self._lock:
@@ -330,8 +382,12 @@ class ForkedProcess:
     def _settled(self) -> subprocess.Popen | None:
         """The plain process that replaced a fork that never came, started on first need."""
         with self._lock:
-            if self._failed and self._plain is None:
-                self._plain = self._fallback()
+            if self._failed and self._plain is None and self._start_error is None:
+                try:
+                    self._plain = self._fallback()
+                except OSError as exc:  # no memory, no pids: a start that failed, not the supervisor's loop
+                    self._start_error = f"{type(exc).__name__}: {exc}"
+                    return None
                 for sig in self._signals:
                     _killpg(self._plain.pid, sig)
                 self._signals = []
@@ -347,13 +403,25 @@ class ForkedProcess:
         if plain is not None:
             return plain.poll()
         with self._lock:
-            pid, stopped = self._pid, self._stopped
-        if pid is None:
-            return -stopped if stopped is not None else None  # not forked yet: starting, or dropped
-        code = self.server.exit_code(pid)
-        if code is None and self.server.dead.is_set() and not pid_alive(pid):
-            return -signal.SIGKILL  # the server died and its engine with it (its status went to init)
-        return code
+            if self._start_error is not None:
+                return 1
+            if self._code is not None:
+                return self._code
+            if self._pid is None:
+                if self._stopped is not None:
+                    return -self._stopped  # dropped before it was sent
+                if self._sent_at is not None and time.monotonic() - self._sent_at > FORK_TIMEOUT_S:
+                    self.server.kill(f"it forked nothing for {FORK_TIMEOUT_S:.0f}s")  # hung: this one falls back
+                return None
+            try:
+                pid, status = os.waitpid(self._pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else: its status is lost
+                self._code = -signal.SIGKILL
+                return self._code
+            if pid == 0:
+                return None
+            self._code = os.waitstatus_to_exitcode(status)
+            return self._code
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -364,6 +432,10 @@ class ForkedProcess:
         return code
 
     def signal_group(self, sig: int) -> None:
+        with self._lock:
+            if self._failed and self._plain is None and sig in STOPPING:  # not started for the stop alone
+                self._failed, self._stopped = False, sig
+                return
         plain = self._settled()
         if plain is not None:
             _killpg(plain.pid, sig)
@@ -371,11 +443,13 @@ class ForkedProcess:
         with self._lock:
             pid = self._pid
             if pid is None:
-                if not self._sent and sig in STOPPING:
+                if self._sent_at is None and sig in STOPPING:
                     self._stopped = sig  # never sent: nothing to stop
                 else:
                     self._signals.append(sig)
                 return
+            if self._code is not None:
+                return  # reaped: its pid may be another process's now
         _killpg(pid, sig)
 
 

@@ -86,6 +86,7 @@ class FleetState:
     redis_pid: int | None = None
     prometheus_url: str = ""  # the fleet's own Prometheus (spec.observability.prometheus), if it runs one
     prometheus_pid: int | None = None
+    forkserver_pid: int | None = None  # the engine fork server (fleet/forkserver.py), while one runs
     # the fleet's Prometheus alerts that fire now ("FleetserveErrorBudgetBurnFast (critical)"), read every
     # ALERTS_EVERY_S: they were computed and reached nobody (no Alertmanager is wired locally)
     alerts: list[str] = field(default_factory=list)
@@ -264,6 +265,7 @@ def mark_stale(state: FleetState) -> FleetState:
     state.router_pid = state.router_pid if router_alive else None
     state.router_status = "stale (process alive)" if router_alive else "gone"
     state.prometheus_pid = state.prometheus_pid if pid_alive(state.prometheus_pid) else None
+    state.forkserver_pid = state.forkserver_pid if pid_alive(state.forkserver_pid) else None
     if not running:  # nothing runs, so nothing costs: the last $/h and nodes were shown as if billing went on
         state.cost_per_hour, state.nodes = 0.0, []
     return state

@@ -129,6 +129,46 @@ def last_error(tail: str) -> str:
                  and not ACCESS_LINE.search(line)), "")  # redis-server: "Could not create server TCP listening ..."
 
 
+FORK_SERVER_RETRY_S = 60.0  # a fork server that died is started again this long after
+REAP_EVERY_S = 5.0  # how often orphans adopted as the subreaper are looked for
+
+
+def reap_adopted(known: set[int | None]) -> None:
+    """Reap the exited children this process adopted as a subreaper and did not start (`known`: the pids whose
+    exit is someone's to read, Popen's or a ForkedProcess's), so that no zombie of theirs stays behind."""
+    for pid in _children() - known:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                zombie = f.read().rsplit(") ", 1)[1].startswith("Z")
+        except (OSError, IndexError):
+            continue
+        if zombie:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+
+def _children() -> set[int]:
+    """This process's children: the kernel's list per thread, or a scan of /proc where it keeps none."""
+    found: set[int] = set()
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                found.update(int(p) for p in f.read().split())
+        return found
+    except OSError:
+        pass
+    me = str(os.getpid())
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if f.read().rsplit(") ", 1)[1].split()[1] == me:
+                        found.add(int(entry))
+            except (OSError, IndexError):
+                continue
+    return found
+
+
 class StartupError(Exception):
     """The fleet could not start; the message says which part failed and shows its log. `exit_code` 2: the spec
     names something that is not there (a model source), as the CLI answers bad input."""
@@ -283,6 +323,10 @@ class Supervisor:
         self._written_at = 0.0
         self._unwritten: set[str] = set()  # files whose last write failed (a full disk): said once each
         self.forks: forkserver.ForkServer | None = None  # starts the engines warm (fleet/forkserver.py)
+        self._subreaper = False  # forked engines are re-parented to this process
+        self._forks_retry_at: float | None = None  # when a fork server that died is started again
+        self._forks_failures = 0  # fork servers in a row that died without getting ready: the back-off's exponent
+        self._reap_at = 0.0  # when adopted orphans are looked for next
 
     # --- public --------------------------------------------------------------------------------------------
 
@@ -430,9 +474,11 @@ class Supervisor:
 
     def _start_fork_server(self) -> None:
         """The engine fork server (fleet/forkserver.py): replicas, restarts and wakes from zero start without
-        importing torch again. Not having one only makes starts slower."""
-        if not forkserver.enabled():
+        importing torch again. Not having one only makes starts slower. The supervisor becomes the subreaper its
+        forked engines are re-parented to (their parent, as a plain start's)."""
+        if not forkserver.enabled() or not (self._subreaper or forkserver.become_subreaper()):
             return
+        self._subreaper = True
         drop = self._engine_env_drop()  # no secret of ours in it, as in the engines it forks
         server = forkserver.ForkServer(self.dir / "logs" / "forkserver.log",
                                        {k: v for k, v in os.environ.items() if k not in drop}, self.say)
@@ -442,6 +488,30 @@ class Supervisor:
             self.say(f"warning: the engine fork server did not start ({exc}); replicas start as new processes")
             return
         self.forks = server
+        self.state.forkserver_pid = server.pid
+
+    def _tend_fork_server(self, mono: float) -> None:
+        """A fork server that died is started again a while later (replicas start as new interpreters meanwhile;
+        the running ones are the supervisor's children and never noticed); orphans adopted as the subreaper (a
+        router's workers after the router was killed) are reaped once they exit."""
+        if self.forks is not None and self.forks.ready.is_set():
+            self._forks_failures = 0
+        if self.forks is not None and self.forks.dead.is_set():
+            if self._forks_retry_at is None:  # 1, 2, 4, ... minutes while it never gets ready, at most an hour
+                self._forks_retry_at = mono + min(FORK_SERVER_RETRY_S * 2 ** self._forks_failures, 3600.0)
+                self._forks_failures += 1
+                self.state.forkserver_pid = None
+            elif mono >= self._forks_retry_at:
+                self._forks_retry_at = None
+                self._start_fork_server()
+                if self.forks is not None and not self.forks.dead.is_set():
+                    self.say("the engine fork server was started again")
+        if self._subreaper and mono >= self._reap_at and not (self.forks is not None and self.forks.in_flight()):
+            # not while a fork's pid is on its way: that engine is a child of ours no one knows yet
+            self._reap_at = mono + REAP_EVERY_S
+            known = {c.pid for c in (self.router, self.redis, self.prometheus, self.forks,
+                                     *(r.child for r in self.replicas)) if c is not None}
+            reap_adopted(known)
 
     def _engine_env_drop(self) -> frozenset[str]:
         return self._key_env_names() | {"FLEETSERVE_L2_URL", "FLEETSERVE_L2_TENANTS"}
@@ -985,6 +1055,7 @@ class Supervisor:
                             self.dir / "logs" / f"{r.state.id}.log", env=self._engine_env(),
                             env_drop=self._engine_env_drop(), forks=self.forks,
                             death_signal=ORPHAN_SIGNAL)  # this supervisor dies: it drains as the router does
+        r.child.forks = self.forks  # the fork server of now: one started again after a death is a new one
         if self._proves_instance():  # a fresh secret per start: what answers its port must be this process
             r.instance = new_instance_id()
             r.child.env = {**(r.child.env or {}), INSTANCE_ENV: r.instance}
@@ -1268,6 +1339,7 @@ class Supervisor:
             self._probe_l2(mono)
             self._read_alerts(mono)
             self._rotate_logs(mono)
+            self._tend_fork_server(mono)
             time.sleep(self.poll_interval)
 
     def _rotate_logs(self, mono: float) -> None:
@@ -1426,7 +1498,7 @@ class Supervisor:
                 child.signal(signal.SIGTERM)
             for child in group:
                 child.stop(timeout=CHILD_STOP_S)
-        if self.forks is not None:  # after its engines: they get their death signal when it goes
+        if self.forks is not None:  # after its engines (which are this process's children, not its)
             self.forks.stop()
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
@@ -1435,7 +1507,7 @@ class Supervisor:
             r.state.state, r.state.pid = advance(r.state.state, Phase.STOPPED), None
             self.capacity.release(r.state.id, r.node_id, now)
         self.capacity.release_all(now)
-        self.state.router_pid = self.state.prometheus_pid = None
+        self.state.router_pid = self.state.prometheus_pid = self.state.forkserver_pid = None
         self.state.router_status = "stopped"  # `status --json` had said "up" of a stopped fleet's router
         if self.state.status != "failed":
             self.state.status = "stopped"

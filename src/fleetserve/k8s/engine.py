@@ -340,16 +340,26 @@ def memory_for_l1(ctx: Context, resources: dict) -> tuple[dict, str | None]:
 
 def _affinity(ctx: Context, tier: int) -> dict | None:
     """The tier's instance and capacity types, and every other key the spec's required node affinity names (a zone,
-    a team's own label), term by term: they were in the NodePool only, so pods could land on any zone's nodes."""
+    a team's own label), term by term: they were in the NodePool only, so pods could land on any zone's nodes. A
+    term keeps its own instance types (of the tier's): each term had admitted every type of the tier, the other
+    terms' included; a term that admits none of them, or no zone of --zone, is left out."""
     if not ctx.placed:
         return None
     t = ctx.tiers[tier]
-    exprs = [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": list(t.instance_types)},
-             {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": list(t.capacity_types)},
-             {"key": ENDPOINT_LABEL, "operator": "In", "values": [node_owner(ctx.namespace, ctx.name)]}]
-    if ctx.options.zones:
-        exprs.append({"key": ZONE_LABEL, "operator": "In", "values": list(ctx.options.zones)})
-    terms = [{"matchExpressions": exprs + extra} for extra in required_extras(ctx) or [[]]]
+    common = [{"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": list(t.capacity_types)},
+              {"key": ENDPOINT_LABEL, "operator": "In", "values": [node_owner(ctx.namespace, ctx.name)]}]
+    zone = [{"key": ZONE_LABEL, "operator": "In", "values": list(ctx.options.zones)}] if ctx.options.zones else []
+    terms = []
+    for term, extra in zip(required_terms(ctx), required_extras(ctx), strict=True):
+        allowed = term_instance_types(term)
+        types = [x for x in t.instance_types if allowed is None or x in allowed]
+        if types and not no_zone_left(extra):
+            own_zones = any(e.get("key") == ZONE_LABEL and e.get("operator") == "In" for e in extra)  # narrowed
+            terms.append({"matchExpressions": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": types},
+                                               *common, *([] if own_zones else zone), *extra]})
+    if not terms:  # no required terms (or none left: `render` refuses a --zone that leaves none)
+        terms = [{"matchExpressions": [{"key": INSTANCE_TYPE_LABEL, "operator": "In",
+                                        "values": list(t.instance_types)}, *common, *zone]}]
     unique = [t for i, t in enumerate(terms) if t not in terms[:i]]
     node = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": unique}}
     preferred = (ctx.endpoint.spec.placement.node_affinity or {}).get("preferredDuringSchedulingIgnoredDuringExecution")
@@ -363,14 +373,53 @@ def _affinity(ctx: Context, tier: int) -> dict | None:
     return {"nodeAffinity": node}
 
 
+def required_terms(ctx: Context) -> list[dict]:
+    """The spec's required node-affinity terms (alternatives)."""
+    affinity = ctx.endpoint.spec.placement.node_affinity or {}
+    return (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+
+
+def term_instance_types(term: dict) -> set[str] | None:
+    """The instance types (EC2's names, as the tiers give them) one required term admits; None: it names none."""
+    for e in term.get("matchExpressions") or []:
+        if e.get("key") == INSTANCE_TYPE_LABEL and e.get("operator") == "In":
+            return {Catalog.canonical(v) for v in e.get("values") or []}
+    return None
+
+
+def no_zone_left(extra: list[dict]) -> bool:
+    """A term whose zones --zone removed all of (`required_extras`)."""
+    return any(e.get("key") == ZONE_LABEL and e.get("operator") == "In" and not e.get("values") for e in extra)
+
+
 def required_extras(ctx: Context) -> list[list[dict]]:
     """Per term of the spec's required node affinity, the expressions on keys the tiers do not set themselves
-    (a zone, a team's own label): pods and NodePools both carry them."""
-    affinity = ctx.endpoint.spec.placement.node_affinity or {}
-    required = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
-    set_by_tiers = {INSTANCE_TYPE_LABEL, CAPACITY_TYPE_LABEL} | ({ZONE_LABEL} if ctx.options.zones else set())
-    return [[{k: e[k] for k in ("key", "operator", "values") if k in e}
-             for e in term.get("matchExpressions", []) if e.get("key") not in set_by_tiers] for term in required]
+    (a zone, a team's own label): pods and NodePools both carry them. With --zone, a term's zones are narrowed to
+    those of --zone (never widened: the spec's had been replaced by --zone's without a word)."""
+    zones = set(ctx.options.zones or ())
+    extras = []
+    for term in required_terms(ctx):
+        exprs = []
+        for e in term.get("matchExpressions", []):
+            if e.get("key") in (INSTANCE_TYPE_LABEL, CAPACITY_TYPE_LABEL):
+                continue
+            e = {k: e[k] for k in ("key", "operator", "values") if k in e}
+            if zones and e.get("key") == ZONE_LABEL and e.get("operator") == "In":
+                e["values"] = [z for z in e.get("values") or [] if z in zones]
+            exprs.append(e)
+        extras.append(exprs)
+    return extras
+
+
+def zone_problem(ctx: Context) -> str | None:
+    """Why --zone leaves the pods no node: none of it is a zone any required term allows."""
+    extras = required_extras(ctx)
+    if not ctx.options.zones or not extras or not all(no_zone_left(e) for e in extras):
+        return None
+    allowed = sorted({z for term in required_terms(ctx) for e in term.get("matchExpressions") or []
+                      if e.get("key") == ZONE_LABEL and e.get("operator") == "In" for z in e.get("values") or []})
+    return (f"--zone {', '.join(ctx.options.zones)}: none is a zone spec.placement.nodeAffinity allows "
+            f"({', '.join(allowed)}), so no node could take the pods; give one of those, or leave --zone out")
 
 
 def metrics_port(ctx: Context) -> int:

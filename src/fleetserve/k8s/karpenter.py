@@ -26,7 +26,7 @@ from fleetserve.capacity.placement import (
     replicas_per_node,
 )
 from fleetserve.k8s.context import Context
-from fleetserve.k8s.engine import GPU, ROLLOUT_SURGE, required_extras
+from fleetserve.k8s.engine import GPU, ROLLOUT_SURGE, no_zone_left, required_extras
 from fleetserve.k8s.labels import ENDPOINT_LABEL, TIER_LABEL, dns_name, node_owner
 
 REFERENCE_DAY = datetime(2026, 1, 15, 12, tzinfo=UTC)  # a fixed instant: output must not depend on today
@@ -99,12 +99,13 @@ def _requirements(ctx: Context, tier: int) -> list[dict]:
     reqs = [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": sorted(t.instance_types)},
             {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": sorted(t.capacity_types)}]
     zones = list(ctx.options.zones)
-    extras = required_extras(ctx)
+    extras = [e for e in required_extras(ctx) if not no_zone_left(e)]  # the terms --zone leaves
     if len(extras) == 1:  # extra keys (zones, custom labels) carry over when the terms are not alternatives
         # but not a key Karpenter v1 refuses in a NodePool (kubernetes.io/hostname: the API server rejected the
         # whole NodePool); the pods keep it, so the scheduler still honours it
         reqs += [e for e in extras[0] if e.get("key") not in NODEPOOL_RESTRICTED]
-    if zones:
+    if zones and not any(r.get("key") == ZONE_LABEL and r.get("operator") == "In" for r in reqs):  # or the
+        # term's own zones, already narrowed to --zone's (required_extras)
         reqs.append({"key": ZONE_LABEL, "operator": "In", "values": sorted(zones)})
     return reqs
 
@@ -168,7 +169,8 @@ def nodepool(ctx: Context, tier: int, warn) -> dict:
 def karpenter_objects(ctx: Context, warn) -> list[dict]:
     if not ctx.placed or ctx.endpoint.spec.engine.kind == "external":
         return []
-    if len(required_extras(ctx)) > 1:  # said: it had been silent (found in a black-box pass)
+    if len([e for e in required_extras(ctx) if not no_zone_left(e)]) > 1:  # said: it had been silent (a black-box
+        # pass found it)
         warn("spec.placement.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
              "several terms are alternatives a NodePool's requirements cannot carry: the NodePools require the "
              "instance and capacity types alone (their other keys, zones included, are left out), while the pods "

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from fleetserve.k8s.context import Context, RenderOptions
-from fleetserve.k8s.engine import engine_objects
+from fleetserve.k8s.engine import engine_objects, no_zone_left, required_extras, zone_problem
 from fleetserve.k8s.karpenter import karpenter_objects
 from fleetserve.k8s.keda import keda_objects
 from fleetserve.k8s.labels import RESERVED_PREFIX, TIER_LABEL, labels
@@ -193,6 +193,14 @@ def render(endpoint: Endpoint, options: RenderOptions | None = None) -> Rendered
 
     for why in ctx.left_out:
         warn("spec.placement.nodeAffinity", why)
+    problem = zone_problem(ctx)
+    if problem:
+        raise ValueError(problem)
+    for i, extra in enumerate(required_extras(ctx)):
+        if no_zone_left(extra):
+            warn(f"spec.placement.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{i}]",
+                 f"none of its zones is among --zone ({', '.join(ctx.options.zones)}): the term is left out of the "
+                 "pods' affinity")
     objects: list[dict] = []
     for family in (engine_objects, router_objects, redis_objects, keda_objects, karpenter_objects,
                    monitoring_objects):
