@@ -26,19 +26,25 @@ def _driver(scenario: str, tiny_model, folder) -> subprocess.Popen:
                             env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"})
 
 
-@pytest.fixture
-def said():
-    return []
-
-
-def test_a_forked_engine_is_its_supervisors_child_and_outlives_its_fork_server(tmp_path, tiny_model):
-    driver = _driver("serve", tiny_model, tmp_path)
+def _facts(scenario: str, tiny_model, folder) -> dict:
+    """What the driver found, run to its end."""
+    driver = _driver(scenario, tiny_model, folder)
     try:
         out, _ = driver.communicate(timeout=900)
     finally:
         driver.kill()
     facts = json.loads(out.splitlines()[-1])
     assert "error" not in facts, facts
+    return facts
+
+
+@pytest.fixture
+def said():
+    return []
+
+
+def test_a_forked_engine_is_its_supervisors_child_and_outlives_its_fork_server(tmp_path, tiny_model):
+    facts = _facts("serve", tiny_model, tmp_path)
     assert facts["parent_is_me"] and facts["own_group"]  # re-parented to the supervisor, in its own group
     assert "fleetserve engine --model" in facts["cmdline"]  # `ps` names the engine, not the fork server
     assert facts["home_in_environ"]  # /proc/PID/environ stays readable (the suite finds leftovers by it)
@@ -53,13 +59,7 @@ def test_a_forked_engine_is_its_supervisors_child_and_outlives_its_fork_server(t
 def test_an_engine_whose_server_died_before_reporting_it_is_still_tracked(tmp_path, tiny_model):
     """The server died between its fork and its report: the supervisor started the replica again as a plain
     process, which found its port taken by the forked engine nobody tracked (it served, and lived on)."""
-    driver = _driver("lost_report", tiny_model, tmp_path)
-    try:
-        out, _ = driver.communicate(timeout=900)
-    finally:
-        driver.kill()
-    facts = json.loads(out.splitlines()[-1])
-    assert "error" not in facts, facts
+    facts = _facts("lost_report", tiny_model, tmp_path)
     assert facts["dead"] and facts["forked"]  # the server is gone; the replica is still the forked one
     assert facts["on_port"] == [facts["tracked"]], facts  # one engine on the port, the one the supervisor knows
 
