@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from fleetserve.fleet.forkserver import ForkServer
+from fleetserve.fleet.forkserver import ForkServer, become_subreaper
 from fleetserve.fleet.process import Child, fleetserve_command, free_port
 
 
@@ -60,6 +60,9 @@ def run(model: str = "tiny", starts: int = 3, timeout_s: float = 600.0,
             source = str(create_tiny_model(folder / "tiny"))
         else:
             source = "builtin:smollm2-135m" if model == "demo" else model
+        if not become_subreaper():  # as the supervisor is: the forked engines are re-parented to this process
+            raise RuntimeError("this kernel cannot make the bench a child subreaper (PR_SET_CHILD_SUBREAPER), which "
+                               "forked engines need; fleets here start replicas as new interpreters")
         forks = ForkServer(folder / "forkserver.log", dict(os.environ), progress)
         began = time.monotonic()
         forks.start()
