@@ -1939,3 +1939,37 @@ def test_a_scale_to_zero_endpoint_whose_triggers_ask_another_prometheus_is_warne
     assert len(warned) == 1 and amp in warned[0], warned
     told = render(loaded.endpoint, RenderOptions(prometheus_url=amp)).warnings
     assert not [w for w in told if "never wakes" in w.message]
+
+
+def test_each_required_term_keeps_its_own_instance_types_and_zone_only_narrows_its_zones():
+    """Two alternative terms (us-west-2a: g5.xlarge or g5.2xlarge; us-west-2b: g5.xlarge): each pod term had
+    admitted every type of the tier, and `--zone` replaced the spec's zones instead of narrowing them."""
+    from fleetserve.spec.load import load_spec_data
+
+    def term(zone, *types):
+        return {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": [zone]},
+                                     {"key": "node.kubernetes.io/instance-type", "operator": "In",
+                                      "values": list(types)}]}
+
+    doc = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "az"},
+           "spec": {"model": {"name": "m", "source": "hf:org/m"}, "engine": {"kind": "vllm", "gpus": 1},
+                    "placement": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [term("us-west-2a", "ml.g5.xlarge", "ml.g5.2xlarge"),
+                                              term("us-west-2b", "ml.g5.xlarge")]}}}}}
+    loaded = load_spec_data(copy.deepcopy(doc))
+
+    def pod_terms(rendered):
+        (deployment,) = [d for d in _by(rendered, "Deployment") if d["metadata"]["name"] == "az-engine"]
+        terms = deployment["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        return [{e["key"].rsplit("/", 1)[-1]: sorted(e["values"]) for e in t["matchExpressions"]} for t in terms]
+
+    terms = pod_terms(render(loaded.endpoint))
+    assert [(t["zone"], t["instance-type"]) for t in terms] == [
+        (["us-west-2a"], ["g5.2xlarge", "g5.xlarge"]), (["us-west-2b"], ["g5.xlarge"])]
+    narrowed = render(loaded.endpoint, RenderOptions(zones=("us-west-2a", "us-west-2c")))
+    assert [(t["zone"], t["instance-type"]) for t in pod_terms(narrowed)] == [
+        (["us-west-2a"], ["g5.2xlarge", "g5.xlarge"])]  # 2b is not in --zone: that term is left out, and said
+    assert any("nodeSelectorTerms[1]" in w.path and "left out" in w.message for w in narrowed.warnings)
+    with pytest.raises(ValueError, match=r"--zone us-west-2c: none is a zone .*us-west-2a, us-west-2b"):
+        render(loaded.endpoint, RenderOptions(zones=("us-west-2c",)))
