@@ -386,11 +386,11 @@ class Supervisor:
     def _save(self) -> None:
         s = self.state
         s.replicas = [r.state for r in self.replicas]
-        for r in self.replicas:  # a forked start's pid comes once the fork server has made the process
+        for r in self.replicas:
+            # a forked start's pid comes once the fork server has made the process
             if r.state.pid is None and r.child is not None and r.state.state not in (Phase.STOPPED, Phase.RESTARTING) \
                     and r.child.pid is not None and r.child.exit_code() is None:
                 r.state.pid = r.child.pid
-        for r in self.replicas:
             r.state.router_healthy = None if r.state.state not in SERVING else r.state.url not in self._router_out
         # serving: ready here and not taken out by the router's health checks (a stalled process is both running
         # and useless; status said "ready 2" while the router sent one of them nothing)
@@ -1053,7 +1053,7 @@ class Supervisor:
         if r.child is None:
             r.child = Child(r.state.id, self._engine_command(r.state.id, r.port, r.state.instance_type),
                             self.dir / "logs" / f"{r.state.id}.log", env=self._engine_env(),
-                            env_drop=self._engine_env_drop(), forks=self.forks,
+                            env_drop=self._engine_env_drop(),
                             death_signal=ORPHAN_SIGNAL)  # this supervisor dies: it drains as the router does
         r.child.forks = self.forks  # the fork server of now: one started again after a death is a new one
         if self._proves_instance():  # a fresh secret per start: what answers its port must be this process
