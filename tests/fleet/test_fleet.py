@@ -595,6 +595,9 @@ def test_down_of_a_dead_fleet_leaves_a_stopped_record_without_stale_replicas_or_
                        replicas=[ReplicaState("r0", "http://127.0.0.1:2", state="ready", pid=gone.pid)])
     (run / "state.json").write_text(json.dumps(state.to_json()))
     assert fleetserve("down", "dead", env=home).returncode == 0
+    again = fleetserve("down", "dead", env=home)  # `down` twice is done, not a failure (it exited 1)
+    assert again.returncode == 0 and "fleet dead is not running (stopped already)" in again.stdout, again
+    assert fleetserve("dashboard", "open", "dead", env=home).returncode == 1  # nothing to open: the fleets' state
     (shown,) = status(home, "dead")
     assert shown["status"] == "stopped" and [r["state"] for r in shown["replicas"]] == ["stopped"], shown
     text = fleetserve("status", "dead", env=home, check=True).stdout

@@ -309,3 +309,25 @@ def test_prefixaware_forgets_a_prompt_from_its_tail_as_the_engines_evict_it():
     policy.choose(req(doc), s)
     policy.choose(req(range(10**6, 10**6 + 3 * 16)), s)  # three more blocks: one of the doc's must go
     assert policy.choose(req(doc + [1]), s).prefill_tokens == 16 + 1  # its first 7 blocks are still predicted
+
+
+def test_replica_view_init_keeps_every_field_and_stays_frozen():
+    """ReplicaView writes its fields itself (speed): the hand-written __init__ must take every dataclass field, in
+    order, with the same defaults, compute the load, and leave the view immutable and replace()-able."""
+    import dataclasses
+    import inspect
+
+    fields = [f for f in dataclasses.fields(ReplicaView) if f.init]
+    params = list(inspect.signature(ReplicaView.__init__).parameters.values())[1:]
+    assert [p.name for p in params] == [f.name for f in fields]
+    assert [p.default for p in params] == [f.default if f.default is not dataclasses.MISSING
+                                           else inspect.Parameter.empty for f in fields]
+    view = ReplicaView("r0", "u", True, 2, 3, 4, 100, 8, None)
+    assert view.load == 7  # the report (3 + 4) is larger than ours (2)
+    assert ReplicaView("r0", "u", True, 2, 3, 4, reported_in_flight=1).load == 2 + 6
+    same = ReplicaView("r0", "u", True, 2, 3, 4, 100, 8)
+    assert view == same and hash(view) == hash(same)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        view.in_flight = 1
+    moved = dataclasses.replace(view, in_flight=9)
+    assert moved.load == 9 and moved.prefill_backlog == 100 and view.in_flight == 2

@@ -454,6 +454,9 @@ def down(
     try:
         state = pick_fleet(name)
     except FleetError as exc:
+        if exc.stopped is not None:  # `down` twice is done, not a failure (it exited 1, as `docker stop` does not)
+            out.print(f"fleet {exc.stopped.name} is not running ({exc.stopped.status} already)", markup=False)
+            return
         raise fail(str(exc), exc.exit_code) from None
     with err.status(f"stopping fleet {state.name}: requests under way may finish (up to {stop_wait_s(state):.0f} s)"):
         stop_fleet(state)

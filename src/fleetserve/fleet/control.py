@@ -34,9 +34,10 @@ class FleetError(Exception):
     """A fleet operation that cannot be done; the message says why and what to do. `exit_code`: 2 when the
     command's input is at fault (a name no fleet has, or none given where several run), 1 for the fleets' state."""
 
-    def __init__(self, message: str, exit_code: int = 1):
+    def __init__(self, message: str, exit_code: int = 1, stopped: FleetState | None = None):
         super().__init__(message)
         self.exit_code = exit_code
+        self.stopped = stopped  # the named fleet's record when it exists but is stopped already (`down`: done)
 
 
 LOCK_FILE = "supervisor.lock"
@@ -188,8 +189,8 @@ def pick_fleet(name: str | None) -> FleetState:
         match = [f for f in fleets + dead if f.name == name]
         if not match:
             known = ", ".join(f.name for f in fleets) or "none"
-            exists = any(f.name == name for f in list_fleets())  # stopped: nothing to do, not a bad name
-            raise FleetError(f"no running fleet named {name!r} (running: {known})", 1 if exists else 2)
+            stopped = next((f for f in list_fleets() if f.name == name), None)  # nothing to do, not a bad name
+            raise FleetError(f"no running fleet named {name!r} (running: {known})", 1 if stopped else 2, stopped)
         return match[0]
     if not fleets and len(dead) == 1:
         return dead[0]
