@@ -153,3 +153,23 @@ def test_adopted_orphans_are_reaped_and_known_children_are_left_to_their_owners(
     reap_adopted({owned.pid})
     assert not Path(f"/proc/{adopted.pid}").exists()  # reaped
     assert Path(f"/proc/{owned.pid}").exists() and owned.wait(timeout=5) == 0  # its owner read its status
+
+
+def test_the_server_imports_the_model_folders_own_architecture_once_and_survives_a_folder_without_one(tmp_path):
+    """PRELOAD has Llama's modeling code only: a GPT-2 replica imported its own in every forked start."""
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    script = (
+        "import sys\n"
+        "from fleetserve.fleet import forkserver as f\n"
+        "name = 'transformers.models.gpt2.modeling_gpt2'\n"
+        "assert name not in sys.modules\n"
+        f"f._preload_architecture(['engine', '--model', {str(gpt2)!r}, '--port', '1'])\n"
+        "assert name in sys.modules\n"
+        f"f._preload_architecture(['engine', '--model', {str(tmp_path / 'none')!r}])\n"
+        "f._preload_architecture(['engine', '--model'])\n"
+        "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    assert "none's modeling code not preloaded (FileNotFoundError" in done.stderr, done.stderr

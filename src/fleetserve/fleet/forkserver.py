@@ -44,7 +44,8 @@ PR_SET_CHILD_SUBREAPER = 36
 TITLE_ROOM = 4096
 # what a replica's start imports: the CLI and the engine, torch, and what transformers imports lazily to load a
 # model (its modeling and generation code with torch.distributed, dynamo and sympy under them: about 1,200
-# modules, 4 s of a forked start before they were here) and the Llama code most small models use
+# modules, 4 s of a forked start before they were here) and the Llama code most small models use (the model
+# folder's own architecture: `_preload_architecture`, at its first fork)
 PRELOAD = ("torch", "transformers", "fleetserve.cli.app", "fleetserve.engine.main", "fleetserve.engine.runner",
            "fleetserve.engine.server", "fleetserve.engine.prefix_cache", "fleetserve.kvcache.tiers",
            "transformers.modeling_utils", "transformers.generation.utils", "transformers.models.llama.modeling_llama")
@@ -87,6 +88,32 @@ def _preload() -> None:
         pass
 
 
+_architectures: set[str] = set()  # model folders whose modeling code this server has imported
+
+
+def _preload_architecture(args: list[str]) -> None:
+    """Import the modeling code of the model a fork will load (its config's `model_type`), once per model folder,
+    before the first fork: PRELOAD has Llama's only, and a Qwen or GPT-2 replica imported its own in every start.
+    A folder that says nothing usable only leaves the engine to import what it needs itself."""
+    try:
+        folder = args[args.index("--model") + 1]
+    except (ValueError, IndexError):
+        return
+    if folder in _architectures:
+        return
+    _architectures.add(folder)
+    try:
+        import importlib
+
+        from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+        model_type = json.loads((Path(folder) / "config.json").read_text())["model_type"]
+        name = model_type_to_module_name(str(model_type))
+        importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    except Exception as exc:  # noqa: BLE001  a slower start, never a failed one (the log says why)
+        print(f"fork server: {folder}'s modeling code not preloaded ({type(exc).__name__}: {exc})", file=sys.stderr)
+
+
 def _fork_engine(request: dict) -> tuple[int | None, bool]:
     """Fork the engine through a middle process that exits at once, so that the engine is re-parented to the
     supervisor (the subreaper). Returns (the engine's pid, or None if a fork failed; True in the engine)."""
@@ -123,6 +150,7 @@ def serve() -> tuple[dict, Callable[[], None]] | None:
     _send({"ready": os.getpid()})
     for line in sys.stdin.buffer:
         request = json.loads(line)
+        _preload_architecture(request["args"])
         sys.stdout.flush()  # nothing buffered may be written twice, by the child too
         arm = die_with_parent(int(request["death_signal"]))
         try:
