@@ -175,3 +175,30 @@ def test_a_model_folder_is_that_models_and_the_archives_top_folder_is_read(tmp_p
     top = tmp_path / "extracted" / "servegen_rate_traces"
     shutil.copytree(DATA, top)
     assert load_trace(tmp_path / "extracted", model="deepseek-r1", limit=5) == whole
+
+
+def test_a_rate_scale_scales_the_rates_before_arrivals_are_drawn(tmp_path):
+    """A 14-day rate file of 237 million requests was refused for its size before `--rate-scale 0.001` thinned it,
+    and the way out the error named (--limit) kept its first 25 seconds: the scale now applies to the rates."""
+    from tests.helpers import fleetserve
+
+    agg = tmp_path / "agg.csv"
+    rows = "".join(f"a/x,{600 * i},1000.0,3\n" for i in range(10))  # 6 million requests at 1 x
+    agg.write_text("model,window_start_s,total_rate_rps,active_clients\n" + rows)
+    with pytest.raises(TraceError, match="about 6,000,000 requests; give a smaller rate scale, or a limit"):
+        load_trace(agg, model="a/x")
+    thinned = load_trace(agg, model="a/x", rate_scale=0.001)  # 1 request/s x 6,000 s
+    assert 5_800 < len(thinned) < 6_200 and thinned[-1].arrival_s > 5_900  # all of the file's span, thinned
+    assert load_trace(agg, model="a/x", rate_scale=0.001, seed=1) != thinned
+    with pytest.raises(TraceError, match="a rate scale of 1e-09 leaves none"):
+        load_trace(agg, model="a/x", rate_scale=1e-9, duration_s=600)
+    out = tmp_path / "out.csv"
+    done = fleetserve("trace", "scale", str(agg), "--model", "a/x", "--rate", "0.001", "-o", str(out))
+    assert done.returncode == 0 and 5_800 < len(out.read_text().splitlines()) - 1 < 6_200, done.stderr
+    spec = Path(__file__).parents[2] / "examples" / "simulated-cloud.yaml"
+    simulated = fleetserve("simulate", str(spec), "--trace", str(agg), "--trace-model", "a/x", "--rate-scale", "0.001",
+                           "--json")
+    assert simulated.returncode == 0, simulated.stderr
+    import json
+
+    assert json.loads(simulated.stdout)["requests"] == len(thinned)  # the same draw (seed 0) as the loader's

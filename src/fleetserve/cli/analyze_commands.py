@@ -324,15 +324,18 @@ def trace_scale(
     if not path.exists():
         raise typer.BadParameter(f"{file} does not exist", param_hint="FILE")
     options = {k: v for k, v in {"model": model, "duration_s": duration}.items() if v is not None}
-    flags = {"model": "--model", "duration_s": "--duration"}
-    if options:
-        try:
-            found = detect_format(path)
-        except TraceError as exc:  # an empty or unreadable file: its own error (it was a traceback here)
-            raise fail(str(exc)) from None
-        if found != "servegen":  # said in the command line's words
-            raise typer.BadParameter(f"applies to ServeGen rate files only; {file} is {_a(found)} trace",
-                                     param_hint="/".join(flags[k] for k in options))
+    flags = {"model": "--model", "duration_s": "--duration", "rate_scale": "--rate"}
+    try:
+        found = detect_format(path)
+    except TraceError as exc:  # an empty or unreadable file: its own error (it was a traceback here)
+        raise fail(str(exc)) from None
+    if options and found != "servegen":  # said in the command line's words
+        raise typer.BadParameter(f"applies to ServeGen rate files only; {file} is {_a(found)} trace",
+                                 param_hint="/".join(flags[k] for k in options))
+    scaled = rate
+    if rate is not None and found == "servegen":  # its rates are scaled before its arrivals are drawn (thinning
+        options.update(rate_scale=rate, seed=seed)  # 237 million of them afterwards was refused for their number)
+        rate = None
     try:
         requests, start = load_timed_trace(path, limit, **options)
     except TraceError as exc:
@@ -350,7 +353,7 @@ def trace_scale(
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--time") from None
     if not requests:
-        raise typer.BadParameter(f"{rate:g} leaves none of the trace's requests; use a larger factor",
+        raise typer.BadParameter(f"{scaled:g} leaves none of the trace's requests; use a larger factor",
                                  param_hint="--rate")
     chosen = fmt is not None
     if fmt is None:

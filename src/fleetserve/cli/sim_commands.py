@@ -168,10 +168,16 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
         if trace_model is not None and (found := detect_format(Path(trace))) != "servegen":
             raise typer.BadParameter(f"applies to ServeGen rate files only; {trace} is a {found} trace",
                                      param_hint="--trace-model")
-        requests, own = load_timed_trace(trace, limit=limit, **({"model": trace_model} if trace_model else {}))
+        fmt = detect_format(Path(trace))
+        # a rate file's rates are scaled before its arrivals are drawn (`rate_scale` below: already done)
+        rated = {"rate_scale": rate_scale, "seed": seed} if fmt == "servegen" and rate_scale != 1.0 else {}
+        requests, own = load_timed_trace(trace, limit=limit, **({"model": trace_model} if trace_model else {}),
+                                         **rated)
     except TraceError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--trace-model" if exc.param == "model" else "--trace") from None
-    fmt = detect_format(Path(trace))
+        hints = {"model": "--trace-model", "rate_scale": "--rate-scale"}
+        raise typer.BadParameter(str(exc), param_hint=hints.get(exc.param, "--trace")) from None
+    if rated:
+        rate_scale = 1.0
     if (unit := millisecond_warning(requests, fmt)) is not None:
         said.append(unit)
     if fmt == "servegen":  # sizes the figures depend on, which the file does not carry

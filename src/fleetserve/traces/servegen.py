@@ -21,7 +21,7 @@ import io
 import math
 import re
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -227,11 +227,18 @@ def window_arrivals(w: RateWindow, rng: np.random.Generator, window_s: float = W
 def load_servegen(path: str | Path, model: str | None = None, seed: int = 0, start_s: float = 0.0,
                   duration_s: float | None = None, limit: int | None = None,
                   input_tokens: int = DEFAULT_INPUT_TOKENS,
-                  output_tokens: int = DEFAULT_OUTPUT_TOKENS) -> list[TraceRequest]:
+                  output_tokens: int = DEFAULT_OUTPUT_TOKENS, rate_scale: float = 1.0) -> list[TraceRequest]:
     """The requests of `duration_s` seconds of the rate file from `start_s`, or from the first window after it
     with a rate above 0 (a file whose windows begin at 43,200 s replays from there: the hours before it hold no
-    requests, and a fleet simulated through them would be paid for doing nothing); times counted from there."""
+    requests, and a fleet simulated through them would be paid for doing nothing); times counted from there.
+    `rate_scale` multiplies every window's rate before arrivals are drawn: 0.001 x of a 14-day file of 237
+    million requests is 237,000 of them (it had been refused for its size before the thinning, and `--limit`,
+    the way out it named, kept the first 25 seconds)."""
+    if not (math.isfinite(rate_scale) and rate_scale > 0):
+        raise ServeGenError(f"rate scale {rate_scale!r}: it must be a number above 0", "rate_scale")
     clients = read_clients(path, model)
+    if rate_scale != 1.0:
+        clients = [[replace(w, rate_rps=w.rate_rps * rate_scale) for w in c] for c in clients]
     busy = [w.start_s for c in clients for w in c if w.start_s > start_s - WINDOW_S and w.rate_rps > 0]
     if not busy:
         why = f"no window from {start_s:g} s on has a rate above 0" if start_s > 0 else "every window's rate is 0"
@@ -242,8 +249,10 @@ def load_servegen(path: str | Path, model: str | None = None, seed: int = 0, sta
     if limit is None and duration_s is None:
         expected = sum(w.rate_rps * WINDOW_S for c in clients for w in c if w.start_s > start_s - WINDOW_S)
         if expected > MAX_REQUESTS:
-            raise ServeGenError(f"{path}: about {expected:,.0f} requests; give a limit (--limit; `trace scale` "
-                                f"also takes --duration), at most {MAX_REQUESTS:,} without one")
+            scaled = f" at {rate_scale:g} x its rates" if rate_scale != 1.0 else ""
+            raise ServeGenError(f"{path}: about {expected:,.0f} requests{scaled}; give a smaller rate scale, or a "
+                                f"limit (--limit; `trace scale` also takes --duration), at most {MAX_REQUESTS:,} "
+                                "without one")
     by_start: list[dict[float, RateWindow]] = [{w.start_s: w for w in c} for c in clients]
     rng = np.random.default_rng(seed)
     out: list[TraceRequest] = []
@@ -255,4 +264,7 @@ def load_servegen(path: str | Path, model: str | None = None, seed: int = 0, sta
             out.append(TraceRequest(float(t - origin), input_tokens, output_tokens))
             if limit is not None and len(out) >= limit:
                 return out
+    if not out and rate_scale != 1.0:
+        raise ServeGenError(f"a rate scale of {rate_scale:g} leaves none of {path}'s requests; use a larger factor",
+                            "rate_scale")
     return out
