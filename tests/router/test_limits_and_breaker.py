@@ -197,3 +197,84 @@ def _refused(port: int) -> bytes:
             if data.startswith(b"HTTP/1.1 200"):
                 break
         return data
+
+
+def test_a_crash_that_cut_many_streams_leaves_no_open_breaker_on_the_next_process():
+    """One crash cut each stream under way, each a failure in a row: ten opened the breaker for 60 s, and the
+    replica started again took nothing all that time (its probes passing, /admin/load and the healthy gauge saying
+    healthy). A new process starts with a closed breaker: a new instance secret, or an answer after refusals."""
+    clock = ManualClock()
+    pool = BackendPool([], breaker=BreakerSettings(failures_to_open=3, open_seconds=60), clock=clock)
+    url = "http://127.0.0.1:9"
+    pool.set_backends([url], ready={url}, instances={url: "first"})
+    backend = pool.get("127.0.0.1:9")
+    for _ in range(5):  # one crash, five streams
+        pool.request_failed(backend, "failed mid-response")
+    assert backend.breaker == "open" and not backend.takes_traffic and backend.healthy
+    pool.set_backends([url], instances={url: "second"})  # its supervisor starts it again
+    pool.set_backends([url], ready={url}, instances={url: "second"})
+    assert backend.breaker == "closed" and backend.eligible and backend.takes_traffic
+    for _ in range(3):  # no secrets (an engine restarted in place): refused connections, then answers
+        pool.request_failed(backend, "failed mid-response")
+    pool.mark_unreachable(backend, "connection refused", refused=True)
+    assert backend.breaker == "open"
+    pool.set_backends([url], ready={url}, instances={url: "second"})
+    assert backend.breaker == "closed" and backend.eligible
+    pool.request_failed(backend, "boom")
+    pool.request_failed(backend, "boom")
+    assert backend.breaker == "closed"  # counted afresh: three in a row open it again
+    pool.request_failed(backend, "boom")
+    assert backend.breaker == "open"
+
+
+def test_a_restarted_engine_behind_the_real_router_is_taken_back_with_its_breaker_closed(tmp_path):
+    """The same through processes: 14 streams cut by a SIGKILL, the engine started again on its port."""
+    import signal
+    import threading
+
+    engine = Server(["engine", "--simulate", "fast", "--speedup", "0.02", "--served-model-name", "sim"],
+                    tmp_path / "engine.log").start()
+    router = Server(["router", "--backend", engine.url], tmp_path / "router.log").start()
+    started, ended = threading.Semaphore(0), []
+
+    def stream():
+        body = {"model": "sim", "prompt": "hello there", "max_tokens": 400, "stream": True}
+        try:
+            with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=60) as response:
+                lines = response.iter_lines()
+                next(lines)
+                started.release()
+                ended.append(any("error" in line for line in lines))
+        except httpx.HTTPError:
+            ended.append(True)
+
+    def backends() -> list[dict]:
+        return httpx.get(router.url + "/health", timeout=10).json()["backends"]
+
+    threads = [threading.Thread(target=stream, daemon=True) for _ in range(14)]
+    try:
+        for t in threads:
+            t.start()
+        for _ in threads:
+            assert started.acquire(timeout=60)
+        engine.kill(signal.SIGKILL)
+        for t in threads:
+            t.join(timeout=60)
+        assert len(ended) == 14 and all(ended), ended  # every stream cut, and told so
+        assert backends()[0]["breaker"] == "open"  # the crash tripped it
+        restarted = Server(["engine", "--simulate", "fast", "--served-model-name", "sim"], tmp_path / "engine2.log",
+                           port=engine.port).start()
+        try:
+            wait_until(lambda: backends()[0]["healthy"], 30, what="the router's probes of the new process")
+            (seen,) = backends()
+            assert seen["breaker"] == "closed", seen
+            load = httpx.get(router.url + "/admin/load", timeout=10).json()["backends"][0]
+            assert load["healthy"] and load["breaker"] == "closed", load
+            answer = httpx.post(router.url + "/v1/completions", json={"model": "sim", "prompt": "hi", "max_tokens": 3},
+                                timeout=30)
+            assert answer.status_code == 200, answer.text
+        finally:
+            restarted.stop()
+    finally:
+        router.stop()
+        engine.stop()

@@ -553,7 +553,8 @@ class Gateway:
                   "routed_total": self.routed_total,
                   "ttft_p95_ms": self.ttft_p95_ms(),
                   "model_cards": sorted(self.model_cards),  # served names whose card a replica gave (for zero)
-                  "backends": [{"url": b.url, "healthy": b.healthy, "draining": b.draining, "in_flight": b.in_flight,
+                  "backends": [{"url": b.url, "healthy": b.takes_traffic, "breaker": b.breaker,
+                                "draining": b.draining, "in_flight": b.in_flight,
                                 "running": b.running if b.engine_running is None else b.engine_running,
                                 "waiting": _engine_waiting(b)} for b in pool]}
         if self.peers is not None:
@@ -636,7 +637,7 @@ class Gateway:
                 for reason in EJECTION_REASONS:
                     m.ejections.labels(b.id, reason)
                 self._ejections_made.add(b.id)
-            m.healthy.labels(b.id).set(1 if b.healthy else 0)
+            m.healthy.labels(b.id).set(1 if b.takes_traffic else 0)
             m.in_flight.labels(b.id).set(b.in_flight)
             if learner is not None and b.id in learner.estimates:
                 m.backend_cache_horizon.labels(b.id).set(learner.horizon(b.id))

@@ -94,6 +94,21 @@ class Backend:
     def eligible(self) -> bool:
         return self.healthy and not self.draining and self.clock() >= self.open_until
 
+    @property
+    def takes_traffic(self) -> bool:
+        """Healthy and its breaker not open (draining aside): what /admin/load and the healthy gauge report. They
+        had said healthy while an open breaker sent it nothing, and `status` counted it ready."""
+        return self.healthy and self.clock() >= self.open_until
+
+    def new_process(self) -> None:
+        """Another process answers for it (a restart): what tripped the breaker, or counted toward it, was the one
+        before. A crash that cut ten streams had opened it for 60 s, and the restarted replica, its probes passing,
+        took nothing all that time."""
+        if self.tripped:
+            log.info("circuit breaker closed for %s: a new process answers", self.url)
+        self.tripped, self.open_until, self.request_failures, self.half_open_successes = False, 0.0, 0, 0
+        self.answers.clear()
+
     def view(self) -> ReplicaView:
         return ReplicaView(self.id, self.url, self.eligible, self.in_flight, self.waiting, self.running,
                            self.prefill_backlog, self.cache_blocks, self.reported_in_flight)
@@ -190,6 +205,7 @@ class BackendPool:
             if instances is not None and instance != backend.instance:
                 if backend.instance is not None:  # what its idle connections reach is the start before this one
                     self._client.forget_idle(backend.url)
+                backend.new_process()
                 backend.instance, backend.successes = instance, 0  # another start: its own probes count, and
                 if not now_ready and backend.healthy:  # until they pass it takes nothing (a replica the router's
                     backend.healthy, backend.last_error = False, "restarting (a new process)"  # probes had taken in
@@ -288,6 +304,7 @@ class BackendPool:
         is a new process with an empty cache (`on_restart`)."""
         if backend.refused:
             backend.refused = False
+            backend.new_process()
             for listener in self.on_restart:
                 listener(backend.id)
 
