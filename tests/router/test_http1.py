@@ -410,3 +410,72 @@ def test_a_client_that_reads_slowly_but_reads_is_not_cut():
 
     cut_while_reading, got = run(main())
     assert not cut_while_reading and got > 0
+
+
+def test_an_upgrade_or_connect_gets_one_answer_that_says_so():
+    """A request with `Upgrade: h2c` (curl --http2 on http://) was served with its body unread ("request body is
+    empty") and then answered a second, unrequested 400; a CONNECT got "`on_message_complete` callback error"."""
+    async def main():
+        door, port = await start(echo)
+        upgrade = await exchange(port, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n"
+                                       b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\n"
+                                       b"http2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+                                       b"content-length: 2\r\n\r\n{}")
+        ws = await exchange(port, b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n"
+                                  b"\r\nGET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        connect = await exchange(port, b"CONNECT 127.0.0.1:443 HTTP/1.1\r\nhost: 127.0.0.1:443\r\n\r\n")
+        plain = await exchange(port, b"GET /a HTTP/1.1\r\nhost: x\r\nupgrade: h2c\r\nconnection: close\r\n\r\n")
+        await door.shutdown(1)
+        return upgrade, ws, connect, plain
+
+    upgrade, ws, connect, plain = run(main())
+    for out, protocol in ((upgrade, b"h2c"), (ws, b"websocket")):
+        assert out.count(b"content-length:") == 1 and out.startswith(b"HTTP/1.1 400"), out  # one answer
+        assert b"protocol upgrades are not supported (Upgrade: " + protocol + b")" in out, out
+    assert connect.count(b"content-length:") == 1 and connect.startswith(b"HTTP/1.1 405"), connect
+    assert b"CONNECT is not supported" in connect and b"callback" not in connect
+    assert plain.startswith(b"HTTP/1.1 200") and b"x-path: /a" in plain  # Upgrade without Connection: upgrade
+
+
+def test_a_transfer_coding_other_than_chunked_is_501_naming_it():
+    """`Transfer-Encoding: gzip, chunked` was answered "request body is not valid JSON: 'utf-8' codec can't
+    decode byte 0x8b": the parser undoes chunked only."""
+    async def main():
+        door, port = await start(echo)
+        out = await exchange(port, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip, chunked\r\n"
+                                   b"\r\n2\r\n{}\r\n0\r\n\r\n")
+        fine = await exchange(port, b"POST /a HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close"
+                                    b"\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+        await door.shutdown(1)
+        return out, fine
+
+    out, fine = run(main())
+    assert out.startswith(b"HTTP/1.1 501") and b"transfer coding 'gzip' is not supported" in out, out
+    assert fine.startswith(b"HTTP/1.1 200") and fine.endswith(b"{}")
+
+
+def test_tls_agrees_on_http11_by_alpn(tmp_path):
+    """A client offering h2 and http/1.1 got "server did not agree on a protocol"."""
+    import ssl
+
+    from fleetserve.router.server import server_tls
+    from fleetserve.router.tls import ensure_self_signed
+
+    cert, key = ensure_self_signed(tmp_path)
+
+    async def main():
+        door = await http1.serve(echo, error, "127.0.0.1", 0, limits=SizeLimits(),
+                                 ssl=server_tls((str(cert), str(key))))
+        port = door.server.sockets[0].getsockname()[1]
+        client = ssl.create_default_context(cafile=str(cert))
+        client.set_alpn_protocols(["h2", "http/1.1"])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client)
+        agreed = writer.get_extra_info("ssl_object").selected_alpn_protocol()
+        writer.write(b"GET /x HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        out = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        await door.shutdown(1)
+        return agreed, out
+
+    agreed, out = run(main())
+    assert agreed == "http/1.1" and out.startswith(b"HTTP/1.1 200") and b"x-path: /x" in out

@@ -27,6 +27,10 @@ def test_keys_map_to_tenants_and_tenants_do_not_share_cache(tmp_path):
         assert httpx.post(gw.url + "/v1/completions", json=body, timeout=30).status_code == 401
         wrong = httpx.post(gw.url + "/v1/completions", json=body, headers={"authorization": "Bearer nope"}, timeout=30)
         assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+        for pair in (("nope", "alpha-key"), ("alpha-key", "nope")):  # the last had won, whatever the first said
+            twice = httpx.post(gw.url + "/v1/completions", json=body, timeout=30,
+                               headers=[("authorization", f"Bearer {key}") for key in pair])
+            assert twice.status_code == 400 and twice.json()["error"]["param"] == "authorization", twice.text
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=gw.url + "/v1", api_key="nope", max_retries=0).models.list()
 

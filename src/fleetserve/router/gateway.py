@@ -275,6 +275,7 @@ class Gateway:
         started = self.clock()
         forwarded: list[tuple[bytes, bytes]] = []
         authorization = given_id = None
+        authorizations = 0
         content_type = host = encoding = None
         browser: dict[bytes, bytes] = {}
         hop_by_hop: set[bytes] = set()
@@ -282,6 +283,7 @@ class Gateway:
             if k in NOT_FORWARDED:
                 if k == b"authorization":
                     authorization = v
+                    authorizations += 1
                 elif k == REQUEST_ID_HEADER:
                     given_id = v
                 elif k == b"host":
@@ -307,11 +309,14 @@ class Gateway:
         post = request.method == "POST"
         tenant = None
         body: dict | None = None
-        if self.settings.served_models and not self.pool.any_eligible() and \
+        if self.settings.served_models and not self.pool.any_eligible() and authorizations <= 1 and \
                 self._answered_at_zero(request, responder, authorization, rid, started):
             return
         try:
             if self.settings.keyring is not None:
+                if authorizations > 1:  # which one is the client's? The last had won, whatever the first said
+                    raise APIError(400, f"the request carries {authorizations} Authorization headers; send one",
+                                   param="authorization", code="invalid_request_error")
                 tenant = self.settings.keyring.tenant(authorization.decode("latin-1") if authorization else None)
             if post:  # the request_rate scaling signal: a client without a valid key had moved it too
                 self.requests_total += 1

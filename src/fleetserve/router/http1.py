@@ -294,7 +294,13 @@ class HTTPConnection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._reject(400, "protocol upgrades are not supported", "bad_request")
+            if self.parser.get_method() == b"CONNECT":
+                self._reject(405, "CONNECT is not supported: this is an OpenAI API endpoint, not a proxy",
+                             "method_not_allowed")
+            else:
+                upgrade = next((v.decode("latin-1") for k, v in self._headers if k == b"upgrade"), "")
+                self._reject(400, f"protocol upgrades are not supported (Upgrade: {upgrade}): send the request "
+                                  "as HTTP/1.1 without Upgrade and Connection: upgrade", "bad_request")
         except httptools.HttpParserError as exc:
             if not self._rejected:
                 self._reject(400, f"malformed HTTP request: {exc}", "bad_request")
@@ -353,6 +359,12 @@ class HTTPConnection(asyncio.Protocol):
                     length = None
             elif k == b"expect" and v.lower() == b"100-continue":
                 expect = True
+            elif k == b"transfer-encoding":  # the parser undoes chunked only: a gzip body was read as bad JSON
+                other = [c for c in (c.strip().lower() for c in v.split(b",")) if c and c != b"chunked"]
+                if other:
+                    self._reject(501, f"transfer coding {other[0].decode('latin-1')!r} is not supported: send the "
+                                      "body as is, with Content-Length or chunked", "not_implemented")
+                    raise httptools.HttpParserError("transfer coding")
         if length is not None and length > self.limits.max_body_bytes:
             self._reject(413, _body_message(length, self.limits.max_body_bytes), "request_too_large")
             raise httptools.HttpParserError("body too large")
@@ -368,6 +380,8 @@ class HTTPConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._stop_reading_timer()
+        if self.parser.should_upgrade():  # an Upgrade (h2c, websocket) or a CONNECT: refused once, in
+            return  # data_received. It had been served too, its body unread: two answers to one request
         url = httptools.parse_url(self._url)
         path = url.path.decode("latin-1")
         request = Request(self.parser.get_method().decode("latin-1"), path, url.query or b"", self._headers,

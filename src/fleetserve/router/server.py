@@ -62,6 +62,9 @@ def server_tls(tls: tuple[str, str] | None) -> ssl_module.SSLContext | None:
         return None
     context = ssl_module.SSLContext(ssl_module.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(tls[0], tls[1])
+    # ALPN: a client that offers h2 and http/1.1 is told which one this is (without it, clients that ask got
+    # "server did not agree on a protocol" and fell back on their own)
+    context.set_alpn_protocols(["http/1.1"])
     return context
 
 
