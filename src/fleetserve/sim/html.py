@@ -19,18 +19,37 @@ from fleetserve.sim.fleet import SimFleet
 from fleetserve.sim.report import table_sections
 
 BUCKET_S = 60.0
+# the buckets of the per-period series, the shortest that leaves at most MOST_BUCKETS bars over the run: a week
+# drawn in minutes was 10,080 bars a pixel too narrow to show, and a 3.9 MB page for two requests
+BUCKETS = ((60.0, "minute"), (300.0, "5 minutes"), (900.0, "15 minutes"), (3600.0, "hour"), (4 * 3600.0, "4 hours"),
+           (86400.0, "day"))
+MOST_BUCKETS = 720
+LEAST_SHADE = 1 / 300  # a shaded window is drawn at least this share of the time axis wide (5 minutes of a week)
 
 
-def _svg(fig) -> str:
+def bucket_for(duration_s: float) -> tuple[float, str]:
+    """(seconds, name) of the series' bucket for a run of `duration_s`."""
+    for seconds, name in BUCKETS:
+        if duration_s / seconds <= MOST_BUCKETS:
+            return seconds, name
+    return BUCKETS[-1]
+
+
+def _svg(fig, prefix: str) -> str:
     """The figure as SVG, the same bytes for the same figure: no date in its metadata and element ids from a
-    fixed salt (matplotlib's random ids and timestamp made two reports of one seed differ)."""
+    fixed salt (matplotlib's random ids and timestamp made two reports of one seed differ), each id and reference
+    to one prefixed with `prefix` (every figure of a page had figure_1, axes_1 and the same clip paths)."""
+    import re
+
     import matplotlib
 
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.hashsalt": "fleetserve"}):
         fig.savefig(buf, format="svg", metadata={"Date": None})
     text = buf.getvalue()
-    return text[text.index("<svg"):]
+    text = text[text.index("<svg"):]
+    text = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{prefix}{m[1]}"', text)
+    return re.sub(r'(url\(#|href="#)([^")]+)', lambda m: f"{m[1]}{prefix}{m[2]}", text)
 
 
 SHADED_SPANS = 400  # at most this many shaded spans per kind: a plot's width shows no more
@@ -69,22 +88,30 @@ MARGINS = {"left": 0.085, "right": 0.985, "bottom": 0.19, "top": 0.87}
 
 
 def _shade(ax, report: dict, unit: float) -> None:
+    least = (report.get("duration_s") or 0.0) * LEAST_SHADE
+
+    def span(a: float, b: float, **style) -> None:
+        if b - a < least:  # widened about its middle, to be seen
+            a, b = (a + b - least) / 2, (a + b + least) / 2
+        ax.axvspan(a / unit, b / unit, lw=0, **style)
+
     for a, b in shaded_spans(report["peak"]["windows"]):
-        ax.axvspan(a / unit, b / unit, color="tab:red", alpha=0.08, lw=0)
+        span(a, b, color="tab:red", alpha=0.08)
     for a, b in shaded_spans(report["idle"]["windows"]):
-        ax.axvspan(a / unit, b / unit, color="tab:blue", alpha=0.08, lw=0)
+        span(a, b, color="tab:blue", alpha=0.08)
     for a, b in (report.get("worst") or {}).get("windows", []):
-        ax.axvspan(a / unit, b / unit, color="tab:orange", alpha=0.15, lw=0)
+        span(a, b, color="tab:orange", alpha=0.15)
 
 
-def _per_minute(fleet: SimFleet) -> dict[str, np.ndarray]:
-    """Per-minute series over the whole run: minutes (x), TTFT p95 and the cached share of prompt tokens of the
-    answered requests (NaN where a minute has none), arrivals answered, and arrivals refused or failed. One sort,
-    not a pass over every request per minute (a day of 5 million requests is 1,440 minutes)."""
+def _per_minute(fleet: SimFleet, bucket_s: float = BUCKET_S) -> dict[str, np.ndarray]:
+    """Per-bucket series over the whole run (minutes unless the run is long: `bucket_for`): minutes (x), TTFT p95
+    and the cached share of prompt tokens of the answered requests (NaN where a bucket has none), arrivals answered,
+    and arrivals refused or failed. One sort, not a pass over every request per bucket (a day of 5 million
+    requests is 1,440 minutes)."""
     if not fleet.requests:
         return {}
     reqs = fleet.requests
-    bins = (np.array([r.arrival - fleet.t0 for r in reqs]) // BUCKET_S).astype(int)
+    bins = (np.array([r.arrival - fleet.t0 for r in reqs]) // bucket_s).astype(int)
     n = int(bins.max()) + 1
     ok = np.array([r.first is not None and r.done is not None and r.error is None for r in reqs])
     answered = [r for r, good in zip(reqs, ok, strict=True) if good]
@@ -99,7 +126,7 @@ def _per_minute(fleet: SimFleet) -> dict[str, np.ndarray]:
         p95[b] = np.percentile(ttft[order[starts[b]:starts[b + 1]]], 95)
     with np.errstate(invalid="ignore", divide="ignore"):
         hits = np.where(count > 0, cached / np.maximum(prompt, 1.0), np.nan)
-    return {"x": np.arange(n) * BUCKET_S / 60, "ttft_p95": p95, "hit": hits,
+    return {"x": np.arange(n) * bucket_s / 60, "ttft_p95": p95, "hit": hits,
             "answered": count, "failed": np.bincount(bins[~ok], minlength=n)}
 
 
@@ -132,7 +159,8 @@ def render_html(fleet: SimFleet, report: dict, title: str, checks: list | None =
     import matplotlib.pyplot as plt
 
     plt.rcParams["svg.fonttype"] = "none"
-    minute = _per_minute(fleet)
+    bucket, per = bucket_for(report.get("duration_s") or 0.0)
+    minute = _per_minute(fleet, bucket)
     series = np.array(fleet.series) if fleet.series else np.zeros((1, 6))
     unit, unit_name = time_unit(report.get("duration_s") or 0.0)
     if minute:
@@ -141,7 +169,7 @@ def render_html(fleet: SimFleet, report: dict, title: str, checks: list | None =
     fig, ax = plt.subplots(figsize=(9, 3))
     _shade(ax, report, unit)
     if minute and np.isfinite(minute["ttft_p95"]).any():
-        ax.plot(minute["x"], minute["ttft_p95"], lw=1.2, marker="o", ms=3, label="TTFT p95 per minute")
+        ax.plot(minute["x"], minute["ttft_p95"], lw=1.2, marker="o", ms=3, label=f"TTFT p95 per {per}")
         ax.set_yscale("log")
     ax.axhline(report["slo"]["ttft_p95_ms"], color="tab:red", ls="--", lw=1, label="SLO")
     ax.set(xlabel=unit_name, ylabel="ms",
@@ -151,11 +179,11 @@ def render_html(fleet: SimFleet, report: dict, title: str, checks: list | None =
     if minute:
         fig, ax = plt.subplots(figsize=(9, 2.6))
         _shade(ax, report, unit)
-        ax.bar(minute["x"], minute["answered"], width=BUCKET_S / unit, align="edge", color="tab:gray", label="answered")
-        ax.bar(minute["x"], minute["failed"], width=BUCKET_S / unit, align="edge", bottom=minute["answered"],
+        ax.bar(minute["x"], minute["answered"], width=bucket / unit, align="edge", color="tab:gray", label="answered")
+        ax.bar(minute["x"], minute["failed"], width=bucket / unit, align="edge", bottom=minute["answered"],
                color="tab:red", label="refused or failed")
         ax.set(xlabel=unit_name, ylabel="requests",
-               title=f"Requests per minute ({report['failed']} refused or failed, {report['error_rate']:.2%})")
+               title=f"Requests per {per} ({report['failed']} refused or failed, {report['error_rate']:.2%})")
         ax.set_ylim(0, max(1.0, float((minute["answered"] + minute["failed"]).max())) * 1.15)  # room for the legend
         ax.legend(loc="best", fontsize=8, framealpha=0.6)
         figs.append(fig)
@@ -165,12 +193,15 @@ def render_html(fleet: SimFleet, report: dict, title: str, checks: list | None =
     ax.step(series[:, 0] / unit, series[:, 1], where="post", label="replicas serving")
     ax.step(series[:, 0] / unit, series[:, 3], where="post", label="nodes", ls=":")
     ax.set(xlabel=unit_name, ylabel="count", title="Replicas and nodes")
+    ax.set_ylim(0, max(1.0, float(series[:, 1:4].max())) * 1.15)  # a run that never started one: 0 to 1, not +-0.04
     ax.legend(loc="best", fontsize=8, framealpha=0.6)
     figs.append(fig)
     fig, ax = plt.subplots(figsize=(9, 2.6))
     _shade(ax, report, unit)
     ax.step(series[:, 0] / unit, series[:, 4], where="post", color="tab:green")
     ax.set(xlabel=unit_name, ylabel="$/hour", title=f"Cost (total ${report['cost_usd']:.2f})")
+    top = float(series[:, 4].max())
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
     figs.append(fig)
     if minute and np.isfinite(minute["hit"]).any():
         fig, ax = plt.subplots(figsize=(9, 2.6))
@@ -183,7 +214,7 @@ def render_html(fleet: SimFleet, report: dict, title: str, checks: list | None =
         f.subplots_adjust(**MARGINS)
         for ax in f.axes:
             ax.set_xlim(0, max(span, BUCKET_S / unit))
-    svgs = [_svg(f) for f in figs]
+    svgs = [_svg(f, f"f{i}-") for i, f in enumerate(figs)]
     for f in figs:
         plt.close(f)
     rows = "".join(
