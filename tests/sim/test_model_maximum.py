@@ -120,6 +120,13 @@ def test_the_kv_bound_is_a_gpu_engines_only():
                     {"model": {"source": "hf:acme/mystery-7b"}, "engine": {"kind": "builtin"}}):
         report = simulate(endpoint_of("k", {**written, "replicas": 1}), trace, SimOptions()).report
         assert "context_length_exceeded" not in report["failed_by_reason"], (written, report["failed_by_reason"])
+        # an external server's speed is not known here: it was simulated at the CPU profile's without a word
+        external = written["engine"]["kind"] == "external"
+        assert any("speed the simulator cannot know" in w for w in report["warnings"]) == external, report["warnings"]
+    external = {"model": {"source": "hf:acme/mystery-7b"}, "engine": {"kind": "external", "urls": ["http://10.0.0.1:8000"]},
+                "replicas": 1}
+    given = simulate(endpoint_of("k", external), trace, SimOptions(profile="h100-8b")).report  # its own: no word
+    assert not any("cannot know" in w for w in given["warnings"])
 
 
 def test_a_local_winner_of_several_replicas_says_they_share_the_machine():

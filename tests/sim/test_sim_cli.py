@@ -402,7 +402,10 @@ def test_every_bad_input_with_json_prints_one_errors_object_on_stdout(tmp_path):
         (("simulate", spec, "--trace", TRACE, "--no-such-flag"), "--no-such-flag"),
         (("plan", spec, "--trace", TRACE, "--profile", "no-such-profile", "-o", str(tmp_path / "p.yaml")),
          "--profile"),
-        (("analyze", str(garbage)), None),
+        (("analyze", str(garbage)), "FILE"),  # the file's own errors named no path: ""
+        (("bench", "routing", "--trace", str(garbage)), "--trace"),
+        (("validate", str(tmp_path / "none.yaml")), "SPEC"),
+        (("simulate", str(tmp_path), "--trace", TRACE), "SPEC"),
     ):
         r = fleetserve(*args, "--json")
         assert r.returncode == 2, (args, r.stderr)

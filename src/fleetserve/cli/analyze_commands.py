@@ -116,7 +116,7 @@ def analyze(
     except ProfileError as exc:
         raise fail(f"--profile: {exc}") from None
     except (AnalyzeInputError, TraceError) as exc:
-        raise fail(str(exc)) from None
+        raise fail(str(exc), fallback="FILE") from None
     for warning in result["warnings"]:
         err.print(f"warning: {warning}", markup=False)
     if as_json:
@@ -328,7 +328,7 @@ def trace_scale(
     try:
         found = detect_format(path)
     except TraceError as exc:  # an empty or unreadable file: its own error (it was a traceback here)
-        raise fail(str(exc)) from None
+        raise fail(str(exc), fallback="FILE") from None
     if options and found != "servegen":  # said in the command line's words
         raise typer.BadParameter(f"applies to ServeGen rate files only; {file} is {_a(found)} trace",
                                  param_hint="/".join(flags[k] for k in options))
@@ -341,7 +341,7 @@ def trace_scale(
     except TraceError as exc:
         if exc.param in flags:
             raise typer.BadParameter(str(exc), param_hint=flags[exc.param]) from None
-        raise fail(str(exc)) from None
+        raise fail(str(exc), fallback="FILE") from None
     if rate is not None:
         try:
             requests = scale_rate(requests, rate, seed=seed)

@@ -216,7 +216,9 @@ def bench_routing(
                              sweep_utilizations=loads)
         except ProfileError as exc:
             raise fail(f"--profile: {exc}", EXIT_USAGE) from None
-        except (TraceError, ValueError, OSError) as exc:
+        except TraceError as exc:
+            raise fail(str(exc), EXIT_USAGE, fallback="--trace") from None
+        except (ValueError, OSError) as exc:
             raise fail(str(exc), EXIT_USAGE) from None
         for warning in result["warnings"]:
             err.print(f"warning: {warning}", markup=False)

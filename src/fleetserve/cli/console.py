@@ -28,12 +28,13 @@ out = _stdout()
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
-def fail(message: str, code: int = EXIT_USAGE, path: str | None = None) -> typer.Exit:
+def fail(message: str, code: int = EXIT_USAGE, path: str | None = None, fallback: str = "") -> typer.Exit:
     """Print `error: message` on stderr (never read as rich markup: paths and values hold brackets) and return
     the exit to raise. Bad input to a command run with --json is also printed as JSON on stdout, under `path`
-    (by default the flag or field the message starts with)."""
+    (by default the flag or field the message starts with, else `fallback`: the argument or flag whose file it
+    is, where the message starts with the file's name)."""
     if code == EXIT_USAGE and wants_json():
-        print_errors_json([(_named_path(message) if path is None else path, message)])
+        print_errors_json([((_named_path(message) or fallback) if path is None else path, message)])
     err.print("[red]error:[/red] ", end="")
     err.print(message, markup=False)
     return typer.Exit(code)
@@ -65,7 +66,7 @@ def print_errors_json(errors: list[tuple[str, str]]) -> None:
 def print_spec_errors(exc) -> None:
     """A spec's problems as JSON on stdout, for a command run with --json (`validate`, `render`, `simulate`,
     `verify` and `plan`)."""
-    print_errors_json([(p.path, p.message) for p in exc.problems])
+    print_errors_json([(p.path or "SPEC", p.message) for p in exc.problems])  # the file itself: missing, a folder
 
 
 _NAMED = re.compile(r"(--[a-z][\w-]*(?=[: ])|(?:spec|metadata)(?:\.[\w\-/\[\]]+)*(?=: )|[A-Z]+(?=: ))")

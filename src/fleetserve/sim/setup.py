@@ -112,6 +112,10 @@ def profile_for(instance_type: str, catalog: Catalog, options: SimOptions, spec=
         return options.profile
     if options.profile:
         return resolve(options.profile)
+    if spec is not None and spec.engine.kind == "external" and notes is not None:  # it ran with no word
+        notes.add("engine.kind external: the servers at engine.urls run at a speed the simulator cannot know; "
+                  f"simulated with the {'cpu-135m' if instance_type == 'local' else 'GPU roofline'} profile "
+                  "(give --profile, e.g. one `fleetserve profile` measured, for theirs)")
     if instance_type == "local":
         return profile("cpu-135m")
     gpu = catalog.get(instance_type).gpu
