@@ -597,6 +597,8 @@ def test_down_of_a_dead_fleet_leaves_a_stopped_record_without_stale_replicas_or_
     assert fleetserve("down", "dead", env=home).returncode == 0
     again = fleetserve("down", "dead", env=home)  # `down` twice is done, not a failure (it exited 1)
     assert again.returncode == 0 and "fleet dead is not running (stopped already)" in again.stdout, again
+    unnamed = fleetserve("down", env=home)  # the only fleet, stopped: done too
+    assert unnamed.returncode == 0 and "no fleet is running (dead: stopped already)" in unnamed.stdout, unnamed
     assert fleetserve("dashboard", "open", "dead", env=home).returncode == 1  # nothing to open: the fleets' state
     (shown,) = status(home, "dead")
     assert shown["status"] == "stopped" and [r["state"] for r in shown["replicas"]] == ["stopped"], shown

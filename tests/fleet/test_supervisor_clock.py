@@ -528,12 +528,24 @@ def test_a_replica_the_router_has_out_is_not_counted_as_serving(make, tmp_path, 
     r = Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.READY, node="n0"), 9, "n0",
                 requested_at=mono(), child=ReadyChild(), started_at=mono())
     sup.replicas.append(r)
-    sup._router_out = {"http://127.0.0.1:9"}  # the router's last load report: healthy false
+    sup._router_out = {"http://127.0.0.1:9": "failing health checks"}  # the router's last load report
     sup._save()
-    assert sup.state.ready == 0 and r.state.router_healthy is False
-    sup._router_out = set()
+    assert sup.state.ready == 0 and r.state.router_healthy is False and r.state.router_why == "failing health checks"
+    sup._router_out = {}
     sup._save()
-    assert sup.state.ready == 1 and r.state.router_healthy is True
+    assert sup.state.ready == 1 and r.state.router_healthy is True and r.state.router_why == ""
+    # its probes pass but its breaker is open: out too, and `status` says which (it said failing health checks)
+    from fleetserve.fleet.supervisor import router_out
+
+    sup._router_out = router_out({"backends": [
+        {"url": "http://127.0.0.1:9", "healthy": False, "breaker": "open", "in_flight": 0},
+        {"url": "http://127.0.0.1:8", "healthy": False, "breaker": "closed", "in_flight": 0},
+        {"url": "http://127.0.0.1:7", "healthy": True, "breaker": "half-open", "in_flight": 0}]})
+    assert sup._router_out == {"http://127.0.0.1:9": "circuit breaker open",
+                               "http://127.0.0.1:8": "failing health checks"}
+    sup._save()
+    assert sup.state.ready == 0 and r.state.router_why == "circuit breaker open"
+    assert router_out(None) == {}
 
 
 def test_each_scaling_change_is_logged_once_with_its_numbers_and_its_own_time(make, tmp_path, monkeypatch):

@@ -432,7 +432,7 @@ def test_an_upgrade_or_connect_gets_one_answer_that_says_so():
     for out, protocol in ((upgrade, b"h2c"), (ws, b"websocket")):
         assert out.count(b"content-length:") == 1 and out.startswith(b"HTTP/1.1 400"), out  # one answer
         assert b"protocol upgrades are not supported (Upgrade: " + protocol + b")" in out, out
-    assert connect.count(b"content-length:") == 1 and connect.startswith(b"HTTP/1.1 405"), connect
+    assert connect.count(b"content-length:") == 1 and connect.startswith(b"HTTP/1.1 501"), connect
     assert b"CONNECT is not supported" in connect and b"callback" not in connect
     assert plain.startswith(b"HTTP/1.1 200") and b"x-path: /a" in plain  # Upgrade without Connection: upgrade
 

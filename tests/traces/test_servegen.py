@@ -190,6 +190,10 @@ def test_a_rate_scale_scales_the_rates_before_arrivals_are_drawn(tmp_path):
     thinned = load_trace(agg, model="a/x", rate_scale=0.001)  # 1 request/s x 6,000 s
     assert 5_800 < len(thinned) < 6_200 and thinned[-1].arrival_s > 5_900  # all of the file's span, thinned
     assert load_trace(agg, model="a/x", rate_scale=0.001, seed=1) != thinned
+    # a chunk file's Gamma and Weibull windows: their count is rounded up at 1 x (ServeGen's), at random when
+    # scaled (rounded up, 0.001 x kept one request in every busy window of every client: 95 where 14 were due)
+    whole = len(load_trace(DATA, model="deepseek-r1"))
+    assert 3 <= len(load_trace(DATA, model="deepseek-r1", rate_scale=0.001)) <= 30 < whole // 100
     with pytest.raises(TraceError, match="a rate scale of 1e-09 leaves none"):
         load_trace(agg, model="a/x", rate_scale=1e-9, duration_s=600)
     out = tmp_path / "out.csv"

@@ -304,7 +304,9 @@ def trace_scale(
     fmt: Annotated[str | None, typer.Option("--format", help="mooncake, prompts or azure (default: as read)")
                    ] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed for rate scaling")] = 0,
-    limit: Annotated[int | None, typer.Option(min=1, help="First N requests of the file, in file order")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="First N requests of the file, in file order (a "
+                                                          "ServeGen file: the first N arrivals drawn at its rates "
+                                                          "times --rate)")] = None,
     model: Annotated[str | None, typer.Option(help="ServeGen: the model folder or name")] = None,
     duration: Annotated[float | None, float_option(min=1, help="ServeGen: seconds of the rate file to read")] = None,
 ) -> None:
@@ -333,9 +335,10 @@ def trace_scale(
         raise typer.BadParameter(f"applies to ServeGen rate files only; {file} is {_a(found)} trace",
                                  param_hint="/".join(flags[k] for k in options))
     scaled = rate
-    if rate is not None and found == "servegen":  # its rates are scaled before its arrivals are drawn (thinning
-        options.update(rate_scale=rate, seed=seed)  # 237 million of them afterwards was refused for their number)
-        rate = None
+    if found == "servegen":  # its arrivals are drawn with --seed, at its rates scaled first (thinning 237 million
+        options["seed"] = seed  # of them afterwards was refused for their number)
+        if rate is not None:
+            options["rate_scale"], rate = rate, None
     try:
         requests, start = load_timed_trace(path, limit, **options)
     except TraceError as exc:

@@ -430,7 +430,8 @@ def _print_fleet(f) -> None:
     table = Table("replica", Column("url", overflow="fold"), "state", "node", "pid", "restarts", "cold start")
     for r in f.replicas:
         cold = f"{r.cold_start_s:.1f}s" if r.cold_start_s is not None else "-"
-        state = f"{r.state} (router: failing health checks)" if r.router_healthy is False else r.state
+        state = f"{r.state} (router: {r.router_why or 'failing health checks'})" if r.router_healthy is False \
+            else r.state
         table.add_row(r.id, r.url, state, f"{r.node} {r.instance_type}".strip(), str(r.pid or "-"),
                       str(r.restarts), cold)
     out.print(table)  # piped: as wide as it needs (cli/console.py); on a terminal a URL folds, never cut to "…"
@@ -455,7 +456,8 @@ def down(
         state = pick_fleet(name)
     except FleetError as exc:
         if exc.stopped is not None:  # `down` twice is done, not a failure (it exited 1, as `docker stop` does not)
-            out.print(f"fleet {exc.stopped.name} is not running ({exc.stopped.status} already)", markup=False)
+            out.print(f"fleet {exc.stopped.name} is not running ({exc.stopped.status} already)" if name else str(exc),
+                      markup=False)
             return
         raise fail(str(exc), exc.exit_code) from None
     with err.status(f"stopping fleet {state.name}: requests under way may finish (up to {stop_wait_s(state):.0f} s)"):

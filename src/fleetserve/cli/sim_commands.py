@@ -40,7 +40,9 @@ RateOpt = Annotated[float, float_option(min=0.001, help="Multiply the trace's re
 ReportOpt = Annotated[str | None, typer.Option("--report", help="Write a self-contained HTML report here")]
 LimitOpt = Annotated[int | None, typer.Option(min=1, help="Only the first N requests of the trace file, in file "
                                                            "order (taken before the rate scale makes copies or thins "
-                                                           "them; sort a file whose rows are out of time order)")]
+                                                           "them; sort a file whose rows are out of time order; a "
+                                                           "ServeGen file: the first N arrivals drawn at its scaled "
+                                                           "rates)")]
 WindowOpt = Annotated[float, float_option(min=1, help="Peak/idle window length in seconds")]
 PeakOpt = Annotated[float, float_option(min=0.001, max=1, help="Busiest fraction of windows counted as peak")]
 IdleOpt = Annotated[float, float_option(min=0.001, max=1, help="Quietest fraction of windows counted as idle")]
@@ -169,14 +171,15 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
             raise typer.BadParameter(f"applies to ServeGen rate files only; {trace} is a {found} trace",
                                      param_hint="--trace-model")
         fmt = detect_format(Path(trace))
-        # a rate file's rates are scaled before its arrivals are drawn (`rate_scale` below: already done)
-        rated = {"rate_scale": rate_scale, "seed": seed} if fmt == "servegen" and rate_scale != 1.0 else {}
+        # a rate file's arrivals are drawn with --seed, at its rates scaled first (`rate_scale` below: done then)
+        rated = ({"seed": seed, **({"rate_scale": rate_scale} if rate_scale != 1.0 else {})}
+                 if fmt == "servegen" else {})
         requests, own = load_timed_trace(trace, limit=limit, **({"model": trace_model} if trace_model else {}),
                                          **rated)
     except TraceError as exc:
         hints = {"model": "--trace-model", "rate_scale": "--rate-scale"}
         raise typer.BadParameter(str(exc), param_hint=hints.get(exc.param, "--trace")) from None
-    if rated:
+    if "rate_scale" in rated:
         rate_scale = 1.0
     if (unit := millisecond_warning(requests, fmt)) is not None:
         said.append(unit)

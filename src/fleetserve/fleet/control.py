@@ -194,9 +194,12 @@ def pick_fleet(name: str | None) -> FleetState:
         return match[0]
     if not fleets and len(dead) == 1:
         return dead[0]
+    if not fleets and not dead:
+        ended = [f for f in list_fleets() if f.status in ("stopped", "failed")]
+        raise FleetError("no fleet is running" + (f" ({', '.join(f.name for f in ended)}: stopped already)"
+                                                  if ended else ""), stopped=ended[0] if ended else None)
     if not fleets:
-        raise FleetError("no fleet is running" + (f" (stale: {', '.join(f.name for f in dead)}; name one)"
-                                                  if dead else ""))
+        raise FleetError(f"no fleet is running (stale: {', '.join(f.name for f in dead)}; name one)")
     if len(fleets) > 1:
         raise FleetError(f"several fleets are running ({', '.join(f.name for f in fleets)}); name one", 2)
     return fleets[0]

@@ -30,6 +30,7 @@ class ReplicaState:
     # the router's view of a ready replica: False while its health checks fail (a stalled process the supervisor
     # still sees running read "ready" while the router sent it nothing); None: not known
     router_healthy: bool | None = None
+    router_why: str = ""  # why the router sends it nothing: "failing health checks" or "circuit breaker open"
 
 
 @dataclass
@@ -259,7 +260,7 @@ def mark_stale(state: FleetState) -> FleetState:
         running |= alive
         r.state = "stale (process alive)" if alive else "stale"
         r.pid = r.pid if alive else None
-        r.router_healthy = None  # the router's last word, from a supervisor that is gone
+        r.router_healthy, r.router_why = None, ""  # the router's last word, from a supervisor that is gone
     # the router's and Prometheus's pids and the router's "up" were the dead supervisor's last word too
     router_alive = pid_alive(state.router_pid)
     state.router_pid = state.router_pid if router_alive else None

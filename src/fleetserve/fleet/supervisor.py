@@ -169,6 +169,13 @@ def _children() -> set[int]:
     return found
 
 
+def router_out(load: dict | None) -> dict[str, str]:
+    """The replica URLs the router's load report has out, and why: its breaker open (its probes pass), or its
+    health checks failing. `status` had said "failing health checks" for both."""
+    return {b["url"]: "circuit breaker open" if b.get("breaker") == "open" else "failing health checks"
+            for b in (load or {}).get("backends", []) if b.get("healthy") is False}
+
+
 class StartupError(Exception):
     """The fleet could not start; the message says which part failed and shows its log. `exit_code` 2: the spec
     names something that is not there (a model source), as the CLI answers bad input."""
@@ -318,7 +325,8 @@ class Supervisor:
         self._pushed: list | None = None
         self._pushed_failing: str | None = None  # the failure the router was last told of, with `_pushed`
         self._in_flight_by_url: dict[str, int] = {}  # the router's last load report, per replica (scale-down order)
-        self._router_out: set[str] = set()  # replica URLs the router's last load report has out (health checks)
+        # replica URLs the router's last load report has out, and why (health checks, or an open breaker)
+        self._router_out: dict[str, str] = {}
         self._written: tuple | None = None
         self._written_at = 0.0
         self._unwritten: set[str] = set()  # files whose last write failed (a full disk): said once each
@@ -392,6 +400,7 @@ class Supervisor:
                     and r.child.pid is not None and r.child.exit_code() is None:
                 r.state.pid = r.child.pid
             r.state.router_healthy = None if r.state.state not in SERVING else r.state.url not in self._router_out
+            r.state.router_why = self._router_out.get(r.state.url, "") if r.state.router_healthy is False else ""
         # serving: ready here and not taken out by the router's health checks (a stalled process is both running
         # and useless; status said "ready 2" while the router sent one of them nothing)
         s.ready = sum(1 for r in self.replicas if r.state.state in SERVING and r.state.url not in self._router_out)
@@ -1301,7 +1310,7 @@ class Supervisor:
             self._router_silent_since = None
         self._in_flight_by_url = {b["url"]: b["in_flight"] for b in (load or {}).get("backends", [])}
         # unknown without a report (the router restarting): the supervisor's own view stands, not a stale one
-        self._router_out = {b["url"] for b in (load or {}).get("backends", []) if b.get("healthy") is False}
+        self._router_out = router_out(load)
         if not starting_up:
             self._autoscale(load)
         self._scale_to(self._desired(), mono)

@@ -309,7 +309,8 @@ class Gateway:
         post = request.method == "POST"
         tenant = None
         body: dict | None = None
-        if self.settings.served_models and not self.pool.any_eligible() and authorizations <= 1 and \
+        if self.settings.served_models and not self.pool.any_eligible() and \
+                (authorizations <= 1 or self.settings.keyring is None) and \
                 self._answered_at_zero(request, responder, authorization, rid, started):
             return
         try:

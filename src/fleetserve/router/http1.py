@@ -295,8 +295,8 @@ class HTTPConnection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             if self.parser.get_method() == b"CONNECT":
-                self._reject(405, "CONNECT is not supported: this is an OpenAI API endpoint, not a proxy",
-                             "method_not_allowed")
+                self._reject(501, "CONNECT is not supported: this is an OpenAI API endpoint, not a proxy",
+                             "not_implemented")
             else:
                 upgrade = next((v.decode("latin-1") for k, v in self._headers if k == b"upgrade"), "")
                 self._reject(400, f"protocol upgrades are not supported (Upgrade: {upgrade}): send the request "

@@ -204,14 +204,21 @@ def _aggregate(text: str, model: str | None, p: Path) -> list[RateWindow]:
     return out
 
 
-def window_arrivals(w: RateWindow, rng: np.random.Generator, window_s: float = WINDOW_S) -> np.ndarray:
-    """Arrival times (absolute seconds) of one client in one window."""
+def window_arrivals(w: RateWindow, rng: np.random.Generator, window_s: float = WINDOW_S,
+                    ceil_count: bool = True) -> np.ndarray:
+    """Arrival times (absolute seconds) of one client in one window. A Gamma or Weibull window has ServeGen's
+    count, rate x window rounded up; `ceil_count` False rounds it at random to the same mean (a rate-scaled file:
+    rounded up, every busy window of every client kept at least one request, and 0.001 x of a chunk file was 95
+    requests where 14 were due)."""
     if w.rate_rps <= 0:
         return np.empty(0)
     if w.dist not in ("Gamma", "Weibull") or w.shape <= 0 or w.scale <= 0:
         n = rng.poisson(w.rate_rps * window_s)
         return w.start_s + np.sort(rng.random(n)) * window_s
-    n = math.ceil(w.rate_rps * window_s)
+    due = w.rate_rps * window_s
+    n = math.ceil(due) if ceil_count else math.floor(due) + int(rng.random() < due - math.floor(due))
+    if n == 0:
+        return np.empty(0)
     if w.dist == "Gamma":
         iats = rng.gamma(w.shape, w.scale, n)
     else:
@@ -257,7 +264,7 @@ def load_servegen(path: str | Path, model: str | None = None, seed: int = 0, sta
     rng = np.random.default_rng(seed)
     out: list[TraceRequest] = []
     for ws in starts:
-        times = [window_arrivals(c[ws], rng) for c in by_start if ws in c]
+        times = [window_arrivals(c[ws], rng, ceil_count=rate_scale == 1.0) for c in by_start if ws in c]
         merged = np.sort(np.concatenate(times)) if times else np.empty(0)
         merged = merged[(merged >= origin) & (merged < end)]
         for t in merged:
