@@ -926,6 +926,22 @@ def test_a_head_at_zero_never_wakes_the_fleet():
     assert run_virtual(main(("m",))) == (200, 0.0, 0)
 
 
+def test_two_authorization_headers_at_zero_on_a_keyless_router_are_answered_without_a_wake():
+    """Found in review: the check of repeated Authorization headers (400 where keys are checked) also kept a
+    keyless router from answering GET /v1/models at zero: it waited in the buffer, waking the fleet."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        gw, _ = gateway({A: []}, clock=loop.time, buffer_timeout=600.0, served_models=("m",))
+        gw.pool.backends["10.0.0.1:8000"].healthy = False
+        gw.pool._signal()
+        out, started = Recorder(), loop.time()
+        twice = [(b"authorization", b"Bearer a"), (b"authorization", b"Bearer b")]
+        await gw.handle(Request("GET", "/v1/models", b"", twice, b"", ("127.0.0.1", 1), "1.1", True), out)
+        return out.status, loop.time() - started, gw.gate.pending
+
+    assert run_virtual(main()) == (200, 0.0, 0)
+
+
 def test_only_model_requests_routed_count_as_the_autoscalers_activity():
     """Found in review: every proxied request counted, so a monitor polling GET /v1/models with a replica ready kept
     the fleet from ever reaching zero."""
