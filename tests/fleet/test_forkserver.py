@@ -173,3 +173,37 @@ def test_the_server_imports_the_model_folders_own_architecture_once_and_survives
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
     assert "none's modeling code not preloaded (FileNotFoundError" in done.stderr, done.stderr
+
+
+def test_a_server_hung_in_its_imports_is_given_up_and_the_replica_starts_as_a_process(tmp_path, said, monkeypatch):
+    from fleetserve.fleet import forkserver
+
+    monkeypatch.setattr(forkserver, "READY_TIMEOUT_S", 1.0)
+    forks = ForkServer(tmp_path / "forkserver.log", dict(os.environ), said.append)
+    forks.command = [sys.executable, "-c", "import time; time.sleep(120)"]  # importing, forever
+    forks.start()
+    child = Child("v", fleetserve_command("version"), tmp_path / "v.log", forks=forks)
+    child.start()
+    wait_until(lambda: child.exit_code() is not None, 120, what="the version command run anyway")
+    assert child.exit_code() == 0 and (tmp_path / "v.log").read_text().strip()
+    assert forks.dead.is_set() and forks.proc.returncode == -signal.SIGKILL
+    assert len(said) == 1 and "did not finish its imports within 1s" in said[0], said
+    forks.stop(timeout=1)
+
+
+def test_a_ready_server_that_forks_nothing_is_killed_and_the_replica_starts_as_a_process(tmp_path, said,
+                                                                                        monkeypatch):
+    from fleetserve.fleet import forkserver
+
+    monkeypatch.setattr(forkserver, "FORK_TIMEOUT_S", 1.0)
+    forks = ForkServer(tmp_path / "forkserver.log", dict(os.environ), said.append)
+    forks.command = [sys.executable, "-c", "import json, os, sys, time\n"  # ready, then reads and answers nothing
+                     "print(json.dumps({'ready': os.getpid()}), flush=True)\nsys.stdin.readline()\ntime.sleep(120)"]
+    forks.start()
+    wait_until(forks.ready.is_set, 60, what="the stand-in server ready")
+    child = Child("v", fleetserve_command("version"), tmp_path / "v.log", forks=forks)
+    child.start()
+    wait_until(lambda: child.exit_code() is not None, 120, what="the version command run anyway")
+    assert child.exit_code() == 0 and (tmp_path / "v.log").read_text().strip()
+    assert forks.dead.is_set() and len(said) == 1 and "it forked nothing for 1s" in said[0], said
+    forks.stop(timeout=1)
