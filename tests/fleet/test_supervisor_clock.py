@@ -1043,3 +1043,41 @@ def test_a_fork_server_that_died_is_started_again_a_minute_later_in_virtual_time
     mono.advance(1)
     sup._tend_fork_server(mono())
     assert len(started) == 2
+
+
+def test_a_serving_replica_the_routers_probes_hear_nothing_from_is_killed_to_be_restarted(make):
+    """A SIGSTOPped engine stayed "ready" for good (its requests held or 502) while Kubernetes' livenessProbe
+    restarts the same engine: after REPLICA_HANG_S of silence in the router's load report it is killed, and its
+    exit is a crash like any other."""
+    import signal
+
+    from fleetserve.fleet.supervisor import REPLICA_HANG_S
+
+    class Stopped(ReadyChild):
+        def __init__(self):
+            self.signals: list[int] = []
+
+        def signal(self, sig: int) -> None:
+            self.signals.append(sig)
+
+        def log_tail(self, lines: int = 20, this_run: bool = False) -> str:
+            return ""
+
+    said: list[str] = []
+    sup, _, mono = make(1)
+    sup.say = said.append
+    ready, starting = Stopped(), Stopped()
+    for i, (child, phase) in enumerate(((ready, Phase.READY), (starting, Phase.STARTING))):
+        sup.replicas.append(Replica(ReplicaState(f"r{i}", f"http://127.0.0.1:{9 + i}", state=phase, node="n0"),
+                                    9 + i, "n0", requested_at=mono(), child=child, started_at=mono()))
+
+    def report(quiet: float) -> dict:
+        return {"backends": [{"url": f"http://127.0.0.1:{port}", "healthy": False, "silent_s": quiet}
+                             for port in (9, 10)]}
+
+    sup._kill_hung(report(REPLICA_HANG_S - 0.1))
+    sup._kill_hung(None)  # no report (the router restarting): nothing judged
+    assert ready.signals == [] and starting.signals == []
+    sup._kill_hung(report(REPLICA_HANG_S))
+    assert ready.signals == [signal.SIGKILL] and starting.signals == []  # a start is judged by its own timeout
+    assert len(said) == 1 and "replica r0" in said[0] and "killed, to be restarted" in said[0], said

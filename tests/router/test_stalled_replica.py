@@ -133,3 +133,67 @@ def test_a_replica_whose_listener_is_closed_keeps_what_it_serves():
         return draining, pool.client.abandoned
 
     assert asyncio.run(main()) == ((False, True, []), ["http://10.0.0.1:8000"])
+
+
+def test_the_silence_of_a_replicas_probes_is_timed_and_an_answer_or_a_refusal_ends_it():
+    """A stalled replica stayed "ready" for its supervisor for good: the router's load report now says how long
+    its probes have had no answer (`silent_s`), which the supervisor restarts it on (fleet/supervisor.py)."""
+    from fleetserve.clock import ManualClock
+    from fleetserve.router.upstream import Timeout, Unreachable
+
+    async def main():
+        clock = ManualClock(10.0)
+        pool = BackendPool(["http://10.0.0.1:8000"], interval=60, clock=clock)
+        backend = next(iter(pool.backends.values()))
+        backend.healthy = True
+        pool.client = RecordingClient(Timeout("no answer"))
+        seen = [backend.silent_s]
+        await pool.probe(backend)
+        clock.advance(45)
+        await pool.probe(backend)
+        seen.append(backend.silent_s)  # from the first silent probe
+        class Unhealthy(RecordingClient):
+            async def get(self, url, timeout, credentials=True, headers=()):
+                return 503, b"{}"  # an answer, unhealthy: not silent
+
+        pool.client = Unhealthy(None)
+        await pool.probe(backend)
+        seen.append(backend.silent_s)
+        pool.client = RecordingClient(Timeout("no answer"))
+        await pool.probe(backend)
+        clock.advance(5)
+        seen.append(backend.silent_s)
+        refused = Unreachable("connection refused")
+        refused.refused = True
+        pool.client = RecordingClient(refused)  # nothing listens: a process gone, its exit the supervisor's news
+        await pool.probe(backend)
+        seen.append(backend.silent_s)
+        return seen
+
+    assert asyncio.run(main()) == [0.0, 45.0, 0.0, 5.0, 0.0]
+
+
+def test_a_stopped_engine_behind_the_real_router_reads_silent_in_its_load_report(tmp_path):
+    import os
+    import signal
+
+    import httpx
+
+    from tests.helpers import Server, wait_until
+
+    engine = Server(["engine", "--simulate", "fast", "--served-model-name", "sim"], tmp_path / "engine.log").start()
+    router = Server(["router", "--backend", engine.url], tmp_path / "router.log").start()
+
+    def silent_s() -> float:
+        return httpx.get(router.url + "/admin/load", timeout=10).json()["backends"][0]["silent_s"]
+
+    try:
+        assert silent_s() == 0
+        os.killpg(engine.proc.pid, signal.SIGSTOP)
+        wait_until(lambda: silent_s() >= 3, 60, what="the router's probes timing the silence")
+        os.killpg(engine.proc.pid, signal.SIGCONT)
+        wait_until(lambda: silent_s() == 0, 60, what="an answer ending it")
+    finally:
+        os.killpg(engine.proc.pid, signal.SIGCONT)
+        router.stop()
+        engine.stop()

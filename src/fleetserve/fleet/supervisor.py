@@ -104,6 +104,11 @@ ALERTS_EVERY_S = 15.0  # how often the fleet's own Prometheus is asked which ale
 # ROUTER_HANG_S, as a Kubernetes liveness probe with its default period and threshold (10 s x 3) would
 ROUTER_SILENT_STATUS_S = 5.0
 ROUTER_HANG_S = 30.0
+# a serving replica whose health checks the router has had no answer to (timeouts, not refusals) for this long is
+# killed and restarted (SIGSTOPped, a wedged GPU or event loop): it had stayed "ready" for good, its requests
+# held or 502, while Kubernetes' livenessProbe restarts the same engine after 3 x 10 s of 5 s timeouts. Longer
+# here: the router's probes time out at 2 s, and a CPU replica busy on two cores may answer one late
+REPLICA_HANG_S = 60.0
 
 
 def engine_url(port: int) -> str:
@@ -823,6 +828,21 @@ class Supervisor:
         self._router_answered = True
         return r.json() if r.status_code == 200 else None
 
+    def _kill_hung(self, load: dict | None) -> None:
+        """Kill a serving replica the router's probes have heard nothing from for REPLICA_HANG_S: its exit is then
+        a crash like any other, restarted with the crash back-off. Without a load report (the router restarting)
+        nothing is judged."""
+        silent = {b["url"]: b.get("silent_s") or 0.0 for b in (load or {}).get("backends", [])}
+        for r in self.replicas:
+            quiet = silent.get(r.state.url, 0.0)
+            if quiet < REPLICA_HANG_S or r.state.state not in SERVING or r.child is None or \
+                    r.child.exit_code() is not None:
+                continue
+            self.say(f"replica {r.state.id} (pid {r.child.pid}) has not answered the router's health checks for "
+                     f"{quiet:.0f}s (hung: a stopped process, a wedged GPU or event loop): killed, to be restarted")
+            log.warning("replica %s hung; last log lines:\n%s", r.state.id, r.child.log_tail(5))
+            r.child.signal(signal.SIGKILL)
+
     def _router_not_answering(self, mono: float) -> None:
         """A router process alive whose admin API times out (SIGSTOPped, its event loop blocked): status
         says so after ROUTER_SILENT_STATUS_S, and after ROUTER_HANG_S it is killed, so it is restarted (it had
@@ -1311,6 +1331,7 @@ class Supervisor:
         self._in_flight_by_url = {b["url"]: b["in_flight"] for b in (load or {}).get("backends", [])}
         # unknown without a report (the router restarting): the supervisor's own view stands, not a stale one
         self._router_out = router_out(load)
+        self._kill_hung(load)
         if not starting_up:
             self._autoscale(load)
         self._scale_to(self._desired(), mono)

@@ -560,6 +560,7 @@ class Gateway:
                   "ttft_p95_ms": self.ttft_p95_ms(),
                   "model_cards": sorted(self.model_cards),  # served names whose card a replica gave (for zero)
                   "backends": [{"url": b.url, "healthy": b.takes_traffic, "breaker": b.breaker,
+                                "silent_s": round(b.silent_s, 1),
                                 "draining": b.draining, "in_flight": b.in_flight,
                                 "running": b.running if b.engine_running is None else b.engine_running,
                                 "waiting": _engine_waiting(b)} for b in pool]}

@@ -44,6 +44,9 @@ class Backend:
     # prefix cache is empty (BackendPool.on_restart)
     refused: bool = False
     refusing_since: float | None = None  # when its probes began to be refused (None: they are not)
+    # when its probes began to get no answer at all (a timeout, a cut): a stopped or wedged process, which its
+    # supervisor restarts after a while (fleet/supervisor.py REPLICA_HANG_S); None: it answers
+    silent_since: float | None = None
     # circuit breaker (see BackendPool.request_failed): closed -> open -> half-open -> closed
     request_failures: int = 0  # in a row, while closed
     open_until: float = 0.0
@@ -95,6 +98,11 @@ class Backend:
         return self.healthy and not self.draining and self.clock() >= self.open_until
 
     @property
+    def silent_s(self) -> float:
+        """Seconds its probes have had no answer at all (0: it answers, or refuses: a process that is gone)."""
+        return 0.0 if self.silent_since is None else max(0.0, self.clock() - self.silent_since)
+
+    @property
     def takes_traffic(self) -> bool:
         """Healthy and its breaker not open (draining aside): what /admin/load and the healthy gauge report. They
         had said healthy while an open breaker sent it nothing, and `status` counted it ready."""
@@ -107,6 +115,7 @@ class Backend:
         if self.tripped:
             log.info("circuit breaker closed for %s: a new process answers", self.url)
         self.tripped, self.open_until, self.request_failures, self.half_open_successes = False, 0.0, 0, 0
+        self.silent_since = None  # the silence was the last one's
         self.answers.clear()
 
     def view(self) -> ReplicaView:
@@ -366,6 +375,11 @@ class BackendPool:
             self._start_queue_read(backend)  # beside the probes: a slow /metrics must not slow health detection
         elif not ok:
             backend.engine_waiting = backend.engine_running = None  # a replica that does not answer has no queue
+        if silent:
+            if backend.silent_since is None:
+                backend.silent_since = self.clock()
+        else:  # an answer (healthy or not), or a refusal
+            backend.silent_since = None
         if ok:
             backend.successes += 1
             if not backend.healthy and backend.successes >= self.healthy_after:
