@@ -225,16 +225,34 @@ def test_a_queued_job_whose_client_left_neither_counts_as_waiting_nor_fills_the_
     from fleetserve.api.errors import APIError
     from fleetserve.engine.scheduler import SerialScheduler
 
-    sched = SerialScheduler(runner, max_waiting=2) if scheduler == "serial" else BatchScheduler(runner, max_waiting=2)
-    jobs = [Job([1, 2], SamplingParams(), 4, loop=None) for _ in range(3)]
-    sched.submit(jobs[0])
-    sched.submit(jobs[1])
+    sched = SerialScheduler(runner, max_waiting=2) if scheduler == "serial" else \
+        BatchScheduler(runner, max_waiting=2, max_batch=1)
+    jobs = [Job([1, 2], SamplingParams(), 4, loop=None) for _ in range(4)]
+    for job in jobs[:3]:  # two waiting, and one for the free batch slot
+        sched.submit(job)
     with pytest.raises(APIError):
-        sched.submit(jobs[2])
+        sched.submit(jobs[3])
     jobs[0].cancelled.set()
-    assert sched.waiting == 1
-    sched.submit(jobs[2])  # the hung-up client's slot is free
     assert sched.waiting == 2
+    sched.submit(jobs[3])  # the hung-up client's place is free
+    assert sched.waiting == 3
+
+
+def test_jobs_queued_for_free_batch_slots_do_not_count_against_max_waiting(runner):
+    """The scheduler takes one job at a time while a prompt prefills, so the others sat in the queue with batch
+    slots free and counted as waiting: 6 requests to an idle engine with --max-waiting 4 (--max-batch 8) had 2
+    refused, and a burst of 30 with --max-batch 2 --max-waiting 2 had 28 refused. (The thread is not started.)"""
+    from fleetserve.api.errors import APIError
+
+    sched = BatchScheduler(runner, max_waiting=4, max_batch=8)
+    for _ in range(12):  # 8 for the free slots, 4 waiting
+        sched.submit(Job([1, 2], SamplingParams(), 4, loop=None))
+    assert sched.full()
+    with pytest.raises(APIError) as err:
+        sched.submit(Job([1, 2], SamplingParams(), 4, loop=None))
+    assert err.value.status == 503
+    sched.rows = [object()] * 8  # every slot busy: only max_waiting may wait
+    assert sched.free_slots() == 0 and sched.full(4) and not sched.full(3)
 
 
 def test_hung_up_clients_do_not_grow_the_queue_without_bound(runner):

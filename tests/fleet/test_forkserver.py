@@ -96,7 +96,8 @@ def test_a_forked_child_gets_its_own_environment_group_streams_and_random_draws(
                 # through the descriptors: pytest's capture holds sys.stdout here (the engine's is fd 1's)
                 os.write(1, json.dumps({"env": dict(os.environ), "pgid": os.getpgid(0), "pid": os.getpid(),
                                         "stdin": os.read(0, 10).decode(), "draw": random.random(),
-                                        "argv": sys.argv}).encode() + b"\n")
+                                        "argv": sys.argv, "main": sys.modules["__main__"].__spec__.name}).encode()
+                         + b"\n")
                 os.write(2, b"to stderr\n")
             finally:
                 os._exit(0)
@@ -105,6 +106,7 @@ def test_a_forked_child_gets_its_own_environment_group_streams_and_random_draws(
         seen = json.loads(out)
         assert seen["env"] == {"ONLY": str(i)} and seen["pgid"] == seen["pid"] and seen["stdin"] == ""
         assert seen["argv"] == ["fleetserve", "version"] and err == "to stderr"
+        assert seen["main"] == "fleetserve.__main__"  # click's usage line: "python -m fleetserve engine"
         draws.append(seen["draw"])
     assert draws[0] != draws[1]
 
@@ -207,3 +209,11 @@ def test_a_ready_server_that_forks_nothing_is_killed_and_the_replica_starts_as_a
     assert child.exit_code() == 0 and (tmp_path / "v.log").read_text().strip()
     assert forks.dead.is_set() and len(said) == 1 and "it forked nothing for 1s" in said[0], said
     forks.stop(timeout=1)
+
+
+def test_the_servers_command_line_names_its_fleet_folder(tmp_path):
+    """`ps | grep NAME` found every process of a fleet but its fork server (its command line was the module and 4 KB
+    of spaces)."""
+    folder = tmp_path / "run" / "myfleet"
+    forks = ForkServer(folder / "logs" / "forkserver.log", {}, lambda _m: None)
+    assert str(folder) in forks.command and forks.command[-1].isspace()  # the title's room stays last

@@ -1081,3 +1081,19 @@ def test_a_serving_replica_the_routers_probes_hear_nothing_from_is_killed_to_be_
     sup._kill_hung(report(REPLICA_HANG_S))
     assert ready.signals == [signal.SIGKILL] and starting.signals == []  # a start is judged by its own timeout
     assert len(said) == 1 and "replica r0" in said[0] and "killed, to be restarted" in said[0], said
+
+
+def test_an_l2_redis_going_down_and_coming_back_is_one_line_each(make):
+    """Only `status` (and each engine) had said that the fleet's L2 Redis stopped answering or came back."""
+    said: list[str] = []
+    sup, _, _ = make(1)
+    sup.say = said.append
+    sup._l2_changed("the L2 Redis", "", "up")  # the first word: nothing to say
+    sup._l2_changed("the L2 Redis", "up", "up")
+    sup._l2_changed("the L2 Redis", "up", "unreachable (ConnectionError)")
+    sup._l2_changed("the L2 Redis", "unreachable (ConnectionError)", "unreachable (ConnectionError)")
+    sup._l2_changed("the L2 Redis", "unreachable (ConnectionError)", "not answering (TimeoutError)")
+    sup._l2_changed("the L2 Redis", "not answering (TimeoutError)", "up")
+    assert said == ["the L2 Redis: unreachable (ConnectionError) (was up)",
+                    "the L2 Redis: not answering (TimeoutError) (was unreachable (ConnectionError))",
+                    "the L2 Redis: up again"], said

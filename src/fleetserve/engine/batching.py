@@ -179,6 +179,9 @@ class BatchScheduler(JobQueue):
     def running(self) -> int:
         return len(self.rows) + (1 if self.prefill else 0)
 
+    def free_slots(self) -> int:
+        return max(0, self.max_batch - self.running)
+
     def start(self) -> None:
         self._thread.start()
 

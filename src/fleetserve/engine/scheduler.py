@@ -54,6 +54,16 @@ class JobQueue:
         with self._queue.mutex:  # at most max_waiting jobs and those cancelled since the last submit
             return sum(1 for job in self._queue.queue if job is not None and not job.cancelled.is_set())
 
+    def free_slots(self) -> int:
+        """Batch slots no sequence holds: the jobs that will take them are queued, not waiting for room."""
+        return 0
+
+    def full(self, waiting: int | None = None) -> bool:
+        """Whether a new job is refused: `max_waiting` jobs queued beyond those the free batch slots take. The
+        scheduler takes one job at a time while a prompt prefills, so the others sat in the queue with slots free,
+        and 6 requests to an idle engine with --max-waiting 4 had 2 refused."""
+        return (self.waiting if waiting is None else waiting) >= self.max_waiting + self.free_slots()
+
     def submit(self, job: Job) -> None:
         with self._queue.mutex:  # jobs whose clients hung up go now: they had filled the queue without a bound,
             # each scan slower (20,000 hung-up clients: 20,000 queued, 12 s of CPU in scans)
@@ -63,7 +73,7 @@ class JobQueue:
                 queued.clear()
                 queued.extend(live)
             waiting = sum(1 for j in live if j is not None)
-        if waiting >= self.max_waiting:
+        if self.full(waiting):
             raise APIError(503, f"engine queue is full ({self.max_waiting} waiting); retry later",
                            code="overloaded", headers={"Retry-After": "1"})
         self._queue.put(job)
@@ -79,6 +89,9 @@ class SerialScheduler(JobQueue):
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._thread = threading.Thread(target=self._work, name="generation", daemon=True)
         self.running = 0
+
+    def free_slots(self) -> int:
+        return max(0, 1 - self.running)
 
     def start(self) -> None:
         self._thread.start()

@@ -145,7 +145,7 @@ class Engine:
         def work() -> tuple[list[int], int, object | None]:
             ids = self._prompt_ids(parsed)
             budget = self._budget(len(ids), parsed.sampling.max_tokens, parsed.kind, parsed.sampling.max_tokens_param)
-            full = self.scheduler.waiting >= self.scheduler.max_waiting  # refused at submit: read nothing for it
+            full = self.scheduler.full()  # refused at submit: read nothing for it
             return ids, budget, None if full else self.runner.prefetch_l2(ids, root, tenant)
 
         self._tokenizing += 1

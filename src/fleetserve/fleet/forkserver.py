@@ -200,6 +200,10 @@ def become(request: dict, arm: Callable[[], None]) -> None:
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
     sys.argv = ["fleetserve", *request["args"]]
+    import importlib.util  # click names the program from __main__'s module: ours, not the fork server's (its usage
+    # errors read "python -m fleetserve.fleet.fleetserve engine")
+
+    sys.modules["__main__"].__spec__ = importlib.util.find_spec("fleetserve.__main__")
     if "setproctitle" in sys.modules:  # `ps` and /proc/PID/cmdline name the engine, not its fork server
         sys.modules["setproctitle"].setproctitle(" ".join([sys.executable, "-m", "fleetserve", *request["args"]]))
 
@@ -237,7 +241,9 @@ class ForkServer:
         self._started_at = 0.0
         self._stopping = False
         self._why: str | None = None  # what killed it, when we did
-        self.command = [sys.executable, "-m", "fleetserve.fleet.forkserver", " " * TITLE_ROOM]
+        # its fleet's folder on its command line, read by nothing but `ps` (ps | grep NAME had not found it)
+        self.command = [sys.executable, "-m", "fleetserve.fleet.forkserver", str(log_path.parent.parent),
+                        " " * TITLE_ROOM]
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1460,12 +1460,21 @@ class Supervisor:
                 status = redis_health(self.l2_url, password)
                 # our own one went down, or came back, while it was asked: what the loop said then stays
                 if generation == self._redis_generation and not self.state.l2_status.startswith("restarting"):
+                    self._l2_changed("the L2 Redis", self.state.l2_status, status)
                     self.state.l2_status = status
             for tenant, entry in list(self.state.l2_tenants.items()):  # a tenant's own: it was never checked
                 url = self.spec.kv_cache.l2.tenant_urls[tenant]
-                entry["status"] = redis_health(url, self._tenant_l2_password(url))
+                status = redis_health(url, self._tenant_l2_password(url))
+                self._l2_changed(f"tenant {tenant}'s L2 Redis", entry.get("status", ""), status)
+                entry["status"] = status
         except Exception:  # noqa: BLE001 - a probe that fails says so in the log, and the next one tries again
             log.exception("probing the L2 Redis failed")
+
+    def _l2_changed(self, what: str, before: str, now: str) -> None:
+        """One line when an L2 Redis goes down, read-only or back (only `status` had said so, and each engine)."""
+        word = lambda status: status.split(" ", 1)[0]  # noqa: E731  up, unreachable, not, read-only, refused...
+        if before and word(before) != word(now):
+            self.say(f"{what}: {now}" + (" again" if now == "up" else f" (was {before})"))
 
     def _keep_alive(self, child: Child | None, backoff: Backoff, mono: float, what: str) -> bool:
         """Restart a supervised service that exited, after its back-off; True when it was restarted now."""
