@@ -282,10 +282,11 @@ def test_failed_start_reports_the_cause_and_leaves_nothing(tmp_path, home):
 
 
 def test_replica_crashing_at_start_fails_the_fleet_with_its_log(tmp_path, tiny_model, home):
-    spec = write_spec(tmp_path, tiny_model, name="crash", extra_engine=", args: [--no-such-flag]")
+    # a value the engine refuses at its start (a flag it lacks is refused before anything starts)
+    spec = write_spec(tmp_path, tiny_model, name="crash", extra_engine=', args: ["--max-batch", "0"]')
     up = fleetserve("up", spec, "--detach", env=home)
     assert up.returncode == 1
-    assert "exited with code" in up.stderr and "no-such-flag" in up.stderr
+    assert "exited with code" in up.stderr and "max-batch" in up.stderr, up.stderr
     assert leftovers(home) == []
 
 
@@ -379,6 +380,22 @@ def test_stop_with_stops_the_fleet_when_its_owner_is_killed(tmp_path, tiny_model
             assert "was; the fleet is stopped" in shown
     finally:
         owner.kill()
+
+
+def test_engine_args_the_engine_lacks_or_the_fleet_sets_are_refused_before_anything_starts(tmp_path, tiny_model, home):
+    """A flag the built-in engine lacks made each replica exit on its usage error, and `up` fail 11 s later with exit
+    1 naming nothing of the spec; `--port 9999` passed, every replica served where nothing looked, and `up` waited
+    out its startup timeout."""
+    for args, says in (('"--max-batch", "4", "--bogus-flag"', "--bogus-flag is not an option of the built-in engine"),
+                       ('"--port", "9999"', "--port is set by the fleet")):
+        spec = write_spec(tmp_path, tiny_model, name="args", replicas=1, extra_engine=f", args: [{args}]")
+        checked = fleetserve("validate", spec, env=home)
+        assert checked.returncode == 0 and says in checked.stderr and "`fleetserve up` refuses" in checked.stderr
+        up = fleetserve("up", spec, "--detach", env=home)
+        assert up.returncode == 2 and f"spec.engine.args: {says.split(' is ')[0]}" in up.stderr, up.stderr
+        assert leftovers(home) == []
+    fine = write_spec(tmp_path, tiny_model, name="args", replicas=1, extra_engine=', args: ["--max-batch=4"]')
+    assert "engine.args" not in fleetserve("validate", fine, env=home).stderr
 
 
 def test_down_without_fleet_and_status_unknown_name(home):

@@ -107,6 +107,13 @@ def validate(
                         local_auth_problem(loaded.endpoint), local_memory_problem(loaded.endpoint)):
             if problem is not None:
                 loaded.warnings.append(problem)
+        if loaded.endpoint.spec.engine.kind == "builtin":
+            from fleetserve.fleet.supervisor import builtin_args_problem
+            from fleetserve.spec.errors import SpecProblem
+
+            if (args := builtin_args_problem(loaded.endpoint.spec.engine.args)) is not None:
+                path, message = args.split(": ", 1)
+                loaded.warnings.append(SpecProblem(path, f"{message}: `fleetserve up` refuses to start"))
     _print_warnings(loaded)
     if as_json:
         print(json.dumps({"valid": True, "format": loaded.source_format,
