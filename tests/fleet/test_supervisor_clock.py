@@ -569,6 +569,22 @@ def test_each_scaling_change_is_logged_once_with_its_numbers_and_its_own_time(ma
     assert said[-1].startswith("autoscaler: scale down 4 -> 1"), said
 
 
+def test_the_scale_to_zero_is_logged_with_its_counts(make, tmp_path, monkeypatch):
+    """It read "autoscaler: no activity for 10s >= cooldownPeriod 10s" where every other change gives the counts."""
+    monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path / "home"))
+    sup, wall, _ = make(0)
+    said: list[str] = []
+    sup.say = said.append
+    sup._autoscale(load(2))
+    for _ in range(100):  # bounded: a regression fails, not hangs
+        wall.advance(10)
+        decided = sup._autoscale(load(0))
+        if decided is not None and decided.desired == 0:
+            break
+    assert said[-1].startswith("autoscaler: scale to zero 1 -> 0: no activity for"), said
+    assert sup.metrics.decisions.labels(reason="cooldownPeriod elapsed")._value.get() == 1  # the label stays
+
+
 def test_a_decision_that_holds_is_logged_once_and_the_metrics_coming_back_are_logged(make, tmp_path, monkeypatch):
     """Polled every pollingInterval, "holding (metrics not ready)" would be a line per poll; and its last word
     stood in the log after the metrics came back."""

@@ -1353,7 +1353,9 @@ class Supervisor:
         if logged == self._logged_decision:
             return
         previous, self._logged_decision = self._logged_decision, logged
-        if kind != "steady":
+        if kind == "cooldownPeriod elapsed" and previous is not None:  # the counts, as every other change says them
+            self.say(f"autoscaler: scale to zero {previous[1]} -> 0: {decision.reason}")
+        elif kind != "steady":
             self.say(f"autoscaler: {decision.reason}")
         elif previous is not None and previous[0] in ("metrics not ready", "fallback"):  # its last word had stood
             self.say(f"autoscaler: {decision.reason} (metrics read again)")
