@@ -220,6 +220,8 @@ def _logged_say(log_format: str):
     def logged(message: str) -> None:
         level = logging.ERROR if message.startswith("error:") else \
             logging.WARNING if message.startswith("warning:") else logging.INFO
+        if level != logging.INFO:  # the level says it: "supervisor WARNING warning: ..." said it twice
+            message = message.split(": ", 1)[1]
         logger.log(level, message)
 
     return logged

@@ -201,7 +201,9 @@ def local_start_problem(loaded: LoadedSpec) -> str | None:
     spec = loaded.endpoint.spec
     kind = spec.engine.kind
     if kind == "builtin":
-        return builtin_args_problem(spec.engine.args)
+        from fleetserve.spec.effects import local_slots_problem
+
+        return builtin_args_problem(spec.engine.args) or local_slots_problem(spec)
     if kind not in ("vllm", "sglang", "container"):
         return None
     hyperpod = loaded.source_format == "hyperpod"

@@ -466,6 +466,20 @@ def _local_slots_note(spec, note) -> None:
             return
 
 
+def local_slots_problem(spec) -> str | None:
+    """Why `up` cannot start this spec on the machine's slots, before anything starts: a count wanted at the start
+    (not a schedule's, which holds only in its window) above `capacity.localSlots`. It had prepared the model and
+    started the fork server, the router, Prometheus and one replica before it exited 2, 11 s later."""
+    slots = spec.capacity.local_slots
+    if spec.capacity.provider != "local" or slots is None:
+        return None
+    for path, count in _start_counts(spec):
+        if count > slots and "schedules" not in path:
+            return (f"spec.capacity.localSlots: {slots} slot(s) cannot hold the {count} replicas of {path}; raise "
+                    f"localSlots or lower {path.removeprefix('spec.')}")
+    return None
+
+
 def _simulated_limits_note(spec, note) -> None:
     """A count the simulated cloud's `limits` can never place, on every listed type together: validate said
     nothing, and the fleet (or the simulation) ran short of it for good."""
