@@ -194,6 +194,8 @@ def test_a_rate_scale_scales_the_rates_before_arrivals_are_drawn(tmp_path):
     # scaled (rounded up, 0.001 x kept one request in every busy window of every client: 95 where 14 were due)
     whole = len(load_trace(DATA, model="deepseek-r1"))
     assert 3 <= len(load_trace(DATA, model="deepseek-r1", rate_scale=0.001)) <= 30 < whole // 100
+    with pytest.raises(TraceError, match="a rate scale of 10 makes 6,000,000 requests in one 600 s window"):
+        load_trace(agg, model="a/x", rate_scale=10, limit=5)  # one window is drawn at once, whatever the limit
     with pytest.raises(TraceError, match="a rate scale of 1e-09 leaves none"):
         load_trace(agg, model="a/x", rate_scale=1e-9, duration_s=600)
     out = tmp_path / "out.csv"

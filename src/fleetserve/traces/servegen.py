@@ -246,6 +246,12 @@ def load_servegen(path: str | Path, model: str | None = None, seed: int = 0, sta
     clients = read_clients(path, model)
     if rate_scale != 1.0:
         clients = [[replace(w, rate_rps=w.rate_rps * rate_scale) for w in c] for c in clients]
+        for c in clients:  # one window's arrivals are drawn at once, whatever the limit: bounded as `_checked` does
+            for w in c:
+                if w.rate_rps * WINDOW_S > MAX_REQUESTS:
+                    raise ServeGenError(f"a rate scale of {rate_scale:g} makes {w.rate_rps * WINDOW_S:,.0f} requests "
+                                        f"in one {WINDOW_S:.0f} s window of {path}; at most {MAX_REQUESTS:,}",
+                                        "rate_scale")
     busy = [w.start_s for c in clients for w in c if w.start_s > start_s - WINDOW_S and w.rate_rps > 0]
     if not busy:
         why = f"no window from {start_s:g} s on has a rate above 0" if start_s > 0 else "every window's rate is 0"
