@@ -167,10 +167,10 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
     if not Path(trace).exists():
         raise typer.BadParameter(f"{trace} does not exist", param_hint="--trace")
     try:
-        if trace_model is not None and (found := detect_format(Path(trace))) != "servegen":
-            raise typer.BadParameter(f"applies to ServeGen rate files only; {trace} is a {found} trace",
-                                     param_hint="--trace-model")
         fmt = detect_format(Path(trace))
+        if trace_model is not None and fmt != "servegen":
+            raise typer.BadParameter(f"applies to ServeGen rate files only; {trace} is a {fmt} trace",
+                                     param_hint="--trace-model")
         # a rate file's arrivals are drawn with --seed, at its rates scaled first (`rate_scale` below: done then)
         rated = ({"seed": seed, **({"rate_scale": rate_scale} if rate_scale != 1.0 else {})}
                  if fmt == "servegen" else {})
