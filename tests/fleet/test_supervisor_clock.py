@@ -1113,3 +1113,15 @@ def test_an_l2_redis_going_down_and_coming_back_is_one_line_each(make):
     assert said == ["the L2 Redis: unreachable (ConnectionError) (was up)",
                     "the L2 Redis: not answering (TimeoutError) (was unreachable (ConnectionError))",
                     "the L2 Redis: up again"], said
+
+
+def test_every_flag_the_fleet_gives_its_engines_is_one_engine_args_may_not_repeat(make):
+    """`up` refuses engine.args that repeat a flag the fleet sets (FLEET_SETS): a flag `_engine_command` gains must
+    be listed there too, or a spec could set it a second time, and the engine takes the last."""
+    from fleetserve.fleet.supervisor import FLEET_SETS, builtin_args_problem
+
+    sup, _, _ = make(1)
+    sup.model_dir = "/models/m"
+    given = {a.split("=", 1)[0] for a in sup._engine_command("r0", 9000, "local") if a.startswith("--")}
+    assert given and given <= set(FLEET_SETS), given - set(FLEET_SETS)
+    assert builtin_args_problem([]) is None and builtin_args_problem(["--max-batch", "4"]) is None
