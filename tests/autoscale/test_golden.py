@@ -134,11 +134,26 @@ def test_a_fleet_held_at_one_by_the_cooldown_or_the_initial_cooldown_says_which_
     policy = ScalingPolicy(min_replicas=0, max_replicas=5, cooldown=60, initial_cooldown=100, triggers=CONCURRENCY)
     fleet = VirtualFleet(policy, 0.0, replicas=1)
     assert fleet.poll(30.0, 0.0).reason == ("steady at 1: concurrency=0 (target 4/replica) (initialCooldownPeriod: "
-                                            "the countdown to zero starts in 70s)")
-    assert fleet.poll(130.0, 0.0).reason.endswith("(cooldownPeriod: zero in 30s without activity)")
-    assert fleet.poll(160.0, 0.0).desired == 0
+                                            "zero in 70s without activity)")
+    assert fleet.poll(100.0, 0.0).desired == 0  # never active: zero when the initial cooldown ends, as KEDA
     busy = VirtualFleet(policy, 0.0, replicas=1)
     assert "cooldownPeriod" not in busy.poll(130.0, 2.0).reason  # active: no countdown
+    assert busy.poll(160.0, 0.0).reason.endswith("(cooldownPeriod: zero in 30s without activity)")
+    assert busy.poll(190.0, 0.0).desired == 0
+
+
+def test_initial_cooldown_counts_only_for_a_fleet_never_active_as_kedas_executor():
+    """KEDA's scaleToZeroOrIdle: no LastActiveTime -> zero at creation + initialCooldownPeriod; a LastActiveTime ->
+    zero at it + cooldownPeriod, whatever the initial cooldown. The countdown had started only when the initial
+    cooldown ended: a fleet busy at 10 s went to zero at 610 s where KEDA takes it there at 310 s."""
+    policy = ScalingPolicy(min_replicas=0, max_replicas=3, cooldown=300, initial_cooldown=300, triggers=CONCURRENCY)
+    fleet = VirtualFleet(policy, 0.0, replicas=1)
+    assert fleet.poll(10.0, 3.0).active
+    assert fleet.poll(300.0, 0.0).desired == 1
+    assert fleet.poll(310.0, 0.0).desired == 0
+    idle = VirtualFleet(policy, 0.0, replicas=1)
+    assert idle.poll(290.0, 0.0).reason.endswith("(initialCooldownPeriod: zero in 10s without activity)")
+    assert idle.poll(300.0, 0.0).desired == 0
 
 
 def test_traffic_falling_keeps_the_floor():
@@ -507,7 +522,7 @@ def test_requests_routed_between_polls_hold_off_the_cooldown_to_zero_but_never_w
     routed since the last poll are activity; at zero nothing is routed, and what waits there is `pending`."""
     from fleetserve.autoscale.policy import ScalingMetrics, ScalingPolicy, ScalingState, Trigger, decide
 
-    policy = ScalingPolicy(min_replicas=0, max_replicas=3, cooldown=20.0, initial_cooldown=0.0,
+    policy = ScalingPolicy(min_replicas=0, max_replicas=3, cooldown=20.0, initial_cooldown=10.0,
                            triggers=(Trigger("concurrency", 2.0),))
     state = ScalingState.initial(policy, 1, 0.0)
     for t in range(2, 150, 2):  # a request routed every 7 s, never in flight at a poll

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -1973,3 +1974,24 @@ def test_each_required_term_keeps_its_own_instance_types_and_zone_only_narrows_i
     assert any("nodeSelectorTerms[1]" in w.path and "left out" in w.message for w in narrowed.warnings)
     with pytest.raises(ValueError, match=r"--zone us-west-2c: none is a zone .*us-west-2a, us-west-2b"):
         render(loaded.endpoint, RenderOptions(zones=("us-west-2c",)))
+
+
+def test_a_window_whose_floor_is_not_above_min_replica_count_renders_no_cron_trigger_and_is_named():
+    """KEDA's cron scaler is active for its whole window whatever desiredReplicas says (kedacore/keda#5586): a window
+    of minReplicas 0 over minReplicaCount 0 held a GPU replica up from zero all window long, where the local
+    controller and the simulator, which hold a floor only above minReplicaCount, did nothing."""
+    from fleetserve.spec.effects import inert_settings
+
+    doc = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "w"},
+           "spec": {"model": {"name": "m", "source": "hf:meta-llama/Llama-3.1-8B-Instruct"},
+                    "engine": {"kind": "vllm", "gpus": 1},
+                    "autoscaling": {"minReplicaCount": 0, "maxReplicaCount": 3, "schedules": [
+                        {"name": "none", "start": "0 9 * * 1-5", "end": "0 17 * * 1-5", "minReplicas": 0},
+                        {"name": "rush", "start": "0 18 * * *", "end": "0 19 * * *", "minReplicas": 2}]}}}
+    rendered, loaded = _objects(doc)
+    crons = [t for t in _by(rendered, "ScaledObject")[0]["spec"]["triggers"] if t["type"] == "cron"]
+    assert [t["metadata"]["desiredReplicas"] for t in crons] == ["2"]
+    policy = ScalingPolicy.from_spec(loaded.endpoint.spec.autoscaling)
+    assert policy.floor(datetime(2026, 12, 7, 10, 0, tzinfo=UTC).timestamp()) == 0  # Monday 10:00: no floor here
+    (note,) = [n for n in inert_settings(loaded.endpoint) if "schedules" in n.path]
+    assert note.path == "spec.autoscaling.schedules[0].minReplicas" and "'none' changes nothing" in note.message

@@ -834,6 +834,10 @@ def test_a_fleet_that_only_scaled_down_from_its_start_is_not_blamed_on_the_autos
         assert reasons and any(r.startswith("peak:") for r in reasons), reasons
         for reason in reasons:
             if reason.startswith("peak:") or trace is one_window:
-                assert "the fleet started with 4 replica(s) (spec.replicas" in reason, reason
+                # the sparse trace's first request is activity: KEDA's cooldown from it takes the replicas to zero
+                # in a minute, and what is left of the peak's cost is the emptied nodes before consolidation
+                assert "the fleet started with 4 replica(s) (spec.replicas" in reason or (
+                    trace is sparse and "nodes stay up with no replica on them" in reason), reason
             assert "autoscaler ran up to" not in reason and "is not a peak window" not in reason, reason
-            assert "ran no more in these windows" in reason or not reason.startswith("peak:"), reason
+            assert "ran no more in these windows" in reason or not reason.startswith("peak:") or \
+                "nodes stay up with no replica on them" in reason, reason

@@ -4,8 +4,9 @@ KEDA semantics in one function, so that the live controller, the simulator and t
 share it:
 - activation (0<->1): a trigger is active when its value is strictly greater than its activationTarget, or
   when requests are buffered at the router; requests routed to replicas since the last poll are activity too
-  (they keep a serving fleet from zero, never wake one); scale to 0 only after `cooldownPeriod` without activity (its
-  countdown starts no earlier than `initialCooldownPeriod` after creation) and only when no floor holds. A
+  (they keep a serving fleet from zero, never wake one); scale to 0 only after `cooldownPeriod` without
+  activity (a fleet never active since its creation: `initialCooldownPeriod` after it, as KEDA's executor)
+  and only when no floor holds. A
   time-of-day floor counts as activity while it holds, as KEDA's cron trigger (which renders it) is active
   to its window's end: the countdown to zero starts when the window closes, not at the last request before
   it (else a fleet whose floor ended after a quiet spell went to zero at once, and a latency sample of a
@@ -312,13 +313,20 @@ def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, 
         why += "; a trigger failed, no scale-down"
     to_zero = ""  # what a fleet that may go to zero waits for, named while it holds (it read "steady at 1")
     if not active and floor == 0:
-        countdown_from = max(last_active if last_active is not None else state.created,
-                             state.created + policy.initial_cooldown)
-        idle = now - countdown_from
-        if idle >= policy.cooldown:
-            return done(0, f"no activity for {idle:.0f}s >= cooldownPeriod {policy.cooldown:.0f}s")
-        to_zero = (f"initialCooldownPeriod: the countdown to zero starts in {-idle:.0f}s" if idle < 0 else
-                   f"cooldownPeriod: zero in {policy.cooldown - idle:.0f}s without activity")
+        # KEDA's executor (scaleToZeroOrIdle): never active since created, zero once initialCooldownPeriod has
+        # passed; active once, zero cooldownPeriod after the last activity. (Counting the cooldown from the end of
+        # the initial one kept an unused fleet up to cooldownPeriod longer than KEDA does.)
+        if last_active is None:
+            idle = now - state.created
+            if idle >= policy.initial_cooldown:
+                return done(0, f"no activity since the start {idle:.0f}s ago >= initialCooldownPeriod "
+                               f"{policy.initial_cooldown:.0f}s")
+            to_zero = f"initialCooldownPeriod: zero in {policy.initial_cooldown - idle:.0f}s without activity"
+        else:
+            idle = now - last_active
+            if idle >= policy.cooldown:
+                return done(0, f"no activity for {idle:.0f}s >= cooldownPeriod {policy.cooldown:.0f}s")
+            to_zero = f"cooldownPeriod: zero in {policy.cooldown - idle:.0f}s without activity"
     asked = raw  # what the triggers alone want
     raw = max(raw, floor, 1)
     stabilized, recs = _stabilize(policy, state, raw, now)

@@ -210,6 +210,10 @@ def triggers(ctx: Context, policy: ScalingPolicy, warn) -> list[dict]:
                  f"{', '.join(elsewhere)}: unless that Prometheus scrapes the routers, the endpoint never wakes from "
                  "zero; pass --prometheus-url with the server your triggers use")
     for i, window in enumerate(policy.schedule.windows):
+        if window.floor <= policy.min_replicas:
+            # no floor above minReplicaCount: nothing here or in the simulator. KEDA's cron trigger is active for its
+            # whole window whatever its desiredReplicas (kedacore/keda#5586), so it held a replica up from zero
+            continue
         start = shift_earlier(window.start, policy.schedule_lead)
         if start is None:
             warn(f"spec.autoscaling.schedules[{i}].start",

@@ -76,6 +76,15 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         note("spec.autoscaling.triggers", f"none given: the fleet scales on the default trigger, {default.metric} "
              f"with target {default.target:g} per replica (here, in the simulator and in the rendered "
              "ScaledObject)", everywhere=True)
+    if spec.autoscaling is not None and spec.autoscaling.enabled:
+        least = spec.autoscaling.min_replica_count
+        for i, window in enumerate(spec.autoscaling.schedules):
+            if window.min_replicas <= least:
+                note(f"spec.autoscaling.schedules[{i}].minReplicas",
+                     f"{window.min_replicas} is not above minReplicaCount {least}: the window {window.name!r} "
+                     "changes nothing (here, in the simulator and on Kubernetes, where no cron trigger is rendered "
+                     "for it: KEDA's would be active all window long and hold a replica up from zero)",
+                     everywhere=True)
     if (spec.placement.instance_types or spec.placement.node_affinity) and spec.capacity.provider == "local":
         note("spec.placement", "capacity.provider is 'local': this machine is the only node, instance types "
                                "apply to the simulated provider and to Kubernetes rendering")
