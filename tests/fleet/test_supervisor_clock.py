@@ -1125,3 +1125,55 @@ def test_every_flag_the_fleet_gives_its_engines_is_one_engine_args_may_not_repea
     given = {a.split("=", 1)[0] for a in sup._engine_command("r0", 9000, "local") if a.startswith("--")}
     assert given and given <= set(FLEET_SETS), given - set(FLEET_SETS)
     assert builtin_args_problem([]) is None and builtin_args_problem(["--max-batch", "4"]) is None
+
+
+def test_a_router_that_does_not_answer_is_said_once_and_one_that_exited_is_not_asked(make, caplog):
+    """A router down (killed, its port held) got a "could not update the router's backends" warning every tick, ~5 a
+    second, for as long as it stayed down, burying its exit and restart lines (found in a black-box pass)."""
+    import logging
+
+    import httpx
+
+    sup, _, mono = make(1)
+    sup.router_url, sup.admin_token = "http://router", "t"
+    tries = []
+
+    def refuse(url, json, headers):
+        tries.append(json)
+        raise httpx.ConnectError("[Errno 111] Connection refused")
+
+    def accept(url, json, headers):
+        tries.append(json)
+        return type("Ok", (), {"raise_for_status": lambda self: None})()
+
+    sup.replicas.append(Replica(ReplicaState("r0", "http://127.0.0.1:9", state=Phase.READY, node="n0"), 9, "n0",
+                                requested_at=mono(), child=StoppingChild(), started_at=mono()))
+    sup._http.put = refuse
+    with caplog.at_level(logging.DEBUG, logger="fleetserve.fleet.supervisor"):
+        for _ in range(10):
+            sup._push_backends()
+        sup._http.put = accept
+        sup._push_backends()
+    said = [r for r in caplog.records if r.levelno >= logging.INFO and "router's backends" in r.getMessage()]
+    assert len(tries) == 11 and [r.levelname for r in said] == ["WARNING", "INFO"]
+    assert "after 10 failed tries" in said[1].getMessage()
+    sup.router, sup._pushed, tries[:] = ExitedChild(code=-9), None, []
+    sup.router.alive = lambda: False
+    sup._push_backends()
+    assert tries == []  # exited: its restart pushes again
+
+
+def test_a_service_killed_with_an_empty_log_says_so_and_names_the_signal(make, caplog):
+    """"router exited with code -9; last log lines:" was followed by nothing."""
+    import logging
+
+    from fleetserve.fleet.restarts import Backoff
+
+    sup, _, mono = make(1)
+    said = []
+    sup.say = said.append
+    with caplog.at_level(logging.WARNING, logger="fleetserve.fleet.supervisor"):
+        sup._keep_alive(ExitedChild(log="", code=-9), Backoff(), mono(), "prometheus")
+    assert said == ["prometheus exited with code -9 (killed by SIGKILL); restarting in 1s"]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == "prometheus exited with code -9 (killed by SIGKILL); its log (r0.log) is empty"

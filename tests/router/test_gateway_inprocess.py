@@ -117,20 +117,28 @@ def test_an_invocation_path_sends_generation_there_and_counts_it_as_the_openai_r
 
     first, second, up, gw = run_virtual(main())
     assert first.status == second.status == 200 and up.paths == ["/invocations", "/invocations"]
-    counted = {s.labels["path"] for s in gw.metrics.requests.collect()[0].samples if s.name.endswith("_total")}
+    counted = {s.labels["path"] for s in gw.metrics.requests.collect()[0].samples
+               if s.name.endswith("_total") and s.value}
     assert counted == {"/v1/chat/completions", "/v1/completions"}
 
 
 @pytest.mark.parametrize("failure", [FakeResponse(503, [b"busy"]), Unreachable("refused")])
-def test_failure_before_the_first_byte_is_retried_on_another_replica(failure):
+def test_failure_before_the_first_byte_is_retried_on_another_replica(failure, caplog):
+    import logging
+
     async def main():
         gw, up = gateway({A: [failure], B: [FakeResponse(200, [OK])]})
         out = Recorder()
         await gw.handle(chat(), out)
         return gw, out, up
 
-    gw, out, up = run_virtual(main())
+    with caplog.at_level(logging.INFO, logger="fleetserve.router.access"):
+        gw, out, up = run_virtual(main())
     assert up.sent == [A, B] and out.status == 200 and out.body == OK
+    # the request's line says which replica failed it and why (only a counter had, with no replica)
+    (line,) = [r for r in caplog.records if r.getMessage() == "request"]
+    why = "status_503" if isinstance(failure, FakeResponse) else "unreachable"
+    assert line.attempts == 2 and line.retried == f"10.0.0.1:8000:{why}"
     assert gw.pool.book.in_flight[A.split("://")[1]] == 0 and gw.pool.book.in_flight[B.split("://")[1]] == 0
 
 
@@ -280,18 +288,18 @@ def test_a_stream_cut_mid_way_is_an_error_in_the_model_series_and_a_warning_in_t
                                       model_metrics_scope=scope)
     assert '"code":"upstream_failed"' in out.body.decode()
     errors = {s.labels["status"]: s.value for f in gw.metrics.registry.collect() for s in f.samples
-              if s.name == "model_errors_total" and s.labels["replica"] == "10.0.0.1:8000"}
+              if s.name == "model_errors_total" and s.labels["replica"] == "10.0.0.1:8000" and s.value}
     assert errors == {"502": 1.0}
     (line,) = [r for r in caplog.records if r.getMessage() == "request"]
     assert line.levelname == "WARNING" and line.status == 502 and line.error == "upstream_failed"
     # the router's own request series too (they counted a 200 at the first byte: an error ratio built on them
     # read a replica killed under streaming load as error-free)
     counted = {(s.name, s.labels.get("code")): s.value for f in gw.metrics.registry.collect() for s in f.samples
-               if s.name in ("fleetserve_router_requests_total", "fleetserve_router_tenant_requests_total")}
+               if s.name in ("fleetserve_router_requests_total", "fleetserve_router_tenant_requests_total") and s.value}
     assert counted == {("fleetserve_router_requests_total", "502"): 1.0,
                        ("fleetserve_router_tenant_requests_total", "502"): 1.0}, counted
     received = [s.value for f in gw.metrics.registry.collect() for s in f.samples
-                if s.name == "fleetserve_router_requests_received_total"]
+                if s.name == "fleetserve_router_requests_received_total" and s.value]
     assert received == [1.0]  # on arrival: the request_rate scaling signal on Kubernetes reads it
 
 
@@ -1043,3 +1051,35 @@ def test_a_client_that_leaves_between_attempts_is_one_invocation_and_a_404_only_
     gw, out = run_virtual(answered_404(b'{"error": {"message": "no such model", "code": "model_not_found"}}'))
     assert out.status == 404 and model_samples(gw, "model_errors_total") == {}
     assert model_samples(gw, "model_invocations_total") == {}
+
+
+@pytest.mark.parametrize("scope", ["all", "router"])
+def test_a_replicas_error_series_and_the_routers_request_counts_are_at_zero_before_any_request(scope):
+    """rate() reads a series' first sample as its start: the router made a replica's model_errors_total{status=502}
+    at its first 502, so a replica that hung (every request a 502) read 0 % errors in the error ratio, its burn
+    alerts and the panels (found in a black-box pass, with the fleet's own Prometheus). Made at 0 when the replica
+    joins, at start and on every backend change, as the engines make theirs; the router's request counts too."""
+    from fleetserve.observe.metrics import PRESET_ERROR_STATUSES, ModelIdentity
+
+    def zeros(gw):
+        found = {}
+        for family in gw.metrics.registry.collect():
+            for s in family.samples:
+                if s.name in ("model_errors_total", "model_invocations_total", "fleetserve_router_requests_total",
+                              "fleetserve_router_requests_received_total"):
+                    key = s.labels.get("replica") or s.labels.get("path")
+                    found.setdefault((s.name, key), set()).add(s.labels.get("status") or s.labels.get("code"))
+                    assert s.value == 0
+        return found
+
+    gw, _ = gateway({A: [], B: []}, model_identity=ModelIdentity("ns", "m", "1", "g5", ""),
+                    model_metrics_scope=scope)
+    found = zeros(gw)
+    for replica in ("10.0.0.1:8000", "10.0.0.2:8000", "router"):
+        assert found[("model_errors_total", replica)] == set(PRESET_ERROR_STATUSES)
+        assert ("model_invocations_total", replica) in found
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        assert found[("fleetserve_router_requests_total", path)] == {"200", *PRESET_ERROR_STATUSES}
+        assert ("fleetserve_router_requests_received_total", path) in found
+    gw.set_backends(["http://10.0.0.3:8000"], ready={"http://10.0.0.3:8000"}, names={"http://10.0.0.3:8000": "r7"})
+    assert zeros(gw)[("model_errors_total", "r7")] == set(PRESET_ERROR_STATUSES)

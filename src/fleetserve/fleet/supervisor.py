@@ -124,6 +124,21 @@ BOX = str.maketrans("", "", "│╭╮╰╯─")
 ACCESS_LINE = re.compile(r"\brequest (request_id|kind)=|\bstatus=\d{3}\b|\"logger\": ?\"fleetserve\.\w+\.access\"")
 
 
+def killed_by(code: int | None) -> str:
+    """" (killed by SIGKILL)" for an exit code that is a signal's, else nothing."""
+    if code is not None and code < 0 and -code in signal.valid_signals():
+        return f" (killed by {signal.Signals(-code).name})"
+    return ""
+
+
+def log_lines(child: Child | None, lines: int = 20) -> str:
+    """The child's last log lines with its log's path, or that the log is empty: "last log lines:" had been
+    followed by nothing after a kill -9 of a service that logged nothing."""
+    path = child.log_path if child is not None else "-"
+    tail = child.log_tail(lines) if child is not None else ""
+    return f"last log lines ({path}):\n{tail}" if tail.strip() else f"its log ({path}) is empty"
+
+
 def last_error(tail: str) -> str:
     """A child's own last error from its log's tail: the message of a CLI error box (an input its restart refuses,
     a port in use), else the last line that says error; never an access-log line."""
@@ -382,6 +397,7 @@ class Supervisor:
         self._http = httpx.Client(timeout=1.0, trust_env=False)
         self._pushed: list | None = None
         self._pushed_failing: str | None = None  # the failure the router was last told of, with `_pushed`
+        self._push_failures = 0  # failed pushes in a row (the first is said, the rest are not)
         self._in_flight_by_url: dict[str, int] = {}  # the router's last load report, per replica (scale-down order)
         # replica URLs the router's last load report has out, and why (health checks, or an open breaker)
         self._router_out: dict[str, str] = {}
@@ -926,6 +942,8 @@ class Supervisor:
         failing = self._failing()
         if entries == self._pushed and failing == self._pushed_failing:
             return
+        if self.router is not None and not self.router.alive():
+            return  # exited, to be restarted (its restart pushes again): asking it flooded the log 5 times a second
         try:
             self._http.put(self.router_url + "/admin/backends", json={"backends": entries, "failing": failing},
                            headers={"x-fleetserve-admin": self.admin_token}).raise_for_status()
@@ -933,8 +951,16 @@ class Supervisor:
             for r in self.replicas:
                 if r.state.state == Phase.DRAINING:
                     r.drain_announced = True
+            if self._push_failures:
+                log.info("the router's backends are updated again, after %d failed tries", self._push_failures)
+                self._push_failures = 0
         except httpx.HTTPError as exc:
-            log.warning("could not update the router's backends: %s", exc)
+            # said once until it works again: a router that does not answer is retried every tick (~5 a second),
+            # and each try's warning buried the lines that say why (its exit, its restart)
+            (log.debug if self._push_failures else log.warning)(
+                "could not update the router's backends: %s%s", exc,
+                "" if self._push_failures else " (retried every tick; said again when it works)")
+            self._push_failures += 1
             self._pushed = None
 
     def _failing(self) -> str | None:
@@ -1171,10 +1197,7 @@ class Supervisor:
             self.say(f"replica {r.state.id}: another process took its port; starting it on {r.port}")
             return
         if starting_up:
-            tail = r.child.log_tail() if r.child else ""
-            lines = f"last log lines ({r.child.log_path if r.child else '-'}):\n{tail}" if tail.strip() else \
-                f"its log ({r.child.log_path if r.child else '-'}) is empty"  # "last log lines:" and nothing
-            raise StartupError(f"replica {r.state.id} {why} during start-up; {lines}")
+            raise StartupError(f"replica {r.state.id} {why} during start-up; {log_lines(r.child)}")
         delay = r.backoff.crashed(mono)
         r.crashes_since_ready += 1
         r.state.state = advance(r.state.state, Phase.RESTARTING)
@@ -1185,8 +1208,7 @@ class Supervisor:
         # its own last error, never an access-log line: after a kill -9 the last line was an earlier request's, as
         # if that request had crashed it; a signal is named
         cause = last_error(r.child.log_tail() if r.child else "")
-        killed = f" (killed by {signal.Signals(-code).name})" if code is not None and code < 0 and \
-            -code in signal.valid_signals() else ""
+        killed = killed_by(code)
         # no counts: the error stands until the replica is ready again, and counts in it went stale beside the
         # table's `restarts` ("restart 2" beside 1, then "restarts: 0" beside 1)
         self.state.error = (f"replica {r.state.id} {why}{killed} and is restarting"
@@ -1540,8 +1562,8 @@ class Supervisor:
             if code is None:
                 return False
             delay = backoff.crashed(mono)
-            self.say(f"{what} exited with code {code}; restarting in {delay:.0f}s")
-            log.warning("%s exited with code %s; last log lines:\n%s", what, code, child.log_tail(5))
+            self.say(f"{what} exited with code {code}{killed_by(code)}; restarting in {delay:.0f}s")
+            log.warning("%s exited with code %s%s; %s", what, code, killed_by(code), log_lines(child, 5))
             last = last_error(child.log_tail(12))
             restarting = f"restarting (exit code {code}{': ' + last[-200:] if last else ''})"
             if child is self.redis:  # its cause too (a port taken: "bind: Address already in use"), as the router's

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from fleetserve.api.protocol import GENERATION_PATHS
 from fleetserve.observe import vocabulary as v
 from fleetserve.observe.vocabulary import LATENCY_BUCKETS_MS, MODEL_LABELS, SECONDS_BUCKETS
 
@@ -118,6 +119,10 @@ class RouterMetrics:
         self.retries = v.ROUTER_RETRIES.make(r)
         for reason in RETRY_REASONS:  # at 0 from the start, as model_errors_total: rate() sees a first burst
             self.retries.labels(reason)
+        for path in sorted(GENERATION_PATHS):  # the model paths' counts too: an outage's first 502s, and the
+            child(self.received, path)  # request_rate trigger's first burst, had been lost to rate()
+            for code in ("200", *PRESET_ERROR_STATUSES):
+                child(self.requests, path, code)
         self.decisions = v.ROUTER_DECISIONS.make(r)
         self.routed = v.ROUTER_REQUESTS_ROUTED.make(r)
         self.ejections = v.ROUTER_EJECTIONS.make(r)

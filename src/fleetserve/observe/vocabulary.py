@@ -80,7 +80,7 @@ LABELS: dict[str, str] = {
                "replica that left within 5 minutes, so its last increments are scraped)",
     "tier": "KV tier: engine, l1, l2, or l2:TENANT for a tenant's own Redis (bounded by "
             "kvCache.l2.tenantUrls)",
-    "state": "a Redis tier's state: up, full, unavailable or unknown",
+    "state": "a Redis tier's state: up, full, read_only, unavailable or unknown",
     "capacity_type": "on-demand or spot",
     "block_size": "KV block size in tokens (one value per engine)",
     "num_gpu_blocks": "KV capacity in blocks (one value per engine)",

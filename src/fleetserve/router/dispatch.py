@@ -40,11 +40,11 @@ MAX_DROPS = 2  # replicas that may close the connection under one request before
 class Attempt:
     """An answer whose first body bytes arrived; owns the replica's in-flight slot until `release`."""
 
-    __slots__ = ("backend", "response", "first", "choice", "tries", "held", "cut", "_book", "_freed", "_released",
-                 "_ended")
+    __slots__ = ("backend", "response", "first", "choice", "tries", "held", "cut", "retried", "_book", "_freed",
+                 "_released", "_ended")
 
     def __init__(self, backend: Backend, response: UpstreamResponse, first: bytes, choice: Choice, tries: int,
-                 book, freed, ended=None):
+                 book, freed, ended=None, retried: tuple[str, ...] = ()):
         self.backend = backend
         self.response = response
         self.first = first
@@ -52,6 +52,7 @@ class Attempt:
         self.tries = tries  # replicas tried, this one included
         self.held = 0.0  # seconds it waited in the scale-from-zero buffer while dispatched (replicas died under it)
         self.cut: APIError | None = None  # why the answer broke off after it began (relay.py), if it did
+        self.retried = retried  # "replica:reason" of each replica tried before this one (the request's log line)
         self._book = book
         self._freed = freed
         self._ended = ended  # the model metrics' end of this invocation (router/model_metrics.py), if counted
@@ -103,8 +104,9 @@ class Dispatcher:
             raise
 
     async def _dispatch(self, out: Outgoing, route: RouteRequest, tried: FailedAttempts, waited: list[float],
-                        held: bool = False) -> Attempt:
-        """`held`: the request already waited once for a replica to come back (it waits at most once)."""
+                        held: bool = False, retried: tuple[str, ...] = ()) -> Attempt:
+        """`held`: the request already waited once for a replica to come back (it waits at most once); `retried`:
+        the replicas it failed on before that wait, and why."""
         gw = self.gw
         settings = gw.settings
         excluded: frozenset[str] = frozenset()
@@ -112,6 +114,7 @@ class Dispatcher:
         busy_for = 0  # the longest Retry-After of the replicas that said they were busy
         dropped = 0  # replicas that closed the connection under this request without answering
         failures: list[str] = []  # why each replica tried did not take it
+        failed_on = list(retried)  # and which: the request's log line names them (only a counter had said why)
         for attempt in range(settings.max_attempts):
             if attempt:
                 await asyncio.sleep(backoff(attempt, random.random()))
@@ -135,7 +138,7 @@ class Dispatcher:
             if isinstance(outcome, tuple):
                 response, first, ended = outcome
                 return Attempt(backend, response, first, choice, attempt + 1, gw.pool.book, gw.gate.slot_freed,
-                               ended)
+                               ended, tuple(failed_on))
             if outcome == "timeout":
                 gw.metrics.retries.labels("timeout_not_retried").inc()
                 raise APIError(504, f"the model replica did not answer within {settings.upstream_read_timeout:g}s; "
@@ -151,6 +154,7 @@ class Dispatcher:
                                         "them fail", code="upstream_dropped")
             last_reason = outcome
             failures.append(outcome)
+            failed_on.append(f"{backend.label}:{outcome}")
             excluded = exclude(excluded, backend.id)
             gw.metrics.retries.labels(outcome).inc()
         if failures and all(f == "busy" for f in failures):  # a 502 then a busy one is not "every replica busy"
@@ -161,7 +165,8 @@ class Dispatcher:
                 # the replicas it went to died under it (a crash took every one) before any answer began: it
                 # waits for one to come back, bounded as a request held at zero is, not a 503 at once
                 waited[0] += await gw.gate.admit()
-                return await self._dispatch(out, _excluding(route, frozenset()), tried, waited, held=True)
+                return await self._dispatch(out, _excluding(route, frozenset()), tried, waited, held=True,
+                                            retried=tuple(failed_on))
             raise APIError(503, "no healthy model replica is available; retry shortly", code="no_replica",
                            headers={"Retry-After": "2"})
         if failures and all(f == "refused_router" for f in failures):

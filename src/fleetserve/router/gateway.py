@@ -161,6 +161,7 @@ class Gateway:
         self.model_metrics = ModelMetrics(settings.model_identity, self.metrics.registry,
                                           settings.model_metrics_scope) \
             if settings.model_identity is not None else None
+        self._start_model_series()
         self.internal = InternalAuth(settings.internal_token)
         self.upstream = upstream or Upstream(read_timeout=settings.upstream_read_timeout,
                                              stream_idle_timeout=settings.stream_idle_timeout,
@@ -498,6 +499,12 @@ class Gateway:
             self.metrics.routed.inc()
         self._count(self.metrics.decisions, self.policy.name, branch)
 
+    def _start_model_series(self) -> None:
+        """Every replica's model_* series at 0 from the moment it is a backend (router/model_metrics.py `start`)."""
+        if self.model_metrics is not None:
+            for backend in self.pool.backends.values():
+                self.model_metrics.start(backend.label)
+
     def request_failed(self, backend: Backend, error: str, server_error: bool = False) -> None:
         was = backend.breaker
         self.pool.request_failed(backend, error, server_error)
@@ -539,6 +546,7 @@ class Gateway:
         replicas' names by URL (the `replica` label of the model_* series counted here); `instances`: the secret of
         the process that must answer each one's /health probes (engine/instance.py)."""
         self.pool.set_backends(urls, ready=ready, draining=draining, names=names, instances=instances)
+        self._start_model_series()
         self.gate.set_failing(failing)
         if self.peers is not None and not from_peer:
             self.peers.backends(urls, ready or set(), draining or set(), failing, names, instances)
@@ -675,6 +683,7 @@ class Gateway:
                     backend=backend.id if backend is not None and backend.label != backend.id else None,
                     policy=self.policy.name,
                     branch=getattr(choice, "branch", None), attempts=attempt.tries if attempt is not None else None,
+                    retried=",".join(attempt.retried) if attempt is not None and attempt.retried else None,
                     ttfb_ms=round(ttfb_ms, 2) if ttfb_ms is not None else None,
                     latency_ms=round((self.clock() - started) * 1000, 2), error=error,
                     prompt=prompt_text(body) if self.settings.log_prompts and body else None)

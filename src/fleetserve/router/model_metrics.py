@@ -64,10 +64,24 @@ class ModelMetrics:
         self.concurrent = v.MODEL_CONCURRENT.make(registry)
         self.latency_ms = v.MODEL_LATENCY.make(registry)
         self.ttfb_ms = v.MODEL_TTFB.make(registry)
-        labels = (*self.base, ROUTER_REPLICA)  # at 0 from the start: rate() loses a new series' first burst
+        self._started: set[str] = set()
+        self.start(ROUTER_REPLICA)
+
+    def start(self, replica: str) -> None:
+        """A replica's series at 0 from the moment it joins (observe/metrics.py `start_model_series`, as the engines
+        do): rate() reads a series' first sample as its start, so an outage's errors on a replica whose error
+        series did not exist yet (all 502s of a replica that hung) read 0 % in the error ratio, its burn alerts
+        and every panel. Idempotent."""
+        if replica in self._started:
+            return
+        self._started.add(replica)
+        labels = (*self.base, replica)
         child(self.invocations, *labels)
         for status in PRESET_ERROR_STATUSES:
             child(self.errors, *labels, status)
+        if self.every_request and replica != ROUTER_REPLICA:
+            for metric in (self.concurrent, self.latency_ms, self.ttfb_ms):
+                child(metric, *labels)
 
     def sent(self, replica: str) -> None:
         """An attempt went to a replica: in flight there until it ends or fails."""
@@ -151,8 +165,10 @@ class ModelMetrics:
 
     def forget(self, replicas) -> None:
         """Remove the series of replicas that left (router/departed.py); the router's own stay."""
+        gone = set(replicas) - {ROUTER_REPLICA}
         for metric in self.families():
-            forget(metric, len(self.base), set(replicas) - {ROUTER_REPLICA})
+            forget(metric, len(self.base), gone)
+        self._started -= gone
 
 
 def router_args(namespace: str, model_name: str, model_version: str, instance_type: str,
