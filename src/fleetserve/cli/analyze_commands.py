@@ -10,7 +10,15 @@ from typing import Annotated
 
 import typer
 
-from fleetserve.cli.checks import MAX_THREADS, float_option, output_failed, writable, write_output
+from fleetserve.cli.checks import (
+    MAX_THREADS,
+    float_option,
+    not_a_file,
+    output_failed,
+    reader_gone,
+    writable,
+    write_output,
+)
 from fleetserve.cli.console import err, fail
 
 trace_app = typer.Typer(help="Make and reshape workloads: generate, scale.", no_args_is_help=True)
@@ -96,9 +104,8 @@ def analyze(
     from fleetserve.traces.load import TraceError
 
     _choice(mode, MODES, "--mode")
-    if not Path(file).is_file():
-        raise typer.BadParameter(f"{file} {'is a directory' if Path(file).is_dir() else 'does not exist'}",
-                                 param_hint="FILE")
+    if (why := not_a_file(file)) is not None:
+        raise typer.BadParameter(f"{file} {why}", param_hint="FILE")
     if block_size is not None or model is not None:  # prompt-log options: said, not ignored, on a hash trace
         from fleetserve.traces.load import detect_format
 
@@ -283,6 +290,8 @@ def trace_generate(
         err.print(f"warning: {warning}", markup=False)
     try:
         write_trace(requests, output, fmt, start=CLOCKLESS_START)  # the workload's own clock, in every format
+    except BrokenPipeError:
+        raise reader_gone() from None
     except OSError as exc:  # a full disk (/dev/full) had been a traceback
         raise fail(f"--output: cannot write {output}: {exc.strerror or exc}") from None
     err.print(f"{len(requests)} requests over {duration:g}s ({len(requests) / duration:.3g}/s; {spec.arrivals} "
@@ -372,6 +381,8 @@ def trace_scale(
         write_trace(requests, output, fmt, start=start)
     except ValueError as exc:  # before the warnings about the file: none was written (they came first, then this)
         raise fail(f"--format: {exc}") from None
+    except BrokenPipeError:
+        raise reader_gone() from None
     except OSError as exc:
         raise fail(f"--output: cannot write {output}: {exc.strerror or exc}") from None
     for warning in warnings:

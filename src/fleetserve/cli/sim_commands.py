@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fleetserve.cli.checks import float_option, output_failed, writable, write_output
+from fleetserve.cli.checks import float_option, not_a_file, output_failed, writable, write_output
 from fleetserve.cli.console import err, fail, print_spec_errors
 
 # piped into a log, rich would fit the tables to 80 columns and cut the numbers ("reque…", "34785… ms")
@@ -543,11 +543,10 @@ def bench_sim_speed(
         raise typer.BadParameter(f"{strategy!r}; allowed values: {', '.join(registered_policies())}",
                                  param_hint="--strategy")
     path = Path(trace) if trace else AZURE_CODE
-    if not path.is_file():
+    if (why := not_a_file(path)) is not None:
         hint = "" if trace else " (the repository's copy of the Azure code trace; an installed package has none: " \
                                 "give --trace)"
-        raise typer.BadParameter(f"{path} {'is a directory' if path.is_dir() else 'does not exist'}{hint}",
-                                 param_hint="--trace")
+        raise typer.BadParameter(f"{path} {why}{hint}", param_hint="--trace")
     from fleetserve.sim.speed import RateError
     from fleetserve.traces.load import TraceError
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -79,8 +80,14 @@ def _allowed_fields(model: type[BaseModel]) -> str:
     return ", ".join(sorted(f.alias or name for name, f in model.model_fields.items()))
 
 
+_SHORT = reprlib.Repr()  # attributes, not keywords: Python 3.11's Repr takes none
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 8, 8, 80, 80, 80
+
+
 def _short(value: object) -> str:
-    text = repr(value)
+    """At most 80 characters of the value, never the whole of it first: a YAML alias bomb (9 lists of 9, nine
+    deep) took `validate` minutes to print in full before the cut."""
+    text = _SHORT.repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 

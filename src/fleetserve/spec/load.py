@@ -38,9 +38,18 @@ def load_spec_text(text: str, source: str | None = None) -> LoadedSpec:
     return load_spec_data(data, source)
 
 
+MAX_SPEC_BYTES = 16 << 20  # a spec is a page of YAML: a model file given by mistake was read whole (1.1 GB)
+
+
 def load_spec(path: str | Path) -> LoadedSpec:
     p = Path(path)
+    if p.exists() and not p.is_file():  # /dev/zero was read until memory ran out
+        what = "a directory" if p.is_dir() else "not a regular file (a device, a pipe or a socket)"
+        raise SpecError([SpecProblem("", f"{p} is {what}, not a spec file")], str(p))
     try:
+        if p.stat().st_size > MAX_SPEC_BYTES:
+            raise SpecError([SpecProblem("", f"{p} is {p.stat().st_size} bytes; a spec file is at most "
+                                             f"{MAX_SPEC_BYTES} (is it the spec?)")], str(p))
         text = p.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise SpecError([SpecProblem("", f"cannot read {p}: {exc.strerror}")], str(p)) from None

@@ -49,12 +49,21 @@ def _binary(p: Path):
     return gzip.open(p, "rb") if _is_gzip(p) else open(p, "rb")
 
 
+MAX_LINE_CHARS = 1 << 26  # a trace line's most (64 Mi characters): /dev/zero, or a binary file, is one endless line
+
+
 def _text_lines(p: Path):
     """(line number, text) of a UTF-8 file, or of a gzip-compressed one (a BOM, as spreadsheet tools write it, is
-    dropped; any line end)."""
+    dropped; any line end). A line longer than MAX_LINE_CHARS is an error, not a read of all memory."""
     try:
         with io.TextIOWrapper(_binary(p), encoding="utf-8-sig") as f:
-            yield from enumerate(f, 1)
+            n = 0
+            while line := f.readline(MAX_LINE_CHARS + 1):
+                n += 1
+                if len(line) > MAX_LINE_CHARS:
+                    raise TraceError(f"{p}:{n}: a line of more than {MAX_LINE_CHARS} characters; no trace row is "
+                                     "that long (a binary file?)")
+                yield n, line
     except UnicodeDecodeError as exc:
         raise TraceError(f"{_bad_byte(p)}: not UTF-8 text ({exc.reason})") from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
@@ -80,9 +89,18 @@ def _first_text(p: Path) -> str:
     return ""
 
 
+def check_trace_path(p: Path, fmt: str | None = None) -> None:
+    """A trace is a regular file (or a ServeGen folder): /dev/zero had been read to a MemoryError."""
+    if not p.is_file() and not (p.is_dir() and fmt in (None, "servegen")):
+        what = ("is a directory, not a trace file" if p.is_dir() else
+                "is not a regular file (a device, a pipe or a socket)" if p.exists() else "does not exist")
+        raise TraceError(f"trace file {p} {what}")
+
+
 def detect_format(path: Path) -> str:
     """By content first, the name second: a CSV written under a .jsonl name (or JSON lines under .csv) is read as
     what it holds."""
+    check_trace_path(path)
     if is_servegen(path):
         return "servegen"
     first = _first_text(path) if path.is_file() else ""
@@ -112,10 +130,7 @@ def load_timed_trace(path: str | Path, limit: int | None = None, fmt: str | None
     """`load_trace`'s requests and the wall time (UTC) of the earliest when the file says it (Azure CSV stamps;
     stamps without an offset are read as UTC), else None: Mooncake and prompt logs count from their own zero."""
     p = Path(path)
-    if not p.is_file() and not (p.is_dir() and fmt in (None, "servegen")):
-        what = ("is a directory, not a trace file" if p.is_dir() else
-                "is not a regular file (a device, a pipe or a socket)" if p.exists() else "does not exist")
-        raise TraceError(f"trace file {p} {what}")
+    check_trace_path(p, fmt)
     if fmt is not None and fmt not in FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}; allowed: {', '.join(FORMATS)}")
     fmt = fmt or detect_format(p)
@@ -402,5 +417,9 @@ def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
                              "surrogate); the engines refuse it, and a replay cannot send it") from None
         # its length in the stand-in tokens the simulator and the Mooncake writer count (a word each): characters
         # / 4 made a prompt log written as Azure a third longer than the same log written as Mooncake
-        out.append(replace(req, input_tokens=max(1, len(stand_in_words(req.text() or "")))))
+        words = len(stand_in_words(req.text() or ""))
+        if words > MAX_TOKENS:  # as a Mooncake or Azure row's: tokenizing it took `analyze` to a native abort at
+            # 6 GB, and `trace scale --format mooncake` wrote a file its own loader refuses
+            raise TraceError(f"{where}: the prompt is {words} words long; at most {MAX_TOKENS} tokens a request")
+        out.append(replace(req, input_tokens=max(1, words)))
     return out
