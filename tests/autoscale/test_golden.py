@@ -153,7 +153,11 @@ def test_initial_cooldown_counts_only_for_a_fleet_never_active_as_kedas_executor
     assert fleet.poll(310.0, 0.0).desired == 0
     idle = VirtualFleet(policy, 0.0, replicas=1)
     assert idle.poll(290.0, 0.0).reason.endswith("(initialCooldownPeriod: zero in 10s without activity)")
-    assert idle.poll(300.0, 0.0).desired == 0
+    zero = idle.poll(300.0, 0.0)
+    from fleetserve.observe.vocabulary import decision_reason
+
+    # counted as the scale to zero it is (it had been "other": no dashboard mark, no counts in the log)
+    assert zero.desired == 0 and decision_reason(zero.reason) == "cooldownPeriod elapsed"
 
 
 def test_traffic_falling_keeps_the_floor():

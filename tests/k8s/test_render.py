@@ -1995,3 +1995,22 @@ def test_a_window_whose_floor_is_not_above_min_replica_count_renders_no_cron_tri
     assert policy.floor(datetime(2026, 12, 7, 10, 0, tzinfo=UTC).timestamp()) == 0  # Monday 10:00: no floor here
     (note,) = [n for n in inert_settings(loaded.endpoint) if "schedules" in n.path]
     assert note.path == "spec.autoscaling.schedules[0].minReplicas" and "'none' changes nothing" in note.message
+
+
+def test_a_short_initial_cooldown_beside_starting_replicas_is_named():
+    """KEDA counts initialCooldownPeriod from the ScaledObject's creation, before the replicas load: with 0 s a
+    fleet `up` had just said ready went to zero 30 ms later, without a word from validate."""
+    from fleetserve.spec.effects import inert_settings
+
+    def notes(auto: dict, replicas: int = 1):
+        doc = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "w"},
+               "spec": {"model": {"name": "m", "source": "hf:meta-llama/Llama-3.1-8B-Instruct"},
+                        "engine": {"kind": "vllm", "gpus": 1}, "replicas": replicas,
+                        "autoscaling": {"minReplicaCount": 0, "maxReplicaCount": 3, **auto}}}
+        return [n for n in inert_settings(load_spec_data(doc).endpoint)
+                if n.path == "spec.autoscaling.initialCooldownPeriod"]
+
+    (note,) = notes({"initialCooldownPeriod": 0})
+    assert "goes to zero 0s after it starts" in note.message and note.everywhere
+    assert notes({}) == [] and notes({"initialCooldownPeriod": 0}, replicas=0) == []
+    assert notes({"initialCooldownPeriod": 0, "minReplicaCount": 1}) == []

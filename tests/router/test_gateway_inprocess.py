@@ -1081,5 +1081,26 @@ def test_a_replicas_error_series_and_the_routers_request_counts_are_at_zero_befo
     for path in ("/v1/chat/completions", "/v1/completions"):
         assert found[("fleetserve_router_requests_total", path)] == {"200", *PRESET_ERROR_STATUSES}
         assert ("fleetserve_router_requests_received_total", path) in found
+    assert ("fleetserve_router_requests_received_total", "/invocations") in found  # SageMaker's path, as it arrives
     gw.set_backends(["http://10.0.0.3:8000"], ready={"http://10.0.0.3:8000"}, names={"http://10.0.0.3:8000": "r7"})
     assert zeros(gw)[("model_errors_total", "r7")] == set(PRESET_ERROR_STATUSES)
+
+
+def test_a_replica_that_left_and_came_back_gets_its_series_at_zero_again():
+    from prometheus_client import CollectorRegistry
+
+    from fleetserve.observe.metrics import ModelIdentity
+    from fleetserve.router.model_metrics import ModelMetrics
+
+    registry = CollectorRegistry()
+    metrics = ModelMetrics(ModelIdentity("ns", "m", "1", "g5", ""), registry)
+
+    def replicas() -> set[str]:
+        return {s.labels["replica"] for f in registry.collect() for s in f.samples if s.name == "model_errors_total"}
+
+    metrics.start("r1")
+    assert replicas() == {"router", "r1"}
+    metrics.forget(["r1"])
+    assert replicas() == {"router"}
+    metrics.start("r1")  # back (a scale-up reusing its name): at 0 again, not left out as already started
+    assert replicas() == {"router", "r1"}

@@ -319,7 +319,8 @@ def decide(policy: ScalingPolicy, state: ScalingState, metrics: ScalingMetrics, 
         if last_active is None:
             idle = now - state.created
             if idle >= policy.initial_cooldown:
-                return done(0, f"no activity since the start {idle:.0f}s ago >= initialCooldownPeriod "
+                # "no activity for": the decisions' metric label (observe/vocabulary.py) reads it as the cooldown's
+                return done(0, f"no activity for {idle:.0f}s since the start >= initialCooldownPeriod "
                                f"{policy.initial_cooldown:.0f}s")
             to_zero = f"initialCooldownPeriod: zero in {policy.initial_cooldown - idle:.0f}s without activity"
         else:

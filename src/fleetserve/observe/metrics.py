@@ -15,6 +15,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from fleetserve.api.protocol import GENERATION_PATHS
 from fleetserve.observe import vocabulary as v
 from fleetserve.observe.vocabulary import LATENCY_BUCKETS_MS, MODEL_LABELS, SECONDS_BUCKETS
+from fleetserve.router.invocations import INVOCATIONS_PATH
 
 __all__ = ["LATENCY_BUCKETS_MS", "MODEL_LABELS", "SECONDS_BUCKETS", "EngineMetrics", "ModelIdentity",
            "PrefixCacheCollector", "RouterMetrics", "SimEngineMetrics", "exposition"]
@@ -123,6 +124,7 @@ class RouterMetrics:
             child(self.received, path)  # request_rate trigger's first burst, had been lost to rate()
             for code in ("200", *PRESET_ERROR_STATUSES):
                 child(self.requests, path, code)
+        child(self.received, INVOCATIONS_PATH)  # SageMaker's path arrives as itself (then answered as its route)
         self.decisions = v.ROUTER_DECISIONS.make(r)
         self.routed = v.ROUTER_REQUESTS_ROUTED.make(r)
         self.ejections = v.ROUTER_EJECTIONS.make(r)

@@ -137,8 +137,8 @@ class Dispatcher:
             outcome = await self._try(backend, out, choice.prefill_tokens, tried)
             if isinstance(outcome, tuple):
                 response, first, ended = outcome
-                return Attempt(backend, response, first, choice, attempt + 1, gw.pool.book, gw.gate.slot_freed,
-                               ended, tuple(failed_on))
+                return Attempt(backend, response, first, choice, len(failed_on) + 1, gw.pool.book,
+                               gw.gate.slot_freed, ended, tuple(failed_on))
             if outcome == "timeout":
                 gw.metrics.retries.labels("timeout_not_retried").inc()
                 raise APIError(504, f"the model replica did not answer within {settings.upstream_read_timeout:g}s; "

@@ -78,6 +78,13 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
              "ScaledObject)", everywhere=True)
     if spec.autoscaling is not None and spec.autoscaling.enabled:
         least = spec.autoscaling.min_replica_count
+        first, cooldown = spec.autoscaling.initial_cooldown_period, spec.autoscaling.cooldown_period
+        if least == 0 and spec.replicas > 0 and first < cooldown:
+            note("spec.autoscaling.initialCooldownPeriod",
+                 f"{first:g}s with spec.replicas {spec.replicas} and minReplicaCount 0: a fleet nobody has used "
+                 f"goes to zero {first:g}s after it starts, counted from before its replicas load (as KEDA counts "
+                 "from the ScaledObject's creation), so the replicas it starts with may be gone before the first "
+                 f"request; at least cooldownPeriod ({cooldown:g}s) keeps them that long", everywhere=True)
         for i, window in enumerate(spec.autoscaling.schedules):
             if window.min_replicas <= least:
                 note(f"spec.autoscaling.schedules[{i}].minReplicas",

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ValidationError
 
+from fleetserve.spec.strict_yaml import expanded_size
+
 
 @dataclass(frozen=True)
 class SpecProblem:
@@ -84,10 +86,10 @@ _SHORT = reprlib.Repr()  # attributes, not keywords: Python 3.11's Repr takes no
 _SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 8, 8, 80, 80, 80
 
 
-def _short(value: object) -> str:
-    """At most 80 characters of the value, never the whole of it first: a YAML alias bomb (9 lists of 9, nine
-    deep) took `validate` minutes to print in full before the cut."""
-    text = _SHORT.repr(value)
+def short_value(value: object) -> str:
+    """At most 80 characters of the value, as Python writes it; a large one (hundreds of values) is abridged as it
+    is written, never printed whole first: an alias bomb's took `validate` minutes before the cut."""
+    text = repr(value) if expanded_size(value, 256) <= 256 else _SHORT.repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -150,17 +152,17 @@ def problems_from_validation(
         elif kind == "missing":
             msg = "required field is missing"
         elif kind == "literal_error":
-            msg = f"got {_short(item.get('input'))}; allowed values: {item['ctx']['expected']}"
+            msg = f"got {short_value(item.get('input'))}; allowed values: {item['ctx']['expected']}"
         elif kind == "string_type" and isinstance(item.get("input"), int | float) and \
                 not isinstance(item.get("input"), bool):  # YAML read `version: 1` as a number
             msg = (f"expected a string, got the number {item['input']!r}: quote the value as written (unquoted, "
                    "YAML reads 1.10 as the number 1.1)")
         elif kind == "string_pattern_mismatch" and pattern_hint(str((item.get("ctx") or {}).get("pattern", ""))):
-            msg = f"expected {pattern_hint(str(item['ctx']['pattern']))} (got {_short(item.get('input'))})"
+            msg = f"expected {pattern_hint(str(item['ctx']['pattern']))} (got {short_value(item.get('input'))})"
         elif kind == "value_error":
             msg = msg.removeprefix("Value error, ")
             loc, msg = _named_inside(root, tuple(item["loc"]), loc, msg)
         else:
-            msg = f"{msg} (got {_short(item.get('input'))})"
+            msg = f"{msg} (got {short_value(item.get('input'))})"
         problems.append(SpecProblem(format_path(loc), msg))
     return problems

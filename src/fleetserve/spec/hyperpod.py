@@ -22,7 +22,7 @@ import yaml
 
 from fleetserve.spec.context import flag_in_args
 from fleetserve.spec.endpoint import SERVED_NAME_FLAG, shell_script_at
-from fleetserve.spec.errors import SpecError, SpecProblem, pattern_hint
+from fleetserve.spec.errors import SpecError, SpecProblem, pattern_hint, short_value
 
 API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
 KIND = "InferenceEndpointConfig"
@@ -88,11 +88,6 @@ def _path(parts) -> str:
     return out
 
 
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 _TYPE_NAMES = {"object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
                "number": "a number", "boolean": "true or false"}
 
@@ -111,18 +106,18 @@ def _problem(error: jsonschema.ValidationError) -> SpecProblem:
     if kind == "enum":
         allowed = [repr(v) for v in error.validator_value]
         words = allowed[0] if len(allowed) == 1 else ", ".join(allowed[:-1]) + " or " + allowed[-1]
-        return SpecProblem(_path(path), f"got {_short(value)}; allowed values: {words}")
+        return SpecProblem(_path(path), f"got {short_value(value)}; allowed values: {words}")
     if kind == "type":
         wanted = error.validator_value
         wanted = " or ".join(_TYPE_NAMES.get(w, w) for w in (wanted if isinstance(wanted, list) else [wanted]))
-        return SpecProblem(_path(path), f"expected {wanted} (got {_short(value)})")
+        return SpecProblem(_path(path), f"expected {wanted} (got {short_value(value)})")
     if kind == "pattern":
         hint = pattern_hint(str(error.validator_value))
         said = f"expected {hint}" if hint else f"does not match the pattern {error.validator_value!r}"
-        return SpecProblem(_path(path), f"{said} (got {_short(value)})")
+        return SpecProblem(_path(path), f"{said} (got {short_value(value)})")
     if kind in ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems"):
-        return SpecProblem(_path(path), f"{kind} is {error.validator_value} (got {_short(value)})")
-    return SpecProblem(_path(path), f"{error.message} (got {_short(value)})")
+        return SpecProblem(_path(path), f"{kind} is {error.validator_value} (got {short_value(value)})")
+    return SpecProblem(_path(path), f"{error.message} (got {short_value(value)})")
 
 
 def schema_problems(data: Any) -> list[SpecProblem]:

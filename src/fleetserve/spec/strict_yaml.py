@@ -53,6 +53,36 @@ _StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float",
                                     list("-+0123456789."))
 
 
+MAX_VALUES = 100_000  # a spec's values once its aliases are expanded: a real one has a few hundred
+
+
 def load_strict(text: str) -> Any:
-    """The document in `text`, refusing duplicate mapping keys (yaml.YAMLError with the lines)."""
-    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a safe loader)
+    """The document in `text`, refusing duplicate mapping keys (yaml.YAMLError with the lines) and documents whose
+    aliases expand to more than MAX_VALUES values: nine lists of nine, nine deep (a "billion laughs") parse in a
+    millisecond, by reference, and then took every reader that walks them (the field checks, HyperPod's
+    translation, an error's echo of the value) minutes."""
+    data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a safe loader)
+    if expanded_size(data, MAX_VALUES) > MAX_VALUES:
+        raise yaml.YAMLError(f"the document expands to more than {MAX_VALUES:,} values through its aliases "
+                             "(&anchor and *alias); a spec is far smaller")
+    return data
+
+
+def expanded_size(data: Any, stop: int) -> int:
+    """How many values `data` holds with every shared list or mapping counted each time it appears, in time linear
+    in the distinct ones (each one's size is computed once); past `stop` it stops counting."""
+    sizes: dict[int, int] = {}
+    order: list[Any] = []  # containers, parents before children; sized children first, below
+    pending = [data]
+    while pending:
+        value = pending.pop()
+        if not isinstance(value, list | dict) or id(value) in sizes:
+            continue
+        sizes[id(value)] = 0  # seen (a recursive alias is counted once)
+        order.append(value)
+        pending.extend(value.values() if isinstance(value, dict) else value)
+    for value in reversed(order):
+        items = value.values() if isinstance(value, dict) else value
+        total = 1 + len(value) + sum(sizes.get(id(item), 0) for item in items if isinstance(item, list | dict))
+        sizes[id(value)] = min(total, stop + 1)
+    return sizes.get(id(data), 1)
