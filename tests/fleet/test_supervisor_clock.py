@@ -1177,3 +1177,20 @@ def test_a_service_killed_with_an_empty_log_says_so_and_names_the_signal(make, c
     assert said == ["prometheus exited with code -9 (killed by SIGKILL); restarting in 1s"]
     (line,) = [r.getMessage() for r in caplog.records]
     assert line == "prometheus exited with code -9 (killed by SIGKILL); its log (r0.log) is empty"
+
+
+def test_a_schedule_floor_holding_the_fleet_is_logged_once(make):
+    """`status` said "held by the schedule floor 2: lunch" and the log had no line from the window's start to the
+    scale-down at its end (found in a black-box pass); other steady decisions stay unlogged."""
+    from fleetserve.autoscale.policy import ScaleDecision
+
+    sup, _, _ = make(0)
+    said: list[str] = []
+    sup.say = said.append
+    state = sup.controller.state
+    held = ScaleDecision(2, "steady at 2: concurrency=0 (target 4/replica) (held by the schedule floor 2: lunch)",
+                         True, 2, state)
+    sup._log_decision("steady", held)
+    sup._log_decision("steady", held)  # the next poll: the same decision, not repeated
+    sup._log_decision("steady", ScaleDecision(2, "steady at 2: concurrency=8 (target 4/replica)", True, 0, state))
+    assert said == ["autoscaler: " + held.reason]

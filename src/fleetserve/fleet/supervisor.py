@@ -1383,14 +1383,15 @@ class Supervisor:
     def _log_decision(self, kind: str, decision: ScaleDecision) -> None:
         """The metric's label is the decision's kind; its full text (the trigger's value, the target, the counts)
         goes to the supervisor's log, once per change: a decision that holds (the same kind and count, polled
-        every pollingInterval) is not repeated, and steady ones are not written."""
+        every pollingInterval) is not repeated, and steady ones are not written, but for a schedule window's floor
+        holding the fleet (the log had nothing from a window's start to the scale-down at its end)."""
         logged = (kind, decision.desired)
         if logged == self._logged_decision:
             return
         previous, self._logged_decision = self._logged_decision, logged
         if kind == "cooldownPeriod elapsed" and previous is not None:  # the counts, as every other change says them
             self.say(f"autoscaler: scale to zero {previous[1]} -> 0: {decision.reason}")
-        elif kind != "steady":
+        elif kind != "steady" or "(held by the schedule floor" in decision.reason:
             self.say(f"autoscaler: {decision.reason}")
         elif previous is not None and previous[0] in ("metrics not ready", "fallback"):  # its last word had stood
             self.say(f"autoscaler: {decision.reason} (metrics read again)")
