@@ -85,6 +85,8 @@ def test_a_ready_fleet_without_a_serving_replica_says_so(tmp_path, monkeypatch):
     waking = fleet(ready=0)  # a burst woke it: "no replica serving" read as stuck
     waking.last_decision = {"desired": 3, "reason": "activated from zero: 16 request(s) held by the router"}
     assert serving_note(waking) == "waking from zero: requests are held until a replica is ready"
+    waking.error = "every replica slot of this machine is taken (2 of capacity.localSlots = 2)"  # the third's
+    assert serving_note(waking) == "waking from zero: requests are held until a replica is ready; see error"
     # a poll shorter than the cold start replaced the decision that woke it: the replica on its way still says so
     polled = fleet(ready=0)
     polled.last_decision = {"desired": 1, "reason": "steady at 1: concurrency=1 (target 1/replica)"}

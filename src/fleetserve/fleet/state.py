@@ -214,11 +214,15 @@ def serving_note(state: FleetState) -> str:
     # a wake read "no replica serving", as if it were stuck; and once a poll shorter than the cold start had
     # replaced the decision that woke it, so did the rest of the wake: a replica on its way says it too
     woken = str((state.last_decision or {}).get("reason", "")).startswith("activated from zero")
+    starting = any(r.state in ("pending", "starting") for r in state.replicas)
     if state.ready == 0 and not state.error:
         if woken:
             return "waking from zero: requests are held until a replica is ready"
-        if any(r.state in ("pending", "starting") for r in state.replicas):
+        if starting:
             return "a replica is starting: requests are held until one is ready"
+    if state.ready == 0 and woken and starting:  # a wake some replicas could not join (no slot for the third):
+        # "no replica serving; see error" read as an outage while the held requests were answered
+        return "waking from zero: requests are held until a replica is ready; see error"
     serving = "no replica serving" if state.ready == 0 else f"{state.ready} of {state.desired} replicas serving"
     return serving + ("; see error" if state.error else "")
 
