@@ -13,13 +13,13 @@ import typer
 from fleetserve.cli.checks import (
     MAX_THREADS,
     float_option,
-    not_a_file,
     output_failed,
     reader_gone,
     writable,
     write_output,
 )
 from fleetserve.cli.console import err, fail
+from fleetserve.input_file import not_a_file
 
 trace_app = typer.Typer(help="Make and reshape workloads: generate, scale.", no_args_is_help=True)
 

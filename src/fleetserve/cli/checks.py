@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,16 +66,6 @@ def peer_python(path: str | None, module: str, flag: str) -> str | None:
 MAX_THREADS = 1024  # torch threads a command takes at most: 100,000 was a "can't start new thread" and a segfault
 
 
-def not_a_file(path: str | Path) -> str | None:
-    """Why `path` is no input file to read ("is a directory", "is not a regular file", "does not exist"), or None.
-    A device said "does not exist" (/dev/zero), or was read until memory ran out."""
-    p = Path(path)
-    if p.is_file():
-        return None
-    return ("is a directory" if p.is_dir() else "is not a regular file (a device, a pipe or a socket)"
-            if p.exists() else "does not exist")
-
-
 def writable_folder(path: str, flag: str) -> None:
     """A folder a command will write into: made if missing; a file in its place or above it is exit 2 naming
     `flag` (it was a traceback)."""
@@ -111,8 +102,6 @@ def reader_gone() -> typer.Exit:
     """Standard output's reader stopped (`... -o - | head`): stop quietly, as a Unix filter does; "error: cannot
     write -: Broken pipe" and exit 2 had read as bad input. Standard output is pointed at /dev/null so that the
     interpreter's own flush at exit does not complain again."""
-    import sys
-
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     return typer.Exit(EXIT_READER_GONE)

@@ -15,8 +15,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fleetserve.cli.checks import float_option, not_a_file, output_failed, writable, write_output
+from fleetserve.cli.checks import float_option, output_failed, writable, write_output
 from fleetserve.cli.console import err, fail, print_spec_errors
+from fleetserve.input_file import not_a_file
 
 # piped into a log, rich would fit the tables to 80 columns and cut the numbers ("reque…", "34785… ms")
 _PIPED_WIDTH = None if sys.stdout.isatty() else 160

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from fleetserve.api.errors import APIError
 from fleetserve.api.protocol import parse_chat
+from fleetserve.input_file import not_a_file
 from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, check_span, stand_in_words
 from fleetserve.traces.servegen import ServeGenError, is_servegen, load_servegen
 
@@ -91,19 +92,18 @@ def _first_text(p: Path) -> str:
 
 def check_trace_path(p: Path, fmt: str | None = None) -> None:
     """A trace is a regular file (or a ServeGen folder): /dev/zero had been read to a MemoryError."""
-    if not p.is_file() and not (p.is_dir() and fmt in (None, "servegen")):
-        what = ("is a directory, not a trace file" if p.is_dir() else
-                "is not a regular file (a device, a pipe or a socket)" if p.exists() else "does not exist")
-        raise TraceError(f"trace file {p} {what}")
+    what = not_a_file(p)
+    if what is not None and not (p.is_dir() and fmt in (None, "servegen")):
+        raise TraceError(f"trace file {p} {'is a directory, not a trace file' if p.is_dir() else what}")
 
 
 def detect_format(path: Path) -> str:
     """By content first, the name second: a CSV written under a .jsonl name (or JSON lines under .csv) is read as
     what it holds."""
     check_trace_path(path)
-    if is_servegen(path):
+    if is_servegen(path):  # every folder is one: what is left is a regular file
         return "servegen"
-    first = _first_text(path) if path.is_file() else ""
+    first = _first_text(path)
     if first.startswith("{"):
         pass  # JSON lines: Mooncake or a prompt log, told apart below
     elif path.suffix == ".csv" or ("timestamp" in first.lower() and "contexttokens" in first.lower().replace(" ", "")):
