@@ -14,6 +14,15 @@ def test_help_lists_commands():
         assert command in result.stdout
 
 
+def test_version_flag_prints_the_version_as_the_command_does():
+    """`fleetserve --version` (what users try first) was "No such option", exit 2."""
+    from fleetserve import __version__
+
+    for args in (("--version",), ("version",), ("--version", "validate")):
+        result = fleetserve(*args)
+        assert result.returncode == 0 and result.stdout.strip() == __version__, (args, result.stderr)
+
+
 def test_validate_examples():
     result = fleetserve("validate", str(EXAMPLES / "quickstart.yaml"))
     assert result.returncode == 0 and "valid fleetserve spec" in result.stdout

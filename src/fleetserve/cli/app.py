@@ -46,6 +46,20 @@ app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _version: Annotated[bool | None, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                  help="Print the fleetserve version and exit.")] = None,
+) -> None:
+    """Open, portable inference operations for LLMs: one spec, a local fleet, a cache-aware gateway."""
+
+
 def _load(path: str):
     from fleetserve.spec import SpecError, load_spec
 
