@@ -149,7 +149,9 @@ def test_what_the_figures_do_not_show_is_warned(tmp_path):
     r = fleetserve("analyze", str(short), "--model", "builtin:smollm2-135m", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["blocks"] == 0 and "no prompt fills one 256-token block" in out["warnings"][0]
+    said = [w for w in out["warnings"] if "no prompt fills one 256-token block" in w]
+    assert out["blocks"] == 0 and said and "so every hit rate is 0" in said[0], out["warnings"]  # the ideal too
+    assert any(w.startswith("20 of 20 requests carry no max_tokens") for w in out["warnings"])
     assert "no prompt fills one 256-token block" in out["recommendation"]["reasons"][0]
     assert "warning: no prompt fills" in " ".join(r.stderr.split())
     assert out["hit_rate_by_cache_blocks"] == []  # it had one point, {1 block: 0.0}, where there is no curve

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fleetserve.kvcache.blocks import chain_keys
 from fleetserve.router.features import content_text
-from fleetserve.traces.load import detect_format, load_trace
+from fleetserve.traces.load import detect_format, read_trace
 from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest
 
 ANALYZABLE = ("mooncake", "prompts")
@@ -31,6 +31,7 @@ class BlockTrace:
     block_tokens: int
     fmt: str
     bodies: list[dict] | None = None  # prompt logs: the request bodies a router would see
+    notes: tuple[str, ...] = ()  # what the loader left out or assumed (`traces.load.TraceRead`)
 
 
 def load_blocks(path: str | Path, model: str | None = None, block_tokens: int = 256,
@@ -38,14 +39,18 @@ def load_blocks(path: str | Path, model: str | None = None, block_tokens: int = 
     p = Path(path)
     fmt = detect_format(p) if p.is_file() else None
     if fmt not in ANALYZABLE:
-        raise AnalyzeInputError(f"FILE {p}: format {fmt or 'unknown'} has no prompt content to analyse; allowed: "
-                                "Mooncake hash traces (hash_ids) or prompt logs (messages/prompt)")
-    requests = sorted(load_trace(p, limit), key=lambda r: r.arrival_s)  # stable: file order breaks ties
+        if fmt is not None:
+            read_trace(p, limit=1)  # a CSV that is no trace of its format is refused as such, naming its columns
+        raise AnalyzeInputError(f"FILE {p}: {_a(fmt)} trace has no prompt content to analyse (its rows are token "
+                                "counts only); allowed: Mooncake hash traces (hash_ids) or prompt logs "
+                                "(messages/prompt)")
+    requests, _, notes = read_trace(p, limit)
+    requests = sorted(requests, key=lambda r: r.arrival_s)  # stable: file order breaks ties
     if fmt == "mooncake":
         if not any(r.hash_ids for r in requests):
             raise AnalyzeInputError(f"FILE {p}: no hash_ids in this Mooncake-format trace; nothing to analyse")
         return BlockTrace(requests, _ids_or_fresh(requests), [r.input_tokens for r in requests],
-                          MOONCAKE_BLOCK_TOKENS, fmt)
+                          MOONCAKE_BLOCK_TOKENS, fmt, notes=notes)
     if model is None:
         raise AnalyzeInputError("--model is needed to tokenize a prompt log (e.g. builtin:smollm2-135m or a "
                                 "model directory)")
@@ -53,7 +58,12 @@ def load_blocks(path: str | Path, model: str | None = None, block_tokens: int = 
     ids = [prompt_ids(tokenizer, r) for r in requests]
     bodies = [_body(r) for r in requests]
     return BlockTrace(requests, [tuple(chain_keys(t, block_tokens)) for t in ids], [len(t) for t in ids],
-                      block_tokens, fmt, bodies)
+                      block_tokens, fmt, bodies, notes)
+
+
+def _a(fmt: str | None) -> str:
+    names = {"azure": "an Azure", "burstgpt": "a BurstGPT", "servegen": "a ServeGen rate"}
+    return names.get(fmt or "", "an unknown-format")
 
 
 def _ids_or_fresh(requests: list[TraceRequest]) -> list[tuple[int, ...]]:

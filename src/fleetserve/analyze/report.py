@@ -100,19 +100,12 @@ def _block_hint(fmt: str) -> str:
 def _warnings(trace, model: str | None, filled: bool) -> list[str]:
     """What the figures do not show: requests the model cannot take, prompts too short to fill a block, a
     Mooncake file whose timestamps look like seconds (its strategy figures are those of 1,000 x the load)."""
-    from fleetserve.traces.load import millisecond_warning
-
-    out = []
-    if (unit := millisecond_warning(trace.requests, trace.fmt)) is not None:
-        out.append(unit)
-    bare = sum(1 for r in trace.requests if not r.hash_ids) if trace.fmt == "mooncake" else 0
-    if bare:
-        out.append(f"{bare} of {len(trace.requests)} requests carry no hash_ids: their prompts are counted as "
-                   "blocks no other request shares (all misses)")
+    out = list(trace.notes)  # the loader's: rows left out, values assumed, a unit that looks wrong
     if not filled:
+        # Mooncake's ideal counts its ids, partial blocks too; a prompt log's keys are whole blocks only
+        but = " but the ideal one" if trace.fmt == "mooncake" else ""
         out.append(f"no prompt fills one {trace.block_tokens}-token block: nothing an engine caches can be found "
-                   f"again, so every hit rate but the ideal one is 0 (engines cache whole blocks; "
-                   f"{_block_hint(trace.fmt)})")
+                   f"again, so every hit rate{but} is 0 (engines cache whole blocks; {_block_hint(trace.fmt)})")
     from fleetserve.engine.catalog import by_source
 
     preset = by_source(model) if model else None

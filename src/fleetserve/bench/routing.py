@@ -31,7 +31,7 @@ from fleetserve.kvcache.blocks import chain_keys, namespace_key, reusable_blocks
 from fleetserve.kvcache.prefix_match import KeyLRU
 from fleetserve.sim.perf import profile as perf_profile
 from fleetserve.sim.workload import build_workload, cannot_act
-from fleetserve.traces.load import load_trace
+from fleetserve.traces.load import read_trace
 from fleetserve.traces.model import TraceRequest, stand_in_tokens
 
 MODEL = "bench-sim"
@@ -96,7 +96,7 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] = ("roundrobi
         "prefixaware", "kvaware"), limit: int | None = 600, duration: float = 60.0, cache_fraction: float = 1 / 3,
         target_utilization: float = 0.65, profile_name: str = "h100-8b", max_output: int | None = 256,
         progress=None, prompt_format: str = "tokens", sglang_python: str | None = None) -> dict:
-    requests = load_trace(trace, limit)
+    requests, _, notes = read_trace(trace, limit)
     base = perf_profile(profile_name)
     block = base.block_size
     tokens = [_engine_tokens(r, i) for i, r in enumerate(requests)]  # tokenized once: the keys and the sizes
@@ -132,7 +132,7 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] = ("roundrobi
         "profile": profile_name, "block_size": block, "unique_blocks": unique, "cache_blocks_per_replica": cap,
         "trace_speedup": round(trace_speedup, 2), "engine_speedup": round(engine_speedup, 3),
         "oracle_hit_rate": round(oracle, 4), "prompt_format": prompt_format,
-        "note": "ttft_ms is measured by the engines (queue + prefill)", "strategies": {}, "warnings": [],
+        "note": "ttft_ms is measured by the engines (queue + prefill)", "strategies": {}, "warnings": list(notes),
     }
     if cap > asked:
         result["warnings"].append(cache_floor_warning(cap, asked, cache_fraction, biggest))

@@ -41,7 +41,7 @@ from fleetserve.sim.run import simulate
 from fleetserve.sim.setup import KNOWLEDGE_MODES, SimOptions
 from fleetserve.sim.workload import SimRequestSpec, build_workload, cannot_act, keys_exact
 from fleetserve.spec.load import load_spec_data
-from fleetserve.traces.load import load_trace
+from fleetserve.traces.load import read_trace
 
 CACHE_AWARE = ("prefixaware", "kvaware", "session")
 TARGETS = {"hit_vs_oracle_min": 0.95, "ttft_p95_vs_roundrobin_max": 0.6, "load_skew_max": 1.15}
@@ -196,7 +196,8 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
         sweep_utilizations: tuple[float, ...] = SWEEP_UTILIZATIONS) -> dict:
     started = time.perf_counter()
     strategies = tuple(strategies or registered_policies())
-    requests = sorted(load_trace(trace, limit), key=lambda r: r.arrival_s)
+    requests, _, notes = read_trace(trace, limit)
+    requests = sorted(requests, key=lambda r: r.arrival_s)
     if not requests:
         raise ValueError(f"--trace {trace}: no requests")
     if max_output:
@@ -278,7 +279,7 @@ def run(trace: str, replicas: int = 4, strategies: tuple[str, ...] | None = None
         result["load_sweep"] = sweep
         result["targets"]["by_load"] = {u: e["targets"] for u, e in sweep.items()}
         result["targets"]["met_where_reachable"] = _met_where_reachable(sweep)
-    result["warnings"] = load_warnings(result) + oracle_warnings(result) + failed_warnings(result)
+    result["warnings"] = [*notes, *load_warnings(result), *oracle_warnings(result), *failed_warnings(result)]
     if instant:
         result["warnings"].append("every request arrives at the same instant: the figures are of one burst, at no "
                                   "steady load, and the target utilization is not what they measure")

@@ -320,7 +320,7 @@ def trace_scale(
     duration: Annotated[float | None, float_option(min=1, help="ServeGen: seconds of the rate file to read")] = None,
 ) -> None:
     """Rate scaling (more requests over the same span) and/or time scaling (stretch or compress the clock)."""
-    from fleetserve.traces.load import TraceError, detect_format, load_timed_trace
+    from fleetserve.traces.load import TraceError, detect_format, read_trace
     from fleetserve.traces.scale import scale_rate, scale_time
     from fleetserve.traces.write import WRITE_FORMATS, write_trace
 
@@ -349,7 +349,7 @@ def trace_scale(
         if rate is not None:
             options["rate_scale"], rate = rate, None
     try:
-        requests, start = load_timed_trace(path, limit, **options)
+        requests, start, notes = read_trace(path, limit, **options)
     except TraceError as exc:
         if exc.param in flags:
             raise typer.BadParameter(str(exc), param_hint=flags[exc.param]) from None
@@ -372,7 +372,7 @@ def trace_scale(
         src = detect_format(path)
         # ServeGen rates are not written back: the output's name picks Azure CSV or Mooncake JSONL
         fmt = src if src in WRITE_FORMATS else "azure" if output.lower().endswith(".csv") else "mooncake"
-    warnings = _write_warnings(requests, output, fmt, start, chosen)
+    warnings = [*notes, *_write_warnings(requests, output, fmt, start, chosen)]
     if start is None:  # a trace without a wall clock is simulated from the default start: stamp it from there, so
         from fleetserve.traces.clock import CLOCKLESS_START  # that verify and plan read the converted file as
 

@@ -436,16 +436,18 @@ def bench_replay(
 
     from fleetserve.bench.replay import replay, summarize
     from fleetserve.router.upstream import backend_url_problem
-    from fleetserve.traces.load import TraceError, load_trace
+    from fleetserve.traces.load import TraceError, read_trace
 
     if (problem := backend_url_problem(url, allow_path=True)) is not None:  # `:abc` as the port: a traceback
         raise typer.BadParameter(f"{problem} (the gateway; the /v1 that `up` prints may stay)", param_hint="--url")
     if prompt_format not in ("tokens", "text"):
         raise typer.BadParameter(f"{prompt_format!r}; allowed values: tokens, text", param_hint="--prompt-format")
     try:
-        requests = load_trace(trace, limit)
+        requests, _, notes = read_trace(trace, limit)
     except TraceError as exc:
         raise fail(f"--trace: {exc}", EXIT_USAGE) from None
+    for note in notes:
+        err.print(f"warning: {note}", markup=False)
     if requests and all(r.messages or r.prompt for r in requests):  # a prompt log sends its own text
         for flag, given in (("--vocab", vocab is not None), ("--prompt-format", prompt_format != "tokens")):
             if given:  # accepted and ignored, it had changed nothing without a word

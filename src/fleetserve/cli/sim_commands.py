@@ -122,7 +122,7 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
     from fleetserve.sim.setup import DEFAULT_START, KNOWLEDGE_MODES, SimOptions
     from fleetserve.sim.workload import scale_rate
     from fleetserve.spec import SpecError, load_spec
-    from fleetserve.traces.load import TraceError, detect_format, load_timed_trace, millisecond_warning
+    from fleetserve.traces.load import TraceError, detect_format, read_trace
 
     if knowledge not in KNOWLEDGE_MODES:
         raise typer.BadParameter(f"{knowledge!r}; allowed values: {', '.join(KNOWLEDGE_MODES)}",
@@ -175,15 +175,14 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
         # a rate file's arrivals are drawn with --seed, at its rates scaled first (`rate_scale` below: done then)
         rated = ({"seed": seed, **({"rate_scale": rate_scale} if rate_scale != 1.0 else {})}
                  if fmt == "servegen" else {})
-        requests, own = load_timed_trace(trace, limit=limit, **({"model": trace_model} if trace_model else {}),
-                                         **rated)
+        requests, own, notes = read_trace(trace, limit=limit, **({"model": trace_model} if trace_model else {}),
+                                          **rated)
     except TraceError as exc:
         hints = {"model": "--trace-model", "rate_scale": "--rate-scale"}
         raise typer.BadParameter(str(exc), param_hint=hints.get(exc.param, "--trace")) from None
     if "rate_scale" in rated:
         rate_scale = 1.0
-    if (unit := millisecond_warning(requests, fmt)) is not None:
-        said.append(unit)
+    said += notes
     if fmt == "servegen":  # sizes the figures depend on, which the file does not carry
         from fleetserve.traces.servegen import size_warning
 

@@ -2,6 +2,7 @@
 
 - Mooncake JSONL: {"timestamp": ms, "input_length", "output_length", "hash_ids": [...]} (512 tokens per id);
 - Azure CSV: TIMESTAMP,ContextTokens,GeneratedTokens (wall-clock timestamps; no prefixes);
+- BurstGPT CSV: Timestamp,Model,Request tokens,Response tokens,... (seconds from the start; no prefixes);
 - prompt logs (ours): JSONL {"timestamp": s, "messages": [...] | "prompt": "...", "max_tokens", "session"};
 - ServeGen rate files (arrivals only): a per-client chunk CSV, the aggregate CSV, a folder or the .tar.gz
   (see `servegen.py`; options `model`, `seed`, `start_s`, `duration_s`, `input_tokens`, `output_tokens`).
@@ -18,6 +19,7 @@ import zlib
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
 from fleetserve.api.errors import APIError
 from fleetserve.api.protocol import parse_chat
@@ -25,7 +27,7 @@ from fleetserve.input_file import not_a_file
 from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, check_span, stand_in_words
 from fleetserve.traces.servegen import ServeGenError, is_servegen, load_servegen
 
-FORMATS = ("mooncake", "azure", "prompts", "servegen")
+FORMATS = ("mooncake", "azure", "burstgpt", "prompts", "servegen")
 
 
 class TraceError(ValueError):
@@ -106,6 +108,8 @@ def detect_format(path: Path) -> str:
     first = _first_text(path)
     if first.startswith("{"):
         pass  # JSON lines: Mooncake or a prompt log, told apart below
+    elif _is_burstgpt(first):
+        return "burstgpt"
     elif path.suffix == ".csv" or ("timestamp" in first.lower() and "contexttokens" in first.lower().replace(" ", "")):
         return "azure"
     n, first = next(_rows(path, None), (0, {}))
@@ -116,25 +120,41 @@ def detect_format(path: Path) -> str:
     if "messages" in first or "prompt" in first:
         return "prompts"
     raise TraceError(f"{path}:{n or 1}: cannot tell the trace format from the first request; expected Mooncake "
-                     "(input_length, hash_ids), a prompt log (messages or prompt) or an Azure .csv")
+                     "(input_length, hash_ids), a prompt log (messages or prompt), or an Azure or BurstGPT .csv")
+
+
+class TraceRead(NamedTuple):
+    """A trace as read: its requests, the wall time of the earliest when the file says it, and what the figures
+    made from it do not show (rows left out, values assumed): every command that reads a trace says `notes`."""
+
+    requests: list[TraceRequest]
+    start: datetime | None
+    notes: tuple[str, ...]
 
 
 def load_trace(path: str | Path, limit: int | None = None, fmt: str | None = None, **options) -> list[TraceRequest]:
     """Requests in arrival order, the earliest at 0 s (traces with epoch timestamps, or rows out of order, replay
     as they happened). `options` go to the ServeGen loader (the other formats take none)."""
-    return load_timed_trace(path, limit, fmt, **options)[0]
+    return read_trace(path, limit, fmt, **options).requests
 
 
 def load_timed_trace(path: str | Path, limit: int | None = None, fmt: str | None = None,
                      **options) -> tuple[list[TraceRequest], datetime | None]:
     """`load_trace`'s requests and the wall time (UTC) of the earliest when the file says it (Azure CSV stamps;
     stamps without an offset are read as UTC), else None: Mooncake and prompt logs count from their own zero."""
+    read = read_trace(path, limit, fmt, **options)
+    return read.requests, read.start
+
+
+def read_trace(path: str | Path, limit: int | None = None, fmt: str | None = None, **options) -> TraceRead:
+    """`load_timed_trace`'s requests and start, with the trace's notes (`TraceRead`)."""
     p = Path(path)
     check_trace_path(p, fmt)
     if fmt is not None and fmt not in FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}; allowed: {', '.join(FORMATS)}")
     fmt = fmt or detect_format(p)
     start = None
+    notes: list[str] = []
     if fmt == "servegen":
         try:
             out = load_servegen(p, limit=limit, **options)
@@ -145,20 +165,27 @@ def load_timed_trace(path: str | Path, limit: int | None = None, fmt: str | None
             raise TraceError(f"{', '.join(sorted(options))} apply to ServeGen rate files only; {p.name} is a {fmt} "
                              "trace", sorted(options)[0])
         if fmt == "azure":
-            rows = _azure_rows(p, limit)
+            rows = _azure_rows(p, limit, notes)
             start = min((t for t, _, _ in rows), default=None)
             out = [TraceRequest((t - start).total_seconds(), c, g) for t, c, g in rows]
             start = start.replace(tzinfo=UTC) if start is not None else None
         else:
-            out = {"mooncake": _mooncake, "prompts": _prompts}[fmt](p, limit)
+            out = {"mooncake": _mooncake, "prompts": _prompts, "burstgpt": _burstgpt}[fmt](p, limit, notes)
         out = _rebased(out)
     if not out:
-        raise TraceError(f"{p}: no requests")
+        raise TraceError(f"{p}: no requests" + (f" ({notes[0]})" if notes else ""))
     try:
         check_span(out[-1].arrival_s, str(p))
     except ValueError as exc:
         raise TraceError(str(exc)) from None
-    return out, start
+    if (unit := millisecond_warning(out, fmt)) is not None:
+        notes.append(unit)
+    if fmt == "mooncake" and (bare := sum(1 for r in out if not r.hash_ids)):
+        notes.append(f"{bare} of {len(out)} requests carry no hash_ids: their prompts are counted as blocks no other "
+                     "request shares (all misses)" if bare < len(out) else
+                     f"none of the {len(out)} requests carries hash_ids: no prompt shares a block with another, so "
+                     "every hit rate is 0")
+    return TraceRead(out, start, tuple(notes))
 
 
 def _rebased(requests: list[TraceRequest]) -> list[TraceRequest]:
@@ -231,9 +258,10 @@ def _count(row: dict, key: str, where: str, default: int | None = None, least: i
     return int(value)
 
 
-def _mooncake(p: Path, limit: int | None) -> list[TraceRequest]:
+def _mooncake(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest]:
     out = []
     parents: dict = {}  # id -> the id before it (None: first in its prompt)
+    empty = _EmptyPrompts(p, "input_length")
     for n, row in _rows(p, limit):
         where = f"{p}:{n}"
         hash_ids = row.get("hash_ids")
@@ -244,7 +272,9 @@ def _mooncake(p: Path, limit: int | None) -> list[TraceRequest]:
         if any(h < 0 for h in hash_ids):  # Mooncake's ids count up from 0; rate scaling offsets copies past the
             # largest, which a negative id's copy could land on (an id of another block)
             raise TraceError(f"{where}: hash_ids must be integers of 0 or more, got {min(hash_ids)}")
-        length = _count(row, "input_length", where, least=1)  # an empty prompt is no request an engine serves
+        length = _count(row, "input_length", where)
+        if not hash_ids and empty.skip(n, length):
+            continue
         blocks = -(-length // MOONCAKE_BLOCK_TOKENS)
         if hash_ids and len(hash_ids) != blocks:  # the ids stand for the prompt's blocks: else hit rates past the
             # ideal (5,000 tokens under one id) or none at all (10 tokens under 100 ids)
@@ -257,6 +287,7 @@ def _mooncake(p: Path, limit: int | None) -> list[TraceRequest]:
         _check_chain(hash_ids, parents, where)
         out.append(TraceRequest(_number(row, "timestamp", where) / 1000.0, length,
                                 _count(row, "output_length", where), tuple(hash_ids), session=_session(row, where)))
+    empty.note(notes)
     return out
 
 
@@ -319,27 +350,85 @@ def wall_start(path: str | Path, limit: int | None = None) -> datetime | None:
     return load_timed_trace(path, limit)[1]
 
 
-def _azure_rows(p: Path, limit: int | None) -> list[tuple[datetime, int, int]]:
-    out: list[tuple[datetime, int, int]] = []
-    lines = (line for _, line in _text_lines(p))
-    reader = csv.reader(lines)
+def _whole(text: str) -> int:
+    """A token count as a CSV writes it: `100`, or `100.0` / `1e3` (pandas writes a column of whole numbers so
+    once it held a gap); ValueError for a fraction or no number."""
+    try:
+        return int(text)
+    except ValueError:
+        value = float(text)  # ValueError: no number
+        if not math.isfinite(value) or value != int(value):
+            raise ValueError(text) from None
+        return int(value)
+
+
+BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")  # BurstGPT: seconds from the trace start
+
+
+def _csv_rows(p: Path, limit: int | None, columns: tuple[str, ...], what: str):
+    """(line, the `columns`' values) of a CSV trace, blank rows skipped; `limit` counts rows given out. A header
+    without the columns names them and what it has, and the other formats."""
+    reader = csv.reader(line for _, line in _text_lines(p))
     header = next(reader, None)
     if header is None:
-        return out
+        return
     found = {name.strip().lower(): i for i, name in enumerate(header)}
     try:
-        cols = [found[name.lower()] for name in AZURE_COLUMNS]
+        cols = [found[name.lower()] for name in columns]
     except KeyError:
-        raise TraceError(f"{p}:1: an Azure trace needs the columns {', '.join(AZURE_COLUMNS)}; the header has "
-                         f"{', '.join(h.strip() for h in header) or 'nothing'}") from None
+        raise TraceError(f"{p}:1: {what} needs the columns {', '.join(columns)}; the header has "
+                         f"{', '.join(h.strip() for h in header) or 'nothing'} (CSV traces: Azure's "
+                         f"{', '.join(AZURE_COLUMNS)}, or BurstGPT's {', '.join(BURSTGPT_COLUMNS)}; JSON lines: "
+                         "Mooncake or a prompt log)") from None
+    given = 0
     for n, row in enumerate(reader, 2):
-        if limit is not None and len(out) >= limit:
-            break
+        if limit is not None and given >= limit:
+            return
         if not any(cell.strip() for cell in row):
             continue
         if len(row) <= max(cols) or len(row) > len(header):  # more: a comma inside a value, or another file's row
             raise TraceError(f"{p}:{n}: {len(row)} fields; the header has {len(header)}")
-        stamp, context, generated = (row[i].strip() for i in cols)
+        given += 1
+        yield n, [row[i].strip() for i in cols]
+
+
+def _tokens(p: Path, n: int, prompt: str, output: str, names: tuple[str, str]) -> tuple[int, int]:
+    try:
+        tokens = _whole(prompt), _whole(output)
+    except ValueError:
+        raise TraceError(f"{p}:{n}: {names[0]} and {names[1]} must be whole numbers, got {prompt!r} and "
+                         f"{output!r}") from None
+    if min(tokens) < 0 or max(tokens) > MAX_TOKENS:
+        raise TraceError(f"{p}:{n}: {names[0]} and {names[1]} must be from 0 to {MAX_TOKENS}, got {prompt} and "
+                         f"{output}")
+    return tokens
+
+
+class _EmptyPrompts:
+    """Rows with an empty prompt, left out: no engine serves one, and one such row in a week of traffic had
+    refused the whole file. Counted for the trace's notes."""
+
+    def __init__(self, p: Path, column: str):
+        self.p, self.column, self.count, self.first = p, column, 0, None
+
+    def skip(self, n: int, prompt_tokens: int) -> bool:
+        if prompt_tokens:
+            return False
+        self.count += 1
+        self.first = self.first or n
+        return True
+
+    def note(self, notes: list[str]) -> None:
+        if self.count:
+            notes.append(f"{self.count} row{'s' if self.count > 1 else ''} with {self.column} 0 left out (an empty "
+                         f"prompt is no request an engine serves; the first at {self.p}:{self.first})")
+
+
+def _azure_rows(p: Path, limit: int | None, notes: list[str]) -> list[tuple[datetime, int, int]]:
+    """The rows in file order, those with ContextTokens 0 left out (`_EmptyPrompts`)."""
+    out: list[tuple[datetime, int, int]] = []
+    empty = _EmptyPrompts(p, "ContextTokens")
+    for n, (stamp, context, generated) in _csv_rows(p, limit, AZURE_COLUMNS, "an Azure trace"):
         try:
             t = _azure_time(stamp)
         except ValueError:
@@ -348,17 +437,58 @@ def _azure_rows(p: Path, limit: int | None) -> list[tuple[datetime, int, int]]:
         if not 1970 <= t.year <= 9000:  # as --start: cron floors compute the days around the trace (year 9999
             # overflowed the date type in a traceback; year 1 was written back as a stamp no reader takes)
             raise TraceError(f"{p}:{n}: TIMESTAMP {stamp!r}: the year must be within 1970..9000")
-        try:
-            tokens = int(context), int(generated)
-        except ValueError:
-            raise TraceError(f"{p}:{n}: ContextTokens and GeneratedTokens must be whole numbers, got "
-                             f"{context!r} and {generated!r}") from None
-        if tokens[0] < 1 or tokens[1] < 0 or max(tokens) > MAX_TOKENS:
-            raise TraceError(f"{p}:{n}: ContextTokens must be from 1 to {MAX_TOKENS} (an empty prompt is no request "
-                             f"an engine serves) and GeneratedTokens from 0 to {MAX_TOKENS}, got {context} and "
-                             f"{generated}")
-        out.append((t, *tokens))
+        tokens = _tokens(p, n, context, generated, AZURE_COLUMNS[1:])
+        if not empty.skip(n, tokens[0]):
+            out.append((t, *tokens))
+    empty.note(notes)
     return out
+
+
+def _burstgpt(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest]:
+    """BurstGPT (Azure OpenAI use at a university): seconds from the trace's start, token counts per request.
+    A failed request is logged with 0 response tokens: it still arrived and was prefilled, so it stays, without
+    output; several models in one file are replayed against the spec's one model (said in `notes`)."""
+    out = []
+    empty = _EmptyPrompts(p, "Request tokens")
+    failed = 0
+    models: dict[str, int] = {}
+    model_col = _csv_column(p, "Model")
+    columns = BURSTGPT_COLUMNS + (("Model",) if model_col else ())
+    for n, values in _csv_rows(p, limit, columns, "a BurstGPT trace"):
+        stamp, prompt, output = values[:3]
+        try:
+            t = float(stamp)
+        except ValueError:
+            t = math.nan
+        if not math.isfinite(t) or t < 0:
+            raise TraceError(f"{p}:{n}: Timestamp must be seconds from the trace start (0 or more), got {stamp!r}")
+        tokens = _tokens(p, n, prompt, output, BURSTGPT_COLUMNS[1:])
+        if empty.skip(n, tokens[0]):
+            continue
+        failed += tokens[1] == 0
+        if model_col:
+            models[values[3]] = models.get(values[3], 0) + 1
+        out.append(TraceRequest(t, *tokens))
+    empty.note(notes)
+    if failed:
+        notes.append(f"{failed} of {len(out)} requests have Response tokens 0 (BurstGPT logs a failed request so): "
+                     "replayed as prompts without output")
+    if len(models) > 1:
+        notes.append("the trace mixes models (" + ", ".join(f"{m or 'no name'}: {c}" for m, c in
+                                                            sorted(models.items(), key=lambda x: -x[1]))
+                     + "): all are replayed against the spec's one model")
+    return out
+
+
+def _csv_column(p: Path, name: str) -> bool:
+    """Whether the CSV's header has the column `name`."""
+    header = next(csv.reader(line for _, line in _text_lines(p)), [])
+    return name.lower() in {h.strip().lower() for h in header}
+
+
+def _is_burstgpt(first_line: str) -> bool:
+    header = {h.strip().lower() for h in next(csv.reader([first_line]), [])}
+    return {c.lower() for c in BURSTGPT_COLUMNS} <= header
 
 
 def _check_chat(messages: list, where: str) -> None:
@@ -372,10 +502,12 @@ def _check_chat(messages: list, where: str) -> None:
         raise TraceError(f"{where}: {exc}") from None
 
 
-def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
+def _prompts(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest]:
     """A log with no timestamps at all is replayed at once, in file order; one with some is refused at the first
-    line without one (it was put at 0 s, before every timed request)."""
+    line without one (it was put at 0 s, before every timed request). Requests without a token limit get the
+    engines' default, counted in `notes` (their output length is assumed, not logged)."""
     out = []
+    assumed = {CHAT_DEFAULT_MAX_TOKENS: 0, COMPLETION_DEFAULT_MAX_TOKENS: 0}
     timed, untimed = None, None  # the first line with and without a timestamp
     for n, row in _rows(p, limit):
         where = f"{p}:{n}"
@@ -408,6 +540,8 @@ def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
         # without a limit: a completion stops at 16 tokens on every engine (OpenAI's default, vLLM's, ours), a chat
         # runs to its end, taken as 64 tokens
         default = COMPLETION_DEFAULT_MAX_TOKENS if prompt is not None else CHAT_DEFAULT_MAX_TOKENS
+        if row.get(limit_key) is None:
+            assumed[default] += 1
         req = TraceRequest(_number(row, "timestamp", where, 0.0), 1, _count(row, limit_key, where, default, least=1),
                            session=_session(row, where), messages=tuple(messages) if messages else None, prompt=prompt)
         try:  # a lone surrogate (\ud800 in JSON) anywhere in the row: no request body can carry it
@@ -422,4 +556,12 @@ def _prompts(p: Path, limit: int | None) -> list[TraceRequest]:
             # 6 GB, and `trace scale --format mooncake` wrote a file its own loader refuses
             raise TraceError(f"{where}: the prompt is {words} words long; at most {MAX_TOKENS} tokens a request")
         out.append(replace(req, input_tokens=max(1, words)))
+    said = [f"{assumed[CHAT_DEFAULT_MAX_TOKENS]} chat requests as {CHAT_DEFAULT_MAX_TOKENS}"
+            if assumed[CHAT_DEFAULT_MAX_TOKENS] else "",
+            f"{assumed[COMPLETION_DEFAULT_MAX_TOKENS]} completions as {COMPLETION_DEFAULT_MAX_TOKENS} (every "
+            "engine's default)" if assumed[COMPLETION_DEFAULT_MAX_TOKENS] else ""]
+    if any(said):
+        notes.append(f"{sum(assumed.values())} of {len(out)} requests carry no max_tokens: their output length is "
+                     f"assumed, {' and '.join(x for x in said if x)} tokens (give max_tokens to each line for the "
+                     "lengths the log saw)")
     return out
