@@ -40,3 +40,7 @@ if [ -n "$missing" ]; then
         echo "warning:$missing not found; install with: apt-get install$missing" >&2
     fi
 fi
+# fleetserve's own modules compiled ahead: where PYTHONDONTWRITEBYTECODE is set (as in many containers) every
+# fleetserve process (a CLI command, an engine, a router) compiled its ~100-400 modules from source at each start,
+# a quarter of a 1.1 s `validate`. compileall writes only what changed since the last run.
+.venv/bin/python -m compileall -q -j 0 src >/dev/null

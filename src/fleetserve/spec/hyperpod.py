@@ -15,14 +15,16 @@ import re
 import shlex
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import yaml
 
 from fleetserve.spec.context import flag_in_args
 from fleetserve.spec.endpoint import SERVED_NAME_FLAG, shell_script_at
 from fleetserve.spec.errors import SpecError, SpecProblem, pattern_hint, short_value
+
+if TYPE_CHECKING:
+    import jsonschema  # imported where a HyperPod document is checked: a third of every command's start
 
 API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
 KIND = "InferenceEndpointConfig"
@@ -64,6 +66,8 @@ def crd_schema() -> dict[str, Any]:
 
 @cache
 def _validator() -> jsonschema.Draft7Validator:
+    import jsonschema
+
     schema = _strict(crd_schema())
     # ObjectMeta is not in the CRD (the API server owns it): the fields HyperPod documents use.
     schema["properties"]["metadata"] = {
