@@ -1118,7 +1118,7 @@ def test_an_l2_redis_going_down_and_coming_back_is_one_line_each(make):
 def test_every_flag_the_fleet_gives_its_engines_is_one_engine_args_may_not_repeat(make):
     """`up` refuses engine.args that repeat a flag the fleet sets (FLEET_SETS): a flag `_engine_command` gains must
     be listed there too, or a spec could set it a second time, and the engine takes the last."""
-    from fleetserve.fleet.supervisor import FLEET_SETS, builtin_args_problem
+    from fleetserve.fleet.engine_args import FLEET_SETS, builtin_args_problem
 
     sup, _, _ = make(1)
     sup.model_dir = "/models/m"

@@ -122,7 +122,7 @@ def validate(
             if problem is not None:
                 loaded.warnings.append(problem)
         if loaded.endpoint.spec.engine.kind == "builtin":
-            from fleetserve.fleet.supervisor import builtin_args_problem
+            from fleetserve.fleet.engine_args import builtin_args_problem
             from fleetserve.spec.errors import SpecProblem
 
             if (args := builtin_args_problem(loaded.endpoint.spec.engine.args)) is not None:
