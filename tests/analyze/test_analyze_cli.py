@@ -63,6 +63,15 @@ def test_bad_input_exits_2_naming_the_parameter(tmp_path):
     azure = Path(__file__).parents[1] / "data" / "azure_code_sample.csv"
     result = fleetserve("analyze", str(azure))
     assert result.returncode == 2 and "no prompt content" in said(result) and "allowed" in said(result)
+    # BurstGPT was called "format azure", as if it were an Azure file; a CSV of neither layout names its columns
+    burst = tmp_path / "burst.csv"
+    burst.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n8,ChatGPT,5,1,6,API\n")
+    result = fleetserve("analyze", str(burst))
+    assert result.returncode == 2 and "a BurstGPT trace has no prompt content" in said(result), said(result)
+    other = tmp_path / "other.csv"
+    other.write_text("time,prompt_len,completion_len\n0,5,1\n")
+    result = fleetserve("analyze", str(other))
+    assert result.returncode == 2 and "the header has time, prompt_len, completion_len" in said(result)
     log = tmp_path / "log.jsonl"
     log.write_text('{"timestamp": 0, "prompt": "hello"}\n')
     result = fleetserve("analyze", str(log))

@@ -39,11 +39,11 @@ def load_blocks(path: str | Path, model: str | None = None, block_tokens: int = 
     p = Path(path)
     fmt = detect_format(p) if p.is_file() else None
     if fmt not in ANALYZABLE:
-        if fmt is not None:
-            read_trace(p, limit=1)  # a CSV that is no trace of its format is refused as such, naming its columns
-        raise AnalyzeInputError(f"FILE {p}: {_a(fmt)} trace has no prompt content to analyse (its rows are token "
-                                "counts only); allowed: Mooncake hash traces (hash_ids) or prompt logs "
-                                "(messages/prompt)")
+        if fmt in ("azure", "burstgpt"):
+            read_trace(p, limit=1)  # a CSV of neither layout is refused as such, naming its columns
+        holds = "arrival rates only" if fmt == "servegen" else "token counts only"
+        raise AnalyzeInputError(f"FILE {p}: {_a(fmt)} trace has no prompt content to analyse (it holds {holds}); "
+                                "allowed: Mooncake hash traces (hash_ids) or prompt logs (messages/prompt)")
     requests, _, notes = read_trace(p, limit)
     requests = sorted(requests, key=lambda r: r.arrival_s)  # stable: file order breaks ties
     if fmt == "mooncake":
