@@ -187,6 +187,16 @@ def test_every_refusal_names_the_values_it_allows(change, param, allowed):
     assert allowed in err.message and "got" in err.message
 
 
+def test_a_completions_logprobs_count_is_refused_in_the_completions_apis_words():
+    """It was told "allowed: logprobs false or omitted, and top_logprobs 0": chat's values, not the count's."""
+    for count in (0, 3):
+        err = error_of(parse_completion, {"prompt": "hi", "logprobs": count})
+        assert (err.status, err.param, err.code) == (400, "logprobs", "unsupported_value")
+        assert "allowed: logprobs omitted or null, got" in err.message and "top_logprobs" not in err.message
+    assert "allowed: logprobs false or omitted, and top_logprobs 0" in error_of(parse_chat, {**CHAT, "logprobs": True}
+                                                                                 ).message
+
+
 @pytest.mark.parametrize("change, param, code", [
     ({"n": "2"}, "n", "invalid_type"),  # a wrong type is the request's error, not a refused feature
     ({"response_format": "json"}, "response_format", "invalid_type"),

@@ -177,8 +177,12 @@ def _sampling(body: dict) -> SamplingParams:
     asked = not (logprobs is None or logprobs is False)
     if asked or body.get("top_logprobs") not in (None, 0):
         name = "logprobs" if asked else "top_logprobs"
-        raise invalid(name, "log probabilities are not supported by this engine; allowed: logprobs false or "
-                            f"omitted, and top_logprobs 0, got {json.dumps(body[name])[:80]}", "unsupported_value")
+        # a count is the completions API's (where even 0 asks for one): there it is omitted or null, and it has no
+        # top_logprobs; chat's boolean is false or omitted, beside top_logprobs 0
+        allowed = "logprobs omitted or null" if asked and not isinstance(logprobs, bool) else \
+            "logprobs false or omitted, and top_logprobs 0"
+        raise invalid(name, f"log probabilities are not supported by this engine; allowed: {allowed}, got "
+                            f"{json.dumps(body[name])[:80]}", "unsupported_value")
     top_p = _number(body, "top_p", 0.0, 1.0, 1.0, above_lo=True)
     temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
     return SamplingParams(
