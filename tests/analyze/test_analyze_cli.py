@@ -237,3 +237,18 @@ def test_a_strategy_above_the_oracle_is_named():
     (warning,) = _above_oracle(rows, 0.25)
     assert "blind prefixaware 0.310" in warning and "kvaware" not in warning
     assert _above_oracle(rows, 0.4) == []
+
+
+def test_a_qwen_bailian_trace_is_analysed_with_its_conversations_as_sessions(tmp_path):
+    """Alibaba's public Qwen traces (16-token ids) were refused: read as Mooncake blocks, their conversations
+    share their history, and the session strategy has keys to act on."""
+    from tests.traces.test_load_inputs import _bailian_rows
+
+    path = tmp_path / "qwen_traceB_blksz_16.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in sorted(_bailian_rows(), key=lambda r: r["timestamp"])))
+    out = analyze_json(str(path), "--replicas", "2")
+    assert out["requests"] == 6 and out["format"] == "mooncake" and out["block_tokens"] == 512
+    assert 0 < out["ideal_hit_rate"] < 1  # each second turn finds its first turn's two whole blocks
+    assert out["strategy_hit_rate"]["session"] is not None, out["strategy_hit_rate"]
+    r = fleetserve("analyze", str(path), "--block-size", "16")
+    assert r.returncode == 2 and "512 tokens each" in said(r)

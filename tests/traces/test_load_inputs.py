@@ -419,3 +419,59 @@ def test_mooncake_rows_without_ids_are_noted_by_the_loader(tmp_path):
                                       "other request shares (all misses)",)
     path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1}\n')
     assert "none of the 1 requests carries hash_ids" in read_trace(path).notes[0]
+
+
+def _bailian_rows():
+    """Alibaba's Qwen Bailian layout: seconds, 16-token ids, turns linked by parent_chat_id; a turn's prompt holds
+    its parent's prompt (here 1,100 tokens: 68 whole ids and a partial one) and new text."""
+    rows, next_id = [], 0
+
+    def ids(n):
+        nonlocal next_id
+        next_id += n
+        return list(range(next_id - n, next_id))
+
+    for conv in range(3):
+        first = ids(69)  # ceil(1100 / 16)
+        rows.append({"chat_id": conv * 10, "parent_chat_id": -1, "timestamp": 10.5 * conv, "input_length": 1100,
+                     "output_length": 50, "type": "text", "turn": 1, "hash_ids": first})
+        second = first[:68] + ids(60)  # the parent's whole blocks, then this turn's: 2,048 tokens, 128 ids
+        rows.append({"chat_id": conv * 10 + 1, "parent_chat_id": conv * 10, "timestamp": 10.5 * conv + 4.25,
+                     "input_length": 2048, "output_length": 20, "type": "search", "turn": 2, "hash_ids": second})
+    return rows
+
+
+def test_a_qwen_bailian_trace_loads_as_mooncake_blocks_with_its_conversations_as_sessions(tmp_path):
+    """Its 16-token ids had been refused ("these ids stand for ~16 tokens each: ... must be re-hashed in 512-token
+    blocks"): the public Qwen traces could not be used without a script of one's own."""
+    import json
+
+    from fleetserve.traces.load import detect_format, read_trace
+
+    path = tmp_path / "qwen_traceA_blksz_16.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in sorted(_bailian_rows(), key=lambda r: r["timestamp"])))
+    assert detect_format(path) == "bailian"
+    read = read_trace(path)
+    assert read.notes == () and len(read.requests) == 6
+    by_time = {r.arrival_s: r for r in read.requests}
+    first, second = by_time[10.5], by_time[14.75]  # seconds, not milliseconds
+    assert (first.session, second.session) == ("chat-10", "chat-10")
+    assert len(first.hash_ids) == 3 and len(second.hash_ids) == 4  # ceil(1100 / 512), 2048 / 512
+    assert second.hash_ids[:2] == first.hash_ids[:2]  # the 1,024 tokens of whole blocks they share
+    assert second.hash_ids[2] != first.hash_ids[2]  # 1,024..1,100 shared, the rest not: a block apart
+    others = {r.hash_ids[0] for r in read.requests if r.session != "chat-10"}
+    assert first.hash_ids[0] not in others and len(others) == 2  # no conversation shares another's blocks
+
+
+def test_a_bailian_row_whose_ids_are_not_16_token_blocks_is_refused(tmp_path):
+    import json
+
+    row = {"chat_id": 1, "parent_chat_id": -1, "timestamp": 0.0, "input_length": 100, "output_length": 5,
+           "hash_ids": [1, 2]}
+    path = tmp_path / "b.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(TraceError, match="hash_ids has 2 ids, but input_length 100 is 7 blocks of 16 tokens"):
+        load_trace(path)
+    path.write_text(json.dumps({**row, "hash_ids": list(range(6))}) + "\n")  # whole blocks only: 6 of 16 tokens
+    (r,) = load_trace(path)
+    assert len(r.hash_ids) == 1  # its 100 tokens are one Mooncake block

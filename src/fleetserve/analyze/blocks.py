@@ -16,7 +16,7 @@ from fleetserve.router.features import content_text
 from fleetserve.traces.load import detect_format, read_trace
 from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest
 
-ANALYZABLE = ("mooncake", "prompts")
+ANALYZABLE = ("mooncake", "bailian", "prompts")
 
 
 class AnalyzeInputError(ValueError):
@@ -46,11 +46,12 @@ def load_blocks(path: str | Path, model: str | None = None, block_tokens: int = 
                                 "allowed: Mooncake hash traces (hash_ids) or prompt logs (messages/prompt)")
     requests, _, notes = read_trace(p, limit)
     requests = sorted(requests, key=lambda r: r.arrival_s)  # stable: file order breaks ties
-    if fmt == "mooncake":
+    if fmt in ("mooncake", "bailian"):  # a Bailian trace's ids are read as Mooncake blocks (`traces.load`)
         if not any(r.hash_ids for r in requests):
-            raise AnalyzeInputError(f"FILE {p}: no hash_ids in this Mooncake-format trace; nothing to analyse")
+            raise AnalyzeInputError(f"FILE {p}: no hash_ids in this {fmt.capitalize()}-format trace; nothing to "
+                                    "analyse")
         return BlockTrace(requests, _ids_or_fresh(requests), [r.input_tokens for r in requests],
-                          MOONCAKE_BLOCK_TOKENS, fmt, notes=notes)
+                          MOONCAKE_BLOCK_TOKENS, "mooncake", notes=notes)
     if model is None:
         raise AnalyzeInputError("--model is needed to tokenize a prompt log (e.g. builtin:smollm2-135m or a "
                                 "model directory)")

@@ -113,7 +113,7 @@ def analyze(
             fmt = detect_format(Path(file))
         except TraceError:
             fmt = None  # the analysis names what is wrong with the file
-        if fmt == "mooncake":
+        if fmt in ("mooncake", "bailian"):
             hint = "--block-size" if block_size is not None else "--model"
             raise typer.BadParameter("applies to prompt logs (tokenized and cut into blocks here); a Mooncake "
                                      "trace's blocks are its hash ids, 512 tokens each", param_hint=hint)

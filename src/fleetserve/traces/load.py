@@ -1,6 +1,9 @@
 """Trace loaders. Formats:
 
 - Mooncake JSONL: {"timestamp": ms, "input_length", "output_length", "hash_ids": [...]} (512 tokens per id);
+- Qwen Bailian JSONL (Alibaba's anonymized traces, `qwen_*_blksz_16.jsonl`): {"chat_id", "parent_chat_id",
+  "timestamp": s, "input_length", "output_length", "type", "turn", "hash_ids": [...]} (16 tokens per id),
+  read as Mooncake blocks of 512 tokens with each conversation as a session;
 - Azure CSV: TIMESTAMP,ContextTokens,GeneratedTokens (wall-clock timestamps; no prefixes);
 - BurstGPT CSV: Timestamp,Model,Request tokens,Response tokens,... (seconds from the start; no prefixes);
 - prompt logs (ours): JSONL {"timestamp": s, "messages": [...] | "prompt": "...", "max_tokens", "session"};
@@ -27,7 +30,7 @@ from fleetserve.input_file import not_a_file
 from fleetserve.traces.model import MOONCAKE_BLOCK_TOKENS, TraceRequest, check_span, stand_in_words
 from fleetserve.traces.servegen import ServeGenError, is_servegen, load_servegen
 
-FORMATS = ("mooncake", "azure", "burstgpt", "prompts", "servegen")
+FORMATS = ("mooncake", "bailian", "azure", "burstgpt", "prompts", "servegen")
 
 
 class TraceError(ValueError):
@@ -115,6 +118,8 @@ def detect_format(path: Path) -> str:
     n, first = next(_rows(path, None), (0, {}))
     if not n:
         raise TraceError(f"{path}: the file holds no request")
+    if "hash_ids" in first and "parent_chat_id" in first:
+        return "bailian"
     if "hash_ids" in first or "input_length" in first:
         return "mooncake"
     if "messages" in first or "prompt" in first:
@@ -170,7 +175,8 @@ def read_trace(path: str | Path, limit: int | None = None, fmt: str | None = Non
             out = [TraceRequest((t - start).total_seconds(), c, g) for t, c, g in rows]
             start = start.replace(tzinfo=UTC) if start is not None else None
         else:
-            out = {"mooncake": _mooncake, "prompts": _prompts, "burstgpt": _burstgpt}[fmt](p, limit, notes)
+            out = {"mooncake": _mooncake, "bailian": _bailian, "prompts": _prompts, "burstgpt": _burstgpt}[fmt](
+                p, limit, notes)
         out = _rebased(out)
     if not out:
         raise TraceError(f"{p}: no requests" + (f" ({notes[0]})" if notes else ""))
@@ -180,7 +186,7 @@ def read_trace(path: str | Path, limit: int | None = None, fmt: str | None = Non
         raise TraceError(str(exc)) from None
     if (unit := millisecond_warning(out, fmt)) is not None:
         notes.append(unit)
-    if fmt == "mooncake" and (bare := sum(1 for r in out if not r.hash_ids)):
+    if fmt in ("mooncake", "bailian") and (bare := sum(1 for r in out if not r.hash_ids)):
         notes.append(f"{bare} of {len(out)} requests carry no hash_ids: their prompts are counted as blocks no other "
                      "request shares (all misses)" if bare < len(out) else
                      f"none of the {len(out)} requests carries hash_ids: no prompt shares a block with another, so "
@@ -287,6 +293,55 @@ def _mooncake(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest
         _check_chain(hash_ids, parents, where)
         out.append(TraceRequest(_number(row, "timestamp", where) / 1000.0, length,
                                 _count(row, "output_length", where), tuple(hash_ids), session=_session(row, where)))
+    empty.note(notes)
+    return out
+
+
+BAILIAN_BLOCK_TOKENS = 16  # tokens per hash id in Alibaba's Qwen Bailian traces (`..._blksz_16.jsonl`)
+
+
+def _bailian(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest]:
+    """Alibaba's Qwen Bailian traces: seconds, 16-token hash ids, conversations linked by `parent_chat_id`.
+
+    The ids become Mooncake's 512-token blocks, each named by the whole prefix up to its end (32 of the trace's
+    ids after the block before): two prompts share a block exactly when their first 512 x k tokens hash alike,
+    whether or not the trace's own ids are chained. What two prompts share below a 512-token boundary is not
+    credited (a conversation's next turn still finds its whole history, less the last partial block). Each
+    conversation (a root request, `parent_chat_id` -1, and the turns that follow it) is one session."""
+    per = MOONCAKE_BLOCK_TOKENS // BAILIAN_BLOCK_TOKENS
+    out = []
+    blocks: dict[tuple, int] = {}  # (the block before, this block's ids) -> its Mooncake id
+    roots: dict[int, int] = {}  # chat id -> its conversation's first chat id
+    empty = _EmptyPrompts(p, "input_length")
+    for n, row in _rows(p, limit):
+        where = f"{p}:{n}"
+        ids = row.get("hash_ids")
+        ids = [] if ids is None else ids
+        if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
+            raise TraceError(f"{where}: hash_ids must be a list of integers")
+        length = _count(row, "input_length", where)
+        if not ids and empty.skip(n, length):
+            continue
+        whole, partial = length // BAILIAN_BLOCK_TOKENS, -(-length // BAILIAN_BLOCK_TOKENS)
+        if ids and len(ids) not in (whole, partial):
+            raise TraceError(f"{where}: hash_ids has {len(ids)} ids, but input_length {length} is {partial} blocks "
+                             f"of {BAILIAN_BLOCK_TOKENS} tokens (a Qwen Bailian trace: one id per 16-token block)")
+        chain: list[int] = []
+        for start in range(0, len(ids), per):
+            key = (chain[-1] if chain else None, tuple(ids[start:start + per]))
+            chain.append(blocks.setdefault(key, len(blocks)))
+        for _ in range(len(chain), -(-length // MOONCAKE_BLOCK_TOKENS) if ids else 0):
+            # the prompt's tail past its last hashed block (ids for whole blocks only): a block of its own
+            chain.append(blocks.setdefault((chain[-1] if chain else None, ("tail", n)), len(blocks)))
+        chat, parent = row.get("chat_id"), row.get("parent_chat_id")
+        for name, value in (("chat_id", chat), ("parent_chat_id", parent)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise TraceError(f"{where}: {name} must be a whole number, got {json.dumps(value)[:40]}")
+        root = chat if parent is None or parent < 0 else roots.get(parent, parent)
+        if chat is not None:
+            roots[chat] = root
+        out.append(TraceRequest(_number(row, "timestamp", where), length, _count(row, "output_length", where),
+                                tuple(chain), session=None if root is None else f"chat-{root}"))
     empty.note(notes)
     return out
 
