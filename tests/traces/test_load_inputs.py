@@ -475,3 +475,21 @@ def test_a_bailian_row_whose_ids_are_not_16_token_blocks_is_refused(tmp_path):
     path.write_text(json.dumps({**row, "hash_ids": list(range(6))}) + "\n")  # whole blocks only: 6 of 16 tokens
     (r,) = load_trace(path)
     assert len(r.hash_ids) == 1  # its 100 tokens are one Mooncake block
+
+
+def test_bailian_turns_join_their_conversation_whatever_the_file_order(tmp_path):
+    import json
+
+    from fleetserve.traces.load import read_trace
+
+    def row(chat, parent, ts):
+        return {"chat_id": chat, "parent_chat_id": parent, "timestamp": ts, "input_length": 16, "output_length": 1,
+                "hash_ids": [chat]}
+
+    # the third turn listed first, then the second, then the first; a cycle (7 <-> 8); a parent never listed (9)
+    rows = [row(3, 2, 2.0), row(2, 1, 1.0), row(1, -1, 0.0), row(7, 8, 3.0), row(8, 7, 4.0), row(5, 9, 5.0)]
+    path = tmp_path / "b.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sessions = [r.session for r in read_trace(path).requests]  # in arrival order: 1, 2, 3, 7, 8, 5
+    assert sessions[:3] == ["chat-1"] * 3
+    assert sessions[3] == sessions[4] and sessions[5] == "chat-9"

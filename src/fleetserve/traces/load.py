@@ -311,7 +311,8 @@ def _bailian(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest]
     per = MOONCAKE_BLOCK_TOKENS // BAILIAN_BLOCK_TOKENS
     out = []
     blocks: dict[tuple, int] = {}  # (the block before, this block's ids) -> its Mooncake id
-    roots: dict[int, int] = {}  # chat id -> its conversation's first chat id
+    parents: dict[int, int] = {}  # chat id -> the chat it follows
+    chats: list[int | None] = []  # per request kept
     empty = _EmptyPrompts(p, "input_length")
     for n, row in _rows(p, limit):
         where = f"{p}:{n}"
@@ -337,13 +338,31 @@ def _bailian(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest]
         for name, value in (("chat_id", chat), ("parent_chat_id", parent)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise TraceError(f"{where}: {name} must be a whole number, got {json.dumps(value)[:40]}")
-        root = chat if parent is None or parent < 0 else roots.get(parent, parent)
-        if chat is not None:
-            roots[chat] = root
+        if chat is not None and parent is not None and parent >= 0:
+            parents[chat] = parent
+        chats.append(chat)
         out.append(TraceRequest(_number(row, "timestamp", where), length, _count(row, "output_length", where),
-                                tuple(chain), session=None if root is None else f"chat-{root}"))
+                                tuple(chain)))
     empty.note(notes)
-    return out
+    roots = _conversation_roots(parents)
+    return [r if chat is None else replace(r, session=f"chat-{roots.get(chat, chat)}")
+            for r, chat in zip(out, chats, strict=True)]
+
+
+def _conversation_roots(parents: dict[int, int]) -> dict[int, int]:
+    """Each chat's first chat, following `parents` whatever the file order (a turn listed before the turn it
+    follows joins the same conversation); a parent missing from the file is the root, and a cycle ends where it
+    closes."""
+    roots: dict[int, int] = {}
+    for chat in parents:
+        path, node = [], chat
+        while node in parents and node not in roots and node not in path:
+            path.append(node)
+            node = parents[node]
+        root = roots.get(node, node)
+        for seen in path:
+            roots[seen] = root
+    return roots
 
 
 SECONDS_AS_MS_RATE = 500.0  # requests/s, read in Mooncake's milliseconds, above which seconds are the likelier unit
