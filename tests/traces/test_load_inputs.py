@@ -96,7 +96,7 @@ def test_mooncake_epoch_stamps_and_unsorted_rows_replay_from_zero(tmp_path):
     # one id per 512-token block: 5,000 tokens under one id gave hit rates above the ideal, 10 under 100 ids none
     ("ids.jsonl", '{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}\n'
                   '{"timestamp": 1, "input_length": 5000, "output_length": 1, "hash_ids": [1]}\n',
-     "ids.jsonl:2: hash_ids has 1 ids, but input_length 5000 is 10 Mooncake blocks of 512 tokens"),
+     "ids.jsonl:2: hash_ids has 1 id, but input_length 5000 is 10 Mooncake blocks of 512 tokens"),
     # a trace hashed in 16-token blocks (as some engines' own traces are) was refused without saying why
     ("ids16.jsonl", '{"timestamp": 0, "input_length": 64, "output_length": 1, "hash_ids": [1, 2, 3, 4]}\n',
      "is 1 Mooncake block of 512 tokens .one id per block.; these ids stand for ~16 tokens each"),
@@ -379,7 +379,7 @@ def test_burstgpt_loads_with_its_failures_and_models_said(tmp_path):
     assert [(r.arrival_s, r.input_tokens, r.output_tokens) for r in read.requests] == [
         (0.0, 1155, 178), (3.0, 400, 0), (7.5, 300, 20)]
     assert read.start is None  # no wall clock in the file: simulated from the default start
-    assert read.notes[0].startswith("1 of 3 requests have Response tokens 0 (BurstGPT logs a failed request so)")
+    assert read.notes[0].startswith("1 of 3 requests has Response tokens 0 (BurstGPT logs a failed request so)")
     assert read.notes[1] == "the trace mixes models (ChatGPT: 2, GPT-4: 1): all are replayed against the spec's " \
                             "one model"
     assert len(load_trace(path, limit=2)) == 2
@@ -404,9 +404,9 @@ def test_a_prompt_log_without_token_limits_says_what_it_assumed(tmp_path):
                     '{"timestamp": 2, "prompt": "hello", "max_tokens": 5}\n')
     read = read_trace(path)
     assert [r.output_tokens for r in read.requests] == [64, 16, 5]
-    assert read.notes == ("2 of 3 requests carry no max_tokens: their output length is assumed, 1 chat requests as "
-                          "64 and 1 completions as 16 (every engine's default) tokens (give max_tokens to each line "
-                          "for the lengths the log saw)",)
+    assert read.notes == ("2 of 3 requests carry no max_tokens: their output length is assumed, 1 chat request as "
+                          "64 tokens and 1 completion as 16 tokens (every engine's default) (give max_tokens to each "
+                          "line for the lengths the log saw)",)
 
 
 def test_mooncake_rows_without_ids_are_noted_by_the_loader(tmp_path):
@@ -418,7 +418,7 @@ def test_mooncake_rows_without_ids_are_noted_by_the_loader(tmp_path):
     assert read_trace(path).notes == ("1 of 2 requests carry no hash_ids: their prompts are counted as blocks no "
                                       "other request shares (all misses)",)
     path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1}\n')
-    assert "none of the 1 requests carries hash_ids" in read_trace(path).notes[0]
+    assert read_trace(path).notes[0].startswith("no request carries hash_ids (1 request)")
 
 
 def _bailian_rows():
@@ -470,7 +470,7 @@ def test_a_bailian_row_whose_ids_are_not_16_token_blocks_is_refused(tmp_path):
            "hash_ids": [1, 2]}
     path = tmp_path / "b.jsonl"
     path.write_text(json.dumps(row) + "\n")
-    with pytest.raises(TraceError, match="hash_ids has 2 ids, but input_length 100 is 7 blocks of 16 tokens"):
+    with pytest.raises(TraceError, match="hash_ids has 2 ids, but input_length 100 takes 6 or 7 .a Qwen Bailian"):
         load_trace(path)
     path.write_text(json.dumps({**row, "hash_ids": list(range(6))}) + "\n")  # whole blocks only: 6 of 16 tokens
     (r,) = load_trace(path)
@@ -493,3 +493,29 @@ def test_bailian_turns_join_their_conversation_whatever_the_file_order(tmp_path)
     sessions = [r.session for r in read_trace(path).requests]  # in arrival order: 1, 2, 3, 7, 8, 5
     assert sessions[:3] == ["chat-1"] * 3
     assert sessions[3] == sessions[4] and sessions[5] == "chat-9"
+
+
+def test_limit_counts_the_requests_kept_and_a_row_left_out_is_still_checked(tmp_path):
+    """--limit 4 gave 1 request where 3 rows before it were left out; a left-out row's bad fields passed."""
+    import json
+
+    rows = [{"timestamp": i, "input_length": 0 if i < 3 else 600, "output_length": 1, "hash_ids": [] if i < 3 else
+             [i, 100 + i]} for i in range(10)]
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert len(load_trace(path, limit=4)) == 4
+    csv_path = tmp_path / "a.csv"
+    csv_path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:00:0{i}.0000000,{0 if i < 3 else 10},1\n" for i in range(10)))
+    assert len(load_trace(csv_path, limit=4)) == 4
+    rows[1]["output_length"] = -5
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(TraceError, match="m.jsonl:2: output_length must be a whole number"):
+        load_trace(path)
+
+
+def test_a_burstgpt_header_missing_a_column_is_named_as_burstgpt(tmp_path):
+    path = tmp_path / "m.csv"
+    path.write_text("Timestamp,Model,Request tokens\n1,A,10\n")
+    with pytest.raises(TraceError, match="a BurstGPT trace needs the columns Timestamp, Request tokens, Response"):
+        load_trace(path)

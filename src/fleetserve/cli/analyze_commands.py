@@ -115,8 +115,9 @@ def analyze(
             fmt = None  # the analysis names what is wrong with the file
         if fmt in ("mooncake", "bailian"):
             hint = "--block-size" if block_size is not None else "--model"
-            raise typer.BadParameter("applies to prompt logs (tokenized and cut into blocks here); a Mooncake "
-                                     "trace's blocks are its hash ids, 512 tokens each", param_hint=hint)
+            raise typer.BadParameter("applies to prompt logs (tokenized and cut into blocks here); a hash trace's "
+                                     "blocks are its hash ids, 512 tokens each (a Bailian trace's 16-token ids are "
+                                     "read as such)", param_hint=hint)
     try:
         result = run(file, model=model, replicas=replicas, profile=profile, cache_blocks=cache_blocks, l1_gib=l1_gib,
                      l2_gib=l2_gib, block_tokens=block_size or 256, mode=mode, limit=limit)

@@ -118,7 +118,7 @@ def detect_format(path: Path) -> str:
     n, first = next(_rows(path, None), (0, {}))
     if not n:
         raise TraceError(f"{path}: the file holds no request")
-    if "hash_ids" in first and "parent_chat_id" in first:
+    if "input_length" in first and ("parent_chat_id" in first or "chat_id" in first):
         return "bailian"
     if "hash_ids" in first or "input_length" in first:
         return "mooncake"
@@ -187,10 +187,10 @@ def read_trace(path: str | Path, limit: int | None = None, fmt: str | None = Non
     if (unit := millisecond_warning(out, fmt)) is not None:
         notes.append(unit)
     if fmt in ("mooncake", "bailian") and (bare := sum(1 for r in out if not r.hash_ids)):
-        notes.append(f"{bare} of {len(out)} requests carry no hash_ids: their prompts are counted as blocks no other "
-                     "request shares (all misses)" if bare < len(out) else
-                     f"none of the {len(out)} requests carries hash_ids: no prompt shares a block with another, so "
-                     "every hit rate is 0")
+        notes.append(f"{bare} of {_count_of(len(out), 'request')} carry no hash_ids: their prompts are counted as "
+                     "blocks no other request shares (all misses)" if bare < len(out) else
+                     f"no request carries hash_ids ({_count_of(len(out), 'request')}): no prompt shares a block with "
+                     "another, so every hit rate is 0")
     return TraceRead(out, start, tuple(notes))
 
 
@@ -268,7 +268,9 @@ def _mooncake(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest
     out = []
     parents: dict = {}  # id -> the id before it (None: first in its prompt)
     empty = _EmptyPrompts(p, "input_length")
-    for n, row in _rows(p, limit):
+    for n, row in _rows(p, None):
+        if limit is not None and len(out) >= limit:  # requests kept, not rows read (an empty prompt is left out)
+            break
         where = f"{p}:{n}"
         hash_ids = row.get("hash_ids")
         hash_ids = () if hash_ids is None else hash_ids  # `0`, `""`, `false` are no list either: refused below
@@ -279,6 +281,8 @@ def _mooncake(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest
             # largest, which a negative id's copy could land on (an id of another block)
             raise TraceError(f"{where}: hash_ids must be integers of 0 or more, got {min(hash_ids)}")
         length = _count(row, "input_length", where)
+        arrival, output, session = _number(row, "timestamp", where) / 1000.0, _count(row, "output_length", where), \
+            _session(row, where)  # a row left out is still checked whole
         if not hash_ids and empty.skip(n, length):
             continue
         blocks = -(-length // MOONCAKE_BLOCK_TOKENS)
@@ -287,12 +291,11 @@ def _mooncake(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest
             per = length / len(hash_ids)
             hint = (f"; these ids stand for ~{per:.0f} tokens each: a trace hashed with another block size "
                     "must be re-hashed in 512-token blocks" if len(hash_ids) > blocks else "")
-            raise TraceError(f"{where}: hash_ids has {len(hash_ids)} ids, but input_length {length} is {blocks} "
-                             f"Mooncake block{'s' if blocks != 1 else ''} of {MOONCAKE_BLOCK_TOKENS} tokens "
+            raise TraceError(f"{where}: hash_ids has {_count_of(len(hash_ids), 'id')}, but input_length {length} is "
+                             f"{_count_of(blocks, 'Mooncake block')} of {MOONCAKE_BLOCK_TOKENS} tokens "
                              f"(one id per block){hint}")
         _check_chain(hash_ids, parents, where)
-        out.append(TraceRequest(_number(row, "timestamp", where) / 1000.0, length,
-                                _count(row, "output_length", where), tuple(hash_ids), session=_session(row, where)))
+        out.append(TraceRequest(arrival, length, output, tuple(hash_ids), session=session))
     empty.note(notes)
     return out
 
@@ -314,19 +317,27 @@ def _bailian(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest]
     parents: dict[int, int] = {}  # chat id -> the chat it follows
     chats: list[int | None] = []  # per request kept
     empty = _EmptyPrompts(p, "input_length")
-    for n, row in _rows(p, limit):
+    for n, row in _rows(p, None):
+        if limit is not None and len(out) >= limit:  # requests kept, not rows read
+            break
         where = f"{p}:{n}"
         ids = row.get("hash_ids")
         ids = [] if ids is None else ids
         if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
             raise TraceError(f"{where}: hash_ids must be a list of integers")
         length = _count(row, "input_length", where)
+        arrival, output = _number(row, "timestamp", where), _count(row, "output_length", where)
+        chat, parent = (_chat_id(row, name, where) for name in ("chat_id", "parent_chat_id"))
+        if chat is not None and parent is not None and parent >= 0:  # a left-out row still links its turns
+            parents[chat] = parent
         if not ids and empty.skip(n, length):
             continue
         whole, partial = length // BAILIAN_BLOCK_TOKENS, -(-length // BAILIAN_BLOCK_TOKENS)
         if ids and len(ids) not in (whole, partial):
-            raise TraceError(f"{where}: hash_ids has {len(ids)} ids, but input_length {length} is {partial} blocks "
-                             f"of {BAILIAN_BLOCK_TOKENS} tokens (a Qwen Bailian trace: one id per 16-token block)")
+            counts = f"{whole} or {partial}" if whole != partial else str(whole)
+            raise TraceError(f"{where}: hash_ids has {_count_of(len(ids), 'id')}, but input_length {length} takes "
+                             f"{counts} (a Qwen Bailian trace: one id per {BAILIAN_BLOCK_TOKENS}-token block, the "
+                             "last partial one with or without its own)")
         chain: list[int] = []
         for start in range(0, len(ids), per):
             key = (chain[-1] if chain else None, tuple(ids[start:start + per]))
@@ -334,19 +345,24 @@ def _bailian(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest]
         for _ in range(len(chain), -(-length // MOONCAKE_BLOCK_TOKENS) if ids else 0):
             # the prompt's tail past its last hashed block (ids for whole blocks only): a block of its own
             chain.append(blocks.setdefault((chain[-1] if chain else None, ("tail", n)), len(blocks)))
-        chat, parent = row.get("chat_id"), row.get("parent_chat_id")
-        for name, value in (("chat_id", chat), ("parent_chat_id", parent)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise TraceError(f"{where}: {name} must be a whole number, got {json.dumps(value)[:40]}")
-        if chat is not None and parent is not None and parent >= 0:
-            parents[chat] = parent
         chats.append(chat)
-        out.append(TraceRequest(_number(row, "timestamp", where), length, _count(row, "output_length", where),
-                                tuple(chain)))
+        out.append(TraceRequest(arrival, length, output, tuple(chain)))
     empty.note(notes)
     roots = _conversation_roots(parents)
     return [r if chat is None else replace(r, session=f"chat-{roots.get(chat, chat)}")
             for r, chat in zip(out, chats, strict=True)]
+
+
+def _chat_id(row: dict, name: str, where: str) -> int | None:
+    """A chat id: a whole number (-1, or any negative, for no parent), or absent."""
+    value = row.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value != int(value):
+        raise TraceError(f"{where}: {name} must be a whole number (-1 for a conversation's first request), got "
+                         f"{json.dumps(value)[:40]}")
+    return int(value)
 
 
 def _conversation_roots(parents: dict[int, int]) -> dict[int, int]:
@@ -439,9 +455,9 @@ def _whole(text: str) -> int:
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")  # BurstGPT: seconds from the trace start
 
 
-def _csv_rows(p: Path, limit: int | None, columns: tuple[str, ...], what: str):
-    """(line, the `columns`' values) of a CSV trace, blank rows skipped; `limit` counts rows given out. A header
-    without the columns names them and what it has, and the other formats."""
+def _csv_rows(p: Path, columns: tuple[str, ...], what: str):
+    """(line, the `columns`' values) of a CSV trace, blank rows skipped (the caller stops at its --limit of the
+    requests it keeps). A header without the columns names them and what it has, and the other formats."""
     reader = csv.reader(line for _, line in _text_lines(p))
     header = next(reader, None)
     if header is None:
@@ -454,15 +470,11 @@ def _csv_rows(p: Path, limit: int | None, columns: tuple[str, ...], what: str):
                          f"{', '.join(h.strip() for h in header) or 'nothing'} (CSV traces: Azure's "
                          f"{', '.join(AZURE_COLUMNS)}, or BurstGPT's {', '.join(BURSTGPT_COLUMNS)}; JSON lines: "
                          "Mooncake or a prompt log)") from None
-    given = 0
     for n, row in enumerate(reader, 2):
-        if limit is not None and given >= limit:
-            return
         if not any(cell.strip() for cell in row):
             continue
         if len(row) <= max(cols) or len(row) > len(header):  # more: a comma inside a value, or another file's row
             raise TraceError(f"{p}:{n}: {len(row)} fields; the header has {len(header)}")
-        given += 1
         yield n, [row[i].strip() for i in cols]
 
 
@@ -476,6 +488,11 @@ def _tokens(p: Path, n: int, prompt: str, output: str, names: tuple[str, str]) -
         raise TraceError(f"{p}:{n}: {names[0]} and {names[1]} must be from 0 to {MAX_TOKENS}, got {prompt} and "
                          f"{output}")
     return tokens
+
+
+def _count_of(n: int, one: str, many: str | None = None) -> str:
+    """`1 request`, `2 requests`: the notes' counts."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
 class _EmptyPrompts:
@@ -494,15 +511,17 @@ class _EmptyPrompts:
 
     def note(self, notes: list[str]) -> None:
         if self.count:
-            notes.append(f"{self.count} row{'s' if self.count > 1 else ''} with {self.column} 0 left out (an empty "
-                         f"prompt is no request an engine serves; the first at {self.p}:{self.first})")
+            notes.append(f"{_count_of(self.count, 'row')} with {self.column} 0 left out (an empty prompt is no "
+                         f"request an engine serves; the first at {self.p}:{self.first})")
 
 
 def _azure_rows(p: Path, limit: int | None, notes: list[str]) -> list[tuple[datetime, int, int]]:
     """The rows in file order, those with ContextTokens 0 left out (`_EmptyPrompts`)."""
     out: list[tuple[datetime, int, int]] = []
     empty = _EmptyPrompts(p, "ContextTokens")
-    for n, (stamp, context, generated) in _csv_rows(p, limit, AZURE_COLUMNS, "an Azure trace"):
+    for n, (stamp, context, generated) in _csv_rows(p, AZURE_COLUMNS, "an Azure trace"):
+        if limit is not None and len(out) >= limit:
+            break
         try:
             t = _azure_time(stamp)
         except ValueError:
@@ -528,7 +547,9 @@ def _burstgpt(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest
     models: dict[str, int] = {}
     model_col = _csv_column(p, "Model")
     columns = BURSTGPT_COLUMNS + (("Model",) if model_col else ())
-    for n, values in _csv_rows(p, limit, columns, "a BurstGPT trace"):
+    for n, values in _csv_rows(p, columns, "a BurstGPT trace"):
+        if limit is not None and len(out) >= limit:
+            break
         stamp, prompt, output = values[:3]
         try:
             t = float(stamp)
@@ -545,8 +566,8 @@ def _burstgpt(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest
         out.append(TraceRequest(t, *tokens))
     empty.note(notes)
     if failed:
-        notes.append(f"{failed} of {len(out)} requests have Response tokens 0 (BurstGPT logs a failed request so): "
-                     "replayed as prompts without output")
+        notes.append(f"{failed} of {_count_of(len(out), 'request')} {'has' if failed == 1 else 'have'} Response "
+                     "tokens 0 (BurstGPT logs a failed request so): replayed as prompts without output")
     if len(models) > 1:
         notes.append("the trace mixes models (" + ", ".join(f"{m or 'no name'}: {c}" for m, c in
                                                             sorted(models.items(), key=lambda x: -x[1]))
@@ -561,8 +582,10 @@ def _csv_column(p: Path, name: str) -> bool:
 
 
 def _is_burstgpt(first_line: str) -> bool:
+    """A header with BurstGPT's token columns (all, or some: its error then names what is missing) and none of
+    Azure's (a file with both is read by its Azure columns, which carry the wall clock)."""
     header = {h.strip().lower() for h in next(csv.reader([first_line]), [])}
-    return {c.lower() for c in BURSTGPT_COLUMNS} <= header
+    return bool({"request tokens", "response tokens"} & header) and not ({"contexttokens", "generatedtokens"} & header)
 
 
 def _check_chat(messages: list, where: str) -> None:
@@ -630,12 +653,12 @@ def _prompts(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest]
             # 6 GB, and `trace scale --format mooncake` wrote a file its own loader refuses
             raise TraceError(f"{where}: the prompt is {words} words long; at most {MAX_TOKENS} tokens a request")
         out.append(replace(req, input_tokens=max(1, words)))
-    said = [f"{assumed[CHAT_DEFAULT_MAX_TOKENS]} chat requests as {CHAT_DEFAULT_MAX_TOKENS}"
+    said = [f"{_count_of(assumed[CHAT_DEFAULT_MAX_TOKENS], 'chat request')} as {CHAT_DEFAULT_MAX_TOKENS} tokens"
             if assumed[CHAT_DEFAULT_MAX_TOKENS] else "",
-            f"{assumed[COMPLETION_DEFAULT_MAX_TOKENS]} completions as {COMPLETION_DEFAULT_MAX_TOKENS} (every "
-            "engine's default)" if assumed[COMPLETION_DEFAULT_MAX_TOKENS] else ""]
+            f"{_count_of(assumed[COMPLETION_DEFAULT_MAX_TOKENS], 'completion')} as {COMPLETION_DEFAULT_MAX_TOKENS} "
+            "tokens (every engine's default)" if assumed[COMPLETION_DEFAULT_MAX_TOKENS] else ""]
     if any(said):
-        notes.append(f"{sum(assumed.values())} of {len(out)} requests carry no max_tokens: their output length is "
-                     f"assumed, {' and '.join(x for x in said if x)} tokens (give max_tokens to each line for the "
+        notes.append(f"{sum(assumed.values())} of {_count_of(len(out), 'request')} carry no max_tokens: their output "
+                     f"length is assumed, {' and '.join(x for x in said if x)} (give max_tokens to each line for the "
                      "lengths the log saw)")
     return out
