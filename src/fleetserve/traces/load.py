@@ -371,9 +371,9 @@ def _conversation_roots(parents: dict[int, int]) -> dict[int, int]:
     closes."""
     roots: dict[int, int] = {}
     for chat in parents:
-        path, node = [], chat
+        path, node = {}, chat  # a dict keeps the walk's order and answers "seen" at once (a long chain was n^2)
         while node in parents and node not in roots and node not in path:
-            path.append(node)
+            path[node] = None
             node = parents[node]
         root = roots.get(node, node)
         for seen in path:
@@ -455,9 +455,10 @@ def _whole(text: str) -> int:
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")  # BurstGPT: seconds from the trace start
 
 
-def _csv_rows(p: Path, columns: tuple[str, ...], what: str):
-    """(line, the `columns`' values) of a CSV trace, blank rows skipped (the caller stops at its --limit of the
-    requests it keeps). A header without the columns names them and what it has, and the other formats."""
+def _csv_rows(p: Path, columns: tuple[str, ...], what: str, optional: tuple[str, ...] = ()):
+    """(line, the `columns`' values, then each `optional` column's or None where the header lacks it) of a CSV
+    trace, blank rows skipped (the caller stops at its --limit of the requests it keeps). A header without the
+    columns names them and what it has, and the other formats."""
     reader = csv.reader(line for _, line in _text_lines(p))
     header = next(reader, None)
     if header is None:
@@ -470,12 +471,14 @@ def _csv_rows(p: Path, columns: tuple[str, ...], what: str):
                          f"{', '.join(h.strip() for h in header) or 'nothing'} (CSV traces: Azure's "
                          f"{', '.join(AZURE_COLUMNS)}, or BurstGPT's {', '.join(BURSTGPT_COLUMNS)}; JSON lines: "
                          "Mooncake or a prompt log)") from None
+    extra = [found.get(name.lower()) for name in optional]
     for n, row in enumerate(reader, 2):
         if not any(cell.strip() for cell in row):
             continue
         if len(row) <= max(cols) or len(row) > len(header):  # more: a comma inside a value, or another file's row
             raise TraceError(f"{p}:{n}: {len(row)} fields; the header has {len(header)}")
-        yield n, [row[i].strip() for i in cols]
+        yield n, [row[i].strip() for i in cols] + [row[i].strip() if i is not None and i < len(row) else None
+                                                   for i in extra]
 
 
 def _tokens(p: Path, n: int, prompt: str, output: str, names: tuple[str, str]) -> tuple[int, int]:
@@ -545,12 +548,9 @@ def _burstgpt(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest
     empty = _EmptyPrompts(p, "Request tokens")
     failed = 0
     models: dict[str, int] = {}
-    model_col = _csv_column(p, "Model")
-    columns = BURSTGPT_COLUMNS + (("Model",) if model_col else ())
-    for n, values in _csv_rows(p, columns, "a BurstGPT trace"):
+    for n, (stamp, prompt, output, model) in _csv_rows(p, BURSTGPT_COLUMNS, "a BurstGPT trace", ("Model",)):
         if limit is not None and len(out) >= limit:
             break
-        stamp, prompt, output = values[:3]
         try:
             t = float(stamp)
         except ValueError:
@@ -561,8 +561,8 @@ def _burstgpt(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest
         if empty.skip(n, tokens[0]):
             continue
         failed += tokens[1] == 0
-        if model_col:
-            models[values[3]] = models.get(values[3], 0) + 1
+        if model is not None:
+            models[model] = models.get(model, 0) + 1
         out.append(TraceRequest(t, *tokens))
     empty.note(notes)
     if failed:
@@ -573,12 +573,6 @@ def _burstgpt(p: Path, limit: int | None, notes: list[str]) -> list[TraceRequest
                                                             sorted(models.items(), key=lambda x: -x[1]))
                      + "): all are replayed against the spec's one model")
     return out
-
-
-def _csv_column(p: Path, name: str) -> bool:
-    """Whether the CSV's header has the column `name`."""
-    header = next(csv.reader(line for _, line in _text_lines(p)), [])
-    return name.lower() in {h.strip().lower() for h in header}
 
 
 def _is_burstgpt(first_line: str) -> bool:
