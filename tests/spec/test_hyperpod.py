@@ -747,3 +747,35 @@ def test_settings_read_otherwise_than_written_are_said():
     assert loaded.endpoint.spec.autoscaling.polling_interval == 30
     assert "'kvaware' not used" in said["spec.intelligentRoutingSpec.routingStrategy"]
     assert "serves its metrics at /metrics only" in said["spec.metrics.modelMetrics.path"]
+
+
+SAMPLES = Path(__file__).parents[1] / "data" / "hyperpod"
+
+
+def test_a_v1alpha1_document_is_read_as_v1_and_checked_against_its_own_schema():
+    """HyperPod's own v1alpha1 samples (the CRD still serves that version) were refused: "apiVersion: got ...;
+    allowed values: fleetserve.io/v1/Endpoint, ..." (the kinds glued onto the versions)."""
+    text = (SAMPLES / "v1alpha1_s3_deepseek15b.yaml").read_text()
+    alpha = load_spec_text(text)
+    v1 = load_spec_text(text.replace("/v1alpha1", "/v1"))
+    assert alpha.source_format == "hyperpod" and alpha.endpoint == v1.endpoint
+    assert [str(w) for w in alpha.warnings] == [str(w) for w in v1.warnings]
+    assert alpha.endpoint.spec.model.source == "s3://model-data-578732889311/deepseek15b"
+    # v1alpha1's own rules: instanceType is required there, and a v1-only field is unknown
+    doc = yaml.safe_load(text)
+    del doc["spec"]["instanceType"]
+    assert _problems(yaml.safe_dump(doc)) == ["spec.instanceType: required field is missing"]
+    doc = yaml.safe_load(text)
+    doc["spec"]["intelligentRoutingSpec"] = {"enabled": True}
+    (msg,) = _problems(yaml.safe_dump(doc))
+    assert msg.startswith("spec.intelligentRoutingSpec: unknown field; allowed fields: ") and "worker" in msg
+
+
+def test_an_unknown_api_version_or_a_jumpstart_model_says_what_is_read():
+    (msg,) = _problems("apiVersion: inference.sagemaker.aws.amazon.com/v2\nkind: InferenceEndpointConfig\n")
+    assert msg == ("apiVersion: got 'inference.sagemaker.aws.amazon.com/v2'; allowed: fleetserve.io/v1 (kind "
+                   "Endpoint), inference.sagemaker.aws.amazon.com/v1 or v1alpha1 (kind InferenceEndpointConfig)")
+    (msg,) = _problems("apiVersion: inference.sagemaker.aws.amazon.com/v1\nkind: JumpStartModel\nspec: {}\n")
+    assert msg.startswith("kind: JumpStartModel: a SageMaker JumpStart hub model") and "catalog:NAME" in msg
+    (msg,) = _problems("apiVersion: fleetserve.io/v1\nkind: JumpStartModel\n")
+    assert msg == "kind: got 'JumpStartModel'; allowed value for fleetserve.io/v1: 'Endpoint'"

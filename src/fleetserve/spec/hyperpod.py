@@ -1,6 +1,6 @@
-"""HyperPod `InferenceEndpointConfig` (apiVersion inference.sagemaker.aws.amazon.com/v1) accepted as is.
+"""HyperPod `InferenceEndpointConfig` (apiVersion inference.sagemaker.aws.amazon.com/v1, or v1alpha1) accepted as is.
 
-The document is validated against the openAPIV3Schema of version v1 of the CRD HyperPod ships
+The document is validated against the openAPIV3Schema of its version of the CRD HyperPod ships
 (`spec/data/`, unmodified, source and checksum in its README), with unknown fields rejected where the CRD
 lists properties (the API server would prune them silently), then against the HyperPod SDK's cross-field
 rules (the CRD has no CEL for them). It is then mapped onto our `Endpoint`. Pod-level settings (command,
@@ -26,7 +26,12 @@ from fleetserve.spec.errors import SpecError, SpecProblem, pattern_hint, short_v
 if TYPE_CHECKING:
     import jsonschema  # imported where a HyperPod document is checked: a third of every command's start
 
-API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
+GROUP = "inference.sagemaker.aws.amazon.com"
+API_VERSION = f"{GROUP}/v1"
+# v1alpha1, which the CRD still serves (HyperPod's first samples and docs use it), is a subset of v1: the same fields
+# under the same names, with instanceType required and S3 or FSx sources only. It is checked against its own schema
+# and then read as v1, field for field.
+API_VERSIONS = (API_VERSION, f"{GROUP}/v1alpha1")
 KIND = "InferenceEndpointConfig"
 CRD_FILE = "inference.sagemaker.aws.amazon.com_inferenceendpointconfigs.yaml"
 CRD_VERSION = "v1"
@@ -58,17 +63,17 @@ def crd() -> dict[str, Any]:
 
 
 @cache
-def crd_schema() -> dict[str, Any]:
-    """openAPIV3Schema of the CRD's v1 version, unmodified."""
-    version = next(v for v in crd()["spec"]["versions"] if v["name"] == CRD_VERSION)
-    return version["schema"]["openAPIV3Schema"]
+def crd_schema(version: str = CRD_VERSION) -> dict[str, Any]:
+    """openAPIV3Schema of one version of the CRD (v1 unless named), unmodified."""
+    served = next(v for v in crd()["spec"]["versions"] if v["name"] == version)
+    return served["schema"]["openAPIV3Schema"]
 
 
 @cache
-def _validator() -> jsonschema.Draft7Validator:
+def _validator(version: str = CRD_VERSION) -> jsonschema.Draft7Validator:
     import jsonschema
 
-    schema = _strict(crd_schema())
+    schema = _strict(crd_schema(version))
     # ObjectMeta is not in the CRD (the API server owns it): the fields HyperPod documents use.
     schema["properties"]["metadata"] = {
         "type": "object",
@@ -80,7 +85,7 @@ def _validator() -> jsonschema.Draft7Validator:
     }
     schema["properties"].pop("status", None)  # written by the operator, never by users
     schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
-    schema["properties"]["apiVersion"] = {"enum": [API_VERSION]}
+    schema["properties"]["apiVersion"] = {"enum": [f"{GROUP}/{version}"]}
     schema["properties"]["kind"] = {"enum": [KIND]}
     return jsonschema.Draft7Validator(schema)
 
@@ -125,8 +130,11 @@ def _problem(error: jsonschema.ValidationError) -> SpecProblem:
 
 
 def schema_problems(data: Any) -> list[SpecProblem]:
-    """Every place where `data` breaks the CRD's v1 schema ([] when it conforms)."""
-    errors = sorted(_validator().iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
+    """Every place where `data` breaks the CRD's schema of its apiVersion (v1 when it names none we know; [] when
+    it conforms)."""
+    api_version = data.get("apiVersion") if isinstance(data, dict) else None
+    version = api_version.removeprefix(f"{GROUP}/") if api_version in API_VERSIONS else CRD_VERSION
+    errors = sorted(_validator(version).iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
     return [_problem(e) for e in errors]
 
 
@@ -743,8 +751,8 @@ def without_nulls(value: Any) -> Any:
 
 
 def parse(data: dict[str, Any]) -> tuple[dict[str, Any], list[SpecProblem]]:
-    """Validate a HyperPod document against the shipped CRD (v1) and the SDK's rules; return our Endpoint as a
-    dict and the warnings of the mapping."""
+    """Validate a HyperPod document against the shipped CRD (its version's schema) and the SDK's rules; return our
+    Endpoint as a dict and the warnings of the mapping (v1alpha1's fields are v1's: one mapping reads both)."""
     data = without_nulls(data)
     problems = schema_problems(data)
     if not problems:

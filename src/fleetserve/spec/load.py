@@ -18,8 +18,23 @@ from fleetserve.spec.strict_yaml import load_strict
 
 ACCEPTED = {
     API_VERSION: "Endpoint",
-    hyperpod.API_VERSION: hyperpod.KIND,
+    **{version: hyperpod.KIND for version in hyperpod.API_VERSIONS},
 }
+# HyperPod kinds of the same API group that are not an endpoint spec fleetserve can read: what to write instead
+NOT_READ = {
+    "JumpStartModel": "a SageMaker JumpStart hub model, whose weights only SageMaker can fetch, is not supported; "
+                      "write it as an InferenceEndpointConfig whose modelSourceConfig names the weights (s3, fsx, "
+                      "huggingface), or as a fleetserve.io/v1 Endpoint with model.source catalog:NAME",
+}
+
+
+def _accepted() -> str:
+    """`fleetserve.io/v1 (kind Endpoint), inference.sagemaker.aws.amazon.com/v1 or v1alpha1 (kind ...)`."""
+    by_kind: dict[str, list[str]] = {}
+    for version, kind in ACCEPTED.items():
+        by_kind.setdefault(kind, []).append(version)
+    return ", ".join(versions[0] + "".join(f" or {v.rsplit('/', 1)[1]}" for v in versions[1:]) + f" (kind {kind})"
+                     for kind, versions in by_kind.items())
 
 
 @dataclass(frozen=True)
@@ -66,13 +81,12 @@ def load_spec_data(data: Any, source: str | None = None) -> LoadedSpec:
     if not isinstance(data, dict):
         raise SpecError([SpecProblem("", "the document must be a YAML mapping with apiVersion, kind, spec")], source)
     api_version, kind = data.get("apiVersion"), data.get("kind")
-    allowed = ", ".join(f"{v}/{k}" for v, k in ACCEPTED.items())
     if not isinstance(api_version, str) or api_version not in ACCEPTED:  # a list or mapping is unhashable
-        raise SpecError([SpecProblem("apiVersion", f"got {api_version!r}; allowed values: {allowed}")], source)
+        raise SpecError([SpecProblem("apiVersion", f"got {api_version!r}; allowed: {_accepted()}")], source)
     if kind != ACCEPTED[api_version]:
-        raise SpecError(
-            [SpecProblem("kind", f"got {kind!r}; allowed value for {api_version}: {ACCEPTED[api_version]!r}")], source
-        )
+        why = NOT_READ.get(kind) if isinstance(kind, str) and api_version in hyperpod.API_VERSIONS else None
+        said = f"{kind}: {why}" if why else f"got {kind!r}; allowed value for {api_version}: {ACCEPTED[api_version]!r}"
+        raise SpecError([SpecProblem("kind", said)], source)
     data, exported = without_server_fields(data)
     notes: list[SpecProblem] = []
     if exported:
@@ -80,7 +94,7 @@ def load_spec_data(data: Any, source: str | None = None) -> LoadedSpec:
                                               f"exported from a cluster): {', '.join(exported)}", everywhere=True))
     fmt = "fleetserve"
     written = data  # the user's own document: a HyperPod spec's problems are named by its fields
-    if api_version == hyperpod.API_VERSION:
+    if api_version in hyperpod.API_VERSIONS:
         written = hyperpod.without_nulls(data)  # as the API server stores it: `useCachedMetrics:` left empty is unset
         try:
             data, parsed = hyperpod.parse(data)
