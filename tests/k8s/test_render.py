@@ -649,6 +649,27 @@ def test_a_hostname_rule_stays_on_the_pods_and_out_of_the_nodepool_karpenter_ref
     assert "kubernetes.io/hostname" in {e["key"] for t in terms for e in t["matchExpressions"]}
 
 
+def test_pods_pinned_to_named_nodes_take_the_affinity_as_given_and_no_nodepool_is_rendered():
+    """HyperPod's own sample of a model on the nodes' local NVMe pins its pods by kubernetes.io/hostname: the pods
+    also required fleetserve's NodePool label and capacity type, which that existing node never carries, and a
+    NodePool of 15 GPU types was rendered for nodes Karpenter cannot launch. Pending for ever."""
+    sample = ROOT / "tests" / "data" / "hyperpod" / "v1_nvme_k8s_volume.yaml"
+    rendered, loaded = _objects(sample)
+    assert not [o for o in rendered.objects if o["kind"] == "NodePool"]
+    (engine,) = [d for d in _by(rendered, "Deployment") if d["metadata"]["name"].endswith("-engine")]
+    given = yaml.safe_load(sample.read_text())["spec"]["nodeAffinity"]
+    assert engine["spec"]["template"]["spec"]["affinity"] == {"nodeAffinity": given}
+    said = [str(w) for w in rendered.warnings if w.path == "spec.placement.nodeAffinity"]
+    assert len(said) == 1 and "by hostname" in said[0] and "no Karpenter NodePool" in said[0], said
+    assert all(validate(o) == [] for o in rendered.objects), [validate(o) for o in rendered.objects]
+    # one node named among others in a term, or a NotIn, still leaves Karpenter nodes to launch
+    doc = yaml.safe_load(sample.read_text())
+    doc["spec"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"].append(
+        {"matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
+                               "values": ["ml.g5.12xlarge"]}]})
+    assert _by(_objects(doc)[0], "NodePool")
+
+
 def test_hyperpods_model_metric_trigger_reads_series_the_router_exports_in_front_of_vllm():
     """HyperPod's example scales on sum(model_concurrent_requests{...}), which vLLM does not export (HyperPod's
     reverse-proxy sidecar does, per pod): it read 0 and never scaled past minReplicaCount (then render only

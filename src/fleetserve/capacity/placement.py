@@ -18,6 +18,17 @@ DEFAULT_UNAVAILABLE_TTL = 180.0  # Karpenter's unavailable-offerings cache: 3 mi
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 ZONE_LABEL = "topology.kubernetes.io/zone"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def pins_nodes(affinity: dict | None) -> bool:
+    """Whether every required term of a node affinity names its nodes by hostname (`kubernetes.io/hostname In`):
+    nodes that exist already (a HyperPod cluster's, with the model on their local disk), which no autoscaler can
+    launch, since a new node gets a name of its own."""
+    required = (affinity or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = required.get("nodeSelectorTerms") or []
+    return bool(terms) and all(any(e.get("key") == HOSTNAME_LABEL and e.get("operator") == "In"
+                                   for e in term.get("matchExpressions") or []) for term in terms)
 
 
 @dataclass(frozen=True)

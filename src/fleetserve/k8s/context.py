@@ -14,7 +14,7 @@ from fleetserve.autoscale.policy import ScalingPolicy
 from fleetserve.autoscale.schedule import Cron
 from fleetserve.capacity.catalog import Catalog
 from fleetserve.capacity.consolidation import Budget, ConsolidationPolicy
-from fleetserve.capacity.placement import Tier, replica_request, tiers_from_spec, tiers_that_fit
+from fleetserve.capacity.placement import Tier, pins_nodes, replica_request, tiers_from_spec, tiers_that_fit
 from fleetserve.k8s.labels import dns_name, labels, selector
 from fleetserve.spec.endpoint import Endpoint
 
@@ -74,6 +74,8 @@ class Context:
         capacity_types = tuple(c for c in ("spot", "on-demand") if c in spec.capacity.capacity_types)
         listed = tiers_from_spec(spec.placement, catalog, capacity_types)
         tiers, left_out, ids = placeable_tiers(spec, listed, catalog)
+        if pins_nodes(spec.placement.node_affinity):
+            left_out = ()  # the types are no NodePool's: the pods go to the named nodes, whatever their type
         scaling = spec.autoscaling
         policy = ScalingPolicy.from_spec(scaling) if scaling is not None and scaling.enabled else None
         return cls(endpoint, options, tiers, policy, consolidation_policy(spec), catalog, left_out, ids, len(listed))
@@ -106,6 +108,13 @@ class Context:
         no node and left every pod Pending."""
         p = self.endpoint.spec.placement
         return bool([t for t in p.instance_types if t != "local"] or p.node_affinity)
+
+    @property
+    def pinned(self) -> bool:
+        """The spec's node affinity names existing nodes by hostname (`placement.pins_nodes`): the pods take that
+        affinity as given and no NodePool is rendered. fleetserve's own terms (the endpoint's NodePool label, the
+        capacity type) had been added to the pods' affinity, which no existing node carries: Pending for ever."""
+        return pins_nodes(self.endpoint.spec.placement.node_affinity)
 
     def tier_id(self, tier: int) -> str:
         """The tier's name in object names and labels: its index among the spec's tiers, whichever were left out

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from pathlib import PurePosixPath
@@ -345,6 +346,8 @@ def _affinity(ctx: Context, tier: int) -> dict | None:
     terms' included; a term that admits none of them, or no zone of --zone, is left out."""
     if not ctx.placed:
         return None
+    if ctx.pinned:
+        return {"nodeAffinity": copy.deepcopy(ctx.endpoint.spec.placement.node_affinity)}
     t = ctx.tiers[tier]
     common = [{"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": list(t.capacity_types)},
               {"key": ENDPOINT_LABEL, "operator": "In", "values": [node_owner(ctx.namespace, ctx.name)]}]

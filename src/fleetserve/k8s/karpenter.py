@@ -169,6 +169,11 @@ def nodepool(ctx: Context, tier: int, warn) -> dict:
 def karpenter_objects(ctx: Context, warn) -> list[dict]:
     if not ctx.placed or ctx.endpoint.spec.engine.kind == "external":
         return []
+    if ctx.pinned:
+        warn("spec.placement.nodeAffinity", "names its nodes by hostname (kubernetes.io/hostname): the engine pods "
+             "take this affinity as given and no Karpenter NodePool is rendered (a node Karpenter launches has a name "
+             "of its own); replicas beyond what those nodes hold stay Pending")
+        return []
     if len([e for e in required_extras(ctx) if not no_zone_left(e)]) > 1:  # said: it had been silent (a black-box
         # pass found it)
         warn("spec.placement.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
