@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from fleetserve.cli.app import app
@@ -206,3 +207,23 @@ def test_a_cluster_domain_other_than_cluster_local_reaches_every_service_name():
     args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--cluster-domain") + 1] == "corp.internal"
     assert "http://prometheus-operated.monitoring.svc.corp.internal:9090" in args
+
+
+def test_the_model_claim_an_fsx_source_reads_is_named_with_what_to_create(tmp_path):
+    """HyperPod's FSx example renders engines that mount the claim NAME-model, which nothing renders: the closing
+    note named the Secrets only, and the claim was said only inside a long warning."""
+    doc = yaml.safe_load((ROOT / "examples" / "hyperpod.yaml").read_text())
+    doc["spec"]["modelSourceConfig"] = {"modelSourceType": "fsx", "modelLocation": "deepseek-1-5b",
+                                        "fsxStorage": {"fileSystemId": "fs-1234abcd"}}
+    spec = tmp_path / "fsx.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    r = _run("render", "k8s", str(spec), "--json")
+    assert r.exit_code == 0, r.output
+    (claim,) = json.loads(r.stdout)["claims_needed"]
+    assert claim.endswith("-model")
+    r = _run("render", "k8s", str(spec), "-o", str(tmp_path / "out"))
+    note = " ".join(r.stderr.split())
+    assert f"the PersistentVolumeClaim(s) {claim} (bound to the volume that holds the model)" in note, note
+    assert "the Secret(s) " in note  # both on the one line
+    r = _run("render", "k8s", str(ROOT / "examples" / "hyperpod.yaml"), "--json")  # S3: fetched, no claim
+    assert json.loads(r.stdout)["claims_needed"] == []

@@ -118,6 +118,10 @@ def test_huggingface_and_fsx_sources():
                                         "fsxStorage": {"fileSystemId": "fs-1234", "mountName": "fsx"}}
     e = load_spec_text(yaml.safe_dump(doc)).endpoint
     assert e.spec.model.source == "/fsx/deepseek-1-5b"
+    # mountName is the file system's name in the mount command (HyperPod's CLI writes it): it had become the folder
+    doc["spec"]["modelSourceConfig"]["fsxStorage"] = {"fileSystemId": "fs-1234", "mountName": "e3pfzb4v",
+                                                     "dnsName": "fs-1234.fsx.us-west-2.amazonaws.com"}
+    assert load_spec_text(yaml.safe_dump(doc)).endpoint.spec.model.source == "/fsx/deepseek-1-5b"
 
 
 def test_without_intelligent_routing_uses_alb_algorithm():

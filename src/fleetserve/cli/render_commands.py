@@ -129,16 +129,16 @@ def render_k8s(
                       "them running on a cluster (the operator deletes them itself). Delete them after applying:")
             for line in delete_commands(removed):
                 err.print(f"  {line}", markup=False)
-    from fleetserve.k8s.secrets_needed import describe, secrets_needed
+    from fleetserve.k8s.secrets_needed import claims_needed, describe, secrets_needed
 
-    needed = secrets_needed(rendered.objects)
-    if needed and not as_json:  # their names are hashed under long endpoint names, and nothing said them
-        err.print(describe(needed, loaded.endpoint.metadata.namespace) + " (docs/kubernetes.md: their contents)",
-                  markup=False)
+    needed, claims = secrets_needed(rendered.objects), claims_needed(rendered.objects)
+    if (needed or claims) and not as_json:  # their names are hashed under long endpoint names, and nothing said them
+        err.print(describe(needed, loaded.endpoint.metadata.namespace, claims) +
+                  " (docs/kubernetes.md: their contents)", markup=False)
     if as_json:
         print(json.dumps({"format": loaded.source_format, "objects": list(rendered.objects),
-                          "warnings": warnings,
-                          "secrets_needed": [{"name": n, "keys": k} for n, k in needed]}, indent=2))
+                          "warnings": warnings, "secrets_needed": [{"name": n, "keys": k} for n, k in needed],
+                          "claims_needed": claims}, indent=2))
 
 
 _SUBDOMAIN_RULE = "lower-case letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253"

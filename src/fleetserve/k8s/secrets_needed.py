@@ -1,8 +1,10 @@
-"""The Secrets rendered objects read but do not create, with the keys they read: `render k8s` names them.
+"""The Secrets (with the keys they read) and the PersistentVolumeClaims rendered objects use but do not create:
+`render k8s` names them.
 
 The pods of a render mount or read Secrets the user creates (the internal token, a Redis password, API keys, TLS):
 under a long endpoint name their names are hashed, and nothing printed them, so pods sat in ContainerCreating or
-CreateContainerConfigError without a word. Pure: rendered objects in, (name, keys) out.
+CreateContainerConfigError without a word; the claim holding a model on a shared file system (FSx, NFS) was named
+only inside a long warning. Pure: rendered objects in, names out.
 """
 
 from __future__ import annotations
@@ -43,7 +45,19 @@ def secrets_needed(objects: Iterable[dict]) -> list[tuple[str, list[str]]]:
     return sorted((name, sorted(keys)) for name, keys in needed.items() if name not in created)
 
 
-def describe(needed: list[tuple[str, list[str]]], namespace: str) -> str:
-    """One `note:` line, for the terminal: the Secrets to create before `kubectl apply`."""
+def claims_needed(objects: Iterable[dict]) -> list[str]:
+    """The PersistentVolumeClaims the objects' pods mount that the objects do not create, sorted (a StatefulSet's
+    volumeClaimTemplates make their own)."""
+    objects = list(objects)
+    created = {o["metadata"]["name"] for o in objects if o.get("kind") == "PersistentVolumeClaim"}
+    return sorted({claim for obj in objects for pod in _pod_specs(obj) for volume in pod.get("volumes") or []
+                   if (claim := (volume.get("persistentVolumeClaim") or {}).get("claimName")) and claim not in created})
+
+
+def describe(needed: list[tuple[str, list[str]]], namespace: str, claims: list[str] | None = None) -> str:
+    """One `note:` line, for the terminal: the Secrets and claims to create before `kubectl apply`."""
     each = [f"{name}" + (f" (keys {', '.join(keys)})" if keys else "") for name, keys in needed]
-    return f"note: create before applying, in namespace {namespace}, the Secret(s) {'; '.join(each)}"
+    parts = ([f"the Secret(s) {'; '.join(each)}"] if each else []) + \
+        ([f"the PersistentVolumeClaim(s) {', '.join(claims)} (bound to the volume that holds the model)"]
+         if claims else [])
+    return f"note: create before applying, in namespace {namespace}, {'; and '.join(parts)}"

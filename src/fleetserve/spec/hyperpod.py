@@ -240,9 +240,10 @@ def _model_source(spec: dict[str, Any]) -> tuple[str, str | None]:
         hf = src["huggingFaceModel"]
         return f"hf:{hf['modelId']}", hf.get("commitSHA")
     if kind == "fsx":
-        # FSx for Lustre is a POSIX mount: locally the directory where it is mounted, on Kubernetes a PVC.
-        mount = src["fsxStorage"].get("mountName") or "fsx"
-        return f"/{mount}/{location}".rstrip("/"), None
+        # FSx for Lustre is a POSIX mount: locally the directory where it is mounted (/fsx, as AWS mounts it), on
+        # Kubernetes a PVC. Its mountName is the file system's own name in the mount command (`...@tcp:/abcdefgh`),
+        # not a local folder: the model had been looked for in /abcdefgh/...
+        return f"/fsx/{location}".rstrip("/"), None
     mount_path = spec["worker"]["modelVolumeMount"].get("mountPath", "/opt/ml/model").rstrip("/")
     return f"{mount_path}/{location}".rstrip("/"), None
 
