@@ -783,3 +783,24 @@ def test_an_unknown_api_version_or_a_jumpstart_model_says_what_is_read():
     assert msg.startswith("kind: JumpStartModel: a SageMaker JumpStart hub model") and "catalog:NAME" in msg
     (msg,) = _problems("apiVersion: fleetserve.io/v1\nkind: JumpStartModel\n")
     assert msg == "kind: got 'JumpStartModel'; allowed value for fleetserve.io/v1: 'Endpoint'"
+
+
+def test_a_mig_slice_is_rendered_as_written_and_said_to_be_costed_as_whole_gpus():
+    """HyperPod's MIG deployments request nvidia.com/mig-3g.20gb: validate said nothing, render warned "the pod
+    requests no nvidia.com/gpu" (it requests a slice), and verify billed a whole ml.p4d.24xlarge per replica."""
+    from fleetserve.k8s.render import render
+
+    doc = yaml.safe_load((SAMPLES / "v1alpha1_s3_deepseek15b.yaml").read_text().replace("/v1alpha1", "/v1"))
+    doc["spec"]["instanceType"] = "ml.p4d.24xlarge"
+    doc["spec"]["worker"]["resources"] = {"requests": {"nvidia.com/mig-3g.20gb": 1, "cpu": "5600m", "memory": "10Gi"},
+                                          "limits": {"nvidia.com/mig-3g.20gb": 1}}
+    loaded = load_spec_text(yaml.safe_dump(doc))
+    said = [str(w) for w in loaded.warnings if "MIG" in w.message]
+    assert len(said) == 1 and said[0].startswith("spec.worker.resources: requests the MIG slice(s) "
+                                                 "nvidia.com/mig-3g.20gb") and "whole instance apiece" in said[0]
+    assert loaded.warnings[[str(w) for w in loaded.warnings].index(said[0])].everywhere  # simulate and render too
+    rendered = render(loaded.endpoint)
+    assert not [w for w in rendered.warnings if "requests no nvidia.com/gpu" in w.message]
+    (engine,) = [o for o in rendered.objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("engine")]
+    container = engine["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/mig-3g.20gb"] == 1

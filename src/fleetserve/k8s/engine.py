@@ -46,7 +46,7 @@ from fleetserve.k8s.context import (
 from fleetserve.k8s.labels import DISCOVERY_LABEL, ENDPOINT_LABEL, TIER_LABEL, node_owner
 from fleetserve.k8s.redis import engine_l2
 from fleetserve.k8s.security import restricted_engine
-from fleetserve.spec.endpoint import FETCH_MODEL, GPU_RESOURCE, SHARED_MEMORY
+from fleetserve.spec.endpoint import FETCH_MODEL, GPU_RESOURCE, SHARED_MEMORY, mig_slices
 
 GPU = GPU_RESOURCE
 PROGRESS_ALLOWANCE_S = 900  # a GPU node from Karpenter, a ~10 GB engine image, the model fetch
@@ -563,7 +563,8 @@ def engine_objects(ctx: Context, warn) -> list[dict]:
         warn("spec.engine.kind", "'external' engines run outside the cluster: no engine Deployment is rendered; "
                                  "the router forwards to spec.engine.urls")
         return []
-    if spec.engine.kind == "container" and not spec.engine.gpus:  # vLLM's and SGLang's: a spec warning (effects)
+    if spec.engine.kind == "container" and not spec.engine.gpus and not mig_slices(spec.engine.resources):
+        # vLLM's and SGLang's: a spec warning (effects); so is a MIG slice's
         warn("spec.engine.gpus", f"0 GPUs for a {spec.engine.kind} engine: the pod requests no nvidia.com/gpu")
     if spec.engine.kind != "builtin" and any(a.split("=")[0] == "--api-key" for a in spec.engine.args):
         warn("spec.engine.args", f"the router authenticates to its {spec.engine.kind} engines with the key "

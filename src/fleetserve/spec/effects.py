@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from fleetserve.capacity.providers import SPOT_NOTICE_SECONDS
-from fleetserve.spec.endpoint import Endpoint
+from fleetserve.spec.endpoint import Endpoint, mig_slices
 from fleetserve.spec.errors import SpecProblem
 
 #: settings that `fleetserve up` ignores but `fleetserve render k8s` and the operator render (k8s/engine.py,
@@ -242,6 +242,13 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
         note("spec.engine.image", "container images apply to Kubernetes rendering only")
     if spec.engine.kind in ("vllm", "sglang") and not spec.engine.gpus:
         note("spec.engine.gpus", ZERO_GPUS.format(kind=spec.engine.kind), everywhere=True)
+    slices = mig_slices(spec.engine.resources)
+    if slices:
+        note("spec.engine.resources", f"requests the MIG slice(s) {', '.join(slices)}: the pod gets them as written, "
+             f"but placement, the simulator and cost accounting count whole GPUs and model no slice: they place, time "
+             f"and bill each replica as one of engine.gpus ({spec.engine.gpus}) whole GPU(s)"
+             + (", which on a GPU instance type takes a whole instance apiece" if not spec.engine.gpus else ""),
+             everywhere=True)
     if spec.engine.gpus and spec.capacity.provider != "simulated":  # the simulated cloud packs nodes by them
         note("spec.engine.gpus", "GPU requests apply to Kubernetes rendering and the simulated cloud only")
     if not spec.metrics.enabled:

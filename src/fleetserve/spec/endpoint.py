@@ -232,6 +232,13 @@ class ModelSection(SpecModel):
 # a Hugging Face repository id: an optional owner, a name; letters, digits, - _ . (as huggingface_hub checks)
 HF_REPO = re.compile(r"(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}")
 GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # a MIG slice of a GPU (nvidia.com/mig-3g.20gb), as the GPU operator names it
+
+
+def mig_slices(resources: dict | None) -> list[str]:
+    """The MIG slice resources a container's ResourceRequirements name (HyperPod's MIG deployments), sorted."""
+    return sorted({name for amounts in (resources or {}).values() if isinstance(amounts, dict)
+                   for name in amounts if str(name).startswith(MIG_RESOURCE_PREFIX)})
 # flags of vLLM and SGLang that the adapters set (engine/adapters.py), with where to say what they say
 # (a key of the user's own, --api-key, stays a warning of render: spec/effects names the 401s it brings)
 _TENSOR = "use engine.gpus: fleetserve runs tensor parallelism over the replica's GPUs"
