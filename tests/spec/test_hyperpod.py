@@ -804,3 +804,44 @@ def test_a_mig_slice_is_rendered_as_written_and_said_to_be_costed_as_whole_gpus(
     (engine,) = [o for o in rendered.objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("engine")]
     container = engine["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/mig-3g.20gb"] == 1
+
+
+def test_every_pattern_of_a_field_a_user_writes_is_told_in_words():
+    """HyperPod's published samples carry `<PLACEHOLDER_TLS_CERT_S3_URI>`, refused as "does not match the pattern
+    '^s3://([^/]+)/?(.*)$'": a regular expression where the values allowed should be named."""
+    from fleetserve.spec.errors import pattern_hint
+    from fleetserve.spec.hyperpod import crd_schema
+
+    def patterns(node, path):
+        if isinstance(node, dict):
+            if isinstance(node.get("pattern"), str):
+                yield path, node["pattern"]
+            for key, child in (node.get("properties") or {}).items():
+                yield from patterns(child, f"{path}.{key}")
+            for key in ("items", "additionalProperties"):
+                yield from patterns(node.get(key), f"{path}[]")
+
+    found = list(patterns(crd_schema()["properties"]["spec"], "spec"))
+    assert len(found) > 20 and [(p, r) for p, r in found if not pattern_hint(r)] == []
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["tlsConfig"] = {"tlsCertificateOutputS3Uri": "<PLACEHOLDER_TLS_CERT_S3_URI>"}
+    (msg,) = _problems(yaml.safe_dump(doc))
+    assert msg == "spec.tlsConfig.tlsCertificateOutputS3Uri: expected an s3:// URI, like s3://my-bucket/certs " \
+                  "(got '<PLACEHOLDER_TLS_CERT_S3_URI>')", msg
+
+
+def test_notes_name_the_fields_the_document_has_and_what_a_path_of_its_own_does():
+    """A spec placed by nodeAffinity alone was warned on `spec.instanceType`, a field it has not; a TGI image's
+    invocationEndpoint `generate` read "the gateway serves /invocations, ..., not this path", while the router does
+    send the image its requests on /generate."""
+    said = {w.path: str(w) for w in load_spec(SAMPLES / "v1_nvme_k8s_volume.yaml").warnings}
+    assert "spec.instanceType" not in said and "capacity.provider is 'local'" in said["spec.nodeAffinity"]
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["worker"]["image"] = "ghcr.io/huggingface/text-generation-inference:3.0"
+    doc["spec"]["invocationEndpoint"] = "generate"
+    loaded = load_spec_text(yaml.safe_dump(doc))
+    assert loaded.endpoint.spec.engine.invocation_path == "/generate"
+    said = {w.path: w.message for w in loaded.warnings}
+    assert said["spec.invocationEndpoint"] == ("'generate': clients call the gateway on /invocations, "
+                                               "/v1/chat/completions, /v1/completions (not this path), and the "
+                                               "gateway sends their requests to the image on /generate")

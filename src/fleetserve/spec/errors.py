@@ -126,6 +126,32 @@ PATTERN_HINTS = {
     r"^/": "an absolute path, starting with /",
     r"^\d+[smhdwy]$": "a duration, like 12h or 1d",
     r"^[0-9a-f]{64}$": "a sha256 digest: 64 lower-case hexadecimal digits",
+    # HyperPod's CRD
+    r"^s3://([^/]+)/?(.*)$": "an s3:// URI, like s3://my-bucket/certs",
+    r"^s3://([^/]+)(/[^,=]*)?$": "an s3:// URI without ',' or '=' in its path, like s3://my-bucket/prefix",
+    r"^ml\..*": "a SageMaker instance type, like ml.g5.8xlarge",
+    r"^[0-9a-f]{40}$": "a full commit SHA: 40 lower-case hexadecimal digits",
+    r"^[a-zA-Z0-9_.-]+/[a-zA-Z0-9_.-]+$": "a Hugging Face model id, like meta-llama/Llama-3.1-8B-Instruct",
+    r"^/.*": "an absolute path, starting with /",
+    r"^http$|^grpc$": "http or grpc",
+    r"arn:aws[a-z\-]*:acm:[a-z0-9\-]*:[0-9]{12}:certificate/.*": "an ACM certificate ARN, like "
+    "arn:aws:acm:us-west-2:123456789012:certificate/...",
+    r"^arn:aws:acm:[a-z0-9-]+:[0-9]{12}:certificate/[a-fA-F0-9-]+$": "an ACM certificate ARN, like "
+    "arn:aws:acm:us-west-2:123456789012:certificate/1a2b3c4d-...",
+    r"^$|^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$": "a name of letters, digits and '-', starting with a letter or digit, "
+    "at most 63 characters",
+    r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}": "a name starting with a letter or digit, then letters, digits and '-'",
+    r"^/[a-zA-Z0-9\-_.\/]*$": "an absolute URL path of letters, digits and -_./, like /metrics",
+    r"^Z[A-Z0-9]+$": "a Route 53 hosted zone id, like Z0123456789ABCDEFGHIJ",
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$": "a Kubernetes name: lower-case letters, "
+    "digits, '-' and '.', starting and ending with a letter or digit",
+    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$": "a lower-case domain name, like "
+    "chat.example.com",
+    r"^[a-zA-Z0-9:/_-]*$": "a KMS key id or ARN (letters, digits and :/_-)",
+    r"^https:\/\/aps-workspaces\.[a-zA-Z0-9-]+(?:\.[a-zA-Z0-9-]+)*\.amazonaws\.com\/workspaces\/ws-[a-zA-Z0-9-]+$"
+    r"|^$": "an Amazon Managed Prometheus workspace URL, like "
+    "https://aps-workspaces.us-west-2.amazonaws.com/workspaces/ws-1234abcd, or empty",
+    "(?i)redis|tieredstorage": "redis or tieredstorage",
 }
 QUANTITY_PATTERN_START = "^(\\+|-)?(([0-9]+(\\.[0-9]*)?)"  # Kubernetes' resource quantity, as CRDs write it
 

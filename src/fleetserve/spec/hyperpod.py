@@ -600,8 +600,15 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
         if s.get(field):
             warn(f"spec.{field}", why)
     if str(s.get("invocationEndpoint") or "invocations").strip("/") not in SERVED_INVOCATION_PATHS:
-        warn("spec.invocationEndpoint", f"{s['invocationEndpoint']!r}: the gateway serves "
-                                        + ", ".join(f"/{p}" for p in SERVED_INVOCATION_PATHS) + ", not this path")
+        served = ", ".join(f"/{p}" for p in SERVED_INVOCATION_PATHS)
+        if _engine_kind(s["worker"]["image"]) == "container":  # the router's --invocation-path: it had read as if
+            # the path were dropped
+            warn("spec.invocationEndpoint", f"{s['invocationEndpoint']!r}: clients call the gateway on {served} (not "
+                                            f"this path), and the gateway sends their requests to the image on "
+                                            f"/{str(s['invocationEndpoint']).strip('/')}")
+        else:
+            warn("spec.invocationEndpoint", f"{s['invocationEndpoint']!r}: the gateway serves {served}, not this "
+                                            "path")
     return out
 
 
@@ -693,6 +700,8 @@ def _their_names(theirs: str, ours: str, doc: dict) -> str:
         tail = theirs[len("spec.instanceType(s)"):]
         if "instanceTypes" in spec:
             return "spec.instanceTypes" + tail
+        if "instanceType" not in spec and "nodeAffinity" in spec and not tail:  # placement by node affinity alone:
+            return "spec.nodeAffinity"  # a note on the whole placement had named an instanceType the file has not
         return "spec.instanceType" + re.sub(r"^\[\d+\]", "", tail)  # one type, not a list
     combined = "spec.autoScalingSpec.prometheusTrigger(List)"
     if theirs.startswith(combined):
