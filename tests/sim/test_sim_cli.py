@@ -42,6 +42,7 @@ def test_verify_fails_with_reasons_and_prints_the_default_slo(tmp_path):
                    "--report", str(page))
     assert r.returncode == 1, r.stderr
     assert "FAIL" in r.stdout and "SLO (defaults)" in r.stdout and "maxReplicaCount=4" in r.stdout
+    assert "e+0" not in r.stdout and "30000" in r.stdout  # the table's figures as the reasons write them (3e+04)
     html = page.read_text()  # the verdict and its reasons above the plots
     assert "<h2>verify: FAIL</h2>" in html and "maxReplicaCount=4" in html and "<svg" in html
     assert "4096-token context length" in r.stdout and "warning:" in r.stderr  # its --max-model-len 4096
@@ -125,6 +126,10 @@ def test_a_plan_cut_short_says_so_beside_its_winner(tmp_path):
     # one static fleet ran before the cut: that is not "none passed" (a passing static fleet may lie beyond it)
     assert "static peak-sized fleet: not found before the search was cut short" in text and "$0.00)" not in text
     assert "search cut short: --max-trials (2) ended the search" in text
+    # off a terminal each trial is a line on stderr (a long search had been minutes of silence in CI)
+    trials = [line for line in r.stderr.splitlines() if line.startswith("planning: trial ")]
+    assert [t.split(":")[1] for t in trials] == [" trial 1 (at most 2)", " trial 2 (at most 2)"], r.stderr
+    assert trials[0].endswith("input static at max replicas"), trials
 
 
 def test_bench_sim_speed_reports_requests_per_second():
@@ -482,3 +487,22 @@ def test_simulate_and_verify_say_what_the_trace_left_out_as_analyze_does(tmp_pat
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["requests"] == 9
     assert "warning: 3 of 9 requests have Response tokens 0" in r.stderr
+
+
+def test_verify_says_the_spec_warnings_that_change_what_it_simulates(tmp_path):
+    """A CloudWatch trigger (AWS-only) is simulated as a concurrency trigger: only validate said so, and verify and
+    plan judged the replacement as if it were the user's own autoscaler."""
+    import yaml
+
+    doc = yaml.safe_load((EXAMPLES / "hyperpod.yaml").read_text())
+    doc["spec"]["autoScalingSpec"].pop("prometheusTrigger", None)
+    doc["spec"]["autoScalingSpec"]["cloudWatchTrigger"] = {"name": "inv", "metricName": "Invocations",
+                                                           "metricStat": "Sum", "targetValue": 10}
+    spec = tmp_path / "cloudwatch.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    r = fleetserve("verify", str(spec), "--trace", TRACE, "--limit", "20", "--json")
+    assert r.returncode in (0, 1), r.stderr
+    said = [w for w in json.loads(r.stdout)["report"]["warnings"] if "CloudWatch" in w]
+    assert len(said) == 1 and said[0].startswith("spec.autoScalingSpec.cloudWatchTrigger: CloudWatch") and \
+        "scales on concurrency" in said[0], said
+    assert "CloudWatch" in r.stderr

@@ -160,7 +160,10 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
     _simulatable(loaded)
     # what the inputs carry, in every report's warnings: on stderr and in --json alike (a CI reading the JSON had
     # not learnt that its latencies came from another model's profile)
-    said = _inert_flags(loaded.endpoint.spec, spot_rate, provisioning_delay)
+    # the spec's warnings that hold wherever it runs (a trigger replaced, a MIG slice costed as whole GPUs): what is
+    # simulated is what they say, and simulate, verify and plan had said none of them
+    said = [str(w) for w in loaded.warnings if w.everywhere]
+    said += _inert_flags(loaded.endpoint.spec, spot_rate, provisioning_delay)
     if priced:
         said += _unused_prices(loaded.endpoint.spec, priced, prices)
     if (other := _profile_of_another_model(profile, loaded.endpoint.spec)) is not None:
@@ -236,14 +239,16 @@ def _inert_flags(spec, spot_rate: float | None, provisioning_delay: float | None
 
 
 class _Progress:
-    """A progress bar over virtual time on a terminal; silent otherwise."""
+    """A progress bar over virtual time (or plan's trials, each named on the bar) on a terminal. Elsewhere (CI, a
+    pipe to tee) plan's trials are one line each on stderr: a long search had been minutes of silence."""
 
     def __init__(self, total: float, label: str):
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.enabled = err.is_terminal
         self.total = max(total, 1.0)
-        self.bar = Progress(TextColumn(label), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+        self.label, self.started = label, 0
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                             TimeElapsedColumn(), console=err, transient=True, disable=not self.enabled)
         self.task = self.bar.add_task(label, total=self.total)
 
@@ -257,11 +262,15 @@ class _Progress:
         self.bar.__exit__(*exc)
 
     def __call__(self, done) -> None:
-        if self.enabled:
-            if isinstance(done, str):
-                self.bar.update(self.task, advance=1, description=done)
+        if isinstance(done, str):  # a trial begins, named
+            self.started += 1
+            if self.enabled:
+                self.bar.update(self.task, advance=1, description=f"{self.label} {done}")
             else:
-                self.bar.update(self.task, completed=min(done, self.total))
+                err.print(f"{self.label}: trial {self.started} (at most {self.total:.0f}): {done}", markup=False,
+                          highlight=False)
+        elif self.enabled:
+            self.bar.update(self.task, completed=min(done, self.total))
 
 
 def _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour) -> dict:
@@ -331,6 +340,12 @@ def _ms(value) -> str:
     return "-" if value is None else f"{value:.0f} ms"
 
 
+def _figure(value: float) -> str:
+    """A check's value or limit in the verify table: whole numbers from 1,000 up (ms, as the reasons write them;
+    `.4g` had written 9.417e+04 beside a reason's 94175 ms), four significant digits below."""
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
 def _slo_line(slo: dict) -> str:
     cost = "no limit" if slo["cost_per_hour_usd"] is None else f"${slo['cost_per_hour_usd']:.2f}/h"
     return (f"SLO ({slo['source']}): TTFT p95 <= {slo['ttft_p95_ms']:.0f} ms, E2E p95 <= {slo['e2e_p95_ms']:.0f} ms, "
@@ -371,8 +386,8 @@ def verify(
         for col in ("window", "check", "value", "limit", "result"):
             table.add_column(col)
         for c in verdict.checks:
-            value = "-" if c.value is None else f"{c.value:.4g}"
-            limit_ = "-" if c.limit is None else f"{c.limit:.4g}"
+            value = "-" if c.value is None else _figure(c.value)
+            limit_ = "-" if c.limit is None else _figure(c.limit)
             table.add_row(c.window, c.metric, value, limit_, "pass" if c.passed else "[red]fail[/red]")
         out.print(table)
         out.print(_slo_line(verdict.result.report["slo"]), markup=False)

@@ -285,7 +285,8 @@ def _triggers(a: dict[str, Any], warn) -> list[dict[str, Any]]:
             if isinstance(trig, dict) else ""
         warn(where, f"CloudWatch{' ' + repr(what) if what else ''} is AWS-only: not rendered; "
                     + ("the fleet scales on concurrency (target 4 per replica) on its own metrics instead"
-                       if where == watched[0][0] else "the concurrency trigger above replaces the list"))
+                       if where == watched[0][0] else "the concurrency trigger above replaces the list"),
+             everywhere=True)  # what the simulator scales on too: verify and plan had judged it without a word
     if watched:
         out.append({"metric": "concurrency", "target": 4, "activationTarget": 0})
     return out
@@ -770,5 +771,6 @@ def parse(data: dict[str, Any]) -> tuple[dict[str, Any], list[SpecProblem]]:
     if problems:
         raise SpecError(problems) from None
     notes: list[SpecProblem] = []
-    mapped = to_endpoint_dict(data, lambda path, msg: notes.append(SpecProblem(path, msg)))
+    mapped = to_endpoint_dict(data, lambda path, msg, everywhere=False: notes.append(SpecProblem(path, msg,
+                                                                                                everywhere)))
     return mapped, notes
