@@ -538,6 +538,29 @@ def test_plan_gives_a_drained_replica_time_to_finish_the_traces_longest_answers(
     assert not [c for c in unchanged.changes if c["path"] == "spec.engine.drainTimeoutSeconds"]
 
 
+def test_the_planned_drain_is_the_winners_need_not_the_overloaded_inputs():
+    """A one-replica input streams its answers for minutes under the trace (1,325 s on 1,500 of the Azure code
+    trace's requests): the drain sized on it (34 minutes) was written for a winner of several replicas whose
+    longest answer takes seconds, and it went into every pod's termination grace."""
+    from pathlib import Path
+
+    import yaml
+
+    from fleetserve.sim.plan import plan
+    from tests.sim.conftest import azure_slice
+
+    doc = yaml.safe_load((Path(__file__).parents[2] / "examples" / "hyperpod.yaml").read_text())
+    doc["spec"]["replicas"] = 1
+    doc["spec"]["autoScalingSpec"].update(minReplicaCount=1, maxReplicaCount=1)
+    endpoint = load_spec_data(doc).endpoint
+    result = plan(endpoint, azure_slice(0, 500), SimOptions(), {"ttft_p95_ms": 10000, "e2e_p95_ms": 60000},
+                  max_trials=8)
+    assert result.winner is not None and result.winner.verdict.passed
+    assert result.winner.label.endswith(", drain fitted") and result.trials == 9  # one past the budget: the check
+    assert result.winner.data["spec"]["engine"]["drainTimeoutSeconds"] == 120  # the input's own is enough
+    assert not [c for c in result.changes if c["path"] == "spec.engine.drainTimeoutSeconds"]
+
+
 def test_spot_cuts_of_requests_the_input_refused_for_their_length_still_move_plan_to_on_demand():
     """The switch read the input at its largest size before plan raised its context: the long requests were
     refused there, no stream was cut, and the search stayed on spot."""

@@ -119,6 +119,13 @@ def floors_section(slot_s: int | None = None, peak_windows: list | None = None, 
             "cold_start_s": None, "chosen": None}
 
 
+def _longest_stream(fleet) -> float:
+    """The longest answer's stream, first token to last: what a drain lets finish (a queue's wait is not: in a
+    failing baseline it had raised the timeout to 960 s for 60 s answers)."""
+    return max((r.done - r.first for r in fleet.requests
+                if r.done is not None and r.first is not None and r.error is None), default=0.0)
+
+
 def _shortfall(trial: Trial) -> tuple[int, float]:
     """How far a trial is from passing: failed checks, then the worst value/limit among them."""
     missed = failed(trial.verdict.checks)  # a peak miss counted once, not again in the whole trace's row
@@ -530,6 +537,8 @@ class Planner:
         if self.best is not None:
             self._alternatives()
         winner = self.best
+        if winner is not None and self.drain_why:
+            winner = self.best = self._drain_of_winner(winner)
         if winner is not None:
             self._write_slo(winner)
             self._say_where_it_ran(winner)
@@ -578,10 +587,7 @@ class Planner:
         replicas do not keep such streams (verify names the cut). The longest stream (first token to last) of the
         input at its largest size, with half again as margin for a busier replica, rounded up to a minute. A longer
         timeout costs only while a drained replica still streams: it is billed until its last answer ends."""
-        fleet = baseline.verdict.result.fleet  # first token to last: what a drain lets finish (a queue's wait
-        # in a failing baseline is not: it had raised the timeout to 960 s for 60 s answers)
-        longest = max((r.done - r.first for r in fleet.requests
-                       if r.done is not None and r.first is not None and r.error is None), default=0.0)
+        longest = _longest_stream(baseline.verdict.result.fleet)
         drain = self.endpoint.spec.engine.drain_timeout_seconds
         if longest <= drain:
             return data
@@ -594,6 +600,36 @@ class Planner:
                           f"candidate lets a drained replica finish for {raised} s (1.5x the longest, in minutes; "
                           "it is billed until its last answer ends)")
         return data
+
+    def _drain_of_winner(self, winner: Trial) -> Trial:
+        """The drain timeout the winner needs, verified: the search's was sized on the input at its largest size,
+        whose overload stretched every stream (a one-replica input's 915 s, where its winner's longest answer took
+        12 s, wrote a 23-minute drain into the pods). The winner's longest stream with the same margin, never below
+        the input's own timeout; kept as searched when the winner fails with it. One simulation past --max-trials
+        where the search used them all: it checks the winner, and a budget had left pods a 34-minute drain."""
+        engine = winner.data["spec"].get("engine") or {}
+        searched = engine.get("drainTimeoutSeconds")
+        own = self.endpoint.spec.engine.drain_timeout_seconds
+        longest = _longest_stream(winner.verdict.result.fleet)
+        need = max(own, math.ceil(longest * 1.5 / 60) * 60)
+        if searched is None or need >= searched or self.stop():
+            return winner
+        data = copy.deepcopy(winner.data)
+        data["spec"]["engine"]["drainTimeoutSeconds"] = need  # the input's own (a default too) when it is enough
+        self.trials += 1
+        if self.progress:
+            self.progress(f"{winner.label}, drain fitted")
+        trial = Trial(data, verify(load_spec_data(data).endpoint, self.workload, self.options, self.slo),
+                      f"{winner.label}, drain fitted", winner.step, winner.instance_type, winner)
+        self.history.append(trial)
+        if not trial.verdict.passed:
+            return winner
+        self.drain_why = "" if need == own else (
+            f"the trace's longest answer streamed for {longest:.0f} s on the planned fleet, more than the input's "
+            f"engine.drainTimeoutSeconds ({own:g} s): a replica that scale-down or consolidation drains would cut "
+            f"such streams; it lets a drained replica finish for {need} s (1.5x the longest, in minutes; it is "
+            "billed until its last answer ends)")
+        return trial
 
     def _spot_churn(self, data: dict, probe: Trial) -> bool:
         """Whether spot notices came while the input's largest fleet missed its targets: capacity lost to
