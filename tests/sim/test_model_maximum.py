@@ -143,3 +143,20 @@ def test_a_local_winner_of_several_replicas_says_they_share_the_machine():
     data["spec"]["capacity"] = {**data["spec"].get("capacity", {}), "localSlots": 32}
     slotted = plan(load_spec_data(data).endpoint, busy, SimOptions()).to_json()
     assert not any("replicas on this machine" in w for w in slotted["warnings"])
+
+
+def test_plan_keeps_no_type_whose_kv_cache_cannot_hold_the_raised_context():
+    """HyperPod's example planned on long prompts: the context raised to 131,072 and the input's g5.8xlarge (one
+    A10G: ~46,000 tokens of KV past an 8B's weights) kept as the fallback, where vLLM refuses to start."""
+    long = [TraceRequest(i * 30.0, 100_000, 50) for i in range(4)]
+    trace = sorted([TraceRequest(i * 3.0, 2000, 100) for i in range(40)] + long, key=lambda r: r.arrival_s)
+    result = plan(spec("hyperpod.yaml"), trace, SimOptions(), slo={"ttft_p95_ms": 60000, "e2e_p95_ms": 120000},
+                  max_trials=8, instance_types=("g6e.xlarge", "p5.48xlarge"))
+    data = result.to_json()
+    assert data["context"]["to"] >= 100_050
+    why = next(c["why"] for c in data["changes"] if c["path"] == "spec.placement.instanceTypes")
+    assert "ml.g5.8xlarge: not a candidate, its KV cache holds 46,080 tokens, less than one sequence of the " \
+           f"{data['context']['to']:,}-token context" in why, why
+    assert why.count("g5.8xlarge: not a candidate") == 1  # the input's type once, by the name it wrote
+    listed = result.winner.data["spec"]["placement"]["instanceTypes"]
+    assert not any(t.endswith("g5.8xlarge") for t in listed), listed

@@ -31,10 +31,10 @@ from fleetserve.sim.floors import cold_start_s, lead_time, peak_windows, reached
 from fleetserve.sim.plan_why import explain
 from fleetserve.sim.ranking import BY_RANK, RANK_TOLERANCE, SWITCH_TOLERANCE, better
 from fleetserve.sim.run import engine_block
-from fleetserve.sim.setup import SimOptions, gpu_types
+from fleetserve.sim.setup import SimOptions, gpu_types, profile_for
 from fleetserve.sim.verify import Verdict, failed, short_placed, verify
 from fleetserve.sim.workload import build_workload
-from fleetserve.spec.context import context_limit, model_maximum, with_context_limit
+from fleetserve.spec.context import context_limit, declared_limit, model_maximum, with_context_limit
 from fleetserve.spec.load import load_spec_data
 
 CANDIDATE_TYPES = ("g6.xlarge", "g5.xlarge", "g6e.xlarge", "p4d.24xlarge", "p5.48xlarge")
@@ -173,12 +173,13 @@ def replica_gpus(asked) -> int:
 
 
 def _with_type(data: dict, instance_type: str, catalog: Catalog, first: str | None = None,
-               asked=None) -> dict:
+               asked=None, cannot_start: set[str] = frozenset()) -> dict:
     """The spec placed on `instance_type` first. The input's other listed types follow it as fallbacks, in their
     order: a priority list is what keeps a fleet placeable through a capacity shortage, and plan had collapsed
     [g5.xlarge, g6e.xlarge, g5.2xlarge] to one type. Only cloud types the input could place a replica on (`asked`)
     stay, each once (the candidate `ml.g6e.xlarge` and the input's `g6e.xlarge` are one type; `local` is this
-    machine, not a fallback). Node affinity is pinned to the type (`_pinned`)."""
+    machine, not a fallback), and none whose engine `cannot_start` with the spec's context. Node affinity is pinned
+    to the type (`_pinned`)."""
     d = copy.deepcopy(data)
     s = d["spec"]
     placement = s.get("placement") or {}
@@ -197,6 +198,8 @@ def _with_type(data: dict, instance_type: str, catalog: Catalog, first: str | No
             continue
         if asked is not None and not fits(catalog.get(t), asked, allow_larger=larger):
             continue
+        if t in cannot_start or Catalog.canonical(t) in {Catalog.canonical(c) for c in cannot_start}:
+            continue  # a fallback its engine cannot start on (`Planner._too_small_for_context`)
         seen.add(Catalog.canonical(t))
         fallbacks.append(t)
     s["placement"] = {**placement, "instanceTypes": [instance_type, *fallbacks]}
@@ -504,6 +507,10 @@ class Planner:
                       for t, fit in fitting if fit is None}
         types = self.types = list(dict.fromkeys(fit for _, fit in fitting if fit is not None)) or ["local"]
         fitted = self._fit_context(base)
+        short = self._too_small_for_context(fitted, types)
+        if short and len(short) < len(types):  # with none left the input's own types stay, and verify says why
+            self.unfit.update(short)
+            types = self.types = [t for t in types if t not in short]
         # what the input's largest fleet meets, read with the context the search uses: the requests the input
         # refused are the longest, and a spot notice cut none of them (the switch to on-demand missed such cuts)
         probe = baseline if fitted == base or not self._room() else self.run_trial(
@@ -511,7 +518,8 @@ class Planner:
             "baseline", "the input's types")
         fitted = self._fit_drain(self._on_demand_if_spot_cut(fitted, probe), probe)
         candidates = [(t, fitted if t == "local" else
-                       _with_type(fitted, t, self.catalog, own[0] if own else None, asked)) for t in types]
+                       _with_type(fitted, t, self.catalog, own[0] if own else None, asked, set(short)))
+                      for t in types]
         if self._spot_churn(fitted, probe):
             candidates = [c for t, data in candidates for c in ((t, data), (t + ON_DEMAND, _on_demand(data)))]
             self.types = [t for t, _ in candidates]
@@ -665,11 +673,37 @@ class Planner:
             winner.data = copy.deepcopy(winner.data)
             winner.data["spec"].setdefault("slo", {}).update(given)
 
+    def _too_small_for_context(self, data: dict, types: list[str]) -> dict[str, str]:
+        """The candidate types (and the input's own, the fallbacks) whose GPU memory, past the weights, holds less KV
+        cache than one sequence of the spec's context: vLLM and SGLang refuse to start there ("max seq len larger
+        than the KV cache"). Plan had raised the context to 131,072 and kept g5.8xlarge (one A10G: ~8 GiB of KV
+        past an 8B's weights, ~16 GiB needed) as the fallback, which the simulator served without a word."""
+        spec = load_spec_data(data).endpoint.spec
+        limit = context_limit(spec)
+        # a context the spec declares (or plan raised): the model's own maximum, which an engine given no limit
+        # also refuses to start with where it does not fit, would want a limit written per type, not a type dropped
+        if limit is None or limit != declared_limit(spec) or spec.engine.kind not in ("vllm", "sglang"):
+            return {}
+        out, seen = {}, set()
+        for t in [*types, *gpu_types(spec, self.catalog)]:  # the fallbacks by their own name once (ml. or not)
+            if t == "local" or t.removesuffix(ON_DEMAND) not in self.catalog or Catalog.canonical(t) in seen:
+                continue
+            seen.add(Catalog.canonical(t))
+            try:
+                p = profile_for(t.removesuffix(ON_DEMAND), self.catalog, self.options, spec)
+            except (KeyError, ValueError):
+                continue
+            held = p.cache_blocks * p.block_size
+            if 0 < held < limit[0]:
+                out[t] = (f"its KV cache holds {held:,} tokens, less than one sequence of the {limit[0]:,}-token "
+                          f"context ({limit[1]}): the engine refuses to start there")
+        return out
+
     def _fit_context(self, data: dict) -> dict:
         """The search's starting spec: the input, with its context length raised (to a multiple of 1,024) when the
         trace's requests need more than it declares, since no replica count serves a request that cannot fit;
-        never past the model's own maximum where it is known (`spec.context.model_maximum`). The KV memory a
-        longer context takes is not checked here."""
+        never past the model's own maximum where it is known (`spec.context.model_maximum`). The KV memory it takes
+        is checked per type after (`_too_small_for_context`)."""
         declared = context_limit(self.endpoint.spec)
         need = max((w.prompt + w.output for w in self.workload), default=0)
         if declared is None or need <= declared[0]:

@@ -133,7 +133,7 @@ def _preset_of(spec):
 def context_warning(spec) -> str | None:
     """vLLM refuses to start with a context above the model's own maximum (unless told to allow it, with rope
     scaling); the simulator serves the maximum, so the spec is not verified on a context it cannot get."""
-    declared, native = _declared_limit(spec), model_maximum(spec)
+    declared, native = declared_limit(spec), model_maximum(spec)
     if spec.engine.kind not in ENGINE_FLAGS or declared is None or native is None or declared[0] <= native[0]:
         return None
     return (f"{declared[0]} tokens is above {native[1]}, {native[0]}: {spec.engine.kind} refuses to start with it "
@@ -143,14 +143,15 @@ def context_warning(spec) -> str | None:
 def context_limit(spec) -> tuple[int, str] | None:
     """(tokens, where it was declared), or None when nothing bounds it here: the declared limit, or the model's
     own maximum when that is shorter or nothing is declared."""
-    declared = _declared_limit(spec)
+    declared = declared_limit(spec)
     native = model_maximum(spec)
     if native is not None and (declared is None or native[0] < declared[0]):
         return native
     return declared
 
 
-def _declared_limit(spec) -> tuple[int, str] | None:
+def declared_limit(spec) -> tuple[int, str] | None:
+    """The context the spec itself declares (model.contextLength, or the engine's own flag), or None."""
     if spec.model.context_length:
         return spec.model.context_length, "spec.model.contextLength"
     found = _flag_value(spec)
