@@ -160,3 +160,23 @@ def test_plan_keeps_no_type_whose_kv_cache_cannot_hold_the_raised_context():
     assert why.count("g5.8xlarge: not a candidate") == 1  # the input's type once, by the name it wrote
     listed = result.winner.data["spec"]["placement"]["instanceTypes"]
     assert not any(t.endswith("g5.8xlarge") for t in listed), listed
+
+
+def test_every_type_an_instance_types_list_names_is_a_candidate():
+    """HyperPod's multi-node sample lists [ml.p4d.24xlarge, ml.g5.12xlarge]: the second was never searched, and the
+    why named it only as a fallback."""
+    import yaml
+
+    from fleetserve.spec.load import load_spec_data
+    from tests.sim.test_golden import EXAMPLES
+
+    doc = yaml.safe_load((EXAMPLES / "hyperpod.yaml").read_text())
+    doc["spec"].pop("instanceType")
+    doc["spec"]["instanceTypes"] = ["ml.g5.8xlarge", "ml.g5.12xlarge"]
+    from fleetserve.sim.plan import Planner
+
+    trace = [TraceRequest(i * 2.0, 1000, 100) for i in range(40)]
+    search = Planner(load_spec_data(doc).endpoint, trace, SimOptions(), max_trials=30, instance_types=())
+    search.plan()
+    assert search.types == ["ml.g5.8xlarge", "ml.g5.12xlarge"]
+    assert {t.label.split(" static ")[0] for t in search.history if t.step == "static"} == set(search.types)

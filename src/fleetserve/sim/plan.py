@@ -499,7 +499,10 @@ class Planner:
         # input at $3.39 lost to a planned $3.87 that plan called the cheapest)
         if _autoscaling_on(base) and self._room():
             self.run_trial(copy.deepcopy(base), "input as written", "input", "the input's types")
-        types = list(dict.fromkeys([*own[:1], *(naming + t for t in self.instance_types)])) if own else ["local"]
+        # every type an instanceTypes list names is a candidate (its second had been a fallback only, never searched
+        # nor explained); of a node affinity's many, the first
+        listed = own if placement.instance_types else own[:1]
+        types = list(dict.fromkeys([*listed, *(naming + t for t in self.instance_types)])) if own else ["local"]
         asked = replica_request(self.endpoint.spec.engine, self.endpoint.spec.model,
                                 self.endpoint.spec.kv_cache)
         fitting = [(t, _fitting(t, asked, self.catalog, naming)) for t in types]
