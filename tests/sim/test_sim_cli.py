@@ -98,6 +98,10 @@ def test_plan_writes_a_spec_that_loads_and_explains_the_changes(tmp_path):
     assert "ml.g5.8xlarge x" in changed["spec.placement.instanceTypes"]  # the input's type, with its cost
     assert "--max-trials" in changed["spec.replicas"] or "fails (" in changed["spec.replicas"]
     assert load_spec(out).endpoint.spec.placement.instance_types
+    # a HyperPod input gets a fleetserve Endpoint back: said, in the warnings and in the file (endpointName and
+    # the S3 certificate output had gone without a word)
+    said = [w for w in data["warnings"] if w.startswith("the planned spec is a fleetserve.io/v1 Endpoint")]
+    assert len(said) == 1 and f"# {said[0]}" in out.read_text()
     # the conditions it was verified under travel with it: the command is in the JSON and the file's header
     import shlex
 

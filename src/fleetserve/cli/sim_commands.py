@@ -400,6 +400,12 @@ def verify(
     raise typer.Exit(0 if verdict.passed else 1)
 
 
+HYPERPOD_PLANNED = ("the planned spec is a fleetserve.io/v1 Endpoint, not an InferenceEndpointConfig (`up`, `render "
+                    "k8s` and the operator take it): what the HyperPod document has that fleetserve does not act on "
+                    "(validate's warnings: endpointName, an S3 certificate output, names of ports and volumes, ...) is "
+                    "not in it")
+
+
 def plan(
     spec: Spec, trace: TraceOpt,
     output: Annotated[str, typer.Option("-o", "--output", help="Write the winning spec (YAML) here")] = "planned.yaml",
@@ -425,6 +431,8 @@ def plan(
         result = run(loaded.endpoint, requests, options, _slo(ttft_p95_ms, e2e_p95_ms, cost_per_hour), progress,
                      max_trials, stop=stop.is_set)
     data = result.to_json()
+    if loaded.source_format == "hyperpod" and result.winner is not None:  # the file is not what the user gave
+        data["warnings"] = [*(data.get("warnings") or []), HYPERPOD_PLANNED]
     _print_warnings(data)  # the winner's, or the closest trial's
     # the conditions the winner was verified under that the written spec does not carry: verify of the file
     # without them checked another world (a floor lead sized for --provisioning-delay 0 failed at 90 s)
@@ -456,7 +464,8 @@ def plan(
     unwritten = None
     if result.winner is not None:
         planned = (f"# planned by fleetserve plan from {Path(spec).resolve()} against {Path(trace).resolve()}\n"
-                   f"# verified as: {command(lambda f: str(Path(f).resolve()))}\n"
+                   + f"# verified as: {command(lambda f: str(Path(f).resolve()))}\n"
+                   + (f"# {HYPERPOD_PLANNED}\n" if loaded.source_format == "hyperpod" else "")
                    + yaml.safe_dump(result.winner.data, sort_keys=False))
         unwritten = write_output(output, planned, "--output")
         data["output"] = None if unwritten else output
