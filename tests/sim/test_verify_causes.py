@@ -559,6 +559,9 @@ def test_the_planned_drain_is_the_winners_need_not_the_overloaded_inputs():
     assert result.winner.label.endswith(", drain fitted") and result.trials == 9  # one past the budget: the check
     assert result.winner.data["spec"]["engine"]["drainTimeoutSeconds"] == 120  # the input's own is enough
     assert not [c for c in result.changes if c["path"] == "spec.engine.drainTimeoutSeconds"]
+    # a static winner's autoscaler, off, holds its count: turned back on, it had started over its maximum of 1
+    spec = result.winner.data["spec"]
+    assert spec["autoscaling"]["enabled"] is False and spec["autoscaling"]["maxReplicaCount"] == spec["replicas"] > 1
 
 
 def test_spot_cuts_of_requests_the_input_refused_for_their_length_still_move_plan_to_on_demand():

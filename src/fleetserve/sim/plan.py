@@ -146,8 +146,11 @@ def _static(data: dict, n: int) -> dict:
     """The same spec at a fixed replica count (autoscaling off)."""
     d = copy.deepcopy(data)
     d["spec"]["replicas"] = n
-    if d["spec"].get("autoscaling"):
-        d["spec"]["autoscaling"]["enabled"] = False
+    auto = d["spec"].get("autoscaling")
+    if auto:
+        auto["enabled"] = False
+        if isinstance(auto.get("maxReplicaCount"), int) and auto["maxReplicaCount"] < n:  # a static winner of 11
+            auto["maxReplicaCount"] = n  # had kept maxReplicaCount 4: turned back on, it started over its maximum
     return d
 
 
