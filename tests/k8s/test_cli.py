@@ -223,7 +223,7 @@ def test_the_model_claim_an_fsx_source_reads_is_named_with_what_to_create(tmp_pa
     assert claim.endswith("-model")
     r = _run("render", "k8s", str(spec), "-o", str(tmp_path / "out"))
     note = " ".join(r.stderr.split())
-    assert f"the PersistentVolumeClaim(s) {claim} (bound to the volume that holds the model)" in note, note
+    assert f"the PersistentVolumeClaim(s) {claim} (docs/kubernetes.md" in note, note
     assert "the Secret(s) " in note  # both on the one line
     r = _run("render", "k8s", str(ROOT / "examples" / "hyperpod.yaml"), "--json")  # S3: fetched, no claim
     assert json.loads(r.stdout)["claims_needed"] == []

@@ -662,11 +662,26 @@ def test_pods_pinned_to_named_nodes_take_the_affinity_as_given_and_no_nodepool_i
     said = [str(w) for w in rendered.warnings if w.path == "spec.placement.nodeAffinity"]
     assert len(said) == 1 and "by hostname" in said[0] and "no Karpenter NodePool" in said[0], said
     assert all(validate(o) == [] for o in rendered.objects), [validate(o) for o in rendered.objects]
-    # one node named among others in a term, or a NotIn, still leaves Karpenter nodes to launch
+    # preferred terms beside the pin make no tiers of their own: one Deployment, no overflow ScaledObject (each had
+    # been a Deployment on the same named nodes)
+    doc = yaml.safe_load(sample.read_text())
+    doc["spec"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] = [
+        {"weight": w, "preference": {"matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
+                                                          "values": [t]}]}}
+        for w, t in ((100, "ml.g5.12xlarge"), (50, "ml.g6e.12xlarge"))]
+    rendered, _ = _objects(doc)
+    engines = [d["metadata"]["name"] for d in _by(rendered, "Deployment") if "-engine" in d["metadata"]["name"]]
+    assert engines == ["case1-3-k8s-volume-engine"], engines
+    assert not [o for o in rendered.objects if o["kind"] in ("NodePool", "ScaledObject")]
+    # a second term that names instance types, or a hostname NotIn, still leaves Karpenter nodes to launch
     doc = yaml.safe_load(sample.read_text())
     doc["spec"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"].append(
         {"matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
                                "values": ["ml.g5.12xlarge"]}]})
+    assert _by(_objects(doc)[0], "NodePool")
+    doc = yaml.safe_load(sample.read_text())
+    doc["spec"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
+        "matchExpressions"][0]["operator"] = "NotIn"
     assert _by(_objects(doc)[0], "NodePool")
 
 

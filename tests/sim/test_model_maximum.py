@@ -180,3 +180,20 @@ def test_every_type_an_instance_types_list_names_is_a_candidate():
     search.plan()
     assert search.types == ["ml.g5.8xlarge", "ml.g5.12xlarge"]
     assert {t.label.split(" static ")[0] for t in search.history if t.step == "static"} == set(search.types)
+
+
+def test_with_every_type_too_small_for_the_context_the_spec_keeps_its_types_and_fallbacks():
+    """No candidate left: the types stay the spec's own (verify says what fails), and their fallbacks too; they had
+    been dropped from every candidate without a word."""
+    from fleetserve.sim.plan import Planner
+    from fleetserve.spec.load import load_spec_data
+
+    doc = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "two"},
+           "spec": {"model": {"source": "hf:meta-llama/Llama-3.1-8B-Instruct", "contextLength": 131072},
+                    "engine": {"kind": "vllm", "gpus": 1}, "replicas": 1,
+                    "placement": {"instanceTypes": ["g5.8xlarge", "g6.xlarge"]}}}
+    search = Planner(load_spec_data(doc).endpoint, [TraceRequest(i * 2.0, 1000, 50) for i in range(10)],
+                     SimOptions(), max_trials=4, instance_types=())
+    search.plan()
+    assert search.types == ["g5.8xlarge", "g6.xlarge"] and not search.unfit
+    assert all(len(t.data["spec"]["placement"]["instanceTypes"]) == 2 for t in search.history)

@@ -510,3 +510,11 @@ def test_verify_says_the_spec_warnings_that_change_what_it_simulates(tmp_path):
     assert len(said) == 1 and said[0].startswith("spec.autoScalingSpec.cloudWatchTrigger: CloudWatch") and \
         "scales on concurrency" in said[0], said
     assert "CloudWatch" in r.stderr
+    # one the run says itself is said once (a vLLM engine given no GPU had been said twice)
+    doc = yaml.safe_load((EXAMPLES / "hyperpod.yaml").read_text())
+    for section in doc["spec"]["worker"]["resources"].values():
+        section.pop("nvidia.com/gpu")
+    spec.write_text(yaml.safe_dump(doc))
+    r = fleetserve("verify", str(spec), "--trace", TRACE, "--limit", "20", "--json")
+    warnings = json.loads(r.stdout)["report"]["warnings"]
+    assert sum("given no GPU" in w for w in warnings) == 1, warnings

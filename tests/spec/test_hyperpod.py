@@ -801,6 +801,12 @@ def test_a_mig_slice_is_rendered_as_written_and_said_to_be_costed_as_whole_gpus(
     assert loaded.warnings[[str(w) for w in loaded.warnings].index(said[0])].everywhere  # simulate and render too
     rendered = render(loaded.endpoint)
     assert not [w for w in rendered.warnings if "requests no nvidia.com/gpu" in w.message]
+    # a vLLM image on a slice: the MIG note, not "given no GPU ... cannot run"
+    vllm = yaml.safe_load(EXAMPLE.read_text())
+    for section in vllm["spec"]["worker"]["resources"].values():
+        section["nvidia.com/mig-3g.20gb"] = section.pop("nvidia.com/gpu")
+    said = [str(w) for w in load_spec_text(yaml.safe_dump(vllm)).warnings]
+    assert [w for w in said if "MIG slice" in w] and not [w for w in said if "given no GPU" in w], said
     (engine,) = [o for o in rendered.objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("engine")]
     container = engine["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/mig-3g.20gb"] == 1
@@ -845,3 +851,9 @@ def test_notes_name_the_fields_the_document_has_and_what_a_path_of_its_own_does(
     assert said["spec.invocationEndpoint"] == ("'generate': clients call the gateway on /invocations, "
                                                "/v1/chat/completions, /v1/completions (not this path), and the "
                                                "gateway sends their requests to the image on /generate")
+    doc["spec"]["invocationEndpoint"] = "v1/embeddings"  # an OpenAI path: the image gets OpenAI's own paths
+    loaded = load_spec_text(yaml.safe_dump(doc))
+    assert loaded.endpoint.spec.engine.invocation_path is None
+    said = {w.path: w.message for w in loaded.warnings}
+    assert said["spec.invocationEndpoint"].endswith("the gateway serves /invocations, /v1/chat/completions, "
+                                                    "/v1/completions, not this path")

@@ -162,7 +162,9 @@ def _inputs(spec: str, trace: str, knowledge: str, profile: str | None, rate_sca
     # not learnt that its latencies came from another model's profile)
     # the spec's warnings that hold wherever it runs (a trigger replaced, a MIG slice costed as whole GPUs): what is
     # simulated is what they say, and simulate, verify and plan had said none of them
-    said = [str(w) for w in loaded.warnings if w.everywhere]
+    from fleetserve.sim.run import said_by_the_run
+
+    said = [str(w) for w in loaded.warnings if w.everywhere and not said_by_the_run(w, loaded.endpoint)]
     said += _inert_flags(loaded.endpoint.spec, spot_rate, provisioning_delay)
     if priced:
         said += _unused_prices(loaded.endpoint.spec, priced, prices)
@@ -265,10 +267,10 @@ class _Progress:
         if isinstance(done, str):  # a trial begins, named
             self.started += 1
             if self.enabled:
-                self.bar.update(self.task, advance=1, description=f"{self.label} {done}")
-            else:
-                err.print(f"{self.label}: trial {self.started} (at most {self.total:.0f}): {done}", markup=False,
-                          highlight=False)
+                self.bar.update(self.task, completed=min(self.started, self.total), description=f"{self.label} {done}")
+            else:  # plan's check of its winner runs past --max-trials: no "trial 9 (at most 8)"
+                most = f" (at most {self.total:.0f})" if self.started <= self.total else ""
+                err.print(f"{self.label}: trial {self.started}{most}: {done}", markup=False, highlight=False)
         elif self.enabled:
             self.bar.update(self.task, completed=min(done, self.total))
 

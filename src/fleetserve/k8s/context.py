@@ -75,7 +75,9 @@ class Context:
         listed = tiers_from_spec(spec.placement, catalog, capacity_types)
         tiers, left_out, ids = placeable_tiers(spec, listed, catalog)
         if pins_nodes(spec.placement.node_affinity):
-            left_out = ()  # the types are no NodePool's: the pods go to the named nodes, whatever their type
+            # the types are no NodePool's: the pods go to the named nodes, whatever their type, in one tier (the
+            # preferred terms' tiers had each been a Deployment, all on the same nodes)
+            tiers, ids, left_out, listed = tiers[-1:], (0,), (), listed[-1:]
         scaling = spec.autoscaling
         policy = ScalingPolicy.from_spec(scaling) if scaling is not None and scaling.enabled else None
         return cls(endpoint, options, tiers, policy, consolidation_policy(spec), catalog, left_out, ids, len(listed))

@@ -58,6 +58,6 @@ def describe(needed: list[tuple[str, list[str]]], namespace: str, claims: list[s
     """One `note:` line, for the terminal: the Secrets and claims to create before `kubectl apply`."""
     each = [f"{name}" + (f" (keys {', '.join(keys)})" if keys else "") for name, keys in needed]
     parts = ([f"the Secret(s) {'; '.join(each)}"] if each else []) + \
-        ([f"the PersistentVolumeClaim(s) {', '.join(claims)} (bound to the volume that holds the model)"]
+        ([f"the PersistentVolumeClaim(s) {', '.join(claims)}"]
          if claims else [])
     return f"note: create before applying, in namespace {namespace}, {'; and '.join(parts)}"

@@ -514,9 +514,12 @@ class Planner:
         types = self.types = list(dict.fromkeys(fit for _, fit in fitting if fit is not None)) or ["local"]
         fitted = self._fit_context(base)
         short = self._too_small_for_context(fitted, types)
-        if short and len(short) < len(types):  # with none left the input's own types stay, and verify says why
+        kept = [t for t in types if t not in short]
+        if short and kept:  # with no candidate left the types stay as they are (the spec's own choice)
             self.unfit.update(short)
-            types = self.types = [t for t in types if t not in short]
+            types = self.types = kept
+        else:
+            short = {}  # nor are fallbacks dropped then, unsaid
         # what the input's largest fleet meets, read with the context the search uses: the requests the input
         # refused are the longest, and a spot notice cut none of them (the switch to on-demand missed such cuts)
         probe = baseline if fitted == base or not self._room() else self.run_trial(
@@ -625,7 +628,7 @@ class Planner:
         searched = engine.get("drainTimeoutSeconds")
         own = self.endpoint.spec.engine.drain_timeout_seconds
         longest = _longest_stream(winner.verdict.result.fleet)
-        need = max(own, math.ceil(longest * 1.5 / 60) * 60)
+        need = own if longest <= own else max(own, math.ceil(longest * 1.5 / 60) * 60)  # as `_fit_drain` sizes it
         if searched is None or need >= searched or self.stop():
             return winner
         data = copy.deepcopy(winner.data)

@@ -67,10 +67,18 @@ SIMULATED_NOTES = frozenset({"spec.replicas", "spec.routing.sessionKey", "spec.p
 def spec_notes(endpoint) -> list[str]:
     """What `validate` warns about the spec that the run acts on too: a `replicas` above maxReplicaCount ran at
     the max, and `simulate` said nothing of it."""
-    from fleetserve.spec.effects import ZERO_GPUS, inert_settings
+    from fleetserve.spec.effects import inert_settings
+
+    return [str(n) for n in inert_settings(endpoint) if said_by_the_run(n, endpoint)]
+
+
+def said_by_the_run(note, endpoint) -> bool:
+    """Whether `spec_notes` says this spec warning (by fleetserve's path, for one named by a HyperPod field): a
+    command that adds the spec's own warnings leaves these out, or they were said twice."""
+    from fleetserve.spec.effects import ZERO_GPUS
 
     zero_gpus = ZERO_GPUS.format(kind=endpoint.spec.engine.kind)
-    return [str(n) for n in inert_settings(endpoint) if n.path in SIMULATED_NOTES or n.message == zero_gpus]
+    return note.fleetserve_path in SIMULATED_NOTES or note.message.startswith(zero_gpus)
 
 
 def silent_defaults(spec, workload: list[SimRequestSpec], knowledge: str = "blind") -> list[str]:

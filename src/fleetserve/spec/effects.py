@@ -240,14 +240,15 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     _sglang_host_cache_note(spec, note)
     if spec.engine.image and spec.engine.kind != "container":
         note("spec.engine.image", "container images apply to Kubernetes rendering only")
-    if spec.engine.kind in ("vllm", "sglang") and not spec.engine.gpus:
-        note("spec.engine.gpus", ZERO_GPUS.format(kind=spec.engine.kind), everywhere=True)
+    if spec.engine.kind in ("vllm", "sglang") and not spec.engine.gpus and not mig_slices(spec.engine.resources):
+        note("spec.engine.gpus", ZERO_GPUS.format(kind=spec.engine.kind), everywhere=True)  # a slice: said below
     slices = mig_slices(spec.engine.resources)
     if slices:
         note("spec.engine.resources", f"requests the MIG slice(s) {', '.join(slices)}: the pod gets them as written, "
-             f"but placement, the simulator and cost accounting count whole GPUs and model no slice: they place, time "
-             f"and bill each replica as one of engine.gpus ({spec.engine.gpus}) whole GPU(s)"
-             + (", which on a GPU instance type takes a whole instance apiece" if not spec.engine.gpus else ""),
+             "but placement, the simulator and cost accounting count whole GPUs and model no slice: they place, time "
+             "and bill each replica "
+             + (f"as one of {spec.engine.gpus} whole GPU(s)" if spec.engine.gpus else
+                "as one that asks no GPU, which on a GPU instance type takes a whole instance apiece"),
              everywhere=True)
     if spec.engine.gpus and spec.capacity.provider != "simulated":  # the simulated cloud packs nodes by them
         note("spec.engine.gpus", "GPU requests apply to Kubernetes rendering and the simulated cloud only")

@@ -602,8 +602,9 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
             warn(f"spec.{field}", why)
     if str(s.get("invocationEndpoint") or "invocations").strip("/") not in SERVED_INVOCATION_PATHS:
         served = ", ".join(f"/{p}" for p in SERVED_INVOCATION_PATHS)
-        if _engine_kind(s["worker"]["image"]) == "container":  # the router's --invocation-path: it had read as if
-            # the path were dropped
+        own_path = not str(s["invocationEndpoint"]).strip("/").startswith("v1/")  # as `_engine` sets invocationPath
+        if _engine_kind(s["worker"]["image"]) == "container" and own_path:  # the router's --invocation-path: it
+            # had read as if the path were dropped
             warn("spec.invocationEndpoint", f"{s['invocationEndpoint']!r}: clients call the gateway on {served} (not "
                                             f"this path), and the gateway sends their requests to the image on "
                                             f"/{str(s['invocationEndpoint']).strip('/')}")
