@@ -80,15 +80,16 @@ def lru_hits(key_lists: list[list[int]], capacity: int, assign=None, caches: int
 
 def _wait_ready(url: str, child: Child, timeout: float = 60.0, path: str = "/health") -> None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if child.exit_code() is not None:
-            raise RuntimeError(f"{child.name} exited: {child.log_tail()}")
-        try:
-            if httpx.get(url + path, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
+    with httpx.Client(timeout=1.0, trust_env=False) as client:  # one for every poll (`httpx.get`: ~36 ms of CPU each)
+        while time.monotonic() < deadline:
+            if child.exit_code() is not None:
+                raise RuntimeError(f"{child.name} exited: {child.log_tail()}")
+            try:
+                if client.get(url + path).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
     raise RuntimeError(f"{child.name} not ready after {timeout}s")
 
 
