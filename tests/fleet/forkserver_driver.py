@@ -31,13 +31,14 @@ def parent_of(pid: int) -> int:
 
 def healthy(port: int, timeout: float = 300.0) -> bool:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return True
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
+    with httpx.Client(timeout=1) as client:  # one for every poll (`httpx.get`: ~36 ms of CPU each)
+        while time.monotonic() < deadline:
+            try:
+                if client.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
     return False
 
 
