@@ -197,3 +197,24 @@ def test_with_every_type_too_small_for_the_context_the_spec_keeps_its_types_and_
     search.plan()
     assert search.types == ["g5.8xlarge", "g6.xlarge"] and not search.unfit
     assert all(len(t.data["spec"]["placement"]["instanceTypes"]) == 2 for t in search.history)
+
+
+def test_verify_says_a_declared_context_no_replica_of_a_type_can_start_with():
+    """A spec of Llama-3.1-8B at 131,072 tokens on g5.8xlarge (one A10G): vLLM refuses to start there, and verify
+    passed it without a word (failed_by_reason {})."""
+    from fleetserve.spec.load import load_spec_data
+
+    doc = {"apiVersion": "fleetserve.io/v1", "kind": "Endpoint", "metadata": {"name": "long"},
+           "spec": {"model": {"source": "hf:meta-llama/Llama-3.1-8B-Instruct", "contextLength": 131072},
+                    "engine": {"kind": "vllm", "gpus": 1}, "replicas": 1,
+                    "placement": {"instanceTypes": ["g5.8xlarge", "g6e.xlarge"]}}}
+    report = simulate(load_spec_data(doc).endpoint, [TraceRequest(i * 2.0, 1000, 50) for i in range(5)],
+                      SimOptions()).report
+    said = [w for w in report["warnings"] if "does not fit the KV cache" in w]
+    assert said == ["the 131,072-token context (spec.model.contextLength) does not fit the KV cache one replica has "
+                    "on g5.8xlarge (46,080 tokens): vllm refuses to start there (max seq len larger than its KV "
+                    "cache), while the simulator placed and served replicas on it; shorten the context or use a type "
+                    "with more GPU memory"], report["warnings"]
+    doc["spec"]["model"]["contextLength"] = 32768  # fits both
+    report = simulate(load_spec_data(doc).endpoint, [TraceRequest(0.0, 1000, 50)], SimOptions()).report
+    assert not [w for w in report["warnings"] if "does not fit the KV cache" in w]

@@ -31,7 +31,7 @@ from fleetserve.sim.floors import cold_start_s, lead_time, peak_windows, reached
 from fleetserve.sim.plan_why import explain
 from fleetserve.sim.ranking import BY_RANK, RANK_TOLERANCE, SWITCH_TOLERANCE, better
 from fleetserve.sim.run import engine_block
-from fleetserve.sim.setup import SimOptions, gpu_types, profile_for
+from fleetserve.sim.setup import SimOptions, gpu_types, too_small_for_context
 from fleetserve.sim.verify import Verdict, failed, short_placed, verify
 from fleetserve.sim.workload import build_workload
 from fleetserve.spec.context import context_limit, declared_limit, model_maximum, with_context_limit
@@ -683,30 +683,14 @@ class Planner:
             winner.data["spec"].setdefault("slo", {}).update(given)
 
     def _too_small_for_context(self, data: dict, types: list[str]) -> dict[str, str]:
-        """The candidate types (and the input's own, the fallbacks) whose GPU memory, past the weights, holds less KV
-        cache than one sequence of the spec's context: vLLM and SGLang refuse to start there ("max seq len larger
-        than the KV cache"). Plan had raised the context to 131,072 and kept g5.8xlarge (one A10G: ~8 GiB of KV
-        past an 8B's weights, ~16 GiB needed) as the fallback, which the simulator served without a word."""
+        """The candidate types (and the input's own, the fallbacks) whose KV cache cannot hold one sequence of the
+        declared (or raised) context (`setup.too_small_for_context`), with why: plan had raised the context to
+        131,072 and kept g5.8xlarge (46,080 tokens of KV past an 8B's weights) as the fallback."""
         spec = load_spec_data(data).endpoint.spec
-        limit = context_limit(spec)
-        # a context the spec declares (or plan raised): the model's own maximum, which an engine given no limit
-        # also refuses to start with where it does not fit, would want a limit written per type, not a type dropped
-        if limit is None or limit != declared_limit(spec) or spec.engine.kind not in ("vllm", "sglang"):
-            return {}
-        out, seen = {}, set()
-        for t in [*types, *gpu_types(spec, self.catalog)]:  # the fallbacks by their own name once (ml. or not)
-            if t == "local" or t.removesuffix(ON_DEMAND) not in self.catalog or Catalog.canonical(t) in seen:
-                continue
-            seen.add(Catalog.canonical(t))
-            try:
-                p = profile_for(t.removesuffix(ON_DEMAND), self.catalog, self.options, spec)
-            except (KeyError, ValueError):
-                continue
-            held = p.cache_blocks * p.block_size
-            if 0 < held < limit[0]:
-                out[t] = (f"its KV cache holds {held:,} tokens, less than one sequence of the {limit[0]:,}-token "
-                          f"context ({limit[1]}): the engine refuses to start there")
-        return out
+        limit = declared_limit(spec)
+        held = too_small_for_context(spec, [*types, *gpu_types(spec, self.catalog)], self.catalog, self.options)
+        return {t: f"its KV cache holds {n:,} tokens, less than one sequence of the {limit[0]:,}-token context "
+                   f"({limit[1]}): the engine refuses to start there" for t, n in held.items()}
 
     def _fit_context(self, data: dict) -> dict:
         """The search's starting spec: the input, with its context length raised (to a multiple of 1,024) when the

@@ -44,6 +44,7 @@ def simulate(endpoint, trace: list[TraceRequest] | list[SimRequestSpec], options
     report["warnings"][:0] = options.input_warnings
     report["warnings"] += sorted(fleet.profile_notes) + sagemaker_pricing(endpoint.spec, options.prices)
     report["warnings"] += silent_defaults(endpoint.spec, workload, options.knowledge) + spec_notes(endpoint)
+    report["warnings"] += context_unheld(endpoint.spec, options)
     if trace and isinstance(trace[0], TraceRequest):
         block = engine_block(endpoint, options)
         asked = endpoint.spec.kv_cache.block_size
@@ -122,6 +123,24 @@ def unplaced_reason(fleet: SimFleet) -> str:
     if slots and "[local]" in reason:
         reason += f": the local machine takes capacity.localSlots = {slots} replica(s)"
     return reason
+
+
+def context_unheld(spec, options: SimOptions) -> list[str]:
+    """The spec's instance types an engine with its declared context cannot start on (`setup.too_small_for_context`):
+    the run places and serves replicas there as if it could, so it says so."""
+    from fleetserve.capacity.catalog import Catalog
+    from fleetserve.sim.setup import gpu_types, too_small_for_context
+    from fleetserve.spec.context import declared_limit
+
+    catalog = options.catalog()
+    held = too_small_for_context(spec, gpu_types(spec, catalog), catalog, options)
+    if not held:
+        return []
+    tokens, where = declared_limit(spec)
+    each = ", ".join(f"{Catalog.canonical(t)} ({n:,} tokens)" for t, n in held.items())
+    return [f"the {tokens:,}-token context ({where}) does not fit the KV cache one replica has on {each}: "
+            f"{spec.engine.kind} refuses to start there (max seq len larger than its KV cache), while the simulator "
+            "placed and served replicas on it; shorten the context or use a type with more GPU memory"]
 
 
 def context_check(fleet: SimFleet) -> tuple[dict | None, list[str]]:

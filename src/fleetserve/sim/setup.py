@@ -136,6 +136,33 @@ def profile_for(instance_type: str, catalog: Catalog, options: SimOptions, spec=
     return resolve("a10g-llama-8b")
 
 
+def too_small_for_context(spec, types, catalog: Catalog, options: SimOptions) -> dict[str, int]:
+    """The instance types (each once, by its first name: `ml.` or not) whose GPU memory, past the weights, holds
+    less KV cache than one sequence of the context the spec declares: the tokens each holds. vLLM and SGLang refuse
+    to start there ("max seq len larger than the KV cache"); the simulator had served such a fleet without a word.
+    Only a declared context (model.contextLength, the engine's flag): at the model's own maximum, which such a
+    type cannot hold either, an engine would want a limit written for it."""
+    from fleetserve.spec.context import declared_limit
+
+    limit = declared_limit(spec)
+    if limit is None or spec.engine.kind not in ("vllm", "sglang"):
+        return {}
+    out, seen = {}, set()
+    for t in types:
+        name = t.removesuffix(" on-demand")  # plan's label of a type's on-demand variant
+        if name == "local" or name not in catalog or Catalog.canonical(name) in seen:
+            continue
+        seen.add(Catalog.canonical(name))
+        try:
+            p = profile_for(name, catalog, options, spec)
+        except (KeyError, ValueError):
+            continue
+        held = p.cache_blocks * p.block_size
+        if 0 < held < limit[0]:
+            out[t] = held
+    return out
+
+
 def build_capacity(spec, catalog: Catalog, options: SimOptions, now: float) -> CapacityManager:
     """The live CapacityManager on a virtual-time provider: cloud nodes whenever the spec lists GPU types."""
     return capacity_manager(spec, catalog, now, "sim", cloud=uses_cloud(spec, catalog),
