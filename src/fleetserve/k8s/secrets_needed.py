@@ -57,7 +57,7 @@ def claims_needed(objects: Iterable[dict]) -> list[str]:
 def describe(needed: list[tuple[str, list[str]]], namespace: str, claims: list[str] | None = None) -> str:
     """One `note:` line, for the terminal: the Secrets and claims to create before `kubectl apply`."""
     each = [f"{name}" + (f" (keys {', '.join(keys)})" if keys else "") for name, keys in needed]
-    parts = ([f"the Secret(s) {'; '.join(each)}"] if each else []) + \
-        ([f"the PersistentVolumeClaim(s) {', '.join(claims)}"]
-         if claims else [])
+    parts = [f"the Secret(s) {'; '.join(each)}"] if each else []
+    if claims:
+        parts.append(f"the PersistentVolumeClaim(s) {', '.join(claims)}")
     return f"note: create before applying, in namespace {namespace}, {'; and '.join(parts)}"

@@ -57,6 +57,7 @@ from fleetserve.sim.setup import (
     fake_prometheus,
     gpu_types,
     profile_for,
+    replica_kv_tokens,
     scaling_policy,
 )
 from fleetserve.sim.workload import SimRequestSpec
@@ -220,13 +221,7 @@ class SimFleet:
         types = gpu_types(spec, self.catalog)
         if not types or spec.engine.kind not in ("vllm", "sglang", "container"):
             return None  # the built-in engine's context is its model's own; an external engine's is not known here
-        sizes = []
-        for t in types:
-            try:
-                p = profile_for(t, self.catalog, options, spec)
-            except (KeyError, ValueError):
-                continue
-            sizes.append(p.cache_blocks * p.block_size)
+        sizes = [n for t in types if (n := replica_kv_tokens(t, self.catalog, options, spec)) is not None]
         if not sizes or max(sizes) <= 0:
             return None
         return max(sizes), KV_BOUND

@@ -195,13 +195,14 @@ def _with_type(data: dict, instance_type: str, catalog: Catalog, first: str | No
         capacity["allowLargerInstances"] = larger_type
         return d
     larger = bool(capacity.get("allowLargerInstances"))
+    unstartable = {Catalog.canonical(c) for c in cannot_start}
     fallbacks, seen = [], {Catalog.canonical(instance_type)}
     for t in placement.get("instanceTypes") or []:
         if t == "local" or t not in catalog or Catalog.canonical(t) in seen:
             continue
         if asked is not None and not fits(catalog.get(t), asked, allow_larger=larger):
             continue
-        if t in cannot_start or Catalog.canonical(t) in {Catalog.canonical(c) for c in cannot_start}:
+        if Catalog.canonical(t) in unstartable:
             continue  # a fallback its engine cannot start on (`Planner._too_small_for_context`)
         seen.add(Catalog.canonical(t))
         fallbacks.append(t)

@@ -149,18 +149,23 @@ def too_small_for_context(spec, types, catalog: Catalog, options: SimOptions) ->
         return {}
     out, seen = {}, set()
     for t in types:
-        name = t.removesuffix(" on-demand")  # plan's label of a type's on-demand variant
-        if name == "local" or name not in catalog or Catalog.canonical(name) in seen:
+        if t == "local" or t not in catalog or Catalog.canonical(t) in seen:
             continue
-        seen.add(Catalog.canonical(name))
-        try:
-            p = profile_for(name, catalog, options, spec)
-        except (KeyError, ValueError):
-            continue
-        held = p.cache_blocks * p.block_size
-        if 0 < held < limit[0]:
+        seen.add(Catalog.canonical(t))
+        held = replica_kv_tokens(t, catalog, options, spec)
+        if held is not None and 0 < held < limit[0]:
             out[t] = held
     return out
+
+
+def replica_kv_tokens(instance_type: str, catalog: Catalog, options: SimOptions, spec) -> int | None:
+    """The tokens one replica's KV cache holds on `instance_type` (its profile's cache blocks x block size), or None
+    where no profile is known."""
+    try:
+        p = profile_for(instance_type, catalog, options, spec)
+    except (KeyError, ValueError):
+        return None
+    return p.cache_blocks * p.block_size
 
 
 def build_capacity(spec, catalog: Catalog, options: SimOptions, now: float) -> CapacityManager:

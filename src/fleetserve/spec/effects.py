@@ -240,9 +240,9 @@ def inert_settings(endpoint: Endpoint) -> list[SpecProblem]:
     _sglang_host_cache_note(spec, note)
     if spec.engine.image and spec.engine.kind != "container":
         note("spec.engine.image", "container images apply to Kubernetes rendering only")
-    if spec.engine.kind in ("vllm", "sglang") and not spec.engine.gpus and not mig_slices(spec.engine.resources):
-        note("spec.engine.gpus", ZERO_GPUS.format(kind=spec.engine.kind), everywhere=True)  # a slice: said below
     slices = mig_slices(spec.engine.resources)
+    if spec.engine.kind in ("vllm", "sglang") and not spec.engine.gpus and not slices:  # a slice: said below
+        note("spec.engine.gpus", ZERO_GPUS.format(kind=spec.engine.kind), everywhere=True)
     if slices:
         note("spec.engine.resources", f"requests the MIG slice(s) {', '.join(slices)}: the pod gets them as written, "
              "but placement, the simulator and cost accounting count whole GPUs and model no slice: they place, time "

@@ -602,12 +602,12 @@ def to_endpoint_dict(doc: dict[str, Any], warn) -> dict[str, Any]:
             warn(f"spec.{field}", why)
     if str(s.get("invocationEndpoint") or "invocations").strip("/") not in SERVED_INVOCATION_PATHS:
         served = ", ".join(f"/{p}" for p in SERVED_INVOCATION_PATHS)
-        own_path = not str(s["invocationEndpoint"]).strip("/").startswith("v1/")  # as `_engine` sets invocationPath
-        if _engine_kind(s["worker"]["image"]) == "container" and own_path:  # the router's --invocation-path: it
-            # had read as if the path were dropped
+        path = str(s["invocationEndpoint"]).strip("/")
+        if _engine_kind(s["worker"]["image"]) == "container" and not path.startswith("v1/"):  # as `_engine` sets
+            # invocationPath (the router's --invocation-path): it had read as if the path were dropped
             warn("spec.invocationEndpoint", f"{s['invocationEndpoint']!r}: clients call the gateway on {served} (not "
                                             f"this path), and the gateway sends their requests to the image on "
-                                            f"/{str(s['invocationEndpoint']).strip('/')}")
+                                            f"/{path}")
         else:
             warn("spec.invocationEndpoint", f"{s['invocationEndpoint']!r}: the gateway serves {served}, not this "
                                             "path")
